@@ -1,0 +1,778 @@
+// inbox.ts: the durable inbox on node:sqlite. Store every delivery before answering, claim it under a
+// lease, finish it exactly once. Also the operator's CLI:
+//   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed   [--db inbox.db]
+// Imported by receiver.ts and worker.ts; run directly, it is the CLI at the bottom of this file.
+
+import { createHash } from "node:crypto";
+import { existsSync } from "node:fs";
+import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
+import { pathToFileURL } from "node:url";
+
+/** DEFAULTS holds every default of the suite; the entry points read env and argv, nothing else does. */
+export const DEFAULTS = {
+  /** Database file, when neither --db nor INBOX_DB is given. @default "inbox.db" */
+  db: "inbox.db",
+  /** Source name of the article's single, unsigned sender. @default "default" */
+  source: "default",
+  /** Milliseconds a worker may hold a delivery before another may take it over. @default 60_000 */
+  leaseMs: 60_000,
+  /** Tries before a delivery is set aside as failed for a person to look at. @default 5 */
+  maxAttempts: 5,
+  /** Milliseconds before the first retry; each later retry waits twice as long. @default 2_000 */
+  retryDelayMs: 2_000,
+  /** Longest wait between two tries, whatever the doubling says. @default 3_600_000 */
+  retryCapMs: 3_600_000,
+  /** Up to this fraction is added at random to each backoff, so failed deliveries don't retry in step. @default 0.2 */
+  retryJitter: 0.2,
+  /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
+  busyTimeoutMs: 5_000,
+  /** Most deliveries or completions committed in one transaction. @default 512 */
+  batchSize: 512,
+  /** Longest delivery ID accepted, in characters. @default 256 */
+  maxIdLength: 256,
+  /** Largest body accepted, in bytes. @default 1_000_000 */
+  maxBodyBytes: 1_000_000,
+  /** Receiver port. @default 8000 */
+  port: 8000,
+  /** Receiver address; loopback unless told otherwise. @default "127.0.0.1" */
+  host: "127.0.0.1",
+  /** Requests the receiver holds at once before answering 503. @default 2_048 */
+  maxInFlight: 2_048,
+  /** Milliseconds a client may take to send its headers. @default 10_000 */
+  headersTimeoutMs: 10_000,
+  /** Milliseconds a client may take to send a whole request. @default 30_000 */
+  requestTimeoutMs: 30_000,
+  /** Seconds a rejected sender is asked to wait, in Retry-After. @default 5 */
+  retryAfterS: 5,
+  /** Handlers a worker runs at once. @default 8 */
+  concurrency: 8,
+  /** Shortest and longest pause between claims when the queue is idle. @default 5, 50 */
+  pollMinMs: 5,
+  pollMaxMs: 50,
+  /** Milliseconds a stopping worker lets work in flight finish before releasing it. @default 10_000 */
+  shutdownGraceMs: 10_000,
+} as const;
+
+/** Status is where a delivery is in its life. */
+export type Status = "received" | "processing" | "done" | "failed";
+export const STATUSES: readonly Status[] = ["received", "processing", "done", "failed"];
+
+/** Incoming is a delivery as the receiver hands it over, before it is stored. */
+export interface Incoming {
+  source?: string;
+  id: string;
+  body: Uint8Array;
+  contentType?: string | null;
+  eventType?: string | null;
+  /** The provider's own timestamp for the delivery, in ms since the epoch, where it sends one. */
+  providerTime?: number | null;
+}
+
+/** Delivery is one stored webhook, as the worker and the CLI see it. */
+export interface Delivery {
+  source: string;
+  id: string;
+  body: Buffer;
+  bodySha256: string;
+  contentType: string | null;
+  eventType: string | null;
+  providerTime: number | null;
+  receivedAt: number;
+  status: Status;
+  attempts: number;
+  availableAt: number;
+  leasedUntil: number | null;
+  error: string | null;
+  conflicts: number;
+  finishedAt: number | null;
+}
+
+/** Lease is a claimed delivery; its token fences every later write against a takeover. */
+export interface Lease extends Delivery {
+  token: string;
+  leasedUntil: number;
+}
+
+/** Stored says whether store() kept the body: a duplicate whose body differs is a conflict. */
+export type Stored = "stored" | "duplicate" | "conflict";
+
+/** LocalWrite is a handler's write to the inbox database, committed together with the done mark. */
+export type LocalWrite = (db: DatabaseSync) => void;
+
+/** PermanentError, thrown by a handler, sets the delivery aside as failed at once: retrying can't help. */
+export class PermanentError extends Error {
+  override name = "PermanentError";
+}
+
+/** InboxOptions configures an Inbox; every field has a default in DEFAULTS. */
+export interface InboxOptions {
+  /** The clock, in ms since the epoch. @default Date.now */
+  now?: () => number;
+  /** A number in [0, 1) for backoff jitter. @default Math.random */
+  random?: () => number;
+  /** @default DEFAULTS.busyTimeoutMs */
+  busyTimeoutMs?: number;
+  /** @default DEFAULTS.batchSize */
+  batchSize?: number;
+  /** @default DEFAULTS.maxAttempts */
+  maxAttempts?: number;
+  /** @default DEFAULTS.retryDelayMs */
+  retryDelayMs?: number;
+  /** @default DEFAULTS.retryCapMs */
+  retryCapMs?: number;
+  /** @default DEFAULTS.retryJitter */
+  retryJitter?: number;
+}
+
+// The schema, in order. A shipped entry is never edited: add a new one after it.
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE deliveries (
+     source        TEXT    NOT NULL,
+     id            TEXT    NOT NULL,
+     body          BLOB    NOT NULL,
+     body_sha256   TEXT    NOT NULL,
+     content_type  TEXT,
+     event_type    TEXT,
+     provider_time INTEGER,
+     received_at   INTEGER NOT NULL,
+     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      INTEGER NOT NULL DEFAULT 0,
+     available_at  INTEGER NOT NULL,
+     leased_until  INTEGER,
+     lease_token   TEXT,
+     error         TEXT,
+     conflicts     INTEGER NOT NULL DEFAULT 0,
+     finished_at   INTEGER,
+     PRIMARY KEY (source, id)
+   );
+   -- Partial indexes keep a claim's cost flat however many done rows pile up behind it.
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received';
+   CREATE INDEX deliveries_leased ON deliveries (leased_until) WHERE status = 'processing';
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+];
+
+/** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
+export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busyTimeoutMs): DatabaseSync {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { timeout: busyTimeoutMs });
+  } catch (error) {
+    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
+  }
+  try {
+    // WAL lets the worker read while the receiver writes, and makes each commit one append.
+    db.exec("PRAGMA journal_mode = WAL");
+    // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
+    db.exec("PRAGMA synchronous = FULL");
+    migrate(db);
+  } catch (error) {
+    db.close();
+    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
+  }
+  return db;
+}
+
+function migrate(db: DatabaseSync): void {
+  const { user_version: version } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+  if (version > MIGRATIONS.length) {
+    throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
+  }
+  for (let next = version; next < MIGRATIONS.length; next++) {
+    // IMMEDIATE, so two processes opening a new file don't both run the same migration.
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const { user_version: now } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+      if (now === next) {
+        db.exec(MIGRATIONS[next]!);
+        db.exec(`PRAGMA user_version = ${next + 1}`);
+      }
+      db.exec("COMMIT");
+    } catch (error) {
+      db.exec("ROLLBACK");
+      throw error;
+    }
+  }
+}
+
+/** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
+export function sha256(body: Uint8Array): string {
+  return createHash("sha256").update(body).digest("hex");
+}
+
+/** backoff is how long to wait before try number attempts+1: doubling, capped, with upward jitter. */
+export function backoff(
+  attempts: number,
+  opts: { retryDelayMs: number; retryCapMs: number; retryJitter: number; random: () => number },
+): number {
+  const doubled = opts.retryDelayMs * 2 ** Math.max(0, attempts - 1);
+  return Math.round(Math.min(opts.retryCapMs, doubled * (1 + opts.retryJitter * opts.random())));
+}
+
+type Row = Record<string, SQLInputValue>;
+
+function asBuffer(bytes: Uint8Array): Buffer {
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+function toDelivery(row: Row): Delivery {
+  return {
+    source: row.source as string,
+    id: row.id as string,
+    body: asBuffer(row.body as Uint8Array),
+    bodySha256: row.body_sha256 as string,
+    contentType: row.content_type as string | null,
+    eventType: row.event_type as string | null,
+    providerTime: row.provider_time as number | null,
+    receivedAt: row.received_at as number,
+    status: row.status as Status,
+    attempts: row.attempts as number,
+    availableAt: row.available_at as number,
+    leasedUntil: row.leased_until as number | null,
+    error: row.error as string | null,
+    conflicts: row.conflicts as number,
+    finishedAt: row.finished_at as number | null,
+  };
+}
+
+/** Failure is the outcome of fail(): retried later, or set aside. */
+export type Failure = { status: "received"; retryAt: number } | { status: "failed" };
+
+// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT.
+interface Op {
+  run(db: DatabaseSync): unknown;
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}
+
+/**
+ * Inbox is the store's contract: store, claim, extend, finish, fail, release, retry. Every write is
+ * queued and committed with whatever else is waiting (group commit), so one fsync serves many callers,
+ * and a promise settles only after its transaction is on disk.
+ */
+export class Inbox {
+  readonly db: DatabaseSync;
+  readonly path: string;
+  private readonly now: () => number;
+  private readonly random: () => number;
+  private readonly batchSize: number;
+  private readonly maxAttempts: number;
+  private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
+  private readonly statements = new Map<string, StatementSync>();
+  private queue: Op[] = [];
+  private flushing = false;
+  private closed = false;
+
+  constructor(path: string, options: InboxOptions = {}) {
+    for (const [key, value] of Object.entries(options)) {
+      if (key === "now" || key === "random") {
+        if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
+      } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+        throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
+      }
+    }
+    this.path = path;
+    this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    this.now = options.now ?? Date.now;
+    this.random = options.random ?? Math.random;
+    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
+    this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.backoffOptions = {
+      retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
+      retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
+      retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
+    };
+  }
+
+  /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
+  store(delivery: Incoming): Promise<Stored> {
+    const source = delivery.source ?? DEFAULTS.source;
+    const digest = sha256(delivery.body);
+    const receivedAt = this.now();
+    return this.enqueue((db) => {
+      const inserted = this
+        .sql(
+          `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
+                                   received_at, status, available_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?)
+           ON CONFLICT (source, id) DO NOTHING`,
+        )
+        .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
+          delivery.providerTime ?? null, receivedAt, receivedAt);
+      if (inserted.changes === 1) return "stored";
+      const conflict = this
+        .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND body_sha256 <> ?")
+        .run(source, delivery.id, digest);
+      return conflict.changes === 1 ? "conflict" : "duplicate";
+    }) as Promise<Stored>;
+  }
+
+  /** claim leases the oldest due delivery, or returns undefined when there is nothing to do. */
+  async claim(leaseMs: number = DEFAULTS.leaseMs): Promise<Lease | undefined> {
+    return (await this.claimBatch(1, leaseMs))[0];
+  }
+
+  /**
+   * claimBatch leases up to limit due deliveries in one transaction: new ones, retries whose time has
+   * come, and ones whose lease expired because their worker vanished. Each gets a fresh token.
+   */
+  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
+    if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
+    return this.enqueue((db) => {
+      const now = this.now();
+      // A worker that crashed on its last try would otherwise be retried forever: set it aside.
+      this.sql(
+        `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
+                error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
+         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?`,
+      ).run(now, now, this.maxAttempts);
+      const rows = this
+        .sql(
+          `UPDATE deliveries
+           SET status = 'processing', attempts = attempts + 1, leased_until = ?,
+               lease_token = lower(hex(randomblob(12)))
+           WHERE rowid IN (
+             SELECT rowid FROM (
+               SELECT rowid, due FROM (SELECT rowid, available_at AS due FROM deliveries
+                                       WHERE status = 'received' AND available_at <= ? ORDER BY available_at LIMIT ?)
+               UNION ALL
+               SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
+                                       WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
+             ) ORDER BY due, rowid LIMIT ?)
+           RETURNING *`,
+        )
+        .all(now + leaseMs, now, limit, now, limit, limit) as Row[];
+      return rows
+        .map((row) => ({ ...toDelivery(row), token: row.lease_token as string, leasedUntil: row.leased_until as number }))
+        .sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
+    }) as Promise<Lease[]>;
+  }
+
+  /** extend pushes a held lease further out; false means it was lost to a takeover. */
+  extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
+    return this.enqueue((db) => {
+      const until = this.now() + leaseMs;
+      const changed = this
+        .sql(
+          `UPDATE deliveries SET leased_until = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(until, lease.source, lease.id, lease.token).changes;
+      if (changed === 1) lease.leasedUntil = until;
+      return changed === 1;
+    }) as Promise<boolean>;
+  }
+
+  /**
+   * finish marks a delivery done and applies the handler's local writes in the same transaction. If the
+   * lease was lost, neither happens and it returns false, so local effects happen exactly once. If a
+   * write throws, both roll back and the promise rejects with the write's error.
+   */
+  finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
+    return this.enqueue((db) => {
+      const run = () => {
+        const changed = this
+          .sql(
+            `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL,
+                    finished_at = ?
+             WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+          )
+          .run(this.now(), lease.source, lease.id, lease.token).changes;
+        if (changed !== 1) return false;
+        for (const write of writes) write(db);
+        return true;
+      };
+      if (writes.length === 0) return run();
+      // A savepoint confines a failing write to its own delivery; the batch around it still commits.
+      db.exec("SAVEPOINT finish");
+      try {
+        const done = run();
+        db.exec("RELEASE finish");
+        return done;
+      } catch (error) {
+        db.exec("ROLLBACK TO finish");
+        db.exec("RELEASE finish");
+        throw error;
+      }
+    }) as Promise<boolean>;
+  }
+
+  /**
+   * fail records a failed try: back to the queue after a backoff, or set aside as failed when the
+   * attempts are used up or the error is permanent. Returns undefined if the lease was lost.
+   */
+  fail(lease: Lease, error: string, options: { permanent?: boolean } = {}): Promise<Failure | undefined> {
+    return this.enqueue((db) => {
+      const now = this.now();
+      const row = this
+        .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`)
+        .get(lease.source, lease.id, lease.token) as { attempts: number } | undefined;
+      if (!row) return undefined;
+      if (options.permanent || row.attempts >= this.maxAttempts) {
+        this.sql(
+          `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
+           WHERE source = ? AND id = ?`,
+        ).run(error, now, lease.source, lease.id);
+        return { status: "failed" };
+      }
+      const retryAt = now + backoff(row.attempts, { ...this.backoffOptions, random: this.random });
+      this.sql(
+        `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
+         WHERE source = ? AND id = ?`,
+      ).run(error, retryAt, lease.source, lease.id);
+      return { status: "received", retryAt };
+    }) as Promise<Failure | undefined>;
+  }
+
+  /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
+  release(lease: Lease): Promise<boolean> {
+    return this.enqueue((db) => {
+      return (
+        this
+          .sql(
+            `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
+                    lease_token = NULL, available_at = ?
+             WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+          )
+          .run(this.now(), lease.source, lease.id, lease.token).changes === 1
+      );
+    }) as Promise<boolean>;
+  }
+
+  /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
+  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
+    return this.enqueue((db) => {
+      const now = this.now();
+      if ("allFailed" in target) {
+        return this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                    WHERE status = 'failed'`)
+          .run(now).changes;
+      }
+      return this
+        .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                  WHERE source = ? AND id = ? AND status = 'failed'`)
+        .run(now, target.source ?? DEFAULTS.source, target.id).changes;
+    }) as Promise<number>;
+  }
+
+  /** find returns the deliveries with this ID, in every source or in one. */
+  async find(id: string, source?: string): Promise<Delivery[]> {
+    const rows = source === undefined
+      ? this.sql("SELECT * FROM deliveries WHERE id = ? ORDER BY source").all(id)
+      : this.sql("SELECT * FROM deliveries WHERE id = ? AND source = ?").all(id, source);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** list returns deliveries newest first, optionally of one status or source. */
+  async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
+    const rows = this
+      .sql(
+        `SELECT * FROM deliveries
+         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR source = ?2)
+         ORDER BY received_at DESC, rowid DESC LIMIT ?3`,
+      )
+      .all(filter.status ?? null, filter.source ?? null, filter.limit ?? 20) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
+  async status(): Promise<InboxStatus> {
+    const now = this.now();
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    for (const row of this.sql("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as Row[]) {
+      counts[row.status as Status] = row.n as number;
+    }
+    const failed = (this
+      .sql(`SELECT source, id, attempts, error, event_type FROM deliveries WHERE status = 'failed'
+                ORDER BY received_at, rowid LIMIT 100`)
+      .all() as Row[]).map((r) => ({
+        source: r.source as string, id: r.id as string, attempts: r.attempts as number,
+        error: r.error as string | null, eventType: r.event_type as string | null,
+      }));
+    const oldest = this
+      .sql("SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')")
+      .get() as { t: number | null };
+    const conflicts = this
+      .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
+      .get() as { rows: number; copies: number };
+    return {
+      counts,
+      failed,
+      oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
+      conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
+    };
+  }
+
+  /** flush resolves once every write queued so far is committed. */
+  flush(): Promise<void> {
+    return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
+  }
+
+  /** close commits what is queued, then closes the database. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.flush();
+    this.closed = true;
+    this.db.close();
+  }
+
+  // sql compiles each statement once per connection: the receiver and worker run the same few forever.
+  private sql(text: string): StatementSync {
+    let statement = this.statements.get(text);
+    if (!statement) {
+      statement = this.db.prepare(text);
+      this.statements.set(text, statement);
+    }
+    return statement;
+  }
+
+  private enqueue(run: (db: DatabaseSync) => unknown): Promise<unknown> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    return new Promise((resolve, reject) => {
+      this.queue.push({ run, resolve, reject });
+      if (!this.flushing) {
+        this.flushing = true;
+        // setImmediate lets every request already read off the sockets join this batch.
+        setImmediate(() => this.drain());
+      }
+    });
+  }
+
+  private drain(): void {
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.batchSize);
+      this.commit(batch);
+    }
+    this.flushing = false;
+  }
+
+  // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
+  // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
+  private commit(batch: Op[]): void {
+    const results: { ok: boolean; value: unknown }[] = [];
+    try {
+      this.db.exec("BEGIN IMMEDIATE");
+      for (const op of batch) {
+        try {
+          results.push({ ok: true, value: op.run(this.db) });
+        } catch (error) {
+          // An op that cleaned up after itself (a savepoint) fails alone; anything else fails the batch.
+          if (!this.db.isTransaction || !isOwnError(error)) throw error;
+          results.push({ ok: false, value: error });
+        }
+      }
+      this.db.exec("COMMIT");
+    } catch (error) {
+      if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      if (batch.length === 1) {
+        batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
+        return;
+      }
+      const half = Math.ceil(batch.length / 2);
+      this.commit(batch.slice(0, half));
+      this.commit(batch.slice(half));
+      return;
+    }
+    batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
+  }
+}
+
+// Errors of the database itself (full, I/O, busy, locked, out of memory, corrupt, read-only) concern
+// the whole batch; anything else came from one op's statement, which SQLite already undid alone.
+const BATCH_ERRORS = new Set([5, 6, 7, 8, 10, 11, 13]);
+function isOwnError(error: unknown): boolean {
+  const code = (error as { errcode?: unknown }).errcode;
+  return !(typeof code === "number" && BATCH_ERRORS.has(code & 0xff));
+}
+
+/** InboxStatus is what `inbox.ts status` prints. */
+export interface InboxStatus {
+  counts: Record<Status, number>;
+  failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
+  oldestWaitingMs: number | null;
+  conflicts: { deliveries: number; copies: number };
+}
+
+/** message turns anything thrown into one line. */
+export function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+// ---- The operator's CLI ----------------------------------------------------------------------------
+
+/** UsageError is a mistake on the command line: one line on stderr, exit 2. */
+class UsageError extends Error {}
+/** NotFound is a lookup that matched nothing: one line on stderr, exit 1. */
+class NotFound extends Error {}
+
+function age(ms: number): string {
+  const s = Math.round(ms / 1000);
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return s < 172800 ? `${Math.round(s / 3600)}h` : `${Math.round(s / 86400)}d`;
+}
+
+function iso(ms: number | null): string {
+  return ms === null ? "-" : new Date(ms).toISOString();
+}
+
+function bodyForPeople(body: Buffer): string {
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  return Buffer.from(text, "utf8").equals(body) ? text : `(not UTF-8; base64) ${body.toString("base64")}`;
+}
+
+function deliveryJson(d: Delivery, withBody: boolean): Record<string, unknown> {
+  const { body, ...rest } = d;
+  if (!withBody) return { ...rest, bodyBytes: body.length };
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  const utf8 = Buffer.from(text, "utf8").equals(body);
+  return { ...rest, bodyBytes: body.length, body: utf8 ? text : null, bodyBase64: body.toString("base64") };
+}
+
+// One delivery by ID: --source settles it when two sources share an ID.
+async function findOne(inbox: Inbox, id: string, source: string | undefined): Promise<Delivery> {
+  const found = await inbox.find(id, source);
+  if (found.length === 0) throw new NotFound(`No delivery with ID ${id}${source ? ` in source ${source}` : ""}.`);
+  if (found.length > 1) {
+    throw new UsageError(`ID ${id} exists in sources ${found.map((d) => d.source).join(", ")}; pass --source.`);
+  }
+  return found[0]!;
+}
+
+async function cli(argv: string[]): Promise<void> {
+  const { Command, InvalidArgumentError, CommanderError } = await import("commander");
+  const program = new Command("inbox.ts")
+    .description("Look into the webhook inbox and put failed deliveries back in the queue.")
+    .exitOverride()
+    .showHelpAfterError("(run with --help for usage)")
+    .addHelpText("after", `
+Examples:
+  npx tsx inbox.ts status
+  npx tsx inbox.ts list --status failed
+  npx tsx inbox.ts show evt_100
+  npx tsx inbox.ts retry evt_100
+  npx tsx inbox.ts retry --all-failed
+
+Exit codes: 0 success, 1 not found, 2 usage error.`);
+
+  const positive = (value: string) => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
+    return n;
+  };
+  const status = (value: string) => {
+    if (!(STATUSES as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected one of ${STATUSES.join(", ")}.`);
+    return value as Status;
+  };
+  const withDb = (command: InstanceType<typeof Command>) =>
+    command.option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`);
+  const open = (opts: { db?: string }) => {
+    const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+    // Looking must not create: a typo in --db would otherwise show an empty, healthy inbox.
+    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    return new Inbox(path);
+  };
+
+  withDb(program.command("status"))
+    .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
+    .option("--json", "print JSON")
+    .action(async (opts: { db?: string; json?: boolean }) => {
+      const inbox = open(opts);
+      try {
+        const s = await inbox.status();
+        if (opts.json) return void console.log(JSON.stringify(s, null, 2));
+        for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
+        if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
+        for (const f of s.failed) {
+          const where = f.source === DEFAULTS.source ? "" : `${f.source}/`;
+          console.log(`  failed: ${where}${f.id} after ${f.attempts} attempts: ${f.error ?? "(no error recorded)"}`);
+        }
+        if (s.oldestWaitingMs !== null) console.log(`oldest waiting: ${age(s.oldestWaitingMs)}`);
+        if (s.conflicts.deliveries > 0) {
+          console.log(`conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`);
+        }
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("list"))
+    .description("list deliveries, newest first")
+    .option("--status <status>", `only this status (${STATUSES.join(", ")})`, status)
+    .option("--source <name>", "only this source")
+    .option("--limit <n>", "at most this many", positive, 20)
+    .option("--json", "print JSON")
+    .action(async (opts: { db?: string; status?: Status; source?: string; limit: number; json?: boolean }) => {
+      const inbox = open(opts);
+      try {
+        const rows = await inbox.list(opts);
+        if (opts.json) return void console.log(JSON.stringify(rows.map((d) => deliveryJson(d, false)), null, 2));
+        if (rows.length === 0) return void console.log("(no deliveries)");
+        console.log(["source", "id", "status", "attempts", "type", "received", "error"].join("\t"));
+        for (const d of rows) {
+          console.log([d.source, d.id, d.status, d.attempts, d.eventType ?? "-", iso(d.receivedAt), d.error ?? ""].join("\t"));
+        }
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("show <id>"))
+    .description("print one delivery: its metadata, last error and body")
+    .option("--source <name>", "the delivery's source, when IDs clash")
+    .option("--json", "print JSON (the body as text when it is UTF-8, and always as base64)")
+    .action(async (id: string, opts: { db?: string; source?: string; json?: boolean }) => {
+      const inbox = open(opts);
+      try {
+        const d = await findOne(inbox, id, opts.source);
+        if (opts.json) return void console.log(JSON.stringify(deliveryJson(d, true), null, 2));
+        const lines: [string, unknown][] = [
+          ["source", d.source], ["id", d.id], ["status", d.status], ["attempts", d.attempts],
+          ["type", d.eventType ?? "-"], ["content type", d.contentType ?? "-"],
+          ["received", iso(d.receivedAt)], ["provider time", iso(d.providerTime)],
+          ["due", d.status === "received" ? iso(d.availableAt) : "-"], ["leased until", iso(d.leasedUntil)],
+          ["finished", iso(d.finishedAt)], ["conflicts", d.conflicts], ["sha256", d.bodySha256],
+          ["error", d.error ?? "-"], ["body", `${d.body.length} bytes`],
+        ];
+        for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);
+        console.log(bodyForPeople(d.body));
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("retry [id]"))
+    .description("put a failed delivery (or every failed one) back in the queue, attempts reset")
+    .option("--source <name>", "the delivery's source, when IDs clash")
+    .option("--all-failed", "retry every failed delivery")
+    .action(async (id: string | undefined, opts: { db?: string; source?: string; allFailed?: boolean }) => {
+      if (opts.allFailed && id !== undefined) throw new UsageError("Give either an ID or --all-failed, not both.");
+      if (!opts.allFailed && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed.");
+      const inbox = open(opts);
+      try {
+        if (opts.allFailed) {
+          const n = await inbox.retry({ allFailed: true });
+          return void console.log(n === 1 ? "Queued 1 failed delivery again." : `Queued ${n} failed deliveries again.`);
+        }
+        const d = await findOne(inbox, id!, opts.source);
+        if (d.status !== "failed") throw new NotFound(`No failed delivery with ID ${id}: it is ${d.status}.`);
+        await inbox.retry({ source: d.source, id: d.id });
+        console.log("Queued again.");
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  try {
+    await program.parseAsync(argv);
+  } catch (error) {
+    if (error instanceof CommanderError) {
+      process.exitCode = error.exitCode === 0 ? 0 : 2;
+      return;
+    }
+    process.exitCode = error instanceof UsageError ? 2 : 1;
+    console.error(error instanceof UsageError || error instanceof NotFound ? error.message : `inbox.ts: ${message(error)}`);
+  }
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await cli(process.argv);
