@@ -593,6 +593,11 @@ export interface InboxStatus {
   conflicts: { deliveries: number; copies: number };
 }
 
+/** label names a delivery in logs: just its ID for the article's default source, else source/id. */
+export function label(d: { source: string; id: string }): string {
+  return d.source === DEFAULTS.source ? d.id : `${d.source}/${d.id}`;
+}
+
 /** message turns anything thrown into one line. */
 export function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
@@ -684,8 +689,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
-          const where = f.source === DEFAULTS.source ? "" : `${f.source}/`;
-          console.log(`  failed: ${where}${f.id} after ${f.attempts} attempts: ${f.error ?? "(no error recorded)"}`);
+          const tries = f.attempts === 1 ? "1 attempt" : `${f.attempts} attempts`;
+          console.log(`  failed: ${label(f)} after ${tries}: ${f.error ?? "(no error recorded)"}`);
         }
         if (s.oldestWaitingMs !== null) console.log(`oldest waiting: ${age(s.oldestWaitingMs)}`);
         if (s.conflicts.deliveries > 0) {

@@ -5,7 +5,7 @@
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, message, type Stored } from "./inbox.ts";
+import { DEFAULTS, Inbox, label, message, type Stored } from "./inbox.ts";
 import { unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -97,10 +97,10 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
-      log(`rejected ${source.name}/${id}: 503 could not store: ${message(error)}`);
+      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`);
       return reply(res, 503, "try again later", { "retry-after": retryAfter });
     }
-    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${source.name}/${id}`);
+    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`);
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
     reply(res, 200, outcome === "stored" ? "stored" : "duplicate");
   }

@@ -1,0 +1,71 @@
+// demo.ts: the article's whole story, end to end, on a throwaway database. Run it with `npm run demo`.
+// It runs each script as you would by hand, prints what each one says, and leaves nothing running.
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { DatabaseSync } from "node:sqlite";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+
+// tsx runs each script as a child of this very Node, the project's own Node 24.
+function script(name: string, args: string[]): ChildProcess {
+  return spawn(process.execPath, ["--import", "tsx", join(here, name), ...args], { cwd: here, stdio: ["ignore", "pipe", "pipe"] });
+}
+
+function show(child: ChildProcess, prefix = "  "): void {
+  for (const stream of [child.stdout!, child.stderr!]) {
+    createInterface({ input: stream }).on("line", (line) => console.log(`${prefix}${line}`));
+  }
+}
+
+async function step(title: string, name: string, args: string[]): Promise<void> {
+  console.log(`\n$ npx tsx ${name} ${args.join(" ")}`.trimEnd() + `\n  # ${title}`);
+  const child = script(name, args);
+  show(child);
+  const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
+  if (code !== 0) throw new Error(`${name} exited with ${code}`);
+}
+
+const dir = mkdtempSync(join(tmpdir(), "inbox-demo-"));
+const db = join(dir, "inbox.db");
+let receiver: ChildProcess | undefined;
+try {
+  await step("two copies of one delivery, handled at once", "naive-race.ts", []);
+
+  console.log(`\n$ npx tsx receiver.ts --port 0 --db ${db} &\n  # the receiver, on a free port and a throwaway database`);
+  receiver = script("receiver.ts", ["--port", "0", "--db", db]);
+  show(receiver, "  receiver| ");
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: receiver!.stdout! }).on("line", (line) => {
+      const match = /^Listening on (http:\/\/\S+)/.exec(line);
+      if (match) resolve(match[1]!);
+    });
+    receiver!.on("exit", (code) => reject(new Error(`the receiver exited with ${code} before listening`)));
+  });
+
+  await step("the provider sends evt_100 three times and evt_101 once", "send.ts", ["--url", url]);
+  await step("the worker records each payment once", "worker.ts", ["--once", "--db", db]);
+  await step("what the inbox holds now", "inbox.ts", ["status", "--db", db]);
+
+  console.log("\n# stopping the receiver (SIGTERM): it finishes what is in flight and exits");
+  const exited = new Promise<number | null>((resolve) => receiver!.on("exit", resolve));
+  receiver.kill("SIGTERM");
+  const code = await exited;
+  receiver = undefined;
+  if (code !== 0) throw new Error(`the receiver exited with ${code}`);
+  const check = new DatabaseSync(db, { readOnly: true });
+  const { stored } = check.prepare("SELECT count(*) AS stored FROM deliveries").get() as { stored: number };
+  const { payments } = check.prepare("SELECT count(*) AS payments FROM payments").get() as { payments: number };
+  check.close();
+  console.log(`\nDone: 4 deliveries sent, ${stored} stored, ${payments} payments recorded, nothing left running.`);
+} catch (error) {
+  console.error(`\ndemo failed: ${error instanceof Error ? error.message : String(error)}`);
+  process.exitCode = 1;
+} finally {
+  receiver?.kill("SIGKILL");
+  rmSync(dir, { recursive: true, force: true });
+}

@@ -1,0 +1,279 @@
+// worker.ts: the polling worker. It claims due deliveries under a lease, runs a handler on each, and
+// commits the handler's local writes together with the done mark, so they happen exactly once.
+//   npx tsx worker.ts --once          # drain the queue, then exit
+//   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60]
+// Import run() to plug in your own handler; the one here records the article's payments.
+
+import type { DatabaseSync, StatementSync } from "node:sqlite";
+import { pathToFileURL } from "node:url";
+import { DEFAULTS, Inbox, PermanentError, label, message, type Lease, type LocalWrite } from "./inbox.ts";
+
+/** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
+export interface Job {
+  delivery: Lease;
+  /** The body parsed as JSON. A body that is not JSON never reaches a handler: it fails permanently. */
+  event: unknown;
+  /** `source:id`, stable across retries: pass it as the idempotency key of any external call. */
+  key: string;
+  /** Aborted when the lease is lost to another worker, or when a stopping worker gives up waiting. */
+  signal: AbortSignal;
+  /** write queues a write to the inbox database; it commits with the done mark, or not at all. */
+  write(fn: LocalWrite): void;
+}
+
+/** Handler does the work for one delivery; throw to retry later, or throw PermanentError to give up. */
+export type Handler = (job: Job) => unknown;
+
+/** WorkerOptions configures run(); every number has a default in DEFAULTS. */
+export interface WorkerOptions {
+  inbox: Inbox;
+  /** Drain what is due, then return. @default false */
+  once?: boolean;
+  /** @default DEFAULTS.leaseMs */
+  leaseMs?: number;
+  /** How often a held lease is extended while its handler runs. @default a third of leaseMs */
+  heartbeatMs?: number;
+  /** @default DEFAULTS.concurrency */
+  concurrency?: number;
+  /** @default DEFAULTS.pollMinMs */
+  pollMinMs?: number;
+  /** @default DEFAULTS.pollMaxMs */
+  pollMaxMs?: number;
+  /** @default DEFAULTS.shutdownGraceMs */
+  shutdownGraceMs?: number;
+  /** Abort to stop: no more claims; work in flight finishes, or is released after shutdownGraceMs. */
+  signal?: AbortSignal;
+  /** Where a line per delivery goes. @default console.error */
+  log?: (line: string) => void;
+}
+
+/** RunStats counts what happened to the deliveries a run claimed. */
+export interface RunStats {
+  claimed: number;
+  done: number;
+  retried: number;
+  failed: number;
+  lost: number;
+  released: number;
+}
+
+/** run claims and handles deliveries until the queue is empty (once) or the signal aborts. */
+export async function run(handler: Handler, options: WorkerOptions): Promise<RunStats> {
+  const { inbox } = options;
+  const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
+  const concurrency = options.concurrency ?? DEFAULTS.concurrency;
+  const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
+  const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
+  const log = options.log ?? ((line: string) => console.error(line));
+  for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
+    if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
+  }
+  const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
+  const active = new Map<Lease, AbortController>();
+  const stop = options.signal;
+
+  // wake ends the current pause early: a handler finished (room to claim) or the worker is stopping.
+  let wake: () => void = () => {};
+  const pause = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(() => resolve(), ms);
+      wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
+  stop?.addEventListener("abort", () => wake(), { once: true });
+
+  const heartbeat = setInterval(() => {
+    for (const [lease, controller] of active) {
+      inbox.extend(lease, leaseMs).then(
+        (held) => {
+          if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
+        },
+        (error: unknown) => log(`${label(lease)}: could not extend the lease: ${message(error)}`),
+      );
+    }
+  }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
+
+  async function settle(lease: Lease, work: () => Promise<LocalWrite[]>): Promise<void> {
+    const name = label(lease);
+    let writes: LocalWrite[];
+    try {
+      writes = await work();
+    } catch (error) {
+      return record(lease, error);
+    }
+    try {
+      if (await inbox.finish(lease, writes)) {
+        stats.done++;
+        log(`${name} done`);
+      } else {
+        stats.lost++;
+        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`);
+      }
+    } catch (error) {
+      // The done mark and the writes rolled back together; nothing is marked done that wasn't written.
+      await record(lease, error);
+    }
+  }
+
+  async function record(lease: Lease, error: unknown): Promise<void> {
+    const name = label(lease);
+    const permanent = error instanceof PermanentError;
+    try {
+      const outcome = await inbox.fail(lease, message(error), { permanent });
+      if (outcome === undefined) {
+        stats.lost++;
+        log(`${name} failed, but the lease was already lost: ${message(error)}`);
+      } else if (outcome.status === "failed") {
+        stats.failed++;
+        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`);
+      } else {
+        stats.retried++;
+        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${message(error)}`);
+      }
+    } catch (failError) {
+      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`);
+    }
+  }
+
+  function start(lease: Lease): void {
+    const controller = new AbortController();
+    active.set(lease, controller);
+    stats.claimed++;
+    settle(lease, async () => {
+      let event: unknown;
+      try {
+        event = JSON.parse(lease.body.toString("utf8"));
+      } catch (error) {
+        throw new PermanentError(`the body is not JSON: ${message(error)}`);
+      }
+      const writes: LocalWrite[] = [];
+      await handler({
+        delivery: lease, event, key: `${lease.source}:${lease.id}`, signal: controller.signal,
+        write: (fn) => void writes.push(fn),
+      });
+      if (controller.signal.aborted) throw controller.signal.reason;
+      return writes;
+    }).finally(() => {
+      active.delete(lease);
+      wake();
+    });
+  }
+
+  try {
+    let delay = pollMin;
+    while (!stop?.aborted) {
+      const room = concurrency - active.size;
+      const leases = room > 0 ? await inbox.claimBatch(room, leaseMs) : [];
+      for (const lease of leases) start(lease);
+      if (leases.length > 0) {
+        delay = pollMin;
+        continue;
+      }
+      if (options.once && active.size === 0) break;
+      // Idle: back off up to pollMax, but a finishing handler or a stop wakes the loop at once.
+      await pause(room > 0 ? delay : pollMax);
+      if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
+    }
+    await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => pause(pollMax));
+    // Whatever outlived the grace period goes back to the queue now rather than when its lease expires.
+    for (const [lease, controller] of active) {
+      controller.abort(new Error("the worker is stopping"));
+      if (await inbox.release(lease)) {
+        stats.released++;
+        log(`${label(lease)} released: the worker stopped before it finished`);
+      }
+    }
+    await inbox.flush();
+  } finally {
+    clearInterval(heartbeat);
+  }
+  return stats;
+}
+
+async function drain(active: Map<Lease, AbortController>, graceMs: number, tick: () => Promise<void>): Promise<void> {
+  const deadline = Date.now() + graceMs;
+  while (active.size > 0 && Date.now() < deadline) await tick();
+}
+
+const paymentInserts = new WeakMap<DatabaseSync, StatementSync>();
+
+/** ensurePayments creates the example's payments table, keyed by delivery so a payment is one row. */
+export function ensurePayments(db: DatabaseSync): void {
+  db.exec(`CREATE TABLE IF NOT EXISTS payments (
+             source      TEXT NOT NULL,
+             delivery_id TEXT NOT NULL,
+             customer    TEXT NOT NULL,
+             amount      REAL NOT NULL,
+             PRIMARY KEY (source, delivery_id))`);
+}
+
+/** recordPayment is the article's handler: one payment row per delivery, written with the done mark. */
+export function recordPayment(job: Job): void {
+  const event = job.event as { customer?: unknown; amount?: unknown } | null;
+  if (typeof event?.customer !== "string" || typeof event.amount !== "number") {
+    throw new PermanentError(`expected {"customer": string, "amount": number}`);
+  }
+  const { customer, amount } = event;
+  job.write((db) => {
+    let insert = paymentInserts.get(db);
+    if (!insert) paymentInserts.set(db, (insert = db.prepare("INSERT INTO payments (source, delivery_id, customer, amount) VALUES (?, ?, ?, ?)")));
+    // A plain INSERT, not INSERT OR IGNORE: if a payment were ever written twice, this would fail loudly.
+    insert.run(job.delivery.source, job.delivery.id, customer, amount);
+  });
+}
+
+async function main(argv: string[]): Promise<void> {
+  const { Command, InvalidArgumentError } = await import("commander");
+  const whole = (value: string) => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
+    return n;
+  };
+  const program = new Command("worker.ts")
+    .description("Process stored deliveries: record each payment exactly once.")
+    .option("--once", "drain the deliveries that are due, then exit")
+    .option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--lease <seconds>", "how long a claimed delivery is held before another worker may take it over", whole, DEFAULTS.leaseMs / 1000)
+    .option("--concurrency <n>", "handlers run at once", whole, DEFAULTS.concurrency)
+    .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
+    .option("--quiet", "don't log a line per delivery")
+    .addHelpText("after", `
+Examples:
+  npx tsx worker.ts --once
+  npx tsx worker.ts --db /tmp/inbox.db --concurrency 32
+  npx tsx inbox.ts status          # see what it did`)
+    .showHelpAfterError("(run with --help for usage)");
+  program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
+  await program.parseAsync(argv);
+  const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; maxAttempts: number; quiet?: boolean }>();
+
+  const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  let inbox: Inbox;
+  try {
+    inbox = new Inbox(path, { maxAttempts: opts.maxAttempts });
+    ensurePayments(inbox.db);
+  } catch (error) {
+    console.error(`worker: cannot use the database: ${message(error)}`);
+    process.exit(1);
+  }
+  const stop = new AbortController();
+  for (const signal of ["SIGTERM", "SIGINT"] as const) {
+    process.on(signal, () => {
+      if (stop.signal.aborted) return;
+      console.error(`${signal}: no more claims; letting the work in flight finish`);
+      stop.abort();
+    });
+  }
+  const log = opts.quiet ? () => {} : (line: string) => console.error(line);
+  const stats = await run(recordPayment, {
+    inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
+  });
+  await inbox.close();
+  if (opts.once || stop.signal.aborted) {
+    console.error(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`);
+  }
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);
