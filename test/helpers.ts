@@ -1,0 +1,78 @@
+// test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
+// processes on this same Node, and a receiver on a free port.
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+/** ROOT is the repository's top folder, where the scripts live. */
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+/** tempDir makes a fresh folder and returns it with a function that removes it. */
+export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** spawnScript starts one of the suite's scripts (or a test fixture) under tsx, on this same Node. */
+export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
+  return spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+}
+
+/** runScript runs a script to the end and returns its exit code and output. */
+export async function runScript(
+  script: string,
+  args: string[] = [],
+  env: NodeJS.ProcessEnv = {},
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  const child = spawnScript(script, args, env);
+  let stdout = "";
+  let stderr = "";
+  child.stdout!.on("data", (d) => (stdout += d));
+  child.stderr!.on("data", (d) => (stderr += d));
+  const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
+  return { code, stdout, stderr };
+}
+
+/** ReceiverProcess is a receiver.ts child listening on a free port. */
+export interface ReceiverProcess {
+  child: ChildProcess;
+  url: string;
+  port: number;
+  /** Everything it has written to stderr so far (its one line per delivery). */
+  log(): string;
+  /** stop sends SIGTERM (or the given signal) and resolves with the exit code. */
+  stop(signal?: NodeJS.Signals): Promise<number | null>;
+}
+
+/** startReceiver starts receiver.ts on port 0 and waits for its "Listening on" line. */
+export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<ReceiverProcess> {
+  const child = spawnScript("receiver.ts", ["--port", "0", "--db", db, ...args], env);
+  let stderr = "";
+  child.stderr!.on("data", (d) => (stderr += d));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on("line", (line) => {
+      const match = /^Listening on (http:\/\/\S+)/.exec(line);
+      if (match) resolve(match[1]!);
+    });
+    void exited.then((code) => reject(new Error(`receiver exited with ${code} before listening: ${stderr}`)));
+  });
+  return {
+    child,
+    url,
+    port: Number(new URL(url).port),
+    log: () => stderr,
+    stop: async (signal = "SIGTERM") => {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      return exited;
+    },
+  };
+}
