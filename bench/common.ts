@@ -1,0 +1,177 @@
+// bench/common.ts: what every benchmark shares: servers as child processes on this same Node, their
+// peak RSS from /proc, a closed-loop load generator (autocannon), the backlog filler, and the knobs.
+
+import autocannon from "autocannon";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { DatabaseSync } from "node:sqlite";
+import { openDatabase, sha256 } from "../inbox.ts";
+
+/** ROOT is the repository's top folder. */
+export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+/** knob reads a numeric BENCH_* environment variable, so a run can be scaled up or down. */
+export function knob(name: string, fallback: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const n = Number(raw);
+  if (!Number.isFinite(n) || n <= 0) throw new TypeError(`${name}: expected a positive number, got ${raw}`);
+  return n;
+}
+
+/** Knobs shared by the HTTP benchmarks. */
+export const SECONDS = knob("BENCH_SECONDS", 8);
+export const WARMUP_SECONDS = knob("BENCH_WARMUP", 2);
+export const CONNECTIONS = knob("BENCH_CONNECTIONS", 32);
+
+/** tempDir is a throwaway folder on the real disk (not tmpfs), so every fsync is a real one. */
+export function tempDir(): { dir: string; cleanup: () => void } {
+  const dir = mkdtempSync(join(tmpdir(), "inbox-bench-"));
+  return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** Child is a benchmarked process: where it listens, and its memory as Linux counts it. */
+export interface Child {
+  child: ChildProcess;
+  url: string;
+  /** Peak resident set size so far, in MB (VmHWM). */
+  peakRssMb(): number;
+  /** Everything written to stderr, when it was kept. */
+  stderr(): string;
+  stop(): Promise<void>;
+}
+
+function status(pid: number, field: string): number {
+  const match = new RegExp(`^${field}:\\s+(\\d+) kB`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return match ? Number(match[1]) / 1024 : NaN;
+}
+
+/** rssMb reads a process's current (VmRSS) or peak (VmHWM) resident set size in MB. */
+export function rssMb(pid: number, peak = false): number {
+  return status(pid, peak ? "VmHWM" : "VmRSS");
+}
+
+/**
+ * startChild runs a script under tsx on this Node and waits for its "Listening on" line. Its stderr is a
+ * pipe that is read and dropped (or kept), so a logging server pays for its lines as it would in production.
+ */
+export async function startChild(script: string, args: string[], keepStderr = false): Promise<Child> {
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+  });
+  let err = "";
+  child.stderr!.on("data", (d: Buffer) => {
+    if (keepStderr || err.length < 4096) err += d;
+  });
+  const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
+  const url = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on("line", (line) => {
+      const match = /^Listening on (http:\/\/\S+)/.exec(line);
+      if (match) resolve(match[1]!);
+    });
+    void exited.then(() => reject(new Error(`${script} exited before listening: ${err}`)));
+  });
+  let peak = 0;
+  return {
+    child,
+    url,
+    peakRssMb: () => (child.exitCode === null ? (peak = Math.max(peak, rssMb(child.pid!, true))) : peak),
+    stderr: () => err,
+    stop: async () => {
+      if (child.exitCode === null) {
+        peak = Math.max(peak, rssMb(child.pid!, true));
+        child.kill("SIGTERM");
+      }
+      await exited;
+    },
+  };
+}
+
+/** Load is what one closed-loop run measured. */
+export interface Load {
+  rps: number;
+  p50: number;
+  p99: number;
+  ok: number;
+  non2xx: number;
+  errors: number;
+}
+
+/** BODY is the article's payment event; every request carries it. */
+export const BODY = JSON.stringify({ type: "payment.succeeded", customer: "Ann", amount: 5 });
+
+let runs = 0;
+
+/**
+ * hammer runs closed-loop load against url for seconds: each connection sends its next POST as soon as
+ * the last answer arrives. IDs are unique, except that a fraction `duplicates` repeats a recent one.
+ */
+export async function hammer(url: string, opts: { seconds: number; connections?: number; duplicates?: number }): Promise<Load> {
+  const prefix = `r${process.pid}-${++runs}-`;
+  const duplicates = opts.duplicates ?? 0;
+  let n = 0;
+  const headers = { "content-type": "application/json" };
+  const result = await autocannon({
+    url,
+    connections: opts.connections ?? CONNECTIONS,
+    duration: opts.seconds,
+    timeout: 30,
+    requests: [{
+      method: "POST",
+      body: BODY,
+      setupRequest: (request) => {
+        const id = duplicates > 0 && n > 100 && Math.random() < duplicates ? n - 1 - Math.floor(Math.random() * 100) : n++;
+        request.headers = { ...headers, "x-delivery-id": prefix + id };
+        return request;
+      },
+    }],
+  });
+  const ok = result["2xx"];
+  return {
+    rps: ok / result.duration,
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    ok,
+    non2xx: result.non2xx,
+    errors: result.errors + result.timeouts,
+  };
+}
+
+/** fillBacklog inserts n due deliveries straight into the table, in big transactions: no HTTP, no fsync per row. */
+export function fillBacklog(path: string, n: number, prefix = "bk"): void {
+  openDatabase(path).close();
+  const db = new DatabaseSync(path);
+  db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
+  const insert = db.prepare(
+    `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, available_at)
+     VALUES ('default', ?, ?, ?, 'application/json', ?, 'received', ?)`,
+  );
+  const now = Date.now();
+  for (let start = 0; start < n; start += 50_000) {
+    db.exec("BEGIN");
+    for (let i = start; i < Math.min(n, start + 50_000); i++) {
+      const body = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
+      insert.run(`${prefix}_${i}`, body, sha256(body), now, now - n + i);
+    }
+    db.exec("COMMIT");
+  }
+  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  db.close();
+}
+
+/** f formats a number for a summary line. */
+export function f(n: number, digits = 0): string {
+  return Number.isFinite(n) ? n.toFixed(digits) : "n/a";
+}
+
+/** line prints one labelled result row. */
+export function row(label: string, load: Load, extra = ""): void {
+  console.log(
+    `  ${label.padEnd(34)} ${f(load.rps).padStart(7)} req/s  p50 ${f(load.p50, 1)} ms  p99 ${f(load.p99, 1)} ms` +
+      (load.non2xx || load.errors ? `  non-2xx ${load.non2xx} errors ${load.errors}` : "") + (extra ? `  ${extra}` : ""),
+  );
+}
