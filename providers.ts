@@ -62,7 +62,7 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
   }
   const sources = new Map<string, Source>();
   for (const [name, settings] of Object.entries(config)) {
-    const where = `sources: ${JSON.stringify(name)}`;
+    const where = `source ${JSON.stringify(name)}`;
     // The name becomes the URL path, so it must be one plain path segment.
     if (!/^[A-Za-z0-9._~-]+$/.test(name) || name === "." || name === "..") {
       throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-" (it is the URL path)`);
@@ -120,12 +120,12 @@ export function secretKey(provider: Provider, secret: string, context: string = 
     // Re-encoding catches what Node's lenient base64 decoder would silently skip.
     const key = Buffer.from(encoded, "base64");
     if (!encoded || key.length === 0 || key.toString("base64") !== encoded) {
-      throw new TypeError(`${context}: expected whsec_ followed by base64 (as Standard Webhooks and Svix give it), got a value that is not`);
+      throw new TypeError(`${context} is not a whsec_ secret: expected whsec_ followed by base64, as Standard Webhooks and Svix give it`);
     }
     return key;
   }
   if (provider === "stripe" && !/^whsec_\S+$/.test(secret)) {
-    throw new TypeError(`${context}: expected Stripe's signing secret, whsec_ followed by letters and digits, got a value that is not`);
+    throw new TypeError(`${context} is not a whsec_ secret: expected Stripe's signing secret, whsec_ followed by letters and digits`);
   }
   return Buffer.from(secret, "utf8");
 }

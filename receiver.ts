@@ -1,12 +1,13 @@
 // receiver.ts: the webhook receiver on node:http. It answers 200 only once the delivery is committed to
 // disk, so the sender may forget it; anything it cannot store gets a status that makes the sender retry.
-//   npx tsx receiver.ts [--port 8000] [--host 127.0.0.1] [--db inbox.db]
+//   npx tsx receiver.ts [--port 8000] [--host 127.0.0.1] [--db inbox.db] [--sources sources.json]
 // Then send it the article's deliveries with `npx tsx send.ts`.
 
+import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS, Inbox, label, message, type Stored } from "./inbox.ts";
-import { unsignedSource, verify, type Source } from "./providers.ts";
+import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -200,22 +201,47 @@ async function main(argv: string[]): Promise<void> {
     .option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--max-body <bytes>", "largest body accepted, in bytes", whole(1), DEFAULTS.maxBodyBytes)
     .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
+    .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
     .addHelpText("after", `
-Answers: 200 stored | 200 duplicate | 400 bad request | 404 unknown path | 405 not POST
+Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
          413 body too large | 431 headers too large | 503 could not store (Retry-After)
+
+Sources file: {"stripe": {"provider": "stripe", "secret": "env:STRIPE_WEBHOOK_SECRET"},
+               "github": {"provider": "github", "secret": ["old", "new"]}}
+Providers: standard (and Svix), stripe, github, shopify, slack, plain. Without one, POST / is unsigned.
 
 Examples:
   npx tsx receiver.ts
   PORT=9000 npx tsx receiver.ts --db /tmp/inbox.db
-  curl -X POST -H 'X-Delivery-Id: evt_1' -d '{"customer":"Ann","amount":5}' http://127.0.0.1:8000/`)
+  curl -X POST -H 'X-Delivery-Id: evt_1' -d '{"customer":"Ann","amount":5}' http://127.0.0.1:8000/
+  npx tsx receiver.ts --sources sources.json`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; quiet?: boolean }>();
+  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean }>();
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
+
+  // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
+  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+  let sources: Map<string, Source> | undefined;
+  if (sourcesFile) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(readFileSync(sourcesFile, "utf8"));
+    } catch (error) {
+      // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
+      const why = error instanceof SyntaxError ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}` : message(error);
+      fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
+    }
+    try {
+      sources = loadSources(parsed, process.env);
+    } catch (error) {
+      fatal(`receiver: ${sourcesFile}: ${message(error)}`);
+    }
+  }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
@@ -224,9 +250,17 @@ Examples:
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`);
   }
-  console.error("warning: deliveries are not verified; anyone who can reach this port can store one.");
+  if (!sources) {
+    console.error("warning: deliveries are not verified; anyone who can reach this port can store one.");
+  } else {
+    for (const s of sources.values()) {
+      const signed = s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
+      console.error(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`);
+      if (s.secrets.length === 0) console.error(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`);
+    }
+  }
   const receiver = createReceiver({
-    inbox, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight,
+    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight,
     log: opts.quiet ? () => {} : (line) => console.error(line),
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`));

@@ -1,11 +1,13 @@
 // send.ts: a sender, on undici, that replays the article's story: evt_100 three times (the provider
 // retried) and evt_101 once. Point it at a running receiver:
 //   npx tsx send.ts [--url http://127.0.0.1:8000]
-// It prints "evt_100: stored", then "evt_100: duplicate", and so on.
+// It prints "evt_100: stored", then "evt_100: duplicate", and so on. With --provider and --secret it
+// signs each delivery as that provider would, to check a receiver's sources: see `--help`.
 
 import { pathToFileURL } from "node:url";
 import { request } from "undici";
 import { DEFAULTS, message } from "./inbox.ts";
+import { PROVIDERS, sign, type Provider } from "./providers.ts";
 
 /** Outgoing is one webhook to send: its delivery ID and its JSON event. */
 export interface Outgoing {
@@ -21,13 +23,39 @@ export const STORY: readonly Outgoing[] = [
   { id: "evt_100", event: { customer: "Maria Lopez", amount: 24.99 } },
 ];
 
-/** send posts one delivery and returns the receiver's status and answer. */
-export async function send(url: string, delivery: Outgoing): Promise<{ status: number; text: string }> {
-  const response = await request(url, {
-    method: "POST",
-    headers: { "content-type": "application/json", "x-delivery-id": delivery.id },
-    body: JSON.stringify(delivery.event),
-  });
+/** Signing says whose scheme to sign with; without it, deliveries go out unsigned, as in the article. */
+export interface Signing {
+  provider: Provider;
+  /** The secret as the provider hands it out (Stripe's and Standard Webhooks' begin whsec_). */
+  secret: string;
+  /** The clock for the signed timestamp, in ms since the epoch. @default Date.now */
+  now?: () => number;
+}
+
+/**
+ * signed returns the body and headers for one delivery: the event wrapped as the provider wraps it (the
+ * delivery ID inside the body for stripe and slack), signed now. The body depends only on the delivery,
+ * so a retry is a true duplicate, as a provider's retry would be.
+ */
+export function signed(delivery: Outgoing, signing?: Signing): { body: string; headers: Record<string, string> } {
+  if (!signing) return { body: JSON.stringify(delivery.event), headers: { "content-type": "application/json", "x-delivery-id": delivery.id } };
+  const { provider, secret } = signing;
+  const [body, eventType] =
+    provider === "standard" ? [{ type: "payment.succeeded", data: delivery.event }, undefined]
+    : provider === "stripe" ? [{ id: delivery.id, object: "event", type: "payment_intent.succeeded", data: { object: delivery.event } }, undefined]
+    : provider === "slack" ? [{ type: "event_callback", event_id: delivery.id, event: { type: "payment", payment: delivery.event } }, undefined]
+    : provider === "github" ? [delivery.event, "payment"]
+    : provider === "shopify" ? [delivery.event, "orders/paid"]
+    : [delivery.event, undefined];
+  const text = JSON.stringify(body);
+  const timestampS = Math.floor((signing.now ?? Date.now)() / 1000);
+  return { body: text, headers: { "content-type": "application/json", ...sign(provider, secret, { id: delivery.id, body: text, timestampS, eventType }) } };
+}
+
+/** send posts one delivery, signed if signing is given, and returns the receiver's status and answer. */
+export async function send(url: string, delivery: Outgoing, signing?: Signing): Promise<{ status: number; text: string }> {
+  const { body, headers } = signed(delivery, signing);
+  const response = await request(url, { method: "POST", headers, body });
   return { status: response.statusCode, text: (await response.body.text()).trim() };
 }
 
@@ -36,25 +64,42 @@ async function main(argv: string[]): Promise<void> {
   const program = new Command("send.ts")
     .description("Send the article's deliveries, duplicates included, to a receiver.")
     .option("--url <url>", "the receiver's address", `http://${DEFAULTS.host}:${DEFAULTS.port}`)
+    .option("--provider <name>", `sign like this provider: ${PROVIDERS.join(", ")} (default: unsigned, X-Delivery-Id)`)
+    .option("--secret <secret>", "the source's secret, as the provider gives it (whsec_… for stripe and standard)")
     .addHelpText("after", `
 Examples:
   npx tsx receiver.ts &    # in another terminal
   npx tsx send.ts
-  npx tsx send.ts --url http://127.0.0.1:9000`)
+  npx tsx send.ts --url http://127.0.0.1:9000
+  npx tsx send.ts --provider stripe --secret "$STRIPE_WEBHOOK_SECRET" --url http://127.0.0.1:8000/stripe`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const { url } = program.opts<{ url: string }>();
+  const { url, provider, secret } = program.opts<{ url: string; provider?: string; secret?: string }>();
   try {
     new URL(url);
   } catch {
     console.error(`send: --url must be an address such as http://127.0.0.1:8000, got ${url}`);
     process.exit(2);
   }
+  let signing: Signing | undefined;
+  if (provider !== undefined || secret !== undefined) {
+    if (!(PROVIDERS as readonly string[]).includes(provider ?? "")) {
+      console.error(`send: --provider must be one of ${PROVIDERS.join(", ")}, got ${provider ?? "(none)"}`);
+      process.exit(2);
+    }
+    signing = { provider: provider as Provider, secret: secret ?? "" };
+    try {
+      signed(STORY[0]!, signing); // a bad secret is a usage error, found before anything is sent
+    } catch (error) {
+      console.error(`send: --secret: ${message(error)}`);
+      process.exit(2);
+    }
+  }
 
   for (const delivery of STORY) {
     try {
-      const { status, text } = await send(url, delivery);
+      const { status, text } = await send(url, delivery, signing);
       console.log(status === 200 ? `${delivery.id}: ${text}` : `${delivery.id}: ${status} ${text}`);
       if (status !== 200) process.exitCode = 1;
     } catch (error) {
