@@ -1,0 +1,280 @@
+// test/worker.test.ts: run() and worker.ts. Draining, concurrency, failures, a lease lost mid-handler,
+// graceful shutdown of a real worker process, and a worker killed with -9 whose delivery is taken over.
+
+import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { DatabaseSync } from "node:sqlite";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { Inbox, PermanentError } from "../inbox.ts";
+import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
+import { runScript, spawnScript, tempDir } from "./helpers.ts";
+
+const T0 = 1_700_000_000_000;
+const LEASE = 60_000;
+const payment = (customer = "Maria Lopez", amount = 24.99) => Buffer.from(JSON.stringify({ customer, amount }));
+
+let dir: { dir: string; cleanup: () => void };
+let path: string;
+let t: number;
+let opened: Inbox[];
+const open = (options: ConstructorParameters<typeof Inbox>[1] = {}) => {
+  const inbox = new Inbox(path, { now: () => t, random: () => 0, ...options });
+  ensurePayments(inbox.db);
+  opened.push(inbox);
+  return inbox;
+};
+const query = <T>(sql: string, ...params: (string | number)[]): T[] => {
+  const db = new DatabaseSync(path, { readOnly: true });
+  try {
+    // Spread into plain objects: node:sqlite's rows have a null prototype, which deepEqual tells apart.
+    return db.prepare(sql).all(...params).map((row) => ({ ...row })) as T[];
+  } finally {
+    db.close();
+  }
+};
+const statusOf = (id: string) => query<{ status: string; attempts: number; error: string | null }>(
+  "SELECT status, attempts, error FROM deliveries WHERE id = ?", id)[0];
+const quiet = () => {};
+
+beforeEach(() => {
+  dir = tempDir();
+  path = join(dir.dir, "inbox.db");
+  t = T0;
+  opened = [];
+});
+afterEach(async () => {
+  for (const inbox of opened) await inbox.close();
+  dir.cleanup();
+});
+
+describe("run()", () => {
+  it("drains what is due with once, recording each payment once", async () => {
+    const inbox = open();
+    for (let i = 0; i < 5; i++) await inbox.store({ id: `evt_${i}`, body: payment("C", i) });
+    await inbox.store({ id: "evt_0", body: payment("C", 0) }); // a duplicate adds no work
+    const stats = await run(recordPayment, { inbox, once: true, log: quiet });
+    assert.deepEqual(stats, { claimed: 5, done: 5, retried: 0, failed: 0, lost: 0, released: 0 });
+    assert.deepEqual(query<{ n: number }>("SELECT count(*) AS n FROM payments")[0], { n: 5 });
+    assert.deepEqual(query<{ n: number }>("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'")[0], { n: 0 });
+  });
+
+  it("runs up to concurrency handlers at once, and never more", async () => {
+    const inbox = open();
+    for (let i = 0; i < 9; i++) await inbox.store({ id: `evt_${i}`, body: payment() });
+    const most = async (concurrency: number) => {
+      let running = 0;
+      let peak = 0;
+      await run(async () => {
+        peak = Math.max(peak, ++running);
+        for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+        running--;
+      }, { inbox, once: true, concurrency, log: quiet });
+      await inbox.retry({ allFailed: true });
+      return peak;
+    };
+    assert.equal(await most(3), 3);
+    // Control: the same handlers under concurrency 1 never overlap, so the peak above is run()'s doing.
+    await inbox.db.exec("UPDATE deliveries SET status = 'received', attempts = 0");
+    assert.equal(await most(1), 1);
+  });
+
+  it("schedules a retry with backoff when the handler throws", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_1", body: payment() });
+    const lines: string[] = [];
+    const stats = await run(() => { throw new Error("the bank is down"); }, { inbox, once: true, log: (l) => lines.push(l) });
+    assert.equal(stats.retried, 1);
+    assert.deepEqual(statusOf("evt_1"), { status: "received", attempts: 1, error: "the bank is down" });
+    assert.deepEqual(query<{ available_at: number }>("SELECT available_at FROM deliveries")[0], { available_at: T0 + 2_000 });
+    assert.match(lines.join("\n"), /evt_1 failed \(attempt 1\), retrying at .*: the bank is down/);
+  });
+
+  it("sets a delivery aside at once when the handler throws PermanentError", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_1", body: payment() });
+    let calls = 0;
+    const stats = await run(() => { calls++; throw new PermanentError("unknown customer"); }, { inbox, once: true, log: quiet });
+    assert.equal(calls, 1);
+    assert.equal(stats.failed, 1);
+    assert.deepEqual(statusOf("evt_1"), { status: "failed", attempts: 1, error: "unknown customer" });
+  });
+
+  it("fails a body that is not JSON permanently, without calling the handler", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_1", body: Buffer.from("customer=Maria&amount=24.99") });
+    let calls = 0;
+    const stats = await run(() => void calls++, { inbox, once: true, log: quiet });
+    assert.equal(calls, 0);
+    assert.equal(stats.failed, 1);
+    const row = statusOf("evt_1")!;
+    assert.equal(row.status, "failed");
+    assert.match(row.error!, /not JSON/);
+  });
+
+  it("sets a delivery aside after the last attempt, across runs", async () => {
+    const inbox = open({ maxAttempts: 3 });
+    await inbox.store({ id: "evt_1", body: payment() });
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      await run(() => { throw new Error(`boom ${attempt}`); }, { inbox, once: true, log: quiet });
+      t += 3_600_000; // past any backoff
+    }
+    assert.deepEqual(statusOf("evt_1"), { status: "failed", attempts: 3, error: "boom 3" });
+    const stats = await run(() => assert.fail("a failed delivery was handed out again"), { inbox, once: true, log: quiet });
+    assert.equal(stats.claimed, 0);
+  });
+
+  describe("when the lease is lost mid-handler", () => {
+    // The handler stalls past its lease; meanwhile a second worker (its own connection) takes the
+    // delivery over and records the payment. The first handler then finishes too.
+    async function overtaken(write: (job: Job, key: string) => void): Promise<{ stats: Awaited<ReturnType<typeof run>>; ledger: number }> {
+      const a = open();
+      const b = open();
+      a.db.exec("CREATE TABLE ledger (key TEXT)"); // no key constraint: a second write would be counted
+      await a.store({ id: "evt_1", body: payment() });
+      const ledger = (db: DatabaseSync, key: string) => db.prepare("INSERT INTO ledger VALUES (?)").run(key);
+      const stats = await run(async (job) => {
+        t += LEASE;
+        const takeover = (await b.claim(LEASE))!;
+        assert.equal(takeover.id, "evt_1");
+        assert.equal(await b.finish(takeover, [(db) => void ledger(db, job.key)]), true);
+        write(job, job.key);
+      }, { inbox: a, once: true, leaseMs: LEASE, log: quiet });
+      return { stats, ledger: query<{ n: number }>("SELECT count(*) AS n FROM ledger")[0]!.n };
+    }
+
+    it("rolls back the stale handler's job.write, so the local effect happens exactly once", async () => {
+      const { stats, ledger } = await overtaken((job, key) => job.write((db) => void db.prepare("INSERT INTO ledger VALUES (?)").run(key)));
+      assert.equal(stats.lost, 1);
+      assert.equal(stats.done, 0);
+      assert.equal(ledger, 1);
+      assert.equal(statusOf("evt_1")!.status, "done");
+    });
+
+    it("control: a write made outside job.write happens twice", async () => {
+      const { ledger } = await overtaken((job, key) => void opened[0]!.db.prepare("INSERT INTO ledger VALUES (?)").run(key));
+      assert.equal(ledger, 2);
+    });
+  });
+});
+
+// lines follows a child's stream and resolves when a line matches.
+function lines(child: ChildProcess, stream: "stdout" | "stderr") {
+  const seen: string[] = [];
+  const waiters: { re: RegExp; resolve: (line: string) => void }[] = [];
+  createInterface({ input: child[stream]! }).on("line", (line) => {
+    seen.push(line);
+    for (const w of waiters.filter((w) => w.re.test(line))) {
+      waiters.splice(waiters.indexOf(w), 1);
+      w.resolve(line);
+    }
+  });
+  return {
+    seen,
+    next: (re: RegExp) => new Promise<string>((resolve) => {
+      const found = seen.find((l) => re.test(l));
+      if (found) resolve(found);
+      else waiters.push({ re, resolve });
+    }),
+  };
+}
+const exitOf = (child: ChildProcess) =>
+  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+
+describe("a worker process", () => {
+  it("on SIGTERM stops claiming, lets the work in flight finish, and exits 0", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_1", body: payment() });
+    await inbox.store({ id: "evt_2", body: payment() });
+    await inbox.close();
+    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "until-sigterm"]);
+    const out = lines(child, "stdout");
+    const exited = exitOf(child);
+    await out.next(/^started evt_2$/); // both handlers are running
+    child.kill("SIGTERM");
+    assert.deepEqual(await exited, { code: 0, signal: null });
+    assert.deepEqual(JSON.parse(out.seen.at(-1)!), { claimed: 2, done: 2, retried: 0, failed: 0, lost: 0, released: 0 });
+    assert.deepEqual(query("SELECT id, status FROM deliveries ORDER BY id"),
+      [{ id: "evt_1", status: "done" }, { id: "evt_2", status: "done" }]);
+    assert.equal(query("SELECT * FROM payments").length, 2);
+  });
+
+  it("on SIGTERM releases what outlives the grace period, unspent, and exits 0", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_1", body: payment() });
+    await inbox.close();
+    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "hang", "50"]);
+    const out = lines(child, "stdout");
+    const exited = exitOf(child);
+    await out.next(/^started evt_1$/);
+    assert.equal(statusOf("evt_1")!.status, "processing");
+    child.kill("SIGTERM");
+    assert.deepEqual(await exited, { code: 0, signal: null });
+    assert.equal(JSON.parse(out.seen.at(-1)!).released, 1);
+    // Back in the queue at once, its attempt given back, no lease left over.
+    assert.deepEqual(query("SELECT status, attempts, lease_token, leased_until FROM deliveries"),
+      [{ status: "received", attempts: 0, lease_token: null, leased_until: null }]);
+  });
+
+  it("killed with -9 loses nothing: its delivery is taken over once the lease expires", async () => {
+    t = Date.now();
+    const setup = open();
+    await setup.store({ id: "evt_1", body: payment() });
+    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "hang"]);
+    const out = lines(child, "stdout");
+    const exited = exitOf(child);
+    await out.next(/^started evt_1$/);
+    child.kill("SIGKILL");
+    assert.deepEqual(await exited, { code: null, signal: "SIGKILL" });
+    // The dead worker's lease still holds: nobody may take the delivery yet.
+    assert.equal((await run(recordPayment, { inbox: setup, once: true, log: quiet })).claimed, 0);
+    // A minute later (the default lease, on the pinned clock) another worker takes it and finishes it.
+    t = Date.now() + LEASE;
+    const stats = await run(recordPayment, { inbox: setup, once: true, log: quiet });
+    assert.deepEqual(stats, { claimed: 1, done: 1, retried: 0, failed: 0, lost: 0, released: 0 });
+    assert.deepEqual(statusOf("evt_1"), { status: "done", attempts: 2, error: null });
+    assert.equal(query("SELECT * FROM payments").length, 1);
+  });
+});
+
+describe("worker.ts", () => {
+  it("--once records each payment, logs each outcome, and exits 0", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_100", body: payment() });
+    await inbox.store({ id: "evt_101", body: payment("Sam Okafor", 12.5) });
+    await inbox.store({ id: "evt_bad", body: Buffer.from('{"customer": 7}') });
+    await inbox.close();
+    const { code, stdout, stderr } = await runScript("worker.ts", ["--once", "--db", path]);
+    assert.equal(code, 0, stderr);
+    assert.equal(stdout, "");
+    assert.match(stderr, /^evt_100 done$/m);
+    assert.match(stderr, /^evt_101 done$/m);
+    assert.match(stderr, /^evt_bad failed permanently: expected \{"customer": string, "amount": number\}$/m);
+    assert.match(stderr, /^worker: 2 done, 0 to retry, 1 failed, 0 lost to other workers$/m);
+    assert.deepEqual(query("SELECT delivery_id, customer, amount FROM payments ORDER BY delivery_id"), [
+      { delivery_id: "evt_100", customer: "Maria Lopez", amount: 24.99 },
+      { delivery_id: "evt_101", customer: "Sam Okafor", amount: 12.5 },
+    ]);
+  });
+
+  it("keeps polling without --once until SIGTERM, then exits 0", async () => {
+    const inbox = open();
+    await inbox.store({ id: "evt_100", body: payment() });
+    await inbox.close();
+    const child = spawnScript("worker.ts", ["--db", path]);
+    const err = lines(child, "stderr");
+    const exited = exitOf(child);
+    await err.next(/^evt_100 done$/);
+    child.kill("SIGTERM");
+    assert.deepEqual(await exited, { code: 0, signal: null });
+    assert.match(err.seen.join("\n"), /^SIGTERM: no more claims/m);
+  });
+
+  it("answers a bad option with exit 2", async () => {
+    const { code, stderr } = await runScript("worker.ts", ["--concurrency", "0", "--db", path]);
+    assert.equal(code, 2);
+    assert.match(stderr, /expected a whole number of 1 or more/);
+    assert.doesNotMatch(stderr, /\n\s+at /);
+  });
+});
