@@ -1,0 +1,350 @@
+// test/chaos.ts: the crash scenarios, shared by the bounded tests (test/crash.test.ts, test/faults.test.ts)
+// and the long run (`npm run torture`). Each one runs real child processes on a real database file, kills
+// them with SIGKILL at random moments, and returns what it counted; the callers assert on the counts.
+
+import type { ChildProcess } from "node:child_process";
+import { createHash } from "node:crypto";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { DatabaseSync } from "node:sqlite";
+import { Inbox, sha256 } from "../inbox.ts";
+import { spawnScript, startReceiver } from "./helpers.ts";
+
+/** Random is a seeded source of numbers in [0, 1), so a failing run can be replayed from its seed. */
+export type Random = () => number;
+
+/** seeded returns mulberry32 on the given seed. */
+export function seeded(seed: number): Random {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const between = (random: Random, min: number, max: number) => min + Math.floor(random() * (max - min + 1));
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// ---- Bodies that check themselves ----------------------------------------------------------------
+
+/**
+ * selfCheckingBody is the body sent for an ID: `id|length|sha256|payload`, where the payload is binary
+ * (not UTF-8) and derived from the ID, so any stored row can be checked for being whole.
+ */
+export function selfCheckingBody(id: string, maxBytes = 16_384): Buffer {
+  const length = 1 + (createHash("sha256").update(id).digest().readUInt32BE(0) % maxBytes);
+  const payload = createHash("shake256", { outputLength: length }).update(id).digest();
+  return Buffer.concat([Buffer.from(`${id}|${length}|${sha256(payload)}|`), payload]);
+}
+
+/** bodyIsWhole says whether a stored body is exactly the one its own header describes. */
+export function bodyIsWhole(id: string, body: Uint8Array): boolean {
+  const bytes = Buffer.from(body);
+  const parts: number[] = [];
+  for (let at = 0; parts.length < 3; at++) {
+    at = bytes.indexOf(0x7c, at); // "|"
+    if (at < 0) return false;
+    parts.push(at);
+  }
+  const [a, b, c] = parts as [number, number, number];
+  const payload = bytes.subarray(c + 1);
+  return bytes.subarray(0, a).toString() === id
+    && Number(bytes.subarray(a + 1, b).toString()) === payload.length
+    && bytes.subarray(b + 1, c).toString() === sha256(payload);
+}
+
+// ---- 1. The receiver, killed while senders send ----------------------------------------------------
+
+/** ReceiverCrashOptions sizes the receiver scenario. */
+export interface ReceiverCrashOptions {
+  dir: string;
+  rounds: number;
+  /** Concurrent senders. */
+  senders: number;
+  /** The receiver is killed a random time in [minUpMs, maxUpMs] after it starts listening. */
+  minUpMs: number;
+  maxUpMs: number;
+  random: Random;
+}
+
+/** ReceiverCrashReport is what the receiver scenario counted, and what it found in the database. */
+export interface ReceiverCrashReport {
+  rounds: number;
+  kills: number;
+  sent: number;
+  acked: number;
+  duplicatesAcked: number;
+  stored: number;
+  /** Acknowledged IDs missing from the database: must be 0. */
+  lost: string[];
+  /** Rows whose body is not whole: must be 0. */
+  partial: string[];
+  integrity: string;
+}
+
+/**
+ * receiverCrash runs rounds of: start receiver.ts, let concurrent senders POST self-checking bodies (and
+ * resend acknowledged ones), SIGKILL it at a random moment. Then it checks the database file.
+ */
+export async function receiverCrash(o: ReceiverCrashOptions): Promise<ReceiverCrashReport> {
+  const db = join(o.dir, "receiver-crash.db");
+  const acked: string[] = [];
+  const report = { rounds: o.rounds, kills: 0, sent: 0, acked: 0, duplicatesAcked: 0 };
+  for (let round = 0; round < o.rounds; round++) {
+    const receiver = await startReceiver(db, ["--quiet"]);
+    let up = true;
+    const sender = async (k: number) => {
+      for (let i = 0; up; i++) {
+        // One request in five resends a delivery already acknowledged: it must come back 200 duplicate.
+        const resend = acked.length > 0 && o.random() < 0.2;
+        const id = resend ? acked[Math.floor(o.random() * acked.length)]! : `r${round}-s${k}-${i}`;
+        report.sent++;
+        try {
+          const res = await fetch(receiver.url, {
+            method: "POST", headers: { "x-delivery-id": id, "content-type": "application/octet-stream" },
+            body: selfCheckingBody(id), signal: AbortSignal.timeout(10_000),
+          });
+          const text = await res.text();
+          if (res.status !== 200) continue;
+          if (resend) {
+            if (text === "duplicate") report.duplicatesAcked++;
+            else throw new Error(`resent ${id} answered ${text}`);
+          } else acked.push(id);
+        } catch (error) {
+          if (!up) return; // the receiver died under this request: unacknowledged, so the sender keeps it
+          if (error instanceof Error && error.message.startsWith("resent")) throw error;
+        }
+      }
+    };
+    const senders = Array.from({ length: o.senders }, (_, k) => sender(k));
+    await sleep(between(o.random, o.minUpMs, o.maxUpMs));
+    up = false;
+    await receiver.stop("SIGKILL");
+    report.kills++;
+    await Promise.all(senders);
+  }
+  report.acked = acked.length;
+
+  const conn = new DatabaseSync(db);
+  try {
+    const integrity = (conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
+    const rows = conn.prepare("SELECT id, body, body_sha256 FROM deliveries").all() as { id: string; body: Uint8Array; body_sha256: string }[];
+    const ids = new Set(rows.map((r) => r.id));
+    return {
+      ...report,
+      stored: rows.length,
+      lost: acked.filter((id) => !ids.has(id)),
+      partial: rows.filter((r) => !bodyIsWhole(r.id, r.body) || sha256(r.body) !== r.body_sha256).map((r) => r.id),
+      integrity,
+    };
+  } finally {
+    conn.close();
+  }
+}
+
+// ---- 2. Workers, killed one at a time over a backlog -----------------------------------------------
+
+/** prepareLedger creates the tables of the balance fixture: one account, and a row per applied effect. */
+export function prepareLedger(inbox: Inbox): void {
+  inbox.db.exec(`CREATE TABLE IF NOT EXISTS accounts (name TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+                 INSERT OR IGNORE INTO accounts VALUES ('main', 0);
+                 -- No unique key on purpose: an effect applied twice must show up, not be refused.
+                 CREATE TABLE IF NOT EXISTS effects (delivery_id TEXT NOT NULL, pid INTEGER NOT NULL, attempt INTEGER NOT NULL);`);
+}
+
+/** Ledger is what the balance fixture's database says after a run. */
+export interface Ledger {
+  deliveries: number;
+  done: number;
+  processing: number;
+  notDone: number;
+  balance: number;
+  expected: number;
+  /** Deliveries done whose effect is missing: must be 0. */
+  lost: number;
+  /** Deliveries whose effect was applied more than once: must be 0. */
+  doubled: number;
+  /** Deliveries finished on a later attempt than the first, after their earlier lease expired. */
+  takenOver: number;
+}
+
+/** readLedger checks a balance-fixture database: statuses, the balance, and the effects per delivery. */
+export function readLedger(path: string): Ledger {
+  const conn = new DatabaseSync(path, { timeout: 5_000 });
+  try {
+    const one = <T>(sql: string) => conn.prepare(sql).get() as T;
+    const counts = one<{ n: number; done: number; processing: number; expected: number }>(
+      `SELECT count(*) AS n, coalesce(sum(status = 'done'), 0) AS done, coalesce(sum(status = 'processing'), 0) AS processing,
+              coalesce(sum(json_extract(CAST(body AS TEXT), '$.amount')), 0) AS expected FROM deliveries`);
+    const effects = one<{ lost: number; doubled: number; takenOver: number }>(
+      `SELECT coalesce(sum(d.status = 'done' AND e.n IS NULL), 0) AS lost,
+              coalesce(sum(e.n > 1), 0) AS doubled,
+              coalesce(sum(d.status = 'done' AND d.attempts > 1), 0) AS takenOver
+       FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`);
+    return {
+      deliveries: counts.n, done: counts.done, processing: counts.processing, notDone: counts.n - counts.done,
+      balance: one<{ balance: number }>("SELECT balance FROM accounts WHERE name = 'main'").balance,
+      expected: counts.expected, ...effects,
+    };
+  } finally {
+    conn.close();
+  }
+}
+
+/** WorkerProcess is a balance-fixture worker with what it has said so far. */
+export interface WorkerProcess {
+  child: ChildProcess;
+  /** IDs it claimed and has not yet finished, as far as its own lines tell. */
+  inFlight: Set<string>;
+  lines: string[];
+  exited: Promise<number | null>;
+}
+
+/** startWorker spawns test/fixtures/balance-worker.ts on a database with the given extra arguments. */
+export function startWorker(db: string, args: string[] = []): WorkerProcess {
+  const child = spawnScript("test/fixtures/balance-worker.ts", ["--db", db, ...args]);
+  const w: WorkerProcess = {
+    child, inFlight: new Set(), lines: [],
+    exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))),
+  };
+  child.stderr!.on("data", (d) => w.lines.push(`stderr: ${d}`));
+  createInterface({ input: child.stdout! }).on("line", (line) => {
+    w.lines.push(line);
+    const claim = /^claim (\S+)/.exec(line);
+    if (claim) w.inFlight.add(claim[1]!);
+    const end = /^(\S+?):? (done|failed|released|the lease was lost)/.exec(line);
+    if (end) w.inFlight.delete(end[1]!);
+  });
+  return w;
+}
+
+/** WorkerCrashOptions sizes the worker scenario. */
+export interface WorkerCrashOptions {
+  dir: string;
+  deliveries: number;
+  workers: number;
+  concurrency: number;
+  leaseMs: number;
+  /** Longest simulated work in a handler, in ms. */
+  workMs: number;
+  /** A worker is killed about this often, at random in [0.5, 1.5] times it. */
+  killEveryMs: number;
+  /** The scenario fails if the backlog is not done by then. */
+  deadlineMs: number;
+  random: Random;
+}
+
+/** WorkerCrashReport is the ledger after the run, plus the kills and what they interrupted. */
+export interface WorkerCrashReport extends Ledger {
+  kills: number;
+  /** Kills that landed while the worker had a handler in flight (claimed, not yet finished). */
+  killsMidHandler: number;
+  finishedInTime: boolean;
+}
+
+/**
+ * workerCrash stores a backlog of payments, runs several balance-fixture workers over it with short
+ * leases, and SIGKILLs one at random about every killEveryMs, restarting it, until the backlog is done.
+ */
+export async function workerCrash(o: WorkerCrashOptions): Promise<WorkerCrashReport> {
+  const db = join(o.dir, "worker-crash.db");
+  const inbox = new Inbox(db);
+  prepareLedger(inbox);
+  await Promise.all(Array.from({ length: o.deliveries }, (_, i) =>
+    inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: between(o.random, 1, 1000) })) })));
+  await inbox.close();
+
+  const args = ["--lease-ms", String(o.leaseMs), "--concurrency", String(o.concurrency), "--work-ms", String(o.workMs)];
+  const workers = Array.from({ length: o.workers }, () => startWorker(db, args));
+  let kills = 0;
+  let killsMidHandler = 0;
+  const deadline = Date.now() + o.deadlineMs;
+  let nextKill = Date.now() + o.killEveryMs * (0.5 + o.random());
+  let finishedInTime = false;
+  while (Date.now() < deadline) {
+    if (readLedger(db).done === o.deliveries) {
+      finishedInTime = true;
+      break;
+    }
+    if (Date.now() >= nextKill) {
+      const k = Math.floor(o.random() * workers.length);
+      const victim = workers[k]!;
+      if (victim.inFlight.size > 0) killsMidHandler++;
+      victim.child.kill("SIGKILL");
+      await victim.exited;
+      kills++;
+      workers[k] = startWorker(db, args);
+      nextKill = Date.now() + o.killEveryMs * (0.5 + o.random());
+    }
+    await sleep(50);
+  }
+  for (const w of workers) w.child.kill("SIGTERM");
+  await Promise.all(workers.map((w) => w.exited));
+  return { ...readLedger(db), kills, killsMidHandler, finishedInTime };
+}
+
+// ---- 3. A storm of processes storing and claiming at once ---------------------------------------
+
+/** Claimer names how the storm processes claim: the inbox's own claim, or one of the naive ones. */
+export type Claimer = "inbox" | "deferred" | "split";
+
+/** StormReport is what K storm processes did between them. */
+export interface StormReport {
+  processes: number;
+  deliveries: number;
+  claims: number;
+  /** Stored deliveries nobody claimed, or that are missing: must be 0. */
+  lost: number;
+  /** Deliveries claimed more than once: must be 0. */
+  doubled: number;
+  /** Operations that failed (SQLITE_BUSY and the like): must be 0. */
+  errors: string[];
+  exitCodes: (number | null)[];
+}
+
+/** busyStorm runs `processes` storm fixtures at once on one database and tallies their claims. */
+export async function busyStorm(o: { dir: string; processes: number; perProcess: number; claimer: Claimer }): Promise<StormReport> {
+  const db = join(o.dir, `storm-${o.claimer}.db`);
+  // Create the schema first, so the storm is about storing and claiming, not about the first migration.
+  await new Inbox(db).close();
+  const runs = Array.from({ length: o.processes }, (_, me) => {
+    const child = spawnScript("test/fixtures/storm.ts",
+      ["--db", db, "--me", String(me), "--procs", String(o.processes), "--count", String(o.perProcess), "--claimer", o.claimer]);
+    let out = "";
+    let err = "";
+    child.stdout!.on("data", (d) => (out += d));
+    child.stderr!.on("data", (d) => (err += d));
+    return new Promise<{ code: number | null; out: string; err: string }>((resolve) =>
+      child.on("close", (code) => resolve({ code, out, err })));
+  });
+  const results = await Promise.all(runs);
+  const seen = new Map<string, number>();
+  const errors: string[] = [];
+  for (const r of results) {
+    const last = r.out.trim().split("\n").at(-1) ?? "";
+    let parsed: { claimed: string[]; errors: string[] } = { claimed: [], errors: [] };
+    try {
+      parsed = JSON.parse(last) as typeof parsed;
+    } catch {
+      errors.push(`a storm process exited ${r.code} without its summary: ${r.err.trim().split("\n").at(-1) ?? ""}`);
+    }
+    for (const id of parsed.claimed) seen.set(id, (seen.get(id) ?? 0) + 1);
+    errors.push(...parsed.errors);
+  }
+  const conn = new DatabaseSync(db);
+  const ids = (conn.prepare("SELECT id FROM deliveries").all() as { id: string }[]).map((r) => r.id);
+  conn.close();
+  const expected = o.processes * o.perProcess;
+  return {
+    processes: o.processes,
+    deliveries: ids.length,
+    claims: [...seen.values()].reduce((a, b) => a + b, 0),
+    lost: expected - ids.filter((id) => seen.has(id)).length,
+    doubled: [...seen.values()].filter((n) => n > 1).length,
+    errors,
+    exitCodes: results.map((r) => r.code),
+  };
+}
