@@ -105,7 +105,7 @@ export async function receiverCrash(o: ReceiverCrashOptions): Promise<ReceiverCr
         try {
           const res = await fetch(receiver.url, {
             method: "POST", headers: { "x-delivery-id": id, "content-type": "application/octet-stream" },
-            body: selfCheckingBody(id), signal: AbortSignal.timeout(10_000),
+            body: new Uint8Array(selfCheckingBody(id)), signal: AbortSignal.timeout(10_000),
           });
           const text = await res.text();
           if (res.status !== 200) continue;
