@@ -492,11 +492,26 @@ export class Inbox {
     const oldest = this
       .sql("SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')")
       .get() as { t: number | null };
+    // Per source and event type, so one inbox fed by several providers can be read at a glance.
+    const bySource = new Map<string, InboxStatus["sources"][number]>();
+    for (const r of this
+      .sql(`SELECT source, event_type, status, count(*) AS n FROM deliveries
+            GROUP BY source, event_type, status ORDER BY source, event_type`)
+      .all() as Row[]) {
+      const key = JSON.stringify([r.source, r.event_type]);
+      let entry = bySource.get(key);
+      if (!entry) {
+        entry = { source: r.source as string, eventType: r.event_type as string | null, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
+        bySource.set(key, entry);
+      }
+      entry.counts[r.status as Status] = r.n as number;
+    }
     const conflicts = this
       .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
       .get() as { rows: number; copies: number };
     return {
       counts,
+      sources: [...bySource.values()],
       failed,
       oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
@@ -588,6 +603,8 @@ function isOwnError(error: unknown): boolean {
 /** InboxStatus is what `inbox.ts status` prints. */
 export interface InboxStatus {
   counts: Record<Status, number>;
+  /** The counts again, per source and event type. */
+  sources: { source: string; eventType: string | null; counts: Record<Status, number> }[];
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
@@ -690,7 +707,17 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
           const tries = f.attempts === 1 ? "1 attempt" : `${f.attempts} attempts`;
-          console.log(`  failed: ${label(f)} after ${tries}: ${f.error ?? "(no error recorded)"}`);
+          console.log(`  failed: ${label(f)}${f.eventType ? ` (${f.eventType})` : ""} after ${tries}: ${f.error ?? "(no error recorded)"}`);
+        }
+        // The article's single unsigned source has nothing to break down; several sources or typed events do.
+        if (s.sources.some((x) => x.source !== DEFAULTS.source || x.eventType !== null)) {
+          console.log("by source and type:");
+          const width = (f: (x: InboxStatus["sources"][number]) => string) => Math.max(...s.sources.map((x) => f(x).length)) + 2;
+          const [sw, tw] = [width((x) => x.source), width((x) => x.eventType ?? "-")];
+          for (const x of s.sources) {
+            const counts = STATUSES.filter((name) => x.counts[name] > 0).map((name) => `${name} ${x.counts[name]}`).join(", ");
+            console.log(`  ${x.source.padEnd(sw)}${(x.eventType ?? "-").padEnd(tw)}${counts}`);
+          }
         }
         if (s.oldestWaitingMs !== null) console.log(`oldest waiting: ${age(s.oldestWaitingMs)}`);
         if (s.conflicts.deliveries > 0) {
