@@ -666,7 +666,8 @@ async function cli(argv: string[]): Promise<void> {
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
-    .showHelpAfterError("(run with --help for usage)")
+    // A usage error is one line, the hint included: commander's own hint would be a second one.
+    .configureOutput({ outputError: (text, write) => write(`${text.trimEnd()} (run with --help for usage)\n`) })
     .addHelpText("after", `
 Examples:
   npx tsx inbox.ts status
