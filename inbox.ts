@@ -5,6 +5,7 @@
 
 import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
+import { dirname } from "node:path";
 import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 
@@ -157,7 +158,9 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
   try {
     db = new DatabaseSync(path, { timeout: busyTimeoutMs });
   } catch (error) {
-    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
+    // SQLite only says "unable to open database file"; a missing folder is the usual cause, so name it.
+    const reason = existsSync(dirname(path)) ? message(error) : `no such directory ${dirname(path)}`;
+    throw new Error(`open ${path}: ${reason}`, { cause: error });
   }
   try {
     // WAL lets the worker read while the receiver writes, and makes each commit one append.
@@ -165,6 +168,14 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
     db.exec("PRAGMA synchronous = FULL");
     migrate(db);
+    // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
+    // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
+    } finally {
+      db.exec("ROLLBACK");
+    }
   } catch (error) {
     db.close();
     throw new Error(`open ${path}: ${message(error)}`, { cause: error });
