@@ -1,0 +1,90 @@
+// test/demo.test.ts: the article's scripts as a reader runs them: naive-race.ts, send.ts against a real
+// receiver (and against none), and `npm run demo` from start to finish.
+
+import assert from "node:assert/strict";
+import { existsSync, readFileSync, readdirSync } from "node:fs";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { describe, it } from "node:test";
+import { runScript, startReceiver, tempDir } from "./helpers.ts";
+
+describe("naive-race.ts", () => {
+  it("does the work twice without the inbox and once through it", async () => {
+    const { code, stdout, stderr } = await runScript("naive-race.ts");
+    assert.equal(code, 0, stderr);
+    assert.equal(stdout, "Without the inbox: The work was done 2 times\nWith the inbox:    The work was done 1 time\n");
+  });
+});
+
+describe("send.ts", () => {
+  it("sends the article's four deliveries and prints each answer", async () => {
+    const dir = tempDir();
+    const path = join(dir.dir, "inbox.db");
+    const receiver = await startReceiver(path);
+    try {
+      const { code, stdout, stderr } = await runScript("send.ts", ["--url", receiver.url]);
+      assert.equal(code, 0, stderr);
+      assert.equal(stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
+      const db = new DatabaseSync(path, { readOnly: true });
+      const ids = (db.prepare("SELECT id FROM deliveries ORDER BY id").all() as { id: string }[]).map((r) => r.id);
+      db.close();
+      assert.deepEqual(ids, ["evt_100", "evt_101"]);
+    } finally {
+      assert.equal(await receiver.stop(), 0);
+      dir.cleanup();
+    }
+  });
+
+  it("says in one line that no receiver is listening, and exits 1", async () => {
+    // A port that was free a moment ago: bind it, note it, let it go.
+    const server = createServer();
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const port = (server.address() as { port: number }).port;
+    await new Promise((resolve) => server.close(resolve));
+    const { code, stdout, stderr } = await runScript("send.ts", ["--url", `http://127.0.0.1:${port}`]);
+    assert.equal(code, 1);
+    assert.equal(stdout, "");
+    assert.equal(stderr, `send: no receiver at http://127.0.0.1:${port} (connection refused); start one with: npx tsx receiver.ts\n`);
+  });
+});
+
+describe("npm run demo", () => {
+  it("tells the article's story end to end, exits 0 and leaves nothing running", async () => {
+    const { code, stdout, stderr } = await runScript("demo.ts");
+    assert.equal(code, 0, `${stdout}\n${stderr}`);
+    // Each step, in order, with what its script said.
+    const expected = [
+      /The work was done 2 times/,
+      /The work was done 1 time\b/,
+      /\$ npx tsx receiver\.ts --port 0 --db \S+inbox\.db &/,
+      /receiver\| Listening on http:\/\/127\.0\.0\.1:\d+/,
+      /^ {2}evt_100: stored$/m,
+      /^ {2}evt_100: duplicate$/m,
+      /^ {2}evt_101: stored$/m,
+      /^ {2}evt_100: duplicate$/m,
+      /^ {2}evt_100 done$/m,
+      /^ {2}evt_101 done$/m,
+      /^ {2}done {7}2$/m,
+      /Done: 4 deliveries sent, 2 stored, 2 payments recorded, nothing left running\./,
+    ];
+    let from = 0;
+    for (const re of expected) {
+      const match = re.exec(stdout.slice(from));
+      assert.ok(match, `expected ${re} after position ${from} in:\n${stdout}`);
+      from += match.index + match[0].length;
+    }
+    assert.doesNotMatch(stdout, /demo failed/);
+    // Nothing it started outlives it: no process still names its throwaway database.
+    const db = /--db (\S+inbox\.db)/.exec(stdout)![1]!;
+    const survivors = readdirSync("/proc").filter((pid) => /^\d+$/.test(pid)).filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(db);
+      } catch {
+        return false; // it ended while we looked
+      }
+    });
+    assert.deepEqual(survivors, []);
+    assert.equal(existsSync(db), false, "the throwaway database was left behind");
+  });
+});
