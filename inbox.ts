@@ -150,6 +150,8 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received';
    CREATE INDEX deliveries_leased ON deliveries (leased_until) WHERE status = 'processing';
    CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+  // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
+  `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -330,6 +332,14 @@ export class Inbox {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     return this.enqueue((db) => {
       const now = this.now();
+      // If the clock stepped back, a dead worker's lease or a retry would wait out the jump: none may be
+      // further off than its own lease length, or the retry cap, from now.
+      this.sql(
+        `UPDATE deliveries SET leased_until = ? + lease_ms
+         WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
+      ).run(now, now, now);
+      const latest = now + this.backoffOptions.retryCapMs;
+      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND available_at > ?").run(latest, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
       this.sql(
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
@@ -339,7 +349,7 @@ export class Inbox {
       const rows = this
         .sql(
           `UPDATE deliveries
-           SET status = 'processing', attempts = attempts + 1, leased_until = ?,
+           SET status = 'processing', attempts = attempts + 1, leased_until = ?, lease_ms = ?,
                lease_token = lower(hex(randomblob(12)))
            WHERE rowid IN (
              SELECT rowid FROM (
@@ -351,7 +361,7 @@ export class Inbox {
              ) ORDER BY due, rowid LIMIT ?)
            RETURNING *`,
         )
-        .all(now + leaseMs, now, limit, now, limit, limit) as Row[];
+        .all(now + leaseMs, leaseMs, now, limit, now, limit, limit) as Row[];
       return rows
         .map((row) => ({ ...toDelivery(row), token: row.lease_token as string, leasedUntil: row.leased_until as number }))
         .sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
@@ -364,10 +374,10 @@ export class Inbox {
       const until = this.now() + leaseMs;
       const changed = this
         .sql(
-          `UPDATE deliveries SET leased_until = ?
+          `UPDATE deliveries SET leased_until = ?, lease_ms = ?
            WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(until, lease.source, lease.id, lease.token).changes;
+        .run(until, leaseMs, lease.source, lease.id, lease.token).changes;
       if (changed === 1) lease.leasedUntil = until;
       return changed === 1;
     }) as Promise<boolean>;

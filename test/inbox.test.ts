@@ -50,7 +50,7 @@ describe("openDatabase()", () => {
     assert.equal(get("PRAGMA journal_mode"), "wal");
     assert.equal(get("PRAGMA synchronous"), 2); // FULL
     assert.equal(get("PRAGMA busy_timeout"), DEFAULTS.busyTimeoutMs);
-    assert.equal(get("PRAGMA user_version"), 1);
+    assert.equal(get("PRAGMA user_version"), 2);
   });
 
   it("finds due and expired deliveries through the partial indexes, not a scan of the table", () => {

@@ -1,0 +1,223 @@
+// test/faults.test.ts: the inbox under faults: a full disk, a database it cannot use, a storm of
+// processes fighting for SQLite's lock, and a clock that jumps an hour either way.
+
+import assert from "node:assert/strict";
+import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import { after, describe, it } from "node:test";
+import { DEFAULTS, Inbox, backoff, type Lease } from "../inbox.ts";
+import { createReceiver } from "../receiver.ts";
+import { run } from "../worker.ts";
+import { busyStorm, prepareLedger, readLedger } from "./chaos.ts";
+import { ROOT, runScript, tempDir } from "./helpers.ts";
+
+const { dir, cleanup } = tempDir("inbox-faults-");
+after(cleanup);
+
+const pageCount = (inbox: Inbox) => (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
+// The disk is "full" once the file may not grow past the pages it has; max_page_count holds per connection.
+const fillDisk = (inbox: Inbox) => inbox.db.exec(`PRAGMA max_page_count = ${pageCount(inbox)}`);
+
+describe("a full disk", () => {
+  it("makes the receiver answer 503 with Retry-After, never 200, store nothing partial, and recover by itself", async () => {
+    const inbox = new Inbox(join(dir, "full.db"));
+    const receiver = createReceiver({ inbox, log: () => {} });
+    await new Promise<void>((resolve) => receiver.server.listen(0, "127.0.0.1", resolve));
+    const url = `http://127.0.0.1:${(receiver.server.address() as AddressInfo).port}/`;
+    const send = async (id: string, bytes: number) => {
+      const res = await fetch(url, { method: "POST", headers: { "x-delivery-id": id }, body: Buffer.alloc(bytes, id).toString() });
+      return { status: res.status, retryAfter: res.headers.get("retry-after"), text: await res.text() };
+    };
+    try {
+      for (let i = 0; i < 20; i++) assert.equal((await send(`filler-${i}`, 4_000)).status, 200);
+      fillDisk(inbox);
+      const refused = await Promise.all(Array.from({ length: 10 }, (_, i) => send(`while-full-${i}`, 4_000 + i)));
+      for (const r of refused) {
+        assert.equal(r.status, 503);
+        assert.ok(Number(r.retryAfter) > 0, "Retry-After tells the sender when to come back");
+      }
+      const rows = inbox.db.prepare("SELECT id, length(body) AS n FROM deliveries").all() as { id: string; n: number }[];
+      assert.equal(rows.length, 20, "nothing was stored while the disk was full");
+      assert.ok(rows.every((r) => r.n === 4_000));
+      assert.equal((inbox.db.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
+
+      // The operator frees space (old deliveries deleted); the next delivery is stored, with no restart.
+      inbox.db.exec("DELETE FROM deliveries WHERE id LIKE 'filler-%'");
+      const retried = await Promise.all(Array.from({ length: 10 }, (_, i) => send(`while-full-${i}`, 4_000 + i)));
+      assert.deepEqual(retried.map((r) => r.text), Array(10).fill("stored"));
+      const [stored] = await inbox.find("while-full-3");
+      assert.equal(stored!.body.length, 4_003);
+    } finally {
+      await receiver.close(0);
+      await inbox.close();
+    }
+  });
+
+  it("never lets a worker mark a delivery done when its write failed", async () => {
+    let now = 1_000_000;
+    const inbox = new Inbox(join(dir, "full-worker.db"), { now: () => now, retryJitter: 0 });
+    prepareLedger(inbox);
+    inbox.db.exec("CREATE TABLE blobs (id TEXT, data BLOB)");
+    await inbox.store({ id: "pay-1", body: Buffer.from(JSON.stringify({ amount: 5 })) });
+    fillDisk(inbox);
+    const handler = (job: import("../worker.ts").Job) => {
+      job.write((db) => void db.prepare("UPDATE accounts SET balance = balance + 5 WHERE name = 'main'").run());
+      // A write that needs new pages: on a full disk it fails, and must take the balance update with it.
+      job.write((db) => void db.prepare("INSERT INTO blobs VALUES (?, ?)").run(job.delivery.id, Buffer.alloc(50_000)));
+    };
+    const first = await run(handler, { inbox, once: true, log: () => {} });
+    assert.deepEqual([first.done, first.retried], [0, 1]);
+    let [d] = await inbox.find("pay-1");
+    assert.equal(d!.status, "received");
+    assert.match(d!.error ?? "", /full/);
+    assert.equal(readLedger(inbox.path).balance, 0, "the failed write left no trace");
+
+    inbox.db.exec("PRAGMA max_page_count = 1073741823");
+    now += DEFAULTS.retryCapMs;
+    const second = await run(handler, { inbox, once: true, log: () => {} });
+    assert.equal(second.done, 1);
+    [d] = await inbox.find("pay-1");
+    assert.equal(d!.status, "done");
+    assert.equal(readLedger(inbox.path).balance, 5);
+    await inbox.close();
+  });
+});
+
+describe("a database the scripts cannot use", () => {
+  const cases: [string, () => string][] = [
+    ["a missing directory", () => join(dir, "no-such-folder", "inbox.db")],
+    ["a file that is not SQLite", () => {
+      const path = join(dir, "not-sqlite.db");
+      writeFileSync(path, "this is a text file, not a database\n".repeat(200));
+      return path;
+    }],
+    ["a read-only database", () => {
+      // The folder stays writable, so SQLite can open the file (quietly read-only) and make its -wal file.
+      const folder = join(dir, "read-only");
+      mkdirSync(folder, { recursive: true, mode: 0o777 });
+      chmodSync(folder, 0o777);
+      const path = join(folder, "inbox.db");
+      new Inbox(path).db.close();
+      chmodSync(path, 0o444);
+      return path;
+    }],
+  ];
+  // Root may write a read-only file anyway, so the scripts run as nobody when the tests run as root.
+  const asNobody = process.getuid?.() === 0 ? { uid: 65534, gid: 65534 } : undefined;
+  if (asNobody) chmodSync(dir, 0o755);
+  for (const [what, make] of cases) {
+    for (const script of ["receiver.ts", "worker.ts"]) {
+      it(`makes ${script} fail at start-up with one clear line and a non-zero exit: ${what}`, async () => {
+        const path = make();
+        const r = await runAs(asNobody, script, ["--db", path, ...(script === "receiver.ts" ? ["--port", "0"] : ["--once"])]);
+        assert.notEqual(r.code, 0);
+        assert.equal(r.stdout, "", "it never said it was listening");
+        const lines = r.stderr.trim().split("\n");
+        assert.equal(lines.length, 1, r.stderr);
+        assert.match(lines[0]!, /cannot use the database: open .*: (no such directory|file is not a database|attempt to write a readonly database)/);
+      });
+    }
+  }
+});
+
+describe("a SQLITE_BUSY storm", () => {
+  it("loses no delivery and claims none twice, with K processes storing and claiming at once", async () => {
+    const r = await busyStorm({ dir, processes: 4, perProcess: 150, claimer: "inbox" });
+    assert.deepEqual(r.exitCodes, [0, 0, 0, 0]);
+    assert.deepEqual(r.errors, []);
+    assert.equal(r.deliveries, 600);
+    assert.equal(r.claims, 600);
+    assert.equal(r.lost, 0);
+    assert.equal(r.doubled, 0);
+  });
+
+  it("control: catches a claimer opened with a deferred BEGIN (SQLITE_BUSY that the busy timeout cannot absorb)", async () => {
+    const r = await busyStorm({ dir, processes: 4, perProcess: 150, claimer: "deferred" });
+    assert.ok(r.errors.length > 0, "the storm test fails on it");
+    assert.ok(r.errors.every((e) => /locked|busy/i.test(e)), r.errors[0]);
+  });
+
+  it("control: catches a claimer that reads outside its transaction (the same delivery claimed twice)", async () => {
+    const r = await busyStorm({ dir, processes: 4, perProcess: 150, claimer: "split" });
+    assert.ok(r.doubled > 0, "the storm test fails on it");
+  });
+});
+
+describe("a clock that jumps an hour", () => {
+  const HOUR = 3_600_000;
+  const LEASE = 30_000;
+  const setup = async (name: string) => {
+    const clock = { now: 10 * HOUR };
+    const inbox = new Inbox(join(dir, `${name}.db`), { now: () => clock.now, random: () => 0.5 });
+    for (let i = 0; i < 6; i++) await inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") });
+    return { clock, inbox };
+  };
+  const processing = (inbox: Inbox) =>
+    (inbox.db.prepare("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'").get() as { n: number }).n;
+
+  it("forward: a heartbeat after the jump keeps live leases, and dead ones are taken over on the first claim", async () => {
+    const { clock, inbox } = await setup("jump-forward");
+    const live = await inbox.claimBatch(3, LEASE);
+    const dead = await inbox.claimBatch(3, LEASE);
+    clock.now += HOUR;
+    for (const lease of live) assert.equal(await inbox.extend(lease, LEASE), true, "the live worker's heartbeat still holds");
+    const taken = await inbox.claimBatch(10, LEASE);
+    assert.deepEqual(taken.map((l) => l.id).sort(), dead.map((l) => l.id).sort(), "only the dead leases expired");
+    assert.ok(taken.every((l) => l.attempts === 2), "a takeover spends one attempt, not the hour's worth");
+    for (const lease of live) assert.equal(await inbox.finish(lease), true);
+    await inbox.close();
+  });
+
+  it("backward: a dead lease still expires one lease after its claim, not an hour later", async () => {
+    const { clock, inbox } = await setup("jump-backward");
+    const dead = await inbox.claimBatch(6, LEASE);
+    assert.equal(dead.length, 6);
+    clock.now -= HOUR;
+    assert.equal((await inbox.claimBatch(10, LEASE)).length, 0, "nothing is taken over at once");
+    clock.now += LEASE + 1;
+    const taken = await inbox.claimBatch(10, LEASE);
+    assert.equal(taken.length, 6, "every dead lease was taken over within one lease length of the jump");
+    assert.equal(processing(inbox), 6);
+    await inbox.close();
+  });
+
+  it("keeps backoff sane: a retry waits its backoff from the current clock, and never longer than the cap after a jump back", async () => {
+    const { clock, inbox } = await setup("jump-backoff");
+    const opts = { retryDelayMs: DEFAULTS.retryDelayMs, retryCapMs: DEFAULTS.retryCapMs, retryJitter: DEFAULTS.retryJitter, random: () => 0.5 };
+    for (const attempts of [1, 2, 5, 30, 1000]) {
+      const wait = backoff(attempts, opts);
+      assert.ok(wait >= DEFAULTS.retryDelayMs && wait <= DEFAULTS.retryCapMs, `attempt ${attempts}: ${wait}`);
+    }
+    const leases: Lease[] = await inbox.claimBatch(6, LEASE);
+    const before = await inbox.fail(leases[0]!, "boom");
+    assert.equal(before?.status === "received" && before.retryAt - clock.now, 2_200);
+    clock.now += HOUR;
+    const afterForward = await inbox.fail(leases[1]!, "boom");
+    assert.equal(afterForward?.status === "received" && afterForward.retryAt - clock.now, 2_200, "measured from the new time");
+
+    clock.now -= 2 * HOUR;
+    // Scheduled before the jump, both retries are now an hour or two away: not due at once...
+    assert.equal((await inbox.claimBatch(10, LEASE)).filter((l) => l.id === leases[0]!.id || l.id === leases[1]!.id).length, 0);
+    // ...but due once the cap has passed, not after the jump has been waited out.
+    clock.now += DEFAULTS.retryCapMs;
+    const again = await inbox.claimBatch(10, LEASE);
+    assert.deepEqual(again.map((l) => l.id).filter((id) => id === leases[0]!.id || id === leases[1]!.id).sort(), [leases[0]!.id, leases[1]!.id].sort());
+    await inbox.close();
+  });
+});
+
+// runAs runs a script as another user when given one (to make a read-only file truly read-only for root).
+async function runAs(user: { uid: number; gid: number } | undefined, script: string, args: string[]) {
+  if (!user) return runScript(script, args);
+  const { spawn } = await import("node:child_process");
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+    cwd: ROOT, env: { ...process.env, HOME: dir }, stdio: ["ignore", "pipe", "pipe"], ...user,
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (d) => (stdout += d));
+  child.stderr.on("data", (d) => (stderr += d));
+  const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
+  return { code, stdout, stderr };
+}
