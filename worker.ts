@@ -163,9 +163,23 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
 
   try {
     let delay = pollMin;
+    let claimFailing = false;
     while (!stop?.aborted) {
       const room = concurrency - active.size;
-      const leases = room > 0 ? await inbox.claimBatch(room, leaseMs) : [];
+      let leases: Lease[] = [];
+      try {
+        if (room > 0) leases = await inbox.claimBatch(room, leaseMs);
+      } catch (error) {
+        // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
+        // rather than dying with its handlers in flight. Run once, it reports the error instead.
+        if (options.once) throw error;
+        if (!claimFailing) log(`could not claim (${message(error)}); trying again`);
+        claimFailing = true;
+        await pause(pollMax);
+        continue;
+      }
+      if (claimFailing) log("claiming again");
+      claimFailing = false;
       for (const lease of leases) start(lease);
       if (leases.length > 0) {
         delay = pollMin;
@@ -267,9 +281,15 @@ Examples:
     });
   }
   const log = opts.quiet ? () => {} : (line: string) => console.error(line);
-  const stats = await run(recordPayment, {
-    inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
-  });
+  let stats: RunStats;
+  try {
+    stats = await run(recordPayment, {
+      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
+    });
+  } catch (error) {
+    console.error(`worker: ${message(error)}`);
+    process.exit(1);
+  }
   await inbox.close();
   if (opts.once || stop.signal.aborted) {
     console.error(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`);

@@ -82,6 +82,29 @@ describe("a full disk", () => {
     assert.equal(readLedger(inbox.path).balance, 5);
     await inbox.close();
   });
+  it("lets a running worker wait out a disk too full even to claim, then drain the backlog", async () => {
+    const inbox = new Inbox(join(dir, "full-claim.db"));
+    await Promise.all(Array.from({ length: 3_000 }, (_, i) => inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") })));
+    fillDisk(inbox);
+    const lines: string[] = [];
+    const stop = new AbortController();
+    let freed = false;
+    const log = (line: string) => {
+      lines.push(line);
+      // The operator frees space once the worker has said it cannot claim.
+      if (line.startsWith("could not claim") && !freed) {
+        freed = true;
+        inbox.db.exec("PRAGMA max_page_count = 1073741823");
+      }
+      if (/^evt-\d+ done$/.test(line) && lines.filter((l) => l.endsWith(" done")).length === 3_000) stop.abort();
+    };
+    const stats = await run(() => {}, { inbox, concurrency: 64, signal: stop.signal, log });
+    assert.equal(stats.done, 3_000);
+    assert.match(lines.find((l) => l.startsWith("could not claim")) ?? "", /full/);
+    assert.equal(lines.filter((l) => l.startsWith("could not claim")).length, 1, "said once, not once per poll");
+    assert.ok(lines.includes("claiming again"));
+    await inbox.close();
+  });
 });
 
 describe("a database the scripts cannot use", () => {
