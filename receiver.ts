@@ -85,7 +85,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
 
     const body = await readBody(req, maxBody);
     const verdict = verify(source, req.headersDistinct, body, now());
-    if (verdict.kind === "reject") throw new Rejected(verdict.status, verdict.reason);
+    // Named by source, so a log fed by several providers says whose signature failed.
+    if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
     if (verdict.kind === "reply") return reply(res, verdict.status, verdict.body, { "content-type": verdict.contentType });
     const id = verdict.id;
     if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);

@@ -111,7 +111,7 @@ describe("signed sources over HTTP", () => {
     assert.equal(count(), 0);
     const expected = sign("github", SECRETS.github, { id: "g1", body: forged.body, timestampS: T })["x-hub-signature-256"]!;
     const said = logs.join("\n") + answer.text;
-    assert.match(said, /401 signature does not match/);
+    assert.match(said, /rejected: 401 github: signature does not match/);
     for (const secret of [SECRETS.github, "gh-old", expected, expected.slice(7)]) assert.ok(!said.includes(secret), `leaked ${secret}`);
   });
 
@@ -139,7 +139,7 @@ describe("signed sources over HTTP", () => {
     assert.equal(await at("stripe", "stripe", T + 3600, T * 1000), 200, "stripe looks only into the past");
     assert.equal(await at("standard", "strict", T, (T + 5) * 1000 + 999), 200, "strict at 5 s");
     assert.equal(await at("standard", "strict", T, (T + 6) * 1000), 401, "strict at 6 s");
-    assert.ok(logs.some((line) => /401 timestamp is 301 s old, over the 300-s window/.test(line)));
+    assert.ok(logs.some((line) => /401 stripe: timestamp is 301 s old, over the 300-s window/.test(line)));
     assert.equal(count(), 6);
   });
 
@@ -314,7 +314,7 @@ describe("receiver.ts --sources", () => {
     it("send.ts with the wrong secret prints each 401 and exits 1", async () => {
       const result = await runScript("send.ts", ["--provider", "stripe", "--secret", "whsec_wrong", "--url", `${rx.url}/stripe`]);
       assert.equal(result.code, 1);
-      assert.match(result.stdout, /^evt_100: 401 signature does not match$/m);
+      assert.match(result.stdout, /^evt_100: 401 stripe: signature does not match$/m);
     });
 
     it("send.ts refuses an unknown provider or a malformed secret before sending anything (exit 2)", async () => {
