@@ -7,6 +7,7 @@ import { DEFAULTS } from "./inbox.ts";
 
 /** Provider names a signature scheme the receiver can check. */
 export type Provider = "standard" | "stripe" | "github" | "shopify" | "slack" | "plain";
+/** PROVIDERS lists every scheme, in the order the README's table gives them. */
 export const PROVIDERS: readonly Provider[] = ["standard", "stripe", "github", "shopify", "slack", "plain"];
 
 /** TIMED are the providers that sign a timestamp, so a replayed delivery goes stale. */

@@ -38,6 +38,7 @@ export function headers(h: Record<string, string | string[]>): Headers {
 export function hmac(key: string | Buffer, text: string, encoding: "hex" | "base64"): string {
   return createHmac("sha256", key).update(text).digest(encoding);
 }
+/** standardKey decodes a whsec_ secret into its HMAC key, as the Standard Webhooks spec says. */
 export const standardKey = (secret: string) => Buffer.from(secret.slice("whsec_".length), "base64");
 
 /** svixHeaders signs with Svix's own SDK, under its svix-* header names. */
@@ -88,7 +89,9 @@ export const mutationArb: fc.Arbitrary<Mutation> = fc.oneof(
   fc.record({ where: fc.constant("body" as const), index: fc.nat(), byte: fc.integer({ min: 1, max: 255 }) }),
   fc.record({ where: fc.constant("header" as const), which: fc.nat(), index: fc.nat(), byte: fc.integer({ min: 1, max: 93 }) }),
 );
+/** idArb draws delivery IDs as providers write them. */
 export const idArb = fc.stringMatching(/^[A-Za-z0-9_-]{1,40}$/);
+/** bodyArb draws raw bodies, any bytes, so nothing relies on the body being text. */
 export const bodyArb = fc.uint8Array({ minLength: 1, maxLength: 200 }).map((a) => Buffer.from(a));
 
 /** apply changes exactly one byte; header bytes stay in printable ASCII (0x21-0x7e) so HTTP can carry them. */
