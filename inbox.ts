@@ -45,6 +45,8 @@ export const DEFAULTS = {
   requestTimeoutMs: 30_000,
   /** Seconds a rejected sender is asked to wait, in Retry-After. @default 5 */
   retryAfterS: 5,
+  /** Seconds a signed timestamp may be off (Stripe: old) before a delivery counts as replayed. @default 300 */
+  signatureToleranceS: 300,
   /** Handlers a worker runs at once. @default 8 */
   concurrency: 8,
   /** Shortest and longest pause between claims when the queue is idle. @default 5, 50 */

@@ -13,8 +13,8 @@ export const PROVIDERS: readonly Provider[] = ["standard", "stripe", "github", "
 /** TIMED are the providers that sign a timestamp, so a replayed delivery goes stale. */
 export const TIMED: readonly Provider[] = ["standard", "stripe", "slack"];
 
-/** DEFAULT_TOLERANCE_S is how old (or, for standard and slack, how far ahead) a signed timestamp may be. @default 300 */
-export const DEFAULT_TOLERANCE_S = 300;
+/** DEFAULT_TOLERANCE_S is how old (or, for standard and slack, how far ahead) a signed timestamp may be. */
+export const DEFAULT_TOLERANCE_S: number = DEFAULTS.signatureToleranceS;
 
 /** Source is one configured sender: its name (the URL path), its scheme and its secrets. */
 export interface Source {
