@@ -1,0 +1,89 @@
+// test/torture.ts: the long version of the crash suite (`npm run torture`). The same scenarios as
+// test/crash.test.ts and the storm of test/faults.test.ts, run for many rounds, then the figures the
+// README quotes. Exits 1 if anything was lost, doubled or partial.
+//   TORTURE_ROUNDS=200 TORTURE_SECONDS=300 TORTURE_STORMS=5 CHAOS_SEED=42 npm run torture
+// TORTURE_ROUNDS: receiver kill rounds (default 50); TORTURE_SECONDS: how long workers are killed over
+// fresh backlogs (default 60); TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3).
+
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { busyStorm, receiverCrash, seeded, workerCrash } from "./chaos.ts";
+import { tempDir } from "./helpers.ts";
+
+const rounds = Number(process.env.TORTURE_ROUNDS ?? 50);
+const seconds = Number(process.env.TORTURE_SECONDS ?? 60);
+const storms = Number(process.env.TORTURE_STORMS ?? 3);
+const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
+for (const [name, value] of [["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["CHAOS_SEED", seed]] as const) {
+  if (!Number.isInteger(value) || value < 0) {
+    console.error(`torture: expected ${name} to be a whole number >= 0, got ${process.env[name]}`);
+    process.exit(2);
+  }
+}
+const random = seeded(seed);
+const { dir, cleanup } = tempDir("inbox-torture-");
+const started = Date.now();
+const problems: string[] = [];
+// fresh gives each backlog or storm a database of its own, inside the one folder removed at the end.
+const fresh = (name: string) => {
+  mkdirSync(join(dir, name));
+  return join(dir, name);
+};
+console.log(`torture: seed ${seed}, ${rounds} receiver rounds, ${seconds} s of worker kills, ${storms} storms (in ${dir})`);
+
+try {
+  // 1. The receiver, killed mid-traffic, round after round, on one database file.
+  const r = await receiverCrash({ dir, rounds, senders: 8, minUpMs: 100, maxUpMs: 1_000, random });
+  console.log(`receiver: ${r.rounds} rounds, ${r.kills} kills, ${r.sent} requests, ${r.acked} new deliveries acknowledged ` +
+    `(+${r.duplicatesAcked} resent duplicates), ${r.stored} stored, lost ${r.lost.length}, partial ${r.partial.length}, integrity ${r.integrity}`);
+  if (r.lost.length > 0) problems.push(`receiver lost acknowledged deliveries: ${r.lost.slice(0, 5).join(", ")}`);
+  if (r.partial.length > 0) problems.push(`receiver stored partial bodies: ${r.partial.slice(0, 5).join(", ")}`);
+  if (r.integrity !== "ok") problems.push(`integrity_check: ${r.integrity}`);
+
+  // 2. Workers killed about every second over fresh backlogs, until the time is up.
+  const w = { runs: 0, deliveries: 0, kills: 0, midHandler: 0, takenOver: 0, lost: 0, doubled: 0, unbalanced: 0, unfinished: 0 };
+  const workersUntil = Date.now() + seconds * 1000;
+  while (Date.now() < workersUntil) {
+    const run = await workerCrash({
+      dir: fresh(`workers-${w.runs}`), deliveries: 2_000, workers: 3, concurrency: 4, leaseMs: 1_000, workMs: 80,
+      killEveryMs: 1_000, deadlineMs: 300_000, random,
+    });
+    w.runs++;
+    w.deliveries += run.deliveries;
+    w.kills += run.kills;
+    w.midHandler += run.killsMidHandler;
+    w.takenOver += run.takenOver;
+    w.lost += run.lost + run.notDone;
+    w.doubled += run.doubled;
+    if (run.balance !== run.expected) w.unbalanced++;
+    if (!run.finishedInTime || run.processing > 0) w.unfinished++;
+  }
+  console.log(`workers: ${w.runs} backlogs, ${w.deliveries} deliveries, ${w.kills} kills (${w.midHandler} with handlers in flight), ` +
+    `${w.takenOver} taken over after their lease expired, balances exact in ${w.runs - w.unbalanced}/${w.runs}, lost ${w.lost}, doubled ${w.doubled}`);
+  if (w.lost > 0 || w.doubled > 0 || w.unbalanced > 0 || w.unfinished > 0) problems.push(`workers: ${JSON.stringify(w)}`);
+
+  // 3. SQLITE_BUSY storms: four processes storing and claiming at once.
+  const s = { deliveries: 0, claims: 0, lost: 0, doubled: 0, errors: 0 };
+  for (let i = 0; i < storms; i++) {
+    const run = await busyStorm({ dir: fresh(`storm-${i}`), processes: 4, perProcess: 500, claimer: "inbox" });
+    s.deliveries += run.deliveries;
+    s.claims += run.claims;
+    s.lost += run.lost;
+    s.doubled += run.doubled;
+    s.errors += run.errors.length + run.exitCodes.filter((c) => c !== 0).length;
+  }
+  console.log(`storms: ${storms} × 4 processes, ${s.deliveries} deliveries, ${s.claims} claims, lost ${s.lost}, doubled ${s.doubled}, errors ${s.errors}`);
+  if (s.lost > 0 || s.doubled > 0 || s.errors > 0) problems.push(`storms: ${JSON.stringify(s)}`);
+
+  const deliveries = r.stored + w.deliveries + s.deliveries;
+  const lost = r.lost.length + w.lost + s.lost;
+  const doubled = w.doubled + s.doubled;
+  console.log(`total: rounds ${r.rounds + w.runs + storms}, deliveries ${deliveries}, kills ${r.kills + w.kills}, ` +
+    `lost=${lost}, doubled=${doubled}, partial=${r.partial.length}, in ${Math.round((Date.now() - started) / 1000)} s`);
+} finally {
+  cleanup();
+}
+if (problems.length > 0) {
+  for (const p of problems) console.error(`torture: ${p}`);
+  process.exit(1);
+}
