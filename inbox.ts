@@ -590,6 +590,14 @@ export class Inbox {
     const results: { ok: boolean; value: unknown }[] = [];
     try {
       this.db.exec("BEGIN IMMEDIATE");
+    } catch (error) {
+      // No op has run: the lock is another writer's. Retrying in halves would wait out the busy timeout
+      // again for each half, blocking the thread for 2n-1 timeouts, so the whole batch fails once.
+      const failure = new Error(`inbox ${this.path}: ${message(error)}`, { cause: error });
+      for (const op of batch) op.reject(failure);
+      return;
+    }
+    try {
       for (const op of batch) {
         try {
           results.push({ ok: true, value: op.run(this.db) });

@@ -272,6 +272,52 @@ describe("finish()", () => {
   });
 });
 
+describe("group commit", () => {
+  it("refuses alone a delivery too big for the disk; the others in its batch are stored", async () => {
+    const inbox = open();
+    // A full disk, on the inbox's own connection: the file may not grow past its current size plus a bit.
+    const pages = (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
+    inbox.db.exec(`PRAGMA max_page_count = ${pages + 4}`);
+    const big = Buffer.alloc(64 * 1024, 1);
+    // Queued in one tick, so they start out in one transaction.
+    const results = await Promise.allSettled([
+      inbox.store({ id: "evt_small_1", body: body({}) }),
+      inbox.store({ id: "evt_big", body: big }),
+      inbox.store({ id: "evt_small_2", body: body({}) }),
+    ]);
+    assert.deepEqual(results.map((r) => r.status), ["fulfilled", "rejected", "fulfilled"]);
+    assert.match(String((results[1] as PromiseRejectedResult).reason), /full/);
+    assert.equal(row("evt_big"), undefined);
+    assert.ok(row("evt_small_1") && row("evt_small_2"));
+  });
+
+  it("gives up a batch once when another writer holds the lock, instead of once per half", async () => {
+    const inbox = open({ busyTimeoutMs: 0 });
+    const other = new DatabaseSync(path);
+    let begins = 0;
+    const exec = inbox.db.exec.bind(inbox.db);
+    inbox.db.exec = (sql: string) => {
+      if (/^BEGIN/.test(sql)) begins++;
+      return exec(sql);
+    };
+    other.exec("BEGIN IMMEDIATE");
+    try {
+      // Every attempt waits out the whole busy timeout (5 s by default) with the event loop blocked, so
+      // retrying 8 stores in halves would block it for 15 timeouts.
+      const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })));
+      assert.ok(results.every((r) => r.status === "rejected" && /locked/.test(String(r.reason))));
+      assert.equal(begins, 1);
+    } finally {
+      other.exec("ROLLBACK");
+      other.close();
+    }
+    // Control: the lock gone, the same stores commit, together.
+    begins = 0;
+    await Promise.all(Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })));
+    assert.equal(begins, 1);
+  });
+});
+
 describe("fail() and backoff()", () => {
   const opts = { retryDelayMs: 2_000, retryCapMs: 3_600_000, retryJitter: 0.2 };
 
