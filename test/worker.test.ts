@@ -125,6 +125,48 @@ describe("run()", () => {
     assert.equal(stats.claimed, 0);
   });
 
+  describe("the heartbeat", () => {
+    // extendedTo waits (a few ms at a time, as the heartbeat beats every 5 ms) until the row's lease
+    // reaches the given time on the pinned clock; a heartbeat that never comes fails rather than hangs.
+    const extendedTo = async (until: number) => {
+      for (let tries = 0; query<{ leased_until: number }>("SELECT leased_until FROM deliveries")[0]!.leased_until < until; tries++) {
+        if (tries === 1_000) assert.fail("the heartbeat never extended the lease");
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    };
+
+    it("keeps extending a long handler's lease, so no other worker takes it over", async () => {
+      const a = open();
+      const b = open();
+      await a.store({ id: "evt_1", body: payment() });
+      const stats = await run(async () => {
+        // Four lease lengths pass on the clock while the handler works; each time the heartbeat renews it.
+        for (let i = 0; i < 4; i++) {
+          t += 900;
+          await extendedTo(t + 1_000);
+          assert.equal(await b.claim(1_000), undefined);
+        }
+      }, { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet });
+      assert.equal(stats.done, 1);
+      assert.deepEqual(statusOf("evt_1"), { status: "done", attempts: 1, error: null });
+    });
+
+    it("aborts the job's signal when it finds the lease lost", async () => {
+      const a = open();
+      const b = open();
+      await a.store({ id: "evt_1", body: payment() });
+      let reason: unknown;
+      const stats = await run(async (job) => {
+        t += 1_000;
+        assert.ok(await b.claim(60_000)); // taken over: the next heartbeat finds out
+        await new Promise((resolve) => job.signal.addEventListener("abort", resolve));
+        reason = job.signal.reason;
+      }, { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet });
+      assert.match(String(reason), /the lease was lost/);
+      assert.equal(stats.lost, 1);
+    });
+  });
+
   describe("when the lease is lost mid-handler", () => {
     // The handler stalls past its lease; meanwhile a second worker (its own connection) takes the
     // delivery over and records the payment. The first handler then finishes too.
