@@ -102,9 +102,15 @@ describe("receiver.ts", () => {
     assert.deepEqual(rows(path), before, "a refused request changed the database");
     return response;
   };
-  const logged = (re: RegExp) => new Promise<void>((resolve) => {
+  // logged waits for the receiver to log a line: its stderr may arrive after the HTTP answer does.
+  const logged = (re: RegExp) => new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      receiver.child.stderr!.off("data", check);
+      reject(new Error(`the receiver never logged ${re}; it logged:\n${receiver.log()}`));
+    }, 5_000);
     const check = () => {
       if (!re.test(receiver.log())) return false;
+      clearTimeout(timer);
       receiver.child.stderr!.off("data", check);
       resolve();
       return true;
@@ -127,8 +133,8 @@ describe("receiver.ts", () => {
     const stored = rows(path).filter((r) => r.id === "evt_100");
     assert.equal(stored.length, 1);
     assert.equal(stored[0]!.content_type, "application/json");
-    assert.match(receiver.log(), /^stored evt_100$/m);
-    assert.match(receiver.log(), /^duplicate evt_100$/m);
+    await logged(/^stored evt_100$/m);
+    await logged(/^duplicate evt_100$/m);
   });
 
   it("answers 200 duplicate to a copy with a different body, keeps the first and counts the conflict", async () => {
@@ -170,8 +176,8 @@ describe("receiver.ts", () => {
     await refused(400, async () => (await raw(receiver.port, [
       "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_a\r\nX-Delivery-Id: evt_b\r\nContent-Length: 2\r\n\r\n{}",
     ])).response);
-    assert.match(receiver.log(), /^rejected: 400 missing delivery id$/m);
-    assert.match(receiver.log(), /^rejected: 400 delivery id longer than 256 characters$/m);
+    await logged(/^rejected: 400 missing delivery id$/m);
+    await logged(/^rejected: 400 delivery id longer than 256 characters$/m);
   });
 
   it("answers 404 to a path that is not a source, and stores nothing", async () => {
@@ -201,7 +207,7 @@ describe("receiver.ts", () => {
       ...[1, 2, 3].map(() => `${(400).toString(16)}\r\n${chunk}\r\n`),
     ]);
     await refused(413, () => response);
-    assert.match(receiver.log(), /^rejected: 413 body is over the 1000-byte limit$/m);
+    await logged(/^rejected: 413 body is over the 1000-byte limit$/m);
   });
 
   it("control: a chunked body just under the limit is stored", async () => {
@@ -236,7 +242,7 @@ describe("receiver.ts", () => {
     try {
       const response = (await refused(503, () => post("evt_503", '{"amount":1}'))) as Response;
       assert.equal(response.headers.get("retry-after"), "5");
-      assert.match(receiver.log(), /^rejected evt_503: 503 could not store: .*simulated: database or disk is full/m);
+      await logged(/^rejected evt_503: 503 could not store: .*simulated: database or disk is full/m);
     } finally {
       admin.exec("DROP TRIGGER refuse");
       admin.close();
@@ -282,6 +288,39 @@ describe("createReceiver()", () => {
     }
   });
 
+  it("answers 503 with Retry-After past maxInFlight requests at once, and serves the one it holds", async () => {
+    const dir = tempDir();
+    const path = join(dir.dir, "inbox.db");
+    const inbox = new Inbox(path);
+    const { server, close } = createReceiver({ inbox, maxInFlight: 1, log: () => {} });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const port = (server.address() as { port: number }).port;
+    try {
+      // The first request is held open after its headers (the 100 Continue says the server has it).
+      let continued!: () => void;
+      const held = new Promise<void>((resolve) => (continued = resolve));
+      let release!: () => void;
+      const released = new Promise<void>((resolve) => (release = resolve));
+      const first = raw(port, [
+        "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_first\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+        () => released,
+        "{}",
+      ]);
+      first.socket.on("data", (d) => d.toString().startsWith("HTTP/1.1 100") && continued());
+      await held;
+      const second = await fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_second" }, body: "{}" });
+      assert.equal(second.status, 503);
+      assert.ok(second.headers.get("retry-after"));
+      release();
+      assert.equal((await first.response)?.body, "stored");
+      assert.deepEqual(rows(path).map((r) => r.id), ["evt_first"]);
+    } finally {
+      await close(1_000);
+      await inbox.close();
+      dir.cleanup();
+    }
+  });
+
   it("answers 503 once its inbox is closed", async () => {
     const dir = tempDir();
     const inbox = new Inbox(join(dir.dir, "inbox.db"));
@@ -300,7 +339,7 @@ describe("createReceiver()", () => {
   });
 });
 
-describe("receiver.ts on SIGTERM", () => {
+describe("receiver.ts on SIGTERM or SIGINT", () => {
   it("stops accepting, lets the request in flight finish and be stored, then exits 0", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
@@ -333,6 +372,20 @@ describe("receiver.ts on SIGTERM", () => {
       assert.deepEqual(rows(path).map((r) => [r.id, r.body.toString()]), [["evt_inflight", body]]);
     } finally {
       await receiver.stop("SIGKILL");
+      dir.cleanup();
+    }
+  });
+
+  it("exits 0 on SIGINT too, closing the database", async () => {
+    const dir = tempDir();
+    const receiver = await startReceiver(join(dir.dir, "inbox.db"));
+    try {
+      assert.equal((await fetch(new URL("/healthz", receiver.url))).status, 200);
+      const closed = new Promise((resolve) => receiver.child.on("close", resolve)); // its output read to the end
+      assert.equal(await receiver.stop("SIGINT"), 0);
+      await closed;
+      assert.match(receiver.log(), /SIGINT: finishing the requests in flight/);
+    } finally {
       dir.cleanup();
     }
   });

@@ -221,8 +221,9 @@ function lines(child: ChildProcess, stream: "stdout" | "stderr") {
     }),
   };
 }
+// exitOf resolves once the child has exited and its output has been read to the end.
 const exitOf = (child: ChildProcess) =>
-  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on("close", (code, signal) => resolve({ code, signal })));
 
 describe("a worker process", () => {
   it("on SIGTERM stops claiming, lets the work in flight finish, and exits 0", async () => {
