@@ -168,6 +168,8 @@ describe("inbox.ts", () => {
       const chosen = await cli("show", "42", "--source", "stripe", "--json", "--db", shared);
       assert.equal(chosen.code, 0);
       assert.equal(JSON.parse(chosen.stdout).body, '{"from":"stripe"}');
+      const listed = await cli("list", "--source", "github", "--json", "--db", shared);
+      assert.deepEqual(JSON.parse(listed.stdout).map((d: { source: string; id: string }) => [d.source, d.id]), [["github", "42"]]);
     });
   });
 

@@ -165,6 +165,10 @@ describe("receiver.ts", () => {
     assert.equal(rows(path).find((r) => r.id === "evt_chunked")!.body.toString(), chunks.join(""));
   });
 
+  it("accepts a body of exactly the limit", async () => {
+    assert.equal((await post("evt_at_limit", "x".repeat(MAX_BODY))).status, 200);
+  });
+
   it("accepts an ID of exactly 256 characters", async () => {
     assert.equal((await post("a".repeat(256), "{}")).status, 200);
   });

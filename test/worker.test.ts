@@ -170,6 +170,7 @@ describe("run()", () => {
   describe("when the lease is lost mid-handler", () => {
     // The handler stalls past its lease; meanwhile a second worker (its own connection) takes the
     // delivery over and records the payment. The first handler then finishes too.
+    const logged: string[] = [];
     async function overtaken(write: (job: Job, key: string) => void): Promise<{ stats: Awaited<ReturnType<typeof run>>; ledger: number }> {
       const a = open();
       const b = open();
@@ -182,7 +183,7 @@ describe("run()", () => {
         assert.equal(takeover.id, "evt_1");
         assert.equal(await b.finish(takeover, [(db) => void ledger(db, job.key)]), true);
         write(job, job.key);
-      }, { inbox: a, once: true, leaseMs: LEASE, log: quiet });
+      }, { inbox: a, once: true, leaseMs: LEASE, log: (line) => logged.push(line) });
       return { stats, ledger: query<{ n: number }>("SELECT count(*) AS n FROM ledger")[0]!.n };
     }
 
@@ -191,6 +192,7 @@ describe("run()", () => {
       assert.equal(stats.lost, 1);
       assert.equal(stats.done, 0);
       assert.equal(ledger, 1);
+      assert.match(logged.join("\n"), /^evt_1: the lease was lost while working, so its writes were rolled back/m);
       assert.equal(statusOf("evt_1")!.status, "done");
     });
 
@@ -241,6 +243,24 @@ describe("a worker process", () => {
     assert.deepEqual(query("SELECT id, status FROM deliveries ORDER BY id"),
       [{ id: "evt_1", status: "done" }, { id: "evt_2", status: "done" }]);
     assert.equal(query("SELECT * FROM payments").length, 2);
+  });
+
+  it("on SIGTERM claims nothing more: what was waiting stays in the queue, untouched", async () => {
+    const inbox = open();
+    for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
+    await inbox.close();
+    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "until-sigterm", "10000", "1"]);
+    const out = lines(child, "stdout");
+    const exited = exitOf(child);
+    await out.next(/^started evt_1$/);
+    child.kill("SIGTERM");
+    assert.deepEqual(await exited, { code: 0, signal: null });
+    assert.deepEqual(out.seen.filter((l) => l.startsWith("started")), ["started evt_1"]);
+    assert.deepEqual(query("SELECT id, status, attempts FROM deliveries ORDER BY id"), [
+      { id: "evt_1", status: "done", attempts: 1 },
+      { id: "evt_2", status: "received", attempts: 0 },
+      { id: "evt_3", status: "received", attempts: 0 },
+    ]);
   });
 
   it("on SIGTERM releases what outlives the grace period, unspent, and exits 0", async () => {
