@@ -178,6 +178,15 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     db.exec("PRAGMA journal_mode = WAL");
     // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
     db.exec("PRAGMA synchronous = FULL");
+    // A checkpoint copies the WAL into the database and fsyncs it, in whichever commit crosses the
+    // threshold. 4000 pages (16 MB, not the default 1000) means a quarter as many, each writing the
+    // pages that many small commits touched over and over only once. The WAL file is reused, not grown.
+    db.exec("PRAGMA wal_autocheckpoint = 4000");
+    // 16 MB of page cache (the default is 2 MB) keeps the indexes a claim and a finish walk in memory at
+    // a backlog of 200k; it is a bound, so memory stays flat whatever the backlog.
+    db.exec("PRAGMA cache_size = -16000");
+    // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
+    db.exec("PRAGMA temp_store = MEMORY");
     migrate(db);
     // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
     // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
@@ -423,14 +432,15 @@ export class Inbox {
       };
       if (writes.length === 0) return run();
       // A savepoint confines a failing write to its own delivery; the batch around it still commits.
-      db.exec("SAVEPOINT finish");
+      // Prepared once like any statement: exec() would parse the text for every delivery.
+      this.sql("SAVEPOINT finish").run();
       try {
         const done = run();
-        db.exec("RELEASE finish");
+        this.sql("RELEASE finish").run();
         return done;
       } catch (error) {
-        db.exec("ROLLBACK TO finish");
-        db.exec("RELEASE finish");
+        this.sql("ROLLBACK TO finish").run();
+        this.sql("RELEASE finish").run();
         throw error;
       }
     }) as Promise<boolean>;
