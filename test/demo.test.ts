@@ -36,6 +36,23 @@ describe("send.ts", () => {
     }
   });
 
+  it("prints the status of each answer that is not 200, and exits 1", async () => {
+    const dir = tempDir();
+    const path = join(dir.dir, "inbox.db");
+    const receiver = await startReceiver(path);
+    const admin = new DatabaseSync(path);
+    admin.exec("CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated failure'); END");
+    try {
+      const { code, stdout } = await runScript("send.ts", ["--url", receiver.url]);
+      assert.equal(code, 1);
+      assert.equal(stdout, "evt_100: 503 try again later\nevt_100: 503 try again later\nevt_101: 503 try again later\nevt_100: 503 try again later\n");
+    } finally {
+      admin.close();
+      await receiver.stop();
+      dir.cleanup();
+    }
+  });
+
   it("says in one line that no receiver is listening, and exits 1", async () => {
     // A port that was free a moment ago: bind it, note it, let it go.
     const server = createServer();
