@@ -4,12 +4,13 @@
 
 import assert from "node:assert/strict";
 import { createConnection } from "node:net";
+import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
 import { Inbox } from "../inbox.ts";
 import { createReceiver } from "../receiver.ts";
-import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
+import { spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 const MAX_BODY = 1_000;
 
@@ -102,14 +103,15 @@ describe("receiver.ts", () => {
     assert.deepEqual(rows(path), before, "a refused request changed the database");
     return response;
   };
-  // logged waits for the receiver to log a line: its stderr may arrive after the HTTP answer does.
-  const logged = (re: RegExp) => new Promise<void>((resolve, reject) => {
+  // logged waits for the receiver to log a line (after the first `since` characters of its log): its
+  // stderr may arrive after the HTTP answer does.
+  const logged = (re: RegExp, since = 0) => new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => {
       receiver.child.stderr!.off("data", check);
       reject(new Error(`the receiver never logged ${re}; it logged:\n${receiver.log()}`));
     }, 5_000);
     const check = () => {
-      if (!re.test(receiver.log())) return false;
+      if (!re.test(receiver.log().slice(since))) return false;
       clearTimeout(timer);
       receiver.child.stderr!.off("data", check);
       resolve();
@@ -225,8 +227,23 @@ describe("receiver.ts", () => {
     assert.equal(rows(path).find((r) => r.id === "evt_stream_ok")!.body.length, 800);
   });
 
+  it("stores nothing of a chunked body cut off before its last chunk", async () => {
+    const before = rows(path);
+    const since = receiver.log().length;
+    const { response } = raw(receiver.port, [
+      "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut_chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+      "5\r\n{\"a\":\r\n",
+    ], { end: true });
+    const answer = await response;
+    assert.ok(answer === null || answer.status === 400, `answered ${answer?.status}`);
+    await logged(/body cut short|evt_cut_chunked/, since);
+    assert.match(receiver.log().slice(since), /^rejected: 400 body cut short after 5 bytes$/m);
+    assert.deepEqual(rows(path), before);
+  });
+
   it("stores nothing of a body cut short before its declared length", async () => {
     const before = rows(path);
+    const since = receiver.log().length;
     const { response } = raw(receiver.port, [
       "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut\r\nContent-Length: 100\r\n\r\n",
       '{"customer":"Maria',
@@ -234,8 +251,8 @@ describe("receiver.ts", () => {
     const answer = await response;
     assert.ok(answer === null || answer.status === 400, `answered ${answer?.status}`);
     // Wait for the receiver's verdict on it, whichever it is, then check it was the right one.
-    await logged(/body cut short|evt_cut/);
-    assert.match(receiver.log(), /^rejected: 400 body cut short after 18 bytes$/m);
+    await logged(/body cut short|evt_cut/, since);
+    assert.match(receiver.log().slice(since), /^rejected: 400 body cut short after 18 bytes$/m);
     assert.deepEqual(rows(path), before);
   });
 
@@ -259,6 +276,28 @@ describe("receiver.ts", () => {
     const response = await fetch(new URL("/healthz", receiver.url));
     assert.equal(response.status, 200);
     assert.equal(await response.text(), "ok");
+  });
+});
+
+describe("receiver.ts settings", () => {
+  it("takes its port from PORT and its database from INBOX_DB", async () => {
+    const dir = tempDir();
+    const path = join(dir.dir, "from-env.db");
+    const child = spawnScript("receiver.ts", [], { PORT: "0", INBOX_DB: path });
+    const exited = new Promise((resolve) => child.on("close", resolve));
+    try {
+      const url = await new Promise<string>((resolve) => createInterface({ input: child.stdout! }).on("line", (line) => {
+        const match = /^Listening on (http:\/\/127\.0\.0\.1:(\d+))$/.exec(line);
+        if (match) resolve(match[1]!);
+      }));
+      const response = await fetch(url, { method: "POST", headers: { "x-delivery-id": "evt_env" }, body: "{}" });
+      assert.equal(await response.text(), "stored");
+      assert.deepEqual(rows(path).map((r) => r.id), ["evt_env"]);
+    } finally {
+      child.kill("SIGTERM");
+      await exited;
+      dir.cleanup();
+    }
   });
 });
 
