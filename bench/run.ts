@@ -1,0 +1,37 @@
+// bench/run.ts: `npm run bench` runs every benchmark in turn; `npm run bench -- ingest worker` runs some.
+// Each benchmark measures its own baseline in the same run and ends with one summary line; those lines
+// are printed again together at the end. Scale with BENCH_SECONDS, BENCH_LARGE, BENCH_MIXED_BACKLOG, …
+//   npm run bench                       # about 4 minutes on 2 cores
+//   BENCH_SECONDS=3 BENCH_LARGE=50000 npm run bench -- worker mixed
+
+import { execFileSync } from "node:child_process";
+import { cpus, totalmem } from "node:os";
+import { ingest } from "./ingest.ts";
+import { latency } from "./latency.ts";
+import { mixed } from "./mixed.ts";
+import { worker } from "./worker.ts";
+
+const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed };
+
+const wanted = process.argv.slice(2);
+for (const name of wanted) {
+  if (!(name in BENCHES)) {
+    console.error(`bench: no benchmark named ${name}; choose from ${Object.keys(BENCHES).join(", ")}`);
+    process.exit(2);
+  }
+}
+const names = wanted.length > 0 ? wanted : Object.keys(BENCHES);
+let load = "";
+try {
+  load = execFileSync("uptime", { encoding: "utf8" }).trim().replace(/.*load average/, "load average");
+} catch {
+  // uptime is only context for the reader.
+}
+console.log(`${new Date().toISOString()}  Node ${process.version}  ${cpus().length} cores  ${(totalmem() / 2 ** 30).toFixed(0)} GB  ${load}`);
+const summaries: string[] = [];
+for (const name of names) {
+  const started = performance.now();
+  summaries.push(await BENCHES[name]!());
+  console.log(`${summaries.at(-1)}  (${((performance.now() - started) / 1000).toFixed(0)} s)\n`);
+}
+if (summaries.length > 1) console.log(`summary\n${summaries.join("\n")}`);
