@@ -1,0 +1,261 @@
+// test/throughput.test.ts: what the fast paths must not change. A batch is one transaction, on the
+// calling thread or on the receiver's writer thread: a duplicate within it, a row that fails within it,
+// requests past the in-flight bound, and a worker whose claims and finishes share commits while a long
+// handler's lease is kept by the heartbeat (or lost, and its signal aborted). No timings: only outcomes.
+
+import assert from "node:assert/strict";
+import { connect, type Socket } from "node:net";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { Inbox, type Stored } from "../inbox.ts";
+import { ensurePayments, recordPayment, run } from "../worker.ts";
+import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
+
+const T0 = 1_700_000_000_000;
+const body = (n: number) => Buffer.from(JSON.stringify({ customer: `c${n}`, amount: n }));
+
+let dir: { dir: string; cleanup: () => void };
+let path: string;
+let opened: Inbox[];
+let receivers: ReceiverProcess[];
+
+beforeEach(() => {
+  dir = tempDir();
+  path = join(dir.dir, "inbox.db");
+  opened = [];
+  receivers = [];
+});
+afterEach(async () => {
+  for (const r of receivers) await r.stop();
+  for (const inbox of opened) await inbox.close();
+  dir.cleanup();
+});
+
+const open = (options: ConstructorParameters<typeof Inbox>[1] = {}) => {
+  const inbox = new Inbox(path, options);
+  opened.push(inbox);
+  return inbox;
+};
+const ids = () => {
+  const db = new DatabaseSync(path, { readOnly: true });
+  try {
+    return (db.prepare("SELECT id FROM deliveries ORDER BY id").all() as { id: string }[]).map((r) => r.id);
+  } finally {
+    db.close();
+  }
+};
+// poison makes one ID impossible to store, through a second connection, as a bad row would be.
+const poison = (id: string) => {
+  const db = new DatabaseSync(path);
+  db.exec(`CREATE TRIGGER poison BEFORE INSERT ON deliveries WHEN NEW.id = '${id}'
+           BEGIN SELECT RAISE(ABORT, 'this row cannot be stored'); END`);
+  db.close();
+};
+const post = async (url: string, id: string, n = 0) => {
+  const res = await fetch(`${url}/`, { method: "POST", headers: { "x-delivery-id": id, "content-type": "application/json" }, body: body(n) });
+  return { status: res.status, text: await res.text(), retryAfter: res.headers.get("retry-after") };
+};
+
+for (const writerThread of [false, true]) {
+  describe(`store() in one batch, ${writerThread ? "on the writer thread" : "on the calling thread"}`, () => {
+    it("stores a delivery once when its duplicate arrives in the same batch", async () => {
+      const inbox = open({ writerThread });
+      // Called in one tick, so they share one transaction.
+      const outcomes = await Promise.all([
+        inbox.store({ id: "evt_1", body: body(1) }),
+        inbox.store({ id: "evt_1", body: body(1) }),
+        inbox.store({ id: "evt_2", body: body(2) }),
+      ]);
+      assert.deepEqual(outcomes, ["stored", "duplicate", "stored"]);
+      assert.deepEqual(ids(), ["evt_1", "evt_2"]);
+    });
+
+    it("commits the rest of a batch when one row fails, and rejects only that one", async () => {
+      const inbox = open({ writerThread });
+      poison("evt_bad");
+      const outcomes = await Promise.allSettled(
+        ["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })),
+      );
+      assert.deepEqual(outcomes.map((o) => o.status), ["fulfilled", "fulfilled", "rejected", "fulfilled"]);
+      assert.match(String((outcomes[2] as PromiseRejectedResult).reason), /this row cannot be stored/);
+      assert.deepEqual(ids(), ["evt_a", "evt_b", "evt_c"]);
+    });
+
+    it("control: without the bad row, the whole batch is stored", async () => {
+      const inbox = open({ writerThread });
+      poison("evt_never_sent");
+      const outcomes = await Promise.all(["evt_a", "evt_b", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })));
+      assert.deepEqual(outcomes, ["stored", "stored", "stored"] satisfies Stored[]);
+    });
+  });
+}
+
+describe("the writer thread", () => {
+  it("settles a store only once its row is visible to another connection, and close() waits for it", async () => {
+    const inbox = open({ writerThread: true });
+    const pending = inbox.store({ id: "evt_1", body: body(1) });
+    await inbox.close();
+    assert.equal(await pending, "stored");
+    assert.deepEqual(ids(), ["evt_1"]);
+  });
+});
+
+describe("receiver.ts under concurrent requests (writer thread)", () => {
+  it("answers 200 to each copy of a delivery sent at once, and stores it once", async () => {
+    const r = await startReceiver(path, ["--quiet"]);
+    receivers.push(r);
+    const answers = await Promise.all(Array.from({ length: 8 }, () => post(r.url, "evt_same", 1)));
+    assert.ok(answers.every((a) => a.status === 200));
+    assert.deepEqual(answers.map((a) => a.text).sort(), ["duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "stored"]);
+    assert.deepEqual(ids(), ["evt_same"]);
+  });
+
+  it("answers 200 to the good deliveries of a batch and 503 with Retry-After to the one that fails", async () => {
+    open().close(); // create the schema, so the trigger has a table to sit on
+    poison("evt_bad");
+    const r = await startReceiver(path, ["--quiet"]);
+    receivers.push(r);
+    const sent = ["evt_1", "evt_2", "evt_bad", "evt_3", "evt_4"];
+    const answers = await Promise.all(sent.map((id, n) => post(r.url, id, n)));
+    assert.deepEqual(answers.map((a) => a.status), [200, 200, 503, 200, 200]);
+    assert.ok(answers[2]!.retryAfter);
+    assert.deepEqual(ids(), ["evt_1", "evt_2", "evt_3", "evt_4"]);
+  });
+
+  it("answers 503 with Retry-After past --max-in-flight, then serves the requests it held", async () => {
+    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2"]);
+    receivers.push(r);
+    // Two requests are held in flight: headers sent, body not yet (the 100 Continue says they are in).
+    const held = await Promise.all(["evt_held_1", "evt_held_2"].map((id) => hold(r.port, id)));
+    const refused = await post(r.url, "evt_refused");
+    assert.equal(refused.status, 503);
+    assert.ok(Number(refused.retryAfter) > 0);
+    const answers = await Promise.all(held.map((h) => h.finish()));
+    assert.deepEqual(answers, ["stored", "stored"]);
+    // Control: with room again, the refused one is taken.
+    assert.equal((await post(r.url, "evt_refused")).text, "stored");
+    assert.deepEqual(ids(), ["evt_held_1", "evt_held_2", "evt_refused"]);
+  });
+});
+
+// hold sends a request's headers with Expect: 100-continue and waits for the 100, so the receiver holds
+// it in flight; finish sends the body and resolves with the answer's body.
+async function hold(port: number, id: string): Promise<{ finish(): Promise<string> }> {
+  const socket: Socket = connect(port, "127.0.0.1");
+  let data = "";
+  let onData: () => void = () => {};
+  socket.on("data", (d: Buffer) => {
+    data += d.toString("latin1");
+    onData();
+  });
+  const until = (test: () => boolean) => new Promise<void>((resolve) => {
+    onData = () => test() && resolve();
+    onData();
+  });
+  const payload = body(0);
+  socket.write(`POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: ${id}\r\nExpect: 100-continue\r\nContent-Length: ${payload.length}\r\n\r\n`);
+  await until(() => data.startsWith("HTTP/1.1 100"));
+  return {
+    finish: async () => {
+      socket.write(payload);
+      await until(() => /\r\n\r\n(stored|duplicate)$/.test(data));
+      socket.destroy();
+      return /(stored|duplicate)$/.exec(data)![1]!;
+    },
+  };
+}
+
+describe("run() in batches", () => {
+  let t: number;
+  beforeEach(() => (t = T0));
+  const quiet = () => {};
+  // leasedUntil reads a delivery's lease straight from the file.
+  const leasedUntil = (id: string) => {
+    const db = new DatabaseSync(path, { readOnly: true });
+    try {
+      return (db.prepare("SELECT leased_until FROM deliveries WHERE id = ?").get(id) as { leased_until: number | null }).leased_until;
+    } finally {
+      db.close();
+    }
+  };
+  // beat waits until the heartbeat has pushed the lease past `until` on the pinned clock.
+  const beat = async (id: string, until: number) => {
+    for (let tries = 0; (leasedUntil(id) ?? 0) < until; tries++) {
+      if (tries === 2_000) assert.fail("the heartbeat never extended the lease");
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  };
+
+  it("commits a batch's finishes together with the next claim, each payment once", async () => {
+    const inbox = open({ now: () => t });
+    ensurePayments(inbox.db);
+    for (let i = 0; i < 12; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    let begins = 0;
+    const exec = inbox.db.exec.bind(inbox.db);
+    inbox.db.exec = (sql: string) => {
+      if (/^BEGIN/.test(sql)) begins++;
+      return exec(sql);
+    };
+    const stats = await run(recordPayment, { inbox, once: true, concurrency: 4, log: quiet });
+    assert.equal(stats.done, 12);
+    // A claim, three commits that each finish four and claim the next, and a last look that finds the
+    // queue empty: 5. Kept apart, the four claims and three batches of finishes would take 7.
+    assert.equal(begins, 5);
+    const db = new DatabaseSync(path, { readOnly: true });
+    assert.deepEqual({ ...db.prepare("SELECT count(*) AS n, count(DISTINCT delivery_id) AS distinct_ids FROM payments").get() }, { n: 12, distinct_ids: 12 });
+    db.close();
+  });
+
+  it("keeps a long handler's lease by heartbeat while the short ones around it finish", async () => {
+    const inbox = open({ now: () => t });
+    const other = open({ now: () => t });
+    ensurePayments(inbox.db);
+    for (let i = 0; i < 4; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    const stats = await run(async (job) => {
+      if (job.delivery.id !== "evt_0") return recordPayment(job);
+      // Three lease lengths pass on the clock; each time the heartbeat renews the lease first.
+      for (let i = 0; i < 3; i++) {
+        t += 800;
+        await beat("evt_0", t + 1_000);
+        assert.equal(await other.claim(1_000), undefined);
+      }
+      recordPayment(job);
+    }, { inbox, once: true, concurrency: 4, leaseMs: 1_000, heartbeatMs: 2, log: quiet });
+    assert.deepEqual(stats, { claimed: 4, done: 4, retried: 0, failed: 0, lost: 0, released: 0 });
+  });
+
+  it("control: without a heartbeat, another worker takes the long handler's delivery over", async () => {
+    const inbox = open({ now: () => t });
+    const other = open({ now: () => t });
+    ensurePayments(inbox.db);
+    await inbox.store({ id: "evt_0", body: body(0) });
+    let taken: string | undefined;
+    await run(async () => {
+      t += 1_600;
+      taken = (await other.claim(1_000))?.id;
+    }, { inbox, once: true, leaseMs: 1_000, heartbeatMs: 3_600_000, log: quiet });
+    assert.equal(taken, "evt_0");
+  });
+
+  it("aborts job.signal when the heartbeat finds the lease lost, and commits nothing for it", async () => {
+    const inbox = open({ now: () => t });
+    const other = open({ now: () => t });
+    ensurePayments(inbox.db);
+    for (let i = 0; i < 3; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    let reason: unknown;
+    const stats = await run(async (job) => {
+      if (job.delivery.id !== "evt_0") return recordPayment(job);
+      t += 1_500;
+      assert.equal((await other.claim(60_000))?.id, "evt_0"); // expired, so another worker takes it
+      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      reason = job.signal.reason;
+      recordPayment(job); // too late: this write must not commit
+    }, { inbox, once: true, concurrency: 3, leaseMs: 1_000, heartbeatMs: 2, log: quiet });
+    assert.match(String(reason), /the lease was lost/);
+    assert.deepEqual({ done: stats.done, lost: stats.lost }, { done: 2, lost: 1 });
+    const db = new DatabaseSync(path, { readOnly: true });
+    assert.deepEqual((db.prepare("SELECT delivery_id FROM payments ORDER BY delivery_id").all() as { delivery_id: string }[]).map((r) => r.delivery_id), ["evt_1", "evt_2"]);
+    db.close();
+  });
+});
