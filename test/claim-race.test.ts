@@ -12,6 +12,12 @@ import { spawnScript, tempDir } from "./helpers.ts";
 
 const DELIVERIES = 30;
 
+// The claimers are killed at the end if still running, so a failing race cannot hold this file open.
+const children: ChildProcess[] = [];
+after(() => {
+  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+});
+
 // race stores the deliveries, starts two claimers, lets them go at the same moment and returns each
 // one's list of claimed IDs.
 async function race(path: string, mode: "inbox" | "naive"): Promise<string[][]> {
@@ -19,6 +25,7 @@ async function race(path: string, mode: "inbox" | "naive"): Promise<string[][]> 
   await Promise.all(Array.from({ length: DELIVERIES }, (_, i) => inbox.store({ id: `evt_${i}`, body: Buffer.from("{}") })));
   await inbox.close();
   const claimers = [0, 1].map(() => spawnScript("test/fixtures/claimer.ts", [path, mode, "10"]));
+  children.push(...claimers);
   const outputs = claimers.map((child) => collect(child));
   await Promise.all(outputs.map((o) => o.ready));
   for (const child of claimers) child.kill("SIGUSR2");
@@ -45,7 +52,7 @@ function collect(child: ChildProcess): { ready: Promise<void>; claimed: Promise<
 
 const all = Array.from({ length: DELIVERIES }, (_, i) => `evt_${i}`).sort();
 
-describe("claim() across processes", () => {
+describe("claim() across processes", { timeout: 30_000 }, () => {
   const dir = tempDir();
   after(() => dir.cleanup());
   let inboxRun: string[][];

@@ -3,6 +3,7 @@
 // stored. Raw sockets where fetch would not send what a hostile or broken sender does.
 
 import assert from "node:assert/strict";
+import type { ChildProcess } from "node:child_process";
 import { createConnection } from "node:net";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -13,6 +14,17 @@ import { createReceiver } from "../receiver.ts";
 import { spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 const MAX_BODY = 1_000;
+
+// Every receiver a test starts is killed at the end, so a test that fails (or times out) waiting on one
+// does not leave it running and hold this file's process open.
+const children = new Set<ChildProcess>();
+const track = <T extends ChildProcess | ReceiverProcess>(started: T): T => {
+  children.add("child" in started ? started.child : started);
+  return started;
+};
+after(() => {
+  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+});
 
 interface RawResponse {
   status: number;
@@ -78,12 +90,12 @@ function rows(path: string): { id: string; body: Buffer; conflicts: number; cont
   }
 }
 
-describe("receiver.ts", () => {
+describe("receiver.ts", { timeout: 30_000 }, () => {
   const dir = tempDir();
   const path = join(dir.dir, "inbox.db");
   let receiver: ReceiverProcess;
   before(async () => {
-    receiver = await startReceiver(path, ["--max-body", String(MAX_BODY)]);
+    receiver = track(await startReceiver(path, ["--max-body", String(MAX_BODY)]));
   });
   after(async () => {
     await receiver.stop();
@@ -279,11 +291,11 @@ describe("receiver.ts", () => {
   });
 });
 
-describe("receiver.ts settings", () => {
+describe("receiver.ts settings", { timeout: 30_000 }, () => {
   it("takes its port from PORT and its database from INBOX_DB", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "from-env.db");
-    const child = spawnScript("receiver.ts", [], { PORT: "0", INBOX_DB: path });
+    const child = track(spawnScript("receiver.ts", [], { PORT: "0", INBOX_DB: path }));
     const exited = new Promise((resolve) => child.on("close", resolve));
     try {
       const url = await new Promise<string>((resolve) => createInterface({ input: child.stdout! }).on("line", (line) => {
@@ -301,7 +313,7 @@ describe("receiver.ts settings", () => {
   });
 });
 
-describe("createReceiver()", () => {
+describe("createReceiver()", { timeout: 30_000 }, () => {
   it("answers 503 with Retry-After while the database is locked by another writer, and stores nothing", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
@@ -382,11 +394,11 @@ describe("createReceiver()", () => {
   });
 });
 
-describe("receiver.ts on SIGTERM or SIGINT", () => {
+describe("receiver.ts on SIGTERM or SIGINT", { timeout: 30_000 }, () => {
   it("stops accepting, lets the request in flight finish and be stored, then exits 0", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
-    const receiver = await startReceiver(path);
+    const receiver = track(await startReceiver(path));
     try {
       const body = '{"customer":"Maria Lopez","amount":24.99}';
       let continued!: () => void;
@@ -421,7 +433,7 @@ describe("receiver.ts on SIGTERM or SIGINT", () => {
 
   it("exits 0 on SIGINT too, closing the database", async () => {
     const dir = tempDir();
-    const receiver = await startReceiver(join(dir.dir, "inbox.db"));
+    const receiver = track(await startReceiver(join(dir.dir, "inbox.db")));
     try {
       assert.equal((await fetch(new URL("/healthz", receiver.url))).status, 200);
       const closed = new Promise((resolve) => receiver.child.on("close", resolve)); // its output read to the end

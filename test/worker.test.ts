@@ -6,7 +6,7 @@ import type { ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
-import { afterEach, beforeEach, describe, it } from "node:test";
+import { after, afterEach, beforeEach, describe, it } from "node:test";
 import { Inbox, PermanentError } from "../inbox.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
 import { runScript, spawnScript, tempDir } from "./helpers.ts";
@@ -37,6 +37,18 @@ const query = <T>(sql: string, ...params: (string | number)[]): T[] => {
 const statusOf = (id: string) => query<{ status: string; attempts: number; error: string | null }>(
   "SELECT status, attempts, error FROM deliveries WHERE id = ?", id)[0];
 const quiet = () => {};
+
+// Every child a test starts is killed at the end, so a test that fails (or times out) waiting on one
+// does not leave it running and hold this file's process open.
+const children = new Set<ChildProcess>();
+const start = (...args: Parameters<typeof spawnScript>): ChildProcess => {
+  const child = spawnScript(...args);
+  children.add(child);
+  return child;
+};
+after(() => {
+  for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+});
 
 beforeEach(() => {
   dir = tempDir();
@@ -227,13 +239,13 @@ function lines(child: ChildProcess, stream: "stdout" | "stderr") {
 const exitOf = (child: ChildProcess) =>
   new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on("close", (code, signal) => resolve({ code, signal })));
 
-describe("a worker process", () => {
+describe("a worker process", { timeout: 30_000 }, () => {
   it("on SIGTERM stops claiming, lets the work in flight finish, and exits 0", async () => {
     const inbox = open();
     await inbox.store({ id: "evt_1", body: payment() });
     await inbox.store({ id: "evt_2", body: payment() });
     await inbox.close();
-    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "until-sigterm"]);
+    const child = start("test/fixtures/slow-worker.ts", [path, "until-sigterm"]);
     const out = lines(child, "stdout");
     const exited = exitOf(child);
     await out.next(/^started evt_2$/); // both handlers are running
@@ -249,7 +261,7 @@ describe("a worker process", () => {
     const inbox = open();
     for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
     await inbox.close();
-    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "until-sigterm", "10000", "1"]);
+    const child = start("test/fixtures/slow-worker.ts", [path, "until-sigterm", "10000", "1"]);
     const out = lines(child, "stdout");
     const exited = exitOf(child);
     await out.next(/^started evt_1$/);
@@ -267,7 +279,7 @@ describe("a worker process", () => {
     const inbox = open();
     await inbox.store({ id: "evt_1", body: payment() });
     await inbox.close();
-    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "hang", "50"]);
+    const child = start("test/fixtures/slow-worker.ts", [path, "hang", "50"]);
     const out = lines(child, "stdout");
     const exited = exitOf(child);
     await out.next(/^started evt_1$/);
@@ -284,7 +296,7 @@ describe("a worker process", () => {
     t = Date.now();
     const setup = open();
     await setup.store({ id: "evt_1", body: payment() });
-    const child = spawnScript("test/fixtures/slow-worker.ts", [path, "hang"]);
+    const child = start("test/fixtures/slow-worker.ts", [path, "hang"]);
     const out = lines(child, "stdout");
     const exited = exitOf(child);
     await out.next(/^started evt_1$/);
@@ -301,7 +313,7 @@ describe("a worker process", () => {
   });
 });
 
-describe("worker.ts", () => {
+describe("worker.ts", { timeout: 30_000 }, () => {
   it("--once records each payment, logs each outcome, and exits 0", async () => {
     const inbox = open();
     await inbox.store({ id: "evt_100", body: payment() });
@@ -325,7 +337,7 @@ describe("worker.ts", () => {
     const inbox = open();
     await inbox.store({ id: "evt_100", body: payment() });
     await inbox.close();
-    const child = spawnScript("worker.ts", ["--db", path]);
+    const child = start("worker.ts", ["--db", path]);
     const err = lines(child, "stderr");
     const exited = exitOf(child);
     await err.next(/^evt_100 done$/);
