@@ -27,7 +27,7 @@ function percentile(sorted: Float64Array, p: number): number {
 /** paced sends `rate` POSTs a second for `seconds` on a fixed schedule (open loop), unique IDs. */
 export async function paced(url: string, rate: number, seconds: number): Promise<Paced> {
   // Enough connections that a slow answer never holds back the schedule; undici queues the rest.
-  const pool = new Pool(url, { connections: 256, pipelining: 1 });
+  const pool = new Pool(url, { connections: knob("BENCH_POOL", 256), pipelining: 1 });
   const total = Math.round(rate * seconds);
   const latencies = new Float64Array(total);
   const prefix = `lat${process.pid}-${Date.now()}-`;
@@ -52,8 +52,8 @@ export async function paced(url: string, rate: number, seconds: number): Promise
       });
     };
     const tick = () => {
-      // Send whatever is due by now, each timed from its own due moment.
-      const due = Math.min(total, Math.floor(((performance.now() - start) / 1000) * rate));
+      // Send whatever is due by now (request i is due at i / rate), each timed from its own due moment.
+      const due = Math.min(total, Math.floor(((performance.now() - start) / 1000) * rate) + 1);
       while (sent < due) {
         send(sent, start + (sent * 1000) / rate);
         sent++;

@@ -101,9 +101,9 @@ describe("the writer thread", () => {
   });
 });
 
-describe("receiver.ts under concurrent requests (writer thread)", () => {
+for (const flags of [[], ["--writer-thread"]]) describe(`receiver.ts ${flags.join(" ") || "(commits on its HTTP thread)"} under concurrent requests`, () => {
   it("answers 200 to each copy of a delivery sent at once, and stores it once", async () => {
-    const r = await startReceiver(path, ["--quiet"]);
+    const r = await startReceiver(path, ["--quiet", ...flags]);
     receivers.push(r);
     const answers = await Promise.all(Array.from({ length: 8 }, () => post(r.url, "evt_same", 1)));
     assert.ok(answers.every((a) => a.status === 200));
@@ -114,7 +114,7 @@ describe("receiver.ts under concurrent requests (writer thread)", () => {
   it("answers 200 to the good deliveries of a batch and 503 with Retry-After to the one that fails", async () => {
     open().close(); // create the schema, so the trigger has a table to sit on
     poison("evt_bad");
-    const r = await startReceiver(path, ["--quiet"]);
+    const r = await startReceiver(path, ["--quiet", ...flags]);
     receivers.push(r);
     const sent = ["evt_1", "evt_2", "evt_bad", "evt_3", "evt_4"];
     const answers = await Promise.all(sent.map((id, n) => post(r.url, id, n)));
@@ -124,7 +124,7 @@ describe("receiver.ts under concurrent requests (writer thread)", () => {
   });
 
   it("answers 503 with Retry-After past --max-in-flight, then serves the requests it held", async () => {
-    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2"]);
+    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2", ...flags]);
     receivers.push(r);
     // Two requests are held in flight: headers sent, body not yet (the 100 Continue says they are in).
     const held = await Promise.all(["evt_held_1", "evt_held_2"].map((id) => hold(r.port, id)));
