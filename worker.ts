@@ -153,7 +153,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     settle(lease, async () => {
       let event: unknown;
       try {
-        event = JSON.parse(lease.body.toString("utf8"));
+        event = JSON.parse(strictUtf8.decode(lease.body));
       } catch (error) {
         throw new PermanentError(`the body is not JSON: ${message(error)}`);
       }
@@ -215,6 +215,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   }
   return stats;
 }
+
+// JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
+// which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
 async function drain(active: Map<Lease, AbortController>, graceMs: number, tick: () => Promise<void>): Promise<void> {
   const deadline = Date.now() + graceMs;

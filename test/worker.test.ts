@@ -125,6 +125,16 @@ describe("run()", () => {
     assert.match(row.error!, /not JSON/);
   });
 
+  it("fails permanently a JSON body that is not valid UTF-8, rather than hand the handler altered text", async () => {
+    const inbox = open();
+    // 0xff can appear nowhere in UTF-8; decoding it leniently would turn the name into "Mar\ufffda".
+    await inbox.store({ id: "evt_1", body: Buffer.concat([Buffer.from('{"customer":"Mar'), Buffer.from([0xff]), Buffer.from('a","amount":1}')]) });
+    const stats = await run(recordPayment, { inbox, once: true, log: quiet });
+    assert.equal(stats.failed, 1);
+    assert.match(statusOf("evt_1")!.error!, /not JSON.*utf-8/i);
+    assert.deepEqual(query("SELECT * FROM payments"), []);
+  });
+
   it("sets a delivery aside after the last attempt, across runs", async () => {
     const inbox = open({ maxAttempts: 3 });
     await inbox.store({ id: "evt_1", body: payment() });
