@@ -62,10 +62,14 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   let inFlight = 0;
   let idle: (() => void) | undefined;
+  let stopping = false;
 
   const reply = (res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}) => {
     if (res.headersSent || res.destroyed) return;
-    res.writeHead(status, { "content-type": "text/plain; charset=utf-8", "content-length": Buffer.byteLength(text), ...headers });
+    // Once stopping, each answer closes its connection: kept alive, it would hold the exit up for as long
+    // as the client kept it, and carry more requests in meanwhile.
+    const closing: Record<string, string> = stopping ? { connection: "close" } : {};
+    res.writeHead(status, { "content-type": "text/plain; charset=utf-8", "content-length": Buffer.byteLength(text), ...closing, ...headers });
     res.end(text);
   };
 
@@ -157,6 +161,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
           resolve();
         };
         const timer = setTimeout(() => server.closeAllConnections(), graceMs);
+        stopping = true;
         server.close(() => (inFlight === 0 ? done() : (idle = done)));
         server.closeIdleConnections();
       }),

@@ -423,6 +423,8 @@ describe("receiver.ts on SIGTERM or SIGINT", { timeout: 30_000 }, () => {
       const answer = await request.response;
       assert.equal(answer?.status, 200);
       assert.equal(answer?.body, "stored");
+      // Kept alive, the connection would hold the exit up until the client let go (5 s, or never).
+      assert.equal(answer?.headers.connection, "close");
       assert.equal(await receiver.stop(), 0);
       assert.deepEqual(rows(path).map((r) => [r.id, r.body.toString()]), [["evt_inflight", body]]);
     } finally {
