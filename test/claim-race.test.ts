@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { Inbox } from "../inbox.ts";
 import { spawnScript, tempDir } from "./helpers.ts";
 
-const DELIVERIES = 30;
+const DELIVERIES = 60;
 
 // The claimers are killed at the end if still running, so a failing race cannot hold this file open.
 const children: ChildProcess[] = [];
