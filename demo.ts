@@ -30,6 +30,14 @@ async function step(title: string, name: string, args: string[]): Promise<void> 
   if (code !== 0) throw new Error(`${name} exited with ${code}`);
 }
 
+// Like every script it answers --help, rather than run the whole story when asked what it does.
+const { Command } = await import("commander");
+await new Command("demo.ts")
+  .description("Run the article's story end to end on a throwaway database, and leave nothing running.")
+  .addHelpText("after", "\nExample:\n  npm run demo")
+  .exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2))
+  .parseAsync(process.argv);
+
 const dir = mkdtempSync(join(tmpdir(), "inbox-demo-"));
 const db = join(dir, "inbox.db");
 let receiver: ChildProcess | undefined;

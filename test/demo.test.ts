@@ -9,6 +9,18 @@ import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
 import { runScript, startReceiver, tempDir } from "./helpers.ts";
 
+describe("every script", () => {
+  it("answers --help with its usage and exit 0, doing nothing else", async () => {
+    const scripts = ["inbox.ts", "receiver.ts", "worker.ts", "send.ts", "naive-race.ts", "demo.ts"];
+    const results = await Promise.all(scripts.map((script) => runScript(script, ["--help"])));
+    results.forEach(({ code, stdout }, i) => {
+      assert.equal(code, 0, scripts[i]);
+      assert.match(stdout, new RegExp(`^Usage: ${scripts[i]!.replace(".", "\\.")} `), scripts[i]);
+      assert.doesNotMatch(stdout, /The work was done/, `${scripts[i]} ran instead of answering --help`);
+    });
+  });
+});
+
 describe("naive-race.ts", () => {
   it("does the work twice without the inbox and once through it", async () => {
     const { code, stdout, stderr } = await runScript("naive-race.ts");
