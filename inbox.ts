@@ -874,6 +874,25 @@ function deliveryJson(d: Delivery, withBody: boolean): Record<string, unknown> {
   return { ...rest, bodyBytes: body.length, body: utf8 ? text : null, bodyBase64: body.toString("base64") };
 }
 
+// isInbox peeks, read-only, for the deliveries table; an empty file may still become an inbox. Anything
+// that cannot be read this way is left to openDatabase to report in its own words.
+function isInbox(path: string): boolean {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { readOnly: true });
+  } catch {
+    return true;
+  }
+  try {
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
+    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
+  } catch {
+    return true;
+  } finally {
+    db.close();
+  }
+}
+
 // One delivery by ID: --source settles it when two sources share an ID.
 async function findOne(inbox: Inbox, id: string, source: string | undefined): Promise<Delivery> {
   const found = await inbox.find(id, source);
@@ -916,6 +935,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
     // Looking must not create: a typo in --db would otherwise show an empty, healthy inbox.
     if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    // Nor convert: opening another program's database would switch it to WAL and add our tables.
+    if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
     return new Inbox(path);
   };
 

@@ -222,6 +222,24 @@ describe("inbox.ts", () => {
       assert.equal(existsSync(missing), false);
     });
 
+    it("exits 1 for another program's SQLite database, and leaves it as it was", async () => {
+      const foreign = join(dir.dir, "app.sqlite");
+      const app = new DatabaseSync(foreign);
+      app.exec("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('ann')");
+      app.close();
+      for (const command of [["status"], ["list"], ["retry", "--all-failed"]]) {
+        const result = await cli(...command, "--db", foreign);
+        assert.equal(result.code, 1, command.join(" "));
+        oneLine(result, /app\.sqlite is not an inbox database/);
+      }
+      const check = new DatabaseSync(foreign, { readOnly: true });
+      const tables = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map((t) => t.name);
+      const { journal_mode: mode } = check.prepare("PRAGMA journal_mode").get() as { journal_mode: string };
+      check.close();
+      assert.deepEqual(tables, ["users"]);
+      assert.equal(mode, "delete");
+    });
+
     it("exits 1 with one line for a file that is not a database", async () => {
       const result = await cli("status", "--db", join(process.cwd(), "README.md"));
       assert.equal(result.code, 1);
