@@ -109,9 +109,9 @@ describe("inbox.ts", () => {
     });
 
     it("filters by --status and stops at --limit", async () => {
-      const failed = await cli("list", "--status", "done", "--limit", "1", "--db", path);
-      assert.equal(failed.code, 0);
-      assert.deepEqual(failed.stdout.trimEnd().split("\n").slice(1).map((l) => l.split("\t")[1]), ["evt_101"]);
+      const done = await cli("list", "--status", "done", "--limit", "1", "--db", path);
+      assert.equal(done.code, 0);
+      assert.deepEqual(done.stdout.trimEnd().split("\n").slice(1).map((l) => l.split("\t")[1]), ["evt_101"]);
     });
 
     it("prints JSON with --json, with the body's size but not the body", async () => {

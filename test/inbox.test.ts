@@ -44,16 +44,32 @@ afterEach(async () => {
 });
 
 describe("openDatabase()", () => {
-  it("runs in WAL mode with synchronous=FULL and a busy timeout, at the latest schema version", () => {
+  it("runs in WAL mode with synchronous=FULL and a busy timeout", () => {
     const inbox = open();
     const get = (sql: string) => Object.values(inbox.db.prepare(sql).get()!)[0];
     assert.equal(get("PRAGMA journal_mode"), "wal");
     assert.equal(get("PRAGMA synchronous"), 2); // FULL
     assert.equal(get("PRAGMA busy_timeout"), DEFAULTS.busyTimeoutMs);
-    assert.equal(get("PRAGMA user_version"), 2);
   });
 
-  it("finds due and expired deliveries through the partial indexes, not a scan of the table", () => {
+  it("migrates a new file once: opening it again changes nothing", async () => {
+    const first = open();
+    await first.store({ id: "evt_1", body: body({}) });
+    const version = (first.db.prepare("PRAGMA user_version").get() as { user_version: number }).user_version;
+    assert.ok(version >= 1);
+    const second = open();
+    assert.equal((second.db.prepare("PRAGMA user_version").get() as { user_version: number }).user_version, version);
+    assert.equal((await second.find("evt_1")).length, 1);
+  });
+
+  it("refuses a database from a newer version of the code", async () => {
+    const db = new DatabaseSync(path);
+    db.exec("PRAGMA user_version = 999");
+    db.close();
+    assert.throws(() => open(), /schema version 999 is newer than this code knows/);
+  });
+
+  it("has partial indexes that serve the claim's two lookups, so its cost does not grow with the table", () => {
     const inbox = open();
     const plan = (sql: string) =>
       (inbox.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(T0) as { detail: string }[]).map((p) => p.detail).join("\n");
