@@ -266,9 +266,15 @@ Examples:
       if (s.secrets.length === 0) console.error(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`);
     }
   }
+  // A write to a pipe or a file is synchronous, so the lines of one turn of the event loop go out in
+  // one write rather than one each: under load that is a batch of deliveries per system call.
+  const lines: string[] = [];
+  const flushLog = () => {
+    if (lines.length > 0) process.stderr.write(`${lines.splice(0).join("\n")}\n`);
+  };
   const receiver = createReceiver({
     inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight,
-    log: opts.quiet ? () => {} : (line) => console.error(line),
+    log: opts.quiet ? () => {} : (line) => void (lines.push(line) === 1 && setImmediate(flushLog)),
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`));
   receiver.server.listen(port, opts.host, () => {
@@ -281,9 +287,11 @@ Examples:
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
+    flushLog();
     console.error(`${signal}: finishing the requests in flight, then stopping`);
     await receiver.close();
     await inbox.close();
+    flushLog();
     process.exit(0);
   };
   process.on("SIGTERM", () => void stop("SIGTERM"));

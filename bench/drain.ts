@@ -9,11 +9,18 @@ import { rssMb } from "./common.ts";
 const [path, concurrency] = [process.argv[2]!, Number(process.argv[3] ?? 8)];
 const inbox = new Inbox(path);
 ensurePayments(inbox.db);
-let peak = rssMb(process.pid);
-const sampler = setInterval(() => (peak = Math.max(peak, rssMb(process.pid))), 100);
+// RSS over the run, so a plateau can be told from growth.
+const samples: { at: number; rss: number }[] = [];
 const started = performance.now();
+const sampler = setInterval(() => samples.push({ at: performance.now() - started, rss: rssMb(process.pid) }), 100);
 const stats = await run(recordPayment, { inbox, once: true, concurrency, log: () => {} });
 const ms = performance.now() - started;
 clearInterval(sampler);
 await inbox.close();
-console.log(JSON.stringify({ ...stats, ms, peakRssMb: Math.max(peak, rssMb(process.pid, true)) }));
+const peakIn = (from: number, to: number) => Math.max(0, ...samples.filter((s) => s.at >= from * ms && s.at < to * ms).map((s) => s.rss));
+console.log(JSON.stringify({
+  ...stats, ms, peakRssMb: rssMb(process.pid, true),
+  // The highest RSS in each quarter of the run.
+  quartersMb: [peakIn(0, 0.25), peakIn(0.25, 0.5), peakIn(0.5, 0.75), peakIn(0.75, 1.01)],
+  heapUsedMb: process.memoryUsage().heapUsed / 2 ** 20,
+}));

@@ -6,7 +6,7 @@
 
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { Pool } from "undici";
+import { connect, type Socket } from "node:net";
 import { BODY, CONNECTIONS, SECONDS, WARMUP_SECONDS, f, hammer, knob, startChild, tempDir } from "./common.ts";
 
 /** Paced is what one open-loop run measured, in ms from when each request was due. */
@@ -20,49 +20,76 @@ export interface Paced {
   max: number;
 }
 
+const BODY_BYTES = Buffer.byteLength(BODY);
+
 function percentile(sorted: Float64Array, p: number): number {
   return sorted.length === 0 ? NaN : sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!;
 }
 
-/** paced sends `rate` POSTs a second for `seconds` on a fixed schedule (open loop), unique IDs. */
+/**
+ * paced sends `rate` POSTs a second for `seconds` on a fixed schedule (open loop), unique IDs. It speaks
+ * HTTP/1.1 on raw keep-alive sockets: a general client (undici) costs several times the CPU per request,
+ * and on 2 cores that CPU is taken from the server being measured. A request due while every connection
+ * is busy waits its turn, and that wait counts in its latency.
+ */
 export async function paced(url: string, rate: number, seconds: number): Promise<Paced> {
-  // Enough connections that a slow answer never holds back the schedule; undici queues the rest.
-  const pool = new Pool(url, { connections: knob("BENCH_POOL", 256), pipelining: 1 });
+  const { hostname, port } = new URL(url);
   const total = Math.round(rate * seconds);
   const latencies = new Float64Array(total);
   const prefix = `lat${process.pid}-${Date.now()}-`;
+  const waiting: number[] = [];
   let sent = 0;
   let answered = 0;
   let ok = 0;
-  const start = performance.now();
-  await new Promise<void>((resolve) => {
-    const send = (i: number, due: number) => {
-      pool.request({
-        path: "/", method: "POST", body: BODY,
-        headers: { "content-type": "application/json", "x-delivery-id": prefix + i },
-      }).then(
-        async (res) => {
-          await res.body.dump();
-          latencies[i] = performance.now() - due;
-          if (res.statusCode === 200) ok++;
-        },
-        () => (latencies[i] = performance.now() - due),
-      ).finally(() => {
-        if (++answered === total) resolve();
-      });
-    };
-    const tick = () => {
-      // Send whatever is due by now (request i is due at i / rate), each timed from its own due moment.
-      const due = Math.min(total, Math.floor(((performance.now() - start) / 1000) * rate) + 1);
-      while (sent < due) {
-        send(sent, start + (sent * 1000) / rate);
-        sent++;
-      }
-      if (sent < total) setTimeout(tick, 1);
-    };
-    tick();
-  });
-  await pool.close();
+  let start = 0;
+  let finished!: () => void;
+  const done = new Promise<void>((resolve) => (finished = resolve));
+
+  interface Conn { socket: Socket; request: number; data: string }
+  const idle: Conn[] = [];
+  const send = (conn: Conn, i: number) => {
+    conn.request = i;
+    conn.socket.write(`POST / HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nX-Delivery-Id: ${prefix}${i}\r\nContent-Length: ${BODY_BYTES}\r\n\r\n${BODY}`);
+  };
+  const answer = (conn: Conn) => {
+    const head = conn.data.indexOf("\r\n\r\n");
+    if (head < 0) return;
+    const length = Number(/content-length: *(\d+)/i.exec(conn.data.slice(0, head))?.[1] ?? 0);
+    if (conn.data.length < head + 4 + length) return;
+    latencies[conn.request] = performance.now() - (start + (conn.request * 1000) / rate);
+    if (conn.data.startsWith("HTTP/1.1 200")) ok++;
+    conn.data = conn.data.slice(head + 4 + length);
+    if (++answered === total) return finished();
+    const next = waiting.shift();
+    if (next === undefined) idle.push(conn);
+    else send(conn, next);
+  };
+  const conns = await Promise.all(Array.from({ length: knob("BENCH_POOL", 64) }, () => new Promise<Conn>((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => resolve(conn));
+    socket.setNoDelay(true);
+    socket.setEncoding("latin1");
+    const conn: Conn = { socket, request: -1, data: "" };
+    socket.on("data", (d: string) => {
+      conn.data += d;
+      answer(conn);
+    });
+    socket.on("error", reject);
+  })));
+  idle.push(...conns);
+  start = performance.now();
+  const tick = () => {
+    // Send whatever is due by now (request i is due at i / rate).
+    const due = Math.min(total, Math.floor(((performance.now() - start) / 1000) * rate) + 1);
+    for (; sent < due; sent++) {
+      const conn = idle.pop();
+      if (conn) send(conn, sent);
+      else waiting.push(sent);
+    }
+    if (sent < total) setTimeout(tick, 1);
+  };
+  tick();
+  await done;
+  for (const conn of conns) conn.socket.destroy();
   latencies.sort();
   return {
     rate, sent, ok,

@@ -1,7 +1,7 @@
 // bench/mixed.ts: the receiver under closed-loop load while a worker drains the same inbox. Measures
 // each alone first, in the same run, on the same database, then both at once, and prints both rates
 // and their ratios to running alone.
-//   npm run bench -- mixed          BENCH_SECONDS=8 BENCH_MIXED_BACKLOG=200000 BENCH_CONCURRENCY=64
+//   npm run bench -- mixed          BENCH_SECONDS=8 BENCH_MIXED_BACKLOG=200000 BENCH_CONCURRENCY=128
 
 import { spawn } from "node:child_process";
 import { join } from "node:path";
@@ -10,7 +10,7 @@ import { pathToFileURL } from "node:url";
 import { CONNECTIONS, ROOT, SECONDS, WARMUP_SECONDS, f, fillBacklog, hammer, knob, row, startChild, tempDir } from "./common.ts";
 
 const BACKLOG = knob("BENCH_MIXED_BACKLOG", 200_000);
-const CONCURRENCY = knob("BENCH_CONCURRENCY", 64);
+const CONCURRENCY = knob("BENCH_CONCURRENCY", 128);
 
 function doneCount(path: string): number {
   const db = new DatabaseSync(path, { readOnly: true });
