@@ -290,6 +290,9 @@ export class Inbox {
   private readonly maxAttempts: number;
   private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
   private readonly statements = new Map<string, StatementSync>();
+  // Commits left to checkpoint one by one since the disk was last full, and the setting to go back to.
+  private tightCommits = 0;
+  private walAutocheckpoint = 0;
   private queue: Op[] = [];
   private flushing = false;
   private closed = false;
@@ -641,6 +644,7 @@ export class Inbox {
       this.db.exec("COMMIT");
     } catch (error) {
       if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      if (((error as { errcode?: number }).errcode ?? 0) % 256 === 13) this.reclaimWal();
       if (batch.length === 1) {
         batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
         return;
@@ -650,7 +654,26 @@ export class Inbox {
       this.commit(batch.slice(half));
       return;
     }
+    if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
+  }
+
+  // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
+  // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
+  // would stay down for good. For the next commits, a checkpoint follows each one, so the WAL is reused
+  // from its start and never outgrows the space it already has.
+  private reclaimWal(): void {
+    if (this.tightCommits === 0) {
+      this.walAutocheckpoint = (this.db.prepare("PRAGMA wal_autocheckpoint").get() as { wal_autocheckpoint: number }).wal_autocheckpoint;
+      this.db.exec("PRAGMA wal_autocheckpoint = 1");
+    }
+    this.tightCommits = 1_000;
+    try {
+      this.db.exec("PRAGMA wal_checkpoint(PASSIVE)");
+    } catch {
+      // Best effort, while the disk is still full: the failure that matters is the commit's, which the
+      // caller gets, and the checkpoint after the next commit that succeeds does the work.
+    }
   }
 
   // begin takes the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10 … 100 ms between tries, so

@@ -2,15 +2,17 @@
 // processes fighting for SQLite's lock, and a clock that jumps an hour either way.
 
 import assert from "node:assert/strict";
-import { chmodSync, mkdirSync, writeFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { chmodSync, closeSync, mkdirSync, openSync, readdirSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
-import { after, describe, it } from "node:test";
+import { DatabaseSync } from "node:sqlite";
+import { after, afterEach, before, describe, it } from "node:test";
 import { DEFAULTS, Inbox, backoff, type Lease } from "../inbox.ts";
 import { createReceiver } from "../receiver.ts";
 import { run } from "../worker.ts";
-import { busyStorm, prepareLedger, readLedger } from "./chaos.ts";
-import { ROOT, runScript, tempDir } from "./helpers.ts";
+import { bodyIsWhole, busyStorm, prepareLedger, readLedger, selfCheckingBody, startWorker } from "./chaos.ts";
+import { ROOT, runScript, startReceiver, tempDir } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-faults-");
 after(cleanup);
@@ -106,6 +108,103 @@ describe("a full disk", () => {
     await inbox.close();
   });
 });
+
+describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => {
+  const mnt = join(dir, "tmpfs");
+  let mounted = false;
+  before(() => {
+    mkdirSync(mnt);
+    try {
+      execFileSync("mount", ["-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt], { stdio: "ignore" });
+      mounted = true;
+    } catch {
+      // Not root, or no mount in this sandbox: the max_page_count tests above still run.
+    }
+  });
+  afterEach(() => {
+    if (mounted) for (const name of readdirSync(mnt)) rmSync(join(mnt, name), { force: true });
+  });
+  after(() => {
+    if (mounted) execFileSync("umount", [mnt]);
+  });
+  // fill takes every free byte of the tmpfs with a ballast file; removing it frees the space again.
+  const fill = () => {
+    const fd = openSync(join(mnt, "ballast"), "w");
+    try {
+      for (const chunk = Buffer.alloc(4096); ;) writeSync(fd, chunk);
+    } catch (error) {
+      assert.equal((error as NodeJS.ErrnoException).code, "ENOSPC");
+    } finally {
+      closeSync(fd);
+    }
+  };
+
+  it("makes receiver.ts answer 503 with Retry-After, store nothing partial, and store again once space is freed", async (t) => {
+    if (!mounted) return t.skip("cannot mount a tmpfs here");
+    const db = join(mnt, "inbox.db");
+    const receiver = await startReceiver(db, ["--quiet"]);
+    const send = async (id: string) => {
+      const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: new Uint8Array(selfCheckingBody(id, 30_000)) });
+      return { status: res.status, retryAfter: res.headers.get("retry-after"), text: await res.text() };
+    };
+    try {
+      for (let i = 0; i < 5; i++) assert.equal((await send(`before-${i}`)).status, 200);
+      fill();
+      const whileFull = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
+      assert.deepEqual(whileFull.map((r) => r.status), Array(20).fill(503));
+      assert.ok(whileFull.every((r) => Number(r.retryAfter) > 0));
+      rmSync(join(mnt, "ballast"));
+      const retried = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
+      assert.deepEqual(retried.map((r) => r.text), Array(20).fill("stored"), "no restart needed");
+      // And it stays up: a few hundred small commits would grow the WAL past the space freed if it were
+      // not reused from its start.
+      for (let i = 0; i < 300; i++) {
+        const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": `small-${i}` }, body: "{}" });
+        assert.equal(res.status, 200, `small-${i}: ${await res.text()}`);
+      }
+    } finally {
+      await receiver.stop("SIGKILL");
+    }
+    const conn = new DatabaseSync(db);
+    const rows = conn.prepare("SELECT id, body FROM deliveries").all() as { id: string; body: Uint8Array }[];
+    assert.equal((conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
+    conn.close();
+    assert.equal(rows.length, 325);
+    assert.ok(rows.filter((r) => !r.id.startsWith("small-")).every((r) => bodyIsWhole(r.id, r.body)));
+  });
+
+  it("keeps a running worker alive through it, never marking done a delivery whose write failed", { timeout: 120_000 }, async (t) => {
+    if (!mounted) return t.skip("cannot mount a tmpfs here");
+    const db = join(mnt, "ledger.db");
+    const inbox = new Inbox(db);
+    prepareLedger(inbox);
+    await Promise.all(Array.from({ length: 200 }, (_, i) => inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: i + 1 })) })));
+    await inbox.close();
+    // The worker must be running before the disk fills: SQLite cannot even open a file on a full disk.
+    const worker = startWorker(db, ["--lease-ms", "1000", "--work-ms", "100", "--concurrency", "8"]);
+    try {
+      await until(() => worker.lines.some((l) => / done$/.test(l)), worker.lines);
+      fill();
+      await until(() => worker.lines.some((l) => /disk is full/.test(l)), worker.lines);
+      rmSync(join(mnt, "ballast"));
+      await until(() => readLedger(db).done === 200, worker.lines);
+    } finally {
+      worker.child.kill("SIGKILL");
+    }
+    assert.equal(await worker.exited, null, "the worker never died: it was still there to be killed");
+    const ledger = readLedger(db);
+    assert.deepEqual([ledger.balance, ledger.lost, ledger.doubled, ledger.processing], [20_100, 0, 0, 0], "every write that failed took its done mark with it");
+  });
+});
+
+// until polls a condition on real processes for up to 30 s, then fails with what the worker said.
+async function until(condition: () => boolean, lines: string[] = []): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`gave up waiting; the worker's last lines:\n${lines.slice(-5).join("\n")}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
 
 describe("a database the scripts cannot use", () => {
   const cases: [string, () => string][] = [
