@@ -348,3 +348,111 @@ export async function busyStorm(o: { dir: string; processes: number; perProcess:
     exitCodes: results.map((r) => r.code),
   };
 }
+
+// ---- 4. The whole pipeline: senders, a receiver and workers, any of them killed ----------------------
+
+/** PipelineCrashOptions sizes the end-to-end scenario. */
+export interface PipelineCrashOptions {
+  dir: string;
+  /** How long the kills go on; then the backlog is drained. */
+  seconds: number;
+  senders: number;
+  workers: number;
+  /** One process, the receiver or a worker, is killed about this often. */
+  killEveryMs: number;
+  random: Random;
+}
+
+/** PipelineCrashReport is what the senders were told, and what the ledger says after the drain. */
+export interface PipelineCrashReport extends Ledger {
+  kills: number;
+  receiverKills: number;
+  acked: number;
+  /** Acknowledged IDs that are not in the database, or not done: must be 0. */
+  lostAcked: number;
+  integrity: string;
+  drained: boolean;
+}
+
+/**
+ * pipelineCrash runs senders against receiver.ts while balance-fixture workers process what it stores,
+ * and SIGKILLs the receiver or a worker about every killEveryMs. Senders resend what was not answered
+ * 200, as a provider does. Afterwards every acknowledged payment must be applied exactly once.
+ */
+export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCrashReport> {
+  const db = join(o.dir, "pipeline.db");
+  const setup = new Inbox(db);
+  prepareLedger(setup);
+  await setup.close();
+  const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
+
+  let receiver = await startReceiver(db, ["--quiet"]);
+  const workerArgs = ["--lease-ms", "1000", "--work-ms", "40"];
+  const workers = Array.from({ length: o.workers }, () => startWorker(db, workerArgs));
+  const acked = new Set<string>();
+  let sending = true;
+  const sender = async (k: number) => {
+    const unanswered: string[] = [];
+    for (let i = 0; sending; ) {
+      const id = unanswered.shift() ?? `p-s${k}-${i++}`;
+      try {
+        const res = await fetch(receiver.url, {
+          method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ amount: amountOf(id) }),
+          signal: AbortSignal.timeout(10_000),
+        });
+        await res.text();
+        if (res.status === 200) acked.add(id);
+        else unanswered.push(id);
+      } catch {
+        unanswered.push(id); // the receiver died under this request: send it again
+        await sleep(20);
+      }
+    }
+  };
+  const senders = Array.from({ length: o.senders }, (_, k) => sender(k));
+
+  let kills = 0;
+  let receiverKills = 0;
+  const until = Date.now() + o.seconds * 1000;
+  while (Date.now() < until) {
+    await sleep(o.killEveryMs * (0.5 + o.random()));
+    // Half the kills take the receiver, half a worker picked at random.
+    const k = o.random() < 0.5 ? -1 : Math.floor(o.random() * workers.length);
+    if (k < 0) {
+      await receiver.stop("SIGKILL");
+      receiver = await startReceiver(db, ["--quiet"]);
+      receiverKills++;
+    } else {
+      workers[k]!.child.kill("SIGKILL");
+      await workers[k]!.exited;
+      workers[k] = startWorker(db, workerArgs);
+    }
+    kills++;
+  }
+  sending = false;
+  await Promise.all(senders);
+
+  // Let the workers drain what was stored, then stop everything.
+  const deadline = Date.now() + 120_000;
+  let drained = false;
+  while (Date.now() < deadline) {
+    const l = readLedger(db);
+    if (l.done === l.deliveries) {
+      drained = true;
+      break;
+    }
+    await sleep(100);
+  }
+  await receiver.stop("SIGTERM");
+  for (const w of workers) w.child.kill("SIGTERM");
+  await Promise.all(workers.map((w) => w.exited));
+
+  const conn = new DatabaseSync(db);
+  const integrity = (conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
+  const done = new Set((conn.prepare("SELECT id FROM deliveries WHERE status = 'done'").all() as { id: string }[]).map((r) => r.id));
+  conn.close();
+  return {
+    ...readLedger(db), kills, receiverKills, acked: acked.size,
+    lostAcked: [...acked].filter((id) => !done.has(id)).length, integrity, drained,
+  };
+}

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Inbox } from "../inbox.ts";
-import { prepareLedger, readLedger, receiverCrash, seeded, startWorker, workerCrash } from "./chaos.ts";
+import { pipelineCrash, prepareLedger, readLedger, receiverCrash, seeded, startWorker, workerCrash } from "./chaos.ts";
 import { tempDir } from "./helpers.ts";
 
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
@@ -38,6 +38,20 @@ describe("workers killed with SIGKILL over a backlog", () => {
     assert.equal(r.doubled, 0);
     assert.ok(r.kills > 0 && r.killsMidHandler > 0, `some kills landed mid-handler: ${JSON.stringify(r)}`);
     assert.ok(r.takenOver > 0, "crashed work was finished by another worker once its lease expired");
+  });
+});
+
+describe("the whole pipeline with the receiver or a worker killed about every 0.7 s", () => {
+  it(`applies every acknowledged payment exactly once (seed ${seed})`, async () => {
+    const r = await pipelineCrash({ dir, seconds: 4, senders: 2, workers: 2, killEveryMs: 700, random: seeded(seed + 2) });
+    assert.ok(r.drained, `the workers drained the backlog: ${JSON.stringify(r)}`);
+    assert.ok(r.kills > 0 && r.acked > 0);
+    assert.equal(r.lostAcked, 0, "every acknowledged delivery is done");
+    assert.equal(r.balance, r.expected, "the balance is exactly the sum of the stored amounts");
+    assert.equal(r.doubled, 0);
+    assert.equal(r.lost, 0);
+    assert.equal(r.processing, 0);
+    assert.equal(r.integrity, "ok");
   });
 });
 

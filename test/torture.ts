@@ -3,16 +3,19 @@
 // README quotes. Exits 1 if anything was lost, doubled or partial.
 //   TORTURE_ROUNDS=200 TORTURE_SECONDS=300 TORTURE_STORMS=5 CHAOS_SEED=42 npm run torture
 // TORTURE_ROUNDS: receiver kill rounds (default 50); TORTURE_SECONDS: how long workers are killed over
-// fresh backlogs (default 60); TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3).
+// fresh backlogs (default 60; the whole pipeline then runs a quarter of that, at least 10 s);
+// TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3).
 
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { busyStorm, receiverCrash, seeded, workerCrash } from "./chaos.ts";
+import { busyStorm, pipelineCrash, receiverCrash, seeded, workerCrash } from "./chaos.ts";
 import { tempDir } from "./helpers.ts";
 
 const rounds = Number(process.env.TORTURE_ROUNDS ?? 50);
 const seconds = Number(process.env.TORTURE_SECONDS ?? 60);
 const storms = Number(process.env.TORTURE_STORMS ?? 3);
+// The pipeline runs for a quarter of the worker time, at least 10 s.
+const pipelineSeconds = Math.max(10, Math.round(seconds / 4));
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
 for (const [name, value] of [["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["CHAOS_SEED", seed]] as const) {
   if (!Number.isInteger(value) || value < 0) {
@@ -29,7 +32,8 @@ const fresh = (name: string) => {
   mkdirSync(join(dir, name));
   return join(dir, name);
 };
-console.log(`torture: seed ${seed}, ${rounds} receiver rounds, ${seconds} s of worker kills, ${storms} storms (in ${dir})`);
+console.log(`torture: seed ${seed}, ${rounds} receiver rounds, ${seconds} s of worker kills, ${storms} storms, ` +
+  `${pipelineSeconds} s of pipeline kills (in ${dir})`);
 
 try {
   // 1. The receiver, killed mid-traffic, round after round, on one database file.
@@ -75,10 +79,19 @@ try {
   console.log(`storms: ${storms} × 4 processes, ${s.deliveries} deliveries, ${s.claims} claims, lost ${s.lost}, doubled ${s.doubled}, errors ${s.errors}`);
   if (s.lost > 0 || s.doubled > 0 || s.errors > 0) problems.push(`storms: ${JSON.stringify(s)}`);
 
-  const deliveries = r.stored + w.deliveries + s.deliveries;
-  const lost = r.lost.length + w.lost + s.lost;
-  const doubled = w.doubled + s.doubled;
-  console.log(`total: rounds ${r.rounds + w.runs + storms}, deliveries ${deliveries}, kills ${r.kills + w.kills}, ` +
+  // 4. The whole pipeline: senders, the receiver and workers, any of them killed about every second.
+  const p = await pipelineCrash({ dir: fresh("pipeline"), seconds: pipelineSeconds, senders: 4, workers: 3, killEveryMs: 1_000, random });
+  console.log(`pipeline: ${pipelineSeconds} s, ${p.kills} kills (${p.receiverKills} of the receiver), ${p.acked} acknowledged, ` +
+    `${p.deliveries} stored and done ${p.done}, ${p.takenOver} taken over, balance ${p.balance === p.expected ? "exact" : "WRONG"}, ` +
+    `lost ${p.lostAcked + p.lost}, doubled ${p.doubled}, integrity ${p.integrity}`);
+  if (!p.drained || p.lostAcked > 0 || p.lost > 0 || p.doubled > 0 || p.balance !== p.expected || p.integrity !== "ok") {
+    problems.push(`pipeline: ${JSON.stringify(p)}`);
+  }
+
+  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries;
+  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost;
+  const doubled = w.doubled + s.doubled + p.doubled;
+  console.log(`total: rounds ${r.rounds + w.runs + storms + 1}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills}, ` +
     `lost=${lost}, doubled=${doubled}, partial=${r.partial.length}, in ${Math.round((Date.now() - started) / 1000)} s`);
 } finally {
   cleanup();
