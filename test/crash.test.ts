@@ -19,6 +19,7 @@ describe("a receiver killed with SIGKILL while senders send", () => {
     assert.ok(r.acked > 0, "some deliveries were acknowledged");
     assert.deepEqual(r.lost, [], "every acknowledged ID is in the database");
     assert.deepEqual(r.partial, [], "every stored body is whole");
+    assert.deepEqual(r.wrongAnswers, [], "a resent delivery is answered duplicate");
     assert.equal(r.integrity, "ok");
     assert.ok(r.stored >= r.acked);
   });

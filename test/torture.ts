@@ -43,6 +43,7 @@ try {
   if (r.lost.length > 0) problems.push(`receiver lost acknowledged deliveries: ${r.lost.slice(0, 5).join(", ")}`);
   if (r.partial.length > 0) problems.push(`receiver stored partial bodies: ${r.partial.slice(0, 5).join(", ")}`);
   if (r.integrity !== "ok") problems.push(`integrity_check: ${r.integrity}`);
+  if (r.wrongAnswers.length > 0) problems.push(`receiver: ${r.wrongAnswers.slice(0, 5).join("; ")}`);
 
   // 2. Workers killed about every second over fresh backlogs, until the time is up.
   const w = { runs: 0, deliveries: 0, kills: 0, midHandler: 0, takenOver: 0, lost: 0, doubled: 0, unbalanced: 0, unfinished: 0 };
