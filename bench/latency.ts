@@ -47,24 +47,7 @@ export async function paced(url: string, rate: number, seconds: number): Promise
 
   interface Conn { socket: Socket; request: number; data: string }
   const idle: Conn[] = [];
-  const send = (conn: Conn, i: number) => {
-    conn.request = i;
-    conn.socket.write(`POST / HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nX-Delivery-Id: ${prefix}${i}\r\nContent-Length: ${BODY_BYTES}\r\n\r\n${BODY}`);
-  };
-  const answer = (conn: Conn) => {
-    const head = conn.data.indexOf("\r\n\r\n");
-    if (head < 0) return;
-    const length = Number(/content-length: *(\d+)/i.exec(conn.data.slice(0, head))?.[1] ?? 0);
-    if (conn.data.length < head + 4 + length) return;
-    latencies[conn.request] = performance.now() - (start + (conn.request * 1000) / rate);
-    if (conn.data.startsWith("HTTP/1.1 200")) ok++;
-    conn.data = conn.data.slice(head + 4 + length);
-    if (++answered === total) return finished();
-    const next = waiting.shift();
-    if (next === undefined) idle.push(conn);
-    else send(conn, next);
-  };
-  const conns = await Promise.all(Array.from({ length: knob("BENCH_POOL", 64) }, () => new Promise<Conn>((resolve, reject) => {
+  const open = () => new Promise<Conn>((resolve, reject) => {
     const socket = connect(Number(port), hostname, () => resolve(conn));
     socket.setNoDelay(true);
     socket.setEncoding("latin1");
@@ -74,14 +57,50 @@ export async function paced(url: string, rate: number, seconds: number): Promise
       answer(conn);
     });
     socket.on("error", reject);
-  })));
+    // A connection the server closed (say, idle past its keep-alive timeout) fails the request it
+    // carried, if any, and is replaced.
+    socket.on("close", () => {
+      if (answered === total) return;
+      if (conn.request >= 0) settle(conn.request, false);
+      const at = idle.indexOf(conn);
+      if (at >= 0) idle.splice(at, 1);
+      void open().then(ready, () => {});
+    });
+  });
+  const send = (conn: Conn, i: number) => {
+    conn.request = i;
+    conn.socket.write(`POST / HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nX-Delivery-Id: ${prefix}${i}\r\nContent-Length: ${BODY_BYTES}\r\n\r\n${BODY}`);
+  };
+  const settle = (i: number, good: boolean) => {
+    latencies[i] = performance.now() - (start + (i * 1000) / rate);
+    if (good) ok++;
+    if (++answered === total) finished();
+  };
+  const ready = (conn: Conn) => {
+    conn.request = -1;
+    const next = waiting.shift();
+    if (next === undefined) idle.push(conn);
+    else send(conn, next);
+  };
+  const answer = (conn: Conn) => {
+    const head = conn.data.indexOf("\r\n\r\n");
+    if (head < 0) return;
+    const length = Number(/content-length: *(\d+)/i.exec(conn.data.slice(0, head))?.[1] ?? 0);
+    if (conn.data.length < head + 4 + length) return;
+    const good = conn.data.startsWith("HTTP/1.1 200");
+    conn.data = conn.data.slice(head + 4 + length);
+    settle(conn.request, good);
+    if (answered < total) ready(conn);
+  };
+  const conns = await Promise.all(Array.from({ length: knob("BENCH_POOL", 64) }, open));
   idle.push(...conns);
   start = performance.now();
   const tick = () => {
     // Send whatever is due by now (request i is due at i / rate).
     const due = Math.min(total, Math.floor(((performance.now() - start) / 1000) * rate) + 1);
     for (; sent < due; sent++) {
-      const conn = idle.pop();
+      // The longest idle first, so that none idles long enough to be closed.
+      const conn = idle.shift();
       if (conn) send(conn, sent);
       else waiting.push(sent);
     }
@@ -89,6 +108,7 @@ export async function paced(url: string, rate: number, seconds: number): Promise
   };
   tick();
   await done;
+  for (const conn of idle) conn.socket.destroy();
   for (const conn of conns) conn.socket.destroy();
   latencies.sort();
   return {
