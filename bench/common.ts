@@ -40,6 +40,8 @@ export interface Child {
   url: string;
   /** Peak resident set size so far, in MB (VmHWM). */
   peakRssMb(): number;
+  /** CPU time used so far, user and system, in ms. */
+  cpuMs(): number;
   /** Everything written to stderr, when it was kept. */
   stderr(): string;
   stop(): Promise<void>;
@@ -48,6 +50,12 @@ export interface Child {
 function status(pid: number, field: string): number {
   const match = new RegExp(`^${field}:\\s+(\\d+) kB`, "m").exec(readFileSync(`/proc/${pid}/status`, "utf8"));
   return match ? Number(match[1]) / 1024 : NaN;
+}
+
+/** cpuMs reads a process's CPU time so far, user plus system (all its threads), in ms. */
+export function cpuMs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // clock ticks of 1/100 s
 }
 
 /** rssMb reads a process's current (VmRSS) or peak (VmHWM) resident set size in MB. */
@@ -81,6 +89,7 @@ export async function startChild(script: string, args: string[], keepStderr = fa
     url,
     peakRssMb: () => (child.exitCode === null ? (peak = Math.max(peak, rssMb(child.pid!, true))) : peak),
     stderr: () => err,
+    cpuMs: () => cpuMs(child.pid!),
     stop: async () => {
       if (child.exitCode === null) {
         peak = Math.max(peak, rssMb(child.pid!, true));

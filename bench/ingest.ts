@@ -1,69 +1,72 @@
 // bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load, same run.
-// Closed loop at BENCH_CONNECTIONS (32): unique IDs, then 30% duplicates, then unique with commits on
-// a writer thread (--writer-thread), then unique with a log line per request to a pipe (the default; the
-// other runs use --quiet). Prints req/s, p50/p99, receiver/bare, and the receiver's peak RSS.
-//   npm run bench -- ingest          BENCH_SECONDS=8 BENCH_ROUNDS=1 BENCH_CONNECTIONS=32
+// Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, with commits
+// on a writer thread (--writer-thread), and with a log line per request to a pipe (the default; the
+// others use --quiet). All five servers run side by side, and each round measures them one after the
+// other, so that the noise of a shared machine lands on the baseline and the receiver alike; ratios are
+// taken within a round, and the median round is reported. Also the CPU each server spends per request.
+//   npm run bench -- ingest          BENCH_SECONDS=4 BENCH_ROUNDS=3 BENCH_CONNECTIONS=32
 
-import { pathToFileURL } from "node:url";
 import { join } from "node:path";
-import { CONNECTIONS, SECONDS, WARMUP_SECONDS, f, hammer, knob, row, startChild, tempDir, type Load } from "./common.ts";
+import { pathToFileURL } from "node:url";
+import { CONNECTIONS, WARMUP_SECONDS, f, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
 
-const ROUNDS = knob("BENCH_ROUNDS", 1);
+const SECONDS = knob("BENCH_SECONDS", 4);
+const ROUNDS = knob("BENCH_ROUNDS", 3);
+
+interface Variant {
+  name: string;
+  script: string;
+  args: string[];
+  duplicates?: number;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** ingest runs the comparison and returns its one-line summary. */
 export async function ingest(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  console.log(`ingest: ${CONNECTIONS} connections, ${SECONDS} s per run, ${ROUNDS} round(s)`);
-  const bare: Load[] = [];
-  const unique: Load[] = [];
-  const dupes: Load[] = [];
-  const logged: Load[] = [];
-  const threaded: Load[] = [];
-  let peakRss = 0;
+  const variants: Variant[] = [
+    { name: "bare node:http", script: "bench/bare.ts", args: [] },
+    { name: "receiver --quiet, unique IDs", script: "receiver.ts", args: ["--db", join(dir, "quiet.db"), "--quiet"] },
+    { name: "receiver --quiet, 30% duplicates", script: "receiver.ts", args: ["--db", join(dir, "dup.db"), "--quiet"], duplicates: 0.3 },
+    { name: "receiver --quiet --writer-thread", script: "receiver.ts", args: ["--db", join(dir, "thread.db"), "--quiet", "--writer-thread"] },
+    { name: "receiver logging to a pipe", script: "receiver.ts", args: ["--db", join(dir, "logged.db")] },
+  ];
+  console.log(`ingest: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server`);
+  const children: Child[] = [];
+  const loads = variants.map(() => [] as Load[]);
+  const cpu = variants.map(() => [] as number[]);
   try {
-    for (let round = 1; round <= ROUNDS; round++) {
-      // Baseline and receiver alternate, so a noisy neighbour hurts both rather than one.
-      const b = await startChild("bench/bare.ts", []);
-      await hammer(b.url, { seconds: WARMUP_SECONDS });
-      bare.push(await hammer(b.url, { seconds: SECONDS }));
-      row("bare node:http", bare.at(-1)!, `RSS ${f(b.peakRssMb())} MB`);
-      await b.stop();
-
-      const r = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, `quiet${round}.db`), "--quiet"]);
-      await hammer(r.url, { seconds: WARMUP_SECONDS });
-      unique.push(await hammer(r.url, { seconds: SECONDS }));
-      row("receiver --quiet, unique IDs", unique.at(-1)!, `×${f(unique.at(-1)!.rps / bare.at(-1)!.rps, 2)}`);
-      dupes.push(await hammer(r.url, { seconds: SECONDS, duplicates: 0.3 }));
-      row("receiver --quiet, 30% duplicates", dupes.at(-1)!, `×${f(dupes.at(-1)!.rps / bare.at(-1)!.rps, 2)}  RSS ${f(r.peakRssMb())} MB`);
-      peakRss = Math.max(peakRss, r.peakRssMb());
-      await r.stop();
-
-      const w = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, `thread${round}.db`), "--quiet", "--writer-thread"]);
-      await hammer(w.url, { seconds: WARMUP_SECONDS });
-      threaded.push(await hammer(w.url, { seconds: SECONDS }));
-      row("receiver --quiet --writer-thread", threaded.at(-1)!, `×${f(threaded.at(-1)!.rps / bare.at(-1)!.rps, 2)}  RSS ${f(w.peakRssMb())} MB`);
-      peakRss = Math.max(peakRss, w.peakRssMb());
-      await w.stop();
-
-      const l = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, `logged${round}.db`)]);
-      await hammer(l.url, { seconds: WARMUP_SECONDS });
-      logged.push(await hammer(l.url, { seconds: SECONDS }));
-      row("receiver logging to a pipe", logged.at(-1)!, `×${f(logged.at(-1)!.rps / bare.at(-1)!.rps, 2)}`);
-      peakRss = Math.max(peakRss, l.peakRssMb());
-      await l.stop();
+    for (const v of variants) {
+      const child = await startChild(v.script, ["--port", "0", ...v.args]);
+      children.push(child);
+      await hammer(child.url, { seconds: WARMUP_SECONDS, duplicates: v.duplicates });
     }
+    for (let round = 1; round <= ROUNDS; round++) {
+      console.log(`  round ${round}`);
+      for (const [i, v] of variants.entries()) {
+        const c0 = children[i]!.cpuMs();
+        const load = await hammer(children[i]!.url, { seconds: SECONDS, duplicates: v.duplicates });
+        cpu[i]!.push(((children[i]!.cpuMs() - c0) * 1000) / (load.ok + load.non2xx));
+        loads[i]!.push(load);
+        const ratio = i === 0 ? "" : `×${f(load.rps / loads[0]![round - 1]!.rps, 2)}  `;
+        row(`  ${v.name}`, load, `${ratio}CPU ${f(cpu[i]!.at(-1)!)} µs/req`);
+      }
+    }
+    const rss = children.map((c) => c.peakRssMb());
+    const ratio = (i: number) => median(loads[i]!.map((l, round) => l.rps / loads[0]![round]!.rps));
+    const rps = (i: number) => median(loads[i]!.map((l) => l.rps));
+    const p = (i: number, key: "p50" | "p99") => median(loads[i]!.map((l) => l[key]));
+    const us = (i: number) => median(cpu[i]!);
+    console.log(`  peak RSS: ${variants.map((v, i) => `${v.name} ${f(rss[i]!)} MB`).join(", ")}`);
+    return `ingest (median of ${ROUNDS}): bare ${f(rps(0))} req/s (p50 ${f(p(0, "p50"), 1)} p99 ${f(p(0, "p99"), 1)} ms, ${f(us(0))} µs CPU/req)` +
+      ` | receiver unique ${f(rps(1))} req/s ×${f(ratio(1), 2)} (p50 ${f(p(1, "p50"), 1)} p99 ${f(p(1, "p99"), 1)} ms, ${f(us(1))} µs CPU/req)` +
+      ` | 30% dup ×${f(ratio(2), 2)} | writer thread ×${f(ratio(3), 2)} (${f(us(3))} µs CPU/req) | logging ×${f(ratio(4), 2)}` +
+      ` | receiver peak RSS ${f(Math.max(rss[1]!, rss[2]!, rss[4]!))} MB (writer thread ${f(rss[3]!)} MB)`;
   } finally {
+    for (const child of children) await child.stop();
     cleanup();
   }
-  const rps = (loads: Load[]) => loads.reduce((s, l) => s + l.rps, 0) / loads.length;
-  const worst = (loads: Load[], key: "p50" | "p99") => Math.max(...loads.map((l) => l[key]));
-  const base = rps(bare);
-  return `ingest: bare ${f(base)} req/s (p50 ${f(worst(bare, "p50"), 1)} p99 ${f(worst(bare, "p99"), 1)} ms)` +
-    ` | receiver unique ${f(rps(unique))} req/s ×${f(rps(unique) / base, 2)} (p50 ${f(worst(unique, "p50"), 1)} p99 ${f(worst(unique, "p99"), 1)} ms)` +
-    ` | 30% dup ${f(rps(dupes))} ×${f(rps(dupes) / base, 2)}` +
-    ` | writer thread ${f(rps(threaded))} ×${f(rps(threaded) / base, 2)}` +
-    ` | logging ${f(rps(logged))} ×${f(rps(logged) / base, 2)}` +
-    ` | receiver peak RSS ${f(peakRss)} MB`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());
