@@ -8,7 +8,6 @@ import { existsSync } from "node:fs";
 import { dirname } from "node:path";
 import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { Worker, isMainThread, parentPort, workerData } from "node:worker_threads";
 
 /** DEFAULTS holds every default of the suite; the entry points read env and argv, nothing else does. */
 export const DEFAULTS = {
@@ -126,12 +125,6 @@ export interface InboxOptions {
   retryCapMs?: number;
   /** @default DEFAULTS.retryJitter */
   retryJitter?: number;
-  /**
-   * Commit store() calls on a thread of their own, with its own connection, so the calling thread never
-   * waits on an fsync and keeps serving requests while one batch is being committed. For a receiver,
-   * whose only write is store(); the other writes stay on this thread's connection. @default false
-   */
-  writerThread?: boolean;
 }
 
 // The schema, in order. A shipped entry is never edited: add a new one after it.
@@ -296,14 +289,11 @@ export class Inbox {
   private queue: Op[] = [];
   private flushing = false;
   private closed = false;
-  private writer: StoreThread | undefined;
 
   constructor(path: string, options: InboxOptions = {}) {
     for (const [key, value] of Object.entries(options)) {
       if (key === "now" || key === "random") {
         if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-      } else if (key === "writerThread") {
-        if (typeof value !== "boolean") throw new TypeError(`Inbox: expected writerThread to be a boolean, got ${typeof value}`);
       } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
         throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
       }
@@ -320,19 +310,12 @@ export class Inbox {
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
       retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
     };
-    if (options.writerThread) {
-      this.writer = new StoreThread(path, { busyTimeoutMs: options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs, batchSize: this.batchSize });
-    }
   }
 
   /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
     const receivedAt = this.now();
-    if (this.writer?.running) {
-      if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
-      return this.writer.store(source, delivery, receivedAt);
-    }
     const digest = sha256(delivery.body);
     return this.enqueue((db) => {
       const inserted = this
@@ -575,8 +558,7 @@ export class Inbox {
 
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void> {
-    const own = this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
-    return this.writer ? Promise.all([own, this.writer.flush()]).then(() => undefined) : own;
+    return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
   }
 
   /** close commits what is queued, then closes the database. */
@@ -584,7 +566,6 @@ export class Inbox {
     if (this.closed) return;
     await this.flush();
     this.closed = true;
-    await this.writer?.close();
     this.db.close();
   }
 
@@ -701,142 +682,6 @@ export class Inbox {
 
 // NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
 const NAP = new Int32Array(new SharedArrayBuffer(4));
-
-// One store() on its way to the writer thread: what to do once its transaction has committed.
-interface Pending {
-  resolve(value: Stored): void;
-  reject(error: unknown): void;
-}
-
-// The fields of one stored row as they travel to the writer thread, flat: source, id, body, content
-// type, event type, provider time, received at. A flat array is the cheapest thing to clone.
-const ROW_FIELDS = 7;
-
-/**
- * StoreThread is an Inbox's writer thread, seen from the Inbox: store() calls made in one turn of the
- * event loop go over as one message, and each settles when the thread reports its transaction committed.
- * The thread runs this same file (Node strips the types) and commits through an Inbox of its own, so
- * group commit, the batch bound and the bisection of a failing batch are the same code on both sides.
- */
-class StoreThread {
-  running = true;
-  private readonly worker: Worker;
-  private readonly path: string;
-  private rows: unknown[] = [];
-  private waiting: Pending[] = [];
-  private readonly sent = new Map<number, Pending[]>();
-  private seq = 0;
-  private pending = 0;
-  private idle: (() => void)[] = [];
-  private readonly exited: Promise<void>;
-
-  constructor(path: string, config: { busyTimeoutMs: number; batchSize: number }) {
-    this.path = path;
-    // No --import tsx in the thread: Node 24 strips this file's types itself, and a second loader costs memory.
-    this.worker = new Worker(new URL(import.meta.url), { workerData: { inboxWriter: { path, ...config } }, execArgv: [] });
-    this.worker.unref();
-    this.worker.on("message", (reply: { seq: number; results: (Stored | { message: string; errcode?: number })[] }) => {
-      const batch = this.sent.get(reply.seq)!;
-      this.sent.delete(reply.seq);
-      reply.results.forEach((result, i) => {
-        if (typeof result === "string") return batch[i]!.resolve(result);
-        batch[i]!.reject(Object.assign(new Error(result.message), result.errcode === undefined ? {} : { errcode: result.errcode }));
-      });
-      this.settled(batch.length);
-      // What arrived while that batch was committing goes over now, as the next one.
-      this.send();
-    });
-    this.worker.on("error", (error) => this.stop(error));
-    this.exited = new Promise((resolve) => this.worker.on("exit", () => {
-      this.stop(new Error("the writer thread exited"));
-      resolve();
-    }));
-  }
-
-  store(source: string, delivery: Incoming, receivedAt: number): Promise<Stored> {
-    return new Promise((resolve, reject) => {
-      this.rows.push(source, delivery.id, delivery.body, delivery.contentType ?? null, delivery.eventType ?? null,
-        delivery.providerTime ?? null, receivedAt);
-      this.waiting.push({ resolve, reject });
-      if (this.pending++ === 0) this.worker.ref();
-      // setImmediate lets every request already read off the sockets share this message; while the
-      // thread is committing one, the next waits for its reply, and grows meanwhile (group commit).
-      if (this.waiting.length === 1 && this.sent.size === 0) setImmediate(() => this.send());
-    });
-  }
-
-  /** flush resolves once every store() so far has settled. */
-  flush(): Promise<void> {
-    return this.pending === 0 ? Promise.resolve() : new Promise((resolve) => this.idle.push(resolve));
-  }
-
-  /** close lets the thread commit what it holds, close its connection and exit. */
-  async close(): Promise<void> {
-    await this.flush();
-    if (this.running) this.worker.postMessage("close");
-    await this.exited;
-  }
-
-  private send(): void {
-    if (this.waiting.length === 0 || this.sent.size > 0) return;
-    if (!this.running) return this.fail(this.waiting.splice(0), new Error(`inbox ${this.path}: the writer thread stopped`));
-    const seq = ++this.seq;
-    this.sent.set(seq, this.waiting);
-    this.worker.postMessage({ seq, rows: this.rows });
-    this.rows = [];
-    this.waiting = [];
-  }
-
-  // stop rejects everything not yet answered; the Inbox then stores on its own connection from here on.
-  private stop(error: unknown): void {
-    if (!this.running) return;
-    this.running = false;
-    const reason = new Error(`inbox ${this.path}: the writer thread stopped: ${message(error)}`, { cause: error });
-    for (const batch of this.sent.values()) this.fail(batch, reason);
-    this.sent.clear();
-    this.rows = [];
-    this.fail(this.waiting.splice(0), reason);
-  }
-
-  private fail(batch: Pending[], error: Error): void {
-    for (const p of batch) p.reject(error);
-    this.settled(batch.length);
-  }
-
-  private settled(n: number): void {
-    this.pending -= n;
-    if (this.pending > 0) return;
-    this.worker.unref();
-    for (const resolve of this.idle.splice(0)) resolve();
-  }
-}
-
-// serveStores is the writer thread's side: each message's rows go through an Inbox of its own, and the
-// outcomes go back once their transaction has committed.
-function serveStores(config: { path: string; busyTimeoutMs: number; batchSize: number }): void {
-  const port = parentPort!;
-  let clock = 0;
-  // store() reads the clock once, synchronously: this hands it the time the receiving thread saw.
-  const inbox = new Inbox(config.path, { busyTimeoutMs: config.busyTimeoutMs, batchSize: config.batchSize, now: () => clock });
-  port.on("message", (request: { seq: number; rows: unknown[] } | "close") => {
-    if (request === "close") return void inbox.close().then(() => port.close());
-    const { seq, rows } = request;
-    const outcomes: Promise<Stored>[] = [];
-    for (let i = 0; i < rows.length; i += ROW_FIELDS) {
-      clock = rows[i + 6] as number;
-      outcomes.push(inbox.store({
-        source: rows[i] as string, id: rows[i + 1] as string, body: rows[i + 2] as Uint8Array,
-        contentType: rows[i + 3] as string | null, eventType: rows[i + 4] as string | null, providerTime: rows[i + 5] as number | null,
-      }));
-    }
-    void Promise.allSettled(outcomes).then((settled) => port.postMessage({
-      seq,
-      results: settled.map((s) => s.status === "fulfilled"
-        ? s.value
-        : { message: message(s.reason), errcode: (s.reason as { errcode?: number }).errcode }),
-    }));
-  });
-}
 
 // Errors of the database itself (full, I/O, busy, locked, out of memory, corrupt, read-only) concern
 // the whole batch; anything else came from one op's statement, which SQLite already undid alone.
@@ -1075,10 +920,5 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
   }
 }
 
-// A worker thread sees this file as its argv[1], so only the main thread may take it for the CLI.
-if (isMainThread && import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await cli(process.argv);
-// In an Inbox's writer thread, this file serves store() instead.
-if (!isMainThread && (workerData as { inboxWriter?: unknown } | null)?.inboxWriter) {
-  serveStores((workerData as { inboxWriter: { path: string; busyTimeoutMs: number; batchSize: number } }).inboxWriter);
-}
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await cli(process.argv);
 

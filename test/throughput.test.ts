@@ -1,7 +1,7 @@
-// test/throughput.test.ts: what the fast paths must not change. A batch is one transaction, on the
-// calling thread or on the receiver's writer thread: a duplicate within it, a row that fails within it,
-// requests past the in-flight bound, and a worker whose claims and finishes share commits while a long
-// handler's lease is kept by the heartbeat (or lost, and its signal aborted). No timings: only outcomes.
+// test/throughput.test.ts: what the fast paths must not change. A batch is one transaction: a duplicate
+// within it, a row that fails within it, requests past the in-flight bound, and a worker whose claims and
+// finishes share commits while a long handler's lease is kept by the heartbeat (or lost, and its signal
+// aborted). No timings: only outcomes.
 
 import assert from "node:assert/strict";
 import { connect, type Socket } from "node:net";
@@ -57,53 +57,41 @@ const post = async (url: string, id: string, n = 0) => {
   return { status: res.status, text: await res.text(), retryAfter: res.headers.get("retry-after") };
 };
 
-for (const writerThread of [false, true]) {
-  describe(`store() in one batch, ${writerThread ? "on the writer thread" : "on the calling thread"}`, () => {
-    it("stores a delivery once when its duplicate arrives in the same batch", async () => {
-      const inbox = open({ writerThread });
-      // Called in one tick, so they share one transaction.
-      const outcomes = await Promise.all([
-        inbox.store({ id: "evt_1", body: body(1) }),
-        inbox.store({ id: "evt_1", body: body(1) }),
-        inbox.store({ id: "evt_2", body: body(2) }),
-      ]);
-      assert.deepEqual(outcomes, ["stored", "duplicate", "stored"]);
-      assert.deepEqual(ids(), ["evt_1", "evt_2"]);
-    });
-
-    it("commits the rest of a batch when one row fails, and rejects only that one", async () => {
-      const inbox = open({ writerThread });
-      poison("evt_bad");
-      const outcomes = await Promise.allSettled(
-        ["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })),
-      );
-      assert.deepEqual(outcomes.map((o) => o.status), ["fulfilled", "fulfilled", "rejected", "fulfilled"]);
-      assert.match(String((outcomes[2] as PromiseRejectedResult).reason), /this row cannot be stored/);
-      assert.deepEqual(ids(), ["evt_a", "evt_b", "evt_c"]);
-    });
-
-    it("control: without the bad row, the whole batch is stored", async () => {
-      const inbox = open({ writerThread });
-      poison("evt_never_sent");
-      const outcomes = await Promise.all(["evt_a", "evt_b", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })));
-      assert.deepEqual(outcomes, ["stored", "stored", "stored"] satisfies Stored[]);
-    });
+describe("store() in one batch", () => {
+  it("stores a delivery once when its duplicate arrives in the same batch", async () => {
+    const inbox = open();
+    // Called in one tick, so they share one transaction.
+    const outcomes = await Promise.all([
+      inbox.store({ id: "evt_1", body: body(1) }),
+      inbox.store({ id: "evt_1", body: body(1) }),
+      inbox.store({ id: "evt_2", body: body(2) }),
+    ]);
+    assert.deepEqual(outcomes, ["stored", "duplicate", "stored"]);
+    assert.deepEqual(ids(), ["evt_1", "evt_2"]);
   });
-}
 
-describe("the writer thread", () => {
-  it("settles a store only once its row is visible to another connection, and close() waits for it", async () => {
-    const inbox = open({ writerThread: true });
-    const pending = inbox.store({ id: "evt_1", body: body(1) });
-    await inbox.close();
-    assert.equal(await pending, "stored");
-    assert.deepEqual(ids(), ["evt_1"]);
+  it("commits the rest of a batch when one row fails, and rejects only that one", async () => {
+    const inbox = open();
+    poison("evt_bad");
+    const outcomes = await Promise.allSettled(
+      ["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })),
+    );
+    assert.deepEqual(outcomes.map((o) => o.status), ["fulfilled", "fulfilled", "rejected", "fulfilled"]);
+    assert.match(String((outcomes[2] as PromiseRejectedResult).reason), /this row cannot be stored/);
+    assert.deepEqual(ids(), ["evt_a", "evt_b", "evt_c"]);
+  });
+
+  it("control: without the bad row, the whole batch is stored", async () => {
+    const inbox = open();
+    poison("evt_never_sent");
+    const outcomes = await Promise.all(["evt_a", "evt_b", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })));
+    assert.deepEqual(outcomes, ["stored", "stored", "stored"] satisfies Stored[]);
   });
 });
 
-for (const flags of [[], ["--writer-thread"]]) describe(`receiver.ts ${flags.join(" ") || "(commits on its HTTP thread)"} under concurrent requests`, () => {
+describe("receiver.ts under concurrent requests", () => {
   it("answers 200 to each copy of a delivery sent at once, and stores it once", async () => {
-    const r = await startReceiver(path, ["--quiet", ...flags]);
+    const r = await startReceiver(path, ["--quiet"]);
     receivers.push(r);
     const answers = await Promise.all(Array.from({ length: 8 }, () => post(r.url, "evt_same", 1)));
     assert.ok(answers.every((a) => a.status === 200));
@@ -114,7 +102,7 @@ for (const flags of [[], ["--writer-thread"]]) describe(`receiver.ts ${flags.joi
   it("answers 200 to the good deliveries of a batch and 503 with Retry-After to the one that fails", async () => {
     open().close(); // create the schema, so the trigger has a table to sit on
     poison("evt_bad");
-    const r = await startReceiver(path, ["--quiet", ...flags]);
+    const r = await startReceiver(path, ["--quiet"]);
     receivers.push(r);
     const sent = ["evt_1", "evt_2", "evt_bad", "evt_3", "evt_4"];
     const answers = await Promise.all(sent.map((id, n) => post(r.url, id, n)));
@@ -124,7 +112,7 @@ for (const flags of [[], ["--writer-thread"]]) describe(`receiver.ts ${flags.joi
   });
 
   it("answers 503 with Retry-After past --max-in-flight, then serves the requests it held", async () => {
-    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2", ...flags]);
+    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2"]);
     receivers.push(r);
     // Two requests are held in flight: headers sent, body not yet (the 100 Continue says they are in).
     const held = await Promise.all(["evt_held_1", "evt_held_2"].map((id) => hold(r.port, id)));
