@@ -238,6 +238,30 @@ function asBuffer(bytes: Uint8Array): Buffer {
   return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
 
+// toLease builds a claimed row's Lease in one object, and remembers its rowid.
+function toLease(row: Row): Lease {
+  const lease: Lease = {
+    source: row.source as string,
+    id: row.id as string,
+    body: asBuffer(row.body as Uint8Array),
+    bodySha256: row.body_sha256 as string,
+    contentType: row.content_type as string | null,
+    eventType: row.event_type as string | null,
+    providerTime: row.provider_time as number | null,
+    receivedAt: row.received_at as number,
+    status: row.status as Status,
+    attempts: row.attempts as number,
+    availableAt: row.available_at as number,
+    leasedUntil: row.leased_until as number,
+    error: row.error as string | null,
+    conflicts: row.conflicts as number,
+    finishedAt: row.finished_at as number | null,
+    token: row.lease_token as string,
+  };
+  rowids.set(lease, row.rowid as number);
+  return lease;
+}
+
 function toDelivery(row: Row): Delivery {
   return {
     source: row.source as string,
@@ -262,11 +286,17 @@ function toDelivery(row: Row): Delivery {
 export type Failure = { status: "received"; retryAt: number } | { status: "failed" };
 
 // One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT.
+// `guarded` asks an op that could fail halfway (partial) to confine itself in a savepoint.
 interface Op {
-  run(db: DatabaseSync): unknown;
+  run(db: DatabaseSync, guarded: boolean): unknown;
+  partial: boolean;
   resolve(value: unknown): void;
   reject(error: unknown): void;
 }
+
+// The rowid each lease was claimed at, so its finish finds the row without the (source, id) index; kept
+// out of the Lease type, which is the handler's.
+const rowids = new WeakMap<Lease, number>();
 
 /**
  * Inbox is the store's contract: store, claim, extend, finish, fail, release, retry. Every write is
@@ -375,12 +405,11 @@ export class Inbox {
                SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
                                        WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
              ) ORDER BY due, rowid LIMIT ?)
-           RETURNING *`,
+           RETURNING rowid, *`,
         )
         .all(now + leaseMs, leaseMs, now, limit, now, limit, limit) as Row[];
-      return rows
-        .map((row) => ({ ...toDelivery(row), token: row.lease_token as string, leasedUntil: row.leased_until as number }))
-        .sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
+      const leases = rows.map(toLease);
+      return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
   }
 
@@ -405,25 +434,15 @@ export class Inbox {
    * write throws, both roll back and the promise rejects with the write's error.
    */
   finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
-    return this.enqueue((db) => {
-      const run = () => {
-        const changed = this
-          .sql(
-            `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL,
-                    finished_at = ?
-             WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
-          )
-          .run(this.now(), lease.source, lease.id, lease.token).changes;
-        if (changed !== 1) return false;
-        for (const write of writes) write(db);
-        return true;
-      };
-      if (writes.length === 0) return run();
+    const rowid = rowids.get(lease);
+    return this.enqueue((db, guarded) => {
+      // Unguarded, a write that throws fails the whole transaction, which commit() then redoes guarded.
+      if (!guarded || writes.length === 0) return this.markDone(db, lease, rowid, writes);
       // A savepoint confines a failing write to its own delivery; the batch around it still commits.
       // Prepared once like any statement: exec() would parse the text for every delivery.
       this.sql("SAVEPOINT finish").run();
       try {
-        const done = run();
+        const done = this.markDone(db, lease, rowid, writes);
         this.sql("RELEASE finish").run();
         return done;
       } catch (error) {
@@ -431,7 +450,31 @@ export class Inbox {
         this.sql("RELEASE finish").run();
         throw error;
       }
-    }) as Promise<boolean>;
+    }, writes.length > 0) as Promise<boolean>;
+  }
+
+  // markDone sets the fenced done mark, then runs the writes if the lease still held.
+  private markDone(db: DatabaseSync, lease: Lease, rowid: number | undefined, writes: readonly LocalWrite[]): boolean {
+    const now = this.now();
+    // By rowid when the claim gave one, one b-tree walk instead of two; the token fences it all the same.
+    // A rowid that VACUUM renumbered misses, and the (source, id) key then finds the row.
+    let changed = rowid === undefined ? 0 : this
+      .sql(
+        `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+         WHERE rowid = ? AND lease_token = ? AND status = 'processing'`,
+      )
+      .run(now, rowid, lease.token).changes;
+    if (changed === 0) {
+      changed = this
+        .sql(
+          `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(now, lease.source, lease.id, lease.token).changes;
+    }
+    if (changed !== 1) return false;
+    for (const write of writes) write(db);
+    return true;
   }
 
   /**
@@ -579,10 +622,10 @@ export class Inbox {
     return statement;
   }
 
-  private enqueue(run: (db: DatabaseSync) => unknown): Promise<unknown> {
+  private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial = false): Promise<unknown> {
     if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
     return new Promise((resolve, reject) => {
-      this.queue.push({ run, resolve, reject });
+      this.queue.push({ run, partial, resolve, reject });
       if (!this.flushing) {
         this.flushing = true;
         // setImmediate lets every request already read off the sockets join this batch.
@@ -601,7 +644,8 @@ export class Inbox {
 
   // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
   // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
-  private commit(batch: Op[]): void {
+  // Ops run unguarded first: a savepoint per op costs more than the rare redo when one fails halfway.
+  private commit(batch: Op[], guarded = false): void {
     const results: { ok: boolean; value: unknown }[] = [];
     try {
       this.begin();
@@ -612,27 +656,34 @@ export class Inbox {
       for (const op of batch) op.reject(failure);
       return;
     }
+    let redo = false;
     try {
       for (const op of batch) {
         try {
-          results.push({ ok: true, value: op.run(this.db) });
+          results.push({ ok: true, value: op.run(this.db, guarded) });
         } catch (error) {
-          // An op that cleaned up after itself (a savepoint) fails alone; anything else fails the batch.
+          // An op that cleaned up after itself (one statement, or a savepoint) fails alone; anything else
+          // fails the batch. One that may have left half its writes behind is redone in a savepoint.
           if (!this.db.isTransaction || !isOwnError(error)) throw error;
+          if (op.partial && !guarded) {
+            redo = true;
+            throw error;
+          }
           results.push({ ok: false, value: error });
         }
       }
       this.db.exec("COMMIT");
     } catch (error) {
       if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      if (redo) return this.commit(batch, true);
       if (((error as { errcode?: number }).errcode ?? 0) % 256 === 13) this.reclaimWal();
       if (batch.length === 1) {
         batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
         return;
       }
       const half = Math.ceil(batch.length / 2);
-      this.commit(batch.slice(0, half));
-      this.commit(batch.slice(half));
+      this.commit(batch.slice(0, half), guarded);
+      this.commit(batch.slice(half), guarded);
       return;
     }
     if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);

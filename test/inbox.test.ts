@@ -286,6 +286,22 @@ describe("finish()", () => {
     assert.equal(row("evt_bad")!.status, "processing");
     assert.equal(row("evt_good")!.status, "done");
   });
+
+  it("commits the writes of the finishes before and after a failing one exactly once", async () => {
+    const inbox = open();
+    ledger(inbox.db);
+    for (const id of ["evt_1", "evt_bad", "evt_3"]) await inbox.store({ id, body: body({}) });
+    const [first, bad, last] = await inbox.claimBatch(3, LEASE);
+    // One transaction: the bad finish fails after its done mark and a write have run, between two good ones.
+    const results = await Promise.allSettled([
+      inbox.finish(first!, [pay("k1")]),
+      inbox.finish(bad!, [pay("k2"), () => { throw new Error("the ledger refused"); }]),
+      inbox.finish(last!, [pay("k3")]),
+    ]);
+    assert.deepEqual(results.map((r) => r.status), ["fulfilled", "rejected", "fulfilled"]);
+    assert.deepEqual(ledgerRows(), ["k1", "k3"]);
+    assert.deepEqual(["evt_1", "evt_bad", "evt_3"].map((id) => row(id)!.status), ["done", "processing", "done"]);
+  });
 });
 
 describe("group commit", () => {
