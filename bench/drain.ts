@@ -3,23 +3,25 @@
 //   npx tsx bench/drain.ts DB CONCURRENCY
 
 import { Inbox } from "../inbox.ts";
-import { ensurePayments, recordPayment, run } from "../worker.ts";
-import { rssMb } from "./common.ts";
+import { ensurePayments, holdYoungGeneration, recordPayment, run } from "../worker.ts";
 
 const [path, concurrency] = [process.argv[2]!, Number(process.argv[3] ?? 8)];
+holdYoungGeneration(); // as worker.ts does
 const inbox = new Inbox(path);
 ensurePayments(inbox.db);
-// RSS over the run, so a plateau can be told from growth.
+// RSS over the run, so a plateau can be told from growth. Read here, not through common.ts: that would
+// load autocannon into this process, and its 40 MB would be counted as the worker's.
+const rssMb = (peak = false) => (peak ? process.resourceUsage().maxRSS * 1024 : process.memoryUsage.rss()) / 2 ** 20;
 const samples: { at: number; rss: number }[] = [];
 const started = performance.now();
-const sampler = setInterval(() => samples.push({ at: performance.now() - started, rss: rssMb(process.pid) }), 100);
+const sampler = setInterval(() => samples.push({ at: performance.now() - started, rss: rssMb() }), 100);
 const stats = await run(recordPayment, { inbox, once: true, concurrency, log: () => {} });
 const ms = performance.now() - started;
 clearInterval(sampler);
 await inbox.close();
 const peakIn = (from: number, to: number) => Math.max(0, ...samples.filter((s) => s.at >= from * ms && s.at < to * ms).map((s) => s.rss));
 console.log(JSON.stringify({
-  ...stats, ms, peakRssMb: rssMb(process.pid, true),
+  ...stats, ms, peakRssMb: rssMb(true),
   // The highest RSS in each quarter of the run.
   quartersMb: [peakIn(0, 0.25), peakIn(0.25, 0.5), peakIn(0.5, 0.75), peakIn(0.75, 1.01)],
   heapUsedMb: process.memoryUsage().heapUsed / 2 ** 20,

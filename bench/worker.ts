@@ -60,7 +60,7 @@ export async function worker(): Promise<string> {
   const [small, large] = results as [typeof results[0], typeof results[0]];
   return `worker: ${f(small.rate)} deliveries/s at ${small.n} | ${f(large.rate)} deliveries/s at ${large.n}` +
     ` | large/small ×${f(large.rate / small.rate, 2)} | peak RSS ${f(small.rss)} MB → ${f(large.rss)} MB` +
-    ` (200k run by quarter: ${large.quarters.map((q) => f(q)).join(" → ")} MB)`;
+    ` (${large.n} run by quarter: ${large.quarters.map((q) => f(q)).join(" → ")} MB)`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await worker());
