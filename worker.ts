@@ -6,7 +6,6 @@
 
 import type { DatabaseSync, StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { getHeapSpaceStatistics, setFlagsFromString } from "node:v8";
 import { DEFAULTS, Inbox, PermanentError, label, message, type Lease, type LocalWrite } from "./inbox.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
@@ -226,26 +225,6 @@ async function drain(active: Map<Lease, AbortController>, graceMs: number, tick:
   while (active.size > 0 && Date.now() < deadline) await tick();
 }
 
-/**
- * holdYoungGeneration stops V8's young generation from growing past youngMb, so a worker's memory stays
- * flat however long it drains. V8 doubles the young generation each time as many bytes have survived its
- * collections as it holds, and a busy worker's leases, held across a commit, always survive one: left
- * alone it grows to 128 MB over the first seconds of a drain, and the RSS with it (measured at a 200k
- * backlog: 240-250 MB; held at 32 MB: 153-158 MB at the same rate; held at its starting 4 MB: 126 MB,
- * but 10-20% slower). Node only takes a size limit at start-up (--max-semi-space-size), so this watches
- * the size and, once it is reached, sets the growth factor to 1, which V8 reads at every growth.
- * worker.ts calls it at start; call it in your own worker's entry point to do the same.
- */
-export function holdYoungGeneration(youngMb = 32): void {
-  const timer = setInterval(() => {
-    const young = getHeapSpaceStatistics().find((space) => space.space_name === "new_space");
-    if (!young || young.space_size < youngMb * 2 ** 20) return;
-    setFlagsFromString("--semi-space-growth-factor=1");
-    clearInterval(timer);
-  }, 20);
-  timer.unref();
-}
-
 const paymentInserts = new WeakMap<DatabaseSync, StatementSync>();
 
 /** ensurePayments creates the example's payments table, keyed by delivery so a payment is one row. */
@@ -298,7 +277,6 @@ Examples:
   await program.parseAsync(argv);
   const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; maxAttempts: number; quiet?: boolean }>();
 
-  holdYoungGeneration();
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
   try {

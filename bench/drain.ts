@@ -3,10 +3,9 @@
 //   npx tsx bench/drain.ts DB CONCURRENCY
 
 import { Inbox } from "../inbox.ts";
-import { ensurePayments, holdYoungGeneration, recordPayment, run } from "../worker.ts";
+import { ensurePayments, recordPayment, run } from "../worker.ts";
 
 const [path, concurrency] = [process.argv[2]!, Number(process.argv[3] ?? 8)];
-holdYoungGeneration(); // as worker.ts does
 const inbox = new Inbox(path);
 ensurePayments(inbox.db);
 // RSS over the run, so a plateau can be told from growth. Read here, not through common.ts: that would
