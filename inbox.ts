@@ -8,6 +8,7 @@ import { existsSync } from "node:fs";
 import { dirname } from "node:path";
 import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
+import { Worker } from "node:worker_threads";
 
 /** DEFAULTS holds every default of the suite; the entry points read env and argv, nothing else does. */
 export const DEFAULTS = {
@@ -25,6 +26,8 @@ export const DEFAULTS = {
   retryCapMs: 3_600_000,
   /** Up to this fraction is added at random to each backoff, so failed deliveries don't retry in step. @default 0.2 */
   retryJitter: 0.2,
+  /** WAL pages after which a commit also checkpoints (see openDatabase). @default 4_000 */
+  walAutocheckpointPages: 4_000,
   /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
   busyTimeoutMs: 5_000,
   /** Most deliveries or completions committed in one transaction. @default 512 */
@@ -125,7 +128,27 @@ export interface InboxOptions {
   retryCapMs?: number;
   /** @default DEFAULTS.retryJitter */
   retryJitter?: number;
+  /**
+   * Checkpoint on a thread of its own, so that no commit, and no 200 waiting on one, also waits while
+   * the WAL is copied into the database; commits then checkpoint only if that thread falls far behind.
+   * @default false
+   */
+  backgroundCheckpoints?: boolean;
 }
+
+// The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
+// beside the receiver's commits; a failed pass (a full disk, a busy lock) is simply the next one's work,
+// and the commits' own checkpoint (BACKSTOP_PAGES) bounds the WAL if passes keep failing.
+const CHECKPOINTER = `
+const { DatabaseSync } = require("node:sqlite");
+const { parentPort, workerData } = require("node:worker_threads");
+const db = new DatabaseSync(workerData.path, { timeout: 0 });
+db.exec("PRAGMA synchronous = FULL");
+const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
+parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.close(); });`;
+// How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
+const CHECKPOINT_EVERY_MS = 100;
+const BACKSTOP_PAGES = 16_000;
 
 // The schema, in order. A shipped entry is never edited: add a new one after it.
 const MIGRATIONS: readonly string[] = [
@@ -174,7 +197,7 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     // A checkpoint copies the WAL into the database and fsyncs it, in whichever commit crosses the
     // threshold. 4000 pages (16 MB, not the default 1000) means a quarter as many, each writing the
     // pages that many small commits touched over and over only once. The WAL file is reused, not grown.
-    db.exec("PRAGMA wal_autocheckpoint = 4000");
+    db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
     // 16 MB of page cache (the default is 2 MB) keeps the indexes a claim and a finish walk in memory at
     // a backlog of 200k; it is a bound, so memory stays flat whatever the backlog.
     db.exec("PRAGMA cache_size = -16000");
@@ -317,6 +340,7 @@ export class Inbox {
   private tightCommits = 0;
   private walAutocheckpoint = 0;
   private queue: Op[] = [];
+  private checkpointer: Worker | undefined;
   private flushing = false;
   private closed = false;
 
@@ -324,6 +348,8 @@ export class Inbox {
     for (const [key, value] of Object.entries(options)) {
       if (key === "now" || key === "random") {
         if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
+      } else if (key === "backgroundCheckpoints") {
+        if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
       } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
         throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
       }
@@ -335,6 +361,20 @@ export class Inbox {
     this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    if (options.backgroundCheckpoints) {
+      this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
+      // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
+      this.checkpointer = new Worker(CHECKPOINTER, {
+        eval: true, workerData: { path, everyMs: CHECKPOINT_EVERY_MS },
+        resourceLimits: { maxOldGenerationSizeMb: 8, maxYoungGenerationSizeMb: 1 },
+      });
+      this.checkpointer.unref();
+      // Should the thread die, the commits take checkpointing back, as if it had never been started.
+      this.checkpointer.on("error", () => {
+        this.checkpointer = undefined;
+        if (!this.closed) this.db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
+      });
+    }
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
@@ -609,6 +649,11 @@ export class Inbox {
     if (this.closed) return;
     await this.flush();
     this.closed = true;
+    if (this.checkpointer) {
+      const exited = new Promise((resolve) => this.checkpointer!.once("exit", resolve));
+      this.checkpointer.postMessage("close");
+      await exited;
+    }
     this.db.close();
   }
 

@@ -209,6 +209,7 @@ async function main(argv: string[]): Promise<void> {
     .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
+    .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
          413 body too large | 431 headers too large | 503 could not store (Retry-After)
@@ -225,7 +226,7 @@ Examples:
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean }>();
+  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean; inlineCheckpoints?: boolean }>();
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
@@ -252,7 +253,8 @@ Examples:
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
   try {
-    inbox = new Inbox(path);
+    // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
+    inbox = new Inbox(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`);
   }

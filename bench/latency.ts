@@ -1,7 +1,8 @@
 // bench/latency.ts: the ack's latency at half the saturated rate, open loop. Finds the receiver's
 // saturated rate (closed loop, BENCH_CONNECTIONS), then sends at half that rate on a fixed schedule
 // whatever the answers do, timing each request from when it was due (so a stall is not hidden), first
-// to the bare node:http baseline, then to the receiver. Prints p50/p99/p99.9/max of each.
+// to the receiver, to the receiver with --inline-checkpoints, then to the bare node:http baseline.
+// Prints p50/p99/p99.9/max of each.
 //   npm run bench -- latency          BENCH_SECONDS=8 BENCH_RATE=<req/s, skips the search>
 
 import { join } from "node:path";
@@ -137,14 +138,19 @@ export async function latency(): Promise<string> {
     const mine = await paced(receiver.url, rate, SECONDS);
     const rss = receiver.peakRssMb();
     await receiver.stop();
+    // The same receiver with SQLite's own checkpoints, inside commits: what the checkpoint thread saves.
+    const inline = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, "inline.db"), "--quiet", "--inline-checkpoints"]);
+    const theirs = await paced(inline.url, rate, SECONDS);
+    await inline.stop();
     const bare = await startChild("bench/bare.ts", []);
     await paced(bare.url, rate, Math.min(2, SECONDS));
     const base = await paced(bare.url, rate, SECONDS);
     await bare.stop();
     show("bare node:http", base);
     show("receiver (durable)", mine);
+    show("… inline checkpoints", theirs);
     return `latency: ${f(rate)} req/s open loop (half of ${f(saturated)}) | receiver ack p50 ${f(mine.p50, 2)} p99 ${f(mine.p99, 2)} p99.9 ${f(mine.p999, 2)} ms` +
-      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB`;
+      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB`;
   } finally {
     cleanup();
   }
