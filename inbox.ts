@@ -797,6 +797,14 @@ export interface InboxStatus {
   conflicts: { deliveries: number; copies: number };
 }
 
+/**
+ * connect opens the inbox at path, as the article's connect() did. Which path is the entry point's call:
+ * --db, else INBOX_DB, else DEFAULTS.db.
+ */
+export function connect(path: string, options: InboxOptions = {}): Inbox {
+  return new Inbox(path, options);
+}
+
 /** label names a delivery in logs: just its ID for the article's default source, else source/id. */
 export function label(d: { source: string; id: string }): string {
   return d.source === DEFAULTS.source ? d.id : `${d.source}/${d.id}`;
@@ -901,7 +909,7 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
     // Nor convert: opening another program's database would switch it to WAL and add our tables.
     if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
-    return new Inbox(path);
+    return connect(path);
   };
 
   withDb(program.command("status"))

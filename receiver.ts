@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, label, message, type Stored } from "./inbox.ts";
+import { DEFAULTS, Inbox, connect, label, message, type Stored } from "./inbox.ts";
 import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -254,7 +254,7 @@ Examples:
   let inbox: Inbox;
   try {
     // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
-    inbox = new Inbox(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
+    inbox = connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`);
   }

@@ -6,7 +6,7 @@
 
 import type { DatabaseSync, StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, PermanentError, label, message, type Lease, type LocalWrite } from "./inbox.ts";
+import { DEFAULTS, Inbox, PermanentError, connect, label, message, type Lease, type LocalWrite } from "./inbox.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -280,7 +280,7 @@ Examples:
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
   try {
-    inbox = new Inbox(path, { maxAttempts: opts.maxAttempts });
+    inbox = connect(path, { maxAttempts: opts.maxAttempts });
     ensurePayments(inbox.db);
   } catch (error) {
     console.error(`worker: cannot use the database: ${message(error)}`);
