@@ -261,26 +261,10 @@ function asBuffer(bytes: Uint8Array): Buffer {
   return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
 
-// toLease builds a claimed row's Lease in one object, and remembers its rowid.
+// toLease turns a claimed row into its Lease, and remembers its rowid for the finish.
 function toLease(row: Row): Lease {
-  const lease: Lease = {
-    source: row.source as string,
-    id: row.id as string,
-    body: asBuffer(row.body as Uint8Array),
-    bodySha256: row.body_sha256 as string,
-    contentType: row.content_type as string | null,
-    eventType: row.event_type as string | null,
-    providerTime: row.provider_time as number | null,
-    receivedAt: row.received_at as number,
-    status: row.status as Status,
-    attempts: row.attempts as number,
-    availableAt: row.available_at as number,
-    leasedUntil: row.leased_until as number,
-    error: row.error as string | null,
-    conflicts: row.conflicts as number,
-    finishedAt: row.finished_at as number | null,
-    token: row.lease_token as string,
-  };
+  const lease = toDelivery(row) as Lease;
+  lease.token = row.lease_token as string;
   rowids.set(lease, row.rowid as number);
   return lease;
 }
