@@ -1,6 +1,7 @@
 // bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load, same run.
 // Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, and with a
-// log line per request to a pipe (the default; the others use --quiet). All four servers run side by
+// log line per request to a pipe (the default; the others use --quiet), and with SQLite's checkpoints
+// inside commits (--inline-checkpoints) instead of on their own thread. All five servers run side by
 // side, and each round measures them one after the other, so that the noise of a shared machine lands
 // on the baseline and the receiver alike; ratios are taken within a round, and the median round is
 // reported. Also the CPU each server spends per request.
@@ -30,6 +31,7 @@ export async function ingest(): Promise<string> {
     { name: "receiver --quiet, unique IDs", script: "receiver.ts", args: ["--db", join(dir, "quiet.db"), "--quiet"] },
     { name: "receiver --quiet, 30% duplicates", script: "receiver.ts", args: ["--db", join(dir, "dup.db"), "--quiet"], duplicates: 0.3 },
     { name: "receiver logging to a pipe", script: "receiver.ts", args: ["--db", join(dir, "logged.db")] },
+    { name: "receiver --inline-checkpoints", script: "receiver.ts", args: ["--db", join(dir, "inline.db"), "--quiet", "--inline-checkpoints"] },
   ];
   console.log(`ingest: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server`);
   const children: Child[] = [];
@@ -60,8 +62,8 @@ export async function ingest(): Promise<string> {
     console.log(`  peak RSS: ${variants.map((v, i) => `${v.name} ${f(rss[i]!)} MB`).join(", ")}`);
     return `ingest (median of ${ROUNDS}): bare ${f(rps(0))} req/s (p50 ${f(p(0, "p50"), 1)} p99 ${f(p(0, "p99"), 1)} ms, ${f(us(0))} µs CPU/req)` +
       ` | receiver unique ${f(rps(1))} req/s ×${f(ratio(1), 2)} (p50 ${f(p(1, "p50"), 1)} p99 ${f(p(1, "p99"), 1)} ms, ${f(us(1))} µs CPU/req)` +
-      ` | 30% dup ×${f(ratio(2), 2)} | logging ×${f(ratio(3), 2)}` +
-      ` | receiver peak RSS ${f(Math.max(rss[1]!, rss[2]!, rss[3]!))} MB`;
+      ` | 30% dup ×${f(ratio(2), 2)} | logging ×${f(ratio(3), 2)} | inline checkpoints ×${f(ratio(4), 2)} (${f(us(4))} µs CPU/req)` +
+      ` | receiver peak RSS ${f(Math.max(...rss.slice(1)))} MB`;
   } finally {
     for (const child of children) await child.stop();
     cleanup();
