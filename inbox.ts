@@ -705,7 +705,7 @@ export class Inbox {
     } catch (error) {
       if (this.db.isTransaction) this.db.exec("ROLLBACK");
       if (redo) return this.commit(batch, true);
-      if (((error as { errcode?: number }).errcode ?? 0) % 256 === 13) this.reclaimWal();
+      if (sqliteCode(error) === SQLITE_FULL) this.reclaimWal();
       if (batch.length === 1) {
         batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
         return;
@@ -749,7 +749,7 @@ export class Inbox {
           this.db.exec("BEGIN IMMEDIATE");
           return;
         } catch (error) {
-          if (((error as { errcode?: number }).errcode ?? 0) % 256 !== 5 || performance.now() >= deadline) throw error;
+          if (sqliteCode(error) !== SQLITE_BUSY || performance.now() >= deadline) throw error;
           Atomics.wait(NAP, 0, 0, 0.2);
         }
       }
@@ -763,12 +763,21 @@ export class Inbox {
 // NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
 const NAP = new Int32Array(new SharedArrayBuffer(4));
 
-// Errors of the database itself (full, I/O, busy, locked, out of memory, corrupt, read-only) concern
-// the whole batch; anything else came from one op's statement, which SQLite already undid alone.
-const BATCH_ERRORS = new Set([5, 6, 7, 8, 10, 11, 13]);
-function isOwnError(error: unknown): boolean {
+// SQLite's primary result codes that the committer acts on; node:sqlite reports the extended code.
+const SQLITE_BUSY = 5;
+const SQLITE_FULL = 13;
+
+// sqliteCode is the primary result code of an error node:sqlite threw, or 0 for anything else.
+function sqliteCode(error: unknown): number {
   const code = (error as { errcode?: unknown }).errcode;
-  return !(typeof code === "number" && BATCH_ERRORS.has(code & 0xff));
+  return typeof code === "number" ? code & 0xff : 0;
+}
+
+// Errors of the database itself (busy, locked, out of memory, read-only, I/O, corrupt, full) concern
+// the whole batch; anything else came from one op's statement, which SQLite already undid alone.
+const BATCH_ERRORS = new Set([SQLITE_BUSY, 6, 7, 8, 10, 11, SQLITE_FULL]);
+function isOwnError(error: unknown): boolean {
+  return !BATCH_ERRORS.has(sqliteCode(error));
 }
 
 /** InboxStatus is what `inbox.ts status` prints. */
@@ -792,6 +801,19 @@ export function connect(path: string, options: InboxOptions = {}): Inbox {
 /** label names a delivery in logs: just its ID for the article's default source, else source/id. */
 export function label(d: { source: string; id: string }): string {
   return d.source === DEFAULTS.source ? d.id : `${d.source}/${d.id}`;
+}
+
+/**
+ * lineLog returns a logger for an entry point's one line per delivery. A write to a pipe or a file is
+ * synchronous, so the lines of one turn of the event loop go out in one write rather than one each:
+ * under load that is a batch of deliveries per system call. Call flush before exiting.
+ */
+export function lineLog(stream: NodeJS.WritableStream = process.stderr): { log: (line: string) => void; flush: () => void } {
+  const lines: string[] = [];
+  const flush = () => {
+    if (lines.length > 0) stream.write(`${lines.splice(0).join("\n")}\n`);
+  };
+  return { log: (line) => void (lines.push(line) === 1 && setImmediate(flush)), flush };
 }
 
 /** message turns anything thrown into one line. */

@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, connect, label, message, type Stored } from "./inbox.ts";
+import { DEFAULTS, Inbox, connect, label, lineLog, message, type Stored } from "./inbox.ts";
 import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -82,9 +82,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       res.setHeader("allow", "POST");
       throw new Rejected(405, `method ${req.method} not allowed`);
     }
-    const lengths = req.headersDistinct["content-length"];
-    if (lengths && lengths.length > 1) throw new Rejected(400, "Content-Length sent more than once", true);
-    const declared = lengths ? Number(lengths[0]) : undefined;
+    // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
+    const declared = req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
     if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await readBody(req, maxBody);
@@ -256,7 +255,7 @@ Examples:
     // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
     inbox = connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
   } catch (error) {
-    return fatal(`receiver: cannot use the database: ${message(error)}`);
+    return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }
   if (!sources) {
     console.error("warning: deliveries are not verified; anyone who can reach this port can store one.");
@@ -267,17 +266,11 @@ Examples:
       if (s.secrets.length === 0) console.error(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`);
     }
   }
-  // A write to a pipe or a file is synchronous, so the lines of one turn of the event loop go out in
-  // one write rather than one each: under load that is a batch of deliveries per system call.
-  const lines: string[] = [];
-  const flushLog = () => {
-    if (lines.length > 0) process.stderr.write(`${lines.splice(0).join("\n")}\n`);
-  };
+  const { log, flush: flushLog } = lineLog();
   const receiver = createReceiver({
-    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight,
-    log: opts.quiet ? () => {} : (line) => void (lines.push(line) === 1 && setImmediate(flushLog)),
+    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log,
   });
-  receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`));
+  receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
   receiver.server.listen(port, opts.host, () => {
     const address = receiver.server.address();
     const actual = typeof address === "object" && address ? address.port : port;
@@ -299,9 +292,10 @@ Examples:
   process.on("SIGINT", () => void stop("SIGINT"));
 }
 
-function fatal(line: string): never {
+// fatal stops start-up with one line: exit 2 for a mistake in the options or sources, 1 for a runtime failure.
+function fatal(line: string, code: 1 | 2 = 2): never {
   console.error(line);
-  process.exit(2);
+  process.exit(code);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -6,7 +6,7 @@
 
 import type { DatabaseSync, StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, PermanentError, connect, label, message, type Lease, type LocalWrite } from "./inbox.ts";
+import { DEFAULTS, Inbox, PermanentError, connect, label, lineLog, message, type Lease, type LocalWrite } from "./inbox.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -286,25 +286,29 @@ Examples:
     console.error(`worker: cannot use the database: ${message(error)}`);
     process.exit(1);
   }
+  const lines = lineLog();
   const stop = new AbortController();
   for (const signal of ["SIGTERM", "SIGINT"] as const) {
     process.on(signal, () => {
       if (stop.signal.aborted) return;
+      lines.flush();
       console.error(`${signal}: no more claims; letting the work in flight finish`);
       stop.abort();
     });
   }
-  const log = opts.quiet ? () => {} : (line: string) => console.error(line);
+  const log = opts.quiet ? () => {} : lines.log;
   let stats: RunStats;
   try {
     stats = await run(recordPayment, {
       inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
     });
   } catch (error) {
+    lines.flush();
     console.error(`worker: ${message(error)}`);
     process.exit(1);
   }
   await inbox.close();
+  lines.flush();
   if (opts.once || stop.signal.aborted) {
     console.error(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`);
   }
