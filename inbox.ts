@@ -1,6 +1,7 @@
-// inbox.ts: the durable inbox on node:sqlite. Store every delivery before answering, claim it under a
-// lease, finish it exactly once. Also the operator's CLI:
-//   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed   [--db inbox.db]
+// inbox.ts: the durable inbox. The store's contract (Inbox), its node:sqlite backend, connect(), and the
+// operator's CLI. Store every delivery before answering, claim it under a lease, finish it exactly once.
+//   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
+// --db (or INBOX_DB) is a file path, or a postgres:// URL for the PostgreSQL backend in postgres.ts.
 // Imported by receiver.ts and worker.ts; run directly, it is the CLI at the bottom of this file.
 
 import { createHash } from "node:crypto";
@@ -57,6 +58,16 @@ export const DEFAULTS = {
   pollMaxMs: 50,
   /** Milliseconds a stopping worker lets work in flight finish before releasing it. @default 10_000 */
   shutdownGraceMs: 10_000,
+  /**
+   * PostgreSQL connections each process holds: group commits run on up to this many at once, and one
+   * more listens for wake-ups. Ten hosts of two processes each stay well under max_connections (100).
+   * @default 4
+   */
+  poolSize: 4,
+  /** Milliseconds to wait for a PostgreSQL connection before a store fails (and the receiver answers 503). @default 5_000 */
+  connectTimeoutMs: 5_000,
+  /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
+  notifyEveryMs: 25,
 } as const;
 
 /** Status is where a delivery is in its life. */
@@ -102,8 +113,32 @@ export interface Lease extends Delivery {
 /** Stored says whether store() kept the body: a duplicate whose body differs is a conflict. */
 export type Stored = "stored" | "duplicate" | "conflict";
 
-/** LocalWrite is a handler's write to the inbox database, committed together with the done mark. */
-export type LocalWrite = (db: DatabaseSync) => void;
+/** SqlValue is a value bound to a `?` parameter, on either backend. */
+export type SqlValue = string | number | bigint | Uint8Array | null;
+
+/**
+ * Tx is a handler's way into the transaction that commits its done mark. `run` binds `?` parameters on
+ * both backends: on SQLite it runs at once and returns the rows it changed; on PostgreSQL it returns a
+ * promise of that, which the write must return (or await) so the commit waits for it.
+ */
+export interface Tx {
+  readonly backend: Backend;
+  run(sql: string, ...params: SqlValue[]): number | Promise<number>;
+  /** The SQLite connection, for writes that need more than run (SQLite only). */
+  readonly db?: DatabaseSync;
+  /** The PostgreSQL client inside the transaction (PostgreSQL only); its queries must be awaited. */
+  readonly client?: { query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }> };
+}
+
+/**
+ * LocalWrite is a handler's write to the inbox database, committed together with the done mark. On SQLite
+ * it must be synchronous (the transaction does not wait for a promise, and says so); on PostgreSQL it
+ * returns the promise of its queries.
+ */
+export type LocalWrite = (tx: Tx) => unknown;
+
+/** Backend names where the deliveries live. */
+export type Backend = "sqlite" | "postgres";
 
 /** PermanentError, thrown by a handler, sets the delivery aside as failed at once: retrying can't help. */
 export class PermanentError extends Error {
@@ -134,6 +169,10 @@ export interface InboxOptions {
    * @default false
    */
   backgroundCheckpoints?: boolean;
+  /** PostgreSQL: connections in the pool. @default DEFAULTS.poolSize */
+  poolSize?: number;
+  /** PostgreSQL: LISTEN for wake-ups; off behind PgBouncer in transaction mode, where polling remains. @default true */
+  listen?: boolean;
 }
 
 // The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
@@ -306,13 +345,59 @@ interface Op {
 const rowids = new WeakMap<Lease, number>();
 
 /**
- * Inbox is the store's contract: store, claim, extend, finish, fail, release, retry. Every write is
- * queued and committed with whatever else is waiting (group commit), so one fsync serves many callers,
- * and a promise settles only after its transaction is on disk.
+ * Inbox is the store's contract, named after a delivery's life: store, claim, extend, finish, fail,
+ * release, retry; then find, list and status to look, and flush and close. SqliteInbox (below) and
+ * PostgresInbox (postgres.ts) implement it, and test/contract.test.ts holds both to it. Every write is
+ * queued and committed with whatever else is waiting (group commit), so one commit serves many callers,
+ * and a promise settles only after its transaction is durable.
  */
-export class Inbox {
+export interface Inbox {
+  readonly backend: Backend;
+  /** Where the deliveries live, fit for a log line: a path, or a URL without its password. */
+  readonly target: string;
+  /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
+  store(delivery: Incoming): Promise<Stored>;
+  /** claim leases the oldest due delivery, or returns undefined when there is nothing to do. */
+  claim(leaseMs?: number): Promise<Lease | undefined>;
+  /** claimBatch leases up to limit due deliveries (new, due retries, expired leases) in one transaction. */
+  claimBatch(limit: number, leaseMs?: number): Promise<Lease[]>;
+  /** extend pushes a held lease further out; false means it was lost to a takeover. */
+  extend(lease: Lease, leaseMs?: number): Promise<boolean>;
+  /** finish marks a delivery done with the handler's writes in one transaction; false if the lease was lost. */
+  finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
+  /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
+  fail(lease: Lease, error: string, options?: { permanent?: boolean }): Promise<Failure | undefined>;
+  /** release hands a claimed delivery back untouched, without spending an attempt. */
+  release(lease: Lease): Promise<boolean>;
+  /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
+  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number>;
+  /** find returns the deliveries with this ID, in every source or in one. */
+  find(id: string, source?: string): Promise<Delivery[]>;
+  /** list returns deliveries newest first, optionally of one status or source. */
+  list(filter?: { status?: Status; source?: string; limit?: number }): Promise<Delivery[]>;
+  /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
+  status(): Promise<InboxStatus>;
+  /** page returns up to limit deliveries in key order after the cursor, every field, for copying. */
+  page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]>;
+  /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
+  restore(deliveries: readonly Delivery[]): Promise<number>;
+  /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
+  query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
+  /** wake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling. */
+  onWake(listener: () => void): void;
+  /** flush resolves once every write queued so far is committed. */
+  flush(): Promise<void>;
+  /** close commits what is queued, then lets go of the database. */
+  close(): Promise<void>;
+}
+
+/** SqliteInbox is the Inbox on one node:sqlite file: the embedded default. */
+export class SqliteInbox implements Inbox {
+  readonly backend = "sqlite";
   readonly db: DatabaseSync;
   readonly path: string;
+  readonly target: string;
+  private readonly tx: Tx;
   private readonly now: () => number;
   private readonly random: () => number;
   private readonly batchSize: number;
@@ -332,14 +417,16 @@ export class Inbox {
     for (const [key, value] of Object.entries(options)) {
       if (key === "now" || key === "random") {
         if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-      } else if (key === "backgroundCheckpoints") {
+      } else if (key === "backgroundCheckpoints" || key === "listen") {
         if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
       } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
         throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
       }
     }
-    this.path = path;
+    this.path = this.target = path;
     this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    const db = this.db;
+    this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
     this.now = options.now ?? Date.now;
     this.random = options.random ?? Math.random;
     this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
@@ -497,7 +584,12 @@ export class Inbox {
         .run(now, lease.source, lease.id, lease.token).changes;
     }
     if (changed !== 1) return false;
-    for (const write of writes) write(db);
+    for (const write of writes) {
+      const result = write(this.tx);
+      if (result instanceof Promise) {
+        throw new TypeError("finish: a write on SQLite must be synchronous; it returned a promise (await only on PostgreSQL)");
+      }
+    }
     return true;
   }
 
@@ -622,6 +714,43 @@ export class Inbox {
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
     };
   }
+
+  /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
+  async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
+    const rows = after === undefined
+      ? this.sql("SELECT * FROM deliveries ORDER BY source, id LIMIT ?").all(limit)
+      : this.sql("SELECT * FROM deliveries WHERE (source, id) > (?, ?) ORDER BY source, id LIMIT ?").all(after.source, after.id, limit);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** restore writes deliveries as they are, in one transaction; keys already here are skipped. */
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    return this.enqueue(() => {
+      let added = 0;
+      for (const d of deliveries) {
+        added += Number(this
+          .sql(
+            `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (source, id) DO NOTHING`,
+          )
+          .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
+            d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
+            d.error, d.conflicts, d.finishedAt).changes);
+      }
+      return added;
+    }) as Promise<number>;
+  }
+
+  /** query runs one statement with `?` parameters: the handler's own tables, and tests. */
+  async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    const statement = this.sql(sql);
+    return statement.columns().length === 0 ? (statement.run(...params), []) : (statement.all(...params) as Record<string, unknown>[]);
+  }
+
+  /** onWake is a no-op on SQLite: one machine, and the worker's polling is the wake-up. */
+  onWake(_listener: () => void): void {}
 
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void> {
@@ -790,12 +919,20 @@ export interface InboxStatus {
   conflicts: { deliveries: number; copies: number };
 }
 
+/** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
+export function isPostgresUrl(target: string): boolean {
+  return /^postgres(ql)?:\/\//i.test(target);
+}
+
 /**
- * connect opens the inbox at path, as the article's connect() did. Which path is the entry point's call:
- * --db, else INBOX_DB, else DEFAULTS.db.
+ * connect opens the inbox at target, as the article's connect() did: a file path for SQLite, or a
+ * postgres:// URL (with ?schema=NAME to share one database) for PostgreSQL. Which target is the entry
+ * point's call: --db, else INBOX_DB, else DEFAULTS.db.
  */
-export function connect(path: string, options: InboxOptions = {}): Inbox {
-  return new Inbox(path, options);
+export async function connect(target: string, options: InboxOptions = {}): Promise<Inbox> {
+  if (!isPostgresUrl(target)) return new SqliteInbox(target, options);
+  const { PostgresInbox } = await import("./postgres.ts");
+  return PostgresInbox.open(target, options);
 }
 
 /** label names a delivery in logs: just its ID for the article's default source, else source/id. */
@@ -895,6 +1032,8 @@ Examples:
   npx tsx inbox.ts show evt_100
   npx tsx inbox.ts retry evt_100
   npx tsx inbox.ts retry --all-failed
+  npx tsx inbox.ts status --db postgres://127.0.0.1:5432/test?schema=inbox
+  npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
 
 Exit codes: 0 success, 1 not found, 2 usage error.`);
 
@@ -908,21 +1047,23 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     return value as Status;
   };
   const withDb = (command: InstanceType<typeof Command>) =>
-    command.option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`);
-  const open = (opts: { db?: string }) => {
-    const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-    // Looking must not create: a typo in --db would otherwise show an empty, healthy inbox.
-    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
-    // Nor convert: opening another program's database would switch it to WAL and add our tables.
-    if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+    command.option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`);
+  const openTarget = async (path: string) => {
+    if (!isPostgresUrl(path)) {
+      // Looking must not create: a typo in --db would otherwise show an empty, healthy inbox.
+      if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+      // Nor convert: opening another program's database would switch it to WAL and add our tables.
+      if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+    }
     return connect(path);
   };
+  const open = (opts: { db?: string }) => openTarget(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
 
   withDb(program.command("status"))
     .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
     .option("--json", "print JSON")
     .action(async (opts: { db?: string; json?: boolean }) => {
-      const inbox = open(opts);
+      const inbox = await open(opts);
       try {
         const s = await inbox.status();
         if (opts.json) return void console.log(JSON.stringify(s, null, 2));
@@ -958,7 +1099,7 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     .option("--limit <n>", "at most this many", positive, 20)
     .option("--json", "print JSON")
     .action(async (opts: { db?: string; status?: Status; source?: string; limit: number; json?: boolean }) => {
-      const inbox = open(opts);
+      const inbox = await open(opts);
       try {
         const rows = await inbox.list(opts);
         if (opts.json) return void console.log(JSON.stringify(rows.map((d) => deliveryJson(d, false)), null, 2));
@@ -977,7 +1118,7 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     .option("--source <name>", "the delivery's source, when IDs clash")
     .option("--json", "print JSON (the body as text when it is UTF-8, and always as base64)")
     .action(async (id: string, opts: { db?: string; source?: string; json?: boolean }) => {
-      const inbox = open(opts);
+      const inbox = await open(opts);
       try {
         const d = await findOne(inbox, id, opts.source);
         if (opts.json) return void console.log(JSON.stringify(deliveryJson(d, true), null, 2));
@@ -1003,7 +1144,7 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     .action(async (id: string | undefined, opts: { db?: string; source?: string; allFailed?: boolean }) => {
       if (opts.allFailed && id !== undefined) throw new UsageError("Give either an ID or --all-failed, not both.");
       if (!opts.allFailed && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed.");
-      const inbox = open(opts);
+      const inbox = await open(opts);
       try {
         if (opts.allFailed) {
           const n = await inbox.retry({ allFailed: true });
@@ -1015,6 +1156,38 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         console.log("Queued again.");
       } finally {
         await inbox.close();
+      }
+    });
+
+  program.command("copy")
+    .description("copy every delivery from one inbox to another (SQLite to PostgreSQL, or back), byte-exact; run again, it changes nothing")
+    .requiredOption("--from <path|url>", "the inbox to copy from")
+    .requiredOption("--to <path|url>", "the inbox to copy into (created if new)")
+    .option("--batch <n>", "deliveries per transaction", positive, 500)
+    .action(async (opts: { from: string; to: string; batch: number }) => {
+      const from = await openTarget(opts.from);
+      try {
+        const to = await connect(opts.to);
+        try {
+          let seen = 0;
+          let added = 0;
+          let after: { source: string; id: string } | undefined;
+          for (;;) {
+            const page = await from.page(after, opts.batch);
+            if (page.length === 0) break;
+            added += await to.restore(page);
+            seen += page.length;
+            after = page.at(-1)!;
+          }
+          const there = seen - added;
+          console.log(added === 0
+            ? `Nothing to copy: all ${seen} deliveries of ${from.target} are already in ${to.target}.`
+            : `Copied ${added} of ${seen} deliveries from ${from.target} to ${to.target}${there > 0 ? ` (${there} were already there)` : ""}.`);
+        } finally {
+          await to.close();
+        }
+      } finally {
+        await from.close();
       }
     });
 
@@ -1030,5 +1203,6 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
   }
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await cli(process.argv);
+// Not awaited at the top level: postgres.ts imports this module, which must finish loading first.
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) void cli(process.argv);
 

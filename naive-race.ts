@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { setTimeout as sleep } from "node:timers/promises";
 import { pathToFileURL } from "node:url";
-import { Inbox } from "./inbox.ts";
+import { SqliteInbox } from "./inbox.ts";
 
 /** WORK_MS is how long the pretend work takes: long enough for the second copy to arrive meanwhile. */
 export const WORK_MS = 200;
@@ -41,7 +41,7 @@ export async function naive(path: string, copies = 2): Promise<number> {
 export async function inboxed(path: string, copies = 2): Promise<number> {
   let work = 0;
   const handle = async (id: string) => {
-    const inbox = new Inbox(path);
+    const inbox = new SqliteInbox(path);
     try {
       await inbox.store({ id, body: Buffer.from('{"customer":"Maria Lopez","amount":24.99}') });
       const lease = await inbox.claim();

@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, connect, label, lineLog, message, type Stored } from "./inbox.ts";
+import { DEFAULTS, connect, label, lineLog, message, type Inbox, type Stored } from "./inbox.ts";
 import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -203,7 +203,7 @@ async function main(argv: string[]): Promise<void> {
     .description("Receive webhooks and store each one durably before answering 200.")
     .option("--port <port>", `port to listen on; 0 picks a free one (default: PORT, else ${DEFAULTS.port})`, whole(0))
     .option("--host <address>", "address to listen on", DEFAULTS.host)
-    .option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--max-body <bytes>", "largest body accepted, in bytes", whole(1), DEFAULTS.maxBodyBytes)
     .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
@@ -253,7 +253,7 @@ Examples:
   let inbox: Inbox;
   try {
     // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
-    inbox = connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
+    inbox = await connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }

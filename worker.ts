@@ -4,9 +4,8 @@
 //   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60]
 // Import run() to plug in your own handler; the one here records the article's payments.
 
-import type { DatabaseSync, StatementSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, Inbox, PermanentError, connect, label, lineLog, message, type Lease, type LocalWrite } from "./inbox.ts";
+import { DEFAULTS, PermanentError, connect, label, lineLog, message, type Inbox, type Lease, type LocalWrite } from "./inbox.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -17,7 +16,10 @@ export interface Job {
   key: string;
   /** Aborted when the lease is lost to another worker, or when a stopping worker gives up waiting. */
   signal: AbortSignal;
-  /** write queues a write to the inbox database; it commits with the done mark, or not at all. */
+  /**
+   * write queues a write to the inbox database; it commits with the done mark, or not at all. It gets a
+   * Tx: `tx.run(sql, ...params)` works on both backends (return its result); see LocalWrite.
+   */
   write(fn: LocalWrite): void;
 }
 
@@ -225,16 +227,14 @@ async function drain(active: Map<Lease, AbortController>, graceMs: number, tick:
   while (active.size > 0 && Date.now() < deadline) await tick();
 }
 
-const paymentInserts = new WeakMap<DatabaseSync, StatementSync>();
-
 /** ensurePayments creates the example's payments table, keyed by delivery so a payment is one row. */
-export function ensurePayments(db: DatabaseSync): void {
-  db.exec(`CREATE TABLE IF NOT EXISTS payments (
-             source      TEXT NOT NULL,
-             delivery_id TEXT NOT NULL,
-             customer    TEXT NOT NULL,
-             amount      REAL NOT NULL,
-             PRIMARY KEY (source, delivery_id))`);
+export async function ensurePayments(inbox: Inbox): Promise<void> {
+  await inbox.query(`CREATE TABLE IF NOT EXISTS payments (
+                       source      TEXT NOT NULL,
+                       delivery_id TEXT NOT NULL,
+                       customer    TEXT NOT NULL,
+                       amount      ${inbox.backend === "postgres" ? "DOUBLE PRECISION" : "REAL"} NOT NULL,
+                       PRIMARY KEY (source, delivery_id))`);
 }
 
 /** recordPayment is the article's handler: one payment row per delivery, written with the done mark. */
@@ -244,12 +244,10 @@ export function recordPayment(job: Job): void {
     throw new PermanentError(`expected {"customer": string, "amount": number}`);
   }
   const { customer, amount } = event;
-  job.write((db) => {
-    let insert = paymentInserts.get(db);
-    if (!insert) paymentInserts.set(db, (insert = db.prepare("INSERT INTO payments (source, delivery_id, customer, amount) VALUES (?, ?, ?, ?)")));
-    // A plain INSERT, not INSERT OR IGNORE: if a payment were ever written twice, this would fail loudly.
-    insert.run(job.delivery.source, job.delivery.id, customer, amount);
-  });
+  // A plain INSERT, not INSERT OR IGNORE: if a payment were ever written twice, this would fail loudly.
+  // Returning run's result lets PostgreSQL's commit wait for it; on SQLite it has already run.
+  job.write((tx) => tx.run("INSERT INTO payments (source, delivery_id, customer, amount) VALUES (?, ?, ?, ?)",
+    job.delivery.source, job.delivery.id, customer, amount));
 }
 
 async function main(argv: string[]): Promise<void> {
@@ -262,7 +260,7 @@ async function main(argv: string[]): Promise<void> {
   const program = new Command("worker.ts")
     .description("Process stored deliveries: record each payment exactly once.")
     .option("--once", "drain the deliveries that are due, then exit")
-    .option("--db <path>", `database file (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--lease <seconds>", "how long a claimed delivery is held before another worker may take it over", whole, DEFAULTS.leaseMs / 1000)
     .option("--concurrency <n>", "handlers run at once", whole, DEFAULTS.concurrency)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
@@ -280,8 +278,8 @@ Examples:
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
   try {
-    inbox = connect(path, { maxAttempts: opts.maxAttempts });
-    ensurePayments(inbox.db);
+    inbox = await connect(path, { maxAttempts: opts.maxAttempts });
+    await ensurePayments(inbox);
   } catch (error) {
     console.error(`worker: cannot use the database: ${message(error)}`);
     process.exit(1);

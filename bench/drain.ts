@@ -2,12 +2,12 @@
 // process of its own so its peak RSS is its alone. bench/worker.ts runs it; it prints one JSON line.
 //   npx tsx bench/drain.ts DB CONCURRENCY
 
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 
 const [path, concurrency] = [process.argv[2]!, Number(process.argv[3] ?? 8)];
-const inbox = new Inbox(path);
-ensurePayments(inbox.db);
+const inbox = new SqliteInbox(path);
+await ensurePayments(inbox);
 // RSS over the run, so a plateau can be told from growth. Read here, not through common.ts: that would
 // load autocannon into this process, and its 40 MB would be counted as the worker's.
 const rssMb = (peak = false) => (peak ? process.resourceUsage().maxRSS * 1024 : process.memoryUsage.rss()) / 2 ** 20;

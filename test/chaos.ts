@@ -7,7 +7,7 @@ import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
-import { Inbox, sha256 } from "../inbox.ts";
+import { SqliteInbox, sha256 } from "../inbox.ts";
 import { spawnScript, startReceiver } from "./helpers.ts";
 
 /** Random is a seeded source of numbers in [0, 1), so a failing run can be replayed from its seed. */
@@ -151,7 +151,7 @@ export async function receiverCrash(o: ReceiverCrashOptions): Promise<ReceiverCr
 // ---- 2. Workers, killed one at a time over a backlog -----------------------------------------------
 
 /** prepareLedger creates the tables of the balance fixture: one account, and a row per applied effect. */
-export function prepareLedger(inbox: Inbox): void {
+export function prepareLedger(inbox: SqliteInbox): void {
   inbox.db.exec(`CREATE TABLE IF NOT EXISTS accounts (name TEXT PRIMARY KEY, balance INTEGER NOT NULL);
                  INSERT OR IGNORE INTO accounts VALUES ('main', 0);
                  -- No unique key on purpose: an effect applied twice must show up, not be refused.
@@ -254,7 +254,7 @@ export interface WorkerCrashReport extends Ledger {
  */
 export async function workerCrash(o: WorkerCrashOptions): Promise<WorkerCrashReport> {
   const db = join(o.dir, "worker-crash.db");
-  const inbox = new Inbox(db);
+  const inbox = new SqliteInbox(db);
   prepareLedger(inbox);
   await Promise.all(Array.from({ length: o.deliveries }, (_, i) =>
     inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: between(o.random, 1, 1000) })) })));
@@ -312,7 +312,7 @@ export interface StormReport {
 export async function busyStorm(o: { dir: string; processes: number; perProcess: number; claimer: Claimer }): Promise<StormReport> {
   const db = join(o.dir, `storm-${o.claimer}.db`);
   // Create the schema first, so the storm is about storing and claiming, not about the first migration.
-  await new Inbox(db).close();
+  await new SqliteInbox(db).close();
   const runs = Array.from({ length: o.processes }, (_, me) => {
     const child = spawnScript("test/fixtures/storm.ts",
       ["--db", db, "--me", String(me), "--procs", String(o.processes), "--count", String(o.perProcess), "--claimer", o.claimer]);
@@ -384,7 +384,7 @@ export interface PipelineCrashReport extends Ledger {
  */
 export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCrashReport> {
   const db = join(o.dir, "pipeline.db");
-  const setup = new Inbox(db);
+  const setup = new SqliteInbox(db);
   prepareLedger(setup);
   await setup.close();
   const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);

@@ -6,7 +6,7 @@ import { statSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { tempDir } from "./helpers.ts";
 
 let dir: { dir: string; cleanup: () => void };
@@ -19,7 +19,7 @@ beforeEach(() => {
 afterEach(() => dir.cleanup());
 
 // 300 stores of 4 KB: a few hundred WAL pages, far below the 4,000 at which a commit checkpoints.
-async function fill(inbox: Inbox): Promise<void> {
+async function fill(inbox: SqliteInbox): Promise<void> {
   for (let i = 0; i < 300; i++) await inbox.store({ id: `evt_${i}`, body: Buffer.alloc(4096, i % 256) });
 }
 
@@ -34,7 +34,7 @@ async function until(check: () => boolean): Promise<boolean> {
 
 describe("backgroundCheckpoints", () => {
   it("copies committed pages into the database file without a commit doing it", async () => {
-    const inbox = new Inbox(path, { backgroundCheckpoints: true });
+    const inbox = new SqliteInbox(path, { backgroundCheckpoints: true });
     try {
       const before = statSync(path).size;
       await fill(inbox);
@@ -45,7 +45,7 @@ describe("backgroundCheckpoints", () => {
   });
 
   it("(control) without it, the same commits leave their pages in the WAL", async () => {
-    const inbox = new Inbox(path);
+    const inbox = new SqliteInbox(path);
     try {
       const before = statSync(path).size;
       await fill(inbox);
@@ -58,6 +58,6 @@ describe("backgroundCheckpoints", () => {
   });
 
   it("refuses a value that is not a boolean", () => {
-    assert.throws(() => new Inbox(path, { backgroundCheckpoints: "yes" as unknown as boolean }), /expected backgroundCheckpoints to be a boolean, got string/);
+    assert.throws(() => new SqliteInbox(path, { backgroundCheckpoints: "yes" as unknown as boolean }), /expected backgroundCheckpoints to be a boolean, got string/);
   });
 });

@@ -7,7 +7,7 @@ import type { ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { spawnScript, tempDir } from "./helpers.ts";
 
 const DELIVERIES = 60;
@@ -21,7 +21,7 @@ after(() => {
 // race stores the deliveries, starts two claimers, lets them go at the same moment and returns each
 // one's list of claimed IDs.
 async function race(path: string, mode: "inbox" | "naive"): Promise<string[][]> {
-  const inbox = new Inbox(path);
+  const inbox = new SqliteInbox(path);
   await Promise.all(Array.from({ length: DELIVERIES }, (_, i) => inbox.store({ id: `evt_${i}`, body: Buffer.from("{}") })));
   await inbox.close();
   const claimers = [0, 1].map(() => spawnScript("test/fixtures/claimer.ts", [path, mode, "10"]));

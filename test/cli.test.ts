@@ -6,7 +6,7 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { runScript, tempDir } from "./helpers.ts";
 
 const cli = (...args: string[]) => runScript("inbox.ts", args);
@@ -34,7 +34,7 @@ const rowOf = (path: string, id: string) => {
 // five minutes after it arrived, a body that is not UTF-8, and an ID that two sources share.
 async function story(path: string): Promise<void> {
   let t = Date.now() - 10 * 60_000;
-  const inbox = new Inbox(path, { now: () => t });
+  const inbox = new SqliteInbox(path, { now: () => t });
   await inbox.store({ id: "evt_100", body: payment("Maria Lopez", 24.99), contentType: "application/json" });
   await inbox.store({ id: "evt_100", body: payment("Maria Lopez", 99) }); // a conflicting copy
   t += 1_000;
@@ -90,7 +90,7 @@ describe("inbox.ts", () => {
 
     it("says so when the inbox is empty", async () => {
       const empty = join(dir.dir, "empty.db");
-      await new Inbox(empty).close();
+      await new SqliteInbox(empty).close();
       const { code, stdout } = await cli("status", "--db", empty);
       assert.equal(code, 0);
       assert.equal(stdout, "(the inbox is empty)\n");
@@ -158,7 +158,7 @@ describe("inbox.ts", () => {
 
     it("asks for --source when two sources share the ID, and takes it", async () => {
       const shared = join(dir.dir, "sources.db");
-      const inbox = new Inbox(shared);
+      const inbox = new SqliteInbox(shared);
       await inbox.store({ source: "github", id: "42", body: Buffer.from('{"from":"github"}') });
       await inbox.store({ source: "stripe", id: "42", body: Buffer.from('{"from":"stripe"}') });
       await inbox.close();
@@ -190,7 +190,7 @@ describe("inbox.ts", () => {
 
     it("--all-failed puts every failed delivery back and says how many", async () => {
       const many = join(dir.dir, "failed.db");
-      const inbox = new Inbox(many);
+      const inbox = new SqliteInbox(many);
       for (const id of ["a", "b", "c"]) await inbox.store({ id, body: Buffer.from("{}") });
       for (let lease = await inbox.claim(); lease; lease = await inbox.claim()) {
         if (lease.id === "c") await inbox.finish(lease);

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox, type Tx } from "../inbox.ts";
 import { pipelineCrash, prepareLedger, readLedger, receiverCrash, seeded, startWorker, workerCrash } from "./chaos.ts";
 import { tempDir } from "./helpers.ts";
 
@@ -59,7 +59,7 @@ describe("the whole pipeline with the receiver or a worker killed about every 0.
 describe("a handler that outlives its lease", () => {
   it("is taken over by another worker, and its late finish and writes are fenced out", async () => {
     const db = join(dir, "stall.db");
-    const inbox = new Inbox(db);
+    const inbox = new SqliteInbox(db);
     prepareLedger(inbox);
     await inbox.store({ id: "stall-me", body: Buffer.from(JSON.stringify({ amount: 7 })) });
     await inbox.close();
@@ -84,8 +84,8 @@ describe("a handler that outlives its lease", () => {
   it("cannot finish or write with a lease taken over, even when it ignores the abort (pinned clock)", async () => {
     let now = 1_000_000;
     const path = join(dir, "fenced.db");
-    const first = new Inbox(path, { now: () => now });
-    const second = new Inbox(path, { now: () => now });
+    const first = new SqliteInbox(path, { now: () => now });
+    const second = new SqliteInbox(path, { now: () => now });
     prepareLedger(first);
     await first.store({ id: "evt", body: Buffer.from("{}") });
     const stale = (await first.claim(1_000))!;
@@ -93,8 +93,7 @@ describe("a handler that outlives its lease", () => {
     const fresh = (await second.claim(1_000))!;
     assert.equal(fresh.id, "evt");
     assert.equal(fresh.attempts, 2);
-    const add = (n: number) => (db: import("node:sqlite").DatabaseSync) =>
-      void db.prepare("UPDATE accounts SET balance = balance + ? WHERE name = 'main'").run(n);
+    const add = (n: number) => (tx: Tx) => tx.run("UPDATE accounts SET balance = balance + ? WHERE name = 'main'", n);
     assert.equal(await first.extend(stale, 1_000), false, "the stale lease cannot be extended");
     assert.equal(await first.finish(stale, [add(100)]), false, "the stale finish is refused");
     assert.equal(await first.fail(stale, "late"), undefined, "the stale failure is refused");

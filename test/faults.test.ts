@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, afterEach, before, describe, it } from "node:test";
-import { DEFAULTS, Inbox, backoff, type Lease } from "../inbox.ts";
+import { DEFAULTS, SqliteInbox, backoff, type Lease } from "../inbox.ts";
 import { createReceiver } from "../receiver.ts";
 import { run } from "../worker.ts";
 import { bodyIsWhole, busyStorm, prepareLedger, readLedger, selfCheckingBody, startWorker } from "./chaos.ts";
@@ -17,13 +17,13 @@ import { ROOT, runScript, startReceiver, tempDir } from "./helpers.ts";
 const { dir, cleanup } = tempDir("inbox-faults-");
 after(cleanup);
 
-const pageCount = (inbox: Inbox) => (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
+const pageCount = (inbox: SqliteInbox) => (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
 // The disk is "full" once the file may not grow past the pages it has; max_page_count holds per connection.
-const fillDisk = (inbox: Inbox) => inbox.db.exec(`PRAGMA max_page_count = ${pageCount(inbox)}`);
+const fillDisk = (inbox: SqliteInbox) => inbox.db.exec(`PRAGMA max_page_count = ${pageCount(inbox)}`);
 
 describe("a full disk", () => {
   it("makes the receiver answer 503 with Retry-After, never 200, store nothing partial, and recover by itself", async () => {
-    const inbox = new Inbox(join(dir, "full.db"));
+    const inbox = new SqliteInbox(join(dir, "full.db"));
     const receiver = createReceiver({ inbox, log: () => {} });
     await new Promise<void>((resolve) => receiver.server.listen(0, "127.0.0.1", resolve));
     const url = `http://127.0.0.1:${(receiver.server.address() as AddressInfo).port}/`;
@@ -58,15 +58,15 @@ describe("a full disk", () => {
 
   it("never lets a worker mark a delivery done when its write failed", async () => {
     let now = 1_000_000;
-    const inbox = new Inbox(join(dir, "full-worker.db"), { now: () => now, retryJitter: 0 });
+    const inbox = new SqliteInbox(join(dir, "full-worker.db"), { now: () => now, retryJitter: 0 });
     prepareLedger(inbox);
     inbox.db.exec("CREATE TABLE blobs (id TEXT, data BLOB)");
     await inbox.store({ id: "pay-1", body: Buffer.from(JSON.stringify({ amount: 5 })) });
     fillDisk(inbox);
     const handler = (job: import("../worker.ts").Job) => {
-      job.write((db) => void db.prepare("UPDATE accounts SET balance = balance + 5 WHERE name = 'main'").run());
+      job.write((tx) => void tx.db!.prepare("UPDATE accounts SET balance = balance + 5 WHERE name = 'main'").run());
       // A write that needs new pages: on a full disk it fails, and must take the balance update with it.
-      job.write((db) => void db.prepare("INSERT INTO blobs VALUES (?, ?)").run(job.delivery.id, Buffer.alloc(50_000)));
+      job.write((tx) => void tx.db!.prepare("INSERT INTO blobs VALUES (?, ?)").run(job.delivery.id, Buffer.alloc(50_000)));
     };
     const first = await run(handler, { inbox, once: true, log: () => {} });
     assert.deepEqual([first.done, first.retried], [0, 1]);
@@ -85,7 +85,7 @@ describe("a full disk", () => {
     await inbox.close();
   });
   it("lets a running worker wait out a disk too full even to claim, then drain the backlog", async () => {
-    const inbox = new Inbox(join(dir, "full-claim.db"));
+    const inbox = new SqliteInbox(join(dir, "full-claim.db"));
     await Promise.all(Array.from({ length: 3_000 }, (_, i) => inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") })));
     fillDisk(inbox);
     const lines: string[] = [];
@@ -176,7 +176,7 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
   it("keeps a running worker alive through it, never marking done a delivery whose write failed", { timeout: 120_000 }, async (t) => {
     if (!mounted) return t.skip("cannot mount a tmpfs here");
     const db = join(mnt, "ledger.db");
-    const inbox = new Inbox(db);
+    const inbox = new SqliteInbox(db);
     prepareLedger(inbox);
     await Promise.all(Array.from({ length: 200 }, (_, i) => inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: i + 1 })) })));
     await inbox.close();
@@ -220,7 +220,7 @@ describe("a database the scripts cannot use", () => {
       mkdirSync(folder, { recursive: true, mode: 0o777 });
       chmodSync(folder, 0o777);
       const path = join(folder, "inbox.db");
-      if (!existsSync(path)) new Inbox(path).db.close();
+      if (!existsSync(path)) new SqliteInbox(path).db.close();
       chmodSync(path, 0o444);
       return path;
     }],
@@ -271,11 +271,11 @@ describe("a clock that jumps an hour", () => {
   const LEASE = 30_000;
   const setup = async (name: string) => {
     const clock = { now: 10 * HOUR };
-    const inbox = new Inbox(join(dir, `${name}.db`), { now: () => clock.now, random: () => 0.5 });
+    const inbox = new SqliteInbox(join(dir, `${name}.db`), { now: () => clock.now, random: () => 0.5 });
     for (let i = 0; i < 6; i++) await inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") });
     return { clock, inbox };
   };
-  const processing = (inbox: Inbox) =>
+  const processing = (inbox: SqliteInbox) =>
     (inbox.db.prepare("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'").get() as { n: number }).n;
 
   it("forward: a heartbeat after the jump keeps live leases, and dead ones are taken over on the first claim", async () => {

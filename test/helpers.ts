@@ -76,3 +76,53 @@ export async function startReceiver(db: string, args: string[] = [], env: NodeJS
     },
   };
 }
+
+/** POSTGRES is the server the PostgreSQL tests use: INBOX_TEST_POSTGRES, else the local one. */
+export const POSTGRES = process.env.INBOX_TEST_POSTGRES ?? "postgres://postgres@127.0.0.1:5432/test";
+
+let reachable: Promise<string | false> | undefined;
+
+/**
+ * postgresSkip is false when the PostgreSQL server answers, else the reason to skip, said once in one
+ * line. With INBOX_REQUIRE_POSTGRES=1 (as .ci/run sets it) an unreachable server fails the run instead.
+ */
+export function postgresSkip(): Promise<string | false> {
+  reachable ??= (async () => {
+    const { default: pg } = await import("pg");
+    const client = new pg.Client({ connectionString: POSTGRES, connectionTimeoutMillis: 3_000 });
+    try {
+      await client.connect();
+      await client.query("SELECT 1");
+      return false;
+    } catch (error) {
+      const why = `no PostgreSQL at ${POSTGRES} (${error instanceof Error ? error.message : String(error)})`;
+      if (process.env.INBOX_REQUIRE_POSTGRES === "1") throw new Error(`INBOX_REQUIRE_POSTGRES=1 but ${why}`);
+      console.log(`# PostgreSQL tests skipped: ${why}; start PostgreSQL or set INBOX_TEST_POSTGRES=postgres://… to run them.`);
+      return why;
+    } finally {
+      await client.end().catch(() => {});
+    }
+  })();
+  return reachable;
+}
+
+/** freshSchema names a new, empty schema on the test server and returns its URL and how to drop it. */
+export async function freshSchema(prefix: string): Promise<{ url: string; schema: string; drop: () => Promise<void> }> {
+  const schema = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`.toLowerCase().replace(/[^a-z0-9_]/g, "_");
+  const url = new URL(POSTGRES);
+  url.searchParams.set("schema", schema);
+  return {
+    url: url.toString(),
+    schema,
+    drop: async () => {
+      const { default: pg } = await import("pg");
+      const client = new pg.Client({ connectionString: POSTGRES });
+      await client.connect();
+      try {
+        await client.query(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
+      } finally {
+        await client.end();
+      }
+    },
+  };
+}

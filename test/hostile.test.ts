@@ -6,19 +6,19 @@ import type { AddressInfo } from "node:net";
 import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { tempDir } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-hostile-");
-let inbox: Inbox;
+let inbox: SqliteInbox;
 let receiver: Receiver;
 let port: number;
 const logLines: string[] = [];
 const MAX_BODY = 1_000;
 
 before(async () => {
-  inbox = new Inbox(join(dir, "hostile.db"));
+  inbox = new SqliteInbox(join(dir, "hostile.db"));
   receiver = createReceiver({
     inbox, maxBodyBytes: MAX_BODY, headersTimeoutMs: 300, requestTimeoutMs: 600, log: (line) => void logLines.push(line),
   });

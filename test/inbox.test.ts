@@ -5,21 +5,21 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { DEFAULTS, Inbox, backoff, sha256, type Lease } from "../inbox.ts";
+import { DEFAULTS, SqliteInbox, backoff, sha256, type Lease, type Tx } from "../inbox.ts";
 import { tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const LEASE = 60_000;
 const body = (event: unknown) => Buffer.from(JSON.stringify(event));
 
-// Each test gets a fresh database file and a clock it moves by hand. Two Inbox objects on the same
+// Each test gets a fresh database file and a clock it moves by hand. Two SqliteInbox objects on the same
 // file stand for two workers: separate connections, one shared clock.
 let dir: { dir: string; cleanup: () => void };
 let path: string;
 let t: number;
-let opened: Inbox[];
-const open = (options: ConstructorParameters<typeof Inbox>[1] = {}) => {
-  const inbox = new Inbox(path, { now: () => t, random: () => 0, ...options });
+let opened: SqliteInbox[];
+const open = (options: ConstructorParameters<typeof SqliteInbox>[1] = {}) => {
+  const inbox = new SqliteInbox(path, { now: () => t, random: () => 0, ...options });
   opened.push(inbox);
   return inbox;
 };
@@ -193,7 +193,7 @@ describe("claim()", () => {
 
 describe("fencing", () => {
   // A stale lease: claimed by a, expired, then taken over by b.
-  async function stale(): Promise<{ a: Inbox; b: Inbox; old: Lease; current: Lease }> {
+  async function stale(): Promise<{ a: SqliteInbox; b: SqliteInbox; old: Lease; current: Lease }> {
     const a = open();
     const b = open();
     await a.store({ id: "evt_1", body: body({}) });
@@ -244,7 +244,7 @@ describe("fencing", () => {
 
 describe("finish()", () => {
   const ledger = (db: DatabaseSync) => db.exec("CREATE TABLE IF NOT EXISTS ledger (key TEXT PRIMARY KEY, amount INTEGER)");
-  const pay = (key: string) => (db: DatabaseSync) => void db.prepare("INSERT INTO ledger VALUES (?, 1)").run(key);
+  const pay = (key: string) => (tx: Tx) => tx.run("INSERT INTO ledger VALUES (?, 1)", key);
   const ledgerRows = () => {
     const db = new DatabaseSync(path, { readOnly: true });
     try {
@@ -443,9 +443,9 @@ describe("release() and retry()", () => {
   });
 });
 
-describe("Inbox options", () => {
+describe("SqliteInbox options", () => {
   it("throws a TypeError that says what it expected", () => {
-    assert.throws(() => new Inbox(path, { maxAttempts: -1 }), { name: "TypeError", message: /maxAttempts to be a number >= 0, got -1/ });
-    assert.throws(() => new Inbox(path, { now: 5 as unknown as () => number }), { name: "TypeError", message: /now to be a function/ });
+    assert.throws(() => new SqliteInbox(path, { maxAttempts: -1 }), { name: "TypeError", message: /maxAttempts to be a number >= 0, got -1/ });
+    assert.throws(() => new SqliteInbox(path, { now: 5 as unknown as () => number }), { name: "TypeError", message: /now to be a function/ });
   });
 });

@@ -1,13 +1,13 @@
 // test/model.test.ts: a model-based test. fast-check drives random sequences of store, duplicate, claim,
 // extend, finish, fail, expire (the pinned clock moves on), retry and crash (the database closed and
-// reopened) against a real Inbox on a real file, and against a plain in-memory model of what each should
+// reopened) against a real SqliteInbox on a real file, and against a plain in-memory model of what each should
 // do. After every step the two must agree row for row.
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import fc from "fast-check";
-import { Inbox, type Lease, type Status } from "../inbox.ts";
+import { SqliteInbox, type Lease, type Status, type Tx } from "../inbox.ts";
 import { tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;
@@ -33,7 +33,7 @@ interface Model {
 interface Real {
   clock: { now: number };
   path: string;
-  inbox: Inbox;
+  inbox: SqliteInbox;
   /** Leases handed out so far, stale ones included: a worker may still hold one after a takeover. */
   held: Lease[];
 }
@@ -44,7 +44,7 @@ after(cleanup);
 let runs = 0;
 
 const open = (path: string, clock: { now: number }) =>
-  new Inbox(path, { now: () => clock.now, maxAttempts: MAX_ATTEMPTS, retryDelayMs: DELAY, retryCapMs: CAP, retryJitter: 0 });
+  new SqliteInbox(path, { now: () => clock.now, maxAttempts: MAX_ATTEMPTS, retryDelayMs: DELAY, retryCapMs: CAP, retryJitter: 0 });
 const modelBackoff = (attempts: number) => Math.min(CAP, DELAY * 2 ** Math.max(0, attempts - 1));
 
 // The model's claim: give up on expired last attempts, then the due rows by due time and arrival order.
@@ -174,7 +174,7 @@ class Finish implements Cmd {
     if (r.held.length === 0) return;
     const lease = pickLease(r, this.pick);
     const row = current(m, lease);
-    const writes = this.write ? [(db: import("node:sqlite").DatabaseSync) => void db.prepare("INSERT INTO effects VALUES (?)").run(lease.id)] : [];
+    const writes = this.write ? [(tx: Tx) => tx.run("INSERT INTO effects VALUES (?)", lease.id)] : [];
     assert.equal(await r.inbox.finish(lease, writes), row !== undefined, "only the current lease may finish");
     if (row) Object.assign(row, { status: "done", leasedUntil: null, token: null, effects: row.effects + (this.write ? 1 : 0) });
     agree(m, r);

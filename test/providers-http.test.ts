@@ -12,7 +12,7 @@ import fc from "fast-check";
 import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { request } from "undici";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { loadSources, sign, type Provider } from "../providers.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";
@@ -46,7 +46,7 @@ function delivery(provider: Provider, id: string, type: string, at = T, secret: 
 }
 
 let dir: { dir: string; cleanup: () => void };
-let inbox: Inbox;
+let inbox: SqliteInbox;
 let receiver: Receiver;
 let base: string;
 let clock = T * 1000;
@@ -63,7 +63,7 @@ const row = (source: string, id: string) =>
 
 before(async () => {
   dir = tempDir("providers-http-");
-  inbox = new Inbox(join(dir.dir, "inbox.db"));
+  inbox = new SqliteInbox(join(dir.dir, "inbox.db"));
   receiver = createReceiver({ inbox, sources: loadSources(SOURCES, ENV), now: () => clock, log: (line) => logs.push(line) });
   await new Promise<void>((resolve) => receiver.server.listen(0, "127.0.0.1", resolve));
   const address = receiver.server.address();

@@ -9,7 +9,7 @@ import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
-import { Inbox } from "../inbox.ts";
+import { SqliteInbox } from "../inbox.ts";
 import { createReceiver } from "../receiver.ts";
 import { spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
@@ -317,7 +317,7 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
   it("answers 503 with Retry-After while the database is locked by another writer, and stores nothing", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
-    const inbox = new Inbox(path, { busyTimeoutMs: 0 });
+    const inbox = new SqliteInbox(path, { busyTimeoutMs: 0 });
     const lines: string[] = [];
     const { server, close } = createReceiver({ inbox, log: (l) => lines.push(l) });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
@@ -346,7 +346,7 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
   it("answers 503 with Retry-After past maxInFlight requests at once, and serves the one it holds", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
-    const inbox = new Inbox(path);
+    const inbox = new SqliteInbox(path);
     const { server, close } = createReceiver({ inbox, maxInFlight: 1, log: () => {} });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const port = (server.address() as { port: number }).port;
@@ -378,7 +378,7 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
 
   it("answers 503 once its inbox is closed", async () => {
     const dir = tempDir();
-    const inbox = new Inbox(join(dir.dir, "inbox.db"));
+    const inbox = new SqliteInbox(join(dir.dir, "inbox.db"));
     const { server, close } = createReceiver({ inbox, log: () => {} });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     await inbox.close();

@@ -8,7 +8,7 @@ import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { Inbox, type Stored } from "../inbox.ts";
+import { SqliteInbox, type Stored } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
@@ -17,7 +17,7 @@ const body = (n: number) => Buffer.from(JSON.stringify({ customer: `c${n}`, amou
 
 let dir: { dir: string; cleanup: () => void };
 let path: string;
-let opened: Inbox[];
+let opened: SqliteInbox[];
 let receivers: ReceiverProcess[];
 
 beforeEach(() => {
@@ -32,8 +32,8 @@ afterEach(async () => {
   dir.cleanup();
 });
 
-const open = (options: ConstructorParameters<typeof Inbox>[1] = {}) => {
-  const inbox = new Inbox(path, options);
+const open = (options: ConstructorParameters<typeof SqliteInbox>[1] = {}) => {
+  const inbox = new SqliteInbox(path, options);
   opened.push(inbox);
   return inbox;
 };
@@ -177,7 +177,7 @@ describe("run() in batches", () => {
 
   it("commits a batch's finishes together with the next claim, each payment once", async () => {
     const inbox = open({ now: () => t });
-    ensurePayments(inbox.db);
+    await ensurePayments(inbox);
     for (let i = 0; i < 12; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     let begins = 0;
     const exec = inbox.db.exec.bind(inbox.db);
@@ -198,7 +198,7 @@ describe("run() in batches", () => {
   it("keeps a long handler's lease by heartbeat while the short ones around it finish", async () => {
     const inbox = open({ now: () => t });
     const other = open({ now: () => t });
-    ensurePayments(inbox.db);
+    await ensurePayments(inbox);
     for (let i = 0; i < 4; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     const stats = await run(async (job) => {
       if (job.delivery.id !== "evt_0") return recordPayment(job);
@@ -216,7 +216,7 @@ describe("run() in batches", () => {
   it("control: without a heartbeat, another worker takes the long handler's delivery over", async () => {
     const inbox = open({ now: () => t });
     const other = open({ now: () => t });
-    ensurePayments(inbox.db);
+    await ensurePayments(inbox);
     await inbox.store({ id: "evt_0", body: body(0) });
     let taken: string | undefined;
     await run(async () => {
@@ -229,7 +229,7 @@ describe("run() in batches", () => {
   it("aborts job.signal when the heartbeat finds the lease lost, and commits nothing for it", async () => {
     const inbox = open({ now: () => t });
     const other = open({ now: () => t });
-    ensurePayments(inbox.db);
+    await ensurePayments(inbox);
     for (let i = 0; i < 3; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     let reason: unknown;
     const stats = await run(async (job) => {

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { after, afterEach, beforeEach, describe, it } from "node:test";
-import { Inbox, PermanentError } from "../inbox.ts";
+import { SqliteInbox, PermanentError } from "../inbox.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
 import { runScript, spawnScript, tempDir } from "./helpers.ts";
 
@@ -18,10 +18,10 @@ const payment = (customer = "Maria Lopez", amount = 24.99) => Buffer.from(JSON.s
 let dir: { dir: string; cleanup: () => void };
 let path: string;
 let t: number;
-let opened: Inbox[];
-const open = (options: ConstructorParameters<typeof Inbox>[1] = {}) => {
-  const inbox = new Inbox(path, { now: () => t, random: () => 0, ...options });
-  ensurePayments(inbox.db);
+let opened: SqliteInbox[];
+const open = (options: ConstructorParameters<typeof SqliteInbox>[1] = {}) => {
+  const inbox = new SqliteInbox(path, { now: () => t, random: () => 0, ...options });
+  void ensurePayments(inbox); // on SQLite it has run by the time this returns
   opened.push(inbox);
   return inbox;
 };
@@ -202,14 +202,14 @@ describe("run()", () => {
         t += LEASE;
         const takeover = (await b.claim(LEASE))!;
         assert.equal(takeover.id, "evt_1");
-        assert.equal(await b.finish(takeover, [(db) => void ledger(db, job.key)]), true);
+        assert.equal(await b.finish(takeover, [(tx) => void ledger(tx.db!, job.key)]), true);
         write(job, job.key);
       }, { inbox: a, once: true, leaseMs: LEASE, log: (line) => logged.push(line) });
       return { stats, ledger: query<{ n: number }>("SELECT count(*) AS n FROM ledger")[0]!.n };
     }
 
     it("rolls back the stale handler's job.write, so the local effect happens exactly once", async () => {
-      const { stats, ledger } = await overtaken((job, key) => job.write((db) => void db.prepare("INSERT INTO ledger VALUES (?)").run(key)));
+      const { stats, ledger } = await overtaken((job, key) => job.write((tx) => void tx.db!.prepare("INSERT INTO ledger VALUES (?)").run(key)));
       assert.equal(stats.lost, 1);
       assert.equal(stats.done, 0);
       assert.equal(ledger, 1);

@@ -1,0 +1,683 @@
+// postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database.
+// The same contract as SqliteInbox in inbox.ts; every script picks it when --db or INBOX_DB is a URL:
+//   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
+// ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
+
+import pg from "pg";
+import {
+  DEFAULTS, backoff, message, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
+  type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
+} from "./inbox.ts";
+
+// The schema, in order. A shipped entry is never edited: add a new one after it.
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE deliveries (
+     source        text    NOT NULL,
+     id            text    NOT NULL,
+     body          bytea   NOT NULL,
+     body_sha256   text    NOT NULL,
+     content_type  text,
+     event_type    text,
+     provider_time bigint,
+     received_at   bigint  NOT NULL,
+     status        text    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      integer NOT NULL DEFAULT 0,
+     -- When it is next due: for a received delivery its (re)try time, for a processing one its lease's
+     -- end, so one partial index serves new work, retries and takeovers alike.
+     available_at  bigint  NOT NULL,
+     leased_until  bigint,
+     lease_token   text,
+     lease_ms      integer,
+     error         text,
+     conflicts     integer NOT NULL DEFAULT 0,
+     finished_at   bigint,
+     PRIMARY KEY (source, id)
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+   -- Partial, so a claim walks only what is waiting, however many done rows pile up behind it.
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status IN ('received', 'processing');
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';
+   CREATE INDEX deliveries_received ON deliveries (received_at);`,
+];
+
+// Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
+// that hosts whose clocks differ still agree on when a lease ends.
+const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
+
+// int8 as a JS number: times in ms and counts are far below 2^53.
+const TYPES = {
+  getTypeParser: ((oid: number, format?: string) =>
+    oid === 20 ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
+};
+
+type Row = Record<string, unknown>;
+
+function toDelivery(row: Row): Delivery {
+  return {
+    source: row.source as string,
+    id: row.id as string,
+    body: row.body as Buffer,
+    bodySha256: row.body_sha256 as string,
+    contentType: row.content_type as string | null,
+    eventType: row.event_type as string | null,
+    providerTime: row.provider_time as number | null,
+    receivedAt: row.received_at as number,
+    status: row.status as Status,
+    attempts: row.attempts as number,
+    // A processing row's due time is its lease's end; the contract's availableAt is when it was due.
+    availableAt: row.available_at as number,
+    leasedUntil: row.leased_until as number | null,
+    error: row.error as string | null,
+    conflicts: row.conflicts as number,
+    finishedAt: row.finished_at as number | null,
+  };
+}
+
+/** redact hides the password of a PostgreSQL URL, so a target can go in a log line. */
+export function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return "(a PostgreSQL URL that does not parse)";
+  }
+}
+
+// toPg turns `?` parameters into PostgreSQL's $1, $2 …, leaving quoted text alone.
+const translated = new Map<string, string>();
+export function toPg(sql: string, offset = 0): string {
+  const key = `${offset}:${sql}`;
+  let text = translated.get(key);
+  if (text === undefined) {
+    let n = offset;
+    text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\?/g, (m) => (m === "?" ? `$${++n}` : m));
+    translated.set(key, text);
+  }
+  return text;
+}
+
+// One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
+type Op =
+  | { kind: "store"; source: string; incoming: Incoming; digest: string; resolve(v: unknown): void; reject(e: unknown): void }
+  | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
+  | { kind: "other"; run(client: pg.PoolClient): Promise<unknown>; resolve(v: unknown): void; reject(e: unknown): void };
+
+type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
+
+// A batch error concerns the connection or the server, not one op: every op of the batch fails with it.
+function isBatchError(error: unknown): boolean {
+  const code = (error as { code?: unknown }).code;
+  if (typeof code !== "string") return /connection|terminat|not queryable|timeout/i.test(message(error));
+  return /^(08|53|57|58|XX|40)/.test(code) || /^E[A-Z]+$/.test(code);
+}
+
+/** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
+export class PostgresInbox implements Inbox {
+  readonly backend: Backend = "postgres";
+  readonly target: string;
+  readonly schema: string;
+  private readonly pool: pg.Pool;
+  private readonly pinned: (() => number) | undefined;
+  private readonly random: () => number;
+  private readonly batchSize: number;
+  private readonly poolSize: number;
+  private readonly maxAttempts: number;
+  private readonly listen: boolean;
+  private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
+  private queue: Op[] = [];
+  private running = 0;
+  private scheduled = false;
+  private idle: (() => void)[] = [];
+  private closed = false;
+  private lastNotify = 0;
+  private listener: pg.Client | undefined;
+  private wakeListeners: (() => void)[] = [];
+  private listenTimer: NodeJS.Timeout | undefined;
+
+  private constructor(url: string, options: InboxOptions) {
+    for (const [key, value] of Object.entries(options)) {
+      if (key === "now" || key === "random") {
+        if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
+      } else if (key === "backgroundCheckpoints" || key === "listen") {
+        if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
+      } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+        throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
+      }
+    }
+    this.target = redact(url);
+    const parsed = new URL(url);
+    const schema = parsed.searchParams.get("schema") ?? "public";
+    if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) {
+      throw new TypeError(`Inbox: expected ?schema= to be a lower-case SQL name (letters, digits, _), got ${JSON.stringify(schema)}`);
+    }
+    const listenParam = parsed.searchParams.get("listen");
+    if (listenParam !== null && listenParam !== "true" && listenParam !== "false") {
+      throw new TypeError(`Inbox: expected ?listen= to be true or false, got ${JSON.stringify(listenParam)}`);
+    }
+    parsed.searchParams.delete("schema");
+    parsed.searchParams.delete("listen");
+    this.schema = schema;
+    this.pinned = options.now;
+    this.random = options.random ?? Math.random;
+    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
+    this.poolSize = Math.max(1, Math.round(options.poolSize ?? DEFAULTS.poolSize));
+    this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.listen = (options.listen ?? true) && listenParam !== "false";
+    this.backoffOptions = {
+      retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
+      retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
+      retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
+    };
+    this.pool = new pg.Pool({
+      connectionString: parsed.toString(),
+      max: this.poolSize,
+      connectionTimeoutMillis: DEFAULTS.connectTimeoutMs,
+      // The claim's and the finish's statements, and a handler's writes, go out without waiting for
+      // each other's answers: one round trip per batch rather than one per statement.
+      pipeline: true,
+      types: TYPES,
+      // Set here rather than inherited: a 200 must mean committed and flushed (synchronous_commit), and
+      // no statement may run under a stricter isolation that fails claims with serialization errors.
+      options: `-c search_path=${schema} -c synchronous_commit=on -c default_transaction_isolation=read\\ committed`,
+    });
+    // An idle connection that the server drops (a restart, pg_terminate_backend) is simply replaced; the
+    // next query opens a new one.
+    this.pool.on("error", () => {});
+  }
+
+  /** open connects, migrates under an advisory lock (ten hosts starting at once migrate once), and checks the schema. */
+  static async open(url: string, options: InboxOptions = {}): Promise<PostgresInbox> {
+    const inbox = new PostgresInbox(url, options);
+    try {
+      await inbox.migrate();
+    } catch (error) {
+      await inbox.pool.end().catch(() => {});
+      throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
+    }
+    return inbox;
+  }
+
+  private async migrate(): Promise<void> {
+    const client = await this.pool.connect();
+    try {
+      await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
+      await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
+      await client.query(`CREATE SCHEMA IF NOT EXISTS ${this.schema}`);
+      await client.query(`CREATE TABLE IF NOT EXISTS inbox_migrations (
+                            version    integer PRIMARY KEY,
+                            applied_at timestamptz NOT NULL DEFAULT now())`);
+      const { rows } = await client.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
+      const version = Number(rows[0].version);
+      if (version > MIGRATIONS.length) {
+        throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
+      }
+      for (let next = version; next < MIGRATIONS.length; next++) {
+        await client.query(MIGRATIONS[next]!);
+        await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
+      }
+      await client.query("COMMIT");
+    } catch (error) {
+      await client.query("ROLLBACK").catch(() => {});
+      throw error;
+    } finally {
+      client.release();
+    }
+  }
+
+  private now(): number | null {
+    return this.pinned ? this.pinned() : null;
+  }
+
+  store(delivery: Incoming): Promise<Stored> {
+    const source = delivery.source ?? DEFAULTS.source;
+    return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body) }) as Promise<Stored>;
+  }
+
+  async claim(leaseMs: number = DEFAULTS.leaseMs): Promise<Lease | undefined> {
+    return (await this.claimBatch(1, leaseMs))[0];
+  }
+
+  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
+    if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
+    return this.other(async (client) => {
+      // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
+      // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
+      const { rows } = await client.query(
+        `WITH p AS (
+           SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up FROM deliveries
+           WHERE status IN ('received', 'processing') AND available_at <= ${NOW}
+           ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED)
+         UPDATE deliveries d SET
+           status       = CASE WHEN gave_up THEN 'failed' ELSE 'processing' END,
+           attempts     = CASE WHEN gave_up THEN d.attempts ELSE d.attempts + 1 END,
+           leased_until = CASE WHEN gave_up THEN NULL ELSE ${NOW} + $3::bigint END,
+           available_at = CASE WHEN gave_up THEN d.available_at ELSE ${NOW} + $3::bigint END,
+           lease_ms     = $3::integer,
+           lease_token  = CASE WHEN gave_up THEN NULL ELSE gen_random_uuid()::text END,
+           error        = CASE WHEN gave_up THEN 'gave up: the lease expired on the last attempt (the worker crashed or hung)' ELSE d.error END,
+           finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END
+         FROM p WHERE d.source = p.source AND d.id = p.id
+         RETURNING d.*, p.due`,
+        [this.now(), limit, leaseMs, this.maxAttempts],
+      );
+      const leases: Lease[] = [];
+      for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
+        if (row.status !== "processing") continue;
+        const lease = toDelivery(row) as Lease;
+        lease.availableAt = row.due;
+        lease.token = row.lease_token;
+        leases.push(lease);
+      }
+      return leases;
+    }) as Promise<Lease[]>;
+  }
+
+  extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        `UPDATE deliveries SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
+         WHERE source = $3 AND id = $4 AND lease_token = $5 AND status = 'processing'
+         RETURNING leased_until`,
+        [this.now(), leaseMs, lease.source, lease.id, lease.token],
+      );
+      if (rows.length === 1) lease.leasedUntil = rows[0].leased_until;
+      return rows.length === 1;
+    }) as Promise<boolean>;
+  }
+
+  finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
+    return this.enqueue({ kind: "finish", lease, writes }) as Promise<boolean>;
+  }
+
+  fail(lease: Lease, error: string, options: { permanent?: boolean } = {}): Promise<Failure | undefined> {
+    const delay = backoff(lease.attempts, { ...this.backoffOptions, random: this.random });
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        `UPDATE deliveries SET
+           status       = CASE WHEN $2::boolean OR attempts >= $3 THEN 'failed' ELSE 'received' END,
+           available_at = CASE WHEN $2::boolean OR attempts >= $3 THEN available_at ELSE ${NOW} + $4::bigint END,
+           finished_at  = CASE WHEN $2::boolean OR attempts >= $3 THEN ${NOW} ELSE NULL END,
+           error = $5, leased_until = NULL, lease_token = NULL
+         WHERE source = $6 AND id = $7 AND lease_token = $8 AND status = 'processing'
+         RETURNING status, available_at`,
+        [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token],
+      );
+      if (rows.length === 0) return undefined;
+      return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
+    }) as Promise<Failure | undefined>;
+  }
+
+  release(lease: Lease): Promise<boolean> {
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `UPDATE deliveries SET status = 'received', attempts = greatest(attempts - 1, 0), leased_until = NULL,
+                lease_token = NULL, available_at = ${NOW}
+         WHERE source = $2 AND id = $3 AND lease_token = $4 AND status = 'processing'`,
+        [this.now(), lease.source, lease.id, lease.token],
+      );
+      return rowCount === 1;
+    }) as Promise<boolean>;
+  }
+
+  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
+    return this.other(async (client) => {
+      const { rowCount } = "allFailed" in target
+        ? await client.query(
+          `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+           WHERE status = 'failed'`,
+          [this.now()],
+        )
+        : await client.query(
+          `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+           WHERE source = $2 AND id = $3 AND status = 'failed'`,
+          [this.now(), target.source ?? DEFAULTS.source, target.id],
+        );
+      this.notify(client, rowCount ?? 0);
+      return rowCount ?? 0;
+    }) as Promise<number>;
+  }
+
+  async find(id: string, source?: string): Promise<Delivery[]> {
+    const { rows } = source === undefined
+      ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source", [id])
+      : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2", [id, source]);
+    return rows.map(toDelivery);
+  }
+
+  async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
+    const { rows } = await this.pool.query(
+      `SELECT * FROM deliveries
+       WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR source = $2)
+       ORDER BY received_at DESC, source DESC, id DESC LIMIT $3`,
+      [filter.status ?? null, filter.source ?? null, filter.limit ?? 20],
+    );
+    return rows.map(toDelivery);
+  }
+
+  async status(): Promise<InboxStatus> {
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    const bySource = new Map<string, InboxStatus["sources"][number]>();
+    const grouped = await this.pool.query(
+      "SELECT source, event_type, status, count(*) AS n FROM deliveries GROUP BY source, event_type, status ORDER BY source, event_type",
+    );
+    for (const r of grouped.rows) {
+      counts[r.status as Status] += r.n;
+      const key = JSON.stringify([r.source, r.event_type]);
+      let entry = bySource.get(key);
+      if (!entry) {
+        entry = { source: r.source, eventType: r.event_type, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
+        bySource.set(key, entry);
+      }
+      entry.counts[r.status as Status] = r.n;
+    }
+    const failed = await this.pool.query(
+      `SELECT source, id, attempts, error, event_type FROM deliveries WHERE status = 'failed'
+       ORDER BY received_at, source, id LIMIT 100`,
+    );
+    const oldest = await this.pool.query(
+      `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
+      [this.now()],
+    );
+    const conflicts = await this.pool.query(
+      "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
+    );
+    const age = oldest.rows[0].age as number | null;
+    return {
+      counts,
+      sources: [...bySource.values()],
+      failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type })),
+      oldestWaitingMs: age === null ? null : Math.max(0, age),
+      conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
+    };
+  }
+
+  async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
+    const { rows } = after === undefined
+      ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id LIMIT $1", [limit])
+      : await this.pool.query("SELECT * FROM deliveries WHERE (source, id) > ($1, $2) ORDER BY source, id LIMIT $3", [after.source, after.id, limit]);
+    return rows.map((row) => {
+      const d = toDelivery(row);
+      // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
+      return d;
+    });
+  }
+
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k]);
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
+         SELECT s, i, b, h, ct, et, pt, ra, st, at,
+                CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
+                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa
+         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
+                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa)
+         ORDER BY s, i
+         ON CONFLICT (source, id) DO NOTHING`,
+        [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
+          col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
+          col("error"), col("conflicts"), col("finishedAt")],
+      );
+      return rowCount ?? 0;
+    }) as Promise<number>;
+  }
+
+  async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    return (await this.pool.query(toPg(sql), params)).rows;
+  }
+
+  onWake(listener: () => void): void {
+    this.wakeListeners.push(listener);
+    if (this.listen && !this.listener && !this.listenTimer) void this.startListening();
+  }
+
+  // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
+  private async startListening(): Promise<void> {
+    if (this.closed) return;
+    const client = new pg.Client({ connectionString: (this.pool as unknown as { options: { connectionString: string } }).options.connectionString });
+    const retry = () => {
+      if (this.listener === client) this.listener = undefined;
+      client.end().catch(() => {});
+      if (!this.closed && !this.listenTimer) {
+        this.listenTimer = setTimeout(() => {
+          this.listenTimer = undefined;
+          void this.startListening();
+        }, 1_000);
+        this.listenTimer.unref();
+      }
+    };
+    client.on("error", retry);
+    client.on("end", retry);
+    client.on("notification", () => {
+      for (const listener of this.wakeListeners) listener();
+    });
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${this.channel()}`);
+      this.listener = client;
+      // Unref'd like a timer: a LISTEN alone must not keep a finished script alive.
+      (client as unknown as { connection: { stream: { unref(): void } } }).connection.stream.unref();
+    } catch {
+      retry();
+    }
+  }
+
+  private channel(): string {
+    return `inbox_wake_${this.schema}`;
+  }
+
+  // notify wakes listening workers at commit; at most once per notifyEveryMs from this process, since
+  // every NOTIFY serialises commits on a global lock.
+  private notify(client: pg.PoolClient, added: number): void {
+    if (!this.listen || added === 0) return;
+    const t = performance.now();
+    if (t - this.lastNotify < DEFAULTS.notifyEveryMs) return;
+    this.lastNotify = t;
+    void client.query("SELECT pg_notify($1, '')", [this.channel()]).catch(() => {});
+  }
+
+  flush(): Promise<void> {
+    if (this.queue.length === 0 && this.running === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idle.push(resolve));
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.flush();
+    this.closed = true;
+    clearTimeout(this.listenTimer);
+    const listener = this.listener;
+    this.listener = undefined;
+    await listener?.end().catch(() => {});
+    await this.pool.end();
+  }
+
+  private other(run: (client: pg.PoolClient) => Promise<unknown>): Promise<unknown> {
+    return this.enqueue({ kind: "other", run });
+  }
+
+  private enqueue(op: Queued): Promise<unknown> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.target} is closed`));
+    return new Promise((resolve, reject) => {
+      this.queue.push({ ...op, resolve, reject } as Op);
+      this.schedule();
+    });
+  }
+
+  // schedule starts a transaction for what is queued, up to poolSize at once; setImmediate lets every
+  // request already read off the sockets join the batch.
+  private schedule(): void {
+    if (this.scheduled || this.queue.length === 0 || this.running >= this.poolSize) return;
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
+      while (this.queue.length > 0 && this.running < this.poolSize) {
+        const batch = this.queue.splice(0, this.batchSize);
+        this.running++;
+        void this.transact(batch).finally(() => {
+          this.running--;
+          this.schedule();
+          if (this.running === 0 && this.queue.length === 0) for (const resolve of this.idle.splice(0)) resolve();
+        });
+      }
+    });
+  }
+
+  // transact commits a batch in one READ COMMITTED transaction and settles each op after COMMIT. Ops run
+  // together first (one statement for all the stores, one for all the finishes); if one of them fails,
+  // the transaction is redone with a savepoint per op, so only that op fails.
+  private async transact(batch: Op[]): Promise<void> {
+    let client: pg.PoolClient;
+    try {
+      client = await this.pool.connect();
+    } catch (error) {
+      return this.rejectAll(batch, error);
+    }
+    let broken: Error | undefined;
+    try {
+      let results: Map<Op, { ok: boolean; value: unknown }>;
+      try {
+        results = await this.attempt(client, batch, false);
+      } catch (error) {
+        if (isBatchError(error)) throw error;
+        await client.query("ROLLBACK");
+        results = await this.attempt(client, batch, true);
+      }
+      for (const op of batch) {
+        const r = results.get(op)!;
+        if (r.ok) op.resolve(r.value);
+        else op.reject(r.value);
+      }
+    } catch (error) {
+      broken = error instanceof Error ? error : new Error(message(error));
+      await client.query("ROLLBACK").catch(() => {});
+      this.rejectAll(batch, error);
+    } finally {
+      // A connection that failed mid-batch is dropped rather than handed to the next batch.
+      client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
+    }
+  }
+
+  private rejectAll(batch: Op[], error: unknown): void {
+    const failure = new Error(`inbox ${this.target}: ${message(error)}`, { cause: error });
+    for (const op of batch) op.reject(failure);
+  }
+
+  private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
+    const results = new Map<Op, { ok: boolean; value: unknown }>();
+    await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
+    if (!guarded) {
+      const stores = batch.filter((op) => op.kind === "store");
+      const finishes = batch.filter((op) => op.kind === "finish");
+      if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
+      if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
+      for (const op of batch) if (op.kind === "other") results.set(op, { ok: true, value: await op.run(client) });
+    } else {
+      for (const op of batch) {
+        await client.query("SAVEPOINT op");
+        try {
+          const value = op.kind === "store" ? (await this.storeAll(client, [op])).get(op)
+            : op.kind === "finish" ? (await this.finishAll(client, [op])).get(op)
+            : await op.run(client);
+          await client.query("RELEASE SAVEPOINT op");
+          results.set(op, { ok: true, value });
+        } catch (error) {
+          if (isBatchError(error)) throw error;
+          await client.query("ROLLBACK TO SAVEPOINT op");
+          await client.query("RELEASE SAVEPOINT op");
+          results.set(op, { ok: false, value: error });
+        }
+      }
+    }
+    await client.query("COMMIT");
+    return results;
+  }
+
+  // storeAll inserts a batch's deliveries in one statement, in key order so that two receivers' batches
+  // take their row locks in the same order and cannot deadlock. The first copy of a key is stored; every
+  // other is a duplicate, or a conflict when its body's hash differs from the stored one.
+  private async storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>> {
+    const key = (op: { source: string; incoming: { id: string } }) => `${op.source}\u0000${op.incoming.id}`;
+    const firsts = new Map<string, (typeof ops)[number]>();
+    for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
+    const rows = [...firsts.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
+    const inserted = await client.query(
+      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at)
+       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}
+       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[]) AS u(s, i, b, h, ct, et, pt)
+       ON CONFLICT (source, id) DO NOTHING
+       RETURNING source, id`,
+      [this.now(), rows.map((op) => op.source), rows.map((op) => op.incoming.id), rows.map((op) => op.incoming.body),
+        rows.map((op) => op.digest), rows.map((op) => op.incoming.contentType ?? null), rows.map((op) => op.incoming.eventType ?? null),
+        rows.map((op) => op.incoming.providerTime ?? null)],
+    );
+    const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
+    const results = new Map<Op, Stored>();
+    const others = ops.filter((op) => !(stored.has(key(op)) && firsts.get(key(op)) === op));
+    for (const op of ops) if (!others.includes(op)) results.set(op, "stored");
+    if (others.length === 0) {
+      this.notify(client, stored.size);
+      return results;
+    }
+    const kept = await client.query(
+      "SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+      [others.map((op) => op.source), others.map((op) => op.incoming.id)],
+    );
+    const digests = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r.body_sha256 as string]));
+    const conflicts = new Map<string, number>();
+    for (const op of others) {
+      const conflict = digests.get(key(op)) !== op.digest;
+      results.set(op, conflict ? "conflict" : "duplicate");
+      if (conflict) conflicts.set(key(op), (conflicts.get(key(op)) ?? 0) + 1);
+    }
+    if (conflicts.size > 0) {
+      const keys = [...conflicts.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
+      await client.query(
+        `UPDATE deliveries d SET conflicts = d.conflicts + u.n
+         FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i`,
+        [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicts.get(k.join("\u0000"))!)],
+      );
+    }
+    this.notify(client, stored.size);
+    return results;
+  }
+
+  // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
+  // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
+  // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
+  private async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
+    const { rows } = await client.query(
+      `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
+       FROM unnest($2::text[], $3::text[], $4::text[]) AS u(s, i, t)
+       WHERE d.source = u.s AND d.id = u.i AND d.lease_token = u.t AND d.status = 'processing'
+       RETURNING d.source, d.id`,
+      [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token)],
+    );
+    const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}`));
+    const results = new Map<Op, boolean>();
+    const tx: Tx = {
+      backend: "postgres",
+      client,
+      run: (sql, ...params) => client.query(toPg(sql), params).then((r) => r.rowCount ?? 0),
+    };
+    const pending: Promise<unknown>[] = [];
+    for (const op of ops) {
+      const ok = held.has(`${op.lease.source}\u0000${op.lease.id}`);
+      results.set(op, ok);
+      if (!ok) continue;
+      for (const write of op.writes) {
+        try {
+          pending.push(Promise.resolve(write(tx)));
+        } catch (error) {
+          pending.push(Promise.reject(error));
+        }
+      }
+    }
+    const settled = await Promise.allSettled(pending);
+    const failed = settled.find((s) => s.status === "rejected");
+    if (failed) throw (failed as PromiseRejectedResult).reason;
+    return results;
+  }
+}

@@ -1,0 +1,342 @@
+// test/contract.test.ts: one suite for the store's contract, run against both backends: a real SQLite
+// file, and a fresh schema on a real PostgreSQL (INBOX_TEST_POSTGRES; skipped in one line without one).
+// The clock is pinned; where the backends must differ, the test says why.
+
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { SqliteInbox, connect, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
+import { ensurePayments, recordPayment, run } from "../worker.ts";
+import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+
+const T0 = 1_700_000_000_000;
+const LEASE = 60_000;
+const body = (event: unknown) => Buffer.from(JSON.stringify(event));
+const pgSkip = await postgresSkip();
+
+interface Backend {
+  name: "sqlite" | "postgres";
+  skip: string | false;
+  /** make prepares an empty target; open connects to it (twice for two workers). */
+  make(): Promise<{ target: string; cleanup: () => Promise<void> }>;
+}
+
+const BACKENDS: Backend[] = [
+  {
+    name: "sqlite",
+    skip: false,
+    make: async () => {
+      const dir = tempDir();
+      return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
+    },
+  },
+  {
+    name: "postgres",
+    skip: pgSkip,
+    make: async () => {
+      const fresh = await freshSchema("contract");
+      return { target: fresh.url, cleanup: fresh.drop };
+    },
+  },
+];
+
+for (const backend of BACKENDS) {
+  describe(`the contract on ${backend.name}`, { skip: backend.skip }, () => {
+    let target: string;
+    let cleanup: () => Promise<void>;
+    let t: number;
+    let opened: Inbox[];
+    const open = async (options: InboxOptions = {}) => {
+      const inbox = await connect(target, { now: () => t, random: () => 0, ...options });
+      opened.push(inbox);
+      return inbox;
+    };
+    const row = async (inbox: Inbox, id: string, source = "default") =>
+      (await inbox.query("SELECT * FROM deliveries WHERE source = ? AND id = ?", source, id))[0];
+
+    beforeEach(async () => {
+      ({ target, cleanup } = await backend.make());
+      t = T0;
+      opened = [];
+    });
+    afterEach(async () => {
+      for (const inbox of opened) await inbox.close();
+      await cleanup();
+    });
+
+    describe("store()", () => {
+      it("keeps the first copy: stored, then duplicate, then conflict for a different body", async () => {
+        const inbox = await open();
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 1 }) }), "stored");
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 1 }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 2 }) }), "conflict");
+        const [d] = await inbox.find("evt_1");
+        assert.deepEqual(d!.body, body({ amount: 1 }));
+        assert.equal(d!.conflicts, 1);
+        assert.equal(d!.receivedAt, T0);
+      });
+
+      it("tells the copies of one key apart within one group commit", async () => {
+        const inbox = await open();
+        const results = await Promise.all([
+          inbox.store({ id: "evt_1", body: body({ a: 1 }) }),
+          inbox.store({ id: "evt_1", body: body({ a: 1 }) }),
+          inbox.store({ id: "evt_1", body: body({ a: 2 }) }),
+          inbox.store({ id: "evt_2", body: body({}) }),
+        ]);
+        assert.deepEqual(results, ["stored", "duplicate", "conflict", "stored"]);
+        assert.equal((await inbox.find("evt_1"))[0]!.conflicts, 1);
+      });
+
+      it("keeps bodies byte-exact, bytes that are not UTF-8 included, and one ID apart in two sources", async () => {
+        const inbox = await open();
+        const bytes = Buffer.from([0xff, 0x00, 0xfe, 0x22, 0x5c, 0x7b]);
+        await inbox.store({ source: "stripe", id: "x", body: bytes, eventType: "a.b", providerTime: 123, contentType: "application/json" });
+        await inbox.store({ source: "github", id: "x", body: body({}) });
+        const found = await inbox.find("x");
+        assert.deepEqual(found.map((d) => d.source), ["github", "stripe"]);
+        const stripe = (await inbox.find("x", "stripe"))[0]!;
+        assert.deepEqual(stripe.body, bytes);
+        assert.deepEqual([stripe.eventType, stripe.providerTime, stripe.contentType], ["a.b", 123, "application/json"]);
+      });
+    });
+
+    describe("claimBatch()", () => {
+      it("leases the oldest due first, and returns undefined when nothing is due", async () => {
+        const inbox = await open();
+        assert.equal(await inbox.claim(LEASE), undefined);
+        for (const id of ["evt_1", "evt_2", "evt_3"]) {
+          await inbox.store({ id, body: body({}) });
+          t += 1;
+        }
+        const leases = await inbox.claimBatch(2, LEASE);
+        assert.deepEqual(leases.map((l) => l.id), ["evt_1", "evt_2"]);
+        assert.equal(leases[0]!.attempts, 1);
+        assert.equal(leases[0]!.leasedUntil, t + LEASE);
+        assert.notEqual(leases[0]!.token, leases[1]!.token);
+        assert.equal((await inbox.claimBatch(5, LEASE)).length, 1);
+        assert.equal(await inbox.claim(LEASE), undefined);
+      });
+
+      it("never hands one delivery to two workers claiming at once", async () => {
+        const a = await open();
+        const b = await open();
+        for (let i = 0; i < 200; i++) await a.store({ id: `evt_${i}`, body: body({}) });
+        const claims = await Promise.all(Array.from({ length: 20 }, (_, i) => (i % 2 ? a : b).claimBatch(15, LEASE)));
+        const ids = claims.flat().map((l) => l.id);
+        assert.equal(ids.length, 200);
+        assert.equal(new Set(ids).size, 200);
+      });
+
+      it("takes over an expired lease, and fences the old holder out of extend, finish, fail and release", async () => {
+        const a = await open();
+        const b = await open();
+        await a.store({ id: "evt_1", body: body({}) });
+        const stale = (await a.claim(LEASE))!;
+        assert.equal(await b.claim(LEASE), undefined, "a live lease is not taken");
+        t += LEASE;
+        const fresh = (await b.claim(LEASE))!;
+        assert.equal(fresh.attempts, 2);
+        assert.equal(await a.extend(stale, LEASE), false);
+        assert.equal(await a.finish(stale, [(tx: Tx) => tx.run("SELECT 1")]), false);
+        assert.equal(await a.fail(stale, "late"), undefined);
+        assert.equal(await a.release(stale), false);
+        assert.equal(await b.extend(fresh, LEASE), true);
+        assert.equal(fresh.leasedUntil, t + LEASE);
+        assert.equal(await b.finish(fresh), true);
+        assert.equal((await row(b, "evt_1"))!.status, "done");
+      });
+
+      it("sets aside a delivery whose lease expired on its last attempt", async () => {
+        const inbox = await open({ maxAttempts: 1 });
+        await inbox.store({ id: "evt_1", body: body({}) });
+        await inbox.claim(LEASE);
+        t += LEASE;
+        assert.equal(await inbox.claim(LEASE), undefined);
+        const [d] = await inbox.find("evt_1");
+        assert.equal(d!.status, "failed");
+        assert.match(d!.error!, /gave up: the lease expired on the last attempt/);
+      });
+    });
+
+    describe("fail(), release() and retry()", () => {
+      it("backs off, then sets aside after the last attempt; retry queues it again with attempts reset", async () => {
+        const inbox = await open({ maxAttempts: 2, retryDelayMs: 1_000, retryJitter: 0 });
+        await inbox.store({ id: "evt_1", body: body({}) });
+        const first = (await inbox.claim(LEASE))!;
+        assert.deepEqual(await inbox.fail(first, "boom"), { status: "received", retryAt: t + 1_000 });
+        assert.equal(await inbox.claim(LEASE), undefined, "not due before its backoff");
+        t += 1_000;
+        const second = (await inbox.claim(LEASE))!;
+        assert.deepEqual(await inbox.fail(second, "boom again"), { status: "failed" });
+        const [failed] = await inbox.find("evt_1");
+        assert.deepEqual([failed!.status, failed!.error, failed!.finishedAt], ["failed", "boom again", t]);
+        assert.equal(await inbox.retry({ id: "evt_1" }), 1);
+        assert.equal(await inbox.retry({ id: "evt_1" }), 0, "only a failed delivery is retried");
+        const again = (await inbox.claim(LEASE))!;
+        assert.equal(again.attempts, 1);
+      });
+
+      it("fails a permanent error at once, and retry --all-failed takes every failed one", async () => {
+        const inbox = await open();
+        for (const id of ["a", "b"]) await inbox.store({ id, body: body({}) });
+        for (const lease of await inbox.claimBatch(2, LEASE)) assert.deepEqual(await inbox.fail(lease, "bad", { permanent: true }), { status: "failed" });
+        assert.equal((await inbox.status()).counts.failed, 2);
+        assert.equal(await inbox.retry({ allFailed: true }), 2);
+        assert.equal((await inbox.status()).counts.received, 2);
+      });
+
+      it("release hands a lease back due now, without spending an attempt", async () => {
+        const inbox = await open();
+        await inbox.store({ id: "evt_1", body: body({}) });
+        const lease = (await inbox.claim(LEASE))!;
+        assert.equal(await inbox.release(lease), true);
+        const again = (await inbox.claim(LEASE))!;
+        assert.equal(again.attempts, 1);
+      });
+    });
+
+    describe("finish() with local writes", () => {
+      const ledger = (inbox: Inbox) => inbox.query("CREATE TABLE IF NOT EXISTS ledger (k TEXT PRIMARY KEY)");
+      const pay = (k: string) => (tx: Tx) => tx.run("INSERT INTO ledger (k) VALUES (?)", k);
+      const keys = async (inbox: Inbox) => (await inbox.query("SELECT k FROM ledger ORDER BY k")).map((r) => r.k);
+
+      it("commits the writes with the done mark, and none of them when the lease was lost", async () => {
+        const a = await open();
+        const b = await open();
+        await ledger(a);
+        await a.store({ id: "evt_1", body: body({}) });
+        const slow = (await a.claim(LEASE))!;
+        t += LEASE;
+        const fast = (await b.claim(LEASE))!;
+        assert.equal(await b.finish(fast, [pay("fast")]), true);
+        assert.equal(await a.finish(slow, [pay("slow")]), false);
+        assert.deepEqual(await keys(a), ["fast"]);
+      });
+
+      it("confines a write that throws to its own delivery; its batch-mates commit", async () => {
+        const inbox = await open();
+        await ledger(inbox);
+        for (const id of ["evt_1", "evt_bad", "evt_3"]) await inbox.store({ id, body: body({}) });
+        const [first, bad, last] = await inbox.claimBatch(3, LEASE);
+        const results = await Promise.allSettled([
+          inbox.finish(first!, [pay("k1")]),
+          inbox.finish(bad!, [pay("k2"), pay("k1")]), // the second violates the key: the whole delivery rolls back
+          inbox.finish(last!, [pay("k3")]),
+        ]);
+        assert.deepEqual(results.map((r) => r.status), ["fulfilled", "rejected", "fulfilled"]);
+        assert.deepEqual(await keys(inbox), ["k1", "k3"]);
+        assert.equal((await row(inbox, "evt_bad"))!.status, "processing", "its done mark rolled back with it");
+        assert.equal((await inbox.fail(bad!, "ledger refused"))!.status, "received");
+      });
+
+      it("records each of the article's payments exactly once through worker.ts's handler", async () => {
+        const inbox = await open();
+        await ensurePayments(inbox);
+        await inbox.store({ id: "evt_100", body: body({ customer: "Maria Lopez", amount: 24.99 }) });
+        await inbox.store({ id: "evt_100", body: body({ customer: "Maria Lopez", amount: 24.99 }) });
+        await inbox.store({ id: "evt_101", body: body({ customer: "Ann", amount: 5 }) });
+        await inbox.store({ id: "evt_bad", body: body({ nope: true }) });
+        const stats = await run(recordPayment, { inbox, once: true, log: () => {} });
+        assert.deepEqual([stats.done, stats.failed], [2, 1]);
+        const rows = await inbox.query("SELECT delivery_id, customer, amount FROM payments ORDER BY delivery_id");
+        assert.deepEqual(rows.map((r) => ({ ...r })), [
+          { delivery_id: "evt_100", customer: "Maria Lopez", amount: 24.99 },
+          { delivery_id: "evt_101", customer: "Ann", amount: 5 },
+        ]);
+      });
+    });
+
+    describe("looking: find(), list(), status()", () => {
+      it("counts per status and source, lists newest first, and names the failures and the oldest wait", async () => {
+        const inbox = await open();
+        await inbox.store({ source: "stripe", id: "s1", body: body({}), eventType: "charge.succeeded" });
+        t += 1_000;
+        await inbox.store({ id: "evt_1", body: body({}) });
+        await inbox.store({ id: "evt_1", body: body({ other: 1 }) });
+        const lease = (await inbox.claim(LEASE))!;
+        await inbox.fail(lease, "nope", { permanent: true });
+        t += 4_000;
+        const s = await inbox.status();
+        assert.deepEqual(s.counts, { received: 1, processing: 0, done: 0, failed: 1 });
+        assert.deepEqual(s.failed.map((f) => [f.source, f.id, f.error]), [["stripe", "s1", "nope"]]);
+        assert.equal(s.oldestWaitingMs, 4_000);
+        assert.deepEqual(s.conflicts, { deliveries: 1, copies: 1 });
+        assert.deepEqual(s.sources.map((x) => [x.source, x.eventType]), [["default", null], ["stripe", "charge.succeeded"]]);
+        assert.deepEqual((await inbox.list()).map((d) => d.id), ["evt_1", "s1"]);
+        assert.deepEqual((await inbox.list({ status: "failed" })).map((d) => d.id), ["s1"]);
+        assert.deepEqual((await inbox.list({ source: "default" })).map((d) => d.id), ["evt_1"]);
+      });
+    });
+  });
+}
+
+describe("moving between backends: page() and restore(), and inbox.ts copy", { skip: pgSkip }, () => {
+  let dir: { dir: string; cleanup: () => void };
+  let pgTarget: { url: string; drop: () => Promise<void> };
+  beforeEach(async () => {
+    dir = tempDir();
+    pgTarget = await freshSchema("copy");
+  });
+  afterEach(async () => {
+    await pgTarget.drop();
+    dir.cleanup();
+  });
+
+  const strip = (d: Delivery) => ({ ...d, availableAt: d.status === "processing" ? 0 : d.availableAt });
+
+  it("copies every delivery to PostgreSQL and back byte-exact; run again, it changes nothing and says so", async () => {
+    const from = join(dir.dir, "from.db");
+    const back = join(dir.dir, "back.db");
+    let t = T0;
+    const sqlite = new SqliteInbox(from, { now: () => t });
+    await sqlite.store({ id: "plain", body: body({ a: 1 }) });
+    await sqlite.store({ source: "stripe", id: "bytes", body: Buffer.from([0xc3, 0x28, 0x00, 0xff]), eventType: "x.y", providerTime: 5 });
+    await sqlite.store({ id: "plain", body: body({ a: 2 }) });
+    for (let i = 0; i < 1_100; i++) await sqlite.store({ source: "bulk", id: `b${i}`, body: body({ i }) });
+    const failing = (await sqlite.claim(LEASE))!;
+    await sqlite.fail(failing, "went wrong", { permanent: true });
+    const doneOne = (await sqlite.claim(LEASE))!;
+    await sqlite.finish(doneOne);
+    await sqlite.claim(LEASE); // one left processing
+    t += 1;
+    const all = async (inbox: Inbox) => {
+      const out: Delivery[] = [];
+      let after: Delivery | undefined;
+      for (let page = await inbox.page(undefined, 400); page.length > 0; page = await inbox.page(after, 400)) {
+        out.push(...page);
+        after = page.at(-1);
+      }
+      return out.map(strip);
+    };
+    const original = await all(sqlite);
+    await sqlite.close();
+
+    // The server trusts any password; this one is only there to be kept out of what the command prints.
+    const withSecret = new URL(pgTarget.url);
+    withSecret.password = "s3cret-pw";
+    const first = await runScript("inbox.ts", ["copy", "--from", from, "--to", withSecret.toString()]);
+    assert.equal(first.code, 0, first.stderr);
+    assert.match(first.stdout, /Copied 1102 of 1102 deliveries/);
+    assert.doesNotMatch(first.stdout + first.stderr, /s3cret-pw/, "the URL is shown without its password");
+    assert.match(first.stdout, /:\*\*\*@/);
+    const again = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /Nothing to copy: all 1102 deliveries/);
+
+    const pg = await connect(pgTarget.url);
+    try {
+      assert.deepEqual(await all(pg), original);
+    } finally {
+      await pg.close();
+    }
+    const home = await runScript("inbox.ts", ["copy", "--from", pgTarget.url, "--to", back]);
+    assert.equal(home.code, 0, home.stderr);
+    const returned = new SqliteInbox(back);
+    try {
+      assert.deepEqual(await all(returned), original);
+    } finally {
+      await returned.close();
+    }
+  });
+});
