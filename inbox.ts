@@ -383,8 +383,8 @@ export interface Inbox {
   restore(deliveries: readonly Delivery[]): Promise<number>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
-  /** wake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling. */
-  onWake(listener: () => void): void;
+  /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
+  onWake(listener: () => void): () => void;
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void>;
   /** close commits what is queued, then lets go of the database. */
@@ -750,7 +750,9 @@ export class SqliteInbox implements Inbox {
   }
 
   /** onWake is a no-op on SQLite: one machine, and the worker's polling is the wake-up. */
-  onWake(_listener: () => void): void {}
+  onWake(_listener: () => void): () => void {
+    return () => {};
+  }
 
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void> {

@@ -428,9 +428,10 @@ export class PostgresInbox implements Inbox {
     return (await this.pool.query(toPg(sql), params)).rows;
   }
 
-  onWake(listener: () => void): void {
+  onWake(listener: () => void): () => void {
     this.wakeListeners.push(listener);
     if (this.listen && !this.listener && !this.listenTimer) void this.startListening();
+    return () => void (this.wakeListeners = this.wakeListeners.filter((l) => l !== listener));
   }
 
   // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.

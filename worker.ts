@@ -89,6 +89,8 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       };
     });
   stop?.addEventListener("abort", () => wake(), { once: true });
+  // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
+  const unwake = inbox.onWake(() => wake());
 
   const heartbeat = setInterval(() => {
     for (const [lease, controller] of active) {
@@ -214,6 +216,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     await inbox.flush();
   } finally {
     clearInterval(heartbeat);
+    unwake();
   }
   return stats;
 }
