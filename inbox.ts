@@ -53,6 +53,8 @@ export const DEFAULTS = {
   signatureToleranceS: 300,
   /** Handlers a worker runs at once. @default 8 */
   concurrency: 8,
+  /** Most deliveries a worker claims in one transaction while its handlers are fast (see worker.ts). @default 256 */
+  claimBatch: 256,
   /** Shortest and longest pause between claims when the queue is idle. @default 5, 50 */
   pollMinMs: 5,
   pollMaxMs: 50,

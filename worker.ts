@@ -35,8 +35,10 @@ export interface WorkerOptions {
   leaseMs?: number;
   /** How often a held lease is extended while its handler runs. @default a third of leaseMs */
   heartbeatMs?: number;
-  /** @default DEFAULTS.concurrency */
+  /** Handlers run at once: a real limit for handlers that wait on I/O. @default DEFAULTS.concurrency */
   concurrency?: number;
+  /** Most deliveries claimed in one transaction when handlers are fast. @default DEFAULTS.claimBatch */
+  claimBatch?: number;
   /** @default DEFAULTS.pollMinMs */
   pollMinMs?: number;
   /** @default DEFAULTS.pollMaxMs */
@@ -64,6 +66,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const { inbox } = options;
   const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
   const concurrency = options.concurrency ?? DEFAULTS.concurrency;
+  const claimBatch = Math.max(concurrency, options.claimBatch ?? DEFAULTS.claimBatch);
   const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
   const log = options.log ?? ((line: string) => console.error(line));
@@ -72,10 +75,17 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   }
   const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
+  // Claimed leases whose handler has not started: concurrency bounds the handlers, not the claims.
+  const waiting: Lease[] = [];
   // Handlers still running; concurrency bounds these. A lease whose handler is done but whose finish is
   // not yet committed stays in active without taking a handler's place, so the next claim can join the
   // very transaction that commits those finishes: one fsync per batch, not two.
   let running = 0;
+  // How long handlers take (a moving average, in ms). Fast ones share claims of up to claimBatch, so one
+  // commit serves many; slow ones claim only what the free handlers can start, as no worker should hoard
+  // leases it cannot work on. It starts slow, so the first claim is never more than concurrency.
+  let handlerMs = Infinity;
+  const claimSize = () => Math.max(concurrency, Math.min(claimBatch, Math.floor((concurrency * CLAIM_AHEAD_MS) / handlerMs)));
   const stop = options.signal;
 
   // wake ends the current pause early: a handler finished (room to claim) or the worker is stopping.
@@ -103,18 +113,25 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
   }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
 
+  const handlerDone = (started: number) => {
+    const ms = performance.now() - started;
+    handlerMs = handlerMs === Infinity ? ms : handlerMs * 0.9 + ms * 0.1;
+    running--;
+    startWaiting();
+    wake();
+  };
+
   async function settle(lease: Lease, work: () => Promise<LocalWrite[]>): Promise<void> {
     const name = label(lease);
     let writes: LocalWrite[];
+    const started = performance.now();
     try {
       writes = await work();
     } catch (error) {
-      running--;
-      wake();
+      handlerDone(started);
       return record(lease, error);
     }
-    running--;
-    wake();
+    handlerDone(started);
     try {
       if (await inbox.finish(lease, writes)) {
         stats.done++;
@@ -149,11 +166,13 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
   }
 
+  function startWaiting(): void {
+    while (running < concurrency && waiting.length > 0 && !stop?.aborted) start(waiting.shift()!);
+  }
+
   function start(lease: Lease): void {
-    const controller = new AbortController();
-    active.set(lease, controller);
+    const controller = active.get(lease)!;
     running++;
-    stats.claimed++;
     settle(lease, async () => {
       let event: unknown;
       try {
@@ -178,8 +197,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     let delay = pollMin;
     let claimFailing = false;
     while (!stop?.aborted) {
-      // Room for handlers, but never more than a second batch of leases waiting on their commit.
-      const room = Math.min(concurrency - running, 2 * concurrency - active.size);
+      // Claim when everything claimed has started: a batch's worth for fast handlers, the free handlers'
+      // worth for slow ones, but never more than a second batch of leases waiting on their commit.
+      const size = claimSize();
+      const room = waiting.length > 0 ? 0 : Math.min(size - (size > concurrency ? 0 : running), 2 * size - active.size);
       let leases: Lease[] = [];
       try {
         if (room > 0) leases = await inbox.claimBatch(room, leaseMs);
@@ -194,7 +215,12 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       }
       if (claimFailing) log("claiming again");
       claimFailing = false;
-      for (const lease of leases) start(lease);
+      for (const lease of leases) {
+        active.set(lease, new AbortController());
+        stats.claimed++;
+        waiting.push(lease);
+      }
+      startWaiting();
       if (leases.length > 0) {
         delay = pollMin;
         continue;
@@ -203,6 +229,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       // Idle: back off up to pollMax, but a finishing handler or a stop wakes the loop at once.
       await pause(room > 0 ? delay : pollMax);
       if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
+    }
+    // Leases not yet started go straight back; the ones at work get the grace period.
+    for (const lease of waiting.splice(0)) {
+      active.delete(lease);
+      if (await inbox.release(lease)) stats.released++;
     }
     await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => pause(pollMax));
     // Whatever outlived the grace period goes back to the queue now rather than when its lease expires.
@@ -220,6 +251,9 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   }
   return stats;
 }
+
+// Fast handlers claim ahead this many ms of their own work per handler slot (see claimSize).
+const CLAIM_AHEAD_MS = 5;
 
 // JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
 // which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
@@ -265,7 +299,8 @@ async function main(argv: string[]): Promise<void> {
     .option("--once", "drain the deliveries that are due, then exit")
     .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--lease <seconds>", "how long a claimed delivery is held before another worker may take it over", whole, DEFAULTS.leaseMs / 1000)
-    .option("--concurrency <n>", "handlers run at once", whole, DEFAULTS.concurrency)
+    .option("--concurrency <n>", "handlers run at once (a limit for handlers that wait on I/O)", whole, DEFAULTS.concurrency)
+    .option("--claim-batch <n>", "most deliveries claimed in one transaction while handlers are fast", whole, DEFAULTS.claimBatch)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option("--quiet", "don't log a line per delivery")
     .addHelpText("after", `
@@ -276,7 +311,7 @@ Examples:
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; maxAttempts: number; quiet?: boolean }>();
+  const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean }>();
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
@@ -301,7 +336,7 @@ Examples:
   let stats: RunStats;
   try {
     stats = await run(recordPayment, {
-      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
+      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch, signal: stop.signal, log,
     });
   } catch (error) {
     lines.flush();

@@ -247,6 +247,38 @@ for (const backend of BACKENDS) {
       });
     });
 
+    describe("worker.ts run()", () => {
+      it("never runs more than --concurrency handlers that await I/O at once", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 60; i++) await inbox.store({ id: `evt_${i}`, body: body({}) });
+        let now = 0;
+        let most = 0;
+        const stats = await run(async () => {
+          most = Math.max(most, ++now);
+          await new Promise((resolve) => setTimeout(resolve, 2));
+          now--;
+        }, { inbox, once: true, concurrency: 4, log: () => {} });
+        assert.equal(stats.done, 60);
+        assert.equal(most, 4, "exactly the limit: it is reached, and never passed");
+      });
+
+      it("claims fast handlers' work in batches larger than --concurrency, so one commit serves many", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 600; i++) await inbox.store({ id: `evt_${i}`, body: body({}) });
+        const sizes: number[] = [];
+        const claimBatch = inbox.claimBatch.bind(inbox);
+        inbox.claimBatch = async (limit, leaseMs) => {
+          const leases = await claimBatch(limit, leaseMs);
+          if (leases.length > 0) sizes.push(leases.length);
+          return leases;
+        };
+        const stats = await run(() => {}, { inbox, once: true, concurrency: 8, claimBatch: 200, log: () => {} });
+        assert.equal(stats.done, 600);
+        assert.equal(sizes[0], 8, "the first claim, before any handler has been timed, is the concurrency");
+        assert.ok(Math.max(...sizes) > 8 && Math.max(...sizes) <= 200, `claims of ${sizes.join(", ")}`);
+      });
+    });
+
     describe("looking: find(), list(), status()", () => {
       it("counts per status and source, lists newest first, and names the failures and the oldest wait", async () => {
         const inbox = await open();
