@@ -1,4 +1,5 @@
-// demo.ts: the article's whole story, end to end, on a throwaway database. Run it with `npm run demo`.
+// demo.ts: the article's whole story, end to end, on a throwaway database. Run it with `npm run demo`,
+// or on PostgreSQL with `npm run demo -- --postgres postgres://127.0.0.1:5432/test` (a throwaway schema).
 // It runs each script as you would by hand, prints what each one says, and leaves nothing running.
 
 import { spawn, type ChildProcess } from "node:child_process";
@@ -6,8 +7,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
-import { DatabaseSync } from "node:sqlite";
 import { fileURLToPath } from "node:url";
+import { connect } from "./inbox.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
 
@@ -32,14 +33,21 @@ async function step(title: string, name: string, args: string[]): Promise<void> 
 
 // Like every script it answers --help, rather than run the whole story when asked what it does.
 const { Command } = await import("commander");
-await new Command("demo.ts")
+const program = new Command("demo.ts")
   .description("Run the article's story end to end on a throwaway database, and leave nothing running.")
-  .addHelpText("after", "\nExample:\n  npm run demo")
-  .exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2))
-  .parseAsync(process.argv);
+  .option("--postgres <url>", "run it on this PostgreSQL database instead, in a throwaway schema dropped afterwards")
+  .addHelpText("after", "\nExamples:\n  npm run demo\n  npm run demo -- --postgres postgres://127.0.0.1:5432/test")
+  .exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
+await program.parseAsync(process.argv);
+const { postgres } = program.opts<{ postgres?: string }>();
 
 const dir = mkdtempSync(join(tmpdir(), "inbox-demo-"));
-const db = join(dir, "inbox.db");
+let db = join(dir, "inbox.db");
+if (postgres) {
+  const url = new URL(postgres);
+  url.searchParams.set("schema", `inbox_demo_${process.pid}`);
+  db = url.toString();
+}
 let receiver: ChildProcess | undefined;
 try {
   await step("two copies of one delivery, handled at once", "naive-race.ts", []);
@@ -65,10 +73,11 @@ try {
   const code = await exited;
   receiver = undefined;
   if (code !== 0) throw new Error(`the receiver exited with ${code}`);
-  const check = new DatabaseSync(db, { readOnly: true });
-  const { stored } = check.prepare("SELECT count(*) AS stored FROM deliveries").get() as { stored: number };
-  const { payments } = check.prepare("SELECT count(*) AS payments FROM payments").get() as { payments: number };
-  check.close();
+  const check = await connect(db);
+  const [{ stored }] = (await check.query("SELECT count(*) AS stored FROM deliveries")) as [{ stored: number }];
+  const [{ payments }] = (await check.query("SELECT count(*) AS payments FROM payments")) as [{ payments: number }];
+  if (postgres) await check.query(`DROP SCHEMA inbox_demo_${process.pid} CASCADE`);
+  await check.close();
   console.log(`\nDone: 4 deliveries sent, ${stored} stored, ${payments} payments recorded, nothing left running.`);
 } catch (error) {
   console.error(`\ndemo failed: ${error instanceof Error ? error.message : String(error)}`);

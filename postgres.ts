@@ -3,6 +3,7 @@
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
 
+import { userInfo } from "node:os";
 import pg from "pg";
 import {
   DEFAULTS, backoff, message, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
@@ -162,6 +163,9 @@ export class PostgresInbox implements Inbox {
     if (listenParam !== null && listenParam !== "true" && listenParam !== "false") {
       throw new TypeError(`Inbox: expected ?listen= to be true or false, got ${JSON.stringify(listenParam)}`);
     }
+    // As libpq does: without a user in the URL or PGUSER, the operating system's user name (node-postgres
+    // would use $USER, which a service manager or a child process may not set).
+    if (!parsed.username && !process.env.PGUSER) parsed.username = userInfo().username;
     parsed.searchParams.delete("schema");
     parsed.searchParams.delete("listen");
     this.schema = schema;
@@ -445,7 +449,7 @@ export class PostgresInbox implements Inbox {
   // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
   private async startListening(): Promise<void> {
     if (this.closed) return;
-    const client = new pg.Client({ connectionString: (this.pool as unknown as { options: { connectionString: string } }).options.connectionString });
+    const client = new pg.Client((this.pool as unknown as { options: pg.ClientConfig }).options);
     const retry = () => {
       if (this.listener === client) this.listener = undefined;
       client.end().catch(() => {});

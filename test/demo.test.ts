@@ -7,7 +7,9 @@ import { createServer } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
-import { runScript, startReceiver, tempDir } from "./helpers.ts";
+import { POSTGRES, postgresSkip, runScript, startReceiver, tempDir } from "./helpers.ts";
+
+const pgSkip = await postgresSkip();
 
 describe("every script", () => {
   it("answers --help with its usage and exit 0, doing nothing else", async () => {
@@ -115,5 +117,25 @@ describe("npm run demo", () => {
     });
     assert.deepEqual(survivors, []);
     assert.equal(existsSync(db), false, "the throwaway database was left behind");
+  });
+});
+
+describe("npm run demo -- --postgres URL", { skip: pgSkip }, () => {
+  it("tells the same story on PostgreSQL, in a schema of its own that it drops afterwards", async () => {
+    const { code, stdout, stderr } = await runScript("demo.ts", ["--postgres", POSTGRES]);
+    assert.equal(code, 0, `${stdout}\n${stderr}`);
+    assert.match(stdout, /\$ npx tsx receiver\.ts --port 0 --db postgres:\/\/\S+\?schema=inbox_demo_\d+ &/);
+    assert.match(stdout, /^ {2}done {7}2$/m);
+    assert.match(stdout, /Done: 4 deliveries sent, 2 stored, 2 payments recorded, nothing left running\./);
+    const schema = /schema=(inbox_demo_\d+)/.exec(stdout)![1]!;
+    const { default: pg } = await import("pg");
+    const client = new pg.Client({ connectionString: POSTGRES });
+    await client.connect();
+    try {
+      const { rows } = await client.query("SELECT 1 FROM information_schema.schemata WHERE schema_name = $1", [schema]);
+      assert.equal(rows.length, 0, "the throwaway schema was left behind");
+    } finally {
+      await client.end();
+    }
   });
 });
