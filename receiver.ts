@@ -87,7 +87,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
     if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await readBody(req, maxBody);
-    const verdict = verify(source, req.headersDistinct, body, now());
+    const verdict = verify(source, req.headersDistinct, body, now(), req.url);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
     if (verdict.kind === "reply") return reply(res, verdict.status, verdict.body, { "content-type": verdict.contentType });

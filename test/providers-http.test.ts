@@ -36,7 +36,8 @@ const SOURCES = {
 const ENV = { TEST_STANDARD_SECRET: STANDARD.secret };
 
 /** delivery builds a provider-shaped body with this ID and type, signed at `at` seconds with `secret`. */
-function delivery(provider: Provider, id: string, type: string, at = T, secret: string = SECRETS[provider]): { body: string; headers: Record<string, string> } {
+type Named = keyof typeof SECRETS;
+function delivery(provider: Named, id: string, type: string, at = T, secret: string = SECRETS[provider]): { body: string; headers: Record<string, string> } {
   const body =
     provider === "stripe" ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
     : provider === "slack" ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
@@ -81,7 +82,7 @@ beforeEach(() => {
 });
 
 describe("signed sources over HTTP", () => {
-  const types: Record<Provider, string | null> = {
+  const types: Record<Named, string | null> = {
     standard: "invoice.paid", stripe: "invoice.paid", github: "push", shopify: "orders/create", slack: "app_mention", plain: null,
   };
   for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
@@ -125,7 +126,7 @@ describe("signed sources over HTTP", () => {
   });
 
   it("401 for a stale timestamp, at the exact edge of each window", async () => {
-    const at = async (provider: Provider, source: string, signedAt: number, nowMs: number) => {
+    const at = async (provider: Named, source: string, signedAt: number, nowMs: number) => {
       clock = nowMs;
       return (await post(`/${source}`, delivery(provider, `${source}_${signedAt}_${nowMs}`, "t", signedAt))).status;
     };
@@ -169,7 +170,7 @@ describe("signed sources over HTTP", () => {
   });
 
   it("repeated signature, timestamp and ID headers are refused through node:http, which would otherwise join them", async () => {
-    const cases: [string, Provider, string, number][] = [
+    const cases: [string, Named, string, number][] = [
       ["/github", "github", "x-hub-signature-256", 401], ["/github", "github", "x-github-delivery", 400],
       ["/standard", "standard", "webhook-signature", 401], ["/standard", "standard", "webhook-timestamp", 401], ["/standard", "standard", "webhook-id", 400],
       ["/stripe", "stripe", "stripe-signature", 401], ["/shopify", "shopify", "x-shopify-hmac-sha256", 401], ["/shopify", "shopify", "x-shopify-webhook-id", 400],
@@ -219,14 +220,14 @@ describe("signed sources over HTTP", () => {
       try {
         await fc.assert(fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
           const forged = apply(scheme, scheme.make(id, body), m);
-          const response = await request(url, { method: "POST", headers: forged.headers, body: forged.body });
+          const response = await request(url + (forged.query ?? ""), { method: "POST", headers: forged.headers, body: forged.body });
           await response.body.dump();
           assert.equal(response.statusCode, 401, `${scheme.name} ${JSON.stringify(m)}`);
         }), { numRuns: 25 });
         assert.equal(count(), 0, scheme.name);
         // Control: the same setup stores the unchanged delivery, so the 401s above were the signature's doing.
         const good = scheme.make("control", Buffer.from("ok"));
-        const response = await request(url, { method: "POST", headers: good.headers, body: good.body });
+        const response = await request(url + (good.query ?? ""), { method: "POST", headers: good.headers, body: good.body });
         assert.equal(await response.body.text(), "stored");
         inbox.db.exec("DELETE FROM deliveries");
       } finally {

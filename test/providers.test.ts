@@ -49,10 +49,11 @@ describe("the published test vectors", () => {
 
   it("Slack: the guide's signing secret, timestamp and body give its v0 signature, and the signature verifies", () => {
     assert.equal(sign("slack", SLACK.secret, { id: "", body: SLACK.body, timestampS: SLACK.ts })["x-slack-signature"], SLACK.signature);
-    const h = headers({ "x-slack-signature": SLACK.signature, "x-slack-request-timestamp": String(SLACK.ts) });
-    // A slash command carries no event_id, so the verified request is refused for its ID (400), not its signature.
-    refused(verify(source("slack", SLACK.secret), h, Buffer.from(SLACK.body), SLACK.ts * 1000), 400, /event_id/);
-    const wrong = headers({ "x-slack-signature": SLACK.signature.replace("a2114", "a2115"), "x-slack-request-timestamp": String(SLACK.ts) });
+    const h = headers({ "content-type": "application/x-www-form-urlencoded", "x-slack-signature": SLACK.signature, "x-slack-request-timestamp": String(SLACK.ts) });
+    // A slash command carries no event_id: it is keyed by its trigger_id, and typed by its command.
+    assert.deepEqual(verify(source("slack", SLACK.secret), h, Buffer.from(SLACK.body), SLACK.ts * 1000),
+      { kind: "delivery", id: "398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c", eventType: "/webhook-collect", providerTime: SLACK.ts * 1000 });
+    const wrong = headers({ "content-type": "application/x-www-form-urlencoded", "x-slack-signature": SLACK.signature.replace("a2114", "a2115"), "x-slack-request-timestamp": String(SLACK.ts) });
     refused(verify(source("slack", SLACK.secret), wrong, Buffer.from(SLACK.body), SLACK.ts * 1000), 401, /does not match/);
   });
 });
@@ -263,12 +264,15 @@ describe("the delivery ID, event type and provider time", () => {
     const { "x-hub-signature-256": _sig, ...noSig } = h;
     refused(verify(src, headers(noSig), Buffer.from("{}"), 0), 401, /missing/);
   });
-  it("shopify: X-Shopify-Webhook-Id and X-Shopify-Topic; no ID is a 400", () => {
+  it("shopify: X-Shopify-Event-Id keys the delivery, X-Shopify-Webhook-Id only when it is absent; no ID is a 400", () => {
     const src = source("shopify", "k");
-    const h = sign("shopify", "k", { id: "s1", body: "{}", timestampS: T, eventType: "orders/create" });
-    assert.deepEqual(verify(src, headers(h), Buffer.from("{}"), 0), { kind: "delivery", id: "s1", eventType: "orders/create", providerTime: null });
-    const { "x-shopify-webhook-id": _id, ...noId } = h;
-    refused(verify(src, headers(noId), Buffer.from("{}"), 0), 400, /missing X-Shopify-Webhook-Id/);
+    const signature = sign("shopify", "k", { id: "", body: "{}", timestampS: T })["x-shopify-hmac-sha256"]!;
+    const at = (h: Record<string, string>) => verify(src, headers({ "x-shopify-hmac-sha256": signature, "x-shopify-topic": "orders/create", ...h }), Buffer.from("{}"), 0);
+    // Shopify sends one event to every subscription, and again on retry, under one X-Shopify-Event-Id.
+    assert.deepEqual(at({ "x-shopify-event-id": "ev1", "x-shopify-webhook-id": "wh1" }), { kind: "delivery", id: "ev1", eventType: "orders/create", providerTime: null });
+    assert.equal(delivered(at({ "x-shopify-webhook-id": "wh1" })).id, "wh1");
+    refused(at({}), 400, /missing X-Shopify-Event-Id and X-Shopify-Webhook-Id/);
+    refused(verify(src, headers({ "x-shopify-hmac-sha256": signature, "x-shopify-event-id": ["a", "a"] }), Buffer.from("{}"), 0), 400, /X-Shopify-Event-Id sent more than once/);
   });
   it("slack: event_id and event.type from the verified body, time from the timestamp header", () => {
     const src = source("slack", "k");
@@ -313,7 +317,7 @@ describe("loadSources()", () => {
     assert.deepEqual(loadSources({ open: { provider: "plain" } }, {}).get("open")!.secrets, []);
   });
   it("names the source and the mistake", () => {
-    fails({ s: { provider: "strip", secret: "x" } }, /source "s": unknown provider "strip"; expected one of standard, stripe, github, shopify, slack, plain/);
+    fails({ s: { provider: "strip", secret: "x" } }, /source "s": unknown provider "strip"; expected one of standard, stripe, github, shopify, slack, paddle, linear, square, twilio, zoom, intercom, plain, hmac/);
     fails({ s: { secret: "x" } }, /unknown provider \(none\)/);
     fails({ s: { provider: "github" } }, /source "s": missing secret/);
     fails({ s: { provider: "github", secret: [] } }, /missing secret/);
@@ -326,7 +330,7 @@ describe("loadSources()", () => {
     fails({ s: { provider: "standard", secret: "whsec_not base64!" } }, /not a whsec_ secret/);
     fails({ s: { provider: "standard", secret: "env:S" } }, /not a whsec_ secret/, { S: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS" });
     fails({ s: { provider: "stripe", secret: "sk_live_oops" } }, /not a whsec_ secret/);
-    fails({ s: { provider: "github", secret: "k", tolerance: 60 } }, /tolerance applies only to standard, stripe, slack; github signs no timestamp/);
+    fails({ s: { provider: "github", secret: "k", tolerance: 60 } }, /tolerance applies only to standard, stripe, slack, paddle, linear, zoom; github signs no timestamp/);
     fails({ s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: 0 } }, /whole number of seconds, 1 or more, got 0/);
     fails({ s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: "300" } }, /got "300"/);
     fails({ s: { provider: "github", secrets: ["k"] } }, /unknown setting "secrets"/);
@@ -387,10 +391,10 @@ describe("a property: changing any one signed byte", () => {
     it(`${scheme.name}: any changed byte of the body, signature, timestamp or signed ID gets a 401`, () => {
       fc.assert(fc.property(idArb, bodyArb, mutationArb, (id, body, m) => {
         const signed = scheme.make(id, body);
-        const ok = verify(scheme.source, headers(signed.headers), signed.body, T * 1000);
+        const ok = verify(scheme.source, headers(signed.headers), signed.body, T * 1000, `/${signed.query ?? ""}`);
         assert.equal(ok.kind, "delivery", `control: the unchanged delivery verifies (${JSON.stringify(ok)})`);
         const forged = apply(scheme, signed, m);
-        const v = verify(scheme.source, headers(forged.headers), forged.body, T * 1000);
+        const v = verify(scheme.source, headers(forged.headers), forged.body, T * 1000, `/${forged.query ?? ""}`);
         assert.equal(v.kind === "reject" && v.status, 401, `${JSON.stringify(m)} gave ${JSON.stringify(v)}`);
       }), { numRuns: 400 });
     });
@@ -399,7 +403,7 @@ describe("a property: changing any one signed byte", () => {
   it("github, shopify and plain do not sign their ID header: a changed ID verifies, as a different delivery", () => {
     for (const scheme of SCHEMES.filter((s) => ["github", "shopify", "plain"].includes(s.name))) {
       const signed = scheme.make("d1", Buffer.from("{}"));
-      const idHeader = Object.keys(signed.headers).find((h) => /delivery|webhook-id/.test(h))!;
+      const idHeader = Object.keys(signed.headers).find((h) => /delivery|event-id|^x-delivery-id/.test(h))!;
       const v = verify(scheme.source, headers({ ...signed.headers, [idHeader]: "d2" }), signed.body, T * 1000);
       assert.equal(delivered(v).id, "d2");
     }
