@@ -189,10 +189,8 @@ export function createHandler(options: HandlerOptions): Handler {
     if (inFlight >= maxInFlight) return send(req, res, busy());
     inFlight++;
     res.on("close", leave);
-    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => {
-      if (a.status === 500 && req.destroyed) return;
-      send(req, res, a);
-    });
+    // A client that hung up has a destroyed response, and send() writes nothing to it.
+    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => send(req, res, a));
   };
 
   return {
