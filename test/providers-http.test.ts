@@ -34,6 +34,11 @@ const SOURCES = {
   strict: { provider: "standard", secret: STANDARD.secret, tolerance: 5 },
 };
 const ENV = { TEST_STANDARD_SECRET: STANDARD.secret };
+// The presets added with the hmac provider, for send.ts; Square and Twilio sign the URL they were given.
+const MORE_SECRETS = { paddle: "pdl_ntfset_s", linear: "lin_wh_s", square: "sq-signature-key", twilio: "tw-auth-token", zoom: "zoom-token", intercom: "ic-secret" } as const;
+const PUBLIC = "https://hooks.example.com";
+const MORE_SOURCES = Object.fromEntries(Object.entries(MORE_SECRETS).map(([p, secret]) =>
+  [p, { provider: p, secret, ...(p === "square" || p === "twilio" ? { url: `${PUBLIC}/${p}` } : {}) }]));
 
 /** delivery builds a provider-shaped body with this ID and type, signed at `at` seconds with `secret`. */
 type Named = keyof typeof SECRETS;
@@ -265,6 +270,10 @@ describe("receiver.ts --sources", () => {
     ["a bad whsec_ value", { s: { provider: "standard", secret: "whsec_TOPSECRET!" } }, /source "s": secret is not a whsec_ secret/],
     ["a file that is not JSON", '{"s": {"provider": "github", "secret": "TOPSECRET",}}', /not valid JSON/],
     ["a file that is missing", null, /cannot read the sources file .*ENOENT/],
+    ["an hmac scheme with an unknown algorithm", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", algorithm: "md5" } }, /source "s": expected algorithm to be one of sha1, sha256, sha512, got "md5"/],
+    ["an hmac template placeholder that does not exist", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", signed: "{nonce}{body}" } }, /source "s": unknown placeholder \{nonce\} in signed/],
+    ["an unknown hmac setting", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", hash: "sha1" } }, /source "s": unknown setting "hash"/],
+    ["a square source without its url", { s: { provider: "square", secret: "TOPSECRET" } }, /source "s": expected url to be the address the sender posts to/],
   ];
   for (const [what, config, pattern] of cases) {
     it(`stops at start-up on ${what}: one line, exit 2, no database created`, async () => {
@@ -286,7 +295,7 @@ describe("receiver.ts --sources", () => {
     let db: string;
     before(async () => {
       const file = join(tmp.dir, "sources.json");
-      writeFileSync(file, JSON.stringify(SOURCES));
+      writeFileSync(file, JSON.stringify({ ...SOURCES, ...MORE_SOURCES }));
       db = join(tmp.dir, "inbox.db");
       // INBOX_SOURCES stands for --sources.
       rx = await startReceiver(db, [], { ...ENV, INBOX_SOURCES: file });
@@ -307,6 +316,14 @@ describe("receiver.ts --sources", () => {
     for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
       it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
         const result = await runScript("send.ts", ["--provider", provider, "--secret", SECRETS[provider], "--url", `${rx.url}/${provider}`]);
+        assert.equal(result.code, 0, result.stderr + result.stdout);
+        assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
+      });
+    }
+
+    for (const [provider, secret] of Object.entries(MORE_SECRETS)) {
+      it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
+        const result = await runScript("send.ts", ["--provider", provider, "--secret", secret, "--url", `${rx.url}/${provider}`, "--signed-url", `${PUBLIC}/${provider}`]);
         assert.equal(result.code, 0, result.stderr + result.stdout);
         assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
       });
