@@ -431,7 +431,8 @@ function text(value: unknown): string | null {
 }
 
 const sha256Hex = (body: Buffer) => createHash("sha256").update(body).digest("hex");
-const isForm = (headers: Headers) => /^application\/x-www-form-urlencoded\b/i.test(headers["content-type"]?.[0] ?? "");
+const formType = (contentType: string | undefined) => /^application\/x-www-form-urlencoded\b/i.test(contentType ?? "");
+const isForm = (headers: Headers) => formType(headers["content-type"]?.[0]);
 
 // formText is Twilio's signed form: each parameter name then its value, names sorted, a repeated name's
 // distinct values sorted, as twilio-node's validateRequest builds it.
@@ -632,12 +633,11 @@ export function sign(provider: Provider, secret: string, delivery: Signable, sch
       case "timestamp": return ts;
       case "id": return delivery.id;
       case "url":
-      case "form": {
-        if (part.placeholder === "form" && /^application\/x-www-form-urlencoded\b/i.test(out["content-type"] ?? "")) return formText(body);
-        if (part.placeholder === "form") return "";
         if (!delivery.url) throw new TypeError(`sign: a ${provider} delivery signs its URL; pass url`);
         return delivery.url;
-      }
+      case "form":
+        // A body that is not a form is bound through the URL instead (Twilio's bodySHA256): the caller's url carries it.
+        return formType(out["content-type"]) ? formText(body) : "";
     }
   });
   const signature = `${c.prefix}${mac(c.algorithm, secretKey(provider, secret), parts, c.encoding)}`;

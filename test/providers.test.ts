@@ -492,6 +492,12 @@ describe("the presets' vectors", () => {
       body: JSON.stringify({ plainToken: "qgg8vlvZRS6UYooatFL8Aw", encryptedToken: createHmac("sha256", "zoom-secret-token").update("qgg8vlvZRS6UYooatFL8Aw").digest("hex") }) });
     refused(verify(src, headers({ "x-zm-request-timestamp": String(T), "x-zm-signature": "v0=" + "0".repeat(64) }), Buffer.from(body), T * 1000), 401);
   });
+  it("Shopify (vector computed here): base64(HMAC-SHA256(body)) in X-Shopify-Hmac-Sha256", () => {
+    const body = '{"id":820982911946154508,"email":"jon@example.com"}';
+    const h = { "x-shopify-hmac-sha256": hmac("shpss_k", body, "base64"), "x-shopify-event-id": "98880550-7158-44d4-b7cd-2c97c8a091b5", "x-shopify-topic": "orders/create" };
+    assert.equal(sign("shopify", "shpss_k", { id: "", body, timestampS: 0 })["x-shopify-hmac-sha256"], h["x-shopify-hmac-sha256"]);
+    assert.equal(delivered(verify(source("shopify", "shpss_k"), headers(h), Buffer.from(body), 0)).id, "98880550-7158-44d4-b7cd-2c97c8a091b5");
+  });
   it("Intercom (vector computed here): X-Hub-Signature sha1=hex(HMAC-SHA1(body)), id and topic from the body", () => {
     const body = intercomEvent();
     const h = { "x-hub-signature": `sha1=${hmac("intercom-client-secret", body, "hex", "sha1")}` };
@@ -564,6 +570,7 @@ describe("replay windows of the new presets", () => {
     const body = Buffer.from(intercomEvent());
     delivered(verify(source("intercom", "k"), headers(sign("intercom", "k", { id: "", body, timestampS: T })), body, yearLater));
     delivered(verify(source("square", SQUARE.key), headers({ "x-square-hmacsha256-signature": SQUARE.signature }), Buffer.from(SQUARE.body), yearLater));
+    delivered(verify(source("twilio", TWILIO.token), headers({ ...FORM, "x-twilio-signature": TWILIO.signature }), Buffer.from(form(TWILIO.params)), yearLater, `/t${TWILIO.query}`));
   });
 });
 
