@@ -4,10 +4,11 @@
 // Then send it the article's deliveries with `npx tsx send.ts`.
 
 import { readFileSync } from "node:fs";
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, connect, label, lineLog, message, type Inbox, type Stored } from "./inbox.ts";
-import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
+import { DEFAULTS, connect, lineLog, message, type Inbox } from "./inbox.ts";
+import { createHandler } from "./handler.ts";
+import { loadSources, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -39,76 +40,12 @@ export interface Receiver {
   close(graceMs?: number): Promise<void>;
 }
 
-// Rejected is a request turned away before storing: the status and the reason for the log.
-class Rejected extends Error {
-  readonly status: number;
-  readonly closeConnection: boolean;
-  constructor(status: number, reason: string, closeConnection = false) {
-    super(reason);
-    this.status = status;
-    this.closeConnection = closeConnection;
-  }
-}
-
 /** createReceiver builds the HTTP server over an open inbox; call server.listen() to start it. */
 export function createReceiver(options: ReceiverOptions): Receiver {
-  const inbox = options.inbox;
-  const maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
-  const maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
-  const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
-  const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
   const log = options.log ?? ((line: string) => console.error(line));
-  const now = options.now ?? Date.now;
-  const sources = options.sources ?? new Map([["", unsignedSource()]]);
-  let inFlight = 0;
-  let idle: (() => void) | undefined;
   let stopping = false;
-
-  const reply = (res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}) => {
-    if (res.headersSent || res.destroyed) return;
-    // Once stopping, each answer closes its connection: kept alive, it would hold the exit up for as long
-    // as the client kept it, and carry more requests in meanwhile.
-    const closing: Record<string, string> = stopping ? { connection: "close" } : {};
-    res.writeHead(status, { "content-type": "text/plain; charset=utf-8", "content-length": Buffer.byteLength(text), ...closing, ...headers });
-    res.end(text);
-  };
-
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = (req.url ?? "/").split("?")[0]!;
-    if (path === "/healthz" && (req.method === "GET" || req.method === "HEAD")) return reply(res, 200, "ok");
-    const source = sources.get(path.replace(/^\/+|\/+$/g, ""));
-    if (!source) throw new Rejected(404, `no source at ${path}`);
-    if (req.method !== "POST") {
-      res.setHeader("allow", "POST");
-      throw new Rejected(405, `method ${req.method} not allowed`);
-    }
-    // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
-    const declared = req.headers["content-length"] === undefined ? undefined : Number(req.headers["content-length"]);
-    if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
-
-    const body = await readBody(req, maxBody);
-    const verdict = verify(source, req.headersDistinct, body, now());
-    // Named by source, so a log fed by several providers says whose signature failed.
-    if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
-    if (verdict.kind === "reply") return reply(res, verdict.status, verdict.body, { "content-type": verdict.contentType });
-    const id = verdict.id;
-    if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);
-
-    let outcome: Stored;
-    try {
-      outcome = await inbox.store({
-        source: source.name, id, body, contentType: req.headers["content-type"] ?? null,
-        eventType: verdict.eventType, providerTime: verdict.providerTime,
-      });
-    } catch (error) {
-      // Not on disk, so the sender must keep it and try again.
-      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`);
-      return reply(res, 503, "try again later", { "retry-after": retryAfter });
-    }
-    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`);
-    // Either way the delivery is safe on disk, so the provider is told to stop sending it.
-    reply(res, 200, outcome === "stored" ? "stored" : "duplicate");
-  }
+  // The same handler that apps mount (handler.ts), so the standalone receiver has no code path of its own.
+  const webhooks = createHandler({ ...options, log, closing: () => stopping });
 
   const server = createServer(
     {
@@ -118,29 +55,11 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       connectionsCheckingInterval: 1_000,
     },
     (req, res) => {
-      if (inFlight >= maxInFlight) {
-        log(`rejected: 503 over ${maxInFlight} requests in flight`);
-        return reply(res, 503, "busy, try again later", { "retry-after": retryAfter, connection: "close" });
+      if ((req.url ?? "/").split("?")[0] === "/healthz" && (req.method === "GET" || req.method === "HEAD")) {
+        res.writeHead(200, { "content-type": "text/plain; charset=utf-8", "content-length": 2, ...(stopping ? { connection: "close" } : {}) });
+        return void res.end("ok");
       }
-      inFlight++;
-      res.on("close", () => {
-        if (--inFlight === 0) idle?.();
-      });
-      handle(req, res).catch((error: unknown) => {
-        if (error instanceof Rejected) {
-          if (error.status !== 404 || req.method === "POST") log(`rejected: ${error.status} ${error.message}`);
-          reply(res, error.status, error.message, error.closeConnection ? { connection: "close" } : {});
-          // The rest of a refused body must not be read as the next request: after the answer has gone
-          // out, give the client a moment to read it, then drop the connection.
-          if (error.closeConnection) {
-            const socket = req.socket;
-            res.on("finish", () => setTimeout(() => socket.destroy(), 1_000).unref());
-          }
-          return;
-        }
-        log(`rejected: ${message(error)}`);
-        if (!res.headersSent && !req.destroyed) reply(res, 500, "internal error");
-      });
+      webhooks.node(req, res);
     },
   );
   server.on("clientError", (error: NodeJS.ErrnoException, socket) => {
@@ -161,35 +80,10 @@ export function createReceiver(options: ReceiverOptions): Receiver {
         };
         const timer = setTimeout(() => server.closeAllConnections(), graceMs);
         stopping = true;
-        server.close(() => (inFlight === 0 ? done() : (idle = done)));
+        server.close(() => void webhooks.idle().then(done));
         server.closeIdleConnections();
       }),
   };
-}
-
-// readBody reads the whole body, counting bytes as they arrive so a liar or a stream is cut at the limit,
-// and fails if the client hangs up before the end: a fragment is never stored.
-function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    const stop = (error: Rejected) => {
-      req.off("data", onData).off("end", onEnd).off("close", onClose);
-      req.pause();
-      reject(error);
-    };
-    const onData = (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > maxBody) return stop(new Rejected(413, `body is over the ${maxBody}-byte limit`, true));
-      chunks.push(chunk);
-    };
-    const onEnd = () => {
-      req.off("close", onClose);
-      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
-    };
-    const onClose = () => stop(new Rejected(400, `body cut short after ${size} bytes`, true));
-    req.on("data", onData).on("end", onEnd).on("close", onClose);
-  });
 }
 
 async function main(argv: string[]): Promise<void> {
@@ -215,7 +109,8 @@ Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 
 
 Sources file: {"stripe": {"provider": "stripe", "secret": "env:STRIPE_WEBHOOK_SECRET"},
                "github": {"provider": "github", "secret": ["old", "new"]}}
-Providers: standard (and Svix), stripe, github, shopify, slack, plain. Without one, POST / is unsigned.
+Providers: standard (and Svix), stripe, github, shopify, slack, paddle, linear, square, twilio, zoom,
+           intercom, plain, and hmac (a scheme declared in the file; see the README). Without one, POST / is unsigned.
 
 Examples:
   npx tsx receiver.ts

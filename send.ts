@@ -4,10 +4,14 @@
 // It prints "evt_100: stored", then "evt_100: duplicate", and so on. With --provider and --secret it
 // signs each delivery as that provider would, to check a receiver's sources: see `--help`.
 
+import { createHash } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import { request } from "undici";
 import { DEFAULTS, message } from "./inbox.ts";
-import { PROVIDERS, sign, type Provider } from "./providers.ts";
+import { PROVIDERS, sign, type Preset } from "./providers.ts";
+
+/** SENDABLE are the providers send.ts can sign like; an `hmac` scheme lives in a sources file, not on the command line. */
+export const SENDABLE = PROVIDERS.filter((p): p is Preset => p !== "hmac");
 
 /** Outgoing is one webhook to send: its delivery ID and its JSON event. */
 export interface Outgoing {
@@ -25,37 +29,49 @@ export const STORY: readonly Outgoing[] = [
 
 /** Signing says whose scheme to sign with; without it, deliveries go out unsigned, as in the article. */
 export interface Signing {
-  provider: Provider;
+  provider: Preset;
   /** The secret as the provider hands it out (Stripe's and Standard Webhooks' begin whsec_). */
   secret: string;
+  /** The URL the provider was given, which Square and Twilio sign. @default the URL posted to */
+  signedUrl?: string;
   /** The clock for the signed timestamp, in ms since the epoch. @default Date.now */
   now?: () => number;
 }
 
 /**
- * signed returns the body and headers for one delivery: the event wrapped as the provider wraps it (the
- * delivery ID inside the body for stripe and slack), signed now. The body depends only on the delivery,
- * so a retry is a true duplicate, as a provider's retry would be.
+ * signed returns the body, headers and URL for one delivery: the event wrapped as the provider wraps it
+ * (the delivery ID inside the body where the provider puts it there), signed now. The body depends only
+ * on the delivery (Linear's signed timestamp aside), so a retry is a true duplicate, as a provider's is.
  */
-export function signed(delivery: Outgoing, signing?: Signing): { body: string; headers: Record<string, string> } {
-  if (!signing) return { body: JSON.stringify(delivery.event), headers: { "content-type": "application/json", "x-delivery-id": delivery.id } };
+export function signed(delivery: Outgoing, signing: Signing | undefined, url: string): { body: string; headers: Record<string, string>; url: string } {
+  if (!signing) return { body: JSON.stringify(delivery.event), headers: { "content-type": "application/json", "x-delivery-id": delivery.id }, url };
   const { provider, secret } = signing;
-  const [body, eventType] =
-    provider === "standard" ? [{ type: "payment.succeeded", data: delivery.event }, undefined]
-    : provider === "stripe" ? [{ id: delivery.id, object: "event", type: "payment_intent.succeeded", data: { object: delivery.event } }, undefined]
-    : provider === "slack" ? [{ type: "event_callback", event_id: delivery.id, event: { type: "payment", payment: delivery.event } }, undefined]
-    : provider === "github" ? [delivery.event, "payment"]
-    : provider === "shopify" ? [delivery.event, "orders/paid"]
-    : [delivery.event, undefined];
+  const nowMs = (signing.now ?? Date.now)();
+  const { id, event } = delivery;
+  const [body, eventType]: [unknown, string | undefined] =
+    provider === "standard" ? [{ type: "payment.succeeded", data: event }, undefined]
+    : provider === "stripe" ? [{ id, object: "event", type: "payment_intent.succeeded", data: { object: event } }, undefined]
+    : provider === "slack" ? [{ type: "event_callback", event_id: id, event: { type: "payment", payment: event } }, undefined]
+    : provider === "github" ? [event, "payment"]
+    : provider === "shopify" ? [event, "orders/paid"]
+    : provider === "paddle" ? [{ event_id: id, event_type: "transaction.paid", data: event }, undefined]
+    : provider === "linear" ? [{ action: "create", type: "Payment", data: event, webhookTimestamp: nowMs }, "Payment"]
+    : provider === "square" ? [{ merchant_id: "M1", type: "payment.updated", event_id: id, data: { object: event } }, undefined]
+    : provider === "zoom" ? [{ event: "payment.succeeded", payload: { id, object: event } }, undefined]
+    : provider === "intercom" ? [{ type: "notification_event", id, topic: "payment.succeeded", data: { item: event } }, undefined]
+    : [event, undefined];
   const text = JSON.stringify(body);
-  const timestampS = Math.floor((signing.now ?? Date.now)() / 1000);
-  return { body: text, headers: { "content-type": "application/json", ...sign(provider, secret, { id: delivery.id, body: text, timestampS, eventType }) } };
+  // Twilio signs a JSON body through the URL: its SHA-256 goes in as bodySHA256, and the URL is signed.
+  const hash = provider === "twilio" ? `bodySHA256=${createHash("sha256").update(text).digest("hex")}` : "";
+  const withHash = (u: string) => (hash ? `${u}${u.includes("?") ? "&" : "?"}${hash}` : u);
+  const headers = sign(provider, secret, { id, body: text, timestampS: Math.floor(nowMs / 1000), eventType, url: withHash(signing.signedUrl ?? url) });
+  return { body: text, headers: { "content-type": "application/json", ...headers }, url: withHash(url) };
 }
 
 /** send posts one delivery, signed if signing is given, and returns the receiver's status and answer. */
 export async function send(url: string, delivery: Outgoing, signing?: Signing): Promise<{ status: number; text: string }> {
-  const { body, headers } = signed(delivery, signing);
-  const response = await request(url, { method: "POST", headers, body });
+  const out = signed(delivery, signing, url);
+  const response = await request(out.url, { method: "POST", headers: out.headers, body: out.body });
   return { status: response.statusCode, text: (await response.body.text()).trim() };
 }
 
@@ -64,8 +80,9 @@ async function main(argv: string[]): Promise<void> {
   const program = new Command("send.ts")
     .description("Send the article's deliveries, duplicates included, to a receiver.")
     .option("--url <url>", "the receiver's address", `http://${DEFAULTS.host}:${DEFAULTS.port}`)
-    .option("--provider <name>", `sign like this provider: ${PROVIDERS.join(", ")} (default: unsigned, X-Delivery-Id)`)
+    .option("--provider <name>", `sign like this provider: ${SENDABLE.join(", ")} (default: unsigned, X-Delivery-Id)`)
     .option("--secret <secret>", "the source's secret, as the provider gives it (whsec_… for stripe and standard)")
+    .option("--signed-url <url>", "the URL the provider was given, which square and twilio sign (default: --url)")
     .addHelpText("after", `
 Examples:
   npx tsx receiver.ts &    # in another terminal
@@ -75,7 +92,7 @@ Examples:
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const { url, provider, secret } = program.opts<{ url: string; provider?: string; secret?: string }>();
+  const { url, provider, secret, signedUrl } = program.opts<{ url: string; provider?: string; secret?: string; signedUrl?: string }>();
   try {
     new URL(url);
   } catch {
@@ -84,13 +101,13 @@ Examples:
   }
   let signing: Signing | undefined;
   if (provider !== undefined || secret !== undefined) {
-    if (!(PROVIDERS as readonly string[]).includes(provider ?? "")) {
-      console.error(`send: --provider must be one of ${PROVIDERS.join(", ")}, got ${provider ?? "(none)"}`);
+    if (!(SENDABLE as readonly string[]).includes(provider ?? "")) {
+      console.error(`send: --provider must be one of ${SENDABLE.join(", ")}, got ${provider ?? "(none)"}`);
       process.exit(2);
     }
-    signing = { provider: provider as Provider, secret: secret ?? "" };
+    signing = { provider: provider as Preset, secret: secret ?? "", ...(signedUrl ? { signedUrl } : {}) };
     try {
-      signed(STORY[0]!, signing); // a bad secret is a usage error, found before anything is sent
+      signed(STORY[0]!, signing, url); // a bad secret is a usage error, found before anything is sent
     } catch (error) {
       console.error(`send: --secret: ${message(error)}`);
       process.exit(2);

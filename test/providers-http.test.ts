@@ -34,9 +34,15 @@ const SOURCES = {
   strict: { provider: "standard", secret: STANDARD.secret, tolerance: 5 },
 };
 const ENV = { TEST_STANDARD_SECRET: STANDARD.secret };
+// The presets added with the hmac provider, for send.ts; Square and Twilio sign the URL they were given.
+const MORE_SECRETS = { paddle: "pdl_ntfset_s", linear: "lin_wh_s", square: "sq-signature-key", twilio: "tw-auth-token", zoom: "zoom-token", intercom: "ic-secret" } as const;
+const PUBLIC = "https://hooks.example.com";
+const MORE_SOURCES = Object.fromEntries(Object.entries(MORE_SECRETS).map(([p, secret]) =>
+  [p, { provider: p, secret, ...(p === "square" || p === "twilio" ? { url: `${PUBLIC}/${p}` } : {}) }]));
 
 /** delivery builds a provider-shaped body with this ID and type, signed at `at` seconds with `secret`. */
-function delivery(provider: Provider, id: string, type: string, at = T, secret: string = SECRETS[provider]): { body: string; headers: Record<string, string> } {
+type Named = keyof typeof SECRETS;
+function delivery(provider: Named, id: string, type: string, at = T, secret: string = SECRETS[provider]): { body: string; headers: Record<string, string> } {
   const body =
     provider === "stripe" ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
     : provider === "slack" ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
@@ -81,7 +87,7 @@ beforeEach(() => {
 });
 
 describe("signed sources over HTTP", () => {
-  const types: Record<Provider, string | null> = {
+  const types: Record<Named, string | null> = {
     standard: "invoice.paid", stripe: "invoice.paid", github: "push", shopify: "orders/create", slack: "app_mention", plain: null,
   };
   for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
@@ -125,7 +131,7 @@ describe("signed sources over HTTP", () => {
   });
 
   it("401 for a stale timestamp, at the exact edge of each window", async () => {
-    const at = async (provider: Provider, source: string, signedAt: number, nowMs: number) => {
+    const at = async (provider: Named, source: string, signedAt: number, nowMs: number) => {
       clock = nowMs;
       return (await post(`/${source}`, delivery(provider, `${source}_${signedAt}_${nowMs}`, "t", signedAt))).status;
     };
@@ -169,7 +175,7 @@ describe("signed sources over HTTP", () => {
   });
 
   it("repeated signature, timestamp and ID headers are refused through node:http, which would otherwise join them", async () => {
-    const cases: [string, Provider, string, number][] = [
+    const cases: [string, Named, string, number][] = [
       ["/github", "github", "x-hub-signature-256", 401], ["/github", "github", "x-github-delivery", 400],
       ["/standard", "standard", "webhook-signature", 401], ["/standard", "standard", "webhook-timestamp", 401], ["/standard", "standard", "webhook-id", 400],
       ["/stripe", "stripe", "stripe-signature", 401], ["/shopify", "shopify", "x-shopify-hmac-sha256", 401], ["/shopify", "shopify", "x-shopify-webhook-id", 400],
@@ -219,14 +225,14 @@ describe("signed sources over HTTP", () => {
       try {
         await fc.assert(fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
           const forged = apply(scheme, scheme.make(id, body), m);
-          const response = await request(url, { method: "POST", headers: forged.headers, body: forged.body });
+          const response = await request(url + (forged.query ?? ""), { method: "POST", headers: forged.headers, body: forged.body });
           await response.body.dump();
           assert.equal(response.statusCode, 401, `${scheme.name} ${JSON.stringify(m)}`);
         }), { numRuns: 25 });
         assert.equal(count(), 0, scheme.name);
         // Control: the same setup stores the unchanged delivery, so the 401s above were the signature's doing.
         const good = scheme.make("control", Buffer.from("ok"));
-        const response = await request(url, { method: "POST", headers: good.headers, body: good.body });
+        const response = await request(url + (good.query ?? ""), { method: "POST", headers: good.headers, body: good.body });
         assert.equal(await response.body.text(), "stored");
         inbox.db.exec("DELETE FROM deliveries");
       } finally {
@@ -264,6 +270,10 @@ describe("receiver.ts --sources", () => {
     ["a bad whsec_ value", { s: { provider: "standard", secret: "whsec_TOPSECRET!" } }, /source "s": secret is not a whsec_ secret/],
     ["a file that is not JSON", '{"s": {"provider": "github", "secret": "TOPSECRET",}}', /not valid JSON/],
     ["a file that is missing", null, /cannot read the sources file .*ENOENT/],
+    ["an hmac scheme with an unknown algorithm", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", algorithm: "md5" } }, /source "s": expected algorithm to be one of sha1, sha256, sha512, got "md5"/],
+    ["an hmac template placeholder that does not exist", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", signed: "{nonce}{body}" } }, /source "s": unknown placeholder \{nonce\} in signed/],
+    ["an unknown hmac setting", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", hash: "sha1" } }, /source "s": unknown setting "hash"/],
+    ["a square source without its url", { s: { provider: "square", secret: "TOPSECRET" } }, /source "s": expected url to be the address the sender posts to/],
   ];
   for (const [what, config, pattern] of cases) {
     it(`stops at start-up on ${what}: one line, exit 2, no database created`, async () => {
@@ -285,7 +295,7 @@ describe("receiver.ts --sources", () => {
     let db: string;
     before(async () => {
       const file = join(tmp.dir, "sources.json");
-      writeFileSync(file, JSON.stringify(SOURCES));
+      writeFileSync(file, JSON.stringify({ ...SOURCES, ...MORE_SOURCES }));
       db = join(tmp.dir, "inbox.db");
       // INBOX_SOURCES stands for --sources.
       rx = await startReceiver(db, [], { ...ENV, INBOX_SOURCES: file });
@@ -306,6 +316,14 @@ describe("receiver.ts --sources", () => {
     for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
       it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
         const result = await runScript("send.ts", ["--provider", provider, "--secret", SECRETS[provider], "--url", `${rx.url}/${provider}`]);
+        assert.equal(result.code, 0, result.stderr + result.stdout);
+        assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
+      });
+    }
+
+    for (const [provider, secret] of Object.entries(MORE_SECRETS)) {
+      it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
+        const result = await runScript("send.ts", ["--provider", provider, "--secret", secret, "--url", `${rx.url}/${provider}`, "--signed-url", `${PUBLIC}/${provider}`]);
         assert.equal(result.code, 0, result.stderr + result.stdout);
         assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
       });

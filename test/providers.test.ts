@@ -9,9 +9,14 @@ import fc from "fast-check";
 import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { Webhook as SvixWebhook } from "svix";
-import { loadSources, sign, verify, type Provider, type Source, type Verdict } from "../providers.ts";
+import { LinearWebhookClient } from "@linear/sdk/webhooks";
+import { Paddle } from "@paddle/paddle-node-sdk";
+import { WebhooksHelper as SquareWebhooks } from "square";
+import twilio from "twilio";
+import { createHash, createHmac } from "node:crypto";
+import { PRESETS, loadSources, sign, verify, type Provider, type Scheme, type Source, type Verdict } from "../providers.ts";
 import {
-  GITHUB, SCHEMES, SLACK, STANDARD, STRIPE_SECRET, T, apply, bodyArb, headers, hmac, idArb, mutationArb, source, standardKey, svixHeaders,
+  CUSTOM, GITHUB, SCHEMES, SLACK, SQUARE, STANDARD, STRIPE_SECRET, T, TWILIO, apply, bodyArb, headers, hmac, idArb, mutationArb, source, standardKey, svixHeaders,
 } from "./provider-fixtures.ts";
 
 const stripeEvent = (id = "evt_1", type = "invoice.paid") => JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } });
@@ -49,10 +54,11 @@ describe("the published test vectors", () => {
 
   it("Slack: the guide's signing secret, timestamp and body give its v0 signature, and the signature verifies", () => {
     assert.equal(sign("slack", SLACK.secret, { id: "", body: SLACK.body, timestampS: SLACK.ts })["x-slack-signature"], SLACK.signature);
-    const h = headers({ "x-slack-signature": SLACK.signature, "x-slack-request-timestamp": String(SLACK.ts) });
-    // A slash command carries no event_id, so the verified request is refused for its ID (400), not its signature.
-    refused(verify(source("slack", SLACK.secret), h, Buffer.from(SLACK.body), SLACK.ts * 1000), 400, /event_id/);
-    const wrong = headers({ "x-slack-signature": SLACK.signature.replace("a2114", "a2115"), "x-slack-request-timestamp": String(SLACK.ts) });
+    const h = headers({ "content-type": "application/x-www-form-urlencoded", "x-slack-signature": SLACK.signature, "x-slack-request-timestamp": String(SLACK.ts) });
+    // A slash command carries no event_id: it is keyed by its trigger_id, and typed by its command.
+    assert.deepEqual(verify(source("slack", SLACK.secret), h, Buffer.from(SLACK.body), SLACK.ts * 1000),
+      { kind: "delivery", id: "398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c", eventType: "/webhook-collect", providerTime: SLACK.ts * 1000 });
+    const wrong = headers({ "content-type": "application/x-www-form-urlencoded", "x-slack-signature": SLACK.signature.replace("a2114", "a2115"), "x-slack-request-timestamp": String(SLACK.ts) });
     refused(verify(source("slack", SLACK.secret), wrong, Buffer.from(SLACK.body), SLACK.ts * 1000), 401, /does not match/);
   });
 });
@@ -263,12 +269,15 @@ describe("the delivery ID, event type and provider time", () => {
     const { "x-hub-signature-256": _sig, ...noSig } = h;
     refused(verify(src, headers(noSig), Buffer.from("{}"), 0), 401, /missing/);
   });
-  it("shopify: X-Shopify-Webhook-Id and X-Shopify-Topic; no ID is a 400", () => {
+  it("shopify: X-Shopify-Event-Id keys the delivery, X-Shopify-Webhook-Id only when it is absent; no ID is a 400", () => {
     const src = source("shopify", "k");
-    const h = sign("shopify", "k", { id: "s1", body: "{}", timestampS: T, eventType: "orders/create" });
-    assert.deepEqual(verify(src, headers(h), Buffer.from("{}"), 0), { kind: "delivery", id: "s1", eventType: "orders/create", providerTime: null });
-    const { "x-shopify-webhook-id": _id, ...noId } = h;
-    refused(verify(src, headers(noId), Buffer.from("{}"), 0), 400, /missing X-Shopify-Webhook-Id/);
+    const signature = sign("shopify", "k", { id: "", body: "{}", timestampS: T })["x-shopify-hmac-sha256"]!;
+    const at = (h: Record<string, string>) => verify(src, headers({ "x-shopify-hmac-sha256": signature, "x-shopify-topic": "orders/create", ...h }), Buffer.from("{}"), 0);
+    // Shopify sends one event to every subscription, and again on retry, under one X-Shopify-Event-Id.
+    assert.deepEqual(at({ "x-shopify-event-id": "ev1", "x-shopify-webhook-id": "wh1" }), { kind: "delivery", id: "ev1", eventType: "orders/create", providerTime: null });
+    assert.equal(delivered(at({ "x-shopify-webhook-id": "wh1" })).id, "wh1");
+    refused(at({}), 400, /missing X-Shopify-Event-Id and X-Shopify-Webhook-Id/);
+    refused(verify(src, headers({ "x-shopify-hmac-sha256": signature, "x-shopify-event-id": ["a", "a"] }), Buffer.from("{}"), 0), 400, /X-Shopify-Event-Id sent more than once/);
   });
   it("slack: event_id and event.type from the verified body, time from the timestamp header", () => {
     const src = source("slack", "k");
@@ -313,7 +322,7 @@ describe("loadSources()", () => {
     assert.deepEqual(loadSources({ open: { provider: "plain" } }, {}).get("open")!.secrets, []);
   });
   it("names the source and the mistake", () => {
-    fails({ s: { provider: "strip", secret: "x" } }, /source "s": unknown provider "strip"; expected one of standard, stripe, github, shopify, slack, plain/);
+    fails({ s: { provider: "strip", secret: "x" } }, /source "s": unknown provider "strip"; expected one of standard, stripe, github, shopify, slack, paddle, linear, square, twilio, zoom, intercom, plain, hmac/);
     fails({ s: { secret: "x" } }, /unknown provider \(none\)/);
     fails({ s: { provider: "github" } }, /source "s": missing secret/);
     fails({ s: { provider: "github", secret: [] } }, /missing secret/);
@@ -326,7 +335,7 @@ describe("loadSources()", () => {
     fails({ s: { provider: "standard", secret: "whsec_not base64!" } }, /not a whsec_ secret/);
     fails({ s: { provider: "standard", secret: "env:S" } }, /not a whsec_ secret/, { S: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaS" });
     fails({ s: { provider: "stripe", secret: "sk_live_oops" } }, /not a whsec_ secret/);
-    fails({ s: { provider: "github", secret: "k", tolerance: 60 } }, /tolerance applies only to standard, stripe, slack; github signs no timestamp/);
+    fails({ s: { provider: "github", secret: "k", tolerance: 60 } }, /tolerance applies only to standard, stripe, slack, paddle, linear, zoom; github signs no timestamp/);
     fails({ s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: 0 } }, /whole number of seconds, 1 or more, got 0/);
     fails({ s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: "300" } }, /got "300"/);
     fails({ s: { provider: "github", secrets: ["k"] } }, /unknown setting "secrets"/);
@@ -387,10 +396,10 @@ describe("a property: changing any one signed byte", () => {
     it(`${scheme.name}: any changed byte of the body, signature, timestamp or signed ID gets a 401`, () => {
       fc.assert(fc.property(idArb, bodyArb, mutationArb, (id, body, m) => {
         const signed = scheme.make(id, body);
-        const ok = verify(scheme.source, headers(signed.headers), signed.body, T * 1000);
+        const ok = verify(scheme.source, headers(signed.headers), signed.body, T * 1000, `/${signed.query ?? ""}`);
         assert.equal(ok.kind, "delivery", `control: the unchanged delivery verifies (${JSON.stringify(ok)})`);
         const forged = apply(scheme, signed, m);
-        const v = verify(scheme.source, headers(forged.headers), forged.body, T * 1000);
+        const v = verify(scheme.source, headers(forged.headers), forged.body, T * 1000, `/${forged.query ?? ""}`);
         assert.equal(v.kind === "reject" && v.status, 401, `${JSON.stringify(m)} gave ${JSON.stringify(v)}`);
       }), { numRuns: 400 });
     });
@@ -399,9 +408,301 @@ describe("a property: changing any one signed byte", () => {
   it("github, shopify and plain do not sign their ID header: a changed ID verifies, as a different delivery", () => {
     for (const scheme of SCHEMES.filter((s) => ["github", "shopify", "plain"].includes(s.name))) {
       const signed = scheme.make("d1", Buffer.from("{}"));
-      const idHeader = Object.keys(signed.headers).find((h) => /delivery|webhook-id/.test(h))!;
+      const idHeader = Object.keys(signed.headers).find((h) => /delivery|event-id|^x-delivery-id/.test(h))!;
       const v = verify(scheme.source, headers({ ...signed.headers, [idHeader]: "d2" }), signed.body, T * 1000);
       assert.equal(delivered(v).id, "d2");
     }
+  });
+});
+
+// ---- The presets added with the hmac provider ------------------------------------------------------
+
+const form = (params: Record<string, string>) => new URLSearchParams(params).toString();
+const FORM = { "content-type": "application/x-www-form-urlencoded" };
+const paddleEvent = (id = "evt_01hv8x", type = "transaction.paid") => JSON.stringify({ event_id: id, event_type: type, occurred_at: "2024-04-12T10:18:49.621022Z", notification_id: "ntf_01", data: { id: "txn_01" } });
+const linearEvent = (tsMs: number) => JSON.stringify({ action: "create", type: "Issue", data: { id: "i1", title: "t" }, createdAt: "2024-01-01T00:00:00.000Z", webhookTimestamp: tsMs, webhookId: "wh1" });
+const zoomEvent = (tsMs = T * 1000) => JSON.stringify({ event: "meeting.started", event_ts: tsMs, payload: { account_id: "a1", object: { id: "m1" } } });
+const intercomEvent = (id = "notif_ccd8a4d0-f965-11e3-a367-c779cae3e1b3") => JSON.stringify({ type: "notification_event", app_id: "a", id, topic: "conversation.user.created", delivery_attempts: 1, created_at: T, data: { item: {} } });
+
+describe("the presets' vectors", () => {
+  it("Square: the SDK's own vector (notification URL + body) verifies, and sign() gives its signature", () => {
+    const v = verify(source("square", SQUARE.key), headers({ "x-square-hmacsha256-signature": SQUARE.signature }), Buffer.from(SQUARE.body), 0, "/square");
+    assert.deepEqual(v, { kind: "delivery", id: "ac3ac95b-f97d-458c-a6e6-18981597e05f", eventType: "webhooks.test_notification", providerTime: null });
+    assert.equal(sign("square", SQUARE.key, { id: "", body: SQUARE.body, timestampS: 0, url: SQUARE.url })["x-square-hmacsha256-signature"], SQUARE.signature);
+    // The URL is signed: the same request at another query string is not the one Square signed.
+    refused(verify(source("square", SQUARE.key), headers({ "x-square-hmacsha256-signature": SQUARE.signature }), Buffer.from(SQUARE.body), 0, "/square?x=1"), 401, /does not match/);
+  });
+
+  it("Twilio: the docs' form example (URL + sorted parameters, HMAC-SHA1) verifies, and sign() gives its signature", () => {
+    const body = form(TWILIO.params);
+    const h = headers({ ...FORM, "x-twilio-signature": TWILIO.signature, "i-twilio-idempotency-token": "a1b2c3" });
+    assert.deepEqual(verify(source("twilio", TWILIO.token), h, Buffer.from(body), 0, `/twilio${TWILIO.query}`),
+      { kind: "delivery", id: "a1b2c3", eventType: null, providerTime: null });
+    assert.equal(sign("twilio", TWILIO.token, { id: "x", body, timestampS: 0, url: TWILIO.url + TWILIO.query, headers: FORM })["x-twilio-signature"], TWILIO.signature);
+    refused(verify(source("twilio", TWILIO.token), h, Buffer.from(body), 0, "/twilio?foo=1&bar=3"), 401, /does not match/);
+    // Without the idempotency header, a byte-identical retry still finds its first copy by the body's hash.
+    const noToken = headers({ ...FORM, "x-twilio-signature": TWILIO.signature });
+    assert.equal(delivered(verify(source("twilio", TWILIO.token), noToken, Buffer.from(body), 0, `/t${TWILIO.query}`)).id, `sha256:${createHash("sha256").update(body).digest("hex")}`);
+  });
+
+  it("Twilio: twilio-node's JSON vector, signed through the URL's bodySHA256, verifies; a changed body does not", () => {
+    const h = headers({ "content-type": "application/json", "x-twilio-signature": TWILIO.jsonSignature });
+    delivered(verify(source("twilio", TWILIO.token), h, Buffer.from(TWILIO.jsonBody), 0, `/t${TWILIO.jsonQuery}`));
+    refused(verify(source("twilio", TWILIO.token), h, Buffer.from(TWILIO.jsonBody.replace("value", "valuf")), 0, `/t${TWILIO.jsonQuery}`), 401, /bodySHA256/);
+    refused(verify(source("twilio", TWILIO.token), h, Buffer.from(TWILIO.jsonBody), 0, `/t${TWILIO.query}`), 401, /bodySHA256/);
+  });
+
+  it("Twilio signs the parsed form, not its bytes: '+' and '%20' are the same parameters, as in twilio-node", () => {
+    const h = (body: string) => headers({ ...FORM, "x-twilio-signature": sign("twilio", TWILIO.token, { id: "", body, timestampS: 0, url: TWILIO.url, headers: FORM })["x-twilio-signature"]! });
+    const signedPlus = h("Body=hello+world");
+    delivered(verify(source("twilio", TWILIO.token), signedPlus, Buffer.from("Body=hello%20world"), 0, "/t"));
+    // Control: a different parameter value is refused.
+    refused(verify(source("twilio", TWILIO.token), signedPlus, Buffer.from("Body=hello+worle"), 0, "/t"), 401);
+  });
+
+  // No published vector: these are computed here with node:crypto, independently of providers.ts.
+  it("Paddle (vector computed here): ts=…;h1=hex(HMAC-SHA256(ts:body)), event_id and event_type from the body", () => {
+    const body = paddleEvent();
+    const header = `ts=${T};h1=${hmac("pdl_ntfset_k", `${T}:${body}`, "hex")}`;
+    assert.equal(sign("paddle", "pdl_ntfset_k", { id: "", body, timestampS: T })["paddle-signature"], header);
+    assert.deepEqual(verify(source("paddle", "pdl_ntfset_k"), headers({ "paddle-signature": header }), Buffer.from(body), T * 1000),
+      { kind: "delivery", id: "evt_01hv8x", eventType: "transaction.paid", providerTime: T * 1000 });
+  });
+  it("Linear (vector computed here): hex(HMAC-SHA256(body)), Linear-Delivery, Linear-Event, webhookTimestamp in ms", () => {
+    const body = linearEvent(T * 1000 + 123);
+    const h = { "linear-signature": hmac("lin_wh_k", body, "hex"), "linear-delivery": "234d1a4e-b617-4388-90fe-adc3633d6b72", "linear-event": "Issue" };
+    assert.equal(sign("linear", "lin_wh_k", { id: h["linear-delivery"], body, timestampS: T, eventType: "Issue" })["linear-signature"], h["linear-signature"]);
+    assert.deepEqual(verify(source("linear", "lin_wh_k"), headers(h), Buffer.from(body), T * 1000),
+      { kind: "delivery", id: "234d1a4e-b617-4388-90fe-adc3633d6b72", eventType: "Issue", providerTime: T * 1000 + 123 });
+    refused(verify(source("linear", "lin_wh_k"), headers(h), Buffer.from(JSON.stringify({ webhookTimestamp: "soon" })), T * 1000), 401, /does not match/);
+  });
+  it("Zoom (vector computed here): v0=hex(HMAC-SHA256(v0:ts:body)), keyed by the body's hash, typed by event", () => {
+    const body = zoomEvent();
+    const h = { "x-zm-request-timestamp": String(T), "x-zm-signature": `v0=${hmac("zoom-secret-token", `v0:${T}:${body}`, "hex")}` };
+    assert.deepEqual(sign("zoom", "zoom-secret-token", { id: "", body, timestampS: T }), h);
+    assert.deepEqual(verify(source("zoom", "zoom-secret-token"), headers(h), Buffer.from(body), T * 1000),
+      { kind: "delivery", id: `sha256:${createHash("sha256").update(body).digest("hex")}`, eventType: "meeting.started", providerTime: T * 1000 });
+  });
+  it("Zoom: the signed endpoint.url_validation gets plainToken and its HMAC back as JSON, and is not stored", () => {
+    const body = JSON.stringify({ payload: { plainToken: "qgg8vlvZRS6UYooatFL8Aw" }, event_ts: T * 1000, event: "endpoint.url_validation" });
+    const src = source("zoom", ["old-token", "zoom-secret-token"]);
+    const v = verify(src, headers(sign("zoom", "zoom-secret-token", { id: "", body, timestampS: T })), Buffer.from(body), T * 1000);
+    // Answered with the secret that signed the request, so a rotation does not break validation.
+    assert.deepEqual(v, { kind: "reply", status: 200, contentType: "application/json; charset=utf-8",
+      body: JSON.stringify({ plainToken: "qgg8vlvZRS6UYooatFL8Aw", encryptedToken: createHmac("sha256", "zoom-secret-token").update("qgg8vlvZRS6UYooatFL8Aw").digest("hex") }) });
+    refused(verify(src, headers({ "x-zm-request-timestamp": String(T), "x-zm-signature": "v0=" + "0".repeat(64) }), Buffer.from(body), T * 1000), 401);
+  });
+  it("Shopify (vector computed here): base64(HMAC-SHA256(body)) in X-Shopify-Hmac-Sha256", () => {
+    const body = '{"id":820982911946154508,"email":"jon@example.com"}';
+    const h = { "x-shopify-hmac-sha256": hmac("shpss_k", body, "base64"), "x-shopify-event-id": "98880550-7158-44d4-b7cd-2c97c8a091b5", "x-shopify-topic": "orders/create" };
+    assert.equal(sign("shopify", "shpss_k", { id: "", body, timestampS: 0 })["x-shopify-hmac-sha256"], h["x-shopify-hmac-sha256"]);
+    assert.equal(delivered(verify(source("shopify", "shpss_k"), headers(h), Buffer.from(body), 0)).id, "98880550-7158-44d4-b7cd-2c97c8a091b5");
+  });
+  it("Intercom (vector computed here): X-Hub-Signature sha1=hex(HMAC-SHA1(body)), id and topic from the body", () => {
+    const body = intercomEvent();
+    const h = { "x-hub-signature": `sha1=${hmac("intercom-client-secret", body, "hex", "sha1")}` };
+    assert.deepEqual(sign("intercom", "intercom-client-secret", { id: "", body, timestampS: 0 }), h);
+    assert.deepEqual(verify(source("intercom", "intercom-client-secret"), headers(h), Buffer.from(body), 0),
+      { kind: "delivery", id: "notif_ccd8a4d0-f965-11e3-a367-c779cae3e1b3", eventType: "conversation.user.created", providerTime: null });
+  });
+});
+
+describe("Slack's forms", () => {
+  const at = (body: string, ts = T) => verify(source("slack", "k"), headers({ ...FORM, ...sign("slack", "k", { id: "", body, timestampS: ts }) }), Buffer.from(body), T * 1000);
+  it("an interactive payload is keyed by its trigger_id and typed by its type", () => {
+    const payload = JSON.stringify({ type: "block_actions", trigger_id: "13345224609.738474920.8088930838d88f008e0", actions: [{ action_id: "a" }] });
+    assert.deepEqual(at(form({ payload })), { kind: "delivery", id: "13345224609.738474920.8088930838d88f008e0", eventType: "block_actions", providerTime: T * 1000 });
+  });
+  it("a payload without a trigger_id (view_closed) is keyed by the body's SHA-256", () => {
+    const body = form({ payload: JSON.stringify({ type: "view_closed", view: { id: "V1" } }) });
+    assert.equal(delivered(at(body)).id, `sha256:${createHash("sha256").update(body).digest("hex")}`);
+  });
+  it("a form keeps the signature and the replay window: forged or stale is a 401", () => {
+    const body = form({ command: "/deploy", trigger_id: "t1" });
+    refused(verify(source("slack", "k"), headers({ ...FORM, ...sign("slack", "other", { id: "", body, timestampS: T }) }), Buffer.from(body), T * 1000), 401);
+    refused(at(body, T - 301), 401, /301 s old/);
+  });
+});
+
+describe("replay windows of the new presets", () => {
+  const paddleAt = (ts: number, nowMs: number) => {
+    const body = Buffer.from(paddleEvent());
+    return verify(source("paddle", "k"), headers(sign("paddle", "k", { id: "", body, timestampS: ts })), body, nowMs);
+  };
+  it("paddle accepts exactly 5 s old and refuses 6, looking only into the past, as its SDK does", () => {
+    delivered(paddleAt(T, (T + 5) * 1000 + 999));
+    refused(paddleAt(T, (T + 6) * 1000), 401, /6 s old, over the 5-s window/);
+    delivered(paddleAt(T + 3600, T * 1000));
+  });
+  const linearAt = (tsMs: number, nowMs: number) => {
+    const body = Buffer.from(linearEvent(tsMs));
+    return verify(source("linear", "k"), headers(sign("linear", "k", { id: "d", body, timestampS: 0 })), body, nowMs);
+  };
+  it("linear accepts exactly 60 000 ms either way and refuses 60 001, to the millisecond, as its SDK does", () => {
+    delivered(linearAt(T * 1000, T * 1000 + 60_000));
+    refused(linearAt(T * 1000, T * 1000 + 60_001), 401, /60.001 s old, over the 60-s window/);
+    delivered(linearAt(T * 1000, T * 1000 - 60_000));
+    refused(linearAt(T * 1000, T * 1000 - 60_001), 401, /ahead/);
+  });
+  it("linear refuses a signed body whose webhookTimestamp is missing or not whole milliseconds", () => {
+    for (const body of ['{"type":"Issue"}', '{"webhookTimestamp":1.5}', '{"webhookTimestamp":"1e3"}']) {
+      refused(verify(source("linear", "k"), headers(sign("linear", "k", { id: "d", body, timestampS: 0 })), Buffer.from(body), T * 1000), 401, /webhookTimestamp/);
+    }
+  });
+  const zoomAt = (ts: number, nowS: number, ms = 0) => {
+    const body = Buffer.from(zoomEvent());
+    return verify(source("zoom", "k"), headers(sign("zoom", "k", { id: "", body, timestampS: ts })), body, nowS * 1000 + ms);
+  };
+  it("zoom accepts exactly 300 s either way and refuses 301", () => {
+    delivered(zoomAt(T, T + 300, 999));
+    refused(zoomAt(T, T + 301), 401, /301 s old/);
+    delivered(zoomAt(T, T - 300));
+    refused(zoomAt(T, T - 301, 999), 401, /301 s ahead/);
+  });
+  it("each source's tolerance is its own: paddle at 60 s, linear at 5 s", () => {
+    const body = Buffer.from(paddleEvent());
+    delivered(verify(source("paddle", "k", 60), headers(sign("paddle", "k", { id: "", body, timestampS: T })), body, (T + 60) * 1000));
+    const lbody = Buffer.from(linearEvent(T * 1000));
+    refused(verify(source("linear", "k", 5), headers(sign("linear", "k", { id: "d", body: lbody, timestampS: 0 })), lbody, (T + 6) * 1000), 401, /5-s window/);
+  });
+  it("square, twilio and intercom sign no timestamp, so a year-old delivery still verifies", () => {
+    const yearLater = (T + 365 * 86400) * 1000;
+    const body = Buffer.from(intercomEvent());
+    delivered(verify(source("intercom", "k"), headers(sign("intercom", "k", { id: "", body, timestampS: T })), body, yearLater));
+    delivered(verify(source("square", SQUARE.key), headers({ "x-square-hmacsha256-signature": SQUARE.signature }), Buffer.from(SQUARE.body), yearLater));
+    delivered(verify(source("twilio", TWILIO.token), headers({ ...FORM, "x-twilio-signature": TWILIO.signature }), Buffer.from(form(TWILIO.params)), yearLater, `/t${TWILIO.query}`));
+  });
+});
+
+describe("the new presets: rotation and repeated headers", () => {
+  const bodies: Record<string, string> = { paddle: paddleEvent(), linear: linearEvent(T * 1000), square: SQUARE.body, twilio: "{}", zoom: zoomEvent(), intercom: intercomEvent() };
+  const target = (p: string, body: string) => (p === "twilio" ? `/t?bodySHA256=${createHash("sha256").update(body).digest("hex")}` : "/");
+  const signed = (p: Provider, secret: string) => {
+    const body = bodies[p]!;
+    const url = p === "square" ? SQUARE.url : p === "twilio" ? TWILIO.url + target(p, body).slice(2) : undefined;
+    return sign(p, secret, { id: "d1", body, timestampS: T, ...(url ? { url } : {}) });
+  };
+  for (const p of ["paddle", "linear", "square", "twilio", "zoom", "intercom"] as const) {
+    it(`${p}: during a rotation either secret verifies; any other is refused`, () => {
+      const check = (src: Source, secret: string) => verify(src, headers(signed(p, secret)), Buffer.from(bodies[p]!), T * 1000, target(p, bodies[p]!));
+      for (const secret of ["old", "new"]) delivered(check(source(p, ["old", "new"]), secret));
+      refused(check(source(p, ["old", "new"]), "other"), 401, /does not match/);
+      refused(check(source(p, "old"), "new"), 401);
+    });
+  }
+  const cases: [Provider, string, 400 | 401][] = [
+    ["paddle", "paddle-signature", 401], ["linear", "linear-signature", 401], ["linear", "linear-delivery", 400],
+    ["square", "x-square-hmacsha256-signature", 401], ["twilio", "x-twilio-signature", 401], ["twilio", "i-twilio-idempotency-token", 400],
+    ["zoom", "x-zm-signature", 401], ["zoom", "x-zm-request-timestamp", 401], ["intercom", "x-hub-signature", 401],
+  ];
+  for (const [p, name, status] of cases) {
+    it(`${p}: ${name} sent twice is refused with ${status}`, () => {
+      const h = signed(p, "k");
+      const body = Buffer.from(bodies[p]!);
+      delivered(verify(source(p, "k"), headers(h), body, T * 1000, target(p, bodies[p]!))); // control
+      refused(verify(source(p, "k"), headers({ ...h, [name]: [h[name]!, h[name]!] }), body, T * 1000, target(p, bodies[p]!)), status, /more than once/);
+    });
+  }
+});
+
+describe("the hmac provider", () => {
+  const custom = source("hmac", ["acme-old", "acme-secret"], undefined, CUSTOM);
+  const customHeaders = (secret: string, body: string, ts = T) => ({
+    "x-acme-delivery": "dl_1", "x-acme-account": "acct_1", "x-acme-time": String(ts),
+    "x-acme-signature": `s0:ignored s1:${hmac(secret, `${ts}.acct_1.${body}`, "base64", "sha512")}`,
+  });
+  it("verifies a declared scheme against an independent signer, skipping other versions, with its own window", () => {
+    const body = '{"kind":"thing.done"}';
+    assert.deepEqual(verify(custom, headers(customHeaders("acme-secret", body)), Buffer.from(body), T * 1000),
+      { kind: "delivery", id: "dl_1", eventType: "thing.done", providerTime: T * 1000 });
+    delivered(verify(custom, headers(customHeaders("acme-old", body)), Buffer.from(body), T * 1000));
+    refused(verify(custom, headers({ ...customHeaders("acme-secret", body), "x-acme-account": "acct_2" }), Buffer.from(body), T * 1000), 401, /does not match/);
+    refused(verify(custom, headers(customHeaders("acme-secret", body, T - 121)), Buffer.from(body), T * 1000), 401, /121 s old, over the 120-s window/);
+    const { "x-acme-account": _gone, ...noAccount } = customHeaders("acme-secret", body);
+    refused(verify(custom, headers(noAccount), Buffer.from(body), T * 1000), 401, /missing X-Acme-Account, which is signed/);
+  });
+  it("sign() with the declared scheme is what verify() accepts", () => {
+    const body = '{"kind":"x"}';
+    const h = sign("hmac", "acme-secret", { id: "dl_2", body, timestampS: T, headers: { "X-Acme-Account": "acct_9" } }, CUSTOM as unknown as Scheme);
+    assert.equal(delivered(verify(custom, headers(h), Buffer.from(body), T * 1000)).id, "dl_2");
+  });
+  it("every preset written out as hmac settings gives the same verdicts on the published vectors", () => {
+    const as = (preset: Exclude<Provider, "hmac">, secret: string, url?: string) => {
+      const { tolerance, ...scheme } = PRESETS[preset];
+      return source("hmac", secret, tolerance, { ...scheme, ...(url ? { url } : {}) });
+    };
+    const gh = headers({ "x-hub-signature-256": GITHUB.signature, "x-github-delivery": "g1", "x-github-event": "issues" });
+    assert.deepEqual(verify(as("github", GITHUB.secret), gh, Buffer.from(GITHUB.body), 0), verify(source("github", GITHUB.secret), gh, Buffer.from(GITHUB.body), 0));
+    const sq = headers({ "x-square-hmacsha256-signature": SQUARE.signature });
+    assert.deepEqual(verify(as("square", SQUARE.key, SQUARE.url), sq, Buffer.from(SQUARE.body), 0, "/"), verify(source("square", SQUARE.key), sq, Buffer.from(SQUARE.body), 0, "/"));
+    const tw = headers({ ...FORM, "x-twilio-signature": TWILIO.signature, "i-twilio-idempotency-token": "tok" });
+    assert.equal(delivered(verify(as("twilio", TWILIO.token, TWILIO.url), tw, Buffer.from(form(TWILIO.params)), 0, `/${TWILIO.query}`)).id, "tok");
+    const stripeBody = stripeEvent();
+    const st = headers(sign("stripe", STRIPE_SECRET, { id: "", body: stripeBody, timestampS: T }));
+    assert.deepEqual(verify(as("stripe", STRIPE_SECRET), st, Buffer.from(stripeBody), T * 1000), verify(source("stripe", STRIPE_SECRET), st, Buffer.from(stripeBody), T * 1000));
+  });
+
+  const fails = (settings: Record<string, unknown>, pattern: RegExp) =>
+    assert.throws(() => loadSources({ s: { provider: "hmac", secret: "k", header: "X-Sig", id: "header:X-Id", ...settings } }, {}),
+      (error: unknown) => error instanceof TypeError && pattern.test(error.message) && error.message.startsWith('source "s": '));
+  it("names the mistake in a declared scheme, one setting at a time", () => {
+    fails({ algorithm: "md5" }, /expected algorithm to be one of sha1, sha256, sha512, got "md5"/);
+    fails({ encoding: "base32" }, /expected encoding to be hex or base64, got "base32"/);
+    fails({ signed: "{timestamp}.{body}" }, /\{timestamp\} in signed needs timestamp from a header/);
+    fails({ signed: "{nonce}.{body}" }, /unknown placeholder \{nonce\} in signed; expected \{body\}, \{timestamp\}, \{id\}, \{url\}, \{form\} or \{header:Name\}/);
+    fails({ signed: "{body" }, /unmatched brace/);
+    fails({ signed: "{timestamp}", timestamp: "header:X-Ts" }, /signed must include \{body\}/);
+    fails({ signed: "{url}{body}" }, /expected url to be the address the sender posts to/);
+    fails({ signed: "{url}{body}", url: "https://example.com/hook?x=1" }, /no query/);
+    fails({ url: "https://example.com/hook" }, /url applies only to schemes that sign \{url\}/);
+    fails({ id: "query:x" }, /expected id to be one of header:Name, body:\/json\/pointer, sha256:body, got "query:x"/);
+    fails({ id: [] }, /missing id/);
+    fails({ id: "body:/id", signed: "{id}.{body}" }, /\{id\} in signed needs the first id place to be a header/);
+    fails({ timestamp: "signature:t" }, /needs a separator/);
+    fails({ timestampUnit: "ms" }, /timestampUnit applies only with a timestamp/);
+    fails({ tolerance: 60 }, /tolerance applies only with a timestamp/);
+    fails({ timestamp: "header:X-Ts", timestampUnit: "min" }, /expected timestampUnit to be "s" or "ms"/);
+    fails({ header: "X Sig" }, /expected header to name the signature header/);
+    fails({ headers: "X-Sig" }, /unknown setting "headers"/);
+    fails({ prefix: 3 }, /expected prefix to be a string, got number/);
+  });
+  it("keeps scheme settings off the presets, pointing at hmac", () => {
+    assert.throws(() => loadSources({ s: { provider: "github", secret: "k", algorithm: "sha1" } }, {}), /unknown setting "algorithm".*need provider "hmac"/);
+    assert.throws(() => loadSources({ s: { provider: "square", secret: "k" } }, {}), /expected url/);
+  });
+});
+
+describe("the new presets' SDKs", () => {
+  const nowS = () => Math.floor(Date.now() / 1000);
+  it("@paddle/paddle-node-sdk: isSignatureValid() accepts what sign() signs, and rejects a changed body", async () => {
+    const paddle = new Paddle("pdl_sdbx_apikey_not_used");
+    const body = paddleEvent();
+    const header = sign("paddle", "pdl_ntfset_sdk", { id: "", body, timestampS: nowS() })["paddle-signature"]!;
+    assert.equal(await paddle.webhooks.isSignatureValid(body, "pdl_ntfset_sdk", header), true);
+    assert.equal(await paddle.webhooks.isSignatureValid(body.replace("paid", "paie"), "pdl_ntfset_sdk", header), false);
+  });
+  it("@linear/sdk: LinearWebhookClient.verify() accepts what sign() signs", () => {
+    const body = linearEvent(Date.now());
+    const signature = sign("linear", "lin_wh_sdk", { id: "d", body, timestampS: 0 })["linear-signature"]!;
+    assert.equal(new LinearWebhookClient("lin_wh_sdk").verify(Buffer.from(body), signature), true);
+    assert.throws(() => new LinearWebhookClient("lin_wh_other").verify(Buffer.from(body), signature));
+  });
+  it("square: WebhooksHelper.verifySignature() accepts what sign() signs", async () => {
+    const body = JSON.stringify({ merchant_id: "M", type: "payment.updated", event_id: "e-sdk", data: {} });
+    const signatureHeader = sign("square", "sq-key", { id: "", body, timestampS: 0, url: "https://example.com/square" })["x-square-hmacsha256-signature"]!;
+    assert.equal(await SquareWebhooks.verifySignature({ requestBody: body, signatureHeader, signatureKey: "sq-key", notificationUrl: "https://example.com/square" }), true);
+    assert.equal(await SquareWebhooks.verifySignature({ requestBody: body, signatureHeader, signatureKey: "sq-key", notificationUrl: "https://example.com/other" }), false);
+  });
+  it("twilio: getExpectedTwilioSignature() is accepted, and validateRequest() / validateRequestWithBody() accept ours", () => {
+    const params = { MessageSid: "SM1", Body: "hello world", From: "+15550001111", To: "+15552223333", "MediaUrl0": "https://x/y?z=1" };
+    const url = "https://example.com/twilio?via=sms";
+    const theirs = twilio.getExpectedTwilioSignature("tw-token", url, params);
+    delivered(verify(source("twilio", "tw-token", undefined, { url: "https://example.com/twilio" }), headers({ ...FORM, "x-twilio-signature": theirs }), Buffer.from(form(params)), 0, "/twilio?via=sms"));
+    const ours = sign("twilio", "tw-token", { id: "", body: form(params), timestampS: 0, url, headers: FORM })["x-twilio-signature"]!;
+    assert.equal(twilio.validateRequest("tw-token", ours, url, params), true);
+    const json = '{"event":"x"}';
+    const jsonUrl = `https://example.com/twilio?bodySHA256=${createHash("sha256").update(json).digest("hex")}`;
+    const oursJson = sign("twilio", "tw-token", { id: "", body: json, timestampS: 0, url: jsonUrl })["x-twilio-signature"]!;
+    assert.equal(twilio.validateRequestWithBody("tw-token", oursJson, jsonUrl, json), true);
   });
 });

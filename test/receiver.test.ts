@@ -194,7 +194,7 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
     await refused(400, async () => (await raw(receiver.port, [
       "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_a\r\nX-Delivery-Id: evt_b\r\nContent-Length: 2\r\n\r\n{}",
     ])).response);
-    await logged(/^rejected: 400 missing delivery id$/m);
+    await logged(/^rejected: 400 missing X-Delivery-Id$/m);
     await logged(/^rejected: 400 delivery id longer than 256 characters$/m);
   });
 

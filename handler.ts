@@ -1,0 +1,300 @@
+// handler.ts: the receiver as a library. One request handler verifies, stores, and answers 200 only once
+// the delivery is committed. It mounts three ways: on node:http, as Express/Connect middleware, and as a
+// Fetch API handler (Hono, Next.js route handlers, Bun, Deno). receiver.ts is this handler on node:http.
+//   const webhooks = createHandler({ inbox: connect("inbox.db"), sources: loadSources(config, process.env) });
+//   http.createServer(webhooks.node) | app.use("/webhooks", webhooks.express) | export const POST = webhooks.fetch
+
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { DEFAULTS, label, message, type Inbox, type Stored } from "./inbox.ts";
+import { unsignedSource, verify, type Headers, type Source } from "./providers.ts";
+
+/** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
+export interface HandlerOptions {
+  /** Where deliveries are stored; the handler only ever calls store(). */
+  inbox: Pick<Inbox, "store">;
+  /** Sources by name, each served at POST /<name>. @default the unsigned `default` source at / */
+  sources?: ReadonlyMap<string, Source>;
+  /** A path prefix to drop before the source name is looked up, where the framework passes the whole path (Hono, Next.js, Fastify). @default "" */
+  basePath?: string;
+  /** @default DEFAULTS.maxBodyBytes */
+  maxBodyBytes?: number;
+  /** @default DEFAULTS.maxIdLength */
+  maxIdLength?: number;
+  /** @default DEFAULTS.maxInFlight */
+  maxInFlight?: number;
+  /** @default DEFAULTS.retryAfterS */
+  retryAfterS?: number;
+  /** Where the one line per delivery goes. @default console.error */
+  log?: (line: string) => void;
+  /** The clock for signature windows, in ms since the epoch. @default Date.now */
+  now?: () => number;
+  /** Whether node:http answers should close their connection; receiver.ts says yes while it stops. @default never */
+  closing?: () => boolean;
+}
+
+/** WebhookRequest is one request as every mount hands it over: headers kept apart, the body read on demand. */
+export interface WebhookRequest {
+  method: string;
+  /** The path and query, as the request line gives them. */
+  url: string;
+  headers: Headers;
+  /** read returns the whole body, refusing (413) past the limit and (400) a body cut short. */
+  read(maxBody: number): Promise<Buffer>;
+}
+
+/** Answer is what the handler replies, whichever way it is mounted. */
+export interface Answer {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+  /** The rest of the request was not read, so the connection must not carry another one. */
+  closeConnection?: boolean;
+}
+
+/** Handler is one handler in its three mounts, plus the shared core they translate to and from. */
+export interface Handler {
+  /** node is a node:http request listener. */
+  node(req: IncomingMessage, res: ServerResponse): void;
+  /**
+   * express is Express/Connect middleware. Mount it before any body parser, or after express.raw({ type:
+   * "*\/*" }); a path that is not a source goes on to next().
+   */
+  express(req: IncomingMessage & { body?: unknown }, res: ServerResponse, next?: (error?: unknown) => void): void;
+  /** fetch is a Fetch API handler: (Request) => Promise<Response>. */
+  fetch(request: Request): Promise<Response>;
+  /** answer runs one request through verify, store and reply; the mounts only translate. */
+  answer(request: WebhookRequest): Promise<Answer>;
+  /** inFlight counts the requests being handled now, by every mount. */
+  readonly inFlight: number;
+  /** idle resolves once no request is in flight. */
+  idle(): Promise<void>;
+}
+
+/** Rejected is a request turned away before storing: the status and the reason for the log. */
+export class Rejected extends Error {
+  readonly status: number;
+  readonly closeConnection: boolean;
+  readonly headers: Record<string, string>;
+  constructor(status: number, reason: string, closeConnection = false, headers: Record<string, string> = {}) {
+    super(reason);
+    this.status = status;
+    this.closeConnection = closeConnection;
+    this.headers = headers;
+  }
+}
+
+// The top cause of broken signatures in Express apps: a JSON parser ran first and the raw bytes are gone.
+const PARSED_FIRST =
+  "the request body was already read by a body parser (express.json() or similar), so its signature cannot be checked; " +
+  'mount the inbox before the parser, or give it express.raw({ type: "*/*" })';
+
+/** createHandler builds the one request handler over an open inbox. */
+export function createHandler(options: HandlerOptions): Handler {
+  const inbox = options.inbox;
+  const maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
+  const maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
+  const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
+  const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
+  const log = options.log ?? ((line: string) => console.error(line));
+  const now = options.now ?? Date.now;
+  const sources = options.sources ?? new Map([["", unsignedSource()]]);
+  const basePath = (options.basePath ?? "").replace(/\/+$/, "");
+  const closing = options.closing ?? (() => false);
+  for (const [name, value] of [["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight]] as const) {
+    if (!Number.isInteger(value) || value < 1) throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
+  }
+  if (basePath && !basePath.startsWith("/")) throw new TypeError(`createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`);
+
+  let inFlight = 0;
+  const waiting: (() => void)[] = [];
+  const leave = () => {
+    if (--inFlight === 0) for (const resolve of waiting.splice(0)) resolve();
+  };
+  const text = (status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer =>
+    ({ status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection });
+  const busy = (): Answer => {
+    log(`rejected: 503 over ${maxInFlight} requests in flight`);
+    return text(503, "busy, try again later", { "retry-after": retryAfter }, true);
+  };
+
+  // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
+  const sourceFor = (url: string): Source | undefined => {
+    let path = url.split("?")[0]!;
+    if (basePath && (path === basePath || path.startsWith(`${basePath}/`))) path = path.slice(basePath.length);
+    return sources.get(path.replace(/^\/+|\/+$/g, ""));
+  };
+
+  async function handle(req: WebhookRequest): Promise<Answer> {
+    const source = sourceFor(req.url);
+    if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
+    if (req.method !== "POST") throw new Rejected(405, `method ${req.method} not allowed`, false, { allow: "POST" });
+    // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
+    const length = req.headers["content-length"]?.[0];
+    const declared = length === undefined ? undefined : Number(length);
+    if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
+
+    const body = await req.read(maxBody);
+    const verdict = verify(source, req.headers, body, now(), req.url);
+    // Named by source, so a log fed by several providers says whose signature failed.
+    if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
+    if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
+    const id = verdict.id;
+    if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);
+
+    let outcome: Stored;
+    try {
+      outcome = await inbox.store({
+        source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
+        eventType: verdict.eventType, providerTime: verdict.providerTime,
+      });
+    } catch (error) {
+      // Not on disk, so the sender must keep it and try again.
+      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`);
+      return text(503, "try again later", { "retry-after": retryAfter });
+    }
+    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`);
+    // Either way the delivery is safe on disk, so the provider is told to stop sending it.
+    return text(200, outcome === "stored" ? "stored" : "duplicate");
+  }
+
+  async function answer(req: WebhookRequest): Promise<Answer> {
+    try {
+      return await handle(req);
+    } catch (error) {
+      if (error instanceof Rejected) {
+        if (error.status !== 404 || req.method === "POST") log(`rejected: ${error.status} ${error.message}`);
+        return text(error.status, error.message, error.headers, error.closeConnection);
+      }
+      log(`rejected: ${message(error)}`);
+      return text(500, "internal error");
+    }
+  }
+
+  // send writes an answer on node:http. The rest of a refused body must not be read as the next request:
+  // after the answer has gone out, the client gets a moment to read it, then the connection is dropped.
+  const send = (req: IncomingMessage, res: ServerResponse, a: Answer) => {
+    if (res.headersSent || res.destroyed) return;
+    // While the receiver stops, each answer closes its connection: kept alive, it would hold the exit up
+    // for as long as the client kept it, and carry more requests in meanwhile.
+    const close = a.closeConnection || closing();
+    res.writeHead(a.status, { ...a.headers, "content-length": Buffer.byteLength(a.body), ...(close ? { connection: "close" } : {}) });
+    res.end(a.body);
+    if (a.closeConnection) {
+      const socket = req.socket;
+      res.on("finish", () => setTimeout(() => socket.destroy(), 1_000).unref());
+    }
+  };
+
+  const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
+    if (inFlight >= maxInFlight) return send(req, res, busy());
+    inFlight++;
+    res.on("close", leave);
+    // A client that hung up has a destroyed response, and send() writes nothing to it.
+    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => send(req, res, a));
+  };
+
+  return {
+    answer,
+    get inFlight() {
+      return inFlight;
+    },
+    idle: () => (inFlight === 0 ? Promise.resolve() : new Promise<void>((resolve) => waiting.push(resolve))),
+
+    node: (req, res) => onNode(req, res, (limit) => readBody(req, limit)),
+
+    express: (req, res, next) => {
+      // Express strips its mount path from req.url (and keeps the query), so the source name is what is left.
+      if (next && !sourceFor(req.url ?? "/")) return next();
+      const parsed = req.body;
+      if (Buffer.isBuffer(parsed)) {
+        // express.raw() kept the bytes; its own limit applies first, then this one.
+        return onNode(req, res, async (limit) => {
+          if (parsed.length > limit) throw new Rejected(413, `body is over the ${limit}-byte limit`);
+          return parsed;
+        });
+      }
+      if (req.readableEnded || (req as { _body?: unknown })._body === true) {
+        return onNode(req, res, async () => {
+          throw new Rejected(500, PARSED_FIRST);
+        });
+      }
+      onNode(req, res, (limit) => readBody(req, limit));
+    },
+
+    fetch: async (request) => {
+      if (inFlight >= maxInFlight) return toResponse(busy());
+      inFlight++;
+      try {
+        const url = new URL(request.url);
+        return toResponse(await answer({ method: request.method, url: url.pathname + url.search, headers: distinct(request.headers), read: (limit) => readStream(request, limit) }));
+      } finally {
+        leave();
+      }
+    },
+  };
+}
+
+function toResponse(a: Answer): Response {
+  // A Fetch runtime owns its connections; Connection is not a header a handler may set there.
+  return new Response(a.body, { status: a.status, headers: a.headers });
+}
+
+// distinct gives Fetch headers in headersDistinct's shape. The Fetch API has already joined repeats with
+// ", ", so they are split again there: a repeated signature or ID is refused as it is on node:http. (A
+// signed header whose one value holds ", " reads as repeated in this mount only.)
+function distinct(headers: globalThis.Headers): Headers {
+  const out: Headers = {};
+  headers.forEach((value, name) => {
+    out[name] = value.split(", ");
+  });
+  return out;
+}
+
+// readBody reads the whole body, counting bytes as they arrive so a liar or a stream is cut at the limit,
+// and fails if the client hangs up before the end: a fragment is never stored.
+function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const stop = (error: Rejected) => {
+      req.off("data", onData).off("end", onEnd).off("close", onClose);
+      req.pause();
+      reject(error);
+    };
+    const onData = (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > maxBody) return stop(new Rejected(413, `body is over the ${maxBody}-byte limit`, true));
+      chunks.push(chunk);
+    };
+    const onEnd = () => {
+      req.off("close", onClose);
+      resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+    };
+    const onClose = () => stop(new Rejected(400, `body cut short after ${size} bytes`, true));
+    req.on("data", onData).on("end", onEnd).on("close", onClose);
+  });
+}
+
+// readStream is readBody for a Fetch Request: counted as it arrives, cancelled at the limit.
+async function readStream(request: Request, maxBody: number): Promise<Buffer> {
+  if (!request.body) return Buffer.alloc(0);
+  const reader = request.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    let chunk: ReadableStreamReadResult<Uint8Array>;
+    try {
+      chunk = await reader.read();
+    } catch {
+      throw new Rejected(400, `body cut short after ${size} bytes`, true);
+    }
+    if (chunk.done) break;
+    size += chunk.value.byteLength;
+    if (size > maxBody) {
+      await reader.cancel().catch(() => {});
+      throw new Rejected(413, `body is over the ${maxBody}-byte limit`, true);
+    }
+    chunks.push(chunk.value);
+  }
+  return Buffer.concat(chunks, size);
+}
