@@ -6,7 +6,8 @@
 import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, connect, label, lineLog, message, type Inbox, type Stored } from "./inbox.ts";
+import { DEFAULTS, LOG_FORMATS, connect, jsonLine, label, lineLog, message, type Inbox, type Log, type LogFormat, type Stored } from "./inbox.ts";
+import { Metrics, NO_SOURCE, Readiness, route, type Outcome } from "./metrics.ts";
 import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -26,17 +27,21 @@ export interface ReceiverOptions {
   requestTimeoutMs?: number;
   /** @default DEFAULTS.retryAfterS */
   retryAfterS?: number;
-  /** Where the one line per delivery goes. @default console.error */
-  log?: (line: string) => void;
+  /** Where the one line per delivery goes; the fields are for the JSON format. @default console.error */
+  log?: Log;
   /** The clock for signature windows, in ms since the epoch. @default Date.now */
   now?: () => number;
+  /** Counts every answer and serves GET /metrics; without it, neither. @default none */
+  metrics?: Metrics;
 }
 
 /** Receiver is a running server plus the means to stop it without dropping a request. */
 export interface Receiver {
   server: Server;
-  /** close stops accepting, lets requests in flight finish (or cuts them after graceMs), then returns. */
+  /** close stops accepting, lets requests in flight finish (or cuts them after graceMs), then returns. /readyz fails from its first moment. */
   close(graceMs?: number): Promise<void>;
+  /** readiness is what /readyz answers with. */
+  readiness: Readiness;
 }
 
 // Rejected is a request turned away before storing: the status and the reason for the log.
@@ -57,12 +62,14 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   const maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
   const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
   const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
-  const log = options.log ?? ((line: string) => console.error(line));
+  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const metrics = options.metrics;
   const now = options.now ?? Date.now;
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   let inFlight = 0;
   let idle: (() => void) | undefined;
   let stopping = false;
+  const readiness = new Readiness(inbox, { stopping: () => stopping });
 
   const reply = (res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}) => {
     if (res.headersSent || res.destroyed) return;
@@ -73,11 +80,17 @@ export function createReceiver(options: ReceiverOptions): Receiver {
     res.end(text);
   };
 
-  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  // seen counts one answer, once per request, at the point where its outcome is decided.
+  const seen = (source: string, outcome: Outcome, started: number, status?: number) =>
+    metrics?.observe(source, outcome, status === undefined && outcome !== "unavailable" ? performance.now() - started : undefined, status);
+
+  async function handle(req: IncomingMessage, res: ServerResponse, ctx: { source: string; started: number }): Promise<void> {
     const path = (req.url ?? "/").split("?")[0]!;
     if (path === "/healthz" && (req.method === "GET" || req.method === "HEAD")) return reply(res, 200, "ok");
+    if (route(req, res, readiness, metrics)) return;
     const source = sources.get(path.replace(/^\/+|\/+$/g, ""));
     if (!source) throw new Rejected(404, `no source at ${path}`);
+    ctx.source = source.name;
     if (req.method !== "POST") {
       res.setHeader("allow", "POST");
       throw new Rejected(405, `method ${req.method} not allowed`);
@@ -102,10 +115,13 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
-      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`);
+      seen(source.name, "unavailable", ctx.started);
+      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, { level: "error", source: source.name, id, status: 503 });
       return reply(res, 503, "try again later", { "retry-after": retryAfter });
     }
-    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`);
+    seen(source.name, outcome, ctx.started);
+    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
+      { source: source.name, id, status: 200, result: outcome });
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
     reply(res, 200, outcome === "stored" ? "stored" : "duplicate");
   }
@@ -118,17 +134,22 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       connectionsCheckingInterval: 1_000,
     },
     (req, res) => {
+      const ctx = { source: NO_SOURCE, started: performance.now() };
       if (inFlight >= maxInFlight) {
-        log(`rejected: 503 over ${maxInFlight} requests in flight`);
+        seen(sources.get((req.url ?? "/").split("?")[0]!.replace(/^\/+|\/+$/g, ""))?.name ?? NO_SOURCE, "unavailable", ctx.started);
+        log(`rejected: 503 over ${maxInFlight} requests in flight`, { level: "error", status: 503 });
         return reply(res, 503, "busy, try again later", { "retry-after": retryAfter, connection: "close" });
       }
       inFlight++;
       res.on("close", () => {
         if (--inFlight === 0) idle?.();
       });
-      handle(req, res).catch((error: unknown) => {
+      handle(req, res, ctx).catch((error: unknown) => {
         if (error instanceof Rejected) {
-          if (error.status !== 404 || req.method === "POST") log(`rejected: ${error.status} ${error.message}`);
+          if (error.status !== 404 || req.method === "POST") {
+            seen(ctx.source, "rejected", ctx.started, error.status);
+            log(`rejected: ${error.status} ${error.message}`, { level: "warn", ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), status: error.status });
+          }
           reply(res, error.status, error.message, error.closeConnection ? { connection: "close" } : {});
           // The rest of a refused body must not be read as the next request: after the answer has gone
           // out, give the client a moment to read it, then drop the connection.
@@ -138,14 +159,16 @@ export function createReceiver(options: ReceiverOptions): Receiver {
           }
           return;
         }
-        log(`rejected: ${message(error)}`);
+        seen(ctx.source, "unavailable", ctx.started);
+        log(`rejected: ${message(error)}`, { level: "error", status: 500 });
         if (!res.headersSent && !req.destroyed) reply(res, 500, "internal error");
       });
     },
   );
   server.on("clientError", (error: NodeJS.ErrnoException, socket) => {
     const status = error.code === "HPE_HEADER_OVERFLOW" ? 431 : error.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
-    log(`rejected: ${status} malformed request (${error.code ?? error.message})`);
+    seen(NO_SOURCE, "rejected", 0, status);
+    log(`rejected: ${status} malformed request (${error.code ?? error.message})`, { level: "warn", status });
     if (!socket.writable || (socket as { _httpMessage?: unknown })._httpMessage) return void socket.destroy();
     const text = status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
     socket.end(`HTTP/1.1 ${status} ${text}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
@@ -153,6 +176,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
 
   return {
     server,
+    readiness,
     close: (graceMs = DEFAULTS.shutdownGraceMs) =>
       new Promise<void>((resolve) => {
         const done = () => {
@@ -194,6 +218,10 @@ function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
 
 async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
+  const logFormat = (value: string) => {
+    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    return value as LogFormat;
+  };
   const whole = (min: number) => (value: string) => {
     const n = Number(value);
     if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected a whole number of ${min} or more.`);
@@ -208,6 +236,8 @@ async function main(argv: string[]): Promise<void> {
     .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
+    .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
+    .option("--no-metrics", "don't count answers or serve GET /metrics (for comparison; /livez and /readyz stay)")
     .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
@@ -221,11 +251,16 @@ Examples:
   npx tsx receiver.ts
   PORT=9000 npx tsx receiver.ts --db /tmp/inbox.db
   curl -X POST -H 'X-Delivery-Id: evt_1' -d '{"customer":"Ann","amount":5}' http://127.0.0.1:8000/
-  npx tsx receiver.ts --sources sources.json`)
+  npx tsx receiver.ts --sources sources.json
+  curl http://127.0.0.1:8000/metrics     # Prometheus; /livez and /readyz for probes`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean; inlineCheckpoints?: boolean }>();
+  const opts = program.opts<{
+    port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean;
+    inlineCheckpoints?: boolean; logFormat: LogFormat; metrics: boolean;
+  }>();
+  format = opts.logFormat;
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
@@ -251,30 +286,35 @@ Examples:
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
+  let metrics: Metrics | undefined;
   try {
     // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
-    inbox = await connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
+    inbox = await connect(path, {
+      backgroundCheckpoints: !opts.inlineCheckpoints, ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
+    });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }
+  if (opts.metrics) metrics = new Metrics({ inbox });
   if (!sources) {
-    console.error("warning: deliveries are not verified; anyone who can reach this port can store one.");
+    say("warning: deliveries are not verified; anyone who can reach this port can store one.", "warn");
   } else {
     for (const s of sources.values()) {
       const signed = s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
-      console.error(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`);
-      if (s.secrets.length === 0) console.error(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`);
+      say(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`, "info", { source: s.name });
+      if (s.secrets.length === 0) say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", { source: s.name });
     }
   }
-  const { log, flush: flushLog } = lineLog();
+  const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
-    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log,
+    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log, metrics,
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
   receiver.server.listen(port, opts.host, () => {
     const address = receiver.server.address();
     const actual = typeof address === "object" && address ? address.port : port;
-    console.log(`Listening on http://${opts.host}:${actual}`);
+    const url = `http://${opts.host}:${actual}`;
+    console.log(format === "json" ? jsonLine(`Listening on ${url}`, { url }) : `Listening on ${url}`);
   });
 
   let stopping = false;
@@ -282,7 +322,7 @@ Examples:
     if (stopping) return;
     stopping = true;
     flushLog();
-    console.error(`${signal}: finishing the requests in flight, then stopping`);
+    say(`${signal}: finishing the requests in flight, then stopping`);
     await receiver.close();
     await inbox.close();
     flushLog();
@@ -292,9 +332,17 @@ Examples:
   process.on("SIGINT", () => void stop("SIGINT"));
 }
 
+// The log format main() was given; the lines before it knows are text.
+let format: LogFormat = "text";
+
+// say writes one line of the receiver's own (start-up, shutdown) to stderr, in the log format.
+function say(line: string, level: "info" | "warn" | "error" = "info", fields: Record<string, unknown> = {}): void {
+  console.error(format === "json" ? jsonLine(line, { level, ...fields }) : line);
+}
+
 // fatal stops start-up with one line: exit 2 for a mistake in the options or sources, 1 for a runtime failure.
 function fatal(line: string, code: 1 | 2 = 2): never {
-  console.error(line);
+  say(line, "error");
   process.exit(code);
 }
 
