@@ -1123,6 +1123,60 @@ export function lineLog(
   return { log, flush };
 }
 
+/** Progress is a live status line on a terminal: how far, how fast, how long still. */
+export interface Progress {
+  /** write puts text above the status line (log lines), which is drawn again below it. */
+  write(text: string): void;
+  /** stop clears the status line for good. */
+  stop(): void;
+}
+
+/**
+ * progress draws "done of total (percent), rate/s, time left" on one line of stream, redrawn every
+ * everyMs, only if stream is a terminal: anything else (a pipe, a file, a log collector) gets nothing
+ * extra, and progress returns undefined. read says how far the work is; extra adds to the line.
+ */
+export function progress(
+  stream: { write(text: string): unknown; isTTY?: boolean },
+  read: () => { done: number; total: number; extra?: string },
+  options: { everyMs?: number; now?: () => number } = {},
+): Progress | undefined {
+  if (!stream.isTTY) return undefined;
+  const now = options.now ?? (() => performance.now());
+  const started = now();
+  const line = () => {
+    const { done, total, extra } = read();
+    const seconds = Math.max(0.001, (now() - started) / 1000);
+    const rate = done / seconds;
+    const left = rate > 0 && total > done ? `, ${clock((total - done) / rate)} left` : "";
+    const pct = total > 0 ? ` (${Math.min(100, Math.floor((100 * done) / total))}%)` : "";
+    return `${done.toLocaleString("en-US")} of ${total.toLocaleString("en-US")}${pct}, ${Math.round(rate).toLocaleString("en-US")}/s${left}${extra ? `, ${extra}` : ""}`;
+  };
+  // \r and erase-line: the status line is redrawn where it stands, and cleared before anything else prints.
+  const draw = () => void stream.write(`\r\x1b[K${line()}`);
+  const timer = setInterval(draw, options.everyMs ?? 200);
+  timer.unref();
+  let stopped = false;
+  return {
+    write: (text) => {
+      if (stopped) return void stream.write(text);
+      stream.write(`\r\x1b[K${text}`);
+      draw();
+    },
+    stop: () => {
+      if (stopped) return;
+      stopped = true;
+      clearInterval(timer);
+      stream.write("\r\x1b[K");
+    },
+  };
+}
+
+function clock(seconds: number): string {
+  const s = Math.ceil(seconds);
+  return s < 60 ? `${s} s` : s < 3600 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+}
+
 /** message turns anything thrown into one line. */
 export function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
