@@ -1154,6 +1154,7 @@ export function progress(
   };
   // \r and erase-line: the status line is redrawn where it stands, and cleared before anything else prints.
   const draw = () => void stream.write(`\r\x1b[K${line()}`);
+  draw();
   const timer = setInterval(draw, options.everyMs ?? 200);
   timer.unref();
   let stopped = false;
