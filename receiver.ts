@@ -87,7 +87,6 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   async function handle(req: IncomingMessage, res: ServerResponse, ctx: { source: string; started: number }): Promise<void> {
     const path = (req.url ?? "/").split("?")[0]!;
     if (path === "/healthz" && (req.method === "GET" || req.method === "HEAD")) return reply(res, 200, "ok");
-    if (route(req, res, readiness, metrics)) return;
     const source = sources.get(path.replace(/^\/+|\/+$/g, ""));
     if (!source) throw new Rejected(404, `no source at ${path}`);
     ctx.source = source.name;
@@ -134,6 +133,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       connectionsCheckingInterval: 1_000,
     },
     (req, res) => {
+      // Probes and scrapes first, before the in-flight limit: an overloaded receiver is still alive.
+      if (route(req, res, readiness, metrics)) return;
       const ctx = { source: NO_SOURCE, started: performance.now() };
       if (inFlight >= maxInFlight) {
         seen(sources.get((req.url ?? "/").split("?")[0]!.replace(/^\/+|\/+$/g, ""))?.name ?? NO_SOURCE, "unavailable", ctx.started);

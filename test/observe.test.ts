@@ -344,7 +344,7 @@ describe("/readyz on a full disk: a 2 MB tmpfs (when the tests may mount one)", 
 const PG_BIN = "/usr/lib/postgresql/15/bin";
 const privateSkip = !existsSync(join(PG_BIN, "initdb")) ? `no ${PG_BIN}/initdb to make a private PostgreSQL cluster` : false;
 
-describe("/readyz with PostgreSQL stopped and started again (a private cluster)", { skip: privateSkip }, () => {
+describe("/readyz with PostgreSQL stopped and started again, then read-only (a private cluster)", { skip: privateSkip }, () => {
   const { dir, cleanup } = tempDir("inbox-pg-");
   const data = join(dir, "data");
   let port = 0;
@@ -390,6 +390,22 @@ describe("/readyz with PostgreSQL stopped and started again (a private cluster)"
       await until("/readyz to recover", 15_000, async () => (await ready()).status === 200);
       const stored = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "down" }, body: "{}" });
       assert.equal(await stored.text(), "stored");
+
+      // Read-only: every session's transactions, the receiver's pool included once the server reloads.
+      const { default: pg } = await import("pg");
+      const admin = new pg.Client({ connectionString: `postgres://postgres@127.0.0.1:${port}/postgres` });
+      await admin.connect();
+      try {
+        await admin.query("ALTER SYSTEM SET default_transaction_read_only = on");
+        await admin.query("SELECT pg_reload_conf()");
+        await until("/readyz to fail on a read-only server", 10_000, async () => (await ready()).status === 503);
+        assert.match((await ready()).text, /read-only/);
+        await admin.query("ALTER SYSTEM RESET default_transaction_read_only");
+        await admin.query("SELECT pg_reload_conf()");
+        await until("/readyz to recover", 10_000, async () => (await ready()).status === 200);
+      } finally {
+        await admin.end();
+      }
     } finally {
       await receiver.stop("SIGKILL");
     }
