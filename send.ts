@@ -192,23 +192,24 @@ Examples:
     url: string; provider?: string; secret?: string; count?: number; concurrency: number; duplicates: number; logFormat: LogFormat;
   }>();
   const json = format === "json";
+  const say = (line: string) => console.error(json ? jsonLine(line, { level: "error" }) : line);
   try {
     new URL(url);
   } catch {
-    console.error(`send: --url must be an address such as http://127.0.0.1:8000, got ${url}`);
+    say(`send: --url must be an address such as http://127.0.0.1:8000, got ${url}`);
     process.exit(2);
   }
   let signing: Signing | undefined;
   if (provider !== undefined || secret !== undefined) {
     if (!(PROVIDERS as readonly string[]).includes(provider ?? "")) {
-      console.error(`send: --provider must be one of ${PROVIDERS.join(", ")}, got ${provider ?? "(none)"}`);
+      say(`send: --provider must be one of ${PROVIDERS.join(", ")}, got ${provider ?? "(none)"}`);
       process.exit(2);
     }
     signing = { provider: provider as Provider, secret: secret ?? "" };
     try {
       signed(STORY[0]!, signing); // a bad secret is a usage error, found before anything is sent
     } catch (error) {
-      console.error(`send: --secret: ${message(error)}`);
+      say(`send: --secret: ${message(error)}`);
       process.exit(2);
     }
   }
@@ -221,7 +222,7 @@ Examples:
     shown?.stop();
     console.log(json ? jsonLine(floodLine(summary), { ...summary }) : floodLine(summary));
     if (summary.errors === summary.sent) {
-      console.error(`send: no receiver answered at ${url}; start one with: npx tsx receiver.ts`);
+      say(`send: no receiver answered at ${url}; start one with: npx tsx receiver.ts`);
       process.exit(1);
     }
     if (summary.errors > 0 || Object.keys(summary.refused).length > 0) process.exitCode = 1;
@@ -236,7 +237,7 @@ Examples:
       if (status !== 200) process.exitCode = 1;
     } catch (error) {
       const refused = (error as { code?: string }).code === "ECONNREFUSED";
-      console.error(refused
+      say(refused
         ? `send: no receiver at ${url} (connection refused); start one with: npx tsx receiver.ts`
         : `send: ${delivery.id} could not be sent to ${url}: ${message(error)}`);
       process.exit(1);
