@@ -873,7 +873,8 @@ export class SqliteInbox implements Inbox {
     if (this.closed) return "the inbox is closed";
     if (this.commitError === undefined) return true;
     try {
-      this.begin();
+      // Briefly: the probe runs on the receiver's thread, and a lock that stays busy is an answer too.
+      this.begin(READY_LOCK_MS);
       try {
         this.db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
         this.db.exec("COMMIT");
@@ -1009,8 +1010,8 @@ export class SqliteInbox implements Inbox {
   // begin takes the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10 … 100 ms between tries, so
   // against a process that commits back to back (a busy worker) it seldom finds the lock free, and a
   // receiver's acks wait for seconds. Trying every 0.2 ms, up to the same busy timeout, takes the first gap.
-  private begin(): void {
-    const deadline = performance.now() + this.busyTimeoutMs;
+  private begin(timeoutMs: number = this.busyTimeoutMs): void {
+    const deadline = performance.now() + timeoutMs;
     this.sql("PRAGMA busy_timeout = 0").run();
     try {
       for (;;) {
@@ -1028,6 +1029,9 @@ export class SqliteInbox implements Inbox {
     }
   }
 }
+
+// How long ready()'s probe commit waits for the write lock before it reports the store as not ready.
+const READY_LOCK_MS = 50;
 
 // NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
 const NAP = new Int32Array(new SharedArrayBuffer(4));
