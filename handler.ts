@@ -5,7 +5,8 @@
 //   http.createServer(webhooks.node) | app.use("/webhooks", webhooks.express) | export const POST = webhooks.fetch
 
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { DEFAULTS, label, message, type Inbox, type Stored } from "./inbox.ts";
+import { DEFAULTS, label, message, type Inbox, type Log, type Stored } from "./inbox.ts";
+import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { unsignedSource, verify, type Headers, type Source } from "./providers.ts";
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
@@ -24,8 +25,10 @@ export interface HandlerOptions {
   maxInFlight?: number;
   /** @default DEFAULTS.retryAfterS */
   retryAfterS?: number;
-  /** Where the one line per delivery goes. @default console.error */
-  log?: (line: string) => void;
+  /** Where the one line per delivery goes; the fields are for the JSON format. @default console.error */
+  log?: Log;
+  /** Counts every answer (serve it with metrics.ts's route()). @default none */
+  metrics?: Metrics;
   /** The clock for signature windows, in ms since the epoch. @default Date.now */
   now?: () => number;
   /** Whether node:http answers should close their connection; receiver.ts says yes while it stops. @default never */
@@ -95,7 +98,11 @@ export function createHandler(options: HandlerOptions): Handler {
   const maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
   const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
   const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
-  const log = options.log ?? ((line: string) => console.error(line));
+  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const metrics = options.metrics;
+  // seen counts one answer, once per request, at the point where its outcome is decided.
+  const seen = (source: string, outcome: Outcome, started: number, status?: number) =>
+    metrics?.observe(source, outcome, status === undefined && outcome !== "unavailable" ? performance.now() - started : undefined, status);
   const now = options.now ?? Date.now;
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   const basePath = (options.basePath ?? "").replace(/\/+$/, "");
@@ -112,8 +119,9 @@ export function createHandler(options: HandlerOptions): Handler {
   };
   const text = (status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer =>
     ({ status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection });
-  const busy = (): Answer => {
-    log(`rejected: 503 over ${maxInFlight} requests in flight`);
+  const busy = (url: string): Answer => {
+    seen(sourceFor(url)?.name ?? NO_SOURCE, "unavailable", performance.now());
+    log(`rejected: 503 over ${maxInFlight} requests in flight`, { level: "error", status: 503 });
     return text(503, "busy, try again later", { "retry-after": retryAfter }, true);
   };
 
@@ -124,9 +132,10 @@ export function createHandler(options: HandlerOptions): Handler {
     return sources.get(path.replace(/^\/+|\/+$/g, ""));
   };
 
-  async function handle(req: WebhookRequest): Promise<Answer> {
+  async function handle(req: WebhookRequest, ctx: { source: string; started: number }): Promise<Answer> {
     const source = sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
+    ctx.source = source.name;
     if (req.method !== "POST") throw new Rejected(405, `method ${req.method} not allowed`, false, { allow: "POST" });
     // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
     const length = req.headers["content-length"]?.[0];
@@ -149,23 +158,31 @@ export function createHandler(options: HandlerOptions): Handler {
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
-      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`);
+      seen(source.name, "unavailable", ctx.started);
+      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, { level: "error", source: source.name, id, status: 503 });
       return text(503, "try again later", { "retry-after": retryAfter });
     }
-    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`);
+    seen(source.name, outcome, ctx.started);
+    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
+      { source: source.name, id, status: 200, result: outcome });
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
     return text(200, outcome === "stored" ? "stored" : "duplicate");
   }
 
   async function answer(req: WebhookRequest): Promise<Answer> {
+    const ctx = { source: NO_SOURCE, started: performance.now() };
     try {
-      return await handle(req);
+      return await handle(req, ctx);
     } catch (error) {
       if (error instanceof Rejected) {
-        if (error.status !== 404 || req.method === "POST") log(`rejected: ${error.status} ${error.message}`);
+        if (error.status !== 404 || req.method === "POST") {
+          seen(ctx.source, "rejected", ctx.started, error.status);
+          log(`rejected: ${error.status} ${error.message}`, { level: "warn", ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), status: error.status });
+        }
         return text(error.status, error.message, error.headers, error.closeConnection);
       }
-      log(`rejected: ${message(error)}`);
+      seen(ctx.source, "unavailable", ctx.started);
+      log(`rejected: ${message(error)}`, { level: "error", status: 500 });
       return text(500, "internal error");
     }
   }
@@ -186,7 +203,7 @@ export function createHandler(options: HandlerOptions): Handler {
   };
 
   const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
-    if (inFlight >= maxInFlight) return send(req, res, busy());
+    if (inFlight >= maxInFlight) return send(req, res, busy(req.url ?? "/"));
     inFlight++;
     res.on("close", leave);
     // A client that hung up has a destroyed response, and send() writes nothing to it.
@@ -222,7 +239,7 @@ export function createHandler(options: HandlerOptions): Handler {
     },
 
     fetch: async (request) => {
-      if (inFlight >= maxInFlight) return toResponse(busy());
+      if (inFlight >= maxInFlight) return toResponse(busy(new URL(request.url).pathname));
       inFlight++;
       try {
         const url = new URL(request.url);

@@ -70,6 +70,12 @@ export const DEFAULTS = {
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
   notifyEveryMs: 25,
+  /** Milliseconds a scrape of /metrics reuses the queue's gauges before reading them again. @default 5_000 */
+  gaugeCacheMs: 5_000,
+  /** Milliseconds /readyz reuses the store's last readiness probe. @default 1_000 */
+  readyCacheMs: 1_000,
+  /** Milliseconds a readiness probe may take before the store counts as unreachable. @default 1_000 */
+  readyTimeoutMs: 1_000,
 } as const;
 
 /** Status is where a delivery is in its life. */
@@ -110,6 +116,8 @@ export interface Delivery {
 export interface Lease extends Delivery {
   token: string;
   leasedUntil: number;
+  /** True when this claim took the delivery from a worker whose lease had run out (for the metrics). */
+  takeover?: boolean;
 }
 
 /** Stored says whether store() kept the body: a duplicate whose body differs is a conflict. */
@@ -175,6 +183,16 @@ export interface InboxOptions {
   poolSize?: number;
   /** PostgreSQL: LISTEN for wake-ups; off behind PgBouncer in transaction mode, where polling remains. @default true */
   listen?: boolean;
+  /** Called after every group commit that succeeded, with its number of ops and its duration (metrics.ts). @default none */
+  onCommit?: (size: number, ms: number) => void;
+}
+
+/** Gauges is the queue's shape as the metrics show it, read without counting the whole table twice. */
+export interface Gauges {
+  /** Deliveries per source and status; statuses with none are left out. */
+  bySourceStatus: { source: string; status: Status; n: number }[];
+  /** Per source with any waiting (received or processing), how long the oldest has waited. */
+  oldestWaitingMs: { source: string; ms: number }[];
 }
 
 // The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
@@ -190,6 +208,54 @@ parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.
 // How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
 const CHECKPOINT_EVERY_MS = 100;
 const BACKSTOP_PAGES = 16_000;
+
+// The gauge thread's whole program: one read transaction, so the totals and the live counts agree.
+// Each live status is counted through its own partial index; the totals through the primary key's.
+const GAUGER = `
+const { DatabaseSync } = require("node:sqlite");
+const { parentPort, workerData } = require("node:worker_threads");
+const db = new DatabaseSync(workerData.path, { timeout: workerData.busyTimeoutMs });
+// INDEXED BY, because for GROUP BY source the planner would rather walk the whole primary key (1 s at 1M rows).
+const live = db.prepare(\`
+  SELECT source, 'received' AS status, count(*) AS n, min(received_at) AS oldest FROM deliveries INDEXED BY deliveries_due
+  WHERE status = 'received' GROUP BY source
+  UNION ALL
+  SELECT source, 'processing', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_leased
+  WHERE status = 'processing' GROUP BY source
+  UNION ALL
+  SELECT source, 'failed', count(*), NULL FROM deliveries INDEXED BY deliveries_failed WHERE status = 'failed' GROUP BY source\`);
+const totals = db.prepare("SELECT source, 'total' AS status, count(*) AS n, NULL AS oldest FROM deliveries GROUP BY source");
+parentPort.on("message", () => {
+  try {
+    db.exec("BEGIN");
+    try {
+      parentPort.postMessage({ rows: [...live.all(), ...totals.all()] });
+    } finally {
+      db.exec("COMMIT");
+    }
+  } catch (error) {
+    parentPort.postMessage({ error: error.message });
+  }
+});`;
+
+/** toGauges turns live counts and totals per source into Gauges: done is each total less its live rows. */
+export function toGauges(rows: readonly { source: string; status: Status | "total"; n: number; oldest: number | null }[], now: number): Gauges {
+  const bySourceStatus: Gauges["bySourceStatus"] = [];
+  const live = new Map<string, number>();
+  const oldest = new Map<string, number>();
+  for (const r of rows) {
+    if (r.status === "total") continue;
+    bySourceStatus.push({ source: r.source, status: r.status, n: Number(r.n) });
+    live.set(r.source, (live.get(r.source) ?? 0) + Number(r.n));
+    if (r.oldest !== null) oldest.set(r.source, Math.min(oldest.get(r.source) ?? Infinity, Number(r.oldest)));
+  }
+  for (const r of rows) {
+    const done = Number(r.n) - (live.get(r.source) ?? 0);
+    if (r.status === "total" && done > 0) bySourceStatus.push({ source: r.source, status: "done", n: done });
+  }
+  bySourceStatus.sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : STATUSES.indexOf(a.status) - STATUSES.indexOf(b.status)));
+  return { bySourceStatus, oldestWaitingMs: [...oldest].sort().map(([source, t]) => ({ source, ms: Math.max(0, now - t) })) };
+}
 
 // The schema, in order. A shipped entry is never edited: add a new one after it.
 const MIGRATIONS: readonly string[] = [
@@ -387,6 +453,10 @@ export interface Inbox {
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
   /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
   onWake(listener: () => void): () => void;
+  /** gauges counts deliveries per source and status and finds the oldest wait, for /metrics. */
+  gauges(): Promise<Gauges>;
+  /** ready is true if a delivery could be committed now, else the reason why not (for /readyz). */
+  ready(): Promise<true | string>;
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void>;
   /** close commits what is queued, then lets go of the database. */
@@ -412,12 +482,16 @@ export class SqliteInbox implements Inbox {
   private walAutocheckpoint = 0;
   private queue: Op[] = [];
   private checkpointer: Worker | undefined;
+  private gauger: Worker | undefined;
+  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
+  // The error of the last group commit, until one succeeds: a full disk or a read-only file shows here first.
+  private commitError: unknown;
   private flushing = false;
   private closed = false;
 
   constructor(path: string, options: InboxOptions = {}) {
     for (const [key, value] of Object.entries(options)) {
-      if (key === "now" || key === "random") {
+      if (key === "now" || key === "random" || key === "onCommit") {
         if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
       } else if (key === "backgroundCheckpoints" || key === "listen") {
         if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
@@ -434,6 +508,7 @@ export class SqliteInbox implements Inbox {
     this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.onCommit = options.onCommit;
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
       // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
@@ -505,6 +580,8 @@ export class SqliteInbox implements Inbox {
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
          WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?`,
       ).run(now, now, this.maxAttempts);
+      // Which of the rows about to be claimed are takeovers: RETURNING sees only the new status.
+      const expired = this.sql("SELECT rowid FROM deliveries WHERE status = 'processing' AND leased_until <= ? LIMIT ?").all(now, limit) as Row[];
       const rows = this
         .sql(
           `UPDATE deliveries
@@ -522,6 +599,7 @@ export class SqliteInbox implements Inbox {
         )
         .all(now + leaseMs, leaseMs, now, limit, now, limit, limit) as Row[];
       const leases = rows.map(toLease);
+      for (const lease of expired.length > 0 ? leases : []) if (expired.some((r) => r.rowid === rowids.get(lease))) lease.takeover = true;
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
   }
@@ -756,6 +834,62 @@ export class SqliteInbox implements Inbox {
     return () => {};
   }
 
+  /**
+   * gauges reads the queue's counts on a thread of its own, from one snapshot: the receiver's thread
+   * never waits on the count of a large inbox. The waiting, leased and failed rows are counted through
+   * their partial indexes, done as each source's total (a scan of the primary key, not of the rows and
+   * their bodies) less those.
+   */
+  gauges(): Promise<Gauges> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    if (!this.gauger) {
+      this.gauger = new Worker(GAUGER, { eval: true, workerData: { path: this.path, busyTimeoutMs: this.busyTimeoutMs } });
+      this.gauger.unref();
+    }
+    const gauger = this.gauger;
+    const now = this.now();
+    return new Promise((resolve, reject) => {
+      // A thread that fails or exits (close() ends it) answers no more: this read fails, the next starts anew.
+      const onExit = () => onError(new Error("the gauge thread stopped"));
+      const onError = (error: Error) => {
+        gauger.off("message", onMessage).off("error", onError).off("exit", onExit);
+        if (this.gauger === gauger) this.gauger = undefined;
+        reject(new Error(`gauges ${this.path}: ${message(error)}`, { cause: error }));
+      };
+      const onMessage = (reply: { error?: string; rows?: { source: string; status: Status | "total"; n: number; oldest: number | null }[] }) => {
+        gauger.off("error", onError).off("exit", onExit);
+        if (reply.error !== undefined) return reject(new Error(`gauges ${this.path}: ${reply.error}`));
+        resolve(toGauges(reply.rows!, now));
+      };
+      gauger.once("message", onMessage).once("error", onError).once("exit", onExit);
+      gauger.postMessage("count");
+    });
+  }
+
+  /**
+   * ready is true while the last commit succeeded. After one failed as a whole (a full disk, a read-only
+   * or broken file), it tries a commit of its own, a rewrite of the schema version, and is ready again
+   * once that succeeds: an idle receiver must not stay unready after the disk has been freed.
+   */
+  async ready(): Promise<true | string> {
+    if (this.closed) return "the inbox is closed";
+    if (this.commitError === undefined) return true;
+    try {
+      // Briefly: the probe runs on the receiver's thread, and a lock that stays busy is an answer too.
+      this.begin(READY_LOCK_MS);
+      try {
+        this.db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
+        this.db.exec("COMMIT");
+      } finally {
+        if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      }
+      this.commitError = undefined;
+      return true;
+    } catch (error) {
+      return `cannot commit: ${message(error)}`;
+    }
+  }
+
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void> {
     return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
@@ -771,6 +905,7 @@ export class SqliteInbox implements Inbox {
       this.checkpointer.postMessage("close");
       await exited;
     }
+    await this.gauger?.terminate();
     this.db.close();
   }
 
@@ -808,6 +943,7 @@ export class SqliteInbox implements Inbox {
   // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
   // Ops run unguarded first: a savepoint per op costs more than the rare redo when one fails halfway.
   private commit(batch: Op[], guarded = false): void {
+    const started = performance.now();
     const results: { ok: boolean; value: unknown }[] = [];
     try {
       this.begin();
@@ -838,6 +974,7 @@ export class SqliteInbox implements Inbox {
     } catch (error) {
       if (this.db.isTransaction) this.db.exec("ROLLBACK");
       if (redo) return this.commit(batch, true);
+      if (!isOwnError(error)) this.commitError = error;
       if (sqliteCode(error) === SQLITE_FULL) this.reclaimWal();
       if (batch.length === 1) {
         batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
@@ -849,6 +986,8 @@ export class SqliteInbox implements Inbox {
       return;
     }
     if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
+    this.commitError = undefined;
+    this.onCommit?.(batch.length, performance.now() - started);
     batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
   }
 
@@ -873,8 +1012,8 @@ export class SqliteInbox implements Inbox {
   // begin takes the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10 … 100 ms between tries, so
   // against a process that commits back to back (a busy worker) it seldom finds the lock free, and a
   // receiver's acks wait for seconds. Trying every 0.2 ms, up to the same busy timeout, takes the first gap.
-  private begin(): void {
-    const deadline = performance.now() + this.busyTimeoutMs;
+  private begin(timeoutMs: number = this.busyTimeoutMs): void {
+    const deadline = performance.now() + timeoutMs;
     this.sql("PRAGMA busy_timeout = 0").run();
     try {
       for (;;) {
@@ -892,6 +1031,9 @@ export class SqliteInbox implements Inbox {
     }
   }
 }
+
+// How long ready()'s probe commit waits for the write lock before it reports the store as not ready.
+const READY_LOCK_MS = 50;
 
 // NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
 const NAP = new Int32Array(new SharedArrayBuffer(4));
@@ -944,17 +1086,107 @@ export function label(d: { source: string; id: string }): string {
   return d.source === DEFAULTS.source ? d.id : `${d.source}/${d.id}`;
 }
 
+/** LogFormat is how lineLog writes: the text lines people read, or one JSON object per line for a collector. */
+export type LogFormat = "text" | "json";
+export const LOG_FORMATS: readonly LogFormat[] = ["text", "json"];
+
+/**
+ * LogFields are what a JSON log line carries beside its message: which delivery, and where it ended up
+ * (an HTTP status from the receiver, a delivery's status from the worker). Never a body or a secret.
+ */
+export interface LogFields {
+  level?: "debug" | "info" | "warn" | "error";
+  source?: string;
+  id?: string;
+  status?: number | string;
+  [key: string]: unknown;
+}
+
+/** Log is one line for an entry point's log; fields go into the JSON format only. */
+export type Log = (line: string, fields?: LogFields) => void;
+
+// pino's numeric levels, so a collector that reads pino reads these too.
+const LEVELS = { debug: 20, info: 30, warn: 40, error: 50 } as const;
+
+/** jsonLine is one log event in pino's shape: level, time (ms since the epoch), msg, then the fields. */
+export function jsonLine(line: string, fields: LogFields = {}, time: number = Date.now()): string {
+  const { level = "info", ...rest } = fields;
+  return JSON.stringify({ level: LEVELS[level], time, msg: line, ...rest });
+}
+
 /**
  * lineLog returns a logger for an entry point's one line per delivery. A write to a pipe or a file is
  * synchronous, so the lines of one turn of the event loop go out in one write rather than one each:
- * under load that is a batch of deliveries per system call. Call flush before exiting.
+ * under load that is a batch of deliveries per system call. Call flush before exiting. With format
+ * "json" each line is one JSON object (jsonLine); the text format ignores the fields.
  */
-export function lineLog(stream: NodeJS.WritableStream = process.stderr): { log: (line: string) => void; flush: () => void } {
+export function lineLog(
+  stream: { write(text: string): unknown } = process.stderr,
+  format: LogFormat = "text",
+): { log: Log; flush: () => void } {
   const lines: string[] = [];
   const flush = () => {
     if (lines.length > 0) stream.write(`${lines.splice(0).join("\n")}\n`);
   };
-  return { log: (line) => void (lines.push(line) === 1 && setImmediate(flush)), flush };
+  const log: Log = format === "json"
+    ? (line, fields) => void (lines.push(jsonLine(line, fields)) === 1 && setImmediate(flush))
+    : (line) => void (lines.push(line) === 1 && setImmediate(flush));
+  return { log, flush };
+}
+
+/** Progress is a live status line on a terminal: how far, how fast, how long still. */
+export interface Progress {
+  /** write puts text above the status line (log lines), which is drawn again below it. */
+  write(text: string): void;
+  /** stop clears the status line for good. */
+  stop(): void;
+}
+
+/**
+ * progress draws "done of total (percent), rate/s, time left" on one line of stream, redrawn every
+ * everyMs, only if stream is a terminal: anything else (a pipe, a file, a log collector) gets nothing
+ * extra, and progress returns undefined. read says how far the work is; extra adds to the line.
+ */
+export function progress(
+  stream: { write(text: string): unknown; isTTY?: boolean },
+  read: () => { done: number; total: number; extra?: string },
+  options: { everyMs?: number; now?: () => number } = {},
+): Progress | undefined {
+  if (!stream.isTTY) return undefined;
+  const now = options.now ?? (() => performance.now());
+  const started = now();
+  const line = () => {
+    const { done, total, extra } = read();
+    const seconds = Math.max(0.001, (now() - started) / 1000);
+    const rate = done / seconds;
+    const left = rate > 0 && total > done ? `, ${clock((total - done) / rate)} left` : "";
+    const pct = total > 0 ? ` (${Math.min(100, Math.floor((100 * done) / total))}%)` : "";
+    return `${done.toLocaleString("en-US")} of ${total.toLocaleString("en-US")}${pct}, ${Math.round(rate).toLocaleString("en-US")}/s${left}${extra ? `, ${extra}` : ""}`;
+  };
+  // \r and erase-line: the status line is redrawn where it stands, and cleared before anything else prints.
+  const draw = () => void stream.write(`\r\x1b[K${line()}`);
+  draw();
+  const timer = setInterval(draw, options.everyMs ?? 200);
+  timer.unref();
+  let stopped = false;
+  return {
+    write: (text) => {
+      if (stopped) return void stream.write(text);
+      stream.write(`\r\x1b[K${text}`);
+      draw();
+    },
+    stop: () => {
+      if (stopped) return;
+      stopped = true;
+      clearInterval(timer);
+      stream.write("\r\x1b[K");
+    },
+  };
+}
+
+function clock(seconds: number): string {
+  const s = Math.ceil(seconds);
+  return s < 60 ? `${s} s` : s < 3600 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
 /** message turns anything thrown into one line. */

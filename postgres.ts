@@ -6,7 +6,7 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import {
-  DEFAULTS, backoff, message, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, backoff, message, sha256, toGauges, type Backend, type Gauges, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -142,10 +142,13 @@ export class PostgresInbox implements Inbox {
   private listener: pg.Client | undefined;
   private wakeListeners: (() => void)[] = [];
   private listenTimer: NodeJS.Timeout | undefined;
+  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
+  // The error of the last batch that failed as a whole (a lost server, a full disk), until one commits.
+  private commitError: unknown;
 
   private constructor(url: string, options: InboxOptions) {
     for (const [key, value] of Object.entries(options)) {
-      if (key === "now" || key === "random") {
+      if (key === "now" || key === "random" || key === "onCommit") {
         if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
       } else if (key === "backgroundCheckpoints" || key === "listen") {
         if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
@@ -175,6 +178,7 @@ export class PostgresInbox implements Inbox {
     this.poolSize = Math.max(1, Math.round(options.poolSize ?? DEFAULTS.poolSize));
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.listen = (options.listen ?? true) && listenParam !== "false";
+    this.onCommit = options.onCommit;
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
@@ -256,7 +260,8 @@ export class PostgresInbox implements Inbox {
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
       const { rows } = await client.query(
         `WITH p AS (
-           SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up FROM deliveries
+           SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up,
+                  status = 'processing' AS takeover FROM deliveries
            WHERE status IN ('received', 'processing') AND available_at <= ${NOW}
            ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED)
          UPDATE deliveries d SET
@@ -269,7 +274,7 @@ export class PostgresInbox implements Inbox {
            error        = CASE WHEN gave_up THEN 'gave up: the lease expired on the last attempt (the worker crashed or hung)' ELSE d.error END,
            finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END
          FROM p WHERE d.source = p.source AND d.id = p.id
-         RETURNING d.*, p.due`,
+         RETURNING d.*, p.due, p.takeover`,
         [this.now(), limit, leaseMs, this.maxAttempts],
       );
       const leases: Lease[] = [];
@@ -278,6 +283,7 @@ export class PostgresInbox implements Inbox {
         const lease = toDelivery(row) as Lease;
         lease.availableAt = row.due;
         lease.token = row.lease_token;
+        if (row.takeover) lease.takeover = true;
         leases.push(lease);
       }
       return leases;
@@ -491,6 +497,63 @@ export class PostgresInbox implements Inbox {
     void client.query("SELECT pg_notify($1, '')", [this.channel()]).catch(() => {});
   }
 
+  /**
+   * gauges counts in one statement, so one snapshot: waiting and leased rows through the partial index
+   * that claims use, failed ones through theirs, and done as each source's total less those.
+   */
+  async gauges(): Promise<Gauges> {
+    const now = this.pinned?.() ?? Date.now();
+    const { rows } = await this.pool.query(
+      `SELECT source, status, count(*) AS n, min(received_at) AS oldest FROM deliveries
+       WHERE status IN ('received', 'processing') GROUP BY source, status
+       UNION ALL
+       SELECT source, 'failed', count(*), NULL FROM deliveries WHERE status = 'failed' GROUP BY source
+       UNION ALL
+       SELECT source, 'total', count(*), NULL FROM deliveries GROUP BY source`,
+    );
+    return toGauges(rows, now);
+  }
+
+  /**
+   * ready asks the server, within DEFAULTS.readyTimeoutMs, whether it takes writes: reachable, not a
+   * standby, not read-only. After a batch failed as a whole it also commits a write of its own (the
+   * schema's version row, unchanged), so a full disk counts until a write goes through again.
+   */
+  async ready(): Promise<true | string> {
+    if (this.closed) return "the inbox is closed";
+    const probe = async (): Promise<true | string> => {
+      const client = await this.pool.connect();
+      let broken: Error | undefined;
+      try {
+        const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+        if (rows[0].recovery) return "the database is a standby, in recovery";
+        if (rows[0].ro === "on") return "the database is read-only";
+        if (this.commitError !== undefined) {
+          await client.query("BEGIN");
+          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
+          await client.query("COMMIT");
+          this.commitError = undefined;
+        }
+        return true;
+      } catch (error) {
+        broken = error instanceof Error ? error : new Error(message(error));
+        await client.query("ROLLBACK").catch(() => {});
+        throw broken;
+      } finally {
+        client.release(broken);
+      }
+    };
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<string>((resolve) => {
+      timer = setTimeout(() => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`), DEFAULTS.readyTimeoutMs);
+    });
+    try {
+      return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
   flush(): Promise<void> {
     if (this.queue.length === 0 && this.running === 0) return Promise.resolve();
     return new Promise((resolve) => this.idle.push(resolve));
@@ -549,10 +612,12 @@ export class PostgresInbox implements Inbox {
   // together first (one statement for all the stores, one for all the finishes); if one of them fails,
   // the transaction is redone with a savepoint per op, so only that op fails.
   private async transact(batch: Op[]): Promise<void> {
+    const started = performance.now();
     let client: pg.PoolClient;
     try {
       client = await this.pool.connect();
     } catch (error) {
+      this.commitError = error;
       return this.rejectAll(batch, error);
     }
     let broken: Error | undefined;
@@ -565,6 +630,8 @@ export class PostgresInbox implements Inbox {
         await client.query("ROLLBACK");
         results = await this.attempt(client, batch, true);
       }
+      this.commitError = undefined;
+      this.onCommit?.(batch.length, performance.now() - started);
       for (const op of batch) {
         const r = results.get(op)!;
         if (r.ok) op.resolve(r.value);
@@ -572,6 +639,7 @@ export class PostgresInbox implements Inbox {
       }
     } catch (error) {
       broken = error instanceof Error ? error : new Error(message(error));
+      if (isBatchError(broken)) this.commitError = broken;
       await client.query("ROLLBACK").catch(() => {});
       this.rejectAll(batch, error);
     } finally {

@@ -6,8 +6,9 @@
 import { readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, connect, lineLog, message, type Inbox } from "./inbox.ts";
+import { DEFAULTS, LOG_FORMATS, connect, jsonLine, lineLog, message, type Inbox, type Log, type LogFormat } from "./inbox.ts";
 import { createHandler } from "./handler.ts";
+import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
 import { loadSources, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -27,25 +28,31 @@ export interface ReceiverOptions {
   requestTimeoutMs?: number;
   /** @default DEFAULTS.retryAfterS */
   retryAfterS?: number;
-  /** Where the one line per delivery goes. @default console.error */
-  log?: (line: string) => void;
+  /** Where the one line per delivery goes; the fields are for the JSON format. @default console.error */
+  log?: Log;
   /** The clock for signature windows, in ms since the epoch. @default Date.now */
   now?: () => number;
+  /** Counts every answer and serves GET /metrics; without it, neither. @default none */
+  metrics?: Metrics;
 }
 
 /** Receiver is a running server plus the means to stop it without dropping a request. */
 export interface Receiver {
   server: Server;
-  /** close stops accepting, lets requests in flight finish (or cuts them after graceMs), then returns. */
+  /** close stops accepting, lets requests in flight finish (or cuts them after graceMs), then returns. /readyz fails from its first moment. */
   close(graceMs?: number): Promise<void>;
+  /** readiness is what /readyz answers with. */
+  readiness: Readiness;
 }
 
 /** createReceiver builds the HTTP server over an open inbox; call server.listen() to start it. */
 export function createReceiver(options: ReceiverOptions): Receiver {
-  const log = options.log ?? ((line: string) => console.error(line));
+  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const metrics = options.metrics;
   let stopping = false;
   // The same handler that apps mount (handler.ts), so the standalone receiver has no code path of its own.
   const webhooks = createHandler({ ...options, log, closing: () => stopping });
+  const readiness = new Readiness(options.inbox, { stopping: () => stopping });
 
   const server = createServer(
     {
@@ -55,6 +62,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       connectionsCheckingInterval: 1_000,
     },
     (req, res) => {
+      // Probes and scrapes first, before the in-flight limit: an overloaded receiver is still alive.
+      if (route(req, res, readiness, metrics)) return;
       if ((req.url ?? "/").split("?")[0] === "/healthz" && (req.method === "GET" || req.method === "HEAD")) {
         res.writeHead(200, { "content-type": "text/plain; charset=utf-8", "content-length": 2, ...(stopping ? { connection: "close" } : {}) });
         return void res.end("ok");
@@ -64,7 +73,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   );
   server.on("clientError", (error: NodeJS.ErrnoException, socket) => {
     const status = error.code === "HPE_HEADER_OVERFLOW" ? 431 : error.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
-    log(`rejected: ${status} malformed request (${error.code ?? error.message})`);
+    metrics?.observe(NO_SOURCE, "rejected", undefined, status);
+    log(`rejected: ${status} malformed request (${error.code ?? error.message})`, { level: "warn", status });
     if (!socket.writable || (socket as { _httpMessage?: unknown })._httpMessage) return void socket.destroy();
     const text = status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
     socket.end(`HTTP/1.1 ${status} ${text}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
@@ -72,6 +82,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
 
   return {
     server,
+    readiness,
     close: (graceMs = DEFAULTS.shutdownGraceMs) =>
       new Promise<void>((resolve) => {
         const done = () => {
@@ -93,6 +104,10 @@ async function main(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`expected a whole number of ${min} or more.`);
     return n;
   };
+  const logFormat = (value: string) => {
+    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    return value as LogFormat;
+  };
   const program = new Command("receiver.ts")
     .description("Receive webhooks and store each one durably before answering 200.")
     .option("--port <port>", `port to listen on; 0 picks a free one (default: PORT, else ${DEFAULTS.port})`, whole(0))
@@ -102,6 +117,8 @@ async function main(argv: string[]): Promise<void> {
     .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
+    .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
+    .option("--no-metrics", "don't count answers or serve GET /metrics (for comparison; /livez and /readyz stay)")
     .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
@@ -116,11 +133,16 @@ Examples:
   npx tsx receiver.ts
   PORT=9000 npx tsx receiver.ts --db /tmp/inbox.db
   curl -X POST -H 'X-Delivery-Id: evt_1' -d '{"customer":"Ann","amount":5}' http://127.0.0.1:8000/
-  npx tsx receiver.ts --sources sources.json`)
+  npx tsx receiver.ts --sources sources.json
+  curl http://127.0.0.1:8000/metrics     # Prometheus; /livez and /readyz for probes`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean; inlineCheckpoints?: boolean }>();
+  const opts = program.opts<{
+    port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean;
+    inlineCheckpoints?: boolean; logFormat: LogFormat; metrics: boolean;
+  }>();
+  format = opts.logFormat;
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
@@ -146,30 +168,35 @@ Examples:
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
+  let metrics: Metrics | undefined;
   try {
     // No ack waits behind a checkpoint, unless asked to (bench/latency compares the two).
-    inbox = await connect(path, { backgroundCheckpoints: !opts.inlineCheckpoints });
+    inbox = await connect(path, {
+      backgroundCheckpoints: !opts.inlineCheckpoints, ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
+    });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }
+  if (opts.metrics) metrics = new Metrics({ inbox });
   if (!sources) {
-    console.error("warning: deliveries are not verified; anyone who can reach this port can store one.");
+    say("warning: deliveries are not verified; anyone who can reach this port can store one.", "warn");
   } else {
     for (const s of sources.values()) {
       const signed = s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
-      console.error(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`);
-      if (s.secrets.length === 0) console.error(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`);
+      say(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`, "info", { source: s.name });
+      if (s.secrets.length === 0) say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", { source: s.name });
     }
   }
-  const { log, flush: flushLog } = lineLog();
+  const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
-    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log,
+    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log, metrics,
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
   receiver.server.listen(port, opts.host, () => {
     const address = receiver.server.address();
     const actual = typeof address === "object" && address ? address.port : port;
-    console.log(`Listening on http://${opts.host}:${actual}`);
+    const url = `http://${opts.host}:${actual}`;
+    console.log(format === "json" ? jsonLine(`Listening on ${url}`, { url }) : `Listening on ${url}`);
   });
 
   let stopping = false;
@@ -177,7 +204,7 @@ Examples:
     if (stopping) return;
     stopping = true;
     flushLog();
-    console.error(`${signal}: finishing the requests in flight, then stopping`);
+    say(`${signal}: finishing the requests in flight, then stopping`);
     await receiver.close();
     await inbox.close();
     flushLog();
@@ -187,9 +214,17 @@ Examples:
   process.on("SIGINT", () => void stop("SIGINT"));
 }
 
+// The log format main() was given; the lines before it knows are text.
+let format: LogFormat = "text";
+
+// say writes one line of the receiver's own (start-up, shutdown) to stderr, in the log format.
+function say(line: string, level: "info" | "warn" | "error" = "info", fields: Record<string, unknown> = {}): void {
+  console.error(format === "json" ? jsonLine(line, { level, ...fields }) : line);
+}
+
 // fatal stops start-up with one line: exit 2 for a mistake in the options or sources, 1 for a runtime failure.
 function fatal(line: string, code: 1 | 2 = 2): never {
-  console.error(line);
+  say(line, "error");
   process.exit(code);
 }
 

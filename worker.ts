@@ -5,7 +5,11 @@
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, PermanentError, connect, label, lineLog, message, type Inbox, type Lease, type LocalWrite } from "./inbox.ts";
+import {
+  DEFAULTS, LOG_FORMATS, PermanentError, connect, jsonLine, label, lineLog, message, progress, type Inbox, type Lease, type LocalWrite,
+  type Log, type LogFormat, type Progress,
+} from "./inbox.ts";
+import type { Metrics } from "./metrics.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -47,8 +51,12 @@ export interface WorkerOptions {
   shutdownGraceMs?: number;
   /** Abort to stop: no more claims; work in flight finishes, or is released after shutdownGraceMs. */
   signal?: AbortSignal;
-  /** Where a line per delivery goes. @default console.error */
-  log?: (line: string) => void;
+  /** Where a line per delivery goes; the fields are for the JSON format. @default console.error */
+  log?: Log;
+  /** Counts claims, handler times, retries, failures and lost leases (metrics.ts). @default none */
+  metrics?: Metrics;
+  /** The counters to count into, for a caller that watches them while the run goes on. @default fresh ones */
+  stats?: RunStats;
 }
 
 /** RunStats counts what happened to the deliveries a run claimed. */
@@ -69,11 +77,12 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const claimBatch = Math.max(concurrency, options.claimBatch ?? DEFAULTS.claimBatch);
   const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
-  const log = options.log ?? ((line: string) => console.error(line));
+  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const metrics = options.metrics;
   for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
     if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
   }
-  const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
+  const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
   // Claimed leases whose handler has not started: concurrency bounds the handlers, not the claims.
   const waiting: Lease[] = [];
@@ -108,13 +117,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         (held) => {
           if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
         },
-        (error: unknown) => log(`${label(lease)}: could not extend the lease: ${message(error)}`),
+        (error: unknown) => log(`${label(lease)}: could not extend the lease: ${message(error)}`, { level: "warn", source: lease.source, id: lease.id }),
       );
     }
   }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
 
-  const handlerDone = (started: number) => {
+  const handlerDone = (lease: Lease, started: number) => {
     const ms = performance.now() - started;
+    metrics?.handled(lease, ms);
     handlerMs = handlerMs === Infinity ? ms : handlerMs * 0.9 + ms * 0.1;
     running--;
     startWaiting();
@@ -123,22 +133,24 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
 
   async function settle(lease: Lease, work: () => Promise<LocalWrite[]>): Promise<void> {
     const name = label(lease);
-    let writes: LocalWrite[];
+    const fields = { source: lease.source, id: lease.id };
     const started = performance.now();
+    let writes: LocalWrite[];
     try {
       writes = await work();
     } catch (error) {
-      handlerDone(started);
+      handlerDone(lease, started);
       return record(lease, error);
     }
-    handlerDone(started);
+    handlerDone(lease, started);
     try {
       if (await inbox.finish(lease, writes)) {
         stats.done++;
-        log(`${name} done`);
+        log(`${name} done`, { ...fields, status: "done" });
       } else {
         stats.lost++;
-        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`);
+        metrics?.lost(lease);
+        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, { level: "warn", ...fields });
       }
     } catch (error) {
       // The done mark and the writes rolled back together; nothing is marked done that wasn't written.
@@ -151,18 +163,23 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     const permanent = error instanceof PermanentError;
     try {
       const outcome = await inbox.fail(lease, message(error), { permanent });
+      const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: message(error) };
       if (outcome === undefined) {
         stats.lost++;
-        log(`${name} failed, but the lease was already lost: ${message(error)}`);
+        metrics?.lost(lease);
+        log(`${name} failed, but the lease was already lost: ${message(error)}`, { level: "warn", ...fields });
       } else if (outcome.status === "failed") {
         stats.failed++;
-        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`);
+        metrics?.failed(lease);
+        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`, { level: "error", ...fields, status: "failed" });
       } else {
         stats.retried++;
-        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${message(error)}`);
+        metrics?.retried(lease);
+        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${message(error)}`,
+          { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt });
       }
     } catch (failError) {
-      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`);
+      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, { level: "error", source: lease.source, id: lease.id });
     }
   }
 
@@ -178,7 +195,9 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       try {
         event = JSON.parse(strictUtf8.decode(lease.body));
       } catch (error) {
-        throw new PermanentError(`the body is not JSON: ${message(error)}`);
+        // V8 quotes a piece of the text in its JSON errors: keep only where, so no log repeats a body.
+        const why = error instanceof SyntaxError ? `not valid JSON${/ at position \d+/.exec(error.message)?.[0] ?? ""}` : message(error);
+        throw new PermanentError(`the body is not JSON: ${why}`);
       }
       const writes: LocalWrite[] = [];
       await handler({
@@ -208,7 +227,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
         // rather than dying with its handlers in flight. Run once, it reports the error instead.
         if (options.once) throw error;
-        if (!claimFailing) log(`could not claim (${message(error)}); trying again`);
+        if (!claimFailing) log(`could not claim (${message(error)}); trying again`, { level: "error" });
         claimFailing = true;
         await pause(pollMax);
         continue;
@@ -218,6 +237,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       for (const lease of leases) {
         active.set(lease, new AbortController());
         stats.claimed++;
+        metrics?.claimed(lease);
         waiting.push(lease);
       }
       startWaiting();
@@ -241,7 +261,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       controller.abort(new Error("the worker is stopping"));
       if (await inbox.release(lease)) {
         stats.released++;
-        log(`${label(lease)} released: the worker stopped before it finished`);
+        log(`${label(lease)} released: the worker stopped before it finished`, { source: lease.source, id: lease.id, status: "received" });
       }
     }
     await inbox.flush();
@@ -294,6 +314,15 @@ async function main(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
     return n;
   };
+  const logFormat = (value: string) => {
+    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    return value as LogFormat;
+  };
+  const port = (value: string) => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError("expected a port number, 0 to 65535.");
+    return n;
+  };
   const program = new Command("worker.ts")
     .description("Process stored deliveries: record each payment exactly once.")
     .option("--once", "drain the deliveries that are due, then exit")
@@ -303,50 +332,93 @@ async function main(argv: string[]): Promise<void> {
     .option("--claim-batch <n>", "most deliveries claimed in one transaction while handlers are fast", whole, DEFAULTS.claimBatch)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option("--quiet", "don't log a line per delivery")
+    .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
+    .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)", port)
+    .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .addHelpText("after", `
+On a terminal, --once shows its progress on stderr: done of the backlog, the rate, the time left.
+
 Examples:
   npx tsx worker.ts --once
   npx tsx worker.ts --db /tmp/inbox.db --concurrency 32
+  npx tsx worker.ts --metrics-port 9464 --log-format json
   npx tsx inbox.ts status          # see what it did`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean }>();
+  const opts = program.opts<{
+    once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
+    logFormat: LogFormat; metricsPort?: number; metricsHost: string;
+  }>();
+  const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
+    console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
+  let metrics: Metrics | undefined;
   try {
-    inbox = await connect(path, { maxAttempts: opts.maxAttempts });
+    inbox = await connect(path, {
+      maxAttempts: opts.maxAttempts, ...(opts.metricsPort === undefined ? {} : { onCommit: (size, ms) => metrics?.commit(size, ms) }),
+    });
     await ensurePayments(inbox);
   } catch (error) {
-    console.error(`worker: cannot use the database: ${message(error)}`);
+    say(`worker: cannot use the database: ${message(error)}`, "error");
     process.exit(1);
   }
-  const lines = lineLog();
   const stop = new AbortController();
+  if (opts.metricsPort !== undefined) {
+    // Loaded only when asked for: a worker without metrics does not pay for prom-client.
+    const { Metrics, Readiness } = await import("./metrics.ts");
+    metrics = new Metrics({ inbox });
+    try {
+      const server = await metrics.listen(opts.metricsPort, opts.metricsHost, new Readiness(inbox, { stopping: () => stop.signal.aborted }));
+      server.unref();
+      const address = server.address();
+      const url = `http://${opts.metricsHost}:${typeof address === "object" && address ? address.port : opts.metricsPort}/metrics`;
+      say(`Metrics on ${url}`, "info", { url });
+    } catch (error) {
+      say(`worker: cannot serve metrics on ${opts.metricsHost}:${opts.metricsPort}: ${message(error)}`, "error");
+      process.exit(1);
+    }
+  }
+  // On a terminal, --once shows how far it has got; piped or logged, it prints nothing extra.
+  const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
+  let shown: Progress | undefined;
+  if (opts.once && process.stderr.isTTY) {
+    const gauges = await inbox.gauges().catch(() => undefined);
+    const backlog = (gauges?.bySourceStatus ?? []).filter((g) => g.status === "received" || g.status === "processing").reduce((n, g) => n + g.n, 0);
+    shown = progress(process.stderr, () => {
+      const settled = stats.done + stats.failed + stats.lost;
+      return { done: settled, total: Math.max(backlog, settled), extra: stats.retried > 0 ? `${stats.retried} to retry` : undefined };
+    });
+  }
+  const lines = lineLog(shown ?? process.stderr, opts.logFormat);
   for (const signal of ["SIGTERM", "SIGINT"] as const) {
     process.on(signal, () => {
       if (stop.signal.aborted) return;
       lines.flush();
-      console.error(`${signal}: no more claims; letting the work in flight finish`);
+      shown?.stop();
+      say(`${signal}: no more claims; letting the work in flight finish`);
       stop.abort();
     });
   }
   const log = opts.quiet ? () => {} : lines.log;
-  let stats: RunStats;
   try {
-    stats = await run(recordPayment, {
-      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch, signal: stop.signal, log,
+    await run(recordPayment, {
+      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
+      signal: stop.signal, log, metrics, stats,
     });
   } catch (error) {
     lines.flush();
-    console.error(`worker: ${message(error)}`);
+    shown?.stop();
+    say(`worker: ${message(error)}`, "error");
     process.exit(1);
   }
   await inbox.close();
   lines.flush();
+  shown?.stop();
   if (opts.once || stop.signal.aborted) {
-    console.error(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`);
+    say(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`, "info", { ...stats });
   }
 }
 

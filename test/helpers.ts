@@ -60,7 +60,7 @@ export async function startReceiver(db: string, args: string[] = [], env: NodeJS
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
   const url = await new Promise<string>((resolve, reject) => {
     createInterface({ input: child.stdout! }).on("line", (line) => {
-      const match = /^Listening on (http:\/\/\S+)/.exec(line);
+      const match = /^(?:\{.*"msg":")?Listening on (http:\/\/[^\s"]+)/.exec(line);
       if (match) resolve(match[1]!);
     });
     void exited.then((code) => reject(new Error(`receiver exited with ${code} before listening: ${stderr}`)));
