@@ -43,6 +43,9 @@ const MIGRATIONS: readonly string[] = [
 // that hosts whose clocks differ still agree on when a lease ends.
 const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
 
+/** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
+export const APPLICATION_NAME = "webhook-inbox";
+
 // int8 as a JS number: times in ms and counts are far below 2^53.
 const TYPES = {
   getTypeParser: ((oid: number, format?: string) =>
@@ -172,6 +175,9 @@ export class PostgresInbox implements Inbox {
       connectionString: parsed.toString(),
       max: this.poolSize,
       connectionTimeoutMillis: DEFAULTS.connectTimeoutMs,
+      // Names our connections in pg_stat_activity, so an operator (or the crash tests) can find and end
+      // them; an application_name in the URL wins over this default.
+      application_name: APPLICATION_NAME,
       // The claim's and the finish's statements, and a handler's writes, go out without waiting for
       // each other's answers: one round trip per batch rather than one per statement.
       pipeline: true,
@@ -199,6 +205,9 @@ export class PostgresInbox implements Inbox {
 
   private async migrate(): Promise<void> {
     const client = await this.pool.connect();
+    // As in transact: a dropped connection fails the migration's query, rather than the whole process.
+    const dropped = () => {};
+    client.on("error", dropped);
     try {
       await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
       await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
@@ -220,6 +229,7 @@ export class PostgresInbox implements Inbox {
       await client.query("ROLLBACK").catch(() => {});
       throw error;
     } finally {
+      client.off("error", dropped);
       client.release();
     }
   }
@@ -437,7 +447,10 @@ export class PostgresInbox implements Inbox {
   // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
   private async startListening(): Promise<void> {
     if (this.closed) return;
-    const client = new pg.Client({ connectionString: (this.pool as unknown as { options: { connectionString: string } }).options.connectionString });
+    const client = new pg.Client({
+      connectionString: (this.pool as unknown as { options: { connectionString: string } }).options.connectionString,
+      application_name: APPLICATION_NAME,
+    });
     const retry = () => {
       if (this.listener === client) this.listener = undefined;
       client.end().catch(() => {});
@@ -537,6 +550,10 @@ export class PostgresInbox implements Inbox {
       return this.rejectAll(batch, error);
     }
     let broken: Error | undefined;
+    // A connection that drops (pg_terminate_backend, a restart) emits "error" on its client as well as
+    // failing the query in flight; with no listener while it is checked out, that error kills the process.
+    const dropped = (error: Error) => void (broken ??= error);
+    client.on("error", dropped);
     try {
       let results: Map<Op, { ok: boolean; value: unknown }>;
       try {
@@ -556,6 +573,7 @@ export class PostgresInbox implements Inbox {
       await client.query("ROLLBACK").catch(() => {});
       this.rejectAll(batch, error);
     } finally {
+      client.off("error", dropped);
       // A connection that failed mid-batch is dropped rather than handed to the next batch.
       client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
     }
