@@ -284,14 +284,27 @@ export class PostgresInbox implements Inbox {
 
   extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
     return this.other(async (client) => {
+      // SKIP LOCKED: a heartbeat must never wait on its own lease's row. That row is locked only by this
+      // lease's finish or fail in flight (or a takeover's claim), and its transaction may be waiting on
+      // a lock this one holds, such as a row the handlers all update: a deadlock, one batch failed per
+      // second. A row busy that way still holds the lease as far as anyone has committed; the next
+      // heartbeat extends it if that transaction rolls back.
       const { rows } = await client.query(
-        `UPDATE deliveries SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
-         WHERE source = $3 AND id = $4 AND lease_token = $5 AND status = 'processing'
-         RETURNING leased_until`,
+        `WITH l AS (SELECT source, id FROM deliveries WHERE source = $3 AND id = $4 FOR UPDATE SKIP LOCKED)
+         UPDATE deliveries d SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
+         FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $5 AND d.status = 'processing'
+         RETURNING d.leased_until, true AS extended`,
         [this.now(), leaseMs, lease.source, lease.id, lease.token],
       );
-      if (rows.length === 1) lease.leasedUntil = rows[0].leased_until;
-      return rows.length === 1;
+      if (rows.length === 1) {
+        lease.leasedUntil = rows[0].leased_until;
+        return true;
+      }
+      const held = await client.query(
+        "SELECT 1 FROM deliveries WHERE source = $1 AND id = $2 AND lease_token = $3 AND status = 'processing'",
+        [lease.source, lease.id, lease.token],
+      );
+      return held.rows.length === 1;
     }) as Promise<boolean>;
   }
 

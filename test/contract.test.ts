@@ -147,6 +147,31 @@ for (const backend of BACKENDS) {
         assert.equal((await row(b, "evt_1"))!.status, "done");
       });
 
+      it("extends a lease without waiting on its row while another transaction holds that row", {
+        skip: backend.name === "sqlite" && "SQLite has no row locks: its writers queue on one database lock, never in a cycle",
+      }, async () => {
+        // A heartbeat that waited here, inside a batch already holding a lock the row's holder wants (a row
+        // every handler updates), deadlocked: PostgreSQL failed one batch a second under the crash tests.
+        const inbox = await open();
+        await inbox.store({ id: "evt_1", body: body({}) });
+        const lease = (await inbox.claim(LEASE))!;
+        const { default: pg } = await import("pg");
+        const holder = new pg.Client({ connectionString: target.replace(/[?&]schema=([^&]+)/, "") });
+        await holder.connect();
+        try {
+          const schema = new URL(target).searchParams.get("schema")!;
+          await holder.query("BEGIN");
+          await holder.query(`SELECT 1 FROM ${schema}.deliveries WHERE id = 'evt_1' FOR UPDATE`);
+          assert.equal(await inbox.extend(lease, LEASE), true, "still held, as far as anything committed says");
+          await holder.query("ROLLBACK");
+          t += 1_000;
+          assert.equal(await inbox.extend(lease, LEASE), true);
+          assert.equal(lease.leasedUntil, t + LEASE, "extended once the row is free");
+        } finally {
+          await holder.end();
+        }
+      });
+
       it("sets aside a delivery whose lease expired on its last attempt", async () => {
         const inbox = await open({ maxAttempts: 1 });
         await inbox.store({ id: "evt_1", body: body({}) });
