@@ -514,6 +514,8 @@ export interface PostgresPipelineReport extends Ledger {
   receiverKills: number;
   /** Backends ended by pg_terminate_backend, over all the rounds. */
   terminations: number;
+  /** Of those, the ones that were running a statement or inside a transaction (not idle) when ended. */
+  terminationsMidTransaction: number;
   terminateRounds: number;
   serverRestarts: number;
   requests: number;
@@ -551,7 +553,7 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
   await prepareLedgerOn(reader);
   const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
   const report = {
-    kills: 0, receiverKills: 0, terminations: 0, terminateRounds: 0, serverRestarts: 0, requests: 0, unavailable: 0,
+    kills: 0, receiverKills: 0, terminations: 0, terminationsMidTransaction: 0, terminateRounds: 0, serverRestarts: 0, requests: 0, unavailable: 0,
     unavailableWithoutRetryAfter: 0, unexpectedExits: [] as string[], failedStarts: 0,
   };
 
@@ -637,9 +639,10 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
       if (!sending) break;
       try {
         const rows = await reader.query(
-          `SELECT pg_terminate_backend(pid) AS ended FROM pg_stat_activity
+          `SELECT pg_terminate_backend(pid) AS ended, state FROM pg_stat_activity
            WHERE datname = current_database() AND application_name = ? AND pid <> pg_backend_pid()`, appName);
         report.terminations += rows.filter((r) => r.ended === true).length;
+        report.terminationsMidTransaction += rows.filter((r) => r.ended === true && r.state !== "idle").length;
         report.terminateRounds++;
       } catch {
         // The server is restarting: nothing to end right now.

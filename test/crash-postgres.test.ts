@@ -41,7 +41,7 @@ describe("the pipeline on PostgreSQL, two receivers and three workers", { skip: 
         random: seeded(seed),
       });
       console.log(`# pipeline on PostgreSQL: ${r.kills} kills (${r.receiverKills} receivers), ${r.terminations} connections ` +
-        `terminated in ${r.terminateRounds} rounds, ${r.acked} acknowledged, ${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
+        `terminated in ${r.terminateRounds} rounds (${r.terminationsMidTransaction} mid-transaction), ${r.acked} acknowledged, ${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
         `lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`);
       assertWhole(r);
       assert.ok(r.kills > 0 && r.terminations > 0, "processes were killed and connections terminated");

@@ -99,7 +99,7 @@ try {
     const report = (name: string, q: PostgresPipelineReport) => {
       pgRuns.push(q);
       console.log(`${name}: ${half} s, ${q.kills} kills (${q.receiverKills} of receivers), ${q.terminations} connections terminated ` +
-        `in ${q.terminateRounds} rounds, ${q.serverRestarts} server restarts, ${q.acked} acknowledged, ${q.deliveries} stored and done ` +
+        `in ${q.terminateRounds} rounds (${q.terminationsMidTransaction} mid-transaction), ${q.serverRestarts} server restarts, ${q.acked} acknowledged, ${q.deliveries} stored and done ` +
         `${q.done}, ${q.unavailable} answered 503, balance ${q.balance === q.expected ? "exact" : "WRONG"}, ` +
         `lost ${q.lostAcked + q.lost}, doubled ${q.doubled}, unexpected exits ${q.unexpectedExits.length}`);
       if (!q.drained || q.lostAcked > 0 || q.lost > 0 || q.doubled > 0 || q.balance !== q.expected || q.unexpectedExits.length > 0
