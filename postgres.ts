@@ -293,7 +293,7 @@ export class PostgresInbox implements Inbox {
         `WITH l AS (SELECT source, id FROM deliveries WHERE source = $3 AND id = $4 FOR UPDATE SKIP LOCKED)
          UPDATE deliveries d SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
          FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $5 AND d.status = 'processing'
-         RETURNING d.leased_until, true AS extended`,
+         RETURNING d.leased_until`,
         [this.now(), leaseMs, lease.source, lease.id, lease.token],
       );
       if (rows.length === 1) {

@@ -172,6 +172,28 @@ for (const backend of BACKENDS) {
         }
       });
 
+      it("fails only the batch whose connection the server ends mid-transaction, and carries on", {
+        skip: backend.name === "sqlite" && "SQLite has no server to end a connection",
+      }, async () => {
+        // pg emits "error" on a client whose connection drops as well as failing its query: unheard while
+        // the client was checked out, that event killed the whole process (this test's, here).
+        const name = `contract-terminate-${process.pid}`;
+        const inbox = await connect(`${target}&application_name=${name}`, { now: () => t, random: () => 0 });
+        opened.push(inbox);
+        await inbox.store({ id: "evt_1", body: body({}) });
+        const lease = (await inbox.claim(LEASE))!;
+        const finishing = inbox.finish(lease, [(tx: Tx) => tx.run("SELECT pg_sleep(30)")]);
+        const admin = await connect(target);
+        opened.push(admin);
+        const sleeping = `SELECT pid FROM pg_stat_activity WHERE application_name = ? AND query LIKE 'SELECT pg_sleep%'`;
+        while ((await admin.query(sleeping, name)).length === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+        await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ?`, name);
+        await assert.rejects(finishing, /terminat/);
+        assert.equal((await row(admin, "evt_1"))!.status, "processing", "nothing of the batch committed");
+        assert.equal(await inbox.store({ id: "evt_2", body: body({}) }), "stored", "the inbox carries on, on a new connection");
+        assert.equal(await inbox.finish(lease), true);
+      });
+
       it("sets aside a delivery whose lease expired on its last attempt", async () => {
         const inbox = await open({ maxAttempts: 1 });
         await inbox.store({ id: "evt_1", body: body({}) });
