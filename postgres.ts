@@ -189,6 +189,10 @@ export class PostgresInbox implements Inbox {
     // An idle connection that the server drops (a restart, pg_terminate_backend) is simply replaced; the
     // next query opens a new one.
     this.pool.on("error", () => {});
+    // A dropped connection also emits "error" on its client, at times more than once and, pipelined, with
+    // no query to hand it to; unheard, that event kills the process. The queries fail on their own, and
+    // the pool replaces a client that is no longer queryable when it comes back.
+    this.pool.on("connect", (client) => client.on("error", () => {}));
   }
 
   /** open connects, migrates under an advisory lock (ten hosts starting at once migrate once), and checks the schema. */
@@ -205,9 +209,6 @@ export class PostgresInbox implements Inbox {
 
   private async migrate(): Promise<void> {
     const client = await this.pool.connect();
-    // As in transact: a dropped connection fails the migration's query, rather than the whole process.
-    const dropped = () => {};
-    client.on("error", dropped);
     try {
       await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
       await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
@@ -229,7 +230,6 @@ export class PostgresInbox implements Inbox {
       await client.query("ROLLBACK").catch(() => {});
       throw error;
     } finally {
-      client.off("error", dropped);
       client.release();
     }
   }
@@ -563,8 +563,8 @@ export class PostgresInbox implements Inbox {
       return this.rejectAll(batch, error);
     }
     let broken: Error | undefined;
-    // A connection that drops (pg_terminate_backend, a restart) emits "error" on its client as well as
-    // failing the query in flight; with no listener while it is checked out, that error kills the process.
+    // A connection that drops (pg_terminate_backend, a restart) says so on its client too: then it is
+    // destroyed on release, whatever the queries said.
     const dropped = (error: Error) => void (broken ??= error);
     client.on("error", dropped);
     try {

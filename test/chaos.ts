@@ -562,7 +562,9 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
   const watch = (name: string, child: ChildProcess, log: () => string) => {
     const entry = { killed: false };
     child.on("exit", (code, signal) => {
-      if (!entry.killed && !stopping) report.unexpectedExits.push(`${name} exited ${code ?? signal}: ${log().trim().split("\n").slice(-3).join(" / ")}`);
+      // The error's own line and the first frames say where it came from; the last lines are Node's banner.
+      const said = log().split("\n").filter((l) => /Error|error|^\s+at /.test(l)).slice(0, 6).join(" / ");
+      if (!entry.killed && !stopping) report.unexpectedExits.push(`${name} exited ${code ?? signal}: ${said}`);
     });
     return entry;
   };
