@@ -43,6 +43,9 @@ const MIGRATIONS: readonly string[] = [
 // that hosts whose clocks differ still agree on when a lease ends.
 const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
 
+/** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
+export const APPLICATION_NAME = "webhook-inbox";
+
 // int8 as a JS number: times in ms and counts are far below 2^53.
 const TYPES = {
   getTypeParser: ((oid: number, format?: string) =>
@@ -188,6 +191,9 @@ export class PostgresInbox implements Inbox {
       connectionString: parsed.toString(),
       max: this.poolSize,
       connectionTimeoutMillis: DEFAULTS.connectTimeoutMs,
+      // Names our connections in pg_stat_activity, so an operator (or the crash tests) can find and end
+      // them; an application_name in the URL wins over this default.
+      application_name: APPLICATION_NAME,
       // The claim's and the finish's statements, and a handler's writes, go out without waiting for
       // each other's answers: one round trip per batch rather than one per statement.
       pipeline: true,
@@ -199,6 +205,10 @@ export class PostgresInbox implements Inbox {
     // An idle connection that the server drops (a restart, pg_terminate_backend) is simply replaced; the
     // next query opens a new one.
     this.pool.on("error", () => {});
+    // A dropped connection also emits "error" on its client, at times more than once and, pipelined, with
+    // no query to hand it to; unheard, that event kills the process. The queries fail on their own, and
+    // the pool replaces a client that is no longer queryable when it comes back.
+    this.pool.on("connect", (client) => client.on("error", () => {}));
   }
 
   /** open connects, migrates under an advisory lock (ten hosts starting at once migrate once), and checks the schema. */
@@ -292,14 +302,27 @@ export class PostgresInbox implements Inbox {
 
   extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
     return this.other(async (client) => {
+      // SKIP LOCKED: a heartbeat must never wait on its own lease's row. That row is locked only by this
+      // lease's finish or fail in flight (or a takeover's claim), and its transaction may be waiting on
+      // a lock this one holds, such as a row the handlers all update: a deadlock, one batch failed per
+      // second. A row busy that way still holds the lease as far as anyone has committed; the next
+      // heartbeat extends it if that transaction rolls back.
       const { rows } = await client.query(
-        `UPDATE deliveries SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
-         WHERE source = $3 AND id = $4 AND lease_token = $5 AND status = 'processing'
-         RETURNING leased_until`,
+        `WITH l AS (SELECT source, id FROM deliveries WHERE source = $3 AND id = $4 FOR UPDATE SKIP LOCKED)
+         UPDATE deliveries d SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
+         FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $5 AND d.status = 'processing'
+         RETURNING d.leased_until`,
         [this.now(), leaseMs, lease.source, lease.id, lease.token],
       );
-      if (rows.length === 1) lease.leasedUntil = rows[0].leased_until;
-      return rows.length === 1;
+      if (rows.length === 1) {
+        lease.leasedUntil = rows[0].leased_until;
+        return true;
+      }
+      const held = await client.query(
+        "SELECT 1 FROM deliveries WHERE source = $1 AND id = $2 AND lease_token = $3 AND status = 'processing'",
+        [lease.source, lease.id, lease.token],
+      );
+      return held.rows.length === 1;
     }) as Promise<boolean>;
   }
 
@@ -621,6 +644,10 @@ export class PostgresInbox implements Inbox {
       return this.rejectAll(batch, error);
     }
     let broken: Error | undefined;
+    // A connection that drops (pg_terminate_backend, a restart) says so on its client too: then it is
+    // destroyed on release, whatever the queries said.
+    const dropped = (error: Error) => void (broken ??= error);
+    client.on("error", dropped);
     try {
       let results: Map<Op, { ok: boolean; value: unknown }>;
       try {
@@ -643,6 +670,7 @@ export class PostgresInbox implements Inbox {
       await client.query("ROLLBACK").catch(() => {});
       this.rejectAll(batch, error);
     } finally {
+      client.off("error", dropped);
       // A connection that failed mid-batch is dropped rather than handed to the next batch.
       client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
     }

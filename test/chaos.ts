@@ -1,13 +1,15 @@
 // test/chaos.ts: the crash scenarios, shared by the bounded tests (test/crash.test.ts, test/faults.test.ts)
 // and the long run (`npm run torture`). Each one runs real child processes on a real database file, kills
 // them with SIGKILL at random moments, and returns what it counted; the callers assert on the counts.
+// postgresPipeline runs the whole pipeline on PostgreSQL, with dropped connections and server restarts too.
 
 import type { ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
-import { SqliteInbox, sha256 } from "../inbox.ts";
+import { SqliteInbox, connect, sha256, type Inbox } from "../inbox.ts";
+import { APPLICATION_NAME } from "../postgres.ts";
 import { spawnScript, startReceiver } from "./helpers.ts";
 
 /** Random is a seeded source of numbers in [0, 1), so a failing run can be replayed from its seed. */
@@ -206,9 +208,9 @@ export interface WorkerProcess {
   exited: Promise<number | null>;
 }
 
-/** startWorker spawns test/fixtures/balance-worker.ts on a database with the given extra arguments. */
-export function startWorker(db: string, args: string[] = []): WorkerProcess {
-  const child = spawnScript("test/fixtures/balance-worker.ts", ["--db", db, ...args]);
+/** startWorker spawns test/fixtures/balance-worker.ts on a database (a path or a URL) with the given extra arguments. */
+export function startWorker(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): WorkerProcess {
+  const child = spawnScript("test/fixtures/balance-worker.ts", ["--db", db, ...args], env);
   const w: WorkerProcess = {
     child, inFlight: new Set(), lines: [],
     exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))),
@@ -457,5 +459,249 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
   return {
     ...readLedger(db), kills, receiverKills, acked: acked.size,
     lostAcked: [...acked].filter((id) => !done.has(id)).length, integrity, drained,
+  };
+}
+
+// ---- 5. The whole pipeline on PostgreSQL: two receivers, three workers, dropped connections, a restart ---
+
+/** prepareLedgerOn creates the balance fixture's tables on any backend (prepareLedger is SQLite's own). */
+export async function prepareLedgerOn(inbox: Inbox): Promise<void> {
+  await inbox.query("CREATE TABLE IF NOT EXISTS accounts (name TEXT PRIMARY KEY, balance BIGINT NOT NULL)");
+  await inbox.query("INSERT INTO accounts VALUES ('main', 0) ON CONFLICT DO NOTHING");
+  // No unique key on purpose: an effect applied twice must show up, not be refused.
+  await inbox.query("CREATE TABLE IF NOT EXISTS effects (delivery_id TEXT NOT NULL, pid INTEGER NOT NULL, attempt INTEGER NOT NULL)");
+}
+
+/** readLedgerOn is readLedger for an inbox on PostgreSQL, read through the contract's query(). */
+export async function readLedgerOn(inbox: Inbox): Promise<Ledger> {
+  const [counts] = await inbox.query(
+    `SELECT count(*) AS n, count(*) FILTER (WHERE status = 'done') AS done, count(*) FILTER (WHERE status = 'processing') AS processing,
+            coalesce(sum((convert_from(body, 'UTF8')::json->>'amount')::bigint), 0)::bigint AS expected FROM deliveries`);
+  const [effects] = await inbox.query(
+    `SELECT count(*) FILTER (WHERE d.status = 'done' AND e.n IS NULL) AS lost, count(*) FILTER (WHERE e.n > 1) AS doubled,
+            count(*) FILTER (WHERE d.status = 'done' AND d.attempts > 1) AS taken_over
+     FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`);
+  const [account] = await inbox.query("SELECT balance FROM accounts WHERE name = 'main'");
+  const n = Number(counts!.n);
+  const done = Number(counts!.done);
+  return {
+    deliveries: n, done, processing: Number(counts!.processing), notDone: n - done,
+    balance: Number(account!.balance), expected: Number(counts!.expected),
+    lost: Number(effects!.lost), doubled: Number(effects!.doubled), takenOver: Number(effects!.taken_over),
+  };
+}
+
+/** PostgresPipelineOptions sizes the PostgreSQL pipeline scenario. */
+export interface PostgresPipelineOptions {
+  /** A postgres:// URL with its own ?schema=; the scenario adds an application_name to find its connections. */
+  url: string;
+  seconds: number;
+  senders: number;
+  receivers: number;
+  workers: number;
+  /** One process, a receiver or a worker, is SIGKILLed about this often; 0 for none. */
+  killEveryMs: number;
+  /** The scripts' connections are ended with pg_terminate_backend about this often; 0 for never. */
+  terminateEveryMs: number;
+  /** Restarts the server (a private one: never the shared server) this many times, evenly over the load. */
+  restart?: { times: number; run: () => Promise<void> };
+  random: Random;
+}
+
+/** PostgresPipelineReport is what the senders were told, what chaos was done, and what the ledger says. */
+export interface PostgresPipelineReport extends Ledger {
+  kills: number;
+  receiverKills: number;
+  /** Backends ended by pg_terminate_backend, over all the rounds. */
+  terminations: number;
+  /** Of those, the ones that were running a statement or inside a transaction (not idle) when ended. */
+  terminationsMidTransaction: number;
+  terminateRounds: number;
+  serverRestarts: number;
+  requests: number;
+  /** Answers 503 (the database could not take the delivery): the sender keeps it and sends it again. */
+  unavailable: number;
+  /** 503 answers without a Retry-After: must be 0. */
+  unavailableWithoutRetryAfter: number;
+  acked: number;
+  /** Acknowledged IDs that are not done after the drain: must be 0. */
+  lostAcked: number;
+  /** Scripts that exited without being killed: must be []; every script survives a dropped connection. */
+  unexpectedExits: string[];
+  /** A (re)started script that could not connect and was started again: only right after a restart. */
+  failedStarts: number;
+  drained: boolean;
+  /** How long the load and the chaos went on, and how long the drain took after it. */
+  loadMs: number;
+  drainMs: number;
+}
+
+/**
+ * postgresPipeline runs senders against several receivers, alternating between them, while balance-fixture
+ * workers process what they store, all on one PostgreSQL schema. Meanwhile it SIGKILLs one script about
+ * every killEveryMs (and starts it again), ends the scripts' connections with pg_terminate_backend, and
+ * restarts the server if given one. Then it drains the backlog and reads the ledger.
+ */
+export async function postgresPipeline(o: PostgresPipelineOptions): Promise<PostgresPipelineReport> {
+  const url = new URL(o.url);
+  const schema = url.searchParams.get("schema") ?? "public";
+  const appName = `${APPLICATION_NAME} chaos ${schema}`;
+  url.searchParams.set("application_name", appName);
+  const target = url.toString();
+  // The test's own connection is named otherwise, so the terminations never end it.
+  const reader = await connect(o.url.replace(/\?/, `?application_name=inbox-chaos-reader&`));
+  await prepareLedgerOn(reader);
+  const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
+  const report = {
+    kills: 0, receiverKills: 0, terminations: 0, terminationsMidTransaction: 0, terminateRounds: 0, serverRestarts: 0, requests: 0, unavailable: 0,
+    unavailableWithoutRetryAfter: 0, unexpectedExits: [] as string[], failedStarts: 0,
+  };
+
+  // Every script is watched: one that exits while nobody killed it is a failure of the scenario.
+  let stopping = false;
+  const watch = (name: string, child: ChildProcess, log: () => string) => {
+    const entry = { killed: false };
+    child.on("exit", (code, signal) => {
+      // The error's own line and the first frames say where it came from; the last lines are Node's banner.
+      const said = log().split("\n").filter((l) => /Error|error|^\s+at /.test(l)).slice(0, 6).join(" / ");
+      if (!entry.killed && !stopping) report.unexpectedExits.push(`${name} exited ${code ?? signal}: ${said}`);
+    });
+    return entry;
+  };
+  type Script = { kill(): Promise<void>; url?: string };
+  const startReceiverScript = async (k: number): Promise<Script> => {
+    for (;;) {
+      try {
+        const r = await startReceiver(target, ["--quiet"]);
+        const w = watch(`receiver ${k}`, r.child, r.log);
+        return { url: r.url, kill: async () => void ((w.killed = true), await r.stop("SIGKILL")) };
+      } catch {
+        report.failedStarts++;
+        await sleep(100);
+      }
+    }
+  };
+  const workerArgs = ["--lease-ms", "1000", "--work-ms", "20", "--concurrency", "8", "--retry-delay-ms", "100"];
+  const startWorkerScript = async (k: number): Promise<Script> => {
+    for (;;) {
+      const w = startWorker(target, workerArgs);
+      const ready = await Promise.race([
+        new Promise<boolean>((resolve) => { const t = setInterval(() => w.lines.includes("ready") && (clearInterval(t), resolve(true)), 20); void w.exited.then(() => clearInterval(t)); }),
+        w.exited.then(() => false),
+      ]);
+      if (!ready) {
+        report.failedStarts++;
+        await sleep(100);
+        continue;
+      }
+      const entry = watch(`worker ${k}`, w.child, () => w.lines.join(""));
+      return { kill: async () => { entry.killed = true; w.child.kill("SIGKILL"); await w.exited; } };
+    }
+  };
+  const receivers = await Promise.all(Array.from({ length: o.receivers }, (_, k) => startReceiverScript(k)));
+  const workers = await Promise.all(Array.from({ length: o.workers }, (_, k) => startWorkerScript(k)));
+
+  const acked = new Set<string>();
+  let sending = true;
+  const sender = async (k: number) => {
+    const unanswered: string[] = [];
+    for (let i = 0, turn = k; sending; turn++) {
+      const id = unanswered.shift() ?? `pg-s${k}-${i++}`;
+      // Alternate between the receivers, as a load balancer would; one being restarted is skipped by the next.
+      const to = receivers[turn % receivers.length]!.url!;
+      report.requests++;
+      try {
+        const res = await fetch(to, {
+          method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ amount: amountOf(id) }),
+          signal: AbortSignal.timeout(15_000),
+        });
+        await res.text();
+        if (res.status === 200) acked.add(id);
+        else {
+          if (res.status === 503) {
+            report.unavailable++;
+            if (!res.headers.get("retry-after")) report.unavailableWithoutRetryAfter++;
+          }
+          unanswered.push(id);
+          await sleep(20);
+        }
+      } catch {
+        unanswered.push(id); // the receiver died under this request: send it again
+        await sleep(20);
+      }
+    }
+  };
+  const senders = Array.from({ length: o.senders }, (_, k) => sender(k));
+
+  // pg_terminate_backend on every connection the scripts hold: pool connections mid-batch, and LISTENs.
+  const terminator = (async () => {
+    if (o.terminateEveryMs <= 0) return;
+    while (sending) {
+      await sleep(o.terminateEveryMs * (0.5 + o.random()));
+      if (!sending) break;
+      try {
+        const rows = await reader.query(
+          `SELECT pg_terminate_backend(pid) AS ended, state FROM pg_stat_activity
+           WHERE datname = current_database() AND application_name = ? AND pid <> pg_backend_pid()`, appName);
+        report.terminations += rows.filter((r) => r.ended === true).length;
+        report.terminationsMidTransaction += rows.filter((r) => r.ended === true && r.state !== "idle").length;
+        report.terminateRounds++;
+      } catch {
+        // The server is restarting: nothing to end right now.
+      }
+    }
+  })();
+
+  // The server restarts, spread evenly over the run. A script (re)started while the server is down fails
+  // to connect and is started again: that is counted in failedStarts, never as an unexpected exit.
+  const started = Date.now();
+  const until = started + o.seconds * 1000;
+  const restarts = o.restart?.times ?? 0;
+  const restarter = (async () => {
+    for (let i = 1; i <= restarts; i++) {
+      await sleep(started + (i * o.seconds * 1000) / (restarts + 1) - Date.now());
+      await o.restart!.run();
+      report.serverRestarts++;
+    }
+  })();
+  while (Date.now() < until) {
+    await sleep(o.killEveryMs > 0 ? o.killEveryMs * (0.5 + o.random()) : 100);
+    if (o.killEveryMs <= 0) continue;
+    const k = Math.floor(o.random() * (receivers.length + workers.length));
+    if (k < receivers.length) {
+      await receivers[k]!.kill();
+      receivers[k] = await startReceiverScript(k);
+      report.receiverKills++;
+    } else {
+      const j = k - receivers.length;
+      await workers[j]!.kill();
+      workers[j] = await startWorkerScript(j);
+    }
+    report.kills++;
+  }
+  await restarter;
+  sending = false;
+  await Promise.all([...senders, terminator]);
+
+  // Let the workers drain what was stored, then stop everything.
+  const drainFrom = Date.now();
+  const deadline = drainFrom + 120_000;
+  let drained = false;
+  while (Date.now() < deadline) {
+    const l = await readLedgerOn(reader);
+    if (l.done === l.deliveries) {
+      drained = true;
+      break;
+    }
+    await sleep(200);
+  }
+  stopping = true;
+  await Promise.all([...receivers, ...workers].map((s) => s.kill()));
+  const done = new Set((await reader.query("SELECT id FROM deliveries WHERE status = 'done'")).map((r) => r.id as string));
+  const ledger = await readLedgerOn(reader);
+  await reader.close();
+  return {
+    ...ledger, ...report, acked: acked.size, lostAcked: [...acked].filter((id) => !done.has(id)).length, drained,
+    loadMs: drainFrom - started, drainMs: Date.now() - drainFrom,
   };
 }

@@ -2,7 +2,7 @@
 // processes on this same Node, and a receiver on a free port.
 
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
@@ -125,4 +125,93 @@ export async function freshSchema(prefix: string): Promise<{ url: string; schema
       }
     },
   };
+}
+
+/** PrivatePostgres is a throwaway PostgreSQL cluster of one test file's own, which it may stop and restart. */
+export interface PrivatePostgres {
+  /** The URL of its `postgres` database; add ?schema= as usual. */
+  url: string;
+  port: number;
+  /** start starts the server (again) and waits until it accepts connections. */
+  start(): Promise<void>;
+  /** stop stops it: fast ends sessions cleanly, immediate is a crash (recovery from the WAL on start). */
+  stop(mode?: "fast" | "immediate"): Promise<void>;
+  /** restart stops and starts it in one go. */
+  restart(mode?: "fast" | "immediate"): Promise<void>;
+  /** destroy stops it and removes its files. */
+  destroy(): Promise<void>;
+}
+
+const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
+
+/**
+ * privatePostgres initialises a cluster in a temp folder and starts it on a free port. The machine's shared
+ * server is never restarted: other test runs use it at the same time. Returns the reason to skip, in one
+ * line, where the PostgreSQL binaries are absent; with INBOX_REQUIRE_POSTGRES=1 it throws instead.
+ */
+export async function privatePostgres(): Promise<PrivatePostgres | string> {
+  const missing = (why: string) => {
+    if (process.env.INBOX_REQUIRE_POSTGRES === "1") throw new Error(`INBOX_REQUIRE_POSTGRES=1 but ${why}`);
+    console.log(`# private PostgreSQL tests skipped: ${why}; install PostgreSQL's server binaries to run them.`);
+    return why;
+  };
+  if (!PG_BIN) return missing("no initdb under /usr/lib/postgresql/*/bin");
+  const { dir, cleanup } = tempDir("inbox-pg-");
+  const data = join(dir, "data");
+  // initdb refuses to run as root: run the server binaries as the postgres user, owning the folder.
+  const asRoot = process.getuid?.() === 0;
+  const exec = async (bin: string, args: string[]) => {
+    const [cmd, all] = asRoot ? ["runuser", ["-u", "postgres", "--", join(PG_BIN, bin), ...args]] : [join(PG_BIN, bin), args];
+    const r = await new Promise<{ code: number | null; out: string }>((resolve) => {
+      const child = spawn(cmd as string, all as string[], { stdio: ["ignore", "pipe", "pipe"] });
+      let out = "";
+      child.stdout.on("data", (d) => (out += d));
+      child.stderr.on("data", (d) => (out += d));
+      child.on("close", (code) => resolve({ code, out }));
+      child.on("error", (error) => resolve({ code: -1, out: error.message }));
+    });
+    if (r.code !== 0) throw new Error(`${bin} ${args.join(" ")}: exit ${r.code}: ${r.out.trim().split("\n").slice(-3).join(" / ")}`);
+  };
+  if (asRoot) {
+    const { chownSync } = await import("node:fs");
+    const { execFileSync } = await import("node:child_process");
+    const uid = Number(execFileSync("id", ["-u", "postgres"]).toString());
+    const gid = Number(execFileSync("id", ["-g", "postgres"]).toString());
+    chownSync(dir, uid, gid);
+  }
+  try {
+    await exec("initdb", ["-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+  } catch (error) {
+    cleanup();
+    return missing(`initdb failed (${error instanceof Error ? error.message : String(error)})`);
+  }
+  const port = await freePort();
+  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100`;
+  const pgctl = (args: string[]) => exec("pg_ctl", ["-D", data, "-l", join(dir, "log"), "-o", options, "-w", "-t", "60", ...args]);
+  const server: PrivatePostgres = {
+    url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+    port,
+    start: () => pgctl(["start"]),
+    stop: (mode = "fast") => pgctl(["stop", "-m", mode]),
+    restart: (mode = "fast") => pgctl(["restart", "-m", mode]),
+    destroy: async () => {
+      await server.stop("immediate").catch(() => {});
+      cleanup();
+    },
+  };
+  await server.start();
+  return server;
+}
+
+/** freePort asks the system for a TCP port nobody listens on right now. */
+export async function freePort(): Promise<number> {
+  const { createServer } = await import("node:net");
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.on("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
 }

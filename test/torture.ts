@@ -4,20 +4,23 @@
 //   TORTURE_ROUNDS=200 TORTURE_SECONDS=300 TORTURE_STORMS=5 CHAOS_SEED=42 npm run torture
 // TORTURE_ROUNDS: receiver kill rounds (default 50); TORTURE_SECONDS: how long workers are killed over
 // fresh backlogs (default 60; the whole pipeline then runs a quarter of that, at least 10 s);
-// TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3).
+// TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3). TORTURE_POSTGRES_SECONDS: how long the
+// PostgreSQL pipeline runs (default 0, skipped): half on the test server with pg_terminate_backend, half on a
+// private cluster restarted about every 10 s (INBOX_TEST_POSTGRES as for the tests).
 
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { busyStorm, pipelineCrash, receiverCrash, seeded, workerCrash } from "./chaos.ts";
-import { tempDir } from "./helpers.ts";
+import { busyStorm, pipelineCrash, postgresPipeline, receiverCrash, seeded, workerCrash, type PostgresPipelineReport } from "./chaos.ts";
+import { freshSchema, postgresSkip, privatePostgres, tempDir } from "./helpers.ts";
 
 const rounds = Number(process.env.TORTURE_ROUNDS ?? 50);
 const seconds = Number(process.env.TORTURE_SECONDS ?? 60);
 const storms = Number(process.env.TORTURE_STORMS ?? 3);
+const postgresSeconds = Number(process.env.TORTURE_POSTGRES_SECONDS ?? 0);
 // The pipeline runs for a quarter of the worker time, at least 10 s.
 const pipelineSeconds = Math.max(10, Math.round(seconds / 4));
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
-for (const [name, value] of [["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["CHAOS_SEED", seed]] as const) {
+for (const [name, value] of [["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["TORTURE_POSTGRES_SECONDS", postgresSeconds], ["CHAOS_SEED", seed]] as const) {
   if (!Number.isInteger(value) || value < 0) {
     console.error(`torture: expected ${name} to be a whole number >= 0, got ${process.env[name]}`);
     process.exit(2);
@@ -89,10 +92,50 @@ try {
     problems.push(`pipeline: ${JSON.stringify(p)}`);
   }
 
-  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries;
-  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost;
-  const doubled = w.doubled + s.doubled + p.doubled;
-  console.log(`total: rounds ${r.rounds + w.runs + storms + 1}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills}, ` +
+  // 5. The pipeline on PostgreSQL: two receivers, three workers, kills, dropped connections, restarts.
+  const pgRuns: PostgresPipelineReport[] = [];
+  if (postgresSeconds > 0) {
+    const half = Math.max(5, Math.round(postgresSeconds / 2));
+    const report = (name: string, q: PostgresPipelineReport) => {
+      pgRuns.push(q);
+      console.log(`${name}: ${half} s, ${q.kills} kills (${q.receiverKills} of receivers), ${q.terminations} connections terminated ` +
+        `in ${q.terminateRounds} rounds (${q.terminationsMidTransaction} mid-transaction), ${q.serverRestarts} server restarts, ${q.acked} acknowledged, ${q.deliveries} stored and done ` +
+        `${q.done}, ${q.unavailable} answered 503, balance ${q.balance === q.expected ? "exact" : "WRONG"}, ` +
+        `lost ${q.lostAcked + q.lost}, doubled ${q.doubled}, unexpected exits ${q.unexpectedExits.length}`);
+      if (!q.drained || q.lostAcked > 0 || q.lost > 0 || q.doubled > 0 || q.balance !== q.expected || q.unexpectedExits.length > 0
+        || q.unavailableWithoutRetryAfter > 0) problems.push(`${name}: ${JSON.stringify(q)}`);
+    };
+    if (await postgresSkip() === false) {
+      const schema = await freshSchema("torture");
+      try {
+        report("postgres", await postgresPipeline({
+          url: schema.url, seconds: half, senders: 4, receivers: 2, workers: 3, killEveryMs: 1_000, terminateEveryMs: 1_500, random,
+        }));
+      } finally {
+        await schema.drop();
+      }
+    }
+    const server = await privatePostgres();
+    if (typeof server !== "string") {
+      try {
+        let n = 0;
+        report("postgres restarts", await postgresPipeline({
+          url: `${server.url}?schema=torture`, seconds: half, senders: 4, receivers: 2, workers: 3, killEveryMs: 1_000,
+          terminateEveryMs: 0, restart: { times: Math.max(1, Math.round(half / 10)), run: () => server.restart(n++ % 2 ? "fast" : "immediate") },
+          random,
+        }));
+      } finally {
+        await server.destroy();
+      }
+    }
+  }
+  const pg = pgRuns.reduce((a, q) => ({ deliveries: a.deliveries + q.deliveries, kills: a.kills + q.kills, lost: a.lost + q.lostAcked + q.lost,
+    doubled: a.doubled + q.doubled }), { deliveries: 0, kills: 0, lost: 0, doubled: 0 });
+
+  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries + pg.deliveries;
+  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost + pg.lost;
+  const doubled = w.doubled + s.doubled + p.doubled + pg.doubled;
+  console.log(`total: rounds ${r.rounds + w.runs + storms + 1 + pgRuns.length}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills + pg.kills}, ` +
     `lost=${lost}, doubled=${doubled}, partial=${r.partial.length}, in ${Math.round((Date.now() - started) / 1000)} s`);
 } finally {
   cleanup();
