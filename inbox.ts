@@ -70,6 +70,20 @@ export const DEFAULTS = {
   notifyEveryMs: 25,
   /** Deliveries a bulk command (retry, replay, purge, export) touches per transaction, so none waits behind it long. @default 500 */
   bulkBatch: 500,
+  /** Age after which purge drops the body of a done delivery, keeping its tombstone. @default 7 days */
+  bodiesAfterMs: 7 * 86_400_000,
+  /**
+   * Age after which purge forgets a tombstone, and with it the ID: a copy that arrives later is stored as
+   * new. Longer than any sender resends (Stripe 3 days, GitHub 3, GHES 7, Svix's manual resend at will).
+   * @default 30 days
+   */
+  forgetAfterMs: 30 * 86_400_000,
+  /** Deliveries purge changes per transaction, so no ack waits long behind it. @default 500 */
+  purgeBatch: 500,
+  /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
+  vacuumStepPages: 1_000,
+  /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */
+  purgeEveryMinutes: 60,
   /** Deliveries search() returns when no limit is given. @default 50 */
   searchLimit: 50,
 } as const;
@@ -129,6 +143,54 @@ export interface Filter {
   bodyContains?: string;
   /** The delivery ID, exactly. */
   id?: string;
+}
+
+/** PurgeOptions says what purge() lets go; every field has a default in DEFAULTS. */
+export interface PurgeOptions {
+  /** Drop the bodies of done deliveries received longer ago than this. @default DEFAULTS.bodiesAfterMs */
+  bodiesAfterMs?: number;
+  /** Forget tombstones (and so their IDs) received longer ago than this; must be longer. @default DEFAULTS.forgetAfterMs */
+  forgetAfterMs?: number;
+  /** @default DEFAULTS.purgeBatch */
+  batch?: number;
+  /** Count what would go, and change nothing. @default false */
+  dryRun?: boolean;
+}
+
+/** Purged says what a purge let go (or, in a dry run, would): bodies dropped, their bytes, tombstones forgotten. */
+export interface Purged {
+  bodies: number;
+  bytes: number;
+  forgotten: number;
+  /** SQLite: bytes the incremental vacuum gave back to the file system; 0 elsewhere. */
+  vacuumedBytes: number;
+}
+
+/** Kept is how much the inbox holds: deliveries with their body, tombstones, and the space they take. */
+export interface Kept {
+  bodies: { count: number; bytes: number; oldest: number | null };
+  tombstones: { count: number; oldest: number | null };
+  /** The database's size on disk (SQLite: the file; PostgreSQL: the deliveries table with its indexes and TOAST). */
+  fileBytes: number;
+  /** SQLite: space inside the file that is free for reuse, and whether purge can give it back (auto_vacuum). */
+  freeBytes?: number;
+  autoVacuum?: "none" | "full" | "incremental";
+}
+
+/** purgeCutoffs checks purge's ages and turns them into the two received_at bounds, at now. */
+export function purgeCutoffs(options: PurgeOptions, now: number): { bodiesBefore: number; forgetBefore: number; batch: number } {
+  const bodiesAfterMs = options.bodiesAfterMs ?? DEFAULTS.bodiesAfterMs;
+  const forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
+  for (const [name, value] of [["bodiesAfterMs", bodiesAfterMs], ["forgetAfterMs", forgetAfterMs]] as const) {
+    if (!Number.isFinite(value) || value < 0) throw new TypeError(`purge: expected ${name} to be a number of ms >= 0, got ${value}`);
+  }
+  // A tombstone that goes with its body would let a resend through at once: the memory must outlast it.
+  if (forgetAfterMs <= bodiesAfterMs) {
+    throw new TypeError(`purge: expected forgetAfterMs (${forgetAfterMs}) to be longer than bodiesAfterMs (${bodiesAfterMs})`);
+  }
+  const batch = options.batch ?? DEFAULTS.purgeBatch;
+  if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
+  return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch };
 }
 
 /** Cursor is where a page of search() ended: pass the last delivery (or these three fields) as `after`. */
@@ -310,6 +372,9 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${reason}`, { cause: error });
   }
   try {
+    // Before anything else writes the file: a new database is created able to give freed pages back
+    // (purge's incremental vacuum). On an existing file this does nothing until a VACUUM (vacuum()).
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
     // WAL lets the worker read while the receiver writes, and makes each commit one append.
     db.exec("PRAGMA journal_mode = WAL");
     // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
@@ -488,6 +553,16 @@ export interface Inbox {
    * reset, replays counted, due now. A tombstone has no body to replay; it is counted, not replayed.
    */
   replayMatching(filter: Filter, options?: { batch?: number }): Promise<{ replayed: number; tombstoned: number }>;
+  /**
+   * purge drops the bodies of done deliveries older than bodiesAfterMs, keeping a tombstone (source, ID,
+   * hash, status, times) that store() still answers as a duplicate, and forgets tombstones older than
+   * forgetAfterMs. Failed deliveries keep their bodies. It works in batches, each its own transaction.
+   */
+  purge(options?: PurgeOptions): Promise<Purged>;
+  /** dropBodies makes tombstones of the settled (done or failed) deliveries that match, whatever their age: purge by name. */
+  dropBodies(filter: Filter, options?: { batch?: number; dryRun?: boolean }): Promise<{ bodies: number; bytes: number }>;
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  kept(): Promise<Kept>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
   /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
@@ -749,12 +824,12 @@ export class SqliteInbox implements Inbox {
       if ("allFailed" in target) {
         return this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE status = 'failed'`)
+                    WHERE status = 'failed' AND purged_at IS NULL`)
           .run(now).changes;
       }
       return this
         .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                  WHERE source = ? AND id = ? AND status = 'failed'`)
+                  WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL`)
         .run(now, target.source ?? DEFAULTS.source, target.id).changes;
     }) as Promise<number>;
   }
@@ -923,6 +998,129 @@ export class SqliteInbox implements Inbox {
       if (picked.length < size) return;
       after = picked.at(-1);
     }
+  }
+
+  /** purge drops old done bodies (tombstones stay), forgets old tombstones, then gives the space back. */
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch } = purgeCutoffs(options, this.now());
+    if (options.dryRun) {
+      const bodies = this
+        .sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+              WHERE status = 'done' AND purged_at IS NULL AND received_at < ?`)
+        .get(bodiesBefore) as { n: number; bytes: number };
+      // What is past both ages goes in one run: its body now, then its tombstone.
+      const forgotten = this.sql("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      const both = this.sql("SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      return { bodies: bodies.n, bytes: bodies.bytes, forgotten: forgotten.n + both.n, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await this.enqueue(() => this.dropBatch(
+        "SELECT rowid, length(body) AS bytes FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ? ORDER BY received_at LIMIT ?",
+        [bodiesBefore, batch])) as { n: number; bytes: number };
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch) break;
+    }
+    for (;;) {
+      const n = await this.enqueue(() => Number(this
+        .sql(`DELETE FROM deliveries WHERE rowid IN (
+                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`)
+        .run(forgetBefore, batch).changes)) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    purged.vacuumedBytes = await this.vacuumFree();
+    return purged;
+  }
+
+  /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
+  async dropBodies(filter: Filter, options: { batch?: number; dryRun?: boolean } = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const size = bulkBatchSize(options.batch);
+    const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
+                  WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where} ORDER BY received_at LIMIT ?`;
+    if (options.dryRun) {
+      const r = this.sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+                          WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`).get(...params) as { n: number; bytes: number };
+      return { bodies: r.n, bytes: r.bytes };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await this.enqueue(() => this.dropBatch(pick, [...params, size])) as { n: number; bytes: number };
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    await this.vacuumFree();
+    return total;
+  }
+
+  // dropBatch empties the bodies of the rows a query picks, inside the current transaction. The row stays,
+  // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a conflict.
+  private dropBatch(pick: string, params: SQLInputValue[]): { n: number; bytes: number } {
+    const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
+    const now = this.now();
+    for (const r of rows) {
+      this.sql("UPDATE deliveries SET body = X'', purged_at = ? WHERE rowid = ? AND purged_at IS NULL AND status IN ('done', 'failed')").run(now, r.rowid);
+    }
+    return { n: rows.length, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
+  }
+
+  // vacuumFree gives free pages back to the file system, a bounded step per transaction, when the file
+  // was created with auto_vacuum = INCREMENTAL (see openDatabase; an older file needs vacuum() once).
+  // The file itself shrinks at the next checkpoint, which copies the shorter database out of the WAL.
+  private async vacuumFree(): Promise<number> {
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    if (pragma("auto_vacuum") !== 2) return 0;
+    const pageSize = pragma("page_size");
+    let pages = 0;
+    for (;;) {
+      const free = pragma("freelist_count");
+      if (free === 0) break;
+      const step = Math.min(free, DEFAULTS.vacuumStepPages);
+      await this.enqueue(() => this.db.prepare(`PRAGMA incremental_vacuum(${step})`).all());
+      pages += step;
+    }
+    return pages * pageSize;
+  }
+
+  /**
+   * vacuum rewrites the whole file once, switching it to auto_vacuum = INCREMENTAL, so that purge can shrink
+   * a database created before retention existed. It holds the write lock until done (seconds per GB):
+   * receivers' acks wait meanwhile, so run it in a quiet moment. SQLite only.
+   */
+  async vacuum(): Promise<{ before: number; after: number }> {
+    await this.flush();
+    const size = () => {
+      const { page_count: pages } = this.db.prepare("PRAGMA page_count").get() as { page_count: number };
+      const { page_size: bytes } = this.db.prepare("PRAGMA page_size").get() as { page_size: number };
+      return pages * bytes;
+    };
+    const before = size();
+    this.db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    this.db.exec("VACUUM");
+    this.db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return { before, after: size() };
+  }
+
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  async kept(): Promise<Kept> {
+    const bodies = this
+      .sql("SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NULL")
+      .get() as { n: number; bytes: number; oldest: number | null };
+    const tombstones = this
+      .sql("SELECT count(*) AS n, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NOT NULL")
+      .get() as { n: number; oldest: number | null };
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    const pageSize = pragma("page_size");
+    return {
+      bodies: { count: bodies.n, bytes: bodies.bytes, oldest: bodies.oldest },
+      tombstones: { count: tombstones.n, oldest: tombstones.oldest },
+      fileBytes: pragma("page_count") * pageSize,
+      freeBytes: pragma("freelist_count") * pageSize,
+      autoVacuum: (["none", "full", "incremental"] as const)[pragma("auto_vacuum")] ?? "none",
+    };
   }
 
   /** query runs one statement with `?` parameters: the handler's own tables, and tests. */

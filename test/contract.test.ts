@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, connect, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
+import { SqliteInbox, connect, sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
@@ -266,6 +266,100 @@ for (const backend of BACKENDS) {
         assert.deepEqual((await inbox.list()).map((d) => d.id), ["evt_1", "s1"]);
         assert.deepEqual((await inbox.list({ status: "failed" })).map((d) => d.id), ["s1"]);
         assert.deepEqual((await inbox.list({ source: "default" })).map((d) => d.id), ["evt_1"]);
+      });
+    });
+
+    describe("retention: purge(), dropBodies(), kept()", () => {
+      const DAY = 86_400_000;
+      // Delivered and handled at once: done, its body kept.
+      const handled = async (inbox: Inbox, id: string, payload: unknown = { id }) => {
+        await inbox.store({ id, body: body(payload) });
+        const lease = (await inbox.claim(LEASE))!;
+        assert.equal(await inbox.finish(lease), true);
+      };
+
+      it("drops old done bodies but remembers the IDs: a redelivery is a duplicate and no handler runs again", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 6 * DAY;
+        await handled(inbox, "young");
+        t += 2 * DAY;
+        const purged = await inbox.purge();
+        assert.deepEqual({ ...purged, vacuumedBytes: 0 }, { bodies: 1, bytes: body({ id: "old" }).length, forgotten: 0, vacuumedBytes: 0 });
+        const [old] = await inbox.find("old");
+        assert.deepEqual([old!.status, old!.body.length, old!.purgedAt, old!.bodySha256], ["done", 0, t, sha256(body({ id: "old" }))]);
+        assert.equal((await inbox.find("young"))[0]!.body.length, body({ id: "young" }).length);
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "old" }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "forged" }) }), "conflict", "a different body is still told by its hash");
+        assert.equal((await inbox.find("old"))[0]!.conflicts, 1);
+        let ran = 0;
+        await run(() => void ran++, { inbox, once: true, log: () => {} });
+        assert.equal(ran, 0, "the tombstoned ID is never handled again");
+        assert.deepEqual(await inbox.purge(), { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 }, "run twice, nothing more goes");
+      });
+
+      it("forgets a tombstone after forgetAfterMs: a copy that arrives later is stored as new", async () => {
+        const inbox = await open();
+        await handled(inbox, "evt_1");
+        t += 8 * DAY;
+        await inbox.purge();
+        t += 23 * DAY;
+        assert.equal((await inbox.purge()).forgotten, 1);
+        assert.equal((await inbox.find("evt_1")).length, 0);
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ id: "evt_1" }) }), "stored");
+        assert.equal((await inbox.claim(LEASE))!.id, "evt_1");
+      });
+
+      it("keeps failed bodies until they are purged by name; a tombstone cannot be retried or replayed, and says so", async () => {
+        const inbox = await open();
+        await inbox.store({ id: "bad", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await handled(inbox, "done");
+        t += 40 * DAY;
+        assert.deepEqual((await inbox.purge()).bodies, 1);
+        assert.equal((await inbox.find("bad"))[0]!.body.length, body({}).length, "a failed delivery keeps its body to be fixed and retried");
+        assert.equal((await inbox.find("done")).length, 0, "past both ages: body and tombstone went in one run");
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }, { dryRun: true }), { bodies: 1, bytes: body({}).length });
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }), { bodies: 1, bytes: body({}).length });
+        assert.equal(await inbox.retry({ id: "bad" }), 0);
+        assert.equal(await inbox.retryMatching({}), 0);
+        assert.equal(await inbox.store({ id: "bad", body: body({}) }), "duplicate");
+        await handled(inbox, "replayable");
+        await inbox.dropBodies({ id: "replayable" });
+        assert.deepEqual(await inbox.replayMatching({}), { replayed: 0, tombstoned: 1 });
+      });
+
+      it("dry run counts what would go and changes nothing", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        await handled(inbox, "b");
+        t += 8 * DAY;
+        const before = await inbox.search({}, { limit: 10 });
+        assert.deepEqual(await inbox.purge({ dryRun: true }), { bodies: 2, bytes: 2 * body({ id: "a" }).length, forgotten: 0, vacuumedBytes: 0 });
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+        assert.equal((await inbox.purge({ dryRun: true, bodiesAfterMs: DAY, forgetAfterMs: 2 * DAY })).forgotten, 2);
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+      });
+
+      it("works in bounded batches, and refuses a memory no longer than the bodies", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 7; i++) await handled(inbox, `e${i}`);
+        t += 8 * DAY;
+        assert.equal((await inbox.purge({ batch: 2 })).bodies, 7);
+        await assert.rejects(async () => inbox.purge({ bodiesAfterMs: DAY, forgetAfterMs: DAY }), TypeError);
+      });
+
+      it("kept() counts bodies and tombstones, their bytes and the oldest of each", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        t += 1_000;
+        await handled(inbox, "b");
+        await inbox.store({ id: "c", body: body({ id: "c" }) });
+        await inbox.dropBodies({ id: "a" });
+        const kept = await inbox.kept();
+        assert.deepEqual(kept.bodies, { count: 2, bytes: 2 * body({ id: "b" }).length, oldest: T0 + 1_000 });
+        assert.deepEqual(kept.tombstones, { count: 1, oldest: T0 });
+        assert.ok(kept.fileBytes > 0);
       });
     });
 
