@@ -1,6 +1,7 @@
 // inbox.ts: the durable inbox. The store's contract (Inbox), its node:sqlite backend, connect(), and the
 // operator's CLI. Store every delivery before answering, claim it under a lease, finish it exactly once.
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
+//   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL for the PostgreSQL backend in postgres.ts.
 // Imported by receiver.ts and worker.ts; run directly, it is the CLI at the bottom of this file.
 
@@ -191,6 +192,14 @@ export function purgeCutoffs(options: PurgeOptions, now: number): { bodiesBefore
   const batch = options.batch ?? DEFAULTS.purgeBatch;
   if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
   return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch };
+}
+
+/** BulkOptions tunes a bulk command: retryMatching, replayMatching, dropBodies. */
+export interface BulkOptions {
+  /** Deliveries per transaction. @default DEFAULTS.bulkBatch */
+  batch?: number;
+  /** Count what would change, and change nothing. @default false */
+  dryRun?: boolean;
 }
 
 /** Cursor is where a page of search() ended: pass the last delivery (or these three fields) as `after`. */
@@ -546,13 +555,16 @@ export interface Inbox {
   search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
   count(filter: Filter): Promise<number>;
-  /** retryMatching queues the failed deliveries that match (tombstones aside) again, attempts reset, in batches; returns how many. */
-  retryMatching(filter: Filter, options?: { batch?: number }): Promise<number>;
+  /**
+   * retryMatching queues the failed deliveries that match (tombstones aside) again, attempts reset, in
+   * batches; returns how many. With dryRun it only counts them.
+   */
+  retryMatching(filter: Filter, options?: BulkOptions): Promise<number>;
   /**
    * replayMatching puts the done deliveries that match through the handler again: same key, attempts
    * reset, replays counted, due now. A tombstone has no body to replay; it is counted, not replayed.
    */
-  replayMatching(filter: Filter, options?: { batch?: number }): Promise<{ replayed: number; tombstoned: number }>;
+  replayMatching(filter: Filter, options?: BulkOptions): Promise<{ replayed: number; tombstoned: number }>;
   /**
    * purge drops the bodies of done deliveries older than bodiesAfterMs, keeping a tombstone (source, ID,
    * hash, status, times) that store() still answers as a duplicate, and forgets tombstones older than
@@ -560,7 +572,7 @@ export interface Inbox {
    */
   purge(options?: PurgeOptions): Promise<Purged>;
   /** dropBodies makes tombstones of the settled (done or failed) deliveries that match, whatever their age: purge by name. */
-  dropBodies(filter: Filter, options?: { batch?: number; dryRun?: boolean }): Promise<{ bodies: number; bytes: number }>;
+  dropBodies(filter: Filter, options?: BulkOptions): Promise<{ bodies: number; bytes: number }>;
   /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
   kept(): Promise<Kept>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
@@ -945,9 +957,11 @@ export class SqliteInbox implements Inbox {
   }
 
   /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
-  async retryMatching(filter: Filter, options: { batch?: number } = {}): Promise<number> {
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, "status = 'failed' AND purged_at IS NULL", options.batch, (keys, now) => {
+    await this.inBatches(filter, failed, options.batch, (keys, now) => {
       for (const k of keys) {
         total += Number(this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
@@ -959,9 +973,12 @@ export class SqliteInbox implements Inbox {
   }
 
   /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
-  async replayMatching(filter: Filter, options: { batch?: number } = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, "status = 'done' AND purged_at IS NULL", options.batch, (keys, now) => {
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
       for (const k of keys) {
         replayed += Number(this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
@@ -970,11 +987,12 @@ export class SqliteInbox implements Inbox {
           .run(now, k.source, k.id).changes);
       }
     });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = filterSql(filter, "sqlite");
-    const { n: tombstoned } = this
-      .sql(`SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NOT NULL AND ${where}`)
-      .get(...params) as { n: number };
-    return { replayed, tombstoned };
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`).get(...params) as { n: number }).n;
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
@@ -1035,7 +1053,7 @@ export class SqliteInbox implements Inbox {
   }
 
   /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
-  async dropBodies(filter: Filter, options: { batch?: number; dryRun?: boolean } = {}): Promise<{ bodies: number; bytes: number }> {
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
     const { where, params } = filterSql(filter, "sqlite");
     const size = bulkBatchSize(options.batch);
     const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
@@ -1400,6 +1418,89 @@ async function findOne(inbox: Inbox, id: string, source: string | undefined): Pr
   return found[0]!;
 }
 
+// CliFilters are the filter options every bulk command takes.
+interface CliFilters {
+  source?: string;
+  type?: string;
+  since?: number;
+  until?: number;
+  errorMatch?: string;
+}
+
+function filterOf(opts: CliFilters): Filter {
+  const filter: Filter = {};
+  if (opts.source !== undefined) filter.source = opts.source;
+  if (opts.type !== undefined) filter.type = opts.type;
+  if (opts.since !== undefined) filter.since = opts.since;
+  if (opts.until !== undefined) filter.until = opts.until;
+  if (opts.errorMatch !== undefined) filter.errorMatch = opts.errorMatch;
+  return filter;
+}
+
+const UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
+
+/** parseDuration reads an age such as 90s, 30m, 12h, 7d or 2w as ms, or returns undefined. */
+export function parseDuration(text: string): number | undefined {
+  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$/.exec(text.trim());
+  return match ? Math.round(Number(match[1]) * UNITS[match[2]!]!) : undefined;
+}
+
+/** parseWhen reads an ISO date, or an age meaning that long before now, as ms since the epoch; else undefined. */
+export function parseWhen(text: string, now: number): number | undefined {
+  const ago = parseDuration(text);
+  if (ago !== undefined) return now - ago;
+  // Only what looks like a date: Date.parse would also take "1" or "March".
+  if (!/^\d{4}-\d{2}-\d{2}/.test(text.trim())) return undefined;
+  const ms = Date.parse(text.trim());
+  return Number.isNaN(ms) ? undefined : ms;
+}
+
+function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GB`;
+}
+
+/** ExportLine is one line of `inbox.ts export`: a delivery's every field, its body as base64 and, where it is UTF-8, as text. */
+export type ExportLine = Omit<Delivery, "body"> & { bodyBytes: number; body: string | null; bodyBase64: string };
+
+/** exportLine turns a delivery into its line of an export. */
+export function exportLine(d: Delivery): ExportLine {
+  const { body, ...rest } = d;
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
+}
+
+/** importLine reads a line of an export back into a delivery, checking its fields and its body against the hash. */
+export function importLine(line: unknown): Delivery {
+  if (line === null || typeof line !== "object" || Array.isArray(line)) throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
+  const o = line as Record<string, unknown>;
+  // Typed never, so each field takes the type its slot in Delivery asks for; the checks here make it so.
+  const need = (key: string, kind: "string" | "number", nullable = false): never => {
+    const v = o[key];
+    if ((v === null || v === undefined) && nullable) return null as never;
+    if (typeof v !== kind || (kind === "number" && !Number.isFinite(v))) throw new TypeError(`expected ${key} to be a ${kind}${nullable ? " or null" : ""}, got ${JSON.stringify(v)}`);
+    return v as never;
+  };
+  const status: Status = need("status", "string");
+  if (!STATUSES.includes(status)) throw new TypeError(`expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(status)}`);
+  const base64: string = need("bodyBase64", "string");
+  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(base64)) throw new TypeError("expected bodyBase64 to be base64");
+  const body = Buffer.from(base64, "base64");
+  const d: Delivery = {
+    source: need("source", "string"), id: need("id", "string"), body, bodySha256: need("bodySha256", "string"),
+    contentType: need("contentType", "string", true), eventType: need("eventType", "string", true),
+    providerTime: need("providerTime", "number", true), receivedAt: need("receivedAt", "number"), status,
+    attempts: need("attempts", "number"), availableAt: need("availableAt", "number"), leasedUntil: need("leasedUntil", "number", true),
+    error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
+    replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
+  };
+  // A tombstone's body is gone on purpose; any other body must be the one its hash names.
+  if (d.purgedAt === null && sha256(body) !== d.bodySha256) throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
+  return d;
+}
+
 async function cli(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, CommanderError } = await import("commander");
   const program = new Command("inbox.ts")
@@ -1414,6 +1515,11 @@ Examples:
   npx tsx inbox.ts show evt_100
   npx tsx inbox.ts retry evt_100
   npx tsx inbox.ts retry --all-failed
+  npx tsx inbox.ts retry --failed --source stripe --error-match timeout --since 2h --dry-run
+  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 3d
+  npx tsx inbox.ts purge --dry-run
+  npx tsx inbox.ts export --since 30d --out archive.jsonl
+  npx tsx inbox.ts import archive.jsonl --db other.db
   npx tsx inbox.ts status --db postgres://127.0.0.1:5432/test?schema=inbox
   npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
 
@@ -1440,6 +1546,22 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     return connect(path);
   };
   const open = (opts: { db?: string }) => openTarget(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+  const duration = (value: string) => {
+    const ms = parseDuration(value);
+    if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
+    return ms;
+  };
+  const when = (value: string) => {
+    const ms = parseWhen(value, Date.now());
+    if (ms === undefined) throw new InvalidArgumentError("expected an ISO date (2026-01-05, 2026-01-05T12:00:00Z) or an age ago (2h, 3d).");
+    return ms;
+  };
+  const withFilters = (command: InstanceType<typeof Command>) => command
+    .option("--source <name>", "only this source")
+    .option("--type <type>", "only this event type")
+    .option("--since <when>", "received at or after: an ISO date, or an age ago (2h, 3d)", when)
+    .option("--until <when>", "received before: an ISO date, or an age ago", when)
+    .option("--error-match <text>", "whose last error contains this text (any case)");
 
   withDb(program.command("status"))
     .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
@@ -1448,7 +1570,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
       const inbox = await open(opts);
       try {
         const s = await inbox.status();
-        if (opts.json) return void console.log(JSON.stringify(s, null, 2));
+        const kept = await inbox.kept();
+        if (opts.json) return void console.log(JSON.stringify({ ...s, kept }, null, 2));
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
@@ -1469,6 +1592,13 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         if (s.conflicts.deliveries > 0) {
           console.log(`conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`);
         }
+        // How much is kept, so an operator sees retention at work (or that the file predates it).
+        if (STATUSES.every((name) => s.counts[name] === 0)) return;
+        const oldest = (t: number | null) => (t === null ? "" : `, oldest ${iso(t)}`);
+        console.log(`kept: ${kept.bodies.count} with their body (${bytes(kept.bodies.bytes)}${oldest(kept.bodies.oldest)}); ${kept.tombstones.count} tombstones${oldest(kept.tombstones.oldest)}`);
+        const free = kept.freeBytes ? `, ${bytes(kept.freeBytes)} of it free for reuse` : "";
+        const shrink = kept.autoVacuum === "none" ? " (made before retention: run `purge --vacuum` once so purges can shrink it)" : "";
+        console.log(`on disk: ${bytes(kept.fileBytes)}${free}${shrink}`);
       } finally {
         await inbox.close();
       }
@@ -1519,26 +1649,224 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
       }
     });
 
-  withDb(program.command("retry [id]"))
-    .description("put a failed delivery (or every failed one) back in the queue, attempts reset")
-    .option("--source <name>", "the delivery's source, when IDs clash")
+  withFilters(withDb(program.command("retry [id]")))
+    .description("put failed deliveries back in the queue, attempts reset: one by ID, every failed one, or those a filter matches")
     .option("--all-failed", "retry every failed delivery")
-    .action(async (id: string | undefined, opts: { db?: string; source?: string; allFailed?: boolean }) => {
-      if (opts.allFailed && id !== undefined) throw new UsageError("Give either an ID or --all-failed, not both.");
-      if (!opts.allFailed && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed.");
+    .option("--failed", "retry the failed deliveries that the filters match")
+    .option("--dry-run", "say how many would be retried, and change nothing")
+    .option("--json", "print the count as JSON")
+    .addHelpText("after", `
+A failed delivery whose body was purged (a tombstone) cannot be retried. Bulk retries go in batches of
+${DEFAULTS.bulkBatch}, each its own transaction, beside a running worker; run twice, the second finds nothing.
+
+Examples:
+  npx tsx inbox.ts retry evt_100
+  npx tsx inbox.ts retry --failed --source stripe --error-match timeout --since 2h --dry-run
+  npx tsx inbox.ts retry --all-failed`)
+    .action(async (id: string | undefined, opts: CliFilters & { db?: string; allFailed?: boolean; failed?: boolean; dryRun?: boolean; json?: boolean }) => {
+      const bulk = opts.allFailed || opts.failed;
+      if (opts.allFailed && opts.failed) throw new UsageError("Give either --all-failed or --failed with filters, not both.");
+      if (bulk && id !== undefined) throw new UsageError(`Give either an ID or ${opts.allFailed ? "--all-failed" : "--failed"}, not both.`);
+      if (!bulk && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed. To retry some, --failed with filters.");
+      const filter = filterOf(opts);
+      if (opts.allFailed && Object.keys(filter).some((k) => k !== "source")) throw new UsageError("--all-failed takes no filters; use --failed with them.");
       const inbox = await open(opts);
       try {
-        if (opts.allFailed) {
-          const n = await inbox.retry({ allFailed: true });
-          return void console.log(n === 1 ? "Queued 1 failed delivery again." : `Queued ${n} failed deliveries again.`);
+        if (bulk) {
+          const n = await inbox.retryMatching(filter, { dryRun: opts.dryRun });
+          if (opts.json) return void console.log(JSON.stringify({ matched: n, retried: opts.dryRun ? 0 : n, dryRun: opts.dryRun === true }));
+          const what = n === 1 ? "1 failed delivery" : `${n} failed deliveries`;
+          return void console.log(opts.dryRun ? `Would queue ${what} again (dry run: nothing changed).` : `Queued ${what} again.`);
         }
         const d = await findOne(inbox, id!, opts.source);
         if (d.status !== "failed") throw new NotFound(`No failed delivery with ID ${id}: it is ${d.status}.`);
+        if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be retried: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
+        if (opts.dryRun) return void console.log(`Would queue ${label(d)} again (dry run: nothing changed).`);
         await inbox.retry({ source: d.source, id: d.id });
         console.log("Queued again.");
       } finally {
         await inbox.close();
       }
+    });
+
+  withFilters(withDb(program.command("replay [id]")))
+    .description("put done deliveries through the handler again (after a handler bug was fixed): one by ID, or those the filters match")
+    .option("--all", "replay every done delivery the filters match, even with no filter at all")
+    .option("--dry-run", "say how many would be replayed, and change nothing")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+A replay is a new attempt of the same delivery (same source and ID, so handlers' idempotency keys hold):
+its attempts start again from zero and its replay count goes up. It needs the body: a tombstone (body
+purged) cannot be replayed, and is counted apart. Batches of ${DEFAULTS.bulkBatch}, each its own transaction.
+
+Examples:
+  npx tsx inbox.ts replay evt_100
+  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 2026-01-05T00:00:00Z --until 1d --dry-run`)
+    .action(async (id: string | undefined, opts: CliFilters & { db?: string; all?: boolean; dryRun?: boolean; json?: boolean }) => {
+      const filter = filterOf(opts);
+      if (id !== undefined && (opts.all || Object.keys(filter).some((k) => k !== "source"))) {
+        throw new UsageError("Give either an ID or filters, not both.");
+      }
+      if (id === undefined && !opts.all && Object.keys(filter).length === 0) {
+        throw new UsageError("Give the ID of a done delivery, some filters (--source, --type, --since …), or --all.");
+      }
+      const inbox = await open(opts);
+      try {
+        if (id !== undefined) {
+          const d = await findOne(inbox, id, opts.source);
+          if (d.status !== "done") throw new NotFound(`No done delivery with ID ${id}: it is ${d.status}.`);
+          if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be replayed: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
+          Object.assign(filter, { source: d.source, id: d.id });
+        }
+        const r = await inbox.replayMatching(filter, { dryRun: opts.dryRun });
+        if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+        const what = r.replayed === 1 ? "1 done delivery" : `${r.replayed} done deliveries`;
+        console.log(opts.dryRun ? `Would replay ${what} (dry run: nothing changed).` : `Replayed ${what}: queued again, attempts reset.`);
+        if (r.tombstoned > 0) console.log(`${r.tombstoned} more matched but cannot be replayed: their bodies were purged (tombstones).`);
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("purge [id]"))
+    .description("let old bodies go: drop the bodies of old done deliveries, keeping tombstones that still answer duplicates, and forget old tombstones")
+    .option("--bodies-after <age>", "drop the bodies of done deliveries older than this (30m, 12h, 7d, 2w)", duration, DEFAULTS.bodiesAfterMs)
+    .option("--forget-after <age>", "forget tombstones older than this; must be longer than --bodies-after", duration, DEFAULTS.forgetAfterMs)
+    .option("--source <name>", "with an ID: the delivery's source, when IDs clash")
+    .option("--dry-run", "say what would go, and change nothing")
+    .option("--vacuum", "SQLite: rewrite the file once so that purges can shrink it (needed for a database made before retention; blocks writers meanwhile)")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+A tombstone keeps a delivery's source, ID, body hash, status and times: a sender that resends the ID gets
+"duplicate" and the handler never runs again; a different body still counts as a conflict. Once a tombstone
+is forgotten, the ID is new again: a copy that arrives later is stored and handled as a new delivery.
+Failed deliveries keep their bodies (so they can be fixed and retried) unless purged by name: purge ID.
+The defaults (7d, 30d) outlast Stripe's (3 days), GitHub's (3, GHES 7) and Svix's (about 28 h) retries.
+
+Examples:
+  npx tsx inbox.ts purge --dry-run
+  npx tsx inbox.ts purge --bodies-after 3d --forget-after 14d
+  npx tsx inbox.ts purge evt_102            # drop one delivery's body (done or failed), keep its tombstone
+  npx tsx inbox.ts purge --vacuum           # once, on a database created before retention existed`)
+    .action(async (id: string | undefined, opts: { db?: string; bodiesAfter: number; forgetAfter: number; source?: string; dryRun?: boolean; vacuum?: boolean; json?: boolean }) => {
+      if (opts.forgetAfter <= opts.bodiesAfter) {
+        throw new UsageError(`--forget-after (${age(opts.forgetAfter)}) must be longer than --bodies-after (${age(opts.bodiesAfter)}): the tombstone must outlive the body.`);
+      }
+      if (opts.source !== undefined && id === undefined) throw new UsageError("--source goes with an ID: purge ID --source NAME.");
+      const inbox = await open(opts);
+      try {
+        if (opts.vacuum) {
+          if (!(inbox instanceof SqliteInbox)) throw new UsageError("--vacuum is for SQLite; PostgreSQL's autovacuum reuses the space.");
+          if (opts.dryRun) return void console.log("Would rewrite the file once with auto_vacuum = INCREMENTAL (dry run: nothing changed).");
+          const { before, after } = await inbox.vacuum();
+          return void console.log(`Vacuumed ${inbox.target}: ${bytes(before)} before, ${bytes(after)} after; later purges give freed space back to the file system.`);
+        }
+        if (id !== undefined) {
+          const d = await findOne(inbox, id, opts.source);
+          if (d.purgedAt !== null) return void console.log(`${label(d)} is already a tombstone (purged at ${iso(d.purgedAt)}).`);
+          if (d.status !== "done" && d.status !== "failed") throw new NotFound(`Delivery ${label(d)} is ${d.status}: only done or failed deliveries can be purged.`);
+          const r = await inbox.dropBodies({ source: d.source, id: d.id }, { dryRun: opts.dryRun });
+          if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+          return void console.log(`${opts.dryRun ? "Would drop" : "Dropped"} the body of ${label(d)} (${bytes(r.bytes)}); its tombstone stays${opts.dryRun ? " (dry run: nothing changed)" : ""}.`);
+        }
+        const r = await inbox.purge({ bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter, dryRun: opts.dryRun });
+        if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+        const verb = opts.dryRun ? "Would drop" : "Dropped";
+        console.log(`${verb} ${r.bodies} ${r.bodies === 1 ? "body" : "bodies"} (${bytes(r.bytes)}) of done deliveries older than ${age(opts.bodiesAfter)}; their tombstones stay.`);
+        console.log(`${opts.dryRun ? "Would forget" : "Forgot"} ${r.forgotten} ${r.forgotten === 1 ? "tombstone" : "tombstones"} older than ${age(opts.forgetAfter)}: those IDs would be stored as new if they came again.`);
+        if (r.vacuumedBytes > 0) console.log(`Gave ${bytes(r.vacuumedBytes)} back to the file system.`);
+        if (opts.dryRun) console.log("(dry run: nothing changed)");
+        const k = await inbox.kept();
+        if (k.autoVacuum === "none" && !opts.dryRun) {
+          console.log(`The file keeps its size (the space is reused for new deliveries): it predates retention; run \`purge --vacuum\` once to let purges shrink it.`);
+        }
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withFilters(withDb(program.command("export")))
+    .description("write deliveries as JSON Lines: every field, and the body as base64 (and as text where it is UTF-8)")
+    .option("--status <status>", `only this status (${STATUSES.join(", ")})`, status)
+    .option("--out <file>", "write to this file instead of stdout")
+    .addHelpText("after", `
+One delivery per line, newest first. Tombstones are exported too (body empty, purgedAt set), so an
+inbox moved with export and import keeps answering their IDs as duplicates. For archiving, and for moving
+between machines; every byte of every body survives the round trip.
+
+Examples:
+  npx tsx inbox.ts export --since 30d --out archive.jsonl
+  npx tsx inbox.ts export --status failed --source stripe | gzip > failed.jsonl.gz`)
+    .action(async (opts: CliFilters & { db?: string; status?: Status; out?: string }) => {
+      const filter: Filter = { ...filterOf(opts), ...(opts.status ? { status: opts.status } : {}) };
+      const inbox = await open(opts);
+      const { createWriteStream } = await import("node:fs");
+      const out = opts.out ? createWriteStream(opts.out) : process.stdout;
+      let n = 0;
+      try {
+        let after: Cursor | undefined;
+        for (;;) {
+          const page = await inbox.search(filter, { after, limit: DEFAULTS.bulkBatch });
+          if (page.length === 0) break;
+          const text = `${page.map((d) => JSON.stringify(exportLine(d))).join("\n")}\n`;
+          if (!out.write(text)) await new Promise<void>((resolve) => out.once("drain", () => resolve()));
+          n += page.length;
+          after = page.at(-1);
+        }
+      } finally {
+        if (opts.out) await new Promise<void>((resolve, reject) => (out as ReturnType<typeof createWriteStream>).end((e?: Error | null) => (e ? reject(e) : resolve())));
+        await inbox.close();
+      }
+      console.error(`Exported ${n} ${n === 1 ? "delivery" : "deliveries"}${opts.out ? ` to ${opts.out}` : ""}.`);
+    });
+
+  withDb(program.command("import <file>"))
+    .description("read deliveries from an export's JSON Lines (- for stdin); those already present are skipped and counted")
+    .option("--dry-run", "check every line and count, and change nothing")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+Every body is checked against its sha256 before anything is written. A delivery whose source and ID are
+already in the inbox is left as it is. Safe to run twice: the second run skips them all.
+
+Examples:
+  npx tsx inbox.ts import archive.jsonl --db other.db
+  gunzip -c failed.jsonl.gz | npx tsx inbox.ts import - --db postgres://127.0.0.1:5432/test?schema=inbox`)
+    .action(async (file: string, opts: { db?: string; dryRun?: boolean; json?: boolean }) => {
+      const { createReadStream } = await import("node:fs");
+      const { createInterface } = await import("node:readline");
+      if (file !== "-" && !existsSync(file)) throw new NotFound(`No such file: ${file}`);
+      const inbox = await connect(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+      let [lines, added, skipped] = [0, 0, 0];
+      try {
+        let batch: Delivery[] = [];
+        const flush = async () => {
+          if (batch.length === 0) return;
+          if (opts.dryRun) {
+            for (const d of batch) ((await inbox.find(d.id, d.source)).length > 0 ? skipped++ : added++);
+          } else {
+            const n = await inbox.restore(batch);
+            added += n;
+            skipped += batch.length - n;
+          }
+          batch = [];
+        };
+        const input = file === "-" ? process.stdin : createReadStream(file);
+        for await (const line of createInterface({ input, crlfDelay: Infinity })) {
+          lines++;
+          if (line.trim() === "") continue;
+          try {
+            batch.push(importLine(JSON.parse(line)));
+          } catch (error) {
+            throw new UsageError(`${file}:${lines}: ${message(error)}`);
+          }
+          if (batch.length >= DEFAULTS.bulkBatch) await flush();
+        }
+        await flush();
+      } finally {
+        await inbox.close();
+      }
+      if (opts.json) return void console.log(JSON.stringify({ imported: added, skipped, dryRun: opts.dryRun === true }));
+      console.log(`${opts.dryRun ? "Would import" : "Imported"} ${added} ${added === 1 ? "delivery" : "deliveries"}; skipped ${skipped} already present${opts.dryRun ? " (dry run: nothing changed)" : ""}.`);
     });
 
   program.command("copy")

@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, bulkBatchSize, filterSql, message, searchPageLimit, sha256, purgeCutoffs, type Backend, type Cursor, type Filter,
+  DEFAULTS, backoff, bulkBatchSize, filterSql, message, searchPageLimit, sha256, purgeCutoffs, type Backend, type BulkOptions, type Cursor, type Filter,
   type Kept, type PurgeOptions, type Purged, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
@@ -456,9 +456,11 @@ export class PostgresInbox implements Inbox {
     return Number(rows[0].n);
   }
 
-  async retryMatching(filter: Filter, options: { batch?: number } = {}): Promise<number> {
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, "status = 'failed' AND purged_at IS NULL", options.batch, async (client, keys) => {
+    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
       const { rowCount } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'`,
@@ -470,9 +472,12 @@ export class PostgresInbox implements Inbox {
     return total;
   }
 
-  async replayMatching(filter: Filter, options: { batch?: number } = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, "status = 'done' AND purged_at IS NULL", options.batch, async (client, keys) => {
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
       const { rowCount } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
@@ -483,10 +488,13 @@ export class PostgresInbox implements Inbox {
       replayed += rowCount ?? 0;
       this.notify(client, rowCount ?? 0);
     });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = filterSql(filter, "postgres");
-    const { rows } = await this.pool.query(
-      toPg(`SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NOT NULL AND ${where}`), params);
-    return { replayed, tombstoned: Number(rows[0].n) };
+    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`), params);
+    return Number(rows[0].n);
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
@@ -549,7 +557,7 @@ export class PostgresInbox implements Inbox {
     return purged;
   }
 
-  async dropBodies(filter: Filter, options: { batch?: number; dryRun?: boolean } = {}): Promise<{ bodies: number; bytes: number }> {
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
     const { where, params } = filterSql(filter, "postgres");
     const size = bulkBatchSize(options.batch);
     const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
