@@ -1468,7 +1468,8 @@ export type ExportLine = Omit<Delivery, "body"> & { bodyBytes: number; body: str
 /** exportLine turns a delivery into its line of an export. */
 export function exportLine(d: Delivery): ExportLine {
   const { body, ...rest } = d;
-  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  // ignoreBOM keeps a leading BOM in the text, so the text alone is also every byte of the body.
+  const text = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true }).decode(body);
   return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
 }
 
