@@ -156,6 +156,8 @@ export interface PurgeOptions {
   batch?: number;
   /** Count what would go, and change nothing. @default false */
   dryRun?: boolean;
+  /** Abort to stop after the batch in flight (a stopping worker). @default undefined */
+  signal?: AbortSignal;
 }
 
 /** Purged says what a purge let go (or, in a dry run, would): bodies dropped, their bytes, tombstones forgotten. */
@@ -1038,9 +1040,10 @@ export class SqliteInbox implements Inbox {
         [bodiesBefore, batch])) as { n: number; bytes: number };
       purged.bodies += n;
       purged.bytes += bytes;
-      if (n < batch) break;
+      if (n < batch || options.signal?.aborted) break;
     }
     for (;;) {
+      if (options.signal?.aborted) return purged;
       const n = await this.enqueue(() => Number(this
         .sql(`DELETE FROM deliveries WHERE rowid IN (
                 SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`)
@@ -1048,7 +1051,7 @@ export class SqliteInbox implements Inbox {
       purged.forgotten += n;
       if (n < batch) break;
     }
-    purged.vacuumedBytes = await this.vacuumFree();
+    purged.vacuumedBytes = await this.vacuumFree(options.signal);
     return purged;
   }
 
@@ -1088,14 +1091,14 @@ export class SqliteInbox implements Inbox {
   // vacuumFree gives free pages back to the file system, a bounded step per transaction, when the file
   // was created with auto_vacuum = INCREMENTAL (see openDatabase; an older file needs vacuum() once).
   // The file itself shrinks at the next checkpoint, which copies the shorter database out of the WAL.
-  private async vacuumFree(): Promise<number> {
+  private async vacuumFree(signal?: AbortSignal): Promise<number> {
     const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
     if (pragma("auto_vacuum") !== 2) return 0;
     const pageSize = pragma("page_size");
     let pages = 0;
     for (;;) {
       const free = pragma("freelist_count");
-      if (free === 0) break;
+      if (free === 0 || signal?.aborted) break;
       const step = Math.min(free, DEFAULTS.vacuumStepPages);
       await this.enqueue(() => this.db.prepare(`PRAGMA incremental_vacuum(${step})`).all());
       pages += step;

@@ -541,10 +541,11 @@ export class PostgresInbox implements Inbox {
         "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch);
       purged.bodies += n;
       purged.bytes += bytes;
-      if (n < batch) break;
+      if (n < batch || options.signal?.aborted) break;
     }
     // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
     for (;;) {
+      if (options.signal?.aborted) return purged;
       const n = await this.other(async (client) => (await client.query(
         `DELETE FROM deliveries WHERE (source, id) IN (
            SELECT source, id FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1

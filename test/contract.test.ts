@@ -349,6 +349,20 @@ for (const backend of BACKENDS) {
         await assert.rejects(async () => inbox.purge({ bodiesAfterMs: DAY, forgetAfterMs: DAY }), TypeError);
       });
 
+      it("a worker run with purge set purges at start, beside its handlers, and logs what went", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 8 * DAY;
+        await inbox.store({ id: "new", body: body({ id: "new" }) });
+        const lines: string[] = [];
+        let ran = 0;
+        const stats = await run(() => void ran++, { inbox, once: true, log: (l) => lines.push(l), purge: { everyMs: 60_000 } });
+        assert.deepEqual([stats.done, ran], [1, 1]);
+        assert.equal((await inbox.find("old"))[0]!.purgedAt, t);
+        assert.ok(lines.some((l) => /^purge: dropped 1 bodies \(12 bytes\), forgot 0 tombstones/.test(l)), lines.join("\n"));
+        await assert.rejects(run(() => {}, { inbox, once: true, purge: { everyMs: 0 } }), TypeError);
+      });
+
       it("kept() counts bodies and tombstones, their bytes and the oldest of each", async () => {
         const inbox = await open();
         await handled(inbox, "a");
