@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, bulkBatchSize, filterSql, message, searchPageLimit, sha256, purgeCutoffs, type Backend, type BulkOptions, type Cursor, type Filter,
+  DEFAULTS, backoff, bulkBatchSize, filterSql, message, searchPageLimit, sha256, paced, purgeCutoffs, type Backend, type BulkOptions, type Cursor, type Filter,
   type Kept, type PurgeOptions, type Purged, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
@@ -524,7 +524,7 @@ export class PostgresInbox implements Inbox {
   }
 
   async purge(options: PurgeOptions = {}): Promise<Purged> {
-    const { bodiesBefore, forgetBefore, batch } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
     if (options.dryRun) {
       const { rows } = await this.pool.query(
         `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
@@ -537,8 +537,8 @@ export class PostgresInbox implements Inbox {
     }
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
     for (;;) {
-      const { n, bytes } = await this.dropBatch(
-        "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch);
+      const { n, bytes } = await paced(rest, () => this.dropBatch(
+        "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch));
       purged.bodies += n;
       purged.bytes += bytes;
       if (n < batch || options.signal?.aborted) break;
@@ -546,12 +546,12 @@ export class PostgresInbox implements Inbox {
     // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
     for (;;) {
       if (options.signal?.aborted) return purged;
-      const n = await this.other(async (client) => (await client.query(
+      const n = await paced(rest, () => this.other(async (client) => (await client.query(
         `DELETE FROM deliveries WHERE (source, id) IN (
            SELECT source, id FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
            ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
         [forgetBefore, batch],
-      )).rowCount ?? 0) as number;
+      )).rowCount ?? 0)) as number;
       purged.forgotten += n;
       if (n < batch) break;
     }
@@ -569,7 +569,7 @@ export class PostgresInbox implements Inbox {
     }
     const total = { bodies: 0, bytes: 0 };
     for (;;) {
-      const { n, bytes } = await this.dropBatch(also, params, size);
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
       total.bodies += n;
       total.bytes += bytes;
       if (n < size) break;
