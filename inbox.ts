@@ -261,7 +261,10 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   const params: SqlValue[] = [];
   const add = (sql: string, value: SqlValue) => void (where.push(sql), params.push(value));
   if (filter.status !== undefined) add("status = ?", filter.status);
-  if (filter.source !== undefined) add("source = ?", filter.source);
+  // SQLite: +source keeps the planner off the (source, id) key, which would gather a whole source and
+  // sort it (300 ms at 1M rows); walking received_at newest first finds a page at once. Not with an ID,
+  // where the key is the way in.
+  if (filter.source !== undefined) add(pg || filter.id !== undefined ? "source = ?" : "+source = ?", filter.source);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
