@@ -444,6 +444,25 @@ for (const backend of BACKENDS) {
         assert.equal((await inbox.search({})).length, 25, "the default limit is above 25");
       });
 
+      it("replays beside a running worker: each delivery at most once per run, and every one ends done", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 40; i++) await inbox.store({ id: `e${i}`, body: body({ i }) });
+        const handled = new Map<string, number>();
+        const stop = new AbortController();
+        const worker = run((job) => void handled.set(job.delivery.id, (handled.get(job.delivery.id) ?? 0) + 1),
+          { inbox, concurrency: 4, pollMaxMs: 5, signal: stop.signal, log: () => {} });
+        while ((await inbox.count({ status: "done" })) < 10) await new Promise((resolve) => setTimeout(resolve, 2));
+        const { replayed } = await inbox.replayMatching({}, { batch: 3 });
+        assert.ok(replayed >= 10, `replayed ${replayed}`);
+        while ((await inbox.count({ status: "done" })) < 40) await new Promise((resolve) => setTimeout(resolve, 2));
+        stop.abort();
+        await worker;
+        const all = await inbox.search({}, { limit: 100 });
+        assert.equal(all.filter((d) => d.replays === 1).length, replayed);
+        assert.ok(all.every((d) => d.replays <= 1));
+        assert.equal([...handled.values()].reduce((a, b) => a + b, 0), 40 + replayed, "the handler ran once per delivery, and once per replay");
+      });
+
       it("refuses a filter it does not know, rather than matching everything", async () => {
         const inbox = await open();
         await assert.rejects(async () => inbox.search({ staus: "failed" } as never), TypeError);
