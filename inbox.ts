@@ -69,7 +69,7 @@ export const DEFAULTS = {
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
   notifyEveryMs: 25,
-  /** Deliveries a bulk command (retry, replay, purge, export) touches per transaction, so none waits behind it long. @default 500 */
+  /** Deliveries a bulk command (retry, replay, purge by name, export, import) touches per transaction, so none waits behind it long. @default 500 */
   bulkBatch: 500,
   /** Age after which purge drops the body of a done delivery, keeping its tombstone. @default 7 days */
   bodiesAfterMs: 7 * 86_400_000,
@@ -1536,6 +1536,10 @@ export function importLine(line: unknown): Delivery {
     error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
     replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
   };
+  // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
+  if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {
+    throw new TypeError(`expected a tombstone (purgedAt set) to be done or failed, got ${d.status}`);
+  }
   // A tombstone's body is gone on purpose; any other body must be the one its hash names.
   if (d.purgedAt === null && sha256(body) !== d.bodySha256) throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
   return d;

@@ -279,6 +279,7 @@ describe("importLine()", () => {
     await inbox.close();
     const line = exportLine(d!);
     assert.deepEqual(importLine(JSON.parse(JSON.stringify(line))).body, Buffer.from("{}"));
+    assert.throws(() => importLine({ ...line, purgedAt: 1, bodyBase64: "" }), /expected a tombstone \(purgedAt set\) to be done or failed, got received/);
     const file = join(dir.dir, "forged.jsonl");
     writeFileSync(file, `${JSON.stringify(line)}\n${JSON.stringify({ ...line, id: "evt_2", bodyBase64: Buffer.from("[]").toString("base64") })}\n`);
     const r = await cli("import", file, "--db", join(dir.dir, "other.db"));
