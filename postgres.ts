@@ -6,7 +6,8 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import {
-  DEFAULTS, backoff, message, sha256, toGauges, type Backend, type Gauges, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, backoff, bulkBatchSize, filterSql, message, searchPageLimit, sha256, paced, purgeCutoffs, toGauges, type Backend, type BulkOptions,
+  type Cursor, type Filter, type Gauges, type Kept, type PurgeOptions, type Purged, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -37,6 +38,16 @@ const MIGRATIONS: readonly string[] = [
    -- Partial, so a claim walks only what is waiting, however many done rows pile up behind it.
    CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status IN ('received', 'processing');
    CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+
+  // Replays, tombstones (a purged body leaves the row with its hash and times, so its ID is still a
+  // duplicate and store() stays one INSERT), and what keeps search and the bulk commands off full scans.
+  `ALTER TABLE deliveries ADD COLUMN replays integer NOT NULL DEFAULT 0;
+   ALTER TABLE deliveries ADD COLUMN purged_at bigint;
+   -- Only done rows with a body: what purge drops next and replay may take, without walking tombstones.
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
+   -- Newest first, for search() and the operator's list: the one index on every row besides the key.
+   CREATE INDEX deliveries_received ON deliveries (received_at);`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -72,6 +83,8 @@ function toDelivery(row: Row): Delivery {
     error: row.error as string | null,
     conflicts: row.conflicts as number,
     finishedAt: row.finished_at as number | null,
+    replays: row.replays as number,
+    purgedAt: row.purged_at as number | null,
   };
 }
 
@@ -365,12 +378,12 @@ export class PostgresInbox implements Inbox {
       const { rowCount } = "allFailed" in target
         ? await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE status = 'failed'`,
+           WHERE status = 'failed' AND purged_at IS NULL`,
           [this.now()],
         )
         : await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed'`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL`,
           [this.now(), target.source ?? DEFAULTS.source, target.id],
         );
       this.notify(client, rowCount ?? 0);
@@ -448,21 +461,198 @@ export class PostgresInbox implements Inbox {
     return this.other(async (client) => {
       const { rowCount } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
+                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                 replays, purged_at)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
-                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa
+                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
-                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa)
+                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
+                     $17::integer[], $18::bigint[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu)
          ORDER BY s, i
          ON CONFLICT (source, id) DO NOTHING`,
         [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
           col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
-          col("error"), col("conflicts"), col("finishedAt")],
+          col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null)],
       );
       return rowCount ?? 0;
     }) as Promise<number>;
+  }
+
+  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+    const { where, params } = filterSql(filter, "postgres");
+    const limit = searchPageLimit(page.limit);
+    // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
+    const after = page.after === undefined ? ""
+      : "AND received_at <= ?::bigint AND (received_at, source, id) < (?::bigint, ?::text, ?::text)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id];
+    const { rows } = await this.pool.query(
+      toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC LIMIT ?::integer`),
+      [...params, ...cursor, limit],
+    );
+    return rows.map(toDelivery);
+  }
+
+  async count(filter: Filter): Promise<number> {
+    const { where, params } = filterSql(filter, "postgres");
+    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
+    return Number(rows[0].n);
+  }
+
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
+    let total = 0;
+    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
+      const { rowCount } = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+         FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
+      );
+      total += rowCount ?? 0;
+      this.notify(client, rowCount ?? 0);
+    });
+    return total;
+  }
+
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+      const { rowCount } = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+                finished_at = NULL, leased_until = NULL, lease_token = NULL
+         FROM unnest($2::text[], $3::text[]) AS u(s, i)
+         WHERE d.source = u.s AND d.id = u.i AND d.status = 'done' AND d.purged_at IS NULL`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
+      );
+      replayed += rowCount ?? 0;
+      this.notify(client, rowCount ?? 0);
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
+    const { where, params } = filterSql(filter, "postgres");
+    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`), params);
+    return Number(rows[0].n);
+  }
+
+  // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
+  // rows and handing their keys to act inside it. The cursor moves past every batch, so a delivery a
+  // worker changes meanwhile (retried, then failed again) is never taken twice in one run.
+  private async inBatches(
+    filter: Filter, also: string, batch: number | undefined, act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
+  ): Promise<void> {
+    const size = bulkBatchSize(batch);
+    const { where, params } = filterSql(filter, "postgres");
+    let after: Cursor | undefined;
+    for (;;) {
+      const picked = await this.other(async (client) => {
+        const cursor = after === undefined ? "" : "AND received_at >= ?::bigint AND (received_at, source, id) > (?::bigint, ?::text, ?::text)";
+        const { rows } = await client.query(
+          toPg(`SELECT received_at, source, id FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id LIMIT ?::integer FOR UPDATE`),
+          [...params, ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id] : []), size],
+        );
+        const keys = rows.map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string }));
+        if (keys.length > 0) await act(client, keys);
+        return keys;
+      }) as Cursor[];
+      if (picked.length < size) return;
+      after = picked.at(-1);
+    }
+  }
+
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
+                (SELECT coalesce(sum(octet_length(body)), 0) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bytes,
+                (SELECT count(*) FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $2)
+                + (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $2) AS forgotten`,
+        [bodiesBefore, forgetBefore],
+      );
+      return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(rest, () => this.dropBatch(
+        "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch));
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = await paced(rest, () => this.other(async (client) => (await client.query(
+        `DELETE FROM deliveries WHERE (source, id) IN (
+           SELECT source, id FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
+           ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+        [forgetBefore, batch],
+      )).rowCount ?? 0)) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    return purged;
+  }
+
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "postgres");
+    const size = bulkBatchSize(options.batch);
+    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`), params);
+      return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    return total;
+  }
+
+  // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
+  // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
+  private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        toPg(`WITH p AS (SELECT source, id, octet_length(body) AS bytes FROM deliveries WHERE ${where}
+                         ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
+              UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
+              WHERE d.source = p.source AND d.id = p.id AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
+              RETURNING p.bytes`),
+        [...params, batch, this.pinned ? this.pinned() : Date.now()],
+      );
+      return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
+    }) as Promise<{ n: number; bytes: number }>;
+  }
+
+  async kept(): Promise<Kept> {
+    const { rows } = await this.pool.query(
+      `SELECT count(*) FILTER (WHERE purged_at IS NULL) AS bodies,
+              coalesce(sum(octet_length(body)) FILTER (WHERE purged_at IS NULL), 0) AS bytes,
+              min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
+              count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
+              min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
+              pg_total_relation_size('deliveries') AS file
+       FROM deliveries`,
+    );
+    const r = rows[0];
+    return {
+      bodies: { count: r.bodies, bytes: Number(r.bytes), oldest: r.oldest_body },
+      tombstones: { count: r.tombstones, oldest: r.oldest_tombstone },
+      fileBytes: r.file,
+    };
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {

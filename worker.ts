@@ -1,13 +1,13 @@
 // worker.ts: the polling worker. It claims due deliveries under a lease, runs a handler on each, and
 // commits the handler's local writes together with the done mark, so they happen exactly once.
 //   npx tsx worker.ts --once          # drain the queue, then exit
-//   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60]
+//   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60] [--purge-every [minutes]]
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
 import {
-  DEFAULTS, LOG_FORMATS, PermanentError, connect, jsonLine, label, lineLog, message, progress, type Inbox, type Lease, type LocalWrite,
-  type Log, type LogFormat, type Progress,
+  DEFAULTS, LOG_FORMATS, PermanentError, connect, jsonLine, label, lineLog, message, parseDuration, progress, type Inbox, type Lease,
+  type LocalWrite, type Log, type LogFormat, type Progress, type PurgeOptions,
 } from "./inbox.ts";
 import type { Metrics } from "./metrics.ts";
 
@@ -57,6 +57,11 @@ export interface WorkerOptions {
   metrics?: Metrics;
   /** The counters to count into, for a caller that watches them while the run goes on. @default fresh ones */
   stats?: RunStats;
+  /**
+   * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
+   * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
+   */
+  purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number };
 }
 
 /** RunStats counts what happened to the deliveries a run claimed. */
@@ -82,6 +87,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
     if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
   }
+  if (options.purge && !(options.purge.everyMs >= 1)) throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
   // Claimed leases whose handler has not started: concurrency bounds the handlers, not the claims.
@@ -110,6 +116,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   stop?.addEventListener("abort", () => wake(), { once: true });
   // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
   const unwake = inbox.onWake(() => wake());
+  const purging = schedulePurge(inbox, options.purge, stop, log);
 
   const heartbeat = setInterval(() => {
     for (const [lease, controller] of active) {
@@ -268,12 +275,45 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   } finally {
     clearInterval(heartbeat);
     unwake();
+    await purging.stop();
   }
   return stats;
 }
 
 // Fast handlers claim ahead this many ms of their own work per handler slot (see claimSize).
 const CLAIM_AHEAD_MS = 5;
+
+// schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
+// after the batch in flight. A failed purge is logged and tried again next time: the queue comes first.
+function schedulePurge(
+  inbox: Inbox, purge: WorkerOptions["purge"], signal: AbortSignal | undefined, log: (line: string) => void,
+): { stop(): Promise<void> } {
+  if (purge === undefined) return { stop: async () => {} };
+  const { everyMs, ...ages } = purge;
+  const stopped = new AbortController();
+  signal?.addEventListener("abort", () => stopped.abort(), { once: true });
+  let running: Promise<void> = Promise.resolve();
+  const once = () => {
+    running = inbox.purge({ ...ages, signal: stopped.signal }).then(
+      (r) => {
+        if (r.bodies > 0 || r.forgotten > 0) {
+          log(`purge: dropped ${r.bodies} bodies (${r.bytes} bytes), forgot ${r.forgotten} tombstones${r.vacuumedBytes ? `, gave ${r.vacuumedBytes} bytes back` : ""}`);
+        }
+      },
+      (error: unknown) => log(`purge failed (${message(error)}); trying again in ${Math.round(everyMs / 60_000)} min`),
+    );
+  };
+  once();
+  const timer = setInterval(() => void running.then(() => !stopped.signal.aborted && once()), everyMs);
+  timer.unref();
+  return {
+    stop: async () => {
+      clearInterval(timer);
+      stopped.abort();
+      await running;
+    },
+  };
+}
 
 // JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
 // which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
@@ -323,6 +363,11 @@ async function main(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError("expected a port number, 0 to 65535.");
     return n;
   };
+  const age = (value: string) => {
+    const ms = parseDuration(value);
+    if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
+    return ms;
+  };
   const program = new Command("worker.ts")
     .description("Process stored deliveries: record each payment exactly once.")
     .option("--once", "drain the deliveries that are due, then exit")
@@ -335,10 +380,16 @@ async function main(argv: string[]): Promise<void> {
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
+    .option("--purge-every [minutes]", `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`, whole)
+    .option("--bodies-after <age>", "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)", age, DEFAULTS.bodiesAfterMs)
+    .option("--forget-after <age>", "with --purge-every: forget tombstones older than this; longer than --bodies-after", age, DEFAULTS.forgetAfterMs)
     .addHelpText("after", `
 On a terminal, --once shows its progress on stderr: done of the backlog, the rate, the time left.
+Purging is off unless --purge-every is given, because it lets bodies go: see \`inbox.ts purge --help\`.
+Give it to one worker; each purge goes in batches of ${DEFAULTS.purgeBatch}, each its own transaction.
 
 Examples:
+  npx tsx worker.ts --purge-every --bodies-after 7d --forget-after 30d
   npx tsx worker.ts --once
   npx tsx worker.ts --db /tmp/inbox.db --concurrency 32
   npx tsx worker.ts --metrics-port 9464 --log-format json
@@ -348,10 +399,15 @@ Examples:
   await program.parseAsync(argv);
   const opts = program.opts<{
     once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
-    logFormat: LogFormat; metricsPort?: number; metricsHost: string;
+    logFormat: LogFormat; metricsPort?: number; metricsHost: string; purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
+  if (opts.forgetAfter <= opts.bodiesAfter) {
+    say("worker: --forget-after must be longer than --bodies-after: the tombstone must outlive the body (run with --help for usage)", "error");
+    process.exit(2);
+  }
+  const purgeEveryMs = opts.purgeEvery === undefined ? undefined : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
@@ -407,6 +463,7 @@ Examples:
     await run(recordPayment, {
       inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
       signal: stop.signal, log, metrics, stats,
+      purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
     });
   } catch (error) {
     lines.flush();

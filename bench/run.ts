@@ -12,7 +12,9 @@ import { mixed } from "./mixed.ts";
 import { observe } from "./observe.ts";
 import { worker } from "./worker.ts";
 
-const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed, observe };
+const BENCHES: Record<string, () => Promise<string>> = {
+  ingest, latency, worker, mixed, observe, purge: async () => (await import("./purge.ts")).purge(),
+};
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, connect, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
+import { SqliteInbox, connect, sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
@@ -346,6 +346,233 @@ for (const backend of BACKENDS) {
         assert.deepEqual((await inbox.list()).map((d) => d.id), ["evt_1", "s1"]);
         assert.deepEqual((await inbox.list({ status: "failed" })).map((d) => d.id), ["s1"]);
         assert.deepEqual((await inbox.list({ source: "default" })).map((d) => d.id), ["evt_1"]);
+      });
+    });
+
+    describe("retention: purge(), dropBodies(), kept()", () => {
+      const DAY = 86_400_000;
+      // Delivered and handled at once: done, its body kept.
+      const handled = async (inbox: Inbox, id: string, payload: unknown = { id }) => {
+        await inbox.store({ id, body: body(payload) });
+        const lease = (await inbox.claim(LEASE))!;
+        assert.equal(await inbox.finish(lease), true);
+      };
+
+      it("drops old done bodies but remembers the IDs: a redelivery is a duplicate and no handler runs again", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 6 * DAY;
+        await handled(inbox, "young");
+        t += 2 * DAY;
+        const purged = await inbox.purge();
+        assert.deepEqual({ ...purged, vacuumedBytes: 0 }, { bodies: 1, bytes: body({ id: "old" }).length, forgotten: 0, vacuumedBytes: 0 });
+        const [old] = await inbox.find("old");
+        assert.deepEqual([old!.status, old!.body.length, old!.purgedAt, old!.bodySha256], ["done", 0, t, sha256(body({ id: "old" }))]);
+        assert.equal((await inbox.find("young"))[0]!.body.length, body({ id: "young" }).length);
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "old" }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "forged" }) }), "conflict", "a different body is still told by its hash");
+        assert.equal((await inbox.find("old"))[0]!.conflicts, 1);
+        let ran = 0;
+        await run(() => void ran++, { inbox, once: true, log: () => {} });
+        assert.equal(ran, 0, "the tombstoned ID is never handled again");
+        assert.deepEqual(await inbox.purge(), { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 }, "run twice, nothing more goes");
+      });
+
+      it("forgets a tombstone after forgetAfterMs: a copy that arrives later is stored as new", async () => {
+        const inbox = await open();
+        await handled(inbox, "evt_1");
+        t += 8 * DAY;
+        await inbox.purge();
+        t += 23 * DAY;
+        assert.equal((await inbox.purge()).forgotten, 1);
+        assert.equal((await inbox.find("evt_1")).length, 0);
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ id: "evt_1" }) }), "stored");
+        assert.equal((await inbox.claim(LEASE))!.id, "evt_1");
+      });
+
+      it("keeps failed bodies until they are purged by name; a tombstone cannot be retried or replayed, and says so", async () => {
+        const inbox = await open();
+        await inbox.store({ id: "bad", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await handled(inbox, "done");
+        t += 40 * DAY;
+        assert.deepEqual((await inbox.purge()).bodies, 1);
+        assert.equal((await inbox.find("bad"))[0]!.body.length, body({}).length, "a failed delivery keeps its body to be fixed and retried");
+        assert.equal((await inbox.find("done")).length, 0, "past both ages: body and tombstone went in one run");
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }, { dryRun: true }), { bodies: 1, bytes: body({}).length });
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }), { bodies: 1, bytes: body({}).length });
+        assert.equal(await inbox.retry({ id: "bad" }), 0);
+        assert.equal(await inbox.retryMatching({}), 0);
+        assert.equal(await inbox.store({ id: "bad", body: body({}) }), "duplicate");
+        await handled(inbox, "replayable");
+        await inbox.dropBodies({ id: "replayable" });
+        assert.deepEqual(await inbox.replayMatching({}), { replayed: 0, tombstoned: 1 });
+      });
+
+      it("dry run counts what would go and changes nothing", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        await handled(inbox, "b");
+        t += 8 * DAY;
+        const before = await inbox.search({}, { limit: 10 });
+        assert.deepEqual(await inbox.purge({ dryRun: true }), { bodies: 2, bytes: 2 * body({ id: "a" }).length, forgotten: 0, vacuumedBytes: 0 });
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+        assert.equal((await inbox.purge({ dryRun: true, bodiesAfterMs: DAY, forgetAfterMs: 2 * DAY })).forgotten, 2);
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+      });
+
+      it("works in bounded batches, and refuses a memory no longer than the bodies", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 7; i++) await handled(inbox, `e${i}`);
+        t += 8 * DAY;
+        assert.equal((await inbox.purge({ batch: 2 })).bodies, 7);
+        await assert.rejects(async () => inbox.purge({ bodiesAfterMs: DAY, forgetAfterMs: DAY }), TypeError);
+      });
+
+      it("a worker run with purge set purges at start, beside its handlers, and logs what went", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 8 * DAY;
+        await inbox.store({ id: "new", body: body({ id: "new" }) });
+        const lines: string[] = [];
+        let ran = 0;
+        const stats = await run(() => void ran++, { inbox, once: true, log: (l) => lines.push(l), purge: { everyMs: 60_000 } });
+        assert.deepEqual([stats.done, ran], [1, 1]);
+        assert.equal((await inbox.find("old"))[0]!.purgedAt, t);
+        assert.ok(lines.some((l) => /^purge: dropped 1 bodies \(12 bytes\), forgot 0 tombstones/.test(l)), lines.join("\n"));
+        await assert.rejects(run(() => {}, { inbox, once: true, purge: { everyMs: 0 } }), TypeError);
+      });
+
+      it("kept() counts bodies and tombstones, their bytes and the oldest of each", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        t += 1_000;
+        await handled(inbox, "b");
+        await inbox.store({ id: "c", body: body({ id: "c" }) });
+        await inbox.dropBodies({ id: "a" });
+        const kept = await inbox.kept();
+        assert.deepEqual(kept.bodies, { count: 2, bytes: 2 * body({ id: "b" }).length, oldest: T0 + 1_000 });
+        assert.deepEqual(kept.tombstones, { count: 1, oldest: T0 });
+        assert.ok(kept.fileBytes > 0);
+      });
+    });
+
+    describe("filters: search(), count(), retryMatching(), replayMatching()", () => {
+      // Six deliveries a second apart: two sources, two types, two failures with different errors, two done.
+      const seed = async (inbox: Inbox) => {
+        const plan: [string, string, string, "done" | "failed" | "received", string?][] = [
+          ["stripe", "s1", "charge.succeeded", "done"],
+          ["stripe", "s2", "charge.failed", "failed", "Timeout talking to ledger"],
+          ["github", "g1", "push", "failed", "HTTP 500 from CI"],
+          ["github", "g2", "push", "done"],
+          ["stripe", "s3", "charge.succeeded", "received"],
+          ["default", "d1", "", "failed", "timeout again"],
+        ];
+        for (const [source, id, eventType] of plan) {
+          await inbox.store({ source, id, eventType: eventType || null, body: body({ id, note: `for ${source}` }) });
+          t += 1_000;
+        }
+        const fates = new Map(plan.map(([source, id, , fate, error]) => [`${source}/${id}`, { fate, error }]));
+        for (const lease of await inbox.claimBatch(plan.length, LEASE)) {
+          const { fate, error } = fates.get(`${lease.source}/${lease.id}`)!;
+          if (fate === "done") await inbox.finish(lease);
+          else if (fate === "failed") await inbox.fail(lease, error!, { permanent: true });
+          else await inbox.release(lease);
+        }
+      };
+      const ids = (ds: Delivery[]) => ds.map((d) => d.id);
+
+      it("narrows by every field, newest first, and counts the same", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.deepEqual(ids(await inbox.search({})), ["d1", "s3", "g2", "g1", "s2", "s1"]);
+        const cases: [Parameters<Inbox["search"]>[0], string[]][] = [
+          [{ status: "failed" }, ["d1", "g1", "s2"]],
+          [{ source: "stripe" }, ["s3", "s2", "s1"]],
+          [{ type: "push" }, ["g2", "g1"]],
+          [{ since: T0 + 1_000, until: T0 + 3_000 }, ["g1", "s2"]],
+          [{ errorMatch: "TIMEOUT" }, ["d1", "s2"]],
+          [{ errorMatch: "500 from" }, ["g1"]],
+          [{ id: "g2" }, ["g2"]],
+          [{ bodyContains: "for github" }, ["g2", "g1"]],
+          [{ status: "failed", source: "stripe", errorMatch: "ledger" }, ["s2"]],
+          [{ errorMatch: "%" }, []],
+        ];
+        for (const [filter, expected] of cases) {
+          assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+          assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+        }
+      });
+
+      it("pages by cursor without gaps or repeats, ties on received_at included", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 25; i++) {
+          await inbox.store({ source: i % 2 ? "a" : "b", id: `e${String(i).padStart(2, "0")}`, body: body({ i }) });
+          if (i % 3 === 0) t += 1;
+        }
+        const all = ids(await inbox.search({}, { limit: 100 }));
+        const paged: string[] = [];
+        let after: Delivery | undefined;
+        for (;;) {
+          const page = await inbox.search({}, { after, limit: 4 });
+          if (page.length === 0) break;
+          paged.push(...ids(page));
+          after = page.at(-1);
+        }
+        assert.equal(all.length, 25);
+        assert.deepEqual(paged, all);
+        assert.equal((await inbox.search({})).length, 25, "the default limit is above 25");
+      });
+
+      it("replays beside a running worker: each delivery at most once per run, and every one ends done", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 40; i++) await inbox.store({ id: `e${i}`, body: body({ i }) });
+        const handled = new Map<string, number>();
+        const stop = new AbortController();
+        const worker = run((job) => void handled.set(job.delivery.id, (handled.get(job.delivery.id) ?? 0) + 1),
+          { inbox, concurrency: 4, pollMaxMs: 5, signal: stop.signal, log: () => {} });
+        while ((await inbox.count({ status: "done" })) < 10) await new Promise((resolve) => setTimeout(resolve, 2));
+        const { replayed } = await inbox.replayMatching({}, { batch: 3 });
+        assert.ok(replayed >= 10, `replayed ${replayed}`);
+        while ((await inbox.count({ status: "done" })) < 40) await new Promise((resolve) => setTimeout(resolve, 2));
+        stop.abort();
+        await worker;
+        const all = await inbox.search({}, { limit: 100 });
+        assert.equal(all.filter((d) => d.replays === 1).length, replayed);
+        assert.ok(all.every((d) => d.replays <= 1));
+        assert.equal([...handled.values()].reduce((a, b) => a + b, 0), 40 + replayed, "the handler ran once per delivery, and once per replay");
+      });
+
+      it("refuses a filter it does not know, rather than matching everything", async () => {
+        const inbox = await open();
+        await assert.rejects(async () => inbox.search({ staus: "failed" } as never), TypeError);
+        await assert.rejects(async () => inbox.count({ since: "yesterday" } as never), TypeError);
+        await assert.rejects(async () => inbox.retryMatching({ status: "gone" } as never), TypeError);
+      });
+
+      it("retryMatching queues only the failed ones that match, in batches, and twice changes nothing more", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }, { batch: 1 }), 2);
+        assert.deepEqual(ids(await inbox.search({ status: "failed" })), ["g1"]);
+        const s2 = (await inbox.find("s2", "stripe"))[0]!;
+        assert.deepEqual([s2.status, s2.attempts, s2.error, s2.availableAt], ["received", 0, null, t]);
+        assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }), 0, "run twice, nothing more");
+        assert.equal(await inbox.retryMatching({ source: "stripe" }), 0, "done and received ones are not retried");
+      });
+
+      it("replayMatching takes done ones again under the same key, attempts reset and replays counted", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.deepEqual(await inbox.replayMatching({ type: "charge.succeeded" }), { replayed: 1, tombstoned: 0 });
+        const s1 = (await inbox.find("s1", "stripe"))[0]!;
+        assert.deepEqual([s1.status, s1.attempts, s1.replays, s1.finishedAt, s1.availableAt], ["received", 0, 1, null, t]);
+        const lease = (await inbox.claimBatch(10, LEASE)).find((l) => l.id === "s1")!;
+        assert.equal(lease.attempts, 1);
+        assert.equal(await inbox.finish(lease), true);
+        assert.deepEqual(await inbox.replayMatching({ id: "s1" }, { batch: 1 }), { replayed: 1, tombstoned: 0 });
+        assert.equal((await inbox.find("s1", "stripe"))[0]!.replays, 2);
+        assert.equal(await inbox.count({}), 6, "a replay is not a new delivery");
       });
     });
   });
