@@ -68,6 +68,14 @@ export const DEFAULTS = {
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
   notifyEveryMs: 25,
+  /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
+  adminPort: 8001,
+  /** Deliveries on one page of the operator page's list. @default 50 */
+  adminPageSize: 50,
+  /** Deliveries a bulk retry or replay changes per transaction, so a running worker's claims slip in between. @default 500 */
+  adminBatchSize: 500,
+  /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
+  adminRefreshMs: 5_000,
 } as const;
 
 /** Status is where a delivery is in its life. */
@@ -377,6 +385,8 @@ export interface Inbox {
   list(filter?: { status?: Status; source?: string; limit?: number }): Promise<Delivery[]>;
   /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
   status(): Promise<InboxStatus>;
+  /** histogram counts deliveries received, done and failed in each bucketMs from since up to until (the clock's now). */
+  histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]>;
   /** page returns up to limit deliveries in key order after the cursor, every field, for copying. */
   page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
@@ -715,6 +725,25 @@ export class SqliteInbox implements Inbox {
     };
   }
 
+  /** histogram counts deliveries received, and done or failed, per bucket; the operator page's chart. */
+  async histogram(since: number, bucketMs: number, until: number = this.now()): Promise<Bucket[]> {
+    const buckets = emptyBuckets(since, bucketMs, until);
+    // node:sqlite binds a JS number as a REAL, so the division is truncated to its bucket by CAST.
+    for (const r of this
+      .sql(`SELECT CAST((received_at - ?1) / ?2 AS INTEGER) AS b, count(*) AS n FROM deliveries
+            WHERE received_at >= ?1 AND received_at < ?3 GROUP BY b`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]!.received = r.n as number;
+    }
+    for (const r of this
+      .sql(`SELECT CAST((finished_at - ?1) / ?2 AS INTEGER) AS b, status, count(*) AS n FROM deliveries
+            WHERE finished_at >= ?1 AND finished_at < ?3 AND status IN ('done', 'failed') GROUP BY b, status`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]![r.status as "done" | "failed"] = r.n as number;
+    }
+    return buckets;
+  }
+
   /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
   async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
     const rows = after === undefined
@@ -919,6 +948,24 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+}
+
+/** Bucket is one slice of time in histogram(): what arrived in it, and what was finished in it. */
+export interface Bucket {
+  start: number;
+  received: number;
+  done: number;
+  failed: number;
+}
+
+/** emptyBuckets lays out histogram()'s buckets from since to until, every count zero; misuse throws. */
+export function emptyBuckets(since: number, bucketMs: number, until: number): Bucket[] {
+  if (!Number.isInteger(bucketMs) || bucketMs < 1) throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
+  const n = Math.ceil((until - since) / bucketMs);
+  if (!Number.isInteger(since) || !(n >= 0 && n <= 10_000)) {
+    throw new TypeError(`histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`);
+  }
+  return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
 }
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */

@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, message, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, backoff, emptyBuckets, message, type Bucket, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -389,6 +389,27 @@ export class PostgresInbox implements Inbox {
       oldestWaitingMs: age === null ? null : Math.max(0, age),
       conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
     };
+  }
+
+  async histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]> {
+    // The clock's now, pinned or the database's, is the default end: the same one every statement uses.
+    const end = until ?? this.now() ?? Date.now();
+    const buckets = emptyBuckets(since, bucketMs, end);
+    const [received, finished] = await Promise.all([
+      this.pool.query(
+        `SELECT (received_at - $1) / $2 AS b, count(*) AS n FROM deliveries
+         WHERE received_at >= $1 AND received_at < $3 GROUP BY b`,
+        [since, bucketMs, end],
+      ),
+      this.pool.query(
+        `SELECT (finished_at - $1) / $2 AS b, status, count(*) AS n FROM deliveries
+         WHERE finished_at >= $1 AND finished_at < $3 AND status IN ('done', 'failed') GROUP BY b, status`,
+        [since, bucketMs, end],
+      ),
+    ]);
+    for (const r of received.rows) buckets[r.b]!.received = r.n;
+    for (const r of finished.rows) buckets[r.b]![r.status as "done" | "failed"] = r.n;
+    return buckets;
   }
 
   async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {

@@ -268,6 +268,31 @@ for (const backend of BACKENDS) {
         assert.deepEqual((await inbox.list({ source: "default" })).map((d) => d.id), ["evt_1"]);
       });
     });
+
+    describe("histogram()", () => {
+      it("counts received, done and failed per bucket, each in the bucket it happened in, empty ones as zero", async () => {
+        const inbox = await open({ maxAttempts: 1 });
+        await inbox.store({ id: "old", body: body({}) }); // before the range: counted nowhere
+        t += 60_000;
+        const since = t;
+        await inbox.store({ id: "a", body: body({}) });
+        await inbox.store({ id: "b", body: body({}) });
+        t += 61_000; // second bucket
+        await inbox.store({ id: "c", body: body({}) });
+        const leases = await inbox.claimBatch(4, LEASE);
+        await inbox.finish(leases.find((l) => l.id === "a")!);
+        await inbox.fail(leases.find((l) => l.id === "b")!, "boom");
+        t += 60_000; // third bucket: nothing at all
+        const buckets = await inbox.histogram(since, 60_000, since + 180_000);
+        assert.deepEqual(buckets, [
+          { start: since, received: 2, done: 0, failed: 0 },
+          { start: since + 60_000, received: 1, done: 1, failed: 1 },
+          { start: since + 120_000, received: 0, done: 0, failed: 0 },
+        ]);
+        assert.equal((await inbox.histogram(since, 60_000)).length, 3, "until defaults to the clock's now");
+        await assert.rejects(inbox.histogram(since, 0), TypeError);
+      });
+    });
   });
 }
 
