@@ -24,7 +24,7 @@ export interface AdminOptions {
   now?: () => number;
   /** @default DEFAULTS.adminPageSize */
   pageSize?: number;
-  /** @default DEFAULTS.adminBatchSize */
+  /** @default DEFAULTS.bulkBatch */
   batchSize?: number;
 }
 
@@ -91,8 +91,10 @@ const MAX_FORM_BYTES = 64 * 1024;
 interface Session { id: string; csrf: string; who: string; expires: number }
 
 class HttpError extends Error {
-  constructor(readonly status: number, message: string) {
+  readonly status: number;
+  constructor(status: number, message: string) {
     super(message);
+    this.status = status;
   }
 }
 
@@ -263,7 +265,7 @@ export function createAdmin(options: AdminOptions): Admin {
   const now = options.now ?? Date.now;
   const audit = options.audit ?? ((line: string) => console.error(line));
   const pageSize = options.pageSize ?? DEFAULTS.adminPageSize;
-  const batchSize = options.batchSize ?? DEFAULTS.adminBatchSize;
+  const batchSize = options.batchSize ?? DEFAULTS.bulkBatch;
   const readOnly = options.readOnly ?? false;
   const tokenDigest = options.token ? digest(options.token) : undefined;
   const secret = randomBytes(32);
@@ -353,9 +355,10 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
 <td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
 <td class="error">${escape(d.error ?? "")}</td></tr>`).join("");
     const filtered = filterQuery(params) !== "";
-    const bulk = readOnly || !filtered ? "" : `<p class="bulk">For everything that matches this filter, not only this page:
-<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry failed…</a>
-<a class="button" href="/bulk?${escape(filterQuery(params, { action: "replay" }))}">Replay done…</a></p>`;
+    const status = params.get("status") || undefined;
+    const bulk = readOnly || !filtered ? "" : `<p class="bulk">Everything that matches, not only this page:
+${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
+${status === undefined || status === "done" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "replay" }))}">Replay all done…</a>` : ""}</p>`;
     return page(s, "Deliveries", `<h1>Deliveries</h1>${filterForm(params)}${bulk}
 <div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
 <tbody>${table || `<tr><td colspan="7">No deliveries match.</td></tr>`}</tbody></table></div>
@@ -406,14 +409,13 @@ ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` :
     const rows = await inbox.query(
       "SELECT error, count(*) AS n, max(received_at) AS latest FROM deliveries WHERE status = 'failed' GROUP BY error",
     );
-    const groups = new Map<string, { key: string; count: number; latest: number; sample: string | null; errors: (string | null)[] }>();
+    const groups = new Map<string, { key: string; count: number; latest: number; sample: string | null }>();
     for (const r of rows) {
       const error = r.error as string | null;
       const key = normaliseError(error);
-      const g = groups.get(key) ?? { key, count: 0, latest: 0, sample: error, errors: [] };
+      const g = groups.get(key) ?? { key, count: 0, latest: 0, sample: error };
       g.count += Number(r.n);
       g.latest = Math.max(g.latest, Number(r.latest));
-      g.errors.push(error);
       groups.set(key, g);
     }
     return [...groups.values()].sort((a, b) => b.count - a.count || b.latest - a.latest);
@@ -421,7 +423,9 @@ ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` :
 
   const failures = async (s: Session, flash: string | null) => {
     const groups = await failureGroups();
-    const rows = groups.map((g) => `<tr><td class="num">${g.count.toLocaleString("en")}</td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
+    // The list link narrows by the group's longest literal piece: a filter cannot say the normalised key.
+    const literal = (key: string) => key.split(/<\w+>/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
+    const rows = groups.map((g) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
 <td class="time">${escape(iso(g.latest))}</td><td>${action(s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`).join("");
     return page(s, "Failures", `<h1>Failures, grouped by error</h1>
 <div class="scroll"><table><thead><tr><th class="num">failed</th><th>error</th><th>latest</th><th></th></tr></thead>
@@ -431,7 +435,7 @@ ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` :
   const bulkConfirm = async (s: Session, params: URLSearchParams) => {
     const kind = params.get("action");
     if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-    const filter = { ...filterFrom(params), status: kind === "retry" ? "failed" as const : "done" as const };
+    const filter = bulkFilter(params, kind);
     const n = await inbox.count(filter);
     const fields = Object.fromEntries([...new URLSearchParams(filterQuery(params))]);
     const verb = kind === "retry" ? "Retry" : "Replay";
@@ -451,27 +455,32 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     },
     "/replay": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
-      const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id, status: "done" }, { batchSize });
+      const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id }, { batch: batchSize });
       return { what: `replay ${target.source}/${target.id}`, count: replayed, to: deliveryHref(target), flash: replayed === 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay." };
     },
     "/bulk": async (_s, form) => {
       const kind = form.get("action");
       if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-      const filter = { ...filterFrom(form), status: kind === "retry" ? "failed" as const : "done" as const };
+      const filter = bulkFilter(form, kind);
       const n = kind === "retry"
-        ? await inbox.retryMatching(filter, { batchSize })
-        : (await inbox.replayMatching(filter, { batchSize })).replayed;
+        ? await inbox.retryMatching(filter, { batch: batchSize })
+        : (await inbox.replayMatching(filter, { batch: batchSize })).replayed;
       const expected = form.get("expected");
       const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";
       return { what: `${kind} matching ${describe(filter)}`, count: n, to: `/deliveries?${filterQuery(form)}`, flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.` };
     },
     "/retry-group": async (_s, form) => {
       const key = form.get("group") ?? "";
-      const group = (await failureGroups()).find((g) => g.key === key);
+      // The group is a normalised key, which no filter can say: walk the failures a page at a time and
+      // retry those whose error normalises to it. A page's retries join one group commit.
       let n = 0;
-      // One exact error at a time: a substring match could catch a failure of another group.
-      for (const error of group?.errors ?? []) {
-        n += await inbox.retryMatching({ status: "failed", errorMatch: error ?? "", errorExact: true }, { batchSize });
+      let after: Delivery | undefined;
+      for (;;) {
+        const page = await inbox.search({ status: "failed" }, { after, limit: batchSize });
+        const mine = page.filter((d) => normaliseError(d.error) === key);
+        n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id })))).reduce((a, b) => a + b, 0);
+        if (page.length < batchSize) break;
+        after = page.at(-1);
       }
       return { what: `retry group ${JSON.stringify(key)}`, count: n, to: "/failures", flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.` };
     },
@@ -571,6 +580,16 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
   }
 
   return { server };
+}
+
+// bulkFilter is the filter a bulk action works on: retry takes the failed ones that match, replay the done ones.
+function bulkFilter(params: URLSearchParams, kind: "retry" | "replay"): Filter {
+  const filter = filterFrom(params);
+  const needed = kind === "retry" ? "failed" : "done";
+  if (filter.status !== undefined && filter.status !== needed) {
+    throw new HttpError(400, `only ${needed} deliveries can be ${kind === "retry" ? "retried" : "replayed"}; this filter asks for ${filter.status}`);
+  }
+  return { ...filter, status: needed };
 }
 
 // describe says a filter in words, for the confirmation and the audit line.

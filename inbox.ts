@@ -68,12 +68,14 @@ export const DEFAULTS = {
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
   notifyEveryMs: 25,
+  /** Deliveries a bulk command (retry, replay, purge, export) touches per transaction, so none waits behind it long. @default 500 */
+  bulkBatch: 500,
+  /** Deliveries search() returns when no limit is given. @default 50 */
+  searchLimit: 50,
   /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
   adminPort: 8001,
   /** Deliveries on one page of the operator page's list. @default 50 */
   adminPageSize: 50,
-  /** Deliveries a bulk retry or replay changes per transaction, so a running worker's claims slip in between. @default 500 */
-  adminBatchSize: 500,
   /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
   adminRefreshMs: 5_000,
 } as const;
@@ -110,6 +112,74 @@ export interface Delivery {
   error: string | null;
   conflicts: number;
   finishedAt: number | null;
+  /** Times a person replayed it after it was done; attempts count from zero again at each replay. */
+  replays: number;
+  /** When purge dropped its body, leaving a tombstone (body empty, hash kept); null while the body is kept. */
+  purgedAt: number | null;
+}
+
+/**
+ * Filter picks deliveries for search, count and the bulk commands; every field narrows, all are optional.
+ * Times are ms since the epoch, on received_at: since inclusive, until exclusive.
+ */
+export interface Filter {
+  status?: Status;
+  source?: string;
+  /** The event type, exactly. */
+  type?: string;
+  since?: number;
+  until?: number;
+  /** A case-insensitive substring of the last error. */
+  errorMatch?: string;
+  /** A substring of the body, as UTF-8 text. */
+  bodyContains?: string;
+  /** The delivery ID, exactly. */
+  id?: string;
+}
+
+/** Cursor is where a page of search() ended: pass the last delivery (or these three fields) as `after`. */
+export interface Cursor {
+  receivedAt: number;
+  source: string;
+  id: string;
+}
+
+const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
+  status: "string", source: "string", type: "string", since: "number", until: "number", errorMatch: "string", bodyContains: "string", id: "string",
+};
+
+/**
+ * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
+ * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
+ */
+export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
+  if (filter === null || typeof filter !== "object") throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
+  for (const [key, value] of Object.entries(filter)) {
+    const kind = FILTER_FIELDS[key as keyof Filter];
+    if (kind === undefined) throw new TypeError(`filter: expected one of ${Object.keys(FILTER_FIELDS).join(", ")}, got ${JSON.stringify(key)}`);
+    if (value === undefined) continue;
+    if (kind === "number" ? !Number.isFinite(value) : typeof value !== "string") {
+      throw new TypeError(`filter: expected ${key} to be a ${kind === "number" ? "finite number (ms since the epoch)" : "string"}, got ${JSON.stringify(value)}`);
+    }
+  }
+  if (filter.status !== undefined && !STATUSES.includes(filter.status)) {
+    throw new TypeError(`filter: expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(filter.status)}`);
+  }
+  const pg = backend === "postgres";
+  const where: string[] = [];
+  const params: SqlValue[] = [];
+  const add = (sql: string, value: SqlValue) => void (where.push(sql), params.push(value));
+  if (filter.status !== undefined) add("status = ?", filter.status);
+  if (filter.source !== undefined) add("source = ?", filter.source);
+  if (filter.id !== undefined) add("id = ?", filter.id);
+  if (filter.type !== undefined) add("event_type = ?", filter.type);
+  if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
+  if (filter.until !== undefined) add(pg ? "received_at < ?::bigint" : "received_at < ?", Math.ceil(filter.until));
+  // instr and strpos, not LIKE: the operator's text is matched as it is, % and _ included.
+  if (filter.errorMatch !== undefined) add(pg ? "strpos(lower(error), lower(?::text)) > 0" : "instr(lower(error), lower(?)) > 0", filter.errorMatch);
+  // The body is bytes: the needle goes in as the bytes of its UTF-8 text, so any body can be searched.
+  if (filter.bodyContains !== undefined) add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
+  return { where: where.length === 0 ? "TRUE" : where.join(" AND "), params };
 }
 
 /** Lease is a claimed delivery; its token fences every later write against a takeover. */
@@ -224,6 +294,17 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
   // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
   `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
+  // Replays, tombstones (a purged body leaves the row, hash and times, so its ID is still a duplicate), and
+  // the indexes that keep search and the bulk commands off a full scan. A tombstone stays in deliveries, not in a
+  // table of its own, so that store() stays one INSERT, unchanged: its ON CONFLICT already finds the ID.
+  `ALTER TABLE deliveries ADD COLUMN replays INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE deliveries ADD COLUMN purged_at INTEGER;
+   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
+   -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
+  // histogram() counts what was finished per minute: without this it would read every done row.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -333,7 +414,22 @@ function toDelivery(row: Row): Delivery {
     error: row.error as string | null,
     conflicts: row.conflicts as number,
     finishedAt: row.finished_at as number | null,
+    replays: row.replays as number,
+    purgedAt: row.purged_at as number | null,
   };
+}
+
+/** searchPageLimit checks a page size given to search(), or gives DEFAULTS.searchLimit. */
+export function searchPageLimit(limit: number | undefined): number {
+  if (limit === undefined) return DEFAULTS.searchLimit;
+  if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`search: expected limit to be a whole number >= 1, got ${limit}`);
+  return limit;
+}
+/** bulkBatchSize checks a batch size given to a bulk command, or gives DEFAULTS.bulkBatch. */
+export function bulkBatchSize(batch: number | undefined): number {
+  if (batch === undefined) return DEFAULTS.bulkBatch;
+  if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
+  return batch;
 }
 
 /** Failure is the outcome of fail(): retried later, or set aside. */
@@ -391,6 +487,17 @@ export interface Inbox {
   page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
   restore(deliveries: readonly Delivery[]): Promise<number>;
+  /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
+  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
+  /** count says how many deliveries match. */
+  count(filter: Filter): Promise<number>;
+  /** retryMatching queues the failed deliveries that match (tombstones aside) again, attempts reset, in batches; returns how many. */
+  retryMatching(filter: Filter, options?: { batch?: number }): Promise<number>;
+  /**
+   * replayMatching puts the done deliveries that match through the handler again: same key, attempts
+   * reset, replays counted, due now. A tombstone has no body to replay; it is counted, not replayed.
+   */
+  replayMatching(filter: Filter, options?: { batch?: number }): Promise<{ replayed: number; tombstoned: number }>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
   /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
@@ -760,16 +867,91 @@ export class SqliteInbox implements Inbox {
         added += Number(this
           .sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                     replays, purged_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (source, id) DO NOTHING`,
           )
           .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
             d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error, d.conflicts, d.finishedAt).changes);
+            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null).changes);
       }
       return added;
     }) as Promise<number>;
+  }
+
+  /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
+  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const limit = searchPageLimit(page.limit);
+    const after = page.after === undefined ? "" : "AND (received_at, source, id) < (?, ?, ?)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id];
+    const rows = this
+      .sql(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC LIMIT ?`)
+      .all(...params, ...cursor, limit) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** count says how many deliveries match. */
+  async count(filter: Filter): Promise<number> {
+    const { where, params } = filterSql(filter, "sqlite");
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${where}`).get(...params) as { n: number }).n;
+  }
+
+  /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
+  async retryMatching(filter: Filter, options: { batch?: number } = {}): Promise<number> {
+    let total = 0;
+    await this.inBatches(filter, "status = 'failed' AND purged_at IS NULL", options.batch, (keys, now) => {
+      for (const k of keys) {
+        total += Number(this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                WHERE source = ? AND id = ? AND status = 'failed'`)
+          .run(now, k.source, k.id).changes);
+      }
+    });
+    return total;
+  }
+
+  /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
+  async replayMatching(filter: Filter, options: { batch?: number } = {}): Promise<{ replayed: number; tombstoned: number }> {
+    let replayed = 0;
+    await this.inBatches(filter, "status = 'done' AND purged_at IS NULL", options.batch, (keys, now) => {
+      for (const k of keys) {
+        replayed += Number(this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+                       finished_at = NULL, leased_until = NULL, lease_token = NULL
+                WHERE source = ? AND id = ? AND status = 'done' AND purged_at IS NULL`)
+          .run(now, k.source, k.id).changes);
+      }
+    });
+    const { where, params } = filterSql(filter, "sqlite");
+    const { n: tombstoned } = this
+      .sql(`SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NOT NULL AND ${where}`)
+      .get(...params) as { n: number };
+    return { replayed, tombstoned };
+  }
+
+  // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
+  // batch's keys to act inside it. The cursor moves past every batch, so a delivery changed by a worker
+  // meanwhile (retried, then failed again) is never taken twice in one run, and the run always ends.
+  private async inBatches(filter: Filter, also: string, batch: number | undefined, act: (keys: Cursor[], now: number) => void): Promise<void> {
+    const size = bulkBatchSize(batch);
+    const { where, params } = filterSql(filter, "sqlite");
+    let after: Cursor | undefined;
+    for (;;) {
+      const picked = await this.enqueue(() => {
+        const cursor = after === undefined ? "" : "AND (received_at, source, id) > (?, ?, ?)";
+        const keys = (this
+          .sql(`SELECT received_at, source, id FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id LIMIT ?`)
+          .all(...params, ...(after ? [after.receivedAt, after.source, after.id] : []), size) as Row[])
+          .map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string }));
+        act(keys, this.now());
+        return keys;
+      }) as Cursor[];
+      if (picked.length < size) return;
+      after = picked.at(-1);
+    }
   }
 
   /** query runs one statement with `?` parameters: the handler's own tables, and tests. */

@@ -293,6 +293,106 @@ for (const backend of BACKENDS) {
         await assert.rejects(inbox.histogram(since, 0), TypeError);
       });
     });
+
+    describe("filters: search(), count(), retryMatching(), replayMatching()", () => {
+      // Six deliveries a second apart: two sources, two types, two failures with different errors, two done.
+      const seed = async (inbox: Inbox) => {
+        const plan: [string, string, string, "done" | "failed" | "received", string?][] = [
+          ["stripe", "s1", "charge.succeeded", "done"],
+          ["stripe", "s2", "charge.failed", "failed", "Timeout talking to ledger"],
+          ["github", "g1", "push", "failed", "HTTP 500 from CI"],
+          ["github", "g2", "push", "done"],
+          ["stripe", "s3", "charge.succeeded", "received"],
+          ["default", "d1", "", "failed", "timeout again"],
+        ];
+        for (const [source, id, eventType] of plan) {
+          await inbox.store({ source, id, eventType: eventType || null, body: body({ id, note: `for ${source}` }) });
+          t += 1_000;
+        }
+        const fates = new Map(plan.map(([source, id, , fate, error]) => [`${source}/${id}`, { fate, error }]));
+        for (const lease of await inbox.claimBatch(plan.length, LEASE)) {
+          const { fate, error } = fates.get(`${lease.source}/${lease.id}`)!;
+          if (fate === "done") await inbox.finish(lease);
+          else if (fate === "failed") await inbox.fail(lease, error!, { permanent: true });
+          else await inbox.release(lease);
+        }
+      };
+      const ids = (ds: Delivery[]) => ds.map((d) => d.id);
+
+      it("narrows by every field, newest first, and counts the same", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.deepEqual(ids(await inbox.search({})), ["d1", "s3", "g2", "g1", "s2", "s1"]);
+        const cases: [Parameters<Inbox["search"]>[0], string[]][] = [
+          [{ status: "failed" }, ["d1", "g1", "s2"]],
+          [{ source: "stripe" }, ["s3", "s2", "s1"]],
+          [{ type: "push" }, ["g2", "g1"]],
+          [{ since: T0 + 1_000, until: T0 + 3_000 }, ["g1", "s2"]],
+          [{ errorMatch: "TIMEOUT" }, ["d1", "s2"]],
+          [{ errorMatch: "500 from" }, ["g1"]],
+          [{ id: "g2" }, ["g2"]],
+          [{ bodyContains: "for github" }, ["g2", "g1"]],
+          [{ status: "failed", source: "stripe", errorMatch: "ledger" }, ["s2"]],
+          [{ errorMatch: "%" }, []],
+        ];
+        for (const [filter, expected] of cases) {
+          assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+          assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+        }
+      });
+
+      it("pages by cursor without gaps or repeats, ties on received_at included", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 25; i++) {
+          await inbox.store({ source: i % 2 ? "a" : "b", id: `e${String(i).padStart(2, "0")}`, body: body({ i }) });
+          if (i % 3 === 0) t += 1;
+        }
+        const all = ids(await inbox.search({}, { limit: 100 }));
+        const paged: string[] = [];
+        let after: Delivery | undefined;
+        for (;;) {
+          const page = await inbox.search({}, { after, limit: 4 });
+          if (page.length === 0) break;
+          paged.push(...ids(page));
+          after = page.at(-1);
+        }
+        assert.equal(all.length, 25);
+        assert.deepEqual(paged, all);
+        assert.equal((await inbox.search({})).length, 25, "the default limit is above 25");
+      });
+
+      it("refuses a filter it does not know, rather than matching everything", async () => {
+        const inbox = await open();
+        await assert.rejects(async () => inbox.search({ staus: "failed" } as never), TypeError);
+        await assert.rejects(async () => inbox.count({ since: "yesterday" } as never), TypeError);
+        await assert.rejects(async () => inbox.retryMatching({ status: "gone" } as never), TypeError);
+      });
+
+      it("retryMatching queues only the failed ones that match, in batches, and twice changes nothing more", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }, { batch: 1 }), 2);
+        assert.deepEqual(ids(await inbox.search({ status: "failed" })), ["g1"]);
+        const s2 = (await inbox.find("s2", "stripe"))[0]!;
+        assert.deepEqual([s2.status, s2.attempts, s2.error, s2.availableAt], ["received", 0, null, t]);
+        assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }), 0, "run twice, nothing more");
+        assert.equal(await inbox.retryMatching({ source: "stripe" }), 0, "done and received ones are not retried");
+      });
+
+      it("replayMatching takes done ones again under the same key, attempts reset and replays counted", async () => {
+        const inbox = await open();
+        await seed(inbox);
+        assert.deepEqual(await inbox.replayMatching({ type: "charge.succeeded" }), { replayed: 1, tombstoned: 0 });
+        const s1 = (await inbox.find("s1", "stripe"))[0]!;
+        assert.deepEqual([s1.status, s1.attempts, s1.replays, s1.finishedAt, s1.availableAt], ["received", 0, 1, null, t]);
+        const lease = (await inbox.claimBatch(10, LEASE)).find((l) => l.id === "s1")!;
+        assert.equal(lease.attempts, 1);
+        assert.equal(await inbox.finish(lease), true);
+        assert.deepEqual(await inbox.replayMatching({ id: "s1" }, { batch: 1 }), { replayed: 1, tombstoned: 0 });
+        assert.equal((await inbox.find("s1", "stripe"))[0]!.replays, 2);
+        assert.equal(await inbox.count({}), 6, "a replay is not a new delivery");
+      });
+    });
   });
 }
 
