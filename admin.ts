@@ -451,12 +451,12 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     "/retry": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
       const n = await inbox.retry(target);
-      return { what: `retry ${target.source}/${target.id}`, count: n, to: deliveryHref(target), flash: n === 1 ? "Queued again." : "Not failed any more: nothing to retry." };
+      return { what: `retry delivery=${JSON.stringify(`${target.source}/${target.id}`)}`, count: n, to: deliveryHref(target), flash: n === 1 ? "Queued again." : "Not failed any more: nothing to retry." };
     },
     "/replay": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
       const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id }, { batch: batchSize });
-      return { what: `replay ${target.source}/${target.id}`, count: replayed, to: deliveryHref(target), flash: replayed === 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay." };
+      return { what: `replay delivery=${JSON.stringify(`${target.source}/${target.id}`)}`, count: replayed, to: deliveryHref(target), flash: replayed === 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay." };
     },
     "/bulk": async (_s, form) => {
       const kind = form.get("action");
@@ -467,7 +467,7 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
         : (await inbox.replayMatching(filter, { batch: batchSize })).replayed;
       const expected = form.get("expected");
       const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";
-      return { what: `${kind} matching ${describe(filter)}`, count: n, to: `/deliveries?${filterQuery(form)}`, flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.` };
+      return { what: `${kind} filter: ${describe(filter)}`, count: n, to: `/deliveries?${filterQuery(form)}`, flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.` };
     },
     "/retry-group": async (_s, form) => {
       const key = form.get("group") ?? "";
@@ -482,7 +482,7 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
         if (page.length < batchSize) break;
         after = page.at(-1);
       }
-      return { what: `retry group ${JSON.stringify(key)}`, count: n, to: "/failures", flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.` };
+      return { what: `retry group=${JSON.stringify(key)}`, count: n, to: "/failures", flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.` };
     },
   };
 
@@ -573,7 +573,8 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
       throw new HttpError(403, "read-only: actions are refused");
     }
     const done = await run(s, form);
-    audit(`admin audit: who=${s.who} action=${JSON.stringify(done.what)} count=${done.count}`);
+    // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
+    audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
     const to = new URL(done.to, "http://admin.invalid");
     to.searchParams.set("flash", done.flash);
     send(res, 303, "", { location: `${to.pathname}${to.search}` });

@@ -138,7 +138,7 @@ for (const backend of BACKENDS) {
       const ok = await request(`${url}/retry`, { headers: { cookie, origin: url }, form: { source: "default", id: "evt_1", csrf } });
       assert.equal(ok.status, 303);
       assert.equal(await statusOf("evt_1"), "received");
-      const line = audit.find((l) => l.includes("retry default/evt_1"));
+      const line = audit.find((l) => l.includes('action=retry delivery="default/evt_1"'));
       assert.ok(line, audit.join("\n"));
       assert.match(line, /who=session:\S+@127\.0\.0\.1/);
       assert.match(line, /count=1/);
@@ -208,6 +208,83 @@ for (const backend of BACKENDS) {
         assert.match(csp, /frame-ancestors 'none'/, path);
         assert.equal(res.headers["x-content-type-options"], "nosniff", path);
       }
+    });
+
+    it("filters by status, source, type, time, ID and body text, pages by cursor, and keeps the filters in its links", async () => {
+      for (let i = 0; i < 5; i++) {
+        await inbox.store({ source: "stripe", id: `s${i}`, body: Buffer.from(JSON.stringify({ customer: i === 3 ? "Zoë" : "Ann" })), eventType: "charge.succeeded" });
+        t += 1_000;
+      }
+      await inbox.store({ source: "github", id: "g1", body: Buffer.from("{}"), eventType: "push" });
+      const admin = createAdmin({ inbox, audit: (line) => audit.push(line), now: () => t, pageSize: 2 });
+      servers.push(admin);
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+      const ids = (html: string) => [...html.matchAll(/<a href="\/delivery\?source=\w+&#38;id=(\w+)">/g)].map((m) => m[1]);
+      const first = await request(`${url}/deliveries?source=stripe&type=charge.succeeded`);
+      assert.deepEqual(ids(first.body), ["s4", "s3"], "newest first, a page of two");
+      const next = /<a rel="next" href="([^"]+)"/.exec(first.body)![1]!.replaceAll("&#38;", "&");
+      assert.match(next, /source=stripe/);
+      assert.match(next, /type=charge\.succeeded/);
+      const second = await request(`${url}${next}`);
+      assert.deepEqual(ids(second.body), ["s2", "s1"]);
+      const since = new Date(T0 + 1_000).toISOString().slice(0, 19);
+      const until = new Date(T0 + 3_000).toISOString().slice(0, 19);
+      assert.deepEqual(ids((await request(`${url}/deliveries?since=${since}&until=${until}`)).body), ["s2", "s1"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?q=${encodeURIComponent("Zoë")}`)).body), ["s3"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?id=g1`)).body), ["g1"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?status=failed`)).body), []);
+      assert.equal((await request(`${url}/deliveries?status=lost`)).status, 400);
+      assert.equal((await request(`${url}/deliveries?after=garbage`)).status, 400);
+    });
+
+    it("bulk-retries everything that matches, not only the page: it counts first, then queues exactly those", async () => {
+      for (const [id, source] of [["a1", "stripe"], ["a2", "stripe"], ["a3", "stripe"], ["b1", "github"]] as const) {
+        await failOne(id, "HTTP 502 from upstream", source);
+      }
+      await failOne("a4", "HTTP 502 from upstream", "stripe");
+      const admin = createAdmin({ inbox, token: TOKEN, audit: (line) => audit.push(line), now: () => t, pageSize: 1, batchSize: 2 });
+      servers.push(admin);
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0, token: TOKEN });
+      const { cookie, csrf } = await login(url);
+      const confirm = await request(`${url}/bulk?action=retry&source=stripe`, { headers: { cookie } });
+      assert.equal(confirm.status, 200);
+      assert.match(confirm.body, /Retry 4 failed deliveries\?/);
+      const ok = await request(`${url}/bulk`, { headers: { cookie }, form: { csrf, action: "retry", source: "stripe", expected: "4" } });
+      assert.equal(ok.status, 303);
+      assert.equal(new URL(String(ok.headers.location), url).searchParams.get("flash"), "Retried 4 deliveries.");
+      const rows = await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id");
+      assert.deepEqual(rows.map((r) => `${r.source}/${r.id}:${r.status}`),
+        ["github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/a4:received"]);
+      assert.ok(audit.some((l) => /action=retry filter: source="stripe" status="failed" count=4$/.test(l)), audit.join("\n"));
+      assert.equal((await request(`${url}/bulk?action=retry&status=done`, { headers: { cookie } })).status, 400);
+    });
+
+    it("groups failures by their normalised error and retries one group with one click", async () => {
+      await failOne("t1", "timeout after 5012 ms");
+      await failOne("t2", "timeout after 4990 ms");
+      await failOne("r1", "connection refused");
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/failures`, { headers: { cookie } });
+      assert.match(page.body, /timeout after &#60;n&#62; ms/);
+      assert.match(page.body, />2<\/a><\/td><td><code>timeout/);
+      const res = await request(`${url}/retry-group`, { headers: { cookie }, form: { csrf, group: "timeout after <n> ms" } });
+      assert.equal(res.status, 303);
+      assert.deepEqual([await statusOf("t1"), await statusOf("t2"), await statusOf("r1")], ["received", "received", "failed"]);
+      assert.ok(audit.some((l) => /action=retry group="timeout after <n> ms" count=2$/.test(l)));
+    });
+
+    it("replays a done delivery from its page", async () => {
+      await inbox.store({ id: "d1", body: Buffer.from("{}") });
+      await inbox.finish((await inbox.claim(60_000))!);
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/delivery?source=default&id=d1`, { headers: { cookie } });
+      assert.match(page.body, />Replay<\/button>/);
+      const res = await request(`${url}/replay`, { headers: { cookie }, form: { csrf, source: "default", id: "d1" } });
+      assert.equal(res.status, 303);
+      assert.equal(await statusOf("d1"), "received");
+      assert.ok(audit.some((l) => /action=replay delivery="default\/d1" count=1$/.test(l)));
     });
 
     it("without a token trusts loopback only: a foreign Host header (DNS rebinding) gets 403", async () => {
