@@ -26,6 +26,8 @@ export interface AdminOptions {
   pageSize?: number;
   /** @default DEFAULTS.bulkBatch */
   batchSize?: number;
+  /** @default DEFAULTS.adminRefreshMs */
+  refreshMs?: number;
 }
 
 /** Admin is the operator page's server, not yet listening. */
@@ -267,6 +269,7 @@ export function createAdmin(options: AdminOptions): Admin {
   const pageSize = options.pageSize ?? DEFAULTS.adminPageSize;
   const batchSize = options.batchSize ?? DEFAULTS.bulkBatch;
   const readOnly = options.readOnly ?? false;
+  const refreshMs = options.refreshMs ?? DEFAULTS.adminRefreshMs;
   const tokenDigest = options.token ? digest(options.token) : undefined;
   const secret = randomBytes(32);
   const sessions = new Map<string, Session>();
@@ -328,7 +331,7 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
   };
 
   const overview = async (s: Session) =>
-    page(s, "Overview", `<h1>Overview <span class="live" id="live-state">live</span></h1><div id="live" data-refresh="${DEFAULTS.adminRefreshMs}">${await overviewLive()}</div>`);
+    page(s, "Overview", `<h1>Overview <span class="live" id="live-state">live</span></h1><div id="live" data-refresh="${refreshMs}">${await overviewLive()}</div>`);
 
   const filterForm = (params: URLSearchParams) => {
     const v = (name: string) => escape(params.get(name) ?? "");
@@ -511,6 +514,8 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
     if (!tokenDigest && !isLoopback((req.headers.host ?? "").replace(/:\d+$/, ""))) throw new HttpError(403, "this page answers to a loopback address only");
     if (req.method === "GET" && path === "/admin.css") return void res.writeHead(200, { ...SECURITY_HEADERS, "content-type": "text/css; charset=utf-8", "cache-control": "max-age=300" }).end(CSS);
     if (req.method === "GET" && path === "/admin.js") return void res.writeHead(200, { ...SECURITY_HEADERS, "content-type": "text/javascript; charset=utf-8", "cache-control": "max-age=300" }).end(JS);
+    // Browsers ask for it on every page; there is none, and a 404 would be noise in their console.
+    if (req.method === "GET" && path === "/favicon.ico") return void res.writeHead(204, SECURITY_HEADERS).end();
     if (path === "/login" && tokenDigest) {
       if (req.method === "GET") return send(res, 200, loginPage());
       if (req.method !== "POST") throw new HttpError(405, "GET or POST");
