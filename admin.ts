@@ -658,6 +658,12 @@ pre.error { background: #fff4f3; color: #7d1c14; border: 1px solid #f0c9c5; }
 .live { font-size: .75rem; font-weight: 600; color: var(--done); border: 1px solid currentColor; border-radius: 999px; padding: 0 .45rem; vertical-align: middle; }
 .live.paused { color: var(--muted); } .updated, .note { color: var(--muted); font-size: .85rem; }
 .login { max-width: 26rem; margin-top: 4rem; } .login label { display: block; margin-bottom: .6rem; } .login input { width: 100%; margin-top: .3rem; }
+td.error { min-width: 12rem; }
+@media (max-width: 560px) {
+  table.list thead { display: none; } table.list tr { display: block; padding: .5rem .6rem; border-bottom: 1px solid var(--line); }
+  table.list td { display: inline-block; padding: 0 .6rem 0 0; border: 0; } table.list td.error { display: block; min-width: 0; max-width: none; }
+  table.list td.num::before { content: "tries "; color: var(--muted); }
+}
 @media (max-width: 560px) { main { padding: .6rem; } .meta { grid-template-columns: 1fr; } .meta dt { margin-top: .3rem; } .filters label { flex: 1 1 45%; } .filters input, .filters select { width: 100%; } }
 `;
 

@@ -3,37 +3,12 @@
 // line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing browser a failure.
 
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
 import { connect, type Inbox } from "../inbox.ts";
-import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
-
-/** CHROMIUM is the browser the tests drive: INBOX_CHROMIUM, else Debian's package. */
-export const CHROMIUM = process.env.INBOX_CHROMIUM ?? "/usr/bin/chromium";
-
-/** CHROMIUM_ARGS keep a headless run quiet and offline: no sandbox (root in a container), no GPU, no phoning home. */
-export const CHROMIUM_ARGS = [
-  "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-  "--disable-component-update", "--disable-sync",
-];
-
-/** chromiumSkip is false when Chromium is there, else the reason to skip, said once; required, it throws. */
-export function chromiumSkip(): string | false {
-  if (existsSync(CHROMIUM)) return false;
-  const why = `no Chromium at ${CHROMIUM}`;
-  if (process.env.INBOX_REQUIRE_CHROMIUM === "1") throw new Error(`INBOX_REQUIRE_CHROMIUM=1 but ${why} (apt-get install -y chromium)`);
-  console.log(`# Browser tests skipped: ${why}; apt-get install -y chromium to run them.`);
-  return why;
-}
-
-/** launchChromium starts the browser with a fresh profile of its own (playwright makes one per launch). */
-export async function launchChromium(): Promise<Browser> {
-  const { chromium } = await import("playwright-core");
-  return chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true });
-}
+import { chromiumSkip, freshSchema, launchChromium, postgresSkip, tempDir } from "./helpers.ts";
 
 const TOKEN = "night-shift-token";
 
