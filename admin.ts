@@ -309,18 +309,12 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
   // ---- Pages ----
 
   const overviewLive = async (): Promise<string> => {
-    const s = await inbox.status();
+    const s = await inbox.summary();
     const t = now();
     const hour = await inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
     const cards = STATUSES.map((name) =>
       `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`).join("");
-    const bySource = new Map<string, Record<Status, number>>();
-    for (const x of s.sources) {
-      const entry = bySource.get(x.source) ?? (Object.fromEntries(STATUSES.map((n) => [n, 0])) as Record<Status, number>);
-      for (const n of STATUSES) entry[n] += x.counts[n];
-      bySource.set(x.source, entry);
-    }
-    const rows = [...bySource].map(([source, counts]) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES
+    const rows = s.sources.map(({ source, counts }) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES
       .map((n) => `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${counts[n].toLocaleString("en")}</a>`}</td>`).join("")}</tr>`).join("");
     return `<section class="cards">${cards}</section>
 <p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>

@@ -303,8 +303,11 @@ const MIGRATIONS: readonly string[] = [
    -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
    CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
    CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
-  // histogram() counts what was finished per minute: without this it would read every done row.
-  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;`,
+  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
+  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -481,6 +484,8 @@ export interface Inbox {
   list(filter?: { status?: Status; source?: string; limit?: number }): Promise<Delivery[]>;
   /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
   status(): Promise<InboxStatus>;
+  /** summary counts per status and per source, with the oldest wait, from indexes alone: the operator page's overview. */
+  summary(): Promise<Summary>;
   /** histogram counts deliveries received, done and failed in each bucketMs from since up to until (the clock's now). */
   histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]>;
   /** page returns up to limit deliveries in key order after the cursor, every field, for copying. */
@@ -832,6 +837,33 @@ export class SqliteInbox implements Inbox {
     };
   }
 
+  /**
+   * summary counts per status and per source for a page that refreshes every few seconds. The rows not
+   * done are counted in their partial index; done is each source's total (a count on the primary key)
+   * less those, so no statement reads the table itself.
+   */
+  async summary(): Promise<Summary> {
+    const now = this.now();
+    const open = this
+      .sql("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status")
+      .all() as Row[];
+    const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
+      source: r.source as string,
+      n: (this.sql("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(r.source as string) as { n: number }).n,
+    }));
+    // Each with status <> 'done' spelled out, which is what lets SQLite pick the partial index.
+    const oldest = this
+      .sql(`SELECT min(t) AS t FROM (
+              SELECT min(received_at) AS t FROM deliveries WHERE status = 'received' AND status <> 'done'
+              UNION ALL SELECT min(received_at) FROM deliveries WHERE status = 'processing' AND status <> 'done')`)
+      .get() as { t: number | null };
+    const conflicts = this
+      .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
+      .get() as { rows: number; copies: number };
+    return summarise(totals, open.map((r) => ({ source: r.source as string, status: r.status as Status, n: r.n as number })),
+      oldest.t === null ? null : Math.max(0, now - oldest.t), { deliveries: conflicts.rows, copies: conflicts.copies });
+  }
+
   /** histogram counts deliveries received, and done or failed, per bucket; the operator page's chart. */
   async histogram(since: number, bucketMs: number, until: number = this.now()): Promise<Bucket[]> {
     const buckets = emptyBuckets(since, bucketMs, until);
@@ -1130,6 +1162,33 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+}
+
+/** Summary is the operator page's overview: counts per status, the same per source, the oldest wait, conflicts. */
+export interface Summary {
+  counts: Record<Status, number>;
+  sources: { source: string; counts: Record<Status, number> }[];
+  oldestWaitingMs: number | null;
+  conflicts: { deliveries: number; copies: number };
+}
+
+/** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
+export function summarise(
+  totals: { source: string; n: number }[], open: { source: string; status: Status; n: number }[],
+  oldestWaitingMs: number | null, conflicts: Summary["conflicts"],
+): Summary {
+  const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+  const counts = zero();
+  const bySource = new Map(totals.map((t) => [t.source, { source: t.source, counts: { ...zero(), done: t.n } }]));
+  for (const o of open) {
+    const entry = bySource.get(o.source) ?? { source: o.source, counts: zero() };
+    bySource.set(o.source, entry);
+    entry.counts[o.status] += o.n;
+    entry.counts.done -= o.n;
+  }
+  const sources = [...bySource.values()].sort((a, b) => (a.source < b.source ? -1 : 1));
+  for (const x of sources) for (const s of STATUSES) counts[s] += x.counts[s];
+  return { counts, sources, oldestWaitingMs, conflicts };
 }
 
 /** Bucket is one slice of time in histogram(): what arrived in it, and what was finished in it. */

@@ -269,6 +269,37 @@ for (const backend of BACKENDS) {
       });
     });
 
+    describe("summary()", () => {
+      it("counts per status and per source as status() does, and names the oldest wait and the conflicts", async () => {
+        const inbox = await open({ maxAttempts: 1 });
+        await inbox.store({ source: "stripe", id: "s1", body: body({}) });
+        t += 1_000;
+        for (const id of ["s2", "s3", "s4"]) await inbox.store({ source: "stripe", id, body: body({}) });
+        await inbox.store({ source: "github", id: "g1", body: body({}) });
+        await inbox.store({ source: "github", id: "g1", body: body({ other: 1 }) });
+        const [a, b, c] = await inbox.claimBatch(3, LEASE); // s1, s2, s3: one done, one failed, one processing
+        await inbox.finish(a!);
+        await inbox.fail(b!, "boom");
+        void c;
+        t += 4_000;
+        const summary = await inbox.summary();
+        const status = await inbox.status();
+        assert.deepEqual(summary.counts, { received: 2, processing: 1, done: 1, failed: 1 });
+        assert.deepEqual(summary.counts, status.counts);
+        assert.deepEqual(summary.sources, [
+          { source: "github", counts: { received: 1, processing: 0, done: 0, failed: 0 } },
+          { source: "stripe", counts: { received: 1, processing: 1, done: 1, failed: 1 } },
+        ]);
+        assert.equal(summary.oldestWaitingMs, 4_000, "s3 has waited since it arrived, processing or not");
+        assert.deepEqual(summary.conflicts, { deliveries: 1, copies: 1 });
+        const empty = await open({ maxAttempts: 1 });
+        await empty.query("DELETE FROM deliveries");
+        assert.deepEqual(await empty.summary(), {
+          counts: { received: 0, processing: 0, done: 0, failed: 0 }, sources: [], oldestWaitingMs: null, conflicts: { deliveries: 0, copies: 0 },
+        });
+      });
+    });
+
     describe("histogram()", () => {
       it("counts received, done and failed per bucket, each in the bucket it happened in, empty ones as zero", async () => {
         const inbox = await open({ maxAttempts: 1 });
