@@ -374,6 +374,7 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
         .map((d) => `<li><a href="${escape(deliveryHref(d))}">${escape(d.source)}</a></li>`).join("")}</ul>`);
     }
     const d = found[0]!;
+    const tries = await inbox.attemptErrors(d);
     const views = bodyViews(d.body);
     const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
     const shown = view === "json" ? views.json : view === "text" ? views.text : views.base64;
@@ -395,6 +396,8 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
 <h1 class="id">${escape(d.id)} ${statusBadge(d.status)}</h1>
 <div class="actions">${actions}</div>
 ${d.error ? `<h2>Last error</h2><pre class="error">${escape(d.error)}</pre>` : ""}
+${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th><th>when</th><th>error</th></tr></thead><tbody>${tries
+  .map((a) => `<tr><td class="num">${a.attempt}</td><td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(a.error)}</td></tr>`).join("")}</tbody></table></div>`}
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
 <h2>Body</h2><nav class="tabs">${tab("json", "JSON", views.json !== undefined)}${tab("text", "Raw", views.text !== undefined)}${tab("base64", "Base64", true)}</nav>
 ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>`, flash);

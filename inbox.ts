@@ -307,7 +307,11 @@ const MIGRATIONS: readonly string[] = [
   // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
   `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
    CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
-   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;`,
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -474,6 +478,8 @@ export interface Inbox {
   finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
   /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
   fail(lease: Lease, error: string, options?: { permanent?: boolean }): Promise<Failure | undefined>;
+  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
+  attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]>;
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
@@ -726,6 +732,8 @@ export class SqliteInbox implements Inbox {
         .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`)
         .get(lease.source, lease.id, lease.token) as { attempts: number } | undefined;
       if (!row) return undefined;
+      this.sql("INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES (?, ?, ?, ?, ?)")
+        .run(lease.source, lease.id, row.attempts, error, now);
       if (options.permanent || row.attempts >= this.maxAttempts) {
         this.sql(
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
@@ -740,6 +748,13 @@ export class SqliteInbox implements Inbox {
       ).run(error, retryAt, lease.source, lease.id);
       return { status: "received", retryAt };
     }) as Promise<Failure | undefined>;
+  }
+
+  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
+  async attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]> {
+    return (this
+      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? ORDER BY failed_at, rowid")
+      .all(d.source, d.id) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
   }
 
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
@@ -1162,6 +1177,13 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+}
+
+/** AttemptError is one failed try of a delivery: which attempt it was, what the handler said, and when. */
+export interface AttemptError {
+  attempt: number;
+  error: string;
+  failedAt: number;
 }
 
 /** Summary is the operator page's overview: counts per status, the same per source, the oldest wait, conflicts. */

@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, bulkBatchSize, emptyBuckets, filterSql, message, searchPageLimit, sha256, summarise, type Summary, type Backend, type Bucket, type Cursor, type Filter,
+  DEFAULTS, backoff, bulkBatchSize, emptyBuckets, filterSql, message, searchPageLimit, sha256, summarise, type AttemptError, type Summary, type Backend, type Bucket, type Cursor, type Filter,
   type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
@@ -49,7 +49,12 @@ const MIGRATIONS: readonly string[] = [
   // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
   `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
    CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
-   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;`,
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source text NOT NULL, id text NOT NULL, attempt integer NOT NULL, error text NOT NULL, failed_at bigint NOT NULL,
+     seq bigserial PRIMARY KEY);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -314,12 +319,24 @@ export class PostgresInbox implements Inbox {
            finished_at  = CASE WHEN $2::boolean OR attempts >= $3 THEN ${NOW} ELSE NULL END,
            error = $5, leased_until = NULL, lease_token = NULL
          WHERE source = $6 AND id = $7 AND lease_token = $8 AND status = 'processing'
-         RETURNING status, available_at`,
+         RETURNING status, available_at, attempts`,
         [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token],
       );
       if (rows.length === 0) return undefined;
+      await client.query(
+        `INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES ($2, $3, $4, $5, ${NOW})`,
+        [this.now(), lease.source, lease.id, rows[0].attempts, error],
+      );
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
     }) as Promise<Failure | undefined>;
+  }
+
+  async attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]> {
+    const { rows } = await this.pool.query(
+      "SELECT attempt, error, failed_at FROM attempt_errors WHERE source = $1 AND id = $2 ORDER BY failed_at, seq",
+      [d.source, d.id],
+    );
+    return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at }));
   }
 
   release(lease: Lease): Promise<boolean> {

@@ -6,12 +6,13 @@
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
+import { admin } from "./admin.ts";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
 import { worker } from "./worker.ts";
 
-const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed };
+const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed, admin };
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -269,6 +269,30 @@ for (const backend of BACKENDS) {
       });
     });
 
+    describe("attemptErrors()", () => {
+      it("keeps every failed try's error, oldest first, through a manual retry; others' stay apart", async () => {
+        const inbox = await open({ maxAttempts: 2, retryDelayMs: 1_000 });
+        await inbox.store({ id: "evt_1", body: body({}) });
+        await inbox.store({ id: "evt_2", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "timeout");
+        await inbox.fail((await inbox.claim(LEASE))!, "other delivery");
+        t += 10_000;
+        const again = (await inbox.claim(LEASE))!;
+        assert.equal(again.id, "evt_1");
+        assert.deepEqual(await inbox.fail(again, "HTTP 502"), { status: "failed" });
+        await inbox.retry({ id: "evt_1" });
+        t += 1_000;
+        const leases = await inbox.claimBatch(2, LEASE);
+        await inbox.fail(leases.find((l) => l.id === "evt_1")!, "bad amount", { permanent: true });
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1" }), [
+          { attempt: 1, error: "timeout", failedAt: T0 },
+          { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000 },
+          { attempt: 1, error: "bad amount", failedAt: T0 + 11_000 },
+        ]);
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope" }), []);
+      });
+    });
+
     describe("summary()", () => {
       it("counts per status and per source as status() does, and names the oldest wait and the conflicts", async () => {
         const inbox = await open({ maxAttempts: 1 });
