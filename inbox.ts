@@ -169,8 +169,12 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   const where: string[] = [];
   const params: SqlValue[] = [];
   const add = (sql: string, value: SqlValue) => void (where.push(sql), params.push(value));
-  if (filter.status !== undefined) add("status = ?", filter.status);
-  if (filter.source !== undefined) add("source = ?", filter.source);
+  // On SQLite, two hints for the planner, which otherwise walks a third of the table by the primary key's
+  // source and sorts it (350 ms at a million rows): status <> 'done' spelled out lets it use the partial index
+  // of what is not done (deliveries_open, which holds received_at and source), and +source keeps it off the
+  // primary key unless the ID is given too, so it walks received_at newest first. PostgreSQL needs neither.
+  if (filter.status !== undefined) add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
+  if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
