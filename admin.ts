@@ -312,10 +312,12 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
     const s = await inbox.summary();
     const t = now();
     const hour = await inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
+    // Done may be PostgreSQL's estimate on a large table: say so with ≈ rather than show a false exact count.
+    const about = (name: Status) => (s.estimated && name === "done" ? "≈ " : "");
     const cards = STATUSES.map((name) =>
-      `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`).join("");
+      `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${about(name)}${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`).join("");
     const rows = s.sources.map(({ source, counts }) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES
-      .map((n) => `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${counts[n].toLocaleString("en")}</a>`}</td>`).join("")}</tr>`).join("");
+      .map((n) => `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${about(n)}${counts[n].toLocaleString("en")}</a>`}</td>`).join("")}</tr>`).join("");
     return `<section class="cards">${cards}</section>
 <p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>
 ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had duplicates with a different body` : ""}</p>

@@ -1196,6 +1196,8 @@ export interface Summary {
   sources: { source: string; counts: Record<Status, number> }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+  /** True when the done counts are estimates (PostgreSQL, a large table); every other count is exact. */
+  estimated: boolean;
 }
 
 /** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
@@ -1214,7 +1216,7 @@ export function summarise(
   }
   const sources = [...bySource.values()].sort((a, b) => (a.source < b.source ? -1 : 1));
   for (const x of sources) for (const s of STATUSES) counts[s] += x.counts[s];
-  return { counts, sources, oldestWaitingMs, conflicts };
+  return { counts, sources, oldestWaitingMs, conflicts, estimated: false };
 }
 
 /** Bucket is one slice of time in histogram(): what arrived in it, and what was finished in it. */

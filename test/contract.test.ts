@@ -316,10 +316,11 @@ for (const backend of BACKENDS) {
         ]);
         assert.equal(summary.oldestWaitingMs, 4_000, "s3 has waited since it arrived, processing or not");
         assert.deepEqual(summary.conflicts, { deliveries: 1, copies: 1 });
+        assert.equal(summary.estimated, false, "a small table is counted, not estimated");
         const empty = await open({ maxAttempts: 1 });
         await empty.query("DELETE FROM deliveries");
         assert.deepEqual(await empty.summary(), {
-          counts: { received: 0, processing: 0, done: 0, failed: 0 }, sources: [], oldestWaitingMs: null, conflicts: { deliveries: 0, copies: 0 },
+          counts: { received: 0, processing: 0, done: 0, failed: 0 }, sources: [], oldestWaitingMs: null, conflicts: { deliveries: 0, copies: 0 }, estimated: false,
         });
       });
     });
