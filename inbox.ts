@@ -312,6 +312,8 @@ const MIGRATIONS: readonly string[] = [
   `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
    CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
    CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
+   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
    -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
    CREATE TABLE IF NOT EXISTS attempt_errors (
      source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);

@@ -33,8 +33,8 @@ function shape(i: number, n: number, now: number) {
   };
 }
 
-// fillSqlite writes n deliveries straight into the table in big transactions, as bench/common's fillBacklog does.
-function fillSqlite(path: string, n: number, now: number): void {
+/** fillSqlite writes n deliveries straight into the table in big transactions, as bench/common's fillBacklog does. */
+export function fillSqlite(path: string, n: number, now: number): void {
   openDatabase(path).close();
   const db = new DatabaseSync(path);
   db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
@@ -58,7 +58,7 @@ function fillSqlite(path: string, n: number, now: number): void {
   db.close();
 }
 
-// fillPostgres lets the server generate the rows (generate_series), the same shape as fillSqlite's.
+/** fillPostgres lets the server generate the rows (generate_series), the same shape as fillSqlite's. */
 export async function fillPostgres(url: string, n: number, now: number): Promise<void> {
   const inbox = await connect(url);
   try {

@@ -44,8 +44,22 @@ for (let minute = 0; minute < 60; minute++) {
     else await inbox.finish(lease);
   }
 }
+// One delivery that failed three tries in a row, as the one to show: its page lists each try's error.
+const retrying = await connect(join(dir.dir, "inbox.db"), { now: () => t, maxAttempts: 3, random: () => 0.5 });
+t = end - 9 * 60_000;
+await retrying.store({
+  source: "stripe", id: "evt_3QxK2mLdTz81", contentType: "application/json", eventType: "invoice.paid",
+  body: Buffer.from(JSON.stringify({ id: "evt_3QxK2mLdTz81", type: "invoice.paid", data: { object: { amount_paid: 4900, currency: "eur", customer: "cus_R2d2C3po" } } })),
+});
+for (const [delay, error] of [[500, "HTTP 502 from payments-api after 1204 ms"], [3_000, "HTTP 502 from payments-api after 998 ms"], [9_000, "HTTP 503 from payments-api after 30001 ms"]] as const) {
+  t += delay;
+  const lease = (await retrying.claimBatch(50, 60_000)).find((l) => l.id === "evt_3QxK2mLdTz81")!;
+  await retrying.fail(lease, error);
+  await retrying.flush();
+}
+await retrying.close();
 t = end;
-const failed = (await inbox.search({ status: "failed", source: "stripe" }, { limit: 1 }))[0]!;
+const failed = { source: "stripe", id: "evt_3QxK2mLdTz81" };
 
 const admin = createAdmin({ inbox, audit: () => {} });
 const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
