@@ -397,7 +397,7 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     return page(s, d.id, `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
 <h1 class="id">${escape(d.id)} ${statusBadge(d.status)}</h1>
 <div class="actions">${actions}</div>
-${d.error ? `<h2>Last error</h2><pre class="error">${escape(d.error)}</pre>` : ""}
+${d.error && d.error !== tries.at(-1)?.error ? `<h2>Last error</h2><pre class="error">${escape(d.error)}</pre>` : ""}
 ${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th><th>when</th><th>error</th></tr></thead><tbody>${tries
   .map((a) => `<tr><td class="num">${a.attempt}</td><td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(a.error)}</td></tr>`).join("")}</tbody></table></div>`}
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
@@ -631,7 +631,7 @@ polyline.received { stroke: var(--received); } polyline.done { stroke: var(--don
 .legend { color: var(--muted); font-size: .9rem; margin: .3rem 0; }
 .key { display: inline-block; width: .8rem; height: .25rem; margin: 0 .3rem .2rem .6rem; vertical-align: middle; }
 .key.received { background: var(--received); } .key.done { background: var(--done); } .key.failed { background: var(--failed); }
-.scroll { overflow-x: auto; background: var(--card); border: 1px solid var(--line); border-radius: 6px; }
+.scroll { margin-bottom: 1rem; overflow-x: auto; background: var(--card); border: 1px solid var(--line); border-radius: 6px; }
 table { border-collapse: collapse; width: 100%; } th, td { text-align: left; padding: .4rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { font-weight: 600; color: var(--muted); font-size: .85rem; white-space: nowrap; } tr:last-child td { border-bottom: 0; }
 .num { text-align: right; font-variant-numeric: tabular-nums; } .time { white-space: nowrap; font-variant-numeric: tabular-nums; }

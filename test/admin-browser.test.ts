@@ -105,7 +105,7 @@ for (const backend of BACKENDS) {
 
       await page.click("text=evt_broken");
       await page.waitForSelector("h1.id");
-      assert.match((await page.textContent("pre.error"))!, /HTTP 502 from payments/);
+      assert.match((await page.textContent("table.tries td.error"))!, /HTTP 502 from payments/);
       assert.match((await page.textContent("pre.body"))!, /"customer": "Ann"/);
       await page.click('button:has-text("Retry")');
       await page.waitForSelector(".flash");
