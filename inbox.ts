@@ -1,6 +1,7 @@
 // inbox.ts: the durable inbox. The store's contract (Inbox), its node:sqlite backend, connect(), and the
 // operator's CLI. Store every delivery before answering, claim it under a lease, finish it exactly once.
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
+//   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL for the PostgreSQL backend in postgres.ts.
 // Imported by receiver.ts and worker.ts; run directly, it is the CLI at the bottom of this file.
 
@@ -68,8 +69,30 @@ export const DEFAULTS = {
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
   notifyEveryMs: 25,
-  /** Deliveries a bulk command (retry, replay, purge, export) touches per transaction, so none waits behind it long. @default 500 */
+  /** Deliveries a bulk command (retry, replay, purge by name, export, import) touches per transaction, so none waits behind it long. @default 500 */
   bulkBatch: 500,
+  /** Age after which purge drops the body of a done delivery, keeping its tombstone. @default 7 days */
+  bodiesAfterMs: 7 * 86_400_000,
+  /**
+   * Age after which purge forgets a tombstone, and with it the ID: a copy that arrives later is stored as
+   * new. Longer than any sender resends (Stripe 3 days, GitHub 3, GHES 7, Svix's manual resend at will).
+   * @default 30 days
+   */
+  forgetAfterMs: 30 * 86_400_000,
+  /**
+   * Deliveries purge changes per transaction, so no ack waits long behind it: 100, not 500, as the
+   * 500-row batches' commits (2 MB of WAL each) raised the ack p99 in bench/purge.ts. @default 100
+   */
+  purgeBatch: 100,
+  /**
+   * After each batch, purge rests this many times as long as the batch took, leaving the write lock and
+   * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). @default 1
+   */
+  purgeRest: 1,
+  /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
+  vacuumStepPages: 1_000,
+  /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */
+  purgeEveryMinutes: 60,
   /** Deliveries search() returns when no limit is given. @default 50 */
   searchLimit: 50,
   /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
@@ -135,6 +158,80 @@ export interface Filter {
   bodyContains?: string;
   /** The delivery ID, exactly. */
   id?: string;
+}
+
+/** PurgeOptions says what purge() lets go; every field has a default in DEFAULTS. */
+export interface PurgeOptions {
+  /** Drop the bodies of done deliveries received longer ago than this. @default DEFAULTS.bodiesAfterMs */
+  bodiesAfterMs?: number;
+  /** Forget tombstones (and so their IDs) received longer ago than this; must be longer. @default DEFAULTS.forgetAfterMs */
+  forgetAfterMs?: number;
+  /** @default DEFAULTS.purgeBatch */
+  batch?: number;
+  /** Rest after each batch this many times as long as it took; 0 runs batches back to back. @default DEFAULTS.purgeRest */
+  rest?: number;
+  /** Count what would go, and change nothing. @default false */
+  dryRun?: boolean;
+  /** Abort to stop after the batch in flight (a stopping worker). @default undefined */
+  signal?: AbortSignal;
+}
+
+/** Purged says what a purge let go (or, in a dry run, would): bodies dropped, their bytes, tombstones forgotten. */
+export interface Purged {
+  bodies: number;
+  bytes: number;
+  forgotten: number;
+  /** SQLite: bytes the incremental vacuum gave back to the file system; 0 elsewhere. */
+  vacuumedBytes: number;
+}
+
+/** Kept is how much the inbox holds: deliveries with their body, tombstones, and the space they take. */
+export interface Kept {
+  bodies: { count: number; bytes: number; oldest: number | null };
+  tombstones: { count: number; oldest: number | null };
+  /** The database's size on disk (SQLite: the file; PostgreSQL: the deliveries table with its indexes and TOAST). */
+  fileBytes: number;
+  /** SQLite: space inside the file that is free for reuse, and whether purge can give it back (auto_vacuum). */
+  freeBytes?: number;
+  autoVacuum?: "none" | "full" | "incremental";
+}
+
+/** purgeCutoffs checks purge's ages and turns them into the two received_at bounds, at now. */
+export function purgeCutoffs(options: PurgeOptions, now: number): { bodiesBefore: number; forgetBefore: number; batch: number; rest: number } {
+  const bodiesAfterMs = options.bodiesAfterMs ?? DEFAULTS.bodiesAfterMs;
+  const forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
+  for (const [name, value] of [["bodiesAfterMs", bodiesAfterMs], ["forgetAfterMs", forgetAfterMs]] as const) {
+    if (!Number.isFinite(value) || value < 0) throw new TypeError(`purge: expected ${name} to be a number of ms >= 0, got ${value}`);
+  }
+  // A tombstone that goes with its body would let a resend through at once: the memory must outlast it.
+  if (forgetAfterMs <= bodiesAfterMs) {
+    throw new TypeError(`purge: expected forgetAfterMs (${forgetAfterMs}) to be longer than bodiesAfterMs (${bodiesAfterMs})`);
+  }
+  const batch = options.batch ?? DEFAULTS.purgeBatch;
+  if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
+  const rest = options.rest ?? DEFAULTS.purgeRest;
+  if (!Number.isFinite(rest) || rest < 0) throw new TypeError(`purge: expected rest to be a number >= 0, got ${rest}`);
+  return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch, rest };
+}
+
+/**
+ * paced runs one batch of a bulk command and then rests rest times as long as it took, so that acks get
+ * the write lock and the disk in between; the batches' pace adapts to the load they meet.
+ */
+export async function paced<T>(rest: number, batch: () => Promise<T>): Promise<T> {
+  const started = performance.now();
+  const result = await batch();
+  const ms = (performance.now() - started) * rest;
+  if (ms >= 1) await new Promise((resolve) => setTimeout(resolve, ms));
+  return result;
+}
+
+/** BulkOptions tunes a bulk command: retryMatching, replayMatching, dropBodies. */
+export interface BulkOptions {
+  /** Deliveries per transaction. @default DEFAULTS.bulkBatch */
+  batch?: number;
+  /** Count what would change, and change nothing. @default false */
+  dryRun?: boolean;
 }
 
 /** Cursor is where a page of search() ended: pass the last delivery (or these three fields) as `after`. */
@@ -331,6 +428,9 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${reason}`, { cause: error });
   }
   try {
+    // Before anything else writes the file: a new database is created able to give freed pages back
+    // (purge's incremental vacuum). On an existing file this does nothing until a VACUUM (vacuum()).
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
     // WAL lets the worker read while the receiver writes, and makes each commit one append.
     db.exec("PRAGMA journal_mode = WAL");
     // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
@@ -484,8 +584,11 @@ export interface Inbox {
   finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
   /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
   fail(lease: Lease, error: string, options?: { permanent?: boolean }): Promise<Failure | undefined>;
-  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
-  attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]>;
+  /**
+   * attemptErrors returns each failed try of one delivery that fail() recorded, oldest first; only tries
+   * since receivedAt, so an ID that purge forgot and that arrived again does not show its old tries.
+   */
+  attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]>;
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
@@ -508,13 +611,26 @@ export interface Inbox {
   search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
   count(filter: Filter): Promise<number>;
-  /** retryMatching queues the failed deliveries that match (tombstones aside) again, attempts reset, in batches; returns how many. */
-  retryMatching(filter: Filter, options?: { batch?: number }): Promise<number>;
+  /**
+   * retryMatching queues the failed deliveries that match (tombstones aside) again, attempts reset, in
+   * batches; returns how many. With dryRun it only counts them.
+   */
+  retryMatching(filter: Filter, options?: BulkOptions): Promise<number>;
   /**
    * replayMatching puts the done deliveries that match through the handler again: same key, attempts
    * reset, replays counted, due now. A tombstone has no body to replay; it is counted, not replayed.
    */
-  replayMatching(filter: Filter, options?: { batch?: number }): Promise<{ replayed: number; tombstoned: number }>;
+  replayMatching(filter: Filter, options?: BulkOptions): Promise<{ replayed: number; tombstoned: number }>;
+  /**
+   * purge drops the bodies of done deliveries older than bodiesAfterMs, keeping a tombstone (source, ID,
+   * hash, status, times) that store() still answers as a duplicate, and forgets tombstones older than
+   * forgetAfterMs. Failed deliveries keep their bodies. It works in batches, each its own transaction.
+   */
+  purge(options?: PurgeOptions): Promise<Purged>;
+  /** dropBodies makes tombstones of the settled (done or failed) deliveries that match, whatever their age: purge by name. */
+  dropBodies(filter: Filter, options?: BulkOptions): Promise<{ bodies: number; bytes: number }>;
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  kept(): Promise<Kept>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
   /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
@@ -757,10 +873,10 @@ export class SqliteInbox implements Inbox {
   }
 
   /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
-  async attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]> {
+  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
     return (this
-      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? ORDER BY failed_at, rowid")
-      .all(d.source, d.id) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
+      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ? ORDER BY failed_at, rowid")
+      .all(d.source, d.id, d.receivedAt) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
   }
 
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
@@ -785,12 +901,12 @@ export class SqliteInbox implements Inbox {
       if ("allFailed" in target) {
         return this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE status = 'failed'`)
+                    WHERE status = 'failed' AND purged_at IS NULL`)
           .run(now).changes;
       }
       return this
         .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                  WHERE source = ? AND id = ? AND status = 'failed'`)
+                  WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL`)
         .run(now, target.source ?? DEFAULTS.source, target.id).changes;
     }) as Promise<number>;
   }
@@ -952,9 +1068,11 @@ export class SqliteInbox implements Inbox {
   }
 
   /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
-  async retryMatching(filter: Filter, options: { batch?: number } = {}): Promise<number> {
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, "status = 'failed' AND purged_at IS NULL", options.batch, (keys, now) => {
+    await this.inBatches(filter, failed, options.batch, (keys, now) => {
       for (const k of keys) {
         total += Number(this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
@@ -966,9 +1084,12 @@ export class SqliteInbox implements Inbox {
   }
 
   /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
-  async replayMatching(filter: Filter, options: { batch?: number } = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, "status = 'done' AND purged_at IS NULL", options.batch, (keys, now) => {
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
       for (const k of keys) {
         replayed += Number(this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
@@ -977,11 +1098,12 @@ export class SqliteInbox implements Inbox {
           .run(now, k.source, k.id).changes);
       }
     });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = filterSql(filter, "sqlite");
-    const { n: tombstoned } = this
-      .sql(`SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NOT NULL AND ${where}`)
-      .get(...params) as { n: number };
-    return { replayed, tombstoned };
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`).get(...params) as { n: number }).n;
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
@@ -1005,6 +1127,139 @@ export class SqliteInbox implements Inbox {
       if (picked.length < size) return;
       after = picked.at(-1);
     }
+  }
+
+  /** purge drops old done bodies (tombstones stay), forgets old tombstones, then gives the space back. */
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.now());
+    if (options.dryRun) {
+      const bodies = this
+        .sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+              WHERE status = 'done' AND purged_at IS NULL AND received_at < ?`)
+        .get(bodiesBefore) as { n: number; bytes: number };
+      // What is past both ages goes in one run: its body now, then its tombstone.
+      const forgotten = this.sql("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      const both = this.sql("SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      return { bodies: bodies.n, bytes: bodies.bytes, forgotten: forgotten.n + both.n, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(rest, () => this.enqueue(() => this.dropBatch(
+        "SELECT rowid, length(body) AS bytes FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ? ORDER BY received_at LIMIT ?",
+        [bodiesBefore, batch]))) as { n: number; bytes: number };
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = await paced(rest, () => this.enqueue(() => Number(this
+        .sql(`DELETE FROM deliveries WHERE rowid IN (
+                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`)
+        .run(forgetBefore, batch).changes))) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    purged.vacuumedBytes = await this.vacuumFree(options.signal, rest);
+    return purged;
+  }
+
+  /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const size = bulkBatchSize(options.batch);
+    const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
+                  WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where} ORDER BY received_at LIMIT ?`;
+    if (options.dryRun) {
+      const r = this.sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+                          WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`).get(...params) as { n: number; bytes: number };
+      return { bodies: r.n, bytes: r.bytes };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.enqueue(() => this.dropBatch(pick, [...params, size]))) as { n: number; bytes: number };
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    await this.vacuumFree();
+    return total;
+  }
+
+  // dropBatch makes tombstones of the rows a query picks, inside the current transaction. The row stays,
+  // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a
+  // conflict. It is moved rather than updated in place: SQLite never merges the half-empty pages an
+  // UPDATE leaves (a 1 KB body lives in its leaf page), so the file would not shrink; a DELETE rebalances
+  // them into free pages, and the re-inserted tombstones pack densely at the end of the table.
+  private dropBatch(pick: string, params: SQLInputValue[]): { n: number; bytes: number } {
+    const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
+    if (rows.length === 0) return { n: 0, bytes: 0 };
+    // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
+    this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.deliveries WHERE 0");
+    const ids = JSON.stringify(rows.map((r) => r.rowid));
+    const settled = "rowid IN (SELECT value FROM json_each(?)) AND purged_at IS NULL AND status IN ('done', 'failed')";
+    this.sql(`INSERT INTO temp.purging SELECT * FROM main.deliveries WHERE ${settled}`).run(ids);
+    const n = Number(this.sql(`DELETE FROM main.deliveries WHERE ${settled}`).run(ids).changes);
+    this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(this.now());
+    this.sql("INSERT INTO main.deliveries SELECT * FROM temp.purging ORDER BY received_at").run();
+    this.sql("DELETE FROM temp.purging").run();
+    return { n, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
+  }
+
+  // vacuumFree gives free pages back to the file system, a bounded step per transaction, when the file
+  // was created with auto_vacuum = INCREMENTAL (see openDatabase; an older file needs vacuum() once).
+  // The file itself shrinks at the next checkpoint, which copies the shorter database out of the WAL.
+  private async vacuumFree(signal?: AbortSignal, rest: number = DEFAULTS.purgeRest): Promise<number> {
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    if (pragma("auto_vacuum") !== 2) return 0;
+    const pageSize = pragma("page_size");
+    let pages = 0;
+    for (;;) {
+      const free = pragma("freelist_count");
+      if (free === 0 || signal?.aborted) break;
+      const step = Math.min(free, DEFAULTS.vacuumStepPages);
+      await paced(rest, () => this.enqueue(() => this.db.prepare(`PRAGMA incremental_vacuum(${step})`).all()));
+      pages += step;
+    }
+    return pages * pageSize;
+  }
+
+  /**
+   * vacuum rewrites the whole file once, switching it to auto_vacuum = INCREMENTAL, so that purge can shrink
+   * a database created before retention existed. It holds the write lock until done (seconds per GB):
+   * receivers' acks wait meanwhile, so run it in a quiet moment. SQLite only.
+   */
+  async vacuum(): Promise<{ before: number; after: number }> {
+    await this.flush();
+    const size = () => {
+      const { page_count: pages } = this.db.prepare("PRAGMA page_count").get() as { page_count: number };
+      const { page_size: bytes } = this.db.prepare("PRAGMA page_size").get() as { page_size: number };
+      return pages * bytes;
+    };
+    const before = size();
+    this.db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    this.db.exec("VACUUM");
+    this.db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return { before, after: size() };
+  }
+
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  async kept(): Promise<Kept> {
+    const bodies = this
+      .sql("SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NULL")
+      .get() as { n: number; bytes: number; oldest: number | null };
+    const tombstones = this
+      .sql("SELECT count(*) AS n, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NOT NULL")
+      .get() as { n: number; oldest: number | null };
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    const pageSize = pragma("page_size");
+    return {
+      bodies: { count: bodies.n, bytes: bodies.bytes, oldest: bodies.oldest },
+      tombstones: { count: tombstones.n, oldest: tombstones.oldest },
+      fileBytes: pragma("page_count") * pageSize,
+      freeBytes: pragma("freelist_count") * pageSize,
+      autoVacuum: (["none", "full", "incremental"] as const)[pragma("auto_vacuum")] ?? "none",
+    };
   }
 
   /** query runs one statement with `?` parameters: the handler's own tables, and tests. */
@@ -1338,6 +1593,94 @@ async function findOne(inbox: Inbox, id: string, source: string | undefined): Pr
   return found[0]!;
 }
 
+// CliFilters are the filter options every bulk command takes.
+interface CliFilters {
+  source?: string;
+  type?: string;
+  since?: number;
+  until?: number;
+  errorMatch?: string;
+}
+
+function filterOf(opts: CliFilters): Filter {
+  const filter: Filter = {};
+  if (opts.source !== undefined) filter.source = opts.source;
+  if (opts.type !== undefined) filter.type = opts.type;
+  if (opts.since !== undefined) filter.since = opts.since;
+  if (opts.until !== undefined) filter.until = opts.until;
+  if (opts.errorMatch !== undefined) filter.errorMatch = opts.errorMatch;
+  return filter;
+}
+
+const UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
+
+/** parseDuration reads an age such as 90s, 30m, 12h, 7d or 2w as ms, or returns undefined. */
+export function parseDuration(text: string): number | undefined {
+  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$/.exec(text.trim());
+  return match ? Math.round(Number(match[1]) * UNITS[match[2]!]!) : undefined;
+}
+
+/** parseWhen reads an ISO date, or an age meaning that long before now, as ms since the epoch; else undefined. */
+export function parseWhen(text: string, now: number): number | undefined {
+  const ago = parseDuration(text);
+  if (ago !== undefined) return now - ago;
+  // Only what looks like a date: Date.parse would also take "1" or "March".
+  if (!/^\d{4}-\d{2}-\d{2}/.test(text.trim())) return undefined;
+  const ms = Date.parse(text.trim());
+  return Number.isNaN(ms) ? undefined : ms;
+}
+
+function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GB`;
+}
+
+/** ExportLine is one line of `inbox.ts export`: a delivery's every field, its body as base64 and, where it is UTF-8, as text. */
+export type ExportLine = Omit<Delivery, "body"> & { bodyBytes: number; body: string | null; bodyBase64: string };
+
+/** exportLine turns a delivery into its line of an export. */
+export function exportLine(d: Delivery): ExportLine {
+  const { body, ...rest } = d;
+  // ignoreBOM keeps a leading BOM in the text, so the text alone is also every byte of the body.
+  const text = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true }).decode(body);
+  return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
+}
+
+/** importLine reads a line of an export back into a delivery, checking its fields and its body against the hash. */
+export function importLine(line: unknown): Delivery {
+  if (line === null || typeof line !== "object" || Array.isArray(line)) throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
+  const o = line as Record<string, unknown>;
+  // Typed never, so each field takes the type its slot in Delivery asks for; the checks here make it so.
+  const need = (key: string, kind: "string" | "number", nullable = false): never => {
+    const v = o[key];
+    if ((v === null || v === undefined) && nullable) return null as never;
+    if (typeof v !== kind || (kind === "number" && !Number.isFinite(v))) throw new TypeError(`expected ${key} to be a ${kind}${nullable ? " or null" : ""}, got ${JSON.stringify(v)}`);
+    return v as never;
+  };
+  const status: Status = need("status", "string");
+  if (!STATUSES.includes(status)) throw new TypeError(`expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(status)}`);
+  const base64: string = need("bodyBase64", "string");
+  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(base64)) throw new TypeError("expected bodyBase64 to be base64");
+  const body = Buffer.from(base64, "base64");
+  const d: Delivery = {
+    source: need("source", "string"), id: need("id", "string"), body, bodySha256: need("bodySha256", "string"),
+    contentType: need("contentType", "string", true), eventType: need("eventType", "string", true),
+    providerTime: need("providerTime", "number", true), receivedAt: need("receivedAt", "number"), status,
+    attempts: need("attempts", "number"), availableAt: need("availableAt", "number"), leasedUntil: need("leasedUntil", "number", true),
+    error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
+    replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
+  };
+  // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
+  if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {
+    throw new TypeError(`expected a tombstone (purgedAt set) to be done or failed, got ${d.status}`);
+  }
+  // A tombstone's body is gone on purpose; any other body must be the one its hash names.
+  if (d.purgedAt === null && sha256(body) !== d.bodySha256) throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
+  return d;
+}
+
 async function cli(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, CommanderError } = await import("commander");
   const program = new Command("inbox.ts")
@@ -1352,6 +1695,11 @@ Examples:
   npx tsx inbox.ts show evt_100
   npx tsx inbox.ts retry evt_100
   npx tsx inbox.ts retry --all-failed
+  npx tsx inbox.ts retry --failed --source stripe --error-match timeout --since 2h --dry-run
+  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 3d
+  npx tsx inbox.ts purge --dry-run
+  npx tsx inbox.ts export --since 30d --out archive.jsonl
+  npx tsx inbox.ts import archive.jsonl --db other.db
   npx tsx inbox.ts status --db postgres://127.0.0.1:5432/test?schema=inbox
   npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
 
@@ -1378,6 +1726,22 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     return connect(path);
   };
   const open = (opts: { db?: string }) => openTarget(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+  const duration = (value: string) => {
+    const ms = parseDuration(value);
+    if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
+    return ms;
+  };
+  const when = (value: string) => {
+    const ms = parseWhen(value, Date.now());
+    if (ms === undefined) throw new InvalidArgumentError("expected an ISO date (2026-01-05, 2026-01-05T12:00:00Z) or an age ago (2h, 3d).");
+    return ms;
+  };
+  const withFilters = (command: InstanceType<typeof Command>) => command
+    .option("--source <name>", "only this source")
+    .option("--type <type>", "only this event type")
+    .option("--since <when>", "received at or after: an ISO date, or an age ago (2h, 3d)", when)
+    .option("--until <when>", "received before: an ISO date, or an age ago", when)
+    .option("--error-match <text>", "whose last error contains this text (any case)");
 
   withDb(program.command("status"))
     .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
@@ -1386,7 +1750,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
       const inbox = await open(opts);
       try {
         const s = await inbox.status();
-        if (opts.json) return void console.log(JSON.stringify(s, null, 2));
+        const kept = await inbox.kept();
+        if (opts.json) return void console.log(JSON.stringify({ ...s, kept }, null, 2));
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
@@ -1407,6 +1772,13 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         if (s.conflicts.deliveries > 0) {
           console.log(`conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`);
         }
+        // How much is kept, so an operator sees retention at work (or that the file predates it).
+        if (STATUSES.every((name) => s.counts[name] === 0)) return;
+        const oldest = (t: number | null) => (t === null ? "" : `, oldest ${iso(t)}`);
+        console.log(`kept: ${kept.bodies.count} with their body (${bytes(kept.bodies.bytes)}${oldest(kept.bodies.oldest)}); ${kept.tombstones.count} tombstones${oldest(kept.tombstones.oldest)}`);
+        const free = kept.freeBytes ? `, ${bytes(kept.freeBytes)} of it free for reuse` : "";
+        const shrink = kept.autoVacuum === "none" ? " (made before retention: run `purge --vacuum` once so purges can shrink it)" : "";
+        console.log(`on disk: ${bytes(kept.fileBytes)}${free}${shrink}`);
       } finally {
         await inbox.close();
       }
@@ -1457,26 +1829,232 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
       }
     });
 
-  withDb(program.command("retry [id]"))
-    .description("put a failed delivery (or every failed one) back in the queue, attempts reset")
-    .option("--source <name>", "the delivery's source, when IDs clash")
+  withFilters(withDb(program.command("retry [id]")))
+    .description("put failed deliveries back in the queue, attempts reset: one by ID, every failed one, or those a filter matches")
     .option("--all-failed", "retry every failed delivery")
-    .action(async (id: string | undefined, opts: { db?: string; source?: string; allFailed?: boolean }) => {
-      if (opts.allFailed && id !== undefined) throw new UsageError("Give either an ID or --all-failed, not both.");
-      if (!opts.allFailed && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed.");
+    .option("--failed", "retry the failed deliveries that the filters match")
+    .option("--dry-run", "say how many would be retried, and change nothing")
+    .option("--json", "print the count as JSON")
+    .addHelpText("after", `
+A failed delivery whose body was purged (a tombstone) cannot be retried. Bulk retries go in batches of
+${DEFAULTS.bulkBatch}, each its own transaction, beside a running worker; run twice, the second finds nothing.
+
+Examples:
+  npx tsx inbox.ts retry evt_100
+  npx tsx inbox.ts retry --failed --source stripe --error-match timeout --since 2h --dry-run
+  npx tsx inbox.ts retry --all-failed`)
+    .action(async (id: string | undefined, opts: CliFilters & { db?: string; allFailed?: boolean; failed?: boolean; dryRun?: boolean; json?: boolean }) => {
+      const bulk = opts.allFailed || opts.failed;
+      if (opts.allFailed && opts.failed) throw new UsageError("Give either --all-failed or --failed with filters, not both.");
+      if (bulk && id !== undefined) throw new UsageError(`Give either an ID or ${opts.allFailed ? "--all-failed" : "--failed"}, not both.`);
+      if (!bulk && id === undefined) throw new UsageError("Give the ID of a failed delivery, or --all-failed. To retry some, --failed with filters.");
+      const filter = filterOf(opts);
+      if (opts.allFailed && Object.keys(filter).some((k) => k !== "source")) throw new UsageError("--all-failed takes no filters; use --failed with them.");
       const inbox = await open(opts);
       try {
-        if (opts.allFailed) {
-          const n = await inbox.retry({ allFailed: true });
-          return void console.log(n === 1 ? "Queued 1 failed delivery again." : `Queued ${n} failed deliveries again.`);
+        if (bulk) {
+          const n = await inbox.retryMatching(filter, { dryRun: opts.dryRun });
+          if (opts.json) return void console.log(JSON.stringify({ matched: n, retried: opts.dryRun ? 0 : n, dryRun: opts.dryRun === true }));
+          const what = n === 1 ? "1 failed delivery" : `${n} failed deliveries`;
+          return void console.log(opts.dryRun ? `Would queue ${what} again (dry run: nothing changed).` : `Queued ${what} again.`);
         }
         const d = await findOne(inbox, id!, opts.source);
         if (d.status !== "failed") throw new NotFound(`No failed delivery with ID ${id}: it is ${d.status}.`);
+        if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be retried: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
+        if (opts.dryRun) return void console.log(`Would queue ${label(d)} again (dry run: nothing changed).`);
         await inbox.retry({ source: d.source, id: d.id });
         console.log("Queued again.");
       } finally {
         await inbox.close();
       }
+    });
+
+  withFilters(withDb(program.command("replay [id]")))
+    .description("put done deliveries through the handler again (after a handler bug was fixed): one by ID, or those the filters match")
+    .option("--all", "replay every done delivery the filters match, even with no filter at all")
+    .option("--dry-run", "say how many would be replayed, and change nothing")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+A replay is a new attempt of the same delivery (same source and ID, so handlers' idempotency keys hold):
+its attempts start again from zero and its replay count goes up. It needs the body: a tombstone (body
+purged) cannot be replayed, and is counted apart. Batches of ${DEFAULTS.bulkBatch}, each its own transaction.
+
+Examples:
+  npx tsx inbox.ts replay evt_100
+  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 2026-01-05T00:00:00Z --until 1d --dry-run`)
+    .action(async (id: string | undefined, opts: CliFilters & { db?: string; all?: boolean; dryRun?: boolean; json?: boolean }) => {
+      const filter = filterOf(opts);
+      if (id !== undefined && (opts.all || Object.keys(filter).some((k) => k !== "source"))) {
+        throw new UsageError("Give either an ID or filters, not both.");
+      }
+      if (id === undefined && !opts.all && Object.keys(filter).length === 0) {
+        throw new UsageError("Give the ID of a done delivery, some filters (--source, --type, --since …), or --all.");
+      }
+      const inbox = await open(opts);
+      try {
+        if (id !== undefined) {
+          const d = await findOne(inbox, id, opts.source);
+          if (d.status !== "done") throw new NotFound(`No done delivery with ID ${id}: it is ${d.status}.`);
+          if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be replayed: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
+          Object.assign(filter, { source: d.source, id: d.id });
+        }
+        const r = await inbox.replayMatching(filter, { dryRun: opts.dryRun });
+        if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+        const what = r.replayed === 1 ? "1 done delivery" : `${r.replayed} done deliveries`;
+        console.log(opts.dryRun ? `Would replay ${what} (dry run: nothing changed).` : `Replayed ${what}: queued again, attempts reset.`);
+        if (r.tombstoned > 0) console.log(`${r.tombstoned} more matched but cannot be replayed: their bodies were purged (tombstones).`);
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("purge [id]"))
+    .description("let old bodies go: drop the bodies of old done deliveries, keeping tombstones that still answer duplicates, and forget old tombstones")
+    .option("--bodies-after <age>", "drop the bodies of done deliveries older than this (30m, 12h, 7d, 2w)", duration, DEFAULTS.bodiesAfterMs)
+    .option("--forget-after <age>", "forget tombstones older than this; must be longer than --bodies-after", duration, DEFAULTS.forgetAfterMs)
+    .option("--source <name>", "with an ID: the delivery's source, when IDs clash")
+    .option("--dry-run", "say what would go, and change nothing")
+    .option("--batch <n>", "deliveries per transaction", positive, DEFAULTS.purgeBatch)
+    .option("--rest <ratio>", "after each batch, rest this many times as long as it took, so acks get through (0: no rest)", (v: string) => {
+      const n = Number(v);
+      if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError("expected a number of 0 or more.");
+      return n;
+    }, DEFAULTS.purgeRest)
+    .option("--vacuum", "SQLite: rewrite the file once so that purges can shrink it (needed for a database made before retention; blocks writers meanwhile)")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+A tombstone keeps a delivery's source, ID, body hash, status and times: a sender that resends the ID gets
+"duplicate" and the handler never runs again; a different body still counts as a conflict. Once a tombstone
+is forgotten, the ID is new again: a copy that arrives later is stored and handled as a new delivery.
+Failed deliveries keep their bodies (so they can be fixed and retried) unless purged by name: purge ID.
+The defaults (7d, 30d) outlast Stripe's (3 days), GitHub's (3, GHES 7) and Svix's (about 28 h) retries.
+
+Examples:
+  npx tsx inbox.ts purge --dry-run
+  npx tsx inbox.ts purge --bodies-after 3d --forget-after 14d
+  npx tsx inbox.ts purge evt_102            # drop one delivery's body (done or failed), keep its tombstone
+  npx tsx inbox.ts purge --vacuum           # once, on a database created before retention existed`)
+    .action(async (id: string | undefined, opts: {
+      db?: string; bodiesAfter: number; forgetAfter: number; source?: string; dryRun?: boolean; vacuum?: boolean; json?: boolean; batch: number; rest: number;
+    }) => {
+      if (opts.forgetAfter <= opts.bodiesAfter) {
+        throw new UsageError(`--forget-after (${age(opts.forgetAfter)}) must be longer than --bodies-after (${age(opts.bodiesAfter)}): the tombstone must outlive the body.`);
+      }
+      if (opts.source !== undefined && id === undefined) throw new UsageError("--source goes with an ID: purge ID --source NAME.");
+      const inbox = await open(opts);
+      try {
+        if (opts.vacuum) {
+          if (!(inbox instanceof SqliteInbox)) throw new UsageError("--vacuum is for SQLite; PostgreSQL's autovacuum reuses the space.");
+          if (opts.dryRun) return void console.log("Would rewrite the file once with auto_vacuum = INCREMENTAL (dry run: nothing changed).");
+          const { before, after } = await inbox.vacuum();
+          return void console.log(`Vacuumed ${inbox.target}: ${bytes(before)} before, ${bytes(after)} after; later purges give freed space back to the file system.`);
+        }
+        if (id !== undefined) {
+          const d = await findOne(inbox, id, opts.source);
+          if (d.purgedAt !== null) return void console.log(`${label(d)} is already a tombstone (purged at ${iso(d.purgedAt)}).`);
+          if (d.status !== "done" && d.status !== "failed") throw new NotFound(`Delivery ${label(d)} is ${d.status}: only done or failed deliveries can be purged.`);
+          const r = await inbox.dropBodies({ source: d.source, id: d.id }, { dryRun: opts.dryRun });
+          if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+          return void console.log(`${opts.dryRun ? "Would drop" : "Dropped"} the body of ${label(d)} (${bytes(r.bytes)}); its tombstone stays${opts.dryRun ? " (dry run: nothing changed)" : ""}.`);
+        }
+        const r = await inbox.purge({ bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter, dryRun: opts.dryRun, batch: opts.batch, rest: opts.rest });
+        if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
+        const verb = opts.dryRun ? "Would drop" : "Dropped";
+        console.log(`${verb} ${r.bodies} ${r.bodies === 1 ? "body" : "bodies"} (${bytes(r.bytes)}) of done deliveries older than ${age(opts.bodiesAfter)}; their tombstones stay.`);
+        console.log(`${opts.dryRun ? "Would forget" : "Forgot"} ${r.forgotten} ${r.forgotten === 1 ? "tombstone" : "tombstones"} older than ${age(opts.forgetAfter)}: those IDs would be stored as new if they came again.`);
+        if (r.vacuumedBytes > 0) console.log(`Gave ${bytes(r.vacuumedBytes)} back to the file system.`);
+        if (opts.dryRun) console.log("(dry run: nothing changed)");
+        const k = await inbox.kept();
+        if (k.autoVacuum === "none" && !opts.dryRun) {
+          console.log(`The file keeps its size (the space is reused for new deliveries): it predates retention; run \`purge --vacuum\` once to let purges shrink it.`);
+        }
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withFilters(withDb(program.command("export")))
+    .description("write deliveries as JSON Lines: every field, and the body as base64 (and as text where it is UTF-8)")
+    .option("--status <status>", `only this status (${STATUSES.join(", ")})`, status)
+    .option("--out <file>", "write to this file instead of stdout")
+    .addHelpText("after", `
+One delivery per line, newest first. Tombstones are exported too (body empty, purgedAt set), so an
+inbox moved with export and import keeps answering their IDs as duplicates. For archiving, and for moving
+between machines; every byte of every body survives the round trip.
+
+Examples:
+  npx tsx inbox.ts export --since 30d --out archive.jsonl
+  npx tsx inbox.ts export --status failed --source stripe | gzip > failed.jsonl.gz`)
+    .action(async (opts: CliFilters & { db?: string; status?: Status; out?: string }) => {
+      const filter: Filter = { ...filterOf(opts), ...(opts.status ? { status: opts.status } : {}) };
+      const inbox = await open(opts);
+      const { createWriteStream } = await import("node:fs");
+      const out = opts.out ? createWriteStream(opts.out) : process.stdout;
+      let n = 0;
+      try {
+        let after: Cursor | undefined;
+        for (;;) {
+          const page = await inbox.search(filter, { after, limit: DEFAULTS.bulkBatch });
+          if (page.length === 0) break;
+          const text = `${page.map((d) => JSON.stringify(exportLine(d))).join("\n")}\n`;
+          if (!out.write(text)) await new Promise<void>((resolve) => out.once("drain", () => resolve()));
+          n += page.length;
+          after = page.at(-1);
+        }
+      } finally {
+        if (opts.out) await new Promise<void>((resolve, reject) => (out as ReturnType<typeof createWriteStream>).end((e?: Error | null) => (e ? reject(e) : resolve())));
+        await inbox.close();
+      }
+      console.error(`Exported ${n} ${n === 1 ? "delivery" : "deliveries"}${opts.out ? ` to ${opts.out}` : ""}.`);
+    });
+
+  withDb(program.command("import <file>"))
+    .description("read deliveries from an export's JSON Lines (- for stdin); those already present are skipped and counted")
+    .option("--dry-run", "check every line and count, and change nothing")
+    .option("--json", "print the counts as JSON")
+    .addHelpText("after", `
+Every body is checked against its sha256 before anything is written. A delivery whose source and ID are
+already in the inbox is left as it is. Safe to run twice: the second run skips them all.
+
+Examples:
+  npx tsx inbox.ts import archive.jsonl --db other.db
+  gunzip -c failed.jsonl.gz | npx tsx inbox.ts import - --db postgres://127.0.0.1:5432/test?schema=inbox`)
+    .action(async (file: string, opts: { db?: string; dryRun?: boolean; json?: boolean }) => {
+      const { createReadStream } = await import("node:fs");
+      const { createInterface } = await import("node:readline");
+      if (file !== "-" && !existsSync(file)) throw new NotFound(`No such file: ${file}`);
+      const inbox = await connect(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+      let [lines, added, skipped] = [0, 0, 0];
+      try {
+        let batch: Delivery[] = [];
+        const flush = async () => {
+          if (batch.length === 0) return;
+          if (opts.dryRun) {
+            for (const d of batch) ((await inbox.find(d.id, d.source)).length > 0 ? skipped++ : added++);
+          } else {
+            const n = await inbox.restore(batch);
+            added += n;
+            skipped += batch.length - n;
+          }
+          batch = [];
+        };
+        const input = file === "-" ? process.stdin : createReadStream(file);
+        for await (const line of createInterface({ input, crlfDelay: Infinity })) {
+          lines++;
+          if (line.trim() === "") continue;
+          try {
+            batch.push(importLine(JSON.parse(line)));
+          } catch (error) {
+            throw new UsageError(`${file}:${lines}: ${message(error)}`);
+          }
+          if (batch.length >= DEFAULTS.bulkBatch) await flush();
+        }
+        await flush();
+      } finally {
+        await inbox.close();
+      }
+      if (opts.json) return void console.log(JSON.stringify({ imported: added, skipped, dryRun: opts.dryRun === true }));
+      console.log(`${opts.dryRun ? "Would import" : "Imported"} ${added} ${added === 1 ? "delivery" : "deliveries"}; skipped ${skipped} already present${opts.dryRun ? " (dry run: nothing changed)" : ""}.`);
     });
 
   program.command("copy")

@@ -5,8 +5,9 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, bulkBatchSize, emptyBuckets, filterSql, message, searchPageLimit, sha256, summarise, type AttemptError, type Summary, type Backend, type Bucket, type Cursor, type Filter,
-  type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, backoff, bulkBatchSize, emptyBuckets, filterSql, message, paced, purgeCutoffs, searchPageLimit, sha256, summarise,
+  type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter, type Kept, type PurgeOptions, type Purged,
+  type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -337,10 +338,10 @@ export class PostgresInbox implements Inbox {
     }) as Promise<Failure | undefined>;
   }
 
-  async attemptErrors(d: { source: string; id: string }): Promise<AttemptError[]> {
+  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
     const { rows } = await this.pool.query(
-      "SELECT attempt, error, failed_at FROM attempt_errors WHERE source = $1 AND id = $2 ORDER BY failed_at, seq",
-      [d.source, d.id],
+      "SELECT attempt, error, failed_at FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3 ORDER BY failed_at, seq",
+      [d.source, d.id, d.receivedAt],
     );
     return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at }));
   }
@@ -362,12 +363,12 @@ export class PostgresInbox implements Inbox {
       const { rowCount } = "allFailed" in target
         ? await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE status = 'failed'`,
+           WHERE status = 'failed' AND purged_at IS NULL`,
           [this.now()],
         )
         : await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed'`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL`,
           [this.now(), target.source ?? DEFAULTS.source, target.id],
         );
       this.notify(client, rowCount ?? 0);
@@ -556,9 +557,11 @@ export class PostgresInbox implements Inbox {
     return Number(rows[0].n);
   }
 
-  async retryMatching(filter: Filter, options: { batch?: number } = {}): Promise<number> {
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, "status = 'failed' AND purged_at IS NULL", options.batch, async (client, keys) => {
+    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
       const { rowCount } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'`,
@@ -570,9 +573,12 @@ export class PostgresInbox implements Inbox {
     return total;
   }
 
-  async replayMatching(filter: Filter, options: { batch?: number } = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, "status = 'done' AND purged_at IS NULL", options.batch, async (client, keys) => {
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
       const { rowCount } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
@@ -583,10 +589,13 @@ export class PostgresInbox implements Inbox {
       replayed += rowCount ?? 0;
       this.notify(client, rowCount ?? 0);
     });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = filterSql(filter, "postgres");
-    const { rows } = await this.pool.query(
-      toPg(`SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NOT NULL AND ${where}`), params);
-    return { replayed, tombstoned: Number(rows[0].n) };
+    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`), params);
+    return Number(rows[0].n);
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
@@ -613,6 +622,94 @@ export class PostgresInbox implements Inbox {
       if (picked.length < size) return;
       after = picked.at(-1);
     }
+  }
+
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
+                (SELECT coalesce(sum(octet_length(body)), 0) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bytes,
+                (SELECT count(*) FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $2)
+                + (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $2) AS forgotten`,
+        [bodiesBefore, forgetBefore],
+      );
+      return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(rest, () => this.dropBatch(
+        "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch));
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = await paced(rest, () => this.other(async (client) => (await client.query(
+        `DELETE FROM deliveries WHERE (source, id) IN (
+           SELECT source, id FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
+           ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+        [forgetBefore, batch],
+      )).rowCount ?? 0)) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    return purged;
+  }
+
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "postgres");
+    const size = bulkBatchSize(options.batch);
+    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`), params);
+      return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    return total;
+  }
+
+  // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
+  // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
+  private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        toPg(`WITH p AS (SELECT source, id, octet_length(body) AS bytes FROM deliveries WHERE ${where}
+                         ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
+              UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
+              WHERE d.source = p.source AND d.id = p.id AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
+              RETURNING p.bytes`),
+        [...params, batch, this.pinned ? this.pinned() : Date.now()],
+      );
+      return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
+    }) as Promise<{ n: number; bytes: number }>;
+  }
+
+  async kept(): Promise<Kept> {
+    const { rows } = await this.pool.query(
+      `SELECT count(*) FILTER (WHERE purged_at IS NULL) AS bodies,
+              coalesce(sum(octet_length(body)) FILTER (WHERE purged_at IS NULL), 0) AS bytes,
+              min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
+              count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
+              min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
+              pg_total_relation_size('deliveries') AS file
+       FROM deliveries`,
+    );
+    const r = rows[0];
+    return {
+      bodies: { count: r.bodies, bytes: Number(r.bytes), oldest: r.oldest_body },
+      tombstones: { count: r.tombstones, oldest: r.oldest_tombstone },
+      fileBytes: r.file,
+    };
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {

@@ -1,11 +1,13 @@
 // worker.ts: the polling worker. It claims due deliveries under a lease, runs a handler on each, and
 // commits the handler's local writes together with the done mark, so they happen exactly once.
 //   npx tsx worker.ts --once          # drain the queue, then exit
-//   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60]
+//   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60] [--purge-every [minutes]]
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, PermanentError, connect, label, lineLog, message, type Inbox, type Lease, type LocalWrite } from "./inbox.ts";
+import {
+  DEFAULTS, PermanentError, connect, label, lineLog, message, parseDuration, type Inbox, type Lease, type LocalWrite, type PurgeOptions,
+} from "./inbox.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -47,6 +49,11 @@ export interface WorkerOptions {
   signal?: AbortSignal;
   /** Where a line per delivery goes. @default console.error */
   log?: (line: string) => void;
+  /**
+   * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
+   * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
+   */
+  purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number };
 }
 
 /** RunStats counts what happened to the deliveries a run claimed. */
@@ -70,6 +77,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
     if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
   }
+  if (options.purge && !(options.purge.everyMs >= 1)) throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
   // Handlers still running; concurrency bounds these. A lease whose handler is done but whose finish is
@@ -91,6 +99,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   stop?.addEventListener("abort", () => wake(), { once: true });
   // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
   const unwake = inbox.onWake(() => wake());
+  const purging = schedulePurge(inbox, options.purge, stop, log);
 
   const heartbeat = setInterval(() => {
     for (const [lease, controller] of active) {
@@ -217,8 +226,41 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   } finally {
     clearInterval(heartbeat);
     unwake();
+    await purging.stop();
   }
   return stats;
+}
+
+// schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
+// after the batch in flight. A failed purge is logged and tried again next time: the queue comes first.
+function schedulePurge(
+  inbox: Inbox, purge: WorkerOptions["purge"], signal: AbortSignal | undefined, log: (line: string) => void,
+): { stop(): Promise<void> } {
+  if (purge === undefined) return { stop: async () => {} };
+  const { everyMs, ...ages } = purge;
+  const stopped = new AbortController();
+  signal?.addEventListener("abort", () => stopped.abort(), { once: true });
+  let running: Promise<void> = Promise.resolve();
+  const once = () => {
+    running = inbox.purge({ ...ages, signal: stopped.signal }).then(
+      (r) => {
+        if (r.bodies > 0 || r.forgotten > 0) {
+          log(`purge: dropped ${r.bodies} bodies (${r.bytes} bytes), forgot ${r.forgotten} tombstones${r.vacuumedBytes ? `, gave ${r.vacuumedBytes} bytes back` : ""}`);
+        }
+      },
+      (error: unknown) => log(`purge failed (${message(error)}); trying again in ${Math.round(everyMs / 60_000)} min`),
+    );
+  };
+  once();
+  const timer = setInterval(() => void running.then(() => !stopped.signal.aborted && once()), everyMs);
+  timer.unref();
+  return {
+    stop: async () => {
+      clearInterval(timer);
+      stopped.abort();
+      await running;
+    },
+  };
 }
 
 // JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
@@ -260,6 +302,11 @@ async function main(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
     return n;
   };
+  const age = (value: string) => {
+    const ms = parseDuration(value);
+    if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
+    return ms;
+  };
   const program = new Command("worker.ts")
     .description("Process stored deliveries: record each payment exactly once.")
     .option("--once", "drain the deliveries that are due, then exit")
@@ -268,15 +315,30 @@ async function main(argv: string[]): Promise<void> {
     .option("--concurrency <n>", "handlers run at once", whole, DEFAULTS.concurrency)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option("--quiet", "don't log a line per delivery")
+    .option("--purge-every [minutes]", `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`, whole)
+    .option("--bodies-after <age>", "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)", age, DEFAULTS.bodiesAfterMs)
+    .option("--forget-after <age>", "with --purge-every: forget tombstones older than this; longer than --bodies-after", age, DEFAULTS.forgetAfterMs)
     .addHelpText("after", `
+Purging is off unless --purge-every is given, because it lets bodies go: see \`inbox.ts purge --help\`.
+Give it to one worker; each purge goes in batches of ${DEFAULTS.purgeBatch}, each its own transaction.
+
 Examples:
+  npx tsx worker.ts --purge-every --bodies-after 7d --forget-after 30d
   npx tsx worker.ts --once
   npx tsx worker.ts --db /tmp/inbox.db --concurrency 32
   npx tsx inbox.ts status          # see what it did`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ once?: boolean; db?: string; lease: number; concurrency: number; maxAttempts: number; quiet?: boolean }>();
+  const opts = program.opts<{
+    once?: boolean; db?: string; lease: number; concurrency: number; maxAttempts: number; quiet?: boolean;
+    purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
+  }>();
+  if (opts.forgetAfter <= opts.bodiesAfter) {
+    console.error("worker: --forget-after must be longer than --bodies-after: the tombstone must outlive the body (run with --help for usage)");
+    process.exit(2);
+  }
+  const purgeEveryMs = opts.purgeEvery === undefined ? undefined : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
@@ -302,6 +364,7 @@ Examples:
   try {
     stats = await run(recordPayment, {
       inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, signal: stop.signal, log,
+      purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
     });
   } catch (error) {
     lines.flush();

@@ -12,7 +12,7 @@ import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
 import { worker } from "./worker.ts";
 
-const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed, admin };
+const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed, admin, purge: async () => (await import("./purge.ts")).purge() };
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -181,7 +181,8 @@ export function readLedger(path: string): Ledger {
     const one = <T>(sql: string) => conn.prepare(sql).get() as T;
     const counts = one<{ n: number; done: number; processing: number; expected: number }>(
       `SELECT count(*) AS n, coalesce(sum(status = 'done'), 0) AS done, coalesce(sum(status = 'processing'), 0) AS processing,
-              coalesce(sum(json_extract(CAST(body AS TEXT), '$.amount')), 0) AS expected FROM deliveries`);
+              coalesce(sum(json_extract(CASE WHEN purged_at IS NULL THEN CAST(body AS TEXT) END, '$.amount')), 0) AS expected
+       FROM deliveries`);
     const effects = one<{ lost: number; doubled: number; takenOver: number }>(
       `SELECT coalesce(sum(d.status = 'done' AND e.n IS NULL), 0) AS lost,
               coalesce(sum(e.n > 1), 0) AS doubled,
@@ -364,6 +365,8 @@ export interface PipelineCrashOptions {
   /** One process, the receiver or a worker, is killed about this often. */
   killEveryMs: number;
   random: Random;
+  /** The workers also purge every done body this often (retention under crashes). @default undefined, no purge */
+  purgeEveryMs?: number;
 }
 
 /** PipelineCrashReport is what the senders were told, and what the ledger says after the drain. */
@@ -375,6 +378,9 @@ export interface PipelineCrashReport extends Ledger {
   lostAcked: number;
   integrity: string;
   drained: boolean;
+  /** Bodies purged (tombstones), and tombstones of deliveries that were not done: must be 0. */
+  purged: number;
+  purgedUndone: number;
 }
 
 /**
@@ -390,7 +396,7 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
   const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
 
   let receiver = await startReceiver(db, ["--quiet"]);
-  const workerArgs = ["--lease-ms", "1000", "--work-ms", "40"];
+  const workerArgs = ["--lease-ms", "1000", "--work-ms", "40", ...(o.purgeEveryMs ? ["--purge-every-ms", String(o.purgeEveryMs)] : [])];
   const workers = Array.from({ length: o.workers }, () => startWorker(db, workerArgs));
   const acked = new Set<string>();
   let sending = true;
@@ -453,9 +459,15 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
   const conn = new DatabaseSync(db);
   const integrity = (conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
   const done = new Set((conn.prepare("SELECT id FROM deliveries WHERE status = 'done'").all() as { id: string }[]).map((r) => r.id));
+  const purged = conn.prepare(
+    "SELECT count(*) AS n, coalesce(sum(status <> 'done'), 0) AS undone FROM deliveries WHERE purged_at IS NOT NULL",
+  ).get() as { n: number; undone: number };
+  // A purged body no longer says its amount; the ID does, as the senders chose it.
+  const ids = conn.prepare("SELECT id FROM deliveries").all() as { id: string }[];
   conn.close();
+  const ledger = readLedger(db);
   return {
-    ...readLedger(db), kills, receiverKills, acked: acked.size,
-    lostAcked: [...acked].filter((id) => !done.has(id)).length, integrity, drained,
+    ...ledger, expected: o.purgeEveryMs ? ids.reduce((sum, r) => sum + amountOf(r.id), 0) : ledger.expected, kills, receiverKills, acked: acked.size,
+    lostAcked: [...acked].filter((id) => !done.has(id)).length, integrity, drained, purged: purged.n, purgedUndone: purged.undone,
   };
 }

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, connect, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
+import { SqliteInbox, connect, sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
@@ -284,12 +284,14 @@ for (const backend of BACKENDS) {
         t += 1_000;
         const leases = await inbox.claimBatch(2, LEASE);
         await inbox.fail(leases.find((l) => l.id === "evt_1")!, "bad amount", { permanent: true });
-        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1" }), [
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 }), [
           { attempt: 1, error: "timeout", failedAt: T0 },
           { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000 },
           { attempt: 1, error: "bad amount", failedAt: T0 + 11_000 },
         ]);
-        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope" }), []);
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope", receivedAt: T0 }), []);
+        assert.deepEqual((await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 + 10_500 })).map((a) => a.error), ["bad amount"],
+          "a delivery stored again after purge forgot it shows only its own tries");
       });
     });
 
@@ -347,6 +349,114 @@ for (const backend of BACKENDS) {
         ]);
         assert.equal((await inbox.histogram(since, 60_000)).length, 3, "until defaults to the clock's now");
         await assert.rejects(inbox.histogram(since, 0), TypeError);
+      });
+    });
+
+    describe("retention: purge(), dropBodies(), kept()", () => {
+      const DAY = 86_400_000;
+      // Delivered and handled at once: done, its body kept.
+      const handled = async (inbox: Inbox, id: string, payload: unknown = { id }) => {
+        await inbox.store({ id, body: body(payload) });
+        const lease = (await inbox.claim(LEASE))!;
+        assert.equal(await inbox.finish(lease), true);
+      };
+
+      it("drops old done bodies but remembers the IDs: a redelivery is a duplicate and no handler runs again", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 6 * DAY;
+        await handled(inbox, "young");
+        t += 2 * DAY;
+        const purged = await inbox.purge();
+        assert.deepEqual({ ...purged, vacuumedBytes: 0 }, { bodies: 1, bytes: body({ id: "old" }).length, forgotten: 0, vacuumedBytes: 0 });
+        const [old] = await inbox.find("old");
+        assert.deepEqual([old!.status, old!.body.length, old!.purgedAt, old!.bodySha256], ["done", 0, t, sha256(body({ id: "old" }))]);
+        assert.equal((await inbox.find("young"))[0]!.body.length, body({ id: "young" }).length);
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "old" }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "old", body: body({ id: "forged" }) }), "conflict", "a different body is still told by its hash");
+        assert.equal((await inbox.find("old"))[0]!.conflicts, 1);
+        let ran = 0;
+        await run(() => void ran++, { inbox, once: true, log: () => {} });
+        assert.equal(ran, 0, "the tombstoned ID is never handled again");
+        assert.deepEqual(await inbox.purge(), { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 }, "run twice, nothing more goes");
+      });
+
+      it("forgets a tombstone after forgetAfterMs: a copy that arrives later is stored as new", async () => {
+        const inbox = await open();
+        await handled(inbox, "evt_1");
+        t += 8 * DAY;
+        await inbox.purge();
+        t += 23 * DAY;
+        assert.equal((await inbox.purge()).forgotten, 1);
+        assert.equal((await inbox.find("evt_1")).length, 0);
+        assert.equal(await inbox.store({ id: "evt_1", body: body({ id: "evt_1" }) }), "stored");
+        assert.equal((await inbox.claim(LEASE))!.id, "evt_1");
+      });
+
+      it("keeps failed bodies until they are purged by name; a tombstone cannot be retried or replayed, and says so", async () => {
+        const inbox = await open();
+        await inbox.store({ id: "bad", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await handled(inbox, "done");
+        t += 40 * DAY;
+        assert.deepEqual((await inbox.purge()).bodies, 1);
+        assert.equal((await inbox.find("bad"))[0]!.body.length, body({}).length, "a failed delivery keeps its body to be fixed and retried");
+        assert.equal((await inbox.find("done")).length, 0, "past both ages: body and tombstone went in one run");
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }, { dryRun: true }), { bodies: 1, bytes: body({}).length });
+        assert.deepEqual(await inbox.dropBodies({ id: "bad" }), { bodies: 1, bytes: body({}).length });
+        assert.equal(await inbox.retry({ id: "bad" }), 0);
+        assert.equal(await inbox.retryMatching({}), 0);
+        assert.equal(await inbox.store({ id: "bad", body: body({}) }), "duplicate");
+        await handled(inbox, "replayable");
+        await inbox.dropBodies({ id: "replayable" });
+        assert.deepEqual(await inbox.replayMatching({}), { replayed: 0, tombstoned: 1 });
+      });
+
+      it("dry run counts what would go and changes nothing", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        await handled(inbox, "b");
+        t += 8 * DAY;
+        const before = await inbox.search({}, { limit: 10 });
+        assert.deepEqual(await inbox.purge({ dryRun: true }), { bodies: 2, bytes: 2 * body({ id: "a" }).length, forgotten: 0, vacuumedBytes: 0 });
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+        assert.equal((await inbox.purge({ dryRun: true, bodiesAfterMs: DAY, forgetAfterMs: 2 * DAY })).forgotten, 2);
+        assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+      });
+
+      it("works in bounded batches, and refuses a memory no longer than the bodies", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 7; i++) await handled(inbox, `e${i}`);
+        t += 8 * DAY;
+        assert.equal((await inbox.purge({ batch: 2 })).bodies, 7);
+        await assert.rejects(async () => inbox.purge({ bodiesAfterMs: DAY, forgetAfterMs: DAY }), TypeError);
+      });
+
+      it("a worker run with purge set purges at start, beside its handlers, and logs what went", async () => {
+        const inbox = await open();
+        await handled(inbox, "old");
+        t += 8 * DAY;
+        await inbox.store({ id: "new", body: body({ id: "new" }) });
+        const lines: string[] = [];
+        let ran = 0;
+        const stats = await run(() => void ran++, { inbox, once: true, log: (l) => lines.push(l), purge: { everyMs: 60_000 } });
+        assert.deepEqual([stats.done, ran], [1, 1]);
+        assert.equal((await inbox.find("old"))[0]!.purgedAt, t);
+        assert.ok(lines.some((l) => /^purge: dropped 1 bodies \(12 bytes\), forgot 0 tombstones/.test(l)), lines.join("\n"));
+        await assert.rejects(run(() => {}, { inbox, once: true, purge: { everyMs: 0 } }), TypeError);
+      });
+
+      it("kept() counts bodies and tombstones, their bytes and the oldest of each", async () => {
+        const inbox = await open();
+        await handled(inbox, "a");
+        t += 1_000;
+        await handled(inbox, "b");
+        await inbox.store({ id: "c", body: body({ id: "c" }) });
+        await inbox.dropBodies({ id: "a" });
+        const kept = await inbox.kept();
+        assert.deepEqual(kept.bodies, { count: 2, bytes: 2 * body({ id: "b" }).length, oldest: T0 + 1_000 });
+        assert.deepEqual(kept.tombstones, { count: 1, oldest: T0 });
+        assert.ok(kept.fileBytes > 0);
       });
     });
 
@@ -415,6 +525,25 @@ for (const backend of BACKENDS) {
         assert.equal(all.length, 25);
         assert.deepEqual(paged, all);
         assert.equal((await inbox.search({})).length, 25, "the default limit is above 25");
+      });
+
+      it("replays beside a running worker: each delivery at most once per run, and every one ends done", async () => {
+        const inbox = await open();
+        for (let i = 0; i < 40; i++) await inbox.store({ id: `e${i}`, body: body({ i }) });
+        const handled = new Map<string, number>();
+        const stop = new AbortController();
+        const worker = run((job) => void handled.set(job.delivery.id, (handled.get(job.delivery.id) ?? 0) + 1),
+          { inbox, concurrency: 4, pollMaxMs: 5, signal: stop.signal, log: () => {} });
+        while ((await inbox.count({ status: "done" })) < 10) await new Promise((resolve) => setTimeout(resolve, 2));
+        const { replayed } = await inbox.replayMatching({}, { batch: 3 });
+        assert.ok(replayed >= 10, `replayed ${replayed}`);
+        while ((await inbox.count({ status: "done" })) < 40) await new Promise((resolve) => setTimeout(resolve, 2));
+        stop.abort();
+        await worker;
+        const all = await inbox.search({}, { limit: 100 });
+        assert.equal(all.filter((d) => d.replays === 1).length, replayed);
+        assert.ok(all.every((d) => d.replays <= 1));
+        assert.equal([...handled.values()].reduce((a, b) => a + b, 0), 40 + replayed, "the handler ran once per delivery, and once per replay");
       });
 
       it("refuses a filter it does not know, rather than matching everything", async () => {

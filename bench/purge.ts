@@ -1,0 +1,102 @@
+// bench/purge.ts: does a purge make acks wait? Fills an inbox with BENCH_PURGE_ROWS (200k) done deliveries
+// of 1 KB received 8 days ago, then paces POSTs at BENCH_PURGE_RATE (1000/s) into a receiver on it, open
+// loop, three times in one run: with no purge, while `inbox.ts purge` drops those bodies in a process of
+// its own (batches of BENCH_PURGE_BATCH, default DEFAULTS.purgeBatch, each its own transaction, resting
+// BENCH_PURGE_REST times as long after each, default DEFAULTS.purgeRest), and with no purge again. Prints the
+// ack p50/p99 of each, the purge's own time and rate, and p99 during/without as a ratio.
+//   npm run bench -- purge           BENCH_PURGE_ROWS=200000 BENCH_PURGE_RATE=1000 BENCH_SECONDS=8
+
+import { spawn } from "node:child_process";
+import { statSync } from "node:fs";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { pathToFileURL } from "node:url";
+import { DEFAULTS, openDatabase, sha256 } from "../inbox.ts";
+import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
+import { paced, type Paced } from "./latency.ts";
+
+const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
+const RATE = knob("BENCH_PURGE_RATE", 1_000);
+const BATCH = knob("BENCH_PURGE_BATCH", DEFAULTS.purgeBatch);
+const REST = process.env.BENCH_PURGE_REST ? Number(process.env.BENCH_PURGE_REST) : DEFAULTS.purgeRest;
+
+// fillDone inserts n done deliveries of about 1 KB, received days ago, straight into the table.
+function fillDone(path: string, n: number, daysAgo: number): void {
+  openDatabase(path).close();
+  const db = new DatabaseSync(path);
+  db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
+  const insert = db.prepare(
+    `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, attempts, available_at, finished_at)
+     VALUES ('default', ?, ?, ?, 'application/json', ?, 'done', 1, ?, ?)`,
+  );
+  const then = Date.now() - daysAgo * 86_400_000;
+  const pad = "x".repeat(960);
+  for (let start = 0; start < n; start += 50_000) {
+    db.exec("BEGIN");
+    for (let i = start; i < Math.min(n, start + 50_000); i++) {
+      const body = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i}`, amount: 5, pad }));
+      insert.run(`old_${i}`, body, sha256(body), then + i, then + i, then + i);
+    }
+    db.exec("COMMIT");
+  }
+  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  db.close();
+}
+
+// purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits.
+function purgeChild(path: string): { done: Promise<{ ms: number; out: string }> } {
+  const started = performance.now();
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "inbox.ts"), "purge", "--db", path, "--batch", String(BATCH), "--rest", String(REST)], {
+    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout.on("data", (d: Buffer) => (out += d));
+  child.stderr.on("data", (d: Buffer) => (out += d));
+  return {
+    done: new Promise((resolve, reject) => child.on("exit", (code) => (code === 0
+      ? resolve({ ms: performance.now() - started, out })
+      : reject(new Error(`inbox.ts purge exited with ${code}: ${out}`))))),
+  };
+}
+
+function show(label: string, p: Paced): void {
+  console.log(`  ${label.padEnd(26)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`);
+}
+
+/** purge runs the three paced runs around one purge and returns the one-line summary. */
+export async function purge(): Promise<string> {
+  const { dir, cleanup } = tempDir();
+  try {
+    const path = join(dir, "purge.db");
+    fillDone(path, ROWS, 8);
+    const sizeBefore = statSync(path).size;
+    const receiver = await startChild("receiver.ts", ["--port", "0", "--db", path, "--quiet"]);
+    await paced(receiver.url, RATE, Math.min(2, SECONDS)); // warm-up
+    const before = await paced(receiver.url, RATE, SECONDS);
+    // The purge starts with the paced run; the run lasts SECONDS, or the purge, whichever is longer.
+    const started = performance.now();
+    const running = purgeChild(path);
+    const during = await paced(receiver.url, RATE, SECONDS);
+    const { ms, out } = await running.done;
+    const overlap = Math.min(1, ms / (performance.now() - started));
+    const after = await paced(receiver.url, RATE, SECONDS);
+    await receiver.stop();
+    const db = new DatabaseSync(path);
+    db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    const { n } = db.prepare("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL").get() as { n: number };
+    db.close();
+    const sizeAfter = statSync(path).size;
+    show("no purge", before);
+    show("during the purge", during);
+    show("no purge, after", after);
+    console.log(`  purge: ${n} bodies in ${f(ms / 1000, 1)} s (${f(n / (ms / 1000))}/s, batches of ${BATCH}, rest ×${REST}), covering ${f(overlap * 100)}% of the paced run; file ${f(sizeBefore / 2 ** 20)} MB → ${f(sizeAfter / 2 ** 20)} MB`);
+    console.log(`  ${out.trim().split("\n").join("\n  ")}`);
+    const without = Math.max(before.p99, after.p99);
+    return `purge: ${f(RATE)} req/s open loop while ${n} bodies go | ack p99 ${f(during.p99, 2)} ms during, ${f(before.p99, 2)}/${f(after.p99, 2)} ms before/after | ` +
+      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB`;
+  } finally {
+    cleanup();
+  }
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await purge());
