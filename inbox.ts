@@ -103,6 +103,12 @@ export const DEFAULTS = {
   purgeEveryMinutes: 60,
   /** Deliveries search() returns when no limit is given. @default 50 */
   searchLimit: 50,
+  /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
+  adminPort: 8001,
+  /** Deliveries on one page of the operator page's list. @default 50 */
+  adminPageSize: 50,
+  /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
+  adminRefreshMs: 5_000,
 } as const;
 
 /** Status is where a delivery is in its life. */
@@ -268,11 +274,12 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   const where: string[] = [];
   const params: SqlValue[] = [];
   const add = (sql: string, value: SqlValue) => void (where.push(sql), params.push(value));
-  if (filter.status !== undefined) add("status = ?", filter.status);
-  // SQLite: +source keeps the planner off the (source, id) key, which would gather a whole source and
-  // sort it (300 ms at 1M rows); walking received_at newest first finds a page at once. Not with an ID,
-  // where the key is the way in.
-  if (filter.source !== undefined) add(pg || filter.id !== undefined ? "source = ?" : "+source = ?", filter.source);
+  // On SQLite, two hints for the planner, which otherwise walks a third of the table by the primary key's
+  // source and sorts it (350 ms at a million rows): status <> 'done' spelled out lets it use the partial index
+  // of what is not done (deliveries_open, which holds received_at and source), and +source keeps it off the
+  // primary key unless the ID is given too, so it walks received_at newest first. PostgreSQL needs neither.
+  if (filter.status !== undefined) add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
+  if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
@@ -465,6 +472,17 @@ const MIGRATIONS: readonly string[] = [
    -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
    CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
    CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
+  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
+  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
+   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -634,6 +652,11 @@ export interface Inbox {
   finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
   /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
   fail(lease: Lease, error: string, options?: { permanent?: boolean }): Promise<Failure | undefined>;
+  /**
+   * attemptErrors returns each failed try of one delivery that fail() recorded, oldest first; only tries
+   * since receivedAt, so an ID that purge forgot and that arrived again does not show its old tries.
+   */
+  attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]>;
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
@@ -644,6 +667,10 @@ export interface Inbox {
   list(filter?: { status?: Status; source?: string; limit?: number }): Promise<Delivery[]>;
   /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
   status(): Promise<InboxStatus>;
+  /** summary counts per status and per source, with the oldest wait, from indexes alone: the operator page's overview. */
+  summary(): Promise<Summary>;
+  /** histogram counts deliveries received, done and failed in each bucketMs from since up to until (the clock's now). */
+  histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]>;
   /** page returns up to limit deliveries in key order after the cursor, every field, for copying. */
   page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
@@ -907,6 +934,8 @@ export class SqliteInbox implements Inbox {
         .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`)
         .get(lease.source, lease.id, lease.token) as { attempts: number } | undefined;
       if (!row) return undefined;
+      this.sql("INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES (?, ?, ?, ?, ?)")
+        .run(lease.source, lease.id, row.attempts, error, now);
       if (options.permanent || row.attempts >= this.maxAttempts) {
         this.sql(
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
@@ -921,6 +950,13 @@ export class SqliteInbox implements Inbox {
       ).run(error, retryAt, lease.source, lease.id);
       return { status: "received", retryAt };
     }) as Promise<Failure | undefined>;
+  }
+
+  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
+  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
+    return (this
+      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ? ORDER BY failed_at, rowid")
+      .all(d.source, d.id, d.receivedAt) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
   }
 
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
@@ -1016,6 +1052,52 @@ export class SqliteInbox implements Inbox {
       oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
     };
+  }
+
+  /**
+   * summary counts per status and per source for a page that refreshes every few seconds. The rows not
+   * done are counted in their partial index; done is each source's total (a count on the primary key)
+   * less those, so no statement reads the table itself.
+   */
+  async summary(): Promise<Summary> {
+    const now = this.now();
+    const open = this
+      .sql("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status")
+      .all() as Row[];
+    const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
+      source: r.source as string,
+      n: (this.sql("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(r.source as string) as { n: number }).n,
+    }));
+    // Each with status <> 'done' spelled out, which is what lets SQLite pick the partial index.
+    const oldest = this
+      .sql(`SELECT min(t) AS t FROM (
+              SELECT min(received_at) AS t FROM deliveries WHERE status = 'received' AND status <> 'done'
+              UNION ALL SELECT min(received_at) FROM deliveries WHERE status = 'processing' AND status <> 'done')`)
+      .get() as { t: number | null };
+    const conflicts = this
+      .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
+      .get() as { rows: number; copies: number };
+    return summarise(totals, open.map((r) => ({ source: r.source as string, status: r.status as Status, n: r.n as number })),
+      oldest.t === null ? null : Math.max(0, now - oldest.t), { deliveries: conflicts.rows, copies: conflicts.copies });
+  }
+
+  /** histogram counts deliveries received, and done or failed, per bucket; the operator page's chart. */
+  async histogram(since: number, bucketMs: number, until: number = this.now()): Promise<Bucket[]> {
+    const buckets = emptyBuckets(since, bucketMs, until);
+    // node:sqlite binds a JS number as a REAL, so the division is truncated to its bucket by CAST.
+    for (const r of this
+      .sql(`SELECT CAST((received_at - ?1) / ?2 AS INTEGER) AS b, count(*) AS n FROM deliveries
+            WHERE received_at >= ?1 AND received_at < ?3 GROUP BY b`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]!.received = r.n as number;
+    }
+    for (const r of this
+      .sql(`SELECT CAST((finished_at - ?1) / ?2 AS INTEGER) AS b, status, count(*) AS n FROM deliveries
+            WHERE finished_at >= ?1 AND finished_at < ?3 AND status IN ('done', 'failed') GROUP BY b, status`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]![r.status as "done" | "failed"] = r.n as number;
+    }
+    return buckets;
   }
 
   /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
@@ -1500,6 +1582,60 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+}
+
+/** AttemptError is one failed try of a delivery: which attempt it was, what the handler said, and when. */
+export interface AttemptError {
+  attempt: number;
+  error: string;
+  failedAt: number;
+}
+
+/** Summary is the operator page's overview: counts per status, the same per source, the oldest wait, conflicts. */
+export interface Summary {
+  counts: Record<Status, number>;
+  sources: { source: string; counts: Record<Status, number> }[];
+  oldestWaitingMs: number | null;
+  conflicts: { deliveries: number; copies: number };
+  /** True when the done counts are estimates (PostgreSQL, a large table); every other count is exact. */
+  estimated: boolean;
+}
+
+/** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
+export function summarise(
+  totals: { source: string; n: number }[], open: { source: string; status: Status; n: number }[],
+  oldestWaitingMs: number | null, conflicts: Summary["conflicts"],
+): Summary {
+  const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+  const counts = zero();
+  const bySource = new Map(totals.map((t) => [t.source, { source: t.source, counts: { ...zero(), done: t.n } }]));
+  for (const o of open) {
+    const entry = bySource.get(o.source) ?? { source: o.source, counts: zero() };
+    bySource.set(o.source, entry);
+    entry.counts[o.status] += o.n;
+    entry.counts.done -= o.n;
+  }
+  const sources = [...bySource.values()].sort((a, b) => (a.source < b.source ? -1 : 1));
+  for (const x of sources) for (const s of STATUSES) counts[s] += x.counts[s];
+  return { counts, sources, oldestWaitingMs, conflicts, estimated: false };
+}
+
+/** Bucket is one slice of time in histogram(): what arrived in it, and what was finished in it. */
+export interface Bucket {
+  start: number;
+  received: number;
+  done: number;
+  failed: number;
+}
+
+/** emptyBuckets lays out histogram()'s buckets from since to until, every count zero; misuse throws. */
+export function emptyBuckets(since: number, bucketMs: number, until: number): Bucket[] {
+  if (!Number.isInteger(bucketMs) || bucketMs < 1) throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
+  const n = Math.ceil((until - since) / bucketMs);
+  if (!Number.isInteger(since) || !(n >= 0 && n <= 10_000)) {
+    throw new TypeError(`histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`);
+  }
+  return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
 }
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */

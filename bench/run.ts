@@ -6,6 +6,7 @@
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
+import { admin } from "./admin.ts";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
@@ -13,7 +14,7 @@ import { observe } from "./observe.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, mixed, observe, purge: async () => (await import("./purge.ts")).purge(),
+  ingest, latency, worker, mixed, observe, admin, purge: async () => (await import("./purge.ts")).purge(),
 };
 
 const wanted = process.argv.slice(2);

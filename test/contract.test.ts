@@ -349,6 +349,89 @@ for (const backend of BACKENDS) {
       });
     });
 
+    describe("attemptErrors()", () => {
+      it("keeps every failed try's error, oldest first, through a manual retry; others' stay apart", async () => {
+        const inbox = await open({ maxAttempts: 2, retryDelayMs: 1_000 });
+        await inbox.store({ id: "evt_1", body: body({}) });
+        await inbox.store({ id: "evt_2", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "timeout");
+        await inbox.fail((await inbox.claim(LEASE))!, "other delivery");
+        t += 10_000;
+        const again = (await inbox.claim(LEASE))!;
+        assert.equal(again.id, "evt_1");
+        assert.deepEqual(await inbox.fail(again, "HTTP 502"), { status: "failed" });
+        await inbox.retry({ id: "evt_1" });
+        t += 1_000;
+        const leases = await inbox.claimBatch(2, LEASE);
+        await inbox.fail(leases.find((l) => l.id === "evt_1")!, "bad amount", { permanent: true });
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 }), [
+          { attempt: 1, error: "timeout", failedAt: T0 },
+          { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000 },
+          { attempt: 1, error: "bad amount", failedAt: T0 + 11_000 },
+        ]);
+        assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope", receivedAt: T0 }), []);
+        assert.deepEqual((await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 + 10_500 })).map((a) => a.error), ["bad amount"],
+          "a delivery stored again after purge forgot it shows only its own tries");
+      });
+    });
+
+    describe("summary()", () => {
+      it("counts per status and per source as status() does, and names the oldest wait and the conflicts", async () => {
+        const inbox = await open({ maxAttempts: 1 });
+        await inbox.store({ source: "stripe", id: "s1", body: body({}) });
+        t += 1_000;
+        for (const id of ["s2", "s3", "s4"]) await inbox.store({ source: "stripe", id, body: body({}) });
+        await inbox.store({ source: "github", id: "g1", body: body({}) });
+        await inbox.store({ source: "github", id: "g1", body: body({ other: 1 }) });
+        const [a, b, c] = await inbox.claimBatch(3, LEASE); // s1, s2, s3: one done, one failed, one processing
+        await inbox.finish(a!);
+        await inbox.fail(b!, "boom");
+        void c;
+        t += 4_000;
+        const summary = await inbox.summary();
+        const status = await inbox.status();
+        assert.deepEqual(summary.counts, { received: 2, processing: 1, done: 1, failed: 1 });
+        assert.deepEqual(summary.counts, status.counts);
+        assert.deepEqual(summary.sources, [
+          { source: "github", counts: { received: 1, processing: 0, done: 0, failed: 0 } },
+          { source: "stripe", counts: { received: 1, processing: 1, done: 1, failed: 1 } },
+        ]);
+        assert.equal(summary.oldestWaitingMs, 4_000, "s3 has waited since it arrived, processing or not");
+        assert.deepEqual(summary.conflicts, { deliveries: 1, copies: 1 });
+        assert.equal(summary.estimated, false, "a small table is counted, not estimated");
+        const empty = await open({ maxAttempts: 1 });
+        await empty.query("DELETE FROM deliveries");
+        assert.deepEqual(await empty.summary(), {
+          counts: { received: 0, processing: 0, done: 0, failed: 0 }, sources: [], oldestWaitingMs: null, conflicts: { deliveries: 0, copies: 0 }, estimated: false,
+        });
+      });
+    });
+
+    describe("histogram()", () => {
+      it("counts received, done and failed per bucket, each in the bucket it happened in, empty ones as zero", async () => {
+        const inbox = await open({ maxAttempts: 1 });
+        await inbox.store({ id: "old", body: body({}) }); // before the range: counted nowhere
+        t += 60_000;
+        const since = t;
+        await inbox.store({ id: "a", body: body({}) });
+        await inbox.store({ id: "b", body: body({}) });
+        t += 61_000; // second bucket
+        await inbox.store({ id: "c", body: body({}) });
+        const leases = await inbox.claimBatch(4, LEASE);
+        await inbox.finish(leases.find((l) => l.id === "a")!);
+        await inbox.fail(leases.find((l) => l.id === "b")!, "boom");
+        t += 60_000; // third bucket: nothing at all
+        const buckets = await inbox.histogram(since, 60_000, since + 180_000);
+        assert.deepEqual(buckets, [
+          { start: since, received: 2, done: 0, failed: 0 },
+          { start: since + 60_000, received: 1, done: 1, failed: 1 },
+          { start: since + 120_000, received: 0, done: 0, failed: 0 },
+        ]);
+        assert.equal((await inbox.histogram(since, 60_000)).length, 3, "until defaults to the clock's now");
+        await assert.rejects(inbox.histogram(since, 0), TypeError);
+      });
+    });
+
     describe("retention: purge(), dropBodies(), kept()", () => {
       const DAY = 86_400_000;
       // Delivered and handled at once: done, its body kept.

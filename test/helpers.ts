@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
+import type { Browser } from "playwright-core";
 
 /** ROOT is the repository's top folder, where the scripts live. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -214,4 +215,28 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/** CHROMIUM is the browser the tests drive: INBOX_CHROMIUM, else Debian's package. */
+export const CHROMIUM = process.env.INBOX_CHROMIUM ?? "/usr/bin/chromium";
+
+/** CHROMIUM_ARGS keep a headless run quiet and offline: no sandbox (root in a container), no GPU, no phoning home. */
+export const CHROMIUM_ARGS = [
+  "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+  "--disable-component-update", "--disable-sync",
+];
+
+/** chromiumSkip is false when Chromium is there, else the reason to skip, said once; required, it throws. */
+export function chromiumSkip(): string | false {
+  if (existsSync(CHROMIUM)) return false;
+  const why = `no Chromium at ${CHROMIUM}`;
+  if (process.env.INBOX_REQUIRE_CHROMIUM === "1") throw new Error(`INBOX_REQUIRE_CHROMIUM=1 but ${why} (apt-get install -y chromium)`);
+  console.log(`# Browser tests skipped: ${why}; apt-get install -y chromium to run them.`);
+  return why;
+}
+
+/** launchChromium starts the browser with a fresh profile of its own (playwright makes one per launch). */
+export async function launchChromium(): Promise<Browser> {
+  const { chromium } = await import("playwright-core");
+  return chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true });
 }

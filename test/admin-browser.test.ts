@@ -1,0 +1,161 @@
+// test/admin-browser.test.ts: the operator page in a real Chromium (Debian's /usr/bin/chromium, driven by
+// playwright-core; no browser is ever downloaded), on both backends. Without Chromium it skips in one
+// line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing browser a failure.
+
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { after, afterEach, before, beforeEach, describe, it } from "node:test";
+import type { Browser, Page } from "playwright-core";
+import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
+import { connect, type Inbox } from "../inbox.ts";
+import { chromiumSkip, freshSchema, launchChromium, postgresSkip, tempDir } from "./helpers.ts";
+
+const TOKEN = "night-shift-token";
+
+// Scripts for the page go as text: tsx would wrap a function's inner names in a helper the page lacks.
+const setHidden = (hidden: boolean) =>
+  `Object.defineProperty(document, "hidden", { configurable: true, value: ${hidden} }); document.dispatchEvent(new Event("visibilitychange"))`;
+const skip = chromiumSkip();
+const pgSkip = skip ? skip : await postgresSkip();
+
+const BACKENDS = [
+  { name: "sqlite", skip, make: async () => {
+    const dir = tempDir();
+    return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
+  } },
+  { name: "postgres", skip: pgSkip, make: async () => {
+    const fresh = await freshSchema("admin_browser");
+    return { target: fresh.url, cleanup: fresh.drop };
+  } },
+];
+
+for (const backend of BACKENDS) {
+  describe(`the operator page in Chromium, on ${backend.name}`, { skip: backend.skip }, () => {
+    let browser: Browser;
+    let page: Page;
+    let inbox: Inbox;
+    let cleanup: () => Promise<void>;
+    let admin: Admin;
+    let url: string;
+    let problems: string[];
+
+    // fail stores a delivery and fails it for good, as the worker does after its last try.
+    const fail = async (source: string, id: string, error: string, eventType = "charge.succeeded") => {
+      await inbox.store({ source, id, body: Buffer.from(JSON.stringify({ id, customer: "Ann", amount: 5 })), eventType });
+      const lease = await inbox.claim(60_000);
+      assert.equal(lease?.id, id);
+      await inbox.fail(lease, error, { permanent: true });
+    };
+    const statuses = async () =>
+      (await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id")).map((r) => `${r.source}/${r.id}:${r.status}`);
+
+    before(async () => {
+      browser = await launchChromium();
+    });
+    after(async () => {
+      await browser?.close();
+    });
+    beforeEach(async () => {
+      const made = await backend.make();
+      cleanup = made.cleanup;
+      inbox = await connect(made.target);
+      admin = createAdmin({ inbox, token: TOKEN, audit: () => {}, refreshMs: 100, pageSize: 2 });
+      url = await listenAdmin(admin, { host: "127.0.0.1", port: 0, token: TOKEN });
+      page = await browser.newPage();
+      problems = [];
+      // A CSP violation or a script error is a failure of the page, whatever the test goes on to check.
+      // (The login page's 401 is logged as a failed load: that one is the point, not a problem.)
+      page.on("console", (m) => void (m.type() === "error" && !/status of 401/.test(m.text()) && problems.push(m.text())));
+      page.on("pageerror", (e) => void problems.push(e.message));
+    });
+    afterEach(async () => {
+      await page.close();
+      admin.server.closeAllConnections();
+      await new Promise((resolve) => admin.server.close(resolve));
+      await inbox.close();
+      await cleanup();
+      assert.deepEqual(problems, [], "no script errors or CSP violations in the page");
+    });
+
+    // A locator waits without eval, which the page's CSP forbids (waitForFunction would need it).
+    const cardShows = (status: string, n: number) => page.locator(`.card.${status} .n`, { hasText: new RegExp(`^${n}$`) }).waitFor();
+    const logIn = async () => {
+      await page.goto(`${url}/`);
+      await page.fill('input[name="token"]', TOKEN);
+      await page.click('button:has-text("Log in")');
+      await page.waitForSelector("h1:has-text('Overview')");
+    };
+
+    it("finds a failed delivery through the filters, opens it, retries it, and sees it queued", async () => {
+      await fail("stripe", "evt_other", "card declined");
+      await fail("stripe", "evt_broken", "HTTP 502 from payments");
+      await fail("github", "gh_1", "HTTP 502 from payments", "push");
+      await logIn();
+      assert.equal(await page.textContent(".card.failed .n"), "3");
+
+      await page.click("nav >> text=Deliveries");
+      await page.selectOption('select[name="status"]', "failed");
+      await page.fill('input[name="source"]', "stripe");
+      await page.fill('input[name="error"]', "502");
+      await page.click('button:has-text("Filter")');
+      await page.waitForURL(/status=failed/);
+      assert.match(page.url(), /source=stripe/, "the filters are in the URL, so it can be shared");
+      const ids = await page.$$eval("table.list tbody td:first-child a", (links) => links.map((a) => a.textContent));
+      assert.deepEqual(ids, ["evt_broken"]);
+
+      await page.click("text=evt_broken");
+      await page.waitForSelector("h1.id");
+      assert.match((await page.textContent("table.tries td.error"))!, /HTTP 502 from payments/);
+      assert.match((await page.textContent("pre.body"))!, /"customer": "Ann"/);
+      await page.click('button:has-text("Retry")');
+      await page.waitForSelector(".flash");
+      assert.equal(await page.textContent(".flash"), "Queued again.");
+      assert.equal(await page.textContent("h1.id .badge"), "received");
+      assert.deepEqual(await statuses(), ["github/gh_1:failed", "stripe/evt_broken:received", "stripe/evt_other:failed"]);
+    });
+
+    it("bulk-retries a filtered group beyond the page on screen, and the database shows exactly those queued", async () => {
+      for (const id of ["a1", "a2", "a3"]) await fail("stripe", id, "HTTP 502 from payments");
+      await fail("stripe", "z9", "card declined");
+      await fail("github", "b1", "HTTP 502 from payments", "push");
+      await inbox.store({ source: "stripe", id: "ok1", body: Buffer.from("{}") });
+      await logIn();
+      await page.goto(`${url}/deliveries?source=stripe&error=502`);
+      assert.equal(await page.locator("table.list tbody tr").count(), 2, "a page shows two; three match");
+      await page.click("text=Retry all failed…");
+      await page.waitForSelector("h1:has-text('Retry 3 failed deliveries?')");
+      await page.click('button:has-text("Retry 3")');
+      await page.waitForSelector(".flash");
+      assert.equal(await page.textContent(".flash"), "Retried 3 deliveries.");
+      assert.deepEqual(await statuses(), [
+        "github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/ok1:received", "stripe/z9:failed",
+      ]);
+    });
+
+    it("refreshes the overview live, and pauses while the tab is hidden", async () => {
+      await logIn();
+      assert.equal(await page.textContent(".card.received .n"), "0");
+      await inbox.store({ id: "new_1", body: Buffer.from("{}") });
+      await cardShows("received", 1);
+      // Headless tabs are always visible: hide this one the way a browser would tell the page.
+      await page.evaluate(setHidden(true));
+      assert.equal(await page.textContent("#live-state"), "paused");
+      await inbox.store({ id: "new_2", body: Buffer.from("{}") });
+      await page.waitForTimeout(400);
+      assert.equal(await page.textContent(".card.received .n"), "1", "no refresh while hidden");
+      await page.evaluate(setHidden(false));
+      await cardShows("received", 2);
+    });
+
+    it("runs no script a delivery carries: a <script> body and an HTML event type stay text", async () => {
+      await inbox.store({ id: "evil", body: Buffer.from("<script>window.pwned = 1</script>"), eventType: `<img src=x onerror="window.pwned=2">` });
+      await logIn();
+      await page.goto(`${url}/deliveries`);
+      await page.click("text=evil");
+      await page.waitForSelector("pre.body");
+      assert.equal(await page.textContent("pre.body"), "<script>window.pwned = 1</script>");
+      assert.equal(await page.evaluate("window.pwned"), undefined);
+      assert.equal(await page.locator("main script, main img").count(), 0);
+    });
+  });
+}

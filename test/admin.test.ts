@@ -1,0 +1,342 @@
+// test/admin.test.ts: the operator page over real HTTP on a free port, on both backends: who may look,
+// who may act (token, cookie, CSRF, Origin, read-only), what every action audits, and that whatever a
+// delivery holds is shown as text. The browser's side is test/admin-browser.test.ts.
+
+import assert from "node:assert/strict";
+import { request as httpRequest } from "node:http";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin } from "../admin.ts";
+import { connect, type Inbox } from "../inbox.ts";
+import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+
+const T0 = 1_700_000_000_000;
+const TOKEN = "correct horse battery staple";
+const pgSkip = await postgresSkip();
+
+interface Answer { status: number; headers: Record<string, string | string[] | undefined>; body: string }
+
+/** request speaks plain HTTP, so that Host and Origin are exactly what the test says. */
+function request(url: string, options: { method?: string; headers?: Record<string, string>; form?: Record<string, string> } = {}): Promise<Answer> {
+  const body = options.form ? new URLSearchParams(options.form).toString() : undefined;
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, {
+      method: options.method ?? (body === undefined ? "GET" : "POST"),
+      headers: { ...(body === undefined ? {} : { "content-type": "application/x-www-form-urlencoded" }), ...options.headers },
+    }, (res) => {
+      let text = "";
+      res.setEncoding("utf8").on("data", (d) => (text += d)).on("end", () => resolve({ status: res.statusCode!, headers: res.headers, body: text }));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+const csrfOf = (html: string) => /name="csrf" value="([^"]+)"/.exec(html)?.[1];
+
+const BACKENDS = [
+  { name: "sqlite", skip: false as string | false, make: async () => {
+    const dir = tempDir();
+    return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
+  } },
+  { name: "postgres", skip: pgSkip, make: async () => {
+    const fresh = await freshSchema("admin");
+    return { target: fresh.url, cleanup: fresh.drop };
+  } },
+];
+
+for (const backend of BACKENDS) {
+  describe(`the operator page on ${backend.name}`, { skip: backend.skip }, () => {
+    let inbox: Inbox;
+    let cleanup: () => Promise<void>;
+    let servers: Admin[];
+    let audit: string[];
+    let t: number;
+
+    const start = async (options: { token?: string; readOnly?: boolean } = { token: TOKEN }) => {
+      const admin = createAdmin({ inbox, ...options, audit: (line) => audit.push(line), now: () => t });
+      servers.push(admin);
+      return listenAdmin(admin, { host: "127.0.0.1", port: 0, token: options.token });
+    };
+    const login = async (url: string) => {
+      const res = await request(`${url}/login`, { form: { token: TOKEN } });
+      assert.equal(res.status, 303);
+      const cookie = String(res.headers["set-cookie"]).split(";")[0]!;
+      const home = await request(`${url}/`, { headers: { cookie } });
+      return { cookie, csrf: csrfOf(home.body)! };
+    };
+    // A delivery that has failed for good, as the worker leaves one after its last try.
+    const failOne = async (id: string, error: string, source = "default", extra: { eventType?: string; body?: Buffer } = {}) => {
+      await inbox.store({ source, id, body: extra.body ?? Buffer.from(JSON.stringify({ id })), eventType: extra.eventType });
+      for (;;) {
+        const lease = await inbox.claim(60_000);
+        assert.ok(lease, `claimed ${id}`);
+        await inbox.fail(lease, lease.id === id ? error : "not this one", { permanent: true });
+        if (lease.id === id) return;
+      }
+    };
+    const statusOf = async (id: string, source = "default") => (await inbox.find(id, source))[0]!.status;
+
+    beforeEach(async () => {
+      const made = await backend.make();
+      cleanup = made.cleanup;
+      t = T0;
+      inbox = await connect(made.target, { now: () => t, random: () => 0 });
+      servers = [];
+      audit = [];
+    });
+    afterEach(async () => {
+      for (const admin of servers) {
+        admin.server.closeAllConnections();
+        await new Promise((resolve) => admin.server.close(resolve));
+      }
+      await inbox.close();
+      await cleanup();
+    });
+
+    it("answers 401 to anyone without the token, to pages and actions alike", async () => {
+      await failOne("evt_1", "boom");
+      const url = await start();
+      const page = await request(`${url}/`);
+      assert.equal(page.status, 401);
+      assert.match(page.body, /name="token"/, "a person gets the login form");
+      assert.equal((await request(`${url}/delivery?id=evt_1`)).status, 401);
+      assert.equal((await request(`${url}/?fragment=overview`)).status, 401);
+      assert.equal((await request(`${url}/retry`, { form: { source: "default", id: "evt_1" } })).status, 401);
+      assert.equal((await request(`${url}/`, { headers: { cookie: "inbox_admin=made-up" } })).status, 401);
+      const wrong = await request(`${url}/login`, { form: { token: "guess" } });
+      assert.equal(wrong.status, 401);
+      assert.equal(wrong.headers["set-cookie"], undefined);
+      assert.equal(await statusOf("evt_1"), "failed");
+    });
+
+    it("exchanges the token for an HttpOnly, SameSite=Strict session cookie that opens the page", async () => {
+      const url = await start();
+      const res = await request(`${url}/login`, { form: { token: TOKEN } });
+      assert.equal(res.status, 303);
+      const cookie = String(res.headers["set-cookie"]);
+      assert.match(cookie, /HttpOnly/);
+      assert.match(cookie, /SameSite=Strict/);
+      assert.doesNotMatch(cookie, new RegExp(TOKEN), "the cookie is a session, not the token");
+      const home = await request(`${url}/`, { headers: { cookie: cookie.split(";")[0]! } });
+      assert.equal(home.status, 200);
+      assert.match(home.body, /Overview/);
+    });
+
+    it("refuses an action without the CSRF token, or from another origin, with 403; with both it acts and audits", async () => {
+      await failOne("evt_1", "boom");
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const noCsrf = await request(`${url}/retry`, { headers: { cookie }, form: { source: "default", id: "evt_1" } });
+      assert.equal(noCsrf.status, 403);
+      const wrongCsrf = await request(`${url}/retry`, { headers: { cookie }, form: { source: "default", id: "evt_1", csrf: "x".repeat(csrf.length) } });
+      assert.equal(wrongCsrf.status, 403);
+      const crossOrigin = await request(`${url}/retry`, { headers: { cookie, origin: "https://evil.example" }, form: { source: "default", id: "evt_1", csrf } });
+      assert.equal(crossOrigin.status, 403);
+      assert.equal(await statusOf("evt_1"), "failed", "the control: nothing was retried by a refused action");
+
+      const ok = await request(`${url}/retry`, { headers: { cookie, origin: url }, form: { source: "default", id: "evt_1", csrf } });
+      assert.equal(ok.status, 303);
+      assert.equal(await statusOf("evt_1"), "received");
+      const line = audit.find((l) => l.includes('action=retry delivery="default/evt_1"'));
+      assert.ok(line, audit.join("\n"));
+      assert.match(line, /who=session:\S+@127\.0\.0\.1/);
+      assert.match(line, /count=1/);
+    });
+
+    it("in read-only mode shows everything and refuses every action with 403", async () => {
+      await failOne("evt_1", "boom");
+      const url = await start({ token: TOKEN, readOnly: true });
+      const { cookie, csrf } = await login(url);
+      for (const path of ["/", "/delivery?source=default&id=evt_1", "/failures"]) {
+        const res = await request(`${url}${path}`, { headers: { cookie } });
+        assert.equal(res.status, 200, path);
+        assert.doesNotMatch(res.body, /<button class="primary">Retry/, `${path} offers no action`);
+      }
+      const forms: [string, Record<string, string>][] = [
+        ["/retry", { source: "default", id: "evt_1" }],
+        ["/replay", { source: "default", id: "evt_1" }],
+        ["/bulk", { action: "retry", status: "failed" }],
+        ["/bulk", { action: "replay" }],
+        ["/retry-group", { group: "boom" }],
+      ];
+      for (const [path, form] of forms) {
+        assert.equal((await request(`${url}${path}`, { headers: { cookie }, form: { ...form, csrf } })).status, 403, path);
+      }
+      assert.equal((await request(`${url}/bulk?action=retry&status=failed`, { headers: { cookie } })).status, 403);
+      assert.equal(await statusOf("evt_1"), "failed");
+      assert.ok(audit.some((l) => /result=refused \(read-only\)/.test(l)));
+    });
+
+    it("shows a body holding <script> and an event type holding HTML as text, never as markup", async () => {
+      const hostile = "<script>alert('body')</script>";
+      const type = `<img src=x onerror="alert('type')">`;
+      await failOne("evt_<b>", `<i>error</i>`, "default", { eventType: type, body: Buffer.from(hostile) });
+      const url = await start();
+      const { cookie } = await login(url);
+      const pages = [`/delivery?source=default&id=${encodeURIComponent("evt_<b>")}`, `/delivery?source=default&id=${encodeURIComponent("evt_<b>")}&view=text`, "/failures", "/"];
+      for (const path of pages) {
+        const res = await request(`${url}${path}`, { headers: { cookie } });
+        assert.equal(res.status, 200, path);
+        assert.doesNotMatch(res.body, /<script>alert|<img src=x|<i>error|<b>/, path);
+      }
+      const detail = await request(`${url}${pages[1]}`, { headers: { cookie } });
+      assert.ok(detail.body.includes(escape(hostile)), "the body is there, escaped");
+      assert.ok(detail.body.includes(escape(type)), "the event type is there, escaped");
+    });
+
+    it("shows bytes that are not UTF-8 as base64, and a JSON body pretty-printed", async () => {
+      const bytes = Buffer.from([0xff, 0xfe, 0x00, 0x41]);
+      await inbox.store({ id: "bin", body: bytes });
+      await inbox.store({ id: "json", body: Buffer.from('{"a":{"b":1}}') });
+      const url = await start();
+      const { cookie } = await login(url);
+      const bin = await request(`${url}/delivery?source=default&id=bin`, { headers: { cookie } });
+      assert.ok(bin.body.includes(bytes.toString("base64")));
+      assert.match(bin.body, /Not UTF-8/);
+      const json = await request(`${url}/delivery?source=default&id=json`, { headers: { cookie } });
+      assert.ok(json.body.includes(escape('{\n  "a": {\n    "b": 1\n  }\n}')));
+    });
+
+    it("sends a strict Content-Security-Policy, nosniff and no framing with every answer", async () => {
+      const url = await start();
+      for (const path of ["/", "/login", "/admin.js"]) {
+        const res = await request(`${url}${path}`);
+        const csp = String(res.headers["content-security-policy"]);
+        assert.match(csp, /default-src 'none'/, path);
+        assert.match(csp, /script-src 'self'(;|$)/, path);
+        assert.match(csp, /frame-ancestors 'none'/, path);
+        assert.equal(res.headers["x-content-type-options"], "nosniff", path);
+      }
+    });
+
+    it("filters by status, source, type, time, ID and body text, pages by cursor, and keeps the filters in its links", async () => {
+      for (let i = 0; i < 5; i++) {
+        await inbox.store({ source: "stripe", id: `s${i}`, body: Buffer.from(JSON.stringify({ customer: i === 3 ? "Zoë" : "Ann" })), eventType: "charge.succeeded" });
+        t += 1_000;
+      }
+      await inbox.store({ source: "github", id: "g1", body: Buffer.from("{}"), eventType: "push" });
+      const admin = createAdmin({ inbox, audit: (line) => audit.push(line), now: () => t, pageSize: 2 });
+      servers.push(admin);
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+      const ids = (html: string) => [...html.matchAll(/<a href="\/delivery\?source=\w+&#38;id=(\w+)">/g)].map((m) => m[1]);
+      const first = await request(`${url}/deliveries?source=stripe&type=charge.succeeded`);
+      assert.deepEqual(ids(first.body), ["s4", "s3"], "newest first, a page of two");
+      const next = /<a rel="next" href="([^"]+)"/.exec(first.body)![1]!.replaceAll("&#38;", "&");
+      assert.match(next, /source=stripe/);
+      assert.match(next, /type=charge\.succeeded/);
+      const second = await request(`${url}${next}`);
+      assert.deepEqual(ids(second.body), ["s2", "s1"]);
+      const since = new Date(T0 + 1_000).toISOString().slice(0, 19);
+      const until = new Date(T0 + 3_000).toISOString().slice(0, 19);
+      assert.deepEqual(ids((await request(`${url}/deliveries?since=${since}&until=${until}`)).body), ["s2", "s1"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?q=${encodeURIComponent("Zoë")}`)).body), ["s3"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?id=g1`)).body), ["g1"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?status=failed`)).body), []);
+      assert.equal((await request(`${url}/deliveries?status=lost`)).status, 400);
+      assert.equal((await request(`${url}/deliveries?after=garbage`)).status, 400);
+    });
+
+    it("bulk-retries everything that matches, not only the page: it counts first, then queues exactly those", async () => {
+      for (const [id, source] of [["a1", "stripe"], ["a2", "stripe"], ["a3", "stripe"], ["b1", "github"]] as const) {
+        await failOne(id, "HTTP 502 from upstream", source);
+      }
+      await failOne("a4", "HTTP 502 from upstream", "stripe");
+      const admin = createAdmin({ inbox, token: TOKEN, audit: (line) => audit.push(line), now: () => t, pageSize: 1, batchSize: 2 });
+      servers.push(admin);
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0, token: TOKEN });
+      const { cookie, csrf } = await login(url);
+      const confirm = await request(`${url}/bulk?action=retry&source=stripe`, { headers: { cookie } });
+      assert.equal(confirm.status, 200);
+      assert.match(confirm.body, /Retry 4 failed deliveries\?/);
+      const ok = await request(`${url}/bulk`, { headers: { cookie }, form: { csrf, action: "retry", source: "stripe", expected: "4" } });
+      assert.equal(ok.status, 303);
+      assert.equal(new URL(String(ok.headers.location), url).searchParams.get("flash"), "Retried 4 deliveries.");
+      const rows = await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id");
+      assert.deepEqual(rows.map((r) => `${r.source}/${r.id}:${r.status}`),
+        ["github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/a4:received"]);
+      assert.ok(audit.some((l) => /action=retry filter: source="stripe" status="failed" count=4$/.test(l)), audit.join("\n"));
+      assert.equal((await request(`${url}/bulk?action=retry&status=done`, { headers: { cookie } })).status, 400);
+    });
+
+    it("groups failures by their normalised error and retries one group with one click", async () => {
+      await failOne("t1", "timeout after 5012 ms");
+      await failOne("t2", "timeout after 4990 ms");
+      await failOne("r1", "connection refused");
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/failures`, { headers: { cookie } });
+      assert.match(page.body, /timeout after &#60;n&#62; ms/);
+      assert.match(page.body, />2<\/a><\/td><td><code>timeout/);
+      const res = await request(`${url}/retry-group`, { headers: { cookie }, form: { csrf, group: "timeout after <n> ms" } });
+      assert.equal(res.status, 303);
+      assert.deepEqual([await statusOf("t1"), await statusOf("t2"), await statusOf("r1")], ["received", "received", "failed"]);
+      assert.ok(audit.some((l) => /action=retry group="timeout after <n> ms" count=2$/.test(l)));
+    });
+
+    it("replays a done delivery from its page", async () => {
+      await inbox.store({ id: "d1", body: Buffer.from("{}") });
+      await inbox.finish((await inbox.claim(60_000))!);
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/delivery?source=default&id=d1`, { headers: { cookie } });
+      assert.match(page.body, />Replay<\/button>/);
+      const res = await request(`${url}/replay`, { headers: { cookie }, form: { csrf, source: "default", id: "d1" } });
+      assert.equal(res.status, 303);
+      assert.equal(await statusOf("d1"), "received");
+      assert.ok(audit.some((l) => /action=replay delivery="default\/d1" count=1$/.test(l)));
+    });
+
+    it("without a token trusts loopback only: a foreign Host header (DNS rebinding) gets 403", async () => {
+      const url = await start({});
+      assert.equal((await request(`${url}/`)).status, 200);
+      assert.equal((await request(`${url}/`, { headers: { host: "evil.example:8001" } })).status, 403);
+    });
+  });
+}
+
+describe("the page's listener", () => {
+  it("refuses to bind beyond loopback without a token, and binds with one", async () => {
+    const dir = tempDir();
+    const inbox = await connect(join(dir.dir, "inbox.db"));
+    try {
+      const admin = createAdmin({ inbox });
+      await assert.rejects(listenAdmin(admin, { host: "0.0.0.0", port: 0 }), TypeError);
+      assert.equal(admin.server.listening, false);
+      const guarded = createAdmin({ inbox, token: TOKEN });
+      const url = await listenAdmin(guarded, { host: "0.0.0.0", port: 0, token: TOKEN });
+      assert.match(url, /^http:\/\/0\.0\.0\.0:\d+$/);
+      await new Promise((resolve) => guarded.server.close(resolve));
+    } finally {
+      await inbox.close();
+      dir.cleanup();
+    }
+  });
+
+  it("as a script, exits 2 with one line when told to listen on 0.0.0.0 without --admin-token", async () => {
+    const dir = tempDir();
+    try {
+      const run = await runScript("admin.ts", ["--db", join(dir.dir, "inbox.db"), "--host", "0.0.0.0", "--port", "0"]);
+      assert.equal(run.code, 2);
+      assert.match(run.stderr.trim(), /^admin: refusing to listen on 0\.0\.0\.0 without --admin-token/);
+      assert.equal(run.stderr.trim().split("\n").length, 1);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
+  it("tells loopback from everything else", () => {
+    for (const host of ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]) assert.equal(isLoopback(host), true, host);
+    for (const host of ["0.0.0.0", "::", "10.0.0.1", "example.com", "localhost.evil.example"]) assert.equal(isLoopback(host), false, host);
+  });
+});
+
+describe("normaliseError()", () => {
+  it("groups messages that differ only in numbers, IDs and quoted values", () => {
+    assert.equal(normaliseError("timeout after 5012 ms for evt_81"), normaliseError("timeout after 4990 ms for evt_7"));
+    assert.equal(normaliseError(`no customer "ann"`), normaliseError(`no customer "bob"`));
+    assert.equal(normaliseError("row 3f2a9c1e-0000-4000-8000-00000000abcd gone"), "row <uuid> gone");
+    assert.notEqual(normaliseError("connection refused"), normaliseError("connection reset"), "the control: different errors stay apart");
+    assert.equal(normaliseError(null), "(no error recorded)");
+  });
+});
