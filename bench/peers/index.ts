@@ -20,6 +20,8 @@ export interface Peer {
   name: string;
   /** What a 200 (or a finished job) means on disk, printed next to every figure. */
   durability: string;
+  /** Whether a 200 means what the inbox's means: on disk, fsync'd, before the answer. */
+  durable: boolean;
   /** The drain's settings, printed next to its figure. */
   settings: string;
   script: string;
@@ -45,17 +47,17 @@ const sqlite = (query: string) => async (dir: string, label: string): Promise<St
 
 /** PEERS are the queues of issue #14, in the order they are printed. */
 export const PEERS: Peer[] = [
-  { name: "pg-boss 10", durability: "PostgreSQL synchronous_commit=on", settings: "fetch batchSize 500 ×2 loops, payments+complete in one transaction",
+  { name: "pg-boss 10", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "fetch batchSize 500 ×2 loops, payments+complete in one transaction",
     script: "bench/peers/pgboss.ts", postgres: true, high: false, store: pg("bench_pgboss") },
-  { name: "graphile-worker 0.17", durability: "PostgreSQL synchronous_commit=on", settings: "concurrency 24, localQueue 500, completeJobBatchDelay 0",
+  { name: "graphile-worker 0.17", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "concurrency 24, localQueue 500, completeJobBatchDelay 0",
     script: "bench/peers/graphile.ts", postgres: true, high: false, store: pg("bench_graphile") },
-  { name: "BullMQ 6", durability: "Redis AOF appendfsync=always", settings: "concurrency 100, removeOnComplete, payment HSET",
+  { name: "BullMQ 6", durability: "Redis AOF appendfsync=always", durable: true, settings: "concurrency 100, removeOnComplete, payment HSET",
     script: "bench/peers/bullmq.ts", postgres: false, high: true, store: redis("always") },
-  { name: "BullMQ 6", durability: "Redis AOF appendfsync=everysec (up to 1 s lost)", settings: "concurrency 100, removeOnComplete, payment HSET",
+  { name: "BullMQ 6", durability: "Redis AOF appendfsync=everysec (up to 1 s lost)", durable: false, settings: "concurrency 100, removeOnComplete, payment HSET",
     script: "bench/peers/bullmq.ts", postgres: false, high: true, store: redis("everysec") },
-  { name: "plainjob 0.0.14", durability: "SQLite synchronous=FULL", settings: "one worker, payment insert in the same file",
+  { name: "plainjob 0.0.14", durability: "SQLite synchronous=FULL", durable: true, settings: "one worker, payment insert in the same file",
     script: "bench/peers/plainjob.ts", postgres: false, high: true, backlog: knob("BENCH_PLAINJOB_FULL_BACKLOG", 20_000), store: sqlite("?synchronous=FULL") },
-  { name: "plainjob 0.0.14", durability: "SQLite synchronous=NORMAL (its default; a power cut can lose the last commits)", settings: "one worker, payment insert in the same file",
+  { name: "plainjob 0.0.14", durability: "SQLite synchronous=NORMAL (its default; a power cut can lose the last commits)", durable: false, settings: "one worker, payment insert in the same file",
     script: "bench/peers/plainjob.ts", postgres: false, high: true, store: sqlite("") },
 ];
 
