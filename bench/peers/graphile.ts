@@ -1,4 +1,4 @@
-// bench/peers/graphile.ts: graphile-worker 0.17 as a peer, on a PostgreSQL database of its own.
+// bench/peers/graphile.ts: graphile-worker 0.18 as a peer, on a PostgreSQL database of its own.
 // Ingest: WorkerUtils.addJob per POST. Drain: the settings its performance page documents for
 // throughput, a local queue that locks 500 jobs per fetch, completions batched (completeJobBatchDelay 0)
 // and 24 jobs at once; the task inserts the payment with helpers.query, which commits on its own: a
