@@ -117,6 +117,7 @@ export async function ingest(): Promise<string> {
   const us = (r: Run) => median(r.cpu);
   const gen = (r: Run) => median(r.loads.map((l) => l.generatorUs));
   const lat = (r: Run) => `p50 ${f(median(r.loads.map((l) => l.p50)), 1)} p99 ${f(median(r.loads.map((l) => l.p99)), 1)} ms`;
+  console.log(`  peak RSS: ${servers.map((s) => `${runs.find((r) => r.server === s)!.name} ${f(s.child?.peakRssMb() ?? NaN)} MB`).join(", ")}`);
   const receiverRss = Math.max(...[...new Set(runs.filter((r) => !r.peer && r.server !== bare).map((r) => r.server))].map((s) => s.child?.peakRssMb() ?? NaN));
   const parts: string[] = [];
   for (const base of [bare32, bareHigh]) {
