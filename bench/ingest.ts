@@ -73,7 +73,8 @@ export async function ingest(): Promise<string> {
       add({ name: `receiver logging to a pipe [${t}]`, server: await at("logged"), connections: CONNECTIONS, base: bare32 });
       add({ name: `receiver --inline-checkpoints [${t}]`, server: await at("inline", ["--quiet", "--inline-checkpoints"]), connections: CONNECTIONS, base: bare32 });
     }
-    const rHigh = add({ name: `receiver --quiet [${t}]`, server: quiet, connections: HIGH, base: bareHigh });
+    // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
+    const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
     receivers.push(rHigh);
     if (t === "SQLite") inbox[HIGH] = rHigh;
   }
@@ -118,7 +119,8 @@ export async function ingest(): Promise<string> {
   const gen = (r: Run) => median(r.loads.map((l) => l.generatorUs));
   const lat = (r: Run) => `p50 ${f(median(r.loads.map((l) => l.p50)), 1)} p99 ${f(median(r.loads.map((l) => l.p99)), 1)} ms`;
   console.log(`  peak RSS: ${servers.map((s) => `${runs.find((r) => r.server === s)!.name} ${f(s.child?.peakRssMb() ?? NaN)} MB`).join(", ")}`);
-  const receiverRss = Math.max(...[...new Set(runs.filter((r) => !r.peer && r.server !== bare).map((r) => r.server))].map((s) => s.child?.peakRssMb() ?? NaN));
+  const receiverRss = (connections: number) =>
+    Math.max(...[...new Set(runs.filter((r) => !r.peer && r.server !== bare && r.connections === connections).map((r) => r.server))].map((s) => s.child?.peakRssMb() ?? NaN));
   const parts: string[] = [];
   for (const base of [bare32, bareHigh]) {
     const c = base.connections;
@@ -135,7 +137,7 @@ export async function ingest(): Promise<string> {
       parts.push(`${c} conn: inbox against the best durable peer (${best.name}) ×${f(of(inbox[c]!, best), 2)}`);
     }
   }
-  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver peak RSS ${f(receiverRss)} MB`;
+  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver peak RSS ${f(receiverRss(CONNECTIONS))} MB at ${CONNECTIONS} connections, ${f(receiverRss(HIGH))} MB at ${HIGH}`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());
