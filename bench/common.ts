@@ -1,8 +1,8 @@
 // bench/common.ts: what every benchmark shares: servers as child processes on this same Node, their
-// peak RSS from /proc, a closed-loop load generator (autocannon), the backlog filler, and the knobs.
+// peak RSS from /proc, a closed-loop load generator (wrk, light enough to leave the cores to the server),
+// the backlog filler, and the knobs.
 
-import autocannon from "autocannon";
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -108,45 +108,62 @@ export interface Load {
   ok: number;
   non2xx: number;
   errors: number;
+  /** CPU the load generator spent per request, user and system, in µs. */
+  generatorUs: number;
 }
 
 /** BODY is the article's payment event; every request carries it. */
 export const BODY = JSON.stringify({ type: "payment.succeeded", customer: "Ann", amount: 5 });
 
+let wrkChecked = false;
+
+/**
+ * ensureWrk makes sure Debian's wrk is installed, installing it with apt-get when it is not (the bench
+ * runs as root on the bench machine); otherwise it stops the run with one line saying what to do.
+ */
+export function ensureWrk(): void {
+  if (wrkChecked) return;
+  const found = () => spawnSync("wrk", ["--version"], { encoding: "utf8" }).error === undefined;
+  if (!found()) {
+    console.log("bench: wrk is not installed; installing it with apt-get (Debian's package)");
+    let ok = spawnSync("apt-get", ["install", "-y", "wrk"], { stdio: "ignore" }).status === 0;
+    if (!ok) ok = spawnSync("sh", ["-c", "apt-get update && apt-get install -y wrk"], { stdio: "ignore" }).status === 0;
+    if (!ok || !found()) throw new Error("bench: wrk is missing and apt-get could not install it; run `apt-get install -y wrk` as root, then rerun");
+  }
+  wrkChecked = true;
+}
+
 let runs = 0;
 
 /**
- * hammer runs closed-loop load against url for seconds: each connection sends its next POST as soon as
- * the last answer arrives. IDs are unique, except that a fraction `duplicates` repeats a recent one.
+ * hammer runs closed-loop load against url for seconds with wrk (two threads, one per core): each
+ * connection sends its next POST as soon as the last answer arrives. IDs are unique, except that a
+ * fraction `duplicates` repeats a recent one (bench/wrk.lua).
  */
 export async function hammer(url: string, opts: { seconds: number; connections?: number; duplicates?: number }): Promise<Load> {
-  const prefix = `r${process.pid}-${++runs}-`;
-  const duplicates = opts.duplicates ?? 0;
-  let n = 0;
-  const headers = { "content-type": "application/json" };
-  const result = await autocannon({
-    url,
-    connections: opts.connections ?? CONNECTIONS,
-    duration: opts.seconds,
-    timeout: 30,
-    requests: [{
-      method: "POST",
-      body: BODY,
-      setupRequest: (request) => {
-        const id = duplicates > 0 && n > 100 && Math.random() < duplicates ? n - 1 - Math.floor(Math.random() * 100) : n++;
-        request.headers = { ...headers, "x-delivery-id": prefix + id };
-        return request;
-      },
-    }],
-  });
-  const ok = result["2xx"];
+  ensureWrk();
+  const connections = opts.connections ?? CONNECTIONS;
+  const prefix = `r${process.pid}-${++runs}`;
+  const child = spawn("wrk", [
+    "-t", String(Math.min(2, connections)), "-c", String(connections), "-d", `${opts.seconds}s`, "--timeout", "30s", "--latency",
+    "-s", join(ROOT, "bench/wrk.lua"), url, "--", prefix, String(opts.duplicates ?? 0), BODY,
+  ], { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout.on("data", (d: Buffer) => (out += d));
+  child.stderr.on("data", (d: Buffer) => (out += d));
+  const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  const json = out.split("\n").find((l) => l.startsWith('{"requests"'));
+  if (code !== 0 || !json) throw new Error(`wrk exited with ${code}: ${out.trim()}`);
+  const r = JSON.parse(json) as { requests: number; duration_us: number; non2xx: number; errors: number; p50_us: number; p99_us: number; cpu_s: number };
+  const ok = r.requests - r.non2xx;
   return {
-    rps: ok / result.duration,
-    p50: result.latency.p50,
-    p99: result.latency.p99,
+    rps: ok / (r.duration_us / 1e6),
+    p50: r.p50_us / 1000,
+    p99: r.p99_us / 1000,
     ok,
-    non2xx: result.non2xx,
-    errors: result.errors + result.timeouts,
+    non2xx: r.non2xx,
+    errors: r.errors,
+    generatorUs: (r.cpu_s * 1e6) / Math.max(1, r.requests),
   };
 }
 
@@ -181,6 +198,7 @@ export function f(n: number, digits = 0): string {
 export function row(label: string, load: Load, extra = ""): void {
   console.log(
     `  ${label.padEnd(34)} ${f(load.rps).padStart(7)} req/s  p50 ${f(load.p50, 1)} ms  p99 ${f(load.p99, 1)} ms` +
-      (load.non2xx || load.errors ? `  non-2xx ${load.non2xx} errors ${load.errors}` : "") + (extra ? `  ${extra}` : ""),
+      (load.non2xx || load.errors ? `  non-2xx ${load.non2xx} errors ${load.errors}` : "") + (extra ? `  ${extra}` : "") +
+      `  wrk ${f(load.generatorUs)} µs/req`,
   );
 }

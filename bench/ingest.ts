@@ -1,24 +1,41 @@
-// bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load, same run.
-// Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, and with a
+// bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load (wrk), same
+// run. Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, with a
 // log line per request to a pipe (the default; the others use --quiet), and with SQLite's checkpoints
-// inside commits (--inline-checkpoints) instead of on their own thread. All five servers run side by
-// side, and each round measures them one after the other, so that the noise of a shared machine lands
-// on the baseline and the receiver alike; ratios are taken within a round, and the median round is
-// reported. Also the CPU each server spends per request.
-//   npm run bench -- ingest          BENCH_SECONDS=4 BENCH_ROUNDS=3 BENCH_CONNECTIONS=32
+// inside commits (--inline-checkpoints) instead of on their own thread; then bare and the receiver at
+// BENCH_CONNECTIONS_HIGH (128); then the peers (bench/peers), each a bare node:http server that answers
+// after its queue's enqueue resolves. Every server runs side by side, and each round measures them one
+// after the other, so that the noise of a shared machine lands on all alike; ratios are taken within a
+// round, and the median is reported. Also the CPU each server, and wrk, spends per request.
+//   npm run bench -- ingest          BENCH_SECONDS=4 BENCH_ROUNDS=3 BENCH_CONNECTIONS=32 BENCH_PEERS=0
 
-import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { CONNECTIONS, WARMUP_SECONDS, f, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
+import { label as peerLabel, peers as availablePeers, type Peer, type Store } from "./peers/index.ts";
+import { inboxTargets } from "./targets.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);
 const ROUNDS = knob("BENCH_ROUNDS", 3);
+const HIGH = knob("BENCH_CONNECTIONS_HIGH", 128);
 
-interface Variant {
+/** Server is one process under load: started once, measured by every Run that names it. */
+interface Server {
+  start: () => Promise<Child>;
+  child?: Child;
+  stores: (() => Promise<void>)[];
+}
+
+/** Run is one row: a server, a connection count, a share of duplicates. */
+interface Run {
   name: string;
-  script: string;
-  args: string[];
+  server: Server;
+  connections: number;
   duplicates?: number;
+  /** The row this one's ratio is taken against (bare at the same connections), and the inbox's row. */
+  base?: Run;
+  inbox?: Run;
+  peer?: Peer;
+  loads: Load[];
+  cpu: number[];
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
@@ -26,48 +43,101 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 /** ingest runs the comparison and returns its one-line summary. */
 export async function ingest(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  const variants: Variant[] = [
-    { name: "bare node:http", script: "bench/bare.ts", args: [] },
-    { name: "receiver --quiet, unique IDs", script: "receiver.ts", args: ["--db", join(dir, "quiet.db"), "--quiet"] },
-    { name: "receiver --quiet, 30% duplicates", script: "receiver.ts", args: ["--db", join(dir, "dup.db"), "--quiet"], duplicates: 0.3 },
-    { name: "receiver logging to a pipe", script: "receiver.ts", args: ["--db", join(dir, "logged.db")] },
-    { name: "receiver --inline-checkpoints", script: "receiver.ts", args: ["--db", join(dir, "inline.db"), "--quiet", "--inline-checkpoints"] },
-  ];
-  console.log(`ingest: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server`);
-  const children: Child[] = [];
-  const loads = variants.map(() => [] as Load[]);
-  const cpu = variants.map(() => [] as number[]);
-  try {
-    for (const v of variants) {
-      const child = await startChild(v.script, ["--port", "0", ...v.args]);
-      children.push(child);
-      await hammer(child.url, { seconds: WARMUP_SECONDS, duplicates: v.duplicates });
+  const server = (script: string, args: string[] = []): Server => ({ start: () => startChild(script, ["--port", "0", ...args]), stores: [] });
+  const runs: Run[] = [];
+  const add = (r: Omit<Run, "loads" | "cpu">) => {
+    const run = { ...r, loads: [], cpu: [] };
+    runs.push(run);
+    return run;
+  };
+  const bare = server("bench/bare.ts");
+  const bare32 = add({ name: "bare node:http", server: bare, connections: CONNECTIONS });
+  const bareHigh = add({ name: "bare node:http", server: bare, connections: HIGH });
+  const inbox: Record<number, Run> = {};
+  const receivers: Run[] = [];
+  const targets = await inboxTargets();
+  for (const target of targets) {
+    const at = async (label: string, args: string[] = []): Promise<Server> => {
+      const fresh = await target.fresh(dir, `ingest_${label}`);
+      const s = server("receiver.ts", ["--db", fresh.db, ...args]);
+      s.stores.push(fresh.drop);
+      return s;
+    };
+    const t = target.name;
+    const quiet = await at("quiet", ["--quiet"]);
+    const r32 = add({ name: `receiver --quiet [${t}]`, server: quiet, connections: CONNECTIONS, base: bare32 });
+    receivers.push(r32);
+    if (t === "SQLite") {
+      inbox[CONNECTIONS] = r32;
+      add({ name: `receiver 30% duplicates [${t}]`, server: await at("dup", ["--quiet"]), connections: CONNECTIONS, duplicates: 0.3, base: bare32 });
+      add({ name: `receiver logging to a pipe [${t}]`, server: await at("logged"), connections: CONNECTIONS, base: bare32 });
+      add({ name: `receiver --inline-checkpoints [${t}]`, server: await at("inline", ["--quiet", "--inline-checkpoints"]), connections: CONNECTIONS, base: bare32 });
     }
+    // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
+    const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
+    receivers.push(rHigh);
+    if (t === "SQLite") inbox[HIGH] = rHigh;
+  }
+  const peers = await availablePeers();
+  for (const peer of peers) {
+    let store: Store | undefined;
+    const s: Server = {
+      start: async () => {
+        store = await peer.store(dir, `ingest${peers.indexOf(peer)}`);
+        return startChild(peer.script, ["serve", store.target]);
+      },
+      stores: [() => store?.drop() ?? Promise.resolve()],
+    };
+    add({ name: peerLabel(peer), server: s, connections: CONNECTIONS, base: bare32, inbox: inbox[CONNECTIONS], peer });
+    if (peer.high) add({ name: peerLabel(peer), server: s, connections: HIGH, base: bareHigh, inbox: inbox[HIGH], peer });
+  }
+  const servers = [...new Set(runs.map((r) => r.server))];
+  console.log(`ingest: ${CONNECTIONS} and ${HIGH} connections, ${ROUNDS} round(s) of ${SECONDS} s per row, wrk on the same cores`);
+  try {
+    for (const s of servers) s.child = await s.start();
+    for (const r of runs) await hammer(r.server.child!.url, { seconds: WARMUP_SECONDS, connections: r.connections, duplicates: r.duplicates });
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`  round ${round}`);
-      for (const [i, v] of variants.entries()) {
-        const c0 = children[i]!.cpuMs();
-        const load = await hammer(children[i]!.url, { seconds: SECONDS, duplicates: v.duplicates });
-        cpu[i]!.push(((children[i]!.cpuMs() - c0) * 1000) / (load.ok + load.non2xx));
-        loads[i]!.push(load);
-        const ratio = i === 0 ? "" : `×${f(load.rps / loads[0]![round - 1]!.rps, 2)}  `;
-        row(`  ${v.name}`, load, `${ratio}CPU ${f(cpu[i]!.at(-1)!)} µs/req`);
+      for (const r of runs) {
+        const child = r.server.child!;
+        const c0 = child.cpuMs();
+        const load = await hammer(child.url, { seconds: SECONDS, connections: r.connections, duplicates: r.duplicates });
+        r.cpu.push(((child.cpuMs() - c0) * 1000) / Math.max(1, load.ok + load.non2xx));
+        r.loads.push(load);
+        const ratio = r.base ? `×${f(load.rps / r.base.loads.at(-1)!.rps, 2)} of bare  ` : "";
+        row(`  ${r.name} @${r.connections}`, load, `${ratio}CPU ${f(r.cpu.at(-1)!)} µs/req`);
       }
     }
-    const rss = children.map((c) => c.peakRssMb());
-    const ratio = (i: number) => median(loads[i]!.map((l, round) => l.rps / loads[0]![round]!.rps));
-    const rps = (i: number) => median(loads[i]!.map((l) => l.rps));
-    const p = (i: number, key: "p50" | "p99") => median(loads[i]!.map((l) => l[key]));
-    const us = (i: number) => median(cpu[i]!);
-    console.log(`  peak RSS: ${variants.map((v, i) => `${v.name} ${f(rss[i]!)} MB`).join(", ")}`);
-    return `ingest (median of ${ROUNDS}): bare ${f(rps(0))} req/s (p50 ${f(p(0, "p50"), 1)} p99 ${f(p(0, "p99"), 1)} ms, ${f(us(0))} µs CPU/req)` +
-      ` | receiver unique ${f(rps(1))} req/s ×${f(ratio(1), 2)} (p50 ${f(p(1, "p50"), 1)} p99 ${f(p(1, "p99"), 1)} ms, ${f(us(1))} µs CPU/req)` +
-      ` | 30% dup ×${f(ratio(2), 2)} | logging ×${f(ratio(3), 2)} | inline checkpoints ×${f(ratio(4), 2)} (${f(us(4))} µs CPU/req)` +
-      ` | receiver peak RSS ${f(Math.max(...rss.slice(1)))} MB`;
   } finally {
-    for (const child of children) await child.stop();
+    for (const s of servers) await s.child?.stop();
+    for (const s of servers) for (const drop of s.stores) await drop();
     cleanup();
   }
+  const rps = (r: Run) => median(r.loads.map((l) => l.rps));
+  const of = (r: Run, base: Run) => median(r.loads.map((l, i) => l.rps / base.loads[i]!.rps));
+  const us = (r: Run) => median(r.cpu);
+  const gen = (r: Run) => median(r.loads.map((l) => l.generatorUs));
+  const lat = (r: Run) => `p50 ${f(median(r.loads.map((l) => l.p50)), 1)} p99 ${f(median(r.loads.map((l) => l.p99)), 1)} ms`;
+  console.log(`  peak RSS: ${servers.map((s) => `${runs.find((r) => r.server === s)!.name} ${f(s.child?.peakRssMb() ?? NaN)} MB`).join(", ")}`);
+  const receiverRss = (connections: number) =>
+    Math.max(...[...new Set(runs.filter((r) => !r.peer && r.server !== bare && r.connections === connections).map((r) => r.server))].map((s) => s.child?.peakRssMb() ?? NaN));
+  const parts: string[] = [];
+  for (const base of [bare32, bareHigh]) {
+    const c = base.connections;
+    const mine = runs.filter((r) => r.base === base && !r.peer);
+    parts.push(`${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
+      mine.map((r) => ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
+        (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : "")).join(""));
+    const theirs = runs.filter((r) => r.base === base && r.peer);
+    // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
+    for (const r of theirs) parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+    const durable = theirs.filter((r) => r.peer!.durable);
+    if (durable.length > 0 && inbox[c]) {
+      const best = durable.reduce((a, b) => (rps(a) >= rps(b) ? a : b));
+      parts.push(`${c} conn: inbox against the best durable peer (${best.name}) ×${f(of(inbox[c]!, best), 2)}`);
+    }
+  }
+  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver peak RSS ${f(receiverRss(CONNECTIONS))} MB at ${CONNECTIONS} connections, ${f(receiverRss(HIGH))} MB at ${HIGH}`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());

@@ -1,8 +1,9 @@
 // bench/latency.ts: the ack's latency at half the saturated rate, open loop. Finds the receiver's
-// saturated rate (closed loop, BENCH_CONNECTIONS), then sends at half that rate on a fixed schedule
+// saturated rate (closed loop with wrk, BENCH_CONNECTIONS), then sends at half that rate on a fixed schedule
 // whatever the answers do, timing each request from when it was due (so a stall is not hidden), first
 // to the receiver, to the receiver with --inline-checkpoints, then to the bare node:http baseline.
-// Prints p50/p99/p99.9/max of each.
+// Prints p50/p99/p99.9/max of each, and the pacer's own CPU per request (wrk cannot pace: it is
+// closed-loop only, so the open-loop sender is the raw-socket one below).
 //   npm run bench -- latency          BENCH_SECONDS=8 BENCH_RATE=<req/s, skips the search>
 
 import { join } from "node:path";
@@ -19,6 +20,8 @@ export interface Paced {
   p99: number;
   p999: number;
   max: number;
+  /** CPU this process spent sending and timing, per request, in µs. */
+  generatorUs: number;
 }
 
 const BODY_BYTES = Buffer.byteLength(BODY);
@@ -95,6 +98,7 @@ export async function paced(url: string, rate: number, seconds: number): Promise
   };
   const conns = await Promise.all(Array.from({ length: knob("BENCH_POOL", 64) }, open));
   idle.push(...conns);
+  const cpu0 = process.cpuUsage();
   start = performance.now();
   const tick = () => {
     // Send whatever is due by now (request i is due at i / rate).
@@ -109,6 +113,7 @@ export async function paced(url: string, rate: number, seconds: number): Promise
   };
   tick();
   await done;
+  const cpu = process.cpuUsage(cpu0);
   for (const conn of idle) conn.socket.destroy();
   for (const conn of conns) conn.socket.destroy();
   latencies.sort();
@@ -116,11 +121,12 @@ export async function paced(url: string, rate: number, seconds: number): Promise
     rate, sent, ok,
     p50: percentile(latencies, 0.5), p99: percentile(latencies, 0.99), p999: percentile(latencies, 0.999),
     max: latencies[latencies.length - 1] ?? NaN,
+    generatorUs: (cpu.user + cpu.system) / Math.max(1, total),
   };
 }
 
 function show(label: string, p: Paced): void {
-  console.log(`  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`);
+  console.log(`  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200, pacer ${f(p.generatorUs)} µs CPU/req)`);
 }
 
 /** latency runs the search and both paced runs and returns the one-line summary. */
@@ -150,7 +156,7 @@ export async function latency(): Promise<string> {
     show("receiver (durable)", mine);
     show("… inline checkpoints", theirs);
     return `latency: ${f(rate)} req/s open loop (half of ${f(saturated)}) | receiver ack p50 ${f(mine.p50, 2)} p99 ${f(mine.p99, 2)} p99.9 ${f(mine.p999, 2)} ms` +
-      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB`;
+      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB | pacer ${f(mine.generatorUs)} µs CPU/req`;
   } finally {
     cleanup();
   }

@@ -1,21 +1,26 @@
 // bench/run.ts: `npm run bench` runs every benchmark in turn; `npm run bench -- ingest worker` runs some.
-// Each benchmark measures its own baseline in the same run and ends with one summary line; those lines
-// are printed again together at the end. Scale with BENCH_SECONDS, BENCH_LARGE, BENCH_MIXED_BACKLOG, …
-//   npm run bench                       # about 4 minutes on 2 cores
+// Each benchmark measures its own baseline in the same run and ends with its summary; those are printed
+// again together at the end. Scale with BENCH_SECONDS, BENCH_LARGE, BENCH_MIXED_BACKLOG, …; leave the
+// peers out with BENCH_PEERS=0, the inbox-on-PostgreSQL rows with BENCH_POSTGRES=0.
+//   npm run bench                       # about 10 minutes on 2 cores
 //   BENCH_SECONDS=3 BENCH_LARGE=50000 npm run bench -- worker mixed
+//   npm run bench -- generators         # wrk against autocannon, not part of the default run
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
 import { admin } from "./admin.ts";
+import { generators } from "./generators.ts";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
 import { observe } from "./observe.ts";
+import { pgclient } from "./pgclient.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, mixed, observe, admin, purge: async () => (await import("./purge.ts")).purge(),
+  ingest, latency, worker, mixed, pgclient, generators, observe, admin, purge: async () => (await import("./purge.ts")).purge(),
 };
+const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
@@ -24,7 +29,7 @@ for (const name of wanted) {
     process.exit(2);
   }
 }
-const names = wanted.length > 0 ? wanted : Object.keys(BENCHES);
+const names = wanted.length > 0 ? wanted : DEFAULT;
 let load = "";
 try {
   load = execFileSync("uptime", { encoding: "utf8" }).trim().replace(/.*load average/, "load average");

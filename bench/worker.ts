@@ -1,19 +1,25 @@
-// bench/worker.ts: how fast one worker drains a backlog, and whether that holds as the backlog grows.
-// Fills backlogs of BENCH_SMALL (20k) and BENCH_LARGE (200k) deliveries straight into the table, drains
-// each with the record-payment handler at BENCH_CONCURRENCY (128), and prints
-// deliveries/s for each, large/small, and the worker's peak RSS for each.
-//   npm run bench -- worker          BENCH_SMALL=20000 BENCH_LARGE=200000
+// bench/worker.ts: how fast one worker drains a backlog, whether that holds as the backlog grows, and
+// how it compares with the peers. First the worker's loop in a process of its own (bench/drain.ts) on
+// backlogs of BENCH_SMALL (20k) and BENCH_LARGE (200k) at BENCH_CONCURRENCY (128): deliveries/s,
+// large/small, peak RSS. Then the real CLI, `worker.ts --once`, at its defaults and at --concurrency 128,
+// on every inbox target (bench/targets.ts), beside each peer (bench/peers) draining the same BENCH_LARGE
+// backlog with the same record-payment handler; BENCH_DRAIN_ROUNDS rounds, systems alternating, medians.
+//   npm run bench -- worker          BENCH_SMALL=20000 BENCH_LARGE=200000 BENCH_DRAIN_ROUNDS=1 BENCH_PEERS=0
 
 import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { ROOT, f, fillBacklog, knob, tempDir } from "./common.ts";
+import { drainPeer, label as peerLabel, peers as availablePeers, type Peer } from "./peers/index.ts";
+import { inboxTargets, type InboxTarget } from "./targets.ts";
 
 const SMALL = knob("BENCH_SMALL", 20_000);
 const LARGE = knob("BENCH_LARGE", 200_000);
 // 128, not the worker's default of 8: the handler here is synchronous, so the batch per commit is the
 // concurrency, and one fsync per 8 deliveries caps the rate well below the target.
 const CONCURRENCY = knob("BENCH_CONCURRENCY", 128);
+const ROUNDS = knob("BENCH_DRAIN_ROUNDS", 1);
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Drain is what bench/drain.ts reports. */
 export interface Drain {
@@ -36,8 +42,8 @@ export async function drainChild(path: string, concurrency: number): Promise<Dra
   return JSON.parse(out.trim().split("\n").at(-1)!) as Drain;
 }
 
-/** worker runs both drains and returns the one-line summary. */
-export async function worker(): Promise<string> {
+/** loop runs both drains of the worker's loop and returns their summary line. */
+async function loop(): Promise<string> {
   const { dir, cleanup } = tempDir();
   console.log(`worker: backlogs of ${SMALL} and ${LARGE}, concurrency ${CONCURRENCY}, record-payment handler`);
   const results: { n: number; rate: number; rss: number; quarters: number[] }[] = [];
@@ -61,6 +67,107 @@ export async function worker(): Promise<string> {
   return `worker: ${f(small.rate)} deliveries/s at ${small.n} | ${f(large.rate)} deliveries/s at ${large.n}` +
     ` | large/small ×${f(large.rate / small.rate, 2)} | peak RSS ${f(small.rss)} MB → ${f(large.rss)} MB` +
     ` (${large.n} run by quarter: ${large.quarters.map((q) => f(q)).join(" → ")} MB)`;
+}
+
+/** cli runs `worker.ts --once --quiet --db db` plus args to its end and returns its wall time in ms. */
+async function cli(db: string, args: string[], expected: number): Promise<number> {
+  const t0 = performance.now();
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "worker.ts"), "--once", "--quiet", "--db", db, ...args], {
+    cwd: ROOT, stdio: ["ignore", "ignore", "pipe"],
+  });
+  let err = "";
+  child.stderr.on("data", (d: Buffer) => (err += d));
+  const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  const ms = performance.now() - t0;
+  const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
+  if (code !== 0 || done !== expected) throw new Error(`worker.ts ${args.join(" ")}: exit ${code}, expected ${expected} done: ${err.slice(-500)}`);
+  return ms;
+}
+
+/** fill puts n due deliveries into a fresh inbox: straight into the file for SQLite, through store() elsewhere. */
+async function fill(target: InboxTarget, db: string, n: number): Promise<void> {
+  if (target.name === "SQLite") return fillBacklog(db, n);
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fill.ts"), db, String(n)], { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
+  const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  if (code !== 0) throw new Error(`bench/fill.ts exited with ${code}`);
+}
+
+/** System is one drain row: the inbox's CLI on a target with some flags, or a peer. */
+interface System {
+  name: string;
+  drain: (dir: string, label: string) => Promise<number>;
+  peer?: Peer;
+  rates: number[];
+}
+
+/** versus drains BENCH_LARGE with the inbox's CLI and with every peer, and returns the summary line. */
+async function versus(): Promise<string> {
+  const { dir, cleanup } = tempDir();
+  const systems: System[] = [];
+  const startup = new Map<InboxTarget, number>();
+  for (const target of await inboxTargets()) {
+    for (const [flags, args] of [["defaults", []], [`--concurrency ${CONCURRENCY}`, ["--concurrency", String(CONCURRENCY)]]] as const) {
+      systems.push({
+        name: `worker.ts --once ${flags} [${target.name}]`,
+        rates: [],
+        drain: async (dir, label) => {
+          // What the CLI takes to start and stop, measured on an empty inbox, is not drain time.
+          if (!startup.has(target)) {
+            const empty = await target.fresh(dir, "drain_empty");
+            try {
+              startup.set(target, await cli(empty.db, [], 0));
+            } finally {
+              await empty.drop();
+            }
+          }
+          const fresh = await target.fresh(dir, label);
+          try {
+            await fill(target, fresh.db, LARGE);
+            return (LARGE / (await cli(fresh.db, [...args], LARGE) - startup.get(target)!)) * 1000;
+          } finally {
+            await fresh.drop();
+          }
+        },
+      });
+    }
+  }
+  for (const peer of await availablePeers()) {
+    const n = peer.backlog ?? LARGE;
+    systems.push({
+      name: `${peerLabel(peer)}${n !== LARGE ? ` at ${n}` : ""}`, peer, rates: [],
+      drain: async (dir, label) => {
+        const d = await drainPeer(peer, dir, n, label);
+        return (d.done / d.ms) * 1000;
+      },
+    });
+  }
+  console.log(`drain: backlog of ${LARGE}, record-payment handler, ${ROUNDS} round(s), systems alternating`);
+  try {
+    for (let round = 1; round <= ROUNDS; round++) {
+      for (const [i, s] of systems.entries()) {
+        s.rates.push(await s.drain(dir, `drain${round}_${i}`));
+        console.log(`  round ${round} ${s.name.padEnd(62)} ${f(s.rates.at(-1)!).padStart(7)} deliveries/s${s.peer ? `  (${s.peer.settings})` : ""}`);
+      }
+    }
+  } finally {
+    cleanup();
+  }
+  const rate = (s: System) => median(s.rates);
+  const inbox = systems.filter((s) => !s.peer);
+  const durable = systems.filter((s) => s.peer?.durable);
+  const best = durable.length > 0 ? durable.reduce((a, b) => (rate(a) >= rate(b) ? a : b)) : undefined;
+  const parts = [
+    ...inbox.map((s) => `${s.name} ${f(rate(s))}/s`),
+    ...systems.filter((s) => s.peer).map((s) => `${s.name} ${f(rate(s))}/s (${s.peer!.settings}), inbox defaults ×${f(rate(inbox[0]!) / rate(s), 2)}`),
+  ];
+  if (best) parts.push(`inbox against the best durable peer (${best.name}): defaults ×${f(rate(inbox[0]!) / rate(best), 2)}, --concurrency ${CONCURRENCY} ×${f(rate(inbox[1]!) / rate(best), 2)}`);
+  return `drain of ${LARGE} (median of ${ROUNDS}; CLI start-up ${[...startup.values()].map((ms) => f(ms)).join("/")} ms subtracted):\n  ${parts.join("\n  ")}`;
+}
+
+/** worker runs the loop's drains, then the CLI against the peers, and returns both summaries. */
+export async function worker(): Promise<string> {
+  const first = await loop();
+  return `${first}\n${await versus()}`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await worker());
