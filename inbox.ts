@@ -83,6 +83,12 @@ export interface Incoming {
   eventType?: string | null;
   /** The provider's own timestamp for the delivery, in ms since the epoch, where it sends one. */
   providerTime?: number | null;
+  /** Deliveries that share an order key run one at a time, in event time; none means unordered. */
+  orderKey?: string | null;
+  /** When the event happened, in ms (Stripe: the event's created); ordered deliveries fall back to providerTime, then arrival. */
+  eventTime?: number | null;
+  /** An ordered delivery set aside as failed blocks its key until it is retried, rather than letting later ones pass. */
+  strictOrder?: boolean;
 }
 
 /** Delivery is one stored webhook, as the worker and the CLI see it. */
@@ -102,6 +108,12 @@ export interface Delivery {
   error: string | null;
   conflicts: number;
   finishedAt: number | null;
+  /** The order key, or null for an unordered delivery. */
+  orderKey: string | null;
+  /** The event time its key is ordered by, in ms. */
+  eventTime: number | null;
+  /** Set when it was handed over stale: the ID of a newer delivery of its key that was already handled. */
+  newerId: string | null;
 }
 
 /** Lease is a claimed delivery; its token fences every later write against a takeover. */
@@ -216,6 +228,31 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
   // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
   `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
+  // Ordering (see claimBatch and settleKey). Ordered deliveries leave the unordered claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key TEXT;
+   ALTER TABLE deliveries ADD COLUMN event_time INTEGER;
+   ALTER TABLE deliveries ADD COLUMN newer_id TEXT;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received' AND order_key IS NULL;
+   -- The rowid, last in every SQLite index, is the arrival order that breaks event-time ties.
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          TEXT    NOT NULL,
+     order_key       TEXT    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, order_key)
+   );
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -325,7 +362,30 @@ function toDelivery(row: Row): Delivery {
     error: row.error as string | null,
     conflicts: row.conflicts as number,
     finishedAt: row.finished_at as number | null,
+    orderKey: (row.order_key ?? null) as string | null,
+    eventTime: (row.event_time ?? null) as number | null,
+    newerId: (row.newer_id ?? null) as string | null,
   };
+}
+
+/**
+ * orderOf checks an incoming delivery's order key and works out the event time its key is ordered by:
+ * the provider's event time, else its signed send time, else when it arrived.
+ */
+export function orderOf(delivery: Incoming, receivedAt: number | null): { key: string | null; eventTime: number | null; strict: boolean } {
+  const key = delivery.orderKey ?? null;
+  if (key !== null && (typeof key !== "string" || key === "")) {
+    throw new TypeError(`store: expected orderKey to be a non-empty string or null, got ${JSON.stringify(key)}`);
+  }
+  for (const name of ["eventTime", "providerTime"] as const) {
+    const value = delivery[name];
+    if (value != null && (typeof value !== "number" || !Number.isFinite(value))) {
+      throw new TypeError(`store: expected ${name} to be a number of ms or null, got ${String(value)}`);
+    }
+  }
+  // PostgreSQL passes no receivedAt: the database's clock fills it in.
+  const eventTime = delivery.eventTime ?? (key === null ? null : delivery.providerTime ?? receivedAt);
+  return { key, eventTime: eventTime === null ? null : Math.round(eventTime), strict: delivery.strictOrder === true };
 }
 
 /** Failure is the outcome of fail(): retried later, or set aside. */
@@ -458,17 +518,21 @@ export class SqliteInbox implements Inbox {
     const source = delivery.source ?? DEFAULTS.source;
     const receivedAt = this.now();
     const digest = sha256(delivery.body);
+    const ordered = orderOf(delivery, receivedAt);
     return this.enqueue((db) => {
       const inserted = this
         .sql(
           `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
-                                   received_at, status, available_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?)
+                                   received_at, status, available_at, order_key, event_time)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?)
            ON CONFLICT (source, id) DO NOTHING`,
         )
         .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
-          delivery.providerTime ?? null, receivedAt, receivedAt);
-      if (inserted.changes === 1) return "stored";
+          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime);
+      if (inserted.changes === 1) {
+        if (ordered.key !== null) this.enter(source, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
+        return "stored";
+      }
       const conflict = this
         .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND body_sha256 <> ?")
         .run(source, delivery.id, digest);
@@ -496,13 +560,18 @@ export class SqliteInbox implements Inbox {
          WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
       ).run(now, now, now);
       const latest = now + this.backoffOptions.retryCapMs;
-      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND available_at > ?").run(latest, latest);
+      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND order_key IS NULL AND available_at > ?").run(latest, latest);
+      this.sql("UPDATE order_keys SET due = ? WHERE due > ?").run(latest, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
-      this.sql(
+      const gaveUp = this.sql(
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
-         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?`,
-      ).run(now, now, this.maxAttempts);
+         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?
+         RETURNING source, id, order_key`,
+      ).all(now, now, this.maxAttempts) as Row[];
+      for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, true);
+      // Three kinds are due: unordered deliveries, the heads of idle keys, and leases that expired. An
+      // ordered delivery is reached only as its key's head, so two of one key never run at once.
       const rows = this
         .sql(
           `UPDATE deliveries
@@ -511,15 +580,21 @@ export class SqliteInbox implements Inbox {
            WHERE rowid IN (
              SELECT rowid FROM (
                SELECT rowid, due FROM (SELECT rowid, available_at AS due FROM deliveries
-                                       WHERE status = 'received' AND available_at <= ? ORDER BY available_at LIMIT ?)
+                                       WHERE status = 'received' AND order_key IS NULL AND available_at <= ?
+                                       ORDER BY available_at LIMIT ?)
                UNION ALL
                SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
                                        WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
+               UNION ALL
+               SELECT rowid, due FROM (SELECT d.rowid, k.due FROM order_keys k
+                                       JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.status = 'received'
+                                       WHERE k.due <= ? ORDER BY k.due LIMIT ?)
              ) ORDER BY due, rowid LIMIT ?)
            RETURNING rowid, *`,
         )
-        .all(now + leaseMs, leaseMs, now, limit, now, limit, limit) as Row[];
+        .all(now + leaseMs, leaseMs, now, limit, now, limit, now, limit, limit) as Row[];
       const leases = rows.map(toLease);
+      for (const lease of leases) if (lease.orderKey !== null) this.occupy(lease, rowids.get(lease)!);
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
   }
@@ -584,6 +659,7 @@ export class SqliteInbox implements Inbox {
         .run(now, lease.source, lease.id, lease.token).changes;
     }
     if (changed !== 1) return false;
+    if (lease.orderKey !== null) this.handled(lease);
     for (const write of writes) {
       const result = write(this.tx);
       if (result instanceof Promise) {
@@ -609,6 +685,7 @@ export class SqliteInbox implements Inbox {
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
            WHERE source = ? AND id = ?`,
         ).run(error, now, lease.source, lease.id);
+        if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, true);
         return { status: "failed" };
       }
       const retryAt = now + backoff(row.attempts, { ...this.backoffOptions, random: this.random });
@@ -616,6 +693,7 @@ export class SqliteInbox implements Inbox {
         `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
          WHERE source = ? AND id = ?`,
       ).run(error, retryAt, lease.source, lease.id);
+      if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
       return { status: "received", retryAt };
     }) as Promise<Failure | undefined>;
   }
@@ -623,15 +701,15 @@ export class SqliteInbox implements Inbox {
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
   release(lease: Lease): Promise<boolean> {
     return this.enqueue((db) => {
-      return (
-        this
-          .sql(
-            `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
-                    lease_token = NULL, available_at = ?
-             WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
-          )
-          .run(this.now(), lease.source, lease.id, lease.token).changes === 1
-      );
+      const released = this
+        .sql(
+          `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
+                  lease_token = NULL, available_at = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
+      if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+      return released;
     }) as Promise<boolean>;
   }
 
@@ -639,16 +717,17 @@ export class SqliteInbox implements Inbox {
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
     return this.enqueue((db) => {
       const now = this.now();
-      if ("allFailed" in target) {
-        return this
+      const rows = ("allFailed" in target
+        ? this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE status = 'failed'`)
-          .run(now).changes;
-      }
-      return this
-        .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                  WHERE source = ? AND id = ? AND status = 'failed'`)
-        .run(now, target.source ?? DEFAULTS.source, target.id).changes;
+                    WHERE status = 'failed' RETURNING source, id, order_key`)
+          .all(now)
+        : this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                    WHERE source = ? AND id = ? AND status = 'failed' RETURNING source, id, order_key`)
+          .all(now, target.source ?? DEFAULTS.source, target.id)) as Row[];
+      for (const r of rows) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, false);
+      return rows.length;
     }) as Promise<number>;
   }
 
@@ -770,6 +849,53 @@ export class SqliteInbox implements Inbox {
       await exited;
     }
     this.db.close();
+  }
+
+  // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
+  // time (or the key had nothing waiting); a running or blocked key picks its next head when it settles.
+  private enter(source: string, key: string, id: string, eventTime: number, seq: number, due: number, strict: boolean): void {
+    this.sql(
+      `INSERT INTO order_keys (source, order_key, head_id, head_event_time, head_seq, due, strict)
+       VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+       ON CONFLICT (source, order_key) DO UPDATE SET
+         strict = excluded.strict,
+         head_id = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?3 ELSE head_id END,
+         head_event_time = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?4 ELSE head_event_time END,
+         head_seq = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?5 ELSE head_seq END,
+         due = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?6 ELSE due END`,
+    ).run(source, key, id, eventTime, seq, due, strict ? 1 : 0);
+  }
+
+  // occupy marks a claimed head's key as running, and flags the lease stale if a newer event of its key
+  // was already handled.
+  private occupy(lease: Lease, rowid: number): void {
+    const key = this
+      .sql("UPDATE order_keys SET due = NULL WHERE source = ? AND order_key = ? RETURNING last_event_time, last_id")
+      .get(lease.source, lease.orderKey) as { last_event_time: number | null; last_id: string | null } | undefined;
+    if (key?.last_event_time != null && key.last_event_time > lease.eventTime!) {
+      this.sql("UPDATE deliveries SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
+      lease.newerId = key.last_id;
+    }
+  }
+
+  // handled records a finished delivery's event time as its key's newest, then moves the key on.
+  private handled(lease: Lease): void {
+    this.settleKey(lease.source, lease.orderKey!, lease.id, false, lease.eventTime);
+  }
+
+  // settleKey moves a key's head to its first waiting delivery in event time, then arrival, after the
+  // delivery `from` left the head (done, retried, released, set aside) or came back (retry). It leaves a
+  // key alone while another delivery runs or blocks it, and a strict key blocked when `from` is set aside.
+  private settleKey(source: string, key: string, from: string, setAside: boolean, handledTime: number | null = null): void {
+    this.sql(
+      `UPDATE order_keys SET
+         last_event_time = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?5 ELSE last_event_time END,
+         last_id = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?3 ELSE last_id END,
+         (head_id, head_event_time, head_seq, due) =
+           (SELECT id, event_time, rowid, available_at FROM deliveries
+            WHERE source = ?1 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
+    ).run(source, key, from, setAside ? 1 : 0, handledTime);
   }
 
   // sql compiles each statement once per connection: the receiver and worker run the same few forever.

@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, message, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, backoff, message, orderOf, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -37,6 +37,30 @@ const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status IN ('received', 'processing');
    CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';
    CREATE INDEX deliveries_received ON deliveries (received_at);`,
+  // Ordering (see claimBatch and settleKeys). Ordered deliveries that wait leave the claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key text, ADD COLUMN event_time bigint, ADD COLUMN arrival bigint,
+                         ADD COLUMN newer_id text;
+   CREATE SEQUENCE deliveries_arrival;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          text    NOT NULL,
+     order_key       text    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         text,
+     head_event_time bigint,
+     head_seq        bigint,
+     due             bigint,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time bigint,
+     last_id         text,
+     strict          boolean NOT NULL DEFAULT false,
+     PRIMARY KEY (source, order_key)
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -69,6 +93,9 @@ function toDelivery(row: Row): Delivery {
     error: row.error as string | null,
     conflicts: row.conflicts as number,
     finishedAt: row.finished_at as number | null,
+    orderKey: (row.order_key ?? null) as string | null,
+    eventTime: (row.event_time ?? null) as number | null,
+    newerId: (row.newer_id ?? null) as string | null,
   };
 }
 
@@ -230,6 +257,7 @@ export class PostgresInbox implements Inbox {
 
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
+    orderOf(delivery, null);
     return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body) }) as Promise<Stored>;
   }
 
@@ -242,11 +270,20 @@ export class PostgresInbox implements Inbox {
     return this.other(async (client) => {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
+      // Ordered deliveries are reached only as the head of an idle key (k), whose row lock keeps another
+      // host from running the same key; the head rows of the keys claimed then say the key runs (due NULL).
       const { rows } = await client.query(
-        `WITH p AS (
+        `WITH k AS (
+           SELECT source, order_key, head_id, due FROM order_keys WHERE due <= ${NOW}
+           ORDER BY due LIMIT $2::integer FOR UPDATE SKIP LOCKED),
+         u AS (
            SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up FROM deliveries
-           WHERE status IN ('received', 'processing') AND available_at <= ${NOW}
-           ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED)
+           WHERE ((status = 'received' AND order_key IS NULL) OR status = 'processing') AND available_at <= ${NOW}
+           ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED),
+         p AS (
+           SELECT * FROM (SELECT source, id, due, gave_up FROM u UNION ALL SELECT source, head_id, due, false FROM k) x
+           ORDER BY due LIMIT $2::integer),
+         c AS (
          UPDATE deliveries d SET
            status       = CASE WHEN gave_up THEN 'failed' ELSE 'processing' END,
            attempts     = CASE WHEN gave_up THEN d.attempts ELSE d.attempts + 1 END,
@@ -255,11 +292,20 @@ export class PostgresInbox implements Inbox {
            lease_ms     = $3::integer,
            lease_token  = CASE WHEN gave_up THEN NULL ELSE gen_random_uuid()::text END,
            error        = CASE WHEN gave_up THEN 'gave up: the lease expired on the last attempt (the worker crashed or hung)' ELSE d.error END,
-           finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END
-         FROM p WHERE d.source = p.source AND d.id = p.id
-         RETURNING d.*, p.due`,
+           finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END,
+           newer_id     = CASE WHEN d.order_key IS NULL THEN NULL ELSE
+                            (SELECT CASE WHEN o.last_event_time > d.event_time THEN o.last_id END FROM order_keys o
+                             WHERE o.source = d.source AND o.order_key = d.order_key) END
+         FROM p WHERE d.source = p.source AND d.id = p.id AND d.status IN ('received', 'processing')
+         RETURNING d.*, p.due),
+         busy AS (
+           UPDATE order_keys o SET due = NULL FROM k
+           WHERE o.source = k.source AND o.order_key = k.order_key AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
+         SELECT * FROM c`,
         [this.now(), limit, leaseMs, this.maxAttempts],
       );
+      const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
+      if (gaveUp.length > 0) await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, key: row.order_key, from: row.id, setAside: true })));
       const leases: Lease[] = [];
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
@@ -303,6 +349,9 @@ export class PostgresInbox implements Inbox {
         [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token],
       );
       if (rows.length === 0) return undefined;
+      if (lease.orderKey !== null) {
+        await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
+      }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
     }) as Promise<Failure | undefined>;
   }
@@ -315,25 +364,28 @@ export class PostgresInbox implements Inbox {
          WHERE source = $2 AND id = $3 AND lease_token = $4 AND status = 'processing'`,
         [this.now(), lease.source, lease.id, lease.token],
       );
+      if (rowCount === 1 && lease.orderKey !== null) await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: false }]);
       return rowCount === 1;
     }) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
     return this.other(async (client) => {
-      const { rowCount } = "allFailed" in target
+      const { rows } = "allFailed" in target
         ? await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE status = 'failed'`,
+           WHERE status = 'failed' RETURNING source, id, order_key`,
           [this.now()],
         )
         : await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed'`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' RETURNING source, id, order_key`,
           [this.now(), target.source ?? DEFAULTS.source, target.id],
         );
-      this.notify(client, rowCount ?? 0);
-      return rowCount ?? 0;
+      const ordered = rows.filter((r) => r.order_key !== null);
+      if (ordered.length > 0) await this.settleKeys(client, ordered.map((r) => ({ source: r.source, key: r.order_key, from: r.id, setAside: false })));
+      this.notify(client, rows.length);
+      return rows.length;
     }) as Promise<number>;
   }
 
@@ -604,16 +656,31 @@ export class PostgresInbox implements Inbox {
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
     const rows = [...firsts.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
+    // Ordered rows take their arrival order from one sequence value per batch plus their place in it.
+    const orders = rows.map((op) => orderOf(op.incoming, null));
+    const place = new Map(ops.map((op, i) => [op, i]));
+    const anyOrdered = orders.some((o) => o.key !== null);
     const inserted = await client.query(
-      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at)
-       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}
-       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[]) AS u(s, i, b, h, ct, et, pt)
+      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
+                               order_key, event_time, arrival)
+       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
+       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[])
+            AS u(s, i, b, h, ct, et, pt, ok, ev, n)
        ON CONFLICT (source, id) DO NOTHING
-       RETURNING source, id`,
+       RETURNING source, id, order_key, event_time, arrival, available_at`,
       [this.now(), rows.map((op) => op.source), rows.map((op) => op.incoming.id), rows.map((op) => op.incoming.body),
         rows.map((op) => op.digest), rows.map((op) => op.incoming.contentType ?? null), rows.map((op) => op.incoming.eventType ?? null),
-        rows.map((op) => op.incoming.providerTime ?? null)],
+        rows.map((op) => op.incoming.providerTime ?? null), orders.map((o) => o.key), orders.map((o) => o.eventTime),
+        rows.map((op) => place.get(op)!)],
     );
+    if (anyOrdered) {
+      const strict = new Map(rows.map((op, i) => [`${op.source}\u0000${op.incoming.id}`, orders[i]!.strict]));
+      await this.enterKeys(client, inserted.rows.filter((r) => r.order_key !== null).map((r) => ({
+        source: r.source, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at,
+        strict: strict.get(`${r.source}\u0000${r.id}`)!,
+      })));
+    }
     const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
     const results = new Map<Op, Stored>();
     const others = ops.filter((op) => !(stored.has(key(op)) && firsts.get(key(op)) === op));
@@ -645,6 +712,72 @@ export class PostgresInbox implements Inbox {
     return results;
   }
 
+  // enterKeys puts newly stored deliveries at their keys' heads where the key is idle and they come first
+  // in event time (or it had nothing waiting); a running or blocked key picks its next head when it
+  // settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
+  private async enterKeys(
+    client: pg.PoolClient,
+    entries: { source: string; key: string; id: string; eventTime: number; seq: number; due: number; strict: boolean }[],
+  ): Promise<void> {
+    const first = new Map<string, (typeof entries)[number]>();
+    for (const e of entries) {
+      const k = `${e.source}\u0000${e.key}`;
+      const seen = first.get(k);
+      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq)) first.set(k, e);
+    }
+    const list = [...first.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const earlier = "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
+    await client.query(
+      `INSERT INTO order_keys AS o (source, order_key, head_id, head_event_time, head_seq, due, strict)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
+       ON CONFLICT (source, order_key) DO UPDATE SET
+         strict = excluded.strict,
+         head_id = CASE WHEN ${earlier} THEN excluded.head_id ELSE o.head_id END,
+         head_event_time = CASE WHEN ${earlier} THEN excluded.head_event_time ELSE o.head_event_time END,
+         head_seq = CASE WHEN ${earlier} THEN excluded.head_seq ELSE o.head_seq END,
+         due = CASE WHEN ${earlier} THEN excluded.due ELSE o.due END`,
+      [list.map((e) => e.source), list.map((e) => e.key), list.map((e) => e.id), list.map((e) => e.eventTime),
+        list.map((e) => e.seq), list.map((e) => e.due), list.map((e) => e.strict)],
+    );
+  }
+
+  // settleKeys moves each key's head to its first waiting delivery in event time, then arrival, after the
+  // delivery `from` left the head (done, retried, released, set aside) or came back (retry), and records
+  // a handled delivery's event time as the key's newest. It leaves a key alone while another delivery runs
+  // or blocks it, and a strict key blocked when `from` is set aside. The key rows are locked first, so
+  // the head is read in a snapshot that includes every store that touched the key before.
+  private async settleKeys(
+    client: pg.PoolClient,
+    items: { source: string; key: string; from: string; setAside: boolean; handledTime?: number | null }[],
+  ): Promise<void> {
+    const byKey = new Map<string, (typeof items)[number]>();
+    for (const item of items) {
+      const k = `${item.source}\u0000${item.key}`;
+      if (!byKey.has(k) || item.handledTime != null) byKey.set(k, item);
+    }
+    const list = [...byKey.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const [sources, keys] = [list.map((i) => i.source), list.map((i) => i.key)];
+    await client.query(
+      `SELECT 1 FROM order_keys WHERE (source, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+       ORDER BY source, order_key FOR UPDATE`,
+      [sources, keys],
+    );
+    const newer = "u.ht IS NOT NULL AND (o.last_event_time IS NULL OR o.last_event_time <= u.ht)";
+    await client.query(
+      `UPDATE order_keys o SET
+         last_event_time = CASE WHEN ${newer} THEN u.ht ELSE o.last_event_time END,
+         last_id = CASE WHEN ${newer} THEN u.f ELSE o.last_id END,
+         (head_id, head_event_time, head_seq, due) =
+           (SELECT d.id, d.event_time, d.arrival, d.available_at FROM deliveries d
+            WHERE d.source = o.source AND d.order_key = o.order_key AND d.status = 'received'
+            ORDER BY d.event_time, d.arrival LIMIT 1)
+       FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[]) AS u(s, k, f, sa, ht)
+       WHERE o.source = u.s AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
+         AND NOT (o.strict AND u.sa)`,
+      [sources, keys, list.map((i) => i.from), list.map((i) => i.setAside), list.map((i) => i.handledTime ?? null)],
+    );
+  }
+
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
   // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
@@ -657,6 +790,12 @@ export class PostgresInbox implements Inbox {
       [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token)],
     );
     const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}`));
+    const moved = ops.filter((op) => op.lease.orderKey !== null && held.has(`${op.lease.source}\u0000${op.lease.id}`));
+    if (moved.length > 0) {
+      await this.settleKeys(client, moved.map((op) => ({
+        source: op.lease.source, key: op.lease.orderKey!, from: op.lease.id, setAside: false, handledTime: op.lease.eventTime,
+      })));
+    }
     const results = new Map<Op, boolean>();
     const tx: Tx = {
       backend: "postgres",
