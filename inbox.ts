@@ -791,6 +791,7 @@ export class SqliteInbox implements Inbox {
       failed,
       oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
+      ordering: orderingStatus(this.sql(ORDERING_COUNTS).get() as Row, this.sql(HELD_KEYS).all(now) as Row[]),
     };
   }
 
@@ -1045,7 +1046,70 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+  ordering: OrderingStatus;
 }
+
+/** OrderingStatus is the ordered keys' part of status: which keys are held up and why, and the stale count. */
+export interface OrderingStatus {
+  /** Keys with a delivery waiting or running. */
+  keys: number;
+  /** Deliveries handed to a handler stale: a newer one of their key had already been handled. */
+  stale: number;
+  /** Ordered deliveries set aside as failed that later ones of their key went on past (non-strict keys). */
+  passed: number;
+  /** How many keys are held up, of which up to 100 are listed in held, longest held first. */
+  heldKeys: number;
+  held: HeldKey[];
+}
+
+/**
+ * HeldKey is an order key whose later deliveries wait behind its head: a retry that is not yet due
+ * ("retry"), or, on a strict key, a delivery set aside as failed until someone retries it ("failed").
+ */
+export interface HeldKey {
+  source: string;
+  orderKey: string;
+  headId: string;
+  reason: "retry" | "failed";
+  /** When the head is retried (reason retry). */
+  retryAt: number | null;
+  attempts: number;
+  error: string | null;
+  /** Deliveries of the key waiting behind the head. */
+  waiting: number;
+}
+
+// HELD_KEYS finds the held keys; both backends run it, `?` being the time now.
+const HELD_KEYS = `
+  SELECT * FROM (
+    SELECT k.source, k.order_key, k.head_id, k.due, d.status, d.attempts, d.error,
+           (SELECT count(*) FROM deliveries w WHERE w.source = k.source AND w.order_key = k.order_key
+                                                AND w.status = 'received' AND w.id <> k.head_id) AS waiting
+    FROM order_keys k JOIN deliveries d ON d.source = k.source AND d.id = k.head_id
+    WHERE (d.status = 'received' AND d.attempts > 0 AND k.due > ?) OR d.status = 'failed') h
+  WHERE waiting > 0 ORDER BY coalesce(due, 0), source, order_key`;
+
+// ORDERING_COUNTS counts what OrderingStatus counts, on both backends.
+const ORDERING_COUNTS = `
+  SELECT (SELECT count(*) FROM order_keys WHERE head_id IS NOT NULL) AS keys,
+         (SELECT count(*) FROM deliveries WHERE newer_id IS NOT NULL) AS stale,
+         (SELECT count(*) FROM deliveries d WHERE d.status = 'failed' AND d.order_key IS NOT NULL AND NOT EXISTS
+            (SELECT 1 FROM order_keys k WHERE k.source = d.source AND k.order_key = d.order_key AND k.head_id = d.id)) AS passed`;
+
+/** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
+export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
+  return {
+    keys: Number(counts.keys), stale: Number(counts.stale), passed: Number(counts.passed), heldKeys: held.length,
+    held: held.slice(0, 100).map((r) => ({
+      source: r.source as string, orderKey: r.order_key as string, headId: r.head_id as string,
+      reason: r.status === "failed" ? "failed" : "retry", retryAt: r.status === "failed" ? null : Number(r.due),
+      attempts: Number(r.attempts), error: r.error as string | null, waiting: Number(r.waiting),
+    })),
+  };
+}
+
+/** ORDERING_SQL holds the status queries of ordering, which the PostgreSQL backend runs too. */
+export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as const;
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
 export function isPostgresUrl(target: string): boolean {
@@ -1214,6 +1278,19 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         if (s.oldestWaitingMs !== null) console.log(`oldest waiting: ${age(s.oldestWaitingMs)}`);
         if (s.conflicts.deliveries > 0) {
           console.log(`conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`);
+        }
+        const o = s.ordering;
+        if (o.keys > 0 || o.stale > 0 || o.passed > 0) {
+          const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+          console.log(`ordered: ${plural(o.keys, "key")} with work, ${plural(o.heldKeys, "key")} held up, ` +
+            `${plural(o.stale, "stale delivery", "stale deliveries")} handed over, ${plural(o.passed, "set-aside delivery", "set-aside deliveries")} passed by later ones`);
+          for (const h of o.held) {
+            const why = h.reason === "retry"
+              ? `waits for ${h.headId} to be retried at ${iso(h.retryAt)} (attempt ${h.attempts + 1})`
+              : `is blocked by ${h.headId}, set aside as failed on a strict key (retry it to go on)`;
+            console.log(`  held: ${label({ source: h.source, id: h.orderKey })} ${why}; ${h.waiting} waiting: ${h.error ?? "(no error recorded)"}`);
+          }
+          if (o.heldKeys > o.held.length) console.log(`  … and ${o.heldKeys - o.held.length} more held keys`);
         }
       } finally {
         await inbox.close();

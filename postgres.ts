@@ -5,7 +5,7 @@
 
 import pg from "pg";
 import {
-  DEFAULTS, backoff, message, orderOf, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, ORDERING_SQL, backoff, message, orderOf, orderingStatus, sha256, type Backend, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -267,7 +267,11 @@ export class PostgresInbox implements Inbox {
 
   claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
-    return this.other(async (client) => {
+    return this.other((client) => this.claimIn(client, limit, leaseMs)) as Promise<Lease[]>;
+  }
+
+  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, again = true): Promise<Lease[]> {
+    {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
       // Ordered deliveries are reached only as the head of an idle key (k), whose row lock keeps another
@@ -307,6 +311,9 @@ export class PostgresInbox implements Inbox {
       const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
       if (gaveUp.length > 0) await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, key: row.order_key, from: row.id, setAside: true })));
       const leases: Lease[] = [];
+      // A key whose head was set aside just now has a new head, due already: claim it in this same pass.
+      const claimed = rows.filter((row) => row.status === "processing").length;
+      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, false));
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
         const lease = toDelivery(row) as Lease;
@@ -314,8 +321,8 @@ export class PostgresInbox implements Inbox {
         lease.token = row.lease_token;
         leases.push(lease);
       }
-      return leases;
-    }) as Promise<Lease[]>;
+      return leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
+    }
   }
 
   extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
@@ -433,6 +440,8 @@ export class PostgresInbox implements Inbox {
     const conflicts = await this.pool.query(
       "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
     );
+    const ordering = await this.pool.query(ORDERING_SQL.counts);
+    const held = await this.pool.query(toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)), [this.now()]);
     const age = oldest.rows[0].age as number | null;
     return {
       counts,
@@ -440,6 +449,7 @@ export class PostgresInbox implements Inbox {
       failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type })),
       oldestWaitingMs: age === null ? null : Math.max(0, age),
       conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
+      ordering: orderingStatus(ordering.rows[0], held.rows),
     };
   }
 
