@@ -4,6 +4,7 @@
 
 import { createHmac, timingSafeEqual } from "node:crypto";
 import { DEFAULTS } from "./inbox.ts";
+import { parseOrder, type OrderRule } from "./order.ts";
 
 /** Provider names a signature scheme the receiver can check. */
 export type Provider = "standard" | "stripe" | "github" | "shopify" | "slack" | "plain";
@@ -24,6 +25,8 @@ export interface Source {
   secrets: Buffer[];
   /** Seconds a signed timestamp may be off, for schemes that sign one. */
   toleranceS: number;
+  /** Per-key ordering (order.ts); none means its deliveries are unordered. */
+  order?: OrderRule;
 }
 
 /** Headers are a request's headers with repeats kept apart, as node:http's headersDistinct gives them. */
@@ -49,9 +52,11 @@ export interface SourceSettings {
   secret?: string | string[];
   /** Seconds; only for standard, stripe and slack. @default DEFAULT_TOLERANCE_S */
   tolerance?: number;
+  /** Per-key ordering: true for the provider's preset, or { key | header, time?, strict? } (order.ts). */
+  order?: unknown;
 }
 
-const SETTINGS_KEYS = new Set(["provider", "secret", "tolerance"]);
+const SETTINGS_KEYS = new Set(["provider", "secret", "tolerance", "order"]);
 
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
@@ -70,7 +75,7 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     }
     if (!isObject(settings)) throw new TypeError(`${where}: expected an object with provider and secret, got ${kindOf(settings)}`);
     const unknown = Object.keys(settings).filter((key) => !SETTINGS_KEYS.has(key));
-    if (unknown.length > 0) throw new TypeError(`${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected provider, secret, tolerance`);
+    if (unknown.length > 0) throw new TypeError(`${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected provider, secret, tolerance, order`);
 
     const provider = settings.provider;
     if (typeof provider !== "string" || !(PROVIDERS as readonly string[]).includes(provider)) {
@@ -104,7 +109,8 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     } else if (settings.tolerance !== undefined) {
       throw new TypeError(`${where}: tolerance applies only to ${TIMED.join(", ")}; ${p} signs no timestamp`);
     }
-    sources.set(name, { name, provider: p, secrets, toleranceS });
+    const order = parseOrder(p, settings.order, where);
+    sources.set(name, { name, provider: p, secrets, toleranceS, ...(order ? { order } : {}) });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");
   return sources;

@@ -7,6 +7,7 @@ import { readFileSync } from "node:fs";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS, connect, label, lineLog, message, type Inbox, type Stored } from "./inbox.ts";
+import { orderOfRequest } from "./order.ts";
 import { loadSources, unsignedSource, verify, type Source } from "./providers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -99,6 +100,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"] ?? null,
         eventType: verdict.eventType, providerTime: verdict.providerTime,
+        ...orderOfRequest(source.order, req.headersDistinct, body),
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
