@@ -9,9 +9,10 @@ import { cpus, totalmem } from "node:os";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
+import { ordered } from "./ordered.ts";
 import { worker } from "./worker.ts";
 
-const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed };
+const BENCHES: Record<string, () => Promise<string>> = { ingest, latency, worker, mixed, ordered };
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
