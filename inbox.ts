@@ -807,18 +807,24 @@ export class SqliteInbox implements Inbox {
   restore(deliveries: readonly Delivery[]): Promise<number> {
     return this.enqueue(() => {
       let added = 0;
-      for (const d of deliveries) {
-        added += Number(this
+      const keys = new Map<string, [string, string]>();
+      // In arrival order, so that the rowids that break event-time ties keep it.
+      for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
+        const changed = Number(this
           .sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                     order_key, event_time, newer_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (source, id) DO NOTHING`,
           )
           .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
             d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error, d.conflicts, d.finishedAt).changes);
+            d.error, d.conflicts, d.finishedAt, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null).changes);
+        added += changed;
+        if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, d.orderKey]), [d.source, d.orderKey]);
       }
+      for (const [source, key] of keys.values()) this.rebuildKey(source, key);
       return added;
     }) as Promise<number>;
   }
@@ -897,6 +903,28 @@ export class SqliteInbox implements Inbox {
             WHERE source = ?1 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
        WHERE source = ?1 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
     ).run(source, key, from, setAside ? 1 : 0, handledTime);
+  }
+
+  // rebuildKey brings a key's head row up to date with its deliveries after a copy: the newest done event
+  // is its last handled, a processing delivery runs it, else its first waiting one is the head. (The
+  // strict setting is the source's, and comes back with its next delivery.)
+  private rebuildKey(source: string, key: string): void {
+    this.sql("INSERT INTO order_keys (source, order_key) VALUES (?, ?) ON CONFLICT (source, order_key) DO NOTHING").run(source, key);
+    this.sql(
+      `UPDATE order_keys SET (last_event_time, last_id) =
+         (SELECT event_time, id FROM deliveries WHERE source = ?1 AND order_key = ?2 AND status = 'done' ORDER BY event_time DESC, rowid DESC LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2`,
+    ).run(source, key);
+    const running = this
+      .sql("SELECT id, event_time, rowid FROM deliveries WHERE source = ? AND order_key = ? AND status = 'processing' LIMIT 1")
+      .get(source, key) as Row | undefined;
+    if (running) {
+      this.sql("UPDATE order_keys SET head_id = ?, head_event_time = ?, head_seq = ?, due = NULL WHERE source = ? AND order_key = ?")
+        .run(running.id, running.event_time, running.rowid, source, key);
+    } else {
+      this.sql("UPDATE order_keys SET head_id = NULL, due = NULL WHERE source = ? AND order_key = ?").run(source, key);
+      this.settleKey(source, key, "", false);
+    }
   }
 
   // sql compiles each statement once per connection: the receiver and worker run the same few forever.

@@ -465,25 +465,59 @@ export class PostgresInbox implements Inbox {
   }
 
   restore(deliveries: readonly Delivery[]): Promise<number> {
-    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k]);
+    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
+    // Ordered rows take their arrival order from when they were received, as store() would have.
+    const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    const place = new Array<number>(deliveries.length);
+    byArrival.forEach(([, i], n) => (place[i] = n));
     return this.other(async (client) => {
-      const { rowCount } = await client.query(
+      const { rows } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at)
+                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                 order_key, event_time, newer_id, arrival)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
-                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa
+                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, ok, ev, nw,
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
-                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa)
+                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
+                     $17::text[], $18::bigint[], $19::text[], $20::integer[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, ok, ev, nw, n)
          ORDER BY s, i
-         ON CONFLICT (source, id) DO NOTHING`,
+         ON CONFLICT (source, id) DO NOTHING
+         RETURNING source, order_key`,
         [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
           col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
-          col("error"), col("conflicts"), col("finishedAt")],
+          col("error"), col("conflicts"), col("finishedAt"), col("orderKey"), col("eventTime"), col("newerId"), place],
       );
-      return rowCount ?? 0;
+      const keys = new Map<string, [string, string]>();
+      for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.order_key]), [r.source, r.order_key]);
+      if (keys.size > 0) await this.rebuildKeys(client, [...keys.values()].sort());
+      return rows.length;
     }) as Promise<number>;
+  }
+
+  // rebuildKeys brings keys' head rows up to date with their deliveries after a copy: the newest done
+  // event is the last handled, a processing delivery runs the key, else its first waiting one is the head.
+  // (The strict setting is the source's, and comes back with the key's next delivery.)
+  private async rebuildKeys(client: pg.PoolClient, keys: [string, string][]): Promise<void> {
+    const [sources, names] = [keys.map((k) => k[0]), keys.map((k) => k[1])];
+    await client.query(
+      `INSERT INTO order_keys (source, order_key) SELECT * FROM unnest($1::text[], $2::text[])
+       ON CONFLICT (source, order_key) DO NOTHING`,
+      [sources, names],
+    );
+    await client.query(
+      `UPDATE order_keys o SET
+         (last_event_time, last_id) = (SELECT d.event_time, d.id FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key
+                                       AND d.status = 'done' ORDER BY d.event_time DESC, d.arrival DESC LIMIT 1),
+         (head_id, head_event_time, head_seq, due) = (
+           SELECT d.id, d.event_time, d.arrival, CASE WHEN d.status = 'processing' THEN NULL ELSE d.available_at END
+           FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key AND d.status IN ('received', 'processing')
+           ORDER BY d.status = 'processing' DESC, d.event_time, d.arrival LIMIT 1)
+       FROM unnest($1::text[], $2::text[]) AS u(s, k) WHERE o.source = u.s AND o.order_key = u.k`,
+      [sources, names],
+    );
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {

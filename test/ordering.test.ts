@@ -223,3 +223,57 @@ for (const backend of BACKENDS) {
     });
   });
 }
+
+describe("copying an inbox with ordered keys", { skip: pgSkip }, () => {
+  it("keeps each key's order, its running delivery and its last handled event, SQLite to PostgreSQL and back", async () => {
+    const dir = tempDir();
+    const fresh = await freshSchema("ordcopy");
+    let t = T0;
+    const options = { now: () => t, random: () => 0 };
+    const from = await connect(join(dir.dir, "from.db"), options);
+    const via = await connect(fresh.url, options);
+    const back = await connect(join(dir.dir, "back.db"), options);
+    try {
+      const put = (id: string, key: string, time: number) => from.store({ id, body: Buffer.from("{}"), orderKey: key, eventTime: time });
+      await put("k-2", "k", 2);
+      await put("k-1", "k", 1);
+      await put("k-3", "k", 3);
+      await put("j-1", "j", 1);
+      await put("j-2", "j", 2);
+      const first = await from.claimBatch(10, LEASE);
+      assert.deepEqual(ids(first).sort(), ["j-1", "k-1"]);
+      await from.finish(first.find((l) => l.id === "j-1")!);
+      // k-1 runs in `from` (its lease copies along); j-1 is done, so j-2 is j's head.
+      const copy = async (a: Inbox, b: Inbox) => {
+        for (let after: { source: string; id: string } | undefined; ;) {
+          const page = await a.page(after, 2);
+          if (page.length === 0) break;
+          await b.restore(page);
+          after = page.at(-1);
+        }
+      };
+      await copy(from, via);
+      await copy(via, back);
+      for (const inbox of [via, back]) {
+        t = T0;
+        // j's last handled event (j-1) came along: an older one that arrives now is stale.
+        await inbox.store({ id: "j-0", body: Buffer.from("{}"), orderKey: "j", eventTime: 0 });
+        const late = await inbox.claimBatch(10, LEASE);
+        assert.deepEqual(late.map((l) => [l.id, l.newerId]), [["j-0", "j-1"]], `${inbox.backend}: k waits for its running k-1`);
+        await inbox.finish(late[0]!);
+        const j2 = await inbox.claimBatch(10, LEASE);
+        assert.deepEqual(ids(j2), ["j-2"]);
+        await inbox.finish(j2[0]!);
+        t += LEASE;
+        const taken = await inbox.claimBatch(10, LEASE);
+        assert.deepEqual(ids(taken), ["k-1"], `${inbox.backend}: k-1's expired lease is taken over`);
+        await inbox.finish(taken[0]!);
+        assert.deepEqual(ids(await inbox.claimBatch(10, LEASE)), ["k-2"]);
+      }
+    } finally {
+      for (const inbox of [from, via, back]) await inbox.close();
+      await fresh.drop();
+      dir.cleanup();
+    }
+  });
+});
