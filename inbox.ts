@@ -1361,6 +1361,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
           ["received", iso(d.receivedAt)], ["provider time", iso(d.providerTime)],
           ["due", d.status === "received" ? iso(d.availableAt) : "-"], ["leased until", iso(d.leasedUntil)],
           ["finished", iso(d.finishedAt)], ["conflicts", d.conflicts], ["sha256", d.bodySha256],
+          ...(d.orderKey === null ? [] : [["order key", d.orderKey], ["event time", iso(d.eventTime)],
+            ["stale", d.newerId === null ? "no" : `yes, handled after ${d.newerId}`]] as [string, unknown][]),
           ["error", d.error ?? "-"], ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect, type Inbox, type InboxOptions, type Incoming, type Lease } from "../inbox.ts";
 import { run, type Job } from "../worker.ts";
-import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const LEASE = 60_000;
@@ -273,6 +273,39 @@ describe("copying an inbox with ordered keys", { skip: pgSkip }, () => {
     } finally {
       for (const inbox of [from, via, back]) await inbox.close();
       await fresh.drop();
+      dir.cleanup();
+    }
+  });
+});
+
+describe("inbox.ts status and show with ordered keys", () => {
+  it("names each held key and why, and counts stale and passed deliveries", async () => {
+    const dir = tempDir();
+    const path = join(dir.dir, "inbox.db");
+    try {
+      const inbox = await connect(path, { random: () => 0 });
+      const put = (id: string, source: string, key: string, time: number, strictOrder = false) =>
+        inbox.store({ source, id, body: Buffer.from("{}"), orderKey: key, eventTime: time, strictOrder });
+      await put("evt_a", "stripe", "sub_1", 1);
+      await put("evt_b", "stripe", "sub_1", 2);
+      await put("o_1", "shop", "gid://shopify/Order/1", 1, true);
+      await put("o_2", "shop", "gid://shopify/Order/1", 2, true);
+      const leases = await inbox.claimBatch(10, LEASE);
+      await inbox.fail(leases.find((l) => l.id === "evt_a")!, "card declined");
+      await inbox.fail(leases.find((l) => l.id === "o_1")!, "bad address", { permanent: true });
+      await inbox.close();
+      const { code, stdout } = await runScript("inbox.ts", ["status", "--db", path]);
+      assert.equal(code, 0);
+      assert.match(stdout, /^ordered: 2 keys with work, 2 keys held up, 0 stale deliveries handed over, 0 set-aside deliveries passed by later ones$/m);
+      assert.match(stdout, /^ {2}held: shop\/gid:\/\/shopify\/Order\/1 is blocked by o_1, set aside as failed on a strict key \(retry it to go on\); 1 waiting: bad address$/m);
+      assert.match(stdout, /^ {2}held: stripe\/sub_1 waits for evt_a to be retried at \S+ \(attempt 2\); 1 waiting: card declined$/m);
+      const json = JSON.parse((await runScript("inbox.ts", ["status", "--json", "--db", path])).stdout);
+      assert.deepEqual(json.ordering.held.map((h: { orderKey: string; reason: string }) => [h.orderKey, h.reason]),
+        [["gid://shopify/Order/1", "failed"], ["sub_1", "retry"]]);
+      const shown = await runScript("inbox.ts", ["show", "evt_b", "--db", path]);
+      assert.match(shown.stdout, /^order key {5}sub_1$/m);
+      assert.match(shown.stdout, /^stale {9}no$/m);
+    } finally {
       dir.cleanup();
     }
   });
