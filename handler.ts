@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS, label, message, type Inbox, type Log, type Stored } from "./inbox.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
+import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Headers, type Source } from "./providers.ts";
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
@@ -155,6 +156,7 @@ export function createHandler(options: HandlerOptions): Handler {
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
         eventType: verdict.eventType, providerTime: verdict.providerTime,
+        ...orderOfRequest(source.order, req.headers, body),
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.

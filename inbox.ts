@@ -124,6 +124,12 @@ export interface Incoming {
   eventType?: string | null;
   /** The provider's own timestamp for the delivery, in ms since the epoch, where it sends one. */
   providerTime?: number | null;
+  /** Deliveries that share an order key run one at a time, in event time; none means unordered. */
+  orderKey?: string | null;
+  /** When the event happened, in ms (Stripe: the event's created); ordered deliveries fall back to providerTime, then arrival. */
+  eventTime?: number | null;
+  /** An ordered delivery set aside as failed blocks its key until it is retried, rather than letting later ones pass. */
+  strictOrder?: boolean;
 }
 
 /** Delivery is one stored webhook, as the worker and the CLI see it. */
@@ -147,6 +153,12 @@ export interface Delivery {
   replays: number;
   /** When purge dropped its body, leaving a tombstone (body empty, hash kept); null while the body is kept. */
   purgedAt: number | null;
+  /** The order key, or null for an unordered delivery. */
+  orderKey: string | null;
+  /** The event time its key is ordered by, in ms. */
+  eventTime: number | null;
+  /** Set when it was handed over stale: the ID of a newer delivery of its key that was already handled. */
+  newerId: string | null;
 }
 
 /**
@@ -397,7 +409,10 @@ const db = new DatabaseSync(workerData.path, { timeout: workerData.busyTimeoutMs
 // INDEXED BY, because for GROUP BY source the planner would rather walk the whole primary key (1 s at 1M rows).
 const live = db.prepare(\`
   SELECT source, 'received' AS status, count(*) AS n, min(received_at) AS oldest FROM deliveries INDEXED BY deliveries_due
-  WHERE status = 'received' GROUP BY source
+  WHERE status = 'received' AND order_key IS NULL GROUP BY source
+  UNION ALL
+  SELECT source, 'received', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_ordered
+  WHERE status = 'received' AND order_key IS NOT NULL GROUP BY source
   UNION ALL
   SELECT source, 'processing', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_leased
   WHERE status = 'processing' GROUP BY source
@@ -424,7 +439,10 @@ export function toGauges(rows: readonly { source: string; status: Status | "tota
   const oldest = new Map<string, number>();
   for (const r of rows) {
     if (r.status === "total") continue;
-    bySourceStatus.push({ source: r.source, status: r.status, n: Number(r.n) });
+    // One status may come in several rows (SQLite counts unordered and ordered waiting ones apart).
+    const same = bySourceStatus.find((x) => x.source === r.source && x.status === r.status);
+    if (same) same.n += Number(r.n);
+    else bySourceStatus.push({ source: r.source, status: r.status, n: Number(r.n) });
     live.set(r.source, (live.get(r.source) ?? 0) + Number(r.n));
     if (r.oldest !== null) oldest.set(r.source, Math.min(oldest.get(r.source) ?? Infinity, Number(r.oldest)));
   }
@@ -483,6 +501,31 @@ const MIGRATIONS: readonly string[] = [
    CREATE TABLE IF NOT EXISTS attempt_errors (
      source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
    CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
+  // Ordering (see claimBatch and settleKey). Ordered deliveries leave the unordered claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key TEXT;
+   ALTER TABLE deliveries ADD COLUMN event_time INTEGER;
+   ALTER TABLE deliveries ADD COLUMN newer_id TEXT;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received' AND order_key IS NULL;
+   -- The rowid, last in every SQLite index, is the arrival order that breaks event-time ties.
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          TEXT    NOT NULL,
+     order_key       TEXT    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, order_key)
+   );
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -597,6 +640,9 @@ function toDelivery(row: Row): Delivery {
     finishedAt: row.finished_at as number | null,
     replays: row.replays as number,
     purgedAt: row.purged_at as number | null,
+    orderKey: (row.order_key ?? null) as string | null,
+    eventTime: (row.event_time ?? null) as number | null,
+    newerId: (row.newer_id ?? null) as string | null,
   };
 }
 
@@ -611,6 +657,26 @@ export function bulkBatchSize(batch: number | undefined): number {
   if (batch === undefined) return DEFAULTS.bulkBatch;
   if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
   return batch;
+}
+
+/**
+ * orderOf checks an incoming delivery's order key and works out the event time its key is ordered by:
+ * the provider's event time, else its signed send time, else when it arrived.
+ */
+export function orderOf(delivery: Incoming, receivedAt: number | null): { key: string | null; eventTime: number | null; strict: boolean } {
+  const key = delivery.orderKey ?? null;
+  if (key !== null && (typeof key !== "string" || key === "")) {
+    throw new TypeError(`store: expected orderKey to be a non-empty string or null, got ${JSON.stringify(key)}`);
+  }
+  for (const name of ["eventTime", "providerTime"] as const) {
+    const value = delivery[name];
+    if (value != null && (typeof value !== "number" || !Number.isFinite(value))) {
+      throw new TypeError(`store: expected ${name} to be a number of ms or null, got ${String(value)}`);
+    }
+  }
+  // PostgreSQL passes no receivedAt: the database's clock fills it in.
+  const eventTime = delivery.eventTime ?? (key === null ? null : delivery.providerTime ?? receivedAt);
+  return { key, eventTime: eventTime === null ? null : Math.round(eventTime), strict: delivery.strictOrder === true };
 }
 
 /** Failure is the outcome of fail(): retried later, or set aside. */
@@ -785,17 +851,21 @@ export class SqliteInbox implements Inbox {
     const source = delivery.source ?? DEFAULTS.source;
     const receivedAt = this.now();
     const digest = sha256(delivery.body);
+    const ordered = orderOf(delivery, receivedAt);
     return this.enqueue((db) => {
       const inserted = this
         .sql(
           `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
-                                   received_at, status, available_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?)
+                                   received_at, status, available_at, order_key, event_time)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?)
            ON CONFLICT (source, id) DO NOTHING`,
         )
         .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
-          delivery.providerTime ?? null, receivedAt, receivedAt);
-      if (inserted.changes === 1) return "stored";
+          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime);
+      if (inserted.changes === 1) {
+        if (ordered.key !== null) this.enter(source, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
+        return "stored";
+      }
       const conflict = this
         .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND body_sha256 <> ?")
         .run(source, delivery.id, digest);
@@ -823,15 +893,20 @@ export class SqliteInbox implements Inbox {
          WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
       ).run(now, now, now);
       const latest = now + this.backoffOptions.retryCapMs;
-      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND available_at > ?").run(latest, latest);
+      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND order_key IS NULL AND available_at > ?").run(latest, latest);
+      this.sql("UPDATE order_keys SET due = ? WHERE due > ?").run(latest, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
-      this.sql(
+      const gaveUp = this.sql(
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
-         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?`,
-      ).run(now, now, this.maxAttempts);
+         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?
+         RETURNING source, id, order_key`,
+      ).all(now, now, this.maxAttempts) as Row[];
+      for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, true);
       // Which of the rows about to be claimed are takeovers: RETURNING sees only the new status.
       const expired = this.sql("SELECT rowid FROM deliveries WHERE status = 'processing' AND leased_until <= ? LIMIT ?").all(now, limit) as Row[];
+      // Three kinds are due: unordered deliveries, the heads of idle keys, and leases that expired. An
+      // ordered delivery is reached only as its key's head, so two of one key never run at once.
       const rows = this
         .sql(
           `UPDATE deliveries
@@ -840,16 +915,22 @@ export class SqliteInbox implements Inbox {
            WHERE rowid IN (
              SELECT rowid FROM (
                SELECT rowid, due FROM (SELECT rowid, available_at AS due FROM deliveries
-                                       WHERE status = 'received' AND available_at <= ? ORDER BY available_at LIMIT ?)
+                                       WHERE status = 'received' AND order_key IS NULL AND available_at <= ?
+                                       ORDER BY available_at LIMIT ?)
                UNION ALL
                SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
                                        WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
+               UNION ALL
+               SELECT rowid, due FROM (SELECT d.rowid, k.due FROM order_keys k
+                                       JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.status = 'received'
+                                       WHERE k.due <= ? ORDER BY k.due LIMIT ?)
              ) ORDER BY due, rowid LIMIT ?)
            RETURNING rowid, *`,
         )
-        .all(now + leaseMs, leaseMs, now, limit, now, limit, limit) as Row[];
+        .all(now + leaseMs, leaseMs, now, limit, now, limit, now, limit, limit) as Row[];
       const leases = rows.map(toLease);
       for (const lease of expired.length > 0 ? leases : []) if (expired.some((r) => r.rowid === rowids.get(lease))) lease.takeover = true;
+      for (const lease of leases) if (lease.orderKey !== null) this.occupy(lease, rowids.get(lease)!);
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
   }
@@ -914,6 +995,7 @@ export class SqliteInbox implements Inbox {
         .run(now, lease.source, lease.id, lease.token).changes;
     }
     if (changed !== 1) return false;
+    if (lease.orderKey !== null) this.handled(lease);
     for (const write of writes) {
       const result = write(this.tx);
       if (result instanceof Promise) {
@@ -941,6 +1023,7 @@ export class SqliteInbox implements Inbox {
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
            WHERE source = ? AND id = ?`,
         ).run(error, now, lease.source, lease.id);
+        if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, true);
         return { status: "failed" };
       }
       const retryAt = now + backoff(row.attempts, { ...this.backoffOptions, random: this.random });
@@ -948,6 +1031,7 @@ export class SqliteInbox implements Inbox {
         `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
          WHERE source = ? AND id = ?`,
       ).run(error, retryAt, lease.source, lease.id);
+      if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
       return { status: "received", retryAt };
     }) as Promise<Failure | undefined>;
   }
@@ -962,15 +1046,15 @@ export class SqliteInbox implements Inbox {
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
   release(lease: Lease): Promise<boolean> {
     return this.enqueue((db) => {
-      return (
-        this
-          .sql(
-            `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
-                    lease_token = NULL, available_at = ?
-             WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
-          )
-          .run(this.now(), lease.source, lease.id, lease.token).changes === 1
-      );
+      const released = this
+        .sql(
+          `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
+                  lease_token = NULL, available_at = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
+      if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+      return released;
     }) as Promise<boolean>;
   }
 
@@ -978,16 +1062,17 @@ export class SqliteInbox implements Inbox {
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
     return this.enqueue((db) => {
       const now = this.now();
-      if ("allFailed" in target) {
-        return this
+      const rows = ("allFailed" in target
+        ? this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE status = 'failed' AND purged_at IS NULL`)
-          .run(now).changes;
-      }
-      return this
-        .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                  WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL`)
-        .run(now, target.source ?? DEFAULTS.source, target.id).changes;
+                    WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+          .all(now)
+        : this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                    WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+          .all(now, target.source ?? DEFAULTS.source, target.id)) as Row[];
+      for (const r of rows) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, false);
+      return rows.length;
     }) as Promise<number>;
   }
 
@@ -1051,6 +1136,7 @@ export class SqliteInbox implements Inbox {
       failed,
       oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
+      ordering: orderingStatus(this.sql(ORDERING_COUNTS).get() as Row, this.sql(HELD_KEYS).all(now) as Row[]),
     };
   }
 
@@ -1112,19 +1198,24 @@ export class SqliteInbox implements Inbox {
   restore(deliveries: readonly Delivery[]): Promise<number> {
     return this.enqueue(() => {
       let added = 0;
-      for (const d of deliveries) {
-        added += Number(this
+      const keys = new Map<string, [string, string]>();
+      // In arrival order, so that the rowids that break event-time ties keep it.
+      for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
+        const changed = Number(this
           .sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                      status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                     replays, purged_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     replays, purged_at, order_key, event_time, newer_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (source, id) DO NOTHING`,
           )
           .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
             d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null).changes);
+            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null).changes);
+        added += changed;
+        if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, d.orderKey]), [d.source, d.orderKey]);
       }
+      for (const [source, key] of keys.values()) this.rebuildKey(source, key);
       return added;
     }) as Promise<number>;
   }
@@ -1154,10 +1245,14 @@ export class SqliteInbox implements Inbox {
     let total = 0;
     await this.inBatches(filter, failed, options.batch, (keys, now) => {
       for (const k of keys) {
-        total += Number(this
+        const row = this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                WHERE source = ? AND id = ? AND status = 'failed'`)
-          .run(now, k.source, k.id).changes);
+                WHERE source = ? AND id = ? AND status = 'failed' RETURNING order_key`)
+          .get(now, k.source, k.id) as Row | undefined;
+        if (!row) continue;
+        total++;
+        // An ordered delivery waits its turn again: its key's head row decides when.
+        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
       }
     });
     return total;
@@ -1171,11 +1266,14 @@ export class SqliteInbox implements Inbox {
     let replayed = 0;
     await this.inBatches(filter, kept, options.batch, (keys, now) => {
       for (const k of keys) {
-        replayed += Number(this
+        const row = this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
                        finished_at = NULL, leased_until = NULL, lease_token = NULL
-                WHERE source = ? AND id = ? AND status = 'done' AND purged_at IS NULL`)
-          .run(now, k.source, k.id).changes);
+                WHERE source = ? AND id = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`)
+          .get(now, k.source, k.id) as Row | undefined;
+        if (!row) continue;
+        replayed++;
+        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
       }
     });
     return { replayed, tombstoned: await tombstoned() };
@@ -1428,6 +1526,75 @@ export class SqliteInbox implements Inbox {
     this.db.close();
   }
 
+  // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
+  // time (or the key had nothing waiting); a running or blocked key picks its next head when it settles.
+  private enter(source: string, key: string, id: string, eventTime: number, seq: number, due: number, strict: boolean): void {
+    this.sql(
+      `INSERT INTO order_keys (source, order_key, head_id, head_event_time, head_seq, due, strict)
+       VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+       ON CONFLICT (source, order_key) DO UPDATE SET
+         strict = excluded.strict,
+         head_id = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?3 ELSE head_id END,
+         head_event_time = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?4 ELSE head_event_time END,
+         head_seq = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?5 ELSE head_seq END,
+         due = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?6 ELSE due END`,
+    ).run(source, key, id, eventTime, seq, due, strict ? 1 : 0);
+  }
+
+  // occupy marks a claimed head's key as running, and flags the lease stale if a newer event of its key
+  // was already handled.
+  private occupy(lease: Lease, rowid: number): void {
+    const key = this
+      .sql("UPDATE order_keys SET due = NULL WHERE source = ? AND order_key = ? RETURNING last_event_time, last_id")
+      .get(lease.source, lease.orderKey) as { last_event_time: number | null; last_id: string | null } | undefined;
+    if (key?.last_event_time != null && key.last_event_time > lease.eventTime!) {
+      this.sql("UPDATE deliveries SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
+      lease.newerId = key.last_id;
+    }
+  }
+
+  // handled records a finished delivery's event time as its key's newest, then moves the key on.
+  private handled(lease: Lease): void {
+    this.settleKey(lease.source, lease.orderKey!, lease.id, false, lease.eventTime);
+  }
+
+  // settleKey moves a key's head to its first waiting delivery in event time, then arrival, after the
+  // delivery `from` left the head (done, retried, released, set aside) or came back (retry). It leaves a
+  // key alone while another delivery runs or blocks it, and a strict key blocked when `from` is set aside.
+  private settleKey(source: string, key: string, from: string, setAside: boolean, handledTime: number | null = null): void {
+    this.sql(
+      `UPDATE order_keys SET
+         last_event_time = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?5 ELSE last_event_time END,
+         last_id = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?3 ELSE last_id END,
+         (head_id, head_event_time, head_seq, due) =
+           (SELECT id, event_time, rowid, available_at FROM deliveries
+            WHERE source = ?1 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
+    ).run(source, key, from, setAside ? 1 : 0, handledTime);
+  }
+
+  // rebuildKey brings a key's head row up to date with its deliveries after a copy: the newest done event
+  // is its last handled, a processing delivery runs it, else its first waiting one is the head. (The
+  // strict setting is the source's, and comes back with its next delivery.)
+  private rebuildKey(source: string, key: string): void {
+    this.sql("INSERT INTO order_keys (source, order_key) VALUES (?, ?) ON CONFLICT (source, order_key) DO NOTHING").run(source, key);
+    this.sql(
+      `UPDATE order_keys SET (last_event_time, last_id) =
+         (SELECT event_time, id FROM deliveries WHERE source = ?1 AND order_key = ?2 AND status = 'done' ORDER BY event_time DESC, rowid DESC LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2`,
+    ).run(source, key);
+    const running = this
+      .sql("SELECT id, event_time, rowid FROM deliveries WHERE source = ? AND order_key = ? AND status = 'processing' LIMIT 1")
+      .get(source, key) as Row | undefined;
+    if (running) {
+      this.sql("UPDATE order_keys SET head_id = ?, head_event_time = ?, head_seq = ?, due = NULL WHERE source = ? AND order_key = ?")
+        .run(running.id, running.event_time, running.rowid, source, key);
+    } else {
+      this.sql("UPDATE order_keys SET head_id = NULL, due = NULL WHERE source = ? AND order_key = ?").run(source, key);
+      this.settleKey(source, key, "", false);
+    }
+  }
+
   // sql compiles each statement once per connection: the receiver and worker run the same few forever.
   private sql(text: string): StatementSync {
     let statement = this.statements.get(text);
@@ -1582,6 +1749,7 @@ export interface InboxStatus {
   failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
+  ordering: OrderingStatus;
 }
 
 /** AttemptError is one failed try of a delivery: which attempt it was, what the handler said, and when. */
@@ -1637,6 +1805,68 @@ export function emptyBuckets(since: number, bucketMs: number, until: number): Bu
   }
   return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
 }
+
+/** OrderingStatus is the ordered keys' part of status: which keys are held up and why, and the stale count. */
+export interface OrderingStatus {
+  /** Keys with a delivery waiting or running. */
+  keys: number;
+  /** Deliveries handed to a handler stale: a newer one of their key had already been handled. */
+  stale: number;
+  /** Ordered deliveries set aside as failed that later ones of their key went on past (non-strict keys). */
+  passed: number;
+  /** How many keys are held up, of which up to 100 are listed in held, longest held first. */
+  heldKeys: number;
+  held: HeldKey[];
+}
+
+/**
+ * HeldKey is an order key whose later deliveries wait behind its head: a retry that is not yet due
+ * ("retry"), or, on a strict key, a delivery set aside as failed until someone retries it ("failed").
+ */
+export interface HeldKey {
+  source: string;
+  orderKey: string;
+  headId: string;
+  reason: "retry" | "failed";
+  /** When the head is retried (reason retry). */
+  retryAt: number | null;
+  attempts: number;
+  error: string | null;
+  /** Deliveries of the key waiting behind the head. */
+  waiting: number;
+}
+
+// HELD_KEYS finds the held keys; both backends run it, `?` being the time now.
+const HELD_KEYS = `
+  SELECT * FROM (
+    SELECT k.source, k.order_key, k.head_id, k.due, d.status, d.attempts, d.error,
+           (SELECT count(*) FROM deliveries w WHERE w.source = k.source AND w.order_key = k.order_key
+                                                AND w.status = 'received' AND w.id <> k.head_id) AS waiting
+    FROM order_keys k JOIN deliveries d ON d.source = k.source AND d.id = k.head_id
+    WHERE (d.status = 'received' AND d.attempts > 0 AND k.due > ?) OR d.status = 'failed') h
+  WHERE waiting > 0 ORDER BY coalesce(due, 0), source, order_key`;
+
+// ORDERING_COUNTS counts what OrderingStatus counts, on both backends.
+const ORDERING_COUNTS = `
+  SELECT (SELECT count(*) FROM order_keys WHERE head_id IS NOT NULL) AS keys,
+         (SELECT count(*) FROM deliveries WHERE newer_id IS NOT NULL) AS stale,
+         (SELECT count(*) FROM deliveries d WHERE d.status = 'failed' AND d.order_key IS NOT NULL AND NOT EXISTS
+            (SELECT 1 FROM order_keys k WHERE k.source = d.source AND k.order_key = d.order_key AND k.head_id = d.id)) AS passed`;
+
+/** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
+export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
+  return {
+    keys: Number(counts.keys), stale: Number(counts.stale), passed: Number(counts.passed), heldKeys: held.length,
+    held: held.slice(0, 100).map((r) => ({
+      source: r.source as string, orderKey: r.order_key as string, headId: r.head_id as string,
+      reason: r.status === "failed" ? "failed" : "retry", retryAt: r.status === "failed" ? null : Number(r.due),
+      attempts: Number(r.attempts), error: r.error as string | null, waiting: Number(r.waiting),
+    })),
+  };
+}
+
+/** ORDERING_SQL holds the status queries of ordering, which the PostgreSQL backend runs too. */
+export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as const;
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
 export function isPostgresUrl(target: string): boolean {
@@ -1905,6 +2135,7 @@ export function importLine(line: unknown): Delivery {
     attempts: need("attempts", "number"), availableAt: need("availableAt", "number"), leasedUntil: need("leasedUntil", "number", true),
     error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
     replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
+    orderKey: need("orderKey", "string", true), eventTime: need("eventTime", "number", true), newerId: need("newerId", "string", true),
   };
   // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
   if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {
@@ -2006,6 +2237,19 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         if (s.conflicts.deliveries > 0) {
           console.log(`conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`);
         }
+        const o = s.ordering;
+        if (o.keys > 0 || o.stale > 0 || o.passed > 0) {
+          const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+          console.log(`ordered: ${plural(o.keys, "key")} with work, ${plural(o.heldKeys, "key")} held up, ` +
+            `${plural(o.stale, "stale delivery", "stale deliveries")} handed over, ${plural(o.passed, "set-aside delivery", "set-aside deliveries")} passed by later ones`);
+          for (const h of o.held) {
+            const why = h.reason === "retry"
+              ? `waits for ${h.headId} to be retried at ${iso(h.retryAt)} (attempt ${h.attempts + 1})`
+              : `is blocked by ${h.headId}, set aside as failed on a strict key (retry it to go on)`;
+            console.log(`  held: ${label({ source: h.source, id: h.orderKey })} ${why}; ${h.waiting} waiting: ${h.error ?? "(no error recorded)"}`);
+          }
+          if (o.heldKeys > o.held.length) console.log(`  … and ${o.heldKeys - o.held.length} more held keys`);
+        }
         // How much is kept, so an operator sees retention at work (or that the file predates it).
         if (STATUSES.every((name) => s.counts[name] === 0)) return;
         const oldest = (t: number | null) => (t === null ? "" : `, oldest ${iso(t)}`);
@@ -2054,6 +2298,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
           ["received", iso(d.receivedAt)], ["provider time", iso(d.providerTime)],
           ["due", d.status === "received" ? iso(d.availableAt) : "-"], ["leased until", iso(d.leasedUntil)],
           ["finished", iso(d.finishedAt)], ["conflicts", d.conflicts], ["sha256", d.bodySha256],
+          ...(d.orderKey === null ? [] : [["order key", d.orderKey], ["event time", iso(d.eventTime)],
+            ["stale", d.newerId === null ? "no" : `yes, handled after ${d.newerId}`]] as [string, unknown][]),
           ["error", d.error ?? "-"], ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);

@@ -6,9 +6,9 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import {
-  DEFAULTS, backoff, bulkBatchSize, emptyBuckets, filterSql, message, paced, purgeCutoffs, searchPageLimit, sha256, summarise, toGauges,
-  type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter, type Gauges, type Kept, type PurgeOptions,
-  type Purged, type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
+  DEFAULTS, ORDERING_SQL, backoff, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
+  searchPageLimit, sha256, summarise, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter,
+  type Gauges, type Kept, type PurgeOptions, type Purged, type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
 } from "./inbox.ts";
 
@@ -61,6 +61,30 @@ const MIGRATIONS: readonly string[] = [
      source text NOT NULL, id text NOT NULL, attempt integer NOT NULL, error text NOT NULL, failed_at bigint NOT NULL,
      seq bigserial PRIMARY KEY);
    CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
+  // Ordering (see claimBatch and settleKeys). Ordered deliveries that wait leave the claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key text, ADD COLUMN event_time bigint, ADD COLUMN arrival bigint,
+                         ADD COLUMN newer_id text;
+   CREATE SEQUENCE deliveries_arrival;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          text    NOT NULL,
+     order_key       text    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         text,
+     head_event_time bigint,
+     head_seq        bigint,
+     due             bigint,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time bigint,
+     last_id         text,
+     strict          boolean NOT NULL DEFAULT false,
+     PRIMARY KEY (source, order_key)
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -102,6 +126,9 @@ function toDelivery(row: Row): Delivery {
     finishedAt: row.finished_at as number | null,
     replays: row.replays as number,
     purgedAt: row.purged_at as number | null,
+    orderKey: (row.order_key ?? null) as string | null,
+    eventTime: (row.event_time ?? null) as number | null,
+    newerId: (row.newer_id ?? null) as string | null,
   };
 }
 
@@ -286,6 +313,7 @@ export class PostgresInbox implements Inbox {
 
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
+    orderOf(delivery, null);
     return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body) }) as Promise<Stored>;
   }
 
@@ -295,15 +323,28 @@ export class PostgresInbox implements Inbox {
 
   claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
-    return this.enqueue({ kind: "claim", run: async (client: pg.PoolClient) => {
+    return this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => this.claimIn(client, limit, leaseMs) }) as Promise<Lease[]>;
+  }
+
+  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, again = true): Promise<Lease[]> {
+    {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
+      // Ordered deliveries are reached only as the head of an idle key (k), whose row lock keeps another
+      // host from running the same key; the head rows of the keys claimed then say the key runs (due NULL).
       const { rows } = await client.query(
-        `WITH p AS (
+        `WITH k AS (
+           SELECT source, order_key, head_id, due FROM order_keys WHERE due <= ${NOW}
+           ORDER BY due LIMIT $2::integer FOR UPDATE SKIP LOCKED),
+         u AS (
            SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up,
                   status = 'processing' AS takeover FROM deliveries
-           WHERE status IN ('received', 'processing') AND available_at <= ${NOW}
-           ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED)
+           WHERE ((status = 'received' AND order_key IS NULL) OR status = 'processing') AND available_at <= ${NOW}
+           ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED),
+         p AS (
+           SELECT * FROM (SELECT source, id, due, gave_up, takeover FROM u UNION ALL SELECT source, head_id, due, false, false FROM k) x
+           ORDER BY due LIMIT $2::integer),
+         c AS (
          UPDATE deliveries d SET
            status       = CASE WHEN gave_up THEN 'failed' ELSE 'processing' END,
            attempts     = CASE WHEN gave_up THEN d.attempts ELSE d.attempts + 1 END,
@@ -312,12 +353,24 @@ export class PostgresInbox implements Inbox {
            lease_ms     = $3::integer,
            lease_token  = CASE WHEN gave_up THEN NULL ELSE gen_random_uuid()::text END,
            error        = CASE WHEN gave_up THEN 'gave up: the lease expired on the last attempt (the worker crashed or hung)' ELSE d.error END,
-           finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END
-         FROM p WHERE d.source = p.source AND d.id = p.id
-         RETURNING d.*, p.due, p.takeover`,
+           finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END,
+           newer_id     = CASE WHEN d.order_key IS NULL THEN NULL ELSE
+                            (SELECT CASE WHEN o.last_event_time > d.event_time THEN o.last_id END FROM order_keys o
+                             WHERE o.source = d.source AND o.order_key = d.order_key) END
+         FROM p WHERE d.source = p.source AND d.id = p.id AND d.status IN ('received', 'processing')
+         RETURNING d.*, p.due, p.takeover),
+         busy AS (
+           UPDATE order_keys o SET due = NULL FROM k
+           WHERE o.source = k.source AND o.order_key = k.order_key AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
+         SELECT * FROM c`,
         [this.now(), limit, leaseMs, this.maxAttempts],
       );
+      const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
+      if (gaveUp.length > 0) await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, key: row.order_key, from: row.id, setAside: true })));
       const leases: Lease[] = [];
+      // A key whose head was set aside just now has a new head, due already: claim it in this same pass.
+      const claimed = rows.filter((row) => row.status === "processing").length;
+      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, false));
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
         const lease = toDelivery(row) as Lease;
@@ -326,8 +379,8 @@ export class PostgresInbox implements Inbox {
         if (row.takeover) lease.takeover = true;
         leases.push(lease);
       }
-      return leases;
-    } }) as Promise<Lease[]>;
+      return leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
+    }
   }
 
   extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
@@ -378,6 +431,9 @@ export class PostgresInbox implements Inbox {
         `INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES ($2, $3, $4, $5, ${NOW})`,
         [this.now(), lease.source, lease.id, rows[0].attempts, error],
       );
+      if (lease.orderKey !== null) {
+        await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
+      }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
     }) as Promise<Failure | undefined>;
   }
@@ -398,25 +454,28 @@ export class PostgresInbox implements Inbox {
          WHERE source = $2 AND id = $3 AND lease_token = $4 AND status = 'processing'`,
         [this.now(), lease.source, lease.id, lease.token],
       );
+      if (rowCount === 1 && lease.orderKey !== null) await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: false }]);
       return rowCount === 1;
     }) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
     return this.other(async (client) => {
-      const { rowCount } = "allFailed" in target
+      const { rows } = "allFailed" in target
         ? await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE status = 'failed' AND purged_at IS NULL`,
+           WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`,
           [this.now()],
         )
         : await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`,
           [this.now(), target.source ?? DEFAULTS.source, target.id],
         );
-      this.notify(client, rowCount ?? 0);
-      return rowCount ?? 0;
+      const ordered = rows.filter((r) => r.order_key !== null);
+      if (ordered.length > 0) await this.settleKeys(client, ordered.map((r) => ({ source: r.source, key: r.order_key, from: r.id, setAside: false })));
+      this.notify(client, rows.length);
+      return rows.length;
     }) as Promise<number>;
   }
 
@@ -464,6 +523,8 @@ export class PostgresInbox implements Inbox {
     const conflicts = await this.pool.query(
       "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
     );
+    const ordering = await this.pool.query(ORDERING_SQL.counts);
+    const held = await this.pool.query(toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)), [this.now()]);
     const age = oldest.rows[0].age as number | null;
     return {
       counts,
@@ -471,6 +532,7 @@ export class PostgresInbox implements Inbox {
       failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type })),
       oldestWaitingMs: age === null ? null : Math.max(0, age),
       conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
+      ordering: orderingStatus(ordering.rows[0], held.rows),
     };
   }
 
@@ -558,26 +620,36 @@ export class PostgresInbox implements Inbox {
   }
 
   restore(deliveries: readonly Delivery[]): Promise<number> {
-    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k]);
+    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
+    // Ordered rows take their arrival order from when they were received, as store() would have.
+    const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    const place = new Array<number>(deliveries.length);
+    byArrival.forEach(([, i], n) => (place[i] = n));
     return this.other(async (client) => {
-      const { rowCount } = await client.query(
+      const { rows } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                  status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at)
+                                 replays, purged_at, order_key, event_time, newer_id, arrival)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
-                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu
+                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
                      $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
-                     $17::integer[], $18::bigint[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu)
+                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n)
          ORDER BY s, i
-         ON CONFLICT (source, id) DO NOTHING`,
+         ON CONFLICT (source, id) DO NOTHING
+         RETURNING source, order_key`,
         [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
           col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
-          col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null)],
+          col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null),
+          col("orderKey"), col("eventTime"), col("newerId"), place],
       );
-      return rowCount ?? 0;
+      const keys = new Map<string, [string, string]>();
+      for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.order_key]), [r.source, r.order_key]);
+      if (keys.size > 0) await this.rebuildKeys(client, [...keys.values()].sort());
+      return rows.length;
     }) as Promise<number>;
   }
 
@@ -606,13 +678,15 @@ export class PostgresInbox implements Inbox {
     if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
     await this.inBatches(filter, failed, options.batch, async (client, keys) => {
-      const { rowCount } = await client.query(
+      const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-         FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'`,
+         FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'
+         RETURNING d.source, d.id, d.order_key`,
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
       );
-      total += rowCount ?? 0;
-      this.notify(client, rowCount ?? 0);
+      total += rows.length;
+      await this.settleReturned(client, rows);
+      this.notify(client, rows.length);
     });
     return total;
   }
@@ -623,17 +697,27 @@ export class PostgresInbox implements Inbox {
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
     await this.inBatches(filter, kept, options.batch, async (client, keys) => {
-      const { rowCount } = await client.query(
+      const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i)
-         WHERE d.source = u.s AND d.id = u.i AND d.status = 'done' AND d.purged_at IS NULL`,
+         WHERE d.source = u.s AND d.id = u.i AND d.status = 'done' AND d.purged_at IS NULL
+         RETURNING d.source, d.id, d.order_key`,
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
       );
-      replayed += rowCount ?? 0;
-      this.notify(client, rowCount ?? 0);
+      replayed += rows.length;
+      await this.settleReturned(client, rows);
+      this.notify(client, rows.length);
     });
     return { replayed, tombstoned: await tombstoned() };
+  }
+
+  // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
+  private async settleReturned(client: pg.PoolClient, rows: { source: string; id: string; order_key: string | null }[]): Promise<void> {
+    const ordered = rows.filter((r) => r.order_key !== null);
+    if (ordered.length > 0) {
+      await this.settleKeys(client, ordered.map((r) => ({ source: r.source, key: r.order_key!, from: r.id, setAside: false })));
+    }
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {
@@ -754,6 +838,29 @@ export class PostgresInbox implements Inbox {
       tombstones: { count: r.tombstones, oldest: r.oldest_tombstone },
       fileBytes: r.file,
     };
+  }
+
+  // rebuildKeys brings keys' head rows up to date with their deliveries after a copy: the newest done
+  // event is the last handled, a processing delivery runs the key, else its first waiting one is the head.
+  // (The strict setting is the source's, and comes back with the key's next delivery.)
+  private async rebuildKeys(client: pg.PoolClient, keys: [string, string][]): Promise<void> {
+    const [sources, names] = [keys.map((k) => k[0]), keys.map((k) => k[1])];
+    await client.query(
+      `INSERT INTO order_keys (source, order_key) SELECT * FROM unnest($1::text[], $2::text[])
+       ON CONFLICT (source, order_key) DO NOTHING`,
+      [sources, names],
+    );
+    await client.query(
+      `UPDATE order_keys o SET
+         (last_event_time, last_id) = (SELECT d.event_time, d.id FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key
+                                       AND d.status = 'done' ORDER BY d.event_time DESC, d.arrival DESC LIMIT 1),
+         (head_id, head_event_time, head_seq, due) = (
+           SELECT d.id, d.event_time, d.arrival, CASE WHEN d.status = 'processing' THEN NULL ELSE d.available_at END
+           FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key AND d.status IN ('received', 'processing')
+           ORDER BY d.status = 'processing' DESC, d.event_time, d.arrival LIMIT 1)
+       FROM unnest($1::text[], $2::text[]) AS u(s, k) WHERE o.source = u.s AND o.order_key = u.k`,
+      [sources, names],
+    );
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
@@ -1010,16 +1117,31 @@ export class PostgresInbox implements Inbox {
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
     const rows = [...firsts.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
+    // Ordered rows take their arrival order from one sequence value per batch plus their place in it.
+    const orders = rows.map((op) => orderOf(op.incoming, null));
+    const place = new Map(ops.map((op, i) => [op, i]));
+    const anyOrdered = orders.some((o) => o.key !== null);
     const inserted = await client.query(
-      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at)
-       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}
-       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[]) AS u(s, i, b, h, ct, et, pt)
+      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
+                               order_key, event_time, arrival)
+       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
+       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[])
+            AS u(s, i, b, h, ct, et, pt, ok, ev, n)
        ON CONFLICT (source, id) DO NOTHING
-       RETURNING source, id`,
+       RETURNING source, id, order_key, event_time, arrival, available_at`,
       [this.now(), rows.map((op) => op.source), rows.map((op) => op.incoming.id), rows.map((op) => op.incoming.body),
         rows.map((op) => op.digest), rows.map((op) => op.incoming.contentType ?? null), rows.map((op) => op.incoming.eventType ?? null),
-        rows.map((op) => op.incoming.providerTime ?? null)],
+        rows.map((op) => op.incoming.providerTime ?? null), orders.map((o) => o.key), orders.map((o) => o.eventTime),
+        rows.map((op) => place.get(op)!)],
     );
+    if (anyOrdered) {
+      const strict = new Map(rows.map((op, i) => [`${op.source}\u0000${op.incoming.id}`, orders[i]!.strict]));
+      await this.enterKeys(client, inserted.rows.filter((r) => r.order_key !== null).map((r) => ({
+        source: r.source, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at,
+        strict: strict.get(`${r.source}\u0000${r.id}`)!,
+      })));
+    }
     const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
     const results = new Map<Op, Stored>();
     const others = ops.filter((op) => !(stored.has(key(op)) && firsts.get(key(op)) === op));
@@ -1051,6 +1173,72 @@ export class PostgresInbox implements Inbox {
     return results;
   }
 
+  // enterKeys puts newly stored deliveries at their keys' heads where the key is idle and they come first
+  // in event time (or it had nothing waiting); a running or blocked key picks its next head when it
+  // settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
+  private async enterKeys(
+    client: pg.PoolClient,
+    entries: { source: string; key: string; id: string; eventTime: number; seq: number; due: number; strict: boolean }[],
+  ): Promise<void> {
+    const first = new Map<string, (typeof entries)[number]>();
+    for (const e of entries) {
+      const k = `${e.source}\u0000${e.key}`;
+      const seen = first.get(k);
+      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq)) first.set(k, e);
+    }
+    const list = [...first.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const earlier = "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
+    await client.query(
+      `INSERT INTO order_keys AS o (source, order_key, head_id, head_event_time, head_seq, due, strict)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
+       ON CONFLICT (source, order_key) DO UPDATE SET
+         strict = excluded.strict,
+         head_id = CASE WHEN ${earlier} THEN excluded.head_id ELSE o.head_id END,
+         head_event_time = CASE WHEN ${earlier} THEN excluded.head_event_time ELSE o.head_event_time END,
+         head_seq = CASE WHEN ${earlier} THEN excluded.head_seq ELSE o.head_seq END,
+         due = CASE WHEN ${earlier} THEN excluded.due ELSE o.due END`,
+      [list.map((e) => e.source), list.map((e) => e.key), list.map((e) => e.id), list.map((e) => e.eventTime),
+        list.map((e) => e.seq), list.map((e) => e.due), list.map((e) => e.strict)],
+    );
+  }
+
+  // settleKeys moves each key's head to its first waiting delivery in event time, then arrival, after the
+  // delivery `from` left the head (done, retried, released, set aside) or came back (retry), and records
+  // a handled delivery's event time as the key's newest. It leaves a key alone while another delivery runs
+  // or blocks it, and a strict key blocked when `from` is set aside. The key rows are locked first, so
+  // the head is read in a snapshot that includes every store that touched the key before.
+  private async settleKeys(
+    client: pg.PoolClient,
+    items: { source: string; key: string; from: string; setAside: boolean; handledTime?: number | null }[],
+  ): Promise<void> {
+    const byKey = new Map<string, (typeof items)[number]>();
+    for (const item of items) {
+      const k = `${item.source}\u0000${item.key}`;
+      if (!byKey.has(k) || item.handledTime != null) byKey.set(k, item);
+    }
+    const list = [...byKey.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const [sources, keys] = [list.map((i) => i.source), list.map((i) => i.key)];
+    await client.query(
+      `SELECT 1 FROM order_keys WHERE (source, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+       ORDER BY source, order_key FOR UPDATE`,
+      [sources, keys],
+    );
+    const newer = "u.ht IS NOT NULL AND (o.last_event_time IS NULL OR o.last_event_time <= u.ht)";
+    await client.query(
+      `UPDATE order_keys o SET
+         last_event_time = CASE WHEN ${newer} THEN u.ht ELSE o.last_event_time END,
+         last_id = CASE WHEN ${newer} THEN u.f ELSE o.last_id END,
+         (head_id, head_event_time, head_seq, due) =
+           (SELECT d.id, d.event_time, d.arrival, d.available_at FROM deliveries d
+            WHERE d.source = o.source AND d.order_key = o.order_key AND d.status = 'received'
+            ORDER BY d.event_time, d.arrival LIMIT 1)
+       FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[]) AS u(s, k, f, sa, ht)
+       WHERE o.source = u.s AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
+         AND NOT (o.strict AND u.sa)`,
+      [sources, keys, list.map((i) => i.from), list.map((i) => i.setAside), list.map((i) => i.handledTime ?? null)],
+    );
+  }
+
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
   // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
@@ -1063,6 +1251,12 @@ export class PostgresInbox implements Inbox {
       [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token)],
     );
     const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}`));
+    const moved = ops.filter((op) => op.lease.orderKey !== null && held.has(`${op.lease.source}\u0000${op.lease.id}`));
+    if (moved.length > 0) {
+      await this.settleKeys(client, moved.map((op) => ({
+        source: op.lease.source, key: op.lease.orderKey!, from: op.lease.id, setAside: false, handledTime: op.lease.eventTime,
+      })));
+    }
     const results = new Map<Op, boolean>();
     const tx: Tx = {
       backend: "postgres",

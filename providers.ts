@@ -5,6 +5,7 @@
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { DEFAULTS } from "./inbox.ts";
+import { parseOrder, type OrderRule } from "./order.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */
 export type Provider =
@@ -97,6 +98,8 @@ export interface Source {
   url?: string;
   /** The declared scheme of an `hmac` source; presets use PRESETS. */
   scheme?: Scheme;
+  /** Per-key ordering (order.ts); none means its deliveries are unordered. */
+  order?: OrderRule;
 }
 
 /** Headers are a request's headers with repeats kept apart, as node:http's headersDistinct gives them. */
@@ -248,9 +251,11 @@ export interface SourceSettings extends Partial<Scheme> {
   tolerance?: number;
   /** The URL the sender posts to, as it was given it; only, and always, for schemes that sign {url}. */
   url?: string;
+  /** Per-key ordering: true for the provider's preset, or { key | header, time?, strict? } (order.ts). */
+  order?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order"];
 const SCHEME_KEYS = ["header", "prefix", "separator", "algorithm", "encoding", "signed", "id", "eventType", "timestamp", "timestampUnit", "ahead"];
 
 /**
@@ -333,7 +338,8 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     } else if (settings.url !== undefined) {
       throw new TypeError(`${where}: url applies only to schemes that sign {url} (square, twilio, or hmac with {url} in signed)`);
     }
-    sources.set(name, { name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}) });
+    const order = parseOrder(p, settings.order, where);
+    sources.set(name, { name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}) });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");
   return sources;

@@ -21,6 +21,13 @@ export interface Job {
   /** Aborted when the lease is lost to another worker, or when a stopping worker gives up waiting. */
   signal: AbortSignal;
   /**
+   * True when a newer event of the same order key was already handled (an out-of-order arrival, or a
+   * set-aside delivery retried later): a handler that overwrites state with the event's should skip it.
+   */
+  stale: boolean;
+  /** The ID of that newer, already handled delivery, when stale. */
+  newerId?: string;
+  /**
    * write queues a write to the inbox database; it commits with the done mark, or not at all. It gets a
    * Tx: `tx.run(sql, ...params)` works on both backends (return its result); see LocalWrite.
    */
@@ -209,6 +216,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       const writes: LocalWrite[] = [];
       await handler({
         delivery: lease, event, key: `${lease.source}:${lease.id}`, signal: controller.signal,
+        stale: lease.newerId !== null, ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
         write: (fn) => void writes.push(fn),
       });
       if (controller.signal.aborted) throw controller.signal.reason;

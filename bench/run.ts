@@ -14,13 +14,14 @@ import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
 import { mixed } from "./mixed.ts";
 import { observe } from "./observe.ts";
+import { ordered } from "./ordered.ts";
 import { pgclient } from "./pgclient.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, mixed, pgclient, generators, observe, admin, purge: async () => (await import("./purge.ts")).purge(),
+  ingest, latency, worker, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin"];
+const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
