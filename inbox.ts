@@ -621,7 +621,8 @@ function toLease(row: Row): Lease {
   return lease;
 }
 
-function toDelivery(row: Row): Delivery {
+/** toDelivery reads a deliveries row, as either backend returns it, into a Delivery. */
+export function toDelivery(row: Record<string, unknown>): Delivery {
   return {
     source: row.source as string,
     id: row.id as string,

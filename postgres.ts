@@ -6,7 +6,7 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import {
-  DEFAULTS, ORDERING_SQL, backoff, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
+  DEFAULTS, ORDERING_SQL, backoff, toDelivery, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
   searchPageLimit, sha256, summarise, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter,
   type Gauges, type Kept, type PurgeOptions, type Purged, type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
@@ -106,31 +106,6 @@ const TYPES = {
 
 type Row = Record<string, unknown>;
 
-function toDelivery(row: Row): Delivery {
-  return {
-    source: row.source as string,
-    id: row.id as string,
-    body: row.body as Buffer,
-    bodySha256: row.body_sha256 as string,
-    contentType: row.content_type as string | null,
-    eventType: row.event_type as string | null,
-    providerTime: row.provider_time as number | null,
-    receivedAt: row.received_at as number,
-    status: row.status as Status,
-    attempts: row.attempts as number,
-    // A processing row's due time is its lease's end; the contract's availableAt is when it was due.
-    availableAt: row.available_at as number,
-    leasedUntil: row.leased_until as number | null,
-    error: row.error as string | null,
-    conflicts: row.conflicts as number,
-    finishedAt: row.finished_at as number | null,
-    replays: row.replays as number,
-    purgedAt: row.purged_at as number | null,
-    orderKey: (row.order_key ?? null) as string | null,
-    eventTime: (row.event_time ?? null) as number | null,
-    newerId: (row.newer_id ?? null) as string | null,
-  };
-}
 
 /** redact hides the password of a PostgreSQL URL, so a target can go in a log line. */
 export function redact(url: string): string {

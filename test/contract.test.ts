@@ -7,38 +7,15 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { SqliteInbox, connect, sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
-import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const LEASE = 60_000;
 const body = (event: unknown) => Buffer.from(JSON.stringify(event));
 const pgSkip = await postgresSkip();
 
-interface Backend {
-  name: "sqlite" | "postgres";
-  skip: string | false;
-  /** make prepares an empty target; open connects to it (twice for two workers). */
-  make(): Promise<{ target: string; cleanup: () => Promise<void> }>;
-}
 
-const BACKENDS: Backend[] = [
-  {
-    name: "sqlite",
-    skip: false,
-    make: async () => {
-      const dir = tempDir();
-      return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
-    },
-  },
-  {
-    name: "postgres",
-    skip: pgSkip,
-    make: async () => {
-      const fresh = await freshSchema("contract");
-      return { target: fresh.url, cleanup: fresh.drop };
-    },
-  },
-];
+const BACKENDS = await backends("contract");
 
 for (const backend of BACKENDS) {
   describe(`the contract on ${backend.name}`, { skip: backend.skip }, () => {

@@ -240,3 +240,33 @@ export async function launchChromium(): Promise<Browser> {
   const { chromium } = await import("playwright-core");
   return chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true });
 }
+
+/** TestBackend is one store the shared suites run against: its name, why it is skipped, and a fresh target. */
+export interface TestBackend {
+  name: "sqlite" | "postgres";
+  skip: string | false;
+  /** make prepares an empty target (a file, or a fresh schema) and says how to remove it. */
+  make(): Promise<{ target: string; cleanup: () => Promise<void> }>;
+}
+
+/** backends lists both stores for a suite: a SQLite file in a temp folder, and a fresh schema named after prefix. */
+export async function backends(prefix: string): Promise<TestBackend[]> {
+  return [
+    {
+      name: "sqlite",
+      skip: false,
+      make: async () => {
+        const dir = tempDir();
+        return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
+      },
+    },
+    {
+      name: "postgres",
+      skip: await postgresSkip(),
+      make: async () => {
+        const fresh = await freshSchema(prefix);
+        return { target: fresh.url, cleanup: fresh.drop };
+      },
+    },
+  ];
+}

@@ -16,35 +16,13 @@ import { createReceiver } from "../receiver.ts";
 import { sign } from "../providers.ts";
 import { flood } from "../send.ts";
 import { run, type Job } from "../worker.ts";
-import { ROOT, freshSchema, postgresSkip, runScript, startReceiver, tempDir } from "./helpers.ts";
+import { ROOT, freshSchema, postgresSkip, runScript, startReceiver, tempDir, backends } from "./helpers.ts";
 
 const pgSkip = await postgresSkip();
 const quiet = () => {};
 
-interface Backend {
-  name: "sqlite" | "postgres";
-  skip: string | false;
-  make(): Promise<{ target: string; cleanup: () => Promise<void> }>;
-}
 
-const BACKENDS: Backend[] = [
-  {
-    name: "sqlite",
-    skip: false,
-    make: async () => {
-      const dir = tempDir();
-      return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
-    },
-  },
-  {
-    name: "postgres",
-    skip: pgSkip,
-    make: async () => {
-      const fresh = await freshSchema("observe");
-      return { target: fresh.url, cleanup: fresh.drop };
-    },
-  },
-];
+const BACKENDS = await backends("observe");
 
 /**
  * scrape parses Prometheus text with a real parser (which throws on a malformed line) and returns a

@@ -7,31 +7,14 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect, type Inbox, type InboxOptions, type Incoming, type Lease } from "../inbox.ts";
 import { run, type Job } from "../worker.ts";
-import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const LEASE = 60_000;
 const pgSkip = await postgresSkip();
 const ids = (leases: Lease[]) => leases.map((l) => l.id);
 
-const BACKENDS = [
-  {
-    name: "sqlite",
-    skip: false as string | false,
-    make: async () => {
-      const dir = tempDir();
-      return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
-    },
-  },
-  {
-    name: "postgres",
-    skip: pgSkip,
-    make: async () => {
-      const fresh = await freshSchema("ordering");
-      return { target: fresh.url, cleanup: fresh.drop };
-    },
-  },
-];
+const BACKENDS = await backends("ordering");
 
 for (const backend of BACKENDS) {
   describe(`ordering on ${backend.name}`, { skip: backend.skip }, () => {
