@@ -780,6 +780,19 @@ export interface Inbox {
   close(): Promise<void>;
 }
 
+/** checkOptions throws a TypeError for an InboxOptions field of the wrong kind; both backends take the same. */
+export function checkOptions(options: InboxOptions): void {
+  for (const [key, value] of Object.entries(options)) {
+    if (key === "now" || key === "random" || key === "onCommit") {
+      if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
+    } else if (key === "backgroundCheckpoints" || key === "listen") {
+      if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
+    } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
+      throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
+    }
+  }
+}
+
 /** SqliteInbox is the Inbox on one node:sqlite file: the embedded default. */
 export class SqliteInbox implements Inbox {
   readonly backend = "sqlite";
@@ -807,15 +820,7 @@ export class SqliteInbox implements Inbox {
   private closed = false;
 
   constructor(path: string, options: InboxOptions = {}) {
-    for (const [key, value] of Object.entries(options)) {
-      if (key === "now" || key === "random" || key === "onCommit") {
-        if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-      } else if (key === "backgroundCheckpoints" || key === "listen") {
-        if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
-      } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
-        throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
-      }
-    }
+    checkOptions(options);
     this.path = this.target = path;
     this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     const db = this.db;

@@ -6,7 +6,7 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import {
-  DEFAULTS, ORDERING_SQL, backoff, toDelivery, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
+  DEFAULTS, ORDERING_SQL, backoff, checkOptions, toDelivery, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
   searchPageLimit, sha256, summarise, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter,
   type Gauges, type Kept, type PurgeOptions, type Purged, type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
   type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
@@ -104,7 +104,6 @@ const TYPES = {
     oid === 20 ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
 };
 
-type Row = Record<string, unknown>;
 
 
 /** redact hides the password of a PostgreSQL URL, so a target can go in a log line. */
@@ -182,15 +181,7 @@ export class PostgresInbox implements Inbox {
   private commitError: unknown;
 
   private constructor(url: string, options: InboxOptions) {
-    for (const [key, value] of Object.entries(options)) {
-      if (key === "now" || key === "random" || key === "onCommit") {
-        if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-      } else if (key === "backgroundCheckpoints" || key === "listen") {
-        if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
-      } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
-        throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
-      }
-    }
+    checkOptions(options);
     this.target = redact(url);
     const parsed = new URL(url);
     const schema = parsed.searchParams.get("schema") ?? "public";
@@ -1127,8 +1118,11 @@ export class PostgresInbox implements Inbox {
     }
     const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
     const results = new Map<Op, Stored>();
-    const others = ops.filter((op) => !(stored.has(key(op)) && firsts.get(key(op)) === op));
-    for (const op of ops) if (!others.includes(op)) results.set(op, "stored");
+    const others: typeof ops = [];
+    for (const op of ops) {
+      if (stored.has(key(op)) && firsts.get(key(op)) === op) results.set(op, "stored");
+      else others.push(op);
+    }
     if (others.length === 0) {
       this.notify(client, stored.size);
       return results;

@@ -16,9 +16,8 @@ import { createReceiver } from "../receiver.ts";
 import { sign } from "../providers.ts";
 import { flood } from "../send.ts";
 import { run, type Job } from "../worker.ts";
-import { ROOT, freshSchema, postgresSkip, runScript, startReceiver, tempDir, backends } from "./helpers.ts";
+import { ROOT, backends, runScript, startReceiver, tempDir } from "./helpers.ts";
 
-const pgSkip = await postgresSkip();
 const quiet = () => {};
 
 

@@ -13,7 +13,7 @@ import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { request } from "undici";
 import { SqliteInbox } from "../inbox.ts";
-import { loadSources, sign, type Provider } from "../providers.ts";
+import { loadSources, sign } from "../providers.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";
 import { SCHEMES, STANDARD, STRIPE_SECRET, T, apply, bodyArb, idArb, mutationArb, svixHeaders } from "./provider-fixtures.ts";
