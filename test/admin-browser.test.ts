@@ -3,12 +3,11 @@
 // line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing browser a failure.
 
 import assert from "node:assert/strict";
-import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
 import { connect, type Inbox } from "../inbox.ts";
-import { chromiumSkip, freshSchema, launchChromium, postgresSkip, tempDir } from "./helpers.ts";
+import { backends, chromiumSkip, launchChromium } from "./helpers.ts";
 
 const TOKEN = "night-shift-token";
 
@@ -16,18 +15,9 @@ const TOKEN = "night-shift-token";
 const setHidden = (hidden: boolean) =>
   `Object.defineProperty(document, "hidden", { configurable: true, value: ${hidden} }); document.dispatchEvent(new Event("visibilitychange"))`;
 const skip = chromiumSkip();
-const pgSkip = skip ? skip : await postgresSkip();
 
-const BACKENDS = [
-  { name: "sqlite", skip, make: async () => {
-    const dir = tempDir();
-    return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
-  } },
-  { name: "postgres", skip: pgSkip, make: async () => {
-    const fresh = await freshSchema("admin_browser");
-    return { target: fresh.url, cleanup: fresh.drop };
-  } },
-];
+// Both backends need Chromium; where it is missing, that is the one reason given for either.
+const BACKENDS = (await backends("admin_browser")).map((b) => ({ ...b, skip: skip || b.skip }));
 
 for (const backend of BACKENDS) {
   describe(`the operator page in Chromium, on ${backend.name}`, { skip: backend.skip }, () => {

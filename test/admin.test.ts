@@ -8,11 +8,10 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin } from "../admin.ts";
 import { connect, type Inbox } from "../inbox.ts";
-import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+import { backends, runScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const TOKEN = "correct horse battery staple";
-const pgSkip = await postgresSkip();
 
 interface Answer { status: number; headers: Record<string, string | string[] | undefined>; body: string }
 
@@ -34,16 +33,7 @@ function request(url: string, options: { method?: string; headers?: Record<strin
 
 const csrfOf = (html: string) => /name="csrf" value="([^"]+)"/.exec(html)?.[1];
 
-const BACKENDS = [
-  { name: "sqlite", skip: false as string | false, make: async () => {
-    const dir = tempDir();
-    return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
-  } },
-  { name: "postgres", skip: pgSkip, make: async () => {
-    const fresh = await freshSchema("admin");
-    return { target: fresh.url, cleanup: fresh.drop };
-  } },
-];
+const BACKENDS = await backends("admin");
 
 for (const backend of BACKENDS) {
   describe(`the operator page on ${backend.name}`, { skip: backend.skip }, () => {
