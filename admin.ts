@@ -7,9 +7,10 @@ import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypt
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { isIP } from "node:net";
 import { pathToFileURL } from "node:url";
-import {
-  DEFAULTS, STATUSES, connect, lineLog, message, type Delivery, type Filter, type Inbox, type Status,
-} from "./inbox.ts";
+import { connect } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { lineLog, message } from "./log.ts";
+import { STATUSES, type Delivery, type Filter, type Inbox, type Status } from "./store.ts";
 
 /** AdminOptions configures createAdmin; every number has a default in DEFAULTS. */
 export interface AdminOptions {

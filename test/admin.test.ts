@@ -7,7 +7,8 @@ import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin } from "../admin.ts";
-import { connect, type Inbox } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import type { Inbox } from "../store.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
