@@ -26,7 +26,9 @@ const { parentPort, workerData } = require("node:worker_threads");
 const db = new DatabaseSync(workerData.path, { timeout: 0 });
 db.exec("PRAGMA synchronous = FULL");
 const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
-parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.close(); });`;
+// With the timer cleared and once()'s listener gone, nothing keeps the thread alive and it ends on its own
+// (Deno's parentPort has no close()).
+parentPort.once("message", () => { clearInterval(timer); db.close(); });`;
 // How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
 const CHECKPOINT_EVERY_MS = 100;
 const BACKSTOP_PAGES = 16_000;
@@ -954,13 +956,23 @@ export class SqliteInbox implements Inbox {
     if (this.closed) return;
     await this.flush();
     this.closed = true;
-    if (this.checkpointer) {
-      const exited = new Promise((resolve) => this.checkpointer!.once("exit", resolve));
-      this.checkpointer.postMessage("close");
-      await exited;
+    const checkpointer = this.checkpointer;
+    try {
+      if (checkpointer) {
+        // A thread that fails on its way out (a runtime without an API it used) says so here, once.
+        const ended = new Promise<void>((resolve, reject) => {
+          checkpointer.once("exit", () => resolve());
+          checkpointer.once("error", (error) => reject(new Error(`close ${this.path}: the checkpoint thread failed: ${message(error)}`, { cause: error })));
+        });
+        // Held while it ends: awaiting an unref'd thread, an otherwise idle process would exit mid-close().
+        checkpointer.ref();
+        checkpointer.postMessage("close");
+        await ended;
+      }
+    } finally {
+      await this.gauger?.terminate();
+      this.db.close();
     }
-    await this.gauger?.terminate();
-    this.db.close();
   }
 
   // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event

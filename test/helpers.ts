@@ -1,5 +1,5 @@
 // test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
-// processes on this same Node, and a receiver on a free port.
+// processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
@@ -8,6 +8,7 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { Browser } from "playwright-core";
+import { scriptCommand, signalChild } from "../runtime.ts";
 
 /** ROOT is the repository's top folder, where the scripts live. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -18,9 +19,10 @@ export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => v
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** spawnScript starts one of the suite's scripts (or a test fixture) under tsx, on this same Node. */
+/** spawnScript starts one of the suite's scripts (or a test fixture) on this same runtime, as this test runs (tsx on Node). */
 export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
-  return spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+  const { command, args: all } = scriptCommand(join(ROOT, script), args);
+  return spawn(command, all, {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -72,7 +74,7 @@ export async function startReceiver(db: string, args: string[] = [], env: NodeJS
     port: Number(new URL(url).port),
     log: () => stderr,
     stop: async (signal = "SIGTERM") => {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      signalChild(child, signal);
       return exited;
     },
   };
