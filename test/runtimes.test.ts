@@ -1,0 +1,119 @@
+// test/runtimes.test.ts: the portable subset of the suite, run as it is on Deno and on Bun (their own test
+// runners read node:test files) and, for the story, on Node without tsx. Each file's children run on the
+// same runtime (test/helpers.ts). A runtime that is absent is skipped in one line; INBOX_REQUIRE_DENO=1 and
+// INBOX_REQUIRE_BUN=1 (as .ci/run sets them) fail the run instead. Alone: npx node --import tsx --test test/runtimes.test.ts
+
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { describe, it } from "node:test";
+import { ROOT } from "./helpers.ts";
+
+/** One file of the subset, and the one test of it to run where not all of it is portable-subset material. */
+interface Part {
+  file: string;
+  only?: string;
+  why: string;
+}
+
+const SUBSET: readonly Part[] = [
+  { file: "test/demo.test.ts", why: "the article's story through the real scripts, each a child on the same runtime" },
+  { file: "test/durability.test.ts", why: "each runtime bundles its own SQLite: WAL, synchronous=FULL and the version, read back" },
+  { file: "test/checkpoint.test.ts", why: "the checkpoint thread, on each runtime's node:worker_threads" },
+  { file: "test/contract.test.ts", why: "the store contract on SQLite and PostgreSQL (pg) in-process" },
+  { file: "test/providers-http.test.ts", why: "each runtime's node:http server and the providers' signatures" },
+  { file: "test/crash.test.ts", only: "a receiver killed with SIGKILL while senders send", why: "nothing acknowledged is lost across a SIGKILL" },
+];
+
+/** A runtime the subset runs on: where its binary is, and how its test runner runs one part. */
+interface Runtime {
+  name: string;
+  /** The env var that makes an absent runtime a failure rather than a skip. */
+  require?: string;
+  binary: string | undefined;
+  /** The parts it runs: all of them, or (Node, which runs the whole suite under tsx) the story alone. */
+  parts: readonly Part[];
+  args(part: Part): string[];
+  /** How its runner's closing lines say that at least one test passed. */
+  passed: RegExp;
+}
+
+// findBinary looks in the project's own node_modules/.bin first (deno and bun are dev dependencies), then on PATH.
+function findBinary(name: string): string | undefined {
+  const local = join(ROOT, "node_modules", ".bin", name);
+  if (existsSync(local)) return local;
+  const which = spawnSync("which", [name], { encoding: "utf8" });
+  return which.status === 0 ? which.stdout.trim() : undefined;
+}
+
+const RUNTIMES: readonly Runtime[] = [
+  {
+    // Node's own type stripping, as `node receiver.ts` runs: the rest of npm test already runs every file under tsx.
+    name: "node", binary: process.execPath, parts: SUBSET.filter((p) => p.file === "test/demo.test.ts"),
+    args: (part) => ["--test", ...(part.only ? ["--test-name-pattern", part.only] : []), part.file],
+    passed: /^ℹ pass [1-9]/m,
+  },
+  {
+    // --no-check: tsc --noEmit is the type check; Deno's own would only repeat it, slower.
+    name: "deno", require: "INBOX_REQUIRE_DENO", binary: findBinary("deno"), parts: SUBSET,
+    args: (part) => ["test", "-A", "--no-check", ...(part.only ? ["--filter", part.only] : []), part.file],
+    passed: /^ok \| [1-9]\d* passed/m,
+  },
+  {
+    // Bun's runner gives each test 5 s unless told otherwise; the crash test takes longer. "./": a bare name is a filter.
+    name: "bun", require: "INBOX_REQUIRE_BUN", binary: findBinary("bun"), parts: SUBSET,
+    args: (part) => ["test", "--timeout", "300000", ...(part.only ? ["-t", part.only] : []), `./${part.file}`],
+    passed: /^\s*[1-9]\d* pass$/m,
+  },
+];
+
+// skipReason says, once and in one line, why a runtime's part of the run is skipped; required, it throws.
+function skipReason(runtime: Runtime): string | false {
+  if (runtime.binary) return false;
+  const why = `no ${runtime.name} in node_modules/.bin or on PATH`;
+  if (runtime.require && process.env[runtime.require] === "1") throw new Error(`${runtime.require}=1 but ${why} (npm install brings it)`);
+  console.log(`# ${runtime.name} tests skipped: ${why}; npm install (a dev dependency) to run the portable subset on it.`);
+  return why;
+}
+
+function version(runtime: Runtime): string {
+  if (!runtime.binary) return "absent";
+  const out = spawnSync(runtime.binary, ["--version"], { encoding: "utf8" }).stdout ?? "";
+  return /\d+\.\d+\.\d+/.exec(out)?.[0] ?? out.trim();
+}
+
+// runPart runs one file of the subset under a runtime's own test runner and returns its exit code and output.
+function runPart(runtime: Runtime, part: Part): Promise<{ code: number | null; output: string }> {
+  return new Promise((resolve, reject) => {
+    // Without NODE_TEST_CONTEXT, which this file's runner set: a `node --test` that inherits it reports to
+    // a parent runner instead of running as its own, and exits 0 having run nothing.
+    const { NODE_TEST_CONTEXT: _, ...env } = process.env;
+    const child = spawn(runtime.binary!, runtime.args(part), {
+      cwd: ROOT, env: { ...env, NO_COLOR: "1", FORCE_COLOR: "0" }, stdio: ["ignore", "pipe", "pipe"],
+    });
+    let output = "";
+    child.stdout.on("data", (d) => (output += d));
+    child.stderr.on("data", (d) => (output += d));
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code, output }));
+  });
+}
+
+for (const runtime of RUNTIMES) {
+  const skip = skipReason(runtime);
+  describe(`the portable subset on ${runtime.name} ${skip ? "" : version(runtime)}`.trimEnd(), { skip }, () => {
+    for (const part of runtime.parts) {
+      it(`${part.file}${part.only ? `: ${part.only}` : ""} (${part.why})`, async () => {
+        const run = await runPart(runtime, part);
+        const { code } = run;
+        // Deno colours its report whatever NO_COLOR says.
+        const output = run.output.replace(/\x1b\[[0-9;]*m/g, "");
+        const tail = output.split("\n").slice(-60).join("\n");
+        assert.equal(code, 0, `${runtime.name} ${runtime.args(part).join(" ")} exited ${code}:\n${tail}`);
+        // A runner that ran nothing also exits 0: a filter that matches no test must not pass for one that does.
+        assert.match(output, runtime.passed, `${runtime.name} ran no test of ${part.file}:\n${tail}`);
+      });
+    }
+  });
+}
