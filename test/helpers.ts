@@ -1,7 +1,7 @@
 // test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
 // processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
 
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -217,6 +217,23 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * runtimeBinary finds Deno's or Bun's binary: in node_modules/.bin, where npm install puts the pinned dev
+ * dependency, else on PATH. Absent, it says once in one line what is skipped and returns undefined; with
+ * INBOX_REQUIRE_DENO=1 or INBOX_REQUIRE_BUN=1 (as .ci/run sets them) it throws instead.
+ */
+export function runtimeBinary(name: "deno" | "bun", skipped: string): string | undefined {
+  const local = join(ROOT, "node_modules", ".bin", name);
+  if (existsSync(local)) return local;
+  const which = spawnSync("which", [name], { encoding: "utf8" });
+  if (which.status === 0) return which.stdout.trim();
+  const why = `no ${name} in node_modules/.bin or on PATH`;
+  const require = `INBOX_REQUIRE_${name.toUpperCase()}`;
+  if (process.env[require] === "1") throw new Error(`${require}=1 but ${why} (npm install brings it)`);
+  console.log(`# ${skipped} skipped: ${why}; npm install (it is a dev dependency) to run them.`);
+  return undefined;
 }
 
 /** CHROMIUM is the browser the tests drive: INBOX_CHROMIUM, else Debian's package. */

@@ -5,10 +5,8 @@
 
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync } from "node:fs";
-import { join } from "node:path";
 import { describe, it } from "node:test";
-import { ROOT } from "./helpers.ts";
+import { ROOT, runtimeBinary } from "./helpers.ts";
 
 /** One file of the subset, and the one test of it to run where not all of it is portable-subset material. */
 interface Part {
@@ -29,22 +27,12 @@ const SUBSET: readonly Part[] = [
 /** A runtime the subset runs on: where its binary is, and how its test runner runs one part. */
 interface Runtime {
   name: string;
-  /** The env var that makes an absent runtime a failure rather than a skip. */
-  require?: string;
   binary: string | undefined;
   /** The parts it runs: all of them, or (Node, which runs the whole suite under tsx) the story alone. */
   parts: readonly Part[];
   args(part: Part): string[];
   /** How its runner's closing lines say that at least one test passed. */
   passed: RegExp;
-}
-
-// findBinary looks in the project's own node_modules/.bin first (deno and bun are dev dependencies), then on PATH.
-function findBinary(name: string): string | undefined {
-  const local = join(ROOT, "node_modules", ".bin", name);
-  if (existsSync(local)) return local;
-  const which = spawnSync("which", [name], { encoding: "utf8" });
-  return which.status === 0 ? which.stdout.trim() : undefined;
 }
 
 const RUNTIMES: readonly Runtime[] = [
@@ -56,26 +44,17 @@ const RUNTIMES: readonly Runtime[] = [
   },
   {
     // --no-check: tsc --noEmit is the type check; Deno's own would only repeat it, slower.
-    name: "deno", require: "INBOX_REQUIRE_DENO", binary: findBinary("deno"), parts: SUBSET,
+    name: "deno", binary: runtimeBinary("deno", "the portable subset on deno"), parts: SUBSET,
     args: (part) => ["test", "-A", "--no-check", ...(part.only ? ["--filter", part.only] : []), part.file],
     passed: /^ok \| [1-9]\d* passed/m,
   },
   {
     // Bun's runner gives each test 5 s unless told otherwise; the crash test takes longer. "./": a bare name is a filter.
-    name: "bun", require: "INBOX_REQUIRE_BUN", binary: findBinary("bun"), parts: SUBSET,
+    name: "bun", binary: runtimeBinary("bun", "the portable subset on bun"), parts: SUBSET,
     args: (part) => ["test", "--timeout", "300000", ...(part.only ? ["-t", part.only] : []), `./${part.file}`],
     passed: /^\s*[1-9]\d* pass$/m,
   },
 ];
-
-// skipReason says, once and in one line, why a runtime's part of the run is skipped; required, it throws.
-function skipReason(runtime: Runtime): string | false {
-  if (runtime.binary) return false;
-  const why = `no ${runtime.name} in node_modules/.bin or on PATH`;
-  if (runtime.require && process.env[runtime.require] === "1") throw new Error(`${runtime.require}=1 but ${why} (npm install brings it)`);
-  console.log(`# ${runtime.name} tests skipped: ${why}; npm install (a dev dependency) to run the portable subset on it.`);
-  return why;
-}
 
 function version(runtime: Runtime): string {
   if (!runtime.binary) return "absent";
@@ -101,7 +80,7 @@ function runPart(runtime: Runtime, part: Part): Promise<{ code: number | null; o
 }
 
 for (const runtime of RUNTIMES) {
-  const skip = skipReason(runtime);
+  const skip = runtime.binary ? false : `no ${runtime.name}`;
   describe(`the portable subset on ${runtime.name} ${skip ? "" : version(runtime)}`.trimEnd(), { skip }, () => {
     for (const part of runtime.parts) {
       it(`${part.file}${part.only ? `: ${part.only}` : ""} (${part.why})`, async () => {
