@@ -5,10 +5,12 @@
 //   http.createServer(webhooks.node) | app.use("/webhooks", webhooks.express) | export const POST = webhooks.fetch
 
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { DEFAULTS, label, message, type Inbox, type Log, type Stored } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { label, message, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
-import { unsignedSource, verify, type Headers, type Source } from "./providers.ts";
+import { unsignedSource, verify, type Source } from "./providers.ts";
+import type { Headers, Inbox, Stored } from "./store.ts";
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
 export interface HandlerOptions {

@@ -7,7 +7,9 @@
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import client from "prom-client";
-import { DEFAULTS, message, type Gauges, type Inbox, type Lease, type Stored } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import type { Gauges, Inbox, Lease, Stored } from "./store.ts";
 
 /** Outcome is how the receiver answered one request, as received_total counts it. */
 export type Outcome = Stored | "rejected" | "unavailable";

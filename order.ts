@@ -4,7 +4,7 @@
 //   "stripe": { "provider": "stripe", "secret": "env:STRIPE_SECRET", "order": true }
 //   "app":    { "provider": "standard", "secret": "env:APP_SECRET", "order": { "key": "/data/id", "time": "/at", "strict": true } }
 
-import type { Headers } from "./providers.ts";
+import type { Headers } from "./store.ts";
 
 /** OrderRule is a source's ordering, as loadSources reads it from the sources file. */
 export interface OrderRule {

@@ -1,16 +1,17 @@
 // postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database.
-// The same contract as SqliteInbox in inbox.ts; every script picks it when --db or INBOX_DB is a URL:
+// The contract of store.ts, beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
+// Like sqlite.ts it is one role, the whole contract on one database, and longer than the house's thousand
+// lines for it: split, a delivery's life would be scattered over files.
 
 import { userInfo } from "node:os";
 import pg from "pg";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
 import {
-  DEFAULTS, ORDERING_SQL, backoff, checkOptions, toDelivery, bulkBatchSize, emptyBuckets, filterSql, message, orderOf, orderingStatus, paced, purgeCutoffs,
-  searchPageLimit, sha256, summarise, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Filter,
-  type Gauges, type Kept, type PurgeOptions, type Purged, type Summary, type Delivery, type Failure, type Inbox, type InboxOptions,
-  type InboxStatus, type Incoming, type Lease, type LocalWrite, type SqlValue, type Status, type Stored, type Tx, STATUSES,
-} from "./inbox.ts";
+  backoff, bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SqlValue, type Status, type Stored, type Summary, type Tx,
+} from "./store.ts";
 
 // The schema, in order. A shipped entry is never edited: add a new one after it.
 const MIGRATIONS: readonly string[] = [

@@ -4,8 +4,9 @@
 // like a provider. Not run on its own; see receiver.ts --sources and send.ts --provider.
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
-import { DEFAULTS } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
+import type { Headers } from "./store.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */
 export type Provider =
@@ -101,9 +102,6 @@ export interface Source {
   /** Per-key ordering (order.ts); none means its deliveries are unordered. */
   order?: OrderRule;
 }
-
-/** Headers are a request's headers with repeats kept apart, as node:http's headersDistinct gives them. */
-export type Headers = Record<string, string[] | undefined>;
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
 export type Verdict =

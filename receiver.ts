@@ -6,7 +6,10 @@
 import { readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, LOG_FORMATS, connect, jsonLine, lineLog, message, type Inbox, type Log, type LogFormat } from "./inbox.ts";
+import { connect } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { jsonLine, lineLog, LOG_FORMATS, message, type Log, type LogFormat } from "./log.ts";
+import type { Inbox } from "./store.ts";
 import { createHandler } from "./handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
 import { loadSources, type Source } from "./providers.ts";

@@ -8,7 +8,8 @@
 import { createHash } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import { request } from "undici";
-import { DEFAULTS, LOG_FORMATS, jsonLine, message, progress, type LogFormat } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { jsonLine, LOG_FORMATS, message, progress, type LogFormat } from "./log.ts";
 import { PROVIDERS, sign, type Preset } from "./providers.ts";
 
 /** SENDABLE are the providers send.ts can sign like; an `hmac` scheme lives in a sources file, not on the command line. */

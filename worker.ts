@@ -5,10 +5,13 @@
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
+import { connect } from "./inbox.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { parseDuration } from "./format.ts";
 import {
-  DEFAULTS, LOG_FORMATS, PermanentError, connect, jsonLine, label, lineLog, message, parseDuration, progress, type Inbox, type Lease,
-  type LocalWrite, type Log, type LogFormat, type Progress, type PurgeOptions,
-} from "./inbox.ts";
+  jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
+} from "./log.ts";
+import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions } from "./store.ts";
 import type { Metrics } from "./metrics.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */

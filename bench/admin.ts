@@ -8,7 +8,9 @@ import { request } from "node:http";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { createAdmin, listenAdmin } from "../admin.ts";
-import { connect, openDatabase, sha256 } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import { openDatabase } from "../sqlite.ts";
+import { sha256 } from "../store.ts";
 import { f, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_ADMIN_ROWS", 1_000_000);

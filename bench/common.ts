@@ -9,7 +9,8 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
-import { openDatabase, sha256 } from "../inbox.ts";
+import { openDatabase } from "../sqlite.ts";
+import { sha256 } from "../store.ts";
 
 /** ROOT is the repository's top folder. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");

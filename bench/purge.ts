@@ -11,7 +11,9 @@ import { statSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS, openDatabase, sha256 } from "../inbox.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { openDatabase } from "../sqlite.ts";
+import { sha256 } from "../store.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 

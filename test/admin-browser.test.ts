@@ -6,7 +6,8 @@ import assert from "node:assert/strict";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
-import { connect, type Inbox } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import type { Inbox } from "../store.ts";
 import { backends, chromiumSkip, launchChromium } from "./helpers.ts";
 
 const TOKEN = "night-shift-token";

@@ -8,7 +8,9 @@ import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
-import { SqliteInbox, connect, sha256, type Inbox } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import { SqliteInbox } from "../sqlite.ts";
+import { sha256, type Inbox } from "../store.ts";
 import { APPLICATION_NAME } from "../postgres.ts";
 import { spawnScript, startReceiver } from "./helpers.ts";
 

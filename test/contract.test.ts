@@ -5,7 +5,9 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, connect, sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import { SqliteInbox } from "../sqlite.ts";
+import { sha256, type Delivery, type Inbox, type InboxOptions, type Tx } from "../store.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 

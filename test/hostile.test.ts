@@ -7,7 +7,8 @@ import type { AddressInfo } from "node:net";
 import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { connect as connectInbox, type Inbox } from "../inbox.ts";
+import { connect as connectInbox } from "../inbox.ts";
+import type { Inbox } from "../store.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
 

@@ -7,7 +7,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import fc from "fast-check";
-import { SqliteInbox, type Lease, type Status, type Tx } from "../inbox.ts";
+import { SqliteInbox } from "../sqlite.ts";
+import type { Lease, Status, Tx } from "../store.ts";
 import { tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;

@@ -9,7 +9,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import fc from "fast-check";
-import { connect, type Inbox, type Lease, type Status } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import type { Inbox, Lease, Status } from "../store.ts";
 import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;

@@ -5,7 +5,8 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { connect, type Inbox, type InboxOptions, type Incoming, type Lease } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import type { Inbox, InboxOptions, Incoming, Lease } from "../store.ts";
 import { run, type Job } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 

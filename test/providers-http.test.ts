@@ -12,7 +12,7 @@ import fc from "fast-check";
 import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { request } from "undici";
-import { SqliteInbox } from "../inbox.ts";
+import { SqliteInbox } from "../sqlite.ts";
 import { loadSources, sign } from "../providers.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";

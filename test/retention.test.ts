@@ -7,7 +7,10 @@ import { readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, connect, importLine, exportLine, parseDuration, parseWhen, type Inbox } from "../inbox.ts";
+import { connect } from "../inbox.ts";
+import { exportLine, importLine, parseDuration, parseWhen } from "../format.ts";
+import { SqliteInbox } from "../sqlite.ts";
+import type { Inbox } from "../store.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
 const DAY = 86_400_000;

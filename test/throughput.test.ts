@@ -8,7 +8,8 @@ import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox, type Stored } from "../inbox.ts";
+import { SqliteInbox } from "../sqlite.ts";
+import type { Stored } from "../store.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 

@@ -1,0 +1,102 @@
+// defaults.ts: every default of the suite in one place, each documented where it is declared. Only the
+// entry points (the scripts) read env and argv, falling back to these; nothing underneath reads either.
+// Not run on its own.
+
+/** DEFAULTS holds every default of the suite; the entry points read env and argv, nothing else does. */
+export const DEFAULTS = {
+  /** Database file, when neither --db nor INBOX_DB is given. @default "inbox.db" */
+  db: "inbox.db",
+  /** Source name of the article's single, unsigned sender. @default "default" */
+  source: "default",
+  /** Milliseconds a worker may hold a delivery before another may take it over. @default 60_000 */
+  leaseMs: 60_000,
+  /** Tries before a delivery is set aside as failed for a person to look at. @default 5 */
+  maxAttempts: 5,
+  /** Milliseconds before the first retry; each later retry waits twice as long. @default 2_000 */
+  retryDelayMs: 2_000,
+  /** Longest wait between two tries, whatever the doubling says. @default 3_600_000 */
+  retryCapMs: 3_600_000,
+  /** Up to this fraction is added at random to each backoff, so failed deliveries don't retry in step. @default 0.2 */
+  retryJitter: 0.2,
+  /** WAL pages after which a commit also checkpoints (see openDatabase). @default 4_000 */
+  walAutocheckpointPages: 4_000,
+  /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
+  busyTimeoutMs: 5_000,
+  /** Most deliveries or completions committed in one transaction. @default 512 */
+  batchSize: 512,
+  /** Longest delivery ID accepted, in characters. @default 256 */
+  maxIdLength: 256,
+  /** Largest body accepted, in bytes. @default 1_000_000 */
+  maxBodyBytes: 1_000_000,
+  /** Receiver port. @default 8000 */
+  port: 8000,
+  /** Receiver address; loopback unless told otherwise. @default "127.0.0.1" */
+  host: "127.0.0.1",
+  /** Requests the receiver holds at once before answering 503. @default 2_048 */
+  maxInFlight: 2_048,
+  /** Milliseconds a client may take to send its headers. @default 10_000 */
+  headersTimeoutMs: 10_000,
+  /** Milliseconds a client may take to send a whole request. @default 30_000 */
+  requestTimeoutMs: 30_000,
+  /** Seconds a rejected sender is asked to wait, in Retry-After. @default 5 */
+  retryAfterS: 5,
+  /** Seconds a signed timestamp may be off (Stripe: old) before a delivery counts as replayed. @default 300 */
+  signatureToleranceS: 300,
+  /** Handlers a worker runs at once. @default 8 */
+  concurrency: 8,
+  /** Most deliveries a worker claims in one transaction while its handlers are fast (see worker.ts). @default 256 */
+  claimBatch: 256,
+  /** Shortest and longest pause between claims when the queue is idle. @default 5, 50 */
+  pollMinMs: 5,
+  pollMaxMs: 50,
+  /** Milliseconds a stopping worker lets work in flight finish before releasing it. @default 10_000 */
+  shutdownGraceMs: 10_000,
+  /**
+   * PostgreSQL connections each process holds: group commits run on up to this many at once, and one
+   * more listens for wake-ups. Ten hosts of two processes each stay well under max_connections (100).
+   * @default 4
+   */
+  poolSize: 4,
+  /** Milliseconds to wait for a PostgreSQL connection before a store fails (and the receiver answers 503). @default 5_000 */
+  connectTimeoutMs: 5_000,
+  /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
+  notifyEveryMs: 25,
+  /** Milliseconds a scrape of /metrics reuses the queue's gauges before reading them again. @default 5_000 */
+  gaugeCacheMs: 5_000,
+  /** Milliseconds /readyz reuses the store's last readiness probe. @default 1_000 */
+  readyCacheMs: 1_000,
+  /** Milliseconds a readiness probe may take before the store counts as unreachable. @default 1_000 */
+  readyTimeoutMs: 1_000,
+  /** Deliveries a bulk command (retry, replay, purge by name, export, import) touches per transaction, so none waits behind it long. @default 500 */
+  bulkBatch: 500,
+  /** Age after which purge drops the body of a done delivery, keeping its tombstone. @default 7 days */
+  bodiesAfterMs: 7 * 86_400_000,
+  /**
+   * Age after which purge forgets a tombstone, and with it the ID: a copy that arrives later is stored as
+   * new. Longer than any sender resends (Stripe 3 days, GitHub 3, GHES 7, Svix's manual resend at will).
+   * @default 30 days
+   */
+  forgetAfterMs: 30 * 86_400_000,
+  /**
+   * Deliveries purge changes per transaction, so no ack waits long behind it: 100, not 500, as the
+   * 500-row batches' commits (2 MB of WAL each) raised the ack p99 in bench/purge.ts. @default 100
+   */
+  purgeBatch: 100,
+  /**
+   * After each batch, purge rests this many times as long as the batch took, leaving the write lock and
+   * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). @default 1
+   */
+  purgeRest: 1,
+  /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
+  vacuumStepPages: 1_000,
+  /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */
+  purgeEveryMinutes: 60,
+  /** Deliveries search() returns when no limit is given. @default 50 */
+  searchLimit: 50,
+  /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
+  adminPort: 8001,
+  /** Deliveries on one page of the operator page's list. @default 50 */
+  adminPageSize: 50,
+  /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
+  adminRefreshMs: 5_000,
+} as const;

@@ -1,0 +1,104 @@
+// format.ts: how the operator's CLI reads and writes for people. Ages and dates on the command line
+// (parseDuration, parseWhen); ages, dates and sizes in its output; a delivery as JSON; and the JSON Lines
+// of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
+
+import { STATUSES, sha256, type Delivery, type Status } from "./store.ts";
+
+/** age writes a span of ms as people say it: 45s, 12m, 5h, 3d. */
+export function age(ms: number): string {
+  const s = Math.round(ms / 1000);
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  return s < 172800 ? `${Math.round(s / 3600)}h` : `${Math.round(s / 86400)}d`;
+}
+
+/** iso writes a time in ms as an ISO date, or "-" for none. */
+export function iso(ms: number | null): string {
+  return ms === null ? "-" : new Date(ms).toISOString();
+}
+
+/** bodyForPeople is a body as text where it is UTF-8, else as base64, said so. */
+export function bodyForPeople(body: Buffer): string {
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  return Buffer.from(text, "utf8").equals(body) ? text : `(not UTF-8; base64) ${body.toString("base64")}`;
+}
+
+/** deliveryJson is a delivery for --json: its size always, its body (as text and base64) only when asked. */
+export function deliveryJson(d: Delivery, withBody: boolean): Record<string, unknown> {
+  const { body, ...rest } = d;
+  if (!withBody) return { ...rest, bodyBytes: body.length };
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  const utf8 = Buffer.from(text, "utf8").equals(body);
+  return { ...rest, bodyBytes: body.length, body: utf8 ? text : null, bodyBase64: body.toString("base64") };
+}
+
+const UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
+
+/** parseDuration reads an age such as 90s, 30m, 12h, 7d or 2w as ms, or returns undefined. */
+export function parseDuration(text: string): number | undefined {
+  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$/.exec(text.trim());
+  return match ? Math.round(Number(match[1]) * UNITS[match[2]!]!) : undefined;
+}
+
+/** parseWhen reads an ISO date, or an age meaning that long before now, as ms since the epoch; else undefined. */
+export function parseWhen(text: string, now: number): number | undefined {
+  const ago = parseDuration(text);
+  if (ago !== undefined) return now - ago;
+  // Only what looks like a date: Date.parse would also take "1" or "March".
+  if (!/^\d{4}-\d{2}-\d{2}/.test(text.trim())) return undefined;
+  const ms = Date.parse(text.trim());
+  return Number.isNaN(ms) ? undefined : ms;
+}
+
+/** bytes writes a size as people read it: 512 B, 1.5 KB, 3.2 MB, 1.05 GB. */
+export function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 ** 2) return `${(n / 1024).toFixed(1)} KB`;
+  if (n < 1024 ** 3) return `${(n / 1024 ** 2).toFixed(1)} MB`;
+  return `${(n / 1024 ** 3).toFixed(2)} GB`;
+}
+
+/** ExportLine is one line of `inbox.ts export`: a delivery's every field, its body as base64 and, where it is UTF-8, as text. */
+export type ExportLine = Omit<Delivery, "body"> & { bodyBytes: number; body: string | null; bodyBase64: string };
+
+/** exportLine turns a delivery into its line of an export. */
+export function exportLine(d: Delivery): ExportLine {
+  const { body, ...rest } = d;
+  // ignoreBOM keeps a leading BOM in the text, so the text alone is also every byte of the body.
+  const text = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true }).decode(body);
+  return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
+}
+
+/** importLine reads a line of an export back into a delivery, checking its fields and its body against the hash. */
+export function importLine(line: unknown): Delivery {
+  if (line === null || typeof line !== "object" || Array.isArray(line)) throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
+  const o = line as Record<string, unknown>;
+  // Typed never, so each field takes the type its slot in Delivery asks for; the checks here make it so.
+  const need = (key: string, kind: "string" | "number", nullable = false): never => {
+    const v = o[key];
+    if ((v === null || v === undefined) && nullable) return null as never;
+    if (typeof v !== kind || (kind === "number" && !Number.isFinite(v))) throw new TypeError(`expected ${key} to be a ${kind}${nullable ? " or null" : ""}, got ${JSON.stringify(v)}`);
+    return v as never;
+  };
+  const status: Status = need("status", "string");
+  if (!STATUSES.includes(status)) throw new TypeError(`expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(status)}`);
+  const base64: string = need("bodyBase64", "string");
+  if (!/^[A-Za-z0-9+/]*={0,2}$/.test(base64)) throw new TypeError("expected bodyBase64 to be base64");
+  const body = Buffer.from(base64, "base64");
+  const d: Delivery = {
+    source: need("source", "string"), id: need("id", "string"), body, bodySha256: need("bodySha256", "string"),
+    contentType: need("contentType", "string", true), eventType: need("eventType", "string", true),
+    providerTime: need("providerTime", "number", true), receivedAt: need("receivedAt", "number"), status,
+    attempts: need("attempts", "number"), availableAt: need("availableAt", "number"), leasedUntil: need("leasedUntil", "number", true),
+    error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
+    replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
+    orderKey: need("orderKey", "string", true), eventTime: need("eventTime", "number", true), newerId: need("newerId", "string", true),
+  };
+  // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
+  if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {
+    throw new TypeError(`expected a tombstone (purgedAt set) to be done or failed, got ${d.status}`);
+  }
+  // A tombstone's body is gone on purpose; any other body must be the one its hash names.
+  if (d.purgedAt === null && sha256(body) !== d.bodySha256) throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
+  return d;
+}

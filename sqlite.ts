@@ -1,0 +1,1201 @@
+// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL, every
+// write group-committed, a checkpointer thread and a gauge thread beside it. connect() in inbox.ts picks
+// it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
+// so longer than the house's thousand lines: split, a delivery's life would be scattered over files.
+
+import { existsSync } from "node:fs";
+import { dirname } from "node:path";
+import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
+import { Worker } from "node:worker_threads";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import {
+  ORDERING_SQL, STATUSES, backoff, bulkBatchSize, checkOptions, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
+  purgeCutoffs, searchPageLimit, sha256, summarise, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
+  type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus,
+  type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SqlValue, type Status,
+  type Stored, type Summary, type Tx,
+} from "./store.ts";
+
+// The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
+// beside the receiver's commits; a failed pass (a full disk, a busy lock) is simply the next one's work,
+// and the commits' own checkpoint (BACKSTOP_PAGES) bounds the WAL if passes keep failing.
+const CHECKPOINTER = `
+const { DatabaseSync } = require("node:sqlite");
+const { parentPort, workerData } = require("node:worker_threads");
+const db = new DatabaseSync(workerData.path, { timeout: 0 });
+db.exec("PRAGMA synchronous = FULL");
+const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
+parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.close(); });`;
+// How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
+const CHECKPOINT_EVERY_MS = 100;
+const BACKSTOP_PAGES = 16_000;
+
+// The gauge thread's whole program: one read transaction, so the totals and the live counts agree.
+// Each live status is counted through its own partial index; the totals through the primary key's.
+const GAUGER = `
+const { DatabaseSync } = require("node:sqlite");
+const { parentPort, workerData } = require("node:worker_threads");
+const db = new DatabaseSync(workerData.path, { timeout: workerData.busyTimeoutMs });
+// INDEXED BY, because for GROUP BY source the planner would rather walk the whole primary key (1 s at 1M rows).
+const live = db.prepare(\`
+  SELECT source, 'received' AS status, count(*) AS n, min(received_at) AS oldest FROM deliveries INDEXED BY deliveries_due
+  WHERE status = 'received' AND order_key IS NULL GROUP BY source
+  UNION ALL
+  SELECT source, 'received', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_ordered
+  WHERE status = 'received' AND order_key IS NOT NULL GROUP BY source
+  UNION ALL
+  SELECT source, 'processing', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_leased
+  WHERE status = 'processing' GROUP BY source
+  UNION ALL
+  SELECT source, 'failed', count(*), NULL FROM deliveries INDEXED BY deliveries_failed WHERE status = 'failed' GROUP BY source\`);
+const totals = db.prepare("SELECT source, 'total' AS status, count(*) AS n, NULL AS oldest FROM deliveries GROUP BY source");
+parentPort.on("message", () => {
+  try {
+    db.exec("BEGIN");
+    try {
+      parentPort.postMessage({ rows: [...live.all(), ...totals.all()] });
+    } finally {
+      db.exec("COMMIT");
+    }
+  } catch (error) {
+    parentPort.postMessage({ error: error.message });
+  }
+});`;
+
+// The schema, in order. A shipped entry is never edited: add a new one after it.
+const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE deliveries (
+     source        TEXT    NOT NULL,
+     id            TEXT    NOT NULL,
+     body          BLOB    NOT NULL,
+     body_sha256   TEXT    NOT NULL,
+     content_type  TEXT,
+     event_type    TEXT,
+     provider_time INTEGER,
+     received_at   INTEGER NOT NULL,
+     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      INTEGER NOT NULL DEFAULT 0,
+     available_at  INTEGER NOT NULL,
+     leased_until  INTEGER,
+     lease_token   TEXT,
+     error         TEXT,
+     conflicts     INTEGER NOT NULL DEFAULT 0,
+     finished_at   INTEGER,
+     PRIMARY KEY (source, id)
+   );
+   -- Partial indexes keep a claim's cost flat however many done rows pile up behind it.
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received';
+   CREATE INDEX deliveries_leased ON deliveries (leased_until) WHERE status = 'processing';
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+  // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
+  `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
+  // Replays, tombstones (a purged body leaves the row, hash and times, so its ID is still a duplicate), and
+  // the indexes that keep search and the bulk commands off a full scan. A tombstone stays in deliveries, not in a
+  // table of its own, so that store() stays one INSERT, unchanged: its ON CONFLICT already finds the ID.
+  `ALTER TABLE deliveries ADD COLUMN replays INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE deliveries ADD COLUMN purged_at INTEGER;
+   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
+   -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
+  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
+  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
+   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
+  // Ordering (see claimBatch and settleKey). Ordered deliveries leave the unordered claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key TEXT;
+   ALTER TABLE deliveries ADD COLUMN event_time INTEGER;
+   ALTER TABLE deliveries ADD COLUMN newer_id TEXT;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received' AND order_key IS NULL;
+   -- The rowid, last in every SQLite index, is the arrival order that breaks event-time ties.
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          TEXT    NOT NULL,
+     order_key       TEXT    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, order_key)
+   );
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+];
+
+/** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
+export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busyTimeoutMs): DatabaseSync {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { timeout: busyTimeoutMs });
+  } catch (error) {
+    // SQLite only says "unable to open database file"; a missing folder is the usual cause, so name it.
+    const reason = existsSync(dirname(path)) ? message(error) : `no such directory ${dirname(path)}`;
+    throw new Error(`open ${path}: ${reason}`, { cause: error });
+  }
+  try {
+    // Before anything else writes the file: a new database is created able to give freed pages back
+    // (purge's incremental vacuum). On an existing file this does nothing until a VACUUM (vacuum()).
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    // WAL lets the worker read while the receiver writes, and makes each commit one append.
+    db.exec("PRAGMA journal_mode = WAL");
+    // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
+    db.exec("PRAGMA synchronous = FULL");
+    // A checkpoint copies the WAL into the database and fsyncs it, in whichever commit crosses the
+    // threshold. 4000 pages (16 MB, not the default 1000) means a quarter as many, each writing the
+    // pages that many small commits touched over and over only once. The WAL file is reused, not grown.
+    db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
+    // 16 MB of page cache (the default is 2 MB) keeps the indexes a claim and a finish walk in memory at
+    // a backlog of 200k; it is a bound, so memory stays flat whatever the backlog.
+    db.exec("PRAGMA cache_size = -16000");
+    // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
+    db.exec("PRAGMA temp_store = MEMORY");
+    migrate(db);
+    // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
+    // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
+    } finally {
+      db.exec("ROLLBACK");
+    }
+  } catch (error) {
+    db.close();
+    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
+  }
+  return db;
+}
+
+function migrate(db: DatabaseSync): void {
+  const { user_version: version } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+  if (version > MIGRATIONS.length) {
+    throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
+  }
+  for (let next = version; next < MIGRATIONS.length; next++) {
+    // IMMEDIATE, so two processes opening a new file don't both run the same migration.
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const { user_version: now } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+      if (now === next) {
+        db.exec(MIGRATIONS[next]!);
+        db.exec(`PRAGMA user_version = ${next + 1}`);
+      }
+      db.exec("COMMIT");
+    } catch (error) {
+      db.exec("ROLLBACK");
+      throw error;
+    }
+  }
+}
+
+type Row = Record<string, SQLInputValue>;
+
+// toLease turns a claimed row into its Lease, and remembers its rowid for the finish.
+function toLease(row: Row): Lease {
+  const lease = toDelivery(row) as Lease;
+  lease.token = row.lease_token as string;
+  rowids.set(lease, row.rowid as number);
+  return lease;
+}
+
+// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT.
+// `guarded` asks an op that could fail halfway (partial) to confine itself in a savepoint.
+interface Op {
+  run(db: DatabaseSync, guarded: boolean): unknown;
+  partial: boolean;
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}
+
+// The rowid each lease was claimed at, so its finish finds the row without the (source, id) index; kept
+// out of the Lease type, which is the handler's.
+const rowids = new WeakMap<Lease, number>();
+/** SqliteInbox is the Inbox on one node:sqlite file: the embedded default. */
+export class SqliteInbox implements Inbox {
+  readonly backend = "sqlite";
+  readonly db: DatabaseSync;
+  readonly path: string;
+  readonly target: string;
+  private readonly tx: Tx;
+  private readonly now: () => number;
+  private readonly random: () => number;
+  private readonly batchSize: number;
+  private readonly busyTimeoutMs: number;
+  private readonly maxAttempts: number;
+  private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
+  private readonly statements = new Map<string, StatementSync>();
+  // Commits left to checkpoint one by one since the disk was last full, and the setting to go back to.
+  private tightCommits = 0;
+  private walAutocheckpoint = 0;
+  private queue: Op[] = [];
+  private checkpointer: Worker | undefined;
+  private gauger: Worker | undefined;
+  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
+  // The error of the last group commit, until one succeeds: a full disk or a read-only file shows here first.
+  private commitError: unknown;
+  private flushing = false;
+  private closed = false;
+
+  constructor(path: string, options: InboxOptions = {}) {
+    checkOptions(options);
+    this.path = this.target = path;
+    this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    const db = this.db;
+    this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
+    this.now = options.now ?? Date.now;
+    this.random = options.random ?? Math.random;
+    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
+    this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.onCommit = options.onCommit;
+    if (options.backgroundCheckpoints) {
+      this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
+      // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
+      this.checkpointer = new Worker(CHECKPOINTER, {
+        eval: true, workerData: { path, everyMs: CHECKPOINT_EVERY_MS },
+        resourceLimits: { maxOldGenerationSizeMb: 8, maxYoungGenerationSizeMb: 1 },
+      });
+      this.checkpointer.unref();
+      // Should the thread die, the commits take checkpointing back, as if it had never been started.
+      this.checkpointer.on("error", () => {
+        this.checkpointer = undefined;
+        if (!this.closed) this.db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
+      });
+    }
+    this.backoffOptions = {
+      retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
+      retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
+      retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
+    };
+  }
+
+  /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
+  store(delivery: Incoming): Promise<Stored> {
+    const source = delivery.source ?? DEFAULTS.source;
+    const receivedAt = this.now();
+    const digest = sha256(delivery.body);
+    const ordered = orderOf(delivery, receivedAt);
+    return this.enqueue((db) => {
+      const inserted = this
+        .sql(
+          `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
+                                   received_at, status, available_at, order_key, event_time)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?)
+           ON CONFLICT (source, id) DO NOTHING`,
+        )
+        .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
+          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime);
+      if (inserted.changes === 1) {
+        if (ordered.key !== null) this.enter(source, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
+        return "stored";
+      }
+      const conflict = this
+        .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND body_sha256 <> ?")
+        .run(source, delivery.id, digest);
+      return conflict.changes === 1 ? "conflict" : "duplicate";
+    }) as Promise<Stored>;
+  }
+
+  /** claim leases the oldest due delivery, or returns undefined when there is nothing to do. */
+  async claim(leaseMs: number = DEFAULTS.leaseMs): Promise<Lease | undefined> {
+    return (await this.claimBatch(1, leaseMs))[0];
+  }
+
+  /**
+   * claimBatch leases up to limit due deliveries in one transaction: new ones, retries whose time has
+   * come, and ones whose lease expired because their worker vanished. Each gets a fresh token.
+   */
+  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
+    if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
+    return this.enqueue((db) => {
+      const now = this.now();
+      // If the clock stepped back, a dead worker's lease or a retry would wait out the jump: none may be
+      // further off than its own lease length, or the retry cap, from now.
+      this.sql(
+        `UPDATE deliveries SET leased_until = ? + lease_ms
+         WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
+      ).run(now, now, now);
+      const latest = now + this.backoffOptions.retryCapMs;
+      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND order_key IS NULL AND available_at > ?").run(latest, latest);
+      this.sql("UPDATE order_keys SET due = ? WHERE due > ?").run(latest, latest);
+      // A worker that crashed on its last try would otherwise be retried forever: set it aside.
+      const gaveUp = this.sql(
+        `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
+                error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
+         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?
+         RETURNING source, id, order_key`,
+      ).all(now, now, this.maxAttempts) as Row[];
+      for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, true);
+      // Which of the rows about to be claimed are takeovers: RETURNING sees only the new status.
+      const expired = this.sql("SELECT rowid FROM deliveries WHERE status = 'processing' AND leased_until <= ? LIMIT ?").all(now, limit) as Row[];
+      // Three kinds are due: unordered deliveries, the heads of idle keys, and leases that expired. An
+      // ordered delivery is reached only as its key's head, so two of one key never run at once.
+      const rows = this
+        .sql(
+          `UPDATE deliveries
+           SET status = 'processing', attempts = attempts + 1, leased_until = ?, lease_ms = ?,
+               lease_token = lower(hex(randomblob(12)))
+           WHERE rowid IN (
+             SELECT rowid FROM (
+               SELECT rowid, due FROM (SELECT rowid, available_at AS due FROM deliveries
+                                       WHERE status = 'received' AND order_key IS NULL AND available_at <= ?
+                                       ORDER BY available_at LIMIT ?)
+               UNION ALL
+               SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
+                                       WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
+               UNION ALL
+               SELECT rowid, due FROM (SELECT d.rowid, k.due FROM order_keys k
+                                       JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.status = 'received'
+                                       WHERE k.due <= ? ORDER BY k.due LIMIT ?)
+             ) ORDER BY due, rowid LIMIT ?)
+           RETURNING rowid, *`,
+        )
+        .all(now + leaseMs, leaseMs, now, limit, now, limit, now, limit, limit) as Row[];
+      const leases = rows.map(toLease);
+      for (const lease of expired.length > 0 ? leases : []) if (expired.some((r) => r.rowid === rowids.get(lease))) lease.takeover = true;
+      for (const lease of leases) if (lease.orderKey !== null) this.occupy(lease, rowids.get(lease)!);
+      return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
+    }) as Promise<Lease[]>;
+  }
+
+  /** extend pushes a held lease further out; false means it was lost to a takeover. */
+  extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
+    return this.enqueue((db) => {
+      const until = this.now() + leaseMs;
+      const changed = this
+        .sql(
+          `UPDATE deliveries SET leased_until = ?, lease_ms = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(until, leaseMs, lease.source, lease.id, lease.token).changes;
+      if (changed === 1) lease.leasedUntil = until;
+      return changed === 1;
+    }) as Promise<boolean>;
+  }
+
+  /**
+   * finish marks a delivery done and applies the handler's local writes in the same transaction. If the
+   * lease was lost, neither happens and it returns false, so local effects happen exactly once. If a
+   * write throws, both roll back and the promise rejects with the write's error.
+   */
+  finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
+    const rowid = rowids.get(lease);
+    return this.enqueue((db, guarded) => {
+      // Unguarded, a write that throws fails the whole transaction, which commit() then redoes guarded.
+      if (!guarded || writes.length === 0) return this.markDone(db, lease, rowid, writes);
+      // A savepoint confines a failing write to its own delivery; the batch around it still commits.
+      // Prepared once like any statement: exec() would parse the text for every delivery.
+      this.sql("SAVEPOINT finish").run();
+      try {
+        const done = this.markDone(db, lease, rowid, writes);
+        this.sql("RELEASE finish").run();
+        return done;
+      } catch (error) {
+        this.sql("ROLLBACK TO finish").run();
+        this.sql("RELEASE finish").run();
+        throw error;
+      }
+    }, writes.length > 0) as Promise<boolean>;
+  }
+
+  // markDone sets the fenced done mark, then runs the writes if the lease still held.
+  private markDone(db: DatabaseSync, lease: Lease, rowid: number | undefined, writes: readonly LocalWrite[]): boolean {
+    const now = this.now();
+    // By rowid when the claim gave one, one b-tree walk instead of two; the token fences it all the same.
+    // A rowid that VACUUM renumbered misses, and the (source, id) key then finds the row.
+    let changed = rowid === undefined ? 0 : this
+      .sql(
+        `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+         WHERE rowid = ? AND lease_token = ? AND status = 'processing'`,
+      )
+      .run(now, rowid, lease.token).changes;
+    if (changed === 0) {
+      changed = this
+        .sql(
+          `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(now, lease.source, lease.id, lease.token).changes;
+    }
+    if (changed !== 1) return false;
+    if (lease.orderKey !== null) this.handled(lease);
+    for (const write of writes) {
+      const result = write(this.tx);
+      if (result instanceof Promise) {
+        throw new TypeError("finish: a write on SQLite must be synchronous; it returned a promise (await only on PostgreSQL)");
+      }
+    }
+    return true;
+  }
+
+  /**
+   * fail records a failed try: back to the queue after a backoff, or set aside as failed when the
+   * attempts are used up or the error is permanent. Returns undefined if the lease was lost.
+   */
+  fail(lease: Lease, error: string, options: { permanent?: boolean } = {}): Promise<Failure | undefined> {
+    return this.enqueue((db) => {
+      const now = this.now();
+      const row = this
+        .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`)
+        .get(lease.source, lease.id, lease.token) as { attempts: number } | undefined;
+      if (!row) return undefined;
+      this.sql("INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES (?, ?, ?, ?, ?)")
+        .run(lease.source, lease.id, row.attempts, error, now);
+      if (options.permanent || row.attempts >= this.maxAttempts) {
+        this.sql(
+          `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
+           WHERE source = ? AND id = ?`,
+        ).run(error, now, lease.source, lease.id);
+        if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, true);
+        return { status: "failed" };
+      }
+      const retryAt = now + backoff(row.attempts, { ...this.backoffOptions, random: this.random });
+      this.sql(
+        `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
+         WHERE source = ? AND id = ?`,
+      ).run(error, retryAt, lease.source, lease.id);
+      if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+      return { status: "received", retryAt };
+    }) as Promise<Failure | undefined>;
+  }
+
+  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
+  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
+    return (this
+      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ? ORDER BY failed_at, rowid")
+      .all(d.source, d.id, d.receivedAt) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
+  }
+
+  /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
+  release(lease: Lease): Promise<boolean> {
+    return this.enqueue((db) => {
+      const released = this
+        .sql(
+          `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
+                  lease_token = NULL, available_at = ?
+           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+        )
+        .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
+      if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+      return released;
+    }) as Promise<boolean>;
+  }
+
+  /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
+  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
+    return this.enqueue((db) => {
+      const now = this.now();
+      const rows = ("allFailed" in target
+        ? this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                    WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+          .all(now)
+        : this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                    WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+          .all(now, target.source ?? DEFAULTS.source, target.id)) as Row[];
+      for (const r of rows) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, false);
+      return rows.length;
+    }) as Promise<number>;
+  }
+
+  /** find returns the deliveries with this ID, in every source or in one. */
+  async find(id: string, source?: string): Promise<Delivery[]> {
+    const rows = source === undefined
+      ? this.sql("SELECT * FROM deliveries WHERE id = ? ORDER BY source").all(id)
+      : this.sql("SELECT * FROM deliveries WHERE id = ? AND source = ?").all(id, source);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** list returns deliveries newest first, optionally of one status or source. */
+  async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
+    const rows = this
+      .sql(
+        `SELECT * FROM deliveries
+         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR source = ?2)
+         ORDER BY received_at DESC, rowid DESC LIMIT ?3`,
+      )
+      .all(filter.status ?? null, filter.source ?? null, filter.limit ?? 20) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
+  async status(): Promise<InboxStatus> {
+    const now = this.now();
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    for (const row of this.sql("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as Row[]) {
+      counts[row.status as Status] = row.n as number;
+    }
+    const failed = (this
+      .sql(`SELECT source, id, attempts, error, event_type FROM deliveries WHERE status = 'failed'
+                ORDER BY received_at, rowid LIMIT 100`)
+      .all() as Row[]).map((r) => ({
+        source: r.source as string, id: r.id as string, attempts: r.attempts as number,
+        error: r.error as string | null, eventType: r.event_type as string | null,
+      }));
+    const oldest = this
+      .sql("SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')")
+      .get() as { t: number | null };
+    // Per source and event type, so one inbox fed by several providers can be read at a glance.
+    const bySource = new Map<string, InboxStatus["sources"][number]>();
+    for (const r of this
+      .sql(`SELECT source, event_type, status, count(*) AS n FROM deliveries
+            GROUP BY source, event_type, status ORDER BY source, event_type`)
+      .all() as Row[]) {
+      const key = JSON.stringify([r.source, r.event_type]);
+      let entry = bySource.get(key);
+      if (!entry) {
+        entry = { source: r.source as string, eventType: r.event_type as string | null, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
+        bySource.set(key, entry);
+      }
+      entry.counts[r.status as Status] = r.n as number;
+    }
+    const conflicts = this
+      .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
+      .get() as { rows: number; copies: number };
+    return {
+      counts,
+      sources: [...bySource.values()],
+      failed,
+      oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
+      conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
+      ordering: orderingStatus(this.sql(ORDERING_SQL.counts).get() as Row, this.sql(ORDERING_SQL.held).all(now) as Row[]),
+    };
+  }
+
+  /**
+   * summary counts per status and per source for a page that refreshes every few seconds. The rows not
+   * done are counted in their partial index; done is each source's total (a count on the primary key)
+   * less those, so no statement reads the table itself.
+   */
+  async summary(): Promise<Summary> {
+    const now = this.now();
+    const open = this
+      .sql("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status")
+      .all() as Row[];
+    const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
+      source: r.source as string,
+      n: (this.sql("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(r.source as string) as { n: number }).n,
+    }));
+    // Each with status <> 'done' spelled out, which is what lets SQLite pick the partial index.
+    const oldest = this
+      .sql(`SELECT min(t) AS t FROM (
+              SELECT min(received_at) AS t FROM deliveries WHERE status = 'received' AND status <> 'done'
+              UNION ALL SELECT min(received_at) FROM deliveries WHERE status = 'processing' AND status <> 'done')`)
+      .get() as { t: number | null };
+    const conflicts = this
+      .sql("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0")
+      .get() as { rows: number; copies: number };
+    return summarise(totals, open.map((r) => ({ source: r.source as string, status: r.status as Status, n: r.n as number })),
+      oldest.t === null ? null : Math.max(0, now - oldest.t), { deliveries: conflicts.rows, copies: conflicts.copies });
+  }
+
+  /** histogram counts deliveries received, and done or failed, per bucket; the operator page's chart. */
+  async histogram(since: number, bucketMs: number, until: number = this.now()): Promise<Bucket[]> {
+    const buckets = emptyBuckets(since, bucketMs, until);
+    // node:sqlite binds a JS number as a REAL, so the division is truncated to its bucket by CAST.
+    for (const r of this
+      .sql(`SELECT CAST((received_at - ?1) / ?2 AS INTEGER) AS b, count(*) AS n FROM deliveries
+            WHERE received_at >= ?1 AND received_at < ?3 GROUP BY b`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]!.received = r.n as number;
+    }
+    for (const r of this
+      .sql(`SELECT CAST((finished_at - ?1) / ?2 AS INTEGER) AS b, status, count(*) AS n FROM deliveries
+            WHERE finished_at >= ?1 AND finished_at < ?3 AND status IN ('done', 'failed') GROUP BY b, status`)
+      .all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]![r.status as "done" | "failed"] = r.n as number;
+    }
+    return buckets;
+  }
+
+  /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
+  async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
+    const rows = after === undefined
+      ? this.sql("SELECT * FROM deliveries ORDER BY source, id LIMIT ?").all(limit)
+      : this.sql("SELECT * FROM deliveries WHERE (source, id) > (?, ?) ORDER BY source, id LIMIT ?").all(after.source, after.id, limit);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** restore writes deliveries as they are, in one transaction; keys already here are skipped. */
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    return this.enqueue(() => {
+      let added = 0;
+      const keys = new Map<string, [string, string]>();
+      // In arrival order, so that the rowids that break event-time ties keep it.
+      for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
+        const changed = Number(this
+          .sql(
+            `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                     replays, purged_at, order_key, event_time, newer_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (source, id) DO NOTHING`,
+          )
+          .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
+            d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
+            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null).changes);
+        added += changed;
+        if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, d.orderKey]), [d.source, d.orderKey]);
+      }
+      for (const [source, key] of keys.values()) this.rebuildKey(source, key);
+      return added;
+    }) as Promise<number>;
+  }
+
+  /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
+  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const limit = searchPageLimit(page.limit);
+    const after = page.after === undefined ? "" : "AND (received_at, source, id) < (?, ?, ?)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id];
+    const rows = this
+      .sql(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC LIMIT ?`)
+      .all(...params, ...cursor, limit) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** count says how many deliveries match. */
+  async count(filter: Filter): Promise<number> {
+    const { where, params } = filterSql(filter, "sqlite");
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${where}`).get(...params) as { n: number }).n;
+  }
+
+  /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
+    let total = 0;
+    await this.inBatches(filter, failed, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const row = this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                WHERE source = ? AND id = ? AND status = 'failed' RETURNING order_key`)
+          .get(now, k.source, k.id) as Row | undefined;
+        if (!row) continue;
+        total++;
+        // An ordered delivery waits its turn again: its key's head row decides when.
+        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
+      }
+    });
+    return total;
+  }
+
+  /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
+  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const row = this
+          .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+                       finished_at = NULL, leased_until = NULL, lease_token = NULL
+                WHERE source = ? AND id = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`)
+          .get(now, k.source, k.id) as Row | undefined;
+        if (!row) continue;
+        replayed++;
+        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
+      }
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
+    const { where, params } = filterSql(filter, "sqlite");
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`).get(...params) as { n: number }).n;
+  }
+
+  // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
+  // batch's keys to act inside it. The cursor moves past every batch, so a delivery changed by a worker
+  // meanwhile (retried, then failed again) is never taken twice in one run, and the run always ends.
+  private async inBatches(filter: Filter, also: string, batch: number | undefined, act: (keys: Cursor[], now: number) => void): Promise<void> {
+    const size = bulkBatchSize(batch);
+    const { where, params } = filterSql(filter, "sqlite");
+    let after: Cursor | undefined;
+    for (;;) {
+      const picked = await this.enqueue(() => {
+        const cursor = after === undefined ? "" : "AND (received_at, source, id) > (?, ?, ?)";
+        const keys = (this
+          .sql(`SELECT received_at, source, id FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id LIMIT ?`)
+          .all(...params, ...(after ? [after.receivedAt, after.source, after.id] : []), size) as Row[])
+          .map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string }));
+        act(keys, this.now());
+        return keys;
+      }) as Cursor[];
+      if (picked.length < size) return;
+      after = picked.at(-1);
+    }
+  }
+
+  /** purge drops old done bodies (tombstones stay), forgets old tombstones, then gives the space back. */
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.now());
+    if (options.dryRun) {
+      const bodies = this
+        .sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+              WHERE status = 'done' AND purged_at IS NULL AND received_at < ?`)
+        .get(bodiesBefore) as { n: number; bytes: number };
+      // What is past both ages goes in one run: its body now, then its tombstone.
+      const forgotten = this.sql("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      const both = this.sql("SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ?").get(forgetBefore) as { n: number };
+      return { bodies: bodies.n, bytes: bodies.bytes, forgotten: forgotten.n + both.n, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(rest, () => this.enqueue(() => this.dropBatch(
+        "SELECT rowid, length(body) AS bytes FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ? ORDER BY received_at LIMIT ?",
+        [bodiesBefore, batch]))) as { n: number; bytes: number };
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = await paced(rest, () => this.enqueue(() => Number(this
+        .sql(`DELETE FROM deliveries WHERE rowid IN (
+                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`)
+        .run(forgetBefore, batch).changes))) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    purged.vacuumedBytes = await this.vacuumFree(options.signal, rest);
+    return purged;
+  }
+
+  /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const size = bulkBatchSize(options.batch);
+    const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
+                  WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where} ORDER BY received_at LIMIT ?`;
+    if (options.dryRun) {
+      const r = this.sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+                          WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`).get(...params) as { n: number; bytes: number };
+      return { bodies: r.n, bytes: r.bytes };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.enqueue(() => this.dropBatch(pick, [...params, size]))) as { n: number; bytes: number };
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    await this.vacuumFree();
+    return total;
+  }
+
+  // dropBatch makes tombstones of the rows a query picks, inside the current transaction. The row stays,
+  // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a
+  // conflict. It is moved rather than updated in place: SQLite never merges the half-empty pages an
+  // UPDATE leaves (a 1 KB body lives in its leaf page), so the file would not shrink; a DELETE rebalances
+  // them into free pages, and the re-inserted tombstones pack densely at the end of the table.
+  private dropBatch(pick: string, params: SQLInputValue[]): { n: number; bytes: number } {
+    const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
+    if (rows.length === 0) return { n: 0, bytes: 0 };
+    // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
+    this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.deliveries WHERE 0");
+    const ids = JSON.stringify(rows.map((r) => r.rowid));
+    const settled = "rowid IN (SELECT value FROM json_each(?)) AND purged_at IS NULL AND status IN ('done', 'failed')";
+    this.sql(`INSERT INTO temp.purging SELECT * FROM main.deliveries WHERE ${settled}`).run(ids);
+    const n = Number(this.sql(`DELETE FROM main.deliveries WHERE ${settled}`).run(ids).changes);
+    this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(this.now());
+    this.sql("INSERT INTO main.deliveries SELECT * FROM temp.purging ORDER BY received_at").run();
+    this.sql("DELETE FROM temp.purging").run();
+    return { n, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
+  }
+
+  // vacuumFree gives free pages back to the file system, a bounded step per transaction, when the file
+  // was created with auto_vacuum = INCREMENTAL (see openDatabase; an older file needs vacuum() once).
+  // The file itself shrinks at the next checkpoint, which copies the shorter database out of the WAL.
+  private async vacuumFree(signal?: AbortSignal, rest: number = DEFAULTS.purgeRest): Promise<number> {
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    if (pragma("auto_vacuum") !== 2) return 0;
+    const pageSize = pragma("page_size");
+    let pages = 0;
+    for (;;) {
+      const free = pragma("freelist_count");
+      if (free === 0 || signal?.aborted) break;
+      const step = Math.min(free, DEFAULTS.vacuumStepPages);
+      await paced(rest, () => this.enqueue(() => this.db.prepare(`PRAGMA incremental_vacuum(${step})`).all()));
+      pages += step;
+    }
+    return pages * pageSize;
+  }
+
+  /**
+   * vacuum rewrites the whole file once, switching it to auto_vacuum = INCREMENTAL, so that purge can shrink
+   * a database created before retention existed. It holds the write lock until done (seconds per GB):
+   * receivers' acks wait meanwhile, so run it in a quiet moment. SQLite only.
+   */
+  async vacuum(): Promise<{ before: number; after: number }> {
+    await this.flush();
+    const size = () => {
+      const { page_count: pages } = this.db.prepare("PRAGMA page_count").get() as { page_count: number };
+      const { page_size: bytes } = this.db.prepare("PRAGMA page_size").get() as { page_size: number };
+      return pages * bytes;
+    };
+    const before = size();
+    this.db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    this.db.exec("VACUUM");
+    this.db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return { before, after: size() };
+  }
+
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  async kept(): Promise<Kept> {
+    const bodies = this
+      .sql("SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NULL")
+      .get() as { n: number; bytes: number; oldest: number | null };
+    const tombstones = this
+      .sql("SELECT count(*) AS n, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NOT NULL")
+      .get() as { n: number; oldest: number | null };
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    const pageSize = pragma("page_size");
+    return {
+      bodies: { count: bodies.n, bytes: bodies.bytes, oldest: bodies.oldest },
+      tombstones: { count: tombstones.n, oldest: tombstones.oldest },
+      fileBytes: pragma("page_count") * pageSize,
+      freeBytes: pragma("freelist_count") * pageSize,
+      autoVacuum: (["none", "full", "incremental"] as const)[pragma("auto_vacuum")] ?? "none",
+    };
+  }
+
+  /** query runs one statement with `?` parameters: the handler's own tables, and tests. */
+  async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    const statement = this.sql(sql);
+    return statement.columns().length === 0 ? (statement.run(...params), []) : (statement.all(...params) as Record<string, unknown>[]);
+  }
+
+  /** onWake is a no-op on SQLite: one machine, and the worker's polling is the wake-up. */
+  onWake(_listener: () => void): () => void {
+    return () => {};
+  }
+
+  /**
+   * gauges reads the queue's counts on a thread of its own, from one snapshot: the receiver's thread
+   * never waits on the count of a large inbox. The waiting, leased and failed rows are counted through
+   * their partial indexes, done as each source's total (a scan of the primary key, not of the rows and
+   * their bodies) less those.
+   */
+  gauges(): Promise<Gauges> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    if (!this.gauger) {
+      this.gauger = new Worker(GAUGER, { eval: true, workerData: { path: this.path, busyTimeoutMs: this.busyTimeoutMs } });
+      this.gauger.unref();
+    }
+    const gauger = this.gauger;
+    const now = this.now();
+    return new Promise((resolve, reject) => {
+      // A thread that fails or exits (close() ends it) answers no more: this read fails, the next starts anew.
+      const onExit = () => onError(new Error("the gauge thread stopped"));
+      const onError = (error: Error) => {
+        gauger.off("message", onMessage).off("error", onError).off("exit", onExit);
+        if (this.gauger === gauger) this.gauger = undefined;
+        reject(new Error(`gauges ${this.path}: ${message(error)}`, { cause: error }));
+      };
+      const onMessage = (reply: { error?: string; rows?: { source: string; status: Status | "total"; n: number; oldest: number | null }[] }) => {
+        gauger.off("error", onError).off("exit", onExit);
+        if (reply.error !== undefined) return reject(new Error(`gauges ${this.path}: ${reply.error}`));
+        resolve(toGauges(reply.rows!, now));
+      };
+      gauger.once("message", onMessage).once("error", onError).once("exit", onExit);
+      gauger.postMessage("count");
+    });
+  }
+
+  /**
+   * ready is true while the last commit succeeded. After one failed as a whole (a full disk, a read-only
+   * or broken file), it tries a commit of its own, a rewrite of the schema version, and is ready again
+   * once that succeeds: an idle receiver must not stay unready after the disk has been freed.
+   */
+  async ready(): Promise<true | string> {
+    if (this.closed) return "the inbox is closed";
+    if (this.commitError === undefined) return true;
+    try {
+      // Briefly: the probe runs on the receiver's thread, and a lock that stays busy is an answer too.
+      this.begin(READY_LOCK_MS);
+      try {
+        this.db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
+        this.db.exec("COMMIT");
+      } finally {
+        if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      }
+      this.commitError = undefined;
+      return true;
+    } catch (error) {
+      return `cannot commit: ${message(error)}`;
+    }
+  }
+
+  /** flush resolves once every write queued so far is committed. */
+  flush(): Promise<void> {
+    return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
+  }
+
+  /** close commits what is queued, then closes the database. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.flush();
+    this.closed = true;
+    if (this.checkpointer) {
+      const exited = new Promise((resolve) => this.checkpointer!.once("exit", resolve));
+      this.checkpointer.postMessage("close");
+      await exited;
+    }
+    await this.gauger?.terminate();
+    this.db.close();
+  }
+
+  // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
+  // time (or the key had nothing waiting); a running or blocked key picks its next head when it settles.
+  private enter(source: string, key: string, id: string, eventTime: number, seq: number, due: number, strict: boolean): void {
+    this.sql(
+      `INSERT INTO order_keys (source, order_key, head_id, head_event_time, head_seq, due, strict)
+       VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+       ON CONFLICT (source, order_key) DO UPDATE SET
+         strict = excluded.strict,
+         head_id = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?3 ELSE head_id END,
+         head_event_time = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?4 ELSE head_event_time END,
+         head_seq = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?5 ELSE head_seq END,
+         due = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?6 ELSE due END`,
+    ).run(source, key, id, eventTime, seq, due, strict ? 1 : 0);
+  }
+
+  // occupy marks a claimed head's key as running, and flags the lease stale if a newer event of its key
+  // was already handled.
+  private occupy(lease: Lease, rowid: number): void {
+    const key = this
+      .sql("UPDATE order_keys SET due = NULL WHERE source = ? AND order_key = ? RETURNING last_event_time, last_id")
+      .get(lease.source, lease.orderKey) as { last_event_time: number | null; last_id: string | null } | undefined;
+    if (key?.last_event_time != null && key.last_event_time > lease.eventTime!) {
+      this.sql("UPDATE deliveries SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
+      lease.newerId = key.last_id;
+    }
+  }
+
+  // handled records a finished delivery's event time as its key's newest, then moves the key on.
+  private handled(lease: Lease): void {
+    this.settleKey(lease.source, lease.orderKey!, lease.id, false, lease.eventTime);
+  }
+
+  // settleKey moves a key's head to its first waiting delivery in event time, then arrival, after the
+  // delivery `from` left the head (done, retried, released, set aside) or came back (retry). It leaves a
+  // key alone while another delivery runs or blocks it, and a strict key blocked when `from` is set aside.
+  private settleKey(source: string, key: string, from: string, setAside: boolean, handledTime: number | null = null): void {
+    this.sql(
+      `UPDATE order_keys SET
+         last_event_time = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?5 ELSE last_event_time END,
+         last_id = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?3 ELSE last_id END,
+         (head_id, head_event_time, head_seq, due) =
+           (SELECT id, event_time, rowid, available_at FROM deliveries
+            WHERE source = ?1 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
+    ).run(source, key, from, setAside ? 1 : 0, handledTime);
+  }
+
+  // rebuildKey brings a key's head row up to date with its deliveries after a copy: the newest done event
+  // is its last handled, a processing delivery runs it, else its first waiting one is the head. (The
+  // strict setting is the source's, and comes back with its next delivery.)
+  private rebuildKey(source: string, key: string): void {
+    this.sql("INSERT INTO order_keys (source, order_key) VALUES (?, ?) ON CONFLICT (source, order_key) DO NOTHING").run(source, key);
+    this.sql(
+      `UPDATE order_keys SET (last_event_time, last_id) =
+         (SELECT event_time, id FROM deliveries WHERE source = ?1 AND order_key = ?2 AND status = 'done' ORDER BY event_time DESC, rowid DESC LIMIT 1)
+       WHERE source = ?1 AND order_key = ?2`,
+    ).run(source, key);
+    const running = this
+      .sql("SELECT id, event_time, rowid FROM deliveries WHERE source = ? AND order_key = ? AND status = 'processing' LIMIT 1")
+      .get(source, key) as Row | undefined;
+    if (running) {
+      this.sql("UPDATE order_keys SET head_id = ?, head_event_time = ?, head_seq = ?, due = NULL WHERE source = ? AND order_key = ?")
+        .run(running.id, running.event_time, running.rowid, source, key);
+    } else {
+      this.sql("UPDATE order_keys SET head_id = NULL, due = NULL WHERE source = ? AND order_key = ?").run(source, key);
+      this.settleKey(source, key, "", false);
+    }
+  }
+
+  // sql compiles each statement once per connection: the receiver and worker run the same few forever.
+  private sql(text: string): StatementSync {
+    let statement = this.statements.get(text);
+    if (!statement) {
+      statement = this.db.prepare(text);
+      this.statements.set(text, statement);
+    }
+    return statement;
+  }
+
+  private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial = false): Promise<unknown> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    return new Promise((resolve, reject) => {
+      this.queue.push({ run, partial, resolve, reject });
+      if (!this.flushing) {
+        this.flushing = true;
+        // setImmediate lets every request already read off the sockets join this batch.
+        setImmediate(() => this.drain());
+      }
+    });
+  }
+
+  private drain(): void {
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.batchSize);
+      this.commit(batch);
+    }
+    this.flushing = false;
+  }
+
+  // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
+  // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
+  // Ops run unguarded first: a savepoint per op costs more than the rare redo when one fails halfway.
+  private commit(batch: Op[], guarded = false): void {
+    const started = performance.now();
+    const results: { ok: boolean; value: unknown }[] = [];
+    try {
+      this.begin();
+    } catch (error) {
+      // No op has run: the lock is another writer's. Retrying in halves would wait out the busy timeout
+      // again for each half, blocking the thread for 2n-1 timeouts, so the whole batch fails once.
+      const failure = new Error(`inbox ${this.path}: ${message(error)}`, { cause: error });
+      for (const op of batch) op.reject(failure);
+      return;
+    }
+    let redo = false;
+    try {
+      for (const op of batch) {
+        try {
+          results.push({ ok: true, value: op.run(this.db, guarded) });
+        } catch (error) {
+          // An op that cleaned up after itself (one statement, or a savepoint) fails alone; anything else
+          // fails the batch. One that may have left half its writes behind is redone in a savepoint.
+          if (!this.db.isTransaction || !isOwnError(error)) throw error;
+          if (op.partial && !guarded) {
+            redo = true;
+            throw error;
+          }
+          results.push({ ok: false, value: error });
+        }
+      }
+      this.db.exec("COMMIT");
+    } catch (error) {
+      if (this.db.isTransaction) this.db.exec("ROLLBACK");
+      if (redo) return this.commit(batch, true);
+      if (!isOwnError(error)) this.commitError = error;
+      if (sqliteCode(error) === SQLITE_FULL) this.reclaimWal();
+      if (batch.length === 1) {
+        batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
+        return;
+      }
+      const half = Math.ceil(batch.length / 2);
+      this.commit(batch.slice(0, half), guarded);
+      this.commit(batch.slice(half), guarded);
+      return;
+    }
+    if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
+    this.commitError = undefined;
+    this.onCommit?.(batch.length, performance.now() - started);
+    batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
+  }
+
+  // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
+  // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
+  // would stay down for good. For the next commits, a checkpoint follows each one, so the WAL is reused
+  // from its start and never outgrows the space it already has.
+  private reclaimWal(): void {
+    if (this.tightCommits === 0) {
+      this.walAutocheckpoint = (this.db.prepare("PRAGMA wal_autocheckpoint").get() as { wal_autocheckpoint: number }).wal_autocheckpoint;
+      this.db.exec("PRAGMA wal_autocheckpoint = 1");
+    }
+    this.tightCommits = 1_000;
+    try {
+      this.db.exec("PRAGMA wal_checkpoint(PASSIVE)");
+    } catch {
+      // Best effort, while the disk is still full: the failure that matters is the commit's, which the
+      // caller gets, and the checkpoint after the next commit that succeeds does the work.
+    }
+  }
+
+  // begin takes the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10 … 100 ms between tries, so
+  // against a process that commits back to back (a busy worker) it seldom finds the lock free, and a
+  // receiver's acks wait for seconds. Trying every 0.2 ms, up to the same busy timeout, takes the first gap.
+  private begin(timeoutMs: number = this.busyTimeoutMs): void {
+    const deadline = performance.now() + timeoutMs;
+    this.sql("PRAGMA busy_timeout = 0").run();
+    try {
+      for (;;) {
+        try {
+          this.db.exec("BEGIN IMMEDIATE");
+          return;
+        } catch (error) {
+          if (sqliteCode(error) !== SQLITE_BUSY || performance.now() >= deadline) throw error;
+          Atomics.wait(NAP, 0, 0, 0.2);
+        }
+      }
+    } finally {
+      // A PRAGMA takes no bound parameters; the number is this Inbox's own, checked in the constructor.
+      this.sql(`PRAGMA busy_timeout = ${this.busyTimeoutMs}`).run();
+    }
+  }
+}
+
+// How long ready()'s probe commit waits for the write lock before it reports the store as not ready.
+const READY_LOCK_MS = 50;
+
+// NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
+const NAP = new Int32Array(new SharedArrayBuffer(4));
+
+// SQLite's primary result codes that the committer acts on; node:sqlite reports the extended code.
+const SQLITE_BUSY = 5;
+const SQLITE_FULL = 13;
+
+// sqliteCode is the primary result code of an error node:sqlite threw, or 0 for anything else.
+function sqliteCode(error: unknown): number {
+  const code = (error as { errcode?: unknown }).errcode;
+  return typeof code === "number" ? code & 0xff : 0;
+}
+
+// Errors of the database itself (busy, locked, out of memory, read-only, I/O, corrupt, full) concern
+// the whole batch; anything else came from one op's statement, which SQLite already undid alone.
+const BATCH_ERRORS = new Set([SQLITE_BUSY, 6, 7, 8, 10, 11, SQLITE_FULL]);
+function isOwnError(error: unknown): boolean {
+  return !BATCH_ERRORS.has(sqliteCode(error));
+}
+
+/**
+ * isInbox peeks, read-only, for the deliveries table, so the CLI neither creates nor converts a file it
+ * was only asked to look at; an empty file may still become an inbox. Anything that cannot be read this
+ * way is left to openDatabase to report in its own words.
+ */
+export function isInbox(path: string): boolean {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { readOnly: true });
+  } catch {
+    return true;
+  }
+  try {
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
+    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
+  } catch {
+    return true;
+  } finally {
+    db.close();
+  }
+}
