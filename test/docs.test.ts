@@ -5,7 +5,7 @@
 //     subcommand's help or the parent's), and only subcommands that exist;
 //   - every ```ts snippet type-checks, strict, against the code, in one tsc run;
 //   - every backticked file, DEFAULTS.key, --flag and name() exists, every relative link and #anchor
-//     resolves, and docs/house.md's table of floors and imports is the code's own.
+//     resolves, and docs/house.md's table of floors and imports is the code's own, with no circle.
 // Snippets: each ```ts (or ```typescript) block is a module of its own, written to test/.docs-snippets/
 // (gitignored) with "./x.ts" imports pointed at the repository, and "webhook-inbox" / "webhook-inbox/x"
 // mapped to ./inbox.ts / ./x.ts, so package-style imports check too. A fragment gets what it takes for
@@ -19,7 +19,7 @@ import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join, normalize, relative } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { pathToFileURL } from "node:url";
+import { DEFAULTS } from "../defaults.ts";
 import { ROOT, runScript } from "./helpers.ts";
 
 const SNIPPETS = join(ROOT, "test", ".docs-snippets");
@@ -520,9 +520,20 @@ function checkLinks(pages: readonly Page[], readPage: (path: string) => Page | u
   return problems;
 }
 
-/** checkHouse reports where docs/house.md's table of floors and imports is not what the code imports. */
+/**
+ * checkHouse reports where docs/house.md's table of floors and imports is not what the code imports, and
+ * any import circle in the code.
+ */
 function checkHouse(page: Page, code: Code): string[] {
   const problems: string[] = [];
+  const visit = (file: string, path: string[]): void => {
+    if (path.includes(file)) {
+      if (file === path[0]) problems.push(`import circle: ${[...path, file].join(" → ")}`);
+      return;
+    }
+    for (const dep of code.imports.get(file) ?? []) visit(dep, [...path, file]);
+  };
+  for (const file of code.files) visit(file, []);
   const floors = ["ground", "backends", "roles", "connect", "scripts"];
   const rows = new Map<string, { line: number; floor: string; imports: Set<string> }>();
   page.text.split("\n").forEach((line, i) => {
@@ -749,12 +760,7 @@ before(async () => {
   commands = commandsIn([...pages, ...CONTROL], scripts, subs);
   const wanted = new Set(commands.filter((c) => c.sub !== undefined && subs.has(c.sub)).map((c) => helpKey(c.script, c.sub)));
   [helps, benches] = await Promise.all([collectHelps(scripts, wanted, new Map([["inbox.ts", parent.stdout]])), benchNames()]);
-  // DEFAULTS lives in defaults.ts, read as the code has it; without that file every DEFAULTS.key is reported.
-  const defaults = await import(pathToFileURL(join(ROOT, "defaults.ts")).href).then(
-    (m: { DEFAULTS: Record<string, unknown> }) => m.DEFAULTS,
-    () => ({}),
-  );
-  code = readCode(defaults, helps);
+  code = readCode(DEFAULTS, helps);
 });
 
 after(() => rmSync(SNIPPETS, { recursive: true, force: true }));
@@ -801,7 +807,7 @@ describe("the docs (README.md and docs/*.md)", () => {
     assert.deepEqual(problems, [], report(problems));
   });
 
-  it("draw the house as the code imports: every file on its floor, no import from a floor above", () => {
+  it("draw the house as the code imports: every file on its floor, no import from a floor above, no circle", () => {
     const problems = checkHouse(readPage("docs/house.md")!, code);
     assert.deepEqual(problems, [], report(problems));
   });
@@ -861,5 +867,12 @@ describe("the docs checks (a control, on made-up pages)", () => {
     const problems = checkHouse(moved, code).join("\n");
     assert.match(problems, /order\.ts does not import (?:.*, )?worker\.ts/);
     assert.match(problems, /providers\.ts \(roles\) imports order\.ts from a floor above \(scripts\)/);
+  });
+
+  it("report an import circle", () => {
+    const imports = new Map(code.imports);
+    imports.set("order.ts", new Set([...imports.get("order.ts")!, "providers.ts"]));
+    const problems = checkHouse(readPage("docs/house.md")!, { ...code, imports }).join("\n");
+    assert.match(problems, /import circle: order\.ts → providers\.ts → order\.ts/);
   });
 });
