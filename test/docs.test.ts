@@ -581,7 +581,7 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
   writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
     extends: `${up}/tsconfig.json`,
     compilerOptions: { noEmit: true, paths: { "webhook-inbox": [`${up}/inbox.ts`], "webhook-inbox/*": [`${up}/*.ts`] } },
-    include: ["*/*.ts"],
+    include: ["*/*.mts"],
   }, null, 2));
   // Each generated line remembers where it came from, so an error points at the page.
   const origin = new Map<string, { group: number; page: string; lines: string[] }>();
@@ -623,7 +623,8 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
         // export {} makes even a snippet without imports a module, so top-level await is allowed.
         lines.push("export {};");
         from.push(`${page.path}:${fence.line}`);
-        const file = `g${g}/${page.path.replace(/[^\w]+/g, "-")}-${n + 1}.ts`;
+        // .mts, not .ts: the project's own tsc (test/**/*.ts) never picks up a snippet left behind.
+        const file = `g${g}/${page.path.replace(/[^\w]+/g, "-")}-${n + 1}.mts`;
         writeFileSync(join(dir, file), lines.join("\n") + "\n");
         origin.set(file, { group: g, page: page.path, lines: from });
         reports[g]!.checked++;
