@@ -2,10 +2,13 @@
 // users read them, and held to the code:
 //   - every shell command that runs a script (npx tsx X.ts, tsx, node, deno run, bun, npx webhook-inbox
 //     <script>, npm run demo --) names only flags that the script's --help lists (for inbox.ts, the
-//     subcommand's help or the parent's), and only subcommands that exist;
+//     subcommand's help or the parent's), and only subcommands that exist; `npm run bench -- NAME`
+//     names only benchmarks that bench/run.ts has;
 //   - every ```ts snippet type-checks, strict, against the code, in one tsc run;
 //   - every backticked file, DEFAULTS.key, --flag and name() exists, every relative link and #anchor
-//     resolves, and docs/house.md's table of floors and imports is the code's own, with no circle.
+//     resolves, and docs/house.md's table of floors and imports is the code's own, with no circle;
+//   - the README opens with the two set-up commands and stays under 250 lines, and every docs/ page opens
+//     with its title and what it covers.
 // Snippets: each ```ts (or ```typescript) block is a module of its own, written to test/.docs-snippets/
 // (gitignored) with "./x.ts" imports pointed at the repository, and "webhook-inbox" / "webhook-inbox/x"
 // mapped to ./inbox.ts / ./x.ts, so package-style imports check too. A fragment gets what it takes for
@@ -444,7 +447,7 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
   return { files, exports, members, imports, defaults: new Set(Object.keys(defaults)), flags };
 }
 
-// isFileRef says whether inline code names a file of the repository: x.ts, docs/x.md, bench/x, test/x.
+// fileRefs picks the repository's files out of inline code: x.ts, docs/x.md, bench/x, test/x.
 function fileRefs(code: string): string[] {
   if (/^[a-z]+:\/\//i.test(code)) return [];
   const refs: string[] = [];
