@@ -46,14 +46,17 @@ const LOADERS: readonly string[] = (() => {
 })();
 
 /**
- * scriptCommand is how to run a TypeScript file as a child process on this same runtime, the way this
- * process itself was started: `deno run -A file`, `bun file`, and on Node with this process's loader
- * flags (`--import tsx` under tsx; none under Node's own type stripping).
+ * scriptCommand is how to run a TypeScript file as a child process on a runtime: `deno run -A file`,
+ * `bun file`, or `node file`. By default on this one, started as this process was (on Node, with this
+ * process's loader flags: `--import tsx` under tsx, none under Node's own type stripping).
  */
-export function scriptCommand(file: string, args: readonly string[] = []): { command: string; args: string[] } {
-  if (RUNTIME.name === "deno") return { command: process.execPath, args: ["run", "-A", file, ...args] };
-  if (RUNTIME.name === "bun") return { command: process.execPath, args: [file, ...args] };
-  return { command: process.execPath, args: [...LOADERS, file, ...args] };
+export function scriptCommand(
+  file: string, args: readonly string[] = [], on: { name: RuntimeName; binary: string } = { name: RUNTIME.name, binary: process.execPath },
+): { command: string; args: string[] } {
+  if (on.name === "deno") return { command: on.binary, args: ["run", "-A", file, ...args] };
+  if (on.name === "bun") return { command: on.binary, args: [file, ...args] };
+  const loaders = RUNTIME.name === "node" && on.binary === process.execPath ? LOADERS : [];
+  return { command: on.binary, args: [...loaders, file, ...args] };
 }
 
 /** runnerName is how a person starts a script the way this process was: "npx tsx", "node", "deno run -A" or "bun". */
