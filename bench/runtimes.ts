@@ -54,16 +54,16 @@ interface Ingest {
 }
 
 // drain runs bench/drain.ts on a runtime over a filled backlog and returns deliveries per second.
-async function drain(runtime: Runtime, path: string): Promise<{ rate: number; rss: number }> {
+async function drain(runtime: Runtime, path: string): Promise<{ rate: number; cpuUs: number; rss: number }> {
   const { command, args } = scriptCommand(join(ROOT, "bench/drain.ts"), [path, String(CONCURRENCY)], runtime);
   const child = spawn(command, args, { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
   let out = "";
   child.stdout.on("data", (d: Buffer) => (out += d));
   const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
   if (code !== 0) throw new Error(`bench/drain.ts on ${runtime.name} exited with ${code}`);
-  const d = JSON.parse(out.trim().split("\n").at(-1)!) as { done: number; failed: number; ms: number; peakRssMb: number };
+  const d = JSON.parse(out.trim().split("\n").at(-1)!) as { done: number; failed: number; ms: number; cpuMs: number; peakRssMb: number };
   if (d.done !== BACKLOG) throw new Error(`${runtime.name}: expected ${BACKLOG} done, got ${d.done} (failed ${d.failed})`);
-  return { rate: (d.done / d.ms) * 1000, rss: d.peakRssMb };
+  return { rate: (d.done / d.ms) * 1000, cpuUs: (d.cpuMs * 1000) / d.done, rss: d.peakRssMb };
 }
 
 /** runtimes runs the comparison and returns its summary. */
@@ -72,7 +72,7 @@ export async function runtimes(): Promise<string> {
   console.log(`runtimes: ingest at ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server; drain of ${BACKLOG} at concurrency ${CONCURRENCY}`);
   const all = present();
   const ingests: Ingest[] = all.map((runtime) => ({ runtime, bareLoads: [], receiverLoads: [], receiverCpu: [] }));
-  const drains = new Map<RuntimeName, { rate: number; rss: number }[]>(all.map((r) => [r.name, []]));
+  const drains = new Map<RuntimeName, { rate: number; cpuUs: number; rss: number }[]>(all.map((r) => [r.name, []]));
   try {
     for (const i of ingests) {
       i.bare = await startChild("bench/bare.ts", ["--port", "0"], false, i.runtime);
@@ -97,7 +97,7 @@ export async function runtimes(): Promise<string> {
         fillBacklog(path, BACKLOG);
         const d = await drain(runtime, path);
         drains.get(runtime.name)!.push(d);
-        console.log(`    ${runtime.name} drain: ${f(d.rate)} deliveries/s, peak RSS ${f(d.rss)} MB`);
+        console.log(`    ${runtime.name} drain: ${f(d.rate)} deliveries/s, CPU ${f(d.cpuUs, 1)} µs/delivery, peak RSS ${f(d.rss)} MB`);
       }
     }
   } finally {
@@ -119,7 +119,7 @@ export async function runtimes(): Promise<string> {
     return `${`${i.runtime.name} ${i.runtime.version}`.padEnd(13)} ingest: bare ${f(rps(i.bareLoads))} req/s, receiver ${f(rps(i.receiverLoads))} req/s ` +
       `×${f(within(i.receiverLoads, i.bareLoads), 2)} of its bare${vsNode} (p99 ${f(median(i.receiverLoads.map((l) => l.p99)), 1)} ms, ` +
       `${f(median(i.receiverCpu))} µs CPU/req, peak RSS ${f(i.receiver?.peakRssMb() ?? NaN)} MB); ` +
-      `drain: ${f(median(d.map((x) => x.rate)))} deliveries/s${drainRatio} (peak RSS ${f(median(d.map((x) => x.rss)))} MB)`;
+      `drain: ${f(median(d.map((x) => x.rate)))} deliveries/s${drainRatio} (${f(median(d.map((x) => x.cpuUs)), 1)} µs CPU/delivery, peak RSS ${f(median(d.map((x) => x.rss)))} MB)`;
   });
   return `runtimes (median of ${ROUNDS}; ingest at ${CONNECTIONS} connections, drain of ${BACKLOG} at concurrency ${CONCURRENCY}):\n  ${lines.join("\n  ")}`;
 }
