@@ -39,6 +39,21 @@ const server = app.listen(0, "127.0.0.1", () => {
 process.on("SIGTERM", () => server.close(() => void inbox.close().then(() => process.exit(0))));
 `;
 
+// The same handler on Deno's and Bun's own Fetch servers (Deno.serve, Bun.serve): each runtime's own HTTP
+// server is the one thing that differs here, so the choice is made once, in this app.
+const FETCH_APP = `import { connect } from "webhook-inbox";
+import { createHandler } from "webhook-inbox/handler";
+
+declare const Deno: { serve(o: { port: number; hostname: string; onListen(a: { port: number }): void }, h: (r: Request) => Promise<Response>): unknown } | undefined;
+declare const Bun: { serve(o: { port: number; hostname: string; fetch: (r: Request) => Promise<Response> }): { port: number } } | undefined;
+const inbox = await connect(process.argv[2]!);
+const webhooks = createHandler({ inbox, basePath: "/webhooks" });
+const listening = (port: number) => console.log(\`Listening on http://127.0.0.1:\${port}\`);
+if (typeof Deno !== "undefined") Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: ({ port }) => listening(port) }, webhooks.fetch);
+else listening(Bun!.serve({ port: 0, hostname: "127.0.0.1", fetch: webhooks.fetch }).port);
+process.on("SIGTERM", () => void inbox.close().then(() => process.exit(0)));
+`;
+
 // The app's dev dependencies, at the versions this repository's own lock file holds, so npm finds them
 // in the cache npm ci filled.
 const lock = JSON.parse(readFileSync(join(ROOT, "package-lock.json"), "utf8")) as { packages: Record<string, { version: string }> };
@@ -99,6 +114,7 @@ before(async () => {
   mkdirSync(app);
   writeFileSync(join(app, "package.json"), JSON.stringify({ name: "an-app", private: true, type: "module" }));
   writeFileSync(join(app, "app.ts"), APP);
+  writeFileSync(join(app, "fetch-app.ts"), FETCH_APP);
   writeFileSync(join(app, "tsconfig.json"), tsconfig("app.ts"));
   const installed = await exec("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", tarball,
     pinned("express"), pinned("@types/express"), pinned("@types/node")], app);
@@ -191,6 +207,19 @@ describe("an app that installed the tarball", () => {
       const worker = await exec(binary!, [...cli, "worker", "--once", "--db", db], app);
       assert.equal(worker.code, 0, worker.stderr);
       assert.match(worker.stderr, /^shop\/evt_1 done$/m);
+    });
+
+    it(`serves the handler's fetch on ${name}'s own server (${name === "deno" ? "Deno.serve" : "Bun.serve"})`, { skip: binary ? false : `no ${name}` }, async () => {
+      const served = await startApp(binary!, [...(name === "deno" ? ["run", "-A"] : []), "fetch-app.ts", `${name}-fetch.db`], app);
+      try {
+        const send = async (id: string) => (await fetch(`${served.url}/webhooks`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })).text();
+        assert.equal(await send("evt_1"), "stored");
+        assert.equal(await send("evt_1"), "duplicate");
+        const repeated = await fetch(`${served.url}/webhooks`, { method: "POST", headers: [["x-delivery-id", "a"], ["x-delivery-id", "b"]], body: "{}" });
+        assert.equal(repeated.status, 400, await repeated.text());
+      } finally {
+        assert.equal(await served.stop(), 0);
+      }
     });
   }
 
