@@ -1,10 +1,13 @@
 // test/runtimes.test.ts: the portable subset of the suite, run as it is on Deno and on Bun (their own test
 // runners read node:test files) and, for the story, on Node without tsx. Each file's children run on the
 // same runtime (test/helpers.ts). A runtime that is absent is skipped in one line; INBOX_REQUIRE_DENO=1 and
-// INBOX_REQUIRE_BUN=1 (as .ci/run sets them) fail the run instead. Alone: npx node --import tsx --test test/runtimes.test.ts
+// INBOX_REQUIRE_BUN=1 (as .ci/run sets them) fail the run instead. Last, that no file but runtime.ts asks
+// which runtime it runs on. Alone: npx node --import tsx --test test/runtimes.test.ts
 
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 import { ROOT, runtimeBinary } from "./helpers.ts";
 
@@ -96,3 +99,23 @@ for (const runtime of RUNTIMES) {
     }
   });
 }
+
+// askedWhichRuntime finds the lines of code (not comments) that ask which runtime they run on.
+function askedWhichRuntime(source: string): string[] {
+  return source.split("\n").filter((line) => !/^\s*(\/\/|\*|\/\*)/.test(line))
+    .filter((line) => /\b(Deno|Bun)\s*[.!?]|typeof\s+(Deno|Bun)\b|versions\s*\.\s*(deno|bun)\b|versions\[["'](deno|bun)/.test(line));
+}
+
+describe("the roles and scripts", () => {
+  it("never ask which runtime they run on: runtime.ts is the one place that does", () => {
+    const files = readdirSync(ROOT).filter((f) => f.endsWith(".ts") && f !== "runtime.ts");
+    const asking = files.flatMap((f) => askedWhichRuntime(readFileSync(join(ROOT, f), "utf8")).map((line) => `${f}: ${line.trim()}`));
+    assert.deepEqual(asking, []);
+    assert.ok(askedWhichRuntime(readFileSync(join(ROOT, "runtime.ts"), "utf8")).length > 0, "runtime.ts asks");
+  });
+
+  it("(control) the check finds a runtime test in code, and not in a comment", () => {
+    assert.equal(askedWhichRuntime('if (typeof Bun !== "undefined") serve();\nconst d = Deno.env;\n// on Deno.serve, see below').length, 2);
+    assert.equal(askedWhichRuntime("const v = process.versions.bun;").length, 1);
+  });
+});
