@@ -6,6 +6,7 @@
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
+import { parseRoutes, TOP_KEYS, type Route } from "./routes.ts";
 import type { Headers } from "./store.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */
@@ -101,6 +102,8 @@ export interface Source {
   scheme?: Scheme;
   /** Per-key ordering (order.ts); none means its deliveries are unordered. */
   order?: OrderRule;
+  /** Where its deliveries go (routes.ts); none means the handler alone. */
+  routes?: Route[];
 }
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
@@ -251,9 +254,11 @@ export interface SourceSettings extends Partial<Scheme> {
   url?: string;
   /** Per-key ordering: true for the provider's preset, or { key | header, time?, strict? } (order.ts). */
   order?: unknown;
+  /** Where its deliveries go: destinations of "$destinations", or the handler (routes.ts). @default ["handler"] */
+  routes?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
 const SCHEME_KEYS = ["header", "prefix", "separator", "algorithm", "encoding", "signed", "id", "eventType", "timestamp", "timestampUnit", "ahead"];
 
 /**
@@ -266,6 +271,8 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
   }
   const sources = new Map<string, Source>();
   for (const [name, settings] of Object.entries(config)) {
+    // The file's own keys ("$destinations", "$operator") start with "$", which no source name can.
+    if ((TOP_KEYS as readonly string[]).includes(name)) continue;
     const where = `source ${JSON.stringify(name)}`;
     // The name becomes the URL path, so it must be one plain path segment.
     if (!/^[A-Za-z0-9._~-]+$/.test(name) || name === "." || name === "..") {
@@ -337,7 +344,11 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       throw new TypeError(`${where}: url applies only to schemes that sign {url} (square, twilio, or hmac with {url} in signed)`);
     }
     const order = parseOrder(p, settings.order, where);
-    sources.set(name, { name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}) });
+    const routes = parseRoutes(settings.routes, config, where);
+    sources.set(name, {
+      name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}),
+      ...(settings.routes !== undefined ? { routes } : {}),
+    });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");
   return sources;
