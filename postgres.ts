@@ -775,7 +775,7 @@ export class PostgresInbox implements Inbox {
   // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
   private async replayTo(filter: Filter, to: string, options: BulkOptions): Promise<{ replayed: number; tombstoned: number }> {
     if (!DESTINATION_NAME.test(to)) throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
-    const kept = "purged_at IS NULL AND status IN ('done', 'failed')";
+    const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;

@@ -4,6 +4,7 @@
 // like a provider. Not run on its own; see receiver.ts --sources and send.ts --provider.
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
 import { parseRoutes, TOP_KEYS, type Route } from "./routes.ts";
@@ -260,6 +261,25 @@ export interface SourceSettings extends Partial<Scheme> {
 
 const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
 const SCHEME_KEYS = ["header", "prefix", "separator", "algorithm", "encoding", "signed", "id", "eventType", "timestamp", "timestampUnit", "ahead"];
+
+/**
+ * readSourcesFile reads and parses a sources file. Its error says where the JSON broke but quotes none of
+ * the text, which may hold a secret.
+ */
+export function readSourcesFile(path: string): unknown {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (error) {
+    throw new Error(`cannot read the sources file: ${(error as Error).message}`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
+    throw new Error(`the sources file is not valid JSON${/ at position \d+/.exec((error as Error).message)?.[0] ?? ""}`);
+  }
+}
 
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
