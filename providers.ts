@@ -293,6 +293,7 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
   for (const [name, settings] of Object.entries(config)) {
     // The file's own keys ("$destinations", "$operator") start with "$", which no source name can.
     if ((TOP_KEYS as readonly string[]).includes(name)) continue;
+    if (name.startsWith("$")) throw new TypeError(`sources: unknown key ${JSON.stringify(name)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`);
     const where = `source ${JSON.stringify(name)}`;
     // The name becomes the URL path, so it must be one plain path segment.
     if (!/^[A-Za-z0-9._~-]+$/.test(name) || name === "." || name === "..") {
