@@ -65,8 +65,8 @@ parentPort.on("message", () => {
   }
 });`;
 
-// The schema, in order. A shipped entry is never edited: add a new one after it.
-const MIGRATIONS: readonly string[] = [
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
      source        TEXT    NOT NULL,
      id            TEXT    NOT NULL,
