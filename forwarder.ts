@@ -217,10 +217,11 @@ async function lane(
       }
       if (outcome.kind === "gone") {
         // The destination said it is gone: it is paused, and this delivery waits with it, its attempt given back.
+        // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
         hold(true);
-        await inbox.release(lease);
-        stats.held++;
-        if (await inbox.pause(name, outcome.error)) {
+        const paused = await inbox.pause(name, outcome.error);
+        if (await inbox.release(lease)) stats.held++;
+        if (paused) {
           say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
             `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
         }
