@@ -23,8 +23,9 @@ import { worker } from "./worker.ts";
 const BENCHES: Record<string, () => Promise<string>> = {
   ingest, latency, worker, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
   runtimes,
+  forward: async () => (await import("./forward.ts")).forwardBench(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes"];
+const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
