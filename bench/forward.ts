@@ -1,68 +1,128 @@
 // bench/forward.ts: what forwarding costs, against baselines measured in the same run. A bare node:http
-// destination (bench/bare.ts, a child process) takes BENCH_FORWARD_BACKLOG (20k) bodies: first from a
-// plain undici loop POSTing them at BENCH_FORWARD_CONCURRENCY (32), then forwarded from the inbox at the
-// same concurrency, then again while a second destination is down (its connections refused). Prints the
-// rates and the two ratios the issue asks for (target: forwarding ≥ 0.5× the loop; beside a down one ≥ 0.9×
-// alone). SQLite, and PostgreSQL too unless BENCH_POSTGRES=0 or none is reachable.
-//   npm run bench -- forward          BENCH_FORWARD_BACKLOG=5000 npm run bench -- forward
+// destination (bench/bare.ts, a child process) takes BENCH_FORWARD_BACKLOG (20k) bodies: from a plain undici
+// loop POSTing them at BENCH_FORWARD_CONCURRENCY (32) over kept-alive connections, then forwarded from the
+// inbox at the same concurrency, then again while a second destination is down (its connections refused).
+// Each of BENCH_ROUNDS (3) rounds measures all of them one after the other, after one warm-up round, so a
+// shared machine's noise lands on all alike; each ratio is taken within its round and the median printed
+// (targets: forwarding ≥ 0.5× the loop; beside a down one ≥ 0.9× alone). Beside each rate: the CPU this
+// process spent per request or forward (the worker's own, steadier than rates on a busy machine), the
+// destination's per request (the same work on both sides), PostgreSQL's backends' per forward, and the
+// commits per forward. SQLite, and PostgreSQL too unless BENCH_POSTGRES=0 or none is reachable.
+//   npm run bench -- forward          BENCH_FORWARD_BACKLOG=5000 BENCH_ROUNDS=1 npm run bench -- forward
 
+import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Agent, request } from "undici";
 import { forward } from "../forwarder.ts";
 import { connect } from "../inbox.ts";
 import { loadDestinations } from "../routes.ts";
 import type { Inbox } from "../store.ts";
-import { f, knob, startChild, tempDir } from "./common.ts";
+import { cpuMs, f, knob, startChild, tempDir, type Child } from "./common.ts";
 
 const BACKLOG = knob("BENCH_FORWARD_BACKLOG", 20_000);
 const CONCURRENCY = knob("BENCH_FORWARD_CONCURRENCY", 32);
+const ROUNDS = knob("BENCH_ROUNDS", 3);
+const WARMUP = Math.min(BACKLOG, 2_000);
 const SECRET = `whsec_${Buffer.from("bench forwarding secret").toString("base64")}`;
 const POSTGRES = process.env.INBOX_TEST_POSTGRES ?? "postgres://postgres@127.0.0.1:5432/test";
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const bodyOf = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
 
-// loop is the baseline: CONCURRENCY loops POST the same bodies with undici, one request each at a time.
-async function loop(url: string): Promise<number> {
+/** Run is one timed pass: its rate, and the CPU and commits it took per request or forward. */
+interface Run {
+  rate: number;
+  /** This process's CPU per request (the loop) or forward (the worker), in µs. */
+  cpuUs: number;
+  /** The destination's CPU per request, in µs. */
+  sinkUs: number;
+  /** PostgreSQL's backends' CPU per forward, in µs (PostgreSQL only). */
+  dbUs?: number;
+  commits?: number;
+}
+
+const ownCpuMs = () => {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+};
+
+// timed runs work and returns its rate over n, with this process's and the destination's CPU per item.
+async function timed(n: number, sink: Child, work: () => Promise<void>): Promise<Run> {
+  const [cpu0, sink0] = [ownCpuMs(), sink.cpuMs()];
+  const started = performance.now();
+  await work();
+  const ms = performance.now() - started;
+  return { rate: (n / ms) * 1000, cpuUs: ((ownCpuMs() - cpu0) * 1000) / n, sinkUs: ((sink.cpuMs() - sink0) * 1000) / n };
+}
+
+// loop is the baseline: CONCURRENCY loops POST the same bodies with undici, one request each at a time,
+// over as many kept-alive connections as the forwarder opens.
+async function loop(url: string, n: number, sink: Child): Promise<Run> {
   const agent = new Agent({ connections: CONCURRENCY });
   let next = 0;
-  const started = performance.now();
-  await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-    for (let i = next++; i < BACKLOG; i = next++) {
-      const res = await request(url, { method: "POST", dispatcher: agent, body: bodyOf(i), headers: { "content-type": "application/json" } });
-      await res.body.dump();
-      if (res.statusCode !== 200) throw new Error(`baseline: HTTP ${res.statusCode}`);
-    }
-  }));
-  const ms = performance.now() - started;
-  await agent.close();
-  return (BACKLOG / ms) * 1000;
+  try {
+    return await timed(n, sink, async () => {
+      await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
+        for (let i = next++; i < n; i = next++) {
+          const res = await request(url, { method: "POST", dispatcher: agent, body: bodyOf(i), headers: { "content-type": "application/json" } });
+          await res.body.dump();
+          if (res.statusCode !== 200) throw new Error(`baseline: HTTP ${res.statusCode}`);
+        }
+      }));
+    });
+  } finally {
+    await agent.close();
+  }
 }
 
 // fill stores the backlog through the inbox itself, each delivery routed to the given destinations.
-async function fill(inbox: Inbox, destinations: string[]): Promise<void> {
-  for (let start = 0; start < BACKLOG; start += 1_000) {
-    await Promise.all(Array.from({ length: Math.min(1_000, BACKLOG - start) }, (_, k) =>
+async function fill(inbox: Inbox, n: number, destinations: string[]): Promise<void> {
+  for (let start = 0; start < n; start += 1_000) {
+    await Promise.all(Array.from({ length: Math.min(1_000, n - start) }, (_, k) =>
       inbox.store({ id: `fw_${start + k}`, body: bodyOf(start + k), contentType: "application/json", destinations })));
   }
 }
 
-// drain forwards the app's backlog and times it; beside it, when asked, a lane of its own for a destination
-// that is down, as a second worker process would run it.
-async function drain(target: string, url: string, withDown: boolean): Promise<number> {
-  const inbox = await connect(target);
+// backendCpuMs sums the CPU of the PostgreSQL backends serving this bench (found by application_name),
+// from /proc: the server runs on this machine, or the figure is left out.
+async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, number> | undefined> {
+  if (inbox.backend !== "postgres") return undefined;
+  const rows = await inbox.query("SELECT pid FROM pg_stat_activity WHERE application_name = ?", name);
+  const cpu = new Map<number, number>();
   try {
-    await fill(inbox, withDown ? ["app", "down"] : ["app"]);
-    const app = loadDestinations({ $destinations: { app: { url, secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
+    const pids = new Set(readdirSync("/proc"));
+    for (const r of rows) if (pids.has(String(r.pid))) cpu.set(Number(r.pid), cpuMs(Number(r.pid)));
+  } catch {
+    return undefined;
+  }
+  return cpu.size > 0 ? cpu : undefined;
+}
+
+// drain forwards n stored deliveries and times it; beside it, when asked, a lane of its own for a
+// destination that is down, started before the timing so that its breaker opens within it.
+async function drain(target: string, url: string, n: number, withDown: boolean, sink: Child): Promise<Run> {
+  const app = `bench-forward-${process.pid}`;
+  let commits = 0;
+  const inbox = await connect(target.startsWith("postgres") ? `${target}&application_name=${app}` : target, { onCommit: () => void commits++ });
+  try {
+    await fill(inbox, n, withDown ? ["app", "down"] : ["app"]);
+    const forwarding = loadDestinations({ $destinations: { app: { url, secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
     const down = loadDestinations({ $destinations: { down: { url: "http://127.0.0.1:1/", secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
     const stop = new AbortController();
     const beside = withDown ? forward({ inbox, forwarding: down, signal: stop.signal, log: () => {} }) : Promise.resolve();
-    const started = performance.now();
-    const stats = await forward({ inbox, forwarding: app, once: true, log: () => {} });
-    const ms = performance.now() - started;
+    const db0 = await backendCpuMs(inbox, app);
+    commits = 0;
+    let done = 0;
+    const run = await timed(n, sink, async () => {
+      done = (await forward({ inbox, forwarding, once: true, log: () => {} })).done;
+    });
+    run.commits = commits / n;
+    const db1 = await backendCpuMs(inbox, app);
+    if (db0 && db1) run.dbUs = ([...db1].reduce((sum, [pid, ms]) => sum + ms - (db0.get(pid) ?? 0), 0) * 1000) / n;
     stop.abort();
     await beside;
-    if (stats.done !== BACKLOG) throw new Error(`forward: expected ${BACKLOG} done, got ${JSON.stringify(stats)}`);
-    return (BACKLOG / ms) * 1000;
+    if (done !== n) throw new Error(`forward: expected ${n} done, got ${done}`);
+    return run;
   } finally {
     await inbox.close();
   }
@@ -89,35 +149,62 @@ async function postgresTarget(): Promise<{ url: string; drop: () => Promise<void
 
 /** forwardBench runs the baseline and both forwarding drains on each backend, and returns the summary. */
 export async function forwardBench(): Promise<string> {
-  console.log(`forward: ${BACKLOG} bodies to a bare node:http destination at concurrency ${CONCURRENCY}`);
+  const { loadavg } = await import("node:os");
+  const avg = () => loadavg().map((x) => x.toFixed(1)).join(", ");
+  console.log(`forward: ${BACKLOG} bodies to a bare node:http destination at concurrency ${CONCURRENCY}, ${ROUNDS} rounds after a warm-up (load average ${avg()})`);
   const sink = await startChild("bench/bare.ts", []);
   const { dir, cleanup } = tempDir();
   const lines: string[] = [];
   try {
-    const base = await loop(sink.url);
-    console.log(`  plain undici loop          : ${f(base)}/s`);
     const targets: [string, () => Promise<{ target: string; drop: () => Promise<void> }>][] = [
       ["sqlite", async () => ({ target: join(dir, `forward-${Math.random()}.db`), drop: async () => {} })],
     ];
     const pg = await postgresTarget();
     if (pg) await pg.drop();
+    else console.log("  postgres: not reachable (or BENCH_POSTGRES=0), left out");
     if (pg) targets.push(["postgres", async () => {
       const p = (await postgresTarget())!;
       return { target: p.url, drop: p.drop };
     }]);
-    for (const [name, make] of targets) {
-      const rates: number[] = [];
-      for (const withDown of [false, true]) {
-        const t = await make();
-        try {
-          rates.push(await drain(t.target, sink.url, withDown));
-        } finally {
-          await t.drop();
-        }
-        console.log(`  ${name} forward${withDown ? ", beside a down one" : ""}`.padEnd(29) + `: ${f(rates.at(-1)!)}/s`);
+    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean) => {
+      const t = await make();
+      try {
+        return await drain(t.target, sink.url, n, withDown, sink);
+      } finally {
+        await t.drop();
       }
-      const [alone, beside] = rates as [number, number];
-      lines.push(`forward ${name}: ${f(alone)}/s = ×${f(alone / base, 2)} of a plain undici loop (${f(base)}/s; target ≥ 0.5); beside a down destination ${f(beside)}/s = ×${f(beside / alone, 2)} of alone (target ≥ 0.9)`);
+    };
+    // The warm-up: undici, the forwarder and each backend's code get compiled before anything is timed.
+    await loop(sink.url, WARMUP, sink);
+    for (const [, make] of targets) await measure(make, WARMUP, false);
+    const loops: Run[] = [];
+    const runs = new Map<string, { alone: Run[]; beside: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [] }]));
+    const show = (label: string, r: Run, extra = "") => console.log(
+      `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each, destination ${f(r.sinkUs)} µs` +
+        (r.dbUs !== undefined ? `, PostgreSQL ${f(r.dbUs)} µs` : "") + (r.commits !== undefined ? `, ${f(r.commits, 3)} commits` : "") + extra,
+    );
+    for (let round = 1; round <= ROUNDS; round++) {
+      console.log(` round ${round} (load average ${avg()})`);
+      const base = await loop(sink.url, BACKLOG, sink);
+      loops.push(base);
+      show("plain undici loop", base);
+      for (const [name, make] of targets) {
+        for (const withDown of [false, true]) {
+          const r = await measure(make, BACKLOG, withDown);
+          runs.get(name)![withDown ? "beside" : "alone"].push(r);
+          show(`${name} forward${withDown ? ", beside a down one" : ""}`, r, `  ×${f(r.rate / base.rate, 2)} of the loop`);
+        }
+      }
+    }
+    const m = (rs: Run[], key: keyof Run) => median(rs.map((r) => r[key] as number));
+    lines.push(`forward loop: ${f(m(loops, "rate"))}/s, ${f(m(loops, "cpuUs"))} µs CPU a request (median of ${ROUNDS}; load average ${avg()})`);
+    for (const [name] of targets) {
+      const { alone, beside } = runs.get(name)!;
+      const ofLoop = median(alone.map((r, i) => r.rate / loops[i]!.rate));
+      const ofAlone = median(beside.map((r, i) => r.rate / alone[i]!.rate));
+      const db = alone[0]!.dbUs !== undefined ? `, PostgreSQL ${f(m(alone, "dbUs"))} µs` : "";
+      lines.push(`forward ${name}: ${f(m(alone, "rate"))}/s = ×${f(ofLoop, 2)} of a plain undici loop (target ≥ 0.5), ${f(m(alone, "cpuUs"))} µs CPU a forward${db}, ` +
+        `${f(m(alone, "commits"), 3)} commits a forward; beside a down destination ${f(m(beside, "rate"))}/s = ×${f(ofAlone, 2)} of alone (target ≥ 0.9), ${f(m(beside, "cpuUs"))} µs CPU a forward`);
     }
   } finally {
     await sink.stop();
