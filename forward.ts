@@ -179,6 +179,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
       } catch (error) {
         if (timedOut && !signal.aborted) return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
         if (signal.aborted) return { kind: "retry", error: `forward to ${name} stopped: ${message(signal.reason)}` };
+        if (codeOf(error) === "UND_ERR_CONNECT_TIMEOUT") return { kind: "retry", error: `${name}: no connection within ${destination.connectTimeoutMs} ms (UND_ERR_CONNECT_TIMEOUT)` };
         return { kind: "retry", error: `${name}: ${describe(error)}` };
       } finally {
         clearTimeout(timer);
@@ -207,12 +208,19 @@ async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): void }, n: 
   return Buffer.concat(chunks).subarray(0, n).toString("utf8");
 }
 
-// describe names a network failure the way an operator searches for it: the code, then what it says.
+// codeOf is a network failure's code, on the error or on its cause.
+function codeOf(error: unknown): string | undefined {
+  const e = error as { code?: string; cause?: { code?: string } };
+  return e.code ?? e.cause?.code;
+}
+
+// describe names a network failure the way an operator searches for it: the code, then what it says, and
+// "TLS" before a certificate that could not be verified (OpenSSL's verify codes, and Node's ERR_TLS_…).
 function describe(error: unknown): string {
-  const e = error as { code?: string; cause?: { code?: string; message?: string } };
-  const code = e.code ?? e.cause?.code;
-  const text = e.cause?.message ?? message(error);
-  return code && !text.includes(code) ? `${code}: ${text}` : text;
+  const code = codeOf(error);
+  const text = (error as { cause?: { message?: string } }).cause?.message ?? message(error);
+  const said = code && !text.includes(code) ? `${code}: ${text}` : text;
+  return code && /CERT|VERIFY|SIGNATURE|^ERR_TLS_|^ERR_SSL_/.test(code) ? `TLS: ${said}` : said;
 }
 
 /** OperatorEvent is one announcement: a breaker opened or closed, a destination paused or resumed, a delivery set aside. */

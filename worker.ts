@@ -13,10 +13,10 @@ import {
 } from "./log.ts";
 import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions } from "./store.ts";
 import type { Metrics } from "./metrics.ts";
-import { checkSecrets } from "./forward.ts";
+import { announce, checkSecrets } from "./forward.ts";
 import type { ForwardStats } from "./forwarder.ts";
 import { loadSources, readSourcesFile } from "./providers.ts";
-import { loadDestinations, type Forwarding, type Route } from "./routes.ts";
+import { loadDestinations, type Forwarding, type Operator, type Route } from "./routes.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -71,6 +71,11 @@ export interface WorkerOptions {
   metrics?: Metrics;
   /** The counters to count into, for a caller that watches them while the run goes on. @default fresh ones */
   stats?: RunStats;
+  /**
+   * Where a delivery set aside is announced, as a signed delivery.set_aside event, as the forwarder
+   * announces its own (the sources file's $operator). @default none
+   */
+  operator?: Operator;
   /**
    * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
    * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
@@ -193,6 +198,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         stats.failed++;
         metrics?.failed(lease);
         log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`, { level: "error", ...fields, status: "failed" });
+        if (options.operator) {
+          const event = { type: "delivery.set_aside" as const, data: { source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: message(error) } };
+          void announce(options.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
+        }
       } else {
         stats.retried++;
         metrics?.retried(lease);
@@ -507,7 +516,7 @@ Examples:
     await Promise.all([
       run(recordPayment, {
         inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
-        signal: stop.signal, log, metrics, stats,
+        signal: stop.signal, log, metrics, stats, ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
         purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
       }),
       forwarding$,
