@@ -344,9 +344,9 @@ for (const backend of BACKENDS) {
         const leases = await inbox.claimBatch(2, LEASE);
         await inbox.fail(leases.find((l) => l.id === "evt_1")!, "bad amount", { permanent: true });
         assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 }), [
-          { attempt: 1, error: "timeout", failedAt: T0 },
-          { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000 },
-          { attempt: 1, error: "bad amount", failedAt: T0 + 11_000 },
+          { attempt: 1, error: "timeout", failedAt: T0, destination: "handler" },
+          { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000, destination: "handler" },
+          { attempt: 1, error: "bad amount", failedAt: T0 + 11_000, destination: "handler" },
         ]);
         assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope", receivedAt: T0 }), []);
         assert.deepEqual((await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 + 10_500 })).map((a) => a.error), ["bad amount"],
