@@ -1,7 +1,8 @@
 // test/admin-browser.test.ts: the operator page in a real Chromium (Debian's /usr/bin/chromium, driven by
 // playwright-core; no browser is ever downloaded), on both backends: retries, bulk retries, the live
-// overview, a destination paused and resumed, and scripts a delivery carries never run. Without Chromium it skips in one
-// line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing browser a failure.
+// overview, a destination paused and resumed, and scripts a delivery carries never run. Without Chromium
+// it skips in one line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing
+// browser a failure.
 
 import assert from "node:assert/strict";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
