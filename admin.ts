@@ -439,6 +439,9 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     const rows = found;
     const d = rows[0]!;
     const single = rows.length === 1;
+    // A waiting row whose destination is open or paused waits for that, not for its due time: say so.
+    const holding = rows.some((r) => r.status === "received" && r.destination !== "")
+      ? new Map((await inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state])) : new Map<string, string>();
     const tries = (await Promise.all(rows.map((r) => inbox.attemptErrors(r))))
       .flatMap((list, i) => list.map((a) => ({ ...a, destination: rows[i]!.destination })))
       .sort((a, b) => a.failedAt - b.failedAt);
@@ -460,7 +463,8 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
         : r.status === "done" ? action(s, "/replay", "Replay", fields, single ? "primary" : "") : "";
     };
     const routeRows = rows.map((r) => `<tr><td>${r.destination === "" ? "(none)" : `<a href="/destinations">${escape(r.destination)}</a>`}</td>
-<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${r.status === "received" ? escape(iso(r.availableAt)) : "–"}</td>
+<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${r.status !== "received" ? "–"
+  : holding.has(r.destination) ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}` : escape(iso(r.availableAt))}</td>
 <td class="time">${r.leasedUntil === null ? "none" : `until ${escape(iso(r.leasedUntil))}`}</td><td class="time">${escape(iso(r.finishedAt))}</td>
 <td class="error">${escape(redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`).join("");
     return page(s, d.id, `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
@@ -818,7 +822,7 @@ td.error { min-width: 12rem; }
 @media (max-width: 560px) {
   table.list thead { display: none; } table.list tr { display: block; padding: .5rem .6rem; border-bottom: 1px solid var(--line); }
   table.list td { display: inline-block; padding: 0 .6rem 0 0; border: 0; } table.list td.error { display: block; min-width: 0; max-width: none; }
-  table.list td.num::before { content: "tries "; color: var(--muted); }
+  table.list td.num::before { content: "tries "; color: var(--muted); } table.list td.dest::before { content: "→ "; color: var(--muted); }
 }
 @media (max-width: 560px) { main { padding: .6rem; } .meta { grid-template-columns: 1fr; } .meta dt { margin-top: .3rem; } .filters label { flex: 1 1 45%; } .filters input, .filters select { width: 100%; } }
 `;

@@ -401,6 +401,17 @@ for (const backend of BACKENDS) {
       assert.equal((await inbox.destinations()).find((d) => d.name === "billing")?.state, "paused");
     });
 
+    it("says on a delivery's page which of its destinations hold it: open or paused", async () => {
+      await routed(1);
+      const url = await start();
+      const { cookie } = await login(url);
+      const page = await request(`${url}/delivery?source=shop&id=r0`, { headers: { cookie } });
+      const routes = /<table class="routes">.*?<\/table>/s.exec(page.body)![0].replace(/<[^>]+>/g, " ").replace(/\s+/g, " ");
+      assert.match(routes, /handler received 0 \d{4}-\d\d-\d\d \S+ none/, "the control: a closed one's row shows its due time");
+      assert.match(routes, /app received 1 held: app is open none/);
+      assert.match(routes, /crm received 0 held: crm is paused none/);
+    });
+
     it("filters the list by destination, and pages through every row of every delivery without skipping one", async () => {
       for (let i = 0; i < 3; i++) {
         await inbox.store({ source: "shop", id: `m${i}`, body: Buffer.from("{}"), destinations: ["handler", "app"] });
