@@ -117,6 +117,7 @@ async function lane(
     return tallying;
   };
   const announceChange = (change: BreakerChange) => {
+    hold(change.change === "opened");
     if (change.change === "opened") {
       const why = change.failures >= policy.failures ? `${change.failures} failures in a row` : `${Math.round((change.rate ?? 0) * 100)}% of tries failed`;
       say({ type: "destination.opened", data: { destination: name, failures: change.failures, failureRate: change.rate, error: change.error, retryAt: change.retryAt } },
@@ -137,12 +138,58 @@ async function lane(
     }
   }, Math.max(1, Math.floor(leaseMs / 3)));
 
+  // Forwards answered 2xx whose done mark is not yet sent; the loop sends them together.
+  const answered: { lease: Lease; resolve: (held: boolean) => void; reject: (error: unknown) => void }[] = [];
+  let finishing = 0;
+  // Set when this lane saw its destination open or pause; a claim begun after that which gets leases
+  // clears it (one begun before may have read the destination's row before it changed).
+  let holding = false;
+  let heldAt = 0;
+  const hold = (on: boolean) => {
+    holding = on;
+    if (on) heldAt = performance.now();
+  };
+  // Claimed leases waiting for one of the lane's maxInFlight request slots.
+  const queued: Lease[] = [];
+  let sending = 0;
+  const send = () => {
+    // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
+    if (holding) for (const lease of queued.splice(0)) void inbox.release(lease).then((r) => r && stats.held++).finally(() => active.delete(lease));
+    while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
+      const lease = queued.shift()!;
+      sending++;
+      void one(lease, active.get(lease)!, () => {
+        sending--;
+        send();
+      }).finally(() => {
+        active.delete(lease);
+        wake();
+      });
+    }
+  };
+  const markDone = () => {
+    for (const a of answered.splice(0)) {
+      finishing++;
+      inbox.finish(a.lease).finally(() => finishing--).then(a.resolve, a.reject);
+    }
+  };
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
 
-  async function one(lease: Lease, controller: AbortController): Promise<void> {
+  async function one(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+    try {
+      await attempt(lease, controller, answered$);
+    } finally {
+      answered$();
+    }
+  }
+
+  async function attempt(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
     const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
     const started = performance.now();
     const outcome: Outcome = await sender.send(lease, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
+    // The request slot is free once the destination has answered and, for a failure, once the breaker has
+    // counted it: the next forward must not go out to a destination that just opened.
+    if (outcome.kind === "done") answered$();
     metrics?.forwarded(name, outcome.kind, performance.now() - started);
     try {
       // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
@@ -151,7 +198,13 @@ async function lane(
         return;
       }
       if (outcome.kind === "done") {
-        if (await inbox.finish(lease)) {
+        // The done mark waits for the lane's next turn, which sends every done mark gathered since, and
+        // the next claim, in one transaction: one commit for many forwards, not one each.
+        const held = await new Promise<boolean>((resolve, reject) => {
+          answered.push({ lease, resolve, reject });
+          wake();
+        });
+        if (held) {
           stats.done++;
           gathered.done++;
           if (lease.probe) await tally({ probe: "done" });
@@ -164,9 +217,11 @@ async function lane(
       }
       if (outcome.kind === "gone") {
         // The destination said it is gone: it is paused, and this delivery waits with it, its attempt given back.
-        await inbox.release(lease);
-        stats.held++;
-        if (await inbox.pause(name, outcome.error)) {
+        // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
+        hold(true);
+        const paused = await inbox.pause(name, outcome.error);
+        if (await inbox.release(lease)) stats.held++;
+        if (paused) {
           say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
             `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
         }
@@ -199,11 +254,22 @@ async function lane(
     let delay = pollMin;
     let claimFailing = false;
     while (!stop?.aborted) {
-      const room = destination.maxInFlight - active.size;
+      // Claims wait for a quarter of the lane's room to free up (or for the lane to be idle): one claim,
+      // one transaction, for several forwards rather than one per forward that ends.
+      // A lease waiting for its done mark no longer has a request at the destination: it leaves room.
+      markDone();
+      send();
+      // Claim ahead: up to a second lane's worth of leases waits here for a request slot, so that one
+      // claim (and the done marks sent with it) serves many forwards. A claim waits until half of that is
+      // gone, or the lane is idle.
+      const max = destination.maxInFlight;
+      const room = 2 * max - active.size;
+      const worth = active.size === 0 || (queued.length < max / 2 && room >= Math.max(1, Math.floor(max / 2)));
       let leases: Lease[] = [];
-      if (room > 0) {
+      const claimedAt = performance.now();
+      if (room > 0 && worth) {
         try {
-          leases = await inbox.claimBatch(room, leaseMs, { destination: name, maxInFlight: destination.maxInFlight, ...(destination.rate ? { rate: destination.rate } : {}) });
+          leases = await inbox.claimBatch(room, leaseMs, { destination: name, ...(destination.rate ? { rate: destination.rate } : {}) });
           if (claimFailing) log(`${name}: claiming again`, { destination: name });
           claimFailing = false;
         } catch (error) {
@@ -214,15 +280,13 @@ async function lane(
           continue;
         }
       }
+      if (leases.length > 0 && claimedAt > heldAt) hold(false);
       for (const lease of leases) {
-        const controller = new AbortController();
-        active.set(lease, controller);
+        active.set(lease, new AbortController());
         metrics?.claimed(lease);
-        void one(lease, controller).finally(() => {
-          active.delete(lease);
-          wake();
-        });
+        queued.push(lease);
       }
+      send();
       if (leases.length > 0) {
         delay = pollMin;
         continue;
@@ -231,11 +295,22 @@ async function lane(
       await pause(room > 0 ? delay : pollMax);
       if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
     }
-    // Forwards in flight get the grace period; what outlives it is cut off and released.
+    // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it
+    // is cut off and released. Done marks keep going out meanwhile.
+    for (const lease of queued.splice(0)) {
+      active.delete(lease);
+      if (await inbox.release(lease)) stats.held++;
+    }
     const deadline = Date.now() + (options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs);
-    while (active.size > 0 && Date.now() < deadline) await pause(pollMax);
+    while (active.size > 0 && Date.now() < deadline) {
+      markDone();
+      await pause(pollMax);
+    }
     for (const controller of active.values()) controller.abort(new Error("the worker is stopping"));
-    while (active.size > 0) await pause(pollMax);
+    while (active.size > 0) {
+      markDone();
+      await pause(pollMax);
+    }
     await tally();
   } finally {
     clearInterval(ticker);

@@ -206,9 +206,11 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         const rows = await inbox.list(opts);
         if (opts.json) return void console.log(JSON.stringify(rows.map((d) => deliveryJson(d, false)), null, 2));
         if (rows.length === 0) return void console.log("(no deliveries)");
-        console.log(["source", "id", "destination", "status", "attempts", "type", "received", "error"].join("\t"));
+        // The destination shows once any row goes elsewhere than the handler; the handler's alone reads as before.
+        const routed = rows.some((d) => d.destination !== DEFAULTS.destination);
+        console.log(["source", "id", "status", "attempts", "type", "received", "error", ...(routed ? ["destination"] : [])].join("\t"));
         for (const d of rows) {
-          console.log([d.source, d.id, d.destination || "-", d.status, d.attempts, d.eventType ?? "-", iso(d.receivedAt), d.error ?? ""].join("\t"));
+          console.log([d.source, d.id, d.status, d.attempts, d.eventType ?? "-", iso(d.receivedAt), d.error ?? "", ...(routed ? [d.destination || "-"] : [])].join("\t"));
         }
       } finally {
         await inbox.close();

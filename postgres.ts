@@ -15,8 +15,8 @@ import {
   bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
 
-// The schema, in order. A shipped entry is never edited: add a new one after it.
-const MIGRATIONS: readonly string[] = [
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
      source        text    NOT NULL,
      id            text    NOT NULL,

@@ -31,7 +31,7 @@ export interface HttpDestination {
   headers: Record<string, string>;
   connectTimeoutMs: number;
   timeoutMs: number;
-  /** Requests in flight at once, by every worker together. */
+  /** Requests in flight at once from one worker (the rate limit is the one shared by every worker). */
   maxInFlight: number;
   /** Most forwards per second, by every worker together. @default no limit */
   rate?: { perSecond: number; burst?: number };

@@ -65,8 +65,8 @@ parentPort.on("message", () => {
   }
 });`;
 
-// The schema, in order. A shipped entry is never edited: add a new one after it.
-const MIGRATIONS: readonly string[] = [
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
      source        TEXT    NOT NULL,
      id            TEXT    NOT NULL,
@@ -436,20 +436,22 @@ export class SqliteInbox implements Inbox {
       const now = this.now();
       // If the clock stepped back, a dead worker's lease or a retry would wait out the jump: none may be
       // further off than its own lease length, or the retry cap, from now.
+      // Each claim looks after its own destination's rows, through the indexes that lead with it.
       this.sql(
         `UPDATE deliveries SET leased_until = ? + lease_ms
-         WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
-      ).run(now, now, now);
+         WHERE destination = ? AND status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
+      ).run(now, destination, now, now);
       const latest = now + this.backoffOptions.retryCapMs;
-      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND order_key IS NULL AND available_at > ?").run(latest, latest);
-      this.sql("UPDATE order_keys SET due = ? WHERE due > ?").run(latest, latest);
+      this.sql("UPDATE deliveries SET available_at = ? WHERE destination = ? AND status = 'received' AND order_key IS NULL AND available_at > ?")
+        .run(latest, destination, latest);
+      this.sql("UPDATE order_keys SET due = ? WHERE destination = ? AND due > ?").run(latest, destination, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
       const gaveUp = this.sql(
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
-         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?
+         WHERE destination = ? AND status = 'processing' AND leased_until <= ? AND attempts >= ?
          RETURNING source, id, order_key, destination`,
-      ).all(now, now, this.maxAttempts) as Row[];
+      ).all(now, destination, now, this.maxAttempts) as Row[];
       for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.destination as string, r.order_key as string, r.id as string, true);
       const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
       const inFlight = options.maxInFlight === undefined ? 0 : (this

@@ -178,6 +178,8 @@ for (const backend of BACKENDS) {
 
     it("answers by the table: 429 waits out Retry-After, 410 pauses with no attempt spent, a 4xx is permanent only where the route says so", async () => {
       const inbox = await open({ retryCapMs: 600_000 });
+      const operatorGot: Received[] = [];
+      const ops = await serve((r) => (operatorGot.push(r), { status: 200 }));
       const busy = await serve(() => ({ status: 429, headers: { "retry-after": "120" } }));
       const gone = await serve(() => ({ status: 410, body: "this endpoint was deleted" }));
       const strict = await serve(() => ({ status: 400, body: "bad shape" }));
@@ -186,7 +188,7 @@ for (const backend of BACKENDS) {
       const forwarding = config({
         busy: { url: busy.url, secret: SECRET }, gone: { url: gone.url, secret: SECRET },
         strict: { url: strict.url, secret: SECRET }, lax: { url: lax.url, secret: SECRET },
-      });
+      }, { $operator: { url: ops.url, secret: SECRET } });
       const routes = new Map([["s", [{ to: "strict", permanent4xx: true, forwardHeaders: false }, { to: "lax", permanent4xx: false, forwardHeaders: false }]]]);
       await forward({ inbox, forwarding, routes, once: true, log: () => {} });
       const [r429] = await rows(inbox, "busy");
@@ -199,6 +201,10 @@ for (const backend of BACKENDS) {
       assert.match(goneState.pausedReason!, /HTTP 410 from gone: this endpoint was deleted/);
       assert.equal((await rows(inbox, "strict"))[0]!.status, "failed");
       assert.equal((await rows(inbox, "lax"))[0]!.status, "received");
+      // The operator heard of the pause and of the delivery set aside, each a signed Standard Webhooks event.
+      await waitFor(() => operatorGot.length >= 2);
+      const events = operatorGot.map((r) => verify(SECRET, r) as { type: string; data: Record<string, unknown> });
+      assert.deepEqual(events.map((e) => [e.type, e.data.destination]).sort(), [["delivery.set_aside", "strict"], ["destination.paused", "gone"]]);
       // Paused, it is asked nothing more, however long the test waits.
       t += 3_600_000;
       await forward({ inbox, forwarding: config({ gone: { url: gone.url, secret: SECRET } }), once: true, log: () => {} });
