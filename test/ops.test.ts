@@ -462,7 +462,7 @@ for (const backend of await backends("ops")) {
         expose(exposed, "webhook-inbox-worker", "worker", await scrape(url));
         // Through when the handler has tried all five (four recorded, one set aside), the app has all four of
         // shop's, and the failing destination's breaker shows open (the gauges are read every 5 s).
-        const deadline = Date.now() + 30_000;
+        const deadline = Date.now() + 60_000;
         for (;;) {
           const text = await scrape(url);
           const sum = (name: string, labels: Record<string, string> = {}) => parse(text).find((f) => f.name === name)?.metrics
