@@ -854,7 +854,8 @@ if (live) {
 
 // ---- The entry point --------------------------------------------------------------------------------
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the operator page as `admin.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);

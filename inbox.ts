@@ -75,7 +75,8 @@ function filterOf(opts: CliFilters): Filter {
   return filter;
 }
 
-async function cli(argv: string[]): Promise<void> {
+/** cli runs the operator's CLI as `inbox.ts` does, from a full argv (runtime, script, then its command). */
+export async function cli(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, CommanderError, Option } = await import("commander");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")

@@ -102,7 +102,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   };
 }
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (min: number) => (value: string) => {
     const n = Number(value);

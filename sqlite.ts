@@ -9,6 +9,7 @@ import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlit
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
+import { describeRuntime } from "./runtime.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim,
   retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
@@ -28,7 +29,9 @@ const { parentPort, workerData } = require("node:worker_threads");
 const db = new DatabaseSync(workerData.path, { timeout: 0 });
 db.exec("PRAGMA synchronous = FULL");
 const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
-parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.close(); });`;
+// With the timer cleared and once()'s listener gone, nothing keeps the thread alive and it ends on its own
+// (Deno's parentPort has no close()).
+parentPort.once("message", () => { clearInterval(timer); db.close(); });`;
 // How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
 const CHECKPOINT_EVERY_MS = 100;
 const BACKSTOP_PAGES = 16_000;
@@ -258,6 +261,9 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     db.exec("PRAGMA cache_size = -16000");
     // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
     db.exec("PRAGMA temp_store = MEMORY");
+    // Read back, not assumed: a runtime's own SQLite, or a target that is not a file, may not hold them.
+    const problem = durabilityProblem(readDurability(db));
+    if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
     migrate(db);
     // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
     // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
@@ -272,6 +278,60 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${message(error)}`, { cause: error });
   }
   return db;
+}
+
+/** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */
+export interface Durability {
+  /** The runtime whose node:sqlite opened it, as "node 24.21.0": each runtime bundles its own SQLite. */
+  runtime: string;
+  /** sqlite_version() of that SQLite. */
+  sqliteVersion: string;
+  /** PRAGMA journal_mode: "wal" on a file; "memory" for :memory:. */
+  journalMode: string;
+  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA. */
+  synchronous: number;
+  /** Whether SQLite was built for threads (THREADSAFE not 0): the checkpoint and gauge threads open their own connections. */
+  threadsafe: boolean;
+}
+
+/** readDurability reads journal_mode, synchronous, the SQLite version and its thread safety back from an open database. */
+export function readDurability(db: DatabaseSync): Durability {
+  const one = (sql: string) => Object.values(db.prepare(sql).get() ?? {})[0];
+  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map((r) => r.compile_options);
+  return {
+    runtime: describeRuntime(),
+    sqliteVersion: String(one("SELECT sqlite_version()")),
+    journalMode: String(one("PRAGMA journal_mode")).toLowerCase(),
+    synchronous: Number(one("PRAGMA synchronous")),
+    threadsafe: !options.includes("THREADSAFE=0"),
+  };
+}
+
+// The WAL-reset bug (sqlite.org/wal.html#walresetbug): with two connections writing and checkpointing at
+// once, as the receiver and its checkpoint thread do, a checkpoint could skip committed frames. Fixed in
+// 3.51.3, and in the 3.50.7 and 3.44.6 backports.
+const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [[3, 44, 6], [3, 50, 7], [3, 51, 3]];
+
+/** walResetFixed says whether this SQLite version has the WAL-reset fix. */
+export function walResetFixed(version: string): boolean {
+  const v = version.split(".").map(Number);
+  if (v.length < 3 || v.some((n) => !Number.isInteger(n))) throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
+  const atLeast = (fix: readonly number[]) => (v[0]! - fix[0]! || v[1]! - fix[1]! || v[2]! - fix[2]!) >= 0;
+  // Fixed from the last entry on; before it, only within a backport's own minor line.
+  return atLeast(WAL_RESET_FIXED.at(-1)!) || WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix));
+}
+
+/**
+ * durabilityProblem says, in one clause, why an opened database cannot keep the inbox's promise (a 200
+ * means the delivery survives a crash or a power cut), or undefined when it can.
+ */
+export function durabilityProblem(d: Durability): string | undefined {
+  const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
+  if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
+  if (d.synchronous < 2) return `synchronous is ${d.synchronous}, not FULL (2), on ${sqlite}`;
+  if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
+  if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
+  return undefined;
 }
 
 function migrate(db: DatabaseSync): void {
@@ -322,6 +382,8 @@ const rowids = new WeakMap<Lease, number>();
 export class SqliteInbox implements Inbox {
   readonly backend = "sqlite";
   readonly db: DatabaseSync;
+  /** What the database was opened with, read back from SQLite: journal mode, synchronous, version, runtime. */
+  readonly durability: Durability;
   readonly path: string;
   readonly target: string;
   private readonly tx: Tx;
@@ -348,6 +410,7 @@ export class SqliteInbox implements Inbox {
     checkOptions(options);
     this.path = this.target = path;
     this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    this.durability = readDurability(this.db);
     const db = this.db;
     this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
     this.now = options.now ?? Date.now;
@@ -1196,13 +1259,23 @@ export class SqliteInbox implements Inbox {
     if (this.closed) return;
     await this.flush();
     this.closed = true;
-    if (this.checkpointer) {
-      const exited = new Promise((resolve) => this.checkpointer!.once("exit", resolve));
-      this.checkpointer.postMessage("close");
-      await exited;
+    const checkpointer = this.checkpointer;
+    try {
+      if (checkpointer) {
+        // A thread that fails on its way out (a runtime without an API it used) says so here, once.
+        const ended = new Promise<void>((resolve, reject) => {
+          checkpointer.once("exit", () => resolve());
+          checkpointer.once("error", (error) => reject(new Error(`close ${this.path}: the checkpoint thread failed: ${message(error)}`, { cause: error })));
+        });
+        // Held while it ends: awaiting an unref'd thread, an otherwise idle process would exit mid-close().
+        checkpointer.ref();
+        checkpointer.postMessage("close");
+        await ended;
+      }
+    } finally {
+      await this.gauger?.terminate();
+      this.db.close();
     }
-    await this.gauger?.terminate();
-    this.db.close();
   }
 
   // enter puts a newly stored delivery at its key's head (per destination) if the key is idle and it comes

@@ -362,7 +362,8 @@ export function recordPayment(job: Job): void {
     job.delivery.source, job.delivery.id, customer, amount));
 }
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, Option } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
