@@ -104,7 +104,14 @@ export class Layer {
   private exited!: Promise<void>;
   private stderr = "";
 
-  private constructor(readonly backing: string, readonly mountpoint: string) {}
+  /** The folder that plays the disk: what it holds survives a cut. */
+  readonly backing: string;
+  readonly mountpoint: string;
+
+  private constructor(backing: string, mountpoint: string) {
+    this.backing = backing;
+    this.mountpoint = mountpoint;
+  }
 
   /** mount starts the layer on mountpoint over backing (both made if missing) and waits until it serves. */
   static async mount(backing: string, mountpoint: string): Promise<Layer> {
