@@ -47,11 +47,11 @@ function assertNothingLost(r: PowerLossReport, cycles: number): void {
 describe("a power cut under load, SQLite", { skip }, () => {
   it(`loses no acknowledged delivery, leaves the database intact, and the worker pays each once (seed ${seed})`, async () => {
     const r = await powerLossSqlite({
-      dir: join(dir, "sqlite"), label: "sqlite", cycles: 3, senders: 16, minUpMs: 300, maxUpMs: 1_200, random: seeded(seed),
+      dir: join(dir, "sqlite"), label: "sqlite", cycles: 4, senders: 16, minUpMs: 300, maxUpMs: 1_200, random: seeded(seed),
       mixedCuts: true, receiver,
     });
     console.log(`# power loss on SQLite: ${figures(r)}`);
-    assertNothingLost(r, 3);
+    assertNothingLost(r, 4);
   });
 
   it(`control: at synchronous=OFF the same cuts lose acknowledged deliveries (seed ${seed})`, async () => {
