@@ -4,7 +4,7 @@
 
 import assert from "node:assert/strict";
 import {
-  closeSync, constants, existsSync, fdatasyncSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync,
+  closeSync, constants, existsSync, fchmodSync, fdatasyncSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync,
   statSync, truncateSync, unlinkSync, writeFileSync, writeSync,
 } from "node:fs";
 import { join } from "node:path";
@@ -115,6 +115,26 @@ describe("the power-loss layer", { skip }, () => {
     syncDir(here);
     await layer.powerCycle();
     assert.equal(read(at("log")), Array.from({ length: 100 }, (_, i) => `line ${i}\n`).join(""));
+  });
+
+  it("undoes an open with O_TRUNC that was not synced", async () => {
+    fresh();
+    write(at("t"), "kept", "fsync");
+    closeSync(openSync(at("t"), constants.O_WRONLY | constants.O_TRUNC));
+    assert.equal(read(at("t")), "");
+    await layer.powerCycle();
+    assert.equal(read(at("t")), "kept");
+  });
+
+  it("changes a mode through an open directory, as through a path", async () => {
+    fresh();
+    const fd = openSync(here, "r");
+    try {
+      fchmodSync(fd, 0o700);
+    } finally {
+      closeSync(fd);
+    }
+    assert.equal(statSync(here).mode & 0o777, 0o700);
   });
 
   it("undoes a truncate that was not synced, bytes and all", async () => {

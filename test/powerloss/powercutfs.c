@@ -62,8 +62,10 @@ struct inode {
   struct inode *next;
 };
 
+// What fi->fh points to: an open file (in) or an open directory (dir), never both.
 struct handle {
   struct inode *in;
+  DIR *dir;
   int flags;
 };
 
@@ -437,7 +439,7 @@ static void shutdown_clean(void) {
   log_commit();
 }
 
-// control reads the test's lines on stdin. Its end (the test gone) is a cut, then an unmount.
+// control reads the test's lines on stdin. Their end (the test gone) is a cut, then an unmount.
 static void *control(void *unused) {
   (void)unused;
   char line[256];
@@ -453,8 +455,11 @@ static void *control(void *unused) {
     } else if (strcmp(line, "stats\n") == 0) {
       stats();
     } else if (strcmp(line, "unmount\n") == 0) {
+      // A clean unmount: destroy makes everything durable. No more lines are read, so the end of stdin
+      // that follows is not taken for the power failing.
       pthread_mutex_unlock(&big);
-      if (umount2(mountpoint, MNT_DETACH) < 0) printf("error unmount: %s\n", strerror(errno));
+      if (umount2(mountpoint, MNT_DETACH) == 0) return NULL;
+      printf("error unmount: %s\n", strerror(errno));
       continue;
     } else {
       printf("error unknown command: %s", line);
@@ -509,14 +514,25 @@ static void op_destroy(void *unused) {
   pthread_mutex_unlock(&big);
 }
 
+static struct handle *handle_of(struct fuse_file_info *fi) {
+  return fi ? (struct handle *)(uintptr_t)fi->fh : NULL;
+}
+
+// of is the file an open handle is on; NULL for none, or for a directory.
 static struct inode *of(struct fuse_file_info *fi) {
-  return fi ? ((struct handle *)(uintptr_t)fi->fh)->in : NULL;
+  return fi ? handle_of(fi)->in : NULL;
+}
+
+// fd_of is the backing descriptor of an open file or directory, for the calls that change attributes.
+static int fd_of(struct fuse_file_info *fi) {
+  struct handle *h = handle_of(fi);
+  return !h ? -1 : h->in ? h->in->fd : dirfd(h->dir);
 }
 
 static int op_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
   ENTER;
   struct inode *in = of(fi);
-  int r = in ? ERR(fstat(in->fd, st)) : ERR(fstatat(root, rel(path), st, AT_SYMLINK_NOFOLLOW));
+  int r = in ? ERR(fstat(in->fd, st)) : path ? ERR(fstatat(root, rel(path), st, AT_SYMLINK_NOFOLLOW)) : ERR(fstat(fd_of(fi), st));
   if (r == 0 && S_ISREG(st->st_mode) && (in || (in = inode_by_id(st->st_dev, st->st_ino)))) {
     st->st_size = in->size;
     st->st_blocks = (in->size + 511) / 512;
@@ -623,23 +639,24 @@ static int op_rename(const char *from, const char *to, unsigned int flags) {
 
 static int op_chmod(const char *path, mode_t mode, struct fuse_file_info *fi) {
   ENTER;
-  LEAVE(fi ? ERR(fchmod(of(fi)->fd, mode)) : ERR(fchmodat(root, rel(path), mode, 0)));
+  LEAVE(fi ? ERR(fchmod(fd_of(fi), mode)) : ERR(fchmodat(root, rel(path), mode, 0)));
 }
 
 static int op_chown(const char *path, uid_t uid, gid_t gid, struct fuse_file_info *fi) {
   ENTER;
-  LEAVE(fi ? ERR(fchown(of(fi)->fd, uid, gid)) : ERR(fchownat(root, rel(path), uid, gid, AT_SYMLINK_NOFOLLOW)));
+  LEAVE(fi ? ERR(fchown(fd_of(fi), uid, gid)) : ERR(fchownat(root, rel(path), uid, gid, AT_SYMLINK_NOFOLLOW)));
 }
 
 static int op_utimens(const char *path, const struct timespec tv[2], struct fuse_file_info *fi) {
   ENTER;
-  LEAVE(fi ? ERR(futimens(of(fi)->fd, tv)) : ERR(utimensat(root, rel(path), tv, AT_SYMLINK_NOFOLLOW)));
+  LEAVE(fi ? ERR(futimens(fd_of(fi), tv)) : ERR(utimensat(root, rel(path), tv, AT_SYMLINK_NOFOLLOW)));
 }
 
 static int op_truncate(const char *path, off_t size, struct fuse_file_info *fi) {
   ENTER;
   struct inode *in = of(fi);
   if (!in) {
+    if (!path) LEAVE(-EISDIR);
     int fd = open_backing(path);
     if (fd < 0) LEAVE(fd);
     if (!(in = inode_adopt(fd))) LEAVE(-EIO);
@@ -652,7 +669,7 @@ static int op_truncate(const char *path, off_t size, struct fuse_file_info *fi) 
 static int open_handle(int fd, struct fuse_file_info *fi) {
   struct inode *in = inode_adopt(fd);
   if (!in) return -EIO;
-  struct handle *h = malloc(sizeof *h);
+  struct handle *h = calloc(1, sizeof *h);
   if (!h) abort();
   h->in = in;
   h->flags = fi->flags;
@@ -697,7 +714,7 @@ static int op_write(const char *path, const char *buf, size_t size, off_t off, s
   ENTER;
   struct inode *in = of(fi);
   int r = view_write(in, buf, size, off);
-  int flags = ((struct handle *)(uintptr_t)fi->fh)->flags;
+  int flags = handle_of(fi)->flags;
   if (r >= 0 && (flags & O_DSYNC)) {
     int changed, s = view_sync(in, &changed);
     if (s < 0) LEAVE(s);
@@ -716,7 +733,7 @@ static int op_release(const char *path, struct fuse_file_info *fi) {
   (void)path;
   pthread_mutex_lock(&big);
   // After a cut the inodes are gone already; the handle is all that is left.
-  struct handle *h = (struct handle *)(uintptr_t)fi->fh;
+  struct handle *h = handle_of(fi);
   if (!dead) {
     h->in->handles--;
     inode_settle(h->in);
@@ -743,7 +760,10 @@ static int op_opendir(const char *path, struct fuse_file_info *fi) {
     close(fd);
     LEAVE(-errno);
   }
-  fi->fh = (uintptr_t)d;
+  struct handle *h = calloc(1, sizeof *h);
+  if (!h) abort();
+  h->dir = d;
+  fi->fh = (uintptr_t)h;
   LEAVE(0);
 }
 
@@ -751,7 +771,7 @@ static int op_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t o
                       enum fuse_readdir_flags flags) {
   (void)path, (void)off, (void)flags;
   ENTER;
-  DIR *d = (DIR *)(uintptr_t)fi->fh;
+  DIR *d = handle_of(fi)->dir;
   rewinddir(d);
   for (struct dirent *e; (e = readdir(d));) {
     struct stat st = {.st_ino = e->d_ino, .st_mode = (mode_t)DTTOIF(e->d_type)};
@@ -762,7 +782,9 @@ static int op_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t o
 
 static int op_releasedir(const char *path, struct fuse_file_info *fi) {
   (void)path;
-  closedir((DIR *)(uintptr_t)fi->fh);
+  struct handle *h = handle_of(fi);
+  closedir(h->dir);
+  free(h);
   return 0;
 }
 
