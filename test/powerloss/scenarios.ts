@@ -160,10 +160,9 @@ async function runScenario(o: PowerLossOptions, layer: Layer, site: Site): Promi
     report.ms = Date.now() - started;
     return report;
   };
-  let up = await site.start();
-  if (!up.ok) throw new Error(`${o.label}: the database did not start on a fresh layer: ${up.why}`);
-
   try {
+    let up = await site.start();
+    if (!up.ok) throw new Error(`${o.label}: the database did not start on a fresh layer: ${up.why}`);
     for (let cycle = 0; cycle < o.cycles; cycle++) {
       const server = await startReceiver(site.target, receiver.args, {}, receiver.script);
       // The worker's own commits fsync too, and would make the receiver's earlier commits durable with
@@ -225,7 +224,9 @@ async function runScenario(o: PowerLossOptions, layer: Layer, site: Site): Promi
         break;
       }
       if (contents.integrity !== "ok") report.integrity.push(`cycle ${cycle}: ${contents.integrity}`);
-      for (const id of acked) if (!contents.deliveries.has(id)) lost.add(id);
+      // The reference is the log on the disk outside the layer, as a sender's own records would be.
+      const logged = existsSync(ackLog) ? readFileSync(ackLog, "utf8").split("\n") : [];
+      for (const id of logged) if (id && !contents.deliveries.has(id)) lost.add(id);
       report.payments.push(...paymentProblems(contents).map((p) => `cycle ${cycle}: ${p}`));
       report.stored = contents.deliveries.size;
       o.onCycle?.(finish());
