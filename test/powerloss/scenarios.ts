@@ -1,8 +1,7 @@
-// test/powerloss/scenarios.ts: the power-loss scenarios, shared by test/powerloss.test.ts (a few cycles) and
-// `npm run torture -- powerloss` (many). The real receiver.ts and worker.ts run as child processes with their
-// database on the fault layer (layer.ts), under load from senders that log every ID answered 200 to a file
-// outside it. At a random moment everything is SIGKILLed and the power cut; the layer is mounted again, the
-// database started again, and it must hold every acknowledged ID, be intact, and drain exactly once.
+// test/powerloss/scenarios.ts: the power-loss cycles, for test/powerloss.test.ts and `npm run torture -- powerloss`.
+// The real receiver.ts and worker.ts run with their database on the fault layer (layer.ts) under load; at a
+// random moment all is SIGKILLed and the power cut; mounted and started again, the database must hold every
+// ID answered 200 (logged outside the layer), be intact, and drain exactly once.
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
