@@ -29,6 +29,8 @@ export interface ForwarderOptions {
   pollMaxMs?: number;
   /** @default DEFAULTS.tallyEveryMs */
   tallyEveryMs?: number;
+  /** @default DEFAULTS.heldPollMs */
+  heldPollMs?: number;
   /** Abort to stop: no more claims; forwards in flight finish, or are cut off and released after shutdownGraceMs. */
   signal?: AbortSignal;
   /** @default DEFAULTS.shutdownGraceMs */
@@ -88,6 +90,7 @@ async function lane(
   const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
   const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
+  const heldPoll = Math.max(pollMax, options.heldPollMs ?? DEFAULTS.heldPollMs);
   const policy = destination.breaker === false ? NEVER : destination.breaker;
   const stop = options.signal;
   const active = new Map<Lease, AbortController>();
@@ -100,7 +103,8 @@ async function lane(
     };
   });
   stop?.addEventListener("abort", () => wake(), { once: true });
-  const unwake = inbox.onWake(() => wake());
+  // New deliveries (PostgreSQL's NOTIFY) wake a lane at once, unless its destination is open or paused.
+  const unwake = inbox.onWake(() => holding || wake());
 
   // Successes are gathered and added to the shared breaker once per tallyEveryMs; a failure goes at once,
   // with what was gathered before it, so the shared count of failures in a row stays in order. One tally
@@ -325,7 +329,7 @@ async function lane(
         continue;
       }
       if (options.once && active.size === 0) break;
-      await pause(worth ? delay : pollMax);
+      await pause(holding ? heldPoll : worth ? delay : pollMax);
       if (worth) delay = Math.min(pollMax, Math.max(1, delay * 2));
     }
     // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it

@@ -182,7 +182,7 @@ function named(text: string, values: unknown[]): { name: string; text: string; v
 type Op =
   | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
   | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; resolve(v: unknown): void; reject(e: unknown): void };
+  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; resolve(v: unknown): void; reject(e: unknown): void };
 
 type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
 
@@ -460,7 +460,7 @@ export class PostgresInbox implements Inbox {
         [lease.source, lease.id, lease.token],
       );
       return held.rows.length === 1;
-    }) as Promise<boolean>;
+    }, true) as Promise<boolean>;
   }
 
   finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
@@ -489,7 +489,7 @@ export class PostgresInbox implements Inbox {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
       }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
-    }) as Promise<Failure | undefined>;
+    }, true) as Promise<Failure | undefined>;
   }
 
   async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
@@ -513,7 +513,7 @@ export class PostgresInbox implements Inbox {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: false }]);
       }
       return rowCount === 1;
-    }) as Promise<boolean>;
+    }, true) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
@@ -1171,8 +1171,9 @@ export class PostgresInbox implements Inbox {
     await this.pool.end();
   }
 
-  private other(run: (client: pg.PoolClient) => Promise<unknown>): Promise<unknown> {
-    return this.enqueue({ kind: "other", run });
+  // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.
+  private other(run: (client: pg.PoolClient) => Promise<unknown>, together = false): Promise<unknown> {
+    return this.enqueue({ kind: "other", run, together });
   }
 
   private enqueue(op: Queued): Promise<unknown> {
@@ -1267,7 +1268,17 @@ export class PostgresInbox implements Inbox {
       const finishes = batch.filter((op) => op.kind === "finish");
       if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
       if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
-      for (const op of batch) if (op.kind === "other" || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
+      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
+      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
+      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
+      // only as bystanders say "current transaction is aborted", so the error kept is another one.
+      for (const op of batch) if ((op.kind === "other" && !op.together) || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
+      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
+      const failures = settled.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason as unknown);
+      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
+      together.forEach((op, i) => results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }));
     } else {
       for (const op of batch) {
         await client.query("SAVEPOINT op");
