@@ -101,6 +101,17 @@ export function parseTarget(url: string): Target {
  */
 export class UncertainCommit extends Error {}
 
+/**
+ * isConnectionLost says an error means the connection is gone, not that a statement was wrong: the server
+ * ended the session (57P01 pg_terminate_backend, 57P02 a crash, 57P03 shutting down), the link failed
+ * (08…), or the socket closed under it.
+ */
+export function isConnectionLost(error: unknown): boolean {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  if (typeof code === "string") return /^(57P0[123]|08)/.test(code) || /^E[A-Z]+$/.test(code);
+  return /connection terminated|not queryable|ECONNRESET|EPIPE/i.test(message(error));
+}
+
 /** PoolOptions are what postgres.ts decides for every connection. */
 export interface PoolOptions {
   size: number;
@@ -119,13 +130,18 @@ export class Pool {
   readonly pooled: boolean;
   private readonly pool: pg.Pool;
   private readonly target: Target;
+  private readonly size: number;
   // The host new connections go to. It moves on, in the URL's order, when one fails to connect or no longer
   // fits; it never moves back on its own, so an old primary that comes back is not written to beside the new.
   private cursor = 0;
+  // Connections handed back whole at least once: one of these may have been ended by the server while it
+  // sat idle, and pg hears of it only when it is used again.
+  private readonly used = new WeakSet<object>();
 
   constructor(target: Target, options: PoolOptions) {
     this.target = target;
     this.pooled = target.listen === false;
+    this.size = options.size;
     const pool = this;
     const config: pg.PoolConfig = {
       max: options.size,
@@ -164,7 +180,8 @@ export class Pool {
     this.pool.on("connect", (client) => client.on("error", () => {}));
     // A connection dropped for answering read-only (a primary turned standby) says the host no longer fits.
     this.pool.on("release", (error: unknown, client: pg.PoolClient) => {
-      if (target.attrs !== "any" && (error as { code?: unknown } | undefined)?.code === "25006") this.moveOn((client as unknown as { hostIndex: number }).hostIndex);
+      if (error === undefined) this.used.add(client);
+      else if (target.attrs !== "any" && (error as { code?: unknown }).code === "25006") this.moveOn((client as unknown as { hostIndex: number }).hostIndex);
     });
   }
 
@@ -206,6 +223,24 @@ export class Pool {
       { code: (last as { code?: unknown }).code });
   }
 
+  /**
+   * transaction lends a connection with a transaction begun on it. A connection the server ended while it
+   * sat in the pool (a restart, a failover, pg_terminate_backend, an idle timeout) fails at BEGIN, before
+   * anything of the caller's ran: it is dropped and BEGIN tried on another, so no caller fails for it.
+   */
+  async transaction(): Promise<pg.PoolClient> {
+    for (let tries = 0; ; tries++) {
+      const client = await this.connect();
+      try {
+        await this.begin(client);
+        return client;
+      } catch (error) {
+        client.release(error instanceof Error ? error : new Error(message(error)));
+        if (!this.used.has(client) || !isConnectionLost(error) || tries >= this.size) throw error;
+      }
+    }
+  }
+
   /** begin opens a READ COMMITTED transaction with the inbox's settings, set here when no session keeps them. */
   async begin(client: pg.PoolClient): Promise<void> {
     const begun = client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
@@ -245,26 +280,33 @@ export class Pool {
   /**
    * query runs one statement on a connection of its own. Behind a per-transaction pooler it runs inside a
    * transaction, the only place its settings hold (so VACUUM and CREATE INDEX CONCURRENTLY need a direct URL).
-   * The connection is dropped if it fails, whatever the reason.
+   * The connection is dropped if it fails, whatever the reason. A statement that met a connection the
+   * server had ended while idle runs again on another, unless retry is false: a write's COMMIT can be
+   * answered, then the connection ended, before pg hears that it went through.
    */
-  async query(text: string, values?: unknown[]): Promise<pg.QueryResult> {
-    const client = await this.connect();
-    let failed: Error | undefined;
-    try {
-      if (!this.pooled) return await client.query(text, values);
-      // BEGIN, the settings and the statement go out together; COMMIT after, so that a warning the
-      // statement raises is not taken for the COMMIT's.
-      const [begun, result] = await Promise.allSettled([this.begin(client), client.query(text, values)]);
-      if (begun.status === "rejected") throw begun.reason;
-      if (result.status === "rejected") throw result.reason;
-      await this.commit(client);
-      return result.value;
-    } catch (error) {
-      failed = error instanceof Error ? error : new Error(message(error));
-      throw error;
-    } finally {
-      client.release(failed);
+  async query(text: string, values?: unknown[], options: { retry?: boolean } = {}): Promise<pg.QueryResult> {
+    for (let tries = 0; ; tries++) {
+      const client = await this.connect();
+      try {
+        const result = await this.once(client, text, values);
+        client.release();
+        return result;
+      } catch (error) {
+        client.release(error instanceof Error ? error : new Error(message(error)));
+        if (options.retry === false || !this.used.has(client) || !isConnectionLost(error) || tries >= this.size) throw error;
+      }
     }
+  }
+
+  private async once(client: pg.PoolClient, text: string, values: unknown[] | undefined): Promise<pg.QueryResult> {
+    if (!this.pooled) return client.query(text, values);
+    // BEGIN, the settings and the statement go out together; COMMIT after, so that a warning the
+    // statement raises is not taken for the COMMIT's.
+    const [begun, result] = await Promise.allSettled([this.begin(client), client.query(text, values)]);
+    if (begun.status === "rejected") throw begun.reason;
+    if (result.status === "rejected") throw result.reason;
+    await this.commit(client);
+    return result.value;
   }
 
   /** listener makes a client of its own (not from the pool), on the current host, for LISTEN. */

@@ -211,9 +211,8 @@ export class PostgresInbox implements Inbox {
   }
 
   private async migrate(): Promise<void> {
-    const client = await this.pool.connect();
+    const client = await this.pool.transaction();
     try {
-      await this.pool.begin(client);
       await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
       await client.query(`CREATE SCHEMA IF NOT EXISTS ${this.schema}`);
       await client.query(`CREATE TABLE IF NOT EXISTS inbox_migrations (
@@ -802,7 +801,8 @@ export class PostgresInbox implements Inbox {
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
-    return (await this.pool.query(toPg(sql), params)).rows;
+    // Not run again after a lost connection: it may be a write whose COMMIT went through unheard.
+    return (await this.pool.query(toPg(sql), params, { retry: false })).rows;
   }
 
   onWake(listener: () => void): () => void {
@@ -881,18 +881,18 @@ export class PostgresInbox implements Inbox {
   async ready(): Promise<true | string> {
     if (this.closed) return "the inbox is closed";
     const probe = async (): Promise<true | string> => {
-      const client = await this.pool.connect();
+      const client = await this.pool.transaction();
       let broken: Error | undefined;
       try {
         const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+        const failed = this.commitError;
+        if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
+          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
+        }
+        await this.pool.commit(client);
         if (rows[0].recovery) return "the database is a standby, in recovery";
         if (rows[0].ro === "on") return "the database is read-only";
-        if (this.commitError !== undefined) {
-          await this.pool.begin(client);
-          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
-          await this.pool.commit(client);
-          this.commitError = undefined;
-        }
+        if (this.commitError === failed) this.commitError = undefined;
         return true;
       } catch (error) {
         broken = error instanceof Error ? error : new Error(message(error));
@@ -974,7 +974,7 @@ export class PostgresInbox implements Inbox {
     const started = performance.now();
     let client: pg.PoolClient;
     try {
-      client = await this.pool.connect();
+      client = await this.pool.transaction();
     } catch (error) {
       this.commitError = error;
       return this.rejectAll(batch, error);
@@ -991,6 +991,7 @@ export class PostgresInbox implements Inbox {
       } catch (error) {
         if (isBatchError(error)) throw error;
         await client.query("ROLLBACK");
+        await this.pool.begin(client);
         results = await this.attempt(client, batch, true);
       }
       this.commitError = undefined;
@@ -1019,7 +1020,6 @@ export class PostgresInbox implements Inbox {
 
   private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
     const results = new Map<Op, { ok: boolean; value: unknown }>();
-    await this.pool.begin(client);
     if (!guarded) {
       const stores = batch.filter((op) => op.kind === "store");
       const finishes = batch.filter((op) => op.kind === "finish");
