@@ -274,6 +274,15 @@ export function createAdmin(options: AdminOptions): Admin {
   const tokenDigest = options.token ? digest(options.token) : undefined;
   const secret = randomBytes(32);
   const sessions = new Map<string, Session>();
+  // The messages this page issued after an action, by a random key in the redirect's ?flash=: a link can
+  // only name one, never bring its own words, and each is shown once, to the session it was made for.
+  const flashes = new Map<string, { session: string; text: string }>();
+  const takeFlash = (s: Session, key: string | null): string | null => {
+    const found = key === null ? undefined : flashes.get(key);
+    if (!found || found.session !== s.id) return null;
+    flashes.delete(key!);
+    return found.text;
+  };
   const csrfFor = (id: string) => createHmac("sha256", secret).update(id).digest("base64url");
   // Without a token there is one implicit session, for whoever reaches loopback.
   const local: Session = { id: "local", csrf: csrfFor("local"), who: "local", expires: Infinity };
@@ -372,11 +381,14 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     if (!id) throw new HttpError(400, "expected ?id= (and &source=)");
     const found = await inbox.find(id, source);
     if (found.length === 0) throw new HttpError(404, `no delivery ${source ? `${source}/` : ""}${id}`);
-    if (found.length > 1) {
-      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${found
+    const sources = [...new Map(found.map((d) => [d.source, d])).values()];
+    if (sources.length > 1) {
+      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
         .map((d) => `<li><a href="${escape(deliveryHref(d))}">${escape(d.source)}</a></li>`).join("")}</ul>`);
     }
-    const d = found[0]!;
+    // One row per route (docs/forwarding.md): ?destination= picks one, else the first route's.
+    const wanted = params.get("destination");
+    const d = found.find((x) => x.destination === wanted) ?? found[0]!;
     const tries = await inbox.attemptErrors(d);
     const views = bodyViews(d.body);
     const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
@@ -384,7 +396,9 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     const tab = (name: string, label: string, available: boolean) => available
       ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>` : "";
     const meta: [string, string][] = [
-      ["source", escape(d.source)], ["status", statusBadge(d.status)], ["event type", escape(d.eventType ?? "–")],
+      ["source", escape(d.source)], ["destination", escape(d.destination || "(none)")], ["status", statusBadge(d.status)],
+      ...(found.length > 1 ? [["routes", found.map((x) => `${escape(x.destination)} ${statusBadge(x.status)}`).join(" ")] as [string, string]] : []),
+      ["event type", escape(d.eventType ?? "–")],
       ["attempts", String(d.attempts)], ["received", escape(iso(d.receivedAt))], ["provider time", escape(iso(d.providerTime))],
       ["due", d.status === "received" ? escape(iso(d.availableAt)) : "–"],
       ["lease", d.leasedUntil === null ? "none" : `held until ${escape(iso(d.leasedUntil))}`],
@@ -541,7 +555,7 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
       throw new HttpError(401, "log in first: exchange the admin token at /login");
     }
     if (req.method === "GET") {
-      const flash = url.searchParams.get("flash");
+      const flash = takeFlash(s, url.searchParams.get("flash"));
       if (path === "/") {
         if (url.searchParams.get("fragment") === "overview") return send(res, 200, await overviewLive());
         return send(res, 200, await overview(s));
@@ -581,7 +595,10 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
     // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
     audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
     const to = new URL(done.to, "http://admin.invalid");
-    to.searchParams.set("flash", done.flash);
+    const key = randomBytes(12).toString("base64url");
+    if (flashes.size >= MAX_SESSIONS) flashes.delete(flashes.keys().next().value!);
+    flashes.set(key, { session: s.id, text: done.flash });
+    to.searchParams.set("flash", key);
     send(res, 303, "", { location: `${to.pathname}${to.search}` });
   }
 
@@ -694,7 +711,8 @@ if (live) {
 
 // ---- The entry point --------------------------------------------------------------------------------
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the operator page as `admin.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
