@@ -175,7 +175,9 @@ for (const backend of BACKENDS) {
         const ended = await admin.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = ?", name);
         // At once, before pg has read the idle connections' end: each meets one, drops it and goes on.
         const [listed, stored] = await Promise.all([inbox.list(), inbox.store({ id: "evt_2", body: body({}) })]);
-        assert.ok(ended.length > 1, `the batch's connection and idle ones were ended (${ended.length})`);
+        // Behind a pooler (test/pgbouncer.test.ts runs this suite so) idle connections are the pooler's, not ours.
+        const direct = !/[?&]listen=false/.test(target);
+        assert.ok(ended.length > (direct ? 1 : 0), `the batch's connection, and idle ones when direct, were ended (${ended.length})`);
         await failed;
         assert.equal((await row(admin, "evt_1"))!.status, "processing", "nothing of the batch committed");
         assert.equal(stored, "stored", "the inbox carries on, on a new connection");

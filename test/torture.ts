@@ -146,7 +146,7 @@ try {
     f.gaps.push(q.ackGapMs);
     f.kills.push(q.killToAckMs);
     console.log(`failover ${round + 1}: ${q.acked} acknowledged, ${q.deliveries} done, ${q.handledOrdered} ordered; no 200 for ${q.ackGapMs} ms ` +
-      `(1 s of stalled replication, then kill to 200 ${q.killToAckMs} ms, of which promote ${q.promoteMs} ms); ${q.unavailable} answered 503, ` +
+      `(1 s of stalled replication, then from the kill to the next 200 ${q.killToAckMs} ms; pg_ctl promote took ${q.promoteMs} ms); ${q.unavailable} answered 503, ` +
       `${q.requestErrors} failed requests, ${q.duplicatesAfterKill} resent answered duplicate, ${q.retriedHandlers} handlers run again; ` +
       `lost ${q.lostAcked + q.lost}, doubled ${q.doubled}, out of order ${q.outOfOrder.length}`);
     if (!q.drained || q.lostAcked > 0 || q.lost > 0 || q.doubled > 0 || q.balance !== q.expected || q.outOfOrder.length > 0
