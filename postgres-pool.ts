@@ -167,6 +167,18 @@ export class Pool {
           super({ ...c, connectionString: target.urls[at] });
           this.hostIndex = at;
         }
+        // A host that refuses or times out is left for the next; a wait for a free connection in a full
+        // pool fails too, but says nothing about the host.
+        override connect(): Promise<pg.Client>;
+        override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
+        override connect(callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): Promise<pg.Client> | void {
+          if (!callback) return super.connect().catch((error: unknown) => Promise.reject((pool.moveOn(this.hostIndex), error)));
+          const answer = callback as (err: Error | null, c?: pg.Client) => void;
+          super.connect((error: Error | null) => {
+            if (error) pool.moveOn(this.hostIndex);
+            answer(error, this);
+          });
+        }
       } as unknown as new () => pg.ClientBase,
       onConnect: (client) => this.check(client as pg.ClientBase & { hostIndex: number }),
     };
@@ -197,7 +209,8 @@ export class Pool {
     throw Object.assign(new Error(`${this.target.hosts[client.hostIndex]} is ${what} (target_session_attrs=${this.target.attrs})`), { code: "25006" });
   }
 
-  private moveOn(from: number): void {
+  /** moveOn leaves host `from` for the next in the URL, unless another connection already has. */
+  moveOn(from: number): void {
     if (this.cursor === from) this.cursor = (from + 1) % this.target.urls.length;
   }
 
@@ -215,7 +228,8 @@ export class Pool {
       } catch (error) {
         last = error;
         reasons.push(`${this.target.hosts[at]}: ${message(error)}`);
-        this.moveOn(at);
+        // Unmoved, the host was not at fault (a full pool's wait ran out): another host would not help.
+        if (this.cursor === at) throw error;
       }
     }
     if (this.target.urls.length === 1) throw last;

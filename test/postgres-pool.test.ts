@@ -4,10 +4,12 @@
 //   npx node --import tsx --test test/postgres-pool.test.ts
 
 import assert from "node:assert/strict";
+import { createServer } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { connect, type Inbox } from "../inbox.ts";
-import { parseTarget, redact } from "../postgres-pool.ts";
-import { freePort, freshSchema, postgresSkip, privatePostgres, type PrivatePostgres } from "./helpers.ts";
+import pg from "pg";
+import { parseTarget, Pool, redact } from "../postgres-pool.ts";
+import { freePort, freshSchema, POSTGRES, postgresSkip, privatePostgres, type PrivatePostgres } from "./helpers.ts";
 
 const pgSkip = await postgresSkip();
 
@@ -57,6 +59,31 @@ describe("a URL with several hosts", () => {
     } finally {
       await inbox.close();
       await fresh.drop();
+    }
+  });
+
+  it("stays on its host when a wait for a free connection runs out: that says nothing of the host", { skip: pgSkip }, async () => {
+    const up = new URL(POSTGRES);
+    // The second host counts who knocks, and hangs up.
+    let knocks = 0;
+    const second = createServer((socket) => void (knocks++, socket.destroy()));
+    await new Promise<void>((resolve) => second.listen(0, "127.0.0.1", resolve));
+    const port = (second.address() as { port: number }).port;
+    const pool = new Pool(parseTarget(`postgres://${up.username}@${up.host},127.0.0.1:${port}${up.pathname}`), {
+      size: 1, connectTimeoutMs: 200, applicationName: "hosts-full-pool", types: pg.types,
+    });
+    const held = await pool.connect();
+    try {
+      const waited = await pool.connect().then(() => "a connection", (e: Error) => e.message);
+      held.release(new Error("dropped, so the next query opens a new connection"));
+      assert.match(waited, /timeout/, "the one connection is taken");
+      assert.doesNotMatch(waited, /no host/, "and no other host is tried for it");
+      const [row] = (await pool.query("SELECT inet_server_port() AS port")).rows;
+      assert.equal(row.port, Number(up.port || 5432));
+      assert.equal(knocks, 0, "the new connection went to the first host, as before the wait");
+    } finally {
+      await pool.end();
+      second.close();
     }
   });
 
