@@ -2,7 +2,7 @@
 // pg_basebackup -R from Debian's PostgreSQL binaries; skipped in one line without them). The short failover
 // under load (test/failover.ts), its control without synchronous replication, and a COMMIT whose wait for
 // the standby is cancelled or cut off, which must never count as stored.
-//   npx node --import tsx --test test/failover.test.ts     # TORTURE_FAILOVERS=5 npm run torture for long
+//   npx node --import tsx --test test/failover.test.ts     # TORTURE_FAILOVERS=5 npm run torture -- crash, long
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
