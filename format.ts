@@ -93,6 +93,8 @@ export function importLine(line: unknown): Delivery {
     error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
     replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
     orderKey: need("orderKey", "string", true), eventTime: need("eventTime", "number", true), newerId: need("newerId", "string", true),
+    // Exports from before traces have no traceparent: null, as for a delivery received untraced.
+    traceparent: need("traceparent", "string", true),
   };
   // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
   if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {

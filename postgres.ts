@@ -86,6 +86,9 @@ const MIGRATIONS: readonly string[] = [
      PRIMARY KEY (source, order_key)
    ) WITH (autovacuum_vacuum_scale_factor = 0.02);
    CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // The trace context of the request that brought each delivery (a W3C traceparent, see traces.ts), so the
+  // worker's span continues the receiver's trace and a forward carries it on. NULL where nothing traced it.
+  `ALTER TABLE deliveries ADD COLUMN traceparent text;`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -604,22 +607,22 @@ export class PostgresInbox implements Inbox {
       const { rows } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                  status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at, order_key, event_time, newer_id, arrival)
+                                 replays, purged_at, order_key, event_time, newer_id, arrival, traceparent)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
                 CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, tp
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
                      $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
-                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n)
+                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[], $23::text[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, tp)
          ORDER BY s, i
          ON CONFLICT (source, id) DO NOTHING
          RETURNING source, order_key`,
         [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
           col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
           col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null),
-          col("orderKey"), col("eventTime"), col("newerId"), place],
+          col("orderKey"), col("eventTime"), col("newerId"), place, col("traceparent")],
       );
       const keys = new Map<string, [string, string]>();
       for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.order_key]), [r.source, r.order_key]);
@@ -1098,17 +1101,18 @@ export class PostgresInbox implements Inbox {
     const anyOrdered = orders.some((o) => o.key !== null);
     const inserted = await client.query(
       `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
-                               order_key, event_time, arrival)
+                               order_key, event_time, arrival, traceparent)
        SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
-              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
-       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[])
-            AS u(s, i, b, h, ct, et, pt, ok, ev, n)
+              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, tp
+       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
+                   $12::text[])
+            AS u(s, i, b, h, ct, et, pt, ok, ev, n, tp)
        ON CONFLICT (source, id) DO NOTHING
        RETURNING source, id, order_key, event_time, arrival, available_at`,
       [this.now(), rows.map((op) => op.source), rows.map((op) => op.incoming.id), rows.map((op) => op.incoming.body),
         rows.map((op) => op.digest), rows.map((op) => op.incoming.contentType ?? null), rows.map((op) => op.incoming.eventType ?? null),
         rows.map((op) => op.incoming.providerTime ?? null), orders.map((o) => o.key), orders.map((o) => o.eventTime),
-        rows.map((op) => place.get(op)!)],
+        rows.map((op) => place.get(op)!), rows.map((op) => op.incoming.traceparent ?? null)],
     );
     if (anyOrdered) {
       const strict = new Map(rows.map((op, i) => [`${op.source}\u0000${op.incoming.id}`, orders[i]!.strict]));

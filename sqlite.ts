@@ -135,6 +135,9 @@ const MIGRATIONS: readonly string[] = [
      PRIMARY KEY (source, order_key)
    );
    CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // The trace context of the request that brought each delivery (a W3C traceparent, see traces.ts), so the
+  // worker's span continues the receiver's trace and a forward carries it on. NULL where nothing traced it.
+  `ALTER TABLE deliveries ADD COLUMN traceparent TEXT;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -293,12 +296,12 @@ export class SqliteInbox implements Inbox {
       const inserted = this
         .sql(
           `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
-                                   received_at, status, available_at, order_key, event_time)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?)
+                                   received_at, status, available_at, order_key, event_time, traceparent)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?, ?)
            ON CONFLICT (source, id) DO NOTHING`,
         )
         .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
-          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime);
+          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime, delivery.traceparent ?? null);
       if (inserted.changes === 1) {
         if (ordered.key !== null) this.enter(source, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
         return "stored";
@@ -642,13 +645,14 @@ export class SqliteInbox implements Inbox {
           .sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                      status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                     replays, purged_at, order_key, event_time, newer_id)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     replays, purged_at, order_key, event_time, newer_id, traceparent)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (source, id) DO NOTHING`,
           )
           .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
             d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null).changes);
+            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null,
+            d.traceparent ?? null).changes);
         added += changed;
         if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, d.orderKey]), [d.source, d.orderKey]);
       }

@@ -29,6 +29,8 @@ export interface Incoming {
   eventTime?: number | null;
   /** An ordered delivery set aside as failed blocks its key until it is retried, rather than letting later ones pass. */
   strictOrder?: boolean;
+  /** The W3C traceparent of the receive span (traces.ts), so the worker's span continues that trace; none when untraced. */
+  traceparent?: string | null;
 }
 
 /** Delivery is one stored webhook, as the worker and the CLI see it. */
@@ -58,6 +60,8 @@ export interface Delivery {
   eventTime: number | null;
   /** Set when it was handed over stale: the ID of a newer delivery of its key that was already handled. */
   newerId: string | null;
+  /** The W3C traceparent of the request that brought it (see traces.ts), or null when it was received untraced. */
+  traceparent: string | null;
 }
 
 /**
@@ -348,6 +352,7 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
     orderKey: (row.order_key ?? null) as string | null,
     eventTime: (row.event_time ?? null) as number | null,
     newerId: (row.newer_id ?? null) as string | null,
+    traceparent: (row.traceparent ?? null) as string | null,
   };
 }
 
