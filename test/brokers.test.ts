@@ -6,6 +6,9 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, describe, it } from "node:test";
+import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
+import amqp, { type Channel, type ChannelModel } from "amqplib";
 import { HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../brokers.ts";
 import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
 
@@ -84,11 +87,14 @@ describe("parseBrokerDestination()", () => {
   });
 });
 
-describe("publishing into NATS JetStream", { skip: natsSkipped }, async () => {
-  const { connect, nanos } = await import("@nats-io/transport-node");
-  const { jetstreamManager } = await import("@nats-io/jetstream");
-  const nc = await connect({ servers: NATS });
-  const jsm = await jetstreamManager(nc);
+describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
+  // Opened in before(), not in the suite's body, so that a run that filters these tests out holds no connection open.
+  let nc: NatsConnection;
+  let jsm: JetStreamManager;
+  before(async () => {
+    nc = await natsConnect({ servers: NATS });
+    jsm = await jetstreamManager(nc);
+  });
   // A stream of its own for each test: purging a stream leaves its duplicate window's memory behind.
   let n = 0;
   let stream = "";
@@ -152,7 +158,6 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, async () => {
     assert.deepEqual((await stored()).map((m) => m.subject).sort(), [`${prefix}.billing.invoice.paid`, `${prefix}.stripe.invoice.paid`]);
     // The control: the same two publishes keyed by the delivery alone, as a naive msg ID would be.
     await fresh();
-    const { jetstream } = await import("@nats-io/jetstream");
     const js = jetstream(nc);
     await js.publish(`${prefix}.stripe.invoice.paid`, BINARY, { msgID: "stripe:evt_1" });
     const second = await js.publish(`${prefix}.billing.invoice.paid`, BINARY, { msgID: "stripe:evt_1" });
@@ -197,10 +202,9 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, async () => {
   });
 });
 
-describe("publishing into RabbitMQ", { skip: rabbitSkipped }, async () => {
-  const amqp = await import("amqplib");
-  const model = await amqp.connect(RABBITMQ);
-  const channel = await model.createChannel();
+describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
+  let model: ChannelModel;
+  let channel: Channel;
   const queue = `inbox-test-${run}`;
   const brokers: Broker[] = [];
   const broker = (settings: Record<string, unknown>) => {
@@ -209,6 +213,8 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, async () => {
     return b;
   };
   before(async () => {
+    model = await amqp.connect(RABBITMQ);
+    channel = await model.createChannel();
     await channel.assertQueue(queue, { durable: true });
   });
   after(async () => {
