@@ -46,6 +46,8 @@ export function startReceive(headers: Headers): Receive {
   const active = context.active();
   const parent = trace.getSpan(active) ? active : propagation.extract(active, headers, headerGetter);
   const span = tracer.startSpan("receive", { kind: SpanKind.SERVER }, parent);
+  // No SDK and no context to carry: no context to make, nothing to close (bench/traces.ts times this path).
+  if (!span.isRecording() && !isSpanContextValid(span.spanContext())) return UNTRACED;
   const ctx = trace.setSpan(parent, span);
   const traceparent = isSpanContextValid(span.spanContext()) ? traceparentOf(ctx) : null;
   return {
@@ -65,6 +67,9 @@ export function startReceive(headers: Headers): Receive {
     },
   };
 }
+
+// UNTRACED stands for the span of a request that nothing traces.
+const UNTRACED: Receive = { traceparent: null, run: (fn) => fn(), end: () => {} };
 
 /** Outcome is how one attempt at a delivery ended in the worker. */
 export type Outcome = "done" | "retry" | "failed" | "lost" | "released";
@@ -86,6 +91,7 @@ export interface Process {
 export function startProcess(d: { source: string; id: string; eventType: string | null; attempts: number; traceparent: string | null }): Process {
   const parent = d.traceparent === null ? ROOT_CONTEXT : propagation.extract(ROOT_CONTEXT, { traceparent: d.traceparent });
   const span = tracer.startSpan(`process ${d.source}`, { kind: SpanKind.CONSUMER }, parent);
+  if (!span.isRecording() && !isSpanContextValid(span.spanContext())) return { traceparent: d.traceparent ?? undefined, run: (fn) => fn(), end: () => {} };
   const ctx = trace.setSpan(parent, span);
   const own = isSpanContextValid(span.spanContext()) ? traceparentOf(ctx) : null;
   if (span.isRecording()) {

@@ -20,8 +20,9 @@ import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
   ingest, latency, worker, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
+  brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered"];
+const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "brokers", "traces"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
