@@ -275,7 +275,7 @@ function natsBroker(d: NatsDestination): Broker {
       });
       // Closed for good (close() or a fatal error): the next publish connects again.
       void nc.closed().then(() => {
-        conn = undefined;
+        if (conn === opened) conn = undefined;
       });
       const tooBig = (e: unknown) =>
         (e instanceof errors.InvalidArgumentError && /max_payload/.test(e.message)) ||
@@ -283,8 +283,9 @@ function natsBroker(d: NatsDestination): Broker {
         (e instanceof JetStreamApiError && e.code === 10054);
       return { nc, js: jetstream(nc, { timeout: d.timeoutMs }), headers, tooBig };
     })();
+    const opened = conn;
     conn.catch(() => {
-      conn = undefined;
+      if (conn === opened) conn = undefined;
     });
     return conn;
   };

@@ -74,6 +74,13 @@ describe("parseBrokerDestination()", () => {
     refuses({ type: "rabbitmq", routingKey: "k", url: "env:AMQP_URL" }, /url reads the environment variable AMQP_URL, which is not set/);
   });
 
+  it("keys each message by destination, source and ID, so that no two deliveries share a key", () => {
+    assert.equal(messageId("events", { source: "stripe", id: "evt_1", replays: 0 }), "events:stripe:evt_1");
+    assert.notEqual(messageId("d", { source: "a:b", id: "c", replays: 0 }), messageId("d", { source: "a", id: "b:c", replays: 0 }), "a : inside a part is no separator");
+    assert.notEqual(messageId("d:x", { source: "s", id: "i", replays: 0 }), messageId("d", { source: "x:s", id: "i", replays: 0 }));
+    assert.equal(messageId("events", { source: "stripe", id: "evt_1", replays: 2 }), "events:stripe:evt_1:replay-2");
+  });
+
   it("never says a secret back, even when the secret is what is wrong", () => {
     const secret = "hunter2-do-not-print";
     for (const [settings, env] of [
@@ -173,6 +180,13 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     assert.deepEqual(await b.publish(message({ id: "b", eventType: null })), { kind: "done" });
     assert.deepEqual(await b.publish(message({ id: "c", to: `${prefix}.routed.{source}` })), { kind: "done" });
     assert.deepEqual((await stored()).map((m) => m.subject), [`${prefix}.stripe.weird_type_with_chars._.x`, `${prefix}.stripe._`, `${prefix}.routed.stripe`]);
+  });
+
+  it("percent-encodes a header value that a header cannot hold", async () => {
+    await fresh();
+    assert.deepEqual(await broker({}).publish(message({ id: "evt\r\n1 é" })), { kind: "done" });
+    const [m] = await stored();
+    assert.deepEqual([m!.header.get(HEADERS.id), m!.header.get("Nats-Msg-Id")], ["evt%0D%0A1%20%C3%A9", "audit:stripe:evt%0D%0A1%20%C3%A9"]);
   });
 
   it("retries, saying why, when no stream captures the subject or another stream does", async () => {
