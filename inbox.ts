@@ -225,6 +225,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
           ["finished", iso(d.finishedAt)], ["conflicts", d.conflicts], ["sha256", d.bodySha256],
           ...(d.orderKey === null ? [] : [["order key", d.orderKey], ["event time", iso(d.eventTime)],
             ["stale", d.newerId === null ? "no" : `yes, handled after ${d.newerId}`]] as [string, unknown][]),
+          // The trace to look up in the tracing UI (docs/observability.md#traces), where one was recorded.
+          ...(d.traceparent === null ? [] : [["traceparent", d.traceparent]] as [string, unknown][]),
           ["error", d.error ?? "-"], ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);

@@ -205,6 +205,8 @@ describe("across real receiver and worker processes, each with its SDK", () => {
         assert.deepEqual([receive.traceId, receive.parentSpanId], [SENDER_TRACE, SENDER_SPAN], "the receiver honours the sender's traceparent");
         assert.deepEqual([attempt!.traceId, attempt!.parentSpanId], [SENDER_TRACE, receive.spanId], "the worker continues the receiver's span");
         assert.equal(attempt!.attributes["inbox.outcome"], "done");
+        const shown = await runScript("inbox.ts", ["show", "evt_x", "--db", target]);
+        assert.match(shown.stdout, new RegExp(`^traceparent\\s+00-${SENDER_TRACE}-${receive.spanId}-01$`, "m"), "show prints the trace to look up");
         assert.match(receive.spanId, /^[0-9a-f]{16}$/);
         assert.match(`00-${attempt!.traceId}-${attempt!.spanId}-01`, W3C);
         assertClean([...received, ...processed], r);
