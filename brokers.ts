@@ -1,8 +1,9 @@
 // brokers.ts: publishing a delivery into a message broker, as a destination of its own: NATS JetStream (the
 // official @nats-io clients) or RabbitMQ (amqplib). A publish resolves done only once the broker has the
 // message (JetStream's PubAck, RabbitMQ's publisher confirm), and every failure maps to retry or failed,
-// like an HTTP forward's. docs/brokers.md says what each guarantees. Not run on its own:
-//   const broker = openBroker(parseBrokerDestination("audit", { type: "nats", subject: "webhooks.{source}.{type}" }, "sources.json", process.env));
+// like an HTTP forward's; brokerSender() is a broker destination as the forwarder runs it. docs/brokers.md
+// says what each guarantees. Not run on its own:
+//   const broker = openBroker(parseBrokerDestination("audit", { type: "nats", subject: "webhooks.{source}.{type}" }, undefined, process.env));
 //   const outcome = await broker.publish(messageOf(job.delivery, job.traceparent), job.signal);
 
 import type { ChannelModel, ConfirmChannel, Options as AmqpOptions } from "amqplib";
@@ -10,7 +11,7 @@ import type { JetStreamClient } from "@nats-io/jetstream";
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { DEFAULTS } from "./defaults.ts";
 import { message as messageOfError } from "./log.ts";
-import type { Delivery } from "./store.ts";
+import type { Delivery, Lease } from "./store.ts";
 
 /** BROKER_TYPES names the destination types this file serves; a destination of another type is not a broker. */
 export const BROKER_TYPES = ["nats", "rabbitmq"] as const;
@@ -63,6 +64,8 @@ export interface BrokerMessage {
   attempt: number;
   /** Times a person replayed the delivery; each replay is a new message to the broker (see messageId). */
   replays: number;
+  /** The order key, for an ordered delivery ([ordering](docs/ordering.md)). */
+  orderKey: string | null;
   /** Set when handed over stale: the ID of a newer delivery of its order key that was already handled. */
   newerId: string | null;
   /** The W3C traceparent to carry on (job.traceparent), if any. */
@@ -85,12 +88,12 @@ export interface Broker {
 
 /** messageOf builds the message of a claimed delivery: pass job.delivery and job.traceparent. */
 export function messageOf(
-  delivery: Pick<Delivery, "source" | "id" | "body" | "contentType" | "eventType" | "replays" | "newerId" | "attempts">,
+  delivery: Pick<Delivery, "source" | "id" | "body" | "contentType" | "eventType" | "replays" | "orderKey" | "newerId" | "attempts">,
   traceparent?: string | null, to?: string,
 ): BrokerMessage {
   return {
     source: delivery.source, id: delivery.id, body: delivery.body, contentType: delivery.contentType, eventType: delivery.eventType,
-    attempt: delivery.attempts, replays: delivery.replays, newerId: delivery.newerId, traceparent: traceparent ?? null,
+    attempt: delivery.attempts, replays: delivery.replays, orderKey: delivery.orderKey, newerId: delivery.newerId, traceparent: traceparent ?? null,
     ...(to === undefined ? {} : { to }),
   };
 }
@@ -107,18 +110,23 @@ export function messageId(destination: string, m: Pick<BrokerMessage, "source" |
   return m.replays > 0 ? `${key}:replay-${m.replays}` : key;
 }
 
-const NATS_KEYS = ["type", "url", "subject", "stream", "user", "pass", "token", "timeoutMs"];
-const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "timeoutMs"];
+// Settings every destination takes, which routes.ts reads (in flight, rate limit, breaker); not brokers.ts's own.
+const SHARED_KEYS = ["maxInFlight", "rate", "burst", "breaker"];
+const NATS_KEYS = ["type", "url", "subject", "stream", "user", "pass", "token", "timeoutMs", ...SHARED_KEYS];
+const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "timeoutMs", ...SHARED_KEYS];
 
 /**
  * parseBrokerDestination checks a broker destination's settings from the sources file and reads its
- * `env:NAME` values from env. It throws a TypeError of one line naming the destination and the mistake,
- * never a secret's value.
+ * `env:NAME` values from env. It throws a TypeError of one line that starts with where (the place that
+ * names the destination, as routes.ts's brokerCheck gives it) and says the mistake, never a secret's value.
+ * With resolve false it checks the settings' shape only, reading nothing from env (the receiver's check:
+ * the secrets are the worker's).
  */
 export function parseBrokerDestination(
-  name: string, settings: unknown, where: string, env: Readonly<Record<string, string | undefined>> = {},
+  name: string, settings: unknown, where = `destination ${JSON.stringify(name)}`,
+  env: Readonly<Record<string, string | undefined>> = {}, resolve = true,
 ): BrokerDestination {
-  const at = `${where}: destination ${JSON.stringify(name)}`;
+  const at = where;
   // Typed where it is declared, so that TypeScript narrows past each call to it.
   const fail: (mistake: string) => never = (mistake) => {
     throw new TypeError(`${at}: ${mistake}`);
@@ -141,7 +149,9 @@ export function parseBrokerDestination(
       return v;
     }
     const variable = v.slice(4);
-    const value = variable === "" ? undefined : env[variable];
+    if (variable === "") fail(`${key} reads the environment variable (no name)`);
+    if (!resolve) return UNRESOLVED;
+    const value = env[variable];
     if (value === undefined || value === "") fail(`${key} reads the environment variable ${variable || "(no name)"}, which is not set`);
     return value;
   };
@@ -151,7 +161,7 @@ export function parseBrokerDestination(
   if (type === "nats") {
     const url = read("url", true) ?? DEFAULTS.natsUrl;
     const servers = url.split(",").map((u) => u.trim());
-    for (const server of servers) {
+    for (const server of url === UNRESOLVED ? [] : servers) {
       // The URL may hold a user and password: say which part is wrong, never the URL itself.
       let parsed: URL | undefined;
       try {
@@ -177,13 +187,15 @@ export function parseBrokerDestination(
   }
 
   const url = read("url", true) ?? DEFAULTS.rabbitmqUrl;
-  let parsed: URL | undefined;
-  try {
-    parsed = new URL(url);
-  } catch {
-    fail("expected url to be amqp://user:password@host:port/vhost; it is not a URL");
+  if (url !== UNRESOLVED) {
+    let parsed: URL | undefined;
+    try {
+      parsed = new URL(url);
+    } catch {
+      fail("expected url to be amqp://user:password@host:port/vhost; it is not a URL");
+    }
+    if (!["amqp:", "amqps:"].includes(parsed!.protocol)) fail("expected url to start with amqp:// or amqps://");
   }
-  if (!["amqp:", "amqps:"].includes(parsed!.protocol)) fail("expected url to start with amqp:// or amqps://");
   const exchange = s.exchange ?? "";
   if (typeof exchange !== "string") fail(`expected exchange to be a string ("" for the default exchange), got ${kindOf(exchange)}`);
   const routingKey = read("routingKey", false) ?? fail('missing routingKey: a queue\'s name on the default exchange, or a pattern such as "webhooks.{source}.{type}"');
@@ -192,6 +204,9 @@ export function parseBrokerDestination(
   if (typeof mandatory !== "boolean") fail(`expected mandatory to be true or false, got ${JSON.stringify(mandatory)}`);
   return { type, name, url, exchange: exchange as string, routingKey, mandatory: mandatory as boolean, timeoutMs: timeoutMs as number };
 }
+
+// What an env:NAME value stands for when the settings' shape alone is checked (resolve false).
+const UNRESOLVED = "(read from the environment by the worker)";
 
 const PLACEHOLDER = /\{([^{}]*)\}/g;
 
@@ -225,10 +240,13 @@ function targetOf(destination: BrokerDestination, m: BrokerMessage): string {
   return template.replace(PLACEHOLDER, (_, name: string) => (name === "source" ? token(m.source) : m.eventType ? token(m.eventType) : "_"));
 }
 
-/** HEADERS names what each message carries besides its body, the same on both brokers (docs/brokers.md). */
+/**
+ * HEADERS names what each message carries besides its body, the same on both brokers and as an HTTP
+ * forward's headers (forward.ts), so a consumer reads one set of names whichever way a delivery came.
+ */
 export const HEADERS = {
-  source: "inbox-source", id: "inbox-id", eventType: "inbox-event-type", attempt: "inbox-attempt",
-  stale: "inbox-stale", newerId: "inbox-newer-id", traceparent: "traceparent",
+  source: "inbox-source", id: "inbox-delivery-id", eventType: "inbox-event-type", attempt: "inbox-attempt",
+  orderKey: "inbox-order-key", stale: "inbox-stale", newerId: "inbox-newer-id", traceparent: "traceparent",
 } as const;
 
 // headerValues lists a message's headers; values the broker's wire format cannot hold (a line break in an
@@ -237,9 +255,22 @@ function headerValues(m: BrokerMessage): [string, string][] {
   const safe = (v: string) => (/^[\x20-\x7e]*$/.test(v) ? v : encodeURIComponent(v));
   const out: [string, string][] = [[HEADERS.source, safe(m.source)], [HEADERS.id, safe(m.id)], [HEADERS.attempt, String(m.attempt)]];
   if (m.eventType !== null) out.push([HEADERS.eventType, safe(m.eventType)]);
-  if (m.newerId !== null) out.push([HEADERS.stale, "true"], [HEADERS.newerId, safe(m.newerId)]);
+  if (m.orderKey !== null) out.push([HEADERS.orderKey, safe(m.orderKey)], [HEADERS.stale, m.newerId !== null ? "true" : "false"]);
+  if (m.newerId !== null) out.push([HEADERS.newerId, safe(m.newerId)]);
   if (m.traceparent) out.push([HEADERS.traceparent, safe(m.traceparent)]);
   return out;
+}
+
+/**
+ * brokerSender is a broker destination as the forwarder (forwarder.ts) runs it: its Sender, which sends a
+ * leased delivery, its traceparent carried on, and answers with the same outcomes an HTTP forward has.
+ */
+export function brokerSender(destination: BrokerDestination): {
+  send(lease: Lease, options: { signal: AbortSignal }): Promise<BrokerOutcome>;
+  close(): Promise<void>;
+} {
+  const broker = openBroker(destination);
+  return { send: (lease, { signal }) => broker.publish(messageOf(lease, lease.traceparent), signal), close: () => broker.close() };
 }
 
 /** openBroker returns the publisher of one destination; it connects on the first publish, not before. */

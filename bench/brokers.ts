@@ -31,7 +31,7 @@ const WHICH = (process.env.BENCH_BROKERS ?? "nats,rabbitmq").split(",");
 const body = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
 const message = (tag: string, i: number): BrokerMessage => ({
   source: "default", id: `${tag}_${i}`, body: body(i), contentType: "application/json", eventType: "payment.succeeded", attempt: 1,
-  replays: 0, newerId: null, traceparent: null,
+  replays: 0, orderKey: null, newerId: null, traceparent: null,
 });
 
 // loop keeps `concurrency` publishes in flight for SECONDS and returns messages/s.

@@ -9,8 +9,11 @@ import { after, before, describe, it } from "node:test";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
 import amqp, { type Channel, type ChannelModel } from "amqplib";
-import { HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../brokers.ts";
-import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
+import { join } from "node:path";
+import { brokerSender, HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../brokers.ts";
+import type { Sender } from "../forward.ts";
+import { connect } from "../inbox.ts";
+import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip, tempDir } from "./helpers.ts";
 
 const natsSkipped = await natsSkip();
 const rabbitSkipped = await rabbitmqSkip();
@@ -22,12 +25,12 @@ const BINARY = Buffer.concat([Buffer.from(Array.from({ length: 256 }, (_, i) => 
 function message(over: Partial<BrokerMessage> = {}): BrokerMessage {
   return {
     source: "stripe", id: "evt_1", body: BINARY, contentType: "application/octet-stream", eventType: "invoice.paid", attempt: 1,
-    replays: 0, newerId: null, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ...over,
+    replays: 0, orderKey: null, newerId: null, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ...over,
   };
 }
 
 describe("parseBrokerDestination()", () => {
-  const parse = (settings: unknown, env: Record<string, string> = {}) => parseBrokerDestination("audit", settings, "sources.json", env);
+  const parse = (settings: unknown, env: Record<string, string> = {}) => parseBrokerDestination("audit", settings, 'sources.json: destination "audit"', env);
   const refuses = (settings: unknown, pattern: RegExp, env: Record<string, string> = {}) =>
     assert.throws(() => parse(settings, env), (error: unknown) => {
       assert.ok(error instanceof TypeError, `a TypeError, got ${String(error)}`);
@@ -79,6 +82,14 @@ describe("parseBrokerDestination()", () => {
     assert.notEqual(messageId("d", { source: "a:b", id: "c", replays: 0 }), messageId("d", { source: "a", id: "b:c", replays: 0 }), "a : inside a part is no separator");
     assert.notEqual(messageId("d:x", { source: "s", id: "i", replays: 0 }), messageId("d", { source: "x:s", id: "i", replays: 0 }));
     assert.equal(messageId("events", { source: "stripe", id: "evt_1", replays: 2 }), "events:stripe:evt_1:replay-2");
+  });
+
+  it("checks only the shape without the environment, as the receiver does, whose secrets are the worker's", () => {
+    const shape = (settings: unknown) => parseBrokerDestination("audit", settings, 'destination "audit"', {}, false);
+    assert.equal(shape({ type: "rabbitmq", url: "env:AMQP_URL", routingKey: "k" }).type, "rabbitmq");
+    assert.equal(shape({ type: "nats", url: "env:NATS_URL", subject: "x", user: "env:U", pass: "env:P" }).type, "nats");
+    assert.throws(() => shape({ type: "nats", url: "env:NATS_URL", subject: "x.>" }), /^TypeError: destination "audit": subject "x\.>" is not one/);
+    assert.throws(() => shape({ type: "nats", subject: "x", user: "env:U" }), /expected user and pass together/);
   });
 
   it("never says a secret back, even when the secret is what is wrong", () => {
@@ -135,14 +146,14 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
   it("publishes the body byte-exact with its headers, and is done only with the PubAck", async () => {
     await fresh();
     const b = broker({ stream });
-    assert.deepEqual(await b.publish(message({ newerId: "evt_2", attempt: 3 })), { kind: "done" });
+    assert.deepEqual(await b.publish(message({ orderKey: "sub_1", newerId: "evt_2", attempt: 3 })), { kind: "done" });
     const [m] = await stored();
     assert.equal(m!.subject, `${prefix}.stripe.invoice.paid`, "{type} keeps its dots as token breaks");
     assert.ok(Buffer.from(m!.data).equals(BINARY), "every byte arrives as it was");
     const h = m!.header;
     assert.equal(h.get("Nats-Msg-Id"), "audit:stripe:evt_1");
-    assert.deepEqual([HEADERS.source, HEADERS.id, HEADERS.eventType, HEADERS.attempt, HEADERS.stale, HEADERS.newerId, HEADERS.traceparent].map((k) => h.get(k)),
-      ["stripe", "evt_1", "invoice.paid", "3", "true", "evt_2", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]);
+    assert.deepEqual(["inbox-source", "inbox-delivery-id", "inbox-event-type", "inbox-attempt", "inbox-order-key", "inbox-stale", "inbox-newer-id", "traceparent"].map((k) => h.get(k)),
+      ["stripe", "evt_1", "invoice.paid", "3", "sub_1", "true", "evt_2", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]);
     assert.equal(h.get("Content-Type"), "application/octet-stream");
   });
 
@@ -180,6 +191,29 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     assert.deepEqual(await b.publish(message({ id: "b", eventType: null })), { kind: "done" });
     assert.deepEqual(await b.publish(message({ id: "c", to: `${prefix}.routed.{source}` })), { kind: "done" });
     assert.deepEqual((await stored()).map((m) => m.subject), [`${prefix}.stripe.weird_type_with_chars._.x`, `${prefix}.stripe._`, `${prefix}.routed.stripe`]);
+  });
+
+  it("is the forwarder's Sender for a broker destination: a leased delivery goes out whole, its traceparent carried on", async () => {
+    await fresh();
+    const { dir, cleanup } = tempDir();
+    const inbox = await connect(join(dir, "inbox.db"));
+    try {
+      const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+      await inbox.store({ source: "shop", id: "evt_9", body: BINARY, contentType: "application/octet-stream", eventType: "order.paid", traceparent });
+      const lease = (await inbox.claim())!;
+      // The settings routes.ts reads for every destination (maxInFlight, rate, breaker) are taken too.
+      const settings = { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}`, maxInFlight: 4, rate: 100, breaker: false };
+      const sender: Sender = brokerSender(parseBrokerDestination("audit", settings, "test"));
+      assert.deepEqual(await sender.send(lease, { signal: new AbortController().signal, permanent4xx: false }), { kind: "done" });
+      await sender.close();
+      const [m] = await stored();
+      assert.equal(m!.subject, `${prefix}.shop.order.paid`);
+      assert.ok(Buffer.from(m!.data).equals(BINARY));
+      assert.deepEqual(["Nats-Msg-Id", "inbox-attempt", "traceparent"].map((k) => m!.header.get(k)), ["audit:shop:evt_9", "1", traceparent]);
+    } finally {
+      await inbox.close();
+      cleanup();
+    }
   });
 
   it("percent-encodes a header value that a header cannot hold", async () => {
@@ -239,15 +273,15 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
 
   it("publishes a persistent message, byte-exact, with message_id and headers, done only with the confirm", async () => {
     await channel.purgeQueue(queue);
-    assert.deepEqual(await broker({}).publish(message({ newerId: "evt_0", attempt: 2 })), { kind: "done" });
+    assert.deepEqual(await broker({}).publish(message({ orderKey: "sub_1", attempt: 2 })), { kind: "done" });
     const got = await channel.get(queue, { noAck: true });
     assert.ok(got, "the message is in the queue");
     assert.ok(got.content.equals(BINARY), "every byte arrives as it was");
     const p = got.properties;
     assert.deepEqual([p.messageId, p.deliveryMode, p.contentType, p.type, p.appId], ["audit:stripe:evt_1", 2, "application/octet-stream", "invoice.paid", "webhook-inbox"]);
     assert.deepEqual(p.headers, {
-      [HEADERS.source]: "stripe", [HEADERS.id]: "evt_1", [HEADERS.attempt]: 2, [HEADERS.eventType]: "invoice.paid", [HEADERS.stale]: "true",
-      [HEADERS.newerId]: "evt_0", [HEADERS.traceparent]: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      "inbox-source": "stripe", "inbox-delivery-id": "evt_1", "inbox-attempt": 2, "inbox-event-type": "invoice.paid", "inbox-order-key": "sub_1",
+      "inbox-stale": "false", traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     });
   });
 
