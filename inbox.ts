@@ -12,6 +12,7 @@ import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, p
 import { label, message } from "./log.ts";
 import { readSourcesFile } from "./providers.ts";
 import { loadDestinations, type Operator } from "./routes.ts";
+import { parseBrokerDestination } from "./brokers.ts";
 import { SqliteInbox, isInbox } from "./sqlite.ts";
 import {
   DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
@@ -369,7 +370,10 @@ Examples:
         let operator: Operator | undefined;
         if (sourcesFile) {
           try {
-            operator = loadDestinations(readSourcesFile(sourcesFile), process.env).operator;
+            // Only the operator's URL is wanted here; a broker destination's shape is checked, its secrets left to the worker.
+            operator = loadDestinations(readSourcesFile(sourcesFile), process.env, {
+              brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
+            }).operator;
           } catch (error) {
             throw new UsageError(`${sourcesFile}: ${message(error)}`);
           }

@@ -18,6 +18,8 @@ import type { ForwardStats } from "./forwarder.ts";
 import { loadSources, readSourcesFile } from "./providers.ts";
 import { loadDestinations, type Forwarding, type Route } from "./routes.ts";
 import { startProcess, type Outcome, type Process } from "./traces.ts";
+import { brokerSender, parseBrokerDestination } from "./brokers.ts";
+import type { Sender } from "./forward.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -462,7 +464,8 @@ Examples:
     try {
       const parsed = readSourcesFile(sourcesFile);
       routes = new Map([...loadSources(parsed, process.env).values()].map((s) => [s.name, s.routes ?? []]));
-      forwarding = loadDestinations(parsed, process.env);
+      // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
+      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env) });
       for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
@@ -521,11 +524,16 @@ Examples:
   }
   const log = opts.quiet ? () => {} : lines.log;
   const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  // One publisher per broker destination; each connects at its first publish, and closes when forwarding ends.
+  const senders = new Map<string, Sender>();
+  for (const d of forwarding?.destinations.values() ?? []) {
+    if (d.kind === "broker") senders.set(d.name, brokerSender(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env)));
+  }
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./forwarder.ts").then(({ forward }) => forward({
-        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats,
-      }))
+        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+      })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;
     await Promise.all([
       run(recordPayment, {
