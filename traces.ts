@@ -87,8 +87,13 @@ export interface Process {
   end(outcome: Outcome, error?: string): void;
 }
 
-/** startProcess opens the span of one attempt, continuing the trace whose traceparent the delivery stored. */
-export function startProcess(d: { source: string; id: string; eventType: string | null; attempts: number; traceparent: string | null }): Process {
+/**
+ * startProcess opens the span of one attempt, continuing the trace whose traceparent the delivery stored:
+ * the handler's in worker.ts, or a forward's to a destination in forwarder.ts (named in inbox.destination).
+ */
+export function startProcess(
+  d: { source: string; id: string; eventType: string | null; attempts: number; traceparent: string | null }, destination?: string,
+): Process {
   const parent = d.traceparent === null ? ROOT_CONTEXT : propagation.extract(ROOT_CONTEXT, { traceparent: d.traceparent });
   const span = tracer.startSpan(`process ${d.source}`, { kind: SpanKind.CONSUMER }, parent);
   if (!span.isRecording() && !isSpanContextValid(span.spanContext())) return { traceparent: d.traceparent ?? undefined, run: (fn) => fn(), end: () => {} };
@@ -99,11 +104,16 @@ export function startProcess(d: { source: string; id: string; eventType: string 
     span.setAttribute("inbox.delivery.id", d.id);
     if (d.eventType !== null) span.setAttribute("inbox.event_type", d.eventType);
     span.setAttribute("inbox.attempt", d.attempts);
+    if (destination !== undefined) span.setAttribute("inbox.destination", destination);
   }
+  let ended = false;
   return {
     traceparent: own ?? d.traceparent ?? undefined,
     run: (fn) => context.with(ctx, fn),
     end: (outcome, error) => {
+      // The first outcome known is the one: a later "lost" from a clean-up changes nothing.
+      if (ended) return;
+      ended = true;
       if (!span.isRecording()) return span.end();
       span.setAttribute("inbox.outcome", outcome);
       // The handler's own words, as the worker logs them; the worker never puts the body in an error.

@@ -6,6 +6,8 @@
 
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
+import { once } from "node:events";
+import { createServer } from "node:http";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -17,11 +19,14 @@ import { createHandler, type WebhookRequest } from "../handler.ts";
 import { connect } from "../inbox.ts";
 import { loadSources } from "../providers.ts";
 import { PermanentError, type Inbox } from "../store.ts";
+import { forward } from "../forwarder.ts";
+import { loadDestinations } from "../routes.ts";
 import { run, type Job } from "../worker.ts";
 import { installSdk, spanJson, type SpanJson } from "./fixtures/otel.ts";
 import { backends, ROOT, runScript, startReceiver } from "./helpers.ts";
 
 const SECRET = "whsec_trace_test_5e2d1c0b9a8f7e6d5c4b3a29";
+const FORWARD_SECRET = `whsec_${Buffer.from("the app's forwarding secret").toString("base64")}`;
 const SENDER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SENDER_SPAN = "00f067aa0ba902b7";
 const SENDER = `00-${SENDER_TRACE}-${SENDER_SPAN}-01`;
@@ -48,7 +53,7 @@ const sources = loadSources({ stripe: { provider: "stripe", secret: SECRET } }, 
 // Nothing of the body, the signature or the secret on any span, in any attribute, status or event.
 function assertClean(spans: readonly SpanJson[], r: { headers: Record<string, string> }): void {
   const text = JSON.stringify(spans);
-  for (const secret of [SECRET, "cus_BODY_MARKER_7731", r.headers["stripe-signature"]!, "v1="]) assert.ok(!text.includes(secret), `no span holds ${secret}`);
+  for (const secret of [SECRET, FORWARD_SECRET, "cus_BODY_MARKER_7731", r.headers["stripe-signature"]!, "v1="]) assert.ok(!text.includes(secret), `no span holds ${secret}`);
 }
 
 const all = await backends("traces");
@@ -158,6 +163,38 @@ describe("with an SDK registered", () => {
         for (const s of [...c, ...d]) assert.equal(forwards.filter((f) => f.parentSpanId === s.spanId).length, 1, "the handler's span is the attempt's child");
         assert.equal(forwards.length, attempts.length, "(the drain also ran the earlier tests' deliveries)");
         assertClean(spans, r);
+      });
+
+      it("continues the trace in each forward to a destination, which gets that try's traceparent", async () => {
+        exporter.reset();
+        const seen: string[] = [];
+        // A real destination on a free port: the first try fails (503), the second is taken.
+        const app = createServer((req, res) => {
+          seen.push(String(req.headers.traceparent));
+          req.resume();
+          req.on("end", () => {
+            res.writeHead(seen.length === 1 ? 503 : 200);
+            res.end();
+          });
+        });
+        app.listen(0, "127.0.0.1");
+        await once(app, "listening");
+        try {
+          const url = `http://127.0.0.1:${(app.address() as { port: number }).port}/hooks`;
+          const config = { $destinations: { app: { url, secret: FORWARD_SECRET, breaker: false } }, stripe: { provider: "stripe", secret: SECRET, routes: ["app"] } };
+          const r = stripeRequest("evt_f", SENDER);
+          assert.equal((await createHandler({ inbox, sources: loadSources(config, {}), log: quiet }).answer(request(r))).status, 200);
+          const [receive] = finished();
+          await forward({ inbox, forwarding: loadDestinations(config, {}), once: true, log: quiet });
+          const tries = finished().filter((x) => x.attributes["inbox.destination"] === "app");
+          assert.deepEqual(tries.map((x) => [x.name, x.attributes["inbox.attempt"], x.attributes["inbox.outcome"]]), [["process stripe", 1, "retry"], ["process stripe", 2, "done"]]);
+          for (const x of tries) assert.deepEqual([x.traceId, x.parentSpanId], [SENDER_TRACE, receive!.spanId], "each try is a child of the span that received it");
+          assert.deepEqual(seen, tries.map((x) => `00-${x.traceId}-${x.spanId}-01`), "the destination joins the trace under each try");
+          assertClean(finished(), r);
+        } finally {
+          app.closeAllConnections();
+          await new Promise((resolve) => app.close(resolve));
+        }
       });
 
       it("keeps the trace context through page() and restore() and through export and import", async () => {
