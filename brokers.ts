@@ -126,10 +126,9 @@ export function parseBrokerDestination(
   name: string, settings: unknown, where = `destination ${JSON.stringify(name)}`,
   env: Readonly<Record<string, string | undefined>> = {}, resolve = true,
 ): BrokerDestination {
-  const at = where;
   // Typed where it is declared, so that TypeScript narrows past each call to it.
   const fail: (mistake: string) => never = (mistake) => {
-    throw new TypeError(`${at}: ${mistake}`);
+    throw new TypeError(`${where}: ${mistake}`);
   };
   if (settings === null || typeof settings !== "object" || Array.isArray(settings)) fail(`expected an object with type, url and more, got ${kindOf(settings)}`);
   const s = settings as Record<string, unknown>;
@@ -172,7 +171,7 @@ export function parseBrokerDestination(
       if (!["nats:", "tls:"].includes(parsed!.protocol)) fail("expected url to start with nats:// or tls://");
     }
     const subject = read("subject", false) ?? fail('missing subject, such as "webhooks.{source}.{type}"');
-    checkTarget({ type: "nats" }, subject, at);
+    checkTarget({ type: "nats" }, subject, where);
     const stream = read("stream", false);
     if (stream !== undefined && !/^[^\s.*>\\/]+$/.test(stream)) fail(`expected stream to be a stream's name (no spaces, ".", "*", ">", "/" or "\\"), got ${JSON.stringify(stream)}`);
     const user = read("user", true);
@@ -199,7 +198,7 @@ export function parseBrokerDestination(
   const exchange = s.exchange ?? "";
   if (typeof exchange !== "string") fail(`expected exchange to be a string ("" for the default exchange), got ${kindOf(exchange)}`);
   const routingKey = read("routingKey", false) ?? fail('missing routingKey: a queue\'s name on the default exchange, or a pattern such as "webhooks.{source}.{type}"');
-  checkTarget({ type: "rabbitmq" }, routingKey, at);
+  checkTarget({ type: "rabbitmq" }, routingKey, where);
   const mandatory = s.mandatory ?? true;
   if (typeof mandatory !== "boolean") fail(`expected mandatory to be true or false, got ${JSON.stringify(mandatory)}`);
   return { type, name, url, exchange: exchange as string, routingKey, mandatory: mandatory as boolean, timeoutMs: timeoutMs as number };
