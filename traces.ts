@@ -57,10 +57,10 @@ export function startReceive(headers: Headers): Receive {
       if (!span.isRecording()) return span.end();
       // Low-cardinality names, as the semantic conventions ask: the source is configured, the ID is not.
       if (source !== undefined) span.updateName(`receive ${source}`);
-      span.setAttribute("http.response.status_code", status);
-      if (source !== undefined) span.setAttribute("inbox.source", source);
-      if (id !== undefined) span.setAttribute("inbox.delivery.id", id);
-      if (result !== undefined) span.setAttribute("inbox.result", result);
+      span.setAttributes({
+        "http.response.status_code": status, ...(source === undefined ? {} : { "inbox.source": source }),
+        ...(id === undefined ? {} : { "inbox.delivery.id": id }), ...(result === undefined ? {} : { "inbox.result": result }),
+      });
       // A server span fails on 5xx only; a 4xx is the sender's mistake, answered as it should be.
       if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, message: `answered ${status}` });
       span.end();
@@ -100,11 +100,10 @@ export function startProcess(
   const ctx = trace.setSpan(parent, span);
   const own = isSpanContextValid(span.spanContext()) ? traceparentOf(ctx) : null;
   if (span.isRecording()) {
-    span.setAttribute("inbox.source", d.source);
-    span.setAttribute("inbox.delivery.id", d.id);
-    if (d.eventType !== null) span.setAttribute("inbox.event_type", d.eventType);
-    span.setAttribute("inbox.attempt", d.attempts);
-    if (destination !== undefined) span.setAttribute("inbox.destination", destination);
+    span.setAttributes({
+      "inbox.source": d.source, "inbox.delivery.id": d.id, ...(d.eventType === null ? {} : { "inbox.event_type": d.eventType }),
+      "inbox.attempt": d.attempts, ...(destination === undefined ? {} : { "inbox.destination": destination }),
+    });
   }
   let ended = false;
   return {
