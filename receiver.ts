@@ -58,6 +58,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   // The same handler that apps mount (handler.ts), so the standalone receiver has no code path of its own.
   const webhooks = createHandler({ ...options, log, closing: () => stopping });
   const readiness = new Readiness(options.inbox, { stopping: () => stopping });
+  metrics?.reportReadiness(readiness);
 
   const server = createServer(
     {
