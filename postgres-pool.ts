@@ -82,6 +82,11 @@ export function parseTarget(url: string): Target {
   if (params.has("query_timeout")) {
     throw new TypeError("Inbox: ?query_timeout= would abandon a COMMIT that waits for a standby; leave it out (statement_timeout never cancels a COMMIT)");
   }
+  // node-postgres lets a URL's options replace the config's own, so ?options= would drop the inbox's
+  // synchronous_commit=on and search_path without a word: a 200 could then be lost to a crash.
+  if (params.has("options")) {
+    throw new TypeError("Inbox: ?options= would replace the inbox's own settings (synchronous_commit=on, its schema); set server settings with ALTER ROLE … SET instead");
+  }
   for (const u of urls) {
     for (const name of OWN) u.searchParams.delete(name);
     // As libpq does: without a user in the URL or PGUSER, the operating system's user name (node-postgres

@@ -449,3 +449,58 @@ export async function backends(prefix: string): Promise<TestBackend[]> {
     },
   ];
 }
+
+/** NATS is the JetStream server the broker tests use: INBOX_TEST_NATS, else the local one. */
+export const NATS = process.env.INBOX_TEST_NATS ?? "nats://127.0.0.1:4222";
+
+/** RABBITMQ is the RabbitMQ server the broker tests use: INBOX_TEST_RABBITMQ, else the local one as guest. */
+export const RABBITMQ = process.env.INBOX_TEST_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
+
+let natsReachable: Promise<string | false> | undefined;
+let rabbitReachable: Promise<string | false> | undefined;
+
+// skipOrRequire turns a failed probe into the one line that says what was skipped, or, when the run
+// requires the service (INBOX_REQUIRE_<NAME>=1, as .ci/run sets it), into a failure.
+function skipOrRequire(what: string, variable: string, why: string, how: string): string {
+  if (process.env[variable] === "1") throw new Error(`${variable}=1 but ${why}`);
+  console.log(`# ${what} tests skipped: ${why}; ${how}`);
+  return why;
+}
+
+/** natsSkip is false when NATS with JetStream answers, else the reason to skip, said once; INBOX_REQUIRE_NATS=1 fails instead. */
+export function natsSkip(): Promise<string | false> {
+  natsReachable ??= (async () => {
+    const { connect } = await import("@nats-io/transport-node");
+    const { jetstreamManager } = await import("@nats-io/jetstream");
+    try {
+      const nc = await connect({ servers: NATS, timeout: 3_000, reconnect: false });
+      try {
+        await (await jetstreamManager(nc)).getAccountInfo();
+      } finally {
+        await nc.close();
+      }
+      return false;
+    } catch (error) {
+      return skipOrRequire("NATS JetStream", "INBOX_REQUIRE_NATS", `no NATS JetStream at ${NATS} (${error instanceof Error ? error.message : String(error)})`,
+        "start nats-server -js or set INBOX_TEST_NATS=nats://… to run them.");
+    }
+  })();
+  return natsReachable;
+}
+
+/** rabbitmqSkip is false when RabbitMQ answers, else the reason to skip, said once; INBOX_REQUIRE_RABBITMQ=1 fails instead. */
+export function rabbitmqSkip(): Promise<string | false> {
+  rabbitReachable ??= (async () => {
+    const amqp = await import("amqplib");
+    try {
+      const model = await amqp.connect(RABBITMQ, { timeout: 3_000 });
+      await model.close();
+      return false;
+    } catch (error) {
+      const where = new URL(RABBITMQ);
+      return skipOrRequire("RabbitMQ", "INBOX_REQUIRE_RABBITMQ", `no RabbitMQ at ${where.host} (${error instanceof Error ? error.message : String(error)})`,
+        "start rabbitmq-server or set INBOX_TEST_RABBITMQ=amqp://… to run them.");
+    }
+  })();
+  return rabbitReachable;
+}

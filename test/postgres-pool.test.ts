@@ -43,6 +43,7 @@ describe("a URL with several hosts", () => {
     refused("postgres://u:s3cret@h1,,h2/db", /expected postgres:\/\//);
     refused("postgres://u:s3cret@h1:port,h2/db", /expected postgres:\/\//);
     refused("postgres://u:s3cret@h1/db?query_timeout=5000", /query_timeout= would abandon a COMMIT/);
+    refused("postgres://u:s3cret@h1/db?options=-c%20synchronous_commit%3Doff", /options= would replace the inbox's own settings/);
     refused("postgres://u:s3cret@h1,h2/db?schema=Bad-Name", /expected \?schema= to be a lower-case SQL name/);
   });
 
