@@ -7,12 +7,18 @@
 // (targets: forwarding ≥ 0.5× the loop; beside a down one ≥ 0.9× alone). Beside each rate: the CPU this
 // process spent per request or forward (the worker's own, steadier than rates on a busy machine), the
 // destination's per request (the same work on both sides), PostgreSQL's backends' per forward, and the
-// commits per forward. SQLite, and PostgreSQL too unless BENCH_POSTGRES=0 or none is reachable.
+// commits per forward. SQLite, and PostgreSQL too unless BENCH_POSTGRES=0 or none is reachable. Then, unless
+// BENCH_NATS=0 or no NATS answers, the same backlog forwarded into a JetStream destination against the
+// official client's own loop publishing the same bodies, message IDs and headers, each awaiting its PubAck,
+// at the same concurrency (target: ≥ 0.5×), each into a fresh stream.
 //   npm run bench -- forward          BENCH_FORWARD_BACKLOG=5000 BENCH_ROUNDS=1 npm run bench -- forward
 
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Agent, request } from "undici";
+import { brokerSender, HEADERS, messageId, parseBrokerDestination } from "../brokers.ts";
+import { DEFAULTS } from "../defaults.ts";
+import type { Sender } from "../forward.ts";
 import { forward } from "../forwarder.ts";
 import { connect } from "../inbox.ts";
 import { loadDestinations } from "../routes.ts";
@@ -25,6 +31,7 @@ const ROUNDS = knob("BENCH_ROUNDS", 3);
 const WARMUP = Math.min(BACKLOG, 2_000);
 const SECRET = `whsec_${Buffer.from("bench forwarding secret").toString("base64")}`;
 const POSTGRES = process.env.INBOX_TEST_POSTGRES ?? "postgres://postgres@127.0.0.1:5432/test";
+const NATS = process.env.BENCH_NATS ?? DEFAULTS.natsUrl;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const bodyOf = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
@@ -34,8 +41,8 @@ interface Run {
   rate: number;
   /** This process's CPU per request (the loop) or forward (the worker), in µs. */
   cpuUs: number;
-  /** The destination's CPU per request, in µs. */
-  sinkUs: number;
+  /** The destination's CPU per request, in µs (an HTTP destination). */
+  sinkUs?: number;
   /** PostgreSQL's backends' CPU per forward, in µs (PostgreSQL only). */
   dbUs?: number;
   commits?: number;
@@ -47,12 +54,12 @@ const ownCpuMs = () => {
 };
 
 // timed runs work and returns its rate over n, with this process's and the destination's CPU per item.
-async function timed(n: number, sink: Child, work: () => Promise<void>): Promise<Run> {
-  const [cpu0, sink0] = [ownCpuMs(), sink.cpuMs()];
+async function timed(n: number, sink: Child | undefined, work: () => Promise<void>): Promise<Run> {
+  const [cpu0, sink0] = [ownCpuMs(), sink?.cpuMs() ?? 0];
   const started = performance.now();
   await work();
   const ms = performance.now() - started;
-  return { rate: (n / ms) * 1000, cpuUs: ((ownCpuMs() - cpu0) * 1000) / n, sinkUs: ((sink.cpuMs() - sink0) * 1000) / n };
+  return { rate: (n / ms) * 1000, cpuUs: ((ownCpuMs() - cpu0) * 1000) / n, ...(sink ? { sinkUs: ((sink.cpuMs() - sink0) * 1000) / n } : {}) };
 }
 
 // loop is the baseline: CONCURRENCY loops POST the same bodies with undici, one request each at a time,
@@ -98,34 +105,95 @@ async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, num
   return cpu.size > 0 ? cpu : undefined;
 }
 
-// drain forwards n stored deliveries and times it; beside it, when asked, a lane of its own for a
-// destination that is down, started before the timing so that its breaker opens within it.
-async function drain(target: string, url: string, n: number, withDown: boolean, sink: Child): Promise<Run> {
-  const app = `bench-forward-${process.pid}`;
+// drain forwards n stored deliveries to the destination "app" (an HTTP URL, or a broker's settings) and
+// times it; beside it, when asked, a lane of its own for a destination that is down, started before the
+// timing so that its breaker opens within it.
+async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined): Promise<Run> {
+  const name = `bench-forward-${process.pid}`;
   let commits = 0;
-  const inbox = await connect(target.startsWith("postgres") ? `${target}&application_name=${app}` : target, { onCommit: () => void commits++ });
+  const inbox = await connect(target.startsWith("postgres") ? `${target}&application_name=${name}` : target, { onCommit: () => void commits++ });
+  const senders = new Map<string, Sender>();
   try {
     await fill(inbox, n, withDown ? ["app", "down"] : ["app"]);
-    const forwarding = loadDestinations({ $destinations: { app: { url, secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
+    const settings = typeof app === "string" ? { url: app, secret: SECRET, maxInFlight: CONCURRENCY } : { ...app, maxInFlight: CONCURRENCY };
+    const forwarding = loadDestinations({ $destinations: { app: settings } }, {}, { brokerCheck: (d, s, where) => void parseBrokerDestination(d, s, where) });
+    if (typeof app !== "string") senders.set("app", brokerSender(parseBrokerDestination("app", settings, "app")));
     const down = loadDestinations({ $destinations: { down: { url: "http://127.0.0.1:1/", secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
     const stop = new AbortController();
     const beside = withDown ? forward({ inbox, forwarding: down, signal: stop.signal, log: () => {} }) : Promise.resolve();
-    const db0 = await backendCpuMs(inbox, app);
+    const db0 = await backendCpuMs(inbox, name);
     commits = 0;
     let done = 0;
     const run = await timed(n, sink, async () => {
-      done = (await forward({ inbox, forwarding, once: true, log: () => {} })).done;
+      done = (await forward({ inbox, forwarding, senders, once: true, log: () => {} })).done;
     });
     run.commits = commits / n;
-    const db1 = await backendCpuMs(inbox, app);
+    const db1 = await backendCpuMs(inbox, name);
     if (db0 && db1) run.dbUs = ([...db1].reduce((sum, [pid, ms]) => sum + ms - (db0.get(pid) ?? 0), 0) * 1000) / n;
     stop.abort();
     await beside;
     if (done !== n) throw new Error(`forward: expected ${n} done, got ${done}`);
     return run;
   } finally {
+    for (const sender of senders.values()) await sender.close();
     await inbox.close();
   }
+}
+
+/** Jet is the NATS JetStream side of the bench: fresh streams, and the official client's own loop. */
+interface Jet {
+  /** fresh makes a stream of its own and returns a subject template it captures. */
+  fresh(): Promise<string>;
+  /** raw publishes n bodies with js.publish at CONCURRENCY, each awaiting its PubAck, as a forward would send them. */
+  raw(n: number): Promise<Run>;
+  close(): Promise<void>;
+}
+
+// jet connects to NATS, or says in one line why the JetStream rows are left out.
+async function jet(): Promise<Jet | undefined> {
+  if (process.env.BENCH_NATS === "0") return undefined;
+  const { connect: natsConnect, headers } = await import("@nats-io/transport-node");
+  const { jetstream, jetstreamManager } = await import("@nats-io/jetstream");
+  let nc: Awaited<ReturnType<typeof natsConnect>>;
+  try {
+    nc = await natsConnect({ servers: NATS, reconnect: false, timeout: 2_000 });
+  } catch (error) {
+    console.log(`  JetStream: no NATS at ${NATS} (${error instanceof Error ? error.message : String(error)}), left out`);
+    return undefined;
+  }
+  const jsm = await jetstreamManager(nc);
+  const js = jetstream(nc);
+  const tag = `benchfw${process.pid}`;
+  const streams: string[] = [];
+  const fresh = async () => {
+    const name = `BENCH_FW_${process.pid}_${streams.length}`;
+    streams.push(name);
+    await jsm.streams.add({ name, subjects: [`${tag}${streams.length}.>`] });
+    return `${tag}${streams.length}`;
+  };
+  return {
+    fresh: async () => `${await fresh()}.{source}.{type}`,
+    raw: async (n) => {
+      const prefix = await fresh();
+      let next = 0;
+      return timed(n, undefined, async () => {
+        await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
+          for (let i = next++; i < n; i = next++) {
+            const h = headers();
+            h.set(HEADERS.source, "default");
+            h.set(HEADERS.id, `fw_${i}`);
+            h.set(HEADERS.attempt, "1");
+            h.set("Content-Type", "application/json");
+            await js.publish(`${prefix}.default._`, bodyOf(i), { msgID: messageId("app", { source: "default", id: `fw_${i}`, replays: 0 }), headers: h });
+          }
+        }));
+      });
+    },
+    close: async () => {
+      for (const name of streams) await jsm.streams.delete(name).catch(() => {});
+      await nc.close();
+    },
+  };
 }
 
 async function postgresTarget(): Promise<{ url: string; drop: () => Promise<void> } | undefined> {
@@ -155,6 +223,7 @@ export async function forwardBench(): Promise<string> {
   const sink = await startChild("bench/bare.ts", []);
   const { dir, cleanup } = tempDir();
   const lines: string[] = [];
+  let js: Jet | undefined;
   try {
     const targets: [string, () => Promise<{ target: string; drop: () => Promise<void> }>][] = [
       ["sqlite", async () => ({ target: join(dir, `forward-${Math.random()}.db`), drop: async () => {} })],
@@ -166,21 +235,28 @@ export async function forwardBench(): Promise<string> {
       const p = (await postgresTarget())!;
       return { target: p.url, drop: p.drop };
     }]);
-    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean) => {
+    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean, to: string | Record<string, unknown> = sink.url) => {
       const t = await make();
       try {
-        return await drain(t.target, sink.url, n, withDown, sink);
+        return await drain(t.target, to, n, withDown, typeof to === "string" ? sink : undefined);
       } finally {
         await t.drop();
       }
     };
+    js = await jet();
+    const nats = async () => ({ type: "nats", url: NATS, subject: await js!.fresh() });
     // The warm-up: undici, the forwarder and each backend's code get compiled before anything is timed.
     await loop(sink.url, WARMUP, sink);
     for (const [, make] of targets) await measure(make, WARMUP, false);
+    if (js) {
+      await js.raw(WARMUP);
+      await measure(targets[0]![1], WARMUP, false, await nats());
+    }
     const loops: Run[] = [];
-    const runs = new Map<string, { alone: Run[]; beside: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [] }]));
+    const raws: Run[] = [];
+    const runs = new Map<string, { alone: Run[]; beside: Run[]; jet: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [], jet: [] }]));
     const show = (label: string, r: Run, extra = "") => console.log(
-      `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each, destination ${f(r.sinkUs)} µs` +
+      `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each` + (r.sinkUs !== undefined ? `, destination ${f(r.sinkUs)} µs` : "") +
         (r.dbUs !== undefined ? `, PostgreSQL ${f(r.dbUs)} µs` : "") + (r.commits !== undefined ? `, ${f(r.commits, 3)} commits` : "") + extra,
     );
     for (let round = 1; round <= ROUNDS; round++) {
@@ -195,6 +271,15 @@ export async function forwardBench(): Promise<string> {
           show(`${name} forward${withDown ? ", beside a down one" : ""}`, r, `  ×${f(r.rate / base.rate, 2)} of the loop`);
         }
       }
+      if (!js) continue;
+      const raw = await js.raw(BACKLOG);
+      raws.push(raw);
+      show("JetStream: @nats-io publish loop", raw);
+      for (const [name, make] of targets) {
+        const r = await measure(make, BACKLOG, false, await nats());
+        runs.get(name)!.jet.push(r);
+        show(`${name} forward into JetStream`, r, `  ×${f(r.rate / raw.rate, 2)} of the loop`);
+      }
     }
     const m = (rs: Run[], key: keyof Run) => median(rs.map((r) => r[key] as number));
     lines.push(`forward loop: ${f(m(loops, "rate"))}/s, ${f(m(loops, "cpuUs"))} µs CPU a request (median of ${ROUNDS}; load average ${avg()})`);
@@ -205,8 +290,14 @@ export async function forwardBench(): Promise<string> {
       const db = alone[0]!.dbUs !== undefined ? `, PostgreSQL ${f(m(alone, "dbUs"))} µs` : "";
       lines.push(`forward ${name}: ${f(m(alone, "rate"))}/s = ×${f(ofLoop, 2)} of a plain undici loop (target ≥ 0.5), ${f(m(alone, "cpuUs"))} µs CPU a forward${db}, ` +
         `${f(m(alone, "commits"), 3)} commits a forward; beside a down destination ${f(m(beside, "rate"))}/s = ×${f(ofAlone, 2)} of alone (target ≥ 0.9), ${f(m(beside, "cpuUs"))} µs CPU a forward`);
+      const j = runs.get(name)!.jet;
+      if (j.length > 0) {
+        lines.push(`forward ${name} into JetStream: ${f(m(j, "rate"))}/s = ×${f(median(j.map((r, i) => r.rate / raws[i]!.rate)), 2)} of the @nats-io publish loop ` +
+          `(${f(m(raws, "rate"))}/s, ${f(m(raws, "cpuUs"))} µs CPU a publish; target ≥ 0.5), ${f(m(j, "cpuUs"))} µs CPU a forward`);
+      }
     }
   } finally {
+    await js?.close();
     await sink.stop();
     cleanup();
   }
