@@ -106,15 +106,16 @@ async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, num
 }
 
 // drain forwards n stored deliveries to the destination "app" (an HTTP URL, or a broker's settings) and
-// times it; beside it, when asked, a lane of its own for a destination that is down, started before the
-// timing so that its breaker opens within it.
+// times it; beside it, when asked, a lane of its own for the destination "down", which is down, started
+// before the timing so that its breaker opens within it. Without that lane, down's rows just wait.
 async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined): Promise<Run> {
   const name = `bench-forward-${process.pid}`;
   let commits = 0;
   const inbox = await connect(target.startsWith("postgres") ? `${target}&application_name=${name}` : target, { onCommit: () => void commits++ });
   const senders = new Map<string, Sender>();
   try {
-    await fill(inbox, n, withDown ? ["app", "down"] : ["app"]);
+    // Alone or beside a down one, the same rows: each delivery routed to both, so that only the down lane differs.
+    await fill(inbox, n, typeof app === "string" ? ["app", "down"] : ["app"]);
     const settings = typeof app === "string" ? { url: app, secret: SECRET, maxInFlight: CONCURRENCY } : { ...app, maxInFlight: CONCURRENCY };
     const forwarding = loadDestinations({ $destinations: { app: settings } }, {}, { brokerCheck: (d, s, where) => void parseBrokerDestination(d, s, where) });
     if (typeof app !== "string") senders.set("app", brokerSender(parseBrokerDestination("app", settings, "app")));
