@@ -3,7 +3,7 @@
 // it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
 // so longer than the house's thousand lines: split, a delivery's life would be scattered over files.
 
-import { existsSync } from "node:fs";
+import { closeSync, existsSync, fdatasync, openSync, realpathSync } from "node:fs";
 import { dirname } from "node:path";
 import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
 import { Worker } from "node:worker_threads";
@@ -212,7 +212,15 @@ function toLease(row: Row): Lease {
   return lease;
 }
 
-// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT.
+// A batch committed, with each op's outcome, waiting to be settled.
+interface Committed {
+  batch: Op[];
+  results: { ok: boolean; value: unknown }[];
+  started: number;
+}
+
+// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT
+// (with syncOffLoop, after the fdatasync that follows it).
 // `guarded` asks an op that could fail halfway (partial) to confine itself in a savepoint.
 interface Op {
   run(db: DatabaseSync, guarded: boolean): unknown;
@@ -249,6 +257,13 @@ export class SqliteInbox implements Inbox {
   private commitError: unknown;
   private flushing = false;
   private closed = false;
+  // With syncOffLoop: the WAL file, opened once so that a write error on it is reported to this descriptor;
+  // the commits done since the last fdatasync began, waiting for the next one; whether one is running;
+  // and the failure of one, after which nothing is acked again (see syncWal).
+  private walFd: number | undefined;
+  private unsynced: Committed[] = [];
+  private syncing = false;
+  private syncFailure: Error | undefined;
 
   constructor(path: string, options: InboxOptions = {}) {
     checkOptions(options);
@@ -262,6 +277,7 @@ export class SqliteInbox implements Inbox {
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.onCommit = options.onCommit;
+    if (options.syncOffLoop) this.walFd = syncOwnWal(db, path);
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
       // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
@@ -927,6 +943,7 @@ export class SqliteInbox implements Inbox {
    */
   async ready(): Promise<true | string> {
     if (this.closed) return "the inbox is closed";
+    if (this.syncFailure) return message(this.syncFailure);
     if (this.commitError === undefined) return true;
     try {
       // Briefly: the probe runs on the receiver's thread, and a lock that stays busy is an answer too.
@@ -944,9 +961,10 @@ export class SqliteInbox implements Inbox {
     }
   }
 
-  /** flush resolves once every write queued so far is committed. */
+  /** flush resolves once every write queued so far is committed (and, with syncOffLoop, synced). */
   flush(): Promise<void> {
-    return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
+    const idle = this.queue.length === 0 && !this.flushing && !this.syncing && this.unsynced.length === 0;
+    return idle ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
   }
 
   /** close commits what is queued, then closes the database. */
@@ -961,6 +979,7 @@ export class SqliteInbox implements Inbox {
     }
     await this.gauger?.terminate();
     this.db.close();
+    if (this.walFd !== undefined) closeSync(this.walFd);
   }
 
   // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
@@ -1044,17 +1063,24 @@ export class SqliteInbox implements Inbox {
 
   private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial = false): Promise<unknown> {
     if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    if (this.syncFailure) return Promise.reject(this.syncFailure);
     return new Promise((resolve, reject) => {
       this.queue.push({ run, partial, resolve, reject });
-      if (!this.flushing) {
-        this.flushing = true;
-        // setImmediate lets every request already read off the sockets join this batch.
-        setImmediate(() => this.drain());
-      }
+      // While an fdatasync runs, the next batch waits for it: committed now, it could only be covered by
+      // the sync after, so it would gain nothing and take one commit per turn instead of one per sync.
+      if (!this.syncing) this.drainSoon();
     });
   }
 
+  private drainSoon(): void {
+    if (this.flushing) return;
+    this.flushing = true;
+    // setImmediate lets every request already read off the sockets join this batch.
+    setImmediate(() => this.drain());
+  }
+
   private drain(): void {
+    if (this.syncFailure) for (const op of this.queue.splice(0)) op.reject(this.syncFailure);
     while (this.queue.length > 0) {
       const batch = this.queue.splice(0, this.batchSize);
       this.commit(batch);
@@ -1110,8 +1136,44 @@ export class SqliteInbox implements Inbox {
     }
     if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     this.commitError = undefined;
+    if (this.walFd === undefined) return this.settle({ batch, results, started });
+    this.unsynced.push({ batch, results, started });
+    this.syncWal();
+  }
+
+  private settle({ batch, results, started }: Committed): void {
     this.onCommit?.(batch.length, performance.now() - started);
     batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
+  }
+
+  // syncWal makes the commits so far durable, then settles them: one fdatasync of the WAL, on a libuv
+  // thread, while this thread reads and commits the next requests. Why that is as durable as FULL:
+  // - The WAL is a log that only grows until it is reset, and every commit so far has written its frames
+  //   to it before this call: the fdatasync, which begins after, covers them all (and any before them).
+  // - A reset, after a checkpoint copied every frame into the database and fsynced it, rewrites the WAL
+  //   from its start under new salts; SQLite fsyncs the new header itself (at NORMAL too), so a power cut
+  //   leaves the old frames unreadable, never replayed, and what they held is already in the database.
+  // - Checkpoints, on any connection not at OFF, fsync the WAL before copying and the database after.
+  // A failed fdatasync may have dropped the pages it could not write, and Linux marks them clean: a later
+  // one would succeed over the gap. So the failure sticks; nothing is acked again until a restart, whose
+  // recovery reads only what reached the disk (PostgreSQL panics for the same reason).
+  private syncWal(): void {
+    if (this.syncing || this.unsynced.length === 0) return;
+    this.syncing = true;
+    const waiting = this.unsynced;
+    this.unsynced = [];
+    fdatasync(this.walFd!, (error) => {
+      this.syncing = false;
+      if (error) {
+        this.syncFailure ??= new Error(`inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`, { cause: error });
+      }
+      for (const committed of waiting) {
+        if (this.syncFailure) for (const op of committed.batch) op.reject(this.syncFailure);
+        else this.settle(committed);
+      }
+      this.syncWal();
+      if (!this.syncing && this.queue.length > 0) this.drainSoon();
+    });
   }
 
   // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
@@ -1176,6 +1238,21 @@ function sqliteCode(error: unknown): number {
 const BATCH_ERRORS = new Set([SQLITE_BUSY, 6, 7, 8, 10, 11, SQLITE_FULL]);
 function isOwnError(error: unknown): boolean {
   return !BATCH_ERRORS.has(sqliteCode(error));
+}
+
+/**
+ * syncOwnWal sets a connection to commit without an fsync (synchronous = NORMAL) and opens its WAL file,
+ * whose fdatasync the caller then owes before it reports any commit (SqliteInbox.syncWal). The descriptor
+ * is opened now, before any write it must answer for: Linux reports a failed writeback only to the
+ * descriptors open when it failed. A database without a WAL file of its own (in memory) keeps FULL.
+ */
+function syncOwnWal(db: DatabaseSync, path: string): number | undefined {
+  const { journal_mode: mode } = db.prepare("PRAGMA journal_mode").get() as { journal_mode: string };
+  if (mode !== "wal") return undefined;
+  // SQLite puts the WAL beside the file a symbolic link points to, so the same is opened here.
+  const fd = openSync(`${realpathSync(path)}-wal`, "r");
+  db.exec("PRAGMA synchronous = NORMAL");
+  return fd;
 }
 
 /**

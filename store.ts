@@ -269,6 +269,12 @@ export interface InboxOptions {
    * @default false
    */
   backgroundCheckpoints?: boolean;
+  /**
+   * SQLite: commit without an fsync (synchronous = NORMAL) and settle each write only after an fdatasync
+   * of the WAL, run on a libuv thread while the next writes commit; one covers every commit before it.
+   * Every write still settles only once it is on disk (see SqliteInbox.syncWal). @default false
+   */
+  syncOffLoop?: boolean;
   /** PostgreSQL: connections in the pool. @default DEFAULTS.poolSize */
   poolSize?: number;
   /** PostgreSQL: LISTEN for wake-ups; off behind PgBouncer in transaction mode, where polling remains. @default true */
@@ -477,7 +483,7 @@ export function checkOptions(options: InboxOptions): void {
   for (const [key, value] of Object.entries(options)) {
     if (key === "now" || key === "random" || key === "onCommit") {
       if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-    } else if (key === "backgroundCheckpoints" || key === "listen") {
+    } else if (key === "backgroundCheckpoints" || key === "syncOffLoop" || key === "listen") {
       if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
     } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
       throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
