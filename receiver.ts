@@ -8,7 +8,7 @@ import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./defaults.ts";
-import { jsonLine, lineLog, LOG_FORMATS, message, type Log, type LogFormat } from "./log.ts";
+import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./log.ts";
 import type { Inbox } from "./store.ts";
 import { createHandler } from "./handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
@@ -123,6 +123,7 @@ async function main(argv: string[]): Promise<void> {
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
     .option("--no-metrics", "don't count answers or serve GET /metrics (for comparison; /livez and /readyz stay)")
     .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
+    .option("--sync-in-commit", "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
          413 body too large | 431 headers too large | 503 could not store (Retry-After)
@@ -193,7 +194,7 @@ Examples:
   }
   const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
-    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? () => {} : log, metrics,
+    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? silent : log, metrics,
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
   receiver.server.listen(port, opts.host, () => {

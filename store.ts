@@ -3,7 +3,7 @@
 // share. sqlite.ts and postgres.ts implement it side by side, test/contract.test.ts holds both to it, and
 // this file imports neither. Not run on its own: scripts reach a backend through connect() in inbox.ts.
 
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "./defaults.ts";
 
@@ -315,7 +315,8 @@ export function toGauges(rows: readonly { source: string; status: Status | "tota
 
 /** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
 export function sha256(body: Uint8Array): string {
-  return createHash("sha256").update(body).digest("hex");
+  // One-shot: no Hash object per delivery.
+  return hash("sha256", body, "hex");
 }
 
 /** backoff is how long to wait before try number attempts+1: doubling, capped, with upward jitter. */
