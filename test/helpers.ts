@@ -4,7 +4,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { Browser } from "playwright-core";
@@ -18,9 +18,9 @@ export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => v
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** spawnScript starts one of the suite's scripts (or a test fixture) under tsx, on this same Node. */
+/** spawnScript starts one of the suite's scripts (or a test fixture, or a script at an absolute path) under tsx, on this same Node. */
 export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
-  return spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+  return spawn(process.execPath, ["--import", "tsx", resolve(ROOT, script), ...args], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -53,9 +53,9 @@ export interface ReceiverProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** startReceiver starts receiver.ts on port 0 and waits for its "Listening on" line. */
-export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<ReceiverProcess> {
-  const child = spawnScript("receiver.ts", ["--port", "0", "--db", db, ...args], env);
+/** startReceiver starts receiver.ts (or another script that serves as it does) on port 0 and waits for its "Listening on" line. */
+export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, script = "receiver.ts"): Promise<ReceiverProcess> {
+  const child = spawnScript(script, ["--port", "0", "--db", db, ...args], env);
   let stderr = "";
   child.stderr!.on("data", (d) => (stderr += d));
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
@@ -143,7 +143,8 @@ export interface PrivatePostgres {
   destroy(): Promise<void>;
 }
 
-const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
+/** PG_BIN is the folder of the PostgreSQL server binaries (initdb, postgres), if any are installed. */
+export const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
 
 /**
  * privatePostgres initialises a cluster in a temp folder and starts it on a free port. The machine's shared
