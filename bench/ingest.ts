@@ -1,8 +1,9 @@
 // bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load (wrk), same
 // run. Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, with a
-// log line per request to a pipe (the default; the others use --quiet), and with SQLite's checkpoints
-// inside commits (--inline-checkpoints) instead of on their own thread; then bare and the receiver at
-// BENCH_CONNECTIONS_HIGH (128); then the peers (bench/peers), each a bare node:http server that answers
+// log line per request to a pipe (the default; the others use --quiet), with SQLite's checkpoints
+// inside commits (--inline-checkpoints) instead of on their own thread, and with the fsync inside each
+// commit on the HTTP thread (--sync-in-commit) instead of an fdatasync on libuv's pool; then bare, the
+// receiver and --sync-in-commit at BENCH_CONNECTIONS_HIGH (128); then the peers (bench/peers), each a bare node:http server that answers
 // after its queue's enqueue resolves. Every server runs side by side, and each round measures them one
 // after the other, so that the noise of a shared machine lands on all alike; ratios are taken within a
 // round, and the median is reported. Also the CPU each server, and wrk, spends per request.
@@ -54,6 +55,8 @@ export async function ingest(): Promise<string> {
   const bare32 = add({ name: "bare node:http", server: bare, connections: CONNECTIONS });
   const bareHigh = add({ name: "bare node:http", server: bare, connections: HIGH });
   const inbox: Record<number, Run> = {};
+  // The SQLite receiver with its fsync inside each commit, to set the default's off-loop fdatasync against.
+  const inCommit: Record<number, Run> = {};
   const receivers: Run[] = [];
   const targets = await inboxTargets();
   for (const target of targets) {
@@ -72,11 +75,16 @@ export async function ingest(): Promise<string> {
       add({ name: `receiver 30% duplicates [${t}]`, server: await at("dup", ["--quiet"]), connections: CONNECTIONS, duplicates: 0.3, base: bare32 });
       add({ name: `receiver logging to a pipe [${t}]`, server: await at("logged"), connections: CONNECTIONS, base: bare32 });
       add({ name: `receiver --inline-checkpoints [${t}]`, server: await at("inline", ["--quiet", "--inline-checkpoints"]), connections: CONNECTIONS, base: bare32 });
+      // The fsync inside each COMMIT on the HTTP thread, as before the fdatasync moved to libuv's pool.
+      receivers.push(inCommit[CONNECTIONS] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit", ["--quiet", "--sync-in-commit"]), connections: CONNECTIONS, base: bare32 }));
     }
     // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
     const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
     receivers.push(rHigh);
-    if (t === "SQLite") inbox[HIGH] = rHigh;
+    if (t === "SQLite") {
+      inbox[HIGH] = rHigh;
+      receivers.push(inCommit[HIGH] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit_high", ["--quiet", "--sync-in-commit"]), connections: HIGH, base: bareHigh }));
+    }
   }
   const peers = await availablePeers();
   for (const peer of peers) {
@@ -128,6 +136,7 @@ export async function ingest(): Promise<string> {
     parts.push(`${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
       mine.map((r) => ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
         (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : "")).join(""));
+    if (inbox[c] && inCommit[c]) parts.push(`${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}`);
     const theirs = runs.filter((r) => r.base === base && r.peer);
     // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
     for (const r of theirs) parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
@@ -137,7 +146,9 @@ export async function ingest(): Promise<string> {
       parts.push(`${c} conn: inbox against the best durable peer (${best.name}) ×${f(of(inbox[c]!, best), 2)}`);
     }
   }
-  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver peak RSS ${f(receiverRss(CONNECTIONS))} MB at ${CONNECTIONS} connections, ${f(receiverRss(HIGH))} MB at ${HIGH}`;
+  const peak = (r: Run | undefined) => f(r?.server.child?.peakRssMb() ?? NaN);
+  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver --quiet peak RSS ${peak(inbox[CONNECTIONS])} MB at ${CONNECTIONS} connections, ` +
+    `${peak(inbox[HIGH])} MB at ${HIGH} (every receiver row: up to ${f(receiverRss(CONNECTIONS))} and ${f(receiverRss(HIGH))} MB; bare node:http ${peak(bare32)} MB)`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());
