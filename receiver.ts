@@ -177,7 +177,7 @@ Examples:
     // No ack waits behind a checkpoint, and the event loop never waits for the disk, unless asked to
     // (bench/ingest and bench/latency compare). Either way a 200 follows the fsync of its delivery.
     inbox = await connect(path, {
-      backgroundCheckpoints: !opts.inlineCheckpoints, syncOffLoop: !opts.syncInCommit, ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
+      backgroundCheckpoints: !opts.inlineCheckpoints, syncOffLoop: !opts.syncInCommit, pageCacheKb: DEFAULTS.receiverPageCacheKb, ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
     });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);

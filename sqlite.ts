@@ -277,6 +277,8 @@ export class SqliteInbox implements Inbox {
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.onCommit = options.onCommit;
+    // A PRAGMA takes no bound parameters; the number is checked by checkOptions and made whole here.
+    if (options.pageCacheKb !== undefined) db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
     if (options.syncOffLoop) this.walFd = syncOwnWal(db, path);
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);

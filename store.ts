@@ -275,6 +275,11 @@ export interface InboxOptions {
    * Every write still settles only once it is on disk (see SqliteInbox.syncWal). @default false
    */
   syncOffLoop?: boolean;
+  /**
+   * SQLite: this connection's page cache, in KiB. A connection that only appends deliveries (the receiver's)
+   * touches few pages; the cache openDatabase sets suits claims over a large backlog. @default 16_000
+   */
+  pageCacheKb?: number;
   /** PostgreSQL: connections in the pool. @default DEFAULTS.poolSize */
   poolSize?: number;
   /** PostgreSQL: LISTEN for wake-ups; off behind PgBouncer in transaction mode, where polling remains. @default true */

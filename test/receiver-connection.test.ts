@@ -1,7 +1,8 @@
-// test/sync-off-loop.test.ts: with syncOffLoop a SQLite commit does not fsync, and each write settles only
-// once an fdatasync of the WAL, run on libuv's thread pool, has finished after its commit. The thread
-// pool is held up by opens of named pipes that no one writes to, so what waits for it is plain to see.
-// Whether that is as durable as synchronous=FULL is the power-loss test's to show.
+// test/receiver-connection.test.ts: the options receiver.ts opens its SQLite connection with. With syncOffLoop
+// a commit does not fsync, and each write settles only once an fdatasync of the WAL, run on libuv's thread
+// pool, has finished after its commit; the pool is held up by opens of named pipes that no one writes to, so
+// what waits for it is plain to see. (Whether that is as durable as synchronous=FULL is for the power-loss
+// tests to show.) pageCacheKb sizes the connection's page cache.
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -155,5 +156,19 @@ describe("syncOffLoop", () => {
 
   it("refuses a value that is not a boolean", () => {
     assert.throws(() => new SqliteInbox(path, { syncOffLoop: 1 as unknown as boolean }), /expected syncOffLoop to be a boolean, got number/);
+  });
+});
+
+describe("pageCacheKb", () => {
+  it("sizes this connection's page cache, and leaves the others at openDatabase's", () => {
+    const receiver = inbox({ pageCacheKb: 4_000 });
+    const worker = inbox();
+    const cacheSize = (db: DatabaseSync) => (db.prepare("PRAGMA cache_size").get() as { cache_size: number }).cache_size;
+    assert.equal(cacheSize(receiver.db), -4_000);
+    assert.equal(cacheSize(worker.db), -16_000);
+  });
+
+  it("refuses a value that is not a number of 0 or more", () => {
+    assert.throws(() => new SqliteInbox(path, { pageCacheKb: -1 }), /expected pageCacheKb to be a number >= 0, got -1/);
   });
 });
