@@ -217,7 +217,12 @@ interface Committed {
   batch: Op[];
   results: { ok: boolean; value: unknown }[];
   started: number;
+  seq: number;
 }
+
+// How many fdatasyncs of the WAL may run at once; while that many run, new writes wait to be committed:
+// committed then, they could only be covered by a later sync, and would take a commit each.
+const SYNCS_AT_ONCE = 2;
 
 // One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT
 // (with syncOffLoop, after the fdatasync that follows it).
@@ -257,12 +262,15 @@ export class SqliteInbox implements Inbox {
   private commitError: unknown;
   private flushing = false;
   private closed = false;
-  // With syncOffLoop: the WAL file, opened once so that a write error on it is reported to this descriptor;
-  // the commits done since the last fdatasync began, waiting for the next one; whether one is running;
-  // and the failure of one, after which nothing is acked again (see syncWal).
-  private walFd: number | undefined;
+  // With syncOffLoop: the WAL file, opened once per fdatasync that may run at once (walFds, those not in
+  // use in idleFds); the commits not yet covered by a finished fdatasync, numbered; how many run, the last
+  // commit the latest one covers; and the failure of one, after which nothing is acked again (see syncWal).
+  private walFds: number[] = [];
+  private idleFds: number[] = [];
   private unsynced: Committed[] = [];
-  private syncing = false;
+  private commits = 0;
+  private syncs = 0;
+  private covered = 0;
   private syncFailure: Error | undefined;
 
   constructor(path: string, options: InboxOptions = {}) {
@@ -279,7 +287,7 @@ export class SqliteInbox implements Inbox {
     this.onCommit = options.onCommit;
     // A PRAGMA takes no bound parameters; the number is checked by checkOptions and made whole here.
     if (options.pageCacheKb !== undefined) db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
-    if (options.syncOffLoop) this.walFd = syncOwnWal(db, path);
+    if (options.syncOffLoop) this.idleFds = [...(this.walFds = syncOwnWal(db, path, SYNCS_AT_ONCE))];
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
       // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
@@ -965,7 +973,7 @@ export class SqliteInbox implements Inbox {
 
   /** flush resolves once every write queued so far is committed (and, with syncOffLoop, synced). */
   flush(): Promise<void> {
-    const idle = this.queue.length === 0 && !this.flushing && !this.syncing && this.unsynced.length === 0;
+    const idle = this.queue.length === 0 && !this.flushing && this.syncs === 0 && this.unsynced.length === 0;
     return idle ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
   }
 
@@ -981,7 +989,7 @@ export class SqliteInbox implements Inbox {
     }
     await this.gauger?.terminate();
     this.db.close();
-    if (this.walFd !== undefined) closeSync(this.walFd);
+    for (const fd of this.walFds) closeSync(fd);
   }
 
   // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
@@ -1068,9 +1076,8 @@ export class SqliteInbox implements Inbox {
     if (this.syncFailure) return Promise.reject(this.syncFailure);
     return new Promise((resolve, reject) => {
       this.queue.push({ run, partial, resolve, reject });
-      // While an fdatasync runs, the next batch waits for it: committed now, it could only be covered by
-      // the sync after, so it would gain nothing and take one commit per turn instead of one per sync.
-      if (!this.syncing) this.drainSoon();
+      // While SYNCS_AT_ONCE fdatasyncs run, the next batch waits for one of them to finish.
+      if (this.syncs < SYNCS_AT_ONCE) this.drainSoon();
     });
   }
 
@@ -1138,8 +1145,8 @@ export class SqliteInbox implements Inbox {
     }
     if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     this.commitError = undefined;
-    if (this.walFd === undefined) return this.settle({ batch, results, started });
-    this.unsynced.push({ batch, results, started });
+    if (this.walFds.length === 0) return this.settle({ batch, results, started, seq: 0 });
+    this.unsynced.push({ batch, results, started, seq: ++this.commits });
     this.syncWal();
   }
 
@@ -1149,7 +1156,9 @@ export class SqliteInbox implements Inbox {
   }
 
   // syncWal makes the commits so far durable, then settles them: one fdatasync of the WAL, on a libuv
-  // thread, while this thread reads and commits the next requests. Why that is as durable as FULL:
+  // thread, while this thread reads and commits the next requests; a commit made meanwhile gets a second
+  // one at once, and whichever finishes settles every commit made before it began. Why that is as
+  // durable as FULL:
   // - The WAL is a log that only grows until it is reset, and every commit so far has written its frames
   //   to it before this call: the fdatasync, which begins after, covers them all (and any before them).
   // - A reset, after a checkpoint copied every frame into the database and fsynced it, rewrites the WAL
@@ -1158,25 +1167,31 @@ export class SqliteInbox implements Inbox {
   // - Checkpoints, on any connection not at OFF, fsync the WAL before copying and the database after.
   // A failed fdatasync may have dropped the pages it could not write, and Linux marks them clean: a later
   // one would succeed over the gap. So the failure sticks; nothing is acked again until a restart, whose
-  // recovery reads only what reached the disk (PostgreSQL panics for the same reason).
+  // recovery reads only what reached the disk (PostgreSQL panics for the same reason). Linux reports such
+  // an error once to each open file, so two fdatasyncs at once use two descriptors: on one, the first
+  // to look would take the report and the other, covering the same pages, would succeed.
   private syncWal(): void {
-    if (this.syncing || this.unsynced.length === 0) return;
-    this.syncing = true;
-    const waiting = this.unsynced;
-    this.unsynced = [];
-    fdatasync(this.walFd!, (error) => {
-      this.syncing = false;
+    if (this.idleFds.length === 0 || this.covered === this.commits) return;
+    const fd = this.idleFds.pop()!;
+    this.syncs++;
+    const covers = (this.covered = this.commits);
+    fdatasync(fd, (error) => {
+      this.syncs--;
+      this.idleFds.push(fd);
       if (error) {
         this.syncFailure ??= new Error(`inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`, { cause: error });
       }
-      for (const committed of waiting) {
+      // Every commit made before this fdatasync began is on disk, whichever sync started it.
+      while (this.unsynced.length > 0 && (this.syncFailure || this.unsynced[0]!.seq <= covers)) {
+        const committed = this.unsynced.shift()!;
         if (this.syncFailure) for (const op of committed.batch) op.reject(this.syncFailure);
         else this.settle(committed);
       }
       this.syncWal();
-      if (!this.syncing && this.queue.length > 0) this.drainSoon();
+      if (this.syncs < SYNCS_AT_ONCE && this.queue.length > 0) this.drainSoon();
     });
   }
+
 
   // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
   // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
@@ -1243,18 +1258,19 @@ function isOwnError(error: unknown): boolean {
 }
 
 /**
- * syncOwnWal sets a connection to commit without an fsync (synchronous = NORMAL) and opens its WAL file,
- * whose fdatasync the caller then owes before it reports any commit (SqliteInbox.syncWal). The descriptor
- * is opened now, before any write it must answer for: Linux reports a failed writeback only to the
- * descriptors open when it failed. A database without a WAL file of its own (in memory) keeps FULL.
+ * syncOwnWal sets a connection to commit without an fsync (synchronous = NORMAL) and opens its WAL file
+ * n times, whose fdatasync the caller then owes before it reports any commit (SqliteInbox.syncWal). The
+ * descriptors are opened now, before any write they must answer for: Linux reports a failed writeback
+ * only to the files open when it failed. A database without a WAL file (in memory) keeps FULL, and none.
  */
-function syncOwnWal(db: DatabaseSync, path: string): number | undefined {
+function syncOwnWal(db: DatabaseSync, path: string, n: number): number[] {
   const { journal_mode: mode } = db.prepare("PRAGMA journal_mode").get() as { journal_mode: string };
-  if (mode !== "wal") return undefined;
+  if (mode !== "wal") return [];
   // SQLite puts the WAL beside the file a symbolic link points to, so the same is opened here.
-  const fd = openSync(`${realpathSync(path)}-wal`, "r");
+  const wal = `${realpathSync(path)}-wal`;
+  const fds = Array.from({ length: n }, () => openSync(wal, "r"));
   db.exec("PRAGMA synchronous = NORMAL");
-  return fd;
+  return fds;
 }
 
 /**
