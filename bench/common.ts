@@ -67,9 +67,10 @@ export function rssMb(pid: number, peak = false): number {
 /**
  * startChild runs a script under tsx on this Node and waits for its "Listening on" line. Its stderr is a
  * pipe that is read and dropped (or kept), so a logging server pays for its lines as it would in production.
+ * nodeArgs go to Node itself, before the script (V8's memory flags, say).
  */
-export async function startChild(script: string, args: string[], keepStderr = false): Promise<Child> {
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+export async function startChild(script: string, args: string[], keepStderr = false, nodeArgs: string[] = []): Promise<Child> {
+  const child = spawn(process.execPath, [...nodeArgs, "--import", "tsx", join(ROOT, script), ...args], {
     cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
   });
   let err = "";
