@@ -381,11 +381,14 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     if (!id) throw new HttpError(400, "expected ?id= (and &source=)");
     const found = await inbox.find(id, source);
     if (found.length === 0) throw new HttpError(404, `no delivery ${source ? `${source}/` : ""}${id}`);
-    if (found.length > 1) {
-      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${found
+    const sources = [...new Map(found.map((d) => [d.source, d])).values()];
+    if (sources.length > 1) {
+      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
         .map((d) => `<li><a href="${escape(deliveryHref(d))}">${escape(d.source)}</a></li>`).join("")}</ul>`);
     }
-    const d = found[0]!;
+    // One row per route (docs/forwarding.md): ?destination= picks one, else the first route's.
+    const wanted = params.get("destination");
+    const d = found.find((x) => x.destination === wanted) ?? found[0]!;
     const tries = await inbox.attemptErrors(d);
     const views = bodyViews(d.body);
     const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
@@ -393,7 +396,9 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     const tab = (name: string, label: string, available: boolean) => available
       ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>` : "";
     const meta: [string, string][] = [
-      ["source", escape(d.source)], ["status", statusBadge(d.status)], ["event type", escape(d.eventType ?? "–")],
+      ["source", escape(d.source)], ["destination", escape(d.destination || "(none)")], ["status", statusBadge(d.status)],
+      ...(found.length > 1 ? [["routes", found.map((x) => `${escape(x.destination)} ${statusBadge(x.status)}`).join(" ")] as [string, string]] : []),
+      ["event type", escape(d.eventType ?? "–")],
       ["attempts", String(d.attempts)], ["received", escape(iso(d.receivedAt))], ["provider time", escape(iso(d.providerTime))],
       ["due", d.status === "received" ? escape(iso(d.availableAt)) : "–"],
       ["lease", d.leasedUntil === null ? "none" : `held until ${escape(iso(d.leasedUntil))}`],
@@ -706,7 +711,8 @@ if (live) {
 
 // ---- The entry point --------------------------------------------------------------------------------
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the operator page as `admin.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);

@@ -48,7 +48,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 export async function ingest(): Promise<string> {
   const { dir, cleanup } = tempDir();
   const server = (script: string, args: string[] = [], nodeArgs: string[] = []): Server =>
-    ({ start: () => startChild(script, ["--port", "0", ...args], false, nodeArgs), stores: [] });
+    ({ start: () => startChild(script, ["--port", "0", ...args], false, undefined, nodeArgs), stores: [] });
   const runs: Run[] = [];
   const add = (r: Omit<Run, "loads" | "cpu">) => {
     const run = { ...r, loads: [], cpu: [] };

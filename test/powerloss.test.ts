@@ -1,9 +1,7 @@
-// test/powerloss.test.ts: a 200 survives a power cut. The real receiver.ts and worker.ts, with the database on
-// the fault layer (test/powerloss/powercutfs.c), SIGKILLed with the database at a random moment under load;
-// the power is cut and the layer mounted again. A few cycles here; `npm run torture -- powerloss` runs many.
+// test/powerloss.test.ts: a 200 survives a power cut, on SQLite and PostgreSQL, and the controls with durability
+// turned down lose acked IDs. A few cycles (test/powerloss/scenarios.ts); `npm run torture -- powerloss` runs many.
 //   npx node --import tsx --test test/powerloss.test.ts       # needs /dev/fuse and libfuse3-dev
 //   POWERLOSS_RECEIVER=/path/to/other/receiver.ts npx node --import tsx --test test/powerloss.test.ts
-// The controls turn durability down (SQLite synchronous=OFF, PostgreSQL fsync=off) and must lose acked IDs.
 
 import assert from "node:assert/strict";
 import { join } from "node:path";

@@ -10,7 +10,7 @@ import { closeSync, constants, fstatSync, mkdirSync, open, openSync, statSync, s
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox } from "../sqlite.ts";
+import { SqliteInbox, durabilityProblem } from "../sqlite.ts";
 import { tempDir } from "./helpers.ts";
 
 let dir: { dir: string; cleanup: () => void };
@@ -126,11 +126,15 @@ describe("syncOffLoop", () => {
     }
   });
 
-  it("keeps its own connection at NORMAL and leaves every other connection at FULL", () => {
+  it("keeps its own connection at NORMAL, says so in its durability, and leaves every other connection at FULL", () => {
     const fast = inbox({ syncOffLoop: true });
     const worker = inbox();
     assert.equal(synchronous(fast.db), 1);
     assert.equal(synchronous(worker.db), 2);
+    assert.deepEqual([fast.durability.synchronous, fast.durability.ownWalSync], [1, true]);
+    assert.deepEqual([worker.durability.synchronous, worker.durability.ownWalSync], [2, undefined]);
+    assert.equal(durabilityProblem(fast.durability), undefined);
+    assert.match(durabilityProblem({ ...fast.durability, ownWalSync: undefined })!, /synchronous is 1, not FULL \(2\)/);
   });
 
   it("after a failed fdatasync, rejects its writes and every later one, and is not ready", async () => {
@@ -165,12 +169,6 @@ describe("syncOffLoop", () => {
     assert.equal(await fast.store({ id: "evt_1", body: Buffer.from("{}") }), "stored");
     for (const fd of (fast as unknown as { walFds: number[] }).walFds) assert.equal(fstatSync(fd).ino, statSync(`${real}-wal`).ino);
     assert.throws(() => statSync(`${link}-wal`), /ENOENT/);
-  });
-
-  it("keeps FULL on a database without a WAL file (in memory), and still stores", async () => {
-    const memory = inbox({ syncOffLoop: true }, ":memory:");
-    assert.equal(await memory.store({ id: "evt_1", body: Buffer.from("{}") }), "stored");
-    assert.deepEqual((memory as unknown as { walFds: number[] }).walFds, []);
   });
 
   it("refuses a value that is not a boolean", () => {

@@ -205,7 +205,7 @@ async function powerLoss(): Promise<string[]> {
     const ok = (list: string[]) => (list.length === 0 ? "ok" : `${list.length} problems (${list.slice(0, 3).join("; ")})`);
     console.log(`powerloss ${control ? "control " : ""}${r.label}: ${r.cycles} cuts, ${r.requests} requests, ${r.acked} acked, lost ${r.lost.length}, ` +
       `${r.stored} stored, integrity ${ok(r.integrity)}, payments ${ok(r.payments)}, ` +
-      `${r.recovered ? `drained ${r.drained ? "exactly once" : "NOT"} ${ok(r.exactlyOnce)}` : "the server did not recover"}, ` +
+      `${r.recovered ? `drained ${r.drained ? "exactly once" : "NOT"} ${ok(r.exactlyOnce)}` : "the database did not come back"}, ` +
       `${r.droppedPages} unsynced pages dropped (${r.keptPages} kept by harsh cuts), ${r.undoneNames} names undone, ${Math.round(r.ms / 1000)} s`);
     if (control) {
       if (r.lost.length === 0) found.push(`control ${r.label} lost nothing in ${r.cycles} cuts: the test did not show it can fail`);

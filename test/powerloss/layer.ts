@@ -50,10 +50,13 @@ export function buildLayer(): Promise<string> {
     const program = join(dir, "powercutfs");
     if (existsSync(program)) return program;
     mkdirSync(dir, { recursive: true });
-    const flags = (await run("pkg-config", ["--cflags", "--libs", "fuse3"])).stdout.trim().split(/\s+/);
+    const flags = await run("pkg-config", ["--cflags", "--libs", "fuse3"]).then(
+      (r) => r.stdout.trim().split(/\s+/),
+      () => Promise.reject(new Error("no libfuse3 to build the layer with (pkg-config fuse3 failed)")));
     // Built under a name of its own, then renamed: two test runs building at once never run a half-written file.
     const partial = `${program}.${process.pid}`;
-    await run("cc", ["-std=gnu11", "-O2", "-Wall", "-o", partial, SOURCE, ...flags, "-lpthread"]);
+    await run("cc", ["-std=gnu11", "-O2", "-Wall", "-o", partial, SOURCE, ...flags, "-lpthread"]).catch((error: { stderr?: string; message: string }) =>
+      Promise.reject(new Error(`cannot compile powercutfs.c: ${(error.stderr || error.message).trim().split("\n")[0]}`)));
     renameSync(partial, program);
     return program;
   })();

@@ -2,7 +2,7 @@
 // backing folder but keeps written file data in memory until the file is fsynced, and forgets it on a cut.
 // test/powerloss/layer.ts compiles it (libfuse3-dev) and drives it through stdin:
 //   powercutfs BACKING MOUNTPOINT [-o fuse-options]     then lines: cut | cut KEEP SEED | stats | unmount
-//
+
 // What is durable when (the backing folder BACKING/data holds exactly what a disk would keep):
 // - File data and size: in memory, per file, until fsync or fdatasync on any handle of that file; an open
 //   with O_SYNC or O_DSYNC makes each write durable before it returns. close, sync_file_range, O_DIRECT,
