@@ -1,6 +1,7 @@
-// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL, every
-// write group-committed, a checkpointer thread and a gauge thread beside it. connect() in inbox.ts picks
-// it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
+// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL (or, with
+// syncOffLoop, the receiver's: NORMAL and an fdatasync of its own, off the event loop, before any write
+// settles), every write group-committed, a checkpointer thread and a gauge thread beside it. connect() in
+// inbox.ts picks it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
 // so longer than the house's thousand lines: split, a delivery's life would be scattered over files.
 
 import { closeSync, existsSync, fdatasync, openSync, realpathSync } from "node:fs";
