@@ -142,6 +142,7 @@ export class Metrics {
   private readonly gaugeCacheMs: number;
   private readonly now: () => number;
   private gaugeRead: { at: number; value: Promise<Gauges | undefined> } | undefined;
+  private readiness: Readiness | undefined;
   // Per source, then per result: two lookups of strings that exist already, no key built per request.
   private readonly intake = new Map<string, Map<string, Tally>>();
   private readonly acks = new Map<string, Spread>();
@@ -311,6 +312,25 @@ export class Metrics {
     this.lostLeases.tally(lease.source, { source: lease.source }).pending++;
   }
 
+  /**
+   * reportReadiness adds inbox_ready, what /readyz would answer, as 1 or 0: a receiver that still answers
+   * scrapes but cannot commit (a full disk, a lost PostgreSQL) shows as up and not ready. Called by the
+   * receiver and by listen(); a second call only swaps the readiness it reads.
+   */
+  reportReadiness(readiness: Readiness): void {
+    const first = this.readiness === undefined;
+    this.readiness = readiness;
+    if (!first) return;
+    const self = this;
+    // Registered only once asked for: an unset label-less gauge would show 0, not ready, where nobody said so.
+    new client.Gauge({
+      name: "inbox_ready", help: "1 while a delivery could be committed now (what /readyz answers), else 0.", registers: [this.registry],
+      async collect() {
+        this.set((await self.readiness!.ready()) === true ? 1 : 0);
+      },
+    });
+  }
+
   /** forwarded counts one forward to a destination by its outcome, and times it. */
   forwarded(destination: string, outcome: "done" | "retry" | "failed" | "gone", ms: number): void {
     this.forwards.tally(`${destination}\u0000${outcome}`, { destination, outcome }).pending++;
@@ -334,6 +354,7 @@ export class Metrics {
   /** listen serves /metrics, /livez and /readyz alone on a port of its own (the worker's --metrics-port). */
   async listen(port: number, host: string = DEFAULTS.host, readiness?: Readiness): Promise<Server> {
     const ready = readiness ?? new Readiness(this.inbox);
+    this.reportReadiness(ready);
     const server = createServer((req, res) => {
       if (route(req, res, ready, this)) return;
       res.writeHead(404, { "content-type": "text/plain; charset=utf-8" });

@@ -6,7 +6,9 @@
 // fresh backlogs (default 60; the whole pipeline then runs a quarter of that, at least 10 s);
 // TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3). TORTURE_POSTGRES_SECONDS: how long the
 // PostgreSQL pipeline runs (default 0, skipped): half on the test server with pg_terminate_backend, half on a
-// private cluster restarted about every 10 s (INBOX_TEST_POSTGRES as for the tests).
+// private cluster restarted about every 10 s (INBOX_TEST_POSTGRES as for the tests). TORTURE_FAILOVERS: rounds
+// of test/failover.ts (default 0, skipped), each TORTURE_FAILOVER_SECONDS of load (default 20) before the
+// primary is SIGKILLed and as long after its synchronous standby is promoted, at PostgreSQL's own settings.
 // `npm run torture -- powerloss` runs only the power-loss cycles (test/powerloss/), `-- crash` only the above;
 // without a name, both. POWERLOSS_CYCLES: power cuts per backend (default 20), half of them harsh (some
 // unsynced pages kept); POWERLOSS_CONTROL_CYCLES: cuts per control (default 6; each must lose acked IDs);
@@ -15,6 +17,7 @@
 import { mkdirSync } from "node:fs";
 import { loadavg } from "node:os";
 import { join } from "node:path";
+import { failover } from "./failover.ts";
 import { busyStorm, pipelineCrash, postgresPipeline, receiverCrash, seeded, workerCrash, type PostgresPipelineReport } from "./chaos.ts";
 import { freshSchema, PG_BIN, postgresSkip, privatePostgres, tempDir } from "./helpers.ts";
 import { fuseSkip } from "./powerloss/layer.ts";
@@ -24,6 +27,8 @@ const rounds = Number(process.env.TORTURE_ROUNDS ?? 50);
 const seconds = Number(process.env.TORTURE_SECONDS ?? 60);
 const storms = Number(process.env.TORTURE_STORMS ?? 3);
 const postgresSeconds = Number(process.env.TORTURE_POSTGRES_SECONDS ?? 0);
+const failovers = Number(process.env.TORTURE_FAILOVERS ?? 0);
+const failoverSeconds = Number(process.env.TORTURE_FAILOVER_SECONDS ?? 20);
 // The pipeline runs for a quarter of the worker time, at least 10 s.
 const pipelineSeconds = Math.max(10, Math.round(seconds / 4));
 const powerCycles = Number(process.env.POWERLOSS_CYCLES ?? 20);
@@ -36,7 +41,8 @@ if (sections.some((name) => name !== "crash" && name !== "powerloss")) {
 }
 const crash = sections.length === 0 || sections.includes("crash");
 const powerloss = sections.length === 0 || sections.includes("powerloss");
-for (const [name, value] of [["POWERLOSS_CYCLES", powerCycles], ["POWERLOSS_CONTROL_CYCLES", controlCycles], ["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["TORTURE_POSTGRES_SECONDS", postgresSeconds], ["CHAOS_SEED", seed]] as const) {
+for (const [name, value] of [["POWERLOSS_CYCLES", powerCycles], ["POWERLOSS_CONTROL_CYCLES", controlCycles], ["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["TORTURE_POSTGRES_SECONDS", postgresSeconds],
+  ["TORTURE_FAILOVERS", failovers], ["TORTURE_FAILOVER_SECONDS", failoverSeconds], ["CHAOS_SEED", seed]] as const) {
   if (!Number.isInteger(value) || value < 0) {
     console.error(`torture: expected ${name} to be a whole number >= 0, got ${process.env[name]}`);
     process.exit(2);
@@ -154,13 +160,36 @@ try {
       }
     }
   }
+  // 6. Failovers: the primary SIGKILLed under load, its synchronous standby promoted, no script restarted.
+  const f = { deliveries: 0, lost: 0, doubled: 0, gaps: [] as number[], kills: [] as number[] };
+  for (let round = 0; round < failovers; round++) {
+    const q = await failover({ synchronous: true, beforeS: failoverSeconds, afterS: failoverSeconds, stallMs: 1_000, senders: 8, keys: 8, random });
+    if (typeof q === "string") break;
+    f.deliveries += q.deliveries;
+    f.lost += q.lostAcked + q.lost;
+    f.doubled += q.doubled;
+    f.gaps.push(q.ackGapMs);
+    f.kills.push(q.killToAckMs);
+    console.log(`failover ${round + 1}: ${q.acked} acknowledged, ${q.deliveries} done, ${q.handledOrdered} ordered; no 200 for ${q.ackGapMs} ms ` +
+      `(1 s of stalled replication, then from the kill to the next 200 ${q.killToAckMs} ms; pg_ctl promote took ${q.promoteMs} ms); ${q.unavailable} answered 503, ` +
+      `${q.requestErrors} failed requests, ${q.duplicatesAfterKill} resent answered duplicate, ${q.retriedHandlers} handlers run again; ` +
+      `lost ${q.lostAcked + q.lost}, doubled ${q.doubled}, out of order ${q.outOfOrder.length}`);
+    if (!q.drained || q.lostAcked > 0 || q.lost > 0 || q.doubled > 0 || q.balance !== q.expected || q.outOfOrder.length > 0
+      || q.unexpectedExits.length > 0 || q.idleAfter.length > 0) problems.push(`failover ${round + 1}: ${JSON.stringify(q)}`);
+  }
+  if (f.gaps.length > 0) {
+    const sorted = [...f.kills].sort((a, b) => a - b);
+    console.log(`failovers: ${f.gaps.length}, kill to first 200: min ${sorted[0]} ms, median ${sorted[Math.floor(sorted.length / 2)]} ms, ` +
+      `max ${sorted.at(-1)} ms; lost ${f.lost}, doubled ${f.doubled}`);
+  }
+
   const pg = pgRuns.reduce((a, q) => ({ deliveries: a.deliveries + q.deliveries, kills: a.kills + q.kills, lost: a.lost + q.lostAcked + q.lost,
     doubled: a.doubled + q.doubled }), { deliveries: 0, kills: 0, lost: 0, doubled: 0 });
 
-  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries + pg.deliveries;
-  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost + pg.lost;
-  const doubled = w.doubled + s.doubled + p.doubled + pg.doubled;
-  console.log(`total: rounds ${r.rounds + w.runs + storms + 1 + pgRuns.length}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills + pg.kills}, ` +
+  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries + pg.deliveries + f.deliveries;
+  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost + pg.lost + f.lost;
+  const doubled = w.doubled + s.doubled + p.doubled + pg.doubled + f.doubled;
+  console.log(`total: rounds ${r.rounds + w.runs + storms + 1 + pgRuns.length + f.gaps.length}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills + pg.kills}, ` +
     `lost=${lost}, doubled=${doubled}, partial=${r.partial.length}, in ${Math.round((Date.now() - started) / 1000)} s`);
   if (powerloss) problems.push(...(await powerLoss()));
 } finally {
