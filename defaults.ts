@@ -24,6 +24,11 @@ export const DEFAULTS = {
   walAutocheckpointPages: 4_000,
   /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
   busyTimeoutMs: 5_000,
+  /**
+   * KiB of SQLite page cache for the receiver's connection, which only appends deliveries: a quarter of
+   * the 16 MB the worker's claims want, and that much less memory held (bench/ingest prints the RSS). @default 4_000
+   */
+  receiverPageCacheKb: 4_000,
   /** Most deliveries or completions committed in one transaction. @default 512 */
   batchSize: 512,
   /** Longest delivery ID accepted, in characters. @default 256 */
