@@ -181,7 +181,8 @@ for (const backend of BACKENDS) {
         await failed;
         assert.equal((await row(admin, "evt_1"))!.status, "processing", "nothing of the batch committed");
         assert.equal(stored, "stored", "the inbox carries on, on a new connection");
-        assert.equal(listed.length, 1);
+        // The read ran beside the store, so it may or may not see evt_2 yet (seen both ways on Deno).
+        assert.ok(listed.some((d) => d.id === "evt_1"), "the read carries on too, on a new connection");
         assert.equal(await inbox.finish(lease), true);
       });
 
