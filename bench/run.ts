@@ -9,6 +9,7 @@
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
 import { admin } from "./admin.ts";
+import { backlog } from "./backlog.ts";
 import { generators } from "./generators.ts";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
@@ -19,9 +20,9 @@ import { pgclient } from "./pgclient.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
+  ingest, latency, worker, backlog, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

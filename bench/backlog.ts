@@ -1,0 +1,159 @@
+// bench/backlog.ts: does the drain on PostgreSQL hold as the backlog grows? For each backlog of
+// BENCH_BACKLOGS (50k, 100k and 200k; BENCH_MILLION=1 adds 1,000,000, about two minutes a round), the real
+// `worker.ts --once` at its defaults drains a fresh inbox on PostgreSQL, and pg-boss (bench/peers) the same
+// backlog with the same record-payment handler, alternating, BENCH_DRAIN_ROUNDS rounds, medians. Each claim
+// and finish statement of the worker is timed (bench/claim-timer.ts): p50 and p99 in the first and the last
+// tenth of the drain say whether a claim grows with what has been drained.
+// BENCH_COMPARE=/path/to/another/checkout adds that checkout's worker as one more row, filled and run by its
+// own bench/fill.ts and worker.ts (an A/B of two commits in the same run; `git worktree add` makes one).
+//   BENCH_MILLION=1 npm run bench -- backlog
+//   BENCH_BACKLOGS=50000,200000 BENCH_DRAIN_ROUNDS=3 BENCH_COMPARE=/tmp/main npm run bench -- backlog
+
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, readFileSync, symlinkSync } from "node:fs";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import { ROOT, f, knob, tempDir } from "./common.ts";
+import { drainPeer, label as peerLabel, peers } from "./peers/index.ts";
+import { inboxTargets } from "./targets.ts";
+
+const BACKLOGS = (process.env.BENCH_BACKLOGS ?? "50000,100000,200000").split(",").map((s) => {
+  if (!/^\d+$/.test(s.trim()) || Number(s) < 1) throw new TypeError(`BENCH_BACKLOGS: expected backlog sizes like 50000,200000, got ${process.env.BENCH_BACKLOGS}`);
+  return Number(s);
+});
+if (process.env.BENCH_MILLION === "1" && !BACKLOGS.includes(1_000_000)) BACKLOGS.push(1_000_000);
+const ROUNDS = knob("BENCH_DRAIN_ROUNDS", 1);
+const COMPARE = process.env.BENCH_COMPARE;
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * p))] ?? NaN;
+
+/** Timed is one claim or finish statement: kind, ms since the worker started, its round trip in ms, rows. */
+type Timed = [kind: "claim" | "finish", at: number, ms: number, rows: number];
+
+/** Drain is one drain of one backlog: its rate, and its claims' and finishes' times early and late. */
+interface Drain {
+  rate: number;
+  calls: Timed[];
+}
+
+/** Checkout is a tree whose worker is measured: this one, or BENCH_COMPARE's. */
+interface Checkout {
+  name: string;
+  root: string;
+}
+
+function checkout(root: string): Checkout {
+  const head = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim();
+  const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], { encoding: "utf8" }).stdout.trim();
+  // A worktree made for the comparison shares this checkout's packages.
+  if (!existsSync(join(root, "node_modules"))) symlinkSync(join(ROOT, "node_modules"), join(root, "node_modules"));
+  return { name: `${head || root}${dirty ? "+changes" : ""}`, root };
+}
+
+/** run runs a script of a checkout under this Node and resolves with its stderr, or fails with it. */
+async function run(root: string, args: string[], env: Record<string, string> = {}): Promise<string> {
+  const child = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: root, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
+  let err = "";
+  child.stderr.on("data", (d: Buffer) => (err += d));
+  const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  if (code !== 0) throw new Error(`${args.join(" ")} (in ${root}): exit ${code}: ${err.slice(-800)}`);
+  return err;
+}
+
+/** drainInbox fills a fresh inbox on PostgreSQL with n deliveries and times `worker.ts --once` draining it. */
+async function drainInbox(at: Checkout, dir: string, n: number, label: string, startupMs: number): Promise<Drain> {
+  const [, target] = await inboxTargets();
+  const fresh = await target!.fresh(dir, label);
+  const log = join(dir, `${label}.jsonl`);
+  try {
+    await run(at.root, [join(at.root, "bench/fill.ts"), fresh.db, String(n)]);
+    const timer = join(at.root, "bench/claim-timer.ts");
+    const t0 = performance.now();
+    const err = await run(at.root, [...(existsSync(timer) ? ["--import", timer] : []), join(at.root, "worker.ts"), "--once", "--quiet", "--db", fresh.db], { BENCH_CLAIM_LOG: log });
+    const ms = performance.now() - t0 - startupMs;
+    const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
+    if (done !== n) throw new Error(`worker.ts --once (in ${at.root}): expected ${n} done, got ${done}: ${err.slice(-500)}`);
+    const calls = existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l) as Timed) : [];
+    return { rate: (n / ms) * 1000, calls };
+  } finally {
+    await fresh.drop();
+  }
+}
+
+/** startup is what `worker.ts --once` takes to start and stop on an empty inbox: not drain time. */
+async function startup(at: Checkout, dir: string): Promise<number> {
+  const [, target] = await inboxTargets();
+  const empty = await target!.fresh(dir, "backlog_empty");
+  try {
+    const t0 = performance.now();
+    await run(at.root, [join(at.root, "worker.ts"), "--once", "--quiet", "--db", empty.db]);
+    return performance.now() - t0;
+  } finally {
+    await empty.drop();
+  }
+}
+
+/** spread says p50 and p99 of a kind of statement in the first and the last tenth of a drain's calls. */
+function spread(calls: Timed[], kind: Timed[0]): string {
+  const mine = calls.filter((c) => c[0] === kind);
+  if (mine.length < 20) return `${kind} n/a`;
+  const tenth = Math.floor(mine.length / 10);
+  const part = (xs: Timed[]) => `p50 ${f(pct(xs.map((c) => c[2]), 0.5), 1)} p99 ${f(pct(xs.map((c) => c[2]), 0.99), 1)}`;
+  return `${kind} ${part(mine.slice(0, tenth))} → ${part(mine.slice(-tenth))} ms`;
+}
+
+/** backlog drains every backlog size with the inbox on PostgreSQL and with pg-boss, and returns the summary. */
+export async function backlog(): Promise<string> {
+  const targets = await inboxTargets();
+  if (targets.length < 2) return "backlog: skipped, the inbox on PostgreSQL is not available (see above)";
+  const boss = (await peers()).find((p) => p.name.startsWith("pg-boss"));
+  const checkouts = [checkout(ROOT), ...(COMPARE ? [checkout(COMPARE)] : [])];
+  const { dir, cleanup } = tempDir();
+  const rows = new Map<string, { rates: number[]; calls: Timed[] }>();
+  const add = (name: string, rate: number, calls: Timed[] = []) => {
+    const r = rows.get(name) ?? { rates: [], calls: [] };
+    r.rates.push(rate);
+    // The median round's timings would need every round's kept; the last round's say the same.
+    if (calls.length > 0) r.calls = calls;
+    rows.set(name, r);
+  };
+  const inboxName = (c: Checkout, n: number) => `worker.ts --once [PostgreSQL${checkouts.length > 1 ? ` ${c.name}` : ""}] at ${n}`;
+  console.log(`backlog: ${BACKLOGS.join(", ")} deliveries, record-payment handler, ${ROUNDS} round(s), systems alternating`);
+  try {
+    const startups = new Map<Checkout, number>();
+    for (const c of checkouts) startups.set(c, await startup(c, dir));
+    for (const n of BACKLOGS) {
+      for (let round = 1; round <= ROUNDS; round++) {
+        for (const [i, c] of checkouts.entries()) {
+          const d = await drainInbox(c, dir, n, `backlog_${n}_${round}_${i}`, startups.get(c)!);
+          add(inboxName(c, n), d.rate, d.calls);
+          console.log(`  round ${round} ${inboxName(c, n).padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`);
+        }
+        if (boss) {
+          const d = await drainPeer(boss, dir, n, `backlog_${n}_${round}`);
+          add(`${peerLabel(boss)} at ${n}`, (d.done / d.ms) * 1000);
+          console.log(`  round ${round} ${`${peerLabel(boss)} at ${n}`.padEnd(50)} ${f((d.done / d.ms) * 1000).padStart(7)} deliveries/s  (${boss.settings}; filled in ${f(d.fillMs / 1000, 1)} s)`);
+        }
+      }
+    }
+  } finally {
+    cleanup();
+  }
+  const rate = (name: string) => median(rows.get(name)?.rates ?? [NaN]);
+  const lines: string[] = [];
+  for (const n of BACKLOGS) {
+    const mine = inboxName(checkouts[0]!, n);
+    const parts = checkouts.map((c) => `${inboxName(c, n)} ${f(rate(inboxName(c, n)))}/s (${spread(rows.get(inboxName(c, n))!.calls, "claim")})`);
+    if (checkouts.length > 1) parts.push(`A/B ×${f(rate(mine) / rate(inboxName(checkouts[1]!, n)), 2)}`);
+    if (boss) parts.push(`pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s, inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`);
+    lines.push(parts.join(" | "));
+  }
+  const [least, most] = [Math.min(...BACKLOGS), Math.max(...BACKLOGS)];
+  const reference = BACKLOGS.includes(100_000) ? 100_000 : least;
+  if (most !== reference) {
+    lines.push(`inbox at ${most} against itself at ${reference}: ×${f(rate(inboxName(checkouts[0]!, most)) / rate(inboxName(checkouts[0]!, reference)), 2)}`);
+  }
+  return `backlog (median of ${ROUNDS}; CLI start-up subtracted; claim and finish times in the first → last tenth of the drain):\n  ${lines.join("\n  ")}`;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await backlog());
