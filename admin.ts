@@ -274,6 +274,15 @@ export function createAdmin(options: AdminOptions): Admin {
   const tokenDigest = options.token ? digest(options.token) : undefined;
   const secret = randomBytes(32);
   const sessions = new Map<string, Session>();
+  // The messages this page issued after an action, by a random key in the redirect's ?flash=: a link can
+  // only name one, never bring its own words, and each is shown once, to the session it was made for.
+  const flashes = new Map<string, { session: string; text: string }>();
+  const takeFlash = (s: Session, key: string | null): string | null => {
+    const found = key === null ? undefined : flashes.get(key);
+    if (!found || found.session !== s.id) return null;
+    flashes.delete(key!);
+    return found.text;
+  };
   const csrfFor = (id: string) => createHmac("sha256", secret).update(id).digest("base64url");
   // Without a token there is one implicit session, for whoever reaches loopback.
   const local: Session = { id: "local", csrf: csrfFor("local"), who: "local", expires: Infinity };
@@ -541,7 +550,7 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
       throw new HttpError(401, "log in first: exchange the admin token at /login");
     }
     if (req.method === "GET") {
-      const flash = url.searchParams.get("flash");
+      const flash = takeFlash(s, url.searchParams.get("flash"));
       if (path === "/") {
         if (url.searchParams.get("fragment") === "overview") return send(res, 200, await overviewLive());
         return send(res, 200, await overview(s));
@@ -581,7 +590,10 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
     // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
     audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
     const to = new URL(done.to, "http://admin.invalid");
-    to.searchParams.set("flash", done.flash);
+    const key = randomBytes(12).toString("base64url");
+    if (flashes.size >= MAX_SESSIONS) flashes.delete(flashes.keys().next().value!);
+    flashes.set(key, { session: s.id, text: done.flash });
+    to.searchParams.set("flash", key);
     send(res, 303, "", { location: `${to.pathname}${to.search}` });
   }
 

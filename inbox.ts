@@ -72,7 +72,7 @@ function filterOf(opts: CliFilters): Filter {
 }
 
 async function cli(argv: string[]): Promise<void> {
-  const { Command, InvalidArgumentError, CommanderError } = await import("commander");
+  const { Command, InvalidArgumentError, CommanderError, Option } = await import("commander");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
@@ -315,8 +315,11 @@ Examples:
 
   withDb(program.command("purge [id]"))
     .description("let old bodies go: drop the bodies of old done deliveries, keeping tombstones that still answer duplicates, and forget old tombstones")
-    .option("--bodies-after <age>", "drop the bodies of done deliveries older than this (30m, 12h, 7d, 2w)", duration, DEFAULTS.bodiesAfterMs)
-    .option("--forget-after <age>", "forget tombstones older than this; must be longer than --bodies-after", duration, DEFAULTS.forgetAfterMs)
+    // Defaults shown as ages (7d), as they are typed, not as the milliseconds they parse to.
+    .addOption(new Option("--bodies-after <age>", "drop the bodies of done deliveries older than this (30m, 12h, 7d, 2w)")
+      .argParser(duration).default(DEFAULTS.bodiesAfterMs, age(DEFAULTS.bodiesAfterMs)))
+    .addOption(new Option("--forget-after <age>", "forget tombstones older than this; must be longer than --bodies-after")
+      .argParser(duration).default(DEFAULTS.forgetAfterMs, age(DEFAULTS.forgetAfterMs)))
     .option("--source <name>", "with an ID: the delivery's source, when IDs clash")
     .option("--dry-run", "say what would go, and change nothing")
     .option("--batch <n>", "deliveries per transaction", positive, DEFAULTS.purgeBatch)

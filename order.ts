@@ -23,7 +23,7 @@ export interface Ordering {
   strictOrder: boolean;
 }
 
-/** ORDER_PRESETS says, per provider that has one, what its preset orders by; the README repeats it. */
+/** ORDER_PRESETS says, per provider that has one, what its preset orders by; docs/ordering.md repeats it. */
 export const ORDER_PRESETS: Readonly<Record<string, string>> = {
   stripe: "data.object.id (the object the event is about), in the event's created time",
   shopify: "admin_graphql_api_id (gid://shopify/Order/820982911946154508), else the topic's resource and a safe-integer id, in X-Shopify-Triggered-At, else updated_at",

@@ -997,7 +997,7 @@ export class PostgresInbox implements Inbox {
         const batch = this.queue.splice(0, this.batchSize);
         // A claim runs in a transaction of its own, beside the commit of the finishes queued with it: on
         // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
-        // (SQLite has one writer, and shares the commit instead). Measured in the README.
+        // (SQLite has one writer, and shares the commit instead). Measured in docs/performance.md.
         const claims = batch.filter((op) => op.kind === "claim");
         const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
         for (const group of claims.length === 0 || rest.length === 0 ? [batch] : [claims, rest]) {

@@ -13,7 +13,7 @@ export type Provider =
   | "standard" | "stripe" | "github" | "shopify" | "slack"
   | "paddle" | "linear" | "square" | "twilio" | "zoom" | "intercom"
   | "plain" | "hmac";
-/** PROVIDERS lists every scheme, in the order the README's table gives them. */
+/** PROVIDERS lists every scheme, in the order docs/providers.md's table gives them. */
 export const PROVIDERS: readonly Provider[] = [
   "standard", "stripe", "github", "shopify", "slack", "paddle", "linear", "square", "twilio", "zoom", "intercom", "plain", "hmac",
 ];

@@ -130,7 +130,7 @@ Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 
 Sources file: {"stripe": {"provider": "stripe", "secret": "env:STRIPE_WEBHOOK_SECRET"},
                "github": {"provider": "github", "secret": ["old", "new"]}}
 Providers: standard (and Svix), stripe, github, shopify, slack, paddle, linear, square, twilio, zoom,
-           intercom, plain, and hmac (a scheme declared in the file; see the README). Without one, POST / is unsigned.
+           intercom, plain, and hmac (a scheme declared in the file; see docs/providers.md). Without one, POST / is unsigned.
 
 Examples:
   npx tsx receiver.ts

@@ -7,7 +7,7 @@
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./defaults.ts";
-import { parseDuration } from "./format.ts";
+import { age as formatAge, parseDuration } from "./format.ts";
 import {
   jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
 } from "./log.ts";
@@ -359,7 +359,7 @@ export function recordPayment(job: Job): void {
 }
 
 async function main(argv: string[]): Promise<void> {
-  const { Command, InvalidArgumentError } = await import("commander");
+  const { Command, InvalidArgumentError, Option } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
     if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
@@ -392,8 +392,11 @@ async function main(argv: string[]): Promise<void> {
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .option("--purge-every [minutes]", `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`, whole)
-    .option("--bodies-after <age>", "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)", age, DEFAULTS.bodiesAfterMs)
-    .option("--forget-after <age>", "with --purge-every: forget tombstones older than this; longer than --bodies-after", age, DEFAULTS.forgetAfterMs)
+    // Defaults shown as ages (7d), as they are typed, not as the milliseconds they parse to.
+    .addOption(new Option("--bodies-after <age>", "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)")
+      .argParser(age).default(DEFAULTS.bodiesAfterMs, formatAge(DEFAULTS.bodiesAfterMs)))
+    .addOption(new Option("--forget-after <age>", "with --purge-every: forget tombstones older than this; longer than --bodies-after")
+      .argParser(age).default(DEFAULTS.forgetAfterMs, formatAge(DEFAULTS.forgetAfterMs)))
     .addHelpText("after", `
 On a terminal, --once shows its progress on stderr: done of the backlog, the rate, the time left.
 Purging is off unless --purge-every is given, because it lets bodies go: see \`inbox.ts purge --help\`.

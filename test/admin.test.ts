@@ -135,6 +135,21 @@ for (const backend of BACKENDS) {
       assert.match(line, /count=1/);
     });
 
+    it("shows only the messages it issued itself: once, to the session that acted, never words from a link", async () => {
+      await failOne("evt_1", "boom");
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const crafted = await request(`${url}/failures?flash=${encodeURIComponent("Your token expired: paste it at evil.example")}`, { headers: { cookie } });
+      assert.equal(crafted.status, 200);
+      assert.doesNotMatch(crafted.body, /class="flash"|evil\.example/);
+      const ok = await request(`${url}/retry`, { headers: { cookie, origin: url }, form: { source: "default", id: "evt_1", csrf } });
+      const next = new URL(String(ok.headers.location), url).href;
+      const other = await login(url);
+      assert.doesNotMatch((await request(next, { headers: { cookie: other.cookie } })).body, /class="flash"/, "not another session's");
+      assert.match((await request(next, { headers: { cookie } })).body, /<p class="flash">Queued again\.<\/p>/, "the control: its own message shows");
+      assert.doesNotMatch((await request(next, { headers: { cookie } })).body, /class="flash"/, "and only once");
+    });
+
     it("in read-only mode shows everything and refuses every action with 403", async () => {
       await failOne("evt_1", "boom");
       const url = await start({ token: TOKEN, readOnly: true });
@@ -242,7 +257,8 @@ for (const backend of BACKENDS) {
       assert.match(confirm.body, /Retry 4 failed deliveries\?/);
       const ok = await request(`${url}/bulk`, { headers: { cookie }, form: { csrf, action: "retry", source: "stripe", expected: "4" } });
       assert.equal(ok.status, 303);
-      assert.equal(new URL(String(ok.headers.location), url).searchParams.get("flash"), "Retried 4 deliveries.");
+      const shown = await request(new URL(String(ok.headers.location), url).href, { headers: { cookie } });
+      assert.match(shown.body, /<p class="flash">Retried 4 deliveries\.<\/p>/);
       const rows = await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id");
       assert.deepEqual(rows.map((r) => `${r.source}/${r.id}:${r.status}`),
         ["github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/a4:received"]);

@@ -1,4 +1,4 @@
-// test/screenshots.ts: takes the README's pictures of the operator page in real Chromium, over an hour of
+// test/screenshots.ts: takes the pictures in docs/admin.md of the operator page in real Chromium, over an hour of
 // made-up traffic from three providers, some of it failing. Rerun it after changing how the page looks:
 //   npx tsx test/screenshots.ts        writes docs/admin-overview.png, docs/admin-delivery.png, docs/admin-narrow.png
 

@@ -1,6 +1,6 @@
 // test/torture.ts: the long version of the crash suite (`npm run torture`). The same scenarios as
 // test/crash.test.ts and the storm of test/faults.test.ts, run for many rounds, then the figures the
-// README quotes. Exits 1 if anything was lost, doubled or partial.
+// docs/reliability.md quotes. Exits 1 if anything was lost, doubled or partial.
 //   TORTURE_ROUNDS=200 TORTURE_SECONDS=300 TORTURE_STORMS=5 CHAOS_SEED=42 npm run torture
 // TORTURE_ROUNDS: receiver kill rounds (default 50); TORTURE_SECONDS: how long workers are killed over
 // fresh backlogs (default 60; the whole pipeline then runs a quarter of that, at least 10 s);
