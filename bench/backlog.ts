@@ -13,7 +13,9 @@ import { spawn, spawnSync } from "node:child_process";
 import { existsSync, readFileSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { ROOT, f, knob, tempDir } from "./common.ts";
+import pg from "pg";
+import { ROOT, cpuMs, f, knob, tempDir } from "./common.ts";
+import { PG_URL } from "./peers/pgdb.ts";
 import { drainPeer, label as peerLabel, peers } from "./peers/index.ts";
 import { inboxTargets } from "./targets.ts";
 
@@ -34,6 +36,11 @@ type Timed = [kind: "claim" | "finish", at: number, ms: number, rows: number];
 interface Drain {
   rate: number;
   calls: Timed[];
+  /** CPU per delivery, in µs, of the worker and of the PostgreSQL backends serving it. */
+  workerUs: number;
+  postgresUs: number;
+  /** WAL written per delivery, in bytes: the server's, so others' writes during the drain count too. */
+  walBytes: number;
 }
 
 /** Checkout is a tree whose worker is measured: this one, or BENCH_COMPARE's. */
@@ -50,15 +57,56 @@ function checkout(root: string): Checkout {
   return { name: `${head || root}${dirty ? "+changes" : ""}`, root };
 }
 
-/** run runs a script of a checkout under this Node and resolves with its stderr, or fails with it. */
-async function run(root: string, args: string[], env: Record<string, string> = {}): Promise<string> {
+/**
+ * run runs a script of a checkout under this Node and resolves with its stderr, or fails with it. With
+ * `database`, it also adds up the CPU time of the script and of the PostgreSQL backends serving that
+ * database (sampled every 100 ms from /proc, so up to 100 ms of each is missed at the end): a figure the
+ * machine's other load moves far less than a rate.
+ */
+async function run(root: string, args: string[], env: Record<string, string> = {}, database?: string): Promise<{ err: string; cpu: Cpu }> {
   const child = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: root, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
   let err = "";
   child.stderr.on("data", (d: Buffer) => (err += d));
+  const seen = new Map<number, number>();
+  let own = 0;
+  let sampling: Promise<void> = Promise.resolve();
+  const sample = async () => {
+    try {
+      own = cpuMs(child.pid!);
+    } catch {
+      // The script has exited; its last sample stands.
+    }
+    if (database === undefined) return;
+    const { rows } = await PG.query<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE datname = $1", [database]);
+    for (const { pid } of rows) {
+      try {
+        seen.set(pid, cpuMs(pid));
+      } catch {
+        // A backend that ended between the query and the read keeps its last sample.
+      }
+    }
+  };
+  const timer = setInterval(() => void (sampling = sampling.then(sample, sample)), 100);
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  clearInterval(timer);
+  await sampling.catch(() => {});
   if (code !== 0) throw new Error(`${args.join(" ")} (in ${root}): exit ${code}: ${err.slice(-800)}`);
-  return err;
+  return { err, cpu: { scriptMs: own, postgresMs: [...seen.values()].reduce((a, b) => a + b, 0) } };
 }
+
+/** Cpu is the CPU time a drain took: the worker's, and that of the PostgreSQL backends serving it. */
+interface Cpu {
+  scriptMs: number;
+  postgresMs: number;
+}
+
+/** walBytes is how far the server's WAL has come since it began, in bytes. */
+async function walBytes(): Promise<number> {
+  return Number((await PG.query<{ b: string }>("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn AS b")).rows[0]!.b);
+}
+
+// One connection for reading pg_stat_activity during the drains.
+const PG = new pg.Pool({ connectionString: PG_URL, max: 1 });
 
 /** drainInbox fills a fresh inbox on PostgreSQL with n deliveries and times `worker.ts --once` draining it. */
 async function drainInbox(at: Checkout, dir: string, n: number, label: string, startupMs: number): Promise<Drain> {
@@ -68,13 +116,16 @@ async function drainInbox(at: Checkout, dir: string, n: number, label: string, s
   try {
     await run(at.root, [join(at.root, "bench/fill.ts"), fresh.db, String(n)]);
     const timer = join(at.root, "bench/claim-timer.ts");
+    const wal0 = await walBytes();
     const t0 = performance.now();
-    const err = await run(at.root, [...(existsSync(timer) ? ["--import", timer] : []), join(at.root, "worker.ts"), "--once", "--quiet", "--db", fresh.db], { BENCH_CLAIM_LOG: log });
+    const { err, cpu } = await run(at.root, [...(existsSync(timer) ? ["--import", timer] : []), join(at.root, "worker.ts"), "--once", "--quiet", "--db", fresh.db],
+      { BENCH_CLAIM_LOG: log }, new URL(fresh.db).pathname.slice(1));
     const ms = performance.now() - t0 - startupMs;
+    const wal = (await walBytes()) - wal0;
     const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
     if (done !== n) throw new Error(`worker.ts --once (in ${at.root}): expected ${n} done, got ${done}: ${err.slice(-500)}`);
     const calls = existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l) as Timed) : [];
-    return { rate: (n / ms) * 1000, calls };
+    return { rate: (n / ms) * 1000, calls, workerUs: (cpu.scriptMs * 1000) / n, postgresUs: (cpu.postgresMs * 1000) / n, walBytes: wal / n };
   } finally {
     await fresh.drop();
   }
@@ -109,12 +160,16 @@ export async function backlog(): Promise<string> {
   const boss = (await peers()).find((p) => p.name.startsWith("pg-boss"));
   const checkouts = [checkout(ROOT), ...(COMPARE ? [checkout(COMPARE)] : [])];
   const { dir, cleanup } = tempDir();
-  const rows = new Map<string, { rates: number[]; calls: Timed[] }>();
-  const add = (name: string, rate: number, calls: Timed[] = []) => {
-    const r = rows.get(name) ?? { rates: [], calls: [] };
+  const rows = new Map<string, { rates: number[]; calls: Timed[]; workerUs: number[]; postgresUs: number[] }>();
+  const add = (name: string, rate: number, d?: Drain) => {
+    const r = rows.get(name) ?? { rates: [], calls: [], workerUs: [], postgresUs: [] };
     r.rates.push(rate);
     // The median round's timings would need every round's kept; the last round's say the same.
-    if (calls.length > 0) r.calls = calls;
+    if (d) {
+      r.calls = d.calls;
+      r.workerUs.push(d.workerUs);
+      r.postgresUs.push(d.postgresUs);
+    }
     rows.set(name, r);
   };
   const inboxName = (c: Checkout, n: number) => `worker.ts --once [PostgreSQL${checkouts.length > 1 ? ` ${c.name}` : ""}] at ${n}`;
@@ -126,8 +181,9 @@ export async function backlog(): Promise<string> {
       for (let round = 1; round <= ROUNDS; round++) {
         for (const [i, c] of checkouts.entries()) {
           const d = await drainInbox(c, dir, n, `backlog_${n}_${round}_${i}`, startups.get(c)!);
-          add(inboxName(c, n), d.rate, d.calls);
-          console.log(`  round ${round} ${inboxName(c, n).padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`);
+          add(inboxName(c, n), d.rate, d);
+          console.log(`  round ${round} ${inboxName(c, n).padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)}, PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery;` +
+            ` ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`);
         }
         if (boss) {
           const d = await drainPeer(boss, dir, n, `backlog_${n}_${round}`);
@@ -138,12 +194,16 @@ export async function backlog(): Promise<string> {
     }
   } finally {
     cleanup();
+    await PG.end();
   }
   const rate = (name: string) => median(rows.get(name)?.rates ?? [NaN]);
   const lines: string[] = [];
   for (const n of BACKLOGS) {
     const mine = inboxName(checkouts[0]!, n);
-    const parts = checkouts.map((c) => `${inboxName(c, n)} ${f(rate(inboxName(c, n)))}/s (${spread(rows.get(inboxName(c, n))!.calls, "claim")})`);
+    const parts = checkouts.map((c) => {
+      const r = rows.get(inboxName(c, n))!;
+      return `${inboxName(c, n)} ${f(rate(inboxName(c, n)))}/s (CPU µs/delivery: worker ${f(median(r.workerUs))}, PostgreSQL ${f(median(r.postgresUs))}; ${spread(r.calls, "claim")})`;
+    });
     if (checkouts.length > 1) parts.push(`A/B ×${f(rate(mine) / rate(inboxName(checkouts[1]!, n)), 2)}`);
     if (boss) parts.push(`pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s, inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`);
     lines.push(parts.join(" | "));
