@@ -185,6 +185,9 @@ export class PostgresInbox implements Inbox {
   private idle: (() => void)[] = [];
   private closed = false;
   private lastNotify = 0;
+  // The keyset claim's cursor: the due time this process's claims have walked to (see claimIn).
+  private claimFrom: number | undefined;
+  private claimedFromStart = 0;
   private listener: pg.Client | undefined;
   private wakeListeners: (() => void)[] = [];
   private listenTimer: NodeJS.Timeout | undefined;
@@ -304,7 +307,20 @@ export class PostgresInbox implements Inbox {
     return this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => this.claimIn(client, limit, leaseMs) }) as Promise<Lease[]>;
   }
 
-  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, again = true): Promise<Lease[]> {
+  // claimIn leases up to limit due deliveries. A keyset claim starts its walk of the due index where this
+  // process's last full claim ended (from); a walk from the start passes every entry that the drain has
+  // left dead behind it, which autovacuum has not cleared (or never will, where it is off). Every due time
+  // set later (a store, a retry, a lease's end, a release) is at or after the moment it is set, and the
+  // cursor is never past the moment of the claim that set it, so a row falls behind the cursor only when a
+  // claim skipped it as locked and then that lock went away (another claim rolled back) or when the
+  // database's clock stepped back. So a keyset claim that comes back short goes on from the start, and one
+  // claim in DEFAULTS.claimFromStartMs starts there anyway, which bounds the wait of such a row under a
+  // backlog that never runs dry.
+  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, again = true, keyset = true): Promise<Lease[]> {
+    // Pacing, not a due time: a pinned clock (tests) drives it, else this host's monotonic one.
+    const now = this.pinned ? this.pinned() : performance.now();
+    const from = keyset && this.claimFrom !== undefined && now - this.claimedFromStart < DEFAULTS.claimFromStartMs ? this.claimFrom : undefined;
+    if (from === undefined) this.claimedFromStart = now;
     {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
@@ -322,10 +338,11 @@ export class PostgresInbox implements Inbox {
          u AS (
            SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up,
                   status = 'processing' AS takeover FROM deliveries
-           WHERE ((status = 'received' AND order_key IS NULL) OR status = 'processing') AND available_at <= ${NOW}
+           WHERE ((status = 'received' AND order_key IS NULL) OR status = 'processing') AND available_at >= $5::bigint AND available_at <= ${NOW}
            ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED),
          p AS (
-           SELECT * FROM (SELECT source, id, due, gave_up, takeover FROM u UNION ALL SELECT source, head_id, due, false, false FROM k) x
+           SELECT * FROM (SELECT source, id, due, gave_up, takeover, true AS walked FROM u
+                          UNION ALL SELECT source, head_id, due, false, false, false FROM k) x
            ORDER BY due LIMIT $2::integer),
          c AS (
          UPDATE deliveries d SET
@@ -341,19 +358,28 @@ export class PostgresInbox implements Inbox {
                             (SELECT CASE WHEN o.last_event_time > d.event_time THEN o.last_id END FROM order_keys o
                              WHERE o.source = d.source AND o.order_key = d.order_key) END
          FROM p WHERE d.source = p.source AND d.id = p.id AND d.status IN ('received', 'processing')
-         RETURNING d.*, p.due, p.takeover),
+         RETURNING d.*, p.due, p.takeover, p.walked),
          busy AS (
            UPDATE order_keys o SET due = NULL FROM k
            WHERE o.source = k.source AND o.order_key = k.order_key AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
          SELECT * FROM c`,
-        [this.now(), limit, leaseMs, this.maxAttempts],
+        [this.now(), limit, leaseMs, this.maxAttempts, from ?? Number.MIN_SAFE_INTEGER],
       );
+      // The next claim starts at the last due time this one walked to; the rows at that same time that it
+      // left (locked, or past the limit) are still ahead of a cursor that takes >=.
+      const walked = rows.filter((row) => row.walked);
+      this.claimFrom = walked.length > 0 ? Math.max(...walked.map((row) => row.due as number)) : from;
       const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
       if (gaveUp.length > 0) await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, key: row.order_key, from: row.id, setAside: true })));
       const leases: Lease[] = [];
       // A key whose head was set aside just now has a new head, due already: claim it in this same pass.
       const claimed = rows.filter((row) => row.status === "processing").length;
-      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, false));
+      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, false, false));
+      // Short from the cursor: what is left may be behind it.
+      else if (from !== undefined && rows.length < limit) {
+        this.claimFrom = undefined;
+        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, again, false));
+      }
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
         const lease = toDelivery(row) as Lease;

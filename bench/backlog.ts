@@ -16,7 +16,8 @@ import { pathToFileURL } from "node:url";
 import pg from "pg";
 import { ROOT, cpuMs, f, knob, tempDir } from "./common.ts";
 import { PG_URL } from "./peers/pgdb.ts";
-import { drainPeer, label as peerLabel, peers } from "./peers/index.ts";
+import { label as peerLabel, peers, type Peer } from "./peers/index.ts";
+import type { Drained } from "./peers/shared.ts";
 import { inboxTargets } from "./targets.ts";
 
 const BACKLOGS = (process.env.BENCH_BACKLOGS ?? "50000,100000,200000").split(",").map((s) => {
@@ -58,17 +59,20 @@ function checkout(root: string): Checkout {
 }
 
 /**
- * run runs a script of a checkout under this Node and resolves with its stderr, or fails with it. With
- * `database`, it also adds up the CPU time of the script and of the PostgreSQL backends serving that
- * database (sampled every 100 ms from /proc, so up to 100 ms of each is missed at the end): a figure the
- * machine's other load moves far less than a rate.
+ * run runs a script of a checkout under this Node and resolves with its stdout and stderr, or fails with
+ * its stderr. With `database`, it also samples, every 100 ms from /proc, the CPU time of the script and of
+ * the PostgreSQL backends serving that database (so up to 100 ms of each is missed at the end): a figure
+ * the machine's other load moves far less than a rate.
  */
-async function run(root: string, args: string[], env: Record<string, string> = {}, database?: string): Promise<{ err: string; cpu: Cpu }> {
-  const child = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: root, stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, ...env } });
-  let err = "";
+async function run(root: string, args: string[], env: Record<string, string> = {}, database?: string): Promise<{ out: string; err: string; cpu: Cpu[] }> {
+  const child = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
+  let [out, err] = ["", ""];
+  child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (err += d));
+  const started = performance.now();
   const seen = new Map<number, number>();
   let own = 0;
+  const cpu: Cpu[] = [];
   let sampling: Promise<void> = Promise.resolve();
   const sample = async () => {
     try {
@@ -85,19 +89,28 @@ async function run(root: string, args: string[], env: Record<string, string> = {
         // A backend that ended between the query and the read keeps its last sample.
       }
     }
+    cpu.push({ at: performance.now() - started, scriptMs: own, postgresMs: [...seen.values()].reduce((a, b) => a + b, 0) });
   };
   const timer = setInterval(() => void (sampling = sampling.then(sample, sample)), 100);
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
   clearInterval(timer);
   await sampling.catch(() => {});
   if (code !== 0) throw new Error(`${args.join(" ")} (in ${root}): exit ${code}: ${err.slice(-800)}`);
-  return { err, cpu: { scriptMs: own, postgresMs: [...seen.values()].reduce((a, b) => a + b, 0) } };
+  return { out, err, cpu };
 }
 
-/** Cpu is the CPU time a drain took: the worker's, and that of the PostgreSQL backends serving it. */
+/** Cpu is one sample of the CPU time a run has taken so far: the script's, and its PostgreSQL backends'. */
 interface Cpu {
+  at: number;
   scriptMs: number;
   postgresMs: number;
+}
+
+/** cpuPer is the CPU per delivery, in µs, from the sample nearest `from` ms to the last. */
+function cpuPer(cpu: Cpu[], n: number, from = 0): { scriptUs: number; postgresUs: number } {
+  const last = cpu.at(-1) ?? { at: 0, scriptMs: NaN, postgresMs: NaN };
+  const first = from === 0 ? { at: 0, scriptMs: 0, postgresMs: 0 } : cpu.reduce((a, b) => (Math.abs(b.at - from) < Math.abs(a.at - from) ? b : a), last);
+  return { scriptUs: ((last.scriptMs - first.scriptMs) * 1000) / n, postgresUs: ((last.postgresMs - first.postgresMs) * 1000) / n };
 }
 
 /** walBytes is how far the server's WAL has come since it began, in bytes. */
@@ -125,9 +138,27 @@ async function drainInbox(at: Checkout, dir: string, n: number, label: string, s
     const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
     if (done !== n) throw new Error(`worker.ts --once (in ${at.root}): expected ${n} done, got ${done}: ${err.slice(-500)}`);
     const calls = existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l) as Timed) : [];
-    return { rate: (n / ms) * 1000, calls, workerUs: (cpu.scriptMs * 1000) / n, postgresUs: (cpu.postgresMs * 1000) / n, walBytes: wal / n };
+    const per = cpuPer(cpu, n);
+    return { rate: (n / ms) * 1000, calls, workerUs: per.scriptUs, postgresUs: per.postgresUs, walBytes: wal / n };
   } finally {
     await fresh.drop();
+  }
+}
+
+/** drainBoss fills a fresh database with n pg-boss jobs and drains them with its fixture, with CPU and WAL as drainInbox has them. */
+async function drainBoss(peer: Peer, dir: string, n: number, label: string): Promise<Drain & { fillMs: number }> {
+  const store = await peer.store(dir, label);
+  try {
+    const wal0 = await walBytes();
+    const { out, cpu } = await run(ROOT, [join(ROOT, peer.script), "drain", store.target, String(n)], {}, new URL(store.target).pathname.slice(1));
+    const wal = (await walBytes()) - wal0;
+    const drained = JSON.parse(out.trim().split("\n").at(-1)!) as Drained;
+    if (drained.done !== n) throw new Error(`${peer.script}: expected ${n} done, got ${drained.done}`);
+    // The fixture fills, then drains in the same process: the drain's CPU is what came in its last ms.
+    const per = cpuPer(cpu, n, cpu.at(-1)!.at - drained.ms);
+    return { rate: (n / drained.ms) * 1000, calls: [], workerUs: per.scriptUs, postgresUs: per.postgresUs, walBytes: wal / n, fillMs: drained.fillMs };
+  } finally {
+    await store.drop();
   }
 }
 
@@ -186,9 +217,10 @@ export async function backlog(): Promise<string> {
             ` ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`);
         }
         if (boss) {
-          const d = await drainPeer(boss, dir, n, `backlog_${n}_${round}`);
-          add(`${peerLabel(boss)} at ${n}`, (d.done / d.ms) * 1000);
-          console.log(`  round ${round} ${`${peerLabel(boss)} at ${n}`.padEnd(50)} ${f((d.done / d.ms) * 1000).padStart(7)} deliveries/s  (${boss.settings}; filled in ${f(d.fillMs / 1000, 1)} s)`);
+          const d = await drainBoss(boss, dir, n, `backlog_${n}_${round}`);
+          add(`${peerLabel(boss)} at ${n}`, d.rate, d);
+          console.log(`  round ${round} ${`${peerLabel(boss)} at ${n}`.padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)},` +
+            ` PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery (the fill's WAL too)  (${boss.settings}; filled in ${f(d.fillMs / 1000, 1)} s)`);
         }
       }
     }
@@ -205,7 +237,11 @@ export async function backlog(): Promise<string> {
       return `${inboxName(c, n)} ${f(rate(inboxName(c, n)))}/s (CPU µs/delivery: worker ${f(median(r.workerUs))}, PostgreSQL ${f(median(r.postgresUs))}; ${spread(r.calls, "claim")})`;
     });
     if (checkouts.length > 1) parts.push(`A/B ×${f(rate(mine) / rate(inboxName(checkouts[1]!, n)), 2)}`);
-    if (boss) parts.push(`pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s, inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`);
+    if (boss) {
+      const r = rows.get(`${peerLabel(boss)} at ${n}`)!;
+      parts.push(`pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s (CPU µs/delivery: worker ${f(median(r.workerUs))}, PostgreSQL ${f(median(r.postgresUs))}),` +
+        ` inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`);
+    }
     lines.push(parts.join(" | "));
   }
   const [least, most] = [Math.min(...BACKLOGS), Math.max(...BACKLOGS)];
