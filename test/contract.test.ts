@@ -153,6 +153,17 @@ for (const backend of BACKENDS) {
         }
       });
 
+      // PostgreSQL only: the claim and the done marks pin index scans for themselves, whatever statistics the
+      // table has (or lacks), and must leave the handler's own statements to the planner as configured.
+      onPostgres("runs a handler's writes with the connection's own planner settings", async () => {
+        const inbox = await open();
+        await inbox.query("CREATE TABLE seen (setting text)");
+        await inbox.store({ id: "evt_1", body: body({}) });
+        const lease = (await inbox.claim(LEASE))!;
+        assert.equal(await inbox.finish(lease, [(tx: Tx) => tx.run("INSERT INTO seen SELECT current_setting('enable_seqscan')")]), true);
+        assert.deepEqual(await inbox.query("SELECT setting FROM seen"), [{ setting: "on" }]);
+      });
+
       // PostgreSQL only: its claims start where the last one ended (a keyset on the due index), and a row
       // lock is the one way for a due delivery to fall behind that point (SQLite has no row locks).
       if (backend.name === "postgres") describe("from where the last claim ended", () => {
