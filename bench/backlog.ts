@@ -190,6 +190,8 @@ export async function backlog(): Promise<string> {
   if (targets.length < 2) return "backlog: skipped, the inbox on PostgreSQL is not available (see above)";
   const boss = (await peers()).find((p) => p.name.startsWith("pg-boss"));
   const checkouts = [checkout(ROOT), ...(COMPARE ? [checkout(COMPARE)] : [])];
+  // Two trees at the same commit, one with changes, would share a name: their folders tell them apart.
+  if (checkouts.length > 1 && checkouts[0]!.name === checkouts[1]!.name) for (const c of checkouts) c.name += ` in ${c.root}`;
   const { dir, cleanup } = tempDir();
   const rows = new Map<string, { rates: number[]; calls: Timed[]; workerUs: number[]; postgresUs: number[] }>();
   const add = (name: string, rate: number, d?: Drain) => {
