@@ -1,6 +1,7 @@
 // admin.ts: the operator page. See what failed, find a delivery, retry or replay it, one or all that match
-// a filter, in a browser. Its own listener, never the receiver's port: loopback unless given a token.
-//   npx tsx admin.ts --db inbox.db [--port 8001] [--host 127.0.0.1] [--admin-token env:ADMIN_TOKEN] [--read-only]
+// a filter; see each destination's state and pause or resume it, in a browser. Its own listener, never the
+// receiver's port: loopback unless given a token.
+//   npx tsx admin.ts --db inbox.db [--port 8001] [--host 127.0.0.1] [--admin-token env:ADMIN_TOKEN] [--read-only] [--sources sources.json]
 // Plain server-rendered HTML and forms; admin.js (below, served from /admin.js) only refreshes the overview.
 
 import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto";
@@ -9,8 +10,11 @@ import { isIP } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./defaults.ts";
+import { announce } from "./forward.ts";
+import { readSourcesFile } from "./providers.ts";
+import { loadDestinations, type Forwarding } from "./routes.ts";
 import { lineLog, message } from "./log.ts";
-import { STATUSES, type Delivery, type Filter, type Inbox, type Status } from "./store.ts";
+import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./store.ts";
 
 /** AdminOptions configures createAdmin; every number has a default in DEFAULTS. */
 export interface AdminOptions {
@@ -29,6 +33,15 @@ export interface AdminOptions {
   batchSize?: number;
   /** @default DEFAULTS.adminRefreshMs */
   refreshMs?: number;
+  /** Tells the operator's URL of a pause or resume made here, as the CLI does; true, or why not. @default none */
+  announce?: (event: { type: "destination.paused" | "destination.resumed"; data: Record<string, unknown> }) => Promise<true | string>;
+  /**
+   * Values never shown, whatever holds them: the destinations' secrets and own headers, should a
+   * destination's answer (kept as its last error) echo one. Each is replaced by [hidden]. @default none
+   */
+  hide?: readonly string[];
+  /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
+  destinations?: readonly string[];
 }
 
 /** Admin is the operator page's server, not yet listening. */
@@ -140,7 +153,7 @@ async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
 // ---- Filters in the URL ---------------------------------------------------------------------------
 
 /** The filter fields as they appear in a URL, so a link to a list can be shared. */
-const FILTER_FIELDS = ["status", "source", "type", "since", "until", "id", "q", "error"] as const;
+const FILTER_FIELDS = ["status", "source", "destination", "type", "since", "until", "id", "q", "error"] as const;
 
 // parseTime reads a time field: an ISO date (UTC when it names no zone), or a number of ms since the epoch.
 function parseTime(value: string, field: string): number {
@@ -159,8 +172,12 @@ export function filterFrom(params: URLSearchParams): Filter {
     if (!(STATUSES as readonly string[]).includes(status)) throw new HttpError(400, `status: expected one of ${STATUSES.join(", ")}, got ${status}`);
     filter.status = status as Status;
   }
-  const [source, type, id, q, error, since, until] = ["source", "type", "id", "q", "error", "since", "until"].map(get);
+  const [source, type, id, q, error, since, until, destination] = ["source", "type", "id", "q", "error", "since", "until", "destination"].map(get);
   if (source !== undefined) filter.source = source;
+  if (destination !== undefined) {
+    if (!DESTINATION_NAME.test(destination)) throw new HttpError(400, `destination: expected a destination's name, got ${destination}`);
+    filter.destination = destination;
+  }
   if (type !== undefined) filter.type = type;
   if (id !== undefined) filter.id = id;
   if (q !== undefined) filter.bodyContains = q;
@@ -180,17 +197,21 @@ function filterQuery(params: URLSearchParams, extra: Record<string, string> = {}
   return out.toString();
 }
 
-interface Cursor { receivedAt: number; source: string; id: string }
+// A cursor names a row, route included: a delivery's rows (one per destination) may straddle two pages.
+interface Cursor { receivedAt: number; source: string; id: string; route?: number }
 
 function encodeCursor(d: Delivery): string {
-  return Buffer.from(JSON.stringify([d.receivedAt, d.source, d.id])).toString("base64url");
+  return Buffer.from(JSON.stringify([d.receivedAt, d.source, d.id, d.route])).toString("base64url");
 }
 
 function decodeCursor(text: string | null): Cursor | undefined {
   if (!text) return undefined;
   try {
-    const [receivedAt, source, id] = JSON.parse(Buffer.from(text, "base64url").toString("utf8")) as unknown[];
-    if (typeof receivedAt === "number" && typeof source === "string" && typeof id === "string") return { receivedAt, source, id };
+    const [receivedAt, source, id, route] = JSON.parse(Buffer.from(text, "base64url").toString("utf8")) as unknown[];
+    // A cursor from before destinations has no route: the store starts such a page past the whole delivery.
+    if (typeof receivedAt === "number" && typeof source === "string" && typeof id === "string" && (route === undefined || Number.isInteger(route))) {
+      return { receivedAt, source, id, ...(route === undefined ? {} : { route: route as number }) };
+    }
   } catch {
     // Falls through to the 400 below: a cursor is only ever one this page wrote.
   }
@@ -231,6 +252,18 @@ function bodyViews(body: Buffer): { json?: string; text?: string; base64: string
 
 function statusBadge(status: string): string {
   return `<span class="badge ${escape(status)}">${escape(status)}</span>`;
+}
+
+/** destinationLabel names a row's destination: a delivery no route chose has none. */
+function destinationLabel(name: string): string {
+  return name === "" ? "(none)" : name;
+}
+
+/** stateDetail says what a destination's state means now: when an open one probes, why a paused one waits. */
+function stateDetail(d: DestinationState): string {
+  if (d.state === "paused") return d.pausedReason ?? "";
+  if (d.state === "open") return d.probing ? "probing" : `probe at ${iso(d.retryAt).slice(11)}`;
+  return "";
 }
 
 /** chart draws received, done and failed per bucket as three polylines in a small SVG, no script needed. */
@@ -283,6 +316,12 @@ export function createAdmin(options: AdminOptions): Admin {
     flashes.delete(key!);
     return found.text;
   };
+  // redact hides the sources file's secrets in a text from the store (an error, a reason) before it is
+  // grouped, shortened or put in a link, where send() could no longer find them. Values shorter than 6
+  // characters would blank out ordinary words.
+  const hide = [...new Set(options.hide ?? [])].filter((v) => v.length >= 6).sort((a, b) => b.length - a.length);
+  const hideEscaped = [...new Set(hide.flatMap((v) => [v, escape(v)]))].sort((a, b) => b.length - a.length);
+  const redact = (text: string): string => hide.reduce((t, v) => t.replaceAll(v, "[hidden]"), text);
   const csrfFor = (id: string) => createHmac("sha256", secret).update(id).digest("base64url");
   // Without a token there is one implicit session, for whoever reaches loopback.
   const local: Session = { id: "local", csrf: csrfFor("local"), who: "local", expires: Infinity };
@@ -306,7 +345,7 @@ export function createAdmin(options: AdminOptions): Admin {
   const page = (s: Session, title: string, body: string, flash?: string | null) => `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${escape(title)} · webhook inbox</title><link rel="stylesheet" href="/admin.css"><script src="/admin.js" defer></script></head>
-<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/failures">Failures</a></nav>
+<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/destinations">Destinations</a><a href="/failures">Failures</a></nav>
 ${readOnly ? `<span class="badge readonly">read-only</span>` : ""}
 ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="${escape(s.csrf)}"><button>Log out</button></form>` : ""}
 </header><main>${flash ? `<p class="flash">${escape(flash)}</p>` : ""}${body}</main></body></html>`;
@@ -319,7 +358,7 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
   // ---- Pages ----
 
   const overviewLive = async (): Promise<string> => {
-    const s = await inbox.summary();
+    const [s, destinations] = await Promise.all([inbox.summary(), inbox.destinations()]);
     const t = now();
     const hour = await inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
     // Done may be PostgreSQL's estimate on a large table: say so with ≈ rather than show a false exact count.
@@ -331,9 +370,18 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
     return `<section class="cards">${cards}</section>
 <p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>
 ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had duplicates with a different body` : ""}</p>
+${held(destinations)}
 <h2>Last hour</h2>${chart(hour)}
 <h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
 <p class="updated">Updated ${escape(iso(t))}</p>`;
+  };
+
+  // held warns of the destinations that hold their deliveries now: an open breaker, or a pause.
+  const held = (destinations: DestinationState[]) => {
+    const holding = destinations.filter((d) => d.state !== "closed");
+    if (holding.length === 0) return "";
+    return `<p class="held">Holding their deliveries: ${holding.map((d) =>
+      `<a href="/destinations">${escape(d.name)}</a> ${statusBadge(d.state)} ${d.waiting.toLocaleString("en")} waiting`).join(" · ")}</p>`;
   };
 
   const overview = async (s: Session) =>
@@ -344,6 +392,7 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
     return `<form method="get" action="/deliveries" class="filters">
 <label>Status <select name="status"><option value="">any</option>${STATUSES.map((n) => `<option${params.get("status") === n ? " selected" : ""}>${n}</option>`).join("")}</select></label>
 <label>Source <input name="source" value="${v("source")}" size="10"></label>
+<label>Destination <input name="destination" value="${v("destination")}" size="10"></label>
 <label>Event type <input name="type" value="${v("type")}" size="14"></label>
 <label>Since (UTC) <input name="since" value="${v("since")}" placeholder="2026-12-02T18:00" size="16"></label>
 <label>Until (UTC) <input name="until" value="${v("until")}" placeholder="2026-12-02T19:00" size="16"></label>
@@ -361,16 +410,16 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
     const more = rows.length > pageSize;
     const shown = rows.slice(0, pageSize);
     const table = shown.map((d) => `<tr><td><a href="${escape(deliveryHref(d))}">${escape(d.id)}</a></td><td>${escape(d.source)}</td>
-<td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
-<td class="error">${escape(d.error ?? "")}</td></tr>`).join("");
+<td class="dest">${escape(destinationLabel(d.destination))}</td><td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
+<td class="error">${escape(redact(d.error ?? ""))}</td></tr>`).join("");
     const filtered = filterQuery(params) !== "";
     const status = params.get("status") || undefined;
     const bulk = readOnly || !filtered ? "" : `<p class="bulk">Everything that matches, not only this page:
 ${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
 ${status === undefined || status === "done" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "replay" }))}">Replay all done…</a>` : ""}</p>`;
     return page(s, "Deliveries", `<h1>Deliveries</h1>${filterForm(params)}${bulk}
-<div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
-<tbody>${table || `<tr><td colspan="7">No deliveries match.</td></tr>`}</tbody></table></div>
+<div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>destination</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
+<tbody>${table || `<tr><td colspan="8">No deliveries match.</td></tr>`}</tbody></table></div>
 <p class="pager">${after ? `<a href="/deliveries?${escape(filterQuery(params))}">« newest</a>` : ""}
 ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: encodeCursor(shown.at(-1)!) }))}">older »</a>` : ""}</p>`, flash);
   };
@@ -381,38 +430,72 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     if (!id) throw new HttpError(400, "expected ?id= (and &source=)");
     const found = await inbox.find(id, source);
     if (found.length === 0) throw new HttpError(404, `no delivery ${source ? `${source}/` : ""}${id}`);
-    if (found.length > 1) {
-      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${found
-        .map((d) => `<li><a href="${escape(deliveryHref(d))}">${escape(d.source)}</a></li>`).join("")}</ul>`);
+    const sources = [...new Set(found.map((d) => d.source))];
+    if (sources.length > 1) {
+      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
+        .map((source) => `<li><a href="${escape(deliveryHref({ source, id }))}">${escape(source)}</a></li>`).join("")}</ul>`);
     }
-    const d = found[0]!;
-    const tries = await inbox.attemptErrors(d);
+    // One row per destination its routes chose, in route order; the first holds what they share.
+    const rows = found;
+    const d = rows[0]!;
+    const single = rows.length === 1;
+    // A waiting row whose destination is open or paused waits for that, not for its due time: say so.
+    const holding = rows.some((r) => r.status === "received" && r.destination !== "")
+      ? new Map((await inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state])) : new Map<string, string>();
+    const tries = (await Promise.all(rows.map((r) => inbox.attemptErrors(r))))
+      .flatMap((list, i) => list.map((a) => ({ ...a, destination: rows[i]!.destination })))
+      .sort((a, b) => a.failedAt - b.failedAt);
     const views = bodyViews(d.body);
     const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
     const shown = view === "json" ? views.json : view === "text" ? views.text : views.base64;
     const tab = (name: string, label: string, available: boolean) => available
       ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>` : "";
     const meta: [string, string][] = [
-      ["source", escape(d.source)], ["status", statusBadge(d.status)], ["event type", escape(d.eventType ?? "–")],
-      ["attempts", String(d.attempts)], ["received", escape(iso(d.receivedAt))], ["provider time", escape(iso(d.providerTime))],
-      ["due", d.status === "received" ? escape(iso(d.availableAt)) : "–"],
-      ["lease", d.leasedUntil === null ? "none" : `held until ${escape(iso(d.leasedUntil))}`],
-      ["finished", escape(iso(d.finishedAt))], ["content type", escape(d.contentType ?? "–")],
+      ["source", escape(d.source)], ["event type", escape(d.eventType ?? "–")],
+      ["received", escape(iso(d.receivedAt))], ["provider time", escape(iso(d.providerTime))], ["content type", escape(d.contentType ?? "–")],
       ["body", `${d.body.length.toLocaleString("en")} bytes, sha256 <code>${escape(d.bodySha256.slice(0, 16))}…</code>`],
       ["duplicates with another body", String(d.conflicts)],
     ];
-    const actions = d.status === "failed"
-      ? action(s, "/retry", "Retry", { source: d.source, id: d.id }, "primary")
-      : d.status === "done" ? action(s, "/replay", "Replay", { source: d.source, id: d.id }, "primary") : "";
+    // Retry and Replay act on one destination's row; a delivery with one row keeps them at the top.
+    const rowAction = (r: Delivery) => {
+      const fields: Record<string, string> = single ? { source: r.source, id: r.id } : { source: r.source, id: r.id, destination: r.destination };
+      return r.status === "failed" ? action(s, "/retry", "Retry", fields, "primary")
+        : r.status === "done" ? action(s, "/replay", "Replay", fields, single ? "primary" : "") : "";
+    };
+    const routeRows = rows.map((r) => `<tr><td>${r.destination === "" ? "(none)" : `<a href="/destinations">${escape(r.destination)}</a>`}</td>
+<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${r.status !== "received" ? "–"
+  : holding.has(r.destination) ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}` : escape(iso(r.availableAt))}</td>
+<td class="time">${r.leasedUntil === null ? "none" : `until ${escape(iso(r.leasedUntil))}`}</td><td class="time">${escape(iso(r.finishedAt))}</td>
+<td class="error">${escape(redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`).join("");
     return page(s, d.id, `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
-<h1 class="id">${escape(d.id)} ${statusBadge(d.status)}</h1>
-<div class="actions">${actions}</div>
-${d.error && d.error !== tries.at(-1)?.error ? `<h2>Last error</h2><pre class="error">${escape(d.error)}</pre>` : ""}
-${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th><th>when</th><th>error</th></tr></thead><tbody>${tries
-  .map((a) => `<tr><td class="num">${a.attempt}</td><td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(a.error)}</td></tr>`).join("")}</tbody></table></div>`}
+<h1 class="id">${escape(d.id)} ${single ? statusBadge(d.status) : ""}</h1>
+<div class="actions">${single ? rowAction(d) : ""}</div>
+<h2>${single ? "Destination" : "Destinations"}</h2><div class="scroll"><table class="routes"><thead><tr><th>destination</th><th>status</th><th class="num">tries</th><th>due</th><th>lease</th><th>finished</th><th>last error</th>${single ? "" : "<th></th>"}</tr></thead>
+<tbody>${routeRows}</tbody></table></div>
+${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
+  .map((a) => `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(redact(a.error))}</td></tr>`).join("")}</tbody></table></div>`}
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
 <h2>Body</h2><nav class="tabs">${tab("json", "JSON", views.json !== undefined)}${tab("text", "Raw", views.text !== undefined)}${tab("base64", "Base64", true)}</nav>
 ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>`, flash);
+  };
+
+  const destinationsPage = async (s: Session, flash: string | null) => {
+    const all = await destinationStates();
+    const list = (d: DestinationState, status: Status, n: number) => n === 0 ? "0"
+      : `<a href="/deliveries?${escape(new URLSearchParams({ destination: d.name, status }).toString())}">${n.toLocaleString("en")}</a>`;
+    const rate = (d: DestinationState) => d.failureRate === null ? "–"
+      : `${Math.round(d.failureRate * 100)}%${d.failuresInRow > 0 ? ` <span class="note">(${d.failuresInRow} in a row)</span>` : ""}`;
+    const control = (d: DestinationState) => readOnly ? ""
+      : d.state === "paused" ? action(s, "/resume", "Resume", { destination: d.name }, "primary")
+      : `<form method="post" action="/pause" class="pause">${hidden(s)}<input type="hidden" name="destination" value="${escape(d.name)}"><input name="reason" placeholder="why (optional)" size="14" maxlength="200" aria-label="why pause ${escape(d.name)}"><button>Pause</button></form>`;
+    const rows = all.map((d) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
+<td>${statusBadge(d.state)} <span class="detail">${escape(redact(stateDetail(d)))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
+<td class="num">${d.processing.toLocaleString("en")}</td><td class="num">${list(d, "failed", d.failed)}</td><td class="num">${rate(d)}</td>
+<td class="error">${d.lastError === null ? "" : `${escape(redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`).join("");
+    return page(s, "Destinations", `<h1>Destinations</h1>
+<div class="scroll"><table class="destinations"><thead><tr><th>destination</th><th>state</th><th class="num">waiting</th><th class="num">in flight</th><th class="num">failed</th><th class="num">failure rate</th><th>last error</th><th></th></tr></thead>
+<tbody>${rows}</tbody></table></div>
+<p class="note">Closed: forwarding. Open: its breaker tripped after too many failures; its deliveries wait without spending attempts, and one probe tries again after the cool-down. Paused: held until resumed, by a person or by a 410 from the destination; nothing is discarded. The failure rate is over the breaker's current window.</p>`, flash);
   };
 
   // failureGroups counts failed deliveries by their exact error in the database, then merges the counts
@@ -423,7 +506,7 @@ ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` :
     );
     const groups = new Map<string, { key: string; count: number; latest: number; sample: string | null }>();
     for (const r of rows) {
-      const error = r.error as string | null;
+      const error = r.error === null ? null : redact(r.error as string);
       const key = normaliseError(error);
       const g = groups.get(key) ?? { key, count: 0, latest: 0, sample: error };
       g.count += Number(r.n);
@@ -436,7 +519,7 @@ ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` :
   const failures = async (s: Session, flash: string | null) => {
     const groups = await failureGroups();
     // The list link narrows by the group's longest literal piece: a filter cannot say the normalised key.
-    const literal = (key: string) => key.split(/<\w+>/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
+    const literal = (key: string) => key.split(/<\w+>|\[hidden\]/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
     const rows = groups.map((g) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
 <td class="time">${escape(iso(g.latest))}</td><td>${action(s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`).join("");
     return page(s, "Failures", `<h1>Failures, grouped by error</h1>
@@ -459,16 +542,74 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
 
   // ---- Actions: each one checked, done, audited, then redirected so a reload does not repeat it ----
 
+  // destinationStates is the store's list, with the configured destinations it does not know yet, idle.
+  const destinationStates = async (): Promise<DestinationState[]> => {
+    const known = await inbox.destinations();
+    const missing = (options.destinations ?? []).filter((name) => !known.some((d) => d.name === name));
+    return [...known, ...missing.map((name): DestinationState => ({
+      name, state: "closed", pausedReason: null, retryAt: null, probing: false, waiting: 0, processing: 0, failed: 0,
+      failuresInRow: 0, failureRate: null, lastError: null, lastErrorAt: null,
+    }))].sort((a, b) => (a.name < b.name ? -1 : 1));
+  };
+  const destinationField = (form: URLSearchParams): string | undefined => {
+    const name = form.get("destination");
+    if (name === null || name === "") return undefined;
+    if (!DESTINATION_NAME.test(name)) throw new HttpError(400, `destination: expected a destination's name, got ${name}`);
+    return name;
+  };
+  // Only a destination the inbox knows may be paused: a typo would otherwise make a paused one of its own.
+  const knownDestination = async (form: URLSearchParams): Promise<string> => {
+    const name = destinationField(form);
+    if (name === undefined) throw new HttpError(400, "destination: expected a destination's name");
+    if (!(await destinationStates()).some((d) => d.name === name)) throw new HttpError(404, `no destination ${name}`);
+    return name;
+  };
+  // tell announces a pause or resume to the operator's URL, where one is configured; a failure is said, not thrown.
+  const tell = async (event: Parameters<NonNullable<AdminOptions["announce"]>>[0]): Promise<string> => {
+    if (!options.announce) return "";
+    const said = await options.announce(event).catch((error: unknown) => message(error));
+    return said === true ? " The operator's URL was told." : ` The operator's URL was not told: ${said}.`;
+  };
+
   const actions: Record<string, (s: Session, form: URLSearchParams) => Promise<{ what: string; count: number; to: string; flash: string }>> = {
     "/retry": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
-      const n = await inbox.retry(target);
-      return { what: `retry delivery=${JSON.stringify(`${target.source}/${target.id}`)}`, count: n, to: deliveryHref(target), flash: n === 1 ? "Queued again." : "Not failed any more: nothing to retry." };
+      const destination = destinationField(form);
+      // One destination's row, or every failed row of the delivery when none is named.
+      const n = destination === undefined ? await inbox.retry(target)
+        : await inbox.retryMatching({ ...target, destination, status: "failed" }, { batch: batchSize });
+      return {
+        what: `retry delivery=${JSON.stringify(`${target.source}/${target.id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`,
+        count: n, to: deliveryHref(target), flash: n >= 1 ? "Queued again." : "Not failed any more: nothing to retry.",
+      };
     },
     "/replay": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
-      const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id }, { batch: batchSize });
-      return { what: `replay delivery=${JSON.stringify(`${target.source}/${target.id}`)}`, count: replayed, to: deliveryHref(target), flash: replayed === 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay." };
+      const destination = destinationField(form);
+      const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id, ...(destination === undefined ? {} : { destination }) }, { batch: batchSize });
+      return {
+        what: `replay delivery=${JSON.stringify(`${target.source}/${target.id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`,
+        count: replayed, to: deliveryHref(target), flash: replayed >= 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay.",
+      };
+    },
+    "/pause": async (s, form) => {
+      const destination = await knownDestination(form);
+      const reason = (form.get("reason") ?? "").trim().slice(0, 200) || "paused on the operator page";
+      const changed = await inbox.pause(destination, reason);
+      const told = changed ? await tell({ type: "destination.paused", data: { destination, reason, by: s.who } }) : "";
+      return {
+        what: `pause destination=${JSON.stringify(destination)} reason=${JSON.stringify(reason)}`, count: changed ? 1 : 0, to: "/destinations",
+        flash: changed ? `${destination} paused: its deliveries wait, none discarded.${told}` : `${destination} was already paused; nothing changed.`,
+      };
+    },
+    "/resume": async (s, form) => {
+      const destination = await knownDestination(form);
+      const changed = await inbox.resume(destination);
+      const told = changed ? await tell({ type: "destination.resumed", data: { destination, by: s.who } }) : "";
+      return {
+        what: `resume destination=${JSON.stringify(destination)}`, count: changed ? 1 : 0, to: "/destinations",
+        flash: changed ? `${destination} resumed: its deliveries go again.${told}` : `${destination} was not paused; nothing changed.`,
+      };
     },
     "/bulk": async (_s, form) => {
       const kind = form.get("action");
@@ -489,7 +630,7 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
       let after: Delivery | undefined;
       for (;;) {
         const page = await inbox.search({ status: "failed" }, { after, limit: batchSize });
-        const mine = page.filter((d) => normaliseError(d.error) === key);
+        const mine = page.filter((d) => normaliseError(d.error === null ? null : redact(d.error)) === key);
         n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id })))).reduce((a, b) => a + b, 0);
         if (page.length < batchSize) break;
         after = page.at(-1);
@@ -507,7 +648,10 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     });
   });
 
+  // Every page goes out through send, which hides what redact() missed: a value as it is, and as escape()
+  // would write it.
   const send = (res: ServerResponse, status: number, body: string, headers: Record<string, string> = {}) => {
+    for (const value of hideEscaped) body = body.replaceAll(value, "[hidden]");
     res.writeHead(status, { ...SECURITY_HEADERS, "content-type": "text/html; charset=utf-8", ...headers });
     res.end(body);
   };
@@ -558,6 +702,7 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
       if (path === "/deliveries") return send(res, 200, await deliveries(s, url.searchParams, flash));
       if (path === "/delivery") return send(res, 200, await oneDelivery(s, url.searchParams, flash));
       if (path === "/failures") return send(res, 200, await failures(s, flash));
+      if (path === "/destinations") return send(res, 200, await destinationsPage(s, flash));
       if (path === "/bulk") {
         if (readOnly) throw new HttpError(403, "read-only: actions are refused");
         return send(res, 200, await bulkConfirm(s, url.searchParams));
@@ -671,10 +816,13 @@ pre.error { background: #fff4f3; color: #7d1c14; border: 1px solid #f0c9c5; }
 .live.paused { color: var(--muted); } .updated, .note { color: var(--muted); font-size: .85rem; }
 .login { max-width: 26rem; margin-top: 4rem; } .login label { display: block; margin-bottom: .6rem; } .login input { width: 100%; margin-top: .3rem; }
 td.error { min-width: 12rem; }
+.badge.closed { background: var(--done); } .badge.open { background: var(--failed); } .badge.paused { background: var(--processing); }
+.held { background: #fff6e8; border: 1px solid #efd3a6; padding: .5rem .8rem; border-radius: 4px; }
+.detail { color: var(--muted); font-size: .85rem; } form.pause { display: inline-flex; gap: .3rem; } form.pause input { width: 9rem; }
 @media (max-width: 560px) {
   table.list thead { display: none; } table.list tr { display: block; padding: .5rem .6rem; border-bottom: 1px solid var(--line); }
   table.list td { display: inline-block; padding: 0 .6rem 0 0; border: 0; } table.list td.error { display: block; min-width: 0; max-width: none; }
-  table.list td.num::before { content: "tries "; color: var(--muted); }
+  table.list td.num::before { content: "tries "; color: var(--muted); } table.list td.dest::before { content: "→ "; color: var(--muted); }
 }
 @media (max-width: 560px) { main { padding: .6rem; } .meta { grid-template-columns: 1fr; } .meta dt { margin-top: .3rem; } .filters label { flex: 1 1 45%; } .filters input, .filters select { width: 100%; } }
 `;
@@ -706,7 +854,8 @@ if (live) {
 
 // ---- The entry point --------------------------------------------------------------------------------
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the operator page as `admin.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
@@ -720,15 +869,17 @@ async function main(argv: string[]): Promise<void> {
     .option("--host <address>", "address to listen on; beyond loopback only with --admin-token", DEFAULTS.host)
     .option("--admin-token <token|env:NAME>", "the token exchanged for a session cookie (env:NAME reads it from $NAME)")
     .option("--read-only", "show everything, refuse every action")
+    .option("--sources <file>", "the sources file (as the worker's): pause and resume are told to its $operator URL, and no secret or header it names is ever shown (default: INBOX_SOURCES)")
     .addHelpText("after", `
 Examples:
   npx tsx admin.ts --db inbox.db
   ADMIN_TOKEN=$(openssl rand -hex 16) npx tsx admin.ts --admin-token env:ADMIN_TOKEN --host 0.0.0.0
+  npx tsx admin.ts --db inbox.db --sources sources.json
   npx tsx admin.ts --db postgres://127.0.0.1:5432/test?schema=inbox --read-only`)
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ db?: string; port: number; host: string; adminToken?: string; readOnly?: boolean }>();
+  const opts = program.opts<{ db?: string; port: number; host: string; adminToken?: string; readOnly?: boolean; sources?: string }>();
   let token = opts.adminToken;
   if (token?.startsWith("env:")) {
     const name = token.slice(4);
@@ -738,6 +889,16 @@ Examples:
   if (!isLoopback(opts.host) && !token) {
     fatal(`admin: refusing to listen on ${opts.host} without --admin-token: the page must not be open beyond this machine`);
   }
+  // The sources file's secrets are read, as the worker reads them, only to keep them off the page.
+  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+  let forwarding: Forwarding | undefined;
+  if (sourcesFile) {
+    try {
+      forwarding = loadDestinations(readSourcesFile(sourcesFile), process.env);
+    } catch (error) {
+      fatal(`admin: ${sourcesFile}: ${message(error)}`);
+    }
+  }
   const target = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
   try {
@@ -746,7 +907,11 @@ Examples:
     return fatal(`admin: cannot use the database: ${message(error)}`, 1);
   }
   const { log, flush } = lineLog();
-  const admin = createAdmin({ inbox, token, readOnly: opts.readOnly, audit: log });
+  const operator = forwarding?.operator;
+  const admin = createAdmin({
+    inbox, token, readOnly: opts.readOnly, audit: log, hide: forwarding ? secretsOf(forwarding) : [], destinations: [...forwarding?.destinations.keys() ?? []],
+    ...(operator ? { announce: (event) => announce(operator, event) } : {}),
+  });
   let url: string;
   try {
     url = await listenAdmin(admin, { host: opts.host, port: opts.port, token });
@@ -763,6 +928,29 @@ Examples:
   };
   process.on("SIGTERM", () => void stop());
   process.on("SIGINT", () => void stop());
+}
+
+/** secretsOf lists every value in a sources file's destinations and operator that the page must never show. */
+export function secretsOf(forwarding: Forwarding): string[] {
+  const out: string[] = [];
+  const add = (secrets: readonly string[], headers: Record<string, string>) => {
+    // A Standard Webhooks secret's key alone too, and each header's credential without its scheme, and a
+    // basic pair decoded and its password: an answer may echo any of them.
+    for (const secret of secrets) out.push(secret, secret.replace(/^whsec_/, ""));
+    for (const value of Object.values(headers)) {
+      out.push(value);
+      const credential = /^(?:Bearer|Basic|Token)\s+(.+)$/i.exec(value)?.[1];
+      if (!credential) continue;
+      out.push(credential);
+      if (/^Basic/i.test(value)) {
+        const pair = Buffer.from(credential, "base64").toString("utf8");
+        out.push(pair, pair.slice(pair.indexOf(":") + 1));
+      }
+    }
+  };
+  for (const d of forwarding.destinations.values()) if (d.kind === "http") add(d.secrets, d.headers);
+  if (forwarding.operator) add(forwarding.operator.secrets, forwarding.operator.headers);
+  return out;
 }
 
 // fatal stops start-up with one line: exit 2 for a mistake in the options, 1 for a runtime failure.

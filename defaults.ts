@@ -8,6 +8,8 @@ export const DEFAULTS = {
   db: "inbox.db",
   /** Source name of the article's single, unsigned sender. @default "default" */
   source: "default",
+  /** The destination of every route not told otherwise: the TypeScript handler that worker.ts runs. @default "handler" */
+  destination: "handler",
   /** Milliseconds a worker may hold a delivery before another may take it over. @default 60_000 */
   leaseMs: 60_000,
   /** Tries before a delivery is set aside as failed for a person to look at. @default 5 */
@@ -105,4 +107,24 @@ export const DEFAULTS = {
   adminPageSize: 50,
   /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
   adminRefreshMs: 5_000,
+  /** Forwarding: milliseconds to open a connection to a destination. @default 5_000 */
+  connectTimeoutForwardMs: 5_000,
+  /** Forwarding: milliseconds a whole forward may take, answer included, before it counts as failed. @default 30_000 */
+  forwardTimeoutMs: 30_000,
+  /** Forwarding: requests one worker has in flight to one destination. @default 16 */
+  forwardInFlight: 16,
+  /** Forwarding: the first bytes of a failed answer kept with the try's error. @default 256 */
+  answerBytes: 256,
+  /** Breaker: failures in a row, by every worker, that open a destination. @default 10 */
+  breakerFailures: 10,
+  /** Breaker: or this share of failed tries in the window... @default 0.5 */
+  breakerRate: 0.5,
+  /** Breaker: ...with at least this many tries in it. @default 20 */
+  breakerMinTries: 20,
+  /** Breaker: the window's length. @default 60_000 */
+  breakerWindowMs: 60_000,
+  /** Breaker: how long an open destination waits before one delivery probes it. @default 30_000 */
+  breakerCoolDownMs: 30_000,
+  /** Milliseconds a worker gathers its destinations' successes before adding them to the shared breaker. @default 1_000 */
+  tallyEveryMs: 1_000,
 } as const;

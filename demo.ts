@@ -9,12 +9,16 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { connect } from "./inbox.ts";
+import { runnerName, scriptCommand, signalChild } from "./runtime.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
+const runner = runnerName();
 
-// tsx runs each script as a child of this very Node, the project's own Node 24.
+// Each script runs as a child on this very runtime, started as this one was: under tsx (`npm run demo`),
+// Node's own type stripping, Deno or Bun.
 function script(name: string, args: string[]): ChildProcess {
-  return spawn(process.execPath, ["--import", "tsx", join(here, name), ...args], { cwd: here, stdio: ["ignore", "pipe", "pipe"] });
+  const { command, args: all } = scriptCommand(join(here, name), args);
+  return spawn(command, all, { cwd: here, stdio: ["ignore", "pipe", "pipe"] });
 }
 
 function show(child: ChildProcess, prefix = "  "): void {
@@ -24,7 +28,7 @@ function show(child: ChildProcess, prefix = "  "): void {
 }
 
 async function step(title: string, name: string, args: string[]): Promise<void> {
-  console.log(`\n$ npx tsx ${name} ${args.join(" ")}`.trimEnd() + `\n  # ${title}`);
+  console.log(`\n$ ${runner} ${name} ${args.join(" ")}`.trimEnd() + `\n  # ${title}`);
   const child = script(name, args);
   show(child);
   const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
@@ -52,7 +56,7 @@ let receiver: ChildProcess | undefined;
 try {
   await step("two copies of one delivery, handled at once", "naive-race.ts", []);
 
-  console.log(`\n$ npx tsx receiver.ts --port 0 --db ${db} &\n  # the receiver, on a free port and a throwaway database`);
+  console.log(`\n$ ${runner} receiver.ts --port 0 --db ${db} &\n  # the receiver, on a free port and a throwaway database`);
   receiver = script("receiver.ts", ["--port", "0", "--db", db]);
   show(receiver, "  receiver| ");
   const url = await new Promise<string>((resolve, reject) => {
@@ -69,7 +73,7 @@ try {
 
   console.log("\n# stopping the receiver (SIGTERM): it finishes what is in flight and exits");
   const exited = new Promise<number | null>((resolve) => receiver!.on("exit", resolve));
-  receiver.kill("SIGTERM");
+  signalChild(receiver, "SIGTERM");
   const code = await exited;
   receiver = undefined;
   if (code !== 0) throw new Error(`the receiver exited with ${code}`);

@@ -2,6 +2,7 @@
 // (parseDuration, parseWhen); ages, dates and sizes in its output; a delivery as JSON; and the JSON Lines
 // of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
 
+import { DEFAULTS } from "./defaults.ts";
 import { STATUSES, sha256, type Delivery, type Status } from "./store.ts";
 
 /** age writes a span of ms as people say it: 45s, 12m, 5h, 3d. */
@@ -69,6 +70,15 @@ export function exportLine(d: Delivery): ExportLine {
   return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
 }
 
+// importHeaders checks the provider headers of an export line: a name to a list of values.
+function importHeaders(value: unknown): Delivery["headers"] {
+  if (typeof value !== "object" || value === null || Array.isArray(value) ||
+    Object.values(value).some((v) => !Array.isArray(v) || v.some((x) => typeof x !== "string"))) {
+    throw new TypeError(`expected headers to map names to lists of strings, got ${JSON.stringify(value)}`);
+  }
+  return value as Delivery["headers"];
+}
+
 /** importLine reads a line of an export back into a delivery, checking its fields and its body against the hash. */
 export function importLine(line: unknown): Delivery {
   if (line === null || typeof line !== "object" || Array.isArray(line)) throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
@@ -93,6 +103,11 @@ export function importLine(line: unknown): Delivery {
     error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
     replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
     orderKey: need("orderKey", "string", true), eventTime: need("eventTime", "number", true), newerId: need("newerId", "string", true),
+    // An export from before destinations holds the handler's rows only.
+    destination: o.destination === undefined ? DEFAULTS.destination : need("destination", "string"),
+    route: o.route === undefined ? 0 : need("route", "number"),
+    headers: o.headers == null ? null : importHeaders(o.headers),
+    traceparent: need("traceparent", "string", true),
   };
   // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
   if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {

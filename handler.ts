@@ -10,6 +10,7 @@ import { label, message, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source } from "./providers.ts";
+import { routeTo } from "./routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
@@ -155,10 +156,15 @@ export function createHandler(options: HandlerOptions): Handler {
 
     let outcome: Stored;
     try {
+      // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
+      const routes = source.routes;
+      const destinations = routes ? routeTo(routes, verdict.eventType) : undefined;
+      const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
         eventType: verdict.eventType, providerTime: verdict.providerTime,
         ...orderOfRequest(source.order, req.headers, body),
+        ...(destinations ? { destinations } : {}), ...(keepHeaders ? { headers: req.headers } : {}),
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.

@@ -10,9 +10,11 @@ import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "./defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./format.ts";
 import { label, message } from "./log.ts";
+import { readSourcesFile } from "./providers.ts";
+import { loadDestinations, type Operator } from "./routes.ts";
 import { SqliteInbox, isInbox } from "./sqlite.ts";
 import {
-  STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
+  DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
 } from "./store.ts";
 
 export { DEFAULTS } from "./defaults.ts";
@@ -42,14 +44,14 @@ class UsageError extends Error {}
 /** NotFound is a lookup that matched nothing: one line on stderr, exit 1. */
 class NotFound extends Error {}
 
-// One delivery by ID: --source settles it when two sources share an ID.
-async function findOne(inbox: Inbox, id: string, source: string | undefined): Promise<Delivery> {
-  const found = await inbox.find(id, source);
-  if (found.length === 0) throw new NotFound(`No delivery with ID ${id}${source ? ` in source ${source}` : ""}.`);
-  if (found.length > 1) {
-    throw new UsageError(`ID ${id} exists in sources ${found.map((d) => d.source).join(", ")}; pass --source.`);
-  }
-  return found[0]!;
+// One delivery by ID, with a row per route: --source settles it when two sources share an ID, and
+// --destination picks one route's row.
+async function findRows(inbox: Inbox, id: string, source: string | undefined, destination?: string): Promise<Delivery[]> {
+  const found = (await inbox.find(id, source)).filter((d) => destination === undefined || d.destination === destination);
+  if (found.length === 0) throw new NotFound(`No delivery with ID ${id}${source ? ` in source ${source}` : ""}${destination ? ` for destination ${destination}` : ""}.`);
+  const sources = [...new Set(found.map((d) => d.source))];
+  if (sources.length > 1) throw new UsageError(`ID ${id} exists in sources ${sources.join(", ")}; pass --source.`);
+  return found;
 }
 
 // CliFilters are the filter options every bulk command takes.
@@ -59,10 +61,12 @@ interface CliFilters {
   since?: number;
   until?: number;
   errorMatch?: string;
+  destination?: string;
 }
 
 function filterOf(opts: CliFilters): Filter {
   const filter: Filter = {};
+  if (opts.destination !== undefined) filter.destination = opts.destination;
   if (opts.source !== undefined) filter.source = opts.source;
   if (opts.type !== undefined) filter.type = opts.type;
   if (opts.since !== undefined) filter.since = opts.since;
@@ -71,7 +75,8 @@ function filterOf(opts: CliFilters): Filter {
   return filter;
 }
 
-async function cli(argv: string[]): Promise<void> {
+/** cli runs the operator's CLI as `inbox.ts` does, from a full argv (runtime, script, then its command). */
+export async function cli(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, CommanderError, Option } = await import("commander");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
@@ -88,6 +93,8 @@ Examples:
   npx tsx inbox.ts retry --failed --source stripe --error-match timeout --since 2h --dry-run
   npx tsx inbox.ts replay --source stripe --type invoice.paid --since 3d
   npx tsx inbox.ts purge --dry-run
+  npx tsx inbox.ts destinations
+  npx tsx inbox.ts pause app --reason "deploying the app" && npx tsx inbox.ts resume app
   npx tsx inbox.ts export --since 30d --out archive.jsonl
   npx tsx inbox.ts import archive.jsonl --db other.db
   npx tsx inbox.ts status --db postgres://127.0.0.1:5432/test?schema=inbox
@@ -131,7 +138,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
     .option("--type <type>", "only this event type")
     .option("--since <when>", "received at or after: an ISO date, or an age ago (2h, 3d)", when)
     .option("--until <when>", "received before: an ISO date, or an age ago", when)
-    .option("--error-match <text>", "whose last error contains this text (any case)");
+    .option("--error-match <text>", "whose last error contains this text (any case)")
+    .option("--destination <name>", "only the rows going to this destination (the handler is \"handler\")");
 
   withDb(program.command("status"))
     .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
@@ -199,9 +207,11 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
         const rows = await inbox.list(opts);
         if (opts.json) return void console.log(JSON.stringify(rows.map((d) => deliveryJson(d, false)), null, 2));
         if (rows.length === 0) return void console.log("(no deliveries)");
-        console.log(["source", "id", "status", "attempts", "type", "received", "error"].join("\t"));
+        // The destination shows once any row goes elsewhere than the handler; the handler's alone reads as before.
+        const routed = rows.some((d) => d.destination !== DEFAULTS.destination);
+        console.log(["source", "id", "status", "attempts", "type", "received", "error", ...(routed ? ["destination"] : [])].join("\t"));
         for (const d of rows) {
-          console.log([d.source, d.id, d.status, d.attempts, d.eventType ?? "-", iso(d.receivedAt), d.error ?? ""].join("\t"));
+          console.log([d.source, d.id, d.status, d.attempts, d.eventType ?? "-", iso(d.receivedAt), d.error ?? "", ...(routed ? [d.destination || "-"] : [])].join("\t"));
         }
       } finally {
         await inbox.close();
@@ -211,14 +221,20 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
   withDb(program.command("show <id>"))
     .description("print one delivery: its metadata, last error and body")
     .option("--source <name>", "the delivery's source, when IDs clash")
+    .option("--destination <name>", "only its row for this destination")
     .option("--json", "print JSON (the body as text when it is UTF-8, and always as base64)")
-    .action(async (id: string, opts: { db?: string; source?: string; json?: boolean }) => {
+    .action(async (id: string, opts: { db?: string; source?: string; destination?: string; json?: boolean }) => {
       const inbox = await open(opts);
       try {
-        const d = await findOne(inbox, id, opts.source);
-        if (opts.json) return void console.log(JSON.stringify(deliveryJson(d, true), null, 2));
+        const all = await findRows(inbox, id, opts.source, opts.destination);
+        const d = all[0]!;
+        if (opts.json) return void console.log(JSON.stringify(all.length === 1 ? deliveryJson(d, true) : all.map((x) => deliveryJson(x, true)), null, 2));
+        if (all.length > 1) {
+          // One delivery, several routes: each destination's row has its own status, attempts and error.
+          console.log(`routes        ${all.map((x) => `${x.destination} ${x.status} (${x.attempts} attempts)${x.error ? `: ${x.error}` : ""}`).join("\n              ")}`);
+        }
         const lines: [string, unknown][] = [
-          ["source", d.source], ["id", d.id], ["status", d.status], ["attempts", d.attempts],
+          ["source", d.source], ["id", d.id], ["destination", d.destination || "(none: no route chose it)"], ["status", d.status], ["attempts", d.attempts],
           ["type", d.eventType ?? "-"], ["content type", d.contentType ?? "-"],
           ["received", iso(d.receivedAt)], ["provider time", iso(d.providerTime)],
           ["due", d.status === "received" ? iso(d.availableAt) : "-"], ["leased until", iso(d.leasedUntil)],
@@ -263,7 +279,8 @@ Examples:
           const what = n === 1 ? "1 failed delivery" : `${n} failed deliveries`;
           return void console.log(opts.dryRun ? `Would queue ${what} again (dry run: nothing changed).` : `Queued ${what} again.`);
         }
-        const d = await findOne(inbox, id!, opts.source);
+        const rows = await findRows(inbox, id!, opts.source, opts.destination);
+        const d = rows.find((x) => x.status === "failed") ?? rows[0]!;
         if (d.status !== "failed") throw new NotFound(`No failed delivery with ID ${id}: it is ${d.status}.`);
         if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be retried: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
         if (opts.dryRun) return void console.log(`Would queue ${label(d)} again (dry run: nothing changed).`);
@@ -277,6 +294,7 @@ Examples:
   withFilters(withDb(program.command("replay [id]")))
     .description("put done deliveries through the handler again (after a handler bug was fixed): one by ID, or those the filters match")
     .option("--all", "replay every done delivery the filters match, even with no filter at all")
+    .option("--to <destination>", "send the deliveries that match to this destination instead: its row goes again, or is added if their routes never chose it")
     .option("--dry-run", "say how many would be replayed, and change nothing")
     .option("--json", "print the counts as JSON")
     .addHelpText("after", `
@@ -286,8 +304,9 @@ purged) cannot be replayed, and is counted apart. Batches of ${DEFAULTS.bulkBatc
 
 Examples:
   npx tsx inbox.ts replay evt_100
-  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 2026-01-05T00:00:00Z --until 1d --dry-run`)
-    .action(async (id: string | undefined, opts: CliFilters & { db?: string; all?: boolean; dryRun?: boolean; json?: boolean }) => {
+  npx tsx inbox.ts replay --source stripe --type invoice.paid --since 2026-01-05T00:00:00Z --until 1d --dry-run
+  npx tsx inbox.ts replay --to app --source stripe --since 3d      # routing after the fact`)
+    .action(async (id: string | undefined, opts: CliFilters & { db?: string; all?: boolean; dryRun?: boolean; json?: boolean; to?: string }) => {
       const filter = filterOf(opts);
       if (id !== undefined && (opts.all || Object.keys(filter).some((k) => k !== "source"))) {
         throw new UsageError("Give either an ID or filters, not both.");
@@ -298,12 +317,13 @@ Examples:
       const inbox = await open(opts);
       try {
         if (id !== undefined) {
-          const d = await findOne(inbox, id, opts.source);
-          if (d.status !== "done") throw new NotFound(`No done delivery with ID ${id}: it is ${d.status}.`);
+          const rows = await findRows(inbox, id, opts.source, opts.destination);
+          const d = rows.find((x) => x.status === "done" && x.purgedAt === null) ?? rows.find((x) => x.status === "done") ?? rows[0]!;
+          if (d.status !== "done" && opts.to === undefined) throw new NotFound(`No done delivery with ID ${id}: it is ${d.status}.`);
           if (d.purgedAt !== null) throw new NotFound(`Delivery ${label(d)} cannot be replayed: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`);
           Object.assign(filter, { source: d.source, id: d.id });
         }
-        const r = await inbox.replayMatching(filter, { dryRun: opts.dryRun });
+        const r = await inbox.replayMatching(filter, { dryRun: opts.dryRun, ...(opts.to !== undefined ? { to: opts.to } : {}) });
         if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
         const what = r.replayed === 1 ? "1 done delivery" : `${r.replayed} done deliveries`;
         console.log(opts.dryRun ? `Would replay ${what} (dry run: nothing changed).` : `Replayed ${what}: queued again, attempts reset.`);
@@ -312,6 +332,62 @@ Examples:
         await inbox.close();
       }
     });
+
+  withDb(program.command("destinations"))
+    .description("list each destination: closed (forwarding), open (its breaker) or paused, what waits for it, its recent failure rate and last error")
+    .option("--json", "print JSON")
+    .action(async (opts: { db?: string; json?: boolean }) => {
+      const inbox = await open(opts);
+      try {
+        const all = await inbox.destinations();
+        if (opts.json) return void console.log(JSON.stringify(all, null, 2));
+        console.log(["destination", "state", "waiting", "processing", "failed", "failure rate", "last error"].join("\t"));
+        for (const d of all) {
+          const state = d.state === "paused" ? `paused (${d.pausedReason ?? "?"})`
+            : d.state === "open" ? `open (${d.probing ? "probing" : `probe at ${iso(d.retryAt)}`})` : "closed";
+          const rate = d.failureRate === null ? "-" : `${Math.round(d.failureRate * 100)}%`;
+          console.log([d.name, state, d.waiting, d.processing, d.failed, rate, d.lastError ? `${iso(d.lastErrorAt)} ${d.lastError}` : "-"].join("\t"));
+        }
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  for (const verb of ["pause", "resume"] as const) {
+    withDb(program.command(`${verb} <destination>`))
+      .description(verb === "pause"
+        ? "hold a destination's deliveries: none is sent, none discarded, no attempt spent, until resume"
+        : "let a paused destination's deliveries go again (its breaker closed, its counts fresh)")
+      .option("--sources <file>", "the sources file, whose $operator URL hears of it (default: INBOX_SOURCES)")
+      .option("--reason <text>", "pause: why, for the destinations list and the operator's event")
+      .option("--json", "print JSON")
+      .action(async (destination: string, opts: { db?: string; sources?: string; reason?: string; json?: boolean }) => {
+        if (!DESTINATION_NAME.test(destination)) throw new UsageError(`Expected a destination's name, got ${JSON.stringify(destination)}.`);
+        const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+        let operator: Operator | undefined;
+        if (sourcesFile) {
+          try {
+            operator = loadDestinations(readSourcesFile(sourcesFile), process.env).operator;
+          } catch (error) {
+            throw new UsageError(`${sourcesFile}: ${message(error)}`);
+          }
+        }
+        const inbox = await open(opts);
+        try {
+          const changed = verb === "pause" ? await inbox.pause(destination, opts.reason ?? "paused by a person") : await inbox.resume(destination);
+          if (changed && operator) {
+            const { announce } = await import("./forward.ts");
+            const said = await announce(operator, { type: verb === "pause" ? "destination.paused" : "destination.resumed", data: { destination, ...(opts.reason ? { reason: opts.reason } : {}) } });
+            if (said !== true) console.error(said);
+          }
+          if (opts.json) return void console.log(JSON.stringify({ destination, changed }));
+          console.log(changed ? `${destination} ${verb === "pause" ? "paused: its deliveries wait, none discarded" : "resumed: its deliveries go again"}.`
+            : `${destination} was ${verb === "pause" ? "already" : "not"} paused; nothing changed.`);
+        } finally {
+          await inbox.close();
+        }
+      });
+  }
 
   withDb(program.command("purge [id]"))
     .description("let old bodies go: drop the bodies of old done deliveries, keeping tombstones that still answer duplicates, and forget old tombstones")
@@ -358,7 +434,8 @@ Examples:
           return void console.log(`Vacuumed ${inbox.target}: ${bytes(before)} before, ${bytes(after)} after; later purges give freed space back to the file system.`);
         }
         if (id !== undefined) {
-          const d = await findOne(inbox, id, opts.source);
+          const rows = await findRows(inbox, id, opts.source);
+          const d = rows.find((x) => x.status !== "done" && x.status !== "failed") ?? rows.find((x) => x.purgedAt === null) ?? rows[0]!;
           if (d.purgedAt !== null) return void console.log(`${label(d)} is already a tombstone (purged at ${iso(d.purgedAt)}).`);
           if (d.status !== "done" && d.status !== "failed") throw new NotFound(`Delivery ${label(d)} is ${d.status}: only done or failed deliveries can be purged.`);
           const r = await inbox.dropBodies({ source: d.source, id: d.id }, { dryRun: opts.dryRun });

@@ -9,7 +9,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import client from "prom-client";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import type { Gauges, Inbox, Lease, Stored } from "./store.ts";
+import type { DestinationState, Gauges, Inbox, Lease, Stored } from "./store.ts";
 
 /** Outcome is how the receiver answered one request, as received_total counts it. */
 export type Outcome = Stored | "rejected" | "unavailable";
@@ -142,6 +142,7 @@ export class Metrics {
   private readonly gaugeCacheMs: number;
   private readonly now: () => number;
   private gaugeRead: { at: number; value: Promise<Gauges | undefined> } | undefined;
+  private readiness: Readiness | undefined;
   // Per source, then per result: two lookups of strings that exist already, no key built per request.
   private readonly intake = new Map<string, Map<string, Tally>>();
   private readonly acks = new Map<string, Spread>();
@@ -158,6 +159,9 @@ export class Metrics {
   private readonly failures: Tallied<"source">;
   private readonly takeovers: Tallied<"source">;
   private readonly lostLeases: Tallied<"source">;
+  private readonly forwards: Tallied<"destination" | "outcome">;
+  private readonly forwardSeconds: Spreads<"destination">;
+  private destinationRead: { at: number; value: Promise<DestinationState[] | undefined> } | undefined;
 
   constructor(options: MetricsOptions) {
     this.inbox = options.inbox;
@@ -204,7 +208,35 @@ export class Metrics {
     this.lostLeases = new Tallied({
       name: "inbox_leases_lost_total", help: "Leases this worker lost to a takeover while it worked: its writes were rolled back.", labelNames: ["source"], registers,
     });
+    this.forwards = new Tallied({
+      name: "inbox_forwards_total", help: "Forwards (and publishes) to a destination, by outcome: done, retry, failed (set aside), gone (410).",
+      labelNames: ["destination", "outcome"], registers,
+    });
+    this.forwardSeconds = new Spreads({
+      name: "inbox_forward_duration_seconds", help: "How long one forward took, from the request to its answer (or failure).",
+      labelNames: ["destination"], buckets: WORK_BUCKETS, registers,
+    });
     const self = this;
+    new client.Gauge({
+      name: "inbox_destination_state", help: "Each destination's state: 0 closed (forwarding), 1 open (its breaker: waiting or probing), 2 paused.",
+      labelNames: ["destination"], registers,
+      async collect() {
+        const states = await self.destinationStates();
+        if (!states) return;
+        this.reset();
+        for (const d of states) this.set({ destination: d.name }, d.state === "closed" ? 0 : d.state === "open" ? 1 : 2);
+      },
+    });
+    new client.Gauge({
+      name: "inbox_destination_waiting", help: "Deliveries waiting for each destination (received, not yet leased).",
+      labelNames: ["destination"], registers,
+      async collect() {
+        const states = await self.destinationStates();
+        if (!states) return;
+        this.reset();
+        for (const d of states) this.set({ destination: d.name }, d.waiting);
+      },
+    });
     new client.Gauge({
       name: "inbox_deliveries", help: "Deliveries in the store, by source and status (read at most every gaugeCacheMs).",
       labelNames: ["source", "status"], registers,
@@ -280,6 +312,40 @@ export class Metrics {
     this.lostLeases.tally(lease.source, { source: lease.source }).pending++;
   }
 
+  /**
+   * reportReadiness adds inbox_ready, what /readyz would answer, as 1 or 0: a receiver that still answers
+   * scrapes but cannot commit (a full disk, a lost PostgreSQL) shows as up and not ready. Called by the
+   * receiver and by listen(); a second call only swaps the readiness it reads.
+   */
+  reportReadiness(readiness: Readiness): void {
+    const first = this.readiness === undefined;
+    this.readiness = readiness;
+    if (!first) return;
+    const self = this;
+    // Registered only once asked for: an unset label-less gauge would show 0, not ready, where nobody said so.
+    new client.Gauge({
+      name: "inbox_ready", help: "1 while a delivery could be committed now (what /readyz answers), else 0.", registers: [this.registry],
+      async collect() {
+        this.set((await self.readiness!.ready()) === true ? 1 : 0);
+      },
+    });
+  }
+
+  /** forwarded counts one forward to a destination by its outcome, and times it. */
+  forwarded(destination: string, outcome: "done" | "retry" | "failed" | "gone", ms: number): void {
+    this.forwards.tally(`${destination}\u0000${outcome}`, { destination, outcome }).pending++;
+    this.forwardSeconds.spread(destination, { destination }).observe(ms / 1000);
+  }
+
+  // destinationStates reads the destinations at most once per gaugeCacheMs, as gauges() does.
+  private destinationStates(): Promise<DestinationState[] | undefined> {
+    const t = performance.now();
+    if (!this.destinationRead || t - this.destinationRead.at >= this.gaugeCacheMs) {
+      this.destinationRead = { at: t, value: this.inbox.destinations().catch(() => undefined) };
+    }
+    return this.destinationRead.value;
+  }
+
   /** text renders the registry in Prometheus's text format. */
   text(): Promise<string> {
     return this.registry.metrics();
@@ -288,6 +354,7 @@ export class Metrics {
   /** listen serves /metrics, /livez and /readyz alone on a port of its own (the worker's --metrics-port). */
   async listen(port: number, host: string = DEFAULTS.host, readiness?: Readiness): Promise<Server> {
     const ready = readiness ?? new Readiness(this.inbox);
+    this.reportReadiness(ready);
     const server = createServer((req, res) => {
       if (route(req, res, ready, this)) return;
       res.writeHead(404, { "content-type": "text/plain; charset=utf-8" });

@@ -10,11 +10,13 @@ import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import {
-  backoff, bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SqlValue, type Status, type Stored, type Summary, type Tx,
+  DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
+  type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
+  bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
 
-// The schema, in order. A shipped entry is never edited: add a new one after it.
-const MIGRATIONS: readonly string[] = [
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
      source        text    NOT NULL,
      id            text    NOT NULL,
@@ -86,6 +88,42 @@ const MIGRATIONS: readonly string[] = [
      PRIMARY KEY (source, order_key)
    ) WITH (autovacuum_vacuum_scale_factor = 0.02);
    CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
+  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
+  // status, attempts, lease, errors and order. Every existing row becomes route 0 of the handler (a
+  // constant default: no rewrite). The claim's indexes lead with the destination, so one claim walks only
+  // its own destination's due rows, and a destination that holds its deliveries is never walked past.
+  `ALTER TABLE deliveries ADD COLUMN route smallint NOT NULL DEFAULT 0, ADD COLUMN destination text NOT NULL DEFAULT 'handler',
+                         ADD COLUMN headers text, ADD COLUMN traceparent text;
+   ALTER TABLE deliveries DROP CONSTRAINT deliveries_pkey, ADD PRIMARY KEY (source, id, route);
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   DROP INDEX deliveries_ordered;
+   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
+   ALTER TABLE order_keys ADD COLUMN destination text NOT NULL DEFAULT 'handler';
+   ALTER TABLE order_keys DROP CONSTRAINT order_keys_pkey, ADD PRIMARY KEY (source, destination, order_key);
+   DROP INDEX order_keys_due;
+   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
+   ALTER TABLE attempt_errors ADD COLUMN destination text NOT NULL DEFAULT 'handler';
+   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
+   CREATE TABLE destinations (
+     name          text    PRIMARY KEY,
+     paused        boolean NOT NULL DEFAULT false,
+     paused_reason text,
+     state         text    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
+     retry_at      bigint,
+     probe_until   bigint,
+     failures      integer NOT NULL DEFAULT 0,
+     window_start  bigint,
+     window_done   integer NOT NULL DEFAULT 0,
+     window_failed integer NOT NULL DEFAULT 0,
+     last_error    text,
+     last_error_at bigint,
+     tokens        double precision,
+     tokens_at     bigint,
+     changed_at    bigint
+   );`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -153,7 +191,7 @@ function named(text: string, values: unknown[]): { name: string; text: string; v
 
 // One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
 type Op =
-  | { kind: "store"; source: string; incoming: Incoming; digest: string; resolve(v: unknown): void; reject(e: unknown): void }
+  | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
   | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
   | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; resolve(v: unknown): void; reject(e: unknown): void };
 
@@ -185,9 +223,9 @@ export class PostgresInbox implements Inbox {
   private idle: (() => void)[] = [];
   private closed = false;
   private lastNotify = 0;
-  // The keyset claim's cursor: the due time this process's claims have walked to (see claimIn).
-  private claimFrom: number | undefined;
-  private claimedFromStart = 0;
+  // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
+  // when they last started from the start (see claimIn).
+  private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
   private listener: pg.Client | undefined;
   private wakeListeners: (() => void)[] = [];
   private listenTimer: NodeJS.Timeout | undefined;
@@ -303,32 +341,62 @@ export class PostgresInbox implements Inbox {
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
     orderOf(delivery, null);
-    return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body) }) as Promise<Stored>;
+    const routes = routesOf(delivery);
+    return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body), routes }) as Promise<Stored>;
   }
 
-  async claim(leaseMs: number = DEFAULTS.leaseMs): Promise<Lease | undefined> {
-    return (await this.claimBatch(1, leaseMs))[0];
+  async claim(leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease | undefined> {
+    return (await this.claimBatch(1, leaseMs, options))[0];
   }
 
-  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
+  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
-    return this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => this.claimIn(client, limit, leaseMs) }) as Promise<Lease[]>;
+    const destination = checkClaim(options);
+    return this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => this.gatedClaim(client, limit, leaseMs, destination, options) }) as Promise<Lease[]>;
   }
 
-  // claimIn leases up to limit due deliveries. A keyset claim starts its walk of the due index where this
-  // process's last full claim ended (from); a walk from the start passes every entry that the drain has
-  // left dead behind it, which autovacuum has not cleared (or never will, where it is off). Every due time
-  // set later (a store, a retry, a lease's end, a release) is at or after the moment it is set, and the
-  // cursor is never past the moment of the claim that set it, so a row falls behind the cursor only when a
-  // claim skipped it as locked and then that lock went away (another claim rolled back) or when the
-  // database's clock stepped back. So a keyset claim that comes back short goes on from the start, and one
-  // claim in DEFAULTS.claimFromStartMs starts there anyway, which bounds the wait of such a row under a
-  // backlog that never runs dry.
-  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, again = true, keyset = true): Promise<Lease[]> {
+  // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
+  // the probe and the rate's tokens. The row is locked only when a limit or the breaker needs it, so the
+  // claims of a destination with neither never wait on one another.
+  private async gatedClaim(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, options: ClaimOptions): Promise<Lease[]> {
+    const read = await client.query("SELECT *, " + NOW + " AS now FROM destinations WHERE name = $2", [this.now(), destination]);
+    let row = read.rows[0] as Record<string, unknown> | undefined;
+    const plain = options.maxInFlight === undefined && options.rate === undefined && (row === undefined || (!row.paused && row.state === "closed"));
+    if (plain) return this.claimIn(client, limit, leaseMs, destination);
+    if (row?.paused) return [];
+    await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+    ({ rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]));
+    const now = Number(row!.now);
+    const inFlight = options.maxInFlight === undefined ? 0 : Number((await client.query(
+      `SELECT count(*) AS n FROM deliveries WHERE destination = $1 AND status = 'processing' AND leased_until > $2`, [destination, now],
+    )).rows[0].n);
+    const gate = gateClaim(row, limit, now, options, inFlight);
+    const leases = gate.n === 0 ? [] : await this.claimIn(client, gate.n, leaseMs, destination);
+    if (gate.probe && leases.length > 0) {
+      await client.query("UPDATE destinations SET state = 'probing', probe_until = $1, changed_at = $2 WHERE name = $3", [now + leaseMs, now, destination]);
+      leases[0]!.probe = true;
+    }
+    if (gate.tokens !== null) {
+      await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [gate.tokens - leases.length, now, destination]);
+    }
+    return leases;
+  }
+
+  // claimIn leases up to limit due deliveries of a destination. A keyset claim starts its walk of the due
+  // index where this process's last full claim of that destination ended (from); a walk from the start
+  // passes every entry that the drain has left dead behind it, which autovacuum has not cleared (or never
+  // will, where it is off). Every due time set later (a store, a retry, a lease's end, a release) is at or
+  // after the moment it is set, and the cursor is never past the moment of the claim that set it, so a row
+  // falls behind the cursor only when a claim skipped it as locked and then that lock went away (another
+  // claim rolled back) or when the database's clock stepped back. So a keyset claim that comes back short
+  // goes on from the start, and one claim in DEFAULTS.claimFromStartMs starts there anyway, which bounds
+  // the wait of such a row under a backlog that never runs dry.
+  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, again = true, keyset = true): Promise<Lease[]> {
     // Pacing, not a due time: a pinned clock (tests) drives it, else this host's monotonic one.
     const now = this.pinned ? this.pinned() : performance.now();
-    const from = keyset && this.claimFrom !== undefined && now - this.claimedFromStart < DEFAULTS.claimFromStartMs ? this.claimFrom : undefined;
-    if (from === undefined) this.claimedFromStart = now;
+    const cursor = this.claimFrom.get(destination);
+    const from = keyset && cursor !== undefined && now - cursor.fromStartAt < DEFAULTS.claimFromStartMs ? cursor.at : undefined;
+    const fromStartAt = from === undefined ? now : cursor!.fromStartAt;
     {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
       // A delivery whose lease ran out on its last attempt (its worker crashed) is set aside instead.
@@ -341,16 +409,19 @@ export class PostgresInbox implements Inbox {
       client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the claim itself, which waits behind it on the connection
       const { rows } = await client.query(this.prepared(
         `WITH k AS (
-           SELECT source, order_key, head_id, due FROM order_keys WHERE due <= ${NOW}
+           SELECT source, destination, order_key, head_id, due FROM order_keys WHERE destination = $5 AND due <= ${NOW}
            ORDER BY due LIMIT $2::integer FOR UPDATE SKIP LOCKED),
          u AS (
-           SELECT source, id, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up,
+           SELECT source, id, route, available_at AS due, (status = 'processing' AND attempts >= $4) AS gave_up,
                   status = 'processing' AS takeover FROM deliveries
-           WHERE ((status = 'received' AND order_key IS NULL) OR status = 'processing') AND available_at >= $5::bigint AND available_at <= ${NOW}
+           WHERE destination = $5 AND ((status = 'received' AND order_key IS NULL) OR status = 'processing')
+             AND available_at >= $6::bigint AND available_at <= ${NOW}
            ORDER BY available_at LIMIT $2::integer FOR UPDATE SKIP LOCKED),
          p AS (
-           SELECT * FROM (SELECT source, id, due, gave_up, takeover, true AS walked FROM u
-                          UNION ALL SELECT source, head_id, due, false, false, false FROM k) x
+           SELECT * FROM (SELECT source, id, route, due, gave_up, takeover, true AS walked FROM u
+                          UNION ALL
+                          SELECT k.source, k.head_id, d.route, k.due, false, false, false FROM k
+                          JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination) x
            ORDER BY due LIMIT $2::integer),
          c AS (
          UPDATE deliveries d SET
@@ -364,29 +435,34 @@ export class PostgresInbox implements Inbox {
            finished_at  = CASE WHEN gave_up THEN ${NOW} ELSE d.finished_at END,
            newer_id     = CASE WHEN d.order_key IS NULL THEN NULL ELSE
                             (SELECT CASE WHEN o.last_event_time > d.event_time THEN o.last_id END FROM order_keys o
-                             WHERE o.source = d.source AND o.order_key = d.order_key) END
-         FROM p WHERE d.source = p.source AND d.id = p.id AND d.status IN ('received', 'processing')
+                             WHERE o.source = d.source AND o.destination = d.destination AND o.order_key = d.order_key) END
+         FROM p WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.status IN ('received', 'processing')
          RETURNING d.*, p.due, p.takeover, p.walked),
          busy AS (
            UPDATE order_keys o SET due = NULL FROM k
-           WHERE o.source = k.source AND o.order_key = k.order_key AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
+           WHERE o.source = k.source AND o.destination = k.destination AND o.order_key = k.order_key
+             AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
          SELECT * FROM c`,
-        [this.now(), limit, leaseMs, this.maxAttempts, from ?? Number.MIN_SAFE_INTEGER],
+        [this.now(), limit, leaseMs, this.maxAttempts, destination, from ?? Number.MIN_SAFE_INTEGER],
       ));
       // The next claim starts at the last due time this one walked to; the rows at that same time that it
       // left (locked, or past the limit) are still ahead of a cursor that takes >=.
       const walked = rows.filter((row) => row.walked);
-      this.claimFrom = walked.length > 0 ? Math.max(...walked.map((row) => row.due as number)) : from;
+      const at = walked.length > 0 ? Math.max(...walked.map((row) => row.due as number)) : from;
+      if (at === undefined) this.claimFrom.delete(destination);
+      else this.claimFrom.set(destination, { at, fromStartAt });
       const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
-      if (gaveUp.length > 0) await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, key: row.order_key, from: row.id, setAside: true })));
+      if (gaveUp.length > 0) {
+        await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, destination: row.destination, key: row.order_key, from: row.id, setAside: true })));
+      }
       const leases: Lease[] = [];
       // A key whose head was set aside just now has a new head, due already: claim it in this same pass.
       const claimed = rows.filter((row) => row.status === "processing").length;
-      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, false, false));
+      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, false, false));
       // Short from the cursor: what is left may be behind it.
       else if (from !== undefined && rows.length < limit) {
-        this.claimFrom = undefined;
-        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, again, false));
+        this.claimFrom.delete(destination);
+        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, again, false));
       }
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
@@ -430,8 +506,8 @@ export class PostgresInbox implements Inbox {
     return this.enqueue({ kind: "finish", lease, writes }) as Promise<boolean>;
   }
 
-  fail(lease: Lease, error: string, options: { permanent?: boolean } = {}): Promise<Failure | undefined> {
-    const delay = backoff(lease.attempts, { ...this.backoffOptions, random: this.random });
+  fail(lease: Lease, error: string, options: FailOptions = {}): Promise<Failure | undefined> {
+    const delay = retryDelay(lease.attempts, options, { ...this.backoffOptions, random: this.random });
     return this.other(async (client) => {
       const { rows } = await client.query(
         `UPDATE deliveries SET
@@ -445,22 +521,23 @@ export class PostgresInbox implements Inbox {
       );
       if (rows.length === 0) return undefined;
       await client.query(
-        `INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES ($2, $3, $4, $5, ${NOW})`,
-        [this.now(), lease.source, lease.id, rows[0].attempts, error],
+        `INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES ($2, $3, $4, $5, ${NOW}, $6)`,
+        [this.now(), lease.source, lease.id, rows[0].attempts, error, lease.destination],
       );
       if (lease.orderKey !== null) {
-        await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
+        await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
       }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
     }) as Promise<Failure | undefined>;
   }
 
-  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
+  async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
     const { rows } = await this.pool.query(
-      "SELECT attempt, error, failed_at FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3 ORDER BY failed_at, seq",
-      [d.source, d.id, d.receivedAt],
+      `SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3
+         AND ($4::text IS NULL OR destination = $4) ORDER BY failed_at, seq`,
+      [d.source, d.id, d.receivedAt, d.destination ?? null],
     );
-    return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at }));
+    return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at, destination: r.destination }));
   }
 
   release(lease: Lease): Promise<boolean> {
@@ -471,7 +548,9 @@ export class PostgresInbox implements Inbox {
          WHERE source = $2 AND id = $3 AND lease_token = $4 AND status = 'processing'`,
         [this.now(), lease.source, lease.id, lease.token],
       );
-      if (rowCount === 1 && lease.orderKey !== null) await this.settleKeys(client, [{ source: lease.source, key: lease.orderKey, from: lease.id, setAside: false }]);
+      if (rowCount === 1 && lease.orderKey !== null) {
+        await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: false }]);
+      }
       return rowCount === 1;
     }) as Promise<boolean>;
   }
@@ -481,16 +560,18 @@ export class PostgresInbox implements Inbox {
       const { rows } = "allFailed" in target
         ? await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`,
+           WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
           [this.now()],
         )
         : await client.query(
           `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
           [this.now(), target.source ?? DEFAULTS.source, target.id],
         );
       const ordered = rows.filter((r) => r.order_key !== null);
-      if (ordered.length > 0) await this.settleKeys(client, ordered.map((r) => ({ source: r.source, key: r.order_key, from: r.id, setAside: false })));
+      if (ordered.length > 0) {
+        await this.settleKeys(client, ordered.map((r) => ({ source: r.source, destination: r.destination, key: r.order_key, from: r.id, setAside: false })));
+      }
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
@@ -498,8 +579,8 @@ export class PostgresInbox implements Inbox {
 
   async find(id: string, source?: string): Promise<Delivery[]> {
     const { rows } = source === undefined
-      ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source", [id])
-      : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2", [id, source]);
+      ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
+      : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
     return rows.map(toDelivery);
   }
 
@@ -530,8 +611,8 @@ export class PostgresInbox implements Inbox {
       entry.counts[r.status as Status] = r.n;
     }
     const failed = await this.pool.query(
-      `SELECT source, id, attempts, error, event_type FROM deliveries WHERE status = 'failed'
-       ORDER BY received_at, source, id LIMIT 100`,
+      `SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
+       ORDER BY received_at, source, id, route LIMIT 100`,
     );
     const oldest = await this.pool.query(
       `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
@@ -546,7 +627,7 @@ export class PostgresInbox implements Inbox {
     return {
       counts,
       sources: [...bySource.values()],
-      failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type })),
+      failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type, destination: r.destination })),
       oldestWaitingMs: age === null ? null : Math.max(0, age),
       conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
       ordering: orderingStatus(ordering.rows[0], held.rows),
@@ -625,10 +706,11 @@ export class PostgresInbox implements Inbox {
     return buckets;
   }
 
-  async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
+  async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
     const { rows } = after === undefined
-      ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id LIMIT $1", [limit])
-      : await this.pool.query("SELECT * FROM deliveries WHERE (source, id) > ($1, $2) ORDER BY source, id LIMIT $3", [after.source, after.id, limit]);
+      ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id, route LIMIT $1", [limit])
+      : await this.pool.query("SELECT * FROM deliveries WHERE (source, id, route) > ($1, $2, $3) ORDER BY source, id, route LIMIT $4",
+        [after.source, after.id, after.route ?? 32767, limit]);
     return rows.map((row) => {
       const d = toDelivery(row);
       // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
@@ -646,25 +728,28 @@ export class PostgresInbox implements Inbox {
       const { rows } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                  status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at, order_key, event_time, newer_id, arrival)
+                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
                 CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
                      $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
-                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n)
-         ORDER BY s, i
-         ON CONFLICT (source, id) DO NOTHING
-         RETURNING source, order_key`,
+                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
+                     $23::smallint[], $24::text[], $25::text[], $26::text[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp)
+         ORDER BY s, i, ro
+         ON CONFLICT (source, id, route) DO NOTHING
+         RETURNING source, destination, order_key`,
         [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
           col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
           col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null),
-          col("orderKey"), col("eventTime"), col("newerId"), place],
+          col("orderKey"), col("eventTime"), col("newerId"), place, deliveries.map((d) => d.route ?? 0),
+          deliveries.map((d) => d.destination ?? DEFAULTS.destination), deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
+          deliveries.map((d) => d.traceparent ?? null)],
       );
-      const keys = new Map<string, [string, string]>();
-      for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.order_key]), [r.source, r.order_key]);
+      const keys = new Map<string, [string, string, string]>();
+      for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
       if (keys.size > 0) await this.rebuildKeys(client, [...keys.values()].sort());
       return rows.length;
     }) as Promise<number>;
@@ -675,10 +760,10 @@ export class PostgresInbox implements Inbox {
     const limit = searchPageLimit(page.limit);
     // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
     const after = page.after === undefined ? ""
-      : "AND received_at <= ?::bigint AND (received_at, source, id) < (?::bigint, ?::text, ?::text)";
-    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id];
+      : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const { rows } = await this.pool.query(
-      toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC LIMIT ?::integer`),
+      toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`),
       [...params, ...cursor, limit],
     );
     return rows.map(toDelivery);
@@ -697,9 +782,9 @@ export class PostgresInbox implements Inbox {
     await this.inBatches(filter, failed, options.batch, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-         FROM unnest($2::text[], $3::text[]) AS u(s, i) WHERE d.source = u.s AND d.id = u.i AND d.status = 'failed'
-         RETURNING d.source, d.id, d.order_key`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       total += rows.length;
       await this.settleReturned(client, rows);
@@ -708,7 +793,8 @@ export class PostgresInbox implements Inbox {
     return total;
   }
 
-  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions & { to?: string } = {}): Promise<{ replayed: number; tombstoned: number }> {
+    if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     const kept = "status = 'done' AND purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -717,10 +803,10 @@ export class PostgresInbox implements Inbox {
       const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
-         FROM unnest($2::text[], $3::text[]) AS u(s, i)
-         WHERE d.source = u.s AND d.id = u.i AND d.status = 'done' AND d.purged_at IS NULL
-         RETURNING d.source, d.id, d.order_key`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id)],
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
+         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'done' AND d.purged_at IS NULL
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       replayed += rows.length;
       await this.settleReturned(client, rows);
@@ -729,11 +815,60 @@ export class PostgresInbox implements Inbox {
     return { replayed, tombstoned: await tombstoned() };
   }
 
+  // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
+  // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
+  // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
+  private async replayTo(filter: Filter, to: string, options: BulkOptions): Promise<{ replayed: number; tombstoned: number }> {
+    if (!DESTINATION_NAME.test(to)) throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    const kept = "purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    const seen = new Set<string>();
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+      const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
+      if (mine.length === 0) return;
+      const args = [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), mine.map((k) => k.route!), to];
+      const again = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+                finished_at = NULL, leased_until = NULL, lease_token = NULL
+         FROM unnest($2::text[], $3::text[]) AS u(s, i)
+         WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to],
+      );
+      // Routing after the fact: a delivery with no row there gets one, as its next route.
+      const added = await client.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                 available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays)
+         SELECT d.source, d.id, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
+                d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
+                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
+         JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
+         WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)
+         ORDER BY d.source, d.id
+         RETURNING source, id, order_key, event_time, arrival, available_at`,
+        args,
+      );
+      replayed += again.rows.length + added.rows.length;
+      await this.settleReturned(client, again.rows);
+      const ordered = added.rows.filter((r) => r.order_key !== null);
+      if (ordered.length > 0) {
+        await this.enterKeys(client, ordered.map((r) => ({
+          source: r.source, destination: to, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at, strict: false,
+        })));
+      }
+      this.notify(client, again.rows.length + added.rows.length);
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
   // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
-  private async settleReturned(client: pg.PoolClient, rows: { source: string; id: string; order_key: string | null }[]): Promise<void> {
+  private async settleReturned(client: pg.PoolClient, rows: { source: string; id: string; order_key: string | null; destination: string }[]): Promise<void> {
     const ordered = rows.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
-      await this.settleKeys(client, ordered.map((r) => ({ source: r.source, key: r.order_key!, from: r.id, setAside: false })));
+      await this.settleKeys(client, ordered.map((r) => ({ source: r.source, destination: r.destination, key: r.order_key!, from: r.id, setAside: false })));
     }
   }
 
@@ -754,13 +889,13 @@ export class PostgresInbox implements Inbox {
     let after: Cursor | undefined;
     for (;;) {
       const picked = await this.other(async (client) => {
-        const cursor = after === undefined ? "" : "AND received_at >= ?::bigint AND (received_at, source, id) > (?::bigint, ?::text, ?::text)";
+        const cursor = after === undefined ? "" : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
         const { rows } = await client.query(
-          toPg(`SELECT received_at, source, id FROM deliveries WHERE ${also} AND ${where} ${cursor}
-                ORDER BY received_at, source, id LIMIT ?::integer FOR UPDATE`),
-          [...params, ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id] : []), size],
+          toPg(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
+          [...params, ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []), size],
         );
-        const keys = rows.map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string }));
+        const keys = rows.map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string, route: r.route as number }));
         if (keys.length > 0) await act(client, keys);
         return keys;
       }) as Cursor[];
@@ -793,8 +928,8 @@ export class PostgresInbox implements Inbox {
     for (;;) {
       if (options.signal?.aborted) return purged;
       const n = await paced(rest, () => this.other(async (client) => (await client.query(
-        `DELETE FROM deliveries WHERE (source, id) IN (
-           SELECT source, id FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
+        `DELETE FROM deliveries WHERE (source, id, route) IN (
+           SELECT source, id, route FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
            ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
         [forgetBefore, batch],
       )).rowCount ?? 0)) as number;
@@ -828,10 +963,10 @@ export class PostgresInbox implements Inbox {
   private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
     return this.other(async (client) => {
       const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT source, id, octet_length(body) AS bytes FROM deliveries WHERE ${where}
+        toPg(`WITH p AS (SELECT source, id, route, octet_length(body) AS bytes FROM deliveries WHERE ${where}
                          ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
               UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-              WHERE d.source = p.source AND d.id = p.id AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
+              WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
               RETURNING p.bytes`),
         [...params, batch, this.pinned ? this.pinned() : Date.now()],
       );
@@ -860,24 +995,91 @@ export class PostgresInbox implements Inbox {
   // rebuildKeys brings keys' head rows up to date with their deliveries after a copy: the newest done
   // event is the last handled, a processing delivery runs the key, else its first waiting one is the head.
   // (The strict setting is the source's, and comes back with the key's next delivery.)
-  private async rebuildKeys(client: pg.PoolClient, keys: [string, string][]): Promise<void> {
-    const [sources, names] = [keys.map((k) => k[0]), keys.map((k) => k[1])];
+  private async rebuildKeys(client: pg.PoolClient, keys: [string, string, string][]): Promise<void> {
+    const [sources, destinations, names] = [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => k[2])];
     await client.query(
-      `INSERT INTO order_keys (source, order_key) SELECT * FROM unnest($1::text[], $2::text[])
-       ON CONFLICT (source, order_key) DO NOTHING`,
-      [sources, names],
+      `INSERT INTO order_keys (source, destination, order_key) SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+       ON CONFLICT (source, destination, order_key) DO NOTHING`,
+      [sources, destinations, names],
     );
     await client.query(
       `UPDATE order_keys o SET
-         (last_event_time, last_id) = (SELECT d.event_time, d.id FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key
+         (last_event_time, last_id) = (SELECT d.event_time, d.id FROM deliveries d
+                                       WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key
                                        AND d.status = 'done' ORDER BY d.event_time DESC, d.arrival DESC LIMIT 1),
          (head_id, head_event_time, head_seq, due) = (
            SELECT d.id, d.event_time, d.arrival, CASE WHEN d.status = 'processing' THEN NULL ELSE d.available_at END
-           FROM deliveries d WHERE d.source = o.source AND d.order_key = o.order_key AND d.status IN ('received', 'processing')
+           FROM deliveries d WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key
+                                AND d.status IN ('received', 'processing')
            ORDER BY d.status = 'processing' DESC, d.event_time, d.arrival LIMIT 1)
-       FROM unnest($1::text[], $2::text[]) AS u(s, k) WHERE o.source = u.s AND o.order_key = u.k`,
-      [sources, names],
+       FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, de, k) WHERE o.source = u.s AND o.destination = u.de AND o.order_key = u.k`,
+      [sources, destinations, names],
     );
+  }
+
+  async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
+    checkClaim({ destination });
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
+         ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW} WHERE NOT d.paused`,
+        [this.now(), destination, reason],
+      );
+      return rowCount === 1;
+    }) as Promise<boolean>;
+  }
+
+  async resume(destination: string): Promise<boolean> {
+    checkClaim({ destination });
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `UPDATE destinations SET paused = false, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
+                window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ${NOW}
+         WHERE name = $2 AND paused`,
+        [this.now(), destination],
+      );
+      if (rowCount === 1) this.notify(client, 1);
+      return rowCount === 1;
+    }) as Promise<boolean>;
+  }
+
+  tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
+    checkClaim({ destination });
+    return this.other(async (client) => {
+      await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+      const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+      const next = breakerAfter(row, tally, policy, Number(row.now));
+      const r = next.row;
+      await client.query(
+        `UPDATE destinations SET state = $1, retry_at = $2, failures = $3, window_start = $4, window_done = $5, window_failed = $6,
+                last_error = $7, last_error_at = $8, changed_at = CASE WHEN state <> $1 THEN $9 ELSE changed_at END
+         WHERE name = $10`,
+        [r.state, r.retry_at, r.failures, r.window_start, r.window_done, r.window_failed, r.last_error, r.last_error_at, Number(row.now), destination],
+      );
+      return next.change;
+    }) as Promise<BreakerChange | undefined>;
+  }
+
+  async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
+    const [open, states, clock] = await Promise.all([
+      this.pool.query("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status"),
+      this.pool.query("SELECT * FROM destinations"),
+      this.pool.query(`SELECT ${NOW} AS now`, [this.now()]),
+    ]);
+    const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
+    const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
+    for (const r of open.rows) {
+      const c = at(r.destination);
+      if (r.status === "received") c.waiting = r.n;
+      else if (r.status === "processing") c.processing = r.n;
+      else c.failed = r.n;
+    }
+    const rows = new Map(states.rows.map((r) => [r.name as string, r]));
+    for (const name of rows.keys()) at(name);
+    // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
+    at(DEFAULTS.destination);
+    counts.delete(NO_DESTINATION);
+    return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, Number(clock.rows[0].now)));
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
@@ -1126,40 +1328,51 @@ export class PostgresInbox implements Inbox {
     return results;
   }
 
-  // storeAll inserts a batch's deliveries in one statement, in key order so that two receivers' batches
-  // take their row locks in the same order and cannot deadlock. The first copy of a key is stored; every
-  // other is a duplicate, or a conflict when its body's hash differs from the stored one.
+  // storeAll inserts a batch's deliveries, in key order so that two receivers' batches take their row locks
+  // in the same order and cannot deadlock: first each delivery's route 0 in one statement, which decides
+  // what is new, then the other routes of the new ones. The first copy of a key is stored; every other is a
+  // duplicate, or a conflict when its body's hash differs from the stored one.
   private async storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>> {
     const key = (op: { source: string; incoming: { id: string } }) => `${op.source}\u0000${op.incoming.id}`;
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
     const rows = [...firsts.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
     // Ordered rows take their arrival order from one sequence value per batch plus their place in it.
-    const orders = rows.map((op) => orderOf(op.incoming, null));
+    const orders = new Map(rows.map((op) => [op, orderOf(op.incoming, null)]));
     const place = new Map(ops.map((op, i) => [op, i]));
-    const anyOrdered = orders.some((o) => o.key !== null);
-    const inserted = await client.query(this.prepared(
-      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
-                               order_key, event_time, arrival)
-       SELECT s, i, b, h, ct, et, pt, ${NOW}, 'received', ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
-              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END
-       FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[])
-            AS u(s, i, b, h, ct, et, pt, ok, ev, n)
-       ON CONFLICT (source, id) DO NOTHING
-       RETURNING source, id, order_key, event_time, arrival, available_at`,
-      [this.now(), rows.map((op) => op.source), rows.map((op) => op.incoming.id), rows.map((op) => op.incoming.body),
-        rows.map((op) => op.digest), rows.map((op) => op.incoming.contentType ?? null), rows.map((op) => op.incoming.eventType ?? null),
-        rows.map((op) => op.incoming.providerTime ?? null), orders.map((o) => o.key), orders.map((o) => o.eventTime),
-        rows.map((op) => place.get(op)!)],
-    ));
-    if (anyOrdered) {
-      const strict = new Map(rows.map((op, i) => [`${op.source}\u0000${op.incoming.id}`, orders[i]!.strict]));
-      await this.enterKeys(client, inserted.rows.filter((r) => r.order_key !== null).map((r) => ({
-        source: r.source, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at,
+    const insert = (list: { op: (typeof ops)[number]; route: number }[]) => {
+      const none = (x: { op: (typeof ops)[number] }) => x.op.routes.length === 0;
+      return client.query(this.prepared(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
+                                 order_key, event_time, arrival, route, destination, headers, traceparent, finished_at)
+         SELECT s, i, b, h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
+                CASE WHEN st = 'done' THEN ${NOW} END
+         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
+                     $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[])
+              AS u(s, i, b, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st)
+         ON CONFLICT (source, id, route) DO NOTHING
+         RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
+        [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), list.map((x) => x.op.incoming.body),
+          list.map((x) => x.op.digest), list.map((x) => x.op.incoming.contentType ?? null), list.map((x) => x.op.incoming.eventType ?? null),
+          list.map((x) => x.op.incoming.providerTime ?? null), list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
+          list.map((x) => orders.get(x.op)!.eventTime), list.map((x) => place.get(x.op)! * 16 + x.route), list.map((x) => x.route),
+          list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION), list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
+          list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received"))],
+      ));
+    };
+    const inserted = await insert(rows.map((op) => ({ op, route: 0 })));
+    const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
+    const more = rows.filter((op) => stored.has(key(op))).flatMap((op) => op.routes.slice(1).map((_, i) => ({ op, route: i + 1 })));
+    const all = more.length === 0 ? inserted.rows : [...inserted.rows, ...(await insert(more)).rows];
+    const ordered = all.filter((r) => r.order_key !== null);
+    if (ordered.length > 0) {
+      const strict = new Map(rows.map((op) => [key(op), orders.get(op)!.strict]));
+      await this.enterKeys(client, ordered.map((r) => ({
+        source: r.source, destination: r.destination, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at,
         strict: strict.get(`${r.source}\u0000${r.id}`)!,
       })));
     }
-    const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
     const results = new Map<Op, Stored>();
     const others: typeof ops = [];
     for (const op of ops) {
@@ -1171,7 +1384,7 @@ export class PostgresInbox implements Inbox {
       return results;
     }
     const kept = await client.query(
-      "SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+      "SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0",
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],
     );
     const digests = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r.body_sha256 as string]));
@@ -1185,7 +1398,7 @@ export class PostgresInbox implements Inbox {
       const keys = [...conflicts.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
       await client.query(
         `UPDATE deliveries d SET conflicts = d.conflicts + u.n
-         FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i`,
+         FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i AND d.route = 0`,
         [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicts.get(k.join("\u0000"))!)],
       );
     }
@@ -1193,32 +1406,32 @@ export class PostgresInbox implements Inbox {
     return results;
   }
 
-  // enterKeys puts newly stored deliveries at their keys' heads where the key is idle and they come first
-  // in event time (or it had nothing waiting); a running or blocked key picks its next head when it
-  // settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
+  // enterKeys puts newly stored deliveries at their keys' heads (per destination) where the key is idle and
+  // they come first in event time (or it had nothing waiting); a running or blocked key picks its next head
+  // when it settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
   private async enterKeys(
     client: pg.PoolClient,
-    entries: { source: string; key: string; id: string; eventTime: number; seq: number; due: number; strict: boolean }[],
+    entries: { source: string; destination: string; key: string; id: string; eventTime: number; seq: number; due: number; strict: boolean }[],
   ): Promise<void> {
+    const name = (e: { source: string; destination: string; key: string }) => `${e.source}\u0000${e.destination}\u0000${e.key}`;
     const first = new Map<string, (typeof entries)[number]>();
     for (const e of entries) {
-      const k = `${e.source}\u0000${e.key}`;
-      const seen = first.get(k);
-      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq)) first.set(k, e);
+      const seen = first.get(name(e));
+      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq)) first.set(name(e), e);
     }
-    const list = [...first.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const list = [...first.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
     const earlier = "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
     await client.query(
-      `INSERT INTO order_keys AS o (source, order_key, head_id, head_event_time, head_seq, due, strict)
-       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
-       ON CONFLICT (source, order_key) DO UPDATE SET
+      `INSERT INTO order_keys AS o (source, destination, order_key, head_id, head_event_time, head_seq, due, strict)
+       SELECT * FROM unnest($1::text[], $8::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
+       ON CONFLICT (source, destination, order_key) DO UPDATE SET
          strict = excluded.strict,
          head_id = CASE WHEN ${earlier} THEN excluded.head_id ELSE o.head_id END,
          head_event_time = CASE WHEN ${earlier} THEN excluded.head_event_time ELSE o.head_event_time END,
          head_seq = CASE WHEN ${earlier} THEN excluded.head_seq ELSE o.head_seq END,
          due = CASE WHEN ${earlier} THEN excluded.due ELSE o.due END`,
       [list.map((e) => e.source), list.map((e) => e.key), list.map((e) => e.id), list.map((e) => e.eventTime),
-        list.map((e) => e.seq), list.map((e) => e.due), list.map((e) => e.strict)],
+        list.map((e) => e.seq), list.map((e) => e.due), list.map((e) => e.strict), list.map((e) => e.destination)],
     );
   }
 
@@ -1229,19 +1442,17 @@ export class PostgresInbox implements Inbox {
   // the head is read in a snapshot that includes every store that touched the key before.
   private async settleKeys(
     client: pg.PoolClient,
-    items: { source: string; key: string; from: string; setAside: boolean; handledTime?: number | null }[],
+    items: { source: string; destination: string; key: string; from: string; setAside: boolean; handledTime?: number | null }[],
   ): Promise<void> {
+    const name = (i: { source: string; destination: string; key: string }) => `${i.source}\u0000${i.destination}\u0000${i.key}`;
     const byKey = new Map<string, (typeof items)[number]>();
-    for (const item of items) {
-      const k = `${item.source}\u0000${item.key}`;
-      if (!byKey.has(k) || item.handledTime != null) byKey.set(k, item);
-    }
-    const list = [...byKey.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
-    const [sources, keys] = [list.map((i) => i.source), list.map((i) => i.key)];
+    for (const item of items) if (!byKey.has(name(item)) || item.handledTime != null) byKey.set(name(item), item);
+    const list = [...byKey.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
+    const [sources, destinations, keys] = [list.map((i) => i.source), list.map((i) => i.destination), list.map((i) => i.key)];
     await client.query(
-      `SELECT 1 FROM order_keys WHERE (source, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-       ORDER BY source, order_key FOR UPDATE`,
-      [sources, keys],
+      `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
+       ORDER BY source, destination, order_key FOR UPDATE`,
+      [sources, destinations, keys],
     );
     const newer = "u.ht IS NOT NULL AND (o.last_event_time IS NULL OR o.last_event_time <= u.ht)";
     await client.query(
@@ -1250,12 +1461,12 @@ export class PostgresInbox implements Inbox {
          last_id = CASE WHEN ${newer} THEN u.f ELSE o.last_id END,
          (head_id, head_event_time, head_seq, due) =
            (SELECT d.id, d.event_time, d.arrival, d.available_at FROM deliveries d
-            WHERE d.source = o.source AND d.order_key = o.order_key AND d.status = 'received'
+            WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key AND d.status = 'received'
             ORDER BY d.event_time, d.arrival LIMIT 1)
-       FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[]) AS u(s, k, f, sa, ht)
-       WHERE o.source = u.s AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
+       FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[], $6::text[]) AS u(s, k, f, sa, ht, de)
+       WHERE o.source = u.s AND o.destination = u.de AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
          AND NOT (o.strict AND u.sa)`,
-      [sources, keys, list.map((i) => i.from), list.map((i) => i.setAside), list.map((i) => i.handledTime ?? null)],
+      [sources, keys, list.map((i) => i.from), list.map((i) => i.setAside), list.map((i) => i.handledTime ?? null), destinations],
     );
   }
 
@@ -1268,17 +1479,19 @@ export class PostgresInbox implements Inbox {
       `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
        FROM unnest($2::text[], $3::text[], $4::text[]) AS u(s, i, t)
        WHERE d.source = u.s AND d.id = u.i AND d.lease_token = u.t AND d.status = 'processing'
-       RETURNING d.source, d.id`,
+       RETURNING d.source, d.id, d.route`,
       [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token)],
     ));
     // Awaited, not left to fail the statements after it: with no writes behind it, an error here would
     // leave only COMMIT, which ends an aborted transaction with a silent rollback.
     const [{ rows }] = await Promise.all([marked, client.query(this.prepared(BY_DEFAULT, []))]);
-    const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}`));
-    const moved = ops.filter((op) => op.lease.orderKey !== null && held.has(`${op.lease.source}\u0000${op.lease.id}`));
+    const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}\u0000${r.route}`));
+    const holds = (lease: Lease) => held.has(`${lease.source}\u0000${lease.id}\u0000${lease.route}`);
+    const moved = ops.filter((op) => op.lease.orderKey !== null && holds(op.lease));
     if (moved.length > 0) {
       await this.settleKeys(client, moved.map((op) => ({
-        source: op.lease.source, key: op.lease.orderKey!, from: op.lease.id, setAside: false, handledTime: op.lease.eventTime,
+        source: op.lease.source, destination: op.lease.destination, key: op.lease.orderKey!, from: op.lease.id, setAside: false,
+        handledTime: op.lease.eventTime,
       })));
     }
     const results = new Map<Op, boolean>();
@@ -1289,7 +1502,7 @@ export class PostgresInbox implements Inbox {
     };
     const pending: Promise<unknown>[] = [];
     for (const op of ops) {
-      const ok = held.has(`${op.lease.source}\u0000${op.lease.id}`);
+      const ok = holds(op.lease);
       results.set(op, ok);
       if (!ok) continue;
       for (const write of op.writes) {

@@ -4,8 +4,10 @@
 // like a provider. Not run on its own; see receiver.ts --sources and send.ts --provider.
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
+import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
+import { parseRoutes, TOP_KEYS, type Route } from "./routes.ts";
 import type { Headers } from "./store.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */
@@ -101,6 +103,8 @@ export interface Source {
   scheme?: Scheme;
   /** Per-key ordering (order.ts); none means its deliveries are unordered. */
   order?: OrderRule;
+  /** Where its deliveries go (routes.ts); none means the handler alone. */
+  routes?: Route[];
 }
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
@@ -251,10 +255,31 @@ export interface SourceSettings extends Partial<Scheme> {
   url?: string;
   /** Per-key ordering: true for the provider's preset, or { key | header, time?, strict? } (order.ts). */
   order?: unknown;
+  /** Where its deliveries go: destinations of "$destinations", or the handler (routes.ts). @default ["handler"] */
+  routes?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
 const SCHEME_KEYS = ["header", "prefix", "separator", "algorithm", "encoding", "signed", "id", "eventType", "timestamp", "timestampUnit", "ahead"];
+
+/**
+ * readSourcesFile reads and parses a sources file. Its error says where the JSON broke but quotes none of
+ * the text, which may hold a secret.
+ */
+export function readSourcesFile(path: string): unknown {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (error) {
+    throw new Error(`cannot read the sources file: ${(error as Error).message}`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
+    throw new Error(`the sources file is not valid JSON${/ at position \d+/.exec((error as Error).message)?.[0] ?? ""}`);
+  }
+}
 
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
@@ -266,6 +291,9 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
   }
   const sources = new Map<string, Source>();
   for (const [name, settings] of Object.entries(config)) {
+    // The file's own keys ("$destinations", "$operator") start with "$", which no source name can.
+    if ((TOP_KEYS as readonly string[]).includes(name)) continue;
+    if (name.startsWith("$")) throw new TypeError(`sources: unknown key ${JSON.stringify(name)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`);
     const where = `source ${JSON.stringify(name)}`;
     // The name becomes the URL path, so it must be one plain path segment.
     if (!/^[A-Za-z0-9._~-]+$/.test(name) || name === "." || name === "..") {
@@ -337,7 +365,11 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       throw new TypeError(`${where}: url applies only to schemes that sign {url} (square, twilio, or hmac with {url} in signed)`);
     }
     const order = parseOrder(p, settings.order, where);
-    sources.set(name, { name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}) });
+    const routes = parseRoutes(settings.routes, config, where);
+    sources.set(name, {
+      name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}),
+      ...(settings.routes !== undefined ? { routes } : {}),
+    });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");
   return sources;

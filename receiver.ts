@@ -13,6 +13,7 @@ import type { Inbox } from "./store.ts";
 import { createHandler } from "./handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
 import { loadSources, type Source } from "./providers.ts";
+import { loadDestinations } from "./routes.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -56,6 +57,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   // The same handler that apps mount (handler.ts), so the standalone receiver has no code path of its own.
   const webhooks = createHandler({ ...options, log, closing: () => stopping });
   const readiness = new Readiness(options.inbox, { stopping: () => stopping });
+  metrics?.reportReadiness(readiness);
 
   const server = createServer(
     {
@@ -100,7 +102,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   };
 }
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (min: number) => (value: string) => {
     const n = Number(value);
@@ -164,6 +167,9 @@ Examples:
     }
     try {
       sources = loadSources(parsed, process.env);
+      // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
+      // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
+      loadDestinations(parsed, process.env, { resolve: false, brokerCheck: () => {} });
     } catch (error) {
       fatal(`receiver: ${sourcesFile}: ${message(error)}`);
     }

@@ -9,8 +9,11 @@ import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlit
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
+import { describeRuntime } from "./runtime.ts";
 import {
-  ORDERING_SQL, STATUSES, backoff, bulkBatchSize, checkOptions, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
+  DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim,
+  retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
+  type FailOptions, type Tally, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
   purgeCutoffs, searchPageLimit, sha256, summarise, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
   type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus,
   type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SqlValue, type Status,
@@ -26,7 +29,9 @@ const { parentPort, workerData } = require("node:worker_threads");
 const db = new DatabaseSync(workerData.path, { timeout: 0 });
 db.exec("PRAGMA synchronous = FULL");
 const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
-parentPort.once("message", () => { clearInterval(timer); db.close(); parentPort.close(); });`;
+// With the timer cleared and once()'s listener gone, nothing keeps the thread alive and it ends on its own
+// (Deno's parentPort has no close()).
+parentPort.once("message", () => { clearInterval(timer); db.close(); });`;
 // How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
 const CHECKPOINT_EVERY_MS = 100;
 const BACKSTOP_PAGES = 16_000;
@@ -63,8 +68,8 @@ parentPort.on("message", () => {
   }
 });`;
 
-// The schema, in order. A shipped entry is never edited: add a new one after it.
-const MIGRATIONS: readonly string[] = [
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
      source        TEXT    NOT NULL,
      id            TEXT    NOT NULL,
@@ -135,6 +140,98 @@ const MIGRATIONS: readonly string[] = [
      PRIMARY KEY (source, order_key)
    );
    CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
+  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
+  // status, attempts, lease, errors and order. SQLite cannot change a primary key in place, so the table
+  // is rebuilt; rowids are kept, as they are the arrival order that breaks event-time ties. Every existing
+  // row becomes route 0 of the handler. The claim's indexes lead with the destination, so one claim walks
+  // only its own destination's due rows, and a destination that holds its deliveries is never walked past.
+  `CREATE TABLE deliveries_next (
+     source        TEXT    NOT NULL,
+     id            TEXT    NOT NULL,
+     body          BLOB    NOT NULL,
+     body_sha256   TEXT    NOT NULL,
+     content_type  TEXT,
+     event_type    TEXT,
+     provider_time INTEGER,
+     received_at   INTEGER NOT NULL,
+     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      INTEGER NOT NULL DEFAULT 0,
+     available_at  INTEGER NOT NULL,
+     leased_until  INTEGER,
+     lease_token   TEXT,
+     error         TEXT,
+     conflicts     INTEGER NOT NULL DEFAULT 0,
+     finished_at   INTEGER,
+     lease_ms      INTEGER,
+     replays       INTEGER NOT NULL DEFAULT 0,
+     purged_at     INTEGER,
+     order_key     TEXT,
+     event_time    INTEGER,
+     newer_id      TEXT,
+     route         INTEGER NOT NULL DEFAULT 0,
+     destination   TEXT    NOT NULL DEFAULT 'handler',
+     headers       TEXT,
+     traceparent   TEXT,
+     PRIMARY KEY (source, id, route)
+   );
+   INSERT INTO deliveries_next (rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
+                                purged_at, order_key, event_time, newer_id)
+   SELECT rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+          attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
+          purged_at, order_key, event_time, newer_id FROM deliveries;
+   DROP TABLE deliveries;
+   ALTER TABLE deliveries_next RENAME TO deliveries;
+   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE status = 'received' AND order_key IS NULL;
+   CREATE INDEX deliveries_leased ON deliveries (destination, leased_until) WHERE status = 'processing';
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';
+   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   CREATE INDEX deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
+   CREATE TABLE order_keys_next (
+     source          TEXT    NOT NULL,
+     destination     TEXT    NOT NULL DEFAULT 'handler',
+     order_key       TEXT    NOT NULL,
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, destination, order_key)
+   );
+   INSERT INTO order_keys_next (source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict)
+   SELECT source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict FROM order_keys;
+   DROP TABLE order_keys;
+   ALTER TABLE order_keys_next RENAME TO order_keys;
+   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
+   ALTER TABLE attempt_errors ADD COLUMN destination TEXT NOT NULL DEFAULT 'handler';
+   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
+   CREATE TABLE destinations (
+     name          TEXT    PRIMARY KEY,
+     paused        INTEGER NOT NULL DEFAULT 0,
+     paused_reason TEXT,
+     state         TEXT    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
+     retry_at      INTEGER,
+     probe_until   INTEGER,
+     failures      INTEGER NOT NULL DEFAULT 0,
+     window_start  INTEGER,
+     window_done   INTEGER NOT NULL DEFAULT 0,
+     window_failed INTEGER NOT NULL DEFAULT 0,
+     last_error    TEXT,
+     last_error_at INTEGER,
+     tokens        REAL,
+     tokens_at     INTEGER,
+     changed_at    INTEGER
+   );`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -164,6 +261,9 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     db.exec("PRAGMA cache_size = -16000");
     // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
     db.exec("PRAGMA temp_store = MEMORY");
+    // Read back, not assumed: a runtime's own SQLite, or a target that is not a file, may not hold them.
+    const problem = durabilityProblem(readDurability(db));
+    if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
     migrate(db);
     // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
     // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
@@ -178,6 +278,60 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${message(error)}`, { cause: error });
   }
   return db;
+}
+
+/** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */
+export interface Durability {
+  /** The runtime whose node:sqlite opened it, as "node 24.21.0": each runtime bundles its own SQLite. */
+  runtime: string;
+  /** sqlite_version() of that SQLite. */
+  sqliteVersion: string;
+  /** PRAGMA journal_mode: "wal" on a file; "memory" for :memory:. */
+  journalMode: string;
+  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA. */
+  synchronous: number;
+  /** Whether SQLite was built for threads (THREADSAFE not 0): the checkpoint and gauge threads open their own connections. */
+  threadsafe: boolean;
+}
+
+/** readDurability reads journal_mode, synchronous, the SQLite version and its thread safety back from an open database. */
+export function readDurability(db: DatabaseSync): Durability {
+  const one = (sql: string) => Object.values(db.prepare(sql).get() ?? {})[0];
+  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map((r) => r.compile_options);
+  return {
+    runtime: describeRuntime(),
+    sqliteVersion: String(one("SELECT sqlite_version()")),
+    journalMode: String(one("PRAGMA journal_mode")).toLowerCase(),
+    synchronous: Number(one("PRAGMA synchronous")),
+    threadsafe: !options.includes("THREADSAFE=0"),
+  };
+}
+
+// The WAL-reset bug (sqlite.org/wal.html#walresetbug): with two connections writing and checkpointing at
+// once, as the receiver and its checkpoint thread do, a checkpoint could skip committed frames. Fixed in
+// 3.51.3, and in the 3.50.7 and 3.44.6 backports.
+const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [[3, 44, 6], [3, 50, 7], [3, 51, 3]];
+
+/** walResetFixed says whether this SQLite version has the WAL-reset fix. */
+export function walResetFixed(version: string): boolean {
+  const v = version.split(".").map(Number);
+  if (v.length < 3 || v.some((n) => !Number.isInteger(n))) throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
+  const atLeast = (fix: readonly number[]) => (v[0]! - fix[0]! || v[1]! - fix[1]! || v[2]! - fix[2]!) >= 0;
+  // Fixed from the last entry on; before it, only within a backport's own minor line.
+  return atLeast(WAL_RESET_FIXED.at(-1)!) || WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix));
+}
+
+/**
+ * durabilityProblem says, in one clause, why an opened database cannot keep the inbox's promise (a 200
+ * means the delivery survives a crash or a power cut), or undefined when it can.
+ */
+export function durabilityProblem(d: Durability): string | undefined {
+  const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
+  if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
+  if (d.synchronous < 2) return `synchronous is ${d.synchronous}, not FULL (2), on ${sqlite}`;
+  if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
+  if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
+  return undefined;
 }
 
 function migrate(db: DatabaseSync): void {
@@ -228,6 +382,8 @@ const rowids = new WeakMap<Lease, number>();
 export class SqliteInbox implements Inbox {
   readonly backend = "sqlite";
   readonly db: DatabaseSync;
+  /** What the database was opened with, read back from SQLite: journal mode, synchronous, version, runtime. */
+  readonly durability: Durability;
   readonly path: string;
   readonly target: string;
   private readonly tx: Tx;
@@ -254,6 +410,7 @@ export class SqliteInbox implements Inbox {
     checkOptions(options);
     this.path = this.target = path;
     this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    this.durability = readDurability(this.db);
     const db = this.db;
     this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
     this.now = options.now ?? Date.now;
@@ -283,65 +440,92 @@ export class SqliteInbox implements Inbox {
     };
   }
 
-  /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
+  /**
+   * store saves a delivery if its (source, id) is new, one row per route; a duplicate keeps the first copy.
+   * Route 0 is what a copy is a duplicate of: its row alone is inserted first, and counts conflicts.
+   */
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
     const receivedAt = this.now();
     const digest = sha256(delivery.body);
     const ordered = orderOf(delivery, receivedAt);
+    const routes = routesOf(delivery);
+    const headers = delivery.headers ? JSON.stringify(delivery.headers) : null;
     return this.enqueue((db) => {
-      const inserted = this
-        .sql(
-          `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
-                                   received_at, status, available_at, order_key, event_time)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'received', ?, ?, ?)
-           ON CONFLICT (source, id) DO NOTHING`,
-        )
-        .run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
-          delivery.providerTime ?? null, receivedAt, receivedAt, ordered.key, ordered.eventTime);
-      if (inserted.changes === 1) {
-        if (ordered.key !== null) this.enter(source, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
+      const insert = this.sql(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
+                                 received_at, status, available_at, order_key, event_time, route, destination, headers, traceparent,
+                                 finished_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (source, id, route) DO NOTHING`,
+      );
+      // No route chose it: kept, done, so that a copy is still a duplicate, and nothing runs it.
+      const none = routes.length === 0;
+      const add = (route: number) => {
+        const destination = none ? NO_DESTINATION : routes[route]!;
+        const inserted = insert.run(source, delivery.id, delivery.body, digest, delivery.contentType ?? null, delivery.eventType ?? null,
+          delivery.providerTime ?? null, receivedAt, none ? "done" : "received", receivedAt, none ? null : ordered.key,
+          ordered.eventTime, route, destination, headers, delivery.traceparent ?? null, none ? receivedAt : null);
+        if (inserted.changes === 1 && ordered.key !== null && !none) {
+          this.enter(source, destination, ordered.key, delivery.id, ordered.eventTime!, Number(inserted.lastInsertRowid), receivedAt, ordered.strict);
+        }
+        return inserted.changes === 1;
+      };
+      if (add(0)) {
+        for (let route = 1; route < routes.length; route++) add(route);
         return "stored";
       }
       const conflict = this
-        .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND body_sha256 <> ?")
+        .sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0 AND body_sha256 <> ?")
         .run(source, delivery.id, digest);
       return conflict.changes === 1 ? "conflict" : "duplicate";
     }) as Promise<Stored>;
   }
 
-  /** claim leases the oldest due delivery, or returns undefined when there is nothing to do. */
-  async claim(leaseMs: number = DEFAULTS.leaseMs): Promise<Lease | undefined> {
-    return (await this.claimBatch(1, leaseMs))[0];
+  /** claim leases the oldest due delivery of a destination, or returns undefined when there is nothing to do. */
+  async claim(leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease | undefined> {
+    return (await this.claimBatch(1, leaseMs, options))[0];
   }
 
   /**
-   * claimBatch leases up to limit due deliveries in one transaction: new ones, retries whose time has
-   * come, and ones whose lease expired because their worker vanished. Each gets a fresh token.
+   * claimBatch leases up to limit due deliveries of one destination in one transaction: new ones, retries
+   * whose time has come, and ones whose lease expired because their worker vanished. Each gets a fresh
+   * token. The destination's row gates it first (gateClaim): paused, open, probing, in flight, rate.
    */
-  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs): Promise<Lease[]> {
+  claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
+    const destination = checkClaim(options);
     return this.enqueue((db) => {
       const now = this.now();
       // If the clock stepped back, a dead worker's lease or a retry would wait out the jump: none may be
       // further off than its own lease length, or the retry cap, from now.
+      // Each claim looks after its own destination's rows, through the indexes that lead with it.
       this.sql(
         `UPDATE deliveries SET leased_until = ? + lease_ms
-         WHERE status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
-      ).run(now, now, now);
+         WHERE destination = ? AND status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
+      ).run(now, destination, now, now);
       const latest = now + this.backoffOptions.retryCapMs;
-      this.sql("UPDATE deliveries SET available_at = ? WHERE status = 'received' AND order_key IS NULL AND available_at > ?").run(latest, latest);
-      this.sql("UPDATE order_keys SET due = ? WHERE due > ?").run(latest, latest);
+      this.sql("UPDATE deliveries SET available_at = ? WHERE destination = ? AND status = 'received' AND order_key IS NULL AND available_at > ?")
+        .run(latest, destination, latest);
+      this.sql("UPDATE order_keys SET due = ? WHERE destination = ? AND due > ?").run(latest, destination, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
       const gaveUp = this.sql(
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
-         WHERE status = 'processing' AND leased_until <= ? AND attempts >= ?
-         RETURNING source, id, order_key`,
-      ).all(now, now, this.maxAttempts) as Row[];
-      for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, true);
+         WHERE destination = ? AND status = 'processing' AND leased_until <= ? AND attempts >= ?
+         RETURNING source, id, order_key, destination`,
+      ).all(now, destination, now, this.maxAttempts) as Row[];
+      for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.destination as string, r.order_key as string, r.id as string, true);
+      const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
+      const inFlight = options.maxInFlight === undefined ? 0 : (this
+        .sql("SELECT count(*) AS n FROM deliveries WHERE status = 'processing' AND destination = ? AND leased_until > ?")
+        .get(destination, now) as { n: number }).n;
+      const gate = gateClaim(row, limit, now, options, inFlight);
+      if (gate.n === 0) return [];
       // Which of the rows about to be claimed are takeovers: RETURNING sees only the new status.
-      const expired = this.sql("SELECT rowid FROM deliveries WHERE status = 'processing' AND leased_until <= ? LIMIT ?").all(now, limit) as Row[];
+      const expired = this
+        .sql("SELECT rowid FROM deliveries WHERE status = 'processing' AND destination = ? AND leased_until <= ? LIMIT ?")
+        .all(destination, now, gate.n) as Row[];
       // Three kinds are due: unordered deliveries, the heads of idle keys, and leases that expired. An
       // ordered delivery is reached only as its key's head, so two of one key never run at once.
       const rows = this
@@ -352,22 +536,32 @@ export class SqliteInbox implements Inbox {
            WHERE rowid IN (
              SELECT rowid FROM (
                SELECT rowid, due FROM (SELECT rowid, available_at AS due FROM deliveries
-                                       WHERE status = 'received' AND order_key IS NULL AND available_at <= ?
+                                       WHERE destination = ? AND status = 'received' AND order_key IS NULL AND available_at <= ?
                                        ORDER BY available_at LIMIT ?)
                UNION ALL
                SELECT rowid, due FROM (SELECT rowid, leased_until AS due FROM deliveries
-                                       WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
+                                       WHERE destination = ? AND status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT ?)
                UNION ALL
                SELECT rowid, due FROM (SELECT d.rowid, k.due FROM order_keys k
-                                       JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.status = 'received'
-                                       WHERE k.due <= ? ORDER BY k.due LIMIT ?)
+                                       JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
+                                                        AND d.status = 'received'
+                                       WHERE k.destination = ? AND k.due <= ? ORDER BY k.due LIMIT ?)
              ) ORDER BY due, rowid LIMIT ?)
            RETURNING rowid, *`,
         )
-        .all(now + leaseMs, leaseMs, now, limit, now, limit, now, limit, limit) as Row[];
+        .all(now + leaseMs, leaseMs, destination, now, gate.n, destination, now, gate.n, destination, now, gate.n, gate.n) as Row[];
       const leases = rows.map(toLease);
       for (const lease of expired.length > 0 ? leases : []) if (expired.some((r) => r.rowid === rowids.get(lease))) lease.takeover = true;
       for (const lease of leases) if (lease.orderKey !== null) this.occupy(lease, rowids.get(lease)!);
+      if ((gate.probe && leases.length > 0) || gate.tokens !== null) {
+        this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
+        if (gate.probe && leases.length > 0) {
+          // The one delivery that tries the destination again; its lease bounds how long the probe may take.
+          this.sql("UPDATE destinations SET state = 'probing', probe_until = ?, changed_at = ? WHERE name = ?").run(now + leaseMs, now, destination);
+          leases[0]!.probe = true;
+        }
+        if (gate.tokens !== null) this.sql("UPDATE destinations SET tokens = ?, tokens_at = ? WHERE name = ?").run(gate.tokens - leases.length, now, destination);
+      }
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
   }
@@ -446,38 +640,40 @@ export class SqliteInbox implements Inbox {
    * fail records a failed try: back to the queue after a backoff, or set aside as failed when the
    * attempts are used up or the error is permanent. Returns undefined if the lease was lost.
    */
-  fail(lease: Lease, error: string, options: { permanent?: boolean } = {}): Promise<Failure | undefined> {
+  fail(lease: Lease, error: string, options: FailOptions = {}): Promise<Failure | undefined> {
     return this.enqueue((db) => {
       const now = this.now();
       const row = this
-        .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`)
-        .get(lease.source, lease.id, lease.token) as { attempts: number } | undefined;
+        .sql(`SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`)
+        .get(lease.source, lease.id, lease.route, lease.token) as { attempts: number } | undefined;
       if (!row) return undefined;
-      this.sql("INSERT INTO attempt_errors (source, id, attempt, error, failed_at) VALUES (?, ?, ?, ?, ?)")
-        .run(lease.source, lease.id, row.attempts, error, now);
+      this.sql("INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES (?, ?, ?, ?, ?, ?)")
+        .run(lease.source, lease.id, row.attempts, error, now, lease.destination);
       if (options.permanent || row.attempts >= this.maxAttempts) {
         this.sql(
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
-           WHERE source = ? AND id = ?`,
-        ).run(error, now, lease.source, lease.id);
-        if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, true);
+           WHERE source = ? AND id = ? AND route = ?`,
+        ).run(error, now, lease.source, lease.id, lease.route);
+        if (lease.orderKey !== null) this.settleKey(lease.source, lease.destination, lease.orderKey, lease.id, true);
         return { status: "failed" };
       }
-      const retryAt = now + backoff(row.attempts, { ...this.backoffOptions, random: this.random });
+      const retryAt = now + retryDelay(row.attempts, options, { ...this.backoffOptions, random: this.random });
       this.sql(
         `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
-         WHERE source = ? AND id = ?`,
-      ).run(error, retryAt, lease.source, lease.id);
-      if (lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+         WHERE source = ? AND id = ? AND route = ?`,
+      ).run(error, retryAt, lease.source, lease.id, lease.route);
+      if (lease.orderKey !== null) this.settleKey(lease.source, lease.destination, lease.orderKey, lease.id, false);
       return { status: "received", retryAt };
     }) as Promise<Failure | undefined>;
   }
 
   /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
-  async attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]> {
+  async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
     return (this
-      .sql("SELECT attempt, error, failed_at FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ? ORDER BY failed_at, rowid")
-      .all(d.source, d.id, d.receivedAt) as Row[]).map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number }));
+      .sql(`SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ?
+              AND (? IS NULL OR destination = ?) ORDER BY failed_at, rowid`)
+      .all(d.source, d.id, d.receivedAt, d.destination ?? null, d.destination ?? null) as Row[])
+      .map((r) => ({ attempt: r.attempt as number, error: r.error as string, failedAt: r.failed_at as number, destination: r.destination as string }));
   }
 
   /** release hands a claimed delivery back untouched, without spending an attempt (graceful shutdown). */
@@ -490,7 +686,7 @@ export class SqliteInbox implements Inbox {
            WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
         )
         .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
-      if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.orderKey, lease.id, false);
+      if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.destination, lease.orderKey, lease.id, false);
       return released;
     }) as Promise<boolean>;
   }
@@ -502,13 +698,13 @@ export class SqliteInbox implements Inbox {
       const rows = ("allFailed" in target
         ? this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+                    WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`)
           .all(now)
         : this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                    WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key`)
+                    WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`)
           .all(now, target.source ?? DEFAULTS.source, target.id)) as Row[];
-      for (const r of rows) if (r.order_key !== null) this.settleKey(r.source as string, r.order_key as string, r.id as string, false);
+      for (const r of rows) if (r.order_key !== null) this.settleKey(r.source as string, r.destination as string, r.order_key as string, r.id as string, false);
       return rows.length;
     }) as Promise<number>;
   }
@@ -516,8 +712,8 @@ export class SqliteInbox implements Inbox {
   /** find returns the deliveries with this ID, in every source or in one. */
   async find(id: string, source?: string): Promise<Delivery[]> {
     const rows = source === undefined
-      ? this.sql("SELECT * FROM deliveries WHERE id = ? ORDER BY source").all(id)
-      : this.sql("SELECT * FROM deliveries WHERE id = ? AND source = ?").all(id, source);
+      ? this.sql("SELECT * FROM deliveries WHERE id = ? ORDER BY source, route").all(id)
+      : this.sql("SELECT * FROM deliveries WHERE id = ? AND source = ? ORDER BY route").all(id, source);
     return (rows as Row[]).map(toDelivery);
   }
 
@@ -541,11 +737,11 @@ export class SqliteInbox implements Inbox {
       counts[row.status as Status] = row.n as number;
     }
     const failed = (this
-      .sql(`SELECT source, id, attempts, error, event_type FROM deliveries WHERE status = 'failed'
+      .sql(`SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
                 ORDER BY received_at, rowid LIMIT 100`)
       .all() as Row[]).map((r) => ({
         source: r.source as string, id: r.id as string, attempts: r.attempts as number,
-        error: r.error as string | null, eventType: r.event_type as string | null,
+        error: r.error as string | null, eventType: r.event_type as string | null, destination: r.destination as string,
       }));
     const oldest = this
       .sql("SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')")
@@ -624,10 +820,11 @@ export class SqliteInbox implements Inbox {
   }
 
   /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
-  async page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]> {
+  async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
     const rows = after === undefined
-      ? this.sql("SELECT * FROM deliveries ORDER BY source, id LIMIT ?").all(limit)
-      : this.sql("SELECT * FROM deliveries WHERE (source, id) > (?, ?) ORDER BY source, id LIMIT ?").all(after.source, after.id, limit);
+      ? this.sql("SELECT * FROM deliveries ORDER BY source, id, route LIMIT ?").all(limit)
+      : this.sql("SELECT * FROM deliveries WHERE (source, id, route) > (?, ?, ?) ORDER BY source, id, route LIMIT ?")
+        .all(after.source, after.id, after.route ?? Number.MAX_SAFE_INTEGER, limit);
     return (rows as Row[]).map(toDelivery);
   }
 
@@ -635,24 +832,26 @@ export class SqliteInbox implements Inbox {
   restore(deliveries: readonly Delivery[]): Promise<number> {
     return this.enqueue(() => {
       let added = 0;
-      const keys = new Map<string, [string, string]>();
+      const keys = new Map<string, [string, string, string]>();
       // In arrival order, so that the rowids that break event-time ties keep it.
       for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
         const changed = Number(this
           .sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                      status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                     replays, purged_at, order_key, event_time, newer_id)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (source, id) DO NOTHING`,
+                                     replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (source, id, route) DO NOTHING`,
           )
           .run(d.source, d.id, d.body, d.bodySha256, d.contentType, d.eventType, d.providerTime, d.receivedAt, d.status,
             d.attempts, d.availableAt, d.leasedUntil, d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null).changes);
+            d.error, d.conflicts, d.finishedAt, d.replays ?? 0, d.purgedAt ?? null, d.orderKey ?? null, d.eventTime ?? null, d.newerId ?? null,
+            d.route ?? 0, d.destination ?? DEFAULTS.destination, d.headers ? JSON.stringify(d.headers) : null, d.traceparent ?? null).changes);
         added += changed;
-        if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, d.orderKey]), [d.source, d.orderKey]);
+        const destination = d.destination ?? DEFAULTS.destination;
+        if (changed === 1 && d.orderKey != null) keys.set(JSON.stringify([d.source, destination, d.orderKey]), [d.source, destination, d.orderKey]);
       }
-      for (const [source, key] of keys.values()) this.rebuildKey(source, key);
+      for (const [source, destination, key] of keys.values()) this.rebuildKey(source, destination, key);
       return added;
     }) as Promise<number>;
   }
@@ -661,10 +860,10 @@ export class SqliteInbox implements Inbox {
   async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
     const { where, params } = filterSql(filter, "sqlite");
     const limit = searchPageLimit(page.limit);
-    const after = page.after === undefined ? "" : "AND (received_at, source, id) < (?, ?, ?)";
-    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id];
+    const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const rows = this
-      .sql(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC LIMIT ?`)
+      .sql(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`)
       .all(...params, ...cursor, limit) as Row[];
     return rows.map(toDelivery);
   }
@@ -684,19 +883,20 @@ export class SqliteInbox implements Inbox {
       for (const k of keys) {
         const row = this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
-                WHERE source = ? AND id = ? AND status = 'failed' RETURNING order_key`)
-          .get(now, k.source, k.id) as Row | undefined;
+                WHERE source = ? AND id = ? AND route = ? AND status = 'failed' RETURNING order_key, destination`)
+          .get(now, k.source, k.id, k.route!) as Row | undefined;
         if (!row) continue;
         total++;
         // An ordered delivery waits its turn again: its key's head row decides when.
-        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
+        if (row.order_key !== null) this.settleKey(k.source, row.destination as string, row.order_key as string, k.id, false);
       }
     });
     return total;
   }
 
   /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
-  async replayMatching(filter: Filter, options: BulkOptions = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(filter: Filter, options: BulkOptions & { to?: string } = {}): Promise<{ replayed: number; tombstoned: number }> {
+    if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     const kept = "status = 'done' AND purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -706,11 +906,57 @@ export class SqliteInbox implements Inbox {
         const row = this
           .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
                        finished_at = NULL, leased_until = NULL, lease_token = NULL
-                WHERE source = ? AND id = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`)
-          .get(now, k.source, k.id) as Row | undefined;
+                WHERE source = ? AND id = ? AND route = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key, destination`)
+          .get(now, k.source, k.id, k.route!) as Row | undefined;
         if (!row) continue;
         replayed++;
-        if (row.order_key !== null) this.settleKey(k.source, row.order_key as string, k.id, false);
+        if (row.order_key !== null) this.settleKey(k.source, row.destination as string, row.order_key as string, k.id, false);
+      }
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
+  // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
+  // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
+  private async replayTo(filter: Filter, to: string, options: BulkOptions): Promise<{ replayed: number; tombstoned: number }> {
+    if (!DESTINATION_NAME.test(to)) throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    const kept = "purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    const seen = new Set<string>();
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const there = this.sql("SELECT rowid, status, route FROM deliveries WHERE source = ? AND id = ? AND destination = ?").get(k.source, k.id, to) as Row | undefined;
+        if (seen.has(`${k.source}\u0000${k.id}`)) continue;
+        seen.add(`${k.source}\u0000${k.id}`);
+        if (there !== undefined) {
+          if (there.status !== "done") continue;
+          const row = this
+            .sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+                         finished_at = NULL, leased_until = NULL, lease_token = NULL
+                  WHERE rowid = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`)
+            .get(now, there.rowid as number) as Row | undefined;
+          if (!row) continue;
+          replayed++;
+          if (row.order_key !== null) this.settleKey(k.source, to, row.order_key as string, k.id, false);
+          continue;
+        }
+        // Routing after the fact: the delivery gets a row for this destination, as its next route.
+        const added = this
+          .sql(`INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays)
+                SELECT source, id, body, body_sha256, content_type, event_type, provider_time, received_at, 'received', ?,
+                       order_key, event_time, (SELECT max(route) + 1 FROM deliveries WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1
+                FROM deliveries WHERE source = ?2 AND id = ?3 AND route = ?5 AND purged_at IS NULL
+                RETURNING rowid, order_key, event_time`)
+          .get(now, k.source, k.id, to, k.route!) as Row | undefined;
+        if (!added) continue;
+        replayed++;
+        if (added.order_key !== null) {
+          this.enter(k.source, to, added.order_key as string, k.id, added.event_time as number, added.rowid as number, now, false);
+        }
       }
     });
     return { replayed, tombstoned: await tombstoned() };
@@ -730,12 +976,12 @@ export class SqliteInbox implements Inbox {
     let after: Cursor | undefined;
     for (;;) {
       const picked = await this.enqueue(() => {
-        const cursor = after === undefined ? "" : "AND (received_at, source, id) > (?, ?, ?)";
+        const cursor = after === undefined ? "" : "AND (received_at, source, id, route) > (?, ?, ?, ?)";
         const keys = (this
-          .sql(`SELECT received_at, source, id FROM deliveries WHERE ${also} AND ${where} ${cursor}
-                ORDER BY received_at, source, id LIMIT ?`)
-          .all(...params, ...(after ? [after.receivedAt, after.source, after.id] : []), size) as Row[])
-          .map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string }));
+          .sql(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id, route LIMIT ?`)
+          .all(...params, ...(after ? [after.receivedAt, after.source, after.id, after.route!] : []), size) as Row[])
+          .map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string, route: r.route as number }));
         act(keys, this.now());
         return keys;
       }) as Cursor[];
@@ -944,6 +1190,65 @@ export class SqliteInbox implements Inbox {
     }
   }
 
+  /** pause holds a destination's deliveries until resume: none is claimed, none spends an attempt. */
+  pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
+    checkClaim({ destination });
+    return this.enqueue(() => {
+      this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
+      return this.sql("UPDATE destinations SET paused = 1, paused_reason = ?, changed_at = ? WHERE name = ? AND paused = 0")
+        .run(reason, this.now(), destination).changes === 1;
+    }) as Promise<boolean>;
+  }
+
+  /** resume lets a paused destination's deliveries go again, its breaker closed and counts fresh. */
+  resume(destination: string): Promise<boolean> {
+    checkClaim({ destination });
+    return this.enqueue(() => this.sql(
+      `UPDATE destinations SET paused = 0, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
+              window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ?
+       WHERE name = ? AND paused = 1`,
+    ).run(this.now(), destination).changes === 1) as Promise<boolean>;
+  }
+
+  /** tally adds one worker's tries of a destination to its shared breaker, which may open or close it. */
+  tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
+    checkClaim({ destination });
+    return this.enqueue(() => {
+      const now = this.now();
+      const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
+      const next = breakerAfter(row, tally, policy, now);
+      this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
+      const r = next.row;
+      this.sql(
+        `UPDATE destinations SET state = ?, retry_at = ?, failures = ?, window_start = ?, window_done = ?, window_failed = ?,
+                last_error = ?, last_error_at = ?, changed_at = CASE WHEN state <> ? THEN ? ELSE changed_at END
+         WHERE name = ?`,
+      ).run(r.state!, r.retry_at!, r.failures!, r.window_start!, r.window_done!, r.window_failed!, r.last_error!, r.last_error_at!,
+        r.state!, now, destination);
+      return next.change;
+    }) as Promise<BreakerChange | undefined>;
+  }
+
+  /** destinations lists every destination with deliveries or a state of its own, by name. */
+  async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
+    const now = this.now();
+    const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
+    const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
+    // Only what is not done, through its partial index, so a large inbox is not walked.
+    for (const r of this.sql("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status").all() as Row[]) {
+      const c = at(r.destination as string);
+      if (r.status === "received") c.waiting = r.n as number;
+      else if (r.status === "processing") c.processing = r.n as number;
+      else c.failed = r.n as number;
+    }
+    const rows = new Map((this.sql("SELECT * FROM destinations").all() as Row[]).map((r) => [r.name as string, r]));
+    for (const name of rows.keys()) at(name);
+    // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
+    at(DEFAULTS.destination);
+    counts.delete(NO_DESTINATION);
+    return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, now));
+  }
+
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void> {
     return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
@@ -954,36 +1259,47 @@ export class SqliteInbox implements Inbox {
     if (this.closed) return;
     await this.flush();
     this.closed = true;
-    if (this.checkpointer) {
-      const exited = new Promise((resolve) => this.checkpointer!.once("exit", resolve));
-      this.checkpointer.postMessage("close");
-      await exited;
+    const checkpointer = this.checkpointer;
+    try {
+      if (checkpointer) {
+        // A thread that fails on its way out (a runtime without an API it used) says so here, once.
+        const ended = new Promise<void>((resolve, reject) => {
+          checkpointer.once("exit", () => resolve());
+          checkpointer.once("error", (error) => reject(new Error(`close ${this.path}: the checkpoint thread failed: ${message(error)}`, { cause: error })));
+        });
+        // Held while it ends: awaiting an unref'd thread, an otherwise idle process would exit mid-close().
+        checkpointer.ref();
+        checkpointer.postMessage("close");
+        await ended;
+      }
+    } finally {
+      await this.gauger?.terminate();
+      this.db.close();
     }
-    await this.gauger?.terminate();
-    this.db.close();
   }
 
-  // enter puts a newly stored delivery at its key's head if the key is idle and it comes first in event
-  // time (or the key had nothing waiting); a running or blocked key picks its next head when it settles.
-  private enter(source: string, key: string, id: string, eventTime: number, seq: number, due: number, strict: boolean): void {
+  // enter puts a newly stored delivery at its key's head (per destination) if the key is idle and it comes
+  // first in event time (or the key had nothing waiting); a running or blocked key picks its next head when
+  // it settles.
+  private enter(source: string, destination: string, key: string, id: string, eventTime: number, seq: number, due: number, strict: boolean): void {
     this.sql(
-      `INSERT INTO order_keys (source, order_key, head_id, head_event_time, head_seq, due, strict)
-       VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-       ON CONFLICT (source, order_key) DO UPDATE SET
+      `INSERT INTO order_keys (source, destination, order_key, head_id, head_event_time, head_seq, due, strict)
+       VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
+       ON CONFLICT (source, destination, order_key) DO UPDATE SET
          strict = excluded.strict,
          head_id = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?3 ELSE head_id END,
          head_event_time = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?4 ELSE head_event_time END,
          head_seq = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?5 ELSE head_seq END,
          due = CASE WHEN head_id IS NULL OR (due IS NOT NULL AND (?4, ?5) < (head_event_time, head_seq)) THEN ?6 ELSE due END`,
-    ).run(source, key, id, eventTime, seq, due, strict ? 1 : 0);
+    ).run(source, key, id, eventTime, seq, due, strict ? 1 : 0, destination);
   }
 
   // occupy marks a claimed head's key as running, and flags the lease stale if a newer event of its key
-  // was already handled.
+  // was already handled (by this destination).
   private occupy(lease: Lease, rowid: number): void {
     const key = this
-      .sql("UPDATE order_keys SET due = NULL WHERE source = ? AND order_key = ? RETURNING last_event_time, last_id")
-      .get(lease.source, lease.orderKey) as { last_event_time: number | null; last_id: string | null } | undefined;
+      .sql("UPDATE order_keys SET due = NULL WHERE source = ? AND destination = ? AND order_key = ? RETURNING last_event_time, last_id")
+      .get(lease.source, lease.destination, lease.orderKey) as { last_event_time: number | null; last_id: string | null } | undefined;
     if (key?.last_event_time != null && key.last_event_time > lease.eventTime!) {
       this.sql("UPDATE deliveries SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
       lease.newerId = key.last_id;
@@ -992,43 +1308,45 @@ export class SqliteInbox implements Inbox {
 
   // handled records a finished delivery's event time as its key's newest, then moves the key on.
   private handled(lease: Lease): void {
-    this.settleKey(lease.source, lease.orderKey!, lease.id, false, lease.eventTime);
+    this.settleKey(lease.source, lease.destination, lease.orderKey!, lease.id, false, lease.eventTime);
   }
 
   // settleKey moves a key's head to its first waiting delivery in event time, then arrival, after the
   // delivery `from` left the head (done, retried, released, set aside) or came back (retry). It leaves a
   // key alone while another delivery runs or blocks it, and a strict key blocked when `from` is set aside.
-  private settleKey(source: string, key: string, from: string, setAside: boolean, handledTime: number | null = null): void {
+  private settleKey(source: string, destination: string, key: string, from: string, setAside: boolean, handledTime: number | null = null): void {
     this.sql(
       `UPDATE order_keys SET
          last_event_time = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?5 ELSE last_event_time END,
          last_id = CASE WHEN ?5 IS NOT NULL AND (last_event_time IS NULL OR last_event_time <= ?5) THEN ?3 ELSE last_id END,
          (head_id, head_event_time, head_seq, due) =
            (SELECT id, event_time, rowid, available_at FROM deliveries
-            WHERE source = ?1 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
-       WHERE source = ?1 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
-    ).run(source, key, from, setAside ? 1 : 0, handledTime);
+            WHERE source = ?1 AND destination = ?6 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
+       WHERE source = ?1 AND destination = ?6 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
+    ).run(source, key, from, setAside ? 1 : 0, handledTime, destination);
   }
 
   // rebuildKey brings a key's head row up to date with its deliveries after a copy: the newest done event
   // is its last handled, a processing delivery runs it, else its first waiting one is the head. (The
   // strict setting is the source's, and comes back with its next delivery.)
-  private rebuildKey(source: string, key: string): void {
-    this.sql("INSERT INTO order_keys (source, order_key) VALUES (?, ?) ON CONFLICT (source, order_key) DO NOTHING").run(source, key);
+  private rebuildKey(source: string, destination: string, key: string): void {
+    this.sql("INSERT INTO order_keys (source, destination, order_key) VALUES (?, ?, ?) ON CONFLICT (source, destination, order_key) DO NOTHING")
+      .run(source, destination, key);
     this.sql(
       `UPDATE order_keys SET (last_event_time, last_id) =
-         (SELECT event_time, id FROM deliveries WHERE source = ?1 AND order_key = ?2 AND status = 'done' ORDER BY event_time DESC, rowid DESC LIMIT 1)
-       WHERE source = ?1 AND order_key = ?2`,
-    ).run(source, key);
+         (SELECT event_time, id FROM deliveries WHERE source = ?1 AND destination = ?3 AND order_key = ?2 AND status = 'done'
+          ORDER BY event_time DESC, rowid DESC LIMIT 1)
+       WHERE source = ?1 AND destination = ?3 AND order_key = ?2`,
+    ).run(source, key, destination);
     const running = this
-      .sql("SELECT id, event_time, rowid FROM deliveries WHERE source = ? AND order_key = ? AND status = 'processing' LIMIT 1")
-      .get(source, key) as Row | undefined;
+      .sql("SELECT id, event_time, rowid FROM deliveries WHERE source = ? AND destination = ? AND order_key = ? AND status = 'processing' LIMIT 1")
+      .get(source, destination, key) as Row | undefined;
     if (running) {
-      this.sql("UPDATE order_keys SET head_id = ?, head_event_time = ?, head_seq = ?, due = NULL WHERE source = ? AND order_key = ?")
-        .run(running.id, running.event_time, running.rowid, source, key);
+      this.sql("UPDATE order_keys SET head_id = ?, head_event_time = ?, head_seq = ?, due = NULL WHERE source = ? AND destination = ? AND order_key = ?")
+        .run(running.id, running.event_time, running.rowid, source, destination, key);
     } else {
-      this.sql("UPDATE order_keys SET head_id = NULL, due = NULL WHERE source = ? AND order_key = ?").run(source, key);
-      this.settleKey(source, key, "", false);
+      this.sql("UPDATE order_keys SET head_id = NULL, due = NULL WHERE source = ? AND destination = ? AND order_key = ?").run(source, destination, key);
+      this.settleKey(source, destination, key, "", false);
     }
   }
 

@@ -29,6 +29,30 @@ export interface Incoming {
   eventTime?: number | null;
   /** An ordered delivery set aside as failed blocks its key until it is retried, rather than letting later ones pass. */
   strictOrder?: boolean;
+  /**
+   * The destinations its routes chose, fixed now: one row each, with its own status, attempts, lease and
+   * order. None (an empty list) keeps it, done, as a duplicate's memory only. @default [DEFAULTS.destination]
+   */
+  destinations?: readonly string[];
+  /** The provider's own headers, kept for destinations that forward them (forwardHeaders). @default none */
+  headers?: Headers | null;
+  /** The W3C traceparent of the receive, carried to the destinations. @default none */
+  traceparent?: string | null;
+}
+
+/** NO_DESTINATION is the destination of a delivery that no route chose: kept, done, so a copy is still a duplicate. */
+export const NO_DESTINATION = "";
+
+/** DESTINATION_NAME is what a destination may be called: one plain word, as a source is. */
+export const DESTINATION_NAME = /^[A-Za-z0-9._~-]+$/;
+
+/** routesOf checks an incoming delivery's destinations, or gives the default one. */
+export function routesOf(delivery: Incoming): readonly string[] {
+  const routes = delivery.destinations ?? [DEFAULTS.destination];
+  if (!Array.isArray(routes) || routes.some((d) => typeof d !== "string" || !DESTINATION_NAME.test(d)) || new Set(routes).size !== routes.length) {
+    throw new TypeError(`store: expected destinations to be distinct names of letters, digits, ".", "_", "~" or "-", got ${JSON.stringify(routes)}`);
+  }
+  return routes;
 }
 
 /** Delivery is one stored webhook, as the worker and the CLI see it. */
@@ -58,6 +82,14 @@ export interface Delivery {
   eventTime: number | null;
   /** Set when it was handed over stale: the ID of a newer delivery of its key that was already handled. */
   newerId: string | null;
+  /** Where this row goes: one row per route, each with its own status, attempts, lease and order. */
+  destination: string;
+  /** The route's place among the delivery's rows: 0 is the first, which alone counts conflicts. */
+  route: number;
+  /** The provider's own headers, where a route forwards them. */
+  headers: Headers | null;
+  /** The W3C traceparent of the receive, where one was taken. */
+  traceparent: string | null;
 }
 
 /**
@@ -77,6 +109,8 @@ export interface Filter {
   bodyContains?: string;
   /** The delivery ID, exactly. */
   id?: string;
+  /** The destination, exactly. */
+  destination?: string;
 }
 
 /** PurgeOptions says what purge() lets go; every field has a default in DEFAULTS. */
@@ -153,15 +187,18 @@ export interface BulkOptions {
   dryRun?: boolean;
 }
 
-/** Cursor is where a page of search() ended: pass the last delivery (or these three fields) as `after`. */
+/** Cursor is where a page of search() ended: pass the last delivery (or these fields) as `after`. */
 export interface Cursor {
   receivedAt: number;
   source: string;
   id: string;
+  /** The route of that row; without it, the page starts past every row of the delivery. */
+  route?: number;
 }
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   status: "string", source: "string", type: "string", since: "number", until: "number", errorMatch: "string", bodyContains: "string", id: "string",
+  destination: "string",
 };
 
 /**
@@ -193,6 +230,7 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
+  if (filter.destination !== undefined) add("destination = ?", filter.destination);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
   if (filter.until !== undefined) add(pg ? "received_at < ?::bigint" : "received_at < ?", Math.ceil(filter.until));
   // instr and strpos, not LIKE: the operator's text is matched as it is, % and _ included.
@@ -208,6 +246,178 @@ export interface Lease extends Delivery {
   leasedUntil: number;
   /** True when this claim took the delivery from a worker whose lease had run out (for the metrics). */
   takeover?: boolean;
+  /** True when its destination's breaker was open and this is the one delivery that tries it again. */
+  probe?: boolean;
+}
+
+/** ClaimOptions says whose deliveries a claim takes, and the limits all workers share through the database. */
+export interface ClaimOptions {
+  /** The destination whose deliveries to claim. @default DEFAULTS.destination */
+  destination?: string;
+  /** Most of its deliveries leased at once, by every worker together. @default no limit */
+  maxInFlight?: number;
+  /** Most claims per second, by every worker together, with a burst of up to `burst` at once. @default no limit */
+  rate?: { perSecond: number; burst?: number };
+}
+
+/** FailOptions says how a failed try goes on: set aside at once, or retried no sooner than the destination asked. */
+export interface FailOptions {
+  /** Set it aside now: retrying cannot help. @default false */
+  permanent?: boolean;
+  /** Retry no sooner than this many ms from now (a Retry-After), capped at retryCapMs. @default the backoff alone */
+  retryAfterMs?: number;
+}
+
+/** BreakerPolicy is when a destination's breaker opens, and how long it stays open before one delivery probes it. */
+export interface BreakerPolicy {
+  /** Opens after this many failures in a row (every worker's). @default DEFAULTS.breakerFailures */
+  failures: number;
+  /** Or when this share of the tries in the window failed... @default DEFAULTS.breakerRate */
+  rate: number;
+  /** ...with at least this many tries in it. @default DEFAULTS.breakerMinTries */
+  minTries: number;
+  /** The window's length, in ms. @default DEFAULTS.breakerWindowMs */
+  windowMs: number;
+  /** How long it stays open before a probe, in ms. @default DEFAULTS.breakerCoolDownMs */
+  coolDownMs: number;
+}
+
+/** Tally is what one worker saw of a destination since its last tally: tries done and failed, and a probe's answer. */
+export interface Tally {
+  done: number;
+  failed: number;
+  /** The last failure's error, for the destination's page. */
+  error?: string;
+  /** The probe's outcome, when one of these tries was the probe. */
+  probe?: "done" | "failed";
+}
+
+/** BreakerChange is what a tally did to the breaker, for the log and the operator's webhook. */
+export type BreakerChange = { change: "opened" | "closed"; failures: number; rate: number | null; error: string | null; retryAt: number | null };
+
+/** DestinationState is one destination as `inbox.ts destinations` shows it. */
+export interface DestinationState {
+  name: string;
+  /** paused (by a person, or by a 410), open (the breaker: waiting out the cool-down, or probing), or closed. */
+  state: "closed" | "open" | "paused";
+  /** Why it is paused. */
+  pausedReason: string | null;
+  /** When an open breaker lets its probe go, or the probe's lease ends. */
+  retryAt: number | null;
+  probing: boolean;
+  /** Deliveries waiting for it, and leased now. */
+  waiting: number;
+  processing: number;
+  failed: number;
+  /** Failures in a row, and the share of failed tries in the breaker's current window (null: none yet). */
+  failuresInRow: number;
+  failureRate: number | null;
+  lastError: string | null;
+  lastErrorAt: number | null;
+}
+
+/**
+ * gateClaim says how many deliveries of a destination a claim may take: none while it is paused, or its
+ * breaker is open and cooling down or already probing; one, the probe, once the cool-down is over; else
+ * the limit less what is in flight and what the shared rate allows. Both backends read the destination's
+ * row and its in-flight count, and write back what this returns.
+ */
+export function gateClaim(
+  row: Record<string, unknown> | undefined, limit: number, now: number, options: ClaimOptions, inFlight: number,
+): { n: number; probe: boolean; tokens: number | null } {
+  let n = limit;
+  let probe = false;
+  if (row !== undefined) {
+    if (Number(row.paused)) return { n: 0, probe, tokens: null };
+    if (row.state === "open" || row.state === "probing") {
+      const until = Number(row.state === "open" ? row.retry_at : row.probe_until);
+      if (until > now) return { n: 0, probe, tokens: null };
+      probe = true;
+      n = 1;
+    }
+  }
+  if (options.maxInFlight !== undefined) n = Math.min(n, options.maxInFlight - inFlight);
+  let tokens: number | null = null;
+  if (options.rate) {
+    const burst = options.rate.burst ?? Math.max(1, options.rate.perSecond);
+    const last = row?.tokens_at == null ? null : Number(row.tokens_at);
+    const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
+    tokens = Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * options.rate.perSecond / 1000));
+    n = Math.min(n, Math.floor(tokens));
+  }
+  return { n: Math.max(0, n), probe, tokens };
+}
+
+/** checkClaim checks ClaimOptions and gives the destination. */
+export function checkClaim(options: ClaimOptions): string {
+  const destination = options.destination ?? DEFAULTS.destination;
+  if (typeof destination !== "string" || !DESTINATION_NAME.test(destination)) throw new TypeError(`claim: expected destination to be a destination's name, got ${JSON.stringify(destination)}`);
+  if (options.maxInFlight !== undefined && !(Number.isInteger(options.maxInFlight) && options.maxInFlight >= 1)) {
+    throw new TypeError(`claim: expected maxInFlight to be a whole number >= 1, got ${options.maxInFlight}`);
+  }
+  if (options.rate !== undefined && !(options.rate.perSecond > 0 && (options.rate.burst === undefined || options.rate.burst >= 1))) {
+    throw new TypeError(`claim: expected rate to be { perSecond > 0, burst >= 1 }, got ${JSON.stringify(options.rate)}`);
+  }
+  return destination;
+}
+
+/**
+ * breakerAfter works out a destination's breaker after a tally, from its row (or none yet): the counts in
+ * the window, the failures in a row, and whether it opens (enough failures in a row, or too high a share
+ * in the window) or closes (its probe got through). Both backends run it inside the tally's transaction.
+ */
+export function breakerAfter(
+  row: Record<string, unknown> | undefined, tally: Tally, policy: BreakerPolicy, now: number,
+): { row: Record<string, SqlValue>; change: BreakerChange | undefined } {
+  const fresh = row?.window_start == null || now - Number(row.window_start) >= policy.windowMs;
+  const done = (fresh ? 0 : Number(row!.window_done)) + tally.done;
+  const failed = (fresh ? 0 : Number(row!.window_failed)) + tally.failed;
+  // A try that got through ends the run of failures; the failures reported after it start a new one.
+  let inRow = (tally.done > 0 ? 0 : Number(row?.failures ?? 0)) + tally.failed;
+  let state = (row?.state as string | undefined) ?? "closed";
+  let retryAt = row?.retry_at == null ? null : Number(row.retry_at);
+  let change: BreakerChange["change"] | undefined;
+  const rate = done + failed === 0 ? null : failed / (done + failed);
+  if (tally.probe === "done" && state !== "closed") {
+    state = "closed";
+    inRow = 0;
+    retryAt = null;
+    change = "closed";
+  } else if (tally.probe === "failed" && state !== "closed") {
+    state = "open";
+    retryAt = now + policy.coolDownMs;
+  } else if (state === "closed" && tally.failed > 0 &&
+    (inRow >= policy.failures || (done + failed >= policy.minTries && rate !== null && rate >= policy.rate))) {
+    state = "open";
+    retryAt = now + policy.coolDownMs;
+    change = "opened";
+  }
+  const error = tally.error ?? (row?.last_error as string | null | undefined) ?? null;
+  return {
+    row: {
+      state, retry_at: retryAt, failures: inRow, window_start: fresh ? now : Number(row!.window_start), window_done: done, window_failed: failed,
+      last_error: error, last_error_at: tally.error !== undefined ? now : (row?.last_error_at == null ? null : Number(row.last_error_at)),
+    },
+    change: change === undefined ? undefined : { change, failures: inRow, rate, error, retryAt },
+  };
+}
+
+/** toDestinationState reads a destinations row and its counts into a DestinationState. */
+export function toDestinationState(
+  name: string, row: Record<string, unknown> | undefined, counts: { waiting: number; processing: number; failed: number },
+  policyWindowMs: number, now: number,
+): DestinationState {
+  const live = row?.window_start != null && now - Number(row.window_start) < policyWindowMs * 2;
+  const done = live ? Number(row!.window_done) : 0;
+  const failed = live ? Number(row!.window_failed) : 0;
+  const state = row === undefined ? "closed" : Number(row.paused) ? "paused" : row.state === "closed" ? "closed" : "open";
+  return {
+    name, state, pausedReason: Number(row?.paused ?? 0) ? (row!.paused_reason as string | null) ?? null : null,
+    retryAt: row?.state === "open" ? Number(row.retry_at) : row?.state === "probing" ? Number(row.probe_until) : null,
+    probing: row?.state === "probing", ...counts, failuresInRow: Number(row?.failures ?? 0),
+    failureRate: done + failed === 0 ? null : failed / (done + failed),
+    lastError: (row?.last_error as string | null | undefined) ?? null, lastErrorAt: row?.last_error_at == null ? null : Number(row.last_error_at),
+  };
 }
 
 /** Stored says whether store() kept the body: a duplicate whose body differs is a conflict. */
@@ -321,6 +531,18 @@ export function backoff(
   return Math.round(Math.min(opts.retryCapMs, doubled * (1 + opts.retryJitter * opts.random())));
 }
 
+/** retryDelay is the wait before the next try: the backoff, or later if the destination asked (Retry-After), capped. */
+export function retryDelay(
+  attempts: number, options: FailOptions,
+  opts: { retryDelayMs: number; retryCapMs: number; retryJitter: number; random: () => number },
+): number {
+  const wait = backoff(attempts, opts);
+  const asked = options.retryAfterMs;
+  if (asked === undefined) return wait;
+  if (!Number.isFinite(asked) || asked < 0) throw new TypeError(`fail: expected retryAfterMs to be a number of ms >= 0, got ${asked}`);
+  return Math.max(wait, Math.min(opts.retryCapMs, Math.round(asked)));
+}
+
 function asBuffer(bytes: Uint8Array): Buffer {
   return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
 }
@@ -348,6 +570,10 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
     orderKey: (row.order_key ?? null) as string | null,
     eventTime: (row.event_time ?? null) as number | null,
     newerId: (row.newer_id ?? null) as string | null,
+    destination: (row.destination ?? DEFAULTS.destination) as string,
+    route: Number(row.route ?? 0),
+    headers: typeof row.headers === "string" ? JSON.parse(row.headers) as Headers : null,
+    traceparent: (row.traceparent ?? null) as string | null,
   };
 }
 
@@ -401,21 +627,25 @@ export interface Inbox {
   readonly target: string;
   /** store saves a delivery if its (source, id) is new; a duplicate keeps the first copy. */
   store(delivery: Incoming): Promise<Stored>;
-  /** claim leases the oldest due delivery, or returns undefined when there is nothing to do. */
-  claim(leaseMs?: number): Promise<Lease | undefined>;
-  /** claimBatch leases up to limit due deliveries (new, due retries, expired leases) in one transaction. */
-  claimBatch(limit: number, leaseMs?: number): Promise<Lease[]>;
+  /** claim leases the oldest due delivery of a destination, or returns undefined when there is nothing to do. */
+  claim(leaseMs?: number, options?: ClaimOptions): Promise<Lease | undefined>;
+  /**
+   * claimBatch leases up to limit due deliveries of one destination (new, due retries, expired leases) in
+   * one transaction: none while it is paused or its breaker open, one probe after the cool-down, and no
+   * more than its shared in-flight and rate limits allow.
+   */
+  claimBatch(limit: number, leaseMs?: number, options?: ClaimOptions): Promise<Lease[]>;
   /** extend pushes a held lease further out; false means it was lost to a takeover. */
   extend(lease: Lease, leaseMs?: number): Promise<boolean>;
   /** finish marks a delivery done with the handler's writes in one transaction; false if the lease was lost. */
   finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
   /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
-  fail(lease: Lease, error: string, options?: { permanent?: boolean }): Promise<Failure | undefined>;
+  fail(lease: Lease, error: string, options?: FailOptions): Promise<Failure | undefined>;
   /**
    * attemptErrors returns each failed try of one delivery that fail() recorded, oldest first; only tries
    * since receivedAt, so an ID that purge forgot and that arrived again does not show its old tries.
    */
-  attemptErrors(d: { source: string; id: string; receivedAt: number }): Promise<AttemptError[]>;
+  attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]>;
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
@@ -430,8 +660,8 @@ export interface Inbox {
   summary(): Promise<Summary>;
   /** histogram counts deliveries received, done and failed in each bucketMs from since up to until (the clock's now). */
   histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]>;
-  /** page returns up to limit deliveries in key order after the cursor, every field, for copying. */
-  page(after: { source: string; id: string } | undefined, limit: number): Promise<Delivery[]>;
+  /** page returns up to limit deliveries in key order (source, id, route) after the cursor, every field, for copying. */
+  page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
   restore(deliveries: readonly Delivery[]): Promise<number>;
   /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
@@ -444,10 +674,12 @@ export interface Inbox {
    */
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number>;
   /**
-   * replayMatching puts the done deliveries that match through the handler again: same key, attempts
-   * reset, replays counted, due now. A tombstone has no body to replay; it is counted, not replayed.
+   * replayMatching puts the done deliveries that match through their destination again: same key, attempts
+   * reset, replays counted, due now. With `to`, each matching delivery goes to that destination instead:
+   * its row there is replayed if done, or added if its routes never chose it (routing after the fact).
+   * A tombstone has no body to replay; it is counted, not replayed.
    */
-  replayMatching(filter: Filter, options?: BulkOptions): Promise<{ replayed: number; tombstoned: number }>;
+  replayMatching(filter: Filter, options?: BulkOptions & { to?: string }): Promise<{ replayed: number; tombstoned: number }>;
   /**
    * purge drops the bodies of done deliveries older than bodiesAfterMs, keeping a tombstone (source, ID,
    * hash, status, times) that store() still answers as a duplicate, and forgets tombstones older than
@@ -466,6 +698,14 @@ export interface Inbox {
   gauges(): Promise<Gauges>;
   /** ready is true if a delivery could be committed now, else the reason why not (for /readyz). */
   ready(): Promise<true | string>;
+  /** pause holds a destination's deliveries (none is claimed, none spends an attempt) until resume; false if it already was. */
+  pause(destination: string, reason?: string): Promise<boolean>;
+  /** resume lets a paused destination's deliveries go again; false if it was not paused. */
+  resume(destination: string): Promise<boolean>;
+  /** tally adds what a worker saw of a destination to its shared breaker, and says if that opened or closed it. */
+  tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined>;
+  /** destinations lists every destination with deliveries or a state: its state, waiting count, failure rate and last error. */
+  destinations(): Promise<DestinationState[]>;
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void>;
   /** close commits what is queued, then lets go of the database. */
@@ -490,7 +730,7 @@ export interface InboxStatus {
   counts: Record<Status, number>;
   /** The counts again, per source and event type. */
   sources: { source: string; eventType: string | null; counts: Record<Status, number> }[];
-  failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null }[];
+  failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null; destination: string }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
   ordering: OrderingStatus;
@@ -501,6 +741,8 @@ export interface AttemptError {
   attempt: number;
   error: string;
   failedAt: number;
+  /** The destination the try went to. */
+  destination?: string;
 }
 
 /** Summary is the operator page's overview: counts per status, the same per source, the oldest wait, conflicts. */
@@ -569,6 +811,8 @@ export interface OrderingStatus {
  */
 export interface HeldKey {
   source: string;
+  /** Keys are held per destination: each destination goes through a key's deliveries on its own. */
+  destination: string;
   orderKey: string;
   headId: string;
   reason: "retry" | "failed";
@@ -583,26 +827,27 @@ export interface HeldKey {
 // HELD_KEYS finds the held keys; both backends run it, `?` being the time now.
 const HELD_KEYS = `
   SELECT * FROM (
-    SELECT k.source, k.order_key, k.head_id, k.due, d.status, d.attempts, d.error,
-           (SELECT count(*) FROM deliveries w WHERE w.source = k.source AND w.order_key = k.order_key
+    SELECT k.source, k.destination, k.order_key, k.head_id, k.due, d.status, d.attempts, d.error,
+           (SELECT count(*) FROM deliveries w WHERE w.source = k.source AND w.destination = k.destination AND w.order_key = k.order_key
                                                 AND w.status = 'received' AND w.id <> k.head_id) AS waiting
-    FROM order_keys k JOIN deliveries d ON d.source = k.source AND d.id = k.head_id
+    FROM order_keys k JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
     WHERE (d.status = 'received' AND d.attempts > 0 AND k.due > ?) OR d.status = 'failed') h
-  WHERE waiting > 0 ORDER BY coalesce(due, 0), source, order_key`;
+  WHERE waiting > 0 ORDER BY coalesce(due, 0), source, order_key, destination`;
 
 // ORDERING_COUNTS counts what OrderingStatus counts, on both backends.
 const ORDERING_COUNTS = `
   SELECT (SELECT count(*) FROM order_keys WHERE head_id IS NOT NULL) AS keys,
          (SELECT count(*) FROM deliveries WHERE newer_id IS NOT NULL) AS stale,
          (SELECT count(*) FROM deliveries d WHERE d.status = 'failed' AND d.order_key IS NOT NULL AND NOT EXISTS
-            (SELECT 1 FROM order_keys k WHERE k.source = d.source AND k.order_key = d.order_key AND k.head_id = d.id)) AS passed`;
+            (SELECT 1 FROM order_keys k WHERE k.source = d.source AND k.destination = d.destination AND k.order_key = d.order_key
+                                          AND k.head_id = d.id)) AS passed`;
 
 /** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
 export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
   return {
     keys: Number(counts.keys), stale: Number(counts.stale), passed: Number(counts.passed), heldKeys: held.length,
     held: held.slice(0, 100).map((r) => ({
-      source: r.source as string, orderKey: r.order_key as string, headId: r.head_id as string,
+      source: r.source as string, destination: r.destination as string, orderKey: r.order_key as string, headId: r.head_id as string,
       reason: r.status === "failed" ? "failed" : "retry", retryAt: r.status === "failed" ? null : Number(r.due),
       attempts: Number(r.attempts), error: r.error as string | null, waiting: Number(r.waiting),
     })),

@@ -13,6 +13,10 @@ import {
 } from "./log.ts";
 import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions } from "./store.ts";
 import type { Metrics } from "./metrics.ts";
+import { checkSecrets } from "./forward.ts";
+import type { ForwardStats } from "./forwarder.ts";
+import { loadSources, readSourcesFile } from "./providers.ts";
+import { loadDestinations, type Forwarding, type Route } from "./routes.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -358,7 +362,8 @@ export function recordPayment(job: Job): void {
     job.delivery.source, job.delivery.id, customer, amount));
 }
 
-async function main(argv: string[]): Promise<void> {
+/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, Option } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
@@ -389,6 +394,7 @@ async function main(argv: string[]): Promise<void> {
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option("--quiet", "don't log a line per delivery")
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
+    .option("--sources <file>", "JSON sources file: routes and $destinations to forward to, beside the handler (default: INBOX_SOURCES)")
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .option("--purge-every [minutes]", `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`, whole)
@@ -414,6 +420,7 @@ Examples:
   const opts = program.opts<{
     once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
     logFormat: LogFormat; metricsPort?: number; metricsHost: string; purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
+    sources?: string;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
@@ -422,6 +429,23 @@ Examples:
     process.exit(2);
   }
   const purgeEveryMs = opts.purgeEvery === undefined ? undefined : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
+
+  // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
+  // Read before the database is opened, so a mistake stops start-up with one line and nothing created.
+  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+  let forwarding: Forwarding | undefined;
+  let routes: Map<string, readonly Route[]> | undefined;
+  if (sourcesFile) {
+    try {
+      const parsed = readSourcesFile(sourcesFile);
+      routes = new Map([...loadSources(parsed, process.env).values()].map((s) => [s.name, s.routes ?? []]));
+      forwarding = loadDestinations(parsed, process.env);
+      for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
+    } catch (error) {
+      say(`worker: ${sourcesFile}: ${message(error)}`, "error");
+      process.exit(2);
+    }
+  }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
@@ -473,12 +497,21 @@ Examples:
     });
   }
   const log = opts.quiet ? () => {} : lines.log;
+  const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   try {
-    await run(recordPayment, {
-      inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
-      signal: stop.signal, log, metrics, stats,
-      purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
-    });
+    const forwarding$ = forwarding && forwarding.destinations.size > 0
+      ? import("./forwarder.ts").then(({ forward }) => forward({
+        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats,
+      }))
+      : undefined;
+    await Promise.all([
+      run(recordPayment, {
+        inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
+        signal: stop.signal, log, metrics, stats,
+        purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
+      }),
+      forwarding$,
+    ]);
   } catch (error) {
     lines.flush();
     shown?.stop();
@@ -490,6 +523,10 @@ Examples:
   shown?.stop();
   if (opts.once || stop.signal.aborted) {
     say(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`, "info", { ...stats });
+    if (forwarding && forwarding.destinations.size > 0) {
+      const f = forwardStats;
+      say(`worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`, "info", { forwarded: { ...f } });
+    }
   }
 }
 

@@ -9,6 +9,7 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
+import { scriptCommand, type RuntimeName } from "../runtime.ts";
 import { openDatabase } from "../sqlite.ts";
 import { sha256 } from "../store.ts";
 
@@ -65,11 +66,13 @@ export function rssMb(pid: number, peak = false): number {
 }
 
 /**
- * startChild runs a script under tsx on this Node and waits for its "Listening on" line. Its stderr is a
- * pipe that is read and dropped (or kept), so a logging server pays for its lines as it would in production.
+ * startChild runs a script under tsx on this Node (or, given `on`, on that runtime: bench/runtimes.ts) and
+ * waits for its "Listening on" line. Its stderr is a pipe that is read and dropped (or kept), so a logging
+ * server pays for its lines as it would in production.
  */
-export async function startChild(script: string, args: string[], keepStderr = false): Promise<Child> {
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+export async function startChild(script: string, args: string[], keepStderr = false, on?: { name: RuntimeName; binary: string }): Promise<Child> {
+  const command = on ? scriptCommand(join(ROOT, script), args, on) : { command: process.execPath, args: ["--import", "tsx", join(ROOT, script), ...args] };
+  const child = spawn(command.command, command.args, {
     cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
   });
   let err = "";

@@ -5,6 +5,7 @@
 //   npm run bench                       # about 10 minutes on 2 cores
 //   BENCH_SECONDS=3 BENCH_LARGE=50000 npm run bench -- worker mixed
 //   npm run bench -- generators         # wrk against autocannon, not part of the default run
+//   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
@@ -17,12 +18,15 @@ import { mixed } from "./mixed.ts";
 import { observe } from "./observe.ts";
 import { ordered } from "./ordered.ts";
 import { pgclient } from "./pgclient.ts";
+import { runtimes } from "./runtimes.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
   ingest, latency, worker, backlog, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
+  runtimes,
+  forward: async () => (await import("./forward.ts")).forwardBench(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -1,6 +1,8 @@
 // test/admin-browser.test.ts: the operator page in a real Chromium (Debian's /usr/bin/chromium, driven by
-// playwright-core; no browser is ever downloaded), on both backends. Without Chromium it skips in one
-// line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing browser a failure.
+// playwright-core; no browser is ever downloaded), on both backends: retries, bulk retries, the live
+// overview, a destination paused and resumed, and scripts a delivery carries never run. Without Chromium
+// it skips in one line, unless INBOX_REQUIRE_CHROMIUM=1 (as .ci/run sets it), which makes a missing
+// browser a failure.
 
 import assert from "node:assert/strict";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
@@ -136,6 +138,42 @@ for (const backend of BACKENDS) {
       assert.equal(await page.textContent(".card.received .n"), "1", "no refresh while hidden");
       await page.evaluate(setHidden(false));
       await cardShows("received", 2);
+    });
+
+    it("pauses a destination and resumes it from its page, lists its deliveries, and shows a delivery's row per destination", async () => {
+      for (const id of ["o1", "o2"]) {
+        await inbox.store({ source: "shop", id, body: Buffer.from(JSON.stringify({ id })), eventType: "order.created", destinations: ["handler", "app"] });
+      }
+      const appRow = 'table.destinations tr:has(a:text-is("app"))';
+      await logIn();
+      await page.click("nav >> text=Destinations");
+      await page.waitForSelector("h1:has-text('Destinations')");
+      assert.equal(await page.textContent(`${appRow} .badge`), "closed");
+      await page.fill(`${appRow} input[name="reason"]`, "deploying v2");
+      await page.click(`${appRow} button:has-text("Pause")`);
+      await page.waitForSelector(".flash");
+      assert.equal(await page.textContent(".flash"), "app paused: its deliveries wait, none discarded.");
+      assert.equal(await page.textContent(`${appRow} .badge`), "paused");
+      assert.equal(await page.textContent(`${appRow} .detail`), "deploying v2");
+      assert.equal(await inbox.claim(60_000, { destination: "app" }), undefined, "held: none is claimed");
+
+      await page.click("nav >> text=Overview");
+      assert.match((await page.textContent(".held"))!, /app paused 2 waiting/);
+
+      await page.click("nav >> text=Destinations");
+      await page.click(`${appRow} button:has-text("Resume")`);
+      await page.waitForSelector(".flash");
+      assert.equal(await page.textContent(".flash"), "app resumed: its deliveries go again.");
+      assert.equal(await page.textContent(`${appRow} .badge`), "closed");
+
+      await page.click(`${appRow} td:nth-child(3) a`);
+      await page.waitForURL(/destination=app/);
+      assert.match(page.url(), /status=received/);
+      assert.deepEqual(await page.$$eval("table.list tbody td.dest", (cells) => cells.map((c) => c.textContent)), ["app", "app"]);
+      await page.click("table.list >> text=o1");
+      await page.waitForSelector("table.routes");
+      const routes = await page.$$eval("table.routes tbody tr", (rows) => rows.map((r) => [...r.querySelectorAll("td")].slice(0, 2).map((c) => c.textContent).join(" ")));
+      assert.deepEqual(routes, ["handler received", "app received"]);
     });
 
     it("runs no script a delivery carries: a <script> body and an HTML event type stay text", async () => {

@@ -1,14 +1,17 @@
 // test/admin.test.ts: the operator page over real HTTP on a free port, on both backends: who may look,
-// who may act (token, cookie, CSRF, Origin, read-only), what every action audits, and that whatever a
-// delivery holds is shown as text. The browser's side is test/admin-browser.test.ts.
+// who may act (token, cookie, CSRF, Origin, read-only), what every action audits, that whatever a
+// delivery holds is shown as text, and the destinations: their states, pause and resume, the list by
+// destination, a delivery's row per destination, and no secret shown. The browser's side is test/admin-browser.test.ts.
 
 import assert from "node:assert/strict";
 import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin } from "../admin.ts";
+import { writeFileSync } from "node:fs";
+import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, secretsOf, type Admin, type AdminOptions } from "../admin.ts";
 import { connect } from "../inbox.ts";
-import type { Inbox } from "../store.ts";
+import { loadDestinations } from "../routes.ts";
+import type { BreakerPolicy, Inbox } from "../store.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
@@ -44,7 +47,7 @@ for (const backend of BACKENDS) {
     let audit: string[];
     let t: number;
 
-    const start = async (options: { token?: string; readOnly?: boolean } = { token: TOKEN }) => {
+    const start = async (options: Partial<AdminOptions> = { token: TOKEN }) => {
       const admin = createAdmin({ inbox, ...options, audit: (line) => audit.push(line), now: () => t });
       servers.push(admin);
       return listenAdmin(admin, { host: "127.0.0.1", port: 0, token: options.token });
@@ -294,6 +297,191 @@ for (const backend of BACKENDS) {
       assert.ok(audit.some((l) => /action=replay delivery="default\/d1" count=1$/.test(l)));
     });
 
+    // ---- Destinations ----
+
+    const POLICY: BreakerPolicy = { failures: 1, rate: 0.5, minTries: 20, windowMs: 60_000, coolDownMs: 30_000 };
+    // routed stores deliveries that go to the handler, app and crm; app's first fails and opens its breaker, crm is paused.
+    const routed = async (n: number, appError = "HTTP 503 from app") => {
+      for (let i = 0; i < n; i++) await inbox.store({ source: "shop", id: `r${i}`, body: Buffer.from(`{"n":${i}}`), destinations: ["handler", "app", "crm"] });
+      const lease = await inbox.claim(60_000, { destination: "app" });
+      assert.ok(lease);
+      await inbox.fail(lease, appError);
+      assert.equal((await inbox.tally("app", { done: 0, failed: 1, error: appError }, POLICY))?.change, "opened");
+      assert.equal(await inbox.pause("crm", "deploying <b>v2</b>"), true);
+    };
+    // rowOf is the destinations table's row of one destination, its tags dropped, spaces squeezed.
+    const rowOf = (html: string, name: string) => {
+      const row = new RegExp(`<tr class="\\w+"><td><a href="/deliveries\\?destination=${name}">${name}</a>.*?</tr>`, "s").exec(html)?.[0];
+      assert.ok(row, `a row for ${name}`);
+      return row.replace(/<[^>]+>/g, " ").replace(/\s+/g, " ").trim();
+    };
+
+    it("lists each destination's state, waiting count, failure rate and last error, all as text", async () => {
+      await routed(3, `<script>alert("x")</script> HTTP 503`);
+      const url = await start();
+      const { cookie } = await login(url);
+      const page = await request(`${url}/destinations`, { headers: { cookie } });
+      assert.equal(page.status, 200);
+      assert.match(rowOf(page.body, "app"), /^app open probe at \d\d:\d\d:\d\dZ 3 0 0 100% \(1 in a row\) &#60;script&#62;alert\(&#34;x&#34;\)&#60;\/script&#62; HTTP 503 /);
+      assert.match(rowOf(page.body, "crm"), /^crm paused deploying &#60;b&#62;v2&#60;\/b&#62; 3 0 0 – /);
+      assert.match(rowOf(page.body, "handler"), /^handler closed 3 0 0 – /);
+      assert.doesNotMatch(page.body, /<script>alert|<b>v2/);
+      assert.match(page.body, /href="\/deliveries\?destination=crm&#38;status=received">3</, "the waiting count links to those deliveries");
+      const home = await request(`${url}/`, { headers: { cookie } });
+      assert.match(home.body, /<p class="held">Holding their deliveries: <a href="\/destinations">app<\/a> <span class="badge open">open<\/span> 3 waiting · <a href="\/destinations">crm<\/a> <span class="badge paused">paused<\/span> 3 waiting<\/p>/);
+    });
+
+    it("control: the overview warns of no destination while every one is closed", async () => {
+      await inbox.store({ source: "shop", id: "x", body: Buffer.from("{}"), destinations: ["handler", "app"] });
+      const url = await start();
+      const { cookie } = await login(url);
+      assert.doesNotMatch((await request(`${url}/`, { headers: { cookie } })).body, /class="held"/);
+    });
+
+    it("pauses and resumes a destination from its page, with the CSRF token, the same origin and writable mode, and audits each", async () => {
+      await routed(2);
+      const told: unknown[] = [];
+      const url = await start({ token: TOKEN, announce: async (event) => (told.push(event), true) });
+      const { cookie, csrf } = await login(url);
+      const state = async (name: string) => (await inbox.destinations()).find((d) => d.name === name)?.state;
+      assert.equal((await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm" } })).status, 403, "no CSRF token");
+      assert.equal((await request(`${url}/resume`, { headers: { cookie, origin: "https://evil.example" }, form: { destination: "crm", csrf } })).status, 403);
+      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "nowhere", csrf } })).status, 404, "only a destination it knows");
+      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "bad name", csrf } })).status, 400);
+      assert.equal(await state("crm"), "paused", "the control: nothing changed by a refused action");
+      assert.equal((await inbox.destinations()).some((d) => d.name === "nowhere"), false);
+
+      const resumed = await request(`${url}/resume`, { headers: { cookie, origin: url }, form: { destination: "crm", csrf } });
+      assert.equal(resumed.status, 303);
+      assert.equal(await state("crm"), "closed");
+      const shown = await request(new URL(String(resumed.headers.location), url).href, { headers: { cookie } });
+      assert.match(shown.body, /<p class="flash">crm resumed: its deliveries go again\. The operator&#39;s URL was told\.<\/p>/);
+      const lease = await inbox.claim(60_000, { destination: "crm" });
+      assert.ok(lease, "its deliveries go again");
+      await inbox.release(lease);
+
+      const paused = await request(`${url}/pause`, { headers: { cookie }, form: { destination: "crm", reason: "nightly <deploy>", csrf } });
+      assert.equal(paused.status, 303);
+      const after = (await inbox.destinations()).find((d) => d.name === "crm")!;
+      assert.deepEqual([after.state, after.pausedReason, after.waiting], ["paused", "nightly <deploy>", 2], "held, none discarded");
+      assert.equal(await inbox.claim(60_000, { destination: "crm" }), undefined, "none is claimed while paused");
+      assert.ok(audit.some((l) => /action=resume destination="crm" count=1$/.test(l)), audit.join("\n"));
+      assert.ok(audit.some((l) => /action=pause destination="crm" reason="nightly <deploy>" count=1$/.test(l)), audit.join("\n"));
+      assert.deepEqual(told.map((e) => (e as { type: string }).type), ["destination.resumed", "destination.paused"]);
+      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "crm", csrf } })).status, 303, "again: nothing changes");
+      assert.equal(told.length, 2, "and nothing is announced");
+    });
+
+    it("says so when the operator's URL did not hear of a pause, and pauses anyway", async () => {
+      await routed(1);
+      const url = await start({ token: TOKEN, announce: async () => "HTTP 500" });
+      const { cookie, csrf } = await login(url);
+      const res = await request(`${url}/pause`, { headers: { cookie }, form: { destination: "app", csrf } });
+      const shown = await request(new URL(String(res.headers.location), url).href, { headers: { cookie } });
+      assert.match(shown.body, /app paused: its deliveries wait, none discarded\. The operator&#39;s URL was not told: HTTP 500\./);
+      assert.equal((await inbox.destinations()).find((d) => d.name === "app")!.state, "paused");
+    });
+
+    it("in read-only mode shows the destinations with no buttons, and refuses pause and resume", async () => {
+      await routed(1);
+      const url = await start({ token: TOKEN, readOnly: true });
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/destinations`, { headers: { cookie } });
+      assert.doesNotMatch(page.body, /action="\/(pause|resume)"/);
+      assert.equal((await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm", csrf } })).status, 403);
+      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "app", csrf } })).status, 403);
+      assert.deepEqual((await inbox.destinations()).map((d) => d.state), ["open", "paused", "closed"]);
+    });
+
+    it("lists a destination the sources file names before any delivery went to it, and may pause it ahead", async () => {
+      const url = await start({ token: TOKEN, destinations: ["billing"] });
+      const { cookie, csrf } = await login(url);
+      assert.match(rowOf((await request(`${url}/destinations`, { headers: { cookie } })).body, "billing"), /^billing closed 0 0 0 – /);
+      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "billing", csrf } })).status, 303);
+      assert.equal((await inbox.destinations()).find((d) => d.name === "billing")?.state, "paused");
+    });
+
+    it("says on a delivery's page which of its destinations hold it: open or paused", async () => {
+      await routed(1);
+      const url = await start();
+      const { cookie } = await login(url);
+      const page = await request(`${url}/delivery?source=shop&id=r0`, { headers: { cookie } });
+      const routes = /<table class="routes">.*?<\/table>/s.exec(page.body)![0].replace(/<[^>]+>/g, " ").replace(/\s+/g, " ");
+      assert.match(routes, /handler received 0 \d{4}-\d\d-\d\d \S+ none/, "the control: a closed one's row shows its due time");
+      assert.match(routes, /app received 1 held: app is open none/);
+      assert.match(routes, /crm received 0 held: crm is paused none/);
+    });
+
+    it("filters the list by destination, and pages through every row of every delivery without skipping one", async () => {
+      for (let i = 0; i < 3; i++) {
+        await inbox.store({ source: "shop", id: `m${i}`, body: Buffer.from("{}"), destinations: ["handler", "app"] });
+        t += 1_000;
+      }
+      // Pages of three rows: a delivery's two rows straddle the first and the second.
+      const admin = createAdmin({ inbox, audit: () => {}, now: () => t, pageSize: 3 });
+      servers.push(admin);
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+      const rows = (html: string) => [...html.matchAll(/id=(\w+)">\w+<\/a><\/td><td>shop<\/td>\n<td class="dest">(\w+)<\/td>/g)].map((m) => `${m[1]}>${m[2]}`);
+      const seen: string[] = [];
+      for (let next: string | undefined = "/deliveries", pages = 0; next; pages++) {
+        assert.ok(pages < 6, "the pages end");
+        const page = await request(`${url}${next}`);
+        seen.push(...rows(page.body));
+        next = /<a rel="next" href="([^"]+)"/.exec(page.body)?.[1]?.replaceAll("&#38;", "&");
+      }
+      assert.deepEqual(seen.sort(), ["m0>app", "m0>handler", "m1>app", "m1>handler", "m2>app", "m2>handler"]);
+      const app = await request(`${url}/deliveries?destination=app`);
+      assert.deepEqual(rows(app.body), ["m2>app", "m1>app", "m0>app"]);
+      assert.match(app.body, /name="destination" value="app"/, "the filter stays in the form");
+      assert.equal((await request(`${url}/deliveries?destination=${encodeURIComponent("no such!")}`)).status, 400);
+    });
+
+    it("shows each destination's status on a delivery's page, and retries or replays one destination's row alone", async () => {
+      await inbox.store({ source: "shop", id: "evt_9", body: Buffer.from("{}"), destinations: ["handler", "app"] });
+      await inbox.finish((await inbox.claim(60_000, { destination: "handler" }))!);
+      await inbox.fail((await inbox.claim(60_000, { destination: "app" }))!, "HTTP 400: <i>bad</i>", { permanent: true });
+      const url = await start();
+      const { cookie, csrf } = await login(url);
+      const page = await request(`${url}/delivery?source=shop&id=evt_9`, { headers: { cookie } });
+      const routes = /<table class="routes">.*?<\/table>/s.exec(page.body)![0].replace(/<[^>]+>/g, " ").replace(/\s+/g, " ");
+      assert.match(routes, /handler done 1 – none \S+ \S+ Replay app failed 1 – none \S+ \S+ HTTP 400: &#60;i&#62;bad&#60;\/i&#62; Retry/);
+      assert.match(page.body, /<table class="tries">.*<td>app<\/td>/s, "each failed try says its destination");
+      const statuses = async () => (await inbox.find("evt_9", "shop")).map((d) => `${d.destination}:${d.status}`);
+      const retried = await request(`${url}/retry`, { headers: { cookie }, form: { source: "shop", id: "evt_9", destination: "app", csrf } });
+      assert.equal(retried.status, 303);
+      assert.deepEqual(await statuses(), ["handler:done", "app:received"]);
+      await request(`${url}/replay`, { headers: { cookie }, form: { source: "shop", id: "evt_9", destination: "handler", csrf } });
+      assert.deepEqual(await statuses(), ["handler:received", "app:received"]);
+      assert.ok(audit.some((l) => /action=retry delivery="shop\/evt_9" destination="app" count=1$/.test(l)), audit.join("\n"));
+      assert.ok(audit.some((l) => /action=replay delivery="shop\/evt_9" destination="handler" count=1$/.test(l)), audit.join("\n"));
+    });
+
+    it("never shows a destination's secret or its own headers, even where its answer echoes them", async () => {
+      const secret = `whsec_${Buffer.from("a forwarding secret never shown").toString("base64")}`;
+      const forwarding = loadDestinations({
+        $destinations: { app: { url: "http://127.0.0.1:1/", secret, bearer: "env:APP_TOKEN" }, crm: { url: "http://127.0.0.1:1/", secret, basic: "env:CRM_BASIC" } },
+        shop: { provider: "plain", routes: ["app", "crm"] },
+      }, { APP_TOKEN: "tok-never-shown-1234", CRM_BASIC: "crm-user:pass-never-shown" });
+      const echo = `401: bad credentials Bearer tok-never-shown-1234 (basic crm-user:pass-never-shown, signed with ${secret})`;
+      await inbox.store({ source: "shop", id: "evt_s", body: Buffer.from("{}"), destinations: ["app"] });
+      await inbox.fail((await inbox.claim(60_000, { destination: "app" }))!, echo, { permanent: true });
+      await inbox.tally("app", { done: 0, failed: 1, error: echo }, POLICY);
+      const pages = ["/destinations", "/delivery?source=shop&id=evt_s", "/deliveries", "/failures"];
+      const leaks = /tok-never-shown|pass-never-shown|a forwarding secret|whsec_/;
+      const guarded = await start({ token: TOKEN, hide: secretsOf(forwarding) });
+      const one = await login(guarded);
+      for (const path of pages) {
+        const res = await request(`${guarded}${path}`, { headers: { cookie: one.cookie } });
+        assert.equal(res.status, 200, path);
+        assert.doesNotMatch(res.body, leaks, path);
+        assert.match(res.body, /\[hidden\]/, path);
+      }
+      // The control: the same page without the sources file's values shows what the answer said.
+      const bare = await start();
+      const two = await login(bare);
+      assert.match((await request(`${bare}/destinations`, { headers: { cookie: two.cookie } })).body, leaks);
+    });
+
     it("without a token trusts loopback only: a foreign Host header (DNS rebinding) gets 403", async () => {
       const url = await start({});
       assert.equal((await request(`${url}/`)).status, 200);
@@ -327,6 +515,24 @@ describe("the page's listener", () => {
       assert.equal(run.code, 2);
       assert.match(run.stderr.trim(), /^admin: refusing to listen on 0\.0\.0\.0 without --admin-token/);
       assert.equal(run.stderr.trim().split("\n").length, 1);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
+  it("as a script, exits 2 with one line, no secret in it, when the sources file is wrong or its environment variable unset", async () => {
+    const dir = tempDir();
+    try {
+      const file = join(dir.dir, "sources.json");
+      writeFileSync(file, JSON.stringify({ $destinations: { app: { url: "http://127.0.0.1:1/", secret: "env:APP_SECRET" } }, shop: { provider: "plain", routes: ["app"] } }));
+      const run = await runScript("admin.ts", ["--db", join(dir.dir, "inbox.db"), "--port", "0", "--sources", file], { APP_SECRET: "" });
+      assert.equal(run.code, 2, run.stderr);
+      assert.match(run.stderr.trim(), /^admin: .*sources\.json: destination "app": .*APP_SECRET/);
+      assert.equal(run.stderr.trim().split("\n").length, 1);
+      writeFileSync(file, `{"$destinations": {"app": {"secret": "whsec_c2VjcmV0IG5ldmVyIHNob3du"`);
+      const broken = await runScript("admin.ts", ["--db", join(dir.dir, "inbox.db"), "--port", "0", "--sources", file]);
+      assert.equal(broken.code, 2);
+      assert.doesNotMatch(broken.stderr, /c2VjcmV0/);
     } finally {
       dir.cleanup();
     }

@@ -57,6 +57,13 @@ describe("backgroundCheckpoints", () => {
     }
   });
 
+  it("close() ends the thread without an error, on every runtime", async () => {
+    // Each runtime's node:worker_threads is its own; the thread's program keeps to what all three have.
+    const inbox = new SqliteInbox(path, { backgroundCheckpoints: true });
+    await fill(inbox);
+    await inbox.close();
+  });
+
   it("refuses a value that is not a boolean", () => {
     assert.throws(() => new SqliteInbox(path, { backgroundCheckpoints: "yes" as unknown as boolean }), /expected backgroundCheckpoints to be a boolean, got string/);
   });

@@ -7,7 +7,11 @@ import { createServer } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
+import { runnerName } from "../runtime.ts";
 import { POSTGRES, postgresSkip, runScript, startReceiver, tempDir } from "./helpers.ts";
+
+// The demo prints each command as a person would type it on the runtime it runs on ("npx tsx" under tsx).
+const runner = runnerName().replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
 const pgSkip = await postgresSkip();
 
@@ -46,6 +50,8 @@ describe("send.ts", () => {
       assert.deepEqual(ids, ["evt_100", "evt_101"]);
     } finally {
       assert.equal(await receiver.stop(), 0);
+      // Its last words are its SIGTERM line: nothing failed on the way out.
+      assert.match(receiver.log(), /\nSIGTERM: finishing the requests in flight, then stopping\n$/);
       dir.cleanup();
     }
   });
@@ -88,7 +94,7 @@ describe("npm run demo", () => {
     const expected = [
       /The work was done 2 times/,
       /The work was done 1 time\b/,
-      /\$ npx tsx receiver\.ts --port 0 --db \S+inbox\.db &/,
+      new RegExp(`\\$ ${runner} receiver\\.ts --port 0 --db \\S+inbox\\.db &`),
       /receiver\| Listening on http:\/\/127\.0\.0\.1:\d+/,
       /^ {2}evt_100: stored$/m,
       /^ {2}evt_100: duplicate$/m,
@@ -124,7 +130,7 @@ describe("npm run demo -- --postgres URL", { skip: pgSkip }, () => {
   it("tells the same story on PostgreSQL, in a schema of its own that it drops afterwards", async () => {
     const { code, stdout, stderr } = await runScript("demo.ts", ["--postgres", POSTGRES]);
     assert.equal(code, 0, `${stdout}\n${stderr}`);
-    assert.match(stdout, /\$ npx tsx receiver\.ts --port 0 --db postgres:\/\/\S+\?schema=inbox_demo_\d+ &/);
+    assert.match(stdout, new RegExp(`\\$ ${runner} receiver\\.ts --port 0 --db postgres://\\S+\\?schema=inbox_demo_\\d+ &`));
     assert.match(stdout, /^ {2}done {7}2$/m);
     assert.match(stdout, /Done: 4 deliveries sent, 2 stored, 2 payments recorded, nothing left running\./);
     const schema = /schema=(inbox_demo_\d+)/.exec(stdout)![1]!;

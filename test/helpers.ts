@@ -1,13 +1,14 @@
 // test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
-// processes on this same Node, and a receiver on a free port.
+// processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
 
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { Browser } from "playwright-core";
+import { scriptCommand, signalChild } from "../runtime.ts";
 
 /** ROOT is the repository's top folder, where the scripts live. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
@@ -18,9 +19,10 @@ export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => v
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** spawnScript starts one of the suite's scripts (or a test fixture) under tsx, on this same Node. */
+/** spawnScript starts one of the suite's scripts (or a test fixture) on this same runtime, as this test runs (tsx on Node). */
 export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
-  return spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
+  const { command, args: all } = scriptCommand(join(ROOT, script), args);
+  return spawn(command, all, {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -72,7 +74,7 @@ export async function startReceiver(db: string, args: string[] = [], env: NodeJS
     port: Number(new URL(url).port),
     log: () => stderr,
     stop: async (signal = "SIGTERM") => {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      signalChild(child, signal);
       return exited;
     },
   };
@@ -215,6 +217,23 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * runtimeBinary finds Deno's or Bun's binary: in node_modules/.bin, where npm install puts the pinned dev
+ * dependency, else on PATH. Absent, it says once in one line what is skipped and returns undefined; with
+ * INBOX_REQUIRE_DENO=1 or INBOX_REQUIRE_BUN=1 (as .ci/run sets them) it throws instead.
+ */
+export function runtimeBinary(name: "deno" | "bun", skipped: string): string | undefined {
+  const local = join(ROOT, "node_modules", ".bin", name);
+  if (existsSync(local)) return local;
+  const which = spawnSync("which", [name], { encoding: "utf8" });
+  if (which.status === 0) return which.stdout.trim();
+  const why = `no ${name} in node_modules/.bin or on PATH`;
+  const require = `INBOX_REQUIRE_${name.toUpperCase()}`;
+  if (process.env[require] === "1") throw new Error(`${require}=1 but ${why} (npm install brings it)`);
+  console.log(`# ${skipped} skipped: ${why}; npm install (it is a dev dependency) to run them.`);
+  return undefined;
 }
 
 /** CHROMIUM is the browser the tests drive: INBOX_CHROMIUM, else Debian's package. */

@@ -75,14 +75,16 @@ describe("openDatabase()", () => {
     const inbox = open();
     const plan = (sql: string) =>
       (inbox.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(T0) as { detail: string }[]).map((p) => p.detail).join("\n");
-    assert.match(plan("SELECT rowid FROM deliveries WHERE status = 'received' AND order_key IS NULL AND available_at <= ? ORDER BY available_at LIMIT 1"),
-      /USING (COVERING )?INDEX deliveries_due/);
-    assert.match(plan("SELECT rowid FROM deliveries WHERE status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT 1"),
-      /USING (COVERING )?INDEX deliveries_leased/);
+    // Each claim takes one destination's deliveries: its slice of each index, however many others wait.
+    assert.match(plan("SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'received' AND order_key IS NULL AND available_at <= ? ORDER BY available_at LIMIT 1"),
+      /USING (COVERING )?INDEX deliveries_due \(destination=\? AND available_at<\?\)/);
+    assert.match(plan("SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT 1"),
+      /USING (COVERING )?INDEX deliveries_leased \(destination=\? AND leased_until<\?\)/);
     // Ordering: the idle keys' heads by due time, and a key's next head in event time.
-    assert.match(plan("SELECT source, order_key FROM order_keys WHERE due <= ? ORDER BY due LIMIT 1"), /USING (COVERING )?INDEX order_keys_due/);
-    assert.match(plan(`SELECT id FROM deliveries WHERE source = 'a' AND order_key = 'k' AND status = 'received' AND ? > 0
-                       ORDER BY event_time, rowid LIMIT 1`), /USING (COVERING )?INDEX deliveries_ordered \(source=\? AND order_key=\?\)$/);
+    assert.match(plan("SELECT source, order_key FROM order_keys WHERE destination = 'handler' AND due <= ? ORDER BY due LIMIT 1"),
+      /USING (COVERING )?INDEX order_keys_due \(destination=\? AND due<\?\)/);
+    assert.match(plan(`SELECT id FROM deliveries WHERE source = 'a' AND destination = 'handler' AND order_key = 'k' AND status = 'received' AND ? > 0
+                       ORDER BY event_time, rowid LIMIT 1`), /USING (COVERING )?INDEX deliveries_ordered \(source=\? AND destination=\? AND order_key=\?\)$/);
   });
 });
 

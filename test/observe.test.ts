@@ -243,6 +243,7 @@ for (const backend of BACKENDS) {
           const url = /Metrics on (\S+)/.exec(stderr)![1]!;
           const m = scrape((await get(url)).text);
           assert.equal(m.value("inbox_attempts_total"), 0);
+          assert.equal(m.value("inbox_ready"), 1);
           assert.deepEqual(await get(url.replace("/metrics", "/livez")), { status: 200, text: "ok" });
           assert.deepEqual(await get(url.replace("/metrics", "/readyz")), { status: 200, text: "ready" });
           assert.equal((await get(url.replace("/metrics", "/nope"))).status, 404);
@@ -308,8 +309,10 @@ describe("/readyz on a full disk: a 2 MB tmpfs (when the tests may mount one)", 
       assert.match((await ready()).text, /not ready: cannot commit: .*full/);
       const m = scrape((await get(`${receiver.url}/metrics`)).text);
       assert.equal(m.value("inbox_received_total", { result: "unavailable" }), 1);
+      assert.equal(m.value("inbox_ready"), 0, "the scrape says so too");
       rmSync(join(mnt, "ballast"));
       await until("/readyz to recover", 5_000, async () => (await ready()).status === 200);
+      assert.equal(scrape((await get(`${receiver.url}/metrics`)).text).value("inbox_ready"), 1);
       const stored = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "after" }, body: "{}" });
       assert.equal(await stored.text(), "stored");
     } finally {
@@ -360,9 +363,11 @@ describe("/readyz with PostgreSQL stopped and started again, then read-only (a p
     const ready = () => get(`${receiver.url}/readyz`);
     try {
       assert.equal((await ready()).status, 200);
+      assert.equal(scrape((await get(`${receiver.url}/metrics`)).text).value("inbox_ready"), 1);
       pgCtl("stop");
       await until("/readyz to fail", 10_000, async () => (await ready()).status === 503);
       assert.match((await ready()).text, /not ready: /);
+      assert.equal(scrape((await get(`${receiver.url}/metrics`)).text).value("inbox_ready"), 0, "the scrape says so too");
       const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "down" }, body: "{}" });
       assert.equal(res.status, 503);
       pgCtl("start");

@@ -1,0 +1,206 @@
+// forward.ts: one delivery over HTTP to a destination's own endpoint, and what its answer means (the table
+// in docs/forwarding.md). The raw body goes byte-exact with its content type, signed as Standard Webhooks
+// with the destination's own secrets; redirects are not followed. The forwarder (forwarder.ts) calls it;
+// announce() posts the operator's events the same way. Not run on its own.
+
+import { randomBytes } from "node:crypto";
+import { rootCertificates } from "node:tls";
+import { Agent, request } from "undici";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import { secretKey, sign } from "./providers.ts";
+import type { HttpDestination, Operator } from "./routes.ts";
+import type { Lease } from "./store.ts";
+
+/** Outcome is what one forward (or publish) came to; every destination, HTTP or broker, answers with one. */
+export type Outcome =
+  | { kind: "done" }
+  /** Try again later, no sooner than afterMs if the destination said so (Retry-After). */
+  | { kind: "retry"; error: string; afterMs?: number }
+  /** Retrying cannot help: set the delivery aside. */
+  | { kind: "failed"; error: string }
+  /** The destination said it is gone (410): pause it, and hand the delivery back without spending its attempt. */
+  | { kind: "gone"; error: string };
+
+/** Sender forwards one delivery to one destination; the forwarder runs one per destination. */
+export interface Sender {
+  /** send forwards the leased delivery; it never throws: a failure is an Outcome. */
+  send(lease: Lease, options: { signal: AbortSignal; permanent4xx: boolean }): Promise<Outcome>;
+  close(): Promise<void>;
+}
+
+// Headers of the connection, not of the message, and the ones the forward sets itself: never copied from
+// the provider's request.
+const HOP_BY_HOP = new Set([
+  "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization", "proxy-authenticate",
+  "host", "content-length", "expect",
+]);
+
+/** signatures signs a body for Standard Webhooks with every secret (the app may hold any one: rotation). */
+export function signatures(secrets: readonly string[], id: string, body: Buffer, timestampS: number): Record<string, string> {
+  const all = secrets.map((secret) => sign("standard", secret, { id, body, timestampS }));
+  return { ...all[0]!, "webhook-signature": all.map((h) => h["webhook-signature"]).join(" ") };
+}
+
+/** checkSecrets throws a TypeError if a secret is not Standard Webhooks' whsec_ + base64 (caught at start-up, not at the first forward). */
+export function checkSecrets(secrets: readonly string[], where: string): void {
+  secrets.forEach((s, i) => secretKey("standard", s, `${where}: ${secrets.length > 1 ? `secret #${i + 1}` : "secret"}`));
+}
+
+/** traceparentOf is the delivery's stored W3C traceparent, or a fresh one when none was taken at receive time. */
+export function traceparentOf(lease: Pick<Lease, "traceparent">): string {
+  if (lease.traceparent && /^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/.test(lease.traceparent)) return lease.traceparent;
+  return `00-${randomBytes(16).toString("hex")}-${randomBytes(8).toString("hex")}-01`;
+}
+
+/** forwardHeaders builds the headers of one forward; the delivery's key (source:id) is its webhook-id. */
+export function forwardHeaders(destination: HttpDestination, lease: Lease, nowMs: number): Record<string, string> {
+  const headers: Record<string, string> = {};
+  if (destination.forwardHeaders && lease.headers) {
+    for (const [name, values] of Object.entries(lease.headers)) {
+      if (!values || values.length === 0 || HOP_BY_HOP.has(name) || name.startsWith("webhook-") || name.startsWith("inbox-")) continue;
+      headers[name] = values.join(", ");
+    }
+  }
+  Object.assign(headers, destination.headers, {
+    "content-type": lease.contentType ?? "application/octet-stream",
+    "user-agent": "webhook-inbox",
+    traceparent: traceparentOf(lease),
+    "inbox-source": lease.source,
+    "inbox-delivery-id": lease.id,
+    "inbox-attempt": String(lease.attempts),
+    ...(lease.eventType ? { "inbox-event-type": lease.eventType } : {}),
+    ...(lease.orderKey !== null ? { "inbox-order-key": lease.orderKey, "inbox-stale": lease.newerId !== null ? "true" : "false" } : {}),
+    ...(lease.newerId !== null ? { "inbox-newer-id": lease.newerId } : {}),
+  }, signatures(destination.secrets, `${lease.source}:${lease.id}`, lease.body, Math.floor(nowMs / 1000)));
+  return headers;
+}
+
+/**
+ * retryAfterMs reads a Retry-After header: seconds, or an HTTP date; undefined if absent or unreadable.
+ * A time already past counts as now.
+ */
+export function retryAfterMs(value: string | string[] | undefined, nowMs: number): number | undefined {
+  const text = Array.isArray(value) ? value[0] : value;
+  if (text === undefined || text.trim() === "") return undefined;
+  if (/^\s*\d+\s*$/.test(text)) return Number(text) * 1000;
+  const at = Date.parse(text);
+  return Number.isNaN(at) ? undefined : Math.max(0, at - nowMs);
+}
+
+/**
+ * judge turns an answer into an Outcome, by the table in docs/forwarding.md: 2xx done; 410 gone; 429 and
+ * 503 retry no sooner than Retry-After; 408, 409, 425 and 429 retry; another 4xx is permanent only if
+ * the route says so; 3xx (not followed) and 5xx retry. The error keeps the answer's first bytes.
+ */
+export function judge(status: number, headers: Record<string, string | string[] | undefined>, head: string, name: string, permanent4xx: boolean, nowMs: number): Outcome {
+  if (status >= 200 && status < 300) return { kind: "done" };
+  const shown = head.replace(/\s+/g, " ").trim();
+  const error = `HTTP ${status} from ${name}${status >= 300 && status < 400 && headers.location ? ` (a redirect to ${String(headers.location)}, not followed)` : ""}${shown ? `: ${shown}` : ""}`;
+  if (status === 410) return { kind: "gone", error };
+  if (status === 429 || status === 503) {
+    const afterMs = retryAfterMs(headers["retry-after"], nowMs);
+    return { kind: "retry", error, ...(afterMs !== undefined ? { afterMs } : {}) };
+  }
+  if (status >= 400 && status < 500 && ![408, 409, 425, 429].includes(status) && permanent4xx) return { kind: "failed", error };
+  return { kind: "retry", error };
+}
+
+/** httpSender forwards to one HTTP destination through a connection pool of its own, TLS verified. */
+export function httpSender(destination: HttpDestination, options: { now?: () => number; answerBytes?: number } = {}): Sender {
+  checkSecrets(destination.secrets, `destination ${JSON.stringify(destination.name)}`);
+  const now = options.now ?? Date.now;
+  const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
+  const agent = new Agent({
+    connections: destination.maxInFlight,
+    connect: {
+      timeout: destination.connectTimeoutMs,
+      rejectUnauthorized: true,
+      // A private CA is trusted besides the system's, not instead of them.
+      ...(destination.ca ? { ca: [...rootCertificates, destination.ca] } : {}),
+    },
+    headersTimeout: destination.timeoutMs,
+    bodyTimeout: destination.timeoutMs,
+  });
+  const name = destination.name;
+  return {
+    async send(lease, { signal, permanent4xx }) {
+      const timeout = AbortSignal.timeout(destination.timeoutMs);
+      try {
+        const res = await request(destination.url, {
+          method: "POST", dispatcher: agent, headers: forwardHeaders(destination, lease, now()), body: lease.body,
+          signal: AbortSignal.any([signal, timeout]),
+        });
+        let head = "";
+        if (res.statusCode >= 200 && res.statusCode < 300) {
+          await res.body.dump({ limit: 1 << 20 }).catch(() => {});
+        } else {
+          head = await firstBytes(res.body, answerBytes);
+        }
+        return judge(res.statusCode, res.headers, head, name, permanent4xx, now());
+      } catch (error) {
+        if (timeout.aborted && !signal.aborted) return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
+        if (signal.aborted) return { kind: "retry", error: `forward to ${name} stopped: ${message(signal.reason)}` };
+        return { kind: "retry", error: `${name}: ${describe(error)}` };
+      }
+    },
+    close: () => agent.close(),
+  };
+}
+
+// firstBytes reads up to n bytes of an answer for the delivery's page, then lets the rest go.
+async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): void }, n: number): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of body) {
+      chunks.push(chunk);
+      size += chunk.length;
+      if (size >= n) break;
+    }
+  } catch {
+    // An answer cut short still says what it said so far.
+  } finally {
+    body.destroy();
+  }
+  return Buffer.concat(chunks).subarray(0, n).toString("utf8");
+}
+
+// describe names a network failure the way an operator searches for it: the code, then what it says.
+function describe(error: unknown): string {
+  const e = error as { code?: string; cause?: { code?: string; message?: string } };
+  const code = e.code ?? e.cause?.code;
+  const text = e.cause?.message ?? message(error);
+  return code && !text.includes(code) ? `${code}: ${text}` : text;
+}
+
+/** OperatorEvent is one announcement: a breaker opened or closed, a destination paused or resumed, a delivery set aside. */
+export interface OperatorEvent {
+  type: "destination.opened" | "destination.closed" | "destination.paused" | "destination.resumed" | "delivery.set_aside";
+  data: Record<string, unknown>;
+}
+
+/**
+ * announce posts an operator event to the operator's URL as a signed Standard Webhooks event (Svix's
+ * operational webhooks are the model), trying three times; it never throws, and says how it went.
+ */
+export async function announce(operator: Operator, event: OperatorEvent, nowMs: number = Date.now()): Promise<true | string> {
+  const id = `evt_${randomBytes(12).toString("hex")}`;
+  const body = Buffer.from(JSON.stringify({ type: event.type, timestamp: new Date(nowMs).toISOString(), data: event.data }));
+  let last = "";
+  for (let attempt = 1; attempt <= 3; attempt++) {
+    try {
+      const res = await request(operator.url, {
+        method: "POST", body, signal: AbortSignal.timeout(5_000),
+        headers: { ...operator.headers, "content-type": "application/json", "user-agent": "webhook-inbox", ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)) },
+      });
+      await res.body.dump().catch(() => {});
+      if (res.statusCode >= 200 && res.statusCode < 300) return true;
+      last = `HTTP ${res.statusCode}`;
+    } catch (error) {
+      last = describe(error);
+    }
+    if (attempt < 3) await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
+  }
+  return `the operator's URL did not take ${event.type} (${last})`;
+}

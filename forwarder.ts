@@ -1,0 +1,320 @@
+// forwarder.ts: the worker's forwarding loop. One lane per destination, each with its own claims, its own
+// requests in flight and its own breaker, so a destination that fails or hangs holds up only itself.
+// worker.ts runs it beside the handler when the sources file names destinations:
+//   INBOX_SOURCES=sources.json npx tsx worker.ts
+// See docs/forwarding.md for the model, the answer table and the breaker.
+
+import { DEFAULTS } from "./defaults.ts";
+import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } from "./forward.ts";
+import { label, message, type Log } from "./log.ts";
+import type { Metrics } from "./metrics.ts";
+import type { Destination, Forwarding, Route } from "./routes.ts";
+import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally } from "./store.ts";
+
+/** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
+export interface ForwarderOptions {
+  inbox: Inbox;
+  forwarding: Forwarding;
+  /** Each source's routes, for what a 4xx means on its way to a destination. @default none: a 4xx retries */
+  routes?: ReadonlyMap<string, readonly Route[]>;
+  /** Senders for destinations that are not HTTP (brokers), by destination name. @default none */
+  senders?: ReadonlyMap<string, Sender>;
+  /** Drain what is due, then return. @default false */
+  once?: boolean;
+  /** @default DEFAULTS.leaseMs */
+  leaseMs?: number;
+  /** @default DEFAULTS.pollMinMs */
+  pollMinMs?: number;
+  /** @default DEFAULTS.pollMaxMs */
+  pollMaxMs?: number;
+  /** @default DEFAULTS.tallyEveryMs */
+  tallyEveryMs?: number;
+  /** Abort to stop: no more claims; forwards in flight finish, or are cut off and released after shutdownGraceMs. */
+  signal?: AbortSignal;
+  /** @default DEFAULTS.shutdownGraceMs */
+  shutdownGraceMs?: number;
+  /** @default console.error */
+  log?: Log;
+  metrics?: Metrics;
+  /** The counters to count into. @default fresh ones */
+  stats?: ForwardStats;
+}
+
+/** ForwardStats counts what the forwarder did. */
+export interface ForwardStats {
+  done: number;
+  retried: number;
+  failed: number;
+  held: number;
+  lost: number;
+}
+
+// A destination with "breaker": false still tallies (its failure rate and last error are shown) but never opens.
+const NEVER: BreakerPolicy = { failures: Number.MAX_SAFE_INTEGER, rate: 2, minTries: Number.MAX_SAFE_INTEGER, windowMs: DEFAULTS.breakerWindowMs, coolDownMs: 0 };
+
+/** forward runs one lane per destination until the signal aborts (or, once, until nothing is due). */
+export async function forward(options: ForwarderOptions): Promise<ForwardStats> {
+  const { inbox, forwarding } = options;
+  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  const senders = new Map<string, Sender>();
+  for (const d of forwarding.destinations.values()) {
+    const sender = d.kind === "http" ? httpSender(d) : options.senders?.get(d.name);
+    if (!sender) throw new TypeError(`forward: no sender for destination ${d.name} (type ${d.kind === "broker" ? d.type : "http"})`);
+    senders.set(d.name, sender);
+  }
+  const say = (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => {
+    log(line, { level, event: event.type, ...event.data });
+    if (forwarding.operator) {
+      void announce(forwarding.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
+    }
+  };
+  try {
+    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, options, stats, log, say)));
+  } finally {
+    await Promise.all([...senders.entries()].filter(([name]) => forwarding.destinations.get(name)?.kind === "http").map(([, s]) => s.close()));
+  }
+  return stats;
+}
+
+// lane forwards one destination's deliveries: it claims only what its in-flight limit has room for, so a
+// slow destination holds its own leases and nobody else's.
+async function lane(
+  destination: Destination, sender: Sender, options: ForwarderOptions, stats: ForwardStats, log: Log,
+  say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void,
+): Promise<void> {
+  const { inbox, metrics } = options;
+  const name = destination.name;
+  const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
+  const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
+  const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
+  const policy = destination.breaker === false ? NEVER : destination.breaker;
+  const stop = options.signal;
+  const active = new Map<Lease, AbortController>();
+  let wake: () => void = () => {};
+  const pause = (ms: number) => new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    wake = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+  });
+  stop?.addEventListener("abort", () => wake(), { once: true });
+  const unwake = inbox.onWake(() => wake());
+
+  // Successes are gathered and added to the shared breaker once per tallyEveryMs; a failure goes at once,
+  // with what was gathered before it, so the shared count of failures in a row stays in order.
+  let gathered: Tally = { done: 0, failed: 0 };
+  let tallying: Promise<void> = Promise.resolve();
+  const tally = (extra?: Partial<Tally>) => {
+    const t: Tally = { ...gathered, failed: gathered.failed + (extra?.failed ?? 0), ...(extra?.error ? { error: extra.error } : {}), ...(extra?.probe ? { probe: extra.probe } : {}) };
+    gathered = { done: 0, failed: 0 };
+    if (t.done === 0 && t.failed === 0 && !t.probe) return tallying;
+    tallying = tallying.then(() => inbox.tally(name, t, policy)).then(
+      (change) => change && announceChange(change),
+      (error: unknown) => log(`${name}: could not tally the breaker: ${message(error)}`, { level: "warn", destination: name }),
+    );
+    return tallying;
+  };
+  const announceChange = (change: BreakerChange) => {
+    hold(change.change === "opened");
+    if (change.change === "opened") {
+      const why = change.failures >= policy.failures ? `${change.failures} failures in a row` : `${Math.round((change.rate ?? 0) * 100)}% of tries failed`;
+      say({ type: "destination.opened", data: { destination: name, failures: change.failures, failureRate: change.rate, error: change.error, retryAt: change.retryAt } },
+        `${name}: breaker open after ${why} (last: ${change.error ?? "?"}); its deliveries wait, no attempt spent, until a probe at ${new Date(change.retryAt!).toISOString()}`, "error");
+    } else {
+      say({ type: "destination.closed", data: { destination: name } }, `${name}: breaker closed, the probe got through; forwarding again`, "info");
+    }
+  };
+  const ticker = setInterval(() => void tally(), options.tallyEveryMs ?? DEFAULTS.tallyEveryMs);
+  const heartbeat = setInterval(() => {
+    for (const [lease, controller] of active) {
+      inbox.extend(lease, leaseMs).then(
+        (held) => {
+          if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
+        },
+        (error: unknown) => log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name }),
+      );
+    }
+  }, Math.max(1, Math.floor(leaseMs / 3)));
+
+  // Forwards answered 2xx whose done mark is not yet sent; the loop sends them together.
+  const answered: { lease: Lease; resolve: (held: boolean) => void; reject: (error: unknown) => void }[] = [];
+  let finishing = 0;
+  // Set when this lane saw its destination open or pause; a claim begun after that which gets leases
+  // clears it (one begun before may have read the destination's row before it changed).
+  let holding = false;
+  let heldAt = 0;
+  const hold = (on: boolean) => {
+    holding = on;
+    if (on) heldAt = performance.now();
+  };
+  // Claimed leases waiting for one of the lane's maxInFlight request slots.
+  const queued: Lease[] = [];
+  let sending = 0;
+  const send = () => {
+    // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
+    if (holding) for (const lease of queued.splice(0)) void inbox.release(lease).then((r) => r && stats.held++).finally(() => active.delete(lease));
+    while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
+      const lease = queued.shift()!;
+      sending++;
+      void one(lease, active.get(lease)!, () => {
+        sending--;
+        send();
+      }).finally(() => {
+        active.delete(lease);
+        wake();
+      });
+    }
+  };
+  const markDone = () => {
+    for (const a of answered.splice(0)) {
+      finishing++;
+      inbox.finish(a.lease).finally(() => finishing--).then(a.resolve, a.reject);
+    }
+  };
+  const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
+
+  async function one(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+    try {
+      await attempt(lease, controller, answered$);
+    } finally {
+      answered$();
+    }
+  }
+
+  async function attempt(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+    const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
+    const started = performance.now();
+    const outcome: Outcome = await sender.send(lease, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
+    // The request slot is free once the destination has answered and, for a failure, once the breaker has
+    // counted it: the next forward must not go out to a destination that just opened.
+    if (outcome.kind === "done") answered$();
+    metrics?.forwarded(name, outcome.kind, performance.now() - started);
+    try {
+      // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
+      if (outcome.kind === "retry" && controller.signal.aborted && stop?.aborted) {
+        if (await inbox.release(lease)) stats.held++;
+        return;
+      }
+      if (outcome.kind === "done") {
+        // The done mark waits for the lane's next turn, which sends every done mark gathered since, and
+        // the next claim, in one transaction: one commit for many forwards, not one each.
+        const held = await new Promise<boolean>((resolve, reject) => {
+          answered.push({ lease, resolve, reject });
+          wake();
+        });
+        if (held) {
+          stats.done++;
+          gathered.done++;
+          if (lease.probe) await tally({ probe: "done" });
+          log(`${label(lease)} → ${name} done`, { ...fields, status: "done" });
+        } else {
+          stats.lost++;
+          log(`${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`, { level: "warn", ...fields });
+        }
+        return;
+      }
+      if (outcome.kind === "gone") {
+        // The destination said it is gone: it is paused, and this delivery waits with it, its attempt given back.
+        // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
+        hold(true);
+        const paused = await inbox.pause(name, outcome.error);
+        if (await inbox.release(lease)) stats.held++;
+        if (paused) {
+          say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
+            `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
+        }
+        return;
+      }
+      const failure = await inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {});
+      // A permanent 4xx is the destination answering: its breaker counts it as up.
+      if (outcome.kind === "failed") gathered.done++;
+      else await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+      if (failure === undefined) {
+        stats.lost++;
+        log(`${label(lease)} → ${name} failed, but the lease was already lost: ${outcome.error}`, { level: "warn", ...fields });
+      } else if (failure.status === "failed") {
+        stats.failed++;
+        metrics?.failed(lease);
+        say({ type: "delivery.set_aside", data: { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts, error: outcome.error } },
+          `${label(lease)} → ${name} set aside${outcome.kind === "failed" ? " (permanent)" : ` after ${lease.attempts} attempts`}: ${outcome.error}`, "error");
+      } else {
+        stats.retried++;
+        metrics?.retried(lease);
+        log(`${label(lease)} → ${name} failed (attempt ${lease.attempts}), retrying at ${new Date(failure.retryAt).toISOString()}: ${outcome.error}`,
+          { level: "warn", ...fields, status: "received", retryAt: failure.retryAt });
+      }
+    } catch (error) {
+      log(`${label(lease)} → ${name}: could not record the outcome (${message(error)}); it goes again when its lease expires`, { level: "error", ...fields });
+    }
+  }
+
+  try {
+    let delay = pollMin;
+    let claimFailing = false;
+    while (!stop?.aborted) {
+      // Claims wait for a quarter of the lane's room to free up (or for the lane to be idle): one claim,
+      // one transaction, for several forwards rather than one per forward that ends.
+      // A lease waiting for its done mark no longer has a request at the destination: it leaves room.
+      markDone();
+      send();
+      // Claim ahead: up to a second lane's worth of leases waits here for a request slot, so that one
+      // claim (and the done marks sent with it) serves many forwards. A claim waits until half of that is
+      // gone, or the lane is idle.
+      const max = destination.maxInFlight;
+      const room = 2 * max - active.size;
+      const worth = active.size === 0 || (queued.length < max / 2 && room >= Math.max(1, Math.floor(max / 2)));
+      let leases: Lease[] = [];
+      const claimedAt = performance.now();
+      if (room > 0 && worth) {
+        try {
+          leases = await inbox.claimBatch(room, leaseMs, { destination: name, ...(destination.rate ? { rate: destination.rate } : {}) });
+          if (claimFailing) log(`${name}: claiming again`, { destination: name });
+          claimFailing = false;
+        } catch (error) {
+          if (options.once) throw error;
+          if (!claimFailing) log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
+          claimFailing = true;
+          await pause(pollMax);
+          continue;
+        }
+      }
+      if (leases.length > 0 && claimedAt > heldAt) hold(false);
+      for (const lease of leases) {
+        active.set(lease, new AbortController());
+        metrics?.claimed(lease);
+        queued.push(lease);
+      }
+      send();
+      if (leases.length > 0) {
+        delay = pollMin;
+        continue;
+      }
+      if (options.once && active.size === 0) break;
+      await pause(room > 0 ? delay : pollMax);
+      if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
+    }
+    // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it
+    // is cut off and released. Done marks keep going out meanwhile.
+    for (const lease of queued.splice(0)) {
+      active.delete(lease);
+      if (await inbox.release(lease)) stats.held++;
+    }
+    const deadline = Date.now() + (options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs);
+    while (active.size > 0 && Date.now() < deadline) {
+      markDone();
+      await pause(pollMax);
+    }
+    for (const controller of active.values()) controller.abort(new Error("the worker is stopping"));
+    while (active.size > 0) {
+      markDone();
+      await pause(pollMax);
+    }
+    await tally();
+  } finally {
+    clearInterval(ticker);
+    clearInterval(heartbeat);
+    unwake();
+  }
+}

@@ -1,0 +1,287 @@
+// routes.ts: where each delivery goes. The sources file names destinations under "$destinations" (a key no
+// source can have: "$" is not in a source name) and gives each source "routes"; a source without routes
+// goes to the handler, as before. Not run on its own: loadSources (providers.ts) reads the routes, and
+// worker.ts reads the destinations through loadDestinations. See docs/forwarding.md.
+//   "$destinations": { "app": { "url": "https://app.internal/webhooks", "secret": "env:APP_FORWARD_SECRET" } },
+//   "stripe": { "provider": "stripe", "secret": "env:STRIPE_SECRET", "routes": ["handler", { "to": "app", "types": ["invoice.*"] }] }
+
+import { readFileSync } from "node:fs";
+import { DEFAULTS } from "./defaults.ts";
+import { DESTINATION_NAME, type BreakerPolicy } from "./store.ts";
+
+/** Route is one of a source's routes: a destination, the event types it takes, and what a 4xx answer means. */
+export interface Route {
+  to: string;
+  /** Glob patterns (`invoice.*`); a delivery whose event type matches none is not sent this way. @default every type */
+  types?: RegExp[];
+  /** A 4xx answer (other than 408, 409, 425, 429) sets the delivery aside at once instead of retrying. @default false */
+  permanent4xx: boolean;
+  /** Whether the destination forwards the provider's own headers, so the receiver keeps them. */
+  forwardHeaders: boolean;
+}
+
+/** HttpDestination is a destination reached over HTTP, as its entry in "$destinations" says. */
+export interface HttpDestination {
+  kind: "http";
+  name: string;
+  url: URL;
+  /** Standard Webhooks secrets (whsec_ + base64, or raw text): each signs, so the app may rotate. */
+  secrets: string[];
+  /** Headers of its own (a bearer token, basic auth): read from the environment, never logged or shown. */
+  headers: Record<string, string>;
+  connectTimeoutMs: number;
+  timeoutMs: number;
+  /** Requests in flight at once from one worker (the rate limit is the one shared by every worker). */
+  maxInFlight: number;
+  /** Most forwards per second, by every worker together. @default no limit */
+  rate?: { perSecond: number; burst?: number };
+  /** PEM of a private CA to trust, besides the system's. */
+  ca?: string;
+  /** Send the provider's own headers along (Stripe-Signature, X-Hub-Signature-256 …). */
+  forwardHeaders: boolean;
+  /** The breaker's policy, or false for none. */
+  breaker: BreakerPolicy | false;
+}
+
+/** BrokerDestination is a destination that publishes into a broker; brokers.ts reads its settings. */
+export interface BrokerDestination {
+  kind: "broker";
+  name: string;
+  type: string;
+  settings: Record<string, unknown>;
+  maxInFlight: number;
+  rate?: { perSecond: number; burst?: number };
+  breaker: BreakerPolicy | false;
+  forwardHeaders: false;
+}
+
+/** Destination is any configured destination; the handler is not one here, it is always there. */
+export type Destination = HttpDestination | BrokerDestination;
+
+/** Operator is where the inbox announces breakers, pauses and deliveries set aside, as signed Standard Webhooks events. */
+export interface Operator {
+  url: URL;
+  secrets: string[];
+  headers: Record<string, string>;
+}
+
+/** Forwarding is what the worker reads from a sources file: the destinations, and the operator's URL. */
+export interface Forwarding {
+  destinations: Map<string, Destination>;
+  operator?: Operator;
+}
+
+/** TOP_KEYS are the sources file's own keys, beside the sources; none can clash with a source's name. */
+export const TOP_KEYS = ["$destinations", "$operator"] as const;
+
+const DESTINATION_KEYS = ["type", "url", "secret", "headers", "bearer", "basic", "timeout", "connectTimeout", "maxInFlight", "rate", "burst", "ca", "forwardHeaders", "breaker"];
+const BREAKER_KEYS = ["failures", "rate", "minTries", "window", "coolDown"];
+const ROUTE_KEYS = ["to", "types", "permanent4xx"];
+
+const isObject = (value: unknown): value is Record<string, unknown> => typeof value === "object" && value !== null && !Array.isArray(value);
+const kindOf = (value: unknown) => (value === null ? "null" : Array.isArray(value) ? "a list" : typeof value);
+
+/** glob turns an event-type pattern into a RegExp: `*` stands for any run of characters, dots included. */
+export function glob(pattern: string): RegExp {
+  return new RegExp(`^${pattern.split("*").map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
+}
+
+/**
+ * parseRoutes reads a source's "routes": a list of destination names or { to, types, permanent4xx }. Each
+ * must name a destination of the file or the handler. No routes means the handler alone.
+ */
+export function parseRoutes(setting: unknown, config: Record<string, unknown>, where: string): Route[] {
+  const defined = isObject(config.$destinations) ? config.$destinations : {};
+  const forwards = (to: string) => isObject(defined[to]) && defined[to]!.forwardHeaders === true;
+  if (setting === undefined) return [{ to: DEFAULTS.destination, permanent4xx: false, forwardHeaders: false }];
+  if (!Array.isArray(setting) || setting.length === 0) throw new TypeError(`${where}: expected routes to be a list of destinations, got ${kindOf(setting)}`);
+  const routes: Route[] = [];
+  for (const [i, item] of setting.entries()) {
+    const at = `${where}: route #${i + 1}`;
+    const r = typeof item === "string" ? { to: item } : item;
+    if (!isObject(r)) throw new TypeError(`${at}: expected a destination's name or { "to": name, "types": [...] }, got ${kindOf(item)}`);
+    const unknown = Object.keys(r).filter((k) => !ROUTE_KEYS.includes(k));
+    if (unknown.length > 0) throw new TypeError(`${at}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${ROUTE_KEYS.join(", ")}`);
+    const to = r.to;
+    if (typeof to !== "string" || (to !== DEFAULTS.destination && !(to in defined))) {
+      const known = [DEFAULTS.destination, ...Object.keys(defined)].join(", ");
+      throw new TypeError(`${at}: expected "to" to name a destination (${known}), got ${JSON.stringify(to) ?? "(none)"}`);
+    }
+    if (routes.some((x) => x.to === to)) throw new TypeError(`${at}: ${to} is routed to twice; give one route several types instead`);
+    let types: RegExp[] | undefined;
+    if (r.types !== undefined) {
+      if (!Array.isArray(r.types) || r.types.length === 0 || r.types.some((t) => typeof t !== "string" || t === "")) {
+        throw new TypeError(`${at}: expected types to be a list of event types or patterns such as "invoice.*", got ${JSON.stringify(r.types)}`);
+      }
+      types = (r.types as string[]).map(glob);
+    }
+    if (r.permanent4xx !== undefined && typeof r.permanent4xx !== "boolean") throw new TypeError(`${at}: expected permanent4xx to be true or false, got ${JSON.stringify(r.permanent4xx)}`);
+    routes.push({ to, ...(types ? { types } : {}), permanent4xx: r.permanent4xx === true, forwardHeaders: forwards(to) });
+  }
+  return routes;
+}
+
+/** routeTo picks the destinations of a delivery of this event type, in the routes' order. */
+export function routeTo(routes: readonly Route[], eventType: string | null): string[] {
+  return routes.filter((r) => r.types === undefined || (eventType !== null && r.types.some((t) => t.test(eventType)))).map((r) => r.to);
+}
+
+// secretsOf reads one secret or several; `env:NAME` is taken from env. With resolve false (the receiver,
+// which forwards nothing), only their shape is checked, so it needs none of the worker's secrets.
+function secretsOf(value: unknown, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean, required: boolean): string[] {
+  const list = value === undefined ? [] : Array.isArray(value) ? value : [value];
+  if (list.some((s) => typeof s !== "string" || s === "")) throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
+  if (required && list.length === 0) throw new TypeError(`${where}: missing secret; it signs each forward (write "env:NAME" to read it from the environment)`);
+  return (list as string[]).map((text, i) => fromEnv(text, env, `${where}: ${list.length > 1 ? `secret #${i + 1}` : "secret"}`, resolve));
+}
+
+function fromEnv(text: string, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): string {
+  if (!text.startsWith("env:")) return text;
+  const variable = text.slice(4);
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(variable)) throw new TypeError(`${where}: expected env:NAME, got an empty or odd name`);
+  if (!resolve) return "";
+  const value = env[variable] ?? "";
+  if (value === "") throw new TypeError(`${where} reads the environment variable ${variable}, which is not set`);
+  return value;
+}
+
+function seconds(value: unknown, fallbackMs: number, where: string, setting: string): number {
+  if (value === undefined) return fallbackMs;
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new TypeError(`${where}: expected ${setting} to be a number of seconds > 0, got ${JSON.stringify(value)}`);
+  return Math.round(value * 1000);
+}
+
+function whole(value: unknown, fallback: number, where: string, setting: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isInteger(value) || (value as number) < 1) throw new TypeError(`${where}: expected ${setting} to be a whole number of 1 or more, got ${JSON.stringify(value)}`);
+  return value as number;
+}
+
+function httpUrl(value: unknown, where: string): URL {
+  let url: URL | undefined;
+  try {
+    url = typeof value === "string" ? new URL(value) : undefined;
+  } catch {
+    url = undefined;
+  }
+  if (!url || !/^https?:$/.test(url.protocol)) throw new TypeError(`${where}: expected url to be an http:// or https:// address, got ${JSON.stringify(value) ?? "(none)"}`);
+  if (url.username || url.password) throw new TypeError(`${where}: put credentials in "bearer", "basic" or "headers" (from the environment), not in the url`);
+  return url;
+}
+
+function ownHeaders(settings: Record<string, unknown>, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): Record<string, string> {
+  const headers: Record<string, string> = {};
+  if (settings.headers !== undefined) {
+    if (!isObject(settings.headers)) throw new TypeError(`${where}: expected headers to map header names to values (or env:NAME), got ${kindOf(settings.headers)}`);
+    for (const [name, value] of Object.entries(settings.headers)) {
+      if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) throw new TypeError(`${where}: expected a header name, got ${JSON.stringify(name)}`);
+      if (typeof value !== "string") throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME)`);
+      headers[name.toLowerCase()] = fromEnv(value, env, `${where}: header ${name}`, resolve);
+    }
+  }
+  if (settings.bearer !== undefined && settings.basic !== undefined) throw new TypeError(`${where}: give bearer or basic, not both`);
+  if (settings.bearer !== undefined) {
+    if (typeof settings.bearer !== "string" || !settings.bearer.startsWith("env:")) throw new TypeError(`${where}: expected bearer to be env:NAME (a token is never written in the file)`);
+    headers.authorization = `Bearer ${fromEnv(settings.bearer, env, `${where}: bearer`, resolve)}`;
+  }
+  if (settings.basic !== undefined) {
+    if (typeof settings.basic !== "string" || !settings.basic.startsWith("env:")) throw new TypeError(`${where}: expected basic to be env:NAME holding user:password`);
+    const pair = fromEnv(settings.basic, env, `${where}: basic`, resolve);
+    if (resolve && !pair.includes(":")) throw new TypeError(`${where}: basic reads user:password from the environment; the value has no ":"`);
+    headers.authorization = `Basic ${Buffer.from(pair).toString("base64")}`;
+  }
+  return headers;
+}
+
+function breakerOf(value: unknown, where: string): BreakerPolicy | false {
+  if (value === false) return false;
+  if (value !== undefined && !isObject(value)) throw new TypeError(`${where}: expected breaker to be false or { failures, rate, minTries, window, coolDown }, got ${kindOf(value)}`);
+  const b = value ?? {};
+  const unknown = Object.keys(b).filter((k) => !BREAKER_KEYS.includes(k));
+  if (unknown.length > 0) throw new TypeError(`${where}: unknown breaker setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${BREAKER_KEYS.join(", ")}`);
+  const rate = b.rate ?? DEFAULTS.breakerRate;
+  if (typeof rate !== "number" || !(rate > 0 && rate <= 1)) throw new TypeError(`${where}: expected breaker.rate to be a share of failed tries, above 0 and at most 1, got ${JSON.stringify(rate)}`);
+  return {
+    failures: whole(b.failures, DEFAULTS.breakerFailures, where, "breaker.failures"),
+    rate,
+    minTries: whole(b.minTries, DEFAULTS.breakerMinTries, where, "breaker.minTries"),
+    windowMs: seconds(b.window, DEFAULTS.breakerWindowMs, where, "breaker.window"),
+    coolDownMs: seconds(b.coolDown, DEFAULTS.breakerCoolDownMs, where, "breaker.coolDown"),
+  };
+}
+
+/**
+ * loadDestinations reads "$destinations" and "$operator" from a parsed sources file. Secrets and headers
+ * come from env (`env:NAME`); with resolve false only their shape is checked (the receiver's start-up). It
+ * throws a TypeError naming the destination and the mistake, never a secret. brokerCheck, where given,
+ * checks a broker destination's own settings (brokers.ts).
+ */
+export function loadDestinations(
+  config: unknown, env: Readonly<Record<string, string | undefined>>,
+  options: { resolve?: boolean; brokerCheck?: (name: string, settings: Record<string, unknown>, where: string) => void } = {},
+): Forwarding {
+  const resolve = options.resolve ?? true;
+  const destinations = new Map<string, Destination>();
+  if (!isObject(config)) return { destinations };
+  for (const key of Object.keys(config)) {
+    if (key.startsWith("$") && !(TOP_KEYS as readonly string[]).includes(key)) throw new TypeError(`sources: unknown key ${JSON.stringify(key)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`);
+  }
+  const section = config.$destinations;
+  if (section !== undefined && !isObject(section)) throw new TypeError(`$destinations: expected an object mapping destination names to settings, got ${kindOf(section)}`);
+  for (const [name, settings] of Object.entries(section ?? {})) {
+    const where = `destination ${JSON.stringify(name)}`;
+    if (!DESTINATION_NAME.test(name)) throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-"`);
+    if (name === DEFAULTS.destination) throw new TypeError(`${where}: the name is the handler's (worker.ts), which is always there; pick another`);
+    if (!isObject(settings)) throw new TypeError(`${where}: expected an object with url and secret, got ${kindOf(settings)}`);
+    const type = settings.type ?? "http";
+    const rate = settings.rate === undefined ? undefined : { perSecond: ratePerSecond(settings.rate, where), ...(settings.burst === undefined ? {} : { burst: whole(settings.burst, 1, where, "burst") }) };
+    if (settings.rate === undefined && settings.burst !== undefined) throw new TypeError(`${where}: burst applies only with rate`);
+    if (type !== "http") {
+      if (typeof type !== "string" || !/^[a-z]+$/.test(type)) throw new TypeError(`${where}: expected type to be http or a broker's name, got ${JSON.stringify(type)}`);
+      if (!options.brokerCheck) throw new TypeError(`${where}: type ${type} is not known here (brokers: see docs/forwarding.md)`);
+      options.brokerCheck(name, settings, where);
+      destinations.set(name, {
+        kind: "broker", name, type, settings, maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
+        ...(rate ? { rate } : {}), breaker: breakerOf(settings.breaker, where), forwardHeaders: false,
+      });
+      continue;
+    }
+    const unknown = Object.keys(settings).filter((k) => !DESTINATION_KEYS.includes(k));
+    if (unknown.length > 0) throw new TypeError(`${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${DESTINATION_KEYS.join(", ")}`);
+    if (settings.forwardHeaders !== undefined && typeof settings.forwardHeaders !== "boolean") throw new TypeError(`${where}: expected forwardHeaders to be true or false`);
+    let ca: string | undefined;
+    if (settings.ca !== undefined) {
+      if (typeof settings.ca !== "string" || settings.ca === "") throw new TypeError(`${where}: expected ca to be the path of a PEM file`);
+      if (resolve) {
+        try {
+          ca = readFileSync(settings.ca, "utf8");
+        } catch (error) {
+          throw new TypeError(`${where}: cannot read the ca file ${settings.ca}: ${(error as Error).message}`);
+        }
+        if (!ca.includes("-----BEGIN CERTIFICATE-----")) throw new TypeError(`${where}: the ca file ${settings.ca} holds no PEM certificate`);
+      }
+    }
+    destinations.set(name, {
+      kind: "http", name, url: httpUrl(settings.url, where), secrets: secretsOf(settings.secret, env, where, resolve, true),
+      headers: ownHeaders(settings, env, where, resolve),
+      connectTimeoutMs: seconds(settings.connectTimeout, DEFAULTS.connectTimeoutForwardMs, where, "connectTimeout"),
+      timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout"),
+      maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"), ...(rate ? { rate } : {}),
+      ...(ca ? { ca } : {}), forwardHeaders: settings.forwardHeaders === true, breaker: breakerOf(settings.breaker, where),
+    });
+  }
+  let operator: Operator | undefined;
+  if (config.$operator !== undefined) {
+    const o = config.$operator;
+    if (!isObject(o)) throw new TypeError(`$operator: expected { "url": ..., "secret": ... }, got ${kindOf(o)}`);
+    const unknown = Object.keys(o).filter((k) => !["url", "secret", "headers", "bearer", "basic"].includes(k));
+    if (unknown.length > 0) throw new TypeError(`$operator: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected url, secret, headers, bearer, basic`);
+    operator = { url: httpUrl(o.url, "$operator"), secrets: secretsOf(o.secret, env, "$operator", resolve, true), headers: ownHeaders(o, env, "$operator", resolve) };
+  }
+  return { destinations, ...(operator ? { operator } : {}) };
+}
+
+function ratePerSecond(value: unknown, where: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new TypeError(`${where}: expected rate to be forwards per second (> 0), got ${JSON.stringify(value)}`);
+  return value;
+}

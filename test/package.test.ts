@@ -1,0 +1,230 @@
+// test/package.test.ts: the package as an app gets it. npm pack (which builds dist/ with tsc), then a fresh
+// app installs the tarball with npm install (from the npm cache where it can), type-checks its own code
+// against the package's declarations, mounts the handler in Express, serves a real request, and runs the
+// worker and the CLI through npx webhook-inbox. The same app then runs on Deno and Bun where they are present.
+
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { createInterface } from "node:readline";
+import { after, before, describe, it } from "node:test";
+import { ROOT, runScript, runtimeBinary, tempDir } from "./helpers.ts";
+
+// The app's own code: it imports only the package's names, as documented, and a misuse must not compile.
+const APP = `// A fresh app that installed webhook-inbox from its tarball: the handler mounted in Express.
+import express from "express";
+import { connect, type Stored } from "webhook-inbox";
+import { createHandler } from "webhook-inbox/handler";
+import { run, type Job, type RunStats } from "webhook-inbox/worker";
+import { loadSources } from "webhook-inbox/providers";
+
+const inbox = await connect(process.argv[2] ?? "app.db");
+const sources = loadSources({ shop: { provider: "plain" } }, process.env);
+const app = express();
+app.use("/webhooks", createHandler({ inbox, sources }).express);
+app.use(express.json());
+
+// The declarations are the package's own, not any: a wrong option fails to compile, results are typed.
+// @ts-expect-error inbox must be an Inbox
+createHandler({ inbox: 42 });
+const outcome: Stored = await inbox.store({ source: "boot", id: "typed", body: new TextEncoder().encode("{}") });
+const seen: string[] = [];
+const stats: RunStats = await run((job: Job) => void seen.push(\`\${job.delivery.source}/\${job.delivery.id}\`), { inbox, once: true, log: () => {} });
+
+const server = app.listen(0, "127.0.0.1", () => {
+  const address = server.address();
+  console.log(\`\${outcome}, \${stats.done} done (\${seen.join(", ")}); Listening on http://127.0.0.1:\${typeof address === "object" && address ? address.port : 0}\`);
+});
+process.on("SIGTERM", () => server.close(() => void inbox.close().then(() => process.exit(0))));
+`;
+
+// The same handler on Deno's and Bun's own Fetch servers (Deno.serve, Bun.serve): each runtime's own HTTP
+// server is the one thing that differs here, so the choice is made once, in this app.
+const FETCH_APP = `import { connect } from "webhook-inbox";
+import { createHandler } from "webhook-inbox/handler";
+
+declare const Deno: { serve(o: { port: number; hostname: string; onListen(a: { port: number }): void }, h: (r: Request) => Promise<Response>): unknown } | undefined;
+declare const Bun: { serve(o: { port: number; hostname: string; fetch: (r: Request) => Promise<Response> }): { port: number } } | undefined;
+const inbox = await connect(process.argv[2]!);
+const webhooks = createHandler({ inbox, basePath: "/webhooks" });
+const listening = (port: number) => console.log(\`Listening on http://127.0.0.1:\${port}\`);
+if (typeof Deno !== "undefined") Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: ({ port }) => listening(port) }, webhooks.fetch);
+else listening(Bun!.serve({ port: 0, hostname: "127.0.0.1", fetch: webhooks.fetch }).port);
+process.on("SIGTERM", () => void inbox.close().then(() => process.exit(0)));
+`;
+
+// The app's dev dependencies, at the versions this repository's own lock file holds, so npm finds them
+// in the cache npm ci filled.
+const lock = JSON.parse(readFileSync(join(ROOT, "package-lock.json"), "utf8")) as { packages: Record<string, { version: string }> };
+const pinned = (name: string) => `${name}@${lock.packages[`node_modules/${name}`]!.version}`;
+
+// This Node first on PATH: npx, npm and the bin's `#!/usr/bin/env node` run on the project's Node 24.
+const ENV = { ...process.env, PATH: `${dirname(process.execPath)}:${process.env.PATH}`, NO_COLOR: "1" };
+
+function exec(command: string, args: string[], cwd: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { cwd, env: ENV, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d) => (stdout += d));
+    child.stderr.on("data", (d) => (stderr += d));
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+// startApp runs app.ts under a runtime and waits for its Listening line.
+async function startApp(command: string, args: string[], cwd: string): Promise<{ child: ChildProcess; url: string; line: string; stop: () => Promise<number | null> }> {
+  const child = spawn(command, args, { cwd, env: ENV, stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr!.on("data", (d) => (stderr += d));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  const line = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child.stdout! }).on("line", (line) => {
+      if (/Listening on http:\/\/\S+/.test(line)) resolve(line);
+    });
+    void exited.then((code) => reject(new Error(`the app exited with ${code} before listening: ${stderr}`)));
+  });
+  const url = /Listening on (http:\/\/\S+)/.exec(line)![1]!;
+  return { child, url, line, stop: async () => (process.kill(child.pid!, "SIGTERM"), exited) };
+}
+
+const post = async (url: string, id: string) =>
+  (await fetch(`${url}/webhooks/shop`, { method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ customer: "Ann", amount: 5 }) })).text();
+
+const BINARIES = { deno: runtimeBinary("deno", "the installed package's tests on deno"), bun: runtimeBinary("bun", "the installed package's tests on bun") };
+
+// An app's strict tsconfig for one file; no skipLibCheck, so the package's declarations are checked too.
+const tsconfig = (file: string) => JSON.stringify({
+  compilerOptions: { target: "es2024", module: "nodenext", moduleResolution: "nodenext", strict: true, noEmit: true, verbatimModuleSyntax: true, erasableSyntaxOnly: true, types: ["node"] },
+  files: [file],
+});
+
+let work: { dir: string; cleanup: () => void };
+let app: string;
+let tarball: string;
+
+before(async () => {
+  work = tempDir("inbox-package-");
+  const packed = await exec("npm", ["pack", "--pack-destination", work.dir], ROOT);
+  assert.equal(packed.code, 0, packed.stderr);
+  tarball = join(work.dir, readdirSync(work.dir).find((f) => f.endsWith(".tgz"))!);
+  app = join(work.dir, "app");
+  mkdirSync(app);
+  writeFileSync(join(app, "package.json"), JSON.stringify({ name: "an-app", private: true, type: "module" }));
+  writeFileSync(join(app, "app.ts"), APP);
+  writeFileSync(join(app, "fetch-app.ts"), FETCH_APP);
+  writeFileSync(join(app, "tsconfig.json"), tsconfig("app.ts"));
+  const installed = await exec("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", tarball,
+    pinned("express"), pinned("@types/express"), pinned("@types/node")], app);
+  assert.equal(installed.code, 0, installed.stderr);
+});
+after(() => work?.cleanup());
+
+describe("npm pack", () => {
+  it("makes a package named webhook-inbox, not private, with the command and the documented entry points", () => {
+    const manifest = JSON.parse(readFileSync(join(app, "node_modules", "webhook-inbox", "package.json"), "utf8"));
+    assert.equal(manifest.name, "webhook-inbox");
+    assert.equal(manifest.private, undefined);
+    assert.deepEqual(manifest.bin, { "webhook-inbox": "dist/cli.js" });
+    for (const entry of [".", "./handler", "./worker", "./providers"]) assert.ok(manifest.exports[entry]?.types, entry);
+    // Only what an app runs: the compiled code and its declarations, no tests, no benchmarks, no TypeScript sources.
+    const files = readdirSync(join(app, "node_modules", "webhook-inbox", "dist"));
+    assert.deepEqual(files.filter((f) => !/\.(js|d\.ts)$/.test(f)), []);
+    assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
+    assert.deepEqual(Object.keys(manifest.dependencies).sort(), ["commander", "pg", "prom-client", "undici"]);
+  });
+});
+
+describe("an app that installed the tarball", () => {
+  it("type-checks against the package's declarations (a misuse fails to compile)", async () => {
+    const tsc = await exec(join(ROOT, "node_modules", ".bin", "tsc"), ["-p", "."], app);
+    assert.equal(tsc.code, 0, tsc.stdout + tsc.stderr);
+  });
+
+  it("(control) the same check fails once the misuse is no longer expected to", async () => {
+    writeFileSync(join(app, "wrong.ts"), APP.replace("// @ts-expect-error inbox must be an Inbox\n", ""));
+    writeFileSync(join(app, "tsconfig.wrong.json"), tsconfig("wrong.ts"));
+    try {
+      const tsc = await exec(join(ROOT, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.wrong.json"], app);
+      assert.notEqual(tsc.code, 0);
+      assert.match(tsc.stdout, /^wrong\.ts\(\d+,\d+\): error TS2322: Type 'number' is not assignable to type '.*Inbox.*'/m);
+      assert.equal(tsc.stdout.trim().split("\n").length, 1, tsc.stdout);
+    } finally {
+      rmSync(join(app, "wrong.ts"));
+      rmSync(join(app, "tsconfig.wrong.json"));
+    }
+  });
+
+  it("serves a real request through the handler mounted in Express, on Node", async () => {
+    const served = await startApp(process.execPath, ["app.ts", "node.db"], app);
+    try {
+      // connect() and run() from the package, before the first request: the app's own delivery, handled.
+      assert.match(served.line, /^stored, 1 done \(boot\/typed\); Listening on /);
+      assert.equal(await post(served.url, "evt_1"), "stored");
+      assert.equal(await post(served.url, "evt_1"), "duplicate");
+    } finally {
+      assert.equal(await served.stop(), 0);
+    }
+  });
+
+  it("runs the worker and the CLI through npx webhook-inbox", async () => {
+    const worker = await exec("npx", ["webhook-inbox", "worker", "--once", "--db", "node.db"], app);
+    assert.equal(worker.code, 0, worker.stderr);
+    assert.match(worker.stderr, /^shop\/evt_1 done$/m);
+    const status = await exec("npx", ["webhook-inbox", "inbox", "status", "--db", "node.db"], app);
+    assert.equal(status.code, 0, status.stderr);
+    assert.match(status.stdout, /^done {7}2$/m); // evt_1, and the app's own typed store at start
+  });
+
+  it("answers each command's --help as the script does, and refuses an unknown command with exit 2", async () => {
+    for (const command of ["receiver", "worker", "inbox", "admin"]) {
+      const [installed, script] = await Promise.all([exec("npx", ["webhook-inbox", command, "--help"], app), runScript(`${command}.ts`, ["--help"])]);
+      assert.equal(installed.code, 0, `${command}: ${installed.stderr}`);
+      assert.equal(installed.stdout, script.stdout, command);
+    }
+    const unknown = await exec("npx", ["webhook-inbox", "sender"], app);
+    assert.equal(unknown.code, 2);
+    assert.equal(unknown.stderr, "webhook-inbox: unknown command sender (receiver, worker, inbox, admin; run with --help for usage)\n");
+  });
+
+  for (const name of ["deno", "bun"] as const) {
+    const binary = BINARIES[name];
+    // Deno reads the app's package.json and node_modules as they are; `deno run -A npm:webhook-inbox` and
+    // `bunx --bun webhook-inbox` run the package's command on the runtime itself, not on the bin's Node.
+    const cli = name === "deno" ? ["run", "-A", "npm:webhook-inbox"] : ["x", "--bun", "webhook-inbox"];
+    it(`serves the same app and runs the worker through the package's command on ${name}`, { skip: binary ? false : `no ${name}` }, async () => {
+      const db = `${name}.db`;
+      const served = await startApp(binary!, [...(name === "deno" ? ["run", "-A"] : []), "app.ts", db], app);
+      try {
+        assert.match(served.line, /^stored, 1 done \(boot\/typed\); Listening on /);
+        assert.equal(await post(served.url, "evt_1"), "stored");
+        assert.equal(await post(served.url, "evt_1"), "duplicate");
+      } finally {
+        assert.equal(await served.stop(), 0);
+      }
+      const worker = await exec(binary!, [...cli, "worker", "--once", "--db", db], app);
+      assert.equal(worker.code, 0, worker.stderr);
+      assert.match(worker.stderr, /^shop\/evt_1 done$/m);
+    });
+
+    it(`serves the handler's fetch on ${name}'s own server (${name === "deno" ? "Deno.serve" : "Bun.serve"})`, { skip: binary ? false : `no ${name}` }, async () => {
+      const served = await startApp(binary!, [...(name === "deno" ? ["run", "-A"] : []), "fetch-app.ts", `${name}-fetch.db`], app);
+      try {
+        const send = async (id: string) => (await fetch(`${served.url}/webhooks`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })).text();
+        assert.equal(await send("evt_1"), "stored");
+        assert.equal(await send("evt_1"), "duplicate");
+        const repeated = await fetch(`${served.url}/webhooks`, { method: "POST", headers: [["x-delivery-id", "a"], ["x-delivery-id", "b"]], body: "{}" });
+        assert.equal(repeated.status, 400, await repeated.text());
+      } finally {
+        assert.equal(await served.stop(), 0);
+      }
+    });
+  }
+
+  it("type-checks the same app under Deno's own checker, where Deno is present", { skip: BINARIES.deno ? false : "no deno" }, async () => {
+    const checked = await exec(BINARIES.deno!, ["check", "app.ts"], app);
+    assert.equal(checked.code, 0, checked.stdout + checked.stderr);
+  });
+});
