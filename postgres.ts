@@ -451,14 +451,16 @@ export class PostgresInbox implements Inbox {
       const at = walked.length > 0 ? Math.max(...walked.map((row) => row.due as number)) : from;
       if (at === undefined) this.claimFrom.delete(destination);
       else this.claimFrom.set(destination, { at, fromStartAt });
-      const gaveUp = rows.filter((row) => row.status === "failed" && row.order_key !== null);
+      const setAside = rows.filter((row) => row.status === "failed");
+      const gaveUp = setAside.filter((row) => row.order_key !== null);
       if (gaveUp.length > 0) {
         await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, destination: row.destination, key: row.order_key, from: row.id, setAside: true })));
       }
       const leases: Lease[] = [];
-      // A key whose head was set aside just now has a new head, due already: claim it in this same pass.
+      // A delivery set aside just now took a place of the limit, and a key whose head it was has a new head,
+      // due already: claim as many more in this same pass.
       const claimed = rows.filter((row) => row.status === "processing").length;
-      if (gaveUp.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, false, false));
+      if (setAside.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, false));
       // Short from the cursor: what is left may be behind it.
       else if (from !== undefined && rows.length < limit) {
         this.claimFrom.delete(destination);

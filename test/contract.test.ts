@@ -153,6 +153,21 @@ for (const backend of BACKENDS) {
         }
       });
 
+      it("does not let a delivery it sets aside at its last attempt take the place of one that is due", async () => {
+        const inbox = await open({ maxAttempts: 2 });
+        await inbox.store({ id: "evt_1", body: body({}) });
+        assert.equal((await inbox.claim(LEASE))!.attempts, 1);
+        t += LEASE;
+        assert.equal((await inbox.claim(LEASE))!.attempts, 2, "taken over");
+        t += 1;
+        await inbox.store({ id: "evt_2", body: body({}) });
+        assert.equal((await inbox.claim(LEASE))!.id, "evt_2");
+        t += LEASE + 1;
+        // Both leases have run out (their workers died); evt_1's first, and on its last attempt.
+        assert.deepEqual((await inbox.claimBatch(1, LEASE)).map((l) => l.id), ["evt_2"]);
+        assert.equal((await row(inbox, "evt_1"))!.status, "failed");
+      });
+
       // PostgreSQL only: the claim and the done marks pin index scans for themselves, whatever statistics the
       // table has (or lacks), and must leave the handler's own statements to the planner as configured.
       onPostgres("runs a handler's writes with the connection's own planner settings", async () => {
