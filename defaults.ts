@@ -127,4 +127,10 @@ export const DEFAULTS = {
   breakerCoolDownMs: 30_000,
   /** Milliseconds a worker gathers its destinations' successes before adding them to the shared breaker. @default 1_000 */
   tallyEveryMs: 1_000,
+  /** Milliseconds a broker destination waits to connect, and for each PubAck or publisher confirm (brokers.ts). @default 5_000 */
+  brokerTimeoutMs: 5_000,
+  /** A NATS destination's server, when its settings give no url. @default "nats://127.0.0.1:4222" */
+  natsUrl: "nats://127.0.0.1:4222",
+  /** A RabbitMQ destination's server, when its settings give no url: RabbitMQ's own guest on this host. @default "amqp://guest:guest@127.0.0.1:5672" */
+  rabbitmqUrl: "amqp://guest:guest@127.0.0.1:5672",
 } as const;

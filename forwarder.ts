@@ -10,6 +10,7 @@ import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Destination, Forwarding, Route } from "./routes.ts";
 import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally } from "./store.ts";
+import { startProcess, type Process } from "./traces.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
 export interface ForwarderOptions {
@@ -176,17 +177,22 @@ async function lane(
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
 
   async function one(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+    // Each try is a span of the delivery's trace (traces.ts), ended once its outcome is committed or known.
+    const span = startProcess(lease, name);
     try {
-      await attempt(lease, controller, answered$);
+      await span.run(() => attempt(lease, controller, answered$, span));
     } finally {
       answered$();
+      span.end("lost");
     }
   }
 
-  async function attempt(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+  async function attempt(lease: Lease, controller: AbortController, answered$: () => void, span: Process): Promise<void> {
     const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
     const started = performance.now();
-    const outcome: Outcome = await sender.send(lease, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
+    // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
+    const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
+    const outcome: Outcome = await sender.send(traced, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
     // The request slot is free once the destination has answered and, for a failure, once the breaker has
     // counted it: the next forward must not go out to a destination that just opened.
     if (outcome.kind === "done") answered$();
@@ -194,6 +200,7 @@ async function lane(
     try {
       // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
       if (outcome.kind === "retry" && controller.signal.aborted && stop?.aborted) {
+        span.end("released");
         if (await inbox.release(lease)) stats.held++;
         return;
       }
@@ -204,6 +211,7 @@ async function lane(
           answered.push({ lease, resolve, reject });
           wake();
         });
+        span.end(held ? "done" : "lost");
         if (held) {
           stats.done++;
           gathered.done++;
@@ -219,6 +227,7 @@ async function lane(
         // The destination said it is gone: it is paused, and this delivery waits with it, its attempt given back.
         // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
         hold(true);
+        span.end("released", outcome.error);
         const paused = await inbox.pause(name, outcome.error);
         if (await inbox.release(lease)) stats.held++;
         if (paused) {
@@ -228,6 +237,7 @@ async function lane(
         return;
       }
       const failure = await inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {});
+      span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
       else await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
@@ -246,6 +256,7 @@ async function lane(
           { level: "warn", ...fields, status: "received", retryAt: failure.retryAt });
       }
     } catch (error) {
+      span.end("retry", message(error));
       log(`${label(lease)} → ${name}: could not record the outcome (${message(error)}); it goes again when its lease expires`, { level: "error", ...fields });
     }
   }

@@ -12,6 +12,7 @@ import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source } from "./providers.ts";
 import { routeTo } from "./routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
+import { startReceive } from "./traces.ts";
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
 export interface HandlerOptions {
@@ -77,6 +78,16 @@ export interface Handler {
   idle(): Promise<void>;
 }
 
+// Ctx is what one request has found out so far, for its metrics, its log line and its span.
+interface Ctx {
+  source: string;
+  started: number;
+  /** The receive span's, stored with the delivery (traces.ts). */
+  traceparent: string | null;
+  id?: string;
+  result?: Stored;
+}
+
 /** Rejected is a request turned away before storing: the status and the reason for the log. */
 export class Rejected extends Error {
   readonly status: number;
@@ -136,7 +147,7 @@ export function createHandler(options: HandlerOptions): Handler {
     return sources.get(path.replace(/^\/+|\/+$/g, ""));
   };
 
-  async function handle(req: WebhookRequest, ctx: { source: string; started: number }): Promise<Answer> {
+  async function handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
     const source = sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
     ctx.source = source.name;
@@ -153,6 +164,7 @@ export function createHandler(options: HandlerOptions): Handler {
     if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
     const id = verdict.id;
     if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);
+    ctx.id = id;
 
     let outcome: Stored;
     try {
@@ -162,7 +174,7 @@ export function createHandler(options: HandlerOptions): Handler {
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
-        eventType: verdict.eventType, providerTime: verdict.providerTime,
+        eventType: verdict.eventType, providerTime: verdict.providerTime, traceparent: ctx.traceparent,
         ...orderOfRequest(source.order, req.headers, body),
         ...(destinations ? { destinations } : {}), ...(keepHeaders ? { headers: req.headers } : {}),
       });
@@ -173,6 +185,7 @@ export function createHandler(options: HandlerOptions): Handler {
       return text(503, "try again later", { "retry-after": retryAfter });
     }
     seen(source.name, outcome, ctx.started);
+    ctx.result = outcome;
     log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
       { source: source.name, id, status: 200, result: outcome });
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
@@ -180,7 +193,14 @@ export function createHandler(options: HandlerOptions): Handler {
   }
 
   async function answer(req: WebhookRequest): Promise<Answer> {
-    const ctx = { source: NO_SOURCE, started: performance.now() };
+    const traced = startReceive(req.headers);
+    const ctx: Ctx = { source: NO_SOURCE, started: performance.now(), traceparent: traced.traceparent };
+    const a = await traced.run(() => answerIn(req, ctx));
+    traced.end({ status: a.status, ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), id: ctx.id, result: ctx.result });
+    return a;
+  }
+
+  async function answerIn(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
     try {
       return await handle(req, ctx);
     } catch (error) {

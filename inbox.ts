@@ -12,6 +12,7 @@ import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, p
 import { label, message } from "./log.ts";
 import { readSourcesFile } from "./providers.ts";
 import { loadDestinations, type Operator } from "./routes.ts";
+import { parseBrokerDestination } from "./brokers.ts";
 import { SqliteInbox, isInbox } from "./sqlite.ts";
 import {
   DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
@@ -241,6 +242,8 @@ Exit codes: 0 success, 1 not found, 2 usage error.`);
           ["finished", iso(d.finishedAt)], ["conflicts", d.conflicts], ["sha256", d.bodySha256],
           ...(d.orderKey === null ? [] : [["order key", d.orderKey], ["event time", iso(d.eventTime)],
             ["stale", d.newerId === null ? "no" : `yes, handled after ${d.newerId}`]] as [string, unknown][]),
+          // The trace to look up in the tracing UI (docs/observability.md#traces), where one was recorded.
+          ...(d.traceparent === null ? [] : [["traceparent", d.traceparent]] as [string, unknown][]),
           ["error", d.error ?? "-"], ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);
@@ -367,7 +370,10 @@ Examples:
         let operator: Operator | undefined;
         if (sourcesFile) {
           try {
-            operator = loadDestinations(readSourcesFile(sourcesFile), process.env).operator;
+            // Only the operator's URL is wanted here; a broker destination's shape is checked, its secrets left to the worker.
+            operator = loadDestinations(readSourcesFile(sourcesFile), process.env, {
+              brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
+            }).operator;
           } catch (error) {
             throw new UsageError(`${sourcesFile}: ${message(error)}`);
           }

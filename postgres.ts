@@ -2,13 +2,14 @@
 // The contract of store.ts, beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
+// Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres-pool.ts holds the connections.
 // Like sqlite.ts it is one role, the whole contract on one database, and longer than the house's thousand
 // lines for it: split, a delivery's life would be scattered over files.
 
-import { userInfo } from "node:os";
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
+import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
@@ -156,16 +157,7 @@ const TYPES = {
 
 
 
-/** redact hides the password of a PostgreSQL URL, so a target can go in a log line. */
-export function redact(url: string): string {
-  try {
-    const u = new URL(url);
-    if (u.password) u.password = "***";
-    return u.toString();
-  } catch {
-    return "(a PostgreSQL URL that does not parse)";
-  }
-}
+export { redact } from "./postgres-pool.ts";
 
 // toPg turns `?` parameters into PostgreSQL's $1, $2 …, leaving quoted text alone.
 const translated = new Map<string, string>();
@@ -197,11 +189,14 @@ type Op =
 
 type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
 
-// A batch error concerns the connection or the server, not one op: every op of the batch fails with it.
+// A batch error concerns the connection or the server, not one op: every op of the batch fails with it,
+// the batch is never redone, and its connection is dropped. A read-only server (25006) is one: a primary
+// turned standby. So is a COMMIT that may not be on the standby.
 function isBatchError(error: unknown): boolean {
+  if (error instanceof UncertainCommit) return true;
   const code = (error as { code?: unknown }).code;
-  if (typeof code !== "string") return /connection|terminat|not queryable|timeout/i.test(message(error));
-  return /^(08|53|57|58|XX|40)/.test(code) || /^E[A-Z]+$/.test(code);
+  if (typeof code !== "string") return /connection|terminat|not queryable|timeout|rolled back/i.test(message(error));
+  return /^(08|53|57|58|XX|40)/.test(code) || code === "25006" || /^E[A-Z]+$/.test(code);
 }
 
 /** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
@@ -209,7 +204,7 @@ export class PostgresInbox implements Inbox {
   readonly backend: Backend = "postgres";
   readonly target: string;
   readonly schema: string;
-  private readonly pool: pg.Pool;
+  private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly random: () => number;
   private readonly batchSize: number;
@@ -235,56 +230,24 @@ export class PostgresInbox implements Inbox {
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
-    this.target = redact(url);
-    const parsed = new URL(url);
-    const schema = parsed.searchParams.get("schema") ?? "public";
-    if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) {
-      throw new TypeError(`Inbox: expected ?schema= to be a lower-case SQL name (letters, digits, _), got ${JSON.stringify(schema)}`);
-    }
-    const listenParam = parsed.searchParams.get("listen");
-    if (listenParam !== null && listenParam !== "true" && listenParam !== "false") {
-      throw new TypeError(`Inbox: expected ?listen= to be true or false, got ${JSON.stringify(listenParam)}`);
-    }
-    // As libpq does: without a user in the URL or PGUSER, the operating system's user name (node-postgres
-    // would use $USER, which a service manager or a child process may not set).
-    if (!parsed.username && !process.env.PGUSER) parsed.username = userInfo().username;
-    parsed.searchParams.delete("schema");
-    parsed.searchParams.delete("listen");
-    this.schema = schema;
+    const target = parseTarget(url);
+    this.target = target.redacted;
+    this.schema = target.schema;
     this.pinned = options.now;
     this.random = options.random ?? Math.random;
     this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
     this.poolSize = Math.max(1, Math.round(options.poolSize ?? DEFAULTS.poolSize));
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
-    this.listen = (options.listen ?? true) && listenParam !== "false";
+    this.listen = (options.listen ?? true) && target.listen !== false;
     this.onCommit = options.onCommit;
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
       retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
     };
-    this.pool = new pg.Pool({
-      connectionString: parsed.toString(),
-      max: this.poolSize,
-      connectionTimeoutMillis: DEFAULTS.connectTimeoutMs,
-      // Names our connections in pg_stat_activity, so an operator (or the crash tests) can find and end
-      // them; an application_name in the URL wins over this default.
-      application_name: APPLICATION_NAME,
-      // The claim's and the finish's statements, and a handler's writes, go out without waiting for
-      // each other's answers: one round trip per batch rather than one per statement.
-      pipeline: true,
-      types: TYPES,
-      // Set here rather than inherited: a 200 must mean committed and flushed (synchronous_commit), and
-      // no statement may run under a stricter isolation that fails claims with serialization errors.
-      options: `-c search_path=${schema} -c synchronous_commit=on -c default_transaction_isolation=read\\ committed`,
+    this.pool = new Pool(target, {
+      size: this.poolSize, connectTimeoutMs: DEFAULTS.connectTimeoutMs, applicationName: APPLICATION_NAME, types: TYPES,
     });
-    // An idle connection that the server drops (a restart, pg_terminate_backend) is simply replaced; the
-    // next query opens a new one.
-    this.pool.on("error", () => {});
-    // A dropped connection also emits "error" on its client, at times more than once and, pipelined, with
-    // no query to hand it to; unheard, that event kills the process. The queries fail on their own, and
-    // the pool replaces a client that is no longer queryable when it comes back.
-    this.pool.on("connect", (client) => client.on("error", () => {}));
   }
 
   /** open connects, migrates under an advisory lock (ten hosts starting at once migrate once), and checks the schema. */
@@ -300,9 +263,8 @@ export class PostgresInbox implements Inbox {
   }
 
   private async migrate(): Promise<void> {
-    const client = await this.pool.connect();
+    const client = await this.pool.transaction();
     try {
-      await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
       await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
       await client.query(`CREATE SCHEMA IF NOT EXISTS ${this.schema}`);
       await client.query(`CREATE TABLE IF NOT EXISTS inbox_migrations (
@@ -317,7 +279,7 @@ export class PostgresInbox implements Inbox {
         await client.query(MIGRATIONS[next]!);
         await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
       }
-      await client.query("COMMIT");
+      await this.pool.commit(client);
     } catch (error) {
       await client.query("ROLLBACK").catch(() => {});
       throw error;
@@ -328,10 +290,10 @@ export class PostgresInbox implements Inbox {
 
   // prepared names the hot path's statements (store, claim, done marks), so each connection parses and
   // plans them once: planning the store's INSERT took 0.3 ms, as long as running it for a small batch.
-  // Without LISTEN (?listen=false, as behind PgBouncer in transaction mode) nothing is kept on a server
-  // connection, named statements included.
+  // Behind a per-transaction pooler (?listen=false) nothing is kept on a server connection, named
+  // statements included: there they go unnamed, as the handlers' writes do.
   private prepared(text: string, values: unknown[]): pg.QueryConfig {
-    return this.listen ? named(text, values) : { text, values };
+    return this.pool.pooled ? { text, values } : named(text, values);
   }
 
   private now(): number | null {
@@ -1085,7 +1047,8 @@ export class PostgresInbox implements Inbox {
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
-    return (await this.pool.query(toPg(sql), params)).rows;
+    // Not run again after a lost connection: it may be a write whose COMMIT went through unheard.
+    return (await this.pool.query(toPg(sql), params, { retry: false })).rows;
   }
 
   onWake(listener: () => void): () => void {
@@ -1097,7 +1060,7 @@ export class PostgresInbox implements Inbox {
   // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
   private async startListening(): Promise<void> {
     if (this.closed) return;
-    const client = new pg.Client((this.pool as unknown as { options: pg.ClientConfig }).options);
+    const client = this.pool.listener();
     const retry = () => {
       if (this.listener === client) this.listener = undefined;
       client.end().catch(() => {});
@@ -1164,18 +1127,18 @@ export class PostgresInbox implements Inbox {
   async ready(): Promise<true | string> {
     if (this.closed) return "the inbox is closed";
     const probe = async (): Promise<true | string> => {
-      const client = await this.pool.connect();
+      const client = await this.pool.transaction();
       let broken: Error | undefined;
       try {
         const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+        const failed = this.commitError;
+        if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
+          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
+        }
+        await this.pool.commit(client);
         if (rows[0].recovery) return "the database is a standby, in recovery";
         if (rows[0].ro === "on") return "the database is read-only";
-        if (this.commitError !== undefined) {
-          await client.query("BEGIN");
-          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
-          await client.query("COMMIT");
-          this.commitError = undefined;
-        }
+        if (this.commitError === failed) this.commitError = undefined;
         return true;
       } catch (error) {
         broken = error instanceof Error ? error : new Error(message(error));
@@ -1257,7 +1220,7 @@ export class PostgresInbox implements Inbox {
     const started = performance.now();
     let client: pg.PoolClient;
     try {
-      client = await this.pool.connect();
+      client = await this.pool.transaction();
     } catch (error) {
       this.commitError = error;
       return this.rejectAll(batch, error);
@@ -1274,6 +1237,7 @@ export class PostgresInbox implements Inbox {
       } catch (error) {
         if (isBatchError(error)) throw error;
         await client.query("ROLLBACK");
+        await this.pool.begin(client);
         results = await this.attempt(client, batch, true);
       }
       this.commitError = undefined;
@@ -1302,7 +1266,6 @@ export class PostgresInbox implements Inbox {
 
   private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
     const results = new Map<Op, { ok: boolean; value: unknown }>();
-    await client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
     if (!guarded) {
       const stores = batch.filter((op) => op.kind === "store");
       const finishes = batch.filter((op) => op.kind === "finish");
@@ -1326,7 +1289,7 @@ export class PostgresInbox implements Inbox {
         }
       }
     }
-    await client.query("COMMIT");
+    await this.pool.commit(client);
     return results;
   }
 
@@ -1385,8 +1348,12 @@ export class PostgresInbox implements Inbox {
       this.notify(client, stored.size);
       return results;
     }
+    // FOR KEY SHARE writes a lock, so this COMMIT waits for the standby like any write: a copy stored by a
+    // COMMIT whose wait was cancelled (committed here, perhaps not on the standby) is answered only once it
+    // is there too. It blocks no update, only a delete (purge skips locked rows).
     const kept = await client.query(
-      "SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0",
+      `SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
+       FOR KEY SHARE`,
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],
     );
     const digests = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r.body_sha256 as string]));
@@ -1500,7 +1467,9 @@ export class PostgresInbox implements Inbox {
     const tx: Tx = {
       backend: "postgres",
       client,
-      run: (sql, ...params) => client.query(named(toPg(sql), params)).then((r) => r.rowCount ?? 0),
+      // Behind a per-transaction pooler a named statement would be missing on the next server connection.
+      run: (sql, ...params) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
+        .then((r) => r.rowCount ?? 0),
     };
     const pending: Promise<unknown>[] = [];
     for (const op of ops) {

@@ -14,6 +14,7 @@ import { createHandler } from "./handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
 import { loadSources, type Source } from "./providers.ts";
 import { loadDestinations } from "./routes.ts";
+import { parseBrokerDestination } from "./brokers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -169,7 +170,7 @@ Examples:
       sources = loadSources(parsed, process.env);
       // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
       // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
-      loadDestinations(parsed, process.env, { resolve: false, brokerCheck: () => {} });
+      loadDestinations(parsed, process.env, { resolve: false, brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false) });
     } catch (error) {
       fatal(`receiver: ${sourcesFile}: ${message(error)}`);
     }

@@ -436,7 +436,10 @@ export interface Tx {
   run(sql: string, ...params: SqlValue[]): number | Promise<number>;
   /** The SQLite connection, for writes that need more than run (SQLite only). */
   readonly db?: DatabaseSync;
-  /** The PostgreSQL client inside the transaction (PostgreSQL only); its queries must be awaited. */
+  /**
+   * The PostgreSQL client inside the transaction (PostgreSQL only); its queries must be awaited. Behind
+   * PgBouncer (?listen=false), no named statements and no session SET: docs/postgres.md, behind PgBouncer.
+   */
   readonly client?: { query(text: string, values?: unknown[]): Promise<{ rowCount: number | null; rows: unknown[] }> };
 }
 

@@ -17,6 +17,9 @@ import { checkSecrets } from "./forward.ts";
 import type { ForwardStats } from "./forwarder.ts";
 import { loadSources, readSourcesFile } from "./providers.ts";
 import { loadDestinations, type Forwarding, type Route } from "./routes.ts";
+import { startProcess, type Outcome, type Process } from "./traces.ts";
+import { brokerSender, parseBrokerDestination } from "./brokers.ts";
+import type { Sender } from "./forward.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -34,6 +37,11 @@ export interface Job {
   stale: boolean;
   /** The ID of that newer, already handled delivery, when stale. */
   newerId?: string;
+  /**
+   * The W3C traceparent of this attempt's span (traces.ts), to send on with any forward so the destination
+   * joins the trace that began when the delivery was received; undefined when nothing traces it.
+   */
+  traceparent?: string;
   /**
    * write queues a write to the inbox database; it commits with the done mark, or not at all. It gets a
    * Tx: `tx.run(sql, ...params)` works on both backends (return its result); see LocalWrite.
@@ -104,6 +112,12 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   if (options.purge && !(options.purge.everyMs >= 1)) throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
+  // Each started lease's span, ended once its outcome is committed or known (traces.ts).
+  const spans = new Map<Lease, Process>();
+  const traced = (lease: Lease, outcome: Outcome, error?: string) => {
+    spans.get(lease)?.end(outcome, error);
+    spans.delete(lease);
+  };
   // Claimed leases whose handler has not started: concurrency bounds the handlers, not the claims.
   const waiting: Lease[] = [];
   // Handlers still running; concurrency bounds these. A lease whose handler is done but whose finish is
@@ -167,9 +181,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     try {
       if (await inbox.finish(lease, writes)) {
         stats.done++;
+        traced(lease, "done");
         log(`${name} done`, { ...fields, status: "done" });
       } else {
         stats.lost++;
+        traced(lease, "lost");
         metrics?.lost(lease);
         log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, { level: "warn", ...fields });
       }
@@ -185,6 +201,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     try {
       const outcome = await inbox.fail(lease, message(error), { permanent });
       const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: message(error) };
+      traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", message(error));
       if (outcome === undefined) {
         stats.lost++;
         metrics?.lost(lease);
@@ -200,6 +217,8 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
           { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt });
       }
     } catch (failError) {
+      // Unrecorded, it is tried again once its lease runs out.
+      traced(lease, "retry", message(error));
       log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, { level: "error", source: lease.source, id: lease.id });
     }
   }
@@ -210,6 +229,8 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
 
   function start(lease: Lease): void {
     const controller = active.get(lease)!;
+    const span = startProcess(lease);
+    spans.set(lease, span);
     running++;
     settle(lease, async () => {
       let event: unknown;
@@ -221,15 +242,18 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         throw new PermanentError(`the body is not JSON: ${why}`);
       }
       const writes: LocalWrite[] = [];
-      await handler({
+      await span.run(() => handler({
         delivery: lease, event, key: `${lease.source}:${lease.id}`, signal: controller.signal,
         stale: lease.newerId !== null, ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
+        ...(span.traceparent !== undefined ? { traceparent: span.traceparent } : {}),
         write: (fn) => void writes.push(fn),
-      });
+      }));
       if (controller.signal.aborted) throw controller.signal.reason;
       return writes;
     }).finally(() => {
       active.delete(lease);
+      // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
+      traced(lease, "lost");
       wake();
     });
   }
@@ -281,6 +305,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     // Whatever outlived the grace period goes back to the queue now rather than when its lease expires.
     for (const [lease, controller] of active) {
       controller.abort(new Error("the worker is stopping"));
+      traced(lease, "released");
       if (await inbox.release(lease)) {
         stats.released++;
         log(`${label(lease)} released: the worker stopped before it finished`, { source: lease.source, id: lease.id, status: "received" });
@@ -439,7 +464,8 @@ Examples:
     try {
       const parsed = readSourcesFile(sourcesFile);
       routes = new Map([...loadSources(parsed, process.env).values()].map((s) => [s.name, s.routes ?? []]));
-      forwarding = loadDestinations(parsed, process.env);
+      // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
+      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env) });
       for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
@@ -498,11 +524,16 @@ Examples:
   }
   const log = opts.quiet ? () => {} : lines.log;
   const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  // One publisher per broker destination; each connects at its first publish, and closes when forwarding ends.
+  const senders = new Map<string, Sender>();
+  for (const d of forwarding?.destinations.values() ?? []) {
+    if (d.kind === "broker") senders.set(d.name, brokerSender(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env)));
+  }
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./forwarder.ts").then(({ forward }) => forward({
-        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats,
-      }))
+        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+      })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;
     await Promise.all([
       run(recordPayment, {

@@ -25,8 +25,9 @@ const BENCHES: Record<string, () => Promise<string>> = {
   ingest, latency, worker, backlog, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
+  brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -4,7 +4,7 @@
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { Browser } from "playwright-core";
@@ -19,9 +19,9 @@ export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => v
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** spawnScript starts one of the suite's scripts (or a test fixture) on this same runtime, as this test runs (tsx on Node). */
+/** spawnScript starts one of the suite's scripts (a test fixture, or a script at an absolute path) on this same runtime, as this test runs (tsx on Node). */
 export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
-  const { command, args: all } = scriptCommand(join(ROOT, script), args);
+  const { command, args: all } = scriptCommand(resolve(ROOT, script), args);
   return spawn(command, all, {
     cwd: ROOT,
     env: { ...process.env, ...env },
@@ -55,9 +55,9 @@ export interface ReceiverProcess {
   stop(signal?: NodeJS.Signals): Promise<number | null>;
 }
 
-/** startReceiver starts receiver.ts on port 0 and waits for its "Listening on" line. */
-export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<ReceiverProcess> {
-  const child = spawnScript("receiver.ts", ["--port", "0", "--db", db, ...args], env);
+/** startReceiver starts receiver.ts (or another script that serves as it does) on port 0 and waits for its "Listening on" line. */
+export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, script = "receiver.ts"): Promise<ReceiverProcess> {
+  const child = spawnScript(script, ["--port", "0", "--db", db, ...args], env);
   let stderr = "";
   child.stderr!.on("data", (d) => (stderr += d));
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
@@ -141,62 +141,140 @@ export interface PrivatePostgres {
   stop(mode?: "fast" | "immediate"): Promise<void>;
   /** restart stops and starts it in one go. */
   restart(mode?: "fast" | "immediate"): Promise<void>;
+  /** kill SIGKILLs every process of the server at once, as a machine that dies leaves it; it is not started again. */
+  kill(): Promise<void>;
+  /** standby makes a streaming standby of this server (pg_basebackup -R), started on a free port, and waits until it streams. */
+  standby(settings?: Record<string, string>): Promise<PrivatePostgres>;
+  /** promote turns a standby into a primary and waits until it takes writes. */
+  promote(): Promise<void>;
   /** destroy stops it and removes its files. */
   destroy(): Promise<void>;
 }
 
-const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
+/** PG_BIN is the folder of the PostgreSQL server binaries (initdb, postgres), if any are installed. */
+export const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
+
+// asPostgres runs one of the server's binaries, as the postgres user when this is root (initdb, pg_ctl and
+// pgbouncer refuse to run as root), and throws with the end of its output if it fails.
+async function asPostgres(path: string, args: string[]): Promise<void> {
+  const asRoot = process.getuid?.() === 0;
+  const [cmd, all] = asRoot ? ["runuser", ["-u", "postgres", "--", path, ...args]] : [path, args];
+  const r = await new Promise<{ code: number | null; out: string }>((resolve) => {
+    const child = spawn(cmd as string, all as string[], { stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    child.stdout.on("data", (d) => (out += d));
+    child.stderr.on("data", (d) => (out += d));
+    child.on("close", (code) => resolve({ code, out }));
+    child.on("error", (error) => resolve({ code: -1, out: error.message }));
+  });
+  if (r.code !== 0) throw new Error(`${path} ${args.join(" ")}: exit ${r.code}: ${r.out.trim().split("\n").slice(-3).join(" / ")}`);
+}
+
+// A folder the postgres user owns, when this is root.
+async function ownFolder(prefix: string): Promise<{ dir: string; cleanup: () => void }> {
+  const made = tempDir(prefix);
+  if (process.getuid?.() === 0) {
+    const { chownSync } = await import("node:fs");
+    const { execFileSync } = await import("node:child_process");
+    chownSync(made.dir, Number(execFileSync("id", ["-u", "postgres"]).toString()), Number(execFileSync("id", ["-g", "postgres"]).toString()));
+  }
+  return made;
+}
 
 /**
  * privatePostgres initialises a cluster in a temp folder and starts it on a free port. The machine's shared
  * server is never restarted: other test runs use it at the same time. Returns the reason to skip, in one
  * line, where the PostgreSQL binaries are absent; with INBOX_REQUIRE_POSTGRES=1 it throws instead.
+ * settings are passed to the server as -c name=value (synchronous_standby_names for a failover test).
  */
-export async function privatePostgres(): Promise<PrivatePostgres | string> {
+export async function privatePostgres(options: { settings?: Record<string, string> } = {}): Promise<PrivatePostgres | string> {
   const missing = (why: string) => {
     if (process.env.INBOX_REQUIRE_POSTGRES === "1") throw new Error(`INBOX_REQUIRE_POSTGRES=1 but ${why}`);
     console.log(`# private PostgreSQL tests skipped: ${why}; install PostgreSQL's server binaries to run them.`);
     return why;
   };
   if (!PG_BIN) return missing("no initdb under /usr/lib/postgresql/*/bin");
-  const { dir, cleanup } = tempDir("inbox-pg-");
+  const { dir, cleanup } = await ownFolder("inbox-pg-");
   const data = join(dir, "data");
-  // initdb refuses to run as root: run the server binaries as the postgres user, owning the folder.
-  const asRoot = process.getuid?.() === 0;
-  const exec = async (bin: string, args: string[]) => {
-    const [cmd, all] = asRoot ? ["runuser", ["-u", "postgres", "--", join(PG_BIN, bin), ...args]] : [join(PG_BIN, bin), args];
-    const r = await new Promise<{ code: number | null; out: string }>((resolve) => {
-      const child = spawn(cmd as string, all as string[], { stdio: ["ignore", "pipe", "pipe"] });
-      let out = "";
-      child.stdout.on("data", (d) => (out += d));
-      child.stderr.on("data", (d) => (out += d));
-      child.on("close", (code) => resolve({ code, out }));
-      child.on("error", (error) => resolve({ code: -1, out: error.message }));
-    });
-    if (r.code !== 0) throw new Error(`${bin} ${args.join(" ")}: exit ${r.code}: ${r.out.trim().split("\n").slice(-3).join(" / ")}`);
-  };
-  if (asRoot) {
-    const { chownSync } = await import("node:fs");
-    const { execFileSync } = await import("node:child_process");
-    const uid = Number(execFileSync("id", ["-u", "postgres"]).toString());
-    const gid = Number(execFileSync("id", ["-g", "postgres"]).toString());
-    chownSync(dir, uid, gid);
-  }
   try {
-    await exec("initdb", ["-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+    await asPostgres(join(PG_BIN, "initdb"), ["-D", data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
   } catch (error) {
     cleanup();
     return missing(`initdb failed (${error instanceof Error ? error.message : String(error)})`);
   }
+  return cluster(dir, data, cleanup, options.settings ?? {});
+}
+
+// cluster starts the cluster in data on a free port and returns its handle.
+async function cluster(dir: string, data: string, cleanup: () => void, settings: Record<string, string>): Promise<PrivatePostgres> {
+  const bin = PG_BIN!;
   const port = await freePort();
-  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100`;
-  const pgctl = (args: string[]) => exec("pg_ctl", ["-D", data, "-l", join(dir, "log"), "-o", options, "-w", "-t", "60", ...args]);
+  const extra = Object.entries(settings).map(([name, value]) => ` -c ${name}='${value}'`).join("");
+  const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100${extra}`;
+  const pgctl = (args: string[]) => asPostgres(join(bin, "pg_ctl"), ["-D", data, "-l", join(dir, "log"), "-o", options, "-w", "-t", "60", ...args]);
+  const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
   const server: PrivatePostgres = {
-    url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+    url,
     port,
     start: () => pgctl(["start"]),
     stop: (mode = "fast") => pgctl(["stop", "-m", mode]),
     restart: (mode = "fast") => pgctl(["restart", "-m", mode]),
+    kill: async () => {
+      const { readFileSync, readdirSync } = await import("node:fs");
+      const { execFileSync } = await import("node:child_process");
+      const lines = readFileSync(join(data, "postmaster.pid"), "utf8").split("\n");
+      const postmaster = Number(lines[0]);
+      const children = readdirSync("/proc").filter((p) => /^\d+$/.test(p)).filter((p) => {
+        try {
+          return Number(readFileSync(`/proc/${p}/stat`, "utf8").replace(/^.*\) /s, "").split(" ")[1]) === postmaster;
+        } catch {
+          return false; // it ended while we looked
+        }
+      }).map(Number);
+      for (const pid of [postmaster, ...children]) {
+        try {
+          process.kill(pid, "SIGKILL");
+        } catch {
+          // a backend that ended on its own meanwhile
+        }
+      }
+      while ([postmaster, ...children].some((pid) => existsSync(`/proc/${pid}`) && !/\) Z /.test(readFileSync(`/proc/${pid}/stat`, "utf8")))) {
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+      // A killed postmaster leaves its System V segment behind; nothing else will remove it.
+      const shmid = (lines[6] ?? "").trim().split(/\s+/)[1];
+      if (shmid) {
+        try {
+          execFileSync("ipcrm", ["-m", shmid], { stdio: "ignore" });
+        } catch {
+          // already gone
+        }
+      }
+    },
+    standby: async (standbySettings = {}) => {
+      const made = await ownFolder("inbox-pg-standby-");
+      const standbyData = join(made.dir, "data");
+      await asPostgres(join(bin, "pg_basebackup"), ["-D", standbyData, "-R", "-X", "stream", "-c", "fast", "-h", "127.0.0.1", "-p", String(port), "-U", "postgres"]);
+      const standby = await cluster(made.dir, standbyData, made.cleanup, standbySettings);
+      // Streaming, and as synchronous as this server asks it to be, before anyone counts on it.
+      const { default: pg } = await import("pg");
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      try {
+        for (let i = 0; ; i++) {
+          const { rows } = await client.query(
+            `SELECT count(*) FILTER (WHERE state = 'streaming' AND (current_setting('synchronous_standby_names') = '' OR sync_state = 'sync')) AS ok
+             FROM pg_stat_replication`);
+          if (Number(rows[0].ok) > 0) break;
+          if (i > 600) throw new Error(`the standby on port ${standby.port} did not stream within a minute`);
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+      } finally {
+        await client.end();
+      }
+      return standby;
+    },
+    promote: () => pgctl(["promote"]),
     destroy: async () => {
       await server.stop("immediate").catch(() => {});
       cleanup();
@@ -204,6 +282,88 @@ export async function privatePostgres(): Promise<PrivatePostgres | string> {
   };
   await server.start();
   return server;
+}
+
+/** PrivatePgBouncer is a PgBouncer of one test file's own, in transaction mode, in front of a PostgreSQL server. */
+export interface PrivatePgBouncer {
+  /** The URL of the upstream's database through PgBouncer (with ?listen=false, as the inbox needs there). */
+  url: string;
+  port: number;
+  /** admin runs a command on PgBouncer's console (SHOW STATS, SHOW POOLS …) and returns its rows. */
+  admin(command: string): Promise<Record<string, unknown>[]>;
+  stop(): Promise<void>;
+}
+
+/** PGBOUNCER is the PgBouncer binary: INBOX_PGBOUNCER, else Debian's package. */
+export const PGBOUNCER = process.env.INBOX_PGBOUNCER ?? "/usr/sbin/pgbouncer";
+
+/**
+ * privatePgBouncer starts PgBouncer in transaction mode on a free port in front of upstream (the test
+ * server by default), with pool_size server connections. Returns the reason to skip, in one line, where the
+ * binary is absent; with INBOX_REQUIRE_PGBOUNCER=1 (as .ci/run sets it) it throws instead.
+ */
+export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Promise<PrivatePgBouncer | string> {
+  if (!existsSync(PGBOUNCER)) {
+    const why = `no PgBouncer at ${PGBOUNCER}`;
+    if (process.env.INBOX_REQUIRE_PGBOUNCER === "1") throw new Error(`INBOX_REQUIRE_PGBOUNCER=1 but ${why} (apt-get install -y pgbouncer)`);
+    console.log(`# PgBouncer tests skipped: ${why}; apt-get install -y pgbouncer (or set INBOX_PGBOUNCER) to run them.`);
+    return why;
+  }
+  const up = new URL(upstream);
+  const { dir, cleanup } = await ownFolder("inbox-pgbouncer-");
+  const { writeFileSync } = await import("node:fs");
+  const port = await freePort();
+  writeFileSync(join(dir, "users.txt"), `"${decodeURIComponent(up.username) || "postgres"}" ""\n`);
+  writeFileSync(join(dir, "pgbouncer.ini"), [
+    "[databases]",
+    `* = host=${up.hostname} port=${up.port || 5432}`,
+    "[pgbouncer]",
+    "listen_addr = 127.0.0.1", `listen_port = ${port}`, "unix_socket_dir =",
+    "auth_type = trust", `auth_file = ${join(dir, "users.txt")}`, `admin_users = ${decodeURIComponent(up.username) || "postgres"}`,
+    "pool_mode = transaction", `default_pool_size = ${poolSize}`, "max_client_conn = 500",
+    `logfile = ${join(dir, "log")}`, "",
+  ].join("\n"));
+  const asRoot = process.getuid?.() === 0;
+  const args = [join(dir, "pgbouncer.ini")];
+  const child = asRoot ? spawn("runuser", ["-u", "postgres", "--", PGBOUNCER, ...args], { stdio: "ignore" }) : spawn(PGBOUNCER, args, { stdio: "ignore" });
+  const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
+  const { default: pg } = await import("pg");
+  const admin = async (command: string) => {
+    const client = new pg.Client({ connectionString: `postgres://${up.username || "postgres"}@127.0.0.1:${port}/pgbouncer` });
+    await client.connect();
+    try {
+      return (await client.query(command)).rows as Record<string, unknown>[];
+    } finally {
+      await client.end();
+    }
+  };
+  for (let i = 0; ; i++) {
+    try {
+      await admin("SHOW VERSION");
+      break;
+    } catch (error) {
+      if (child.exitCode !== null || i > 100) {
+        child.kill("SIGKILL");
+        cleanup();
+        throw new Error(`pgbouncer did not start on port ${port}: ${error instanceof Error ? error.message : String(error)}`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+  const url = new URL(upstream);
+  url.host = `127.0.0.1:${port}`;
+  url.searchParams.set("listen", "false");
+  return {
+    url: url.toString(),
+    port,
+    admin,
+    stop: async () => {
+      // runuser passes SIGTERM on to PgBouncer, which closes its connections and exits.
+      child.kill("SIGTERM");
+      await exited;
+      cleanup();
+    },
+  };
 }
 
 /** freePort asks the system for a TCP port nobody listens on right now. */
@@ -288,4 +448,59 @@ export async function backends(prefix: string): Promise<TestBackend[]> {
       },
     },
   ];
+}
+
+/** NATS is the JetStream server the broker tests use: INBOX_TEST_NATS, else the local one. */
+export const NATS = process.env.INBOX_TEST_NATS ?? "nats://127.0.0.1:4222";
+
+/** RABBITMQ is the RabbitMQ server the broker tests use: INBOX_TEST_RABBITMQ, else the local one as guest. */
+export const RABBITMQ = process.env.INBOX_TEST_RABBITMQ ?? "amqp://guest:guest@127.0.0.1:5672";
+
+let natsReachable: Promise<string | false> | undefined;
+let rabbitReachable: Promise<string | false> | undefined;
+
+// skipOrRequire turns a failed probe into the one line that says what was skipped, or, when the run
+// requires the service (INBOX_REQUIRE_<NAME>=1, as .ci/run sets it), into a failure.
+function skipOrRequire(what: string, variable: string, why: string, how: string): string {
+  if (process.env[variable] === "1") throw new Error(`${variable}=1 but ${why}`);
+  console.log(`# ${what} tests skipped: ${why}; ${how}`);
+  return why;
+}
+
+/** natsSkip is false when NATS with JetStream answers, else the reason to skip, said once; INBOX_REQUIRE_NATS=1 fails instead. */
+export function natsSkip(): Promise<string | false> {
+  natsReachable ??= (async () => {
+    const { connect } = await import("@nats-io/transport-node");
+    const { jetstreamManager } = await import("@nats-io/jetstream");
+    try {
+      const nc = await connect({ servers: NATS, timeout: 3_000, reconnect: false });
+      try {
+        await (await jetstreamManager(nc)).getAccountInfo();
+      } finally {
+        await nc.close();
+      }
+      return false;
+    } catch (error) {
+      return skipOrRequire("NATS JetStream", "INBOX_REQUIRE_NATS", `no NATS JetStream at ${NATS} (${error instanceof Error ? error.message : String(error)})`,
+        "start nats-server -js or set INBOX_TEST_NATS=nats://… to run them.");
+    }
+  })();
+  return natsReachable;
+}
+
+/** rabbitmqSkip is false when RabbitMQ answers, else the reason to skip, said once; INBOX_REQUIRE_RABBITMQ=1 fails instead. */
+export function rabbitmqSkip(): Promise<string | false> {
+  rabbitReachable ??= (async () => {
+    const amqp = await import("amqplib");
+    try {
+      const model = await amqp.connect(RABBITMQ, { timeout: 3_000 });
+      await model.close();
+      return false;
+    } catch (error) {
+      const where = new URL(RABBITMQ);
+      return skipOrRequire("RabbitMQ", "INBOX_REQUIRE_RABBITMQ", `no RabbitMQ at ${where.host} (${error instanceof Error ? error.message : String(error)})`,
+        "start rabbitmq-server or set INBOX_TEST_RABBITMQ=amqp://… to run them.");
+    }
+  })();
+  return rabbitReachable;
 }

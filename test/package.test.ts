@@ -133,7 +133,8 @@ describe("npm pack", () => {
     const files = readdirSync(join(app, "node_modules", "webhook-inbox", "dist"));
     assert.deepEqual(files.filter((f) => !/\.(js|d\.ts)$/.test(f)), []);
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
-    assert.deepEqual(Object.keys(manifest.dependencies).sort(), ["commander", "pg", "prom-client", "undici"]);
+    assert.deepEqual(Object.keys(manifest.dependencies).sort(),
+      ["@nats-io/jetstream", "@nats-io/transport-node", "@opentelemetry/api", "amqplib", "commander", "pg", "prom-client", "undici"]);
   });
 });
 

@@ -6,21 +6,43 @@
 // fresh backlogs (default 60; the whole pipeline then runs a quarter of that, at least 10 s);
 // TORTURE_STORMS: SQLITE_BUSY storms of 4 processes (default 3). TORTURE_POSTGRES_SECONDS: how long the
 // PostgreSQL pipeline runs (default 0, skipped): half on the test server with pg_terminate_backend, half on a
-// private cluster restarted about every 10 s (INBOX_TEST_POSTGRES as for the tests).
+// private cluster restarted about every 10 s (INBOX_TEST_POSTGRES as for the tests). TORTURE_FAILOVERS: rounds
+// of test/failover.ts (default 0, skipped), each TORTURE_FAILOVER_SECONDS of load (default 20) before the
+// primary is SIGKILLed and as long after its synchronous standby is promoted, at PostgreSQL's own settings.
+// `npm run torture -- powerloss` runs only the power-loss cycles (test/powerloss/), `-- crash` only the above;
+// without a name, both. POWERLOSS_CYCLES: power cuts per backend (default 20), half of them harsh (some
+// unsynced pages kept); POWERLOSS_CONTROL_CYCLES: cuts per control (default 6; each must lose acked IDs);
+// POWERLOSS_RECEIVER=/other/tree/receiver.ts (and POWERLOSS_RECEIVER_ARGS) tests another receiver build.
 
 import { mkdirSync } from "node:fs";
+import { loadavg } from "node:os";
 import { join } from "node:path";
+import { failover } from "./failover.ts";
 import { busyStorm, pipelineCrash, postgresPipeline, receiverCrash, seeded, workerCrash, type PostgresPipelineReport } from "./chaos.ts";
-import { freshSchema, postgresSkip, privatePostgres, tempDir } from "./helpers.ts";
+import { freshSchema, PG_BIN, postgresSkip, privatePostgres, tempDir } from "./helpers.ts";
+import { fuseSkip } from "./powerloss/layer.ts";
+import { powerLossPostgres, powerLossSqlite, receiverBuild, type PowerLossOptions, type PowerLossReport } from "./powerloss/scenarios.ts";
 
 const rounds = Number(process.env.TORTURE_ROUNDS ?? 50);
 const seconds = Number(process.env.TORTURE_SECONDS ?? 60);
 const storms = Number(process.env.TORTURE_STORMS ?? 3);
 const postgresSeconds = Number(process.env.TORTURE_POSTGRES_SECONDS ?? 0);
+const failovers = Number(process.env.TORTURE_FAILOVERS ?? 0);
+const failoverSeconds = Number(process.env.TORTURE_FAILOVER_SECONDS ?? 20);
 // The pipeline runs for a quarter of the worker time, at least 10 s.
 const pipelineSeconds = Math.max(10, Math.round(seconds / 4));
+const powerCycles = Number(process.env.POWERLOSS_CYCLES ?? 20);
+const controlCycles = Number(process.env.POWERLOSS_CONTROL_CYCLES ?? 6);
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
-for (const [name, value] of [["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["TORTURE_POSTGRES_SECONDS", postgresSeconds], ["CHAOS_SEED", seed]] as const) {
+const sections = process.argv.slice(2);
+if (sections.some((name) => name !== "crash" && name !== "powerloss")) {
+  console.error(`torture: expected the sections crash and/or powerloss, got ${sections.join(" ")}`);
+  process.exit(2);
+}
+const crash = sections.length === 0 || sections.includes("crash");
+const powerloss = sections.length === 0 || sections.includes("powerloss");
+for (const [name, value] of [["POWERLOSS_CYCLES", powerCycles], ["POWERLOSS_CONTROL_CYCLES", controlCycles], ["TORTURE_ROUNDS", rounds], ["TORTURE_SECONDS", seconds], ["TORTURE_STORMS", storms], ["TORTURE_POSTGRES_SECONDS", postgresSeconds],
+  ["TORTURE_FAILOVERS", failovers], ["TORTURE_FAILOVER_SECONDS", failoverSeconds], ["CHAOS_SEED", seed]] as const) {
   if (!Number.isInteger(value) || value < 0) {
     console.error(`torture: expected ${name} to be a whole number >= 0, got ${process.env[name]}`);
     process.exit(2);
@@ -35,6 +57,15 @@ const fresh = (name: string) => {
   mkdirSync(join(dir, name));
   return join(dir, name);
 };
+if (!crash) {
+  try {
+    problems.push(...(await powerLoss()));
+  } finally {
+    cleanup();
+  }
+  for (const p of problems) console.error(`torture: ${p}`);
+  process.exit(problems.length > 0 ? 1 : 0);
+}
 console.log(`torture: seed ${seed}, ${rounds} receiver rounds, ${seconds} s of worker kills, ${storms} storms, ` +
   `${pipelineSeconds} s of pipeline kills (in ${dir})`);
 
@@ -129,18 +160,89 @@ try {
       }
     }
   }
+  // 6. Failovers: the primary SIGKILLed under load, its synchronous standby promoted, no script restarted.
+  const f = { deliveries: 0, lost: 0, doubled: 0, gaps: [] as number[], kills: [] as number[] };
+  for (let round = 0; round < failovers; round++) {
+    const q = await failover({ synchronous: true, beforeS: failoverSeconds, afterS: failoverSeconds, stallMs: 1_000, senders: 8, keys: 8, random });
+    if (typeof q === "string") break;
+    f.deliveries += q.deliveries;
+    f.lost += q.lostAcked + q.lost;
+    f.doubled += q.doubled;
+    f.gaps.push(q.ackGapMs);
+    f.kills.push(q.killToAckMs);
+    console.log(`failover ${round + 1}: ${q.acked} acknowledged, ${q.deliveries} done, ${q.handledOrdered} ordered; no 200 for ${q.ackGapMs} ms ` +
+      `(1 s of stalled replication, then from the kill to the next 200 ${q.killToAckMs} ms; pg_ctl promote took ${q.promoteMs} ms); ${q.unavailable} answered 503, ` +
+      `${q.requestErrors} failed requests, ${q.duplicatesAfterKill} resent answered duplicate, ${q.retriedHandlers} handlers run again; ` +
+      `lost ${q.lostAcked + q.lost}, doubled ${q.doubled}, out of order ${q.outOfOrder.length}`);
+    if (!q.drained || q.lostAcked > 0 || q.lost > 0 || q.doubled > 0 || q.balance !== q.expected || q.outOfOrder.length > 0
+      || q.unexpectedExits.length > 0 || q.idleAfter.length > 0) problems.push(`failover ${round + 1}: ${JSON.stringify(q)}`);
+  }
+  if (f.gaps.length > 0) {
+    const sorted = [...f.kills].sort((a, b) => a - b);
+    console.log(`failovers: ${f.gaps.length}, kill to first 200: min ${sorted[0]} ms, median ${sorted[Math.floor(sorted.length / 2)]} ms, ` +
+      `max ${sorted.at(-1)} ms; lost ${f.lost}, doubled ${f.doubled}`);
+  }
+
   const pg = pgRuns.reduce((a, q) => ({ deliveries: a.deliveries + q.deliveries, kills: a.kills + q.kills, lost: a.lost + q.lostAcked + q.lost,
     doubled: a.doubled + q.doubled }), { deliveries: 0, kills: 0, lost: 0, doubled: 0 });
 
-  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries + pg.deliveries;
-  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost + pg.lost;
-  const doubled = w.doubled + s.doubled + p.doubled + pg.doubled;
-  console.log(`total: rounds ${r.rounds + w.runs + storms + 1 + pgRuns.length}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills + pg.kills}, ` +
+  const deliveries = r.stored + w.deliveries + s.deliveries + p.deliveries + pg.deliveries + f.deliveries;
+  const lost = r.lost.length + w.lost + s.lost + p.lostAcked + p.lost + pg.lost + f.lost;
+  const doubled = w.doubled + s.doubled + p.doubled + pg.doubled + f.doubled;
+  console.log(`total: rounds ${r.rounds + w.runs + storms + 1 + pgRuns.length + f.gaps.length}, deliveries ${deliveries}, kills ${r.kills + w.kills + p.kills + pg.kills}, ` +
     `lost=${lost}, doubled=${doubled}, partial=${r.partial.length}, in ${Math.round((Date.now() - started) / 1000)} s`);
+  if (powerloss) problems.push(...(await powerLoss()));
 } finally {
   cleanup();
 }
 if (problems.length > 0) {
   for (const p of problems) console.error(`torture: ${p}`);
   process.exit(1);
+}
+
+// powerLoss runs the power-loss scenarios long: the receiver on both backends through many cuts, then the
+// controls, which must lose acknowledged IDs. It prints a line per run and a summary, and returns what failed.
+async function powerLoss(): Promise<string[]> {
+  const found: string[] = [];
+  if (await fuseSkip()) return found;
+  const receiver = receiverBuild(process.env);
+  const load = () => loadavg().map((l) => l.toFixed(2)).join(" ");
+  const loadBefore = load();
+  console.log(`powerloss: seed ${seed}, ${powerCycles} cuts per backend (half harsh), ${controlCycles} per control, ` +
+    `receiver ${receiver.script} ${receiver.args.join(" ")}, load average ${loadBefore}`);
+  const unsafe = (args: string[]) => ({ script: "test/fixtures/unsafe-receiver.ts", args });
+  type Run = { control: boolean; run: (o: PowerLossOptions) => Promise<PowerLossReport>; o: Omit<PowerLossOptions, "dir" | "random"> };
+  const base = { senders: 16, minUpMs: 500, maxUpMs: 3_000 };
+  const runs: Run[] = [
+    { control: false, run: powerLossSqlite, o: { ...base, label: "sqlite", cycles: powerCycles, mixedCuts: true, receiver } },
+    { control: true, run: powerLossSqlite, o: { ...base, label: "sqlite synchronous=OFF", cycles: controlCycles, receiver: unsafe(["--synchronous", "OFF"]) } },
+    { control: true, run: powerLossSqlite, o: { ...base, label: "sqlite synchronous=NORMAL", cycles: controlCycles, receiver: unsafe(["--synchronous", "NORMAL"]) } },
+  ];
+  if (PG_BIN) {
+    runs.push(
+      { control: false, run: powerLossPostgres, o: { ...base, label: "postgres", cycles: powerCycles, mixedCuts: true, receiver } },
+      { control: true, run: powerLossPostgres, o: { ...base, label: "postgres fsync=off", cycles: controlCycles, serverSettings: ["fsync=off"] } },
+      { control: true, run: powerLossPostgres, o: { ...base, label: "postgres synchronous_commit=off", cycles: controlCycles, receiver: unsafe(["--synchronous-commit", "off"]) } },
+    );
+  } else {
+    console.log("powerloss: PostgreSQL skipped: no server binaries under /usr/lib/postgresql/*/bin");
+  }
+  const reports: PowerLossReport[] = [];
+  for (const [k, { control, run, o }] of runs.entries()) {
+    const r = await run({ ...o, dir: fresh(`powerloss-${k}`), random });
+    reports.push(r);
+    const ok = (list: string[]) => (list.length === 0 ? "ok" : `${list.length} problems (${list.slice(0, 3).join("; ")})`);
+    console.log(`powerloss ${control ? "control " : ""}${r.label}: ${r.cycles} cuts, ${r.requests} requests, ${r.acked} acked, lost ${r.lost.length}, ` +
+      `${r.stored} stored, integrity ${ok(r.integrity)}, payments ${ok(r.payments)}, ` +
+      `${r.recovered ? `drained ${r.drained ? "exactly once" : "NOT"} ${ok(r.exactlyOnce)}` : "the database did not come back"}, ` +
+      `${r.droppedPages} unsynced pages dropped (${r.keptPages} kept by harsh cuts), ${r.undoneNames} names undone, ${Math.round(r.ms / 1000)} s`);
+    if (control) {
+      if (r.lost.length === 0) found.push(`control ${r.label} lost nothing in ${r.cycles} cuts: the test did not show it can fail`);
+    } else if (r.lost.length > 0 || r.integrity.length > 0 || r.payments.length > 0 || !r.drained || r.exactlyOnce.length > 0) {
+      found.push(`powerloss ${r.label}: ${JSON.stringify({ ...r, lost: r.lost.slice(0, 10) })}`);
+    }
+  }
+  console.log(`powerloss summary (load average before ${loadBefore}, after ${load()}):`);
+  for (const r of reports) console.log(`  ${r.label.padEnd(32)} ${String(r.cycles).padStart(4)} cuts ${String(r.acked).padStart(8)} acked ${String(r.lost.length).padStart(7)} lost`);
+  return found;
 }
