@@ -64,6 +64,12 @@ export const DEFAULTS = {
    * @default 4
    */
   poolSize: 4,
+  /**
+   * On PostgreSQL a worker's claim starts where its last one ended in the due index, and from the start at
+   * least this often, so that a delivery left behind (its row was locked by a claim that then rolled back)
+   * waits no longer than this under a backlog that never runs dry. @default 2_000
+   */
+  claimFromStartMs: 2_000,
   /** Milliseconds to wait for a PostgreSQL connection before a store fails (and the receiver answers 503). @default 5_000 */
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */
