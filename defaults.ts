@@ -24,6 +24,11 @@ export const DEFAULTS = {
   walAutocheckpointPages: 4_000,
   /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
   busyTimeoutMs: 5_000,
+  /**
+   * KiB of SQLite page cache for the receiver's connection, which only appends deliveries: a quarter of
+   * the 16 MB the worker's claims want, and that much less memory held (bench/ingest prints the RSS). @default 4_000
+   */
+  receiverPageCacheKb: 4_000,
   /** Most deliveries or completions committed in one transaction. @default 512 */
   batchSize: 512,
   /** Longest delivery ID accepted, in characters. @default 256 */
@@ -59,6 +64,12 @@ export const DEFAULTS = {
    * @default 4
    */
   poolSize: 4,
+  /**
+   * On PostgreSQL a worker's claim starts where its last one ended in the due index, and from the start at
+   * least this often, so that a delivery left behind (its row was locked by a claim that then rolled back)
+   * waits no longer than this under a backlog that never runs dry. @default 2_000
+   */
+  claimFromStartMs: 2_000,
   /** Milliseconds to wait for a PostgreSQL connection before a store fails (and the receiver answers 503). @default 5_000 */
   connectTimeoutMs: 5_000,
   /** Shortest pause between two wake-up NOTIFYs from one process: NOTIFY takes a global lock at commit. @default 25 */

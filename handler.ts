@@ -6,7 +6,7 @@
 
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
-import { label, message, type Log } from "./log.ts";
+import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source } from "./providers.ts";
@@ -114,6 +114,8 @@ export function createHandler(options: HandlerOptions): Handler {
   const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
   const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
   const log: Log = options.log ?? ((line: string) => console.error(line));
+  // Under --quiet the line per delivery is not even built: it would be most of the handler's own work.
+  const logs = log !== silent;
   const metrics = options.metrics;
   // seen counts one answer, once per request, at the point where its outcome is decided.
   const seen = (source: string, outcome: Outcome, started: number, status?: number) =>
@@ -134,6 +136,9 @@ export function createHandler(options: HandlerOptions): Handler {
   };
   const text = (status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer =>
     ({ status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection });
+  // The two answers nearly every request gets, made once: the mounts only read an Answer.
+  const STORED = text(200, "stored");
+  const DUPLICATE = text(200, "duplicate");
   const busy = (url: string): Answer => {
     seen(sourceFor(url)?.name ?? NO_SOURCE, "unavailable", performance.now());
     log(`rejected: 503 over ${maxInFlight} requests in flight`, { level: "error", status: 503 });
@@ -141,7 +146,11 @@ export function createHandler(options: HandlerOptions): Handler {
   };
 
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
+  // A path that is exactly a source's (no query, no extra slashes) is found without a split or a regex.
+  const exact = new Map([...sources].map(([name, source]) => [`${basePath}/${name}`, source]));
   const sourceFor = (url: string): Source | undefined => {
+    const found = exact.get(url);
+    if (found) return found;
     let path = url.split("?")[0]!;
     if (basePath && (path === basePath || path.startsWith(`${basePath}/`))) path = path.slice(basePath.length);
     return sources.get(path.replace(/^\/+|\/+$/g, ""));
@@ -186,10 +195,10 @@ export function createHandler(options: HandlerOptions): Handler {
     }
     seen(source.name, outcome, ctx.started);
     ctx.result = outcome;
-    log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
+    if (logs) log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
       { source: source.name, id, status: 200, result: outcome });
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
-    return text(200, outcome === "stored" ? "stored" : "duplicate");
+    return outcome === "stored" ? STORED : DUPLICATE;
   }
 
   async function answer(req: WebhookRequest): Promise<Answer> {
@@ -224,7 +233,12 @@ export function createHandler(options: HandlerOptions): Handler {
     // While the receiver stops, each answer closes its connection: kept alive, it would hold the exit up
     // for as long as the client kept it, and carry more requests in meanwhile.
     const close = a.closeConnection || closing();
-    res.writeHead(a.status, { ...a.headers, "content-length": Buffer.byteLength(a.body), ...(close ? { connection: "close" } : {}) });
+    // A flat [name, value, …] list: node:http writes it as it is, without walking an object's keys.
+    const head: string[] = [];
+    for (const name in a.headers) head.push(name, a.headers[name]!);
+    head.push("content-length", String(Buffer.byteLength(a.body)));
+    if (close) head.push("connection", "close");
+    res.writeHead(a.status, head);
     res.end(a.body);
     if (a.closeConnection) {
       const socket = req.socket;
@@ -235,9 +249,12 @@ export function createHandler(options: HandlerOptions): Handler {
   const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
     if (inFlight >= maxInFlight) return send(req, res, busy(req.url ?? "/"));
     inFlight++;
-    res.on("close", leave);
-    // A client that hung up has a destroyed response, and send() writes nothing to it.
-    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => send(req, res, a));
+    // answer() always settles, a client that hung up included (its body read fails), so the request
+    // leaves there, without a listener on every response. A destroyed response gets nothing written.
+    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => {
+      leave();
+      send(req, res, a);
+    });
   };
 
   return {

@@ -28,6 +28,9 @@ export interface LogFields {
 /** Log is one line for an entry point's log; fields go into the JSON format only. */
 export type Log = (line: string, fields?: LogFields) => void;
 
+/** silent is the Log that writes nothing (the receiver's --quiet): given it, a caller need not build the lines. */
+export const silent: Log = () => {};
+
 // pino's numeric levels, so a collector that reads pino reads these too.
 const LEVELS = { debug: 20, info: 30, warn: 40, error: 50 } as const;
 

@@ -126,13 +126,16 @@ function preset(provider: string, headers: Headers, event: unknown): { key: stri
   }
 }
 
+// What nearly every delivery gets, made once: callers only read (spread) it.
+const UNORDERED: Ordering = Object.freeze({ orderKey: null, eventTime: null, strictOrder: false });
+
 /**
  * orderOfRequest finds a verified delivery's order key and event time under its source's rule; with no
  * rule, or no key in this delivery, it is unordered. The event time falls back to the provider's signed
  * time in store().
  */
 export function orderOfRequest(rule: OrderRule | undefined, headers: Headers, body: Buffer): Ordering {
-  if (!rule) return { orderKey: null, eventTime: null, strictOrder: false };
+  if (!rule) return UNORDERED;
   let event: unknown;
   const parsed = () => {
     try {

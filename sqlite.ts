@@ -1,9 +1,10 @@
-// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL, every
-// write group-committed, a checkpointer thread and a gauge thread beside it. connect() in inbox.ts picks
-// it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
+// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL (or, with
+// syncOffLoop, the receiver's: NORMAL and an fdatasync of its own, off the event loop, before any write
+// settles), every write group-committed, a checkpointer thread and a gauge thread beside it. connect() in
+// inbox.ts picks it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
 // so longer than the house's thousand lines: split, a delivery's life would be scattered over files.
 
-import { existsSync } from "node:fs";
+import { closeSync, existsSync, fdatasync, openSync, realpathSync } from "node:fs";
 import { dirname } from "node:path";
 import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
 import { Worker } from "node:worker_threads";
@@ -288,8 +289,10 @@ export interface Durability {
   sqliteVersion: string;
   /** PRAGMA journal_mode: "wal" on a file; "memory" for :memory:. */
   journalMode: string;
-  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA. */
+  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA; 1, NORMAL, only with ownWalSync. */
   synchronous: number;
+  /** The inbox fdatasyncs the WAL itself before it settles any write, off the event loop (syncOffLoop), so commits need no fsync of their own. */
+  ownWalSync?: boolean;
   /** Whether SQLite was built for threads (THREADSAFE not 0): the checkpoint and gauge threads open their own connections. */
   threadsafe: boolean;
 }
@@ -328,7 +331,7 @@ export function walResetFixed(version: string): boolean {
 export function durabilityProblem(d: Durability): string | undefined {
   const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
   if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
-  if (d.synchronous < 2) return `synchronous is ${d.synchronous}, not FULL (2), on ${sqlite}`;
+  if (d.synchronous < (d.ownWalSync ? 1 : 2)) return `synchronous is ${d.synchronous}, not ${d.ownWalSync ? "NORMAL (1) with the inbox's own fdatasync" : "FULL (2)"}, on ${sqlite}`;
   if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
   if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
   return undefined;
@@ -366,7 +369,20 @@ function toLease(row: Row): Lease {
   return lease;
 }
 
-// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT.
+// A batch committed, with each op's outcome, waiting to be settled.
+interface Committed {
+  batch: Op[];
+  results: { ok: boolean; value: unknown }[];
+  started: number;
+  seq: number;
+}
+
+// How many fdatasyncs of the WAL may run at once; while that many run, new writes wait to be committed:
+// committed then, they could only be covered by a later sync, and would take a commit each.
+const SYNCS_AT_ONCE = 2;
+
+// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT
+// (with syncOffLoop, after the fdatasync that follows it).
 // `guarded` asks an op that could fail halfway (partial) to confine itself in a savepoint.
 interface Op {
   run(db: DatabaseSync, guarded: boolean): unknown;
@@ -405,13 +421,24 @@ export class SqliteInbox implements Inbox {
   private commitError: unknown;
   private flushing = false;
   private closed = false;
+  // With syncOffLoop: the WAL file, opened once per fdatasync that may run at once (walFds, those not in
+  // use in idleFds); the commits not yet covered by a finished fdatasync, numbered; how many run, the last
+  // commit the latest one covers; and the failure of one, after which nothing is acked again (see syncWal).
+  private walFds: number[] = [];
+  private idleFds: number[] = [];
+  private unsynced: Committed[] = [];
+  private commits = 0;
+  private syncs = 0;
+  private covered = 0;
+  private syncFailure: Error | undefined;
 
   constructor(path: string, options: InboxOptions = {}) {
     checkOptions(options);
     this.path = this.target = path;
     this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
-    this.durability = readDurability(this.db);
     const db = this.db;
+    if (options.syncOffLoop) this.idleFds = [...(this.walFds = syncOwnWal(db, path, SYNCS_AT_ONCE))];
+    this.durability = { ...readDurability(db), ...(this.walFds.length > 0 ? { ownWalSync: true } : {}) };
     this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
     this.now = options.now ?? Date.now;
     this.random = options.random ?? Math.random;
@@ -419,6 +446,8 @@ export class SqliteInbox implements Inbox {
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.onCommit = options.onCommit;
+    // A PRAGMA takes no bound parameters; the number is checked by checkOptions and made whole here.
+    if (options.pageCacheKb !== undefined) db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
       // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
@@ -1175,6 +1204,7 @@ export class SqliteInbox implements Inbox {
    */
   async ready(): Promise<true | string> {
     if (this.closed) return "the inbox is closed";
+    if (this.syncFailure) return message(this.syncFailure);
     if (this.commitError === undefined) return true;
     try {
       // Briefly: the probe runs on the receiver's thread, and a lock that stays busy is an answer too.
@@ -1251,9 +1281,10 @@ export class SqliteInbox implements Inbox {
     return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, now));
   }
 
-  /** flush resolves once every write queued so far is committed. */
+  /** flush resolves once every write queued so far is committed (and, with syncOffLoop, synced). */
   flush(): Promise<void> {
-    return this.queue.length === 0 && !this.flushing ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
+    const idle = this.queue.length === 0 && !this.flushing && this.syncs === 0 && this.unsynced.length === 0;
+    return idle ? Promise.resolve() : this.enqueue(() => undefined).then(() => undefined);
   }
 
   /** close commits what is queued, then closes the database. */
@@ -1277,6 +1308,7 @@ export class SqliteInbox implements Inbox {
     } finally {
       await this.gauger?.terminate();
       this.db.close();
+      for (const fd of this.walFds) closeSync(fd);
     }
   }
 
@@ -1364,17 +1396,23 @@ export class SqliteInbox implements Inbox {
 
   private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial = false): Promise<unknown> {
     if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
+    if (this.syncFailure) return Promise.reject(this.syncFailure);
     return new Promise((resolve, reject) => {
       this.queue.push({ run, partial, resolve, reject });
-      if (!this.flushing) {
-        this.flushing = true;
-        // setImmediate lets every request already read off the sockets join this batch.
-        setImmediate(() => this.drain());
-      }
+      // While SYNCS_AT_ONCE fdatasyncs run, the next batch waits for one of them to finish.
+      if (this.syncs < SYNCS_AT_ONCE) this.drainSoon();
     });
   }
 
+  private drainSoon(): void {
+    if (this.flushing) return;
+    this.flushing = true;
+    // setImmediate lets every request already read off the sockets join this batch.
+    setImmediate(() => this.drain());
+  }
+
   private drain(): void {
+    if (this.syncFailure) for (const op of this.queue.splice(0)) op.reject(this.syncFailure);
     while (this.queue.length > 0) {
       const batch = this.queue.splice(0, this.batchSize);
       this.commit(batch);
@@ -1430,9 +1468,53 @@ export class SqliteInbox implements Inbox {
     }
     if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     this.commitError = undefined;
+    if (this.walFds.length === 0) return this.settle({ batch, results, started, seq: 0 });
+    this.unsynced.push({ batch, results, started, seq: ++this.commits });
+    this.syncWal();
+  }
+
+  private settle({ batch, results, started }: Committed): void {
     this.onCommit?.(batch.length, performance.now() - started);
     batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
   }
+
+  // syncWal makes the commits so far durable, then settles them: one fdatasync of the WAL, on a libuv
+  // thread, while this thread reads and commits the next requests; a commit made meanwhile gets a second
+  // one at once, and whichever finishes settles every commit made before it began. Why that is as
+  // durable as FULL:
+  // - The WAL is a log that only grows until it is reset, and every commit so far has written its frames
+  //   to it before this call: the fdatasync, which begins after, covers them all (and any before them).
+  // - A reset, after a checkpoint copied every frame into the database and fsynced it, rewrites the WAL
+  //   from its start under new salts; SQLite fsyncs the new header itself (at NORMAL too), so a power cut
+  //   leaves the old frames unreadable, never replayed, and what they held is already in the database.
+  // - Checkpoints, on any connection not at OFF, fsync the WAL before copying and the database after.
+  // A failed fdatasync may have dropped the pages it could not write, and Linux marks them clean: a later
+  // one would succeed over the gap. So the failure sticks; nothing is acked again until a restart, whose
+  // recovery reads only what reached the disk (PostgreSQL panics for the same reason). Linux reports such
+  // an error once to each open file, so two fdatasyncs at once use two descriptors: on one, the first
+  // to look would take the report and the other, covering the same pages, would succeed.
+  private syncWal(): void {
+    if (this.idleFds.length === 0 || this.covered === this.commits) return;
+    const fd = this.idleFds.pop()!;
+    this.syncs++;
+    const covers = (this.covered = this.commits);
+    fdatasync(fd, (error) => {
+      this.syncs--;
+      this.idleFds.push(fd);
+      if (error) {
+        this.syncFailure ??= new Error(`inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`, { cause: error });
+      }
+      // Every commit made before this fdatasync began is on disk, whichever sync started it.
+      while (this.unsynced.length > 0 && (this.syncFailure || this.unsynced[0]!.seq <= covers)) {
+        const committed = this.unsynced.shift()!;
+        if (this.syncFailure) for (const op of committed.batch) op.reject(this.syncFailure);
+        else this.settle(committed);
+      }
+      this.syncWal();
+      if (this.syncs < SYNCS_AT_ONCE && this.queue.length > 0) this.drainSoon();
+    });
+  }
+
 
   // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
   // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
@@ -1496,6 +1578,20 @@ function sqliteCode(error: unknown): number {
 const BATCH_ERRORS = new Set([SQLITE_BUSY, 6, 7, 8, 10, 11, SQLITE_FULL]);
 function isOwnError(error: unknown): boolean {
   return !BATCH_ERRORS.has(sqliteCode(error));
+}
+
+/**
+ * syncOwnWal sets a connection to commit without an fsync (synchronous = NORMAL) and opens its WAL file
+ * n times, whose fdatasync the caller then owes before it reports any commit (SqliteInbox.syncWal). The
+ * descriptors are opened now, before any write they must answer for: Linux reports a failed writeback
+ * only to the files open when it failed. (openDatabase has made sure the database is in WAL mode.)
+ */
+function syncOwnWal(db: DatabaseSync, path: string, n: number): number[] {
+  // SQLite puts the WAL beside the file a symbolic link points to, so the same is opened here.
+  const wal = `${realpathSync(path)}-wal`;
+  const fds = Array.from({ length: n }, () => openSync(wal, "r"));
+  db.exec("PRAGMA synchronous = NORMAL");
+  return fds;
 }
 
 /**

@@ -3,7 +3,7 @@
 // share. sqlite.ts and postgres.ts implement it side by side, test/contract.test.ts holds both to it, and
 // this file imports neither. Not run on its own: scripts reach a backend through connect() in inbox.ts.
 
-import { createHash } from "node:crypto";
+import { hash } from "node:crypto";
 import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "./defaults.ts";
 
@@ -482,6 +482,17 @@ export interface InboxOptions {
    * @default false
    */
   backgroundCheckpoints?: boolean;
+  /**
+   * SQLite: commit without an fsync (synchronous = NORMAL) and settle each write only after an fdatasync
+   * of the WAL, run on a libuv thread while the next writes commit; one covers every commit before it.
+   * Every write still settles only once it is on disk (see SqliteInbox.syncWal). @default false
+   */
+  syncOffLoop?: boolean;
+  /**
+   * SQLite: this connection's page cache, in KiB. A connection that only appends deliveries (the receiver's)
+   * touches few pages; the cache openDatabase sets suits claims over a large backlog. @default 16_000
+   */
+  pageCacheKb?: number;
   /** PostgreSQL: connections in the pool. @default DEFAULTS.poolSize */
   poolSize?: number;
   /** PostgreSQL: LISTEN for wake-ups; off behind PgBouncer in transaction mode, where polling remains. @default true */
@@ -522,7 +533,8 @@ export function toGauges(rows: readonly { source: string; status: Status | "tota
 
 /** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
 export function sha256(body: Uint8Array): string {
-  return createHash("sha256").update(body).digest("hex");
+  // One-shot: no Hash object per delivery.
+  return hash("sha256", body, "hex");
 }
 
 /** backoff is how long to wait before try number attempts+1: doubling, capped, with upward jitter. */
@@ -720,7 +732,7 @@ export function checkOptions(options: InboxOptions): void {
   for (const [key, value] of Object.entries(options)) {
     if (key === "now" || key === "random" || key === "onCommit") {
       if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-    } else if (key === "backgroundCheckpoints" || key === "listen") {
+    } else if (key === "backgroundCheckpoints" || key === "syncOffLoop" || key === "listen") {
       if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
     } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
       throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);

@@ -68,10 +68,13 @@ export function rssMb(pid: number, peak = false): number {
 /**
  * startChild runs a script under tsx on this Node (or, given `on`, on that runtime: bench/runtimes.ts) and
  * waits for its "Listening on" line. Its stderr is a pipe that is read and dropped (or kept), so a logging
- * server pays for its lines as it would in production.
+ * server pays for its lines as it would in production. nodeArgs go to Node itself, before the script (V8's
+ * memory flags, say).
  */
-export async function startChild(script: string, args: string[], keepStderr = false, on?: { name: RuntimeName; binary: string }): Promise<Child> {
-  const command = on ? scriptCommand(join(ROOT, script), args, on) : { command: process.execPath, args: ["--import", "tsx", join(ROOT, script), ...args] };
+export async function startChild(
+  script: string, args: string[], keepStderr = false, on?: { name: RuntimeName; binary: string }, nodeArgs: string[] = [],
+): Promise<Child> {
+  const command = on ? scriptCommand(join(ROOT, script), args, on) : { command: process.execPath, args: [...nodeArgs, "--import", "tsx", join(ROOT, script), ...args] };
   const child = spawn(command.command, command.args, {
     cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
   });

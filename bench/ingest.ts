@@ -1,8 +1,10 @@
 // bench/ingest.ts: durable ingest against the bare node:http baseline, same Node, same load (wrk), same
 // run. Closed loop at BENCH_CONNECTIONS (32): the receiver with unique IDs, with 30% duplicates, with a
-// log line per request to a pipe (the default; the others use --quiet), and with SQLite's checkpoints
-// inside commits (--inline-checkpoints) instead of on their own thread; then bare and the receiver at
-// BENCH_CONNECTIONS_HIGH (128); then the peers (bench/peers), each a bare node:http server that answers
+// log line per request to a pipe (the default; the others use --quiet), with SQLite's checkpoints
+// inside commits (--inline-checkpoints) instead of on their own thread, with the fsync inside each
+// commit on the HTTP thread (--sync-in-commit) instead of an fdatasync on libuv's pool, and on a Node
+// whose young generation is capped at 4 MB a semi-space (its memory); then bare, the receiver, the capped
+// one and --sync-in-commit at BENCH_CONNECTIONS_HIGH (128); then the peers (bench/peers), each a bare node:http server that answers
 // after its queue's enqueue resolves. Every server runs side by side, and each round measures them one
 // after the other, so that the noise of a shared machine lands on all alike; ratios are taken within a
 // round, and the median is reported. Also the CPU each server, and wrk, spends per request.
@@ -16,6 +18,8 @@ import { inboxTargets } from "./targets.ts";
 const SECONDS = knob("BENCH_SECONDS", 4);
 const ROUNDS = knob("BENCH_ROUNDS", 3);
 const HIGH = knob("BENCH_CONNECTIONS_HIGH", 128);
+// The Node flag that caps V8's young generation, as docs/performance.md suggests where memory is tight.
+const SMALL_YOUNG = "--max-semi-space-size=4";
 
 /** Server is one process under load: started once, measured by every Run that names it. */
 interface Server {
@@ -43,7 +47,8 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 /** ingest runs the comparison and returns its one-line summary. */
 export async function ingest(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  const server = (script: string, args: string[] = []): Server => ({ start: () => startChild(script, ["--port", "0", ...args]), stores: [] });
+  const server = (script: string, args: string[] = [], nodeArgs: string[] = []): Server =>
+    ({ start: () => startChild(script, ["--port", "0", ...args], false, undefined, nodeArgs), stores: [] });
   const runs: Run[] = [];
   const add = (r: Omit<Run, "loads" | "cpu">) => {
     const run = { ...r, loads: [], cpu: [] };
@@ -54,12 +59,15 @@ export async function ingest(): Promise<string> {
   const bare32 = add({ name: "bare node:http", server: bare, connections: CONNECTIONS });
   const bareHigh = add({ name: "bare node:http", server: bare, connections: HIGH });
   const inbox: Record<number, Run> = {};
+  // The SQLite receiver with its fsync inside each commit, to set the default's off-loop fdatasync against.
+  const inCommit: Record<number, Run> = {};
+  const small: Record<number, Run> = {};
   const receivers: Run[] = [];
   const targets = await inboxTargets();
   for (const target of targets) {
-    const at = async (label: string, args: string[] = []): Promise<Server> => {
+    const at = async (label: string, args: string[] = [], nodeArgs: string[] = []): Promise<Server> => {
       const fresh = await target.fresh(dir, `ingest_${label}`);
-      const s = server("receiver.ts", ["--db", fresh.db, ...args]);
+      const s = server("receiver.ts", ["--db", fresh.db, ...args], nodeArgs);
       s.stores.push(fresh.drop);
       return s;
     };
@@ -72,11 +80,19 @@ export async function ingest(): Promise<string> {
       add({ name: `receiver 30% duplicates [${t}]`, server: await at("dup", ["--quiet"]), connections: CONNECTIONS, duplicates: 0.3, base: bare32 });
       add({ name: `receiver logging to a pipe [${t}]`, server: await at("logged"), connections: CONNECTIONS, base: bare32 });
       add({ name: `receiver --inline-checkpoints [${t}]`, server: await at("inline", ["--quiet", "--inline-checkpoints"]), connections: CONNECTIONS, base: bare32 });
+      // The fsync inside each COMMIT on the HTTP thread, as before the fdatasync moved to libuv's pool.
+      // V8's young generation capped (it grows to 64 MB under load): the receiver's memory, and what it costs.
+      small[CONNECTIONS] = add({ name: `receiver ${SMALL_YOUNG} [${t}]`, server: await at("small", ["--quiet"], [SMALL_YOUNG]), connections: CONNECTIONS, base: bare32 });
+      receivers.push(inCommit[CONNECTIONS] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit", ["--quiet", "--sync-in-commit"]), connections: CONNECTIONS, base: bare32 }));
     }
     // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
     const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
     receivers.push(rHigh);
-    if (t === "SQLite") inbox[HIGH] = rHigh;
+    if (t === "SQLite") {
+      inbox[HIGH] = rHigh;
+      small[HIGH] = add({ name: `receiver ${SMALL_YOUNG} [${t}]`, server: await at("small_high", ["--quiet"], [SMALL_YOUNG]), connections: HIGH, base: bareHigh });
+      receivers.push(inCommit[HIGH] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit_high", ["--quiet", "--sync-in-commit"]), connections: HIGH, base: bareHigh }));
+    }
   }
   const peers = await availablePeers();
   for (const peer of peers) {
@@ -128,6 +144,7 @@ export async function ingest(): Promise<string> {
     parts.push(`${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
       mine.map((r) => ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
         (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : "")).join(""));
+    if (inbox[c] && inCommit[c]) parts.push(`${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}, ${SMALL_YOUNG} against the receiver ×${f(of(small[c]!, inbox[c]!), 2)}`);
     const theirs = runs.filter((r) => r.base === base && r.peer);
     // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
     for (const r of theirs) parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
@@ -137,7 +154,10 @@ export async function ingest(): Promise<string> {
       parts.push(`${c} conn: inbox against the best durable peer (${best.name}) ×${f(of(inbox[c]!, best), 2)}`);
     }
   }
-  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver peak RSS ${f(receiverRss(CONNECTIONS))} MB at ${CONNECTIONS} connections, ${f(receiverRss(HIGH))} MB at ${HIGH}`;
+  const peak = (r: Run | undefined) => f(r?.server.child?.peakRssMb() ?? NaN);
+  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver --quiet peak RSS ${peak(inbox[CONNECTIONS])} MB at ${CONNECTIONS} connections, ` +
+    `${peak(inbox[HIGH])} MB at ${HIGH}; with ${SMALL_YOUNG} ${peak(small[CONNECTIONS])} and ${peak(small[HIGH])} MB ` +
+    `(every receiver row: up to ${f(receiverRss(CONNECTIONS))} and ${f(receiverRss(HIGH))} MB; bare node:http ${peak(bare32)} MB)`;
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());

@@ -1,7 +1,8 @@
 // bench/latency.ts: the ack's latency at half the saturated rate, open loop. Finds the receiver's
 // saturated rate (closed loop with wrk, BENCH_CONNECTIONS), then sends at half that rate on a fixed schedule
 // whatever the answers do, timing each request from when it was due (so a stall is not hidden), first
-// to the receiver, to the receiver with --inline-checkpoints, then to the bare node:http baseline.
+// to the receiver, to the receiver with --inline-checkpoints, with --sync-in-commit (its fsync inside each
+// commit, on the HTTP thread), then to the bare node:http baseline.
 // Prints p50/p99/p99.9/max of each, and the pacer's own CPU per request (wrk cannot pace: it is
 // closed-loop only, so the open-loop sender is the raw-socket one below).
 //   npm run bench -- latency          BENCH_SECONDS=8 BENCH_RATE=<req/s, skips the search>
@@ -148,6 +149,10 @@ export async function latency(): Promise<string> {
     const inline = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, "inline.db"), "--quiet", "--inline-checkpoints"]);
     const theirs = await paced(inline.url, rate, SECONDS);
     await inline.stop();
+    // The same receiver with the fsync inside each commit, on the HTTP thread: what the off-loop fdatasync changes.
+    const inCommit = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, "in-commit.db"), "--quiet", "--sync-in-commit"]);
+    const blocking = await paced(inCommit.url, rate, SECONDS);
+    await inCommit.stop();
     const bare = await startChild("bench/bare.ts", []);
     await paced(bare.url, rate, Math.min(2, SECONDS));
     const base = await paced(bare.url, rate, SECONDS);
@@ -155,8 +160,9 @@ export async function latency(): Promise<string> {
     show("bare node:http", base);
     show("receiver (durable)", mine);
     show("… inline checkpoints", theirs);
+    show("… --sync-in-commit", blocking);
     return `latency: ${f(rate)} req/s open loop (half of ${f(saturated)}) | receiver ack p50 ${f(mine.p50, 2)} p99 ${f(mine.p99, 2)} p99.9 ${f(mine.p999, 2)} ms` +
-      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB | pacer ${f(mine.generatorUs)} µs CPU/req`;
+      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | --sync-in-commit p99 ${f(blocking.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB | pacer ${f(mine.generatorUs)} µs CPU/req`;
   } finally {
     cleanup();
   }

@@ -10,6 +10,7 @@
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
 import { admin } from "./admin.ts";
+import { backlog } from "./backlog.ts";
 import { generators } from "./generators.ts";
 import { ingest } from "./ingest.ts";
 import { latency } from "./latency.ts";
@@ -21,12 +22,12 @@ import { runtimes } from "./runtimes.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
+  ingest, latency, worker, backlog, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
   brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -1,14 +1,14 @@
 // bench/targets.ts: the databases the inbox's own rows run on. SQLite always; PostgreSQL as well when
 // BENCH_POSTGRES is on (the default when the server answers) and the entry points accept a postgres://
-// URL for --db. Each run gets a fresh file or schema, removed afterwards.
+// URL for --db. Each run gets a fresh file or database (or schema), removed afterwards.
 //   BENCH_POSTGRES=0 npm run bench -- ingest        # SQLite only
-//   BENCH_INBOX_DB_URL=postgres://127.0.0.1:5432/test?schema=bench_inbox npm run bench -- worker
+//   BENCH_INBOX_DB_URL=postgres://127.0.0.1:5432/test?schema=bench_inbox npm run bench -- worker   # a schema per run
 
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import pg from "pg";
 import { ROOT } from "./common.ts";
-import { pgReachable } from "./peers/pgdb.ts";
+import { freshDatabase, pgReachable } from "./peers/pgdb.ts";
 
 /** InboxTarget is one database the inbox's rows run on. */
 export interface InboxTarget {
@@ -18,8 +18,12 @@ export interface InboxTarget {
   fresh: (dir: string, label: string) => Promise<{ db: string; drop: () => Promise<void> }>;
 }
 
-/** INBOX_PG_URL is where the PostgreSQL rows put the inbox; each run swaps in a schema of its own. */
-const INBOX_PG_URL = process.env.BENCH_INBOX_DB_URL ?? "postgres://postgres@127.0.0.1:5432/test?schema=bench_inbox";
+/**
+ * INBOX_PG_URL, when set, is where the PostgreSQL rows put the inbox, each run in a schema of its own.
+ * Unset, each run gets a database of its own on BENCH_PG_URL, as the peers do: another database's open
+ * transactions then hold back neither its vacuum nor the index entries its scans may mark dead.
+ */
+const INBOX_PG_URL = process.env.BENCH_INBOX_DB_URL;
 
 const sqlite: InboxTarget = {
   name: "SQLite",
@@ -29,6 +33,10 @@ const sqlite: InboxTarget = {
 const postgres: InboxTarget = {
   name: "PostgreSQL",
   fresh: async (_dir, label) => {
+    if (INBOX_PG_URL === undefined) {
+      const db = await freshDatabase(`bench_inbox_${label}`.toLowerCase().replace(/[^a-z0-9_]/g, "_"));
+      return { db: `${db.url}?schema=inbox`, drop: db.drop };
+    }
     const url = new URL(INBOX_PG_URL);
     const schema = `${url.searchParams.get("schema") ?? "bench_inbox"}_${label}`.replace(/[^a-z0-9_]/g, "_");
     url.searchParams.set("schema", schema);
