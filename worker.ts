@@ -484,12 +484,20 @@ Examples:
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
+  // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
+  // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
+  // receiver's): an fsync inside each COMMIT held the event loop, and with it every forward in flight, for
+  // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
+  // before it settles; the handler's connection, whose writes the app reads, keeps FULL.
+  let lanes: Inbox | undefined;
   let metrics: Metrics | undefined;
   try {
-    inbox = await connect(path, {
-      maxAttempts: opts.maxAttempts, ...(opts.metricsPort === undefined ? {} : { onCommit: (size, ms) => metrics?.commit(size, ms) }),
-    });
+    const onCommit = opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
+    inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     await ensurePayments(inbox);
+    if (forwarding && forwarding.destinations.size > 0 && inbox.backend === "sqlite") {
+      lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
+    }
   } catch (error) {
     say(`worker: cannot use the database: ${message(error)}`, "error");
     process.exit(1);
@@ -541,7 +549,7 @@ Examples:
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./forwarder.ts").then(({ forward }) => forward({
-        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+        inbox: lanes ?? inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
       })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;
     await Promise.all([
@@ -558,6 +566,7 @@ Examples:
     say(`worker: ${message(error)}`, "error");
     process.exit(1);
   }
+  await lanes?.close();
   await inbox.close();
   lines.flush();
   shown?.stop();

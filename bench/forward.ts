@@ -111,7 +111,9 @@ async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, num
 async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined): Promise<Run> {
   const name = `bench-forward-${process.pid}`;
   let commits = 0;
-  const inbox = await connect(target.startsWith("postgres") ? `${target}&application_name=${name}` : target, { onCommit: () => void commits++ });
+  // On SQLite, the connection worker.ts gives its forwarding lanes: an fdatasync of its own, off the event loop.
+  const pg = target.startsWith("postgres");
+  const inbox = await connect(pg ? `${target}&application_name=${name}` : target, { onCommit: () => void commits++, ...(pg ? {} : { syncOffLoop: true }) });
   const senders = new Map<string, Sender>();
   try {
     // Alone or beside a down one, the same rows: each delivery routed to both, so that only the down lane differs.
