@@ -132,6 +132,12 @@ export const DEFAULTS = {
   breakerCoolDownMs: 30_000,
   /** Milliseconds a worker gathers its destinations' successes before adding them to the shared breaker. @default 1_000 */
   tallyEveryMs: 1_000,
+  /**
+   * Forwarding: how often a lane whose destination it saw open or paused asks whether it may go again (a
+   * probe due, a resume, another worker's probe that closed it); polling at pollMaxMs instead cost a
+   * destination that is down a few percent of a worker's CPU. @default 1_000
+   */
+  heldPollMs: 1_000,
   /** Milliseconds a broker destination waits to connect, and for each PubAck or publisher confirm (brokers.ts). @default 5_000 */
   brokerTimeoutMs: 5_000,
   /** A NATS destination's server, when its settings give no url. @default "nats://127.0.0.1:4222" */

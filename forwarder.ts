@@ -30,6 +30,8 @@ export interface ForwarderOptions {
   pollMaxMs?: number;
   /** @default DEFAULTS.tallyEveryMs */
   tallyEveryMs?: number;
+  /** @default DEFAULTS.heldPollMs */
+  heldPollMs?: number;
   /** Abort to stop: no more claims; forwards in flight finish, or are cut off and released after shutdownGraceMs. */
   signal?: AbortSignal;
   /** @default DEFAULTS.shutdownGraceMs */
@@ -89,6 +91,7 @@ async function lane(
   const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
   const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
+  const heldPoll = Math.max(pollMax, options.heldPollMs ?? DEFAULTS.heldPollMs);
   const policy = destination.breaker === false ? NEVER : destination.breaker;
   const stop = options.signal;
   const active = new Map<Lease, AbortController>();
@@ -101,21 +104,31 @@ async function lane(
     };
   });
   stop?.addEventListener("abort", () => wake(), { once: true });
-  const unwake = inbox.onWake(() => wake());
+  // New deliveries (PostgreSQL's NOTIFY) wake a lane at once, unless its destination is open or paused.
+  const unwake = inbox.onWake(() => holding || wake());
 
   // Successes are gathered and added to the shared breaker once per tallyEveryMs; a failure goes at once,
-  // with what was gathered before it, so the shared count of failures in a row stays in order.
+  // with what was gathered before it, so the shared count of failures in a row stays in order. One tally
+  // is written at a time, and the next takes everything gathered until it starts: a burst of failures (a
+  // destination gone down with a lane's worth in flight) is one or two writes, not one each.
   let gathered: Tally = { done: 0, failed: 0 };
   let tallying: Promise<void> = Promise.resolve();
-  const tally = (extra?: Partial<Tally>) => {
-    const t: Tally = { ...gathered, failed: gathered.failed + (extra?.failed ?? 0), ...(extra?.error ? { error: extra.error } : {}), ...(extra?.probe ? { probe: extra.probe } : {}) };
-    gathered = { done: 0, failed: 0 };
-    if (t.done === 0 && t.failed === 0 && !t.probe) return tallying;
-    tallying = tallying.then(() => inbox.tally(name, t, policy)).then(
-      (change) => change && announceChange(change),
-      (error: unknown) => log(`${name}: could not tally the breaker: ${message(error)}`, { level: "warn", destination: name }),
-    );
-    return tallying;
+  let next: Promise<void> | undefined;
+  const tally = (extra?: Partial<Tally>): Promise<void> => {
+    const error = extra?.error ?? gathered.error;
+    const probe = extra?.probe ?? gathered.probe;
+    gathered = { done: gathered.done, failed: gathered.failed + (extra?.failed ?? 0), ...(error ? { error } : {}), ...(probe ? { probe } : {}) };
+    next ??= tallying = tallying.then(() => {
+      next = undefined;
+      const t = gathered;
+      gathered = { done: 0, failed: 0 };
+      if (t.done === 0 && t.failed === 0 && !t.probe) return;
+      return inbox.tally(name, t, policy).then(
+        (change) => void (change && announceChange(change)),
+        (error: unknown) => log(`${name}: could not tally the breaker: ${message(error)}`, { level: "warn", destination: name }),
+      );
+    });
+    return next;
   };
   const announceChange = (change: BreakerChange) => {
     hold(change.change === "opened");
@@ -141,7 +154,6 @@ async function lane(
 
   // Forwards answered 2xx whose done mark is not yet sent; the loop sends them together.
   const answered: { lease: Lease; resolve: (held: boolean) => void; reject: (error: unknown) => void }[] = [];
-  let finishing = 0;
   // Set when this lane saw its destination open or pause; a claim begun after that which gets leases
   // clears it (one begun before may have read the destination's row before it changed).
   let holding = false;
@@ -150,44 +162,73 @@ async function lane(
     holding = on;
     if (on) heldAt = performance.now();
   };
-  // Claimed leases waiting for one of the lane's maxInFlight request slots.
+  // Claimed leases waiting for one of the lane's maxInFlight request slots, and requests at the destination.
   const queued: Lease[] = [];
   let sending = 0;
+  // Claim ahead: a claim goes out when fewer than half of `ahead` leases wait for a slot, and takes enough
+  // for `ahead` to wait again, so one claim (one transaction, with the done marks gathered since) serves
+  // many forwards and the slots never wait for a claim. `ahead` is at least two lanes' worth (every slot
+  // may free up while a claim commits) and doubles, up to `most`, when the lane ran dry while a claim was
+  // out (a PostgreSQL claim takes round trips and a commit) or when claims took more than a quarter of the
+  // lane's time (each is a sync to disk, on SQLite one that holds the event loop); it halves again when
+  // they take less than a sixteenth.
+  const max = destination.maxInFlight;
+  const most = Math.max(8 * max, DEFAULTS.claimBatch);
+  let ahead = 2 * max;
+  let claiming = false;
+  let starved = false;
+  let lastClaimAt = 0;
+  const adjust = (took: number, cycle: number, full: boolean) => {
+    if (full && (starved || took > cycle / 4)) ahead = Math.min(most, 2 * ahead);
+    else if (!starved && took < cycle / 16) ahead = Math.max(2 * max, Math.floor(ahead / 2));
+  };
   const send = () => {
     // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
     if (holding) for (const lease of queued.splice(0)) void inbox.release(lease).then((r) => r && stats.held++).finally(() => active.delete(lease));
     while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
       const lease = queued.shift()!;
       sending++;
-      void one(lease, active.get(lease)!, () => {
+      // The slot is freed once, when the destination has answered (a success) or the outcome is written.
+      let freed = false;
+      const free = () => {
+        if (freed) return;
+        freed = true;
         sending--;
         send();
-      }).finally(() => {
+      };
+      void one(lease, active.get(lease)!, free).finally(() => {
+        free();
         active.delete(lease);
         wake();
       });
     }
+    if (claiming && queued.length === 0 && sending < max) starved = true;
   };
-  const markDone = () => {
-    for (const a of answered.splice(0)) {
-      finishing++;
-      inbox.finish(a.lease).finally(() => finishing--).then(a.resolve, a.reject);
-    }
+  // Done marks go out with the next claim, or once a claim's worth has gathered, or when nothing else is
+  // at the destination, or once the first has waited four times as long as a claim takes (at least
+  // pollMax): every commit costs a sync to disk (on SQLite one that holds the event loop), so it should
+  // serve many forwards, and the marks must not wait long either.
+  let answeredAt = 0;
+  let claimTook = 0;
+  const markDone = (now: boolean) => {
+    if (answered.length === 0) return;
+    if (!now && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
+    for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
   };
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
 
-  async function one(lease: Lease, controller: AbortController, answered$: () => void): Promise<void> {
+  async function one(lease: Lease, controller: AbortController, free: () => void): Promise<void> {
     // Each try is a span of the delivery's trace (traces.ts), ended once its outcome is committed or known.
     const span = startProcess(lease, name);
     try {
-      await span.run(() => attempt(lease, controller, answered$, span));
+      await span.run(() => attempt(lease, controller, free, span));
     } finally {
-      answered$();
+      free();
       span.end("lost");
     }
   }
 
-  async function attempt(lease: Lease, controller: AbortController, answered$: () => void, span: Process): Promise<void> {
+  async function attempt(lease: Lease, controller: AbortController, free: () => void, span: Process): Promise<void> {
     const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
     const started = performance.now();
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
@@ -195,7 +236,7 @@ async function lane(
     const outcome: Outcome = await sender.send(traced, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
     // The request slot is free once the destination has answered and, for a failure, once the breaker has
     // counted it: the next forward must not go out to a destination that just opened.
-    if (outcome.kind === "done") answered$();
+    if (outcome.kind === "done") free();
     metrics?.forwarded(name, outcome.kind, performance.now() - started);
     try {
       // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
@@ -205,9 +246,10 @@ async function lane(
         return;
       }
       if (outcome.kind === "done") {
-        // The done mark waits for the lane's next turn, which sends every done mark gathered since, and
-        // the next claim, in one transaction: one commit for many forwards, not one each.
+        // The done mark waits to go out with the others gathered since (see markDone), most often with the
+        // next claim: one commit for many forwards, not one each.
         const held = await new Promise<boolean>((resolve, reject) => {
+          if (answered.length === 0) answeredAt = performance.now();
           answered.push({ lease, resolve, reject });
           wake();
         });
@@ -265,25 +307,28 @@ async function lane(
     let delay = pollMin;
     let claimFailing = false;
     while (!stop?.aborted) {
-      // Claims wait for a quarter of the lane's room to free up (or for the lane to be idle): one claim,
-      // one transaction, for several forwards rather than one per forward that ends.
-      // A lease waiting for its done mark no longer has a request at the destination: it leaves room.
-      markDone();
       send();
-      // Claim ahead: up to a second lane's worth of leases waits here for a request slot, so that one
-      // claim (and the done marks sent with it) serves many forwards. A claim waits until half of that is
-      // gone, or the lane is idle.
-      const max = destination.maxInFlight;
-      const room = 2 * max - active.size;
-      const worth = active.size === 0 || (queued.length < max / 2 && room >= Math.max(1, Math.floor(max / 2)));
+      // A lease whose request is over takes no room: the claim goes out with its done mark, in the same
+      // transaction on SQLite and beside it on PostgreSQL, rather than in a commit of its own after it.
+      const held = queued.length + sending;
+      const room = ahead + max - held;
+      const worth = held === 0 || queued.length < ahead / 2;
       let leases: Lease[] = [];
       const claimedAt = performance.now();
-      if (room > 0 && worth) {
+      markDone(worth);
+      if (worth) {
         try {
+          claiming = true;
+          starved = false;
           leases = await inbox.claimBatch(room, leaseMs, { destination: name, ...(destination.rate ? { rate: destination.rate } : {}) });
+          claiming = false;
+          claimTook = performance.now() - claimedAt;
+          adjust(claimTook, claimedAt - lastClaimAt, leases.length === room);
+          lastClaimAt = claimedAt;
           if (claimFailing) log(`${name}: claiming again`, { destination: name });
           claimFailing = false;
         } catch (error) {
+          claiming = false;
           if (options.once) throw error;
           if (!claimFailing) log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
           claimFailing = true;
@@ -303,8 +348,8 @@ async function lane(
         continue;
       }
       if (options.once && active.size === 0) break;
-      await pause(room > 0 ? delay : pollMax);
-      if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
+      await pause(holding ? heldPoll : worth ? delay : pollMax);
+      if (worth) delay = Math.min(pollMax, Math.max(1, delay * 2));
     }
     // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it
     // is cut off and released. Done marks keep going out meanwhile.
@@ -314,12 +359,12 @@ async function lane(
     }
     const deadline = Date.now() + (options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs);
     while (active.size > 0 && Date.now() < deadline) {
-      markDone();
+      markDone(true);
       await pause(pollMax);
     }
     for (const controller of active.values()) controller.abort(new Error("the worker is stopping"));
     while (active.size > 0) {
-      markDone();
+      markDone(true);
       await pause(pollMax);
     }
     await tally();

@@ -139,6 +139,8 @@ const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1
 // BY_DEFAULT gives the statements after them (a handler's writes) the connection's own plans back.
 const BY_INDEX = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
                          set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`;
+// NO_FLUSH lets a claim's transaction commit without waiting for the WAL flush (see claimIn).
+const NO_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)";
 const BY_DEFAULT = `SELECT set_config(name, reset_val, true) FROM pg_settings
                     WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')`;
 
@@ -185,7 +187,7 @@ function named(text: string, values: unknown[]): { name: string; text: string; v
 type Op =
   | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
   | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; resolve(v: unknown): void; reject(e: unknown): void };
+  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; resolve(v: unknown): void; reject(e: unknown): void };
 
 type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
 
@@ -325,7 +327,8 @@ export class PostgresInbox implements Inbox {
     let row = read.rows[0] as Record<string, unknown> | undefined;
     const plain = options.maxInFlight === undefined && options.rate === undefined && (row === undefined || (!row.paused && row.state === "closed"));
     if (plain) return this.claimIn(client, limit, leaseMs, destination);
-    if (row?.paused) return [];
+    // A destination that is paused, or whose breaker is open, costs its lane this one read: no lock, no write.
+    if (row !== undefined && gateClaim(row, limit, Number(row.now), {}, 0).n === 0) return [];
     await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
     ({ rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]));
     const now = Number(row!.now);
@@ -368,7 +371,12 @@ export class PostgresInbox implements Inbox {
       // filled faster than autovacuum analyzes it has none, and the planner then sorted every waiting row on
       // disk and hash-joined all of them for each claim: 118 ms against 5 ms at a fresh 100k backlog, a
       // drain at 4.3k/s against 14k/s. The claim has a transaction of its own, so these touch nothing else.
+      // Its commit does not wait for the WAL to reach the disk (synchronous_commit off, in this transaction
+      // only): a claim that a crash of the server takes back is a delivery claimed again, as when a worker
+      // dies, and the done mark, whose commit does wait, carries the claim with it (the WAL is written in
+      // order). Waiting for a flush of its own made every claim as slow as a commit of stored deliveries.
       client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the claim itself, which waits behind it on the connection
+      client.query(this.prepared(NO_FLUSH, [])).catch(() => {});
       const { rows } = await client.query(this.prepared(
         `WITH k AS (
            SELECT source, destination, order_key, head_id, due FROM order_keys WHERE destination = $5 AND due <= ${NOW}
@@ -463,7 +471,7 @@ export class PostgresInbox implements Inbox {
         [lease.source, lease.id, lease.token],
       );
       return held.rows.length === 1;
-    }) as Promise<boolean>;
+    }, true) as Promise<boolean>;
   }
 
   finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
@@ -492,7 +500,7 @@ export class PostgresInbox implements Inbox {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
       }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
-    }) as Promise<Failure | undefined>;
+    }, true) as Promise<Failure | undefined>;
   }
 
   async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
@@ -516,7 +524,7 @@ export class PostgresInbox implements Inbox {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: false }]);
       }
       return rowCount === 1;
-    }) as Promise<boolean>;
+    }, true) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
@@ -1175,8 +1183,9 @@ export class PostgresInbox implements Inbox {
     await this.pool.end();
   }
 
-  private other(run: (client: pg.PoolClient) => Promise<unknown>): Promise<unknown> {
-    return this.enqueue({ kind: "other", run });
+  // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.
+  private other(run: (client: pg.PoolClient) => Promise<unknown>, together = false): Promise<unknown> {
+    return this.enqueue({ kind: "other", run, together });
   }
 
   private enqueue(op: Queued): Promise<unknown> {
@@ -1271,7 +1280,17 @@ export class PostgresInbox implements Inbox {
       const finishes = batch.filter((op) => op.kind === "finish");
       if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
       if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
-      for (const op of batch) if (op.kind === "other" || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
+      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
+      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
+      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
+      // only as bystanders say "current transaction is aborted", so the error kept is another one.
+      for (const op of batch) if ((op.kind === "other" && !op.together) || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
+      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
+      const failures = settled.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason as unknown);
+      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
+      together.forEach((op, i) => results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }));
     } else {
       for (const op of batch) {
         await client.query("SAVEPOINT op");

@@ -526,6 +526,9 @@ export class SqliteInbox implements Inbox {
     const destination = checkClaim(options);
     return this.enqueue((db) => {
       const now = this.now();
+      // A destination that is paused, or whose breaker is open, costs its lane one read and nothing more.
+      const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
+      if (row !== undefined && gateClaim(row, limit, now, {}, 0).n === 0) return [];
       // If the clock stepped back, a dead worker's lease or a retry would wait out the jump: none may be
       // further off than its own lease length, or the retry cap, from now.
       // Each claim looks after its own destination's rows, through the indexes that lead with it.
@@ -545,7 +548,6 @@ export class SqliteInbox implements Inbox {
          RETURNING source, id, order_key, destination`,
       ).all(now, destination, now, this.maxAttempts) as Row[];
       for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.destination as string, r.order_key as string, r.id as string, true);
-      const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
       const inFlight = options.maxInFlight === undefined ? 0 : (this
         .sql("SELECT count(*) AS n FROM deliveries WHERE status = 'processing' AND destination = ? AND leased_until > ?")
         .get(destination, now) as { n: number }).n;

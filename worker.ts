@@ -13,10 +13,10 @@ import {
 } from "./log.ts";
 import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions } from "./store.ts";
 import type { Metrics } from "./metrics.ts";
-import { checkSecrets } from "./forward.ts";
+import { announce, checkSecrets } from "./forward.ts";
 import type { ForwardStats } from "./forwarder.ts";
 import { loadSources, readSourcesFile } from "./providers.ts";
-import { loadDestinations, type Forwarding, type Route } from "./routes.ts";
+import { loadDestinations, type Forwarding, type Operator, type Route } from "./routes.ts";
 import { startProcess, type Outcome, type Process } from "./traces.ts";
 import { brokerSender, parseBrokerDestination } from "./brokers.ts";
 import type { Sender } from "./forward.ts";
@@ -79,6 +79,11 @@ export interface WorkerOptions {
   metrics?: Metrics;
   /** The counters to count into, for a caller that watches them while the run goes on. @default fresh ones */
   stats?: RunStats;
+  /**
+   * Where a delivery set aside is announced, as a signed delivery.set_aside event, as the forwarder
+   * announces its own (the sources file's $operator). @default none
+   */
+  operator?: Operator;
   /**
    * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
    * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
@@ -210,6 +215,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         stats.failed++;
         metrics?.failed(lease);
         log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`, { level: "error", ...fields, status: "failed" });
+        if (options.operator) {
+          const event = { type: "delivery.set_aside" as const, data: { source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: message(error) } };
+          void announce(options.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
+        }
       } else {
         stats.retried++;
         metrics?.retried(lease);
@@ -475,12 +484,20 @@ Examples:
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let inbox: Inbox;
+  // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
+  // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
+  // receiver's): an fsync inside each COMMIT held the event loop, and with it every forward in flight, for
+  // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
+  // before it settles; the handler's connection, whose writes the app reads, keeps FULL.
+  let lanes: Inbox | undefined;
   let metrics: Metrics | undefined;
   try {
-    inbox = await connect(path, {
-      maxAttempts: opts.maxAttempts, ...(opts.metricsPort === undefined ? {} : { onCommit: (size, ms) => metrics?.commit(size, ms) }),
-    });
+    const onCommit = opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
+    inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     await ensurePayments(inbox);
+    if (forwarding && forwarding.destinations.size > 0 && inbox.backend === "sqlite") {
+      lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
+    }
   } catch (error) {
     say(`worker: cannot use the database: ${message(error)}`, "error");
     process.exit(1);
@@ -532,13 +549,13 @@ Examples:
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./forwarder.ts").then(({ forward }) => forward({
-        inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+        inbox: lanes ?? inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
       })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;
     await Promise.all([
       run(recordPayment, {
         inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
-        signal: stop.signal, log, metrics, stats,
+        signal: stop.signal, log, metrics, stats, ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
         purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
       }),
       forwarding$,
@@ -549,6 +566,7 @@ Examples:
     say(`worker: ${message(error)}`, "error");
     process.exit(1);
   }
+  await lanes?.close();
   await inbox.close();
   lines.flush();
   shown?.stop();
