@@ -9,7 +9,7 @@ import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } f
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Destination, Forwarding, Route } from "./routes.ts";
-import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally } from "./store.ts";
+import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
@@ -104,6 +104,14 @@ async function lane(
     };
   });
   stop?.addEventListener("abort", () => wake(), { once: true });
+  // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
+  const gaveUp = (setAside: SetAside[]) => {
+    for (const d of setAside) {
+      stats.failed++;
+      metrics?.failed(d);
+      say({ type: "delivery.set_aside", data: { ...d } }, `${label(d)} → ${name} set aside after ${d.attempts} attempts: ${d.error}`, "error");
+    }
+  };
   // New deliveries (PostgreSQL's NOTIFY) wake a lane at once, unless its destination is open or paused.
   const unwake = inbox.onWake(() => holding || wake());
 
@@ -320,7 +328,7 @@ async function lane(
         try {
           claiming = true;
           starved = false;
-          leases = await inbox.claimBatch(room, leaseMs, { destination: name, ...(destination.rate ? { rate: destination.rate } : {}) });
+          leases = await inbox.claimBatch(room, leaseMs, { destination: name, onSetAside: gaveUp, ...(destination.rate ? { rate: destination.rate } : {}) });
           claiming = false;
           claimTook = performance.now() - claimedAt;
           adjust(claimTook, claimedAt - lastClaimAt, leases.length === room);

@@ -303,8 +303,8 @@ export class Metrics {
   }
 
   /** failed counts a delivery set aside as failed. */
-  failed(lease: Lease): void {
-    this.failures.tally(lease.source, { source: lease.source }).pending++;
+  failed(delivery: { source: string }): void {
+    this.failures.tally(delivery.source, { source: delivery.source }).pending++;
   }
 
   /** lost counts a lease lost to another worker while this one worked. */

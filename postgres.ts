@@ -13,7 +13,7 @@ import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
-  bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SqlValue, type Status, type Stored, type Summary, type Tx,
+  bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
@@ -316,17 +316,26 @@ export class PostgresInbox implements Inbox {
   claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     const destination = checkClaim(options);
-    return this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => this.gatedClaim(client, limit, leaseMs, destination, options) }) as Promise<Lease[]>;
+    let setAside: SetAside[] = [];
+    const claimed = this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => {
+      setAside = [];
+      return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
+    } }) as Promise<Lease[]>;
+    if (options.onSetAside === undefined) return claimed;
+    return claimed.then((leases) => {
+      if (setAside.length > 0) options.onSetAside!(setAside);
+      return leases;
+    });
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
   // the probe and the rate's tokens. The row is locked only when a limit or the breaker needs it, so the
   // claims of a destination with neither never wait on one another.
-  private async gatedClaim(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, options: ClaimOptions): Promise<Lease[]> {
+  private async gatedClaim(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, options: ClaimOptions, setAside: SetAside[]): Promise<Lease[]> {
     const read = await client.query("SELECT *, " + NOW + " AS now FROM destinations WHERE name = $2", [this.now(), destination]);
     let row = read.rows[0] as Record<string, unknown> | undefined;
     const plain = options.maxInFlight === undefined && options.rate === undefined && (row === undefined || (!row.paused && row.state === "closed"));
-    if (plain) return this.claimIn(client, limit, leaseMs, destination);
+    if (plain) return this.claimIn(client, limit, leaseMs, destination, setAside);
     // A destination that is paused, or whose breaker is open, costs its lane this one read: no lock, no write.
     if (row !== undefined && gateClaim(row, limit, Number(row.now), {}, 0).n === 0) return [];
     await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
@@ -336,7 +345,7 @@ export class PostgresInbox implements Inbox {
       `SELECT count(*) AS n FROM deliveries WHERE destination = $1 AND status = 'processing' AND leased_until > $2`, [destination, now],
     )).rows[0].n);
     const gate = gateClaim(row, limit, now, options, inFlight);
-    const leases = gate.n === 0 ? [] : await this.claimIn(client, gate.n, leaseMs, destination);
+    const leases = gate.n === 0 ? [] : await this.claimIn(client, gate.n, leaseMs, destination, setAside);
     if (gate.probe && leases.length > 0) {
       await client.query("UPDATE destinations SET state = 'probing', probe_until = $1, changed_at = $2 WHERE name = $3", [now + leaseMs, now, destination]);
       leases[0]!.probe = true;
@@ -356,7 +365,7 @@ export class PostgresInbox implements Inbox {
   // claim rolled back) or when the database's clock stepped back. So a keyset claim that comes back short
   // goes on from the start, and one claim in DEFAULTS.claimFromStartMs starts there anyway, which bounds
   // the wait of such a row under a backlog that never runs dry.
-  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, again = true, keyset = true): Promise<Lease[]> {
+  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, setAside: SetAside[], again = true, keyset = true): Promise<Lease[]> {
     // Pacing, not a due time: a pinned clock (tests) drives it, else this host's monotonic one.
     const now = this.pinned ? this.pinned() : performance.now();
     const cursor = this.claimFrom.get(destination);
@@ -421,8 +430,9 @@ export class PostgresInbox implements Inbox {
       const at = walked.length > 0 ? Math.max(...walked.map((row) => row.due as number)) : from;
       if (at === undefined) this.claimFrom.delete(destination);
       else this.claimFrom.set(destination, { at, fromStartAt });
-      const setAside = rows.filter((row) => row.status === "failed");
-      const gaveUp = setAside.filter((row) => row.order_key !== null);
+      const failed = rows.filter((row) => row.status === "failed");
+      for (const row of failed) setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
+      const gaveUp = failed.filter((row) => row.order_key !== null);
       if (gaveUp.length > 0) {
         await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, destination: row.destination, key: row.order_key, from: row.id, setAside: true })));
       }
@@ -430,11 +440,11 @@ export class PostgresInbox implements Inbox {
       // A delivery set aside just now took a place of the limit, and a key whose head it was has a new head,
       // due already: claim as many more in this same pass.
       const claimed = rows.filter((row) => row.status === "processing").length;
-      if (setAside.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, false));
+      if (failed.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, false));
       // Short from the cursor: what is left may be behind it.
       else if (from !== undefined && rows.length < limit) {
         this.claimFrom.delete(destination);
-        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, again, false));
+        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, again, false));
       }
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;

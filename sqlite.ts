@@ -17,7 +17,7 @@ import {
   type FailOptions, type Tally, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
   purgeCutoffs, searchPageLimit, sha256, summarise, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
   type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus,
-  type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SqlValue, type Status,
+  type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SetAside, type SqlValue, type Status,
   type Stored, type Summary, type Tx,
 } from "./store.ts";
 
@@ -524,7 +524,9 @@ export class SqliteInbox implements Inbox {
   claimBatch(limit: number, leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease[]> {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     const destination = checkClaim(options);
-    return this.enqueue((db) => {
+    let setAside: SetAside[] = [];
+    const claimed = this.enqueue((db) => {
+      setAside = [];
       const now = this.now();
       // A destination that is paused, or whose breaker is open, costs its lane one read and nothing more.
       const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
@@ -545,9 +547,10 @@ export class SqliteInbox implements Inbox {
         `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
          WHERE destination = ? AND status = 'processing' AND leased_until <= ? AND attempts >= ?
-         RETURNING source, id, order_key, destination`,
+         RETURNING source, id, order_key, destination, attempts, error`,
       ).all(now, destination, now, this.maxAttempts) as Row[];
       for (const r of gaveUp) if (r.order_key !== null) this.settleKey(r.source as string, r.destination as string, r.order_key as string, r.id as string, true);
+      setAside = gaveUp.map((r) => ({ source: r.source as string, id: r.id as string, destination, attempts: r.attempts as number, error: r.error as string }));
       const inFlight = options.maxInFlight === undefined ? 0 : (this
         .sql("SELECT count(*) AS n FROM deliveries WHERE status = 'processing' AND destination = ? AND leased_until > ?")
         .get(destination, now) as { n: number }).n;
@@ -595,6 +598,11 @@ export class SqliteInbox implements Inbox {
       }
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
+    if (options.onSetAside === undefined) return claimed;
+    return claimed.then((leases) => {
+      if (setAside.length > 0) options.onSetAside!(setAside);
+      return leases;
+    });
   }
 
   /** extend pushes a held lease further out; false means it was lost to a takeover. */

@@ -258,6 +258,21 @@ export interface ClaimOptions {
   maxInFlight?: number;
   /** Most claims per second, by every worker together, with a burst of up to `burst` at once. @default no limit */
   rate?: { perSecond: number; burst?: number };
+  /**
+   * Told, once the claim has committed, of the deliveries it set aside instead of leasing: their lease ran
+   * out on their last attempt, so their worker crashed or hung with them. No handler or forward reports
+   * those, so this is where they are announced. @default none
+   */
+  onSetAside?: (setAside: SetAside[]) => void;
+}
+
+/** SetAside is a delivery that a claim set aside as failed: its last attempt's lease ran out. */
+export interface SetAside {
+  source: string;
+  id: string;
+  destination: string;
+  attempts: number;
+  error: string;
 }
 
 /** FailOptions says how a failed try goes on: set aside at once, or retried no sooner than the destination asked. */

@@ -11,7 +11,7 @@ import { age as formatAge, parseDuration } from "./format.ts";
 import {
   jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
 } from "./log.ts";
-import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions } from "./store.ts";
+import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./store.ts";
 import type { Metrics } from "./metrics.ts";
 import { announce, checkSecrets } from "./forward.ts";
 import type { ForwardStats } from "./forwarder.ts";
@@ -200,6 +200,23 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
   }
 
+  // Set aside by a claim, as their last attempt's lease ran out: whoever held them crashed or hung, so no
+  // record() of theirs says so.
+  function gaveUp(setAside: SetAside[]): void {
+    for (const d of setAside) {
+      stats.failed++;
+      metrics?.failed(d);
+      log(`${label(d)} set aside after ${d.attempts} attempts: ${d.error}`, { level: "error", ...d, status: "failed" });
+      announceSetAside(d);
+    }
+  }
+
+  function announceSetAside(d: SetAside): void {
+    if (!options.operator) return;
+    const event = { type: "delivery.set_aside" as const, data: { ...d } };
+    void announce(options.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
+  }
+
   async function record(lease: Lease, error: unknown): Promise<void> {
     const name = label(lease);
     const permanent = error instanceof PermanentError;
@@ -215,10 +232,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         stats.failed++;
         metrics?.failed(lease);
         log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`, { level: "error", ...fields, status: "failed" });
-        if (options.operator) {
-          const event = { type: "delivery.set_aside" as const, data: { source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: message(error) } };
-          void announce(options.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
-        }
+        announceSetAside({ source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: message(error) });
       } else {
         stats.retried++;
         metrics?.retried(lease);
@@ -277,7 +291,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       const room = waiting.length > 0 ? 0 : Math.min(size - (size > concurrency ? 0 : running), 2 * size - active.size);
       let leases: Lease[] = [];
       try {
-        if (room > 0) leases = await inbox.claimBatch(room, leaseMs);
+        if (room > 0) leases = await inbox.claimBatch(room, leaseMs, { onSetAside: gaveUp });
       } catch (error) {
         // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
         // rather than dying with its handlers in flight. Run once, it reports the error instead.

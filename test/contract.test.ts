@@ -8,7 +8,7 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../sqlite.ts";
 import { DEFAULTS } from "../defaults.ts";
-import { sha256, type Delivery, type Inbox, type InboxOptions, type Lease, type Tx } from "../store.ts";
+import { sha256, type Delivery, type Inbox, type InboxOptions, type Lease, type SetAside, type Tx } from "../store.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 
@@ -269,15 +269,21 @@ for (const backend of BACKENDS) {
         assert.equal(await inbox.finish(lease), true);
       });
 
-      it("sets aside a delivery whose lease expired on its last attempt", async () => {
+      it("sets aside a delivery whose lease expired on its last attempt, and tells the claim's onSetAside once", async () => {
         const inbox = await open({ maxAttempts: 1 });
         await inbox.store({ id: "evt_1", body: body({}) });
-        await inbox.claim(LEASE);
+        const told: SetAside[][] = [];
+        const onSetAside = (setAside: SetAside[]) => told.push(setAside);
+        await inbox.claim(LEASE, { onSetAside });
+        assert.deepEqual(told, [], "a claim that sets nothing aside says nothing");
         t += LEASE;
-        assert.equal(await inbox.claim(LEASE), undefined);
+        assert.equal(await inbox.claim(LEASE, { onSetAside }), undefined);
         const [d] = await inbox.find("evt_1");
         assert.equal(d!.status, "failed");
         assert.match(d!.error!, /gave up: the lease expired on the last attempt/);
+        assert.deepEqual(told, [[{ source: "default", id: "evt_1", destination: "handler", attempts: 1, error: d!.error }]]);
+        assert.equal(await inbox.claim(LEASE, { onSetAside }), undefined);
+        assert.equal(told.length, 1, "set aside once, told once");
       });
     });
 

@@ -211,6 +211,30 @@ for (const backend of BACKENDS) {
       assert.equal(gone.got.length, 1);
     });
 
+    it("announces a delivery its claim set aside because the worker forwarding it died on the last attempt", async () => {
+      const inbox = await open({ maxAttempts: 2 });
+      const operatorGot: Received[] = [];
+      const ops = await serve((r) => (operatorGot.push(r), { status: 200 }));
+      const app = await serve();
+      await inbox.store({ source: "s", id: "evt_1", body: body({}), destinations: ["app"] });
+      // Two workers took it and died with it, the second on its last attempt; the lease has run out.
+      assert.equal((await inbox.claim(1_000, { destination: "app" }))!.attempts, 1);
+      t += 1_001;
+      assert.equal((await inbox.claim(1_000, { destination: "app" }))!.attempts, 2);
+      t += 1_001;
+      const lines: string[] = [];
+      const stats = await forward({ inbox, forwarding: config({ app: { url: app.url, secret: SECRET } }, { $operator: { url: ops.url, secret: SECRET } }), once: true, log: (line) => lines.push(line) });
+      assert.equal(app.got.length, 0, "not forwarded a third time");
+      assert.equal(stats.failed, 1);
+      assert.equal((await rows(inbox, "app"))[0]!.status, "failed");
+      assert.ok(lines.some((l) => /s\/evt_1 → app set aside after 2 attempts: gave up: the lease expired/.test(l)), lines.join("\n"));
+      await waitFor(() => operatorGot.length >= 1);
+      const [event] = operatorGot.map((r) => verify(SECRET, r) as { type: string; data: Record<string, unknown> });
+      assert.equal(event!.type, "delivery.set_aside");
+      assert.deepEqual({ ...event!.data, error: undefined }, { source: "s", id: "evt_1", destination: "app", attempts: 2, error: undefined });
+      assert.match(String(event!.data.error), /^gave up: the lease expired on the last attempt/);
+    });
+
     it("counts a hanging destination's timeout and a refused connection as failures to retry", async () => {
       const inbox = await open();
       const hang = await serve(() => "hang");

@@ -98,6 +98,24 @@ for (const backend of BACKENDS) {
         ["delivery.set_aside", { source: "stripe", id: "evt_retry", destination: "handler", attempts: 2, error: "the bank is still down" }],
       ]);
     });
+
+    it("announces a delivery its claim set aside because the worker handling it died on the last attempt", async () => {
+      const { operator: to } = loadDestinations({ $operator: { url: ops.url, secret: OPS_SECRET } }, {});
+      await inbox.store({ source: "stripe", id: "evt_crash", body: Buffer.from('{"type":"x"}') });
+      // Two workers took it and died with it, the second on its last attempt; the lease has run out.
+      assert.equal((await inbox.claim(1_000))!.attempts, 1);
+      t += 1_001;
+      assert.equal((await inbox.claim(1_000))!.attempts, 2);
+      t += 1_001;
+      let ran = 0;
+      const stats = await run(() => void ran++, { inbox, once: true, log: () => {}, operator: to! });
+      assert.deepEqual([ran, stats.failed], [0, 1]);
+      await waitFor(() => ops.heard.length >= 1);
+      assert.deepEqual(ops.heard.map((h) => [h.type, { ...h.data, error: undefined }]), [
+        ["delivery.set_aside", { source: "stripe", id: "evt_crash", destination: "handler", attempts: 2, error: undefined }],
+      ]);
+      assert.match(String(ops.heard[0]!.data.error), /^gave up: the lease expired on the last attempt/);
+    });
   });
 }
 
