@@ -125,6 +125,12 @@ export const MIGRATIONS: readonly string[] = [
      tokens_at     bigint,
      changed_at    bigint
    );`,
+  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
+  // what finished by status (histogram()), from the indexes alone rather than ~100k heap rows at random.
+  `DROP INDEX deliveries_open;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
+   DROP INDEX deliveries_finished;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
 ];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so

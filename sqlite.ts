@@ -233,6 +233,13 @@ export const MIGRATIONS: readonly string[] = [
      tokens_at     INTEGER,
      changed_at    INTEGER
    );`,
+  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
+  // what finished by status (histogram()), from the indexes alone. Without the destination and the status
+  // in them, each overview read ~100k table rows at random, 200 ms and 90 ms of its 410.
+  `DROP INDEX deliveries_open;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
+   DROP INDEX deliveries_finished;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -820,7 +827,8 @@ export class SqliteInbox implements Inbox {
   async summary(): Promise<Summary> {
     const now = this.now();
     const open = this
-      .sql("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status")
+      // Named, as without statistics SQLite would rather walk the primary key for its order by source.
+      .sql("SELECT source, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY source, status")
       .all() as Row[];
     const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
       source: r.source as string,
@@ -1275,7 +1283,7 @@ export class SqliteInbox implements Inbox {
     const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
     const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
     // Only what is not done, through its partial index, so a large inbox is not walked.
-    for (const r of this.sql("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status").all() as Row[]) {
+    for (const r of this.sql("SELECT destination, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY destination, status").all() as Row[]) {
       const c = at(r.destination as string);
       if (r.status === "received") c.waiting = r.n as number;
       else if (r.status === "processing") c.processing = r.n as number;
