@@ -13,7 +13,7 @@ import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
-  bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
+  bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
@@ -327,11 +327,7 @@ export class PostgresInbox implements Inbox {
       setAside = [];
       return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
     } }) as Promise<Lease[]>;
-    if (options.onSetAside === undefined) return claimed;
-    return claimed.then((leases) => {
-      if (setAside.length > 0) options.onSetAside!(setAside);
-      return leases;
-    });
+    return tellSetAside(claimed, options, () => setAside);
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back

@@ -15,7 +15,7 @@ import {
   DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim,
   retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
   type FailOptions, type Tally, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
-  purgeCutoffs, searchPageLimit, sha256, summarise, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
+  purgeCutoffs, searchPageLimit, sha256, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
   type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus,
   type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SetAside, type SqlValue, type Status,
   type Stored, type Summary, type Tx,
@@ -605,11 +605,7 @@ export class SqliteInbox implements Inbox {
       }
       return leases.length < 2 ? leases : leases.sort((a, b) => a.availableAt - b.availableAt || a.receivedAt - b.receivedAt);
     }) as Promise<Lease[]>;
-    if (options.onSetAside === undefined) return claimed;
-    return claimed.then((leases) => {
-      if (setAside.length > 0) options.onSetAside!(setAside);
-      return leases;
-    });
+    return tellSetAside(claimed, options, () => setAside);
   }
 
   /** extend pushes a held lease further out; false means it was lost to a takeover. */

@@ -266,6 +266,17 @@ export interface ClaimOptions {
   onSetAside?: (setAside: SetAside[]) => void;
 }
 
+/** tellSetAside hands what a claim set aside to its onSetAside, once the claim has committed. */
+export function tellSetAside(claimed: Promise<Lease[]>, options: ClaimOptions, setAside: () => SetAside[]): Promise<Lease[]> {
+  const tell = options.onSetAside;
+  if (tell === undefined) return claimed;
+  return claimed.then((leases) => {
+    const list = setAside();
+    if (list.length > 0) tell(list);
+    return leases;
+  });
+}
+
 /** SetAside is a delivery that a claim set aside as failed: its last attempt's lease ran out. */
 export interface SetAside {
   source: string;
