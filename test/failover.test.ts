@@ -132,9 +132,11 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
     const body = Buffer.from('{"amount":1}');
     let again: Promise<unknown> | undefined;
     await withStandbyDown(async () => {
-      const first = inbox.store({ id: "cancelled", body });
+      // The assertion holds the promise before the cancel, as the store may fail before the admin's query
+      // returns, and an unheld rejection would fail the test on its own.
+      const first = assert.rejects(inbox.store({ id: "cancelled", body }), /may not be on the standby: canceling wait for synchronous replication/);
       await admin.query("SELECT pg_cancel_backend(pid) FROM unnest($1::int[]) AS pid", [await waiting(app)]);
-      await assert.rejects(first, /may not be on the standby: canceling wait for synchronous replication/);
+      await first;
       const [row] = (await admin.query("SELECT status FROM commit_wait.deliveries WHERE id = 'cancelled'")).rows;
       assert.equal(row?.status, "received", "committed here all the same: the danger is real");
       // The sender sends it again: the copy waits for the standby too, rather than answer duplicate now.
@@ -165,9 +167,9 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
     await inbox.store({ id: "to-finish", body: Buffer.from("{}") });
     const lease = (await inbox.claimBatch(10, 60_000)).find((l) => l.id === "to-finish")!;
     await withStandbyDown(async () => {
-      const finishing = inbox.finish(lease);
+      const finishing = assert.rejects(inbox.finish(lease), /terminat/);
       await admin.query("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", [await waiting(app)]);
-      await assert.rejects(finishing, /terminat/);
+      await finishing;
     });
     assert.equal(await inbox.store({ id: "after", body: Buffer.from("{}") }), "stored", "a new connection takes over");
   });
