@@ -6,13 +6,12 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { after, before, describe, it } from "node:test";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
-import amqp, { type Channel, type ChannelModel } from "amqplib";
+import { describe, it } from "node:test";
+import { nanos } from "@nats-io/transport-node";
 import { HEADERS } from "../brokers.ts";
 import { connect } from "../inbox.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, spawnScript } from "./helpers.ts";
+import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";
 
 const DELIVERIES = 120;
 const KILL_EVERY = 10;
@@ -79,33 +78,23 @@ function copies(ids: readonly string[]): Map<string, number> {
 for (const backend of await backends("brokers_crash")) {
   describe(`workers on ${backend.name} killed between the broker's acknowledgement and the done mark`, { skip: backend.skip }, () => {
     describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
-      // Opened in before(), not in the suite's body, so that a run that filters these tests out holds no connection open.
-      let nc: NatsConnection;
-      let jsm: JetStreamManager;
-      const made: string[] = [];
-      before(async () => {
-        nc = await natsConnect({ servers: NATS });
-        jsm = await jetstreamManager(nc);
-      });
-      after(async () => {
-        for (const name of made) await jsm.streams.delete(name).catch(() => {});
-        await nc.close();
-      });
+      const jet = jetStreamSuite(NATS);
+      const made = jet.made;
 
       // scenario fills a backlog, crashes workers through it into a fresh stream, and returns what the stream holds.
       async function scenario(duplicateWindowMs: number): Promise<{ crashes: Crashes; ids: string[]; held: Map<string, number> }> {
         const stream = `CRASH_${run}_${backend.name}_${made.length + 1}`;
         const subject = `crash${run}${backend.name}${made.length + 1}`;
         made.push(stream);
-        await jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+        await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
         const { target, cleanup } = await backend.make();
         try {
           const ids = await fill(target);
           const crashes = await crashUntilDrained(target, { type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream });
-          const info = await jsm.streams.info(stream);
+          const info = await jet.jsm.streams.info(stream);
           const seen: string[] = [];
           for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
-            const m = await jsm.streams.getMessage(stream, { seq });
+            const m = await jet.jsm.streams.getMessage(stream, { seq });
             if (m) seen.push(m.header.get(HEADERS.id));
           }
           return { crashes, ids, held: copies(seen) };
@@ -133,27 +122,18 @@ for (const backend of await backends("brokers_crash")) {
     });
 
     describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
-      let model: ChannelModel;
-      let channel: Channel;
       const queue = `inbox-crash-${run}-${backend.name}`;
-      before(async () => {
-        model = await amqp.connect(RABBITMQ);
-        channel = await model.createChannel();
-      });
-      after(async () => {
-        await channel.deleteQueue(queue).catch(() => {});
-        await model.close();
-      });
+      const rabbit = rabbitSuite(RABBITMQ, queue);
 
       it("delivers each at least once; the doubles are those the crashes caused, and message_id tells them", async () => {
-        await channel.assertQueue(queue, { durable: true });
+        await rabbit.channel.assertQueue(queue, { durable: true });
         const { target, cleanup } = await backend.make();
         try {
           const ids = await fill(target);
           const crashes = await crashUntilDrained(target, { type: "rabbitmq", url: RABBITMQ, routingKey: queue });
           const seen: string[] = [];
           const messageIds = new Set<string>();
-          for (let m = await channel.get(queue, { noAck: true }); m !== false; m = await channel.get(queue, { noAck: true })) {
+          for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) {
             seen.push(String(m.properties.headers?.[HEADERS.id]));
             messageIds.add(m.properties.messageId as string);
           }

@@ -9,11 +9,10 @@ import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, describe, it } from "node:test";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { connect as natsConnect, type NatsConnection } from "@nats-io/transport-node";
+import { after, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { backends, NATS, natsSkip, runScript, startReceiver } from "./helpers.ts";
+import { jetStreamSuite } from "./brokers-suite.ts";
 
 const run = randomBytes(4).toString("hex");
 const natsSkipped = await natsSkip();
@@ -47,24 +46,15 @@ describe("a mistake in a broker destination", () => {
 });
 
 describe("a source routed to a NATS JetStream destination", { skip: natsSkipped }, () => {
-  let nc: NatsConnection;
-  let jsm: JetStreamManager;
-  const streams: string[] = [];
-  before(async () => {
-    nc = await natsConnect({ servers: NATS });
-    jsm = await jetstreamManager(nc);
-  });
-  after(async () => {
-    for (const name of streams) await jsm.streams.delete(name).catch(() => {});
-    await nc.close();
-  });
+  const jet = jetStreamSuite(NATS);
+  const streams = jet.made;
 
   for (const backend of all) {
     it(`is published by worker.ts beside the handler, each delivery once (${backend.name})`, { skip: backend.skip }, async () => {
       const stream = `FWD_${run}_${backend.name}`;
       const prefix = `fwd${run}${backend.name}`;
       streams.push(stream);
-      await jsm.streams.add({ name: stream, subjects: [`${prefix}.>`] });
+      await jet.jsm.streams.add({ name: stream, subjects: [`${prefix}.>`] });
       const file = sourcesFile(backend.name, { url: NATS, subject: `${prefix}.{source}.{type}`, stream, maxInFlight: 4 });
       const { target, cleanup } = await backend.make();
       try {
@@ -81,10 +71,10 @@ describe("a source routed to a NATS JetStream destination", { skip: natsSkipped 
         const inbox = await connect(target);
         const rows = await inbox.query("SELECT id, destination, status FROM deliveries ORDER BY id, destination");
         await inbox.close();
-        const info = await jsm.streams.info(stream);
+        const info = await jet.jsm.streams.info(stream);
         const published = [];
         for (let seq = info.state.first_seq; seq <= info.state.last_seq && info.state.messages > 0; seq++) {
-          const m = await jsm.streams.getMessage(stream, { seq });
+          const m = await jet.jsm.streams.getMessage(stream, { seq });
           if (m) published.push([m.subject, m.header.get("Nats-Msg-Id")]);
         }
         const eventRows = rows.filter((r) => r.destination === "events");

@@ -10,13 +10,12 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { after, afterEach, before, beforeEach, describe, it } from "node:test";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
-import amqp, { type Channel, type ChannelModel } from "amqplib";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { nanos } from "@nats-io/transport-node";
 import { HEADERS } from "../brokers.ts";
 import { connect } from "../inbox.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, spawnScript, tempDir } from "./helpers.ts";
+import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";
 
 const DELIVERIES = 150;
 const KILLS = 4;
@@ -109,17 +108,8 @@ for (const backend of await backends("fwd_brokers_crash")) {
     };
 
     describe("into NATS JetStream", { skip: natsSkipped }, () => {
-      let nc: NatsConnection;
-      let jsm: JetStreamManager;
-      const made: string[] = [];
-      before(async () => {
-        nc = await natsConnect({ servers: NATS });
-        jsm = await jetstreamManager(nc);
-      });
-      after(async () => {
-        for (const name of made) await jsm.streams.delete(name).catch(() => {});
-        await nc.close();
-      });
+      const jet = jetStreamSuite(NATS);
+      const made = jet.made;
 
       // scenario crashes workers through a backlog into a fresh stream, watching every publish on its subjects.
       async function scenario(duplicateWindowMs: number) {
@@ -127,25 +117,25 @@ for (const backend of await backends("fwd_brokers_crash")) {
         const stream = `FWD_${run}_${backend.name}_${n}`;
         const subject = `fwd${run}${backend.name}${n}`;
         made.push(stream);
-        await jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+        await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
         // A plain subscriber gets every publish, the ones the stream drops as duplicates too.
         const seen: Seen = { ids: [] };
-        const sub = nc.subscribe(`${subject}.>`, {
+        const sub = jet.nc.subscribe(`${subject}.>`, {
           callback: (_e, m) => {
             seen.ids.push(m.headers?.get(HEADERS.id) ?? "?");
             seen.onPublish?.();
           },
         });
-        await nc.flush();
+        await jet.nc.flush();
         const { target, cleanup } = await backend.make();
         try {
           const ids = await fill(target);
           const crashes = await crashThenDrain(target, sourcesFile({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream }), seen);
-          await nc.flush();
-          const info = await jsm.streams.info(stream);
+          await jet.nc.flush();
+          const info = await jet.jsm.streams.info(stream);
           const stored: string[] = [];
           for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
-            const m = await jsm.streams.getMessage(stream, { seq });
+            const m = await jet.jsm.streams.getMessage(stream, { seq });
             if (m) stored.push(m.header.get(HEADERS.id));
           }
           return { crashes, ids, published: seen.ids, held: copies(stored) };
@@ -175,23 +165,14 @@ for (const backend of await backends("fwd_brokers_crash")) {
     });
 
     describe("into RabbitMQ", { skip: rabbitSkipped }, () => {
-      let model: ChannelModel;
-      let channel: Channel;
       const queue = `inbox-fwd-crash-${run}-${backend.name}`;
-      before(async () => {
-        model = await amqp.connect(RABBITMQ);
-        channel = await model.createChannel();
-      });
-      after(async () => {
-        await channel.deleteQueue(queue).catch(() => {});
-        await model.close();
-      });
+      const rabbit = rabbitSuite(RABBITMQ, queue);
 
       it("has each delivery at least once; the doubles are the kills' and message_id tells them", async () => {
-        await channel.assertQueue(queue, { durable: true });
+        await rabbit.channel.assertQueue(queue, { durable: true });
         const seen: Seen = { ids: [] };
         const messageIds: string[] = [];
-        const { consumerTag } = await channel.consume(queue, (m) => {
+        const { consumerTag } = await rabbit.channel.consume(queue, (m) => {
           if (!m) return;
           seen.ids.push(String(m.properties.headers?.[HEADERS.id]));
           messageIds.push(String(m.properties.messageId));
@@ -202,8 +183,8 @@ for (const backend of await backends("fwd_brokers_crash")) {
           const ids = await fill(target);
           const crashes = await crashThenDrain(target, sourcesFile({ type: "rabbitmq", url: RABBITMQ, routingKey: queue }), seen);
           // Whatever is still on its way to the consumer arrives before the queue is found empty.
-          for (let i = 0; i < 100 && (await channel.checkQueue(queue)).messageCount > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
-          await channel.cancel(consumerTag);
+          for (let i = 0; i < 100 && (await rabbit.channel.checkQueue(queue)).messageCount > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+          await rabbit.channel.cancel(consumerTag);
           const held = copies(seen.ids);
           const doubled = [...held].filter(([, k]) => k > 1).length;
           console.log(`# worker.ts into RabbitMQ on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${seen.ids.length} messages for ${held.size} deliveries, ${doubled} doubled`);

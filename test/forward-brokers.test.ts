@@ -9,10 +9,7 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { after, afterEach, before, beforeEach, describe, it } from "node:test";
-import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { connect as natsConnect, type NatsConnection } from "@nats-io/transport-node";
-import amqp, { type Channel, type ChannelModel } from "amqplib";
+import { afterEach, beforeEach, describe, it } from "node:test";
 import parsePrometheusTextFormat from "parse-prometheus-text-format";
 import { brokerSender, HEADERS, parseBrokerDestination } from "../brokers.ts";
 import type { Sender } from "../forward.ts";
@@ -22,6 +19,7 @@ import { Metrics } from "../metrics.ts";
 import { loadDestinations, type Forwarding } from "../routes.ts";
 import type { Inbox } from "../store.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
+import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";
 
 const T0 = 1_700_000_000_000;
 const run = randomBytes(4).toString("hex");
@@ -94,28 +92,19 @@ for (const backend of await backends("fwd_brokers")) {
     }
 
     describe("NATS JetStream", { skip: natsSkipped }, () => {
-      let nc: NatsConnection;
-      let jsm: JetStreamManager;
-      const made: string[] = [];
-      before(async () => {
-        nc = await natsConnect({ servers: NATS });
-        jsm = await jetstreamManager(nc);
-      });
-      after(async () => {
-        for (const name of made) await jsm.streams.delete(name).catch(() => {});
-        await nc.close();
-      });
+      const jet = jetStreamSuite(NATS);
+      const made = jet.made;
 
       it("opens on a subject no stream captures, spends no attempt while open, and closes with the probe once a stream takes it", async () => {
         const stream = `FWDB_${run}_${backend.name}`;
         const subject = `fwdb${run}${backend.name}`;
         await outage({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, timeoutMs: 2_000 }, async () => {
           made.push(stream);
-          await jsm.streams.add({ name: stream, subjects: [`${subject}.>`] });
+          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`] });
         }, async () => {
-          const info = await jsm.streams.info(stream);
+          const info = await jet.jsm.streams.info(stream);
           const ids: string[] = [];
-          for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) ids.push((await jsm.streams.getMessage(stream, { seq }))!.header.get(HEADERS.id));
+          for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) ids.push((await jet.jsm.streams.getMessage(stream, { seq }))!.header.get(HEADERS.id));
           return ids;
         });
       });
@@ -130,24 +119,15 @@ for (const backend of await backends("fwd_brokers")) {
     });
 
     describe("RabbitMQ", { skip: rabbitSkipped }, () => {
-      let model: ChannelModel;
-      let channel: Channel;
       const queue = `inbox-fwdb-${run}-${backend.name}`;
-      before(async () => {
-        model = await amqp.connect(RABBITMQ);
-        channel = await model.createChannel();
-      });
-      after(async () => {
-        await channel.deleteQueue(queue).catch(() => {});
-        await model.close();
-      });
+      const rabbit = rabbitSuite(RABBITMQ, queue);
 
       it("opens on a routing key no queue takes, and closes with the probe once the queue is there", async () => {
         await outage({ type: "rabbitmq", url: RABBITMQ, routingKey: queue, timeoutMs: 2_000 }, async () => {
-          await channel.assertQueue(queue, { durable: true });
+          await rabbit.channel.assertQueue(queue, { durable: true });
         }, async () => {
           const ids: string[] = [];
-          for (let m = await channel.get(queue, { noAck: true }); m !== false; m = await channel.get(queue, { noAck: true })) ids.push(String(m.properties.headers?.[HEADERS.id]));
+          for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) ids.push(String(m.properties.headers?.[HEADERS.id]));
           return ids;
         });
       });
