@@ -11,7 +11,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
 import {
-  DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
+  DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
   bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
@@ -627,13 +627,7 @@ export class PostgresInbox implements Inbox {
   async summary(): Promise<Summary> {
     const [open, sources, stats, oldest, conflicts] = await Promise.all([
       this.pool.query("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status"),
-      // The distinct sources by a loose index scan: one probe of the primary key per source, not a scan of it.
-      this.pool.query(
-        `WITH RECURSIVE s(source) AS (
-           SELECT min(source) FROM deliveries
-           UNION ALL SELECT (SELECT min(source) FROM deliveries WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
-         SELECT source FROM s WHERE source IS NOT NULL`,
-      ),
+      this.pool.query(DISTINCT_SOURCES),
       this.pool.query(
         `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
          FROM pg_class c

@@ -205,6 +205,12 @@ const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
  * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
  * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
  */
+/** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */
+export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
+    SELECT min(source) FROM deliveries
+    UNION ALL SELECT (SELECT min(source) FROM deliveries WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
+  SELECT source FROM s WHERE source IS NOT NULL`;
+
 export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
   if (filter === null || typeof filter !== "object") throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
   for (const [key, value] of Object.entries(filter)) {
@@ -228,6 +234,9 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   // primary key unless the ID is given too, so it walks received_at newest first. PostgreSQL needs neither.
   if (filter.status !== undefined) add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
   if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
+  // PostgreSQL 15 has no skip scan, so an ID without its source would read the whole primary key (100 ms at a
+  // million rows): it probes the key once per source instead, the sources found by a loose index scan.
+  if (filter.id !== undefined && pg && filter.source === undefined) where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.destination !== undefined) add("destination = ?", filter.destination);

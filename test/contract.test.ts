@@ -667,6 +667,18 @@ for (const backend of BACKENDS) {
         }
       });
 
+      it("finds an ID under every source that has it, and under one when the source is given", async () => {
+        const inbox = await open();
+        for (const source of ["stripe", "github", "shopify"]) {
+          await inbox.store({ source, id: source === "shopify" ? "other" : "evt_same", body: body({ source }) });
+          t += 1_000;
+        }
+        assert.deepEqual((await inbox.search({ id: "evt_same" })).map((d) => d.source), ["github", "stripe"]);
+        assert.equal(await inbox.count({ id: "evt_same" }), 2);
+        assert.deepEqual((await inbox.search({ id: "evt_same", source: "stripe" })).map((d) => d.source), ["stripe"]);
+        assert.deepEqual(await inbox.search({ id: "nope" }), []);
+      });
+
       it("pages by cursor without gaps or repeats, ties on received_at included", async () => {
         const inbox = await open();
         for (let i = 0; i < 25; i++) {
