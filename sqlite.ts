@@ -1527,7 +1527,6 @@ export class SqliteInbox implements Inbox {
     });
   }
 
-
   // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
   // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
   // would stay down for good. For the next commits, a checkpoint follows each one, so the WAL is reused

@@ -201,16 +201,16 @@ const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   destination: "string",
 };
 
-/**
- * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
- * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
- */
 /** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */
 export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
     SELECT min(source) FROM deliveries
     UNION ALL SELECT (SELECT min(source) FROM deliveries WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
   SELECT source FROM s WHERE source IS NOT NULL`;
 
+/**
+ * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
+ * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
+ */
 export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
   if (filter === null || typeof filter !== "object") throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
   for (const [key, value] of Object.entries(filter)) {
