@@ -9,12 +9,12 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import { isIP } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
-import { DEFAULTS } from "./defaults.ts";
-import { announce } from "./forward.ts";
-import { readSourcesFile } from "./providers.ts";
-import { loadDestinations, type Forwarding } from "./routes.ts";
-import { lineLog, message } from "./log.ts";
-import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./store.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { announce } from "./lib/forward.ts";
+import { readSourcesFile } from "./lib/providers.ts";
+import { loadDestinations, type Forwarding } from "./lib/routes.ts";
+import { lineLog, message } from "./lib/log.ts";
+import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./lib/store.ts";
 
 /** AdminOptions configures createAdmin; every number has a default in DEFAULTS. */
 export interface AdminOptions {

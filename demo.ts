@@ -9,7 +9,7 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { connect } from "./inbox.ts";
-import { runnerName, scriptCommand, signalChild } from "./runtime.ts";
+import { runnerName, scriptCommand, signalChild } from "./lib/runtime.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const runner = runnerName();

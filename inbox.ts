@@ -7,19 +7,19 @@
 
 import { existsSync } from "node:fs";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS } from "./defaults.ts";
-import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./format.ts";
-import { label, message } from "./log.ts";
-import { readSourcesFile } from "./providers.ts";
-import { loadDestinations, type Operator } from "./routes.ts";
-import { parseBrokerDestination } from "./brokers.ts";
-import { SqliteInbox, isInbox } from "./sqlite.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./lib/format.ts";
+import { label, message } from "./lib/log.ts";
+import { readSourcesFile } from "./lib/providers.ts";
+import { loadDestinations, type Operator } from "./lib/routes.ts";
+import { parseBrokerDestination } from "./lib/brokers.ts";
+import { SqliteInbox, isInbox } from "./lib/sqlite.ts";
 import {
   DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
-} from "./store.ts";
+} from "./lib/store.ts";
 
-export { DEFAULTS } from "./defaults.ts";
-export * from "./store.ts";
+export { DEFAULTS } from "./lib/defaults.ts";
+export * from "./lib/store.ts";
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
 export function isPostgresUrl(target: string): boolean {
@@ -34,7 +34,7 @@ export function isPostgresUrl(target: string): boolean {
 export async function connect(target: string, options: InboxOptions = {}): Promise<Inbox> {
   if (!isPostgresUrl(target)) return new SqliteInbox(target, options);
   // Loaded only when asked for, so a SQLite inbox never loads pg.
-  const { PostgresInbox } = await import("./postgres.ts");
+  const { PostgresInbox } = await import("./lib/postgres.ts");
   return PostgresInbox.open(target, options);
 }
 
@@ -382,7 +382,7 @@ Examples:
         try {
           const changed = verb === "pause" ? await inbox.pause(destination, opts.reason ?? "paused by a person") : await inbox.resume(destination);
           if (changed && operator) {
-            const { announce } = await import("./forward.ts");
+            const { announce } = await import("./lib/forward.ts");
             const said = await announce(operator, { type: verb === "pause" ? "destination.paused" : "destination.resumed", data: { destination, ...(opts.reason ? { reason: opts.reason } : {}) } });
             if (said !== true) console.error(said);
           }

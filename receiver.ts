@@ -7,14 +7,14 @@ import { readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
-import { DEFAULTS } from "./defaults.ts";
-import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./log.ts";
-import type { Inbox } from "./store.ts";
-import { createHandler } from "./handler.ts";
-import { Metrics, NO_SOURCE, Readiness, route } from "./metrics.ts";
-import { loadSources, type Source } from "./providers.ts";
-import { loadDestinations } from "./routes.ts";
-import { parseBrokerDestination } from "./brokers.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
+import type { Inbox } from "./lib/store.ts";
+import { createHandler } from "./lib/handler.ts";
+import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
+import { loadSources, type Source } from "./lib/providers.ts";
+import { loadDestinations } from "./lib/routes.ts";
+import { parseBrokerDestination } from "./lib/brokers.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {

@@ -8,9 +8,9 @@
 import { createHash } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import { request } from "undici";
-import { DEFAULTS } from "./defaults.ts";
-import { jsonLine, LOG_FORMATS, message, progress, type LogFormat } from "./log.ts";
-import { PROVIDERS, sign, type Preset } from "./providers.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { jsonLine, LOG_FORMATS, message, progress, type LogFormat } from "./lib/log.ts";
+import { PROVIDERS, sign, type Preset } from "./lib/providers.ts";
 
 /** SENDABLE are the providers send.ts can sign like; an `hmac` scheme lives in a sources file, not on the command line. */
 export const SENDABLE = PROVIDERS.filter((p): p is Preset => p !== "hmac");

@@ -6,20 +6,20 @@
 
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
-import { DEFAULTS } from "./defaults.ts";
-import { age as formatAge, parseDuration } from "./format.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
   jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
-} from "./log.ts";
-import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./store.ts";
-import type { Metrics } from "./metrics.ts";
-import { announce, checkSecrets } from "./forward.ts";
-import type { ForwardStats } from "./forwarder.ts";
-import { loadSources, readSourcesFile } from "./providers.ts";
-import { loadDestinations, type Forwarding, type Operator, type Route } from "./routes.ts";
-import { startProcess, type Outcome, type Process } from "./traces.ts";
-import { brokerSender, parseBrokerDestination } from "./brokers.ts";
-import type { Sender } from "./forward.ts";
+} from "./lib/log.ts";
+import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
+import type { Metrics } from "./lib/metrics.ts";
+import { announce, checkSecrets } from "./lib/forward.ts";
+import type { ForwardStats } from "./lib/forwarder.ts";
+import { loadSources, readSourcesFile } from "./lib/providers.ts";
+import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routes.ts";
+import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
+import { brokerSender, parseBrokerDestination } from "./lib/brokers.ts";
+import type { Sender } from "./lib/forward.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -519,7 +519,7 @@ Examples:
   const stop = new AbortController();
   if (opts.metricsPort !== undefined) {
     // Loaded only when asked for: a worker without metrics does not pay for prom-client.
-    const { Metrics, Readiness } = await import("./metrics.ts");
+    const { Metrics, Readiness } = await import("./lib/metrics.ts");
     metrics = new Metrics({ inbox });
     try {
       const server = await metrics.listen(opts.metricsPort, opts.metricsHost, new Readiness(inbox, { stopping: () => stop.signal.aborted }));
@@ -562,7 +562,7 @@ Examples:
   }
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
-      ? import("./forwarder.ts").then(({ forward }) => forward({
+      ? import("./lib/forwarder.ts").then(({ forward }) => forward({
         inbox: lanes ?? inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
       })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;

@@ -9,8 +9,8 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { createAdmin, listenAdmin } from "../admin.ts";
 import { connect } from "../inbox.ts";
-import { openDatabase } from "../sqlite.ts";
-import { sha256 } from "../store.ts";
+import { openDatabase } from "../lib/sqlite.ts";
+import { sha256 } from "../lib/store.ts";
 import { f, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_ADMIN_ROWS", 1_000_000);

@@ -13,10 +13,10 @@ import { join } from "node:path";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect, headers as natsHeaders } from "@nats-io/transport-node";
 import amqp from "amqplib";
-import { HEADERS, messageId, messageOf, openBroker, parseBrokerDestination, type BrokerDestination, type BrokerMessage } from "../brokers.ts";
-import { DEFAULTS } from "../defaults.ts";
-import { SqliteInbox } from "../sqlite.ts";
-import { PermanentError } from "../store.ts";
+import { HEADERS, messageId, messageOf, openBroker, parseBrokerDestination, type BrokerDestination, type BrokerMessage } from "../lib/brokers.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { SqliteInbox } from "../lib/sqlite.ts";
+import { PermanentError } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { f, fillBacklog, knob, tempDir } from "./common.ts";
 

@@ -9,9 +9,9 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
-import { scriptCommand, type RuntimeName } from "../runtime.ts";
-import { openDatabase } from "../sqlite.ts";
-import { sha256 } from "../store.ts";
+import { scriptCommand, type RuntimeName } from "../lib/runtime.ts";
+import { openDatabase } from "../lib/sqlite.ts";
+import { sha256 } from "../lib/store.ts";
 
 /** ROOT is the repository's top folder. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");

@@ -16,13 +16,13 @@
 import { readdirSync } from "node:fs";
 import { join } from "node:path";
 import { Agent, request } from "undici";
-import { brokerSender, HEADERS, messageId, parseBrokerDestination } from "../brokers.ts";
-import { DEFAULTS } from "../defaults.ts";
-import type { Sender } from "../forward.ts";
-import { forward } from "../forwarder.ts";
+import { brokerSender, HEADERS, messageId, parseBrokerDestination } from "../lib/brokers.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
+import type { Sender } from "../lib/forward.ts";
+import { forward } from "../lib/forwarder.ts";
 import { connect } from "../inbox.ts";
-import { loadDestinations } from "../routes.ts";
-import type { Inbox } from "../store.ts";
+import { loadDestinations } from "../lib/routes.ts";
+import type { Inbox } from "../lib/store.ts";
 import { cpuMs, f, knob, startChild, tempDir, type Child } from "./common.ts";
 
 const BACKLOG = knob("BENCH_FORWARD_BACKLOG", 20_000);

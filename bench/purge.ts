@@ -11,9 +11,9 @@ import { statSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { DEFAULTS } from "../defaults.ts";
-import { openDatabase } from "../sqlite.ts";
-import { sha256 } from "../store.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { openDatabase } from "../lib/sqlite.ts";
+import { sha256 } from "../lib/store.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 

@@ -10,7 +10,7 @@ import { spawn, spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { scriptCommand, type RuntimeName } from "../runtime.ts";
+import { scriptCommand, type RuntimeName } from "../lib/runtime.ts";
 import { CONNECTIONS, ROOT, WARMUP_SECONDS, f, fillBacklog, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);

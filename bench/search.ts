@@ -7,8 +7,8 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
-import { openDatabase } from "../sqlite.ts";
-import type { Filter, Inbox } from "../store.ts";
+import { openDatabase } from "../lib/sqlite.ts";
+import type { Filter, Inbox } from "../lib/store.ts";
 import { f, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_SEARCH_ROWS", 1_000_000);

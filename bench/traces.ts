@@ -9,10 +9,10 @@
 import { execFileSync, spawn } from "node:child_process";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { createHandler, type WebhookRequest } from "../handler.ts";
-import { SqliteInbox } from "../sqlite.ts";
-import type { Incoming, Stored } from "../store.ts";
-import { startReceive } from "../traces.ts";
+import { createHandler, type WebhookRequest } from "../lib/handler.ts";
+import { SqliteInbox } from "../lib/sqlite.ts";
+import type { Incoming, Stored } from "../lib/store.ts";
+import { startReceive } from "../lib/traces.ts";
 import { f, knob, ROOT, tempDir } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 8);

@@ -9,7 +9,7 @@ import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
 import { connect } from "../inbox.ts";
-import type { Inbox } from "../store.ts";
+import type { Inbox } from "../lib/store.ts";
 import { backends, chromiumSkip, launchChromium } from "./helpers.ts";
 
 const TOKEN = "night-shift-token";

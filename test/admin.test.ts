@@ -10,8 +10,8 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { writeFileSync } from "node:fs";
 import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, secretsOf, type Admin, type AdminOptions } from "../admin.ts";
 import { connect } from "../inbox.ts";
-import { loadDestinations } from "../routes.ts";
-import type { BreakerPolicy, Inbox } from "../store.ts";
+import { loadDestinations } from "../lib/routes.ts";
+import type { BreakerPolicy, Inbox } from "../lib/store.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { describe, it } from "node:test";
 import { nanos } from "@nats-io/transport-node";
-import { HEADERS } from "../brokers.ts";
+import { HEADERS } from "../lib/brokers.ts";
 import { connect } from "../inbox.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, spawnScript } from "./helpers.ts";
 import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";

@@ -10,8 +10,8 @@ import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jet
 import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
 import amqp, { type Channel, type ChannelModel } from "amqplib";
 import { join } from "node:path";
-import { brokerSender, HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../brokers.ts";
-import type { Sender } from "../forward.ts";
+import { brokerSender, HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../lib/brokers.ts";
+import type { Sender } from "../lib/forward.ts";
 import { connect } from "../inbox.ts";
 import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip, tempDir } from "./helpers.ts";
 

@@ -7,7 +7,7 @@ import { createServer } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
-import { runnerName } from "../runtime.ts";
+import { runnerName } from "../lib/runtime.ts";
 import { POSTGRES, postgresSkip, runScript, startReceiver, tempDir } from "./helpers.ts";
 
 // The demo prints each command as a person would type it on the runtime it runs on ("npx tsx" under tsx).

@@ -22,7 +22,7 @@ import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { dirname, join, normalize, relative } from "node:path";
 import { after, before, describe, it } from "node:test";
-import { DEFAULTS } from "../defaults.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
 import { ROOT, runScript } from "./helpers.ts";
 
 const SNIPPETS = join(ROOT, "test", ".docs-snippets");
@@ -380,13 +380,13 @@ function checkCommands(commands: readonly Command[], helps: ReadonlyMap<string, 
 
 /** Code is what the name checks compare the docs with, read from the repository once. */
 interface Code {
-  /** Top-level .ts files. */
+  /** The .ts files at the top and in lib/, each by its own name. */
   files: string[];
-  /** Each top-level file's exports, re-exports followed. */
+  /** Each file's exports, re-exports followed. */
   exports: Map<string, Set<string>>;
   /** Members of each exported interface and class: Inbox's store, claim, … */
   members: Map<string, Set<string>>;
-  /** Each top-level file's imports of other top-level files. */
+  /** Each file's imports of the others. */
   imports: Map<string, Set<string>>;
   defaults: Set<string>;
   /** Every flag of every script's --help. */
@@ -394,8 +394,12 @@ interface Code {
 }
 
 function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, string>): Code {
-  const files = readdirSync(ROOT).filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts")).sort();
-  const source = new Map(files.map((f) => [f, readFileSync(join(ROOT, f), "utf8")]));
+  // The scripts at the top and the rooms in lib/, each known by its own name (no name is in both).
+  const paths = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib")).map((f) => `lib/${f}`)]
+    .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts"));
+  const files = paths.map((f) => f.replace(/^lib\//, "")).sort();
+  assert.equal(new Set(files).size, files.length, "a name is both at the top and in lib/");
+  const source = new Map(paths.map((f) => [f.replace(/^lib\//, ""), readFileSync(join(ROOT, f), "utf8")]));
   const own = new Map<string, Set<string>>();
   const stars = new Map<string, string[]>();
   const members = new Map<string, Set<string>>();
@@ -410,10 +414,10 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
       }
     }
     own.set(file, names);
-    stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"\.\/([\w-]+\.ts)"/gm)].map((m) => m[1]!));
+    stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)].map((m) => m[1]!));
     const deps = new Set<string>();
-    for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\/([\w-]+\.ts)"/gm)) deps.add(m[1]!);
-    for (const m of text.matchAll(/\bimport\s*\(\s*"\.\/([\w-]+\.ts)"\s*\)|^\s*import\s+"\.\/([\w-]+\.ts)"/gm)) deps.add((m[1] ?? m[2])!);
+    for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add(m[1]!);
+    for (const m of text.matchAll(/\bimport\s*\(\s*"\.\/(?:lib\/)?([\w-]+\.ts)"\s*\)|^\s*import\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add((m[1] ?? m[2])!);
     imports.set(file, deps);
     // Members: the lines one level inside each exported interface or class.
     const lines = text.split("\n");
@@ -495,7 +499,7 @@ function checkNames(pages: readonly Page[], code: Code, scripts: ReadonlySet<str
       }
     }
     // "`sign(…)` from `providers.ts`", "`lineLog()` in `log.ts`": that file must export the name.
-    for (const m of prose.matchAll(/`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?([\w-]+\.ts)`/g)) {
+    for (const m of prose.matchAll(/`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?(?:lib\/)?([\w-]+\.ts)`/g)) {
       const names = code.exports.get(m[2]!);
       if (names && !names.has(m[1]!)) problems.push(`${page.path}:${lineAt(prose, m.index)}: ${m[2]} does not export ${m[1]}`);
     }
@@ -541,9 +545,9 @@ function checkHouse(page: Page, code: Code): string[] {
   const rows = new Map<string, { line: number; floor: string; imports: Set<string> }>();
   page.text.split("\n").forEach((line, i) => {
     const cells = line.split("|").map((c) => c.trim());
-    const file = /^`([\w-]+\.ts)`$/.exec(cells[1] ?? "")?.[1];
+    const file = /^`(?:lib\/)?([\w-]+\.ts)`$/.exec(cells[1] ?? "")?.[1];
     if (!file || cells.length < 6 || !floors.includes(cells[2]!)) return;
-    rows.set(file, { line: i + 1, floor: cells[2]!, imports: new Set([...cells[4]!.matchAll(/`([\w-]+\.ts)`/g)].map((m) => m[1]!)) });
+    rows.set(file, { line: i + 1, floor: cells[2]!, imports: new Set([...cells[4]!.matchAll(/`(?:lib\/)?([\w-]+\.ts)`/g)].map((m) => m[1]!)) });
   });
   for (const file of code.files) if (!rows.has(file)) problems.push(`${page.path}: ${file} is not in the house's table`);
   for (const [file, row] of rows) {
@@ -583,7 +587,7 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
   const up = relative(dir, ROOT).replace(/\\/g, "/");
   writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
     extends: `${up}/tsconfig.json`,
-    compilerOptions: { noEmit: true, paths: { "webhook-inbox": [`${up}/inbox.ts`], "webhook-inbox/*": [`${up}/*.ts`] } },
+    compilerOptions: { noEmit: true, paths: { "webhook-inbox": [`${up}/inbox.ts`], "webhook-inbox/*": [`${up}/*.ts`, `${up}/lib/*.ts`] } },
     include: ["*/*.mts"],
   }, null, 2));
   // Each generated line remembers where it came from, so an error points at the page.
@@ -866,7 +870,7 @@ describe("the docs checks (a control, on made-up pages)", () => {
   it("report a house table that misplaces a file's imports", () => {
     const house = readPage("docs/house.md")!;
     // order.ts up among the scripts, with an import it does not have.
-    const moved = { path: house.path, text: house.text.replace(/^(\| `order\.ts` \|) roles (\|.*\|) (.*?) \|$/m, "$1 scripts $2 $3, `worker.ts` |") };
+    const moved = { path: house.path, text: house.text.replace(/^(\| `(?:lib\/)?order\.ts` \|) roles (\|.*\|) (.*?) \|$/m, "$1 scripts $2 $3, `worker.ts` |") };
     assert.notEqual(moved.text, house.text, "the control could not edit the house's table");
     const problems = checkHouse(moved, code).join("\n");
     assert.match(problems, /order\.ts does not import (?:.*, )?worker\.ts/);

@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { describeRuntime } from "../runtime.ts";
-import { SqliteInbox, durabilityProblem, walResetFixed, type Durability } from "../sqlite.ts";
+import { describeRuntime } from "../lib/runtime.ts";
+import { SqliteInbox, durabilityProblem, walResetFixed, type Durability } from "../lib/sqlite.ts";
 import { runScript, startReceiver, tempDir } from "./helpers.ts";
 
 describe(`opening a SQLite inbox on ${describeRuntime()}`, () => {

@@ -12,7 +12,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { nanos } from "@nats-io/transport-node";
-import { HEADERS } from "../brokers.ts";
+import { HEADERS } from "../lib/brokers.ts";
 import { connect } from "../inbox.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, spawnScript, tempDir } from "./helpers.ts";
 import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";

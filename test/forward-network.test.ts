@@ -16,9 +16,9 @@ import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { forward } from "../forwarder.ts";
-import { loadDestinations, type Forwarding } from "../routes.ts";
-import type { Inbox } from "../store.ts";
+import { forward } from "../lib/forwarder.ts";
+import { loadDestinations, type Forwarding } from "../lib/routes.ts";
+import type { Inbox } from "../lib/store.ts";
 import { backends, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { sign } from "../providers.ts";
+import { sign } from "../lib/providers.ts";
 import { runScript, startReceiver, tempDir } from "./helpers.ts";
 
 const SECRET = `whsec_${Buffer.from("forwarding secret of the app").toString("base64")}`;

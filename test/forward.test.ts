@@ -9,11 +9,11 @@ import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { judge, retryAfterMs } from "../forward.ts";
-import { forward } from "../forwarder.ts";
-import { Metrics } from "../metrics.ts";
-import { loadDestinations, type Forwarding } from "../routes.ts";
-import type { Inbox, InboxOptions } from "../store.ts";
+import { judge, retryAfterMs } from "../lib/forward.ts";
+import { forward } from "../lib/forwarder.ts";
+import { Metrics } from "../lib/metrics.ts";
+import { loadDestinations, type Forwarding } from "../lib/routes.ts";
+import type { Inbox, InboxOptions } from "../lib/store.ts";
 import { backends } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

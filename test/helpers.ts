@@ -8,7 +8,7 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import type { Browser } from "playwright-core";
-import { scriptCommand, signalChild } from "../runtime.ts";
+import { scriptCommand, signalChild } from "../lib/runtime.ts";
 
 /** ROOT is the repository's top folder, where the scripts live. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");

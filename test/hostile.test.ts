@@ -8,7 +8,7 @@ import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { connect as connectInbox } from "../inbox.ts";
-import type { Inbox } from "../store.ts";
+import type { Inbox } from "../lib/store.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
 

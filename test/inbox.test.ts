@@ -5,9 +5,9 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { DEFAULTS } from "../defaults.ts";
-import { SqliteInbox } from "../sqlite.ts";
-import { backoff, sha256, type Lease, type Tx } from "../store.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { SqliteInbox } from "../lib/sqlite.ts";
+import { backoff, sha256, type Lease, type Tx } from "../lib/store.ts";
 import { tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

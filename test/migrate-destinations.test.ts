@@ -8,9 +8,9 @@ import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
 import pg from "pg";
 import { connect } from "../inbox.ts";
-import { sha256 } from "../store.ts";
-import { MIGRATIONS as PG_MIGRATIONS } from "../postgres.ts";
-import { MIGRATIONS as SQLITE_MIGRATIONS } from "../sqlite.ts";
+import { sha256 } from "../lib/store.ts";
+import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite.ts";
 import { freshSchema, POSTGRES, postgresSkip, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

@@ -7,8 +7,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import fc from "fast-check";
-import { SqliteInbox } from "../sqlite.ts";
-import type { Lease, Status, Tx } from "../store.ts";
+import { SqliteInbox } from "../lib/sqlite.ts";
+import type { Lease, Status, Tx } from "../lib/store.ts";
 import { tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;

@@ -18,9 +18,9 @@ import { parser } from "@prometheus-io/lezer-promql";
 import parse from "parse-prometheus-text-format";
 import { parse as parseYaml, stringify as yaml } from "yaml";
 import { connect } from "../inbox.ts";
-import { reasonOf } from "../metrics.ts";
-import { sign } from "../providers.ts";
-import { STATUSES } from "../store.ts";
+import { reasonOf } from "../lib/metrics.ts";
+import { sign } from "../lib/providers.ts";
+import { STATUSES } from "../lib/store.ts";
 import { ROOT, backends, spawnScript, startReceiver, tempDir } from "./helpers.ts";
 
 const ALERTS = join(ROOT, "ops", "alerts.yml");

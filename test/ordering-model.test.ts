@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import fc from "fast-check";
 import { connect } from "../inbox.ts";
-import type { Inbox, Lease, Status } from "../store.ts";
+import type { Inbox, Lease, Status } from "../lib/store.ts";
 import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import type { Inbox, InboxOptions, Incoming, Lease } from "../store.ts";
+import type { Inbox, InboxOptions, Incoming, Lease } from "../lib/store.ts";
 import { run, type Job } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 

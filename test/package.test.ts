@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, it } from "node:test";
@@ -130,7 +130,8 @@ describe("npm pack", () => {
     assert.deepEqual(manifest.bin, { "webhook-inbox": "dist/cli.js" });
     for (const entry of [".", "./handler", "./worker", "./providers"]) assert.ok(manifest.exports[entry]?.types, entry);
     // Only what an app runs: the compiled code and its declarations, no tests, no benchmarks, no TypeScript sources.
-    const files = readdirSync(join(app, "node_modules", "webhook-inbox", "dist"));
+    const dist = join(app, "node_modules", "webhook-inbox", "dist");
+    const files = readdirSync(dist, { recursive: true, encoding: "utf8" }).filter((f) => !statSync(join(dist, f)).isDirectory());
     assert.deepEqual(files.filter((f) => !/\.(js|d\.ts)$/.test(f)), []);
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
     assert.deepEqual(Object.keys(manifest.dependencies).sort(),

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { after, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import type { Tx } from "../store.ts";
+import type { Tx } from "../lib/store.ts";
 import { postgresPipeline, seeded } from "./chaos.ts";
 import { freshSchema, POSTGRES, postgresSkip, privatePgBouncer, ROOT, runScript } from "./helpers.ts";
 

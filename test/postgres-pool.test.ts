@@ -8,7 +8,7 @@ import { createServer } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { connect, type Inbox } from "../inbox.ts";
 import pg from "pg";
-import { parseTarget, Pool, redact } from "../postgres-pool.ts";
+import { parseTarget, Pool, redact } from "../lib/postgres-pool.ts";
 import { freePort, freshSchema, POSTGRES, postgresSkip, privatePostgres, type PrivatePostgres } from "./helpers.ts";
 
 const pgSkip = await postgresSkip();

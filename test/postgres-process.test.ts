@@ -8,8 +8,8 @@ import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import type { Inbox } from "../store.ts";
-import { PostgresInbox } from "../postgres.ts";
+import type { Inbox } from "../lib/store.ts";
+import { PostgresInbox } from "../lib/postgres.ts";
 import { prepareLedgerOn, startWorker } from "./chaos.ts";
 import { ROOT, freePort, freshSchema, postgresSkip, runScript, startReceiver } from "./helpers.ts";
 

@@ -4,8 +4,8 @@
 import { createHash, createHmac } from "node:crypto";
 import fc from "fast-check";
 import { Webhook as SvixWebhook } from "svix";
-import type { Headers } from "../store.ts";
-import { loadSources, sign, type Provider, type Scheme as SignatureScheme, type Signable, type Source } from "../providers.ts";
+import type { Headers } from "../lib/store.ts";
+import { loadSources, sign, type Provider, type Scheme as SignatureScheme, type Signable, type Source } from "../lib/providers.ts";
 
 // Published test vectors.
 export const STANDARD = {

@@ -9,8 +9,8 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import type { Inbox } from "../store.ts";
-import { sign, type Preset } from "../providers.ts";
+import type { Inbox } from "../lib/store.ts";
+import { sign, type Preset } from "../lib/providers.ts";
 import { STANDARD, STRIPE_SECRET } from "./provider-fixtures.ts";
 import { freshSchema, postgresSkip, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 

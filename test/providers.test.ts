@@ -14,7 +14,7 @@ import { Paddle } from "@paddle/paddle-node-sdk";
 import { WebhooksHelper as SquareWebhooks } from "square";
 import twilio from "twilio";
 import { createHash, createHmac } from "node:crypto";
-import { PRESETS, loadSources, sign, verify, type Provider, type Scheme, type Source, type Verdict } from "../providers.ts";
+import { PRESETS, loadSources, sign, verify, type Provider, type Scheme, type Source, type Verdict } from "../lib/providers.ts";
 import {
   CUSTOM, GITHUB, SCHEMES, SLACK, SQUARE, STANDARD, STRIPE_SECRET, T, TWILIO, apply, bodyArb, headers, hmac, idArb, mutationArb, source, standardKey, svixHeaders,
 } from "./provider-fixtures.ts";

@@ -8,9 +8,9 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import { exportLine, importLine, parseDuration, parseWhen } from "../format.ts";
-import { SqliteInbox } from "../sqlite.ts";
-import type { Inbox } from "../store.ts";
+import { exportLine, importLine, parseDuration, parseWhen } from "../lib/format.ts";
+import { SqliteInbox } from "../lib/sqlite.ts";
+import type { Inbox } from "../lib/store.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
 const DAY = 86_400_000;
