@@ -13,7 +13,8 @@ import { label, message } from "./lib/log.ts";
 import { readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Operator } from "./lib/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
-import { SqliteInbox, isInbox } from "./lib/sqlite.ts";
+import { SqliteInbox } from "./lib/sqlite.ts";
+import { isInbox } from "./lib/sqlite-schema.ts";
 import {
   DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
 } from "./lib/store.ts";

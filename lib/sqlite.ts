@@ -1,16 +1,16 @@
-// sqlite.ts: the Inbox on one node:sqlite file, the embedded default. WAL with synchronous=FULL (or, with
-// syncOffLoop, the receiver's: NORMAL and an fdatasync of its own, off the event loop, before any write
-// settles), every write group-committed, a checkpointer thread and a gauge thread beside it. connect() in
-// inbox.ts picks it for any --db that is not a postgres:// URL. It is one role, the whole contract on one database, and
-// so longer than the house's thousand lines: split, a delivery's life would be scattered over files.
+// sqlite.ts: the Inbox on one node:sqlite file, the embedded default: a delivery's whole life (store,
+// claim, extend, finish, fail, release, retry) and the operator's reads and bulk actions, as SQL on the
+// file that sqlite-schema.ts opens, every write group-committed by sqlite-commit.ts (WAL with
+// synchronous=FULL, or with syncOffLoop the receiver's own fdatasync off the event loop), and a gauge
+// thread beside it. connect() in inbox.ts picks it for any --db that is not a postgres:// URL.
 
-import { closeSync, existsSync, fdatasync, openSync, realpathSync } from "node:fs";
-import { dirname } from "node:path";
-import { DatabaseSync, type SQLInputValue, type StatementSync } from "node:sqlite";
+import { closeSync } from "node:fs";
+import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { describeRuntime } from "./runtime.ts";
+import { SqliteCommitter } from "./sqlite-commit.ts";
+import { MIGRATIONS, readDurability, type Durability } from "./sqlite-schema.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim,
   retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
@@ -20,22 +20,6 @@ import {
   type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SetAside, type SqlValue, type Status,
   type Stored, type Summary, type Tx,
 } from "./store.ts";
-
-// The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
-// beside the receiver's commits; a failed pass (a full disk, a busy lock) is simply the next one's work,
-// and the commits' own checkpoint (BACKSTOP_PAGES) bounds the WAL if passes keep failing.
-const CHECKPOINTER = `
-const { DatabaseSync } = require("node:sqlite");
-const { parentPort, workerData } = require("node:worker_threads");
-const db = new DatabaseSync(workerData.path, { timeout: 0 });
-db.exec("PRAGMA synchronous = FULL");
-const timer = setInterval(() => { try { db.exec("PRAGMA wal_checkpoint(PASSIVE)"); } catch {} }, workerData.everyMs);
-// With the timer cleared and once()'s listener gone, nothing keeps the thread alive and it ends on its own
-// (Deno's parentPort has no close()).
-parentPort.once("message", () => { clearInterval(timer); db.close(); });`;
-// How often the checkpointer runs, and how large the WAL may grow before a commit checkpoints anyway.
-const CHECKPOINT_EVERY_MS = 100;
-const BACKSTOP_PAGES = 16_000;
 
 // The gauge thread's whole program: one read transaction, so the totals and the live counts agree.
 // Each live status is counted through its own partial index; the totals through the primary key's.
@@ -69,303 +53,6 @@ parentPort.on("message", () => {
   }
 });`;
 
-/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
-export const MIGRATIONS: readonly string[] = [
-  `CREATE TABLE deliveries (
-     source        TEXT    NOT NULL,
-     id            TEXT    NOT NULL,
-     body          BLOB    NOT NULL,
-     body_sha256   TEXT    NOT NULL,
-     content_type  TEXT,
-     event_type    TEXT,
-     provider_time INTEGER,
-     received_at   INTEGER NOT NULL,
-     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
-     attempts      INTEGER NOT NULL DEFAULT 0,
-     available_at  INTEGER NOT NULL,
-     leased_until  INTEGER,
-     lease_token   TEXT,
-     error         TEXT,
-     conflicts     INTEGER NOT NULL DEFAULT 0,
-     finished_at   INTEGER,
-     PRIMARY KEY (source, id)
-   );
-   -- Partial indexes keep a claim's cost flat however many done rows pile up behind it.
-   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received';
-   CREATE INDEX deliveries_leased ON deliveries (leased_until) WHERE status = 'processing';
-   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
-  // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
-  `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
-  // Replays, tombstones (a purged body leaves the row, hash and times, so its ID is still a duplicate), and
-  // the indexes that keep search and the bulk commands off a full scan. A tombstone stays in deliveries, not in a
-  // table of its own, so that store() stays one INSERT, unchanged: its ON CONFLICT already finds the ID.
-  `ALTER TABLE deliveries ADD COLUMN replays INTEGER NOT NULL DEFAULT 0;
-   ALTER TABLE deliveries ADD COLUMN purged_at INTEGER;
-   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
-   -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
-   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
-   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
-  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
-  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
-  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
-   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
-   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
-   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
-   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
-   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
-   CREATE TABLE IF NOT EXISTS attempt_errors (
-     source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
-   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
-  // Ordering (see claimBatch and settleKey). Ordered deliveries leave the unordered claim's index, so it
-  // never walks past them; each key's head row says which one may run next and from when (due).
-  `ALTER TABLE deliveries ADD COLUMN order_key TEXT;
-   ALTER TABLE deliveries ADD COLUMN event_time INTEGER;
-   ALTER TABLE deliveries ADD COLUMN newer_id TEXT;
-   DROP INDEX deliveries_due;
-   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received' AND order_key IS NULL;
-   -- The rowid, last in every SQLite index, is the arrival order that breaks event-time ties.
-   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
-   CREATE TABLE order_keys (
-     source          TEXT    NOT NULL,
-     order_key       TEXT    NOT NULL,
-     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
-     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
-     head_id         TEXT,
-     head_event_time INTEGER,
-     head_seq        INTEGER,
-     due             INTEGER,
-     -- The newest event handled so far: an older one after it is handed over stale.
-     last_event_time INTEGER,
-     last_id         TEXT,
-     strict          INTEGER NOT NULL DEFAULT 0,
-     PRIMARY KEY (source, order_key)
-   );
-   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
-  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
-  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
-  // status, attempts, lease, errors and order. SQLite cannot change a primary key in place, so the table
-  // is rebuilt; rowids are kept, as they are the arrival order that breaks event-time ties. Every existing
-  // row becomes route 0 of the handler. The claim's indexes lead with the destination, so one claim walks
-  // only its own destination's due rows, and a destination that holds its deliveries is never walked past.
-  `CREATE TABLE deliveries_next (
-     source        TEXT    NOT NULL,
-     id            TEXT    NOT NULL,
-     body          BLOB    NOT NULL,
-     body_sha256   TEXT    NOT NULL,
-     content_type  TEXT,
-     event_type    TEXT,
-     provider_time INTEGER,
-     received_at   INTEGER NOT NULL,
-     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
-     attempts      INTEGER NOT NULL DEFAULT 0,
-     available_at  INTEGER NOT NULL,
-     leased_until  INTEGER,
-     lease_token   TEXT,
-     error         TEXT,
-     conflicts     INTEGER NOT NULL DEFAULT 0,
-     finished_at   INTEGER,
-     lease_ms      INTEGER,
-     replays       INTEGER NOT NULL DEFAULT 0,
-     purged_at     INTEGER,
-     order_key     TEXT,
-     event_time    INTEGER,
-     newer_id      TEXT,
-     route         INTEGER NOT NULL DEFAULT 0,
-     destination   TEXT    NOT NULL DEFAULT 'handler',
-     headers       TEXT,
-     traceparent   TEXT,
-     PRIMARY KEY (source, id, route)
-   );
-   INSERT INTO deliveries_next (rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-                                attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
-                                purged_at, order_key, event_time, newer_id)
-   SELECT rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-          attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
-          purged_at, order_key, event_time, newer_id FROM deliveries;
-   DROP TABLE deliveries;
-   ALTER TABLE deliveries_next RENAME TO deliveries;
-   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE status = 'received' AND order_key IS NULL;
-   CREATE INDEX deliveries_leased ON deliveries (destination, leased_until) WHERE status = 'processing';
-   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';
-   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
-   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
-   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
-   CREATE INDEX deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
-   CREATE INDEX deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
-   CREATE INDEX deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
-   CREATE INDEX deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
-   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
-   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
-   CREATE TABLE order_keys_next (
-     source          TEXT    NOT NULL,
-     destination     TEXT    NOT NULL DEFAULT 'handler',
-     order_key       TEXT    NOT NULL,
-     head_id         TEXT,
-     head_event_time INTEGER,
-     head_seq        INTEGER,
-     due             INTEGER,
-     last_event_time INTEGER,
-     last_id         TEXT,
-     strict          INTEGER NOT NULL DEFAULT 0,
-     PRIMARY KEY (source, destination, order_key)
-   );
-   INSERT INTO order_keys_next (source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict)
-   SELECT source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict FROM order_keys;
-   DROP TABLE order_keys;
-   ALTER TABLE order_keys_next RENAME TO order_keys;
-   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
-   ALTER TABLE attempt_errors ADD COLUMN destination TEXT NOT NULL DEFAULT 'handler';
-   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
-   CREATE TABLE destinations (
-     name          TEXT    PRIMARY KEY,
-     paused        INTEGER NOT NULL DEFAULT 0,
-     paused_reason TEXT,
-     state         TEXT    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
-     retry_at      INTEGER,
-     probe_until   INTEGER,
-     failures      INTEGER NOT NULL DEFAULT 0,
-     window_start  INTEGER,
-     window_done   INTEGER NOT NULL DEFAULT 0,
-     window_failed INTEGER NOT NULL DEFAULT 0,
-     last_error    TEXT,
-     last_error_at INTEGER,
-     tokens        REAL,
-     tokens_at     INTEGER,
-     changed_at    INTEGER
-   );`,
-  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
-  // what finished by status (histogram()), from the indexes alone. Without the destination and the status
-  // in them, each overview read ~100k table rows at random, 200 ms and 90 ms of its 410.
-  `DROP INDEX deliveries_open;
-   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
-   DROP INDEX deliveries_finished;
-   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
-];
-
-/** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
-export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busyTimeoutMs): DatabaseSync {
-  let db: DatabaseSync;
-  try {
-    db = new DatabaseSync(path, { timeout: busyTimeoutMs });
-  } catch (error) {
-    // SQLite only says "unable to open database file"; a missing folder is the usual cause, so name it.
-    const reason = existsSync(dirname(path)) ? message(error) : `no such directory ${dirname(path)}`;
-    throw new Error(`open ${path}: ${reason}`, { cause: error });
-  }
-  try {
-    // Before anything else writes the file: a new database is created able to give freed pages back
-    // (purge's incremental vacuum). On an existing file this does nothing until a VACUUM (vacuum()).
-    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
-    // WAL lets the worker read while the receiver writes, and makes each commit one append.
-    db.exec("PRAGMA journal_mode = WAL");
-    // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
-    db.exec("PRAGMA synchronous = FULL");
-    // A checkpoint copies the WAL into the database and fsyncs it, in whichever commit crosses the
-    // threshold. 4000 pages (16 MB, not the default 1000) means a quarter as many, each writing the
-    // pages that many small commits touched over and over only once. The WAL file is reused, not grown.
-    db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
-    // 16 MB of page cache (the default is 2 MB) keeps the indexes a claim and a finish walk in memory at
-    // a backlog of 200k; it is a bound, so memory stays flat whatever the backlog.
-    db.exec("PRAGMA cache_size = -16000");
-    // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
-    db.exec("PRAGMA temp_store = MEMORY");
-    // Read back, not assumed: a runtime's own SQLite, or a target that is not a file, may not hold them.
-    const problem = durabilityProblem(readDurability(db));
-    if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
-    migrate(db);
-    // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
-    // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
-    db.exec("BEGIN IMMEDIATE");
-    try {
-      db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
-    } finally {
-      db.exec("ROLLBACK");
-    }
-  } catch (error) {
-    db.close();
-    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
-  }
-  return db;
-}
-
-/** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */
-export interface Durability {
-  /** The runtime whose node:sqlite opened it, as "node 24.21.0": each runtime bundles its own SQLite. */
-  runtime: string;
-  /** sqlite_version() of that SQLite. */
-  sqliteVersion: string;
-  /** PRAGMA journal_mode: "wal" on a file; "memory" for :memory:. */
-  journalMode: string;
-  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA; 1, NORMAL, only with ownWalSync. */
-  synchronous: number;
-  /** The inbox fdatasyncs the WAL itself before it settles any write, off the event loop (syncOffLoop), so commits need no fsync of their own. */
-  ownWalSync?: boolean;
-  /** Whether SQLite was built for threads (THREADSAFE not 0): the checkpoint and gauge threads open their own connections. */
-  threadsafe: boolean;
-}
-
-/** readDurability reads journal_mode, synchronous, the SQLite version and its thread safety back from an open database. */
-export function readDurability(db: DatabaseSync): Durability {
-  const one = (sql: string) => Object.values(db.prepare(sql).get() ?? {})[0];
-  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map((r) => r.compile_options);
-  return {
-    runtime: describeRuntime(),
-    sqliteVersion: String(one("SELECT sqlite_version()")),
-    journalMode: String(one("PRAGMA journal_mode")).toLowerCase(),
-    synchronous: Number(one("PRAGMA synchronous")),
-    threadsafe: !options.includes("THREADSAFE=0"),
-  };
-}
-
-// The WAL-reset bug (sqlite.org/wal.html#walresetbug): with two connections writing and checkpointing at
-// once, as the receiver and its checkpoint thread do, a checkpoint could skip committed frames. Fixed in
-// 3.51.3, and in the 3.50.7 and 3.44.6 backports.
-const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [[3, 44, 6], [3, 50, 7], [3, 51, 3]];
-
-/** walResetFixed says whether this SQLite version has the WAL-reset fix. */
-export function walResetFixed(version: string): boolean {
-  const v = version.split(".").map(Number);
-  if (v.length < 3 || v.some((n) => !Number.isInteger(n))) throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
-  const atLeast = (fix: readonly number[]) => (v[0]! - fix[0]! || v[1]! - fix[1]! || v[2]! - fix[2]!) >= 0;
-  // Fixed from the last entry on; before it, only within a backport's own minor line.
-  return atLeast(WAL_RESET_FIXED.at(-1)!) || WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix));
-}
-
-/**
- * durabilityProblem says, in one clause, why an opened database cannot keep the inbox's promise (a 200
- * means the delivery survives a crash or a power cut), or undefined when it can.
- */
-export function durabilityProblem(d: Durability): string | undefined {
-  const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
-  if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
-  if (d.synchronous < (d.ownWalSync ? 1 : 2)) return `synchronous is ${d.synchronous}, not ${d.ownWalSync ? "NORMAL (1) with the inbox's own fdatasync" : "FULL (2)"}, on ${sqlite}`;
-  if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
-  if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
-  return undefined;
-}
-
-function migrate(db: DatabaseSync): void {
-  const { user_version: version } = db.prepare("PRAGMA user_version").get() as { user_version: number };
-  if (version > MIGRATIONS.length) {
-    throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
-  }
-  for (let next = version; next < MIGRATIONS.length; next++) {
-    // IMMEDIATE, so two processes opening a new file don't both run the same migration.
-    db.exec("BEGIN IMMEDIATE");
-    try {
-      const { user_version: now } = db.prepare("PRAGMA user_version").get() as { user_version: number };
-      if (now === next) {
-        db.exec(MIGRATIONS[next]!);
-        db.exec(`PRAGMA user_version = ${next + 1}`);
-      }
-      db.exec("COMMIT");
-    } catch (error) {
-      db.exec("ROLLBACK");
-      throw error;
-    }
-  }
-}
-
 type Row = Record<string, SQLInputValue>;
 
 // toLease turns a claimed row into its Lease, and remembers its rowid for the finish.
@@ -376,99 +63,33 @@ function toLease(row: Row): Lease {
   return lease;
 }
 
-// A batch committed, with each op's outcome, waiting to be settled.
-interface Committed {
-  batch: Op[];
-  results: { ok: boolean; value: unknown }[];
-  started: number;
-  seq: number;
-}
-
-// How many fdatasyncs of the WAL may run at once; while that many run, new writes wait to be committed:
-// committed then, they could only be covered by a later sync, and would take a commit each.
-const SYNCS_AT_ONCE = 2;
-
-// One unit of work for the group committer: runs inside the shared transaction, settles after COMMIT
-// (with syncOffLoop, after the fdatasync that follows it).
-// `guarded` asks an op that could fail halfway (partial) to confine itself in a savepoint.
-interface Op {
-  run(db: DatabaseSync, guarded: boolean): unknown;
-  partial: boolean;
-  resolve(value: unknown): void;
-  reject(error: unknown): void;
-}
-
 // The rowid each lease was claimed at, so its finish finds the row without the (source, id) index; kept
 // out of the Lease type, which is the handler's.
 const rowids = new WeakMap<Lease, number>();
+
 /** SqliteInbox is the Inbox on one node:sqlite file: the embedded default. */
-export class SqliteInbox implements Inbox {
+export class SqliteInbox extends SqliteCommitter implements Inbox {
   readonly backend = "sqlite";
-  readonly db: DatabaseSync;
   /** What the database was opened with, read back from SQLite: journal mode, synchronous, version, runtime. */
   readonly durability: Durability;
-  readonly path: string;
   readonly target: string;
   private readonly tx: Tx;
   private readonly now: () => number;
   private readonly random: () => number;
-  private readonly batchSize: number;
-  private readonly busyTimeoutMs: number;
   private readonly maxAttempts: number;
   private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
-  private readonly statements = new Map<string, StatementSync>();
-  // Commits left to checkpoint one by one since the disk was last full, and the setting to go back to.
-  private tightCommits = 0;
-  private walAutocheckpoint = 0;
-  private queue: Op[] = [];
-  private checkpointer: Worker | undefined;
   private gauger: Worker | undefined;
-  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
-  // The error of the last group commit, until one succeeds: a full disk or a read-only file shows here first.
-  private commitError: unknown;
-  private flushing = false;
-  private closed = false;
-  // With syncOffLoop: the WAL file, opened once per fdatasync that may run at once (walFds, those not in
-  // use in idleFds); the commits not yet covered by a finished fdatasync, numbered; how many run, the last
-  // commit the latest one covers; and the failure of one, after which nothing is acked again (see syncWal).
-  private walFds: number[] = [];
-  private idleFds: number[] = [];
-  private unsynced: Committed[] = [];
-  private commits = 0;
-  private syncs = 0;
-  private covered = 0;
-  private syncFailure: Error | undefined;
 
   constructor(path: string, options: InboxOptions = {}) {
     checkOptions(options);
-    this.path = this.target = path;
-    this.db = openDatabase(path, options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
+    super(path, options);
+    this.target = path;
     const db = this.db;
-    if (options.syncOffLoop) this.idleFds = [...(this.walFds = syncOwnWal(db, path, SYNCS_AT_ONCE))];
     this.durability = { ...readDurability(db), ...(this.walFds.length > 0 ? { ownWalSync: true } : {}) };
     this.tx = { backend: "sqlite", db, run: (sql, ...params) => Number(this.sql(sql).run(...params).changes) };
     this.now = options.now ?? Date.now;
     this.random = options.random ?? Math.random;
-    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
-    this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
-    this.onCommit = options.onCommit;
-    // A PRAGMA takes no bound parameters; the number is checked by checkOptions and made whole here.
-    if (options.pageCacheKb !== undefined) db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
-    if (options.backgroundCheckpoints) {
-      this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
-      // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
-      this.checkpointer = new Worker(CHECKPOINTER, {
-        eval: true, workerData: { path, everyMs: CHECKPOINT_EVERY_MS },
-        resourceLimits: { maxOldGenerationSizeMb: 8, maxYoungGenerationSizeMb: 1 },
-      });
-      this.checkpointer.unref();
-      // Should the thread die, the commits take checkpointing back, as if it had never been started.
-      this.checkpointer.on("error", () => {
-        this.checkpointer = undefined;
-        if (!this.closed) this.db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
-      });
-    }
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
@@ -1395,234 +1016,7 @@ export class SqliteInbox implements Inbox {
       this.settleKey(source, destination, key, "", false);
     }
   }
-
-  // sql compiles each statement once per connection: the receiver and worker run the same few forever.
-  private sql(text: string): StatementSync {
-    let statement = this.statements.get(text);
-    if (!statement) {
-      statement = this.db.prepare(text);
-      this.statements.set(text, statement);
-    }
-    return statement;
-  }
-
-  private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial = false): Promise<unknown> {
-    if (this.closed) return Promise.reject(new Error(`inbox ${this.path} is closed`));
-    if (this.syncFailure) return Promise.reject(this.syncFailure);
-    return new Promise((resolve, reject) => {
-      this.queue.push({ run, partial, resolve, reject });
-      // While SYNCS_AT_ONCE fdatasyncs run, the next batch waits for one of them to finish.
-      if (this.syncs < SYNCS_AT_ONCE) this.drainSoon();
-    });
-  }
-
-  private drainSoon(): void {
-    if (this.flushing) return;
-    this.flushing = true;
-    // setImmediate lets every request already read off the sockets join this batch.
-    setImmediate(() => this.drain());
-  }
-
-  private drain(): void {
-    if (this.syncFailure) for (const op of this.queue.splice(0)) op.reject(this.syncFailure);
-    while (this.queue.length > 0) {
-      const batch = this.queue.splice(0, this.batchSize);
-      this.commit(batch);
-    }
-    this.flushing = false;
-  }
-
-  // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
-  // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
-  // Ops run unguarded first: a savepoint per op costs more than the rare redo when one fails halfway.
-  private commit(batch: Op[], guarded = false): void {
-    const started = performance.now();
-    const results: { ok: boolean; value: unknown }[] = [];
-    try {
-      this.begin();
-    } catch (error) {
-      // No op has run: the lock is another writer's. Retrying in halves would wait out the busy timeout
-      // again for each half, blocking the thread for 2n-1 timeouts, so the whole batch fails once.
-      const failure = new Error(`inbox ${this.path}: ${message(error)}`, { cause: error });
-      for (const op of batch) op.reject(failure);
-      return;
-    }
-    let redo = false;
-    try {
-      for (const op of batch) {
-        try {
-          results.push({ ok: true, value: op.run(this.db, guarded) });
-        } catch (error) {
-          // An op that cleaned up after itself (one statement, or a savepoint) fails alone; anything else
-          // fails the batch. One that may have left half its writes behind is redone in a savepoint.
-          if (!this.db.isTransaction || !isOwnError(error)) throw error;
-          if (op.partial && !guarded) {
-            redo = true;
-            throw error;
-          }
-          results.push({ ok: false, value: error });
-        }
-      }
-      this.db.exec("COMMIT");
-    } catch (error) {
-      if (this.db.isTransaction) this.db.exec("ROLLBACK");
-      if (redo) return this.commit(batch, true);
-      if (!isOwnError(error)) this.commitError = error;
-      if (sqliteCode(error) === SQLITE_FULL) this.reclaimWal();
-      if (batch.length === 1) {
-        batch[0]!.reject(new Error(`inbox ${this.path}: ${message(error)}`, { cause: error }));
-        return;
-      }
-      const half = Math.ceil(batch.length / 2);
-      this.commit(batch.slice(0, half), guarded);
-      this.commit(batch.slice(half), guarded);
-      return;
-    }
-    if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
-    this.commitError = undefined;
-    if (this.walFds.length === 0) return this.settle({ batch, results, started, seq: 0 });
-    this.unsynced.push({ batch, results, started, seq: ++this.commits });
-    this.syncWal();
-  }
-
-  private settle({ batch, results, started }: Committed): void {
-    this.onCommit?.(batch.length, performance.now() - started);
-    batch.forEach((op, i) => (results[i]!.ok ? op.resolve(results[i]!.value) : op.reject(results[i]!.value)));
-  }
-
-  // syncWal makes the commits so far durable, then settles them: one fdatasync of the WAL, on a libuv
-  // thread, while this thread reads and commits the next requests; a commit made meanwhile gets a second
-  // one at once, and whichever finishes settles every commit made before it began. Why that is as
-  // durable as FULL:
-  // - The WAL is a log that only grows until it is reset, and every commit so far has written its frames
-  //   to it before this call: the fdatasync, which begins after, covers them all (and any before them).
-  // - A reset, after a checkpoint copied every frame into the database and fsynced it, rewrites the WAL
-  //   from its start under new salts; SQLite fsyncs the new header itself (at NORMAL too), so a power cut
-  //   leaves the old frames unreadable, never replayed, and what they held is already in the database.
-  // - Checkpoints, on any connection not at OFF, fsync the WAL before copying and the database after.
-  // A failed fdatasync may have dropped the pages it could not write, and Linux marks them clean: a later
-  // one would succeed over the gap. So the failure sticks; nothing is acked again until a restart, whose
-  // recovery reads only what reached the disk (PostgreSQL panics for the same reason). Linux reports such
-  // an error once to each open file, so two fdatasyncs at once use two descriptors: on one, the first
-  // to look would take the report and the other, covering the same pages, would succeed.
-  private syncWal(): void {
-    if (this.idleFds.length === 0 || this.covered === this.commits) return;
-    const fd = this.idleFds.pop()!;
-    this.syncs++;
-    const covers = (this.covered = this.commits);
-    fdatasync(fd, (error) => {
-      this.syncs--;
-      this.idleFds.push(fd);
-      if (error) {
-        this.syncFailure ??= new Error(`inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`, { cause: error });
-      }
-      // Every commit made before this fdatasync began is on disk, whichever sync started it.
-      while (this.unsynced.length > 0 && (this.syncFailure || this.unsynced[0]!.seq <= covers)) {
-        const committed = this.unsynced.shift()!;
-        if (this.syncFailure) for (const op of committed.batch) op.reject(this.syncFailure);
-        else this.settle(committed);
-      }
-      this.syncWal();
-      if (this.syncs < SYNCS_AT_ONCE && this.queue.length > 0) this.drainSoon();
-    });
-  }
-
-  // reclaimWal answers a full disk. The WAL grows until wal_autocheckpoint pages before it is copied back
-  // and reused, so once space is freed it would take all of it and fill the disk again, and the inbox
-  // would stay down for good. For the next commits, a checkpoint follows each one, so the WAL is reused
-  // from its start and never outgrows the space it already has.
-  private reclaimWal(): void {
-    if (this.tightCommits === 0) {
-      this.walAutocheckpoint = (this.db.prepare("PRAGMA wal_autocheckpoint").get() as { wal_autocheckpoint: number }).wal_autocheckpoint;
-      this.db.exec("PRAGMA wal_autocheckpoint = 1");
-    }
-    this.tightCommits = 1_000;
-    try {
-      this.db.exec("PRAGMA wal_checkpoint(PASSIVE)");
-    } catch {
-      // Best effort, while the disk is still full: the failure that matters is the commit's, which the
-      // caller gets, and the checkpoint after the next commit that succeeds does the work.
-    }
-  }
-
-  // begin takes the write lock. SQLite's own busy handler sleeps 1, 2, 5, 10 … 100 ms between tries, so
-  // against a process that commits back to back (a busy worker) it seldom finds the lock free, and a
-  // receiver's acks wait for seconds. Trying every 0.2 ms, up to the same busy timeout, takes the first gap.
-  private begin(timeoutMs: number = this.busyTimeoutMs): void {
-    const deadline = performance.now() + timeoutMs;
-    this.sql("PRAGMA busy_timeout = 0").run();
-    try {
-      for (;;) {
-        try {
-          this.db.exec("BEGIN IMMEDIATE");
-          return;
-        } catch (error) {
-          if (sqliteCode(error) !== SQLITE_BUSY || performance.now() >= deadline) throw error;
-          Atomics.wait(NAP, 0, 0, 0.2);
-        }
-      }
-    } finally {
-      // A PRAGMA takes no bound parameters; the number is this Inbox's own, checked in the constructor.
-      this.sql(`PRAGMA busy_timeout = ${this.busyTimeoutMs}`).run();
-    }
-  }
 }
 
 // How long ready()'s probe commit waits for the write lock before it reports the store as not ready.
 const READY_LOCK_MS = 50;
-
-// NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
-const NAP = new Int32Array(new SharedArrayBuffer(4));
-
-// SQLite's primary result codes that the committer acts on; node:sqlite reports the extended code.
-const SQLITE_BUSY = 5;
-const SQLITE_FULL = 13;
-
-// sqliteCode is the primary result code of an error node:sqlite threw, or 0 for anything else.
-function sqliteCode(error: unknown): number {
-  const code = (error as { errcode?: unknown }).errcode;
-  return typeof code === "number" ? code & 0xff : 0;
-}
-
-// Errors of the database itself (busy, locked, out of memory, read-only, I/O, corrupt, full) concern
-// the whole batch; anything else came from one op's statement, which SQLite already undid alone.
-const BATCH_ERRORS = new Set([SQLITE_BUSY, 6, 7, 8, 10, 11, SQLITE_FULL]);
-function isOwnError(error: unknown): boolean {
-  return !BATCH_ERRORS.has(sqliteCode(error));
-}
-
-/**
- * syncOwnWal sets a connection to commit without an fsync (synchronous = NORMAL) and opens its WAL file
- * n times, whose fdatasync the caller then owes before it reports any commit (SqliteInbox.syncWal). The
- * descriptors are opened now, before any write they must answer for: Linux reports a failed writeback
- * only to the files open when it failed. (openDatabase has made sure the database is in WAL mode.)
- */
-function syncOwnWal(db: DatabaseSync, path: string, n: number): number[] {
-  // SQLite puts the WAL beside the file a symbolic link points to, so the same is opened here.
-  const wal = `${realpathSync(path)}-wal`;
-  const fds = Array.from({ length: n }, () => openSync(wal, "r"));
-  db.exec("PRAGMA synchronous = NORMAL");
-  return fds;
-}
-
-/**
- * isInbox peeks, read-only, for the deliveries table, so the CLI neither creates nor converts a file it
- * was only asked to look at; an empty file may still become an inbox. Anything that cannot be read this
- * way is left to openDatabase to report in its own words.
- */
-export function isInbox(path: string): boolean {
-  let db: DatabaseSync;
-  try {
-    db = new DatabaseSync(path, { readOnly: true });
-  } catch {
-    return true;
-  }
-  try {
-    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
-    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
-  } catch {
-    return true;
-  } finally {
-    db.close();
-  }
-}

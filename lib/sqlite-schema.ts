@@ -1,0 +1,330 @@
+// sqlite-schema.ts: the SQLite inbox's file: its schema as an ordered list of migrations (tracked with
+// PRAGMA user_version), openDatabase() with each PRAGMA and why, and what the file was opened with, read
+// back and checked (durabilityProblem()). A new column or index is a new entry at the end of MIGRATIONS,
+// here and in postgres-schema.ts. Not run on its own.
+
+import { existsSync } from "node:fs";
+import { dirname } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import { describeRuntime } from "./runtime.ts";
+
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE deliveries (
+     source        TEXT    NOT NULL,
+     id            TEXT    NOT NULL,
+     body          BLOB    NOT NULL,
+     body_sha256   TEXT    NOT NULL,
+     content_type  TEXT,
+     event_type    TEXT,
+     provider_time INTEGER,
+     received_at   INTEGER NOT NULL,
+     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      INTEGER NOT NULL DEFAULT 0,
+     available_at  INTEGER NOT NULL,
+     leased_until  INTEGER,
+     lease_token   TEXT,
+     error         TEXT,
+     conflicts     INTEGER NOT NULL DEFAULT 0,
+     finished_at   INTEGER,
+     PRIMARY KEY (source, id)
+   );
+   -- Partial indexes keep a claim's cost flat however many done rows pile up behind it.
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received';
+   CREATE INDEX deliveries_leased ON deliveries (leased_until) WHERE status = 'processing';
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+  // The length each lease was granted for, so a claim can tell a clock that stepped back from a live lease.
+  `ALTER TABLE deliveries ADD COLUMN lease_ms INTEGER;`,
+  // Replays, tombstones (a purged body leaves the row, hash and times, so its ID is still a duplicate), and
+  // the indexes that keep search and the bulk commands off a full scan. A tombstone stays in deliveries, not in a
+  // table of its own, so that store() stays one INSERT, unchanged: its ON CONFLICT already finds the ID.
+  `ALTER TABLE deliveries ADD COLUMN replays INTEGER NOT NULL DEFAULT 0;
+   ALTER TABLE deliveries ADD COLUMN purged_at INTEGER;
+   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
+   -- Only done rows with a body: what purge drops next, and what replay may take, without walking tombstones.
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;`,
+  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
+  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
+   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source TEXT NOT NULL, id TEXT NOT NULL, attempt INTEGER NOT NULL, error TEXT NOT NULL, failed_at INTEGER NOT NULL);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
+  // Ordering (see claimBatch and settleKey). Ordered deliveries leave the unordered claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key TEXT;
+   ALTER TABLE deliveries ADD COLUMN event_time INTEGER;
+   ALTER TABLE deliveries ADD COLUMN newer_id TEXT;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status = 'received' AND order_key IS NULL;
+   -- The rowid, last in every SQLite index, is the arrival order that breaks event-time ties.
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          TEXT    NOT NULL,
+     order_key       TEXT    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, order_key)
+   );
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
+  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
+  // status, attempts, lease, errors and order. SQLite cannot change a primary key in place, so the table
+  // is rebuilt; rowids are kept, as they are the arrival order that breaks event-time ties. Every existing
+  // row becomes route 0 of the handler. The claim's indexes lead with the destination, so one claim walks
+  // only its own destination's due rows, and a destination that holds its deliveries is never walked past.
+  `CREATE TABLE deliveries_next (
+     source        TEXT    NOT NULL,
+     id            TEXT    NOT NULL,
+     body          BLOB    NOT NULL,
+     body_sha256   TEXT    NOT NULL,
+     content_type  TEXT,
+     event_type    TEXT,
+     provider_time INTEGER,
+     received_at   INTEGER NOT NULL,
+     status        TEXT    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      INTEGER NOT NULL DEFAULT 0,
+     available_at  INTEGER NOT NULL,
+     leased_until  INTEGER,
+     lease_token   TEXT,
+     error         TEXT,
+     conflicts     INTEGER NOT NULL DEFAULT 0,
+     finished_at   INTEGER,
+     lease_ms      INTEGER,
+     replays       INTEGER NOT NULL DEFAULT 0,
+     purged_at     INTEGER,
+     order_key     TEXT,
+     event_time    INTEGER,
+     newer_id      TEXT,
+     route         INTEGER NOT NULL DEFAULT 0,
+     destination   TEXT    NOT NULL DEFAULT 'handler',
+     headers       TEXT,
+     traceparent   TEXT,
+     PRIMARY KEY (source, id, route)
+   );
+   INSERT INTO deliveries_next (rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
+                                purged_at, order_key, event_time, newer_id)
+   SELECT rowid, source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+          attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays,
+          purged_at, order_key, event_time, newer_id FROM deliveries;
+   DROP TABLE deliveries;
+   ALTER TABLE deliveries_next RENAME TO deliveries;
+   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE status = 'received' AND order_key IS NULL;
+   CREATE INDEX deliveries_leased ON deliveries (destination, leased_until) WHERE status = 'processing';
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';
+   CREATE INDEX deliveries_received ON deliveries (received_at, source, id);
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   CREATE INDEX deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time) WHERE status = 'received' AND order_key IS NOT NULL;
+   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
+   CREATE TABLE order_keys_next (
+     source          TEXT    NOT NULL,
+     destination     TEXT    NOT NULL DEFAULT 'handler',
+     order_key       TEXT    NOT NULL,
+     head_id         TEXT,
+     head_event_time INTEGER,
+     head_seq        INTEGER,
+     due             INTEGER,
+     last_event_time INTEGER,
+     last_id         TEXT,
+     strict          INTEGER NOT NULL DEFAULT 0,
+     PRIMARY KEY (source, destination, order_key)
+   );
+   INSERT INTO order_keys_next (source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict)
+   SELECT source, order_key, head_id, head_event_time, head_seq, due, last_event_time, last_id, strict FROM order_keys;
+   DROP TABLE order_keys;
+   ALTER TABLE order_keys_next RENAME TO order_keys;
+   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
+   ALTER TABLE attempt_errors ADD COLUMN destination TEXT NOT NULL DEFAULT 'handler';
+   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
+   CREATE TABLE destinations (
+     name          TEXT    PRIMARY KEY,
+     paused        INTEGER NOT NULL DEFAULT 0,
+     paused_reason TEXT,
+     state         TEXT    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
+     retry_at      INTEGER,
+     probe_until   INTEGER,
+     failures      INTEGER NOT NULL DEFAULT 0,
+     window_start  INTEGER,
+     window_done   INTEGER NOT NULL DEFAULT 0,
+     window_failed INTEGER NOT NULL DEFAULT 0,
+     last_error    TEXT,
+     last_error_at INTEGER,
+     tokens        REAL,
+     tokens_at     INTEGER,
+     changed_at    INTEGER
+   );`,
+  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
+  // what finished by status (histogram()), from the indexes alone. Without the destination and the status
+  // in them, each overview read ~100k table rows at random, 200 ms and 90 ms of its 410.
+  `DROP INDEX deliveries_open;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
+   DROP INDEX deliveries_finished;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+];
+
+/** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
+export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busyTimeoutMs): DatabaseSync {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { timeout: busyTimeoutMs });
+  } catch (error) {
+    // SQLite only says "unable to open database file"; a missing folder is the usual cause, so name it.
+    const reason = existsSync(dirname(path)) ? message(error) : `no such directory ${dirname(path)}`;
+    throw new Error(`open ${path}: ${reason}`, { cause: error });
+  }
+  try {
+    // Before anything else writes the file: a new database is created able to give freed pages back
+    // (purge's incremental vacuum). On an existing file this does nothing until a VACUUM (vacuum()).
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    // WAL lets the worker read while the receiver writes, and makes each commit one append.
+    db.exec("PRAGMA journal_mode = WAL");
+    // FULL fsyncs the WAL at every commit: a 200 means the delivery survives a power cut.
+    db.exec("PRAGMA synchronous = FULL");
+    // A checkpoint copies the WAL into the database and fsyncs it, in whichever commit crosses the
+    // threshold. 4000 pages (16 MB, not the default 1000) means a quarter as many, each writing the
+    // pages that many small commits touched over and over only once. The WAL file is reused, not grown.
+    db.exec(`PRAGMA wal_autocheckpoint = ${DEFAULTS.walAutocheckpointPages}`);
+    // 16 MB of page cache (the default is 2 MB) keeps the indexes a claim and a finish walk in memory at
+    // a backlog of 200k; it is a bound, so memory stays flat whatever the backlog.
+    db.exec("PRAGMA cache_size = -16000");
+    // The claim's ORDER BY may sort in a temporary b-tree: in memory, not a temporary file.
+    db.exec("PRAGMA temp_store = MEMORY");
+    // Read back, not assumed: a runtime's own SQLite, or a target that is not a file, may not hold them.
+    const problem = durabilityProblem(readDurability(db));
+    if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
+    migrate(db);
+    // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
+    // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      db.exec(`PRAGMA user_version = ${MIGRATIONS.length}`);
+    } finally {
+      db.exec("ROLLBACK");
+    }
+  } catch (error) {
+    db.close();
+    throw new Error(`open ${path}: ${message(error)}`, { cause: error });
+  }
+  return db;
+}
+
+/** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */
+export interface Durability {
+  /** The runtime whose node:sqlite opened it, as "node 24.21.0": each runtime bundles its own SQLite. */
+  runtime: string;
+  /** sqlite_version() of that SQLite. */
+  sqliteVersion: string;
+  /** PRAGMA journal_mode: "wal" on a file; "memory" for :memory:. */
+  journalMode: string;
+  /** PRAGMA synchronous: 2 is FULL, 3 EXTRA; 1, NORMAL, only with ownWalSync. */
+  synchronous: number;
+  /** The inbox fdatasyncs the WAL itself before it settles any write, off the event loop (syncOffLoop), so commits need no fsync of their own. */
+  ownWalSync?: boolean;
+  /** Whether SQLite was built for threads (THREADSAFE not 0): the checkpoint and gauge threads open their own connections. */
+  threadsafe: boolean;
+}
+
+/** readDurability reads journal_mode, synchronous, the SQLite version and its thread safety back from an open database. */
+export function readDurability(db: DatabaseSync): Durability {
+  const one = (sql: string) => Object.values(db.prepare(sql).get() ?? {})[0];
+  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map((r) => r.compile_options);
+  return {
+    runtime: describeRuntime(),
+    sqliteVersion: String(one("SELECT sqlite_version()")),
+    journalMode: String(one("PRAGMA journal_mode")).toLowerCase(),
+    synchronous: Number(one("PRAGMA synchronous")),
+    threadsafe: !options.includes("THREADSAFE=0"),
+  };
+}
+
+// The WAL-reset bug (sqlite.org/wal.html#walresetbug): with two connections writing and checkpointing at
+// once, as the receiver and its checkpoint thread do, a checkpoint could skip committed frames. Fixed in
+// 3.51.3, and in the 3.50.7 and 3.44.6 backports.
+const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [[3, 44, 6], [3, 50, 7], [3, 51, 3]];
+
+/** walResetFixed says whether this SQLite version has the WAL-reset fix. */
+export function walResetFixed(version: string): boolean {
+  const v = version.split(".").map(Number);
+  if (v.length < 3 || v.some((n) => !Number.isInteger(n))) throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
+  const atLeast = (fix: readonly number[]) => (v[0]! - fix[0]! || v[1]! - fix[1]! || v[2]! - fix[2]!) >= 0;
+  // Fixed from the last entry on; before it, only within a backport's own minor line.
+  return atLeast(WAL_RESET_FIXED.at(-1)!) || WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix));
+}
+
+/**
+ * durabilityProblem says, in one clause, why an opened database cannot keep the inbox's promise (a 200
+ * means the delivery survives a crash or a power cut), or undefined when it can.
+ */
+export function durabilityProblem(d: Durability): string | undefined {
+  const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
+  if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
+  if (d.synchronous < (d.ownWalSync ? 1 : 2)) return `synchronous is ${d.synchronous}, not ${d.ownWalSync ? "NORMAL (1) with the inbox's own fdatasync" : "FULL (2)"}, on ${sqlite}`;
+  if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
+  if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
+  return undefined;
+}
+
+function migrate(db: DatabaseSync): void {
+  const { user_version: version } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+  if (version > MIGRATIONS.length) {
+    throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
+  }
+  for (let next = version; next < MIGRATIONS.length; next++) {
+    // IMMEDIATE, so two processes opening a new file don't both run the same migration.
+    db.exec("BEGIN IMMEDIATE");
+    try {
+      const { user_version: now } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+      if (now === next) {
+        db.exec(MIGRATIONS[next]!);
+        db.exec(`PRAGMA user_version = ${next + 1}`);
+      }
+      db.exec("COMMIT");
+    } catch (error) {
+      db.exec("ROLLBACK");
+      throw error;
+    }
+  }
+}
+
+/**
+ * isInbox peeks, read-only, for the deliveries table, so the CLI neither creates nor converts a file it
+ * was only asked to look at; an empty file may still become an inbox. Anything that cannot be read this
+ * way is left to openDatabase to report in its own words.
+ */
+export function isInbox(path: string): boolean {
+  let db: DatabaseSync;
+  try {
+    db = new DatabaseSync(path, { readOnly: true });
+  } catch {
+    return true;
+  }
+  try {
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
+    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
+  } catch {
+    return true;
+  } finally {
+    db.close();
+  }
+}
