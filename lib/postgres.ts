@@ -1,137 +1,21 @@
-// postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database.
-// The contract of store.ts, beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
+// postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database: a
+// delivery's whole life and the operator's reads and bulk actions, as SQL, on the schema of
+// postgres-schema.ts, its writes batched and committed by postgres-commit.ts. The contract of store.ts,
+// beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
 // Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres-pool.ts holds the connections.
-// Like sqlite.ts it is one role, the whole contract on one database, and longer than the house's thousand
-// lines for it: split, a delivery's life would be scattered over files.
 
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
+import { PostgresCommitter, type Op } from "./postgres-commit.ts";
+import { migrate } from "./postgres-schema.ts";
 import {
   DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
   bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
-
-/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
-export const MIGRATIONS: readonly string[] = [
-  `CREATE TABLE deliveries (
-     source        text    NOT NULL,
-     id            text    NOT NULL,
-     body          bytea   NOT NULL,
-     body_sha256   text    NOT NULL,
-     content_type  text,
-     event_type    text,
-     provider_time bigint,
-     received_at   bigint  NOT NULL,
-     status        text    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
-     attempts      integer NOT NULL DEFAULT 0,
-     -- When it is next due: for a received delivery its (re)try time, for a processing one its lease's
-     -- end, so one partial index serves new work, retries and takeovers alike.
-     available_at  bigint  NOT NULL,
-     leased_until  bigint,
-     lease_token   text,
-     lease_ms      integer,
-     error         text,
-     conflicts     integer NOT NULL DEFAULT 0,
-     finished_at   bigint,
-     PRIMARY KEY (source, id)
-   ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
-   -- Partial, so a claim walks only what is waiting, however many done rows pile up behind it.
-   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status IN ('received', 'processing');
-   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
-
-  // Replays, tombstones (a purged body leaves the row with its hash and times, so its ID is still a
-  // duplicate and store() stays one INSERT), and what keeps search and the bulk commands off full scans.
-  `ALTER TABLE deliveries ADD COLUMN replays integer NOT NULL DEFAULT 0;
-   ALTER TABLE deliveries ADD COLUMN purged_at bigint;
-   -- Only done rows with a body: what purge drops next and replay may take, without walking tombstones.
-   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
-   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
-   -- Newest first, for search() and the operator's list: the one index on every row besides the key.
-   CREATE INDEX deliveries_received ON deliveries (received_at);`,
-  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
-  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
-  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
-   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
-   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
-   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
-   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
-   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
-   CREATE TABLE IF NOT EXISTS attempt_errors (
-     source text NOT NULL, id text NOT NULL, attempt integer NOT NULL, error text NOT NULL, failed_at bigint NOT NULL,
-     seq bigserial PRIMARY KEY);
-   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
-  // Ordering (see claimBatch and settleKeys). Ordered deliveries that wait leave the claim's index, so it
-  // never walks past them; each key's head row says which one may run next and from when (due).
-  `ALTER TABLE deliveries ADD COLUMN order_key text, ADD COLUMN event_time bigint, ADD COLUMN arrival bigint,
-                         ADD COLUMN newer_id text;
-   CREATE SEQUENCE deliveries_arrival;
-   DROP INDEX deliveries_due;
-   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
-   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
-   CREATE TABLE order_keys (
-     source          text    NOT NULL,
-     order_key       text    NOT NULL,
-     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
-     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
-     head_id         text,
-     head_event_time bigint,
-     head_seq        bigint,
-     due             bigint,
-     -- The newest event handled so far: an older one after it is handed over stale.
-     last_event_time bigint,
-     last_id         text,
-     strict          boolean NOT NULL DEFAULT false,
-     PRIMARY KEY (source, order_key)
-   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
-   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
-  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
-  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
-  // status, attempts, lease, errors and order. Every existing row becomes route 0 of the handler (a
-  // constant default: no rewrite). The claim's indexes lead with the destination, so one claim walks only
-  // its own destination's due rows, and a destination that holds its deliveries is never walked past.
-  `ALTER TABLE deliveries ADD COLUMN route smallint NOT NULL DEFAULT 0, ADD COLUMN destination text NOT NULL DEFAULT 'handler',
-                         ADD COLUMN headers text, ADD COLUMN traceparent text;
-   ALTER TABLE deliveries DROP CONSTRAINT deliveries_pkey, ADD PRIMARY KEY (source, id, route);
-   DROP INDEX deliveries_due;
-   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
-   DROP INDEX deliveries_ordered;
-   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
-   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
-   ALTER TABLE order_keys ADD COLUMN destination text NOT NULL DEFAULT 'handler';
-   ALTER TABLE order_keys DROP CONSTRAINT order_keys_pkey, ADD PRIMARY KEY (source, destination, order_key);
-   DROP INDEX order_keys_due;
-   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
-   ALTER TABLE attempt_errors ADD COLUMN destination text NOT NULL DEFAULT 'handler';
-   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
-   CREATE TABLE destinations (
-     name          text    PRIMARY KEY,
-     paused        boolean NOT NULL DEFAULT false,
-     paused_reason text,
-     state         text    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
-     retry_at      bigint,
-     probe_until   bigint,
-     failures      integer NOT NULL DEFAULT 0,
-     window_start  bigint,
-     window_done   integer NOT NULL DEFAULT 0,
-     window_failed integer NOT NULL DEFAULT 0,
-     last_error    text,
-     last_error_at bigint,
-     tokens        double precision,
-     tokens_at     bigint,
-     changed_at    bigint
-   );`,
-  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
-  // what finished by status (histogram()), from the indexes alone rather than ~100k heap rows at random.
-  `DROP INDEX deliveries_open;
-   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
-   DROP INDEX deliveries_finished;
-   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
-];
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
 // that hosts whose clocks differ still agree on when a lease ends.
@@ -150,20 +34,9 @@ const NO_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)";
 const BY_DEFAULT = `SELECT set_config(name, reset_val, true) FROM pg_settings
                     WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')`;
 
-/** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
-export const APPLICATION_NAME = "webhook-inbox";
-
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
 const ESTIMATE_ABOVE_ROWS = 200_000;
-
-// int8 as a JS number: times in ms and counts are far below 2^53.
-const TYPES = {
-  getTypeParser: ((oid: number, format?: string) =>
-    oid === 20 ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
-};
-
-
 
 export { redact } from "./postgres-pool.ts";
 
@@ -189,111 +62,40 @@ function named(text: string, values: unknown[]): { name: string; text: string; v
   return { name, text, values };
 }
 
-// One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
-type Op =
-  | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; resolve(v: unknown): void; reject(e: unknown): void };
-
-type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
-
-// A batch error concerns the connection or the server, not one op: every op of the batch fails with it,
-// the batch is never redone, and its connection is dropped. A read-only server (25006) is one: a primary
-// turned standby. So is a COMMIT that may not be on the standby.
-function isBatchError(error: unknown): boolean {
-  if (error instanceof UncertainCommit) return true;
-  const code = (error as { code?: unknown }).code;
-  if (typeof code !== "string") return /connection|terminat|not queryable|timeout|rolled back/i.test(message(error));
-  return /^(08|53|57|58|XX|40)/.test(code) || code === "25006" || /^E[A-Z]+$/.test(code);
-}
-
 /** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
-export class PostgresInbox implements Inbox {
+export class PostgresInbox extends PostgresCommitter implements Inbox {
   readonly backend: Backend = "postgres";
-  readonly target: string;
-  readonly schema: string;
-  private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly random: () => number;
-  private readonly batchSize: number;
-  private readonly poolSize: number;
   private readonly maxAttempts: number;
-  private readonly listen: boolean;
   private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
-  private queue: Op[] = [];
-  private running = 0;
-  private scheduled = false;
-  private idle: (() => void)[] = [];
-  private closed = false;
-  private lastNotify = 0;
   // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
   // when they last started from the start (see claimIn).
   private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
-  private listener: pg.Client | undefined;
-  private wakeListeners: (() => void)[] = [];
-  private listenTimer: NodeJS.Timeout | undefined;
-  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
-  // The error of the last batch that failed as a whole (a lost server, a full disk), until one commits.
-  private commitError: unknown;
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
-    const target = parseTarget(url);
-    this.target = target.redacted;
-    this.schema = target.schema;
+    super(url, options);
     this.pinned = options.now;
     this.random = options.random ?? Math.random;
-    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
-    this.poolSize = Math.max(1, Math.round(options.poolSize ?? DEFAULTS.poolSize));
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
-    this.listen = (options.listen ?? true) && target.listen !== false;
-    this.onCommit = options.onCommit;
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
       retryJitter: options.retryJitter ?? DEFAULTS.retryJitter,
     };
-    this.pool = new Pool(target, {
-      size: this.poolSize, connectTimeoutMs: DEFAULTS.connectTimeoutMs, applicationName: APPLICATION_NAME, types: TYPES,
-    });
   }
 
   /** open connects, migrates under an advisory lock (ten hosts starting at once migrate once), and checks the schema. */
   static async open(url: string, options: InboxOptions = {}): Promise<PostgresInbox> {
     const inbox = new PostgresInbox(url, options);
     try {
-      await inbox.migrate();
+      await migrate(inbox.pool, inbox.schema);
     } catch (error) {
       await inbox.pool.end().catch(() => {});
       throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
     }
     return inbox;
-  }
-
-  private async migrate(): Promise<void> {
-    const client = await this.pool.transaction();
-    try {
-      await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${this.schema}`]);
-      await client.query(`CREATE SCHEMA IF NOT EXISTS ${this.schema}`);
-      await client.query(`CREATE TABLE IF NOT EXISTS inbox_migrations (
-                            version    integer PRIMARY KEY,
-                            applied_at timestamptz NOT NULL DEFAULT now())`);
-      const { rows } = await client.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
-      const version = Number(rows[0].version);
-      if (version > MIGRATIONS.length) {
-        throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
-      }
-      for (let next = version; next < MIGRATIONS.length; next++) {
-        await client.query(MIGRATIONS[next]!);
-        await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
-      }
-      await this.pool.commit(client);
-    } catch (error) {
-      await client.query("ROLLBACK").catch(() => {});
-      throw error;
-    } finally {
-      client.release();
-    }
   }
 
   // prepared names the hot path's statements (store, claim, done marks), so each connection parses and
@@ -1065,57 +867,6 @@ export class PostgresInbox implements Inbox {
     return (await this.pool.query(toPg(sql), params, { retry: false })).rows;
   }
 
-  onWake(listener: () => void): () => void {
-    this.wakeListeners.push(listener);
-    if (this.listen && !this.listener && !this.listenTimer) void this.startListening();
-    return () => void (this.wakeListeners = this.wakeListeners.filter((l) => l !== listener));
-  }
-
-  // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
-  private async startListening(): Promise<void> {
-    if (this.closed) return;
-    const client = this.pool.listener();
-    const retry = () => {
-      if (this.listener === client) this.listener = undefined;
-      client.end().catch(() => {});
-      if (!this.closed && !this.listenTimer) {
-        this.listenTimer = setTimeout(() => {
-          this.listenTimer = undefined;
-          void this.startListening();
-        }, 1_000);
-        this.listenTimer.unref();
-      }
-    };
-    client.on("error", retry);
-    client.on("end", retry);
-    client.on("notification", () => {
-      for (const listener of this.wakeListeners) listener();
-    });
-    try {
-      await client.connect();
-      await client.query(`LISTEN ${this.channel()}`);
-      this.listener = client;
-      // Unref'd like a timer: a LISTEN alone must not keep a finished script alive.
-      (client as unknown as { connection: { stream: { unref(): void } } }).connection.stream.unref();
-    } catch {
-      retry();
-    }
-  }
-
-  private channel(): string {
-    return `inbox_wake_${this.schema}`;
-  }
-
-  // notify wakes listening workers at commit; at most once per notifyEveryMs from this process, since
-  // every NOTIFY serialises commits on a global lock.
-  private notify(client: pg.PoolClient, added: number): void {
-    if (!this.listen || added === 0) return;
-    const t = performance.now();
-    if (t - this.lastNotify < DEFAULTS.notifyEveryMs) return;
-    this.lastNotify = t;
-    void client.query("SELECT pg_notify($1, '')", [this.channel()]).catch(() => {});
-  }
-
   /**
    * gauges counts in one statement, so one snapshot: waiting and leased rows through the partial index
    * that claims use, failed ones through theirs, and done as each source's total less those.
@@ -1173,156 +924,11 @@ export class PostgresInbox implements Inbox {
     }
   }
 
-  flush(): Promise<void> {
-    if (this.queue.length === 0 && this.running === 0) return Promise.resolve();
-    return new Promise((resolve) => this.idle.push(resolve));
-  }
-
-  async close(): Promise<void> {
-    if (this.closed) return;
-    await this.flush();
-    this.closed = true;
-    clearTimeout(this.listenTimer);
-    const listener = this.listener;
-    this.listener = undefined;
-    await listener?.end().catch(() => {});
-    await this.pool.end();
-  }
-
-  // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.
-  private other(run: (client: pg.PoolClient) => Promise<unknown>, together = false): Promise<unknown> {
-    return this.enqueue({ kind: "other", run, together });
-  }
-
-  private enqueue(op: Queued): Promise<unknown> {
-    if (this.closed) return Promise.reject(new Error(`inbox ${this.target} is closed`));
-    return new Promise((resolve, reject) => {
-      this.queue.push({ ...op, resolve, reject } as Op);
-      this.schedule();
-    });
-  }
-
-  // schedule starts a transaction for what is queued, up to poolSize at once; setImmediate lets every
-  // request already read off the sockets join the batch.
-  private schedule(): void {
-    if (this.scheduled || this.queue.length === 0 || this.running >= this.poolSize) return;
-    this.scheduled = true;
-    setImmediate(() => {
-      this.scheduled = false;
-      while (this.queue.length > 0 && this.running < this.poolSize) {
-        const batch = this.queue.splice(0, this.batchSize);
-        // A claim runs in a transaction of its own, beside the commit of the finishes queued with it: on
-        // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
-        // (SQLite has one writer, and shares the commit instead). Measured in docs/performance.md.
-        const claims = batch.filter((op) => op.kind === "claim");
-        const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
-        for (const group of claims.length === 0 || rest.length === 0 ? [batch] : [claims, rest]) {
-          this.running++;
-          void this.transact(group).finally(() => {
-            this.running--;
-            this.schedule();
-            if (this.running === 0 && this.queue.length === 0) for (const resolve of this.idle.splice(0)) resolve();
-          });
-        }
-      }
-    });
-  }
-
-  // transact commits a batch in one READ COMMITTED transaction and settles each op after COMMIT. Ops run
-  // together first (one statement for all the stores, one for all the finishes); if one of them fails,
-  // the transaction is redone with a savepoint per op, so only that op fails.
-  private async transact(batch: Op[]): Promise<void> {
-    const started = performance.now();
-    let client: pg.PoolClient;
-    try {
-      client = await this.pool.transaction();
-    } catch (error) {
-      this.commitError = error;
-      return this.rejectAll(batch, error);
-    }
-    let broken: Error | undefined;
-    // A connection that drops (pg_terminate_backend, a restart) says so on its client too: then it is
-    // destroyed on release, whatever the queries said.
-    const dropped = (error: Error) => void (broken ??= error);
-    client.on("error", dropped);
-    try {
-      let results: Map<Op, { ok: boolean; value: unknown }>;
-      try {
-        results = await this.attempt(client, batch, false);
-      } catch (error) {
-        if (isBatchError(error)) throw error;
-        await client.query("ROLLBACK");
-        await this.pool.begin(client);
-        results = await this.attempt(client, batch, true);
-      }
-      this.commitError = undefined;
-      this.onCommit?.(batch.length, performance.now() - started);
-      for (const op of batch) {
-        const r = results.get(op)!;
-        if (r.ok) op.resolve(r.value);
-        else op.reject(r.value);
-      }
-    } catch (error) {
-      broken = error instanceof Error ? error : new Error(message(error));
-      if (isBatchError(broken)) this.commitError = broken;
-      await client.query("ROLLBACK").catch(() => {});
-      this.rejectAll(batch, error);
-    } finally {
-      client.off("error", dropped);
-      // A connection that failed mid-batch is dropped rather than handed to the next batch.
-      client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
-    }
-  }
-
-  private rejectAll(batch: Op[], error: unknown): void {
-    const failure = new Error(`inbox ${this.target}: ${message(error)}`, { cause: error });
-    for (const op of batch) op.reject(failure);
-  }
-
-  private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
-    const results = new Map<Op, { ok: boolean; value: unknown }>();
-    if (!guarded) {
-      const stores = batch.filter((op) => op.kind === "store");
-      const finishes = batch.filter((op) => op.kind === "finish");
-      if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
-      if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
-      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
-      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
-      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
-      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
-      // only as bystanders say "current transaction is aborted", so the error kept is another one.
-      for (const op of batch) if ((op.kind === "other" && !op.together) || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
-      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
-      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
-      const failures = settled.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason as unknown);
-      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
-      together.forEach((op, i) => results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }));
-    } else {
-      for (const op of batch) {
-        await client.query("SAVEPOINT op");
-        try {
-          const value = op.kind === "store" ? (await this.storeAll(client, [op])).get(op)
-            : op.kind === "finish" ? (await this.finishAll(client, [op])).get(op)
-            : await op.run(client);
-          await client.query("RELEASE SAVEPOINT op");
-          results.set(op, { ok: true, value });
-        } catch (error) {
-          if (isBatchError(error)) throw error;
-          await client.query("ROLLBACK TO SAVEPOINT op");
-          await client.query("RELEASE SAVEPOINT op");
-          results.set(op, { ok: false, value: error });
-        }
-      }
-    }
-    await this.pool.commit(client);
-    return results;
-  }
-
   // storeAll inserts a batch's deliveries, in key order so that two receivers' batches take their row locks
   // in the same order and cannot deadlock: first each delivery's route 0 in one statement, which decides
   // what is new, then the other routes of the new ones. The first copy of a key is stored; every other is a
   // duplicate, or a conflict when its body's hash differs from the stored one.
-  private async storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>> {
+  protected async storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>> {
     const key = (op: { source: string; incoming: { id: string } }) => `${op.source}\u0000${op.incoming.id}`;
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
@@ -1467,7 +1073,7 @@ export class PostgresInbox implements Inbox {
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
   // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
-  private async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
+  protected async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
     const marked = client.query(this.prepared(
       `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}

@@ -1,0 +1,276 @@
+// postgres-commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
+// up to the pool's size of transactions at once, each committed (synchronous_commit on) before its ops
+// settle; a failed op is redone alone under a savepoint, a lost connection fails its batch and is dropped.
+// Beside it, the LISTEN/NOTIFY wake-ups. PostgresInbox (postgres.ts) builds the delivery's life on it.
+
+import pg from "pg";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
+import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type Stored } from "./store.ts";
+
+/** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
+export const APPLICATION_NAME = "webhook-inbox";
+
+// int8 as a JS number: times in ms and counts are far below 2^53.
+const TYPES = {
+  getTypeParser: ((oid: number, format?: string) =>
+    oid === 20 ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
+};
+
+
+// One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
+export type Op =
+  | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
+  | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
+  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; resolve(v: unknown): void; reject(e: unknown): void };
+
+export type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
+
+// A batch error concerns the connection or the server, not one op: every op of the batch fails with it,
+// the batch is never redone, and its connection is dropped. A read-only server (25006) is one: a primary
+// turned standby. So is a COMMIT that may not be on the standby.
+function isBatchError(error: unknown): boolean {
+  if (error instanceof UncertainCommit) return true;
+  const code = (error as { code?: unknown }).code;
+  if (typeof code !== "string") return /connection|terminat|not queryable|timeout|rolled back/i.test(message(error));
+  return /^(08|53|57|58|XX|40)/.test(code) || code === "25006" || /^E[A-Z]+$/.test(code);
+}
+
+/**
+ * PostgresCommitter is the pool and its batches: enqueue() runs a write in the next transaction and
+ * settles it after COMMIT; stores and finishes of one batch go through storeAll() and finishAll(), which
+ * PostgresInbox implements. It also keeps the LISTEN connection that wakes workers (onWake()).
+ */
+export abstract class PostgresCommitter {
+  readonly target: string;
+  readonly schema: string;
+  protected readonly pool: Pool;
+  protected readonly batchSize: number;
+  protected readonly poolSize: number;
+  private readonly listen: boolean;
+  protected queue: Op[] = [];
+  private running = 0;
+  private scheduled = false;
+  private idle: (() => void)[] = [];
+  protected closed = false;
+  private lastNotify = 0;
+  private listener: pg.Client | undefined;
+  private wakeListeners: (() => void)[] = [];
+  private listenTimer: NodeJS.Timeout | undefined;
+  private readonly onCommit: ((size: number, ms: number) => void) | undefined;
+  // The error of the last batch that failed as a whole (a lost server, a full disk), until one commits.
+  protected commitError: unknown;
+
+  constructor(url: string, options: InboxOptions) {
+    const target = parseTarget(url);
+    this.target = target.redacted;
+    this.schema = target.schema;
+    this.batchSize = Math.max(1, options.batchSize ?? DEFAULTS.batchSize);
+    this.poolSize = Math.max(1, Math.round(options.poolSize ?? DEFAULTS.poolSize));
+    this.listen = (options.listen ?? true) && target.listen !== false;
+    this.onCommit = options.onCommit;
+    this.pool = new Pool(target, {
+      size: this.poolSize, connectTimeoutMs: DEFAULTS.connectTimeoutMs, applicationName: APPLICATION_NAME, types: TYPES,
+    });
+  }
+
+  protected abstract storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>>;
+  protected abstract finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>>;
+
+  onWake(listener: () => void): () => void {
+    this.wakeListeners.push(listener);
+    if (this.listen && !this.listener && !this.listenTimer) void this.startListening();
+    return () => void (this.wakeListeners = this.wakeListeners.filter((l) => l !== listener));
+  }
+
+  // startListening keeps one connection LISTENing; when it drops, polling carries on and it comes back.
+  private async startListening(): Promise<void> {
+    if (this.closed) return;
+    const client = this.pool.listener();
+    const retry = () => {
+      if (this.listener === client) this.listener = undefined;
+      client.end().catch(() => {});
+      if (!this.closed && !this.listenTimer) {
+        this.listenTimer = setTimeout(() => {
+          this.listenTimer = undefined;
+          void this.startListening();
+        }, 1_000);
+        this.listenTimer.unref();
+      }
+    };
+    client.on("error", retry);
+    client.on("end", retry);
+    client.on("notification", () => {
+      for (const listener of this.wakeListeners) listener();
+    });
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${this.channel()}`);
+      this.listener = client;
+      // Unref'd like a timer: a LISTEN alone must not keep a finished script alive.
+      (client as unknown as { connection: { stream: { unref(): void } } }).connection.stream.unref();
+    } catch {
+      retry();
+    }
+  }
+
+  private channel(): string {
+    return `inbox_wake_${this.schema}`;
+  }
+
+  // notify wakes listening workers at commit; at most once per notifyEveryMs from this process, since
+  // every NOTIFY serialises commits on a global lock.
+  protected notify(client: pg.PoolClient, added: number): void {
+    if (!this.listen || added === 0) return;
+    const t = performance.now();
+    if (t - this.lastNotify < DEFAULTS.notifyEveryMs) return;
+    this.lastNotify = t;
+    void client.query("SELECT pg_notify($1, '')", [this.channel()]).catch(() => {});
+  }
+
+  flush(): Promise<void> {
+    if (this.queue.length === 0 && this.running === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idle.push(resolve));
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.flush();
+    this.closed = true;
+    clearTimeout(this.listenTimer);
+    const listener = this.listener;
+    this.listener = undefined;
+    await listener?.end().catch(() => {});
+    await this.pool.end();
+  }
+
+  // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.
+  protected other(run: (client: pg.PoolClient) => Promise<unknown>, together = false): Promise<unknown> {
+    return this.enqueue({ kind: "other", run, together });
+  }
+
+  protected enqueue(op: Queued): Promise<unknown> {
+    if (this.closed) return Promise.reject(new Error(`inbox ${this.target} is closed`));
+    return new Promise((resolve, reject) => {
+      this.queue.push({ ...op, resolve, reject } as Op);
+      this.schedule();
+    });
+  }
+
+  // schedule starts a transaction for what is queued, up to poolSize at once; setImmediate lets every
+  // request already read off the sockets join the batch.
+  private schedule(): void {
+    if (this.scheduled || this.queue.length === 0 || this.running >= this.poolSize) return;
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
+      while (this.queue.length > 0 && this.running < this.poolSize) {
+        const batch = this.queue.splice(0, this.batchSize);
+        // A claim runs in a transaction of its own, beside the commit of the finishes queued with it: on
+        // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
+        // (SQLite has one writer, and shares the commit instead). Measured in docs/performance.md.
+        const claims = batch.filter((op) => op.kind === "claim");
+        const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
+        for (const group of claims.length === 0 || rest.length === 0 ? [batch] : [claims, rest]) {
+          this.running++;
+          void this.transact(group).finally(() => {
+            this.running--;
+            this.schedule();
+            if (this.running === 0 && this.queue.length === 0) for (const resolve of this.idle.splice(0)) resolve();
+          });
+        }
+      }
+    });
+  }
+
+  // transact commits a batch in one READ COMMITTED transaction and settles each op after COMMIT. Ops run
+  // together first (one statement for all the stores, one for all the finishes); if one of them fails,
+  // the transaction is redone with a savepoint per op, so only that op fails.
+  private async transact(batch: Op[]): Promise<void> {
+    const started = performance.now();
+    let client: pg.PoolClient;
+    try {
+      client = await this.pool.transaction();
+    } catch (error) {
+      this.commitError = error;
+      return this.rejectAll(batch, error);
+    }
+    let broken: Error | undefined;
+    // A connection that drops (pg_terminate_backend, a restart) says so on its client too: then it is
+    // destroyed on release, whatever the queries said.
+    const dropped = (error: Error) => void (broken ??= error);
+    client.on("error", dropped);
+    try {
+      let results: Map<Op, { ok: boolean; value: unknown }>;
+      try {
+        results = await this.attempt(client, batch, false);
+      } catch (error) {
+        if (isBatchError(error)) throw error;
+        await client.query("ROLLBACK");
+        await this.pool.begin(client);
+        results = await this.attempt(client, batch, true);
+      }
+      this.commitError = undefined;
+      this.onCommit?.(batch.length, performance.now() - started);
+      for (const op of batch) {
+        const r = results.get(op)!;
+        if (r.ok) op.resolve(r.value);
+        else op.reject(r.value);
+      }
+    } catch (error) {
+      broken = error instanceof Error ? error : new Error(message(error));
+      if (isBatchError(broken)) this.commitError = broken;
+      await client.query("ROLLBACK").catch(() => {});
+      this.rejectAll(batch, error);
+    } finally {
+      client.off("error", dropped);
+      // A connection that failed mid-batch is dropped rather than handed to the next batch.
+      client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
+    }
+  }
+
+  private rejectAll(batch: Op[], error: unknown): void {
+    const failure = new Error(`inbox ${this.target}: ${message(error)}`, { cause: error });
+    for (const op of batch) op.reject(failure);
+  }
+
+  private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
+    const results = new Map<Op, { ok: boolean; value: unknown }>();
+    if (!guarded) {
+      const stores = batch.filter((op) => op.kind === "store");
+      const finishes = batch.filter((op) => op.kind === "finish");
+      if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
+      if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
+      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
+      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
+      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
+      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
+      // only as bystanders say "current transaction is aborted", so the error kept is another one.
+      for (const op of batch) if ((op.kind === "other" && !op.together) || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
+      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
+      const failures = settled.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason as unknown);
+      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
+      together.forEach((op, i) => results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }));
+    } else {
+      for (const op of batch) {
+        await client.query("SAVEPOINT op");
+        try {
+          const value = op.kind === "store" ? (await this.storeAll(client, [op])).get(op)
+            : op.kind === "finish" ? (await this.finishAll(client, [op])).get(op)
+            : await op.run(client);
+          await client.query("RELEASE SAVEPOINT op");
+          results.set(op, { ok: true, value });
+        } catch (error) {
+          if (isBatchError(error)) throw error;
+          await client.query("ROLLBACK TO SAVEPOINT op");
+          await client.query("RELEASE SAVEPOINT op");
+          results.set(op, { ok: false, value: error });
+        }
+      }
+    }
+    await this.pool.commit(client);
+    return results;
+  }
+}

@@ -1,0 +1,150 @@
+// postgres-schema.ts: the PostgreSQL inbox's schema, as an ordered list of migrations (tracked in the
+// inbox_migrations table), and migrate(), which applies them under an advisory lock so that ten hosts
+// starting at once migrate once. A new column or index is a new entry at the end of MIGRATIONS, here and
+// in sqlite-schema.ts. Not run on its own.
+
+import type { Pool } from "./postgres-pool.ts";
+
+/** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
+export const MIGRATIONS: readonly string[] = [
+  `CREATE TABLE deliveries (
+     source        text    NOT NULL,
+     id            text    NOT NULL,
+     body          bytea   NOT NULL,
+     body_sha256   text    NOT NULL,
+     content_type  text,
+     event_type    text,
+     provider_time bigint,
+     received_at   bigint  NOT NULL,
+     status        text    NOT NULL CHECK (status IN ('received', 'processing', 'done', 'failed')),
+     attempts      integer NOT NULL DEFAULT 0,
+     -- When it is next due: for a received delivery its (re)try time, for a processing one its lease's
+     -- end, so one partial index serves new work, retries and takeovers alike.
+     available_at  bigint  NOT NULL,
+     leased_until  bigint,
+     lease_token   text,
+     lease_ms      integer,
+     error         text,
+     conflicts     integer NOT NULL DEFAULT 0,
+     finished_at   bigint,
+     PRIMARY KEY (source, id)
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+   -- Partial, so a claim walks only what is waiting, however many done rows pile up behind it.
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE status IN ('received', 'processing');
+   CREATE INDEX deliveries_failed ON deliveries (received_at) WHERE status = 'failed';`,
+
+  // Replays, tombstones (a purged body leaves the row with its hash and times, so its ID is still a
+  // duplicate and store() stays one INSERT), and what keeps search and the bulk commands off full scans.
+  `ALTER TABLE deliveries ADD COLUMN replays integer NOT NULL DEFAULT 0;
+   ALTER TABLE deliveries ADD COLUMN purged_at bigint;
+   -- Only done rows with a body: what purge drops next and replay may take, without walking tombstones.
+   CREATE INDEX deliveries_kept ON deliveries (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX deliveries_purged ON deliveries (received_at) WHERE purged_at IS NOT NULL;
+   -- Newest first, for search() and the operator's list: the one index on every row besides the key.
+   CREATE INDEX deliveries_received ON deliveries (received_at);`,
+  // The operator page's overview (summary, histogram) from indexes alone, however many done rows pile up:
+  // what was finished per minute; what is not done, by status, age and source; and conflicting duplicates.
+  `CREATE INDEX IF NOT EXISTS deliveries_finished ON deliveries (finished_at) WHERE finished_at IS NOT NULL;
+   CREATE INDEX IF NOT EXISTS deliveries_open ON deliveries (status, received_at, source) WHERE status <> 'done';
+   CREATE INDEX IF NOT EXISTS deliveries_conflicts ON deliveries (conflicts) WHERE conflicts > 0;
+   -- Failures grouped by their error without reading the failed rows themselves; only failed rows pay for it.
+   CREATE INDEX IF NOT EXISTS deliveries_failed_error ON deliveries (error, received_at) WHERE status = 'failed';
+   -- Every failed try's error, not only the last one's, for the person reading a delivery's page.
+   CREATE TABLE IF NOT EXISTS attempt_errors (
+     source text NOT NULL, id text NOT NULL, attempt integer NOT NULL, error text NOT NULL, failed_at bigint NOT NULL,
+     seq bigserial PRIMARY KEY);
+   CREATE INDEX IF NOT EXISTS attempt_errors_delivery ON attempt_errors (source, id);`,
+  // Ordering (see claimBatch and settleKeys). Ordered deliveries that wait leave the claim's index, so it
+  // never walks past them; each key's head row says which one may run next and from when (due).
+  `ALTER TABLE deliveries ADD COLUMN order_key text, ADD COLUMN event_time bigint, ADD COLUMN arrival bigint,
+                         ADD COLUMN newer_id text;
+   CREATE SEQUENCE deliveries_arrival;
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   CREATE INDEX deliveries_ordered ON deliveries (source, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE TABLE order_keys (
+     source          text    NOT NULL,
+     order_key       text    NOT NULL,
+     -- The head: the delivery that runs next (received, due at due), runs now (processing, due NULL), or
+     -- blocks the key (failed under strict, due NULL); NULL when nothing of the key is waiting.
+     head_id         text,
+     head_event_time bigint,
+     head_seq        bigint,
+     due             bigint,
+     -- The newest event handled so far: an older one after it is handed over stale.
+     last_event_time bigint,
+     last_id         text,
+     strict          boolean NOT NULL DEFAULT false,
+     PRIMARY KEY (source, order_key)
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+   CREATE INDEX order_keys_due ON order_keys (due) WHERE due IS NOT NULL;`,
+  // Destinations (docs/forwarding.md): one row per route of a delivery, keyed by its place among them
+  // (route 0, the first, is what a copy is a duplicate of, and alone counts conflicts), each with its own
+  // status, attempts, lease, errors and order. Every existing row becomes route 0 of the handler (a
+  // constant default: no rewrite). The claim's indexes lead with the destination, so one claim walks only
+  // its own destination's due rows, and a destination that holds its deliveries is never walked past.
+  `ALTER TABLE deliveries ADD COLUMN route smallint NOT NULL DEFAULT 0, ADD COLUMN destination text NOT NULL DEFAULT 'handler',
+                         ADD COLUMN headers text, ADD COLUMN traceparent text;
+   ALTER TABLE deliveries DROP CONSTRAINT deliveries_pkey, ADD PRIMARY KEY (source, id, route);
+   DROP INDEX deliveries_due;
+   CREATE INDEX deliveries_due ON deliveries (destination, available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   DROP INDEX deliveries_ordered;
+   CREATE INDEX deliveries_ordered ON deliveries (source, destination, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   -- Each destination goes through a key's deliveries on its own: a key's head is per destination.
+   ALTER TABLE order_keys ADD COLUMN destination text NOT NULL DEFAULT 'handler';
+   ALTER TABLE order_keys DROP CONSTRAINT order_keys_pkey, ADD PRIMARY KEY (source, destination, order_key);
+   DROP INDEX order_keys_due;
+   CREATE INDEX order_keys_due ON order_keys (destination, due) WHERE due IS NOT NULL;
+   ALTER TABLE attempt_errors ADD COLUMN destination text NOT NULL DEFAULT 'handler';
+   -- A destination's shared state: paused, its breaker, and its rate limit's tokens, one row each.
+   CREATE TABLE destinations (
+     name          text    PRIMARY KEY,
+     paused        boolean NOT NULL DEFAULT false,
+     paused_reason text,
+     state         text    NOT NULL DEFAULT 'closed' CHECK (state IN ('closed', 'open', 'probing')),
+     retry_at      bigint,
+     probe_until   bigint,
+     failures      integer NOT NULL DEFAULT 0,
+     window_start  bigint,
+     window_done   integer NOT NULL DEFAULT 0,
+     window_failed integer NOT NULL DEFAULT 0,
+     last_error    text,
+     last_error_at bigint,
+     tokens        double precision,
+     tokens_at     bigint,
+     changed_at    bigint
+   );`,
+  // The operator page at a million deliveries: what is open counted by destination (destinations()), and
+  // what finished by status (histogram()), from the indexes alone rather than ~100k heap rows at random.
+  `DROP INDEX deliveries_open;
+   CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
+   DROP INDEX deliveries_finished;
+   CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+];
+
+/** migrate brings the schema up to date in one transaction, under an advisory lock. */
+export async function migrate(pool: Pool, schema: string): Promise<void> {
+  const client = await pool.transaction();
+  try {
+    await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${schema}`]);
+    await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema}`);
+    await client.query(`CREATE TABLE IF NOT EXISTS inbox_migrations (
+                          version    integer PRIMARY KEY,
+                          applied_at timestamptz NOT NULL DEFAULT now())`);
+    const { rows } = await client.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
+    const version = Number(rows[0].version);
+    if (version > MIGRATIONS.length) {
+      throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
+    }
+    for (let next = version; next < MIGRATIONS.length; next++) {
+      await client.query(MIGRATIONS[next]!);
+      await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
+    }
+    await pool.commit(client);
+  } catch (error) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw error;
+  } finally {
+    client.release();
+  }
+}
