@@ -8,7 +8,7 @@
 
 import assert from "node:assert/strict";
 import { once } from "node:events";
-import { readdirSync, readFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { createServer, type Server } from "node:http";
 import { after, before, describe, it } from "node:test";
@@ -21,9 +21,10 @@ import { Metrics } from "../lib/metrics.ts";
 import { loadSources } from "../lib/providers.ts";
 import { redactor, secretsOf, type Secret } from "../lib/redact.ts";
 import { loadDestinations, type HttpDestination } from "../lib/routes.ts";
-import type { Inbox, Lease } from "../lib/store.ts";
+import { PermanentError, type Inbox, type Lease } from "../lib/store.ts";
+import { run } from "../worker.ts";
 import { installSdk, spanJson } from "./fixtures/otel.ts";
-import { backends, chromiumSkip, launchChromium, tempDir } from "./helpers.ts";
+import { backends, chromiumSkip, launchChromium, runScript, tempDir } from "./helpers.ts";
 
 const spans = installSdk();
 const secret = (value: string, name = "app bearer", owner = "app"): Secret => ({ value, name, owner });
@@ -133,6 +134,60 @@ describe("an answer cut in the middle of a token", () => {
       assert.match(await send(false), /Bearer tok_str$/);
     } finally {
       await close(server);
+    }
+  });
+});
+
+describe("worker.ts and run()", () => {
+  it("worker.ts, as people run it, logs and stores a failed try's answer with the secrets it echoed redacted", async () => {
+    const dir = tempDir();
+    const { url, server } = await echo((_, raw) => ({ status: 500, text: raw.join(" ") }));
+    try {
+      const file = join(dir.dir, "sources.json");
+      writeFileSync(file, JSON.stringify({
+        $destinations: { app: { url, secret: "env:APP_SECRET", bearer: "env:APP_TOKEN" } },
+        shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app"] },
+      }));
+      const db = join(dir.dir, "inbox.db");
+      const inbox = await connect(db);
+      await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from("{}"), destinations: ["app"] });
+      await inbox.close();
+      const run = await runScript("worker.ts", ["--sources", file, "--db", db, "--once"], ENV);
+      assert.equal(run.code, 0, run.stderr);
+      assert.match(run.stderr, /shop\/evt_1 → app failed \(attempt 1\).*authorization Bearer \[redacted: app bearer\]/);
+      const again = await connect(db);
+      const [row] = await again.query("SELECT error FROM deliveries WHERE destination = 'app'");
+      await again.close();
+      assert.match(String(row!.error), /Bearer \[redacted: app bearer\]/);
+      assert.deepEqual(leaks(`${run.stderr}${String(row!.error)}`), []);
+    } finally {
+      await close(server);
+      dir.cleanup();
+    }
+  });
+
+  it("run() stores and logs a handler's error with the secrets it quotes redacted; the control without redact keeps them", async () => {
+    const dir = tempDir();
+    try {
+      const inbox = await connect(join(dir.dir, "inbox.db"));
+      const { redact } = redactor([secret(ENV.SHOP_SECRET, "source shop secret", "source shop")], { mine: "handler" });
+      const failing = () => {
+        throw new PermanentError(`the API said: invalid key ${ENV.SHOP_SECRET}`);
+      };
+      const errors: string[] = [];
+      for (const [id, options] of [["evt_on", { redact }], ["evt_off", {}]] as const) {
+        await inbox.store({ id, body: Buffer.from("{}") });
+        const lines: string[] = [];
+        await run(failing, { inbox, once: true, log: (line) => void lines.push(line), ...options });
+        const [row] = await inbox.query("SELECT error FROM deliveries WHERE id = ?", id);
+        errors.push(`${String(row!.error)} ${lines.join(" ")}`);
+      }
+      await inbox.close();
+      assert.match(errors[0]!, /invalid key \[redacted: source shop secret\]/);
+      assert.deepEqual(leaks(errors[0]!), []);
+      assert.notDeepEqual(leaks(errors[1]!), [], "the control: without redact the secret is kept");
+    } finally {
+      dir.cleanup();
     }
   });
 });
