@@ -92,15 +92,9 @@ export function secretsOf(forwarding?: Forwarding, more: { sources?: Iterable<So
     if (b.type === "nats") {
       if (b.pass !== undefined) add(b.name, `${b.name} pass`, b.pass);
       if (b.token !== undefined) add(b.name, `${b.name} token`, b.token);
-    } else {
-      let password = "";
-      try {
-        password = decodeURIComponent(new URL(b.url).password);
-      } catch {
-        // A URL brokers.ts accepted parses; if it did not, there is no password to find in it.
-      }
-      add(b.name, `${b.name} password`, password);
     }
+    // A server's URL may carry a password of its own (amqp://user:password@host, nats://user:password@host).
+    for (const url of b.type === "nats" ? b.servers : [b.url]) add(b.name, `${b.name} password`, passwordOf(url));
   }
   return out;
 }
@@ -134,6 +128,15 @@ export function redactor(secrets: readonly Secret[], options: { mine?: string } 
       return out + text.slice(last, Math.max(last, keep));
     },
   };
+}
+
+// passwordOf is the password in a URL, decoded; "" if it has none or is no URL.
+function passwordOf(url: string): string {
+  try {
+    return decodeURIComponent(new URL(url).password);
+  } catch {
+    return "";
+  }
 }
 
 const UNRESERVED = /^[A-Za-z0-9_~-]$/;

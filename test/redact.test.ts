@@ -15,6 +15,7 @@ import { after, before, describe, it } from "node:test";
 import type { Browser } from "playwright-core";
 import { createAdmin, listenAdmin } from "../admin.ts";
 import { cli, connect } from "../inbox.ts";
+import { parseBrokerDestination } from "../lib/brokers.ts";
 import { httpSender } from "../lib/forward.ts";
 import { forward } from "../lib/forwarder.ts";
 import { Metrics } from "../lib/metrics.ts";
@@ -89,6 +90,18 @@ describe("secretsOf()", () => {
     assert.deepEqual(names("password-1"), ["$operator basic"]);
     assert.deepEqual(names("whsec_stripe123"), ["source stripe secret"]);
     assert.deepEqual(names("whsec_c291cmNlLWtleQ=="), ["source svix secret"]);
+  });
+
+  it("names a broker's pass, token and the password in its URL", () => {
+    const env = { NP: "nats-pass-1", NT: "nats-token-1", RU: "amqp://guest:rabbit%2Fpass@127.0.0.1:5672" };
+    const brokers = [
+      parseBrokerDestination("audit", { type: "nats", subject: "a.b", user: "u", pass: "env:NP" }, "audit", env),
+      parseBrokerDestination("tokened", { type: "nats", url: "nats://u:nats-url-pass@127.0.0.1:4222", subject: "a.b", token: "env:NT" }, "tokened", env),
+      parseBrokerDestination("queue", { type: "rabbitmq", url: "env:RU", routingKey: "q" }, "queue", env),
+    ];
+    const found = secretsOf(undefined, { brokers }).map((s) => `${s.name}=${s.value}`);
+    assert.deepEqual(found, ["audit pass=nats-pass-1", "tokened token=nats-token-1", "tokened password=nats-url-pass", "queue password=rabbit/pass"]);
+    assert.equal(redactor(secretsOf(undefined, { brokers })).redact(`connect to ${env.RU} failed`), "connect to amqp://guest:[redacted: queue password]@127.0.0.1:5672 failed");
   });
 });
 
@@ -333,7 +346,6 @@ for (const backend of await backends("redact")) {
 
     it("shows no secret in the database, the log, the traces, the metrics, the announcements, the CLI, an export or the page in Chromium", async () => {
       const places = await scene(true);
-      if (process.env.SHOW_PLACES) for (const [place, text] of Object.entries(places)) if (place !== "the database") console.log(`==== ${place}\n${text.slice(0, 3000)}`);
       if (SKIP_BROWSER) assert.equal(Object.keys(places).length, 8);
       else assert.equal(Object.keys(places).length, 11);
       for (const [place, text] of Object.entries(places)) {
