@@ -51,8 +51,8 @@ export function secretsOf(forwarding?: Forwarding, more: { sources?: Iterable<So
   const add = (owner: string, name: string, ...values: string[]) => {
     for (const value of values) if (value !== "") out.push({ value, name, owner });
   };
-  const signing = (owner: string, secrets: readonly string[], prefix = owner) => secrets.forEach((s, i) => {
-    add(owner, `${prefix} secret${secrets.length > 1 ? ` #${i + 1}` : ""}`, s, ...(s.startsWith("whsec_") ? [s.slice(6)] : []));
+  const signing = (owner: string, secrets: readonly string[]) => secrets.forEach((s, i) => {
+    add(owner, `${owner} secret${secrets.length > 1 ? ` #${i + 1}` : ""}`, s, ...(s.startsWith("whsec_") ? [s.slice(6)] : []));
   });
   const headers = (owner: string, all: Record<string, string>, secret: readonly string[] | undefined) => {
     for (const [header, value] of Object.entries(all)) {
