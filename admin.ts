@@ -12,6 +12,7 @@ import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { announce } from "./lib/forward.ts";
 import { readSourcesFile } from "./lib/providers.ts";
+import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routes.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./lib/store.ts";
@@ -36,10 +37,11 @@ export interface AdminOptions {
   /** Tells the operator's URL of a pause or resume made here, as the CLI does; true, or why not. @default none */
   announce?: (event: { type: "destination.paused" | "destination.resumed"; data: Record<string, unknown> }) => Promise<true | string>;
   /**
-   * Values never shown, whatever holds them: the destinations' secrets and own headers, should a
-   * destination's answer (kept as its last error) echo one. Each is replaced by [hidden]. @default none
+   * Secrets never shown, whatever holds them (redact.ts secretsOf() of the sources file), should a row
+   * stored before the worker redacted its errors hold one. Each is replaced by its marker, such as
+   * [redacted: app bearer]. @default none
    */
-  hide?: readonly string[];
+  hide?: readonly Secret[];
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
 }
@@ -317,11 +319,8 @@ export function createAdmin(options: AdminOptions): Admin {
     return found.text;
   };
   // redact hides the sources file's secrets in a text from the store (an error, a reason) before it is
-  // grouped, shortened or put in a link, where send() could no longer find them. Values shorter than 6
-  // characters would blank out ordinary words.
-  const hide = [...new Set(options.hide ?? [])].filter((v) => v.length >= 6).sort((a, b) => b.length - a.length);
-  const hideEscaped = [...new Set(hide.flatMap((v) => [v, escape(v)]))].sort((a, b) => b.length - a.length);
-  const redact = (text: string): string => hide.reduce((t, v) => t.replaceAll(v, "[hidden]"), text);
+  // grouped, shortened or put in a link, where send() could no longer find them.
+  const { redact } = redactor(options.hide ?? []);
   const csrfFor = (id: string) => createHmac("sha256", secret).update(id).digest("base64url");
   // Without a token there is one implicit session, for whoever reaches loopback.
   const local: Session = { id: "local", csrf: csrfFor("local"), who: "local", expires: Infinity };
@@ -648,10 +647,9 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     });
   });
 
-  // Every page goes out through send, which hides what redact() missed: a value as it is, and as escape()
-  // would write it.
+  // Every page goes out through send, which hides what redact() missed, as it is or as escape() wrote it.
   const send = (res: ServerResponse, status: number, body: string, headers: Record<string, string> = {}) => {
-    for (const value of hideEscaped) body = body.replaceAll(value, "[hidden]");
+    body = redact(body);
     res.writeHead(status, { ...SECURITY_HEADERS, "content-type": "text/html; charset=utf-8", ...headers });
     res.end(body);
   };
@@ -928,29 +926,6 @@ Examples:
   };
   process.on("SIGTERM", () => void stop());
   process.on("SIGINT", () => void stop());
-}
-
-/** secretsOf lists every value in a sources file's destinations and operator that the page must never show. */
-export function secretsOf(forwarding: Forwarding): string[] {
-  const out: string[] = [];
-  const add = (secrets: readonly string[], headers: Record<string, string>) => {
-    // A Standard Webhooks secret's key alone too, and each header's credential without its scheme, and a
-    // basic pair decoded and its password: an answer may echo any of them.
-    for (const secret of secrets) out.push(secret, secret.replace(/^whsec_/, ""));
-    for (const value of Object.values(headers)) {
-      out.push(value);
-      const credential = /^(?:Bearer|Basic|Token)\s+(.+)$/i.exec(value)?.[1];
-      if (!credential) continue;
-      out.push(credential);
-      if (/^Basic/i.test(value)) {
-        const pair = Buffer.from(credential, "base64").toString("utf8");
-        out.push(pair, pair.slice(pair.indexOf(":") + 1));
-      }
-    }
-  };
-  for (const d of forwarding.destinations.values()) if (d.kind === "http") add(d.secrets, d.headers);
-  if (forwarding.operator) add(forwarding.operator.secrets, forwarding.operator.headers);
-  return out;
 }
 
 // fatal stops start-up with one line: exit 2 for a mistake in the options, 1 for a runtime failure.

@@ -18,7 +18,8 @@ import type { ForwardStats } from "./lib/forwarder.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routes.ts";
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
-import { brokerSender, parseBrokerDestination } from "./lib/brokers.ts";
+import { brokerSender, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
+import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import type { Sender } from "./lib/forward.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
@@ -85,6 +86,11 @@ export interface WorkerOptions {
    */
   operator?: Operator;
   /**
+   * Applied to a handler's error before it is stored, logged, traced or announced: redact.ts's redactor
+   * of the sources file's secrets, as worker.ts passes it. @default none: errors are kept as thrown
+   */
+  redact?: (text: string) => string;
+  /**
    * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
    * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
    */
@@ -111,6 +117,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
   const log: Log = options.log ?? ((line: string) => console.error(line));
   const metrics = options.metrics;
+  const redact = options.redact ?? ((text: string) => text);
   for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
     if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
   }
@@ -220,28 +227,30 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   async function record(lease: Lease, error: unknown): Promise<void> {
     const name = label(lease);
     const permanent = error instanceof PermanentError;
+    // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
+    const said = redact(message(error));
     try {
-      const outcome = await inbox.fail(lease, message(error), { permanent });
-      const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: message(error) };
-      traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", message(error));
+      const outcome = await inbox.fail(lease, said, { permanent });
+      const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: said };
+      traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", said);
       if (outcome === undefined) {
         stats.lost++;
         metrics?.lost(lease);
-        log(`${name} failed, but the lease was already lost: ${message(error)}`, { level: "warn", ...fields });
+        log(`${name} failed, but the lease was already lost: ${said}`, { level: "warn", ...fields });
       } else if (outcome.status === "failed") {
         stats.failed++;
         metrics?.failed(lease);
-        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${message(error)}`, { level: "error", ...fields, status: "failed" });
-        announceSetAside({ source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: message(error) });
+        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, { level: "error", ...fields, status: "failed" });
+        announceSetAside({ source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: said });
       } else {
         stats.retried++;
         metrics?.retried(lease);
-        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${message(error)}`,
+        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${said}`,
           { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt });
       }
     } catch (failError) {
       // Unrecorded, it is tried again once its lease runs out.
-      traced(lease, "retry", message(error));
+      traced(lease, "retry", said);
       log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, { level: "error", source: lease.source, id: lease.id });
     }
   }
@@ -483,13 +492,18 @@ Examples:
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   let forwarding: Forwarding | undefined;
   let routes: Map<string, readonly Route[]> | undefined;
+  // Every secret the file names, redacted wherever a failed try's error goes (redact.ts).
+  let secrets: Secret[] = [];
   if (sourcesFile) {
     try {
       const parsed = readSourcesFile(sourcesFile);
-      routes = new Map([...loadSources(parsed, process.env).values()].map((s) => [s.name, s.routes ?? []]));
+      const sources = [...loadSources(parsed, process.env).values()];
+      routes = new Map(sources.map((s) => [s.name, s.routes ?? []]));
       // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
-      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env) });
+      const brokers: BrokerDestination[] = [];
+      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void brokers.push(parseBrokerDestination(name, settings, where, process.env)) });
       for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
+      secrets = secretsOf(forwarding, { sources, brokers });
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
       process.exit(2);
@@ -564,12 +578,14 @@ Examples:
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./lib/forwarder.ts").then(({ forward }) => forward({
         inbox: lanes ?? inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+        secrets,
       })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;
     await Promise.all([
       run(recordPayment, {
         inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
         signal: stop.signal, log, metrics, stats, ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
+        ...(secrets.length > 0 ? { redact: redactor(secrets, { mine: DEFAULTS.destination }).redact } : {}),
         purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
       }),
       forwarding$,

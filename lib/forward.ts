@@ -9,6 +9,7 @@ import { Agent, request } from "undici";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import { secretKey, sign } from "./providers.ts";
+import type { Redactor } from "./redact.ts";
 import type { HttpDestination, Operator } from "./routes.ts";
 import type { Lease } from "./store.ts";
 
@@ -134,11 +135,15 @@ export function judge(status: number, headers: Record<string, string | string[] 
   return { kind: "retry", error };
 }
 
-/** httpSender forwards to one HTTP destination through a connection pool of its own, TLS verified. */
-export function httpSender(destination: HttpDestination, options: { now?: () => number; answerBytes?: number } = {}): Sender {
+/**
+ * httpSender forwards to one HTTP destination through a connection pool of its own, TLS verified. A failed
+ * answer's first bytes are kept with its error, redacted first by redactor (redact.ts) where given.
+ */
+export function httpSender(destination: HttpDestination, options: { now?: () => number; answerBytes?: number; redactor?: Redactor } = {}): Sender {
   const sign = signer(destination.secrets, `destination ${JSON.stringify(destination.name)}`);
   const now = options.now ?? Date.now;
   const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
+  const redactor = options.redactor;
   const agent = new Agent({
     connections: destination.maxInFlight,
     connect: {
@@ -173,7 +178,10 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
         if (res.statusCode >= 200 && res.statusCode < 300) {
           await res.body.dump({ limit: 1 << 20 }).catch(() => {});
         } else {
-          head = await firstBytes(res.body, answerBytes);
+          // Read past the cut by the longest secret's reach, so a secret that straddles it is seen whole and
+          // replaced, not kept in half; redacted before judge() folds its whitespace.
+          const read = await firstBytes(res.body, answerBytes, redactor?.reach ?? 0);
+          head = redactor ? redactor.redact(read.text, read.keep) : read.text.slice(0, read.keep);
         }
         return judge(res.statusCode, res.headers, head, name, permanent4xx, now());
       } catch (error) {
@@ -190,22 +198,24 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
   };
 }
 
-// firstBytes reads up to n bytes of an answer for the delivery's page, then lets the rest go.
-async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): void }, n: number): Promise<string> {
+// firstBytes reads up to n bytes of an answer for the delivery's page, and more past them, then lets the
+// rest go: text is all it read, keep the characters of its first n bytes.
+async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): void }, n: number, more: number): Promise<{ text: string; keep: number }> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
     for await (const chunk of body) {
       chunks.push(chunk);
       size += chunk.length;
-      if (size >= n) break;
+      if (size >= n + more) break;
     }
   } catch {
     // An answer cut short still says what it said so far.
   } finally {
     body.destroy();
   }
-  return Buffer.concat(chunks).subarray(0, n).toString("utf8");
+  const all = Buffer.concat(chunks);
+  return { text: all.subarray(0, n + more).toString("utf8"), keep: all.subarray(0, n).toString("utf8").length };
 }
 
 // codeOf is a network failure's code, on the error or on its cause.

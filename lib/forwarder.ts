@@ -8,6 +8,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } from "./forward.ts";
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
+import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
 import type { Destination, Forwarding, Route } from "./routes.ts";
 import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
@@ -41,6 +42,13 @@ export interface ForwarderOptions {
   metrics?: Metrics;
   /** The counters to count into. @default fresh ones */
   stats?: ForwardStats;
+  /** Secrets to redact besides the destinations' and the operator's: the sources', the brokers' (redact.ts secretsOf()). @default none */
+  secrets?: readonly Secret[];
+  /**
+   * Whether a failed try's error is redacted before it is stored, logged, traced or announced. Only the
+   * tests turn it off, to show that without it the secrets an answer echoes get through. @default true
+   */
+  redact?: boolean;
 }
 
 /** ForwardStats counts what the forwarder did. */
@@ -61,8 +69,11 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
   const log: Log = options.log ?? ((line: string) => console.error(line));
   const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   const senders = new Map<string, Sender>();
+  // Compiled once per destination, its own secrets naming themselves first; used only on a failed try.
+  const known = options.redact === false ? [] : [...secretsOf(forwarding), ...(options.secrets ?? [])];
+  const redactors = new Map([...forwarding.destinations.keys()].map((name) => [name, redactor(known, { mine: name })]));
   for (const d of forwarding.destinations.values()) {
-    const sender = d.kind === "http" ? httpSender(d) : options.senders?.get(d.name);
+    const sender = d.kind === "http" ? httpSender(d, { redactor: redactors.get(d.name)! }) : options.senders?.get(d.name);
     if (!sender) throw new TypeError(`forward: no sender for destination ${d.name} (type ${d.kind === "broker" ? d.type : "http"})`);
     senders.set(d.name, sender);
   }
@@ -73,7 +84,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
     }
   };
   try {
-    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, options, stats, log, say)));
+    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, redactors.get(d.name)!, options, stats, log, say)));
   } finally {
     await Promise.all([...senders.entries()].filter(([name]) => forwarding.destinations.get(name)?.kind === "http").map(([, s]) => s.close()));
   }
@@ -83,7 +94,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 // lane forwards one destination's deliveries: it claims only what its in-flight limit has room for, so a
 // slow destination holds its own leases and nobody else's.
 async function lane(
-  destination: Destination, sender: Sender, options: ForwarderOptions, stats: ForwardStats, log: Log,
+  destination: Destination, sender: Sender, { redact }: Redactor, options: ForwarderOptions, stats: ForwardStats, log: Log,
   say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void,
 ): Promise<void> {
   const { inbox, metrics } = options;
@@ -241,7 +252,9 @@ async function lane(
     const started = performance.now();
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
     const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
-    const outcome: Outcome = await sender.send(traced, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
+    let outcome: Outcome = await sender.send(traced, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
+    // Before the error is stored, tallied, logged, traced or announced: a failed answer may echo a secret.
+    if (outcome.kind !== "done") outcome = { ...outcome, error: redact(outcome.error) };
     // The request slot is free once the destination has answered and, for a failure, once the breaker has
     // counted it: the next forward must not go out to a destination that just opened.
     if (outcome.kind === "done") free();

@@ -29,6 +29,8 @@ export interface HttpDestination {
   secrets: string[];
   /** Headers of its own (a bearer token, basic auth): read from the environment, never logged or shown. */
   headers: Record<string, string>;
+  /** The names of those headers whose values are secrets (bearer, basic, env:NAME), redacted (redact.ts). @default every header */
+  secretHeaders?: string[];
   connectTimeoutMs: number;
   timeoutMs: number;
   /** Requests in flight at once from one worker (the rate limit is the one shared by every worker). */
@@ -63,6 +65,8 @@ export interface Operator {
   url: URL;
   secrets: string[];
   headers: Record<string, string>;
+  /** The names of its headers whose values are secrets (bearer, basic, env:NAME). @default every header */
+  secretHeaders?: string[];
 }
 
 /** Forwarding is what the worker reads from a sources file: the destinations, and the operator's URL. */
@@ -169,14 +173,18 @@ function httpUrl(value: unknown, where: string): URL {
   return url;
 }
 
-function ownHeaders(settings: Record<string, unknown>, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): Record<string, string> {
+// ownHeaders reads a destination's headers, bearer and basic; secretHeaders names those that are secrets (a
+// value written in the file is not one, and redacting it would blank ordinary words in the errors shown).
+function ownHeaders(settings: Record<string, unknown>, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): { headers: Record<string, string>; secretHeaders: string[] } {
   const headers: Record<string, string> = {};
+  const secretHeaders: string[] = [];
   if (settings.headers !== undefined) {
     if (!isObject(settings.headers)) throw new TypeError(`${where}: expected headers to map header names to values (or env:NAME), got ${kindOf(settings.headers)}`);
     for (const [name, value] of Object.entries(settings.headers)) {
       if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) throw new TypeError(`${where}: expected a header name, got ${JSON.stringify(name)}`);
       if (typeof value !== "string") throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME)`);
       headers[name.toLowerCase()] = fromEnv(value, env, `${where}: header ${name}`, resolve);
+      if (value.startsWith("env:")) secretHeaders.push(name.toLowerCase());
     }
   }
   if (settings.bearer !== undefined && settings.basic !== undefined) throw new TypeError(`${where}: give bearer or basic, not both`);
@@ -190,7 +198,9 @@ function ownHeaders(settings: Record<string, unknown>, env: Readonly<Record<stri
     if (resolve && !pair.includes(":")) throw new TypeError(`${where}: basic reads user:password from the environment; the value has no ":"`);
     headers.authorization = `Basic ${Buffer.from(pair).toString("base64")}`;
   }
-  return headers;
+  // Authorization is a credential however it was written.
+  if (headers.authorization !== undefined && !secretHeaders.includes("authorization")) secretHeaders.push("authorization");
+  return { headers, secretHeaders };
 }
 
 function breakerOf(value: unknown, where: string): BreakerPolicy | false {
@@ -263,7 +273,7 @@ export function loadDestinations(
     }
     destinations.set(name, {
       kind: "http", name, url: httpUrl(settings.url, where), secrets: secretsOf(settings.secret, env, where, resolve, true),
-      headers: ownHeaders(settings, env, where, resolve),
+      ...ownHeaders(settings, env, where, resolve),
       connectTimeoutMs: seconds(settings.connectTimeout, DEFAULTS.connectTimeoutForwardMs, where, "connectTimeout"),
       timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout"),
       maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"), ...(rate ? { rate } : {}),
@@ -276,7 +286,7 @@ export function loadDestinations(
     if (!isObject(o)) throw new TypeError(`$operator: expected { "url": ..., "secret": ... }, got ${kindOf(o)}`);
     const unknown = Object.keys(o).filter((k) => !["url", "secret", "headers", "bearer", "basic"].includes(k));
     if (unknown.length > 0) throw new TypeError(`$operator: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected url, secret, headers, bearer, basic`);
-    operator = { url: httpUrl(o.url, "$operator"), secrets: secretsOf(o.secret, env, "$operator", resolve, true), headers: ownHeaders(o, env, "$operator", resolve) };
+    operator = { url: httpUrl(o.url, "$operator"), secrets: secretsOf(o.secret, env, "$operator", resolve, true), ...ownHeaders(o, env, "$operator", resolve) };
   }
   return { destinations, ...(operator ? { operator } : {}) };
 }
