@@ -5,7 +5,7 @@
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
-import { connect } from "./inbox.ts";
+import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
@@ -20,6 +20,7 @@ import { loadDestinations, type Forwarding, type Operator, type Route } from "./
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
 import { brokerSender, parseBrokerDestination } from "./lib/brokers.ts";
 import type { Sender } from "./lib/forward.ts";
+import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -440,6 +441,7 @@ export async function main(argv: string[]): Promise<void> {
     .option("--concurrency <n>", "handlers run at once (a limit for handlers that wait on I/O)", whole, DEFAULTS.concurrency)
     .option("--claim-batch <n>", "most deliveries claimed in one transaction while handlers are fast", whole, DEFAULTS.claimBatch)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
+    .option("--force", "start on a SQLite file that fails quick_check (checked at start-up only)")
     .option("--quiet", "don't log a line per delivery")
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
     .option("--sources <file>", "JSON sources file: routes and $destinations to forward to, beside the handler (default: INBOX_SOURCES)")
@@ -468,7 +470,7 @@ Examples:
   const opts = program.opts<{
     once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
     logFormat: LogFormat; metricsPort?: number; metricsHost: string; purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
-    sources?: string;
+    sources?: string; force?: boolean;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
@@ -497,6 +499,11 @@ Examples:
   }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
+  if (damaged !== undefined) {
+    say(damagedLine("worker", path, damaged), "error");
+    process.exit(1);
+  }
   let inbox: Inbox;
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the

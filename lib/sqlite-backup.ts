@@ -6,7 +6,7 @@
 
 import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, extname, join } from "node:path";
-import { DatabaseSync, backup as onlineBackup } from "node:sqlite";
+import { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import { STATUSES, type Status } from "./store.ts";
@@ -75,6 +75,9 @@ export async function backup(db: string, file: string, options: BackupOptions = 
   let snapshot: Snapshot;
   try {
     // A plain connection, only read from: openDatabase would take the write lock to migrate.
+    // Loaded here, not imported above: the scripts import this file for healthProblem() on runtimes whose
+    // node:sqlite may lack backup().
+    const { backup: onlineBackup } = await import("node:sqlite");
     const source = new DatabaseSync(db, { timeout: DEFAULTS.busyTimeoutMs });
     try {
       startedAt = now();
@@ -122,8 +125,13 @@ export function check(file: string): Snapshot {
   if (!existsSync(file)) throw new Error(`no such file ${file}`);
   const db = new DatabaseSync(file, { readOnly: true });
   try {
-    const rows = db.prepare("PRAGMA integrity_check").all() as { integrity_check: string }[];
-    if (rows[0]?.integrity_check !== "ok") throw new Error(`integrity_check failed: ${rows.slice(0, 3).map((r) => r.integrity_check).join("; ")}`);
+    let rows: { integrity_check: string }[];
+    try {
+      rows = db.prepare("PRAGMA integrity_check(3)").all() as { integrity_check: string }[];
+    } catch (error) {
+      rows = [{ integrity_check: message(error) }];
+    }
+    if (rows[0]?.integrity_check !== "ok") throw new Error(`integrity_check failed: ${oneLine(rows.map((r) => r.integrity_check))}`);
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'").all();
     if (tables.length === 0) throw new Error("not an inbox database: it has no deliveries table");
     const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
@@ -195,21 +203,27 @@ export function restore(file: string, db: string, now: () => number = Date.now):
 }
 
 /**
- * healthProblem runs SQLite's quick_check on an existing database file before a script starts serving
- * from it, and returns its first complaint, or undefined for a sound file. At start-up only, never on the
+ * healthProblem runs SQLite's quick_check on a database file before a script starts serving from it, and
+ * returns its first complaints, or undefined for a sound file (or none yet). At start-up only, never on the
  * ack path: it reads every page (bench/backup.ts measures it at a million rows).
  */
 export function healthProblem(path: string): string | undefined {
+  if (!existsSync(path)) return undefined;
   // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
   const db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
   try {
     const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
-    return rows[0]?.quick_check === "ok" ? undefined : rows.map((r) => r.quick_check).join("; ");
+    return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
   } catch (error) {
     return message(error);
   } finally {
     db.close();
   }
+}
+
+// oneLine joins SQLite's complaints into one line, without the banner it puts before them.
+function oneLine(complaints: string[]): string {
+  return complaints.join("; ").replace(/\*\*\* in database \w+ \*\*\*\s*/g, "").replace(/\s*\n\s*/g, "; ");
 }
 
 // syncFile fsyncs a file, or a folder so that a rename in it survives a power cut.
@@ -220,4 +234,9 @@ function syncFile(path: string): void {
   } finally {
     closeSync(fd);
   }
+}
+
+/** damagedLine is the one line a script stops with when its database fails quick_check at start-up. */
+export function damagedLine(script: string, path: string, problem: string): string {
+  return `${script}: ${path} fails SQLite's quick_check (${problem}): restore the last backup (inbox.ts restore FILE), or start with --force to use it anyway`;
 }
