@@ -625,7 +625,7 @@ Examples:
       const { join } = await import("node:path");
       const r = await backup(db, file ?? join(opts.dir!, backupName(db, Date.now())), opts.keep === undefined ? {} : { keep: opts.keep });
       if (opts.json) return void console.log(JSON.stringify({ ...r, integrity: "ok" }));
-      console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok, in ${(r.ms / 1000).toFixed(1)} s.`);
+      console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok; copied in ${(r.copyMs / 1000).toFixed(1)} s, checked in ${((r.ms - r.copyMs) / 1000).toFixed(1)} s.`);
       console.log(`It holds every delivery acknowledged before ${iso(r.startedAt)}.`);
       if (r.removed.length > 0) console.log(`Removed ${r.removed.length} older ${r.removed.length === 1 ? "backup" : "backups"} (--keep ${opts.keep}): ${r.removed.join(", ")}`);
     });

@@ -31,6 +31,8 @@ export interface Backup extends Snapshot {
   startedAt: number;
   /** How long the copy and its check took, in ms. */
   ms: number;
+  /** Of ms, how long the copy itself took: the one read transaction, while the WAL may grow. */
+  copyMs: number;
   /** Older backups that --keep let go. */
   removed: string[];
 }
@@ -72,6 +74,7 @@ export async function backup(db: string, file: string, options: BackupOptions = 
   const temp = join(dirname(file), `.${basename(file)}.partial-${process.pid}`);
   const started = performance.now();
   let startedAt: number;
+  let copyMs: number;
   let snapshot: Snapshot;
   try {
     // A plain connection, only read from: openDatabase would take the write lock to migrate.
@@ -85,6 +88,7 @@ export async function backup(db: string, file: string, options: BackupOptions = 
     } finally {
       source.close();
     }
+    copyMs = performance.now() - started;
     const copy = new DatabaseSync(temp);
     try {
       // One self-contained file: a rollback journal, not WAL, so no -wal file belongs beside it.
@@ -101,7 +105,7 @@ export async function backup(db: string, file: string, options: BackupOptions = 
     throw new Error(`backup ${db}: ${message(error)}`, { cause: error });
   }
   const removed = options.keep === undefined ? [] : rotate(file, options.keep);
-  return { ...snapshot, file, startedAt, ms: performance.now() - started, removed };
+  return { ...snapshot, file, startedAt, ms: performance.now() - started, copyMs, removed };
 }
 
 // rotate removes the oldest backups named like file's pattern (stem-YYYYMMDDTHHMMSSZ.db) in its folder
