@@ -18,7 +18,7 @@ import type { ForwardStats } from "./lib/forwarder.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routes.ts";
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
-import { brokerSender, parseBrokerDestination } from "./lib/brokers.ts";
+import { brokerSender, missingClient, parseBrokerDestination } from "./lib/brokers.ts";
 import type { Sender } from "./lib/forward.ts";
 import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
@@ -495,6 +495,16 @@ Examples:
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
       process.exit(2);
+    }
+    // A broker's client is an optional dependency: one this file publishes to must be installed now,
+    // not found missing at the first delivery.
+    for (const d of forwarding.destinations.values()) {
+      if (d.kind !== "broker") continue;
+      const missing = await missingClient(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env).type, d.name);
+      if (missing !== undefined) {
+        say(`worker: ${missing}`, "error");
+        process.exit(2);
+      }
     }
   }
 

@@ -71,6 +71,8 @@ export async function backup(db: string, file: string, options: BackupOptions = 
   if (options.keep !== undefined && !(Number.isInteger(options.keep) && options.keep >= 1)) {
     throw new TypeError(`backup: expected keep to be a whole number of 1 or more, got ${options.keep}`);
   }
+  // Opening a missing file would create an empty one; say so instead.
+  if (!existsSync(db)) throw new Error(`backup ${db}: no such file`);
   const temp = join(dirname(file), `.${basename(file)}.partial-${process.pid}`);
   const started = performance.now();
   let startedAt: number;

@@ -202,6 +202,7 @@ describe("inbox.ts backup --dir --keep", () => {
     assert.deepEqual(readdirSync(folder).sort(), ["rotate-20261203T140000Z.db", "rotate-20261203T150000Z.db", "rotate-20261203T160000Z.db"]);
     await assert.rejects(backup(join(dir, "no-such.db"), join(folder, "rotate-20261203T170000Z.db"), { keep: 1 }));
     assert.equal(readdirSync(folder).length, 3, "a failed backup removed nothing, and left no partial file");
+    assert.ok(!existsSync(join(dir, "no-such.db")), "nor made the missing database");
     const cli = await runScript("inbox.ts", ["backup", "--dir", folder, "--keep", "2", "--db", db]);
     assert.equal(cli.code, 0, cli.stderr);
     assert.match(cli.stdout, /Removed 2 older backups/);
