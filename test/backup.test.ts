@@ -30,7 +30,7 @@ function load(receiver: ReceiverProcess, prefix: string, senders = 4): Load {
     for (let i = 0; going; i++) {
       const id = `${prefix}-${k}-${i}`;
       try {
-        const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ id, amount: i }) });
+        const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: bodyOf(id) });
         if (res.status === 200 && (await res.text()) === "stored") acked.push({ id, at: Date.now() });
       } catch {
         return; // the receiver is gone: unacknowledged, a provider would send it again
@@ -45,6 +45,9 @@ function load(receiver: ReceiverProcess, prefix: string, senders = 4): Load {
 async function until(done: () => boolean): Promise<void> {
   while (!done()) await sleep(10);
 }
+
+// bodyOf is each delivery's body, the same every time it is sent.
+const bodyOf = (id: string) => JSON.stringify({ id, customer: "Ann", amount: 5 });
 
 // problems lists what a copy lacks: each delivery acknowledged before `since` must be in it, in a sound file.
 function problems(copy: string, acked: { id: string; at: number }[], since: number): string[] {
@@ -95,12 +98,11 @@ describe("a lost disk, with a backup taken under load", () => {
       const answers = new Map<string, number>();
       for (let i = 0; i < held.length; i += 64) {
         await Promise.all(held.slice(i, i + 64).map(async (id) => {
-          const text = await (await fetch(again.url, { method: "POST", headers: { "x-delivery-id": id }, body: "resent" })).text();
+          const text = await (await fetch(again.url, { method: "POST", headers: { "x-delivery-id": id }, body: bodyOf(id) })).text();
           answers.set(text, (answers.get(text) ?? 0) + 1);
         }));
       }
-      // A different body than the first copy's is a conflict: still not stored, still not run again.
-      assert.deepEqual([...answers.keys()].filter((a) => a !== "duplicate" && a !== "conflict"), []);
+      assert.deepEqual(Object.fromEntries(answers), { duplicate: held.length });
     } finally {
       await again.stop();
     }
