@@ -5,7 +5,7 @@
 //   npx tsx inbox.ts backup --dir /var/backups/inbox --keep 48      npx tsx inbox.ts restore FILE
 
 import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
-import { basename, dirname, extname, join } from "node:path";
+import { basename, dirname, extname, join, resolve } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
@@ -73,6 +73,8 @@ export async function backup(db: string, file: string, options: BackupOptions = 
   }
   // Opening a missing file would create an empty one; say so instead.
   if (!existsSync(db)) throw new Error(`backup ${db}: no such file`);
+  // The rename at the end would put the copy in place of the live database.
+  if (resolve(file) === resolve(db)) throw new Error(`backup ${db}: the backup must be another file than the database`);
   const temp = join(dirname(file), `.${basename(file)}.partial-${process.pid}`);
   const started = performance.now();
   let startedAt: number;
@@ -182,6 +184,7 @@ export interface Restored extends Snapshot {
  * synced, and renamed into place.
  */
 export function restore(file: string, db: string, now: () => number = Date.now): Restored {
+  if (resolve(file) === resolve(db)) throw new Error(`restore ${file}: the backup is the database itself`);
   try {
     check(file);
   } catch (error) {

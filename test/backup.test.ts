@@ -205,6 +205,8 @@ describe("inbox.ts backup --dir --keep", () => {
     await assert.rejects(backup(join(dir, "no-such.db"), join(folder, "rotate-20261203T170000Z.db"), { keep: 1 }));
     assert.equal(readdirSync(folder).length, 3, "a failed backup removed nothing, and left no partial file");
     assert.ok(!existsSync(join(dir, "no-such.db")), "nor made the missing database");
+    await assert.rejects(backup(db, db), /another file than the database/);
+    assert.equal(check(db).counts.received, 1, "the database is left as it was");
     const cli = await runScript("inbox.ts", ["backup", "--dir", folder, "--keep", "2", "--db", db]);
     assert.equal(cli.code, 0, cli.stderr);
     assert.match(cli.stdout, /Removed 2 older backups/);
