@@ -57,7 +57,7 @@ function fill(path: string, n: number): void {
 const CP_ROWS = 50_000;
 
 // How many copies the control makes with cp at most; it stops at the first one the check catches.
-const CP_TRIES = 40;
+const CP_TRIES = 100;
 
 // until waits for the senders to get somewhere, however fast this machine is today.
 async function until(done: () => boolean): Promise<void> {
