@@ -45,6 +45,8 @@ export async function connect(target: string, options: InboxOptions = {}): Promi
 class UsageError extends Error {}
 /** NotFound is a lookup that matched nothing: one line on stderr, exit 1. */
 class NotFound extends Error {}
+/** Refused is an operation that would not be safe now (a restore over a database in use): one line, exit 1. */
+class Refused extends Error {}
 
 // One delivery by ID, with a row per route: --source settles it when two sources share an ID, and
 // --destination picks one route's row.
@@ -77,6 +79,13 @@ function filterOf(opts: CliFilters): Filter {
   return filter;
 }
 
+// holds says what a backup holds: deliveries per status, and tombstones.
+function holds(s: { counts: Record<Status, number>; tombstones: number }): string {
+  const total = STATUSES.reduce((n, name) => n + s.counts[name], 0);
+  const each = STATUSES.filter((name) => s.counts[name] > 0).map((name) => `${name} ${s.counts[name]}`).join(", ");
+  return `${total} ${total === 1 ? "delivery" : "deliveries"}${each ? ` (${each})` : ""}, ${s.tombstones} of them tombstones`;
+}
+
 /** cli runs the operator's CLI as `inbox.ts` does, from a full argv (runtime, script, then its command). */
 export async function cli(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, CommanderError, Option } = await import("commander");
@@ -101,8 +110,10 @@ Examples:
   npx tsx inbox.ts import archive.jsonl --db other.db
   npx tsx inbox.ts status --db postgres://127.0.0.1:5432/test?schema=inbox
   npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
+  npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
+  npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
 
-Exit codes: 0 success, 1 not found, 2 usage error.`);
+Exit codes: 0 success, 1 not found or refused, 2 usage error.`);
 
   const positive = (value: string) => {
     const n = Number(value);
@@ -581,6 +592,71 @@ Examples:
       }
     });
 
+  const sqliteOnly = (what: string, db: string) => {
+    if (isPostgresUrl(db)) {
+      throw new UsageError(`${what} is for a SQLite inbox; on PostgreSQL use pg_basebackup or pg_dump, and inbox.ts copy to move (docs/production.md).`);
+    }
+  };
+
+  program.command("backup [file]")
+    .description("SQLite: copy the live inbox to a file while receivers and workers go on; the copy is checked, then renamed into place")
+    .option("--db <path>", `the inbox's database file (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--dir <folder>", "write into this folder, named after the database and the time: inbox-20261203T120000Z.db")
+    .option("--keep <n>", "with --dir: afterwards keep only the newest n backups there (never removing the one just made)", positive)
+    .option("--json", "print the report as JSON")
+    .addHelpText("after", `
+The copy is one moment's state: it holds every delivery acknowledged before the backup began, and none
+acknowledged after it. It is written under a temporary name, checked with integrity_check and synced, and
+only then renamed, so a file of a backup's name is always a whole one; a failed backup removes nothing.
+Keep backups on another disk, or copy them off the machine: see docs/production.md.
+
+Examples:
+  npx tsx inbox.ts backup /mnt/backups/inbox.db
+  npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48     # hourly, from a systemd timer`)
+    .action(async (file: string | undefined, opts: { db?: string; dir?: string; keep?: number; json?: boolean }) => {
+      const db = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+      sqliteOnly("backup", db);
+      if ((file === undefined) === (opts.dir === undefined)) throw new UsageError("Give the backup's file, or --dir FOLDER (not both).");
+      if (opts.keep !== undefined && opts.dir === undefined) throw new UsageError("--keep goes with --dir: backup --dir FOLDER --keep N.");
+      if (!existsSync(db)) throw new NotFound(`No inbox database at ${db} (use --db or INBOX_DB).`);
+      if (!isInbox(db)) throw new NotFound(`${db} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+      if (opts.dir !== undefined && !existsSync(opts.dir)) throw new NotFound(`No such folder: ${opts.dir}`);
+      const { backup, backupName } = await import("./lib/sqlite-backup.ts");
+      const { join } = await import("node:path");
+      const r = await backup(db, file ?? join(opts.dir!, backupName(db, Date.now())), opts.keep === undefined ? {} : { keep: opts.keep });
+      if (opts.json) return void console.log(JSON.stringify({ ...r, integrity: "ok" }));
+      console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok; copied in ${(r.copyMs / 1000).toFixed(1)} s, checked in ${((r.ms - r.copyMs) / 1000).toFixed(1)} s.`);
+      console.log(`It holds every delivery acknowledged before ${iso(r.startedAt)}.`);
+      if (r.removed.length > 0) console.log(`Removed ${r.removed.length} older ${r.removed.length === 1 ? "backup" : "backups"} (--keep ${opts.keep}): ${r.removed.join(", ")}`);
+    });
+
+  program.command("restore <file>")
+    .description("SQLite: put a backup back as the inbox, checked first; refused while any process has the database open")
+    .option("--db <path>", `the inbox's database file (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--json", "print the report as JSON")
+    .addHelpText("after", `
+Stop the receivers, the workers and the operator page first. A database already at --db is moved aside,
+with its -wal and -shm, to <db>.before-restore-<time>: nothing is deleted, and no old WAL is replayed into
+the restored file. Deliveries acknowledged after the backup began are not in it: see docs/production.md.
+
+Examples:
+  npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db --db /var/lib/webhook-inbox/inbox.db`)
+    .action(async (file: string, opts: { db?: string; json?: boolean }) => {
+      const db = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+      sqliteOnly("restore", db);
+      if (!existsSync(file)) throw new NotFound(`No such file: ${file}`);
+      const { restore, InUse } = await import("./lib/sqlite-backup.ts");
+      let r: Awaited<ReturnType<typeof restore>>;
+      try {
+        r = restore(file, db);
+      } catch (error) {
+        throw error instanceof InUse ? new Refused(`Refused: ${error.message}.`) : error;
+      }
+      if (opts.json) return void console.log(JSON.stringify(r));
+      console.log(`Restored ${file} to ${db}: ${bytes(r.bytes)}, ${holds(r)}.`);
+      if (r.aside !== undefined) console.log(`The database it replaced was moved aside to ${r.aside} (with its -wal and -shm, if any).`);
+    });
+
   try {
     await program.parseAsync(argv);
   } catch (error) {
@@ -589,7 +665,7 @@ Examples:
       return;
     }
     process.exitCode = error instanceof UsageError ? 2 : 1;
-    console.error(error instanceof UsageError || error instanceof NotFound ? error.message : `inbox.ts: ${message(error)}`);
+    console.error(error instanceof UsageError || error instanceof NotFound || error instanceof Refused ? error.message : `inbox.ts: ${message(error)}`);
   }
 }
 

@@ -6,7 +6,7 @@
 import { readFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { pathToFileURL } from "node:url";
-import { connect } from "./inbox.ts";
+import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
@@ -15,6 +15,7 @@ import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import { loadSources, type Source } from "./lib/providers.ts";
 import { loadDestinations } from "./lib/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
+import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -127,6 +128,7 @@ export async function main(argv: string[]): Promise<void> {
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
     .option("--no-metrics", "don't count answers or serve GET /metrics (for comparison; /livez and /readyz stay)")
     .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
+    .option("--force", "start on a SQLite file that fails quick_check (checked at start-up, never per request)")
     .option("--sync-in-commit", "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
@@ -148,7 +150,7 @@ Examples:
   await program.parseAsync(argv);
   const opts = program.opts<{
     port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean;
-    inlineCheckpoints?: boolean; syncInCommit?: boolean; logFormat: LogFormat; metrics: boolean;
+    inlineCheckpoints?: boolean; syncInCommit?: boolean; logFormat: LogFormat; metrics: boolean; force?: boolean;
   }>();
   format = opts.logFormat;
   const envPort = process.env.PORT;
@@ -178,6 +180,9 @@ Examples:
   }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
+  const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
+  if (damaged !== undefined) fatal(damagedLine("receiver", path, damaged), 1);
   let inbox: Inbox;
   let metrics: Metrics | undefined;
   try {

@@ -5,7 +5,7 @@
 // Import run() to plug in your own handler; the one here records the article's payments.
 
 import { pathToFileURL } from "node:url";
-import { connect } from "./inbox.ts";
+import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
@@ -18,9 +18,10 @@ import type { ForwardStats } from "./lib/forwarder.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routes.ts";
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
-import { brokerSender, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
+import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import type { Sender } from "./lib/forward.ts";
+import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -449,6 +450,7 @@ export async function main(argv: string[]): Promise<void> {
     .option("--concurrency <n>", "handlers run at once (a limit for handlers that wait on I/O)", whole, DEFAULTS.concurrency)
     .option("--claim-batch <n>", "most deliveries claimed in one transaction while handlers are fast", whole, DEFAULTS.claimBatch)
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
+    .option("--force", "start on a SQLite file that fails quick_check (checked at start-up only)")
     .option("--quiet", "don't log a line per delivery")
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
     .option("--sources <file>", "JSON sources file: routes and $destinations to forward to, beside the handler (default: INBOX_SOURCES)")
@@ -477,7 +479,7 @@ Examples:
   const opts = program.opts<{
     once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
     logFormat: LogFormat; metricsPort?: number; metricsHost: string; purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
-    sources?: string;
+    sources?: string; force?: boolean;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
@@ -508,9 +510,24 @@ Examples:
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
       process.exit(2);
     }
+    // A broker's client is an optional dependency: one this file publishes to must be installed now,
+    // not found missing at the first delivery.
+    for (const d of forwarding.destinations.values()) {
+      if (d.kind !== "broker") continue;
+      const missing = await missingClient(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env).type, d.name);
+      if (missing !== undefined) {
+        say(`worker: ${missing}`, "error");
+        process.exit(2);
+      }
+    }
   }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
+  if (damaged !== undefined) {
+    say(damagedLine("worker", path, damaged), "error");
+    process.exit(1);
+  }
   let inbox: Inbox;
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the

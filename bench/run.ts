@@ -27,8 +27,9 @@ const BENCHES: Record<string, () => Promise<string>> = {
   forward: async () => (await import("./forward.ts")).forwardBench(),
   brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
+  backup: async () => (await import("./backup.ts")).backupBench(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

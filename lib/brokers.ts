@@ -16,6 +16,32 @@ import type { Delivery, Lease } from "./store.ts";
 /** BROKER_TYPES names the destination types this file serves; a destination of another type is not a broker. */
 export const BROKER_TYPES = ["nats", "rabbitmq"] as const;
 
+/**
+ * BROKER_CLIENTS names the npm packages each broker type's client needs. They are optional peer
+ * dependencies: an install that never publishes into a broker does not pull them in.
+ */
+export const BROKER_CLIENTS: Readonly<Record<(typeof BROKER_TYPES)[number], readonly string[]>> = {
+  nats: ["@nats-io/transport-node", "@nats-io/jetstream"],
+  rabbitmq: ["amqplib"],
+};
+
+/**
+ * missingClient loads a broker type's client packages (as its first publish would) and returns the one
+ * line to stop start-up with if one is not installed, naming what to install; undefined if all are there.
+ */
+export async function missingClient(type: (typeof BROKER_TYPES)[number], destination: string, packages: readonly string[] = BROKER_CLIENTS[type]): Promise<string | undefined> {
+  for (const name of packages) {
+    try {
+      await import(name);
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code !== "ERR_MODULE_NOT_FOUND" && !/Cannot find (?:module|package)/.test(messageOfError(error))) throw error;
+      return `destination ${JSON.stringify(destination)} publishes to ${type === "nats" ? "NATS JetStream" : "RabbitMQ"}, but ${name} is not installed: npm install ${packages.join(" ")}`;
+    }
+  }
+  return undefined;
+}
+
 /** NatsDestination is a JetStream destination from the sources file, checked, its secrets read. */
 export interface NatsDestination {
   type: "nats";

@@ -10,7 +10,7 @@ import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jet
 import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
 import amqp, { type Channel, type ChannelModel } from "amqplib";
 import { join } from "node:path";
-import { brokerSender, HEADERS, messageId, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../lib/brokers.ts";
+import { brokerSender, HEADERS, messageId, missingClient, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../lib/brokers.ts";
 import type { Sender } from "../lib/forward.ts";
 import { connect } from "../inbox.ts";
 import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip, tempDir } from "./helpers.ts";
@@ -319,3 +319,13 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
     assert.doesNotMatch((refused as { error: string }).error, /wrong-password-xyz/);
   });
 });
+
+describe("missingClient()", () => {
+  it("finds each broker's client installed here, and names what to install when one is not (the package test's control)", async () => {
+    assert.equal(await missingClient("nats", "events"), undefined);
+    assert.equal(await missingClient("rabbitmq", "audit"), undefined);
+    assert.equal(await missingClient("rabbitmq", "audit", ["amqplib-that-is-not-there"]),
+      `destination "audit" publishes to RabbitMQ, but amqplib-that-is-not-there is not installed: npm install amqplib-that-is-not-there`);
+  });
+});
+

@@ -1,5 +1,5 @@
 // test/cli.test.ts: inbox.ts as the operator runs it, a real process on a real database: what each
-// command prints, its exit code (0 success, 1 not found, 2 usage error), and errors in one line.
+// command prints, its exit code (0 success, 1 not found or refused, 2 usage error), and errors in one line.
 
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
@@ -260,7 +260,7 @@ describe("inbox.ts", () => {
     it("exits 0 for --help, with examples and the exit codes", async () => {
       const { code, stdout } = await cli("--help");
       assert.equal(code, 0);
-      assert.match(stdout, /Exit codes: 0 success, 1 not found, 2 usage error\./);
+      assert.match(stdout, /Exit codes: 0 success, 1 not found or refused, 2 usage error\./);
     });
   });
 });

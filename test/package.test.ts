@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, it } from "node:test";
@@ -134,8 +134,13 @@ describe("npm pack", () => {
     const files = readdirSync(dist, { recursive: true, encoding: "utf8" }).filter((f) => !statSync(join(dist, f)).isDirectory());
     assert.deepEqual(files.filter((f) => !/\.(js|d\.ts)$/.test(f)), []);
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
-    assert.deepEqual(Object.keys(manifest.dependencies).sort(),
-      ["@nats-io/jetstream", "@nats-io/transport-node", "@opentelemetry/api", "amqplib", "commander", "pg", "prom-client", "undici"]);
+    assert.deepEqual(Object.keys(manifest.dependencies).sort(), ["@opentelemetry/api", "commander", "pg", "prom-client", "undici"]);
+    // The broker clients are optional peers: installed by whoever publishes into a broker, by no one else.
+    const brokers = ["@nats-io/jetstream", "@nats-io/transport-node", "amqplib"];
+    assert.deepEqual(Object.keys(manifest.peerDependencies).sort(), brokers);
+    for (const name of brokers) assert.deepEqual(manifest.peerDependenciesMeta[name], { optional: true }, name);
+    // The alert rules and the dashboard ship with it (docs/observability.md, docs/production.md).
+    for (const file of ["alerts.yml", "dashboard.json"]) assert.ok(existsSync(join(app, "node_modules", "webhook-inbox", "ops", file)), `ops/${file}`);
   });
 });
 
@@ -178,6 +183,18 @@ describe("an app that installed the tarball", () => {
     const status = await exec("npx", ["webhook-inbox", "inbox", "status", "--db", "node.db"], app);
     assert.equal(status.code, 0, status.stderr);
     assert.match(status.stdout, /^done {7}2$/m); // evt_1, and the app's own typed store at start
+  });
+
+  it("installs no broker client, and a worker whose sources file names a broker stops at start-up with one line saying what to install", async () => {
+    for (const name of ["amqplib", "@nats-io/transport-node", "@nats-io/jetstream"]) assert.ok(!existsSync(join(app, "node_modules", name)), `${name} was installed`);
+    for (const [type, install] of [["rabbitmq", "npm install amqplib"], ["nats", "npm install @nats-io/transport-node @nats-io/jetstream"]] as const) {
+      const settings = type === "nats" ? { type, subject: "webhooks.{source}", stream: "WEBHOOKS" } : { type, exchange: "webhooks", routingKey: "{source}" };
+      writeFileSync(join(app, `${type}.json`), JSON.stringify({ $destinations: { events: settings }, shop: { provider: "plain", routes: ["handler", "events"] } }));
+      const worker = await exec("npx", ["webhook-inbox", "worker", "--once", "--db", "brokers.db", "--sources", `${type}.json`], app);
+      assert.equal(worker.code, 2, worker.stderr);
+      assert.equal(worker.stderr.trim().split("\n").length, 1, worker.stderr);
+      assert.ok(worker.stderr.trim().endsWith(install), worker.stderr);
+    }
   });
 
   it("answers each command's --help as the script does, and refuses an unknown command with exit 2", async () => {

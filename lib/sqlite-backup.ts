@@ -1,0 +1,251 @@
+// lib/sqlite-backup.ts: a SQLite inbox copied whole while it runs, and put back after a lost disk. backup() takes
+// one consistent snapshot through SQLite's online backup API, checks it, and renames it into place;
+// restore() puts a checked copy back, refusing a database that any process has open; healthProblem() is
+// the start-up quick_check. inbox.ts's `backup` and `restore` commands run them.
+//   npx tsx inbox.ts backup --dir /var/backups/inbox --keep 48      npx tsx inbox.ts restore FILE
+
+import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
+import { basename, dirname, extname, join, resolve } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { DEFAULTS } from "./defaults.ts";
+import { message } from "./log.ts";
+import { STATUSES, type Status } from "./store.ts";
+
+/** Snapshot is what a checked copy of an inbox holds. */
+export interface Snapshot {
+  /** The copy's path. */
+  file: string;
+  /** Its size on disk. */
+  bytes: number;
+  /** Rows per status (one per delivery and route), tombstones included in their status. */
+  counts: Record<Status, number>;
+  /** Rows whose body was purged: they still answer their ID as a duplicate. */
+  tombstones: number;
+  /** Its schema version (PRAGMA user_version): a newer inbox migrates it on open. */
+  schema: number;
+}
+
+/** Backup is a finished backup: the snapshot, when it began, and what rotation removed. */
+export interface Backup extends Snapshot {
+  /** When the copy began (ms since the epoch): every delivery acknowledged before it is in the copy. */
+  startedAt: number;
+  /** How long the copy and its check took, in ms. */
+  ms: number;
+  /** Of ms, how long the copy itself took: the one read transaction, while the WAL may grow. */
+  copyMs: number;
+  /** Older backups that --keep let go. */
+  removed: string[];
+}
+
+/** BackupOptions tunes backup(). */
+export interface BackupOptions {
+  /** After the new backup is checked, keep this many backups of the same name pattern in its folder. @default all */
+  keep?: number;
+  /** The clock, for startedAt and the default file name. @default Date.now */
+  now?: () => number;
+}
+
+/** InUse is the refusal of an operation that needs the database to itself. */
+export class InUse extends Error {}
+
+// All pages in one step. SQLite restarts a stepped backup whenever another connection commits, so under a
+// busy receiver a small step might never finish; one step is one read transaction, which in WAL mode blocks
+// no writer (the WAL grows until it ends, then the checkpointer catches up).
+const ALL_PAGES = 2 ** 31 - 1;
+
+/** backupName is the name a scheduled backup of db gets: inbox-20261203T120000Z.db for inbox.db at 12:00 UTC. */
+export function backupName(db: string, at: number): string {
+  const stem = basename(db, extname(db)) || "inbox";
+  return `${stem}-${new Date(at).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "")}.db`;
+}
+
+/**
+ * backup copies the live SQLite inbox at db to file without stopping its receivers and workers: one read
+ * transaction on libuv's thread pool, so it is a single moment's state. The copy is written under a
+ * temporary name beside file, checked with integrity_check, synced, and only then renamed to file: a file
+ * of that name is always a whole, checked backup. With keep, older backups of the same pattern in file's
+ * folder beyond the newest keep are removed afterwards, never the new one; a failed backup removes nothing.
+ */
+export async function backup(db: string, file: string, options: BackupOptions = {}): Promise<Backup> {
+  const now = options.now ?? Date.now;
+  if (options.keep !== undefined && !(Number.isInteger(options.keep) && options.keep >= 1)) {
+    throw new TypeError(`backup: expected keep to be a whole number of 1 or more, got ${options.keep}`);
+  }
+  // Opening a missing file would create an empty one; say so instead.
+  if (!existsSync(db)) throw new Error(`backup ${db}: no such file`);
+  // The rename at the end would put the copy in place of the live database.
+  if (resolve(file) === resolve(db)) throw new Error(`backup ${db}: the backup must be another file than the database`);
+  const temp = join(dirname(file), `.${basename(file)}.partial-${process.pid}`);
+  const started = performance.now();
+  let startedAt: number;
+  let copyMs: number;
+  let snapshot: Snapshot;
+  try {
+    // A plain connection, only read from: openDatabase would take the write lock to migrate.
+    // Loaded here, not imported above: the scripts import this file for healthProblem() on runtimes whose
+    // node:sqlite may lack backup().
+    const { backup: onlineBackup } = await import("node:sqlite");
+    const source = new DatabaseSync(db, { timeout: DEFAULTS.busyTimeoutMs });
+    try {
+      startedAt = now();
+      await onlineBackup(source, temp, { rate: ALL_PAGES });
+    } finally {
+      source.close();
+    }
+    copyMs = performance.now() - started;
+    const copy = new DatabaseSync(temp);
+    try {
+      // One self-contained file: a rollback journal, not WAL, so no -wal file belongs beside it.
+      copy.exec("PRAGMA journal_mode = DELETE");
+    } finally {
+      copy.close();
+    }
+    snapshot = check(temp);
+    syncFile(temp);
+    renameSync(temp, file);
+    syncFile(dirname(file));
+  } catch (error) {
+    rmSync(temp, { force: true });
+    throw new Error(`backup ${db}: ${message(error)}`, { cause: error });
+  }
+  const removed = options.keep === undefined ? [] : rotate(file, options.keep);
+  return { ...snapshot, file, startedAt, ms: performance.now() - started, copyMs, removed };
+}
+
+// rotate removes the oldest backups named like file's pattern (stem-YYYYMMDDTHHMMSSZ.db) in its folder
+// beyond the newest keep; file itself, just checked, is never one of them.
+function rotate(file: string, keep: number): string[] {
+  const pattern = /^(.+)-\d{8}T\d{6}Z\.db$/;
+  const stem = pattern.exec(basename(file))?.[1];
+  if (stem === undefined) return [];
+  const folder = dirname(file);
+  const same = readdirSync(folder).filter((name) => pattern.exec(name)?.[1] === stem && name !== basename(file)).sort();
+  const removed = same.slice(0, Math.max(0, same.length - (keep - 1))).map((name) => join(folder, name));
+  for (const path of removed) rmSync(path, { force: true });
+  return removed;
+}
+
+/**
+ * check opens a copy read-only and runs integrity_check on it; it returns what the copy holds, or throws
+ * with SQLite's first complaint. A file that is not an inbox is refused too.
+ */
+export function check(file: string): Snapshot {
+  if (!existsSync(file)) throw new Error(`no such file ${file}`);
+  const db = new DatabaseSync(file, { readOnly: true });
+  try {
+    let rows: { integrity_check: string }[];
+    try {
+      rows = db.prepare("PRAGMA integrity_check(3)").all() as { integrity_check: string }[];
+    } catch (error) {
+      rows = [{ integrity_check: message(error) }];
+    }
+    if (rows[0]?.integrity_check !== "ok") throw new Error(`integrity_check failed: ${oneLine(rows.map((r) => r.integrity_check))}`);
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'").all();
+    if (tables.length === 0) throw new Error("not an inbox database: it has no deliveries table");
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    for (const r of db.prepare("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as { status: Status; n: number }[]) counts[r.status] = r.n;
+    const purged = db.prepare("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL").get() as { n: number };
+    const { user_version: schema } = db.prepare("PRAGMA user_version").get() as { user_version: number };
+    return { file, bytes: statSync(file).size, counts, tombstones: purged.n, schema };
+  } finally {
+    db.close();
+  }
+}
+
+/**
+ * inUse tells whether any process has db open, by asking for an exclusive lock without waiting: in WAL
+ * mode every open connection holds a shared lock on the file for as long as it is open.
+ */
+export function inUse(db: string): boolean {
+  const probe = new DatabaseSync(db, { timeout: 0 });
+  try {
+    probe.exec("PRAGMA locking_mode = EXCLUSIVE");
+    probe.exec("BEGIN EXCLUSIVE");
+    probe.exec("ROLLBACK");
+    return false;
+  } catch (error) {
+    if (/locked|busy/i.test(message(error))) return true;
+    throw error;
+  } finally {
+    probe.close();
+  }
+}
+
+/** Restored is a finished restore: what the inbox now holds, and where the database it replaced went. */
+export interface Restored extends Snapshot {
+  /** The file the replaced database was moved to, with its -wal and -shm beside it; none if there was none. */
+  aside?: string;
+}
+
+/**
+ * restore puts the backup at file back as the inbox at db. It checks the backup first, refuses (InUse) a
+ * db that any process has open, and moves an existing db aside with its -wal and -shm, so nothing is
+ * lost and no old WAL is replayed into the restored file. The copy is made under a temporary name,
+ * synced, and renamed into place.
+ */
+export function restore(file: string, db: string, now: () => number = Date.now): Restored {
+  if (resolve(file) === resolve(db)) throw new Error(`restore ${file}: the backup is the database itself`);
+  try {
+    check(file);
+  } catch (error) {
+    throw new Error(`restore ${file}: not a sound inbox backup: ${message(error)}`, { cause: error });
+  }
+  if (existsSync(db) && inUse(db)) throw new InUse(`${db} is in use: stop its receivers, workers and operator page, then restore`);
+  let aside: string | undefined;
+  const stamp = new Date(now()).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "");
+  for (const suffix of ["", "-wal", "-shm"]) {
+    if (!existsSync(db + suffix)) continue;
+    aside ??= `${db}.before-restore-${stamp}`;
+    renameSync(db + suffix, aside + suffix);
+  }
+  const temp = join(dirname(db), `.${basename(db)}.partial-${process.pid}`);
+  try {
+    copyFileSync(file, temp);
+    syncFile(temp);
+    renameSync(temp, db);
+    syncFile(dirname(db));
+  } catch (error) {
+    rmSync(temp, { force: true });
+    throw new Error(`restore ${file} to ${db}: ${message(error)}`, { cause: error });
+  }
+  return { ...check(db), ...(aside ? { aside } : {}) };
+}
+
+/**
+ * healthProblem runs SQLite's quick_check on a database file before a script starts serving from it, and
+ * returns its first complaints, or undefined for a sound file (or none yet). At start-up only, never on the
+ * ack path: it reads every page (bench/backup.ts measures it at a million rows).
+ */
+export function healthProblem(path: string): string | undefined {
+  if (!existsSync(path)) return undefined;
+  // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
+  const db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
+  try {
+    const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
+    return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
+  } catch (error) {
+    return message(error);
+  } finally {
+    db.close();
+  }
+}
+
+// oneLine joins SQLite's complaints into one line, without the banner it puts before them.
+function oneLine(complaints: string[]): string {
+  return complaints.join("; ").replace(/\*\*\* in database \w+ \*\*\*\s*/g, "").replace(/\s*\n\s*/g, "; ");
+}
+
+// syncFile fsyncs a file, or a folder so that a rename in it survives a power cut.
+function syncFile(path: string): void {
+  const fd = openSync(path, "r");
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** damagedLine is the one line a script stops with when its database fails quick_check at start-up. */
+export function damagedLine(script: string, path: string, problem: string): string {
+  return `${script}: ${path} fails SQLite's quick_check (${problem}): restore the last backup (inbox.ts restore FILE), or start with --force to use it anyway`;
+}
