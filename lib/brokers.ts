@@ -110,8 +110,8 @@ export function messageId(destination: string, m: Pick<BrokerMessage, "source" |
   return m.replays > 0 ? `${key}:replay-${m.replays}` : key;
 }
 
-// Settings every destination takes, which routes.ts reads (in flight, rate limit, breaker); not brokers.ts's own.
-const SHARED_KEYS = ["maxInFlight", "rate", "burst", "breaker"];
+// Settings every destination takes, which routes.ts reads (in flight, rate limit, breaker, transform); not brokers.ts's own.
+const SHARED_KEYS = ["maxInFlight", "rate", "burst", "breaker", "transform", "transformTimeout"];
 const NATS_KEYS = ["type", "url", "subject", "stream", "user", "pass", "token", "timeoutMs", ...SHARED_KEYS];
 const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "timeoutMs", ...SHARED_KEYS];
 

@@ -6,6 +6,7 @@
 
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
+import { filterInput } from "./filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
@@ -123,6 +124,8 @@ export function createHandler(options: HandlerOptions): Handler {
   const now = options.now ?? Date.now;
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   const basePath = (options.basePath ?? "").replace(/\/+$/, "");
+  // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
+  const filtered = new Set([...sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
   const closing = options.closing ?? (() => false);
   for (const [name, value] of [["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight]] as const) {
     if (!Number.isInteger(value) || value < 1) throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
@@ -179,7 +182,9 @@ export function createHandler(options: HandlerOptions): Handler {
     try {
       // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
-      const destinations = routes ? routeTo(routes, verdict.eventType) : undefined;
+      const destinations = routes
+        ? routeTo(routes, verdict.eventType, filtered.has(source) ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url }) : undefined)
+        : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
