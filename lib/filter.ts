@@ -18,8 +18,8 @@ export interface FilterInput {
   readonly type: string | undefined;
 }
 
-/** Filter is a compiled filter: true when the delivery matches. It never throws. */
-export type Filter = (input: FilterInput) => boolean;
+/** RouteFilter is a compiled route filter: true when the delivery matches. It never throws. */
+export type RouteFilter = (input: FilterInput) => boolean;
 
 /** SCOPES are the parts of a delivery a filter may match, the top level's only keys besides $or, $and and $not. */
 export const SCOPES = ["body", "headers", "query", "path", "source", "type"] as const;
@@ -45,7 +45,7 @@ class FilterError extends TypeError {}
  * mistake (an unknown operator or scope, an operand of the wrong type, a regex that does not compile)
  * throws a TypeError of one line: `source "stripe": route #2 (billing): filter at body.amount: …`.
  */
-export function compileFilter(spec: unknown, where: string): Filter {
+export function compileFilter(spec: unknown, where: string): RouteFilter {
   try {
     const match = top(spec, "");
     return (input) => match(input);

@@ -7,7 +7,7 @@
 
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
-import { compileFilter, type Filter, type FilterInput } from "./filter.ts";
+import { compileFilter, type FilterInput, type RouteFilter } from "./filter.ts";
 import { DESTINATION_NAME, type BreakerPolicy } from "./store.ts";
 
 /** Route is one of a source's routes: a destination, the deliveries it takes, how they are reshaped, and what a 4xx answer means. */
@@ -16,7 +16,7 @@ export interface Route {
   /** Glob patterns (`invoice.*`); a delivery whose event type matches none is not sent this way. @default every type */
   types?: RegExp[];
   /** The route's filter (filter.ts), compiled once; a delivery it does not match is not sent this way. @default every delivery */
-  filter?: Filter;
+  filter?: RouteFilter;
   /** The module that reshapes each forward this way (transform.ts); it overrides the destination's. @default the destination's, else none */
   transform?: TransformSetting;
   /** A 4xx answer (other than 408, 409, 425, 429) sets the delivery aside at once instead of retrying. @default false */
