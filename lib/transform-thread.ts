@@ -68,7 +68,11 @@ try {
   transform = fn as (input: unknown) => unknown;
   port.postMessage({ ready: true });
 } catch (error) {
-  port.postMessage({ loadError: error instanceof TypeError && !whereIn(error) ? error.message : described(error) });
+  const path = module.startsWith("file:") ? new URL(module).pathname : module;
+  const missing = (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
+  port.postMessage({
+    loadError: missing ? `there is no file ${path}` : error instanceof TypeError && !whereIn(error) ? error.message : described(error).replace(/ imported from \S*transform-thread\.[jt]s/, ""),
+  });
 }
 
 // One delivery at a time: transform.ts times the one in hand, and that is this thread's only job.

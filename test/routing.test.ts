@@ -1,7 +1,8 @@
 // test/routing.test.ts: route filters through the real receiver (a receiver.ts child) on SQLite and on
 // PostgreSQL: deliveries signed as Stripe-style Standard Webhooks and GitHub send them, rows written for the
 // routes whose filters match, a form-encoded body that matches no body filter, and `replay --to` still adding
-// a route afterwards. A bad filter stops receiver.ts and worker.ts with one line and exit code 2.
+// a route afterwards; `inbox.ts preview` shows what would be sent. A bad filter or transform module stops
+// receiver.ts and worker.ts with one line and exit code 2.
 
 import assert from "node:assert/strict";
 import { existsSync, writeFileSync } from "node:fs";
@@ -23,7 +24,7 @@ const SOURCES = {
   },
   stripe: {
     provider: "standard", secret: STRIPE_SECRET,
-    routes: ["handler", { to: "billing", types: ["invoice.*"], filter: { body: { livemode: true, data: { object: { amount_due: { $gt: 10000 } } } } } }],
+    routes: ["handler", { to: "billing", types: ["invoice.*"], filter: { body: { livemode: true, data: { object: { amount_due: { $gt: 10000 } } } } }, transform: "./billing.ts" }],
   },
   github: {
     provider: "github", secret: GITHUB_SECRET,
@@ -31,7 +32,18 @@ const SOURCES = {
   },
 };
 
-describe("a bad filter stops start-up", () => {
+// BILLING is the billing route's transform: the invoice in the app's own shape.
+const BILLING = `export default (d: { json: { data: { object: { id: string; amount_due: number } } } }) =>
+  ({ body: { invoice: d.json.data.object.id, cents: d.json.data.object.amount_due }, headers: { "x-billing": "1" } });`;
+
+// writeSources writes a sources file, and the billing transform beside it; it returns the file's path.
+function writeSources(dir: string, config: unknown): string {
+  writeFileSync(join(dir, "billing.ts"), BILLING);
+  writeFileSync(join(dir, "sources.json"), JSON.stringify(config));
+  return join(dir, "sources.json");
+}
+
+describe("a bad filter or transform stops start-up", () => {
   let dir: { dir: string; cleanup: () => void };
   beforeEach(() => (dir = tempDir()));
   afterEach(() => dir.cleanup());
@@ -39,11 +51,11 @@ describe("a bad filter stops start-up", () => {
   const cases: [string, string, unknown, string][] = [
     ["receiver.ts", "an unknown operator", withRoute({ filter: { body: { amount: { $gtt: 1 } } } }), 'source "stripe": route #2 (billing): filter at body.amount.$gtt: unknown operator $gtt'],
     ["worker.ts", "a regex that does not compile", withRoute({ filter: { headers: { "user-agent": { $regex: "[" } } } }), 'source "stripe": route #2 (billing): filter at headers.user-agent.$regex: the regular expression "[" does not compile'],
+    ["worker.ts", "a transform module that is not there", withRoute({ transform: "./missing.ts" }), 'source "stripe": route to billing: transform ./missing.ts could not be loaded: there is no file /'],
   ];
   for (const [script, what, config, line] of cases) {
     it(`${script}: ${what}: one line, exit code 2, nothing created`, async () => {
-      const file = join(dir.dir, "sources.json");
-      writeFileSync(file, JSON.stringify(config));
+      const file = writeSources(dir.dir, config);
       const db = join(dir.dir, "inbox.db");
       const r = await runScript(script, ["--sources", file, "--db", db, ...(script === "worker.ts" ? ["--once"] : ["--port", "0"])], { APP_SECRET });
       assert.equal(r.code, 2, r.stderr);
@@ -54,8 +66,7 @@ describe("a bad filter stops start-up", () => {
   }
 
   it("control: the file with its filters mended starts the worker", async () => {
-    const file = join(dir.dir, "sources.json");
-    writeFileSync(file, JSON.stringify(SOURCES));
+    const file = writeSources(dir.dir, SOURCES);
     const r = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"]);
     assert.equal(r.code, 0, r.stderr);
   });
@@ -67,8 +78,7 @@ for (const backend of await backends("routing")) {
       const dir = tempDir();
       const { target, cleanup } = await backend.make();
       try {
-        const file = join(dir.dir, "sources.json");
-        writeFileSync(file, JSON.stringify(SOURCES));
+        const file = writeSources(dir.dir, SOURCES);
         const receiver = await startReceiver(target, ["--sources", file, "--quiet"]);
         const now = () => Math.floor(Date.now() / 1000);
         const stripe = async (id: string, event: unknown) => {
@@ -83,10 +93,10 @@ for (const backend of await backends("routing")) {
           });
           assert.equal(r.status, 200, await r.text());
         };
-        const invoice = (livemode: boolean, amount: number) => ({ type: "invoice.paid", livemode, data: { object: { amount_due: amount } } });
-        await stripe("evt_live_big", invoice(true, 25_000));
-        await stripe("evt_live_small", invoice(true, 10_000));
-        await stripe("evt_test_big", invoice(false, 25_000));
+        const invoice = (id: string, livemode: boolean, amount: number) => ({ type: "invoice.paid", livemode, data: { object: { id: `in_${id}`, amount_due: amount } } });
+        await stripe("evt_live_big", invoice("evt_live_big", true, 25_000));
+        await stripe("evt_live_small", invoice("evt_live_small", true, 10_000));
+        await stripe("evt_test_big", invoice("evt_test_big", false, 25_000));
         await stripe("evt_customer", { type: "customer.created", livemode: true, data: { object: { amount_due: 99_999 } } });
         await github("gh_main", "push", JSON.stringify({ ref: "refs/heads/main" }));
         await github("gh_branch", "push", JSON.stringify({ ref: "refs/heads/feature" }));
@@ -107,6 +117,19 @@ for (const backend of await backends("routing")) {
         } finally {
           await inbox.close();
         }
+        // preview: the routes chosen now, and billing's request as its transform shapes it; nothing sent.
+        const shown = await runScript("inbox.ts", ["preview", "evt_live_big", "--sources", file, "--db", target, "--json"]);
+        assert.equal(shown.code, 0, shown.stderr);
+        const seen = JSON.parse(shown.stdout) as { routes: unknown[]; requests: { destination: string; kind: string; url?: string; headers?: Record<string, string>; body?: string }[] };
+        assert.deepEqual(seen.routes, [{ to: "handler", chosen: true }, { to: "billing", chosen: true }]);
+        const billing = seen.requests.find((r) => r.destination === "billing")!;
+        assert.equal(billing.url, "http://127.0.0.1:1/billing");
+        assert.deepEqual(JSON.parse(billing.body!), { invoice: "in_evt_live_big", cents: 25_000 });
+        assert.equal(billing.headers!["x-billing"], "1");
+        assert.equal(billing.headers!["content-type"], "application/json");
+        assert.equal(billing.headers!["webhook-signature"], "v1,(made when sent, over this body)");
+        const other = await runScript("inbox.ts", ["preview", "evt_test_big", "--sources", file, "--db", target, "--json"]);
+        assert.deepEqual((JSON.parse(other.stdout) as { routes: unknown[] }).routes, [{ to: "handler", chosen: true }, { to: "billing", chosen: false, why: "its filter" }]);
         const replayed = await runScript("inbox.ts", ["replay", "evt_test_big", "--to", "billing", "--db", target]);
         assert.equal(replayed.code, 0, replayed.stderr);
         const again = await connect(target);
