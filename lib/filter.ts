@@ -76,7 +76,9 @@ function top(spec: unknown, path: string): (input: FilterInput) => boolean {
     } else if ((SCOPES as readonly string[]).includes(key)) {
       const scope = key as (typeof SCOPES)[number];
       const m = compile(scope === "headers" ? lowerNames(value) : scope === "path" ? convoyPath(value) : value, joined(path, key));
-      parts.push((input) => m(input[scope]));
+      // One closure per scope, each reading one property: cheaper than input[scope] for every delivery.
+      parts.push(scope === "body" ? (input) => m(input.body) : scope === "headers" ? (input) => m(input.headers) : scope === "query" ? (input) => m(input.query)
+        : scope === "path" ? (input) => m(input.path) : scope === "source" ? (input) => m(input.source) : (input) => m(input.type));
     } else {
       fail(joined(path, key), key.startsWith("$")
         ? `${key} cannot stand at the top; it goes inside one of ${SCOPES.join(", ")}`
@@ -255,44 +257,70 @@ export interface Arrival {
  * parsed only if a filter reads it, once for every route.
  */
 export function filterInput(arrival: Arrival): FilterInput {
-  let body: unknown;
-  let headers: Record<string, string | string[]> | undefined;
-  let query: Record<string, string | string[]> | undefined;
-  let parsed = false;
-  const q = arrival.url.indexOf("?");
-  return {
-    get body() {
-      if (!parsed) {
-        parsed = true;
-        try {
-          body = JSON.parse(Buffer.from(arrival.body.buffer, arrival.body.byteOffset, arrival.body.byteLength).toString("utf8"));
-        } catch {
-          body = undefined;
-        }
+  return new LazyInput(arrival);
+}
+
+// LazyInput is filterInput's object: a class, so its getters live on the prototype rather than being made
+// for each delivery (an object literal with getters cost more than the filters themselves).
+class LazyInput implements FilterInput {
+  readonly source: string;
+  readonly type: string | undefined;
+  readonly #arrival: Arrival;
+  #body: unknown = UNREAD;
+  #headers?: Record<string, string | string[]>;
+  #query?: Record<string, string | string[]>;
+
+  constructor(arrival: Arrival) {
+    this.#arrival = arrival;
+    this.source = arrival.source;
+    this.type = arrival.eventType ?? undefined;
+  }
+
+  get body(): unknown {
+    if (this.#body === UNREAD) {
+      const b = this.#arrival.body;
+      try {
+        this.#body = JSON.parse(Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("utf8"));
+      } catch {
+        this.#body = undefined;
       }
-      return body;
-    },
-    get headers() {
-      if (!headers) {
-        headers = {};
-        for (const [name, values] of Object.entries(arrival.headers)) {
-          if (values && values.length > 0) headers[name.toLowerCase()] = values.length === 1 ? values[0]! : [...values];
-        }
+    }
+    return this.#body;
+  }
+
+  get headers(): Record<string, string | string[]> {
+    if (!this.#headers) {
+      const headers: Record<string, string | string[]> = {};
+      for (const name in this.#arrival.headers) {
+        const values = this.#arrival.headers[name];
+        if (values && values.length > 0) headers[name.toLowerCase()] = values.length === 1 ? values[0]! : [...values];
       }
-      return headers;
-    },
-    get query() {
-      if (!query) {
-        query = {};
-        for (const [name, value] of new URLSearchParams(q < 0 ? "" : arrival.url.slice(q + 1))) {
+      this.#headers = headers;
+    }
+    return this.#headers;
+  }
+
+  get query(): Record<string, string | string[]> {
+    if (!this.#query) {
+      const query: Record<string, string | string[]> = {};
+      const url = this.#arrival.url;
+      const q = url.indexOf("?");
+      if (q >= 0) {
+        for (const [name, value] of new URLSearchParams(url.slice(q + 1))) {
           const had = query[name];
           query[name] = had === undefined ? value : Array.isArray(had) ? [...had, value] : [had, value];
         }
       }
-      return query;
-    },
-    path: q < 0 ? arrival.url : arrival.url.slice(0, q),
-    source: arrival.source,
-    type: arrival.eventType ?? undefined,
-  };
+      this.#query = query;
+    }
+    return this.#query;
+  }
+
+  get path(): string {
+    const url = this.#arrival.url;
+    const q = url.indexOf("?");
+    return q < 0 ? url : url.slice(0, q);
+  }
 }
+
+const UNREAD = Symbol("unread");
