@@ -64,7 +64,7 @@ export async function preview(
   }).destinations;
   const notes: string[] = [];
   if (routes.some((r) => r.filter)) {
-    if (!d.headers) notes.push("its headers were not kept (no route forwards them or transforms it), so a header filter sees none here");
+    if (!d.headers) notes.push("its headers were not kept, so a header filter sees none here");
     notes.push("the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source);
   }
   // The stored delivery as a filter saw it when it came in, as near as what is stored allows.
