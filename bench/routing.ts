@@ -140,9 +140,11 @@ export async function routing(): Promise<string> {
       const slice = Math.max(1, Math.floor(N / SLICES));
       for (let round = 1; round <= ROUNDS; round++) {
         const [t, fl, p, sh]: { rate: number; cpuUs: number }[][] = [[], [], [], []];
+        // In turns A B B A …, so that neither side always goes first.
         for (let i = 0; i < SLICES; i++) {
-          t.push(await receive(handlers.types, `t${round}-${i}`, slice));
-          fl.push(await receive(handlers.filter, `f${round}-${i}`, slice));
+          for (const side of i % 2 === 0 ? ["types", "filter"] as const : ["filter", "types"] as const) {
+            (side === "types" ? t : fl).push(await receive(handlers[side], `${side}${round}-${i}`, slice));
+          }
         }
         const types = sum(t, slice);
         const filter = sum(fl, slice);
@@ -150,8 +152,9 @@ export async function routing(): Promise<string> {
         const decideTypes = decide(routesOf(false), 20_000);
         const decideFilter = decide(routesOf(true), 20_000);
         for (let i = 0; i < SLICES; i++) {
-          p.push(await forwardRun(join(dir.dir, `plain-${round}-${i}.db`), sink.url, false, dir.dir, slice));
-          sh.push(await forwardRun(join(dir.dir, `shaped-${round}-${i}.db`), sink.url, true, dir.dir, slice));
+          for (const shape of i % 2 === 0 ? [false, true] : [true, false]) {
+            (shape ? sh : p).push(await forwardRun(join(dir.dir, `${shape ? "shaped" : "plain"}-${round}-${i}.db`), sink.url, shape, dir.dir, slice));
+          }
         }
         const plain = sum(p, slice);
         const shaped = sum(sh, slice);

@@ -250,6 +250,8 @@ export interface Arrival {
   headers: Readonly<Record<string, readonly string[] | undefined>>;
   /** The request target: the path and its query. */
   url: string;
+  /** The body already parsed, where verifying the signature did (providers.ts), so it is not parsed twice. */
+  parsed?: Record<string, unknown>;
 }
 
 /**
@@ -274,6 +276,7 @@ class LazyInput implements FilterInput {
     this.#arrival = arrival;
     this.source = arrival.source;
     this.type = arrival.eventType ?? undefined;
+    if (arrival.parsed !== undefined) this.#body = arrival.parsed;
   }
 
   get body(): unknown {

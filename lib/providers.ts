@@ -109,7 +109,8 @@ export interface Source {
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
 export type Verdict =
-  | { kind: "delivery"; id: string; eventType: string | null; providerTime: number | null }
+  /** event is the body parsed as a JSON object, where verifying it needed that (route filters read it again). */
+  | { kind: "delivery"; id: string; eventType: string | null; providerTime: number | null; event?: Record<string, unknown> }
   | { kind: "reply"; status: number; contentType: string; body: string }
   | { kind: "reject"; status: 400 | 401; reason: string };
 
@@ -622,7 +623,7 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
   }
   let eventType: string | null = null;
   for (const p of c.eventType) if (!eventType) eventType = read(p);
-  return { kind: "delivery", id, eventType, providerTime };
+  return { kind: "delivery", id, eventType, providerTime, ...(event ? { event } : {}) };
 }
 
 // ---- Signing ---------------------------------------------------------------------------------------
