@@ -13,13 +13,18 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
+import { brokerSender, parseBrokerDestination } from "../lib/brokers.ts";
+import type { Sender } from "../lib/forward.ts";
 import { forward } from "../lib/forwarder.ts";
 import { loadDestinations, parseRoutes, type Route } from "../lib/routes.ts";
 import type { Inbox } from "../lib/store.ts";
 import { Transformer, transformInput } from "../lib/transform.ts";
-import { backends, tempDir } from "./helpers.ts";
+import { jetStreamSuite } from "./brokers-suite.ts";
+import { backends, NATS, natsSkip, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
+const natsSkipped = await natsSkip();
+const jet = natsSkipped ? undefined : jetStreamSuite(NATS);
 const SECRET = `whsec_${Buffer.from("the shop app's secret").toString("base64")}`;
 
 interface Received {
@@ -203,6 +208,28 @@ for (const backend of await backends("transform")) {
       t += 60 * 60_000;
       const again = await run(inbox, { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } }, [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"]);
       assert.equal(again.done, 1);
+    });
+
+    it("a destination's transform reshapes what is published into JetStream too: its body and a header", { skip: natsSkipped }, async () => {
+      const inbox = await open();
+      const stream = `XF_${process.pid}_${backend.name}`;
+      jet!.made.push(stream);
+      await jet!.jsm.streams.add({ name: stream, subjects: [`xf${process.pid}${backend.name}.>`] });
+      await inbox.store({ source: "shop", id: "ord_5", body: Buffer.from('{"id":5,"total_price":"5.00"}'), contentType: "application/json", eventType: "orders/create", destinations: ["events"], headers: {} });
+      const settings = { type: "nats", url: NATS, subject: `xf${process.pid}${backend.name}.{source}`, stream, transform: "./shop-orders.ts" };
+      const forwarding = loadDestinations({ $destinations: { events: settings } }, {}, { brokerCheck: (name, x, where) => void parseBrokerDestination(name, x, where) });
+      const senders = new Map<string, Sender>([["events", brokerSender(parseBrokerDestination("events", settings)) as Sender]]);
+      try {
+        const stats = await forward({ inbox, forwarding, senders, transformBase: dir.dir, once: true, log: () => {} });
+        assert.equal(stats.done, 1);
+      } finally {
+        await senders.get("events")!.close();
+      }
+      const m = await jet!.jsm.streams.getMessage(stream, { seq: 1 });
+      assert.deepEqual(JSON.parse(new TextDecoder().decode(m!.data)), { orderId: "5", total: 5, email: null });
+      assert.equal(m!.header.get("x-order-source"), "shopify");
+      assert.equal(m!.header.get("inbox-event-type"), "", "removed by the transform");
+      assert.equal(m!.header.get("inbox-delivery-id"), "ord_5");
     });
 
     it("a replay after the module is fixed sends what the new code returns", async () => {
