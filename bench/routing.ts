@@ -18,6 +18,7 @@ import { createHandler } from "../lib/handler.ts";
 import { loadSources, sign } from "../lib/providers.ts";
 import { loadDestinations, routeTo, type Route } from "../lib/routes.ts";
 import type { Inbox } from "../lib/store.ts";
+import { Transforms } from "../lib/transform.ts";
 import { CONNECTIONS, f, knob, startChild, tempDir } from "./common.ts";
 
 const N = knob("BENCH_ROUTING_N", 4_000);
@@ -90,7 +91,7 @@ const SHAPE = `export default (d: { json: { type: string; customer: string; amou
   headers: { "x-shape": "1" },
 });`;
 
-async function forwardRun(path: string, sinkUrl: string, transform: boolean, dir: string, n: number): Promise<{ rate: number; cpuUs: number }> {
+async function forwardRun(path: string, sinkUrl: string, transform: boolean, transforms: Transforms, n: number): Promise<{ rate: number; cpuUs: number }> {
   const inbox: Inbox = await connect(path);
   try {
     for (let i = 0; i < n; i += 500) {
@@ -101,7 +102,7 @@ async function forwardRun(path: string, sinkUrl: string, transform: boolean, dir
     const routes = new Map([["shop", [{ to: "app", permanent4xx: false, forwardHeaders: false, ...(transform ? { transform: { module: "./shape.ts", timeoutMs: 1000 } } : {}) }] as Route[]]]);
     const cpu0 = ownCpuMs();
     const started = performance.now();
-    const stats = await forward({ inbox, forwarding: loadDestinations(cfg, {}), routes, transformBase: dir, once: true, log: () => {} });
+    const stats = await forward({ inbox, forwarding: loadDestinations(cfg, {}), routes, transforms, once: true, log: () => {} });
     const ms = performance.now() - started;
     if (stats.done !== n) throw new Error(`routing bench: forwarded ${stats.done} of ${n}`);
     return { rate: n / (ms / 1000), cpuUs: ((ownCpuMs() - cpu0) * 1000) / n };
@@ -116,6 +117,8 @@ export async function routing(): Promise<string> {
   const sink = await startChild("bench/bare.ts", []);
   try {
     writeFileSync(join(dir.dir, "shape.ts"), SHAPE);
+    // The transform's thread is started and its module loaded once, as a running worker has it, not in each run.
+    const transforms = new Transforms(dir.dir);
     console.log(`routing: ${N} deliveries a run, ${CONNECTIONS} at once, ${ROUNDS} rounds after a warm-up`);
     const inboxes = { types: await connect(join(dir.dir, "types.db"), { syncOffLoop: true }), filter: await connect(join(dir.dir, "filter.db"), { syncOffLoop: true }) };
     const handlers = {
@@ -130,7 +133,7 @@ export async function routing(): Promise<string> {
     try {
       await receive(handlers.types, "warm-t", Math.min(N, 1000));
       await receive(handlers.filter, "warm-f", Math.min(N, 1000));
-      await forwardRun(join(dir.dir, "warm.db"), sink.url, true, dir.dir, Math.min(N, 1000));
+      await forwardRun(join(dir.dir, "warm.db"), sink.url, true, transforms, Math.min(N, 1000));
       // A shared machine's load drifts within seconds: each round takes both sides in SLICES turns, one after
       // the other, and adds up each side's time and CPU, so the drift lands on both alike.
       const sum = (runs: { rate: number; cpuUs: number }[], n: number) => {
@@ -153,7 +156,7 @@ export async function routing(): Promise<string> {
         const decideFilter = decide(routesOf(true), 20_000);
         for (let i = 0; i < SLICES; i++) {
           for (const shape of i % 2 === 0 ? [false, true] : [true, false]) {
-            (shape ? sh : p).push(await forwardRun(join(dir.dir, `${shape ? "shaped" : "plain"}-${round}-${i}.db`), sink.url, shape, dir.dir, slice));
+            (shape ? sh : p).push(await forwardRun(join(dir.dir, `${shape ? "shaped" : "plain"}-${round}-${i}.db`), sink.url, shape, transforms, slice));
           }
         }
         const plain = sum(p, slice);
@@ -170,6 +173,7 @@ export async function routing(): Promise<string> {
     } finally {
       await inboxes.types.close();
       await inboxes.filter.close();
+      await transforms.close();
     }
     return `routing: receiving with a filter on every route ${f(median(receiveRatios), 2)}× the rate with types alone (target ≥ 0.90); ` +
       `forwarding with a transform ${f(median(forwardRatios), 2)}× the rate without, ${f(median(extraCpu))} µs more CPU per forward (medians of ${ROUNDS})`;

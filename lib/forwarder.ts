@@ -21,6 +21,8 @@ export interface ForwarderOptions {
   routes?: ReadonlyMap<string, readonly Route[]>;
   /** The folder a transform's relative path is taken from: the sources file's. @default the working directory */
   transformBase?: string;
+  /** The transforms' threads, when the caller keeps them between runs (transformBase is then theirs). @default threads of its own, stopped when forward returns */
+  transforms?: Transforms;
   /** Senders for destinations that are not HTTP (brokers), by destination name. @default none */
   senders?: ReadonlyMap<string, Sender>;
   /** Drain what is due, then return. @default false */
@@ -76,11 +78,11 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
     }
   };
   // One thread per transform module, shared by the lanes that use it (transform.ts).
-  const transforms = new Transforms(options.transformBase ?? ".");
+  const transforms = options.transforms ?? new Transforms(options.transformBase ?? ".");
   try {
     await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, options, stats, log, say, transforms)));
   } finally {
-    await transforms.close();
+    if (!options.transforms) await transforms.close();
     await Promise.all([...senders.entries()].filter(([name]) => forwarding.destinations.get(name)?.kind === "http").map(([, s]) => s.close()));
   }
   return stats;

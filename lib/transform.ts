@@ -203,7 +203,10 @@ export class Transformer {
       const job = this.#queue.shift()!;
       const id = this.#next++;
       thread.sent.push({ id, job });
-      thread.worker.postMessage({ id, input: job.input });
+      // The body's own bytes, moved rather than cloned: cloning a view copies its whole backing buffer, which
+      // for a row read from PostgreSQL is the connection's read buffer, not the body.
+      const body = new Uint8Array(job.input.body);
+      thread.worker.postMessage({ id, input: { ...job.input, body } }, [body.buffer]);
       if (thread.sent.length === 1) this.#time(thread);
     }
   }
