@@ -170,7 +170,9 @@ export function createHandler(options: HandlerOptions): Handler {
     if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await req.read(maxBody);
-    const verdict = verify(source, req.headers, body, now(), req.url);
+    // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
+    const parsed: { event?: Record<string, unknown> } | undefined = filtered.has(source) ? {} : undefined;
+    const verdict = verify(source, req.headers, body, now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
     if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
@@ -183,7 +185,7 @@ export function createHandler(options: HandlerOptions): Handler {
       // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
       const destinations = routes
-        ? routeTo(routes, verdict.eventType, filtered.has(source) ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, ...(verdict.event ? { parsed: verdict.event } : {}) }) : undefined)
+        ? routeTo(routes, verdict.eventType, filtered.has(source) ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, ...(parsed?.event ? { parsed: parsed.event } : {}) }) : undefined)
         : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
