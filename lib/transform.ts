@@ -3,7 +3,7 @@
 // one delivery at a time, stopped when it runs past its time limit, so a loop holds no lane and no handler.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
 //   import type { Transform } from "webhook-inbox/transform";
-//   export default ((d) => ({ body: { order: d.json } })) satisfies Transform;
+//   export default ((d) => ({ body: { id: d.id, type: d.eventType }, headers: { "x-app": "1" } })) satisfies Transform;
 
 import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
