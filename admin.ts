@@ -7,10 +7,13 @@
 import { createHash, createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { isIP } from "node:net";
+import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { bodyForPeople } from "./lib/format.ts";
 import { announce } from "./lib/forward.ts";
+import { preview, type Preview } from "./lib/preview.ts";
 import { readSourcesFile } from "./lib/providers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routes.ts";
@@ -44,6 +47,8 @@ export interface AdminOptions {
   hide?: readonly Secret[];
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
+  /** What a stored delivery would become under the sources file now (lib/preview.ts), for the delivery's page. @default none */
+  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
 }
 
 /** Admin is the operator page's server, not yet listening. */
@@ -475,7 +480,25 @@ ${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table cla
   .map((a) => `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(redact(a.error))}</td></tr>`).join("")}</tbody></table></div>`}
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
 <h2>Body</h2><nav class="tabs">${tab("json", "JSON", views.json !== undefined)}${tab("text", "Raw", views.text !== undefined)}${tab("base64", "Base64", true)}</nav>
-${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>`, flash);
+${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>
+${await previewSection(rows, params.get("preview") === "1")}`, flash);
+  };
+
+  // previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview`; nothing is sent.
+  const previewSection = async (rows: readonly Delivery[], asked: boolean): Promise<string> => {
+    if (!options.preview) return "";
+    if (!asked) return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as it is now, and each destination's request, its transform run; nothing is sent.</p>`;
+    let seen: Preview;
+    try {
+      seen = await options.preview(rows);
+    } catch (error) {
+      return `<h2>What would be sent now</h2><p class="error">${escape(redact(message(error)))}</p>`;
+    }
+    const request = (r: Preview["requests"][number]) => r.kind === "handler" ? "the worker's handler runs it; nothing goes over the network"
+      : r.error ? `the try would fail: ${r.error}` : r.skipped ? "skipped: its transform returned null"
+      : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {}).map(([k, v]) => `${k}: ${v}`).join("\n")}\n\n${bodyForPeople(r.body!)}`;
+    return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(`${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`)).join("; ") || "none"}</p>
+${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(redact(request(r)))}</pre>`).join("")}`;
   };
 
   const destinationsPage = async (s: Session, flash: string | null) => {
@@ -906,9 +929,11 @@ Examples:
   }
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
+  const config = sourcesFile ? readSourcesFile(sourcesFile) : undefined;
   const admin = createAdmin({
     inbox, token, readOnly: opts.readOnly, audit: log, hide: forwarding ? secretsOf(forwarding) : [], destinations: [...forwarding?.destinations.keys() ?? []],
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
+    ...(sourcesFile ? { preview: (rows: readonly Delivery[]) => preview(rows, config, { base: dirname(resolve(sourcesFile)) }) } : {}),
   });
   let url: string;
   try {

@@ -3,9 +3,11 @@
 // store.ts, which this module re-exports for apps. Run directly, it is the CLI at the bottom.
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
+//   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { existsSync } from "node:fs";
+import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./lib/format.ts";
@@ -260,6 +262,57 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`);
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);
         console.log(bodyForPeople(d.body));
+      } finally {
+        await inbox.close();
+      }
+    });
+
+  withDb(program.command("preview <id>"))
+    .description("show which routes a stored delivery's filters choose now, and the exact request each destination would get (its transform run); nothing is sent")
+    .option("--source <name>", "the delivery's source, when IDs clash")
+    .option("--to <destination>", "only this destination, whether its routes chose it or not")
+    .option("--sources <file>", "the sources file (default: INBOX_SOURCES)")
+    .option("--json", "print JSON (each body as text when it is UTF-8, and always as base64)")
+    .action(async (id: string, opts: { db?: string; source?: string; to?: string; sources?: string; json?: boolean }) => {
+      const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+      if (!sourcesFile) throw new UsageError("preview reads the routes from the sources file: pass --sources or set INBOX_SOURCES.");
+      let config: unknown;
+      try {
+        config = readSourcesFile(sourcesFile);
+      } catch (error) {
+        throw new UsageError(`${sourcesFile}: ${message(error)}`);
+      }
+      const inbox = await open(opts);
+      try {
+        const rows = await findRows(inbox, id, opts.source);
+        const { preview } = await import("./lib/preview.ts");
+        let seen: Awaited<ReturnType<typeof preview>>;
+        try {
+          seen = await preview(rows, config, { base: dirname(resolve(sourcesFile)), ...(opts.to ? { to: opts.to } : {}) });
+        } catch (error) {
+          throw new UsageError(`${sourcesFile}: ${message(error)}`);
+        }
+        if (opts.json) {
+          const body = (b: Buffer | undefined) => (b === undefined ? {} : { body: bodyForPeople(b).startsWith("(not UTF-8") ? null : b.toString("utf8"), bodyBase64: b.toString("base64") });
+          return void console.log(JSON.stringify({ ...seen, requests: seen.requests.map(({ body: b, ...r }) => ({ ...r, ...body(b) })) }, null, 2));
+        }
+        const d = rows[0]!;
+        console.log(`${label(d)}${d.eventType ? ` (${d.eventType})` : ""}, received ${iso(d.receivedAt)}; nothing is sent`);
+        console.log(`routes now    ${seen.routes.map((r) => `${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`).join("; ") || "(none)"}`);
+        console.log(`stored rows   ${rows.map((x) => `${x.destination || "(none)"} ${x.status}`).join("; ")}`);
+        for (const note of seen.notes) console.log(`note          ${note}`);
+        for (const r of seen.requests) {
+          console.log("");
+          if (r.kind === "handler") console.log(`→ ${r.destination}: the worker's handler runs it; nothing goes over the network`);
+          else if (r.error) console.log(`→ ${r.destination}: the try would fail: ${r.error}`);
+          else if (r.skipped) console.log(`→ ${r.destination}: skipped, its transform returned null; the row would be done, nothing sent`);
+          else {
+            console.log(`→ ${r.destination}: ${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}`);
+            for (const [name, value] of Object.entries(r.headers ?? {})) console.log(`${name}: ${value}`);
+            console.log("");
+            console.log(bodyForPeople(r.body!));
+          }
+        }
       } finally {
         await inbox.close();
       }

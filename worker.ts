@@ -4,6 +4,7 @@
 //   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60] [--purge-every [minutes]]
 // Import run() to plug in your own handler; the one here records the article's payments.
 
+import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
@@ -20,6 +21,7 @@ import { loadDestinations, type Forwarding, type Operator, type Route } from "./
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
 import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
+import { checkTransforms } from "./lib/transform.ts";
 import type { Sender } from "./lib/forward.ts";
 import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
@@ -520,6 +522,16 @@ Examples:
         process.exit(2);
       }
     }
+    // Each transform module is loaded once now, so a missing file or a bad export stops start-up, not a forward.
+    const uses = [
+      ...[...routes!].flatMap(([source, list]) => list.filter((r) => r.transform).map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` }))),
+      ...[...forwarding!.destinations.values()].filter((d) => d.transform).map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
+    ];
+    const wrong = uses.length === 0 ? undefined : await checkTransforms(uses, dirname(resolve(sourcesFile)));
+    if (wrong) {
+      say(`worker: ${sourcesFile}: ${wrong}`, "error");
+      process.exit(2);
+    }
   }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
@@ -594,7 +606,7 @@ Examples:
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./lib/forwarder.ts").then(({ forward }) => forward({
-        inbox: lanes ?? inbox, forwarding: forwarding!, routes, once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+        inbox: lanes ?? inbox, forwarding: forwarding!, routes, transformBase: dirname(resolve(sourcesFile!)), once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
         secrets,
       })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
       : undefined;

@@ -28,8 +28,9 @@ const BENCHES: Record<string, () => Promise<string>> = {
   brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
+  routing: async () => (await import("./routing.ts")).routing(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

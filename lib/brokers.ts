@@ -98,6 +98,8 @@ export interface BrokerMessage {
   traceparent?: string | null;
   /** The route's subject (NATS) or routing key (RabbitMQ) template, in place of the destination's. */
   to?: string;
+  /** Headers a transform (transform.ts) adds (a string) or removes (null), after the inbox's own. */
+  headers?: Record<string, string | null>;
 }
 
 /** BrokerOutcome is how a publish ended: done once the broker has it, else retry later or give up. */
@@ -136,8 +138,8 @@ export function messageId(destination: string, m: Pick<BrokerMessage, "source" |
   return m.replays > 0 ? `${key}:replay-${m.replays}` : key;
 }
 
-// Settings every destination takes, which routes.ts reads (in flight, rate limit, breaker); not brokers.ts's own.
-const SHARED_KEYS = ["maxInFlight", "rate", "burst", "breaker"];
+// Settings every destination takes, which routes.ts reads (in flight, rate limit, breaker, transform); not brokers.ts's own.
+const SHARED_KEYS = ["maxInFlight", "rate", "burst", "breaker", "transform", "transformTimeout"];
 const NATS_KEYS = ["type", "url", "subject", "stream", "user", "pass", "token", "timeoutMs", ...SHARED_KEYS];
 const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "timeoutMs", ...SHARED_KEYS];
 
@@ -283,6 +285,10 @@ function headerValues(m: BrokerMessage): [string, string][] {
   if (m.orderKey !== null) out.push([HEADERS.orderKey, safe(m.orderKey)], [HEADERS.stale, m.newerId !== null ? "true" : "false"]);
   if (m.newerId !== null) out.push([HEADERS.newerId, safe(m.newerId)]);
   if (m.traceparent) out.push([HEADERS.traceparent, safe(m.traceparent)]);
+  if (m.headers) {
+    const changes = m.headers;
+    return [...out.filter(([k]) => !(k in changes)), ...Object.entries(changes).filter((e): e is [string, string] => e[1] !== null).map(([k, v]): [string, string] => [k, safe(v)])];
+  }
   return out;
 }
 
@@ -291,11 +297,14 @@ function headerValues(m: BrokerMessage): [string, string][] {
  * leased delivery, its traceparent carried on, and answers with the same outcomes an HTTP forward has.
  */
 export function brokerSender(destination: BrokerDestination): {
-  send(lease: Lease, options: { signal: AbortSignal }): Promise<BrokerOutcome>;
+  send(lease: Lease, options: { signal: AbortSignal; headers?: Record<string, string | null> }): Promise<BrokerOutcome>;
   close(): Promise<void>;
 } {
   const broker = openBroker(destination);
-  return { send: (lease, { signal }) => broker.publish(messageOf(lease, lease.traceparent), signal), close: () => broker.close() };
+  return {
+    send: (lease, { signal, headers }) => broker.publish({ ...messageOf(lease, lease.traceparent), ...(headers ? { headers } : {}) }, signal),
+    close: () => broker.close(),
+  };
 }
 
 /** openBroker returns the publisher of one destination; it connects on the first publish, not before. */

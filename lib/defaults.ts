@@ -116,6 +116,12 @@ export const DEFAULTS = {
   connectTimeoutForwardMs: 5_000,
   /** Forwarding: milliseconds a whole forward may take, answer included, before it counts as failed. @default 30_000 */
   forwardTimeoutMs: 30_000,
+  /** Forwarding: milliseconds a transform may run for one forward before its thread is stopped and the try fails (a route's "transformTimeout"). @default 1_000 */
+  transformTimeoutMs: 1_000,
+  /** Forwarding: milliseconds a transform module may take to load in its thread. @default 10_000 */
+  transformLoadMs: 10_000,
+  /** Forwarding: megabytes of heap a transform's thread may use before it is stopped and the try fails. @default 256 */
+  transformHeapMb: 256,
   /** Forwarding: requests one worker has in flight to one destination. @default 16 */
   forwardInFlight: 16,
   /** Forwarding: the first bytes of a failed answer kept with the try's error. @default 256 */

@@ -25,8 +25,11 @@ export type Outcome =
 
 /** Sender forwards one delivery to one destination; the forwarder runs one per destination. */
 export interface Sender {
-  /** send forwards the leased delivery; it never throws: a failure is an Outcome. */
-  send(lease: Lease, options: { signal: AbortSignal; permanent4xx: boolean }): Promise<Outcome>;
+  /**
+   * send forwards the leased delivery (its body and content type as its transform left them); it never
+   * throws: a failure is an Outcome. headers are the transform's changes: a string sets one, null removes it.
+   */
+  send(lease: Lease, options: { signal: AbortSignal; permanent4xx: boolean; headers?: Record<string, string | null> }): Promise<Outcome>;
   close(): Promise<void>;
 }
 
@@ -78,11 +81,13 @@ export function traceparentOf(lease: Pick<Lease, "traceparent">): string {
 
 /**
  * forwardHeaders builds the headers of one forward; the delivery's key (source:id) is its webhook-id.
- * sign is the destination's signer(), made once.
+ * sign is the destination's signer(), made once; changes are a transform's (null removes a header). The
+ * signature is made last, over lease.body: the bytes that are sent.
  */
 export function forwardHeaders(
   destination: HttpDestination, lease: Lease, nowMs: number,
   sign: (id: string, body: Buffer, timestampS: number) => Record<string, string> = signer(destination.secrets, `destination ${JSON.stringify(destination.name)}`),
+  changes?: Record<string, string | null>,
 ): Record<string, string> {
   const headers: Record<string, string> = {};
   if (destination.forwardHeaders && lease.headers) {
@@ -101,8 +106,14 @@ export function forwardHeaders(
     ...(lease.eventType ? { "inbox-event-type": lease.eventType } : {}),
     ...(lease.orderKey !== null ? { "inbox-order-key": lease.orderKey, "inbox-stale": lease.newerId !== null ? "true" : "false" } : {}),
     ...(lease.newerId !== null ? { "inbox-newer-id": lease.newerId } : {}),
-  }, sign(`${lease.source}:${lease.id}`, lease.body, Math.floor(nowMs / 1000)));
-  return headers;
+  });
+  if (changes) {
+    for (const [name, value] of Object.entries(changes)) {
+      if (value === null) delete headers[name];
+      else headers[name] = value;
+    }
+  }
+  return Object.assign(headers, sign(`${lease.source}:${lease.id}`, lease.body, Math.floor(nowMs / 1000)));
 }
 
 /**
@@ -157,7 +168,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
   });
   const name = destination.name;
   return {
-    async send(lease, { signal, permanent4xx }) {
+    async send(lease, { signal, permanent4xx, headers: changes }) {
       // One controller for the worker's signal and the forward's own timeout (AbortSignal.any with
       // AbortSignal.timeout cost more than the signing).
       const controller = new AbortController();
@@ -171,7 +182,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
       }, destination.timeoutMs);
       try {
         const res = await request(destination.url, {
-          method: "POST", dispatcher: agent, headers: forwardHeaders(destination, lease, now(), sign), body: lease.body,
+          method: "POST", dispatcher: agent, headers: forwardHeaders(destination, lease, now(), sign, changes), body: lease.body,
           signal: controller.signal,
         });
         let head = "";

@@ -9,9 +9,10 @@ import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } f
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
-import type { Destination, Forwarding, Route } from "./routes.ts";
+import type { Destination, Forwarding, Route, TransformSetting } from "./routes.ts";
 import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
+import { TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
 export interface ForwarderOptions {
@@ -19,6 +20,10 @@ export interface ForwarderOptions {
   forwarding: Forwarding;
   /** Each source's routes, for what a 4xx means on its way to a destination. @default none: a 4xx retries */
   routes?: ReadonlyMap<string, readonly Route[]>;
+  /** The folder a transform's relative path is taken from: the sources file's. @default the working directory */
+  transformBase?: string;
+  /** The transforms' threads, when the caller keeps them between runs (transformBase is then theirs). @default threads of its own, stopped when forward returns */
+  transforms?: Transforms;
   /** Senders for destinations that are not HTTP (brokers), by destination name. @default none */
   senders?: ReadonlyMap<string, Sender>;
   /** Drain what is due, then return. @default false */
@@ -83,9 +88,12 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
       void announce(forwarding.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
     }
   };
+  // One thread per transform module, shared by the lanes that use it (transform.ts).
+  const transforms = options.transforms ?? new Transforms(options.transformBase ?? ".");
   try {
-    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, redactors.get(d.name)!, options, stats, log, say)));
+    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, redactors.get(d.name)!, options, stats, log, say, transforms)));
   } finally {
+    if (!options.transforms) await transforms.close();
     await Promise.all([...senders.entries()].filter(([name]) => forwarding.destinations.get(name)?.kind === "http").map(([, s]) => s.close()));
   }
   return stats;
@@ -95,7 +103,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 // slow destination holds its own leases and nobody else's.
 async function lane(
   destination: Destination, sender: Sender, { redact }: Redactor, options: ForwarderOptions, stats: ForwardStats, log: Log,
-  say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void,
+  say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void, transforms: Transforms,
 ): Promise<void> {
   const { inbox, metrics } = options;
   const name = destination.name;
@@ -235,6 +243,12 @@ async function lane(
     for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
   };
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
+  // The transform of a source's deliveries here: its route's, else the destination's, else none.
+  const transformOf = new Map<string, TransformSetting | undefined>();
+  const transformFor = (source: string) => {
+    if (!transformOf.has(source)) transformOf.set(source, options.routes?.get(source)?.find((r) => r.to === name)?.transform ?? destination.transform);
+    return transformOf.get(source);
+  };
 
   async function one(lease: Lease, controller: AbortController, free: () => void): Promise<void> {
     // Each try is a span of the delivery's trace (traces.ts), ended once its outcome is committed or known.
@@ -252,8 +266,32 @@ async function lane(
     const started = performance.now();
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
     const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
-    let outcome: Outcome = await sender.send(traced, { signal: controller.signal, permanent4xx: permanent4xx(lease) });
-    // Before the error is stored, tallied, logged, traced or announced: a failed answer may echo a secret.
+    // A transform reshapes this try in its thread; what it cannot do fails the try, which is retried like any
+    // other, but it says nothing of the destination, so the breaker does not count it.
+    const setting = transformFor(lease.source);
+    let shaped: Shaped | null | undefined;
+    let transformFailed = false;
+    let outcome: Outcome;
+    if (setting) {
+      try {
+        shaped = await transforms.get(setting.module).run(transformInput(lease, name), setting.timeoutMs);
+      } catch (error) {
+        transformFailed = true;
+        outcome = { kind: "retry", error: error instanceof TransformError ? error.message : `transform ${setting.module}: ${message(error)}` };
+      }
+    }
+    if (transformFailed) {
+      outcome = outcome!;
+    } else if (shaped === null) {
+      // The transform said this destination does not take this delivery: done, nothing sent.
+      outcome = { kind: "done" };
+    } else {
+      const sent = shaped ? { ...traced, body: shaped.body, contentType: shaped.contentType } : traced;
+      outcome = await sender.send(sent, { signal: controller.signal, permanent4xx: permanent4xx(lease), ...(shaped ? { headers: shaped.headers } : {}) });
+    }
+    const skipped = shaped === null;
+    // Before the error is stored, tallied, logged, traced or announced: a failed answer (or a transform's
+    // error, which may quote the delivery's headers) may echo a secret.
     if (outcome.kind !== "done") outcome = { ...outcome, error: redact(outcome.error) };
     // The request slot is free once the destination has answered and, for a failure, once the breaker has
     // counted it: the next forward must not go out to a destination that just opened.
@@ -277,9 +315,9 @@ async function lane(
         span.end(held ? "done" : "lost");
         if (held) {
           stats.done++;
-          gathered.done++;
-          if (lease.probe) await tally({ probe: "done" });
-          log(`${label(lease)} → ${name} done`, { ...fields, status: "done" });
+          if (!skipped) gathered.done++;
+          if (lease.probe && !skipped) await tally({ probe: "done" });
+          log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, { ...fields, status: "done" });
         } else {
           stats.lost++;
           log(`${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`, { level: "warn", ...fields });
@@ -303,7 +341,9 @@ async function lane(
       span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
-      else await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+      else if (!transformFailed) await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+      // A probe must still end, or the breaker waits on it: it ends as not proven, and the next probe tries again.
+      else if (lease.probe) await tally({ probe: "failed", error: outcome.error });
       if (failure === undefined) {
         stats.lost++;
         log(`${label(lease)} → ${name} failed, but the lease was already lost: ${outcome.error}`, { level: "warn", ...fields });

@@ -6,6 +6,7 @@
 
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
+import { filterInput } from "./filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
@@ -123,6 +124,8 @@ export function createHandler(options: HandlerOptions): Handler {
   const now = options.now ?? Date.now;
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   const basePath = (options.basePath ?? "").replace(/\/+$/, "");
+  // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
+  const filtered = new Set([...sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
   const closing = options.closing ?? (() => false);
   for (const [name, value] of [["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight]] as const) {
     if (!Number.isInteger(value) || value < 1) throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
@@ -167,7 +170,9 @@ export function createHandler(options: HandlerOptions): Handler {
     if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await req.read(maxBody);
-    const verdict = verify(source, req.headers, body, now(), req.url);
+    // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
+    const parsed: { event?: Record<string, unknown> } | undefined = filtered.has(source) ? {} : undefined;
+    const verdict = verify(source, req.headers, body, now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
     if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
@@ -179,7 +184,9 @@ export function createHandler(options: HandlerOptions): Handler {
     try {
       // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
-      const destinations = routes ? routeTo(routes, verdict.eventType) : undefined;
+      const destinations = routes
+        ? routeTo(routes, verdict.eventType, filtered.has(source) ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, ...(parsed?.event ? { parsed: parsed.event } : {}) }) : undefined)
+        : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
         source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,

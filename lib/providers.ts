@@ -518,9 +518,10 @@ const HOOKS: Partial<Record<Preset, Hook>> = {
 /**
  * verify checks a request's signature on the raw body under any of the source's secrets, then finds its
  * delivery ID, event type and signed time. Nothing in the body is read until the signature holds. The
- * target is the request's path and query, for schemes that sign the URL.
+ * target is the request's path and query, for schemes that sign the URL. parsed, where given, gets the
+ * body as a JSON object if verifying had to parse it.
  */
-export function verify(source: Source, headers: Headers, body: Buffer, nowMs: number, target: string = "/"): Verdict {
+export function verify(source: Source, headers: Headers, body: Buffer, nowMs: number, target: string = "/", parsed?: { event?: Record<string, unknown> }): Verdict {
   let c = compiledFor(source);
   if (source.provider === "standard" && headers["webhook-signature"] === undefined && headers["svix-signature"] !== undefined) c = COMPILED_SVIX;
   const unsigned = source.provider === "plain" && source.secrets.length === 0;
@@ -622,6 +623,8 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
   }
   let eventType: string | null = null;
   for (const p of c.eventType) if (!eventType) eventType = read(p);
+  // The body as verifying parsed it, for route filters (filter.ts), which then need not parse it again.
+  if (parsed && event) parsed.event = event;
   return { kind: "delivery", id, eventType, providerTime };
 }
 

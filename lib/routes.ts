@@ -7,17 +7,30 @@
 
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
+import { compileFilter, type FilterInput, type RouteFilter } from "./filter.ts";
 import { DESTINATION_NAME, type BreakerPolicy } from "./store.ts";
 
-/** Route is one of a source's routes: a destination, the event types it takes, and what a 4xx answer means. */
+/** Route is one of a source's routes: a destination, the deliveries it takes, how they are reshaped, and what a 4xx answer means. */
 export interface Route {
   to: string;
   /** Glob patterns (`invoice.*`); a delivery whose event type matches none is not sent this way. @default every type */
   types?: RegExp[];
+  /** The route's filter (filter.ts), compiled once; a delivery it does not match is not sent this way. @default every delivery */
+  filter?: RouteFilter;
+  /** The module that reshapes each forward this way (transform.ts); it overrides the destination's. @default the destination's, else none */
+  transform?: TransformSetting;
   /** A 4xx answer (other than 408, 409, 425, 429) sets the delivery aside at once instead of retrying. @default false */
   permanent4xx: boolean;
-  /** Whether the destination forwards the provider's own headers, so the receiver keeps them. */
+  /** Whether the receiver keeps the provider's own headers for this route: its destination forwards them, or a transform may read them. */
   forwardHeaders: boolean;
+}
+
+/** TransformSetting names a transform module, as the sources file wrote it, and its time limit. */
+export interface TransformSetting {
+  /** The module's path as written: relative paths are taken from the sources file's folder (worker.ts). */
+  module: string;
+  /** @default DEFAULTS.transformTimeoutMs */
+  timeoutMs: number;
 }
 
 /** HttpDestination is a destination reached over HTTP, as its entry in "$destinations" says. */
@@ -43,6 +56,8 @@ export interface HttpDestination {
   forwardHeaders: boolean;
   /** The breaker's policy, or false for none. */
   breaker: BreakerPolicy | false;
+  /** The module that reshapes each forward here, unless the route names its own. @default none */
+  transform?: TransformSetting;
 }
 
 /** BrokerDestination is a destination that publishes into a broker; brokers.ts reads its settings. */
@@ -55,6 +70,7 @@ export interface BrokerDestination {
   rate?: { perSecond: number; burst?: number };
   breaker: BreakerPolicy | false;
   forwardHeaders: false;
+  transform?: TransformSetting;
 }
 
 /** Destination is any configured destination; the handler is not one here, it is always there. */
@@ -78,9 +94,9 @@ export interface Forwarding {
 /** TOP_KEYS are the sources file's own keys, beside the sources; none can clash with a source's name. */
 export const TOP_KEYS = ["$destinations", "$operator"] as const;
 
-const DESTINATION_KEYS = ["type", "url", "secret", "headers", "bearer", "basic", "timeout", "connectTimeout", "maxInFlight", "rate", "burst", "ca", "forwardHeaders", "breaker"];
+const DESTINATION_KEYS = ["type", "url", "secret", "headers", "bearer", "basic", "timeout", "connectTimeout", "maxInFlight", "rate", "burst", "ca", "forwardHeaders", "breaker", "transform", "transformTimeout"];
 const BREAKER_KEYS = ["failures", "rate", "minTries", "window", "coolDown"];
-const ROUTE_KEYS = ["to", "types", "permanent4xx"];
+const ROUTE_KEYS = ["to", "types", "filter", "transform", "transformTimeout", "permanent4xx"];
 
 const isObject = (value: unknown): value is Record<string, unknown> => typeof value === "object" && value !== null && !Array.isArray(value);
 const kindOf = (value: unknown) => (value === null ? "null" : Array.isArray(value) ? "a list" : typeof value);
@@ -96,7 +112,8 @@ export function glob(pattern: string): RegExp {
  */
 export function parseRoutes(setting: unknown, config: Record<string, unknown>, where: string): Route[] {
   const defined = isObject(config.$destinations) ? config.$destinations : {};
-  const forwards = (to: string) => isObject(defined[to]) && defined[to]!.forwardHeaders === true;
+  // The receiver keeps the provider's headers where the destination forwards them or a transform may read them.
+  const forwards = (to: string) => isObject(defined[to]) && (defined[to]!.forwardHeaders === true || defined[to]!.transform !== undefined);
   if (setting === undefined) return [{ to: DEFAULTS.destination, permanent4xx: false, forwardHeaders: false }];
   if (!Array.isArray(setting) || setting.length === 0) throw new TypeError(`${where}: expected routes to be a list of destinations, got ${kindOf(setting)}`);
   const routes: Route[] = [];
@@ -120,14 +137,42 @@ export function parseRoutes(setting: unknown, config: Record<string, unknown>, w
       types = (r.types as string[]).map(glob);
     }
     if (r.permanent4xx !== undefined && typeof r.permanent4xx !== "boolean") throw new TypeError(`${at}: expected permanent4xx to be true or false, got ${JSON.stringify(r.permanent4xx)}`);
-    routes.push({ to, ...(types ? { types } : {}), permanent4xx: r.permanent4xx === true, forwardHeaders: forwards(to) });
+    const filter = r.filter === undefined ? undefined : compileFilter(r.filter, `${at} (${to})`);
+    const transform = transformOf(r, `${at} (${to})`);
+    routes.push({
+      to, ...(types ? { types } : {}), ...(filter ? { filter } : {}), ...(transform ? { transform } : {}),
+      permanent4xx: r.permanent4xx === true, forwardHeaders: forwards(to) || transform !== undefined,
+    });
   }
   return routes;
 }
 
-/** routeTo picks the destinations of a delivery of this event type, in the routes' order. */
-export function routeTo(routes: readonly Route[], eventType: string | null): string[] {
-  return routes.filter((r) => r.types === undefined || (eventType !== null && r.types.some((t) => t.test(eventType)))).map((r) => r.to);
+/**
+ * routeTo picks the destinations of a delivery of this event type, in the routes' order: types first (the
+ * cheaper test), then the filter against input (filter.ts filterInput). A route with a filter takes
+ * nothing when no input is given.
+ */
+export function routeTo(routes: readonly Route[], eventType: string | null, input?: FilterInput): string[] {
+  const chosen: string[] = [];
+  for (const r of routes) {
+    if (r.types !== undefined && (eventType === null || !r.types.some((t) => t.test(eventType)))) continue;
+    if (r.filter !== undefined && (input === undefined || !r.filter(input))) continue;
+    chosen.push(r.to);
+  }
+  return chosen;
+}
+
+// transformOf reads "transform" and "transformTimeout" (seconds) of a route or a destination.
+function transformOf(settings: Record<string, unknown>, where: string): TransformSetting | undefined {
+  const module = settings.transform;
+  if (module === undefined) {
+    if (settings.transformTimeout !== undefined) throw new TypeError(`${where}: transformTimeout applies only with transform`);
+    return undefined;
+  }
+  if (typeof module !== "string" || !/\.(ts|mts|js|mjs)$/.test(module)) {
+    throw new TypeError(`${where}: expected transform to be the path of a module (.ts, .mts, .js or .mjs) whose default export reshapes each forward, got ${JSON.stringify(module)}`);
+  }
+  return { module, timeoutMs: seconds(settings.transformTimeout, DEFAULTS.transformTimeoutMs, where, "transformTimeout") };
 }
 
 // secretsOf reads one secret or several; `env:NAME` is taken from env. With resolve false (the receiver,
@@ -250,9 +295,10 @@ export function loadDestinations(
       if (typeof type !== "string" || !/^[a-z]+$/.test(type)) throw new TypeError(`${where}: expected type to be http or a broker's name, got ${JSON.stringify(type)}`);
       if (!options.brokerCheck) throw new TypeError(`${where}: type ${type} is not known here (brokers: see docs/forwarding.md)`);
       options.brokerCheck(name, settings, where);
+      const transform = transformOf(settings, where);
       destinations.set(name, {
         kind: "broker", name, type, settings, maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
-        ...(rate ? { rate } : {}), breaker: breakerOf(settings.breaker, where), forwardHeaders: false,
+        ...(rate ? { rate } : {}), breaker: breakerOf(settings.breaker, where), forwardHeaders: false, ...(transform ? { transform } : {}),
       });
       continue;
     }
@@ -271,6 +317,7 @@ export function loadDestinations(
         if (!ca.includes("-----BEGIN CERTIFICATE-----")) throw new TypeError(`${where}: the ca file ${settings.ca} holds no PEM certificate`);
       }
     }
+    const transform = transformOf(settings, where);
     destinations.set(name, {
       kind: "http", name, url: httpUrl(settings.url, where), secrets: secretsOf(settings.secret, env, where, resolve, true),
       ...ownHeaders(settings, env, where, resolve),
@@ -278,6 +325,7 @@ export function loadDestinations(
       timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout"),
       maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"), ...(rate ? { rate } : {}),
       ...(ca ? { ca } : {}), forwardHeaders: settings.forwardHeaders === true, breaker: breakerOf(settings.breaker, where),
+      ...(transform ? { transform } : {}),
     });
   }
   let operator: Operator | undefined;

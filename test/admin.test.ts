@@ -11,6 +11,7 @@ import { writeFileSync } from "node:fs";
 import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin, type AdminOptions } from "../admin.ts";
 import { connect } from "../inbox.ts";
 import { secretsOf } from "../lib/redact.ts";
+import { preview } from "../lib/preview.ts";
 import { loadDestinations } from "../lib/routes.ts";
 import type { BreakerPolicy, Inbox } from "../lib/store.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";
@@ -490,6 +491,41 @@ for (const backend of BACKENDS) {
     });
   });
 }
+
+describe("the delivery page's preview", () => {
+  it("shows, when asked, the routes its filters choose now and each request, transformed, the destination's own headers not shown", async () => {
+    const dir = tempDir();
+    const inbox = await connect(join(dir.dir, "inbox.db"));
+    try {
+      writeFileSync(join(dir.dir, "billing.ts"), `export default (d: { json: { data: { object: { id: string } } } }) => ({ body: { invoice: d.json.data.object.id }, headers: { "x-billing": "yes" } });`);
+      const config = {
+        $destinations: { billing: { url: "https://billing.internal/hooks", secret: "env:BILLING_SECRET", bearer: "env:BILLING_TOKEN" } },
+        stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler", { to: "billing", filter: { body: { livemode: true } }, transform: "./billing.ts" }] },
+      };
+      const body = Buffer.from(JSON.stringify({ type: "invoice.paid", livemode: true, data: { object: { id: "in_7" } } }));
+      await inbox.store({ source: "stripe", id: "evt_7", body, contentType: "application/json", eventType: "invoice.paid", destinations: ["handler", "billing"] });
+      const admin = createAdmin({ inbox, preview: (rows) => preview(rows, config, { base: dir.dir }) });
+      const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+      try {
+        const plain = await request(`${url}/delivery?source=stripe&id=evt_7`);
+        assert.match(plain.body, /What would be sent now/);
+        assert.doesNotMatch(plain.body, /\{&#34;invoice&#34;/, "the transform runs only when asked");
+        const page = await request(`${url}/delivery?source=stripe&id=evt_7&preview=1`);
+        assert.equal(page.status, 200);
+        assert.match(page.body, /billing: chosen/);
+        assert.match(page.body, /POST https:\/\/billing\.internal\/hooks/);
+        assert.match(page.body, /x-billing: yes/);
+        assert.match(page.body, /\{&#34;invoice&#34;:&#34;in_7&#34;\}/);
+        assert.match(page.body, /authorization: \(from the sources file; not shown\)/);
+      } finally {
+        await new Promise((resolve) => admin.server.close(resolve));
+      }
+    } finally {
+      await inbox.close();
+      dir.cleanup();
+    }
+  });
+});
 
 describe("the page's listener", () => {
   it("refuses to bind beyond loopback without a token, and binds with one", async () => {

@@ -18,6 +18,7 @@ import { connect, type Stored } from "webhook-inbox";
 import { createHandler } from "webhook-inbox/handler";
 import { run, type Job, type RunStats } from "webhook-inbox/worker";
 import { loadSources } from "webhook-inbox/providers";
+import type { Transform } from "webhook-inbox/transform";
 
 const inbox = await connect(process.argv[2] ?? "app.db");
 const sources = loadSources({ shop: { provider: "plain" } }, process.env);
@@ -28,6 +29,10 @@ app.use(express.json());
 // The declarations are the package's own, not any: a wrong option fails to compile, results are typed.
 // @ts-expect-error inbox must be an Inbox
 createHandler({ inbox: 42 });
+// A transform is typed from the package: d is the delivery, and what it returns is checked.
+export const reshape: Transform = (d) => (d.eventType === null ? null : { body: { id: d.id, attempt: d.attempt }, headers: { "x-app": "1" } });
+// @ts-expect-error a header's value is a string, or null to remove it
+export const wrong: Transform = () => ({ headers: { "x-app": 1 } });
 const outcome: Stored = await inbox.store({ source: "boot", id: "typed", body: new TextEncoder().encode("{}") });
 const seen: string[] = [];
 const stats: RunStats = await run((job: Job) => void seen.push(\`\${job.delivery.source}/\${job.delivery.id}\`), { inbox, once: true, log: () => {} });
@@ -128,7 +133,7 @@ describe("npm pack", () => {
     assert.equal(manifest.name, "webhook-inbox");
     assert.equal(manifest.private, undefined);
     assert.deepEqual(manifest.bin, { "webhook-inbox": "dist/cli.js" });
-    for (const entry of [".", "./handler", "./worker", "./providers"]) assert.ok(manifest.exports[entry]?.types, entry);
+    for (const entry of [".", "./handler", "./worker", "./providers", "./transform"]) assert.ok(manifest.exports[entry]?.types, entry);
     // Only what an app runs: the compiled code and its declarations, no tests, no benchmarks, no TypeScript sources.
     const dist = join(app, "node_modules", "webhook-inbox", "dist");
     const files = readdirSync(dist, { recursive: true, encoding: "utf8" }).filter((f) => !statSync(join(dist, f)).isDirectory());

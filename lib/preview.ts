@@ -1,0 +1,123 @@
+// preview.ts: what a stored delivery would become under the sources file as it is now, sending nothing:
+// which routes its filters choose, and for each destination the exact request (headers and body, its
+// transform run). `inbox.ts preview ID [--to DESTINATION]` prints it; see docs/forwarding.md.
+//   npx tsx inbox.ts preview evt_1 --sources sources.json --to billing
+
+import { parseBrokerDestination } from "./brokers.ts";
+import { DEFAULTS } from "./defaults.ts";
+import { filterInput } from "./filter.ts";
+import { forwardHeaders } from "./forward.ts";
+import { message } from "./log.ts";
+import { loadDestinations, parseRoutes, type Route } from "./routes.ts";
+import type { Delivery, Lease } from "./store.ts";
+import { transformInput, Transforms, type Shaped } from "./transform.ts";
+
+/** PreviewRoute is one of the source's routes and whether it takes the delivery now. */
+export interface PreviewRoute {
+  to: string;
+  chosen: boolean;
+  /** Why not: its types, or its filter. */
+  why?: string;
+}
+
+/** PreviewRequest is what one destination would get: the request, or why nothing would be sent. */
+export interface PreviewRequest {
+  destination: string;
+  kind: "http" | "broker" | "handler";
+  /** Where an HTTP forward goes. */
+  url?: string;
+  /** The transform returned null: this destination is skipped for this delivery. */
+  skipped?: boolean;
+  /** The transform failed: the try would fail with this error. */
+  error?: string;
+  headers?: Record<string, string>;
+  body?: Buffer;
+}
+
+/** Preview is a delivery as the sources file would route and send it now. */
+export interface Preview {
+  routes: PreviewRoute[];
+  requests: PreviewRequest[];
+  /** What the preview could not see, said once each (headers not kept, the query not stored). */
+  notes: string[];
+}
+
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/**
+ * preview works out what rows (one delivery's, from inbox.find) would become under config, the parsed
+ * sources file: routes chosen by its types and filters, and each destination's request, the transform run
+ * in its thread (modules relative to base). to names one destination instead of the routes' choice. Secrets
+ * are not read: the signature and the destination's own headers are shown as placeholders.
+ */
+export async function preview(
+  rows: readonly Delivery[], config: unknown,
+  options: { base: string; to?: string; now?: number; env?: Readonly<Record<string, string | undefined>> },
+): Promise<Preview> {
+  const d = rows[0]!;
+  if (d.purgedAt !== null) throw new TypeError(`${d.source}/${d.id}: its body was purged, so there is nothing to send`);
+  if (!isObject(config) || !isObject(config[d.source])) throw new TypeError(`source ${JSON.stringify(d.source)} is not in the sources file`);
+  const settings = config[d.source] as Record<string, unknown>;
+  const routes: Route[] = parseRoutes(settings.routes, config, `source ${JSON.stringify(d.source)}`);
+  const destinations = loadDestinations(config, options.env ?? {}, {
+    resolve: false, brokerCheck: (name, s, where) => void parseBrokerDestination(name, s, where, {}, false),
+  }).destinations;
+  const notes: string[] = [];
+  if (routes.some((r) => r.filter)) {
+    if (!d.headers) notes.push("its headers were not kept, so a header filter sees none here");
+    notes.push("the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source);
+  }
+  // The stored delivery as a filter saw it when it came in, as near as what is stored allows.
+  const headers: Record<string, string[]> = {};
+  for (const [name, values] of Object.entries(d.headers ?? {})) if (values) headers[name] = values;
+  const input = filterInput({ source: d.source, eventType: d.eventType, body: d.body, headers, url: `/${d.source}` });
+  const listed: PreviewRoute[] = routes.map((r) => {
+    if (r.types !== undefined && (d.eventType === null || !r.types.some((t) => t.test(d.eventType!)))) return { to: r.to, chosen: false, why: "its types" };
+    if (r.filter !== undefined && !r.filter(input)) return { to: r.to, chosen: false, why: "its filter" };
+    return { to: r.to, chosen: true };
+  });
+
+  const targets = options.to !== undefined ? [options.to] : listed.filter((r) => r.chosen).map((r) => r.to);
+  const transforms = new Transforms(options.base);
+  const requests: PreviewRequest[] = [];
+  try {
+    for (const name of targets) {
+      if (name === DEFAULTS.destination) {
+        requests.push({ destination: name, kind: "handler" });
+        continue;
+      }
+      const destination = destinations.get(name);
+      if (!destination) throw new TypeError(`no destination ${JSON.stringify(name)} in the sources file (it has ${[...destinations.keys()].join(", ") || "none"})`);
+      const row = rows.find((x) => x.destination === name) ?? d;
+      const lease: Lease = { ...row, destination: name, attempts: row.destination === name ? row.attempts + 1 : 1, token: "", leasedUntil: 0 };
+      const setting = routes.find((r) => r.to === name)?.transform ?? destination.transform;
+      let shaped: Shaped | null | undefined;
+      if (setting) {
+        try {
+          shaped = await transforms.get(setting.module).run(transformInput(lease, name), setting.timeoutMs);
+        } catch (error) {
+          requests.push({ destination: name, kind: destination.kind, error: message(error) });
+          continue;
+        }
+        if (shaped === null) {
+          requests.push({ destination: name, kind: destination.kind, skipped: true });
+          continue;
+        }
+      }
+      const sent = shaped ? { ...lease, body: shaped.body, contentType: shaped.contentType } : lease;
+      if (destination.kind === "broker") {
+        const changes = Object.fromEntries(Object.entries(shaped?.headers ?? {}).filter((e): e is [string, string] => e[1] !== null));
+        requests.push({ destination: name, kind: "broker", headers: { "content-type": sent.contentType ?? "application/octet-stream", ...changes }, body: sent.body });
+        continue;
+      }
+      // Secrets are not read here: the signature is made when the forward is sent, over these bytes.
+      const placeholder = (id: string, _body: Buffer, timestampS: number) => ({ "webhook-id": id, "webhook-timestamp": String(timestampS), "webhook-signature": "v1,(made when sent, over this body)" });
+      const all = forwardHeaders(destination, sent, options.now ?? Date.now(), placeholder, shaped?.headers);
+      for (const own of Object.keys(destination.headers)) if (own in all && shaped?.headers[own] === undefined) all[own] = "(from the sources file; not shown)";
+      requests.push({ destination: name, kind: "http", url: destination.url.href, headers: all, body: sent.body });
+    }
+  } finally {
+    await transforms.close();
+  }
+  return { routes: listed, requests, notes };
+}

@@ -1,0 +1,108 @@
+// transform-thread.ts: the worker thread one transform module runs in. transform.ts starts it with the
+// module's URL, and stops it when a transform runs past its time limit, so no loop holds the worker's event
+// loop. It loads the module once, then runs one delivery at a time and posts back what to send. Not run on
+// its own.
+
+import { parentPort, workerData } from "node:worker_threads";
+
+/** ThreadJob is one delivery for the transform; ThreadAnswer is what comes back (transform.ts reads both). */
+interface ThreadJob {
+  id: number;
+  input: Record<string, unknown> & { body: Uint8Array };
+}
+
+const port = parentPort!;
+const { module, tsx } = workerData as { module: string; tsx?: string };
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** ShapeError is a transform's answer that cannot be sent, as against an error the transform threw. */
+class ShapeError extends Error {}
+
+const kindOf = (v: unknown) => (v === null ? "null" : Array.isArray(v) ? "a list" : v instanceof Uint8Array ? "bytes" : typeof v === "object" ? "an object" : typeof v);
+
+// Where a failure happened in the user's module: the first line of its stack that names the module.
+function whereIn(error: unknown): string {
+  const stack = (error as { stack?: unknown })?.stack;
+  if (typeof stack !== "string") return "";
+  const line = stack.split("\n").find((l) => l.includes(module.replace(/^file:\/\//, "")) || l.includes(module));
+  const at = line ? /\(?([^()\s]+:\d+:\d+)\)?\s*$/.exec(line)?.[1] : undefined;
+  return at ? ` (at ${at.replace(/^file:\/\//, "").split("/").slice(-1)[0]})` : "";
+}
+
+const described = (error: unknown) =>
+  error instanceof Error ? `${error.name}: ${error.message}${whereIn(error)}` : `a non-error value: ${String(error)}`;
+
+// normalize turns what the transform returned into bytes and headers, or says why it cannot be sent.
+function normalize(out: unknown): { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown } {
+  if (out === null) return { skip: true };
+  if (typeof out !== "object" || Array.isArray(out) || out instanceof Uint8Array) {
+    throw new ShapeError(`returned ${kindOf(out)}; expected null (skip this destination) or { body?, headers? }`);
+  }
+  const extra = Object.keys(out).filter((k) => k !== "body" && k !== "headers");
+  if (extra.length > 0) throw new ShapeError(`returned an object with ${extra.map((k) => JSON.stringify(k)).join(", ")}; expected only body and headers`);
+  const { body, headers } = out as { body?: unknown; headers?: unknown };
+  if (body === undefined) return { skip: false, json: false, headers };
+  if (body instanceof Uint8Array) return { skip: false, body, json: false, headers };
+  if (body instanceof ArrayBuffer) return { skip: false, body: new Uint8Array(body), json: false, headers };
+  if (typeof body === "string") return { skip: false, body: encoder.encode(body), json: false, headers };
+  const text = JSON.stringify(body);
+  if (text === undefined) throw new ShapeError(`returned a body that is ${kindOf(body)}; expected bytes, a string or a JSON value`);
+  return { skip: false, body: encoder.encode(text), json: true, headers };
+}
+
+let transform: ((input: unknown) => unknown) | undefined;
+try {
+  // tsx, where it is installed, lets the module use the TypeScript that Node's own type stripping does not take.
+  if (tsx) {
+    try {
+      ((await import(tsx)) as { register(): void }).register();
+    } catch {
+      // Node strips erasable TypeScript itself.
+    }
+  }
+  const loaded = (await import(module)) as { default?: unknown };
+  // A module that tsx loaded as CommonJS has its default export one level down.
+  const fn = typeof loaded.default === "function" ? loaded.default : (loaded.default as { default?: unknown } | undefined)?.default;
+  if (typeof fn !== "function") throw new TypeError(`its default export is ${kindOf(fn)}; expected a function (export default (d) => …)`);
+  transform = fn as (input: unknown) => unknown;
+  port.postMessage({ ready: true });
+} catch (error) {
+  const path = module.startsWith("file:") ? new URL(module).pathname : module;
+  const missing = (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
+  port.postMessage({
+    loadError: missing ? `there is no file ${path}` : error instanceof TypeError && !whereIn(error) ? error.message : described(error).replace(/ imported from \S*transform-thread\.[jt]s/, ""),
+  });
+}
+
+// One delivery at a time: transform.ts times the one in hand, and that is this thread's only job.
+let chain = Promise.resolve();
+port.on("message", (job: ThreadJob) => {
+  chain = chain.then(async () => {
+    let answer: unknown;
+    let transfer: ArrayBuffer[] = [];
+    try {
+      let json: unknown;
+      try {
+        json = JSON.parse(decoder.decode(job.input.body));
+      } catch {
+        json = undefined;
+      }
+      const result = normalize(await transform!({ ...job.input, json }));
+      answer = { id: job.id, result };
+      if (!result.skip && result.body && result.body.buffer instanceof ArrayBuffer) {
+        // Copied once into a buffer of its own, which then moves to the main thread without another copy.
+        const own = result.body.slice();
+        result.body = own;
+        transfer = [own.buffer as ArrayBuffer];
+      }
+    } catch (error) {
+      answer = { id: job.id, error: error instanceof ShapeError ? error.message : `threw ${described(error)}` };
+    }
+    try {
+      port.postMessage(answer, transfer);
+    } catch {
+      port.postMessage({ id: job.id, error: "returned something that cannot leave its thread (a function, a class instance?); expected bytes, a string or JSON, and string headers" });
+    }
+  });
+});
