@@ -109,6 +109,9 @@ export function createReceiver(options: ReceiverOptions): Receiver {
     if (!socket.writable || (socket as { _httpMessage?: unknown })._httpMessage) return void socket.destroy();
     const text = status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
     socket.end(`HTTP/1.1 ${status} ${text}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+    // node:http allows half-open sockets, so end() waits for the client's own FIN, which a client that never
+    // reads never sends: its socket would stay open. It gets the moment send() gives a refusal, then goes.
+    setTimeout(() => socket.destroy(), 1_000).unref();
   });
 
   return {

@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import { connect, type Socket } from "node:net";
+import { readdirSync, readlinkSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
@@ -90,9 +91,15 @@ function deliver(port: number, id: string, headers: string[] = []): Promise<{ st
   });
 }
 
-// healthz asks GET /healthz on a connection of its own: a round trip through the receiver's event loop.
+// healthz asks GET /healthz on a new connection: the receiver accepts connections in the order they came,
+// so once it answers, it has accepted (or refused) every socket opened before.
 async function healthz(port: number): Promise<void> {
-  assert.equal((await fetch(`http://127.0.0.1:${port}/healthz`)).status, 200);
+  const socket = connect({ port, host: "127.0.0.1", localAddress: "127.0.0.1" });
+  let text = "";
+  socket.on("data", (d: Buffer) => (text += d.toString("latin1")));
+  socket.write("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  await new Promise((resolve, reject) => socket.on("close", resolve).on("error", reject));
+  assert.match(text, /^HTTP\/1\.1 200/);
 }
 
 // ids reads every stored delivery's ID straight from the file.
@@ -194,6 +201,31 @@ describe("senders that stall", { timeout: 60_000 }, () => {
     assert.equal(again.length, 10);
     assert.equal((await stallFrom(r.port, ["127.0.0.2"], 1).then(([s]) => s!.closed)), "", "and not one more");
     assert.deepEqual(ids(), ["real"]);
+  });
+
+  it("lets go of sockets that never read their 408: the receiver's open sockets fall back to what they were", async () => {
+    const r = await startReceiver(path, ["--headers-timeout", "3000", "--body-timeout", "3000", "--quiet"]);
+    receivers.push(r);
+    // The receiver's open sockets, from its side: the listener, and each connection it has not let go.
+    const files = () => readdirSync(`/proc/${r.child.pid}/fd`).filter((fd) => {
+      try {
+        return readlinkSync(`/proc/${r.child.pid}/fd/${fd}`).startsWith("socket:");
+      } catch {
+        return false; // closed while being read
+      }
+    }).length;
+    await healthz(r.port);
+    const before = files();
+    const opened = await stallFrom(r.port, ["127.0.0.2"], 100);
+    // An attacker need not read: its sockets never take in the 408 nor the FIN behind it.
+    for (const s of opened) s.socket.pause();
+    await healthz(r.port);
+    assert.ok(files() >= before + 100, `the receiver holds the stalled sockets: ${before} then ${files()}, ${opened.filter((s) => s.open).length} open`);
+    // The limits (3 s, checked each second) and the moment after a 408 take about 5 s; 20 is only a bound,
+    // so that a receiver that keeps them fails here rather than at the suite's timeout.
+    for (const until = performance.now() + 20_000; files() > before && performance.now() < until;) await new Promise((resolve) => setTimeout(resolve, 100));
+    assert.ok(files() <= before, `the receiver let every stalled socket go: ${before} sockets before, ${files()} now`);
+    assert.equal(opened.filter((s) => s.open).length, 100, "the clients never closed them themselves");
   });
 
   it("(control) counted from the headers, as before, the same stalls fill --max-in-flight and real deliveries get 503", async () => {
