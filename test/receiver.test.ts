@@ -361,14 +361,17 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
     const { server, close } = createReceiver({ inbox, maxInFlight: 1, log: () => {} });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const port = (server.address() as { port: number }).port;
+    let stalled: ReturnType<typeof raw>[] = [];
     try {
       // A sender that has sent only its headers, and one half its body, take no place.
-      const stalled = [
+      stalled = [
         raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_headers\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", () => released]),
         raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_half\r\nContent-Length: 4\r\n\r\n{}", () => released]),
       ];
       const first = fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_first" }, body: "{}" });
-      await storing;
+      // Were the stalled ones counted, the first would be answered 503 and never reach its store.
+      const reached = await Promise.race([storing.then(() => "its store" as const), first.then((r) => r.status)]);
+      assert.equal(reached, "its store", `the first was answered ${reached} before its store`);
       const second = await fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_second" }, body: "{}" });
       assert.equal(second.status, 503);
       assert.ok(second.headers.get("retry-after"));
@@ -376,9 +379,10 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
       assert.notEqual(second.headers.get("connection"), "close");
       release();
       assert.equal(await (await first).text(), "stored");
-      for (const s of stalled) s.socket.destroy();
       assert.deepEqual(rows(path).map((r) => r.id), ["evt_first"]);
     } finally {
+      release();
+      for (const s of stalled) s.socket.destroy();
       await close(1_000);
       await inbox.close();
       dir.cleanup();
