@@ -4,7 +4,8 @@
 // Then send it the article's deliveries with `npx tsx send.ts`.
 
 import { readFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
@@ -30,8 +31,21 @@ export interface ReceiverOptions {
   maxInFlight?: number;
   /** @default DEFAULTS.headersTimeoutMs */
   headersTimeoutMs?: number;
-  /** @default DEFAULTS.requestTimeoutMs */
+  /** @default DEFAULTS.bodyTimeoutMs */
+  bodyTimeoutMs?: number;
+  /** @default DEFAULTS.minBodyRate */
+  minBodyRate?: number;
+  /**
+   * node:http's cap on a whole request, behind the handler's own pace: it also ends bodies the handler does
+   * not read (a 404's). @default headersTimeoutMs + bodyTimeoutMs + maxBodyBytes / minBodyRate, in ms
+   */
   requestTimeoutMs?: number;
+  /** @default DEFAULTS.maxConnectionsPerIp */
+  maxConnectionsPerIp?: number;
+  /** @default DEFAULTS.clientIpHeader (none: the TCP peer's address) */
+  clientIpHeader?: string;
+  /** Count requests against maxInFlight from their headers, as before (for comparison). @default false */
+  inFlightFromHeaders?: boolean;
   /** @default DEFAULTS.retryAfterS */
   retryAfterS?: number;
   /** Where the one line per delivery goes; the fields are for the JSON format. @default console.error */
@@ -61,10 +75,15 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   const readiness = new Readiness(options.inbox, { stopping: () => stopping });
   metrics?.reportReadiness(readiness);
 
+  const headersTimeout = options.headersTimeoutMs ?? DEFAULTS.headersTimeoutMs;
+  const longestBody = (options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs) +
+    Math.ceil(((options.maxBodyBytes ?? DEFAULTS.maxBodyBytes) * 1000) / (options.minBodyRate ?? DEFAULTS.minBodyRate));
+  const perAddress = limitPerAddress(options.maxConnectionsPerIp ?? DEFAULTS.maxConnectionsPerIp, options.clientIpHeader ?? DEFAULTS.clientIpHeader, log);
   const server = createServer(
     {
-      headersTimeout: options.headersTimeoutMs ?? DEFAULTS.headersTimeoutMs,
-      requestTimeout: options.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs,
+      headersTimeout: headersTimeout,
+      // Scaled to --max-body, so a larger limit is not cut short by a fixed timeout.
+      requestTimeout: options.requestTimeoutMs ?? headersTimeout + longestBody,
       // Node checks the two timeouts above only this often; its default of 30 s lets slow clients linger.
       connectionsCheckingInterval: 1_000,
     },
@@ -75,9 +94,15 @@ export function createReceiver(options: ReceiverOptions): Receiver {
         res.writeHead(200, { "content-type": "text/plain; charset=utf-8", "content-length": 2, ...(stopping ? { connection: "close" } : {}) });
         return void res.end("ok");
       }
+      if (!perAddress.admit(req, res)) {
+        metrics?.observe(NO_SOURCE, "unavailable", undefined, 503);
+        res.writeHead(503, { "content-type": "text/plain; charset=utf-8", "retry-after": String(options.retryAfterS ?? DEFAULTS.retryAfterS), connection: "close" });
+        return void res.end("too many requests from one address, try again later");
+      }
       webhooks.node(req, res);
     },
   );
+  perAddress.watch(server);
   server.on("clientError", (error: NodeJS.ErrnoException, socket) => {
     const status = error.code === "HPE_HEADER_OVERFLOW" ? 431 : error.code === "ERR_HTTP_REQUEST_TIMEOUT" ? 408 : 400;
     metrics?.observe(NO_SOURCE, "rejected", undefined, status);
@@ -85,6 +110,9 @@ export function createReceiver(options: ReceiverOptions): Receiver {
     if (!socket.writable || (socket as { _httpMessage?: unknown })._httpMessage) return void socket.destroy();
     const text = status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
     socket.end(`HTTP/1.1 ${status} ${text}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+    // node:http allows half-open sockets, so end() waits for the client's own FIN, which a client that never
+    // reads never sends: its socket would stay open. It gets the moment send() gives a refusal, then goes.
+    setTimeout(() => socket.destroy(), 1_000).unref();
   });
 
   return {
@@ -101,6 +129,61 @@ export function createReceiver(options: ReceiverOptions): Receiver {
         server.close(() => void webhooks.idle().then(done));
         server.closeIdleConnections();
       }),
+  };
+}
+
+/**
+ * limitPerAddress caps what one client address holds open. Without a header, connections are counted as
+ * they are accepted, so idle sockets and ones stalled mid-headers count too, and one past the cap is closed
+ * before a byte is read: it costs the receiver nothing. Behind a trusted proxy every connection is the
+ * proxy's, so the count moves to requests, from their headers until their answer, by the address in the
+ * proxy's header; one past the cap is answered 503. Refusals are logged at most once a second.
+ */
+function limitPerAddress(max: number, header: string, log: Log): { watch(server: Server): void; admit(req: IncomingMessage, res: ServerResponse): boolean } {
+  if (!Number.isInteger(max) || max < 1) throw new TypeError(`createReceiver: expected maxConnectionsPerIp to be a whole number of 1 or more, got ${max}`);
+  const name = header.toLowerCase();
+  const open = new Map<string, number>();
+  let refused = 0;
+  let lastLog = -Infinity;
+  const take = (address: string): boolean => {
+    const n = open.get(address) ?? 0;
+    if (n < max) {
+      open.set(address, n + 1);
+      return true;
+    }
+    refused++;
+    const now = performance.now();
+    if (now - lastLog >= 1_000) {
+      lastLog = now;
+      log(`rejected: ${refused} ${name ? "request" : "connection"}(s) over ${max} from one address, the last from ${address}`, { level: "warn", address, refused });
+      refused = 0;
+    }
+    return false;
+  };
+  const give = (address: string) => {
+    const n = open.get(address)! - 1;
+    if (n === 0) open.delete(address);
+    else open.set(address, n);
+  };
+  return {
+    watch: (server) => {
+      if (name) return;
+      server.on("connection", (socket: Socket) => {
+        const address = socket.remoteAddress ?? "";
+        if (!take(address)) return void socket.destroy();
+        socket.once("close", () => give(address));
+      });
+    },
+    admit: (req, res) => {
+      if (!name) return true;
+      // The proxy appends the address it saw to what the client sent, so only the last value is its word.
+      const value = req.headers[name];
+      const last = (Array.isArray(value) ? value.join(",") : value ?? "").split(",").at(-1)!.trim();
+      const address = last || (req.socket.remoteAddress ?? "");
+      if (!take(address)) return false;
+      res.once("close", () => give(address));
+      return true;
+    },
   };
 }
 
@@ -122,7 +205,13 @@ export async function main(argv: string[]): Promise<void> {
     .option("--host <address>", "address to listen on", DEFAULTS.host)
     .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--max-body <bytes>", "largest body accepted, in bytes", whole(1), DEFAULTS.maxBodyBytes)
-    .option("--max-in-flight <n>", "requests held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
+    .option("--max-in-flight <n>", "requests whose body is complete, held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
+    .option("--headers-timeout <ms>", "milliseconds a client may take to send its headers", whole(1), DEFAULTS.headersTimeoutMs)
+    .option("--body-timeout <ms>", "milliseconds a body may take before it must keep up --min-body-rate (then 408)", whole(1), DEFAULTS.bodyTimeoutMs)
+    .option("--min-body-rate <bytes>", "bytes a second a body must average once --body-timeout has passed", whole(1), DEFAULTS.minBodyRate)
+    .option("--max-connections-per-ip <n>", "connections one client address may hold open (behind --client-ip-header: requests)", whole(1), DEFAULTS.maxConnectionsPerIp)
+    .option("--client-ip-header <name>", "header a trusted reverse proxy sets to the client's address (its last value counts); only when the port is reachable through the proxy alone")
+    .option("--in-flight-from-headers", "count a request against --max-in-flight from its headers, as before, so senders stalled mid-body fill it (for comparison)")
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
     .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
@@ -132,7 +221,8 @@ export async function main(argv: string[]): Promise<void> {
     .option("--sync-in-commit", "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)")
     .addHelpText("after", `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
-         413 body too large | 431 headers too large | 503 could not store (Retry-After)
+         408 body too slow | 413 body too large | 431 headers too large
+         503 could not store, or over --max-in-flight or --max-connections-per-ip (Retry-After)
 
 Sources file: {"stripe": {"provider": "stripe", "secret": "env:STRIPE_WEBHOOK_SECRET"},
                "github": {"provider": "github", "secret": ["old", "new"]}}
@@ -150,6 +240,7 @@ Examples:
   await program.parseAsync(argv);
   const opts = program.opts<{
     port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean;
+    headersTimeout: number; bodyTimeout: number; minBodyRate: number; maxConnectionsPerIp: number; clientIpHeader?: string; inFlightFromHeaders?: boolean;
     inlineCheckpoints?: boolean; syncInCommit?: boolean; logFormat: LogFormat; metrics: boolean; force?: boolean;
   }>();
   format = opts.logFormat;
@@ -207,6 +298,8 @@ Examples:
   const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
     inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? silent : log, metrics,
+    headersTimeoutMs: opts.headersTimeout, bodyTimeoutMs: opts.bodyTimeout, minBodyRate: opts.minBodyRate,
+    maxConnectionsPerIp: opts.maxConnectionsPerIp, clientIpHeader: opts.clientIpHeader ?? DEFAULTS.clientIpHeader, inFlightFromHeaders: opts.inFlightFromHeaders,
   });
   receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
   receiver.server.listen(port, opts.host, () => {

@@ -39,12 +39,44 @@ export const DEFAULTS = {
   port: 8000,
   /** Receiver address; loopback unless told otherwise. @default "127.0.0.1" */
   host: "127.0.0.1",
-  /** Requests the receiver holds at once before answering 503. @default 2_048 */
+  /**
+   * Requests whose body is complete and whose store has not yet answered, past which the receiver answers
+   * 503: it bounds what waits on the disk. A body still arriving does not count (the limits below bound
+   * those), so senders that stall cannot fill it. @default 2_048
+   */
   maxInFlight: 2_048,
-  /** Milliseconds a client may take to send its headers. @default 10_000 */
+  /**
+   * Milliseconds a client may take to send its headers; node:http closes the connection past it (checked
+   * once a second). Defends against slowloris: connections held open by headers that never end. @default 10_000
+   */
   headersTimeoutMs: 10_000,
-  /** Milliseconds a client may take to send a whole request. @default 30_000 */
-  requestTimeoutMs: 30_000,
+  /**
+   * Milliseconds a body may take before it must keep up minBodyRate: the body must have arrived at
+   * minBodyRate bytes a second after this grace, or it is answered 408 and its connection closed. So a whole
+   * body of maxBodyBytes may take bodyTimeoutMs + maxBodyBytes / minBodyRate, and a sender that stalls
+   * mid-body holds its connection a few seconds, not for as long as it likes. @default 5_000
+   */
+  bodyTimeoutMs: 5_000,
+  /**
+   * Bytes a second a body must average once bodyTimeoutMs has passed (Apache's mod_reqtimeout rule). A
+   * provider in a datacenter sends a 1 MB body in well under a second; trickling it costs an attacker this
+   * much bandwidth per connection held. @default 16_000
+   */
+  minBodyRate: 16_000,
+  /**
+   * Connections one client address may hold open at once; past it a new one is closed as it is accepted.
+   * Defends against one host opening thousands of sockets (each is cheap to open and costs the receiver
+   * memory until a timeout closes it). Providers deliver over a few dozen; the benchmarks over at most 128.
+   * @default 256
+   */
+  maxConnectionsPerIp: 256,
+  /**
+   * The request header a trusted reverse proxy sets to the client's address (its last value is used, the
+   * one the proxy appended), so that maxConnectionsPerIp counts the clients' requests rather than the
+   * proxy's connections. Empty: the TCP peer's address. Set it only when the port is reachable through the
+   * proxy alone, or anyone can pick their own address. @default ""
+   */
+  clientIpHeader: "",
   /** Seconds a rejected sender is asked to wait, in Retry-After. @default 5 */
   retryAfterS: 5,
   /** Seconds a signed timestamp may be off (Stripe: old) before a delivery counts as replayed. @default 300 */

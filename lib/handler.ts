@@ -27,8 +27,17 @@ export interface HandlerOptions {
   maxBodyBytes?: number;
   /** @default DEFAULTS.maxIdLength */
   maxIdLength?: number;
-  /** @default DEFAULTS.maxInFlight */
+  /** Requests whose body is complete and whose store has not answered, past which the answer is 503. @default DEFAULTS.maxInFlight */
   maxInFlight?: number;
+  /** Milliseconds a body may take before it must keep up minBodyRate; then 408. @default DEFAULTS.bodyTimeoutMs */
+  bodyTimeoutMs?: number;
+  /** Bytes a second a body must average once bodyTimeoutMs has passed. @default DEFAULTS.minBodyRate */
+  minBodyRate?: number;
+  /**
+   * Count a request against maxInFlight from its headers, as before issue 31, so that senders stalled
+   * mid-body fill it. For comparison only: the tests' control. @default false
+   */
+  inFlightFromHeaders?: boolean;
   /** @default DEFAULTS.retryAfterS */
   retryAfterS?: number;
   /** Where the one line per delivery goes; the fields are for the JSON format. @default console.error */
@@ -47,7 +56,7 @@ export interface WebhookRequest {
   /** The path and query, as the request line gives them. */
   url: string;
   headers: Headers;
-  /** read returns the whole body, refusing (413) past the limit and (400) a body cut short. */
+  /** read returns the whole body, refusing (413) past the limit, (400) a body cut short and (408) one too slow. */
   read(maxBody: number): Promise<Buffer>;
 }
 
@@ -73,7 +82,7 @@ export interface Handler {
   fetch(request: Request): Promise<Response>;
   /** answer runs one request through verify, store and reply; the mounts only translate. */
   answer(request: WebhookRequest): Promise<Answer>;
-  /** inFlight counts the requests being handled now, by every mount. */
+  /** inFlight counts the requests, by every mount, whose body is complete and whose answer is not yet decided. */
   readonly inFlight: number;
   /** idle resolves once no request is in flight. */
   idle(): Promise<void>;
@@ -87,6 +96,8 @@ interface Ctx {
   traceparent: string | null;
   id?: string;
   result?: Stored;
+  /** Whether this request took a place among the maxInFlight, which answer() gives back. */
+  counted?: boolean;
 }
 
 /** Rejected is a request turned away before storing: the status and the reason for the log. */
@@ -127,7 +138,11 @@ export function createHandler(options: HandlerOptions): Handler {
   // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
   const filtered = new Set([...sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
   const closing = options.closing ?? (() => false);
-  for (const [name, value] of [["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight]] as const) {
+  const pace: Pace = { graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs, rate: options.minBodyRate ?? DEFAULTS.minBodyRate };
+  const fromHeaders = options.inFlightFromHeaders ?? false;
+  for (const [name, value] of [
+    ["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight], ["bodyTimeoutMs", pace.graceMs], ["minBodyRate", pace.rate],
+  ] as const) {
     if (!Number.isInteger(value) || value < 1) throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
   }
   if (basePath && !basePath.startsWith("/")) throw new TypeError(`createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`);
@@ -142,10 +157,12 @@ export function createHandler(options: HandlerOptions): Handler {
   // The two answers nearly every request gets, made once: the mounts only read an Answer.
   const STORED = text(200, "stored");
   const DUPLICATE = text(200, "duplicate");
-  const busy = (url: string): Answer => {
-    seen(sourceFor(url)?.name ?? NO_SOURCE, "unavailable", performance.now());
+  // busy answers past maxInFlight. Counted from the headers (the comparison), the body is still unread,
+  // so the connection must close; counted from the body's end, it may carry the sender's next request.
+  const busy = (source: string, unread: boolean): Answer => {
+    seen(source, "unavailable", performance.now());
     log(`rejected: 503 over ${maxInFlight} requests in flight`, { level: "error", status: 503 });
-    return text(503, "busy, try again later", { "retry-after": retryAfter }, true);
+    return text(503, "busy, try again later", { "retry-after": retryAfter }, unread);
   };
 
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
@@ -170,6 +187,13 @@ export function createHandler(options: HandlerOptions): Handler {
     if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await req.read(maxBody);
+    // Only now does the request take a place: one still sending costs memory and a socket, which the body's
+    // own limits bound, but nothing that waits on the disk. So stalled senders cannot fill maxInFlight.
+    if (!fromHeaders) {
+      if (inFlight >= maxInFlight) return busy(source.name, false);
+      inFlight++;
+      ctx.counted = true;
+    }
     // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
     const parsed: { event?: Record<string, unknown> } | undefined = filtered.has(source) ? {} : undefined;
     const verdict = verify(source, req.headers, body, now(), req.url, parsed);
@@ -211,7 +235,12 @@ export function createHandler(options: HandlerOptions): Handler {
   async function answer(req: WebhookRequest): Promise<Answer> {
     const traced = startReceive(req.headers);
     const ctx: Ctx = { source: NO_SOURCE, started: performance.now(), traceparent: traced.traceparent };
-    const a = await traced.run(() => answerIn(req, ctx));
+    let a: Answer;
+    try {
+      a = await traced.run(() => answerIn(req, ctx));
+    } finally {
+      if (ctx.counted) leave();
+    }
     traced.end({ status: a.status, ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), id: ctx.id, result: ctx.result });
     return a;
   }
@@ -254,12 +283,14 @@ export function createHandler(options: HandlerOptions): Handler {
   };
 
   const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
-    if (inFlight >= maxInFlight) return send(req, res, busy(req.url ?? "/"));
-    inFlight++;
+    if (fromHeaders) {
+      if (inFlight >= maxInFlight) return send(req, res, busy(sourceFor(req.url ?? "/")?.name ?? NO_SOURCE, true));
+      inFlight++;
+    }
     // answer() always settles, a client that hung up included (its body read fails), so the request
     // leaves there, without a listener on every response. A destroyed response gets nothing written.
     void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => {
-      leave();
+      if (fromHeaders) leave();
       send(req, res, a);
     });
   };
@@ -271,7 +302,7 @@ export function createHandler(options: HandlerOptions): Handler {
     },
     idle: () => (inFlight === 0 ? Promise.resolve() : new Promise<void>((resolve) => waiting.push(resolve))),
 
-    node: (req, res) => onNode(req, res, (limit) => readBody(req, limit)),
+    node: (req, res) => onNode(req, res, (limit) => readBody(req, limit, pace)),
 
     express: (req, res, next) => {
       // Express strips its mount path from req.url (and keeps the query), so the source name is what is left.
@@ -289,17 +320,19 @@ export function createHandler(options: HandlerOptions): Handler {
           throw new Rejected(500, PARSED_FIRST);
         });
       }
-      onNode(req, res, (limit) => readBody(req, limit));
+      onNode(req, res, (limit) => readBody(req, limit, pace));
     },
 
     fetch: async (request) => {
-      if (inFlight >= maxInFlight) return toResponse(busy(new URL(request.url).pathname));
-      inFlight++;
+      const url = new URL(request.url);
+      if (fromHeaders) {
+        if (inFlight >= maxInFlight) return toResponse(busy(sourceFor(url.pathname)?.name ?? NO_SOURCE, true));
+        inFlight++;
+      }
       try {
-        const url = new URL(request.url);
-        return toResponse(await answer({ method: request.method, url: url.pathname + url.search, headers: distinct(request.headers), read: (limit) => readStream(request, limit) }));
+        return toResponse(await answer({ method: request.method, url: url.pathname + url.search, headers: distinct(request.headers), read: (limit) => readStream(request, limit, pace) }));
       } finally {
-        leave();
+        if (fromHeaders) leave();
       }
     },
   };
@@ -321,13 +354,38 @@ function distinct(headers: globalThis.Headers): Headers {
   return out;
 }
 
+// Pace is how fast a body must arrive: after graceMs, at rate bytes a second on average since it began.
+interface Pace {
+  graceMs: number;
+  rate: number;
+}
+
+// paced calls tooSlow once the body has fallen behind its pace: at graceMs + received / rate from the start.
+// One timer per body, re-armed only when it fires, so a fast body costs no timer work per chunk. The clock is
+// performance.now, and the limits are parameters, which is how the tests make it fire within a second.
+function paced(pace: Pace, received: () => number, tooSlow: (why: string) => void): { stop(): void } {
+  const started = performance.now();
+  const check = () => {
+    const late = performance.now() - (started + pace.graceMs + (received() * 1000) / pace.rate);
+    if (late < 0) {
+      timer = setTimeout(check, Math.ceil(-late)).unref();
+      return;
+    }
+    tooSlow(`body too slow: ${received()} bytes in ${Math.round(performance.now() - started)} ms, under ${pace.rate} bytes/s after ${pace.graceMs} ms`);
+  };
+  let timer = setTimeout(check, pace.graceMs).unref();
+  return { stop: () => clearTimeout(timer) };
+}
+
 // readBody reads the whole body, counting bytes as they arrive so a liar or a stream is cut at the limit,
-// and fails if the client hangs up before the end: a fragment is never stored.
-function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
+// and fails if the client hangs up before the end, or falls behind its pace: a fragment is never stored.
+function readBody(req: IncomingMessage, maxBody: number, pace: Pace): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
+    const clock = paced(pace, () => size, (why) => stop(new Rejected(408, why, true)));
     const stop = (error: Rejected) => {
+      clock.stop();
       req.off("data", onData).off("end", onEnd).off("close", onClose);
       req.pause();
       reject(error);
@@ -338,6 +396,7 @@ function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
       chunks.push(chunk);
     };
     const onEnd = () => {
+      clock.stop();
       req.off("close", onClose);
       resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
     };
@@ -346,26 +405,38 @@ function readBody(req: IncomingMessage, maxBody: number): Promise<Buffer> {
   });
 }
 
-// readStream is readBody for a Fetch Request: counted as it arrives, cancelled at the limit.
-async function readStream(request: Request, maxBody: number): Promise<Buffer> {
+// readStream is readBody for a Fetch Request: counted as it arrives, cancelled at the limit or when it falls
+// behind its pace.
+async function readStream(request: Request, maxBody: number, pace: Pace): Promise<Buffer> {
   if (!request.body) return Buffer.alloc(0);
   const reader = request.body.getReader();
   const chunks: Uint8Array[] = [];
   let size = 0;
-  for (;;) {
-    let chunk: ReadableStreamReadResult<Uint8Array>;
-    try {
-      chunk = await reader.read();
-    } catch {
-      throw new Rejected(400, `body cut short after ${size} bytes`, true);
+  // A cancel ends the pending read as if the body were done, so the reason is kept to be thrown after it.
+  let slow: string | undefined;
+  const clock = paced(pace, () => size, (why) => {
+    slow = why;
+    void reader.cancel().catch(() => {});
+  });
+  try {
+    for (;;) {
+      let chunk: ReadableStreamReadResult<Uint8Array>;
+      try {
+        chunk = await reader.read();
+      } catch {
+        throw new Rejected(slow ? 408 : 400, slow ?? `body cut short after ${size} bytes`, true);
+      }
+      if (slow) throw new Rejected(408, slow, true);
+      if (chunk.done) break;
+      size += chunk.value.byteLength;
+      if (size > maxBody) {
+        await reader.cancel().catch(() => {});
+        throw new Rejected(413, `body is over the ${maxBody}-byte limit`, true);
+      }
+      chunks.push(chunk.value);
     }
-    if (chunk.done) break;
-    size += chunk.value.byteLength;
-    if (size > maxBody) {
-      await reader.cancel().catch(() => {});
-      throw new Rejected(413, `body is over the ${maxBody}-byte limit`, true);
-    }
-    chunks.push(chunk.value);
+  } finally {
+    clock.stop();
   }
   return Buffer.concat(chunks, size);
 }

@@ -277,4 +277,30 @@ describe("the Fetch handler on its own", () => {
       await inbox.close();
     }
   });
+
+  it("answers 408 to a body that falls behind its pace, and stores none of it", async () => {
+    const inbox = await connect(join(dir.dir, "fetch-slow.db"));
+    try {
+      // Limits as parameters: 50 ms of grace, then 1,000 bytes a second; the body sends 2 bytes and stalls.
+      const webhooks = createHandler({ inbox, bodyTimeoutMs: 50, minBodyRate: 1_000, log: () => {} });
+      let cancelled = false;
+      const body = new ReadableStream<Uint8Array>({
+        start: (controller) => controller.enqueue(new TextEncoder().encode("{}")),
+        cancel: () => void (cancelled = true),
+      });
+      const call = (b: BodyInit, id: string) =>
+        webhooks.fetch(new Request("https://app.example/", { method: "POST", headers: { "x-delivery-id": id }, body: b, duplex: "half" } as RequestInit));
+      const slow = await call(body, "evt_slow");
+      assert.equal(slow.status, 408);
+      assert.match(await slow.text(), /^body too slow: 2 bytes in \d+ ms/);
+      assert.ok(cancelled, "the stalled body is cancelled, not left open");
+      // Control: the same handler takes a body that is all there.
+      assert.equal(await (await call("{}", "evt_whole")).text(), "stored");
+      await inbox.flush();
+      assert.deepEqual((await inbox.find("evt_slow")).length, 0);
+      assert.equal(webhooks.inFlight, 0);
+    } finally {
+      await inbox.close();
+    }
+  });
 });

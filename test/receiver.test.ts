@@ -343,33 +343,46 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
     }
   });
 
-  it("answers 503 with Retry-After past maxInFlight requests at once, and serves the one it holds", async () => {
+  it("answers 503 with Retry-After past maxInFlight requests whose body is complete, and serves the one it holds", async () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
     const inbox = new SqliteInbox(path);
+    // The first store waits until released: its request is complete and in flight, waiting on the store.
+    let stored!: () => void;
+    const storing = new Promise<void>((resolve) => (stored = resolve));
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    const store = inbox.store.bind(inbox);
+    inbox.store = async (delivery) => {
+      stored();
+      await released;
+      return store(delivery);
+    };
     const { server, close } = createReceiver({ inbox, maxInFlight: 1, log: () => {} });
     await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
     const port = (server.address() as { port: number }).port;
+    let stalled: ReturnType<typeof raw>[] = [];
     try {
-      // The first request is held open after its headers (the 100 Continue says the server has it).
-      let continued!: () => void;
-      const held = new Promise<void>((resolve) => (continued = resolve));
-      let release!: () => void;
-      const released = new Promise<void>((resolve) => (release = resolve));
-      const first = raw(port, [
-        "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_first\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
-        () => released,
-        "{}",
-      ]);
-      first.socket.on("data", (d) => d.toString().startsWith("HTTP/1.1 100") && continued());
-      await held;
+      // A sender that has sent only its headers, and one half its body, take no place.
+      stalled = [
+        raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_headers\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", () => released]),
+        raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_half\r\nContent-Length: 4\r\n\r\n{}", () => released]),
+      ];
+      const first = fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_first" }, body: "{}" });
+      // Were the stalled ones counted, the first would be answered 503 and never reach its store.
+      const reached = await Promise.race([storing.then(() => "its store" as const), first.then((r) => r.status)]);
+      assert.equal(reached, "its store", `the first was answered ${reached} before its store`);
       const second = await fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_second" }, body: "{}" });
       assert.equal(second.status, 503);
       assert.ok(second.headers.get("retry-after"));
+      // Its body was read, so its connection may carry the next request.
+      assert.notEqual(second.headers.get("connection"), "close");
       release();
-      assert.equal((await first.response)?.body, "stored");
+      assert.equal(await (await first).text(), "stored");
       assert.deepEqual(rows(path).map((r) => r.id), ["evt_first"]);
     } finally {
+      release();
+      for (const s of stalled) s.socket.destroy();
       await close(1_000);
       await inbox.close();
       dir.cleanup();

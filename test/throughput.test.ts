@@ -1,5 +1,5 @@
 // test/throughput.test.ts: what the fast paths must not change. A batch is one transaction: a duplicate
-// within it, a row that fails within it, requests past the in-flight bound, and a worker whose claims and
+// within it, a row that fails within it, requests held short of the in-flight bound, and a worker whose claims and
 // finishes share commits while a long handler's lease is kept by the heartbeat (or lost, and its signal
 // aborted). No timings: only outcomes.
 
@@ -112,8 +112,17 @@ describe("receiver.ts under concurrent requests", () => {
     assert.deepEqual(ids(), ["evt_1", "evt_2", "evt_3", "evt_4"]);
   });
 
-  it("answers 503 with Retry-After past --max-in-flight, then serves the requests it held", async () => {
+  it("counts against --max-in-flight only requests whose body is complete: two held after their headers leave room", async () => {
     const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2"]);
+    receivers.push(r);
+    const held = await Promise.all(["evt_held_1", "evt_held_2"].map((id) => hold(r.port, id)));
+    assert.equal((await post(r.url, "evt_third")).text, "stored");
+    assert.deepEqual(await Promise.all(held.map((h) => h.finish())), ["stored", "stored"]);
+    assert.deepEqual(ids(), ["evt_held_1", "evt_held_2", "evt_third"]);
+  });
+
+  it("(control) with --in-flight-from-headers, as before, two held requests fill it: 503 with Retry-After, then it serves them", async () => {
+    const r = await startReceiver(path, ["--quiet", "--max-in-flight", "2", "--in-flight-from-headers"]);
     receivers.push(r);
     // Two requests are held in flight: headers sent, body not yet (the 100 Continue says they are in).
     const held = await Promise.all(["evt_held_1", "evt_held_2"].map((id) => hold(r.port, id)));
