@@ -81,6 +81,16 @@ for (const backend of BACKENDS) {
         assert.deepEqual(stripe.body, bytes);
         assert.deepEqual([stripe.eventType, stripe.providerTime, stripe.contentType], ["a.b", 123, "application/json"]);
       });
+
+      it("keeps every body of one batch apart, byte for byte, on every route: empty, binary and long alike", async () => {
+        const inbox = await open();
+        const bodies = [Buffer.alloc(0), Buffer.from([0x00, 0x5c, 0x78, 0xff]), Buffer.alloc(70_000, 0xab), body({ n: 1 }), Buffer.from("\\x00")];
+        // Stored in one turn, so they share a batch (and on PostgreSQL one INSERT); the last goes to two routes.
+        await Promise.all(bodies.map((b, i) => inbox.store({ id: `b${i}`, body: b, ...(i === 4 ? { destinations: ["one", "two"] } : {}) })));
+        const rows = await inbox.query("SELECT id, route, body FROM deliveries ORDER BY id, route");
+        assert.deepEqual(rows.map((r) => [r.id, r.route, Buffer.from(r.body as Uint8Array).toString("hex")]),
+          [...bodies.slice(0, 4).map((b, i) => [`b${i}`, 0, b.toString("hex")]), ["b4", 0, bodies[4]!.toString("hex")], ["b4", 1, bodies[4]!.toString("hex")]]);
+      });
     });
 
     describe("claimBatch()", () => {
