@@ -26,8 +26,9 @@ const BENCHES: Record<string, () => Promise<string>> = {
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
   brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
+  pgstore: async () => (await import("./pgstore.ts")).pgstore(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "pgstore", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -9,7 +9,7 @@
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { PostgresCommitter, type Op } from "./postgres-commit.ts";
+import { mergedInserts, PostgresCommitter, type Op } from "./postgres-commit.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
   DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
@@ -1088,7 +1088,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
-  // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
+  // (the connection pipelines them), a batch's one-row inserts of one text as one statement
+  // (mergedInserts); one that fails fails the attempt, which is redone op by op, unmerged.
   protected async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
     const marked = client.query(this.prepared(
@@ -1111,12 +1112,19 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       })));
     }
     const results = new Map<Op, boolean>();
+    // Behind a per-transaction pooler a named statement would be missing on the next server connection.
+    const send = (sql: string, params: SqlValue[]) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
+      .then((r) => r.rowCount ?? 0);
+    const writes = mergedInserts(send);
+    if (ops.length === 1) writes.stop();
     const tx: Tx = {
       backend: "postgres",
-      client,
-      // Behind a per-transaction pooler a named statement would be missing on the next server connection.
-      run: (sql, ...params) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
-        .then((r) => r.rowCount ?? 0),
+      // A handler's own query goes after the inserts held before it.
+      get client() {
+        writes.flush();
+        return client;
+      },
+      run: writes.run,
     };
     const pending: Promise<unknown>[] = [];
     for (const op of ops) {
@@ -1131,6 +1139,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         }
       }
     }
+    writes.stop();
     const settled = await Promise.allSettled(pending);
     const failed = settled.find((s) => s.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;
