@@ -65,6 +65,8 @@ export async function ingest(): Promise<string> {
   const bare32 = add({ name: "bare node:http", server: bare, connections: CONNECTIONS });
   const bareHigh = add({ name: "bare node:http", server: bare, connections: HIGH });
   const inbox: Record<number, Run> = {};
+  // The receiver on PostgreSQL, set against the peers too: the PostgreSQL front door's targets are theirs.
+  const onPostgres: Record<number, Run> = {};
   // The SQLite receiver with its fsync inside each commit, to set the default's off-loop fdatasync against.
   const inCommit: Record<number, Run> = {};
   const small: Record<number, Run> = {};
@@ -97,6 +99,7 @@ export async function ingest(): Promise<string> {
     // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
     const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
     receivers.push(rHigh);
+    if (t === "PostgreSQL") [onPostgres[CONNECTIONS], onPostgres[HIGH]] = [r32, rHigh];
     if (COMPARE !== undefined) {
       for (const mine of [r32, rHigh]) {
         const theirs = add({ name: `receiver --quiet [${t} ${other}]`, server: await at(`compare_${mine.connections}`, ["--quiet"], [], resolve(COMPARE, "receiver.ts")),
@@ -167,7 +170,10 @@ export async function ingest(): Promise<string> {
     if (inbox[c] && inCommit[c]) parts.push(`${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}, ${SMALL_YOUNG} against the receiver ×${f(of(small[c]!, inbox[c]!), 2)}`);
     const theirs = runs.filter((r) => r.base === base && r.peer);
     // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
-    for (const r of theirs) parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+    for (const r of theirs) {
+      parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)}` +
+        `${onPostgres[c] ? `, inbox on PostgreSQL ×${f(of(onPostgres[c]!, r), 2)}` : ""} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+    }
     const durable = theirs.filter((r) => r.peer!.durable);
     if (durable.length > 0 && inbox[c]) {
       const best = durable.reduce((a, b) => (rps(a) >= rps(b) ? a : b));
