@@ -285,12 +285,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     let delay = pollMin;
     let claimFailing = false;
     while (!stop?.aborted) {
-      // Claim a batch's worth for fast handlers once no more than one round of them is left to start, so
-      // the claim runs while that round works rather than after it; the free handlers' worth for slow ones
-      // once everything claimed has started; never more than a second batch of leases waiting on their commit.
+      // Claim when everything claimed has started: a batch's worth for fast handlers, the free handlers'
+      // worth for slow ones, but never more than a second batch of leases waiting on their commit.
       const size = claimSize();
-      const fast = size > concurrency;
-      const room = waiting.length > (fast ? concurrency : 0) ? 0 : Math.min(size - (fast ? 0 : running), 2 * size - active.size);
+      const room = waiting.length > 0 ? 0 : Math.min(size - (size > concurrency ? 0 : running), 2 * size - active.size);
       let leases: Lease[] = [];
       try {
         if (room > 0) leases = await inbox.claimBatch(room, leaseMs, { onSetAside: gaveUp });

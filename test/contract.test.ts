@@ -451,31 +451,6 @@ for (const backend of BACKENDS) {
       });
     });
 
-    describe("worker.ts run(), claiming ahead", () => {
-      it("claims fast handlers' next batch while their last round is still to start, never past the limit", async () => {
-        const inbox = await open();
-        for (let i = 0; i < 300; i++) await inbox.store({ id: `evt_${i}`, body: body({}) });
-        let [claimed, started, now, most] = [0, 0, 0, 0];
-        const unstarted: number[] = [];
-        const claimBatch = inbox.claimBatch.bind(inbox);
-        inbox.claimBatch = async (limit, leaseMs, options) => {
-          unstarted.push(claimed - started);
-          const leases = await claimBatch(limit, leaseMs, options);
-          claimed += leases.length;
-          return leases;
-        };
-        const stats = await run(async () => {
-          started++;
-          most = Math.max(most, ++now);
-          await new Promise((resolve) => setImmediate(resolve));
-          now--;
-        }, { inbox, once: true, concurrency: 4, claimBatch: 50, log: () => {} });
-        assert.equal(stats.done, 300);
-        assert.equal(most, 4);
-        assert.ok(unstarted.some((n) => n > 0), `leases not yet started at each claim: ${unstarted.join(", ")}`);
-      });
-    });
-
     describe("looking: find(), list(), status()", () => {
       it("counts per status and source, lists newest first, and names the failures and the oldest wait", async () => {
         const inbox = await open();
