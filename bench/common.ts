@@ -5,7 +5,7 @@
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
@@ -66,7 +66,7 @@ export function rssMb(pid: number, peak = false): number {
 }
 
 /**
- * startChild runs a script under tsx on this Node (or, given `on`, on that runtime: bench/runtimes.ts) and
+ * startChild runs a script (of this checkout, or at an absolute path) under tsx on this Node (or, given `on`, on that runtime: bench/runtimes.ts) and
  * waits for its "Listening on" line. Its stderr is a pipe that is read and dropped (or kept), so a logging
  * server pays for its lines as it would in production. nodeArgs go to Node itself, before the script (V8's
  * memory flags, say).
@@ -74,7 +74,7 @@ export function rssMb(pid: number, peak = false): number {
 export async function startChild(
   script: string, args: string[], keepStderr = false, on?: { name: RuntimeName; binary: string }, nodeArgs: string[] = [],
 ): Promise<Child> {
-  const command = on ? scriptCommand(join(ROOT, script), args, on) : { command: process.execPath, args: [...nodeArgs, "--import", "tsx", join(ROOT, script), ...args] };
+  const command = on ? scriptCommand(resolve(ROOT, script), args, on) : { command: process.execPath, args: [...nodeArgs, "--import", "tsx", resolve(ROOT, script), ...args] };
   const child = spawn(command.command, command.args, {
     cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
   });

@@ -8,8 +8,13 @@
 // after its queue's enqueue resolves. Every server runs side by side, and each round measures them one
 // after the other, so that the noise of a shared machine lands on all alike; ratios are taken within a
 // round, and the median is reported. Also the CPU each server, and wrk, spends per request.
+// BENCH_COMPARE=/path/to/another/checkout adds that checkout's receiver (--quiet) on each database at both
+// connection counts, in the same rounds: an A/B of two commits, as bench/backlog.ts has for the drain.
 //   npm run bench -- ingest          BENCH_SECONDS=4 BENCH_ROUNDS=3 BENCH_CONNECTIONS=32 BENCH_PEERS=0
+//   git worktree add /tmp/before HEAD~1 && BENCH_COMPARE=/tmp/before BENCH_PEERS=0 npm run bench -- ingest
 
+import { spawnSync } from "node:child_process";
+import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { CONNECTIONS, WARMUP_SECONDS, f, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
 import { label as peerLabel, peers as availablePeers, type Peer, type Store } from "./peers/index.ts";
@@ -20,6 +25,7 @@ const ROUNDS = knob("BENCH_ROUNDS", 3);
 const HIGH = knob("BENCH_CONNECTIONS_HIGH", 128);
 // The Node flag that caps V8's young generation, as docs/performance.md suggests where memory is tight.
 const SMALL_YOUNG = "--max-semi-space-size=4";
+const COMPARE = process.env.BENCH_COMPARE;
 
 /** Server is one process under load: started once, measured by every Run that names it. */
 interface Server {
@@ -59,15 +65,20 @@ export async function ingest(): Promise<string> {
   const bare32 = add({ name: "bare node:http", server: bare, connections: CONNECTIONS });
   const bareHigh = add({ name: "bare node:http", server: bare, connections: HIGH });
   const inbox: Record<number, Run> = {};
+  // The receiver on PostgreSQL, set against the peers too: the PostgreSQL front door's targets are theirs.
+  const onPostgres: Record<number, Run> = {};
   // The SQLite receiver with its fsync inside each commit, to set the default's off-loop fdatasync against.
   const inCommit: Record<number, Run> = {};
   const small: Record<number, Run> = {};
   const receivers: Run[] = [];
+  // Each of this checkout's --quiet receivers beside BENCH_COMPARE's at the same connections and database.
+  const pairs: [mine: Run, theirs: Run][] = [];
+  const other = COMPARE === undefined ? "" : spawnSync("git", ["-C", COMPARE, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || COMPARE;
   const targets = await inboxTargets();
   for (const target of targets) {
-    const at = async (label: string, args: string[] = [], nodeArgs: string[] = []): Promise<Server> => {
+    const at = async (label: string, args: string[] = [], nodeArgs: string[] = [], script = "receiver.ts"): Promise<Server> => {
       const fresh = await target.fresh(dir, `ingest_${label}`);
-      const s = server("receiver.ts", ["--db", fresh.db, ...args], nodeArgs);
+      const s = server(script, ["--db", fresh.db, ...args], nodeArgs);
       s.stores.push(fresh.drop);
       return s;
     };
@@ -88,6 +99,15 @@ export async function ingest(): Promise<string> {
     // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
     const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
     receivers.push(rHigh);
+    if (t === "PostgreSQL") [onPostgres[CONNECTIONS], onPostgres[HIGH]] = [r32, rHigh];
+    if (COMPARE !== undefined) {
+      for (const mine of [r32, rHigh]) {
+        const theirs = add({ name: `receiver --quiet [${t} ${other}]`, server: await at(`compare_${mine.connections}`, ["--quiet"], [], resolve(COMPARE, "receiver.ts")),
+          connections: mine.connections, base: mine.base });
+        receivers.push(theirs);
+        pairs.push([mine, theirs]);
+      }
+    }
     if (t === "SQLite") {
       inbox[HIGH] = rHigh;
       small[HIGH] = add({ name: `receiver ${SMALL_YOUNG} [${t}]`, server: await at("small_high", ["--quiet"], [SMALL_YOUNG]), connections: HIGH, base: bareHigh });
@@ -144,10 +164,16 @@ export async function ingest(): Promise<string> {
     parts.push(`${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
       mine.map((r) => ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
         (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : "")).join(""));
+    for (const [mine, theirs] of pairs.filter(([m]) => m.base === base)) {
+      parts.push(`${c} conn: A/B ${mine.name} against ${other} ×${f(of(mine, theirs), 2)} (CPU ${f(us(mine))} against ${f(us(theirs))} µs/req)`);
+    }
     if (inbox[c] && inCommit[c]) parts.push(`${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}, ${SMALL_YOUNG} against the receiver ×${f(of(small[c]!, inbox[c]!), 2)}`);
     const theirs = runs.filter((r) => r.base === base && r.peer);
     // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
-    for (const r of theirs) parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+    for (const r of theirs) {
+      parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)}` +
+        `${onPostgres[c] ? `, inbox on PostgreSQL ×${f(of(onPostgres[c]!, r), 2)}` : ""} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+    }
     const durable = theirs.filter((r) => r.peer!.durable);
     if (durable.length > 0 && inbox[c]) {
       const best = durable.reduce((a, b) => (rps(a) >= rps(b) ? a : b));

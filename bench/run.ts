@@ -30,8 +30,9 @@ const BENCHES: Record<string, () => Promise<string>> = {
   backup: async () => (await import("./backup.ts")).backupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
   slow: async () => (await import("./slow.ts")).slow(),
+  pgstore: async () => (await import("./pgstore.ts")).pgstore(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing", "slow"];
+const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "pgstore", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing", "slow"];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {

@@ -5,7 +5,7 @@
 
 import { createHmac, createSecretKey, randomBytes, randomFillSync } from "node:crypto";
 import { rootCertificates } from "node:tls";
-import { Agent, request } from "undici";
+import type { Agent } from "undici";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import { secretKey, sign } from "./providers.ts";
@@ -146,6 +146,11 @@ export function judge(status: number, headers: Record<string, string | string[] 
   return { kind: "retry", error };
 }
 
+// undici is loaded by the first forward or announcement, not at start-up: its import is about a third of
+// a second of CPU, which a worker with no HTTP destination (worker.ts --once, say) would pay for nothing.
+let undiciModule: typeof import("undici") | undefined;
+const undici = async () => (undiciModule ??= await import("undici"));
+
 /**
  * httpSender forwards to one HTTP destination through a connection pool of its own, TLS verified. A failed
  * answer's first bytes are kept with its error, redacted first by redactor (redact.ts) where given.
@@ -155,7 +160,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
   const now = options.now ?? Date.now;
   const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
   const redactor = options.redactor;
-  const agent = new Agent({
+  const pool = (Agent: typeof import("undici").Agent): Agent => new Agent({
     connections: destination.maxInFlight,
     connect: {
       timeout: destination.connectTimeoutMs,
@@ -166,6 +171,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
     headersTimeout: destination.timeoutMs,
     bodyTimeout: destination.timeoutMs,
   });
+  let agent: Agent | undefined;
   const name = destination.name;
   return {
     async send(lease, { signal, permanent4xx, headers: changes }) {
@@ -181,6 +187,8 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
         controller.abort(new Error(`no answer within ${destination.timeoutMs} ms`));
       }, destination.timeoutMs);
       try {
+        const { Agent, request } = undiciModule ?? (await undici());
+        agent ??= pool(Agent);
         const res = await request(destination.url, {
           method: "POST", dispatcher: agent, headers: forwardHeaders(destination, lease, now(), sign, changes), body: lease.body,
           signal: controller.signal,
@@ -205,7 +213,7 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
         signal.removeEventListener("abort", stop);
       }
     },
-    close: () => agent.close(),
+    close: async () => agent?.close(),
   };
 }
 
@@ -260,6 +268,7 @@ export async function announce(operator: Operator, event: OperatorEvent, nowMs: 
   let last = "";
   for (let attempt = 1; attempt <= 3; attempt++) {
     try {
+      const { request } = await undici();
       const res = await request(operator.url, {
         method: "POST", body, signal: AbortSignal.timeout(5_000),
         headers: { ...operator.headers, "content-type": "application/json", "user-agent": "webhook-inbox", ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)) },

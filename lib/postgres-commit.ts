@@ -7,7 +7,7 @@ import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
-import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type Stored } from "./store.ts";
+import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type SqlValue, type Stored } from "./store.ts";
 
 /** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
 export const APPLICATION_NAME = "webhook-inbox";
@@ -273,4 +273,60 @@ export abstract class PostgresCommitter {
     await this.pool.commit(client);
     return results;
   }
+}
+
+// A plain one-row INSERT of bound values, with nothing after it (no ON CONFLICT, no RETURNING): n of them
+// with the same text make one statement of n rows, which writes all n or fails.
+const ONE_ROW_INSERT = /^(\s*INSERT\s+INTO\s+[^;?']+?)\s+VALUES\s*\(\s*\?(?:\s*,\s*\?)*\s*\)\s*;?\s*$/i;
+// PostgreSQL's limit on a statement's parameters.
+const MOST_PARAMS = 65_535;
+
+/**
+ * mergedInserts is the run() of the Tx that a batch of finishes hands its handlers. While `merging`, runs of
+ * the same one-row INSERT text that come one after another (each delivery's payment, say) are held and sent
+ * as one multi-row INSERT when another statement, a read of tx.client, or flush() comes: one statement a
+ * batch instead of one a delivery, in the same place among the others and in the same transaction as the
+ * done marks. Each resolves 1; a merged statement that fails, or writes fewer rows than it was given (a
+ * trigger skipped one), fails them all, and the batch is then redone op by op, unmerged.
+ */
+export function mergedInserts(send: (sql: string, params: SqlValue[]) => Promise<number>): {
+  run: (sql: string, ...params: SqlValue[]) => Promise<number>; flush: () => void; stop: () => void;
+} {
+  let merging = true;
+  let held: { sql: string; head: string; rows: SqlValue[][]; settle: { resolve: (n: number) => void; reject: (e: unknown) => void }[] } | undefined;
+  const flush = () => {
+    const group = held;
+    held = undefined;
+    if (group === undefined) return;
+    const width = group.rows[0]!.length;
+    const most = Math.max(1, Math.floor(MOST_PARAMS / Math.max(1, width)));
+    for (let i = 0; i < group.rows.length; i += most) {
+      const rows = group.rows.slice(i, i + most);
+      const settle = group.settle.slice(i, i + most);
+      const sql = rows.length === 1 ? group.sql : `${group.head} VALUES ${Array(rows.length).fill(`(${Array(width).fill("?").join(", ")})`).join(", ")}`;
+      send(sql, rows.flat()).then((count) => {
+        if (count === rows.length) for (const s of settle) s.resolve(1);
+        else {
+          const error = new Error(`a merged insert wrote ${count} of ${rows.length} rows; each write is redone alone`);
+          for (const s of settle) s.reject(error);
+        }
+      }, (error: unknown) => {
+        for (const s of settle) s.reject(error);
+      });
+    }
+  };
+  const run = (sql: string, ...params: SqlValue[]): Promise<number> => {
+    const insert = merging ? ONE_ROW_INSERT.exec(sql) : null;
+    if (insert === null || params.length !== (sql.match(/\?/g)?.length ?? 0)) {
+      flush();
+      return send(sql, params);
+    }
+    if (held !== undefined && held.sql !== sql) flush();
+    const group = (held ??= { sql, head: insert[1]!, rows: [], settle: [] });
+    return new Promise<number>((resolve, reject) => {
+      group.rows.push(params);
+      group.settle.push({ resolve, reject });
+    });
+  };
+  return { run, flush, stop: () => ((merging = false), flush()) };
 }

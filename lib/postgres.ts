@@ -9,7 +9,7 @@
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { PostgresCommitter, type Op } from "./postgres-commit.ts";
+import { mergedInserts, PostgresCommitter, type Op } from "./postgres-commit.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
   DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
@@ -51,6 +51,21 @@ export function toPg(sql: string, offset = 0): string {
     translated.set(key, text);
   }
   return text;
+}
+
+// concatenated puts a batch's bodies in one buffer, with each body's 1-based offset and length for
+// substring(): pg sends a Buffer parameter as binary, where an array of them goes as a text literal with
+// every body hex-encoded, which the server then parses back.
+function concatenated(bodies: Uint8Array[]): { all: Buffer; offsets: number[]; lengths: number[] } {
+  const offsets: number[] = [];
+  const lengths: number[] = [];
+  let at = 1;
+  for (const body of bodies) {
+    offsets.push(at);
+    lengths.push(body.byteLength);
+    at += body.byteLength;
+  }
+  return { all: Buffer.concat(bodies), offsets, lengths };
 }
 
 // named gives each statement text a server-side prepared statement, parsed and planned once per
@@ -938,23 +953,24 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const place = new Map(ops.map((op, i) => [op, i]));
     const insert = (list: { op: (typeof ops)[number]; route: number }[]) => {
       const none = (x: { op: (typeof ops)[number] }) => x.op.routes.length === 0;
+      const bodies = concatenated(list.map((x) => x.op.incoming.body));
       return client.query(this.prepared(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
                                  order_key, event_time, arrival, route, destination, headers, traceparent, finished_at)
-         SELECT s, i, b, h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+         SELECT s, i, substring($18::bytea FROM bo FOR bl), h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
                 CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
                 CASE WHEN st = 'done' THEN ${NOW} END
-         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
-                     $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[])
-              AS u(s, i, b, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st)
+         FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
+                     $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[])
+              AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl)
          ON CONFLICT (source, id, route) DO NOTHING
          RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
-        [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), list.map((x) => x.op.incoming.body),
+        [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), bodies.offsets,
           list.map((x) => x.op.digest), list.map((x) => x.op.incoming.contentType ?? null), list.map((x) => x.op.incoming.eventType ?? null),
           list.map((x) => x.op.incoming.providerTime ?? null), list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
           list.map((x) => orders.get(x.op)!.eventTime), list.map((x) => place.get(x.op)! * 16 + x.route), list.map((x) => x.route),
           list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION), list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
-          list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received"))],
+          list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received")), bodies.lengths, bodies.all],
       ));
     };
     const inserted = await insert(rows.map((op) => ({ op, route: 0 })));
@@ -1072,7 +1088,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
-  // (the connection pipelines them); one that fails fails the attempt, which is redone op by op.
+  // (the connection pipelines them), a batch's one-row inserts of one text as one statement
+  // (mergedInserts); one that fails fails the attempt, which is redone op by op, unmerged.
   protected async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
     const marked = client.query(this.prepared(
@@ -1095,12 +1112,19 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       })));
     }
     const results = new Map<Op, boolean>();
+    // Behind a per-transaction pooler a named statement would be missing on the next server connection.
+    const send = (sql: string, params: SqlValue[]) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
+      .then((r) => r.rowCount ?? 0);
+    const writes = mergedInserts(send);
+    if (ops.length === 1) writes.stop();
     const tx: Tx = {
       backend: "postgres",
-      client,
-      // Behind a per-transaction pooler a named statement would be missing on the next server connection.
-      run: (sql, ...params) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
-        .then((r) => r.rowCount ?? 0),
+      // A handler's own query goes after the inserts held before it.
+      get client() {
+        writes.flush();
+        return client;
+      },
+      run: writes.run,
     };
     const pending: Promise<unknown>[] = [];
     for (const op of ops) {
@@ -1115,6 +1139,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         }
       }
     }
+    writes.stop();
     const settled = await Promise.allSettled(pending);
     const failed = settled.find((s) => s.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;

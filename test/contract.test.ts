@@ -81,6 +81,16 @@ for (const backend of BACKENDS) {
         assert.deepEqual(stripe.body, bytes);
         assert.deepEqual([stripe.eventType, stripe.providerTime, stripe.contentType], ["a.b", 123, "application/json"]);
       });
+
+      it("keeps every body of one batch apart, byte for byte, on every route: empty, binary and long alike", async () => {
+        const inbox = await open();
+        const bodies = [Buffer.alloc(0), Buffer.from([0x00, 0x5c, 0x78, 0xff]), Buffer.alloc(70_000, 0xab), body({ n: 1 }), Buffer.from("\\x00")];
+        // Stored in one turn, so they share a batch (and on PostgreSQL one INSERT); the last goes to two routes.
+        await Promise.all(bodies.map((b, i) => inbox.store({ id: `b${i}`, body: b, ...(i === 4 ? { destinations: ["one", "two"] } : {}) })));
+        const rows = await inbox.query("SELECT id, route, body FROM deliveries ORDER BY id, route");
+        assert.deepEqual(rows.map((r) => [r.id, r.route, Buffer.from(r.body as Uint8Array).toString("hex")]),
+          [...bodies.slice(0, 4).map((b, i) => [`b${i}`, 0, b.toString("hex")]), ["b4", 0, bodies[4]!.toString("hex")], ["b4", 1, bodies[4]!.toString("hex")]]);
+      });
     });
 
     describe("claimBatch()", () => {
@@ -356,6 +366,40 @@ for (const backend of BACKENDS) {
         assert.deepEqual(await keys(inbox), ["k1", "k3"]);
         assert.equal((await row(inbox, "evt_bad"))!.status, "processing", "its done mark rolled back with it");
         assert.equal((await inbox.fail(bad!, "ledger refused"))!.status, "received");
+      });
+
+      onPostgres("sends a batch's one-row inserts as one statement, in the transaction of their done marks", async () => {
+        const inbox = await open();
+        await ledger(inbox);
+        // A statement-level trigger counts the INSERT statements that reach the ledger.
+        await inbox.query("CREATE TABLE ledger_statements (n integer)");
+        await inbox.query(`CREATE FUNCTION ledger_counted() RETURNS trigger LANGUAGE plpgsql AS $$
+                           BEGIN INSERT INTO ledger_statements VALUES (1); RETURN NULL; END $$`);
+        await inbox.query("CREATE TRIGGER ledger_counted AFTER INSERT ON ledger FOR EACH STATEMENT EXECUTE FUNCTION ledger_counted()");
+        for (const id of ["evt_1", "evt_2", "evt_3", "evt_4"]) await inbox.store({ id, body: body({}) });
+        const leases = await inbox.claimBatch(4, LEASE);
+        t += LEASE;
+        const other = await open();
+        assert.equal((await other.claim(LEASE))!.id, leases[0]!.id, "the other worker took over the first");
+        const results = await Promise.all(leases.map((lease, i) => inbox.finish(lease, [pay(`k${i + 1}`)])));
+        assert.deepEqual(results, [false, true, true, true]);
+        assert.deepEqual(await keys(inbox), ["k2", "k3", "k4"], "each held lease's write once, the lost one's none");
+        assert.equal((await inbox.query("SELECT count(*)::integer AS n FROM ledger_statements"))[0]!.n, 1);
+      });
+
+      onPostgres("says 0 for a write a trigger skipped, even when its batch-mates' inserts were merged", async () => {
+        const inbox = await open();
+        await ledger(inbox);
+        await inbox.query(`CREATE FUNCTION ledger_skip() RETURNS trigger LANGUAGE plpgsql AS $$
+                           BEGIN IF NEW.k = 'k2' THEN RETURN NULL; END IF; RETURN NEW; END $$`);
+        await inbox.query("CREATE TRIGGER ledger_skip BEFORE INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION ledger_skip()");
+        for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: body({}) });
+        const leases = await inbox.claimBatch(3, LEASE);
+        const counts: number[] = [];
+        const counted = (k: string, i: number) => async (tx: Tx) => (counts[i] = await tx.run("INSERT INTO ledger (k) VALUES (?)", k));
+        assert.deepEqual(await Promise.all(leases.map((lease, i) => inbox.finish(lease, [counted(`k${i + 1}`, i)]))), [true, true, true]);
+        assert.deepEqual(counts, [1, 0, 1]);
+        assert.deepEqual(await keys(inbox), ["k1", "k3"]);
       });
 
       it("records each of the article's payments exactly once through worker.ts's handler", async () => {

@@ -67,15 +67,19 @@ export const label = (p: Peer) => `${p.name} [${p.durability.replace(/ \(.*\)/, 
 let reachable: Promise<boolean> | undefined;
 
 /**
- * peers returns the peers this machine can run (BENCH_PEERS=0 runs none); without a reachable
- * PostgreSQL the PostgreSQL peers are left out, with one line saying so.
+ * peers returns the peers this machine can run (BENCH_PEERS=0 runs none; BENCH_PEERS=pg-boss,always runs
+ * those whose row label contains one of the words); without a reachable PostgreSQL the PostgreSQL peers
+ * are left out, with one line saying so.
  */
 export async function peers(): Promise<Peer[]> {
-  if (process.env.BENCH_PEERS === "0") return [];
+  const wanted = process.env.BENCH_PEERS;
+  if (wanted === "0") return [];
+  const words = wanted === undefined || wanted === "1" ? [] : wanted.toLowerCase().split(",").map((w) => w.trim()).filter(Boolean);
+  const chosen = PEERS.filter((p) => words.length === 0 || words.some((w) => label(p).toLowerCase().includes(w)));
   reachable ??= pgReachable();
-  if (await reachable) return PEERS;
+  if (await reachable) return chosen;
   console.log("bench: PostgreSQL is not reachable at BENCH_PG_URL; the pg-boss and graphile-worker rows are skipped");
-  return PEERS.filter((p) => !p.postgres);
+  return chosen.filter((p) => !p.postgres);
 }
 
 /** drainPeer fills a fresh store with n jobs and drains it with the peer's fixture, in a process of its own. */
