@@ -224,6 +224,9 @@ export function healthProblem(path: string): string | undefined {
     const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
     return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
   } catch (error) {
+    // Not a database at all (SQLITE_NOTADB): nothing to restore from a backup, and opening it says so in
+    // the scripts' own words ("cannot use the database: … file is not a database").
+    if (((error as { errcode?: number }).errcode ?? 0) % 256 === 26) return undefined;
     return message(error);
   } finally {
     db.close();
