@@ -236,9 +236,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       const changed = this
         .sql(
           `UPDATE deliveries SET leased_until = ?, lease_ms = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(until, leaseMs, lease.source, lease.id, lease.token).changes;
+        .run(until, leaseMs, lease.source, lease.id, lease.route, lease.token).changes;
       if (changed === 1) lease.leasedUntil = until;
       return changed === 1;
     }) as Promise<boolean>;
@@ -284,9 +284,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       changed = this
         .sql(
           `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(now, lease.source, lease.id, lease.token).changes;
+        .run(now, lease.source, lease.id, lease.route, lease.token).changes;
     }
     if (changed !== 1) return false;
     if (lease.orderKey !== null) this.handled(lease);
@@ -346,9 +346,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         .sql(
           `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
                   lease_token = NULL, available_at = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
+        .run(this.now(), lease.source, lease.id, lease.route, lease.token).changes === 1;
       if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.destination, lease.orderKey, lease.id, false);
       return released;
     }) as Promise<boolean>;
