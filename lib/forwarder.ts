@@ -9,7 +9,7 @@ import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } f
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Destination, Forwarding, Route } from "./routes.ts";
-import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "./store.ts";
+import { again, passing, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
@@ -104,6 +104,22 @@ async function lane(
     };
   });
   stop?.addEventListener("abort", () => wake(), { once: true });
+  // persist runs one of the lane's writes through again(): a database error that passes (a deadlock, a
+  // dropped connection, a server restarting) is counted, logged once, and the write goes again, for as
+  // long as a lease lasts. Meanwhile the lease stays active, so the heartbeat keeps it.
+  const persist = <T>(what: string, write: () => Promise<T>): Promise<T> => again(write, {
+    forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
+    onError: (error, tries) => {
+      if (!passing(error)) return;
+      metrics?.dbError("forward", error);
+      if (tries === 1) log(`${name}: could not ${what} (${message(error)}); trying again`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
+    },
+  });
+  // giveBack releases a lease unsent, its attempt given back; one it cannot release runs out instead.
+  const giveBack = (lease: Lease): Promise<void> => persist("release a lease", () => inbox.release(lease)).then(
+    (released) => void (released && stats.held++),
+    (error: unknown) => log(`${label(lease)} → ${name}: could not release (${message(error)}); it goes again when its lease expires`, { level: "warn", destination: name }),
+  ).finally(() => active.delete(lease));
   // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
   const gaveUp = (setAside: SetAside[]) => {
     for (const d of setAside) {
@@ -155,7 +171,10 @@ async function lane(
         (held) => {
           if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
         },
-        (error: unknown) => log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name }),
+        (error: unknown) => {
+          metrics?.dbError("forward", error);
+          log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
+        },
       );
     }
   }, Math.max(1, Math.floor(leaseMs / 3)));
@@ -192,7 +211,7 @@ async function lane(
   };
   const send = () => {
     // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
-    if (holding) for (const lease of queued.splice(0)) void inbox.release(lease).then((r) => r && stats.held++).finally(() => active.delete(lease));
+    if (holding) for (const lease of queued.splice(0)) void giveBack(lease);
     while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
       const lease = queued.shift()!;
       sending++;
@@ -250,17 +269,17 @@ async function lane(
       // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
       if (outcome.kind === "retry" && controller.signal.aborted && stop?.aborted) {
         span.end("released");
-        if (await inbox.release(lease)) stats.held++;
+        if (await persist("release a lease", () => inbox.release(lease))) stats.held++;
         return;
       }
       if (outcome.kind === "done") {
         // The done mark waits to go out with the others gathered since (see markDone), most often with the
         // next claim: one commit for many forwards, not one each.
-        const held = await new Promise<boolean>((resolve, reject) => {
+        const held = await persist("write a done mark", () => new Promise<boolean>((resolve, reject) => {
           if (answered.length === 0) answeredAt = performance.now();
           answered.push({ lease, resolve, reject });
           wake();
-        });
+        }));
         span.end(held ? "done" : "lost");
         if (held) {
           stats.done++;
@@ -278,15 +297,15 @@ async function lane(
         // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
         hold(true);
         span.end("released", outcome.error);
-        const paused = await inbox.pause(name, outcome.error);
-        if (await inbox.release(lease)) stats.held++;
+        const paused = await persist("pause", () => inbox.pause(name, outcome.error));
+        if (await persist("release a lease", () => inbox.release(lease))) stats.held++;
         if (paused) {
           say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
             `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
         }
         return;
       }
-      const failure = await inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {});
+      const failure = await persist("record a failure", () => inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {}));
       span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
@@ -337,6 +356,7 @@ async function lane(
           claimFailing = false;
         } catch (error) {
           claiming = false;
+          metrics?.dbError("forward", error);
           if (options.once) throw error;
           if (!claimFailing) log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
           claimFailing = true;
@@ -361,10 +381,7 @@ async function lane(
     }
     // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it
     // is cut off and released. Done marks keep going out meanwhile.
-    for (const lease of queued.splice(0)) {
-      active.delete(lease);
-      if (await inbox.release(lease)) stats.held++;
-    }
+    await Promise.all(queued.splice(0).map(giveBack));
     const deadline = Date.now() + (options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs);
     while (active.size > 0 && Date.now() < deadline) {
       markDone(true);

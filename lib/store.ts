@@ -906,3 +906,57 @@ export function orderingStatus(counts: Record<string, unknown>, held: Record<str
 
 /** ORDERING_SQL holds the status queries of ordering, which the PostgreSQL backend runs too. */
 export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as const;
+
+/**
+ * sqlstate names the kind of a database error for logs and metrics: PostgreSQL's SQLSTATE class (its first
+ * two characters: 40 a deadlock or serialization failure, 08 a lost connection, 53 too many connections,
+ * 57 a cancelled statement or a server shutting down), else a socket's code (ECONNRESET), else SQLite's
+ * (SQLITE_BUSY), else "other". It looks through the causes a batch's error wraps.
+ */
+export function sqlstate(error: unknown): string {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code.slice(0, 2);
+    if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return code;
+    const errcode = (e as { errcode?: unknown }).errcode;
+    if (typeof errcode === "number") return SQLITE_CODES[errcode & 0xff] ?? `SQLITE_${errcode & 0xff}`;
+  }
+  return "other";
+}
+const SQLITE_CODES: Record<number, string> = { 5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 10: "SQLITE_IOERR", 13: "SQLITE_FULL" };
+
+/**
+ * passing says a database error is one that goes away on its own, so the write that met it may simply
+ * go again: a deadlock or serialization failure (40), a lost connection (08, or a socket's E… code), too
+ * many connections (53), a lock or statement timeout (55P03, 57014), a server shutting down or restarting
+ * (57P01–57P03), a primary turned standby (25006), SQLite's lock held too long (SQLITE_BUSY, SQLITE_LOCKED).
+ */
+export function passing(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || /^E[A-Z]+$/.test(code))) return true;
+    const errcode = (e as { errcode?: unknown }).errcode;
+    if (typeof errcode === "number" && [5, 6].includes(errcode & 0xff)) return true;
+    if (code === undefined && errcode === undefined && /connection terminated|not queryable|timeout exceeded when trying to connect/i.test((e as { message?: unknown }).message as string ?? "")) return true;
+  }
+  return false;
+}
+
+/**
+ * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
+ * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every failure first. A lease is
+ * fenced by its token, so a done mark, a failure or a release written late still says only what this
+ * worker did. Any other error, or one that outlasts forMs, is thrown.
+ */
+export async function again<T>(write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }): Promise<T> {
+  const since = performance.now();
+  for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
+    try {
+      return await write();
+    } catch (error) {
+      o.onError(error, tries);
+      if (!passing(error) || performance.now() - since >= o.forMs) throw error;
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+}
