@@ -200,7 +200,8 @@ async function lane(
   // lane's time (each is a sync to disk, on SQLite one that holds the event loop); it halves again when
   // they take less than a sixteenth.
   const max = destination.maxInFlight;
-  const most = Math.max(8 * max, DEFAULTS.claimBatch);
+  // A destination with a rate is claimed at most a second's worth ahead: its tokens, not its claims, pace it.
+  const most = destination.rate ? Math.max(2 * max, Math.ceil(destination.rate.perSecond)) : Math.max(8 * max, DEFAULTS.claimBatch);
   let ahead = 2 * max;
   let claiming = false;
   let starved = false;
@@ -209,27 +210,57 @@ async function lane(
     if (full && (starved || took > cycle / 4)) ahead = Math.min(most, 2 * ahead);
     else if (!starved && took < cycle / 16) ahead = Math.max(2 * max, Math.floor(ahead / 2));
   };
+  // Each wave of forwards starts only once permit() has said the destination is not paused and, with a
+  // rate, has taken the wave's tokens: at the moment they go out, not when they were claimed (lanes claim
+  // ahead, and forwards taken at claim time bunched at the destination). One permit is asked at a time;
+  // slots that free up meanwhile join the next wave.
+  let permitting = false;
+  let permitTimer: NodeJS.Timeout | undefined;
   const send = () => {
     // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
     if (holding) for (const lease of queued.splice(0)) void giveBack(lease);
-    while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
-      const lease = queued.shift()!;
-      sending++;
-      // The slot is freed once, when the destination has answered (a success) or the outcome is written.
-      let freed = false;
-      const free = () => {
-        if (freed) return;
-        freed = true;
-        sending--;
-        send();
-      };
-      void one(lease, active.get(lease)!, free).finally(() => {
-        free();
-        active.delete(lease);
-        wake();
-      });
-    }
+    const want = Math.min(max - sending, queued.length);
     if (claiming && queued.length === 0 && sending < max) starved = true;
+    if (want <= 0 || permitting || permitTimer || stop?.aborted) return;
+    permitting = true;
+    persist("ask for a permit", () => inbox.permit(name, want, destination.rate)).then(
+      (permit) => {
+        permitting = false;
+        if (permit.paused) hold(true);
+        for (let i = 0; i < permit.granted && queued.length > 0 && !holding && !stop?.aborted; i++) start(queued.shift()!);
+        if (permit.granted < want && !permit.paused) {
+          permitTimer = setTimeout(() => {
+            permitTimer = undefined;
+            send();
+          }, permit.waitMs);
+        }
+        send();
+      },
+      (error: unknown) => {
+        permitting = false;
+        log(`${name}: could not ask for a permit (${message(error)}); trying again`, { level: "warn", destination: name });
+        permitTimer = setTimeout(() => {
+          permitTimer = undefined;
+          send();
+        }, pollMax);
+      },
+    );
+  };
+  const start = (lease: Lease) => {
+    sending++;
+    // The slot is freed once, when the destination has answered (a success) or the outcome is written.
+    let freed = false;
+    const free = () => {
+      if (freed) return;
+      freed = true;
+      sending--;
+      send();
+    };
+    void one(lease, active.get(lease)!, free).finally(() => {
+      free();
+      active.delete(lease);
+      wake();
+    });
   };
   // Done marks go out with the next claim, or once a claim's worth has gathered, or when nothing else is
   // at the destination, or once the first has waited four times as long as a claim takes (at least
@@ -237,9 +268,14 @@ async function lane(
   // serve many forwards, and the marks must not wait long either.
   let answeredAt = 0;
   let claimTook = 0;
+  // On PostgreSQL a claim commits in a transaction of its own beside the marks, so they gain nothing by
+  // waiting for it: they go out at once, and the commit queue still gathers every mark of one event-loop
+  // turn into one statement. A SIGKILLed worker then leaves fewer forwards answered but not marked, each
+  // of which is sent again (docs/forwarding.md, "Duplicates after a crash").
+  const eager = inbox.backend === "postgres";
   const markDone = (now: boolean) => {
     if (answered.length === 0) return;
-    if (!now && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
+    if (!now && !eager && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
     for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
   };
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
@@ -347,7 +383,7 @@ async function lane(
         try {
           claiming = true;
           starved = false;
-          leases = await inbox.claimBatch(room, leaseMs, { destination: name, onSetAside: gaveUp, ...(destination.rate ? { rate: destination.rate } : {}) });
+          leases = await inbox.claimBatch(room, leaseMs, { destination: name, onSetAside: gaveUp });
           claiming = false;
           claimTook = performance.now() - claimedAt;
           adjust(claimTook, claimedAt - lastClaimAt, leases.length === room);
@@ -396,6 +432,7 @@ async function lane(
   } finally {
     clearInterval(ticker);
     clearInterval(heartbeat);
+    clearTimeout(permitTimer);
     unwake();
   }
 }

@@ -12,7 +12,7 @@ import { message } from "./log.ts";
 import { PostgresCommitter, type Op } from "./postgres-commit.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
-  DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
+  DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, type Permit, type Rate, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
   bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
@@ -822,6 +822,23 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       if (rowCount === 1) this.notify(client, 1);
       return rowCount === 1;
     }, false, { destination }) as Promise<boolean>;
+  }
+
+  permit(destination: string, n: number, rate?: Rate): Promise<Permit> {
+    checkPermit(destination, n, rate);
+    // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
+    if (!rate) {
+      return this.pool.query("SELECT paused FROM destinations WHERE name = $1", [destination])
+        .then(({ rows }) => ({ granted: rows[0]?.paused ? 0 : n, paused: Boolean(rows[0]?.paused), waitMs: 0 }));
+    }
+    return this.other(async (client) => {
+      await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+      const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+      const now = Number(row.now);
+      const permit = gatePermit(row, n, now, rate);
+      if (permit.tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [permit.tokens, now, destination]);
+      return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
+    }, false, { destination }) as Promise<Permit>;
   }
 
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
