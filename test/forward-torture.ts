@@ -63,7 +63,8 @@ type Behaviour = (id: string, n: number, elapsedMs: number) => { status: number;
 export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardTortureReport> {
   const started = performance.now();
   const downFor = o.seconds * 1000 / 3;
-  const rate = { perSecond: 40, burst: 5 };
+  // Low enough that one token's time (100 ms) outlasts a loaded machine's delays between a permit and the arrival.
+  const rate = { perSecond: 10, burst: 3 };
   let tokens = rate.burst;
   let tokensAt = performance.now();
   const behaviours: Record<string, Behaviour> = {
@@ -179,8 +180,8 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
         nextTerminate = performance.now() + o.terminateEveryMs * (0.5 + o.random());
       }
     }
-    // The drain: no more chaos, at most two minutes.
-    const drainUntil = performance.now() + 120_000;
+    // The drain: no more chaos, at most two minutes, or as long as the chaos lasted if longer.
+    const drainUntil = performance.now() + Math.max(120_000, o.seconds * 1000);
     while (performance.now() < drainUntil && (await notDone()) > 0) await sleep(100);
     const left = await notDone();
     for (const w of workers) w.killed = true;
