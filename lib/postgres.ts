@@ -72,6 +72,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
   // when they last started from the start (see claimIn).
   private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
+  // The destinations whose row this process has made sure of (see made).
+  private madeRows = new Map<string, Promise<void>>();
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -800,6 +802,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
     checkClaim({ destination });
+    await this.made(destination);
     return this.other(async (client) => {
       const { rowCount } = await client.query(
         `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
@@ -831,20 +834,32 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       return this.pool.query("SELECT paused FROM destinations WHERE name = $1", [destination])
         .then(({ rows }) => ({ granted: rows[0]?.paused ? 0 : n, paused: Boolean(rows[0]?.paused), waitMs: 0 }));
     }
-    return this.other(async (client) => {
-      await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+    return this.made(destination).then(() => this.other(async (client) => {
       const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
       const now = Number(row.now);
       const permit = gatePermit(row, n, now, rate);
       if (permit.tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [permit.tokens, now, destination]);
       return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
-    }, false, { destination }) as Promise<Permit>;
+    }, false, { destination })) as Promise<Permit>;
+  }
+
+  // made makes a destination's row, once per process, in a statement of its own outside any batch. Made
+  // inside a batch, a new row is locked outside the one order: a batch whose insert of it waited on
+  // another's uncommitted insert, while holding a row that one then locked for update, deadlocked in the
+  // forwarding torture when four workers started at once. Rows are never deleted, so once is enough.
+  private made(destination: string): Promise<void> {
+    let made = this.madeRows.get(destination);
+    if (made === undefined) {
+      made = this.pool.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]).then(() => {});
+      this.madeRows.set(destination, made);
+      made.catch(() => this.madeRows.delete(destination));
+    }
+    return made;
   }
 
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
     checkClaim({ destination });
-    return this.other(async (client) => {
-      await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+    return this.made(destination).then(() => this.other(async (client) => {
       const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
       const next = breakerAfter(row, tally, policy, Number(row.now));
       const r = next.row;
@@ -855,7 +870,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         [r.state, r.retry_at, r.failures, r.window_start, r.window_done, r.window_failed, r.last_error, r.last_error_at, Number(row.now), destination],
       );
       return next.change;
-    }, false, { destination }) as Promise<BreakerChange | undefined>;
+    }, false, { destination })) as Promise<BreakerChange | undefined>;
   }
 
   async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {

@@ -1,5 +1,5 @@
 // test/db-errors.test.ts: a worker that meets database errors on PostgreSQL carries on. A trigger on the
-// deliveries table makes the server answer every third write to a leased row (of the first few hundred)
+// deliveries table makes the server answer every third write to a leased row (of the first 90)
 // with a real `deadlock detected` (SQLSTATE 40P01): done marks, failures, releases and heartbeats. The
 // worker (worker.ts, a child process, with its handler and a forwarding lane) must bring every delivery
 // to both, forward none twice, count the errors by class in its metrics, and exit only on SIGTERM. The
