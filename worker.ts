@@ -12,7 +12,7 @@ import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
   jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
 } from "./lib/log.ts";
-import { PermanentError, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
+import { again, PermanentError, passing, sqlstate, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
 import type { Metrics } from "./lib/metrics.ts";
 import { announce, checkSecrets } from "./lib/forward.ts";
 import type { ForwardStats } from "./lib/forwarder.ts";
@@ -157,6 +157,18 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       };
     });
   stop?.addEventListener("abort", () => wake(), { once: true });
+  // persist runs a done mark, a failure or a release through again(): a database error that passes (a
+  // deadlock, a dropped connection, a server restarting) is counted, logged once, and the write goes
+  // again for as long as a lease lasts, the lease kept meanwhile by the heartbeat. A done mark's writes
+  // rolled back with it, so they run again with it, once.
+  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>): Promise<T> => again(write, {
+    forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
+    onError: (error, tries) => {
+      if (!passing(error)) return;
+      metrics?.dbError("handler", error);
+      if (tries === 1) log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
+    },
+  });
   // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
   const unwake = inbox.onWake(() => wake());
   const purging = schedulePurge(inbox, options.purge, stop, log);
@@ -167,7 +179,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         (held) => {
           if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
         },
-        (error: unknown) => log(`${label(lease)}: could not extend the lease: ${message(error)}`, { level: "warn", source: lease.source, id: lease.id }),
+        (error: unknown) => {
+          metrics?.dbError("handler", error);
+          log(`${label(lease)}: could not extend the lease: ${message(error)}`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
+        },
       );
     }
   }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
@@ -194,7 +209,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
     handlerDone(lease, started);
     try {
-      if (await inbox.finish(lease, writes)) {
+      if (await persist("write the done mark", lease, () => inbox.finish(lease, writes))) {
         stats.done++;
         traced(lease, "done");
         log(`${name} done`, { ...fields, status: "done" });
@@ -233,7 +248,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
     const said = redact(message(error));
     try {
-      const outcome = await inbox.fail(lease, said, { permanent });
+      const outcome = await persist("record the failure", lease, () => inbox.fail(lease, said, { permanent }));
       const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: said };
       traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", said);
       if (outcome === undefined) {
@@ -307,6 +322,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       } catch (error) {
         // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
         // rather than dying with its handlers in flight. Run once, it reports the error instead.
+        metrics?.dbError("handler", error);
         if (options.once) throw error;
         if (!claimFailing) log(`could not claim (${message(error)}); trying again`, { level: "error" });
         claimFailing = true;
@@ -332,16 +348,21 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
     }
     // Leases not yet started go straight back; the ones at work get the grace period.
+    // A release that fails for good leaves the lease to run out instead: the worker stops all the same.
+    const giveBack = (lease: Lease) => persist("release the lease", lease, () => inbox.release(lease)).catch((error: unknown) => {
+      log(`${label(lease)}: could not release (${message(error)}); it goes again when its lease expires`, { level: "warn", source: lease.source, id: lease.id });
+      return false;
+    });
     for (const lease of waiting.splice(0)) {
       active.delete(lease);
-      if (await inbox.release(lease)) stats.released++;
+      if (await giveBack(lease)) stats.released++;
     }
     await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => pause(pollMax));
     // Whatever outlived the grace period goes back to the queue now rather than when its lease expires.
     for (const [lease, controller] of active) {
       controller.abort(new Error("the worker is stopping"));
       traced(lease, "released");
-      if (await inbox.release(lease)) {
+      if (await giveBack(lease)) {
         stats.released++;
         log(`${label(lease)} released: the worker stopped before it finished`, { source: lease.source, id: lease.id, status: "received" });
       }

@@ -10,7 +10,7 @@ import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
 import type { Destination, Forwarding, Route, TransformSetting } from "./routes.ts";
-import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "./store.ts";
+import { again, passing, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
 
@@ -123,6 +123,22 @@ async function lane(
     };
   });
   stop?.addEventListener("abort", () => wake(), { once: true });
+  // persist runs one of the lane's writes through again(): a database error that passes (a deadlock, a
+  // dropped connection, a server restarting) is counted, logged once, and the write goes again, for as
+  // long as a lease lasts. Meanwhile the lease stays active, so the heartbeat keeps it.
+  const persist = <T>(what: string, write: () => Promise<T>): Promise<T> => again(write, {
+    forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
+    onError: (error, tries) => {
+      if (!passing(error)) return;
+      metrics?.dbError("forward", error);
+      if (tries === 1) log(`${name}: could not ${what} (${message(error)}); trying again`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
+    },
+  });
+  // giveBack releases a lease unsent, its attempt given back; one it cannot release runs out instead.
+  const giveBack = (lease: Lease): Promise<void> => persist("release a lease", () => inbox.release(lease)).then(
+    (released) => void (released && stats.held++),
+    (error: unknown) => log(`${label(lease)} → ${name}: could not release (${message(error)}); it goes again when its lease expires`, { level: "warn", destination: name }),
+  ).finally(() => active.delete(lease));
   // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
   const gaveUp = (setAside: SetAside[]) => {
     for (const d of setAside) {
@@ -174,7 +190,10 @@ async function lane(
         (held) => {
           if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
         },
-        (error: unknown) => log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name }),
+        (error: unknown) => {
+          metrics?.dbError("forward", error);
+          log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
+        },
       );
     }
   }, Math.max(1, Math.floor(leaseMs / 3)));
@@ -200,7 +219,8 @@ async function lane(
   // lane's time (each is a sync to disk, on SQLite one that holds the event loop); it halves again when
   // they take less than a sixteenth.
   const max = destination.maxInFlight;
-  const most = Math.max(8 * max, DEFAULTS.claimBatch);
+  // A destination with a rate is claimed at most a second's worth ahead: its tokens, not its claims, pace it.
+  const most = destination.rate ? Math.max(2 * max, Math.ceil(destination.rate.perSecond)) : Math.max(8 * max, DEFAULTS.claimBatch);
   let ahead = 2 * max;
   let claiming = false;
   let starved = false;
@@ -209,27 +229,57 @@ async function lane(
     if (full && (starved || took > cycle / 4)) ahead = Math.min(most, 2 * ahead);
     else if (!starved && took < cycle / 16) ahead = Math.max(2 * max, Math.floor(ahead / 2));
   };
+  // Each wave of forwards starts only once permit() has said the destination is not paused and, with a
+  // rate, has taken the wave's tokens: at the moment they go out, not when they were claimed (lanes claim
+  // ahead, and forwards taken at claim time bunched at the destination). One permit is asked at a time;
+  // slots that free up meanwhile join the next wave.
+  let permitting = false;
+  let permitTimer: NodeJS.Timeout | undefined;
   const send = () => {
     // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
-    if (holding) for (const lease of queued.splice(0)) void inbox.release(lease).then((r) => r && stats.held++).finally(() => active.delete(lease));
-    while (sending < destination.maxInFlight && queued.length > 0 && !stop?.aborted) {
-      const lease = queued.shift()!;
-      sending++;
-      // The slot is freed once, when the destination has answered (a success) or the outcome is written.
-      let freed = false;
-      const free = () => {
-        if (freed) return;
-        freed = true;
-        sending--;
-        send();
-      };
-      void one(lease, active.get(lease)!, free).finally(() => {
-        free();
-        active.delete(lease);
-        wake();
-      });
-    }
+    if (holding) for (const lease of queued.splice(0)) void giveBack(lease);
+    const want = Math.min(max - sending, queued.length);
     if (claiming && queued.length === 0 && sending < max) starved = true;
+    if (want <= 0 || permitting || permitTimer || stop?.aborted) return;
+    permitting = true;
+    persist("ask for a permit", () => inbox.permit(name, want, destination.rate)).then(
+      (permit) => {
+        permitting = false;
+        if (permit.paused) hold(true);
+        for (let i = 0; i < permit.granted && queued.length > 0 && !holding && !stop?.aborted; i++) start(queued.shift()!);
+        if (permit.granted < want && !permit.paused) {
+          permitTimer = setTimeout(() => {
+            permitTimer = undefined;
+            send();
+          }, permit.waitMs);
+        }
+        send();
+      },
+      (error: unknown) => {
+        permitting = false;
+        log(`${name}: could not ask for a permit (${message(error)}); trying again`, { level: "warn", destination: name });
+        permitTimer = setTimeout(() => {
+          permitTimer = undefined;
+          send();
+        }, pollMax);
+      },
+    );
+  };
+  const start = (lease: Lease) => {
+    sending++;
+    // The slot is freed once, when the destination has answered (a success) or the outcome is written.
+    let freed = false;
+    const free = () => {
+      if (freed) return;
+      freed = true;
+      sending--;
+      send();
+    };
+    void one(lease, active.get(lease)!, free).finally(() => {
+      free();
+      active.delete(lease);
+      wake();
+    });
   };
   // Done marks go out with the next claim, or once a claim's worth has gathered, or when nothing else is
   // at the destination, or once the first has waited four times as long as a claim takes (at least
@@ -237,9 +287,14 @@ async function lane(
   // serve many forwards, and the marks must not wait long either.
   let answeredAt = 0;
   let claimTook = 0;
+  // On PostgreSQL a claim commits in a transaction of its own beside the marks, so they gain nothing by
+  // waiting for it: they go out at once, and the commit queue still gathers every mark of one event-loop
+  // turn into one statement. A SIGKILLed worker then leaves fewer forwards answered but not marked, each
+  // of which is sent again (docs/forwarding.md, "Duplicates after a crash").
+  const eager = inbox.backend === "postgres";
   const markDone = (now: boolean) => {
     if (answered.length === 0) return;
-    if (!now && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
+    if (!now && !eager && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
     for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
   };
   const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
@@ -301,17 +356,17 @@ async function lane(
       // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
       if (outcome.kind === "retry" && controller.signal.aborted && stop?.aborted) {
         span.end("released");
-        if (await inbox.release(lease)) stats.held++;
+        if (await persist("release a lease", () => inbox.release(lease))) stats.held++;
         return;
       }
       if (outcome.kind === "done") {
         // The done mark waits to go out with the others gathered since (see markDone), most often with the
         // next claim: one commit for many forwards, not one each.
-        const held = await new Promise<boolean>((resolve, reject) => {
+        const held = await persist("write a done mark", () => new Promise<boolean>((resolve, reject) => {
           if (answered.length === 0) answeredAt = performance.now();
           answered.push({ lease, resolve, reject });
           wake();
-        });
+        }));
         span.end(held ? "done" : "lost");
         if (held) {
           stats.done++;
@@ -329,15 +384,15 @@ async function lane(
         // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
         hold(true);
         span.end("released", outcome.error);
-        const paused = await inbox.pause(name, outcome.error);
-        if (await inbox.release(lease)) stats.held++;
+        const paused = await persist("pause", () => inbox.pause(name, outcome.error));
+        if (await persist("release a lease", () => inbox.release(lease))) stats.held++;
         if (paused) {
           say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
             `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
         }
         return;
       }
-      const failure = await inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {});
+      const failure = await persist("record a failure", () => inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {}));
       span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
@@ -381,7 +436,7 @@ async function lane(
         try {
           claiming = true;
           starved = false;
-          leases = await inbox.claimBatch(room, leaseMs, { destination: name, onSetAside: gaveUp, ...(destination.rate ? { rate: destination.rate } : {}) });
+          leases = await inbox.claimBatch(room, leaseMs, { destination: name, onSetAside: gaveUp });
           claiming = false;
           claimTook = performance.now() - claimedAt;
           adjust(claimTook, claimedAt - lastClaimAt, leases.length === room);
@@ -390,6 +445,7 @@ async function lane(
           claimFailing = false;
         } catch (error) {
           claiming = false;
+          metrics?.dbError("forward", error);
           if (options.once) throw error;
           if (!claimFailing) log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
           claimFailing = true;
@@ -414,10 +470,7 @@ async function lane(
     }
     // Leases not yet sent go straight back; forwards in flight get the grace period, and what outlives it
     // is cut off and released. Done marks keep going out meanwhile.
-    for (const lease of queued.splice(0)) {
-      active.delete(lease);
-      if (await inbox.release(lease)) stats.held++;
-    }
+    await Promise.all(queued.splice(0).map(giveBack));
     const deadline = Date.now() + (options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs);
     while (active.size > 0 && Date.now() < deadline) {
       markDone(true);
@@ -432,6 +485,7 @@ async function lane(
   } finally {
     clearInterval(ticker);
     clearInterval(heartbeat);
+    clearTimeout(permitTimer);
     unwake();
   }
 }

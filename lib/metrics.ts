@@ -9,7 +9,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import client from "prom-client";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import type { DestinationState, Gauges, Inbox, Lease, Stored } from "./store.ts";
+import { sqlstate, type DestinationState, type Gauges, type Inbox, type Lease, type Stored } from "./store.ts";
 
 /** Outcome is how the receiver answered one request, as received_total counts it. */
 export type Outcome = Stored | "rejected" | "unavailable";
@@ -161,6 +161,8 @@ export class Metrics {
   private readonly lostLeases: Tallied<"source">;
   private readonly forwards: Tallied<"destination" | "outcome">;
   private readonly forwardSeconds: Spreads<"destination">;
+  private readonly dbErrors: Tallied<"role" | "class">;
+  private readonly counted = new WeakSet<object>();
   private destinationRead: { at: number; value: Promise<DestinationState[] | undefined> } | undefined;
 
   constructor(options: MetricsOptions) {
@@ -211,6 +213,10 @@ export class Metrics {
     this.forwards = new Tallied({
       name: "inbox_forwards_total", help: "Forwards (and publishes) to a destination, by outcome: done, retry, failed (set aside), gone (410).",
       labelNames: ["destination", "outcome"], registers,
+    });
+    this.dbErrors = new Tallied({
+      name: "inbox_db_errors_total", help: "Database errors a worker met and carried on from, by role (handler, forward) and class (SQLSTATE class: 40 deadlock or serialization, 08 connection, 53 resources, 57 cancelled or shutting down; or a socket's or SQLite's code).",
+      labelNames: ["role", "class"], registers,
     });
     this.forwardSeconds = new Spreads({
       name: "inbox_forward_duration_seconds", help: "How long one forward took, from the request to its answer (or failure).",
@@ -335,6 +341,17 @@ export class Metrics {
   forwarded(destination: string, outcome: "done" | "retry" | "failed" | "gone", ms: number): void {
     this.forwards.tally(`${destination}\u0000${outcome}`, { destination, outcome }).pending++;
     this.forwardSeconds.spread(destination, { destination }).observe(ms / 1000);
+  }
+
+  /** dbError counts one database error that the handler loop or a forwarding lane met and carried on from. */
+  dbError(role: "handler" | "forward", error: unknown): void {
+    // A batch that fails rejects each of its ops with the same error: that is one error, not one per op.
+    if (error instanceof Object) {
+      if (this.counted.has(error)) return;
+      this.counted.add(error);
+    }
+    const kind = sqlstate(error);
+    this.dbErrors.tally(`${role}\u0000${kind}`, { role, class: kind }).pending++;
   }
 
   // destinationStates reads the destinations at most once per gaugeCacheMs, as gauges() does.

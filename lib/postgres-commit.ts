@@ -23,7 +23,16 @@ const TYPES = {
 export type Op =
   | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
   | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; resolve(v: unknown): void; reject(e: unknown): void };
+  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; locks?: Locks; resolve(v: unknown): void; reject(e: unknown): void };
+
+/**
+ * Locks names the rows an op will wait for: its lease's row (and its order key's), or a destination's.
+ * The batch takes them all before any op runs, in the one order (see lockInOrder).
+ */
+export interface Locks {
+  lease?: Lease;
+  destination?: string;
+}
 
 export type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "reject"> : never) : never;
 
@@ -146,8 +155,9 @@ export abstract class PostgresCommitter {
   }
 
   // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.
-  protected other(run: (client: pg.PoolClient) => Promise<unknown>, together = false): Promise<unknown> {
-    return this.enqueue({ kind: "other", run, together });
+  // locks names the rows it will wait for, which the batch then takes first, in the one order.
+  protected other(run: (client: pg.PoolClient) => Promise<unknown>, together = false, locks?: Locks): Promise<unknown> {
+    return this.enqueue({ kind: "other", run, together, ...(locks ? { locks } : {}) });
   }
 
   protected enqueue(op: Queued): Promise<unknown> {
@@ -170,9 +180,11 @@ export abstract class PostgresCommitter {
         // A claim runs in a transaction of its own, beside the commit of the finishes queued with it: on
         // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
         // (SQLite has one writer, and shares the commit instead). Measured in docs/performance.md.
-        const claims = batch.filter((op) => op.kind === "claim");
+        // Claims take their destinations' rows in name order, as every transaction does (lockInOrder).
+        const claims = (batch.filter((op) => op.kind === "claim") as Extract<Op, { run: unknown }>[])
+          .sort((a, b) => compare(a.locks?.destination ?? "", b.locks?.destination ?? ""));
         const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
-        for (const group of claims.length === 0 || rest.length === 0 ? [batch] : [claims, rest]) {
+        for (const group of claims.length === 0 ? [batch] : rest.length === 0 ? [claims] : [claims, rest]) {
           this.running++;
           void this.transact(group).finally(() => {
             this.running--;
@@ -230,6 +242,42 @@ export abstract class PostgresCommitter {
     }
   }
 
+  // lockInOrder takes every row lock the batch's ops will wait for before any of them runs, in the one
+  // order that every transaction of every host takes them (docs/postgres.md, "Locks, in one order"):
+  // destinations by name, then deliveries by (source, id, route), then order keys by (source, destination,
+  // key). A transaction then waits only for rows after every row it holds, so no two can wait on each
+  // other in a circle, whatever was queued beside what. ORDER BY comes before FOR UPDATE in the plan: rows
+  // are locked as they come out of the sort. A claim's own batch takes nothing here: it waits only on its
+  // destination's row (claims sorted by name) and takes every other row with SKIP LOCKED. An extend
+  // waits for nothing either (SKIP LOCKED), so it is not named here.
+  private async lockInOrder(client: pg.PoolClient, batch: Op[]): Promise<void> {
+    const destinations = new Set<string>();
+    const leases: Lease[] = [];
+    for (const op of batch) {
+      if (op.kind === "finish") leases.push(op.lease);
+      else if (op.kind === "other" && op.locks?.lease) leases.push(op.locks.lease);
+      else if (op.kind === "other" && op.locks?.destination) destinations.add(op.locks.destination);
+    }
+    if (destinations.size > 0) {
+      await client.query(`SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`, [[...destinations]]);
+    }
+    if (leases.length === 0) return;
+    await client.query(
+      `SELECT 1 FROM deliveries d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
+         ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
+       ORDER BY d.source, d.id, d.route FOR NO KEY UPDATE OF d`,
+      [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
+    );
+    const keyed = leases.filter((l) => l.orderKey !== null);
+    if (keyed.length > 0) {
+      await client.query(
+        `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
+         ORDER BY source, destination, order_key FOR UPDATE`,
+        [keyed.map((l) => l.source), keyed.map((l) => l.destination), keyed.map((l) => l.orderKey)],
+      );
+    }
+  }
+
   private rejectAll(batch: Op[], error: unknown): void {
     const failure = new Error(`inbox ${this.target}: ${message(error)}`, { cause: error });
     for (const op of batch) op.reject(failure);
@@ -237,6 +285,7 @@ export abstract class PostgresCommitter {
 
   private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
     const results = new Map<Op, { ok: boolean; value: unknown }>();
+    await this.lockInOrder(client, batch);
     if (!guarded) {
       const stores = batch.filter((op) => op.kind === "store");
       const finishes = batch.filter((op) => op.kind === "finish");
@@ -329,4 +378,9 @@ export function mergedInserts(send: (sql: string, params: SqlValue[]) => Promise
     });
   };
   return { run, flush, stop: () => ((merging = false), flush()) };
+}
+
+// compare orders names by their code units, as COLLATE "C" orders the destinations' names (ASCII, see DESTINATION_NAME).
+function compare(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
 }

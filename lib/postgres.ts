@@ -12,7 +12,7 @@ import { message } from "./log.ts";
 import { mergedInserts, PostgresCommitter, type Op } from "./postgres-commit.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
-  DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, retryDelay, routesOf, toDestinationState,
+  DESTINATION_NAME, DISTINCT_SOURCES, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, type Permit, type Rate, retryDelay, routesOf, toDestinationState,
   type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState, type FailOptions, type Tally,
   bulkBatchSize, checkOptions, emptyBuckets, filterSql, ORDERING_SQL, orderingStatus, orderOf, paced, purgeCutoffs, searchPageLimit, sha256, STATUSES, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Backend, type Bucket, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus, type Incoming, type Kept, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue, type Status, type Stored, type Summary, type Tx,
 } from "./store.ts";
@@ -87,6 +87,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
   // when they last started from the start (see claimIn).
   private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
+  // The destinations whose row this process has made sure of (see made).
+  private madeRows = new Map<string, Promise<void>>();
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -140,7 +142,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     const destination = checkClaim(options);
     let setAside: SetAside[] = [];
-    const claimed = this.enqueue({ kind: "claim", run: (client: pg.PoolClient) => {
+    const claimed = this.enqueue({ kind: "claim", locks: { destination }, run: (client: pg.PoolClient) => {
       setAside = [];
       return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
     } }) as Promise<Lease[]>;
@@ -279,25 +281,26 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   extend(lease: Lease, leaseMs: number = DEFAULTS.leaseMs): Promise<boolean> {
     return this.other(async (client) => {
-      // SKIP LOCKED: a heartbeat must never wait on its own lease's row. That row is locked only by this
-      // lease's finish or fail in flight (or a takeover's claim), and its transaction may be waiting on
-      // a lock this one holds, such as a row the handlers all update: a deadlock, one batch failed per
-      // second. A row busy that way still holds the lease as far as anyone has committed; the next
-      // heartbeat extends it if that transaction rolls back.
+      // The lease's own row and no other: the delivery's other routes are other lanes' leases, and a
+      // heartbeat that locked them held up their done marks and failures (the deadlock of issue 26).
+      // SKIP LOCKED: a heartbeat never waits on its own row. That row is locked only by this lease's
+      // finish or fail in flight (or a takeover's claim); a row busy that way still holds the lease as far
+      // as anyone has committed, and the next heartbeat extends it if that transaction rolls back. NO KEY:
+      // the lock an UPDATE takes, which leaves a receiver's FOR KEY SHARE on route 0 alone.
       const { rows } = await client.query(
-        `WITH l AS (SELECT source, id FROM deliveries WHERE source = $3 AND id = $4 FOR UPDATE SKIP LOCKED)
+        `WITH l AS (SELECT source, id, route FROM deliveries WHERE source = $3 AND id = $4 AND route = $6 FOR NO KEY UPDATE SKIP LOCKED)
          UPDATE deliveries d SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
-         FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $5 AND d.status = 'processing'
+         FROM l WHERE d.source = l.source AND d.id = l.id AND d.route = l.route AND d.lease_token = $5 AND d.status = 'processing'
          RETURNING d.leased_until`,
-        [this.now(), leaseMs, lease.source, lease.id, lease.token],
+        [this.now(), leaseMs, lease.source, lease.id, lease.token, lease.route],
       );
       if (rows.length === 1) {
         lease.leasedUntil = rows[0].leased_until;
         return true;
       }
       const held = await client.query(
-        "SELECT 1 FROM deliveries WHERE source = $1 AND id = $2 AND lease_token = $3 AND status = 'processing'",
-        [lease.source, lease.id, lease.token],
+        "SELECT 1 FROM deliveries WHERE source = $1 AND id = $2 AND route = $4 AND lease_token = $3 AND status = 'processing'",
+        [lease.source, lease.id, lease.token, lease.route],
       );
       return held.rows.length === 1;
     }, true) as Promise<boolean>;
@@ -316,9 +319,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            available_at = CASE WHEN $2::boolean OR attempts >= $3 THEN available_at ELSE ${NOW} + $4::bigint END,
            finished_at  = CASE WHEN $2::boolean OR attempts >= $3 THEN ${NOW} ELSE NULL END,
            error = $5, leased_until = NULL, lease_token = NULL
-         WHERE source = $6 AND id = $7 AND lease_token = $8 AND status = 'processing'
+         WHERE source = $6 AND id = $7 AND route = $9 AND lease_token = $8 AND status = 'processing'
          RETURNING status, available_at, attempts`,
-        [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token],
+        [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token, lease.route],
       );
       if (rows.length === 0) return undefined;
       await client.query(
@@ -329,7 +332,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
       }
       return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
-    }, true) as Promise<Failure | undefined>;
+    }, true, { lease }) as Promise<Failure | undefined>;
   }
 
   async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
@@ -346,14 +349,14 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       const { rowCount } = await client.query(
         `UPDATE deliveries SET status = 'received', attempts = greatest(attempts - 1, 0), leased_until = NULL,
                 lease_token = NULL, available_at = ${NOW}
-         WHERE source = $2 AND id = $3 AND lease_token = $4 AND status = 'processing'`,
-        [this.now(), lease.source, lease.id, lease.token],
+         WHERE source = $2 AND id = $3 AND route = $5 AND lease_token = $4 AND status = 'processing'`,
+        [this.now(), lease.source, lease.id, lease.token, lease.route],
       );
       if (rowCount === 1 && lease.orderKey !== null) {
         await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: false }]);
       }
       return rowCount === 1;
-    }, true) as Promise<boolean>;
+    }, true, { lease }) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
@@ -814,6 +817,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
     checkClaim({ destination });
+    await this.made(destination);
     return this.other(async (client) => {
       const { rowCount } = await client.query(
         `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
@@ -821,7 +825,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         [this.now(), destination, reason],
       );
       return rowCount === 1;
-    }) as Promise<boolean>;
+    }, false, { destination }) as Promise<boolean>;
   }
 
   async resume(destination: string): Promise<boolean> {
@@ -835,13 +839,42 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       );
       if (rowCount === 1) this.notify(client, 1);
       return rowCount === 1;
-    }) as Promise<boolean>;
+    }, false, { destination }) as Promise<boolean>;
+  }
+
+  permit(destination: string, n: number, rate?: Rate): Promise<Permit> {
+    checkPermit(destination, n, rate);
+    // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
+    if (!rate) {
+      return this.pool.query("SELECT paused FROM destinations WHERE name = $1", [destination])
+        .then(({ rows }) => ({ granted: rows[0]?.paused ? 0 : n, paused: Boolean(rows[0]?.paused), waitMs: 0 }));
+    }
+    return this.made(destination).then(() => this.other(async (client) => {
+      const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+      const now = Number(row.now);
+      const permit = gatePermit(row, n, now, rate);
+      if (permit.tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [permit.tokens, now, destination]);
+      return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
+    }, false, { destination })) as Promise<Permit>;
+  }
+
+  // made makes a destination's row, once per process, in a statement of its own outside any batch. Made
+  // inside a batch, a new row is locked outside the one order: a batch whose insert of it waited on
+  // another's uncommitted insert, while holding a row that one then locked for update, deadlocked in the
+  // forwarding torture when four workers started at once. Rows are never deleted, so once is enough.
+  private made(destination: string): Promise<void> {
+    let made = this.madeRows.get(destination);
+    if (made === undefined) {
+      made = this.pool.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]).then(() => {});
+      this.madeRows.set(destination, made);
+      made.catch(() => this.madeRows.delete(destination));
+    }
+    return made;
   }
 
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
     checkClaim({ destination });
-    return this.other(async (client) => {
-      await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
+    return this.made(destination).then(() => this.other(async (client) => {
       const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
       const next = breakerAfter(row, tally, policy, Number(row.now));
       const r = next.row;
@@ -852,7 +885,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         [r.state, r.retry_at, r.failures, r.window_start, r.window_done, r.window_failed, r.last_error, r.last_error_at, Number(row.now), destination],
       );
       return next.change;
-    }) as Promise<BreakerChange | undefined>;
+    }, false, { destination })) as Promise<BreakerChange | undefined>;
   }
 
   async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
@@ -1094,10 +1127,10 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
     const marked = client.query(this.prepared(
       `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
-       FROM unnest($2::text[], $3::text[], $4::text[]) AS u(s, i, t)
-       WHERE d.source = u.s AND d.id = u.i AND d.lease_token = u.t AND d.status = 'processing'
+       FROM unnest($2::text[], $3::text[], $4::text[], $5::smallint[]) AS u(s, i, t, r)
+       WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t AND d.status = 'processing'
        RETURNING d.source, d.id, d.route`,
-      [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token)],
+      [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token), ops.map((op) => op.lease.route)],
     ));
     // Awaited, not left to fail the statements after it: with no writes behind it, an error here would
     // leave only COMMIT, which ends an aborted transaction with a silent rollback.

@@ -12,7 +12,7 @@ import { message } from "./log.ts";
 import { SqliteCommitter } from "./sqlite-commit.ts";
 import { MIGRATIONS, readDurability, type Durability } from "./sqlite-schema.ts";
 import {
-  DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim,
+  DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim, checkPermit, gatePermit, type Permit, type Rate,
   retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
   type FailOptions, type Tally, emptyBuckets, filterSql, orderOf, orderingStatus, paced,
   purgeCutoffs, searchPageLimit, sha256, summarise, tellSetAside, toDelivery, toGauges, type AttemptError, type Bucket, type BulkOptions,
@@ -236,9 +236,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       const changed = this
         .sql(
           `UPDATE deliveries SET leased_until = ?, lease_ms = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(until, leaseMs, lease.source, lease.id, lease.token).changes;
+        .run(until, leaseMs, lease.source, lease.id, lease.route, lease.token).changes;
       if (changed === 1) lease.leasedUntil = until;
       return changed === 1;
     }) as Promise<boolean>;
@@ -284,9 +284,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       changed = this
         .sql(
           `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(now, lease.source, lease.id, lease.token).changes;
+        .run(now, lease.source, lease.id, lease.route, lease.token).changes;
     }
     if (changed !== 1) return false;
     if (lease.orderKey !== null) this.handled(lease);
@@ -346,9 +346,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         .sql(
           `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
                   lease_token = NULL, available_at = ?
-           WHERE source = ? AND id = ? AND lease_token = ? AND status = 'processing'`,
+           WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         )
-        .run(this.now(), lease.source, lease.id, lease.token).changes === 1;
+        .run(this.now(), lease.source, lease.id, lease.route, lease.token).changes === 1;
       if (released && lease.orderKey !== null) this.settleKey(lease.source, lease.destination, lease.orderKey, lease.id, false);
       return released;
     }) as Promise<boolean>;
@@ -873,6 +873,26 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
               window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ?
        WHERE name = ? AND paused = 1`,
     ).run(this.now(), destination).changes === 1) as Promise<boolean>;
+  }
+
+  /** permit says how many of n forwards may start now: none while paused, else up to the rate's tokens, taken now. */
+  permit(destination: string, n: number, rate?: Rate): Promise<Permit> {
+    checkPermit(destination, n, rate);
+    // Without a rate, one read outside the writer's queue: it sees every pause committed before it.
+    if (!rate) {
+      const row = this.sql("SELECT paused FROM destinations WHERE name = ?").get(destination) as Row | undefined;
+      return Promise.resolve({ granted: Number(row?.paused) ? 0 : n, paused: Boolean(Number(row?.paused)), waitMs: 0 });
+    }
+    return this.enqueue(() => {
+      const now = this.now();
+      const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
+      const permit = gatePermit(row, n, now, rate);
+      if (permit.tokens !== null) {
+        this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
+        this.sql("UPDATE destinations SET tokens = ?, tokens_at = ? WHERE name = ?").run(permit.tokens, now, destination);
+      }
+      return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
+    }) as Promise<Permit>;
   }
 
   /** tally adds one worker's tries of a destination to its shared breaker, which may open or close it. */

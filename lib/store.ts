@@ -357,6 +357,44 @@ export interface DestinationState {
  * the limit less what is in flight and what the shared rate allows. Both backends read the destination's
  * row and its in-flight count, and write back what this returns.
  */
+/** Rate is a destination's shared limit: perSecond tokens a second, up to burst at once. */
+export type Rate = { perSecond: number; burst?: number };
+
+/** Permit is permit()'s answer: how many may start, whether the destination is paused, and when to ask again if fewer than asked. */
+export interface Permit {
+  granted: number;
+  paused: boolean;
+  /** Milliseconds until the next token, when fewer were granted than asked; else 0. */
+  waitMs: number;
+}
+
+/**
+ * gatePermit is permit()'s arithmetic, the same on both backends: none while paused; else n, or the
+ * rate's whole tokens if fewer (refilled at perSecond since tokens_at); and the tokens left. The bucket
+ * holds one token less than burst (when burst is 2 or more): a forward reaches the destination a little
+ * after its permit, by a delay that varies (a commit, the event loop, the network), and a destination
+ * whose own bucket has our rate and burst would refuse the one that comes early after one that came
+ * late. The token kept back absorbs any such difference shorter than one token's time (1/perSecond).
+ */
+export function gatePermit(row: Record<string, unknown> | undefined, n: number, now: number, rate: Rate | undefined): Permit & { tokens: number | null } {
+  if (row !== undefined && Number(row.paused)) return { granted: 0, paused: true, waitMs: 0, tokens: null };
+  if (!rate) return { granted: n, paused: false, waitMs: 0, tokens: null };
+  const configured = rate.burst ?? Math.max(1, rate.perSecond);
+  const burst = configured >= 2 ? configured - 1 : configured;
+  const last = row?.tokens_at == null ? null : Number(row.tokens_at);
+  const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
+  const tokens = Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * rate.perSecond / 1000));
+  const granted = Math.max(0, Math.min(n, Math.floor(tokens)));
+  const waitMs = granted < n ? Math.max(1, Math.ceil((1 - (tokens - granted)) * 1000 / rate.perSecond)) : 0;
+  return { granted, paused: false, waitMs, tokens: tokens - granted };
+}
+
+/** checkPermit checks permit()'s arguments and gives the destination. */
+export function checkPermit(destination: string, n: number, rate: Rate | undefined): string {
+  if (!Number.isInteger(n) || n < 1) throw new TypeError(`permit: expected n >= 1, got ${n}`);
+  return checkClaim({ destination, ...(rate ? { rate } : {}) });
+}
+
 export function gateClaim(
   row: Record<string, unknown> | undefined, limit: number, now: number, options: ClaimOptions, inFlight: number,
 ): { n: number; probe: boolean; tokens: number | null } {
@@ -752,6 +790,13 @@ export interface Inbox {
   pause(destination: string, reason?: string): Promise<boolean>;
   /** resume lets a paused destination's deliveries go again; false if it was not paused. */
   resume(destination: string): Promise<boolean>;
+  /**
+   * permit says how many of n forwards to a destination may start now: none while it is paused, else up to
+   * the tokens its shared rate has, taken at this moment. A lane asks just before it sends, so a pause
+   * that has committed stops every forward that starts after it, and the rate holds when the forwards go
+   * out, not when they were claimed. Without a rate it only reads.
+   */
+  permit(destination: string, n: number, rate?: Rate): Promise<Permit>;
   /** tally adds what a worker saw of a destination to its shared breaker, and says if that opened or closed it. */
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined>;
   /** destinations lists every destination with deliveries or a state: its state, waiting count, failure rate and last error. */
@@ -906,3 +951,57 @@ export function orderingStatus(counts: Record<string, unknown>, held: Record<str
 
 /** ORDERING_SQL holds the status queries of ordering, which the PostgreSQL backend runs too. */
 export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as const;
+
+/**
+ * sqlstate names the kind of a database error for logs and metrics: PostgreSQL's SQLSTATE class (its first
+ * two characters: 40 a deadlock or serialization failure, 08 a lost connection, 53 too many connections,
+ * 57 a cancelled statement or a server shutting down), else a socket's code (ECONNRESET), else SQLite's
+ * (SQLITE_BUSY), else "other". It looks through the causes a batch's error wraps.
+ */
+export function sqlstate(error: unknown): string {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code.slice(0, 2);
+    if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return code;
+    const errcode = (e as { errcode?: unknown }).errcode;
+    if (typeof errcode === "number") return SQLITE_CODES[errcode & 0xff] ?? `SQLITE_${errcode & 0xff}`;
+  }
+  return "other";
+}
+const SQLITE_CODES: Record<number, string> = { 5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 10: "SQLITE_IOERR", 13: "SQLITE_FULL" };
+
+/**
+ * passing says a database error is one that goes away on its own, so the write that met it may simply
+ * go again: a deadlock or serialization failure (40), a lost connection (08, or a socket's E… code), too
+ * many connections (53), a lock or statement timeout (55P03, 57014), a server shutting down or restarting
+ * (57P01–57P03), a primary turned standby (25006), SQLite's lock held too long (SQLITE_BUSY, SQLITE_LOCKED).
+ */
+export function passing(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || /^E[A-Z]+$/.test(code))) return true;
+    const errcode = (e as { errcode?: unknown }).errcode;
+    if (typeof errcode === "number" && [5, 6].includes(errcode & 0xff)) return true;
+    if (code === undefined && errcode === undefined && /connection terminated|not queryable|timeout exceeded when trying to connect/i.test((e as { message?: unknown }).message as string ?? "")) return true;
+  }
+  return false;
+}
+
+/**
+ * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
+ * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every failure first. A lease is
+ * fenced by its token, so a done mark, a failure or a release written late still says only what this
+ * worker did. Any other error, or one that outlasts forMs, is thrown.
+ */
+export async function again<T>(write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }): Promise<T> {
+  const since = performance.now();
+  for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
+    try {
+      return await write();
+    } catch (error) {
+      o.onError(error, tries);
+      if (!passing(error) || performance.now() - since >= o.forMs) throw error;
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+}
