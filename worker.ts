@@ -161,14 +161,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // deadlock, a dropped connection, a server restarting) is counted, logged once, and the write goes
   // again for as long as a lease lasts, the lease kept meanwhile by the heartbeat. A done mark's writes
   // rolled back with it, so they run again with it, once.
-  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>): Promise<T> => again(write, {
+  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>, first?: { error: unknown }): Promise<T> => again(write, {
     forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
     onError: (error, tries) => {
       if (!passing(error)) return;
       metrics?.dbError("handler", error);
       if (tries === 1) log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
     },
-  });
+  }, first);
   // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
   const unwake = inbox.onWake(() => wake());
   const purging = schedulePurge(inbox, options.purge, stop, log);
@@ -209,7 +209,16 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
     handlerDone(lease, started);
     try {
-      if (await persist("write the done mark", lease, () => inbox.finish(lease, writes))) {
+      // The first try awaited directly: a done mark that commits settles in the same turn as before, so the
+      // last empty claim of `--once` still joins the last done marks' commit rather than taking one more.
+      const finish = () => inbox.finish(lease, writes);
+      let finished: boolean;
+      try {
+        finished = await finish();
+      } catch (error) {
+        finished = await persist("write the done mark", lease, finish, { error });
+      }
+      if (finished) {
         stats.done++;
         traced(lease, "done");
         log(`${name} done`, { ...fields, status: "done" });

@@ -991,17 +991,27 @@ export function passing(error: unknown): boolean {
  * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
  * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every failure first. A lease is
  * fenced by its token, so a done mark, a failure or a release written late still says only what this
- * worker did. Any other error, or one that outlasts forMs, is thrown.
+ * worker did. Any other error, or one that outlasts forMs, is thrown. With `first`, the first try was the
+ * caller's, and failed with that error.
  */
-export async function again<T>(write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }): Promise<T> {
+export function again<T>(
+  write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }, first?: { error: unknown },
+): Promise<T> {
   const since = performance.now();
-  for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
-    try {
-      return await write();
-    } catch (error) {
+  const retry = async (first: unknown): Promise<T> => {
+    let error = first;
+    for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
       o.onError(error, tries);
       if (!passing(error) || performance.now() - since >= o.forMs) throw error;
       await new Promise((resolve) => setTimeout(resolve, wait));
+      try {
+        return await write();
+      } catch (next) {
+        error = next;
+      }
     }
-  }
+  };
+  // A caller that made the first try itself (so that a write that succeeds settles in the very turn it
+  // would without again()) hands its error over as `first`.
+  return first ? retry(first.error) : write().then(undefined, retry);
 }
