@@ -175,9 +175,15 @@ export class Transformer {
       };
       const first = (m: { ready?: true; loadError?: string }) => done(m.ready ? undefined : `could not be loaded: ${m.loadError}`);
       worker.on("message", first);
-      // A thread that dies (an uncaught error in a callback, its heap full, process.exit) fails the delivery in hand.
-      worker.on("error", (e) => (thread.sent.length > 0 ? this.#lost(thread, `failed in its thread: ${e.message}`) : done(`could not be loaded: ${e.message}`)));
-      worker.on("exit", () => (thread.sent.length > 0 ? this.#lost(thread, "ended its thread") : done("could not be loaded: its thread exited")));
+      // A thread that dies (an uncaught error in a callback, its heap full, process.exit) fails the delivery in
+      // hand; dead while idle, it is let go, so the next delivery starts a fresh one rather than wait on it.
+      const died = (why: string, loading: string) => {
+        if (thread.sent.length > 0) return this.#lost(thread, why);
+        this.#drop(thread);
+        done(loading);
+      };
+      worker.on("error", (e) => died(`failed in its thread: ${e.message}`, `could not be loaded: ${e.message}`));
+      worker.on("exit", () => died("ended its thread", "could not be loaded: its thread exited"));
     });
     this.#thread = thread;
     return thread;

@@ -263,4 +263,21 @@ describe("Transformer", () => {
       dir.cleanup();
     }
   });
+
+  it("a thread that dies while idle (a late throw in the module's own timer) is replaced, not waited on", async () => {
+    const dir = tempDir();
+    const file = join(dir.dir, "late.ts");
+    writeFileSync(file, "export default () => { setTimeout(() => { throw new Error(\"late\"); }, 10); return { body: \"ok\" }; };");
+    const t = new Transformer(file, "./late.ts");
+    try {
+      const lease = { source: "s", id: "1", body: Buffer.from("{}"), contentType: null, eventType: null, attempts: 1, headers: null, receivedAt: 0 } as never;
+      assert.equal((await t.run(transformInput(lease, "d"), 5_000))!.body.toString(), "ok");
+      // Long enough for the late throw to end the thread; the next delivery must not be posted to it.
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      assert.equal((await t.run(transformInput(lease, "d"), 5_000))!.body.toString(), "ok");
+    } finally {
+      await t.close();
+      dir.cleanup();
+    }
+  });
 });
