@@ -22,10 +22,10 @@ export interface FilterInput {
 export type RouteFilter = (input: FilterInput) => boolean;
 
 /** SCOPES are the parts of a delivery a filter may match, the top level's only keys besides $or, $and and $not. */
-export const SCOPES = ["body", "headers", "query", "path", "source", "type"] as const;
+const SCOPES = ["body", "headers", "query", "path", "source", "type"] as const;
 
 /** OPERATORS are the operators a filter may use. */
-export const OPERATORS = ["$eq", "$neq", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$startsWith", "$endsWith", "$regex", "$exist", "$or", "$and", "$not"] as const;
+const OPERATORS = ["$eq", "$neq", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$startsWith", "$endsWith", "$regex", "$exist", "$or", "$and", "$not"] as const;
 
 const LOGICAL = new Set(["$or", "$and", "$not"]);
 const KNOWN = new Set<string>(OPERATORS);
@@ -47,8 +47,7 @@ class FilterError extends TypeError {}
  */
 export function compileFilter(spec: unknown, where: string): RouteFilter {
   try {
-    const match = top(spec, "");
-    return (input) => match(input);
+    return top(spec, "");
   } catch (error) {
     if (error instanceof FilterError) throw new TypeError(`${where}: filter${error.message}`);
     throw error;
@@ -248,7 +247,7 @@ export interface Arrival {
   body: Uint8Array;
   /** node:http's headersDistinct: names in lower case, repeats kept apart. */
   headers: Readonly<Record<string, readonly string[] | undefined>>;
-  /** The request target: the path and its query. */
+  /** The request target; only its query is read (the path a filter sees is the source's own). */
   url: string;
   /** The body already parsed, where verifying the signature did (providers.ts), so it is not parsed twice. */
   parsed?: Record<string, unknown>;
@@ -319,10 +318,10 @@ class LazyInput implements FilterInput {
     return this.#query;
   }
 
+  // The source's own path, whatever the mount: a basePath, or a slash more, must not route one delivery
+  // differently on one mount than on another (nor than preview shows).
   get path(): string {
-    const url = this.#arrival.url;
-    const q = url.indexOf("?");
-    return q < 0 ? url : url.slice(0, q);
+    return `/${this.#arrival.source}`;
   }
 }
 

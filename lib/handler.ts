@@ -209,7 +209,7 @@ export function createHandler(options: HandlerOptions): Handler {
       // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
       const destinations = routes
-        ? routeTo(routes, verdict.eventType, filtered.has(source) ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, ...(parsed?.event ? { parsed: parsed.event } : {}) }) : undefined)
+        ? routeTo(routes, verdict.eventType, parsed ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, parsed: parsed.event }) : undefined)
         : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({

@@ -8,7 +8,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { filterInput } from "./filter.ts";
 import { forwardHeaders } from "./forward.ts";
 import { message } from "./log.ts";
-import { loadDestinations, parseRoutes, type Route } from "./routes.ts";
+import { loadDestinations, parseRoutes, refusal, type Route } from "./routes.ts";
 import type { Delivery, Lease } from "./store.ts";
 import { transformInput, Transforms, type Shaped } from "./transform.ts";
 
@@ -68,13 +68,10 @@ export async function preview(
     notes.push("the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source);
   }
   // The stored delivery as a filter saw it when it came in, as near as what is stored allows.
-  const headers: Record<string, string[]> = {};
-  for (const [name, values] of Object.entries(d.headers ?? {})) if (values) headers[name] = values;
-  const input = filterInput({ source: d.source, eventType: d.eventType, body: d.body, headers, url: `/${d.source}` });
+  const input = filterInput({ source: d.source, eventType: d.eventType, body: d.body, headers: d.headers ?? {}, url: `/${d.source}` });
   const listed: PreviewRoute[] = routes.map((r) => {
-    if (r.types !== undefined && (d.eventType === null || !r.types.some((t) => t.test(d.eventType!)))) return { to: r.to, chosen: false, why: "its types" };
-    if (r.filter !== undefined && !r.filter(input)) return { to: r.to, chosen: false, why: "its filter" };
-    return { to: r.to, chosen: true };
+    const why = refusal(r, d.eventType, input);
+    return why === undefined ? { to: r.to, chosen: true } : { to: r.to, chosen: false, why };
   });
 
   const targets = options.to !== undefined ? [options.to] : listed.filter((r) => r.chosen).map((r) => r.to);

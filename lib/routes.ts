@@ -107,7 +107,7 @@ export function glob(pattern: string): RegExp {
 }
 
 /**
- * parseRoutes reads a source's "routes": a list of destination names or { to, types, permanent4xx }. Each
+ * parseRoutes reads a source's "routes": a list of destination names or { to, types, filter, transform, transformTimeout, permanent4xx }. Each
  * must name a destination of the file or the handler. No routes means the handler alone.
  */
 export function parseRoutes(setting: unknown, config: Record<string, unknown>, where: string): Route[] {
@@ -139,6 +139,7 @@ export function parseRoutes(setting: unknown, config: Record<string, unknown>, w
     if (r.permanent4xx !== undefined && typeof r.permanent4xx !== "boolean") throw new TypeError(`${at}: expected permanent4xx to be true or false, got ${JSON.stringify(r.permanent4xx)}`);
     const filter = r.filter === undefined ? undefined : compileFilter(r.filter, `${at} (${to})`);
     const transform = transformOf(r, `${at} (${to})`);
+    if (transform && to === DEFAULTS.destination) throw new TypeError(`${at}: the handler gets each delivery as it was stored; a transform applies to destinations`);
     routes.push({
       to, ...(types ? { types } : {}), ...(filter ? { filter } : {}), ...(transform ? { transform } : {}),
       permanent4xx: r.permanent4xx === true, forwardHeaders: forwards(to) || transform !== undefined,
@@ -154,12 +155,15 @@ export function parseRoutes(setting: unknown, config: Record<string, unknown>, w
  */
 export function routeTo(routes: readonly Route[], eventType: string | null, input?: FilterInput): string[] {
   const chosen: string[] = [];
-  for (const r of routes) {
-    if (r.types !== undefined && (eventType === null || !r.types.some((t) => t.test(eventType)))) continue;
-    if (r.filter !== undefined && (input === undefined || !r.filter(input))) continue;
-    chosen.push(r.to);
-  }
+  for (const r of routes) if (refusal(r, eventType, input) === undefined) chosen.push(r.to);
   return chosen;
+}
+
+/** refusal says which test of a route a delivery fails, types first (the cheaper), or undefined if the route takes it. */
+export function refusal(route: Route, eventType: string | null, input?: FilterInput): "its types" | "its filter" | undefined {
+  if (route.types !== undefined && (eventType === null || !route.types.some((t) => t.test(eventType)))) return "its types";
+  if (route.filter !== undefined && (input === undefined || !route.filter(input))) return "its filter";
+  return undefined;
 }
 
 // transformOf reads "transform" and "transformTimeout" (seconds) of a route or a destination.

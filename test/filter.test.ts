@@ -86,6 +86,13 @@ describe("compileFilter(): operators", () => {
     assert.equal(t({ type: "pull_request" }), false);
     assert.equal(t({ $not: { type: "push" } }), false);
   });
+
+  it("a path filter sees the source's own path on every mount: a base path or a trailing slash changes nothing", () => {
+    const at = (url: string) => filterInput({ source: "shop", eventType: null, body: Buffer.from("{}"), headers: {}, url });
+    const f = compileFilter({ path: "/shop", query: { a: "1" } }, "r");
+    for (const url of ["/shop?a=1", "/shop/?a=1", "//shop?a=1", "/webhooks/shop?a=1"]) assert.equal(f(at(url)), true, url);
+    assert.equal(f(at("/webhooks/shop")), false, "control: the query is still the request's own");
+  });
 });
 
 describe("compileFilter(): Hookdeck's documented examples", () => {

@@ -281,3 +281,11 @@ describe("Transformer", () => {
     }
   });
 });
+
+describe("parseRoutes() with a transform", () => {
+  it("refuses one on a route to the handler, which gets each delivery as stored, and takes one on a destination's", () => {
+    const config = { $destinations: { app: { url: "http://127.0.0.1:1/hook" } } };
+    assert.throws(() => parseRoutes([{ to: "handler", transform: "./t.ts" }], config, 'source "shop"'), /a transform applies to destinations/);
+    assert.equal(parseRoutes([{ to: "app", transform: "./t.ts" }], config, 'source "shop"')[0]!.transform?.module, "./t.ts");
+  });
+});
