@@ -12,7 +12,7 @@ import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
   jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
 } from "./lib/log.ts";
-import { again, PermanentError, passing, sqlstate, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
+import { again, PermanentError, sqlstate, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
 import type { Metrics } from "./lib/metrics.ts";
 import { announce, checkSecrets } from "./lib/forward.ts";
 import type { ForwardStats } from "./lib/forwarder.ts";
@@ -164,7 +164,6 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const persist = <T>(what: string, lease: Lease, write: () => Promise<T>, first?: { error: unknown }): Promise<T> => again(write, {
     forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
     onError: (error, tries) => {
-      if (!passing(error)) return;
       metrics?.dbError("handler", error);
       if (tries === 1) log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
     },

@@ -10,7 +10,7 @@ import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
 import type { Destination, Forwarding, Route, TransformSetting } from "./routes.ts";
-import { again, passing, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
+import { again, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
 
@@ -129,7 +129,6 @@ async function lane(
   const persist = <T>(what: string, write: () => Promise<T>): Promise<T> => again(write, {
     forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
     onError: (error, tries) => {
-      if (!passing(error)) return;
       metrics?.dbError("forward", error);
       if (tries === 1) log(`${name}: could not ${what} (${message(error)}); trying again`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
     },

@@ -245,7 +245,9 @@ export abstract class PostgresCommitter {
   // lockInOrder takes every row lock the batch's ops will wait for before any of them runs, in the one
   // order that every transaction of every host takes them (docs/postgres.md, "Locks, in one order"):
   // destinations by name, then deliveries by (source, id, route), then order keys by (source, destination,
-  // key). A transaction then waits only for rows after every row it holds, so no two can wait on each
+  // key), every text compared by its bytes (COLLATE "C", as JavaScript's sort of enterKeys and storeAll does:
+  // under a database's own collation, 'cus_Nf' and 'cus_nA' would sort the other way round there). A
+  // transaction then waits only for rows after every row it holds, so no two can wait on each
   // other in a circle, whatever was queued beside what. ORDER BY comes before FOR UPDATE in the plan: rows
   // are locked as they come out of the sort. A claim's own batch takes nothing here: it waits only on its
   // destination's row (claims sorted by name) and takes every other row with SKIP LOCKED. An extend
@@ -265,14 +267,14 @@ export abstract class PostgresCommitter {
     await client.query(
       `SELECT 1 FROM deliveries d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
          ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
-       ORDER BY d.source, d.id, d.route FOR NO KEY UPDATE OF d`,
+       ORDER BY d.source COLLATE "C", d.id COLLATE "C", d.route FOR NO KEY UPDATE OF d`,
       [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
     );
     const keyed = leases.filter((l) => l.orderKey !== null);
     if (keyed.length > 0) {
       await client.query(
         `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
-         ORDER BY source, destination, order_key FOR UPDATE`,
+         ORDER BY source COLLATE "C", destination COLLATE "C", order_key COLLATE "C" FOR UPDATE`,
         [keyed.map((l) => l.source), keyed.map((l) => l.destination), keyed.map((l) => l.orderKey)],
       );
     }

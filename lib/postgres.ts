@@ -55,17 +55,25 @@ export function toPg(sql: string, offset = 0): string {
 
 // concatenated puts a batch's bodies in one buffer, with each body's 1-based offset and length for
 // substring(): pg sends a Buffer parameter as binary, where an array of them goes as a text literal with
-// every body hex-encoded, which the server then parses back.
+// every body hex-encoded, which the server then parses back. A body given more than once (a delivery's
+// rows for its other routes) is sent once, each row pointing at it.
 function concatenated(bodies: Uint8Array[]): { all: Buffer; offsets: number[]; lengths: number[] } {
   const offsets: number[] = [];
   const lengths: number[] = [];
+  const parts: Uint8Array[] = [];
+  const placed = new Map<Uint8Array, number>();
   let at = 1;
   for (const body of bodies) {
-    offsets.push(at);
+    let offset = placed.get(body);
+    if (offset === undefined) {
+      placed.set(body, (offset = at));
+      parts.push(body);
+      at += body.byteLength;
+    }
+    offsets.push(offset);
     lengths.push(body.byteLength);
-    at += body.byteLength;
   }
-  return { all: Buffer.concat(bodies), offsets, lengths };
+  return { all: Buffer.concat(parts), offsets, lengths };
 }
 
 // named gives each statement text a server-side prepared statement, parsed and planned once per
@@ -142,11 +150,14 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     const destination = checkClaim(options);
     let setAside: SetAside[] = [];
-    const claimed = this.enqueue({ kind: "claim", locks: { destination }, run: (client: pg.PoolClient) => {
+    const claim = () => this.enqueue({ kind: "claim", locks: { destination }, run: (client: pg.PoolClient) => {
       setAside = [];
       return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
     } }) as Promise<Lease[]>;
-    return tellSetAside(claimed, options, () => setAside);
+    // A limited claim locks the destination's row, which made() makes outside any batch (rule 3 of
+    // docs/postgres.md); a plain claim goes straight to the queue.
+    const limited = options.maxInFlight !== undefined || options.rate !== undefined;
+    return tellSetAside(limited ? this.made(destination).then(claim) : claim(), options, () => setAside);
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
@@ -159,9 +170,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     if (plain) return this.claimIn(client, limit, leaseMs, destination, setAside);
     // A destination that is paused, or whose breaker is open, costs its lane this one read: no lock, no write.
     if (row !== undefined && gateClaim(row, limit, Number(row.now), {}, 0).n === 0) return [];
-    await client.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]);
-    ({ rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]));
-    const now = Number(row!.now);
+    row = await this.lockDestination(client, destination);
+    const now = Number(row.now);
     const inFlight = options.maxInFlight === undefined ? 0 : Number((await client.query(
       `SELECT count(*) AS n FROM deliveries WHERE destination = $1 AND status = 'processing' AND leased_until > $2`, [destination, now],
     )).rows[0].n);
@@ -847,21 +857,25 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
     if (!rate) {
       return this.pool.query("SELECT paused FROM destinations WHERE name = $1", [destination])
-        .then(({ rows }) => ({ granted: rows[0]?.paused ? 0 : n, paused: Boolean(rows[0]?.paused), waitMs: 0 }));
+        .then(({ rows }) => {
+          const { tokens: _, ...permit } = gatePermit(rows[0], n, 0, undefined);
+          return permit;
+        });
     }
     return this.made(destination).then(() => this.other(async (client) => {
-      const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+      const row = await this.lockDestination(client, destination);
       const now = Number(row.now);
-      const permit = gatePermit(row, n, now, rate);
-      if (permit.tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [permit.tokens, now, destination]);
-      return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
+      const { tokens, ...answer } = gatePermit(row, n, now, rate);
+      if (tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [tokens, now, destination]);
+      return answer;
     }, false, { destination })) as Promise<Permit>;
   }
 
   // made makes a destination's row, once per process, in a statement of its own outside any batch. Made
   // inside a batch, a new row is locked outside the one order: a batch whose insert of it waited on
   // another's uncommitted insert, while holding a row that one then locked for update, deadlocked in the
-  // forwarding torture when four workers started at once. Rows are never deleted, so once is enough.
+  // forwarding torture when four workers started at once. Once per process: a row that goes missing after
+  // all (an operator's DELETE, a failover that lost its commit) is made again after lockDestination says so.
   private made(destination: string): Promise<void> {
     let made = this.madeRows.get(destination);
     if (made === undefined) {
@@ -872,10 +886,18 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return made;
   }
 
+  // lockDestination reads a destination's row, made by made(), FOR UPDATE with the database's clock.
+  private async lockDestination(client: pg.PoolClient, destination: string): Promise<Record<string, unknown>> {
+    const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+    if (row !== undefined) return row as Record<string, unknown>;
+    this.madeRows.delete(destination);
+    throw new Error(`destination ${JSON.stringify(destination)} has no row; it is made again on the next try`);
+  }
+
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
     checkClaim({ destination });
     return this.made(destination).then(() => this.other(async (client) => {
-      const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+      const row = await this.lockDestination(client, destination);
       const next = breakerAfter(row, tally, policy, Number(row.now));
       const r = next.row;
       await client.query(
@@ -1100,7 +1122,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const [sources, destinations, keys] = [list.map((i) => i.source), list.map((i) => i.destination), list.map((i) => i.key)];
     await client.query(
       `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
-       ORDER BY source, destination, order_key FOR UPDATE`,
+       ORDER BY source COLLATE "C", destination COLLATE "C", order_key COLLATE "C" FOR UPDATE`,
       [sources, destinations, keys],
     );
     const newer = "u.ht IS NOT NULL AND (o.last_event_time IS NULL OR o.last_event_time <= u.ht)";

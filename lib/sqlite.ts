@@ -880,18 +880,18 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     checkPermit(destination, n, rate);
     // Without a rate, one read outside the writer's queue: it sees every pause committed before it.
     if (!rate) {
-      const row = this.sql("SELECT paused FROM destinations WHERE name = ?").get(destination) as Row | undefined;
-      return Promise.resolve({ granted: Number(row?.paused) ? 0 : n, paused: Boolean(Number(row?.paused)), waitMs: 0 });
+      const { tokens: _, ...permit } = gatePermit(this.sql("SELECT paused FROM destinations WHERE name = ?").get(destination) as Row | undefined, n, 0, undefined);
+      return Promise.resolve(permit);
     }
     return this.enqueue(() => {
       const now = this.now();
       const row = this.sql("SELECT * FROM destinations WHERE name = ?").get(destination) as Row | undefined;
-      const permit = gatePermit(row, n, now, rate);
-      if (permit.tokens !== null) {
+      const { tokens, ...permit } = gatePermit(row, n, now, rate);
+      if (tokens !== null) {
         this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
-        this.sql("UPDATE destinations SET tokens = ?, tokens_at = ? WHERE name = ?").run(permit.tokens, now, destination);
+        this.sql("UPDATE destinations SET tokens = ?, tokens_at = ? WHERE name = ?").run(tokens, now, destination);
       }
-      return { granted: permit.granted, paused: permit.paused, waitMs: permit.waitMs };
+      return permit;
     }) as Promise<Permit>;
   }
 

@@ -351,12 +351,6 @@ export interface DestinationState {
   lastErrorAt: number | null;
 }
 
-/**
- * gateClaim says how many deliveries of a destination a claim may take: none while it is paused, or its
- * breaker is open and cooling down or already probing; one, the probe, once the cool-down is over; else
- * the limit less what is in flight and what the shared rate allows. Both backends read the destination's
- * row and its in-flight count, and write back what this returns.
- */
 /** Rate is a destination's shared limit: perSecond tokens a second, up to burst at once. */
 export type Rate = { perSecond: number; burst?: number };
 
@@ -380,13 +374,18 @@ export function gatePermit(row: Record<string, unknown> | undefined, n: number, 
   if (row !== undefined && Number(row.paused)) return { granted: 0, paused: true, waitMs: 0, tokens: null };
   if (!rate) return { granted: n, paused: false, waitMs: 0, tokens: null };
   const configured = rate.burst ?? Math.max(1, rate.perSecond);
-  const burst = configured >= 2 ? configured - 1 : configured;
-  const last = row?.tokens_at == null ? null : Number(row.tokens_at);
-  const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
-  const tokens = Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * rate.perSecond / 1000));
+  const tokens = refill(row, rate.perSecond, configured >= 2 ? configured - 1 : configured, now);
   const granted = Math.max(0, Math.min(n, Math.floor(tokens)));
   const waitMs = granted < n ? Math.max(1, Math.ceil((1 - (tokens - granted)) * 1000 / rate.perSecond)) : 0;
   return { granted, paused: false, waitMs, tokens: tokens - granted };
+}
+
+// refill is a destination's token bucket at now: its tokens at tokens_at, refilled at perSecond, up to
+// burst; a bucket never used starts full.
+function refill(row: Record<string, unknown> | undefined, perSecond: number, burst: number, now: number): number {
+  const last = row?.tokens_at == null ? null : Number(row.tokens_at);
+  const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
+  return Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * perSecond / 1000));
 }
 
 /** checkPermit checks permit()'s arguments and gives the destination. */
@@ -395,6 +394,12 @@ export function checkPermit(destination: string, n: number, rate: Rate | undefin
   return checkClaim({ destination, ...(rate ? { rate } : {}) });
 }
 
+/**
+ * gateClaim says how many deliveries of a destination a claim may take: none while it is paused, or its
+ * breaker is open and cooling down or already probing; one, the probe, once the cool-down is over; else
+ * the limit less what is in flight and what the shared rate allows. Both backends read the destination's
+ * row and its in-flight count, and write back what this returns.
+ */
 export function gateClaim(
   row: Record<string, unknown> | undefined, limit: number, now: number, options: ClaimOptions, inFlight: number,
 ): { n: number; probe: boolean; tokens: number | null } {
@@ -412,10 +417,7 @@ export function gateClaim(
   if (options.maxInFlight !== undefined) n = Math.min(n, options.maxInFlight - inFlight);
   let tokens: number | null = null;
   if (options.rate) {
-    const burst = options.rate.burst ?? Math.max(1, options.rate.perSecond);
-    const last = row?.tokens_at == null ? null : Number(row.tokens_at);
-    const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
-    tokens = Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * options.rate.perSecond / 1000));
+    tokens = refill(row, options.rate.perSecond, options.rate.burst ?? Math.max(1, options.rate.perSecond), now);
     n = Math.min(n, Math.floor(tokens));
   }
   return { n: Math.max(0, n), probe, tokens };
@@ -961,8 +963,9 @@ export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as cons
 export function sqlstate(error: unknown): string {
   for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code.slice(0, 2);
+    // A socket's code first: EPIPE and EPERM are five characters too, and no SQLSTATE class starts with E.
     if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code.slice(0, 2);
     const errcode = (e as { errcode?: unknown }).errcode;
     if (typeof errcode === "number") return SQLITE_CODES[errcode & 0xff] ?? `SQLITE_${errcode & 0xff}`;
   }
@@ -972,14 +975,16 @@ const SQLITE_CODES: Record<number, string> = { 5: "SQLITE_BUSY", 6: "SQLITE_LOCK
 
 /**
  * passing says a database error is one that goes away on its own, so the write that met it may simply
- * go again: a deadlock or serialization failure (40), a lost connection (08, or a socket's E… code), too
- * many connections (53), a lock or statement timeout (55P03, 57014), a server shutting down or restarting
- * (57P01–57P03), a primary turned standby (25006), SQLite's lock held too long (SQLITE_BUSY, SQLITE_LOCKED).
+ * go again: a deadlock or serialization failure (40), a lost connection (08, or one of SOCKET_CODES), too
+ * many connections (53), a lock timeout (55P03), a cancelled statement or a server shutting down or
+ * restarting (57), a system error on the server (58), a primary turned standby (25006), SQLite's lock held
+ * too long (SQLITE_BUSY, SQLITE_LOCKED). A local I/O error (EIO, ENOSPC, EROFS) is not one: a failed
+ * fdatasync, say, sticks until a restart.
  */
 export function passing(error: unknown): boolean {
   for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || /^E[A-Z]+$/.test(code))) return true;
+    if (typeof code === "string" && (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || SOCKET_CODES.has(code))) return true;
     const errcode = (e as { errcode?: unknown }).errcode;
     if (typeof errcode === "number" && [5, 6].includes(errcode & 0xff)) return true;
     if (code === undefined && errcode === undefined && /connection terminated|not queryable|timeout exceeded when trying to connect/i.test((e as { message?: unknown }).message as string ?? "")) return true;
@@ -987,9 +992,12 @@ export function passing(error: unknown): boolean {
   return false;
 }
 
+// The socket errors of a connection lost or not yet back (a restart, a failover, a network blip).
+const SOCKET_CODES = new Set(["ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN", "ENOTFOUND"]);
+
 /**
  * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
- * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every failure first. A lease is
+ * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every passing failure first. A lease is
  * fenced by its token, so a done mark, a failure or a release written late still says only what this
  * worker did. Any other error, or one that outlasts forMs, is thrown. With `first`, the first try was the
  * caller's, and failed with that error.
@@ -998,11 +1006,12 @@ export function again<T>(
   write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }, first?: { error: unknown },
 ): Promise<T> {
   const since = performance.now();
-  const retry = async (first: unknown): Promise<T> => {
-    let error = first;
+  const retry = async (failed: unknown): Promise<T> => {
+    let error = failed;
     for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
+      if (!passing(error)) throw error;
       o.onError(error, tries);
-      if (!passing(error) || performance.now() - since >= o.forMs) throw error;
+      if (performance.now() - since >= o.forMs) throw error;
       await new Promise((resolve) => setTimeout(resolve, wait));
       try {
         return await write();
