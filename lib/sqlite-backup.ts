@@ -55,8 +55,12 @@ const ALL_PAGES = 2 ** 31 - 1;
 
 /** backupName is the name a scheduled backup of db gets: inbox-20261203T120000Z.db for inbox.db at 12:00 UTC. */
 export function backupName(db: string, at: number): string {
-  const stem = basename(db, extname(db)) || "inbox";
-  return `${stem}-${new Date(at).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "")}.db`;
+  return `${basename(db, extname(db)) || "inbox"}-${stamp(at)}.db`;
+}
+
+// stamp is a moment as file names here carry it: 20261203T120000Z.
+function stamp(at: number): string {
+  return new Date(at).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "");
 }
 
 /**
@@ -185,17 +189,18 @@ export interface Restored extends Snapshot {
  */
 export function restore(file: string, db: string, now: () => number = Date.now): Restored {
   if (resolve(file) === resolve(db)) throw new Error(`restore ${file}: the backup is the database itself`);
+  let snapshot: Snapshot;
   try {
-    check(file);
+    // Checked once, here: the copy below is byte for byte and synced, so it holds what this found.
+    snapshot = check(file);
   } catch (error) {
     throw new Error(`restore ${file}: not a sound inbox backup: ${message(error)}`, { cause: error });
   }
   if (existsSync(db) && inUse(db)) throw new InUse(`${db} is in use: stop its receivers, workers and operator page, then restore`);
   let aside: string | undefined;
-  const stamp = new Date(now()).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "");
   for (const suffix of ["", "-wal", "-shm"]) {
     if (!existsSync(db + suffix)) continue;
-    aside ??= `${db}.before-restore-${stamp}`;
+    aside ??= `${db}.before-restore-${stamp(now())}`;
     renameSync(db + suffix, aside + suffix);
   }
   const temp = join(dirname(db), `.${basename(db)}.partial-${process.pid}`);
@@ -208,7 +213,7 @@ export function restore(file: string, db: string, now: () => number = Date.now):
     rmSync(temp, { force: true });
     throw new Error(`restore ${file} to ${db}: ${message(error)}`, { cause: error });
   }
-  return { ...check(db), ...(aside ? { aside } : {}) };
+  return { ...snapshot, file: db, ...(aside ? { aside } : {}) };
 }
 
 /**
@@ -218,18 +223,19 @@ export function restore(file: string, db: string, now: () => number = Date.now):
  */
 export function healthProblem(path: string): string | undefined {
   if (!existsSync(path)) return undefined;
-  // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
-  const db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
+  let db: DatabaseSync | undefined;
   try {
+    // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
+    db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
     const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
     return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
   } catch (error) {
-    // Not a database at all (SQLITE_NOTADB): nothing to restore from a backup, and opening it says so in
-    // the scripts' own words ("cannot use the database: … file is not a database").
-    if (((error as { errcode?: number }).errcode ?? 0) % 256 === 26) return undefined;
-    return message(error);
+    // Only damage (SQLITE_CORRUPT) is the check's to report. A file it cannot open, one that is not a
+    // database, or a lock held too long is openDatabase's, in the scripts' own line ("cannot use the
+    // database: …"): a backup is no answer to those.
+    return ((error as { errcode?: number }).errcode ?? 0) % 256 === 11 ? message(error) : undefined;
   } finally {
-    db.close();
+    db?.close();
   }
 }
 

@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { backup, check, healthProblem } from "../lib/sqlite-backup.ts";
+import { backup, backupName, check, healthProblem } from "../lib/sqlite-backup.ts";
 import { SqliteInbox } from "../lib/sqlite.ts";
 import { sha256 } from "../lib/store.ts";
 import { runScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
@@ -221,7 +221,7 @@ describe("inbox.ts backup --dir --keep", () => {
     const t0 = Date.UTC(2026, 11, 3, 12);
     for (let h = 0; h < 5; h++) {
       const at = t0 + h * hour;
-      await backup(db, join(folder, `rotate-${new Date(at).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "")}.db`), { keep: 3, now: () => at });
+      await backup(db, join(folder, backupName(join(dir, "rotate.db"), at)), { keep: 3, now: () => at });
     }
     assert.deepEqual(readdirSync(folder).sort(), ["rotate-20261203T140000Z.db", "rotate-20261203T150000Z.db", "rotate-20261203T160000Z.db"]);
     await assert.rejects(backup(join(dir, "no-such.db"), join(folder, "rotate-20261203T170000Z.db"), { keep: 1 }));
