@@ -9,10 +9,10 @@ import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } f
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
-import type { Destination, Forwarding, Route, TransformSetting } from "./routes.ts";
+import type { Destination, Forwarding, Route } from "./routes.ts";
 import { again, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
 import { startProcess, type Process } from "./traces.ts";
-import { TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
+import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
 export interface ForwarderOptions {
@@ -232,35 +232,33 @@ async function lane(
   // rate, has taken the wave's tokens: at the moment they go out, not when they were claimed (lanes claim
   // ahead, and forwards taken at claim time bunched at the destination). One permit is asked at a time;
   // slots that free up meanwhile join the next wave.
-  let permitting = false;
-  let permitTimer: NodeJS.Timeout | undefined;
+  // gate is the permit being asked, or the timer of the next ask; either way, send() waits for it.
+  let gate: "asking" | NodeJS.Timeout | undefined;
+  const later = (ms: number) => {
+    gate = setTimeout(() => {
+      gate = undefined;
+      send();
+    }, ms);
+  };
   const send = () => {
     // Leases claimed before the destination opened or paused go back untouched, their attempt given back.
     if (holding) for (const lease of queued.splice(0)) void giveBack(lease);
     const want = Math.min(max - sending, queued.length);
     if (claiming && queued.length === 0 && sending < max) starved = true;
-    if (want <= 0 || permitting || permitTimer || stop?.aborted) return;
-    permitting = true;
+    if (want <= 0 || gate !== undefined || stop?.aborted) return;
+    gate = "asking";
     persist("ask for a permit", () => inbox.permit(name, want, destination.rate)).then(
       (permit) => {
-        permitting = false;
+        gate = undefined;
         if (permit.paused) hold(true);
         for (let i = 0; i < permit.granted && queued.length > 0 && !holding && !stop?.aborted; i++) start(queued.shift()!);
-        if (permit.granted < want && !permit.paused) {
-          permitTimer = setTimeout(() => {
-            permitTimer = undefined;
-            send();
-          }, permit.waitMs);
-        }
+        if (permit.granted < want && !permit.paused) later(permit.waitMs);
         send();
       },
       (error: unknown) => {
-        permitting = false;
+        gate = undefined;
         log(`${name}: could not ask for a permit (${message(error)}); trying again`, { level: "warn", destination: name });
-        permitTimer = setTimeout(() => {
-          permitTimer = undefined;
-          send();
-        }, pollMax);
+        later(pollMax);
       },
     );
   };
@@ -274,8 +272,8 @@ async function lane(
       sending--;
       send();
     };
+    // one() frees the slot itself, at the latest when it ends.
     void one(lease, active.get(lease)!, free).finally(() => {
-      free();
       active.delete(lease);
       wake();
     });
@@ -296,12 +294,18 @@ async function lane(
     if (!now && !eager && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
     for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
   };
-  const permanent4xx = (lease: Lease) => options.routes?.get(lease.source)?.find((r) => r.to === name)?.permanent4xx ?? false;
-  // The transform of a source's deliveries here: its route's, else the destination's, else none.
-  const transformOf = new Map<string, TransformSetting | undefined>();
-  const transformFor = (source: string) => {
-    if (!transformOf.has(source)) transformOf.set(source, options.routes?.get(source)?.find((r) => r.to === name)?.transform ?? destination.transform);
-    return transformOf.get(source);
+  // What a source's route here says, looked up once per source rather than at every forward: whether a 4xx
+  // is final, and the transform (its route's, else the destination's, else none) with its thread.
+  const here = new Map<string, { permanent4xx: boolean; transform?: { thread: Transformer; timeoutMs: number; module: string } }>();
+  const routeHere = (source: string) => {
+    let found = here.get(source);
+    if (!found) {
+      const route = options.routes?.get(source)?.find((r) => r.to === name);
+      const setting = route?.transform ?? destination.transform;
+      found = { permanent4xx: route?.permanent4xx ?? false, ...(setting ? { transform: { thread: transforms.get(setting.module), timeoutMs: setting.timeoutMs, module: setting.module } } : {}) };
+      here.set(source, found);
+    }
+    return found;
   };
 
   async function one(lease: Lease, controller: AbortController, free: () => void): Promise<void> {
@@ -322,13 +326,13 @@ async function lane(
     const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
     // A transform reshapes this try in its thread; what it cannot do fails the try, which is retried like any
     // other, but it says nothing of the destination, so the breaker does not count it.
-    const setting = transformFor(lease.source);
+    const { permanent4xx, transform: setting } = routeHere(lease.source);
     let shaped: Shaped | null | undefined;
     let transformFailed = false;
     let outcome: Outcome;
     if (setting) {
       try {
-        shaped = await transforms.get(setting.module).run(transformInput(lease, name), setting.timeoutMs);
+        shaped = await setting.thread.run(transformInput(lease, name), setting.timeoutMs);
       } catch (error) {
         transformFailed = true;
         outcome = { kind: "retry", error: error instanceof TransformError ? error.message : `transform ${setting.module}: ${message(error)}` };
@@ -341,7 +345,7 @@ async function lane(
       outcome = { kind: "done" };
     } else {
       const sent = shaped ? { ...traced, body: shaped.body, contentType: shaped.contentType } : traced;
-      outcome = await sender.send(sent, { signal: controller.signal, permanent4xx: permanent4xx(lease), ...(shaped ? { headers: shaped.headers } : {}) });
+      outcome = await sender.send(sent, { signal: controller.signal, permanent4xx, ...(shaped ? { headers: shaped.headers } : {}) });
     }
     const skipped = shaped === null;
     // Before the error is stored, tallied, logged, traced or announced: a failed answer (or a transform's
@@ -484,7 +488,7 @@ async function lane(
   } finally {
     clearInterval(ticker);
     clearInterval(heartbeat);
-    clearTimeout(permitTimer);
+    if (gate !== "asking") clearTimeout(gate);
     unwake();
   }
 }
