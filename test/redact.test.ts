@@ -107,13 +107,13 @@ describe("secretsOf()", () => {
 
 // echo starts a destination on a free port whose answers say what it was sent, as error pages, debug proxies
 // and gateways do: answer(path, headers, body) gives the status and the text.
-async function echo(answer: (path: string, raw: string[], body: string) => { status: number; text: string }): Promise<{ url: string; server: Server }> {
+async function echo(answer: (path: string, raw: string[], body: string) => { status: number; text: string; headers?: Record<string, string> }): Promise<{ url: string; server: Server }> {
   const server = createServer((req, res) => {
     let body = "";
     req.on("data", (c: Buffer) => (body += c));
     req.on("end", () => {
       const a = answer(req.url ?? "/", req.rawHeaders, body);
-      res.writeHead(a.status, { "content-type": "text/plain" }).end(a.text);
+      res.writeHead(a.status, { "content-type": "text/plain", ...a.headers }).end(a.text);
     });
   });
   server.listen(0, "127.0.0.1");
@@ -211,6 +211,7 @@ const ENV = {
   APP_TOKEN: "tok_live_app+/=4242abcdef", APP_KEY: "key-app-9f8e7d6c5b4a", APP_SECRET: `whsec_${Buffer.from("the app's forwarding key").toString("base64")}`,
   CRM_BASIC: "crm-user:pa$$ w0rd!crm", CRM_SECRET: `whsec_${Buffer.from("the crm's forwarding key").toString("base64")}`,
   OLD_TOKEN: "tok_old_destination_77", OLD_SECRET: `whsec_${Buffer.from("the old app's key").toString("base64")}`,
+  HOP_TOKEN: "tok_hop_redirected_55", HOP_SECRET: `whsec_${Buffer.from("the hop's key").toString("base64")}`,
   OPS_TOKEN: "tok_operator_99887766", OPS_SECRET: `whsec_${Buffer.from("the operator's key").toString("base64")}`,
   SHOP_SECRET: "shop-signing-secret-31337",
 };
@@ -267,11 +268,13 @@ for (const backend of await backends("redact")) {
       ops.listen(0, "127.0.0.1");
       await once(ops, "listening");
       // app: a 500 error page listing the request's headers, and a link that carries the credential URL-encoded;
-      // crm: a 400 that quotes the basic credentials, decoded; old: a 410 whose debug page prints its environment.
+      // crm: a 400 that quotes the basic credentials, decoded; old: a 410 whose debug page prints its environment;
+      // hop: a redirect whose Location carries the bearer, which the try's error quotes from the header, not the body.
       const destinations = await echo((path, raw, body) => {
         const headers = Object.fromEntries(raw.flatMap((_, i) => (i % 2 === 0 ? [[raw[i]!.toLowerCase(), raw[i + 1]!]] : [])));
         const all = raw.map((x, i) => (i % 2 === 0 ? `${x}: ` : `${x}\n`)).join("");
         if (path === "/app") return { status: 500, text: `500 at /app: log in again at /login?auth=${encodeURIComponent(headers.authorization!)}\n${all}${body}` };
+        if (path === "/hop") return { status: 302, text: "", headers: { location: `/login?token=${headers.authorization!.slice(7)}` } };
         if (path === "/crm") return { status: 400, text: `bad credentials: ${Buffer.from(headers.authorization!.slice(6), "base64").toString()}\n${all}${body}` };
         return { status: 410, text: `gone. APP_FORWARD_SECRET=${ENV.APP_SECRET} SHOP_SECRET=${ENV.SHOP_SECRET}\n${all}${body}` };
       });
@@ -280,16 +283,17 @@ for (const backend of await backends("redact")) {
           app: { url: `${destinations.url}/app`, secret: "env:APP_SECRET", bearer: "env:APP_TOKEN", headers: { "X-Api-Key": "env:APP_KEY", "X-Team": "payments" }, breaker: { failures: 1 } },
           crm: { url: `${destinations.url}/crm`, secret: "env:CRM_SECRET", basic: "env:CRM_BASIC" },
           old: { url: `${destinations.url}/old`, secret: "env:OLD_SECRET", bearer: "env:OLD_TOKEN" },
+          hop: { url: `${destinations.url}/hop`, secret: "env:HOP_SECRET", bearer: "env:HOP_TOKEN" },
         },
         $operator: { url: `http://127.0.0.1:${(ops.address() as { port: number }).port}/`, secret: "env:OPS_SECRET", bearer: "env:OPS_TOKEN" },
-        shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app", { to: "crm", permanent4xx: true }, "old"] },
+        shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app", { to: "crm", permanent4xx: true }, "old", "hop"] },
       };
       const sources = loadSources(config, ENV);
       const forwarding = loadDestinations(config, ENV);
       const inbox: Inbox = await connect(made.target);
       const places: Record<string, string> = {};
       try {
-        await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from('{"type":"order.paid","amount":5}'), destinations: ["app", "crm", "old"] });
+        await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from('{"type":"order.paid","amount":5}'), destinations: ["app", "crm", "old", "hop"] });
         const lines: string[] = [];
         const metrics = new Metrics({ inbox, processMetrics: false });
         spans.reset();
