@@ -393,6 +393,15 @@ interface Code {
   flags: Set<string>;
 }
 
+// importsOf lists the files of the house a file imports, each by its own name: "./x.ts" and "./lib/x.ts"
+// from the top, "./x.ts" and "../x.ts" (a script above, which the floors forbid) from lib/.
+function importsOf(text: string): Set<string> {
+  const deps = new Set<string>();
+  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\.?\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add(m[1]!);
+  for (const m of text.matchAll(/\bimport\s*\(\s*"\.\.?\/(?:lib\/)?([\w-]+\.ts)"\s*\)|^\s*import\s+"\.\.?\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add((m[1] ?? m[2])!);
+  return deps;
+}
+
 function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, string>): Code {
   // The scripts at the top and the rooms in lib/, each known by its own name (no name is in both).
   const paths = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib")).map((f) => `lib/${f}`)]
@@ -415,10 +424,7 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
     }
     own.set(file, names);
     stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)].map((m) => m[1]!));
-    const deps = new Set<string>();
-    for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add(m[1]!);
-    for (const m of text.matchAll(/\bimport\s*\(\s*"\.\/(?:lib\/)?([\w-]+\.ts)"\s*\)|^\s*import\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add((m[1] ?? m[2])!);
-    imports.set(file, deps);
+    imports.set(file, importsOf(text));
     // Members: the lines one level inside each exported interface or class.
     const lines = text.split("\n");
     for (let i = 0; i < lines.length; i++) {
@@ -875,6 +881,11 @@ describe("the docs checks (a control, on made-up pages)", () => {
     const problems = checkHouse(moved, code).join("\n");
     assert.match(problems, /order\.ts does not import (?:.*, )?worker\.ts/);
     assert.match(problems, /providers\.ts \(roles\) imports order\.ts from a floor above \(scripts\)/);
+  });
+
+  it("read an import from lib/ up to a script, static or dynamic, as an arrow", () => {
+    assert.deepEqual([...importsOf('import { run } from "../worker.ts";\nconst m = await import("../inbox.ts");\nimport { x } from "./store.ts";')],
+      ["worker.ts", "store.ts", "inbox.ts"]);
   });
 
   it("report an import circle", () => {
