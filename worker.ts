@@ -21,7 +21,7 @@ import { loadDestinations, type Forwarding, type Operator, type Route } from "./
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
 import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
-import { checkTransforms } from "./lib/transform.ts";
+import { checkTransforms, Transforms } from "./lib/transform.ts";
 import type { Sender } from "./lib/forward.ts";
 import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
 
@@ -527,25 +527,26 @@ Examples:
   let routes: Map<string, readonly Route[]> | undefined;
   // Every secret the file names, redacted wherever a failed try's error goes (redact.ts).
   let secrets: Secret[] = [];
+  // The broker destinations, parsed once, their secrets read; and the transforms' threads, loaded once.
+  const brokers = new Map<string, BrokerDestination>();
+  let transforms: Transforms | undefined;
   if (sourcesFile) {
     try {
       const parsed = readSourcesFile(sourcesFile);
       const sources = [...loadSources(parsed, process.env).values()];
       routes = new Map(sources.map((s) => [s.name, s.routes ?? []]));
       // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
-      const brokers: BrokerDestination[] = [];
-      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void brokers.push(parseBrokerDestination(name, settings, where, process.env)) });
+      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void brokers.set(name, parseBrokerDestination(name, settings, where, process.env)) });
       for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
-      secrets = secretsOf(forwarding, { sources, brokers });
+      secrets = secretsOf(forwarding, { sources, brokers: brokers.values() });
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
       process.exit(2);
     }
     // A broker's client is an optional dependency: one this file publishes to must be installed now,
     // not found missing at the first delivery.
-    for (const d of forwarding.destinations.values()) {
-      if (d.kind !== "broker") continue;
-      const missing = await missingClient(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env).type, d.name);
+    for (const [name, broker] of brokers) {
+      const missing = await missingClient(broker.type, name);
       if (missing !== undefined) {
         say(`worker: ${missing}`, "error");
         process.exit(2);
@@ -556,7 +557,8 @@ Examples:
       ...[...routes!].flatMap(([source, list]) => list.filter((r) => r.transform).map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` }))),
       ...[...forwarding!.destinations.values()].filter((d) => d.transform).map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
     ];
-    const wrong = uses.length === 0 ? undefined : await checkTransforms(uses, dirname(resolve(sourcesFile)));
+    if (uses.length > 0) transforms = new Transforms(dirname(resolve(sourcesFile)));
+    const wrong = transforms ? await checkTransforms(uses, transforms) : undefined;
     if (wrong) {
       say(`worker: ${sourcesFile}: ${wrong}`, "error");
       process.exit(2);
@@ -629,15 +631,13 @@ Examples:
   const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   // One publisher per broker destination; each connects at its first publish, and closes when forwarding ends.
   const senders = new Map<string, Sender>();
-  for (const d of forwarding?.destinations.values() ?? []) {
-    if (d.kind === "broker") senders.set(d.name, brokerSender(parseBrokerDestination(d.name, d.settings, `destination ${JSON.stringify(d.name)}`, process.env)));
-  }
+  for (const [name, broker] of brokers) senders.set(name, brokerSender(broker));
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
       ? import("./lib/forwarder.ts").then(({ forward }) => forward({
-        inbox: lanes ?? inbox, forwarding: forwarding!, routes, transformBase: dirname(resolve(sourcesFile!)), once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
+        inbox: lanes ?? inbox, forwarding: forwarding!, routes, ...(transforms ? { transforms } : {}), once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
         secrets,
-      })).finally(() => Promise.all([...senders.values()].map((s) => s.close())))
+      })).finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))
       : undefined;
     await Promise.all([
       run(recordPayment, {

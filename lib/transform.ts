@@ -307,18 +307,13 @@ export class Transforms {
 }
 
 /**
- * checkTransforms loads each module once, in a thread that is then stopped, and says what cannot be used:
- * `where: transform ./x.ts could not be loaded: …`, or undefined when all can. worker.ts calls it at start-up.
+ * checkTransforms loads each module in transforms, whose threads then serve the forwards, and says what
+ * cannot be used: `where: transform ./x.ts could not be loaded: …`, or undefined when all can. worker.ts
+ * calls it at start-up and hands the same transforms to forward().
  */
-export async function checkTransforms(uses: readonly { module: string; where: string }[], base: string): Promise<string | undefined> {
-  const transforms = new Transforms(base);
-  try {
-    for (const use of uses) {
-      const why = await transforms.get(use.module).load();
-      if (why !== undefined) return `${use.where}: transform ${use.module} ${why}`;
-    }
-    return undefined;
-  } finally {
-    await transforms.close();
-  }
+export async function checkTransforms(uses: readonly { module: string; where: string }[], transforms: Transforms): Promise<string | undefined> {
+  // All at once; the first in the file's order that cannot be used is the one reported.
+  const why = await Promise.all(uses.map((use) => transforms.get(use.module).load()));
+  const i = why.findIndex((w) => w !== undefined);
+  return i < 0 ? undefined : `${uses[i]!.where}: transform ${uses[i]!.module} ${why[i]}`;
 }
