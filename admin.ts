@@ -487,7 +487,7 @@ ${await previewSection(rows, params.get("preview") === "1")}`, flash);
   // previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview`; nothing is sent.
   const previewSection = async (rows: readonly Delivery[], asked: boolean): Promise<string> => {
     if (!options.preview) return "";
-    if (!asked) return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as it is now, and each destination's request, its transform run; nothing is sent.</p>`;
+    if (!asked) return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as admin.ts read it at start, and each destination's request, its transform run; nothing is sent.</p>`;
     let seen: Preview;
     try {
       seen = await options.preview(rows);
@@ -890,7 +890,7 @@ export async function main(argv: string[]): Promise<void> {
     .option("--host <address>", "address to listen on; beyond loopback only with --admin-token", DEFAULTS.host)
     .option("--admin-token <token|env:NAME>", "the token exchanged for a session cookie (env:NAME reads it from $NAME)")
     .option("--read-only", "show everything, refuse every action")
-    .option("--sources <file>", "the sources file (as the worker's): pause and resume are told to its $operator URL, and no secret or header it names is ever shown (default: INBOX_SOURCES)")
+    .option("--sources <file>", "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what would be sent, and no secret it names is ever shown (default: INBOX_SOURCES)")
     .addHelpText("after", `
 Examples:
   npx tsx admin.ts --db inbox.db
@@ -913,9 +913,11 @@ Examples:
   // The sources file's secrets are read, as the worker reads them, only to keep them off the page.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   let forwarding: Forwarding | undefined;
+  let config: unknown;
   if (sourcesFile) {
     try {
-      forwarding = loadDestinations(readSourcesFile(sourcesFile), process.env);
+      config = readSourcesFile(sourcesFile);
+      forwarding = loadDestinations(config, process.env);
     } catch (error) {
       fatal(`admin: ${sourcesFile}: ${message(error)}`);
     }
@@ -929,7 +931,6 @@ Examples:
   }
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
-  const config = sourcesFile ? readSourcesFile(sourcesFile) : undefined;
   const admin = createAdmin({
     inbox, token, readOnly: opts.readOnly, audit: log, hide: forwarding ? secretsOf(forwarding) : [], destinations: [...forwarding?.destinations.keys() ?? []],
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
