@@ -47,7 +47,7 @@ export interface ForwarderOptions {
   metrics?: Metrics;
   /** The counters to count into. @default fresh ones */
   stats?: ForwardStats;
-  /** Secrets to redact besides the destinations' and the operator's: the sources', the brokers' (redact.ts secretsOf()). @default none */
+  /** Every secret to redact: the destinations', the operator's, and the sources' and brokers' besides (redact.ts secretsOf()). @default secretsOf(forwarding) */
   secrets?: readonly Secret[];
   /**
    * Whether a failed try's error is redacted before it is stored, logged, traced or announced. Only the
@@ -75,7 +75,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
   const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   const senders = new Map<string, Sender>();
   // Compiled once per destination, its own secrets naming themselves first; used only on a failed try.
-  const known = options.redact === false ? [] : [...secretsOf(forwarding), ...(options.secrets ?? [])];
+  const known = options.redact === false ? [] : options.secrets ?? secretsOf(forwarding);
   const redactors = new Map([...forwarding.destinations.keys()].map((name) => [name, redactor(known, { mine: name })]));
   for (const d of forwarding.destinations.values()) {
     const sender = d.kind === "http" ? httpSender(d, { redactor: redactors.get(d.name)! }) : options.senders?.get(d.name);

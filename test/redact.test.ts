@@ -301,7 +301,7 @@ for (const backend of await backends("redact")) {
         const three = new Promise<void>((resolve) => void (heard = () => announced.length >= 3 && resolve()));
         await forward({
           inbox, forwarding, routes: new Map([...sources.values()].map((s) => [s.name, s.routes ?? []])), once: true, metrics, redact,
-          secrets: secretsOf(undefined, { sources: sources.values() }), log: (line, fields) => void lines.push(`${line} ${JSON.stringify(fields ?? {})}`),
+          secrets: secretsOf(forwarding, { sources: sources.values() }), log: (line, fields) => void lines.push(`${line} ${JSON.stringify(fields ?? {})}`),
         });
         await three;
         places.log = lines.join("\n");
