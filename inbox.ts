@@ -4,10 +4,11 @@
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
+//   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { existsSync } from "node:fs";
-import { dirname, resolve } from "node:path";
+import { dirname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./lib/format.ts";
@@ -128,16 +129,19 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`);
   };
   const withDb = (command: InstanceType<typeof Command>) =>
     command.option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`);
+  const target = (opts: { db?: string }) => opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // requireInbox refuses a SQLite path that is no inbox yet. Looking must not create: a typo in --db would
+  // otherwise show an empty, healthy inbox. Nor convert: opening another program's database would switch
+  // it to WAL and add our tables.
+  const requireInbox = (path: string) => {
+    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+  };
   const openTarget = async (path: string) => {
-    if (!isPostgresUrl(path)) {
-      // Looking must not create: a typo in --db would otherwise show an empty, healthy inbox.
-      if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
-      // Nor convert: opening another program's database would switch it to WAL and add our tables.
-      if (!isInbox(path)) throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
-    }
+    if (!isPostgresUrl(path)) requireInbox(path);
     return connect(path);
   };
-  const open = (opts: { db?: string }) => openTarget(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+  const open = (opts: { db?: string }) => openTarget(target(opts));
   const duration = (value: string) => {
     const ms = parseDuration(value);
     if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
@@ -579,7 +583,7 @@ Examples:
       const { createReadStream } = await import("node:fs");
       const { createInterface } = await import("node:readline");
       if (file !== "-" && !existsSync(file)) throw new NotFound(`No such file: ${file}`);
-      const inbox = await connect(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+      const inbox = await connect(target(opts));
       let [lines, added, skipped] = [0, 0, 0];
       try {
         let batch: Delivery[] = [];
@@ -667,15 +671,13 @@ Examples:
   npx tsx inbox.ts backup /mnt/backups/inbox.db
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48     # hourly, from a systemd timer`)
     .action(async (file: string | undefined, opts: { db?: string; dir?: string; keep?: number; json?: boolean }) => {
-      const db = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+      const db = target(opts);
       sqliteOnly("backup", db);
       if ((file === undefined) === (opts.dir === undefined)) throw new UsageError("Give the backup's file, or --dir FOLDER (not both).");
       if (opts.keep !== undefined && opts.dir === undefined) throw new UsageError("--keep goes with --dir: backup --dir FOLDER --keep N.");
-      if (!existsSync(db)) throw new NotFound(`No inbox database at ${db} (use --db or INBOX_DB).`);
-      if (!isInbox(db)) throw new NotFound(`${db} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+      requireInbox(db);
       if (opts.dir !== undefined && !existsSync(opts.dir)) throw new NotFound(`No such folder: ${opts.dir}`);
       const { backup, backupName } = await import("./lib/sqlite-backup.ts");
-      const { join } = await import("node:path");
       const r = await backup(db, file ?? join(opts.dir!, backupName(db, Date.now())), opts.keep === undefined ? {} : { keep: opts.keep });
       if (opts.json) return void console.log(JSON.stringify({ ...r, integrity: "ok" }));
       console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok; copied in ${(r.copyMs / 1000).toFixed(1)} s, checked in ${((r.ms - r.copyMs) / 1000).toFixed(1)} s.`);
@@ -695,7 +697,7 @@ the restored file. Deliveries acknowledged after the backup began are not in it:
 Examples:
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db --db /var/lib/webhook-inbox/inbox.db`)
     .action(async (file: string, opts: { db?: string; json?: boolean }) => {
-      const db = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+      const db = target(opts);
       sqliteOnly("restore", db);
       if (!existsSync(file)) throw new NotFound(`No such file: ${file}`);
       const { restore, InUse } = await import("./lib/sqlite-backup.ts");
