@@ -1,6 +1,6 @@
 // bench/pgstore.ts: what one stored delivery costs the inbox on PostgreSQL, without HTTP in the way: the real
 // PostgresInbox.store() from BENCH_PGSTORE_STREAMS (4) streams of 32 deliveries a turn (the receiver's
-// batches at 128 connections), into a fresh database each run, for a payload as small as bench/wrk.lua's
+// batches at 128 connections), into a fresh database each run, for a small payload (68 bytes; the ingest bench sends 56)
 // and one of 4 KB (a Stripe event's size). It prints the rate and the CPU per delivery of this process and
 // of the PostgreSQL backends serving it (from /proc): the figure a shared machine moves least.
 // BENCH_COMPARE=/path/to/another/checkout runs that checkout's lib/postgres.ts too, alternating, round by
