@@ -683,6 +683,7 @@ Examples:
       console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok; copied in ${(r.copyMs / 1000).toFixed(1)} s, checked in ${((r.ms - r.copyMs) / 1000).toFixed(1)} s.`);
       console.log(`It holds every delivery acknowledged before ${iso(r.startedAt)}.`);
       if (r.removed.length > 0) console.log(`Removed ${r.removed.length} older ${r.removed.length === 1 ? "backup" : "backups"} (--keep ${opts.keep}): ${r.removed.join(", ")}`);
+      if (r.swept.length > 0) console.log(`Removed ${r.swept.length} partial ${r.swept.length === 1 ? "copy" : "copies"} left by a backup that was killed: ${r.swept.join(", ")}`);
     });
 
   program.command("restore <file>")

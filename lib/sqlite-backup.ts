@@ -35,6 +35,8 @@ export interface Backup extends Snapshot {
   copyMs: number;
   /** Older backups that --keep let go. */
   removed: string[];
+  /** Partial copies left beside file by a backup or restore that was killed (their process is gone), removed first. */
+  swept: string[];
 }
 
 /** BackupOptions tunes backup(). */
@@ -58,6 +60,9 @@ export function backupName(db: string, at: number): string {
   return `${basename(db, extname(db)) || "inbox"}-${stamp(at)}.db`;
 }
 
+// BACKUP_NAME is how --dir names a backup: the database's stem and the moment, stem-YYYYMMDDTHHMMSSZ.db.
+const BACKUP_NAME = /^(.+)-\d{8}T\d{6}Z\.db$/;
+
 // stamp is a moment as file names here carry it: 20261203T120000Z.
 function stamp(at: number): string {
   return new Date(at).toISOString().replace(/[-:]/g, "").replace(/\.\d+/, "");
@@ -79,7 +84,8 @@ export async function backup(db: string, file: string, options: BackupOptions = 
   if (!existsSync(db)) throw new Error(`backup ${db}: no such file`);
   // The rename at the end would put the copy in place of the live database.
   if (resolve(file) === resolve(db)) throw new Error(`backup ${db}: the backup must be another file than the database`);
-  const temp = join(dirname(file), `.${basename(file)}.partial-${process.pid}`);
+  const swept = sweepPartials(file);
+  const temp = partial(file);
   const started = performance.now();
   let startedAt: number;
   let copyMs: number;
@@ -113,17 +119,53 @@ export async function backup(db: string, file: string, options: BackupOptions = 
     throw new Error(`backup ${db}: ${message(error)}`, { cause: error });
   }
   const removed = options.keep === undefined ? [] : rotate(file, options.keep);
-  return { ...snapshot, file, startedAt, ms: performance.now() - started, copyMs, removed };
+  return { ...snapshot, file, startedAt, ms: performance.now() - started, copyMs, removed, swept };
+}
+
+// partial is the temporary name a copy to target is written under, the writer's PID in it: a file of
+// target's own name is always whole.
+function partial(target: string): string {
+  return join(dirname(target), `.${basename(target)}.partial-${process.pid}`);
+}
+
+// sweepPartials removes the partial copies to target, or to an earlier backup of its name pattern
+// (stem-YYYYMMDDTHHMMSSZ.db, as --dir names them), that a killed backup or restore left behind, each the
+// size of a whole database: an hourly timer would otherwise fill the disk one SIGKILL or power cut at a
+// time. Only those whose process is gone: a live one is still writing.
+function sweepPartials(target: string): string[] {
+  const folder = dirname(target);
+  const stem = BACKUP_NAME.exec(basename(target))?.[1];
+  const swept: string[] = [];
+  for (const name of existsSync(folder) ? readdirSync(folder) : []) {
+    const found = /^\.(.+)\.partial-(\d+)$/.exec(name);
+    if (!found) continue;
+    const [, copyOf, pid] = found;
+    if (copyOf !== basename(target) && (stem === undefined || BACKUP_NAME.exec(copyOf!)?.[1] !== stem)) continue;
+    if (Number(pid) === process.pid || alive(Number(pid))) continue;
+    rmSync(join(folder, name), { force: true });
+    swept.push(join(folder, name));
+  }
+  return swept;
+}
+
+// alive says whether a process of that PID exists: signal 0 checks without sending anything; EPERM
+// means it exists but is another user's.
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
 }
 
 // rotate removes the oldest backups named like file's pattern (stem-YYYYMMDDTHHMMSSZ.db) in its folder
 // beyond the newest keep; file itself, just checked, is never one of them.
 function rotate(file: string, keep: number): string[] {
-  const pattern = /^(.+)-\d{8}T\d{6}Z\.db$/;
-  const stem = pattern.exec(basename(file))?.[1];
+  const stem = BACKUP_NAME.exec(basename(file))?.[1];
   if (stem === undefined) return [];
   const folder = dirname(file);
-  const same = readdirSync(folder).filter((name) => pattern.exec(name)?.[1] === stem && name !== basename(file)).sort();
+  const same = readdirSync(folder).filter((name) => BACKUP_NAME.exec(name)?.[1] === stem && name !== basename(file)).sort();
   const removed = same.slice(0, Math.max(0, same.length - (keep - 1))).map((name) => join(folder, name));
   for (const path of removed) rmSync(path, { force: true });
   return removed;
@@ -203,7 +245,8 @@ export function restore(file: string, db: string, now: () => number = Date.now):
     aside ??= `${db}.before-restore-${stamp(now())}`;
     renameSync(db + suffix, aside + suffix);
   }
-  const temp = join(dirname(db), `.${basename(db)}.partial-${process.pid}`);
+  sweepPartials(db);
+  const temp = partial(db);
   try {
     copyFileSync(file, temp);
     syncFile(temp);

@@ -4,8 +4,8 @@
 // The control: a plain `cp` of the live file, under the same load, is caught by the same check.
 
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { closeSync, existsSync, openSync, readdirSync, rmSync, statSync, writeSync } from "node:fs";
+import { execFileSync, spawn } from "node:child_process";
+import { closeSync, existsSync, openSync, readdirSync, rmSync, statSync, writeFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
@@ -13,7 +13,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { backup, backupName, check, healthProblem } from "../lib/sqlite-backup.ts";
 import { SqliteInbox } from "../lib/sqlite.ts";
 import { sha256 } from "../lib/store.ts";
-import { runScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
+import { runScript, spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-backup-");
 after(cleanup);
@@ -235,6 +235,38 @@ describe("inbox.ts backup --dir --keep", () => {
     assert.equal(readdirSync(folder).length, 2);
     // The file the CLI says it wrote: by name, the newest could be a made-up one above on a clock behind it.
     assert.equal(check(/^Backed up \S+ to (\S+):/m.exec(cli.stdout)![1]!).counts.received, 1);
+  });
+});
+
+describe("inbox.ts backup after a backup was killed", () => {
+  it("removes the partial copy the killed one left, and never one a live backup is still writing", async () => {
+    const db = join(dir, "killed.db");
+    const folder = join(dir, "killed");
+    execFileSync("mkdir", ["-p", folder]);
+    // Big enough that the copy and its integrity_check take a while, so the kill lands while the partial exists.
+    fill(db, 100_000);
+    const killed = spawnScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
+    const partials = () => readdirSync(folder).filter((name) => name.includes(".partial-"));
+    while (partials().length === 0 && killed.exitCode === null) await sleep(2);
+    killed.kill("SIGKILL");
+    await new Promise((resolve) => killed.once("exit", resolve));
+    const left = partials();
+    assert.equal(left.length, 1, `the SIGKILL landed mid-backup, leaving its partial copy: ${readdirSync(folder).join(", ")}`);
+    // A backup still running in another process, by the name it would write under (its PID alive).
+    const live = spawn("sleep", ["30"]);
+    const writing = `.killed-20261203T120000Z.db.partial-${live.pid}`;
+    writeFileSync(join(folder, writing), "still being written");
+    // Another database's partial copy, its process gone too: not this backup's to judge.
+    const other = `.other.db.partial-${killed.pid}`;
+    writeFileSync(join(folder, other), "someone else's");
+    try {
+      const cli = await runScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
+      assert.equal(cli.code, 0, cli.stderr);
+      assert.match(cli.stdout, /Removed 1 partial copy left by a backup that was killed/);
+      assert.deepEqual(partials().sort(), [other, writing].sort(), "the killed one's partial is gone; the live one's and the other database's stay");
+    } finally {
+      live.kill();
+    }
   });
 });
 
