@@ -273,7 +273,9 @@ Examples:
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
   const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
-  if (damaged !== undefined) fatal(damagedLine("receiver", path, damaged), 1);
+  // Exit 2, as for a mistake in the options: a restart cannot mend the file, and systemd's
+  // RestartPreventExitStatus=2 stops it re-reading every page every few seconds until someone restores.
+  if (damaged !== undefined) fatal(damagedLine("receiver", path, damaged), 2);
   let inbox: Inbox;
   let metrics: Metrics | undefined;
   try {

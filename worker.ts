@@ -569,7 +569,8 @@ Examples:
   const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
   if (damaged !== undefined) {
     say(damagedLine("worker", path, damaged), "error");
-    process.exit(1);
+    // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
+    process.exit(2);
   }
   let inbox: Inbox;
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync

@@ -294,9 +294,12 @@ describe("the start-up quick_check", () => {
     damage(db);
     assert.notEqual(healthProblem(db), undefined);
     const refused = await runScript("receiver.ts", ["--port", "0", "--db", db]);
-    assert.equal(refused.code, 1);
+    assert.equal(refused.code, 2, "exit 2, which systemd's RestartPreventExitStatus=2 does not restart in a loop");
     assert.match(refused.stderr, /fails SQLite's quick_check.*--force/);
     assert.equal(refused.stderr.trim().split("\n").length, 1, refused.stderr);
+    const worker = await runScript("worker.ts", ["--once", "--db", db]);
+    assert.equal(worker.code, 2, worker.stderr);
+    assert.match(worker.stderr, /fails SQLite's quick_check/);
     const forced = await startReceiver(db, ["--quiet", "--force"]);
     await forced.stop();
   });
