@@ -1,6 +1,7 @@
 // postgres-commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
-// up to the pool's size of transactions at once, each committed (synchronous_commit on) before its ops
-// settle; a failed op is redone alone under a savepoint, a lost connection fails its batch and is dropped.
+// up to the pool's size of transactions at once (two of stores alone), each committed (synchronous_commit
+// on) before its ops settle, a batch of new deliveries in one round trip; a failed op is redone alone
+// under a savepoint, a lost connection fails its batch and is dropped.
 // Beside it, the LISTEN/NOTIFY wake-ups. PostgresInbox (postgres.ts) builds the delivery's life on it.
 
 import pg from "pg";

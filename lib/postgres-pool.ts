@@ -301,11 +301,9 @@ export class Pool {
         client.release();
         return (s as PromiseFulfilledResult<pg.QueryResult>).value;
       }
-      // A statement that failed on its own leaves a connection that answered the rest (the COMMIT with
-      // ROLLBACK): it is handed back. A lost connection, or a COMMIT that failed or warned, is dropped.
-      const clean = s.status === "rejected" && !isConnectionLost(s.reason) &&
-        (c.status === "fulfilled" || (!isConnectionLost(c.reason) && !(c.reason instanceof UncertainCommit)));
-      client.release(clean ? undefined : failed instanceof Error ? failed : new Error(message(failed)));
+      // Dropped, whatever failed: the error may say the host no longer fits (25006, a primary turned
+      // standby), which the release hears; a bad row is rare enough to cost a new connection.
+      client.release(failed instanceof Error ? failed : new Error(message(failed)));
       throw failed;
     }
   }
