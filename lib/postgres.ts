@@ -726,8 +726,8 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     return this.storeStatement(byKey([...ops]).map((op) => ({ op, route: 0 })), place);
   }
 
-  // storeStatement inserts the given routes of a batch's deliveries; place is each op's place in the batch,
-  // which an ordered row's arrival keeps.
+  // storeStatement inserts the given routes of a batch's deliveries. Ordered rows take their arrival order
+  // from one sequence value per batch plus their place in it (place: each op's place in the batch).
   private storeStatement(list: { op: Extract<Op, { kind: "store" }>; route: number }[], place: Map<Op, number>): pg.QueryConfig {
     const orders = new Map(list.map((x) => [x.op, orderOf(x.op.incoming, null)]));
     const none = (x: { op: Extract<Op, { kind: "store" }> }) => x.op.routes.length === 0;
