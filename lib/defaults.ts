@@ -97,6 +97,13 @@ export const DEFAULTS = {
    */
   poolSize: 4,
   /**
+   * PostgreSQL transactions of stores alone (a receiver's batches) in flight at once: two, so that one
+   * batch's insert runs while the last one's COMMIT waits for its flush, and the COMMITs share flushes.
+   * More, each smaller, cost more CPU per delivery on both sides and flushed no more at once.
+   * @default 2
+   */
+  storeBatchesInFlight: 2,
+  /**
    * On PostgreSQL a worker's claim starts where its last one ended in the due index, and from the start at
    * least this often, so that a delivery left behind (its row was locked by a claim that then rolled back)
    * waits no longer than this under a backlog that never runs dry. @default 2_000

@@ -1,6 +1,7 @@
 // postgres-commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
-// up to the pool's size of transactions at once, each committed (synchronous_commit on) before its ops
-// settle; a failed op is redone alone under a savepoint, a lost connection fails its batch and is dropped.
+// up to the pool's size of transactions at once (two of stores alone), each committed (synchronous_commit
+// on) before its ops settle, a batch of new deliveries in one round trip; a failed op is redone alone
+// under a savepoint, a lost connection fails its batch and is dropped.
 // Beside it, the LISTEN/NOTIFY wake-ups. PostgresInbox (postgres.ts) builds the delivery's life on it.
 
 import pg from "pg";
@@ -60,6 +61,8 @@ export abstract class PostgresCommitter {
   private readonly listen: boolean;
   protected queue: Op[] = [];
   private running = 0;
+  // Transactions of stores alone in flight (see DEFAULTS.storeBatchesInFlight).
+  private storing = 0;
   private scheduled = false;
   private idle: (() => void)[] = [];
   protected closed = false;
@@ -85,6 +88,7 @@ export abstract class PostgresCommitter {
   }
 
   protected abstract storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>>;
+  protected abstract storeOnce(ops: Extract<Op, { kind: "store" }>[]): pg.QueryConfig | undefined;
   protected abstract finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>>;
 
   onWake(listener: () => void): () => void {
@@ -176,6 +180,10 @@ export abstract class PostgresCommitter {
     setImmediate(() => {
       this.scheduled = false;
       while (this.queue.length > 0 && this.running < this.poolSize) {
+        // Stores wait for a batch of them to commit rather than go in a smaller transaction beside it: the
+        // next batch is then larger, and its COMMIT shares the server's next flush (docs/performance.md).
+        const stores = this.queue.length <= this.batchSize && this.queue.every((op) => op.kind === "store");
+        if (stores && this.storing >= DEFAULTS.storeBatchesInFlight) break;
         const batch = this.queue.splice(0, this.batchSize);
         // A claim runs in a transaction of its own, beside the commit of the finishes queued with it: on
         // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
@@ -186,8 +194,10 @@ export abstract class PostgresCommitter {
         const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
         for (const group of claims.length === 0 ? [batch] : rest.length === 0 ? [claims] : [claims, rest]) {
           this.running++;
+          if (stores) this.storing++;
           void this.transact(group).finally(() => {
             this.running--;
+            if (stores) this.storing--;
             this.schedule();
             if (this.running === 0 && this.queue.length === 0) for (const resolve of this.idle.splice(0)) resolve();
           });
@@ -200,6 +210,10 @@ export abstract class PostgresCommitter {
   // together first (one statement for all the stores, one for all the finishes); if one of them fails,
   // the transaction is redone with a savepoint per op, so only that op fails.
   private async transact(batch: Op[]): Promise<void> {
+    if (batch.every((op) => op.kind === "store")) {
+      batch = await this.storeInOneTrip(batch as Extract<Op, { kind: "store" }>[]);
+      if (batch.length === 0) return;
+    }
     const started = performance.now();
     let client: pg.PoolClient;
     try {
@@ -240,6 +254,35 @@ export abstract class PostgresCommitter {
       // A connection that failed mid-batch is dropped rather than handed to the next batch.
       client.release(broken !== undefined && isBatchError(broken) ? broken : undefined);
     }
+  }
+
+  // storeInOneTrip commits a batch of stores that one statement can store whole (storeOnce) with BEGIN, the
+  // statement and COMMIT written at once: one round trip a batch where there were three, each 200 still
+  // after the COMMIT's answer. It settles the stored, and returns what it leaves to transact(): the copies
+  // of deliveries already stored (a duplicate or a conflict, which storeAll tells apart), or the whole batch
+  // when the statement failed (a bad row: redone op by op there), or the batch it could not do this way.
+  private async storeInOneTrip(batch: Extract<Op, { kind: "store" }>[]): Promise<Op[]> {
+    const statement = this.storeOnce(batch);
+    if (statement === undefined) return batch;
+    const started = performance.now();
+    let result: pg.QueryResult;
+    try {
+      result = await this.pool.inOneTrip(statement, (client) => this.notify(client, batch.length));
+    } catch (error) {
+      if (!isBatchError(error)) return batch;
+      this.commitError = error;
+      this.rejectAll(batch, error);
+      return [];
+    }
+    this.commitError = undefined;
+    this.onCommit?.(batch.length, performance.now() - started);
+    const stored = new Set(result.rows.map((r: { source: string; id: string }) => `${r.source}\u0000${r.id}`));
+    const rest: Op[] = [];
+    for (const op of batch) {
+      if (stored.has(`${op.source}\u0000${op.incoming.id}`)) op.resolve("stored");
+      else rest.push(op);
+    }
+    return rest;
   }
 
   // lockInOrder takes every row lock the batch's ops will wait for before any of them runs, in the one

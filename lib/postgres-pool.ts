@@ -271,6 +271,44 @@ export class Pool {
   }
 
   /**
+   * inOneTrip runs one statement in a transaction of its own, BEGIN, the statement and COMMIT written
+   * together: one round trip instead of three, and still answered only after the COMMIT's. beside(client)
+   * may queue more statements between the two (a NOTIFY). A connection the server ended while it sat in the
+   * pool fails at BEGIN, before anything ran, and is dropped and tried on another, as in transaction().
+   * A statement that fails throws its own error (the server then answered ROLLBACK to the COMMIT); a
+   * COMMIT that fails or warns throws as commit() does.
+   */
+  async inOneTrip(statement: pg.QueryConfig, beside?: (client: pg.PoolClient) => void): Promise<pg.QueryResult> {
+    for (let tries = 0; ; tries++) {
+      const client = await this.connect();
+      // Corked, the three go out in one write, as pg corks each extended-protocol statement's own messages.
+      const stream = (client as unknown as { connection: { stream: { cork(): void; uncork(): void } } }).connection.stream;
+      stream.cork();
+      const begun = this.begin(client);
+      const done = client.query(statement);
+      beside?.(client);
+      const committed = this.commit(client);
+      stream.uncork();
+      const [b, s, c] = await Promise.allSettled([begun, done, committed]);
+      if (b.status === "rejected") {
+        client.release(b.reason instanceof Error ? b.reason : new Error(message(b.reason)));
+        if (!this.used.has(client) || !isConnectionLost(b.reason) || tries >= this.size) throw b.reason;
+        continue;
+      }
+      // The statement's own error says more than the ROLLBACK that the COMMIT then met.
+      const failed = s.status === "rejected" ? s.reason : c.status === "rejected" ? c.reason : undefined;
+      if (failed === undefined) {
+        client.release();
+        return (s as PromiseFulfilledResult<pg.QueryResult>).value;
+      }
+      // Dropped, whatever failed: the error may say the host no longer fits (25006, a primary turned
+      // standby), which the release hears; a bad row is rare enough to cost a new connection.
+      client.release(failed instanceof Error ? failed : new Error(message(failed)));
+      throw failed;
+    }
+  }
+
+  /**
    * commit commits, and fails unless the server says COMMIT without a warning. A COMMIT whose wait for a
    * synchronous standby was cancelled (pg_cancel_backend, or the connection terminated while it waits)
    * answers success with a WARNING ("canceling wait for synchronous replication … already committed

@@ -59,6 +59,11 @@ function concatenated(bodies: Uint8Array[]): { all: Buffer; offsets: number[]; l
   return { all: Buffer.concat(parts), offsets, lengths };
 }
 
+// byKey sorts a batch's deliveries by (source, id), the one order every transaction takes their rows in.
+function byKey<T extends { source: string; incoming: { id: string } }>(ops: T[]): T[] {
+  return ops.sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
+}
+
 // named gives each statement text a server-side prepared statement, parsed and planned once per
 // connection rather than at every call: a handler's insert runs hundreds of times per batch.
 const names = new Map<string, string>();
@@ -705,6 +710,48 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     }, false, { destination })) as Promise<BreakerChange | undefined>;
   }
 
+  // storeOnce is the one statement that stores a whole batch when nothing need follow it in the transaction:
+  // every delivery with one route at most, no order key, and its (source, id) once in the batch. The
+  // committer then sends BEGIN, it and COMMIT in one write, one round trip a batch (postgres-commit.ts);
+  // the rows it returns are the stored ones, and the copies it skipped go through storeAll after.
+  protected storeOnce(ops: Extract<Op, { kind: "store" }>[]): pg.QueryConfig | undefined {
+    const keys = new Set<string>();
+    for (const op of ops) {
+      if (op.routes.length > 1 || op.incoming.orderKey != null) return undefined;
+      const k = `${op.source}\u0000${op.incoming.id}`;
+      if (keys.has(k)) return undefined;
+      keys.add(k);
+    }
+    const place = new Map(ops.map((op, i) => [op, i]));
+    return this.storeStatement(byKey([...ops]).map((op) => ({ op, route: 0 })), place);
+  }
+
+  // storeStatement inserts the given routes of a batch's deliveries. Ordered rows take their arrival order
+  // from one sequence value per batch plus their place in it (place: each op's place in the batch).
+  private storeStatement(list: { op: Extract<Op, { kind: "store" }>; route: number }[], place: Map<Op, number>): pg.QueryConfig {
+    const orders = new Map(list.map((x) => [x.op, orderOf(x.op.incoming, null)]));
+    const none = (x: { op: Extract<Op, { kind: "store" }> }) => x.op.routes.length === 0;
+    const bodies = concatenated(list.map((x) => x.op.incoming.body));
+    return this.prepared(
+      `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
+                               order_key, event_time, arrival, route, destination, headers, traceparent, finished_at)
+       SELECT s, i, substring($18::bytea FROM bo FOR bl), h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+              CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
+              CASE WHEN st = 'done' THEN ${NOW} END
+       FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
+                   $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[])
+            AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl)
+       ON CONFLICT (source, id, route) DO NOTHING
+       RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
+      [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), bodies.offsets,
+        list.map((x) => x.op.digest), list.map((x) => x.op.incoming.contentType ?? null), list.map((x) => x.op.incoming.eventType ?? null),
+        list.map((x) => x.op.incoming.providerTime ?? null), list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
+        list.map((x) => orders.get(x.op)!.eventTime), list.map((x) => place.get(x.op)! * 16 + x.route), list.map((x) => x.route),
+        list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION), list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
+        list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received")), bodies.lengths, bodies.all],
+    );
+  }
+
   // storeAll inserts a batch's deliveries, in key order so that two receivers' batches take their row locks
   // in the same order and cannot deadlock: first each delivery's route 0 in one statement, which decides
   // what is new, then the other routes of the new ones. The first copy of a key is stored; every other is a
@@ -713,32 +760,10 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const key = (op: { source: string; incoming: { id: string } }) => `${op.source}\u0000${op.incoming.id}`;
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
-    const rows = [...firsts.values()].sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
-    // Ordered rows take their arrival order from one sequence value per batch plus their place in it.
+    const rows = byKey([...firsts.values()]);
     const orders = new Map(rows.map((op) => [op, orderOf(op.incoming, null)]));
     const place = new Map(ops.map((op, i) => [op, i]));
-    const insert = (list: { op: (typeof ops)[number]; route: number }[]) => {
-      const none = (x: { op: (typeof ops)[number] }) => x.op.routes.length === 0;
-      const bodies = concatenated(list.map((x) => x.op.incoming.body));
-      return client.query(this.prepared(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
-                                 order_key, event_time, arrival, route, destination, headers, traceparent, finished_at)
-         SELECT s, i, substring($18::bytea FROM bo FOR bl), h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
-                CASE WHEN st = 'done' THEN ${NOW} END
-         FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
-                     $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[])
-              AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl)
-         ON CONFLICT (source, id, route) DO NOTHING
-         RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
-        [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), bodies.offsets,
-          list.map((x) => x.op.digest), list.map((x) => x.op.incoming.contentType ?? null), list.map((x) => x.op.incoming.eventType ?? null),
-          list.map((x) => x.op.incoming.providerTime ?? null), list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
-          list.map((x) => orders.get(x.op)!.eventTime), list.map((x) => place.get(x.op)! * 16 + x.route), list.map((x) => x.route),
-          list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION), list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
-          list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received")), bodies.lengths, bodies.all],
-      ));
-    };
+    const insert = (list: { op: (typeof ops)[number]; route: number }[]) => client.query(this.storeStatement(list, place));
     const inserted = await insert(rows.map((op) => ({ op, route: 0 })));
     const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
     const more = rows.filter((op) => stored.has(key(op))).flatMap((op) => op.routes.slice(1).map((_, i) => ({ op, route: i + 1 })));

@@ -48,7 +48,7 @@ const sqlite = (query: string) => async (dir: string, label: string): Promise<St
 /** PEERS are the queues of issue #14, in the order they are printed. */
 export const PEERS: Peer[] = [
   { name: "pg-boss 12", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "batchSize 500, localConcurrency 2, transactional, burstWhenBatchFull",
-    script: "bench/peers/pgboss.ts", postgres: true, high: false, store: pg("bench_pgboss") },
+    script: "bench/peers/pgboss.ts", postgres: true, high: true, store: pg("bench_pgboss") },
   { name: "graphile-worker 0.18", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "concurrency 24, localQueue 500, completeJobBatchDelay 0",
     script: "bench/peers/graphile.ts", postgres: true, high: false, store: pg("bench_graphile") },
   { name: "BullMQ 6", durability: "Redis AOF appendfsync=always", durable: true, settings: "concurrency 100, removeOnComplete, payment HSET",

@@ -1,7 +1,8 @@
 // bench/peers/pgboss.ts: pg-boss 12 as a peer, on a PostgreSQL database of its own (TARGET is its URL).
-// Ingest: boss.send per POST. Drain: its fastest documented worker, work() with batchSize 500,
-// localConcurrency 2 (one per core), burstWhenBatchFull, and transactional: true, so the payments of a
-// batch, one row per job in one unnest insert, commit in the same transaction as the batch's completion.
+// Ingest: boss.send per POST, at 32 and 128 connections (its pool of 10). Drain: its fastest documented
+// worker, work() with batchSize 500, localConcurrency 2 (one per core), burstWhenBatchFull, and
+// transactional: true, so the payments of a batch, one row per job in one unnest insert, commit in the
+// same transaction as the batch's completion.
 //   npx tsx bench/peers/pgboss.ts serve|drain postgres://127.0.0.1:5432/bench_pgboss [N]
 
 import { PgBoss, type Db, type Job as BossJob } from "pg-boss";
