@@ -267,7 +267,9 @@ describe("inbox.ts status and show with ordered keys", () => {
     const dir = tempDir();
     const path = join(dir.dir, "inbox.db");
     try {
-      const inbox = await connect(path, { random: () => 0 });
+      // The retry an hour off: the status commands below start processes of their own, which on a loaded
+      // machine took longer than the default first delay, and the key was no longer held when they looked.
+      const inbox = await connect(path, { random: () => 0, retryDelayMs: 3_600_000 });
       const put = (id: string, source: string, key: string, time: number, strictOrder = false) =>
         inbox.store({ source, id, body: Buffer.from("{}"), orderKey: key, eventTime: time, strictOrder });
       await put("evt_a", "stripe", "sub_1", 1);
