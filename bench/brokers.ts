@@ -31,7 +31,11 @@ const CONCURRENCY = DEFAULTS.concurrency;
 const NATS = process.env.BENCH_NATS ?? DEFAULTS.natsUrl;
 const RABBITMQ = process.env.BENCH_RABBITMQ ?? DEFAULTS.rabbitmqUrl;
 const WHICH = (process.env.BENCH_BROKERS ?? "nats,rabbitmq").split(",");
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const median = (xs: number[]) => {
+  const sorted = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+};
 
 // The body fillBacklog stores, so that every phase sends the same bytes.
 const body = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
