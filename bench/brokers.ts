@@ -57,7 +57,9 @@ interface Tree {
 async function tree(root: string): Promise<Tree> {
   const load = (file: string) => import(pathToFileURL(resolve(root, file)).href);
   const [worker, sqlite, brokers, store] = await Promise.all([load("worker.ts"), load("lib/sqlite.ts"), load("lib/brokers.ts"), load("lib/store.ts")]);
-  const name = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
+  // A tree with changes not yet committed is marked with a +, so that two trees at one commit differ.
+  const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], { encoding: "utf8" }).stdout.trim() !== "";
+  const name = (spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root) + (dirty ? "+" : "");
   return { name, run: worker.run, SqliteInbox: sqlite.SqliteInbox, openBroker: brokers.openBroker, messageOf: brokers.messageOf, PermanentError: store.PermanentError };
 }
 
