@@ -143,7 +143,12 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // commit serves many; slow ones claim only what the free handlers can start, as no worker should hoard
   // leases it cannot work on. It starts slow, so the first claim is never more than concurrency.
   let handlerMs = Infinity;
-  const claimSize = () => Math.max(concurrency, Math.min(claimBatch, Math.floor((concurrency * CLAIM_AHEAD_MS) / handlerMs)));
+  // How long a claim takes, its commit included (a moving average, in ms). A claim brings at least
+  // CLAIM_SHARE times its own time in work for each handler's place: where a commit's fsync is slow, a
+  // claim sized by the handlers alone would cost the worker as much as the work it brings.
+  let claimMs = 0;
+  const claimSize = () => Math.max(concurrency, Math.min(claimBatch,
+    Math.floor((concurrency * Math.max(CLAIM_AHEAD_MS, CLAIM_SHARE * claimMs)) / handlerMs)));
   const stop = options.signal;
 
   // wake ends the current pause early: a handler finished (room to claim) or the worker is stopping.
@@ -186,6 +191,32 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
   }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
 
+  // Done marks held for the next claim, which takes them into its own transaction. Handlers that wait on
+  // I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own: on
+  // SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
+  // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
+  // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
+  // never see them as expired leases, and each handler awaits its own finish() as before.
+  const held: { lease: Lease; writes: LocalWrite[]; sent(finish: { done: Promise<boolean> }): void }[] = [];
+  let holding: ReturnType<typeof setTimeout> | undefined;
+  const finishHeld = () => {
+    clearTimeout(holding);
+    holding = undefined;
+    for (const h of held.splice(0)) {
+      let done: Promise<boolean>;
+      try {
+        done = inbox.finish(h.lease, h.writes);
+      } catch (error) {
+        done = Promise.reject(error);
+      }
+      h.sent({ done });
+    }
+  };
+  const finishWithClaim = (lease: Lease, writes: LocalWrite[]) => new Promise<{ done: Promise<boolean> }>((sent) => {
+    held.push({ lease, writes, sent });
+    holding ??= setTimeout(finishHeld, pollMax);
+  });
+
   const handlerDone = (lease: Lease, started: number) => {
     const ms = performance.now() - started;
     metrics?.handled(lease, ms);
@@ -208,12 +239,13 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
     handlerDone(lease, started);
     try {
-      // The first try awaited directly: a done mark that commits settles in the same turn as before, so the
-      // last empty claim of `--once` still joins the last done marks' commit rather than taking one more.
+      // The first try goes with the next claim and is awaited directly: it settles in the same turn as that
+      // claim, so the last empty claim of `--once` finds nothing left and ends the run.
       const finish = () => inbox.finish(lease, writes);
+      const first = await finishWithClaim(lease, writes);
       let finished: boolean;
       try {
-        finished = await finish();
+        finished = await first.done;
       } catch (error) {
         finished = await persist("write the done mark", lease, finish, { error });
       }
@@ -325,8 +357,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       const size = claimSize();
       const room = waiting.length > 0 ? 0 : Math.min(size - (size > concurrency ? 0 : running), 2 * size - active.size);
       let leases: Lease[] = [];
+      // The held done marks go with this claim; with nothing left to start and no claim, they go now.
+      if (waiting.length === 0) finishHeld();
       try {
-        if (room > 0) leases = await inbox.claimBatch(room, leaseMs, { onSetAside: gaveUp });
+        if (room > 0) {
+          const started = performance.now();
+          leases = await inbox.claimBatch(room, leaseMs, { onSetAside: gaveUp });
+          claimMs = claimMs * 0.9 + (performance.now() - started) * 0.1;
+        }
       } catch (error) {
         // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
         // rather than dying with its handlers in flight. Run once, it reports the error instead.
@@ -365,8 +403,13 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       active.delete(lease);
       if (await giveBack(lease)) stats.released++;
     }
-    await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => pause(pollMax));
-    // Whatever outlived the grace period goes back to the queue now rather than when its lease expires.
+    await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => {
+      finishHeld();
+      return pause(pollMax);
+    });
+    // Whatever outlived the grace period goes back to the queue now rather than when its lease expires;
+    // what finished meanwhile has its done mark sent first.
+    finishHeld();
     for (const [lease, controller] of active) {
       controller.abort(new Error("the worker is stopping"));
       traced(lease, "released");
@@ -375,8 +418,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         log(`${label(lease)} released: the worker stopped before it finished`, { source: lease.source, id: lease.id, status: "received" });
       }
     }
+    finishHeld();
     await inbox.flush();
   } finally {
+    // Done marks held when a claim failed for good go to the inbox all the same.
+    finishHeld();
     clearInterval(heartbeat);
     unwake();
     await purging.stop();
@@ -384,8 +430,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   return stats;
 }
 
-// Fast handlers claim ahead this many ms of their own work per handler slot (see claimSize).
+// Fast handlers claim ahead this many ms of their own work per handler slot, or CLAIM_SHARE times a
+// claim's own time if that is more (see claimSize).
 const CLAIM_AHEAD_MS = 5;
+const CLAIM_SHARE = 10;
 
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
 // after the batch in flight. A failed purge is logged and tried again next time: the queue comes first.

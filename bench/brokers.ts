@@ -5,27 +5,37 @@
 //   brokers.ts the same messages through openBroker().publish();
 //   worker     the real run() of worker.ts draining a SQLite backlog, its handler publishing through brokers.ts;
 //   and that worker again with no broker, its handler only waiting as long as a raw publish takes.
-// Prints messages/s and the ratios against the baseline. Needs the servers at 127.0.0.1:4222 and :5672.
+// Prints messages/s, this process's CPU per message (the worker runs in it), and the ratios against the
+// baseline; for the worker, its commits and claims per delivery and the time its commits held the thread.
+// BENCH_COMPARE=/path/to/another/checkout runs that checkout's run() and SqliteInbox too, in this process,
+// the two taking turns with a raw loop in every round (BENCH_ROUNDS rounds, NATS only): an A/B in one run.
+// Needs the servers at 127.0.0.1:4222 and :5672.
 //   npm run bench -- brokers         BENCH_SECONDS=8 BENCH_BROKER_BACKLOG=20000 BENCH_BROKERS=nats,rabbitmq
+//   BENCH_BROKERS=nats BENCH_ROUNDS=3 BENCH_COMPARE=/tmp/before npm run bench -- brokers
 
-import { execFileSync } from "node:child_process";
-import { join } from "node:path";
+import { execFileSync, spawnSync } from "node:child_process";
+import { join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { connect as natsConnect, headers as natsHeaders } from "@nats-io/transport-node";
 import amqp from "amqplib";
-import { HEADERS, messageId, messageOf, openBroker, parseBrokerDestination, type BrokerDestination, type BrokerMessage } from "../lib/brokers.ts";
+import { HEADERS, messageId, parseBrokerDestination, type BrokerDestination, type BrokerMessage } from "../lib/brokers.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
-import { PermanentError } from "../lib/store.ts";
-import { run } from "../worker.ts";
-import { f, fillBacklog, knob, tempDir } from "./common.ts";
+import { f, fillBacklog, knob, ROOT, tempDir } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 8);
 const BACKLOG = knob("BENCH_BROKER_BACKLOG", 20_000);
+const ROUNDS = knob("BENCH_ROUNDS", 1);
+const COMPARE = process.env.BENCH_COMPARE;
 const CONCURRENCY = DEFAULTS.concurrency;
 const NATS = process.env.BENCH_NATS ?? DEFAULTS.natsUrl;
 const RABBITMQ = process.env.BENCH_RABBITMQ ?? DEFAULTS.rabbitmqUrl;
 const WHICH = (process.env.BENCH_BROKERS ?? "nats,rabbitmq").split(",");
+const median = (xs: number[]) => {
+  const sorted = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+};
 
 // The body fillBacklog stores, so that every phase sends the same bytes.
 const body = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
@@ -34,40 +44,83 @@ const message = (tag: string, i: number): BrokerMessage => ({
   replays: 0, orderKey: null, newerId: null, traceparent: null,
 });
 
-// loop keeps `concurrency` publishes in flight for SECONDS and returns messages/s.
-async function loop(publish: (i: number) => Promise<void>): Promise<number> {
+/** Tree is a checkout whose run(), SqliteInbox and brokers.ts are measured: this one, or BENCH_COMPARE's. */
+interface Tree {
+  name: string;
+  run: typeof import("../worker.ts").run;
+  SqliteInbox: typeof import("../lib/sqlite.ts").SqliteInbox;
+  openBroker: typeof import("../lib/brokers.ts").openBroker;
+  messageOf: typeof import("../lib/brokers.ts").messageOf;
+  PermanentError: typeof import("../lib/store.ts").PermanentError;
+}
+
+async function tree(root: string): Promise<Tree> {
+  const load = (file: string) => import(pathToFileURL(resolve(root, file)).href);
+  const [worker, sqlite, brokers, store] = await Promise.all([load("worker.ts"), load("lib/sqlite.ts"), load("lib/brokers.ts"), load("lib/store.ts")]);
+  // A tree with changes not yet committed is marked with a +, so that two trees at one commit differ.
+  const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], { encoding: "utf8" }).stdout.trim() !== "";
+  const name = (spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root) + (dirty ? "+" : "");
+  return { name, run: worker.run, SqliteInbox: sqlite.SqliteInbox, openBroker: brokers.openBroker, messageOf: brokers.messageOf, PermanentError: store.PermanentError };
+}
+
+/** Rate is one phase's messages/s and this process's CPU per message (user and system, every thread). */
+interface Rate { rate: number; cpuUs: number }
+
+// cpuSince is this process's CPU in µs since `from` (process.cpuUsage()).
+const cpuSince = (from: NodeJS.CpuUsage) => {
+  const used = process.cpuUsage(from);
+  return used.user + used.system;
+};
+
+// loop keeps `concurrency` publishes in flight for SECONDS.
+async function loop(publish: (i: number) => Promise<void>): Promise<Rate> {
   let next = 0;
   let done = 0;
   const until = performance.now() + SECONDS * 1000;
   const t0 = performance.now();
+  const cpu0 = process.cpuUsage();
   await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
     while (performance.now() < until) {
       await publish(next++);
       done++;
     }
   }));
-  return (done / (performance.now() - t0)) * 1000;
+  return { rate: (done / (performance.now() - t0)) * 1000, cpuUs: cpuSince(cpu0) / done };
 }
 
-// drain runs the real worker over a backlog, publishing each delivery through brokers.ts, and returns
-// deliveries/s. Given waitMs instead, its handler only waits that long: the worker's own pace with a
-// handler as slow as a publish, and no broker at all.
-async function drain(destination: BrokerDestination, dir: string, waitMs?: number): Promise<number> {
-  const path = join(dir, `${destination.type}-${waitMs ?? "broker"}.db`);
+/** Drained is a worker phase: its rate and CPU, and per delivery its commits, its claims, and the ms its commits took. */
+interface Drained extends Rate { commits: number; claims: number; commitMs: number }
+
+// drain runs a tree's real worker over a backlog, publishing each delivery through its brokers.ts. Given
+// waitMs instead, its handler only waits that long: the worker's own pace with a handler as slow as a
+// publish, and no broker at all.
+async function drain(t: Tree, destination: BrokerDestination, dir: string, waitMs?: number): Promise<Drained> {
+  const path = join(dir, `${destination.type}-${waitMs ?? "broker"}-${Date.now()}.db`);
   fillBacklog(path, BACKLOG, `${destination.type}${Date.now()}`);
-  const inbox = new SqliteInbox(path);
-  const broker = openBroker(destination);
+  let commits = 0;
+  let commitMs = 0;
+  let claims = 0;
+  const inbox = new t.SqliteInbox(path, { onCommit: (_size, ms) => { commits++; commitMs += ms; } });
+  const claimBatch = inbox.claimBatch.bind(inbox);
+  inbox.claimBatch = (...args) => {
+    claims++;
+    return claimBatch(...args);
+  };
+  const broker = t.openBroker(destination);
   try {
     const t0 = performance.now();
-    const stats = await run(async (job) => {
+    const cpu0 = process.cpuUsage();
+    const stats = await t.run(async (job) => {
       if (waitMs !== undefined) return new Promise((resolve) => setTimeout(resolve, waitMs));
-      const outcome = await broker.publish(messageOf(job.delivery, job.traceparent), job.signal);
+      const outcome = await broker.publish(t.messageOf(job.delivery, job.traceparent), job.signal);
       if (outcome.kind === "retry") throw new Error(outcome.error);
-      if (outcome.kind === "failed") throw new PermanentError(outcome.error);
+      if (outcome.kind === "failed") throw new t.PermanentError(outcome.error);
     }, { inbox, once: true, log: () => {} });
     const ms = performance.now() - t0;
+    const cpuUs = cpuSince(cpu0);
     if (stats.done !== BACKLOG) throw new Error(`expected ${BACKLOG} done, got ${JSON.stringify(stats)}`);
-    return (stats.done / ms) * 1000;
+    const n = stats.done;
+    return { rate: (n / ms) * 1000, cpuUs: cpuUs / n, commits: commits / n, claims: claims / n, commitMs: commitMs / n };
   } finally {
     await broker.close();
     await inbox.close();
@@ -81,18 +134,12 @@ function skipped(name: string, where: string, error: unknown): string {
   return line;
 }
 
-type Rates = { raw: number; rawAgain: number; brokers: number; worker: number; waiting: number; waitMs: number };
+// A worker row: its rate against the baseline, and what it cost per delivery.
+const workerLine = (r: Drained, base: number) =>
+  `${f(r.rate).padStart(7)} deliveries/s = ${f(r.rate / base, 2)}x raw, CPU ${f(r.cpuUs)} µs/delivery (raw ${f(base)}/s), ` +
+  `commits ${f(r.commits, 3)} and claims ${f(r.claims, 3)} a delivery, ${f(r.commitMs * 1000)} µs in commits a delivery`;
 
-function report(name: string, r: Rates): string {
-  const base = (r.raw + r.rawAgain) / 2;
-  console.log(`  ${name} raw client`.padEnd(30) + `${f(r.raw).padStart(7)} msg/s, again after the others ${f(r.rawAgain)} msg/s`);
-  console.log(`  ${name} brokers.ts`.padEnd(30) + `${f(r.brokers).padStart(7)} msg/s = ${f(r.brokers / base, 2)}x raw`);
-  console.log(`  ${name} worker + brokers.ts`.padEnd(30) + `${f(r.worker).padStart(7)} deliveries/s = ${f(r.worker / base, 2)}x raw (SQLite backlog of ${BACKLOG}, done marks included)`);
-  console.log(`  ${name} worker, no broker`.padEnd(30) + `${f(r.waiting).padStart(7)} deliveries/s: its handler only waits ${f(r.waitMs, 1)} ms, a raw publish's mean time (the worker's own pace)`);
-  return `${name}: brokers.ts ${f(r.brokers / base, 2)}x, worker ${f(r.worker / base, 2)}x the raw client (${f(base)} msg/s; the worker with a handler as slow and no broker ${f(r.waiting)}/s)`;
-}
-
-async function nats(dir: string): Promise<string> {
+async function nats(dir: string, trees: Tree[]): Promise<string> {
   const nc = await natsConnect({ servers: NATS, reconnect: false }).catch((error: unknown) => skipped("NATS JetStream", NATS, error));
   if (typeof nc === "string") return nc;
   const jsm = await jetstreamManager(nc);
@@ -106,6 +153,7 @@ async function nats(dir: string): Promise<string> {
     await jsm.streams.add({ name, subjects: [`${tag}${streams.length}.>`] });
     return `${tag}${streams.length}`;
   };
+  const destination = (prefix: string) => parseBrokerDestination("bench", { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}` }, "bench");
   try {
     const rawPhase = async () => {
       const prefix = await fresh();
@@ -120,27 +168,56 @@ async function nats(dir: string): Promise<string> {
         await js.publish(`${prefix}.default.payment.succeeded`, m.body, { msgID: messageId("bench", m), headers: h });
       });
     };
-    const raw = await rawPhase();
-    const prefix = await fresh();
-    const broker = openBroker(parseBrokerDestination("bench", { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}` }, "bench"));
-    const brokers = await loop(async (i) => {
-      const outcome = await broker.publish(message(prefix, i));
-      if (outcome.kind !== "done") throw new Error(JSON.stringify(outcome));
-    });
-    await broker.close();
-    const workerPrefix = await fresh();
-    const worker = await drain(parseBrokerDestination("bench", { type: "nats", url: NATS, subject: `${workerPrefix}.{source}.{type}` }, "bench"), dir);
-    const rawAgain = await rawPhase();
-    const waitMs = (CONCURRENCY / ((raw + rawAgain) / 2)) * 1000;
-    const waiting = await drain(parseBrokerDestination("bench", { type: "nats", subject: "unused" }, "bench"), dir, waitMs);
-    return report("NATS JetStream", { raw, rawAgain, brokers, worker, waiting, waitMs });
+    // Per round: the baseline's mean of its two runs, and each tree's worker with and without the broker.
+    const bases: number[] = [];
+    const rawCpu: number[] = [];
+    const workers = trees.map(() => [] as Drained[]);
+    const waitings = trees.map(() => [] as Drained[]);
+    let brokers: Rate | undefined;
+    for (let round = 1; round <= ROUNDS; round++) {
+      const raw = await rawPhase();
+      if (brokers === undefined) {
+        const prefix = await fresh();
+        const broker = trees[0]!.openBroker(destination(prefix));
+        brokers = await loop(async (i) => {
+          const outcome = await broker.publish(message(prefix, i));
+          if (outcome.kind !== "done") throw new Error(JSON.stringify(outcome));
+        });
+        await broker.close();
+      }
+      for (const [k, t] of trees.entries()) workers[k]!.push(await drain(t, destination(await fresh()), dir));
+      const rawAgain = await rawPhase();
+      const base = (raw.rate + rawAgain.rate) / 2;
+      bases.push(base);
+      rawCpu.push((raw.cpuUs + rawAgain.cpuUs) / 2);
+      const waitMs = (CONCURRENCY / base) * 1000;
+      for (const [k, t] of trees.entries()) waitings[k]!.push(await drain(t, parseBrokerDestination("bench", { type: "nats", subject: "unused" }, "bench"), dir, waitMs));
+      const at = ROUNDS > 1 ? `round ${round} ` : "";
+      console.log(`  ${at}NATS JetStream raw client`.padEnd(40) + `${f(raw.rate).padStart(7)} msg/s, again after the others ${f(rawAgain.rate)} msg/s, CPU ${f(raw.cpuUs)} and ${f(rawAgain.cpuUs)} µs/msg`);
+      if (round === 1) console.log(`  NATS JetStream brokers.ts`.padEnd(40) + `${f(brokers.rate).padStart(7)} msg/s = ${f(brokers.rate / base, 2)}x raw, CPU ${f(brokers.cpuUs)} µs/msg`);
+      for (const [k, t] of trees.entries()) {
+        console.log(`  ${at}worker + brokers.ts [${t.name}]`.padEnd(40) + workerLine(workers[k]!.at(-1)!, base));
+        console.log(`  ${at}worker, no broker [${t.name}]`.padEnd(40) + workerLine(waitings[k]!.at(-1)!, base) + `; its handler only waits ${f(waitMs, 1)} ms`);
+      }
+    }
+    const ratio = (k: number) => median(workers[k]!.map((w, r) => w.rate / bases[r]!));
+    const cpu = (k: number) => median(workers[k]!.map((w) => w.cpuUs));
+    const part = (k: number) => `worker [${trees[k]!.name}] ${f(ratio(k), 2)}x at ${f(cpu(k))} µs CPU/delivery (no broker ${f(median(waitings[k]!.map((w) => w.rate)))}/s)`;
+    let line = `NATS JetStream${ROUNDS > 1 ? ` (median of ${ROUNDS})` : ""}: brokers.ts ${f(brokers!.rate / bases[0]!, 2)}x, ` +
+      `${trees.map((_, k) => part(k)).join(", ")} the raw client (${f(median(bases))} msg/s at ${f(median(rawCpu))} µs CPU/msg)`;
+    if (trees.length > 1) {
+      const ab = (pick: (d: Drained) => number) => median(workers[0]!.map((w, r) => pick(w) / pick(workers[1]![r]!)));
+      line += `; A/B worker rate x${f(ab((d) => d.rate), 2)}, CPU x${f(ab((d) => d.cpuUs), 2)}`;
+    }
+    console.log(`  ${line}`);
+    return line;
   } finally {
     for (const name of streams) await jsm.streams.delete(name).catch(() => {});
     await nc.close();
   }
 }
 
-async function rabbitmq(dir: string): Promise<string> {
+async function rabbitmq(dir: string, t: Tree): Promise<string> {
   const model = await amqp.connect(RABBITMQ).catch((error: unknown) => skipped("RabbitMQ", new URL(RABBITMQ).host, error));
   if (typeof model === "string") return model;
   const admin = await model.createChannel();
@@ -169,18 +246,23 @@ async function rabbitmq(dir: string): Promise<string> {
     };
     const raw = await rawPhase();
     const queue = await fresh();
-    const broker = openBroker(parseBrokerDestination("bench", { type: "rabbitmq", url: RABBITMQ, routingKey: queue }, "bench"));
+    const broker = t.openBroker(parseBrokerDestination("bench", { type: "rabbitmq", url: RABBITMQ, routingKey: queue }, "bench"));
     const brokers = await loop(async (i) => {
       const outcome = await broker.publish(message(queue, i));
       if (outcome.kind !== "done") throw new Error(JSON.stringify(outcome));
     });
     await broker.close();
     const workerQueue = await fresh();
-    const worker = await drain(parseBrokerDestination("bench", { type: "rabbitmq", url: RABBITMQ, routingKey: workerQueue }, "bench"), dir);
+    const worker = await drain(t, parseBrokerDestination("bench", { type: "rabbitmq", url: RABBITMQ, routingKey: workerQueue }, "bench"), dir);
     const rawAgain = await rawPhase();
-    const waitMs = (CONCURRENCY / ((raw + rawAgain) / 2)) * 1000;
-    const waiting = await drain(parseBrokerDestination("bench", { type: "nats", subject: "unused" }, "bench"), dir, waitMs);
-    return report("RabbitMQ", { raw, rawAgain, brokers, worker, waiting, waitMs });
+    const base = (raw.rate + rawAgain.rate) / 2;
+    const waitMs = (CONCURRENCY / base) * 1000;
+    const waiting = await drain(t, parseBrokerDestination("bench", { type: "nats", subject: "unused" }, "bench"), dir, waitMs);
+    console.log(`  RabbitMQ raw client`.padEnd(40) + `${f(raw.rate).padStart(7)} msg/s, again after the others ${f(rawAgain.rate)} msg/s, CPU ${f(raw.cpuUs)} and ${f(rawAgain.cpuUs)} µs/msg`);
+    console.log(`  RabbitMQ brokers.ts`.padEnd(40) + `${f(brokers.rate).padStart(7)} msg/s = ${f(brokers.rate / base, 2)}x raw, CPU ${f(brokers.cpuUs)} µs/msg`);
+    console.log(`  RabbitMQ worker + brokers.ts`.padEnd(40) + workerLine(worker, base));
+    console.log(`  RabbitMQ worker, no broker`.padEnd(40) + workerLine(waiting, base) + `; its handler only waits ${f(waitMs, 1)} ms`);
+    return `RabbitMQ: brokers.ts ${f(brokers.rate / base, 2)}x, worker ${f(worker.rate / base, 2)}x the raw client (${f(base)} msg/s; the worker with a handler as slow and no broker ${f(waiting.rate)}/s)`;
   } finally {
     for (const name of queues) await admin.deleteQueue(name).catch(() => {});
     await model.close();
@@ -195,14 +277,17 @@ export async function brokers(): Promise<string> {
   } catch {
     // uptime is only context for the reader.
   }
-  console.log(`brokers: ${CONCURRENCY} publishes in flight (DEFAULTS.concurrency), ${SECONDS} s per loop, ${load}`);
+  const trees = [await tree(ROOT), ...(COMPARE ? [await tree(COMPARE)] : [])];
+  console.log(`brokers: ${CONCURRENCY} publishes in flight (DEFAULTS.concurrency), ${SECONDS} s per loop, ${trees.map((t) => t.name).join(" and ")}, ${load}`);
   const { dir, cleanup } = tempDir();
   try {
     const lines: string[] = [];
-    if (WHICH.includes("nats")) lines.push(await nats(dir));
-    if (WHICH.includes("rabbitmq")) lines.push(await rabbitmq(dir));
+    if (WHICH.includes("nats")) lines.push(await nats(dir, trees));
+    if (WHICH.includes("rabbitmq")) lines.push(await rabbitmq(dir, trees[0]!));
     return lines.join("; ");
   } finally {
     cleanup();
   }
 }
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await brokers());

@@ -206,6 +206,69 @@ describe("run() in batches", () => {
     db.close();
   });
 
+  // counted opens an inbox that counts its transactions and its claims.
+  const counted = () => {
+    const inbox = open({ now: () => t });
+    const count = { begins: 0, claims: 0, limits: [] as number[] };
+    const exec = inbox.db.exec.bind(inbox.db);
+    inbox.db.exec = (sql: string) => {
+      if (/^BEGIN/.test(sql)) count.begins++;
+      return exec(sql);
+    };
+    const claimBatch = inbox.claimBatch.bind(inbox);
+    inbox.claimBatch = (limit, ...rest) => {
+      count.claims++;
+      count.limits.push(limit);
+      return claimBatch(limit, ...rest);
+    };
+    return { inbox, count };
+  };
+  // ticks waits n turns of the event loop, as a handler waiting on I/O does.
+  const ticks = async (n: number) => {
+    for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve));
+  };
+
+  it("commits the done marks of handlers that wait on I/O with the next claim, not one commit a turn", async () => {
+    const { inbox, count } = counted();
+    for (let i = 0; i < 24; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    count.begins = 0;
+    // Handlers that end in different turns; pollMaxMs so long that no done mark goes for want of a claim.
+    const stats = await run(async (job) => {
+      await ticks(1 + (Number(job.delivery.id.slice(4)) % 5));
+    }, { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet });
+    assert.equal(stats.done, 24);
+    // Every commit is a claim's; the done marks went with them (24 of their own, one a turn, before).
+    assert.equal(count.begins, count.claims);
+  });
+
+  it("control: a write of the handler's own outside job.write is a commit the count sees", async () => {
+    const { inbox, count } = counted();
+    for (let i = 0; i < 6; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    count.begins = 0;
+    await run(async (job) => {
+      await ticks(1);
+      await inbox.extend(job.delivery);
+    }, { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet });
+    assert.ok(count.begins > count.claims, `${count.begins} commits, ${count.claims} claims`);
+  });
+
+  it("claims more than concurrency at once when a claim costs more than the handlers' work", async () => {
+    const { inbox, count } = counted();
+    for (let i = 0; i < 40; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
+    // Each claim takes 30 ms (a slow disk's fsync), each handler 10 ms: sized by the handlers alone (5 ms of
+    // their work a place), a claim would stay at concurrency, and the worker would wait on a claim for
+    // every two deliveries.
+    const claimBatch = inbox.claimBatch;
+    inbox.claimBatch = async (...args) => {
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      return claimBatch(...args);
+    };
+    const stats = await run(() => new Promise((resolve) => setTimeout(resolve, 10)), { inbox, once: true, concurrency: 2, claimBatch: 32, log: quiet });
+    assert.equal(stats.done, 40);
+    assert.equal(count.limits[0], 2); // the first claim, before anything is known, is concurrency's
+    assert.ok(Math.max(...count.limits) > 2, `claims of ${count.limits.join(", ")}`);
+  });
+
   it("keeps a long handler's lease by heartbeat while the short ones around it finish", async () => {
     const inbox = open({ now: () => t });
     const other = open({ now: () => t });
