@@ -6,6 +6,7 @@
 //   BENCH_SECONDS=3 BENCH_LARGE=50000 npm run bench -- worker mixed
 //   npm run bench -- generators         # wrk against autocannon, not part of the default run
 //   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
+//   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
@@ -31,6 +32,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   routing: async () => (await import("./routing.ts")).routing(),
   slow: async () => (await import("./slow.ts")).slow(),
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
+  commits: async () => (await import("./commits.ts")).commits(),
 };
 const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "pgstore", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing", "slow"];
 
