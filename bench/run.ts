@@ -7,6 +7,7 @@
 //   npm run bench -- generators         # wrk against autocannon, not part of the default run
 //   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
 //   npm run bench -- pgingest           # the PostgreSQL front door taken apart, not part of the default run
+//   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
@@ -33,6 +34,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   slow: async () => (await import("./slow.ts")).slow(),
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),
+  commits: async () => (await import("./commits.ts")).commits(),
 };
 const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "pgstore", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing", "slow"];
 
