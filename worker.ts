@@ -126,7 +126,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   }
   if (options.purge && !(options.purge.everyMs >= 1)) throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
-  const active = new Map<Lease, Held>();
+  const active = new Map<Lease, AbortController>();
   // Each started lease's span, ended once its outcome is committed or known (traces.ts).
   const spans = new Map<Lease, Process>();
   const traced = (lease: Lease, outcome: Outcome, error?: string) => {
@@ -176,7 +176,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     for (const [lease, controller] of active) {
       inbox.extend(lease, leaseMs).then(
         (held) => {
-          if (!held && !controller.aborted) controller.abort(new Error("the lease was lost"));
+          if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
         },
         (error: unknown) => {
           metrics?.dbError("handler", error);
@@ -192,12 +192,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     handlerMs = handlerMs === Infinity ? ms : handlerMs * 0.9 + ms * 0.1;
     running--;
     startWaiting();
-    roomToClaim();
-  };
-  // The loop claims only once every claimed lease has started, so a handler that ends while others still
-  // wait to start leaves it asleep: waking it there cost a timer and a promise per delivery.
-  const roomToClaim = () => {
-    if (waiting.length === 0) wake();
+    wake();
   };
 
   async function settle(lease: Lease, work: () => Promise<LocalWrite[]>): Promise<void> {
@@ -306,20 +301,18 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       }
       const writes: LocalWrite[] = [];
       await span.run(() => handler({
-        delivery: lease, event, key: `${lease.source}:${lease.id}`, get signal() {
-          return controller.signal;
-        },
+        delivery: lease, event, key: `${lease.source}:${lease.id}`, signal: controller.signal,
         stale: lease.newerId !== null, ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
         ...(span.traceparent !== undefined ? { traceparent: span.traceparent } : {}),
         write: (fn) => void writes.push(fn),
       }));
-      if (controller.aborted) throw controller.signal.reason;
+      if (controller.signal.aborted) throw controller.signal.reason;
       return writes;
     }).finally(() => {
       active.delete(lease);
       // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
       traced(lease, "lost");
-      roomToClaim();
+      wake();
     });
   }
 
@@ -347,7 +340,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       if (claimFailing) log("claiming again");
       claimFailing = false;
       for (const lease of leases) {
-        active.set(lease, new Held());
+        active.set(lease, new AbortController());
         stats.claimed++;
         metrics?.claimed(lease);
         waiting.push(lease);
@@ -430,22 +423,7 @@ function schedulePurge(
 // which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
 const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
-// Held is a claimed lease's abort: its AbortController is made only when a handler reads job.signal or the
-// lease is lost, as most handlers never look (one per delivery was a share of the drain's garbage).
-class Held {
-  private controller: AbortController | undefined;
-  get signal(): AbortSignal {
-    return (this.controller ??= new AbortController()).signal;
-  }
-  get aborted(): boolean {
-    return this.controller?.signal.aborted ?? false;
-  }
-  abort(reason: Error): void {
-    (this.controller ??= new AbortController()).abort(reason);
-  }
-}
-
-async function drain(active: Map<Lease, Held>, graceMs: number, tick: () => Promise<void>): Promise<void> {
+async function drain(active: Map<Lease, AbortController>, graceMs: number, tick: () => Promise<void>): Promise<void> {
   const deadline = Date.now() + graceMs;
   while (active.size > 0 && Date.now() < deadline) await tick();
 }
