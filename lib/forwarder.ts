@@ -300,11 +300,24 @@ async function lane(
   // waiting for it: they go out at once, and the commit queue still gathers every mark of one event-loop
   // turn into one statement. A SIGKILLed worker then leaves fewer forwards answered but not marked, each
   // of which is sent again (docs/forwarding.md, "Duplicates after a crash").
+  // One batch of them is in flight at a time, though: those answered while it commits go out together once
+  // it has, rather than each turn's few in a transaction of their own (every one a flush of the WAL).
   const eager = inbox.backend === "postgres";
+  let marking = false;
   const markDone = (now: boolean) => {
     if (answered.length === 0) return;
     if (!now && !eager && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
-    for (const a of answered.splice(0)) inbox.finish(a.lease).then(a.resolve, a.reject);
+    if (!now && eager && marking) return;
+    const batch = answered.splice(0);
+    let left = batch.length;
+    marking = true;
+    for (const a of batch) {
+      inbox.finish(a.lease).then(a.resolve, a.reject).finally(() => {
+        if (--left > 0) return;
+        marking = false;
+        wake();
+      });
+    }
   };
   // What a source's route here says, looked up once per source rather than at every forward: whether a 4xx
   // is final, and the transform (its route's, else the destination's, else none) with its thread.
