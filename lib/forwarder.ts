@@ -306,7 +306,10 @@ async function lane(
   let marking = false;
   const markDone = (now: boolean) => {
     if (answered.length === 0) return;
-    if (!now && !eager && answered.length < ahead && sending > 0 && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
+    // Slots waiting for their wave's permit are not "nothing at the destination": the forwards answered in
+    // one turn all free their slots before the next wave starts, and each such moment committed its marks.
+    const busy = sending > 0 || gate !== undefined;
+    if (!now && !eager && answered.length < ahead && busy && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
     if (!now && eager && marking) return;
     const batch = answered.splice(0);
     let left = batch.length;
