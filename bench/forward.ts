@@ -10,11 +10,16 @@
 // commits per forward. SQLite, and PostgreSQL too unless BENCH_POSTGRES=0 or none is reachable. Then, unless
 // BENCH_NATS=0 or no NATS answers, the same backlog forwarded into a JetStream destination against the
 // official client's own loop publishing the same bodies, message IDs and headers, each awaiting its PubAck,
-// at the same concurrency (target: ≥ 0.5×), each into a fresh stream.
+// at the same concurrency (target: ≥ 0.5×), each into a fresh stream. BENCH_COMPARE=/path/to/another/checkout
+// forwards the same backlog with that checkout's forwarder and store too, in each round right after this
+// one's, and prints the ratios of the two (CPU per forward, the worker's and PostgreSQL's, and the rate).
 //   npm run bench -- forward          BENCH_FORWARD_BACKLOG=5000 BENCH_ROUNDS=1 npm run bench -- forward
+//   BENCH_COMPARE=/tmp/before BENCH_FORWARD_BACKLOG=5000 BENCH_NATS=0 npm run bench -- forward
 
+import { spawnSync } from "node:child_process";
 import { readdirSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
+import { pathToFileURL } from "node:url";
 import { Agent, request } from "undici";
 import { brokerSender, HEADERS, messageId, parseBrokerDestination } from "../lib/brokers.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
@@ -22,8 +27,9 @@ import type { Sender } from "../lib/forward.ts";
 import { forward } from "../lib/forwarder.ts";
 import { connect } from "../inbox.ts";
 import { loadDestinations } from "../lib/routes.ts";
+const [connectHere, forwardHere, loadHere] = [connect, forward, loadDestinations];
 import type { Inbox } from "../lib/store.ts";
-import { cpuMs, f, knob, startChild, tempDir, type Child } from "./common.ts";
+import { ROOT, cpuMs, f, knob, startChild, tempDir, type Child } from "./common.ts";
 
 const BACKLOG = knob("BENCH_FORWARD_BACKLOG", 20_000);
 const CONCURRENCY = knob("BENCH_FORWARD_CONCURRENCY", 32);
@@ -32,7 +38,24 @@ const WARMUP = Math.min(BACKLOG, 2_000);
 const SECRET = `whsec_${Buffer.from("bench forwarding secret").toString("base64")}`;
 const POSTGRES = process.env.INBOX_TEST_POSTGRES ?? "postgres://postgres@127.0.0.1:5432/test";
 const NATS = process.env.BENCH_NATS ?? DEFAULTS.natsUrl;
+const COMPARE = process.env.BENCH_COMPARE;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+/** Tree is the forwarder and store of one checkout: this one, or BENCH_COMPARE's. */
+interface Tree {
+  name: string;
+  connect: typeof connect;
+  forward: typeof forward;
+  loadDestinations: typeof loadDestinations;
+}
+
+// tree loads a checkout's forwarder, store and sources parser, so that two trees can take turns in one process.
+async function tree(root: string): Promise<Tree> {
+  if (resolve(root) === resolve(ROOT)) return { name: "this tree", connect, forward, loadDestinations };
+  const at = (path: string) => import(pathToFileURL(resolve(root, path)).href);
+  const name = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
+  return { name, connect: (await at("inbox.ts")).connect, forward: (await at("lib/forwarder.ts")).forward, loadDestinations: (await at("lib/routes.ts")).loadDestinations };
+}
 
 const bodyOf = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
 
@@ -108,7 +131,8 @@ async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, num
 // drain forwards n stored deliveries to the destination "app" (an HTTP URL, or a broker's settings) and
 // times it; beside it, when asked, a lane of its own for the destination "down", which is down, started
 // before the timing so that its breaker opens within it. Without that lane, down's rows just wait.
-async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined): Promise<Run> {
+async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined, t?: Tree): Promise<Run> {
+  const { connect, forward, loadDestinations } = t ?? { connect: connectHere, forward: forwardHere, loadDestinations: loadHere };
   const name = `bench-forward-${process.pid}`;
   let commits = 0;
   // On SQLite, the connection worker.ts gives its forwarding lanes: an fdatasync of its own, off the event loop.
@@ -238,26 +262,29 @@ export async function forwardBench(): Promise<string> {
       const p = (await postgresTarget())!;
       return { target: p.url, drop: p.drop };
     }]);
-    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean, to: string | Record<string, unknown> = sink.url) => {
+    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean, to: string | Record<string, unknown> = sink.url, code?: Tree) => {
       const t = await make();
       try {
-        return await drain(t.target, to, n, withDown, typeof to === "string" ? sink : undefined);
+        return await drain(t.target, to, n, withDown, typeof to === "string" ? sink : undefined, code);
       } finally {
         await t.drop();
       }
     };
+    const other = COMPARE ? await tree(COMPARE) : undefined;
+    if (other) console.log(`  BENCH_COMPARE: ${other.name} (${resolve(COMPARE!)}) forwards each backend's backlog right after this tree`);
     js = await jet();
     const nats = async () => ({ type: "nats", url: NATS, subject: await js!.fresh() });
     // The warm-up: undici, the forwarder and each backend's code get compiled before anything is timed.
     await loop(sink.url, WARMUP, sink);
     for (const [, make] of targets) await measure(make, WARMUP, false);
+    if (other) for (const [, make] of targets) await measure(make, WARMUP, false, sink.url, other);
     if (js) {
       await js.raw(WARMUP);
       await measure(targets[0]![1], WARMUP, false, await nats());
     }
     const loops: Run[] = [];
     const raws: Run[] = [];
-    const runs = new Map<string, { alone: Run[]; beside: Run[]; jet: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [], jet: [] }]));
+    const runs = new Map<string, { alone: Run[]; beside: Run[]; jet: Run[]; other: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [], jet: [], other: [] }]));
     const show = (label: string, r: Run, extra = "") => console.log(
       `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each` + (r.sinkUs !== undefined ? `, destination ${f(r.sinkUs)} µs` : "") +
         (r.dbUs !== undefined ? `, PostgreSQL ${f(r.dbUs)} µs` : "") + (r.commits !== undefined ? `, ${f(r.commits, 3)} commits` : "") + extra,
@@ -272,6 +299,10 @@ export async function forwardBench(): Promise<string> {
           const r = await measure(make, BACKLOG, withDown);
           runs.get(name)![withDown ? "beside" : "alone"].push(r);
           show(`${name} forward${withDown ? ", beside a down one" : ""}`, r, `  ×${f(r.rate / base.rate, 2)} of the loop`);
+          if (withDown || !other) continue;
+          const o = await measure(make, BACKLOG, false, sink.url, other);
+          runs.get(name)!.other.push(o);
+          show(`${name} forward [${other.name}]`, o, `  ×${f(o.rate / base.rate, 2)} of the loop`);
         }
       }
       if (!js) continue;
@@ -293,6 +324,12 @@ export async function forwardBench(): Promise<string> {
       const db = alone[0]!.dbUs !== undefined ? `, PostgreSQL ${f(m(alone, "dbUs"))} µs` : "";
       lines.push(`forward ${name}: ${f(m(alone, "rate"))}/s = ×${f(ofLoop, 2)} of a plain undici loop (target ≥ 0.5), ${f(m(alone, "cpuUs"))} µs CPU a forward${db}, ` +
         `${f(m(alone, "commits"), 3)} commits a forward; beside a down destination ${f(m(beside, "rate"))}/s = ×${f(ofAlone, 2)} of alone (target ≥ 0.9), ${f(m(beside, "cpuUs"))} µs CPU a forward`);
+      const o = runs.get(name)!.other;
+      if (other && o.length > 0) {
+        const ratio = (key: keyof Run) => f(median(alone.map((r, i) => (r[key] as number) / (o[i]![key] as number))), 2);
+        lines.push(`forward ${name} against ${other.name} (median of the rounds' ratios): CPU a forward ×${ratio("cpuUs")} (${f(m(alone, "cpuUs"))} against ${f(m(o, "cpuUs"))} µs)` +
+          (alone[0]!.dbUs !== undefined ? `, PostgreSQL's ×${ratio("dbUs")} (${f(m(alone, "dbUs"))} against ${f(m(o, "dbUs"))} µs)` : "") + `, rate ×${ratio("rate")}`);
+      }
       const j = runs.get(name)!.jet;
       if (j.length > 0) {
         lines.push(`forward ${name} into JetStream: ${f(m(j, "rate"))}/s = ×${f(median(j.map((r, i) => r.rate / raws[i]!.rate)), 2)} of the @nats-io publish loop ` +

@@ -20,6 +20,31 @@ const TYPES = {
 };
 
 
+// BY_INDEX keeps the rest of a transaction on index scans and nested loops, the plans the hot path's
+// statements get anyway once the table has statistics. Without them (a backlog filled faster than
+// autovacuum analyzes it, or a server with autovacuum off) the planner guesses, and guessed wrong for the
+// claim (see claimIn), for the done marks and for the lock that a batch takes before them (lockInOrder):
+// it read every waiting row through the due index and hash-joined them, 500 ms for 256 done marks at a
+// fresh 1M backlog instead of 3 ms, and the lock read the whole table (70 ms for 63 rows at 3,000).
+export const BY_INDEX = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+                         set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`;
+// NO_FLUSH lets a claim's transaction commit without waiting for the WAL flush (see claimIn).
+export const NO_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)";
+// BY_DEFAULT gives the statements after them (a handler's writes) the connection's own plans back. SET LOCAL
+// … TO DEFAULT is the value a RESET would give, for this transaction only: reading it from pg_settings
+// built the view's every row (368 of them), 1.3–3 ms for each batch of done marks.
+export const BY_DEFAULT = `SET LOCAL enable_bitmapscan TO DEFAULT; SET LOCAL enable_seqscan TO DEFAULT;
+                           SET LOCAL enable_hashjoin TO DEFAULT; SET LOCAL enable_mergejoin TO DEFAULT`;
+
+// named gives each statement text a server-side prepared statement, parsed and planned once per
+// connection rather than at every call: a handler's insert runs hundreds of times per batch.
+const names = new Map<string, string>();
+export function named(text: string, values: unknown[]): { name: string; text: string; values: unknown[] } {
+  let name = names.get(text);
+  if (name === undefined) names.set(text, (name = `inbox_${names.size}`));
+  return { name, text, values };
+}
+
 // One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
 export type Op =
   | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
@@ -162,6 +187,14 @@ export abstract class PostgresCommitter {
   // locks names the rows it will wait for, which the batch then takes first, in the one order.
   protected other(run: (client: pg.PoolClient) => Promise<unknown>, together = false, locks?: Locks): Promise<unknown> {
     return this.enqueue({ kind: "other", run, together, ...(locks ? { locks } : {}) });
+  }
+
+  // prepared names the hot path's statements (store, claim, done marks, the locks before them, a permit), so
+  // each connection parses and plans them once: planning the store's INSERT took 0.3 ms, as long as running
+  // it for a small batch. Behind a per-transaction pooler (?listen=false) nothing is kept on a server
+  // connection, named statements included: there they go unnamed, as the handlers' writes do.
+  protected prepared(text: string, values: unknown[]): pg.QueryConfig {
+    return this.pool.pooled ? { text, values } : named(text, values);
   }
 
   protected enqueue(op: Queued): Promise<unknown> {
@@ -307,12 +340,16 @@ export abstract class PostgresCommitter {
       await client.query(`SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`, [[...destinations]]);
     }
     if (leases.length === 0) return;
-    await client.query(
+    // By index, as the done marks after it (BY_INDEX): planned blind, it read the whole table for each batch.
+    // The settings hold for the rest of the transaction; the inbox's own statements all go by key, and
+    // finishAll gives a handler's writes the connection's plans back.
+    client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the lock, which waits behind it
+    await client.query(this.prepared(
       `SELECT 1 FROM deliveries d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
          ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
        ORDER BY d.source COLLATE "C", d.id COLLATE "C", d.route FOR NO KEY UPDATE OF d`,
       [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
-    );
+    ));
     const keyed = leases.filter((l) => l.orderKey !== null);
     if (keyed.length > 0) {
       await client.query(

@@ -341,7 +341,7 @@ export class Pool {
    * server had ended while idle runs again on another, unless retry is false: a write's COMMIT can be
    * answered, then the connection ended, before pg hears that it went through.
    */
-  async query(text: string, values?: unknown[], options: { retry?: boolean } = {}): Promise<pg.QueryResult> {
+  async query(text: string | pg.QueryConfig, values?: unknown[], options: { retry?: boolean } = {}): Promise<pg.QueryResult> {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
       try {
@@ -355,11 +355,12 @@ export class Pool {
     }
   }
 
-  private async once(client: pg.PoolClient, text: string, values: unknown[] | undefined): Promise<pg.QueryResult> {
-    if (!this.pooled) return client.query(text, values);
+  private async once(client: pg.PoolClient, text: string | pg.QueryConfig, values: unknown[] | undefined): Promise<pg.QueryResult> {
+    const run = () => (typeof text === "string" ? client.query(text, values) : client.query(text));
+    if (!this.pooled) return run();
     // BEGIN, the settings and the statement go out together; COMMIT after, so that a warning the
     // statement raises is not taken for the COMMIT's.
-    const [begun, result] = await Promise.allSettled([this.begin(client), client.query(text, values)]);
+    const [begun, result] = await Promise.allSettled([this.begin(client), run()]);
     if (begun.status === "rejected") throw begun.reason;
     if (result.status === "rejected") throw result.reason;
     await this.commit(client);

@@ -9,7 +9,7 @@
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { mergedInserts, type Op } from "./postgres-commit.ts";
+import { BY_DEFAULT, BY_INDEX, mergedInserts, named, NO_FLUSH, type Op } from "./postgres-commit.ts";
 import { NOW, PostgresReads, toPg } from "./postgres-reads.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
@@ -20,19 +20,6 @@ import {
   type Incoming, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue,
   type Stored, type Tx,
 } from "./store.ts";
-
-// BY_INDEX keeps the rest of a transaction on index scans and nested loops, the plans the hot path's
-// statements get anyway once the table has statistics. Without them (a backlog filled faster than
-// autovacuum analyzes it, or a server with autovacuum off) the planner guesses, and guessed wrong both
-// for the claim (see claimIn) and for the done marks: it read every waiting row through the due index
-// and hash-joined them, 500 ms for 256 done marks at a fresh 1M backlog instead of 3 ms.
-// BY_DEFAULT gives the statements after them (a handler's writes) the connection's own plans back.
-const BY_INDEX = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
-                         set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`;
-// NO_FLUSH lets a claim's transaction commit without waiting for the WAL flush (see claimIn).
-const NO_FLUSH = "SELECT set_config('synchronous_commit', 'off', true)";
-const BY_DEFAULT = `SELECT set_config(name, reset_val, true) FROM pg_settings
-                    WHERE name IN ('enable_bitmapscan', 'enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')`;
 
 export { redact } from "./postgres-pool.ts";
 
@@ -62,15 +49,6 @@ function concatenated(bodies: Uint8Array[]): { all: Buffer; offsets: number[]; l
 // byKey sorts a batch's deliveries by (source, id), the one order every transaction takes their rows in.
 function byKey<T extends { source: string; incoming: { id: string } }>(ops: T[]): T[] {
   return ops.sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
-}
-
-// named gives each statement text a server-side prepared statement, parsed and planned once per
-// connection rather than at every call: a handler's insert runs hundreds of times per batch.
-const names = new Map<string, string>();
-function named(text: string, values: unknown[]): { name: string; text: string; values: unknown[] } {
-  let name = names.get(text);
-  if (name === undefined) names.set(text, (name = `inbox_${names.size}`));
-  return { name, text, values };
 }
 
 /** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
@@ -107,14 +85,6 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
     }
     return inbox;
-  }
-
-  // prepared names the hot path's statements (store, claim, done marks), so each connection parses and
-  // plans them once: planning the store's INSERT took 0.3 ms, as long as running it for a small batch.
-  // Behind a per-transaction pooler (?listen=false) nothing is kept on a server connection, named
-  // statements included: there they go unnamed, as the handlers' writes do.
-  private prepared(text: string, values: unknown[]): pg.QueryConfig {
-    return this.pool.pooled ? { text, values } : named(text, values);
   }
 
   store(delivery: Incoming): Promise<Stored> {
@@ -663,7 +633,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     checkPermit(destination, n, rate);
     // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
     if (!rate) {
-      return this.pool.query("SELECT paused FROM destinations WHERE name = $1", [destination])
+      return this.pool.query(this.prepared("SELECT paused FROM destinations WHERE name = $1", [destination]))
         .then(({ rows }) => {
           const { tokens: _, ...permit } = gatePermit(rows[0], n, 0, undefined);
           return permit;
@@ -901,8 +871,10 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token), ops.map((op) => op.lease.route)],
     ));
     // Awaited, not left to fail the statements after it: with no writes behind it, an error here would
-    // leave only COMMIT, which ends an aborted transaction with a silent rollback.
-    const [{ rows }] = await Promise.all([marked, client.query(this.prepared(BY_DEFAULT, []))]);
+    // leave only COMMIT, which ends an aborted transaction with a silent rollback. The handlers' writes get
+    // the connection's own plans back; done marks with none (a forwarder's) need nothing after them.
+    const writing = ops.some((op) => op.writes.length > 0);
+    const [{ rows }] = await Promise.all([marked, ...(writing ? [client.query(BY_DEFAULT)] : [])]);
     const held = new Set(rows.map((r) => `${r.source}\u0000${r.id}\u0000${r.route}`));
     const holds = (lease: Lease) => held.has(`${lease.source}\u0000${lease.id}\u0000${lease.route}`);
     const moved = ops.filter((op) => op.lease.orderKey !== null && holds(op.lease));
