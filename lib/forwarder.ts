@@ -425,9 +425,13 @@ async function lane(
       }
       const failure = await persist("record a failure", () => inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {}));
       span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
+      // A try this worker cut off itself, its lease lost to a takeover (its event loop stalled past the lease),
+      // says nothing of the destination either: counted, ten of them opened a healthy destination for every
+      // worker, for a whole cool-down, whenever a loaded machine made the workers lose their leases.
+      const cutOff = outcome.kind === "retry" && controller.signal.aborted;
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
-      else if (!transformFailed) await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+      else if (!transformFailed && !cutOff) await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
       // A probe must still end, or the breaker waits on it: it ends as not proven, and the next probe tries again.
       else if (lease.probe) await tally({ probe: "failed", error: outcome.error });
       if (failure === undefined) {

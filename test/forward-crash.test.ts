@@ -84,12 +84,19 @@ async function scenario(target: string, dir: string, ordered: boolean, random: R
       id: `key${i % KEYS}-d${String(i).padStart(4, "0")}`, body: Buffer.from(JSON.stringify({ time })), contentType: "application/json",
       destinations: ["steady", "flaky"], ...(ordered ? { orderKey: `key${i % KEYS}`, eventTime: 1_000_000 + time } : {}),
     })));
+    // A worker that exits by itself (not killed here) would stall the run: the test says which and why.
+    const killed = new Set<ChildProcess>();
+    const died: string[] = [];
     const spawn = () => {
       const child = spawnScript("test/fixtures/forward-worker.ts", ["--db", target, "--sources", sources, "--lease-ms", "500"]);
+      let stderr = "";
       child.stdout!.resume();
-      child.stderr!.resume();
+      child.stderr!.on("data", (chunk: Buffer) => void (stderr = (stderr + chunk.toString()).slice(-2000)));
       workers.add(child);
-      child.on("exit", () => workers.delete(child));
+      child.on("exit", (code, signal) => {
+        workers.delete(child);
+        if (!killed.has(child)) died.push(`exit ${code ?? signal}: ${stderr.trim()}`);
+      });
     };
     for (let i = 0; i < 3; i++) spawn();
     const accepted = (s: Seen) => new Set(s.accepted.map((a) => a.id)).size;
@@ -100,16 +107,25 @@ async function scenario(target: string, dir: string, ordered: boolean, random: R
       if (kills < 12) {
         const victim = [...workers][Math.floor(random() * workers.size)];
         if (victim) {
+          killed.add(victim);
           victim.kill("SIGKILL");
           kills++;
           spawn();
         }
       }
     }
-    for (const child of workers) child.kill("SIGTERM");
+    for (const child of workers) {
+      killed.add(child);
+      child.kill("SIGTERM");
+    }
     while (workers.size > 0) await new Promise((resolve) => setTimeout(resolve, 50));
     const status = await inbox.query("SELECT destination, status, count(*) AS n FROM deliveries GROUP BY destination, status ORDER BY destination, status");
-    return { steady: steady.seen, flaky: flaky.seen, kills, status };
+    // What each key of a stalled destination waits on, for the failure message.
+    const keys = await inbox.query(
+      `SELECT k.destination, k.order_key, k.head_id, k.due, d.status AS head_status, d.leased_until, d.attempts
+       FROM order_keys k LEFT JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
+       WHERE k.head_id IS NOT NULL ORDER BY k.destination, k.order_key`);
+    return { steady: steady.seen, flaky: flaky.seen, kills, status, died, keys };
   } finally {
     for (const child of workers) child.kill("SIGKILL");
     await inbox.close();
@@ -129,13 +145,14 @@ for (const backend of await backends("fwdcrash")) {
         const r = await scenario(target, dir.dir, true, seeded(seed));
         for (const [name, seen] of [["steady", r.steady], ["flaky", r.flaky]] as const) {
           const ids = new Set(seen.accepted.map((a) => a.id));
-          assert.equal(ids.size, DELIVERIES, `${name}: every delivery arrived (${JSON.stringify(r.status)})`);
+          assert.equal(ids.size, DELIVERIES, `${name}: every delivery arrived (${JSON.stringify(r.status)}; workers that exited by themselves: ${JSON.stringify(r.died)}; keys waiting: ${JSON.stringify(r.keys)})`);
           assert.deepEqual(outOfOrder(seen), [], `${name}: each key's deliveries were accepted in event time`);
           console.log(`# ${backend.name} ${name}: ${seen.requests.length} requests, ${seen.accepted.length - ids.size} duplicates the destination's dedup by webhook-id dropped`);
         }
         assert.ok(r.flaky.requests.length > DELIVERIES, "the flaky destination failed some and got them again");
         assert.deepEqual(r.status.map((s) => [s.destination, s.status, Number(s.n)]), [["flaky", "done", DELIVERIES], ["steady", "done", DELIVERIES]]);
         assert.ok(r.kills > 0, "workers were killed");
+        assert.deepEqual(r.died, [], "no worker exited by itself");
       } finally {
         dir.cleanup();
         await cleanup();

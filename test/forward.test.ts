@@ -290,6 +290,22 @@ for (const backend of BACKENDS) {
       assert.deepEqual(events.map((e) => [e.type, e.data.destination]), [["destination.opened", "down"], ["destination.closed", "down"]]);
     });
 
+    it("does not count against the destination's breaker the tries it cut off itself when another worker took their leases", async () => {
+      const inbox = await open();
+      const slow = await serve(() => "hang");
+      for (let i = 0; i < 5; i++) await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["slow"] });
+      const forwarding = config({ slow: { url: slow.url, secret: SECRET, maxInFlight: 5, breaker: { failures: 3, coolDown: 30 } } });
+      const forwarded = forward({ inbox, forwarding, once: true, leaseMs: 300, log: () => {} });
+      await waitFor(() => slow.got.length === 5);
+      // Another worker's claim after these leases ran out (this one's event loop stalled): new tokens.
+      await inbox.query("UPDATE deliveries SET lease_token = 'taken over' WHERE status = 'processing'");
+      const stats = await forwarded;
+      assert.equal(stats.lost, 5, "each try was cut off as its lease was lost");
+      const state = (await inbox.destinations()).find((d) => d.name === "slow");
+      assert.equal(state?.state ?? "closed", "closed", "five cut-off tries, over the three failures that open it, left it closed");
+      assert.equal(state?.failuresInRow ?? 0, 0);
+    });
+
     it("control: with no breaker, the same outage spends an attempt on every delivery", async () => {
       const inbox = await open({ retryDelayMs: 1_000 });
       const down = await serve(() => ({ status: 503 }));
