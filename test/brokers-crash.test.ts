@@ -75,79 +75,86 @@ function copies(ids: readonly string[]): Map<string, number> {
   return n;
 }
 
-for (const backend of await backends("brokers_crash")) {
-  describe(`workers on ${backend.name} killed between the broker's acknowledgement and the done mark`, { skip: backend.skip }, () => {
-    describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
-      const jet = jetStreamSuite(NATS);
-      const made = jet.made;
+const BACKENDS = await backends("brokers_crash");
 
-      // scenario fills a backlog, crashes workers through it into a fresh stream, and returns what the stream holds.
-      async function scenario(duplicateWindowMs: number): Promise<{ crashes: Crashes; ids: string[]; held: Map<string, number> }> {
-        const stream = `CRASH_${run}_${backend.name}_${made.length + 1}`;
-        const subject = `crash${run}${backend.name}${made.length + 1}`;
-        made.push(stream);
-        await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
-        const { target, cleanup } = await backend.make();
-        try {
-          const ids = await fill(target);
-          const crashes = await crashUntilDrained(target, { type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream });
-          const info = await jet.jsm.streams.info(stream);
-          const seen: string[] = [];
-          for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
-            const m = await jet.jsm.streams.getMessage(stream, { seq });
-            if (m) seen.push(m.header.get(HEADERS.id));
+// SQLite and PostgreSQL take their turns at once, each backend's cases one after another: each case has a
+// database, stream or queue of its own (named by backend), so the two share nothing but the brokers and the
+// machine. Most of a case is a worker starting up or a lease running out, which the other backend fills.
+describe("on both backends at once", { concurrency: true }, () => {
+  for (const backend of BACKENDS) {
+    describe(`workers on ${backend.name} killed between the broker's acknowledgement and the done mark`, { skip: backend.skip, concurrency: 1 }, () => {
+      describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
+        const jet = jetStreamSuite(NATS);
+        const made = jet.made;
+
+        // scenario fills a backlog, crashes workers through it into a fresh stream, and returns what the stream holds.
+        async function scenario(duplicateWindowMs: number): Promise<{ crashes: Crashes; ids: string[]; held: Map<string, number> }> {
+          const stream = `CRASH_${run}_${backend.name}_${made.length + 1}`;
+          const subject = `crash${run}${backend.name}${made.length + 1}`;
+          made.push(stream);
+          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+          const { target, cleanup } = await backend.make();
+          try {
+            const ids = await fill(target);
+            const crashes = await crashUntilDrained(target, { type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream });
+            const info = await jet.jsm.streams.info(stream);
+            const seen: string[] = [];
+            for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
+              const m = await jet.jsm.streams.getMessage(stream, { seq });
+              if (m) seen.push(m.header.get(HEADERS.id));
+            }
+            return { crashes, ids, held: copies(seen) };
+          } finally {
+            await cleanup();
           }
-          return { crashes, ids, held: copies(seen) };
-        } finally {
-          await cleanup();
         }
-      }
 
-      it("holds each delivery exactly once in the stream", async () => {
-        const { crashes, ids, held } = await scenario(120_000);
-        console.log(`# JetStream on ${backend.name}: ${crashes.kills} kills after a PubAck in ${crashes.workers} workers; ${held.size} deliveries in the stream, ${[...held.values()].filter((n) => n > 1).length} doubled`);
-        assert.ok(crashes.kills >= 5, `the workers were killed many times: ${JSON.stringify(crashes)}`);
-        assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-        assert.deepEqual([...held].filter(([, n]) => n > 1), [], "none twice");
-      });
+        it("holds each delivery exactly once in the stream", async () => {
+          const { crashes, ids, held } = await scenario(120_000);
+          console.log(`# JetStream on ${backend.name}: ${crashes.kills} kills after a PubAck in ${crashes.workers} workers; ${held.size} deliveries in the stream, ${[...held.values()].filter((n) => n > 1).length} doubled`);
+          assert.ok(crashes.kills >= 5, `the workers were killed many times: ${JSON.stringify(crashes)}`);
+          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
+          assert.deepEqual([...held].filter(([, n]) => n > 1), [], "none twice");
+        });
 
-      it("control: with the duplicate window at its least (100 ms, shorter than a lease), the same crashes double messages", async () => {
-        const { crashes, ids, held } = await scenario(100);
-        const doubled = [...held].filter(([, n]) => n > 1).map(([id]) => id);
-        console.log(`# JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled.length} deliveries doubled`);
-        assert.ok(crashes.kills >= 5, JSON.stringify(crashes));
-        assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-        for (const id of crashes.killedAfterAck) assert.ok((held.get(id) ?? 0) >= 2, `${id}, killed after its PubAck, is in the stream twice`);
-      });
-    });
-
-    describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
-      const queue = `inbox-crash-${run}-${backend.name}`;
-      const rabbit = rabbitSuite(RABBITMQ, queue);
-
-      it("delivers each at least once; the doubles are those the crashes caused, and message_id tells them", async () => {
-        await rabbit.channel.assertQueue(queue, { durable: true });
-        const { target, cleanup } = await backend.make();
-        try {
-          const ids = await fill(target);
-          const crashes = await crashUntilDrained(target, { type: "rabbitmq", url: RABBITMQ, routingKey: queue });
-          const seen: string[] = [];
-          const messageIds = new Set<string>();
-          for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) {
-            seen.push(String(m.properties.headers?.[HEADERS.id]));
-            messageIds.add(m.properties.messageId as string);
-          }
-          const held = copies(seen);
+        it("control: with the duplicate window at its least (100 ms, shorter than a lease), the same crashes double messages", async () => {
+          const { crashes, ids, held } = await scenario(100);
           const doubled = [...held].filter(([, n]) => n > 1).map(([id]) => id);
-          console.log(`# RabbitMQ on ${backend.name}: ${crashes.kills} kills after a confirm in ${crashes.workers} workers; ${seen.length} messages for ${held.size} deliveries, ${doubled.length} doubled`);
+          console.log(`# JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled.length} deliveries doubled`);
           assert.ok(crashes.kills >= 5, JSON.stringify(crashes));
-          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
-          for (const id of crashes.killedAfterAck) assert.ok(doubled.includes(id), `${id}, killed after its confirm, was published again`);
-          assert.equal(messageIds.size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
-        } finally {
-          await cleanup();
-        }
+          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
+          for (const id of crashes.killedAfterAck) assert.ok((held.get(id) ?? 0) >= 2, `${id}, killed after its PubAck, is in the stream twice`);
+        });
+      });
+
+      describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
+        const queue = `inbox-crash-${run}-${backend.name}`;
+        const rabbit = rabbitSuite(RABBITMQ, queue);
+
+        it("delivers each at least once; the doubles are those the crashes caused, and message_id tells them", async () => {
+          await rabbit.channel.assertQueue(queue, { durable: true });
+          const { target, cleanup } = await backend.make();
+          try {
+            const ids = await fill(target);
+            const crashes = await crashUntilDrained(target, { type: "rabbitmq", url: RABBITMQ, routingKey: queue });
+            const seen: string[] = [];
+            const messageIds = new Set<string>();
+            for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) {
+              seen.push(String(m.properties.headers?.[HEADERS.id]));
+              messageIds.add(m.properties.messageId as string);
+            }
+            const held = copies(seen);
+            const doubled = [...held].filter(([, n]) => n > 1).map(([id]) => id);
+            console.log(`# RabbitMQ on ${backend.name}: ${crashes.kills} kills after a confirm in ${crashes.workers} workers; ${seen.length} messages for ${held.size} deliveries, ${doubled.length} doubled`);
+            assert.ok(crashes.kills >= 5, JSON.stringify(crashes));
+            assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
+            for (const id of crashes.killedAfterAck) assert.ok(doubled.includes(id), `${id}, killed after its confirm, was published again`);
+            assert.equal(messageIds.size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
+          } finally {
+            await cleanup();
+          }
+        });
       });
     });
-  });
-}
+  }
+});

@@ -96,106 +96,113 @@ function copies(ids: readonly string[]): Map<string, number> {
   return n;
 }
 
-for (const backend of await backends("fwd_brokers_crash")) {
-  describe(`worker.ts forwarding into brokers through the sources file, SIGKILLed, on ${backend.name}`, { skip: backend.skip }, () => {
-    let files: { dir: string; cleanup: () => void };
-    beforeEach(() => (files = tempDir()));
-    afterEach(() => files.cleanup());
-    const sourcesFile = (destination: Record<string, unknown>) => {
-      const file = join(files.dir, "sources.json");
-      writeFileSync(file, JSON.stringify({ $destinations: { events: destination }, shop: { provider: "plain", routes: ["events"] } }));
-      return file;
-    };
+const BACKENDS = await backends("fwd_brokers_crash");
 
-    describe("into NATS JetStream", { skip: natsSkipped }, () => {
-      const jet = jetStreamSuite(NATS);
-      const made = jet.made;
+// SQLite and PostgreSQL take their turns at once, each backend's cases one after another: each case has a
+// database, stream or queue of its own (named by backend), so the two share nothing but the brokers and the
+// machine. Most of a case is a worker starting up or a lease running out, which the other backend fills.
+describe("on both backends at once", { concurrency: true }, () => {
+  for (const backend of BACKENDS) {
+    describe(`worker.ts forwarding into brokers through the sources file, SIGKILLed, on ${backend.name}`, { skip: backend.skip, concurrency: 1 }, () => {
+      let files: { dir: string; cleanup: () => void };
+      beforeEach(() => (files = tempDir()));
+      afterEach(() => files.cleanup());
+      const sourcesFile = (destination: Record<string, unknown>) => {
+        const file = join(files.dir, "sources.json");
+        writeFileSync(file, JSON.stringify({ $destinations: { events: destination }, shop: { provider: "plain", routes: ["events"] } }));
+        return file;
+      };
 
-      // scenario crashes workers through a backlog into a fresh stream, watching every publish on its subjects.
-      async function scenario(duplicateWindowMs: number) {
-        const n = made.length + 1;
-        const stream = `FWD_${run}_${backend.name}_${n}`;
-        const subject = `fwd${run}${backend.name}${n}`;
-        made.push(stream);
-        await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
-        // A plain subscriber gets every publish, the ones the stream drops as duplicates too.
-        const seen: Seen = { ids: [] };
-        const sub = jet.nc.subscribe(`${subject}.>`, {
-          callback: (_e, m) => {
-            seen.ids.push(m.headers?.get(HEADERS.id) ?? "?");
-            seen.onPublish?.();
-          },
-        });
-        await jet.nc.flush();
-        const { target, cleanup } = await backend.make();
-        try {
-          const ids = await fill(target);
-          const crashes = await crashThenDrain(target, sourcesFile({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream }), seen);
+      describe("into NATS JetStream", { skip: natsSkipped }, () => {
+        const jet = jetStreamSuite(NATS);
+        const made = jet.made;
+
+        // scenario crashes workers through a backlog into a fresh stream, watching every publish on its subjects.
+        async function scenario(duplicateWindowMs: number) {
+          const n = made.length + 1;
+          const stream = `FWD_${run}_${backend.name}_${n}`;
+          const subject = `fwd${run}${backend.name}${n}`;
+          made.push(stream);
+          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+          // A plain subscriber gets every publish, the ones the stream drops as duplicates too.
+          const seen: Seen = { ids: [] };
+          const sub = jet.nc.subscribe(`${subject}.>`, {
+            callback: (_e, m) => {
+              seen.ids.push(m.headers?.get(HEADERS.id) ?? "?");
+              seen.onPublish?.();
+            },
+          });
           await jet.nc.flush();
-          const info = await jet.jsm.streams.info(stream);
-          const stored: string[] = [];
-          for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
-            const m = await jet.jsm.streams.getMessage(stream, { seq });
-            if (m) stored.push(m.header.get(HEADERS.id));
+          const { target, cleanup } = await backend.make();
+          try {
+            const ids = await fill(target);
+            const crashes = await crashThenDrain(target, sourcesFile({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream }), seen);
+            await jet.nc.flush();
+            const info = await jet.jsm.streams.info(stream);
+            const stored: string[] = [];
+            for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
+              const m = await jet.jsm.streams.getMessage(stream, { seq });
+              if (m) stored.push(m.header.get(HEADERS.id));
+            }
+            return { crashes, ids, published: seen.ids, held: copies(stored) };
+          } finally {
+            sub.unsubscribe();
+            await cleanup();
           }
-          return { crashes, ids, published: seen.ids, held: copies(stored) };
-        } finally {
-          sub.unsubscribe();
-          await cleanup();
         }
-      }
 
-      it("holds each delivery exactly once, though the killed workers' last publishes went out again", async () => {
-        const { crashes, ids, published, held } = await scenario(120_000);
-        const again = published.length - new Set(published).size;
-        console.log(`# worker.ts into JetStream on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${published.length} publishes (${again} again), ${held.size} deliveries in the stream`);
-        assert.equal(crashes.kills, KILLS);
-        assert.ok(again >= KILLS, `each kill left a publish without its done mark, sent again: ${again}`);
-        assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-        assert.deepEqual([...held].filter(([, k]) => k > 1), [], "none twice");
-      });
-
-      it("control: with a duplicate window shorter than the lease, the same kills leave doubles in the stream", { skip: backend.name !== "sqlite" && "the control runs once, on SQLite" }, async () => {
-        const { crashes, ids, held } = await scenario(100);
-        const doubled = [...held].filter(([, k]) => k > 1).length;
-        console.log(`# worker.ts into JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled} deliveries doubled`);
-        assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-        assert.ok(doubled >= 1, "a publish sent again after the window is kept twice");
-      });
-    });
-
-    describe("into RabbitMQ", { skip: rabbitSkipped }, () => {
-      const queue = `inbox-fwd-crash-${run}-${backend.name}`;
-      const rabbit = rabbitSuite(RABBITMQ, queue);
-
-      it("has each delivery at least once; the doubles are the kills' and message_id tells them", async () => {
-        await rabbit.channel.assertQueue(queue, { durable: true });
-        const seen: Seen = { ids: [] };
-        const messageIds: string[] = [];
-        const { consumerTag } = await rabbit.channel.consume(queue, (m) => {
-          if (!m) return;
-          seen.ids.push(String(m.properties.headers?.[HEADERS.id]));
-          messageIds.push(String(m.properties.messageId));
-          seen.onPublish?.();
-        }, { noAck: true });
-        const { target, cleanup } = await backend.make();
-        try {
-          const ids = await fill(target);
-          const crashes = await crashThenDrain(target, sourcesFile({ type: "rabbitmq", url: RABBITMQ, routingKey: queue }), seen);
-          // Whatever is still on its way to the consumer arrives before the queue is found empty.
-          for (let i = 0; i < 100 && (await rabbit.channel.checkQueue(queue)).messageCount > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
-          await rabbit.channel.cancel(consumerTag);
-          const held = copies(seen.ids);
-          const doubled = [...held].filter(([, k]) => k > 1).length;
-          console.log(`# worker.ts into RabbitMQ on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${seen.ids.length} messages for ${held.size} deliveries, ${doubled} doubled`);
+        it("holds each delivery exactly once, though the killed workers' last publishes went out again", async () => {
+          const { crashes, ids, published, held } = await scenario(120_000);
+          const again = published.length - new Set(published).size;
+          console.log(`# worker.ts into JetStream on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${published.length} publishes (${again} again), ${held.size} deliveries in the stream`);
           assert.equal(crashes.kills, KILLS);
-          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
-          assert.ok(doubled >= 1, "at least once, not exactly once: the kills' publishes came again");
-          assert.equal(new Set(messageIds).size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
-        } finally {
-          await cleanup();
-        }
+          assert.ok(again >= KILLS, `each kill left a publish without its done mark, sent again: ${again}`);
+          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
+          assert.deepEqual([...held].filter(([, k]) => k > 1), [], "none twice");
+        });
+
+        it("control: with a duplicate window shorter than the lease, the same kills leave doubles in the stream", { skip: backend.name !== "sqlite" && "the control runs once, on SQLite" }, async () => {
+          const { crashes, ids, held } = await scenario(100);
+          const doubled = [...held].filter(([, k]) => k > 1).length;
+          console.log(`# worker.ts into JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled} deliveries doubled`);
+          assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
+          assert.ok(doubled >= 1, "a publish sent again after the window is kept twice");
+        });
+      });
+
+      describe("into RabbitMQ", { skip: rabbitSkipped }, () => {
+        const queue = `inbox-fwd-crash-${run}-${backend.name}`;
+        const rabbit = rabbitSuite(RABBITMQ, queue);
+
+        it("has each delivery at least once; the doubles are the kills' and message_id tells them", async () => {
+          await rabbit.channel.assertQueue(queue, { durable: true });
+          const seen: Seen = { ids: [] };
+          const messageIds: string[] = [];
+          const { consumerTag } = await rabbit.channel.consume(queue, (m) => {
+            if (!m) return;
+            seen.ids.push(String(m.properties.headers?.[HEADERS.id]));
+            messageIds.push(String(m.properties.messageId));
+            seen.onPublish?.();
+          }, { noAck: true });
+          const { target, cleanup } = await backend.make();
+          try {
+            const ids = await fill(target);
+            const crashes = await crashThenDrain(target, sourcesFile({ type: "rabbitmq", url: RABBITMQ, routingKey: queue }), seen);
+            // Whatever is still on its way to the consumer arrives before the queue is found empty.
+            for (let i = 0; i < 100 && (await rabbit.channel.checkQueue(queue)).messageCount > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+            await rabbit.channel.cancel(consumerTag);
+            const held = copies(seen.ids);
+            const doubled = [...held].filter(([, k]) => k > 1).length;
+            console.log(`# worker.ts into RabbitMQ on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${seen.ids.length} messages for ${held.size} deliveries, ${doubled} doubled`);
+            assert.equal(crashes.kills, KILLS);
+            assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
+            assert.ok(doubled >= 1, "at least once, not exactly once: the kills' publishes came again");
+            assert.equal(new Set(messageIds).size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
+          } finally {
+            await cleanup();
+          }
+        });
       });
     });
-  });
-}
+  }
+});
