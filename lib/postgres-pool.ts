@@ -282,13 +282,15 @@ export class Pool {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
       // Corked, the three go out in one write, as pg corks each extended-protocol statement's own messages.
-      const stream = (client as unknown as { connection: { stream: { cork(): void; uncork(): void } } }).connection.stream;
-      stream.cork();
+      // pg's socket is not part of its API: where it has no cork (another runtime's socket), the three go
+      // out as writes of their own, pipelined all the same.
+      const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
+      stream?.cork?.();
       const begun = this.begin(client);
       const done = client.query(statement);
       beside?.(client);
       const committed = this.commit(client);
-      stream.uncork();
+      stream?.uncork?.();
       const [b, s, c] = await Promise.allSettled([begun, done, committed]);
       if (b.status === "rejected") {
         client.release(b.reason instanceof Error ? b.reason : new Error(message(b.reason)));
