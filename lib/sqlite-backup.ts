@@ -137,7 +137,8 @@ function sweepPartials(target: string): string[] {
   const stem = BACKUP_NAME.exec(basename(target))?.[1];
   const swept: string[] = [];
   for (const name of existsSync(folder) ? readdirSync(folder) : []) {
-    const found = /^\.(.+)\.partial-(\d+)$/.exec(name);
+    // With its journal too: a kill during the copy's switch to a rollback journal leaves one beside it.
+    const found = /^\.(.+)\.partial-(\d+)(?:-journal|-wal|-shm)?$/.exec(name);
     if (!found) continue;
     const [, copyOf, pid] = found;
     if (copyOf !== basename(target) && (stem === undefined || BACKUP_NAME.exec(copyOf!)?.[1] !== stem)) continue;

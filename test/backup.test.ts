@@ -250,8 +250,9 @@ describe("inbox.ts backup after a backup was killed", () => {
     while (partials().length === 0 && killed.exitCode === null) await sleep(2);
     killed.kill("SIGKILL");
     await new Promise((resolve) => killed.once("exit", resolve));
+    // The copy, and its journal if the kill came while the copy switched to one.
     const left = partials();
-    assert.equal(left.length, 1, `the SIGKILL landed mid-backup, leaving its partial copy: ${readdirSync(folder).join(", ")}`);
+    assert.ok(left.length >= 1, `the SIGKILL landed mid-backup, leaving its partial copy: ${readdirSync(folder).join(", ")}`);
     // A backup still running in another process, by the name it would write under (its PID alive).
     const live = spawn("sleep", ["30"]);
     const writing = `.killed-20261203T120000Z.db.partial-${live.pid}`;
@@ -262,7 +263,7 @@ describe("inbox.ts backup after a backup was killed", () => {
     try {
       const cli = await runScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
       assert.equal(cli.code, 0, cli.stderr);
-      assert.match(cli.stdout, /Removed 1 partial copy left by a backup that was killed/);
+      assert.match(cli.stdout, new RegExp(`Removed ${left.length} partial (copy|copies) left by a backup that was killed`));
       assert.deepEqual(partials().sort(), [other, writing].sort(), "the killed one's partial is gone; the live one's and the other database's stay");
     } finally {
       live.kill();

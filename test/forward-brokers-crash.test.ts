@@ -67,13 +67,22 @@ async function crashThenDrain(target: string, sources: string, seen: Seen): Prom
     if (killing) {
       // Killed at its first publish the broker has, before the worker can have written its done mark.
       const before = seen.ids.length;
+      // Bounded by the deadline: a consumer that never hears the worker's publishes (seen once, the worker
+      // done with every delivery) would otherwise hang the run rather than fail it.
+      let timer: NodeJS.Timeout | undefined;
       await new Promise<void>((resolve) => {
         seen.onPublish = () => {
           if (seen.ids.length > before) resolve();
         };
         void closed.then(() => resolve());
+        timer = setTimeout(resolve, Math.max(0, deadline - Date.now()));
       });
+      clearTimeout(timer);
       seen.onPublish = undefined;
+      if (seen.ids.length === before && child.exitCode === null && child.signalCode === null) {
+        child.kill("SIGKILL");
+        assert.fail(`no publish of worker ${stats.workers} reached the test's consumer within the deadline: ${JSON.stringify(stats)}; ${err}`);
+      }
       child.kill("SIGKILL");
       if ((await closed) === "SIGKILL") stats.kills++;
       else assert.fail(`a worker exited on its own: ${err}`);
