@@ -46,269 +46,266 @@ export abstract class PostgresReads extends PostgresCommitter {
     return this.pinned ? this.pinned() : null;
   }
 
-    async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
-      const { rows } = await this.pool.query(
-        `SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3
-           AND ($4::text IS NULL OR destination = $4) ORDER BY failed_at, seq`,
-        [d.source, d.id, d.receivedAt, d.destination ?? null],
-      );
-      return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at, destination: r.destination }));
-    }
+  async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
+    const { rows } = await this.pool.query(
+      `SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3
+         AND ($4::text IS NULL OR destination = $4) ORDER BY failed_at, seq`,
+      [d.source, d.id, d.receivedAt, d.destination ?? null],
+    );
+    return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at, destination: r.destination }));
+  }
 
-    async find(id: string, source?: string): Promise<Delivery[]> {
-      const { rows } = source === undefined
-        ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
-        : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
-      return rows.map(toDelivery);
-    }
+  async find(id: string, source?: string): Promise<Delivery[]> {
+    const { rows } = source === undefined
+      ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
+      : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
+    return rows.map(toDelivery);
+  }
 
-    async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
-      const { rows } = await this.pool.query(
-        `SELECT * FROM deliveries
-         WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR source = $2)
-         ORDER BY received_at DESC, source DESC, id DESC LIMIT $3`,
-        [filter.status ?? null, filter.source ?? null, filter.limit ?? 20],
-      );
-      return rows.map(toDelivery);
-    }
+  async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
+    const { rows } = await this.pool.query(
+      `SELECT * FROM deliveries
+       WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR source = $2)
+       ORDER BY received_at DESC, source DESC, id DESC LIMIT $3`,
+      [filter.status ?? null, filter.source ?? null, filter.limit ?? 20],
+    );
+    return rows.map(toDelivery);
+  }
 
-    async status(): Promise<InboxStatus> {
-      const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
-      const bySource = new Map<string, InboxStatus["sources"][number]>();
-      const grouped = await this.pool.query(
-        "SELECT source, event_type, status, count(*) AS n FROM deliveries GROUP BY source, event_type, status ORDER BY source, event_type",
-      );
-      for (const r of grouped.rows) {
-        counts[r.status as Status] += r.n;
-        const key = JSON.stringify([r.source, r.event_type]);
-        let entry = bySource.get(key);
-        if (!entry) {
-          entry = { source: r.source, eventType: r.event_type, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
-          bySource.set(key, entry);
-        }
-        entry.counts[r.status as Status] = r.n;
+  async status(): Promise<InboxStatus> {
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    const bySource = new Map<string, InboxStatus["sources"][number]>();
+    const grouped = await this.pool.query(
+      "SELECT source, event_type, status, count(*) AS n FROM deliveries GROUP BY source, event_type, status ORDER BY source, event_type",
+    );
+    for (const r of grouped.rows) {
+      counts[r.status as Status] += r.n;
+      const key = JSON.stringify([r.source, r.event_type]);
+      let entry = bySource.get(key);
+      if (!entry) {
+        entry = { source: r.source, eventType: r.event_type, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
+        bySource.set(key, entry);
       }
-      const failed = await this.pool.query(
-        `SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
-         ORDER BY received_at, source, id, route LIMIT 100`,
-      );
-      const oldest = await this.pool.query(
+      entry.counts[r.status as Status] = r.n;
+    }
+    const failed = await this.pool.query(
+      `SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
+       ORDER BY received_at, source, id, route LIMIT 100`,
+    );
+    const oldest = await this.pool.query(
+      `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
+      [this.now()],
+    );
+    const conflicts = await this.pool.query(
+      "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
+    );
+    const ordering = await this.pool.query(ORDERING_SQL.counts);
+    const held = await this.pool.query(toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)), [this.now()]);
+    const age = oldest.rows[0].age as number | null;
+    return {
+      counts,
+      sources: [...bySource.values()],
+      failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type, destination: r.destination })),
+      oldestWaitingMs: age === null ? null : Math.max(0, age),
+      conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
+      ordering: orderingStatus(ordering.rows[0], held.rows),
+    };
+  }
+
+  /**
+   * summary counts what is not done exactly, from its partial index. Done is the rest of each source's
+   * total, and PostgreSQL has no cheap exact count: a million rows take 200 ms or more to count. So once the
+   * planner's statistics say the table is large, a common source's total is estimated from them (as
+   * riverui and pgAdmin do), and the summary says so; a small table, or a rare source, is counted.
+   */
+  async summary(): Promise<Summary> {
+    const [open, sources, stats, oldest, conflicts] = await Promise.all([
+      this.pool.query("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status"),
+      this.pool.query(DISTINCT_SOURCES),
+      this.pool.query(
+        `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
+         FROM pg_class c
+         LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = 'deliveries' AND st.attname = 'source'
+         WHERE c.oid = to_regclass('deliveries')`,
+      ),
+      this.pool.query(
         `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
         [this.now()],
-      );
-      const conflicts = await this.pool.query(
-        "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
-      );
-      const ordering = await this.pool.query(ORDERING_SQL.counts);
-      const held = await this.pool.query(toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)), [this.now()]);
-      const age = oldest.rows[0].age as number | null;
-      return {
-        counts,
-        sources: [...bySource.values()],
-        failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type, destination: r.destination })),
-        oldestWaitingMs: age === null ? null : Math.max(0, age),
-        conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
-        ordering: orderingStatus(ordering.rows[0], held.rows),
-      };
-    }
-
-    /**
-     * summary counts what is not done exactly, from its partial index. Done is the rest of each source's
-     * total, and PostgreSQL has no cheap exact count: a million rows take 200 ms or more to count. So once the
-     * planner's statistics say the table is large, a common source's total is estimated from them (as
-     * riverui and pgAdmin do), and the summary says so; a small table, or a rare source, is counted.
-     */
-    async summary(): Promise<Summary> {
-      const [open, sources, stats, oldest, conflicts] = await Promise.all([
-        this.pool.query("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status"),
-        this.pool.query(DISTINCT_SOURCES),
-        this.pool.query(
-          `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
-           FROM pg_class c
-           LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = 'deliveries' AND st.attname = 'source'
-           WHERE c.oid = to_regclass('deliveries')`,
-        ),
-        this.pool.query(
-          `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
-          [this.now()],
-        ),
-        this.pool.query("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0"),
-      ]);
-      const estimatedRows = Number(stats.rows[0]?.rows ?? -1);
-      const large = estimatedRows >= ESTIMATE_ABOVE_ROWS;
-      const vals: string[] = large ? stats.rows[0]?.vals ?? [] : [];
-      const freqs: number[] = large ? stats.rows[0]?.freqs ?? [] : [];
-      let estimated = false;
-      const totals = await Promise.all(sources.rows.map(async ({ source }: { source: string }) => {
-        const at = vals.indexOf(source);
-        if (at >= 0) {
-          estimated = true;
-          return { source, n: Math.round(estimatedRows * freqs[at]!) };
-        }
-        const { rows } = await this.pool.query("SELECT count(*) AS n FROM deliveries WHERE source = $1", [source]);
-        return { source, n: rows[0].n as number };
-      }));
-      const age = oldest.rows[0].age as number | null;
-      const summary = summarise(totals, open.rows, age === null ? null : Math.max(0, age),
-        { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) });
-      // An estimate may fall below what is exactly known not to be done; done is then nought, not negative.
-      for (const x of summary.sources) x.counts.done = Math.max(0, x.counts.done);
-      summary.counts.done = summary.sources.reduce((sum, x) => sum + x.counts.done, 0);
-      return { ...summary, estimated };
-    }
-
-    async histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]> {
-      // The clock's now, pinned or the database's, is the default end: the same one every statement uses.
-      const end = until ?? this.now() ?? Date.now();
-      const buckets = emptyBuckets(since, bucketMs, end);
-      const [received, finished] = await Promise.all([
-        this.pool.query(
-          `SELECT (received_at - $1) / $2 AS b, count(*) AS n FROM deliveries
-           WHERE received_at >= $1 AND received_at < $3 GROUP BY b`,
-          [since, bucketMs, end],
-        ),
-        this.pool.query(
-          `SELECT (finished_at - $1) / $2 AS b, status, count(*) AS n FROM deliveries
-           WHERE finished_at >= $1 AND finished_at < $3 AND status IN ('done', 'failed') GROUP BY b, status`,
-          [since, bucketMs, end],
-        ),
-      ]);
-      for (const r of received.rows) buckets[r.b]!.received = r.n;
-      for (const r of finished.rows) buckets[r.b]![r.status as "done" | "failed"] = r.n;
-      return buckets;
-    }
-
-    async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
-      const { rows } = after === undefined
-        ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id, route LIMIT $1", [limit])
-        : await this.pool.query("SELECT * FROM deliveries WHERE (source, id, route) > ($1, $2, $3) ORDER BY source, id, route LIMIT $4",
-          [after.source, after.id, after.route ?? 32767, limit]);
-      return rows.map((row) => {
-        const d = toDelivery(row);
-        // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
-        return d;
-      });
-    }
-
-    async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
-      const { where, params } = filterSql(filter, "postgres");
-      const limit = searchPageLimit(page.limit);
-      // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
-      const after = page.after === undefined ? ""
-        : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
-      const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
-      const { rows } = await this.pool.query(
-        toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`),
-        [...params, ...cursor, limit],
-      );
-      return rows.map(toDelivery);
-    }
-
-    async count(filter: Filter): Promise<number> {
-      const { where, params } = filterSql(filter, "postgres");
-      const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
-      return Number(rows[0].n);
-    }
-
-    async kept(): Promise<Kept> {
-      const { rows } = await this.pool.query(
-        `SELECT count(*) FILTER (WHERE purged_at IS NULL) AS bodies,
-                coalesce(sum(octet_length(body)) FILTER (WHERE purged_at IS NULL), 0) AS bytes,
-                min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
-                count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
-                min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
-                pg_total_relation_size('deliveries') AS file
-         FROM deliveries`,
-      );
-      const r = rows[0];
-      return {
-        bodies: { count: r.bodies, bytes: Number(r.bytes), oldest: r.oldest_body },
-        tombstones: { count: r.tombstones, oldest: r.oldest_tombstone },
-        fileBytes: r.file,
-      };
-    }
-
-    async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
-      const [open, states, clock] = await Promise.all([
-        this.pool.query("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status"),
-        this.pool.query("SELECT * FROM destinations"),
-        this.pool.query(`SELECT ${NOW} AS now`, [this.now()]),
-      ]);
-      const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
-      const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
-      for (const r of open.rows) {
-        const c = at(r.destination);
-        if (r.status === "received") c.waiting = r.n;
-        else if (r.status === "processing") c.processing = r.n;
-        else c.failed = r.n;
+      ),
+      this.pool.query("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0"),
+    ]);
+    const estimatedRows = Number(stats.rows[0]?.rows ?? -1);
+    const large = estimatedRows >= ESTIMATE_ABOVE_ROWS;
+    const vals: string[] = large ? stats.rows[0]?.vals ?? [] : [];
+    const freqs: number[] = large ? stats.rows[0]?.freqs ?? [] : [];
+    let estimated = false;
+    const totals = await Promise.all(sources.rows.map(async ({ source }: { source: string }) => {
+      const at = vals.indexOf(source);
+      if (at >= 0) {
+        estimated = true;
+        return { source, n: Math.round(estimatedRows * freqs[at]!) };
       }
-      const rows = new Map(states.rows.map((r) => [r.name as string, r]));
-      for (const name of rows.keys()) at(name);
-      // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
-      at(DEFAULTS.destination);
-      counts.delete(NO_DESTINATION);
-      return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, Number(clock.rows[0].now)));
-    }
+      const { rows } = await this.pool.query("SELECT count(*) AS n FROM deliveries WHERE source = $1", [source]);
+      return { source, n: rows[0].n as number };
+    }));
+    const age = oldest.rows[0].age as number | null;
+    const summary = summarise(totals, open.rows, age === null ? null : Math.max(0, age),
+      { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) });
+    // An estimate may fall below what is exactly known not to be done; done is then nought, not negative.
+    for (const x of summary.sources) x.counts.done = Math.max(0, x.counts.done);
+    summary.counts.done = summary.sources.reduce((sum, x) => sum + x.counts.done, 0);
+    return { ...summary, estimated };
+  }
 
-    async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
-      // Not run again after a lost connection: it may be a write whose COMMIT went through unheard.
-      return (await this.pool.query(toPg(sql), params, { retry: false })).rows;
-    }
+  async histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]> {
+    // The clock's now, pinned or the database's, is the default end: the same one every statement uses.
+    const end = until ?? this.now() ?? Date.now();
+    const buckets = emptyBuckets(since, bucketMs, end);
+    const [received, finished] = await Promise.all([
+      this.pool.query(
+        `SELECT (received_at - $1) / $2 AS b, count(*) AS n FROM deliveries
+         WHERE received_at >= $1 AND received_at < $3 GROUP BY b`,
+        [since, bucketMs, end],
+      ),
+      this.pool.query(
+        `SELECT (finished_at - $1) / $2 AS b, status, count(*) AS n FROM deliveries
+         WHERE finished_at >= $1 AND finished_at < $3 AND status IN ('done', 'failed') GROUP BY b, status`,
+        [since, bucketMs, end],
+      ),
+    ]);
+    for (const r of received.rows) buckets[r.b]!.received = r.n;
+    for (const r of finished.rows) buckets[r.b]![r.status as "done" | "failed"] = r.n;
+    return buckets;
+  }
 
-    /**
-     * gauges counts in one statement, so one snapshot: waiting and leased rows through the partial index
-     * that claims use, failed ones through theirs, and done as each source's total less those.
-     */
-    async gauges(): Promise<Gauges> {
-      const now = this.pinned?.() ?? Date.now();
-      const { rows } = await this.pool.query(
-        `SELECT source, status, count(*) AS n, min(received_at) AS oldest FROM deliveries
-         WHERE status IN ('received', 'processing') GROUP BY source, status
-         UNION ALL
-         SELECT source, 'failed', count(*), NULL FROM deliveries WHERE status = 'failed' GROUP BY source
-         UNION ALL
-         SELECT source, 'total', count(*), NULL FROM deliveries GROUP BY source`,
-      );
-      return toGauges(rows, now);
-    }
+  async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
+    const { rows } = after === undefined
+      ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id, route LIMIT $1", [limit])
+      : await this.pool.query("SELECT * FROM deliveries WHERE (source, id, route) > ($1, $2, $3) ORDER BY source, id, route LIMIT $4",
+        [after.source, after.id, after.route ?? 32767, limit]);
+    // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
+    return rows.map(toDelivery);
+  }
 
-    /**
-     * ready asks the server, within DEFAULTS.readyTimeoutMs, whether it takes writes: reachable, not a
-     * standby, not read-only. After a batch failed as a whole it also commits a write of its own (the
-     * schema's version row, unchanged), so a full disk counts until a write goes through again.
-     */
-    async ready(): Promise<true | string> {
-      if (this.closed) return "the inbox is closed";
-      const probe = async (): Promise<true | string> => {
-        const client = await this.pool.transaction();
-        let broken: Error | undefined;
-        try {
-          const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
-          const failed = this.commitError;
-          if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
-            await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
-          }
-          await this.pool.commit(client);
-          if (rows[0].recovery) return "the database is a standby, in recovery";
-          if (rows[0].ro === "on") return "the database is read-only";
-          if (this.commitError === failed) this.commitError = undefined;
-          return true;
-        } catch (error) {
-          broken = error instanceof Error ? error : new Error(message(error));
-          await client.query("ROLLBACK").catch(() => {});
-          throw broken;
-        } finally {
-          client.release(broken);
-        }
-      };
-      let timer: NodeJS.Timeout | undefined;
-      const timeout = new Promise<string>((resolve) => {
-        timer = setTimeout(() => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`), DEFAULTS.readyTimeoutMs);
-      });
+  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+    const { where, params } = filterSql(filter, "postgres");
+    const limit = searchPageLimit(page.limit);
+    // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
+    const after = page.after === undefined ? ""
+      : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
+    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
+    const { rows } = await this.pool.query(
+      toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`),
+      [...params, ...cursor, limit],
+    );
+    return rows.map(toDelivery);
+  }
+
+  async count(filter: Filter): Promise<number> {
+    const { where, params } = filterSql(filter, "postgres");
+    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
+    return Number(rows[0].n);
+  }
+
+  async kept(): Promise<Kept> {
+    const { rows } = await this.pool.query(
+      `SELECT count(*) FILTER (WHERE purged_at IS NULL) AS bodies,
+              coalesce(sum(octet_length(body)) FILTER (WHERE purged_at IS NULL), 0) AS bytes,
+              min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
+              count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
+              min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
+              pg_total_relation_size('deliveries') AS file
+       FROM deliveries`,
+    );
+    const r = rows[0];
+    return {
+      bodies: { count: r.bodies, bytes: Number(r.bytes), oldest: r.oldest_body },
+      tombstones: { count: r.tombstones, oldest: r.oldest_tombstone },
+      fileBytes: r.file,
+    };
+  }
+
+  async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
+    const [open, states, clock] = await Promise.all([
+      this.pool.query("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status"),
+      this.pool.query("SELECT * FROM destinations"),
+      this.pool.query(`SELECT ${NOW} AS now`, [this.now()]),
+    ]);
+    const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
+    const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
+    for (const r of open.rows) {
+      const c = at(r.destination);
+      if (r.status === "received") c.waiting = r.n;
+      else if (r.status === "processing") c.processing = r.n;
+      else c.failed = r.n;
+    }
+    const rows = new Map(states.rows.map((r) => [r.name as string, r]));
+    for (const name of rows.keys()) at(name);
+    // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
+    at(DEFAULTS.destination);
+    counts.delete(NO_DESTINATION);
+    return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, Number(clock.rows[0].now)));
+  }
+
+  async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    // Not run again after a lost connection: it may be a write whose COMMIT went through unheard.
+    return (await this.pool.query(toPg(sql), params, { retry: false })).rows;
+  }
+
+  /**
+   * gauges counts in one statement, so one snapshot: waiting and leased rows through the partial index
+   * that claims use, failed ones through theirs, and done as each source's total less those.
+   */
+  async gauges(): Promise<Gauges> {
+    const now = this.pinned?.() ?? Date.now();
+    const { rows } = await this.pool.query(
+      `SELECT source, status, count(*) AS n, min(received_at) AS oldest FROM deliveries
+       WHERE status IN ('received', 'processing') GROUP BY source, status
+       UNION ALL
+       SELECT source, 'failed', count(*), NULL FROM deliveries WHERE status = 'failed' GROUP BY source
+       UNION ALL
+       SELECT source, 'total', count(*), NULL FROM deliveries GROUP BY source`,
+    );
+    return toGauges(rows, now);
+  }
+
+  /**
+   * ready asks the server, within DEFAULTS.readyTimeoutMs, whether it takes writes: reachable, not a
+   * standby, not read-only. After a batch failed as a whole it also commits a write of its own (the
+   * schema's version row, unchanged), so a full disk counts until a write goes through again.
+   */
+  async ready(): Promise<true | string> {
+    if (this.closed) return "the inbox is closed";
+    const probe = async (): Promise<true | string> => {
+      const client = await this.pool.transaction();
+      let broken: Error | undefined;
       try {
-        return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);
+        const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+        const failed = this.commitError;
+        if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
+          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
+        }
+        await this.pool.commit(client);
+        if (rows[0].recovery) return "the database is a standby, in recovery";
+        if (rows[0].ro === "on") return "the database is read-only";
+        if (this.commitError === failed) this.commitError = undefined;
+        return true;
+      } catch (error) {
+        broken = error instanceof Error ? error : new Error(message(error));
+        await client.query("ROLLBACK").catch(() => {});
+        throw broken;
       } finally {
-        clearTimeout(timer);
+        client.release(broken);
       }
+    };
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<string>((resolve) => {
+      timer = setTimeout(() => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`), DEFAULTS.readyTimeoutMs);
+    });
+    try {
+      return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);
+    } finally {
+      clearTimeout(timer);
     }
+  }
 }

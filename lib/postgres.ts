@@ -9,7 +9,7 @@
 import pg from "pg";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { BY_DEFAULT, BY_INDEX, mergedInserts, named, NO_FLUSH, type Op } from "./postgres-commit.ts";
+import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./postgres-commit.ts";
 import { NOW, PostgresReads, toPg } from "./postgres-reads.ts";
 import { migrate } from "./postgres-schema.ts";
 import {
@@ -885,8 +885,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       })));
     }
     const results = new Map<Op, boolean>();
-    // Behind a per-transaction pooler a named statement would be missing on the next server connection.
-    const send = (sql: string, params: SqlValue[]) => client.query(this.pool.pooled ? { text: toPg(sql), values: params } : named(toPg(sql), params))
+    const send = (sql: string, params: SqlValue[]) => client.query(this.prepared(toPg(sql), params))
       .then((r) => r.rowCount ?? 0);
     const writes = mergedInserts(send);
     if (ops.length === 1) writes.stop();
