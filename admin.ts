@@ -12,11 +12,11 @@ import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { bodyForPeople } from "./lib/format.ts";
-import { announce } from "./lib/forward.ts";
-import { preview, type Preview } from "./lib/preview.ts";
+import { announce } from "./lib/forwarding/forward.ts";
+import { preview, type Preview } from "./lib/forwarding/preview.ts";
 import { readSourcesFile } from "./lib/providers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
-import { loadDestinations, type Forwarding } from "./lib/routes.ts";
+import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./lib/store.ts";
 
@@ -47,7 +47,7 @@ export interface AdminOptions {
   hide?: readonly Secret[];
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
-  /** What a stored delivery would become under the sources file now (lib/preview.ts), for the delivery's page. @default none */
+  /** What a stored delivery would become under the sources file now (lib/forwarding/preview.ts), for the delivery's page. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
 }
 

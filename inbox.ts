@@ -14,10 +14,10 @@ import { DEFAULTS } from "./lib/defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, exportLine, importLine, iso, parseDuration, parseWhen } from "./lib/format.ts";
 import { label, message } from "./lib/log.ts";
 import { readSourcesFile } from "./lib/providers.ts";
-import { loadDestinations, type Operator } from "./lib/routes.ts";
+import { loadDestinations, type Operator } from "./lib/routing/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
-import { SqliteInbox } from "./lib/sqlite.ts";
-import { isInbox } from "./lib/sqlite-schema.ts";
+import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
+import { isInbox } from "./lib/sqlite/schema.ts";
 import {
   DESTINATION_NAME, STATUSES, type Cursor, type Delivery, type Filter, type Inbox, type InboxOptions, type InboxStatus, type Status,
 } from "./lib/store.ts";
@@ -38,7 +38,7 @@ export function isPostgresUrl(target: string): boolean {
 export async function connect(target: string, options: InboxOptions = {}): Promise<Inbox> {
   if (!isPostgresUrl(target)) return new SqliteInbox(target, options);
   // Loaded only when asked for, so a SQLite inbox never loads pg.
-  const { PostgresInbox } = await import("./lib/postgres.ts");
+  const { PostgresInbox } = await import("./lib/postgres/postgres.ts");
   return PostgresInbox.open(target, options);
 }
 
@@ -289,7 +289,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`);
       const inbox = await open(opts);
       try {
         const rows = await findRows(inbox, id, opts.source);
-        const { preview } = await import("./lib/preview.ts");
+        const { preview } = await import("./lib/forwarding/preview.ts");
         let seen: Awaited<ReturnType<typeof preview>>;
         try {
           seen = await preview(rows, config, { base: dirname(resolve(sourcesFile)), ...(opts.to ? { to: opts.to } : {}) });
@@ -451,7 +451,7 @@ Examples:
         try {
           const changed = verb === "pause" ? await inbox.pause(destination, opts.reason ?? "paused by a person") : await inbox.resume(destination);
           if (changed && operator) {
-            const { announce } = await import("./lib/forward.ts");
+            const { announce } = await import("./lib/forwarding/forward.ts");
             const said = await announce(operator, { type: verb === "pause" ? "destination.paused" : "destination.resumed", data: { destination, ...(opts.reason ? { reason: opts.reason } : {}) } });
             if (said !== true) console.error(said);
           }
@@ -677,7 +677,7 @@ Examples:
       if (opts.keep !== undefined && opts.dir === undefined) throw new UsageError("--keep goes with --dir: backup --dir FOLDER --keep N.");
       requireInbox(db);
       if (opts.dir !== undefined && !existsSync(opts.dir)) throw new NotFound(`No such folder: ${opts.dir}`);
-      const { backup, backupName } = await import("./lib/sqlite-backup.ts");
+      const { backup, backupName } = await import("./lib/sqlite/backup.ts");
       const r = await backup(db, file ?? join(opts.dir!, backupName(db, Date.now())), opts.keep === undefined ? {} : { keep: opts.keep });
       if (opts.json) return void console.log(JSON.stringify({ ...r, integrity: "ok" }));
       console.log(`Backed up ${db} to ${r.file}: ${bytes(r.bytes)}, ${holds(r)}; integrity_check ok; copied in ${(r.copyMs / 1000).toFixed(1)} s, checked in ${((r.ms - r.copyMs) / 1000).toFixed(1)} s.`);
@@ -701,7 +701,7 @@ Examples:
       const db = target(opts);
       sqliteOnly("restore", db);
       if (!existsSync(file)) throw new NotFound(`No such file: ${file}`);
-      const { restore, InUse } = await import("./lib/sqlite-backup.ts");
+      const { restore, InUse } = await import("./lib/sqlite/backup.ts");
       let r: Awaited<ReturnType<typeof restore>>;
       try {
         r = restore(file, db);

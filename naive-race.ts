@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { setTimeout as sleep } from "node:timers/promises";
 import { pathToFileURL } from "node:url";
-import { SqliteInbox } from "./lib/sqlite.ts";
+import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
 
 /** WORK_MS is how long the pretend work takes: long enough for the second copy to arrive meanwhile. */
 export const WORK_MS = 200;

@@ -14,9 +14,9 @@ import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import { loadSources, type Source } from "./lib/providers.ts";
-import { loadDestinations } from "./lib/routes.ts";
+import { loadDestinations } from "./lib/routing/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
-import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
+import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {

@@ -14,16 +14,16 @@ import {
 } from "./lib/log.ts";
 import { again, PermanentError, sqlstate, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
 import type { Metrics } from "./lib/metrics.ts";
-import { announce, checkSecrets } from "./lib/forward.ts";
-import type { ForwardStats } from "./lib/forwarder.ts";
+import { announce, checkSecrets } from "./lib/forwarding/forward.ts";
+import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
-import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routes.ts";
+import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routing/routes.ts";
 import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
 import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
-import { checkTransforms, Transforms } from "./lib/transform.ts";
-import type { Sender } from "./lib/forward.ts";
-import { damagedLine, healthProblem } from "./lib/sqlite-backup.ts";
+import { checkTransforms, Transforms } from "./lib/forwarding/transform.ts";
+import type { Sender } from "./lib/forwarding/forward.ts";
+import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -683,7 +683,7 @@ Examples:
   for (const [name, broker] of brokers) senders.set(name, brokerSender(broker));
   try {
     const forwarding$ = forwarding && forwarding.destinations.size > 0
-      ? import("./lib/forwarder.ts").then(({ forward }) => forward({
+      ? import("./lib/forwarding/forwarder.ts").then(({ forward }) => forward({
         inbox: lanes ?? inbox, forwarding: forwarding!, routes, ...(transforms ? { transforms } : {}), once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
         secrets,
       })).finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { createAdmin, listenAdmin } from "../admin.ts";
 import { connect } from "../inbox.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/store.ts";
 import { f, knob, tempDir } from "./common.ts";
 

@@ -10,8 +10,8 @@ import { spawn } from "node:child_process";
 import { statSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { healthProblem } from "../lib/sqlite-backup.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { healthProblem } from "../lib/sqlite/backup.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import { ROOT, SECONDS, f, fillBacklog, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 

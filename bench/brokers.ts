@@ -48,7 +48,7 @@ const message = (tag: string, i: number): BrokerMessage => ({
 interface Tree {
   name: string;
   run: typeof import("../worker.ts").run;
-  SqliteInbox: typeof import("../lib/sqlite.ts").SqliteInbox;
+  SqliteInbox: typeof import("../lib/sqlite/sqlite.ts").SqliteInbox;
   openBroker: typeof import("../lib/brokers.ts").openBroker;
   messageOf: typeof import("../lib/brokers.ts").messageOf;
   PermanentError: typeof import("../lib/store.ts").PermanentError;
@@ -56,7 +56,7 @@ interface Tree {
 
 async function tree(root: string): Promise<Tree> {
   const load = (file: string) => import(pathToFileURL(resolve(root, file)).href);
-  const [worker, sqlite, brokers, store] = await Promise.all([load("worker.ts"), load("lib/sqlite.ts"), load("lib/brokers.ts"), load("lib/store.ts")]);
+  const [worker, sqlite, brokers, store] = await Promise.all([load("worker.ts"), load("lib/sqlite/sqlite.ts"), load("lib/brokers.ts"), load("lib/store.ts")]);
   // A tree with changes not yet committed is marked with a +, so that two trees at one commit differ.
   const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], { encoding: "utf8" }).stdout.trim() !== "";
   const name = (spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root) + (dirty ? "+" : "");

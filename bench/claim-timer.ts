@@ -5,7 +5,7 @@
 //   BENCH_CLAIM_LOG=/tmp/claims.jsonl npx node --import tsx --import ./bench/claim-timer.ts worker.ts --once --db postgres://…
 
 import { writeFileSync } from "node:fs";
-import { PostgresInbox } from "../lib/postgres.ts";
+import { PostgresInbox } from "../lib/postgres/postgres.ts";
 
 const out = process.env.BENCH_CLAIM_LOG;
 if (!out) throw new TypeError("bench/claim-timer.ts: expected BENCH_CLAIM_LOG to name the file to write, got nothing");

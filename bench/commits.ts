@@ -11,7 +11,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cpuUsage } from "node:process";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { BODY, f, knob, tempDir } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 3);

@@ -10,7 +10,7 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
 import { scriptCommand, type RuntimeName } from "../lib/runtime.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/store.ts";
 
 /** ROOT is the repository's top folder. */

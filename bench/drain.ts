@@ -2,7 +2,7 @@
 // process of its own so its peak RSS is its alone. bench/worker.ts runs it; it prints one JSON line.
 //   npx tsx bench/drain.ts DB CONCURRENCY
 
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 
 const [path, concurrency] = [process.argv[2]!, Number(process.argv[3] ?? 8)];

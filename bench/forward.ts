@@ -23,10 +23,10 @@ import { pathToFileURL } from "node:url";
 import { Agent, request } from "undici";
 import { brokerSender, HEADERS, messageId, parseBrokerDestination } from "../lib/brokers.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
-import type { Sender } from "../lib/forward.ts";
-import { forward } from "../lib/forwarder.ts";
+import type { Sender } from "../lib/forwarding/forward.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
 import { connect } from "../inbox.ts";
-import { loadDestinations } from "../lib/routes.ts";
+import { loadDestinations } from "../lib/routing/routes.ts";
 const [connectHere, forwardHere, loadHere] = [connect, forward, loadDestinations];
 import type { Inbox } from "../lib/store.ts";
 import { ROOT, cpuMs, f, knob, startChild, tempDir, type Child } from "./common.ts";
@@ -54,7 +54,7 @@ async function tree(root: string): Promise<Tree> {
   if (resolve(root) === resolve(ROOT)) return { name: "this tree", connect, forward, loadDestinations };
   const at = (path: string) => import(pathToFileURL(resolve(root, path)).href);
   const name = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
-  return { name, connect: (await at("inbox.ts")).connect, forward: (await at("lib/forwarder.ts")).forward, loadDestinations: (await at("lib/routes.ts")).loadDestinations };
+  return { name, connect: (await at("inbox.ts")).connect, forward: (await at("lib/forwarding/forwarder.ts")).forward, loadDestinations: (await at("lib/routing/routes.ts")).loadDestinations };
 }
 
 const bodyOf = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));

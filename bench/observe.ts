@@ -11,7 +11,7 @@ import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import { CONNECTIONS, ROOT, WARMUP_SECONDS, cpuMs, f, hammer, knob, row, rssMb, tempDir, type Child, type Load } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);

@@ -8,7 +8,7 @@
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
 import { f, fillBacklog, knob, tempDir } from "./common.ts";
 import { drainChild } from "./worker.ts";

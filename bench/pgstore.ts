@@ -3,7 +3,7 @@
 // batches at 128 connections), into a fresh database each run, for a small payload (68 bytes; the ingest bench sends 56)
 // and one of 4 KB (a Stripe event's size). It prints the rate and the CPU per delivery of this process and
 // of the PostgreSQL backends serving it (from /proc): the figure a shared machine moves least.
-// BENCH_COMPARE=/path/to/another/checkout runs that checkout's lib/postgres.ts too, alternating, round by
+// BENCH_COMPARE=/path/to/another/checkout runs that checkout's lib/postgres/postgres.ts too, alternating, round by
 // round: an A/B of two commits in one run.
 //   npm run bench -- pgstore        BENCH_PGSTORE_N=20000 BENCH_ROUNDS=3 BENCH_COMPARE=/tmp/before npm run bench -- pgstore
 
@@ -75,7 +75,7 @@ export async function pgstore(): Promise<string> {
   const name = (root: string) => spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
   const opens = new Map<string, Open>();
   for (const root of trees) {
-    const mod = (await import(pathToFileURL(resolve(root, "lib/postgres.ts")).href)) as { PostgresInbox: { open: Open } };
+    const mod = (await import(pathToFileURL(resolve(root, "lib/postgres/postgres.ts")).href)) as { PostgresInbox: { open: Open } };
     opens.set(root, (url) => mod.PostgresInbox.open(url));
   }
   console.log(`pgstore: ${N} deliveries a run, ${STREAMS} streams of ${BATCH} a turn, ${ROUNDS} round(s), ${trees.map(name).join(" and ")} alternating`);

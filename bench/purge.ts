@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/store.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";

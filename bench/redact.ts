@@ -10,10 +10,10 @@
 
 import { join } from "node:path";
 import { connect } from "../inbox.ts";
-import { judge } from "../lib/forward.ts";
-import { forward } from "../lib/forwarder.ts";
+import { judge } from "../lib/forwarding/forward.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
 import { redactor, secretsOf } from "../lib/redact.ts";
-import { loadDestinations } from "../lib/routes.ts";
+import { loadDestinations } from "../lib/routing/routes.ts";
 import { f, knob, startChild, tempDir } from "./common.ts";
 
 const BACKLOG = knob("BENCH_REDACT_BACKLOG", 5_000);

@@ -8,7 +8,7 @@
 
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { f, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_COST_ROWS", 50_000);

@@ -12,13 +12,13 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { connect } from "../inbox.ts";
-import { filterInput } from "../lib/filter.ts";
-import { forward } from "../lib/forwarder.ts";
+import { filterInput } from "../lib/routing/filter.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
 import { createHandler } from "../lib/handler.ts";
 import { loadSources, sign } from "../lib/providers.ts";
-import { loadDestinations, routeTo, type Route } from "../lib/routes.ts";
+import { loadDestinations, routeTo, type Route } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
-import { Transforms } from "../lib/transform.ts";
+import { Transforms } from "../lib/forwarding/transform.ts";
 import { CONNECTIONS, f, knob, startChild, tempDir } from "./common.ts";
 
 const N = knob("BENCH_ROUTING_N", 4_000);

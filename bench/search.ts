@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
-import { openDatabase } from "../lib/sqlite-schema.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Filter, Inbox } from "../lib/store.ts";
 import { f, knob, tempDir } from "./common.ts";
 

@@ -10,7 +10,7 @@ import { execFileSync, spawn } from "node:child_process";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { createHandler, type WebhookRequest } from "../lib/handler.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Incoming, Stored } from "../lib/store.ts";
 import { startReceive } from "../lib/traces.ts";
 import { f, knob, ROOT, tempDir } from "./common.ts";

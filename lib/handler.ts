@@ -6,12 +6,12 @@
 
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
-import { filterInput } from "./filter.ts";
+import { filterInput } from "./routing/filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source } from "./providers.ts";
-import { routeTo } from "./routes.ts";
+import { routeTo } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 import { startReceive } from "./traces.ts";
 

@@ -7,7 +7,7 @@ import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
-import { parseRoutes, TOP_KEYS, type Route } from "./routes.ts";
+import { parseRoutes, TOP_KEYS, type Route } from "./routing/routes.ts";
 import type { Headers } from "./store.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */

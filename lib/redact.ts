@@ -8,7 +8,7 @@
 
 import type { BrokerDestination as Broker } from "./brokers.ts";
 import type { Source } from "./providers.ts";
-import type { Forwarding } from "./routes.ts";
+import type { Forwarding } from "./routing/routes.ts";
 
 /** Secret is one value never to be kept or shown, the name its marker gives it, and whose it is. */
 export interface Secret {

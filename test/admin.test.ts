@@ -11,8 +11,8 @@ import { writeFileSync } from "node:fs";
 import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin, type AdminOptions } from "../admin.ts";
 import { connect } from "../inbox.ts";
 import { secretsOf } from "../lib/redact.ts";
-import { preview } from "../lib/preview.ts";
-import { loadDestinations } from "../lib/routes.ts";
+import { preview } from "../lib/forwarding/preview.ts";
+import { loadDestinations } from "../lib/routing/routes.ts";
 import type { BreakerPolicy, Inbox } from "../lib/store.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";
 

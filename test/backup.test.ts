@@ -10,8 +10,8 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
-import { backup, backupName, check, healthProblem } from "../lib/sqlite-backup.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { backup, backupName, check, healthProblem } from "../lib/sqlite/backup.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { sha256 } from "../lib/store.ts";
 import { runScript, spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 

@@ -11,7 +11,7 @@ import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/tra
 import amqp, { type Channel, type ChannelModel } from "amqplib";
 import { join } from "node:path";
 import { brokerSender, HEADERS, messageId, missingClient, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../lib/brokers.ts";
-import type { Sender } from "../lib/forward.ts";
+import type { Sender } from "../lib/forwarding/forward.ts";
 import { connect } from "../inbox.ts";
 import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip, tempDir } from "./helpers.ts";
 

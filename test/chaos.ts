@@ -9,9 +9,9 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { connect } from "../inbox.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { sha256, type Inbox } from "../lib/store.ts";
-import { APPLICATION_NAME } from "../lib/postgres-commit.ts";
+import { APPLICATION_NAME } from "../lib/postgres/commit.ts";
 import { spawnScript, startReceiver } from "./helpers.ts";
 
 /** Random is a seeded source of numbers in [0, 1), so a failing run can be replayed from its seed. */

@@ -7,7 +7,7 @@ import type { ChildProcess } from "node:child_process";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { spawnScript, tempDir } from "./helpers.ts";
 
 const DELIVERIES = 60;

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { sha256, type Delivery, type Inbox, type InboxOptions, type Lease, type SetAside, type Tx } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";

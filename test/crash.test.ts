@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Tx } from "../lib/store.ts";
 import { pipelineCrash, prepareLedger, readLedger, receiverCrash, seeded, startWorker, workerCrash } from "./chaos.ts";
 import { tempDir } from "./helpers.ts";

@@ -20,7 +20,7 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { dirname, join, normalize, relative } from "node:path";
+import { dirname, join, normalize, posix, relative } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { ROOT, runScript } from "./helpers.ts";
@@ -393,22 +393,26 @@ interface Code {
   flags: Set<string>;
 }
 
-// importsOf lists the files of the house a file imports, each by its own name: "./x.ts" and "./lib/x.ts"
-// from the top, "./x.ts" and "../x.ts" (a script above, which the floors forbid) from lib/.
-function importsOf(text: string): Set<string> {
+// importsOf lists the files of the house that file imports, each by its path from the top ("lib/store.ts",
+// "lib/sqlite/schema.ts", "worker.ts"), static or dynamic: "../../worker.ts" from lib/sqlite/ is a script above.
+function importsOf(text: string, file: string): Set<string> {
   const deps = new Set<string>();
-  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"\.\.?\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add(m[1]!);
-  for (const m of text.matchAll(/\bimport\s*\(\s*"\.\.?\/(?:lib\/)?([\w-]+\.ts)"\s*\)|^\s*import\s+"\.\.?\/(?:lib\/)?([\w-]+\.ts)"/gm)) deps.add((m[1] ?? m[2])!);
+  const add = (spec: string) => deps.add(posix.normalize(posix.join(posix.dirname(file), spec)));
+  for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)) add(m[1]!);
+  for (const m of text.matchAll(/\bimport\s*\(\s*"(\.\.?\/[\w/.-]+\.ts)"\s*\)|^\s*import\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)) add((m[1] ?? m[2])!);
   return deps;
 }
 
+/** houseFiles lists the .ts files at the top and under lib/, each by its path from the top. */
+function houseFiles(): string[] {
+  const lib = readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map((f) => `lib/${f.replace(/\\/g, "/")}`);
+  return [...readdirSync(ROOT), ...lib].filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts")).sort();
+}
+
 function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, string>): Code {
-  // The scripts at the top and the rooms in lib/, each known by its own name (no name is in both).
-  const paths = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib")).map((f) => `lib/${f}`)]
-    .filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts"));
-  const files = paths.map((f) => f.replace(/^lib\//, "")).sort();
-  assert.equal(new Set(files).size, files.length, "a name is both at the top and in lib/");
-  const source = new Map(paths.map((f) => [f.replace(/^lib\//, ""), readFileSync(join(ROOT, f), "utf8")]));
+  // The scripts at the top and the rooms under lib/, each known by its path from the top.
+  const files = houseFiles();
+  const source = new Map(files.map((f) => [f, readFileSync(join(ROOT, f), "utf8")]));
   const own = new Map<string, Set<string>>();
   const stars = new Map<string, string[]>();
   const members = new Map<string, Set<string>>();
@@ -423,8 +427,8 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
       }
     }
     own.set(file, names);
-    stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"\.\/(?:lib\/)?([\w-]+\.ts)"/gm)].map((m) => m[1]!));
-    imports.set(file, importsOf(text));
+    stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)].map((m) => posix.normalize(posix.join(posix.dirname(file), m[1]!))));
+    imports.set(file, importsOf(text, file));
     // Members: the lines one level inside each exported interface or class.
     const lines = text.split("\n");
     for (let i = 0; i < lines.length; i++) {
@@ -505,12 +509,18 @@ function checkNames(pages: readonly Page[], code: Code, scripts: ReadonlySet<str
       }
     }
     // "`sign(…)` from `providers.ts`", "`lineLog()` in `log.ts`": that file must export the name.
-    for (const m of prose.matchAll(/`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?(?:lib\/)?([\w-]+\.ts)`/g)) {
-      const names = code.exports.get(m[2]!);
+    for (const m of prose.matchAll(/`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?([\w/-]+\.ts)`/g)) {
+      const names = code.exports.get(m[2]!) ?? code.exports.get(`lib/${m[2]}`) ?? uniqueByName(code, m[2]!);
       if (names && !names.has(m[1]!)) problems.push(`${page.path}:${lineAt(prose, m.index)}: ${m[2]} does not export ${m[1]}`);
     }
   }
   return problems;
+}
+
+/** uniqueByName is the exports of the one file under lib/ whose own name is name, if exactly one has it. */
+function uniqueByName(code: Code, name: string): Set<string> | undefined {
+  const found = code.files.filter((f) => posix.basename(f) === name);
+  return found.length === 1 ? code.exports.get(found[0]!) : undefined;
 }
 
 /** checkLinks reports relative links to files that do not exist, and #anchors to headings that do not. */
@@ -551,9 +561,9 @@ function checkHouse(page: Page, code: Code): string[] {
   const rows = new Map<string, { line: number; floor: string; imports: Set<string> }>();
   page.text.split("\n").forEach((line, i) => {
     const cells = line.split("|").map((c) => c.trim());
-    const file = /^`(?:lib\/)?([\w-]+\.ts)`$/.exec(cells[1] ?? "")?.[1];
+    const file = /^`([\w/-]+\.ts)`$/.exec(cells[1] ?? "")?.[1];
     if (!file || cells.length < 6 || !floors.includes(cells[2]!)) return;
-    rows.set(file, { line: i + 1, floor: cells[2]!, imports: new Set([...cells[4]!.matchAll(/`(?:lib\/)?([\w-]+\.ts)`/g)].map((m) => m[1]!)) });
+    rows.set(file, { line: i + 1, floor: cells[2]!, imports: new Set([...cells[4]!.matchAll(/`([\w/-]+\.ts)`/g)].map((m) => m[1]!)) });
   });
   for (const file of code.files) if (!rows.has(file)) problems.push(`${page.path}: ${file} is not in the house's table`);
   for (const [file, row] of rows) {
@@ -577,6 +587,17 @@ function checkHouse(page: Page, code: Code): string[] {
 
 // ---- Snippets: every ```ts block, type-checked in one tsc run ----
 
+/** packagePaths maps each of the package's exports to its source, as an app's import resolves it once built. */
+function packagePaths(up: string): Record<string, string[]> {
+  const exports = (JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { exports: Record<string, { types?: string } | string> }).exports;
+  const paths: Record<string, string[]> = {};
+  for (const [key, value] of Object.entries(exports)) {
+    if (typeof value === "string" || !value.types) continue;
+    paths[`webhook-inbox${key.slice(1)}`] = [`${up}/${value.types.replace(/^\.\/dist\//, "").replace(/\.d\.ts$/, ".ts")}`];
+  }
+  return paths;
+}
+
 interface SnippetReport {
   problems: string[];
   checked: number;
@@ -593,7 +614,7 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
   const up = relative(dir, ROOT).replace(/\\/g, "/");
   writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
     extends: `${up}/tsconfig.json`,
-    compilerOptions: { noEmit: true, paths: { "webhook-inbox": [`${up}/inbox.ts`], "webhook-inbox/*": [`${up}/*.ts`, `${up}/lib/*.ts`] } },
+    compilerOptions: { noEmit: true, paths: packagePaths(up) },
     include: ["*/*.mts"],
   }, null, 2));
   // Each generated line remembers where it came from, so an error points at the page.
@@ -880,18 +901,18 @@ describe("the docs checks (a control, on made-up pages)", () => {
     assert.notEqual(moved.text, house.text, "the control could not edit the house's table");
     const problems = checkHouse(moved, code).join("\n");
     assert.match(problems, /order\.ts does not import (?:.*, )?worker\.ts/);
-    assert.match(problems, /providers\.ts \(roles\) imports order\.ts from a floor above \(scripts\)/);
+    assert.match(problems, /providers\.ts \(roles\) imports lib\/order\.ts from a floor above \(scripts\)/);
   });
 
   it("read an import from lib/ up to a script, static or dynamic, as an arrow", () => {
-    assert.deepEqual([...importsOf('import { run } from "../worker.ts";\nconst m = await import("../inbox.ts");\nimport { x } from "./store.ts";')],
-      ["worker.ts", "store.ts", "inbox.ts"]);
+    assert.deepEqual([...importsOf('import { run } from "../../worker.ts";\nconst m = await import("../../inbox.ts");\nimport { x } from "../store.ts";', "lib/sqlite/sqlite.ts")],
+      ["worker.ts", "lib/store.ts", "inbox.ts"]);
   });
 
   it("report an import circle", () => {
     const imports = new Map(code.imports);
-    imports.set("order.ts", new Set([...imports.get("order.ts")!, "providers.ts"]));
+    imports.set("lib/order.ts", new Set([...imports.get("lib/order.ts")!, "lib/providers.ts"]));
     const problems = checkHouse(readPage("docs/house.md")!, { ...code, imports }).join("\n");
-    assert.match(problems, /import circle: order\.ts → providers\.ts → order\.ts/);
+    assert.match(problems, /import circle: lib\/order\.ts → lib\/providers\.ts → lib\/order\.ts/);
   });
 });

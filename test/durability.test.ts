@@ -7,8 +7,8 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { describeRuntime } from "../lib/runtime.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
-import { durabilityProblem, walResetFixed, type Durability } from "../lib/sqlite-schema.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
+import { durabilityProblem, walResetFixed, type Durability } from "../lib/sqlite/schema.ts";
 import { runScript, startReceiver, tempDir } from "./helpers.ts";
 
 describe(`opening a SQLite inbox on ${describeRuntime()}`, () => {

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, afterEach, before, describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { backoff, type Lease } from "../lib/store.ts";
 import { createReceiver } from "../receiver.ts";
 import { run } from "../worker.ts";

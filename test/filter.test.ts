@@ -1,11 +1,11 @@
-// test/filter.test.ts: route filters (lib/filter.ts) on their own: every operator on a value, on a list and on
+// test/filter.test.ts: route filters (lib/routing/filter.ts) on their own: every operator on a value, on a list and on
 // a missing field, each beside a twin that must not match (its control); the examples of Hookdeck's and
 // Convoy's filter docs as they are written there; and the one-line mistakes that stop start-up. Pure: no
 // store, so it runs once; the receiver and both backends are test/routing.test.ts's.
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { compileFilter, filterInput, type FilterInput } from "../lib/filter.ts";
+import { compileFilter, filterInput, type FilterInput } from "../lib/routing/filter.ts";
 
 const input = (parts: Partial<FilterInput>): FilterInput => ({ body: undefined, headers: {}, query: {}, path: "/shop", source: "shop", type: undefined, ...parts });
 const matches = (filter: unknown, parts: Partial<FilterInput>) => compileFilter(filter, "route")(input(parts));

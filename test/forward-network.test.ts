@@ -16,8 +16,8 @@ import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { forward } from "../lib/forwarder.ts";
-import { loadDestinations, type Forwarding } from "../lib/routes.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
+import { loadDestinations, type Forwarding } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
 import { backends, tempDir } from "./helpers.ts";
 

@@ -9,10 +9,10 @@ import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { judge, retryAfterMs } from "../lib/forward.ts";
-import { forward } from "../lib/forwarder.ts";
+import { judge, retryAfterMs } from "../lib/forwarding/forward.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { loadDestinations, type Forwarding } from "../lib/routes.ts";
+import { loadDestinations, type Forwarding } from "../lib/routing/routes.ts";
 import type { Inbox, InboxOptions } from "../lib/store.ts";
 import { backends } from "./helpers.ts";
 

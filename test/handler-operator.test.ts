@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
-import { loadDestinations } from "../lib/routes.ts";
+import { loadDestinations } from "../lib/routing/routes.ts";
 import { PermanentError, type Inbox } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { backends, runScript, tempDir } from "./helpers.ts";

@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { backoff, sha256, type Lease, type Tx } from "../lib/store.ts";
 import { tempDir } from "./helpers.ts";
 

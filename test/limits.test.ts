@@ -9,8 +9,8 @@ import { once } from "node:events";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import { forward, type ForwardStats } from "../lib/forwarder.ts";
-import { loadDestinations } from "../lib/routes.ts";
+import { forward, type ForwardStats } from "../lib/forwarding/forwarder.ts";
+import { loadDestinations } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
 import { backends } from "./helpers.ts";
 

@@ -9,8 +9,8 @@ import { describe, it } from "node:test";
 import pg from "pg";
 import { connect } from "../inbox.ts";
 import { sha256 } from "../lib/store.ts";
-import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres-schema.ts";
-import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite-schema.ts";
+import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
 import { freshSchema, POSTGRES, postgresSkip, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { request } from "undici";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { orderOfRequest, parseOrder } from "../lib/order.ts";
 import { loadSources, sign } from "../lib/providers.ts";
 import type { Headers } from "../lib/store.ts";

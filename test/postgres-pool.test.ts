@@ -1,4 +1,4 @@
-// test/postgres-pool.test.ts: a PostgreSQL URL with several hosts (postgres-pool.ts): how it is read and
+// test/postgres-pool.test.ts: a PostgreSQL URL with several hosts (postgres/pool.ts): how it is read and
 // shown, and that new connections find the host that takes writes, past one that is down or a standby.
 // The standby is a private cluster pair (skipped in one line without PostgreSQL's server binaries).
 //   npx node --import tsx --test test/postgres-pool.test.ts
@@ -8,7 +8,7 @@ import { createServer } from "node:net";
 import { after, before, describe, it } from "node:test";
 import { connect, type Inbox } from "../inbox.ts";
 import pg from "pg";
-import { parseTarget, Pool, redact } from "../lib/postgres-pool.ts";
+import { parseTarget, Pool, redact } from "../lib/postgres/pool.ts";
 import { freePort, freshSchema, POSTGRES, postgresSkip, privatePostgres, type PrivatePostgres } from "./helpers.ts";
 
 const pgSkip = await postgresSkip();

@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import type { Inbox } from "../lib/store.ts";
-import { PostgresInbox } from "../lib/postgres.ts";
+import { PostgresInbox } from "../lib/postgres/postgres.ts";
 import { prepareLedgerOn, startWorker } from "./chaos.ts";
 import { ROOT, freePort, freshSchema, postgresSkip, runScript, startReceiver } from "./helpers.ts";
 

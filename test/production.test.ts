@@ -15,7 +15,7 @@ import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { sign } from "../lib/providers.ts";
-import { check } from "../lib/sqlite-backup.ts";
+import { check } from "../lib/sqlite/backup.ts";
 import { ROOT, freePort, tempDir } from "./helpers.ts";
 
 const PAGE = readFileSync(join(ROOT, "docs", "production.md"), "utf8");

@@ -13,7 +13,7 @@ import fc from "fast-check";
 import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { request } from "undici";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { loadSources, sign } from "../lib/providers.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";

@@ -10,8 +10,8 @@ import { closeSync, constants, fstatSync, mkdirSync, open, openSync, statSync, s
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
-import { durabilityProblem } from "../lib/sqlite-schema.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
+import { durabilityProblem } from "../lib/sqlite/schema.ts";
 import { tempDir } from "./helpers.ts";
 
 let dir: { dir: string; cleanup: () => void };

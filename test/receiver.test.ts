@@ -9,7 +9,7 @@ import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { createReceiver } from "../receiver.ts";
 import { spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 

@@ -9,7 +9,7 @@ import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { exportLine, importLine, parseDuration, parseWhen } from "../lib/format.ts";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Inbox } from "../lib/store.ts";
 import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 

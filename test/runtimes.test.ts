@@ -113,7 +113,7 @@ function askedWhichRuntime(source: string): string[] {
 
 describe("the roles and scripts", () => {
   it("never ask which runtime they run on: runtime.ts is the one place that does", () => {
-    const files = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib")).map((f) => `lib/${f}`)]
+    const files = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map((f) => `lib/${f}`)]
       .filter((f) => f.endsWith(".ts") && f !== "lib/runtime.ts");
     const asking = files.flatMap((f) => askedWhichRuntime(readFileSync(join(ROOT, f), "utf8")).map((line) => `${f}: ${line.trim()}`));
     assert.deepEqual(asking, []);

@@ -8,7 +8,7 @@ import { connect, type Socket } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Stored } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";

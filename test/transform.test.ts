@@ -1,4 +1,4 @@
-// test/transform.test.ts: transforms (lib/transform.ts) before each forward, on both backends: real
+// test/transform.test.ts: transforms (lib/forwarding/transform.ts) before each forward, on both backends: real
 // destination servers on free ports, transform modules written to a temp folder and run in their threads.
 // JSON, bytes, strings, null and header changes; the signature over the bytes sent; throws, wrong shapes and
 // a loop that never ends, each failing only its try; a replay after the module is fixed uses the new code.
@@ -14,11 +14,11 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
 import { brokerSender, parseBrokerDestination } from "../lib/brokers.ts";
-import type { Sender } from "../lib/forward.ts";
-import { forward } from "../lib/forwarder.ts";
-import { loadDestinations, parseRoutes, type Route } from "../lib/routes.ts";
+import type { Sender } from "../lib/forwarding/forward.ts";
+import { forward } from "../lib/forwarding/forwarder.ts";
+import { loadDestinations, parseRoutes, type Route } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
-import { Transformer, transformInput } from "../lib/transform.ts";
+import { Transformer, transformInput } from "../lib/forwarding/transform.ts";
 import { jetStreamSuite } from "./brokers-suite.ts";
 import { backends, NATS, natsSkip, tempDir } from "./helpers.ts";
 

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { after, afterEach, beforeEach, describe, it } from "node:test";
-import { SqliteInbox } from "../lib/sqlite.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { PermanentError } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
 import { runScript, spawnScript, tempDir } from "./helpers.ts";

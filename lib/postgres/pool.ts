@@ -1,4 +1,4 @@
-// postgres-pool.ts: the PostgreSQL backend's connections, below postgres.ts. It takes a URL with several
+// postgres/pool.ts: the PostgreSQL backend's connections, below postgres.ts. It takes a URL with several
 // hosts as libpq does (postgres://h1:5432,h2:5433/db?target_session_attrs=read-write), opens new connections
 // on the host that takes writes, drops the ones that can no longer be trusted, and fails a COMMIT that may
 // not have reached a synchronous standby. Not run on its own; postgres.ts opens one Pool per inbox.
@@ -6,7 +6,7 @@
 import { userInfo } from "node:os";
 import pg from "pg";
 import type { NoticeMessage } from "pg-protocol/dist/messages.js";
-import { message } from "./log.ts";
+import { message } from "../log.ts";
 
 /** SessionAttrs is what a host must be to take the inbox's connections, as libpq's target_session_attrs says. */
 export type SessionAttrs = "any" | "read-write" | "primary";

@@ -1,14 +1,14 @@
-// postgres-commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
+// postgres/commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
 // up to the pool's size of transactions at once (two of stores alone), each committed (synchronous_commit
 // on) before its ops settle, a batch of new deliveries in one round trip; a failed op is redone alone
 // under a savepoint, a lost connection fails its batch and is dropped.
 // Beside it, the LISTEN/NOTIFY wake-ups. PostgresInbox (postgres.ts) builds the delivery's life on it.
 
 import pg from "pg";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { parseTarget, Pool, UncertainCommit } from "./postgres-pool.ts";
-import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type SqlValue, type Stored } from "./store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
+import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type SqlValue, type Stored } from "../store.ts";
 
 /** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
 export const APPLICATION_NAME = "webhook-inbox";

@@ -1,4 +1,4 @@
-// forward.ts: one delivery over HTTP to a destination's own endpoint, and what its answer means (the table
+// forwarding/forward.ts: one delivery over HTTP to a destination's own endpoint, and what its answer means (the table
 // in docs/forwarding.md). The raw body goes byte-exact with its content type, signed as Standard Webhooks
 // with the destination's own secrets; redirects are not followed. The forwarder (forwarder.ts) calls it;
 // announce() posts the operator's events the same way. Not run on its own.
@@ -6,12 +6,12 @@
 import { createHmac, createSecretKey, randomBytes, randomFillSync } from "node:crypto";
 import { rootCertificates } from "node:tls";
 import type { Agent } from "undici";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { secretKey, sign } from "./providers.ts";
-import type { Redactor } from "./redact.ts";
-import type { HttpDestination, Operator } from "./routes.ts";
-import type { Lease } from "./store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { secretKey, sign } from "../providers.ts";
+import type { Redactor } from "../redact.ts";
+import type { HttpDestination, Operator } from "../routing/routes.ts";
+import type { Lease } from "../store.ts";
 
 /** Outcome is what one forward (or publish) came to; every destination, HTTP or broker, answers with one. */
 export type Outcome =

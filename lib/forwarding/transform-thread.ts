@@ -1,4 +1,4 @@
-// transform-thread.ts: the worker thread one transform module runs in. transform.ts starts it with the
+// forwarding/transform-thread.ts: the worker thread one transform module runs in. transform.ts starts it with the
 // module's URL, and stops it when a transform runs past its time limit, so no loop holds the worker's event
 // loop. It loads the module once, then runs one delivery at a time and posts back what to send. Not run on
 // its own.

@@ -1,16 +1,16 @@
-// sqlite.ts: the Inbox on one node:sqlite file, the embedded default: a delivery's whole life (store,
+// sqlite/sqlite.ts: the Inbox on one node:sqlite file, the embedded default: a delivery's whole life (store,
 // claim, extend, finish, fail, release, retry) and the operator's reads and bulk actions, as SQL on the
-// file that sqlite-schema.ts opens, every write group-committed by sqlite-commit.ts (WAL with
+// file that sqlite/schema.ts opens, every write group-committed by sqlite/commit.ts (WAL with
 // synchronous=FULL, or with syncOffLoop the receiver's own fdatasync off the event loop), and a gauge
 // thread beside it. connect() in inbox.ts picks it for any --db that is not a postgres:// URL.
 
 import { closeSync } from "node:fs";
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { Worker } from "node:worker_threads";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { SqliteCommitter } from "./sqlite-commit.ts";
-import { MIGRATIONS, readDurability, type Durability } from "./sqlite-schema.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { SqliteCommitter } from "./commit.ts";
+import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, ORDERING_SQL, STATUSES, breakerAfter, bulkBatchSize, checkClaim, checkOptions, gateClaim, checkPermit, gatePermit, type Permit, type Rate,
   retryDelay, routesOf, toDestinationState, type BreakerChange, type BreakerPolicy, type ClaimOptions, type DestinationState,
@@ -19,7 +19,7 @@ import {
   type Cursor, type Delivery, type Failure, type Filter, type Gauges, type Inbox, type InboxOptions, type InboxStatus,
   type Incoming, type Kept, type Lease, type LocalWrite, type PurgeOptions, type Purged, type SetAside, type SqlValue, type Status,
   type Stored, type Summary, type Tx,
-} from "./store.ts";
+} from "../store.ts";
 
 // The gauge thread's whole program: one read transaction, so the totals and the live counts agree.
 // Each live status is counted through its own partial index; the totals through the primary key's.

@@ -1,17 +1,17 @@
-// postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database: a
-// delivery's whole life and the operator's bulk actions, as SQL, on the schema of postgres-schema.ts, its
-// writes batched and committed by postgres-commit.ts, its reads in postgres-reads.ts. The contract of
+// postgres/postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database: a
+// delivery's whole life and the operator's bulk actions, as SQL, on the schema of postgres/schema.ts, its
+// writes batched and committed by postgres/commit.ts, its reads in postgres/reads.ts. The contract of
 // store.ts, beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
-// Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres-pool.ts holds the connections.
+// Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres/pool.ts holds the connections.
 
 import pg from "pg";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./postgres-commit.ts";
-import { NOW, PostgresReads, toPg } from "./postgres-reads.ts";
-import { migrate } from "./postgres-schema.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./commit.ts";
+import { NOW, PostgresReads, toPg } from "./reads.ts";
+import { migrate } from "./schema.ts";
 import {
   DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, type Permit,
   type Rate, retryDelay, routesOf, type BreakerChange, type BreakerPolicy, type ClaimOptions, type FailOptions,
@@ -19,9 +19,9 @@ import {
   type Backend, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Inbox, type InboxOptions,
   type Incoming, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue,
   type Stored, type Tx,
-} from "./store.ts";
+} from "../store.ts";
 
-export { redact } from "./postgres-pool.ts";
+export { redact } from "./pool.ts";
 
 // concatenated puts a batch's bodies in one buffer, with each body's 1-based offset and length for
 // substring(): pg sends a Buffer parameter as binary, where an array of them goes as a text literal with
@@ -689,7 +689,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
 
   // storeOnce is the one statement that stores a whole batch when nothing need follow it in the transaction:
   // every delivery with one route at most, no order key, and its (source, id) once in the batch. The
-  // committer then sends BEGIN, it and COMMIT in one write, one round trip a batch (postgres-commit.ts);
+  // committer then sends BEGIN, it and COMMIT in one write, one round trip a batch (postgres/commit.ts);
   // the rows it returns are the stored ones, and the copies it skipped go through storeAll after.
   protected storeOnce(ops: Extract<Op, { kind: "store" }>[]): pg.QueryConfig | undefined {
     const keys = new Set<string>();

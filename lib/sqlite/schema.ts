@@ -1,14 +1,14 @@
-// sqlite-schema.ts: the SQLite inbox's file: its schema as an ordered list of migrations (tracked with
+// sqlite/schema.ts: the SQLite inbox's file: its schema as an ordered list of migrations (tracked with
 // PRAGMA user_version), openDatabase() with each PRAGMA and why, and what the file was opened with, read
 // back and checked (durabilityProblem()). A new column or index is a new entry at the end of MIGRATIONS,
-// here and in postgres-schema.ts. Not run on its own.
+// here and in postgres/schema.ts. Not run on its own.
 
 import { existsSync } from "node:fs";
 import { dirname } from "node:path";
 import { DatabaseSync } from "node:sqlite";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { describeRuntime } from "./runtime.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { describeRuntime } from "../runtime.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
 export const MIGRATIONS: readonly string[] = [

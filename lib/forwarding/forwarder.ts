@@ -1,17 +1,17 @@
-// forwarder.ts: the worker's forwarding loop. One lane per destination, each with its own claims, its own
+// forwarding/forwarder.ts: the worker's forwarding loop. One lane per destination, each with its own claims, its own
 // requests in flight and its own breaker, so a destination that fails or hangs holds up only itself.
 // worker.ts runs it beside the handler when the sources file names destinations:
 //   INBOX_SOURCES=sources.json npx tsx worker.ts
 // See docs/forwarding.md for the model, the answer table and the breaker.
 
-import { DEFAULTS } from "./defaults.ts";
+import { DEFAULTS } from "../defaults.ts";
 import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } from "./forward.ts";
-import { label, message, type Log } from "./log.ts";
-import type { Metrics } from "./metrics.ts";
-import { redactor, secretsOf, type Redactor, type Secret } from "./redact.ts";
-import type { Destination, Forwarding, Route } from "./routes.ts";
-import { again, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "./store.ts";
-import { startProcess, type Process } from "./traces.ts";
+import { label, message, type Log } from "../log.ts";
+import type { Metrics } from "../metrics.ts";
+import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
+import type { Destination, Forwarding, Route } from "../routing/routes.ts";
+import { again, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "../store.ts";
+import { startProcess, type Process } from "../traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */

@@ -1,4 +1,4 @@
-// lib/sqlite-backup.ts: a SQLite inbox copied whole while it runs, and put back after a lost disk. backup() takes
+// sqlite/backup.ts: a SQLite inbox copied whole while it runs, and put back after a lost disk. backup() takes
 // one consistent snapshot through SQLite's online backup API, checks it, and renames it into place;
 // restore() puts a checked copy back, refusing a database that any process has open; healthProblem() is
 // the start-up quick_check. inbox.ts's `backup` and `restore` commands run them.
@@ -7,9 +7,9 @@
 import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import { DatabaseSync } from "node:sqlite";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { STATUSES, type Status } from "./store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { STATUSES, type Status } from "../store.ts";
 
 /** Snapshot is what a checked copy of an inbox holds. */
 export interface Snapshot {

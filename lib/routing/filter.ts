@@ -1,4 +1,4 @@
-// filter.ts: a route's "filter", the JSON syntax Hookdeck's and Convoy's filters share, compiled once at
+// routing/filter.ts: a route's "filter", the JSON syntax Hookdeck's and Convoy's filters share, compiled once at
 // start-up into plain closures and checked when a delivery is stored (routes.ts routeTo, handler.ts). Not
 // run on its own; docs/forwarding.md ("Filters") has the syntax and every place where the two gateways differ.
 //   "routes": [{ "to": "billing", "filter": { "body": { "livemode": true, "data": { "object": { "amount_due": { "$gt": 10000 } } } } } }]

@@ -1,4 +1,4 @@
-// sqlite-commit.ts: how the SQLite inbox's writes reach the disk. One connection per inbox, its writes
+// sqlite/commit.ts: how the SQLite inbox's writes reach the disk. One connection per inbox, its writes
 // queued and group-committed (a batch per event-loop turn), each settled once COMMIT is durable: FULL's
 // fsync, or with syncOffLoop an fdatasync of the WAL on a libuv thread; a checkpointer thread beside it.
 // SqliteInbox (sqlite.ts) builds the delivery's life on it. Not run on its own.
@@ -6,10 +6,10 @@
 import { fdatasync, openSync, realpathSync } from "node:fs";
 import { type DatabaseSync, type StatementSync } from "node:sqlite";
 import { Worker } from "node:worker_threads";
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { openDatabase } from "./sqlite-schema.ts";
-import type { InboxOptions } from "./store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { openDatabase } from "./schema.ts";
+import type { InboxOptions } from "../store.ts";
 
 // The checkpointer thread's whole program. PASSIVE neither waits for nor blocks a writer, so it can run
 // beside the receiver's commits; a failed pass (a full disk, a busy lock) is simply the next one's work,

@@ -1,9 +1,9 @@
-// postgres-schema.ts: the PostgreSQL inbox's schema, as an ordered list of migrations (tracked in the
+// postgres/schema.ts: the PostgreSQL inbox's schema, as an ordered list of migrations (tracked in the
 // inbox_migrations table), and migrate(), which applies them under an advisory lock so that ten hosts
 // starting at once migrate once. A new column or index is a new entry at the end of MIGRATIONS, here and
-// in sqlite-schema.ts. Not run on its own.
+// in sqlite/schema.ts. Not run on its own.
 
-import type { Pool } from "./postgres-pool.ts";
+import type { Pool } from "./pool.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
 export const MIGRATIONS: readonly string[] = [

@@ -1,15 +1,15 @@
-// preview.ts: what a stored delivery would become under the sources file as it is now, sending nothing:
+// forwarding/preview.ts: what a stored delivery would become under the sources file as it is now, sending nothing:
 // which routes its filters choose, and for each destination the exact request (headers and body, its
 // transform run). `inbox.ts preview ID [--to DESTINATION]` prints it; see docs/forwarding.md.
 //   npx tsx inbox.ts preview evt_1 --sources sources.json --to billing
 
-import { parseBrokerDestination } from "./brokers.ts";
-import { DEFAULTS } from "./defaults.ts";
-import { filterInput } from "./filter.ts";
+import { parseBrokerDestination } from "../brokers.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { filterInput } from "../routing/filter.ts";
 import { forwardHeaders } from "./forward.ts";
-import { message } from "./log.ts";
-import { loadDestinations, parseRoutes, refusal, type Route } from "./routes.ts";
-import type { Delivery, Lease } from "./store.ts";
+import { message } from "../log.ts";
+import { loadDestinations, parseRoutes, refusal, type Route } from "../routing/routes.ts";
+import type { Delivery, Lease } from "../store.ts";
 import { transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** PreviewRoute is one of the source's routes and whether it takes the delivery now. */

@@ -1,4 +1,4 @@
-// transform.ts: transforms, modules that reshape a delivery before each forward (a route's or a destination's
+// forwarding/transform.ts: transforms, modules that reshape a delivery before each forward (a route's or a destination's
 // "transform" in the sources file). Each module runs in a worker thread of its own (transform-thread.ts),
 // one delivery at a time, stopped when it runs past its time limit, so a loop holds no lane and no handler.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
@@ -8,8 +8,8 @@
 import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
-import { DEFAULTS } from "./defaults.ts";
-import type { Headers, Lease } from "./store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import type { Headers, Lease } from "../store.ts";
 
 /** JsonValue is any value JSON can hold. */
 export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };

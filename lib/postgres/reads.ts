@@ -1,16 +1,16 @@
-// postgres-reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
+// postgres/reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
 // destinations, gauges, readiness), apart from the delivery's life in postgres.ts, which extends it. Reads
-// go straight to the pool, outside the commit queue of postgres-commit.ts: they lock nothing and wait for
+// go straight to the pool, outside the commit queue of postgres/commit.ts: they lock nothing and wait for
 // no batch. Nothing here runs on its own; it is reached as PostgresInbox's methods.
 
-import { DEFAULTS } from "./defaults.ts";
-import { message } from "./log.ts";
-import { PostgresCommitter } from "./postgres-commit.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { message } from "../log.ts";
+import { PostgresCommitter } from "./commit.ts";
 import {
   DISTINCT_SOURCES, NO_DESTINATION, ORDERING_SQL, STATUSES, emptyBuckets, filterSql, orderingStatus, searchPageLimit, summarise, toDelivery,
   toDestinationState, toGauges, type AttemptError, type Bucket, type Cursor, type Delivery, type DestinationState, type Filter, type Gauges,
   type InboxOptions, type InboxStatus, type Kept, type SqlValue, type Status, type Summary,
-} from "./store.ts";
+} from "../store.ts";
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
 // that hosts whose clocks differ still agree on when a lease ends.

@@ -1,4 +1,4 @@
-// routes.ts: where each delivery goes. The sources file names destinations under "$destinations" (a key no
+// routing/routes.ts: where each delivery goes. The sources file names destinations under "$destinations" (a key no
 // source can have: "$" is not in a source name) and gives each source "routes"; a source without routes
 // goes to the handler, as before. Not run on its own: loadSources (providers.ts) reads the routes, and
 // worker.ts reads the destinations through loadDestinations. See docs/forwarding.md.
@@ -6,9 +6,9 @@
 //   "stripe": { "provider": "stripe", "secret": "env:STRIPE_SECRET", "routes": ["handler", { "to": "app", "types": ["invoice.*"] }] }
 
 import { readFileSync } from "node:fs";
-import { DEFAULTS } from "./defaults.ts";
+import { DEFAULTS } from "../defaults.ts";
 import { compileFilter, type FilterInput, type RouteFilter } from "./filter.ts";
-import { DESTINATION_NAME, type BreakerPolicy } from "./store.ts";
+import { DESTINATION_NAME, type BreakerPolicy } from "../store.ts";
 
 /** Route is one of a source's routes: a destination, the deliveries it takes, how they are reshaped, and what a 4xx answer means. */
 export interface Route {
