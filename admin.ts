@@ -18,7 +18,15 @@ import { readSourcesFile } from "./lib/providers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
 import { lineLog, message } from "./lib/log.ts";
-import { DESTINATION_NAME, STATUSES, type Delivery, type DestinationState, type Filter, type Inbox, type Status } from "./lib/store.ts";
+import {
+  DESTINATION_NAME,
+  STATUSES,
+  type Delivery,
+  type DestinationState,
+  type Filter,
+  type Inbox,
+  type Status,
+} from "./lib/store.ts";
 
 /** AdminOptions configures createAdmin; every number has a default in DEFAULTS. */
 export interface AdminOptions {
@@ -38,7 +46,10 @@ export interface AdminOptions {
   /** @default DEFAULTS.adminRefreshMs */
   refreshMs?: number;
   /** Tells the operator's URL of a pause or resume made here, as the CLI does; true, or why not. @default none */
-  announce?: (event: { type: "destination.paused" | "destination.resumed"; data: Record<string, unknown> }) => Promise<true | string>;
+  announce?: (event: {
+    type: "destination.paused" | "destination.resumed";
+    data: Record<string, unknown>;
+  }) => Promise<true | string>;
   /**
    * Secrets never shown, whatever holds them (redact.ts secretsOf() of the sources file), should a row
    * stored before the worker redacted its errors hold one. Each is replaced by its marker, such as
@@ -68,9 +79,14 @@ export function isLoopback(host: string): boolean {
  * listenAdmin starts the page on host:port and resolves with its URL. It refuses, with a TypeError, any
  * address beyond loopback unless a token guards the page: the receiver is for providers, this is not.
  */
-export async function listenAdmin(admin: Admin, options: { host: string; port: number; token?: string }): Promise<string> {
+export async function listenAdmin(
+  admin: Admin,
+  options: { host: string; port: number; token?: string },
+): Promise<string> {
   if (!isLoopback(options.host) && !options.token) {
-    throw new TypeError(`admin: expected --admin-token to listen on ${options.host}, a non-loopback address; got none (or use --host 127.0.0.1)`);
+    throw new TypeError(
+      `admin: expected --admin-token to listen on ${options.host}, a non-loopback address; got none (or use --host 127.0.0.1)`,
+    );
   }
   await new Promise<void>((resolve, reject) => {
     admin.server.once("error", reject);
@@ -111,7 +127,12 @@ const SESSION_MS = 12 * 3_600_000;
 const MAX_SESSIONS = 1_000;
 const MAX_FORM_BYTES = 64 * 1024;
 
-interface Session { id: string; csrf: string; who: string; expires: number }
+interface Session {
+  id: string;
+  csrf: string;
+  who: string;
+  expires: number;
+}
 
 class HttpError extends Error {
   readonly status: number;
@@ -146,7 +167,8 @@ function cookies(req: IncomingMessage): Map<string, string> {
 
 async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
   const type = req.headers["content-type"] ?? "";
-  if (!type.startsWith("application/x-www-form-urlencoded")) throw new HttpError(415, "expected a form (application/x-www-form-urlencoded)");
+  if (!type.startsWith("application/x-www-form-urlencoded"))
+    throw new HttpError(415, "expected a form (application/x-www-form-urlencoded)");
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
@@ -166,7 +188,8 @@ const FILTER_FIELDS = ["status", "source", "destination", "type", "since", "unti
 function parseTime(value: string, field: string): number {
   if (/^\d+$/.test(value)) return Number(value);
   const ms = Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(value) ? value : `${value}Z`);
-  if (Number.isNaN(ms)) throw new HttpError(400, `${field}: expected a date such as 2026-12-02T19:00 (UTC), got ${value}`);
+  if (Number.isNaN(ms))
+    throw new HttpError(400, `${field}: expected a date such as 2026-12-02T19:00 (UTC), got ${value}`);
   return ms;
 }
 
@@ -176,13 +199,24 @@ export function filterFrom(params: URLSearchParams): Filter {
   const filter: Filter = {};
   const status = get("status");
   if (status !== undefined) {
-    if (!(STATUSES as readonly string[]).includes(status)) throw new HttpError(400, `status: expected one of ${STATUSES.join(", ")}, got ${status}`);
+    if (!(STATUSES as readonly string[]).includes(status))
+      throw new HttpError(400, `status: expected one of ${STATUSES.join(", ")}, got ${status}`);
     filter.status = status as Status;
   }
-  const [source, type, id, q, error, since, until, destination] = ["source", "type", "id", "q", "error", "since", "until", "destination"].map(get);
+  const [source, type, id, q, error, since, until, destination] = [
+    "source",
+    "type",
+    "id",
+    "q",
+    "error",
+    "since",
+    "until",
+    "destination",
+  ].map(get);
   if (source !== undefined) filter.source = source;
   if (destination !== undefined) {
-    if (!DESTINATION_NAME.test(destination)) throw new HttpError(400, `destination: expected a destination's name, got ${destination}`);
+    if (!DESTINATION_NAME.test(destination))
+      throw new HttpError(400, `destination: expected a destination's name, got ${destination}`);
     filter.destination = destination;
   }
   if (type !== undefined) filter.type = type;
@@ -205,7 +239,12 @@ function filterQuery(params: URLSearchParams, extra: Record<string, string> = {}
 }
 
 // A cursor names a row, route included: a delivery's rows (one per destination) may straddle two pages.
-interface Cursor { receivedAt: number; source: string; id: string; route?: number }
+interface Cursor {
+  receivedAt: number;
+  source: string;
+  id: string;
+  route?: number;
+}
 
 function encodeCursor(d: Delivery): string {
   return Buffer.from(JSON.stringify([d.receivedAt, d.source, d.id, d.route])).toString("base64url");
@@ -216,7 +255,12 @@ function decodeCursor(text: string | null): Cursor | undefined {
   try {
     const [receivedAt, source, id, route] = JSON.parse(Buffer.from(text, "base64url").toString("utf8")) as unknown[];
     // A cursor from before destinations has no route: the store starts such a page past the whole delivery.
-    if (typeof receivedAt === "number" && typeof source === "string" && typeof id === "string" && (route === undefined || Number.isInteger(route))) {
+    if (
+      typeof receivedAt === "number" &&
+      typeof source === "string" &&
+      typeof id === "string" &&
+      (route === undefined || Number.isInteger(route))
+    ) {
       return { receivedAt, source, id, ...(route === undefined ? {} : { route: route as number }) };
     }
   } catch {
@@ -228,7 +272,12 @@ function decodeCursor(text: string | null): Cursor | undefined {
 // ---- Showing things ----------------------------------------------------------------------------------
 
 function iso(ms: number | null): string {
-  return ms === null ? "–" : new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  return ms === null
+    ? "–"
+    : new Date(ms)
+        .toISOString()
+        .replace("T", " ")
+        .replace(/\.\d+Z$/, "Z");
 }
 
 function age(ms: number): string {
@@ -356,8 +405,11 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
 
   const hidden = (s: Session) => `<input type="hidden" name="csrf" value="${escape(s.csrf)}">`;
   const action = (s: Session, path: string, label: string, fields: Record<string, string>, cls = "") =>
-    readOnly ? "" : `<form method="post" action="${escape(path)}" class="inline">${hidden(s)}${Object.entries(fields)
-      .map(([k, v]) => `<input type="hidden" name="${escape(k)}" value="${escape(v)}">`).join("")}<button class="${escape(cls)}">${escape(label)}</button></form>`;
+    readOnly
+      ? ""
+      : `<form method="post" action="${escape(path)}" class="inline">${hidden(s)}${Object.entries(fields)
+          .map(([k, v]) => `<input type="hidden" name="${escape(k)}" value="${escape(v)}">`)
+          .join("")}<button class="${escape(cls)}">${escape(label)}</button></form>`;
 
   // ---- Pages ----
 
@@ -367,10 +419,19 @@ ${tokenDigest && s.id !== "bearer" ? `<form method="post" action="/logout" class
     const hour = await inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
     // Done may be PostgreSQL's estimate on a large table: say so with ≈ rather than show a false exact count.
     const about = (name: Status) => (s.estimated && name === "done" ? "≈ " : "");
-    const cards = STATUSES.map((name) =>
-      `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${about(name)}${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`).join("");
-    const rows = s.sources.map(({ source, counts }) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES
-      .map((n) => `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${about(n)}${counts[n].toLocaleString("en")}</a>`}</td>`).join("")}</tr>`).join("");
+    const cards = STATUSES.map(
+      (name) =>
+        `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${about(name)}${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`,
+    ).join("");
+    const rows = s.sources
+      .map(
+        ({ source, counts }) =>
+          `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES.map(
+            (n) =>
+              `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${about(n)}${counts[n].toLocaleString("en")}</a>`}</td>`,
+          ).join("")}</tr>`,
+      )
+      .join("");
     return `<section class="cards">${cards}</section>
 <p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>
 ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had duplicates with a different body` : ""}</p>
@@ -384,12 +445,20 @@ ${held(destinations)}
   const held = (destinations: DestinationState[]) => {
     const holding = destinations.filter((d) => d.state !== "closed");
     if (holding.length === 0) return "";
-    return `<p class="held">Holding their deliveries: ${holding.map((d) =>
-      `<a href="/destinations">${escape(d.name)}</a> ${statusBadge(d.state)} ${d.waiting.toLocaleString("en")} waiting`).join(" · ")}</p>`;
+    return `<p class="held">Holding their deliveries: ${holding
+      .map(
+        (d) =>
+          `<a href="/destinations">${escape(d.name)}</a> ${statusBadge(d.state)} ${d.waiting.toLocaleString("en")} waiting`,
+      )
+      .join(" · ")}</p>`;
   };
 
   const overview = async (s: Session) =>
-    page(s, "Overview", `<h1>Overview <span class="live" id="live-state">live</span></h1><div id="live" data-refresh="${refreshMs}">${await overviewLive()}</div>`);
+    page(
+      s,
+      "Overview",
+      `<h1>Overview <span class="live" id="live-state">live</span></h1><div id="live" data-refresh="${refreshMs}">${await overviewLive()}</div>`,
+    );
 
   const filterForm = (params: URLSearchParams) => {
     const v = (name: string) => escape(params.get(name) ?? "");
@@ -413,19 +482,31 @@ ${held(destinations)}
     const rows = await inbox.search(filter, { after, limit: pageSize + 1 });
     const more = rows.length > pageSize;
     const shown = rows.slice(0, pageSize);
-    const table = shown.map((d) => `<tr><td><a href="${escape(deliveryHref(d))}">${escape(d.id)}</a></td><td>${escape(d.source)}</td>
+    const table = shown
+      .map(
+        (d) => `<tr><td><a href="${escape(deliveryHref(d))}">${escape(d.id)}</a></td><td>${escape(d.source)}</td>
 <td class="dest">${escape(destinationLabel(d.destination))}</td><td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
-<td class="error">${escape(redact(d.error ?? ""))}</td></tr>`).join("");
+<td class="error">${escape(redact(d.error ?? ""))}</td></tr>`,
+      )
+      .join("");
     const filtered = filterQuery(params) !== "";
     const status = params.get("status") || undefined;
-    const bulk = readOnly || !filtered ? "" : `<p class="bulk">Everything that matches, not only this page:
+    const bulk =
+      readOnly || !filtered
+        ? ""
+        : `<p class="bulk">Everything that matches, not only this page:
 ${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
 ${status === undefined || status === "done" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "replay" }))}">Replay all done…</a>` : ""}</p>`;
-    return page(s, "Deliveries", `<h1>Deliveries</h1>${filterForm(params)}${bulk}
+    return page(
+      s,
+      "Deliveries",
+      `<h1>Deliveries</h1>${filterForm(params)}${bulk}
 <div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>destination</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
 <tbody>${table || `<tr><td colspan="8">No deliveries match.</td></tr>`}</tbody></table></div>
 <p class="pager">${after ? `<a href="/deliveries?${escape(filterQuery(params))}">« newest</a>` : ""}
-${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: encodeCursor(shown.at(-1)!) }))}">older »</a>` : ""}</p>`, flash);
+${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: encodeCursor(shown.at(-1)!) }))}">older »</a>` : ""}</p>`,
+      flash,
+    );
   };
 
   const oneDelivery = async (s: Session, params: URLSearchParams, flash: string | null) => {
@@ -436,8 +517,13 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     if (found.length === 0) throw new HttpError(404, `no delivery ${source ? `${source}/` : ""}${id}`);
     const sources = [...new Set(found.map((d) => d.source))];
     if (sources.length > 1) {
-      return page(s, id, `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
-        .map((source) => `<li><a href="${escape(deliveryHref({ source, id }))}">${escape(source)}</a></li>`).join("")}</ul>`);
+      return page(
+        s,
+        id,
+        `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
+          .map((source) => `<li><a href="${escape(deliveryHref({ source, id }))}">${escape(source)}</a></li>`)
+          .join("")}</ul>`,
+      );
     }
     // One row per destination its routes chose, in route order; the first holds what they share.
     const rows = found;
@@ -445,79 +531,142 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
     const single = rows.length === 1;
     // A waiting row whose destination is open or paused waits for that, not for its due time: say so.
     const holding = rows.some((r) => r.status === "received" && r.destination !== "")
-      ? new Map((await inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state])) : new Map<string, string>();
+      ? new Map((await inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state]))
+      : new Map<string, string>();
     const tries = (await Promise.all(rows.map((r) => inbox.attemptErrors(r))))
       .flatMap((list, i) => list.map((a) => ({ ...a, destination: rows[i]!.destination })))
       .sort((a, b) => a.failedAt - b.failedAt);
     const views = bodyViews(d.body);
-    const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
+    const view =
+      params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
     const shown = view === "json" ? views.json : view === "text" ? views.text : views.base64;
-    const tab = (name: string, label: string, available: boolean) => available
-      ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>` : "";
+    const tab = (name: string, label: string, available: boolean) =>
+      available
+        ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>`
+        : "";
     const meta: [string, string][] = [
-      ["source", escape(d.source)], ["event type", escape(d.eventType ?? "–")],
-      ["received", escape(iso(d.receivedAt))], ["provider time", escape(iso(d.providerTime))], ["content type", escape(d.contentType ?? "–")],
-      ["body", `${d.body.length.toLocaleString("en")} bytes, sha256 <code>${escape(d.bodySha256.slice(0, 16))}…</code>`],
+      ["source", escape(d.source)],
+      ["event type", escape(d.eventType ?? "–")],
+      ["received", escape(iso(d.receivedAt))],
+      ["provider time", escape(iso(d.providerTime))],
+      ["content type", escape(d.contentType ?? "–")],
+      [
+        "body",
+        `${d.body.length.toLocaleString("en")} bytes, sha256 <code>${escape(d.bodySha256.slice(0, 16))}…</code>`,
+      ],
       ["duplicates with another body", String(d.conflicts)],
     ];
     // Retry and Replay act on one destination's row; a delivery with one row keeps them at the top.
     const rowAction = (r: Delivery) => {
-      const fields: Record<string, string> = single ? { source: r.source, id: r.id } : { source: r.source, id: r.id, destination: r.destination };
-      return r.status === "failed" ? action(s, "/retry", "Retry", fields, "primary")
-        : r.status === "done" ? action(s, "/replay", "Replay", fields, single ? "primary" : "") : "";
+      const fields: Record<string, string> = single
+        ? { source: r.source, id: r.id }
+        : { source: r.source, id: r.id, destination: r.destination };
+      return r.status === "failed"
+        ? action(s, "/retry", "Retry", fields, "primary")
+        : r.status === "done"
+          ? action(s, "/replay", "Replay", fields, single ? "primary" : "")
+          : "";
     };
-    const routeRows = rows.map((r) => `<tr><td>${r.destination === "" ? "(none)" : `<a href="/destinations">${escape(r.destination)}</a>`}</td>
-<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${r.status !== "received" ? "–"
-  : holding.has(r.destination) ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}` : escape(iso(r.availableAt))}</td>
+    const routeRows = rows
+      .map(
+        (r) => `<tr><td>${r.destination === "" ? "(none)" : `<a href="/destinations">${escape(r.destination)}</a>`}</td>
+<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${
+          r.status !== "received"
+            ? "–"
+            : holding.has(r.destination)
+              ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}`
+              : escape(iso(r.availableAt))
+        }</td>
 <td class="time">${r.leasedUntil === null ? "none" : `until ${escape(iso(r.leasedUntil))}`}</td><td class="time">${escape(iso(r.finishedAt))}</td>
-<td class="error">${escape(redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`).join("");
-    return page(s, d.id, `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
+<td class="error">${escape(redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`,
+      )
+      .join("");
+    return page(
+      s,
+      d.id,
+      `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
 <h1 class="id">${escape(d.id)} ${single ? statusBadge(d.status) : ""}</h1>
 <div class="actions">${single ? rowAction(d) : ""}</div>
 <h2>${single ? "Destination" : "Destinations"}</h2><div class="scroll"><table class="routes"><thead><tr><th>destination</th><th>status</th><th class="num">tries</th><th>due</th><th>lease</th><th>finished</th><th>last error</th>${single ? "" : "<th></th>"}</tr></thead>
 <tbody>${routeRows}</tbody></table></div>
-${tries.length === 0 ? "" : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
-  .map((a) => `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(redact(a.error))}</td></tr>`).join("")}</tbody></table></div>`}
+${
+  tries.length === 0
+    ? ""
+    : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
+        .map(
+          (a) =>
+            `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(redact(a.error))}</td></tr>`,
+        )
+        .join("")}</tbody></table></div>`
+}
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
 <h2>Body</h2><nav class="tabs">${tab("json", "JSON", views.json !== undefined)}${tab("text", "Raw", views.text !== undefined)}${tab("base64", "Base64", true)}</nav>
 ${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>
-${await previewSection(rows, params.get("preview") === "1")}`, flash);
+${await previewSection(rows, params.get("preview") === "1")}`,
+      flash,
+    );
   };
 
   // previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview`; nothing is sent.
   const previewSection = async (rows: readonly Delivery[], asked: boolean): Promise<string> => {
     if (!options.preview) return "";
-    if (!asked) return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as admin.ts read it at start, and each destination's request, its transform run; nothing is sent.</p>`;
+    if (!asked)
+      return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as admin.ts read it at start, and each destination's request, its transform run; nothing is sent.</p>`;
     let seen: Preview;
     try {
       seen = await options.preview(rows);
     } catch (error) {
       return `<h2>What would be sent now</h2><p class="error">${escape(redact(message(error)))}</p>`;
     }
-    const request = (r: Preview["requests"][number]) => r.kind === "handler" ? "the worker's handler runs it; nothing goes over the network"
-      : r.error ? `the try would fail: ${r.error}` : r.skipped ? "skipped: its transform returned null"
-      : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {}).map(([k, v]) => `${k}: ${v}`).join("\n")}\n\n${bodyForPeople(r.body!)}`;
+    const request = (r: Preview["requests"][number]) =>
+      r.kind === "handler"
+        ? "the worker's handler runs it; nothing goes over the network"
+        : r.error
+          ? `the try would fail: ${r.error}`
+          : r.skipped
+            ? "skipped: its transform returned null"
+            : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {})
+                .map(([k, v]) => `${k}: ${v}`)
+                .join("\n")}\n\n${bodyForPeople(r.body!)}`;
     return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(`${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`)).join("; ") || "none"}</p>
 ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(redact(request(r)))}</pre>`).join("")}`;
   };
 
   const destinationsPage = async (s: Session, flash: string | null) => {
     const all = await destinationStates();
-    const list = (d: DestinationState, status: Status, n: number) => n === 0 ? "0"
-      : `<a href="/deliveries?${escape(new URLSearchParams({ destination: d.name, status }).toString())}">${n.toLocaleString("en")}</a>`;
-    const rate = (d: DestinationState) => d.failureRate === null ? "–"
-      : `${Math.round(d.failureRate * 100)}%${d.failuresInRow > 0 ? ` <span class="note">(${d.failuresInRow} in a row)</span>` : ""}`;
-    const control = (d: DestinationState) => readOnly ? ""
-      : d.state === "paused" ? action(s, "/resume", "Resume", { destination: d.name }, "primary")
-      : `<form method="post" action="/pause" class="pause">${hidden(s)}<input type="hidden" name="destination" value="${escape(d.name)}"><input name="reason" placeholder="why (optional)" size="14" maxlength="200" aria-label="why pause ${escape(d.name)}"><button>Pause</button></form>`;
-    const rows = all.map((d) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
+    const list = (d: DestinationState, status: Status, n: number) =>
+      n === 0
+        ? "0"
+        : `<a href="/deliveries?${escape(new URLSearchParams({ destination: d.name, status }).toString())}">${n.toLocaleString("en")}</a>`;
+    const rate = (d: DestinationState) =>
+      d.failureRate === null
+        ? "–"
+        : `${Math.round(d.failureRate * 100)}%${d.failuresInRow > 0 ? ` <span class="note">(${d.failuresInRow} in a row)</span>` : ""}`;
+    const control = (d: DestinationState) =>
+      readOnly
+        ? ""
+        : d.state === "paused"
+          ? action(s, "/resume", "Resume", { destination: d.name }, "primary")
+          : `<form method="post" action="/pause" class="pause">${hidden(s)}<input type="hidden" name="destination" value="${escape(d.name)}"><input name="reason" placeholder="why (optional)" size="14" maxlength="200" aria-label="why pause ${escape(d.name)}"><button>Pause</button></form>`;
+    const rows = all
+      .map(
+        (
+          d,
+        ) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
 <td>${statusBadge(d.state)} <span class="detail">${escape(redact(stateDetail(d)))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
 <td class="num">${d.processing.toLocaleString("en")}</td><td class="num">${list(d, "failed", d.failed)}</td><td class="num">${rate(d)}</td>
-<td class="error">${d.lastError === null ? "" : `${escape(redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`).join("");
-    return page(s, "Destinations", `<h1>Destinations</h1>
+<td class="error">${d.lastError === null ? "" : `${escape(redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`,
+      )
+      .join("");
+    return page(
+      s,
+      "Destinations",
+      `<h1>Destinations</h1>
 <div class="scroll"><table class="destinations"><thead><tr><th>destination</th><th>state</th><th class="num">waiting</th><th class="num">in flight</th><th class="num">failed</th><th class="num">failure rate</th><th>last error</th><th></th></tr></thead>
 <tbody>${rows}</tbody></table></div>
-<p class="note">Closed: forwarding. Open: its breaker tripped after too many failures; its deliveries wait without spending attempts, and one probe tries again after the cool-down. Paused: held until resumed, by a person or by a 410 from the destination; nothing is discarded. The failure rate is over the breaker's current window.</p>`, flash);
+<p class="note">Closed: forwarding. Open: its breaker tripped after too many failures; its deliveries wait without spending attempts, and one probe tries again after the cool-down. Paused: held until resumed, by a person or by a 410 from the destination; nothing is discarded. The failure rate is over the breaker's current window.</p>`,
+      flash,
+    );
   };
 
   // failureGroups counts failed deliveries by their exact error in the database, then merges the counts
@@ -541,12 +690,24 @@ ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requ
   const failures = async (s: Session, flash: string | null) => {
     const groups = await failureGroups();
     // The list link narrows by the group's longest literal piece: a filter cannot say the normalised key.
-    const literal = (key: string) => key.split(/<\w+>|\[hidden\]/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
-    const rows = groups.map((g) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
-<td class="time">${escape(iso(g.latest))}</td><td>${action(s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`).join("");
-    return page(s, "Failures", `<h1>Failures, grouped by error</h1>
+    const literal = (key: string) =>
+      key.split(/<\w+>|\[hidden\]/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
+    const rows = groups
+      .map(
+        (
+          g,
+        ) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
+<td class="time">${escape(iso(g.latest))}</td><td>${action(s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`,
+      )
+      .join("");
+    return page(
+      s,
+      "Failures",
+      `<h1>Failures, grouped by error</h1>
 <div class="scroll"><table><thead><tr><th class="num">failed</th><th>error</th><th>latest</th><th></th></tr></thead>
-<tbody>${rows || `<tr><td colspan="4">Nothing has failed.</td></tr>`}</tbody></table></div>`, flash);
+<tbody>${rows || `<tr><td colspan="4">Nothing has failed.</td></tr>`}</tbody></table></div>`,
+      flash,
+    );
   };
 
   const bulkConfirm = async (s: Session, params: URLSearchParams) => {
@@ -556,10 +717,14 @@ ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requ
     const n = await inbox.count(filter);
     const fields = Object.fromEntries([...new URLSearchParams(filterQuery(params))]);
     const verb = kind === "retry" ? "Retry" : "Replay";
-    return page(s, `${verb}?`, `<h1>${verb} ${n.toLocaleString("en")} ${kind === "retry" ? "failed" : "done"} ${n === 1 ? "delivery" : "deliveries"}?</h1>
+    return page(
+      s,
+      `${verb}?`,
+      `<h1>${verb} ${n.toLocaleString("en")} ${kind === "retry" ? "failed" : "done"} ${n === 1 ? "delivery" : "deliveries"}?</h1>
 <p>Everything that matches this filter (${escape(describe(filter))}), not only the rows on screen, in batches of ${batchSize} beside the running worker.</p>
 ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleString("en")}`, { ...fields, action: kind, expected: String(n) }, "primary")}
-<p><a href="/deliveries?${escape(filterQuery(params))}">Back to the list</a></p>`);
+<p><a href="/deliveries?${escape(filterQuery(params))}">Back to the list</a></p>`,
+    );
   };
 
   // ---- Actions: each one checked, done, audited, then redirected so a reload does not repeat it ----
@@ -568,15 +733,31 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
   const destinationStates = async (): Promise<DestinationState[]> => {
     const known = await inbox.destinations();
     const missing = (options.destinations ?? []).filter((name) => !known.some((d) => d.name === name));
-    return [...known, ...missing.map((name): DestinationState => ({
-      name, state: "closed", pausedReason: null, retryAt: null, probing: false, waiting: 0, processing: 0, failed: 0,
-      failuresInRow: 0, failureRate: null, lastError: null, lastErrorAt: null,
-    }))].sort((a, b) => (a.name < b.name ? -1 : 1));
+    return [
+      ...known,
+      ...missing.map(
+        (name): DestinationState => ({
+          name,
+          state: "closed",
+          pausedReason: null,
+          retryAt: null,
+          probing: false,
+          waiting: 0,
+          processing: 0,
+          failed: 0,
+          failuresInRow: 0,
+          failureRate: null,
+          lastError: null,
+          lastErrorAt: null,
+        }),
+      ),
+    ].sort((a, b) => (a.name < b.name ? -1 : 1));
   };
   const destinationField = (form: URLSearchParams): string | undefined => {
     const name = form.get("destination");
     if (name === null || name === "") return undefined;
-    if (!DESTINATION_NAME.test(name)) throw new HttpError(400, `destination: expected a destination's name, got ${name}`);
+    if (!DESTINATION_NAME.test(name))
+      throw new HttpError(400, `destination: expected a destination's name, got ${name}`);
     return name;
   };
   // Only a destination the inbox knows may be paused: a typo would otherwise make a paused one of its own.
@@ -593,25 +774,37 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     return said === true ? " The operator's URL was told." : ` The operator's URL was not told: ${said}.`;
   };
 
-  const actions: Record<string, (s: Session, form: URLSearchParams) => Promise<{ what: string; count: number; to: string; flash: string }>> = {
+  const actions: Record<
+    string,
+    (s: Session, form: URLSearchParams) => Promise<{ what: string; count: number; to: string; flash: string }>
+  > = {
     "/retry": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
       const destination = destinationField(form);
       // One destination's row, or every failed row of the delivery when none is named.
-      const n = destination === undefined ? await inbox.retry(target)
-        : await inbox.retryMatching({ ...target, destination, status: "failed" }, { batch: batchSize });
+      const n =
+        destination === undefined
+          ? await inbox.retry(target)
+          : await inbox.retryMatching({ ...target, destination, status: "failed" }, { batch: batchSize });
       return {
         what: `retry delivery=${JSON.stringify(`${target.source}/${target.id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`,
-        count: n, to: deliveryHref(target), flash: n >= 1 ? "Queued again." : "Not failed any more: nothing to retry.",
+        count: n,
+        to: deliveryHref(target),
+        flash: n >= 1 ? "Queued again." : "Not failed any more: nothing to retry.",
       };
     },
     "/replay": async (_s, form) => {
       const target = { source: form.get("source") ?? DEFAULTS.source, id: form.get("id") ?? "" };
       const destination = destinationField(form);
-      const { replayed } = await inbox.replayMatching({ source: target.source, id: target.id, ...(destination === undefined ? {} : { destination }) }, { batch: batchSize });
+      const { replayed } = await inbox.replayMatching(
+        { source: target.source, id: target.id, ...(destination === undefined ? {} : { destination }) },
+        { batch: batchSize },
+      );
       return {
         what: `replay delivery=${JSON.stringify(`${target.source}/${target.id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`,
-        count: replayed, to: deliveryHref(target), flash: replayed >= 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay.",
+        count: replayed,
+        to: deliveryHref(target),
+        flash: replayed >= 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay.",
       };
     },
     "/pause": async (s, form) => {
@@ -620,8 +813,12 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
       const changed = await inbox.pause(destination, reason);
       const told = changed ? await tell({ type: "destination.paused", data: { destination, reason, by: s.who } }) : "";
       return {
-        what: `pause destination=${JSON.stringify(destination)} reason=${JSON.stringify(reason)}`, count: changed ? 1 : 0, to: "/destinations",
-        flash: changed ? `${destination} paused: its deliveries wait, none discarded.${told}` : `${destination} was already paused; nothing changed.`,
+        what: `pause destination=${JSON.stringify(destination)} reason=${JSON.stringify(reason)}`,
+        count: changed ? 1 : 0,
+        to: "/destinations",
+        flash: changed
+          ? `${destination} paused: its deliveries wait, none discarded.${told}`
+          : `${destination} was already paused; nothing changed.`,
       };
     },
     "/resume": async (s, form) => {
@@ -629,20 +826,30 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
       const changed = await inbox.resume(destination);
       const told = changed ? await tell({ type: "destination.resumed", data: { destination, by: s.who } }) : "";
       return {
-        what: `resume destination=${JSON.stringify(destination)}`, count: changed ? 1 : 0, to: "/destinations",
-        flash: changed ? `${destination} resumed: its deliveries go again.${told}` : `${destination} was not paused; nothing changed.`,
+        what: `resume destination=${JSON.stringify(destination)}`,
+        count: changed ? 1 : 0,
+        to: "/destinations",
+        flash: changed
+          ? `${destination} resumed: its deliveries go again.${told}`
+          : `${destination} was not paused; nothing changed.`,
       };
     },
     "/bulk": async (_s, form) => {
       const kind = form.get("action");
       if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
       const filter = bulkFilter(form, kind);
-      const n = kind === "retry"
-        ? await inbox.retryMatching(filter, { batch: batchSize })
-        : (await inbox.replayMatching(filter, { batch: batchSize })).replayed;
+      const n =
+        kind === "retry"
+          ? await inbox.retryMatching(filter, { batch: batchSize })
+          : (await inbox.replayMatching(filter, { batch: batchSize })).replayed;
       const expected = form.get("expected");
       const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";
-      return { what: `${kind} filter: ${describe(filter)}`, count: n, to: `/deliveries?${filterQuery(form)}`, flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.` };
+      return {
+        what: `${kind} filter: ${describe(filter)}`,
+        count: n,
+        to: `/deliveries?${filterQuery(form)}`,
+        flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.`,
+      };
     },
     "/retry-group": async (_s, form) => {
       const key = form.get("group") ?? "";
@@ -653,11 +860,19 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
       for (;;) {
         const page = await inbox.search({ status: "failed" }, { after, limit: batchSize });
         const mine = page.filter((d) => normaliseError(d.error === null ? null : redact(d.error)) === key);
-        n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id })))).reduce((a, b) => a + b, 0);
+        n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id })))).reduce(
+          (a, b) => a + b,
+          0,
+        );
         if (page.length < batchSize) break;
         after = page.at(-1);
       }
-      return { what: `retry group=${JSON.stringify(key)}`, count: n, to: "/failures", flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.` };
+      return {
+        what: `retry group=${JSON.stringify(key)}`,
+        count: n,
+        to: "/failures",
+        flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.`,
+      };
     },
   };
 
@@ -665,7 +880,12 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     handle(req, res).catch((error: unknown) => {
       const status = error instanceof HttpError ? error.status : 500;
       if (status === 500) console.error(`admin: ${req.method} ${req.url}: ${message(error)}`);
-      if (!res.headersSent) send(res, status, `<!doctype html><meta charset="utf-8"><link rel="stylesheet" href="/admin.css"><main><h1>${status}</h1><p>${escape(status === 500 ? "Something went wrong; the server's log says what." : message(error))}</p><p><a href="/">Overview</a></p></main>`);
+      if (!res.headersSent)
+        send(
+          res,
+          status,
+          `<!doctype html><meta charset="utf-8"><link rel="stylesheet" href="/admin.css"><main><h1>${status}</h1><p>${escape(status === 500 ? "Something went wrong; the server's log says what." : message(error))}</p><p><a href="/">Overview</a></p></main>`,
+        );
       else res.end();
     });
   });
@@ -677,7 +897,9 @@ ${n === 0 ? `<p>Nothing to do.</p>` : action(s, "/bulk", `${verb} ${n.toLocaleSt
     res.end(body);
   };
 
-  const loginPage = (flash?: string) => `<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+  const loginPage = (
+    flash?: string,
+  ) => `<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Log in · webhook inbox</title><link rel="stylesheet" href="/admin.css"></head><body><main class="login"><h1>webhook inbox</h1>
 ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" action="/login"><label>Admin token <input type="password" name="token" autocomplete="current-password" autofocus></label> <button class="primary">Log in</button></form></main></body></html>`;
 
@@ -685,9 +907,24 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
     const url = new URL(req.url ?? "/", "http://admin.invalid");
     const path = url.pathname;
     // Without a token the page trusts loopback; a Host that is not loopback means DNS rebinding.
-    if (!tokenDigest && !isLoopback((req.headers.host ?? "").replace(/:\d+$/, ""))) throw new HttpError(403, "this page answers to a loopback address only");
-    if (req.method === "GET" && path === "/admin.css") return void res.writeHead(200, { ...SECURITY_HEADERS, "content-type": "text/css; charset=utf-8", "cache-control": "max-age=300" }).end(CSS);
-    if (req.method === "GET" && path === "/admin.js") return void res.writeHead(200, { ...SECURITY_HEADERS, "content-type": "text/javascript; charset=utf-8", "cache-control": "max-age=300" }).end(JS);
+    if (!tokenDigest && !isLoopback((req.headers.host ?? "").replace(/:\d+$/, "")))
+      throw new HttpError(403, "this page answers to a loopback address only");
+    if (req.method === "GET" && path === "/admin.css")
+      return void res
+        .writeHead(200, {
+          ...SECURITY_HEADERS,
+          "content-type": "text/css; charset=utf-8",
+          "cache-control": "max-age=300",
+        })
+        .end(CSS);
+    if (req.method === "GET" && path === "/admin.js")
+      return void res
+        .writeHead(200, {
+          ...SECURITY_HEADERS,
+          "content-type": "text/javascript; charset=utf-8",
+          "cache-control": "max-age=300",
+        })
+        .end(JS);
     // Browsers ask for it on every page; there is none, and a 404 would be noise in their console.
     if (req.method === "GET" && path === "/favicon.ico") return void res.writeHead(204, SECURITY_HEADERS).end();
     if (path === "/login" && tokenDigest) {
@@ -740,11 +977,15 @@ ${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" actio
     if (s.id !== "bearer") {
       const csrf = Buffer.from(form.get("csrf") ?? "");
       const expected = Buffer.from(s.csrf);
-      if (csrf.length !== expected.length || !timingSafeEqual(csrf, expected)) throw new HttpError(403, "missing or wrong CSRF token: reload the page and try again");
+      if (csrf.length !== expected.length || !timingSafeEqual(csrf, expected))
+        throw new HttpError(403, "missing or wrong CSRF token: reload the page and try again");
     }
     if (path === "/logout") {
       sessions.delete(s.id);
-      return send(res, 303, "", { location: "/login", "set-cookie": `${COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0` });
+      return send(res, 303, "", {
+        location: "/login",
+        "set-cookie": `${COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0`,
+      });
     }
     const run = actions[path];
     if (!run) throw new HttpError(404, `no action ${path}`);
@@ -771,15 +1012,19 @@ function bulkFilter(params: URLSearchParams, kind: "retry" | "replay"): Filter {
   const filter = filterFrom(params);
   const needed = kind === "retry" ? "failed" : "done";
   if (filter.status !== undefined && filter.status !== needed) {
-    throw new HttpError(400, `only ${needed} deliveries can be ${kind === "retry" ? "retried" : "replayed"}; this filter asks for ${filter.status}`);
+    throw new HttpError(
+      400,
+      `only ${needed} deliveries can be ${kind === "retry" ? "retried" : "replayed"}; this filter asks for ${filter.status}`,
+    );
   }
   return { ...filter, status: needed };
 }
 
 // describe says a filter in words, for the confirmation and the audit line.
 function describe(filter: Filter): string {
-  const parts = Object.entries(filter).filter(([, v]) => v !== undefined).map(([k, v]) =>
-    `${k}=${k === "since" || k === "until" ? iso(v as number) : JSON.stringify(v)}`);
+  const parts = Object.entries(filter)
+    .filter(([, v]) => v !== undefined)
+    .map(([k, v]) => `${k}=${k === "since" || k === "until" ? iso(v as number) : JSON.stringify(v)}`);
   return parts.length === 0 ? "everything" : parts.join(" ");
 }
 
@@ -890,17 +1135,30 @@ export async function main(argv: string[]): Promise<void> {
     .option("--host <address>", "address to listen on; beyond loopback only with --admin-token", DEFAULTS.host)
     .option("--admin-token <token|env:NAME>", "the token exchanged for a session cookie (env:NAME reads it from $NAME)")
     .option("--read-only", "show everything, refuse every action")
-    .option("--sources <file>", "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what would be sent, and no secret it names is ever shown (default: INBOX_SOURCES)")
-    .addHelpText("after", `
+    .option(
+      "--sources <file>",
+      "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what would be sent, and no secret it names is ever shown (default: INBOX_SOURCES)",
+    )
+    .addHelpText(
+      "after",
+      `
 Examples:
   npx tsx admin.ts --db inbox.db
   ADMIN_TOKEN=$(openssl rand -hex 16) npx tsx admin.ts --admin-token env:ADMIN_TOKEN --host 0.0.0.0
   npx tsx admin.ts --db inbox.db --sources sources.json
-  npx tsx admin.ts --db postgres://127.0.0.1:5432/test?schema=inbox --read-only`)
+  npx tsx admin.ts --db postgres://127.0.0.1:5432/test?schema=inbox --read-only`,
+    )
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{ db?: string; port: number; host: string; adminToken?: string; readOnly?: boolean; sources?: string }>();
+  const opts = program.opts<{
+    db?: string;
+    port: number;
+    host: string;
+    adminToken?: string;
+    readOnly?: boolean;
+    sources?: string;
+  }>();
   let token = opts.adminToken;
   if (token?.startsWith("env:")) {
     const name = token.slice(4);
@@ -908,7 +1166,9 @@ Examples:
     if (!token) fatal(`admin: --admin-token env:${name}, but $${name} is empty or unset`);
   }
   if (!isLoopback(opts.host) && !token) {
-    fatal(`admin: refusing to listen on ${opts.host} without --admin-token: the page must not be open beyond this machine`);
+    fatal(
+      `admin: refusing to listen on ${opts.host} without --admin-token: the page must not be open beyond this machine`,
+    );
   }
   // The sources file's secrets are read, as the worker reads them, only to keep them off the page.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
@@ -932,9 +1192,16 @@ Examples:
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
   const admin = createAdmin({
-    inbox, token, readOnly: opts.readOnly, audit: log, hide: forwarding ? secretsOf(forwarding) : [], destinations: [...forwarding?.destinations.keys() ?? []],
+    inbox,
+    token,
+    readOnly: opts.readOnly,
+    audit: log,
+    hide: forwarding ? secretsOf(forwarding) : [],
+    destinations: [...(forwarding?.destinations.keys() ?? [])],
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
-    ...(sourcesFile ? { preview: (rows: readonly Delivery[]) => preview(rows, config, { base: dirname(resolve(sourcesFile)) }) } : {}),
+    ...(sourcesFile
+      ? { preview: (rows: readonly Delivery[]) => preview(rows, config, { base: dirname(resolve(sourcesFile)) }) }
+      : {}),
   });
   let url: string;
   try {
@@ -942,7 +1209,9 @@ Examples:
   } catch (error) {
     return fatal(`admin: cannot listen on ${opts.host}:${opts.port}: ${message(error)}`, 1);
   }
-  console.log(`Operator page on ${url}${opts.readOnly ? " (read-only)" : ""}${token ? "" : " (no token: loopback only)"}`);
+  console.log(
+    `Operator page on ${url}${opts.readOnly ? " (read-only)" : ""}${token ? "" : " (no token: loopback only)"}`,
+  );
   const stop = async () => {
     admin.server.close();
     admin.server.closeAllConnections();

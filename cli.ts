@@ -8,16 +8,24 @@ import { pathToFileURL } from "node:url";
 
 // Loaded on demand: `webhook-inbox inbox status` need not load the receiver, the page or prom-client.
 const COMMANDS: Record<string, { about: string; load: () => Promise<(argv: string[]) => Promise<void>> }> = {
-  receiver: { about: "receive webhooks and store each one durably before answering 200", load: async () => (await import("./receiver.ts")).main },
+  receiver: {
+    about: "receive webhooks and store each one durably before answering 200",
+    load: async () => (await import("./receiver.ts")).main,
+  },
   worker: { about: "process each stored delivery exactly once", load: async () => (await import("./worker.ts")).main },
-  inbox: { about: "look into the inbox, retry, replay, purge, export and import", load: async () => (await import("./inbox.ts")).cli },
+  inbox: {
+    about: "look into the inbox, retry, replay, purge, export and import",
+    load: async () => (await import("./inbox.ts")).cli,
+  },
   admin: { about: "the operator page, in a browser", load: async () => (await import("./admin.ts")).main },
 };
 
 const USAGE = `Usage: webhook-inbox <command> [options]
 
 Commands:
-${Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(10)}${c.about}`).join("\n")}
+${Object.entries(COMMANDS)
+  .map(([name, c]) => `  ${name.padEnd(10)}${c.about}`)
+  .join("\n")}
 
 Each takes the options of its script; webhook-inbox <command> --help lists them.
 
@@ -35,7 +43,9 @@ export async function main(argv: string[]): Promise<void> {
   }
   const command = name === undefined ? undefined : COMMANDS[name];
   if (!command) {
-    console.error(`${name === undefined ? "webhook-inbox: which command?" : `webhook-inbox: unknown command ${name}`} (${Object.keys(COMMANDS).join(", ")}; run with --help for usage)`);
+    console.error(
+      `${name === undefined ? "webhook-inbox: which command?" : `webhook-inbox: unknown command ${name}`} (${Object.keys(COMMANDS).join(", ")}; run with --help for usage)`,
+    );
     process.exit(2);
   }
   await (await command.load())([argv[0]!, argv[1]!, ...rest]);

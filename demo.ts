@@ -56,7 +56,9 @@ let receiver: ChildProcess | undefined;
 try {
   await step("two copies of one delivery, handled at once", "naive-race.ts", []);
 
-  console.log(`\n$ ${runner} receiver.ts --port 0 --db ${db} &\n  # the receiver, on a free port and a throwaway database`);
+  console.log(
+    `\n$ ${runner} receiver.ts --port 0 --db ${db} &\n  # the receiver, on a free port and a throwaway database`,
+  );
   receiver = script("receiver.ts", ["--port", "0", "--db", db]);
   show(receiver, "  receiver| ");
   const url = await new Promise<string>((resolve, reject) => {

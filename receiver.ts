@@ -76,9 +76,14 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   metrics?.reportReadiness(readiness);
 
   const headersTimeout = options.headersTimeoutMs ?? DEFAULTS.headersTimeoutMs;
-  const longestBody = (options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs) +
+  const longestBody =
+    (options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs) +
     Math.ceil(((options.maxBodyBytes ?? DEFAULTS.maxBodyBytes) * 1000) / (options.minBodyRate ?? DEFAULTS.minBodyRate));
-  const perAddress = limitPerAddress(options.maxConnectionsPerIp ?? DEFAULTS.maxConnectionsPerIp, options.clientIpHeader ?? DEFAULTS.clientIpHeader, log);
+  const perAddress = limitPerAddress(
+    options.maxConnectionsPerIp ?? DEFAULTS.maxConnectionsPerIp,
+    options.clientIpHeader ?? DEFAULTS.clientIpHeader,
+    log,
+  );
   const server = createServer(
     {
       headersTimeout: headersTimeout,
@@ -91,12 +96,20 @@ export function createReceiver(options: ReceiverOptions): Receiver {
       // Probes and scrapes first, before the in-flight limit: an overloaded receiver is still alive.
       if (route(req, res, readiness, metrics)) return;
       if ((req.method === "GET" || req.method === "HEAD") && (req.url ?? "/").split("?")[0] === "/healthz") {
-        res.writeHead(200, { "content-type": "text/plain; charset=utf-8", "content-length": 2, ...(stopping ? { connection: "close" } : {}) });
+        res.writeHead(200, {
+          "content-type": "text/plain; charset=utf-8",
+          "content-length": 2,
+          ...(stopping ? { connection: "close" } : {}),
+        });
         return void res.end("ok");
       }
       if (!perAddress.admit(req, res)) {
         metrics?.observe(NO_SOURCE, "unavailable", undefined, 503);
-        res.writeHead(503, { "content-type": "text/plain; charset=utf-8", "retry-after": String(options.retryAfterS ?? DEFAULTS.retryAfterS), connection: "close" });
+        res.writeHead(503, {
+          "content-type": "text/plain; charset=utf-8",
+          "retry-after": String(options.retryAfterS ?? DEFAULTS.retryAfterS),
+          connection: "close",
+        });
         return void res.end("too many requests from one address, try again later");
       }
       webhooks.node(req, res);
@@ -108,7 +121,8 @@ export function createReceiver(options: ReceiverOptions): Receiver {
     metrics?.observe(NO_SOURCE, "rejected", undefined, status);
     log(`rejected: ${status} malformed request (${error.code ?? error.message})`, { level: "warn", status });
     if (!socket.writable || (socket as { _httpMessage?: unknown })._httpMessage) return void socket.destroy();
-    const text = status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
+    const text =
+      status === 431 ? "Request Header Fields Too Large" : status === 408 ? "Request Timeout" : "Bad Request";
     socket.end(`HTTP/1.1 ${status} ${text}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
     // node:http allows half-open sockets, so end() waits for the client's own FIN, which a client that never
     // reads never sends: its socket would stay open. It gets the moment send() gives a refusal, then goes.
@@ -139,8 +153,13 @@ export function createReceiver(options: ReceiverOptions): Receiver {
  * proxy's, so the count moves to requests, from their headers until their answer, by the address in the
  * proxy's header; one past the cap is answered 503. Refusals are logged at most once a second.
  */
-function limitPerAddress(max: number, header: string, log: Log): { watch(server: Server): void; admit(req: IncomingMessage, res: ServerResponse): boolean } {
-  if (!Number.isInteger(max) || max < 1) throw new TypeError(`createReceiver: expected maxConnectionsPerIp to be a whole number of 1 or more, got ${max}`);
+function limitPerAddress(
+  max: number,
+  header: string,
+  log: Log,
+): { watch(server: Server): void; admit(req: IncomingMessage, res: ServerResponse): boolean } {
+  if (!Number.isInteger(max) || max < 1)
+    throw new TypeError(`createReceiver: expected maxConnectionsPerIp to be a whole number of 1 or more, got ${max}`);
   const name = header.toLowerCase();
   const open = new Map<string, number>();
   let refused = 0;
@@ -155,7 +174,10 @@ function limitPerAddress(max: number, header: string, log: Log): { watch(server:
     const now = performance.now();
     if (now - lastLog >= 1_000) {
       lastLog = now;
-      log(`rejected: ${refused} ${name ? "request" : "connection"}(s) over ${max} from one address, the last from ${address}`, { level: "warn", address, refused });
+      log(
+        `rejected: ${refused} ${name ? "request" : "connection"}(s) over ${max} from one address, the last from ${address}`,
+        { level: "warn", address, refused },
+      );
       refused = 0;
     }
     return false;
@@ -178,7 +200,7 @@ function limitPerAddress(max: number, header: string, log: Log): { watch(server:
       if (!name) return true;
       // The proxy appends the address it saw to what the client sent, so only the last value is its word.
       const value = req.headers[name];
-      const last = (Array.isArray(value) ? value.join(",") : value ?? "").split(",").at(-1)!.trim();
+      const last = (Array.isArray(value) ? value.join(",") : (value ?? "")).split(",").at(-1)!.trim();
       const address = last || (req.socket.remoteAddress ?? "");
       if (!take(address)) return false;
       res.once("close", () => give(address));
@@ -196,7 +218,8 @@ export async function main(argv: string[]): Promise<void> {
     return n;
   };
   const logFormat = (value: string) => {
-    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    if (!(LOG_FORMATS as readonly string[]).includes(value))
+      throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
     return value as LogFormat;
   };
   const program = new Command("receiver.ts")
@@ -205,21 +228,65 @@ export async function main(argv: string[]): Promise<void> {
     .option("--host <address>", "address to listen on", DEFAULTS.host)
     .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option("--max-body <bytes>", "largest body accepted, in bytes", whole(1), DEFAULTS.maxBodyBytes)
-    .option("--max-in-flight <n>", "requests whose body is complete, held at once before answering 503", whole(1), DEFAULTS.maxInFlight)
-    .option("--headers-timeout <ms>", "milliseconds a client may take to send its headers", whole(1), DEFAULTS.headersTimeoutMs)
-    .option("--body-timeout <ms>", "milliseconds a body may take before it must keep up --min-body-rate (then 408)", whole(1), DEFAULTS.bodyTimeoutMs)
-    .option("--min-body-rate <bytes>", "bytes a second a body must average once --body-timeout has passed", whole(1), DEFAULTS.minBodyRate)
-    .option("--max-connections-per-ip <n>", "connections one client address may hold open (behind --client-ip-header: requests)", whole(1), DEFAULTS.maxConnectionsPerIp)
-    .option("--client-ip-header <name>", "header a trusted reverse proxy sets to the client's address (its last value counts); only when the port is reachable through the proxy alone")
-    .option("--in-flight-from-headers", "count a request against --max-in-flight from its headers, as before, so senders stalled mid-body fill it (for comparison)")
+    .option(
+      "--max-in-flight <n>",
+      "requests whose body is complete, held at once before answering 503",
+      whole(1),
+      DEFAULTS.maxInFlight,
+    )
+    .option(
+      "--headers-timeout <ms>",
+      "milliseconds a client may take to send its headers",
+      whole(1),
+      DEFAULTS.headersTimeoutMs,
+    )
+    .option(
+      "--body-timeout <ms>",
+      "milliseconds a body may take before it must keep up --min-body-rate (then 408)",
+      whole(1),
+      DEFAULTS.bodyTimeoutMs,
+    )
+    .option(
+      "--min-body-rate <bytes>",
+      "bytes a second a body must average once --body-timeout has passed",
+      whole(1),
+      DEFAULTS.minBodyRate,
+    )
+    .option(
+      "--max-connections-per-ip <n>",
+      "connections one client address may hold open (behind --client-ip-header: requests)",
+      whole(1),
+      DEFAULTS.maxConnectionsPerIp,
+    )
+    .option(
+      "--client-ip-header <name>",
+      "header a trusted reverse proxy sets to the client's address (its last value counts); only when the port is reachable through the proxy alone",
+    )
+    .option(
+      "--in-flight-from-headers",
+      "count a request against --max-in-flight from its headers, as before, so senders stalled mid-body fill it (for comparison)",
+    )
     .option("--sources <file>", "JSON file of signed sources, each served at POST /<name> (default: INBOX_SOURCES)")
     .option("--quiet", "don't log a line per delivery")
-    .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
+    .option(
+      "--log-format <format>",
+      `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`,
+      logFormat,
+      "text",
+    )
     .option("--no-metrics", "don't count answers or serve GET /metrics (for comparison; /livez and /readyz stay)")
-    .option("--inline-checkpoints", "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)")
+    .option(
+      "--inline-checkpoints",
+      "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)",
+    )
     .option("--force", "start on a SQLite file that fails quick_check (checked at start-up, never per request)")
-    .option("--sync-in-commit", "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)")
-    .addHelpText("after", `
+    .option(
+      "--sync-in-commit",
+      "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)",
+    )
+    .addHelpText(
+      "after",
+      `
 Answers: 200 stored | 200 duplicate | 400 bad request | 401 bad signature | 404 unknown path | 405 not POST
          408 body too slow | 413 body too large | 431 headers too large
          503 could not store, or over --max-in-flight or --max-connections-per-ip (Retry-After)
@@ -234,14 +301,30 @@ Examples:
   PORT=9000 npx tsx receiver.ts --db /tmp/inbox.db
   curl -X POST -H 'X-Delivery-Id: evt_1' -d '{"customer":"Ann","amount":5}' http://127.0.0.1:8000/
   npx tsx receiver.ts --sources sources.json
-  curl http://127.0.0.1:8000/metrics     # Prometheus; /livez and /readyz for probes`)
+  curl http://127.0.0.1:8000/metrics     # Prometheus; /livez and /readyz for probes`,
+    )
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
-    port?: number; host: string; db?: string; maxBody: number; maxInFlight: number; sources?: string; quiet?: boolean;
-    headersTimeout: number; bodyTimeout: number; minBodyRate: number; maxConnectionsPerIp: number; clientIpHeader?: string; inFlightFromHeaders?: boolean;
-    inlineCheckpoints?: boolean; syncInCommit?: boolean; logFormat: LogFormat; metrics: boolean; force?: boolean;
+    port?: number;
+    host: string;
+    db?: string;
+    maxBody: number;
+    maxInFlight: number;
+    sources?: string;
+    quiet?: boolean;
+    headersTimeout: number;
+    bodyTimeout: number;
+    minBodyRate: number;
+    maxConnectionsPerIp: number;
+    clientIpHeader?: string;
+    inFlightFromHeaders?: boolean;
+    inlineCheckpoints?: boolean;
+    syncInCommit?: boolean;
+    logFormat: LogFormat;
+    metrics: boolean;
+    force?: boolean;
   }>();
   format = opts.logFormat;
   const envPort = process.env.PORT;
@@ -257,14 +340,20 @@ Examples:
       parsed = JSON.parse(readFileSync(sourcesFile, "utf8"));
     } catch (error) {
       // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
-      const why = error instanceof SyntaxError ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}` : message(error);
+      const why =
+        error instanceof SyntaxError
+          ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}`
+          : message(error);
       fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
     }
     try {
       sources = loadSources(parsed, process.env);
       // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
       // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
-      loadDestinations(parsed, process.env, { resolve: false, brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false) });
+      loadDestinations(parsed, process.env, {
+        resolve: false,
+        brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
+      });
     } catch (error) {
       fatal(`receiver: ${sourcesFile}: ${message(error)}`);
     }
@@ -282,7 +371,10 @@ Examples:
     // No ack waits behind a checkpoint, and the event loop never waits for the disk, unless asked to
     // (bench/ingest and bench/latency compare). Either way a 200 follows the fsync of its delivery.
     inbox = await connect(path, {
-      backgroundCheckpoints: !opts.inlineCheckpoints, syncOffLoop: !opts.syncInCommit, pageCacheKb: DEFAULTS.receiverPageCacheKb, ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
+      backgroundCheckpoints: !opts.inlineCheckpoints,
+      syncOffLoop: !opts.syncInCommit,
+      pageCacheKb: DEFAULTS.receiverPageCacheKb,
+      ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
     });
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
@@ -292,18 +384,33 @@ Examples:
     say("warning: deliveries are not verified; anyone who can reach this port can store one.", "warn");
   } else {
     for (const s of sources.values()) {
-      const signed = s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
+      const signed =
+        s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
       say(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`, "info", { source: s.name });
-      if (s.secrets.length === 0) say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", { source: s.name });
+      if (s.secrets.length === 0)
+        say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", {
+          source: s.name,
+        });
     }
   }
   const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
-    inbox, sources, maxBodyBytes: opts.maxBody, maxInFlight: opts.maxInFlight, log: opts.quiet ? silent : log, metrics,
-    headersTimeoutMs: opts.headersTimeout, bodyTimeoutMs: opts.bodyTimeout, minBodyRate: opts.minBodyRate,
-    maxConnectionsPerIp: opts.maxConnectionsPerIp, clientIpHeader: opts.clientIpHeader ?? DEFAULTS.clientIpHeader, inFlightFromHeaders: opts.inFlightFromHeaders,
+    inbox,
+    sources,
+    maxBodyBytes: opts.maxBody,
+    maxInFlight: opts.maxInFlight,
+    log: opts.quiet ? silent : log,
+    metrics,
+    headersTimeoutMs: opts.headersTimeout,
+    bodyTimeoutMs: opts.bodyTimeout,
+    minBodyRate: opts.minBodyRate,
+    maxConnectionsPerIp: opts.maxConnectionsPerIp,
+    clientIpHeader: opts.clientIpHeader ?? DEFAULTS.clientIpHeader,
+    inFlightFromHeaders: opts.inFlightFromHeaders,
   });
-  receiver.server.on("error", (error) => fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
+  receiver.server.on("error", (error) =>
+    fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1),
+  );
   receiver.server.listen(port, opts.host, () => {
     const address = receiver.server.address();
     const actual = typeof address === "object" && address ? address.port : port;

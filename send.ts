@@ -45,33 +45,65 @@ export interface Signing {
  * (the delivery ID inside the body where the provider puts it there), signed now. The body depends only
  * on the delivery (Linear's signed timestamp aside), so a retry is a true duplicate, as a provider's is.
  */
-export function signed(delivery: Outgoing, signing: Signing | undefined, url: string): { body: string; headers: Record<string, string>; url: string } {
-  if (!signing) return { body: JSON.stringify(delivery.event), headers: { "content-type": "application/json", "x-delivery-id": delivery.id }, url };
+export function signed(
+  delivery: Outgoing,
+  signing: Signing | undefined,
+  url: string,
+): { body: string; headers: Record<string, string>; url: string } {
+  if (!signing)
+    return {
+      body: JSON.stringify(delivery.event),
+      headers: { "content-type": "application/json", "x-delivery-id": delivery.id },
+      url,
+    };
   const { provider, secret } = signing;
   const nowMs = (signing.now ?? Date.now)();
   const { id, event } = delivery;
   const [body, eventType]: [unknown, string | undefined] =
-    provider === "standard" ? [{ type: "payment.succeeded", data: event }, undefined]
-    : provider === "stripe" ? [{ id, object: "event", type: "payment_intent.succeeded", data: { object: event } }, undefined]
-    : provider === "slack" ? [{ type: "event_callback", event_id: id, event: { type: "payment", payment: event } }, undefined]
-    : provider === "github" ? [event, "payment"]
-    : provider === "shopify" ? [event, "orders/paid"]
-    : provider === "paddle" ? [{ event_id: id, event_type: "transaction.paid", data: event }, undefined]
-    : provider === "linear" ? [{ action: "create", type: "Payment", data: event, webhookTimestamp: nowMs }, "Payment"]
-    : provider === "square" ? [{ merchant_id: "M1", type: "payment.updated", event_id: id, data: { object: event } }, undefined]
-    : provider === "zoom" ? [{ event: "payment.succeeded", payload: { id, object: event } }, undefined]
-    : provider === "intercom" ? [{ type: "notification_event", id, topic: "payment.succeeded", data: { item: event } }, undefined]
-    : [event, undefined];
+    provider === "standard"
+      ? [{ type: "payment.succeeded", data: event }, undefined]
+      : provider === "stripe"
+        ? [{ id, object: "event", type: "payment_intent.succeeded", data: { object: event } }, undefined]
+        : provider === "slack"
+          ? [{ type: "event_callback", event_id: id, event: { type: "payment", payment: event } }, undefined]
+          : provider === "github"
+            ? [event, "payment"]
+            : provider === "shopify"
+              ? [event, "orders/paid"]
+              : provider === "paddle"
+                ? [{ event_id: id, event_type: "transaction.paid", data: event }, undefined]
+                : provider === "linear"
+                  ? [{ action: "create", type: "Payment", data: event, webhookTimestamp: nowMs }, "Payment"]
+                  : provider === "square"
+                    ? [{ merchant_id: "M1", type: "payment.updated", event_id: id, data: { object: event } }, undefined]
+                    : provider === "zoom"
+                      ? [{ event: "payment.succeeded", payload: { id, object: event } }, undefined]
+                      : provider === "intercom"
+                        ? [
+                            { type: "notification_event", id, topic: "payment.succeeded", data: { item: event } },
+                            undefined,
+                          ]
+                        : [event, undefined];
   const text = JSON.stringify(body);
   // Twilio signs a JSON body through the URL: its SHA-256 goes in as bodySHA256, and the URL is signed.
   const hash = provider === "twilio" ? `bodySHA256=${createHash("sha256").update(text).digest("hex")}` : "";
   const withHash = (u: string) => (hash ? `${u}${u.includes("?") ? "&" : "?"}${hash}` : u);
-  const headers = sign(provider, secret, { id, body: text, timestampS: Math.floor(nowMs / 1000), eventType, url: withHash(signing.signedUrl ?? url) });
+  const headers = sign(provider, secret, {
+    id,
+    body: text,
+    timestampS: Math.floor(nowMs / 1000),
+    eventType,
+    url: withHash(signing.signedUrl ?? url),
+  });
   return { body: text, headers: { "content-type": "application/json", ...headers }, url: withHash(url) };
 }
 
 /** send posts one delivery, signed if signing is given, and returns the receiver's status and answer. */
-export async function send(url: string, delivery: Outgoing, signing?: Signing): Promise<{ status: number; text: string }> {
+export async function send(
+  url: string,
+  delivery: Outgoing,
+  signing?: Signing,
+): Promise<{ status: number; text: string }> {
   const out = signed(delivery, signing, url);
   const response = await request(out.url, { method: "POST", headers: out.headers, body: out.body });
   return { status: response.statusCode, text: (await response.body.text()).trim() };
@@ -115,9 +147,12 @@ export interface FloodSummary {
 export async function flood(url: string, options: FloodOptions): Promise<FloodSummary> {
   const concurrency = options.concurrency ?? 16;
   const duplicates = options.duplicates ?? 0;
-  if (!Number.isInteger(options.count) || options.count < 1) throw new TypeError(`flood: expected count >= 1, got ${options.count}`);
-  if (!Number.isInteger(concurrency) || concurrency < 1) throw new TypeError(`flood: expected concurrency >= 1, got ${concurrency}`);
-  if (!(duplicates >= 0 && duplicates <= 1)) throw new TypeError(`flood: expected duplicates in [0, 1], got ${duplicates}`);
+  if (!Number.isInteger(options.count) || options.count < 1)
+    throw new TypeError(`flood: expected count >= 1, got ${options.count}`);
+  if (!Number.isInteger(concurrency) || concurrency < 1)
+    throw new TypeError(`flood: expected concurrency >= 1, got ${concurrency}`);
+  if (!(duplicates >= 0 && duplicates <= 1))
+    throw new TypeError(`flood: expected duplicates in [0, 1], got ${duplicates}`);
   const random = options.random ?? Math.random;
   // A prefix of its own, so a second run against the same inbox sends new deliveries, not duplicates.
   const run = `flood-${Date.now().toString(36)}-${Math.floor(random() * 36 ** 4).toString(36)}`;
@@ -131,7 +166,17 @@ export async function flood(url: string, options: FloodOptions): Promise<FloodSu
       plan.push(delivery);
     }
   }
-  const summary: FloodSummary = { sent: 0, stored: 0, duplicate: 0, refused: {}, errors: 0, seconds: 0, perSecond: 0, p50Ms: 0, p99Ms: 0 };
+  const summary: FloodSummary = {
+    sent: 0,
+    stored: 0,
+    duplicate: 0,
+    refused: {},
+    errors: 0,
+    seconds: 0,
+    perSecond: 0,
+    p50Ms: 0,
+    p99Ms: 0,
+  };
   const latencies: number[] = [];
   const started = performance.now();
   let next = 0;
@@ -156,7 +201,8 @@ export async function flood(url: string, options: FloodOptions): Promise<FloodSu
   summary.seconds = (performance.now() - started) / 1000;
   summary.perSecond = summary.sent / summary.seconds;
   latencies.sort((a, b) => a - b);
-  const at = (q: number) => (latencies.length === 0 ? 0 : latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))]!);
+  const at = (q: number) =>
+    latencies.length === 0 ? 0 : latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))]!;
   summary.p50Ms = at(0.5);
   summary.p99Ms = at(0.99);
   return summary;
@@ -165,9 +211,13 @@ export async function flood(url: string, options: FloodOptions): Promise<FloodSu
 /** floodLine is the summary as one line for people. */
 export function floodLine(s: FloodSummary): string {
   const refused = Object.values(s.refused).reduce((a, b) => a + b, 0);
-  const by = Object.entries(s.refused).map(([status, n]) => `${n}× ${status}`).join(", ");
-  return `sent ${s.sent} in ${s.seconds.toFixed(1)} s: stored ${s.stored}, duplicate ${s.duplicate}, refused ${refused}${by ? ` (${by})` : ""}` +
-    `${s.errors > 0 ? `, no answer ${s.errors}` : ""}; ${Math.round(s.perSecond)} req/s; p50 ${s.p50Ms.toFixed(2)} ms, p99 ${s.p99Ms.toFixed(2)} ms`;
+  const by = Object.entries(s.refused)
+    .map(([status, n]) => `${n}× ${status}`)
+    .join(", ");
+  return (
+    `sent ${s.sent} in ${s.seconds.toFixed(1)} s: stored ${s.stored}, duplicate ${s.duplicate}, refused ${refused}${by ? ` (${by})` : ""}` +
+    `${s.errors > 0 ? `, no answer ${s.errors}` : ""}; ${Math.round(s.perSecond)} req/s; p50 ${s.p50Ms.toFixed(2)} ms, p99 ${s.p99Ms.toFixed(2)} ms`
+  );
 }
 
 async function main(argv: string[]): Promise<void> {
@@ -179,11 +229,13 @@ async function main(argv: string[]): Promise<void> {
   };
   const percent = (value: string) => {
     const n = Number(value.replace(/%$/, ""));
-    if (value.trim() === "" || !Number.isFinite(n) || n < 0 || n > 100) throw new InvalidArgumentError("expected a percentage from 0 to 100, such as 10%.");
+    if (value.trim() === "" || !Number.isFinite(n) || n < 0 || n > 100)
+      throw new InvalidArgumentError("expected a percentage from 0 to 100, such as 10%.");
     return n / 100;
   };
   const logFormat = (value: string) => {
-    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    if (!(LOG_FORMATS as readonly string[]).includes(value))
+      throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
     return value as LogFormat;
   };
   const program = new Command("send.ts")
@@ -192,22 +244,55 @@ async function main(argv: string[]): Promise<void> {
     .option("--provider <name>", `sign like this provider: ${SENDABLE.join(", ")} (default: unsigned, X-Delivery-Id)`)
     .option("--secret <secret>", "the source's secret, as the provider gives it (whsec_… for stripe and standard)")
     .option("--signed-url <url>", "the URL the provider was given, which square and twilio sign (default: --url)")
-    .option("--count <n>", "flood: send this many deliveries instead of the article's four, then print a summary", whole)
+    .option(
+      "--count <n>",
+      "flood: send this many deliveries instead of the article's four, then print a summary",
+      whole,
+    )
     .option("--concurrency <n>", "flood: requests in flight at once", whole, 16)
-    .option("--duplicates <percent>", "flood: this share of the deliveries resend an earlier one (e.g. 10%)", percent, 0)
-    .option("--log-format <format>", `text, or json: the answers and the summary as JSON objects, one per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
-    .addHelpText("after", `
+    .option(
+      "--duplicates <percent>",
+      "flood: this share of the deliveries resend an earlier one (e.g. 10%)",
+      percent,
+      0,
+    )
+    .option(
+      "--log-format <format>",
+      `text, or json: the answers and the summary as JSON objects, one per line (${LOG_FORMATS.join(" or ")})`,
+      logFormat,
+      "text",
+    )
+    .addHelpText(
+      "after",
+      `
 Examples:
   npx tsx receiver.ts &    # in another terminal
   npx tsx send.ts
   npx tsx send.ts --url http://127.0.0.1:9000
   npx tsx send.ts --provider stripe --secret "$STRIPE_WEBHOOK_SECRET" --url http://127.0.0.1:8000/stripe
-  npx tsx send.ts --count 10000 --concurrency 32 --duplicates 10%     # flood; progress on a terminal`)
+  npx tsx send.ts --count 10000 --concurrency 32 --duplicates 10%     # flood; progress on a terminal`,
+    )
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const { url, provider, secret, signedUrl, count, concurrency, duplicates, logFormat: format } = program.opts<{
-    url: string; provider?: string; secret?: string; signedUrl?: string; count?: number; concurrency: number; duplicates: number; logFormat: LogFormat;
+  const {
+    url,
+    provider,
+    secret,
+    signedUrl,
+    count,
+    concurrency,
+    duplicates,
+    logFormat: format,
+  } = program.opts<{
+    url: string;
+    provider?: string;
+    secret?: string;
+    signedUrl?: string;
+    count?: number;
+    concurrency: number;
+    duplicates: number;
+    logFormat: LogFormat;
   }>();
   const json = format === "json";
   const say = (line: string) => console.error(json ? jsonLine(line, { level: "error" }) : line);
@@ -236,7 +321,13 @@ Examples:
     // The live line goes to stderr, on a terminal only; the summary to stdout, whatever it is.
     let sent = 0;
     const shown = progress(process.stderr, () => ({ done: sent, total: count }));
-    const summary = await flood(url, { count, concurrency, duplicates, signing, onAnswer: (s) => void (sent = s.sent) });
+    const summary = await flood(url, {
+      count,
+      concurrency,
+      duplicates,
+      signing,
+      onAnswer: (s) => void (sent = s.sent),
+    });
     shown?.stop();
     console.log(json ? jsonLine(floodLine(summary), { ...summary }) : floodLine(summary));
     if (summary.errors === summary.sent) {
@@ -251,13 +342,19 @@ Examples:
     try {
       const { status, text } = await send(url, delivery, signing);
       const line = status === 200 ? `${delivery.id}: ${text}` : `${delivery.id}: ${status} ${text}`;
-      console.log(json ? jsonLine(line, { level: status === 200 ? "info" : "warn", id: delivery.id, status, answer: text }) : line);
+      console.log(
+        json
+          ? jsonLine(line, { level: status === 200 ? "info" : "warn", id: delivery.id, status, answer: text })
+          : line,
+      );
       if (status !== 200) process.exitCode = 1;
     } catch (error) {
       const refused = (error as { code?: string }).code === "ECONNREFUSED";
-      say(refused
-        ? `send: no receiver at ${url} (connection refused); start one with: npx tsx receiver.ts`
-        : `send: ${delivery.id} could not be sent to ${url}: ${message(error)}`);
+      say(
+        refused
+          ? `send: no receiver at ${url} (connection refused); start one with: npx tsx receiver.ts`
+          : `send: ${delivery.id} could not be sent to ${url}: ${message(error)}`,
+      );
       process.exit(1);
     }
   }

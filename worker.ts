@@ -10,9 +10,26 @@ import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
-  jsonLine, label, lineLog, LOG_FORMATS, message, progress, type Log, type LogFormat, type Progress,
+  jsonLine,
+  label,
+  lineLog,
+  LOG_FORMATS,
+  message,
+  progress,
+  type Log,
+  type LogFormat,
+  type Progress,
 } from "./lib/log.ts";
-import { again, PermanentError, sqlstate, type Inbox, type Lease, type LocalWrite, type PurgeOptions, type SetAside } from "./lib/store.ts";
+import {
+  again,
+  PermanentError,
+  sqlstate,
+  type Inbox,
+  type Lease,
+  type LocalWrite,
+  type PurgeOptions,
+  type SetAside,
+} from "./lib/store.ts";
 import type { Metrics } from "./lib/metrics.ts";
 import { announce, checkSecrets } from "./lib/forwarding/forward.ts";
 import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
@@ -121,10 +138,16 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const log: Log = options.log ?? ((line: string) => console.error(line));
   const metrics = options.metrics;
   const redact = options.redact ?? ((text: string) => text);
-  for (const [name, value, min] of [["leaseMs", leaseMs, 1], ["concurrency", concurrency, 1], ["pollMinMs", pollMin, 0], ["pollMaxMs", pollMax, pollMin]] as const) {
+  for (const [name, value, min] of [
+    ["leaseMs", leaseMs, 1],
+    ["concurrency", concurrency, 1],
+    ["pollMinMs", pollMin, 0],
+    ["pollMaxMs", pollMax, pollMin],
+  ] as const) {
     if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
   }
-  if (options.purge && !(options.purge.everyMs >= 1)) throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
+  if (options.purge && !(options.purge.everyMs >= 1))
+    throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const active = new Map<Lease, AbortController>();
   // Each started lease's span, ended once its outcome is committed or known (traces.ts).
@@ -147,8 +170,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // CLAIM_SHARE times its own time in work for each handler's place: where a commit's fsync is slow, a
   // claim sized by the handlers alone would cost the worker as much as the work it brings.
   let claimMs = 0;
-  const claimSize = () => Math.max(concurrency, Math.min(claimBatch,
-    Math.floor((concurrency * Math.max(CLAIM_AHEAD_MS, CLAIM_SHARE * claimMs)) / handlerMs)));
+  const claimSize = () =>
+    Math.max(
+      concurrency,
+      Math.min(claimBatch, Math.floor((concurrency * Math.max(CLAIM_AHEAD_MS, CLAIM_SHARE * claimMs)) / handlerMs)),
+    );
   const stop = options.signal;
 
   // wake ends the current pause early: a handler finished (room to claim) or the worker is stopping.
@@ -166,30 +192,51 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // deadlock, a dropped connection, a server restarting) is counted, logged once, and the write goes
   // again for as long as a lease lasts, the lease kept meanwhile by the heartbeat. A done mark's writes
   // rolled back with it, so they run again with it, once.
-  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>, first?: { error: unknown }): Promise<T> => again(write, {
-    forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
-    onError: (error, tries) => {
-      metrics?.dbError("handler", error);
-      if (tries === 1) log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
-    },
-  }, first);
+  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>, first?: { error: unknown }): Promise<T> =>
+    again(
+      write,
+      {
+        forMs: leaseMs,
+        minMs: pollMin,
+        maxMs: 4 * pollMax,
+        onError: (error, tries) => {
+          metrics?.dbError("handler", error);
+          if (tries === 1)
+            log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, {
+              level: "warn",
+              source: lease.source,
+              id: lease.id,
+              sqlstate: sqlstate(error),
+            });
+        },
+      },
+      first,
+    );
   // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
   const unwake = inbox.onWake(() => wake());
   const purging = schedulePurge(inbox, options.purge, stop, log);
 
-  const heartbeat = setInterval(() => {
-    for (const [lease, controller] of active) {
-      inbox.extend(lease, leaseMs).then(
-        (held) => {
-          if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
-        },
-        (error: unknown) => {
-          metrics?.dbError("handler", error);
-          log(`${label(lease)}: could not extend the lease: ${message(error)}`, { level: "warn", source: lease.source, id: lease.id, sqlstate: sqlstate(error) });
-        },
-      );
-    }
-  }, options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)));
+  const heartbeat = setInterval(
+    () => {
+      for (const [lease, controller] of active) {
+        inbox.extend(lease, leaseMs).then(
+          (held) => {
+            if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
+          },
+          (error: unknown) => {
+            metrics?.dbError("handler", error);
+            log(`${label(lease)}: could not extend the lease: ${message(error)}`, {
+              level: "warn",
+              source: lease.source,
+              id: lease.id,
+              sqlstate: sqlstate(error),
+            });
+          },
+        );
+      }
+    },
+    options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)),
+  );
 
   // Done marks held for the next claim, which takes them into its own transaction. Handlers that wait on
   // I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own: on
@@ -212,10 +259,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       h.sent({ done });
     }
   };
-  const finishWithClaim = (lease: Lease, writes: LocalWrite[]) => new Promise<{ done: Promise<boolean> }>((sent) => {
-    held.push({ lease, writes, sent });
-    holding ??= setTimeout(finishHeld, pollMax);
-  });
+  const finishWithClaim = (lease: Lease, writes: LocalWrite[]) =>
+    new Promise<{ done: Promise<boolean> }>((sent) => {
+      held.push({ lease, writes, sent });
+      holding ??= setTimeout(finishHeld, pollMax);
+    });
 
   const handlerDone = (lease: Lease, started: number) => {
     const ms = performance.now() - started;
@@ -257,7 +305,10 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         stats.lost++;
         traced(lease, "lost");
         metrics?.lost(lease);
-        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, { level: "warn", ...fields });
+        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, {
+          level: "warn",
+          ...fields,
+        });
       }
     } catch (error) {
       // The done mark and the writes rolled back together; nothing is marked done that wasn't written.
@@ -298,18 +349,34 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       } else if (outcome.status === "failed") {
         stats.failed++;
         metrics?.failed(lease);
-        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, { level: "error", ...fields, status: "failed" });
-        announceSetAside({ source: lease.source, id: lease.id, destination: lease.destination, attempts: lease.attempts, error: said });
+        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, {
+          level: "error",
+          ...fields,
+          status: "failed",
+        });
+        announceSetAside({
+          source: lease.source,
+          id: lease.id,
+          destination: lease.destination,
+          attempts: lease.attempts,
+          error: said,
+        });
       } else {
         stats.retried++;
         metrics?.retried(lease);
-        log(`${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${said}`,
-          { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt });
+        log(
+          `${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${said}`,
+          { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt },
+        );
       }
     } catch (failError) {
       // Unrecorded, it is tried again once its lease runs out.
       traced(lease, "retry", said);
-      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, { level: "error", source: lease.source, id: lease.id });
+      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, {
+        level: "error",
+        source: lease.source,
+        id: lease.id,
+      });
     }
   }
 
@@ -328,16 +395,25 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
         event = JSON.parse(strictUtf8.decode(lease.body));
       } catch (error) {
         // V8 quotes a piece of the text in its JSON errors: keep only where, so no log repeats a body.
-        const why = error instanceof SyntaxError ? `not valid JSON${/ at position \d+/.exec(error.message)?.[0] ?? ""}` : message(error);
+        const why =
+          error instanceof SyntaxError
+            ? `not valid JSON${/ at position \d+/.exec(error.message)?.[0] ?? ""}`
+            : message(error);
         throw new PermanentError(`the body is not JSON: ${why}`);
       }
       const writes: LocalWrite[] = [];
-      await span.run(() => handler({
-        delivery: lease, event, key: `${lease.source}:${lease.id}`, signal: controller.signal,
-        stale: lease.newerId !== null, ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
-        ...(span.traceparent !== undefined ? { traceparent: span.traceparent } : {}),
-        write: (fn) => void writes.push(fn),
-      }));
+      await span.run(() =>
+        handler({
+          delivery: lease,
+          event,
+          key: `${lease.source}:${lease.id}`,
+          signal: controller.signal,
+          stale: lease.newerId !== null,
+          ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
+          ...(span.traceparent !== undefined ? { traceparent: span.traceparent } : {}),
+          write: (fn) => void writes.push(fn),
+        }),
+      );
       if (controller.signal.aborted) throw controller.signal.reason;
       return writes;
     }).finally(() => {
@@ -395,10 +471,15 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     }
     // Leases not yet started go straight back; the ones at work get the grace period.
     // A release that fails for good leaves the lease to run out instead: the worker stops all the same.
-    const giveBack = (lease: Lease) => persist("release the lease", lease, () => inbox.release(lease)).catch((error: unknown) => {
-      log(`${label(lease)}: could not release (${message(error)}); it goes again when its lease expires`, { level: "warn", source: lease.source, id: lease.id });
-      return false;
-    });
+    const giveBack = (lease: Lease) =>
+      persist("release the lease", lease, () => inbox.release(lease)).catch((error: unknown) => {
+        log(`${label(lease)}: could not release (${message(error)}); it goes again when its lease expires`, {
+          level: "warn",
+          source: lease.source,
+          id: lease.id,
+        });
+        return false;
+      });
     for (const lease of waiting.splice(0)) {
       active.delete(lease);
       if (await giveBack(lease)) stats.released++;
@@ -415,7 +496,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
       traced(lease, "released");
       if (await giveBack(lease)) {
         stats.released++;
-        log(`${label(lease)} released: the worker stopped before it finished`, { source: lease.source, id: lease.id, status: "received" });
+        log(`${label(lease)} released: the worker stopped before it finished`, {
+          source: lease.source,
+          id: lease.id,
+          status: "received",
+        });
       }
     }
     finishHeld();
@@ -438,7 +523,10 @@ const CLAIM_SHARE = 10;
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
 // after the batch in flight. A failed purge is logged and tried again next time: the queue comes first.
 function schedulePurge(
-  inbox: Inbox, purge: WorkerOptions["purge"], signal: AbortSignal | undefined, log: (line: string) => void,
+  inbox: Inbox,
+  purge: WorkerOptions["purge"],
+  signal: AbortSignal | undefined,
+  log: (line: string) => void,
 ): { stop(): Promise<void> } {
   if (purge === undefined) return { stop: async () => {} };
   const { everyMs, ...ages } = purge;
@@ -449,7 +537,9 @@ function schedulePurge(
     running = inbox.purge({ ...ages, signal: stopped.signal }).then(
       (r) => {
         if (r.bodies > 0 || r.forgotten > 0) {
-          log(`purge: dropped ${r.bodies} bodies (${r.bytes} bytes), forgot ${r.forgotten} tombstones${r.vacuumedBytes ? `, gave ${r.vacuumedBytes} bytes back` : ""}`);
+          log(
+            `purge: dropped ${r.bodies} bodies (${r.bytes} bytes), forgot ${r.forgotten} tombstones${r.vacuumedBytes ? `, gave ${r.vacuumedBytes} bytes back` : ""}`,
+          );
         }
       },
       (error: unknown) => log(`purge failed (${message(error)}); trying again in ${Math.round(everyMs / 60_000)} min`),
@@ -495,8 +585,15 @@ export function recordPayment(job: Job): void {
   const { customer, amount } = event;
   // A plain INSERT, not INSERT OR IGNORE: if a payment were ever written twice, this would fail loudly.
   // Returning run's result lets PostgreSQL's commit wait for it; on SQLite it has already run.
-  job.write((tx) => tx.run("INSERT INTO payments (source, delivery_id, customer, amount) VALUES (?, ?, ?, ?)",
-    job.delivery.source, job.delivery.id, customer, amount));
+  job.write((tx) =>
+    tx.run(
+      "INSERT INTO payments (source, delivery_id, customer, amount) VALUES (?, ?, ?, ?)",
+      job.delivery.source,
+      job.delivery.id,
+      customer,
+      amount,
+    ),
+  );
 }
 
 /** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
@@ -508,12 +605,14 @@ export async function main(argv: string[]): Promise<void> {
     return n;
   };
   const logFormat = (value: string) => {
-    if (!(LOG_FORMATS as readonly string[]).includes(value)) throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
+    if (!(LOG_FORMATS as readonly string[]).includes(value))
+      throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
     return value as LogFormat;
   };
   const port = (value: string) => {
     const n = Number(value);
-    if (!Number.isInteger(n) || n < 0 || n > 65535) throw new InvalidArgumentError("expected a port number, 0 to 65535.");
+    if (!Number.isInteger(n) || n < 0 || n > 65535)
+      throw new InvalidArgumentError("expected a port number, 0 to 65535.");
     return n;
   };
   const age = (value: string) => {
@@ -525,23 +624,68 @@ export async function main(argv: string[]): Promise<void> {
     .description("Process stored deliveries: record each payment exactly once.")
     .option("--once", "drain the deliveries that are due, then exit")
     .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
-    .option("--lease <seconds>", "how long a claimed delivery is held before another worker may take it over", whole, DEFAULTS.leaseMs / 1000)
-    .option("--concurrency <n>", "handlers run at once (a limit for handlers that wait on I/O)", whole, DEFAULTS.concurrency)
-    .option("--claim-batch <n>", "most deliveries claimed in one transaction while handlers are fast", whole, DEFAULTS.claimBatch)
+    .option(
+      "--lease <seconds>",
+      "how long a claimed delivery is held before another worker may take it over",
+      whole,
+      DEFAULTS.leaseMs / 1000,
+    )
+    .option(
+      "--concurrency <n>",
+      "handlers run at once (a limit for handlers that wait on I/O)",
+      whole,
+      DEFAULTS.concurrency,
+    )
+    .option(
+      "--claim-batch <n>",
+      "most deliveries claimed in one transaction while handlers are fast",
+      whole,
+      DEFAULTS.claimBatch,
+    )
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option("--force", "start on a SQLite file that fails quick_check (checked at start-up only)")
     .option("--quiet", "don't log a line per delivery")
-    .option("--log-format <format>", `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`, logFormat, "text")
-    .option("--sources <file>", "JSON sources file: routes and $destinations to forward to, beside the handler (default: INBOX_SOURCES)")
-    .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)", port)
+    .option(
+      "--log-format <format>",
+      `text, or json: one JSON object per line (${LOG_FORMATS.join(" or ")})`,
+      logFormat,
+      "text",
+    )
+    .option(
+      "--sources <file>",
+      "JSON sources file: routes and $destinations to forward to, beside the handler (default: INBOX_SOURCES)",
+    )
+    .option(
+      "--metrics-port <port>",
+      "serve /metrics, /livez and /readyz on this port (default: off; 0 picks a free one)",
+      port,
+    )
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
-    .option("--purge-every [minutes]", `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`, whole)
+    .option(
+      "--purge-every [minutes]",
+      `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`,
+      whole,
+    )
     // Defaults shown as ages (7d), as they are typed, not as the milliseconds they parse to.
-    .addOption(new Option("--bodies-after <age>", "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)")
-      .argParser(age).default(DEFAULTS.bodiesAfterMs, formatAge(DEFAULTS.bodiesAfterMs)))
-    .addOption(new Option("--forget-after <age>", "with --purge-every: forget tombstones older than this; longer than --bodies-after")
-      .argParser(age).default(DEFAULTS.forgetAfterMs, formatAge(DEFAULTS.forgetAfterMs)))
-    .addHelpText("after", `
+    .addOption(
+      new Option(
+        "--bodies-after <age>",
+        "with --purge-every: drop the bodies of done deliveries older than this (30m, 12h, 7d)",
+      )
+        .argParser(age)
+        .default(DEFAULTS.bodiesAfterMs, formatAge(DEFAULTS.bodiesAfterMs)),
+    )
+    .addOption(
+      new Option(
+        "--forget-after <age>",
+        "with --purge-every: forget tombstones older than this; longer than --bodies-after",
+      )
+        .argParser(age)
+        .default(DEFAULTS.forgetAfterMs, formatAge(DEFAULTS.forgetAfterMs)),
+    )
+    .addHelpText(
+      "after",
+      `
 On a terminal, --once shows its progress on stderr: done of the backlog, the rate, the time left.
 Purging is off unless --purge-every is given, because it lets bodies go: see \`inbox.ts purge --help\`.
 Give it to one worker; each purge goes in batches of ${DEFAULTS.purgeBatch}, each its own transaction.
@@ -551,22 +695,41 @@ Examples:
   npx tsx worker.ts --once
   npx tsx worker.ts --db /tmp/inbox.db --concurrency 32
   npx tsx worker.ts --metrics-port 9464 --log-format json
-  npx tsx inbox.ts status          # see what it did`)
+  npx tsx inbox.ts status          # see what it did`,
+    )
     .showHelpAfterError("(run with --help for usage)");
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
-    once?: boolean; db?: string; lease: number; concurrency: number; claimBatch: number; maxAttempts: number; quiet?: boolean;
-    logFormat: LogFormat; metricsPort?: number; metricsHost: string; purgeEvery?: number | true; bodiesAfter: number; forgetAfter: number;
-    sources?: string; force?: boolean;
+    once?: boolean;
+    db?: string;
+    lease: number;
+    concurrency: number;
+    claimBatch: number;
+    maxAttempts: number;
+    quiet?: boolean;
+    logFormat: LogFormat;
+    metricsPort?: number;
+    metricsHost: string;
+    purgeEvery?: number | true;
+    bodiesAfter: number;
+    forgetAfter: number;
+    sources?: string;
+    force?: boolean;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
   if (opts.forgetAfter <= opts.bodiesAfter) {
-    say("worker: --forget-after must be longer than --bodies-after: the tombstone must outlive the body (run with --help for usage)", "error");
+    say(
+      "worker: --forget-after must be longer than --bodies-after: the tombstone must outlive the body (run with --help for usage)",
+      "error",
+    );
     process.exit(2);
   }
-  const purgeEveryMs = opts.purgeEvery === undefined ? undefined : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
+  const purgeEveryMs =
+    opts.purgeEvery === undefined
+      ? undefined
+      : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
 
   // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
   // Read before the database is opened, so a mistake stops start-up with one line and nothing created.
@@ -584,8 +747,12 @@ Examples:
       const sources = [...loadSources(parsed, process.env).values()];
       routes = new Map(sources.map((s) => [s.name, s.routes ?? []]));
       // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
-      forwarding = loadDestinations(parsed, process.env, { brokerCheck: (name, settings, where) => void brokers.set(name, parseBrokerDestination(name, settings, where, process.env)) });
-      for (const d of forwarding.destinations.values()) if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
+      forwarding = loadDestinations(parsed, process.env, {
+        brokerCheck: (name, settings, where) =>
+          void brokers.set(name, parseBrokerDestination(name, settings, where, process.env)),
+      });
+      for (const d of forwarding.destinations.values())
+        if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
       secrets = secretsOf(forwarding, { sources, brokers: brokers.values() });
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
@@ -602,8 +769,14 @@ Examples:
     }
     // Each transform module is loaded once now, so a missing file or a bad export stops start-up, not a forward.
     const uses = [
-      ...[...routes!].flatMap(([source, list]) => list.filter((r) => r.transform).map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` }))),
-      ...[...forwarding!.destinations.values()].filter((d) => d.transform).map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
+      ...[...routes!].flatMap(([source, list]) =>
+        list
+          .filter((r) => r.transform)
+          .map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` })),
+      ),
+      ...[...forwarding!.destinations.values()]
+        .filter((d) => d.transform)
+        .map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
     ];
     if (uses.length > 0) transforms = new Transforms(dirname(resolve(sourcesFile)));
     const wrong = transforms ? await checkTransforms(uses, transforms) : undefined;
@@ -629,7 +802,8 @@ Examples:
   let lanes: Inbox | undefined;
   let metrics: Metrics | undefined;
   try {
-    const onCommit = opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
+    const onCommit =
+      opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     await ensurePayments(inbox);
     if (forwarding && forwarding.destinations.size > 0 && inbox.backend === "sqlite") {
@@ -645,7 +819,11 @@ Examples:
     const { Metrics, Readiness } = await import("./lib/metrics.ts");
     metrics = new Metrics({ inbox });
     try {
-      const server = await metrics.listen(opts.metricsPort, opts.metricsHost, new Readiness(inbox, { stopping: () => stop.signal.aborted }));
+      const server = await metrics.listen(
+        opts.metricsPort,
+        opts.metricsHost,
+        new Readiness(inbox, { stopping: () => stop.signal.aborted }),
+      );
       server.unref();
       const address = server.address();
       const url = `http://${opts.metricsHost}:${typeof address === "object" && address ? address.port : opts.metricsPort}/metrics`;
@@ -660,10 +838,16 @@ Examples:
   let shown: Progress | undefined;
   if (opts.once && process.stderr.isTTY) {
     const gauges = await inbox.gauges().catch(() => undefined);
-    const backlog = (gauges?.bySourceStatus ?? []).filter((g) => g.status === "received" || g.status === "processing").reduce((n, g) => n + g.n, 0);
+    const backlog = (gauges?.bySourceStatus ?? [])
+      .filter((g) => g.status === "received" || g.status === "processing")
+      .reduce((n, g) => n + g.n, 0);
     shown = progress(process.stderr, () => {
       const settled = stats.done + stats.failed + stats.lost;
-      return { done: settled, total: Math.max(backlog, settled), extra: stats.retried > 0 ? `${stats.retried} to retry` : undefined };
+      return {
+        done: settled,
+        total: Math.max(backlog, settled),
+        extra: stats.retried > 0 ? `${stats.retried} to retry` : undefined,
+      };
     });
   }
   const lines = lineLog(shown ?? process.stderr, opts.logFormat);
@@ -682,18 +866,44 @@ Examples:
   const senders = new Map<string, Sender>();
   for (const [name, broker] of brokers) senders.set(name, brokerSender(broker));
   try {
-    const forwarding$ = forwarding && forwarding.destinations.size > 0
-      ? import("./lib/forwarding/forwarder.ts").then(({ forward }) => forward({
-        inbox: lanes ?? inbox, forwarding: forwarding!, routes, ...(transforms ? { transforms } : {}), once: opts.once, leaseMs: opts.lease * 1000, signal: stop.signal, log, metrics, stats: forwardStats, senders,
-        secrets,
-      })).finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))
-      : undefined;
+    const forwarding$ =
+      forwarding && forwarding.destinations.size > 0
+        ? import("./lib/forwarding/forwarder.ts")
+            .then(({ forward }) =>
+              forward({
+                inbox: lanes ?? inbox,
+                forwarding: forwarding!,
+                routes,
+                ...(transforms ? { transforms } : {}),
+                once: opts.once,
+                leaseMs: opts.lease * 1000,
+                signal: stop.signal,
+                log,
+                metrics,
+                stats: forwardStats,
+                senders,
+                secrets,
+              }),
+            )
+            .finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))
+        : undefined;
     await Promise.all([
       run(recordPayment, {
-        inbox, once: opts.once, leaseMs: opts.lease * 1000, concurrency: opts.concurrency, claimBatch: opts.claimBatch,
-        signal: stop.signal, log, metrics, stats, ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
+        inbox,
+        once: opts.once,
+        leaseMs: opts.lease * 1000,
+        concurrency: opts.concurrency,
+        claimBatch: opts.claimBatch,
+        signal: stop.signal,
+        log,
+        metrics,
+        stats,
+        ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
         ...(secrets.length > 0 ? { redact: redactor(secrets, { mine: DEFAULTS.destination }).redact } : {}),
-        purge: purgeEveryMs === undefined ? undefined : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
+        purge:
+          purgeEveryMs === undefined
+            ? undefined
+            : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
       }),
       forwarding$,
     ]);
@@ -708,10 +918,18 @@ Examples:
   lines.flush();
   shown?.stop();
   if (opts.once || stop.signal.aborted) {
-    say(`worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`, "info", { ...stats });
+    say(
+      `worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`,
+      "info",
+      { ...stats },
+    );
     if (forwarding && forwarding.destinations.size > 0) {
       const f = forwardStats;
-      say(`worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`, "info", { forwarded: { ...f } });
+      say(
+        `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`,
+        "info",
+        { forwarded: { ...f } },
+      );
     }
   }
 }

@@ -28,10 +28,16 @@ function shape(i: number, n: number, now: number) {
   const r = (i * 2654435761) % 1000;
   const status = r < 30 ? "failed" : r < 90 ? "received" : r < 95 ? "processing" : "done";
   return {
-    source: SOURCES[i % 3]!, id: `evt_${i}`, type: TYPES[(i % 3) * 2 + (Math.floor(i / 3) % 2)]!, receivedAt, status,
+    source: SOURCES[i % 3]!,
+    id: `evt_${i}`,
+    type: TYPES[(i % 3) * 2 + (Math.floor(i / 3) % 2)]!,
+    receivedAt,
+    status,
     finishedAt: status === "done" || status === "failed" ? receivedAt + 1_500 : null,
     error: status === "failed" ? `${ERRORS[i % 3]} (attempt 5, ${i % 997} ms)` : null,
-    body: Buffer.from(JSON.stringify({ id: `evt_${i}`, data: { customer: `cus_${i % 50_000}`, amount: (i % 9000) + 100 } })),
+    body: Buffer.from(
+      JSON.stringify({ id: `evt_${i}`, data: { customer: `cus_${i % 50_000}`, amount: (i % 9000) + 100 } }),
+    ),
   };
 }
 
@@ -50,8 +56,21 @@ export function fillSqlite(path: string, n: number, now: number): void {
     for (let i = start; i < Math.min(n, start + 50_000); i++) {
       const d = shape(i, n, now);
       const leased = d.status === "processing" ? now + 60_000 : null;
-      insert.run(d.source, d.id, d.body, sha256(d.body), d.type, d.receivedAt, d.status, d.status === "received" ? 0 : 1,
-        d.status === "received" ? d.receivedAt : now, leased, leased === null ? null : 60_000, d.error, d.finishedAt);
+      insert.run(
+        d.source,
+        d.id,
+        d.body,
+        sha256(d.body),
+        d.type,
+        d.receivedAt,
+        d.status,
+        d.status === "received" ? 0 : 1,
+        d.status === "received" ? d.receivedAt : now,
+        leased,
+        leased === null ? null : 60_000,
+        d.error,
+        d.finishedAt,
+      );
     }
     db.exec("COMMIT");
   }
@@ -79,7 +98,12 @@ export async function fillPostgres(url: string, n: number, now: number): Promise
                          WHEN (i * 2654435761) % 1000 < 95 THEN 'processing' ELSE 'done' END AS s,
                     convert_to('{"id":"evt_' || i || '","data":{"customer":"cus_' || (i % 50000) || '","amount":' || (i % 9000 + 100) || '}}', 'UTF8') AS b
              FROM generate_series(0::bigint, ?::bigint - 1) AS i) AS g`,
-      now, now, now, n, n, n,
+      now,
+      now,
+      now,
+      n,
+      n,
+      n,
     );
     // What autovacuum does soon after a load like this one: statistics, and the visibility map index-only scans need.
     await inbox.query("VACUUM ANALYZE deliveries");
@@ -93,11 +117,14 @@ function get(url: string): Promise<{ ms: number; status: number }> {
   return new Promise((resolve, reject) => {
     request(url, (res) => {
       res.resume().on("end", () => resolve({ ms: performance.now() - started, status: res.statusCode! }));
-    }).on("error", reject).end();
+    })
+      .on("error", reject)
+      .end();
   });
 }
 
-const quantile = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(q * xs.length))]!;
+const quantile = (xs: number[], q: number) =>
+  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(q * xs.length))]!;
 
 // measure times each page REPEAT times (after one warm-up) on a running admin over target.
 async function measure(target: string): Promise<Map<string, { p50: number; p95: number }>> {
@@ -110,17 +137,27 @@ async function measure(target: string): Promise<Map<string, { p50: number; p95: 
     const first = await new Promise<string>((resolve, reject) => {
       request(`${url}/deliveries?status=failed&source=stripe`, (res) => {
         let html = "";
-        res.setEncoding("utf8").on("data", (d) => (html += d)).on("end", () => resolve(html));
-      }).on("error", reject).end();
+        res
+          .setEncoding("utf8")
+          .on("data", (d) => (html += d))
+          .on("end", () => resolve(html));
+      })
+        .on("error", reject)
+        .end();
     });
-    const next = /<a rel="next" href="([^"]+)"/.exec(first)?.[1]?.replaceAll("&#38;", "&") ?? "/deliveries?status=failed&source=stripe";
+    const next =
+      /<a rel="next" href="([^"]+)"/.exec(first)?.[1]?.replaceAll("&#38;", "&") ??
+      "/deliveries?status=failed&source=stripe";
     const pages: [string, string][] = [
       ["overview", "/"],
       ["overview, live refresh", "/?fragment=overview"],
       ["list, newest", "/deliveries"],
       ["list, failed from stripe", "/deliveries?status=failed&source=stripe"],
       ["list, its next page", next],
-      ["list, github push last day", `/deliveries?source=github&type=push&since=${new Date(Date.now() - 86_400_000).toISOString().slice(0, 16)}`],
+      [
+        "list, github push last day",
+        `/deliveries?source=github&type=push&since=${new Date(Date.now() - 86_400_000).toISOString().slice(0, 16)}`,
+      ],
       ["list, error contains", "/deliveries?status=failed&error=payments-api"],
       ["list, exact ID", "/deliveries?id=evt_4242"],
       ["list, body contains (rare)", "/deliveries?q=cus_42424"],
@@ -141,14 +178,20 @@ async function measure(target: string): Promise<Map<string, { p50: number; p95: 
   return results;
 }
 
-function report(backend: string, big: Map<string, { p50: number; p95: number }>, small: Map<string, { p50: number; p95: number }>): number {
+function report(
+  backend: string,
+  big: Map<string, { p50: number; p95: number }>,
+  small: Map<string, { p50: number; p95: number }>,
+): number {
   console.log(`  ${backend}: ${ROWS.toLocaleString("en")} deliveries (baseline: 1,000), ${REPEAT} requests each`);
   let misses = 0;
   for (const [name, r] of big) {
     const base = small.get(name)!;
     const ok = r.p50 < TARGET_MS;
     if (!ok) misses++;
-    console.log(`    ${name.padEnd(32)} p50 ${f(r.p50, 1).padStart(7)} ms  p95 ${f(r.p95, 1).padStart(7)} ms  ×${f(r.p50 / base.p50, 1).padStart(5)} of 1k  ${ok ? "under" : "OVER"} ${TARGET_MS} ms`);
+    console.log(
+      `    ${name.padEnd(32)} p50 ${f(r.p50, 1).padStart(7)} ms  p95 ${f(r.p95, 1).padStart(7)} ms  ×${f(r.p50 / base.p50, 1).padStart(5)} of 1k  ${ok ? "under" : "OVER"} ${TARGET_MS} ms`,
+    );
   }
   return misses;
 }
@@ -195,7 +238,9 @@ export async function admin(): Promise<string> {
       } finally {
         const client = new pg.default.Client({ connectionString: POSTGRES });
         await client.connect();
-        await client.query(`DROP SCHEMA IF EXISTS ${schema}_big CASCADE; DROP SCHEMA IF EXISTS ${schema}_small CASCADE`);
+        await client.query(
+          `DROP SCHEMA IF EXISTS ${schema}_big CASCADE; DROP SCHEMA IF EXISTS ${schema}_small CASCADE`,
+        );
         await client.end();
       }
     }

@@ -21,14 +21,16 @@ import type { Drained } from "./peers/shared.ts";
 import { inboxTargets } from "./targets.ts";
 
 const BACKLOGS = (process.env.BENCH_BACKLOGS ?? "50000,100000,200000").split(",").map((s) => {
-  if (!/^\d+$/.test(s.trim()) || Number(s) < 1) throw new TypeError(`BENCH_BACKLOGS: expected backlog sizes like 50000,200000, got ${process.env.BENCH_BACKLOGS}`);
+  if (!/^\d+$/.test(s.trim()) || Number(s) < 1)
+    throw new TypeError(`BENCH_BACKLOGS: expected backlog sizes like 50000,200000, got ${process.env.BENCH_BACKLOGS}`);
   return Number(s);
 });
 if (process.env.BENCH_MILLION === "1" && !BACKLOGS.includes(1_000_000)) BACKLOGS.push(1_000_000);
 const ROUNDS = knob("BENCH_DRAIN_ROUNDS", 1);
 const COMPARE = process.env.BENCH_COMPARE;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * p))] ?? NaN;
+const pct = (xs: number[], p: number) =>
+  [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * p))] ?? NaN;
 
 /** Timed is one claim or finish statement: kind, ms since the worker started, its round trip in ms, rows. */
 type Timed = [kind: "claim" | "finish", at: number, ms: number, rows: number];
@@ -52,7 +54,9 @@ interface Checkout {
 
 function checkout(root: string): Checkout {
   const head = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim();
-  const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], { encoding: "utf8" }).stdout.trim();
+  const dirty = spawnSync("git", ["-C", root, "status", "--porcelain", "--untracked-files=no"], {
+    encoding: "utf8",
+  }).stdout.trim();
   // A worktree made for the comparison shares this checkout's packages.
   if (!existsSync(join(root, "node_modules"))) symlinkSync(join(ROOT, "node_modules"), join(root, "node_modules"));
   return { name: `${head || root}${dirty ? "+changes" : ""}`, root };
@@ -64,8 +68,17 @@ function checkout(root: string): Checkout {
  * the PostgreSQL backends serving that database (so up to 100 ms of each is missed at the end): a figure
  * the machine's other load moves far less than a rate.
  */
-async function run(root: string, args: string[], env: Record<string, string> = {}, database?: string): Promise<{ out: string; err: string; cpu: Cpu[] }> {
-  const child = spawn(process.execPath, ["--import", "tsx", ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
+async function run(
+  root: string,
+  args: string[],
+  env: Record<string, string> = {},
+  database?: string,
+): Promise<{ out: string; err: string; cpu: Cpu[] }> {
+  const child = spawn(process.execPath, ["--import", "tsx", ...args], {
+    cwd: root,
+    stdio: ["ignore", "pipe", "pipe"],
+    env: { ...process.env, ...env },
+  });
   let [out, err] = ["", ""];
   child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (err += d));
@@ -89,7 +102,11 @@ async function run(root: string, args: string[], env: Record<string, string> = {
         // A backend that ended between the query and the read keeps its last sample.
       }
     }
-    cpu.push({ at: performance.now() - started, scriptMs: own, postgresMs: [...seen.values()].reduce((a, b) => a + b, 0) });
+    cpu.push({
+      at: performance.now() - started,
+      scriptMs: own,
+      postgresMs: [...seen.values()].reduce((a, b) => a + b, 0),
+    });
   };
   const timer = setInterval(() => void (sampling = sampling.then(sample, sample)), 100);
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
@@ -109,8 +126,14 @@ interface Cpu {
 /** cpuPer is the CPU per delivery, in µs, from the sample nearest `from` ms to the last. */
 function cpuPer(cpu: Cpu[], n: number, from = 0): { scriptUs: number; postgresUs: number } {
   const last = cpu.at(-1) ?? { at: 0, scriptMs: NaN, postgresMs: NaN };
-  const first = from === 0 ? { at: 0, scriptMs: 0, postgresMs: 0 } : cpu.reduce((a, b) => (Math.abs(b.at - from) < Math.abs(a.at - from) ? b : a), last);
-  return { scriptUs: ((last.scriptMs - first.scriptMs) * 1000) / n, postgresUs: ((last.postgresMs - first.postgresMs) * 1000) / n };
+  const first =
+    from === 0
+      ? { at: 0, scriptMs: 0, postgresMs: 0 }
+      : cpu.reduce((a, b) => (Math.abs(b.at - from) < Math.abs(a.at - from) ? b : a), last);
+  return {
+    scriptUs: ((last.scriptMs - first.scriptMs) * 1000) / n,
+    postgresUs: ((last.postgresMs - first.postgresMs) * 1000) / n,
+  };
 }
 
 /** walBytes is how far the server's WAL has come since it began, in bytes. */
@@ -131,13 +154,31 @@ async function drainInbox(at: Checkout, dir: string, n: number, label: string, s
     const timer = join(at.root, "bench/claim-timer.ts");
     const wal0 = await walBytes();
     const t0 = performance.now();
-    const { err, cpu } = await run(at.root, [...(existsSync(timer) ? ["--import", timer] : []), join(at.root, "worker.ts"), "--once", "--quiet", "--db", fresh.db],
-      { BENCH_CLAIM_LOG: log }, new URL(fresh.db).pathname.slice(1));
+    const { err, cpu } = await run(
+      at.root,
+      [
+        ...(existsSync(timer) ? ["--import", timer] : []),
+        join(at.root, "worker.ts"),
+        "--once",
+        "--quiet",
+        "--db",
+        fresh.db,
+      ],
+      { BENCH_CLAIM_LOG: log },
+      new URL(fresh.db).pathname.slice(1),
+    );
     const wall = performance.now() - t0;
     const wal = (await walBytes()) - wal0;
     const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
-    if (done !== n) throw new Error(`worker.ts --once (in ${at.root}): expected ${n} done, got ${done}: ${err.slice(-500)}`);
-    const calls = existsSync(log) ? readFileSync(log, "utf8").trim().split("\n").filter(Boolean).map((l) => JSON.parse(l) as Timed) : [];
+    if (done !== n)
+      throw new Error(`worker.ts --once (in ${at.root}): expected ${n} done, got ${done}: ${err.slice(-500)}`);
+    const calls = existsSync(log)
+      ? readFileSync(log, "utf8")
+          .trim()
+          .split("\n")
+          .filter(Boolean)
+          .map((l) => JSON.parse(l) as Timed)
+      : [];
     // The drain is from the first claim's start to the last done mark's end, on the worker's own clock, and
     // its CPU from the sample nearest that first claim: the start-up (loading modules, connecting) comes
     // before it. Subtracting a start-up measured once on an empty inbox, as before, moved each round's rate
@@ -145,7 +186,12 @@ async function drainInbox(at: Checkout, dir: string, n: number, label: string, s
     const first = calls.find((c) => c[0] === "claim");
     if (first === undefined) {
       const last = cpu.at(-1);
-      if (last) cpu.push({ ...last, scriptMs: last.scriptMs - start.cpu.scriptMs, postgresMs: last.postgresMs - start.cpu.postgresMs });
+      if (last)
+        cpu.push({
+          ...last,
+          scriptMs: last.scriptMs - start.cpu.scriptMs,
+          postgresMs: last.postgresMs - start.cpu.postgresMs,
+        });
     }
     const ms = first === undefined ? wall - start.ms : Math.max(...calls.map((c) => c[1] + c[2])) - first[1];
     const per = cpuPer(cpu, n, first?.[1]);
@@ -160,13 +206,25 @@ async function drainBoss(peer: Peer, dir: string, n: number, label: string): Pro
   const store = await peer.store(dir, label);
   try {
     const wal0 = await walBytes();
-    const { out, cpu } = await run(ROOT, [join(ROOT, peer.script), "drain", store.target, String(n)], {}, new URL(store.target).pathname.slice(1));
+    const { out, cpu } = await run(
+      ROOT,
+      [join(ROOT, peer.script), "drain", store.target, String(n)],
+      {},
+      new URL(store.target).pathname.slice(1),
+    );
     const wal = (await walBytes()) - wal0;
     const drained = JSON.parse(out.trim().split("\n").at(-1)!) as Drained;
     if (drained.done !== n) throw new Error(`${peer.script}: expected ${n} done, got ${drained.done}`);
     // The fixture fills, then drains in the same process: the drain's CPU is what came in its last ms.
     const per = cpuPer(cpu, n, cpu.at(-1)!.at - drained.ms);
-    return { rate: (n / drained.ms) * 1000, calls: [], workerUs: per.scriptUs, postgresUs: per.postgresUs, walBytes: wal / n, fillMs: drained.fillMs };
+    return {
+      rate: (n / drained.ms) * 1000,
+      calls: [],
+      workerUs: per.scriptUs,
+      postgresUs: per.postgresUs,
+      walBytes: wal / n,
+      fillMs: drained.fillMs,
+    };
   } finally {
     await store.drop();
   }
@@ -183,7 +241,12 @@ async function startup(at: Checkout, dir: string): Promise<Startup> {
   const empty = await target!.fresh(dir, "backlog_empty");
   try {
     const t0 = performance.now();
-    const { cpu } = await run(at.root, [join(at.root, "worker.ts"), "--once", "--quiet", "--db", empty.db], {}, new URL(empty.db).pathname.slice(1));
+    const { cpu } = await run(
+      at.root,
+      [join(at.root, "worker.ts"), "--once", "--quiet", "--db", empty.db],
+      {},
+      new URL(empty.db).pathname.slice(1),
+    );
     return { ms: performance.now() - t0, cpu: cpu.at(-1) ?? { at: 0, scriptMs: 0, postgresMs: 0 } };
   } finally {
     await empty.drop();
@@ -195,7 +258,20 @@ function spread(calls: Timed[], kind: Timed[0]): string {
   const mine = calls.filter((c) => c[0] === kind);
   if (mine.length < 20) return `${kind} n/a`;
   const tenth = Math.floor(mine.length / 10);
-  const part = (xs: Timed[]) => `p50 ${f(pct(xs.map((c) => c[2]), 0.5), 1)} p99 ${f(pct(xs.map((c) => c[2]), 0.99), 1)}`;
+  const part = (xs: Timed[]) =>
+    `p50 ${f(
+      pct(
+        xs.map((c) => c[2]),
+        0.5,
+      ),
+      1,
+    )} p99 ${f(
+      pct(
+        xs.map((c) => c[2]),
+        0.99,
+      ),
+      1,
+    )}`;
   return `${kind} ${part(mine.slice(0, tenth))} → ${part(mine.slice(-tenth))} ms`;
 }
 
@@ -206,7 +282,8 @@ export async function backlog(): Promise<string> {
   const boss = (await peers()).find((p) => p.name.startsWith("pg-boss"));
   const checkouts = [checkout(ROOT), ...(COMPARE ? [checkout(COMPARE)] : [])];
   // Two trees at the same commit, one with changes, would share a name: their folders tell them apart.
-  if (checkouts.length > 1 && checkouts[0]!.name === checkouts[1]!.name) for (const c of checkouts) c.name += ` in ${c.root}`;
+  if (checkouts.length > 1 && checkouts[0]!.name === checkouts[1]!.name)
+    for (const c of checkouts) c.name += ` in ${c.root}`;
   const { dir, cleanup } = tempDir();
   const rows = new Map<string, { rates: number[]; calls: Timed[]; workerUs: number[]; postgresUs: number[] }>();
   const startups = new Map<Checkout, Startup>();
@@ -221,8 +298,11 @@ export async function backlog(): Promise<string> {
     }
     rows.set(name, r);
   };
-  const inboxName = (c: Checkout, n: number) => `worker.ts --once [PostgreSQL${checkouts.length > 1 ? ` ${c.name}` : ""}] at ${n}`;
-  console.log(`backlog: ${BACKLOGS.join(", ")} deliveries, record-payment handler, ${ROUNDS} round(s), systems alternating`);
+  const inboxName = (c: Checkout, n: number) =>
+    `worker.ts --once [PostgreSQL${checkouts.length > 1 ? ` ${c.name}` : ""}] at ${n}`;
+  console.log(
+    `backlog: ${BACKLOGS.join(", ")} deliveries, record-payment handler, ${ROUNDS} round(s), systems alternating`,
+  );
   try {
     for (const c of checkouts) startups.set(c, await startup(c, dir));
     for (const n of BACKLOGS) {
@@ -230,14 +310,18 @@ export async function backlog(): Promise<string> {
         for (const [i, c] of checkouts.entries()) {
           const d = await drainInbox(c, dir, n, `backlog_${n}_${round}_${i}`, startups.get(c)!);
           add(inboxName(c, n), d.rate, d);
-          console.log(`  round ${round} ${inboxName(c, n).padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)}, PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery;` +
-            ` ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`);
+          console.log(
+            `  round ${round} ${inboxName(c, n).padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)}, PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery;` +
+              ` ${spread(d.calls, "claim")}, ${spread(d.calls, "finish")}`,
+          );
         }
         if (boss) {
           const d = await drainBoss(boss, dir, n, `backlog_${n}_${round}`);
           add(`${peerLabel(boss)} at ${n}`, d.rate, d);
-          console.log(`  round ${round} ${`${peerLabel(boss)} at ${n}`.padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)},` +
-            ` PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery (the fill's WAL too)  (${boss.settings}; filled in ${f(d.fillMs / 1000, 1)} s)`);
+          console.log(
+            `  round ${round} ${`${peerLabel(boss)} at ${n}`.padEnd(50)} ${f(d.rate).padStart(7)} deliveries/s  CPU µs/delivery: worker ${f(d.workerUs)},` +
+              ` PostgreSQL ${f(d.postgresUs)}; WAL ${f(d.walBytes)} B/delivery (the fill's WAL too)  (${boss.settings}; filled in ${f(d.fillMs / 1000, 1)} s)`,
+          );
         }
       }
     }
@@ -256,21 +340,29 @@ export async function backlog(): Promise<string> {
     if (checkouts.length > 1) parts.push(`A/B ×${f(rate(mine) / rate(inboxName(checkouts[1]!, n)), 2)}`);
     if (boss) {
       const r = rows.get(`${peerLabel(boss)} at ${n}`)!;
-      parts.push(`pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s (CPU µs/delivery: worker ${f(median(r.workerUs))}, PostgreSQL ${f(median(r.postgresUs))}),` +
-        ` inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`);
+      parts.push(
+        `pg-boss ${f(rate(`${peerLabel(boss)} at ${n}`))}/s (CPU µs/delivery: worker ${f(median(r.workerUs))}, PostgreSQL ${f(median(r.postgresUs))}),` +
+          ` inbox ×${f(rate(mine) / rate(`${peerLabel(boss)} at ${n}`), 2)}`,
+      );
     }
     lines.push(parts.join(" | "));
   }
   // The fixed cost of a run (loading modules, connecting, migrating an empty schema, stopping), which the
   // rates above leave out, and which a short drain pays in full.
-  lines.push(`start-up of worker.ts --once on an empty inbox: ${checkouts.map((c) => {
-    const s = startups.get(c)!;
-    return `${checkouts.length > 1 ? `${c.name} ` : ""}${f(s.ms)} ms (CPU: worker ${f(s.cpu.scriptMs)} ms, PostgreSQL ${f(s.cpu.postgresMs)} ms)`;
-  }).join(", ")}`);
+  lines.push(
+    `start-up of worker.ts --once on an empty inbox: ${checkouts
+      .map((c) => {
+        const s = startups.get(c)!;
+        return `${checkouts.length > 1 ? `${c.name} ` : ""}${f(s.ms)} ms (CPU: worker ${f(s.cpu.scriptMs)} ms, PostgreSQL ${f(s.cpu.postgresMs)} ms)`;
+      })
+      .join(", ")}`,
+  );
   const [least, most] = [Math.min(...BACKLOGS), Math.max(...BACKLOGS)];
   const reference = BACKLOGS.includes(100_000) ? 100_000 : least;
   if (most !== reference) {
-    lines.push(`inbox at ${most} against itself at ${reference}: ×${f(rate(inboxName(checkouts[0]!, most)) / rate(inboxName(checkouts[0]!, reference)), 2)}`);
+    lines.push(
+      `inbox at ${most} against itself at ${reference}: ×${f(rate(inboxName(checkouts[0]!, most)) / rate(inboxName(checkouts[0]!, reference)), 2)}`,
+    );
   }
   return `backlog (median of ${ROUNDS}; the inbox's drain from its first claim to its last done mark, the CLI's start-up printed apart; claim and finish times in the first → last tenth of the drain):\n  ${lines.join("\n  ")}`;
 }

@@ -27,13 +27,19 @@ function backupChild(db: string, file: string, gentle = false): Promise<{ ms: nu
   let out = "";
   child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (out += d));
-  return new Promise((resolve, reject) => child.on("exit", (code) => (code === 0
-    ? resolve({ ms: performance.now() - started, out })
-    : reject(new Error(`inbox.ts backup exited with ${code}: ${out}`)))));
+  return new Promise((resolve, reject) =>
+    child.on("exit", (code) =>
+      code === 0
+        ? resolve({ ms: performance.now() - started, out })
+        : reject(new Error(`inbox.ts backup exited with ${code}: ${out}`)),
+    ),
+  );
 }
 
 function show(label: string, p: Paced): void {
-  console.log(`  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`);
+  console.log(
+    `  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`,
+  );
 }
 
 /** backupBench runs the quick_check timing and the two paced runs, and returns the one-line summary. */
@@ -51,7 +57,9 @@ export async function backupBench(): Promise<string> {
     const problem = healthProblem(path);
     const checkMs = performance.now() - t;
     if (problem !== undefined) throw new Error(`quick_check failed on a fresh file: ${problem}`);
-    console.log(`  ${f(ROWS)} deliveries, ${f(bytes / 2 ** 20)} MB: open ${f(openMs, 1)} ms, quick_check ${f(checkMs)} ms (×${f(checkMs / openMs)} of the open), once at start-up`);
+    console.log(
+      `  ${f(ROWS)} deliveries, ${f(bytes / 2 ** 20)} MB: open ${f(openMs, 1)} ms, quick_check ${f(checkMs)} ms (×${f(checkMs / openMs)} of the open), once at start-up`,
+    );
 
     const receiver = await startChild("receiver.ts", ["--port", "0", "--db", path, "--quiet"]);
     await paced(receiver.url, RATE, Math.min(2, SECONDS)); // warm-up
@@ -69,14 +77,21 @@ export async function backupBench(): Promise<string> {
     show("no backup", before);
     show("during the backup", plain.paced);
     show("… at nice 10, idle I/O", gentle.paced);
-    for (const [label, r] of [["backup", plain], ["backup at nice 10", gentle]] as const) {
-      console.log(`  ${label}: ${f(r.ms / 1000, 1)} s for ${f(bytes / 2 ** 20)} MB (the check included), covering ${f(r.overlap * 100)}% of the paced run`);
+    for (const [label, r] of [
+      ["backup", plain],
+      ["backup at nice 10", gentle],
+    ] as const) {
+      console.log(
+        `  ${label}: ${f(r.ms / 1000, 1)} s for ${f(bytes / 2 ** 20)} MB (the check included), covering ${f(r.overlap * 100)}% of the paced run`,
+      );
       console.log(`    ${r.out.trim().split("\n").join("\n    ")}`);
     }
-    return `backup: ${f(ROWS)} rows, ${f(bytes / 2 ** 20)} MB (${f(bytes / ROWS)} B/delivery), ${f(RATE)} req/s open loop | longest wait for a 200 ${f(plain.paced.max)} ms during a backup, ` +
+    return (
+      `backup: ${f(ROWS)} rows, ${f(bytes / 2 ** 20)} MB (${f(bytes / ROWS)} B/delivery), ${f(RATE)} req/s open loop | longest wait for a 200 ${f(plain.paced.max)} ms during a backup, ` +
       `${f(gentle.paced.max)} ms at nice 10, ${f(before.max)} ms without (×${f(plain.paced.max / before.max, 2)}, ×${f(gentle.paced.max / before.max, 2)}) | ` +
       `p99 ${f(plain.paced.p99, 1)}/${f(gentle.paced.p99, 1)}/${f(before.p99, 1)} ms | backup ${f(plain.ms / 1000, 1)} s, ${f(gentle.ms / 1000, 1)} s at nice 10 | ` +
-      `quick_check ${f(checkMs)} ms, ×${f(checkMs / openMs)} of the open`;
+      `quick_check ${f(checkMs)} ms, ×${f(checkMs / openMs)} of the open`
+    );
   } finally {
     cleanup();
   }

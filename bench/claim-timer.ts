@@ -15,7 +15,10 @@ type Method = (...args: unknown[]) => Promise<unknown[] | Map<unknown, unknown>>
 const proto = PostgresInbox.prototype as unknown as Record<string, Method>;
 // claimIn and finishAll are the statements on their connection, without the wait for a free one: what
 // grows with the drain, if anything does, is the database's work for them.
-for (const [kind, name] of [["claim", "claimIn"], ["finish", "finishAll"]] as const) {
+for (const [kind, name] of [
+  ["claim", "claimIn"],
+  ["finish", "finishAll"],
+] as const) {
   const original = proto[name];
   if (typeof original !== "function") throw new TypeError(`bench/claim-timer.ts: PostgresInbox has no ${name} to time`);
   proto[name] = async function timed(this: unknown, ...args: unknown[]) {

@@ -30,21 +30,29 @@ export async function commits(): Promise<string> {
     for (const size of SIZES) {
       for (const mode of MODES) {
         const path = join(dir, `commits${++files}.db`);
-        const inbox = new SqliteInbox(path, { syncOffLoop: mode === "own fdatasync", backgroundCheckpoints: true, pageCacheKb: DEFAULTS.receiverPageCacheKb });
+        const inbox = new SqliteInbox(path, {
+          syncOffLoop: mode === "own fdatasync",
+          backgroundCheckpoints: true,
+          pageCacheKb: DEFAULTS.receiverPageCacheKb,
+        });
         // The yardstick: the receiver's NORMAL without the fdatasync it owes before each ack.
         if (mode === "no sync (yardstick)") inbox.db.exec("PRAGMA synchronous = NORMAL");
         let n = 0;
-        const batch = () => Promise.all(Array.from({ length: size }, () => inbox.store({ id: `c-${n++}`, body, contentType: "application/json" })));
+        const batch = () =>
+          Promise.all(
+            Array.from({ length: size }, () => inbox.store({ id: `c-${n++}`, body, contentType: "application/json" })),
+          );
         // A second of warm-up, so the JIT and the WAL's first growth are behind.
-        for (const until = performance.now() + 1000; performance.now() < until;) await batch();
+        for (const until = performance.now() + 1000; performance.now() < until; ) await batch();
         const c0 = cpuUsage();
         const n0 = n;
-        for (const until = performance.now() + SECONDS * 1000; performance.now() < until;) await batch();
+        for (const until = performance.now() + SECONDS * 1000; performance.now() < until; ) await batch();
         const cpu = cpuUsage(c0);
         const rows = n - n0;
         const frames = mode === "own fdatasync" ? await framesPerCommit(inbox, batch) : undefined;
         await inbox.close();
-        const line = `batch ${size} ${mode}: ${f(rows / SECONDS)} rows/s, CPU ${f((cpu.user + cpu.system) / rows)} µs a row (user ${f(cpu.user / rows)}, system ${f(cpu.system / rows)})` +
+        const line =
+          `batch ${size} ${mode}: ${f(rows / SECONDS)} rows/s, CPU ${f((cpu.user + cpu.system) / rows)} µs a row (user ${f(cpu.user / rows)}, system ${f(cpu.system / rows)})` +
           (frames === undefined ? "" : `, ${f(frames, 1)} WAL frames a commit`);
         console.log(`  ${line}`);
         if (mode !== "no sync (yardstick)") lines.push(line);

@@ -72,11 +72,18 @@ export function rssMb(pid: number, peak = false): number {
  * memory flags, say).
  */
 export async function startChild(
-  script: string, args: string[], keepStderr = false, on?: { name: RuntimeName; binary: string }, nodeArgs: string[] = [],
+  script: string,
+  args: string[],
+  keepStderr = false,
+  on?: { name: RuntimeName; binary: string },
+  nodeArgs: string[] = [],
 ): Promise<Child> {
-  const command = on ? scriptCommand(resolve(ROOT, script), args, on) : { command: process.execPath, args: [...nodeArgs, "--import", "tsx", resolve(ROOT, script), ...args] };
+  const command = on
+    ? scriptCommand(resolve(ROOT, script), args, on)
+    : { command: process.execPath, args: [...nodeArgs, "--import", "tsx", resolve(ROOT, script), ...args] };
   const child = spawn(command.command, command.args, {
-    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
   });
   let err = "";
   child.stderr!.on("data", (d: Buffer) => {
@@ -135,7 +142,10 @@ export function ensureWrk(): void {
     console.log("bench: wrk is not installed; installing it with apt-get (Debian's package)");
     let ok = spawnSync("apt-get", ["install", "-y", "wrk"], { stdio: "ignore" }).status === 0;
     if (!ok) ok = spawnSync("sh", ["-c", "apt-get update && apt-get install -y wrk"], { stdio: "ignore" }).status === 0;
-    if (!ok || !found()) throw new Error("bench: wrk is missing and apt-get could not install it; run `apt-get install -y wrk` as root, then rerun");
+    if (!ok || !found())
+      throw new Error(
+        "bench: wrk is missing and apt-get could not install it; run `apt-get install -y wrk` as root, then rerun",
+      );
   }
   wrkChecked = true;
 }
@@ -147,21 +157,50 @@ let runs = 0;
  * connection sends its next POST as soon as the last answer arrives. IDs are unique, except that a
  * fraction `duplicates` repeats a recent one (bench/wrk.lua).
  */
-export async function hammer(url: string, opts: { seconds: number; connections?: number; duplicates?: number }): Promise<Load> {
+export async function hammer(
+  url: string,
+  opts: { seconds: number; connections?: number; duplicates?: number },
+): Promise<Load> {
   ensureWrk();
   const connections = opts.connections ?? CONNECTIONS;
   const prefix = `r${process.pid}-${++runs}`;
-  const child = spawn("wrk", [
-    "-t", String(Math.min(2, connections)), "-c", String(connections), "-d", `${opts.seconds}s`, "--timeout", "30s", "--latency",
-    "-s", join(ROOT, "bench/wrk.lua"), url, "--", prefix, String(opts.duplicates ?? 0), BODY,
-  ], { stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(
+    "wrk",
+    [
+      "-t",
+      String(Math.min(2, connections)),
+      "-c",
+      String(connections),
+      "-d",
+      `${opts.seconds}s`,
+      "--timeout",
+      "30s",
+      "--latency",
+      "-s",
+      join(ROOT, "bench/wrk.lua"),
+      url,
+      "--",
+      prefix,
+      String(opts.duplicates ?? 0),
+      BODY,
+    ],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
   let out = "";
   child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (out += d));
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
   const json = out.split("\n").find((l) => l.startsWith('{"requests"'));
   if (code !== 0 || !json) throw new Error(`wrk exited with ${code}: ${out.trim()}`);
-  const r = JSON.parse(json) as { requests: number; duration_us: number; non2xx: number; errors: number; p50_us: number; p99_us: number; cpu_s: number };
+  const r = JSON.parse(json) as {
+    requests: number;
+    duration_us: number;
+    non2xx: number;
+    errors: number;
+    p50_us: number;
+    p99_us: number;
+    cpu_s: number;
+  };
   const ok = r.requests - r.non2xx;
   return {
     rps: ok / (r.duration_us / 1e6),
@@ -187,7 +226,9 @@ export function fillBacklog(path: string, n: number, prefix = "bk"): void {
   for (let start = 0; start < n; start += 50_000) {
     db.exec("BEGIN");
     for (let i = start; i < Math.min(n, start + 50_000); i++) {
-      const body = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
+      const body = Buffer.from(
+        JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }),
+      );
       insert.run(`${prefix}_${i}`, body, sha256(body), now, now - n + i);
     }
     db.exec("COMMIT");
@@ -205,7 +246,8 @@ export function f(n: number, digits = 0): string {
 export function row(label: string, load: Load, extra = ""): void {
   console.log(
     `  ${label.padEnd(34)} ${f(load.rps).padStart(7)} req/s  p50 ${f(load.p50, 1)} ms  p99 ${f(load.p99, 1)} ms` +
-      (load.non2xx || load.errors ? `  non-2xx ${load.non2xx} errors ${load.errors}` : "") + (extra ? `  ${extra}` : "") +
+      (load.non2xx || load.errors ? `  non-2xx ${load.non2xx} errors ${load.errors}` : "") +
+      (extra ? `  ${extra}` : "") +
       `  wrk ${f(load.generatorUs)} µs/req`,
   );
 }

@@ -21,10 +21,16 @@ const ms = performance.now() - started;
 const cpu = process.cpuUsage(cpu0);
 clearInterval(sampler);
 await inbox.close();
-const peakIn = (from: number, to: number) => Math.max(0, ...samples.filter((s) => s.at >= from * ms && s.at < to * ms).map((s) => s.rss));
-console.log(JSON.stringify({
-  ...stats, ms, cpuMs: (cpu.user + cpu.system) / 1000, peakRssMb: rssMb(true),
-  // The highest RSS in each quarter of the run.
-  quartersMb: [peakIn(0, 0.25), peakIn(0.25, 0.5), peakIn(0.5, 0.75), peakIn(0.75, 1.01)],
-  heapUsedMb: process.memoryUsage().heapUsed / 2 ** 20,
-}));
+const peakIn = (from: number, to: number) =>
+  Math.max(0, ...samples.filter((s) => s.at >= from * ms && s.at < to * ms).map((s) => s.rss));
+console.log(
+  JSON.stringify({
+    ...stats,
+    ms,
+    cpuMs: (cpu.user + cpu.system) / 1000,
+    peakRssMb: rssMb(true),
+    // The highest RSS in each quarter of the run.
+    quartersMb: [peakIn(0, 0.25), peakIn(0.25, 0.5), peakIn(0.5, 0.75), peakIn(0.75, 1.01)],
+    heapUsedMb: process.memoryUsage().heapUsed / 2 ** 20,
+  }),
+);

@@ -25,7 +25,11 @@ if (inbox.backend === "postgres") {
        SELECT 'default', 'bk_' || i, b, encode(sha256(b), 'hex'), 'application/json', ?::bigint, 'received', ?::bigint - ?::bigint + i
        FROM (SELECT i, convert_to('{"type":"payment.succeeded","customer":"c' || (i % 1000) || '","amount":' || (i % 100 + 1) || '}', 'UTF8') AS b
              FROM generate_series(?::bigint, ?::bigint) AS i) AS g`,
-      now, now, count, start, Math.min(count, start + 100_000) - 1,
+      now,
+      now,
+      count,
+      start,
+      Math.min(count, start + 100_000) - 1,
     );
   }
   if (process.env.BENCH_FILL_VACUUM === "1") await inbox.query("VACUUM (ANALYZE) deliveries");

@@ -54,10 +54,16 @@ async function tree(root: string): Promise<Tree> {
   if (resolve(root) === resolve(ROOT)) return { name: "this tree", connect, forward, loadDestinations };
   const at = (path: string) => import(pathToFileURL(resolve(root, path)).href);
   const name = spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
-  return { name, connect: (await at("inbox.ts")).connect, forward: (await at("lib/forwarding/forwarder.ts")).forward, loadDestinations: (await at("lib/routing/routes.ts")).loadDestinations };
+  return {
+    name,
+    connect: (await at("inbox.ts")).connect,
+    forward: (await at("lib/forwarding/forwarder.ts")).forward,
+    loadDestinations: (await at("lib/routing/routes.ts")).loadDestinations,
+  };
 }
 
-const bodyOf = (i: number) => Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
+const bodyOf = (i: number) =>
+  Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
 
 /** Run is one timed pass: its rate, and the CPU and commits it took per request or forward. */
 interface Run {
@@ -82,7 +88,11 @@ async function timed(n: number, sink: Child | undefined, work: () => Promise<voi
   const started = performance.now();
   await work();
   const ms = performance.now() - started;
-  return { rate: (n / ms) * 1000, cpuUs: ((ownCpuMs() - cpu0) * 1000) / n, ...(sink ? { sinkUs: ((sink.cpuMs() - sink0) * 1000) / n } : {}) };
+  return {
+    rate: (n / ms) * 1000,
+    cpuUs: ((ownCpuMs() - cpu0) * 1000) / n,
+    ...(sink ? { sinkUs: ((sink.cpuMs() - sink0) * 1000) / n } : {}),
+  };
 }
 
 // loop is the baseline: CONCURRENCY loops POST the same bodies with undici, one request each at a time,
@@ -92,13 +102,20 @@ async function loop(url: string, n: number, sink: Child): Promise<Run> {
   let next = 0;
   try {
     return await timed(n, sink, async () => {
-      await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-        for (let i = next++; i < n; i = next++) {
-          const res = await request(url, { method: "POST", dispatcher: agent, body: bodyOf(i), headers: { "content-type": "application/json" } });
-          await res.body.dump();
-          if (res.statusCode !== 200) throw new Error(`baseline: HTTP ${res.statusCode}`);
-        }
-      }));
+      await Promise.all(
+        Array.from({ length: CONCURRENCY }, async () => {
+          for (let i = next++; i < n; i = next++) {
+            const res = await request(url, {
+              method: "POST",
+              dispatcher: agent,
+              body: bodyOf(i),
+              headers: { "content-type": "application/json" },
+            });
+            await res.body.dump();
+            if (res.statusCode !== 200) throw new Error(`baseline: HTTP ${res.statusCode}`);
+          }
+        }),
+      );
     });
   } finally {
     await agent.close();
@@ -108,8 +125,11 @@ async function loop(url: string, n: number, sink: Child): Promise<Run> {
 // fill stores the backlog through the inbox itself, each delivery routed to the given destinations.
 async function fill(inbox: Inbox, n: number, destinations: string[]): Promise<void> {
   for (let start = 0; start < n; start += 1_000) {
-    await Promise.all(Array.from({ length: Math.min(1_000, n - start) }, (_, k) =>
-      inbox.store({ id: `fw_${start + k}`, body: bodyOf(start + k), contentType: "application/json", destinations })));
+    await Promise.all(
+      Array.from({ length: Math.min(1_000, n - start) }, (_, k) =>
+        inbox.store({ id: `fw_${start + k}`, body: bodyOf(start + k), contentType: "application/json", destinations }),
+      ),
+    );
   }
 }
 
@@ -131,23 +151,49 @@ async function backendCpuMs(inbox: Inbox, name: string): Promise<Map<number, num
 // drain forwards n stored deliveries to the destination "app" (an HTTP URL, or a broker's settings) and
 // times it; beside it, when asked, a lane of its own for the destination "down", which is down, started
 // before the timing so that its breaker opens within it. Without that lane, down's rows just wait.
-async function drain(target: string, app: string | Record<string, unknown>, n: number, withDown: boolean, sink: Child | undefined, t?: Tree): Promise<Run> {
-  const { connect, forward, loadDestinations } = t ?? { connect: connectHere, forward: forwardHere, loadDestinations: loadHere };
+async function drain(
+  target: string,
+  app: string | Record<string, unknown>,
+  n: number,
+  withDown: boolean,
+  sink: Child | undefined,
+  t?: Tree,
+): Promise<Run> {
+  const { connect, forward, loadDestinations } = t ?? {
+    connect: connectHere,
+    forward: forwardHere,
+    loadDestinations: loadHere,
+  };
   const name = `bench-forward-${process.pid}`;
   let commits = 0;
   // On SQLite, the connection worker.ts gives its forwarding lanes: an fdatasync of its own, off the event loop.
   const pg = target.startsWith("postgres");
-  const inbox = await connect(pg ? `${target}&application_name=${name}` : target, { onCommit: () => void commits++, ...(pg ? {} : { syncOffLoop: true }) });
+  const inbox = await connect(pg ? `${target}&application_name=${name}` : target, {
+    onCommit: () => void commits++,
+    ...(pg ? {} : { syncOffLoop: true }),
+  });
   const senders = new Map<string, Sender>();
   try {
     // Alone or beside a down one, the same rows: each delivery routed to both, so that only the down lane differs.
     await fill(inbox, n, typeof app === "string" ? ["app", "down"] : ["app"]);
-    const settings = typeof app === "string" ? { url: app, secret: SECRET, maxInFlight: CONCURRENCY } : { ...app, maxInFlight: CONCURRENCY };
-    const forwarding = loadDestinations({ $destinations: { app: settings } }, {}, { brokerCheck: (d, s, where) => void parseBrokerDestination(d, s, where) });
+    const settings =
+      typeof app === "string"
+        ? { url: app, secret: SECRET, maxInFlight: CONCURRENCY }
+        : { ...app, maxInFlight: CONCURRENCY };
+    const forwarding = loadDestinations(
+      { $destinations: { app: settings } },
+      {},
+      { brokerCheck: (d, s, where) => void parseBrokerDestination(d, s, where) },
+    );
     if (typeof app !== "string") senders.set("app", brokerSender(parseBrokerDestination("app", settings, "app")));
-    const down = loadDestinations({ $destinations: { down: { url: "http://127.0.0.1:1/", secret: SECRET, maxInFlight: CONCURRENCY } } }, {});
+    const down = loadDestinations(
+      { $destinations: { down: { url: "http://127.0.0.1:1/", secret: SECRET, maxInFlight: CONCURRENCY } } },
+      {},
+    );
     const stop = new AbortController();
-    const beside = withDown ? forward({ inbox, forwarding: down, signal: stop.signal, log: () => {} }) : Promise.resolve();
+    const beside = withDown
+      ? forward({ inbox, forwarding: down, signal: stop.signal, log: () => {} })
+      : Promise.resolve();
     const db0 = await backendCpuMs(inbox, name);
     commits = 0;
     let done = 0;
@@ -185,7 +231,9 @@ async function jet(): Promise<Jet | undefined> {
   try {
     nc = await natsConnect({ servers: NATS, reconnect: false, timeout: 2_000 });
   } catch (error) {
-    console.log(`  JetStream: no NATS at ${NATS} (${error instanceof Error ? error.message : String(error)}), left out`);
+    console.log(
+      `  JetStream: no NATS at ${NATS} (${error instanceof Error ? error.message : String(error)}), left out`,
+    );
     return undefined;
   }
   const jsm = await jetstreamManager(nc);
@@ -204,16 +252,21 @@ async function jet(): Promise<Jet | undefined> {
       const prefix = await fresh();
       let next = 0;
       return timed(n, undefined, async () => {
-        await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-          for (let i = next++; i < n; i = next++) {
-            const h = headers();
-            h.set(HEADERS.source, "default");
-            h.set(HEADERS.id, `fw_${i}`);
-            h.set(HEADERS.attempt, "1");
-            h.set("Content-Type", "application/json");
-            await js.publish(`${prefix}.default._`, bodyOf(i), { msgID: messageId("app", { source: "default", id: `fw_${i}`, replays: 0 }), headers: h });
-          }
-        }));
+        await Promise.all(
+          Array.from({ length: CONCURRENCY }, async () => {
+            for (let i = next++; i < n; i = next++) {
+              const h = headers();
+              h.set(HEADERS.source, "default");
+              h.set(HEADERS.id, `fw_${i}`);
+              h.set(HEADERS.attempt, "1");
+              h.set("Content-Type", "application/json");
+              await js.publish(`${prefix}.default._`, bodyOf(i), {
+                msgID: messageId("app", { source: "default", id: `fw_${i}`, replays: 0 }),
+                headers: h,
+              });
+            }
+          }),
+        );
       });
     },
     close: async () => {
@@ -245,8 +298,13 @@ async function postgresTarget(): Promise<{ url: string; drop: () => Promise<void
 /** forwardBench runs the baseline and both forwarding drains on each backend, and returns the summary. */
 export async function forwardBench(): Promise<string> {
   const { loadavg } = await import("node:os");
-  const avg = () => loadavg().map((x) => x.toFixed(1)).join(", ");
-  console.log(`forward: ${BACKLOG} bodies to a bare node:http destination at concurrency ${CONCURRENCY}, ${ROUNDS} rounds after a warm-up (load average ${avg()})`);
+  const avg = () =>
+    loadavg()
+      .map((x) => x.toFixed(1))
+      .join(", ");
+  console.log(
+    `forward: ${BACKLOG} bodies to a bare node:http destination at concurrency ${CONCURRENCY}, ${ROUNDS} rounds after a warm-up (load average ${avg()})`,
+  );
   const sink = await startChild("bench/bare.ts", []);
   const { dir, cleanup } = tempDir();
   const lines: string[] = [];
@@ -258,11 +316,21 @@ export async function forwardBench(): Promise<string> {
     const pg = await postgresTarget();
     if (pg) await pg.drop();
     else console.log("  postgres: not reachable (or BENCH_POSTGRES=0), left out");
-    if (pg) targets.push(["postgres", async () => {
-      const p = (await postgresTarget())!;
-      return { target: p.url, drop: p.drop };
-    }]);
-    const measure = async (make: () => Promise<{ target: string; drop: () => Promise<void> }>, n: number, withDown: boolean, to: string | Record<string, unknown> = sink.url, code?: Tree) => {
+    if (pg)
+      targets.push([
+        "postgres",
+        async () => {
+          const p = (await postgresTarget())!;
+          return { target: p.url, drop: p.drop };
+        },
+      ]);
+    const measure = async (
+      make: () => Promise<{ target: string; drop: () => Promise<void> }>,
+      n: number,
+      withDown: boolean,
+      to: string | Record<string, unknown> = sink.url,
+      code?: Tree,
+    ) => {
       const t = await make();
       try {
         return await drain(t.target, to, n, withDown, typeof to === "string" ? sink : undefined, code);
@@ -271,7 +339,10 @@ export async function forwardBench(): Promise<string> {
       }
     };
     const other = COMPARE ? await tree(COMPARE) : undefined;
-    if (other) console.log(`  BENCH_COMPARE: ${other.name} (${resolve(COMPARE!)}) forwards each backend's backlog right after this tree`);
+    if (other)
+      console.log(
+        `  BENCH_COMPARE: ${other.name} (${resolve(COMPARE!)}) forwards each backend's backlog right after this tree`,
+      );
     js = await jet();
     const nats = async () => ({ type: "nats", url: NATS, subject: await js!.fresh() });
     // The warm-up: undici, the forwarder and each backend's code get compiled before anything is timed.
@@ -284,11 +355,17 @@ export async function forwardBench(): Promise<string> {
     }
     const loops: Run[] = [];
     const raws: Run[] = [];
-    const runs = new Map<string, { alone: Run[]; beside: Run[]; jet: Run[]; other: Run[] }>(targets.map(([name]) => [name, { alone: [], beside: [], jet: [], other: [] }]));
-    const show = (label: string, r: Run, extra = "") => console.log(
-      `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each` + (r.sinkUs !== undefined ? `, destination ${f(r.sinkUs)} µs` : "") +
-        (r.dbUs !== undefined ? `, PostgreSQL ${f(r.dbUs)} µs` : "") + (r.commits !== undefined ? `, ${f(r.commits, 3)} commits` : "") + extra,
+    const runs = new Map<string, { alone: Run[]; beside: Run[]; jet: Run[]; other: Run[] }>(
+      targets.map(([name]) => [name, { alone: [], beside: [], jet: [], other: [] }]),
     );
+    const show = (label: string, r: Run, extra = "") =>
+      console.log(
+        `  ${label.padEnd(36)}: ${f(r.rate).padStart(6)}/s  ${f(r.cpuUs)} µs CPU each` +
+          (r.sinkUs !== undefined ? `, destination ${f(r.sinkUs)} µs` : "") +
+          (r.dbUs !== undefined ? `, PostgreSQL ${f(r.dbUs)} µs` : "") +
+          (r.commits !== undefined ? `, ${f(r.commits, 3)} commits` : "") +
+          extra,
+      );
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(` round ${round} (load average ${avg()})`);
       const base = await loop(sink.url, BACKLOG, sink);
@@ -298,7 +375,11 @@ export async function forwardBench(): Promise<string> {
         for (const withDown of [false, true]) {
           const r = await measure(make, BACKLOG, withDown);
           runs.get(name)![withDown ? "beside" : "alone"].push(r);
-          show(`${name} forward${withDown ? ", beside a down one" : ""}`, r, `  ×${f(r.rate / base.rate, 2)} of the loop`);
+          show(
+            `${name} forward${withDown ? ", beside a down one" : ""}`,
+            r,
+            `  ×${f(r.rate / base.rate, 2)} of the loop`,
+          );
           if (withDown || !other) continue;
           const o = await measure(make, BACKLOG, false, sink.url, other);
           runs.get(name)!.other.push(o);
@@ -316,24 +397,36 @@ export async function forwardBench(): Promise<string> {
       }
     }
     const m = (rs: Run[], key: keyof Run) => median(rs.map((r) => r[key] as number));
-    lines.push(`forward loop: ${f(m(loops, "rate"))}/s, ${f(m(loops, "cpuUs"))} µs CPU a request (median of ${ROUNDS}; load average ${avg()})`);
+    lines.push(
+      `forward loop: ${f(m(loops, "rate"))}/s, ${f(m(loops, "cpuUs"))} µs CPU a request (median of ${ROUNDS}; load average ${avg()})`,
+    );
     for (const [name] of targets) {
       const { alone, beside } = runs.get(name)!;
       const ofLoop = median(alone.map((r, i) => r.rate / loops[i]!.rate));
       const ofAlone = median(beside.map((r, i) => r.rate / alone[i]!.rate));
       const db = alone[0]!.dbUs !== undefined ? `, PostgreSQL ${f(m(alone, "dbUs"))} µs` : "";
-      lines.push(`forward ${name}: ${f(m(alone, "rate"))}/s = ×${f(ofLoop, 2)} of a plain undici loop (target ≥ 0.5), ${f(m(alone, "cpuUs"))} µs CPU a forward${db}, ` +
-        `${f(m(alone, "commits"), 3)} commits a forward; beside a down destination ${f(m(beside, "rate"))}/s = ×${f(ofAlone, 2)} of alone (target ≥ 0.9), ${f(m(beside, "cpuUs"))} µs CPU a forward`);
+      lines.push(
+        `forward ${name}: ${f(m(alone, "rate"))}/s = ×${f(ofLoop, 2)} of a plain undici loop (target ≥ 0.5), ${f(m(alone, "cpuUs"))} µs CPU a forward${db}, ` +
+          `${f(m(alone, "commits"), 3)} commits a forward; beside a down destination ${f(m(beside, "rate"))}/s = ×${f(ofAlone, 2)} of alone (target ≥ 0.9), ${f(m(beside, "cpuUs"))} µs CPU a forward`,
+      );
       const o = runs.get(name)!.other;
       if (other && o.length > 0) {
-        const ratio = (key: keyof Run) => f(median(alone.map((r, i) => (r[key] as number) / (o[i]![key] as number))), 2);
-        lines.push(`forward ${name} against ${other.name} (median of the rounds' ratios): CPU a forward ×${ratio("cpuUs")} (${f(m(alone, "cpuUs"))} against ${f(m(o, "cpuUs"))} µs)` +
-          (alone[0]!.dbUs !== undefined ? `, PostgreSQL's ×${ratio("dbUs")} (${f(m(alone, "dbUs"))} against ${f(m(o, "dbUs"))} µs)` : "") + `, rate ×${ratio("rate")}`);
+        const ratio = (key: keyof Run) =>
+          f(median(alone.map((r, i) => (r[key] as number) / (o[i]![key] as number))), 2);
+        lines.push(
+          `forward ${name} against ${other.name} (median of the rounds' ratios): CPU a forward ×${ratio("cpuUs")} (${f(m(alone, "cpuUs"))} against ${f(m(o, "cpuUs"))} µs)` +
+            (alone[0]!.dbUs !== undefined
+              ? `, PostgreSQL's ×${ratio("dbUs")} (${f(m(alone, "dbUs"))} against ${f(m(o, "dbUs"))} µs)`
+              : "") +
+            `, rate ×${ratio("rate")}`,
+        );
       }
       const j = runs.get(name)!.jet;
       if (j.length > 0) {
-        lines.push(`forward ${name} into JetStream: ${f(m(j, "rate"))}/s = ×${f(median(j.map((r, i) => r.rate / raws[i]!.rate)), 2)} of the @nats-io publish loop ` +
-          `(${f(m(raws, "rate"))}/s, ${f(m(raws, "cpuUs"))} µs CPU a publish; target ≥ 0.5), ${f(m(j, "cpuUs"))} µs CPU a forward`);
+        lines.push(
+          `forward ${name} into JetStream: ${f(m(j, "rate"))}/s = ×${f(median(j.map((r, i) => r.rate / raws[i]!.rate)), 2)} of the @nats-io publish loop ` +
+            `(${f(m(raws, "rate"))}/s, ${f(m(raws, "cpuUs"))} µs CPU a publish; target ≥ 0.5), ${f(m(j, "cpuUs"))} µs CPU a forward`,
+        );
       }
     }
   } finally {

@@ -21,20 +21,30 @@ async function autocannonLoad(url: string, seconds: number): Promise<Load> {
   let n = 0;
   const cpu0 = process.cpuUsage();
   const result = await autocannon({
-    url, connections: CONNECTIONS, duration: seconds, timeout: 30,
-    requests: [{
-      method: "POST", body: BODY,
-      setupRequest: (request) => {
-        request.headers = { "content-type": "application/json", "x-delivery-id": prefix + n++ };
-        return request;
+    url,
+    connections: CONNECTIONS,
+    duration: seconds,
+    timeout: 30,
+    requests: [
+      {
+        method: "POST",
+        body: BODY,
+        setupRequest: (request) => {
+          request.headers = { "content-type": "application/json", "x-delivery-id": prefix + n++ };
+          return request;
+        },
       },
-    }],
+    ],
   });
   const cpu = process.cpuUsage(cpu0);
   const ok = result["2xx"];
   return {
-    rps: ok / result.duration, p50: result.latency.p50, p99: result.latency.p99, ok,
-    non2xx: result.non2xx, errors: result.errors + result.timeouts,
+    rps: ok / result.duration,
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    ok,
+    non2xx: result.non2xx,
+    errors: result.errors + result.timeouts,
     generatorUs: (cpu.user + cpu.system) / Math.max(1, ok + result.non2xx),
   };
 }
@@ -52,7 +62,9 @@ export async function generators(): Promise<string> {
   ];
   // [server][generator] → per round: req/s, generator µs/req, server µs/req
   const got = servers.map(() => kinds.map(() => ({ rps: [] as number[], gen: [] as number[], srv: [] as number[] })));
-  console.log(`generators: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s, bare node:http and receiver --quiet`);
+  console.log(
+    `generators: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s, bare node:http and receiver --quiet`,
+  );
   try {
     for (const s of servers) for (const k of kinds) await k.load(s.url, WARMUP_SECONDS);
     for (let round = 1; round <= ROUNDS; round++) {
@@ -62,8 +74,12 @@ export async function generators(): Promise<string> {
           const load = await k.load(s.url, SECONDS);
           const srv = ((s.cpuMs() - c0) * 1000) / (load.ok + load.non2xx);
           const g = got[si]![ki]!;
-          g.rps.push(load.rps); g.gen.push(load.generatorUs); g.srv.push(srv);
-          console.log(`  round ${round} ${si === 0 ? "bare    " : "receiver"} ${k.name.padEnd(10)} ${f(load.rps).padStart(7)} req/s  server ${f(srv)} µs/req  generator ${f(load.generatorUs)} µs/req`);
+          g.rps.push(load.rps);
+          g.gen.push(load.generatorUs);
+          g.srv.push(srv);
+          console.log(
+            `  round ${round} ${si === 0 ? "bare    " : "receiver"} ${k.name.padEnd(10)} ${f(load.rps).padStart(7)} req/s  server ${f(srv)} µs/req  generator ${f(load.generatorUs)} µs/req`,
+          );
         }
       }
     }
@@ -76,8 +92,10 @@ export async function generators(): Promise<string> {
     return `${kinds[ki]!.name} ${f(median(g.rps))} req/s (server ${f(median(g.srv))} µs/req, generator ${f(median(g.gen))} µs/req)`;
   };
   const ratio = (ki: number) => median(got[1]![ki]!.rps.map((r, i) => r / got[0]![ki]!.rps[i]!));
-  return `generators (median of ${ROUNDS}): bare: ${part(0, 0)} | ${part(0, 1)} | receiver: ${part(1, 0)} | ${part(1, 1)}` +
-    ` | receiver/bare with wrk ×${f(ratio(0), 2)}, with autocannon ×${f(ratio(1), 2)}`;
+  return (
+    `generators (median of ${ROUNDS}): bare: ${part(0, 0)} | ${part(0, 1)} | receiver: ${part(1, 0)} | ${part(1, 1)}` +
+    ` | receiver/bare with wrk ×${f(ratio(0), 2)}, with autocannon ×${f(ratio(1), 2)}`
+  );
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await generators());

@@ -16,7 +16,18 @@
 import { spawnSync } from "node:child_process";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { CONNECTIONS, WARMUP_SECONDS, f, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
+import {
+  CONNECTIONS,
+  WARMUP_SECONDS,
+  f,
+  hammer,
+  knob,
+  row,
+  startChild,
+  tempDir,
+  type Child,
+  type Load,
+} from "./common.ts";
 import { label as peerLabel, peers as availablePeers, type Peer, type Store } from "./peers/index.ts";
 import { inboxTargets } from "./targets.ts";
 
@@ -53,8 +64,10 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 /** ingest runs the comparison and returns its one-line summary. */
 export async function ingest(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  const server = (script: string, args: string[] = [], nodeArgs: string[] = []): Server =>
-    ({ start: () => startChild(script, ["--port", "0", ...args], false, undefined, nodeArgs), stores: [] });
+  const server = (script: string, args: string[] = [], nodeArgs: string[] = []): Server => ({
+    start: () => startChild(script, ["--port", "0", ...args], false, undefined, nodeArgs),
+    stores: [],
+  });
   const runs: Run[] = [];
   const add = (r: Omit<Run, "loads" | "cpu">) => {
     const run = { ...r, loads: [], cpu: [] };
@@ -73,10 +86,18 @@ export async function ingest(): Promise<string> {
   const receivers: Run[] = [];
   // Each of this checkout's --quiet receivers beside BENCH_COMPARE's at the same connections and database.
   const pairs: [mine: Run, theirs: Run][] = [];
-  const other = COMPARE === undefined ? "" : spawnSync("git", ["-C", COMPARE, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || COMPARE;
+  const other =
+    COMPARE === undefined
+      ? ""
+      : spawnSync("git", ["-C", COMPARE, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || COMPARE;
   const targets = await inboxTargets();
   for (const target of targets) {
-    const at = async (label: string, args: string[] = [], nodeArgs: string[] = [], script = "receiver.ts"): Promise<Server> => {
+    const at = async (
+      label: string,
+      args: string[] = [],
+      nodeArgs: string[] = [],
+      script = "receiver.ts",
+    ): Promise<Server> => {
       const fresh = await target.fresh(dir, `ingest_${label}`);
       const s = server(script, ["--db", fresh.db, ...args], nodeArgs);
       s.stores.push(fresh.drop);
@@ -88,30 +109,79 @@ export async function ingest(): Promise<string> {
     receivers.push(r32);
     if (t === "SQLite") {
       inbox[CONNECTIONS] = r32;
-      add({ name: `receiver 30% duplicates [${t}]`, server: await at("dup", ["--quiet"]), connections: CONNECTIONS, duplicates: 0.3, base: bare32 });
-      add({ name: `receiver logging to a pipe [${t}]`, server: await at("logged"), connections: CONNECTIONS, base: bare32 });
-      add({ name: `receiver --inline-checkpoints [${t}]`, server: await at("inline", ["--quiet", "--inline-checkpoints"]), connections: CONNECTIONS, base: bare32 });
+      add({
+        name: `receiver 30% duplicates [${t}]`,
+        server: await at("dup", ["--quiet"]),
+        connections: CONNECTIONS,
+        duplicates: 0.3,
+        base: bare32,
+      });
+      add({
+        name: `receiver logging to a pipe [${t}]`,
+        server: await at("logged"),
+        connections: CONNECTIONS,
+        base: bare32,
+      });
+      add({
+        name: `receiver --inline-checkpoints [${t}]`,
+        server: await at("inline", ["--quiet", "--inline-checkpoints"]),
+        connections: CONNECTIONS,
+        base: bare32,
+      });
       // The fsync inside each COMMIT on the HTTP thread, as before the fdatasync moved to libuv's pool.
       // V8's young generation capped (it grows to 64 MB under load): the receiver's memory, and what it costs.
-      small[CONNECTIONS] = add({ name: `receiver ${SMALL_YOUNG} [${t}]`, server: await at("small", ["--quiet"], [SMALL_YOUNG]), connections: CONNECTIONS, base: bare32 });
-      receivers.push(inCommit[CONNECTIONS] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit", ["--quiet", "--sync-in-commit"]), connections: CONNECTIONS, base: bare32 }));
+      small[CONNECTIONS] = add({
+        name: `receiver ${SMALL_YOUNG} [${t}]`,
+        server: await at("small", ["--quiet"], [SMALL_YOUNG]),
+        connections: CONNECTIONS,
+        base: bare32,
+      });
+      receivers.push(
+        (inCommit[CONNECTIONS] = add({
+          name: `receiver --sync-in-commit [${t}]`,
+          server: await at("in_commit", ["--quiet", "--sync-in-commit"]),
+          connections: CONNECTIONS,
+          base: bare32,
+        })),
+      );
     }
     // A receiver of its own at HIGH, so each connection count's peak RSS is its own.
-    const rHigh = add({ name: `receiver --quiet [${t}]`, server: await at("quiet_high", ["--quiet"]), connections: HIGH, base: bareHigh });
+    const rHigh = add({
+      name: `receiver --quiet [${t}]`,
+      server: await at("quiet_high", ["--quiet"]),
+      connections: HIGH,
+      base: bareHigh,
+    });
     receivers.push(rHigh);
     if (t === "PostgreSQL") [onPostgres[CONNECTIONS], onPostgres[HIGH]] = [r32, rHigh];
     if (COMPARE !== undefined) {
       for (const mine of [r32, rHigh]) {
-        const theirs = add({ name: `receiver --quiet [${t} ${other}]`, server: await at(`compare_${mine.connections}`, ["--quiet"], [], resolve(COMPARE, "receiver.ts")),
-          connections: mine.connections, base: mine.base });
+        const theirs = add({
+          name: `receiver --quiet [${t} ${other}]`,
+          server: await at(`compare_${mine.connections}`, ["--quiet"], [], resolve(COMPARE, "receiver.ts")),
+          connections: mine.connections,
+          base: mine.base,
+        });
         receivers.push(theirs);
         pairs.push([mine, theirs]);
       }
     }
     if (t === "SQLite") {
       inbox[HIGH] = rHigh;
-      small[HIGH] = add({ name: `receiver ${SMALL_YOUNG} [${t}]`, server: await at("small_high", ["--quiet"], [SMALL_YOUNG]), connections: HIGH, base: bareHigh });
-      receivers.push(inCommit[HIGH] = add({ name: `receiver --sync-in-commit [${t}]`, server: await at("in_commit_high", ["--quiet", "--sync-in-commit"]), connections: HIGH, base: bareHigh }));
+      small[HIGH] = add({
+        name: `receiver ${SMALL_YOUNG} [${t}]`,
+        server: await at("small_high", ["--quiet"], [SMALL_YOUNG]),
+        connections: HIGH,
+        base: bareHigh,
+      });
+      receivers.push(
+        (inCommit[HIGH] = add({
+          name: `receiver --sync-in-commit [${t}]`,
+          server: await at("in_commit_high", ["--quiet", "--sync-in-commit"]),
+          connections: HIGH,
+          base: bareHigh,
+        })),
+      );
     }
   }
   const peers = await availablePeers();
@@ -125,19 +195,31 @@ export async function ingest(): Promise<string> {
       stores: [() => store?.drop() ?? Promise.resolve()],
     };
     add({ name: peerLabel(peer), server: s, connections: CONNECTIONS, base: bare32, inbox: inbox[CONNECTIONS], peer });
-    if (peer.high) add({ name: peerLabel(peer), server: s, connections: HIGH, base: bareHigh, inbox: inbox[HIGH], peer });
+    if (peer.high)
+      add({ name: peerLabel(peer), server: s, connections: HIGH, base: bareHigh, inbox: inbox[HIGH], peer });
   }
   const servers = [...new Set(runs.map((r) => r.server))];
-  console.log(`ingest: ${CONNECTIONS} and ${HIGH} connections, ${ROUNDS} round(s) of ${SECONDS} s per row, wrk on the same cores`);
+  console.log(
+    `ingest: ${CONNECTIONS} and ${HIGH} connections, ${ROUNDS} round(s) of ${SECONDS} s per row, wrk on the same cores`,
+  );
   try {
     for (const s of servers) s.child = await s.start();
-    for (const r of runs) await hammer(r.server.child!.url, { seconds: WARMUP_SECONDS, connections: r.connections, duplicates: r.duplicates });
+    for (const r of runs)
+      await hammer(r.server.child!.url, {
+        seconds: WARMUP_SECONDS,
+        connections: r.connections,
+        duplicates: r.duplicates,
+      });
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`  round ${round}`);
       for (const r of runs) {
         const child = r.server.child!;
         const c0 = child.cpuMs();
-        const load = await hammer(child.url, { seconds: SECONDS, connections: r.connections, duplicates: r.duplicates });
+        const load = await hammer(child.url, {
+          seconds: SECONDS,
+          connections: r.connections,
+          duplicates: r.duplicates,
+        });
         r.cpu.push(((child.cpuMs() - c0) * 1000) / Math.max(1, load.ok + load.non2xx));
         r.loads.push(load);
         const ratio = r.base ? `×${f(load.rps / r.base.loads.at(-1)!.rps, 2)} of bare  ` : "";
@@ -153,26 +235,49 @@ export async function ingest(): Promise<string> {
   const of = (r: Run, base: Run) => median(r.loads.map((l, i) => l.rps / base.loads[i]!.rps));
   const us = (r: Run) => median(r.cpu);
   const gen = (r: Run) => median(r.loads.map((l) => l.generatorUs));
-  const lat = (r: Run) => `p50 ${f(median(r.loads.map((l) => l.p50)), 1)} p99 ${f(median(r.loads.map((l) => l.p99)), 1)} ms`;
-  console.log(`  peak RSS: ${servers.map((s) => `${runs.find((r) => r.server === s)!.name} ${f(s.child?.peakRssMb() ?? NaN)} MB`).join(", ")}`);
+  const lat = (r: Run) =>
+    `p50 ${f(median(r.loads.map((l) => l.p50)), 1)} p99 ${f(median(r.loads.map((l) => l.p99)), 1)} ms`;
+  console.log(
+    `  peak RSS: ${servers.map((s) => `${runs.find((r) => r.server === s)!.name} ${f(s.child?.peakRssMb() ?? NaN)} MB`).join(", ")}`,
+  );
   const receiverRss = (connections: number) =>
-    Math.max(...[...new Set(runs.filter((r) => !r.peer && r.server !== bare && r.connections === connections).map((r) => r.server))].map((s) => s.child?.peakRssMb() ?? NaN));
+    Math.max(
+      ...[
+        ...new Set(
+          runs.filter((r) => !r.peer && r.server !== bare && r.connections === connections).map((r) => r.server),
+        ),
+      ].map((s) => s.child?.peakRssMb() ?? NaN),
+    );
   const parts: string[] = [];
   for (const base of [bare32, bareHigh]) {
     const c = base.connections;
     const mine = runs.filter((r) => r.base === base && !r.peer);
-    parts.push(`${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
-      mine.map((r) => ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
-        (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : "")).join(""));
+    parts.push(
+      `${c} conn: bare ${f(rps(base))} req/s (${lat(base)}, ${f(us(base))} µs CPU/req, wrk ${f(gen(base))} µs/req)` +
+        mine
+          .map(
+            (r) =>
+              ` | ${r.name.replace(" [SQLite]", "")} ${f(rps(r))} req/s ×${f(of(r, base), 2)}` +
+              (receivers.includes(r) ? ` (${lat(r)}, ${f(us(r))} µs CPU/req)` : ""),
+          )
+          .join(""),
+    );
     for (const [mine, theirs] of pairs.filter(([m]) => m.base === base)) {
-      parts.push(`${c} conn: A/B ${mine.name} against ${other} ×${f(of(mine, theirs), 2)} (CPU ${f(us(mine))} against ${f(us(theirs))} µs/req)`);
+      parts.push(
+        `${c} conn: A/B ${mine.name} against ${other} ×${f(of(mine, theirs), 2)} (CPU ${f(us(mine))} against ${f(us(theirs))} µs/req)`,
+      );
     }
-    if (inbox[c] && inCommit[c]) parts.push(`${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}, ${SMALL_YOUNG} against the receiver ×${f(of(small[c]!, inbox[c]!), 2)}`);
+    if (inbox[c] && inCommit[c])
+      parts.push(
+        `${c} conn: receiver against --sync-in-commit ×${f(of(inbox[c]!, inCommit[c]!), 2)}, ${SMALL_YOUNG} against the receiver ×${f(of(small[c]!, inbox[c]!), 2)}`,
+      );
     const theirs = runs.filter((r) => r.base === base && r.peer);
     // The CPU is the fixture's own, node:http and the client; PostgreSQL's or Redis's is not counted.
     for (const r of theirs) {
-      parts.push(`${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)}` +
-        `${onPostgres[c] ? `, inbox on PostgreSQL ×${f(of(onPostgres[c]!, r), 2)}` : ""} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`);
+      parts.push(
+        `${c} conn: ${r.name} ${f(rps(r))} req/s ×${f(of(r, base), 2)} of bare, inbox ×${f(of(r.inbox!, r), 2)}` +
+          `${onPostgres[c] ? `, inbox on PostgreSQL ×${f(of(onPostgres[c]!, r), 2)}` : ""} (${lat(r)}, fixture ${f(us(r))} µs CPU/req)`,
+      );
     }
     const durable = theirs.filter((r) => r.peer!.durable);
     if (durable.length > 0 && inbox[c]) {
@@ -181,9 +286,11 @@ export async function ingest(): Promise<string> {
     }
   }
   const peak = (r: Run | undefined) => f(r?.server.child?.peakRssMb() ?? NaN);
-  return `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver --quiet peak RSS ${peak(inbox[CONNECTIONS])} MB at ${CONNECTIONS} connections, ` +
+  return (
+    `ingest (median of ${ROUNDS}):\n  ${parts.join("\n  ")}\n  receiver --quiet peak RSS ${peak(inbox[CONNECTIONS])} MB at ${CONNECTIONS} connections, ` +
     `${peak(inbox[HIGH])} MB at ${HIGH}; with ${SMALL_YOUNG} ${peak(small[CONNECTIONS])} and ${peak(small[HIGH])} MB ` +
-    `(every receiver row: up to ${f(receiverRss(CONNECTIONS))} and ${f(receiverRss(HIGH))} MB; bare node:http ${peak(bare32)} MB)`;
+    `(every receiver row: up to ${f(receiverRss(CONNECTIONS))} and ${f(receiverRss(HIGH))} MB; bare node:http ${peak(bare32)} MB)`
+  );
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await ingest());

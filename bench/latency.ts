@@ -50,31 +50,38 @@ export async function paced(url: string, rate: number, seconds: number): Promise
   let finished!: () => void;
   const done = new Promise<void>((resolve) => (finished = resolve));
 
-  interface Conn { socket: Socket; request: number; data: string }
+  interface Conn {
+    socket: Socket;
+    request: number;
+    data: string;
+  }
   const idle: Conn[] = [];
-  const open = () => new Promise<Conn>((resolve, reject) => {
-    const socket = connect(Number(port), hostname, () => resolve(conn));
-    socket.setNoDelay(true);
-    socket.setEncoding("latin1");
-    const conn: Conn = { socket, request: -1, data: "" };
-    socket.on("data", (d: string) => {
-      conn.data += d;
-      answer(conn);
+  const open = () =>
+    new Promise<Conn>((resolve, reject) => {
+      const socket = connect(Number(port), hostname, () => resolve(conn));
+      socket.setNoDelay(true);
+      socket.setEncoding("latin1");
+      const conn: Conn = { socket, request: -1, data: "" };
+      socket.on("data", (d: string) => {
+        conn.data += d;
+        answer(conn);
+      });
+      socket.on("error", reject);
+      // A connection the server closed (say, idle past its keep-alive timeout) fails the request it
+      // carried, if any, and is replaced.
+      socket.on("close", () => {
+        if (answered === total) return;
+        if (conn.request >= 0) settle(conn.request, false);
+        const at = idle.indexOf(conn);
+        if (at >= 0) idle.splice(at, 1);
+        void open().then(ready, () => {});
+      });
     });
-    socket.on("error", reject);
-    // A connection the server closed (say, idle past its keep-alive timeout) fails the request it
-    // carried, if any, and is replaced.
-    socket.on("close", () => {
-      if (answered === total) return;
-      if (conn.request >= 0) settle(conn.request, false);
-      const at = idle.indexOf(conn);
-      if (at >= 0) idle.splice(at, 1);
-      void open().then(ready, () => {});
-    });
-  });
   const send = (conn: Conn, i: number) => {
     conn.request = i;
-    conn.socket.write(`POST / HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nX-Delivery-Id: ${prefix}${i}\r\nContent-Length: ${BODY_BYTES}\r\n\r\n${BODY}`);
+    conn.socket.write(
+      `POST / HTTP/1.1\r\nHost: ${hostname}\r\nContent-Type: application/json\r\nX-Delivery-Id: ${prefix}${i}\r\nContent-Length: ${BODY_BYTES}\r\n\r\n${BODY}`,
+    );
   };
   const settle = (i: number, good: boolean) => {
     latencies[i] = performance.now() - (start + (i * 1000) / rate);
@@ -119,15 +126,21 @@ export async function paced(url: string, rate: number, seconds: number): Promise
   for (const conn of conns) conn.socket.destroy();
   latencies.sort();
   return {
-    rate, sent, ok,
-    p50: percentile(latencies, 0.5), p99: percentile(latencies, 0.99), p999: percentile(latencies, 0.999),
+    rate,
+    sent,
+    ok,
+    p50: percentile(latencies, 0.5),
+    p99: percentile(latencies, 0.99),
+    p999: percentile(latencies, 0.999),
     max: latencies[latencies.length - 1] ?? NaN,
     generatorUs: (cpu.user + cpu.system) / Math.max(1, total),
   };
 }
 
 function show(label: string, p: Paced): void {
-  console.log(`  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200, pacer ${f(p.generatorUs)} µs CPU/req)`);
+  console.log(
+    `  ${label.padEnd(22)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200, pacer ${f(p.generatorUs)} µs CPU/req)`,
+  );
 }
 
 /** latency runs the search and both paced runs and returns the one-line summary. */
@@ -139,18 +152,34 @@ export async function latency(): Promise<string> {
     if (!saturated) {
       await hammer(receiver.url, { seconds: WARMUP_SECONDS });
       saturated = (await hammer(receiver.url, { seconds: SECONDS })).rps;
-      console.log(`latency: receiver saturates at ${f(saturated)} req/s (closed loop, ${CONNECTIONS} connections); pacing at half`);
+      console.log(
+        `latency: receiver saturates at ${f(saturated)} req/s (closed loop, ${CONNECTIONS} connections); pacing at half`,
+      );
     }
     const rate = Math.round(saturated / 2);
     const mine = await paced(receiver.url, rate, SECONDS);
     const rss = receiver.peakRssMb();
     await receiver.stop();
     // The same receiver with SQLite's own checkpoints, inside commits: what the checkpoint thread saves.
-    const inline = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, "inline.db"), "--quiet", "--inline-checkpoints"]);
+    const inline = await startChild("receiver.ts", [
+      "--port",
+      "0",
+      "--db",
+      join(dir, "inline.db"),
+      "--quiet",
+      "--inline-checkpoints",
+    ]);
     const theirs = await paced(inline.url, rate, SECONDS);
     await inline.stop();
     // The same receiver with the fsync inside each commit, on the HTTP thread: what the off-loop fdatasync changes.
-    const inCommit = await startChild("receiver.ts", ["--port", "0", "--db", join(dir, "in-commit.db"), "--quiet", "--sync-in-commit"]);
+    const inCommit = await startChild("receiver.ts", [
+      "--port",
+      "0",
+      "--db",
+      join(dir, "in-commit.db"),
+      "--quiet",
+      "--sync-in-commit",
+    ]);
     const blocking = await paced(inCommit.url, rate, SECONDS);
     await inCommit.stop();
     const bare = await startChild("bench/bare.ts", []);
@@ -161,8 +190,10 @@ export async function latency(): Promise<string> {
     show("receiver (durable)", mine);
     show("… inline checkpoints", theirs);
     show("… --sync-in-commit", blocking);
-    return `latency: ${f(rate)} req/s open loop (half of ${f(saturated)}) | receiver ack p50 ${f(mine.p50, 2)} p99 ${f(mine.p99, 2)} p99.9 ${f(mine.p999, 2)} ms` +
-      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | --sync-in-commit p99 ${f(blocking.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB | pacer ${f(mine.generatorUs)} µs CPU/req`;
+    return (
+      `latency: ${f(rate)} req/s open loop (half of ${f(saturated)}) | receiver ack p50 ${f(mine.p50, 2)} p99 ${f(mine.p99, 2)} p99.9 ${f(mine.p999, 2)} ms` +
+      ` | bare p50 ${f(base.p50, 2)} p99 ${f(base.p99, 2)} ms | p99 receiver/bare ×${f(mine.p99 / base.p99, 1)} | inline checkpoints p99 ${f(theirs.p99, 2)} ms | --sync-in-commit p99 ${f(blocking.p99, 2)} ms | ${mine.ok}/${mine.sent} stored | receiver peak RSS ${f(rss)} MB | pacer ${f(mine.generatorUs)} µs CPU/req`
+    );
   } finally {
     cleanup();
   }

@@ -7,7 +7,19 @@ import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
-import { CONNECTIONS, ROOT, SECONDS, WARMUP_SECONDS, f, fillBacklog, hammer, knob, row, startChild, tempDir } from "./common.ts";
+import {
+  CONNECTIONS,
+  ROOT,
+  SECONDS,
+  WARMUP_SECONDS,
+  f,
+  fillBacklog,
+  hammer,
+  knob,
+  row,
+  startChild,
+  tempDir,
+} from "./common.ts";
 
 const BACKLOG = knob("BENCH_MIXED_BACKLOG", 200_000);
 const CONCURRENCY = knob("BENCH_CONCURRENCY", 128);
@@ -22,11 +34,30 @@ function doneCount(path: string): number {
 }
 
 // drainFor runs worker.ts (the real CLI) for `seconds` while `during` runs, and returns deliveries/s.
-async function drainFor(path: string, seconds: number, during: Promise<unknown> = new Promise((r) => setTimeout(r, seconds * 1000))): Promise<number> {
+async function drainFor(
+  path: string,
+  seconds: number,
+  during: Promise<unknown> = new Promise((r) => setTimeout(r, seconds * 1000)),
+): Promise<number> {
   // --force: the start-up quick_check reads the whole file, which is start-up, not drain.
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "worker.ts"), "--db", path, "--quiet", "--force", "--concurrency", String(CONCURRENCY)], {
-    cwd: ROOT, stdio: ["ignore", "ignore", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      join(ROOT, "worker.ts"),
+      "--db",
+      path,
+      "--quiet",
+      "--force",
+      "--concurrency",
+      String(CONCURRENCY),
+    ],
+    {
+      cwd: ROOT,
+      stdio: ["ignore", "ignore", "pipe"],
+    },
+  );
   let err = "";
   child.stderr.on("data", (d: Buffer) => (err += d));
   const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
@@ -47,7 +78,9 @@ export async function mixed(): Promise<string> {
   const { dir, cleanup } = tempDir();
   const path = join(dir, "mixed.db");
   try {
-    console.log(`mixed: backlog ${BACKLOG}, worker concurrency ${CONCURRENCY}, ${CONNECTIONS} connections, ${SECONDS} s per run`);
+    console.log(
+      `mixed: backlog ${BACKLOG}, worker concurrency ${CONCURRENCY}, ${CONNECTIONS} connections, ${SECONDS} s per run`,
+    );
     fillBacklog(path, BACKLOG);
     const workerAlone = await drainFor(path, SECONDS);
     console.log(`  worker alone                       ${f(workerAlone).padStart(7)} deliveries/s`);
@@ -61,12 +94,16 @@ export async function mixed(): Promise<string> {
     const workerBoth = await drainFor(path, SECONDS, load);
     const ingestBoth = await load;
     row("receiver while the worker drains", ingestBoth, `×${f(ingestBoth.rps / ingestAlone.rps, 2)}`);
-    console.log(`  worker while the receiver ingests  ${f(workerBoth).padStart(7)} deliveries/s  ×${f(workerBoth / workerAlone, 2)}`);
+    console.log(
+      `  worker while the receiver ingests  ${f(workerBoth).padStart(7)} deliveries/s  ×${f(workerBoth / workerAlone, 2)}`,
+    );
     const rss = receiver.peakRssMb();
     await receiver.stop();
-    return `mixed: ingest ${f(ingestBoth.rps)} req/s while draining (×${f(ingestBoth.rps / ingestAlone.rps, 2)} of ${f(ingestAlone.rps)} alone, p99 ${f(ingestBoth.p99, 1)} ms)` +
+    return (
+      `mixed: ingest ${f(ingestBoth.rps)} req/s while draining (×${f(ingestBoth.rps / ingestAlone.rps, 2)} of ${f(ingestAlone.rps)} alone, p99 ${f(ingestBoth.p99, 1)} ms)` +
       ` | worker ${f(workerBoth)} deliveries/s while ingesting (×${f(workerBoth / workerAlone, 2)} of ${f(workerAlone)} alone)` +
-      ` | together ${f(ingestBoth.rps + workerBoth)} rows/s | receiver peak RSS ${f(rss)} MB`;
+      ` | together ${f(ingestBoth.rps + workerBoth)} rows/s | receiver peak RSS ${f(rss)} MB`
+    );
   } finally {
     cleanup();
   }

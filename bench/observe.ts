@@ -12,7 +12,20 @@ import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
-import { CONNECTIONS, ROOT, WARMUP_SECONDS, cpuMs, f, hammer, knob, row, rssMb, tempDir, type Child, type Load } from "./common.ts";
+import {
+  CONNECTIONS,
+  ROOT,
+  WARMUP_SECONDS,
+  cpuMs,
+  f,
+  hammer,
+  knob,
+  row,
+  rssMb,
+  tempDir,
+  type Child,
+  type Load,
+} from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);
 const ROUNDS = knob("BENCH_ROUNDS", 3);
@@ -25,7 +38,8 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 // receiver starts receiver.ts and waits for its address, in either log format (JSON's is a JSON line).
 async function receiver(args: string[]): Promise<Child> {
   const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "receiver.ts"), "--port", "0", ...args], {
-    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
   });
   child.stderr!.resume();
   const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
@@ -38,7 +52,9 @@ async function receiver(args: string[]): Promise<Child> {
   });
   let peak = 0;
   return {
-    child, url, stderr: () => "",
+    child,
+    url,
+    stderr: () => "",
     peakRssMb: () => (child.exitCode === null ? (peak = Math.max(peak, rssMb(child.pid!, true))) : peak),
     cpuMs: () => cpuMs(child.pid!),
     stop: async () => {
@@ -80,7 +96,15 @@ function fillSqlite(path: string, n: number): void {
     db.exec("BEGIN");
     for (let i = start; i < Math.min(n, start + 50_000); i++) {
       const waiting = i >= n * 0.99;
-      insert.run(`source${i % 4}`, `id_${i}`, body, now - n + i, waiting ? "received" : "done", now - n + i, waiting ? null : now);
+      insert.run(
+        `source${i % 4}`,
+        `id_${i}`,
+        body,
+        now - n + i,
+        waiting ? "received" : "done",
+        now - n + i,
+        waiting ? null : now,
+      );
     }
     db.exec("COMMIT");
   }
@@ -113,13 +137,27 @@ async function fillPostgres(url: string, n: number): Promise<void> {
 export async function observe(): Promise<string> {
   const { dir, cleanup } = tempDir();
   const variants = [
-    { name: "receiver --quiet --no-metrics", args: ["--db", join(dir, "off.db"), "--quiet", "--no-metrics"], scrape: false },
+    {
+      name: "receiver --quiet --no-metrics",
+      args: ["--db", join(dir, "off.db"), "--quiet", "--no-metrics"],
+      scrape: false,
+    },
     { name: "receiver --quiet, metrics, scraped", args: ["--db", join(dir, "on.db"), "--quiet"], scrape: true },
-    { name: "receiver --quiet, metrics, unscraped", args: ["--db", join(dir, "unscraped.db"), "--quiet"], scrape: false },
+    {
+      name: "receiver --quiet, metrics, unscraped",
+      args: ["--db", join(dir, "unscraped.db"), "--quiet"],
+      scrape: false,
+    },
     { name: "receiver text log, --no-metrics", args: ["--db", join(dir, "text.db"), "--no-metrics"], scrape: false },
-    { name: "receiver json log, --no-metrics", args: ["--db", join(dir, "json.db"), "--no-metrics", "--log-format", "json"], scrape: false },
+    {
+      name: "receiver json log, --no-metrics",
+      args: ["--db", join(dir, "json.db"), "--no-metrics", "--log-format", "json"],
+      scrape: false,
+    },
   ];
-  console.log(`observe: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server, /metrics every ${SCRAPE_MS} ms`);
+  console.log(
+    `observe: ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server, /metrics every ${SCRAPE_MS} ms`,
+  );
   const children: Child[] = [];
   const loads = variants.map(() => [] as Load[]);
   const cpu = variants.map(() => [] as number[]);
@@ -138,12 +176,14 @@ export async function observe(): Promise<string> {
       for (const i of order) {
         const v = variants[i]!;
         const c0 = children[i]!.cpuMs();
-        const scraper = v.scrape ? setInterval(async () => {
-          const t0 = performance.now();
-          await (await fetch(`${children[i]!.url}/metrics`)).text();
-          scrapeMs += performance.now() - t0;
-          scrapes++;
-        }, SCRAPE_MS) : undefined;
+        const scraper = v.scrape
+          ? setInterval(async () => {
+              const t0 = performance.now();
+              await (await fetch(`${children[i]!.url}/metrics`)).text();
+              scrapeMs += performance.now() - t0;
+              scrapes++;
+            }, SCRAPE_MS)
+          : undefined;
         const load = await hammer(children[i]!.url, { seconds: SECONDS });
         clearInterval(scraper);
         cpu[i]!.push(((children[i]!.cpuMs() - c0) * 1000) / (load.ok + load.non2xx));
@@ -164,7 +204,9 @@ export async function observe(): Promise<string> {
   const sqlitePath = join(dir, "gauges.db");
   fillSqlite(sqlitePath, GAUGE_ROWS);
   const sqlite = await gaugeCost(sqlitePath);
-  console.log(`    sqlite: gauges() ${f(sqlite.gaugesMs, 1)} ms (on its own thread), status() ${f(sqlite.statusMs, 1)} ms`);
+  console.log(
+    `    sqlite: gauges() ${f(sqlite.gaugesMs, 1)} ms (on its own thread), status() ${f(sqlite.statusMs, 1)} ms`,
+  );
   let pgLine = "";
   try {
     const url = new URL(POSTGRES);
@@ -183,11 +225,13 @@ export async function observe(): Promise<string> {
     console.log(`    postgres: skipped (${error instanceof Error ? error.message : String(error)})`);
   }
   cleanup();
-  return `observe (median of ${ROUNDS}): no metrics ${f(rps(0))} req/s (${f(us(0))} µs CPU/req)` +
+  return (
+    `observe (median of ${ROUNDS}): no metrics ${f(rps(0))} req/s (${f(us(0))} µs CPU/req)` +
     ` | metrics on, scraped every ${SCRAPE_MS} ms: throughput ×${f(ratio(1, 0), 2)}, CPU/req ×${f(cpuRatio(1, 0), 2)} (${f(us(1))} µs; a scrape answered in ${f(scrapeMs / Math.max(1, scrapes), 1)} ms)` +
     ` | unscraped ×${f(ratio(2, 0), 2)}, CPU/req ×${f(cpuRatio(2, 0), 2)}` +
     ` | json log against text log: throughput ×${f(ratio(4, 3), 2)}, CPU/req ×${f(cpuRatio(4, 3), 2)} (${f(us(4))} against ${f(us(3))} µs)` +
-    ` | gauges at ${GAUGE_ROWS} rows: sqlite ${f(sqlite.gaugesMs, 1)} ms (status() ${f(sqlite.statusMs, 0)} ms)${pgLine}`;
+    ` | gauges at ${GAUGE_ROWS} rows: sqlite ${f(sqlite.gaugesMs, 1)} ms (status() ${f(sqlite.statusMs, 0)} ms)${pgLine}`
+  );
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await observe());

@@ -24,7 +24,9 @@ function orderBacklog(path: string, keys: number): void {
   const db = new DatabaseSync(path);
   db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
   db.exec("BEGIN");
-  db.prepare(`UPDATE deliveries SET order_key = 'key' || (rowid % ?), event_time = available_at - ((rowid * 7919) % 1000)`).run(BigInt(keys));
+  db.prepare(
+    `UPDATE deliveries SET order_key = 'key' || (rowid % ?), event_time = available_at - ((rowid * 7919) % 1000)`,
+  ).run(BigInt(keys));
   db.exec(`INSERT INTO order_keys (source, order_key, head_id, head_event_time, head_seq, due)
            SELECT source, order_key, id, event_time, rowid, available_at FROM (
              SELECT source, order_key, id, event_time, rowid, available_at,
@@ -38,7 +40,10 @@ function orderBacklog(path: string, keys: number): void {
 // drainSome runs the worker on the one-key inbox until `count` deliveries are done (or it is empty),
 // and returns the ms and CPU ms it took and the most handlers that ever ran at once. CPU is the claim's
 // cost without the fsync each one-at-a-time delivery waits for.
-async function drainSome(inbox: SqliteInbox, count: number): Promise<{ ms: number; cpuMs: number; done: number; most: number }> {
+async function drainSome(
+  inbox: SqliteInbox,
+  count: number,
+): Promise<{ ms: number; cpuMs: number; done: number; most: number }> {
   const stop = new AbortController();
   let [running, most, done] = [0, 0, 0];
   const handler = (job: Job) => {
@@ -46,11 +51,13 @@ async function drainSome(inbox: SqliteInbox, count: number): Promise<{ ms: numbe
     most = Math.max(most, running);
     recordPayment(job);
     // Counted as running until the next turn, so that two handlers of one key overlapping would show.
-    return new Promise<void>((resolve) => setImmediate(() => {
-      running--;
-      if (++done >= count) stop.abort();
-      resolve();
-    }));
+    return new Promise<void>((resolve) =>
+      setImmediate(() => {
+        running--;
+        if (++done >= count) stop.abort();
+        resolve();
+      }),
+    );
   };
   const [t0, cpu0] = [performance.now(), process.cpuUsage()];
   await run(handler, { inbox, once: true, concurrency: CONCURRENCY, signal: stop.signal, log: () => {} });
@@ -61,7 +68,9 @@ async function drainSome(inbox: SqliteInbox, count: number): Promise<{ ms: numbe
 /** ordered runs the three drains and returns the one-line summary. */
 export async function ordered(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  console.log(`ordered: backlog of ${LARGE}, unordered vs over ${KEYS} keys vs one key, concurrency ${CONCURRENCY}, record-payment handler`);
+  console.log(
+    `ordered: backlog of ${LARGE}, unordered vs over ${KEYS} keys vs one key, concurrency ${CONCURRENCY}, record-payment handler`,
+  );
   try {
     const rates: number[] = [];
     for (const keys of [0, KEYS]) {
@@ -71,7 +80,10 @@ export async function ordered(): Promise<string> {
       const d = await drainChild(path, CONCURRENCY);
       if (d.done !== LARGE) throw new Error(`expected ${LARGE} done, got ${d.done} (failed ${d.failed})`);
       rates.push((d.done / d.ms) * 1000);
-      console.log(`  ${keys === 0 ? "unordered" : `over ${keys} keys`}`.padEnd(18) + `: drained in ${f(d.ms / 1000, 2)} s = ${f(rates.at(-1)!)} deliveries/s`);
+      console.log(
+        `  ${keys === 0 ? "unordered" : `over ${keys} keys`}`.padEnd(18) +
+          `: drained in ${f(d.ms / 1000, 2)} s = ${f(rates.at(-1)!)} deliveries/s`,
+      );
     }
     const [unordered, spread] = rates as [number, number];
 
@@ -84,24 +96,35 @@ export async function ordered(): Promise<string> {
     // Skip to the end of the drain: all but the last SAMPLE marked done in event-time order, as if
     // drained, and the key's head moved on as a finish would have moved it.
     inbox.db.exec("BEGIN");
-    inbox.db.prepare(`UPDATE deliveries SET status = 'done', finished_at = 0 WHERE rowid IN (
+    inbox.db
+      .prepare(`UPDATE deliveries SET status = 'done', finished_at = 0 WHERE rowid IN (
                         SELECT rowid FROM deliveries WHERE status = 'received' AND order_key = 'key0'
-                        ORDER BY event_time, rowid LIMIT ?)`).run(Math.max(0, LARGE - 2 * SAMPLE));
+                        ORDER BY event_time, rowid LIMIT ?)`)
+      .run(Math.max(0, LARGE - 2 * SAMPLE));
     inbox.db.exec(`UPDATE order_keys SET (head_id, head_event_time, head_seq, due) =
                      (SELECT id, event_time, rowid, available_at FROM deliveries
                       WHERE source = 'default' AND order_key = 'key0' AND status = 'received' ORDER BY event_time, rowid LIMIT 1)`);
     inbox.db.exec("COMMIT");
     const last = await drainSome(inbox, SAMPLE);
-    const left = (inbox.db.prepare("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'").get() as { n: number }).n;
+    const left = (
+      inbox.db.prepare("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'").get() as { n: number }
+    ).n;
     await inbox.close();
-    if (left !== 0) throw new Error(`one key: ${left} deliveries left after the drain (${JSON.stringify([first, last])})`);
+    if (left !== 0)
+      throw new Error(`one key: ${left} deliveries left after the drain (${JSON.stringify([first, last])})`);
     const per = (d: typeof first) => [(d.ms * 1000) / d.done, (d.cpuMs * 1000) / d.done] as const;
     const [[usFirst, cpuFirst], [usLast, cpuLast]] = [per(first), per(last)];
-    console.log(`  one key, first ${first.done}: ${f(usFirst)} µs per delivery (${f(cpuFirst)} µs CPU), at most ${first.most} running at once`);
-    console.log(`  one key, last ${last.done}:  ${f(usLast)} µs per delivery (${f(cpuLast)} µs CPU), at most ${last.most} running at once`);
-    return `ordered: ${f(unordered)}/s unordered | ${f(spread)}/s over ${KEYS} keys = ×${f(spread / unordered, 2)} | ` +
+    console.log(
+      `  one key, first ${first.done}: ${f(usFirst)} µs per delivery (${f(cpuFirst)} µs CPU), at most ${first.most} running at once`,
+    );
+    console.log(
+      `  one key, last ${last.done}:  ${f(usLast)} µs per delivery (${f(cpuLast)} µs CPU), at most ${last.most} running at once`,
+    );
+    return (
+      `ordered: ${f(unordered)}/s unordered | ${f(spread)}/s over ${KEYS} keys = ×${f(spread / unordered, 2)} | ` +
       `one key of ${LARGE}, first → last ${SAMPLE}: ${f(usFirst)} → ${f(usLast)} µs per delivery (×${f(usLast / usFirst, 2)}), ` +
-      `${f(cpuFirst)} → ${f(cpuLast)} µs CPU (×${f(cpuLast / cpuFirst, 2)}), at most ${Math.max(first.most, last.most)} at once`;
+      `${f(cpuFirst)} → ${f(cpuLast)} µs CPU (×${f(cpuLast / cpuFirst, 2)}), at most ${Math.max(first.most, last.most)} at once`
+    );
   } finally {
     cleanup();
   }

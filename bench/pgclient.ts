@@ -80,7 +80,14 @@ const DIGEST = createHash("sha256").update(BODY).digest("hex");
 function batch(prefix: string, n: number): unknown[] {
   const ids = Array.from({ length: INGEST_ROWS }, (_, i) => `${prefix}-${n}-${i}`);
   const now = Date.now();
-  return [ids.map(() => "default"), ids, ids.map(() => BODY), ids.map(() => DIGEST), ids.map(() => now), ids.map(() => now)];
+  return [
+    ids.map(() => "default"),
+    ids,
+    ids.map(() => BODY),
+    ids.map(() => DIGEST),
+    ids.map(() => now),
+    ids.map(() => now),
+  ];
 }
 
 function payments(rows: Claimed[]): [string, string, string, number][] {
@@ -93,76 +100,113 @@ function payments(rows: Claimed[]): [string, string, string, number][] {
 /** One transaction of a workload for one client; returns the rows it wrote or drained (0: nothing left). */
 type Step = () => Promise<number>;
 
-function pgSteps(url: string, pipeline: boolean, workload: Workload, prefix: string): { steps: Promise<Step[]>; end: () => Promise<void> } {
+function pgSteps(
+  url: string,
+  pipeline: boolean,
+  workload: Workload,
+  prefix: string,
+): { steps: Promise<Step[]>; end: () => Promise<void> } {
   const clients = Array.from({ length: CONNECTIONS }, () => new pg.Client({ connectionString: url, pipeline }));
   const q = (c: pg.Client, name: string, text: string, values?: unknown[]) => c.query({ name, text, values });
-  const steps = Promise.all(clients.map(async (c, k): Promise<Step> => {
-    await c.connect();
-    let n = 0;
-    if (workload === "ingest") {
-      if (pipeline) {
+  const steps = Promise.all(
+    clients.map(async (c, k): Promise<Step> => {
+      await c.connect();
+      let n = 0;
+      if (workload === "ingest") {
+        if (pipeline) {
+          return async () => {
+            const [, r] = await Promise.all([
+              c.query("BEGIN"),
+              q(c, "insert", INSERT, batch(`${prefix}${k}`, n++)),
+              c.query("COMMIT"),
+            ]);
+            return r.rowCount ?? 0;
+          };
+        }
         return async () => {
-          const [, r] = await Promise.all([c.query("BEGIN"), q(c, "insert", INSERT, batch(`${prefix}${k}`, n++)), c.query("COMMIT")]);
+          await c.query("BEGIN");
+          const r = await q(c, "insert", INSERT, batch(`${prefix}${k}`, n++));
+          await c.query("COMMIT");
           return r.rowCount ?? 0;
         };
       }
       return async () => {
-        await c.query("BEGIN");
-        const r = await q(c, "insert", INSERT, batch(`${prefix}${k}`, n++));
-        await c.query("COMMIT");
-        return r.rowCount ?? 0;
+        const now = Date.now();
+        if (pipeline) void c.query("BEGIN");
+        else await c.query("BEGIN");
+        const rows = (await q(c, "claim", CLAIM, [now, randomUUID()])).rows as Claimed[];
+        const pays = payments(rows);
+        if (pipeline) {
+          await Promise.all([
+            ...pays.map((p) => q(c, "pay", PAY, p)),
+            q(c, "done", DONE, [now, rows.map((r) => r.id)]),
+            c.query("COMMIT"),
+          ]);
+        } else {
+          for (const p of pays) await q(c, "pay", PAY, p);
+          await q(c, "done", DONE, [now, rows.map((r) => r.id)]);
+          await c.query("COMMIT");
+        }
+        return rows.length;
       };
-    }
-    return async () => {
-      const now = Date.now();
-      if (pipeline) void c.query("BEGIN");
-      else await c.query("BEGIN");
-      const rows = (await q(c, "claim", CLAIM, [now, randomUUID()])).rows as Claimed[];
-      const pays = payments(rows);
-      if (pipeline) {
-        await Promise.all([...pays.map((p) => q(c, "pay", PAY, p)), q(c, "done", DONE, [now, rows.map((r) => r.id)]), c.query("COMMIT")]);
-      } else {
-        for (const p of pays) await q(c, "pay", PAY, p);
-        await q(c, "done", DONE, [now, rows.map((r) => r.id)]);
-        await c.query("COMMIT");
-      }
-      return rows.length;
-    };
-  }));
+    }),
+  );
   return { steps, end: async () => void (await Promise.all(clients.map((c) => c.end()))) };
 }
 
-function postgresJsSteps(url: string, workload: Workload, prefix: string): { steps: Promise<Step[]>; end: () => Promise<void> } {
+function postgresJsSteps(
+  url: string,
+  workload: Workload,
+  prefix: string,
+): { steps: Promise<Step[]>; end: () => Promise<void> } {
   const sql = postgres(url, { max: CONNECTIONS, onnotice: () => {} });
   // Each step is one sql.begin(): postgres.js sends the queries it is handed at once down one connection.
-  const steps = Promise.resolve(Array.from({ length: CONNECTIONS }, (_, k): Step => {
-    let n = 0;
-    if (workload === "ingest") {
-      return async () => {
-        // postgres.js would take an array of Buffers for one bytea: each array says its element type.
-        const params = batch(`${prefix}${k}`, n++).map((values, i) => sql.array(values as never[], [25, 25, 17, 25, 20, 20][i]));
-        const [r] = await sql.begin((tx) => [tx.unsafe(INSERT, params, { prepare: true })]);
-        return r!.count;
-      };
-    }
-    return async () => sql.begin(async (tx) => {
-      const now = Date.now();
-      const rows = (await tx.unsafe(CLAIM, [now, randomUUID()], { prepare: true })) as unknown as Claimed[];
-      const pays = payments(rows);
-      await Promise.all([
-        ...pays.map((p) => tx.unsafe(PAY, p, { prepare: true })),
-        tx.unsafe(DONE, [now, sql.array(rows.map((r) => r.id), 20)], { prepare: true }),
-      ]);
-      return rows.length;
-    });
-  }));
+  const steps = Promise.resolve(
+    Array.from({ length: CONNECTIONS }, (_, k): Step => {
+      let n = 0;
+      if (workload === "ingest") {
+        return async () => {
+          // postgres.js would take an array of Buffers for one bytea: each array says its element type.
+          const params = batch(`${prefix}${k}`, n++).map((values, i) =>
+            sql.array(values as never[], [25, 25, 17, 25, 20, 20][i]),
+          );
+          const [r] = await sql.begin((tx) => [tx.unsafe(INSERT, params, { prepare: true })]);
+          return r!.count;
+        };
+      }
+      return async () =>
+        sql.begin(async (tx) => {
+          const now = Date.now();
+          const rows = (await tx.unsafe(CLAIM, [now, randomUUID()], { prepare: true })) as unknown as Claimed[];
+          const pays = payments(rows);
+          await Promise.all([
+            ...pays.map((p) => tx.unsafe(PAY, p, { prepare: true })),
+            tx.unsafe(
+              DONE,
+              [
+                now,
+                sql.array(
+                  rows.map((r) => r.id),
+                  20,
+                ),
+              ],
+              { prepare: true },
+            ),
+          ]);
+          return rows.length;
+        });
+    }),
+  );
   return { steps, end: () => sql.end() };
 }
 
 /** measure runs in the child: CONNECTIONS loops of steps for SECONDS, or until a drain finds nothing. */
 async function measure(client: ClientName, workload: Workload, url: string): Promise<Measured> {
   const prefix = `p${process.pid}-`;
-  const { steps, end } = client === "postgres.js" ? postgresJsSteps(url, workload, prefix) : pgSteps(url, client === "pg pipeline", workload, prefix);
+  const { steps, end } =
+    client === "postgres.js"
+      ? postgresJsSteps(url, workload, prefix)
+      : pgSteps(url, client === "pg pipeline", workload, prefix);
   const loops = await steps;
   // One warm-up step per connection prepares the statements before the clock starts.
   await Promise.all(loops.map((s) => s()));
@@ -170,13 +214,15 @@ async function measure(client: ClientName, workload: Workload, url: string): Pro
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   const until = t0 + SECONDS * 1000;
-  await Promise.all(loops.map(async (step) => {
-    while (performance.now() < until) {
-      const got = await step();
-      if (got === 0 && workload === "drain") return;
-      rows += got;
-    }
-  }));
+  await Promise.all(
+    loops.map(async (step) => {
+      while (performance.now() < until) {
+        const got = await step();
+        if (got === 0 && workload === "drain") return;
+        rows += got;
+      }
+    }),
+  );
   const ms = performance.now() - t0;
   const cpu = process.cpuUsage(cpu0);
   await end();
@@ -189,7 +235,8 @@ async function prepare(url: string, workload: Workload, backlog: number): Promis
   await c.connect();
   try {
     await c.query("SHOW synchronous_commit").then((r) => {
-      if ((r.rows[0] as { synchronous_commit: string }).synchronous_commit !== "on") throw new Error("pgclient: synchronous_commit is not on");
+      if ((r.rows[0] as { synchronous_commit: string }).synchronous_commit !== "on")
+        throw new Error("pgclient: synchronous_commit is not on");
     });
     for (const statement of SCHEMA) await c.query(statement);
     if (workload === "drain") {
@@ -198,7 +245,9 @@ async function prepare(url: string, workload: Workload, backlog: number): Promis
          SELECT 'default', 'bk_' || i,
                 convert_to(json_build_object('type', 'payment.succeeded', 'customer', 'c' || (i % 1000), 'amount', i % 100 + 1)::text, 'UTF8'),
                 'x', 0, i
-         FROM generate_series(1, $1::int) AS i`, [backlog]);
+         FROM generate_series(1, $1::int) AS i`,
+        [backlog],
+      );
       await c.query("VACUUM ANALYZE deliveries");
     }
   } finally {
@@ -207,9 +256,14 @@ async function prepare(url: string, workload: Workload, backlog: number): Promis
 }
 
 async function child(client: ClientName, workload: Workload, url: string): Promise<Measured> {
-  const p = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/pgclient.ts"), "child", client, workload, url], {
-    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
-  });
+  const p = spawn(
+    process.execPath,
+    ["--import", "tsx", join(ROOT, "bench/pgclient.ts"), "child", client, workload, url],
+    {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let out = "";
   let err = "";
   p.stdout.on("data", (d: Buffer) => (out += d));
@@ -225,7 +279,9 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 export async function pgclient(): Promise<string> {
   if (!(await pgReachable())) return "pgclient: skipped, PostgreSQL is not reachable at BENCH_PG_URL";
   const got = new Map<string, { rate: number[]; cpu: number[] }>();
-  console.log(`pgclient: ${CONNECTIONS} connections, ${SECONDS} s per run, ${ROUNDS} round(s), synchronous_commit on, fresh database per run`);
+  console.log(
+    `pgclient: ${CONNECTIONS} connections, ${SECONDS} s per run, ${ROUNDS} round(s), synchronous_commit on, fresh database per run`,
+  );
   for (let round = 1; round <= ROUNDS; round++) {
     for (const workload of WORKLOADS) {
       for (const client of CLIENTS) {
@@ -237,7 +293,9 @@ export async function pgclient(): Promise<string> {
           if (!got.has(key)) got.set(key, { rate: [], cpu: [] });
           got.get(key)!.rate.push((m.rows / m.ms) * 1000);
           got.get(key)!.cpu.push(m.cpuUs / m.rows);
-          console.log(`  round ${round} ${workload.padEnd(6)} ${client.padEnd(12)} ${f((m.rows / m.ms) * 1000).padStart(7)} rows/s  client CPU ${f(m.cpuUs / m.rows, 1)} µs/row`);
+          console.log(
+            `  round ${round} ${workload.padEnd(6)} ${client.padEnd(12)} ${f((m.rows / m.ms) * 1000).padStart(7)} rows/s  client CPU ${f(m.cpuUs / m.rows, 1)} µs/row`,
+          );
         } finally {
           await db.drop();
         }
@@ -246,11 +304,13 @@ export async function pgclient(): Promise<string> {
   }
   const parts = WORKLOADS.map((workload) => {
     const base = got.get(`${workload}/pg`)!;
-    return `${workload === "ingest" ? `A ingest (${INGEST_ROWS}-row unnest insert per transaction)` : `B drain (claim ${CLAIM_ROWS}, ${CLAIM_ROWS} payment inserts, one done update)`}: ` +
+    return (
+      `${workload === "ingest" ? `A ingest (${INGEST_ROWS}-row unnest insert per transaction)` : `B drain (claim ${CLAIM_ROWS}, ${CLAIM_ROWS} payment inserts, one done update)`}: ` +
       CLIENTS.map((client) => {
         const m = got.get(`${workload}/${client}`)!;
         return `${client} ${f(median(m.rate))} rows/s ×${f(median(m.rate) / median(base.rate), 2)} (${f(median(m.cpu), 1)} µs CPU/row)`;
-      }).join(", ");
+      }).join(", ")
+    );
   });
   return `pgclient (${CONNECTIONS} connections, median of ${ROUNDS}):\n  ${parts.join("\n  ")}`;
 }

@@ -45,7 +45,8 @@ interface Row {
 /** pgingest runs the rows and returns the summary. */
 export async function pgingest(): Promise<string> {
   if (!(await pgReachable())) return "pgingest: skipped, no PostgreSQL answers";
-  const name = (root: string) => spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
+  const name = (root: string) =>
+    spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
   const variants = [
     { name: name(ROOT), root: ROOT, settings: [] as string[] },
     ...(COMPARE ? [{ name: name(resolve(COMPARE)), root: resolve(COMPARE), settings: [] }] : []),
@@ -55,15 +56,27 @@ export async function pgingest(): Promise<string> {
   await admin.connect();
   const rows: Row[] = [];
   const backends = async (database: string) =>
-    (await admin.query<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE datname = $1", [database])).rows.map((r) => r.pid);
+    (await admin.query<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE datname = $1", [database])).rows.map(
+      (r) => r.pid,
+    );
   const commits = async (database: string) =>
-    Number((await admin.query<{ n: string }>("SELECT xact_commit AS n FROM pg_stat_database WHERE datname = $1", [database])).rows[0]!.n);
+    Number(
+      (await admin.query<{ n: string }>("SELECT xact_commit AS n FROM pg_stat_database WHERE datname = $1", [database]))
+        .rows[0]!.n,
+    );
   const batches = async (url: string) => {
     const text = await (await fetch(`${url}/metrics`)).text();
-    const get = (metric: string) => Number(new RegExp(`^${metric}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
-    return { n: get("inbox_commit_batch_size_count"), size: get("inbox_commit_batch_size_sum"), seconds: get("inbox_commit_duration_seconds_sum") };
+    const get = (metric: string) =>
+      Number(new RegExp(`^${metric}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
+    return {
+      n: get("inbox_commit_batch_size_count"),
+      size: get("inbox_commit_batch_size_sum"),
+      seconds: get("inbox_commit_duration_seconds_sum"),
+    };
   };
-  console.log(`pgingest: ${variants.map((v) => v.name).join(", ")} at ${CONNECTIONS} and ${HIGH} connections, ${ROUNDS} round(s) of ${SECONDS} s`);
+  console.log(
+    `pgingest: ${variants.map((v) => v.name).join(", ")} at ${CONNECTIONS} and ${HIGH} connections, ${ROUNDS} round(s) of ${SECONDS} s`,
+  );
   try {
     for (const connections of [CONNECTIONS, HIGH]) {
       for (const [i, v] of variants.entries()) {
@@ -71,10 +84,17 @@ export async function pgingest(): Promise<string> {
         const db = await freshDatabase(database);
         for (const setting of v.settings) {
           const [key, value] = setting.split("=");
-          if (!/^[a-z_]+$/.test(key ?? "") || !/^[\w.]+$/.test(value ?? "")) throw new TypeError(`BENCH_PGINGEST_SET: expected name=value,…, got ${setting}`);
+          if (!/^[a-z_]+$/.test(key ?? "") || !/^[\w.]+$/.test(value ?? ""))
+            throw new TypeError(`BENCH_PGINGEST_SET: expected name=value,…, got ${setting}`);
           await admin.query(`ALTER DATABASE ${database} SET ${key} = '${value}'`);
         }
-        const child = await startChild(resolve(v.root, "receiver.ts"), ["--port", "0", "--db", `${db.url}?schema=inbox`, "--quiet"]);
+        const child = await startChild(resolve(v.root, "receiver.ts"), [
+          "--port",
+          "0",
+          "--db",
+          `${db.url}?schema=inbox`,
+          "--quiet",
+        ]);
         rows.push({ name: v.name, connections, database, child, drop: db.drop, rounds: [] });
       }
     }
@@ -93,13 +113,19 @@ export async function pgingest(): Promise<string> {
         // A backend opened during the run counts whole; one closed during it is lost (rare under load).
         const server = (await backends(r.database)).reduce((sum, pid) => sum + cpuMs(pid) - (server0.get(pid) ?? 0), 0);
         const m: Measured = {
-          rps: load.rps, receiverUs: ((r.child.cpuMs() - c0) * 1000) / n, postgresUs: (server * 1000) / n,
-          perCommit: n / Math.max(1, x1 - x0), batch: (b1.size - b0.size) / (b1.n - b0.n), batchMs: ((b1.seconds - b0.seconds) * 1000) / (b1.n - b0.n),
+          rps: load.rps,
+          receiverUs: ((r.child.cpuMs() - c0) * 1000) / n,
+          postgresUs: (server * 1000) / n,
+          perCommit: n / Math.max(1, x1 - x0),
+          batch: (b1.size - b0.size) / (b1.n - b0.n),
+          batchMs: ((b1.seconds - b0.seconds) * 1000) / (b1.n - b0.n),
         };
         r.rounds.push(m);
-        console.log(`  round ${round} ${r.name.padEnd(12)} @${r.connections} ${f(m.rps).padStart(6)} req/s  p50 ${f(load.p50, 1)} p99 ${f(load.p99, 1)} ms  ` +
-          `CPU µs/req: receiver ${f(m.receiverUs)}, PostgreSQL ${f(m.postgresUs)}  requests a commit ${f(m.perCommit, 1)}  ` +
-          `batch ${f(m.batch, 1)} requests, ${f(m.batchMs, 2)} ms${load.non2xx ? `  non-2xx ${load.non2xx}` : ""}`);
+        console.log(
+          `  round ${round} ${r.name.padEnd(12)} @${r.connections} ${f(m.rps).padStart(6)} req/s  p50 ${f(load.p50, 1)} p99 ${f(load.p99, 1)} ms  ` +
+            `CPU µs/req: receiver ${f(m.receiverUs)}, PostgreSQL ${f(m.postgresUs)}  requests a commit ${f(m.perCommit, 1)}  ` +
+            `batch ${f(m.batch, 1)} requests, ${f(m.batchMs, 2)} ms${load.non2xx ? `  non-2xx ${load.non2xx}` : ""}`,
+        );
       }
     }
   } finally {
@@ -112,12 +138,16 @@ export async function pgingest(): Promise<string> {
     const at = rows.filter((r) => r.connections === connections);
     const med = (r: Row, k: keyof Measured) => median(r.rounds.map((m) => m[k]));
     for (const r of at) {
-      lines.push(`${connections} conn: ${r.name} ${f(med(r, "rps"))} req/s (CPU µs/req: receiver ${f(med(r, "receiverUs"))}, PostgreSQL ${f(med(r, "postgresUs"))}; ` +
-        `${f(med(r, "perCommit"), 1)} requests a commit; batch ${f(med(r, "batch"), 1)} requests in ${f(med(r, "batchMs"), 2)} ms)`);
+      lines.push(
+        `${connections} conn: ${r.name} ${f(med(r, "rps"))} req/s (CPU µs/req: receiver ${f(med(r, "receiverUs"))}, PostgreSQL ${f(med(r, "postgresUs"))}; ` +
+          `${f(med(r, "perCommit"), 1)} requests a commit; batch ${f(med(r, "batch"), 1)} requests in ${f(med(r, "batchMs"), 2)} ms)`,
+      );
     }
     for (const r of at.slice(1)) {
       const ratio = (k: keyof Measured) => median(at[0]!.rounds.map((m, i) => m[k] / r.rounds[i]![k]));
-      lines.push(`${connections} conn: A/B ${at[0]!.name} against ${r.name}: rate ×${f(ratio("rps"), 2)}, receiver CPU ×${f(ratio("receiverUs"), 2)}, PostgreSQL CPU ×${f(ratio("postgresUs"), 2)}`);
+      lines.push(
+        `${connections} conn: A/B ${at[0]!.name} against ${r.name}: rate ×${f(ratio("rps"), 2)}, receiver CPU ×${f(ratio("receiverUs"), 2)}, PostgreSQL CPU ×${f(ratio("postgresUs"), 2)}`,
+      );
     }
   }
   return `pgingest (median of ${ROUNDS}):\n  ${lines.join("\n  ")}`;

@@ -23,7 +23,9 @@ const COMPARE = process.env.BENCH_COMPARE;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const SMALL = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: "Maria Lopez", amount: 24.99 }));
-const LARGE = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: "Maria Lopez", amount: 24.99, pad: "x".repeat(4000) }));
+const LARGE = Buffer.from(
+  JSON.stringify({ type: "payment.succeeded", customer: "Maria Lopez", amount: 24.99, pad: "x".repeat(4000) }),
+);
 
 /** Measured is one run of one checkout: rate, and µs of CPU per delivery here and in PostgreSQL. */
 interface Measured {
@@ -40,7 +42,10 @@ async function once(open: Open, label: string, body: Buffer): Promise<Measured> 
   const watch = new pg.Client({ connectionString: db.url });
   await watch.connect();
   const backends = async () => {
-    const { rows } = await watch.query<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", [label]);
+    const { rows } = await watch.query<{ pid: number }>(
+      "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+      [label],
+    );
     return rows.map((r) => r.pid);
   };
   try {
@@ -51,11 +56,15 @@ async function once(open: Open, label: string, body: Buffer): Promise<Measured> 
     const cpu0 = process.cpuUsage();
     const t0 = performance.now();
     const per = Math.ceil(N / STREAMS);
-    await Promise.all(Array.from({ length: STREAMS }, async (_, s) => {
-      for (let i = 0; i < per; i += BATCH) {
-        await Promise.all(Array.from({ length: Math.min(BATCH, per - i) }, (_, j) => inbox.store({ id: `evt_${s}_${i + j}`, body })));
-      }
-    }));
+    await Promise.all(
+      Array.from({ length: STREAMS }, async (_, s) => {
+        for (let i = 0; i < per; i += BATCH) {
+          await Promise.all(
+            Array.from({ length: Math.min(BATCH, per - i) }, (_, j) => inbox.store({ id: `evt_${s}_${i + j}`, body })),
+          );
+        }
+      }),
+    );
     const ms = performance.now() - t0;
     const cpu = process.cpuUsage(cpu0);
     const server = pids.reduce((sum, pid) => sum + cpuMs(pid), 0) - server0;
@@ -72,25 +81,36 @@ async function once(open: Open, label: string, body: Buffer): Promise<Measured> 
 export async function pgstore(): Promise<string> {
   if (!(await pgReachable())) return "pgstore: skipped, no PostgreSQL answers";
   const trees = [ROOT, ...(COMPARE ? [resolve(COMPARE)] : [])];
-  const name = (root: string) => spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
+  const name = (root: string) =>
+    spawnSync("git", ["-C", root, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || root;
   const opens = new Map<string, Open>();
   for (const root of trees) {
-    const mod = (await import(pathToFileURL(resolve(root, "lib/postgres/postgres.ts")).href)) as { PostgresInbox: { open: Open } };
+    const mod = (await import(pathToFileURL(resolve(root, "lib/postgres/postgres.ts")).href)) as {
+      PostgresInbox: { open: Open };
+    };
     opens.set(root, (url) => mod.PostgresInbox.open(url));
   }
-  console.log(`pgstore: ${N} deliveries a run, ${STREAMS} streams of ${BATCH} a turn, ${ROUNDS} round(s), ${trees.map(name).join(" and ")} alternating`);
+  console.log(
+    `pgstore: ${N} deliveries a run, ${STREAMS} streams of ${BATCH} a turn, ${ROUNDS} round(s), ${trees.map(name).join(" and ")} alternating`,
+  );
   const lines: string[] = [];
-  for (const [size, body] of [["small", SMALL], ["4 KB", LARGE]] as const) {
+  for (const [size, body] of [
+    ["small", SMALL],
+    ["4 KB", LARGE],
+  ] as const) {
     const runs = new Map<string, Measured[]>(trees.map((t) => [t, []]));
     for (let round = 1; round <= ROUNDS; round++) {
       for (const [i, root] of trees.entries()) {
         const m = await once(opens.get(root)!, `bench_pgstore_${i}`, body);
         runs.get(root)!.push(m);
-        console.log(`  round ${round} ${size} body (${body.length} B) ${name(root).padEnd(10)} ${f(m.rate).padStart(6)} deliveries/s  CPU µs/delivery: this process ${f(m.clientUs)}, PostgreSQL ${f(m.postgresUs)}`);
+        console.log(
+          `  round ${round} ${size} body (${body.length} B) ${name(root).padEnd(10)} ${f(m.rate).padStart(6)} deliveries/s  CPU µs/delivery: this process ${f(m.clientUs)}, PostgreSQL ${f(m.postgresUs)}`,
+        );
       }
     }
     const at = (root: string, k: keyof Measured) => median(runs.get(root)!.map((m) => m[k]));
-    const part = (root: string) => `${name(root)} ${f(at(root, "rate"))}/s (CPU µs/delivery: client ${f(at(root, "clientUs"))}, PostgreSQL ${f(at(root, "postgresUs"))})`;
+    const part = (root: string) =>
+      `${name(root)} ${f(at(root, "rate"))}/s (CPU µs/delivery: client ${f(at(root, "clientUs"))}, PostgreSQL ${f(at(root, "postgresUs"))})`;
     let line = `${size} body (${body.length} B): ${trees.map(part).join(" | ")}`;
     if (trees.length > 1) {
       const [a, b] = trees as [string, string];

@@ -48,21 +48,43 @@ function fillDone(path: string, n: number, daysAgo: number): void {
 // purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits.
 function purgeChild(path: string): { done: Promise<{ ms: number; out: string }> } {
   const started = performance.now();
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "inbox.ts"), "purge", "--db", path, "--batch", String(BATCH), "--rest", String(REST)], {
-    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    [
+      "--import",
+      "tsx",
+      join(ROOT, "inbox.ts"),
+      "purge",
+      "--db",
+      path,
+      "--batch",
+      String(BATCH),
+      "--rest",
+      String(REST),
+    ],
+    {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let out = "";
   child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (out += d));
   return {
-    done: new Promise((resolve, reject) => child.on("exit", (code) => (code === 0
-      ? resolve({ ms: performance.now() - started, out })
-      : reject(new Error(`inbox.ts purge exited with ${code}: ${out}`))))),
+    done: new Promise((resolve, reject) =>
+      child.on("exit", (code) =>
+        code === 0
+          ? resolve({ ms: performance.now() - started, out })
+          : reject(new Error(`inbox.ts purge exited with ${code}: ${out}`)),
+      ),
+    ),
   };
 }
 
 function show(label: string, p: Paced): void {
-  console.log(`  ${label.padEnd(26)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`);
+  console.log(
+    `  ${label.padEnd(26)} ${f(p.rate)} req/s open loop: p50 ${f(p.p50, 2)} ms  p99 ${f(p.p99, 2)} ms  p99.9 ${f(p.p999, 2)} ms  max ${f(p.max, 1)} ms  (${p.ok}/${p.sent} answered 200)`,
+  );
 }
 
 /** purge runs the three paced runs around one purge and returns the one-line summary. */
@@ -91,11 +113,15 @@ export async function purge(): Promise<string> {
     show("no purge", before);
     show("during the purge", during);
     show("no purge, after", after);
-    console.log(`  purge: ${n} bodies in ${f(ms / 1000, 1)} s (${f(n / (ms / 1000))}/s, batches of ${BATCH}, rest ×${REST}), covering ${f(overlap * 100)}% of the paced run; file ${f(sizeBefore / 2 ** 20)} MB → ${f(sizeAfter / 2 ** 20)} MB`);
+    console.log(
+      `  purge: ${n} bodies in ${f(ms / 1000, 1)} s (${f(n / (ms / 1000))}/s, batches of ${BATCH}, rest ×${REST}), covering ${f(overlap * 100)}% of the paced run; file ${f(sizeBefore / 2 ** 20)} MB → ${f(sizeAfter / 2 ** 20)} MB`,
+    );
     console.log(`  ${out.trim().split("\n").join("\n  ")}`);
     const without = Math.max(before.p99, after.p99);
-    return `purge: ${f(RATE)} req/s open loop while ${n} bodies go | ack p99 ${f(during.p99, 2)} ms during, ${f(before.p99, 2)}/${f(after.p99, 2)} ms before/after | ` +
-      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB`;
+    return (
+      `purge: ${f(RATE)} req/s open loop while ${n} bodies go | ack p99 ${f(during.p99, 2)} ms during, ${f(before.p99, 2)}/${f(after.p99, 2)} ms before/after | ` +
+      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB`
+    );
   } finally {
     cleanup();
   }

@@ -33,8 +33,11 @@ function sources(url: string): { config: Record<string, unknown>; env: Record<st
     env[`T${i}`] = `tok_live_${i}_${"x".repeat(24)}`;
     env[`K${i}`] = `key_${i}_${"y".repeat(20)}`;
     destinations[`d${i}`] = {
-      url, secret: `whsec_${Buffer.from(`forwarding key ${i}`).toString("base64")}`, bearer: `env:T${i}`,
-      headers: { "X-Api-Key": `env:K${i}` }, maxInFlight: CONCURRENCY,
+      url,
+      secret: `whsec_${Buffer.from(`forwarding key ${i}`).toString("base64")}`,
+      bearer: `env:T${i}`,
+      headers: { "X-Api-Key": `env:K${i}` },
+      maxInFlight: CONCURRENCY,
     };
   }
   return { config: { $destinations: destinations }, env };
@@ -48,12 +51,20 @@ async function drain(path: string, url: string, n: number, redact: boolean): Pro
   const inbox = await connect(path, { syncOffLoop: true });
   try {
     for (let start = 0; start < n; start += 1_000) {
-      await Promise.all(Array.from({ length: Math.min(1_000, n - start) }, (_, k) =>
-        inbox.store({ id: `rd_${start + k}`, body: Buffer.from(JSON.stringify({ type: "payment.succeeded", n: start + k })), destinations: ["d0"] })));
+      await Promise.all(
+        Array.from({ length: Math.min(1_000, n - start) }, (_, k) =>
+          inbox.store({
+            id: `rd_${start + k}`,
+            body: Buffer.from(JSON.stringify({ type: "payment.succeeded", n: start + k })),
+            destinations: ["d0"],
+          }),
+        ),
+      );
     }
     const cpu0 = ownCpuMs();
     const started = performance.now();
-    const done = (await forward({ inbox, forwarding, once: true, log: () => {}, redact, secrets: secretsOf(all) })).done;
+    const done = (await forward({ inbox, forwarding, once: true, log: () => {}, redact, secrets: secretsOf(all) }))
+      .done;
     const ms = performance.now() - started;
     if (done !== n) throw new Error(`redact: expected ${n} done, got ${done}`);
     return { rate: (n / ms) * 1000, cpuUs: ((ownCpuMs() - cpu0) * 1000) / n };
@@ -67,7 +78,9 @@ export async function redactBench(): Promise<string> {
   const sink = await startChild("bench/bare.ts", []);
   const { dir, cleanup } = tempDir();
   try {
-    console.log(`redact: ${BACKLOG} forwards that succeed, redactors compiled against redact: false, ${ROUNDS} rounds after a warm-up`);
+    console.log(
+      `redact: ${BACKLOG} forwards that succeed, redactors compiled against redact: false, ${ROUNDS} rounds after a warm-up`,
+    );
     await drain(join(dir, "warm.db"), sink.url, Math.min(BACKLOG, 1_000), true);
     const rates: number[] = [];
     const cpus: number[] = [];
@@ -79,7 +92,9 @@ export async function redactBench(): Promise<string> {
       const [on, off] = [runs.get(true)!, runs.get(false)!];
       rates.push(on.rate / off.rate);
       cpus.push(on.cpuUs / off.cpuUs);
-      console.log(`  round ${round}: redacting ${f(on.rate)}/s, ${f(on.cpuUs)} µs a forward; not redacting ${f(off.rate)}/s, ${f(off.cpuUs)} µs; rate ×${(on.rate / off.rate).toFixed(2)}`);
+      console.log(
+        `  round ${round}: redacting ${f(on.rate)}/s, ${f(on.cpuUs)} µs a forward; not redacting ${f(off.rate)}/s, ${f(off.cpuUs)} µs; rate ×${(on.rate / off.rate).toFixed(2)}`,
+      );
     }
 
     const { config, env } = sources("http://127.0.0.1:1/");
@@ -88,8 +103,14 @@ export async function redactBench(): Promise<string> {
     const d0 = all.destinations.get("d0")!;
     const headers = d0.kind === "http" ? d0.headers : {};
     // What an error page that lists the request's headers keeps: its first 256 bytes, the bearer token and the key in them.
-    const answer = `500 Internal Server Error\n${Object.entries({ ...headers, "content-type": "application/json", "user-agent": "webhook-inbox", traceparent: `00-${"a".repeat(32)}-${"b".repeat(16)}-01` })
-      .map(([k, v]) => `${k}: ${v}`).join("\n")}\n${"z".repeat(256)}`.slice(0, 256);
+    const answer = `500 Internal Server Error\n${Object.entries({
+      ...headers,
+      "content-type": "application/json",
+      "user-agent": "webhook-inbox",
+      traceparent: `00-${"a".repeat(32)}-${"b".repeat(16)}-01`,
+    })
+      .map(([k, v]) => `${k}: ${v}`)
+      .join("\n")}\n${"z".repeat(256)}`.slice(0, 256);
     const clean = answer.replace(/tok_live_0_x+|key_0_y+/g, "-");
     const time = (fn: () => unknown) => {
       for (let i = 0; i < 2_000; i++) fn();
@@ -101,7 +122,9 @@ export async function redactBench(): Promise<string> {
     const judged = time(() => judge(500, {}, answer, "d0", false, 0));
     const withSecrets = time(() => redact(answer));
     const without = time(() => redact(clean));
-    console.log(`  a failed try: judge() ${judged.toFixed(2)} µs; redacting its 256-byte answer ${withSecrets.toFixed(2)} µs (×${(withSecrets / judged).toFixed(1)} of judge) with 2 secrets in it, ${without.toFixed(2)} µs with none (${secretsOf(all).length} secret values of 10 destinations compiled)`);
+    console.log(
+      `  a failed try: judge() ${judged.toFixed(2)} µs; redacting its 256-byte answer ${withSecrets.toFixed(2)} µs (×${(withSecrets / judged).toFixed(1)} of judge) with 2 secrets in it, ${without.toFixed(2)} µs with none (${secretsOf(all).length} secret values of 10 destinations compiled)`,
+    );
     return `redact: a success ×${median(rates).toFixed(2)} the rate (${rates.map((r) => `×${r.toFixed(2)}`).join(", ")}) and ×${median(cpus).toFixed(2)} the CPU a forward of not redacting; a failed try +${withSecrets.toFixed(1)} µs (judge() ${judged.toFixed(1)} µs)`;
   } finally {
     await sink.stop();

@@ -17,7 +17,9 @@ const ROUNDS = knob("BENCH_COST_ROUNDS", 3);
 async function once(path: string, withIndexes: boolean): Promise<{ store: number; finish: number }> {
   const inbox = new SqliteInbox(path);
   try {
-    if (!withIndexes) for (const name of ["deliveries_received", "deliveries_kept", "deliveries_purged"]) await inbox.query(`DROP INDEX ${name}`);
+    if (!withIndexes)
+      for (const name of ["deliveries_received", "deliveries_kept", "deliveries_purged"])
+        await inbox.query(`DROP INDEX ${name}`);
     const body = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: "Ann", amount: 5 }));
     let started = performance.now();
     for (let start = 0; start < ROWS; start += 512) {
@@ -54,8 +56,10 @@ export async function retentionCost(): Promise<string> {
   }
   const [sw, sn] = [median(shipped.map((r) => r.store)), median(without.map((r) => r.store))];
   const [fw, fn] = [median(shipped.map((r) => r.finish)), median(without.map((r) => r.finish))];
-  return `retention cost: store ${f(sw)}/s with the retention indexes, ${f(sn)}/s without (×${f(sw / sn, 2)}) | ` +
-    `claim+finish ${f(fw)}/s with, ${f(fn)}/s without (×${f(fw / fn, 2)}) | ${ROWS} deliveries, median of ${ROUNDS} alternating rounds`;
+  return (
+    `retention cost: store ${f(sw)}/s with the retention indexes, ${f(sn)}/s without (×${f(sw / sn, 2)}) | ` +
+    `claim+finish ${f(fw)}/s with, ${f(fn)}/s without (×${f(fw / fn, 2)}) | ${ROWS} deliveries, median of ${ROUNDS} alternating rounds`
+  );
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await retentionCost());

@@ -34,7 +34,10 @@ const ownCpuMs = () => {
 };
 
 // A filter of the kind people write: a value in the body, a comparison, a prefix, and a header.
-const FILTER = { body: { type: { $startsWith: "payment." }, amount: { $gt: 0 }, customer: { $exist: true } }, headers: { "content-type": { $startsWith: "application/json" } } };
+const FILTER = {
+  body: { type: { $startsWith: "payment." }, amount: { $gt: 0 }, customer: { $exist: true } },
+  headers: { "content-type": { $startsWith: "application/json" } },
+};
 
 // config is the sources file: four routes from one source, with types alone or each with a filter too.
 function config(filtered: boolean): Record<string, unknown> {
@@ -42,31 +45,52 @@ function config(filtered: boolean): Record<string, unknown> {
   const app = (name: string) => ({ url: `http://127.0.0.1:1/${name}`, secret: APP_SECRET });
   return {
     $destinations: { billing: app("billing"), ledger: app("ledger"), crm: app("crm") },
-    shop: { provider: "standard", secret: SECRET, routes: [route("handler"), route("billing"), route("ledger"), route("crm")] },
+    shop: {
+      provider: "standard",
+      secret: SECRET,
+      routes: [route("handler"), route("billing"), route("ledger"), route("crm")],
+    },
   };
 }
 
-const bodyOf = (i: number) => JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1, currency: "eur", note: "x".repeat(200) });
+const bodyOf = (i: number) =>
+  JSON.stringify({
+    type: "payment.succeeded",
+    customer: `c${i % 1000}`,
+    amount: (i % 100) + 1,
+    currency: "eur",
+    note: "x".repeat(200),
+  });
 
 // receive pushes n signed deliveries through one handler, CONNECTIONS at a time; its rate and CPU per delivery.
-async function receive(handler: ReturnType<typeof createHandler>, prefix: string, n: number): Promise<{ rate: number; cpuUs: number }> {
+async function receive(
+  handler: ReturnType<typeof createHandler>,
+  prefix: string,
+  n: number,
+): Promise<{ rate: number; cpuUs: number }> {
   const ts = Math.floor(Date.now() / 1000);
   const requests = Array.from({ length: n }, (_, i) => {
     const body = bodyOf(i);
     return new Request("http://bench.local/shop", {
-      method: "POST", body,
-      headers: { ...sign("standard", SECRET, { id: `${prefix}-${i}`, body, timestampS: ts }), "content-type": "application/json" },
+      method: "POST",
+      body,
+      headers: {
+        ...sign("standard", SECRET, { id: `${prefix}-${i}`, body, timestampS: ts }),
+        "content-type": "application/json",
+      },
     });
   });
   let next = 0;
   const cpu0 = ownCpuMs();
   const started = performance.now();
-  await Promise.all(Array.from({ length: CONNECTIONS }, async () => {
-    while (next < requests.length) {
-      const res = await handler.fetch(requests[next++]!);
-      if (res.status !== 200) throw new Error(`routing bench: ${res.status} ${await res.text()}`);
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: CONNECTIONS }, async () => {
+      while (next < requests.length) {
+        const res = await handler.fetch(requests[next++]!);
+        if (res.status !== 200) throw new Error(`routing bench: ${res.status} ${await res.text()}`);
+      }
+    }),
+  );
   const ms = performance.now() - started;
   return { rate: n / (ms / 1000), cpuUs: ((ownCpuMs() - cpu0) * 1000) / n };
 }
@@ -79,7 +103,13 @@ function decide(routes: readonly Route[], n: number): number {
   let chosen = 0;
   for (let i = 0; i < n; i++) {
     const filtered = routes.some((r) => r.filter);
-    chosen += routeTo(routes, "payment.succeeded", filtered ? filterInput({ source: "shop", eventType: "payment.succeeded", body, headers, url: "/shop" }) : undefined).length;
+    chosen += routeTo(
+      routes,
+      "payment.succeeded",
+      filtered
+        ? filterInput({ source: "shop", eventType: "payment.succeeded", body, headers, url: "/shop" })
+        : undefined,
+    ).length;
   }
   if (chosen !== 4 * n) throw new Error(`routing bench: expected every route chosen, got ${chosen} of ${4 * n}`);
   return ((performance.now() - started) * 1000) / n;
@@ -91,18 +121,53 @@ const SHAPE = `export default (d: { json: { type: string; customer: string; amou
   headers: { "x-shape": "1" },
 });`;
 
-async function forwardRun(path: string, sinkUrl: string, transform: boolean, transforms: Transforms, n: number): Promise<{ rate: number; cpuUs: number }> {
+async function forwardRun(
+  path: string,
+  sinkUrl: string,
+  transform: boolean,
+  transforms: Transforms,
+  n: number,
+): Promise<{ rate: number; cpuUs: number }> {
   const inbox: Inbox = await connect(path);
   try {
     for (let i = 0; i < n; i += 500) {
-      await Promise.all(Array.from({ length: Math.min(500, n - i) }, (_, j) =>
-        inbox.store({ source: "shop", id: `f${i + j}`, body: Buffer.from(bodyOf(i + j)), contentType: "application/json", eventType: "payment.succeeded", destinations: ["app"] })));
+      await Promise.all(
+        Array.from({ length: Math.min(500, n - i) }, (_, j) =>
+          inbox.store({
+            source: "shop",
+            id: `f${i + j}`,
+            body: Buffer.from(bodyOf(i + j)),
+            contentType: "application/json",
+            eventType: "payment.succeeded",
+            destinations: ["app"],
+          }),
+        ),
+      );
     }
     const cfg = { $destinations: { app: { url: sinkUrl, secret: APP_SECRET, maxInFlight: CONNECTIONS } } };
-    const routes = new Map([["shop", [{ to: "app", permanent4xx: false, forwardHeaders: false, ...(transform ? { transform: { module: "./shape.ts", timeoutMs: 1000 } } : {}) }] as Route[]]]);
+    const routes = new Map([
+      [
+        "shop",
+        [
+          {
+            to: "app",
+            permanent4xx: false,
+            forwardHeaders: false,
+            ...(transform ? { transform: { module: "./shape.ts", timeoutMs: 1000 } } : {}),
+          },
+        ] as Route[],
+      ],
+    ]);
     const cpu0 = ownCpuMs();
     const started = performance.now();
-    const stats = await forward({ inbox, forwarding: loadDestinations(cfg, {}), routes, transforms, once: true, log: () => {} });
+    const stats = await forward({
+      inbox,
+      forwarding: loadDestinations(cfg, {}),
+      routes,
+      transforms,
+      once: true,
+      log: () => {},
+    });
     const ms = performance.now() - started;
     if (stats.done !== n) throw new Error(`routing bench: forwarded ${stats.done} of ${n}`);
     return { rate: n / (ms / 1000), cpuUs: ((ownCpuMs() - cpu0) * 1000) / n };
@@ -120,7 +185,10 @@ export async function routing(): Promise<string> {
     // The transform's thread is started and its module loaded once, as a running worker has it, not in each run.
     const transforms = new Transforms(dir.dir);
     console.log(`routing: ${N} deliveries a run, ${CONNECTIONS} at once, ${ROUNDS} rounds after a warm-up`);
-    const inboxes = { types: await connect(join(dir.dir, "types.db"), { syncOffLoop: true }), filter: await connect(join(dir.dir, "filter.db"), { syncOffLoop: true }) };
+    const inboxes = {
+      types: await connect(join(dir.dir, "types.db"), { syncOffLoop: true }),
+      filter: await connect(join(dir.dir, "filter.db"), { syncOffLoop: true }),
+    };
     const handlers = {
       types: createHandler({ inbox: inboxes.types, sources: loadSources(config(false), {}), log: () => {} }),
       filter: createHandler({ inbox: inboxes.filter, sources: loadSources(config(true), {}), log: () => {} }),
@@ -145,7 +213,7 @@ export async function routing(): Promise<string> {
         const [t, fl, p, sh]: { rate: number; cpuUs: number }[][] = [[], [], [], []];
         // In turns A B B A …, so that neither side always goes first.
         for (let i = 0; i < SLICES; i++) {
-          for (const side of i % 2 === 0 ? ["types", "filter"] as const : ["filter", "types"] as const) {
+          for (const side of i % 2 === 0 ? (["types", "filter"] as const) : (["filter", "types"] as const)) {
             (side === "types" ? t : fl).push(await receive(handlers[side], `${side}${round}-${i}`, slice));
           }
         }
@@ -156,7 +224,15 @@ export async function routing(): Promise<string> {
         const decideFilter = decide(routesOf(true), 20_000);
         for (let i = 0; i < SLICES; i++) {
           for (const shape of i % 2 === 0 ? [false, true] : [true, false]) {
-            (shape ? sh : p).push(await forwardRun(join(dir.dir, `${shape ? "shaped" : "plain"}-${round}-${i}.db`), sink.url, shape, transforms, slice));
+            (shape ? sh : p).push(
+              await forwardRun(
+                join(dir.dir, `${shape ? "shaped" : "plain"}-${round}-${i}.db`),
+                sink.url,
+                shape,
+                transforms,
+                slice,
+              ),
+            );
           }
         }
         const plain = sum(p, slice);
@@ -165,7 +241,7 @@ export async function routing(): Promise<string> {
         extraCpu.push(shaped.cpuUs - plain.cpuUs);
         rows.push(
           `  round ${round}: receiving, types alone ${f(types.rate)}/s (${f(types.cpuUs)} µs CPU each), a filter on every route ${f(filter.rate)}/s (${f(filter.cpuUs)} µs) = ${f(filter.rate / types.rate, 2)}×;` +
-          ` routeTo() alone ${f(decideTypes, 1)} µs vs ${f(decideFilter, 1)} µs per delivery`,
+            ` routeTo() alone ${f(decideTypes, 1)} µs vs ${f(decideFilter, 1)} µs per delivery`,
           `           forwarding, no transform ${f(plain.rate)}/s (${f(plain.cpuUs)} µs CPU each), with a transform ${f(shaped.rate)}/s (${f(shaped.cpuUs)} µs, its thread's included) = ${f(shaped.rate / plain.rate, 2)}×`,
         );
         console.log(rows.slice(-2).join("\n"));
@@ -175,8 +251,10 @@ export async function routing(): Promise<string> {
       await inboxes.filter.close();
       await transforms.close();
     }
-    return `routing: receiving with a filter on every route ${f(median(receiveRatios), 2)}× the rate with types alone (target ≥ 0.90); ` +
-      `forwarding with a transform ${f(median(forwardRatios), 2)}× the rate without, ${f(median(extraCpu))} µs more CPU per forward (medians of ${ROUNDS})`;
+    return (
+      `routing: receiving with a filter on every route ${f(median(receiveRatios), 2)}× the rate with types alone (target ≥ 0.90); ` +
+      `forwarding with a transform ${f(median(forwardRatios), 2)}× the rate without, ${f(median(extraCpu))} µs more CPU per forward (medians of ${ROUNDS})`
+    );
   } finally {
     sink.child.kill();
     dir.cleanup();

@@ -24,10 +24,21 @@ import { runtimes } from "./runtimes.ts";
 import { worker } from "./worker.ts";
 
 const BENCHES: Record<string, () => Promise<string>> = {
-  ingest, latency, worker, backlog, mixed, pgclient, generators, observe, admin, ordered, purge: async () => (await import("./purge.ts")).purge(),
+  ingest,
+  latency,
+  worker,
+  backlog,
+  mixed,
+  pgclient,
+  generators,
+  observe,
+  admin,
+  ordered,
+  purge: async () => (await import("./purge.ts")).purge(),
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
-  brokers: async () => (await import("./brokers.ts")).brokers(), traces: async () => (await import("./traces.ts")).traces(),
+  brokers: async () => (await import("./brokers.ts")).brokers(),
+  traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
@@ -36,7 +47,27 @@ const BENCHES: Record<string, () => Promise<string>> = {
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),
   commits: async () => (await import("./commits.ts")).commits(),
 };
-const DEFAULT = ["ingest", "latency", "worker", "backlog", "mixed", "pgclient", "pgstore", "observe", "purge", "admin", "ordered", "runtimes", "forward", "brokers", "traces", "redact", "backup", "routing", "slow"];
+const DEFAULT = [
+  "ingest",
+  "latency",
+  "worker",
+  "backlog",
+  "mixed",
+  "pgclient",
+  "pgstore",
+  "observe",
+  "purge",
+  "admin",
+  "ordered",
+  "runtimes",
+  "forward",
+  "brokers",
+  "traces",
+  "redact",
+  "backup",
+  "routing",
+  "slow",
+];
 
 const wanted = process.argv.slice(2);
 for (const name of wanted) {
@@ -48,11 +79,15 @@ for (const name of wanted) {
 const names = wanted.length > 0 ? wanted : DEFAULT;
 let load = "";
 try {
-  load = execFileSync("uptime", { encoding: "utf8" }).trim().replace(/.*load average/, "load average");
+  load = execFileSync("uptime", { encoding: "utf8" })
+    .trim()
+    .replace(/.*load average/, "load average");
 } catch {
   // uptime is only context for the reader.
 }
-console.log(`${new Date().toISOString()}  Node ${process.version}  ${cpus().length} cores  ${(totalmem() / 2 ** 30).toFixed(0)} GB  ${load}`);
+console.log(
+  `${new Date().toISOString()}  Node ${process.version}  ${cpus().length} cores  ${(totalmem() / 2 ** 30).toFixed(0)} GB  ${load}`,
+);
 const summaries: string[] = [];
 for (const name of names) {
   const started = performance.now();

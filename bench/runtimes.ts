@@ -11,7 +11,20 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { scriptCommand, type RuntimeName } from "../lib/runtime.ts";
-import { CONNECTIONS, ROOT, WARMUP_SECONDS, f, fillBacklog, hammer, knob, row, startChild, tempDir, type Child, type Load } from "./common.ts";
+import {
+  CONNECTIONS,
+  ROOT,
+  WARMUP_SECONDS,
+  f,
+  fillBacklog,
+  hammer,
+  knob,
+  row,
+  startChild,
+  tempDir,
+  type Child,
+  type Load,
+} from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);
 const ROUNDS = knob("BENCH_ROUNDS", 3);
@@ -37,7 +50,8 @@ function present(): Runtime[] {
       console.log(`  ${name}: not found in node_modules/.bin or on PATH, left out (npm install brings it)`);
       continue;
     }
-    const version = /\d+\.\d+\.\d+/.exec(spawnSync(binary, ["--version"], { encoding: "utf8" }).stdout ?? "")?.[0] ?? "?";
+    const version =
+      /\d+\.\d+\.\d+/.exec(spawnSync(binary, ["--version"], { encoding: "utf8" }).stdout ?? "")?.[0] ?? "?";
     found.push({ name, binary, version });
   }
   return found;
@@ -61,22 +75,36 @@ async function drain(runtime: Runtime, path: string): Promise<{ rate: number; cp
   child.stdout.on("data", (d: Buffer) => (out += d));
   const code = await new Promise<number | null>((resolve) => child.on("close", resolve));
   if (code !== 0) throw new Error(`bench/drain.ts on ${runtime.name} exited with ${code}`);
-  const d = JSON.parse(out.trim().split("\n").at(-1)!) as { done: number; failed: number; ms: number; cpuMs: number; peakRssMb: number };
-  if (d.done !== BACKLOG) throw new Error(`${runtime.name}: expected ${BACKLOG} done, got ${d.done} (failed ${d.failed})`);
+  const d = JSON.parse(out.trim().split("\n").at(-1)!) as {
+    done: number;
+    failed: number;
+    ms: number;
+    cpuMs: number;
+    peakRssMb: number;
+  };
+  if (d.done !== BACKLOG)
+    throw new Error(`${runtime.name}: expected ${BACKLOG} done, got ${d.done} (failed ${d.failed})`);
   return { rate: (d.done / d.ms) * 1000, cpuUs: (d.cpuMs * 1000) / d.done, rss: d.peakRssMb };
 }
 
 /** runtimes runs the comparison and returns its summary. */
 export async function runtimes(): Promise<string> {
   const { dir, cleanup } = tempDir();
-  console.log(`runtimes: ingest at ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server; drain of ${BACKLOG} at concurrency ${CONCURRENCY}`);
+  console.log(
+    `runtimes: ingest at ${CONNECTIONS} connections, ${ROUNDS} round(s) of ${SECONDS} s per server; drain of ${BACKLOG} at concurrency ${CONCURRENCY}`,
+  );
   const all = present();
   const ingests: Ingest[] = all.map((runtime) => ({ runtime, bareLoads: [], receiverLoads: [], receiverCpu: [] }));
   const drains = new Map<RuntimeName, { rate: number; cpuUs: number; rss: number }[]>(all.map((r) => [r.name, []]));
   try {
     for (const i of ingests) {
       i.bare = await startChild("bench/bare.ts", ["--port", "0"], false, i.runtime);
-      i.receiver = await startChild("receiver.ts", ["--port", "0", "--quiet", "--db", join(dir, `${i.runtime.name}.db`)], false, i.runtime);
+      i.receiver = await startChild(
+        "receiver.ts",
+        ["--port", "0", "--quiet", "--db", join(dir, `${i.runtime.name}.db`)],
+        false,
+        i.runtime,
+      );
     }
     for (const i of ingests) for (const c of [i.bare!, i.receiver!]) await hammer(c.url, { seconds: WARMUP_SECONDS });
     for (let round = 1; round <= ROUNDS; round++) {
@@ -89,7 +117,11 @@ export async function runtimes(): Promise<string> {
         const load = await hammer(i.receiver!.url, { seconds: SECONDS });
         i.receiverCpu.push(((i.receiver!.cpuMs() - c0) * 1000) / Math.max(1, load.ok + load.non2xx));
         i.receiverLoads.push(load);
-        row(`  ${i.runtime.name} receiver --quiet`, load, `×${f(load.rps / bare.rps, 2)} of its bare  CPU ${f(i.receiverCpu.at(-1)!)} µs/req`);
+        row(
+          `  ${i.runtime.name} receiver --quiet`,
+          load,
+          `×${f(load.rps / bare.rps, 2)} of its bare  CPU ${f(i.receiverCpu.at(-1)!)} µs/req`,
+        );
       }
       // Each runtime drains a backlog of its own, filled the same way, one after the other.
       for (const runtime of all) {
@@ -97,7 +129,9 @@ export async function runtimes(): Promise<string> {
         fillBacklog(path, BACKLOG);
         const d = await drain(runtime, path);
         drains.get(runtime.name)!.push(d);
-        console.log(`    ${runtime.name} drain: ${f(d.rate)} deliveries/s, CPU ${f(d.cpuUs, 1)} µs/delivery, peak RSS ${f(d.rss)} MB`);
+        console.log(
+          `    ${runtime.name} drain: ${f(d.rate)} deliveries/s, CPU ${f(d.cpuUs, 1)} µs/delivery, peak RSS ${f(d.rss)} MB`,
+        );
       }
     }
   } finally {
@@ -116,10 +150,12 @@ export async function runtimes(): Promise<string> {
     const d = drains.get(i.runtime.name)!;
     const nodeDrain = drains.get("node")!;
     const drainRatio = i === node ? "" : ` ×${f(median(d.map((x, k) => x.rate / nodeDrain[k]!.rate)), 2)} of node's`;
-    return `${`${i.runtime.name} ${i.runtime.version}`.padEnd(13)} ingest: bare ${f(rps(i.bareLoads))} req/s, receiver ${f(rps(i.receiverLoads))} req/s ` +
+    return (
+      `${`${i.runtime.name} ${i.runtime.version}`.padEnd(13)} ingest: bare ${f(rps(i.bareLoads))} req/s, receiver ${f(rps(i.receiverLoads))} req/s ` +
       `×${f(within(i.receiverLoads, i.bareLoads), 2)} of its bare${vsNode} (p99 ${f(median(i.receiverLoads.map((l) => l.p99)), 1)} ms, ` +
       `${f(median(i.receiverCpu))} µs CPU/req, peak RSS ${f(i.receiver?.peakRssMb() ?? NaN)} MB); ` +
-      `drain: ${f(median(d.map((x) => x.rate)))} deliveries/s${drainRatio} (${f(median(d.map((x) => x.cpuUs)), 1)} µs CPU/delivery, peak RSS ${f(median(d.map((x) => x.rss)))} MB)`;
+      `drain: ${f(median(d.map((x) => x.rate)))} deliveries/s${drainRatio} (${f(median(d.map((x) => x.cpuUs)), 1)} µs CPU/delivery, peak RSS ${f(median(d.map((x) => x.rss)))} MB)`
+    );
   });
   return `runtimes (median of ${ROUNDS}; ingest at ${CONNECTIONS} connections, drain of ${BACKLOG} at concurrency ${CONCURRENCY}):\n  ${lines.join("\n  ")}`;
 }

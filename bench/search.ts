@@ -20,7 +20,10 @@ const T0 = Date.now() - 30 * 86_400_000;
 function shape(i: number): { source: string; type: string; status: string; error: string | null; at: number } {
   const status = i % 20 === 0 ? "failed" : i % 20 === 1 ? "received" : "done";
   return {
-    source: SOURCES[i % 3]!, type: TYPES[i % 5]!, status, at: T0 + i * 2,
+    source: SOURCES[i % 3]!,
+    type: TYPES[i % 5]!,
+    status,
+    at: T0 + i * 2,
     error: status === "failed" ? (i % 40 === 0 ? "Timeout talking to the ledger" : "HTTP 500 from upstream") : null,
   };
 }
@@ -37,7 +40,17 @@ function fillSqlite(path: string): void {
     db.exec("BEGIN");
     for (let i = start; i < Math.min(ROWS, start + 100_000); i++) {
       const r = shape(i);
-      insert.run(r.source, `evt_${i}`, Buffer.from(`{"n":${i},"customer":"c${i % 5000}"}`), r.type, r.at, r.status, r.at, r.error, r.status === "received" ? null : r.at);
+      insert.run(
+        r.source,
+        `evt_${i}`,
+        Buffer.from(`{"n":${i},"customer":"c${i % 5000}"}`),
+        r.type,
+        r.at,
+        r.status,
+        r.at,
+        r.error,
+        r.status === "received" ? null : r.at,
+      );
     }
     db.exec("COMMIT");
   }
@@ -57,7 +70,11 @@ async function fillPostgres(inbox: Inbox): Promise<void> {
               CASE WHEN i % 20 <> 0 THEN NULL WHEN i % 40 = 0 THEN 'Timeout talking to the ledger' ELSE 'HTTP 500 from upstream' END,
               CASE WHEN i % 20 = 1 THEN NULL ELSE ?::bigint + i * 2 END
        FROM generate_series(?::integer, ?::integer) AS i`,
-      T0, T0, T0, start, Math.min(ROWS, start + 100_000) - 1,
+      T0,
+      T0,
+      T0,
+      start,
+      Math.min(ROWS, start + 100_000) - 1,
     );
   }
   await inbox.query("VACUUM ANALYZE deliveries");
@@ -77,19 +94,28 @@ async function timed(run: () => Promise<unknown>): Promise<number> {
 async function measure(inbox: Inbox): Promise<string[]> {
   const lines: string[] = [];
   const filters: [string, Filter][] = [
-    ["all", {}], ["failed", { status: "failed" }], ["stripe", { source: "stripe" }], ["type push", { type: "push" }],
+    ["all", {}],
+    ["failed", { status: "failed" }],
+    ["stripe", { source: "stripe" }],
+    ["type push", { type: "push" }],
     ["failed stripe timeout", { status: "failed", source: "stripe", errorMatch: "timeout" }],
-    ["last hour", { since: T0 + ROWS * 2 - 3_600_000 }], ["one id", { id: `evt_${ROWS >> 1}` }],
+    ["last hour", { since: T0 + ROWS * 2 - 3_600_000 }],
+    ["one id", { id: `evt_${ROWS >> 1}` }],
     ["body contains", { bodyContains: '"customer":"c4999"' }],
   ];
   for (const [name, filter] of filters) {
     const page = await timed(() => inbox.search(filter, { limit: 50 }));
     const first = await inbox.search(filter, { limit: 50 });
-    const next = first.length === 50 ? await timed(() => inbox.search(filter, { after: first.at(-1), limit: 50 })) : NaN;
+    const next =
+      first.length === 50 ? await timed(() => inbox.search(filter, { after: first.at(-1), limit: 50 })) : NaN;
     const count = await timed(() => inbox.count(filter));
-    lines.push(`  ${name.padEnd(24)} page ${f(page, 1).padStart(7)} ms   next page ${f(next, 1).padStart(7)} ms   count ${f(count, 1).padStart(7)} ms`);
+    lines.push(
+      `  ${name.padEnd(24)} page ${f(page, 1).padStart(7)} ms   next page ${f(next, 1).padStart(7)} ms   count ${f(count, 1).padStart(7)} ms`,
+    );
   }
-  lines.push(`  ${"status()".padEnd(24)} ${f(await timed(() => inbox.status()), 1)} ms   kept() ${f(await timed(() => inbox.kept()), 1)} ms`);
+  lines.push(
+    `  ${"status()".padEnd(24)} ${f(await timed(() => inbox.status()), 1)} ms   kept() ${f(await timed(() => inbox.kept()), 1)} ms`,
+  );
   return lines;
 }
 

@@ -63,8 +63,12 @@ const postgres: InboxTarget = {
  */
 function postgresSupport(): string | undefined {
   for (const script of ["receiver.ts", "worker.ts"]) {
-    const help = spawnSync(process.execPath, ["--import", "tsx", join(ROOT, script), "--help"], { cwd: ROOT, encoding: "utf8" });
-    if (!/postgres/i.test(`${help.stdout}${help.stderr}`)) return `${script} --help does not mention postgres, so its --db would take the URL for a file name`;
+    const help = spawnSync(process.execPath, ["--import", "tsx", join(ROOT, script), "--help"], {
+      cwd: ROOT,
+      encoding: "utf8",
+    });
+    if (!/postgres/i.test(`${help.stdout}${help.stderr}`))
+      return `${script} --help does not mention postgres, so its --db would take the URL for a file name`;
   }
   return undefined;
 }

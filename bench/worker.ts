@@ -33,7 +33,8 @@ export interface Drain {
 /** drainChild runs bench/drain.ts on a database and returns its report. */
 export async function drainChild(path: string, concurrency: number): Promise<Drain> {
   const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/drain.ts"), path, String(concurrency)], {
-    cwd: ROOT, stdio: ["ignore", "pipe", "inherit"],
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "inherit"],
   });
   let out = "";
   child.stdout.on("data", (d: Buffer) => (out += d));
@@ -57,16 +58,20 @@ async function loop(): Promise<string> {
       if (d.done !== n) throw new Error(`expected ${n} done, got ${d.done} (failed ${d.failed})`);
       const rate = (d.done / d.ms) * 1000;
       results.push({ n, rate, rss: d.peakRssMb, quarters: d.quartersMb });
-      console.log(`  backlog ${String(n).padStart(7)}: filled in ${f(fill / 1000, 1)} s, drained in ${f(d.ms / 1000, 2)} s = ${f(rate)} deliveries/s,` +
-        ` worker peak RSS ${f(d.peakRssMb)} MB (by quarter of the run: ${d.quartersMb.map((q) => f(q)).join(", ")} MB)`);
+      console.log(
+        `  backlog ${String(n).padStart(7)}: filled in ${f(fill / 1000, 1)} s, drained in ${f(d.ms / 1000, 2)} s = ${f(rate)} deliveries/s,` +
+          ` worker peak RSS ${f(d.peakRssMb)} MB (by quarter of the run: ${d.quartersMb.map((q) => f(q)).join(", ")} MB)`,
+      );
     }
   } finally {
     cleanup();
   }
-  const [small, large] = results as [typeof results[0], typeof results[0]];
-  return `worker: ${f(small.rate)} deliveries/s at ${small.n} | ${f(large.rate)} deliveries/s at ${large.n}` +
+  const [small, large] = results as [(typeof results)[0], (typeof results)[0]];
+  return (
+    `worker: ${f(small.rate)} deliveries/s at ${small.n} | ${f(large.rate)} deliveries/s at ${large.n}` +
     ` | large/small ×${f(large.rate / small.rate, 2)} | peak RSS ${f(small.rss)} MB → ${f(large.rss)} MB` +
-    ` (${large.n} run by quarter: ${large.quarters.map((q) => f(q)).join(" → ")} MB)`;
+    ` (${large.n} run by quarter: ${large.quarters.map((q) => f(q)).join(" → ")} MB)`
+  );
 }
 
 /** cli runs `worker.ts --once --quiet --db db` plus args to its end and returns its wall time in ms. */
@@ -74,22 +79,31 @@ async function cli(db: string, args: string[], expected: number): Promise<number
   const t0 = performance.now();
   // --force: the start-up quick_check reads the whole file, a start-up cost that the empty inbox the
   // start-up is measured on (versus()) would not show, so it would count as drain time.
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "worker.ts"), "--once", "--quiet", "--force", "--db", db, ...args], {
-    cwd: ROOT, stdio: ["ignore", "ignore", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    ["--import", "tsx", join(ROOT, "worker.ts"), "--once", "--quiet", "--force", "--db", db, ...args],
+    {
+      cwd: ROOT,
+      stdio: ["ignore", "ignore", "pipe"],
+    },
+  );
   let err = "";
   child.stderr.on("data", (d: Buffer) => (err += d));
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
   const ms = performance.now() - t0;
   const done = Number(/worker: (\d+) done/.exec(err)?.[1]);
-  if (code !== 0 || done !== expected) throw new Error(`worker.ts ${args.join(" ")}: exit ${code}, expected ${expected} done: ${err.slice(-500)}`);
+  if (code !== 0 || done !== expected)
+    throw new Error(`worker.ts ${args.join(" ")}: exit ${code}, expected ${expected} done: ${err.slice(-500)}`);
   return ms;
 }
 
 /** fill puts n due deliveries into a fresh inbox: straight into the file for SQLite, through store() elsewhere. */
 async function fill(target: InboxTarget, db: string, n: number): Promise<void> {
   if (target.name === "SQLite") return fillBacklog(db, n);
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fill.ts"), db, String(n)], { cwd: ROOT, stdio: ["ignore", "inherit", "inherit"] });
+  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/fill.ts"), db, String(n)], {
+    cwd: ROOT,
+    stdio: ["ignore", "inherit", "inherit"],
+  });
   const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
   if (code !== 0) throw new Error(`bench/fill.ts exited with ${code}`);
 }
@@ -108,7 +122,10 @@ async function versus(): Promise<string> {
   const systems: System[] = [];
   const startup = new Map<InboxTarget, number>();
   for (const target of await inboxTargets()) {
-    for (const [flags, args] of [["defaults", []], [`--concurrency ${CONCURRENCY}`, ["--concurrency", String(CONCURRENCY)]]] as const) {
+    for (const [flags, args] of [
+      ["defaults", []],
+      [`--concurrency ${CONCURRENCY}`, ["--concurrency", String(CONCURRENCY)]],
+    ] as const) {
       systems.push({
         name: `worker.ts --once ${flags} [${target.name}]`,
         rates: [],
@@ -125,7 +142,7 @@ async function versus(): Promise<string> {
           const fresh = await target.fresh(dir, label);
           try {
             await fill(target, fresh.db, LARGE);
-            return (LARGE / (await cli(fresh.db, [...args], LARGE) - startup.get(target)!)) * 1000;
+            return (LARGE / ((await cli(fresh.db, [...args], LARGE)) - startup.get(target)!)) * 1000;
           } finally {
             await fresh.drop();
           }
@@ -136,7 +153,9 @@ async function versus(): Promise<string> {
   for (const peer of await availablePeers()) {
     const n = peer.backlog ?? LARGE;
     systems.push({
-      name: `${peerLabel(peer)}${n !== LARGE ? ` at ${n}` : ""}`, peer, rates: [],
+      name: `${peerLabel(peer)}${n !== LARGE ? ` at ${n}` : ""}`,
+      peer,
+      rates: [],
       drain: async (dir, label) => {
         const d = await drainPeer(peer, dir, n, label);
         return (d.done / d.ms) * 1000;
@@ -148,7 +167,9 @@ async function versus(): Promise<string> {
     for (let round = 1; round <= ROUNDS; round++) {
       for (const [i, s] of systems.entries()) {
         s.rates.push(await s.drain(dir, `drain${round}_${i}`));
-        console.log(`  round ${round} ${s.name.padEnd(62)} ${f(s.rates.at(-1)!).padStart(7)} deliveries/s${s.peer ? `  (${s.peer.settings})` : ""}`);
+        console.log(
+          `  round ${round} ${s.name.padEnd(62)} ${f(s.rates.at(-1)!).padStart(7)} deliveries/s${s.peer ? `  (${s.peer.settings})` : ""}`,
+        );
       }
     }
   } finally {
@@ -160,9 +181,16 @@ async function versus(): Promise<string> {
   const best = durable.length > 0 ? durable.reduce((a, b) => (rate(a) >= rate(b) ? a : b)) : undefined;
   const parts = [
     ...inbox.map((s) => `${s.name} ${f(rate(s))}/s`),
-    ...systems.filter((s) => s.peer).map((s) => `${s.name} ${f(rate(s))}/s (${s.peer!.settings}), inbox defaults ×${f(rate(inbox[0]!) / rate(s), 2)}`),
+    ...systems
+      .filter((s) => s.peer)
+      .map(
+        (s) => `${s.name} ${f(rate(s))}/s (${s.peer!.settings}), inbox defaults ×${f(rate(inbox[0]!) / rate(s), 2)}`,
+      ),
   ];
-  if (best) parts.push(`inbox against the best durable peer (${best.name}): defaults ×${f(rate(inbox[0]!) / rate(best), 2)}, --concurrency ${CONCURRENCY} ×${f(rate(inbox[1]!) / rate(best), 2)}`);
+  if (best)
+    parts.push(
+      `inbox against the best durable peer (${best.name}): defaults ×${f(rate(inbox[0]!) / rate(best), 2)}, --concurrency ${CONCURRENCY} ×${f(rate(inbox[1]!) / rate(best), 2)}`,
+    );
   return `drain of ${LARGE} (median of ${ROUNDS}; CLI start-up ${[...startup.values()].map((ms) => f(ms)).join("/")} ms subtracted):\n  ${parts.join("\n  ")}`;
 }
 

@@ -29,7 +29,11 @@ export const BROKER_CLIENTS: Readonly<Record<(typeof BROKER_TYPES)[number], read
  * missingClient loads a broker type's client packages (as its first publish would) and returns the one
  * line to stop start-up with if one is not installed, naming what to install; undefined if all are there.
  */
-export async function missingClient(type: (typeof BROKER_TYPES)[number], destination: string, packages: readonly string[] = BROKER_CLIENTS[type]): Promise<string | undefined> {
+export async function missingClient(
+  type: (typeof BROKER_TYPES)[number],
+  destination: string,
+  packages: readonly string[] = BROKER_CLIENTS[type],
+): Promise<string | undefined> {
   for (const name of packages) {
     try {
       await import(name);
@@ -103,7 +107,10 @@ export interface BrokerMessage {
 }
 
 /** BrokerOutcome is how a publish ended: done once the broker has it, else retry later or give up. */
-export type BrokerOutcome = { kind: "done" } | { kind: "retry"; error: string; afterMs?: number } | { kind: "failed"; error: string };
+export type BrokerOutcome =
+  | { kind: "done" }
+  | { kind: "retry"; error: string; afterMs?: number }
+  | { kind: "failed"; error: string };
 
 /** Broker publishes to one destination, over a connection it opens when first needed and reopens when lost. */
 export interface Broker {
@@ -116,12 +123,24 @@ export interface Broker {
 
 /** messageOf builds the message of a claimed delivery: pass job.delivery and job.traceparent. */
 export function messageOf(
-  delivery: Pick<Delivery, "source" | "id" | "body" | "contentType" | "eventType" | "replays" | "orderKey" | "newerId" | "attempts">,
-  traceparent?: string | null, to?: string,
+  delivery: Pick<
+    Delivery,
+    "source" | "id" | "body" | "contentType" | "eventType" | "replays" | "orderKey" | "newerId" | "attempts"
+  >,
+  traceparent?: string | null,
+  to?: string,
 ): BrokerMessage {
   return {
-    source: delivery.source, id: delivery.id, body: delivery.body, contentType: delivery.contentType, eventType: delivery.eventType,
-    attempt: delivery.attempts, replays: delivery.replays, orderKey: delivery.orderKey, newerId: delivery.newerId, traceparent: traceparent ?? null,
+    source: delivery.source,
+    id: delivery.id,
+    body: delivery.body,
+    contentType: delivery.contentType,
+    eventType: delivery.eventType,
+    attempt: delivery.attempts,
+    replays: delivery.replays,
+    orderKey: delivery.orderKey,
+    newerId: delivery.newerId,
+    traceparent: traceparent ?? null,
     ...(to === undefined ? {} : { to }),
   };
 }
@@ -151,26 +170,35 @@ const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "time
  * the secrets are the worker's).
  */
 export function parseBrokerDestination(
-  name: string, settings: unknown, where = `destination ${JSON.stringify(name)}`,
-  env: Readonly<Record<string, string | undefined>> = {}, resolve = true,
+  name: string,
+  settings: unknown,
+  where = `destination ${JSON.stringify(name)}`,
+  env: Readonly<Record<string, string | undefined>> = {},
+  resolve = true,
 ): BrokerDestination {
   // Typed where it is declared, so that TypeScript narrows past each call to it.
   const fail: (mistake: string) => never = (mistake) => {
     throw new TypeError(`${where}: ${mistake}`);
   };
-  if (settings === null || typeof settings !== "object" || Array.isArray(settings)) fail(`expected an object with type, url and more, got ${kindOf(settings)}`);
+  if (settings === null || typeof settings !== "object" || Array.isArray(settings))
+    fail(`expected an object with type, url and more, got ${kindOf(settings)}`);
   const s = settings as Record<string, unknown>;
   const type = s.type;
-  if (type !== "nats" && type !== "rabbitmq") fail(`expected type to be one of ${BROKER_TYPES.join(", ")}, got ${JSON.stringify(type) ?? "(none)"}`);
+  if (type !== "nats" && type !== "rabbitmq")
+    fail(`expected type to be one of ${BROKER_TYPES.join(", ")}, got ${JSON.stringify(type) ?? "(none)"}`);
   const allowed = type === "nats" ? NATS_KEYS : RABBIT_KEYS;
   const unknown = Object.keys(s).filter((k) => !allowed.includes(k));
-  if (unknown.length > 0) fail(`unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; a ${type} destination takes ${allowed.join(", ")}`);
+  if (unknown.length > 0)
+    fail(
+      `unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; a ${type} destination takes ${allowed.join(", ")}`,
+    );
 
   // A value that may be written as env:NAME. Only its name is ever said back, never what it holds.
   const read = (key: string, secret: boolean): string | undefined => {
     const v = s[key];
     if (v === undefined) return undefined;
-    if (typeof v !== "string") return fail(`expected ${key} to be a string${secret ? ' (or "env:NAME")' : ""}, got ${kindOf(v)}`);
+    if (typeof v !== "string")
+      return fail(`expected ${key} to be a string${secret ? ' (or "env:NAME")' : ""}, got ${kindOf(v)}`);
     if (!v.startsWith("env:")) {
       if (v === "") fail(`${key} is empty`);
       return v;
@@ -179,11 +207,13 @@ export function parseBrokerDestination(
     if (variable === "") fail(`${key} reads the environment variable (no name)`);
     if (!resolve) return UNRESOLVED;
     const value = env[variable];
-    if (value === undefined || value === "") fail(`${key} reads the environment variable ${variable || "(no name)"}, which is not set`);
+    if (value === undefined || value === "")
+      fail(`${key} reads the environment variable ${variable || "(no name)"}, which is not set`);
     return value;
   };
   const timeoutMs = s.timeoutMs ?? DEFAULTS.brokerTimeoutMs;
-  if (typeof timeoutMs !== "number" || !Number.isInteger(timeoutMs) || timeoutMs < 1) fail(`expected timeoutMs to be a whole number of ms, 1 or more, got ${JSON.stringify(timeoutMs)}`);
+  if (typeof timeoutMs !== "number" || !Number.isInteger(timeoutMs) || timeoutMs < 1)
+    fail(`expected timeoutMs to be a whole number of ms, 1 or more, got ${JSON.stringify(timeoutMs)}`);
 
   if (type === "nats") {
     const url = read("url", true) ?? DEFAULTS.natsUrl;
@@ -201,15 +231,24 @@ export function parseBrokerDestination(
     const subject = read("subject", false) ?? fail('missing subject, such as "webhooks.{source}.{type}"');
     checkTarget({ type: "nats" }, subject, where);
     const stream = read("stream", false);
-    if (stream !== undefined && !/^[^\s.*>\\/]+$/.test(stream)) fail(`expected stream to be a stream's name (no spaces, ".", "*", ">", "/" or "\\"), got ${JSON.stringify(stream)}`);
+    if (stream !== undefined && !/^[^\s.*>\\/]+$/.test(stream))
+      fail(
+        `expected stream to be a stream's name (no spaces, ".", "*", ">", "/" or "\\"), got ${JSON.stringify(stream)}`,
+      );
     const user = read("user", true);
     const pass = read("pass", true);
     const token = read("token", true);
     if ((user === undefined) !== (pass === undefined)) fail("expected user and pass together, or neither");
     if (token !== undefined && user !== undefined) fail("expected a token or a user and pass, not both");
     return {
-      type, name, servers, subject, timeoutMs: timeoutMs as number,
-      ...(stream === undefined ? {} : { stream }), ...(user === undefined ? {} : { user, pass: pass! }), ...(token === undefined ? {} : { token }),
+      type,
+      name,
+      servers,
+      subject,
+      timeoutMs: timeoutMs as number,
+      ...(stream === undefined ? {} : { stream }),
+      ...(user === undefined ? {} : { user, pass: pass! }),
+      ...(token === undefined ? {} : { token }),
     };
   }
 
@@ -224,12 +263,25 @@ export function parseBrokerDestination(
     if (!["amqp:", "amqps:"].includes(parsed!.protocol)) fail("expected url to start with amqp:// or amqps://");
   }
   const exchange = s.exchange ?? "";
-  if (typeof exchange !== "string") fail(`expected exchange to be a string ("" for the default exchange), got ${kindOf(exchange)}`);
-  const routingKey = read("routingKey", false) ?? fail('missing routingKey: a queue\'s name on the default exchange, or a pattern such as "webhooks.{source}.{type}"');
+  if (typeof exchange !== "string")
+    fail(`expected exchange to be a string ("" for the default exchange), got ${kindOf(exchange)}`);
+  const routingKey =
+    read("routingKey", false) ??
+    fail(
+      'missing routingKey: a queue\'s name on the default exchange, or a pattern such as "webhooks.{source}.{type}"',
+    );
   checkTarget({ type: "rabbitmq" }, routingKey, where);
   const mandatory = s.mandatory ?? true;
   if (typeof mandatory !== "boolean") fail(`expected mandatory to be true or false, got ${JSON.stringify(mandatory)}`);
-  return { type, name, url, exchange: exchange as string, routingKey, mandatory: mandatory as boolean, timeoutMs: timeoutMs as number };
+  return {
+    type,
+    name,
+    url,
+    exchange: exchange as string,
+    routingKey,
+    mandatory: mandatory as boolean,
+    timeoutMs: timeoutMs as number,
+  };
 }
 
 // What an env:NAME value stands for when the settings' shape alone is checked (resolve false).
@@ -244,13 +296,18 @@ const PLACEHOLDER = /\{([^{}]*)\}/g;
 export function checkTarget(destination: Pick<BrokerDestination, "type">, template: string, where: string): void {
   const what = destination.type === "nats" ? "subject" : "routingKey";
   for (const [, name] of template.matchAll(PLACEHOLDER)) {
-    if (name !== "source" && name !== "type") throw new TypeError(`${where}: ${what} ${JSON.stringify(template)} names {${name}}; expected only {source} and {type}`);
+    if (name !== "source" && name !== "type")
+      throw new TypeError(
+        `${where}: ${what} ${JSON.stringify(template)} names {${name}}; expected only {source} and {type}`,
+      );
   }
   const bare = template.replace(PLACEHOLDER, "x");
   if (/[{}]/.test(bare)) throw new TypeError(`${where}: ${what} ${JSON.stringify(template)} has an unmatched brace`);
   if (destination.type === "nats") {
     if (!/^[^\s.*>]+(\.[^\s.*>]+)*$/.test(bare)) {
-      throw new TypeError(`${where}: subject ${JSON.stringify(template)} is not one a message can be published to: expected tokens separated by single dots, with no spaces, "*" or ">"`);
+      throw new TypeError(
+        `${where}: subject ${JSON.stringify(template)} is not one a message can be published to: expected tokens separated by single dots, with no spaces, "*" or ">"`,
+      );
     }
   } else if (Buffer.byteLength(bare) > 255) {
     throw new TypeError(`${where}: routingKey ${JSON.stringify(template)} is longer than AMQP's 255 bytes`);
@@ -263,8 +320,16 @@ export function checkTarget(destination: Pick<BrokerDestination, "type">, templa
 function targetOf(destination: BrokerDestination, m: BrokerMessage): string {
   const template = m.to ?? (destination.type === "nats" ? destination.subject : destination.routingKey);
   const nats = destination.type === "nats";
-  const token = (text: string) => (nats ? text.split(".").map((t) => t.replace(/[\s*>]/g, "_") || "_").join(".") : text);
-  return template.replace(PLACEHOLDER, (_, name: string) => (name === "source" ? token(m.source) : m.eventType ? token(m.eventType) : "_"));
+  const token = (text: string) =>
+    nats
+      ? text
+          .split(".")
+          .map((t) => t.replace(/[\s*>]/g, "_") || "_")
+          .join(".")
+      : text;
+  return template.replace(PLACEHOLDER, (_, name: string) =>
+    name === "source" ? token(m.source) : m.eventType ? token(m.eventType) : "_",
+  );
 }
 
 /**
@@ -272,22 +337,38 @@ function targetOf(destination: BrokerDestination, m: BrokerMessage): string {
  * forward's headers (forward.ts), so a consumer reads one set of names whichever way a delivery came.
  */
 export const HEADERS = {
-  source: "inbox-source", id: "inbox-delivery-id", eventType: "inbox-event-type", attempt: "inbox-attempt",
-  orderKey: "inbox-order-key", stale: "inbox-stale", newerId: "inbox-newer-id", traceparent: "traceparent",
+  source: "inbox-source",
+  id: "inbox-delivery-id",
+  eventType: "inbox-event-type",
+  attempt: "inbox-attempt",
+  orderKey: "inbox-order-key",
+  stale: "inbox-stale",
+  newerId: "inbox-newer-id",
+  traceparent: "traceparent",
 } as const;
 
 // headerValues lists a message's headers; values the broker's wire format cannot hold (a line break in an
 // ID) are percent-encoded, which a plain ID never needs.
 function headerValues(m: BrokerMessage): [string, string][] {
   const safe = (v: string) => (/^[\x20-\x7e]*$/.test(v) ? v : encodeURIComponent(v));
-  const out: [string, string][] = [[HEADERS.source, safe(m.source)], [HEADERS.id, safe(m.id)], [HEADERS.attempt, String(m.attempt)]];
+  const out: [string, string][] = [
+    [HEADERS.source, safe(m.source)],
+    [HEADERS.id, safe(m.id)],
+    [HEADERS.attempt, String(m.attempt)],
+  ];
   if (m.eventType !== null) out.push([HEADERS.eventType, safe(m.eventType)]);
-  if (m.orderKey !== null) out.push([HEADERS.orderKey, safe(m.orderKey)], [HEADERS.stale, m.newerId !== null ? "true" : "false"]);
+  if (m.orderKey !== null)
+    out.push([HEADERS.orderKey, safe(m.orderKey)], [HEADERS.stale, m.newerId !== null ? "true" : "false"]);
   if (m.newerId !== null) out.push([HEADERS.newerId, safe(m.newerId)]);
   if (m.traceparent) out.push([HEADERS.traceparent, safe(m.traceparent)]);
   if (m.headers) {
     const changes = m.headers;
-    return [...out.filter(([k]) => !(k in changes)), ...Object.entries(changes).filter((e): e is [string, string] => e[1] !== null).map(([k, v]): [string, string] => [k, safe(v)])];
+    return [
+      ...out.filter(([k]) => !(k in changes)),
+      ...Object.entries(changes)
+        .filter((e): e is [string, string] => e[1] !== null)
+        .map(([k, v]): [string, string] => [k, safe(v)]),
+    ];
   }
   return out;
 }
@@ -302,7 +383,8 @@ export function brokerSender(destination: BrokerDestination): {
 } {
   const broker = openBroker(destination);
   return {
-    send: (lease, { signal, headers }) => broker.publish({ ...messageOf(lease, lease.traceparent), ...(headers ? { headers } : {}) }, signal),
+    send: (lease, { signal, headers }) =>
+      broker.publish({ ...messageOf(lease, lease.traceparent), ...(headers ? { headers } : {}) }, signal),
     close: () => broker.close(),
   };
 }
@@ -312,7 +394,11 @@ export function openBroker(destination: BrokerDestination): Broker {
   return destination.type === "nats" ? natsBroker(destination) : rabbitBroker(destination);
 }
 
-const retry = (error: string, afterMs?: number): BrokerOutcome => ({ kind: "retry", error, ...(afterMs === undefined ? {} : { afterMs }) });
+const retry = (error: string, afterMs?: number): BrokerOutcome => ({
+  kind: "retry",
+  error,
+  ...(afterMs === undefined ? {} : { afterMs }),
+});
 
 // abortable settles with the promise, or with a retry as soon as the signal aborts (the lease was lost, or
 // the worker is stopping). A publish that lands anyway is no harm: the next try is a duplicate of it.
@@ -335,8 +421,13 @@ function natsBroker(d: NatsDestination): Broker {
       const { jetstream, JetStreamApiError } = await import("@nats-io/jetstream");
       // The client reconnects on its own, for ever, holding publishes meanwhile; each still times out.
       const nc = await connect({
-        servers: d.servers, name: `webhook-inbox ${d.name}`, timeout: d.timeoutMs, reconnect: true, maxReconnectAttempts: -1,
-        ...(d.user === undefined ? {} : { user: d.user, pass: d.pass }), ...(d.token === undefined ? {} : { token: d.token }),
+        servers: d.servers,
+        name: `webhook-inbox ${d.name}`,
+        timeout: d.timeoutMs,
+        reconnect: true,
+        maxReconnectAttempts: -1,
+        ...(d.user === undefined ? {} : { user: d.user, pass: d.pass }),
+        ...(d.token === undefined ? {} : { token: d.token }),
       });
       // Closed for good (close() or a fatal error): the next publish connects again.
       void nc.closed().then(() => {
@@ -369,9 +460,15 @@ function natsBroker(d: NatsDestination): Broker {
       for (const [k, v] of headerValues(m)) h.set(k, v);
       if (m.contentType !== null) h.set("Content-Type", m.contentType);
       try {
-        const ack = await abortable(c.js.publish(subject, m.body, {
-          msgID: messageId(d.name, m), headers: h, timeout: d.timeoutMs, ...(d.stream === undefined ? {} : { expect: { streamName: d.stream } }),
-        }), signal);
+        const ack = await abortable(
+          c.js.publish(subject, m.body, {
+            msgID: messageId(d.name, m),
+            headers: h,
+            timeout: d.timeoutMs,
+            ...(d.stream === undefined ? {} : { expect: { streamName: d.stream } }),
+          }),
+          signal,
+        );
         // A PubAck marked duplicate is done too: the stream took this message before, within its window.
         return "kind" in ack ? ack : { kind: "done" };
       } catch (error) {
@@ -391,7 +488,8 @@ function natsBroker(d: NatsDestination): Broker {
 function natsReason(error: unknown): string {
   const text = messageOfError(error);
   // The client reports no responders as JetStream not enabled; the usual cause is a subject no stream captures.
-  if (/no responders|jetstream is not enabled/i.test(text)) return "no stream captures this subject (no responders; or JetStream is off)";
+  if (/no responders|jetstream is not enabled/i.test(text))
+    return "no stream captures this subject (no responders; or JetStream is off)";
   if (/timeout/i.test(text)) return "no PubAck in time (timeout)";
   return text;
 }
@@ -402,7 +500,10 @@ function rabbitBroker(d: RabbitDestination): Broker {
   const open = (): Promise<Conn> => {
     conn ??= (async () => {
       const amqp = await import("amqplib");
-      const model = await amqp.connect(d.url, { timeout: d.timeoutMs, clientProperties: { connection_name: `webhook-inbox ${d.name}` } });
+      const model = await amqp.connect(d.url, {
+        timeout: d.timeoutMs,
+        clientProperties: { connection_name: `webhook-inbox ${d.name}` },
+      });
       const why: Conn["why"] = {};
       const returned = new Set<string>();
       let channel: ConfirmChannel;
@@ -438,7 +539,8 @@ function rabbitBroker(d: RabbitDestination): Broker {
     async publish(m, signal) {
       if (signal?.aborted) return retry(`not published: ${messageOfError(signal.reason)}`);
       const routingKey = targetOf(d, m);
-      if (Buffer.byteLength(routingKey) > 255) return { kind: "failed", error: `rabbitmq ${d.name}: routing key longer than 255 bytes` };
+      if (Buffer.byteLength(routingKey) > 255)
+        return { kind: "failed", error: `rabbitmq ${d.name}: routing key longer than 255 bytes` };
       let c: Conn;
       try {
         c = await open();
@@ -449,15 +551,22 @@ function rabbitBroker(d: RabbitDestination): Broker {
       const headers: Record<string, string | number> = {};
       for (const [k, v] of headerValues(m)) headers[k] = k === HEADERS.attempt ? m.attempt : v;
       const properties: AmqpOptions.Publish = {
-        persistent: true, messageId: id, mandatory: d.mandatory, appId: "webhook-inbox", headers,
-        ...(m.contentType === null ? {} : { contentType: m.contentType }), ...(m.eventType === null ? {} : { type: m.eventType }),
+        persistent: true,
+        messageId: id,
+        mandatory: d.mandatory,
+        appId: "webhook-inbox",
+        headers,
+        ...(m.contentType === null ? {} : { contentType: m.contentType }),
+        ...(m.eventType === null ? {} : { type: m.eventType }),
       };
       const body = Buffer.isBuffer(m.body) ? m.body : Buffer.from(m.body.buffer, m.body.byteOffset, m.body.byteLength);
       const where = `rabbitmq ${d.name}: publish to ${d.exchange === "" ? "the default exchange" : `exchange ${d.exchange}`} with routing key ${routingKey}`;
       let timer: NodeJS.Timeout | undefined;
       try {
         const confirmed = new Promise<void>((resolve, reject) => {
-          c.channel.publish(d.exchange, routingKey, body, properties, (error: unknown) => (error ? reject(error) : resolve()));
+          c.channel.publish(d.exchange, routingKey, body, properties, (error: unknown) =>
+            error ? reject(error) : resolve(),
+          );
           timer = setTimeout(() => reject(new Error(`no confirm within ${d.timeoutMs} ms`)), d.timeoutMs);
         });
         const settled = await abortable(confirmed, signal);
@@ -465,7 +574,9 @@ function rabbitBroker(d: RabbitDestination): Broker {
       } catch (error) {
         // A nack, a closed channel (say why it closed), or no confirm in time: the broker may or may not have it.
         const reason = c.why.error ?? messageOfError(error);
-        return tooBigForAmqp(error, reason) ? { kind: "failed", error: `${where}: ${reason}` } : retry(`${where}: ${reason}`);
+        return tooBigForAmqp(error, reason)
+          ? { kind: "failed", error: `${where}: ${reason}` }
+          : retry(`${where}: ${reason}`);
       } finally {
         clearTimeout(timer);
       }
@@ -475,10 +586,11 @@ function rabbitBroker(d: RabbitDestination): Broker {
     async close() {
       const c = await conn?.catch(() => undefined);
       conn = undefined;
-      if (c) await c.model.close().catch((error: unknown) => {
-        // Already closed by the broker or by a lost connection: nothing is left to let go of.
-        if (!/closed/i.test(messageOfError(error))) throw error;
-      });
+      if (c)
+        await c.model.close().catch((error: unknown) => {
+          // Already closed by the broker or by a lost connection: nothing is left to let go of.
+          if (!/closed/i.test(messageOfError(error))) throw error;
+        });
     },
   };
 }
@@ -490,5 +602,11 @@ function tooBigForAmqp(error: unknown, reason: string): boolean {
 }
 
 function kindOf(value: unknown): string {
-  return value === null ? "null" : Array.isArray(value) ? "a list" : typeof value === "object" ? "an object" : JSON.stringify(value);
+  return value === null
+    ? "null"
+    : Array.isArray(value)
+      ? "a list"
+      : typeof value === "object"
+        ? "an object"
+        : JSON.stringify(value);
 }

@@ -67,13 +67,22 @@ export function exportLine(d: Delivery): ExportLine {
   const { body, ...rest } = d;
   // ignoreBOM keeps a leading BOM in the text, so the text alone is also every byte of the body.
   const text = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true }).decode(body);
-  return { ...rest, bodyBytes: body.length, body: Buffer.from(text, "utf8").equals(body) ? text : null, bodyBase64: body.toString("base64") };
+  return {
+    ...rest,
+    bodyBytes: body.length,
+    body: Buffer.from(text, "utf8").equals(body) ? text : null,
+    bodyBase64: body.toString("base64"),
+  };
 }
 
 // importHeaders checks the provider headers of an export line: a name to a list of values.
 function importHeaders(value: unknown): Delivery["headers"] {
-  if (typeof value !== "object" || value === null || Array.isArray(value) ||
-    Object.values(value).some((v) => !Array.isArray(v) || v.some((x) => typeof x !== "string"))) {
+  if (
+    typeof value !== "object" ||
+    value === null ||
+    Array.isArray(value) ||
+    Object.values(value).some((v) => !Array.isArray(v) || v.some((x) => typeof x !== "string"))
+  ) {
     throw new TypeError(`expected headers to map names to lists of strings, got ${JSON.stringify(value)}`);
   }
   return value as Delivery["headers"];
@@ -81,28 +90,44 @@ function importHeaders(value: unknown): Delivery["headers"] {
 
 /** importLine reads a line of an export back into a delivery, checking its fields and its body against the hash. */
 export function importLine(line: unknown): Delivery {
-  if (line === null || typeof line !== "object" || Array.isArray(line)) throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
+  if (line === null || typeof line !== "object" || Array.isArray(line))
+    throw new TypeError(`expected a JSON object, got ${JSON.stringify(line)}`);
   const o = line as Record<string, unknown>;
   // Typed never, so each field takes the type its slot in Delivery asks for; the checks here make it so.
   const need = (key: string, kind: "string" | "number", nullable = false): never => {
     const v = o[key];
     if ((v === null || v === undefined) && nullable) return null as never;
-    if (typeof v !== kind || (kind === "number" && !Number.isFinite(v))) throw new TypeError(`expected ${key} to be a ${kind}${nullable ? " or null" : ""}, got ${JSON.stringify(v)}`);
+    if (typeof v !== kind || (kind === "number" && !Number.isFinite(v)))
+      throw new TypeError(`expected ${key} to be a ${kind}${nullable ? " or null" : ""}, got ${JSON.stringify(v)}`);
     return v as never;
   };
   const status: Status = need("status", "string");
-  if (!STATUSES.includes(status)) throw new TypeError(`expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(status)}`);
+  if (!STATUSES.includes(status))
+    throw new TypeError(`expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(status)}`);
   const base64: string = need("bodyBase64", "string");
   if (!/^[A-Za-z0-9+/]*={0,2}$/.test(base64)) throw new TypeError("expected bodyBase64 to be base64");
   const body = Buffer.from(base64, "base64");
   const d: Delivery = {
-    source: need("source", "string"), id: need("id", "string"), body, bodySha256: need("bodySha256", "string"),
-    contentType: need("contentType", "string", true), eventType: need("eventType", "string", true),
-    providerTime: need("providerTime", "number", true), receivedAt: need("receivedAt", "number"), status,
-    attempts: need("attempts", "number"), availableAt: need("availableAt", "number"), leasedUntil: need("leasedUntil", "number", true),
-    error: need("error", "string", true), conflicts: need("conflicts", "number"), finishedAt: need("finishedAt", "number", true),
-    replays: o.replays === undefined ? 0 : need("replays", "number"), purgedAt: need("purgedAt", "number", true),
-    orderKey: need("orderKey", "string", true), eventTime: need("eventTime", "number", true), newerId: need("newerId", "string", true),
+    source: need("source", "string"),
+    id: need("id", "string"),
+    body,
+    bodySha256: need("bodySha256", "string"),
+    contentType: need("contentType", "string", true),
+    eventType: need("eventType", "string", true),
+    providerTime: need("providerTime", "number", true),
+    receivedAt: need("receivedAt", "number"),
+    status,
+    attempts: need("attempts", "number"),
+    availableAt: need("availableAt", "number"),
+    leasedUntil: need("leasedUntil", "number", true),
+    error: need("error", "string", true),
+    conflicts: need("conflicts", "number"),
+    finishedAt: need("finishedAt", "number", true),
+    replays: o.replays === undefined ? 0 : need("replays", "number"),
+    purgedAt: need("purgedAt", "number", true),
+    orderKey: need("orderKey", "string", true),
+    eventTime: need("eventTime", "number", true),
+    newerId: need("newerId", "string", true),
     // An export from before destinations holds the handler's rows only.
     destination: o.destination === undefined ? DEFAULTS.destination : need("destination", "string"),
     route: o.route === undefined ? 0 : need("route", "number"),
@@ -114,6 +139,7 @@ export function importLine(line: unknown): Delivery {
     throw new TypeError(`expected a tombstone (purgedAt set) to be done or failed, got ${d.status}`);
   }
   // A tombstone's body is gone on purpose; any other body must be the one its hash names.
-  if (d.purgedAt === null && sha256(body) !== d.bodySha256) throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
+  if (d.purgedAt === null && sha256(body) !== d.bodySha256)
+    throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
   return d;
 }

@@ -131,29 +131,52 @@ export function createHandler(options: HandlerOptions): Handler {
   const metrics = options.metrics;
   // seen counts one answer, once per request, at the point where its outcome is decided.
   const seen = (source: string, outcome: Outcome, started: number, status?: number) =>
-    metrics?.observe(source, outcome, status === undefined && outcome !== "unavailable" ? performance.now() - started : undefined, status);
+    metrics?.observe(
+      source,
+      outcome,
+      status === undefined && outcome !== "unavailable" ? performance.now() - started : undefined,
+      status,
+    );
   const now = options.now ?? Date.now;
   const sources = options.sources ?? new Map([["", unsignedSource()]]);
   const basePath = (options.basePath ?? "").replace(/\/+$/, "");
   // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
   const filtered = new Set([...sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
   const closing = options.closing ?? (() => false);
-  const pace: Pace = { graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs, rate: options.minBodyRate ?? DEFAULTS.minBodyRate };
+  const pace: Pace = {
+    graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs,
+    rate: options.minBodyRate ?? DEFAULTS.minBodyRate,
+  };
   const fromHeaders = options.inFlightFromHeaders ?? false;
   for (const [name, value] of [
-    ["maxBodyBytes", maxBody], ["maxIdLength", maxIdLength], ["maxInFlight", maxInFlight], ["bodyTimeoutMs", pace.graceMs], ["minBodyRate", pace.rate],
+    ["maxBodyBytes", maxBody],
+    ["maxIdLength", maxIdLength],
+    ["maxInFlight", maxInFlight],
+    ["bodyTimeoutMs", pace.graceMs],
+    ["minBodyRate", pace.rate],
   ] as const) {
-    if (!Number.isInteger(value) || value < 1) throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
+    if (!Number.isInteger(value) || value < 1)
+      throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
   }
-  if (basePath && !basePath.startsWith("/")) throw new TypeError(`createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`);
+  if (basePath && !basePath.startsWith("/"))
+    throw new TypeError(`createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`);
 
   let inFlight = 0;
   const waiting: (() => void)[] = [];
   const leave = () => {
     if (--inFlight === 0) for (const resolve of waiting.splice(0)) resolve();
   };
-  const text = (status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer =>
-    ({ status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection });
+  const text = (
+    status: number,
+    body: string,
+    headers: Record<string, string> = {},
+    closeConnection = false,
+  ): Answer => ({
+    status,
+    body,
+    headers: { "content-type": "text/plain; charset=utf-8", ...headers },
+    closeConnection,
+  });
   // The two answers nearly every request gets, made once: the mounts only read an Answer.
   const STORED = text(200, "stored");
   const DUPLICATE = text(200, "duplicate");
@@ -184,7 +207,8 @@ export function createHandler(options: HandlerOptions): Handler {
     // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
     const length = req.headers["content-length"]?.[0];
     const declared = length === undefined ? undefined : Number(length);
-    if (declared !== undefined && declared > maxBody) throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
+    if (declared !== undefined && declared > maxBody)
+      throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
 
     const body = await req.read(maxBody);
     // Only now does the request take a place: one still sending costs memory and a socket, which the body's
@@ -198,7 +222,11 @@ export function createHandler(options: HandlerOptions): Handler {
     const parsed: { event?: Record<string, unknown> } | undefined = filtered.has(source) ? {} : undefined;
     const verdict = verify(source, req.headers, body, now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
-    if (verdict.kind === "reject") throw new Rejected(verdict.status, source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`);
+    if (verdict.kind === "reject")
+      throw new Rejected(
+        verdict.status,
+        source.name === DEFAULTS.source ? verdict.reason : `${source.name}: ${verdict.reason}`,
+      );
     if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
     const id = verdict.id;
     if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);
@@ -209,25 +237,52 @@ export function createHandler(options: HandlerOptions): Handler {
       // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
       const destinations = routes
-        ? routeTo(routes, verdict.eventType, parsed ? filterInput({ source: source.name, eventType: verdict.eventType, body, headers: req.headers, url: req.url, parsed: parsed.event }) : undefined)
+        ? routeTo(
+            routes,
+            verdict.eventType,
+            parsed
+              ? filterInput({
+                  source: source.name,
+                  eventType: verdict.eventType,
+                  body,
+                  headers: req.headers,
+                  url: req.url,
+                  parsed: parsed.event,
+                })
+              : undefined,
+          )
         : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
       outcome = await inbox.store({
-        source: source.name, id, body, contentType: req.headers["content-type"]?.[0] ?? null,
-        eventType: verdict.eventType, providerTime: verdict.providerTime, traceparent: ctx.traceparent,
+        source: source.name,
+        id,
+        body,
+        contentType: req.headers["content-type"]?.[0] ?? null,
+        eventType: verdict.eventType,
+        providerTime: verdict.providerTime,
+        traceparent: ctx.traceparent,
         ...orderOfRequest(source.order, req.headers, body),
-        ...(destinations ? { destinations } : {}), ...(keepHeaders ? { headers: req.headers } : {}),
+        ...(destinations ? { destinations } : {}),
+        ...(keepHeaders ? { headers: req.headers } : {}),
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
       seen(source.name, "unavailable", ctx.started);
-      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, { level: "error", source: source.name, id, status: 503 });
+      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, {
+        level: "error",
+        source: source.name,
+        id,
+        status: 503,
+      });
       return text(503, "try again later", { "retry-after": retryAfter });
     }
     seen(source.name, outcome, ctx.started);
     ctx.result = outcome;
-    if (logs) log(`${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
-      { source: source.name, id, status: 200, result: outcome });
+    if (logs)
+      log(
+        `${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
+        { source: source.name, id, status: 200, result: outcome },
+      );
     // Either way the delivery is safe on disk, so the provider is told to stop sending it.
     return outcome === "stored" ? STORED : DUPLICATE;
   }
@@ -241,7 +296,12 @@ export function createHandler(options: HandlerOptions): Handler {
     } finally {
       if (ctx.counted) leave();
     }
-    traced.end({ status: a.status, ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), id: ctx.id, result: ctx.result });
+    traced.end({
+      status: a.status,
+      ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
+      id: ctx.id,
+      result: ctx.result,
+    });
     return a;
   }
 
@@ -252,7 +312,11 @@ export function createHandler(options: HandlerOptions): Handler {
       if (error instanceof Rejected) {
         if (error.status !== 404 || req.method === "POST") {
           seen(ctx.source, "rejected", ctx.started, error.status);
-          log(`rejected: ${error.status} ${error.message}`, { level: "warn", ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }), status: error.status });
+          log(`rejected: ${error.status} ${error.message}`, {
+            level: "warn",
+            ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
+            status: error.status,
+          });
         }
         return text(error.status, error.message, error.headers, error.closeConnection);
       }
@@ -330,7 +394,14 @@ export function createHandler(options: HandlerOptions): Handler {
         inFlight++;
       }
       try {
-        return toResponse(await answer({ method: request.method, url: url.pathname + url.search, headers: distinct(request.headers), read: (limit) => readStream(request, limit, pace) }));
+        return toResponse(
+          await answer({
+            method: request.method,
+            url: url.pathname + url.search,
+            headers: distinct(request.headers),
+            read: (limit) => readStream(request, limit, pace),
+          }),
+        );
       } finally {
         if (fromHeaders) leave();
       }
@@ -371,7 +442,9 @@ function paced(pace: Pace, received: () => number, tooSlow: (why: string) => voi
       timer = setTimeout(check, Math.ceil(-late)).unref();
       return;
     }
-    tooSlow(`body too slow: ${received()} bytes in ${Math.round(performance.now() - started)} ms, under ${pace.rate} bytes/s after ${pace.graceMs} ms`);
+    tooSlow(
+      `body too slow: ${received()} bytes in ${Math.round(performance.now() - started)} ms, under ${pace.rate} bytes/s after ${pace.graceMs} ms`,
+    );
   };
   let timer = setTimeout(check, pace.graceMs).unref();
   return { stop: () => clearTimeout(timer) };
@@ -383,7 +456,11 @@ function readBody(req: IncomingMessage, maxBody: number, pace: Pace): Promise<Bu
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    const clock = paced(pace, () => size, (why) => stop(new Rejected(408, why, true)));
+    const clock = paced(
+      pace,
+      () => size,
+      (why) => stop(new Rejected(408, why, true)),
+    );
     const stop = (error: Rejected) => {
       clock.stop();
       req.off("data", onData).off("end", onEnd).off("close", onClose);
@@ -414,10 +491,14 @@ async function readStream(request: Request, maxBody: number, pace: Pace): Promis
   let size = 0;
   // A cancel ends the pending read as if the body were done, so the reason is kept to be thrown after it.
   let slow: string | undefined;
-  const clock = paced(pace, () => size, (why) => {
-    slow = why;
-    void reader.cancel().catch(() => {});
-  });
+  const clock = paced(
+    pace,
+    () => size,
+    (why) => {
+      slow = why;
+      void reader.cancel().catch(() => {});
+    },
+  );
   try {
     for (;;) {
       let chunk: ReadableStreamReadResult<Uint8Array>;

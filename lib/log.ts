@@ -54,9 +54,10 @@ export function lineLog(
   const flush = () => {
     if (lines.length > 0) stream.write(`${lines.splice(0).join("\n")}\n`);
   };
-  const log: Log = format === "json"
-    ? (line, fields) => void (lines.push(jsonLine(line, fields)) === 1 && setImmediate(flush))
-    : (line) => void (lines.push(line) === 1 && setImmediate(flush));
+  const log: Log =
+    format === "json"
+      ? (line, fields) => void (lines.push(jsonLine(line, fields)) === 1 && setImmediate(flush))
+      : (line) => void (lines.push(line) === 1 && setImmediate(flush));
   return { log, flush };
 }
 
@@ -112,7 +113,11 @@ export function progress(
 
 function clock(seconds: number): string {
   const s = Math.ceil(seconds);
-  return s < 60 ? `${s} s` : s < 3600 ? `${Math.floor(s / 60)} min ${s % 60} s` : `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return s < 60
+    ? `${s} s`
+    : s < 3600
+      ? `${Math.floor(s / 60)} min ${s % 60} s`
+      : `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
 /** message turns anything thrown into one line. */

@@ -100,7 +100,13 @@ class Tallied<T extends string> extends client.Counter<T> {
 class Spreads<T extends string> extends client.Histogram<T> {
   private readonly spreads = new Map<string, Spread>();
   private readonly metric: { name: string; help: string; bounds: readonly number[] };
-  constructor(config: { name: string; help: string; labelNames?: readonly T[]; buckets: number[]; registers: client.Registry[] }) {
+  constructor(config: {
+    name: string;
+    help: string;
+    labelNames?: readonly T[];
+    buckets: number[];
+    registers: client.Registry[];
+  }) {
     super(config);
     this.metric = { name: config.name, help: config.help, bounds: config.buckets };
   }
@@ -127,7 +133,14 @@ class Spreads<T extends string> extends client.Histogram<T> {
       at(s.labels, s.count, `${name}_count`);
     }
     // MetricType is an enum only in prom-client's types; at run time the type is its string.
-    return { name, help, type: "histogram" as unknown as client.MetricType, values, aggregator: "sum", collect: () => {} };
+    return {
+      name,
+      help,
+      type: "histogram" as unknown as client.MetricType,
+      values,
+      aggregator: "sum",
+      collect: () => {},
+    };
   }
 }
 
@@ -174,68 +187,118 @@ export class Metrics {
     this.now = options.now ?? Date.now;
     const registers = [this.registry];
     this.received = new Tallied({
-      name: "inbox_received_total", help: "Requests to store a delivery, by source and result (stored, duplicate, conflict, rejected, unavailable).",
-      labelNames: ["source", "result"], registers,
+      name: "inbox_received_total",
+      help: "Requests to store a delivery, by source and result (stored, duplicate, conflict, rejected, unavailable).",
+      labelNames: ["source", "result"],
+      registers,
     });
     this.rejected = new Tallied({
-      name: "inbox_rejected_total", help: "Requests refused and not stored, by status code and reason class.",
-      labelNames: ["source", "status", "reason"], registers,
+      name: "inbox_rejected_total",
+      help: "Requests refused and not stored, by status code and reason class.",
+      labelNames: ["source", "status", "reason"],
+      registers,
     });
     this.ack = new Spreads({
-      name: "inbox_ack_duration_seconds", help: "From the request's arrival to its 200, the delivery committed.",
-      labelNames: ["source"], buckets: ACK_BUCKETS, registers,
+      name: "inbox_ack_duration_seconds",
+      help: "From the request's arrival to its 200, the delivery committed.",
+      labelNames: ["source"],
+      buckets: ACK_BUCKETS,
+      registers,
     });
     this.batch = new Spreads({
-      name: "inbox_commit_batch_size", help: "Writes (stores, claims, finishes …) shared by one group commit.", buckets: BATCH_BUCKETS, registers,
+      name: "inbox_commit_batch_size",
+      help: "Writes (stores, claims, finishes …) shared by one group commit.",
+      buckets: BATCH_BUCKETS,
+      registers,
     }).spread("", {});
     this.commitSeconds = new Spreads({
-      name: "inbox_commit_duration_seconds", help: "How long one group commit took, its fsync included.", buckets: ACK_BUCKETS, registers,
+      name: "inbox_commit_duration_seconds",
+      help: "How long one group commit took, its fsync included.",
+      buckets: ACK_BUCKETS,
+      registers,
     }).spread("", {});
     this.handler = new Spreads({
-      name: "inbox_handler_duration_seconds", help: "How long a handler ran on one delivery, success or not.",
-      labelNames: ["source"], buckets: WORK_BUCKETS, registers,
+      name: "inbox_handler_duration_seconds",
+      help: "How long a handler ran on one delivery, success or not.",
+      labelNames: ["source"],
+      buckets: WORK_BUCKETS,
+      registers,
     });
     this.wait = new Spreads({
-      name: "inbox_queue_wait_seconds", help: "From a delivery's arrival to its first claim.",
-      labelNames: ["source"], buckets: WAIT_BUCKETS, registers,
+      name: "inbox_queue_wait_seconds",
+      help: "From a delivery's arrival to its first claim.",
+      labelNames: ["source"],
+      buckets: WAIT_BUCKETS,
+      registers,
     });
-    this.attempts = new Tallied({ name: "inbox_attempts_total", help: "Claims of a delivery, each one try.", labelNames: ["source"], registers });
-    this.retries = new Tallied({ name: "inbox_retries_total", help: "Failed tries put back in the queue for later.", labelNames: ["source"], registers });
+    this.attempts = new Tallied({
+      name: "inbox_attempts_total",
+      help: "Claims of a delivery, each one try.",
+      labelNames: ["source"],
+      registers,
+    });
+    this.retries = new Tallied({
+      name: "inbox_retries_total",
+      help: "Failed tries put back in the queue for later.",
+      labelNames: ["source"],
+      registers,
+    });
     this.failures = new Tallied({
-      name: "inbox_failures_total", help: "Deliveries set aside as failed: a permanent error, or the last attempt used.", labelNames: ["source"], registers,
+      name: "inbox_failures_total",
+      help: "Deliveries set aside as failed: a permanent error, or the last attempt used.",
+      labelNames: ["source"],
+      registers,
     });
     this.takeovers = new Tallied({
-      name: "inbox_lease_takeovers_total", help: "Claims that took a delivery over from a worker whose lease had run out.", labelNames: ["source"], registers,
+      name: "inbox_lease_takeovers_total",
+      help: "Claims that took a delivery over from a worker whose lease had run out.",
+      labelNames: ["source"],
+      registers,
     });
     this.lostLeases = new Tallied({
-      name: "inbox_leases_lost_total", help: "Leases this worker lost to a takeover while it worked: its writes were rolled back.", labelNames: ["source"], registers,
+      name: "inbox_leases_lost_total",
+      help: "Leases this worker lost to a takeover while it worked: its writes were rolled back.",
+      labelNames: ["source"],
+      registers,
     });
     this.forwards = new Tallied({
-      name: "inbox_forwards_total", help: "Forwards (and publishes) to a destination, by outcome: done, retry, failed (set aside), gone (410).",
-      labelNames: ["destination", "outcome"], registers,
+      name: "inbox_forwards_total",
+      help: "Forwards (and publishes) to a destination, by outcome: done, retry, failed (set aside), gone (410).",
+      labelNames: ["destination", "outcome"],
+      registers,
     });
     this.dbErrors = new Tallied({
-      name: "inbox_db_errors_total", help: "Database errors a worker met and carried on from, by role (handler, forward) and class (SQLSTATE class: 40 deadlock or serialization, 08 connection, 53 resources, 57 cancelled or shutting down; or a socket's or SQLite's code).",
-      labelNames: ["role", "class"], registers,
+      name: "inbox_db_errors_total",
+      help: "Database errors a worker met and carried on from, by role (handler, forward) and class (SQLSTATE class: 40 deadlock or serialization, 08 connection, 53 resources, 57 cancelled or shutting down; or a socket's or SQLite's code).",
+      labelNames: ["role", "class"],
+      registers,
     });
     this.forwardSeconds = new Spreads({
-      name: "inbox_forward_duration_seconds", help: "How long one forward took, from the request to its answer (or failure).",
-      labelNames: ["destination"], buckets: WORK_BUCKETS, registers,
+      name: "inbox_forward_duration_seconds",
+      help: "How long one forward took, from the request to its answer (or failure).",
+      labelNames: ["destination"],
+      buckets: WORK_BUCKETS,
+      registers,
     });
     const self = this;
     new client.Gauge({
-      name: "inbox_destination_state", help: "Each destination's state: 0 closed (forwarding), 1 open (its breaker: waiting or probing), 2 paused.",
-      labelNames: ["destination"], registers,
+      name: "inbox_destination_state",
+      help: "Each destination's state: 0 closed (forwarding), 1 open (its breaker: waiting or probing), 2 paused.",
+      labelNames: ["destination"],
+      registers,
       async collect() {
         const states = await self.destinationStates();
         if (!states) return;
         this.reset();
-        for (const d of states) this.set({ destination: d.name }, d.state === "closed" ? 0 : d.state === "open" ? 1 : 2);
+        for (const d of states)
+          this.set({ destination: d.name }, d.state === "closed" ? 0 : d.state === "open" ? 1 : 2);
       },
     });
     new client.Gauge({
-      name: "inbox_destination_waiting", help: "Deliveries waiting for each destination (received, not yet leased).",
-      labelNames: ["destination"], registers,
+      name: "inbox_destination_waiting",
+      help: "Deliveries waiting for each destination (received, not yet leased).",
+      labelNames: ["destination"],
+      registers,
       async collect() {
         const states = await self.destinationStates();
         if (!states) return;
@@ -244,8 +307,10 @@ export class Metrics {
       },
     });
     new client.Gauge({
-      name: "inbox_deliveries", help: "Deliveries in the store, by source and status (read at most every gaugeCacheMs).",
-      labelNames: ["source", "status"], registers,
+      name: "inbox_deliveries",
+      help: "Deliveries in the store, by source and status (read at most every gaugeCacheMs).",
+      labelNames: ["source", "status"],
+      registers,
       async collect() {
         const gauges = await self.gauges();
         if (!gauges) return;
@@ -254,8 +319,10 @@ export class Metrics {
       },
     });
     new client.Gauge({
-      name: "inbox_oldest_waiting_seconds", help: "Per source, how long the oldest delivery not yet done or failed has waited since it arrived.",
-      labelNames: ["source"], registers,
+      name: "inbox_oldest_waiting_seconds",
+      help: "Per source, how long the oldest delivery not yet done or failed has waited since it arrived.",
+      labelNames: ["source"],
+      registers,
       async collect() {
         const gauges = await self.gauges();
         if (!gauges) return;
@@ -271,7 +338,8 @@ export class Metrics {
     let bySource = this.intake.get(source);
     if (!bySource) this.intake.set(source, (bySource = new Map()));
     let tally = bySource.get(outcome);
-    if (!tally) bySource.set(outcome, (tally = this.received.tally(`${source}\u0000${outcome}`, { source, result: outcome })));
+    if (!tally)
+      bySource.set(outcome, (tally = this.received.tally(`${source}\u0000${outcome}`, { source, result: outcome })));
     tally.pending++;
     if (ackMs !== undefined) {
       let spread = this.acks.get(source);
@@ -294,7 +362,8 @@ export class Metrics {
   claimed(lease: Lease): void {
     const { source } = lease;
     this.attempts.tally(source, { source }).pending++;
-    if (lease.attempts === 1 && !lease.takeover) this.wait.spread(source, { source }).observe(Math.max(0, this.now() - lease.receivedAt) / 1000);
+    if (lease.attempts === 1 && !lease.takeover)
+      this.wait.spread(source, { source }).observe(Math.max(0, this.now() - lease.receivedAt) / 1000);
     if (lease.takeover) this.takeovers.tally(source, { source }).pending++;
   }
 
@@ -330,7 +399,9 @@ export class Metrics {
     const self = this;
     // Registered only once asked for: an unset label-less gauge would show 0, not ready, where nobody said so.
     new client.Gauge({
-      name: "inbox_ready", help: "1 while a delivery could be committed now (what /readyz answers), else 0.", registers: [this.registry],
+      name: "inbox_ready",
+      help: "1 while a delivery could be committed now (what /readyz answers), else 0.",
+      registers: [this.registry],
       async collect() {
         this.set((await self.readiness!.ready()) === true ? 1 : 0);
       },
@@ -403,7 +474,8 @@ export class Readiness {
   constructor(inbox: Inbox, options: { cacheMs?: number; stopping?: () => boolean } = {}) {
     this.inbox = inbox;
     this.cacheMs = options.cacheMs ?? DEFAULTS.readyCacheMs;
-    if (!Number.isFinite(this.cacheMs) || this.cacheMs < 0) throw new TypeError(`Readiness: expected cacheMs to be a number >= 0, got ${this.cacheMs}`);
+    if (!Number.isFinite(this.cacheMs) || this.cacheMs < 0)
+      throw new TypeError(`Readiness: expected cacheMs to be a number >= 0, got ${this.cacheMs}`);
     this.stopping = options.stopping ?? (() => false);
   }
 
@@ -434,7 +506,12 @@ export function route(req: IncomingMessage, res: ServerResponse, readiness: Read
     res.end(req.method === "HEAD" ? undefined : text);
   };
   if (path === "/livez") answer(200, "ok");
-  else if (path === "/readyz") void readiness.ready().then((ok) => answer(ok === true ? 200 : 503, ok === true ? "ready" : `not ready: ${ok}`));
-  else metrics!.text().then((text) => answer(200, text, metrics!.registry.contentType), (error: unknown) => answer(500, `metrics: ${message(error)}`));
+  else if (path === "/readyz")
+    void readiness.ready().then((ok) => answer(ok === true ? 200 : 503, ok === true ? "ready" : `not ready: ${ok}`));
+  else
+    metrics!.text().then(
+      (text) => answer(200, text, metrics!.registry.contentType),
+      (error: unknown) => answer(500, `metrics: ${message(error)}`),
+    );
   return true;
 }

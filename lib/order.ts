@@ -26,8 +26,10 @@ export interface Ordering {
 /** ORDER_PRESETS says, per provider that has one, what its preset orders by; docs/ordering.md repeats it. */
 export const ORDER_PRESETS: Readonly<Record<string, string>> = {
   stripe: "data.object.id (the object the event is about), in the event's created time",
-  shopify: "admin_graphql_api_id (gid://shopify/Order/820982911946154508), else the topic's resource and a safe-integer id, in X-Shopify-Triggered-At, else updated_at",
-  github: "repository.full_name and the issue or pull request number (octo/app#42), in its updated_at; other events are unordered",
+  shopify:
+    "admin_graphql_api_id (gid://shopify/Order/820982911946154508), else the topic's resource and a safe-integer id, in X-Shopify-Triggered-At, else updated_at",
+  github:
+    "repository.full_name and the issue or pull request number (octo/app#42), in its updated_at; other events are unordered",
 };
 
 const ORDER_KEYS = new Set(["key", "header", "time", "strict"]);
@@ -41,25 +43,37 @@ export function parseOrder(provider: string, setting: unknown, where: string): O
   if (setting === undefined || setting === false) return undefined;
   const preset = () => {
     if (!(provider in ORDER_PRESETS)) {
-      throw new TypeError(`${where}: order has no preset for ${provider}; expected {"key": "/json/pointer"} or {"header": "Name"} (presets: ${Object.keys(ORDER_PRESETS).join(", ")})`);
+      throw new TypeError(
+        `${where}: order has no preset for ${provider}; expected {"key": "/json/pointer"} or {"header": "Name"} (presets: ${Object.keys(ORDER_PRESETS).join(", ")})`,
+      );
     }
     return { preset: provider };
   };
   if (setting === true) return { key: preset(), strict: false };
   if (typeof setting !== "object" || setting === null || Array.isArray(setting)) {
-    throw new TypeError(`${where}: expected order to be true or an object with key or header, got ${JSON.stringify(setting)}`);
+    throw new TypeError(
+      `${where}: expected order to be true or an object with key or header, got ${JSON.stringify(setting)}`,
+    );
   }
   const o = setting as Record<string, unknown>;
   const unknown = Object.keys(o).filter((k) => !ORDER_KEYS.has(k));
-  if (unknown.length > 0) throw new TypeError(`${where}: unknown order setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected key, header, time, strict`);
-  if (o.key !== undefined && o.header !== undefined) throw new TypeError(`${where}: give order a key or a header, not both`);
-  if (o.strict !== undefined && typeof o.strict !== "boolean") throw new TypeError(`${where}: expected order.strict to be true or false, got ${JSON.stringify(o.strict)}`);
+  if (unknown.length > 0)
+    throw new TypeError(
+      `${where}: unknown order setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected key, header, time, strict`,
+    );
+  if (o.key !== undefined && o.header !== undefined)
+    throw new TypeError(`${where}: give order a key or a header, not both`);
+  if (o.strict !== undefined && typeof o.strict !== "boolean")
+    throw new TypeError(`${where}: expected order.strict to be true or false, got ${JSON.stringify(o.strict)}`);
   if (o.header !== undefined && (typeof o.header !== "string" || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(o.header))) {
     throw new TypeError(`${where}: expected order.header to be a header name, got ${JSON.stringify(o.header)}`);
   }
-  const key = o.key !== undefined ? { pointer: pointer(o.key, `${where}: order.key`) }
-    : o.header !== undefined ? { header: (o.header as string).toLowerCase() }
-    : preset();
+  const key =
+    o.key !== undefined
+      ? { pointer: pointer(o.key, `${where}: order.key`) }
+      : o.header !== undefined
+        ? { header: (o.header as string).toLowerCase() }
+        : preset();
   const time = o.time === undefined ? undefined : pointer(o.time, `${where}: order.time`);
   return { key, ...(time ? { time } : {}), strict: o.strict === true };
 }
@@ -69,7 +83,10 @@ function pointer(text: unknown, where: string): string[] {
   if (typeof text !== "string" || !text.startsWith("/") || /~[^01]|~$/.test(text)) {
     throw new TypeError(`${where}: expected a JSON pointer such as "/data/object/id", got ${JSON.stringify(text)}`);
   }
-  return text.slice(1).split("/").map((t) => t.replaceAll("~1", "/").replaceAll("~0", "~"));
+  return text
+    .slice(1)
+    .split("/")
+    .map((t) => t.replaceAll("~1", "/").replaceAll("~0", "~"));
 }
 
 function at(value: unknown, path: readonly string[]): unknown {
@@ -88,7 +105,8 @@ function keyText(value: unknown): string | null {
 
 // A time is seconds or ms since the epoch (told apart by size), or an ISO date.
 function timeOf(value: unknown): number | null {
-  if (typeof value === "number" && Number.isFinite(value) && value > 0) return value < 1e11 ? Math.round(value * 1000) : Math.round(value);
+  if (typeof value === "number" && Number.isFinite(value) && value > 0)
+    return value < 1e11 ? Math.round(value * 1000) : Math.round(value);
   if (typeof value === "string" && value !== "") {
     const ms = Date.parse(value);
     return Number.isFinite(ms) ? ms : null;

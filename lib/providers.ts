@@ -12,12 +12,34 @@ import type { Headers } from "./store.ts";
 
 /** Provider names a signature scheme the receiver can check: a preset, or `hmac` declared in the sources file. */
 export type Provider =
-  | "standard" | "stripe" | "github" | "shopify" | "slack"
-  | "paddle" | "linear" | "square" | "twilio" | "zoom" | "intercom"
-  | "plain" | "hmac";
+  | "standard"
+  | "stripe"
+  | "github"
+  | "shopify"
+  | "slack"
+  | "paddle"
+  | "linear"
+  | "square"
+  | "twilio"
+  | "zoom"
+  | "intercom"
+  | "plain"
+  | "hmac";
 /** PROVIDERS lists every scheme, in the order docs/providers.md's table gives them. */
 export const PROVIDERS: readonly Provider[] = [
-  "standard", "stripe", "github", "shopify", "slack", "paddle", "linear", "square", "twilio", "zoom", "intercom", "plain", "hmac",
+  "standard",
+  "stripe",
+  "github",
+  "shopify",
+  "slack",
+  "paddle",
+  "linear",
+  "square",
+  "twilio",
+  "zoom",
+  "intercom",
+  "plain",
+  "hmac",
 ];
 /** Preset is a provider whose scheme is built in. */
 export type Preset = Exclude<Provider, "hmac">;
@@ -69,25 +91,103 @@ export interface Scheme {
  * Paddle's 5 s and Linear's ±60 s are the windows their own SDKs enforce.
  */
 export const PRESETS: Readonly<Record<Preset, Scheme>> = {
-  standard: { header: "webhook-signature", prefix: "v1,", separator: " ", encoding: "base64", signed: "{id}.{timestamp}.{body}", id: "header:webhook-id", eventType: "body:/type", timestamp: "header:webhook-timestamp" },
-  stripe: { header: "Stripe-Signature", prefix: "v1=", separator: ",", signed: "{timestamp}.{body}", id: "body:/id", eventType: "body:/type", timestamp: "signature:t", ahead: false },
-  github: { header: "X-Hub-Signature-256", prefix: "sha256=", id: "header:X-GitHub-Delivery", eventType: "header:X-GitHub-Event" },
-  shopify: { header: "X-Shopify-Hmac-Sha256", encoding: "base64", id: ["header:X-Shopify-Event-Id", "header:X-Shopify-Webhook-Id"], eventType: "header:X-Shopify-Topic" },
-  slack: { header: "X-Slack-Signature", prefix: "v0=", signed: "v0:{timestamp}:{body}", id: "body:/event_id", eventType: "body:/event/type", timestamp: "header:X-Slack-Request-Timestamp" },
-  paddle: { header: "Paddle-Signature", prefix: "h1=", separator: ";", signed: "{timestamp}:{body}", id: "body:/event_id", eventType: "body:/event_type", timestamp: "signature:ts", ahead: false, tolerance: 5 },
-  linear: { header: "Linear-Signature", id: "header:Linear-Delivery", eventType: "header:Linear-Event", timestamp: "body:/webhookTimestamp", timestampUnit: "ms", tolerance: 60 },
-  square: { header: "X-Square-HmacSha256-Signature", encoding: "base64", signed: "{url}{body}", id: "body:/event_id", eventType: "body:/type" },
-  twilio: { header: "X-Twilio-Signature", algorithm: "sha1", encoding: "base64", signed: "{url}{form}", id: ["header:I-Twilio-Idempotency-Token", "sha256:body"] },
-  zoom: { header: "x-zm-signature", prefix: "v0=", signed: "v0:{timestamp}:{body}", id: "sha256:body", eventType: "body:/event", timestamp: "header:x-zm-request-timestamp" },
+  standard: {
+    header: "webhook-signature",
+    prefix: "v1,",
+    separator: " ",
+    encoding: "base64",
+    signed: "{id}.{timestamp}.{body}",
+    id: "header:webhook-id",
+    eventType: "body:/type",
+    timestamp: "header:webhook-timestamp",
+  },
+  stripe: {
+    header: "Stripe-Signature",
+    prefix: "v1=",
+    separator: ",",
+    signed: "{timestamp}.{body}",
+    id: "body:/id",
+    eventType: "body:/type",
+    timestamp: "signature:t",
+    ahead: false,
+  },
+  github: {
+    header: "X-Hub-Signature-256",
+    prefix: "sha256=",
+    id: "header:X-GitHub-Delivery",
+    eventType: "header:X-GitHub-Event",
+  },
+  shopify: {
+    header: "X-Shopify-Hmac-Sha256",
+    encoding: "base64",
+    id: ["header:X-Shopify-Event-Id", "header:X-Shopify-Webhook-Id"],
+    eventType: "header:X-Shopify-Topic",
+  },
+  slack: {
+    header: "X-Slack-Signature",
+    prefix: "v0=",
+    signed: "v0:{timestamp}:{body}",
+    id: "body:/event_id",
+    eventType: "body:/event/type",
+    timestamp: "header:X-Slack-Request-Timestamp",
+  },
+  paddle: {
+    header: "Paddle-Signature",
+    prefix: "h1=",
+    separator: ";",
+    signed: "{timestamp}:{body}",
+    id: "body:/event_id",
+    eventType: "body:/event_type",
+    timestamp: "signature:ts",
+    ahead: false,
+    tolerance: 5,
+  },
+  linear: {
+    header: "Linear-Signature",
+    id: "header:Linear-Delivery",
+    eventType: "header:Linear-Event",
+    timestamp: "body:/webhookTimestamp",
+    timestampUnit: "ms",
+    tolerance: 60,
+  },
+  square: {
+    header: "X-Square-HmacSha256-Signature",
+    encoding: "base64",
+    signed: "{url}{body}",
+    id: "body:/event_id",
+    eventType: "body:/type",
+  },
+  twilio: {
+    header: "X-Twilio-Signature",
+    algorithm: "sha1",
+    encoding: "base64",
+    signed: "{url}{form}",
+    id: ["header:I-Twilio-Idempotency-Token", "sha256:body"],
+  },
+  zoom: {
+    header: "x-zm-signature",
+    prefix: "v0=",
+    signed: "v0:{timestamp}:{body}",
+    id: "sha256:body",
+    eventType: "body:/event",
+    timestamp: "header:x-zm-request-timestamp",
+  },
   intercom: { header: "X-Hub-Signature", prefix: "sha1=", algorithm: "sha1", id: "body:/id", eventType: "body:/topic" },
   plain: { header: "X-Signature", prefix: "sha256=", id: "header:X-Delivery-Id" },
 };
 
 // Svix sends Standard Webhooks under its own header names; a request is read under one family only.
-const SVIX: Scheme = { ...PRESETS.standard, header: "svix-signature", id: "header:svix-id", timestamp: "header:svix-timestamp" };
+const SVIX: Scheme = {
+  ...PRESETS.standard,
+  header: "svix-signature",
+  id: "header:svix-id",
+  timestamp: "header:svix-timestamp",
+};
 
 /** TIMED are the presets that sign a timestamp, so a replayed delivery goes stale. */
-export const TIMED: readonly Preset[] = (Object.keys(PRESETS) as Preset[]).filter((p) => PRESETS[p].timestamp !== undefined);
+export const TIMED: readonly Preset[] = (Object.keys(PRESETS) as Preset[]).filter(
+  (p) => PRESETS[p].timestamp !== undefined,
+);
 
 /** Source is one configured sender: its name (the URL path), its scheme and its secrets. */
 export interface Source {
@@ -152,19 +252,29 @@ const PLACEHOLDERS = ["body", "timestamp", "id", "url", "form"] as const;
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/; // an HTTP header name
 
 function place(text: unknown, where: string, setting: string, allowed: readonly Place["from"][]): Place {
-  const expected = allowed.map((a) => ({ header: "header:Name", body: "body:/json/pointer", sha256: "sha256:body", signature: "signature:key" })[a]).join(", ");
-  if (typeof text !== "string") throw new TypeError(`${where}: expected ${setting} to be one of ${expected}, got ${kindOf(text)}`);
+  const expected = allowed
+    .map(
+      (a) =>
+        ({ header: "header:Name", body: "body:/json/pointer", sha256: "sha256:body", signature: "signature:key" })[a],
+    )
+    .join(", ");
+  if (typeof text !== "string")
+    throw new TypeError(`${where}: expected ${setting} to be one of ${expected}, got ${kindOf(text)}`);
   const colon = text.indexOf(":");
   const [kind, rest] = colon < 0 ? [text, ""] : [text.slice(0, colon), text.slice(colon + 1)];
   const ok = (allowed as readonly string[]).includes(kind);
   if (ok && kind === "header" && TOKEN.test(rest)) return { from: "header", key: rest.toLowerCase(), name: rest };
   if (ok && kind === "body" && rest.startsWith("/")) {
     // JSON Pointer (RFC 6901): "~1" is "/" and "~0" is "~" inside a name.
-    const path = rest.slice(1).split("/").map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"));
+    const path = rest
+      .slice(1)
+      .split("/")
+      .map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"));
     return { from: "body", path, name: path.join(".") };
   }
   if (ok && kind === "sha256" && rest === "body") return { from: "sha256", name: "sha256:body" };
-  if (ok && kind === "signature" && /^[A-Za-z0-9_-]+$/.test(rest)) return { from: "signature", key: rest, name: `${rest}=` };
+  if (ok && kind === "signature" && /^[A-Za-z0-9_-]+$/.test(rest))
+    return { from: "signature", key: rest, name: `${rest}=` };
   throw new TypeError(`${where}: expected ${setting} to be one of ${expected}, got ${JSON.stringify(text)}`);
 }
 
@@ -179,9 +289,14 @@ function template(text: string, where: string): Part[] {
     literal(text.slice(last, m.index));
     last = m.index + m[0].length;
     const name = m[1]!;
-    if ((PLACEHOLDERS as readonly string[]).includes(name)) parts.push({ placeholder: name as (typeof PLACEHOLDERS)[number] });
-    else if (name.startsWith("header:") && TOKEN.test(name.slice(7))) parts.push({ header: name.slice(7).toLowerCase(), name: name.slice(7) });
-    else throw new TypeError(`${where}: unknown placeholder {${name}} in signed; expected {body}, {timestamp}, {id}, {url}, {form} or {header:Name}`);
+    if ((PLACEHOLDERS as readonly string[]).includes(name))
+      parts.push({ placeholder: name as (typeof PLACEHOLDERS)[number] });
+    else if (name.startsWith("header:") && TOKEN.test(name.slice(7)))
+      parts.push({ header: name.slice(7).toLowerCase(), name: name.slice(7) });
+    else
+      throw new TypeError(
+        `${where}: unknown placeholder {${name}} in signed; expected {body}, {timestamp}, {id}, {url}, {form} or {header:Name}`,
+      );
   }
   literal(text.slice(last));
   return parts;
@@ -198,39 +313,72 @@ function compile(scheme: Scheme, where: string): Compiled {
     return v;
   };
   const header = str("header", "");
-  if (!TOKEN.test(header)) throw new TypeError(`${where}: expected header to name the signature header, got ${JSON.stringify(s.header) ?? "(none)"}`);
+  if (!TOKEN.test(header))
+    throw new TypeError(
+      `${where}: expected header to name the signature header, got ${JSON.stringify(s.header) ?? "(none)"}`,
+    );
   const prefix = str("prefix", "");
   const separator = s.separator === undefined ? undefined : str("separator", "");
   if (separator === "") throw new TypeError(`${where}: expected separator to be at least one character`);
   const algorithm = s.algorithm ?? "sha256";
-  if (!(ALGORITHMS as readonly unknown[]).includes(algorithm)) throw new TypeError(`${where}: expected algorithm to be one of ${ALGORITHMS.join(", ")}, got ${JSON.stringify(algorithm)}`);
+  if (!(ALGORITHMS as readonly unknown[]).includes(algorithm))
+    throw new TypeError(
+      `${where}: expected algorithm to be one of ${ALGORITHMS.join(", ")}, got ${JSON.stringify(algorithm)}`,
+    );
   const encoding = s.encoding ?? "hex";
-  if (!(ENCODINGS as readonly unknown[]).includes(encoding)) throw new TypeError(`${where}: expected encoding to be hex or base64, got ${JSON.stringify(encoding)}`);
+  if (!(ENCODINGS as readonly unknown[]).includes(encoding))
+    throw new TypeError(`${where}: expected encoding to be hex or base64, got ${JSON.stringify(encoding)}`);
   const parts = template(str("signed", "{body}"), where);
   const uses = new Set(parts.map((p) => (typeof p === "string" ? "" : "placeholder" in p ? p.placeholder : "header")));
-  if (!uses.has("body") && !uses.has("form")) throw new TypeError(`${where}: signed must include {body} (or {form}), or the body would go unsigned`);
+  if (!uses.has("body") && !uses.has("form"))
+    throw new TypeError(`${where}: signed must include {body} (or {form}), or the body would go unsigned`);
 
   const ids = list(s.id).map((p) => place(p, where, "id", ["header", "body", "sha256"]));
-  if (ids.length === 0) throw new TypeError(`${where}: missing id; say where the delivery ID is (header:Name, body:/json/pointer or sha256:body)`);
+  if (ids.length === 0)
+    throw new TypeError(
+      `${where}: missing id; say where the delivery ID is (header:Name, body:/json/pointer or sha256:body)`,
+    );
   const eventType = list(s.eventType).map((p) => place(p, where, "eventType", ["header", "body"]));
-  const timestamp = s.timestamp === undefined ? undefined : place(s.timestamp, where, "timestamp", ["header", "body", "signature"]);
-  if (timestamp?.from === "signature" && separator === undefined) throw new TypeError(`${where}: timestamp "signature:${timestamp.key}" needs a separator to split the signature header`);
-  if (uses.has("timestamp") && (!timestamp || timestamp.from === "body")) throw new TypeError(`${where}: {timestamp} in signed needs timestamp from a header or the signature header`);
-  if (uses.has("id") && ids[0]!.from !== "header") throw new TypeError(`${where}: {id} in signed needs the first id place to be a header`);
+  const timestamp =
+    s.timestamp === undefined ? undefined : place(s.timestamp, where, "timestamp", ["header", "body", "signature"]);
+  if (timestamp?.from === "signature" && separator === undefined)
+    throw new TypeError(
+      `${where}: timestamp "signature:${timestamp.key}" needs a separator to split the signature header`,
+    );
+  if (uses.has("timestamp") && (!timestamp || timestamp.from === "body"))
+    throw new TypeError(`${where}: {timestamp} in signed needs timestamp from a header or the signature header`);
+  if (uses.has("id") && ids[0]!.from !== "header")
+    throw new TypeError(`${where}: {id} in signed needs the first id place to be a header`);
   for (const key of ["timestampUnit", "ahead"] as const) {
     if (s[key] !== undefined && !timestamp) throw new TypeError(`${where}: ${key} applies only with a timestamp`);
   }
   const unit = s.timestampUnit ?? "s";
-  if (unit !== "s" && unit !== "ms") throw new TypeError(`${where}: expected timestampUnit to be "s" or "ms", got ${JSON.stringify(unit)}`);
+  if (unit !== "s" && unit !== "ms")
+    throw new TypeError(`${where}: expected timestampUnit to be "s" or "ms", got ${JSON.stringify(unit)}`);
   const ahead = s.ahead ?? true;
-  if (typeof ahead !== "boolean") throw new TypeError(`${where}: expected ahead to be true or false, got ${JSON.stringify(ahead)}`);
+  if (typeof ahead !== "boolean")
+    throw new TypeError(`${where}: expected ahead to be true or false, got ${JSON.stringify(ahead)}`);
   return {
-    header, key: header.toLowerCase(), prefix, separator, algorithm: algorithm as Algorithm, encoding: encoding as Encoding, parts, uses,
-    id: ids, eventType, timestamp, unit, ahead, tolerance: scheme.tolerance ?? DEFAULT_TOLERANCE_S,
+    header,
+    key: header.toLowerCase(),
+    prefix,
+    separator,
+    algorithm: algorithm as Algorithm,
+    encoding: encoding as Encoding,
+    parts,
+    uses,
+    id: ids,
+    eventType,
+    timestamp,
+    unit,
+    ahead,
+    tolerance: scheme.tolerance ?? DEFAULT_TOLERANCE_S,
   };
 }
 
-const COMPILED = Object.fromEntries(Object.entries(PRESETS).map(([p, scheme]) => [p, compile(scheme, `preset ${p}`)])) as Record<Preset, Compiled>;
+const COMPILED = Object.fromEntries(
+  Object.entries(PRESETS).map(([p, scheme]) => [p, compile(scheme, `preset ${p}`)]),
+) as Record<Preset, Compiled>;
 const COMPILED_SVIX = compile(SVIX, "preset svix");
 const declared = new WeakMap<Scheme, Compiled>();
 
@@ -260,7 +408,19 @@ export interface SourceSettings extends Partial<Scheme> {
 }
 
 const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
-const SCHEME_KEYS = ["header", "prefix", "separator", "algorithm", "encoding", "signed", "id", "eventType", "timestamp", "timestampUnit", "ahead"];
+const SCHEME_KEYS = [
+  "header",
+  "prefix",
+  "separator",
+  "algorithm",
+  "encoding",
+  "signed",
+  "id",
+  "eventType",
+  "timestamp",
+  "timestampUnit",
+  "ahead",
+];
 
 /**
  * readSourcesFile reads and parses a sources file. Its error says where the JSON broke but quotes none of
@@ -277,7 +437,9 @@ export function readSourcesFile(path: string): unknown {
     return JSON.parse(text);
   } catch (error) {
     // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
-    throw new Error(`the sources file is not valid JSON${/ at position \d+/.exec((error as Error).message)?.[0] ?? ""}`);
+    throw new Error(
+      `the sources file is not valid JSON${/ at position \d+/.exec((error as Error).message)?.[0] ?? ""}`,
+    );
   }
 }
 
@@ -293,37 +455,51 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
   for (const [name, settings] of Object.entries(config)) {
     // The file's own keys ("$destinations", "$operator") start with "$", which no source name can.
     if ((TOP_KEYS as readonly string[]).includes(name)) continue;
-    if (name.startsWith("$")) throw new TypeError(`sources: unknown key ${JSON.stringify(name)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`);
+    if (name.startsWith("$"))
+      throw new TypeError(
+        `sources: unknown key ${JSON.stringify(name)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`,
+      );
     const where = `source ${JSON.stringify(name)}`;
     // The name becomes the URL path, so it must be one plain path segment.
     if (!/^[A-Za-z0-9._~-]+$/.test(name) || name === "." || name === "..") {
       throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-" (it is the URL path)`);
     }
-    if (!isObject(settings)) throw new TypeError(`${where}: expected an object with provider and secret, got ${kindOf(settings)}`);
+    if (!isObject(settings))
+      throw new TypeError(`${where}: expected an object with provider and secret, got ${kindOf(settings)}`);
 
     const provider = settings.provider;
     if (typeof provider !== "string" || !(PROVIDERS as readonly string[]).includes(provider)) {
-      throw new TypeError(`${where}: unknown provider ${JSON.stringify(provider) ?? "(none)"}; expected one of ${PROVIDERS.join(", ")}`);
+      throw new TypeError(
+        `${where}: unknown provider ${JSON.stringify(provider) ?? "(none)"}; expected one of ${PROVIDERS.join(", ")}`,
+      );
     }
     const p = provider as Provider;
     const allowed = p === "hmac" ? [...SETTINGS_KEYS, ...SCHEME_KEYS] : SETTINGS_KEYS;
     const unknown = Object.keys(settings).filter((key) => !allowed.includes(key));
     if (unknown.length > 0) {
-      const hint = p !== "hmac" && unknown.some((k) => SCHEME_KEYS.includes(k)) ? ` (scheme settings need provider "hmac")` : "";
-      throw new TypeError(`${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${allowed.join(", ")}${hint}`);
+      const hint =
+        p !== "hmac" && unknown.some((k) => SCHEME_KEYS.includes(k)) ? ` (scheme settings need provider "hmac")` : "";
+      throw new TypeError(
+        `${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${allowed.join(", ")}${hint}`,
+      );
     }
     let scheme: Scheme | undefined;
     if (p === "hmac") {
-      scheme = Object.fromEntries(SCHEME_KEYS.filter((k) => settings[k] !== undefined).map((k) => [k, settings[k]])) as unknown as Scheme;
+      scheme = Object.fromEntries(
+        SCHEME_KEYS.filter((k) => settings[k] !== undefined).map((k) => [k, settings[k]]),
+      ) as unknown as Scheme;
       if (settings.tolerance !== undefined) scheme.tolerance = settings.tolerance as number;
     }
     const compiled = p === "hmac" ? compile(scheme!, where) : COMPILED[p];
 
     const written = settings.secret;
     const secretList = list(written);
-    if (secretList.some((s) => typeof s !== "string")) throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
+    if (secretList.some((s) => typeof s !== "string"))
+      throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
     if (secretList.length === 0 && p !== "plain") {
-      throw new TypeError(`${where}: missing secret; a ${p} source needs one (write "env:NAME" to read it from the environment)`);
+      throw new TypeError(
+        `${where}: missing secret; a ${p} source needs one (write "env:NAME" to read it from the environment)`,
+      );
     }
     const secrets = (secretList as string[]).map((text, i) => {
       const which = secretList.length > 1 ? `secret #${i + 1}` : "secret";
@@ -331,7 +507,10 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       if (text.startsWith("env:")) {
         const variable = text.slice(4);
         value = env[variable] ?? "";
-        if (!variable || value === "") throw new TypeError(`${where}: ${which} reads the environment variable ${variable || "(no name)"}, which is not set`);
+        if (!variable || value === "")
+          throw new TypeError(
+            `${where}: ${which} reads the environment variable ${variable || "(no name)"}, which is not set`,
+          );
       }
       if (value === "") throw new TypeError(`${where}: ${which} is empty`);
       return secretKey(p, value, `${where}: ${which}`);
@@ -340,12 +519,17 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     let toleranceS = 0;
     if (compiled.timestamp) {
       const t = settings.tolerance ?? compiled.tolerance;
-      if (typeof t !== "number" || !Number.isInteger(t) || t < 1) throw new TypeError(`${where}: expected tolerance to be a whole number of seconds, 1 or more, got ${JSON.stringify(t)}`);
+      if (typeof t !== "number" || !Number.isInteger(t) || t < 1)
+        throw new TypeError(
+          `${where}: expected tolerance to be a whole number of seconds, 1 or more, got ${JSON.stringify(t)}`,
+        );
       toleranceS = t;
     } else if (settings.tolerance !== undefined) {
-      throw new TypeError(p === "hmac"
-        ? `${where}: tolerance applies only with a timestamp`
-        : `${where}: tolerance applies only to ${TIMED.join(", ")}; ${p} signs no timestamp`);
+      throw new TypeError(
+        p === "hmac"
+          ? `${where}: tolerance applies only with a timestamp`
+          : `${where}: tolerance applies only to ${TIMED.join(", ")}; ${p} signs no timestamp`,
+      );
     }
 
     let url: string | undefined;
@@ -358,16 +542,26 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
         parsed = undefined;
       }
       if (!parsed || !/^https?:$/.test(parsed.protocol) || parsed.search || parsed.hash) {
-        throw new TypeError(`${where}: expected url to be the address the sender posts to, as it was given it (https://host/path, no query: the request's own is added), got ${JSON.stringify(u) ?? "(none)"}`);
+        throw new TypeError(
+          `${where}: expected url to be the address the sender posts to, as it was given it (https://host/path, no query: the request's own is added), got ${JSON.stringify(u) ?? "(none)"}`,
+        );
       }
       url = u as string;
     } else if (settings.url !== undefined) {
-      throw new TypeError(`${where}: url applies only to schemes that sign {url} (square, twilio, or hmac with {url} in signed)`);
+      throw new TypeError(
+        `${where}: url applies only to schemes that sign {url} (square, twilio, or hmac with {url} in signed)`,
+      );
     }
     const order = parseOrder(p, settings.order, where);
     const routes = parseRoutes(settings.routes, config, where);
     sources.set(name, {
-      name, provider: p, secrets, toleranceS, ...(url ? { url } : {}), ...(scheme ? { scheme } : {}), ...(order ? { order } : {}),
+      name,
+      provider: p,
+      secrets,
+      toleranceS,
+      ...(url ? { url } : {}),
+      ...(scheme ? { scheme } : {}),
+      ...(order ? { order } : {}),
       ...(settings.routes !== undefined ? { routes } : {}),
     });
   }
@@ -386,12 +580,16 @@ export function secretKey(provider: Provider, secret: string, context: string = 
     // Re-encoding catches what Node's lenient base64 decoder would silently skip.
     const key = Buffer.from(encoded, "base64");
     if (!encoded || key.length === 0 || key.toString("base64") !== encoded) {
-      throw new TypeError(`${context} is not a whsec_ secret: expected whsec_ followed by base64, as Standard Webhooks and Svix give it`);
+      throw new TypeError(
+        `${context} is not a whsec_ secret: expected whsec_ followed by base64, as Standard Webhooks and Svix give it`,
+      );
     }
     return key;
   }
   if (provider === "stripe" && !/^whsec_\S+$/.test(secret)) {
-    throw new TypeError(`${context} is not a whsec_ secret: expected Stripe's signing secret, whsec_ followed by letters and digits`);
+    throw new TypeError(
+      `${context} is not a whsec_ secret: expected Stripe's signing secret, whsec_ followed by letters and digits`,
+    );
   }
   return Buffer.from(secret, "utf8");
 }
@@ -439,7 +637,8 @@ function digits(text: string): number | undefined {
 function stale(ts: number, nowMs: number, c: Compiled, toleranceS: number): string | undefined {
   const [now, per] = c.unit === "s" ? [Math.floor(nowMs / 1000), 1] : [nowMs, 1000];
   if (now - ts > toleranceS * per) return `timestamp is ${(now - ts) / per} s old, over the ${toleranceS}-s window`;
-  if (c.ahead && ts - now > toleranceS * per) return `timestamp is ${(ts - now) / per} s ahead, over the ${toleranceS}-s window`;
+  if (c.ahead && ts - now > toleranceS * per)
+    return `timestamp is ${(ts - now) / per} s ahead, over the ${toleranceS}-s window`;
   return undefined;
 }
 
@@ -478,14 +677,27 @@ function formText(body: Buffer): string {
     if (!byName.has(name)) byName.set(name, new Set());
     byName.get(name)!.add(value);
   }
-  return [...byName.keys()].sort().map((name) => [...byName.get(name)!].sort().map((v) => name + v).join("")).join("");
+  return [...byName.keys()]
+    .sort()
+    .map((name) =>
+      [...byName.get(name)!]
+        .sort()
+        .map((v) => name + v)
+        .join(""),
+    )
+    .join("");
 }
 
 const reject = (status: 400 | 401, reason: string): Verdict => ({ kind: "reject", status, reason });
 
 // Hook handles what a table row cannot say: a signed handshake to answer, or a body of another shape.
 // It runs once the signature and the window hold, and returns undefined to carry on as the row says.
-type Hook = (request: { headers: Headers; body: Buffer; secret: Buffer; providerTime: number | null }) => Verdict | undefined;
+type Hook = (request: {
+  headers: Headers;
+  body: Buffer;
+  secret: Buffer;
+  providerTime: number | null;
+}) => Verdict | undefined;
 
 const HOOKS: Partial<Record<Preset, Hook>> = {
   slack: ({ headers, body, providerTime }) => {
@@ -511,7 +723,12 @@ const HOOKS: Partial<Record<Preset, Hook>> = {
     const plainToken = text(pointer(event, ["payload", "plainToken"]));
     if (!plainToken) return reject(400, "endpoint.url_validation without payload.plainToken");
     const encryptedToken = createHmac("sha256", secret).update(plainToken).digest("hex");
-    return { kind: "reply", status: 200, contentType: "application/json; charset=utf-8", body: JSON.stringify({ plainToken, encryptedToken }) };
+    return {
+      kind: "reply",
+      status: 200,
+      contentType: "application/json; charset=utf-8",
+      body: JSON.stringify({ plainToken, encryptedToken }),
+    };
   },
 };
 
@@ -521,9 +738,21 @@ const HOOKS: Partial<Record<Preset, Hook>> = {
  * target is the request's path and query, for schemes that sign the URL. parsed, where given, gets the
  * body as a JSON object if verifying had to parse it.
  */
-export function verify(source: Source, headers: Headers, body: Buffer, nowMs: number, target: string = "/", parsed?: { event?: Record<string, unknown> }): Verdict {
+export function verify(
+  source: Source,
+  headers: Headers,
+  body: Buffer,
+  nowMs: number,
+  target: string = "/",
+  parsed?: { event?: Record<string, unknown> },
+): Verdict {
   let c = compiledFor(source);
-  if (source.provider === "standard" && headers["webhook-signature"] === undefined && headers["svix-signature"] !== undefined) c = COMPILED_SVIX;
+  if (
+    source.provider === "standard" &&
+    headers["webhook-signature"] === undefined &&
+    headers["svix-signature"] !== undefined
+  )
+    c = COMPILED_SVIX;
   const unsigned = source.provider === "plain" && source.secrets.length === 0;
 
   const signature = one(headers, c.key);
@@ -555,7 +784,10 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
       tsText = found[0]!.slice(key.length);
     }
     if (tsText !== undefined && digits(tsText) === undefined) {
-      return reject(401, `${c.timestamp!.from === "signature" ? `${c.header} ${c.timestamp!.name}` : c.timestamp!.name} is not a whole number of ${c.unit === "s" ? "seconds" : "milliseconds"}`);
+      return reject(
+        401,
+        `${c.timestamp!.from === "signature" ? `${c.header} ${c.timestamp!.name}` : c.timestamp!.name} is not a whole number of ${c.unit === "s" ? "seconds" : "milliseconds"}`,
+      );
     }
     // Items of another version (v1a, v2, Stripe's v0) are skipped, not refused.
     const given = items.filter((item) => item.startsWith(c.prefix)).map((item) => item.slice(c.prefix.length));
@@ -568,7 +800,8 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
       if (typeof part === "string") parts.push(part);
       else if ("header" in part) {
         const v = one(headers, part.header);
-        if (typeof v !== "string") return reject(401, v === null ? `${part.name} sent more than once` : `missing ${part.name}, which is signed`);
+        if (typeof v !== "string")
+          return reject(401, v === null ? `${part.name} sent more than once` : `missing ${part.name}, which is signed`);
         parts.push(v);
       } else if (part.placeholder === "body") parts.push(body);
       else if (part.placeholder === "timestamp") parts.push(tsText!);
@@ -581,7 +814,8 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
         // A body that is not a form is signed through the URL instead: its bodySHA256 parameter (Twilio).
         const query = target.indexOf("?");
         const hash = new URLSearchParams(query < 0 ? "" : target.slice(query + 1)).get("bodySHA256") ?? "";
-        if (!safeEqual(Buffer.from(hash, "latin1"), Buffer.from(sha256Hex(body)))) return reject(401, "body is not a form, and the URL's bodySHA256 is not its SHA-256");
+        if (!safeEqual(Buffer.from(hash, "latin1"), Buffer.from(sha256Hex(body))))
+          return reject(401, "body is not a form, and the URL's bodySHA256 is not its SHA-256");
       }
     }
     const matched = matching(c, source.secrets, parts, given);
@@ -596,8 +830,15 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
     let ts: number | undefined;
     if (c.timestamp.from === "body") {
       const v = pointer(json(), c.timestamp.path);
-      ts = typeof v === "number" && Number.isSafeInteger(v) && v >= 0 ? v : typeof v === "string" ? digits(v) : undefined;
-      if (ts === undefined) return reject(401, v === undefined ? `missing ${c.timestamp.name} in the event` : `${c.timestamp.name} is not a whole number of ${c.unit === "s" ? "seconds" : "milliseconds"}`);
+      ts =
+        typeof v === "number" && Number.isSafeInteger(v) && v >= 0 ? v : typeof v === "string" ? digits(v) : undefined;
+      if (ts === undefined)
+        return reject(
+          401,
+          v === undefined
+            ? `missing ${c.timestamp.name} in the event`
+            : `${c.timestamp.name} is not a whole number of ${c.unit === "s" ? "seconds" : "milliseconds"}`,
+        );
     } else {
       ts = digits(tsText!)!;
     }
@@ -606,20 +847,28 @@ export function verify(source: Source, headers: Headers, body: Buffer, nowMs: nu
     providerTime = c.unit === "s" ? ts * 1000 : ts;
   }
 
-  const hooked = source.provider === "hmac" ? undefined : HOOKS[source.provider]?.({ headers, body, secret, providerTime });
+  const hooked =
+    source.provider === "hmac" ? undefined : HOOKS[source.provider]?.({ headers, body, secret, providerTime });
   if (hooked) return hooked;
 
   const read = (p: Place): string | null =>
-    p.from === "header" ? text(idHeaders.has(p.key) ? idHeaders.get(p.key) : one(headers, p.key))
-    : p.from === "body" ? text(pointer(json(), p.path))
-    : p.from === "sha256" ? `sha256:${sha256Hex(body)}`
-    : null;
+    p.from === "header"
+      ? text(idHeaders.has(p.key) ? idHeaders.get(p.key) : one(headers, p.key))
+      : p.from === "body"
+        ? text(pointer(json(), p.path))
+        : p.from === "sha256"
+          ? `sha256:${sha256Hex(body)}`
+          : null;
   let id: string | null = null;
   for (const p of c.id) if (!id) id = read(p);
   if (!id) {
     const inBody = c.id.filter((p) => p.from === "body");
-    if (inBody.length > 0 && !json()) return reject(400, `body is not a JSON event, so it has no ${inBody.map((p) => p.name).join(" or ")}`);
-    return reject(400, `missing ${c.id.map((p) => (p.from === "body" ? `${p.name} in the event` : p.name)).join(" and ")}`);
+    if (inBody.length > 0 && !json())
+      return reject(400, `body is not a JSON event, so it has no ${inBody.map((p) => p.name).join(" or ")}`);
+    return reject(
+      400,
+      `missing ${c.id.map((p) => (p.from === "body" ? `${p.name} in the event` : p.name)).join(" and ")}`,
+    );
   }
   let eventType: string | null = null;
   for (const p of c.eventType) if (!eventType) eventType = read(p);
@@ -668,9 +917,12 @@ export function sign(provider: Provider, secret: string, delivery: Signable, sch
     if (typeof part === "string") return part;
     if ("header" in part) return out[part.header] ?? "";
     switch (part.placeholder) {
-      case "body": return body;
-      case "timestamp": return ts;
-      case "id": return delivery.id;
+      case "body":
+        return body;
+      case "timestamp":
+        return ts;
+      case "id":
+        return delivery.id;
       case "url":
         if (!delivery.url) throw new TypeError(`sign: a ${provider} delivery signs its URL; pass url`);
         return delivery.url;

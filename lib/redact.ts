@@ -46,14 +46,23 @@ const WIDEST = 12;
  * (a Standard Webhooks secret with and without `whsec_`, a basic pair, its base64 and base64url, its
  * password alone). A header written in the file, not read from the environment, is not a secret.
  */
-export function secretsOf(forwarding?: Forwarding, more: { sources?: Iterable<Source>; brokers?: Iterable<Broker> } = {}): Secret[] {
+export function secretsOf(
+  forwarding?: Forwarding,
+  more: { sources?: Iterable<Source>; brokers?: Iterable<Broker> } = {},
+): Secret[] {
   const out: Secret[] = [];
   const add = (owner: string, name: string, ...values: string[]) => {
     for (const value of values) if (value !== "") out.push({ value, name, owner });
   };
-  const signing = (owner: string, secrets: readonly string[]) => secrets.forEach((s, i) => {
-    add(owner, `${owner} secret${secrets.length > 1 ? ` #${i + 1}` : ""}`, s, ...(s.startsWith("whsec_") ? [s.slice(6)] : []));
-  });
+  const signing = (owner: string, secrets: readonly string[]) =>
+    secrets.forEach((s, i) => {
+      add(
+        owner,
+        `${owner} secret${secrets.length > 1 ? ` #${i + 1}` : ""}`,
+        s,
+        ...(s.startsWith("whsec_") ? [s.slice(6)] : []),
+      );
+    });
   const headers = (owner: string, all: Record<string, string>, secret: readonly string[] | undefined) => {
     for (const [header, value] of Object.entries(all)) {
       if (secret !== undefined && !secret.includes(header)) continue;
@@ -62,7 +71,15 @@ export function secretsOf(forwarding?: Forwarding, more: { sources?: Iterable<So
       else if (credential) {
         const pair = Buffer.from(credential[2]!, "base64").toString("utf8");
         const encoded = Buffer.from(pair).toString("base64");
-        add(owner, `${owner} basic`, encoded, encoded.replace(/=+$/, ""), Buffer.from(pair).toString("base64url"), pair, pair.slice(pair.indexOf(":") + 1));
+        add(
+          owner,
+          `${owner} basic`,
+          encoded,
+          encoded.replace(/=+$/, ""),
+          Buffer.from(pair).toString("base64url"),
+          pair,
+          pair.slice(pair.indexOf(":") + 1),
+        );
       } else add(owner, `${owner} header ${header}`, value);
     }
   };
@@ -107,11 +124,15 @@ export function secretsOf(forwarding?: Forwarding, more: { sources?: Iterable<So
  * JSON-escaped (\/, \", \uXXXX) or HTML-escaped (&#47;, &#x2f;, &amp;), in any mix.
  */
 export function redactor(secrets: readonly Secret[], options: { mine?: string } = {}): Redactor {
-  const ordered = options.mine === undefined ? secrets : [...secrets.filter((s) => s.owner === options.mine), ...secrets.filter((s) => s.owner !== options.mine)];
+  const ordered =
+    options.mine === undefined
+      ? secrets
+      : [...secrets.filter((s) => s.owner === options.mine), ...secrets.filter((s) => s.owner !== options.mine)];
   const named = new Map<string, string>();
   for (const s of ordered) if ([...s.value].length >= SHORTEST && !named.has(s.value)) named.set(s.value, s.name);
   const values = [...named.keys()].sort((a, b) => b.length - a.length);
-  if (values.length === 0) return { redact: (text, keep = Infinity) => (text.length > keep ? text.slice(0, keep) : text), reach: 0 };
+  if (values.length === 0)
+    return { redact: (text, keep = Infinity) => (text.length > keep ? text.slice(0, keep) : text), reach: 0 };
   const markers = values.map((v) => `[redacted: ${named.get(v)}]`);
   const pattern = new RegExp(values.map((v) => `(${[...v].map(forms).join("")})`).join("|"), "g");
   return {
@@ -144,7 +165,10 @@ const NAMED: Record<string, string> = { "&": "amp", "<": "lt", ">": "gt", '"': "
 const JSON_ESCAPED: Record<string, string> = { "/": "\\\\/", '"': '\\\\"', "\\": "\\\\\\\\" };
 
 // hex writes n in hex, each letter as [Aa], so %2f and %2F (or &#x2F; and &#x2f;) both match.
-const hex = (n: number, width: number) => [...n.toString(16).toUpperCase().padStart(width, "0")].map((d) => (/[A-F]/.test(d) ? `[${d}${d.toLowerCase()}]` : d)).join("");
+const hex = (n: number, width: number) =>
+  [...n.toString(16).toUpperCase().padStart(width, "0")]
+    .map((d) => (/[A-F]/.test(d) ? `[${d}${d.toLowerCase()}]` : d))
+    .join("");
 
 // forms is the pattern of one character of a secret: itself, or any of the ways an echo may have encoded it.
 function forms(c: string): string {
@@ -153,7 +177,8 @@ function forms(c: string): string {
   const ways = [
     c.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&"),
     [...Buffer.from(c, "utf8")].map((b) => `%${hex(b, 2)}`).join(""),
-    `&#0{0,3}${code};`, `&#[xX]0{0,3}${hex(code, 1)};`,
+    `&#0{0,3}${code};`,
+    `&#[xX]0{0,3}${hex(code, 1)};`,
   ];
   if (c === " ") ways.push("\\+");
   if (NAMED[c]) ways.push(`&${NAMED[c]};`);

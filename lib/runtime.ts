@@ -15,11 +15,12 @@ export interface Runtime {
 }
 
 /** RUNTIME is the runtime of this process. Deno and Bun both present themselves as a Node, so ask them first. */
-export const RUNTIME: Runtime = process.versions.deno !== undefined
-  ? { name: "deno", version: process.versions.deno }
-  : process.versions.bun !== undefined
-    ? { name: "bun", version: process.versions.bun }
-    : { name: "node", version: process.versions.node };
+export const RUNTIME: Runtime =
+  process.versions.deno !== undefined
+    ? { name: "deno", version: process.versions.deno }
+    : process.versions.bun !== undefined
+      ? { name: "bun", version: process.versions.bun }
+      : { name: "node", version: process.versions.node };
 
 /** describeRuntime is the runtime for people: "node 24.21.0". */
 export function describeRuntime(runtime: Runtime = RUNTIME): string {
@@ -52,7 +53,9 @@ const LOADERS: readonly string[] = (() => {
  * process's loader flags: `--import tsx` under tsx, none under Node's own type stripping).
  */
 export function scriptCommand(
-  file: string, args: readonly string[] = [], on: { name: RuntimeName; binary: string } = { name: RUNTIME.name, binary: process.execPath },
+  file: string,
+  args: readonly string[] = [],
+  on: { name: RuntimeName; binary: string } = { name: RUNTIME.name, binary: process.execPath },
 ): { command: string; args: string[] } {
   if (on.name === "deno") return { command: on.binary, args: ["run", "-A", file, ...args] };
   if (on.name === "bun") return { command: on.binary, args: [file, ...args] };

@@ -49,8 +49,14 @@ export const DESTINATION_NAME = /^[A-Za-z0-9._~-]+$/;
 /** routesOf checks an incoming delivery's destinations, or gives the default one. */
 export function routesOf(delivery: Incoming): readonly string[] {
   const routes = delivery.destinations ?? [DEFAULTS.destination];
-  if (!Array.isArray(routes) || routes.some((d) => typeof d !== "string" || !DESTINATION_NAME.test(d)) || new Set(routes).size !== routes.length) {
-    throw new TypeError(`store: expected destinations to be distinct names of letters, digits, ".", "_", "~" or "-", got ${JSON.stringify(routes)}`);
+  if (
+    !Array.isArray(routes) ||
+    routes.some((d) => typeof d !== "string" || !DESTINATION_NAME.test(d)) ||
+    new Set(routes).size !== routes.length
+  ) {
+    throw new TypeError(
+      `store: expected destinations to be distinct names of letters, digits, ".", "_", "~" or "-", got ${JSON.stringify(routes)}`,
+    );
   }
   return routes;
 }
@@ -150,18 +156,28 @@ export interface Kept {
 }
 
 /** purgeCutoffs checks purge's ages and turns them into the two received_at bounds, at now. */
-export function purgeCutoffs(options: PurgeOptions, now: number): { bodiesBefore: number; forgetBefore: number; batch: number; rest: number } {
+export function purgeCutoffs(
+  options: PurgeOptions,
+  now: number,
+): { bodiesBefore: number; forgetBefore: number; batch: number; rest: number } {
   const bodiesAfterMs = options.bodiesAfterMs ?? DEFAULTS.bodiesAfterMs;
   const forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
-  for (const [name, value] of [["bodiesAfterMs", bodiesAfterMs], ["forgetAfterMs", forgetAfterMs]] as const) {
-    if (!Number.isFinite(value) || value < 0) throw new TypeError(`purge: expected ${name} to be a number of ms >= 0, got ${value}`);
+  for (const [name, value] of [
+    ["bodiesAfterMs", bodiesAfterMs],
+    ["forgetAfterMs", forgetAfterMs],
+  ] as const) {
+    if (!Number.isFinite(value) || value < 0)
+      throw new TypeError(`purge: expected ${name} to be a number of ms >= 0, got ${value}`);
   }
   // A tombstone that goes with its body would let a resend through at once: the memory must outlast it.
   if (forgetAfterMs <= bodiesAfterMs) {
-    throw new TypeError(`purge: expected forgetAfterMs (${forgetAfterMs}) to be longer than bodiesAfterMs (${bodiesAfterMs})`);
+    throw new TypeError(
+      `purge: expected forgetAfterMs (${forgetAfterMs}) to be longer than bodiesAfterMs (${bodiesAfterMs})`,
+    );
   }
   const batch = options.batch ?? DEFAULTS.purgeBatch;
-  if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
+  if (!Number.isInteger(batch) || batch < 1)
+    throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
   const rest = options.rest ?? DEFAULTS.purgeRest;
   if (!Number.isFinite(rest) || rest < 0) throw new TypeError(`purge: expected rest to be a number >= 0, got ${rest}`);
   return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch, rest };
@@ -197,7 +213,14 @@ export interface Cursor {
 }
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
-  status: "string", source: "string", type: "string", since: "number", until: "number", errorMatch: "string", bodyContains: "string", id: "string",
+  status: "string",
+  source: "string",
+  type: "string",
+  since: "number",
+  until: "number",
+  errorMatch: "string",
+  bodyContains: "string",
+  id: "string",
   destination: "string",
 };
 
@@ -212,17 +235,25 @@ export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
  * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
  */
 export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
-  if (filter === null || typeof filter !== "object") throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
+  if (filter === null || typeof filter !== "object")
+    throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
   for (const [key, value] of Object.entries(filter)) {
     const kind = FILTER_FIELDS[key as keyof Filter];
-    if (kind === undefined) throw new TypeError(`filter: expected one of ${Object.keys(FILTER_FIELDS).join(", ")}, got ${JSON.stringify(key)}`);
+    if (kind === undefined)
+      throw new TypeError(
+        `filter: expected one of ${Object.keys(FILTER_FIELDS).join(", ")}, got ${JSON.stringify(key)}`,
+      );
     if (value === undefined) continue;
     if (kind === "number" ? !Number.isFinite(value) : typeof value !== "string") {
-      throw new TypeError(`filter: expected ${key} to be a ${kind === "number" ? "finite number (ms since the epoch)" : "string"}, got ${JSON.stringify(value)}`);
+      throw new TypeError(
+        `filter: expected ${key} to be a ${kind === "number" ? "finite number (ms since the epoch)" : "string"}, got ${JSON.stringify(value)}`,
+      );
     }
   }
   if (filter.status !== undefined && !STATUSES.includes(filter.status)) {
-    throw new TypeError(`filter: expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(filter.status)}`);
+    throw new TypeError(
+      `filter: expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(filter.status)}`,
+    );
   }
   const pg = backend === "postgres";
   const where: string[] = [];
@@ -232,20 +263,24 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   // source and sorts it (350 ms at a million rows): status <> 'done' spelled out lets it use the partial index
   // of what is not done (deliveries_open, which holds received_at and source), and +source keeps it off the
   // primary key unless the ID is given too, so it walks received_at newest first. PostgreSQL needs neither.
-  if (filter.status !== undefined) add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
+  if (filter.status !== undefined)
+    add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
   if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
   // PostgreSQL 15 has no skip scan, so an ID without its source would read the whole primary key (100 ms at a
   // million rows): it probes the key once per source instead, the sources found by a loose index scan.
-  if (filter.id !== undefined && pg && filter.source === undefined) where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
+  if (filter.id !== undefined && pg && filter.source === undefined)
+    where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
   if (filter.id !== undefined) add("id = ?", filter.id);
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.destination !== undefined) add("destination = ?", filter.destination);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
   if (filter.until !== undefined) add(pg ? "received_at < ?::bigint" : "received_at < ?", Math.ceil(filter.until));
   // instr and strpos, not LIKE: the operator's text is matched as it is, % and _ included.
-  if (filter.errorMatch !== undefined) add(pg ? "strpos(lower(error), lower(?::text)) > 0" : "instr(lower(error), lower(?)) > 0", filter.errorMatch);
+  if (filter.errorMatch !== undefined)
+    add(pg ? "strpos(lower(error), lower(?::text)) > 0" : "instr(lower(error), lower(?)) > 0", filter.errorMatch);
   // The body is bytes: the needle goes in as the bytes of its UTF-8 text, so any body can be searched.
-  if (filter.bodyContains !== undefined) add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
+  if (filter.bodyContains !== undefined)
+    add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
   return { where: where.length === 0 ? "TRUE" : where.join(" AND "), params };
 }
 
@@ -276,7 +311,11 @@ export interface ClaimOptions {
 }
 
 /** tellSetAside hands what a claim set aside to its onSetAside, once the claim has committed. */
-export function tellSetAside(claimed: Promise<Lease[]>, options: ClaimOptions, setAside: () => SetAside[]): Promise<Lease[]> {
+export function tellSetAside(
+  claimed: Promise<Lease[]>,
+  options: ClaimOptions,
+  setAside: () => SetAside[],
+): Promise<Lease[]> {
   const tell = options.onSetAside;
   if (tell === undefined) return claimed;
   return claimed.then((leases) => {
@@ -328,7 +367,13 @@ export interface Tally {
 }
 
 /** BreakerChange is what a tally did to the breaker, for the log and the operator's webhook. */
-export type BreakerChange = { change: "opened" | "closed"; failures: number; rate: number | null; error: string | null; retryAt: number | null };
+export type BreakerChange = {
+  change: "opened" | "closed";
+  failures: number;
+  rate: number | null;
+  error: string | null;
+  retryAt: number | null;
+};
 
 /** DestinationState is one destination as `inbox.ts destinations` shows it. */
 export interface DestinationState {
@@ -370,13 +415,18 @@ export interface Permit {
  * whose own bucket has our rate and burst would refuse the one that comes early after one that came
  * late. The token kept back absorbs any such difference shorter than one token's time (1/perSecond).
  */
-export function gatePermit(row: Record<string, unknown> | undefined, n: number, now: number, rate: Rate | undefined): Permit & { tokens: number | null } {
+export function gatePermit(
+  row: Record<string, unknown> | undefined,
+  n: number,
+  now: number,
+  rate: Rate | undefined,
+): Permit & { tokens: number | null } {
   if (row !== undefined && Number(row.paused)) return { granted: 0, paused: true, waitMs: 0, tokens: null };
   if (!rate) return { granted: n, paused: false, waitMs: 0, tokens: null };
   const configured = rate.burst ?? Math.max(1, rate.perSecond);
   const tokens = refill(row, rate.perSecond, configured >= 2 ? configured - 1 : configured, now);
   const granted = Math.max(0, Math.min(n, Math.floor(tokens)));
-  const waitMs = granted < n ? Math.max(1, Math.ceil((1 - (tokens - granted)) * 1000 / rate.perSecond)) : 0;
+  const waitMs = granted < n ? Math.max(1, Math.ceil(((1 - (tokens - granted)) * 1000) / rate.perSecond)) : 0;
   return { granted, paused: false, waitMs, tokens: tokens - granted };
 }
 
@@ -385,7 +435,7 @@ export function gatePermit(row: Record<string, unknown> | undefined, n: number, 
 function refill(row: Record<string, unknown> | undefined, perSecond: number, burst: number, now: number): number {
   const last = row?.tokens_at == null ? null : Number(row.tokens_at);
   const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
-  return Math.min(burst, had + (last === null ? 0 : Math.max(0, now - last) * perSecond / 1000));
+  return Math.min(burst, had + (last === null ? 0 : (Math.max(0, now - last) * perSecond) / 1000));
 }
 
 /** checkPermit checks permit()'s arguments and gives the destination. */
@@ -401,7 +451,11 @@ export function checkPermit(destination: string, n: number, rate: Rate | undefin
  * row and its in-flight count, and write back what this returns.
  */
 export function gateClaim(
-  row: Record<string, unknown> | undefined, limit: number, now: number, options: ClaimOptions, inFlight: number,
+  row: Record<string, unknown> | undefined,
+  limit: number,
+  now: number,
+  options: ClaimOptions,
+  inFlight: number,
 ): { n: number; probe: boolean; tokens: number | null } {
   let n = limit;
   let probe = false;
@@ -426,12 +480,18 @@ export function gateClaim(
 /** checkClaim checks ClaimOptions and gives the destination. */
 export function checkClaim(options: ClaimOptions): string {
   const destination = options.destination ?? DEFAULTS.destination;
-  if (typeof destination !== "string" || !DESTINATION_NAME.test(destination)) throw new TypeError(`claim: expected destination to be a destination's name, got ${JSON.stringify(destination)}`);
+  if (typeof destination !== "string" || !DESTINATION_NAME.test(destination))
+    throw new TypeError(`claim: expected destination to be a destination's name, got ${JSON.stringify(destination)}`);
   if (options.maxInFlight !== undefined && !(Number.isInteger(options.maxInFlight) && options.maxInFlight >= 1)) {
     throw new TypeError(`claim: expected maxInFlight to be a whole number >= 1, got ${options.maxInFlight}`);
   }
-  if (options.rate !== undefined && !(options.rate.perSecond > 0 && (options.rate.burst === undefined || options.rate.burst >= 1))) {
-    throw new TypeError(`claim: expected rate to be { perSecond > 0, burst >= 1 }, got ${JSON.stringify(options.rate)}`);
+  if (
+    options.rate !== undefined &&
+    !(options.rate.perSecond > 0 && (options.rate.burst === undefined || options.rate.burst >= 1))
+  ) {
+    throw new TypeError(
+      `claim: expected rate to be { perSecond > 0, burst >= 1 }, got ${JSON.stringify(options.rate)}`,
+    );
   }
   return destination;
 }
@@ -442,7 +502,10 @@ export function checkClaim(options: ClaimOptions): string {
  * in the window) or closes (its probe got through). Both backends run it inside the tally's transaction.
  */
 export function breakerAfter(
-  row: Record<string, unknown> | undefined, tally: Tally, policy: BreakerPolicy, now: number,
+  row: Record<string, unknown> | undefined,
+  tally: Tally,
+  policy: BreakerPolicy,
+  now: number,
 ): { row: Record<string, SqlValue>; change: BreakerChange | undefined } {
   const fresh = row?.window_start == null || now - Number(row.window_start) >= policy.windowMs;
   const done = (fresh ? 0 : Number(row!.window_done)) + tally.done;
@@ -461,8 +524,11 @@ export function breakerAfter(
   } else if (tally.probe === "failed" && state !== "closed") {
     state = "open";
     retryAt = now + policy.coolDownMs;
-  } else if (state === "closed" && tally.failed > 0 &&
-    (inRow >= policy.failures || (done + failed >= policy.minTries && rate !== null && rate >= policy.rate))) {
+  } else if (
+    state === "closed" &&
+    tally.failed > 0 &&
+    (inRow >= policy.failures || (done + failed >= policy.minTries && rate !== null && rate >= policy.rate))
+  ) {
     state = "open";
     retryAt = now + policy.coolDownMs;
     change = "opened";
@@ -470,8 +536,14 @@ export function breakerAfter(
   const error = tally.error ?? (row?.last_error as string | null | undefined) ?? null;
   return {
     row: {
-      state, retry_at: retryAt, failures: inRow, window_start: fresh ? now : Number(row!.window_start), window_done: done, window_failed: failed,
-      last_error: error, last_error_at: tally.error !== undefined ? now : (row?.last_error_at == null ? null : Number(row.last_error_at)),
+      state,
+      retry_at: retryAt,
+      failures: inRow,
+      window_start: fresh ? now : Number(row!.window_start),
+      window_done: done,
+      window_failed: failed,
+      last_error: error,
+      last_error_at: tally.error !== undefined ? now : row?.last_error_at == null ? null : Number(row.last_error_at),
     },
     change: change === undefined ? undefined : { change, failures: inRow, rate, error, retryAt },
   };
@@ -479,19 +551,28 @@ export function breakerAfter(
 
 /** toDestinationState reads a destinations row and its counts into a DestinationState. */
 export function toDestinationState(
-  name: string, row: Record<string, unknown> | undefined, counts: { waiting: number; processing: number; failed: number },
-  policyWindowMs: number, now: number,
+  name: string,
+  row: Record<string, unknown> | undefined,
+  counts: { waiting: number; processing: number; failed: number },
+  policyWindowMs: number,
+  now: number,
 ): DestinationState {
   const live = row?.window_start != null && now - Number(row.window_start) < policyWindowMs * 2;
   const done = live ? Number(row!.window_done) : 0;
   const failed = live ? Number(row!.window_failed) : 0;
-  const state = row === undefined ? "closed" : Number(row.paused) ? "paused" : row.state === "closed" ? "closed" : "open";
+  const state =
+    row === undefined ? "closed" : Number(row.paused) ? "paused" : row.state === "closed" ? "closed" : "open";
   return {
-    name, state, pausedReason: Number(row?.paused ?? 0) ? (row!.paused_reason as string | null) ?? null : null,
+    name,
+    state,
+    pausedReason: Number(row?.paused ?? 0) ? ((row!.paused_reason as string | null) ?? null) : null,
     retryAt: row?.state === "open" ? Number(row.retry_at) : row?.state === "probing" ? Number(row.probe_until) : null,
-    probing: row?.state === "probing", ...counts, failuresInRow: Number(row?.failures ?? 0),
+    probing: row?.state === "probing",
+    ...counts,
+    failuresInRow: Number(row?.failures ?? 0),
     failureRate: done + failed === 0 ? null : failed / (done + failed),
-    lastError: (row?.last_error as string | null | undefined) ?? null, lastErrorAt: row?.last_error_at == null ? null : Number(row.last_error_at),
+    lastError: (row?.last_error as string | null | undefined) ?? null,
+    lastErrorAt: row?.last_error_at == null ? null : Number(row.last_error_at),
   };
 }
 
@@ -585,7 +666,10 @@ export interface Gauges {
 }
 
 /** toGauges turns live counts and totals per source into Gauges: done is each total less its live rows. */
-export function toGauges(rows: readonly { source: string; status: Status | "total"; n: number; oldest: number | null }[], now: number): Gauges {
+export function toGauges(
+  rows: readonly { source: string; status: Status | "total"; n: number; oldest: number | null }[],
+  now: number,
+): Gauges {
   const bySourceStatus: Gauges["bySourceStatus"] = [];
   const live = new Map<string, number>();
   const oldest = new Map<string, number>();
@@ -602,8 +686,13 @@ export function toGauges(rows: readonly { source: string; status: Status | "tota
     const done = Number(r.n) - (live.get(r.source) ?? 0);
     if (r.status === "total" && done > 0) bySourceStatus.push({ source: r.source, status: "done", n: done });
   }
-  bySourceStatus.sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : STATUSES.indexOf(a.status) - STATUSES.indexOf(b.status)));
-  return { bySourceStatus, oldestWaitingMs: [...oldest].sort().map(([source, t]) => ({ source, ms: Math.max(0, now - t) })) };
+  bySourceStatus.sort((a, b) =>
+    a.source < b.source ? -1 : a.source > b.source ? 1 : STATUSES.indexOf(a.status) - STATUSES.indexOf(b.status),
+  );
+  return {
+    bySourceStatus,
+    oldestWaitingMs: [...oldest].sort().map(([source, t]) => ({ source, ms: Math.max(0, now - t) })),
+  };
 }
 
 /** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
@@ -623,13 +712,15 @@ export function backoff(
 
 /** retryDelay is the wait before the next try: the backoff, or later if the destination asked (Retry-After), capped. */
 export function retryDelay(
-  attempts: number, options: FailOptions,
+  attempts: number,
+  options: FailOptions,
   opts: { retryDelayMs: number; retryCapMs: number; retryJitter: number; random: () => number },
 ): number {
   const wait = backoff(attempts, opts);
   const asked = options.retryAfterMs;
   if (asked === undefined) return wait;
-  if (!Number.isFinite(asked) || asked < 0) throw new TypeError(`fail: expected retryAfterMs to be a number of ms >= 0, got ${asked}`);
+  if (!Number.isFinite(asked) || asked < 0)
+    throw new TypeError(`fail: expected retryAfterMs to be a number of ms >= 0, got ${asked}`);
   return Math.max(wait, Math.min(opts.retryCapMs, Math.round(asked)));
 }
 
@@ -662,7 +753,7 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
     newerId: (row.newer_id ?? null) as string | null,
     destination: (row.destination ?? DEFAULTS.destination) as string,
     route: Number(row.route ?? 0),
-    headers: typeof row.headers === "string" ? JSON.parse(row.headers) as Headers : null,
+    headers: typeof row.headers === "string" ? (JSON.parse(row.headers) as Headers) : null,
     traceparent: (row.traceparent ?? null) as string | null,
   };
 }
@@ -670,14 +761,16 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
 /** searchPageLimit checks a page size given to search(), or gives DEFAULTS.searchLimit. */
 export function searchPageLimit(limit: number | undefined): number {
   if (limit === undefined) return DEFAULTS.searchLimit;
-  if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`search: expected limit to be a whole number >= 1, got ${limit}`);
+  if (!Number.isInteger(limit) || limit < 1)
+    throw new TypeError(`search: expected limit to be a whole number >= 1, got ${limit}`);
   return limit;
 }
 
 /** bulkBatchSize checks a batch size given to a bulk command, or gives DEFAULTS.bulkBatch. */
 export function bulkBatchSize(batch: number | undefined): number {
   if (batch === undefined) return DEFAULTS.bulkBatch;
-  if (!Number.isInteger(batch) || batch < 1) throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
+  if (!Number.isInteger(batch) || batch < 1)
+    throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
   return batch;
 }
 
@@ -685,7 +778,10 @@ export function bulkBatchSize(batch: number | undefined): number {
  * orderOf checks an incoming delivery's order key and works out the event time its key is ordered by:
  * the provider's event time, else its signed send time, else when it arrived.
  */
-export function orderOf(delivery: Incoming, receivedAt: number | null): { key: string | null; eventTime: number | null; strict: boolean } {
+export function orderOf(
+  delivery: Incoming,
+  receivedAt: number | null,
+): { key: string | null; eventTime: number | null; strict: boolean } {
   const key = delivery.orderKey ?? null;
   if (key !== null && (typeof key !== "string" || key === "")) {
     throw new TypeError(`store: expected orderKey to be a non-empty string or null, got ${JSON.stringify(key)}`);
@@ -697,7 +793,7 @@ export function orderOf(delivery: Incoming, receivedAt: number | null): { key: s
     }
   }
   // PostgreSQL passes no receivedAt: the database's clock fills it in.
-  const eventTime = delivery.eventTime ?? (key === null ? null : delivery.providerTime ?? receivedAt);
+  const eventTime = delivery.eventTime ?? (key === null ? null : (delivery.providerTime ?? receivedAt));
   return { key, eventTime: eventTime === null ? null : Math.round(eventTime), strict: delivery.strictOrder === true };
 }
 
@@ -769,7 +865,10 @@ export interface Inbox {
    * its row there is replayed if done, or added if its routes never chose it (routing after the fact).
    * A tombstone has no body to replay; it is counted, not replayed.
    */
-  replayMatching(filter: Filter, options?: BulkOptions & { to?: string }): Promise<{ replayed: number; tombstoned: number }>;
+  replayMatching(
+    filter: Filter,
+    options?: BulkOptions & { to?: string },
+  ): Promise<{ replayed: number; tombstoned: number }>;
   /**
    * purge drops the bodies of done deliveries older than bodiesAfterMs, keeping a tombstone (source, ID,
    * hash, status, times) that store() still answers as a duplicate, and forgets tombstones older than
@@ -813,9 +912,11 @@ export interface Inbox {
 export function checkOptions(options: InboxOptions): void {
   for (const [key, value] of Object.entries(options)) {
     if (key === "now" || key === "random" || key === "onCommit") {
-      if (typeof value !== "function") throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
+      if (typeof value !== "function")
+        throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
     } else if (key === "backgroundCheckpoints" || key === "syncOffLoop" || key === "listen") {
-      if (typeof value !== "boolean") throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
+      if (typeof value !== "boolean")
+        throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
     } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
       throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
     }
@@ -827,7 +928,14 @@ export interface InboxStatus {
   counts: Record<Status, number>;
   /** The counts again, per source and event type. */
   sources: { source: string; eventType: string | null; counts: Record<Status, number> }[];
-  failed: { source: string; id: string; attempts: number; error: string | null; eventType: string | null; destination: string }[];
+  failed: {
+    source: string;
+    id: string;
+    attempts: number;
+    error: string | null;
+    eventType: string | null;
+    destination: string;
+  }[];
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
   ordering: OrderingStatus;
@@ -854,8 +962,10 @@ export interface Summary {
 
 /** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
 export function summarise(
-  totals: { source: string; n: number }[], open: { source: string; status: Status; n: number }[],
-  oldestWaitingMs: number | null, conflicts: Summary["conflicts"],
+  totals: { source: string; n: number }[],
+  open: { source: string; status: Status; n: number }[],
+  oldestWaitingMs: number | null,
+  conflicts: Summary["conflicts"],
 ): Summary {
   const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
   const counts = zero();
@@ -881,10 +991,13 @@ export interface Bucket {
 
 /** emptyBuckets lays out histogram()'s buckets from since to until, every count zero; misuse throws. */
 export function emptyBuckets(since: number, bucketMs: number, until: number): Bucket[] {
-  if (!Number.isInteger(bucketMs) || bucketMs < 1) throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
+  if (!Number.isInteger(bucketMs) || bucketMs < 1)
+    throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
   const n = Math.ceil((until - since) / bucketMs);
   if (!Number.isInteger(since) || !(n >= 0 && n <= 10_000)) {
-    throw new TypeError(`histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`);
+    throw new TypeError(
+      `histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`,
+    );
   }
   return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
 }
@@ -942,11 +1055,20 @@ const ORDERING_COUNTS = `
 /** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
 export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
   return {
-    keys: Number(counts.keys), stale: Number(counts.stale), passed: Number(counts.passed), heldKeys: held.length,
+    keys: Number(counts.keys),
+    stale: Number(counts.stale),
+    passed: Number(counts.passed),
+    heldKeys: held.length,
     held: held.slice(0, 100).map((r) => ({
-      source: r.source as string, destination: r.destination as string, orderKey: r.order_key as string, headId: r.head_id as string,
-      reason: r.status === "failed" ? "failed" : "retry", retryAt: r.status === "failed" ? null : Number(r.due),
-      attempts: Number(r.attempts), error: r.error as string | null, waiting: Number(r.waiting),
+      source: r.source as string,
+      destination: r.destination as string,
+      orderKey: r.order_key as string,
+      headId: r.head_id as string,
+      reason: r.status === "failed" ? "failed" : "retry",
+      retryAt: r.status === "failed" ? null : Number(r.due),
+      attempts: Number(r.attempts),
+      error: r.error as string | null,
+      waiting: Number(r.waiting),
     })),
   };
 }
@@ -971,7 +1093,12 @@ export function sqlstate(error: unknown): string {
   }
   return "other";
 }
-const SQLITE_CODES: Record<number, string> = { 5: "SQLITE_BUSY", 6: "SQLITE_LOCKED", 10: "SQLITE_IOERR", 13: "SQLITE_FULL" };
+const SQLITE_CODES: Record<number, string> = {
+  5: "SQLITE_BUSY",
+  6: "SQLITE_LOCKED",
+  10: "SQLITE_IOERR",
+  13: "SQLITE_FULL",
+};
 
 /**
  * passing says a database error is one that goes away on its own, so the write that met it may simply
@@ -984,16 +1111,38 @@ const SQLITE_CODES: Record<number, string> = { 5: "SQLITE_BUSY", 6: "SQLITE_LOCK
 export function passing(error: unknown): boolean {
   for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
     const code = (e as { code?: unknown }).code;
-    if (typeof code === "string" && (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || SOCKET_CODES.has(code))) return true;
+    if (
+      typeof code === "string" &&
+      (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || SOCKET_CODES.has(code))
+    )
+      return true;
     const errcode = (e as { errcode?: unknown }).errcode;
     if (typeof errcode === "number" && [5, 6].includes(errcode & 0xff)) return true;
-    if (code === undefined && errcode === undefined && /connection terminated|not queryable|timeout exceeded when trying to connect/i.test((e as { message?: unknown }).message as string ?? "")) return true;
+    if (
+      code === undefined &&
+      errcode === undefined &&
+      /connection terminated|not queryable|timeout exceeded when trying to connect/i.test(
+        ((e as { message?: unknown }).message as string) ?? "",
+      )
+    )
+      return true;
   }
   return false;
 }
 
 // The socket errors of a connection lost or not yet back (a restart, a failover, a network blip).
-const SOCKET_CODES = new Set(["ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "EHOSTDOWN", "ENETDOWN", "ENOTFOUND"]);
+const SOCKET_CODES = new Set([
+  "ECONNRESET",
+  "ECONNREFUSED",
+  "ECONNABORTED",
+  "EPIPE",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EHOSTDOWN",
+  "ENETDOWN",
+  "ENOTFOUND",
+]);
 
 /**
  * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
@@ -1003,7 +1152,9 @@ const SOCKET_CODES = new Set(["ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPI
  * caller's, and failed with that error.
  */
 export function again<T>(
-  write: () => Promise<T>, o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void }, first?: { error: unknown },
+  write: () => Promise<T>,
+  o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void },
+  first?: { error: unknown },
 ): Promise<T> {
   const since = performance.now();
   const retry = async (failed: unknown): Promise<T> => {

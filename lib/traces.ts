@@ -4,7 +4,15 @@
 // registered every call here is a no-op; docs/traces.md shows how to register one. Not run on its own.
 
 import {
-  context, isSpanContextValid, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace, type Context, type TextMapGetter,
+  context,
+  isSpanContextValid,
+  propagation,
+  ROOT_CONTEXT,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+  type Context,
+  type TextMapGetter,
 } from "@opentelemetry/api";
 import type { Headers } from "./store.ts";
 
@@ -58,8 +66,10 @@ export function startReceive(headers: Headers): Receive {
       // Low-cardinality names, as the semantic conventions ask: the source is configured, the ID is not.
       if (source !== undefined) span.updateName(`receive ${source}`);
       span.setAttributes({
-        "http.response.status_code": status, ...(source === undefined ? {} : { "inbox.source": source }),
-        ...(id === undefined ? {} : { "inbox.delivery.id": id }), ...(result === undefined ? {} : { "inbox.result": result }),
+        "http.response.status_code": status,
+        ...(source === undefined ? {} : { "inbox.source": source }),
+        ...(id === undefined ? {} : { "inbox.delivery.id": id }),
+        ...(result === undefined ? {} : { "inbox.result": result }),
       });
       // A server span fails on 5xx only; a 4xx is the sender's mistake, answered as it should be.
       if (status >= 500) span.setStatus({ code: SpanStatusCode.ERROR, message: `answered ${status}` });
@@ -92,17 +102,23 @@ export interface Process {
  * the handler's in worker.ts, or a forward's to a destination in forwarder.ts (named in inbox.destination).
  */
 export function startProcess(
-  d: { source: string; id: string; eventType: string | null; attempts: number; traceparent: string | null }, destination?: string,
+  d: { source: string; id: string; eventType: string | null; attempts: number; traceparent: string | null },
+  destination?: string,
 ): Process {
-  const parent = d.traceparent === null ? ROOT_CONTEXT : propagation.extract(ROOT_CONTEXT, { traceparent: d.traceparent });
+  const parent =
+    d.traceparent === null ? ROOT_CONTEXT : propagation.extract(ROOT_CONTEXT, { traceparent: d.traceparent });
   const span = tracer.startSpan(`process ${d.source}`, { kind: SpanKind.CONSUMER }, parent);
-  if (!span.isRecording() && !isSpanContextValid(span.spanContext())) return { traceparent: d.traceparent ?? undefined, run: (fn) => fn(), end: () => {} };
+  if (!span.isRecording() && !isSpanContextValid(span.spanContext()))
+    return { traceparent: d.traceparent ?? undefined, run: (fn) => fn(), end: () => {} };
   const ctx = trace.setSpan(parent, span);
   const own = isSpanContextValid(span.spanContext()) ? traceparentOf(ctx) : null;
   if (span.isRecording()) {
     span.setAttributes({
-      "inbox.source": d.source, "inbox.delivery.id": d.id, ...(d.eventType === null ? {} : { "inbox.event_type": d.eventType }),
-      "inbox.attempt": d.attempts, ...(destination === undefined ? {} : { "inbox.destination": destination }),
+      "inbox.source": d.source,
+      "inbox.delivery.id": d.id,
+      ...(d.eventType === null ? {} : { "inbox.event_type": d.eventType }),
+      "inbox.attempt": d.attempts,
+      ...(destination === undefined ? {} : { "inbox.destination": destination }),
     });
   }
   let ended = false;
@@ -116,7 +132,8 @@ export function startProcess(
       if (!span.isRecording()) return span.end();
       span.setAttribute("inbox.outcome", outcome);
       // The handler's own words, as the worker logs them; the worker never puts the body in an error.
-      if (outcome === "retry" || outcome === "failed") span.setStatus({ code: SpanStatusCode.ERROR, ...(error === undefined ? {} : { message: error }) });
+      if (outcome === "retry" || outcome === "failed")
+        span.setStatus({ code: SpanStatusCode.ERROR, ...(error === undefined ? {} : { message: error }) });
       span.end();
     },
   };

@@ -34,13 +34,20 @@ for (const backend of BACKENDS) {
 
     // fail stores a delivery and fails it for good, as the worker does after its last try.
     const fail = async (source: string, id: string, error: string, eventType = "charge.succeeded") => {
-      await inbox.store({ source, id, body: Buffer.from(JSON.stringify({ id, customer: "Ann", amount: 5 })), eventType });
+      await inbox.store({
+        source,
+        id,
+        body: Buffer.from(JSON.stringify({ id, customer: "Ann", amount: 5 })),
+        eventType,
+      });
       const lease = await inbox.claim(60_000);
       assert.equal(lease?.id, id);
       await inbox.fail(lease, error, { permanent: true });
     };
     const statuses = async () =>
-      (await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id")).map((r) => `${r.source}/${r.id}:${r.status}`);
+      (await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id")).map(
+        (r) => `${r.source}/${r.id}:${r.status}`,
+      );
 
     before(async () => {
       browser = await launchChromium();
@@ -58,7 +65,10 @@ for (const backend of BACKENDS) {
       problems = [];
       // A CSP violation or a script error is a failure of the page, whatever the test goes on to check.
       // (The login page's 401 is logged as a failed load: that one is the point, not a problem.)
-      page.on("console", (m) => void (m.type() === "error" && !/status of 401/.test(m.text()) && problems.push(m.text())));
+      page.on(
+        "console",
+        (m) => void (m.type() === "error" && !/status of 401/.test(m.text()) && problems.push(m.text())),
+      );
       page.on("pageerror", (e) => void problems.push(e.message));
     });
     afterEach(async () => {
@@ -71,7 +81,8 @@ for (const backend of BACKENDS) {
     });
 
     // A locator waits without eval, which the page's CSP forbids (waitForFunction would need it).
-    const cardShows = (status: string, n: number) => page.locator(`.card.${status} .n`, { hasText: new RegExp(`^${n}$`) }).waitFor();
+    const cardShows = (status: string, n: number) =>
+      page.locator(`.card.${status} .n`, { hasText: new RegExp(`^${n}$`) }).waitFor();
     const logIn = async () => {
       await page.goto(`${url}/`);
       await page.fill('input[name="token"]', TOKEN);
@@ -104,7 +115,11 @@ for (const backend of BACKENDS) {
       await page.waitForSelector(".flash");
       assert.equal(await page.textContent(".flash"), "Queued again.");
       assert.equal(await page.textContent("h1.id .badge"), "received");
-      assert.deepEqual(await statuses(), ["github/gh_1:failed", "stripe/evt_broken:received", "stripe/evt_other:failed"]);
+      assert.deepEqual(await statuses(), [
+        "github/gh_1:failed",
+        "stripe/evt_broken:received",
+        "stripe/evt_other:failed",
+      ]);
     });
 
     it("bulk-retries a filtered group beyond the page on screen, and the database shows exactly those queued", async () => {
@@ -121,7 +136,12 @@ for (const backend of BACKENDS) {
       await page.waitForSelector(".flash");
       assert.equal(await page.textContent(".flash"), "Retried 3 deliveries.");
       assert.deepEqual(await statuses(), [
-        "github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/ok1:received", "stripe/z9:failed",
+        "github/b1:failed",
+        "stripe/a1:received",
+        "stripe/a2:received",
+        "stripe/a3:received",
+        "stripe/ok1:received",
+        "stripe/z9:failed",
       ]);
     });
 
@@ -142,7 +162,13 @@ for (const backend of BACKENDS) {
 
     it("pauses a destination and resumes it from its page, lists its deliveries, and shows a delivery's row per destination", async () => {
       for (const id of ["o1", "o2"]) {
-        await inbox.store({ source: "shop", id, body: Buffer.from(JSON.stringify({ id })), eventType: "order.created", destinations: ["handler", "app"] });
+        await inbox.store({
+          source: "shop",
+          id,
+          body: Buffer.from(JSON.stringify({ id })),
+          eventType: "order.created",
+          destinations: ["handler", "app"],
+        });
       }
       const appRow = 'table.destinations tr:has(a:text-is("app"))';
       await logIn();
@@ -169,15 +195,29 @@ for (const backend of BACKENDS) {
       await page.click(`${appRow} td:nth-child(3) a`);
       await page.waitForURL(/destination=app/);
       assert.match(page.url(), /status=received/);
-      assert.deepEqual(await page.$$eval("table.list tbody td.dest", (cells) => cells.map((c) => c.textContent)), ["app", "app"]);
+      assert.deepEqual(await page.$$eval("table.list tbody td.dest", (cells) => cells.map((c) => c.textContent)), [
+        "app",
+        "app",
+      ]);
       await page.click("table.list >> text=o1");
       await page.waitForSelector("table.routes");
-      const routes = await page.$$eval("table.routes tbody tr", (rows) => rows.map((r) => [...r.querySelectorAll("td")].slice(0, 2).map((c) => c.textContent).join(" ")));
+      const routes = await page.$$eval("table.routes tbody tr", (rows) =>
+        rows.map((r) =>
+          [...r.querySelectorAll("td")]
+            .slice(0, 2)
+            .map((c) => c.textContent)
+            .join(" "),
+        ),
+      );
       assert.deepEqual(routes, ["handler received", "app received"]);
     });
 
     it("runs no script a delivery carries: a <script> body and an HTML event type stay text", async () => {
-      await inbox.store({ id: "evil", body: Buffer.from("<script>window.pwned = 1</script>"), eventType: `<img src=x onerror="window.pwned=2">` });
+      await inbox.store({
+        id: "evil",
+        body: Buffer.from("<script>window.pwned = 1</script>"),
+        eventType: `<img src=x onerror="window.pwned=2">`,
+      });
       await logIn();
       await page.goto(`${url}/deliveries`);
       await page.click("text=evil");

@@ -8,7 +8,15 @@ import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { writeFileSync } from "node:fs";
-import { createAdmin, escape, isLoopback, listenAdmin, normaliseError, type Admin, type AdminOptions } from "../admin.ts";
+import {
+  createAdmin,
+  escape,
+  isLoopback,
+  listenAdmin,
+  normaliseError,
+  type Admin,
+  type AdminOptions,
+} from "../admin.ts";
 import { connect } from "../inbox.ts";
 import { secretsOf } from "../lib/redact.ts";
 import { preview } from "../lib/forwarding/preview.ts";
@@ -19,19 +27,36 @@ import { backends, runScript, tempDir } from "./helpers.ts";
 const T0 = 1_700_000_000_000;
 const TOKEN = "correct horse battery staple";
 
-interface Answer { status: number; headers: Record<string, string | string[] | undefined>; body: string }
+interface Answer {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: string;
+}
 
 /** request speaks plain HTTP, so that Host and Origin are exactly what the test says. */
-function request(url: string, options: { method?: string; headers?: Record<string, string>; form?: Record<string, string> } = {}): Promise<Answer> {
+function request(
+  url: string,
+  options: { method?: string; headers?: Record<string, string>; form?: Record<string, string> } = {},
+): Promise<Answer> {
   const body = options.form ? new URLSearchParams(options.form).toString() : undefined;
   return new Promise((resolve, reject) => {
-    const req = httpRequest(url, {
-      method: options.method ?? (body === undefined ? "GET" : "POST"),
-      headers: { ...(body === undefined ? {} : { "content-type": "application/x-www-form-urlencoded" }), ...options.headers },
-    }, (res) => {
-      let text = "";
-      res.setEncoding("utf8").on("data", (d) => (text += d)).on("end", () => resolve({ status: res.statusCode!, headers: res.headers, body: text }));
-    });
+    const req = httpRequest(
+      url,
+      {
+        method: options.method ?? (body === undefined ? "GET" : "POST"),
+        headers: {
+          ...(body === undefined ? {} : { "content-type": "application/x-www-form-urlencoded" }),
+          ...options.headers,
+        },
+      },
+      (res) => {
+        let text = "";
+        res
+          .setEncoding("utf8")
+          .on("data", (d) => (text += d))
+          .on("end", () => resolve({ status: res.statusCode!, headers: res.headers, body: text }));
+      },
+    );
     req.on("error", reject);
     req.end(body);
   });
@@ -62,8 +87,18 @@ for (const backend of BACKENDS) {
       return { cookie, csrf: csrfOf(home.body)! };
     };
     // A delivery that has failed for good, as the worker leaves one after its last try.
-    const failOne = async (id: string, error: string, source = "default", extra: { eventType?: string; body?: Buffer } = {}) => {
-      await inbox.store({ source, id, body: extra.body ?? Buffer.from(JSON.stringify({ id })), eventType: extra.eventType });
+    const failOne = async (
+      id: string,
+      error: string,
+      source = "default",
+      extra: { eventType?: string; body?: Buffer } = {},
+    ) => {
+      await inbox.store({
+        source,
+        id,
+        body: extra.body ?? Buffer.from(JSON.stringify({ id })),
+        eventType: extra.eventType,
+      });
       for (;;) {
         const lease = await inbox.claim(60_000);
         assert.ok(lease, `claimed ${id}`);
@@ -125,13 +160,22 @@ for (const backend of BACKENDS) {
       const { cookie, csrf } = await login(url);
       const noCsrf = await request(`${url}/retry`, { headers: { cookie }, form: { source: "default", id: "evt_1" } });
       assert.equal(noCsrf.status, 403);
-      const wrongCsrf = await request(`${url}/retry`, { headers: { cookie }, form: { source: "default", id: "evt_1", csrf: "x".repeat(csrf.length) } });
+      const wrongCsrf = await request(`${url}/retry`, {
+        headers: { cookie },
+        form: { source: "default", id: "evt_1", csrf: "x".repeat(csrf.length) },
+      });
       assert.equal(wrongCsrf.status, 403);
-      const crossOrigin = await request(`${url}/retry`, { headers: { cookie, origin: "https://evil.example" }, form: { source: "default", id: "evt_1", csrf } });
+      const crossOrigin = await request(`${url}/retry`, {
+        headers: { cookie, origin: "https://evil.example" },
+        form: { source: "default", id: "evt_1", csrf },
+      });
       assert.equal(crossOrigin.status, 403);
       assert.equal(await statusOf("evt_1"), "failed", "the control: nothing was retried by a refused action");
 
-      const ok = await request(`${url}/retry`, { headers: { cookie, origin: url }, form: { source: "default", id: "evt_1", csrf } });
+      const ok = await request(`${url}/retry`, {
+        headers: { cookie, origin: url },
+        form: { source: "default", id: "evt_1", csrf },
+      });
       assert.equal(ok.status, 303);
       assert.equal(await statusOf("evt_1"), "received");
       const line = audit.find((l) => l.includes('action=retry delivery="default/evt_1"'));
@@ -144,14 +188,28 @@ for (const backend of BACKENDS) {
       await failOne("evt_1", "boom");
       const url = await start();
       const { cookie, csrf } = await login(url);
-      const crafted = await request(`${url}/failures?flash=${encodeURIComponent("Your token expired: paste it at evil.example")}`, { headers: { cookie } });
+      const crafted = await request(
+        `${url}/failures?flash=${encodeURIComponent("Your token expired: paste it at evil.example")}`,
+        { headers: { cookie } },
+      );
       assert.equal(crafted.status, 200);
       assert.doesNotMatch(crafted.body, /class="flash"|evil\.example/);
-      const ok = await request(`${url}/retry`, { headers: { cookie, origin: url }, form: { source: "default", id: "evt_1", csrf } });
+      const ok = await request(`${url}/retry`, {
+        headers: { cookie, origin: url },
+        form: { source: "default", id: "evt_1", csrf },
+      });
       const next = new URL(String(ok.headers.location), url).href;
       const other = await login(url);
-      assert.doesNotMatch((await request(next, { headers: { cookie: other.cookie } })).body, /class="flash"/, "not another session's");
-      assert.match((await request(next, { headers: { cookie } })).body, /<p class="flash">Queued again\.<\/p>/, "the control: its own message shows");
+      assert.doesNotMatch(
+        (await request(next, { headers: { cookie: other.cookie } })).body,
+        /class="flash"/,
+        "not another session's",
+      );
+      assert.match(
+        (await request(next, { headers: { cookie } })).body,
+        /<p class="flash">Queued again\.<\/p>/,
+        "the control: its own message shows",
+      );
       assert.doesNotMatch((await request(next, { headers: { cookie } })).body, /class="flash"/, "and only once");
     });
 
@@ -172,7 +230,11 @@ for (const backend of BACKENDS) {
         ["/retry-group", { group: "boom" }],
       ];
       for (const [path, form] of forms) {
-        assert.equal((await request(`${url}${path}`, { headers: { cookie }, form: { ...form, csrf } })).status, 403, path);
+        assert.equal(
+          (await request(`${url}${path}`, { headers: { cookie }, form: { ...form, csrf } })).status,
+          403,
+          path,
+        );
       }
       assert.equal((await request(`${url}/bulk?action=retry&status=failed`, { headers: { cookie } })).status, 403);
       assert.equal(await statusOf("evt_1"), "failed");
@@ -185,7 +247,12 @@ for (const backend of BACKENDS) {
       await failOne("evt_<b>", `<i>error</i>`, "default", { eventType: type, body: Buffer.from(hostile) });
       const url = await start();
       const { cookie } = await login(url);
-      const pages = [`/delivery?source=default&id=${encodeURIComponent("evt_<b>")}`, `/delivery?source=default&id=${encodeURIComponent("evt_<b>")}&view=text`, "/failures", "/"];
+      const pages = [
+        `/delivery?source=default&id=${encodeURIComponent("evt_<b>")}`,
+        `/delivery?source=default&id=${encodeURIComponent("evt_<b>")}&view=text`,
+        "/failures",
+        "/",
+      ];
       for (const path of pages) {
         const res = await request(`${url}${path}`, { headers: { cookie } });
         assert.equal(res.status, 200, path);
@@ -223,14 +290,20 @@ for (const backend of BACKENDS) {
 
     it("filters by status, source, type, time, ID and body text, pages by cursor, and keeps the filters in its links", async () => {
       for (let i = 0; i < 5; i++) {
-        await inbox.store({ source: "stripe", id: `s${i}`, body: Buffer.from(JSON.stringify({ customer: i === 3 ? "Zoë" : "Ann" })), eventType: "charge.succeeded" });
+        await inbox.store({
+          source: "stripe",
+          id: `s${i}`,
+          body: Buffer.from(JSON.stringify({ customer: i === 3 ? "Zoë" : "Ann" })),
+          eventType: "charge.succeeded",
+        });
         t += 1_000;
       }
       await inbox.store({ source: "github", id: "g1", body: Buffer.from("{}"), eventType: "push" });
       const admin = createAdmin({ inbox, audit: (line) => audit.push(line), now: () => t, pageSize: 2 });
       servers.push(admin);
       const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
-      const ids = (html: string) => [...html.matchAll(/<a href="\/delivery\?source=\w+&#38;id=(\w+)">/g)].map((m) => m[1]);
+      const ids = (html: string) =>
+        [...html.matchAll(/<a href="\/delivery\?source=\w+&#38;id=(\w+)">/g)].map((m) => m[1]);
       const first = await request(`${url}/deliveries?source=stripe&type=charge.succeeded`);
       assert.deepEqual(ids(first.body), ["s4", "s3"], "newest first, a page of two");
       const next = /<a rel="next" href="([^"]+)"/.exec(first.body)![1]!.replaceAll("&#38;", "&");
@@ -249,25 +322,45 @@ for (const backend of BACKENDS) {
     });
 
     it("bulk-retries everything that matches, not only the page: it counts first, then queues exactly those", async () => {
-      for (const [id, source] of [["a1", "stripe"], ["a2", "stripe"], ["a3", "stripe"], ["b1", "github"]] as const) {
+      for (const [id, source] of [
+        ["a1", "stripe"],
+        ["a2", "stripe"],
+        ["a3", "stripe"],
+        ["b1", "github"],
+      ] as const) {
         await failOne(id, "HTTP 502 from upstream", source);
       }
       await failOne("a4", "HTTP 502 from upstream", "stripe");
-      const admin = createAdmin({ inbox, token: TOKEN, audit: (line) => audit.push(line), now: () => t, pageSize: 1, batchSize: 2 });
+      const admin = createAdmin({
+        inbox,
+        token: TOKEN,
+        audit: (line) => audit.push(line),
+        now: () => t,
+        pageSize: 1,
+        batchSize: 2,
+      });
       servers.push(admin);
       const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0, token: TOKEN });
       const { cookie, csrf } = await login(url);
       const confirm = await request(`${url}/bulk?action=retry&source=stripe`, { headers: { cookie } });
       assert.equal(confirm.status, 200);
       assert.match(confirm.body, /Retry 4 failed deliveries\?/);
-      const ok = await request(`${url}/bulk`, { headers: { cookie }, form: { csrf, action: "retry", source: "stripe", expected: "4" } });
+      const ok = await request(`${url}/bulk`, {
+        headers: { cookie },
+        form: { csrf, action: "retry", source: "stripe", expected: "4" },
+      });
       assert.equal(ok.status, 303);
       const shown = await request(new URL(String(ok.headers.location), url).href, { headers: { cookie } });
       assert.match(shown.body, /<p class="flash">Retried 4 deliveries\.<\/p>/);
       const rows = await inbox.query("SELECT source, id, status FROM deliveries ORDER BY source, id");
-      assert.deepEqual(rows.map((r) => `${r.source}/${r.id}:${r.status}`),
-        ["github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/a4:received"]);
-      assert.ok(audit.some((l) => /action=retry filter: source="stripe" status="failed" count=4$/.test(l)), audit.join("\n"));
+      assert.deepEqual(
+        rows.map((r) => `${r.source}/${r.id}:${r.status}`),
+        ["github/b1:failed", "stripe/a1:received", "stripe/a2:received", "stripe/a3:received", "stripe/a4:received"],
+      );
+      assert.ok(
+        audit.some((l) => /action=retry filter: source="stripe" status="failed" count=4$/.test(l)),
+        audit.join("\n"),
+      );
       assert.equal((await request(`${url}/bulk?action=retry&status=done`, { headers: { cookie } })).status, 400);
     });
 
@@ -280,9 +373,15 @@ for (const backend of BACKENDS) {
       const page = await request(`${url}/failures`, { headers: { cookie } });
       assert.match(page.body, /timeout after &#60;n&#62; ms/);
       assert.match(page.body, />2<\/a><\/td><td><code>timeout/);
-      const res = await request(`${url}/retry-group`, { headers: { cookie }, form: { csrf, group: "timeout after <n> ms" } });
+      const res = await request(`${url}/retry-group`, {
+        headers: { cookie },
+        form: { csrf, group: "timeout after <n> ms" },
+      });
       assert.equal(res.status, 303);
-      assert.deepEqual([await statusOf("t1"), await statusOf("t2"), await statusOf("r1")], ["received", "received", "failed"]);
+      assert.deepEqual(
+        [await statusOf("t1"), await statusOf("t2"), await statusOf("r1")],
+        ["received", "received", "failed"],
+      );
       assert.ok(audit.some((l) => /action=retry group="timeout after <n> ms" count=2$/.test(l)));
     });
 
@@ -304,7 +403,13 @@ for (const backend of BACKENDS) {
     const POLICY: BreakerPolicy = { failures: 1, rate: 0.5, minTries: 20, windowMs: 60_000, coolDownMs: 30_000 };
     // routed stores deliveries that go to the handler, app and crm; app's first fails and opens its breaker, crm is paused.
     const routed = async (n: number, appError = "HTTP 503 from app") => {
-      for (let i = 0; i < n; i++) await inbox.store({ source: "shop", id: `r${i}`, body: Buffer.from(`{"n":${i}}`), destinations: ["handler", "app", "crm"] });
+      for (let i = 0; i < n; i++)
+        await inbox.store({
+          source: "shop",
+          id: `r${i}`,
+          body: Buffer.from(`{"n":${i}}`),
+          destinations: ["handler", "app", "crm"],
+        });
       const lease = await inbox.claim(60_000, { destination: "app" });
       assert.ok(lease);
       await inbox.fail(lease, appError);
@@ -313,9 +418,15 @@ for (const backend of BACKENDS) {
     };
     // rowOf is the destinations table's row of one destination, its tags dropped, spaces squeezed.
     const rowOf = (html: string, name: string) => {
-      const row = new RegExp(`<tr class="\\w+"><td><a href="/deliveries\\?destination=${name}">${name}</a>.*?</tr>`, "s").exec(html)?.[0];
+      const row = new RegExp(
+        `<tr class="\\w+"><td><a href="/deliveries\\?destination=${name}">${name}</a>.*?</tr>`,
+        "s",
+      ).exec(html)?.[0];
       assert.ok(row, `a row for ${name}`);
-      return row.replace(/<[^>]+>/g, " ").replace(/\s+/g, " ").trim();
+      return row
+        .replace(/<[^>]+>/g, " ")
+        .replace(/\s+/g, " ")
+        .trim();
     };
 
     it("lists each destination's state, waiting count, failure rate and last error, all as text", async () => {
@@ -324,13 +435,23 @@ for (const backend of BACKENDS) {
       const { cookie } = await login(url);
       const page = await request(`${url}/destinations`, { headers: { cookie } });
       assert.equal(page.status, 200);
-      assert.match(rowOf(page.body, "app"), /^app open probe at \d\d:\d\d:\d\dZ 3 0 0 100% \(1 in a row\) &#60;script&#62;alert\(&#34;x&#34;\)&#60;\/script&#62; HTTP 503 /);
+      assert.match(
+        rowOf(page.body, "app"),
+        /^app open probe at \d\d:\d\d:\d\dZ 3 0 0 100% \(1 in a row\) &#60;script&#62;alert\(&#34;x&#34;\)&#60;\/script&#62; HTTP 503 /,
+      );
       assert.match(rowOf(page.body, "crm"), /^crm paused deploying &#60;b&#62;v2&#60;\/b&#62; 3 0 0 – /);
       assert.match(rowOf(page.body, "handler"), /^handler closed 3 0 0 – /);
       assert.doesNotMatch(page.body, /<script>alert|<b>v2/);
-      assert.match(page.body, /href="\/deliveries\?destination=crm&#38;status=received">3</, "the waiting count links to those deliveries");
+      assert.match(
+        page.body,
+        /href="\/deliveries\?destination=crm&#38;status=received">3</,
+        "the waiting count links to those deliveries",
+      );
       const home = await request(`${url}/`, { headers: { cookie } });
-      assert.match(home.body, /<p class="held">Holding their deliveries: <a href="\/destinations">app<\/a> <span class="badge open">open<\/span> 3 waiting · <a href="\/destinations">crm<\/a> <span class="badge paused">paused<\/span> 3 waiting<\/p>/);
+      assert.match(
+        home.body,
+        /<p class="held">Holding their deliveries: <a href="\/destinations">app<\/a> <span class="badge open">open<\/span> 3 waiting · <a href="\/destinations">crm<\/a> <span class="badge paused">paused<\/span> 3 waiting<\/p>/,
+      );
     });
 
     it("control: the overview warns of no destination while every one is closed", async () => {
@@ -346,31 +467,79 @@ for (const backend of BACKENDS) {
       const url = await start({ token: TOKEN, announce: async (event) => (told.push(event), true) });
       const { cookie, csrf } = await login(url);
       const state = async (name: string) => (await inbox.destinations()).find((d) => d.name === name)?.state;
-      assert.equal((await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm" } })).status, 403, "no CSRF token");
-      assert.equal((await request(`${url}/resume`, { headers: { cookie, origin: "https://evil.example" }, form: { destination: "crm", csrf } })).status, 403);
-      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "nowhere", csrf } })).status, 404, "only a destination it knows");
-      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "bad name", csrf } })).status, 400);
+      assert.equal(
+        (await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm" } })).status,
+        403,
+        "no CSRF token",
+      );
+      assert.equal(
+        (
+          await request(`${url}/resume`, {
+            headers: { cookie, origin: "https://evil.example" },
+            form: { destination: "crm", csrf },
+          })
+        ).status,
+        403,
+      );
+      assert.equal(
+        (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "nowhere", csrf } })).status,
+        404,
+        "only a destination it knows",
+      );
+      assert.equal(
+        (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "bad name", csrf } })).status,
+        400,
+      );
       assert.equal(await state("crm"), "paused", "the control: nothing changed by a refused action");
-      assert.equal((await inbox.destinations()).some((d) => d.name === "nowhere"), false);
+      assert.equal(
+        (await inbox.destinations()).some((d) => d.name === "nowhere"),
+        false,
+      );
 
-      const resumed = await request(`${url}/resume`, { headers: { cookie, origin: url }, form: { destination: "crm", csrf } });
+      const resumed = await request(`${url}/resume`, {
+        headers: { cookie, origin: url },
+        form: { destination: "crm", csrf },
+      });
       assert.equal(resumed.status, 303);
       assert.equal(await state("crm"), "closed");
       const shown = await request(new URL(String(resumed.headers.location), url).href, { headers: { cookie } });
-      assert.match(shown.body, /<p class="flash">crm resumed: its deliveries go again\. The operator&#39;s URL was told\.<\/p>/);
+      assert.match(
+        shown.body,
+        /<p class="flash">crm resumed: its deliveries go again\. The operator&#39;s URL was told\.<\/p>/,
+      );
       const lease = await inbox.claim(60_000, { destination: "crm" });
       assert.ok(lease, "its deliveries go again");
       await inbox.release(lease);
 
-      const paused = await request(`${url}/pause`, { headers: { cookie }, form: { destination: "crm", reason: "nightly <deploy>", csrf } });
+      const paused = await request(`${url}/pause`, {
+        headers: { cookie },
+        form: { destination: "crm", reason: "nightly <deploy>", csrf },
+      });
       assert.equal(paused.status, 303);
       const after = (await inbox.destinations()).find((d) => d.name === "crm")!;
-      assert.deepEqual([after.state, after.pausedReason, after.waiting], ["paused", "nightly <deploy>", 2], "held, none discarded");
+      assert.deepEqual(
+        [after.state, after.pausedReason, after.waiting],
+        ["paused", "nightly <deploy>", 2],
+        "held, none discarded",
+      );
       assert.equal(await inbox.claim(60_000, { destination: "crm" }), undefined, "none is claimed while paused");
-      assert.ok(audit.some((l) => /action=resume destination="crm" count=1$/.test(l)), audit.join("\n"));
-      assert.ok(audit.some((l) => /action=pause destination="crm" reason="nightly <deploy>" count=1$/.test(l)), audit.join("\n"));
-      assert.deepEqual(told.map((e) => (e as { type: string }).type), ["destination.resumed", "destination.paused"]);
-      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "crm", csrf } })).status, 303, "again: nothing changes");
+      assert.ok(
+        audit.some((l) => /action=resume destination="crm" count=1$/.test(l)),
+        audit.join("\n"),
+      );
+      assert.ok(
+        audit.some((l) => /action=pause destination="crm" reason="nightly <deploy>" count=1$/.test(l)),
+        audit.join("\n"),
+      );
+      assert.deepEqual(
+        told.map((e) => (e as { type: string }).type),
+        ["destination.resumed", "destination.paused"],
+      );
+      assert.equal(
+        (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "crm", csrf } })).status,
+        303,
+        "again: nothing changes",
+      );
       assert.equal(told.length, 2, "and nothing is announced");
     });
 
@@ -380,7 +549,10 @@ for (const backend of BACKENDS) {
       const { cookie, csrf } = await login(url);
       const res = await request(`${url}/pause`, { headers: { cookie }, form: { destination: "app", csrf } });
       const shown = await request(new URL(String(res.headers.location), url).href, { headers: { cookie } });
-      assert.match(shown.body, /app paused: its deliveries wait, none discarded\. The operator&#39;s URL was not told: HTTP 500\./);
+      assert.match(
+        shown.body,
+        /app paused: its deliveries wait, none discarded\. The operator&#39;s URL was not told: HTTP 500\./,
+      );
       assert.equal((await inbox.destinations()).find((d) => d.name === "app")!.state, "paused");
     });
 
@@ -390,16 +562,31 @@ for (const backend of BACKENDS) {
       const { cookie, csrf } = await login(url);
       const page = await request(`${url}/destinations`, { headers: { cookie } });
       assert.doesNotMatch(page.body, /action="\/(pause|resume)"/);
-      assert.equal((await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm", csrf } })).status, 403);
-      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "app", csrf } })).status, 403);
-      assert.deepEqual((await inbox.destinations()).map((d) => d.state), ["open", "paused", "closed"]);
+      assert.equal(
+        (await request(`${url}/resume`, { headers: { cookie }, form: { destination: "crm", csrf } })).status,
+        403,
+      );
+      assert.equal(
+        (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "app", csrf } })).status,
+        403,
+      );
+      assert.deepEqual(
+        (await inbox.destinations()).map((d) => d.state),
+        ["open", "paused", "closed"],
+      );
     });
 
     it("lists a destination the sources file names before any delivery went to it, and may pause it ahead", async () => {
       const url = await start({ token: TOKEN, destinations: ["billing"] });
       const { cookie, csrf } = await login(url);
-      assert.match(rowOf((await request(`${url}/destinations`, { headers: { cookie } })).body, "billing"), /^billing closed 0 0 0 – /);
-      assert.equal((await request(`${url}/pause`, { headers: { cookie }, form: { destination: "billing", csrf } })).status, 303);
+      assert.match(
+        rowOf((await request(`${url}/destinations`, { headers: { cookie } })).body, "billing"),
+        /^billing closed 0 0 0 – /,
+      );
+      assert.equal(
+        (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "billing", csrf } })).status,
+        303,
+      );
       assert.equal((await inbox.destinations()).find((d) => d.name === "billing")?.state, "paused");
     });
 
@@ -408,8 +595,15 @@ for (const backend of BACKENDS) {
       const url = await start();
       const { cookie } = await login(url);
       const page = await request(`${url}/delivery?source=shop&id=r0`, { headers: { cookie } });
-      const routes = /<table class="routes">.*?<\/table>/s.exec(page.body)![0].replace(/<[^>]+>/g, " ").replace(/\s+/g, " ");
-      assert.match(routes, /handler received 0 \d{4}-\d\d-\d\d \S+ none/, "the control: a closed one's row shows its due time");
+      const routes = /<table class="routes">.*?<\/table>/s
+        .exec(page.body)![0]
+        .replace(/<[^>]+>/g, " ")
+        .replace(/\s+/g, " ");
+      assert.match(
+        routes,
+        /handler received 0 \d{4}-\d\d-\d\d \S+ none/,
+        "the control: a closed one's row shows its due time",
+      );
       assert.match(routes, /app received 1 held: app is open none/);
       assert.match(routes, /crm received 0 held: crm is paused none/);
     });
@@ -423,7 +617,10 @@ for (const backend of BACKENDS) {
       const admin = createAdmin({ inbox, audit: () => {}, now: () => t, pageSize: 3 });
       servers.push(admin);
       const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
-      const rows = (html: string) => [...html.matchAll(/id=(\w+)">\w+<\/a><\/td><td>shop<\/td>\n<td class="dest">(\w+)<\/td>/g)].map((m) => `${m[1]}>${m[2]}`);
+      const rows = (html: string) =>
+        [...html.matchAll(/id=(\w+)">\w+<\/a><\/td><td>shop<\/td>\n<td class="dest">(\w+)<\/td>/g)].map(
+          (m) => `${m[1]}>${m[2]}`,
+        );
       const seen: string[] = [];
       for (let next: string | undefined = "/deliveries", pages = 0; next; pages++) {
         assert.ok(pages < 6, "the pages end");
@@ -441,29 +638,55 @@ for (const backend of BACKENDS) {
     it("shows each destination's status on a delivery's page, and retries or replays one destination's row alone", async () => {
       await inbox.store({ source: "shop", id: "evt_9", body: Buffer.from("{}"), destinations: ["handler", "app"] });
       await inbox.finish((await inbox.claim(60_000, { destination: "handler" }))!);
-      await inbox.fail((await inbox.claim(60_000, { destination: "app" }))!, "HTTP 400: <i>bad</i>", { permanent: true });
+      await inbox.fail((await inbox.claim(60_000, { destination: "app" }))!, "HTTP 400: <i>bad</i>", {
+        permanent: true,
+      });
       const url = await start();
       const { cookie, csrf } = await login(url);
       const page = await request(`${url}/delivery?source=shop&id=evt_9`, { headers: { cookie } });
-      const routes = /<table class="routes">.*?<\/table>/s.exec(page.body)![0].replace(/<[^>]+>/g, " ").replace(/\s+/g, " ");
-      assert.match(routes, /handler done 1 – none \S+ \S+ Replay app failed 1 – none \S+ \S+ HTTP 400: &#60;i&#62;bad&#60;\/i&#62; Retry/);
+      const routes = /<table class="routes">.*?<\/table>/s
+        .exec(page.body)![0]
+        .replace(/<[^>]+>/g, " ")
+        .replace(/\s+/g, " ");
+      assert.match(
+        routes,
+        /handler done 1 – none \S+ \S+ Replay app failed 1 – none \S+ \S+ HTTP 400: &#60;i&#62;bad&#60;\/i&#62; Retry/,
+      );
       assert.match(page.body, /<table class="tries">.*<td>app<\/td>/s, "each failed try says its destination");
       const statuses = async () => (await inbox.find("evt_9", "shop")).map((d) => `${d.destination}:${d.status}`);
-      const retried = await request(`${url}/retry`, { headers: { cookie }, form: { source: "shop", id: "evt_9", destination: "app", csrf } });
+      const retried = await request(`${url}/retry`, {
+        headers: { cookie },
+        form: { source: "shop", id: "evt_9", destination: "app", csrf },
+      });
       assert.equal(retried.status, 303);
       assert.deepEqual(await statuses(), ["handler:done", "app:received"]);
-      await request(`${url}/replay`, { headers: { cookie }, form: { source: "shop", id: "evt_9", destination: "handler", csrf } });
+      await request(`${url}/replay`, {
+        headers: { cookie },
+        form: { source: "shop", id: "evt_9", destination: "handler", csrf },
+      });
       assert.deepEqual(await statuses(), ["handler:received", "app:received"]);
-      assert.ok(audit.some((l) => /action=retry delivery="shop\/evt_9" destination="app" count=1$/.test(l)), audit.join("\n"));
-      assert.ok(audit.some((l) => /action=replay delivery="shop\/evt_9" destination="handler" count=1$/.test(l)), audit.join("\n"));
+      assert.ok(
+        audit.some((l) => /action=retry delivery="shop\/evt_9" destination="app" count=1$/.test(l)),
+        audit.join("\n"),
+      );
+      assert.ok(
+        audit.some((l) => /action=replay delivery="shop\/evt_9" destination="handler" count=1$/.test(l)),
+        audit.join("\n"),
+      );
     });
 
     it("never shows a destination's secret or its own headers, even where its answer echoes them", async () => {
       const secret = `whsec_${Buffer.from("a forwarding secret never shown").toString("base64")}`;
-      const forwarding = loadDestinations({
-        $destinations: { app: { url: "http://127.0.0.1:1/", secret, bearer: "env:APP_TOKEN" }, crm: { url: "http://127.0.0.1:1/", secret, basic: "env:CRM_BASIC" } },
-        shop: { provider: "plain", routes: ["app", "crm"] },
-      }, { APP_TOKEN: "tok-never-shown-1234", CRM_BASIC: "crm-user:pass-never-shown" });
+      const forwarding = loadDestinations(
+        {
+          $destinations: {
+            app: { url: "http://127.0.0.1:1/", secret, bearer: "env:APP_TOKEN" },
+            crm: { url: "http://127.0.0.1:1/", secret, basic: "env:CRM_BASIC" },
+          },
+          shop: { provider: "plain", routes: ["app", "crm"] },
+        },
+        { APP_TOKEN: "tok-never-shown-1234", CRM_BASIC: "crm-user:pass-never-shown" },
+      );
       const echo = `401: bad credentials Bearer tok-never-shown-1234 (basic crm-user:pass-never-shown, signed with ${secret})`;
       await inbox.store({ source: "shop", id: "evt_s", body: Buffer.from("{}"), destinations: ["app"] });
       await inbox.fail((await inbox.claim(60_000, { destination: "app" }))!, echo, { permanent: true });
@@ -497,13 +720,31 @@ describe("the delivery page's preview", () => {
     const dir = tempDir();
     const inbox = await connect(join(dir.dir, "inbox.db"));
     try {
-      writeFileSync(join(dir.dir, "billing.ts"), `export default (d: { json: { data: { object: { id: string } } } }) => ({ body: { invoice: d.json.data.object.id }, headers: { "x-billing": "yes" } });`);
+      writeFileSync(
+        join(dir.dir, "billing.ts"),
+        `export default (d: { json: { data: { object: { id: string } } } }) => ({ body: { invoice: d.json.data.object.id }, headers: { "x-billing": "yes" } });`,
+      );
       const config = {
-        $destinations: { billing: { url: "https://billing.internal/hooks", secret: "env:BILLING_SECRET", bearer: "env:BILLING_TOKEN" } },
-        stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler", { to: "billing", filter: { body: { livemode: true } }, transform: "./billing.ts" }] },
+        $destinations: {
+          billing: { url: "https://billing.internal/hooks", secret: "env:BILLING_SECRET", bearer: "env:BILLING_TOKEN" },
+        },
+        stripe: {
+          provider: "stripe",
+          secret: "env:STRIPE_SECRET",
+          routes: ["handler", { to: "billing", filter: { body: { livemode: true } }, transform: "./billing.ts" }],
+        },
       };
-      const body = Buffer.from(JSON.stringify({ type: "invoice.paid", livemode: true, data: { object: { id: "in_7" } } }));
-      await inbox.store({ source: "stripe", id: "evt_7", body, contentType: "application/json", eventType: "invoice.paid", destinations: ["handler", "billing"] });
+      const body = Buffer.from(
+        JSON.stringify({ type: "invoice.paid", livemode: true, data: { object: { id: "in_7" } } }),
+      );
+      await inbox.store({
+        source: "stripe",
+        id: "evt_7",
+        body,
+        contentType: "application/json",
+        eventType: "invoice.paid",
+        destinations: ["handler", "billing"],
+      });
       const admin = createAdmin({ inbox, preview: (rows) => preview(rows, config, { base: dir.dir }) });
       const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
       try {
@@ -561,8 +802,16 @@ describe("the page's listener", () => {
     const dir = tempDir();
     try {
       const file = join(dir.dir, "sources.json");
-      writeFileSync(file, JSON.stringify({ $destinations: { app: { url: "http://127.0.0.1:1/", secret: "env:APP_SECRET" } }, shop: { provider: "plain", routes: ["app"] } }));
-      const run = await runScript("admin.ts", ["--db", join(dir.dir, "inbox.db"), "--port", "0", "--sources", file], { APP_SECRET: "" });
+      writeFileSync(
+        file,
+        JSON.stringify({
+          $destinations: { app: { url: "http://127.0.0.1:1/", secret: "env:APP_SECRET" } },
+          shop: { provider: "plain", routes: ["app"] },
+        }),
+      );
+      const run = await runScript("admin.ts", ["--db", join(dir.dir, "inbox.db"), "--port", "0", "--sources", file], {
+        APP_SECRET: "",
+      });
       assert.equal(run.code, 2, run.stderr);
       assert.match(run.stderr.trim(), /^admin: .*sources\.json: destination "app": .*APP_SECRET/);
       assert.equal(run.stderr.trim().split("\n").length, 1);
@@ -576,8 +825,10 @@ describe("the page's listener", () => {
   });
 
   it("tells loopback from everything else", () => {
-    for (const host of ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]) assert.equal(isLoopback(host), true, host);
-    for (const host of ["0.0.0.0", "::", "10.0.0.1", "example.com", "localhost.evil.example"]) assert.equal(isLoopback(host), false, host);
+    for (const host of ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"])
+      assert.equal(isLoopback(host), true, host);
+    for (const host of ["0.0.0.0", "::", "10.0.0.1", "example.com", "localhost.evil.example"])
+      assert.equal(isLoopback(host), false, host);
   });
 });
 
@@ -586,7 +837,11 @@ describe("normaliseError()", () => {
     assert.equal(normaliseError("timeout after 5012 ms for evt_81"), normaliseError("timeout after 4990 ms for evt_7"));
     assert.equal(normaliseError(`no customer "ann"`), normaliseError(`no customer "bob"`));
     assert.equal(normaliseError("row 3f2a9c1e-0000-4000-8000-00000000abcd gone"), "row <uuid> gone");
-    assert.notEqual(normaliseError("connection refused"), normaliseError("connection reset"), "the control: different errors stay apart");
+    assert.notEqual(
+      normaliseError("connection refused"),
+      normaliseError("connection reset"),
+      "the control: different errors stay apart",
+    );
     assert.equal(normaliseError(null), "(no error recorded)");
   });
 });

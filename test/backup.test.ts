@@ -39,14 +39,15 @@ function load(receiver: ReceiverProcess, prefix: string, senders = 4): Load {
     }
   };
   const running = Array.from({ length: senders }, (_, k) => sender(k));
-  return { acked, stop: async () => void (going = false, await Promise.all(running)) };
+  return { acked, stop: async () => void ((going = false), await Promise.all(running)) };
 }
 
 // fill gives an inbox n done deliveries of about 500 bytes, written straight into the table.
 function fill(path: string, n: number): void {
   new SqliteInbox(path).close();
   const db = new DatabaseSync(path);
-  const insert = db.prepare(`INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at, finished_at)
+  const insert =
+    db.prepare(`INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at, finished_at)
                              VALUES ('default', ?, ?, ?, 0, 'done', 0, 0)`);
   const body = Buffer.from("x".repeat(500));
   db.exec("BEGIN");
@@ -75,7 +76,9 @@ function problems(copy: string, acked: { id: string; at: number }[], since: numb
     const integrity = (db.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
     if (integrity !== "ok") return [`integrity_check: ${integrity}`];
     const ids = new Set((db.prepare("SELECT id FROM deliveries").all() as { id: string }[]).map((r) => r.id));
-    return acked.filter((a) => a.at < since && !ids.has(a.id)).map((a) => `${a.id}, acknowledged before the copy, is missing`);
+    return acked
+      .filter((a) => a.at < since && !ids.has(a.id))
+      .map((a) => `${a.id}, acknowledged before the copy, is missing`);
   } catch (error) {
     return [`unreadable: ${(error as Error).message}`];
   } finally {
@@ -111,14 +114,20 @@ describe("a lost disk, with a backup taken under load", () => {
     // A provider sends them all again: each is a duplicate, and nothing runs twice.
     const again = await startReceiver(db, ["--quiet"]);
     try {
-      const held = (new DatabaseSync(db, { readOnly: true }).prepare("SELECT id FROM deliveries").all() as { id: string }[]).map((r) => r.id);
+      const held = (
+        new DatabaseSync(db, { readOnly: true }).prepare("SELECT id FROM deliveries").all() as { id: string }[]
+      ).map((r) => r.id);
       assert.ok(held.length >= before.length);
       const answers = new Map<string, number>();
       for (let i = 0; i < held.length; i += 64) {
-        await Promise.all(held.slice(i, i + 64).map(async (id) => {
-          const text = await (await fetch(again.url, { method: "POST", headers: { "x-delivery-id": id }, body: bodyOf(id) })).text();
-          answers.set(text, (answers.get(text) ?? 0) + 1);
-        }));
+        await Promise.all(
+          held.slice(i, i + 64).map(async (id) => {
+            const text = await (
+              await fetch(again.url, { method: "POST", headers: { "x-delivery-id": id }, body: bodyOf(id) })
+            ).text();
+            answers.set(text, (answers.get(text) ?? 0) + 1);
+          }),
+        );
       }
       assert.deepEqual(Object.fromEntries(answers), { duplicate: held.length });
     } finally {
@@ -149,8 +158,13 @@ describe("a lost disk, with a backup taken under load", () => {
       await traffic.stop();
       await receiver.stop();
     }
-    t.diagnostic(`the copy made with cp was caught at try ${found.findIndex((p) => p.length > 0) + 1} of ${CP_TRIES}: ${found.find((p) => p.length > 0)?.[0]}`);
-    assert.ok(found.some((p) => p.length > 0), "a cp of the live file was always whole: the test above could not fail");
+    t.diagnostic(
+      `the copy made with cp was caught at try ${found.findIndex((p) => p.length > 0) + 1} of ${CP_TRIES}: ${found.find((p) => p.length > 0)?.[0]}`,
+    );
+    assert.ok(
+      found.some((p) => p.length > 0),
+      "a cp of the live file was always whole: the test above could not fail",
+    );
     // The same check passes on the live file itself once the receiver has closed it.
     assert.deepEqual(problems(db, traffic.acked, Date.now()), []);
   });
@@ -178,7 +192,8 @@ describe("inbox.ts restore", () => {
   it("moves the database it replaces aside, WAL and all, so nothing is lost and no old WAL is replayed into the restored file", async () => {
     const db = join(dir, "idle.db");
     const receiver = await startReceiver(db, ["--quiet"]);
-    const post = async (id: string) => (await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })).text();
+    const post = async (id: string) =>
+      (await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })).text();
     assert.equal(await post("in-the-backup"), "stored");
     await backup(db, join(dir, "idle-backup.db"));
     assert.equal(await post("after-the-backup"), "stored");
@@ -189,7 +204,12 @@ describe("inbox.ts restore", () => {
     assert.equal(r.code, 0, r.stderr);
     const aside = /moved aside to (\S+idle\.db\.before-restore-\w+)/.exec(r.stdout)?.[1];
     assert.ok(aside, r.stdout);
-    const ids = (path: string) => (new DatabaseSync(path, { readOnly: true }).prepare("SELECT id FROM deliveries ORDER BY id").all() as { id: string }[]).map((x) => x.id);
+    const ids = (path: string) =>
+      (
+        new DatabaseSync(path, { readOnly: true }).prepare("SELECT id FROM deliveries ORDER BY id").all() as {
+          id: string;
+        }[]
+      ).map((x) => x.id);
     assert.deepEqual(ids(db), ["in-the-backup"]);
     assert.deepEqual(ids(aside), ["after-the-backup", "in-the-backup"], "the replaced database kept what it had");
   });
@@ -223,7 +243,11 @@ describe("inbox.ts backup --dir --keep", () => {
       const at = t0 + h * hour;
       await backup(db, join(folder, backupName(join(dir, "rotate.db"), at)), { keep: 3, now: () => at });
     }
-    assert.deepEqual(readdirSync(folder).sort(), ["rotate-20261203T140000Z.db", "rotate-20261203T150000Z.db", "rotate-20261203T160000Z.db"]);
+    assert.deepEqual(readdirSync(folder).sort(), [
+      "rotate-20261203T140000Z.db",
+      "rotate-20261203T150000Z.db",
+      "rotate-20261203T160000Z.db",
+    ]);
     await assert.rejects(backup(join(dir, "no-such.db"), join(folder, "rotate-20261203T170000Z.db"), { keep: 1 }));
     assert.equal(readdirSync(folder).length, 3, "a failed backup removed nothing, and left no partial file");
     assert.ok(!existsSync(join(dir, "no-such.db")), "nor made the missing database");
@@ -252,7 +276,10 @@ describe("inbox.ts backup after a backup was killed", () => {
     await new Promise((resolve) => killed.once("exit", resolve));
     // The copy, and its journal if the kill came while the copy switched to one.
     const left = partials();
-    assert.ok(left.length >= 1, `the SIGKILL landed mid-backup, leaving its partial copy: ${readdirSync(folder).join(", ")}`);
+    assert.ok(
+      left.length >= 1,
+      `the SIGKILL landed mid-backup, leaving its partial copy: ${readdirSync(folder).join(", ")}`,
+    );
     // A backup still running in another process, by the name it would write under (its PID alive).
     const live = spawn("sleep", ["30"]);
     const writing = `.killed-20261203T120000Z.db.partial-${live.pid}`;
@@ -263,8 +290,15 @@ describe("inbox.ts backup after a backup was killed", () => {
     try {
       const cli = await runScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
       assert.equal(cli.code, 0, cli.stderr);
-      assert.match(cli.stdout, new RegExp(`Removed ${left.length} partial (copy|copies) left by a backup that was killed`));
-      assert.deepEqual(partials().sort(), [other, writing].sort(), "the killed one's partial is gone; the live one's and the other database's stay");
+      assert.match(
+        cli.stdout,
+        new RegExp(`Removed ${left.length} partial (copy|copies) left by a backup that was killed`),
+      );
+      assert.deepEqual(
+        partials().sort(),
+        [other, writing].sort(),
+        "the killed one's partial is gone; the live one's and the other database's stay",
+      );
     } finally {
       live.kill();
     }

@@ -32,7 +32,17 @@ interface Crashes {
 async function fill(target: string): Promise<string[]> {
   const inbox = await connect(target);
   const ids = Array.from({ length: DELIVERIES }, (_, i) => `evt_${run}_${i + 1}`);
-  await Promise.all(ids.map((id, i) => inbox.store({ source: "shop", id, body: Buffer.from(JSON.stringify({ n: i + 1 })), contentType: "application/json", eventType: "order.paid" })));
+  await Promise.all(
+    ids.map((id, i) =>
+      inbox.store({
+        source: "shop",
+        id,
+        body: Buffer.from(JSON.stringify({ n: i + 1 })),
+        contentType: "application/json",
+        eventType: "order.paid",
+      }),
+    ),
+  );
   await inbox.close();
   return ids;
 }
@@ -45,14 +55,23 @@ async function crashUntilDrained(target: string, destination: object): Promise<C
   for (;;) {
     assert.ok(Date.now() < deadline, `drained within two minutes: ${JSON.stringify(crashes)}`);
     const child = spawnScript("test/fixtures/broker-worker.ts", [
-      "--db", target, "--destination", JSON.stringify(destination), "--kill-every", String(KILL_EVERY), "--lease-ms", String(LEASE_MS),
+      "--db",
+      target,
+      "--destination",
+      JSON.stringify(destination),
+      "--kill-every",
+      String(KILL_EVERY),
+      "--lease-ms",
+      String(LEASE_MS),
     ]);
     crashes.workers++;
     let out = "";
     let err = "";
     child.stdout!.on("data", (d) => (out += d));
     child.stderr!.on("data", (d) => (err += d));
-    const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => child.on("close", (c, s) => resolve([c, s])));
+    const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
+      child.on("close", (c, s) => resolve([c, s])),
+    );
     if (signal === "SIGKILL") {
       crashes.kills++;
       crashes.killedAfterAck.push(...[...out.matchAll(/^kill (\S+)$/gm)].map((m) => m[1]!));
@@ -82,21 +101,35 @@ const BACKENDS = await backends("brokers_crash");
 // machine. Most of a case is a worker starting up or a lease running out, which the other backend fills.
 describe("on both backends at once", { concurrency: true }, () => {
   for (const backend of BACKENDS) {
-    describe(`workers on ${backend.name} killed between the broker's acknowledgement and the done mark`, { skip: backend.skip, concurrency: 1 }, () => {
+    describe(`workers on ${backend.name} killed between the broker's acknowledgement and the done mark`, {
+      skip: backend.skip,
+      concurrency: 1,
+    }, () => {
       describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
         const jet = jetStreamSuite(NATS);
         const made = jet.made;
 
         // scenario fills a backlog, crashes workers through it into a fresh stream, and returns what the stream holds.
-        async function scenario(duplicateWindowMs: number): Promise<{ crashes: Crashes; ids: string[]; held: Map<string, number> }> {
+        async function scenario(
+          duplicateWindowMs: number,
+        ): Promise<{ crashes: Crashes; ids: string[]; held: Map<string, number> }> {
           const stream = `CRASH_${run}_${backend.name}_${made.length + 1}`;
           const subject = `crash${run}${backend.name}${made.length + 1}`;
           made.push(stream);
-          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+          await jet.jsm.streams.add({
+            name: stream,
+            subjects: [`${subject}.>`],
+            duplicate_window: nanos(duplicateWindowMs),
+          });
           const { target, cleanup } = await backend.make();
           try {
             const ids = await fill(target);
-            const crashes = await crashUntilDrained(target, { type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream });
+            const crashes = await crashUntilDrained(target, {
+              type: "nats",
+              url: NATS,
+              subject: `${subject}.{source}.{type}`,
+              stream,
+            });
             const info = await jet.jsm.streams.info(stream);
             const seen: string[] = [];
             for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) {
@@ -111,19 +144,28 @@ describe("on both backends at once", { concurrency: true }, () => {
 
         it("holds each delivery exactly once in the stream", async () => {
           const { crashes, ids, held } = await scenario(120_000);
-          console.log(`# JetStream on ${backend.name}: ${crashes.kills} kills after a PubAck in ${crashes.workers} workers; ${held.size} deliveries in the stream, ${[...held.values()].filter((n) => n > 1).length} doubled`);
+          console.log(
+            `# JetStream on ${backend.name}: ${crashes.kills} kills after a PubAck in ${crashes.workers} workers; ${held.size} deliveries in the stream, ${[...held.values()].filter((n) => n > 1).length} doubled`,
+          );
           assert.ok(crashes.kills >= 5, `the workers were killed many times: ${JSON.stringify(crashes)}`);
           assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-          assert.deepEqual([...held].filter(([, n]) => n > 1), [], "none twice");
+          assert.deepEqual(
+            [...held].filter(([, n]) => n > 1),
+            [],
+            "none twice",
+          );
         });
 
         it("control: with the duplicate window at its least (100 ms, shorter than a lease), the same crashes double messages", async () => {
           const { crashes, ids, held } = await scenario(100);
           const doubled = [...held].filter(([, n]) => n > 1).map(([id]) => id);
-          console.log(`# JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled.length} deliveries doubled`);
+          console.log(
+            `# JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled.length} deliveries doubled`,
+          );
           assert.ok(crashes.kills >= 5, JSON.stringify(crashes));
           assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-          for (const id of crashes.killedAfterAck) assert.ok((held.get(id) ?? 0) >= 2, `${id}, killed after its PubAck, is in the stream twice`);
+          for (const id of crashes.killedAfterAck)
+            assert.ok((held.get(id) ?? 0) >= 2, `${id}, killed after its PubAck, is in the stream twice`);
         });
       });
 
@@ -139,16 +181,23 @@ describe("on both backends at once", { concurrency: true }, () => {
             const crashes = await crashUntilDrained(target, { type: "rabbitmq", url: RABBITMQ, routingKey: queue });
             const seen: string[] = [];
             const messageIds = new Set<string>();
-            for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) {
+            for (
+              let m = await rabbit.channel.get(queue, { noAck: true });
+              m !== false;
+              m = await rabbit.channel.get(queue, { noAck: true })
+            ) {
               seen.push(String(m.properties.headers?.[HEADERS.id]));
               messageIds.add(m.properties.messageId as string);
             }
             const held = copies(seen);
             const doubled = [...held].filter(([, n]) => n > 1).map(([id]) => id);
-            console.log(`# RabbitMQ on ${backend.name}: ${crashes.kills} kills after a confirm in ${crashes.workers} workers; ${seen.length} messages for ${held.size} deliveries, ${doubled.length} doubled`);
+            console.log(
+              `# RabbitMQ on ${backend.name}: ${crashes.kills} kills after a confirm in ${crashes.workers} workers; ${seen.length} messages for ${held.size} deliveries, ${doubled.length} doubled`,
+            );
             assert.ok(crashes.kills >= 5, JSON.stringify(crashes));
             assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
-            for (const id of crashes.killedAfterAck) assert.ok(doubled.includes(id), `${id}, killed after its confirm, was published again`);
+            for (const id of crashes.killedAfterAck)
+              assert.ok(doubled.includes(id), `${id}, killed after its confirm, was published again`);
             assert.equal(messageIds.size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
           } finally {
             await cleanup();

@@ -22,20 +22,29 @@ after(() => rmSync(dir, { recursive: true, force: true }));
 
 function sourcesFile(name: string, destination: Record<string, unknown>): string {
   const file = join(dir, `${name}.json`);
-  writeFileSync(file, JSON.stringify({
-    $destinations: { events: { type: "nats", ...destination } },
-    shop: { provider: "plain", routes: ["handler", "events"] },
-  }));
+  writeFileSync(
+    file,
+    JSON.stringify({
+      $destinations: { events: { type: "nats", ...destination } },
+      shop: { provider: "plain", routes: ["handler", "events"] },
+    }),
+  );
   return file;
 }
 
 describe("a mistake in a broker destination", () => {
   it("stops the receiver and the worker at start-up with one line and exit code 2, naming no secret", async () => {
     const bad = sourcesFile("bad", { url: NATS, subject: "webhooks.>" });
-    for (const [script, args] of [["receiver.ts", ["--port", "0"]], ["worker.ts", ["--once"]]] as const) {
+    for (const [script, args] of [
+      ["receiver.ts", ["--port", "0"]],
+      ["worker.ts", ["--once"]],
+    ] as const) {
       const r = await runScript(script, [...args, "--db", join(dir, "never.db"), "--sources", bad]);
       assert.equal(r.code, 2, `${script}: ${r.stderr}`);
-      assert.match(r.stderr.trim(), /^\S+: .*destination "events": subject "webhooks\.>" is not one a message can be published to/);
+      assert.match(
+        r.stderr.trim(),
+        /^\S+: .*destination "events": subject "webhooks\.>" is not one a message can be published to/,
+      );
       assert.equal(r.stderr.trim().split("\n").length, 1, "one line");
     }
     const unset = sourcesFile("unset", { url: NATS, subject: "x.{source}", token: "env:INBOX_TEST_NATS_TOKEN_UNSET" });
@@ -50,18 +59,29 @@ describe("a source routed to a NATS JetStream destination", { skip: natsSkipped 
   const streams = jet.made;
 
   for (const backend of all) {
-    it(`is published by worker.ts beside the handler, each delivery once (${backend.name})`, { skip: backend.skip }, async () => {
+    it(`is published by worker.ts beside the handler, each delivery once (${backend.name})`, {
+      skip: backend.skip,
+    }, async () => {
       const stream = `FWD_${run}_${backend.name}`;
       const prefix = `fwd${run}${backend.name}`;
       streams.push(stream);
       await jet.jsm.streams.add({ name: stream, subjects: [`${prefix}.>`] });
-      const file = sourcesFile(backend.name, { url: NATS, subject: `${prefix}.{source}.{type}`, stream, maxInFlight: 4 });
+      const file = sourcesFile(backend.name, {
+        url: NATS,
+        subject: `${prefix}.{source}.{type}`,
+        stream,
+        maxInFlight: 4,
+      });
       const { target, cleanup } = await backend.make();
       try {
         const receiver = await startReceiver(target, ["--sources", file]);
         const sent = [0, 1, 2].map(async (i) => {
           const body = JSON.stringify({ customer: `c${i}`, amount: i + 1 });
-          const answer = await fetch(`${receiver.url}/shop`, { method: "POST", headers: { "x-delivery-id": `evt_${i}`, "content-type": "application/json" }, body });
+          const answer = await fetch(`${receiver.url}/shop`, {
+            method: "POST",
+            headers: { "x-delivery-id": `evt_${i}`, "content-type": "application/json" },
+            body,
+          });
           return answer.status;
         });
         assert.deepEqual(await Promise.all(sent), [200, 200, 200]);
@@ -78,11 +98,21 @@ describe("a source routed to a NATS JetStream destination", { skip: natsSkipped 
           if (m) published.push([m.subject, m.header.get("Nats-Msg-Id")]);
         }
         const eventRows = rows.filter((r) => r.destination === "events");
-        assert.ok(rows.every((r) => r.status === "done"), JSON.stringify(rows));
+        assert.ok(
+          rows.every((r) => r.status === "done"),
+          JSON.stringify(rows),
+        );
         assert.equal(rows.filter((r) => r.destination === "handler").length, 3, "the handler has all three");
         assert.equal(eventRows.length, 3, "one row per route: the destination has all three too");
-        assert.deepEqual(published.map(([, id]) => id).sort(), ["events:shop:evt_0", "events:shop:evt_1", "events:shop:evt_2"], "each in the stream once");
-        assert.ok(published.every(([subject]) => subject === `${prefix}.shop._`), "a delivery with no event type goes to {type} = _");
+        assert.deepEqual(
+          published.map(([, id]) => id).sort(),
+          ["events:shop:evt_0", "events:shop:evt_1", "events:shop:evt_2"],
+          "each in the stream once",
+        );
+        assert.ok(
+          published.every(([subject]) => subject === `${prefix}.shop._`),
+          "a delivery with no event type goes to {type} = _",
+        );
       } finally {
         await cleanup();
       }

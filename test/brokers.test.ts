@@ -10,7 +10,16 @@ import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jet
 import { connect as natsConnect, nanos, type NatsConnection } from "@nats-io/transport-node";
 import amqp, { type Channel, type ChannelModel } from "amqplib";
 import { join } from "node:path";
-import { brokerSender, HEADERS, messageId, missingClient, openBroker, parseBrokerDestination, type Broker, type BrokerMessage } from "../lib/brokers.ts";
+import {
+  brokerSender,
+  HEADERS,
+  messageId,
+  missingClient,
+  openBroker,
+  parseBrokerDestination,
+  type Broker,
+  type BrokerMessage,
+} from "../lib/brokers.ts";
 import type { Sender } from "../lib/forwarding/forward.ts";
 import { connect } from "../inbox.ts";
 import { freePort, NATS, natsSkip, RABBITMQ, rabbitmqSkip, tempDir } from "./helpers.ts";
@@ -20,41 +29,78 @@ const rabbitSkipped = await rabbitmqSkip();
 const run = randomBytes(4).toString("hex");
 
 // Every byte value, and bytes that are not UTF-8: a body must arrive exactly as it was received.
-const BINARY = Buffer.concat([Buffer.from(Array.from({ length: 256 }, (_, i) => i)), Buffer.from([0xc3, 0x28, 0xff, 0xfe, 0x00])]);
+const BINARY = Buffer.concat([
+  Buffer.from(Array.from({ length: 256 }, (_, i) => i)),
+  Buffer.from([0xc3, 0x28, 0xff, 0xfe, 0x00]),
+]);
 
 function message(over: Partial<BrokerMessage> = {}): BrokerMessage {
   return {
-    source: "stripe", id: "evt_1", body: BINARY, contentType: "application/octet-stream", eventType: "invoice.paid", attempt: 1,
-    replays: 0, orderKey: null, newerId: null, traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ...over,
+    source: "stripe",
+    id: "evt_1",
+    body: BINARY,
+    contentType: "application/octet-stream",
+    eventType: "invoice.paid",
+    attempt: 1,
+    replays: 0,
+    orderKey: null,
+    newerId: null,
+    traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    ...over,
   };
 }
 
 describe("parseBrokerDestination()", () => {
-  const parse = (settings: unknown, env: Record<string, string> = {}) => parseBrokerDestination("audit", settings, 'sources.json: destination "audit"', env);
+  const parse = (settings: unknown, env: Record<string, string> = {}) =>
+    parseBrokerDestination("audit", settings, 'sources.json: destination "audit"', env);
   const refuses = (settings: unknown, pattern: RegExp, env: Record<string, string> = {}) =>
-    assert.throws(() => parse(settings, env), (error: unknown) => {
-      assert.ok(error instanceof TypeError, `a TypeError, got ${String(error)}`);
-      assert.match(error.message, /^sources\.json: destination "audit": /);
-      assert.match(error.message, pattern);
-      assert.doesNotMatch(error.message, /\n/, "one line");
-      return true;
-    });
+    assert.throws(
+      () => parse(settings, env),
+      (error: unknown) => {
+        assert.ok(error instanceof TypeError, `a TypeError, got ${String(error)}`);
+        assert.match(error.message, /^sources\.json: destination "audit": /);
+        assert.match(error.message, pattern);
+        assert.doesNotMatch(error.message, /\n/, "one line");
+        return true;
+      },
+    );
 
   it("reads a NATS destination, its defaults and its env: secrets", () => {
-    const d = parse({ type: "nats", subject: "webhooks.{source}.{type}", user: "inbox", pass: "env:NATS_PASS", stream: "WEBHOOKS" }, { NATS_PASS: "s3cret" });
+    const d = parse(
+      { type: "nats", subject: "webhooks.{source}.{type}", user: "inbox", pass: "env:NATS_PASS", stream: "WEBHOOKS" },
+      { NATS_PASS: "s3cret" },
+    );
     assert.deepEqual(d, {
-      type: "nats", name: "audit", servers: ["nats://127.0.0.1:4222"], subject: "webhooks.{source}.{type}", timeoutMs: 5_000,
-      stream: "WEBHOOKS", user: "inbox", pass: "s3cret",
+      type: "nats",
+      name: "audit",
+      servers: ["nats://127.0.0.1:4222"],
+      subject: "webhooks.{source}.{type}",
+      timeoutMs: 5_000,
+      stream: "WEBHOOKS",
+      user: "inbox",
+      pass: "s3cret",
     });
     const two = parse({ type: "nats", url: "nats://a:4222, tls://b:4222", subject: "x", token: "t" });
     assert.deepEqual(two.type === "nats" && [two.servers, two.token], [["nats://a:4222", "tls://b:4222"], "t"]);
   });
 
   it("reads a RabbitMQ destination, its defaults and an env: URL", () => {
-    assert.deepEqual(parse({ type: "rabbitmq", url: "env:AMQP_URL", routingKey: "inbox" }, { AMQP_URL: "amqp://u:p@mq:5672/v" }), {
-      type: "rabbitmq", name: "audit", url: "amqp://u:p@mq:5672/v", exchange: "", routingKey: "inbox", mandatory: true, timeoutMs: 5_000,
-    });
-    assert.equal(parse({ type: "rabbitmq", routingKey: "k", exchange: "webhooks", mandatory: false, timeoutMs: 50 }).type, "rabbitmq");
+    assert.deepEqual(
+      parse({ type: "rabbitmq", url: "env:AMQP_URL", routingKey: "inbox" }, { AMQP_URL: "amqp://u:p@mq:5672/v" }),
+      {
+        type: "rabbitmq",
+        name: "audit",
+        url: "amqp://u:p@mq:5672/v",
+        exchange: "",
+        routingKey: "inbox",
+        mandatory: true,
+        timeoutMs: 5_000,
+      },
+    );
+    assert.equal(
+      parse({ type: "rabbitmq", routingKey: "k", exchange: "webhooks", mandatory: false, timeoutMs: 50 }).type,
+      "rabbitmq",
+    );
   });
 
   it("refuses each mistake in one line that names the destination", () => {
@@ -69,18 +115,31 @@ describe("parseBrokerDestination()", () => {
     refuses({ type: "nats", subject: "x", url: "http://h:4222" }, /expected url to start with nats:\/\/ or tls:\/\/$/);
     refuses({ type: "nats", subject: "x", user: "u" }, /expected user and pass together/);
     refuses({ type: "nats", subject: "x", stream: "a.b" }, /expected stream to be a stream's name/);
-    refuses({ type: "nats", subject: "x", timeoutMs: 0 }, /expected timeoutMs to be a whole number of ms, 1 or more, got 0/);
+    refuses(
+      { type: "nats", subject: "x", timeoutMs: 0 },
+      /expected timeoutMs to be a whole number of ms, 1 or more, got 0/,
+    );
     refuses({ type: "rabbitmq" }, /missing routingKey/);
     refuses({ type: "rabbitmq", routingKey: "k".repeat(256) }, /longer than AMQP's 255 bytes/);
     refuses({ type: "rabbitmq", routingKey: "k", exchange: 7 }, /expected exchange to be a string/);
     refuses({ type: "rabbitmq", routingKey: "k", mandatory: "yes" }, /expected mandatory to be true or false/);
-    refuses({ type: "rabbitmq", routingKey: "k", url: "env:AMQP_URL" }, /url reads the environment variable AMQP_URL, which is not set/);
+    refuses(
+      { type: "rabbitmq", routingKey: "k", url: "env:AMQP_URL" },
+      /url reads the environment variable AMQP_URL, which is not set/,
+    );
   });
 
   it("keys each message by destination, source and ID, so that no two deliveries share a key", () => {
     assert.equal(messageId("events", { source: "stripe", id: "evt_1", replays: 0 }), "events:stripe:evt_1");
-    assert.notEqual(messageId("d", { source: "a:b", id: "c", replays: 0 }), messageId("d", { source: "a", id: "b:c", replays: 0 }), "a : inside a part is no separator");
-    assert.notEqual(messageId("d:x", { source: "s", id: "i", replays: 0 }), messageId("d", { source: "x:s", id: "i", replays: 0 }));
+    assert.notEqual(
+      messageId("d", { source: "a:b", id: "c", replays: 0 }),
+      messageId("d", { source: "a", id: "b:c", replays: 0 }),
+      "a : inside a part is no separator",
+    );
+    assert.notEqual(
+      messageId("d:x", { source: "s", id: "i", replays: 0 }),
+      messageId("d", { source: "x:s", id: "i", replays: 0 }),
+    );
     assert.equal(messageId("events", { source: "stripe", id: "evt_1", replays: 2 }), "events:stripe:evt_1:replay-2");
   });
 
@@ -88,7 +147,10 @@ describe("parseBrokerDestination()", () => {
     const shape = (settings: unknown) => parseBrokerDestination("audit", settings, 'destination "audit"', {}, false);
     assert.equal(shape({ type: "rabbitmq", url: "env:AMQP_URL", routingKey: "k" }).type, "rabbitmq");
     assert.equal(shape({ type: "nats", url: "env:NATS_URL", subject: "x", user: "env:U", pass: "env:P" }).type, "nats");
-    assert.throws(() => shape({ type: "nats", url: "env:NATS_URL", subject: "x.>" }), /^TypeError: destination "audit": subject "x\.>" is not one/);
+    assert.throws(
+      () => shape({ type: "nats", url: "env:NATS_URL", subject: "x.>" }),
+      /^TypeError: destination "audit": subject "x\.>" is not one/,
+    );
     assert.throws(() => shape({ type: "nats", subject: "x", user: "env:U" }), /expected user and pass together/);
   });
 
@@ -100,7 +162,10 @@ describe("parseBrokerDestination()", () => {
       [{ type: "nats", subject: "x", url: "env:URL" }, { URL: `not a url ${secret}` }],
       [{ type: "nats", subject: "x", token: "env:T", user: "u", pass: secret }, { T: secret }],
     ] as const) {
-      assert.throws(() => parse(settings, env), (error: Error) => !error.message.includes(secret) && !error.message.includes("guest"));
+      assert.throws(
+        () => parse(settings, env),
+        (error: Error) => !error.message.includes(secret) && !error.message.includes("guest"),
+      );
     }
   });
 });
@@ -124,7 +189,13 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
   };
   const brokers: Broker[] = [];
   const broker = (settings: Record<string, unknown>, name = "audit") => {
-    const b = openBroker(parseBrokerDestination(name, { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}`, ...settings }, "test"));
+    const b = openBroker(
+      parseBrokerDestination(
+        name,
+        { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}`, ...settings },
+        "test",
+      ),
+    );
     brokers.push(b);
     return b;
   };
@@ -152,19 +223,47 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     assert.ok(Buffer.from(m!.data).equals(BINARY), "every byte arrives as it was");
     const h = m!.header;
     assert.equal(h.get("Nats-Msg-Id"), "audit:stripe:evt_1");
-    assert.deepEqual(["inbox-source", "inbox-delivery-id", "inbox-event-type", "inbox-attempt", "inbox-order-key", "inbox-stale", "inbox-newer-id", "traceparent"].map((k) => h.get(k)),
-      ["stripe", "evt_1", "invoice.paid", "3", "sub_1", "true", "evt_2", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]);
+    assert.deepEqual(
+      [
+        "inbox-source",
+        "inbox-delivery-id",
+        "inbox-event-type",
+        "inbox-attempt",
+        "inbox-order-key",
+        "inbox-stale",
+        "inbox-newer-id",
+        "traceparent",
+      ].map((k) => h.get(k)),
+      [
+        "stripe",
+        "evt_1",
+        "invoice.paid",
+        "3",
+        "sub_1",
+        "true",
+        "evt_2",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      ],
+    );
     assert.equal(h.get("Content-Type"), "application/octet-stream");
   });
 
   it("puts a delivery in the stream once, however often it is published, while a replay goes again", async () => {
     await fresh();
     const b = broker({});
-    for (let i = 0; i < 3; i++) assert.deepEqual(await b.publish(message({ attempt: i + 1 })), { kind: "done" }, "a duplicate PubAck is done too");
+    for (let i = 0; i < 3; i++)
+      assert.deepEqual(
+        await b.publish(message({ attempt: i + 1 })),
+        { kind: "done" },
+        "a duplicate PubAck is done too",
+      );
     assert.equal((await stored()).length, 1);
     assert.deepEqual(await b.publish(message({ replays: 1 })), { kind: "done" });
     const all = await stored();
-    assert.deepEqual(all.map((m) => m.header.get("Nats-Msg-Id")), ["audit:stripe:evt_1", "audit:stripe:evt_1:replay-1"]);
+    assert.deepEqual(
+      all.map((m) => m.header.get("Nats-Msg-Id")),
+      ["audit:stripe:evt_1", "audit:stripe:evt_1:replay-1"],
+    );
   });
 
   it("keeps two destinations that feed one stream apart: each has its message (control: one shared ID loses one)", async () => {
@@ -173,7 +272,10 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     const billing = broker({ subject: `${prefix}.billing.{type}` }, "billing");
     assert.deepEqual(await audit.publish(message()), { kind: "done" });
     assert.deepEqual(await billing.publish(message()), { kind: "done" });
-    assert.deepEqual((await stored()).map((m) => m.subject).sort(), [`${prefix}.billing.invoice.paid`, `${prefix}.stripe.invoice.paid`]);
+    assert.deepEqual((await stored()).map((m) => m.subject).sort(), [
+      `${prefix}.billing.invoice.paid`,
+      `${prefix}.stripe.invoice.paid`,
+    ]);
     // The control: the same two publishes keyed by the delivery alone, as a naive msg ID would be.
     await fresh();
     const js = jetstream(nc);
@@ -190,7 +292,10 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     assert.deepEqual(await b.publish(message({ id: "a", eventType: "weird type*with>chars..x" })), { kind: "done" });
     assert.deepEqual(await b.publish(message({ id: "b", eventType: null })), { kind: "done" });
     assert.deepEqual(await b.publish(message({ id: "c", to: `${prefix}.routed.{source}` })), { kind: "done" });
-    assert.deepEqual((await stored()).map((m) => m.subject), [`${prefix}.stripe.weird_type_with_chars._.x`, `${prefix}.stripe._`, `${prefix}.routed.stripe`]);
+    assert.deepEqual(
+      (await stored()).map((m) => m.subject),
+      [`${prefix}.stripe.weird_type_with_chars._.x`, `${prefix}.stripe._`, `${prefix}.routed.stripe`],
+    );
   });
 
   it("is the forwarder's Sender for a broker destination: a leased delivery goes out whole, its traceparent carried on", async () => {
@@ -199,17 +304,36 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     const inbox = await connect(join(dir, "inbox.db"));
     try {
       const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-      await inbox.store({ source: "shop", id: "evt_9", body: BINARY, contentType: "application/octet-stream", eventType: "order.paid", traceparent });
+      await inbox.store({
+        source: "shop",
+        id: "evt_9",
+        body: BINARY,
+        contentType: "application/octet-stream",
+        eventType: "order.paid",
+        traceparent,
+      });
       const lease = (await inbox.claim())!;
       // The settings routes.ts reads for every destination (maxInFlight, rate, breaker) are taken too.
-      const settings = { type: "nats", url: NATS, subject: `${prefix}.{source}.{type}`, maxInFlight: 4, rate: 100, breaker: false };
+      const settings = {
+        type: "nats",
+        url: NATS,
+        subject: `${prefix}.{source}.{type}`,
+        maxInFlight: 4,
+        rate: 100,
+        breaker: false,
+      };
       const sender: Sender = brokerSender(parseBrokerDestination("audit", settings, "test"));
-      assert.deepEqual(await sender.send(lease, { signal: new AbortController().signal, permanent4xx: false }), { kind: "done" });
+      assert.deepEqual(await sender.send(lease, { signal: new AbortController().signal, permanent4xx: false }), {
+        kind: "done",
+      });
       await sender.close();
       const [m] = await stored();
       assert.equal(m!.subject, `${prefix}.shop.order.paid`);
       assert.ok(Buffer.from(m!.data).equals(BINARY));
-      assert.deepEqual(["Nats-Msg-Id", "inbox-attempt", "traceparent"].map((k) => m!.header.get(k)), ["audit:shop:evt_9", "1", traceparent]);
+      assert.deepEqual(
+        ["Nats-Msg-Id", "inbox-attempt", "traceparent"].map((k) => m!.header.get(k)),
+        ["audit:shop:evt_9", "1", traceparent],
+      );
     } finally {
       await inbox.close();
       cleanup();
@@ -220,17 +344,26 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     await fresh();
     assert.deepEqual(await broker({}).publish(message({ id: "evt\r\n1 é" })), { kind: "done" });
     const [m] = await stored();
-    assert.deepEqual([m!.header.get(HEADERS.id), m!.header.get("Nats-Msg-Id")], ["evt%0D%0A1%20%C3%A9", "audit:stripe:evt%0D%0A1%20%C3%A9"]);
+    assert.deepEqual(
+      [m!.header.get(HEADERS.id), m!.header.get("Nats-Msg-Id")],
+      ["evt%0D%0A1%20%C3%A9", "audit:stripe:evt%0D%0A1%20%C3%A9"],
+    );
   });
 
   it("retries, saying why, when no stream captures the subject or another stream does", async () => {
     await fresh();
     const none = await broker({ subject: `nostream${run}.{source}` }).publish(message());
     assert.equal(none.kind, "retry");
-    assert.match((none as { error: string }).error, /^nats audit: publish to nostream\w+\.stripe: no stream captures this subject/);
+    assert.match(
+      (none as { error: string }).error,
+      /^nats audit: publish to nostream\w+\.stripe: no stream captures this subject/,
+    );
     const other = await broker({ stream: "SOME_OTHER_STREAM" }).publish(message({ id: "other" }));
     assert.equal(other.kind, "retry");
-    assert.match((other as { error: string }).error, /^nats audit: publish to inboxtest\w+\.stripe\.invoice\.paid: expected stream does not match$/);
+    assert.match(
+      (other as { error: string }).error,
+      /^nats audit: publish to inboxtest\w+\.stripe\.invoice\.paid: expected stream does not match$/,
+    );
   });
 
   it("fails for good a body larger than the server takes, which no retry can cure", async () => {
@@ -246,7 +379,10 @@ describe("publishing into NATS JetStream", { skip: natsSkipped }, () => {
     assert.equal(down.kind, "retry");
     assert.match((down as { error: string }).error, /^nats audit: cannot connect/);
     const aborted = AbortSignal.abort(new Error("the lease was lost"));
-    assert.deepEqual(await broker({}).publish(message(), aborted), { kind: "retry", error: "not published: the lease was lost" });
+    assert.deepEqual(await broker({}).publish(message(), aborted), {
+      kind: "retry",
+      error: "not published: the lease was lost",
+    });
   });
 });
 
@@ -256,7 +392,9 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
   const queue = `inbox-test-${run}`;
   const brokers: Broker[] = [];
   const broker = (settings: Record<string, unknown>) => {
-    const b = openBroker(parseBrokerDestination("audit", { type: "rabbitmq", url: RABBITMQ, routingKey: queue, ...settings }, "test"));
+    const b = openBroker(
+      parseBrokerDestination("audit", { type: "rabbitmq", url: RABBITMQ, routingKey: queue, ...settings }, "test"),
+    );
     brokers.push(b);
     return b;
   };
@@ -278,10 +416,18 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
     assert.ok(got, "the message is in the queue");
     assert.ok(got.content.equals(BINARY), "every byte arrives as it was");
     const p = got.properties;
-    assert.deepEqual([p.messageId, p.deliveryMode, p.contentType, p.type, p.appId], ["audit:stripe:evt_1", 2, "application/octet-stream", "invoice.paid", "webhook-inbox"]);
+    assert.deepEqual(
+      [p.messageId, p.deliveryMode, p.contentType, p.type, p.appId],
+      ["audit:stripe:evt_1", 2, "application/octet-stream", "invoice.paid", "webhook-inbox"],
+    );
     assert.deepEqual(p.headers, {
-      "inbox-source": "stripe", "inbox-delivery-id": "evt_1", "inbox-attempt": 2, "inbox-event-type": "invoice.paid", "inbox-order-key": "sub_1",
-      "inbox-stale": "false", traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      "inbox-source": "stripe",
+      "inbox-delivery-id": "evt_1",
+      "inbox-attempt": 2,
+      "inbox-event-type": "invoice.paid",
+      "inbox-order-key": "sub_1",
+      "inbox-stale": "false",
+      traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     });
   });
 
@@ -290,7 +436,11 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
     const returned = await broker({ routingKey: key }).publish(message());
     assert.equal(returned.kind, "retry");
     assert.match((returned as { error: string }).error, /no queue is bound to take it/);
-    assert.deepEqual(await broker({ routingKey: key, mandatory: false }).publish(message()), { kind: "done" }, "RabbitMQ confirms what it dropped");
+    assert.deepEqual(
+      await broker({ routingKey: key, mandatory: false }).publish(message()),
+      { kind: "done" },
+      "RabbitMQ confirms what it dropped",
+    );
   });
 
   it("retries, saying why, when the exchange is missing, and publishes again once the channel is reopened", async () => {
@@ -302,7 +452,10 @@ describe("publishing into RabbitMQ", { skip: rabbitSkipped }, () => {
     await channel.bindQueue(queue, `missing-${run}`, queue);
     await channel.purgeQueue(queue);
     assert.deepEqual(await b.publish(message({ id: "later" })), { kind: "done" });
-    assert.equal((await channel.get(queue, { noAck: true }) || undefined)?.properties.messageId, "audit:stripe:later");
+    assert.equal(
+      ((await channel.get(queue, { noAck: true })) || undefined)?.properties.messageId,
+      "audit:stripe:later",
+    );
     await channel.deleteExchange(`missing-${run}`);
   });
 
@@ -324,8 +477,9 @@ describe("missingClient()", () => {
   it("finds each broker's client installed here, and names what to install when one is not (the package test's control)", async () => {
     assert.equal(await missingClient("nats", "events"), undefined);
     assert.equal(await missingClient("rabbitmq", "audit"), undefined);
-    assert.equal(await missingClient("rabbitmq", "audit", ["amqplib-that-is-not-there"]),
-      `destination "audit" publishes to RabbitMQ, but amqplib-that-is-not-there is not installed: npm install amqplib-that-is-not-there`);
+    assert.equal(
+      await missingClient("rabbitmq", "audit", ["amqplib-that-is-not-there"]),
+      `destination "audit" publishes to RabbitMQ, but amqplib-that-is-not-there is not installed: npm install amqplib-that-is-not-there`,
+    );
   });
 });
-

@@ -55,9 +55,11 @@ export function bodyIsWhole(id: string, body: Uint8Array): boolean {
   }
   const [a, b, c] = parts as [number, number, number];
   const payload = bytes.subarray(c + 1);
-  return bytes.subarray(0, a).toString() === id
-    && Number(bytes.subarray(a + 1, b).toString()) === payload.length
-    && bytes.subarray(b + 1, c).toString() === sha256(payload);
+  return (
+    bytes.subarray(0, a).toString() === id &&
+    Number(bytes.subarray(a + 1, b).toString()) === payload.length &&
+    bytes.subarray(b + 1, c).toString() === sha256(payload)
+  );
 }
 
 // ---- 1. The receiver, killed while senders send ----------------------------------------------------
@@ -111,8 +113,10 @@ export async function receiverCrash(o: ReceiverCrashOptions): Promise<ReceiverCr
         let answer: { status: number; text: string };
         try {
           const res = await fetch(receiver.url, {
-            method: "POST", headers: { "x-delivery-id": id, "content-type": "application/octet-stream" },
-            body: new Uint8Array(selfCheckingBody(id)), signal: AbortSignal.timeout(10_000),
+            method: "POST",
+            headers: { "x-delivery-id": id, "content-type": "application/octet-stream" },
+            body: new Uint8Array(selfCheckingBody(id)),
+            signal: AbortSignal.timeout(10_000),
           });
           answer = { status: res.status, text: await res.text() };
         } catch {
@@ -138,7 +142,11 @@ export async function receiverCrash(o: ReceiverCrashOptions): Promise<ReceiverCr
   const conn = new DatabaseSync(db);
   try {
     const integrity = (conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
-    const rows = conn.prepare("SELECT id, body, body_sha256 FROM deliveries").all() as { id: string; body: Uint8Array; body_sha256: string }[];
+    const rows = conn.prepare("SELECT id, body, body_sha256 FROM deliveries").all() as {
+      id: string;
+      body: Uint8Array;
+      body_sha256: string;
+    }[];
     const ids = new Set(rows.map((r) => r.id));
     return {
       ...report,
@@ -186,16 +194,22 @@ export function readLedger(path: string): Ledger {
     const counts = one<{ n: number; done: number; processing: number; expected: number }>(
       `SELECT count(*) AS n, coalesce(sum(status = 'done'), 0) AS done, coalesce(sum(status = 'processing'), 0) AS processing,
               coalesce(sum(json_extract(CASE WHEN purged_at IS NULL THEN CAST(body AS TEXT) END, '$.amount')), 0) AS expected
-       FROM deliveries`);
+       FROM deliveries`,
+    );
     const effects = one<{ lost: number; doubled: number; takenOver: number }>(
       `SELECT coalesce(sum(d.status = 'done' AND e.n IS NULL), 0) AS lost,
               coalesce(sum(e.n > 1), 0) AS doubled,
               coalesce(sum(d.status = 'done' AND d.attempts > 1), 0) AS takenOver
-       FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`);
+       FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`,
+    );
     return {
-      deliveries: counts.n, done: counts.done, processing: counts.processing, notDone: counts.n - counts.done,
+      deliveries: counts.n,
+      done: counts.done,
+      processing: counts.processing,
+      notDone: counts.n - counts.done,
       balance: one<{ balance: number }>("SELECT balance FROM accounts WHERE name = 'main'").balance,
-      expected: counts.expected, ...effects,
+      expected: counts.expected,
+      ...effects,
     };
   } finally {
     conn.close();
@@ -215,7 +229,9 @@ export interface WorkerProcess {
 export function startWorker(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): WorkerProcess {
   const child = spawnScript("test/fixtures/balance-worker.ts", ["--db", db, ...args], env);
   const w: WorkerProcess = {
-    child, inFlight: new Set(), lines: [],
+    child,
+    inFlight: new Set(),
+    lines: [],
     exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))),
   };
   child.stderr!.on("data", (d) => w.lines.push(`stderr: ${d}`));
@@ -261,8 +277,11 @@ export async function workerCrash(o: WorkerCrashOptions): Promise<WorkerCrashRep
   const db = join(o.dir, "worker-crash.db");
   const inbox = new SqliteInbox(db);
   prepareLedger(inbox);
-  await Promise.all(Array.from({ length: o.deliveries }, (_, i) =>
-    inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: between(o.random, 1, 1000) })) })));
+  await Promise.all(
+    Array.from({ length: o.deliveries }, (_, i) =>
+      inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: between(o.random, 1, 1000) })) }),
+    ),
+  );
   await inbox.close();
 
   const args = ["--lease-ms", String(o.leaseMs), "--concurrency", String(o.concurrency), "--work-ms", String(o.workMs)];
@@ -314,19 +333,35 @@ export interface StormReport {
 }
 
 /** busyStorm runs `processes` storm fixtures at once on one database and tallies their claims. */
-export async function busyStorm(o: { dir: string; processes: number; perProcess: number; claimer: Claimer }): Promise<StormReport> {
+export async function busyStorm(o: {
+  dir: string;
+  processes: number;
+  perProcess: number;
+  claimer: Claimer;
+}): Promise<StormReport> {
   const db = join(o.dir, `storm-${o.claimer}.db`);
   // Create the schema first, so the storm is about storing and claiming, not about the first migration.
   await new SqliteInbox(db).close();
   const runs = Array.from({ length: o.processes }, (_, me) => {
-    const child = spawnScript("test/fixtures/storm.ts",
-      ["--db", db, "--me", String(me), "--procs", String(o.processes), "--count", String(o.perProcess), "--claimer", o.claimer]);
+    const child = spawnScript("test/fixtures/storm.ts", [
+      "--db",
+      db,
+      "--me",
+      String(me),
+      "--procs",
+      String(o.processes),
+      "--count",
+      String(o.perProcess),
+      "--claimer",
+      o.claimer,
+    ]);
     let out = "";
     let err = "";
     child.stdout!.on("data", (d) => (out += d));
     child.stderr!.on("data", (d) => (err += d));
     return new Promise<{ code: number | null; out: string; err: string }>((resolve) =>
-      child.on("close", (code) => resolve({ code, out, err })));
+      child.on("close", (code) => resolve({ code, out, err })),
+    );
   });
   const results = await Promise.all(runs);
   const seen = new Map<string, number>();
@@ -400,7 +435,13 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
   const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
 
   let receiver = await startReceiver(db, ["--quiet"]);
-  const workerArgs = ["--lease-ms", "1000", "--work-ms", "40", ...(o.purgeEveryMs ? ["--purge-every-ms", String(o.purgeEveryMs)] : [])];
+  const workerArgs = [
+    "--lease-ms",
+    "1000",
+    "--work-ms",
+    "40",
+    ...(o.purgeEveryMs ? ["--purge-every-ms", String(o.purgeEveryMs)] : []),
+  ];
   const workers = Array.from({ length: o.workers }, () => startWorker(db, workerArgs));
   const acked = new Set<string>();
   let sending = true;
@@ -410,7 +451,9 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
       const id = unanswered.shift() ?? `p-s${k}-${i++}`;
       try {
         const res = await fetch(receiver.url, {
-          method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ amount: amountOf(id) }),
+          method: "POST",
+          headers: { "x-delivery-id": id },
+          body: JSON.stringify({ amount: amountOf(id) }),
           signal: AbortSignal.timeout(10_000),
         });
         await res.text();
@@ -462,17 +505,29 @@ export async function pipelineCrash(o: PipelineCrashOptions): Promise<PipelineCr
 
   const conn = new DatabaseSync(db);
   const integrity = (conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check;
-  const done = new Set((conn.prepare("SELECT id FROM deliveries WHERE status = 'done'").all() as { id: string }[]).map((r) => r.id));
-  const purged = conn.prepare(
-    "SELECT count(*) AS n, coalesce(sum(status <> 'done'), 0) AS undone FROM deliveries WHERE purged_at IS NOT NULL",
-  ).get() as { n: number; undone: number };
+  const done = new Set(
+    (conn.prepare("SELECT id FROM deliveries WHERE status = 'done'").all() as { id: string }[]).map((r) => r.id),
+  );
+  const purged = conn
+    .prepare(
+      "SELECT count(*) AS n, coalesce(sum(status <> 'done'), 0) AS undone FROM deliveries WHERE purged_at IS NOT NULL",
+    )
+    .get() as { n: number; undone: number };
   // A purged body no longer says its amount; the ID does, as the senders chose it.
   const ids = conn.prepare("SELECT id FROM deliveries").all() as { id: string }[];
   conn.close();
   const ledger = readLedger(db);
   return {
-    ...ledger, expected: o.purgeEveryMs ? ids.reduce((sum, r) => sum + amountOf(r.id), 0) : ledger.expected, kills, receiverKills, acked: acked.size,
-    lostAcked: [...acked].filter((id) => !done.has(id)).length, integrity, drained, purged: purged.n, purgedUndone: purged.undone,
+    ...ledger,
+    expected: o.purgeEveryMs ? ids.reduce((sum, r) => sum + amountOf(r.id), 0) : ledger.expected,
+    kills,
+    receiverKills,
+    acked: acked.size,
+    lostAcked: [...acked].filter((id) => !done.has(id)).length,
+    integrity,
+    drained,
+    purged: purged.n,
+    purgedUndone: purged.undone,
   };
 }
 
@@ -483,25 +538,35 @@ export async function prepareLedgerOn(inbox: Inbox): Promise<void> {
   await inbox.query("CREATE TABLE IF NOT EXISTS accounts (name TEXT PRIMARY KEY, balance BIGINT NOT NULL)");
   await inbox.query("INSERT INTO accounts VALUES ('main', 0) ON CONFLICT DO NOTHING");
   // No unique key on purpose: an effect applied twice must show up, not be refused.
-  await inbox.query("CREATE TABLE IF NOT EXISTS effects (delivery_id TEXT NOT NULL, pid INTEGER NOT NULL, attempt INTEGER NOT NULL)");
+  await inbox.query(
+    "CREATE TABLE IF NOT EXISTS effects (delivery_id TEXT NOT NULL, pid INTEGER NOT NULL, attempt INTEGER NOT NULL)",
+  );
 }
 
 /** readLedgerOn is readLedger for an inbox on PostgreSQL, read through the contract's query(). */
 export async function readLedgerOn(inbox: Inbox): Promise<Ledger> {
   const [counts] = await inbox.query(
     `SELECT count(*) AS n, count(*) FILTER (WHERE status = 'done') AS done, count(*) FILTER (WHERE status = 'processing') AS processing,
-            coalesce(sum((convert_from(body, 'UTF8')::json->>'amount')::bigint), 0)::bigint AS expected FROM deliveries`);
+            coalesce(sum((convert_from(body, 'UTF8')::json->>'amount')::bigint), 0)::bigint AS expected FROM deliveries`,
+  );
   const [effects] = await inbox.query(
     `SELECT count(*) FILTER (WHERE d.status = 'done' AND e.n IS NULL) AS lost, count(*) FILTER (WHERE e.n > 1) AS doubled,
             count(*) FILTER (WHERE d.status = 'done' AND d.attempts > 1) AS taken_over
-     FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`);
+     FROM deliveries d LEFT JOIN (SELECT delivery_id, count(*) AS n FROM effects GROUP BY delivery_id) e ON e.delivery_id = d.id`,
+  );
   const [account] = await inbox.query("SELECT balance FROM accounts WHERE name = 'main'");
   const n = Number(counts!.n);
   const done = Number(counts!.done);
   return {
-    deliveries: n, done, processing: Number(counts!.processing), notDone: n - done,
-    balance: Number(account!.balance), expected: Number(counts!.expected),
-    lost: Number(effects!.lost), doubled: Number(effects!.doubled), takenOver: Number(effects!.taken_over),
+    deliveries: n,
+    done,
+    processing: Number(counts!.processing),
+    notDone: n - done,
+    balance: Number(account!.balance),
+    expected: Number(counts!.expected),
+    lost: Number(effects!.lost),
+    doubled: Number(effects!.doubled),
+    takenOver: Number(effects!.taken_over),
   };
 }
 
@@ -567,8 +632,17 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
   await prepareLedgerOn(reader);
   const amountOf = (id: string) => 1 + (createHash("sha256").update(id).digest().readUInt16BE(0) % 1000);
   const report = {
-    kills: 0, receiverKills: 0, terminations: 0, terminationsMidTransaction: 0, terminateRounds: 0, serverRestarts: 0, requests: 0, unavailable: 0,
-    unavailableWithoutRetryAfter: 0, unexpectedExits: [] as string[], failedStarts: 0,
+    kills: 0,
+    receiverKills: 0,
+    terminations: 0,
+    terminationsMidTransaction: 0,
+    terminateRounds: 0,
+    serverRestarts: 0,
+    requests: 0,
+    unavailable: 0,
+    unavailableWithoutRetryAfter: 0,
+    unexpectedExits: [] as string[],
+    failedStarts: 0,
   };
 
   // Every script is watched: one that exits while nobody killed it is a failure of the scenario.
@@ -577,7 +651,11 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
     const entry = { killed: false };
     child.on("exit", (code, signal) => {
       // The error's own line and the first frames say where it came from; the last lines are Node's banner.
-      const said = log().split("\n").filter((l) => /Error|error|^\s+at /.test(l)).slice(0, 6).join(" / ");
+      const said = log()
+        .split("\n")
+        .filter((l) => /Error|error|^\s+at /.test(l))
+        .slice(0, 6)
+        .join(" / ");
       if (!entry.killed && !stopping) report.unexpectedExits.push(`${name} exited ${code ?? signal}: ${said}`);
     });
     return entry;
@@ -600,7 +678,10 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
     for (;;) {
       const w = startWorker(target, workerArgs);
       const ready = await Promise.race([
-        new Promise<boolean>((resolve) => { const t = setInterval(() => w.lines.includes("ready") && (clearInterval(t), resolve(true)), 20); void w.exited.then(() => clearInterval(t)); }),
+        new Promise<boolean>((resolve) => {
+          const t = setInterval(() => w.lines.includes("ready") && (clearInterval(t), resolve(true)), 20);
+          void w.exited.then(() => clearInterval(t));
+        }),
         w.exited.then(() => false),
       ]);
       if (!ready) {
@@ -609,7 +690,13 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
         continue;
       }
       const entry = watch(`worker ${k}`, w.child, () => w.lines.join(""));
-      return { kill: async () => { entry.killed = true; w.child.kill("SIGKILL"); await w.exited; } };
+      return {
+        kill: async () => {
+          entry.killed = true;
+          w.child.kill("SIGKILL");
+          await w.exited;
+        },
+      };
     }
   };
   const receivers = await Promise.all(Array.from({ length: o.receivers }, (_, k) => startReceiverScript(k)));
@@ -626,7 +713,9 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
       report.requests++;
       try {
         const res = await fetch(to, {
-          method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ amount: amountOf(id) }),
+          method: "POST",
+          headers: { "x-delivery-id": id },
+          body: JSON.stringify({ amount: amountOf(id) }),
           signal: AbortSignal.timeout(15_000),
         });
         await res.text();
@@ -656,7 +745,9 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
       try {
         const rows = await reader.query(
           `SELECT pg_terminate_backend(pid) AS ended, state FROM pg_stat_activity
-           WHERE datname = current_database() AND application_name = ? AND pid <> pg_backend_pid()`, appName);
+           WHERE datname = current_database() AND application_name = ? AND pid <> pg_backend_pid()`,
+          appName,
+        );
         report.terminations += rows.filter((r) => r.ended === true).length;
         report.terminationsMidTransaction += rows.filter((r) => r.ended === true && r.state !== "idle").length;
         report.terminateRounds++;
@@ -711,11 +802,18 @@ export async function postgresPipeline(o: PostgresPipelineOptions): Promise<Post
   }
   stopping = true;
   await Promise.all([...receivers, ...workers].map((s) => s.kill()));
-  const done = new Set((await reader.query("SELECT id FROM deliveries WHERE status = 'done'")).map((r) => r.id as string));
+  const done = new Set(
+    (await reader.query("SELECT id FROM deliveries WHERE status = 'done'")).map((r) => r.id as string),
+  );
   const ledger = await readLedgerOn(reader);
   await reader.close();
   return {
-    ...ledger, ...report, acked: acked.size, lostAcked: [...acked].filter((id) => !done.has(id)).length, drained,
-    loadMs: drainFrom - started, drainMs: Date.now() - drainFrom,
+    ...ledger,
+    ...report,
+    acked: acked.size,
+    lostAcked: [...acked].filter((id) => !done.has(id)).length,
+    drained,
+    loadMs: drainFrom - started,
+    drainMs: Date.now() - drainFrom,
   };
 }

@@ -38,7 +38,10 @@ describe("backgroundCheckpoints", () => {
     try {
       const before = statSync(path).size;
       await fill(inbox);
-      assert.ok(await until(() => statSync(path).size > before + 300 * 4096), "the database file took in the WAL's pages");
+      assert.ok(
+        await until(() => statSync(path).size > before + 300 * 4096),
+        "the database file took in the WAL's pages",
+      );
     } finally {
       await inbox.close();
     }
@@ -65,6 +68,9 @@ describe("backgroundCheckpoints", () => {
   });
 
   it("refuses a value that is not a boolean", () => {
-    assert.throws(() => new SqliteInbox(path, { backgroundCheckpoints: "yes" as unknown as boolean }), /expected backgroundCheckpoints to be a boolean, got string/);
+    assert.throws(
+      () => new SqliteInbox(path, { backgroundCheckpoints: "yes" as unknown as boolean }),
+      /expected backgroundCheckpoints to be a boolean, got string/,
+    );
   });
 });

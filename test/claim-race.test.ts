@@ -22,7 +22,9 @@ after(() => {
 // one's list of claimed IDs.
 async function race(path: string, mode: "inbox" | "naive"): Promise<string[][]> {
   const inbox = new SqliteInbox(path);
-  await Promise.all(Array.from({ length: DELIVERIES }, (_, i) => inbox.store({ id: `evt_${i}`, body: Buffer.from("{}") })));
+  await Promise.all(
+    Array.from({ length: DELIVERIES }, (_, i) => inbox.store({ id: `evt_${i}`, body: Buffer.from("{}") })),
+  );
   await inbox.close();
   const claimers = [0, 1].map(() => spawnScript("test/fixtures/claimer.ts", [path, mode, "10"]));
   children.push(...claimers);
@@ -46,7 +48,8 @@ function collect(child: ChildProcess): { ready: Promise<void>; claimed: Promise<
     child.on("close", (code) => {
       if (code !== 0 || lines.at(-1) !== "finished") reject(new Error(`claimer exited with ${code}: ${stderr}`));
       else resolve(lines.filter((l) => l.startsWith("claimed ")).map((l) => l.slice("claimed ".length)));
-    }));
+    }),
+  );
   return { ready, claimed };
 }
 

@@ -61,14 +61,17 @@ describe("inbox.ts", () => {
       const { code, stdout, stderr } = await cli("status", "--db", path);
       assert.equal(code, 0, stderr);
       const lines = stdout.split("\n");
-      assert.equal(lines.slice(0, 6).join("\n"), [
-        "received   1",
-        "done       2",
-        "failed     1",
-        "  failed: evt_102 after 1 attempt: unknown customer",
-        "oldest waiting: 5m",
-        "conflicts: 1 deliveries had 1 duplicates with a different body (the first copy was kept)",
-      ].join("\n"));
+      assert.equal(
+        lines.slice(0, 6).join("\n"),
+        [
+          "received   1",
+          "done       2",
+          "failed     1",
+          "  failed: evt_102 after 1 attempt: unknown customer",
+          "oldest waiting: 5m",
+          "conflicts: 1 deliveries had 1 duplicates with a different body (the first copy was kept)",
+        ].join("\n"),
+      );
       assert.match(lines[6]!, /^kept: 4 with their body \(\d+ B, oldest \S+\); 0 tombstones$/);
       assert.match(lines[7]!, /^on disk: [\d.]+ KB/);
       assert.equal(lines.length, 9);
@@ -79,8 +82,10 @@ describe("inbox.ts", () => {
       assert.equal(code, 0);
       const status = JSON.parse(stdout);
       assert.deepEqual(status.counts, { received: 1, processing: 0, done: 2, failed: 1 });
-      assert.deepEqual(status.failed.map((f: { id: string; attempts: number; error: string }) => [f.id, f.attempts, f.error]),
-        [["evt_102", 1, "unknown customer"]]);
+      assert.deepEqual(
+        status.failed.map((f: { id: string; attempts: number; error: string }) => [f.id, f.attempts, f.error]),
+        [["evt_102", 1, "unknown customer"]],
+      );
       assert.deepEqual(status.conflicts, { deliveries: 1, copies: 1 });
       assert.ok(status.oldestWaitingMs >= 5 * 60_000);
     });
@@ -104,17 +109,34 @@ describe("inbox.ts", () => {
     it("lists deliveries newest first, one tab-separated line each", async () => {
       const { code, stdout } = await cli("list", "--db", path);
       assert.equal(code, 0);
-      const lines = stdout.trimEnd().split("\n").map((l) => l.split("\t"));
+      const lines = stdout
+        .trimEnd()
+        .split("\n")
+        .map((l) => l.split("\t"));
       assert.deepEqual(lines[0], ["source", "id", "status", "attempts", "type", "received", "error"]);
-      assert.deepEqual(lines.slice(1).map((l) => [l[1], l[2], l[3]]),
-        [["evt_103", "received", "0"], ["evt_102", "failed", "1"], ["evt_101", "done", "1"], ["evt_100", "done", "1"]]);
+      assert.deepEqual(
+        lines.slice(1).map((l) => [l[1], l[2], l[3]]),
+        [
+          ["evt_103", "received", "0"],
+          ["evt_102", "failed", "1"],
+          ["evt_101", "done", "1"],
+          ["evt_100", "done", "1"],
+        ],
+      );
       assert.equal(lines[2]![6], "unknown customer");
     });
 
     it("filters by --status and stops at --limit", async () => {
       const done = await cli("list", "--status", "done", "--limit", "1", "--db", path);
       assert.equal(done.code, 0);
-      assert.deepEqual(done.stdout.trimEnd().split("\n").slice(1).map((l) => l.split("\t")[1]), ["evt_101"]);
+      assert.deepEqual(
+        done.stdout
+          .trimEnd()
+          .split("\n")
+          .slice(1)
+          .map((l) => l.split("\t")[1]),
+        ["evt_101"],
+      );
     });
 
     it("prints JSON with --json, with the body's size but not the body", async () => {
@@ -172,7 +194,10 @@ describe("inbox.ts", () => {
       assert.equal(chosen.code, 0);
       assert.equal(JSON.parse(chosen.stdout).body, '{"from":"stripe"}');
       const listed = await cli("list", "--source", "github", "--json", "--db", shared);
-      assert.deepEqual(JSON.parse(listed.stdout).map((d: { source: string; id: string }) => [d.source, d.id]), [["github", "42"]]);
+      assert.deepEqual(
+        JSON.parse(listed.stdout).map((d: { source: string; id: string }) => [d.source, d.id]),
+        [["github", "42"]],
+      );
     });
   });
 
@@ -236,7 +261,9 @@ describe("inbox.ts", () => {
         oneLine(result, /app\.sqlite is not an inbox database/);
       }
       const check = new DatabaseSync(foreign, { readOnly: true });
-      const tables = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map((t) => t.name);
+      const tables = (
+        check.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]
+      ).map((t) => t.name);
       const { journal_mode: mode } = check.prepare("PRAGMA journal_mode").get() as { journal_mode: string };
       check.close();
       assert.deepEqual(tables, ["users"]);

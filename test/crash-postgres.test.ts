@@ -37,12 +37,20 @@ describe("the pipeline on PostgreSQL, two receivers and three workers", { skip: 
     const schema = await freshSchema("crash");
     try {
       const r = await postgresPipeline({
-        url: schema.url, seconds: 5, senders: 2, receivers: 2, workers: 3, killEveryMs: 1_000, terminateEveryMs: 1_200,
+        url: schema.url,
+        seconds: 5,
+        senders: 2,
+        receivers: 2,
+        workers: 3,
+        killEveryMs: 1_000,
+        terminateEveryMs: 1_200,
         random: seeded(seed),
       });
-      console.log(`# pipeline on PostgreSQL: ${r.kills} kills (${r.receiverKills} receivers), ${r.terminations} connections ` +
-        `terminated in ${r.terminateRounds} rounds (${r.terminationsMidTransaction} mid-transaction), ${r.acked} acknowledged, ${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
-        `lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`);
+      console.log(
+        `# pipeline on PostgreSQL: ${r.kills} kills (${r.receiverKills} receivers), ${r.terminations} connections ` +
+          `terminated in ${r.terminateRounds} rounds (${r.terminationsMidTransaction} mid-transaction), ${r.acked} acknowledged, ${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
+          `lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`,
+      );
       assertWhole(r);
       assert.ok(r.kills > 0 && r.terminations > 0, "processes were killed and connections terminated");
     } finally {
@@ -58,12 +66,21 @@ describe("a PostgreSQL server restarted in the middle of the load", { skip: priv
     const modes = ["immediate", "fast"] as const;
     let n = 0;
     const r = await postgresPipeline({
-      url: `${pg.url}?schema=restart_${process.pid}`, seconds: 5, senders: 2, receivers: 2, workers: 3, killEveryMs: 1_000,
-      terminateEveryMs: 0, restart: { times: 2, run: () => pg.restart(modes[n++ % 2]) }, random: seeded(seed + 1),
+      url: `${pg.url}?schema=restart_${process.pid}`,
+      seconds: 5,
+      senders: 2,
+      receivers: 2,
+      workers: 3,
+      killEveryMs: 1_000,
+      terminateEveryMs: 0,
+      restart: { times: 2, run: () => pg.restart(modes[n++ % 2]) },
+      random: seeded(seed + 1),
     });
-    console.log(`# restart on PostgreSQL: ${r.serverRestarts} server restarts, ${r.kills} kills, ${r.acked} acknowledged, ` +
-      `${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
-      `${r.failedStarts} starts retried, lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`);
+    console.log(
+      `# restart on PostgreSQL: ${r.serverRestarts} server restarts, ${r.kills} kills, ${r.acked} acknowledged, ` +
+        `${r.deliveries} done (load ${r.loadMs} ms, drain ${r.drainMs} ms), ${r.unavailable} answered 503, ` +
+        `${r.failedStarts} starts retried, lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`,
+    );
     assertWhole(r);
     assert.equal(r.serverRestarts, 2);
   });

@@ -29,8 +29,15 @@ describe("a receiver killed with SIGKILL while senders send", () => {
 describe("workers killed with SIGKILL over a backlog", () => {
   it(`apply each payment to the balance exactly once, and take over the crashed work (seed ${seed})`, async () => {
     const r = await workerCrash({
-      dir, deliveries: 1000, workers: 3, concurrency: 4, leaseMs: 1000, workMs: 80, killEveryMs: 1000,
-      deadlineMs: 60_000, random: seeded(seed + 1),
+      dir,
+      deliveries: 1000,
+      workers: 3,
+      concurrency: 4,
+      leaseMs: 1000,
+      workMs: 80,
+      killEveryMs: 1000,
+      deadlineMs: 60_000,
+      random: seeded(seed + 1),
     });
     assert.ok(r.finishedInTime, `the backlog was done in time: ${JSON.stringify(r)}`);
     assert.equal(r.done, 1000, "every delivery is done");
@@ -45,7 +52,14 @@ describe("workers killed with SIGKILL over a backlog", () => {
 
 describe("the whole pipeline with the receiver or a worker killed about every 0.7 s", () => {
   it(`applies every acknowledged payment exactly once (seed ${seed})`, async () => {
-    const r = await pipelineCrash({ dir, seconds: 4, senders: 2, workers: 2, killEveryMs: 700, random: seeded(seed + 2) });
+    const r = await pipelineCrash({
+      dir,
+      seconds: 4,
+      senders: 2,
+      workers: 2,
+      killEveryMs: 700,
+      random: seeded(seed + 2),
+    });
     assert.ok(r.drained, `the workers drained the backlog: ${JSON.stringify(r)}`);
     assert.ok(r.kills > 0 && r.acked > 0);
     assert.equal(r.lostAcked, 0, "every acknowledged delivery is done");
@@ -59,7 +73,15 @@ describe("the whole pipeline with the receiver or a worker killed about every 0.
 
 describe("the whole pipeline with the workers purging every done body meanwhile", () => {
   it(`loses no acknowledged delivery and no unprocessed one, and applies each payment once (seed ${seed})`, async () => {
-    const r = await pipelineCrash({ dir, seconds: 4, senders: 2, workers: 2, killEveryMs: 700, random: seeded(seed + 3), purgeEveryMs: 50 });
+    const r = await pipelineCrash({
+      dir,
+      seconds: 4,
+      senders: 2,
+      workers: 2,
+      killEveryMs: 700,
+      random: seeded(seed + 3),
+      purgeEveryMs: 50,
+    });
     assert.ok(r.drained, `the workers drained the backlog: ${JSON.stringify(r)}`);
     assert.ok(r.kills > 0 && r.acked > 0);
     assert.ok(r.purged > 0, `some bodies were purged: ${JSON.stringify(r)}`);
@@ -94,8 +116,14 @@ describe("a handler that outlives its lease", () => {
     const ledger = readLedger(db);
     assert.equal(ledger.balance, 7, "the payment was applied once");
     assert.equal(ledger.doubled, 0);
-    assert.ok(slow.lines.some((l) => /^stall-me.*lease was (already )?lost/.test(l)), slow.lines.join("\n"));
-    assert.ok(other.lines.some((l) => l === "stall-me done"), "the other worker finished it");
+    assert.ok(
+      slow.lines.some((l) => /^stall-me.*lease was (already )?lost/.test(l)),
+      slow.lines.join("\n"),
+    );
+    assert.ok(
+      other.lines.some((l) => l === "stall-me done"),
+      "the other worker finished it",
+    );
   });
 
   it("cannot finish or write with a lease taken over, even when it ignores the abort (pinned clock)", async () => {

@@ -59,7 +59,11 @@ describe("database errors on PostgreSQL", { skip }, () => {
     inbox = await connect(schema.url);
     app = await destination();
     for (let i = 0; i < DELIVERIES; i++) {
-      await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: `c${i}`, amount: i })), destinations: ["handler", "app"] });
+      await inbox.store({
+        id: `evt_${i}`,
+        body: Buffer.from(JSON.stringify({ customer: `c${i}`, amount: i })),
+        destinations: ["handler", "app"],
+      });
     }
   });
   afterEach(async () => {
@@ -77,22 +81,49 @@ describe("database errors on PostgreSQL", { skip }, () => {
 
   it("a worker rides out 40P01 on every kind of write: all handled and forwarded once each, the errors counted, no exit until SIGTERM", async () => {
     const sources = join(dir.dir, "sources.json");
-    writeFileSync(sources, JSON.stringify({ $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 4 } }, default: { provider: "plain", routes: ["handler", "app"] } }));
+    writeFileSync(
+      sources,
+      JSON.stringify({
+        $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 4 } },
+        default: { provider: "plain", routes: ["handler", "app"] },
+      }),
+    );
     await inject(inbox, 90);
-    child = spawnScript("worker.ts", ["--db", schema.url, "--sources", sources, "--lease", "5", "--metrics-port", "0", "--concurrency", "4", "--log-format", "json"]);
+    child = spawnScript("worker.ts", [
+      "--db",
+      schema.url,
+      "--sources",
+      sources,
+      "--lease",
+      "5",
+      "--metrics-port",
+      "0",
+      "--concurrency",
+      "4",
+      "--log-format",
+      "json",
+    ]);
     let stderr = "";
     child.stdout!.resume();
     child.stderr!.on("data", (d) => (stderr += d));
     let exited: number | null | undefined;
     child.on("exit", (code) => (exited = code));
-    const open = async () => Number((await inbox.query("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'"))[0]!.n);
+    const open = async () =>
+      Number((await inbox.query("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'"))[0]!.n);
     await until(async () => exited !== undefined || (await open()) === 0, 60_000);
     assert.equal(exited, undefined, `the worker is still running (${stderr.slice(-2000)})`);
     assert.equal(await open(), 0, "every delivery is done at the handler and at app");
     const url = /Metrics on (http:\/\/[^\s"]+)/.exec(stderr)![1]!;
     const metrics = await (await fetch(url)).text();
-    const count = (role: string) => Number(new RegExp(`inbox_db_errors_total\\{role="${role}",class="40"\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
-    assert.ok(count("handler") > 0 && count("forward") > 0, `40P01s counted by both roles:\n${metrics.split("\n").filter((l) => l.includes("db_errors")).join("\n")}`);
+    const count = (role: string) =>
+      Number(new RegExp(`inbox_db_errors_total\\{role="${role}",class="40"\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
+    assert.ok(
+      count("handler") > 0 && count("forward") > 0,
+      `40P01s counted by both roles:\n${metrics
+        .split("\n")
+        .filter((l) => l.includes("db_errors"))
+        .join("\n")}`,
+    );
     assert.match(stderr, /deadlock detected \(injected by the test\)/, "and logged");
     const payments = Number((await inbox.query("SELECT count(*) AS n FROM payments"))[0]!.n);
     assert.equal(payments, DELIVERIES, "each payment recorded once");
@@ -110,7 +141,10 @@ describe("database errors on PostgreSQL", { skip }, () => {
     let stderr = "";
     child.stdout!.resume();
     child.stderr!.on("data", (d) => (stderr += d));
-    const [code] = await Promise.race([once(child, "exit"), new Promise((resolve) => setTimeout(() => resolve([undefined]), 30_000))]) as [number | undefined];
+    const [code] = (await Promise.race([
+      once(child, "exit"),
+      new Promise((resolve) => setTimeout(() => resolve([undefined]), 30_000)),
+    ])) as [number | undefined];
     assert.ok(code !== undefined && code !== 0, `the bare lane exited (code ${code})`);
     assert.match(stderr, /deadlock detected/);
   });

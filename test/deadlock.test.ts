@@ -35,7 +35,13 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     await a.store({ id: "z", body, destinations: ["a"] });
     const atA = new Map((await a.claimBatch(10, LEASE, { destination: "a" })).map((l) => [l.id, l]));
     const atB = new Map((await b.claimBatch(10, LEASE, { destination: "b" })).map((l) => [l.id, l]));
-    assert.deepEqual([[...atA.keys()].sort(), [...atB.keys()].sort()], [["x", "y", "z"], ["x", "y"]]);
+    assert.deepEqual(
+      [[...atA.keys()].sort(), [...atB.keys()].sort()],
+      [
+        ["x", "y", "z"],
+        ["x", "y"],
+      ],
+    );
     return { atA, atB };
   };
   beforeEach(async () => {
@@ -58,7 +64,9 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     throw new Error(`waited 10 s for ${why}`);
   };
   const blockedBy = async (observer: pg.Client, pid: number) =>
-    (await observer.query("SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", [pid])).rows.map((r) => r.pid as number);
+    (await observer.query("SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", [pid])).rows.map(
+      (r) => r.pid as number,
+    );
 
   it("lets one worker's heartbeat and failures run beside another's on the same deliveries, with no 40P01", async () => {
     const { atA, atB } = await setUp();
@@ -68,19 +76,37 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     // The gate holds z's row, so A's batch stops at z, after whatever it locked before.
     await gate.query("BEGIN");
     await gate.query("SELECT 1 FROM deliveries WHERE id = 'z' FOR UPDATE");
-    const sideA = Promise.allSettled([a.extend(atA.get("y")!, LEASE), a.fail(atA.get("z")!, "z failed"), a.fail(atA.get("x")!, "x failed")]);
+    const sideA = Promise.allSettled([
+      a.extend(atA.get("y")!, LEASE),
+      a.fail(atA.get("z")!, "z failed"),
+      a.fail(atA.get("x")!, "x failed"),
+    ]);
     await waitFor(async () => (await blockedBy(observer, gatePid)).length === 1, "A's batch to wait on the gate");
     const [aPid] = await blockedBy(observer, gatePid);
     // B's batch runs while A's waits: it finishes, or it waits on A (the deadlock's first half).
     let bDone = false;
-    const sideB = Promise.allSettled([b.extend(atB.get("x")!, LEASE), b.fail(atB.get("y")!, "y failed")]).finally(() => (bDone = true));
-    await waitFor(async () => bDone || (await blockedBy(observer, aPid!)).length > 0, "B's batch to finish or wait on A");
+    const sideB = Promise.allSettled([b.extend(atB.get("x")!, LEASE), b.fail(atB.get("y")!, "y failed")]).finally(
+      () => (bDone = true),
+    );
+    await waitFor(
+      async () => bDone || (await blockedBy(observer, aPid!)).length > 0,
+      "B's batch to finish or wait on A",
+    );
     await gate.query("COMMIT");
-    const results = [...await sideA, ...await sideB];
-    const rejected = results.filter((r) => r.status === "rejected").map((r) => String((r as PromiseRejectedResult).reason));
+    const results = [...(await sideA), ...(await sideB)];
+    const rejected = results
+      .filter((r) => r.status === "rejected")
+      .map((r) => String((r as PromiseRejectedResult).reason));
     assert.deepEqual(rejected, [], "no op failed");
-    assert.deepEqual(results.map((r) => (r as PromiseFulfilledResult<unknown>).value !== undefined && (r as PromiseFulfilledResult<unknown>).value !== false),
-      [true, true, true, true, true], "every lease still held and every failure recorded");
+    assert.deepEqual(
+      results.map(
+        (r) =>
+          (r as PromiseFulfilledResult<unknown>).value !== undefined &&
+          (r as PromiseFulfilledResult<unknown>).value !== false,
+      ),
+      [true, true, true, true, true],
+      "every lease still held and every failure recorded",
+    );
   });
 
   it("control: with extend locking by (source, id), as it did, the same interleaving deadlocks", async () => {
@@ -91,12 +117,17 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     const pidOf = async (c: pg.Client) => (await c.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
     const [gatePid, aPid] = [await pidOf(gate), await pidOf(sideA)];
     // The statements as they were before this change: extend locks every route's row of the delivery.
-    const extend = (c: pg.Client, l: Lease) => c.query(
-      `WITH l AS (SELECT source, id FROM deliveries WHERE source = $1 AND id = $2 FOR UPDATE SKIP LOCKED)
+    const extend = (c: pg.Client, l: Lease) =>
+      c.query(
+        `WITH l AS (SELECT source, id FROM deliveries WHERE source = $1 AND id = $2 FOR UPDATE SKIP LOCKED)
        UPDATE deliveries d SET leased_until = leased_until + 1 FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $3`,
-      [l.source, l.id, l.token]);
-    const fail = (c: pg.Client, l: Lease) => c.query(
-      "UPDATE deliveries SET status = 'received', lease_token = NULL WHERE source = $1 AND id = $2 AND lease_token = $3", [l.source, l.id, l.token]);
+        [l.source, l.id, l.token],
+      );
+    const fail = (c: pg.Client, l: Lease) =>
+      c.query(
+        "UPDATE deliveries SET status = 'received', lease_token = NULL WHERE source = $1 AND id = $2 AND lease_token = $3",
+        [l.source, l.id, l.token],
+      );
     await gate.query("BEGIN");
     await gate.query("SELECT 1 FROM deliveries WHERE id = 'z' FOR UPDATE");
     const runA = (async () => {

@@ -65,7 +65,10 @@ describe("send.ts", () => {
     try {
       const { code, stdout } = await runScript("send.ts", ["--url", receiver.url]);
       assert.equal(code, 1);
-      assert.equal(stdout, "evt_100: 503 try again later\nevt_100: 503 try again later\nevt_101: 503 try again later\nevt_100: 503 try again later\n");
+      assert.equal(
+        stdout,
+        "evt_100: 503 try again later\nevt_100: 503 try again later\nevt_101: 503 try again later\nevt_100: 503 try again later\n",
+      );
     } finally {
       admin.close();
       await receiver.stop();
@@ -82,7 +85,10 @@ describe("send.ts", () => {
     const { code, stdout, stderr } = await runScript("send.ts", ["--url", `http://127.0.0.1:${port}`]);
     assert.equal(code, 1);
     assert.equal(stdout, "");
-    assert.equal(stderr, `send: no receiver at http://127.0.0.1:${port} (connection refused); start one with: npx tsx receiver.ts\n`);
+    assert.equal(
+      stderr,
+      `send: no receiver at http://127.0.0.1:${port} (connection refused); start one with: npx tsx receiver.ts\n`,
+    );
   });
 });
 
@@ -114,13 +120,15 @@ describe("npm run demo", () => {
     assert.doesNotMatch(stdout, /demo failed/);
     // Nothing it started outlives it: no process still names its throwaway database.
     const db = /--db (\S+inbox\.db)/.exec(stdout)![1]!;
-    const survivors = readdirSync("/proc").filter((pid) => /^\d+$/.test(pid)).filter((pid) => {
-      try {
-        return readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(db);
-      } catch {
-        return false; // it ended while we looked
-      }
-    });
+    const survivors = readdirSync("/proc")
+      .filter((pid) => /^\d+$/.test(pid))
+      .filter((pid) => {
+        try {
+          return readFileSync(`/proc/${pid}/cmdline`, "utf8").includes(db);
+        } catch {
+          return false; // it ended while we looked
+        }
+      });
     assert.deepEqual(survivors, []);
     assert.equal(existsSync(db), false, "the throwaway database was left behind");
   });
@@ -130,7 +138,10 @@ describe("npm run demo -- --postgres URL", { skip: pgSkip }, () => {
   it("tells the same story on PostgreSQL, in a schema of its own that it drops afterwards", async () => {
     const { code, stdout, stderr } = await runScript("demo.ts", ["--postgres", POSTGRES]);
     assert.equal(code, 0, `${stdout}\n${stderr}`);
-    assert.match(stdout, new RegExp(`\\$ ${runner} receiver\\.ts --port 0 --db postgres://\\S+\\?schema=inbox_demo_\\d+ &`));
+    assert.match(
+      stdout,
+      new RegExp(`\\$ ${runner} receiver\\.ts --port 0 --db postgres://\\S+\\?schema=inbox_demo_\\d+ &`),
+    );
     assert.match(stdout, /^ {2}done {7}2$/m);
     assert.match(stdout, /Done: 4 deliveries sent, 2 stored, 2 payments recorded, nothing left running\./);
     const schema = /schema=(inbox_demo_\d+)/.exec(stdout)![1]!;

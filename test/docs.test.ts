@@ -42,7 +42,12 @@ const KNOWN_OBJECTS: ReadonlyMap<string, string> = new Map([
   ["express", "express.json() and express.raw(), the body parsers the handler must come before"],
 ]);
 // What a lower-case name in the docs stands for, so `job.write()` is checked against the Job interface.
-const INSTANCES: ReadonlyMap<string, string> = new Map([["inbox", "Inbox"], ["job", "Job"], ["tx", "Tx"], ["webhooks", "Handler"]]);
+const INSTANCES: ReadonlyMap<string, string> = new Map([
+  ["inbox", "Inbox"],
+  ["job", "Job"],
+  ["tx", "Tx"],
+  ["webhooks", "Handler"],
+]);
 // Flags named in prose that belong to other programs, not to a script here.
 const FOREIGN_FLAGS: ReadonlyMap<string, string> = new Map([
   ["--cpu-prof", "Node's own, for a CPU profile of the receiver"],
@@ -89,7 +94,11 @@ const parsedPages = new Map<string, Parsed>();
 // slug is GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
 function slug(heading: string): string {
   const text = heading.replace(/`/g, "").replace(/!?\[([^\]]*)\]\([^)]*\)/g, "$1");
-  return text.trim().toLowerCase().replace(/[^\p{L}\p{N}\s_-]/gu, "").replace(/\s/g, "-");
+  return text
+    .trim()
+    .toLowerCase()
+    .replace(/[^\p{L}\p{N}\s_-]/gu, "")
+    .replace(/\s/g, "-");
 }
 
 function lineAt(text: string, offset: number): number {
@@ -121,7 +130,13 @@ function parse(page: Page): Parsed {
         prose.push("");
       }
       prose.push("");
-      fences.push({ line: start + 1, lang: open[3]!.toLowerCase(), info: open[4]!.split(/\s+/).filter(Boolean), body: body.join("\n"), prelude: prelude ?? "" });
+      fences.push({
+        line: start + 1,
+        lang: open[3]!.toLowerCase(),
+        info: open[4]!.split(/\s+/).filter(Boolean),
+        body: body.join("\n"),
+        prelude: prelude ?? "",
+      });
       prelude = undefined;
       continue;
     }
@@ -133,7 +148,10 @@ function parse(page: Page): Parsed {
         comment.push(lines[++i]!);
         prose.push("");
       }
-      const text = comment.join("\n").replace(/^\s*<!--/, "").replace(/-->\s*$/, "");
+      const text = comment
+        .join("\n")
+        .replace(/^\s*<!--/, "")
+        .replace(/-->\s*$/, "");
       if (/^\s*ts-prelude\b/.test(text)) prelude = text.replace(/^\s*ts-prelude\b[^\n]*\n?/, "");
       continue;
     }
@@ -153,8 +171,15 @@ function parse(page: Page): Parsed {
   // Code spans never cross a blank line; a run of n backticks closes only on a run of n.
   for (const m of text.matchAll(/(?<!`)(`+)(?!`)([\s\S]*?[^`])\1(?!`)/g)) {
     if (/\n\s*\n/.test(m[2]!)) continue;
-    spans.push({ line: lineAt(text, m.index), code: m[2]!.replace(/\\\|/g, "|").replace(/\s*\n\s*/g, " ").trim() });
-    blanked = blanked.slice(0, m.index) + "`" + "\u0000".repeat(m[0].length - 2) + "`" + blanked.slice(m.index + m[0].length);
+    spans.push({
+      line: lineAt(text, m.index),
+      code: m[2]!
+        .replace(/\\\|/g, "|")
+        .replace(/\s*\n\s*/g, " ")
+        .trim(),
+    });
+    blanked =
+      blanked.slice(0, m.index) + "`" + "\u0000".repeat(m[0].length - 2) + "`" + blanked.slice(m.index + m[0].length);
   }
   const links: Parsed["links"] = [];
   for (const m of blanked.matchAll(/!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)/g)) {
@@ -263,7 +288,11 @@ function flagsOf(words: { word: string; quoted: boolean }[]): string[] {
 }
 
 // scriptRun says which script a command runs and with which words, or undefined when it runs none of them.
-function scriptRun(words: { word: string; quoted: boolean }[], scripts: ReadonlySet<string>, inline: boolean): { script: string; rest: { word: string; quoted: boolean }[] } | undefined {
+function scriptRun(
+  words: { word: string; quoted: boolean }[],
+  scripts: ReadonlySet<string>,
+  inline: boolean,
+): { script: string; rest: { word: string; quoted: boolean }[] } | undefined {
   let i = 0;
   while (i < words.length && /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[i]!.word)) i++; // NAME=value before the command
   const w = (k: number) => words[k]?.word ?? "";
@@ -311,7 +340,15 @@ function commandsIn(pages: readonly Page[], scripts: ReadonlySet<string>, subcom
           rest = rest.slice(first + 1);
         }
       }
-      found.push({ page, line, text: text.trim(), script: run.script, sub, flags: flagsOf(rest), words: rest.filter((x) => !x.word.startsWith("-")).map((x) => x.word) });
+      found.push({
+        page,
+        line,
+        text: text.trim(),
+        script: run.script,
+        sub,
+        flags: flagsOf(rest),
+        words: rest.filter((x) => !x.word.startsWith("-")).map((x) => x.word),
+      });
     }
   };
   for (const page of pages) {
@@ -350,12 +387,17 @@ function declared(help: string): Set<string> {
 }
 
 /** checkCommands reports every flag a command names that its script's --help does not list. */
-function checkCommands(commands: readonly Command[], helps: ReadonlyMap<string, string>, benches: ReadonlySet<string>): string[] {
+function checkCommands(
+  commands: readonly Command[],
+  helps: ReadonlyMap<string, string>,
+  benches: ReadonlySet<string>,
+): string[] {
   const problems: string[] = [];
   for (const c of commands) {
     const where = `${c.page}:${c.line}: \`${c.text}\``;
     if (c.script === "npm run bench") {
-      for (const name of c.words) if (!benches.has(name)) problems.push(`${where}: npm run bench has no benchmark named ${name}`);
+      for (const name of c.words)
+        if (!benches.has(name)) problems.push(`${where}: npm run bench has no benchmark named ${name}`);
       continue;
     }
     if (!existsSync(join(ROOT, c.script))) {
@@ -399,13 +441,16 @@ function importsOf(text: string, file: string): Set<string> {
   const deps = new Set<string>();
   const add = (spec: string) => deps.add(posix.normalize(posix.join(posix.dirname(file), spec)));
   for (const m of text.matchAll(/^\s*(?:import|export)\b[^;]*?\bfrom\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)) add(m[1]!);
-  for (const m of text.matchAll(/\bimport\s*\(\s*"(\.\.?\/[\w/.-]+\.ts)"\s*\)|^\s*import\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)) add((m[1] ?? m[2])!);
+  for (const m of text.matchAll(/\bimport\s*\(\s*"(\.\.?\/[\w/.-]+\.ts)"\s*\)|^\s*import\s+"(\.\.?\/[\w/.-]+\.ts)"/gm))
+    add((m[1] ?? m[2])!);
   return deps;
 }
 
 /** houseFiles lists the .ts files at the top and under lib/, each by its path from the top. */
 function houseFiles(): string[] {
-  const lib = readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map((f) => `lib/${f.replace(/\\/g, "/")}`);
+  const lib = readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map(
+    (f) => `lib/${f.replace(/\\/g, "/")}`,
+  );
   return [...readdirSync(ROOT), ...lib].filter((f) => f.endsWith(".ts") && !f.endsWith(".d.ts")).sort();
 }
 
@@ -419,15 +464,27 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
   const imports = new Map<string, Set<string>>();
   for (const [file, text] of source) {
     const names = new Set<string>();
-    for (const m of text.matchAll(/^export\s+(?:declare\s+)?(?:default\s+)?(?:async\s+)?(?:abstract\s+)?(?:function\*?|class|const|let|var|type|interface|enum)\s+([A-Za-z_$][\w$]*)/gm)) names.add(m[1]!);
+    for (const m of text.matchAll(
+      /^export\s+(?:declare\s+)?(?:default\s+)?(?:async\s+)?(?:abstract\s+)?(?:function\*?|class|const|let|var|type|interface|enum)\s+([A-Za-z_$][\w$]*)/gm,
+    ))
+      names.add(m[1]!);
     for (const m of text.matchAll(/^export\s+(?:type\s+)?\{([^}]*)\}/gm)) {
       for (const part of m[1]!.split(",")) {
-        const name = part.trim().split(/\s+as\s+/).pop()?.replace(/^type\s+/, "");
+        const name = part
+          .trim()
+          .split(/\s+as\s+/)
+          .pop()
+          ?.replace(/^type\s+/, "");
         if (name) names.add(name);
       }
     }
     own.set(file, names);
-    stars.set(file, [...text.matchAll(/^export\s+\*\s+from\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)].map((m) => posix.normalize(posix.join(posix.dirname(file), m[1]!))));
+    stars.set(
+      file,
+      [...text.matchAll(/^export\s+\*\s+from\s+"(\.\.?\/[\w/.-]+\.ts)"/gm)].map((m) =>
+        posix.normalize(posix.join(posix.dirname(file), m[1]!)),
+      ),
+    );
     imports.set(file, importsOf(text, file));
     // Members: the lines one level inside each exported interface or class.
     const lines = text.split("\n");
@@ -440,7 +497,10 @@ function readCode(defaults: Record<string, unknown>, helps: ReadonlyMap<string, 
       for (i++; i < lines.length && depth > 0; i++) {
         const line = lines[i]!.replace(/\/\/.*$|\/\*.*?\*\/|"(?:\\.|[^"])*"|`(?:\\.|[^`])*`/g, "");
         if (depth === 1) {
-          const m = /^\s+(?:(?:readonly|static|async|private|public|protected|get|set|override)\s+)*([A-Za-z_$][\w$]*)\??\s*[(:<=;]/.exec(line);
+          const m =
+            /^\s+(?:(?:readonly|static|async|private|public|protected|get|set|override)\s+)*([A-Za-z_$][\w$]*)\??\s*[(:<=;]/.exec(
+              line,
+            );
           if (m && m[1] !== "constructor") set.add(m[1]!);
         }
         for (const c of line) depth += c === "{" ? 1 : c === "}" ? -1 : 0;
@@ -485,7 +545,8 @@ function checkNames(pages: readonly Page[], code: Code, scripts: ReadonlySet<str
     for (const { line, code: text } of spans) {
       const where = `${page.path}:${line}: \`${text}\``;
       for (const path of fileRefs(text)) {
-        if (!existsSync(join(ROOT, path)) && !existsSync(join(ROOT, `${path}.ts`))) problems.push(`${where}: ${path} does not exist`);
+        if (!existsSync(join(ROOT, path)) && !existsSync(join(ROOT, `${path}.ts`)))
+          problems.push(`${where}: ${path} does not exist`);
       }
       for (const m of text.matchAll(/\bDEFAULTS\.([A-Za-z_$][\w$]*)/g)) {
         if (!code.defaults.has(m[1]!)) problems.push(`${where}: DEFAULTS has no ${m[1]}`);
@@ -495,23 +556,28 @@ function checkNames(pages: readonly Page[], code: Code, scripts: ReadonlySet<str
       const isCommand = RUNNERS.has(first) || (scripts.has(first) && words.length > 1);
       if (!isCommand) {
         for (const m of text.matchAll(/(?:^|[\s[(|,=])(--[a-z0-9][a-z0-9-]*)/g)) {
-          if (!code.flags.has(m[1]!) && !FOREIGN_FLAGS.has(m[1]!)) problems.push(`${where}: ${m[1]} is in no script's --help`);
+          if (!code.flags.has(m[1]!) && !FOREIGN_FLAGS.has(m[1]!))
+            problems.push(`${where}: ${m[1]} is in no script's --help`);
         }
       }
       const call = /^(?:new\s+|await\s+)?([A-Za-z_$][\w$]*(?:!?\.[A-Za-z_$][\w$]*)*)\(.*\)$/s.exec(text);
       if (call) {
         const parts = call[1]!.replace(/!/g, "").split(".");
         const name = parts[parts.length - 1]!;
-        const known = parts.length === 1
-          ? exported.has(name) || inbox.has(name) || KNOWN_CALLS.has(name)
-          : isMember(parts[parts.length - 2]!, name) || KNOWN_OBJECTS.has(parts[0]!);
+        const known =
+          parts.length === 1
+            ? exported.has(name) || inbox.has(name) || KNOWN_CALLS.has(name)
+            : isMember(parts[parts.length - 2]!, name) || KNOWN_OBJECTS.has(parts[0]!);
         if (!known) problems.push(`${where}: ${call[1]}() is exported by no file here, and is no Inbox method`);
       }
     }
     // "`sign(…)` from `providers.ts`", "`lineLog()` in `log.ts`": that file must export the name.
-    for (const m of prose.matchAll(/`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?([\w/-]+\.ts)`/g)) {
+    for (const m of prose.matchAll(
+      /`(?:new\s+)?([A-Za-z_$][\w$]*)(?:\([^`]*\))?`\s+(?:from|in)\s+`(?:\.\/)?([\w/-]+\.ts)`/g,
+    )) {
       const names = code.exports.get(m[2]!) ?? code.exports.get(`lib/${m[2]}`) ?? uniqueByName(code, m[2]!);
-      if (names && !names.has(m[1]!)) problems.push(`${page.path}:${lineAt(prose, m.index)}: ${m[2]} does not export ${m[1]}`);
+      if (names && !names.has(m[1]!))
+        problems.push(`${page.path}:${lineAt(prose, m.index)}: ${m[2]} does not export ${m[1]}`);
     }
   }
   return problems;
@@ -537,7 +603,8 @@ function checkLinks(pages: readonly Page[], readPage: (path: string) => Page | u
       }
       if (anchor === undefined || !file.endsWith(".md")) continue;
       const other = readPage(file);
-      if (!other || !parse(other).anchors.has(anchor)) problems.push(`${page.path}:${line}: link to ${target}: ${file} has no heading #${anchor}`);
+      if (!other || !parse(other).anchors.has(anchor))
+        problems.push(`${page.path}:${line}: link to ${target}: ${file} has no heading #${anchor}`);
     }
   }
   return problems;
@@ -563,9 +630,14 @@ function checkHouse(page: Page, code: Code): string[] {
     const cells = line.split("|").map((c) => c.trim());
     const file = /^`([\w/-]+\.ts)`$/.exec(cells[1] ?? "")?.[1];
     if (!file || cells.length < 6 || !floors.includes(cells[2]!)) return;
-    rows.set(file, { line: i + 1, floor: cells[2]!, imports: new Set([...cells[4]!.matchAll(/`([\w/-]+\.ts)`/g)].map((m) => m[1]!)) });
+    rows.set(file, {
+      line: i + 1,
+      floor: cells[2]!,
+      imports: new Set([...cells[4]!.matchAll(/`([\w/-]+\.ts)`/g)].map((m) => m[1]!)),
+    });
   });
-  for (const file of code.files) if (!rows.has(file)) problems.push(`${page.path}: ${file} is not in the house's table`);
+  for (const file of code.files)
+    if (!rows.has(file)) problems.push(`${page.path}: ${file} is not in the house's table`);
   for (const [file, row] of rows) {
     const where = `${page.path}:${row.line}: ${file}`;
     const actual = code.imports.get(file);
@@ -579,7 +651,8 @@ function checkHouse(page: Page, code: Code): string[] {
     if (extra.length > 0) problems.push(`${where} does not import ${extra.join(", ")}`);
     for (const dep of actual) {
       const to = rows.get(dep);
-      if (to && floors.indexOf(to.floor) > floors.indexOf(row.floor)) problems.push(`${where} (${row.floor}) imports ${dep} from a floor above (${to.floor})`);
+      if (to && floors.indexOf(to.floor) > floors.indexOf(row.floor))
+        problems.push(`${where} (${row.floor}) imports ${dep} from a floor above (${to.floor})`);
     }
   }
   return problems;
@@ -589,11 +662,17 @@ function checkHouse(page: Page, code: Code): string[] {
 
 /** packagePaths maps each of the package's exports to its source, as an app's import resolves it once built. */
 function packagePaths(up: string): Record<string, string[]> {
-  const exports = (JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { exports: Record<string, { types?: string } | string> }).exports;
+  const exports = (
+    JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as {
+      exports: Record<string, { types?: string } | string>;
+    }
+  ).exports;
   const paths: Record<string, string[]> = {};
   for (const [key, value] of Object.entries(exports)) {
     if (typeof value === "string" || !value.types) continue;
-    paths[`webhook-inbox${key.slice(1)}`] = [`${up}/${value.types.replace(/^\.\/dist\//, "").replace(/\.d\.ts$/, ".ts")}`];
+    paths[`webhook-inbox${key.slice(1)}`] = [
+      `${up}/${value.types.replace(/^\.\/dist\//, "").replace(/\.d\.ts$/, ".ts")}`,
+    ];
   }
   return paths;
 }
@@ -612,16 +691,26 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   const up = relative(dir, ROOT).replace(/\\/g, "/");
-  writeFileSync(join(dir, "tsconfig.json"), JSON.stringify({
-    extends: `${up}/tsconfig.json`,
-    compilerOptions: { noEmit: true, paths: packagePaths(up) },
-    include: ["*/*.mts"],
-  }, null, 2));
+  writeFileSync(
+    join(dir, "tsconfig.json"),
+    JSON.stringify(
+      {
+        extends: `${up}/tsconfig.json`,
+        compilerOptions: { noEmit: true, paths: packagePaths(up) },
+        include: ["*/*.mts"],
+      },
+      null,
+      2,
+    ),
+  );
   // Each generated line remembers where it came from, so an error points at the page.
   const origin = new Map<string, { group: number; page: string; lines: string[] }>();
   const reports: SnippetReport[] = groups.map(() => ({ problems: [], checked: 0, optedOut: 0 }));
   const pointAt = (text: string, depth: string) =>
-    text.replace(/(\bfrom\s+|\bimport\s*\(\s*|^\s*import\s+)(["'])\.\/([^"']+)\2/gm, (_m, lead: string, q: string, path: string) => `${lead}${q}${depth}/${path}${q}`);
+    text.replace(
+      /(\bfrom\s+|\bimport\s*\(\s*|^\s*import\s+)(["'])\.\/([^"']+)\2/gm,
+      (_m, lead: string, q: string, path: string) => `${lead}${q}${depth}/${path}${q}`,
+    );
   groups.forEach((pages, g) => {
     mkdirSync(join(dir, `g${g}`));
     const depth = `../${up}`;
@@ -639,12 +728,18 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
         for (const name of fence.info.filter((w) => w.startsWith("after=")).map((w) => w.slice(6))) {
           const earlier = byId.get(name);
           if (!earlier) {
-            reports[g]!.problems.push(`${page.path}:${fence.line}: after=${name}, but no earlier \`\`\`ts id=${name} on this page`);
+            reports[g]!.problems.push(
+              `${page.path}:${fence.line}: after=${name}, but no earlier \`\`\`ts id=${name} on this page`,
+            );
             continue;
           }
           parts.push({ text: earlier.body, from: (i) => `${page.path}:${earlier.line + 1 + i}` });
         }
-        if (fence.prelude.trim() !== "") parts.push({ text: fence.prelude, from: (i) => `${page.path}:${fence.line - 1} (its ts-prelude, line ${i + 1})` });
+        if (fence.prelude.trim() !== "")
+          parts.push({
+            text: fence.prelude,
+            from: (i) => `${page.path}:${fence.line - 1} (its ts-prelude, line ${i + 1})`,
+          });
         parts.push({ text: fence.body, from: (i) => `${page.path}:${fence.line + 1 + i}` });
         const lines: string[] = [];
         const from: string[] = [];
@@ -693,19 +788,31 @@ async function checkSnippets(groups: readonly (readonly Page[])[], dir: string):
 // ---- The pages, the scripts' help, and the code, read once ----
 
 function readPages(): Page[] {
-  const paths = ["README.md", ...readdirSync(join(ROOT, "docs")).filter((f) => f.endsWith(".md")).sort().map((f) => `docs/${f}`)];
+  const paths = [
+    "README.md",
+    ...readdirSync(join(ROOT, "docs"))
+      .filter((f) => f.endsWith(".md"))
+      .sort()
+      .map((f) => `docs/${f}`),
+  ];
   return paths.map((path) => ({ path, text: readFileSync(join(ROOT, path), "utf8") }));
 }
 
 /** The scripts: top-level files with a commander program, so they answer --help. */
 function readScripts(): Set<string> {
   const files = readdirSync(ROOT).filter((f) => f.endsWith(".ts"));
-  return new Set(files.filter((f) => /\bimport\(\s*"commander"\s*\)|\bfrom\s+"commander"/.test(readFileSync(join(ROOT, f), "utf8"))));
+  return new Set(
+    files.filter((f) => /\bimport\(\s*"commander"\s*\)|\bfrom\s+"commander"/.test(readFileSync(join(ROOT, f), "utf8"))),
+  );
 }
 
 // collectHelps runs each script's --help once (and, for inbox.ts, each subcommand's that a command
 // names), a few at a time.
-async function collectHelps(scripts: ReadonlySet<string>, wanted: ReadonlySet<string>, done: ReadonlyMap<string, string>): Promise<Map<string, string>> {
+async function collectHelps(
+  scripts: ReadonlySet<string>,
+  wanted: ReadonlySet<string>,
+  done: ReadonlyMap<string, string>,
+): Promise<Map<string, string>> {
   const helps = new Map(done);
   const keys = [...new Set([...scripts, ...wanted])].filter((key) => !done.has(key));
   const take = async (key: string) => {
@@ -715,9 +822,11 @@ async function collectHelps(scripts: ReadonlySet<string>, wanted: ReadonlySet<st
     if (result.code === 0) helps.set(key, result.stdout);
   };
   const queue = [...keys];
-  await Promise.all(Array.from({ length: 4 }, async () => {
-    for (let key = queue.shift(); key !== undefined; key = queue.shift()) await take(key);
-  }));
+  await Promise.all(
+    Array.from({ length: 4 }, async () => {
+      for (let key = queue.shift(); key !== undefined; key = queue.shift()) await take(key);
+    }),
+  );
   return helps;
 }
 
@@ -771,7 +880,10 @@ const CONTROL: Page[] = [
       "```",
     ].join("\n"),
   },
-  { path: "docs/control-b.md", text: "# Control B\n\n## A heading\n\n<!-- ts-prelude\nconst n = 1;\n-->\n```ts\nconst m: number = n;\n```\n" },
+  {
+    path: "docs/control-b.md",
+    text: "# Control B\n\n## A heading\n\n<!-- ts-prelude\nconst n = 1;\n-->\n```ts\nconst m: number = n;\n```\n",
+  },
 ];
 
 // ---- The tests ----
@@ -783,8 +895,12 @@ let code: Code;
 let commands: Command[];
 let benches: Set<string>;
 let snippets: Promise<SnippetReport[]>;
-const readPage = (path: string) => pages.find((p) => p.path === path) ?? CONTROL.find((p) => p.path === path) ??
-  (existsSync(join(ROOT, path)) && path.endsWith(".md") ? { path, text: readFileSync(join(ROOT, path), "utf8") } : undefined);
+const readPage = (path: string) =>
+  pages.find((p) => p.path === path) ??
+  CONTROL.find((p) => p.path === path) ??
+  (existsSync(join(ROOT, path)) && path.endsWith(".md")
+    ? { path, text: readFileSync(join(ROOT, path), "utf8") }
+    : undefined);
 
 before(async () => {
   // tsc starts at once, beside the --help runs.
@@ -793,8 +909,13 @@ before(async () => {
   const parent = await runScript("inbox.ts", ["--help"]);
   const subs = subcommandsOf(parent.stdout);
   commands = commandsIn([...pages, ...CONTROL], scripts, subs);
-  const wanted = new Set(commands.filter((c) => c.sub !== undefined && subs.has(c.sub)).map((c) => helpKey(c.script, c.sub)));
-  [helps, benches] = await Promise.all([collectHelps(scripts, wanted, new Map([["inbox.ts", parent.stdout]])), benchNames()]);
+  const wanted = new Set(
+    commands.filter((c) => c.sub !== undefined && subs.has(c.sub)).map((c) => helpKey(c.script, c.sub)),
+  );
+  [helps, benches] = await Promise.all([
+    collectHelps(scripts, wanted, new Map([["inbox.ts", parent.stdout]])),
+    benchNames(),
+  ]);
   code = readCode(DEFAULTS, helps);
 });
 
@@ -807,7 +928,10 @@ describe("the README", () => {
   it("opens with the two set-up commands, npm run demo and npm test", () => {
     const first = parse(pages[0]!).fences[0]!;
     assert.equal(first.lang, "sh");
-    assert.deepEqual(first.body.split("\n").map((l) => l.replace(/\s*#.*$/, "")), ["npm install && npm run demo", "npm test"]);
+    assert.deepEqual(
+      first.body.split("\n").map((l) => l.replace(/\s*#.*$/, "")),
+      ["npm install && npm run demo", "npm test"],
+    );
   });
 
   it("stays short: at most 250 lines", () => {
@@ -848,17 +972,25 @@ describe("the docs (README.md and docs/*.md)", () => {
   });
 
   it("open each page with a heading and a line or two on what it covers and who it is for", () => {
-    const problems = pages.filter((p) => p.path.startsWith("docs/")).flatMap((p) => {
-      const [title, blank, first] = p.text.split("\n");
-      return /^# \S/.test(title ?? "") && blank === "" && /^[A-Z`*]/.test(first ?? "") ? [] : [`${p.path}: opens with ${JSON.stringify(title)}`];
-    });
+    const problems = pages
+      .filter((p) => p.path.startsWith("docs/"))
+      .flatMap((p) => {
+        const [title, blank, first] = p.text.split("\n");
+        return /^# \S/.test(title ?? "") && blank === "" && /^[A-Z`*]/.test(first ?? "")
+          ? []
+          : [`${p.path}: opens with ${JSON.stringify(title)}`];
+      });
     assert.deepEqual(problems, [], report(problems));
   });
 });
 
 describe("the docs checks (a control, on made-up pages)", () => {
   it("report a flag no --help lists, an unknown subcommand or script, and an unknown benchmark", () => {
-    const problems = checkCommands(commands.filter((c) => !real(c)), helps, benches).join("\n");
+    const problems = checkCommands(
+      commands.filter((c) => !real(c)),
+      helps,
+      benches,
+    ).join("\n");
     assert.match(problems, /--no-such-flag is not in `worker\.ts --help`/);
     assert.match(problems, /inbox\.ts has no command retyr/);
     assert.match(problems, /--all-failed is not in `inbox\.ts purge --help`/);
@@ -871,8 +1003,16 @@ describe("the docs checks (a control, on made-up pages)", () => {
 
   it("report a missing file, DEFAULTS key, export or flag, and nothing that is there", () => {
     const problems = checkNames(CONTROL, code, scripts).join("\n");
-    for (const re of [/gone\.ts does not exist/, /bench\/gone\.ts does not exist/, /docs\/gone\.md does not exist/, /DEFAULTS has no noSuchDefault/,
-      /createHandlers\(\) is exported by no file/, /inbox\.claimAll\(\) is exported by no file/, /inbox\.ts does not export loadSources/, /--forget-before is in no script's --help/]) {
+    for (const re of [
+      /gone\.ts does not exist/,
+      /bench\/gone\.ts does not exist/,
+      /docs\/gone\.md does not exist/,
+      /DEFAULTS has no noSuchDefault/,
+      /createHandlers\(\) is exported by no file/,
+      /inbox\.claimAll\(\) is exported by no file/,
+      /inbox\.ts does not export loadSources/,
+      /--forget-before is in no script's --help/,
+    ]) {
       assert.match(problems, re);
     }
     assert.doesNotMatch(problems, /has no leaseMs|createHandler\(\) is|claimBatch\(\) is|: inbox\.ts does not exist/);
@@ -897,7 +1037,13 @@ describe("the docs checks (a control, on made-up pages)", () => {
   it("report a house table that misplaces a file's imports", () => {
     const house = readPage("docs/house.md")!;
     // order.ts up among the scripts, with an import it does not have.
-    const moved = { path: house.path, text: house.text.replace(/^(\| `(?:lib\/)?order\.ts` \|) roles (\|.*\|) (.*?) \|$/m, "$1 scripts $2 $3, `worker.ts` |") };
+    const moved = {
+      path: house.path,
+      text: house.text.replace(
+        /^(\| `(?:lib\/)?order\.ts` \|) roles (\|.*\|) (.*?) \|$/m,
+        "$1 scripts $2 $3, `worker.ts` |",
+      ),
+    };
     assert.notEqual(moved.text, house.text, "the control could not edit the house's table");
     const problems = checkHouse(moved, code).join("\n");
     assert.match(problems, /order\.ts does not import (?:.*, )?worker\.ts/);
@@ -905,8 +1051,15 @@ describe("the docs checks (a control, on made-up pages)", () => {
   });
 
   it("read an import from lib/ up to a script, static or dynamic, as an arrow", () => {
-    assert.deepEqual([...importsOf('import { run } from "../../worker.ts";\nconst m = await import("../../inbox.ts");\nimport { x } from "../store.ts";', "lib/sqlite/sqlite.ts")],
-      ["worker.ts", "lib/store.ts", "inbox.ts"]);
+    assert.deepEqual(
+      [
+        ...importsOf(
+          'import { run } from "../../worker.ts";\nconst m = await import("../../inbox.ts");\nimport { x } from "../store.ts";',
+          "lib/sqlite/sqlite.ts",
+        ),
+      ],
+      ["worker.ts", "lib/store.ts", "inbox.ts"],
+    );
   });
 
   it("report an import circle", () => {

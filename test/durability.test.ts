@@ -41,8 +41,10 @@ describe(`opening a SQLite inbox on ${describeRuntime()}`, () => {
     const { code, stdout, stderr } = await runScript("receiver.ts", ["--port", "0", "--db", ":memory:"]);
     assert.equal(code, 1);
     assert.equal(stdout, "");
-    assert.equal(stderr, `receiver: cannot use the database: open :memory:: journal_mode is memory, not wal, on SQLite ${sqlite} (${
-      describeRuntime()}): a 200 would not mean the delivery is safe on disk\n`);
+    assert.equal(
+      stderr,
+      `receiver: cannot use the database: open :memory:: journal_mode is memory, not wal, on SQLite ${sqlite} (${describeRuntime()}): a 200 would not mean the delivery is safe on disk\n`,
+    );
     assert.equal(existsSync(join(process.cwd(), ":memory:")), false);
   });
 
@@ -60,7 +62,13 @@ describe(`opening a SQLite inbox on ${describeRuntime()}`, () => {
 });
 
 describe("durabilityProblem()", () => {
-  const good: Durability = { runtime: "node 24.21.0", sqliteVersion: "3.53.4", journalMode: "wal", synchronous: 2, threadsafe: true };
+  const good: Durability = {
+    runtime: "node 24.21.0",
+    sqliteVersion: "3.53.4",
+    journalMode: "wal",
+    synchronous: 2,
+    threadsafe: true,
+  };
 
   it("(control) finds nothing wrong with what a file on a current runtime reads back", () => {
     assert.equal(durabilityProblem(good), undefined);
@@ -68,18 +76,35 @@ describe("durabilityProblem()", () => {
   });
 
   it("names the setting that cannot hold, the SQLite and the runtime, in one clause", () => {
-    assert.equal(durabilityProblem({ ...good, journalMode: "delete" }), "journal_mode is delete, not wal, on SQLite 3.53.4 (node 24.21.0)");
-    assert.equal(durabilityProblem({ ...good, synchronous: 1 }), "synchronous is 1, not FULL (2), on SQLite 3.53.4 (node 24.21.0)");
-    assert.equal(durabilityProblem({ ...good, sqliteVersion: "3.45.1", runtime: "bun 1.1.0" }),
-      "SQLite 3.45.1 (bun 1.1.0) has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)");
+    assert.equal(
+      durabilityProblem({ ...good, journalMode: "delete" }),
+      "journal_mode is delete, not wal, on SQLite 3.53.4 (node 24.21.0)",
+    );
+    assert.equal(
+      durabilityProblem({ ...good, synchronous: 1 }),
+      "synchronous is 1, not FULL (2), on SQLite 3.53.4 (node 24.21.0)",
+    );
+    assert.equal(
+      durabilityProblem({ ...good, sqliteVersion: "3.45.1", runtime: "bun 1.1.0" }),
+      "SQLite 3.45.1 (bun 1.1.0) has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)",
+    );
     assert.match(durabilityProblem({ ...good, threadsafe: false })!, /built without thread safety \(THREADSAFE=0\)/);
   });
 
   it("knows which versions have the WAL-reset fix, backports included", () => {
     const fixed = ["3.51.3", "3.52.0", "3.53.2", "3.54.1", "3.50.7", "3.50.9", "3.44.6", "4.0.0"];
     const broken = ["3.51.2", "3.50.6", "3.49.2", "3.45.1", "3.44.5", "3.7.0"];
-    assert.deepEqual(fixed.filter((v) => !walResetFixed(v)), []);
-    assert.deepEqual(broken.filter((v) => walResetFixed(v)), []);
-    assert.throws(() => walResetFixed("3.x"), { name: "TypeError", message: 'walResetFixed: expected a version like 3.51.3, got "3.x"' });
+    assert.deepEqual(
+      fixed.filter((v) => !walResetFixed(v)),
+      [],
+    );
+    assert.deepEqual(
+      broken.filter((v) => walResetFixed(v)),
+      [],
+    );
+    assert.throws(() => walResetFixed("3.x"), {
+      name: "TypeError",
+      message: 'walResetFixed: expected a version like 3.51.3, got "3.x"',
+    });
   });
 });

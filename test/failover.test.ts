@@ -17,16 +17,25 @@ const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
 const FAST_PROMOTE = { wal_retrieve_retry_interval: "200ms" };
 
 function describeRun(r: FailoverReport): string {
-  return `${r.acked} acknowledged, ${r.deliveries} stored and ${r.done} done, ${r.handledOrdered} ordered, lost ${r.lostAcked} acknowledged, ` +
+  return (
+    `${r.acked} acknowledged, ${r.deliveries} stored and ${r.done} done, ${r.handledOrdered} ordered, lost ${r.lostAcked} acknowledged, ` +
     `doubled ${r.doubled}; no 200 for ${r.ackGapMs} ms (kill to 200: ${r.killToAckMs} ms, promote ${r.promoteMs} ms); ` +
     `${r.unavailable} answered 503, ${r.requestErrors} requests failed, ${r.duplicatesAfterKill} resent answered duplicate, ` +
-    `${r.retriedHandlers} handlers run again`;
+    `${r.retriedHandlers} handlers run again`
+  );
 }
 
 describe("a failover to a synchronous standby, under load, with no script restarted", { timeout: 300_000 }, () => {
   it(`loses no acknowledged delivery, records every payment once and keeps each key's order (seed ${seed})`, async (t) => {
     const r = await failover({
-      synchronous: true, beforeS: 3, afterS: 3, stallMs: 500, senders: 4, keys: 4, random: seeded(seed), standby: FAST_PROMOTE,
+      synchronous: true,
+      beforeS: 3,
+      afterS: 3,
+      stallMs: 500,
+      senders: 4,
+      keys: 4,
+      random: seeded(seed),
+      standby: FAST_PROMOTE,
     });
     if (typeof r === "string") return t.skip(r);
     console.log(`# failover, synchronous: ${describeRun(r)}`);
@@ -44,7 +53,14 @@ describe("a failover to a synchronous standby, under load, with no script restar
 
   it("control: with an asynchronous standby, the same failover loses acknowledged deliveries", async (t) => {
     const r = await failover({
-      synchronous: false, beforeS: 3, afterS: 2, stallMs: 500, senders: 4, keys: 4, random: seeded(seed + 1), standby: FAST_PROMOTE,
+      synchronous: false,
+      beforeS: 3,
+      afterS: 2,
+      stallMs: 500,
+      senders: 4,
+      keys: 4,
+      random: seeded(seed + 1),
+      standby: FAST_PROMOTE,
     });
     if (typeof r === "string") return t.skip(r);
     console.log(`# failover, asynchronous (control): ${describeRun(r)}`);
@@ -84,7 +100,10 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
   // `n`, or with none once `unless` is done (the statement it watches answered without waiting).
   const waiting = async (name: string, n = 1, unless = { done: false }): Promise<number[]> => {
     for (; !unless.done; ) {
-      const { rows } = await admin.query("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND application_name = $1", [name]);
+      const { rows } = await admin.query(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND application_name = $1",
+        [name],
+      );
       if (rows.length >= n) return rows.map((r) => r.pid as number);
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
@@ -101,7 +120,10 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
   };
   const settled = (p: Promise<unknown>) => {
     const state = { done: false };
-    p.then(() => (state.done = true), () => (state.done = true));
+    p.then(
+      () => (state.done = true),
+      () => (state.done = true),
+    );
     return state;
   };
 
@@ -118,7 +140,9 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
         await plain.query("BEGIN");
         await plain.query("INSERT INTO control VALUES (1)");
         const commit = plain.query("COMMIT");
-        await admin.query("SELECT pg_cancel_backend(pid) FROM unnest($1::int[]) AS pid", [await waiting(`${app}-plain`)]);
+        await admin.query("SELECT pg_cancel_backend(pid) FROM unnest($1::int[]) AS pid", [
+          await waiting(`${app}-plain`),
+        ]);
         assert.equal((await commit).command, "COMMIT", "PostgreSQL answers success");
         assert.match(warnings.join(" "), /canceling wait for synchronous replication/);
       });
@@ -134,7 +158,10 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
     await withStandbyDown(async () => {
       // The assertion holds the promise before the cancel, as the store may fail before the admin's query
       // returns, and an unheld rejection would fail the test on its own.
-      const first = assert.rejects(inbox.store({ id: "cancelled", body }), /may not be on the standby: canceling wait for synchronous replication/);
+      const first = assert.rejects(
+        inbox.store({ id: "cancelled", body }),
+        /may not be on the standby: canceling wait for synchronous replication/,
+      );
       await admin.query("SELECT pg_cancel_backend(pid) FROM unnest($1::int[]) AS pid", [await waiting(app)]);
       await first;
       const [row] = (await admin.query("SELECT status FROM commit_wait.deliveries WHERE id = 'cancelled'")).rows;
@@ -146,14 +173,19 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
       // Control: a plain duplicate check commits at once, standby or not.
       await admin.query(
         `INSERT INTO commit_wait.deliveries (source, id, body, body_sha256, received_at, status, available_at)
-         VALUES ('default', 'cancelled', '\\x', '', 0, 'received', 0) ON CONFLICT DO NOTHING`);
+         VALUES ('default', 'cancelled', '\\x', '', 0, 'received', 0) ON CONFLICT DO NOTHING`,
+      );
     });
     assert.equal(await again, "duplicate", "answered once the standby is back");
     const { default: pg } = await import("pg");
     const onStandby = new pg.Client({ connectionString: standby!.url });
     await onStandby.connect();
     try {
-      for (let i = 0; (await onStandby.query("SELECT 1 FROM commit_wait.deliveries WHERE id = 'cancelled'")).rows.length === 0; i++) {
+      for (
+        let i = 0;
+        (await onStandby.query("SELECT 1 FROM commit_wait.deliveries WHERE id = 'cancelled'")).rows.length === 0;
+        i++
+      ) {
         assert.ok(i < 500, "the standby has the delivery");
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
@@ -194,7 +226,10 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
 
   it("is not cancelled by statement_timeout, and the inbox refuses ?query_timeout=, which would abandon it", async (t) => {
     if (skip) return t.skip(skip);
-    await assert.rejects(connect(`${url()}&query_timeout=1000`), (e: Error) => e instanceof TypeError && /query_timeout/.test(e.message));
+    await assert.rejects(
+      connect(`${url()}&query_timeout=1000`),
+      (e: Error) => e instanceof TypeError && /query_timeout/.test(e.message),
+    );
     const name = `${app}-timeout`;
     const timed = await connect(`${primary!.url}?schema=commit_wait&application_name=${name}&statement_timeout=100`);
     try {

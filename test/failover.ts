@@ -74,21 +74,46 @@ export async function failover(o: FailoverOptions): Promise<FailoverReport | str
     const url = `postgres://postgres@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/postgres?schema=failover&target_session_attrs=read-write`;
     const reader = await connect(url);
     await prepareLedgerOn(reader);
-    await reader.query("CREATE TABLE handled (seq bigserial PRIMARY KEY, order_key text NOT NULL, event_time bigint, id text NOT NULL)");
+    await reader.query(
+      "CREATE TABLE handled (seq bigserial PRIMARY KEY, order_key text NOT NULL, event_time bigint, id text NOT NULL)",
+    );
     const sources = join(dir.dir, "sources.json");
-    writeFileSync(sources, JSON.stringify({ pay: { provider: "plain" }, ordered: { provider: "plain", order: { key: "/key", time: "/at" } } }));
+    writeFileSync(
+      sources,
+      JSON.stringify({
+        pay: { provider: "plain" },
+        ordered: { provider: "plain", order: { key: "/key", time: "/at" } },
+      }),
+    );
 
     // Every script is watched: none is restarted, so one that exits is a failure of the scenario.
     const unexpectedExits: string[] = [];
     let stopping = false;
     for (let k = 0; k < 2; k++) {
       const r = await startReceiver(url, ["--quiet", "--sources", sources]);
-      r.child.on("exit", (code, signal) => void (stopping || unexpectedExits.push(`receiver ${k} exited ${code ?? signal}: ${r.log().slice(-300)}`)));
+      r.child.on(
+        "exit",
+        (code, signal) =>
+          void (stopping || unexpectedExits.push(`receiver ${k} exited ${code ?? signal}: ${r.log().slice(-300)}`)),
+      );
       receivers.push(r);
     }
     for (let k = 0; k < 3; k++) {
-      const w = startWorker(url, ["--lease-ms", "1000", "--work-ms", "20", "--concurrency", "8", "--retry-delay-ms", "100", "--record-order"]);
-      void w.exited.then((code) => void (stopping || unexpectedExits.push(`worker ${k} exited ${code}: ${w.lines.slice(-5).join(" / ")}`)));
+      const w = startWorker(url, [
+        "--lease-ms",
+        "1000",
+        "--work-ms",
+        "20",
+        "--concurrency",
+        "8",
+        "--retry-delay-ms",
+        "100",
+        "--record-order",
+      ]);
+      void w.exited.then(
+        (code) =>
+          void (stopping || unexpectedExits.push(`worker ${k} exited ${code}: ${w.lines.slice(-5).join(" / ")}`)),
+      );
       workers.push(w);
     }
     while (!workers.every((w) => w.lines.includes("ready"))) {
@@ -110,8 +135,10 @@ export async function failover(o: FailoverOptions): Promise<FailoverReport | str
         const k = turn++ % receivers.length;
         try {
           const res = await fetch(`${receivers[k]!.url}/${path}`, {
-            method: "POST", headers: { "x-delivery-id": id, "content-type": "application/json" },
-            body: JSON.stringify({ amount: amountOf(id), ...event }), signal: AbortSignal.timeout(30_000),
+            method: "POST",
+            headers: { "x-delivery-id": id, "content-type": "application/json" },
+            body: JSON.stringify({ amount: amountOf(id), ...event }),
+            signal: AbortSignal.timeout(30_000),
           });
           const text = await res.text();
           if (res.status === 200) {
@@ -134,7 +161,8 @@ export async function failover(o: FailoverOptions): Promise<FailoverReport | str
         for (let i = 0; sending; i++) await post("pay", `fo-p${s}-${i}`, {});
       }),
       ...Array.from({ length: o.keys }, async (_, key) => {
-        for (let i = 0; sending; i++) await post("ordered", `fo-k${key}-${i}`, { key: `k${key}`, at: 1_700_000_000_000 + i });
+        for (let i = 0; sending; i++)
+          await post("ordered", `fo-k${key}-${i}`, { key: `k${key}`, at: 1_700_000_000_000 + i });
       }),
     ];
 
@@ -165,20 +193,28 @@ export async function failover(o: FailoverOptions): Promise<FailoverReport | str
     }
     const idleAfter = [
       ...receivers.flatMap((_, k) => ((ackedBy.get(k) ?? []).some((t) => t > promotedAt) ? [] : [`receiver ${k}`])),
-      ...workers.flatMap((w, k) => (w.lines.slice(lines[k]).some((l) => l.startsWith("claim ")) ? [] : [`worker ${k}`])),
+      ...workers.flatMap((w, k) =>
+        w.lines.slice(lines[k]).some((l) => l.startsWith("claim ")) ? [] : [`worker ${k}`],
+      ),
     ];
     stopping = true;
     await Promise.all(receivers.map((r) => r.stop("SIGTERM")));
     for (const w of workers) w.child.kill("SIGTERM");
     await Promise.all(workers.map((w) => w.exited));
 
-    const done = new Set((await reader.query("SELECT id FROM deliveries WHERE status = 'done'")).map((r) => r.id as string));
+    const done = new Set(
+      (await reader.query("SELECT id FROM deliveries WHERE status = 'done'")).map((r) => r.id as string),
+    );
     const handled = await reader.query("SELECT order_key, event_time, id FROM handled ORDER BY seq");
     const ledger = await readLedgerOn(reader);
     await reader.close();
     const outOfOrder: string[] = [];
     const byKey = new Map<string, { t: number; id: string }[]>();
-    for (const h of handled) byKey.set(h.order_key as string, [...(byKey.get(h.order_key as string) ?? []), { t: Number(h.event_time), id: h.id as string }]);
+    for (const h of handled)
+      byKey.set(h.order_key as string, [
+        ...(byKey.get(h.order_key as string) ?? []),
+        { t: Number(h.event_time), id: h.id as string },
+      ]);
     for (const [key, seq] of byKey) {
       if (seq.some((h, i) => i > 0 && h.t < seq[i - 1]!.t)) outOfOrder.push(`${key}: handled out of event time`);
       if (new Set(seq.map((h) => h.id)).size !== seq.length) outOfOrder.push(`${key}: a delivery handled twice`);
@@ -188,10 +224,21 @@ export async function failover(o: FailoverOptions): Promise<FailoverReport | str
     const lastBefore = ackTimes.filter((t) => t <= killedAt).at(-1) ?? killedAt;
     const lostAckedIds = [...acked].filter((id) => !done.has(id));
     return {
-      ...ledger, ...counts, acked: acked.size, lostAcked: lostAckedIds.length, lostAckedIds: lostAckedIds.slice(0, 10),
-      outOfOrder, handledOrdered: handled.length, unexpectedExits, idleAfter,
-      ackGapMs: firstAfter - lastBefore, killToAckMs: firstAfter - killedAt, promotedToAckMs: firstAfter - promotedAt,
-      promoteMs: promotedAt - promoting, retriedHandlers: ledger.takenOver, drained,
+      ...ledger,
+      ...counts,
+      acked: acked.size,
+      lostAcked: lostAckedIds.length,
+      lostAckedIds: lostAckedIds.slice(0, 10),
+      outOfOrder,
+      handledOrdered: handled.length,
+      unexpectedExits,
+      idleAfter,
+      ackGapMs: firstAfter - lastBefore,
+      killToAckMs: firstAfter - killedAt,
+      promotedToAckMs: firstAfter - promotedAt,
+      promoteMs: promotedAt - promoting,
+      retriedHandlers: ledger.takenOver,
+      drained,
     };
   } finally {
     for (const r of receivers) await r.stop("SIGKILL");

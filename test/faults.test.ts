@@ -3,7 +3,17 @@
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readdirSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
@@ -19,7 +29,8 @@ import { ROOT, runScript, startReceiver, tempDir } from "./helpers.ts";
 const { dir, cleanup } = tempDir("inbox-faults-");
 after(cleanup);
 
-const pageCount = (inbox: SqliteInbox) => (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
+const pageCount = (inbox: SqliteInbox) =>
+  (inbox.db.prepare("PRAGMA page_count").get() as { page_count: number }).page_count;
 // The disk is "full" once the file may not grow past the pages it has; max_page_count holds per connection.
 const fillDisk = (inbox: SqliteInbox) => inbox.db.exec(`PRAGMA max_page_count = ${pageCount(inbox)}`);
 
@@ -30,7 +41,11 @@ describe("a full disk", () => {
     await new Promise<void>((resolve) => receiver.server.listen(0, "127.0.0.1", resolve));
     const url = `http://127.0.0.1:${(receiver.server.address() as AddressInfo).port}/`;
     const send = async (id: string, bytes: number) => {
-      const res = await fetch(url, { method: "POST", headers: { "x-delivery-id": id }, body: Buffer.alloc(bytes, id).toString() });
+      const res = await fetch(url, {
+        method: "POST",
+        headers: { "x-delivery-id": id },
+        body: Buffer.alloc(bytes, id).toString(),
+      });
       return { status: res.status, retryAfter: res.headers.get("retry-after"), text: await res.text() };
     };
     try {
@@ -41,15 +56,24 @@ describe("a full disk", () => {
         assert.equal(r.status, 503);
         assert.ok(Number(r.retryAfter) > 0, "Retry-After tells the sender when to come back");
       }
-      const rows = inbox.db.prepare("SELECT id, length(body) AS n FROM deliveries").all() as { id: string; n: number }[];
+      const rows = inbox.db.prepare("SELECT id, length(body) AS n FROM deliveries").all() as {
+        id: string;
+        n: number;
+      }[];
       assert.equal(rows.length, 20, "nothing was stored while the disk was full");
       assert.ok(rows.every((r) => r.n === 4_000));
-      assert.equal((inbox.db.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
+      assert.equal(
+        (inbox.db.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check,
+        "ok",
+      );
 
       // The operator frees space (old deliveries deleted); the next delivery is stored, with no restart.
       inbox.db.exec("DELETE FROM deliveries WHERE id LIKE 'filler-%'");
       const retried = await Promise.all(Array.from({ length: 10 }, (_, i) => send(`while-full-${i}`, 4_000 + i)));
-      assert.deepEqual(retried.map((r) => r.text), Array(10).fill("stored"));
+      assert.deepEqual(
+        retried.map((r) => r.text),
+        Array(10).fill("stored"),
+      );
       const [stored] = await inbox.find("while-full-3");
       assert.equal(stored!.body.length, 4_003);
     } finally {
@@ -68,7 +92,9 @@ describe("a full disk", () => {
     const handler = (job: import("../worker.ts").Job) => {
       job.write((tx) => void tx.db!.prepare("UPDATE accounts SET balance = balance + 5 WHERE name = 'main'").run());
       // A write that needs new pages: on a full disk it fails, and must take the balance update with it.
-      job.write((tx) => void tx.db!.prepare("INSERT INTO blobs VALUES (?, ?)").run(job.delivery.id, Buffer.alloc(50_000)));
+      job.write(
+        (tx) => void tx.db!.prepare("INSERT INTO blobs VALUES (?, ?)").run(job.delivery.id, Buffer.alloc(50_000)),
+      );
     };
     const first = await run(handler, { inbox, once: true, log: () => {} });
     assert.deepEqual([first.done, first.retried], [0, 1]);
@@ -88,7 +114,9 @@ describe("a full disk", () => {
   });
   it("lets a running worker wait out a disk too full even to claim, then drain the backlog", async () => {
     const inbox = new SqliteInbox(join(dir, "full-claim.db"));
-    await Promise.all(Array.from({ length: 3_000 }, (_, i) => inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") })));
+    await Promise.all(
+      Array.from({ length: 3_000 }, (_, i) => inbox.store({ id: `evt-${i}`, body: Buffer.from("{}") })),
+    );
     fillDisk(inbox);
     const lines: string[] = [];
     const stop = new AbortController();
@@ -133,7 +161,7 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
   const fill = () => {
     const fd = openSync(join(mnt, "ballast"), "w");
     try {
-      for (const chunk = Buffer.alloc(4096); ;) writeSync(fd, chunk);
+      for (const chunk = Buffer.alloc(4096); ; ) writeSync(fd, chunk);
     } catch (error) {
       assert.equal((error as NodeJS.ErrnoException).code, "ENOSPC");
     } finally {
@@ -146,22 +174,37 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
     const db = join(mnt, "inbox.db");
     const receiver = await startReceiver(db, ["--quiet"]);
     const send = async (id: string) => {
-      const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": id }, body: new Uint8Array(selfCheckingBody(id, 30_000)) });
+      const res = await fetch(receiver.url, {
+        method: "POST",
+        headers: { "x-delivery-id": id },
+        body: new Uint8Array(selfCheckingBody(id, 30_000)),
+      });
       return { status: res.status, retryAfter: res.headers.get("retry-after"), text: await res.text() };
     };
     try {
       for (let i = 0; i < 5; i++) assert.equal((await send(`before-${i}`)).status, 200);
       fill();
       const whileFull = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
-      assert.deepEqual(whileFull.map((r) => r.status), Array(20).fill(503));
+      assert.deepEqual(
+        whileFull.map((r) => r.status),
+        Array(20).fill(503),
+      );
       assert.ok(whileFull.every((r) => Number(r.retryAfter) > 0));
       rmSync(join(mnt, "ballast"));
       const retried = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
-      assert.deepEqual(retried.map((r) => r.text), Array(20).fill("stored"), "no restart needed");
+      assert.deepEqual(
+        retried.map((r) => r.text),
+        Array(20).fill("stored"),
+        "no restart needed",
+      );
       // And it stays up: a few hundred small commits would grow the WAL past the space freed if it were
       // not reused from its start.
       for (let i = 0; i < 300; i++) {
-        const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": `small-${i}` }, body: "{}" });
+        const res = await fetch(receiver.url, {
+          method: "POST",
+          headers: { "x-delivery-id": `small-${i}` },
+          body: "{}",
+        });
         assert.equal(res.status, 200, `small-${i}: ${await res.text()}`);
       }
     } finally {
@@ -175,12 +218,18 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
     assert.ok(rows.filter((r) => !r.id.startsWith("small-")).every((r) => bodyIsWhole(r.id, r.body)));
   });
 
-  it("keeps a running worker alive through it, never marking done a delivery whose write failed", { timeout: 120_000 }, async (t) => {
+  it("keeps a running worker alive through it, never marking done a delivery whose write failed", {
+    timeout: 120_000,
+  }, async (t) => {
     if (!mounted) return t.skip("cannot mount a tmpfs here");
     const db = join(mnt, "ledger.db");
     const inbox = new SqliteInbox(db);
     prepareLedger(inbox);
-    await Promise.all(Array.from({ length: 200 }, (_, i) => inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: i + 1 })) })));
+    await Promise.all(
+      Array.from({ length: 200 }, (_, i) =>
+        inbox.store({ id: `pay-${i}`, body: Buffer.from(JSON.stringify({ amount: i + 1 })) }),
+      ),
+    );
     await inbox.close();
     // The worker must be running before the disk fills: SQLite cannot even open a file on a full disk.
     const worker = startWorker(db, ["--lease-ms", "1000", "--work-ms", "100", "--concurrency", "8"]);
@@ -195,7 +244,11 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
     }
     assert.equal(await worker.exited, null, "the worker never died: it was still there to be killed");
     const ledger = readLedger(db);
-    assert.deepEqual([ledger.balance, ledger.lost, ledger.doubled, ledger.processing], [20_100, 0, 0, 0], "every write that failed took its done mark with it");
+    assert.deepEqual(
+      [ledger.balance, ledger.lost, ledger.doubled, ledger.processing],
+      [20_100, 0, 0, 0],
+      "every write that failed took its done mark with it",
+    );
   });
 });
 
@@ -203,7 +256,8 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
 async function until(condition: () => boolean, lines: string[] = []): Promise<void> {
   const deadline = Date.now() + 30_000;
   while (!condition()) {
-    if (Date.now() > deadline) throw new Error(`gave up waiting; the worker's last lines:\n${lines.slice(-5).join("\n")}`);
+    if (Date.now() > deadline)
+      throw new Error(`gave up waiting; the worker's last lines:\n${lines.slice(-5).join("\n")}`);
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
 }
@@ -211,21 +265,27 @@ async function until(condition: () => boolean, lines: string[] = []): Promise<vo
 describe("a database the scripts cannot use", () => {
   const cases: [string, () => string][] = [
     ["a missing directory", () => join(dir, "no-such-folder", "inbox.db")],
-    ["a file that is not SQLite", () => {
-      const path = join(dir, "not-sqlite.db");
-      writeFileSync(path, "this is a text file, not a database\n".repeat(200));
-      return path;
-    }],
-    ["a read-only database", () => {
-      // The folder stays writable, so SQLite can open the file (quietly read-only) and make its -wal file.
-      const folder = join(dir, "read-only");
-      mkdirSync(folder, { recursive: true, mode: 0o777 });
-      chmodSync(folder, 0o777);
-      const path = join(folder, "inbox.db");
-      if (!existsSync(path)) new SqliteInbox(path).db.close();
-      chmodSync(path, 0o444);
-      return path;
-    }],
+    [
+      "a file that is not SQLite",
+      () => {
+        const path = join(dir, "not-sqlite.db");
+        writeFileSync(path, "this is a text file, not a database\n".repeat(200));
+        return path;
+      },
+    ],
+    [
+      "a read-only database",
+      () => {
+        // The folder stays writable, so SQLite can open the file (quietly read-only) and make its -wal file.
+        const folder = join(dir, "read-only");
+        mkdirSync(folder, { recursive: true, mode: 0o777 });
+        chmodSync(folder, 0o777);
+        const path = join(folder, "inbox.db");
+        if (!existsSync(path)) new SqliteInbox(path).db.close();
+        chmodSync(path, 0o444);
+        return path;
+      },
+    ],
   ];
   // Root may write a read-only file anyway, so the scripts run as nobody when the tests run as root.
   const asNobody = process.getuid?.() === 0 ? { uid: 65534, gid: 65534 } : undefined;
@@ -234,12 +294,19 @@ describe("a database the scripts cannot use", () => {
     for (const script of ["receiver.ts", "worker.ts"]) {
       it(`makes ${script} fail at start-up with one clear line and a non-zero exit: ${what}`, async () => {
         const path = make();
-        const r = await runAs(asNobody, script, ["--db", path, ...(script === "receiver.ts" ? ["--port", "0"] : ["--once"])]);
+        const r = await runAs(asNobody, script, [
+          "--db",
+          path,
+          ...(script === "receiver.ts" ? ["--port", "0"] : ["--once"]),
+        ]);
         assert.notEqual(r.code, 0);
         assert.equal(r.stdout, "", "it never said it was listening");
         const lines = r.stderr.trim().split("\n");
         assert.equal(lines.length, 1, r.stderr);
-        assert.match(lines[0]!, /cannot use the database: open .*: (no such directory|file is not a database|attempt to write a readonly database)/);
+        assert.match(
+          lines[0]!,
+          /cannot use the database: open .*: (no such directory|file is not a database|attempt to write a readonly database)/,
+        );
       });
     }
   }
@@ -259,7 +326,10 @@ describe("a SQLITE_BUSY storm", () => {
   it("control: catches a claimer opened with a deferred BEGIN (SQLITE_BUSY that the busy timeout cannot absorb)", async () => {
     const r = await busyStorm({ dir, processes: 4, perProcess: 150, claimer: "deferred" });
     assert.ok(r.errors.length > 0, "the storm test fails on it");
-    assert.ok(r.errors.every((e) => /locked|busy/i.test(e)), r.errors[0]);
+    assert.ok(
+      r.errors.every((e) => /locked|busy/i.test(e)),
+      r.errors[0],
+    );
   });
 
   it("control: catches a claimer that reads outside its transaction (the same delivery claimed twice)", async () => {
@@ -285,10 +355,14 @@ describe("a clock that jumps an hour", () => {
     const live = await inbox.claimBatch(3, LEASE);
     const dead = await inbox.claimBatch(3, LEASE);
     clock.now += HOUR;
-    for (const lease of live) assert.equal(await inbox.extend(lease, LEASE), true, "the live worker's heartbeat still holds");
+    for (const lease of live)
+      assert.equal(await inbox.extend(lease, LEASE), true, "the live worker's heartbeat still holds");
     const taken = await inbox.claimBatch(10, LEASE);
     assert.deepEqual(taken.map((l) => l.id).sort(), dead.map((l) => l.id).sort(), "only the dead leases expired");
-    assert.ok(taken.every((l) => l.attempts === 2), "a takeover spends one attempt, not the hour's worth");
+    assert.ok(
+      taken.every((l) => l.attempts === 2),
+      "a takeover spends one attempt, not the hour's worth",
+    );
     for (const lease of live) assert.equal(await inbox.finish(lease), true);
     await inbox.close();
   });
@@ -308,7 +382,12 @@ describe("a clock that jumps an hour", () => {
 
   it("keeps backoff sane: a retry waits its backoff from the current clock, and never longer than the cap after a jump back", async () => {
     const { clock, inbox } = await setup("jump-backoff");
-    const opts = { retryDelayMs: DEFAULTS.retryDelayMs, retryCapMs: DEFAULTS.retryCapMs, retryJitter: DEFAULTS.retryJitter, random: () => 0.5 };
+    const opts = {
+      retryDelayMs: DEFAULTS.retryDelayMs,
+      retryCapMs: DEFAULTS.retryCapMs,
+      retryJitter: DEFAULTS.retryJitter,
+      random: () => 0.5,
+    };
     for (const attempts of [1, 2, 5, 30, 1000]) {
       const wait = backoff(attempts, opts);
       assert.ok(wait >= DEFAULTS.retryDelayMs && wait <= DEFAULTS.retryCapMs, `attempt ${attempts}: ${wait}`);
@@ -318,15 +397,28 @@ describe("a clock that jumps an hour", () => {
     assert.equal(before?.status === "received" && before.retryAt - clock.now, 2_200);
     clock.now += HOUR;
     const afterForward = await inbox.fail(leases[1]!, "boom");
-    assert.equal(afterForward?.status === "received" && afterForward.retryAt - clock.now, 2_200, "measured from the new time");
+    assert.equal(
+      afterForward?.status === "received" && afterForward.retryAt - clock.now,
+      2_200,
+      "measured from the new time",
+    );
 
     clock.now -= 2 * HOUR;
     // Scheduled before the jump, both retries are now an hour or two away: not due at once...
-    assert.equal((await inbox.claimBatch(10, LEASE)).filter((l) => l.id === leases[0]!.id || l.id === leases[1]!.id).length, 0);
+    assert.equal(
+      (await inbox.claimBatch(10, LEASE)).filter((l) => l.id === leases[0]!.id || l.id === leases[1]!.id).length,
+      0,
+    );
     // ...but due once the cap has passed, not after the jump has been waited out.
     clock.now += DEFAULTS.retryCapMs;
     const again = await inbox.claimBatch(10, LEASE);
-    assert.deepEqual(again.map((l) => l.id).filter((id) => id === leases[0]!.id || id === leases[1]!.id).sort(), [leases[0]!.id, leases[1]!.id].sort());
+    assert.deepEqual(
+      again
+        .map((l) => l.id)
+        .filter((id) => id === leases[0]!.id || id === leases[1]!.id)
+        .sort(),
+      [leases[0]!.id, leases[1]!.id].sort(),
+    );
     await inbox.close();
   });
 });
@@ -336,7 +428,10 @@ async function runAs(user: { uid: number; gid: number } | undefined, script: str
   if (!user) return runScript(script, args);
   const { spawn } = await import("node:child_process");
   const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, script), ...args], {
-    cwd: ROOT, env: { ...process.env, HOME: dir }, stdio: ["ignore", "pipe", "pipe"], ...user,
+    cwd: ROOT,
+    env: { ...process.env, HOME: dir },
+    stdio: ["ignore", "pipe", "pipe"],
+    ...user,
   });
   let stdout = "";
   let stderr = "";

@@ -34,9 +34,18 @@ interface Seen {
 async function fill(target: string): Promise<string[]> {
   const inbox = await connect(target);
   const ids = Array.from({ length: DELIVERIES }, (_, i) => `evt_${run}_${i + 1}`);
-  await Promise.all(ids.map((id, i) => inbox.store({
-    source: "shop", id, body: Buffer.from(JSON.stringify({ n: i + 1 })), contentType: "application/json", eventType: "order.paid", destinations: ["events"],
-  })));
+  await Promise.all(
+    ids.map((id, i) =>
+      inbox.store({
+        source: "shop",
+        id,
+        body: Buffer.from(JSON.stringify({ n: i + 1 })),
+        contentType: "application/json",
+        eventType: "order.paid",
+        destinations: ["events"],
+      }),
+    ),
+  );
   await inbox.close();
   return ids;
 }
@@ -53,7 +62,11 @@ async function pending(target: string): Promise<number> {
 
 // crashThenDrain runs worker.ts --sources on the backlog KILLS times, SIGKILLing each the moment a publish of
 // its own reaches the broker, then once more until every row is done, and stops that one with SIGTERM.
-async function crashThenDrain(target: string, sources: string, seen: Seen): Promise<{ kills: number; workers: number }> {
+async function crashThenDrain(
+  target: string,
+  sources: string,
+  seen: Seen,
+): Promise<{ kills: number; workers: number }> {
   const stats = { kills: 0, workers: 0 };
   const deadline = Date.now() + 120_000;
   for (;;) {
@@ -63,7 +76,9 @@ async function crashThenDrain(target: string, sources: string, seen: Seen): Prom
     stats.workers++;
     let err = "";
     child.stderr!.on("data", (d) => (err += d));
-    const closed = new Promise<NodeJS.Signals | null>((resolve) => child.on("close", (_code, signal) => resolve(signal)));
+    const closed = new Promise<NodeJS.Signals | null>((resolve) =>
+      child.on("close", (_code, signal) => resolve(signal)),
+    );
     if (killing) {
       // Killed at its first publish the broker has, before the worker can have written its done mark.
       const before = seen.ids.length;
@@ -81,7 +96,9 @@ async function crashThenDrain(target: string, sources: string, seen: Seen): Prom
       seen.onPublish = undefined;
       if (seen.ids.length === before && child.exitCode === null && child.signalCode === null) {
         child.kill("SIGKILL");
-        assert.fail(`no publish of worker ${stats.workers} reached the test's consumer within the deadline: ${JSON.stringify(stats)}; ${err}`);
+        assert.fail(
+          `no publish of worker ${stats.workers} reached the test's consumer within the deadline: ${JSON.stringify(stats)}; ${err}`,
+        );
       }
       child.kill("SIGKILL");
       if ((await closed) === "SIGKILL") stats.kills++;
@@ -112,13 +129,19 @@ const BACKENDS = await backends("fwd_brokers_crash");
 // machine. Most of a case is a worker starting up or a lease running out, which the other backend fills.
 describe("on both backends at once", { concurrency: true }, () => {
   for (const backend of BACKENDS) {
-    describe(`worker.ts forwarding into brokers through the sources file, SIGKILLed, on ${backend.name}`, { skip: backend.skip, concurrency: 1 }, () => {
+    describe(`worker.ts forwarding into brokers through the sources file, SIGKILLed, on ${backend.name}`, {
+      skip: backend.skip,
+      concurrency: 1,
+    }, () => {
       let files: { dir: string; cleanup: () => void };
       beforeEach(() => (files = tempDir()));
       afterEach(() => files.cleanup());
       const sourcesFile = (destination: Record<string, unknown>) => {
         const file = join(files.dir, "sources.json");
-        writeFileSync(file, JSON.stringify({ $destinations: { events: destination }, shop: { provider: "plain", routes: ["events"] } }));
+        writeFileSync(
+          file,
+          JSON.stringify({ $destinations: { events: destination }, shop: { provider: "plain", routes: ["events"] } }),
+        );
         return file;
       };
 
@@ -132,7 +155,11 @@ describe("on both backends at once", { concurrency: true }, () => {
           const stream = `FWD_${run}_${backend.name}_${n}`;
           const subject = `fwd${run}${backend.name}${n}`;
           made.push(stream);
-          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`], duplicate_window: nanos(duplicateWindowMs) });
+          await jet.jsm.streams.add({
+            name: stream,
+            subjects: [`${subject}.>`],
+            duplicate_window: nanos(duplicateWindowMs),
+          });
           // A plain subscriber gets every publish, the ones the stream drops as duplicates too.
           const seen: Seen = { ids: [] };
           const sub = jet.nc.subscribe(`${subject}.>`, {
@@ -145,7 +172,11 @@ describe("on both backends at once", { concurrency: true }, () => {
           const { target, cleanup } = await backend.make();
           try {
             const ids = await fill(target);
-            const crashes = await crashThenDrain(target, sourcesFile({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream }), seen);
+            const crashes = await crashThenDrain(
+              target,
+              sourcesFile({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, stream }),
+              seen,
+            );
             await jet.nc.flush();
             const info = await jet.jsm.streams.info(stream);
             const stored: string[] = [];
@@ -163,17 +194,27 @@ describe("on both backends at once", { concurrency: true }, () => {
         it("holds each delivery exactly once, though the killed workers' last publishes went out again", async () => {
           const { crashes, ids, published, held } = await scenario(120_000);
           const again = published.length - new Set(published).size;
-          console.log(`# worker.ts into JetStream on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${published.length} publishes (${again} again), ${held.size} deliveries in the stream`);
+          console.log(
+            `# worker.ts into JetStream on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${published.length} publishes (${again} again), ${held.size} deliveries in the stream`,
+          );
           assert.equal(crashes.kills, KILLS);
           assert.ok(again >= KILLS, `each kill left a publish without its done mark, sent again: ${again}`);
           assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
-          assert.deepEqual([...held].filter(([, k]) => k > 1), [], "none twice");
+          assert.deepEqual(
+            [...held].filter(([, k]) => k > 1),
+            [],
+            "none twice",
+          );
         });
 
-        it("control: with a duplicate window shorter than the lease, the same kills leave doubles in the stream", { skip: backend.name !== "sqlite" && "the control runs once, on SQLite" }, async () => {
+        it("control: with a duplicate window shorter than the lease, the same kills leave doubles in the stream", {
+          skip: backend.name !== "sqlite" && "the control runs once, on SQLite",
+        }, async () => {
           const { crashes, ids, held } = await scenario(100);
           const doubled = [...held].filter(([, k]) => k > 1).length;
-          console.log(`# worker.ts into JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled} deliveries doubled`);
+          console.log(
+            `# worker.ts into JetStream on ${backend.name}, duplicate window 100 ms: ${crashes.kills} kills, ${doubled} deliveries doubled`,
+          );
           assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery is in the stream");
           assert.ok(doubled >= 1, "a publish sent again after the window is kept twice");
         });
@@ -187,26 +228,41 @@ describe("on both backends at once", { concurrency: true }, () => {
           await rabbit.channel.assertQueue(queue, { durable: true });
           const seen: Seen = { ids: [] };
           const messageIds: string[] = [];
-          const { consumerTag } = await rabbit.channel.consume(queue, (m) => {
-            if (!m) return;
-            seen.ids.push(String(m.properties.headers?.[HEADERS.id]));
-            messageIds.push(String(m.properties.messageId));
-            seen.onPublish?.();
-          }, { noAck: true });
+          const { consumerTag } = await rabbit.channel.consume(
+            queue,
+            (m) => {
+              if (!m) return;
+              seen.ids.push(String(m.properties.headers?.[HEADERS.id]));
+              messageIds.push(String(m.properties.messageId));
+              seen.onPublish?.();
+            },
+            { noAck: true },
+          );
           const { target, cleanup } = await backend.make();
           try {
             const ids = await fill(target);
-            const crashes = await crashThenDrain(target, sourcesFile({ type: "rabbitmq", url: RABBITMQ, routingKey: queue }), seen);
+            const crashes = await crashThenDrain(
+              target,
+              sourcesFile({ type: "rabbitmq", url: RABBITMQ, routingKey: queue }),
+              seen,
+            );
             // Whatever is still on its way to the consumer arrives before the queue is found empty.
-            for (let i = 0; i < 100 && (await rabbit.channel.checkQueue(queue)).messageCount > 0; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+            for (let i = 0; i < 100 && (await rabbit.channel.checkQueue(queue)).messageCount > 0; i++)
+              await new Promise((resolve) => setTimeout(resolve, 20));
             await rabbit.channel.cancel(consumerTag);
             const held = copies(seen.ids);
             const doubled = [...held].filter(([, k]) => k > 1).length;
-            console.log(`# worker.ts into RabbitMQ on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${seen.ids.length} messages for ${held.size} deliveries, ${doubled} doubled`);
+            console.log(
+              `# worker.ts into RabbitMQ on ${backend.name}: ${crashes.kills} kills in ${crashes.workers} workers, ${seen.ids.length} messages for ${held.size} deliveries, ${doubled} doubled`,
+            );
             assert.equal(crashes.kills, KILLS);
             assert.deepEqual([...held.keys()].sort(), [...ids].sort(), "every delivery reached the queue");
             assert.ok(doubled >= 1, "at least once, not exactly once: the kills' publishes came again");
-            assert.equal(new Set(messageIds).size, DELIVERIES, "a consumer that dedups by message_id sees each delivery once");
+            assert.equal(
+              new Set(messageIds).size,
+              DELIVERIES,
+              "a consumer that dedups by message_id sees each delivery once",
+            );
           } finally {
             await cleanup();
           }

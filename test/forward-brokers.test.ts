@@ -28,8 +28,13 @@ const rabbitSkipped = await rabbitmqSkip();
 
 // forwarding reads one broker destination as the worker does: routes.ts for the lane's settings, brokers.ts
 // for the broker's own, and its sender for forward().
-function destination(settings: Record<string, unknown>): { forwarding: Forwarding; senders: Map<string, Sender>; close: () => Promise<void> } {
-  const check = (name: string, s: Record<string, unknown>, where: string) => void parseBrokerDestination(name, s, where, {});
+function destination(settings: Record<string, unknown>): {
+  forwarding: Forwarding;
+  senders: Map<string, Sender>;
+  close: () => Promise<void>;
+} {
+  const check = (name: string, s: Record<string, unknown>, where: string) =>
+    void parseBrokerDestination(name, s, where, {});
   const forwarding = loadDestinations({ $destinations: { events: settings } }, {}, { brokerCheck: check });
   const sender = brokerSender(parseBrokerDestination("events", settings, "events", {}));
   return { forwarding, senders: new Map([["events", sender]]), close: () => sender.close() };
@@ -37,10 +42,14 @@ function destination(settings: Record<string, unknown>): { forwarding: Forwardin
 
 // forwardsBy reads inbox_forwards_total for the destination, by outcome.
 async function forwardsBy(metrics: Metrics): Promise<Record<string, number>> {
-  const families = parsePrometheusTextFormat(await metrics.registry.metrics()) as { name: string; metrics: { labels?: Record<string, string>; value?: string }[] }[];
+  const families = parsePrometheusTextFormat(await metrics.registry.metrics()) as {
+    name: string;
+    metrics: { labels?: Record<string, string>; value?: string }[];
+  }[];
   const family = families.find((f) => f.name === "inbox_forwards_total");
   const out: Record<string, number> = {};
-  for (const m of family?.metrics ?? []) if (m.labels?.destination === "events") out[m.labels.outcome!] = Number(m.value);
+  for (const m of family?.metrics ?? [])
+    if (m.labels?.destination === "events") out[m.labels.outcome!] = Number(m.value);
   return out;
 }
 
@@ -62,12 +71,26 @@ for (const backend of await backends("fwd_brokers")) {
       await cleanup();
     });
     const store = async (n: number) => {
-      for (let i = 0; i < n; i++) await inbox.store({ source: "shop", id: `evt_${i}`, body: Buffer.from(JSON.stringify({ i })), eventType: "order.paid", destinations: ["events"] });
+      for (let i = 0; i < n; i++)
+        await inbox.store({
+          source: "shop",
+          id: `evt_${i}`,
+          body: Buffer.from(JSON.stringify({ i })),
+          eventType: "order.paid",
+          destinations: ["events"],
+        });
     };
-    const attempts = async () => (await inbox.query("SELECT attempts FROM deliveries WHERE destination = 'events' ORDER BY id")).map((r) => Number(r.attempts));
+    const attempts = async () =>
+      (await inbox.query("SELECT attempts FROM deliveries WHERE destination = 'events' ORDER BY id")).map((r) =>
+        Number(r.attempts),
+      );
 
     // outage runs the common story against one broker: it fails, opens, waits, comes back, and closes.
-    async function outage(settings: Record<string, unknown>, comeBack: () => Promise<void>, arrived: () => Promise<string[]>): Promise<void> {
+    async function outage(
+      settings: Record<string, unknown>,
+      comeBack: () => Promise<void>,
+      arrived: () => Promise<string[]>,
+    ): Promise<void> {
       await store(10);
       const d = destination({ ...settings, maxInFlight: 1, breaker: { failures: 3, coolDown: 30 } });
       closers.push(d.close);
@@ -98,20 +121,32 @@ for (const backend of await backends("fwd_brokers")) {
       it("opens on a subject no stream captures, spends no attempt while open, and closes with the probe once a stream takes it", async () => {
         const stream = `FWDB_${run}_${backend.name}`;
         const subject = `fwdb${run}${backend.name}`;
-        await outage({ type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, timeoutMs: 2_000 }, async () => {
-          made.push(stream);
-          await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`] });
-        }, async () => {
-          const info = await jet.jsm.streams.info(stream);
-          const ids: string[] = [];
-          for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++) ids.push((await jet.jsm.streams.getMessage(stream, { seq }))!.header.get(HEADERS.id));
-          return ids;
-        });
+        await outage(
+          { type: "nats", url: NATS, subject: `${subject}.{source}.{type}`, timeoutMs: 2_000 },
+          async () => {
+            made.push(stream);
+            await jet.jsm.streams.add({ name: stream, subjects: [`${subject}.>`] });
+          },
+          async () => {
+            const info = await jet.jsm.streams.info(stream);
+            const ids: string[] = [];
+            for (let seq = info.state.first_seq; seq <= info.state.last_seq; seq++)
+              ids.push((await jet.jsm.streams.getMessage(stream, { seq }))!.header.get(HEADERS.id));
+            return ids;
+          },
+        );
       });
 
       it("control: with no breaker, the same outage spends an attempt on every delivery", async () => {
         await store(10);
-        const d = destination({ type: "nats", url: NATS, subject: `fwdbnone${run}.{source}`, timeoutMs: 2_000, maxInFlight: 1, breaker: false });
+        const d = destination({
+          type: "nats",
+          url: NATS,
+          subject: `fwdbnone${run}.{source}`,
+          timeoutMs: 2_000,
+          maxInFlight: 1,
+          breaker: false,
+        });
         closers.push(d.close);
         await forward({ inbox, forwarding: d.forwarding, senders: d.senders, once: true, log: () => {} });
         assert.deepEqual(await attempts(), Array(10).fill(1));
@@ -123,13 +158,22 @@ for (const backend of await backends("fwd_brokers")) {
       const rabbit = rabbitSuite(RABBITMQ, queue);
 
       it("opens on a routing key no queue takes, and closes with the probe once the queue is there", async () => {
-        await outage({ type: "rabbitmq", url: RABBITMQ, routingKey: queue, timeoutMs: 2_000 }, async () => {
-          await rabbit.channel.assertQueue(queue, { durable: true });
-        }, async () => {
-          const ids: string[] = [];
-          for (let m = await rabbit.channel.get(queue, { noAck: true }); m !== false; m = await rabbit.channel.get(queue, { noAck: true })) ids.push(String(m.properties.headers?.[HEADERS.id]));
-          return ids;
-        });
+        await outage(
+          { type: "rabbitmq", url: RABBITMQ, routingKey: queue, timeoutMs: 2_000 },
+          async () => {
+            await rabbit.channel.assertQueue(queue, { durable: true });
+          },
+          async () => {
+            const ids: string[] = [];
+            for (
+              let m = await rabbit.channel.get(queue, { noAck: true });
+              m !== false;
+              m = await rabbit.channel.get(queue, { noAck: true })
+            )
+              ids.push(String(m.properties.headers?.[HEADERS.id]));
+            return ids;
+          },
+        );
       });
     });
   });

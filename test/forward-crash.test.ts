@@ -32,16 +32,18 @@ async function destination(failRate: number, random: Random): Promise<{ url: str
   const seen: Seen = { requests: [], accepted: [] };
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c)).on("end", () => {
-      const id = String(req.headers["webhook-id"]);
-      seen.requests.push(id);
-      setTimeout(() => {
-        if (random() < failRate) return void res.writeHead(500).end("flaky");
-        const event = JSON.parse(Buffer.concat(chunks).toString()) as { time: number };
-        seen.accepted.push({ id, key: req.headers["inbox-order-key"] as string | undefined, time: event.time });
-        res.writeHead(200).end();
-      }, random() * 15);
-    });
+    req
+      .on("data", (c: Buffer) => chunks.push(c))
+      .on("end", () => {
+        const id = String(req.headers["webhook-id"]);
+        seen.requests.push(id);
+        setTimeout(() => {
+          if (random() < failRate) return void res.writeHead(500).end("flaky");
+          const event = JSON.parse(Buffer.concat(chunks).toString()) as { time: number };
+          seen.accepted.push({ id, key: req.headers["inbox-order-key"] as string | undefined, time: event.time });
+          res.writeHead(200).end();
+        }, random() * 15);
+      });
   });
   server.listen(0, "127.0.0.1");
   await once(server, "listening");
@@ -51,7 +53,8 @@ async function destination(failRate: number, random: Random): Promise<{ url: str
 /** outOfOrder lists the keys whose first acceptances, deduplicated by webhook-id, are not in event time. */
 function outOfOrder(seen: Seen): string[] {
   const first = new Map<string, { key: string; time: number }>();
-  for (const a of seen.accepted) if (!first.has(a.id)) first.set(a.id, { key: a.key ?? a.id.split(":")[1]!.slice(0, 4), time: a.time });
+  for (const a of seen.accepted)
+    if (!first.has(a.id)) first.set(a.id, { key: a.key ?? a.id.split(":")[1]!.slice(0, 4), time: a.time });
   const bad: string[] = [];
   const last = new Map<string, number>();
   for (const { key, time } of first.values()) {
@@ -68,27 +71,44 @@ async function scenario(target: string, dir: string, ordered: boolean, random: R
   const inbox = await connect(target);
   try {
     const sources = join(dir, "sources.json");
-    writeFileSync(sources, JSON.stringify({
-      $destinations: {
-        steady: { url: steady.url, secret: SECRET, maxInFlight: 4 },
-        flaky: { url: flaky.url, secret: SECRET, maxInFlight: 4, breaker: { coolDown: 0.2, window: 2 } },
-      },
-    }));
+    writeFileSync(
+      sources,
+      JSON.stringify({
+        $destinations: {
+          steady: { url: steady.url, secret: SECRET, maxInFlight: 4 },
+          flaky: { url: flaky.url, secret: SECRET, maxInFlight: 4, breaker: { coolDown: 0.2, window: 2 } },
+        },
+      }),
+    );
     // Event times shuffled against arrival, so order is the inbox's doing, not the arrival's.
     const times = Array.from({ length: deliveries }, (_, i) => i);
     for (let i = times.length - 1; i > 0; i--) {
       const j = Math.floor(random() * (i + 1));
       [times[i], times[j]] = [times[j]!, times[i]!];
     }
-    await Promise.all(times.map((time, i) => inbox.store({
-      id: `key${i % KEYS}-d${String(i).padStart(4, "0")}`, body: Buffer.from(JSON.stringify({ time })), contentType: "application/json",
-      destinations: ["steady", "flaky"], ...(ordered ? { orderKey: `key${i % KEYS}`, eventTime: 1_000_000 + time } : {}),
-    })));
+    await Promise.all(
+      times.map((time, i) =>
+        inbox.store({
+          id: `key${i % KEYS}-d${String(i).padStart(4, "0")}`,
+          body: Buffer.from(JSON.stringify({ time })),
+          contentType: "application/json",
+          destinations: ["steady", "flaky"],
+          ...(ordered ? { orderKey: `key${i % KEYS}`, eventTime: 1_000_000 + time } : {}),
+        }),
+      ),
+    );
     // A worker that exits by itself (not killed here) would stall the run: the test says which and why.
     const killed = new Set<ChildProcess>();
     const died: string[] = [];
     const spawn = () => {
-      const child = spawnScript("test/fixtures/forward-worker.ts", ["--db", target, "--sources", sources, "--lease-ms", "500"]);
+      const child = spawnScript("test/fixtures/forward-worker.ts", [
+        "--db",
+        target,
+        "--sources",
+        sources,
+        "--lease-ms",
+        "500",
+      ]);
       let stderr = "";
       child.stdout!.resume();
       child.stderr!.on("data", (chunk: Buffer) => void (stderr = (stderr + chunk.toString()).slice(-2000)));
@@ -119,12 +139,15 @@ async function scenario(target: string, dir: string, ordered: boolean, random: R
       child.kill("SIGTERM");
     }
     while (workers.size > 0) await new Promise((resolve) => setTimeout(resolve, 50));
-    const status = await inbox.query("SELECT destination, status, count(*) AS n FROM deliveries GROUP BY destination, status ORDER BY destination, status");
+    const status = await inbox.query(
+      "SELECT destination, status, count(*) AS n FROM deliveries GROUP BY destination, status ORDER BY destination, status",
+    );
     // What each key of a stalled destination waits on, for the failure message.
     const keys = await inbox.query(
       `SELECT k.destination, k.order_key, k.head_id, k.due, d.status AS head_status, d.leased_until, d.attempts
        FROM order_keys k LEFT JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
-       WHERE k.head_id IS NOT NULL ORDER BY k.destination, k.order_key`);
+       WHERE k.head_id IS NOT NULL ORDER BY k.destination, k.order_key`,
+    );
     return { steady: steady.seen, flaky: flaky.seen, kills, status, died, keys };
   } finally {
     for (const child of workers) child.kill("SIGKILL");
@@ -143,14 +166,29 @@ for (const backend of await backends("fwdcrash")) {
       const dir = tempDir("inbox-forward-crash-");
       try {
         const r = await scenario(target, dir.dir, true, seeded(seed));
-        for (const [name, seen] of [["steady", r.steady], ["flaky", r.flaky]] as const) {
+        for (const [name, seen] of [
+          ["steady", r.steady],
+          ["flaky", r.flaky],
+        ] as const) {
           const ids = new Set(seen.accepted.map((a) => a.id));
-          assert.equal(ids.size, DELIVERIES, `${name}: every delivery arrived (${JSON.stringify(r.status)}; workers that exited by themselves: ${JSON.stringify(r.died)}; keys waiting: ${JSON.stringify(r.keys)})`);
+          assert.equal(
+            ids.size,
+            DELIVERIES,
+            `${name}: every delivery arrived (${JSON.stringify(r.status)}; workers that exited by themselves: ${JSON.stringify(r.died)}; keys waiting: ${JSON.stringify(r.keys)})`,
+          );
           assert.deepEqual(outOfOrder(seen), [], `${name}: each key's deliveries were accepted in event time`);
-          console.log(`# ${backend.name} ${name}: ${seen.requests.length} requests, ${seen.accepted.length - ids.size} duplicates the destination's dedup by webhook-id dropped`);
+          console.log(
+            `# ${backend.name} ${name}: ${seen.requests.length} requests, ${seen.accepted.length - ids.size} duplicates the destination's dedup by webhook-id dropped`,
+          );
         }
         assert.ok(r.flaky.requests.length > DELIVERIES, "the flaky destination failed some and got them again");
-        assert.deepEqual(r.status.map((s) => [s.destination, s.status, Number(s.n)]), [["flaky", "done", DELIVERIES], ["steady", "done", DELIVERIES]]);
+        assert.deepEqual(
+          r.status.map((s) => [s.destination, s.status, Number(s.n)]),
+          [
+            ["flaky", "done", DELIVERIES],
+            ["steady", "done", DELIVERIES],
+          ],
+        );
         assert.ok(r.kills > 0, "workers were killed");
         assert.deepEqual(r.died, [], "no worker exited by itself");
       } finally {

@@ -28,7 +28,8 @@ const SECRET = `whsec_${Buffer.from("the app's forwarding secret").toString("bas
 function opensslSkip(): string | false {
   if (spawnSync("openssl", ["version"]).status === 0) return false;
   const why = "no openssl on PATH";
-  if (process.env.INBOX_REQUIRE_OPENSSL === "1") throw new Error(`INBOX_REQUIRE_OPENSSL=1 but ${why} (apt-get install -y openssl)`);
+  if (process.env.INBOX_REQUIRE_OPENSSL === "1")
+    throw new Error(`INBOX_REQUIRE_OPENSSL=1 but ${why} (apt-get install -y openssl)`);
   console.log(`# TLS forwarding tests skipped: ${why}; apt-get install -y openssl to run them.`);
   return why;
 }
@@ -49,13 +50,52 @@ function pki(dir: string): Pki {
   };
   const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
   for (const name of ["ca", "other-ca"]) {
-    run("req", "-x509", ...ec, "-keyout", `${name}.key`, "-out", `${name}.pem`, "-days", "2", "-subj", `/CN=inbox test ${name}`,
-      "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign");
+    run(
+      "req",
+      "-x509",
+      ...ec,
+      "-keyout",
+      `${name}.key`,
+      "-out",
+      `${name}.pem`,
+      "-days",
+      "2",
+      "-subj",
+      `/CN=inbox test ${name}`,
+      "-addext",
+      "basicConstraints=critical,CA:TRUE",
+      "-addext",
+      "keyUsage=critical,keyCertSign,cRLSign",
+    );
   }
   run("req", ...ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1");
-  writeFileSync(join(dir, "server.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n");
-  run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "server.ext");
-  return { caFile: join(dir, "ca.pem"), otherCaFile: join(dir, "other-ca.pem"), key: readFileSync(join(dir, "server.key")), cert: readFileSync(join(dir, "server.pem")) };
+  writeFileSync(
+    join(dir, "server.ext"),
+    "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+  );
+  run(
+    "x509",
+    "-req",
+    "-in",
+    "server.csr",
+    "-CA",
+    "ca.pem",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "server.pem",
+    "-days",
+    "2",
+    "-extfile",
+    "server.ext",
+  );
+  return {
+    caFile: join(dir, "ca.pem"),
+    otherCaFile: join(dir, "other-ca.pem"),
+    key: readFileSync(join(dir, "server.key")),
+    cert: readFileSync(join(dir, "server.pem")),
+  };
 }
 
 /** Received is one request a destination got. */
@@ -97,48 +137,79 @@ for (const backend of BACKENDS) {
       const got: Received[] = [];
       const server = createHttpsServer({ key: certs!.key, cert: certs!.cert }, (req, res) => {
         const chunks: Buffer[] = [];
-        req.on("data", (c: Buffer) => chunks.push(c)).on("end", () => {
-          got.push({ headers: req.headers, body: Buffer.concat(chunks) });
-          res.writeHead(204).end();
-        });
+        req
+          .on("data", (c: Buffer) => chunks.push(c))
+          .on("end", () => {
+            got.push({ headers: req.headers, body: Buffer.concat(chunks) });
+            res.writeHead(204).end();
+          });
       });
       const handshakes: string[] = [];
       server.on("tlsClientError", (error: Error) => handshakes.push(error.message));
       server.listen(0, "127.0.0.1");
       await once(server, "listening");
-      closers.push(() => new Promise<void>((resolve) => {
-        server.closeAllConnections();
-        server.close(() => resolve());
-      }));
+      closers.push(
+        () =>
+          new Promise<void>((resolve) => {
+            server.closeAllConnections();
+            server.close(() => resolve());
+          }),
+      );
       return { url: `https://127.0.0.1:${(server.address() as { port: number }).port}/hooks`, got, handshakes };
     };
-    const config = (destinations: Record<string, Record<string, unknown>>): Forwarding => loadDestinations({ $destinations: destinations }, {});
+    const config = (destinations: Record<string, Record<string, unknown>>): Forwarding =>
+      loadDestinations({ $destinations: destinations }, {});
     const row = async (destination: string) =>
       (await inbox.query("SELECT status, attempts, error FROM deliveries WHERE destination = ?", destination))[0]!;
 
-    it("forwards over HTTPS to a destination whose certificate a private CA signed, given as its ca", { skip: SKIP }, async () => {
+    it("forwards over HTTPS to a destination whose certificate a private CA signed, given as its ca", {
+      skip: SKIP,
+    }, async () => {
       const app = await https();
       const bodies = [Buffer.from('{"type":"invoice.paid","n":1}'), Buffer.from('{"type":"invoice.paid","n":2}')];
-      for (const [i, b] of bodies.entries()) await inbox.store({ source: "stripe", id: `evt_${i}`, body: b, contentType: "application/json", destinations: ["app"] });
-      const stats = await forward({ inbox, forwarding: config({ app: { url: app.url, secret: SECRET, ca: certs!.caFile } }), once: true, log: () => {} });
+      for (const [i, b] of bodies.entries())
+        await inbox.store({
+          source: "stripe",
+          id: `evt_${i}`,
+          body: b,
+          contentType: "application/json",
+          destinations: ["app"],
+        });
+      const stats = await forward({
+        inbox,
+        forwarding: config({ app: { url: app.url, secret: SECRET, ca: certs!.caFile } }),
+        once: true,
+        log: () => {},
+      });
       assert.equal(stats.done, 2);
       assert.deepEqual(app.got.map((r) => r.body.toString()).sort(), bodies.map(String));
       for (const r of app.got) new Webhook(SECRET).verify(r.body.toString(), r.headers as Record<string, string>);
       assert.equal((await row("app")).status, "done");
     });
 
-    it("control: without the CA, or with a CA that signed nothing here, the same destination fails as a TLS failure and is sent nothing", { skip: SKIP }, async () => {
+    it("control: without the CA, or with a CA that signed nothing here, the same destination fails as a TLS failure and is sent nothing", {
+      skip: SKIP,
+    }, async () => {
       const app = await https();
       await inbox.store({ id: "evt_1", body: Buffer.from("{}"), destinations: ["bare", "stranger"] });
       const stats = await forward({
-        inbox, forwarding: config({ bare: { url: app.url, secret: SECRET }, stranger: { url: app.url, secret: SECRET, ca: certs!.otherCaFile } }), once: true, log: () => {},
+        inbox,
+        forwarding: config({
+          bare: { url: app.url, secret: SECRET },
+          stranger: { url: app.url, secret: SECRET, ca: certs!.otherCaFile },
+        }),
+        once: true,
+        log: () => {},
       });
       assert.equal(stats.done, 0);
       assert.equal(stats.retried, 2);
       for (const name of ["bare", "stranger"]) {
         const r = await row(name);
         assert.deepEqual([r.status, Number(r.attempts)], ["received", 1]);
-        assert.match(String(r.error), new RegExp(`^${name}: TLS: [A-Z_]+: unable to (get local issuer certificate|verify the first certificate)`));
+        assert.match(
+          String(r.error),
+          new RegExp(`^${name}: TLS: [A-Z_]+: unable to (get local issuer certificate|verify the first certificate)`),
+        );
       }
       assert.equal(app.got.length, 0, "no request got past the handshake");
       assert.equal(app.handshakes.length, 2, "the server saw both handshakes fail");
@@ -147,39 +218,59 @@ for (const backend of BACKENDS) {
     it("tells a destination that never accepts the connection (connectTimeout) from one that accepts and never answers (timeout)", async () => {
       // Never accepts: a child process listens with a backlog of one and blocks its own event loop, so
       // nothing ever takes a connection off the queue; once the queue is full, the kernel drops new ones.
-      const silent: ChildProcess = spawn(process.execPath, ["-e", `
+      const silent: ChildProcess = spawn(
+        process.execPath,
+        [
+          "-e",
+          `
         const s = require("node:net").createServer();
         s.listen({ port: 0, host: "127.0.0.1", backlog: 1 }, () => {
           console.log(s.address().port);
           Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0);
-        });`], { stdio: ["ignore", "pipe", "inherit"] });
+        });`,
+        ],
+        { stdio: ["ignore", "pipe", "inherit"] },
+      );
       closers.push(() => void silent.kill("SIGKILL"));
-      const [line] = await once(silent.stdout!, "data") as [Buffer];
+      const [line] = (await once(silent.stdout!, "data")) as [Buffer];
       const port = Number(String(line).trim());
       const fillers: Socket[] = [];
       closers.push(() => fillers.forEach((s) => s.destroy()));
-      for (let full = false; !full;) {
+      for (let full = false; !full; ) {
         const socket = connectTcp(port, "127.0.0.1");
         socket.on("error", () => {});
         fillers.push(socket);
-        full = await Promise.race([once(socket, "connect").then(() => false), new Promise<boolean>((resolve) => setTimeout(() => resolve(true), 300))]);
+        full = await Promise.race([
+          once(socket, "connect").then(() => false),
+          new Promise<boolean>((resolve) => setTimeout(() => resolve(true), 300)),
+        ]);
       }
       // Accepts, reads, never answers.
       const hang = createHttpServer(() => {});
       hang.listen(0, "127.0.0.1");
       await once(hang, "listening");
-      closers.push(() => new Promise<void>((resolve) => {
-        hang.closeAllConnections();
-        hang.close(() => resolve());
-      }));
+      closers.push(
+        () =>
+          new Promise<void>((resolve) => {
+            hang.closeAllConnections();
+            hang.close(() => resolve());
+          }),
+      );
       await inbox.store({ id: "evt_1", body: Buffer.from("{}"), destinations: ["silent", "hang"] });
       // The same settings for both; undici checks a connect timeout about twice a second, so the answer's
       // timeout is set well past that.
       const times = { connectTimeout: 0.2, timeout: 2 };
       await forward({
-        inbox, once: true, log: () => {}, forwarding: config({
+        inbox,
+        once: true,
+        log: () => {},
+        forwarding: config({
           silent: { url: `http://127.0.0.1:${port}/hooks`, secret: SECRET, ...times },
-          hang: { url: `http://127.0.0.1:${(hang.address() as { port: number }).port}/hooks`, secret: SECRET, ...times },
+          hang: {
+            url: `http://127.0.0.1:${(hang.address() as { port: number }).port}/hooks`,
+            secret: SECRET,
+            ...times,
+          },
         }),
       });
       const s = await row("silent");

@@ -21,13 +21,22 @@ describe("forwarding under torture on PostgreSQL", { skip }, () => {
     const dir = tempDir("inbox-forward-torture-");
     try {
       const r = await forwardTorture({
-        url: schema.url, dir: dir.dir, deliveries: 60, workers: 4, seconds: 12, killEveryMs: 2_000, terminateEveryMs: 1_500, leaseMs: 3_000,
+        url: schema.url,
+        dir: dir.dir,
+        deliveries: 60,
+        workers: 4,
+        seconds: 12,
+        killEveryMs: 2_000,
+        terminateEveryMs: 1_500,
+        leaseMs: 3_000,
         random: seeded(seed),
       });
       const twice = r.destinations.reduce((n, d) => n + d.acceptedTwice, 0);
-      console.log(`# ${r.kills} SIGKILLs, ${r.terminations} connections terminated; ${twice} deliveries accepted twice over ${r.destinations.length} ` +
-        `destinations (${r.destinations.map((d) => `${d.name} ${d.acceptedTwice}`).join(", ")}); deadlocks logged ${r.deadlocksLogged}, ` +
-        `on the server meanwhile ${r.serverDeadlocks}; the rated destination's bucket refused ${r.destinations.find((d) => d.name === "rated")!.refusedByBucket}`);
+      console.log(
+        `# ${r.kills} SIGKILLs, ${r.terminations} connections terminated; ${twice} deliveries accepted twice over ${r.destinations.length} ` +
+          `destinations (${r.destinations.map((d) => `${d.name} ${d.acceptedTwice}`).join(", ")}); deadlocks logged ${r.deadlocksLogged}, ` +
+          `on the server meanwhile ${r.serverDeadlocks}; the rated destination's bucket refused ${r.destinations.find((d) => d.name === "rated")!.refusedByBucket}`,
+      );
       assert.deepEqual(r.unexpectedExits, [], "no worker exited by itself");
       assert.equal(r.notDone, 0, "every delivery done at every destination");
       for (const d of r.destinations) assert.equal(d.accepted, r.deliveries, `${d.name} accepted every delivery`);
@@ -36,7 +45,10 @@ describe("forwarding under torture on PostgreSQL", { skip }, () => {
       // two cores, a permit and its request's arrival are now and then further apart than one token's time.
       // test/limits.test.ts holds it to zero, on both backends, at a rate that leaves room for that.
       assert.ok(r.kills > 0 && r.terminations > 0, "the chaos happened");
-      assert.ok(twice <= r.kills * 2 * r.inFlightPerWorker, `duplicates within the bound (docs/forwarding.md): ${twice} for ${r.kills} kills`);
+      assert.ok(
+        twice <= r.kills * 2 * r.inFlightPerWorker,
+        `duplicates within the bound (docs/forwarding.md): ${twice} for ${r.kills} kills`,
+      );
     } finally {
       dir.cleanup();
       await schema.drop();

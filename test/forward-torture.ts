@@ -58,11 +58,15 @@ export interface ForwardTortureReport {
 const SECRET = `whsec_${Buffer.from("forward torture").toString("base64")}`;
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
-type Behaviour = (id: string, n: number, elapsedMs: number) => { status: number; afterMs?: number; headers?: Record<string, string> } | "hang";
+type Behaviour = (
+  id: string,
+  n: number,
+  elapsedMs: number,
+) => { status: number; afterMs?: number; headers?: Record<string, string> } | "hang";
 
 export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardTortureReport> {
   const started = performance.now();
-  const downFor = o.seconds * 1000 / 3;
+  const downFor = (o.seconds * 1000) / 3;
   // Low enough that one token's time (100 ms) outlasts a loaded machine's delays between a permit and the arrival.
   const rate = { perSecond: 10, burst: 3 };
   let tokens = rate.burst;
@@ -77,7 +81,7 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
     // Counts with a bucket of its own, of the rate and burst the sources file gives it.
     rated: () => {
       const now = performance.now();
-      tokens = Math.min(rate.burst, tokens + (now - tokensAt) * rate.perSecond / 1000);
+      tokens = Math.min(rate.burst, tokens + ((now - tokensAt) * rate.perSecond) / 1000);
       tokensAt = now;
       if (tokens < 1) return { status: 429 };
       tokens--;
@@ -93,7 +97,15 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
   const servers: Server[] = [];
   const urls: Record<string, string> = {};
   for (const [name, behave] of Object.entries(behaviours)) {
-    const s = { name, requests: 0, accepted: 0, acceptedTwice: 0, refusedByBucket: 0, counts: new Map<string, number>(), okCounts: new Map<string, number>() };
+    const s = {
+      name,
+      requests: 0,
+      accepted: 0,
+      acceptedTwice: 0,
+      refusedByBucket: 0,
+      counts: new Map<string, number>(),
+      okCounts: new Map<string, number>(),
+    };
     seen.set(name, s);
     const server = createServer((req, res) => {
       req.resume().on("end", () => {
@@ -117,12 +129,24 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
   }
   const maxInFlight = 4;
   const sources = join(o.dir, "torture-sources.json");
-  writeFileSync(sources, JSON.stringify({
-    $destinations: Object.fromEntries(Object.keys(behaviours).map((name) => [name, {
-      url: urls[name], secret: SECRET, maxInFlight, timeout: name === "hanging" ? 1 : 5, breaker: { failures: 20, coolDown: 0.3, window: 2 },
-      ...(name === "rated" ? { rate: rate.perSecond, burst: rate.burst } : {}),
-    }])),
-  }));
+  writeFileSync(
+    sources,
+    JSON.stringify({
+      $destinations: Object.fromEntries(
+        Object.keys(behaviours).map((name) => [
+          name,
+          {
+            url: urls[name],
+            secret: SECRET,
+            maxInFlight,
+            timeout: name === "hanging" ? 1 : 5,
+            breaker: { failures: 20, coolDown: 0.3, window: 2 },
+            ...(name === "rated" ? { rate: rate.perSecond, burst: rate.burst } : {}),
+          },
+        ]),
+      ),
+    }),
+  );
 
   const appName = `inbox-torture-${process.pid}`;
   const url = new URL(o.url);
@@ -130,19 +154,40 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
   const target = url.toString();
   const inbox = await connect(o.url);
   const names = Object.keys(behaviours);
-  await Promise.all(Array.from({ length: o.deliveries }, (_, i) => inbox.store({
-    source: "torture", id: `evt_${i}`, body: Buffer.from(JSON.stringify({ i })), contentType: "application/json", destinations: names,
-  })));
+  await Promise.all(
+    Array.from({ length: o.deliveries }, (_, i) =>
+      inbox.store({
+        source: "torture",
+        id: `evt_${i}`,
+        body: Buffer.from(JSON.stringify({ i })),
+        contentType: "application/json",
+        destinations: names,
+      }),
+    ),
+  );
 
   const admin = new pg.Client({ connectionString: o.url.replace(/\?.*$/, "") });
   await admin.connect();
-  const serverDeadlocks = async () => Number((await admin.query("SELECT sum(deadlocks) AS n FROM pg_stat_database")).rows[0].n);
+  const serverDeadlocks = async () =>
+    Number((await admin.query("SELECT sum(deadlocks) AS n FROM pg_stat_database")).rows[0].n);
   const deadlocksBefore = await serverDeadlocks();
 
   const report = { kills: 0, terminations: 0, unexpectedExits: [] as string[], deadlocksLogged: 0 };
   const workers = new Set<{ child: ChildProcess; killed: boolean; log: string }>();
   const spawnWorker = () => {
-    const w = { child: spawnScript("test/fixtures/forward-worker.ts", ["--db", target, "--sources", sources, "--lease-ms", String(o.leaseMs), "--log"]), killed: false, log: "" };
+    const w = {
+      child: spawnScript("test/fixtures/forward-worker.ts", [
+        "--db",
+        target,
+        "--sources",
+        sources,
+        "--lease-ms",
+        String(o.leaseMs),
+        "--log",
+      ]),
+      killed: false,
+      log: "",
+    };
     w.child.stdout!.resume();
     w.child.stderr!.on("data", (d: Buffer) => {
       const text = d.toString();
@@ -155,7 +200,8 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
     });
     workers.add(w);
   };
-  const notDone = async () => Number((await inbox.query("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'"))[0]!.n);
+  const notDone = async () =>
+    Number((await inbox.query("SELECT count(*) AS n FROM deliveries WHERE status <> 'done'"))[0]!.n);
   try {
     for (let i = 0; i < o.workers; i++) spawnWorker();
     const chaosUntil = performance.now() + o.seconds * 1000;
@@ -175,7 +221,9 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
       }
       if (o.terminateEveryMs > 0 && performance.now() >= nextTerminate) {
         const { rows } = await admin.query(
-          "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()", [appName]);
+          "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+          [appName],
+        );
         report.terminations += Number(rows[0].n);
         nextTerminate = performance.now() + o.terminateEveryMs * (0.5 + o.random());
       }
@@ -188,11 +236,18 @@ export async function forwardTorture(o: ForwardTortureOptions): Promise<ForwardT
     for (const w of [...workers]) w.child.kill("SIGTERM");
     while (workers.size > 0) await sleep(50);
     const destinations = [...seen.values()].map(({ counts: _c, okCounts, ...s }) => ({
-      ...s, accepted: okCounts.size, acceptedTwice: [...okCounts.values()].reduce((n, c) => n + c - 1, 0),
+      ...s,
+      accepted: okCounts.size,
+      acceptedTwice: [...okCounts.values()].reduce((n, c) => n + c - 1, 0),
     }));
     return {
-      deliveries: o.deliveries, destinations, ...report, serverDeadlocks: (await serverDeadlocks()) - deadlocksBefore,
-      notDone: left, drained: left === 0, inFlightPerWorker: maxInFlight * names.length,
+      deliveries: o.deliveries,
+      destinations,
+      ...report,
+      serverDeadlocks: (await serverDeadlocks()) - deadlocksBefore,
+      notDone: left,
+      drained: left === 0,
+      inFlightPerWorker: maxInFlight * names.length,
     };
   } finally {
     for (const w of workers) {

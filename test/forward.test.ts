@@ -33,7 +33,10 @@ type Answer = { status: number; body?: string; headers?: Record<string, string> 
 
 // destination starts a real HTTP server on a free port whose answers the test changes as it goes.
 async function destination(answer: (r: Received, n: number) => Answer = () => ({ status: 200 })): Promise<{
-  url: string; got: Received[]; answer: (fn: (r: Received, n: number) => Answer) => void; close: () => Promise<void>;
+  url: string;
+  got: Received[];
+  answer: (fn: (r: Received, n: number) => Answer) => void;
+  close: () => Promise<void>;
 }> {
   const got: Received[] = [];
   let reply = answer;
@@ -53,11 +56,14 @@ async function destination(answer: (r: Received, n: number) => Answer = () => ({
   await once(server, "listening");
   const port = (server.address() as { port: number }).port;
   return {
-    url: `http://127.0.0.1:${port}/hooks`, got, answer: (fn) => void (reply = fn),
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    url: `http://127.0.0.1:${port}/hooks`,
+    got,
+    answer: (fn) => void (reply = fn),
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -83,10 +89,15 @@ for (const backend of BACKENDS) {
       servers.push(d);
       return d;
     };
-    const config = (destinations: Record<string, Record<string, unknown>>, extra: Record<string, unknown> = {}): Forwarding =>
-      loadDestinations({ $destinations: destinations, ...extra }, {});
+    const config = (
+      destinations: Record<string, Record<string, unknown>>,
+      extra: Record<string, unknown> = {},
+    ): Forwarding => loadDestinations({ $destinations: destinations, ...extra }, {});
     const rows = async (inbox: Inbox, destination: string) =>
-      inbox.query("SELECT id, status, attempts, error, available_at FROM deliveries WHERE destination = ? ORDER BY id", destination);
+      inbox.query(
+        "SELECT id, status, attempts, error, available_at FROM deliveries WHERE destination = ? ORDER BY id",
+        destination,
+      );
 
     beforeEach(async () => {
       ({ target, cleanup } = await backend.make());
@@ -103,12 +114,32 @@ for (const backend of BACKENDS) {
     it("forwards each delivery byte-exact with its content type, signed so standardwebhooks verifies it; a changed byte fails", async () => {
       const inbox = await open();
       const app = await serve();
-      const bodies = [body({ customer: "Ann", amount: 5 }), Buffer.from('{"name":"Zoë ✓","emoji":"🦊"}'), body({ n: 3 })];
+      const bodies = [
+        body({ customer: "Ann", amount: 5 }),
+        Buffer.from('{"name":"Zoë ✓","emoji":"🦊"}'),
+        body({ n: 3 }),
+      ];
       for (const [i, b] of bodies.entries()) {
-        assert.equal(await inbox.store({ source: "stripe", id: `evt_${i}`, body: b, contentType: "application/json; charset=utf-8", eventType: "invoice.paid", destinations: ["app"] }), "stored");
+        assert.equal(
+          await inbox.store({
+            source: "stripe",
+            id: `evt_${i}`,
+            body: b,
+            contentType: "application/json; charset=utf-8",
+            eventType: "invoice.paid",
+            destinations: ["app"],
+          }),
+          "stored",
+        );
       }
       const metrics = new Metrics({ inbox, processMetrics: false });
-      const stats = await forward({ inbox, forwarding: config({ app: { url: app.url, secret: SECRET } }), once: true, log: () => {}, metrics });
+      const stats = await forward({
+        inbox,
+        forwarding: config({ app: { url: app.url, secret: SECRET } }),
+        once: true,
+        log: () => {},
+        metrics,
+      });
       assert.equal(stats.done, 3);
       assert.equal(app.got.length, 3);
       for (const r of app.got) {
@@ -127,7 +158,10 @@ for (const backend of BACKENDS) {
         assert.throws(() => verify(SECRET, { headers: r.headers, body: changed }), /No matching signature/);
         assert.throws(() => verify(OTHER, r), /No matching signature/);
       }
-      assert.deepEqual((await rows(inbox, "app")).map((r) => r.status), ["done", "done", "done"]);
+      assert.deepEqual(
+        (await rows(inbox, "app")).map((r) => r.status),
+        ["done", "done", "done"],
+      );
       const text = await metrics.text();
       assert.match(text, /inbox_forwards_total\{destination="app",outcome="done"\} 3/);
       assert.doesNotMatch(text, /evt_\d/, "no delivery ID in any label");
@@ -137,7 +171,12 @@ for (const backend of BACKENDS) {
       const inbox = await open();
       const app = await serve();
       await inbox.store({ id: "evt_1", body: body({ a: 1 }), destinations: ["app"] });
-      await forward({ inbox, forwarding: config({ app: { url: app.url, secret: [SECRET, NEW_SECRET] } }), once: true, log: () => {} });
+      await forward({
+        inbox,
+        forwarding: config({ app: { url: app.url, secret: [SECRET, NEW_SECRET] } }),
+        once: true,
+        log: () => {},
+      });
       assert.equal(app.got.length, 1);
       assert.ok(verify(SECRET, app.got[0]!));
       assert.ok(verify(NEW_SECRET, app.got[0]!));
@@ -148,20 +187,47 @@ for (const backend of BACKENDS) {
       const inbox = await open();
       const ok = await serve();
       const failing = await serve(() => ({ status: 500, body: `boom ${"x".repeat(400)}` }));
-      for (let i = 0; i < 5; i++) assert.equal(await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["handler", "a", "b"] }), "stored");
+      for (let i = 0; i < 5; i++)
+        assert.equal(
+          await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["handler", "a", "b"] }),
+          "stored",
+        );
       // A copy is a duplicate for every route, and a conflicting one is counted once.
-      assert.equal(await inbox.store({ id: "evt_0", body: body({ i: 0 }), destinations: ["handler", "a", "b"] }), "duplicate");
-      assert.equal(await inbox.store({ id: "evt_0", body: body({ other: true }), destinations: ["handler", "a", "b"] }), "conflict");
+      assert.equal(
+        await inbox.store({ id: "evt_0", body: body({ i: 0 }), destinations: ["handler", "a", "b"] }),
+        "duplicate",
+      );
+      assert.equal(
+        await inbox.store({ id: "evt_0", body: body({ other: true }), destinations: ["handler", "a", "b"] }),
+        "conflict",
+      );
       assert.deepEqual((await inbox.status()).conflicts, { deliveries: 1, copies: 1 });
-      await forward({ inbox, forwarding: config({ a: { url: ok.url, secret: SECRET }, b: { url: failing.url, secret: SECRET, breaker: false } }), once: true, log: () => {} });
+      await forward({
+        inbox,
+        forwarding: config({
+          a: { url: ok.url, secret: SECRET },
+          b: { url: failing.url, secret: SECRET, breaker: false },
+        }),
+        once: true,
+        log: () => {},
+      });
       assert.equal(ok.got.length, 5);
       assert.equal(failing.got.length, 5);
-      assert.deepEqual((await rows(inbox, "a")).map((r) => r.status), Array(5).fill("done"));
+      assert.deepEqual(
+        (await rows(inbox, "a")).map((r) => r.status),
+        Array(5).fill("done"),
+      );
       const b = await rows(inbox, "b");
-      assert.deepEqual(b.map((r) => [r.status, Number(r.attempts)]), Array(5).fill(["received", 1]));
+      assert.deepEqual(
+        b.map((r) => [r.status, Number(r.attempts)]),
+        Array(5).fill(["received", 1]),
+      );
       assert.ok(Number(b[0]!.available_at) > t, "retried after a backoff");
       // The handler's rows were not touched by either: the worker's handler takes them.
-      assert.deepEqual((await rows(inbox, "handler")).map((r) => [r.status, Number(r.attempts)]), Array(5).fill(["received", 0]));
+      assert.deepEqual(
+        (await rows(inbox, "handler")).map((r) => [r.status, Number(r.attempts)]),
+        Array(5).fill(["received", 0]),
+      );
       // The first bytes of the failed answer are kept for the delivery's page, and no more.
       const [d] = (await inbox.find("evt_0")).filter((x) => x.destination === "b");
       const tries = await inbox.attemptErrors({ ...d!, destination: "b" });
@@ -185,11 +251,24 @@ for (const backend of BACKENDS) {
       const strict = await serve(() => ({ status: 400, body: "bad shape" }));
       const lax = await serve(() => ({ status: 400, body: "bad shape" }));
       await inbox.store({ source: "s", id: "evt_1", body: body({}), destinations: ["busy", "gone", "strict", "lax"] });
-      const forwarding = config({
-        busy: { url: busy.url, secret: SECRET }, gone: { url: gone.url, secret: SECRET },
-        strict: { url: strict.url, secret: SECRET }, lax: { url: lax.url, secret: SECRET },
-      }, { $operator: { url: ops.url, secret: SECRET } });
-      const routes = new Map([["s", [{ to: "strict", permanent4xx: true, forwardHeaders: false }, { to: "lax", permanent4xx: false, forwardHeaders: false }]]]);
+      const forwarding = config(
+        {
+          busy: { url: busy.url, secret: SECRET },
+          gone: { url: gone.url, secret: SECRET },
+          strict: { url: strict.url, secret: SECRET },
+          lax: { url: lax.url, secret: SECRET },
+        },
+        { $operator: { url: ops.url, secret: SECRET } },
+      );
+      const routes = new Map([
+        [
+          "s",
+          [
+            { to: "strict", permanent4xx: true, forwardHeaders: false },
+            { to: "lax", permanent4xx: false, forwardHeaders: false },
+          ],
+        ],
+      ]);
       await forward({ inbox, forwarding, routes, once: true, log: () => {} });
       const [r429] = await rows(inbox, "busy");
       assert.equal(r429!.status, "received");
@@ -204,10 +283,18 @@ for (const backend of BACKENDS) {
       // The operator heard of the pause and of the delivery set aside, each a signed Standard Webhooks event.
       await waitFor(() => operatorGot.length >= 2);
       const events = operatorGot.map((r) => verify(SECRET, r) as { type: string; data: Record<string, unknown> });
-      assert.deepEqual(events.map((e) => [e.type, e.data.destination]).sort(), [["delivery.set_aside", "strict"], ["destination.paused", "gone"]]);
+      assert.deepEqual(events.map((e) => [e.type, e.data.destination]).sort(), [
+        ["delivery.set_aside", "strict"],
+        ["destination.paused", "gone"],
+      ]);
       // Paused, it is asked nothing more, however long the test waits.
       t += 3_600_000;
-      await forward({ inbox, forwarding: config({ gone: { url: gone.url, secret: SECRET } }), once: true, log: () => {} });
+      await forward({
+        inbox,
+        forwarding: config({ gone: { url: gone.url, secret: SECRET } }),
+        once: true,
+        log: () => {},
+      });
       assert.equal(gone.got.length, 1);
     });
 
@@ -223,15 +310,26 @@ for (const backend of BACKENDS) {
       assert.equal((await inbox.claim(1_000, { destination: "app" }))!.attempts, 2);
       t += 1_001;
       const lines: string[] = [];
-      const stats = await forward({ inbox, forwarding: config({ app: { url: app.url, secret: SECRET } }, { $operator: { url: ops.url, secret: SECRET } }), once: true, log: (line) => lines.push(line) });
+      const stats = await forward({
+        inbox,
+        forwarding: config({ app: { url: app.url, secret: SECRET } }, { $operator: { url: ops.url, secret: SECRET } }),
+        once: true,
+        log: (line) => lines.push(line),
+      });
       assert.equal(app.got.length, 0, "not forwarded a third time");
       assert.equal(stats.failed, 1);
       assert.equal((await rows(inbox, "app"))[0]!.status, "failed");
-      assert.ok(lines.some((l) => /s\/evt_1 → app set aside after 2 attempts: gave up: the lease expired/.test(l)), lines.join("\n"));
+      assert.ok(
+        lines.some((l) => /s\/evt_1 → app set aside after 2 attempts: gave up: the lease expired/.test(l)),
+        lines.join("\n"),
+      );
       await waitFor(() => operatorGot.length >= 1);
       const [event] = operatorGot.map((r) => verify(SECRET, r) as { type: string; data: Record<string, unknown> });
       assert.equal(event!.type, "delivery.set_aside");
-      assert.deepEqual({ ...event!.data, error: undefined }, { source: "s", id: "evt_1", destination: "app", attempts: 2, error: undefined });
+      assert.deepEqual(
+        { ...event!.data, error: undefined },
+        { source: "s", id: "evt_1", destination: "app", attempts: 2, error: undefined },
+      );
       assert.match(String(event!.data.error), /^gave up: the lease expired on the last attempt/);
     });
 
@@ -244,7 +342,13 @@ for (const backend of BACKENDS) {
       servers.pop();
       await inbox.store({ id: "evt_1", body: body({}), destinations: ["hang", "refused"] });
       await forward({
-        inbox, forwarding: config({ hang: { url: hang.url, secret: SECRET, timeout: 0.3 }, refused: { url: refusedUrl, secret: SECRET } }), once: true, log: () => {},
+        inbox,
+        forwarding: config({
+          hang: { url: hang.url, secret: SECRET, timeout: 0.3 },
+          refused: { url: refusedUrl, secret: SECRET },
+        }),
+        once: true,
+        log: () => {},
       });
       const [h] = await rows(inbox, "hang");
       assert.deepEqual([h!.status, Number(h!.attempts)], ["received", 1]);
@@ -259,9 +363,13 @@ for (const backend of BACKENDS) {
       const ops = await serve((r) => (operatorGot.push(r), { status: 204 }));
       const down = await serve(() => ({ status: 503 }));
       const up = await serve();
-      for (let i = 0; i < 10; i++) await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["down", "up"] });
+      for (let i = 0; i < 10; i++)
+        await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["down", "up"] });
       const forwarding = config(
-        { down: { url: down.url, secret: SECRET, maxInFlight: 1, breaker: { failures: 3, coolDown: 30 } }, up: { url: up.url, secret: SECRET } },
+        {
+          down: { url: down.url, secret: SECRET, maxInFlight: 1, breaker: { failures: 3, coolDown: 30 } },
+          up: { url: up.url, secret: SECRET },
+        },
         { $operator: { url: ops.url, secret: SECRET } },
       );
       await forward({ inbox, forwarding, once: true, log: () => {} });
@@ -281,20 +389,31 @@ for (const backend of BACKENDS) {
       t += 2_000;
       await forward({ inbox, forwarding, once: true, log: () => {} });
       assert.equal(new Set(down.got.slice(3).map((r) => r.headers["webhook-id"])).size, 10);
-      assert.deepEqual((await rows(inbox, "down")).map((r) => r.status), Array(10).fill("done"));
+      assert.deepEqual(
+        (await rows(inbox, "down")).map((r) => r.status),
+        Array(10).fill("done"),
+      );
       state = (await inbox.destinations()).find((d) => d.name === "down")!;
       assert.equal(state.state, "closed");
       // The operator heard both, signed as Standard Webhooks events.
       await waitFor(() => operatorGot.length >= 2);
       const events = operatorGot.map((r) => verify(SECRET, r) as { type: string; data: { destination: string } });
-      assert.deepEqual(events.map((e) => [e.type, e.data.destination]), [["destination.opened", "down"], ["destination.closed", "down"]]);
+      assert.deepEqual(
+        events.map((e) => [e.type, e.data.destination]),
+        [
+          ["destination.opened", "down"],
+          ["destination.closed", "down"],
+        ],
+      );
     });
 
     it("does not count against the destination's breaker the tries it cut off itself when another worker took their leases", async () => {
       const inbox = await open();
       const slow = await serve(() => "hang");
       for (let i = 0; i < 5; i++) await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["slow"] });
-      const forwarding = config({ slow: { url: slow.url, secret: SECRET, maxInFlight: 5, breaker: { failures: 3, coolDown: 30 } } });
+      const forwarding = config({
+        slow: { url: slow.url, secret: SECRET, maxInFlight: 5, breaker: { failures: 3, coolDown: 30 } },
+      });
       const forwarded = forward({ inbox, forwarding, once: true, leaseMs: 300, log: () => {} });
       await waitFor(() => slow.got.length === 5);
       // Another worker's claim after these leases ran out (this one's event loop stalled): new tokens.
@@ -302,7 +421,11 @@ for (const backend of BACKENDS) {
       const stats = await forwarded;
       assert.equal(stats.lost, 5, "each try was cut off as its lease was lost");
       const state = (await inbox.destinations()).find((d) => d.name === "slow");
-      assert.equal(state?.state ?? "closed", "closed", "five cut-off tries, over the three failures that open it, left it closed");
+      assert.equal(
+        state?.state ?? "closed",
+        "closed",
+        "five cut-off tries, over the three failures that open it, left it closed",
+      );
       assert.equal(state?.failuresInRow ?? 0, 0);
     });
 
@@ -310,7 +433,12 @@ for (const backend of BACKENDS) {
       const inbox = await open({ retryDelayMs: 1_000 });
       const down = await serve(() => ({ status: 503 }));
       for (let i = 0; i < 10; i++) await inbox.store({ id: `evt_${i}`, body: body({ i }), destinations: ["down"] });
-      await forward({ inbox, forwarding: config({ down: { url: down.url, secret: SECRET, maxInFlight: 1, breaker: false } }), once: true, log: () => {} });
+      await forward({
+        inbox,
+        forwarding: config({ down: { url: down.url, secret: SECRET, maxInFlight: 1, breaker: false } }),
+        once: true,
+        log: () => {},
+      });
       assert.equal(down.got.length, 10);
       assert.ok((await rows(inbox, "down")).every((r) => Number(r.attempts) === 1));
     });
@@ -340,7 +468,10 @@ for (const backend of BACKENDS) {
       const forwarding = config({ app: { url: app.url, secret: SECRET } });
       await forward({ inbox, forwarding, once: true, log: () => {} });
       assert.equal(app.got.length, 0, "a route added later does not reach old deliveries");
-      assert.deepEqual(await inbox.replayMatching({ id: "evt_old" }, { to: "app", dryRun: true }), { replayed: 1, tombstoned: 0 });
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_old" }, { to: "app", dryRun: true }), {
+        replayed: 1,
+        tombstoned: 0,
+      });
       assert.deepEqual(await inbox.replayMatching({ id: "evt_old" }, { to: "app" }), { replayed: 1, tombstoned: 0 });
       await forward({ inbox, forwarding, once: true, log: () => {} });
       assert.equal(app.got.length, 1);
@@ -357,11 +488,21 @@ for (const backend of BACKENDS) {
       const inbox = await open();
       const withHeaders = await serve();
       const without = await serve();
-      const headers = { "stripe-signature": ["t=1,v1=abc"], connection: ["keep-alive"], "content-length": ["12"], "x-custom": ["a", "b"] };
+      const headers = {
+        "stripe-signature": ["t=1,v1=abc"],
+        connection: ["keep-alive"],
+        "content-length": ["12"],
+        "x-custom": ["a", "b"],
+      };
       await inbox.store({ id: "evt_1", body: body({}), destinations: ["with", "without"], headers });
       await forward({
-        inbox, log: () => {}, once: true,
-        forwarding: config({ with: { url: withHeaders.url, secret: SECRET, forwardHeaders: true }, without: { url: without.url, secret: SECRET } }),
+        inbox,
+        log: () => {},
+        once: true,
+        forwarding: config({
+          with: { url: withHeaders.url, secret: SECRET, forwardHeaders: true },
+          without: { url: without.url, secret: SECRET },
+        }),
       });
       assert.equal(withHeaders.got[0]!.headers["stripe-signature"], "t=1,v1=abc");
       assert.equal(withHeaders.got[0]!.headers["x-custom"], "a, b");
@@ -375,10 +516,18 @@ for (const backend of BACKENDS) {
       const other = await open();
       const rate = { perSecond: 5, burst: 5 };
       assert.equal((await inbox.claimBatch(20, 60_000, { destination: "app", rate })).length, 5);
-      assert.equal((await other.claimBatch(20, 60_000, { destination: "app", rate })).length, 0, "another worker finds the bucket empty");
+      assert.equal(
+        (await other.claimBatch(20, 60_000, { destination: "app", rate })).length,
+        0,
+        "another worker finds the bucket empty",
+      );
       t += 1_000;
       assert.equal((await other.claimBatch(20, 60_000, { destination: "app", rate })).length, 5);
-      assert.equal((await inbox.claimBatch(20, 60_000, { destination: "app", maxInFlight: 12 })).length, 2, "in flight counts every worker's leases");
+      assert.equal(
+        (await inbox.claimBatch(20, 60_000, { destination: "app", maxInFlight: 12 })).length,
+        2,
+        "in flight counts every worker's leases",
+      );
     });
   });
 }
@@ -389,14 +538,30 @@ describe("judge()", () => {
     assert.deepEqual(judge(200, {}, "", "app", false, at), { kind: "done" });
     assert.deepEqual(judge(204, {}, "", "app", false, at), { kind: "done" });
     assert.equal(judge(410, {}, "", "app", false, at).kind, "gone");
-    assert.deepEqual(judge(429, { "retry-after": "30" }, "", "app", false, at), { kind: "retry", error: "HTTP 429 from app", afterMs: 30_000 });
-    assert.deepEqual(judge(503, { "retry-after": new Date(at + 5_000).toUTCString() }, "", "app", false, at), { kind: "retry", error: "HTTP 503 from app", afterMs: 5_000 });
+    assert.deepEqual(judge(429, { "retry-after": "30" }, "", "app", false, at), {
+      kind: "retry",
+      error: "HTTP 429 from app",
+      afterMs: 30_000,
+    });
+    assert.deepEqual(judge(503, { "retry-after": new Date(at + 5_000).toUTCString() }, "", "app", false, at), {
+      kind: "retry",
+      error: "HTTP 503 from app",
+      afterMs: 5_000,
+    });
     assert.deepEqual(judge(503, {}, "down", "app", false, at), { kind: "retry", error: "HTTP 503 from app: down" });
-    for (const status of [408, 409, 425, 429]) assert.equal(judge(status, {}, "", "app", true, at).kind, "retry", `${status} retries even where 4xx is permanent`);
+    for (const status of [408, 409, 425, 429])
+      assert.equal(
+        judge(status, {}, "", "app", true, at).kind,
+        "retry",
+        `${status} retries even where 4xx is permanent`,
+      );
     assert.equal(judge(400, {}, "", "app", true, at).kind, "failed");
     assert.equal(judge(422, {}, "", "app", false, at).kind, "retry");
     assert.equal(judge(500, {}, "", "app", true, at).kind, "retry");
-    assert.match((judge(302, { location: "https://elsewhere/" }, "", "app", false, at) as { error: string }).error, /redirect to https:\/\/elsewhere\/, not followed/);
+    assert.match(
+      (judge(302, { location: "https://elsewhere/" }, "", "app", false, at) as { error: string }).error,
+      /redirect to https:\/\/elsewhere\/, not followed/,
+    );
   });
   it("reads Retry-After as seconds or a date, and ignores what it cannot read", () => {
     assert.equal(retryAfterMs("7", at), 7_000);

@@ -27,26 +27,36 @@ interface Heard {
 }
 
 // operator starts a real HTTP server on a free port that verifies each event it is sent.
-async function operator(): Promise<{ url: string; heard: Heard[]; raw: { headers: IncomingHttpHeaders; body: string }[]; close: () => Promise<void> }> {
+async function operator(): Promise<{
+  url: string;
+  heard: Heard[];
+  raw: { headers: IncomingHttpHeaders; body: string }[];
+  close: () => Promise<void>;
+}> {
   const heard: Heard[] = [];
   const raw: { headers: IncomingHttpHeaders; body: string }[] = [];
   const server: Server = createServer((req, res) => {
     const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c)).on("end", () => {
-      const body = Buffer.concat(chunks).toString("utf8");
-      raw.push({ headers: req.headers, body });
-      heard.push(new Webhook(OPS_SECRET).verify(body, req.headers as Record<string, string>) as Heard);
-      res.writeHead(204).end();
-    });
+    req
+      .on("data", (c: Buffer) => chunks.push(c))
+      .on("end", () => {
+        const body = Buffer.concat(chunks).toString("utf8");
+        raw.push({ headers: req.headers, body });
+        heard.push(new Webhook(OPS_SECRET).verify(body, req.headers as Record<string, string>) as Heard);
+        res.writeHead(204).end();
+      });
   });
   server.listen(0, "127.0.0.1");
   await once(server, "listening");
   return {
-    url: `http://127.0.0.1:${(server.address() as { port: number }).port}/inbox-events`, heard, raw,
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    url: `http://127.0.0.1:${(server.address() as { port: number }).port}/inbox-events`,
+    heard,
+    raw,
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -81,22 +91,37 @@ for (const backend of BACKENDS) {
       const { operator: to } = loadDestinations({ $operator: { url: ops.url, secret: OPS_SECRET } }, {});
       await inbox.store({ source: "stripe", id: "evt_bad", body: Buffer.from('{"type":"x"}') });
       await inbox.store({ source: "stripe", id: "evt_retry", body: Buffer.from('{"type":"y"}') });
-      const stats = await run(({ delivery }) => {
-        if (delivery.id === "evt_bad") throw new PermanentError("no such customer");
-        throw new Error("the bank is down");
-      }, { inbox, once: true, log: () => {}, operator: to! });
+      const stats = await run(
+        ({ delivery }) => {
+          if (delivery.id === "evt_bad") throw new PermanentError("no such customer");
+          throw new Error("the bank is down");
+        },
+        { inbox, once: true, log: () => {}, operator: to! },
+      );
       assert.deepEqual([stats.failed, stats.retried], [1, 1]);
       await waitFor(() => ops.heard.length >= 1);
       // The one left to retry is announced when its last attempt fails, and not before.
       t += 3_600_000;
-      await run(() => {
-        throw new Error("the bank is still down");
-      }, { inbox, once: true, log: () => {}, operator: to! });
+      await run(
+        () => {
+          throw new Error("the bank is still down");
+        },
+        { inbox, once: true, log: () => {}, operator: to! },
+      );
       await waitFor(() => ops.heard.length >= 2);
-      assert.deepEqual(ops.heard.map((h) => [h.type, h.data]), [
-        ["delivery.set_aside", { source: "stripe", id: "evt_bad", destination: "handler", attempts: 1, error: "no such customer" }],
-        ["delivery.set_aside", { source: "stripe", id: "evt_retry", destination: "handler", attempts: 2, error: "the bank is still down" }],
-      ]);
+      assert.deepEqual(
+        ops.heard.map((h) => [h.type, h.data]),
+        [
+          [
+            "delivery.set_aside",
+            { source: "stripe", id: "evt_bad", destination: "handler", attempts: 1, error: "no such customer" },
+          ],
+          [
+            "delivery.set_aside",
+            { source: "stripe", id: "evt_retry", destination: "handler", attempts: 2, error: "the bank is still down" },
+          ],
+        ],
+      );
     });
 
     it("announces a delivery its claim set aside because the worker handling it died on the last attempt", async () => {
@@ -111,9 +136,15 @@ for (const backend of BACKENDS) {
       const stats = await run(() => void ran++, { inbox, once: true, log: () => {}, operator: to! });
       assert.deepEqual([ran, stats.failed], [0, 1]);
       await waitFor(() => ops.heard.length >= 1);
-      assert.deepEqual(ops.heard.map((h) => [h.type, { ...h.data, error: undefined }]), [
-        ["delivery.set_aside", { source: "stripe", id: "evt_crash", destination: "handler", attempts: 2, error: undefined }],
-      ]);
+      assert.deepEqual(
+        ops.heard.map((h) => [h.type, { ...h.data, error: undefined }]),
+        [
+          [
+            "delivery.set_aside",
+            { source: "stripe", id: "evt_crash", destination: "handler", attempts: 2, error: undefined },
+          ],
+        ],
+      );
       assert.match(String(ops.heard[0]!.data.error), /^gave up: the lease expired on the last attempt/);
     });
   });
@@ -129,12 +160,18 @@ describe("worker.ts with $operator in the sources file", () => {
       await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from("not json") });
       await inbox.close();
       const file = join(dir.dir, "sources.json");
-      writeFileSync(file, JSON.stringify({ $operator: { url: ops.url, secret: "env:OPS_SECRET" }, shop: { provider: "plain" } }));
+      writeFileSync(
+        file,
+        JSON.stringify({ $operator: { url: ops.url, secret: "env:OPS_SECRET" }, shop: { provider: "plain" } }),
+      );
       const r = await runScript("worker.ts", ["--sources", file, "--db", db, "--once"], { OPS_SECRET: OPS_SECRET });
       assert.equal(r.code, 0, r.stderr);
       assert.equal(ops.heard.length, 1, r.stderr);
       assert.equal(ops.heard[0]!.type, "delivery.set_aside");
-      assert.deepEqual({ ...ops.heard[0]!.data, error: undefined }, { source: "shop", id: "evt_1", destination: "handler", attempts: 1, error: undefined });
+      assert.deepEqual(
+        { ...ops.heard[0]!.data, error: undefined },
+        { source: "shop", id: "evt_1", destination: "handler", attempts: 1, error: undefined },
+      );
       assert.match(String(ops.heard[0]!.data.error), /^the body is not JSON/);
     } finally {
       await ops.close();

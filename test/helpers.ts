@@ -56,7 +56,12 @@ export interface ReceiverProcess {
 }
 
 /** startReceiver starts receiver.ts (or another script that serves as it does) on port 0 and waits for its "Listening on" line. */
-export async function startReceiver(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, script = "receiver.ts"): Promise<ReceiverProcess> {
+export async function startReceiver(
+  db: string,
+  args: string[] = [],
+  env: NodeJS.ProcessEnv = {},
+  script = "receiver.ts",
+): Promise<ReceiverProcess> {
   const child = spawnScript(script, ["--port", "0", "--db", db, ...args], env);
   let stderr = "";
   child.stderr!.on("data", (d) => (stderr += d));
@@ -100,7 +105,9 @@ export function postgresSkip(): Promise<string | false> {
     } catch (error) {
       const why = `no PostgreSQL at ${POSTGRES} (${error instanceof Error ? error.message : String(error)})`;
       if (process.env.INBOX_REQUIRE_POSTGRES === "1") throw new Error(`INBOX_REQUIRE_POSTGRES=1 but ${why}`);
-      console.log(`# PostgreSQL tests skipped: ${why}; start PostgreSQL or set INBOX_TEST_POSTGRES=postgres://… to run them.`);
+      console.log(
+        `# PostgreSQL tests skipped: ${why}; start PostgreSQL or set INBOX_TEST_POSTGRES=postgres://… to run them.`,
+      );
       return why;
     } finally {
       await client.end().catch(() => {});
@@ -111,7 +118,9 @@ export function postgresSkip(): Promise<string | false> {
 
 /** freshSchema names a new, empty schema on the test server and returns its URL and how to drop it. */
 export async function freshSchema(prefix: string): Promise<{ url: string; schema: string; drop: () => Promise<void> }> {
-  const schema = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`.toLowerCase().replace(/[^a-z0-9_]/g, "_");
+  const schema = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, "_");
   const url = new URL(POSTGRES);
   url.searchParams.set("schema", schema);
   return {
@@ -152,7 +161,9 @@ export interface PrivatePostgres {
 }
 
 /** PG_BIN is the folder of the PostgreSQL server binaries (initdb, postgres), if any are installed. */
-export const PG_BIN = ["17", "16", "15", "14", "13"].map((v) => `/usr/lib/postgresql/${v}/bin`).find((d) => existsSync(join(d, "initdb")));
+export const PG_BIN = ["17", "16", "15", "14", "13"]
+  .map((v) => `/usr/lib/postgresql/${v}/bin`)
+  .find((d) => existsSync(join(d, "initdb")));
 
 // asPostgres runs one of the server's binaries, as the postgres user when this is root (initdb, pg_ctl and
 // pgbouncer refuse to run as root), and throws with the end of its output if it fails.
@@ -167,7 +178,8 @@ async function asPostgres(path: string, args: string[]): Promise<void> {
     child.on("close", (code) => resolve({ code, out }));
     child.on("error", (error) => resolve({ code: -1, out: error.message }));
   });
-  if (r.code !== 0) throw new Error(`${path} ${args.join(" ")}: exit ${r.code}: ${r.out.trim().split("\n").slice(-3).join(" / ")}`);
+  if (r.code !== 0)
+    throw new Error(`${path} ${args.join(" ")}: exit ${r.code}: ${r.out.trim().split("\n").slice(-3).join(" / ")}`);
 }
 
 // A folder the postgres user owns, when this is root.
@@ -176,7 +188,11 @@ async function ownFolder(prefix: string): Promise<{ dir: string; cleanup: () => 
   if (process.getuid?.() === 0) {
     const { chownSync } = await import("node:fs");
     const { execFileSync } = await import("node:child_process");
-    chownSync(made.dir, Number(execFileSync("id", ["-u", "postgres"]).toString()), Number(execFileSync("id", ["-g", "postgres"]).toString()));
+    chownSync(
+      made.dir,
+      Number(execFileSync("id", ["-u", "postgres"]).toString()),
+      Number(execFileSync("id", ["-g", "postgres"]).toString()),
+    );
   }
   return made;
 }
@@ -187,7 +203,9 @@ async function ownFolder(prefix: string): Promise<{ dir: string; cleanup: () => 
  * line, where the PostgreSQL binaries are absent; with INBOX_REQUIRE_POSTGRES=1 it throws instead.
  * settings are passed to the server as -c name=value (synchronous_standby_names for a failover test).
  */
-export async function privatePostgres(options: { settings?: Record<string, string> } = {}): Promise<PrivatePostgres | string> {
+export async function privatePostgres(
+  options: { settings?: Record<string, string> } = {},
+): Promise<PrivatePostgres | string> {
   const missing = (why: string) => {
     if (process.env.INBOX_REQUIRE_POSTGRES === "1") throw new Error(`INBOX_REQUIRE_POSTGRES=1 but ${why}`);
     console.log(`# private PostgreSQL tests skipped: ${why}; install PostgreSQL's server binaries to run them.`);
@@ -206,12 +224,20 @@ export async function privatePostgres(options: { settings?: Record<string, strin
 }
 
 // cluster starts the cluster in data on a free port and returns its handle.
-async function cluster(dir: string, data: string, cleanup: () => void, settings: Record<string, string>): Promise<PrivatePostgres> {
+async function cluster(
+  dir: string,
+  data: string,
+  cleanup: () => void,
+  settings: Record<string, string>,
+): Promise<PrivatePostgres> {
   const bin = PG_BIN!;
   const port = await freePort();
-  const extra = Object.entries(settings).map(([name, value]) => ` -c ${name}='${value}'`).join("");
+  const extra = Object.entries(settings)
+    .map(([name, value]) => ` -c ${name}='${value}'`)
+    .join("");
   const options = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100${extra}`;
-  const pgctl = (args: string[]) => asPostgres(join(bin, "pg_ctl"), ["-D", data, "-l", join(dir, "log"), "-o", options, "-w", "-t", "60", ...args]);
+  const pgctl = (args: string[]) =>
+    asPostgres(join(bin, "pg_ctl"), ["-D", data, "-l", join(dir, "log"), "-o", options, "-w", "-t", "60", ...args]);
   const url = `postgres://postgres@127.0.0.1:${port}/postgres`;
   const server: PrivatePostgres = {
     url,
@@ -224,13 +250,22 @@ async function cluster(dir: string, data: string, cleanup: () => void, settings:
       const { execFileSync } = await import("node:child_process");
       const lines = readFileSync(join(data, "postmaster.pid"), "utf8").split("\n");
       const postmaster = Number(lines[0]);
-      const children = readdirSync("/proc").filter((p) => /^\d+$/.test(p)).filter((p) => {
-        try {
-          return Number(readFileSync(`/proc/${p}/stat`, "utf8").replace(/^.*\) /s, "").split(" ")[1]) === postmaster;
-        } catch {
-          return false; // it ended while we looked
-        }
-      }).map(Number);
+      const children = readdirSync("/proc")
+        .filter((p) => /^\d+$/.test(p))
+        .filter((p) => {
+          try {
+            return (
+              Number(
+                readFileSync(`/proc/${p}/stat`, "utf8")
+                  .replace(/^.*\) /s, "")
+                  .split(" ")[1],
+              ) === postmaster
+            );
+          } catch {
+            return false; // it ended while we looked
+          }
+        })
+        .map(Number);
       for (const pid of [postmaster, ...children]) {
         try {
           process.kill(pid, "SIGKILL");
@@ -238,7 +273,11 @@ async function cluster(dir: string, data: string, cleanup: () => void, settings:
           // a backend that ended on its own meanwhile
         }
       }
-      while ([postmaster, ...children].some((pid) => existsSync(`/proc/${pid}`) && !/\) Z /.test(readFileSync(`/proc/${pid}/stat`, "utf8")))) {
+      while (
+        [postmaster, ...children].some(
+          (pid) => existsSync(`/proc/${pid}`) && !/\) Z /.test(readFileSync(`/proc/${pid}/stat`, "utf8")),
+        )
+      ) {
         await new Promise((resolve) => setTimeout(resolve, 10));
       }
       // A killed postmaster leaves its System V segment behind; nothing else will remove it.
@@ -254,7 +293,21 @@ async function cluster(dir: string, data: string, cleanup: () => void, settings:
     standby: async (standbySettings = {}) => {
       const made = await ownFolder("inbox-pg-standby-");
       const standbyData = join(made.dir, "data");
-      await asPostgres(join(bin, "pg_basebackup"), ["-D", standbyData, "-R", "-X", "stream", "-c", "fast", "-h", "127.0.0.1", "-p", String(port), "-U", "postgres"]);
+      await asPostgres(join(bin, "pg_basebackup"), [
+        "-D",
+        standbyData,
+        "-R",
+        "-X",
+        "stream",
+        "-c",
+        "fast",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        String(port),
+        "-U",
+        "postgres",
+      ]);
       const standby = await cluster(made.dir, standbyData, made.cleanup, standbySettings);
       // Streaming, and as synchronous as this server asks it to be, before anyone counts on it.
       const { default: pg } = await import("pg");
@@ -264,7 +317,8 @@ async function cluster(dir: string, data: string, cleanup: () => void, settings:
         for (let i = 0; ; i++) {
           const { rows } = await client.query(
             `SELECT count(*) FILTER (WHERE state = 'streaming' AND (current_setting('synchronous_standby_names') = '' OR sync_state = 'sync')) AS ok
-             FROM pg_stat_replication`);
+             FROM pg_stat_replication`,
+          );
           if (Number(rows[0].ok) > 0) break;
           if (i > 600) throw new Error(`the standby on port ${standby.port} did not stream within a minute`);
           await new Promise((resolve) => setTimeout(resolve, 100));
@@ -305,8 +359,11 @@ export const PGBOUNCER = process.env.INBOX_PGBOUNCER ?? "/usr/sbin/pgbouncer";
 export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Promise<PrivatePgBouncer | string> {
   if (!existsSync(PGBOUNCER)) {
     const why = `no PgBouncer at ${PGBOUNCER}`;
-    if (process.env.INBOX_REQUIRE_PGBOUNCER === "1") throw new Error(`INBOX_REQUIRE_PGBOUNCER=1 but ${why} (apt-get install -y pgbouncer)`);
-    console.log(`# PgBouncer tests skipped: ${why}; apt-get install -y pgbouncer (or set INBOX_PGBOUNCER) to run them.`);
+    if (process.env.INBOX_REQUIRE_PGBOUNCER === "1")
+      throw new Error(`INBOX_REQUIRE_PGBOUNCER=1 but ${why} (apt-get install -y pgbouncer)`);
+    console.log(
+      `# PgBouncer tests skipped: ${why}; apt-get install -y pgbouncer (or set INBOX_PGBOUNCER) to run them.`,
+    );
     return why;
   }
   const up = new URL(upstream);
@@ -314,22 +371,36 @@ export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Prom
   const { writeFileSync } = await import("node:fs");
   const port = await freePort();
   writeFileSync(join(dir, "users.txt"), `"${decodeURIComponent(up.username) || "postgres"}" ""\n`);
-  writeFileSync(join(dir, "pgbouncer.ini"), [
-    "[databases]",
-    `* = host=${up.hostname} port=${up.port || 5432}`,
-    "[pgbouncer]",
-    "listen_addr = 127.0.0.1", `listen_port = ${port}`, "unix_socket_dir =",
-    "auth_type = trust", `auth_file = ${join(dir, "users.txt")}`, `admin_users = ${decodeURIComponent(up.username) || "postgres"}`,
-    "pool_mode = transaction", `default_pool_size = ${poolSize}`, "max_client_conn = 500",
-    `logfile = ${join(dir, "log")}`, "",
-  ].join("\n"));
+  writeFileSync(
+    join(dir, "pgbouncer.ini"),
+    [
+      "[databases]",
+      `* = host=${up.hostname} port=${up.port || 5432}`,
+      "[pgbouncer]",
+      "listen_addr = 127.0.0.1",
+      `listen_port = ${port}`,
+      "unix_socket_dir =",
+      "auth_type = trust",
+      `auth_file = ${join(dir, "users.txt")}`,
+      `admin_users = ${decodeURIComponent(up.username) || "postgres"}`,
+      "pool_mode = transaction",
+      `default_pool_size = ${poolSize}`,
+      "max_client_conn = 500",
+      `logfile = ${join(dir, "log")}`,
+      "",
+    ].join("\n"),
+  );
   const asRoot = process.getuid?.() === 0;
   const args = [join(dir, "pgbouncer.ini")];
-  const child = asRoot ? spawn("runuser", ["-u", "postgres", "--", PGBOUNCER, ...args], { stdio: "ignore" }) : spawn(PGBOUNCER, args, { stdio: "ignore" });
+  const child = asRoot
+    ? spawn("runuser", ["-u", "postgres", "--", PGBOUNCER, ...args], { stdio: "ignore" })
+    : spawn(PGBOUNCER, args, { stdio: "ignore" });
   const exited = new Promise<number | null>((resolve) => child.on("exit", resolve));
   const { default: pg } = await import("pg");
   const admin = async (command: string) => {
-    const client = new pg.Client({ connectionString: `postgres://${up.username || "postgres"}@127.0.0.1:${port}/pgbouncer` });
+    const client = new pg.Client({
+      connectionString: `postgres://${up.username || "postgres"}@127.0.0.1:${port}/pgbouncer`,
+    });
     await client.connect();
     try {
       return (await client.query(command)).rows as Record<string, unknown>[];
@@ -345,7 +416,9 @@ export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Prom
       if (child.exitCode !== null || i > 100) {
         child.kill("SIGKILL");
         cleanup();
-        throw new Error(`pgbouncer did not start on port ${port}: ${error instanceof Error ? error.message : String(error)}`);
+        throw new Error(
+          `pgbouncer did not start on port ${port}: ${error instanceof Error ? error.message : String(error)}`,
+        );
       }
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
@@ -401,15 +474,22 @@ export const CHROMIUM = process.env.INBOX_CHROMIUM ?? "/usr/bin/chromium";
 
 /** CHROMIUM_ARGS keep a headless run quiet and offline: no sandbox (root in a container), no GPU, no phoning home. */
 export const CHROMIUM_ARGS = [
-  "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-  "--disable-component-update", "--disable-sync",
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
 ];
 
 /** chromiumSkip is false when Chromium is there, else the reason to skip, said once; required, it throws. */
 export function chromiumSkip(): string | false {
   if (existsSync(CHROMIUM)) return false;
   const why = `no Chromium at ${CHROMIUM}`;
-  if (process.env.INBOX_REQUIRE_CHROMIUM === "1") throw new Error(`INBOX_REQUIRE_CHROMIUM=1 but ${why} (apt-get install -y chromium)`);
+  if (process.env.INBOX_REQUIRE_CHROMIUM === "1")
+    throw new Error(`INBOX_REQUIRE_CHROMIUM=1 but ${why} (apt-get install -y chromium)`);
   console.log(`# Browser tests skipped: ${why}; apt-get install -y chromium to run them.`);
   return why;
 }
@@ -481,8 +561,12 @@ export function natsSkip(): Promise<string | false> {
       }
       return false;
     } catch (error) {
-      return skipOrRequire("NATS JetStream", "INBOX_REQUIRE_NATS", `no NATS JetStream at ${NATS} (${error instanceof Error ? error.message : String(error)})`,
-        "start nats-server -js or set INBOX_TEST_NATS=nats://… to run them.");
+      return skipOrRequire(
+        "NATS JetStream",
+        "INBOX_REQUIRE_NATS",
+        `no NATS JetStream at ${NATS} (${error instanceof Error ? error.message : String(error)})`,
+        "start nats-server -js or set INBOX_TEST_NATS=nats://… to run them.",
+      );
     }
   })();
   return natsReachable;
@@ -498,8 +582,12 @@ export function rabbitmqSkip(): Promise<string | false> {
       return false;
     } catch (error) {
       const where = new URL(RABBITMQ);
-      return skipOrRequire("RabbitMQ", "INBOX_REQUIRE_RABBITMQ", `no RabbitMQ at ${where.host} (${error instanceof Error ? error.message : String(error)})`,
-        "start rabbitmq-server or set INBOX_TEST_RABBITMQ=amqp://… to run them.");
+      return skipOrRequire(
+        "RabbitMQ",
+        "INBOX_REQUIRE_RABBITMQ",
+        `no RabbitMQ at ${where.host} (${error instanceof Error ? error.message : String(error)})`,
+        "start rabbitmq-server or set INBOX_TEST_RABBITMQ=amqp://… to run them.",
+      );
     }
   })();
   return rabbitReachable;

@@ -28,7 +28,9 @@ const open = (options: ConstructorParameters<typeof SqliteInbox>[1] = {}) => {
 const row = (id: string, source = "default") => {
   const db = new DatabaseSync(path, { readOnly: true });
   try {
-    return db.prepare("SELECT * FROM deliveries WHERE source = ? AND id = ?").get(source, id) as Record<string, unknown> | undefined;
+    return db.prepare("SELECT * FROM deliveries WHERE source = ? AND id = ?").get(source, id) as
+      | Record<string, unknown>
+      | undefined;
   } finally {
     db.close();
   }
@@ -76,15 +78,28 @@ describe("openDatabase()", () => {
     const plan = (sql: string) =>
       (inbox.db.prepare(`EXPLAIN QUERY PLAN ${sql}`).all(T0) as { detail: string }[]).map((p) => p.detail).join("\n");
     // Each claim takes one destination's deliveries: its slice of each index, however many others wait.
-    assert.match(plan("SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'received' AND order_key IS NULL AND available_at <= ? ORDER BY available_at LIMIT 1"),
-      /USING (COVERING )?INDEX deliveries_due \(destination=\? AND available_at<\?\)/);
-    assert.match(plan("SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT 1"),
-      /USING (COVERING )?INDEX deliveries_leased \(destination=\? AND leased_until<\?\)/);
+    assert.match(
+      plan(
+        "SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'received' AND order_key IS NULL AND available_at <= ? ORDER BY available_at LIMIT 1",
+      ),
+      /USING (COVERING )?INDEX deliveries_due \(destination=\? AND available_at<\?\)/,
+    );
+    assert.match(
+      plan(
+        "SELECT rowid FROM deliveries WHERE destination = 'handler' AND status = 'processing' AND leased_until <= ? ORDER BY leased_until LIMIT 1",
+      ),
+      /USING (COVERING )?INDEX deliveries_leased \(destination=\? AND leased_until<\?\)/,
+    );
     // Ordering: the idle keys' heads by due time, and a key's next head in event time.
-    assert.match(plan("SELECT source, order_key FROM order_keys WHERE destination = 'handler' AND due <= ? ORDER BY due LIMIT 1"),
-      /USING (COVERING )?INDEX order_keys_due \(destination=\? AND due<\?\)/);
-    assert.match(plan(`SELECT id FROM deliveries WHERE source = 'a' AND destination = 'handler' AND order_key = 'k' AND status = 'received' AND ? > 0
-                       ORDER BY event_time, rowid LIMIT 1`), /USING (COVERING )?INDEX deliveries_ordered \(source=\? AND destination=\? AND order_key=\?\)$/);
+    assert.match(
+      plan("SELECT source, order_key FROM order_keys WHERE destination = 'handler' AND due <= ? ORDER BY due LIMIT 1"),
+      /USING (COVERING )?INDEX order_keys_due \(destination=\? AND due<\?\)/,
+    );
+    assert.match(
+      plan(`SELECT id FROM deliveries WHERE source = 'a' AND destination = 'handler' AND order_key = 'k' AND status = 'received' AND ? > 0
+                       ORDER BY event_time, rowid LIMIT 1`),
+      /USING (COVERING )?INDEX deliveries_ordered \(source=\? AND destination=\? AND order_key=\?\)$/,
+    );
   });
 });
 
@@ -194,8 +209,14 @@ describe("claim()", () => {
     for (let i = 0; i < 5; i++) await inbox.store({ id: `evt_${i}`, body: body({}) });
     const first = await inbox.claimBatch(3, LEASE);
     const rest = await inbox.claimBatch(3, LEASE);
-    assert.deepEqual(first.map((l) => l.id), ["evt_0", "evt_1", "evt_2"]);
-    assert.deepEqual(rest.map((l) => l.id), ["evt_3", "evt_4"]);
+    assert.deepEqual(
+      first.map((l) => l.id),
+      ["evt_0", "evt_1", "evt_2"],
+    );
+    assert.deepEqual(
+      rest.map((l) => l.id),
+      ["evt_3", "evt_4"],
+    );
   });
 });
 
@@ -251,7 +272,8 @@ describe("fencing", () => {
 });
 
 describe("finish()", () => {
-  const ledger = (db: DatabaseSync) => db.exec("CREATE TABLE IF NOT EXISTS ledger (key TEXT PRIMARY KEY, amount INTEGER)");
+  const ledger = (db: DatabaseSync) =>
+    db.exec("CREATE TABLE IF NOT EXISTS ledger (key TEXT PRIMARY KEY, amount INTEGER)");
   const pay = (key: string) => (tx: Tx) => tx.run("INSERT INTO ledger VALUES (?, 1)", key);
   const ledgerRows = () => {
     const db = new DatabaseSync(path, { readOnly: true });
@@ -284,7 +306,12 @@ describe("finish()", () => {
     const [bad, good] = await inbox.claimBatch(2, LEASE);
     // Both finishes are queued in the same tick, so they share one transaction.
     const results = await Promise.allSettled([
-      inbox.finish(bad!, [pay("k1"), () => { throw new Error("the ledger refused"); }]),
+      inbox.finish(bad!, [
+        pay("k1"),
+        () => {
+          throw new Error("the ledger refused");
+        },
+      ]),
       inbox.finish(good!, [pay("k2")]),
     ]);
     assert.equal(results[0].status, "rejected");
@@ -303,12 +330,23 @@ describe("finish()", () => {
     // One transaction: the bad finish fails after its done mark and a write have run, between two good ones.
     const results = await Promise.allSettled([
       inbox.finish(first!, [pay("k1")]),
-      inbox.finish(bad!, [pay("k2"), () => { throw new Error("the ledger refused"); }]),
+      inbox.finish(bad!, [
+        pay("k2"),
+        () => {
+          throw new Error("the ledger refused");
+        },
+      ]),
       inbox.finish(last!, [pay("k3")]),
     ]);
-    assert.deepEqual(results.map((r) => r.status), ["fulfilled", "rejected", "fulfilled"]);
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ["fulfilled", "rejected", "fulfilled"],
+    );
     assert.deepEqual(ledgerRows(), ["k1", "k3"]);
-    assert.deepEqual(["evt_1", "evt_bad", "evt_3"].map((id) => row(id)!.status), ["done", "processing", "done"]);
+    assert.deepEqual(
+      ["evt_1", "evt_bad", "evt_3"].map((id) => row(id)!.status),
+      ["done", "processing", "done"],
+    );
   });
 });
 
@@ -325,7 +363,10 @@ describe("group commit", () => {
       inbox.store({ id: "evt_big", body: big }),
       inbox.store({ id: "evt_small_2", body: body({}) }),
     ]);
-    assert.deepEqual(results.map((r) => r.status), ["fulfilled", "rejected", "fulfilled"]);
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ["fulfilled", "rejected", "fulfilled"],
+    );
     assert.match(String((results[1] as PromiseRejectedResult).reason), /full/);
     assert.equal(row("evt_big"), undefined);
     assert.ok(row("evt_small_1") && row("evt_small_2"));
@@ -344,7 +385,9 @@ describe("group commit", () => {
     try {
       // Every attempt waits out the whole busy timeout (5 s by default) with the event loop blocked, so
       // retrying 8 stores in halves would block it for 15 timeouts.
-      const results = await Promise.allSettled(Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })));
+      const results = await Promise.allSettled(
+        Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })),
+      );
       assert.ok(results.every((r) => r.status === "rejected" && /locked/.test(String(r.reason))));
       assert.equal(begins, 1);
     } finally {
@@ -421,7 +464,9 @@ describe("fail() and backoff()", () => {
   it("sets a permanent failure aside at once, on the first attempt", async () => {
     const inbox = open();
     await inbox.store({ id: "evt_1", body: body({}) });
-    assert.deepEqual(await inbox.fail((await inbox.claim())!, "bad customer", { permanent: true }), { status: "failed" });
+    assert.deepEqual(await inbox.fail((await inbox.claim())!, "bad customer", { permanent: true }), {
+      status: "failed",
+    });
     const r = row("evt_1")!;
     assert.equal(r.status, "failed");
     assert.equal(r.attempts, 1);
@@ -453,7 +498,13 @@ describe("release() and retry()", () => {
 
 describe("SqliteInbox options", () => {
   it("throws a TypeError that says what it expected", () => {
-    assert.throws(() => new SqliteInbox(path, { maxAttempts: -1 }), { name: "TypeError", message: /maxAttempts to be a number >= 0, got -1/ });
-    assert.throws(() => new SqliteInbox(path, { now: 5 as unknown as () => number }), { name: "TypeError", message: /now to be a function/ });
+    assert.throws(() => new SqliteInbox(path, { maxAttempts: -1 }), {
+      name: "TypeError",
+      message: /maxAttempts to be a number >= 0, got -1/,
+    });
+    assert.throws(() => new SqliteInbox(path, { now: 5 as unknown as () => number }), {
+      name: "TypeError",
+      message: /now to be a function/,
+    });
   });
 });

@@ -24,10 +24,11 @@ async function serve(answer: (req: IncomingMessage, res: ServerResponse) => void
   await once(server, "listening");
   return {
     url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`,
-    close: () => new Promise<void>((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -37,7 +38,7 @@ function bucket(perSecond: number, burst: number) {
   let at = performance.now();
   return () => {
     const now = performance.now();
-    tokens = Math.min(burst, tokens + (now - at) * perSecond / 1000);
+    tokens = Math.min(burst, tokens + ((now - at) * perSecond) / 1000);
     at = now;
     if (tokens < 1) return false;
     tokens--;
@@ -88,7 +89,10 @@ for (const backend of await backends("limits")) {
       });
       closers.push(app.close);
       const [a, b] = [await open(), await open()];
-      const forwarding = loadDestinations({ $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 4, rate: configured, burst: 3 } } }, {});
+      const forwarding = loadDestinations(
+        { $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 4, rate: configured, burst: 3 } } },
+        {},
+      );
       // Each worker's first forward opens its connection and loads the HTTP client's code, which takes
       // longer than one token's time: it goes out before the destination starts counting (see gatePermit).
       for (const inbox of [a, b]) {
@@ -99,9 +103,12 @@ for (const backend of await backends("limits")) {
       take = bucket(allows, 3);
       for (let i = 0; i < n; i++) await a.store({ id: `evt_${i}`, body, destinations: ["app"] });
       const stop = new AbortController();
-      const lanes = [a, b].map((inbox) => forward({ inbox, forwarding, signal: stop.signal, leaseMs: 10_000, log: () => {} }));
+      const lanes = [a, b].map((inbox) =>
+        forward({ inbox, forwarding, signal: stop.signal, leaseMs: 10_000, log: () => {} }),
+      );
       const deadline = Date.now() + 20_000;
-      while (got < n && Date.now() < deadline && !(stopAtRefusal && refused > 0)) await new Promise((resolve) => setTimeout(resolve, 20));
+      while (got < n && Date.now() < deadline && !(stopAtRefusal && refused > 0))
+        await new Promise((resolve) => setTimeout(resolve, 20));
       stop.abort();
       await Promise.all(lanes);
       return { got, refused };
@@ -134,12 +141,25 @@ for (const backend of await backends("limits")) {
       closers.push(app.close);
       const [worker, person] = [await open(), await open()];
       for (let i = 0; i < 10; i++) await worker.store({ id: `evt_${i}`, body, destinations: ["app"] });
-      const forwarding = loadDestinations({ $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 1 } } }, {});
+      const forwarding = loadDestinations(
+        { $destinations: { app: { url: app.url, secret: SECRET, maxInFlight: 1 } } },
+        {},
+      );
       const stop = new AbortController();
       const stats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
-      const lane = forward({ inbox: worker, forwarding, signal: stop.signal, leaseMs: 10_000, log: () => {}, stats, heldPollMs: 50 });
+      const lane = forward({
+        inbox: worker,
+        forwarding,
+        signal: stop.signal,
+        leaseMs: 10_000,
+        log: () => {},
+        stats,
+        heldPollMs: 50,
+      });
       await arrived;
-      const claimedAhead = Number((await person.query("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'"))[0]!.n);
+      const claimedAhead = Number(
+        (await person.query("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'"))[0]!.n,
+      );
       let pausedAt = Infinity;
       if (pause) {
         assert.equal(await person.pause("app"), true);
@@ -147,12 +167,20 @@ for (const backend of await backends("limits")) {
       }
       release();
       const deadline = Date.now() + 10_000;
-      const open$ = async () => Number((await person.query("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'"))[0]!.n);
-      while (Date.now() < deadline && (pause ? (await open$()) > 0 : requests.length < 10)) await new Promise((resolve) => setTimeout(resolve, 20));
+      const open$ = async () =>
+        Number((await person.query("SELECT count(*) AS n FROM deliveries WHERE status = 'processing'"))[0]!.n);
+      while (Date.now() < deadline && (pause ? (await open$()) > 0 : requests.length < 10))
+        await new Promise((resolve) => setTimeout(resolve, 20));
       stop.abort();
       await lane;
       const rows = await person.query("SELECT status, attempts FROM deliveries ORDER BY id");
-      return { claimedAhead, after: requests.filter((t) => t > pausedAt).length, requests: requests.length, stats, rows };
+      return {
+        claimedAhead,
+        after: requests.filter((t) => t > pausedAt).length,
+        requests: requests.length,
+        stats,
+        rows,
+      };
     };
 
     it("a pause stops every forward after it commits; the leases claimed ahead go back with no attempt spent", async () => {
@@ -161,7 +189,10 @@ for (const backend of await backends("limits")) {
       assert.equal(r.after, 0, "no forward started after the pause committed");
       assert.equal(r.requests, 1);
       assert.equal(r.stats.held, r.claimedAhead - 1, "every lease claimed ahead went back");
-      assert.deepEqual(r.rows.filter((x) => x.status !== "done").map((x) => [x.status, Number(x.attempts)]), Array(9).fill(["received", 0]));
+      assert.deepEqual(
+        r.rows.filter((x) => x.status !== "done").map((x) => [x.status, Number(x.attempts)]),
+        Array(9).fill(["received", 0]),
+      );
     });
 
     it("control: without the pause, the same lane sends what it claimed ahead", async () => {

@@ -16,7 +16,11 @@ import { freshSchema, POSTGRES, postgresSkip, tempDir } from "./helpers.ts";
 const T0 = 1_700_000_000_000;
 const pgSkip = await postgresSkip();
 // The schema before destinations: every migration up to the one that brought routes.
-const before = (list: readonly string[]) => list.slice(0, list.findIndex((m) => m.includes("destination")));
+const before = (list: readonly string[]) =>
+  list.slice(
+    0,
+    list.findIndex((m) => m.includes("destination")),
+  );
 
 // oldRows are written as the code before destinations wrote them: one row per delivery, one key's head.
 const HASH = sha256(Buffer.from("x"));
@@ -33,18 +37,34 @@ async function check(target: string): Promise<void> {
   const inbox = await connect(target, { now: () => T0 + 1_000 });
   try {
     const rows = await inbox.query("SELECT id, route, destination, status, purged_at FROM deliveries ORDER BY id");
-    assert.deepEqual(rows.map((r) => [r.id, Number(r.route), r.destination, r.status]), [
-      ["done_1", 0, "handler", "done"], ["k_1", 0, "handler", "received"], ["k_2", 0, "handler", "received"],
-      ["tomb_1", 0, "handler", "done"], ["wait_1", 0, "handler", "received"],
-    ]);
-    assert.equal(await inbox.store({ source: "s", id: "tomb_1", body: Buffer.from("x") }), "duplicate", "a tombstone still answers duplicates");
+    assert.deepEqual(
+      rows.map((r) => [r.id, Number(r.route), r.destination, r.status]),
+      [
+        ["done_1", 0, "handler", "done"],
+        ["k_1", 0, "handler", "received"],
+        ["k_2", 0, "handler", "received"],
+        ["tomb_1", 0, "handler", "done"],
+        ["wait_1", 0, "handler", "received"],
+      ],
+    );
+    assert.equal(
+      await inbox.store({ source: "s", id: "tomb_1", body: Buffer.from("x") }),
+      "duplicate",
+      "a tombstone still answers duplicates",
+    );
     assert.equal(await inbox.store({ source: "s", id: "done_1", body: Buffer.from("y") }), "conflict");
     // The handler's claims carry on: the unordered one, then the key's head in event time, one at a time.
     const first = await inbox.claimBatch(10, 60_000);
     assert.deepEqual(first.map((l) => l.id).sort(), ["k_1", "wait_1"]);
     await inbox.finish(first.find((l) => l.id === "k_1")!);
-    assert.deepEqual((await inbox.claimBatch(10, 60_000)).map((l) => l.id), ["k_2"]);
-    assert.deepEqual((await inbox.destinations()).map((d) => [d.name, d.state]), [["handler", "closed"]]);
+    assert.deepEqual(
+      (await inbox.claimBatch(10, 60_000)).map((l) => l.id),
+      ["k_2"],
+    );
+    assert.deepEqual(
+      (await inbox.destinations()).map((d) => [d.name, d.state]),
+      [["handler", "closed"]],
+    );
   } finally {
     await inbox.close();
   }
@@ -76,14 +96,18 @@ describe("a database made before destinations", () => {
       try {
         await client.query(`CREATE SCHEMA ${fresh.schema}`);
         await client.query(`SET search_path = ${fresh.schema}`);
-        await client.query("CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())");
+        await client.query(
+          "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+        );
         const old = before(PG_MIGRATIONS);
         for (const [i, m] of old.entries()) {
           await client.query(m);
           await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
         }
         await client.query(oldRows("'\\x78'::bytea", "'\\x'::bytea"));
-        await client.query("UPDATE deliveries SET arrival = CASE id WHEN 'k_2' THEN 4 WHEN 'k_1' THEN 5 END WHERE order_key IS NOT NULL");
+        await client.query(
+          "UPDATE deliveries SET arrival = CASE id WHEN 'k_2' THEN 4 WHEN 'k_1' THEN 5 END WHERE order_key IS NOT NULL",
+        );
       } finally {
         await client.end();
       }

@@ -45,7 +45,13 @@ after(cleanup);
 let runs = 0;
 
 const open = (path: string, clock: { now: number }) =>
-  new SqliteInbox(path, { now: () => clock.now, maxAttempts: MAX_ATTEMPTS, retryDelayMs: DELAY, retryCapMs: CAP, retryJitter: 0 });
+  new SqliteInbox(path, {
+    now: () => clock.now,
+    maxAttempts: MAX_ATTEMPTS,
+    retryDelayMs: DELAY,
+    retryCapMs: CAP,
+    retryJitter: 0,
+  });
 const modelBackoff = (attempts: number) => Math.min(CAP, DELAY * 2 ** Math.max(0, attempts - 1));
 
 // The model's claim: give up on expired last attempts, then the due rows by due time and arrival order.
@@ -56,25 +62,54 @@ function modelEligible(m: Model): string[] {
     }
   }
   return [...m.rows.entries()]
-    .filter(([, r]) => (r.status === "received" && r.availableAt <= m.now) || (r.status === "processing" && r.leasedUntil! <= m.now))
-    .sort(([, a], [, b]) => (a.status === "received" ? a.availableAt : a.leasedUntil!) - (b.status === "received" ? b.availableAt : b.leasedUntil!) || a.order - b.order)
+    .filter(
+      ([, r]) =>
+        (r.status === "received" && r.availableAt <= m.now) || (r.status === "processing" && r.leasedUntil! <= m.now),
+    )
+    .sort(
+      ([, a], [, b]) =>
+        (a.status === "received" ? a.availableAt : a.leasedUntil!) -
+          (b.status === "received" ? b.availableAt : b.leasedUntil!) || a.order - b.order,
+    )
     .map(([id]) => id);
 }
 
 // agree compares every row of the database with the model, and checks the invariants on the way.
 function agree(m: Model, r: Real): void {
-  const rows = r.inbox.db.prepare(
-    `SELECT d.id, d.status, d.attempts, d.available_at, d.leased_until, d.lease_token, coalesce(e.n, 0) AS effects
+  const rows = r.inbox.db
+    .prepare(
+      `SELECT d.id, d.status, d.attempts, d.available_at, d.leased_until, d.lease_token, coalesce(e.n, 0) AS effects
      FROM deliveries d LEFT JOIN (SELECT id, count(*) AS n FROM effects GROUP BY id) e USING (id)`,
-  ).all() as { id: string; status: Status; attempts: number; available_at: number; leased_until: number | null; lease_token: string | null; effects: number }[];
+    )
+    .all() as {
+    id: string;
+    status: Status;
+    attempts: number;
+    available_at: number;
+    leased_until: number | null;
+    lease_token: string | null;
+    effects: number;
+  }[];
   assert.equal(rows.length, m.rows.size, "no delivery lost, none invented");
   for (const row of rows) {
     const want = m.rows.get(row.id);
     assert.ok(want, `unexpected row ${row.id}`);
     assert.ok(row.attempts <= MAX_ATTEMPTS, `${row.id} has ${row.attempts} attempts`);
     assert.deepEqual(
-      { status: row.status, attempts: row.attempts, leasedUntil: row.leased_until, token: row.lease_token, effects: row.effects },
-      { status: want.status, attempts: want.attempts, leasedUntil: want.leasedUntil, token: want.token, effects: want.effects },
+      {
+        status: row.status,
+        attempts: row.attempts,
+        leasedUntil: row.leased_until,
+        token: row.lease_token,
+        effects: row.effects,
+      },
+      {
+        status: want.status,
+        attempts: want.attempts,
+        leasedUntil: want.leasedUntil,
+        token: want.token,
+        effects: want.effects,
+      },
       row.id,
     );
     if (row.status === "received") assert.equal(row.available_at, want.availableAt, `${row.id} due time`);
@@ -97,7 +132,16 @@ class Store implements Cmd {
     const outcome = await r.inbox.store({ id: this.id, body: Buffer.from(this.body) });
     assert.equal(outcome, !existing ? "stored" : existing.body === this.body ? "duplicate" : "conflict");
     if (!existing) {
-      m.rows.set(this.id, { order: m.rows.size, body: this.body, status: "received", attempts: 0, availableAt: m.now, leasedUntil: null, token: null, effects: 0 });
+      m.rows.set(this.id, {
+        order: m.rows.size,
+        body: this.body,
+        status: "received",
+        attempts: 0,
+        availableAt: m.now,
+        leasedUntil: null,
+        token: null,
+        effects: 0,
+      });
     }
     agree(m, r);
   }
@@ -127,9 +171,18 @@ class Claim implements Cmd {
   async run(m: Model, r: Real) {
     const eligible = modelEligible(m);
     const leases = await r.inbox.claimBatch(this.limit, LEASE);
-    assert.deepEqual(leases.map((l) => l.id).sort(), eligible.slice(0, this.limit).sort(), "claims exactly the due deliveries, oldest first");
+    assert.deepEqual(
+      leases.map((l) => l.id).sort(),
+      eligible.slice(0, this.limit).sort(),
+      "claims exactly the due deliveries, oldest first",
+    );
     for (const lease of leases) {
-      Object.assign(m.rows.get(lease.id)!, { status: "processing", attempts: lease.attempts, leasedUntil: m.now + LEASE, token: lease.token });
+      Object.assign(m.rows.get(lease.id)!, {
+        status: "processing",
+        attempts: lease.attempts,
+        leasedUntil: m.now + LEASE,
+        token: lease.token,
+      });
       r.held.push(lease);
     }
     if (eligible.length <= this.limit) {
@@ -177,7 +230,13 @@ class Finish implements Cmd {
     const row = current(m, lease);
     const writes = this.write ? [(tx: Tx) => tx.run("INSERT INTO effects VALUES (?)", lease.id)] : [];
     assert.equal(await r.inbox.finish(lease, writes), row !== undefined, "only the current lease may finish");
-    if (row) Object.assign(row, { status: "done", leasedUntil: null, token: null, effects: row.effects + (this.write ? 1 : 0) });
+    if (row)
+      Object.assign(row, {
+        status: "done",
+        leasedUntil: null,
+        token: null,
+        effects: row.effects + (this.write ? 1 : 0),
+      });
     agree(m, r);
   }
   toString = () => `finish(#${this.pick}${this.write ? ", with a write" : ""})`;
@@ -249,7 +308,9 @@ class Crash implements Cmd {
 }
 
 const commands = [
-  fc.tuple(fc.constantFrom("a", "b", "c", "d", "e", "f"), fc.constantFrom("{}", '{"x":1}')).map(([id, body]) => new Store(id, body)),
+  fc
+    .tuple(fc.constantFrom("a", "b", "c", "d", "e", "f"), fc.constantFrom("{}", '{"x":1}'))
+    .map(([id, body]) => new Store(id, body)),
   fc.nat(50).map((n) => new Duplicate(n)),
   fc.integer({ min: 1, max: 8 }).map((n) => new Claim(n)),
   fc.nat(50).map((n) => new Extend(n)),

@@ -33,10 +33,11 @@ const listening = async (server: Server, prefix: string) => {
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
   return {
     base: `http://127.0.0.1:${(server.address() as AddressInfo).port}${prefix}`,
-    close: () => new Promise<void>((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 };
 
@@ -44,7 +45,10 @@ const MOUNTS: Mount[] = [
   {
     name: "receiver.ts (node:http)",
     start: async (options) => {
-      const receiver = createReceiver({ ...options, inbox: options.inbox as Parameters<typeof createReceiver>[0]["inbox"] });
+      const receiver = createReceiver({
+        ...options,
+        inbox: options.inbox as Parameters<typeof createReceiver>[0]["inbox"],
+      });
       return listening(receiver.server, "");
     },
   },
@@ -100,10 +104,11 @@ const MOUNTS: Mount[] = [
       });
       return {
         base: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks`,
-        close: () => new Promise<void>((resolve) => {
-          server.close(() => resolve());
-          server.closeAllConnections();
-        }),
+        close: () =>
+          new Promise<void>((resolve) => {
+            server.close(() => resolve());
+            server.closeAllConnections();
+          }),
       };
     },
   },
@@ -126,7 +131,13 @@ for (const mount of MOUNTS) {
     let reader: DatabaseSync;
     before(async () => {
       inbox = await connect(path);
-      app = await mount.start({ inbox, sources: SOURCES, now: () => T * 1000, maxBodyBytes: 64_000, log: (line) => lines.push(line) });
+      app = await mount.start({
+        inbox,
+        sources: SOURCES,
+        now: () => T * 1000,
+        maxBodyBytes: 64_000,
+        log: (line) => lines.push(line),
+      });
       reader = new DatabaseSync(path, { readOnly: true });
     });
     after(async () => {
@@ -134,11 +145,20 @@ for (const mount of MOUNTS) {
       reader.close();
       await inbox.close();
     });
-    const count = (source?: string) => (source === undefined
-      ? reader.prepare("SELECT count(*) AS n FROM deliveries").get()
-      : reader.prepare("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(source)) as { n: number };
-    const post = async (where: string, message: { headers: Record<string, string | string[]>; body: string | Buffer }, method = "POST") => {
-      const response = await request(app.base + where, { method, headers: message.headers, body: method === "GET" ? undefined : message.body });
+    const count = (source?: string) =>
+      (source === undefined
+        ? reader.prepare("SELECT count(*) AS n FROM deliveries").get()
+        : reader.prepare("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(source)) as { n: number };
+    const post = async (
+      where: string,
+      message: { headers: Record<string, string | string[]>; body: string | Buffer },
+      method = "POST",
+    ) => {
+      const response = await request(app.base + where, {
+        method,
+        headers: message.headers,
+        body: method === "GET" ? undefined : message.body,
+      });
       return { status: response.statusCode, text: await response.body.text(), headers: response.headers };
     };
 
@@ -157,18 +177,24 @@ for (const mount of MOUNTS) {
     it("property: any one changed signed byte is a 401 through this mount, for every scheme, and nothing is stored", async () => {
       const before = count().n;
       for (const scheme of SCHEMES) {
-        await fc.assert(fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
-          const forged = apply(scheme, scheme.make(id, body), m);
-          const answer = await post(`/${scheme.name}${forged.query ?? ""}`, forged);
-          assert.equal(answer.status, 401, `${scheme.name} ${JSON.stringify(m)}: ${answer.text}`);
-        }), { numRuns: 10 });
+        await fc.assert(
+          fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
+            const forged = apply(scheme, scheme.make(id, body), m);
+            const answer = await post(`/${scheme.name}${forged.query ?? ""}`, forged);
+            assert.equal(answer.status, 401, `${scheme.name} ${JSON.stringify(m)}: ${answer.text}`);
+          }),
+          { numRuns: 10 },
+        );
       }
       assert.equal(count().n, before);
     });
 
     it("400 for a repeated ID header and for a missing ID, 401 for a repeated signature", async () => {
       const github = SCHEMES.find((s) => s.name === "github")!.make("g_dup", Buffer.from("{}"));
-      const twice = (name: string) => ({ body: github.body, headers: { ...github.headers, [name]: [github.headers[name]!, github.headers[name]!] } });
+      const twice = (name: string) => ({
+        body: github.body,
+        headers: { ...github.headers, [name]: [github.headers[name]!, github.headers[name]!] },
+      });
       const repeatedId = await post("/github", twice("x-github-delivery"));
       assert.equal(repeatedId.status, 400, repeatedId.text);
       assert.match(repeatedId.text, /X-GitHub-Delivery sent more than once/);
@@ -190,20 +216,28 @@ for (const mount of MOUNTS) {
       const declared = await post("/open", { headers: { "x-delivery-id": "big" }, body: big });
       assert.equal(declared.status, 413, declared.text);
       const streamed = await request(app.base + "/open", {
-        method: "POST", headers: { "x-delivery-id": "big2" },
-        body: Readable.from((function* () {
-          for (let i = 0; i < 100; i++) yield Buffer.alloc(1_000, "b");
-        })()),
+        method: "POST",
+        headers: { "x-delivery-id": "big2" },
+        body: Readable.from(
+          (function* () {
+            for (let i = 0; i < 100; i++) yield Buffer.alloc(1_000, "b");
+          })(),
+        ),
       }).catch((error: Error) => ({ statusCode: `connection cut: ${error.message}`, body: { dump: async () => {} } }));
       // The handler may cut the connection once it has answered; either way the sender saw no 200.
-      assert.ok(streamed.statusCode === 413 || String(streamed.statusCode).startsWith("connection cut"), String(streamed.statusCode));
+      assert.ok(
+        streamed.statusCode === 413 || String(streamed.statusCode).startsWith("connection cut"),
+        String(streamed.statusCode),
+      );
       await streamed.body.dump();
       assert.equal(count("open").n, 0);
     });
 
     it("503 with Retry-After when the store fails, then stored on the retry", async () => {
       const admin = new DatabaseSync(path);
-      admin.exec("CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END");
+      admin.exec(
+        "CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
+      );
       try {
         const refused = await post("/open", { headers: { "x-delivery-id": "o503" }, body: "{}" });
         assert.equal(refused.status, 503);
@@ -213,15 +247,34 @@ for (const mount of MOUNTS) {
         admin.close();
       }
       assert.equal((await post("/open", { headers: { "x-delivery-id": "o503" }, body: "{}" })).text, "stored");
-      assert.ok(lines.some((l) => /^rejected open\/o503: 503 could not store: .*disk is full/.test(l)), lines.join("\n"));
+      assert.ok(
+        lines.some((l) => /^rejected open\/o503: 503 could not store: .*disk is full/.test(l)),
+        lines.join("\n"),
+      );
     });
 
     it("answers Slack's and Zoom's signed handshakes without storing them", async () => {
       const slackBody = JSON.stringify({ token: "t", challenge: "ch4ll3nge", type: "url_verification" });
-      const slack = await post("/slack-events", { body: slackBody, headers: { "content-type": "application/json", ...sign("slack", SLACK.secret, { id: "", body: slackBody, timestampS: T }) } });
+      const slack = await post("/slack-events", {
+        body: slackBody,
+        headers: {
+          "content-type": "application/json",
+          ...sign("slack", SLACK.secret, { id: "", body: slackBody, timestampS: T }),
+        },
+      });
       assert.deepEqual([slack.status, slack.text], [200, "ch4ll3nge"]);
-      const zoomBody = JSON.stringify({ payload: { plainToken: "qgg8vlvZRS6UYooatFL8Aw" }, event_ts: T * 1000, event: "endpoint.url_validation" });
-      const zoom = await post("/zoom", { body: zoomBody, headers: { "content-type": "application/json", ...sign("zoom", "zoom-secret-token", { id: "", body: zoomBody, timestampS: T }) } });
+      const zoomBody = JSON.stringify({
+        payload: { plainToken: "qgg8vlvZRS6UYooatFL8Aw" },
+        event_ts: T * 1000,
+        event: "endpoint.url_validation",
+      });
+      const zoom = await post("/zoom", {
+        body: zoomBody,
+        headers: {
+          "content-type": "application/json",
+          ...sign("zoom", "zoom-secret-token", { id: "", body: zoomBody, timestampS: T }),
+        },
+      });
       assert.equal(zoom.status, 200);
       assert.equal(JSON.parse(zoom.text).plainToken, "qgg8vlvZRS6UYooatFL8Aw");
       assert.equal(count("slack-events").n + count("zoom").n, count("zoom").n);
@@ -229,9 +282,15 @@ for (const mount of MOUNTS) {
 
     it("stores a Slack slash command (a form) under its trigger_id", async () => {
       const body = new URLSearchParams({ command: "/deploy", text: "prod", trigger_id: "tr_1" }).toString();
-      const headers = { "content-type": "application/x-www-form-urlencoded", ...sign("slack", SLACK.secret, { id: "", body, timestampS: T }) };
+      const headers = {
+        "content-type": "application/x-www-form-urlencoded",
+        ...sign("slack", SLACK.secret, { id: "", body, timestampS: T }),
+      };
       assert.equal((await post("/slack-events", { body, headers })).text, "stored");
-      assert.deepEqual({ ...reader.prepare("SELECT id, event_type FROM deliveries WHERE source = 'slack-events'").get() }, { id: "tr_1", event_type: "/deploy" });
+      assert.deepEqual(
+        { ...reader.prepare("SELECT id, event_type FROM deliveries WHERE source = 'slack-events'").get() },
+        { id: "tr_1", event_type: "/deploy" },
+      );
     });
   });
 }
@@ -243,17 +302,34 @@ describe("express after a JSON body parser", () => {
     const lines: string[] = [];
     const app = express();
     app.use(express.json());
-    app.use("/hooks", createHandler({ inbox, sources: SOURCES, now: () => T * 1000, log: (l) => lines.push(l) }).express);
+    app.use(
+      "/hooks",
+      createHandler({ inbox, sources: SOURCES, now: () => T * 1000, log: (l) => lines.push(l) }).express,
+    );
     const served = await listening(createServer(app), "/hooks");
     try {
       const github = SCHEMES.find((s) => s.name === "github")!.make("g1", Buffer.from('{"a":1}'));
-      const response = await request(`${served.base}/github`, { method: "POST", headers: { ...github.headers, "content-type": "application/json" }, body: github.body });
+      const response = await request(`${served.base}/github`, {
+        method: "POST",
+        headers: { ...github.headers, "content-type": "application/json" },
+        body: github.body,
+      });
       assert.equal(response.statusCode, 500);
-      assert.match(await response.body.text(), /already read by a body parser \(express\.json\(\) or similar\).*mount the inbox before the parser, or give it express\.raw/);
-      assert.ok(lines.some((l) => l.startsWith("rejected: 500 the request body was already read")), lines.join("\n"));
+      assert.match(
+        await response.body.text(),
+        /already read by a body parser \(express\.json\(\) or similar\).*mount the inbox before the parser, or give it express\.raw/,
+      );
+      assert.ok(
+        lines.some((l) => l.startsWith("rejected: 500 the request body was already read")),
+        lines.join("\n"),
+      );
       // Control: a body the JSON parser skips (not JSON) is still read raw, and verifies.
       const plain = SCHEMES.find((s) => s.name === "github")!.make("g2", Buffer.from("x=1"));
-      const ok = await request(`${served.base}/github`, { method: "POST", headers: { ...plain.headers, "content-type": "text/plain" }, body: plain.body });
+      const ok = await request(`${served.base}/github`, {
+        method: "POST",
+        headers: { ...plain.headers, "content-type": "text/plain" },
+        body: plain.body,
+      });
       assert.equal(await ok.body.text(), "stored");
     } finally {
       await served.close();
@@ -266,9 +342,22 @@ describe("the Fetch handler on its own", () => {
   it("takes a Request and gives a Response, as Next.js route handlers, Bun and Deno call it", async () => {
     const inbox = await connect(join(dir.dir, "fetch.db"));
     try {
-      const webhooks = createHandler({ inbox, sources: SOURCES, basePath: "/api/webhooks", now: () => T * 1000, log: () => {} });
+      const webhooks = createHandler({
+        inbox,
+        sources: SOURCES,
+        basePath: "/api/webhooks",
+        now: () => T * 1000,
+        log: () => {},
+      });
       const stripe = SCHEMES.find((s) => s.name === "stripe")!.make("evt_fetch", Buffer.from("{}"));
-      const call = () => webhooks.fetch(new Request("https://app.example/api/webhooks/stripe", { method: "POST", headers: stripe.headers, body: new Uint8Array(stripe.body) }));
+      const call = () =>
+        webhooks.fetch(
+          new Request("https://app.example/api/webhooks/stripe", {
+            method: "POST",
+            headers: stripe.headers,
+            body: new Uint8Array(stripe.body),
+          }),
+        );
       const first = await call();
       assert.deepEqual([first.status, await first.text()], [200, "stored"]);
       assert.equal(await (await call()).text(), "duplicate");
@@ -289,7 +378,14 @@ describe("the Fetch handler on its own", () => {
         cancel: () => void (cancelled = true),
       });
       const call = (b: BodyInit, id: string) =>
-        webhooks.fetch(new Request("https://app.example/", { method: "POST", headers: { "x-delivery-id": id }, body: b, duplex: "half" } as RequestInit));
+        webhooks.fetch(
+          new Request("https://app.example/", {
+            method: "POST",
+            headers: { "x-delivery-id": id },
+            body: b,
+            duplex: "half",
+          } as RequestInit),
+        );
       const slow = await call(body, "evt_slow");
       assert.equal(slow.status, 408);
       assert.match(await slow.text(), /^body too slow: 2 bytes in \d+ ms/);

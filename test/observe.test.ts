@@ -5,7 +5,17 @@
 
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
-import { chmodSync, closeSync, existsSync, mkdirSync, openSync, readdirSync, rmSync, writeFileSync, writeSync } from "node:fs";
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
 import { createServer as createNetServer } from "node:net";
 import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
@@ -22,7 +32,6 @@ import { ROOT, backends, runScript, startReceiver, tempDir } from "./helpers.ts"
 
 const quiet = () => {};
 
-
 const BACKENDS = await backends("observe");
 
 /**
@@ -31,11 +40,22 @@ const BACKENDS = await backends("observe");
  * folds a labelled histogram's series into one, so histograms are read a second time with their TYPE
  * lines left out, as plain series (name_bucket, name_sum, name_count) that keep their labels.
  */
-function scrape(text: string): { value(name: string, labels?: Record<string, string>): number; labelValues(): string[] } {
+function scrape(text: string): {
+  value(name: string, labels?: Record<string, string>): number;
+  labelValues(): string[];
+} {
   const families = parse(text);
   const histograms = new Set(families.filter((f) => f.type === "HISTOGRAM").map((f) => f.name));
-  const plain = parse(text.split("\n").filter((l) => !histograms.has(/^# (?:TYPE|HELP) (\S+)/.exec(l)?.[1] ?? "")).join("\n"));
-  const all = [...families.filter((f) => !histograms.has(f.name)), ...plain.filter((f) => !families.some((g) => g.name === f.name && !histograms.has(g.name)))];
+  const plain = parse(
+    text
+      .split("\n")
+      .filter((l) => !histograms.has(/^# (?:TYPE|HELP) (\S+)/.exec(l)?.[1] ?? ""))
+      .join("\n"),
+  );
+  const all = [
+    ...families.filter((f) => !histograms.has(f.name)),
+    ...plain.filter((f) => !families.some((g) => g.name === f.name && !histograms.has(g.name))),
+  ];
   return {
     value: (name, labels = {}) => {
       let sum = 0;
@@ -108,10 +128,15 @@ for (const backend of BACKENDS) {
           { source: "a", status: "failed", n: 1 },
           { source: "b", status: "received", n: 2 },
         ]);
-        assert.deepEqual(gauges.oldestWaitingMs, [{ source: "a", ms: 1_500 }, { source: "b", ms: 500 }]);
+        assert.deepEqual(gauges.oldestWaitingMs, [
+          { source: "a", ms: 1_500 },
+          { source: "b", ms: 500 },
+        ]);
         const status = await inbox.status();
         for (const g of gauges.bySourceStatus) {
-          const counted = status.sources.filter((s) => s.source === g.source).reduce((n, s) => n + s.counts[g.status], 0);
+          const counted = status.sources
+            .filter((s) => s.source === g.source)
+            .reduce((n, s) => n + s.counts[g.status], 0);
           assert.equal(g.n, counted, `${g.source} ${g.status}`);
         }
       });
@@ -129,7 +154,10 @@ for (const backend of BACKENDS) {
         t += 5_000;
         const taken = await inbox.claimBatch(5, 1_000);
         // Order aside (each backend sorts a takeover by its own due time), one of the two was taken over.
-        assert.deepEqual(taken.map((l) => [l.id, l.takeover === true]).sort(), [["new", false], ["old", true]]);
+        assert.deepEqual(taken.map((l) => [l.id, l.takeover === true]).sort(), [
+          ["new", false],
+          ["old", true],
+        ]);
       });
     });
 
@@ -148,33 +176,59 @@ for (const backend of BACKENDS) {
       it("matches the database after duplicates, conflicts, bad signatures and failing handlers, and counts from zero after a restart", async () => {
         const { dir, cleanup: rmDir } = tempDir();
         const sourcesFile = join(dir, "sources.json");
-        writeFileSync(sourcesFile, JSON.stringify({ shop: { provider: "plain", secret: SECRET }, open: { provider: "plain" } }));
+        writeFileSync(
+          sourcesFile,
+          JSON.stringify({ shop: { provider: "plain", secret: SECRET }, open: { provider: "plain" } }),
+        );
         let receiver = await startReceiver(target, ["--sources", sourcesFile, "--max-body", "2000", "--quiet"]);
         try {
           const post = async (path: string, id: string | undefined, event: unknown, secret = "") => {
             const body = typeof event === "string" ? event : JSON.stringify(event);
-            const headers: Record<string, string> = secret ? sign("plain", secret, { id: id ?? "", body, timestampS: 0 }) : {};
+            const headers: Record<string, string> = secret
+              ? sign("plain", secret, { id: id ?? "", body, timestampS: 0 })
+              : {};
             if (id !== undefined) headers["x-delivery-id"] = id;
             const res = await fetch(`${receiver.url}/${path}`, { method: "POST", headers, body });
             return { status: res.status, text: await res.text() };
           };
           const kinds = ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "ok", "permanent", "permanent", "flaky", "flaky"];
-          for (const [i, kind] of kinds.entries()) assert.equal((await post("shop", `s-${i}`, { kind, customer: "Ann", amount: i }, SECRET)).text, "stored");
-          for (const i of [0, 1, 2]) assert.equal((await post("shop", `s-${i}`, { kind: kinds[i], customer: "Ann", amount: i }, SECRET)).text, "duplicate");
-          for (const i of [3, 4]) assert.equal((await post("shop", `s-${i}`, { kind: "ok", customer: "Ann", amount: 99 }, SECRET)).text, "duplicate");
-          for (let i = 0; i < 4; i++) assert.equal((await post("shop", `bad-${i}`, { kind: "ok" }, "wrong-secret")).status, 401);
-          for (let i = 0; i < 5; i++) assert.equal((await post("open", `o-${i}`, { kind: "ok", customer: "Bo", amount: i })).text, "stored");
+          for (const [i, kind] of kinds.entries())
+            assert.equal((await post("shop", `s-${i}`, { kind, customer: "Ann", amount: i }, SECRET)).text, "stored");
+          for (const i of [0, 1, 2])
+            assert.equal(
+              (await post("shop", `s-${i}`, { kind: kinds[i], customer: "Ann", amount: i }, SECRET)).text,
+              "duplicate",
+            );
+          for (const i of [3, 4])
+            assert.equal(
+              (await post("shop", `s-${i}`, { kind: "ok", customer: "Ann", amount: 99 }, SECRET)).text,
+              "duplicate",
+            );
+          for (let i = 0; i < 4; i++)
+            assert.equal((await post("shop", `bad-${i}`, { kind: "ok" }, "wrong-secret")).status, 401);
+          for (let i = 0; i < 5; i++)
+            assert.equal((await post("open", `o-${i}`, { kind: "ok", customer: "Bo", amount: i })).text, "stored");
           for (let i = 0; i < 2; i++) assert.equal((await post("nowhere", `n-${i}`, {})).status, 404);
           assert.equal((await post("open", "big", "x".repeat(3_000))).status, 413);
           assert.equal((await post("open", undefined, {})).status, 400);
 
           const m = scrape((await get(`${receiver.url}/metrics`)).text);
           const db = await open();
-          const count = async (sql: string, ...params: string[]) => Number(Object.values((await db.query(sql, ...params))[0]!)[0]);
+          const count = async (sql: string, ...params: string[]) =>
+            Number(Object.values((await db.query(sql, ...params))[0]!)[0]);
           for (const source of ["shop", "open"]) {
-            assert.equal(m.value("inbox_received_total", { source, result: "stored" }), await count("SELECT count(*) AS n FROM deliveries WHERE source = ?", source));
-            assert.equal(m.value("inbox_received_total", { source, result: "conflict" }), await count("SELECT coalesce(sum(conflicts), 0) AS n FROM deliveries WHERE source = ?", source));
-            assert.equal(m.value("inbox_deliveries", { source, status: "received" }), await count("SELECT count(*) AS n FROM deliveries WHERE source = ? AND status = 'received'", source));
+            assert.equal(
+              m.value("inbox_received_total", { source, result: "stored" }),
+              await count("SELECT count(*) AS n FROM deliveries WHERE source = ?", source),
+            );
+            assert.equal(
+              m.value("inbox_received_total", { source, result: "conflict" }),
+              await count("SELECT coalesce(sum(conflicts), 0) AS n FROM deliveries WHERE source = ?", source),
+            );
+            assert.equal(
+              m.value("inbox_deliveries", { source, status: "received" }),
+              await count("SELECT count(*) AS n FROM deliveries WHERE source = ? AND status = 'received'", source),
+            );
           }
           assert.equal(m.value("inbox_received_total", { source: "shop", result: "duplicate" }), 3);
           assert.equal(m.value("inbox_received_total", { source: "shop", result: "rejected" }), 4);
@@ -183,17 +237,26 @@ for (const backend of BACKENDS) {
           assert.equal(m.value("inbox_rejected_total", { source: "open", status: "413", reason: "too_large" }), 1);
           assert.equal(m.value("inbox_rejected_total", { source: "open", status: "400", reason: "malformed" }), 1);
           assert.equal(m.value("inbox_received_total", { result: "unavailable" }), 0);
-          assert.equal(m.value("inbox_ack_duration_seconds_count", { source: "shop" }), 17, "every 200: stored, duplicate, conflict");
+          assert.equal(
+            m.value("inbox_ack_duration_seconds_count", { source: "shop" }),
+            17,
+            "every 200: stored, duplicate, conflict",
+          );
           assert.equal(m.value("inbox_ack_duration_seconds_bucket", { source: "open", le: "+Inf" }), 5);
           assert.ok(m.value("inbox_commit_batch_size_sum") >= 17, "every store went through a commit");
           assert.ok(m.value("inbox_commit_duration_seconds_count") >= 1);
           assert.ok(m.value("inbox_oldest_waiting_seconds", { source: "shop" }) >= 0);
           assert.ok(m.value("process_cpu_seconds_total") > 0, "Node's own metrics are there too");
-          for (const value of m.labelValues()) assert.doesNotMatch(value, /^(s|o|bad|n)-\d+$|^big$/, "no delivery ID is a label");
+          for (const value of m.labelValues())
+            assert.doesNotMatch(value, /^(s|o|bad|n)-\d+$|^big$/, "no delivery ID is a label");
 
           // The worker: failing handlers, retried at once (no backoff), two attempts at most.
           const metrics = { current: undefined as Metrics | undefined };
-          const work = await open({ maxAttempts: 2, retryDelayMs: 0, onCommit: (size, ms) => metrics.current?.commit(size, ms) });
+          const work = await open({
+            maxAttempts: 2,
+            retryDelayMs: 0,
+            onCommit: (size, ms) => metrics.current?.commit(size, ms),
+          });
           metrics.current = new Metrics({ inbox: work, gaugeCacheMs: 0, processMetrics: false });
           const handler = (job: Job) => {
             const { kind } = job.event as { kind: string };
@@ -209,13 +272,19 @@ for (const backend of BACKENDS) {
           assert.equal(w.value("inbox_handler_duration_seconds_count"), attempts);
           assert.equal(w.value("inbox_queue_wait_seconds_count"), 17, "one wait per delivery: its first claim");
           assert.equal(w.value("inbox_retries_total", { source: "shop" }), 2);
-          assert.equal(w.value("inbox_failures_total"), await count("SELECT count(*) AS n FROM deliveries WHERE status = 'failed'"));
+          assert.equal(
+            w.value("inbox_failures_total"),
+            await count("SELECT count(*) AS n FROM deliveries WHERE status = 'failed'"),
+          );
           assert.equal(w.value("inbox_lease_takeovers_total"), 0);
           assert.equal(w.value("inbox_leases_lost_total"), 0);
           for (const status of ["done", "failed", "received", "processing"]) {
             for (const source of ["shop", "open"]) {
-              assert.equal(w.value("inbox_deliveries", { source, status }),
-                await count("SELECT count(*) AS n FROM deliveries WHERE source = ? AND status = ?", source, status), `${source} ${status}`);
+              assert.equal(
+                w.value("inbox_deliveries", { source, status }),
+                await count("SELECT count(*) AS n FROM deliveries WHERE source = ? AND status = ?", source, status),
+                `${source} ${status}`,
+              );
             }
           }
           assert.equal(w.value("inbox_oldest_waiting_seconds"), 0, "nothing waits");
@@ -235,7 +304,13 @@ for (const backend of BACKENDS) {
       });
 
       it("is served by worker.ts on --metrics-port, with /livez and /readyz", async () => {
-        const child = (await import("./helpers.ts")).spawnScript("worker.ts", ["--db", target, "--metrics-port", "0", "--quiet"]);
+        const child = (await import("./helpers.ts")).spawnScript("worker.ts", [
+          "--db",
+          target,
+          "--metrics-port",
+          "0",
+          "--quiet",
+        ]);
         let stderr = "";
         child.stderr!.on("data", (d) => (stderr += d));
         try {
@@ -297,13 +372,17 @@ describe("/readyz on a full disk: a 2 MB tmpfs (when the tests may mount one)", 
       assert.equal((await ready()).status, 200);
       const fd = openSync(join(mnt, "ballast"), "w");
       try {
-        for (const chunk = Buffer.alloc(4096); ;) writeSync(fd, chunk);
+        for (const chunk = Buffer.alloc(4096); ; ) writeSync(fd, chunk);
       } catch (error) {
         assert.equal((error as NodeJS.ErrnoException).code, "ENOSPC");
       } finally {
         closeSync(fd);
       }
-      const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "full" }, body: "x".repeat(100_000) });
+      const res = await fetch(receiver.url, {
+        method: "POST",
+        headers: { "x-delivery-id": "full" },
+        body: "x".repeat(100_000),
+      });
       assert.equal(res.status, 503);
       await until("/readyz to fail", 5_000, async () => (await ready()).status === 503);
       assert.match((await ready()).text, /not ready: cannot commit: .*full/);
@@ -324,9 +403,13 @@ describe("/readyz on a full disk: a 2 MB tmpfs (when the tests may mount one)", 
 
 // A private PostgreSQL cluster of this test's own, so stopping it stops no one else's tests.
 const PG_BIN = "/usr/lib/postgresql/15/bin";
-const privateSkip = !existsSync(join(PG_BIN, "initdb")) ? `no ${PG_BIN}/initdb to make a private PostgreSQL cluster` : false;
+const privateSkip = !existsSync(join(PG_BIN, "initdb"))
+  ? `no ${PG_BIN}/initdb to make a private PostgreSQL cluster`
+  : false;
 
-describe("/readyz with PostgreSQL stopped and started again, then read-only (a private cluster)", { skip: privateSkip }, () => {
+describe("/readyz with PostgreSQL stopped and started again, then read-only (a private cluster)", {
+  skip: privateSkip,
+}, () => {
   const { dir, cleanup } = tempDir("inbox-pg-");
   const data = join(dir, "data");
   let port = 0;
@@ -335,8 +418,16 @@ describe("/readyz with PostgreSQL stopped and started again, then read-only (a p
     if (result.status !== 0) throw new Error(`${cmd}: ${result.stderr || result.stdout}`);
   };
   const pgCtl = (action: "start" | "stop") =>
-    asPostgres("pg_ctl", ["-D", data, "-w", "-l", join(dir, "log"), ...(action === "start"
-      ? ["-o", `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`, "start"] : ["-m", "fast", "stop"])]);
+    asPostgres("pg_ctl", [
+      "-D",
+      data,
+      "-w",
+      "-l",
+      join(dir, "log"),
+      ...(action === "start"
+        ? ["-o", `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off`, "start"]
+        : ["-m", "fast", "stop"]),
+    ]);
   before(async () => {
     port = await new Promise<number>((resolve) => {
       const s = createNetServer().listen(0, "127.0.0.1", () => {
@@ -367,7 +458,11 @@ describe("/readyz with PostgreSQL stopped and started again, then read-only (a p
       pgCtl("stop");
       await until("/readyz to fail", 10_000, async () => (await ready()).status === 503);
       assert.match((await ready()).text, /not ready: /);
-      assert.equal(scrape((await get(`${receiver.url}/metrics`)).text).value("inbox_ready"), 0, "the scrape says so too");
+      assert.equal(
+        scrape((await get(`${receiver.url}/metrics`)).text).value("inbox_ready"),
+        0,
+        "the scrape says so too",
+      );
       const res = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "down" }, body: "{}" });
       assert.equal(res.status, 503);
       pgCtl("start");
@@ -407,8 +502,21 @@ describe("--log-format json", () => {
       const body = JSON.stringify({ customer: MARKER, amount: 1 });
       const headers = { ...sign("plain", SECRET, { id: "evt_1", body, timestampS: 0 }), "x-delivery-id": "evt_1" };
       assert.equal(await (await fetch(`${receiver.url}/shop`, { method: "POST", headers, body })).text(), "stored");
-      assert.equal((await fetch(`${receiver.url}/shop`, { method: "POST", headers: { ...headers, "x-signature": "sha256=00" }, body })).status, 401);
-      await fetch(`${receiver.url}/shop`, { method: "POST", headers: { "x-delivery-id": "evt_2" }, body: "not json " + MARKER });
+      assert.equal(
+        (
+          await fetch(`${receiver.url}/shop`, {
+            method: "POST",
+            headers: { ...headers, "x-signature": "sha256=00" },
+            body,
+          })
+        ).status,
+        401,
+      );
+      await fetch(`${receiver.url}/shop`, {
+        method: "POST",
+        headers: { "x-delivery-id": "evt_2" },
+        body: "not json " + MARKER,
+      });
       await until("the log lines", 5_000, async () => receiver.log().split("\n").filter(Boolean).length >= 4);
     } finally {
       await receiver.stop();
@@ -422,7 +530,9 @@ describe("--log-format json", () => {
       assert.equal(typeof e.time, "number");
       assert.equal(typeof e.msg, "string");
     }
-    assert.ok(events.some((e) => e.msg === "shop/evt_1 done" && e.source === "shop" && e.id === "evt_1" && e.status === "done"));
+    assert.ok(
+      events.some((e) => e.msg === "shop/evt_1 done" && e.source === "shop" && e.id === "evt_1" && e.status === "done"),
+    );
     const stored = events.find((e) => e.msg === "stored shop/evt_1")!;
     assert.deepEqual([stored.level, stored.source, stored.id, stored.status], [30, "shop", "evt_1", 200]);
     assert.ok(events.some((e) => e.status === 401 && e.level === 40 && e.source === "shop"));
@@ -440,7 +550,17 @@ describe("--log-format json", () => {
       assert.equal(writes.length, 1);
       const lines = writes[0]!.trimEnd().split("\n");
       if (format === "text") assert.deepEqual(lines, ["one", "two"]);
-      else assert.deepEqual(lines.map((l) => { const { time: _, ...rest } = JSON.parse(l); return rest; }), [{ level: 30, msg: "one", id: "a" }, { level: 40, msg: "two", id: "b" }]);
+      else
+        assert.deepEqual(
+          lines.map((l) => {
+            const { time: _, ...rest } = JSON.parse(l);
+            return rest;
+          }),
+          [
+            { level: 30, msg: "one", id: "a" },
+            { level: 40, msg: "two", id: "b" },
+          ],
+        );
     }
     assert.equal(jsonLine("x", {}, 5), '{"level":30,"time":5,"msg":"x"}');
   });
@@ -451,13 +571,22 @@ describe("progress", () => {
     const { dir, cleanup } = tempDir();
     const db = join(dir, "inbox.db");
     const inbox = await connect(db);
-    for (let i = 0; i < 3; i++) await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 1 })) });
+    for (let i = 0; i < 3; i++)
+      await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 1 })) });
     await inbox.close();
     const worker = await runScript("worker.ts", ["--once", "--db", db]);
     assert.equal(worker.code, 0);
-    assert.deepEqual(worker.stderr.trimEnd().split("\n"), ["evt_0 done", "evt_1 done", "evt_2 done", "worker: 3 done, 0 to retry, 0 failed, 0 lost to other workers"]);
+    assert.deepEqual(worker.stderr.trimEnd().split("\n"), [
+      "evt_0 done",
+      "evt_1 done",
+      "evt_2 done",
+      "worker: 3 done, 0 to retry, 0 failed, 0 lost to other workers",
+    ]);
     const writes: string[] = [];
-    assert.equal(progress({ write: (s: string) => writes.push(s) }, () => ({ done: 1, total: 2 })), undefined);
+    assert.equal(
+      progress({ write: (s: string) => writes.push(s) }, () => ({ done: 1, total: 2 })),
+      undefined,
+    );
     assert.deepEqual(writes, []);
     cleanup();
   });
@@ -465,7 +594,9 @@ describe("progress", () => {
   it("draws done of total, the rate and the time left on a terminal, and clears it", () => {
     const writes: string[] = [];
     let ms = 0;
-    const shown = progress({ write: (s: string) => writes.push(s), isTTY: true }, () => ({ done: 250, total: 1000 }), { now: () => ms })!;
+    const shown = progress({ write: (s: string) => writes.push(s), isTTY: true }, () => ({ done: 250, total: 1000 }), {
+      now: () => ms,
+    })!;
     ms = 1_000;
     shown.write("a log line\n");
     shown.stop();
@@ -480,11 +611,15 @@ describe("progress", () => {
     const { dir, cleanup } = tempDir();
     const db = join(dir, "inbox.db");
     const inbox = await connect(db);
-    for (let i = 0; i < 3; i++) await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 1 })) });
+    for (let i = 0; i < 3; i++)
+      await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 1 })) });
     await inbox.close();
     const tsx = join(ROOT, "node_modules", ".bin", "tsx");
-    const out = spawnSync("script", ["-qfec", `${process.execPath} --import tsx ${join(ROOT, "worker.ts")} --once --quiet --db ${db}`, "/dev/null"],
-      { cwd: ROOT, encoding: "utf8", env: { ...process.env, PATH: `${join(tsx, "..")}:${process.env.PATH}` } });
+    const out = spawnSync(
+      "script",
+      ["-qfec", `${process.execPath} --import tsx ${join(ROOT, "worker.ts")} --once --quiet --db ${db}`, "/dev/null"],
+      { cwd: ROOT, encoding: "utf8", env: { ...process.env, PATH: `${join(tsx, "..")}:${process.env.PATH}` } },
+    );
     assert.equal(out.status, 0, out.stderr);
     assert.match(out.stdout, /\r\x1b\[K0 of 3 \(0%\)/);
     assert.match(out.stdout, /worker: 3 done/);
@@ -505,17 +640,28 @@ describe("send.ts flood mode", () => {
     assert.equal(summary.sent, 400);
     assert.equal(summary.stored + summary.duplicate, 400);
     assert.deepEqual([summary.errors, summary.refused], [0, {}]);
-    assert.ok(summary.duplicate > 50 && summary.duplicate < 150, `about a quarter duplicates, got ${summary.duplicate}`);
+    assert.ok(
+      summary.duplicate > 50 && summary.duplicate < 150,
+      `about a quarter duplicates, got ${summary.duplicate}`,
+    );
     assert.equal((await inbox.status()).counts.received, summary.stored);
     assert.ok(summary.p99Ms >= summary.p50Ms && summary.p50Ms > 0);
-    const cli = await runScript("send.ts", ["--url", `http://127.0.0.1:${port}/`, "--count", "20", "--duplicates", "50%"]);
+    const cli = await runScript("send.ts", [
+      "--url",
+      `http://127.0.0.1:${port}/`,
+      "--count",
+      "20",
+      "--duplicates",
+      "50%",
+    ]);
     assert.equal(cli.code, 0, cli.stderr);
     assert.equal(cli.stderr, "", "not a terminal: no progress");
-    assert.match(cli.stdout, /^sent 20 in \d+\.\d s: stored \d+, duplicate \d+, refused 0; \d+ req\/s; p50 [\d.]+ ms, p99 [\d.]+ ms\n$/);
+    assert.match(
+      cli.stdout,
+      /^sent 20 in \d+\.\d s: stored \d+, duplicate \d+, refused 0; \d+ req\/s; p50 [\d.]+ ms, p99 [\d.]+ ms\n$/,
+    );
     await receiver.close();
     await inbox.close();
     cleanup();
   });
 });
-
-

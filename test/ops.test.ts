@@ -86,7 +86,10 @@ function uses(expr: string): Uses {
   const text = (n: { from: number; to: number }) => expr.slice(n.from, n.to);
   parser.parse(expr).iterate({
     enter(node) {
-      if (node.type.isError) out.errors.push(`syntax error at ${node.from}: ${JSON.stringify(expr.slice(Math.max(0, node.from - 20), node.to + 20))}`);
+      if (node.type.isError)
+        out.errors.push(
+          `syntax error at ${node.from}: ${JSON.stringify(expr.slice(Math.max(0, node.from - 20), node.to + 20))}`,
+        );
       if (node.name === "GroupingLabels") {
         for (let c = node.node.firstChild; c; c = c.nextSibling) if (c.name === "LabelName") out.grouping.push(text(c));
       }
@@ -98,7 +101,8 @@ function uses(expr: string): Uses {
         const label = m.getChild("LabelName");
         const op = m.getChild("MatchOp");
         const value = m.getChild("StringLiteral");
-        if (label && op && value) selector.matchers.push({ label: text(label), op: text(op), value: text(value).slice(1, -1) });
+        if (label && op && value)
+          selector.matchers.push({ label: text(label), op: text(op), value: text(value).slice(1, -1) });
       }
       if (!selector.name) out.errors.push(`a selector without a metric name: ${text(node)}`);
       out.selectors.push(selector);
@@ -122,12 +126,21 @@ interface Exposed {
 function expose(into: Exposed, job: string, instance: string, text: string): void {
   const families = parse(text);
   for (const f of families) {
-    const names = f.type === "HISTOGRAM" ? ["_bucket", "_sum", "_count"].map((s) => f.name + s)
-      : f.type === "SUMMARY" ? [f.name, `${f.name}_sum`, `${f.name}_count`] : [f.name];
+    const names =
+      f.type === "HISTOGRAM"
+        ? ["_bucket", "_sum", "_count"].map((s) => f.name + s)
+        : f.type === "SUMMARY"
+          ? [f.name, `${f.name}_sum`, `${f.name}_count`]
+          : [f.name];
     for (const n of names) into.names.add(n);
   }
   // Read again without TYPE and HELP, every sample line is a series of its own, labels and all.
-  const plain = parse(text.split("\n").filter((l) => !l.startsWith("#")).join("\n"));
+  const plain = parse(
+    text
+      .split("\n")
+      .filter((l) => !l.startsWith("#"))
+      .join("\n"),
+  );
   const series = new Map<string, number>();
   for (const f of plain) {
     into.names.add(f.name);
@@ -139,7 +152,12 @@ function expose(into: Exposed, job: string, instance: string, text: string): voi
         seen.add(l);
         into.values.set(l, (into.values.get(l) ?? new Set()).add(v));
       }
-      series.set(`${f.name}{${Object.entries(labels).map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")}}`, Number(m.value));
+      series.set(
+        `${f.name}{${Object.entries(labels)
+          .map(([k, v]) => `${k}=${JSON.stringify(v)}`)
+          .join(", ")}}`,
+        Number(m.value),
+      );
     }
   }
   into.scrapes.push({ job, instance, series });
@@ -161,16 +179,23 @@ function problems(expr: string, exposed: Exposed, recorded: ReadonlySet<string> 
     const labels = labelsOf(s.name);
     for (const l of labels ?? []) all.add(l);
     for (const m of s.matchers) {
-      if (labels && !TARGET_LABELS.has(m.label) && !labels.has(m.label)) out.push(`${s.name}{${m.label}}: no such label on it in a real scrape`);
-      const values = KNOWN_VALUES.get(m.label) ?? (SEEN_VALUES.has(m.label) ? exposed.values.get(m.label) ?? new Set<string>() : undefined);
+      if (labels && !TARGET_LABELS.has(m.label) && !labels.has(m.label))
+        out.push(`${s.name}{${m.label}}: no such label on it in a real scrape`);
+      const values =
+        KNOWN_VALUES.get(m.label) ??
+        (SEEN_VALUES.has(m.label) ? (exposed.values.get(m.label) ?? new Set<string>()) : undefined);
       if (!values) continue;
       // A plain alternation (a|b|c) is checked value by value; another regular expression is left alone.
-      const alternatives = m.op === "=" || m.op === "!=" ? [m.value] : /^[\w|-]+$/.test(m.value) ? m.value.split("|") : [];
-      for (const v of alternatives) if (!values.has(v)) out.push(`${s.name}{${m.label}${m.op}"${m.value}"}: ${v} is not one of ${[...values].join(", ")}`);
+      const alternatives =
+        m.op === "=" || m.op === "!=" ? [m.value] : /^[\w|-]+$/.test(m.value) ? m.value.split("|") : [];
+      for (const v of alternatives)
+        if (!values.has(v))
+          out.push(`${s.name}{${m.label}${m.op}"${m.value}"}: ${v} is not one of ${[...values].join(", ")}`);
     }
   }
   for (const g of u.grouping) {
-    if (!TARGET_LABELS.has(g) && !all.has(g) && u.selectors.every((s) => labelsOf(s.name))) out.push(`by (${g}): no metric it reads carries that label`);
+    if (!TARGET_LABELS.has(g) && !all.has(g) && u.selectors.every((s) => labelsOf(s.name)))
+      out.push(`by (${g}): no metric it reads carries that label`);
   }
   return out;
 }
@@ -178,7 +203,10 @@ function problems(expr: string, exposed: Exposed, recorded: ReadonlySet<string> 
 // ---- The files ----
 
 interface RuleFile {
-  groups: { name: string; rules: { alert?: string; record?: string; expr: string; labels?: Record<string, string> }[] }[];
+  groups: {
+    name: string;
+    rules: { alert?: string; record?: string; expr: string; labels?: Record<string, string> }[];
+  }[];
 }
 interface AlertCase {
   eval_time: string;
@@ -193,13 +221,21 @@ interface Dashboard {
   uid: string;
   title: string;
   templating: { list: { name: string; type: string; query?: string | { query: string }; allValue?: string }[] };
-  panels: { id: number; type: string; title: string; gridPos: Record<string, number>; datasource?: { uid: string }; targets?: { refId: string; expr: string; datasource?: { uid: string } }[] }[];
+  panels: {
+    id: number;
+    type: string;
+    title: string;
+    gridPos: Record<string, number>;
+    datasource?: { uid: string };
+    targets?: { refId: string; expr: string; datasource?: { uid: string } }[];
+  }[];
 }
 
 const rules = (): RuleFile => parseYaml(readFileSync(ALERTS, "utf8")) as RuleFile;
 const ruleTests = (): RuleTests => parseYaml(readFileSync(ALERT_TESTS, "utf8")) as RuleTests;
 const dashboard = (): Dashboard => JSON.parse(readFileSync(DASHBOARD, "utf8")) as Dashboard;
-const recordedBy = (file: RuleFile) => new Set(file.groups.flatMap((g) => g.rules.flatMap((r) => (r.record ? [r.record] : []))));
+const recordedBy = (file: RuleFile) =>
+  new Set(file.groups.flatMap((g) => g.rules.flatMap((r) => (r.record ? [r.record] : []))));
 
 /** An alert is one rule of ops/alerts.yml, named by its alertname and severity (one name may have two). */
 const alertKey = (name: string, severity: string | undefined) => `${name}/${severity ?? "-"}`;
@@ -213,16 +249,22 @@ function gaps(file: RuleFile, tests: RuleTests): string[] {
     const mine = cases.filter((c) => c.alertname === r.alert);
     const fires = (c: AlertCase) => c.exp_alerts.some((a) => a.exp_labels?.severity === r.labels?.severity);
     if (!mine.some(fires)) out.push(`${alertKey(r.alert, r.labels?.severity)}: no case where it fires`);
-    if (!mine.some((c) => !fires(c))) out.push(`${alertKey(r.alert, r.labels?.severity)}: no control where it must not fire`);
+    if (!mine.some((c) => !fires(c)))
+      out.push(`${alertKey(r.alert, r.labels?.severity)}: no control where it must not fire`);
   }
   const names = new Set(file.groups.flatMap((g) => g.rules.flatMap((r) => (r.alert ? [r.alert] : []))));
-  for (const c of cases) if (!names.has(c.alertname)) out.push(`${c.alertname}: tested at ${c.eval_time}, but no such alert`);
+  for (const c of cases)
+    if (!names.has(c.alertname)) out.push(`${c.alertname}: tested at ${c.eval_time}, but no such alert`);
   return out;
 }
 
 // Grafana's own variables get the value a 1-minute scrape interval gives them; the dashboard's, their "All".
 function interpolate(expr: string, board: Dashboard): string {
-  const values = new Map<string, string>([["__rate_interval", "4m"], ["__interval", "1m"], ["__range", "1h"]]);
+  const values = new Map<string, string>([
+    ["__rate_interval", "4m"],
+    ["__interval", "1m"],
+    ["__range", "1h"],
+  ]);
   for (const v of board.templating.list) values.set(v.name, v.allValue ?? ".*");
   return expr.replace(/\$\{(\w+)\}|\$(\w+)|\[\[(\w+)\]\]/g, (whole, a?: string, b?: string, c?: string) => {
     const value = values.get((a ?? b ?? c)!);
@@ -232,27 +274,36 @@ function interpolate(expr: string, board: Dashboard): string {
 }
 
 const queries = (board: Dashboard) =>
-  board.panels.flatMap((p) => (p.targets ?? []).map((t) => ({ where: `panel ${p.id} "${p.title}" ${t.refId}`, key: `panel_${p.id}_${t.refId}`, expr: interpolate(t.expr, board) })));
+  board.panels.flatMap((p) =>
+    (p.targets ?? []).map((t) => ({
+      where: `panel ${p.id} "${p.title}" ${t.refId}`,
+      key: `panel_${p.id}_${t.refId}`,
+      expr: interpolate(t.expr, board),
+    })),
+  );
 
 /** variableQueries are the dashboard's label_values(metric, label) lookups, as the metric and label they read. */
-const variableQueries = (board: Dashboard) => board.templating.list.flatMap((v) => {
-  const q = typeof v.query === "string" ? v.query : v.query?.query;
-  const m = q === undefined || v.type !== "query" ? null : /^label_values\((\w+),\s*(\w+)\)$/.exec(q);
-  return m ? [{ name: v.name, metric: m[1]!, label: m[2]! }] : [];
-});
+const variableQueries = (board: Dashboard) =>
+  board.templating.list.flatMap((v) => {
+    const q = typeof v.query === "string" ? v.query : v.query?.query;
+    const m = q === undefined || v.type !== "query" ? null : /^label_values\((\w+),\s*(\w+)\)$/.exec(q);
+    return m ? [{ name: v.name, metric: m[1]!, label: m[2]! }] : [];
+  });
 
 /** inputSeries is the scrapes as promtool's input series: each process's first scrape at 0m, its last held at 1m and 2m. */
 function inputSeries(exposed: Exposed): { series: string; values: string }[] {
   const input = new Map<string, (number | undefined)[]>();
   const byProcess = new Map<string, Exposed["scrapes"]>();
-  for (const s of exposed.scrapes) byProcess.set(`${s.job}/${s.instance}`, [...(byProcess.get(`${s.job}/${s.instance}`) ?? []), s]);
+  for (const s of exposed.scrapes)
+    byProcess.set(`${s.job}/${s.instance}`, [...(byProcess.get(`${s.job}/${s.instance}`) ?? []), s]);
   for (const [, scrapes] of byProcess) {
     const first = scrapes[0]!;
     const last = scrapes[scrapes.length - 1]!;
     input.set(`up{job="${first.job}", instance="${first.instance}"}`, [1, 1, 1]);
     for (const [series, value] of last.series) input.set(series, [first.series.get(series), value, value]);
   }
-  const values = (vs: (number | undefined)[]) => vs.map((v) => (v === undefined ? "_" : Number.isNaN(v) ? "NaN" : String(v))).join(" ");
+  const values = (vs: (number | undefined)[]) =>
+    vs.map((v) => (v === undefined ? "_" : Number.isNaN(v) ? "NaN" : String(v))).join(" ");
   return [...input].map(([series, vs]) => ({ series, values: values(vs) }));
 }
 
@@ -260,13 +311,32 @@ function inputSeries(exposed: Exposed): { series: string; values: string }[] {
  * evaluate runs promtool test rules on the scrapes at 2m: each expression is checked as promtool checks a
  * rule (so it must parse), then expected to give exactly the samples listed.
  */
-async function evaluate(dir: string, exposed: Exposed, cases: { expr: string; exp_samples: { labels: string; value: number }[] }[]) {
-  writeFileSync(join(dir, "queries.yml"), yaml({ groups: [{ name: "queries", rules: cases.map((c, i) => ({ record: `query:${i}`, expr: c.expr })) }] }));
-  writeFileSync(join(dir, "queries.test.yml"), yaml({
-    rule_files: ["queries.yml"],
-    evaluation_interval: "1m",
-    tests: [{ interval: "1m", input_series: inputSeries(exposed), promql_expr_test: cases.map((c) => ({ ...c, eval_time: "2m" })) }],
-  }, { lineWidth: 0 }));
+async function evaluate(
+  dir: string,
+  exposed: Exposed,
+  cases: { expr: string; exp_samples: { labels: string; value: number }[] }[],
+) {
+  writeFileSync(
+    join(dir, "queries.yml"),
+    yaml({ groups: [{ name: "queries", rules: cases.map((c, i) => ({ record: `query:${i}`, expr: c.expr })) }] }),
+  );
+  writeFileSync(
+    join(dir, "queries.test.yml"),
+    yaml(
+      {
+        rule_files: ["queries.yml"],
+        evaluation_interval: "1m",
+        tests: [
+          {
+            interval: "1m",
+            input_series: inputSeries(exposed),
+            promql_expr_test: cases.map((c) => ({ ...c, eval_time: "2m" })),
+          },
+        ],
+      },
+      { lineWidth: 0 },
+    ),
+  );
   const check = await promtool(["check", "rules", "queries.yml"], dir);
   if (check.code !== 0) return check;
   return promtool(["test", "rules", "queries.test.yml"], dir);
@@ -274,7 +344,14 @@ async function evaluate(dir: string, exposed: Exposed, cases: { expr: string; ex
 
 /** dataCheck expects each query to return at least one series from the scrapes (count clamped to 1), or none for the quiet ones. */
 function dataCheck(dir: string, list: { expr: string }[], exposed: Exposed, quiet: (expr: string) => boolean) {
-  return evaluate(dir, exposed, list.map((q) => ({ expr: `clamp_max(count(${q.expr}), 1)`, exp_samples: quiet(q.expr) ? [] : [{ labels: "{}", value: 1 }] })));
+  return evaluate(
+    dir,
+    exposed,
+    list.map((q) => ({
+      expr: `clamp_max(count(${q.expr}), 1)`,
+      exp_samples: quiet(q.expr) ? [] : [{ labels: "{}", value: 1 }],
+    })),
+  );
 }
 
 const quietIn = (expr: string) => uses(expr).selectors.some((s) => QUIET_IN_A_HEALTHY_RUN.has(s.name));
@@ -295,15 +372,27 @@ describe("ops/alerts.yml", () => {
     const file = rules();
     const edit = (change: (c: AlertCase) => void) => {
       const tests = ruleTests();
-      for (const c of tests.tests.flatMap((t) => t.alert_rule_test ?? [])) if (c.alertname === "InboxNotReady") change(c);
+      for (const c of tests.tests.flatMap((t) => t.alert_rule_test ?? []))
+        if (c.alertname === "InboxNotReady") change(c);
       return gaps(file, tests);
     };
-    assert.deepEqual(edit((c) => (c.exp_alerts = [{ exp_labels: { severity: "critical" } }])), ["InboxNotReady/critical: no control where it must not fire"]);
-    assert.deepEqual(edit((c) => (c.exp_alerts = [])), ["InboxNotReady/critical: no case where it fires"]);
-    assert.deepEqual(edit((c) => (c.alertname = "InboxNotRedy")), [
-      "InboxNotReady/critical: no case where it fires", "InboxNotReady/critical: no control where it must not fire",
-      "InboxNotRedy: tested at 4m, but no such alert", "InboxNotRedy: tested at 10m, but no such alert",
-    ]);
+    assert.deepEqual(
+      edit((c) => (c.exp_alerts = [{ exp_labels: { severity: "critical" } }])),
+      ["InboxNotReady/critical: no control where it must not fire"],
+    );
+    assert.deepEqual(
+      edit((c) => (c.exp_alerts = [])),
+      ["InboxNotReady/critical: no case where it fires"],
+    );
+    assert.deepEqual(
+      edit((c) => (c.alertname = "InboxNotRedy")),
+      [
+        "InboxNotReady/critical: no case where it fires",
+        "InboxNotReady/critical: no control where it must not fire",
+        "InboxNotRedy: tested at 4m, but no such alert",
+        "InboxNotRedy: tested at 10m, but no such alert",
+      ],
+    );
   });
 
   it("passes promtool check rules", { skip: promtoolSkip }, async () => {
@@ -317,22 +406,34 @@ describe("ops/alerts.yml", () => {
     assert.equal(r.code, 0, r.out);
   });
 
-  it("control: each firing case fails promtool once its expectation is taken away (so each one really fires)", { skip: promtoolSkip }, async () => {
+  it("control: each firing case fails promtool once its expectation is taken away (so each one really fires)", {
+    skip: promtoolSkip,
+  }, async () => {
     const { dir, cleanup } = tempDir("inbox-ops-");
     try {
       // One run of promtool over a copy of each test that keeps only one firing case, its expectation emptied.
       writeFileSync(join(dir, "alerts.yml"), readFileSync(ALERTS));
       const original = ruleTests();
-      const mutants = original.tests.flatMap((t) => (t.alert_rule_test ?? []).flatMap((c, j) => {
-        if (!c.exp_alerts.length) return [];
-        const name = `mutant ${c.alertname} at ${c.eval_time} (${t.name.slice(0, 40)})`;
-        return [{ ...t, name, promql_expr_test: undefined, alert_rule_test: [{ ...t.alert_rule_test![j]!, exp_alerts: [] }] }];
-      }));
+      const mutants = original.tests.flatMap((t) =>
+        (t.alert_rule_test ?? []).flatMap((c, j) => {
+          if (!c.exp_alerts.length) return [];
+          const name = `mutant ${c.alertname} at ${c.eval_time} (${t.name.slice(0, 40)})`;
+          return [
+            {
+              ...t,
+              name,
+              promql_expr_test: undefined,
+              alert_rule_test: [{ ...t.alert_rule_test![j]!, exp_alerts: [] }],
+            },
+          ];
+        }),
+      );
       assert.ok(mutants.length >= 14, `every firing case, found ${mutants.length}`);
       writeFileSync(join(dir, "mutants.test.yml"), yaml({ ...original, tests: mutants }));
       const r = await promtool(["test", "rules", "mutants.test.yml"], dir);
       assert.notEqual(r.code, 0, r.out);
-      for (const m of mutants) assert.ok(r.out.includes(`name: ${m.name},`), `${m.name}: promtool passed without its expectation`);
+      for (const m of mutants)
+        assert.ok(r.out.includes(`name: ${m.name},`), `${m.name}: promtool passed without its expectation`);
     } finally {
       cleanup();
     }
@@ -354,7 +455,8 @@ describe("ops/dashboard.json", () => {
       assert.ok(p.targets?.length, `panel ${p.id} "${p.title}" has queries`);
       const refs = p.targets!.map((t) => t.refId);
       assert.equal(new Set(refs).size, refs.length, `panel ${p.id}: refIds are unique`);
-      for (const t of p.targets!) assert.equal(t.datasource?.uid, "${datasource}", `panel ${p.id} ${t.refId}: datasource`);
+      for (const t of p.targets!)
+        assert.equal(t.datasource?.uid, "${datasource}", `panel ${p.id} ${t.refId}: datasource`);
     }
     const cells = new Map<string, number>();
     for (const p of board.panels) {
@@ -366,9 +468,18 @@ describe("ops/dashboard.json", () => {
         }
       }
     }
-    const wanted = ["inbox_received_total", "inbox_ack_duration_seconds_bucket", "inbox_deliveries", "inbox_oldest_waiting_seconds",
-      "inbox_handler_duration_seconds_bucket", "inbox_failures_total", "inbox_commit_batch_size_bucket", "inbox_forwards_total",
-      "inbox_forward_duration_seconds_bucket", "inbox_destination_state"];
+    const wanted = [
+      "inbox_received_total",
+      "inbox_ack_duration_seconds_bucket",
+      "inbox_deliveries",
+      "inbox_oldest_waiting_seconds",
+      "inbox_handler_duration_seconds_bucket",
+      "inbox_failures_total",
+      "inbox_commit_batch_size_bucket",
+      "inbox_forwards_total",
+      "inbox_forward_duration_seconds_bucket",
+      "inbox_destination_state",
+    ];
     const read = new Set(queries(board).flatMap((q) => uses(q.expr).selectors.map((s) => s.name)));
     for (const name of wanted) assert.ok(read.has(name), `some panel shows ${name}`);
   });
@@ -377,12 +488,22 @@ describe("ops/dashboard.json", () => {
     const { dir, cleanup } = tempDir("inbox-ops-");
     try {
       const list = queries(dashboard());
-      writeFileSync(join(dir, "queries.yml"), yaml({ groups: [{ name: "dashboard", rules: list.map((q) => ({ record: `dashboard:${q.key}`, expr: q.expr })) }] }));
+      writeFileSync(
+        join(dir, "queries.yml"),
+        yaml({
+          groups: [{ name: "dashboard", rules: list.map((q) => ({ record: `dashboard:${q.key}`, expr: q.expr })) }],
+        }),
+      );
       const r = await promtool(["check", "rules", "queries.yml"], dir);
       assert.equal(r.code, 0, r.out);
       assert.match(r.out, new RegExp(`SUCCESS: ${list.length} rules found`));
       // Control: the same check fails on a query that does not parse.
-      writeFileSync(join(dir, "broken.yml"), yaml({ groups: [{ name: "x", rules: [{ record: "x:y", expr: "sum by (le (rate(inbox_received_total[5m]))" }] }] }));
+      writeFileSync(
+        join(dir, "broken.yml"),
+        yaml({
+          groups: [{ name: "x", rules: [{ record: "x:y", expr: "sum by (le (rate(inbox_received_total[5m]))" }] }],
+        }),
+      );
       assert.notEqual((await promtool(["check", "rules", "broken.yml"], dir)).code, 0);
     } finally {
       cleanup();
@@ -405,7 +526,10 @@ for (const backend of await backends("ops")) {
       const { dir, cleanup: rmDir } = tempDir();
       const servers: Server[] = [];
       const serve = async (status: number) => {
-        const server = createServer((req, res) => req.resume().on("end", () => res.writeHead(status).end())).listen(0, "127.0.0.1");
+        const server = createServer((req, res) => req.resume().on("end", () => res.writeHead(status).end())).listen(
+          0,
+          "127.0.0.1",
+        );
         servers.push(server);
         await once(server, "listening");
         return `http://127.0.0.1:${(server.address() as { port: number }).port}/hooks`;
@@ -413,15 +537,18 @@ for (const backend of await backends("ops")) {
       const secret = "ops-test-secret";
       const forwarding = `whsec_${Buffer.from("the app's forwarding secret").toString("base64")}`;
       const sources = join(dir, "sources.json");
-      writeFileSync(sources, JSON.stringify({
-        $destinations: {
-          app: { url: await serve(200), secret: forwarding },
-          down: { url: await serve(503), secret: forwarding, breaker: { failures: 1 } },
-          held: { url: await serve(200), secret: forwarding },
-        },
-        shop: { provider: "plain", secret, routes: ["handler", "app", "down", "held"] },
-        open: { provider: "plain" },
-      }));
+      writeFileSync(
+        sources,
+        JSON.stringify({
+          $destinations: {
+            app: { url: await serve(200), secret: forwarding },
+            down: { url: await serve(503), secret: forwarding, breaker: { failures: 1 } },
+            held: { url: await serve(200), secret: forwarding },
+          },
+          shop: { provider: "plain", secret, routes: ["handler", "app", "down", "held"] },
+          open: { provider: "plain" },
+        }),
+      );
       const receiver = await startReceiver(made.target, ["--sources", sources, "--quiet"]);
       const worker = { child: undefined as ReturnType<typeof spawnScript> | undefined };
       try {
@@ -430,7 +557,8 @@ for (const backend of await backends("ops")) {
           const headers = { ...(key ? sign("plain", key, { id, body, timestampS: 0 }) : {}), "x-delivery-id": id };
           return (await fetch(`${receiver.url}/${source}`, { method: "POST", headers, body })).status;
         };
-        for (let i = 0; i < 3; i++) assert.equal(await post("shop", `s-${i}`, { customer: "Ann", amount: i }, secret), 200);
+        for (let i = 0; i < 3; i++)
+          assert.equal(await post("shop", `s-${i}`, { customer: "Ann", amount: i }, secret), 200);
         assert.equal(await post("shop", "s-0", { customer: "Ann", amount: 0 }, secret), 200);
         assert.equal(await post("shop", "s-bad", {}, secret), 200);
         assert.equal(await post("shop", "forged", { customer: "Eve", amount: 1 }, "not-the-secret"), 401);
@@ -449,7 +577,15 @@ for (const backend of await backends("ops")) {
           await inbox.close();
         }
 
-        worker.child = spawnScript("worker.ts", ["--db", made.target, "--sources", sources, "--metrics-port", "0", "--quiet"]);
+        worker.child = spawnScript("worker.ts", [
+          "--db",
+          made.target,
+          "--sources",
+          sources,
+          "--metrics-port",
+          "0",
+          "--quiet",
+        ]);
         let stderr = "";
         const url = await new Promise<string>((resolve, reject) => {
           worker.child!.stderr!.on("data", (d) => {
@@ -465,14 +601,27 @@ for (const backend of await backends("ops")) {
         const deadline = Date.now() + 60_000;
         for (;;) {
           const text = await scrape(url);
-          const sum = (name: string, labels: Record<string, string> = {}) => parse(text).find((f) => f.name === name)?.metrics
-            .filter((m) => Object.entries(labels).every(([k, v]) => m.labels?.[k] === v)).reduce((n, m) => n + Number(m.value), 0) ?? 0;
-          if (sum("inbox_failures_total") >= 1 && sum("inbox_forwards_total", { destination: "app", outcome: "done" }) >= 4 &&
-            sum("inbox_forwards_total", { destination: "down", outcome: "retry" }) >= 1 && sum("inbox_destination_state", { destination: "down" }) === 1) {
+          const sum = (name: string, labels: Record<string, string> = {}) =>
+            parse(text)
+              .find((f) => f.name === name)
+              ?.metrics.filter((m) => Object.entries(labels).every(([k, v]) => m.labels?.[k] === v))
+              .reduce((n, m) => n + Number(m.value), 0) ?? 0;
+          if (
+            sum("inbox_failures_total") >= 1 &&
+            sum("inbox_forwards_total", { destination: "app", outcome: "done" }) >= 4 &&
+            sum("inbox_forwards_total", { destination: "down", outcome: "retry" }) >= 1 &&
+            sum("inbox_destination_state", { destination: "down" }) === 1
+          ) {
             expose(exposed, "webhook-inbox-worker", "worker", text);
             break;
           }
-          if (Date.now() > deadline) throw new Error(`the worker did not get through: ${text.split("\n").filter((l) => l.startsWith("inbox_")).join("\n")}`);
+          if (Date.now() > deadline)
+            throw new Error(
+              `the worker did not get through: ${text
+                .split("\n")
+                .filter((l) => l.startsWith("inbox_"))
+                .join("\n")}`,
+            );
           await new Promise((resolve) => setTimeout(resolve, 100));
         }
         expose(exposed, "webhook-inbox-receiver", "receiver", await scrape(`${receiver.url}/metrics`));
@@ -488,9 +637,17 @@ for (const backend of await backends("ops")) {
     it("the rules name only metrics, labels and values the processes expose", () => {
       const file = rules();
       const recorded = recordedBy(file);
-      const found = file.groups.flatMap((g) => g.rules.flatMap((r) => problems(r.expr, exposed, recorded).map((p) => `${r.alert ?? r.record}: ${p}`)));
+      const found = file.groups.flatMap((g) =>
+        g.rules.flatMap((r) => problems(r.expr, exposed, recorded).map((p) => `${r.alert ?? r.record}: ${p}`)),
+      );
       assert.deepEqual(found, []);
-      for (const name of ["inbox_ready", "inbox_lease_takeovers_total", "inbox_failures_total", "inbox_deliveries", "inbox_oldest_waiting_seconds"]) {
+      for (const name of [
+        "inbox_ready",
+        "inbox_lease_takeovers_total",
+        "inbox_failures_total",
+        "inbox_deliveries",
+        "inbox_oldest_waiting_seconds",
+      ]) {
         assert.ok(exposed.names.has(name), `the workload shows ${name}`);
       }
     });
@@ -499,57 +656,92 @@ for (const backend of await backends("ops")) {
       const board = dashboard();
       const found = queries(board).flatMap((q) => problems(q.expr, exposed).map((p) => `${q.where}: ${p}`));
       for (const v of variableQueries(board)) {
-        if (!exposed.labels.get(v.metric)?.has(v.label)) found.push(`$${v.name}: label_values(${v.metric}, ${v.label}) finds nothing in a real scrape`);
+        if (!exposed.labels.get(v.metric)?.has(v.label))
+          found.push(`$${v.name}: label_values(${v.metric}, ${v.label}) finds nothing in a real scrape`);
       }
       assert.deepEqual(found, []);
       assert.ok(variableQueries(board).length >= 1);
     });
 
     it("control: a renamed metric, a label it lacks and a status it never has are each caught", () => {
-      assert.deepEqual(problems("sum(rate(inbox_recieved_total[5m]))", exposed), ["inbox_recieved_total: no such metric in a real scrape"]);
-      assert.deepEqual(problems('inbox_deliveries{state="received"}', exposed), ["inbox_deliveries{state}: no such label on it in a real scrape"]);
+      assert.deepEqual(problems("sum(rate(inbox_recieved_total[5m]))", exposed), [
+        "inbox_recieved_total: no such metric in a real scrape",
+      ]);
+      assert.deepEqual(problems('inbox_deliveries{state="received"}', exposed), [
+        "inbox_deliveries{state}: no such label on it in a real scrape",
+      ]);
       assert.deepEqual(problems('inbox_deliveries{status=~"received|waiting"}', exposed), [
         'inbox_deliveries{status=~"received|waiting"}: waiting is not one of received, processing, done, failed',
       ]);
-      assert.deepEqual(problems("sum by (sauce) (inbox_deliveries)", exposed), ["by (sauce): no metric it reads carries that label"]);
+      assert.deepEqual(problems("sum by (sauce) (inbox_deliveries)", exposed), [
+        "by (sauce): no metric it reads carries that label",
+      ]);
       assert.equal(problems("sum by (le (inbox_deliveries)", exposed).length > 0, true, "a syntax error");
     });
 
-    it("the destination alerts pick out the open destination and the paused one from these scrapes (promtool)", { skip: promtoolSkip }, async () => {
+    it("the destination alerts pick out the open destination and the paused one from these scrapes (promtool)", {
+      skip: promtoolSkip,
+    }, async () => {
       const { dir, cleanup: rmDir } = tempDir("inbox-ops-");
       try {
-        const expr = (alert: string) => rules().groups.flatMap((g) => g.rules).find((r) => r.alert === alert)!.expr;
+        const expr = (alert: string) =>
+          rules()
+            .groups.flatMap((g) => g.rules)
+            .find((r) => r.alert === alert)!.expr;
         const r = await evaluate(dir, exposed, [
           { expr: expr("InboxDestinationOpen"), exp_samples: [{ labels: '{destination="down"}', value: 1 }] },
           { expr: expr("InboxDestinationPaused"), exp_samples: [{ labels: '{destination="held"}', value: 2 }] },
-          { expr: "max by (destination) (inbox_destination_state) == 0", exp_samples: ["app", "handler"].map((d) => ({ labels: `{destination="${d}"}`, value: 0 })) },
+          {
+            expr: "max by (destination) (inbox_destination_state) == 0",
+            exp_samples: ["app", "handler"].map((d) => ({ labels: `{destination="${d}"}`, value: 0 })),
+          },
         ]);
         assert.equal(r.code, 0, r.out);
         // The dashboard's breaker panel names the same codes as the scrapes show them.
-        const panel = dashboard().panels.find((p) => p.targets?.some((t) => t.expr.includes("inbox_destination_state")));
-        const mapping = (panel as unknown as { fieldConfig: { defaults: { mappings: { options: Record<string, { text: string }> }[] } } })
-          .fieldConfig.defaults.mappings[0]!.options;
+        const panel = dashboard().panels.find((p) =>
+          p.targets?.some((t) => t.expr.includes("inbox_destination_state")),
+        );
+        const mapping = (
+          panel as unknown as {
+            fieldConfig: { defaults: { mappings: { options: Record<string, { text: string }> }[] } };
+          }
+        ).fieldConfig.defaults.mappings[0]!.options;
         const worker = exposed.scrapes.filter((x) => x.job === "webhook-inbox-worker").at(-1)!;
-        for (const [destination, state] of [["app", "closed"], ["down", "open"], ["held", "paused"]]) {
-          const code = worker.series.get(`inbox_destination_state{destination="${destination}", job="webhook-inbox-worker", instance="worker"}`);
+        for (const [destination, state] of [
+          ["app", "closed"],
+          ["down", "open"],
+          ["held", "paused"],
+        ]) {
+          const code = worker.series.get(
+            `inbox_destination_state{destination="${destination}", job="webhook-inbox-worker", instance="worker"}`,
+          );
           assert.equal(mapping[String(code)]?.text, state, `${destination} shows ${code}`);
         }
         // Control: the same check fails when it expects the healthy destination to be the open one.
-        const wrong = await evaluate(dir, exposed, [{ expr: expr("InboxDestinationOpen"), exp_samples: [{ labels: '{destination="app"}', value: 1 }] }]);
+        const wrong = await evaluate(dir, exposed, [
+          { expr: expr("InboxDestinationOpen"), exp_samples: [{ labels: '{destination="app"}', value: 1 }] },
+        ]);
         assert.notEqual(wrong.code, 0);
       } finally {
         rmDir();
       }
     });
 
-    it("every dashboard query returns series when Prometheus is fed these scrapes (promtool test rules)", { skip: promtoolSkip }, async () => {
+    it("every dashboard query returns series when Prometheus is fed these scrapes (promtool test rules)", {
+      skip: promtoolSkip,
+    }, async () => {
       const { dir, cleanup: rmDir } = tempDir("inbox-ops-");
       try {
         const list = queries(dashboard());
         const r = await dataCheck(dir, list, exposed, quietIn);
         assert.equal(r.code, 0, r.out);
         // Control: a query on a metric that is not there fails the same check.
-        const broken = await dataCheck(dir, [...list, { expr: 'sum(rate(inbox_recieved_total{source=~".*"}[4m]))' }], exposed, quietIn);
+        const broken = await dataCheck(
+          dir,
+          [...list, { expr: 'sum(rate(inbox_recieved_total{source=~".*"}[4m]))' }],
+          exposed,
+          quietIn,
+        );
         assert.notEqual(broken.code, 0);
         assert.match(broken.out, /inbox_recieved_total/);
       } finally {

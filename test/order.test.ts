@@ -17,49 +17,104 @@ import { tempDir } from "./helpers.ts";
 
 const json = (value: unknown) => Buffer.from(JSON.stringify(value));
 const headers = (h: Record<string, string>): Headers => Object.fromEntries(Object.entries(h).map(([k, v]) => [k, [v]]));
-const rule = (provider: string, setting: unknown) => parseOrder(provider, setting, "source \"x\"");
+const rule = (provider: string, setting: unknown) => parseOrder(provider, setting, 'source "x"');
 
 describe("parseOrder() and orderOfRequest()", () => {
   it("orders Stripe by data.object.id, in the event's created time (not the signature's)", () => {
-    const event = { id: "evt_1", created: 1_700_000_123, type: "customer.subscription.updated", data: { object: { id: "sub_9" } } };
-    assert.deepEqual(orderOfRequest(rule("stripe", true), {}, json(event)), { orderKey: "sub_9", eventTime: 1_700_000_123_000, strictOrder: false });
+    const event = {
+      id: "evt_1",
+      created: 1_700_000_123,
+      type: "customer.subscription.updated",
+      data: { object: { id: "sub_9" } },
+    };
+    assert.deepEqual(orderOfRequest(rule("stripe", true), {}, json(event)), {
+      orderKey: "sub_9",
+      eventTime: 1_700_000_123_000,
+      strictOrder: false,
+    });
   });
 
   it("orders Shopify by the resource's GraphQL ID, else its topic and id, in X-Shopify-Triggered-At, else updated_at", () => {
     const order = rule("shopify", { strict: true });
     const h = headers({ "x-shopify-topic": "orders/updated", "x-shopify-triggered-at": "2026-01-02T03:04:05.678Z" });
-    const big = Buffer.from('{"id": 820982911946154508, "admin_graphql_api_id": "gid://shopify/Order/820982911946154508"}');
+    const big = Buffer.from(
+      '{"id": 820982911946154508, "admin_graphql_api_id": "gid://shopify/Order/820982911946154508"}',
+    );
     assert.equal(orderOfRequest(order, h, big).orderKey, "gid://shopify/Order/820982911946154508");
-    assert.deepEqual(orderOfRequest(order, h, Buffer.from('{"id": 820982911946154508}')),
-      { orderKey: null, eventTime: null, strictOrder: true }, "an id past 2^53 is not a key it can trust");
-    assert.deepEqual(orderOfRequest(order, h, json({ id: 4503599627, updated_at: "2026-01-01T00:00:00Z" })),
-      { orderKey: "orders:4503599627", eventTime: Date.parse("2026-01-02T03:04:05.678Z"), strictOrder: true });
-    assert.equal(orderOfRequest(order, headers({ "x-shopify-topic": "products/update" }), json({ id: 7, updated_at: "2026-01-01T00:00:00Z" })).eventTime,
-      Date.parse("2026-01-01T00:00:00Z"));
+    assert.deepEqual(
+      orderOfRequest(order, h, Buffer.from('{"id": 820982911946154508}')),
+      { orderKey: null, eventTime: null, strictOrder: true },
+      "an id past 2^53 is not a key it can trust",
+    );
+    assert.deepEqual(orderOfRequest(order, h, json({ id: 4503599627, updated_at: "2026-01-01T00:00:00Z" })), {
+      orderKey: "orders:4503599627",
+      eventTime: Date.parse("2026-01-02T03:04:05.678Z"),
+      strictOrder: true,
+    });
+    assert.equal(
+      orderOfRequest(
+        order,
+        headers({ "x-shopify-topic": "products/update" }),
+        json({ id: 7, updated_at: "2026-01-01T00:00:00Z" }),
+      ).eventTime,
+      Date.parse("2026-01-01T00:00:00Z"),
+    );
   });
 
   it("orders GitHub by repository and issue or pull request number; a push is unordered", () => {
     const github = rule("github", true);
-    const issue = { action: "edited", issue: { number: 42, updated_at: "2026-01-01T00:00:00Z" }, repository: { full_name: "octo/app" } };
-    assert.deepEqual(orderOfRequest(github, {}, json(issue)), { orderKey: "octo/app#42", eventTime: Date.parse("2026-01-01T00:00:00Z"), strictOrder: false });
-    assert.equal(orderOfRequest(github, {}, json({ pull_request: { number: 7 }, repository: { full_name: "octo/app" } })).orderKey, "octo/app#7");
-    assert.equal(orderOfRequest(github, {}, json({ ref: "refs/heads/main", repository: { full_name: "octo/app" } })).orderKey, null);
+    const issue = {
+      action: "edited",
+      issue: { number: 42, updated_at: "2026-01-01T00:00:00Z" },
+      repository: { full_name: "octo/app" },
+    };
+    assert.deepEqual(orderOfRequest(github, {}, json(issue)), {
+      orderKey: "octo/app#42",
+      eventTime: Date.parse("2026-01-01T00:00:00Z"),
+      strictOrder: false,
+    });
+    assert.equal(
+      orderOfRequest(github, {}, json({ pull_request: { number: 7 }, repository: { full_name: "octo/app" } })).orderKey,
+      "octo/app#7",
+    );
+    assert.equal(
+      orderOfRequest(github, {}, json({ ref: "refs/heads/main", repository: { full_name: "octo/app" } })).orderKey,
+      null,
+    );
   });
 
   it("reads a JSON pointer (with ~1 and ~0 escapes) and a time in seconds, ms or ISO; or a header", () => {
     const pointer = rule("standard", { key: "/data/a~1b", time: "/at" });
-    assert.deepEqual(orderOfRequest(pointer, {}, json({ data: { "a/b": "k1" }, at: 1_700_000_000 })), { orderKey: "k1", eventTime: 1_700_000_000_000, strictOrder: false });
-    assert.equal(orderOfRequest(pointer, {}, json({ data: { "a/b": 12 }, at: 1_700_000_000_123 })).eventTime, 1_700_000_000_123);
-    assert.equal(orderOfRequest(pointer, {}, json({ data: { "a/b": { no: 1 } } })).orderKey, null, "an object is no key");
+    assert.deepEqual(orderOfRequest(pointer, {}, json({ data: { "a/b": "k1" }, at: 1_700_000_000 })), {
+      orderKey: "k1",
+      eventTime: 1_700_000_000_000,
+      strictOrder: false,
+    });
+    assert.equal(
+      orderOfRequest(pointer, {}, json({ data: { "a/b": 12 }, at: 1_700_000_000_123 })).eventTime,
+      1_700_000_000_123,
+    );
+    assert.equal(
+      orderOfRequest(pointer, {}, json({ data: { "a/b": { no: 1 } } })).orderKey,
+      null,
+      "an object is no key",
+    );
     assert.equal(orderOfRequest(pointer, {}, Buffer.from("not json")).orderKey, null);
     const byHeader = rule("plain", { header: "X-Order-Key" });
     assert.equal(orderOfRequest(byHeader, headers({ "x-order-key": "acct_1" }), Buffer.from("{}")).orderKey, "acct_1");
-    assert.equal(orderOfRequest(byHeader, { "x-order-key": ["a", "b"] }, Buffer.from("{}")).orderKey, null, "a repeated header is no key");
+    assert.equal(
+      orderOfRequest(byHeader, { "x-order-key": ["a", "b"] }, Buffer.from("{}")).orderKey,
+      null,
+      "a repeated header is no key",
+    );
     assert.deepEqual(orderOfRequest(undefined, {}, json({})), { orderKey: null, eventTime: null, strictOrder: false });
   });
 
   it("refuses a sources file's order settings that cannot be right, naming the source", () => {
-    const load = (order: unknown, provider = "standard") => () => loadSources({ app: { provider, secret: "whsec_c2VjcmV0", order } }, {});
+    const load =
+      (order: unknown, provider = "standard") =>
+      () =>
+        loadSources({ app: { provider, secret: "whsec_c2VjcmV0", order } }, {});
     assert.throws(load(true), /source "app": order has no preset for standard/);
     assert.throws(load({ key: "data.id" }), /expected a JSON pointer such as "\/data\/object\/id", got "data.id"/);
     assert.throws(load({ key: "/a", header: "X" }), /not both/);
@@ -67,7 +122,11 @@ describe("parseOrder() and orderOfRequest()", () => {
     assert.throws(load({ key: "/a", strict: "yes" }), /expected order.strict to be true or false/);
     assert.throws(load({ key: "/a", sort: 1 }), /unknown order setting "sort"/);
     assert.throws(load(5), /expected order to be true or an object/);
-    assert.equal(loadSources({ s: { provider: "stripe", secret: STRIPE_SECRET, order: { strict: true } } }, {}).get("s")!.order!.strict, true);
+    assert.equal(
+      loadSources({ s: { provider: "stripe", secret: STRIPE_SECRET, order: { strict: true } } }, {}).get("s")!.order!
+        .strict,
+      true,
+    );
     assert.equal(loadSources({ s: { provider: "stripe", secret: STRIPE_SECRET } }, {}).get("s")!.order, undefined);
   });
 });
@@ -86,7 +145,11 @@ describe("Stripe events out of order, through a real receiver", () => {
     const send = async (id: string, type: string, created: number, sub: string) => {
       const body = JSON.stringify({ id, object: "event", type, created, data: { object: { id: sub } } });
       // Signed at T for all of them: the send time says nothing of the order.
-      const response = await request(base, { method: "POST", body, headers: { "content-type": "application/json", ...sign("stripe", STRIPE_SECRET, { id, body, timestampS: T }) } });
+      const response = await request(base, {
+        method: "POST",
+        body,
+        headers: { "content-type": "application/json", ...sign("stripe", STRIPE_SECRET, { id, body, timestampS: T }) },
+      });
       assert.equal(response.statusCode, 200);
       await response.body.text();
     };
@@ -98,7 +161,11 @@ describe("Stripe events out of order, through a real receiver", () => {
       const handler = (job: { delivery: { id: string }; stale: boolean; newerId?: string }) =>
         void seen.push(`${job.delivery.id}${job.stale ? ` (stale, after ${job.newerId})` : ""}`);
       await run(handler, { inbox, once: true, concurrency: 1, log: () => {} });
-      assert.deepEqual(seen.filter((s) => s !== "evt_other"), ["evt_created", "evt_updated"], "created first, though it arrived second");
+      assert.deepEqual(
+        seen.filter((s) => s !== "evt_other"),
+        ["evt_created", "evt_updated"],
+        "created first, though it arrived second",
+      );
       await send("evt_late", "customer.subscription.updated", T - 15, "sub_1");
       await run(handler, { inbox, once: true, log: () => {} });
       assert.equal(seen.at(-1), "evt_late (stale, after evt_updated)");

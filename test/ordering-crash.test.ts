@@ -19,14 +19,16 @@ const pgSkip = await postgresSkip();
 
 const BACKENDS = [
   {
-    name: "sqlite", skip: false as string | false,
+    name: "sqlite",
+    skip: false as string | false,
     make: async () => {
       const dir = tempDir("inbox-ordering-crash-");
       return { target: join(dir.dir, "inbox.db"), cleanup: async () => dir.cleanup() };
     },
   },
   {
-    name: "postgres", skip: pgSkip,
+    name: "postgres",
+    skip: pgSkip,
     make: async () => {
       const fresh = await freshSchema("ordcrash");
       return { target: fresh.url, cleanup: fresh.drop };
@@ -42,22 +44,42 @@ for (const backend of BACKENDS) {
       const workers = new Set<ChildProcess>();
       try {
         const inbox = await connect(target);
-        await inbox.query(backend.name === "postgres"
-          ? "CREATE TABLE handled (seq bigserial PRIMARY KEY, order_key text, event_time bigint, id text, attempt integer, stale integer)"
-          : "CREATE TABLE handled (seq INTEGER PRIMARY KEY, order_key TEXT, event_time INTEGER, id TEXT, attempt INTEGER, stale INTEGER)");
+        await inbox.query(
+          backend.name === "postgres"
+            ? "CREATE TABLE handled (seq bigserial PRIMARY KEY, order_key text, event_time bigint, id text, attempt integer, stale integer)"
+            : "CREATE TABLE handled (seq INTEGER PRIMARY KEY, order_key TEXT, event_time INTEGER, id TEXT, attempt INTEGER, stale INTEGER)",
+        );
         // Event times shuffled against arrival, a few of them equal, so arrival breaks ties.
         const times = Array.from({ length: DELIVERIES }, (_, i) => Math.floor(i / 3));
         for (let i = times.length - 1; i > 0; i--) {
           const j = Math.floor(random() * (i + 1));
           [times[i], times[j]] = [times[j]!, times[i]!];
         }
-        await Promise.all(times.map((time, i) => inbox.store({
-          id: `d${String(i).padStart(4, "0")}`, body: Buffer.from("{}"), orderKey: `key${i % KEYS}`, eventTime: 1_000_000 + time,
-        })));
-        const arrival = new Map((await inbox.query("SELECT id FROM deliveries ORDER BY received_at, id")).map((r, i) => [r.id as string, i]));
+        await Promise.all(
+          times.map((time, i) =>
+            inbox.store({
+              id: `d${String(i).padStart(4, "0")}`,
+              body: Buffer.from("{}"),
+              orderKey: `key${i % KEYS}`,
+              eventTime: 1_000_000 + time,
+            }),
+          ),
+        );
+        const arrival = new Map(
+          (await inbox.query("SELECT id FROM deliveries ORDER BY received_at, id")).map((r, i) => [r.id as string, i]),
+        );
 
         const spawn = () => {
-          const child = spawnScript("test/fixtures/ordered-worker.ts", ["--db", target, "--lease-ms", "500", "--concurrency", "4", "--work-ms", "30"]);
+          const child = spawnScript("test/fixtures/ordered-worker.ts", [
+            "--db",
+            target,
+            "--lease-ms",
+            "500",
+            "--concurrency",
+            "4",
+            "--work-ms",
+            "30",
+          ]);
           child.stdout!.resume();
           child.stderr!.resume();
           workers.add(child);
@@ -87,13 +109,30 @@ for (const backend of BACKENDS) {
         assert.equal(ids.length, DELIVERIES, `every delivery handled once (${JSON.stringify(status)})`);
         for (let k = 0; k < KEYS; k++) {
           const mine = rows.filter((r) => r.order_key === `key${k}`);
-          const want = [...mine].sort((a, b) => Number(a.event_time) - Number(b.event_time) || arrival.get(a.id as string)! - arrival.get(b.id as string)!);
-          assert.deepEqual(mine.map((r) => r.id), want.map((r) => r.id), `key${k} handled in event time, then arrival`);
+          const want = [...mine].sort(
+            (a, b) =>
+              Number(a.event_time) - Number(b.event_time) ||
+              arrival.get(a.id as string)! - arrival.get(b.id as string)!,
+          );
+          assert.deepEqual(
+            mine.map((r) => r.id),
+            want.map((r) => r.id),
+            `key${k} handled in event time, then arrival`,
+          );
         }
-        assert.equal(rows.filter((r) => Number(r.stale) === 1).length, 0, "none stale: everything arrived before the first was handled");
+        assert.equal(
+          rows.filter((r) => Number(r.stale) === 1).length,
+          0,
+          "none stale: everything arrived before the first was handled",
+        );
         assert.ok(kills > 0, "workers were killed");
-        console.log(`# ${backend.name}: ${kills} kills, ${rows.filter((r) => Number(r.attempt) > 1).length} handled on a later attempt`);
-        assert.ok(rows.some((r) => Number(r.attempt) > 1), "some deliveries were retried or taken over");
+        console.log(
+          `# ${backend.name}: ${kills} kills, ${rows.filter((r) => Number(r.attempt) > 1).length} handled on a later attempt`,
+        );
+        assert.ok(
+          rows.some((r) => Number(r.attempt) > 1),
+          "some deliveries were retried or taken over",
+        );
       } finally {
         for (const child of workers) child.kill("SIGKILL");
         await cleanup();

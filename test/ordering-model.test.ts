@@ -58,7 +58,13 @@ function eligible(m: Model): Row[] {
   for (const key of KEYS) {
     const rows = [...m.rows.values()].filter((r) => r.key === key);
     if (key === null) {
-      out.push(...rows.filter((r) => (r.status === "received" && r.availableAt <= m.now) || (r.status === "processing" && r.leasedUntil! <= m.now)));
+      out.push(
+        ...rows.filter(
+          (r) =>
+            (r.status === "received" && r.availableAt <= m.now) ||
+            (r.status === "processing" && r.leasedUntil! <= m.now),
+        ),
+      );
       continue;
     }
     const running = rows.find((r) => r.status === "processing");
@@ -90,8 +96,27 @@ class Store implements Cmd {
   check = () => true;
   async run(m: Model, r: Real) {
     const id = `d${m.rows.size}`;
-    assert.equal(await r.inbox.store({ id, body: Buffer.from("{}"), orderKey: this.key, eventTime: this.eventTime, strictOrder: STRICT.has(this.key ?? "") }), "stored");
-    m.rows.set(id, { id, key: this.key, eventTime: this.eventTime, seq: m.rows.size, status: "received", attempts: 0, availableAt: m.now, leasedUntil: null, token: null });
+    assert.equal(
+      await r.inbox.store({
+        id,
+        body: Buffer.from("{}"),
+        orderKey: this.key,
+        eventTime: this.eventTime,
+        strictOrder: STRICT.has(this.key ?? ""),
+      }),
+      "stored",
+    );
+    m.rows.set(id, {
+      id,
+      key: this.key,
+      eventTime: this.eventTime,
+      seq: m.rows.size,
+      status: "received",
+      attempts: 0,
+      availableAt: m.now,
+      leasedUntil: null,
+      token: null,
+    });
   }
   toString = () => `store(${this.key}, t=${this.eventTime})`;
 }
@@ -106,24 +131,42 @@ class Claim implements Cmd {
     const want = eligible(m);
     const leases = await r.inbox.claimBatch(this.limit, LEASE);
     const got = leases.map((l) => l.id).sort();
-    if (want.length <= this.limit) assert.deepEqual(got, want.map((w) => w.id).sort(), "claims every delivery the rule allows, and no other");
+    if (want.length <= this.limit)
+      assert.deepEqual(got, want.map((w) => w.id).sort(), "claims every delivery the rule allows, and no other");
     else {
       assert.equal(got.length, this.limit);
-      for (const id of got) assert.ok(want.some((w) => w.id === id), `${id} was not allowed to run`);
+      for (const id of got)
+        assert.ok(
+          want.some((w) => w.id === id),
+          `${id} was not allowed to run`,
+        );
     }
     for (const lease of leases) {
       const row = m.rows.get(lease.id)!;
       if (row.key !== null) {
         const others = [...m.rows.values()].filter((o) => o.key === row.key && o !== row);
-        assert.ok(!others.some((o) => o.status === "processing"), `${row.id}: another delivery of ${row.key} holds a lease`);
+        assert.ok(
+          !others.some((o) => o.status === "processing"),
+          `${row.id}: another delivery of ${row.key} holds a lease`,
+        );
         // A takeover re-runs the key's running delivery; any other start is the key's first in event time.
-        const ahead = row.status === "processing" ? [] : others.filter((o) => o.status === "received" && before(o, row) < 0);
-        assert.deepEqual(ahead.map((o) => o.id), [], `${row.id} of ${row.key} starts before earlier events`);
+        const ahead =
+          row.status === "processing" ? [] : others.filter((o) => o.status === "received" && before(o, row) < 0);
+        assert.deepEqual(
+          ahead.map((o) => o.id),
+          [],
+          `${row.id} of ${row.key} starts before earlier events`,
+        );
         const last = m.last.get(row.key);
         const newer = last !== undefined && last.time > row.eventTime ? last.id : null;
         assert.equal(lease.newerId, newer, `${row.id}: stale exactly when a newer event of ${row.key} was handled`);
       }
-      Object.assign(row, { status: "processing", attempts: row.attempts + 1, leasedUntil: m.now + LEASE, token: lease.token });
+      Object.assign(row, {
+        status: "processing",
+        attempts: row.attempts + 1,
+        leasedUntil: m.now + LEASE,
+        token: lease.token,
+      });
       assert.equal(lease.attempts, row.attempts);
       r.held.push(lease);
     }
@@ -145,7 +188,8 @@ class Finish implements Cmd {
     if (!row) return;
     Object.assign(row, { status: "done", leasedUntil: null, token: null });
     const last = row.key === null ? undefined : m.last.get(row.key);
-    if (row.key !== null && (last === undefined || last.time <= row.eventTime)) m.last.set(row.key, { time: row.eventTime, id: row.id });
+    if (row.key !== null && (last === undefined || last.time <= row.eventTime))
+      m.last.set(row.key, { time: row.eventTime, id: row.id });
   }
   toString = () => `finish(#${this.n})`;
 }
@@ -164,8 +208,15 @@ class Fail implements Cmd {
     const row = current(m, lease);
     const outcome = await r.inbox.fail(lease, "boom", { permanent: this.permanent });
     if (!row) return void assert.equal(outcome, undefined);
-    if (this.permanent || row.attempts >= MAX_ATTEMPTS) Object.assign(row, { status: "failed", leasedUntil: null, token: null });
-    else Object.assign(row, { status: "received", availableAt: (outcome as { retryAt: number }).retryAt, leasedUntil: null, token: null });
+    if (this.permanent || row.attempts >= MAX_ATTEMPTS)
+      Object.assign(row, { status: "failed", leasedUntil: null, token: null });
+    else
+      Object.assign(row, {
+        status: "received",
+        availableAt: (outcome as { retryAt: number }).retryAt,
+        leasedUntil: null,
+        token: null,
+      });
   }
   toString = () => `fail(#${this.n}${this.permanent ? ", permanently" : ""})`;
 }
@@ -181,7 +232,14 @@ class Release implements Cmd {
     if (!lease) return;
     const row = current(m, lease);
     assert.equal(await r.inbox.release(lease), row !== undefined);
-    if (row) Object.assign(row, { status: "received", attempts: Math.max(0, row.attempts - 1), availableAt: m.now, leasedUntil: null, token: null });
+    if (row)
+      Object.assign(row, {
+        status: "received",
+        attempts: Math.max(0, row.attempts - 1),
+        availableAt: m.now,
+        leasedUntil: null,
+        token: null,
+      });
   }
   toString = () => `release(#${this.n})`;
 }
@@ -244,9 +302,16 @@ after(cleanup);
 let runs = 0;
 
 const BACKENDS = [
-  { name: "sqlite", skip: false as string | false, runs: RUNS, make: async () => ({ target: join(dir, `model-${runs++}.db`), drop: async () => {} }) },
   {
-    name: "postgres", skip: pgSkip, runs: Math.max(5, Math.round(RUNS / 15)),
+    name: "sqlite",
+    skip: false as string | false,
+    runs: RUNS,
+    make: async () => ({ target: join(dir, `model-${runs++}.db`), drop: async () => {} }),
+  },
+  {
+    name: "postgres",
+    skip: pgSkip,
+    runs: Math.max(5, Math.round(RUNS / 15)),
     make: async () => {
       const fresh = await freshSchema("ordmodel");
       return { target: fresh.url, drop: fresh.drop };
@@ -261,7 +326,14 @@ for (const backend of BACKENDS) {
         fc.asyncProperty(fc.commands(commands, { maxCommands: 60, size: "max" }), async (cmds) => {
           const clock = { now: 1_000_000 };
           const { target, drop } = await backend.make();
-          const open = () => connect(target, { now: () => clock.now, maxAttempts: MAX_ATTEMPTS, retryDelayMs: DELAY, retryCapMs: 1_000, retryJitter: 0 });
+          const open = () =>
+            connect(target, {
+              now: () => clock.now,
+              maxAttempts: MAX_ATTEMPTS,
+              retryDelayMs: DELAY,
+              retryCapMs: 1_000,
+              retryJitter: 0,
+            });
           const real: Real = { clock, open, inbox: await open(), held: [] };
           try {
             await fc.asyncModelRun(() => ({ model: { now: clock.now, rows: new Map(), last: new Map() }, real }), cmds);

@@ -24,11 +24,23 @@ for (const backend of BACKENDS) {
     let t: number;
     let opened: Inbox[];
     const open = async (options: InboxOptions = {}) => {
-      const inbox = await connect(target, { now: () => t, random: () => 0, retryDelayMs: 1_000, maxAttempts: 3, ...options });
+      const inbox = await connect(target, {
+        now: () => t,
+        random: () => 0,
+        retryDelayMs: 1_000,
+        maxAttempts: 3,
+        ...options,
+      });
       opened.push(inbox);
       return inbox;
     };
-    const put = (inbox: Inbox, id: string, orderKey: string | null, eventTime?: number, extra: Partial<Incoming> = {}) =>
+    const put = (
+      inbox: Inbox,
+      id: string,
+      orderKey: string | null,
+      eventTime?: number,
+      extra: Partial<Incoming> = {},
+    ) =>
       inbox.store({ id, body: Buffer.from(JSON.stringify({ id })), orderKey, eventTime: eventTime ?? null, ...extra });
 
     beforeEach(async () => {
@@ -92,11 +104,13 @@ for (const backend of BACKENDS) {
       assert.deepEqual(await inbox.fail(a, "timeout"), { status: "received", retryAt: T0 + 1_000 });
       assert.deepEqual(await inbox.claimBatch(10, LEASE), [], "b waits behind a's retry");
       const s = await inbox.status();
-      assert.deepEqual(s.ordering.held.map((h) => [h.orderKey, h.headId, h.reason, h.retryAt, h.waiting, h.error]),
-        [["k", "a", "retry", T0 + 1_000, 1, "timeout"]]);
+      assert.deepEqual(
+        s.ordering.held.map((h) => [h.orderKey, h.headId, h.reason, h.retryAt, h.waiting, h.error]),
+        [["k", "a", "retry", T0 + 1_000, 1, "timeout"]],
+      );
       assert.equal(s.ordering.heldKeys, 1);
       t += 1_000;
-      const again = (await inbox.claimBatch(10, LEASE));
+      const again = await inbox.claimBatch(10, LEASE);
       assert.deepEqual(ids(again), ["a"]);
       await inbox.finish(again[0]!);
       assert.deepEqual(ids(await inbox.claimBatch(10, LEASE)), ["b"]);
@@ -123,7 +137,10 @@ for (const backend of BACKENDS) {
       await inbox.fail((await inbox.claim(LEASE))!, "bad", { permanent: true });
       assert.equal(await inbox.claim(LEASE), undefined, "b is blocked");
       const s = await inbox.status();
-      assert.deepEqual(s.ordering.held.map((h) => [h.orderKey, h.headId, h.reason, h.waiting]), [["k", "a", "failed", 1]]);
+      assert.deepEqual(
+        s.ordering.held.map((h) => [h.orderKey, h.headId, h.reason, h.waiting]),
+        [["k", "a", "failed", 1]],
+      );
       assert.equal(s.ordering.passed, 0);
       await inbox.retry({ id: "a" });
       const a = (await inbox.claim(LEASE))!;
@@ -170,7 +187,11 @@ for (const backend of BACKENDS) {
           const leases = await inbox.claimBatch(4, LEASE);
           if (leases.length === 0 && seen.length >= 60) return;
           for (const lease of leases) {
-            assert.equal(running.get(lease.orderKey!), undefined, `${lease.id} claimed while ${running.get(lease.orderKey!)} runs`);
+            assert.equal(
+              running.get(lease.orderKey!),
+              undefined,
+              `${lease.id} claimed while ${running.get(lease.orderKey!)} runs`,
+            );
             running.set(lease.orderKey!, lease.id);
           }
           await new Promise((resolve) => setImmediate(resolve));
@@ -185,7 +206,11 @@ for (const backend of BACKENDS) {
       assert.equal(new Set(seen).size, 60);
       for (let k = 0; k < 6; k++) {
         const mine = seen.filter((id) => Number(id.slice(1)) % 6 === k).map((id) => Number(id.slice(1)));
-        assert.deepEqual(mine, [...mine].sort((a, b) => a - b), `key${k} in event time`);
+        assert.deepEqual(
+          mine,
+          [...mine].sort((a, b) => a - b),
+          `key${k} in event time`,
+        );
       }
     });
 
@@ -195,15 +220,25 @@ for (const backend of BACKENDS) {
       await run(() => {}, { inbox, once: true, log: () => {} });
       await put(inbox, "old", "k", 1);
       const jobs: Pick<Job, "stale" | "newerId">[] = [];
-      await run((job) => void jobs.push({ stale: job.stale, newerId: job.newerId }), { inbox, once: true, log: () => {} });
+      await run((job) => void jobs.push({ stale: job.stale, newerId: job.newerId }), {
+        inbox,
+        once: true,
+        log: () => {},
+      });
       assert.deepEqual(jobs, [{ stale: true, newerId: "new" }]);
     });
 
     it("refuses an order key that is not a non-empty string, or an event time that is not a number", async () => {
       const inbox = await open();
       assert.throws(() => inbox.store({ id: "x", body: Buffer.from("{}"), orderKey: "" }), TypeError);
-      assert.throws(() => inbox.store({ id: "x", body: Buffer.from("{}"), orderKey: 5 as unknown as string }), /expected orderKey/);
-      assert.throws(() => inbox.store({ id: "x", body: Buffer.from("{}"), orderKey: "k", eventTime: Number.NaN }), /expected eventTime/);
+      assert.throws(
+        () => inbox.store({ id: "x", body: Buffer.from("{}"), orderKey: 5 as unknown as string }),
+        /expected orderKey/,
+      );
+      assert.throws(
+        () => inbox.store({ id: "x", body: Buffer.from("{}"), orderKey: "k", eventTime: Number.NaN }),
+        /expected eventTime/,
+      );
     });
   });
 }
@@ -218,7 +253,8 @@ describe("copying an inbox with ordered keys", { skip: pgSkip }, () => {
     const via = await connect(fresh.url, options);
     const back = await connect(join(dir.dir, "back.db"), options);
     try {
-      const put = (id: string, key: string, time: number) => from.store({ id, body: Buffer.from("{}"), orderKey: key, eventTime: time });
+      const put = (id: string, key: string, time: number) =>
+        from.store({ id, body: Buffer.from("{}"), orderKey: key, eventTime: time });
       await put("k-2", "k", 2);
       await put("k-1", "k", 1);
       await put("k-3", "k", 3);
@@ -229,7 +265,7 @@ describe("copying an inbox with ordered keys", { skip: pgSkip }, () => {
       await from.finish(first.find((l) => l.id === "j-1")!);
       // k-1 runs in `from` (its lease copies along); j-1 is done, so j-2 is j's head.
       const copy = async (a: Inbox, b: Inbox) => {
-        for (let after: { source: string; id: string } | undefined; ;) {
+        for (let after: { source: string; id: string } | undefined; ; ) {
           const page = await a.page(after, 2);
           if (page.length === 0) break;
           await b.restore(page);
@@ -243,7 +279,11 @@ describe("copying an inbox with ordered keys", { skip: pgSkip }, () => {
         // j's last handled event (j-1) came along: an older one that arrives now is stale.
         await inbox.store({ id: "j-0", body: Buffer.from("{}"), orderKey: "j", eventTime: 0 });
         const late = await inbox.claimBatch(10, LEASE);
-        assert.deepEqual(late.map((l) => [l.id, l.newerId]), [["j-0", "j-1"]], `${inbox.backend}: k waits for its running k-1`);
+        assert.deepEqual(
+          late.map((l) => [l.id, l.newerId]),
+          [["j-0", "j-1"]],
+          `${inbox.backend}: k waits for its running k-1`,
+        );
         await inbox.finish(late[0]!);
         const j2 = await inbox.claimBatch(10, LEASE);
         assert.deepEqual(ids(j2), ["j-2"]);
@@ -282,12 +322,26 @@ describe("inbox.ts status and show with ordered keys", () => {
       await inbox.close();
       const { code, stdout } = await runScript("inbox.ts", ["status", "--db", path]);
       assert.equal(code, 0);
-      assert.match(stdout, /^ordered: 2 keys with work, 2 keys held up, 0 stale deliveries handed over, 0 set-aside deliveries passed by later ones$/m);
-      assert.match(stdout, /^ {2}held: shop\/gid:\/\/shopify\/Order\/1 is blocked by o_1, set aside as failed on a strict key \(retry it to go on\); 1 waiting: bad address$/m);
-      assert.match(stdout, /^ {2}held: stripe\/sub_1 waits for evt_a to be retried at \S+ \(attempt 2\); 1 waiting: card declined$/m);
+      assert.match(
+        stdout,
+        /^ordered: 2 keys with work, 2 keys held up, 0 stale deliveries handed over, 0 set-aside deliveries passed by later ones$/m,
+      );
+      assert.match(
+        stdout,
+        /^ {2}held: shop\/gid:\/\/shopify\/Order\/1 is blocked by o_1, set aside as failed on a strict key \(retry it to go on\); 1 waiting: bad address$/m,
+      );
+      assert.match(
+        stdout,
+        /^ {2}held: stripe\/sub_1 waits for evt_a to be retried at \S+ \(attempt 2\); 1 waiting: card declined$/m,
+      );
       const json = JSON.parse((await runScript("inbox.ts", ["status", "--json", "--db", path])).stdout);
-      assert.deepEqual(json.ordering.held.map((h: { orderKey: string; reason: string }) => [h.orderKey, h.reason]),
-        [["gid://shopify/Order/1", "failed"], ["sub_1", "retry"]]);
+      assert.deepEqual(
+        json.ordering.held.map((h: { orderKey: string; reason: string }) => [h.orderKey, h.reason]),
+        [
+          ["gid://shopify/Order/1", "failed"],
+          ["sub_1", "retry"],
+        ],
+      );
       const shown = await runScript("inbox.ts", ["show", "evt_b", "--db", path]);
       assert.match(shown.stdout, /^order key {5}sub_1$/m);
       assert.match(shown.stdout, /^stale {9}no$/m);

@@ -61,13 +61,19 @@ process.on("SIGTERM", () => void inbox.close().then(() => process.exit(0)));
 
 // The app's dev dependencies, at the versions this repository's own lock file holds, so npm finds them
 // in the cache npm ci filled.
-const lock = JSON.parse(readFileSync(join(ROOT, "package-lock.json"), "utf8")) as { packages: Record<string, { version: string }> };
+const lock = JSON.parse(readFileSync(join(ROOT, "package-lock.json"), "utf8")) as {
+  packages: Record<string, { version: string }>;
+};
 const pinned = (name: string) => `${name}@${lock.packages[`node_modules/${name}`]!.version}`;
 
 // This Node first on PATH: npx, npm and the bin's `#!/usr/bin/env node` run on the project's Node 24.
 const ENV = { ...process.env, PATH: `${dirname(process.execPath)}:${process.env.PATH}`, NO_COLOR: "1" };
 
-function exec(command: string, args: string[], cwd: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
+function exec(
+  command: string,
+  args: string[],
+  cwd: string,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { cwd, env: ENV, stdio: ["ignore", "pipe", "pipe"] });
     let stdout = "";
@@ -80,7 +86,11 @@ function exec(command: string, args: string[], cwd: string): Promise<{ code: num
 }
 
 // startApp runs app.ts under a runtime and waits for its Listening line.
-async function startApp(command: string, args: string[], cwd: string): Promise<{ child: ChildProcess; url: string; line: string; stop: () => Promise<number | null> }> {
+async function startApp(
+  command: string,
+  args: string[],
+  cwd: string,
+): Promise<{ child: ChildProcess; url: string; line: string; stop: () => Promise<number | null> }> {
   const child = spawn(command, args, { cwd, env: ENV, stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
   child.stderr!.on("data", (d) => (stderr += d));
@@ -96,15 +106,34 @@ async function startApp(command: string, args: string[], cwd: string): Promise<{
 }
 
 const post = async (url: string, id: string) =>
-  (await fetch(`${url}/webhooks/shop`, { method: "POST", headers: { "x-delivery-id": id }, body: JSON.stringify({ customer: "Ann", amount: 5 }) })).text();
+  (
+    await fetch(`${url}/webhooks/shop`, {
+      method: "POST",
+      headers: { "x-delivery-id": id },
+      body: JSON.stringify({ customer: "Ann", amount: 5 }),
+    })
+  ).text();
 
-const BINARIES = { deno: runtimeBinary("deno", "the installed package's tests on deno"), bun: runtimeBinary("bun", "the installed package's tests on bun") };
+const BINARIES = {
+  deno: runtimeBinary("deno", "the installed package's tests on deno"),
+  bun: runtimeBinary("bun", "the installed package's tests on bun"),
+};
 
 // An app's strict tsconfig for one file; no skipLibCheck, so the package's declarations are checked too.
-const tsconfig = (file: string) => JSON.stringify({
-  compilerOptions: { target: "es2024", module: "nodenext", moduleResolution: "nodenext", strict: true, noEmit: true, verbatimModuleSyntax: true, erasableSyntaxOnly: true, types: ["node"] },
-  files: [file],
-});
+const tsconfig = (file: string) =>
+  JSON.stringify({
+    compilerOptions: {
+      target: "es2024",
+      module: "nodenext",
+      moduleResolution: "nodenext",
+      strict: true,
+      noEmit: true,
+      verbatimModuleSyntax: true,
+      erasableSyntaxOnly: true,
+      types: ["node"],
+    },
+    files: [file],
+  });
 
 let work: { dir: string; cleanup: () => void };
 let app: string;
@@ -121,8 +150,20 @@ before(async () => {
   writeFileSync(join(app, "app.ts"), APP);
   writeFileSync(join(app, "fetch-app.ts"), FETCH_APP);
   writeFileSync(join(app, "tsconfig.json"), tsconfig("app.ts"));
-  const installed = await exec("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", tarball,
-    pinned("express"), pinned("@types/express"), pinned("@types/node")], app);
+  const installed = await exec(
+    "npm",
+    [
+      "install",
+      "--prefer-offline",
+      "--no-audit",
+      "--no-fund",
+      tarball,
+      pinned("express"),
+      pinned("@types/express"),
+      pinned("@types/node"),
+    ],
+    app,
+  );
   assert.equal(installed.code, 0, installed.stderr);
 });
 after(() => work?.cleanup());
@@ -133,19 +174,32 @@ describe("npm pack", () => {
     assert.equal(manifest.name, "webhook-inbox");
     assert.equal(manifest.private, undefined);
     assert.deepEqual(manifest.bin, { "webhook-inbox": "dist/cli.js" });
-    for (const entry of [".", "./handler", "./worker", "./providers", "./transform"]) assert.ok(manifest.exports[entry]?.types, entry);
+    for (const entry of [".", "./handler", "./worker", "./providers", "./transform"])
+      assert.ok(manifest.exports[entry]?.types, entry);
     // Only what an app runs: the compiled code and its declarations, no tests, no benchmarks, no TypeScript sources.
     const dist = join(app, "node_modules", "webhook-inbox", "dist");
-    const files = readdirSync(dist, { recursive: true, encoding: "utf8" }).filter((f) => !statSync(join(dist, f)).isDirectory());
-    assert.deepEqual(files.filter((f) => !/\.(js|d\.ts)$/.test(f)), []);
+    const files = readdirSync(dist, { recursive: true, encoding: "utf8" }).filter(
+      (f) => !statSync(join(dist, f)).isDirectory(),
+    );
+    assert.deepEqual(
+      files.filter((f) => !/\.(js|d\.ts)$/.test(f)),
+      [],
+    );
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
-    assert.deepEqual(Object.keys(manifest.dependencies).sort(), ["@opentelemetry/api", "commander", "pg", "prom-client", "undici"]);
+    assert.deepEqual(Object.keys(manifest.dependencies).sort(), [
+      "@opentelemetry/api",
+      "commander",
+      "pg",
+      "prom-client",
+      "undici",
+    ]);
     // The broker clients are optional peers: installed by whoever publishes into a broker, by no one else.
     const brokers = ["@nats-io/jetstream", "@nats-io/transport-node", "amqplib"];
     assert.deepEqual(Object.keys(manifest.peerDependencies).sort(), brokers);
     for (const name of brokers) assert.deepEqual(manifest.peerDependenciesMeta[name], { optional: true }, name);
     // The alert rules and the dashboard ship with it (docs/observability.md, docs/production.md).
-    for (const file of ["alerts.yml", "dashboard.json"]) assert.ok(existsSync(join(app, "node_modules", "webhook-inbox", "ops", file)), `ops/${file}`);
+    for (const file of ["alerts.yml", "dashboard.json"])
+      assert.ok(existsSync(join(app, "node_modules", "webhook-inbox", "ops", file)), `ops/${file}`);
   });
 });
 
@@ -161,7 +215,10 @@ describe("an app that installed the tarball", () => {
     try {
       const tsc = await exec(join(ROOT, "node_modules", ".bin", "tsc"), ["-p", "tsconfig.wrong.json"], app);
       assert.notEqual(tsc.code, 0);
-      assert.match(tsc.stdout, /^wrong\.ts\(\d+,\d+\): error TS2322: Type 'number' is not assignable to type '.*Inbox.*'/m);
+      assert.match(
+        tsc.stdout,
+        /^wrong\.ts\(\d+,\d+\): error TS2322: Type 'number' is not assignable to type '.*Inbox.*'/m,
+      );
       assert.equal(tsc.stdout.trim().split("\n").length, 1, tsc.stdout);
     } finally {
       rmSync(join(app, "wrong.ts"));
@@ -191,11 +248,28 @@ describe("an app that installed the tarball", () => {
   });
 
   it("installs no broker client, and a worker whose sources file names a broker stops at start-up with one line saying what to install", async () => {
-    for (const name of ["amqplib", "@nats-io/transport-node", "@nats-io/jetstream"]) assert.ok(!existsSync(join(app, "node_modules", name)), `${name} was installed`);
-    for (const [type, install] of [["rabbitmq", "npm install amqplib"], ["nats", "npm install @nats-io/transport-node @nats-io/jetstream"]] as const) {
-      const settings = type === "nats" ? { type, subject: "webhooks.{source}", stream: "WEBHOOKS" } : { type, exchange: "webhooks", routingKey: "{source}" };
-      writeFileSync(join(app, `${type}.json`), JSON.stringify({ $destinations: { events: settings }, shop: { provider: "plain", routes: ["handler", "events"] } }));
-      const worker = await exec("npx", ["webhook-inbox", "worker", "--once", "--db", "brokers.db", "--sources", `${type}.json`], app);
+    for (const name of ["amqplib", "@nats-io/transport-node", "@nats-io/jetstream"])
+      assert.ok(!existsSync(join(app, "node_modules", name)), `${name} was installed`);
+    for (const [type, install] of [
+      ["rabbitmq", "npm install amqplib"],
+      ["nats", "npm install @nats-io/transport-node @nats-io/jetstream"],
+    ] as const) {
+      const settings =
+        type === "nats"
+          ? { type, subject: "webhooks.{source}", stream: "WEBHOOKS" }
+          : { type, exchange: "webhooks", routingKey: "{source}" };
+      writeFileSync(
+        join(app, `${type}.json`),
+        JSON.stringify({
+          $destinations: { events: settings },
+          shop: { provider: "plain", routes: ["handler", "events"] },
+        }),
+      );
+      const worker = await exec(
+        "npx",
+        ["webhook-inbox", "worker", "--once", "--db", "brokers.db", "--sources", `${type}.json`],
+        app,
+      );
       assert.equal(worker.code, 2, worker.stderr);
       assert.equal(worker.stderr.trim().split("\n").length, 1, worker.stderr);
       assert.ok(worker.stderr.trim().endsWith(install), worker.stderr);
@@ -204,13 +278,19 @@ describe("an app that installed the tarball", () => {
 
   it("answers each command's --help as the script does, and refuses an unknown command with exit 2", async () => {
     for (const command of ["receiver", "worker", "inbox", "admin"]) {
-      const [installed, script] = await Promise.all([exec("npx", ["webhook-inbox", command, "--help"], app), runScript(`${command}.ts`, ["--help"])]);
+      const [installed, script] = await Promise.all([
+        exec("npx", ["webhook-inbox", command, "--help"], app),
+        runScript(`${command}.ts`, ["--help"]),
+      ]);
       assert.equal(installed.code, 0, `${command}: ${installed.stderr}`);
       assert.equal(installed.stdout, script.stdout, command);
     }
     const unknown = await exec("npx", ["webhook-inbox", "sender"], app);
     assert.equal(unknown.code, 2);
-    assert.equal(unknown.stderr, "webhook-inbox: unknown command sender (receiver, worker, inbox, admin; run with --help for usage)\n");
+    assert.equal(
+      unknown.stderr,
+      "webhook-inbox: unknown command sender (receiver, worker, inbox, admin; run with --help for usage)\n",
+    );
   });
 
   for (const name of ["deno", "bun"] as const) {
@@ -218,7 +298,9 @@ describe("an app that installed the tarball", () => {
     // Deno reads the app's package.json and node_modules as they are; `deno run -A npm:webhook-inbox` and
     // `bunx --bun webhook-inbox` run the package's command on the runtime itself, not on the bin's Node.
     const cli = name === "deno" ? ["run", "-A", "npm:webhook-inbox"] : ["x", "--bun", "webhook-inbox"];
-    it(`serves the same app and runs the worker through the package's command on ${name}`, { skip: binary ? false : `no ${name}` }, async () => {
+    it(`serves the same app and runs the worker through the package's command on ${name}`, {
+      skip: binary ? false : `no ${name}`,
+    }, async () => {
       const db = `${name}.db`;
       const served = await startApp(binary!, [...(name === "deno" ? ["run", "-A"] : []), "app.ts", db], app);
       try {
@@ -233,13 +315,29 @@ describe("an app that installed the tarball", () => {
       assert.match(worker.stderr, /^shop\/evt_1 done$/m);
     });
 
-    it(`serves the handler's fetch on ${name}'s own server (${name === "deno" ? "Deno.serve" : "Bun.serve"})`, { skip: binary ? false : `no ${name}` }, async () => {
-      const served = await startApp(binary!, [...(name === "deno" ? ["run", "-A"] : []), "fetch-app.ts", `${name}-fetch.db`], app);
+    it(`serves the handler's fetch on ${name}'s own server (${name === "deno" ? "Deno.serve" : "Bun.serve"})`, {
+      skip: binary ? false : `no ${name}`,
+    }, async () => {
+      const served = await startApp(
+        binary!,
+        [...(name === "deno" ? ["run", "-A"] : []), "fetch-app.ts", `${name}-fetch.db`],
+        app,
+      );
       try {
-        const send = async (id: string) => (await fetch(`${served.url}/webhooks`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })).text();
+        const send = async (id: string) =>
+          (
+            await fetch(`${served.url}/webhooks`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" })
+          ).text();
         assert.equal(await send("evt_1"), "stored");
         assert.equal(await send("evt_1"), "duplicate");
-        const repeated = await fetch(`${served.url}/webhooks`, { method: "POST", headers: [["x-delivery-id", "a"], ["x-delivery-id", "b"]], body: "{}" });
+        const repeated = await fetch(`${served.url}/webhooks`, {
+          method: "POST",
+          headers: [
+            ["x-delivery-id", "a"],
+            ["x-delivery-id", "b"],
+          ],
+          body: "{}",
+        });
         assert.equal(repeated.status, 400, await repeated.text());
       } finally {
         assert.equal(await served.stop(), 0);
@@ -247,7 +345,9 @@ describe("an app that installed the tarball", () => {
     });
   }
 
-  it("type-checks the same app under Deno's own checker, where Deno is present", { skip: BINARIES.deno ? false : "no deno" }, async () => {
+  it("type-checks the same app under Deno's own checker, where Deno is present", {
+    skip: BINARIES.deno ? false : "no deno",
+  }, async () => {
     const checked = await exec(BINARIES.deno!, ["check", "app.ts"], app);
     assert.equal(checked.code, 0, checked.stdout + checked.stderr);
   });

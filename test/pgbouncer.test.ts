@@ -20,7 +20,7 @@ const skip = typeof bouncer === "string" ? bouncer : false;
 after(async () => {
   if (typeof bouncer !== "string") await bouncer.stop();
 });
-const through = () => (bouncer as Exclude<typeof bouncer, string>);
+const through = () => bouncer as Exclude<typeof bouncer, string>;
 
 // transactions is how many transactions PgBouncer has passed on to the test database so far.
 async function transactions(): Promise<number> {
@@ -32,7 +32,10 @@ async function transactions(): Promise<number> {
 describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, timeout: 600_000 }, () => {
   it("control: a named prepared statement is missing from the next transaction's server connection", async () => {
     const { default: pg } = await import("pg");
-    const [a, b] = [new pg.Client({ connectionString: through().url }), new pg.Client({ connectionString: through().url })];
+    const [a, b] = [
+      new pg.Client({ connectionString: through().url }),
+      new pg.Client({ connectionString: through().url }),
+    ];
     await Promise.all([a.connect(), b.connect()]);
     try {
       await a.query("BEGIN");
@@ -41,7 +44,10 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
       // b holds the server connection a just gave back, so a's next transaction gets another one.
       await b.query("BEGIN");
       await b.query("SELECT 1");
-      await assert.rejects(a.query({ name: "control_statement", text: "SELECT 1 AS one" }), /prepared statement "control_statement" does not exist/);
+      await assert.rejects(
+        a.query({ name: "control_statement", text: "SELECT 1 AS one" }),
+        /prepared statement "control_statement" does not exist/,
+      );
       await b.query("COMMIT");
     } finally {
       await Promise.all([a.end(), b.end()]);
@@ -75,13 +81,21 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
         assert.equal(ok, true);
         return prepared;
       };
-      assert.notDeepEqual(await named(direct, "direct-1"), [], "control: connected directly, the inbox names its statements");
+      assert.notDeepEqual(
+        await named(direct, "direct-1"),
+        [],
+        "control: connected directly, the inbox names its statements",
+      );
       for (let i = 0; i < 4; i++) {
         assert.deepEqual(await named(inbox, `bounced-${i}`), [], "behind PgBouncer it names none");
         // Another client takes a server connection between two batches, as under load.
         await other.query(i % 2 === 0 ? "BEGIN" : "COMMIT");
       }
-      assert.equal((await inbox.query("SELECT count(*) AS n FROM ledger"))[0]!.n, 5, "every write landed, on whichever server connection");
+      assert.equal(
+        (await inbox.query("SELECT count(*) AS n FROM ledger"))[0]!.n,
+        5,
+        "every write landed, on whichever server connection",
+      );
     } finally {
       await other.query("ROLLBACK").catch(() => {});
       await other.end();
@@ -93,15 +107,24 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
 
   it("passes the contract suite, run through it", async () => {
     const before = await transactions();
-    const { code, stdout, stderr } = await runTests("test/contract.test.ts", { INBOX_TEST_POSTGRES: through().url, INBOX_REQUIRE_POSTGRES: "1" });
+    const { code, stdout, stderr } = await runTests("test/contract.test.ts", {
+      INBOX_TEST_POSTGRES: through().url,
+      INBOX_REQUIRE_POSTGRES: "1",
+    });
     const passed = Number(/^ℹ pass (\d+)/m.exec(stdout)?.[1] ?? 0);
-    const tail = `${stdout.split("\n").filter((l) => /✖|not ok|Error/.test(l)).slice(0, 20).join("\n")}\n${stderr.slice(-2000)}`;
+    const tail = `${stdout
+      .split("\n")
+      .filter((l) => /✖|not ok|Error/.test(l))
+      .slice(0, 20)
+      .join("\n")}\n${stderr.slice(-2000)}`;
     assert.equal(code, 0, `the contract suite failed through PgBouncer:\n${tail}`);
     assert.match(stdout, /^ℹ fail 0$/m);
     assert.match(stdout, /^ℹ skipped 0$/m, "none of the PostgreSQL tests was skipped");
     assert.match(stdout, /✔ the contract on postgres/, "the PostgreSQL half ran");
     const after = await transactions();
-    console.log(`# contract suite through PgBouncer: ${passed} tests passed, ${after - before} transactions through it`);
+    console.log(
+      `# contract suite through PgBouncer: ${passed} tests passed, ${after - before} transactions through it`,
+    );
     assert.ok(after - before > 500, `its transactions went through PgBouncer (${after - before})`);
   });
 
@@ -118,11 +141,19 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
     url.searchParams.set("schema", fresh.schema);
     try {
       const r = await postgresPipeline({
-        url: url.toString(), seconds: 5, senders: 2, receivers: 2, workers: 3, killEveryMs: 1_000, terminateEveryMs: 1_200,
+        url: url.toString(),
+        seconds: 5,
+        senders: 2,
+        receivers: 2,
+        workers: 3,
+        killEveryMs: 1_000,
+        terminateEveryMs: 1_200,
         random: seeded(seed),
       });
-      console.log(`# pipeline through PgBouncer: ${r.kills} kills, ${r.terminations} server connections ended (${r.terminationsMidTransaction} ` +
-        `mid-transaction), ${r.acked} acknowledged, ${r.deliveries} done, ${r.unavailable} answered 503, lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`);
+      console.log(
+        `# pipeline through PgBouncer: ${r.kills} kills, ${r.terminations} server connections ended (${r.terminationsMidTransaction} ` +
+          `mid-transaction), ${r.acked} acknowledged, ${r.deliveries} done, ${r.unavailable} answered 503, lost ${r.lostAcked + r.lost}, doubled ${r.doubled}`,
+      );
       assert.ok(r.drained, JSON.stringify(r));
       assert.ok(r.acked > 0 && r.kills > 0, JSON.stringify(r));
       assert.deepEqual(r.unexpectedExits, [], "no script exited on its own");
@@ -138,12 +169,21 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
 });
 
 // runTests runs a test file under node's test runner, as `npm test` does, with env added.
-async function runTests(file: string, env: NodeJS.ProcessEnv): Promise<{ code: number | null; stdout: string; stderr: string }> {
+async function runTests(
+  file: string,
+  env: NodeJS.ProcessEnv,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
   // Without NODE_TEST_CONTEXT, which this run's own runner set: the child reports to us as to a person.
   const { NODE_TEST_CONTEXT: _, ...outside } = process.env;
-  const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", "--test-skip-pattern=on sqlite", file], {
-    cwd: ROOT, env: { ...outside, ...env }, stdio: ["ignore", "pipe", "pipe"],
-  });
+  const child = spawn(
+    process.execPath,
+    ["--import", "tsx", "--test", "--test-reporter=spec", "--test-skip-pattern=on sqlite", file],
+    {
+      cwd: ROOT,
+      env: { ...outside, ...env },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
+  );
   let stdout = "";
   let stderr = "";
   child.stdout.on("data", (d) => (stdout += d));

@@ -30,20 +30,32 @@ describe("a URL with several hosts", () => {
   });
 
   it("shows its hosts with the password hidden", () => {
-    assert.equal(redact("postgres://app:s3cret@h1:5432,h2:5433/inbox?schema=x"), "postgres://app:***@h1:5432,h2:5433/inbox?schema=x");
+    assert.equal(
+      redact("postgres://app:s3cret@h1:5432,h2:5433/inbox?schema=x"),
+      "postgres://app:***@h1:5432,h2:5433/inbox?schema=x",
+    );
     assert.equal(redact("postgres://app@h1,h2/inbox"), "postgres://app@h1,h2/inbox");
     assert.doesNotMatch(redact("postgresql://a:p%40ss@h/db"), /p%40ss/);
   });
 
   it("refuses what the inbox cannot do, in one line that never shows the password", () => {
-    const refused = (url: string, pattern: RegExp) => assert.throws(() => parseTarget(url), (e: Error) =>
-      e instanceof TypeError && pattern.test(e.message) && !e.message.includes("s3cret"));
-    refused("postgres://u:s3cret@h1,h2/db?target_session_attrs=standby", /expected \?target_session_attrs= to be read-write, primary or any/);
+    const refused = (url: string, pattern: RegExp) =>
+      assert.throws(
+        () => parseTarget(url),
+        (e: Error) => e instanceof TypeError && pattern.test(e.message) && !e.message.includes("s3cret"),
+      );
+    refused(
+      "postgres://u:s3cret@h1,h2/db?target_session_attrs=standby",
+      /expected \?target_session_attrs= to be read-write, primary or any/,
+    );
     refused("postgres://u:s3cret@h1,h2/db?target_session_attrs=prefer-standby", /the inbox writes/);
     refused("postgres://u:s3cret@h1,,h2/db", /expected postgres:\/\//);
     refused("postgres://u:s3cret@h1:port,h2/db", /expected postgres:\/\//);
     refused("postgres://u:s3cret@h1/db?query_timeout=5000", /query_timeout= would abandon a COMMIT/);
-    refused("postgres://u:s3cret@h1/db?options=-c%20synchronous_commit%3Doff", /options= would replace the inbox's own settings/);
+    refused(
+      "postgres://u:s3cret@h1/db?options=-c%20synchronous_commit%3Doff",
+      /options= would replace the inbox's own settings/,
+    );
     refused("postgres://u:s3cret@h1,h2/db?schema=Bad-Name", /expected \?schema= to be a lower-case SQL name/);
   });
 
@@ -63,7 +75,9 @@ describe("a URL with several hosts", () => {
     }
   });
 
-  it("stays on its host when a wait for a free connection runs out: that says nothing of the host", { skip: pgSkip }, async () => {
+  it("stays on its host when a wait for a free connection runs out: that says nothing of the host", {
+    skip: pgSkip,
+  }, async () => {
     const up = new URL(POSTGRES);
     // The second host counts who knocks, and hangs up.
     let knocks = 0;
@@ -71,11 +85,17 @@ describe("a URL with several hosts", () => {
     await new Promise<void>((resolve) => second.listen(0, "127.0.0.1", resolve));
     const port = (second.address() as { port: number }).port;
     const pool = new Pool(parseTarget(`postgres://${up.username}@${up.host},127.0.0.1:${port}${up.pathname}`), {
-      size: 1, connectTimeoutMs: 200, applicationName: "hosts-full-pool", types: pg.types,
+      size: 1,
+      connectTimeoutMs: 200,
+      applicationName: "hosts-full-pool",
+      types: pg.types,
     });
     const held = await pool.connect();
     try {
-      const waited = await pool.connect().then(() => "a connection", (e: Error) => e.message);
+      const waited = await pool.connect().then(
+        () => "a connection",
+        (e: Error) => e.message,
+      );
       held.release(new Error("dropped, so the next query opens a new connection"));
       assert.match(waited, /timeout/, "the one connection is taken");
       assert.doesNotMatch(waited, /no host/, "and no other host is tried for it");
@@ -91,7 +111,8 @@ describe("a URL with several hosts", () => {
   it("fails to open, with every host's reason, when none takes writes", { skip: pgSkip }, async () => {
     const [a, b] = [await freePort(), await freePort()];
     await assert.rejects(connect(`postgres://postgres@127.0.0.1:${a},127.0.0.1:${b}/test`), (e: Error) =>
-      new RegExp(`127\\.0\\.0\\.1:${a}: .*ECONNREFUSED.*127\\.0\\.0\\.1:${b}: .*ECONNREFUSED`).test(e.message));
+      new RegExp(`127\\.0\\.0\\.1:${a}: .*ECONNREFUSED.*127\\.0\\.0\\.1:${b}: .*ECONNREFUSED`).test(e.message),
+    );
   });
 });
 
@@ -111,7 +132,8 @@ describe("a URL that names a standby first", () => {
     await standby?.destroy();
     await primary?.destroy();
   });
-  const both = (query: string) => `postgres://postgres@127.0.0.1:${standby!.port},127.0.0.1:${primary!.port}/postgres?schema=hosts${query}`;
+  const both = (query: string) =>
+    `postgres://postgres@127.0.0.1:${standby!.port},127.0.0.1:${primary!.port}/postgres?schema=hosts${query}`;
 
   it("writes to the primary, the second host, with target_session_attrs=read-write (the default) or primary", async (t) => {
     if (skip) return t.skip(skip);

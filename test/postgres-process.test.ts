@@ -17,7 +17,10 @@ const pgSkip = await postgresSkip();
 const SKEW = join(ROOT, "test/fixtures/skew-clock.ts");
 const TEN_MINUTES = 10 * 60_000;
 // A worker process whose clock is `skewMs` off, through the preload.
-const skewed = (skewMs: number) => ({ NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ""} --import=${SKEW}`.trim(), CLOCK_SKEW_MS: String(skewMs) });
+const skewed = (skewMs: number) => ({
+  NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ""} --import=${SKEW}`.trim(),
+  CLOCK_SKEW_MS: String(skewMs),
+});
 const until = async (condition: () => Promise<boolean> | boolean) => {
   while (!(await condition())) await new Promise((resolve) => setTimeout(resolve, 50));
 };
@@ -25,7 +28,9 @@ const lines = (text: string) => text.split("\n").filter((l) => l.trim() !== "");
 
 describe("a worker whose clock is ten minutes off", { skip: pgSkip }, () => {
   it("really runs with its clock off (the control)", async () => {
-    const child = spawn(process.execPath, ["-e", "console.log(Date.now())"], { env: { ...process.env, ...skewed(TEN_MINUTES) } });
+    const child = spawn(process.execPath, ["-e", "console.log(Date.now())"], {
+      env: { ...process.env, ...skewed(TEN_MINUTES) },
+    });
     let out = "";
     child.stdout.on("data", (d) => (out += d));
     await new Promise((resolve) => child.on("close", resolve));
@@ -50,7 +55,8 @@ describe("a worker whose clock is ten minutes off", { skip: pgSkip }, () => {
         await inbox.store({ id: "free", body: Buffer.from(JSON.stringify({ amount: 100 })) });
 
         const worker = startWorker(schema.url, ["--lease-ms", "1000"], skewed(skew));
-        const status = async (id: string) => (await inbox.query("SELECT status FROM deliveries WHERE id = ?", id))[0]!.status;
+        const status = async (id: string) =>
+          (await inbox.query("SELECT status FROM deliveries WHERE id = ?", id))[0]!.status;
         await until(async () => (await status("dead")) === "done" && (await status("free")) === "done");
         worker.child.kill("SIGTERM");
         assert.equal(await worker.exited, 0);
@@ -78,13 +84,21 @@ describe("a worker whose clock is ten minutes off", { skip: pgSkip }, () => {
       // The balance fixture fails a delivery whose body has no amount (a handler error, so a retry).
       await prepareLedgerOn(inbox);
       await inbox.store({ id: "bad", body: Buffer.from(JSON.stringify({ note: "no amount" })) });
-      const worker = startWorker(schema.url, ["--lease-ms", "1000", "--once", "--retry-delay-ms", "60000"], skewed(TEN_MINUTES));
+      const worker = startWorker(
+        schema.url,
+        ["--lease-ms", "1000", "--once", "--retry-delay-ms", "60000"],
+        skewed(TEN_MINUTES),
+      );
       assert.equal(await worker.exited, 0);
       const [row] = await inbox.query(
-        "SELECT status, available_at - (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS due_in FROM deliveries WHERE id = 'bad'");
+        "SELECT status, available_at - (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS due_in FROM deliveries WHERE id = 'bad'",
+      );
       assert.equal(row!.status, "received", worker.lines.join("\n"));
       const dueIn = Number(row!.due_in);
-      assert.ok(dueIn > 0 && dueIn <= 60_000 * 1.2, `due about a minute from the database's now, not eleven: ${dueIn} ms`);
+      assert.ok(
+        dueIn > 0 && dueIn <= 60_000 * 1.2,
+        `due about a minute from the database's now, not eleven: ${dueIn} ms`,
+      );
     } finally {
       await inbox.close();
       await schema.drop();
@@ -93,14 +107,19 @@ describe("a worker whose clock is ten minutes off", { skip: pgSkip }, () => {
 });
 
 describe("migrations on PostgreSQL", { skip: pgSkip }, () => {
-  const versions = async (inbox: Inbox) => (await inbox.query("SELECT version FROM inbox_migrations ORDER BY version")).map((r) => Number(r.version));
+  const versions = async (inbox: Inbox) =>
+    (await inbox.query("SELECT version FROM inbox_migrations ORDER BY version")).map((r) => Number(r.version));
 
   it("run once when ten connections open a fresh schema at once", async () => {
     const schema = await freshSchema("migrate");
     try {
       const inboxes = await Promise.all(Array.from({ length: 10 }, () => PostgresInbox.open(schema.url)));
       const applied = await versions(inboxes[0]!);
-      assert.deepEqual(applied, applied.map((_, i) => i + 1), "each version applied exactly once, in order");
+      assert.deepEqual(
+        applied,
+        applied.map((_, i) => i + 1),
+        "each version applied exactly once, in order",
+      );
       assert.ok(applied.length >= 1);
       await Promise.all(inboxes.map((i) => i.close()));
     } finally {
@@ -111,12 +130,17 @@ describe("migrations on PostgreSQL", { skip: pgSkip }, () => {
   it("run once when ten processes start on a fresh schema at once", async () => {
     const schema = await freshSchema("migrate_procs");
     try {
-      const runs = await Promise.all(Array.from({ length: 10 }, () => runScript("inbox.ts", ["status", "--db", schema.url])));
+      const runs = await Promise.all(
+        Array.from({ length: 10 }, () => runScript("inbox.ts", ["status", "--db", schema.url])),
+      );
       for (const r of runs) assert.equal(r.code, 0, r.stderr);
       const inbox = await connect(schema.url);
       const applied = await versions(inbox);
       await inbox.close();
-      assert.deepEqual(applied, applied.map((_, i) => i + 1));
+      assert.deepEqual(
+        applied,
+        applied.map((_, i) => i + 1),
+      );
     } finally {
       await schema.drop();
     }

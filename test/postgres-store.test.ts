@@ -75,7 +75,10 @@ describe("store() on PostgreSQL, a batch at a time", { skip }, () => {
       BEGIN IF NEW.id = '${id}' THEN RAISE EXCEPTION 'this row cannot be stored'; END IF; RETURN NEW; END $$`);
     await inbox.query("CREATE TRIGGER poison BEFORE INSERT ON deliveries FOR EACH ROW EXECUTE FUNCTION poison()");
   };
-  const ids = async () => (await inbox.query("SELECT id, route FROM deliveries ORDER BY id, route")).map((r) => `${r.id as string}/${r.route as number}`);
+  const ids = async () =>
+    (await inbox.query("SELECT id, route FROM deliveries ORDER BY id, route")).map(
+      (r) => `${r.id as string}/${r.route as number}`,
+    );
 
   it("sends a batch of new deliveries in one round trip, and answers each after the COMMIT", async () => {
     middle = await proxy(schema.url);
@@ -83,7 +86,9 @@ describe("store() on PostgreSQL, a batch at a time", { skip }, () => {
     // The first batch opens the connection and prepares the statement; the second finds both ready.
     await Promise.all([1, 2].map((n) => inbox.store({ id: `warm_${n}`, body: body(n) })));
     const before = middle.trips();
-    const outcomes = await Promise.all(Array.from({ length: 16 }, (_, n) => inbox.store({ id: `evt_${n}`, body: body(n) })));
+    const outcomes = await Promise.all(
+      Array.from({ length: 16 }, (_, n) => inbox.store({ id: `evt_${n}`, body: body(n) })),
+    );
     assert.equal(middle.trips() - before, 1, "BEGIN, the INSERT and COMMIT went out together");
     assert.deepEqual(outcomes, Array(16).fill("stored"));
     assert.equal((await inbox.query("SELECT count(*)::int AS n FROM deliveries WHERE id LIKE 'evt_%'"))[0]!.n, 16);
@@ -94,7 +99,10 @@ describe("store() on PostgreSQL, a batch at a time", { skip }, () => {
     inbox = await connect(middle.url);
     await Promise.all([1, 2].map((n) => inbox.store({ id: `warm_${n}`, body: body(n) })));
     const before = middle.trips();
-    const outcomes = await Promise.all([inbox.store({ id: "evt_1", body: body(1) }), inbox.store({ id: "evt_1", body: body(1) })]);
+    const outcomes = await Promise.all([
+      inbox.store({ id: "evt_1", body: body(1) }),
+      inbox.store({ id: "evt_1", body: body(1) }),
+    ]);
     assert.ok(middle.trips() - before > 1, `more than one round trip (${middle.trips() - before})`);
     assert.deepEqual(outcomes, ["stored", "duplicate"] satisfies Stored[]);
   });
@@ -118,8 +126,13 @@ describe("store() on PostgreSQL, a batch at a time", { skip }, () => {
   it("commits the rest of a batch when one row fails, and rejects only that one", async () => {
     inbox = await connect(schema.url);
     await poison("evt_bad");
-    const outcomes = await Promise.allSettled(["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })));
-    assert.deepEqual(outcomes.map((o) => o.status), ["fulfilled", "fulfilled", "rejected", "fulfilled"]);
+    const outcomes = await Promise.allSettled(
+      ["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })),
+    );
+    assert.deepEqual(
+      outcomes.map((o) => o.status),
+      ["fulfilled", "fulfilled", "rejected", "fulfilled"],
+    );
     assert.match(String((outcomes[2] as PromiseRejectedResult).reason), /this row cannot be stored/);
     assert.deepEqual(await ids(), ["evt_a/0", "evt_b/0", "evt_c/0"]);
   });

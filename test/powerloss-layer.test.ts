@@ -4,8 +4,23 @@
 
 import assert from "node:assert/strict";
 import {
-  closeSync, constants, existsSync, fchmodSync, fdatasyncSync, fsyncSync, linkSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync,
-  statSync, truncateSync, unlinkSync, writeFileSync, writeSync,
+  closeSync,
+  constants,
+  existsSync,
+  fchmodSync,
+  fdatasyncSync,
+  fsyncSync,
+  linkSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  readdirSync,
+  renameSync,
+  statSync,
+  truncateSync,
+  unlinkSync,
+  writeFileSync,
+  writeSync,
 } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -42,7 +57,13 @@ function syncDir(path: string): void {
 }
 
 // write writes bytes at an offset and syncs the file as asked, closing it either way.
-function write(path: string, bytes: string | Buffer, sync?: "fsync" | "fdatasync", flags = constants.O_RDWR | constants.O_CREAT, position = 0): void {
+function write(
+  path: string,
+  bytes: string | Buffer,
+  sync?: "fsync" | "fdatasync",
+  flags = constants.O_RDWR | constants.O_CREAT,
+  position = 0,
+): void {
   const fd = openSync(path, flags, 0o644);
   try {
     writeSync(fd, typeof bytes === "string" ? Buffer.from(bytes) : bytes, 0, bytes.length, position);
@@ -206,7 +227,10 @@ describe("the power-loss layer", { skip }, () => {
     for (let page = 0; page < 400; page++) {
       const chunk = bytes.subarray(page * 4096, (page + 1) * 4096);
       const letter = String.fromCharCode(chunk[0]!);
-      assert.ok(chunk.every((b) => b === chunk[0]) && (letter === "s" || letter === "u"), `page ${page} is whole, old or new`);
+      assert.ok(
+        chunk.every((b) => b === chunk[0]) && (letter === "s" || letter === "u"),
+        `page ${page} is whole, old or new`,
+      );
       if (letter === "u") kept++;
     }
     assert.equal(kept, cut.keptPages);

@@ -19,10 +19,22 @@ after(cleanup);
 describe("the receiver's off-loop fdatasync under a power cut", { skip }, () => {
   it(`control: acked before its fdatasync of the WAL (another file synced instead), it loses acknowledged deliveries (seed ${seed})`, async () => {
     const r = await powerLossSqlite({
-      dir: join(dir, "early"), label: "sqlite, fdatasync of another file", cycles: 8, untilLoss: true, senders: 16, minUpMs: 300, maxUpMs: 1_200,
-      random: seeded(seed), receiver: { script: "test/fixtures/early-ack-receiver.ts", args: ["--not-the-wal", join(dir, "not-the-wal")] },
+      dir: join(dir, "early"),
+      label: "sqlite, fdatasync of another file",
+      cycles: 8,
+      untilLoss: true,
+      senders: 16,
+      minUpMs: 300,
+      maxUpMs: 1_200,
+      random: seeded(seed),
+      receiver: { script: "test/fixtures/early-ack-receiver.ts", args: ["--not-the-wal", join(dir, "not-the-wal")] },
     });
-    console.log(`# control, early acks: ${r.cycles} cycles, ${r.acked} acked, ${r.lost.length} lost, ${r.droppedPages} unsynced pages dropped`);
-    assert.ok(r.lost.length > 0, `the power-loss test sees an ack that came before the fdatasync: ${r.cycles} cycles, ${r.acked} acked`);
+    console.log(
+      `# control, early acks: ${r.cycles} cycles, ${r.acked} acked, ${r.lost.length} lost, ${r.droppedPages} unsynced pages dropped`,
+    );
+    assert.ok(
+      r.lost.length > 0,
+      `the power-loss test sees an ack that came before the fdatasync: ${r.cycles} cycles, ${r.acked} acked`,
+    );
   });
 });

@@ -45,8 +45,15 @@ function assertNothingLost(r: PowerLossReport, cycles: number): void {
 describe("a power cut under load, SQLite", { skip }, () => {
   it(`loses no acknowledged delivery, leaves the database intact, and the worker pays each once (seed ${seed})`, async () => {
     const r = await powerLossSqlite({
-      dir: join(dir, "sqlite"), label: "sqlite", cycles: 4, senders: 16, minUpMs: 300, maxUpMs: 1_200, random: seeded(seed),
-      mixedCuts: true, receiver,
+      dir: join(dir, "sqlite"),
+      label: "sqlite",
+      cycles: 4,
+      senders: 16,
+      minUpMs: 300,
+      maxUpMs: 1_200,
+      random: seeded(seed),
+      mixedCuts: true,
+      receiver,
     });
     console.log(`# power loss on SQLite: ${figures(r)}`);
     assertNothingLost(r, 4);
@@ -54,8 +61,15 @@ describe("a power cut under load, SQLite", { skip }, () => {
 
   it(`control: at synchronous=OFF the same cuts lose acknowledged deliveries (seed ${seed})`, async () => {
     const r = await powerLossSqlite({
-      dir: join(dir, "sqlite-off"), label: "sqlite synchronous=OFF", cycles: 8, untilLoss: true, senders: 16, minUpMs: 300, maxUpMs: 1_200,
-      random: seeded(seed + 1), receiver: { script: "test/fixtures/unsafe-receiver.ts", args: ["--synchronous", "OFF"] },
+      dir: join(dir, "sqlite-off"),
+      label: "sqlite synchronous=OFF",
+      cycles: 8,
+      untilLoss: true,
+      senders: 16,
+      minUpMs: 300,
+      maxUpMs: 1_200,
+      random: seeded(seed + 1),
+      receiver: { script: "test/fixtures/unsafe-receiver.ts", args: ["--synchronous", "OFF"] },
     });
     console.log(`# control, SQLite synchronous=OFF: ${figures(r)}`);
     assert.ok(r.lost.length > 0, `the test can fail: ${figures(r)}`);
@@ -65,8 +79,15 @@ describe("a power cut under load, SQLite", { skip }, () => {
 describe("a power cut under load, PostgreSQL", { skip: pgSkip }, () => {
   it(`loses no acknowledged delivery, leaves the indexes intact, and the worker pays each once (seed ${seed})`, async () => {
     const r = await powerLossPostgres({
-      dir: join(dir, "postgres"), label: "postgres", cycles: 2, senders: 16, minUpMs: 500, maxUpMs: 1_500, random: seeded(seed + 2),
-      mixedCuts: true, receiver,
+      dir: join(dir, "postgres"),
+      label: "postgres",
+      cycles: 2,
+      senders: 16,
+      minUpMs: 500,
+      maxUpMs: 1_500,
+      random: seeded(seed + 2),
+      mixedCuts: true,
+      receiver,
     });
     console.log(`# power loss on PostgreSQL: ${figures(r)}`);
     assertNothingLost(r, 2);
@@ -74,8 +95,15 @@ describe("a power cut under load, PostgreSQL", { skip: pgSkip }, () => {
 
   it(`control: with fsync=off the same cuts lose acknowledged deliveries (seed ${seed})`, async () => {
     const r = await powerLossPostgres({
-      dir: join(dir, "postgres-fsync-off"), label: "postgres fsync=off", cycles: 3, untilLoss: true, senders: 16, minUpMs: 500,
-      maxUpMs: 1_500, random: seeded(seed + 3), serverSettings: ["fsync=off"],
+      dir: join(dir, "postgres-fsync-off"),
+      label: "postgres fsync=off",
+      cycles: 3,
+      untilLoss: true,
+      senders: 16,
+      minUpMs: 500,
+      maxUpMs: 1_500,
+      random: seeded(seed + 3),
+      serverSettings: ["fsync=off"],
     });
     console.log(`# control, PostgreSQL fsync=off: ${figures(r)}`);
     assert.ok(r.lost.length > 0, `the test can fail: ${figures(r)}`);

@@ -48,7 +48,12 @@ before(async () => {
   for (const [, to] of MOVED) mkdirSync(to, { recursive: true });
   const envFile = files.get("/etc/webhook-inbox/env");
   assert.ok(envFile, "the page shows the environment file");
-  env = Object.fromEntries(envFile.split("\n").filter((l) => /^[A-Z_]+=/.test(l)).map((l) => [l.slice(0, l.indexOf("=")), moved(l.slice(l.indexOf("=") + 1))]));
+  env = Object.fromEntries(
+    envFile
+      .split("\n")
+      .filter((l) => /^[A-Z_]+=/.test(l))
+      .map((l) => [l.slice(0, l.indexOf("=")), moved(l.slice(l.indexOf("=") + 1))]),
+  );
   assert.ok(sourcesJson, "the page shows the sources file");
   writeFileSync(env.INBOX_SOURCES!, sourcesJson);
   // The page's fixed ports, each given a free one here.
@@ -60,11 +65,17 @@ before(async () => {
 function command(unit: string): { argv: string[]; cwd: string; env: NodeJS.ProcessEnv } {
   const line = setting(unit, "ExecStart");
   assert.ok(line, "the unit has an ExecStart");
-  const words = moved(line).split(/\s+/).map((w) => ports.get(w) ?? w);
+  const words = moved(line)
+    .split(/\s+/)
+    .map((w) => ports.get(w) ?? w);
   assert.equal(words[0], INSTALLED, "the unit runs the installed webhook-inbox command");
   assert.equal(setting(unit, "EnvironmentFile"), "/etc/webhook-inbox/env");
   const cwd = moved(setting(unit, "WorkingDirectory") ?? "/var/lib/webhook-inbox");
-  return { argv: ["--import", import.meta.resolve("tsx"), join(ROOT, "cli.ts"), ...words.slice(1)], cwd, env: { ...process.env, ...env } };
+  return {
+    argv: ["--import", import.meta.resolve("tsx"), join(ROOT, "cli.ts"), ...words.slice(1)],
+    cwd,
+    env: { ...process.env, ...env },
+  };
 }
 
 interface Running {
@@ -87,13 +98,16 @@ function start(unit: string): Running {
   }
   const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
   return {
-    child, exited, output: () => lines.join("\n"),
-    line: (pattern) => new Promise((resolve, reject) => {
-      const seen = lines.find((l) => pattern.test(l));
-      if (seen) return resolve(seen);
-      waiting.push({ pattern, resolve });
-      void exited.then((code) => reject(new Error(`exited with ${code} before ${pattern}: ${lines.join("\n")}`)));
-    }),
+    child,
+    exited,
+    output: () => lines.join("\n"),
+    line: (pattern) =>
+      new Promise((resolve, reject) => {
+        const seen = lines.find((l) => pattern.test(l));
+        if (seen) return resolve(seen);
+        waiting.push({ pattern, resolve });
+        void exited.then((code) => reject(new Error(`exited with ${code} before ${pattern}: ${lines.join("\n")}`)));
+      }),
   };
 }
 
@@ -106,8 +120,10 @@ const unit = (name: string) => {
 describe("docs/production.md's systemd units, run as written", () => {
   it("show the environment file, the sources file, and a unit for the receiver, the worker, the page and the backups", () => {
     assert.deepEqual([...files.keys()].filter((p) => p.startsWith("/etc/systemd/")).sort(), [
-      "/etc/systemd/system/webhook-inbox-admin.service", "/etc/systemd/system/webhook-inbox-backup.service",
-      "/etc/systemd/system/webhook-inbox-backup.timer", "/etc/systemd/system/webhook-inbox-receiver.service",
+      "/etc/systemd/system/webhook-inbox-admin.service",
+      "/etc/systemd/system/webhook-inbox-backup.service",
+      "/etc/systemd/system/webhook-inbox-backup.timer",
+      "/etc/systemd/system/webhook-inbox-receiver.service",
       "/etc/systemd/system/webhook-inbox-worker.service",
     ]);
   });
@@ -118,12 +134,29 @@ describe("docs/production.md's systemd units, run as written", () => {
     const admin = start(unit("webhook-inbox-admin.service"));
     try {
       const url = /Listening on (http:\/\/[^\s"]+)/.exec(await receiver.line(/Listening on/))![1]!;
-      const body = JSON.stringify({ id: "evt_prod_1", object: "event", type: "payment.succeeded", customer: "Ann", amount: 5 });
-      const headers = { "content-type": "application/json", ...sign("stripe", env.STRIPE_WEBHOOK_SECRET!, { id: "evt_prod_1", body, timestampS: Math.floor(Date.now() / 1000) }) };
+      const body = JSON.stringify({
+        id: "evt_prod_1",
+        object: "event",
+        type: "payment.succeeded",
+        customer: "Ann",
+        amount: 5,
+      });
+      const headers = {
+        "content-type": "application/json",
+        ...sign("stripe", env.STRIPE_WEBHOOK_SECRET!, {
+          id: "evt_prod_1",
+          body,
+          timestampS: Math.floor(Date.now() / 1000),
+        }),
+      };
       const res = await fetch(`${url}/stripe`, { method: "POST", headers, body });
       assert.equal(`${res.status} ${await res.text()}`, "200 stored");
       // The secret came from the environment file: a wrong one is refused.
-      const forged = await fetch(`${url}/stripe`, { method: "POST", headers: { ...headers, "stripe-signature": "t=1,v1=00" }, body });
+      const forged = await fetch(`${url}/stripe`, {
+        method: "POST",
+        headers: { ...headers, "stripe-signature": "t=1,v1=00" },
+        body,
+      });
       assert.equal(forged.status, 401);
 
       await worker.line(/Metrics on/);
@@ -132,7 +165,8 @@ describe("docs/production.md's systemd units, run as written", () => {
       const db = env.INBOX_DB!;
       for (let status = ""; status !== "done"; await sleep(50)) {
         const conn = new DatabaseSync(db, { readOnly: true });
-        status = (conn.prepare("SELECT status FROM deliveries WHERE id = 'evt_prod_1'").get() as { status: string }).status;
+        status = (conn.prepare("SELECT status FROM deliveries WHERE id = 'evt_prod_1'").get() as { status: string })
+          .status;
         conn.close();
         assert.notEqual(status, "failed", worker.output());
       }
@@ -167,7 +201,8 @@ const ANALYZE = "/usr/bin/systemd-analyze";
 function verify(units: Record<string, string>): string[] {
   const folder = join(dir, `units-${Object.keys(units).length}-${Math.random().toString(36).slice(2)}`);
   mkdirSync(folder, { recursive: true });
-  for (const [name, text] of Object.entries(units)) writeFileSync(join(folder, name), text.split(INSTALLED).join("/usr/bin/env"));
+  for (const [name, text] of Object.entries(units))
+    writeFileSync(join(folder, name), text.split(INSTALLED).join("/usr/bin/env"));
   const r = spawnSync(ANALYZE, ["verify", ...Object.keys(units).map((n) => join(folder, n))], { encoding: "utf8" });
   return `${r.stdout}${r.stderr}`.split("\n").filter((l) => l.trim() !== "");
 }
@@ -178,7 +213,15 @@ describe("the units' checks (a control)", () => {
     const r = start(wrong);
     assert.equal(await r.exited, 2, r.output());
     if (!existsSync(ANALYZE)) return t.skip("systemd-analyze is not installed");
-    const complaints = verify({ "webhook-inbox-receiver.service": unit("webhook-inbox-receiver.service").replace("[Service]\n", "[Service]\nRestartt=always\n") });
-    assert.ok(complaints.some((l) => /Unknown key/.test(l)), complaints.join("\n"));
+    const complaints = verify({
+      "webhook-inbox-receiver.service": unit("webhook-inbox-receiver.service").replace(
+        "[Service]\n",
+        "[Service]\nRestartt=always\n",
+      ),
+    });
+    assert.ok(
+      complaints.some((l) => /Unknown key/.test(l)),
+      complaints.join("\n"),
+    );
   });
 });

@@ -17,11 +17,26 @@ import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { loadSources, sign } from "../lib/providers.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";
-import { SCHEMES, STANDARD, STRIPE_SECRET, T, apply, bodyArb, idArb, mutationArb, svixHeaders } from "./provider-fixtures.ts";
+import {
+  SCHEMES,
+  STANDARD,
+  STRIPE_SECRET,
+  T,
+  apply,
+  bodyArb,
+  idArb,
+  mutationArb,
+  svixHeaders,
+} from "./provider-fixtures.ts";
 import { runScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 const SECRETS = {
-  standard: STANDARD.secret, stripe: STRIPE_SECRET, github: "gh-secret", shopify: "shpss_secret", slack: "slack-signing-secret", plain: "plain-secret",
+  standard: STANDARD.secret,
+  stripe: STRIPE_SECRET,
+  github: "gh-secret",
+  shopify: "shpss_secret",
+  slack: "slack-signing-secret",
+  plain: "plain-secret",
 } as const;
 const SOURCES = {
   standard: { provider: "standard", secret: "env:TEST_STANDARD_SECRET" },
@@ -36,20 +51,46 @@ const SOURCES = {
 };
 const ENV = { TEST_STANDARD_SECRET: STANDARD.secret };
 // The presets added with the hmac provider, for send.ts; Square and Twilio sign the URL they were given.
-const MORE_SECRETS = { paddle: "pdl_ntfset_s", linear: "lin_wh_s", square: "sq-signature-key", twilio: "tw-auth-token", zoom: "zoom-token", intercom: "ic-secret" } as const;
+const MORE_SECRETS = {
+  paddle: "pdl_ntfset_s",
+  linear: "lin_wh_s",
+  square: "sq-signature-key",
+  twilio: "tw-auth-token",
+  zoom: "zoom-token",
+  intercom: "ic-secret",
+} as const;
 const PUBLIC = "https://hooks.example.com";
-const MORE_SOURCES = Object.fromEntries(Object.entries(MORE_SECRETS).map(([p, secret]) =>
-  [p, { provider: p, secret, ...(p === "square" || p === "twilio" ? { url: `${PUBLIC}/${p}` } : {}) }]));
+const MORE_SOURCES = Object.fromEntries(
+  Object.entries(MORE_SECRETS).map(([p, secret]) => [
+    p,
+    { provider: p, secret, ...(p === "square" || p === "twilio" ? { url: `${PUBLIC}/${p}` } : {}) },
+  ]),
+);
 
 /** delivery builds a provider-shaped body with this ID and type, signed at `at` seconds with `secret`. */
 type Named = keyof typeof SECRETS;
-function delivery(provider: Named, id: string, type: string, at = T, secret: string = SECRETS[provider]): { body: string; headers: Record<string, string> } {
+function delivery(
+  provider: Named,
+  id: string,
+  type: string,
+  at = T,
+  secret: string = SECRETS[provider],
+): { body: string; headers: Record<string, string> } {
   const body =
-    provider === "stripe" ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
-    : provider === "slack" ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
-    : provider === "standard" ? JSON.stringify({ type, data: {} })
-    : JSON.stringify({ n: 1 });
-  return { body, headers: { "content-type": "application/json", ...sign(provider, secret, { id, body, timestampS: at, eventType: type }) } };
+    provider === "stripe"
+      ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
+      : provider === "slack"
+        ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
+        : provider === "standard"
+          ? JSON.stringify({ type, data: {} })
+          : JSON.stringify({ n: 1 });
+  return {
+    body,
+    headers: {
+      "content-type": "application/json",
+      ...sign(provider, secret, { id, body, timestampS: at, eventType: type }),
+    },
+  };
 }
 
 let dir: { dir: string; cleanup: () => void };
@@ -69,20 +110,31 @@ async function postRepeated(path: string, message: { body: string; headers: Reco
   return new Promise<{ status: number; text: string }>((resolve, reject) => {
     const req = httpRequest(base + path, { method: "POST", headers: message.headers }, (res) => {
       let text = "";
-      res.setEncoding("utf8").on("data", (chunk) => (text += chunk)).on("end", () => resolve({ status: res.statusCode!, text }));
+      res
+        .setEncoding("utf8")
+        .on("data", (chunk) => (text += chunk))
+        .on("end", () => resolve({ status: res.statusCode!, text }));
     });
     req.on("error", reject).end(message.body);
   });
 }
 const count = () => (inbox.db.prepare("SELECT count(*) AS n FROM deliveries").get() as { n: number }).n;
 const row = (source: string, id: string) =>
-  inbox.db.prepare("SELECT source, id, event_type, provider_time FROM deliveries WHERE source = ? AND id = ?").get(source, id) as
-    { source: string; id: string; event_type: string | null; provider_time: number | null } | undefined;
+  inbox.db
+    .prepare("SELECT source, id, event_type, provider_time FROM deliveries WHERE source = ? AND id = ?")
+    .get(source, id) as
+    | { source: string; id: string; event_type: string | null; provider_time: number | null }
+    | undefined;
 
 before(async () => {
   dir = tempDir("providers-http-");
   inbox = new SqliteInbox(join(dir.dir, "inbox.db"));
-  receiver = createReceiver({ inbox, sources: loadSources(SOURCES, ENV), now: () => clock, log: (line) => logs.push(line) });
+  receiver = createReceiver({
+    inbox,
+    sources: loadSources(SOURCES, ENV),
+    now: () => clock,
+    log: (line) => logs.push(line),
+  });
   await new Promise<void>((resolve) => receiver.server.listen(0, "127.0.0.1", resolve));
   const address = receiver.server.address();
   base = `http://127.0.0.1:${typeof address === "object" && address ? address.port : 0}`;
@@ -100,19 +152,34 @@ beforeEach(() => {
 
 describe("signed sources over HTTP", () => {
   const types: Record<Named, string | null> = {
-    standard: "invoice.paid", stripe: "invoice.paid", github: "push", shopify: "orders/create", slack: "app_mention", plain: null,
+    standard: "invoice.paid",
+    stripe: "invoice.paid",
+    github: "push",
+    shopify: "orders/create",
+    slack: "app_mention",
+    plain: null,
   };
   for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
     it(`${provider}: 200 stored, then 200 duplicate, keeping the source, the event type and the provider's time`, async () => {
       const d = delivery(provider, `${provider}_1`, types[provider] ?? "x");
-      assert.deepEqual(await post(`/${provider}`, d), { status: 200, text: "stored", type: "text/plain; charset=utf-8" });
+      assert.deepEqual(await post(`/${provider}`, d), {
+        status: 200,
+        text: "stored",
+        type: "text/plain; charset=utf-8",
+      });
       clock += 60_000; // a provider's retry, a minute later, re-signed
       const retry = delivery(provider, `${provider}_1`, types[provider] ?? "x", T + 60);
       assert.equal((await post(`/${provider}`, retry)).text, "duplicate");
       const timed = provider === "standard" || provider === "stripe" || provider === "slack";
-      assert.deepEqual({ ...row(provider, `${provider}_1`) }, {
-        source: provider, id: `${provider}_1`, event_type: types[provider], provider_time: timed ? T * 1000 : null,
-      });
+      assert.deepEqual(
+        { ...row(provider, `${provider}_1`) },
+        {
+          source: provider,
+          id: `${provider}_1`,
+          event_type: types[provider],
+          provider_time: timed ? T * 1000 : null,
+        },
+      );
       assert.equal(count(), 1);
     });
   }
@@ -127,15 +194,27 @@ describe("signed sources over HTTP", () => {
     assert.equal(answer.status, 401);
     assert.match(answer.text, /signature does not match/);
     assert.equal(count(), 0);
-    const expected = sign("github", SECRETS.github, { id: "g1", body: forged.body, timestampS: T })["x-hub-signature-256"]!;
+    const expected = sign("github", SECRETS.github, { id: "g1", body: forged.body, timestampS: T })[
+      "x-hub-signature-256"
+    ]!;
     const said = logs.join("\n") + answer.text;
     assert.match(said, /rejected: 401 github: signature does not match/);
-    for (const secret of [SECRETS.github, "gh-old", expected, expected.slice(7)]) assert.ok(!said.includes(secret), `leaked ${secret}`);
+    for (const secret of [SECRETS.github, "gh-old", expected, expected.slice(7)])
+      assert.ok(!said.includes(secret), `leaked ${secret}`);
   });
 
   it("401 for a missing signature, for each signed provider", async () => {
     for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
-      const answer = await post(`/${provider}`, { body: "{}", headers: { "content-type": "application/json", "x-delivery-id": "x", "webhook-id": "x", "x-github-delivery": "x", "x-shopify-webhook-id": "x" } });
+      const answer = await post(`/${provider}`, {
+        body: "{}",
+        headers: {
+          "content-type": "application/json",
+          "x-delivery-id": "x",
+          "webhook-id": "x",
+          "x-github-delivery": "x",
+          "x-shopify-webhook-id": "x",
+        },
+      });
       assert.equal(answer.status, 401, `${provider}: ${answer.text}`);
       assert.match(answer.text, /missing/);
     }
@@ -162,7 +241,10 @@ describe("signed sources over HTTP", () => {
   });
 
   it("400 when the delivery ID is missing, once the signature holds", async () => {
-    const noId = { body: '{"object":"event","type":"x"}', headers: sign("stripe", SECRETS.stripe, { id: "", body: '{"object":"event","type":"x"}', timestampS: T }) };
+    const noId = {
+      body: '{"object":"event","type":"x"}',
+      headers: sign("stripe", SECRETS.stripe, { id: "", body: '{"object":"event","type":"x"}', timestampS: T }),
+    };
     assert.equal((await post("/stripe", noId)).status, 400);
     const { "x-github-delivery": _id, ...github } = delivery("github", "g", "push").headers;
     assert.equal((await post("/github", { body: '{"n":1}', headers: github })).status, 400);
@@ -180,18 +262,36 @@ describe("signed sources over HTTP", () => {
   });
 
   it("Slack's url_verification handshake gets its challenge back as 200 and is not stored", async () => {
-    const body = JSON.stringify({ token: "Jhj5dZrVaK7ZwHHjRyZWjbDl", challenge: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", type: "url_verification" });
-    const answer = await post("/slack", { body, headers: { "content-type": "application/json", ...sign("slack", SECRETS.slack, { id: "", body, timestampS: T }) } });
-    assert.deepEqual(answer, { status: 200, text: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", type: "text/plain; charset=utf-8" });
+    const body = JSON.stringify({
+      token: "Jhj5dZrVaK7ZwHHjRyZWjbDl",
+      challenge: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+      type: "url_verification",
+    });
+    const answer = await post("/slack", {
+      body,
+      headers: { "content-type": "application/json", ...sign("slack", SECRETS.slack, { id: "", body, timestampS: T }) },
+    });
+    assert.deepEqual(answer, {
+      status: 200,
+      text: "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
+      type: "text/plain; charset=utf-8",
+    });
     assert.equal(count(), 0);
   });
 
   it("repeated signature, timestamp and ID headers are refused through node:http, which would otherwise join them", async () => {
     const cases: [string, Named, string, number][] = [
-      ["/github", "github", "x-hub-signature-256", 401], ["/github", "github", "x-github-delivery", 400],
-      ["/standard", "standard", "webhook-signature", 401], ["/standard", "standard", "webhook-timestamp", 401], ["/standard", "standard", "webhook-id", 400],
-      ["/stripe", "stripe", "stripe-signature", 401], ["/shopify", "shopify", "x-shopify-hmac-sha256", 401], ["/shopify", "shopify", "x-shopify-webhook-id", 400],
-      ["/slack", "slack", "x-slack-signature", 401], ["/slack", "slack", "x-slack-request-timestamp", 401], ["/plain", "plain", "x-delivery-id", 400],
+      ["/github", "github", "x-hub-signature-256", 401],
+      ["/github", "github", "x-github-delivery", 400],
+      ["/standard", "standard", "webhook-signature", 401],
+      ["/standard", "standard", "webhook-timestamp", 401],
+      ["/standard", "standard", "webhook-id", 400],
+      ["/stripe", "stripe", "stripe-signature", 401],
+      ["/shopify", "shopify", "x-shopify-hmac-sha256", 401],
+      ["/shopify", "shopify", "x-shopify-webhook-id", 400],
+      ["/slack", "slack", "x-slack-signature", 401],
+      ["/slack", "slack", "x-slack-request-timestamp", 401],
+      ["/plain", "plain", "x-delivery-id", 400],
     ];
     for (const [path, provider, name, status] of cases) {
       const d = delivery(provider, "dup_1", "t");
@@ -214,16 +314,35 @@ describe("signed sources over HTTP", () => {
     const now = Math.floor(Date.now() / 1000);
     clock = now * 1000;
     const body = '{"type":"invoice.paid","data":{}}';
-    const standard = { "webhook-id": "msg_sdk", "webhook-timestamp": String(now), "webhook-signature": new StandardWebhook(STANDARD.secret).sign("msg_sdk", new Date(now * 1000), body) };
+    const standard = {
+      "webhook-id": "msg_sdk",
+      "webhook-timestamp": String(now),
+      "webhook-signature": new StandardWebhook(STANDARD.secret).sign("msg_sdk", new Date(now * 1000), body),
+    };
     assert.equal((await post("/standard", { body, headers: standard })).text, "stored");
     assert.equal((await post("/standard", { body, headers: svixHeaders("msg_svix", body, now) })).text, "stored");
     const event = JSON.stringify({ id: "evt_sdk", object: "event", type: "charge.succeeded", data: { object: {} } });
     // The async form: on Deno and Bun, stripe's package exports its Web Crypto build, which signs only asynchronously.
-    const header = await new Stripe("sk_test_not_used").webhooks.generateTestHeaderStringAsync({ payload: event, secret: SECRETS.stripe, timestamp: now });
+    const header = await new Stripe("sk_test_not_used").webhooks.generateTestHeaderStringAsync({
+      payload: event,
+      secret: SECRETS.stripe,
+      timestamp: now,
+    });
     assert.equal((await post("/stripe", { body: event, headers: { "stripe-signature": header } })).text, "stored");
     const signature = await octokitSign(SECRETS.github, body);
-    assert.equal((await post("/github", { body, headers: { "x-hub-signature-256": signature, "x-github-delivery": "g_sdk", "x-github-event": "push" } })).text, "stored");
-    assert.deepEqual({ ...row("stripe", "evt_sdk") }, { source: "stripe", id: "evt_sdk", event_type: "charge.succeeded", provider_time: now * 1000 });
+    assert.equal(
+      (
+        await post("/github", {
+          body,
+          headers: { "x-hub-signature-256": signature, "x-github-delivery": "g_sdk", "x-github-event": "push" },
+        })
+      ).text,
+      "stored",
+    );
+    assert.deepEqual(
+      { ...row("stripe", "evt_sdk") },
+      { source: "stripe", id: "evt_sdk", event_type: "charge.succeeded", provider_time: now * 1000 },
+    );
     assert.equal(count(), 4);
   });
 
@@ -231,21 +350,37 @@ describe("signed sources over HTTP", () => {
     for (const scheme of SCHEMES) {
       const path = scheme.name === "svix" ? "/standard" : `/${scheme.name}`;
       // SCHEMES sign with the fixtures' secrets; serve them from a source that has those secrets.
-      const local = createReceiver({ inbox, sources: new Map([[path.slice(1), scheme.source]]), now: () => T * 1000, log: () => {} });
+      const local = createReceiver({
+        inbox,
+        sources: new Map([[path.slice(1), scheme.source]]),
+        now: () => T * 1000,
+        log: () => {},
+      });
       await new Promise<void>((resolve) => local.server.listen(0, "127.0.0.1", resolve));
       const address = local.server.address();
       const url = `http://127.0.0.1:${typeof address === "object" && address ? address.port : 0}${path}`;
       try {
-        await fc.assert(fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
-          const forged = apply(scheme, scheme.make(id, body), m);
-          const response = await request(url + (forged.query ?? ""), { method: "POST", headers: forged.headers, body: forged.body });
-          await response.body.text(); // not dump(): Bun's built-in undici has none
-          assert.equal(response.statusCode, 401, `${scheme.name} ${JSON.stringify(m)}`);
-        }), { numRuns: 25 });
+        await fc.assert(
+          fc.asyncProperty(idArb, bodyArb, mutationArb, async (id, body, m) => {
+            const forged = apply(scheme, scheme.make(id, body), m);
+            const response = await request(url + (forged.query ?? ""), {
+              method: "POST",
+              headers: forged.headers,
+              body: forged.body,
+            });
+            await response.body.text(); // not dump(): Bun's built-in undici has none
+            assert.equal(response.statusCode, 401, `${scheme.name} ${JSON.stringify(m)}`);
+          }),
+          { numRuns: 25 },
+        );
         assert.equal(count(), 0, scheme.name);
         // Control: the same setup stores the unchanged delivery, so the 401s above were the signature's doing.
         const good = scheme.make("control", Buffer.from("ok"));
-        const response = await request(url + (good.query ?? ""), { method: "POST", headers: good.headers, body: good.body });
+        const response = await request(url + (good.query ?? ""), {
+          method: "POST",
+          headers: good.headers,
+          body: good.body,
+        });
         assert.equal(await response.body.text(), "stored");
         inbox.db.exec("DELETE FROM deliveries");
       } finally {
@@ -258,7 +393,13 @@ describe("signed sources over HTTP", () => {
     await post("/stripe", delivery("stripe", "evt_w", "invoice.paid"));
     await post("/github", delivery("github", "g_w", "push"));
     const seen: string[] = [];
-    await run((job) => void seen.push(`${job.delivery.source} ${job.delivery.id} ${job.delivery.eventType} ${job.delivery.providerTime}`), { inbox, once: true, log: () => {} });
+    await run(
+      (job) =>
+        void seen.push(
+          `${job.delivery.source} ${job.delivery.id} ${job.delivery.eventType} ${job.delivery.providerTime}`,
+        ),
+      { inbox, once: true, log: () => {} },
+    );
     assert.deepEqual(seen.sort(), ["github g_w push null", `stripe evt_w invoice.paid ${T * 1000}`]);
   });
 });
@@ -279,20 +420,55 @@ describe("receiver.ts --sources", () => {
   const cases: [string, unknown, RegExp, Record<string, string>?][] = [
     ["an unknown provider", { s: { provider: "paypal", secret: "k" } }, /source "s": unknown provider "paypal"/],
     ["a missing secret", { s: { provider: "stripe" } }, /source "s": missing secret/],
-    ["an env: variable that is not set", { s: { provider: "github", secret: "env:INBOX_TEST_UNSET_VAR" } }, /environment variable INBOX_TEST_UNSET_VAR, which is not set/],
-    ["a bad whsec_ value", { s: { provider: "standard", secret: "whsec_TOPSECRET!" } }, /source "s": secret is not a whsec_ secret/],
+    [
+      "an env: variable that is not set",
+      { s: { provider: "github", secret: "env:INBOX_TEST_UNSET_VAR" } },
+      /environment variable INBOX_TEST_UNSET_VAR, which is not set/,
+    ],
+    [
+      "a bad whsec_ value",
+      { s: { provider: "standard", secret: "whsec_TOPSECRET!" } },
+      /source "s": secret is not a whsec_ secret/,
+    ],
     ["a file that is not JSON", '{"s": {"provider": "github", "secret": "TOPSECRET",}}', /not valid JSON/],
     ["a file that is missing", null, /cannot read the sources file .*ENOENT/],
-    ["an hmac scheme with an unknown algorithm", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", algorithm: "md5" } }, /source "s": expected algorithm to be one of sha1, sha256, sha512, got "md5"/],
-    ["an hmac template placeholder that does not exist", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", signed: "{nonce}{body}" } }, /source "s": unknown placeholder \{nonce\} in signed/],
-    ["an unknown hmac setting", { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", hash: "sha1" } }, /source "s": unknown setting "hash"/],
-    ["a square source without its url", { s: { provider: "square", secret: "TOPSECRET" } }, /source "s": expected url to be the address the sender posts to/],
+    [
+      "an hmac scheme with an unknown algorithm",
+      { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", algorithm: "md5" } },
+      /source "s": expected algorithm to be one of sha1, sha256, sha512, got "md5"/,
+    ],
+    [
+      "an hmac template placeholder that does not exist",
+      { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", signed: "{nonce}{body}" } },
+      /source "s": unknown placeholder \{nonce\} in signed/,
+    ],
+    [
+      "an unknown hmac setting",
+      { s: { provider: "hmac", secret: "TOPSECRET", header: "X-Sig", id: "header:X-Id", hash: "sha1" } },
+      /source "s": unknown setting "hash"/,
+    ],
+    [
+      "a square source without its url",
+      { s: { provider: "square", secret: "TOPSECRET" } },
+      /source "s": expected url to be the address the sender posts to/,
+    ],
   ];
   for (const [what, config, pattern] of cases) {
     it(`stops at start-up on ${what}: one line, exit 2, no database created`, async () => {
-      const result = config === null
-        ? { ...(await runScript("receiver.ts", ["--port", "0", "--db", join(tmp.dir, "never.db"), "--sources", join(tmp.dir, "missing.json")])), dbCreated: existsSync(join(tmp.dir, "never.db")) }
-        : await startWith(config);
+      const result =
+        config === null
+          ? {
+              ...(await runScript("receiver.ts", [
+                "--port",
+                "0",
+                "--db",
+                join(tmp.dir, "never.db"),
+                "--sources",
+                join(tmp.dir, "missing.json"),
+              ])),
+              dbCreated: existsSync(join(tmp.dir, "never.db")),
+            }
+          : await startWith(config);
       assert.equal(result.code, 2, result.stderr);
       const lines = result.stderr.trimEnd().split("\n");
       assert.equal(lines.length, 1, result.stderr);
@@ -328,7 +504,14 @@ describe("receiver.ts --sources", () => {
 
     for (const provider of ["standard", "stripe", "github", "shopify", "slack", "plain"] as const) {
       it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
-        const result = await runScript("send.ts", ["--provider", provider, "--secret", SECRETS[provider], "--url", `${rx.url}/${provider}`]);
+        const result = await runScript("send.ts", [
+          "--provider",
+          provider,
+          "--secret",
+          SECRETS[provider],
+          "--url",
+          `${rx.url}/${provider}`,
+        ]);
         assert.equal(result.code, 0, result.stderr + result.stdout);
         assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
       });
@@ -336,20 +519,40 @@ describe("receiver.ts --sources", () => {
 
     for (const [provider, secret] of Object.entries(MORE_SECRETS)) {
       it(`send.ts --provider ${provider}: stored, duplicate, stored, duplicate`, async () => {
-        const result = await runScript("send.ts", ["--provider", provider, "--secret", secret, "--url", `${rx.url}/${provider}`, "--signed-url", `${PUBLIC}/${provider}`]);
+        const result = await runScript("send.ts", [
+          "--provider",
+          provider,
+          "--secret",
+          secret,
+          "--url",
+          `${rx.url}/${provider}`,
+          "--signed-url",
+          `${PUBLIC}/${provider}`,
+        ]);
         assert.equal(result.code, 0, result.stderr + result.stdout);
         assert.equal(result.stdout, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
       });
     }
 
     it("send.ts with the wrong secret prints each 401 and exits 1", async () => {
-      const result = await runScript("send.ts", ["--provider", "stripe", "--secret", "whsec_wrong", "--url", `${rx.url}/stripe`]);
+      const result = await runScript("send.ts", [
+        "--provider",
+        "stripe",
+        "--secret",
+        "whsec_wrong",
+        "--url",
+        `${rx.url}/stripe`,
+      ]);
       assert.equal(result.code, 1);
       assert.match(result.stdout, /^evt_100: 401 stripe: signature does not match$/m);
     });
 
     it("send.ts refuses an unknown provider or a malformed secret before sending anything (exit 2)", async () => {
-      for (const args of [["--provider", "paypal", "--secret", "k"], ["--provider", "stripe", "--secret", "sk_live_x"], ["--provider", "github"]]) {
+      for (const args of [
+        ["--provider", "paypal", "--secret", "k"],
+        ["--provider", "stripe", "--secret", "sk_live_x"],
+        ["--provider", "github"],
+      ]) {
         const result = await runScript("send.ts", [...args, "--url", `${rx.url}/stripe`]);
         assert.equal(result.code, 2, args.join(" "));
         assert.equal(result.stderr.trimEnd().split("\n").length, 1, result.stderr);
@@ -370,15 +573,23 @@ describe("receiver.ts --sources", () => {
       assert.match(status.stdout, /^ {2}standard +payment\.succeeded +received 2$/m);
       assert.match(status.stdout, /^ {2}github +payment +received 2$/m);
       const json = JSON.parse((await runScript("inbox.ts", ["status", "--db", db, "--json"])).stdout);
-      assert.ok(json.sources.some((s: { source: string; eventType: string; counts: { received: number } }) =>
-        s.source === "stripe" && s.eventType === "payment_intent.succeeded" && s.counts.received === 2));
+      assert.ok(
+        json.sources.some(
+          (s: { source: string; eventType: string; counts: { received: number } }) =>
+            s.source === "stripe" && s.eventType === "payment_intent.succeeded" && s.counts.received === 2,
+        ),
+      );
     });
   });
 
   it("without --sources keeps the article's unsigned default source at / and says so", async () => {
     const rx = await startReceiver(join(tmp.dir, "plain.db"));
     try {
-      const response = await request(rx.url + "/", { method: "POST", headers: { "x-delivery-id": "evt_1" }, body: "{}" });
+      const response = await request(rx.url + "/", {
+        method: "POST",
+        headers: { "x-delivery-id": "evt_1" },
+        body: "{}",
+      });
       assert.equal(await response.body.text(), "stored");
       assert.match(rx.log(), /warning: deliveries are not verified/);
     } finally {

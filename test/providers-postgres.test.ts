@@ -17,17 +17,25 @@ import { freshSchema, postgresSkip, startReceiver, tempDir, type ReceiverProcess
 const pgSkip = await postgresSkip();
 // The big five and plain; every preset runs over HTTP on SQLite in providers-http.test.ts and mounts.test.ts.
 const SECRETS: Partial<Record<Preset, string>> = {
-  standard: STANDARD.secret, stripe: STRIPE_SECRET, github: "gh-secret", shopify: "shpss_secret", slack: "slack-signing-secret", plain: "plain-secret",
+  standard: STANDARD.secret,
+  stripe: STRIPE_SECRET,
+  github: "gh-secret",
+  shopify: "shpss_secret",
+  slack: "slack-signing-secret",
+  plain: "plain-secret",
 };
 const PROVIDERS = Object.keys(SECRETS) as Preset[];
 
 // A provider-shaped body with this ID and type, signed now: receiver.ts runs on the real clock.
 function delivery(provider: Preset, id: string, type: string): { body: string; headers: Record<string, string> } {
   const body =
-    provider === "stripe" ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
-    : provider === "slack" ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
-    : provider === "standard" ? JSON.stringify({ type, data: {} })
-    : JSON.stringify({ n: 1 });
+    provider === "stripe"
+      ? JSON.stringify({ id, object: "event", type, data: { object: { amount: 5 } } })
+      : provider === "slack"
+        ? JSON.stringify({ type: "event_callback", event_id: id, event: { type } })
+        : provider === "standard"
+          ? JSON.stringify({ type, data: {} })
+          : JSON.stringify({ n: 1 });
   const signed = sign(provider, SECRETS[provider]!, { id, body, timestampS: Date.now() / 1000, eventType: type });
   return { body, headers: { "content-type": "application/json", ...signed } };
 }
@@ -46,7 +54,10 @@ describe("the providers over HTTP, on PostgreSQL", { skip: pgSkip }, () => {
     schema = await freshSchema("providers");
     dir = tempDir("providers-pg-");
     const file = join(dir.dir, "sources.json");
-    writeFileSync(file, JSON.stringify(Object.fromEntries(PROVIDERS.map((p) => [p, { provider: p, secret: SECRETS[p] }]))));
+    writeFileSync(
+      file,
+      JSON.stringify(Object.fromEntries(PROVIDERS.map((p) => [p, { provider: p, secret: SECRETS[p] }]))),
+    );
     receiver = await startReceiver(schema.url, ["--sources", file]);
     inbox = await connect(schema.url);
   });
@@ -64,13 +75,17 @@ describe("the providers over HTTP, on PostgreSQL", { skip: pgSkip }, () => {
       assert.deepEqual(await post(provider, good), { status: 200, text: "stored" });
 
       const forged = delivery(provider, `${provider}-forged`, "payment.succeeded");
-      forged.body = forged.body.replace("}", ' }');
+      forged.body = forged.body.replace("}", " }");
       const refused = await post(provider, forged);
       assert.equal(refused.status, 401, refused.text);
 
       assert.deepEqual(await post(provider, good), { status: 200, text: "duplicate" });
       const rows = await inbox.query("SELECT id, event_type FROM deliveries WHERE source = ? ORDER BY id", provider);
-      assert.deepEqual(rows.map((r) => r.id), [id], "the forged one was not stored");
+      assert.deepEqual(
+        rows.map((r) => r.id),
+        [id],
+        "the forged one was not stored",
+      );
       if (provider !== "plain" && provider !== "shopify") assert.equal(rows[0]!.event_type, "payment.succeeded");
     });
   }

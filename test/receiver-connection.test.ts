@@ -39,7 +39,10 @@ async function holdThreadPool(): Promise<{ release: () => Promise<void> }> {
   const size = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
   const fifos = Array.from({ length: size }, (_, i) => join(dir.dir, `hold${i}`));
   for (const fifo of fifos) execFileSync("mkfifo", [fifo]);
-  const readers = fifos.map((fifo) => new Promise<number>((resolve, reject) => open(fifo, "r", (error, fd) => (error ? reject(error) : resolve(fd)))));
+  const readers = fifos.map(
+    (fifo) =>
+      new Promise<number>((resolve, reject) => open(fifo, "r", (error, fd) => (error ? reject(error) : resolve(fd)))),
+  );
   // Each open() is on its thread once the main thread has had a turn to hand it over.
   await turns(2);
   let released = false;
@@ -69,7 +72,8 @@ function stored(id: string): boolean {
   }
 }
 
-const synchronous = (db: DatabaseSync) => (db.prepare("PRAGMA synchronous").get() as { synchronous: number }).synchronous;
+const synchronous = (db: DatabaseSync) =>
+  (db.prepare("PRAGMA synchronous").get() as { synchronous: number }).synchronous;
 
 describe("syncOffLoop", () => {
   it("commits a store at once but settles it only after the fdatasync that follows", async () => {
@@ -140,7 +144,11 @@ describe("syncOffLoop", () => {
 
   it("after a failed fdatasync, rejects its writes and every later one, and is not ready", async () => {
     const fast = inbox({ syncOffLoop: true });
-    assert.equal(await fast.store({ id: "evt_ok", body: Buffer.from("{}") }), "stored", "control: the same store goes through");
+    assert.equal(
+      await fast.store({ id: "evt_ok", body: Buffer.from("{}") }),
+      "stored",
+      "control: the same store goes through",
+    );
     // A named pipe in place of the WAL: fdatasync on it fails (EINVAL), as a disk's write error would.
     const fifo = join(dir.dir, "not-a-file");
     execFileSync("mkfifo", [fifo]);
@@ -149,7 +157,10 @@ describe("syncOffLoop", () => {
     const own = [...fds];
     fds.fill(pipe);
     try {
-      await assert.rejects(fast.store({ id: "evt_1", body: Buffer.from("{}") }), /fdatasync of the WAL failed.*nothing is acked until a restart/);
+      await assert.rejects(
+        fast.store({ id: "evt_1", body: Buffer.from("{}") }),
+        /fdatasync of the WAL failed.*nothing is acked until a restart/,
+      );
       fds.splice(0, fds.length, ...own);
       await assert.rejects(fast.store({ id: "evt_2", body: Buffer.from("{}") }), /fdatasync of the WAL failed/);
       assert.match(String(await fast.ready()), /fdatasync of the WAL failed/);
@@ -168,12 +179,16 @@ describe("syncOffLoop", () => {
     symlinkSync(real, link);
     const fast = inbox({ syncOffLoop: true }, link);
     assert.equal(await fast.store({ id: "evt_1", body: Buffer.from("{}") }), "stored");
-    for (const fd of (fast as unknown as { walFds: number[] }).walFds) assert.equal(fstatSync(fd).ino, statSync(`${real}-wal`).ino);
+    for (const fd of (fast as unknown as { walFds: number[] }).walFds)
+      assert.equal(fstatSync(fd).ino, statSync(`${real}-wal`).ino);
     assert.throws(() => statSync(`${link}-wal`), /ENOENT/);
   });
 
   it("refuses a value that is not a boolean", () => {
-    assert.throws(() => new SqliteInbox(path, { syncOffLoop: 1 as unknown as boolean }), /expected syncOffLoop to be a boolean, got number/);
+    assert.throws(
+      () => new SqliteInbox(path, { syncOffLoop: 1 as unknown as boolean }),
+      /expected syncOffLoop to be a boolean, got number/,
+    );
   });
 });
 
@@ -181,7 +196,8 @@ describe("pageCacheKb", () => {
   it("sizes this connection's page cache, and leaves the others at openDatabase's", () => {
     const receiver = inbox({ pageCacheKb: 4_000 });
     const worker = inbox();
-    const cacheSize = (db: DatabaseSync) => (db.prepare("PRAGMA cache_size").get() as { cache_size: number }).cache_size;
+    const cacheSize = (db: DatabaseSync) =>
+      (db.prepare("PRAGMA cache_size").get() as { cache_size: number }).cache_size;
     assert.equal(cacheSize(receiver.db), -4_000);
     assert.equal(cacheSize(worker.db), -16_000);
   });

@@ -45,10 +45,12 @@ function raw(port: number, parts: (string | Buffer | (() => Promise<unknown>))[]
         if (head < 0) return;
         const lines = data.subarray(0, head).toString("latin1").split("\r\n");
         const status = Number(lines[0]!.split(" ")[1]);
-        const headers = Object.fromEntries(lines.slice(1).map((l) => {
-          const i = l.indexOf(":");
-          return [l.slice(0, i).trim().toLowerCase(), l.slice(i + 1).trim()];
-        }));
+        const headers = Object.fromEntries(
+          lines.slice(1).map((l) => {
+            const i = l.indexOf(":");
+            return [l.slice(0, i).trim().toLowerCase(), l.slice(i + 1).trim()];
+          }),
+        );
         if (status === 100) {
           interim.push(lines[0]!);
           data = data.subarray(head + 4);
@@ -83,8 +85,17 @@ function raw(port: number, parts: (string | Buffer | (() => Promise<unknown>))[]
 function rows(path: string): { id: string; body: Buffer; conflicts: number; content_type: string | null }[] {
   const db = new DatabaseSync(path, { readOnly: true });
   try {
-    return (db.prepare("SELECT id, body, conflicts, content_type FROM deliveries ORDER BY rowid").all() as Record<string, unknown>[])
-      .map((r) => ({ id: r.id as string, body: Buffer.from(r.body as Uint8Array), conflicts: r.conflicts as number, content_type: r.content_type as string | null }));
+    return (
+      db.prepare("SELECT id, body, conflicts, content_type FROM deliveries ORDER BY rowid").all() as Record<
+        string,
+        unknown
+      >[]
+    ).map((r) => ({
+      id: r.id as string,
+      body: Buffer.from(r.body as Uint8Array),
+      conflicts: r.conflicts as number,
+      content_type: r.content_type as string | null,
+    }));
   } finally {
     db.close();
   }
@@ -104,8 +115,14 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
 
   const post = (id: string | undefined, body: BodyInit, init: RequestInit & { path?: string } = {}) =>
     fetch(new URL(init.path ?? "/", receiver.url), {
-      method: "POST", body, ...init,
-      headers: { "content-type": "application/json", ...(id === undefined ? {} : { "x-delivery-id": id }), ...init.headers },
+      method: "POST",
+      body,
+      ...init,
+      headers: {
+        "content-type": "application/json",
+        ...(id === undefined ? {} : { "x-delivery-id": id }),
+        ...init.headers,
+      },
     });
   // refused asserts a request got the status and that the database did not change.
   const refused = async (status: number, request: () => Promise<Response | RawResponse | null>) => {
@@ -117,20 +134,21 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   };
   // logged waits for the receiver to log a line (after the first `since` characters of its log): its
   // stderr may arrive after the HTTP answer does.
-  const logged = (re: RegExp, since = 0) => new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => {
-      receiver.child.stderr!.off("data", check);
-      reject(new Error(`the receiver never logged ${re}; it logged:\n${receiver.log()}`));
-    }, 5_000);
-    const check = () => {
-      if (!re.test(receiver.log().slice(since))) return false;
-      clearTimeout(timer);
-      receiver.child.stderr!.off("data", check);
-      resolve();
-      return true;
-    };
-    if (!check()) receiver.child.stderr!.on("data", check);
-  });
+  const logged = (re: RegExp, since = 0) =>
+    new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        receiver.child.stderr!.off("data", check);
+        reject(new Error(`the receiver never logged ${re}; it logged:\n${receiver.log()}`));
+      }, 5_000);
+      const check = () => {
+        if (!re.test(receiver.log().slice(since))) return false;
+        clearTimeout(timer);
+        receiver.child.stderr!.off("data", check);
+        resolve();
+        return true;
+      };
+      if (!check()) receiver.child.stderr!.on("data", check);
+    });
 
   it("prints the address it listens on, on the port the OS picked", () => {
     assert.match(receiver.url, /^http:\/\/127\.0\.0\.1:\d+$/);
@@ -162,7 +180,10 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   });
 
   it("stores the body byte-exact, bytes that are not valid UTF-8 included", async () => {
-    const bytes = Buffer.concat([Buffer.from([0xff, 0xfe, 0x00, 0xc3, 0x28, 0x80]), Buffer.from(Array.from({ length: 256 }, (_, i) => i))]);
+    const bytes = Buffer.concat([
+      Buffer.from([0xff, 0xfe, 0x00, 0xc3, 0x28, 0x80]),
+      Buffer.from(Array.from({ length: 256 }, (_, i) => i)),
+    ]);
     const response = await post("evt_bin", bytes, { headers: { "content-type": "application/octet-stream" } });
     assert.equal(response.status, 200);
     assert.deepEqual(rows(path).find((r) => r.id === "evt_bin")!.body, bytes);
@@ -176,7 +197,12 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
       "0\r\n\r\n",
     ]);
     assert.equal((await response)?.status, 200);
-    assert.equal(rows(path).find((r) => r.id === "evt_chunked")!.body.toString(), chunks.join(""));
+    assert.equal(
+      rows(path)
+        .find((r) => r.id === "evt_chunked")!
+        .body.toString(),
+      chunks.join(""),
+    );
   });
 
   it("accepts a body of exactly the limit", async () => {
@@ -191,9 +217,15 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
     await refused(400, () => post(undefined, "{}"));
     await refused(400, () => post("", "{}"));
     await refused(400, () => post("b".repeat(257), "{}"));
-    await refused(400, async () => (await raw(receiver.port, [
-      "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_a\r\nX-Delivery-Id: evt_b\r\nContent-Length: 2\r\n\r\n{}",
-    ])).response);
+    await refused(
+      400,
+      async () =>
+        (
+          await raw(receiver.port, [
+            "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_a\r\nX-Delivery-Id: evt_b\r\nContent-Length: 2\r\n\r\n{}",
+          ])
+        ).response,
+    );
     await logged(/^rejected: 400 missing X-Delivery-Id$/m);
     await logged(/^rejected: 400 delivery id longer than 256 characters$/m);
   });
@@ -206,7 +238,9 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   it("answers 405 with Allow: POST to any other method, and stores nothing", async () => {
     const get = (await refused(405, () => fetch(receiver.url))) as Response;
     assert.equal(get.headers.get("allow"), "POST");
-    const put = (await refused(405, () => fetch(receiver.url, { method: "PUT", headers: { "x-delivery-id": "evt_put" }, body: "{}" }))) as Response;
+    const put = (await refused(405, () =>
+      fetch(receiver.url, { method: "PUT", headers: { "x-delivery-id": "evt_put" }, body: "{}" }),
+    )) as Response;
     assert.equal(put.headers.get("allow"), "POST");
   });
 
@@ -233,7 +267,9 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
     const chunk = "x".repeat(400);
     const { response } = raw(receiver.port, [
       "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_stream_ok\r\nTransfer-Encoding: chunked\r\n\r\n",
-      `${(400).toString(16)}\r\n${chunk}\r\n`, `${(400).toString(16)}\r\n${chunk}\r\n`, "0\r\n\r\n",
+      `${(400).toString(16)}\r\n${chunk}\r\n`,
+      `${(400).toString(16)}\r\n${chunk}\r\n`,
+      "0\r\n\r\n",
     ]);
     assert.equal((await response)?.status, 200);
     assert.equal(rows(path).find((r) => r.id === "evt_stream_ok")!.body.length, 800);
@@ -242,10 +278,14 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   it("stores nothing of a chunked body cut off before its last chunk", async () => {
     const before = rows(path);
     const since = receiver.log().length;
-    const { response } = raw(receiver.port, [
-      "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut_chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
-      "5\r\n{\"a\":\r\n",
-    ], { end: true });
+    const { response } = raw(
+      receiver.port,
+      [
+        "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut_chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+        '5\r\n{"a":\r\n',
+      ],
+      { end: true },
+    );
     const answer = await response;
     assert.ok(answer === null || answer.status === 400, `answered ${answer?.status}`);
     await logged(/body cut short|evt_cut_chunked/, since);
@@ -256,10 +296,11 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   it("stores nothing of a body cut short before its declared length", async () => {
     const before = rows(path);
     const since = receiver.log().length;
-    const { response } = raw(receiver.port, [
-      "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut\r\nContent-Length: 100\r\n\r\n",
-      '{"customer":"Maria',
-    ], { end: true });
+    const { response } = raw(
+      receiver.port,
+      ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_cut\r\nContent-Length: 100\r\n\r\n", '{"customer":"Maria'],
+      { end: true },
+    );
     const answer = await response;
     assert.ok(answer === null || answer.status === 400, `answered ${answer?.status}`);
     // Wait for the receiver's verdict on it, whichever it is, then check it was the right one.
@@ -271,7 +312,9 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
   it("answers 503 with Retry-After when the store fails, stores nothing, and takes the retry", async () => {
     // A trigger, added on a second connection, makes every insert fail the way a full disk would.
     const admin = new DatabaseSync(path);
-    admin.exec("CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END");
+    admin.exec(
+      "CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
+    );
     try {
       const response = (await refused(503, () => post("evt_503", '{"amount":1}'))) as Response;
       assert.equal(response.headers.get("retry-after"), "5");
@@ -298,13 +341,18 @@ describe("receiver.ts settings", { timeout: 30_000 }, () => {
     const child = track(spawnScript("receiver.ts", [], { PORT: "0", INBOX_DB: path }));
     const exited = new Promise((resolve) => child.on("close", resolve));
     try {
-      const url = await new Promise<string>((resolve) => createInterface({ input: child.stdout! }).on("line", (line) => {
-        const match = /^Listening on (http:\/\/127\.0\.0\.1:(\d+))$/.exec(line);
-        if (match) resolve(match[1]!);
-      }));
+      const url = await new Promise<string>((resolve) =>
+        createInterface({ input: child.stdout! }).on("line", (line) => {
+          const match = /^Listening on (http:\/\/127\.0\.0\.1:(\d+))$/.exec(line);
+          if (match) resolve(match[1]!);
+        }),
+      );
       const response = await fetch(url, { method: "POST", headers: { "x-delivery-id": "evt_env" }, body: "{}" });
       assert.equal(await response.text(), "stored");
-      assert.deepEqual(rows(path).map((r) => r.id), ["evt_env"]);
+      assert.deepEqual(
+        rows(path).map((r) => r.id),
+        ["evt_env"],
+      );
     } finally {
       child.kill("SIGTERM");
       await exited;
@@ -365,21 +413,38 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
     try {
       // A sender that has sent only its headers, and one half its body, take no place.
       stalled = [
-        raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_headers\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n", () => released]),
-        raw(port, ["POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_half\r\nContent-Length: 4\r\n\r\n{}", () => released]),
+        raw(port, [
+          "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_headers\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+          () => released,
+        ]),
+        raw(port, [
+          "POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: evt_half\r\nContent-Length: 4\r\n\r\n{}",
+          () => released,
+        ]),
       ];
-      const first = fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_first" }, body: "{}" });
+      const first = fetch(`http://127.0.0.1:${port}/`, {
+        method: "POST",
+        headers: { "x-delivery-id": "evt_first" },
+        body: "{}",
+      });
       // Were the stalled ones counted, the first would be answered 503 and never reach its store.
       const reached = await Promise.race([storing.then(() => "its store" as const), first.then((r) => r.status)]);
       assert.equal(reached, "its store", `the first was answered ${reached} before its store`);
-      const second = await fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_second" }, body: "{}" });
+      const second = await fetch(`http://127.0.0.1:${port}/`, {
+        method: "POST",
+        headers: { "x-delivery-id": "evt_second" },
+        body: "{}",
+      });
       assert.equal(second.status, 503);
       assert.ok(second.headers.get("retry-after"));
       // Its body was read, so its connection may carry the next request.
       assert.notEqual(second.headers.get("connection"), "close");
       release();
       assert.equal(await (await first).text(), "stored");
-      assert.deepEqual(rows(path).map((r) => r.id), ["evt_first"]);
+      assert.deepEqual(
+        rows(path).map((r) => r.id),
+        ["evt_first"],
+      );
     } finally {
       release();
       for (const s of stalled) s.socket.destroy();
@@ -397,7 +462,11 @@ describe("createReceiver()", { timeout: 30_000 }, () => {
     await inbox.close();
     try {
       const port = (server.address() as { port: number }).port;
-      const response = await fetch(`http://127.0.0.1:${port}/`, { method: "POST", headers: { "x-delivery-id": "evt_1" }, body: "{}" });
+      const response = await fetch(`http://127.0.0.1:${port}/`, {
+        method: "POST",
+        headers: { "x-delivery-id": "evt_1" },
+        body: "{}",
+      });
       assert.equal(response.status, 503);
       assert.ok(response.headers.get("retry-after"));
     } finally {
@@ -439,7 +508,10 @@ describe("receiver.ts on SIGTERM or SIGINT", { timeout: 30_000 }, () => {
       // Kept alive, the connection would hold the exit up until the client let go (5 s, or never).
       assert.equal(answer?.headers.connection, "close");
       assert.equal(await receiver.stop(), 0);
-      assert.deepEqual(rows(path).map((r) => [r.id, r.body.toString()]), [["evt_inflight", body]]);
+      assert.deepEqual(
+        rows(path).map((r) => [r.id, r.body.toString()]),
+        [["evt_inflight", body]],
+      );
     } finally {
       await receiver.stop("SIGKILL");
       dir.cleanup();

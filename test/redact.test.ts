@@ -36,24 +36,53 @@ describe("redactor()", () => {
 
   it("replaces a secret plain, percent-encoded in either case or mixed, form-encoded, JSON- and HTML-escaped, each with its marker", () => {
     const encoded = encodeURIComponent(token);
-    for (const form of [token, encoded, encoded.toLowerCase(), encoded.replace("%2F", "/"), encoded.replace(/%20/g, "+"),
-      JSON.stringify(token).slice(1, -1).replace("/", "\\/"), token.replace("/", "&#47;"), token.replace("/", "&#x2f;"), token.replace(" ", "&#32;"), token.replace("+", "\\u002B")]) {
+    for (const form of [
+      token,
+      encoded,
+      encoded.toLowerCase(),
+      encoded.replace("%2F", "/"),
+      encoded.replace(/%20/g, "+"),
+      JSON.stringify(token).slice(1, -1).replace("/", "\\/"),
+      token.replace("/", "&#47;"),
+      token.replace("/", "&#x2f;"),
+      token.replace(" ", "&#32;"),
+      token.replace("+", "\\u002B"),
+    ]) {
       assert.equal(redact(`before ${form} after`), "before [redacted: app bearer] after", form);
     }
   });
 
   it("finds a basic pair as its base64, unpadded and base64url, and its password alone", () => {
-    const forwarding = loadDestinations({ $destinations: { crm: { url: "http://127.0.0.1:1/", secret: "whsec_AAAA", basic: "env:CRM" } } }, { CRM: "crm-user:pa$$ w0rd??>" });
+    const forwarding = loadDestinations(
+      { $destinations: { crm: { url: "http://127.0.0.1:1/", secret: "whsec_AAAA", basic: "env:CRM" } } },
+      { CRM: "crm-user:pa$$ w0rd??>" },
+    );
     const { redact: hide } = redactor(secretsOf(forwarding));
     const pair = Buffer.from("crm-user:pa$$ w0rd??>");
-    for (const form of [pair.toString("base64"), pair.toString("base64").replace(/=+$/, ""), pair.toString("base64url"), "crm-user:pa$$ w0rd??>", "pa$$ w0rd??>", encodeURIComponent("pa$$ w0rd??>")]) {
+    for (const form of [
+      pair.toString("base64"),
+      pair.toString("base64").replace(/=+$/, ""),
+      pair.toString("base64url"),
+      "crm-user:pa$$ w0rd??>",
+      "pa$$ w0rd??>",
+      encodeURIComponent("pa$$ w0rd??>"),
+    ]) {
       assert.equal(hide(`<${form}>`), "<[redacted: crm basic]>", form);
     }
   });
 
   it("tries the longest value first, names a shared value after the destination it is for, and leaves values under 6 characters alone", () => {
-    const all = [secret("abcdef", "app header x-a"), secret("abcdefgh", "app bearer"), secret("shared-token", "crm bearer", "crm"), secret("shared-token", "app header x-b"), secret("abcde", "app header x-c")];
-    assert.equal(redactor(all).redact("abcdefgh abcdef abcde shared-token"), "[redacted: app bearer] [redacted: app header x-a] abcde [redacted: crm bearer]");
+    const all = [
+      secret("abcdef", "app header x-a"),
+      secret("abcdefgh", "app bearer"),
+      secret("shared-token", "crm bearer", "crm"),
+      secret("shared-token", "app header x-b"),
+      secret("abcde", "app header x-c"),
+    ];
+    assert.equal(
+      redactor(all).redact("abcdefgh abcdef abcde shared-token"),
+      "[redacted: app bearer] [redacted: app header x-a] abcde [redacted: crm bearer]",
+    );
     assert.equal(redactor(all, { mine: "app" }).redact("shared-token"), "[redacted: app header x-b]");
   });
 
@@ -74,7 +103,14 @@ describe("redactor()", () => {
 describe("secretsOf()", () => {
   it("names each destination's, the operator's and each source's secrets, and leaves out a header written in the file", () => {
     const config = {
-      $destinations: { app: { url: "http://127.0.0.1:1/", secret: ["whsec_c2VjcmV0LW9uZQ==", "whsec_c2VjcmV0LXR3bw=="], bearer: "env:T", headers: { "X-Api-Key": "env:K", "X-Team": "payments" } } },
+      $destinations: {
+        app: {
+          url: "http://127.0.0.1:1/",
+          secret: ["whsec_c2VjcmV0LW9uZQ==", "whsec_c2VjcmV0LXR3bw=="],
+          bearer: "env:T",
+          headers: { "X-Api-Key": "env:K", "X-Team": "payments" },
+        },
+      },
       $operator: { url: "http://127.0.0.1:1/", secret: "whsec_b3BzLXNlY3JldA==", basic: "env:B" },
       stripe: { provider: "stripe", secret: "env:S", routes: ["app"] },
       svix: { provider: "standard", secret: "whsec_c291cmNlLWtleQ==" },
@@ -96,18 +132,37 @@ describe("secretsOf()", () => {
     const env = { NP: "nats-pass-1", NT: "nats-token-1", RU: "amqp://guest:rabbit%2Fpass@127.0.0.1:5672" };
     const brokers = [
       parseBrokerDestination("audit", { type: "nats", subject: "a.b", user: "u", pass: "env:NP" }, "audit", env),
-      parseBrokerDestination("tokened", { type: "nats", url: "nats://u:nats-url-pass@127.0.0.1:4222", subject: "a.b", token: "env:NT" }, "tokened", env),
+      parseBrokerDestination(
+        "tokened",
+        { type: "nats", url: "nats://u:nats-url-pass@127.0.0.1:4222", subject: "a.b", token: "env:NT" },
+        "tokened",
+        env,
+      ),
       parseBrokerDestination("queue", { type: "rabbitmq", url: "env:RU", routingKey: "q" }, "queue", env),
     ];
     const found = secretsOf(undefined, { brokers }).map((s) => `${s.name}=${s.value}`);
-    assert.deepEqual(found, ["audit pass=nats-pass-1", "tokened token=nats-token-1", "tokened password=nats-url-pass", "queue password=rabbit/pass"]);
-    assert.equal(redactor(secretsOf(undefined, { brokers })).redact(`connect to ${env.RU} failed`), "connect to amqp://guest:[redacted: queue password]@127.0.0.1:5672 failed");
+    assert.deepEqual(found, [
+      "audit pass=nats-pass-1",
+      "tokened token=nats-token-1",
+      "tokened password=nats-url-pass",
+      "queue password=rabbit/pass",
+    ]);
+    assert.equal(
+      redactor(secretsOf(undefined, { brokers })).redact(`connect to ${env.RU} failed`),
+      "connect to amqp://guest:[redacted: queue password]@127.0.0.1:5672 failed",
+    );
   });
 });
 
 // echo starts a destination on a free port whose answers say what it was sent, as error pages, debug proxies
 // and gateways do: answer(path, headers, body) gives the status and the text.
-async function echo(answer: (path: string, raw: string[], body: string) => { status: number; text: string; headers?: Record<string, string> }): Promise<{ url: string; server: Server }> {
+async function echo(
+  answer: (
+    path: string,
+    raw: string[],
+    body: string,
+  ) => { status: number; text: string; headers?: Record<string, string> },
+): Promise<{ url: string; server: Server }> {
   const server = createServer((req, res) => {
     let body = "";
     req.on("data", (c: Buffer) => (body += c));
@@ -120,19 +175,35 @@ async function echo(answer: (path: string, raw: string[], body: string) => { sta
   await once(server, "listening");
   return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, server };
 }
-const close = (server: Server) => new Promise<void>((resolve) => {
-  server.closeAllConnections();
-  server.close(() => resolve());
-});
+const close = (server: Server) =>
+  new Promise<void>((resolve) => {
+    server.closeAllConnections();
+    server.close(() => resolve());
+  });
 
 describe("an answer cut in the middle of a token", () => {
   it("keeps no part of it: the token that straddles the cut is replaced whole", async () => {
     const token = "tok_straddles_the_cut_0123456789";
     const { url, server } = await echo(() => ({ status: 500, text: `${"x".repeat(30)} Bearer ${token} and more` }));
-    const d = loadDestinations({ $destinations: { app: { url, secret: "whsec_AAAA", bearer: "env:T" } } }, { T: token }).destinations.get("app") as HttpDestination;
-    const lease = { source: "shop", id: "evt_1", body: Buffer.from("{}"), contentType: null, attempts: 1, orderKey: null, newerId: null, headers: null } as unknown as Lease;
+    const d = loadDestinations(
+      { $destinations: { app: { url, secret: "whsec_AAAA", bearer: "env:T" } } },
+      { T: token },
+    ).destinations.get("app") as HttpDestination;
+    const lease = {
+      source: "shop",
+      id: "evt_1",
+      body: Buffer.from("{}"),
+      contentType: null,
+      attempts: 1,
+      orderKey: null,
+      newerId: null,
+      headers: null,
+    } as unknown as Lease;
     const send = async (redacting: boolean) => {
-      const sender = httpSender(d, { answerBytes: 45, ...(redacting ? { redactor: redactor(secretsOf({ destinations: new Map([["app", d]]) })) } : {}) });
+      const sender = httpSender(d, {
+        answerBytes: 45,
+        ...(redacting ? { redactor: redactor(secretsOf({ destinations: new Map([["app", d]]) })) } : {}),
+      });
       try {
         const outcome = await sender.send(lease, { signal: new AbortController().signal, permanent4xx: false });
         return outcome.kind === "done" ? "" : outcome.error;
@@ -157,10 +228,13 @@ describe("worker.ts and run()", () => {
     const { url, server } = await echo((_, raw) => ({ status: 500, text: raw.join(" ") }));
     try {
       const file = join(dir.dir, "sources.json");
-      writeFileSync(file, JSON.stringify({
-        $destinations: { app: { url, secret: "env:APP_SECRET", bearer: "env:APP_TOKEN" } },
-        shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app"] },
-      }));
+      writeFileSync(
+        file,
+        JSON.stringify({
+          $destinations: { app: { url, secret: "env:APP_SECRET", bearer: "env:APP_TOKEN" } },
+          shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app"] },
+        }),
+      );
       const db = join(dir.dir, "inbox.db");
       const inbox = await connect(db);
       await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from("{}"), destinations: ["app"] });
@@ -188,7 +262,10 @@ describe("worker.ts and run()", () => {
         throw new PermanentError(`the API said: invalid key ${ENV.SHOP_SECRET}`);
       };
       const errors: string[] = [];
-      for (const [id, options] of [["evt_on", { redact }], ["evt_off", {}]] as const) {
+      for (const [id, options] of [
+        ["evt_on", { redact }],
+        ["evt_off", {}],
+      ] as const) {
         await inbox.store({ id, body: Buffer.from("{}") });
         const lines: string[] = [];
         await run(failing, { inbox, once: true, log: (line) => void lines.push(line), ...options });
@@ -208,17 +285,27 @@ describe("worker.ts and run()", () => {
 // The secrets, each with characters an echo encodes, and what must never be found anywhere: each value,
 // URL-encoded, its first and last 10 characters (so half a token is a leak too), and the basic pair's base64.
 const ENV = {
-  APP_TOKEN: "tok_live_app+/=4242abcdef", APP_KEY: "key-app-9f8e7d6c5b4a", APP_SECRET: `whsec_${Buffer.from("the app's forwarding key").toString("base64")}`,
-  CRM_BASIC: "crm-user:pa$$ w0rd!crm", CRM_SECRET: `whsec_${Buffer.from("the crm's forwarding key").toString("base64")}`,
-  OLD_TOKEN: "tok_old_destination_77", OLD_SECRET: `whsec_${Buffer.from("the old app's key").toString("base64")}`,
-  HOP_TOKEN: "tok_hop_redirected_55", HOP_SECRET: `whsec_${Buffer.from("the hop's key").toString("base64")}`,
-  OPS_TOKEN: "tok_operator_99887766", OPS_SECRET: `whsec_${Buffer.from("the operator's key").toString("base64")}`,
+  APP_TOKEN: "tok_live_app+/=4242abcdef",
+  APP_KEY: "key-app-9f8e7d6c5b4a",
+  APP_SECRET: `whsec_${Buffer.from("the app's forwarding key").toString("base64")}`,
+  CRM_BASIC: "crm-user:pa$$ w0rd!crm",
+  CRM_SECRET: `whsec_${Buffer.from("the crm's forwarding key").toString("base64")}`,
+  OLD_TOKEN: "tok_old_destination_77",
+  OLD_SECRET: `whsec_${Buffer.from("the old app's key").toString("base64")}`,
+  HOP_TOKEN: "tok_hop_redirected_55",
+  HOP_SECRET: `whsec_${Buffer.from("the hop's key").toString("base64")}`,
+  OPS_TOKEN: "tok_operator_99887766",
+  OPS_SECRET: `whsec_${Buffer.from("the operator's key").toString("base64")}`,
   SHOP_SECRET: "shop-signing-secret-31337",
 };
-const NEEDLES = [...new Set(Object.entries(ENV).flatMap(([name, v]) => {
-  const values = name === "CRM_BASIC" ? [v, v.slice(v.indexOf(":") + 1), Buffer.from(v).toString("base64")] : [v];
-  return values.flatMap((x) => [x, encodeURIComponent(x), x.slice(0, 10), x.slice(-10)]);
-}))];
+const NEEDLES = [
+  ...new Set(
+    Object.entries(ENV).flatMap(([name, v]) => {
+      const values = name === "CRM_BASIC" ? [v, v.slice(v.indexOf(":") + 1), Buffer.from(v).toString("base64")] : [v];
+      return values.flatMap((x) => [x, encodeURIComponent(x), x.slice(0, 10), x.slice(-10)]);
+    }),
+  ),
+];
 const leaks = (text: string) => NEEDLES.filter((n) => text.includes(n));
 
 // printed runs inbox.ts's own cli() here, as `npx tsx inbox.ts ARGS` would (a child process each costs
@@ -271,37 +358,76 @@ for (const backend of await backends("redact")) {
       // crm: a 400 that quotes the basic credentials, decoded; old: a 410 whose debug page prints its environment;
       // hop: a redirect whose Location carries the bearer, which the try's error quotes from the header, not the body.
       const destinations = await echo((path, raw, body) => {
-        const headers = Object.fromEntries(raw.flatMap((_, i) => (i % 2 === 0 ? [[raw[i]!.toLowerCase(), raw[i + 1]!]] : [])));
+        const headers = Object.fromEntries(
+          raw.flatMap((_, i) => (i % 2 === 0 ? [[raw[i]!.toLowerCase(), raw[i + 1]!]] : [])),
+        );
         const all = raw.map((x, i) => (i % 2 === 0 ? `${x}: ` : `${x}\n`)).join("");
-        if (path === "/app") return { status: 500, text: `500 at /app: log in again at /login?auth=${encodeURIComponent(headers.authorization!)}\n${all}${body}` };
-        if (path === "/hop") return { status: 302, text: "", headers: { location: `/login?token=${headers.authorization!.slice(7)}` } };
-        if (path === "/crm") return { status: 400, text: `bad credentials: ${Buffer.from(headers.authorization!.slice(6), "base64").toString()}\n${all}${body}` };
-        return { status: 410, text: `gone. APP_FORWARD_SECRET=${ENV.APP_SECRET} SHOP_SECRET=${ENV.SHOP_SECRET}\n${all}${body}` };
+        if (path === "/app")
+          return {
+            status: 500,
+            text: `500 at /app: log in again at /login?auth=${encodeURIComponent(headers.authorization!)}\n${all}${body}`,
+          };
+        if (path === "/hop")
+          return { status: 302, text: "", headers: { location: `/login?token=${headers.authorization!.slice(7)}` } };
+        if (path === "/crm")
+          return {
+            status: 400,
+            text: `bad credentials: ${Buffer.from(headers.authorization!.slice(6), "base64").toString()}\n${all}${body}`,
+          };
+        return {
+          status: 410,
+          text: `gone. APP_FORWARD_SECRET=${ENV.APP_SECRET} SHOP_SECRET=${ENV.SHOP_SECRET}\n${all}${body}`,
+        };
       });
       const config = {
         $destinations: {
-          app: { url: `${destinations.url}/app`, secret: "env:APP_SECRET", bearer: "env:APP_TOKEN", headers: { "X-Api-Key": "env:APP_KEY", "X-Team": "payments" }, breaker: { failures: 1 } },
+          app: {
+            url: `${destinations.url}/app`,
+            secret: "env:APP_SECRET",
+            bearer: "env:APP_TOKEN",
+            headers: { "X-Api-Key": "env:APP_KEY", "X-Team": "payments" },
+            breaker: { failures: 1 },
+          },
           crm: { url: `${destinations.url}/crm`, secret: "env:CRM_SECRET", basic: "env:CRM_BASIC" },
           old: { url: `${destinations.url}/old`, secret: "env:OLD_SECRET", bearer: "env:OLD_TOKEN" },
           hop: { url: `${destinations.url}/hop`, secret: "env:HOP_SECRET", bearer: "env:HOP_TOKEN" },
         },
-        $operator: { url: `http://127.0.0.1:${(ops.address() as { port: number }).port}/`, secret: "env:OPS_SECRET", bearer: "env:OPS_TOKEN" },
-        shop: { provider: "plain", secret: "env:SHOP_SECRET", routes: ["app", { to: "crm", permanent4xx: true }, "old", "hop"] },
+        $operator: {
+          url: `http://127.0.0.1:${(ops.address() as { port: number }).port}/`,
+          secret: "env:OPS_SECRET",
+          bearer: "env:OPS_TOKEN",
+        },
+        shop: {
+          provider: "plain",
+          secret: "env:SHOP_SECRET",
+          routes: ["app", { to: "crm", permanent4xx: true }, "old", "hop"],
+        },
       };
       const sources = loadSources(config, ENV);
       const forwarding = loadDestinations(config, ENV);
       const inbox: Inbox = await connect(made.target);
       const places: Record<string, string> = {};
       try {
-        await inbox.store({ source: "shop", id: "evt_1", body: Buffer.from('{"type":"order.paid","amount":5}'), destinations: ["app", "crm", "old", "hop"] });
+        await inbox.store({
+          source: "shop",
+          id: "evt_1",
+          body: Buffer.from('{"type":"order.paid","amount":5}'),
+          destinations: ["app", "crm", "old", "hop"],
+        });
         const lines: string[] = [];
         const metrics = new Metrics({ inbox, processMetrics: false });
         spans.reset();
         // Three announcements: app's breaker opened, crm's delivery set aside, old paused.
         const three = new Promise<void>((resolve) => void (heard = () => announced.length >= 3 && resolve()));
         await forward({
-          inbox, forwarding, routes: new Map([...sources.values()].map((s) => [s.name, s.routes ?? []])), once: true, metrics, redact,
-          secrets: secretsOf(forwarding, { sources: sources.values() }), log: (line, fields) => void lines.push(`${line} ${JSON.stringify(fields ?? {})}`),
+          inbox,
+          forwarding,
+          routes: new Map([...sources.values()].map((s) => [s.name, s.routes ?? []])),
+          once: true,
+          metrics,
+          redact,
+          secrets: secretsOf(forwarding, { sources: sources.values() }),
+          log: (line, fields) => void lines.push(`${line} ${JSON.stringify(fields ?? {})}`),
         });
         await three;
         places.log = lines.join("\n");
@@ -329,9 +455,16 @@ for (const backend of await backends("redact")) {
           }
         }
         if (backend.name === "postgres") {
-          const tables = await inbox.query("SELECT table_name AS t FROM information_schema.tables WHERE table_schema = current_schema()");
-          const rows = await Promise.all(tables.map((r) => inbox.query(`SELECT row_to_json(x)::text AS j FROM "${String(r.t)}" x`)));
-          places["the database"] = rows.flat().map((r) => r.j).join("\n");
+          const tables = await inbox.query(
+            "SELECT table_name AS t FROM information_schema.tables WHERE table_schema = current_schema()",
+          );
+          const rows = await Promise.all(
+            tables.map((r) => inbox.query(`SELECT row_to_json(x)::text AS j FROM "${String(r.t)}" x`)),
+          );
+          places["the database"] = rows
+            .flat()
+            .map((r) => r.j)
+            .join("\n");
         }
       } finally {
         await inbox.close();
@@ -341,7 +474,10 @@ for (const backend of await backends("redact")) {
       // SQLite: every byte of the file and its WAL, as a copy of the database would hold them.
       if (backend.name === "sqlite") {
         const dir = dirname(made.target);
-        places["the database"] = readdirSync(dir).filter((f) => f.startsWith("inbox.db")).map((f) => readFileSync(`${dir}/${f}`, "latin1")).join("\n");
+        places["the database"] = readdirSync(dir)
+          .filter((f) => f.startsWith("inbox.db"))
+          .map((f) => readFileSync(`${dir}/${f}`, "latin1"))
+          .join("\n");
       }
       await made.cleanup();
       exports.cleanup();
@@ -354,10 +490,23 @@ for (const backend of await backends("redact")) {
       else assert.equal(Object.keys(places).length, 11);
       for (const [place, text] of Object.entries(places)) {
         assert.deepEqual(leaks(text), [], `a secret in ${place}`);
-        if (place !== "metrics") assert.match(text, /\[redacted: (app bearer|app header x-api-key|crm basic|app secret|source shop secret)\]/, place);
+        if (place !== "metrics")
+          assert.match(
+            text,
+            /\[redacted: (app bearer|app header x-api-key|crm basic|app secret|source shop secret)\]/,
+            place,
+          );
       }
-      assert.match(places["inbox.ts destinations --json"]!, /redacted: app secret.*redacted: source shop secret/s, "the old app's environment, named");
-      assert.doesNotMatch(places["inbox.ts destinations --json"]!, /redacted: [^\]]*x-team/, "a header written in the file is not a secret");
+      assert.match(
+        places["inbox.ts destinations --json"]!,
+        /redacted: app secret.*redacted: source shop secret/s,
+        "the old app's environment, named",
+      );
+      assert.doesNotMatch(
+        places["inbox.ts destinations --json"]!,
+        /redacted: [^\]]*x-team/,
+        "a header written in the file is not a secret",
+      );
     });
 
     it("the control: with redaction off, each of those places shows a secret (but the metrics, which carry no text)", async () => {

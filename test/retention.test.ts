@@ -97,10 +97,16 @@ describe("inbox.ts purge, retry --failed, replay", () => {
   async function story(): Promise<void> {
     let t = Date.now() - 10 * DAY;
     const inbox = new SqliteInbox(path, { now: () => t });
-    for (const id of ["old_1", "old_2"]) await inbox.store({ source: "stripe", id, eventType: "invoice.paid", body: Buffer.from(`{"id":"${id}"}`) });
+    for (const id of ["old_1", "old_2"])
+      await inbox.store({ source: "stripe", id, eventType: "invoice.paid", body: Buffer.from(`{"id":"${id}"}`) });
     await handleAll(inbox);
     t = Date.now() - DAY;
-    await inbox.store({ source: "stripe", id: "young", eventType: "invoice.paid", body: Buffer.from('{"id":"young"}') });
+    await inbox.store({
+      source: "stripe",
+      id: "young",
+      eventType: "invoice.paid",
+      body: Buffer.from('{"id":"young"}'),
+    });
     await inbox.store({ source: "stripe", id: "bad_1", body: Buffer.from("{}") });
     await inbox.store({ source: "github", id: "bad_2", body: Buffer.from("{}") });
     await handleAll(inbox);
@@ -112,7 +118,11 @@ describe("inbox.ts purge, retry --failed, replay", () => {
   const rowOf = (id: string) => {
     const db = new DatabaseSync(path, { readOnly: true });
     try {
-      return { ...(db.prepare("SELECT status, attempts, replays, length(body) AS bytes, purged_at FROM deliveries WHERE id = ?").get(id) as object) } as Record<string, unknown>;
+      return {
+        ...(db
+          .prepare("SELECT status, attempts, replays, length(body) AS bytes, purged_at FROM deliveries WHERE id = ?")
+          .get(id) as object),
+      } as Record<string, unknown>;
     } finally {
       db.close();
     }
@@ -122,16 +132,22 @@ describe("inbox.ts purge, retry --failed, replay", () => {
     await story();
     const dry = await cli("purge", "--dry-run", "--db", path);
     assert.equal(dry.code, 0, dry.stderr);
-    assert.equal(dry.stdout, [
-      "Would drop 2 bodies (28 B) of done deliveries older than 7d; their tombstones stay.",
-      "Would forget 0 tombstones older than 30d: those IDs would be stored as new if they came again.",
-      "(dry run: nothing changed)",
-      "",
-    ].join("\n"));
+    assert.equal(
+      dry.stdout,
+      [
+        "Would drop 2 bodies (28 B) of done deliveries older than 7d; their tombstones stay.",
+        "Would forget 0 tombstones older than 30d: those IDs would be stored as new if they came again.",
+        "(dry run: nothing changed)",
+        "",
+      ].join("\n"),
+    );
     assert.equal(rowOf("old_1").bytes, 14);
     const real = await cli("purge", "--json", "--db", path);
     assert.equal(real.code, 0, real.stderr);
-    assert.deepEqual({ ...JSON.parse(real.stdout), vacuumedBytes: 0 }, { bodies: 2, bytes: 28, forgotten: 0, vacuumedBytes: 0, dryRun: false });
+    assert.deepEqual(
+      { ...JSON.parse(real.stdout), vacuumedBytes: 0 },
+      { bodies: 2, bytes: 28, forgotten: 0, vacuumedBytes: 0, dryRun: false },
+    );
     assert.deepEqual([rowOf("old_1").bytes, rowOf("old_1").status], [0, "done"]);
     const status = await cli("status", "--db", path);
     assert.match(status.stdout, /^kept: 4 with their body \(\d+ B, oldest \S+\); 2 tombstones, oldest \S+$/m);
@@ -170,7 +186,10 @@ describe("inbox.ts purge, retry --failed, replay", () => {
     const some = await cli("retry", "--failed", "--source", "github", "--since", "2h", "--db", path);
     assert.equal(some.stdout, "Queued 1 failed delivery again.\n");
     assert.deepEqual([rowOf("bad_3").status, rowOf("bad_2").status], ["received", "failed"]);
-    assert.equal((await cli("retry", "--failed", "--source", "github", "--since", "2h", "--db", path)).stdout, "Queued 0 failed deliveries again.\n");
+    assert.equal(
+      (await cli("retry", "--failed", "--source", "github", "--since", "2h", "--db", path)).stdout,
+      "Queued 0 failed deliveries again.\n",
+    );
     assert.equal((await cli("retry", "--all-failed", "--db", path)).stdout, "Queued 2 failed deliveries again.\n");
   });
 
@@ -185,11 +204,14 @@ describe("inbox.ts purge, retry --failed, replay", () => {
     assert.equal(tomb.code, 1);
     assert.match(tomb.stderr, /cannot be replayed: its body was purged/);
     const many = await cli("replay", "--type", "invoice.paid", "--dry-run", "--db", path);
-    assert.equal(many.stdout, [
-      "Would replay 0 done deliveries (dry run: nothing changed).",
-      "2 more matched but cannot be replayed: their bodies were purged (tombstones).",
-      "",
-    ].join("\n"));
+    assert.equal(
+      many.stdout,
+      [
+        "Would replay 0 done deliveries (dry run: nothing changed).",
+        "2 more matched but cannot be replayed: their bodies were purged (tombstones).",
+        "",
+      ].join("\n"),
+    );
     const bare = await cli("replay", "--db", path);
     assert.equal(bare.code, 2, "a bare replay would take every done delivery: it asks for --all");
   });
@@ -225,7 +247,8 @@ for (const backend of ["sqlite", "postgres"] as const) {
       const from = join(dir.dir, "from.db");
       let t = Date.now() - 9 * DAY;
       const source = new SqliteInbox(from, { now: () => t });
-      for (const [id, bytes] of BODIES) await source.store({ source: "raw", id, body: bytes, contentType: "application/octet-stream" });
+      for (const [id, bytes] of BODIES)
+        await source.store({ source: "raw", id, body: bytes, contentType: "application/octet-stream" });
       await source.store({ id: "bad_json", body: Buffer.from("{}") });
       await handleAll(source);
       t += 8 * DAY;
@@ -240,9 +263,15 @@ for (const backend of ["sqlite", "postgres"] as const) {
         const out = await cli("export", "--out", exported, "--db", from);
         assert.equal(out.code, 0, out.stderr);
         assert.equal(out.stderr, `Exported 8 deliveries to ${exported}.\n`);
-        const lines = readFileSync(exported, "utf8").trimEnd().split("\n").map((l) => JSON.parse(l));
+        const lines = readFileSync(exported, "utf8")
+          .trimEnd()
+          .split("\n")
+          .map((l) => JSON.parse(l));
         const latin1 = lines.find((l) => l.id === "latin1")!;
-        assert.deepEqual([latin1.body, latin1.bodyBase64, latin1.bodyBytes], [null, BODIES[0]![1].toString("base64"), 5]);
+        assert.deepEqual(
+          [latin1.body, latin1.bodyBase64, latin1.bodyBytes],
+          [null, BODIES[0]![1].toString("base64"), 5],
+        );
         assert.equal(lines.find((l) => l.id === "bom")!.body, "\ufeff{}", "UTF-8 bodies also come as text");
 
         const imported = await cli("import", exported, "--db", to);
@@ -252,10 +281,15 @@ for (const backend of ["sqlite", "postgres"] as const) {
         try {
           for (const [id, bytes] of BODIES) {
             const [d] = await inbox.find(id, "raw");
-            if (id === "utf8") assert.deepEqual([d!.body.length, d!.purgedAt !== null], [0, true], "a tombstone stays a tombstone");
+            if (id === "utf8")
+              assert.deepEqual([d!.body.length, d!.purgedAt !== null], [0, true], "a tombstone stays a tombstone");
             else assert.ok(d!.body.equals(bytes), `${id}: ${d!.body.toString("hex")} != ${bytes.toString("hex")}`);
           }
-          assert.equal(await inbox.store({ source: "raw", id: "utf8", body: BODIES[4]![1] }), "duplicate", "the moved tombstone still remembers");
+          assert.equal(
+            await inbox.store({ source: "raw", id: "utf8", body: BODIES[4]![1] }),
+            "duplicate",
+            "the moved tombstone still remembers",
+          );
         } finally {
           await inbox.close();
         }
@@ -282,9 +316,15 @@ describe("importLine()", () => {
     await inbox.close();
     const line = exportLine(d!);
     assert.deepEqual(importLine(JSON.parse(JSON.stringify(line))).body, Buffer.from("{}"));
-    assert.throws(() => importLine({ ...line, purgedAt: 1, bodyBase64: "" }), /expected a tombstone \(purgedAt set\) to be done or failed, got received/);
+    assert.throws(
+      () => importLine({ ...line, purgedAt: 1, bodyBase64: "" }),
+      /expected a tombstone \(purgedAt set\) to be done or failed, got received/,
+    );
     const file = join(dir.dir, "forged.jsonl");
-    writeFileSync(file, `${JSON.stringify(line)}\n${JSON.stringify({ ...line, id: "evt_2", bodyBase64: Buffer.from("[]").toString("base64") })}\n`);
+    writeFileSync(
+      file,
+      `${JSON.stringify(line)}\n${JSON.stringify({ ...line, id: "evt_2", bodyBase64: Buffer.from("[]").toString("base64") })}\n`,
+    );
     const r = await cli("import", file, "--db", join(dir.dir, "other.db"));
     assert.equal(r.code, 2);
     assert.match(r.stderr, /forged\.jsonl:2: the body of default\/evt_2 does not match its sha256/);

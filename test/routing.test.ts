@@ -23,11 +23,21 @@ const SOURCES = {
     deploy: { url: "http://127.0.0.1:1/deploy", secret: APP_SECRET },
   },
   stripe: {
-    provider: "standard", secret: STRIPE_SECRET,
-    routes: ["handler", { to: "billing", types: ["invoice.*"], filter: { body: { livemode: true, data: { object: { amount_due: { $gt: 10000 } } } } }, transform: "./billing.ts" }],
+    provider: "standard",
+    secret: STRIPE_SECRET,
+    routes: [
+      "handler",
+      {
+        to: "billing",
+        types: ["invoice.*"],
+        filter: { body: { livemode: true, data: { object: { amount_due: { $gt: 10000 } } } } },
+        transform: "./billing.ts",
+      },
+    ],
   },
   github: {
-    provider: "github", secret: GITHUB_SECRET,
+    provider: "github",
+    secret: GITHUB_SECRET,
     routes: [{ to: "deploy", filter: { headers: { "X-GitHub-Event": "push" }, body: { ref: "refs/heads/main" } } }],
   },
 };
@@ -47,17 +57,39 @@ describe("a bad filter or transform stops start-up", () => {
   let dir: { dir: string; cleanup: () => void };
   beforeEach(() => (dir = tempDir()));
   afterEach(() => dir.cleanup());
-  const withRoute = (route: Record<string, unknown>) => ({ ...SOURCES, stripe: { ...SOURCES.stripe, routes: ["handler", { to: "billing", ...route }] } });
+  const withRoute = (route: Record<string, unknown>) => ({
+    ...SOURCES,
+    stripe: { ...SOURCES.stripe, routes: ["handler", { to: "billing", ...route }] },
+  });
   const cases: [string, string, unknown, string][] = [
-    ["receiver.ts", "an unknown operator", withRoute({ filter: { body: { amount: { $gtt: 1 } } } }), 'source "stripe": route #2 (billing): filter at body.amount.$gtt: unknown operator $gtt'],
-    ["worker.ts", "a regex that does not compile", withRoute({ filter: { headers: { "user-agent": { $regex: "[" } } } }), 'source "stripe": route #2 (billing): filter at headers.user-agent.$regex: the regular expression "[" does not compile'],
-    ["worker.ts", "a transform module that is not there", withRoute({ transform: "./missing.ts" }), 'source "stripe": route to billing: transform ./missing.ts could not be loaded: there is no file /'],
+    [
+      "receiver.ts",
+      "an unknown operator",
+      withRoute({ filter: { body: { amount: { $gtt: 1 } } } }),
+      'source "stripe": route #2 (billing): filter at body.amount.$gtt: unknown operator $gtt',
+    ],
+    [
+      "worker.ts",
+      "a regex that does not compile",
+      withRoute({ filter: { headers: { "user-agent": { $regex: "[" } } } }),
+      'source "stripe": route #2 (billing): filter at headers.user-agent.$regex: the regular expression "[" does not compile',
+    ],
+    [
+      "worker.ts",
+      "a transform module that is not there",
+      withRoute({ transform: "./missing.ts" }),
+      'source "stripe": route to billing: transform ./missing.ts could not be loaded: there is no file /',
+    ],
   ];
   for (const [script, what, config, line] of cases) {
     it(`${script}: ${what}: one line, exit code 2, nothing created`, async () => {
       const file = writeSources(dir.dir, config);
       const db = join(dir.dir, "inbox.db");
-      const r = await runScript(script, ["--sources", file, "--db", db, ...(script === "worker.ts" ? ["--once"] : ["--port", "0"])], { APP_SECRET });
+      const r = await runScript(
+        script,
+        ["--sources", file, "--db", db, ...(script === "worker.ts" ? ["--once"] : ["--port", "0"])],
+        { APP_SECRET },
+      );
       assert.equal(r.code, 2, r.stderr);
       assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
       assert.ok(r.stderr.includes(line), r.stderr);
@@ -83,25 +115,50 @@ for (const backend of await backends("routing")) {
         const now = () => Math.floor(Date.now() / 1000);
         const stripe = async (id: string, event: unknown) => {
           const body = JSON.stringify(event);
-          const r = await fetch(`${receiver.url}/stripe`, { method: "POST", headers: { ...sign("standard", STRIPE_SECRET, { id, body, timestampS: now() }), "content-type": "application/json" }, body });
+          const r = await fetch(`${receiver.url}/stripe`, {
+            method: "POST",
+            headers: {
+              ...sign("standard", STRIPE_SECRET, { id, body, timestampS: now() }),
+              "content-type": "application/json",
+            },
+            body,
+          });
           assert.equal(r.status, 200, await r.text());
         };
         const github = async (id: string, event: string, body: string, contentType = "application/json") => {
           const r = await fetch(`${receiver.url}/github`, {
-            method: "POST", body,
-            headers: { ...sign("github", GITHUB_SECRET, { id, body, timestampS: now() }), "X-GitHub-Event": event, "content-type": contentType },
+            method: "POST",
+            body,
+            headers: {
+              ...sign("github", GITHUB_SECRET, { id, body, timestampS: now() }),
+              "X-GitHub-Event": event,
+              "content-type": contentType,
+            },
           });
           assert.equal(r.status, 200, await r.text());
         };
-        const invoice = (id: string, livemode: boolean, amount: number) => ({ type: "invoice.paid", livemode, data: { object: { id: `in_${id}`, amount_due: amount } } });
+        const invoice = (id: string, livemode: boolean, amount: number) => ({
+          type: "invoice.paid",
+          livemode,
+          data: { object: { id: `in_${id}`, amount_due: amount } },
+        });
         await stripe("evt_live_big", invoice("evt_live_big", true, 25_000));
         await stripe("evt_live_small", invoice("evt_live_small", true, 10_000));
         await stripe("evt_test_big", invoice("evt_test_big", false, 25_000));
-        await stripe("evt_customer", { type: "customer.created", livemode: true, data: { object: { amount_due: 99_999 } } });
+        await stripe("evt_customer", {
+          type: "customer.created",
+          livemode: true,
+          data: { object: { amount_due: 99_999 } },
+        });
         await github("gh_main", "push", JSON.stringify({ ref: "refs/heads/main" }));
         await github("gh_branch", "push", JSON.stringify({ ref: "refs/heads/feature" }));
         await github("gh_ping", "ping", JSON.stringify({ ref: "refs/heads/main" }));
-        await github("gh_form", "push", `payload=${encodeURIComponent(JSON.stringify({ ref: "refs/heads/main" }))}`, "application/x-www-form-urlencoded");
+        await github(
+          "gh_form",
+          "push",
+          `payload=${encodeURIComponent(JSON.stringify({ ref: "refs/heads/main" }))}`,
+          "application/x-www-form-urlencoded",
+        );
         await receiver.stop();
 
         const inbox = await connect(target);
@@ -118,18 +175,49 @@ for (const backend of await backends("routing")) {
           await inbox.close();
         }
         // preview: the routes chosen now, and billing's request as its transform shapes it; nothing sent.
-        const shown = await runScript("inbox.ts", ["preview", "evt_live_big", "--sources", file, "--db", target, "--json"]);
+        const shown = await runScript("inbox.ts", [
+          "preview",
+          "evt_live_big",
+          "--sources",
+          file,
+          "--db",
+          target,
+          "--json",
+        ]);
         assert.equal(shown.code, 0, shown.stderr);
-        const seen = JSON.parse(shown.stdout) as { routes: unknown[]; requests: { destination: string; kind: string; url?: string; headers?: Record<string, string>; body?: string }[] };
-        assert.deepEqual(seen.routes, [{ to: "handler", chosen: true }, { to: "billing", chosen: true }]);
+        const seen = JSON.parse(shown.stdout) as {
+          routes: unknown[];
+          requests: {
+            destination: string;
+            kind: string;
+            url?: string;
+            headers?: Record<string, string>;
+            body?: string;
+          }[];
+        };
+        assert.deepEqual(seen.routes, [
+          { to: "handler", chosen: true },
+          { to: "billing", chosen: true },
+        ]);
         const billing = seen.requests.find((r) => r.destination === "billing")!;
         assert.equal(billing.url, "http://127.0.0.1:1/billing");
         assert.deepEqual(JSON.parse(billing.body!), { invoice: "in_evt_live_big", cents: 25_000 });
         assert.equal(billing.headers!["x-billing"], "1");
         assert.equal(billing.headers!["content-type"], "application/json");
         assert.equal(billing.headers!["webhook-signature"], "v1,(made when sent, over this body)");
-        const other = await runScript("inbox.ts", ["preview", "evt_test_big", "--sources", file, "--db", target, "--json"]);
-        assert.deepEqual((JSON.parse(other.stdout) as { routes: unknown[] }).routes, [{ to: "handler", chosen: true }, { to: "billing", chosen: false, why: "its filter" }]);
+        const other = await runScript("inbox.ts", [
+          "preview",
+          "evt_test_big",
+          "--sources",
+          file,
+          "--db",
+          target,
+          "--json",
+        ]);
+        assert.deepEqual((JSON.parse(other.stdout) as { routes: unknown[] }).routes, [
+          { to: "handler", chosen: true },
+          { to: "billing", chosen: false, why: "its filter" },
+        ]);
         const replayed = await runScript("inbox.ts", ["replay", "evt_test_big", "--to", "billing", "--db", target]);
         assert.equal(replayed.code, 0, replayed.stderr);
         const again = await connect(target);

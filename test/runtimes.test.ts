@@ -20,11 +20,18 @@ interface Part {
 
 const SUBSET: readonly Part[] = [
   { file: "test/demo.test.ts", why: "the article's story through the real scripts, each a child on the same runtime" },
-  { file: "test/durability.test.ts", why: "each runtime bundles its own SQLite: WAL, synchronous=FULL and the version, read back" },
+  {
+    file: "test/durability.test.ts",
+    why: "each runtime bundles its own SQLite: WAL, synchronous=FULL and the version, read back",
+  },
   { file: "test/checkpoint.test.ts", why: "the checkpoint thread, on each runtime's node:worker_threads" },
   { file: "test/contract.test.ts", why: "the store contract on SQLite and PostgreSQL (pg) in-process" },
   { file: "test/providers-http.test.ts", why: "each runtime's node:http server and the providers' signatures" },
-  { file: "test/crash.test.ts", only: "a receiver killed with SIGKILL while senders send", why: "nothing acknowledged is lost across a SIGKILL" },
+  {
+    file: "test/crash.test.ts",
+    only: "a receiver killed with SIGKILL while senders send",
+    why: "nothing acknowledged is lost across a SIGKILL",
+  },
 ];
 
 /** A runtime the subset runs on: where its binary is, and how its test runner runs one part. */
@@ -41,19 +48,25 @@ interface Runtime {
 const RUNTIMES: readonly Runtime[] = [
   {
     // Node's own type stripping, as `node receiver.ts` runs: the rest of npm test already runs every file under tsx.
-    name: "node", binary: process.execPath, parts: SUBSET.filter((p) => p.file === "test/demo.test.ts"),
+    name: "node",
+    binary: process.execPath,
+    parts: SUBSET.filter((p) => p.file === "test/demo.test.ts"),
     args: (part) => ["--test", ...(part.only ? ["--test-name-pattern", part.only] : []), part.file],
     passed: /^ℹ pass [1-9]/m,
   },
   {
     // --no-check: tsc --noEmit is the type check; Deno's own would only repeat it, slower.
-    name: "deno", binary: runtimeBinary("deno", "the portable subset on deno"), parts: SUBSET,
+    name: "deno",
+    binary: runtimeBinary("deno", "the portable subset on deno"),
+    parts: SUBSET,
     args: (part) => ["test", "-A", "--no-check", ...(part.only ? ["--filter", part.only] : []), part.file],
     passed: /^ok \| [1-9]\d* passed/m,
   },
   {
     // Bun's runner gives each test 5 s unless told otherwise; the crash test takes longer. "./": a bare name is a filter.
-    name: "bun", binary: runtimeBinary("bun", "the portable subset on bun"), parts: SUBSET,
+    name: "bun",
+    binary: runtimeBinary("bun", "the portable subset on bun"),
+    parts: SUBSET,
     args: (part) => ["test", "--timeout", "300000", ...(part.only ? ["-t", part.only] : []), `./${part.file}`],
     passed: /^\s*[1-9]\d* pass$/m,
   },
@@ -72,7 +85,9 @@ function runPart(runtime: Runtime, part: Part): Promise<{ code: number | null; o
     // a parent runner instead of running as its own, and exits 0 having run nothing.
     const { NODE_TEST_CONTEXT: _, ...env } = process.env;
     const child = spawn(runtime.binary!, runtime.args(part), {
-      cwd: ROOT, env: { ...env, NO_COLOR: "1", FORCE_COLOR: "0" }, stdio: ["ignore", "pipe", "pipe"],
+      cwd: ROOT,
+      env: { ...env, NO_COLOR: "1", FORCE_COLOR: "0" },
+      stdio: ["ignore", "pipe", "pipe"],
     });
     let output = "";
     child.stdout.on("data", (d) => (output += d));
@@ -88,7 +103,10 @@ function runPart(runtime: Runtime, part: Part): Promise<{ code: number | null; o
 describe("the portable subset, on each runtime at once", { concurrency: true }, () => {
   for (const runtime of RUNTIMES) {
     const skip = runtime.binary ? false : `no ${runtime.name}`;
-    describe(`the portable subset on ${runtime.name} ${skip ? "" : version(runtime)}`.trimEnd(), { skip, concurrency: 1 }, () => {
+    describe(`the portable subset on ${runtime.name} ${skip ? "" : version(runtime)}`.trimEnd(), {
+      skip,
+      concurrency: 1,
+    }, () => {
       for (const part of runtime.parts) {
         it(`${part.file}${part.only ? `: ${part.only}` : ""} (${part.why})`, async () => {
           const run = await runPart(runtime, part);
@@ -107,21 +125,33 @@ describe("the portable subset, on each runtime at once", { concurrency: true }, 
 
 // askedWhichRuntime finds the lines of code (not comments) that ask which runtime they run on.
 function askedWhichRuntime(source: string): string[] {
-  return source.split("\n").filter((line) => !/^\s*(\/\/|\*|\/\*)/.test(line))
-    .filter((line) => /\b(Deno|Bun)\s*[.!?]|typeof\s+(Deno|Bun)\b|versions\s*\.\s*(deno|bun)\b|versions\[["'](deno|bun)/.test(line));
+  return source
+    .split("\n")
+    .filter((line) => !/^\s*(\/\/|\*|\/\*)/.test(line))
+    .filter((line) =>
+      /\b(Deno|Bun)\s*[.!?]|typeof\s+(Deno|Bun)\b|versions\s*\.\s*(deno|bun)\b|versions\[["'](deno|bun)/.test(line),
+    );
 }
 
 describe("the roles and scripts", () => {
   it("never ask which runtime they run on: runtime.ts is the one place that does", () => {
-    const files = [...readdirSync(ROOT), ...readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map((f) => `lib/${f}`)]
-      .filter((f) => f.endsWith(".ts") && f !== "lib/runtime.ts");
-    const asking = files.flatMap((f) => askedWhichRuntime(readFileSync(join(ROOT, f), "utf8")).map((line) => `${f}: ${line.trim()}`));
+    const files = [
+      ...readdirSync(ROOT),
+      ...readdirSync(join(ROOT, "lib"), { recursive: true, encoding: "utf8" }).map((f) => `lib/${f}`),
+    ].filter((f) => f.endsWith(".ts") && f !== "lib/runtime.ts");
+    const asking = files.flatMap((f) =>
+      askedWhichRuntime(readFileSync(join(ROOT, f), "utf8")).map((line) => `${f}: ${line.trim()}`),
+    );
     assert.deepEqual(asking, []);
     assert.ok(askedWhichRuntime(readFileSync(join(ROOT, "lib", "runtime.ts"), "utf8")).length > 0, "runtime.ts asks");
   });
 
   it("(control) the check finds a runtime test in code, and not in a comment", () => {
-    assert.equal(askedWhichRuntime('if (typeof Bun !== "undefined") serve();\nconst d = Deno.env;\n// on Deno.serve, see below').length, 2);
+    assert.equal(
+      askedWhichRuntime('if (typeof Bun !== "undefined") serve();\nconst d = Deno.env;\n// on Deno.serve, see below')
+        .length,
+      2,
+    );
     assert.equal(askedWhichRuntime("const v = process.versions.bun;").length, 1);
   });
 });

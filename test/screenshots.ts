@@ -18,7 +18,7 @@ const inbox = await connect(join(dir.dir, "inbox.db"), { now: () => t, maxAttemp
 const forwarder = await connect(join(dir.dir, "inbox.db"), { now: () => t, maxAttempts: 8 });
 // A fixed sequence, so the pictures change only when the page does.
 let seed = 7;
-const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
 
 const errors = [
   () => `HTTP 502 from payments-api after ${400 + Math.round(random() * 900)} ms`,
@@ -26,7 +26,11 @@ const errors = [
   () => "invalid amount: expected a positive integer",
 ];
 const kinds = [
-  { source: "stripe", types: ["charge.succeeded", "invoice.paid", "customer.updated"], destinations: ["handler", "ledger"] },
+  {
+    source: "stripe",
+    types: ["charge.succeeded", "invoice.paid", "customer.updated"],
+    destinations: ["handler", "ledger"],
+  },
   { source: "github", types: ["push", "pull_request"], destinations: ["handler"] },
   { source: "shopify", types: ["orders/create"], destinations: ["handler", "crm"] },
 ];
@@ -40,14 +44,33 @@ for (let minute = 0; minute < 60; minute++) {
     const kind = kinds[Math.floor(random() * (random() < 0.6 ? 1 : kinds.length))]!;
     const type = kind.types[Math.floor(random() * kind.types.length)]!;
     const id = `evt_${(t % 1e9).toString(36)}${i}`;
-    const body = { id, type, created: Math.floor(t / 1000), data: { object: { amount: Math.round(random() * 9000) + 100, currency: "eur", customer: `cus_${Math.round(random() * 1e5)}` } } };
-    await inbox.store({ source: kind.source, id, body: Buffer.from(JSON.stringify(body)), eventType: type, contentType: "application/json", destinations: kind.destinations });
+    const body = {
+      id,
+      type,
+      created: Math.floor(t / 1000),
+      data: {
+        object: {
+          amount: Math.round(random() * 9000) + 100,
+          currency: "eur",
+          customer: `cus_${Math.round(random() * 1e5)}`,
+        },
+      },
+    };
+    await inbox.store({
+      source: kind.source,
+      id,
+      body: Buffer.from(JSON.stringify(body)),
+      eventType: type,
+      contentType: "application/json",
+      destinations: kind.destinations,
+    });
     // Most are handled within seconds; a few fail, more of them in a bad patch twenty minutes ago.
     if (minute > 57 && random() < 0.7) continue;
     t += 800 + Math.round(random() * 3_000);
     const lease = (await inbox.claim(60_000))!;
     const bad = random() < (minute > 35 && minute < 45 ? 0.35 : 0.04);
-    if (bad) await inbox.fail(lease, errors[Math.floor(random() * (minute > 35 && minute < 45 ? 1 : errors.length))]!());
+    if (bad)
+      await inbox.fail(lease, errors[Math.floor(random() * (minute > 35 && minute < 45 ? 1 : errors.length))]!());
     else await inbox.finish(lease);
     // The ledger takes stripe's until it slows down two minutes ago (it goes down below); the CRM takes
     // shopify's until its deploy began.
@@ -79,10 +102,24 @@ await forwarder.close();
 const retrying = await connect(join(dir.dir, "inbox.db"), { now: () => t, maxAttempts: 3, random: () => 0.5 });
 t = end - 9 * 60_000;
 await retrying.store({
-  source: "stripe", id: "evt_3QxK2mLdTz81", contentType: "application/json", eventType: "invoice.paid", destinations: ["handler", "ledger"],
-  body: Buffer.from(JSON.stringify({ id: "evt_3QxK2mLdTz81", type: "invoice.paid", data: { object: { amount_paid: 4900, currency: "eur", customer: "cus_R2d2C3po" } } })),
+  source: "stripe",
+  id: "evt_3QxK2mLdTz81",
+  contentType: "application/json",
+  eventType: "invoice.paid",
+  destinations: ["handler", "ledger"],
+  body: Buffer.from(
+    JSON.stringify({
+      id: "evt_3QxK2mLdTz81",
+      type: "invoice.paid",
+      data: { object: { amount_paid: 4900, currency: "eur", customer: "cus_R2d2C3po" } },
+    }),
+  ),
 });
-for (const [delay, error] of [[500, "HTTP 502 from payments-api after 1204 ms"], [3_000, "HTTP 502 from payments-api after 998 ms"], [9_000, "HTTP 503 from payments-api after 30001 ms"]] as const) {
+for (const [delay, error] of [
+  [500, "HTTP 502 from payments-api after 1204 ms"],
+  [3_000, "HTTP 502 from payments-api after 998 ms"],
+  [9_000, "HTTP 503 from payments-api after 30001 ms"],
+] as const) {
   t += delay;
   const lease = (await retrying.claimBatch(50, 60_000)).find((l) => l.id === "evt_3QxK2mLdTz81")!;
   await retrying.fail(lease, error);
@@ -117,4 +154,6 @@ try {
   await inbox.close();
   dir.cleanup();
 }
-console.log("wrote docs/admin-overview.png, docs/admin-delivery.png, docs/admin-narrow.png, docs/admin-failures.png, docs/admin-destinations.png");
+console.log(
+  "wrote docs/admin-overview.png, docs/admin-delivery.png, docs/admin-narrow.png, docs/admin-failures.png, docs/admin-destinations.png",
+);

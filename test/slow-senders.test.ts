@@ -15,7 +15,17 @@ import { startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 // Short limits, long enough that the stalled sockets are still open while the real deliveries are sent
 // (opening 2,000 took up to 5.5 s on 2 busy cores).
-const LIMITS = ["--headers-timeout", "8000", "--body-timeout", "8000", "--min-body-rate", "1000", "--max-in-flight", "64", "--quiet"];
+const LIMITS = [
+  "--headers-timeout",
+  "8000",
+  "--body-timeout",
+  "8000",
+  "--min-body-rate",
+  "1000",
+  "--max-in-flight",
+  "64",
+  "--quiet",
+];
 const STALLED = 2_000;
 const DELIVERIES = 20;
 
@@ -56,9 +66,11 @@ function stall(port: number, from: string, n: number, midBody: boolean): Promise
   void s.closed.then(() => (s.open = false));
   return new Promise((resolve) => {
     socket.once("connect", () => {
-      socket.write(midBody
-        ? `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: stall-${n}\r\nContent-Length: 1000\r\n\r\n{"partial":`
-        : `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: stall-${n}\r\n`);
+      socket.write(
+        midBody
+          ? `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: stall-${n}\r\nContent-Length: 1000\r\n\r\n{"partial":`
+          : `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: stall-${n}\r\n`,
+      );
       resolve(s);
     });
     // A socket refused at once may close before its connect is seen by this side.
@@ -72,7 +84,9 @@ async function stallFrom(port: number, addresses: string[], count: number): Prom
   const opened: Stall[] = [];
   for (let i = 0; i < count; i += 400) {
     const batch = Array.from({ length: Math.min(400, count - i) }, (_, j) => i + j);
-    opened.push(...await Promise.all(batch.map((n) => stall(port, addresses[n % addresses.length]!, n, n % 2 === 1))));
+    opened.push(
+      ...(await Promise.all(batch.map((n) => stall(port, addresses[n % addresses.length]!, n, n % 2 === 1)))),
+    );
   }
   stalls.push(...opened);
   return opened;
@@ -84,10 +98,14 @@ function deliver(port: number, id: string, headers: string[] = []): Promise<{ st
   const body = JSON.stringify({ customer: "Ann", amount: 5, id });
   let text = "";
   socket.on("data", (d: Buffer) => (text += d.toString("latin1")));
-  socket.write(`POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: ${id}\r\n${headers.map((h) => `${h}\r\n`).join("")}Content-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`);
+  socket.write(
+    `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: ${id}\r\n${headers.map((h) => `${h}\r\n`).join("")}Content-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`,
+  );
   return new Promise((resolve, reject) => {
     socket.on("error", reject);
-    socket.on("close", () => resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1]), body: text.split("\r\n\r\n")[1] ?? "" }));
+    socket.on("close", () =>
+      resolve({ status: Number(/^HTTP\/1\.1 (\d{3})/.exec(text)?.[1]), body: text.split("\r\n\r\n")[1] ?? "" }),
+    );
   });
 }
 
@@ -147,14 +165,20 @@ describe("senders that stall", { timeout: 60_000 }, () => {
       // 500 accepted, half of them mid-body: still open, far more than the 64 the old counting allowed.
       assert.ok(a.stalledOpen > 64, `only ${a.stalledOpen} mid-body stalls were open at a 200`);
     }
-    t.diagnostic(`real deliveries: median ${median(before).toFixed(1)} ms before the stall, ${median(answers.map((a) => a.ms)).toFixed(1)} ms during it`);
+    t.diagnostic(
+      `real deliveries: median ${median(before).toFixed(1)} ms before the stall, ${median(answers.map((a) => a.ms)).toFixed(1)} ms during it`,
+    );
     const firstWords = await Promise.all(opened.map((s) => s.closed));
     const refused = firstWords.filter((w) => w === "").length;
     const timedOut = firstWords.filter((w) => w.startsWith("HTTP/1.1 408")).length;
     // Which sockets are past the cap depends on how fast the first ones time out and free their places,
     // so the exact count is the next test's; here every one is closed by the server, one way or the other.
     assert.ok(refused >= STALLED / 2, `only ${refused} refused`);
-    assert.equal(refused + timedOut, STALLED, "every socket is refused unheard, or answered 408 by the headers timeout or the body's pace");
+    assert.equal(
+      refused + timedOut,
+      STALLED,
+      "every socket is refused unheard, or answered 408 by the headers timeout or the body's pace",
+    );
     assert.deepEqual(ids(), [...realIds, ...warmIds].sort());
   });
 
@@ -167,22 +191,40 @@ describe("senders that stall", { timeout: 60_000 }, () => {
       assert.deepEqual([a.status, a.body], [200, "stored"]);
       assert.ok(a.stalledOpen > 64, `only ${a.stalledOpen} mid-body stalls were open at a 200`);
     }
-    t.diagnostic(`real deliveries: median ${median(before).toFixed(1)} ms before the stall, ${median(answers.map((a) => a.ms)).toFixed(1)} ms during it`);
+    t.diagnostic(
+      `real deliveries: median ${median(before).toFixed(1)} ms before the stall, ${median(answers.map((a) => a.ms)).toFixed(1)} ms during it`,
+    );
     const firstWords = await Promise.all(opened.map((s) => s.closed));
     const headers = firstWords.filter((w, n) => n % 2 === 0 && /^HTTP\/1\.1 408 Request Timeout/.test(w)).length;
     const bodies = firstWords.filter((w, n) => n % 2 === 1 && /^HTTP\/1\.1 408 [^]*body too slow/.test(w)).length;
-    assert.deepEqual([headers, bodies], [STALLED / 2, STALLED / 2], "every stall is closed with a 408 by its own limit");
+    assert.deepEqual(
+      [headers, bodies],
+      [STALLED / 2, STALLED / 2],
+      "every stall is closed with a 408 by its own limit",
+    );
     assert.deepEqual(ids(), [...realIds, ...warmIds].sort());
   });
 
   it("refuses exactly the connections past --max-connections-per-ip from one address, and no other address's", async () => {
     // Limits long enough that nothing times out during the test: the count is the cap's alone.
-    const r = await startReceiver(path, ["--headers-timeout", "20000", "--body-timeout", "20000", "--max-connections-per-ip", "50", "--quiet"]);
+    const r = await startReceiver(path, [
+      "--headers-timeout",
+      "20000",
+      "--body-timeout",
+      "20000",
+      "--max-connections-per-ip",
+      "50",
+      "--quiet",
+    ]);
     receivers.push(r);
     const held = await stallFrom(r.port, ["127.0.0.2"], 50);
     const past = await stallFrom(r.port, ["127.0.0.2"], 50);
     const other = await stallFrom(r.port, ["127.0.0.3"], 50);
-    assert.deepEqual(await Promise.all(past.map((s) => s.closed)), past.map(() => ""), "each one past the cap is closed unheard");
+    assert.deepEqual(
+      await Promise.all(past.map((s) => s.closed)),
+      past.map(() => ""),
+      "each one past the cap is closed unheard",
+    );
     assert.equal((await deliver(r.port, "real")).status, 200);
     assert.equal(held.filter((s) => s.open).length, 50);
     assert.equal(other.filter((s) => s.open).length, 50);
@@ -194,12 +236,12 @@ describe("senders that stall", { timeout: 60_000 }, () => {
     let again: Stall[] = [];
     let tries = 0;
     for (; again.length < 10 && tries < 200; tries++) {
-      again.push(...await stallFrom(r.port, ["127.0.0.2"], 1));
+      again.push(...(await stallFrom(r.port, ["127.0.0.2"], 1)));
       await healthz(r.port); // a round trip after the connect: a refusal has happened by now
       again = again.filter((s) => s.open);
     }
     assert.equal(again.length, 10);
-    assert.equal((await stallFrom(r.port, ["127.0.0.2"], 1).then(([s]) => s!.closed)), "", "and not one more");
+    assert.equal(await stallFrom(r.port, ["127.0.0.2"], 1).then(([s]) => s!.closed), "", "and not one more");
     assert.deepEqual(ids(), ["real"]);
   });
 
@@ -207,13 +249,14 @@ describe("senders that stall", { timeout: 60_000 }, () => {
     const r = await startReceiver(path, ["--headers-timeout", "3000", "--body-timeout", "3000", "--quiet"]);
     receivers.push(r);
     // The receiver's open sockets, from its side: the listener, and each connection it has not let go.
-    const files = () => readdirSync(`/proc/${r.child.pid}/fd`).filter((fd) => {
-      try {
-        return readlinkSync(`/proc/${r.child.pid}/fd/${fd}`).startsWith("socket:");
-      } catch {
-        return false; // closed while being read
-      }
-    }).length;
+    const files = () =>
+      readdirSync(`/proc/${r.child.pid}/fd`).filter((fd) => {
+        try {
+          return readlinkSync(`/proc/${r.child.pid}/fd/${fd}`).startsWith("socket:");
+        } catch {
+          return false; // closed while being read
+        }
+      }).length;
     await healthz(r.port);
     const before = files();
     const opened = await stallFrom(r.port, ["127.0.0.2"], 100);
@@ -222,10 +265,14 @@ describe("senders that stall", { timeout: 60_000 }, () => {
     await healthz(r.port);
     // At least the listener and the 100 stalled: `before` may also count a health check's keep-alive
     // socket, which the receiver may have closed by now.
-    assert.ok(files() >= 1 + 100, `the receiver holds the stalled sockets: ${before} then ${files()}, ${opened.filter((s) => s.open).length} open`);
+    assert.ok(
+      files() >= 1 + 100,
+      `the receiver holds the stalled sockets: ${before} then ${files()}, ${opened.filter((s) => s.open).length} open`,
+    );
     // The limits (3 s, checked each second) and the moment after a 408 take about 5 s; 20 is only a bound,
     // so that a receiver that keeps them fails here rather than at the suite's timeout.
-    for (const until = performance.now() + 20_000; files() > before && performance.now() < until;) await new Promise((resolve) => setTimeout(resolve, 100));
+    for (const until = performance.now() + 20_000; files() > before && performance.now() < until; )
+      await new Promise((resolve) => setTimeout(resolve, 100));
     assert.ok(files() <= before, `the receiver let every stalled socket go: ${before} sockets before, ${files()} now`);
     assert.equal(opened.filter((s) => s.open).length, 100, "the clients never closed them themselves");
   });
@@ -233,24 +280,41 @@ describe("senders that stall", { timeout: 60_000 }, () => {
   it("(control) counted from the headers, as before, the same stalls fill --max-in-flight and real deliveries get 503", async () => {
     const r = await startReceiver(path, [...LIMITS, "--in-flight-from-headers"]);
     receivers.push(r);
-    const { answers } = await attack(r, Array.from({ length: 8 }, (_, i) => `127.0.0.${i + 2}`));
-    assert.deepEqual(answers.map((a) => a.status), answers.map(() => 503));
+    const { answers } = await attack(
+      r,
+      Array.from({ length: 8 }, (_, i) => `127.0.0.${i + 2}`),
+    );
+    assert.deepEqual(
+      answers.map((a) => a.status),
+      answers.map(() => 503),
+    );
     assert.deepEqual(ids(), warmIds);
   });
 });
 
 describe("--client-ip-header", { timeout: 30_000 }, () => {
   it("counts requests by the trusted proxy's address, the header's last value, not the proxy's connections", async () => {
-    const r = await startReceiver(path, [...LIMITS, "--max-connections-per-ip", "2", "--client-ip-header", "X-Forwarded-For"]);
+    const r = await startReceiver(path, [
+      ...LIMITS,
+      "--max-connections-per-ip",
+      "2",
+      "--client-ip-header",
+      "X-Forwarded-For",
+    ]);
     receivers.push(r);
     // Two requests from 203.0.113.7 stall mid-body through the "proxy" (all from 127.0.0.1); what a client
     // put before the proxy's value does not make it someone else.
-    for (const [n, value] of [[1, "203.0.113.7"], [2, "198.51.100.9, 203.0.113.7"]] as const) {
+    for (const [n, value] of [
+      [1, "203.0.113.7"],
+      [2, "198.51.100.9, 203.0.113.7"],
+    ] as const) {
       const socket = connect({ port: r.port, host: "127.0.0.1" });
       socket.on("error", () => {});
       stalls.push({ socket, open: true, closed: Promise.resolve("") });
       const seen = new Promise<void>((resolve) => socket.once("data", () => resolve()));
-      socket.write(`POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: held-${n}\r\nX-Forwarded-For: ${value}\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n`);
+      socket.write(
+        `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: held-${n}\r\nX-Forwarded-For: ${value}\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n`,
+      );
       await seen; // the 100 Continue: the receiver has the request
     }
     const third = await deliver(r.port, "third", ["X-Forwarded-For: 10.0.0.1, 203.0.113.7"]);

@@ -54,7 +54,11 @@ const poison = (id: string) => {
   db.close();
 };
 const post = async (url: string, id: string, n = 0) => {
-  const res = await fetch(`${url}/`, { method: "POST", headers: { "x-delivery-id": id, "content-type": "application/json" }, body: body(n) });
+  const res = await fetch(`${url}/`, {
+    method: "POST",
+    headers: { "x-delivery-id": id, "content-type": "application/json" },
+    body: body(n),
+  });
   return { status: res.status, text: await res.text(), retryAfter: res.headers.get("retry-after") };
 };
 
@@ -77,7 +81,10 @@ describe("store() in one batch", () => {
     const outcomes = await Promise.allSettled(
       ["evt_a", "evt_b", "evt_bad", "evt_c"].map((id, n) => inbox.store({ id, body: body(n) })),
     );
-    assert.deepEqual(outcomes.map((o) => o.status), ["fulfilled", "fulfilled", "rejected", "fulfilled"]);
+    assert.deepEqual(
+      outcomes.map((o) => o.status),
+      ["fulfilled", "fulfilled", "rejected", "fulfilled"],
+    );
     assert.match(String((outcomes[2] as PromiseRejectedResult).reason), /this row cannot be stored/);
     assert.deepEqual(ids(), ["evt_a", "evt_b", "evt_c"]);
   });
@@ -96,7 +103,16 @@ describe("receiver.ts under concurrent requests", () => {
     receivers.push(r);
     const answers = await Promise.all(Array.from({ length: 8 }, () => post(r.url, "evt_same", 1)));
     assert.ok(answers.every((a) => a.status === 200));
-    assert.deepEqual(answers.map((a) => a.text).sort(), ["duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "duplicate", "stored"]);
+    assert.deepEqual(answers.map((a) => a.text).sort(), [
+      "duplicate",
+      "duplicate",
+      "duplicate",
+      "duplicate",
+      "duplicate",
+      "duplicate",
+      "duplicate",
+      "stored",
+    ]);
     assert.deepEqual(ids(), ["evt_same"]);
   });
 
@@ -107,7 +123,10 @@ describe("receiver.ts under concurrent requests", () => {
     receivers.push(r);
     const sent = ["evt_1", "evt_2", "evt_bad", "evt_3", "evt_4"];
     const answers = await Promise.all(sent.map((id, n) => post(r.url, id, n)));
-    assert.deepEqual(answers.map((a) => a.status), [200, 200, 503, 200, 200]);
+    assert.deepEqual(
+      answers.map((a) => a.status),
+      [200, 200, 503, 200, 200],
+    );
     assert.ok(answers[2]!.retryAfter);
     assert.deepEqual(ids(), ["evt_1", "evt_2", "evt_3", "evt_4"]);
   });
@@ -147,12 +166,15 @@ async function hold(port: number, id: string): Promise<{ finish(): Promise<strin
     data += d.toString("latin1");
     onData();
   });
-  const until = (test: () => boolean) => new Promise<void>((resolve) => {
-    onData = () => test() && resolve();
-    onData();
-  });
+  const until = (test: () => boolean) =>
+    new Promise<void>((resolve) => {
+      onData = () => test() && resolve();
+      onData();
+    });
   const payload = body(0);
-  socket.write(`POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: ${id}\r\nExpect: 100-continue\r\nContent-Length: ${payload.length}\r\n\r\n`);
+  socket.write(
+    `POST / HTTP/1.1\r\nHost: x\r\nX-Delivery-Id: ${id}\r\nExpect: 100-continue\r\nContent-Length: ${payload.length}\r\n\r\n`,
+  );
   await until(() => data.startsWith("HTTP/1.1 100"));
   return {
     finish: async () => {
@@ -172,7 +194,8 @@ describe("run() in batches", () => {
   const leasedUntil = (id: string) => {
     const db = new DatabaseSync(path, { readOnly: true });
     try {
-      return (db.prepare("SELECT leased_until FROM deliveries WHERE id = ?").get(id) as { leased_until: number | null }).leased_until;
+      return (db.prepare("SELECT leased_until FROM deliveries WHERE id = ?").get(id) as { leased_until: number | null })
+        .leased_until;
     } finally {
       db.close();
     }
@@ -202,7 +225,10 @@ describe("run() in batches", () => {
     // queue empty: 4. Kept apart, the four claims and three batches of finishes would take 7.
     assert.equal(begins, 4);
     const db = new DatabaseSync(path, { readOnly: true });
-    assert.deepEqual({ ...db.prepare("SELECT count(*) AS n, count(DISTINCT delivery_id) AS distinct_ids FROM payments").get() }, { n: 12, distinct_ids: 12 });
+    assert.deepEqual(
+      { ...db.prepare("SELECT count(*) AS n, count(DISTINCT delivery_id) AS distinct_ids FROM payments").get() },
+      { n: 12, distinct_ids: 12 },
+    );
     db.close();
   });
 
@@ -233,9 +259,12 @@ describe("run() in batches", () => {
     for (let i = 0; i < 24; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     count.begins = 0;
     // Handlers that end in different turns; pollMaxMs so long that no done mark goes for want of a claim.
-    const stats = await run(async (job) => {
-      await ticks(1 + (Number(job.delivery.id.slice(4)) % 5));
-    }, { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet });
+    const stats = await run(
+      async (job) => {
+        await ticks(1 + (Number(job.delivery.id.slice(4)) % 5));
+      },
+      { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet },
+    );
     assert.equal(stats.done, 24);
     // Every commit is a claim's; the done marks went with them (24 of their own, one a turn, before).
     assert.equal(count.begins, count.claims);
@@ -245,10 +274,13 @@ describe("run() in batches", () => {
     const { inbox, count } = counted();
     for (let i = 0; i < 6; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     count.begins = 0;
-    await run(async (job) => {
-      await ticks(1);
-      await inbox.extend(job.delivery);
-    }, { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet });
+    await run(
+      async (job) => {
+        await ticks(1);
+        await inbox.extend(job.delivery);
+      },
+      { inbox, once: true, concurrency: 3, claimBatch: 8, pollMaxMs: 60_000, log: quiet },
+    );
     assert.ok(count.begins > count.claims, `${count.begins} commits, ${count.claims} claims`);
   });
 
@@ -263,7 +295,13 @@ describe("run() in batches", () => {
       await new Promise((resolve) => setTimeout(resolve, 30));
       return claimBatch(...args);
     };
-    const stats = await run(() => new Promise((resolve) => setTimeout(resolve, 10)), { inbox, once: true, concurrency: 2, claimBatch: 32, log: quiet });
+    const stats = await run(() => new Promise((resolve) => setTimeout(resolve, 10)), {
+      inbox,
+      once: true,
+      concurrency: 2,
+      claimBatch: 32,
+      log: quiet,
+    });
     assert.equal(stats.done, 40);
     assert.equal(count.limits[0], 2); // the first claim, before anything is known, is concurrency's
     assert.ok(Math.max(...count.limits) > 2, `claims of ${count.limits.join(", ")}`);
@@ -274,16 +312,19 @@ describe("run() in batches", () => {
     const other = open({ now: () => t });
     await ensurePayments(inbox);
     for (let i = 0; i < 4; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
-    const stats = await run(async (job) => {
-      if (job.delivery.id !== "evt_0") return recordPayment(job);
-      // Three lease lengths pass on the clock; each time the heartbeat renews the lease first.
-      for (let i = 0; i < 3; i++) {
-        t += 800;
-        await beat("evt_0", t + 1_000);
-        assert.equal(await other.claim(1_000), undefined);
-      }
-      recordPayment(job);
-    }, { inbox, once: true, concurrency: 4, leaseMs: 1_000, heartbeatMs: 2, log: quiet });
+    const stats = await run(
+      async (job) => {
+        if (job.delivery.id !== "evt_0") return recordPayment(job);
+        // Three lease lengths pass on the clock; each time the heartbeat renews the lease first.
+        for (let i = 0; i < 3; i++) {
+          t += 800;
+          await beat("evt_0", t + 1_000);
+          assert.equal(await other.claim(1_000), undefined);
+        }
+        recordPayment(job);
+      },
+      { inbox, once: true, concurrency: 4, leaseMs: 1_000, heartbeatMs: 2, log: quiet },
+    );
     assert.deepEqual(stats, { claimed: 4, done: 4, retried: 0, failed: 0, lost: 0, released: 0 });
   });
 
@@ -293,10 +334,13 @@ describe("run() in batches", () => {
     await ensurePayments(inbox);
     await inbox.store({ id: "evt_0", body: body(0) });
     let taken: string | undefined;
-    await run(async () => {
-      t += 1_600;
-      taken = (await other.claim(1_000))?.id;
-    }, { inbox, once: true, leaseMs: 1_000, heartbeatMs: 3_600_000, log: quiet });
+    await run(
+      async () => {
+        t += 1_600;
+        taken = (await other.claim(1_000))?.id;
+      },
+      { inbox, once: true, leaseMs: 1_000, heartbeatMs: 3_600_000, log: quiet },
+    );
     assert.equal(taken, "evt_0");
   });
 
@@ -306,18 +350,26 @@ describe("run() in batches", () => {
     await ensurePayments(inbox);
     for (let i = 0; i < 3; i++) await inbox.store({ id: `evt_${i}`, body: body(i) });
     let reason: unknown;
-    const stats = await run(async (job) => {
-      if (job.delivery.id !== "evt_0") return recordPayment(job);
-      t += 1_500;
-      assert.equal((await other.claim(60_000))?.id, "evt_0"); // expired, so another worker takes it
-      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
-      reason = job.signal.reason;
-      recordPayment(job); // too late: this write must not commit
-    }, { inbox, once: true, concurrency: 3, leaseMs: 1_000, heartbeatMs: 2, log: quiet });
+    const stats = await run(
+      async (job) => {
+        if (job.delivery.id !== "evt_0") return recordPayment(job);
+        t += 1_500;
+        assert.equal((await other.claim(60_000))?.id, "evt_0"); // expired, so another worker takes it
+        await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+        reason = job.signal.reason;
+        recordPayment(job); // too late: this write must not commit
+      },
+      { inbox, once: true, concurrency: 3, leaseMs: 1_000, heartbeatMs: 2, log: quiet },
+    );
     assert.match(String(reason), /the lease was lost/);
     assert.deepEqual({ done: stats.done, lost: stats.lost }, { done: 2, lost: 1 });
     const db = new DatabaseSync(path, { readOnly: true });
-    assert.deepEqual((db.prepare("SELECT delivery_id FROM payments ORDER BY delivery_id").all() as { delivery_id: string }[]).map((r) => r.delivery_id), ["evt_1", "evt_2"]);
+    assert.deepEqual(
+      (db.prepare("SELECT delivery_id FROM payments ORDER BY delivery_id").all() as { delivery_id: string }[]).map(
+        (r) => r.delivery_id,
+      ),
+      ["evt_1", "evt_2"],
+    );
     db.close();
   });
 });

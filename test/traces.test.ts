@@ -38,12 +38,21 @@ function stripeRequest(id: string, traceparent?: string): { headers: Record<stri
   const body = JSON.stringify({ id, type: "charge.succeeded", customer: "cus_BODY_MARKER_7731", amount: 42 });
   const t = Math.floor(Date.now() / 1000);
   const signature = `t=${t},v1=${createHmac("sha256", SECRET).update(`${t}.${body}`).digest("hex")}`;
-  return { headers: { "content-type": "application/json", "stripe-signature": signature, ...(traceparent ? { traceparent } : {}) }, body };
+  return {
+    headers: {
+      "content-type": "application/json",
+      "stripe-signature": signature,
+      ...(traceparent ? { traceparent } : {}),
+    },
+    body,
+  };
 }
 
 function request(r: { headers: Record<string, string>; body: string }): WebhookRequest {
   return {
-    method: "POST", url: "/stripe", headers: Object.fromEntries(Object.entries(r.headers).map(([k, v]) => [k, [v]])),
+    method: "POST",
+    url: "/stripe",
+    headers: Object.fromEntries(Object.entries(r.headers).map(([k, v]) => [k, [v]])),
     read: async () => Buffer.from(r.body),
   };
 }
@@ -53,14 +62,17 @@ const sources = loadSources({ stripe: { provider: "stripe", secret: SECRET } }, 
 // Nothing of the body, the signature or the secret on any span, in any attribute, status or event.
 function assertClean(spans: readonly SpanJson[], r: { headers: Record<string, string> }): void {
   const text = JSON.stringify(spans);
-  for (const secret of [SECRET, FORWARD_SECRET, "cus_BODY_MARKER_7731", r.headers["stripe-signature"]!, "v1="]) assert.ok(!text.includes(secret), `no span holds ${secret}`);
+  for (const secret of [SECRET, FORWARD_SECRET, "cus_BODY_MARKER_7731", r.headers["stripe-signature"]!, "v1="])
+    assert.ok(!text.includes(secret), `no span holds ${secret}`);
 }
 
 const all = await backends("traces");
 
 describe("with no SDK registered", () => {
   for (const backend of all) {
-    it(`stores no trace context and hands the handler none, but passes a stored one through (${backend.name})`, { skip: backend.skip }, async () => {
+    it(`stores no trace context and hands the handler none, but passes a stored one through (${backend.name})`, {
+      skip: backend.skip,
+    }, async () => {
       const { target, cleanup } = await backend.make();
       const inbox = await connect(target);
       try {
@@ -106,8 +118,16 @@ describe("with an SDK registered", () => {
         const r = stripeRequest("evt_a", SENDER);
         assert.equal((await createHandler({ inbox, sources, log: quiet }).answer(request(r))).status, 200);
         const [span] = finished();
-        assert.deepEqual([span!.name, span!.kind, span!.traceId, span!.parentSpanId], ["receive stripe", SpanKind.SERVER, SENDER_TRACE, SENDER_SPAN]);
-        assert.deepEqual(span!.attributes, { "http.response.status_code": 200, "inbox.source": "stripe", "inbox.delivery.id": "evt_a", "inbox.result": "stored" });
+        assert.deepEqual(
+          [span!.name, span!.kind, span!.traceId, span!.parentSpanId],
+          ["receive stripe", SpanKind.SERVER, SENDER_TRACE, SENDER_SPAN],
+        );
+        assert.deepEqual(span!.attributes, {
+          "http.response.status_code": 200,
+          "inbox.source": "stripe",
+          "inbox.delivery.id": "evt_a",
+          "inbox.result": "stored",
+        });
         assert.equal((await inbox.find("evt_a"))[0]!.traceparent, `00-${SENDER_TRACE}-${span!.spanId}-01`);
         assertClean(finished(), r);
       });
@@ -117,7 +137,10 @@ describe("with an SDK registered", () => {
         const handler = createHandler({ inbox, sources, log: quiet });
         await handler.answer(request(stripeRequest("evt_b")));
         const forged = stripeRequest("evt_forged", SENDER);
-        forged.headers["stripe-signature"] = forged.headers["stripe-signature"]!.replace(/v1=\w+/, `v1=${"0".repeat(64)}`);
+        forged.headers["stripe-signature"] = forged.headers["stripe-signature"]!.replace(
+          /v1=\w+/,
+          `v1=${"0".repeat(64)}`,
+        );
         assert.equal((await handler.answer(request(forged))).status, 401);
         const [fresh, refused] = finished();
         assert.equal(fresh!.parentSpanId, null);
@@ -150,17 +173,38 @@ describe("with an SDK registered", () => {
         const attempts = spans.filter((s) => s.kind === SpanKind.CONSUMER);
         const c = attempts.filter((s) => s.attributes["inbox.delivery.id"] === "evt_c");
         const d = attempts.filter((s) => s.attributes["inbox.delivery.id"] === "evt_d");
-        assert.deepEqual(c.map((s) => [s.name, s.attributes["inbox.attempt"], s.attributes["inbox.outcome"], s.status.code]),
-          [["process stripe", 1, "retry", SpanStatusCode.ERROR], ["process stripe", 2, "done", SpanStatusCode.UNSET]]);
+        assert.deepEqual(
+          c.map((s) => [s.name, s.attributes["inbox.attempt"], s.attributes["inbox.outcome"], s.status.code]),
+          [
+            ["process stripe", 1, "retry", SpanStatusCode.ERROR],
+            ["process stripe", 2, "done", SpanStatusCode.UNSET],
+          ],
+        );
         assert.equal(c[0]!.status.message, "the destination timed out");
-        assert.deepEqual(d.map((s) => [s.attributes["inbox.outcome"], s.status.code, s.status.message]), [["failed", SpanStatusCode.ERROR, "the destination said 422"]]);
+        assert.deepEqual(
+          d.map((s) => [s.attributes["inbox.outcome"], s.status.code, s.status.message]),
+          [["failed", SpanStatusCode.ERROR, "the destination said 422"]],
+        );
         for (const s of [...c, ...d]) {
           const parent = receive[s.attributes["inbox.delivery.id"] as string]!;
-          assert.deepEqual([s.traceId, s.parentSpanId], [SENDER_TRACE, parent.spanId], "each attempt is a child of the span that received it");
+          assert.deepEqual(
+            [s.traceId, s.parentSpanId],
+            [SENDER_TRACE, parent.spanId],
+            "each attempt is a child of the span that received it",
+          );
         }
-        assert.deepEqual(handed.evt_c, c.map((s) => `00-${s.traceId}-${s.spanId}-01`), "job.traceparent is the attempt's own span");
+        assert.deepEqual(
+          handed.evt_c,
+          c.map((s) => `00-${s.traceId}-${s.spanId}-01`),
+          "job.traceparent is the attempt's own span",
+        );
         const forwards = spans.filter((s) => s.name === "forward");
-        for (const s of [...c, ...d]) assert.equal(forwards.filter((f) => f.parentSpanId === s.spanId).length, 1, "the handler's span is the attempt's child");
+        for (const s of [...c, ...d])
+          assert.equal(
+            forwards.filter((f) => f.parentSpanId === s.spanId).length,
+            1,
+            "the handler's span is the attempt's child",
+          );
         assert.equal(forwards.length, attempts.length, "(the drain also ran the earlier tests' deliveries)");
         assertClean(spans, r);
       });
@@ -181,15 +225,36 @@ describe("with an SDK registered", () => {
         await once(app, "listening");
         try {
           const url = `http://127.0.0.1:${(app.address() as { port: number }).port}/hooks`;
-          const config = { $destinations: { app: { url, secret: FORWARD_SECRET, breaker: false } }, stripe: { provider: "stripe", secret: SECRET, routes: ["app"] } };
+          const config = {
+            $destinations: { app: { url, secret: FORWARD_SECRET, breaker: false } },
+            stripe: { provider: "stripe", secret: SECRET, routes: ["app"] },
+          };
           const r = stripeRequest("evt_f", SENDER);
-          assert.equal((await createHandler({ inbox, sources: loadSources(config, {}), log: quiet }).answer(request(r))).status, 200);
+          assert.equal(
+            (await createHandler({ inbox, sources: loadSources(config, {}), log: quiet }).answer(request(r))).status,
+            200,
+          );
           const [receive] = finished();
           await forward({ inbox, forwarding: loadDestinations(config, {}), once: true, log: quiet });
           const tries = finished().filter((x) => x.attributes["inbox.destination"] === "app");
-          assert.deepEqual(tries.map((x) => [x.name, x.attributes["inbox.attempt"], x.attributes["inbox.outcome"]]), [["process stripe", 1, "retry"], ["process stripe", 2, "done"]]);
-          for (const x of tries) assert.deepEqual([x.traceId, x.parentSpanId], [SENDER_TRACE, receive!.spanId], "each try is a child of the span that received it");
-          assert.deepEqual(seen, tries.map((x) => `00-${x.traceId}-${x.spanId}-01`), "the destination joins the trace under each try");
+          assert.deepEqual(
+            tries.map((x) => [x.name, x.attributes["inbox.attempt"], x.attributes["inbox.outcome"]]),
+            [
+              ["process stripe", 1, "retry"],
+              ["process stripe", 2, "done"],
+            ],
+          );
+          for (const x of tries)
+            assert.deepEqual(
+              [x.traceId, x.parentSpanId],
+              [SENDER_TRACE, receive!.spanId],
+              "each try is a child of the span that received it",
+            );
+          assert.deepEqual(
+            seen,
+            tries.map((x) => `00-${x.traceId}-${x.spanId}-01`),
+            "the destination joins the trace under each try",
+          );
           assertClean(finished(), r);
         } finally {
           app.closeAllConnections();
@@ -203,7 +268,11 @@ describe("with an SDK registered", () => {
         assert.equal(moved.traceparent, SENDER);
         assert.equal(importLine(JSON.parse(JSON.stringify(exportLine(moved)))).traceparent, SENDER);
         const { traceparent, ...before } = exportLine(moved);
-        assert.equal(importLine(JSON.parse(JSON.stringify(before))).traceparent, null, "an export from before traces imports as untraced");
+        assert.equal(
+          importLine(JSON.parse(JSON.stringify(before))).traceparent,
+          null,
+          "an export from before traces imports as untraced",
+        );
         const dir = mkdtempSync(join(tmpdir(), "inbox-traces-"));
         const other = await connect(join(dir, "copy.db"));
         try {
@@ -221,13 +290,22 @@ describe("with an SDK registered", () => {
 
 describe("across real receiver and worker processes, each with its SDK", () => {
   for (const backend of all) {
-    it(`parents the worker's span on the receiver's through the stored context (${backend.name})`, { skip: backend.skip }, async () => {
+    it(`parents the worker's span on the receiver's through the stored context (${backend.name})`, {
+      skip: backend.skip,
+    }, async () => {
       const dir = mkdtempSync(join(tmpdir(), "inbox-traces-"));
       const { target, cleanup } = await backend.make();
       try {
-        writeFileSync(join(dir, "sources.json"), JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }));
+        writeFileSync(
+          join(dir, "sources.json"),
+          JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }),
+        );
         // An app registers its SDK the same way: a module preloaded before the script.
-        const traced = (file: string) => ({ STRIPE_SECRET: SECRET, INBOX_TEST_SPANS: join(dir, file), NODE_OPTIONS: `--import=${join(ROOT, "test/fixtures/otel.ts")}` });
+        const traced = (file: string) => ({
+          STRIPE_SECRET: SECRET,
+          INBOX_TEST_SPANS: join(dir, file),
+          NODE_OPTIONS: `--import=${join(ROOT, "test/fixtures/otel.ts")}`,
+        });
         const receiver = await startReceiver(target, ["--sources", join(dir, "sources.json")], traced("receiver.json"));
         const r = stripeRequest("evt_x", SENDER);
         const answer = await fetch(`${receiver.url}/stripe`, { method: "POST", headers: r.headers, body: r.body });
@@ -239,11 +317,23 @@ describe("across real receiver and worker processes, each with its SDK", () => {
         const processed = JSON.parse(readFileSync(join(dir, "worker.json"), "utf8")) as SpanJson[];
         const receive = received.find((s) => s.name === "receive stripe")!;
         const [attempt] = processed.filter((s) => s.name === "process stripe");
-        assert.deepEqual([receive.traceId, receive.parentSpanId], [SENDER_TRACE, SENDER_SPAN], "the receiver honours the sender's traceparent");
-        assert.deepEqual([attempt!.traceId, attempt!.parentSpanId], [SENDER_TRACE, receive.spanId], "the worker continues the receiver's span");
+        assert.deepEqual(
+          [receive.traceId, receive.parentSpanId],
+          [SENDER_TRACE, SENDER_SPAN],
+          "the receiver honours the sender's traceparent",
+        );
+        assert.deepEqual(
+          [attempt!.traceId, attempt!.parentSpanId],
+          [SENDER_TRACE, receive.spanId],
+          "the worker continues the receiver's span",
+        );
         assert.equal(attempt!.attributes["inbox.outcome"], "done");
         const shown = await runScript("inbox.ts", ["show", "evt_x", "--db", target]);
-        assert.match(shown.stdout, new RegExp(`^traceparent\\s+00-${SENDER_TRACE}-${receive.spanId}-01$`, "m"), "show prints the trace to look up");
+        assert.match(
+          shown.stdout,
+          new RegExp(`^traceparent\\s+00-${SENDER_TRACE}-${receive.spanId}-01$`, "m"),
+          "show prints the trace to look up",
+        );
         assert.match(receive.spanId, /^[0-9a-f]{16}$/);
         assert.match(`00-${attempt!.traceId}-${attempt!.spanId}-01`, W3C);
         assertClean([...received, ...processed], r);

@@ -36,19 +36,23 @@ async function destination(): Promise<{ url: string; got: Received[]; close: () 
   const got: Received[] = [];
   const server = createServer((req, res) => {
     const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c)).on("end", () => {
-      got.push({ headers: req.headers, body: Buffer.concat(chunks) });
-      res.writeHead(200).end();
-    });
+    req
+      .on("data", (c: Buffer) => chunks.push(c))
+      .on("end", () => {
+        got.push({ headers: req.headers, body: Buffer.concat(chunks) });
+        res.writeHead(200).end();
+      });
   });
   server.listen(0, "127.0.0.1");
   await once(server, "listening");
   return {
-    url: `http://127.0.0.1:${(server.address() as { port: number }).port}/hooks`, got,
-    close: () => new Promise((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    url: `http://127.0.0.1:${(server.address() as { port: number }).port}/hooks`,
+    got,
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }
 
@@ -94,10 +98,18 @@ for (const backend of await backends("transform")) {
       return d;
     };
     // routesOf gives source "shop" one route per destination, each with the module and limit given.
-    const routesOf = (config: Record<string, unknown>, list: unknown[]) => new Map<string, readonly Route[]>([["shop", parseRoutes(list, config, 'source "shop"')]]);
+    const routesOf = (config: Record<string, unknown>, list: unknown[]) =>
+      new Map<string, readonly Route[]>([["shop", parseRoutes(list, config, 'source "shop"')]]);
     const run = (inbox: Inbox, destinations: Record<string, Record<string, unknown>>, routes: unknown[]) => {
       const config = { $destinations: destinations };
-      return forward({ inbox, forwarding: loadDestinations(config, {}), routes: routesOf(config, routes), transformBase: dir.dir, once: true, log: () => {} });
+      return forward({
+        inbox,
+        forwarding: loadDestinations(config, {}),
+        routes: routesOf(config, routes),
+        transformBase: dir.dir,
+        once: true,
+        log: () => {},
+      });
     };
 
     beforeEach(async () => {
@@ -118,22 +130,39 @@ for (const backend of await backends("transform")) {
     it("sends what the transform returns, signed over the bytes sent; the stored body stays byte for byte", async () => {
       const inbox = await open();
       const app = await serve();
-      const stored = Buffer.from('{"id":820982911946154508,"total_price":"199.00","customer":{"email":"ann@example.com"}}');
+      const stored = Buffer.from(
+        '{"id":820982911946154508,"total_price":"199.00","customer":{"email":"ann@example.com"}}',
+      );
       await inbox.store({
-        source: "shop", id: "ord_1", body: stored, contentType: "application/json", eventType: "orders/create", destinations: ["app"],
+        source: "shop",
+        id: "ord_1",
+        body: stored,
+        contentType: "application/json",
+        eventType: "orders/create",
+        destinations: ["app"],
         headers: { "x-shopify-shop-domain": ["ann.myshopify.com"] },
       });
-      const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [{ to: "app", transform: "./shop-orders.ts" }]);
+      const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [
+        { to: "app", transform: "./shop-orders.ts" },
+      ]);
       assert.equal(stats.done, 1);
       const [r] = app.got;
-      assert.deepEqual(JSON.parse(r!.body.toString()), { orderId: "820982911946154500", total: 199, email: "ann@example.com", shop: "ann.myshopify.com" });
+      assert.deepEqual(JSON.parse(r!.body.toString()), {
+        orderId: "820982911946154500",
+        total: 199,
+        email: "ann@example.com",
+        shop: "ann.myshopify.com",
+      });
       assert.equal(r!.headers["content-type"], "application/json");
       assert.equal(r!.headers["x-order-source"], "shopify");
       assert.equal(r!.headers["inbox-event-type"], undefined, "removed by the transform");
       assert.equal(r!.headers["inbox-delivery-id"], "ord_1", "the inbox's other headers stay");
       assert.ok(new Webhook(SECRET).verify(r!.body.toString(), r!.headers as Record<string, string>));
       // The control: the same signature does not verify over the stored bytes.
-      assert.throws(() => new Webhook(SECRET).verify(stored.toString(), r!.headers as Record<string, string>), /No matching signature/);
+      assert.throws(
+        () => new Webhook(SECRET).verify(stored.toString(), r!.headers as Record<string, string>),
+        /No matching signature/,
+      );
       const [row] = await inbox.find("ord_1");
       assert.deepEqual(row!.body, stored);
       assert.equal(row!.status, "done");
@@ -143,9 +172,17 @@ for (const backend of await backends("transform")) {
       const inbox = await open();
       const app = await serve();
       for (const id of ["bytes", "text", "skip", "same"]) {
-        await inbox.store({ source: "shop", id, body: Buffer.from(`{"id":"${id}"}`), contentType: "application/json", destinations: ["app"] });
+        await inbox.store({
+          source: "shop",
+          id,
+          body: Buffer.from(`{"id":"${id}"}`),
+          contentType: "application/json",
+          destinations: ["app"],
+        });
       }
-      const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [{ to: "app", transform: "./by-id.ts" }]);
+      const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [
+        { to: "app", transform: "./by-id.ts" },
+      ]);
       assert.equal(stats.done, 4);
       const byId = new Map(app.got.map((g) => [g.headers["inbox-delivery-id"], g]));
       assert.deepEqual([...byId.keys()].sort(), ["bytes", "same", "text"]);
@@ -156,7 +193,10 @@ for (const backend of await backends("transform")) {
       assert.equal(byId.get("same")!.body.toString(), '{"id":"same"}', "{} sends the delivery unchanged");
       // Checked by hand, as Standard Webhooks signs (HMAC-SHA256 of id.timestamp.body): the library reads only JSON.
       for (const g of app.got) {
-        const mac = createHmac("sha256", Buffer.from(SECRET.slice(6), "base64")).update(`${g.headers["webhook-id"]}.${g.headers["webhook-timestamp"]}.`).update(g.body).digest("base64");
+        const mac = createHmac("sha256", Buffer.from(SECRET.slice(6), "base64"))
+          .update(`${g.headers["webhook-id"]}.${g.headers["webhook-timestamp"]}.`)
+          .update(g.body)
+          .digest("base64");
         assert.equal(g.headers["webhook-signature"], `v1,${mac}`);
       }
       assert.equal((await inbox.find("skip"))[0]!.status, "done");
@@ -165,21 +205,44 @@ for (const backend of await backends("transform")) {
     it("a transform that throws or returns a wrong shape fails its try with a clear error, retried, then set aside; the breaker does not count it", async () => {
       const inbox = await open(2);
       const app = await serve();
-      await inbox.store({ source: "shop", id: "no_id", body: Buffer.from("{}"), contentType: "application/json", destinations: ["thrown"] });
-      await inbox.store({ source: "shop", id: "typo", body: Buffer.from("{}"), contentType: "application/json", destinations: ["wrong"] });
+      await inbox.store({
+        source: "shop",
+        id: "no_id",
+        body: Buffer.from("{}"),
+        contentType: "application/json",
+        destinations: ["thrown"],
+      });
+      await inbox.store({
+        source: "shop",
+        id: "typo",
+        body: Buffer.from("{}"),
+        contentType: "application/json",
+        destinations: ["wrong"],
+      });
       const destinations = {
         thrown: { url: app.url, secret: SECRET, breaker: { failures: 1 } },
         wrong: { url: app.url, secret: SECRET, breaker: { failures: 1 } },
       };
-      const routes = [{ to: "thrown", transform: "./throws.ts" }, { to: "wrong", transform: "./wrong.ts" }];
+      const routes = [
+        { to: "thrown", transform: "./throws.ts" },
+        { to: "wrong", transform: "./wrong.ts" },
+      ];
       let stats = await run(inbox, destinations, routes);
       assert.equal(stats.retried, 2);
       const [thrown] = await inbox.find("no_id");
       assert.equal(thrown!.status, "received");
       assert.match(thrown!.error!, /^transform \.\/throws\.ts threw Error: no order id \(at throws\.ts:\d+:\d+\)$/);
-      assert.equal((await inbox.find("typo"))[0]!.error, 'transform ./wrong.ts returned an object with "bdy"; expected only body and headers');
+      assert.equal(
+        (await inbox.find("typo"))[0]!.error,
+        'transform ./wrong.ts returned an object with "bdy"; expected only body and headers',
+      );
       const states = await inbox.destinations();
-      for (const name of ["thrown", "wrong"]) assert.equal(states.find((d) => d.name === name)?.state, "closed", `${name}: one failure would open it, were it counted`);
+      for (const name of ["thrown", "wrong"])
+        assert.equal(
+          states.find((d) => d.name === name)?.state,
+          "closed",
+          `${name}: one failure would open it, were it counted`,
+        );
       t += 60 * 60_000;
       stats = await run(inbox, destinations, routes);
       assert.equal(stats.failed, 2, "set aside after the last attempt");
@@ -191,34 +254,74 @@ for (const backend of await backends("transform")) {
       const inbox = await open();
       const app = await serve();
       await inbox.store({ source: "shop", id: "stuck", body: Buffer.from("{}"), destinations: ["looping"] });
-      for (let i = 0; i < 5; i++) await inbox.store({ source: "shop", id: `free_${i}`, body: Buffer.from("{}"), destinations: ["plain"] });
+      for (let i = 0; i < 5; i++)
+        await inbox.store({ source: "shop", id: `free_${i}`, body: Buffer.from("{}"), destinations: ["plain"] });
       let ticks = 0;
       const ticker = setInterval(() => ticks++, 20);
       const started = performance.now();
-      const stats = await run(inbox, { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } }, [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"]);
+      const stats = await run(
+        inbox,
+        { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } },
+        [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"],
+      );
       clearInterval(ticker);
       assert.equal(stats.done, 5);
       assert.equal(stats.retried, 1);
-      assert.match((await inbox.find("stuck"))[0]!.error!, /^transform \.\/loop\.ts ran past its 300 ms limit, so its thread was stopped$/);
+      assert.match(
+        (await inbox.find("stuck"))[0]!.error!,
+        /^transform \.\/loop\.ts ran past its 300 ms limit, so its thread was stopped$/,
+      );
       assert.ok(performance.now() - started >= 300);
       assert.ok(ticks >= 3, `the event loop ran its timers meanwhile (${ticks} ticks)`);
-      assert.deepEqual(app.got.map((g) => g.headers["inbox-delivery-id"]).sort(), ["free_0", "free_1", "free_2", "free_3", "free_4"]);
+      assert.deepEqual(app.got.map((g) => g.headers["inbox-delivery-id"]).sort(), [
+        "free_0",
+        "free_1",
+        "free_2",
+        "free_3",
+        "free_4",
+      ]);
       // The control: the same route with a transform that ends sends it.
       writeFileSync(join(dir.dir, "loop.ts"), "export default () => ({});");
       t += 60 * 60_000;
-      const again = await run(inbox, { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } }, [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"]);
+      const again = await run(
+        inbox,
+        { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } },
+        [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"],
+      );
       assert.equal(again.done, 1);
     });
 
-    it("a destination's transform reshapes what is published into JetStream too: its body and a header", { skip: natsSkipped }, async () => {
+    it("a destination's transform reshapes what is published into JetStream too: its body and a header", {
+      skip: natsSkipped,
+    }, async () => {
       const inbox = await open();
       const stream = `XF_${process.pid}_${backend.name}`;
       jet!.made.push(stream);
       await jet!.jsm.streams.add({ name: stream, subjects: [`xf${process.pid}${backend.name}.>`] });
-      await inbox.store({ source: "shop", id: "ord_5", body: Buffer.from('{"id":5,"total_price":"5.00"}'), contentType: "application/json", eventType: "orders/create", destinations: ["events"], headers: {} });
-      const settings = { type: "nats", url: NATS, subject: `xf${process.pid}${backend.name}.{source}`, stream, transform: "./shop-orders.ts" };
-      const forwarding = loadDestinations({ $destinations: { events: settings } }, {}, { brokerCheck: (name, x, where) => void parseBrokerDestination(name, x, where) });
-      const senders = new Map<string, Sender>([["events", brokerSender(parseBrokerDestination("events", settings)) as Sender]]);
+      await inbox.store({
+        source: "shop",
+        id: "ord_5",
+        body: Buffer.from('{"id":5,"total_price":"5.00"}'),
+        contentType: "application/json",
+        eventType: "orders/create",
+        destinations: ["events"],
+        headers: {},
+      });
+      const settings = {
+        type: "nats",
+        url: NATS,
+        subject: `xf${process.pid}${backend.name}.{source}`,
+        stream,
+        transform: "./shop-orders.ts",
+      };
+      const forwarding = loadDestinations(
+        { $destinations: { events: settings } },
+        {},
+        { brokerCheck: (name, x, where) => void parseBrokerDestination(name, x, where) },
+      );
+      const senders = new Map<string, Sender>([
+        ["events", brokerSender(parseBrokerDestination("events", settings)) as Sender],
+      ]);
       try {
         const stats = await forward({ inbox, forwarding, senders, transformBase: dir.dir, once: true, log: () => {} });
         assert.equal(stats.done, 1);
@@ -241,7 +344,10 @@ for (const backend of await backends("transform")) {
       writeFileSync(join(dir.dir, "version.ts"), `export default () => ({ body: "v2" });`);
       assert.deepEqual(await inbox.replayMatching({ source: "shop", id: "ord_9" }), { replayed: 1, tombstoned: 0 });
       await run(inbox, { app: { url: app.url, secret: SECRET } }, routes);
-      assert.deepEqual(app.got.map((g) => g.body.toString()), ["v1", "v2"]);
+      assert.deepEqual(
+        app.got.map((g) => g.body.toString()),
+        ["v1", "v2"],
+      );
     });
   });
 }
@@ -253,8 +359,20 @@ describe("Transformer", () => {
     writeFileSync(file, "export const notDefault = 1;");
     const t = new Transformer(file, "./t.ts");
     try {
-      assert.equal(await t.load(), "could not be loaded: its default export is undefined; expected a function (export default (d) => …)");
-      const lease = { source: "s", id: "1", body: Buffer.from("[1,2]"), contentType: null, eventType: null, attempts: 1, headers: null, receivedAt: 0 } as never;
+      assert.equal(
+        await t.load(),
+        "could not be loaded: its default export is undefined; expected a function (export default (d) => …)",
+      );
+      const lease = {
+        source: "s",
+        id: "1",
+        body: Buffer.from("[1,2]"),
+        contentType: null,
+        eventType: null,
+        attempts: 1,
+        headers: null,
+        receivedAt: 0,
+      } as never;
       await assert.rejects(t.run(transformInput(lease, "d")), /transform \.\/t\.ts could not be loaded/);
       writeFileSync(file, "export default (d: { json: number[] }) => ({ body: d.json.length });");
       assert.equal((await t.run(transformInput(lease, "d")))!.body.toString(), "2");
@@ -267,10 +385,22 @@ describe("Transformer", () => {
   it("a thread that dies while idle (a late throw in the module's own timer) is replaced, not waited on", async () => {
     const dir = tempDir();
     const file = join(dir.dir, "late.ts");
-    writeFileSync(file, "export default () => { setTimeout(() => { throw new Error(\"late\"); }, 10); return { body: \"ok\" }; };");
+    writeFileSync(
+      file,
+      'export default () => { setTimeout(() => { throw new Error("late"); }, 10); return { body: "ok" }; };',
+    );
     const t = new Transformer(file, "./late.ts");
     try {
-      const lease = { source: "s", id: "1", body: Buffer.from("{}"), contentType: null, eventType: null, attempts: 1, headers: null, receivedAt: 0 } as never;
+      const lease = {
+        source: "s",
+        id: "1",
+        body: Buffer.from("{}"),
+        contentType: null,
+        eventType: null,
+        attempts: 1,
+        headers: null,
+        receivedAt: 0,
+      } as never;
       assert.equal((await t.run(transformInput(lease, "d"), 5_000))!.body.toString(), "ok");
       // Long enough for the late throw to end the thread; the next delivery must not be posted to it.
       await new Promise((resolve) => setTimeout(resolve, 200));
@@ -285,7 +415,13 @@ describe("Transformer", () => {
 describe("parseRoutes() with a transform", () => {
   it("refuses one on a route to the handler, which gets each delivery as stored, and takes one on a destination's", () => {
     const config = { $destinations: { app: { url: "http://127.0.0.1:1/hook" } } };
-    assert.throws(() => parseRoutes([{ to: "handler", transform: "./t.ts" }], config, 'source "shop"'), /a transform applies to destinations/);
-    assert.equal(parseRoutes([{ to: "app", transform: "./t.ts" }], config, 'source "shop"')[0]!.transform?.module, "./t.ts");
+    assert.throws(
+      () => parseRoutes([{ to: "handler", transform: "./t.ts" }], config, 'source "shop"'),
+      /a transform applies to destinations/,
+    );
+    assert.equal(
+      parseRoutes([{ to: "app", transform: "./t.ts" }], config, 'source "shop"')[0]!.transform?.module,
+      "./t.ts",
+    );
   });
 });

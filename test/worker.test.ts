@@ -30,13 +30,19 @@ const query = <T>(sql: string, ...params: (string | number)[]): T[] => {
   const db = new DatabaseSync(path, { readOnly: true });
   try {
     // Spread into plain objects: node:sqlite's rows have a null prototype, which deepEqual tells apart.
-    return db.prepare(sql).all(...params).map((row) => ({ ...row })) as T[];
+    return db
+      .prepare(sql)
+      .all(...params)
+      .map((row) => ({ ...row })) as T[];
   } finally {
     db.close();
   }
 };
-const statusOf = (id: string) => query<{ status: string; attempts: number; error: string | null }>(
-  "SELECT status, attempts, error FROM deliveries WHERE id = ?", id)[0];
+const statusOf = (id: string) =>
+  query<{ status: string; attempts: number; error: string | null }>(
+    "SELECT status, attempts, error FROM deliveries WHERE id = ?",
+    id,
+  )[0];
 const quiet = () => {};
 
 // Every child a test starts is killed at the end, so a test that fails (or times out) waiting on one
@@ -79,11 +85,14 @@ describe("run()", () => {
     const most = async (concurrency: number) => {
       let running = 0;
       let peak = 0;
-      await run(async () => {
-        peak = Math.max(peak, ++running);
-        for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
-        running--;
-      }, { inbox, once: true, concurrency, log: quiet });
+      await run(
+        async () => {
+          peak = Math.max(peak, ++running);
+          for (let i = 0; i < 5; i++) await new Promise((resolve) => setImmediate(resolve));
+          running--;
+        },
+        { inbox, once: true, concurrency, log: quiet },
+      );
       return peak;
     };
     assert.equal(await most(3), 3);
@@ -96,10 +105,17 @@ describe("run()", () => {
     const inbox = open();
     await inbox.store({ id: "evt_1", body: payment() });
     const lines: string[] = [];
-    const stats = await run(() => { throw new Error("the bank is down"); }, { inbox, once: true, log: (l) => lines.push(l) });
+    const stats = await run(
+      () => {
+        throw new Error("the bank is down");
+      },
+      { inbox, once: true, log: (l) => lines.push(l) },
+    );
     assert.equal(stats.retried, 1);
     assert.deepEqual(statusOf("evt_1"), { status: "received", attempts: 1, error: "the bank is down" });
-    assert.deepEqual(query<{ available_at: number }>("SELECT available_at FROM deliveries")[0], { available_at: T0 + 2_000 });
+    assert.deepEqual(query<{ available_at: number }>("SELECT available_at FROM deliveries")[0], {
+      available_at: T0 + 2_000,
+    });
     assert.match(lines.join("\n"), /evt_1 failed \(attempt 1\), retrying at .*: the bank is down/);
   });
 
@@ -107,7 +123,13 @@ describe("run()", () => {
     const inbox = open();
     await inbox.store({ id: "evt_1", body: payment() });
     let calls = 0;
-    const stats = await run(() => { calls++; throw new PermanentError("unknown customer"); }, { inbox, once: true, log: quiet });
+    const stats = await run(
+      () => {
+        calls++;
+        throw new PermanentError("unknown customer");
+      },
+      { inbox, once: true, log: quiet },
+    );
     assert.equal(calls, 1);
     assert.equal(stats.failed, 1);
     assert.deepEqual(statusOf("evt_1"), { status: "failed", attempts: 1, error: "unknown customer" });
@@ -128,7 +150,10 @@ describe("run()", () => {
   it("fails permanently a JSON body that is not valid UTF-8, rather than hand the handler altered text", async () => {
     const inbox = open();
     // 0xff can appear nowhere in UTF-8; decoding it leniently would turn the name into "Mar\ufffda".
-    await inbox.store({ id: "evt_1", body: Buffer.concat([Buffer.from('{"customer":"Mar'), Buffer.from([0xff]), Buffer.from('a","amount":1}')]) });
+    await inbox.store({
+      id: "evt_1",
+      body: Buffer.concat([Buffer.from('{"customer":"Mar'), Buffer.from([0xff]), Buffer.from('a","amount":1}')]),
+    });
     const stats = await run(recordPayment, { inbox, once: true, log: quiet });
     assert.equal(stats.failed, 1);
     assert.match(statusOf("evt_1")!.error!, /not JSON.*utf-8/i);
@@ -139,11 +164,20 @@ describe("run()", () => {
     const inbox = open({ maxAttempts: 3 });
     await inbox.store({ id: "evt_1", body: payment() });
     for (let attempt = 1; attempt <= 3; attempt++) {
-      await run(() => { throw new Error(`boom ${attempt}`); }, { inbox, once: true, log: quiet });
+      await run(
+        () => {
+          throw new Error(`boom ${attempt}`);
+        },
+        { inbox, once: true, log: quiet },
+      );
       t += 3_600_000; // past any backoff
     }
     assert.deepEqual(statusOf("evt_1"), { status: "failed", attempts: 3, error: "boom 3" });
-    const stats = await run(() => assert.fail("a failed delivery was handed out again"), { inbox, once: true, log: quiet });
+    const stats = await run(() => assert.fail("a failed delivery was handed out again"), {
+      inbox,
+      once: true,
+      log: quiet,
+    });
     assert.equal(stats.claimed, 0);
   });
 
@@ -151,7 +185,11 @@ describe("run()", () => {
     // extendedTo waits (a few ms at a time, as the heartbeat beats every 5 ms) until the row's lease
     // reaches the given time on the pinned clock; a heartbeat that never comes fails rather than hangs.
     const extendedTo = async (until: number) => {
-      for (let tries = 0; query<{ leased_until: number }>("SELECT leased_until FROM deliveries")[0]!.leased_until < until; tries++) {
+      for (
+        let tries = 0;
+        query<{ leased_until: number }>("SELECT leased_until FROM deliveries")[0]!.leased_until < until;
+        tries++
+      ) {
         if (tries === 1_000) assert.fail("the heartbeat never extended the lease");
         await new Promise((resolve) => setTimeout(resolve, 5));
       }
@@ -161,14 +199,17 @@ describe("run()", () => {
       const a = open();
       const b = open();
       await a.store({ id: "evt_1", body: payment() });
-      const stats = await run(async () => {
-        // Four lease lengths pass on the clock while the handler works; each time the heartbeat renews it.
-        for (let i = 0; i < 4; i++) {
-          t += 900;
-          await extendedTo(t + 1_000);
-          assert.equal(await b.claim(1_000), undefined);
-        }
-      }, { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet });
+      const stats = await run(
+        async () => {
+          // Four lease lengths pass on the clock while the handler works; each time the heartbeat renews it.
+          for (let i = 0; i < 4; i++) {
+            t += 900;
+            await extendedTo(t + 1_000);
+            assert.equal(await b.claim(1_000), undefined);
+          }
+        },
+        { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet },
+      );
       assert.equal(stats.done, 1);
       assert.deepEqual(statusOf("evt_1"), { status: "done", attempts: 1, error: null });
     });
@@ -178,12 +219,15 @@ describe("run()", () => {
       const b = open();
       await a.store({ id: "evt_1", body: payment() });
       let reason: unknown;
-      const stats = await run(async (job) => {
-        t += 1_000;
-        assert.ok(await b.claim(60_000)); // taken over: the next heartbeat finds out
-        await new Promise((resolve) => job.signal.addEventListener("abort", resolve));
-        reason = job.signal.reason;
-      }, { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet });
+      const stats = await run(
+        async (job) => {
+          t += 1_000;
+          assert.ok(await b.claim(60_000)); // taken over: the next heartbeat finds out
+          await new Promise((resolve) => job.signal.addEventListener("abort", resolve));
+          reason = job.signal.reason;
+        },
+        { inbox: a, once: true, leaseMs: 1_000, heartbeatMs: 5, log: quiet },
+      );
       assert.match(String(reason), /the lease was lost/);
       assert.equal(stats.lost, 1);
     });
@@ -193,24 +237,31 @@ describe("run()", () => {
     // The handler stalls past its lease; meanwhile a second worker (its own connection) takes the
     // delivery over and records the payment. The first handler then finishes too.
     const logged: string[] = [];
-    async function overtaken(write: (job: Job, key: string) => void): Promise<{ stats: Awaited<ReturnType<typeof run>>; ledger: number }> {
+    async function overtaken(
+      write: (job: Job, key: string) => void,
+    ): Promise<{ stats: Awaited<ReturnType<typeof run>>; ledger: number }> {
       const a = open();
       const b = open();
       a.db.exec("CREATE TABLE ledger (key TEXT)"); // no key constraint: a second write would be counted
       await a.store({ id: "evt_1", body: payment() });
       const ledger = (db: DatabaseSync, key: string) => db.prepare("INSERT INTO ledger VALUES (?)").run(key);
-      const stats = await run(async (job) => {
-        t += LEASE;
-        const takeover = (await b.claim(LEASE))!;
-        assert.equal(takeover.id, "evt_1");
-        assert.equal(await b.finish(takeover, [(tx) => void ledger(tx.db!, job.key)]), true);
-        write(job, job.key);
-      }, { inbox: a, once: true, leaseMs: LEASE, log: (line) => logged.push(line) });
+      const stats = await run(
+        async (job) => {
+          t += LEASE;
+          const takeover = (await b.claim(LEASE))!;
+          assert.equal(takeover.id, "evt_1");
+          assert.equal(await b.finish(takeover, [(tx) => void ledger(tx.db!, job.key)]), true);
+          write(job, job.key);
+        },
+        { inbox: a, once: true, leaseMs: LEASE, log: (line) => logged.push(line) },
+      );
       return { stats, ledger: query<{ n: number }>("SELECT count(*) AS n FROM ledger")[0]!.n };
     }
 
     it("rolls back the stale handler's job.write, so the local effect happens exactly once", async () => {
-      const { stats, ledger } = await overtaken((job, key) => job.write((tx) => void tx.db!.prepare("INSERT INTO ledger VALUES (?)").run(key)));
+      const { stats, ledger } = await overtaken((job, key) =>
+        job.write((tx) => void tx.db!.prepare("INSERT INTO ledger VALUES (?)").run(key)),
+      );
       assert.equal(stats.lost, 1);
       assert.equal(stats.done, 0);
       assert.equal(ledger, 1);
@@ -219,7 +270,9 @@ describe("run()", () => {
     });
 
     it("control: a write made outside job.write happens twice", async () => {
-      const { ledger } = await overtaken((job, key) => void opened[0]!.db.prepare("INSERT INTO ledger VALUES (?)").run(key));
+      const { ledger } = await overtaken(
+        (job, key) => void opened[0]!.db.prepare("INSERT INTO ledger VALUES (?)").run(key),
+      );
       assert.equal(ledger, 2);
     });
   });
@@ -238,16 +291,19 @@ function lines(child: ChildProcess, stream: "stdout" | "stderr") {
   });
   return {
     seen,
-    next: (re: RegExp) => new Promise<string>((resolve) => {
-      const found = seen.find((l) => re.test(l));
-      if (found) resolve(found);
-      else waiters.push({ re, resolve });
-    }),
+    next: (re: RegExp) =>
+      new Promise<string>((resolve) => {
+        const found = seen.find((l) => re.test(l));
+        if (found) resolve(found);
+        else waiters.push({ re, resolve });
+      }),
   };
 }
 // exitOf resolves once the child has exited and its output has been read to the end.
 const exitOf = (child: ChildProcess) =>
-  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) => child.on("close", (code, signal) => resolve({ code, signal })));
+  new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on("close", (code, signal) => resolve({ code, signal })),
+  );
 
 describe("a worker process", { timeout: 30_000 }, () => {
   it("on SIGTERM stops claiming, lets the work in flight finish, and exits 0", async () => {
@@ -261,9 +317,18 @@ describe("a worker process", { timeout: 30_000 }, () => {
     await out.next(/^started evt_2$/); // both handlers are running
     child.kill("SIGTERM");
     assert.deepEqual(await exited, { code: 0, signal: null });
-    assert.deepEqual(JSON.parse(out.seen.at(-1)!), { claimed: 2, done: 2, retried: 0, failed: 0, lost: 0, released: 0 });
-    assert.deepEqual(query("SELECT id, status FROM deliveries ORDER BY id"),
-      [{ id: "evt_1", status: "done" }, { id: "evt_2", status: "done" }]);
+    assert.deepEqual(JSON.parse(out.seen.at(-1)!), {
+      claimed: 2,
+      done: 2,
+      retried: 0,
+      failed: 0,
+      lost: 0,
+      released: 0,
+    });
+    assert.deepEqual(query("SELECT id, status FROM deliveries ORDER BY id"), [
+      { id: "evt_1", status: "done" },
+      { id: "evt_2", status: "done" },
+    ]);
     assert.equal(query("SELECT * FROM payments").length, 2);
   });
 
@@ -277,7 +342,10 @@ describe("a worker process", { timeout: 30_000 }, () => {
     await out.next(/^started evt_1$/);
     child.kill("SIGTERM");
     assert.deepEqual(await exited, { code: 0, signal: null });
-    assert.deepEqual(out.seen.filter((l) => l.startsWith("started")), ["started evt_1"]);
+    assert.deepEqual(
+      out.seen.filter((l) => l.startsWith("started")),
+      ["started evt_1"],
+    );
     assert.deepEqual(query("SELECT id, status, attempts FROM deliveries ORDER BY id"), [
       { id: "evt_1", status: "done", attempts: 1 },
       { id: "evt_2", status: "received", attempts: 0 },
@@ -298,8 +366,9 @@ describe("a worker process", { timeout: 30_000 }, () => {
     assert.deepEqual(await exited, { code: 0, signal: null });
     assert.equal(JSON.parse(out.seen.at(-1)!).released, 1);
     // Back in the queue at once, its attempt given back, no lease left over.
-    assert.deepEqual(query("SELECT status, attempts, lease_token, leased_until FROM deliveries"),
-      [{ status: "received", attempts: 0, lease_token: null, leased_until: null }]);
+    assert.deepEqual(query("SELECT status, attempts, lease_token, leased_until FROM deliveries"), [
+      { status: "received", attempts: 0, lease_token: null, leased_until: null },
+    ]);
   });
 
   it("killed with -9 loses nothing: its delivery is taken over once the lease expires", async () => {

@@ -17,7 +17,8 @@ function connection(target: string) {
   return { host: u.hostname, port: Number(u.port), maxRetriesPerRequest: null };
 }
 
-const queue = (target: string) => new Queue<Job>(QUEUE, { connection: connection(target), defaultJobOptions: { removeOnComplete: true } });
+const queue = (target: string) =>
+  new Queue<Job>(QUEUE, { connection: connection(target), defaultJobOptions: { removeOnComplete: true } });
 
 await main({
   async enqueue(target) {
@@ -40,10 +41,18 @@ await main({
     let failed = 0;
     let finished!: () => void;
     const all = new Promise<void>((resolve) => (finished = resolve));
-    const worker = new Worker<Job>(QUEUE, async (job) => {
-      const p = payment(job.data);
-      await redis.hset("payments", p.delivery_id, JSON.stringify({ source: p.source, customer: p.customer, amount: p.amount }));
-    }, { connection: connection(target), concurrency: CONCURRENCY });
+    const worker = new Worker<Job>(
+      QUEUE,
+      async (job) => {
+        const p = payment(job.data);
+        await redis.hset(
+          "payments",
+          p.delivery_id,
+          JSON.stringify({ source: p.source, customer: p.customer, amount: p.amount }),
+        );
+      },
+      { connection: connection(target), concurrency: CONCURRENCY },
+    );
     worker.on("completed", () => {
       if (++done + failed === n) finished();
     });

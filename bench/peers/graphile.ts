@@ -47,8 +47,12 @@ await main({
       taskList: {
         [TASK]: async (raw, helpers) => {
           const p = payment(raw as Job);
-          await helpers.query("INSERT INTO payments (source, delivery_id, customer, amount) VALUES ($1, $2, $3, $4)",
-            [p.source, p.delivery_id, p.customer, p.amount]);
+          await helpers.query("INSERT INTO payments (source, delivery_id, customer, amount) VALUES ($1, $2, $3, $4)", [
+            p.source,
+            p.delivery_id,
+            p.customer,
+            p.amount,
+          ]);
         },
       },
     });

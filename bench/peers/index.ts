@@ -34,31 +34,86 @@ export interface Peer {
   store: (dir: string, label: string) => Promise<Store>;
 }
 
-const pg = (database: string) => async (_dir: string, label: string): Promise<Store> => {
-  const db = await freshDatabase(`${database}_${label}`);
-  return { target: db.url, drop: db.drop };
-};
+const pg =
+  (database: string) =>
+  async (_dir: string, label: string): Promise<Store> => {
+    const db = await freshDatabase(`${database}_${label}`);
+    return { target: db.url, drop: db.drop };
+  };
 const redis = (fsync: "always" | "everysec") => async (): Promise<Store> => {
   const server = await startRedis(fsync);
   return { target: server.url, drop: server.stop };
 };
-const sqlite = (query: string) => async (dir: string, label: string): Promise<Store> =>
-  ({ target: join(dir, `plainjob-${label}.db${query}`), drop: async () => {} });
+const sqlite =
+  (query: string) =>
+  async (dir: string, label: string): Promise<Store> => ({
+    target: join(dir, `plainjob-${label}.db${query}`),
+    drop: async () => {},
+  });
 
 /** PEERS are the queues of issue #14, in the order they are printed. */
 export const PEERS: Peer[] = [
-  { name: "pg-boss 12", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "batchSize 500, localConcurrency 2, transactional, burstWhenBatchFull",
-    script: "bench/peers/pgboss.ts", postgres: true, high: true, store: pg("bench_pgboss") },
-  { name: "graphile-worker 0.18", durability: "PostgreSQL synchronous_commit=on", durable: true, settings: "concurrency 24, localQueue 500, completeJobBatchDelay 0",
-    script: "bench/peers/graphile.ts", postgres: true, high: false, store: pg("bench_graphile") },
-  { name: "BullMQ 6", durability: "Redis AOF appendfsync=always", durable: true, settings: "concurrency 100, removeOnComplete, payment HSET",
-    script: "bench/peers/bullmq.ts", postgres: false, high: true, store: redis("always") },
-  { name: "BullMQ 6", durability: "Redis AOF appendfsync=everysec (up to 1 s lost)", durable: false, settings: "concurrency 100, removeOnComplete, payment HSET",
-    script: "bench/peers/bullmq.ts", postgres: false, high: true, store: redis("everysec") },
-  { name: "plainjob 0.0.14", durability: "SQLite synchronous=FULL", durable: true, settings: "one worker, payment insert in the same file",
-    script: "bench/peers/plainjob.ts", postgres: false, high: false, backlog: knob("BENCH_PLAINJOB_FULL_BACKLOG", 5_000), store: sqlite("?synchronous=FULL") },
-  { name: "plainjob 0.0.14", durability: "SQLite synchronous=NORMAL (its default; a power cut can lose the last commits)", durable: false, settings: "one worker, payment insert in the same file",
-    script: "bench/peers/plainjob.ts", postgres: false, high: true, store: sqlite("") },
+  {
+    name: "pg-boss 12",
+    durability: "PostgreSQL synchronous_commit=on",
+    durable: true,
+    settings: "batchSize 500, localConcurrency 2, transactional, burstWhenBatchFull",
+    script: "bench/peers/pgboss.ts",
+    postgres: true,
+    high: true,
+    store: pg("bench_pgboss"),
+  },
+  {
+    name: "graphile-worker 0.18",
+    durability: "PostgreSQL synchronous_commit=on",
+    durable: true,
+    settings: "concurrency 24, localQueue 500, completeJobBatchDelay 0",
+    script: "bench/peers/graphile.ts",
+    postgres: true,
+    high: false,
+    store: pg("bench_graphile"),
+  },
+  {
+    name: "BullMQ 6",
+    durability: "Redis AOF appendfsync=always",
+    durable: true,
+    settings: "concurrency 100, removeOnComplete, payment HSET",
+    script: "bench/peers/bullmq.ts",
+    postgres: false,
+    high: true,
+    store: redis("always"),
+  },
+  {
+    name: "BullMQ 6",
+    durability: "Redis AOF appendfsync=everysec (up to 1 s lost)",
+    durable: false,
+    settings: "concurrency 100, removeOnComplete, payment HSET",
+    script: "bench/peers/bullmq.ts",
+    postgres: false,
+    high: true,
+    store: redis("everysec"),
+  },
+  {
+    name: "plainjob 0.0.14",
+    durability: "SQLite synchronous=FULL",
+    durable: true,
+    settings: "one worker, payment insert in the same file",
+    script: "bench/peers/plainjob.ts",
+    postgres: false,
+    high: false,
+    backlog: knob("BENCH_PLAINJOB_FULL_BACKLOG", 5_000),
+    store: sqlite("?synchronous=FULL"),
+  },
+  {
+    name: "plainjob 0.0.14",
+    durability: "SQLite synchronous=NORMAL (its default; a power cut can lose the last commits)",
+    durable: false,
+    settings: "one worker, payment insert in the same file",
+    script: "bench/peers/plainjob.ts",
+    postgres: false,
+    high: true,
+    store: sqlite(""),
+  },
 ];
 
 /** label names a peer's row: its name and durability. */
@@ -74,7 +129,14 @@ let reachable: Promise<boolean> | undefined;
 export async function peers(): Promise<Peer[]> {
   const wanted = process.env.BENCH_PEERS;
   if (wanted === "0") return [];
-  const words = wanted === undefined || wanted === "1" ? [] : wanted.toLowerCase().split(",").map((w) => w.trim()).filter(Boolean);
+  const words =
+    wanted === undefined || wanted === "1"
+      ? []
+      : wanted
+          .toLowerCase()
+          .split(",")
+          .map((w) => w.trim())
+          .filter(Boolean);
   const chosen = PEERS.filter((p) => words.length === 0 || words.some((w) => label(p).toLowerCase().includes(w)));
   reachable ??= pgReachable();
   if (await reachable) return chosen;
@@ -86,9 +148,14 @@ export async function peers(): Promise<Peer[]> {
 export async function drainPeer(peer: Peer, dir: string, n: number, label: string): Promise<Drained> {
   const store = await peer.store(dir, label);
   try {
-    const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, peer.script), "drain", store.target, String(n)], {
-      cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
-    });
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", join(ROOT, peer.script), "drain", store.target, String(n)],
+      {
+        cwd: ROOT,
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
     let out = "";
     let err = "";
     child.stdout.on("data", (d: Buffer) => (out += d));

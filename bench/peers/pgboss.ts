@@ -43,16 +43,30 @@ await main({
     let handled = 0;
     let finished!: () => void;
     const all = new Promise<void>((resolve) => (finished = resolve));
-    await b.work(QUEUE, { batchSize: BATCH, localConcurrency: LOCAL_CONCURRENCY, burstWhenBatchFull: true, pollingIntervalSeconds: 0.5, transactional: true },
+    await b.work(
+      QUEUE,
+      {
+        batchSize: BATCH,
+        localConcurrency: LOCAL_CONCURRENCY,
+        burstWhenBatchFull: true,
+        pollingIntervalSeconds: 0.5,
+        transactional: true,
+      },
       async (jobs: BossJob<Job>[], tx: Db) => {
         const rows = jobs.map((j) => payment(j.data));
         await tx.executeSql(
           `INSERT INTO payments (source, delivery_id, customer, amount)
            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::numeric[])`,
-          [rows.map((r) => r.source), rows.map((r) => r.delivery_id), rows.map((r) => r.customer), rows.map((r) => r.amount)],
+          [
+            rows.map((r) => r.source),
+            rows.map((r) => r.delivery_id),
+            rows.map((r) => r.customer),
+            rows.map((r) => r.amount),
+          ],
         );
         if ((handled += jobs.length) >= n) finished();
-      });
+      },
+    );
     await all;
     // A graceful stop waits for the last batches' transactions to commit.
     await b.stop({ graceful: true });

@@ -13,18 +13,24 @@ import { backlogJob, main, payment, type Job } from "./shared.ts";
 /** nodeSqlite is plainjob's Connection over node:sqlite: better-sqlite3's transaction(fn).immediate() and all. */
 function nodeSqlite(db: DatabaseSync, filename: string): Connection {
   const transaction = (fn: (...args: unknown[]) => unknown) => {
-    const inside = (mode: string) => (...args: unknown[]) => {
-      db.exec(`BEGIN ${mode}`);
-      try {
-        const result = fn(...args);
-        db.exec("COMMIT");
-        return result;
-      } catch (error) {
-        db.exec("ROLLBACK");
-        throw error;
-      }
-    };
-    return Object.assign(inside("DEFERRED"), { deferred: inside("DEFERRED"), immediate: inside("IMMEDIATE"), exclusive: inside("EXCLUSIVE") });
+    const inside =
+      (mode: string) =>
+      (...args: unknown[]) => {
+        db.exec(`BEGIN ${mode}`);
+        try {
+          const result = fn(...args);
+          db.exec("COMMIT");
+          return result;
+        } catch (error) {
+          db.exec("ROLLBACK");
+          throw error;
+        }
+      };
+    return Object.assign(inside("DEFERRED"), {
+      deferred: inside("DEFERRED"),
+      immediate: inside("IMMEDIATE"),
+      exclusive: inside("EXCLUSIVE"),
+    });
   };
   return {
     driver: "better-sqlite3",
@@ -71,18 +77,24 @@ await main({
     let done = 0;
     let finished!: () => void;
     const all = new Promise<void>((resolve) => (finished = resolve));
-    const worker = defineWorker("payment", (job) => {
-      const p = payment(JSON.parse(job.data) as Job);
-      insert.run(p.source, p.delivery_id, p.customer, p.amount);
-    }, {
-      queue, logger: quiet, pollIntervall: 10,
-      onCompleted: () => {
-        if (++done === n) finished();
+    const worker = defineWorker(
+      "payment",
+      (job) => {
+        const p = payment(JSON.parse(job.data) as Job);
+        insert.run(p.source, p.delivery_id, p.customer, p.amount);
       },
-      onFailed: (_job, error) => {
-        throw new Error(`plainjob: a job failed: ${error}`);
+      {
+        queue,
+        logger: quiet,
+        pollIntervall: 10,
+        onCompleted: () => {
+          if (++done === n) finished();
+        },
+        onFailed: (_job, error) => {
+          throw new Error(`plainjob: a job failed: ${error}`);
+        },
       },
-    });
+    );
     void worker.start();
     await all;
     await worker.stop();

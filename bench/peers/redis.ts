@@ -22,13 +22,29 @@ export function freePort(): Promise<number> {
 }
 
 /** startRedis starts a redis-server and resolves once it accepts connections, with its URL and its stop. */
-export async function startRedis(appendfsync: "always" | "everysec"): Promise<{ url: string; stop: () => Promise<void> }> {
+export async function startRedis(
+  appendfsync: "always" | "everysec",
+): Promise<{ url: string; stop: () => Promise<void> }> {
   const port = await freePort();
   const dir = mkdtempSync(join(tmpdir(), "inbox-bench-redis-"));
-  const child = spawn("redis-server", [
-    "--port", String(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "",
-    "--appendonly", "yes", "--appendfsync", appendfsync,
-  ], { stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(
+    "redis-server",
+    [
+      "--port",
+      String(port),
+      "--bind",
+      "127.0.0.1",
+      "--dir",
+      dir,
+      "--save",
+      "",
+      "--appendonly",
+      "yes",
+      "--appendfsync",
+      appendfsync,
+    ],
+    { stdio: ["ignore", "pipe", "pipe"] },
+  );
   let out = "";
   const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
   await new Promise<void>((resolve, reject) => {
@@ -36,7 +52,9 @@ export async function startRedis(appendfsync: "always" | "everysec"): Promise<{ 
       out += d;
       if (out.includes("Ready to accept connections")) resolve();
     });
-    child.on("error", (error) => reject(new Error(`redis-server: ${error.message}; install it with apt-get install -y redis-server`)));
+    child.on("error", (error) =>
+      reject(new Error(`redis-server: ${error.message}; install it with apt-get install -y redis-server`)),
+    );
     void exited.then(() => reject(new Error(`redis-server exited: ${out.slice(-500)}`)));
   });
   return {

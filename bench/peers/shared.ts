@@ -30,7 +30,10 @@ export function payment(job: Job): Payment {
 
 /** backlogJob is the i-th job of a filled backlog, with the same bodies as bench/common.ts's fillBacklog. */
 export function backlogJob(i: number): Job {
-  return { id: `bk_${i}`, body: JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }) };
+  return {
+    id: `bk_${i}`,
+    body: JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }),
+  };
 }
 
 /**

@@ -29,19 +29,36 @@ export interface Sender {
    * send forwards the leased delivery (its body and content type as its transform left them); it never
    * throws: a failure is an Outcome. headers are the transform's changes: a string sets one, null removes it.
    */
-  send(lease: Lease, options: { signal: AbortSignal; permanent4xx: boolean; headers?: Record<string, string | null> }): Promise<Outcome>;
+  send(
+    lease: Lease,
+    options: { signal: AbortSignal; permanent4xx: boolean; headers?: Record<string, string | null> },
+  ): Promise<Outcome>;
   close(): Promise<void>;
 }
 
 // Headers of the connection, not of the message, and the ones the forward sets itself: never copied from
 // the provider's request.
 const HOP_BY_HOP = new Set([
-  "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization", "proxy-authenticate",
-  "host", "content-length", "expect",
+  "connection",
+  "keep-alive",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "proxy-authorization",
+  "proxy-authenticate",
+  "host",
+  "content-length",
+  "expect",
 ]);
 
 /** signatures signs a body for Standard Webhooks with every secret (the app may hold any one: rotation). */
-export function signatures(secrets: readonly string[], id: string, body: Buffer, timestampS: number): Record<string, string> {
+export function signatures(
+  secrets: readonly string[],
+  id: string,
+  body: Buffer,
+  timestampS: number,
+): Record<string, string> {
   const all = secrets.map((secret) => sign("standard", secret, { id, body, timestampS }));
   return { ...all[0]!, "webhook-signature": all.map((h) => h["webhook-signature"]).join(" ") };
 }
@@ -50,18 +67,27 @@ export function signatures(secrets: readonly string[], id: string, body: Buffer,
  * signer is signatures() for one destination's secrets, their keys prepared once: an HMAC keyed with raw
  * bytes prepares the key again at every call, which cost more than the rest of a forward's signing.
  */
-export function signer(secrets: readonly string[], where: string): (id: string, body: Buffer, timestampS: number) => Record<string, string> {
-  const keys = secrets.map((s, i) => createSecretKey(secretKey("standard", s, `${where}: ${secrets.length > 1 ? `secret #${i + 1}` : "secret"}`)));
+export function signer(
+  secrets: readonly string[],
+  where: string,
+): (id: string, body: Buffer, timestampS: number) => Record<string, string> {
+  const keys = secrets.map((s, i) =>
+    createSecretKey(secretKey("standard", s, `${where}: ${secrets.length > 1 ? `secret #${i + 1}` : "secret"}`)),
+  );
   return (id, body, timestampS) => {
     const ts = String(timestampS);
-    const signed = keys.map((key) => `v1,${createHmac("sha256", key).update(`${id}.${ts}.`).update(body).digest("base64")}`);
+    const signed = keys.map(
+      (key) => `v1,${createHmac("sha256", key).update(`${id}.${ts}.`).update(body).digest("base64")}`,
+    );
     return { "webhook-id": id, "webhook-timestamp": ts, "webhook-signature": signed.join(" ") };
   };
 }
 
 /** checkSecrets throws a TypeError if a secret is not Standard Webhooks' whsec_ + base64 (caught at start-up, not at the first forward). */
 export function checkSecrets(secrets: readonly string[], where: string): void {
-  secrets.forEach((s, i) => secretKey("standard", s, `${where}: ${secrets.length > 1 ? `secret #${i + 1}` : "secret"}`));
+  secrets.forEach((s, i) =>
+    secretKey("standard", s, `${where}: ${secrets.length > 1 ? `secret #${i + 1}` : "secret"}`),
+  );
 }
 
 // Random bytes for fresh trace IDs, drawn a few thousand at a time: one call each costs more than a trace is worth.
@@ -70,7 +96,8 @@ let pooled = pool.length;
 
 /** traceparentOf is the delivery's stored W3C traceparent, or a fresh one when none was taken at receive time. */
 export function traceparentOf(lease: Pick<Lease, "traceparent">): string {
-  if (lease.traceparent && /^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/.test(lease.traceparent)) return lease.traceparent;
+  if (lease.traceparent && /^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/.test(lease.traceparent))
+    return lease.traceparent;
   if (pooled === pool.length) {
     randomFillSync(pool);
     pooled = 0;
@@ -85,14 +112,26 @@ export function traceparentOf(lease: Pick<Lease, "traceparent">): string {
  * signature is made last, over lease.body: the bytes that are sent.
  */
 export function forwardHeaders(
-  destination: HttpDestination, lease: Lease, nowMs: number,
-  sign: (id: string, body: Buffer, timestampS: number) => Record<string, string> = signer(destination.secrets, `destination ${JSON.stringify(destination.name)}`),
+  destination: HttpDestination,
+  lease: Lease,
+  nowMs: number,
+  sign: (id: string, body: Buffer, timestampS: number) => Record<string, string> = signer(
+    destination.secrets,
+    `destination ${JSON.stringify(destination.name)}`,
+  ),
   changes?: Record<string, string | null>,
 ): Record<string, string> {
   const headers: Record<string, string> = {};
   if (destination.forwardHeaders && lease.headers) {
     for (const [name, values] of Object.entries(lease.headers)) {
-      if (!values || values.length === 0 || HOP_BY_HOP.has(name) || name.startsWith("webhook-") || name.startsWith("inbox-")) continue;
+      if (
+        !values ||
+        values.length === 0 ||
+        HOP_BY_HOP.has(name) ||
+        name.startsWith("webhook-") ||
+        name.startsWith("inbox-")
+      )
+        continue;
       headers[name] = values.join(", ");
     }
   }
@@ -104,7 +143,9 @@ export function forwardHeaders(
     "inbox-delivery-id": lease.id,
     "inbox-attempt": String(lease.attempts),
     ...(lease.eventType ? { "inbox-event-type": lease.eventType } : {}),
-    ...(lease.orderKey !== null ? { "inbox-order-key": lease.orderKey, "inbox-stale": lease.newerId !== null ? "true" : "false" } : {}),
+    ...(lease.orderKey !== null
+      ? { "inbox-order-key": lease.orderKey, "inbox-stale": lease.newerId !== null ? "true" : "false" }
+      : {}),
     ...(lease.newerId !== null ? { "inbox-newer-id": lease.newerId } : {}),
   });
   if (changes) {
@@ -133,7 +174,14 @@ export function retryAfterMs(value: string | string[] | undefined, nowMs: number
  * 503 retry no sooner than Retry-After; 408, 409, 425 and 429 retry; another 4xx is permanent only if
  * the route says so; 3xx (not followed) and 5xx retry. The error keeps the answer's first bytes.
  */
-export function judge(status: number, headers: Record<string, string | string[] | undefined>, head: string, name: string, permanent4xx: boolean, nowMs: number): Outcome {
+export function judge(
+  status: number,
+  headers: Record<string, string | string[] | undefined>,
+  head: string,
+  name: string,
+  permanent4xx: boolean,
+  nowMs: number,
+): Outcome {
   if (status >= 200 && status < 300) return { kind: "done" };
   const shown = head.replace(/\s+/g, " ").trim();
   const error = `HTTP ${status} from ${name}${status >= 300 && status < 400 && headers.location ? ` (a redirect to ${String(headers.location)}, not followed)` : ""}${shown ? `: ${shown}` : ""}`;
@@ -142,7 +190,8 @@ export function judge(status: number, headers: Record<string, string | string[] 
     const afterMs = retryAfterMs(headers["retry-after"], nowMs);
     return { kind: "retry", error, ...(afterMs !== undefined ? { afterMs } : {}) };
   }
-  if (status >= 400 && status < 500 && ![408, 409, 425, 429].includes(status) && permanent4xx) return { kind: "failed", error };
+  if (status >= 400 && status < 500 && ![408, 409, 425, 429].includes(status) && permanent4xx)
+    return { kind: "failed", error };
   return { kind: "retry", error };
 }
 
@@ -155,22 +204,26 @@ const undici = async () => (undiciModule ??= await import("undici"));
  * httpSender forwards to one HTTP destination through a connection pool of its own, TLS verified. A failed
  * answer's first bytes are kept with its error, redacted first by redactor (redact.ts) where given.
  */
-export function httpSender(destination: HttpDestination, options: { now?: () => number; answerBytes?: number; redactor?: Redactor } = {}): Sender {
+export function httpSender(
+  destination: HttpDestination,
+  options: { now?: () => number; answerBytes?: number; redactor?: Redactor } = {},
+): Sender {
   const sign = signer(destination.secrets, `destination ${JSON.stringify(destination.name)}`);
   const now = options.now ?? Date.now;
   const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
   const redactor = options.redactor;
-  const pool = (Agent: typeof import("undici").Agent): Agent => new Agent({
-    connections: destination.maxInFlight,
-    connect: {
-      timeout: destination.connectTimeoutMs,
-      rejectUnauthorized: true,
-      // A private CA is trusted besides the system's, not instead of them.
-      ...(destination.ca ? { ca: [...rootCertificates, destination.ca] } : {}),
-    },
-    headersTimeout: destination.timeoutMs,
-    bodyTimeout: destination.timeoutMs,
-  });
+  const pool = (Agent: typeof import("undici").Agent): Agent =>
+    new Agent({
+      connections: destination.maxInFlight,
+      connect: {
+        timeout: destination.connectTimeoutMs,
+        rejectUnauthorized: true,
+        // A private CA is trusted besides the system's, not instead of them.
+        ...(destination.ca ? { ca: [...rootCertificates, destination.ca] } : {}),
+      },
+      headersTimeout: destination.timeoutMs,
+      bodyTimeout: destination.timeoutMs,
+    });
   let agent: Agent | undefined;
   const name = destination.name;
   return {
@@ -190,7 +243,10 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
         const { Agent, request } = undiciModule ?? (await undici());
         agent ??= pool(Agent);
         const res = await request(destination.url, {
-          method: "POST", dispatcher: agent, headers: forwardHeaders(destination, lease, now(), sign, changes), body: lease.body,
+          method: "POST",
+          dispatcher: agent,
+          headers: forwardHeaders(destination, lease, now(), sign, changes),
+          body: lease.body,
           signal: controller.signal,
         });
         let head = "";
@@ -204,9 +260,14 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
         }
         return judge(res.statusCode, res.headers, head, name, permanent4xx, now());
       } catch (error) {
-        if (timedOut && !signal.aborted) return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
+        if (timedOut && !signal.aborted)
+          return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
         if (signal.aborted) return { kind: "retry", error: `forward to ${name} stopped: ${message(signal.reason)}` };
-        if (codeOf(error) === "UND_ERR_CONNECT_TIMEOUT") return { kind: "retry", error: `${name}: no connection within ${destination.connectTimeoutMs} ms (UND_ERR_CONNECT_TIMEOUT)` };
+        if (codeOf(error) === "UND_ERR_CONNECT_TIMEOUT")
+          return {
+            kind: "retry",
+            error: `${name}: no connection within ${destination.connectTimeoutMs} ms (UND_ERR_CONNECT_TIMEOUT)`,
+          };
         return { kind: "retry", error: `${name}: ${describe(error)}` };
       } finally {
         clearTimeout(timer);
@@ -219,7 +280,11 @@ export function httpSender(destination: HttpDestination, options: { now?: () => 
 
 // firstBytes reads up to n bytes of an answer for the delivery's page, and more past them, then lets the
 // rest go: text is all it read, keep the characters of its first n bytes.
-async function firstBytes(body: AsyncIterable<Buffer> & { destroy(): void }, n: number, more: number): Promise<{ text: string; keep: number }> {
+async function firstBytes(
+  body: AsyncIterable<Buffer> & { destroy(): void },
+  n: number,
+  more: number,
+): Promise<{ text: string; keep: number }> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
@@ -254,7 +319,12 @@ function describe(error: unknown): string {
 
 /** OperatorEvent is one announcement: a breaker opened or closed, a destination paused or resumed, a delivery set aside. */
 export interface OperatorEvent {
-  type: "destination.opened" | "destination.closed" | "destination.paused" | "destination.resumed" | "delivery.set_aside";
+  type:
+    | "destination.opened"
+    | "destination.closed"
+    | "destination.paused"
+    | "destination.resumed"
+    | "delivery.set_aside";
   data: Record<string, unknown>;
 }
 
@@ -262,16 +332,29 @@ export interface OperatorEvent {
  * announce posts an operator event to the operator's URL as a signed Standard Webhooks event (Svix's
  * operational webhooks are the model), trying three times; it never throws, and says how it went.
  */
-export async function announce(operator: Operator, event: OperatorEvent, nowMs: number = Date.now()): Promise<true | string> {
+export async function announce(
+  operator: Operator,
+  event: OperatorEvent,
+  nowMs: number = Date.now(),
+): Promise<true | string> {
   const id = `evt_${randomBytes(12).toString("hex")}`;
-  const body = Buffer.from(JSON.stringify({ type: event.type, timestamp: new Date(nowMs).toISOString(), data: event.data }));
+  const body = Buffer.from(
+    JSON.stringify({ type: event.type, timestamp: new Date(nowMs).toISOString(), data: event.data }),
+  );
   let last = "";
   for (let attempt = 1; attempt <= 3; attempt++) {
     try {
       const { request } = await undici();
       const res = await request(operator.url, {
-        method: "POST", body, signal: AbortSignal.timeout(5_000),
-        headers: { ...operator.headers, "content-type": "application/json", "user-agent": "webhook-inbox", ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)) },
+        method: "POST",
+        body,
+        signal: AbortSignal.timeout(5_000),
+        headers: {
+          ...operator.headers,
+          "content-type": "application/json",
+          "user-agent": "webhook-inbox",
+          ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)),
+        },
       });
       await res.body.dump().catch(() => {});
       if (res.statusCode >= 200 && res.statusCode < 300) return true;

@@ -10,7 +10,16 @@ import { label, message, type Log } from "../log.ts";
 import type { Metrics } from "../metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
 import type { Destination, Forwarding, Route } from "../routing/routes.ts";
-import { again, sqlstate, type BreakerChange, type BreakerPolicy, type Inbox, type Lease, type SetAside, type Tally } from "../store.ts";
+import {
+  again,
+  sqlstate,
+  type BreakerChange,
+  type BreakerPolicy,
+  type Inbox,
+  type Lease,
+  type SetAside,
+  type Tally,
+} from "../store.ts";
 import { startProcess, type Process } from "../traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
 
@@ -66,7 +75,13 @@ export interface ForwardStats {
 }
 
 // A destination with "breaker": false still tallies (its failure rate and last error are shown) but never opens.
-const NEVER: BreakerPolicy = { failures: Number.MAX_SAFE_INTEGER, rate: 2, minTries: Number.MAX_SAFE_INTEGER, windowMs: DEFAULTS.breakerWindowMs, coolDownMs: 0 };
+const NEVER: BreakerPolicy = {
+  failures: Number.MAX_SAFE_INTEGER,
+  rate: 2,
+  minTries: Number.MAX_SAFE_INTEGER,
+  windowMs: DEFAULTS.breakerWindowMs,
+  coolDownMs: 0,
+};
 
 /** forward runs one lane per destination until the signal aborts (or, once, until nothing is due). */
 export async function forward(options: ForwarderOptions): Promise<ForwardStats> {
@@ -75,11 +90,15 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
   const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   const senders = new Map<string, Sender>();
   // Compiled once per destination, its own secrets naming themselves first; used only on a failed try.
-  const known = options.redact === false ? [] : options.secrets ?? secretsOf(forwarding);
+  const known = options.redact === false ? [] : (options.secrets ?? secretsOf(forwarding));
   const redactors = new Map([...forwarding.destinations.keys()].map((name) => [name, redactor(known, { mine: name })]));
   for (const d of forwarding.destinations.values()) {
-    const sender = d.kind === "http" ? httpSender(d, { redactor: redactors.get(d.name)! }) : options.senders?.get(d.name);
-    if (!sender) throw new TypeError(`forward: no sender for destination ${d.name} (type ${d.kind === "broker" ? d.type : "http"})`);
+    const sender =
+      d.kind === "http" ? httpSender(d, { redactor: redactors.get(d.name)! }) : options.senders?.get(d.name);
+    if (!sender)
+      throw new TypeError(
+        `forward: no sender for destination ${d.name} (type ${d.kind === "broker" ? d.type : "http"})`,
+      );
     senders.set(d.name, sender);
   }
   const say = (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => {
@@ -91,10 +110,18 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
   // One thread per transform module, shared by the lanes that use it (transform.ts).
   const transforms = options.transforms ?? new Transforms(options.transformBase ?? ".");
   try {
-    await Promise.all([...forwarding.destinations.values()].map((d) => lane(d, senders.get(d.name)!, redactors.get(d.name)!, options, stats, log, say, transforms)));
+    await Promise.all(
+      [...forwarding.destinations.values()].map((d) =>
+        lane(d, senders.get(d.name)!, redactors.get(d.name)!, options, stats, log, say, transforms),
+      ),
+    );
   } finally {
     if (!options.transforms) await transforms.close();
-    await Promise.all([...senders.entries()].filter(([name]) => forwarding.destinations.get(name)?.kind === "http").map(([, s]) => s.close()));
+    await Promise.all(
+      [...senders.entries()]
+        .filter(([name]) => forwarding.destinations.get(name)?.kind === "http")
+        .map(([, s]) => s.close()),
+    );
   }
   return stats;
 }
@@ -102,8 +129,14 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 // lane forwards one destination's deliveries: it claims only what its in-flight limit has room for, so a
 // slow destination holds its own leases and nobody else's.
 async function lane(
-  destination: Destination, sender: Sender, { redact }: Redactor, options: ForwarderOptions, stats: ForwardStats, log: Log,
-  say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void, transforms: Transforms,
+  destination: Destination,
+  sender: Sender,
+  { redact }: Redactor,
+  options: ForwarderOptions,
+  stats: ForwardStats,
+  log: Log,
+  say: (event: OperatorEvent, line: string, level: "info" | "warn" | "error") => void,
+  transforms: Transforms,
 ): Promise<void> {
   const { inbox, metrics } = options;
   const name = destination.name;
@@ -115,35 +148,55 @@ async function lane(
   const stop = options.signal;
   const active = new Map<Lease, AbortController>();
   let wake: () => void = () => {};
-  const pause = (ms: number) => new Promise<void>((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    wake = () => {
-      clearTimeout(timer);
-      resolve();
-    };
-  });
+  const pause = (ms: number) =>
+    new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      wake = () => {
+        clearTimeout(timer);
+        resolve();
+      };
+    });
   stop?.addEventListener("abort", () => wake(), { once: true });
   // persist runs one of the lane's writes through again(): a database error that passes (a deadlock, a
   // dropped connection, a server restarting) is counted, logged once, and the write goes again, for as
   // long as a lease lasts. Meanwhile the lease stays active, so the heartbeat keeps it.
-  const persist = <T>(what: string, write: () => Promise<T>): Promise<T> => again(write, {
-    forMs: leaseMs, minMs: pollMin, maxMs: 4 * pollMax,
-    onError: (error, tries) => {
-      metrics?.dbError("forward", error);
-      if (tries === 1) log(`${name}: could not ${what} (${message(error)}); trying again`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
-    },
-  });
+  const persist = <T>(what: string, write: () => Promise<T>): Promise<T> =>
+    again(write, {
+      forMs: leaseMs,
+      minMs: pollMin,
+      maxMs: 4 * pollMax,
+      onError: (error, tries) => {
+        metrics?.dbError("forward", error);
+        if (tries === 1)
+          log(`${name}: could not ${what} (${message(error)}); trying again`, {
+            level: "warn",
+            destination: name,
+            sqlstate: sqlstate(error),
+          });
+      },
+    });
   // giveBack releases a lease unsent, its attempt given back; one it cannot release runs out instead.
-  const giveBack = (lease: Lease): Promise<void> => persist("release a lease", () => inbox.release(lease)).then(
-    (released) => void (released && stats.held++),
-    (error: unknown) => log(`${label(lease)} → ${name}: could not release (${message(error)}); it goes again when its lease expires`, { level: "warn", destination: name }),
-  ).finally(() => active.delete(lease));
+  const giveBack = (lease: Lease): Promise<void> =>
+    persist("release a lease", () => inbox.release(lease))
+      .then(
+        (released) => void (released && stats.held++),
+        (error: unknown) =>
+          log(
+            `${label(lease)} → ${name}: could not release (${message(error)}); it goes again when its lease expires`,
+            { level: "warn", destination: name },
+          ),
+      )
+      .finally(() => active.delete(lease));
   // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
   const gaveUp = (setAside: SetAside[]) => {
     for (const d of setAside) {
       stats.failed++;
       metrics?.failed(d);
-      say({ type: "delivery.set_aside", data: { ...d } }, `${label(d)} → ${name} set aside after ${d.attempts} attempts: ${d.error}`, "error");
+      say(
+        { type: "delivery.set_aside", data: { ...d } },
+        `${label(d)} → ${name} set aside after ${d.attempts} attempts: ${d.error}`,
+        "error",
+      );
     }
   };
   // New deliveries (PostgreSQL's NOTIFY) wake a lane at once, unless its destination is open or paused.
@@ -159,7 +212,12 @@ async function lane(
   const tally = (extra?: Partial<Tally>): Promise<void> => {
     const error = extra?.error ?? gathered.error;
     const probe = extra?.probe ?? gathered.probe;
-    gathered = { done: gathered.done, failed: gathered.failed + (extra?.failed ?? 0), ...(error ? { error } : {}), ...(probe ? { probe } : {}) };
+    gathered = {
+      done: gathered.done,
+      failed: gathered.failed + (extra?.failed ?? 0),
+      ...(error ? { error } : {}),
+      ...(probe ? { probe } : {}),
+    };
     next ??= tallying = tallying.then(() => {
       next = undefined;
       const t = gathered;
@@ -167,7 +225,8 @@ async function lane(
       if (t.done === 0 && t.failed === 0 && !t.probe) return;
       return inbox.tally(name, t, policy).then(
         (change) => void (change && announceChange(change)),
-        (error: unknown) => log(`${name}: could not tally the breaker: ${message(error)}`, { level: "warn", destination: name }),
+        (error: unknown) =>
+          log(`${name}: could not tally the breaker: ${message(error)}`, { level: "warn", destination: name }),
       );
     });
     return next;
@@ -175,27 +234,53 @@ async function lane(
   const announceChange = (change: BreakerChange) => {
     hold(change.change === "opened");
     if (change.change === "opened") {
-      const why = change.failures >= policy.failures ? `${change.failures} failures in a row` : `${Math.round((change.rate ?? 0) * 100)}% of tries failed`;
-      say({ type: "destination.opened", data: { destination: name, failures: change.failures, failureRate: change.rate, error: change.error, retryAt: change.retryAt } },
-        `${name}: breaker open after ${why} (last: ${change.error ?? "?"}); its deliveries wait, no attempt spent, until a probe at ${new Date(change.retryAt!).toISOString()}`, "error");
+      const why =
+        change.failures >= policy.failures
+          ? `${change.failures} failures in a row`
+          : `${Math.round((change.rate ?? 0) * 100)}% of tries failed`;
+      say(
+        {
+          type: "destination.opened",
+          data: {
+            destination: name,
+            failures: change.failures,
+            failureRate: change.rate,
+            error: change.error,
+            retryAt: change.retryAt,
+          },
+        },
+        `${name}: breaker open after ${why} (last: ${change.error ?? "?"}); its deliveries wait, no attempt spent, until a probe at ${new Date(change.retryAt!).toISOString()}`,
+        "error",
+      );
     } else {
-      say({ type: "destination.closed", data: { destination: name } }, `${name}: breaker closed, the probe got through; forwarding again`, "info");
+      say(
+        { type: "destination.closed", data: { destination: name } },
+        `${name}: breaker closed, the probe got through; forwarding again`,
+        "info",
+      );
     }
   };
   const ticker = setInterval(() => void tally(), options.tallyEveryMs ?? DEFAULTS.tallyEveryMs);
-  const heartbeat = setInterval(() => {
-    for (const [lease, controller] of active) {
-      inbox.extend(lease, leaseMs).then(
-        (held) => {
-          if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
-        },
-        (error: unknown) => {
-          metrics?.dbError("forward", error);
-          log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, { level: "warn", destination: name, sqlstate: sqlstate(error) });
-        },
-      );
-    }
-  }, Math.max(1, Math.floor(leaseMs / 3)));
+  const heartbeat = setInterval(
+    () => {
+      for (const [lease, controller] of active) {
+        inbox.extend(lease, leaseMs).then(
+          (held) => {
+            if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
+          },
+          (error: unknown) => {
+            metrics?.dbError("forward", error);
+            log(`${label(lease)} → ${name}: could not extend the lease: ${message(error)}`, {
+              level: "warn",
+              destination: name,
+              sqlstate: sqlstate(error),
+            });
+          },
+        );
+      }
+    },
+    Math.max(1, Math.floor(leaseMs / 3)),
+  );
 
   // Forwards answered 2xx whose done mark is not yet sent; the loop sends them together.
   const answered: { lease: Lease; resolve: (held: boolean) => void; reject: (error: unknown) => void }[] = [];
@@ -219,7 +304,9 @@ async function lane(
   // they take less than a sixteenth.
   const max = destination.maxInFlight;
   // A destination with a rate is claimed at most a second's worth ahead: its tokens, not its claims, pace it.
-  const most = destination.rate ? Math.max(2 * max, Math.ceil(destination.rate.perSecond)) : Math.max(8 * max, DEFAULTS.claimBatch);
+  const most = destination.rate
+    ? Math.max(2 * max, Math.ceil(destination.rate.perSecond))
+    : Math.max(8 * max, DEFAULTS.claimBatch);
   let ahead = 2 * max;
   let claiming = false;
   let starved = false;
@@ -263,13 +350,17 @@ async function lane(
       (permit) => {
         gate = undefined;
         if (permit.paused) hold(true);
-        for (let i = 0; i < permit.granted && queued.length > 0 && !holding && !stop?.aborted; i++) start(queued.shift()!);
+        for (let i = 0; i < permit.granted && queued.length > 0 && !holding && !stop?.aborted; i++)
+          start(queued.shift()!);
         if (permit.granted < want && !permit.paused) later(permit.waitMs);
         send();
       },
       (error: unknown) => {
         gate = undefined;
-        log(`${name}: could not ask for a permit (${message(error)}); trying again`, { level: "warn", destination: name });
+        log(`${name}: could not ask for a permit (${message(error)}); trying again`, {
+          level: "warn",
+          destination: name,
+        });
         later(pollMax);
       },
     );
@@ -309,28 +400,52 @@ async function lane(
     // Slots waiting for their wave's permit are not "nothing at the destination": the forwards answered in
     // one turn all free their slots before the next wave starts, and each such moment committed its marks.
     const busy = sending > 0 || gate !== undefined;
-    if (!now && !eager && answered.length < ahead && busy && performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)) return;
+    if (
+      !now &&
+      !eager &&
+      answered.length < ahead &&
+      busy &&
+      performance.now() - answeredAt < Math.max(pollMax, 4 * claimTook)
+    )
+      return;
     if (!now && eager && marking) return;
     const batch = answered.splice(0);
     let left = batch.length;
     marking = true;
     for (const a of batch) {
-      inbox.finish(a.lease).then(a.resolve, a.reject).finally(() => {
-        if (--left > 0) return;
-        marking = false;
-        wake();
-      });
+      inbox
+        .finish(a.lease)
+        .then(a.resolve, a.reject)
+        .finally(() => {
+          if (--left > 0) return;
+          marking = false;
+          wake();
+        });
     }
   };
   // What a source's route here says, looked up once per source rather than at every forward: whether a 4xx
   // is final, and the transform (its route's, else the destination's, else none) with its thread.
-  const here = new Map<string, { permanent4xx: boolean; transform?: { thread: Transformer; timeoutMs: number; module: string } }>();
+  const here = new Map<
+    string,
+    { permanent4xx: boolean; transform?: { thread: Transformer; timeoutMs: number; module: string } }
+  >();
   const routeHere = (source: string) => {
     let found = here.get(source);
     if (!found) {
       const route = options.routes?.get(source)?.find((r) => r.to === name);
       const setting = route?.transform ?? destination.transform;
-      found = { permanent4xx: route?.permanent4xx ?? false, ...(setting ? { transform: { thread: transforms.get(setting.module), timeoutMs: setting.timeoutMs, module: setting.module } } : {}) };
+      found = {
+        permanent4xx: route?.permanent4xx ?? false,
+        ...(setting
+          ? {
+              transform: {
+                thread: transforms.get(setting.module),
+                timeoutMs: setting.timeoutMs,
+                module: setting.module,
+              },
+            }
+          : {}),
+      };
       here.set(source, found);
     }
     return found;
@@ -363,7 +478,10 @@ async function lane(
         shaped = await setting.thread.run(transformInput(lease, name), setting.timeoutMs);
       } catch (error) {
         transformFailed = true;
-        outcome = { kind: "retry", error: error instanceof TransformError ? error.message : `transform ${setting.module}: ${message(error)}` };
+        outcome = {
+          kind: "retry",
+          error: error instanceof TransformError ? error.message : `transform ${setting.module}: ${message(error)}`,
+        };
       }
     }
     if (transformFailed) {
@@ -373,7 +491,11 @@ async function lane(
       outcome = { kind: "done" };
     } else {
       const sent = shaped ? { ...traced, body: shaped.body, contentType: shaped.contentType } : traced;
-      outcome = await sender.send(sent, { signal: controller.signal, permanent4xx, ...(shaped ? { headers: shaped.headers } : {}) });
+      outcome = await sender.send(sent, {
+        signal: controller.signal,
+        permanent4xx,
+        ...(shaped ? { headers: shaped.headers } : {}),
+      });
     }
     const skipped = shaped === null;
     // Before the error is stored, tallied, logged, traced or announced: a failed answer (or a transform's
@@ -393,20 +515,30 @@ async function lane(
       if (outcome.kind === "done") {
         // The done mark waits to go out with the others gathered since (see markDone), most often with the
         // next claim: one commit for many forwards, not one each.
-        const held = await persist("write a done mark", () => new Promise<boolean>((resolve, reject) => {
-          if (answered.length === 0) answeredAt = performance.now();
-          answered.push({ lease, resolve, reject });
-          wake();
-        }));
+        const held = await persist(
+          "write a done mark",
+          () =>
+            new Promise<boolean>((resolve, reject) => {
+              if (answered.length === 0) answeredAt = performance.now();
+              answered.push({ lease, resolve, reject });
+              wake();
+            }),
+        );
         span.end(held ? "done" : "lost");
         if (held) {
           stats.done++;
           if (!skipped) gathered.done++;
           if (lease.probe && !skipped) await tally({ probe: "done" });
-          log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, { ...fields, status: "done" });
+          log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, {
+            ...fields,
+            status: "done",
+          });
         } else {
           stats.lost++;
-          log(`${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`, { level: "warn", ...fields });
+          log(
+            `${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`,
+            { level: "warn", ...fields },
+          );
         }
         return;
       }
@@ -418,12 +550,25 @@ async function lane(
         const paused = await persist("pause", () => inbox.pause(name, outcome.error));
         if (await persist("release a lease", () => inbox.release(lease))) stats.held++;
         if (paused) {
-          say({ type: "destination.paused", data: { destination: name, reason: outcome.error } },
-            `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``, "error");
+          say(
+            { type: "destination.paused", data: { destination: name, reason: outcome.error } },
+            `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``,
+            "error",
+          );
         }
         return;
       }
-      const failure = await persist("record a failure", () => inbox.fail(lease, outcome.error, outcome.kind === "failed" ? { permanent: true } : outcome.afterMs !== undefined ? { retryAfterMs: outcome.afterMs } : {}));
+      const failure = await persist("record a failure", () =>
+        inbox.fail(
+          lease,
+          outcome.error,
+          outcome.kind === "failed"
+            ? { permanent: true }
+            : outcome.afterMs !== undefined
+              ? { retryAfterMs: outcome.afterMs }
+              : {},
+        ),
+      );
       span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
       // A try this worker cut off itself, its lease lost to a takeover (its event loop stalled past the lease),
       // says nothing of the destination either: counted, ten of them opened a healthy destination for every
@@ -431,26 +576,47 @@ async function lane(
       const cutOff = outcome.kind === "retry" && controller.signal.aborted;
       // A permanent 4xx is the destination answering: its breaker counts it as up.
       if (outcome.kind === "failed") gathered.done++;
-      else if (!transformFailed && !cutOff) await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+      else if (!transformFailed && !cutOff)
+        await tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
       // A probe must still end, or the breaker waits on it: it ends as not proven, and the next probe tries again.
       else if (lease.probe) await tally({ probe: "failed", error: outcome.error });
       if (failure === undefined) {
         stats.lost++;
-        log(`${label(lease)} → ${name} failed, but the lease was already lost: ${outcome.error}`, { level: "warn", ...fields });
+        log(`${label(lease)} → ${name} failed, but the lease was already lost: ${outcome.error}`, {
+          level: "warn",
+          ...fields,
+        });
       } else if (failure.status === "failed") {
         stats.failed++;
         metrics?.failed(lease);
-        say({ type: "delivery.set_aside", data: { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts, error: outcome.error } },
-          `${label(lease)} → ${name} set aside${outcome.kind === "failed" ? " (permanent)" : ` after ${lease.attempts} attempts`}: ${outcome.error}`, "error");
+        say(
+          {
+            type: "delivery.set_aside",
+            data: {
+              source: lease.source,
+              id: lease.id,
+              destination: name,
+              attempts: lease.attempts,
+              error: outcome.error,
+            },
+          },
+          `${label(lease)} → ${name} set aside${outcome.kind === "failed" ? " (permanent)" : ` after ${lease.attempts} attempts`}: ${outcome.error}`,
+          "error",
+        );
       } else {
         stats.retried++;
         metrics?.retried(lease);
-        log(`${label(lease)} → ${name} failed (attempt ${lease.attempts}), retrying at ${new Date(failure.retryAt).toISOString()}: ${outcome.error}`,
-          { level: "warn", ...fields, status: "received", retryAt: failure.retryAt });
+        log(
+          `${label(lease)} → ${name} failed (attempt ${lease.attempts}), retrying at ${new Date(failure.retryAt).toISOString()}: ${outcome.error}`,
+          { level: "warn", ...fields, status: "received", retryAt: failure.retryAt },
+        );
       }
     } catch (error) {
       span.end("retry", message(error));
-      log(`${label(lease)} → ${name}: could not record the outcome (${message(error)}); it goes again when its lease expires`, { level: "error", ...fields });
+      log(
+        `${label(lease)} → ${name}: could not record the outcome (${message(error)}); it goes again when its lease expires`,
+        { level: "error", ...fields },
+      );
     }
   }
 
@@ -482,7 +648,8 @@ async function lane(
           claiming = false;
           metrics?.dbError("forward", error);
           if (options.once) throw error;
-          if (!claimFailing) log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
+          if (!claimFailing)
+            log(`${name}: could not claim (${message(error)}); trying again`, { level: "error", destination: name });
           claimFailing = true;
           await pause(pollMax);
           continue;

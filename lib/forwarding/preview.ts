@@ -51,24 +51,35 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "obj
  * are not read: the signature and the destination's own headers are shown as placeholders.
  */
 export async function preview(
-  rows: readonly Delivery[], config: unknown,
+  rows: readonly Delivery[],
+  config: unknown,
   options: { base: string; to?: string; now?: number; env?: Readonly<Record<string, string | undefined>> },
 ): Promise<Preview> {
   const d = rows[0]!;
   if (d.purgedAt !== null) throw new TypeError(`${d.source}/${d.id}: its body was purged, so there is nothing to send`);
-  if (!isObject(config) || !isObject(config[d.source])) throw new TypeError(`source ${JSON.stringify(d.source)} is not in the sources file`);
+  if (!isObject(config) || !isObject(config[d.source]))
+    throw new TypeError(`source ${JSON.stringify(d.source)} is not in the sources file`);
   const settings = config[d.source] as Record<string, unknown>;
   const routes: Route[] = parseRoutes(settings.routes, config, `source ${JSON.stringify(d.source)}`);
   const destinations = loadDestinations(config, options.env ?? {}, {
-    resolve: false, brokerCheck: (name, s, where) => void parseBrokerDestination(name, s, where, {}, false),
+    resolve: false,
+    brokerCheck: (name, s, where) => void parseBrokerDestination(name, s, where, {}, false),
   }).destinations;
   const notes: string[] = [];
   if (routes.some((r) => r.filter)) {
     if (!d.headers) notes.push("its headers were not kept, so a header filter sees none here");
-    notes.push("the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source);
+    notes.push(
+      "the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source,
+    );
   }
   // The stored delivery as a filter saw it when it came in, as near as what is stored allows.
-  const input = filterInput({ source: d.source, eventType: d.eventType, body: d.body, headers: d.headers ?? {}, url: `/${d.source}` });
+  const input = filterInput({
+    source: d.source,
+    eventType: d.eventType,
+    body: d.body,
+    headers: d.headers ?? {},
+    url: `/${d.source}`,
+  });
   const listed: PreviewRoute[] = routes.map((r) => {
     const why = refusal(r, d.eventType, input);
     return why === undefined ? { to: r.to, chosen: true } : { to: r.to, chosen: false, why };
@@ -84,9 +95,18 @@ export async function preview(
         continue;
       }
       const destination = destinations.get(name);
-      if (!destination) throw new TypeError(`no destination ${JSON.stringify(name)} in the sources file (it has ${[...destinations.keys()].join(", ") || "none"})`);
+      if (!destination)
+        throw new TypeError(
+          `no destination ${JSON.stringify(name)} in the sources file (it has ${[...destinations.keys()].join(", ") || "none"})`,
+        );
       const row = rows.find((x) => x.destination === name) ?? d;
-      const lease: Lease = { ...row, destination: name, attempts: row.destination === name ? row.attempts + 1 : 1, token: "", leasedUntil: 0 };
+      const lease: Lease = {
+        ...row,
+        destination: name,
+        attempts: row.destination === name ? row.attempts + 1 : 1,
+        token: "",
+        leasedUntil: 0,
+      };
       const setting = routes.find((r) => r.to === name)?.transform ?? destination.transform;
       let shaped: Shaped | null | undefined;
       if (setting) {
@@ -103,14 +123,26 @@ export async function preview(
       }
       const sent = shaped ? { ...lease, body: shaped.body, contentType: shaped.contentType } : lease;
       if (destination.kind === "broker") {
-        const changes = Object.fromEntries(Object.entries(shaped?.headers ?? {}).filter((e): e is [string, string] => e[1] !== null));
-        requests.push({ destination: name, kind: "broker", headers: { "content-type": sent.contentType ?? "application/octet-stream", ...changes }, body: sent.body });
+        const changes = Object.fromEntries(
+          Object.entries(shaped?.headers ?? {}).filter((e): e is [string, string] => e[1] !== null),
+        );
+        requests.push({
+          destination: name,
+          kind: "broker",
+          headers: { "content-type": sent.contentType ?? "application/octet-stream", ...changes },
+          body: sent.body,
+        });
         continue;
       }
       // Secrets are not read here: the signature is made when the forward is sent, over these bytes.
-      const placeholder = (id: string, _body: Buffer, timestampS: number) => ({ "webhook-id": id, "webhook-timestamp": String(timestampS), "webhook-signature": "v1,(made when sent, over this body)" });
+      const placeholder = (id: string, _body: Buffer, timestampS: number) => ({
+        "webhook-id": id,
+        "webhook-timestamp": String(timestampS),
+        "webhook-signature": "v1,(made when sent, over this body)",
+      });
       const all = forwardHeaders(destination, sent, options.now ?? Date.now(), placeholder, shaped?.headers);
-      for (const own of Object.keys(destination.headers)) if (own in all && shaped?.headers[own] === undefined) all[own] = "(from the sources file; not shown)";
+      for (const own of Object.keys(destination.headers))
+        if (own in all && shaped?.headers[own] === undefined) all[own] = "(from the sources file; not shown)";
       requests.push({ destination: name, kind: "http", url: destination.url.href, headers: all, body: sent.body });
     }
   } finally {

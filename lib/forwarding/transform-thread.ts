@@ -19,7 +19,16 @@ const decoder = new TextDecoder();
 /** ShapeError is a transform's answer that cannot be sent, as against an error the transform threw. */
 class ShapeError extends Error {}
 
-const kindOf = (v: unknown) => (v === null ? "null" : Array.isArray(v) ? "a list" : v instanceof Uint8Array ? "bytes" : typeof v === "object" ? "an object" : typeof v);
+const kindOf = (v: unknown) =>
+  v === null
+    ? "null"
+    : Array.isArray(v)
+      ? "a list"
+      : v instanceof Uint8Array
+        ? "bytes"
+        : typeof v === "object"
+          ? "an object"
+          : typeof v;
 
 // Where a failure happened in the user's module: the first line of its stack that names the module.
 function whereIn(error: unknown): string {
@@ -27,27 +36,40 @@ function whereIn(error: unknown): string {
   if (typeof stack !== "string") return "";
   const line = stack.split("\n").find((l) => l.includes(module.replace(/^file:\/\//, "")) || l.includes(module));
   const at = line ? /\(?([^()\s]+:\d+:\d+)\)?\s*$/.exec(line)?.[1] : undefined;
-  return at ? ` (at ${at.replace(/^file:\/\//, "").split("/").slice(-1)[0]})` : "";
+  return at
+    ? ` (at ${
+        at
+          .replace(/^file:\/\//, "")
+          .split("/")
+          .slice(-1)[0]
+      })`
+    : "";
 }
 
 const described = (error: unknown) =>
   error instanceof Error ? `${error.name}: ${error.message}${whereIn(error)}` : `a non-error value: ${String(error)}`;
 
 // normalize turns what the transform returned into bytes and headers, or says why it cannot be sent.
-function normalize(out: unknown): { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown } {
+function normalize(
+  out: unknown,
+): { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown } {
   if (out === null) return { skip: true };
   if (typeof out !== "object" || Array.isArray(out) || out instanceof Uint8Array) {
     throw new ShapeError(`returned ${kindOf(out)}; expected null (skip this destination) or { body?, headers? }`);
   }
   const extra = Object.keys(out).filter((k) => k !== "body" && k !== "headers");
-  if (extra.length > 0) throw new ShapeError(`returned an object with ${extra.map((k) => JSON.stringify(k)).join(", ")}; expected only body and headers`);
+  if (extra.length > 0)
+    throw new ShapeError(
+      `returned an object with ${extra.map((k) => JSON.stringify(k)).join(", ")}; expected only body and headers`,
+    );
   const { body, headers } = out as { body?: unknown; headers?: unknown };
   if (body === undefined) return { skip: false, json: false, headers };
   if (body instanceof Uint8Array) return { skip: false, body, json: false, headers };
   if (body instanceof ArrayBuffer) return { skip: false, body: new Uint8Array(body), json: false, headers };
   if (typeof body === "string") return { skip: false, body: encoder.encode(body), json: false, headers };
   const text = JSON.stringify(body);
-  if (text === undefined) throw new ShapeError(`returned a body that is ${kindOf(body)}; expected bytes, a string or a JSON value`);
+  if (text === undefined)
+    throw new ShapeError(`returned a body that is ${kindOf(body)}; expected bytes, a string or a JSON value`);
   return { skip: false, body: encoder.encode(text), json: true, headers };
 }
 
@@ -63,15 +85,24 @@ try {
   }
   const loaded = (await import(module)) as { default?: unknown };
   // A module that tsx loaded as CommonJS has its default export one level down.
-  const fn = typeof loaded.default === "function" ? loaded.default : (loaded.default as { default?: unknown } | undefined)?.default;
-  if (typeof fn !== "function") throw new TypeError(`its default export is ${kindOf(fn)}; expected a function (export default (d) => …)`);
+  const fn =
+    typeof loaded.default === "function"
+      ? loaded.default
+      : (loaded.default as { default?: unknown } | undefined)?.default;
+  if (typeof fn !== "function")
+    throw new TypeError(`its default export is ${kindOf(fn)}; expected a function (export default (d) => …)`);
   transform = fn as (input: unknown) => unknown;
   port.postMessage({ ready: true });
 } catch (error) {
   const path = module.startsWith("file:") ? new URL(module).pathname : module;
-  const missing = (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
+  const missing =
+    (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
   port.postMessage({
-    loadError: missing ? `there is no file ${path}` : error instanceof TypeError && !whereIn(error) ? error.message : described(error).replace(/ imported from \S*transform-thread\.[jt]s/, ""),
+    loadError: missing
+      ? `there is no file ${path}`
+      : error instanceof TypeError && !whereIn(error)
+        ? error.message
+        : described(error).replace(/ imported from \S*transform-thread\.[jt]s/, ""),
   });
 }
 
@@ -102,7 +133,11 @@ port.on("message", (job: ThreadJob) => {
     try {
       port.postMessage(answer, transfer);
     } catch {
-      port.postMessage({ id: job.id, error: "returned something that cannot leave its thread (a function, a class instance?); expected bytes, a string or JSON, and string headers" });
+      port.postMessage({
+        id: job.id,
+        error:
+          "returned something that cannot leave its thread (a function, a class instance?); expected bytes, a string or JSON, and string headers",
+      });
     }
   });
 });

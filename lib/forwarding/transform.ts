@@ -64,16 +64,33 @@ export interface Shaped {
 export class TransformError extends Error {}
 
 // Headers a transform may not touch: the signature is made over the bytes sent, and the rest are the connection's.
-const RESERVED = new Set(["webhook-id", "webhook-timestamp", "webhook-signature", "content-length", "host", "transfer-encoding", "connection"]);
+const RESERVED = new Set([
+  "webhook-id",
+  "webhook-timestamp",
+  "webhook-signature",
+  "content-length",
+  "host",
+  "transfer-encoding",
+  "connection",
+]);
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 /** transformInput is a leased delivery as its transform sees it. */
 export function transformInput(lease: Lease, destination: string): TransformInput {
   const headers: Record<string, string> = {};
-  for (const [name, values] of Object.entries(lease.headers ?? ({} as Headers))) if (values && values.length > 0) headers[name] = values.join(", ");
+  for (const [name, values] of Object.entries(lease.headers ?? ({} as Headers)))
+    if (values && values.length > 0) headers[name] = values.join(", ");
   return {
-    id: lease.id, source: lease.source, destination, eventType: lease.eventType, attempt: lease.attempts, contentType: lease.contentType,
-    body: lease.body, json: undefined, headers, receivedAt: lease.receivedAt,
+    id: lease.id,
+    source: lease.source,
+    destination,
+    eventType: lease.eventType,
+    attempt: lease.attempts,
+    contentType: lease.contentType,
+    body: lease.body,
+    json: undefined,
+    headers,
+    receivedAt: lease.receivedAt,
   };
 }
 
@@ -84,7 +101,10 @@ try {
 } catch {
   TSX = undefined;
 }
-const THREAD = new URL(`./transform-thread${fileURLToPath(import.meta.url).endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url);
+const THREAD = new URL(
+  `./transform-thread${fileURLToPath(import.meta.url).endsWith(".ts") ? ".ts" : ".js"}`,
+  import.meta.url,
+);
 
 interface Job {
   input: TransformInput;
@@ -93,7 +113,13 @@ interface Job {
   reject(error: TransformError): void;
 }
 
-type Answer = { id: number; result: { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown }; error?: undefined } | { id: number; error: string };
+type Answer =
+  | {
+      id: number;
+      result: { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown };
+      error?: undefined;
+    }
+  | { id: number; error: string };
 
 // Deliveries handed to a thread ahead of their turn, so it never waits on a round trip between two. The
 // thread still runs them one at a time, in order, and each one's time limit starts when the one before it
@@ -148,7 +174,8 @@ export class Transformer {
     this.#closed = true;
     const thread = this.#thread;
     this.#thread = undefined;
-    for (const job of [...(thread?.sent.map((s) => s.job) ?? []), ...this.#queue.splice(0)]) job.reject(new TransformError(`transform ${this.name}: stopped`));
+    for (const job of [...(thread?.sent.map((s) => s.job) ?? []), ...this.#queue.splice(0)])
+      job.reject(new TransformError(`transform ${this.name}: stopped`));
     if (thread) {
       clearTimeout(thread.timer);
       thread.sent = [];
@@ -166,14 +193,18 @@ export class Transformer {
     worker.unref();
     const thread: Thread = { worker, ready: Promise.resolve(undefined), sent: [] };
     thread.ready = new Promise<string | undefined>((resolve) => {
-      const timer = setTimeout(() => resolve(`did not load within ${DEFAULTS.transformLoadMs} ms`), DEFAULTS.transformLoadMs);
+      const timer = setTimeout(
+        () => resolve(`did not load within ${DEFAULTS.transformLoadMs} ms`),
+        DEFAULTS.transformLoadMs,
+      );
       const done = (why: string | undefined) => {
         clearTimeout(timer);
         worker.off("message", first);
         if (why === undefined) worker.on("message", (m: Answer) => this.#answered(thread, m));
         resolve(why);
       };
-      const first = (m: { ready?: true; loadError?: string }) => done(m.ready ? undefined : `could not be loaded: ${m.loadError}`);
+      const first = (m: { ready?: true; loadError?: string }) =>
+        done(m.ready ? undefined : `could not be loaded: ${m.loadError}`);
       worker.on("message", first);
       // A thread that dies (an uncaught error in a callback, its heap full, process.exit) fails the delivery in
       // hand; dead while idle, it is let go, so the next delivery starts a fresh one rather than wait on it.
@@ -221,7 +252,11 @@ export class Transformer {
   #time(thread: Thread): void {
     clearTimeout(thread.timer);
     const head = thread.sent[0];
-    if (head) thread.timer = setTimeout(() => this.#lost(thread, `ran past its ${head.job.timeoutMs} ms limit, so its thread was stopped`), head.job.timeoutMs);
+    if (head)
+      thread.timer = setTimeout(
+        () => this.#lost(thread, `ran past its ${head.job.timeoutMs} ms limit, so its thread was stopped`),
+        head.job.timeoutMs,
+      );
   }
 
   #answered(thread: Thread, answer: Answer): void {
@@ -257,25 +292,38 @@ export class Transformer {
 }
 
 // shape checks a transform's headers and settles the body's content type.
-function shape(result: { body?: Uint8Array; json: boolean; headers?: unknown }, input: TransformInput, name: string): Shaped {
+function shape(
+  result: { body?: Uint8Array; json: boolean; headers?: unknown },
+  input: TransformInput,
+  name: string,
+): Shaped {
   const fail = (why: string): never => {
     throw new TransformError(`transform ${name} returned ${why}`);
   };
   const headers: Record<string, string | null> = {};
   if (result.headers !== undefined) {
-    if (typeof result.headers !== "object" || result.headers === null || Array.isArray(result.headers)) fail("headers that are not an object of names and values");
+    if (typeof result.headers !== "object" || result.headers === null || Array.isArray(result.headers))
+      fail("headers that are not an object of names and values");
     for (const [raw, value] of Object.entries(result.headers as Record<string, unknown>)) {
       const name = raw.toLowerCase();
       if (!TOKEN.test(raw)) fail(`the header name ${JSON.stringify(raw)}, which HTTP does not allow`);
-      if (RESERVED.has(name)) fail(`the header ${name}, which the inbox sets itself (the signature covers the bytes sent)`);
-      if (value !== null && (typeof value !== "string" || /[\r\n\0]/.test(value))) fail(`header ${name} as ${typeof value === "string" ? "text with a line break" : typeof value}; expected a string, or null to remove it`);
+      if (RESERVED.has(name))
+        fail(`the header ${name}, which the inbox sets itself (the signature covers the bytes sent)`);
+      if (value !== null && (typeof value !== "string" || /[\r\n\0]/.test(value)))
+        fail(
+          `header ${name} as ${typeof value === "string" ? "text with a line break" : typeof value}; expected a string, or null to remove it`,
+        );
       headers[name] = value as string | null;
     }
   }
   const given = headers["content-type"];
   delete headers["content-type"];
-  const contentType = typeof given === "string" ? given : given === null ? null : result.json ? "application/json" : input.contentType;
-  const body = result.body === undefined ? Buffer.from(input.body.buffer, input.body.byteOffset, input.body.byteLength) : Buffer.from(result.body.buffer, result.body.byteOffset, result.body.byteLength);
+  const contentType =
+    typeof given === "string" ? given : given === null ? null : result.json ? "application/json" : input.contentType;
+  const body =
+    result.body === undefined
+      ? Buffer.from(input.body.buffer, input.body.byteOffset, input.body.byteLength)
+      : Buffer.from(result.body.buffer, result.body.byteOffset, result.body.byteLength);
   return { body, contentType, headers };
 }
 
@@ -311,7 +359,10 @@ export class Transforms {
  * cannot be used: `where: transform ./x.ts could not be loaded: …`, or undefined when all can. worker.ts
  * calls it at start-up and hands the same transforms to forward().
  */
-export async function checkTransforms(uses: readonly { module: string; where: string }[], transforms: Transforms): Promise<string | undefined> {
+export async function checkTransforms(
+  uses: readonly { module: string; where: string }[],
+  transforms: Transforms,
+): Promise<string | undefined> {
   // All at once; the first in the file's order that cannot be used is the one reported.
   const why = await Promise.all(uses.map((use) => transforms.get(use.module).load()));
   const i = why.findIndex((w) => w !== undefined);

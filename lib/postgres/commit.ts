@@ -16,9 +16,10 @@ export const APPLICATION_NAME = "webhook-inbox";
 // int8 as a JS number: times in ms and counts are far below 2^53.
 const TYPES = {
   getTypeParser: ((oid: number, format?: string) =>
-    oid === 20 ? (value: string) => Number(value) : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
+    oid === 20
+      ? (value: string) => Number(value)
+      : pg.types.getTypeParser(oid, format as "text")) as typeof pg.types.getTypeParser,
 };
-
 
 // BY_INDEX keeps the rest of a transaction on index scans and nested loops, the plans the hot path's
 // statements get anyway once the table has statistics. Without them (a backlog filled faster than
@@ -47,9 +48,24 @@ export function named(text: string, values: unknown[]): { name: string; text: st
 
 // One queued write. Stores and finishes of one batch share a statement each; the rest run one by one.
 export type Op =
-  | { kind: "store"; source: string; incoming: Incoming; digest: string; routes: readonly string[]; resolve(v: unknown): void; reject(e: unknown): void }
+  | {
+      kind: "store";
+      source: string;
+      incoming: Incoming;
+      digest: string;
+      routes: readonly string[];
+      resolve(v: unknown): void;
+      reject(e: unknown): void;
+    }
   | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
-  | { kind: "other" | "claim"; run(client: pg.PoolClient): Promise<unknown>; together?: boolean; locks?: Locks; resolve(v: unknown): void; reject(e: unknown): void };
+  | {
+      kind: "other" | "claim";
+      run(client: pg.PoolClient): Promise<unknown>;
+      together?: boolean;
+      locks?: Locks;
+      resolve(v: unknown): void;
+      reject(e: unknown): void;
+    };
 
 /**
  * Locks names the rows an op will wait for: its lease's row (and its order key's), or a destination's.
@@ -108,13 +124,19 @@ export abstract class PostgresCommitter {
     this.listen = (options.listen ?? true) && target.listen !== false;
     this.onCommit = options.onCommit;
     this.pool = new Pool(target, {
-      size: this.poolSize, connectTimeoutMs: DEFAULTS.connectTimeoutMs, applicationName: APPLICATION_NAME, types: TYPES,
+      size: this.poolSize,
+      connectTimeoutMs: DEFAULTS.connectTimeoutMs,
+      applicationName: APPLICATION_NAME,
+      types: TYPES,
     });
   }
 
   protected abstract storeAll(client: pg.PoolClient, ops: Extract<Op, { kind: "store" }>[]): Promise<Map<Op, Stored>>;
   protected abstract storeOnce(ops: Extract<Op, { kind: "store" }>[]): pg.QueryConfig | undefined;
-  protected abstract finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>>;
+  protected abstract finishAll(
+    client: pg.PoolClient,
+    ops: Extract<Op, { kind: "finish" }>[],
+  ): Promise<Map<Op, boolean>>;
 
   onWake(listener: () => void): () => void {
     this.wakeListeners.push(listener);
@@ -222,8 +244,9 @@ export abstract class PostgresCommitter {
         // PostgreSQL the two proceed at once, so the worker has its next batch while the last one commits
         // (SQLite has one writer, and shares the commit instead). Measured in docs/performance.md.
         // Claims take their destinations' rows in name order, as every transaction does (lockInOrder).
-        const claims = (batch.filter((op) => op.kind === "claim") as Extract<Op, { run: unknown }>[])
-          .sort((a, b) => compare(a.locks?.destination ?? "", b.locks?.destination ?? ""));
+        const claims = (batch.filter((op) => op.kind === "claim") as Extract<Op, { run: unknown }>[]).sort((a, b) =>
+          compare(a.locks?.destination ?? "", b.locks?.destination ?? ""),
+        );
         const rest = claims.length === 0 ? batch : batch.filter((op) => op.kind !== "claim");
         for (const group of claims.length === 0 ? [batch] : rest.length === 0 ? [claims] : [claims, rest]) {
           this.running++;
@@ -337,19 +360,24 @@ export abstract class PostgresCommitter {
       else if (op.kind === "other" && op.locks?.destination) destinations.add(op.locks.destination);
     }
     if (destinations.size > 0) {
-      await client.query(`SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`, [[...destinations]]);
+      await client.query(
+        `SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`,
+        [[...destinations]],
+      );
     }
     if (leases.length === 0) return;
     // By index, as the done marks after it (BY_INDEX): planned blind, it read the whole table for each batch.
     // The settings hold for the rest of the transaction; the inbox's own statements all go by key, and
     // finishAll gives a handler's writes the connection's plans back.
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the lock, which waits behind it
-    await client.query(this.prepared(
-      `SELECT 1 FROM deliveries d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
+    await client.query(
+      this.prepared(
+        `SELECT 1 FROM deliveries d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
          ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
        ORDER BY d.source COLLATE "C", d.id COLLATE "C", d.route FOR NO KEY UPDATE OF d`,
-      [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
-    ));
+        [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
+      ),
+    );
     const keyed = leases.filter((l) => l.orderKey !== null);
     if (keyed.length > 0) {
       await client.query(
@@ -365,32 +393,47 @@ export abstract class PostgresCommitter {
     for (const op of batch) op.reject(failure);
   }
 
-  private async attempt(client: pg.PoolClient, batch: Op[], guarded: boolean): Promise<Map<Op, { ok: boolean; value: unknown }>> {
+  private async attempt(
+    client: pg.PoolClient,
+    batch: Op[],
+    guarded: boolean,
+  ): Promise<Map<Op, { ok: boolean; value: unknown }>> {
     const results = new Map<Op, { ok: boolean; value: unknown }>();
     await this.lockInOrder(client, batch);
     if (!guarded) {
       const stores = batch.filter((op) => op.kind === "store");
       const finishes = batch.filter((op) => op.kind === "finish");
-      if (stores.length > 0) for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
-      if (finishes.length > 0) for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
+      if (stores.length > 0)
+        for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
+      if (finishes.length > 0)
+        for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
       // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
       // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
       // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
       // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
       // only as bystanders say "current transaction is aborted", so the error kept is another one.
-      for (const op of batch) if ((op.kind === "other" && !op.together) || op.kind === "claim") results.set(op, { ok: true, value: await op.run(client) });
+      for (const op of batch)
+        if ((op.kind === "other" && !op.together) || op.kind === "claim")
+          results.set(op, { ok: true, value: await op.run(client) });
       const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
       const settled = await Promise.allSettled(together.map((op) => op.run(client)));
-      const failures = settled.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason as unknown);
+      const failures = settled
+        .filter((r) => r.status === "rejected")
+        .map((r) => (r as PromiseRejectedResult).reason as unknown);
       if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
-      together.forEach((op, i) => results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }));
+      together.forEach((op, i) =>
+        results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }),
+      );
     } else {
       for (const op of batch) {
         await client.query("SAVEPOINT op");
         try {
-          const value = op.kind === "store" ? (await this.storeAll(client, [op])).get(op)
-            : op.kind === "finish" ? (await this.finishAll(client, [op])).get(op)
-            : await op.run(client);
+          const value =
+            op.kind === "store"
+              ? (await this.storeAll(client, [op])).get(op)
+              : op.kind === "finish"
+                ? (await this.finishAll(client, [op])).get(op)
+                : await op.run(client);
           await client.query("RELEASE SAVEPOINT op");
           results.set(op, { ok: true, value });
         } catch (error) {
@@ -421,10 +464,19 @@ const MOST_PARAMS = 65_535;
  * trigger skipped one), fails them all, and the batch is then redone op by op, unmerged.
  */
 export function mergedInserts(send: (sql: string, params: SqlValue[]) => Promise<number>): {
-  run: (sql: string, ...params: SqlValue[]) => Promise<number>; flush: () => void; stop: () => void;
+  run: (sql: string, ...params: SqlValue[]) => Promise<number>;
+  flush: () => void;
+  stop: () => void;
 } {
   let merging = true;
-  let held: { sql: string; head: string; rows: SqlValue[][]; settle: { resolve: (n: number) => void; reject: (e: unknown) => void }[] } | undefined;
+  let held:
+    | {
+        sql: string;
+        head: string;
+        rows: SqlValue[][];
+        settle: { resolve: (n: number) => void; reject: (e: unknown) => void }[];
+      }
+    | undefined;
   const flush = () => {
     const group = held;
     held = undefined;
@@ -434,16 +486,26 @@ export function mergedInserts(send: (sql: string, params: SqlValue[]) => Promise
     for (let i = 0; i < group.rows.length; i += most) {
       const rows = group.rows.slice(i, i + most);
       const settle = group.settle.slice(i, i + most);
-      const sql = rows.length === 1 ? group.sql : `${group.head} VALUES ${Array(rows.length).fill(`(${Array(width).fill("?").join(", ")})`).join(", ")}`;
-      send(sql, rows.flat()).then((count) => {
-        if (count === rows.length) for (const s of settle) s.resolve(1);
-        else {
-          const error = new Error(`a merged insert wrote ${count} of ${rows.length} rows; each write is redone alone`);
+      const sql =
+        rows.length === 1
+          ? group.sql
+          : `${group.head} VALUES ${Array(rows.length)
+              .fill(`(${Array(width).fill("?").join(", ")})`)
+              .join(", ")}`;
+      send(sql, rows.flat()).then(
+        (count) => {
+          if (count === rows.length) for (const s of settle) s.resolve(1);
+          else {
+            const error = new Error(
+              `a merged insert wrote ${count} of ${rows.length} rows; each write is redone alone`,
+            );
+            for (const s of settle) s.reject(error);
+          }
+        },
+        (error: unknown) => {
           for (const s of settle) s.reject(error);
-        }
-      }, (error: unknown) => {
-        for (const s of settle) s.reject(error);
-      });
+        },
+      );
     }
   };
   const run = (sql: string, ...params: SqlValue[]): Promise<number> => {

@@ -35,7 +35,12 @@ function splitUrl(url: string): { scheme: string; userinfo: string; hosts: strin
   if (!m) return undefined;
   const authority = m[2]!;
   const at = authority.lastIndexOf("@");
-  return { scheme: m[1]!, userinfo: authority.slice(0, at + 1), hosts: authority.slice(at + 1).split(","), rest: m[3]! };
+  return {
+    scheme: m[1]!,
+    userinfo: authority.slice(0, at + 1),
+    hosts: authority.slice(at + 1).split(","),
+    rest: m[3]!,
+  };
 }
 
 /** redact hides the password of a PostgreSQL URL, one host or several, so a target can go in a log line. */
@@ -43,7 +48,8 @@ export function redact(url: string): string {
   const parts = splitUrl(url);
   if (!parts) return "(a PostgreSQL URL that does not parse)";
   const colon = parts.userinfo.indexOf(":");
-  const userinfo = colon >= 0 && colon < parts.userinfo.length - 2 ? `${parts.userinfo.slice(0, colon)}:***@` : parts.userinfo;
+  const userinfo =
+    colon >= 0 && colon < parts.userinfo.length - 2 ? `${parts.userinfo.slice(0, colon)}:***@` : parts.userinfo;
   return `${parts.scheme}${userinfo}${parts.hosts.join(",")}${parts.rest}`;
 }
 
@@ -56,18 +62,24 @@ export function parseTarget(url: string): Target {
   const redacted = redact(url);
   const parts = splitUrl(url);
   if (!parts || parts.hosts.some((h) => h === "" && parts.hosts.length > 1)) {
-    throw new TypeError(`Inbox: expected postgres://[user[:password]@]host[:port][,host[:port]…]/database, got ${redacted}`);
+    throw new TypeError(
+      `Inbox: expected postgres://[user[:password]@]host[:port][,host[:port]…]/database, got ${redacted}`,
+    );
   }
   let urls: URL[];
   try {
     urls = parts.hosts.map((host) => new URL(`${parts.scheme}${parts.userinfo}${host}${parts.rest}`));
   } catch {
-    throw new TypeError(`Inbox: expected postgres://[user[:password]@]host[:port][,host[:port]…]/database, got ${redacted}`);
+    throw new TypeError(
+      `Inbox: expected postgres://[user[:password]@]host[:port][,host[:port]…]/database, got ${redacted}`,
+    );
   }
   const params = urls[0]!.searchParams;
   const schema = params.get("schema") ?? "public";
   if (!/^[a-z_][a-z0-9_]{0,62}$/.test(schema)) {
-    throw new TypeError(`Inbox: expected ?schema= to be a lower-case SQL name (letters, digits, _), got ${JSON.stringify(schema)}`);
+    throw new TypeError(
+      `Inbox: expected ?schema= to be a lower-case SQL name (letters, digits, _), got ${JSON.stringify(schema)}`,
+    );
   }
   const listen = params.get("listen");
   if (listen !== null && listen !== "true" && listen !== "false") {
@@ -75,17 +87,23 @@ export function parseTarget(url: string): Target {
   }
   const attrs = params.get("target_session_attrs") ?? (urls.length > 1 ? "read-write" : "any");
   if (!ATTRS.includes(attrs)) {
-    throw new TypeError(`Inbox: expected ?target_session_attrs= to be read-write, primary or any (the inbox writes), got ${JSON.stringify(attrs)}`);
+    throw new TypeError(
+      `Inbox: expected ?target_session_attrs= to be read-write, primary or any (the inbox writes), got ${JSON.stringify(attrs)}`,
+    );
   }
   // pg's query_timeout gives up on a statement client-side, and on a pipelined connection it does so by
   // closing it: a COMMIT waiting for a synchronous standby would be abandoned, which the inbox never does.
   if (params.has("query_timeout")) {
-    throw new TypeError("Inbox: ?query_timeout= would abandon a COMMIT that waits for a standby; leave it out (statement_timeout never cancels a COMMIT)");
+    throw new TypeError(
+      "Inbox: ?query_timeout= would abandon a COMMIT that waits for a standby; leave it out (statement_timeout never cancels a COMMIT)",
+    );
   }
   // node-postgres lets a URL's options replace the config's own, so ?options= would drop the inbox's
   // synchronous_commit=on and search_path without a word: a 200 could then be lost to a crash.
   if (params.has("options")) {
-    throw new TypeError("Inbox: ?options= would replace the inbox's own settings (synchronous_commit=on, its schema); set server settings with ALTER ROLE … SET instead");
+    throw new TypeError(
+      "Inbox: ?options= would replace the inbox's own settings (synchronous_commit=on, its schema); set server settings with ALTER ROLE … SET instead",
+    );
   }
   for (const u of urls) {
     for (const name of OWN) u.searchParams.delete(name);
@@ -94,8 +112,12 @@ export function parseTarget(url: string): Target {
     if (!u.username && !process.env.PGUSER) u.username = userInfo().username;
   }
   return {
-    hosts: urls.map((u) => u.host || "localhost"), urls: urls.map((u) => u.toString()), schema,
-    listen: listen === null ? undefined : listen === "true", attrs: attrs as SessionAttrs, redacted,
+    hosts: urls.map((u) => u.host || "localhost"),
+    urls: urls.map((u) => u.toString()),
+    schema,
+    listen: listen === null ? undefined : listen === "true",
+    attrs: attrs as SessionAttrs,
+    redacted,
   };
 }
 
@@ -161,9 +183,11 @@ export class Pool {
       // Set here rather than inherited: a 200 must mean committed and flushed (synchronous_commit), and
       // no statement may run under a stricter isolation that fails claims with serialization errors.
       // A per-transaction pooler takes no startup options (PgBouncer 1.18 refuses them): begin() sets them.
-      ...(this.pooled ? {} : {
-        options: `-c search_path=${target.schema} -c synchronous_commit=on -c default_transaction_isolation=read\\ committed`,
-      }),
+      ...(this.pooled
+        ? {}
+        : {
+            options: `-c search_path=${target.schema} -c synchronous_commit=on -c default_transaction_isolation=read\\ committed`,
+          }),
       // Each new connection goes to the cursor's host; a URL with several hosts never reaches pg itself.
       Client: class extends pg.Client {
         readonly hostIndex: number;
@@ -176,8 +200,11 @@ export class Pool {
         // pool fails too, but says nothing about the host.
         override connect(): Promise<pg.Client>;
         override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
-        override connect(callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): Promise<pg.Client> | void {
-          if (!callback) return super.connect().catch((error: unknown) => Promise.reject((pool.moveOn(this.hostIndex), error)));
+        override connect(
+          callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void),
+        ): Promise<pg.Client> | void {
+          if (!callback)
+            return super.connect().catch((error: unknown) => Promise.reject((pool.moveOn(this.hostIndex), error)));
           const answer = callback as (err: Error | null, c?: pg.Client) => void;
           super.connect((error: Error | null) => {
             if (error) pool.moveOn(this.hostIndex);
@@ -198,7 +225,8 @@ export class Pool {
     // A connection dropped for answering read-only (a primary turned standby) says the host no longer fits.
     this.pool.on("release", (error: unknown, client: pg.PoolClient) => {
       if (error === undefined) this.used.add(client);
-      else if (target.attrs !== "any" && (error as { code?: unknown }).code === "25006") this.moveOn((client as unknown as { hostIndex: number }).hostIndex);
+      else if (target.attrs !== "any" && (error as { code?: unknown }).code === "25006")
+        this.moveOn((client as unknown as { hostIndex: number }).hostIndex);
     });
   }
 
@@ -206,12 +234,17 @@ export class Pool {
   // same: SHOW transaction_read_only for read-write, pg_is_in_recovery() for primary).
   private async check(client: pg.ClientBase & { hostIndex: number }): Promise<void> {
     if (this.target.attrs === "any") return;
-    const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+    const { rows } = await client.query(
+      "SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro",
+    );
     const fits = this.target.attrs === "primary" ? !rows[0].recovery : rows[0].ro === "off";
     if (fits) return;
     this.moveOn(client.hostIndex);
     const what = rows[0].recovery ? "a standby, in recovery" : "read-only";
-    throw Object.assign(new Error(`${this.target.hosts[client.hostIndex]} is ${what} (target_session_attrs=${this.target.attrs})`), { code: "25006" });
+    throw Object.assign(
+      new Error(`${this.target.hosts[client.hostIndex]} is ${what} (target_session_attrs=${this.target.attrs})`),
+      { code: "25006" },
+    );
   }
 
   /** moveOn leaves host `from` for the next in the URL, unless another connection already has. */
@@ -238,8 +271,9 @@ export class Pool {
       }
     }
     if (this.target.urls.length === 1) throw last;
-    throw Object.assign(new Error(`no host takes the inbox's connections (${reasons.join("; ")})`, { cause: last }),
-      { code: (last as { code?: unknown }).code });
+    throw Object.assign(new Error(`no host takes the inbox's connections (${reasons.join("; ")})`, { cause: last }), {
+      code: (last as { code?: unknown }).code,
+    });
   }
 
   /**
@@ -266,7 +300,9 @@ export class Pool {
     if (!this.pooled) return void (await begun);
     // SET LOCAL, in effect: gone at the end of the transaction, before the pooler lends the connection on.
     const set = client.query(
-      "SELECT set_config('search_path', $1, true), set_config('synchronous_commit', 'on', true)", [this.target.schema]);
+      "SELECT set_config('search_path', $1, true), set_config('synchronous_commit', 'on', true)",
+      [this.target.schema],
+    );
     await Promise.all([begun, set]);
   }
 
@@ -284,7 +320,8 @@ export class Pool {
       // Corked, the three go out in one write, as pg corks each extended-protocol statement's own messages.
       // pg's socket is not part of its API: where it has no cork (another runtime's socket), the three go
       // out as writes of their own, pipelined all the same.
-      const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection?.stream;
+      const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection
+        ?.stream;
       stream?.cork?.();
       const begun = this.begin(client);
       const done = client.query(statement);
@@ -331,9 +368,12 @@ export class Pool {
     }
     if (warnings.length > 0) {
       const w = warnings[0]!;
-      throw new UncertainCommit(`the COMMIT may not be on the standby: ${w.message}${w.detail ? ` (${w.detail})` : ""}`);
+      throw new UncertainCommit(
+        `the COMMIT may not be on the standby: ${w.message}${w.detail ? ` (${w.detail})` : ""}`,
+      );
     }
-    if (result.command !== "COMMIT") throw new Error(`the transaction was rolled back (the server answered ${result.command} to COMMIT)`);
+    if (result.command !== "COMMIT")
+      throw new Error(`the transaction was rolled back (the server answered ${result.command} to COMMIT)`);
   }
 
   /**
@@ -343,7 +383,11 @@ export class Pool {
    * server had ended while idle runs again on another, unless retry is false: a write's COMMIT can be
    * answered, then the connection ended, before pg hears that it went through.
    */
-  async query(text: string | pg.QueryConfig, values?: unknown[], options: { retry?: boolean } = {}): Promise<pg.QueryResult> {
+  async query(
+    text: string | pg.QueryConfig,
+    values?: unknown[],
+    options: { retry?: boolean } = {},
+  ): Promise<pg.QueryResult> {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
       try {
@@ -352,12 +396,17 @@ export class Pool {
         return result;
       } catch (error) {
         client.release(error instanceof Error ? error : new Error(message(error)));
-        if (options.retry === false || !this.used.has(client) || !isConnectionLost(error) || tries >= this.size) throw error;
+        if (options.retry === false || !this.used.has(client) || !isConnectionLost(error) || tries >= this.size)
+          throw error;
       }
     }
   }
 
-  private async once(client: pg.PoolClient, text: string | pg.QueryConfig, values: unknown[] | undefined): Promise<pg.QueryResult> {
+  private async once(
+    client: pg.PoolClient,
+    text: string | pg.QueryConfig,
+    values: unknown[] | undefined,
+  ): Promise<pg.QueryResult> {
     const run = () => (typeof text === "string" ? client.query(text, values) : client.query(text));
     if (!this.pooled) return run();
     // BEGIN, the settings and the statement go out together; COMMIT after, so that a warning the

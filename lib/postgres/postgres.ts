@@ -13,12 +13,48 @@ import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./commit
 import { NOW, PostgresReads, toPg } from "./reads.ts";
 import { migrate } from "./schema.ts";
 import {
-  DESTINATION_NAME, NO_DESTINATION, breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, type Permit,
-  type Rate, retryDelay, routesOf, type BreakerChange, type BreakerPolicy, type ClaimOptions, type FailOptions,
-  type Tally, bulkBatchSize, checkOptions, filterSql, orderOf, paced, purgeCutoffs, sha256, tellSetAside, toDelivery,
-  type Backend, type BulkOptions, type Cursor, type Delivery, type Failure, type Filter, type Inbox, type InboxOptions,
-  type Incoming, type Lease, type LocalWrite, type Purged, type PurgeOptions, type SetAside, type SqlValue,
-  type Stored, type Tx,
+  DESTINATION_NAME,
+  NO_DESTINATION,
+  breakerAfter,
+  checkClaim,
+  gateClaim,
+  checkPermit,
+  gatePermit,
+  type Permit,
+  type Rate,
+  retryDelay,
+  routesOf,
+  type BreakerChange,
+  type BreakerPolicy,
+  type ClaimOptions,
+  type FailOptions,
+  type Tally,
+  bulkBatchSize,
+  checkOptions,
+  filterSql,
+  orderOf,
+  paced,
+  purgeCutoffs,
+  sha256,
+  tellSetAside,
+  toDelivery,
+  type Backend,
+  type BulkOptions,
+  type Cursor,
+  type Delivery,
+  type Failure,
+  type Filter,
+  type Inbox,
+  type InboxOptions,
+  type Incoming,
+  type Lease,
+  type LocalWrite,
+  type Purged,
+  type PurgeOptions,
+  type SetAside,
+  type SqlValue,
+  type Stored,
+  type Tx,
 } from "../store.ts";
 
 export { redact } from "./pool.ts";
@@ -48,7 +84,17 @@ function concatenated(bodies: Uint8Array[]): { all: Buffer; offsets: number[]; l
 
 // byKey sorts a batch's deliveries by (source, id), the one order every transaction takes their rows in.
 function byKey<T extends { source: string; incoming: { id: string } }>(ops: T[]): T[] {
-  return ops.sort((a, b) => (a.source < b.source ? -1 : a.source > b.source ? 1 : a.incoming.id < b.incoming.id ? -1 : a.incoming.id > b.incoming.id ? 1 : 0));
+  return ops.sort((a, b) =>
+    a.source < b.source
+      ? -1
+      : a.source > b.source
+        ? 1
+        : a.incoming.id < b.incoming.id
+          ? -1
+          : a.incoming.id > b.incoming.id
+            ? 1
+            : 0,
+  );
 }
 
 /** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
@@ -91,7 +137,13 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const source = delivery.source ?? DEFAULTS.source;
     orderOf(delivery, null);
     const routes = routesOf(delivery);
-    return this.enqueue({ kind: "store", source, incoming: delivery, digest: sha256(delivery.body), routes }) as Promise<Stored>;
+    return this.enqueue({
+      kind: "store",
+      source,
+      incoming: delivery,
+      digest: sha256(delivery.body),
+      routes,
+    }) as Promise<Stored>;
   }
 
   async claim(leaseMs: number = DEFAULTS.leaseMs, options: ClaimOptions = {}): Promise<Lease | undefined> {
@@ -102,10 +154,15 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     if (!Number.isInteger(limit) || limit < 1) throw new TypeError(`claimBatch: expected limit >= 1, got ${limit}`);
     const destination = checkClaim(options);
     let setAside: SetAside[] = [];
-    const claim = () => this.enqueue({ kind: "claim", locks: { destination }, run: (client: pg.PoolClient) => {
-      setAside = [];
-      return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
-    } }) as Promise<Lease[]>;
+    const claim = () =>
+      this.enqueue({
+        kind: "claim",
+        locks: { destination },
+        run: (client: pg.PoolClient) => {
+          setAside = [];
+          return this.gatedClaim(client, limit, leaseMs, destination, options, setAside);
+        },
+      }) as Promise<Lease[]>;
     // A limited claim locks the destination's row, which made() makes outside any batch (rule 3 of
     // docs/postgres.md); a plain claim goes straight to the queue.
     const limited = options.maxInFlight !== undefined || options.rate !== undefined;
@@ -115,26 +172,54 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
   // the probe and the rate's tokens. The row is locked only when a limit or the breaker needs it, so the
   // claims of a destination with neither never wait on one another.
-  private async gatedClaim(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, options: ClaimOptions, setAside: SetAside[]): Promise<Lease[]> {
-    const read = await client.query("SELECT *, " + NOW + " AS now FROM destinations WHERE name = $2", [this.now(), destination]);
+  private async gatedClaim(
+    client: pg.PoolClient,
+    limit: number,
+    leaseMs: number,
+    destination: string,
+    options: ClaimOptions,
+    setAside: SetAside[],
+  ): Promise<Lease[]> {
+    const read = await client.query("SELECT *, " + NOW + " AS now FROM destinations WHERE name = $2", [
+      this.now(),
+      destination,
+    ]);
     let row = read.rows[0] as Record<string, unknown> | undefined;
-    const plain = options.maxInFlight === undefined && options.rate === undefined && (row === undefined || (!row.paused && row.state === "closed"));
+    const plain =
+      options.maxInFlight === undefined &&
+      options.rate === undefined &&
+      (row === undefined || (!row.paused && row.state === "closed"));
     if (plain) return this.claimIn(client, limit, leaseMs, destination, setAside);
     // A destination that is paused, or whose breaker is open, costs its lane this one read: no lock, no write.
     if (row !== undefined && gateClaim(row, limit, Number(row.now), {}, 0).n === 0) return [];
     row = await this.lockDestination(client, destination);
     const now = Number(row.now);
-    const inFlight = options.maxInFlight === undefined ? 0 : Number((await client.query(
-      `SELECT count(*) AS n FROM deliveries WHERE destination = $1 AND status = 'processing' AND leased_until > $2`, [destination, now],
-    )).rows[0].n);
+    const inFlight =
+      options.maxInFlight === undefined
+        ? 0
+        : Number(
+            (
+              await client.query(
+                `SELECT count(*) AS n FROM deliveries WHERE destination = $1 AND status = 'processing' AND leased_until > $2`,
+                [destination, now],
+              )
+            ).rows[0].n,
+          );
     const gate = gateClaim(row, limit, now, options, inFlight);
     const leases = gate.n === 0 ? [] : await this.claimIn(client, gate.n, leaseMs, destination, setAside);
     if (gate.probe && leases.length > 0) {
-      await client.query("UPDATE destinations SET state = 'probing', probe_until = $1, changed_at = $2 WHERE name = $3", [now + leaseMs, now, destination]);
+      await client.query(
+        "UPDATE destinations SET state = 'probing', probe_until = $1, changed_at = $2 WHERE name = $3",
+        [now + leaseMs, now, destination],
+      );
       leases[0]!.probe = true;
     }
     if (gate.tokens !== null) {
-      await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [gate.tokens - leases.length, now, destination]);
+      await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [
+        gate.tokens - leases.length,
+        now,
+        destination,
+      ]);
     }
     return leases;
   }
@@ -148,11 +233,20 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // claim rolled back) or when the database's clock stepped back. So a keyset claim that comes back short
   // goes on from the start, and one claim in DEFAULTS.claimFromStartMs starts there anyway, which bounds
   // the wait of such a row under a backlog that never runs dry.
-  private async claimIn(client: pg.PoolClient, limit: number, leaseMs: number, destination: string, setAside: SetAside[], again = true, keyset = true): Promise<Lease[]> {
+  private async claimIn(
+    client: pg.PoolClient,
+    limit: number,
+    leaseMs: number,
+    destination: string,
+    setAside: SetAside[],
+    again = true,
+    keyset = true,
+  ): Promise<Lease[]> {
     // Pacing, not a due time: a pinned clock (tests) drives it, else this host's monotonic one.
     const now = this.pinned ? this.pinned() : performance.now();
     const cursor = this.claimFrom.get(destination);
-    const from = keyset && cursor !== undefined && now - cursor.fromStartAt < DEFAULTS.claimFromStartMs ? cursor.at : undefined;
+    const from =
+      keyset && cursor !== undefined && now - cursor.fromStartAt < DEFAULTS.claimFromStartMs ? cursor.at : undefined;
     const fromStartAt = from === undefined ? now : cursor!.fromStartAt;
     {
       // One statement: pick what is due, skipping rows another worker is claiming right now, and lease it.
@@ -173,8 +267,9 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       // it several µs a row more, measured in docs/performance.md.
       client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the claim itself, which waits behind it on the connection
       client.query(this.prepared(NO_FLUSH, [])).catch(() => {});
-      const { rows } = await client.query(this.prepared(
-        `WITH k AS (
+      const { rows } = await client.query(
+        this.prepared(
+          `WITH k AS (
            SELECT source, destination, order_key, head_id, due FROM order_keys WHERE destination = $5 AND due <= ${NOW}
            ORDER BY due LIMIT $2::integer FOR UPDATE SKIP LOCKED),
          u AS (
@@ -212,8 +307,9 @@ export class PostgresInbox extends PostgresReads implements Inbox {
            WHERE o.source = k.source AND o.destination = k.destination AND o.order_key = k.order_key
              AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
          SELECT * FROM c`,
-        [this.now(), limit, leaseMs, this.maxAttempts, destination, from ?? Number.MIN_SAFE_INTEGER],
-      ));
+          [this.now(), limit, leaseMs, this.maxAttempts, destination, from ?? Number.MIN_SAFE_INTEGER],
+        ),
+      );
       // The next claim starts at the last due time this one walked to; the rows at that same time that it
       // left (locked, or past the limit) are still ahead of a cursor that takes >=.
       const walked = rows.filter((row) => row.walked);
@@ -221,20 +317,31 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       if (at === undefined) this.claimFrom.delete(destination);
       else this.claimFrom.set(destination, { at, fromStartAt });
       const failed = rows.filter((row) => row.status === "failed");
-      for (const row of failed) setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
+      for (const row of failed)
+        setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
       const gaveUp = failed.filter((row) => row.order_key !== null);
       if (gaveUp.length > 0) {
-        await this.settleKeys(client, gaveUp.map((row) => ({ source: row.source, destination: row.destination, key: row.order_key, from: row.id, setAside: true })));
+        await this.settleKeys(
+          client,
+          gaveUp.map((row) => ({
+            source: row.source,
+            destination: row.destination,
+            key: row.order_key,
+            from: row.id,
+            setAside: true,
+          })),
+        );
       }
       const leases: Lease[] = [];
       // A delivery set aside just now took a place of the limit, and a key whose head it was has a new head,
       // due already: claim as many more in this same pass.
       const claimed = rows.filter((row) => row.status === "processing").length;
-      if (failed.length > 0 && again && claimed < limit) leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, false));
+      if (failed.length > 0 && again && claimed < limit)
+        leases.push(...(await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, false)));
       // Short from the cursor: what is left may be behind it.
       else if (from !== undefined && rows.length < limit) {
         this.claimFrom.delete(destination);
-        leases.push(...await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, again, false));
+        leases.push(...(await this.claimIn(client, limit - claimed, leaseMs, destination, setAside, again, false)));
       }
       for (const row of rows.sort((a, b) => a.due - b.due || a.received_at - b.received_at)) {
         if (row.status !== "processing") continue;
@@ -281,60 +388,106 @@ export class PostgresInbox extends PostgresReads implements Inbox {
 
   fail(lease: Lease, error: string, options: FailOptions = {}): Promise<Failure | undefined> {
     const delay = retryDelay(lease.attempts, options, { ...this.backoffOptions, random: this.random });
-    return this.other(async (client) => {
-      const { rows } = await client.query(
-        `UPDATE deliveries SET
+    return this.other(
+      async (client) => {
+        const { rows } = await client.query(
+          `UPDATE deliveries SET
            status       = CASE WHEN $2::boolean OR attempts >= $3 THEN 'failed' ELSE 'received' END,
            available_at = CASE WHEN $2::boolean OR attempts >= $3 THEN available_at ELSE ${NOW} + $4::bigint END,
            finished_at  = CASE WHEN $2::boolean OR attempts >= $3 THEN ${NOW} ELSE NULL END,
            error = $5, leased_until = NULL, lease_token = NULL
          WHERE source = $6 AND id = $7 AND route = $9 AND lease_token = $8 AND status = 'processing'
          RETURNING status, available_at, attempts`,
-        [this.now(), options.permanent === true, this.maxAttempts, delay, error, lease.source, lease.id, lease.token, lease.route],
-      );
-      if (rows.length === 0) return undefined;
-      await client.query(
-        `INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES ($2, $3, $4, $5, ${NOW}, $6)`,
-        [this.now(), lease.source, lease.id, rows[0].attempts, error, lease.destination],
-      );
-      if (lease.orderKey !== null) {
-        await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: rows[0].status === "failed" }]);
-      }
-      return rows[0].status === "failed" ? { status: "failed" } : { status: "received", retryAt: rows[0].available_at };
-    }, true, { lease }) as Promise<Failure | undefined>;
+          [
+            this.now(),
+            options.permanent === true,
+            this.maxAttempts,
+            delay,
+            error,
+            lease.source,
+            lease.id,
+            lease.token,
+            lease.route,
+          ],
+        );
+        if (rows.length === 0) return undefined;
+        await client.query(
+          `INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES ($2, $3, $4, $5, ${NOW}, $6)`,
+          [this.now(), lease.source, lease.id, rows[0].attempts, error, lease.destination],
+        );
+        if (lease.orderKey !== null) {
+          await this.settleKeys(client, [
+            {
+              source: lease.source,
+              destination: lease.destination,
+              key: lease.orderKey,
+              from: lease.id,
+              setAside: rows[0].status === "failed",
+            },
+          ]);
+        }
+        return rows[0].status === "failed"
+          ? { status: "failed" }
+          : { status: "received", retryAt: rows[0].available_at };
+      },
+      true,
+      { lease },
+    ) as Promise<Failure | undefined>;
   }
 
   release(lease: Lease): Promise<boolean> {
-    return this.other(async (client) => {
-      const { rowCount } = await client.query(
-        `UPDATE deliveries SET status = 'received', attempts = greatest(attempts - 1, 0), leased_until = NULL,
+    return this.other(
+      async (client) => {
+        const { rowCount } = await client.query(
+          `UPDATE deliveries SET status = 'received', attempts = greatest(attempts - 1, 0), leased_until = NULL,
                 lease_token = NULL, available_at = ${NOW}
          WHERE source = $2 AND id = $3 AND route = $5 AND lease_token = $4 AND status = 'processing'`,
-        [this.now(), lease.source, lease.id, lease.token, lease.route],
-      );
-      if (rowCount === 1 && lease.orderKey !== null) {
-        await this.settleKeys(client, [{ source: lease.source, destination: lease.destination, key: lease.orderKey, from: lease.id, setAside: false }]);
-      }
-      return rowCount === 1;
-    }, true, { lease }) as Promise<boolean>;
+          [this.now(), lease.source, lease.id, lease.token, lease.route],
+        );
+        if (rowCount === 1 && lease.orderKey !== null) {
+          await this.settleKeys(client, [
+            {
+              source: lease.source,
+              destination: lease.destination,
+              key: lease.orderKey,
+              from: lease.id,
+              setAside: false,
+            },
+          ]);
+        }
+        return rowCount === 1;
+      },
+      true,
+      { lease },
+    ) as Promise<boolean>;
   }
 
   retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
     return this.other(async (client) => {
-      const { rows } = "allFailed" in target
-        ? await client.query(
-          `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+      const { rows } =
+        "allFailed" in target
+          ? await client.query(
+              `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
            WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
-          [this.now()],
-        )
-        : await client.query(
-          `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+              [this.now()],
+            )
+          : await client.query(
+              `UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
            WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
-          [this.now(), target.source ?? DEFAULTS.source, target.id],
-        );
+              [this.now(), target.source ?? DEFAULTS.source, target.id],
+            );
       const ordered = rows.filter((r) => r.order_key !== null);
       if (ordered.length > 0) {
-        await this.settleKeys(client, ordered.map((r) => ({ source: r.source, destination: r.destination, key: r.order_key, from: r.id, setAside: false })));
+        await this.settleKeys(
+          client,
+          ordered.map((r) => ({
+            source: r.source,
+            destination: r.destination,
+            key: r.order_key,
+            from: r.id,
+            setAside: false,
+          })),
+        );
       }
       this.notify(client, rows.length);
       return rows.length;
@@ -364,15 +517,39 @@ export class PostgresInbox extends PostgresReads implements Inbox {
          ORDER BY s, i, ro
          ON CONFLICT (source, id, route) DO NOTHING
          RETURNING source, destination, order_key`,
-        [this.now(), col("source"), col("id"), col("body"), col("bodySha256"), col("contentType"), col("eventType"),
-          col("providerTime"), col("receivedAt"), col("status"), col("attempts"), col("availableAt"), col("leasedUntil"),
-          col("error"), col("conflicts"), col("finishedAt"), deliveries.map((d) => d.replays ?? 0), deliveries.map((d) => d.purgedAt ?? null),
-          col("orderKey"), col("eventTime"), col("newerId"), place, deliveries.map((d) => d.route ?? 0),
-          deliveries.map((d) => d.destination ?? DEFAULTS.destination), deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
-          deliveries.map((d) => d.traceparent ?? null)],
+        [
+          this.now(),
+          col("source"),
+          col("id"),
+          col("body"),
+          col("bodySha256"),
+          col("contentType"),
+          col("eventType"),
+          col("providerTime"),
+          col("receivedAt"),
+          col("status"),
+          col("attempts"),
+          col("availableAt"),
+          col("leasedUntil"),
+          col("error"),
+          col("conflicts"),
+          col("finishedAt"),
+          deliveries.map((d) => d.replays ?? 0),
+          deliveries.map((d) => d.purgedAt ?? null),
+          col("orderKey"),
+          col("eventTime"),
+          col("newerId"),
+          place,
+          deliveries.map((d) => d.route ?? 0),
+          deliveries.map((d) => d.destination ?? DEFAULTS.destination),
+          deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
+          deliveries.map((d) => d.traceparent ?? null),
+        ],
       );
       const keys = new Map<string, [string, string, string]>();
-      for (const r of rows) if (r.order_key !== null) keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
+      for (const r of rows)
+        if (r.order_key !== null)
+          keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
       if (keys.size > 0) await this.rebuildKeys(client, [...keys.values()].sort());
       return rows.length;
     }) as Promise<number>;
@@ -396,7 +573,10 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     return total;
   }
 
-  async replayMatching(filter: Filter, options: BulkOptions & { to?: string } = {}): Promise<{ replayed: number; tombstoned: number }> {
+  async replayMatching(
+    filter: Filter,
+    options: BulkOptions & { to?: string } = {},
+  ): Promise<{ replayed: number; tombstoned: number }> {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     const kept = "status = 'done' AND purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
@@ -421,8 +601,13 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
   // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
   // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
-  private async replayTo(filter: Filter, to: string, options: BulkOptions): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to)) throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+  private async replayTo(
+    filter: Filter,
+    to: string,
+    options: BulkOptions,
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    if (!DESTINATION_NAME.test(to))
+      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -458,9 +643,19 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       await this.settleReturned(client, again.rows);
       const ordered = added.rows.filter((r) => r.order_key !== null);
       if (ordered.length > 0) {
-        await this.enterKeys(client, ordered.map((r) => ({
-          source: r.source, destination: to, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at, strict: false,
-        })));
+        await this.enterKeys(
+          client,
+          ordered.map((r) => ({
+            source: r.source,
+            destination: to,
+            key: r.order_key,
+            id: r.id,
+            eventTime: r.event_time,
+            seq: r.arrival,
+            due: r.available_at,
+            strict: false,
+          })),
+        );
       }
       this.notify(client, again.rows.length + added.rows.length);
     });
@@ -468,16 +663,31 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   }
 
   // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
-  private async settleReturned(client: pg.PoolClient, rows: { source: string; id: string; order_key: string | null; destination: string }[]): Promise<void> {
+  private async settleReturned(
+    client: pg.PoolClient,
+    rows: { source: string; id: string; order_key: string | null; destination: string }[],
+  ): Promise<void> {
     const ordered = rows.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
-      await this.settleKeys(client, ordered.map((r) => ({ source: r.source, destination: r.destination, key: r.order_key!, from: r.id, setAside: false })));
+      await this.settleKeys(
+        client,
+        ordered.map((r) => ({
+          source: r.source,
+          destination: r.destination,
+          key: r.order_key!,
+          from: r.id,
+          setAside: false,
+        })),
+      );
     }
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = filterSql(filter, "postgres");
-    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`), params);
+    const { rows } = await this.pool.query(
+      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
+      params,
+    );
     return Number(rows[0].n);
   }
 
@@ -485,23 +695,38 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // rows and handing their keys to act inside it. The cursor moves past every batch, so a delivery a
   // worker changes meanwhile (retried, then failed again) is never taken twice in one run.
   private async inBatches(
-    filter: Filter, also: string, batch: number | undefined, act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
+    filter: Filter,
+    also: string,
+    batch: number | undefined,
+    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
   ): Promise<void> {
     const size = bulkBatchSize(batch);
     const { where, params } = filterSql(filter, "postgres");
     let after: Cursor | undefined;
     for (;;) {
-      const picked = await this.other(async (client) => {
-        const cursor = after === undefined ? "" : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
+      const picked = (await this.other(async (client) => {
+        const cursor =
+          after === undefined
+            ? ""
+            : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
         const { rows } = await client.query(
           toPg(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
                 ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
-          [...params, ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []), size],
+          [
+            ...params,
+            ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
+            size,
+          ],
         );
-        const keys = rows.map((r) => ({ receivedAt: r.received_at as number, source: r.source as string, id: r.id as string, route: r.route as number }));
+        const keys = rows.map((r) => ({
+          receivedAt: r.received_at as number,
+          source: r.source as string,
+          id: r.id as string,
+          route: r.route as number,
+        }));
         if (keys.length > 0) await act(client, keys);
         return keys;
-      }) as Cursor[];
+      })) as Cursor[];
       if (picked.length < size) return;
       after = picked.at(-1);
     }
@@ -521,8 +746,9 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     }
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
     for (;;) {
-      const { n, bytes } = await paced(rest, () => this.dropBatch(
-        "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch));
+      const { n, bytes } = await paced(rest, () =>
+        this.dropBatch("status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch),
+      );
       purged.bodies += n;
       purged.bytes += bytes;
       if (n < batch || options.signal?.aborted) break;
@@ -530,12 +756,19 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
     for (;;) {
       if (options.signal?.aborted) return purged;
-      const n = await paced(rest, () => this.other(async (client) => (await client.query(
-        `DELETE FROM deliveries WHERE (source, id, route) IN (
+      const n = (await paced(rest, () =>
+        this.other(
+          async (client) =>
+            (
+              await client.query(
+                `DELETE FROM deliveries WHERE (source, id, route) IN (
            SELECT source, id, route FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
            ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-        [forgetBefore, batch],
-      )).rowCount ?? 0)) as number;
+                [forgetBefore, batch],
+              )
+            ).rowCount ?? 0,
+        ),
+      )) as number;
       purged.forgotten += n;
       if (n < batch) break;
     }
@@ -548,7 +781,9 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
     if (options.dryRun) {
       const { rows } = await this.pool.query(
-        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`), params);
+        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),
+        params,
+      );
       return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
     }
     const total = { bodies: 0, bytes: 0 };
@@ -605,47 +840,67 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
     checkClaim({ destination });
     await this.made(destination);
-    return this.other(async (client) => {
-      const { rowCount } = await client.query(
-        `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
+    return this.other(
+      async (client) => {
+        const { rowCount } = await client.query(
+          `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
          ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW} WHERE NOT d.paused`,
-        [this.now(), destination, reason],
-      );
-      return rowCount === 1;
-    }, false, { destination }) as Promise<boolean>;
+          [this.now(), destination, reason],
+        );
+        return rowCount === 1;
+      },
+      false,
+      { destination },
+    ) as Promise<boolean>;
   }
 
   async resume(destination: string): Promise<boolean> {
     checkClaim({ destination });
-    return this.other(async (client) => {
-      const { rowCount } = await client.query(
-        `UPDATE destinations SET paused = false, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
+    return this.other(
+      async (client) => {
+        const { rowCount } = await client.query(
+          `UPDATE destinations SET paused = false, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
                 window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ${NOW}
          WHERE name = $2 AND paused`,
-        [this.now(), destination],
-      );
-      if (rowCount === 1) this.notify(client, 1);
-      return rowCount === 1;
-    }, false, { destination }) as Promise<boolean>;
+          [this.now(), destination],
+        );
+        if (rowCount === 1) this.notify(client, 1);
+        return rowCount === 1;
+      },
+      false,
+      { destination },
+    ) as Promise<boolean>;
   }
 
   permit(destination: string, n: number, rate?: Rate): Promise<Permit> {
     checkPermit(destination, n, rate);
     // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
     if (!rate) {
-      return this.pool.query(this.prepared("SELECT paused FROM destinations WHERE name = $1", [destination]))
+      return this.pool
+        .query(this.prepared("SELECT paused FROM destinations WHERE name = $1", [destination]))
         .then(({ rows }) => {
           const { tokens: _, ...permit } = gatePermit(rows[0], n, 0, undefined);
           return permit;
         });
     }
-    return this.made(destination).then(() => this.other(async (client) => {
-      const row = await this.lockDestination(client, destination);
-      const now = Number(row.now);
-      const { tokens, ...answer } = gatePermit(row, n, now, rate);
-      if (tokens !== null) await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [tokens, now, destination]);
-      return answer;
-    }, false, { destination })) as Promise<Permit>;
+    return this.made(destination).then(() =>
+      this.other(
+        async (client) => {
+          const row = await this.lockDestination(client, destination);
+          const now = Number(row.now);
+          const { tokens, ...answer } = gatePermit(row, n, now, rate);
+          if (tokens !== null)
+            await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [
+              tokens,
+              now,
+              destination,
+            ]);
+          return answer;
+        },
+        false,
+        { destination },
+      ),
+    ) as Promise<Permit>;
   }
 
   // made makes a destination's row, once per process, in a statement of its own outside any batch. Made
@@ -656,7 +911,9 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   private made(destination: string): Promise<void> {
     let made = this.madeRows.get(destination);
     if (made === undefined) {
-      made = this.pool.query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination]).then(() => {});
+      made = this.pool
+        .query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination])
+        .then(() => {});
       this.madeRows.set(destination, made);
       made.catch(() => this.madeRows.delete(destination));
     }
@@ -665,7 +922,12 @@ export class PostgresInbox extends PostgresReads implements Inbox {
 
   // lockDestination reads a destination's row, made by made(), FOR UPDATE with the database's clock.
   private async lockDestination(client: pg.PoolClient, destination: string): Promise<Record<string, unknown>> {
-    const { rows: [row] } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [this.now(), destination]);
+    const {
+      rows: [row],
+    } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [
+      this.now(),
+      destination,
+    ]);
     if (row !== undefined) return row as Record<string, unknown>;
     this.madeRows.delete(destination);
     throw new Error(`destination ${JSON.stringify(destination)} has no row; it is made again on the next try`);
@@ -673,18 +935,35 @@ export class PostgresInbox extends PostgresReads implements Inbox {
 
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
     checkClaim({ destination });
-    return this.made(destination).then(() => this.other(async (client) => {
-      const row = await this.lockDestination(client, destination);
-      const next = breakerAfter(row, tally, policy, Number(row.now));
-      const r = next.row;
-      await client.query(
-        `UPDATE destinations SET state = $1, retry_at = $2, failures = $3, window_start = $4, window_done = $5, window_failed = $6,
+    return this.made(destination).then(() =>
+      this.other(
+        async (client) => {
+          const row = await this.lockDestination(client, destination);
+          const next = breakerAfter(row, tally, policy, Number(row.now));
+          const r = next.row;
+          await client.query(
+            `UPDATE destinations SET state = $1, retry_at = $2, failures = $3, window_start = $4, window_done = $5, window_failed = $6,
                 last_error = $7, last_error_at = $8, changed_at = CASE WHEN state <> $1 THEN $9 ELSE changed_at END
          WHERE name = $10`,
-        [r.state, r.retry_at, r.failures, r.window_start, r.window_done, r.window_failed, r.last_error, r.last_error_at, Number(row.now), destination],
-      );
-      return next.change;
-    }, false, { destination })) as Promise<BreakerChange | undefined>;
+            [
+              r.state,
+              r.retry_at,
+              r.failures,
+              r.window_start,
+              r.window_done,
+              r.window_failed,
+              r.last_error,
+              r.last_error_at,
+              Number(row.now),
+              destination,
+            ],
+          );
+          return next.change;
+        },
+        false,
+        { destination },
+      ),
+    ) as Promise<BreakerChange | undefined>;
   }
 
   // storeOnce is the one statement that stores a whole batch when nothing need follow it in the transaction:
@@ -700,12 +979,18 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       keys.add(k);
     }
     const place = new Map(ops.map((op, i) => [op, i]));
-    return this.storeStatement(byKey([...ops]).map((op) => ({ op, route: 0 })), place);
+    return this.storeStatement(
+      byKey([...ops]).map((op) => ({ op, route: 0 })),
+      place,
+    );
   }
 
   // storeStatement inserts the given routes of a batch's deliveries. Ordered rows take their arrival order
   // from one sequence value per batch plus their place in it (place: each op's place in the batch).
-  private storeStatement(list: { op: Extract<Op, { kind: "store" }>; route: number }[], place: Map<Op, number>): pg.QueryConfig {
+  private storeStatement(
+    list: { op: Extract<Op, { kind: "store" }>; route: number }[],
+    place: Map<Op, number>,
+  ): pg.QueryConfig {
     const orders = new Map(list.map((x) => [x.op, orderOf(x.op.incoming, null)]));
     const none = (x: { op: Extract<Op, { kind: "store" }> }) => x.op.routes.length === 0;
     const bodies = concatenated(list.map((x) => x.op.incoming.body));
@@ -720,12 +1005,26 @@ export class PostgresInbox extends PostgresReads implements Inbox {
             AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl)
        ON CONFLICT (source, id, route) DO NOTHING
        RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
-      [this.now(), list.map((x) => x.op.source), list.map((x) => x.op.incoming.id), bodies.offsets,
-        list.map((x) => x.op.digest), list.map((x) => x.op.incoming.contentType ?? null), list.map((x) => x.op.incoming.eventType ?? null),
-        list.map((x) => x.op.incoming.providerTime ?? null), list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
-        list.map((x) => orders.get(x.op)!.eventTime), list.map((x) => place.get(x.op)! * 16 + x.route), list.map((x) => x.route),
-        list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION), list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
-        list.map((x) => x.op.incoming.traceparent ?? null), list.map((x) => (none(x) ? "done" : "received")), bodies.lengths, bodies.all],
+      [
+        this.now(),
+        list.map((x) => x.op.source),
+        list.map((x) => x.op.incoming.id),
+        bodies.offsets,
+        list.map((x) => x.op.digest),
+        list.map((x) => x.op.incoming.contentType ?? null),
+        list.map((x) => x.op.incoming.eventType ?? null),
+        list.map((x) => x.op.incoming.providerTime ?? null),
+        list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
+        list.map((x) => orders.get(x.op)!.eventTime),
+        list.map((x) => place.get(x.op)! * 16 + x.route),
+        list.map((x) => x.route),
+        list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION),
+        list.map((x) => (x.op.incoming.headers ? JSON.stringify(x.op.incoming.headers) : null)),
+        list.map((x) => x.op.incoming.traceparent ?? null),
+        list.map((x) => (none(x) ? "done" : "received")),
+        bodies.lengths,
+        bodies.all,
+      ],
     );
   }
 
@@ -740,18 +1039,30 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const rows = byKey([...firsts.values()]);
     const orders = new Map(rows.map((op) => [op, orderOf(op.incoming, null)]));
     const place = new Map(ops.map((op, i) => [op, i]));
-    const insert = (list: { op: (typeof ops)[number]; route: number }[]) => client.query(this.storeStatement(list, place));
+    const insert = (list: { op: (typeof ops)[number]; route: number }[]) =>
+      client.query(this.storeStatement(list, place));
     const inserted = await insert(rows.map((op) => ({ op, route: 0 })));
     const stored = new Set(inserted.rows.map((r) => `${r.source}\u0000${r.id}`));
-    const more = rows.filter((op) => stored.has(key(op))).flatMap((op) => op.routes.slice(1).map((_, i) => ({ op, route: i + 1 })));
+    const more = rows
+      .filter((op) => stored.has(key(op)))
+      .flatMap((op) => op.routes.slice(1).map((_, i) => ({ op, route: i + 1 })));
     const all = more.length === 0 ? inserted.rows : [...inserted.rows, ...(await insert(more)).rows];
     const ordered = all.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
       const strict = new Map(rows.map((op) => [key(op), orders.get(op)!.strict]));
-      await this.enterKeys(client, ordered.map((r) => ({
-        source: r.source, destination: r.destination, key: r.order_key, id: r.id, eventTime: r.event_time, seq: r.arrival, due: r.available_at,
-        strict: strict.get(`${r.source}\u0000${r.id}`)!,
-      })));
+      await this.enterKeys(
+        client,
+        ordered.map((r) => ({
+          source: r.source,
+          destination: r.destination,
+          key: r.order_key,
+          id: r.id,
+          eventTime: r.event_time,
+          seq: r.arrival,
+          due: r.available_at,
+          strict: strict.get(`${r.source}\u0000${r.id}`)!,
+        })),
+      );
     }
     const results = new Map<Op, Stored>();
     const others: typeof ops = [];
@@ -795,16 +1106,28 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // when it settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
   private async enterKeys(
     client: pg.PoolClient,
-    entries: { source: string; destination: string; key: string; id: string; eventTime: number; seq: number; due: number; strict: boolean }[],
+    entries: {
+      source: string;
+      destination: string;
+      key: string;
+      id: string;
+      eventTime: number;
+      seq: number;
+      due: number;
+      strict: boolean;
+    }[],
   ): Promise<void> {
-    const name = (e: { source: string; destination: string; key: string }) => `${e.source}\u0000${e.destination}\u0000${e.key}`;
+    const name = (e: { source: string; destination: string; key: string }) =>
+      `${e.source}\u0000${e.destination}\u0000${e.key}`;
     const first = new Map<string, (typeof entries)[number]>();
     for (const e of entries) {
       const seen = first.get(name(e));
-      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq)) first.set(name(e), e);
+      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq))
+        first.set(name(e), e);
     }
     const list = [...first.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
-    const earlier = "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
+    const earlier =
+      "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
     await client.query(
       `INSERT INTO order_keys AS o (source, destination, order_key, head_id, head_event_time, head_seq, due, strict)
        SELECT * FROM unnest($1::text[], $8::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
@@ -814,8 +1137,16 @@ export class PostgresInbox extends PostgresReads implements Inbox {
          head_event_time = CASE WHEN ${earlier} THEN excluded.head_event_time ELSE o.head_event_time END,
          head_seq = CASE WHEN ${earlier} THEN excluded.head_seq ELSE o.head_seq END,
          due = CASE WHEN ${earlier} THEN excluded.due ELSE o.due END`,
-      [list.map((e) => e.source), list.map((e) => e.key), list.map((e) => e.id), list.map((e) => e.eventTime),
-        list.map((e) => e.seq), list.map((e) => e.due), list.map((e) => e.strict), list.map((e) => e.destination)],
+      [
+        list.map((e) => e.source),
+        list.map((e) => e.key),
+        list.map((e) => e.id),
+        list.map((e) => e.eventTime),
+        list.map((e) => e.seq),
+        list.map((e) => e.due),
+        list.map((e) => e.strict),
+        list.map((e) => e.destination),
+      ],
     );
   }
 
@@ -826,13 +1157,25 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // the head is read in a snapshot that includes every store that touched the key before.
   private async settleKeys(
     client: pg.PoolClient,
-    items: { source: string; destination: string; key: string; from: string; setAside: boolean; handledTime?: number | null }[],
+    items: {
+      source: string;
+      destination: string;
+      key: string;
+      from: string;
+      setAside: boolean;
+      handledTime?: number | null;
+    }[],
   ): Promise<void> {
-    const name = (i: { source: string; destination: string; key: string }) => `${i.source}\u0000${i.destination}\u0000${i.key}`;
+    const name = (i: { source: string; destination: string; key: string }) =>
+      `${i.source}\u0000${i.destination}\u0000${i.key}`;
     const byKey = new Map<string, (typeof items)[number]>();
     for (const item of items) if (!byKey.has(name(item)) || item.handledTime != null) byKey.set(name(item), item);
     const list = [...byKey.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
-    const [sources, destinations, keys] = [list.map((i) => i.source), list.map((i) => i.destination), list.map((i) => i.key)];
+    const [sources, destinations, keys] = [
+      list.map((i) => i.source),
+      list.map((i) => i.destination),
+      list.map((i) => i.key),
+    ];
     await client.query(
       `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
        ORDER BY source COLLATE "C", destination COLLATE "C", order_key COLLATE "C" FOR UPDATE`,
@@ -850,7 +1193,14 @@ export class PostgresInbox extends PostgresReads implements Inbox {
        FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[], $6::text[]) AS u(s, k, f, sa, ht, de)
        WHERE o.source = u.s AND o.destination = u.de AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
          AND NOT (o.strict AND u.sa)`,
-      [sources, keys, list.map((i) => i.from), list.map((i) => i.setAside), list.map((i) => i.handledTime ?? null), destinations],
+      [
+        sources,
+        keys,
+        list.map((i) => i.from),
+        list.map((i) => i.setAside),
+        list.map((i) => i.handledTime ?? null),
+        destinations,
+      ],
     );
   }
 
@@ -863,13 +1213,21 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   // through deliveries_open instead, and read every leased row once for each done mark.
   protected async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
-    const marked = client.query(this.prepared(
-      `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
+    const marked = client.query(
+      this.prepared(
+        `UPDATE deliveries d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
        FROM unnest($2::text[], $3::text[], $4::text[], $5::smallint[]) AS u(s, i, t, r)
        WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t AND (d.status = 'processing') IS TRUE
        RETURNING d.source, d.id, d.route`,
-      [this.now(), ops.map((op) => op.lease.source), ops.map((op) => op.lease.id), ops.map((op) => op.lease.token), ops.map((op) => op.lease.route)],
-    ));
+        [
+          this.now(),
+          ops.map((op) => op.lease.source),
+          ops.map((op) => op.lease.id),
+          ops.map((op) => op.lease.token),
+          ops.map((op) => op.lease.route),
+        ],
+      ),
+    );
     // Awaited, not left to fail the statements after it: with no writes behind it, an error here would
     // leave only COMMIT, which ends an aborted transaction with a silent rollback. The handlers' writes get
     // the connection's own plans back; done marks with none (a forwarder's) need nothing after them.
@@ -879,14 +1237,21 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const holds = (lease: Lease) => held.has(`${lease.source}\u0000${lease.id}\u0000${lease.route}`);
     const moved = ops.filter((op) => op.lease.orderKey !== null && holds(op.lease));
     if (moved.length > 0) {
-      await this.settleKeys(client, moved.map((op) => ({
-        source: op.lease.source, destination: op.lease.destination, key: op.lease.orderKey!, from: op.lease.id, setAside: false,
-        handledTime: op.lease.eventTime,
-      })));
+      await this.settleKeys(
+        client,
+        moved.map((op) => ({
+          source: op.lease.source,
+          destination: op.lease.destination,
+          key: op.lease.orderKey!,
+          from: op.lease.id,
+          setAside: false,
+          handledTime: op.lease.eventTime,
+        })),
+      );
     }
     const results = new Map<Op, boolean>();
-    const send = (sql: string, params: SqlValue[]) => client.query(this.prepared(toPg(sql), params))
-      .then((r) => r.rowCount ?? 0);
+    const send = (sql: string, params: SqlValue[]) =>
+      client.query(this.prepared(toPg(sql), params)).then((r) => r.rowCount ?? 0);
     const writes = mergedInserts(send);
     if (ops.length === 1) writes.stop();
     const tx: Tx = {

@@ -7,9 +7,31 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { PostgresCommitter } from "./commit.ts";
 import {
-  DISTINCT_SOURCES, NO_DESTINATION, ORDERING_SQL, STATUSES, emptyBuckets, filterSql, orderingStatus, searchPageLimit, summarise, toDelivery,
-  toDestinationState, toGauges, type AttemptError, type Bucket, type Cursor, type Delivery, type DestinationState, type Filter, type Gauges,
-  type InboxOptions, type InboxStatus, type Kept, type SqlValue, type Status, type Summary,
+  DISTINCT_SOURCES,
+  NO_DESTINATION,
+  ORDERING_SQL,
+  STATUSES,
+  emptyBuckets,
+  filterSql,
+  orderingStatus,
+  searchPageLimit,
+  summarise,
+  toDelivery,
+  toDestinationState,
+  toGauges,
+  type AttemptError,
+  type Bucket,
+  type Cursor,
+  type Delivery,
+  type DestinationState,
+  type Filter,
+  type Gauges,
+  type InboxOptions,
+  type InboxStatus,
+  type Kept,
+  type SqlValue,
+  type Status,
+  type Summary,
 } from "../store.ts";
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
@@ -46,7 +68,12 @@ export abstract class PostgresReads extends PostgresCommitter {
     return this.pinned ? this.pinned() : null;
   }
 
-  async attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
+  async attemptErrors(d: {
+    source: string;
+    id: string;
+    receivedAt: number;
+    destination?: string;
+  }): Promise<AttemptError[]> {
     const { rows } = await this.pool.query(
       `SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3
          AND ($4::text IS NULL OR destination = $4) ORDER BY failed_at, seq`,
@@ -56,9 +83,10 @@ export abstract class PostgresReads extends PostgresCommitter {
   }
 
   async find(id: string, source?: string): Promise<Delivery[]> {
-    const { rows } = source === undefined
-      ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
-      : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
+    const { rows } =
+      source === undefined
+        ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
+        : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
     return rows.map(toDelivery);
   }
 
@@ -83,7 +111,11 @@ export abstract class PostgresReads extends PostgresCommitter {
       const key = JSON.stringify([r.source, r.event_type]);
       let entry = bySource.get(key);
       if (!entry) {
-        entry = { source: r.source, eventType: r.event_type, counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number> };
+        entry = {
+          source: r.source,
+          eventType: r.event_type,
+          counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>,
+        };
         bySource.set(key, entry);
       }
       entry.counts[r.status as Status] = r.n;
@@ -100,12 +132,22 @@ export abstract class PostgresReads extends PostgresCommitter {
       "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
     );
     const ordering = await this.pool.query(ORDERING_SQL.counts);
-    const held = await this.pool.query(toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)), [this.now()]);
+    const held = await this.pool.query(
+      toPg(ORDERING_SQL.held.replace("k.due > ?", `k.due > ${NOW.replace("$1", "?")}`)),
+      [this.now()],
+    );
     const age = oldest.rows[0].age as number | null;
     return {
       counts,
       sources: [...bySource.values()],
-      failed: failed.rows.map((r) => ({ source: r.source, id: r.id, attempts: r.attempts, error: r.error, eventType: r.event_type, destination: r.destination })),
+      failed: failed.rows.map((r) => ({
+        source: r.source,
+        id: r.id,
+        attempts: r.attempts,
+        error: r.error,
+        eventType: r.event_type,
+        destination: r.destination,
+      })),
       oldestWaitingMs: age === null ? null : Math.max(0, age),
       conflicts: { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) },
       ordering: orderingStatus(ordering.rows[0], held.rows),
@@ -120,7 +162,9 @@ export abstract class PostgresReads extends PostgresCommitter {
    */
   async summary(): Promise<Summary> {
     const [open, sources, stats, oldest, conflicts] = await Promise.all([
-      this.pool.query("SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status"),
+      this.pool.query(
+        "SELECT source, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY source, status",
+      ),
       this.pool.query(DISTINCT_SOURCES),
       this.pool.query(
         `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
@@ -132,25 +176,31 @@ export abstract class PostgresReads extends PostgresCommitter {
         `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
         [this.now()],
       ),
-      this.pool.query("SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0"),
+      this.pool.query(
+        "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
+      ),
     ]);
     const estimatedRows = Number(stats.rows[0]?.rows ?? -1);
     const large = estimatedRows >= ESTIMATE_ABOVE_ROWS;
-    const vals: string[] = large ? stats.rows[0]?.vals ?? [] : [];
-    const freqs: number[] = large ? stats.rows[0]?.freqs ?? [] : [];
+    const vals: string[] = large ? (stats.rows[0]?.vals ?? []) : [];
+    const freqs: number[] = large ? (stats.rows[0]?.freqs ?? []) : [];
     let estimated = false;
-    const totals = await Promise.all(sources.rows.map(async ({ source }: { source: string }) => {
-      const at = vals.indexOf(source);
-      if (at >= 0) {
-        estimated = true;
-        return { source, n: Math.round(estimatedRows * freqs[at]!) };
-      }
-      const { rows } = await this.pool.query("SELECT count(*) AS n FROM deliveries WHERE source = $1", [source]);
-      return { source, n: rows[0].n as number };
-    }));
+    const totals = await Promise.all(
+      sources.rows.map(async ({ source }: { source: string }) => {
+        const at = vals.indexOf(source);
+        if (at >= 0) {
+          estimated = true;
+          return { source, n: Math.round(estimatedRows * freqs[at]!) };
+        }
+        const { rows } = await this.pool.query("SELECT count(*) AS n FROM deliveries WHERE source = $1", [source]);
+        return { source, n: rows[0].n as number };
+      }),
+    );
     const age = oldest.rows[0].age as number | null;
-    const summary = summarise(totals, open.rows, age === null ? null : Math.max(0, age),
-      { deliveries: conflicts.rows[0].rows, copies: Number(conflicts.rows[0].copies) });
+    const summary = summarise(totals, open.rows, age === null ? null : Math.max(0, age), {
+      deliveries: conflicts.rows[0].rows,
+      copies: Number(conflicts.rows[0].copies),
+    });
     // An estimate may fall below what is exactly known not to be done; done is then nought, not negative.
     for (const x of summary.sources) x.counts.done = Math.max(0, x.counts.done);
     summary.counts.done = summary.sources.reduce((sum, x) => sum + x.counts.done, 0);
@@ -179,10 +229,13 @@ export abstract class PostgresReads extends PostgresCommitter {
   }
 
   async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
-    const { rows } = after === undefined
-      ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id, route LIMIT $1", [limit])
-      : await this.pool.query("SELECT * FROM deliveries WHERE (source, id, route) > ($1, $2, $3) ORDER BY source, id, route LIMIT $4",
-        [after.source, after.id, after.route ?? 32767, limit]);
+    const { rows } =
+      after === undefined
+        ? await this.pool.query("SELECT * FROM deliveries ORDER BY source, id, route LIMIT $1", [limit])
+        : await this.pool.query(
+            "SELECT * FROM deliveries WHERE (source, id, route) > ($1, $2, $3) ORDER BY source, id, route LIMIT $4",
+            [after.source, after.id, after.route ?? 32767, limit],
+          );
     // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
     return rows.map(toDelivery);
   }
@@ -191,11 +244,18 @@ export abstract class PostgresReads extends PostgresCommitter {
     const { where, params } = filterSql(filter, "postgres");
     const limit = searchPageLimit(page.limit);
     // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
-    const after = page.after === undefined ? ""
-      : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
-    const cursor = page.after === undefined ? [] : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
+    const after =
+      page.after === undefined
+        ? ""
+        : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
+    const cursor =
+      page.after === undefined
+        ? []
+        : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const { rows } = await this.pool.query(
-      toPg(`SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`),
+      toPg(
+        `SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`,
+      ),
       [...params, ...cursor, limit],
     );
     return rows.map(toDelivery);
@@ -227,12 +287,15 @@ export abstract class PostgresReads extends PostgresCommitter {
 
   async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
     const [open, states, clock] = await Promise.all([
-      this.pool.query("SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status"),
+      this.pool.query(
+        "SELECT destination, status, count(*) AS n FROM deliveries WHERE status <> 'done' GROUP BY destination, status",
+      ),
       this.pool.query("SELECT * FROM destinations"),
       this.pool.query(`SELECT ${NOW} AS now`, [this.now()]),
     ]);
     const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
-    const at = (name: string) => counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
+    const at = (name: string) =>
+      counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
     for (const r of open.rows) {
       const c = at(r.destination);
       if (r.status === "received") c.waiting = r.n;
@@ -244,7 +307,9 @@ export abstract class PostgresReads extends PostgresCommitter {
     // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
     at(DEFAULTS.destination);
     counts.delete(NO_DESTINATION);
-    return [...counts.keys()].sort().map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, Number(clock.rows[0].now)));
+    return [...counts.keys()]
+      .sort()
+      .map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, Number(clock.rows[0].now)));
   }
 
   async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
@@ -280,10 +345,14 @@ export abstract class PostgresReads extends PostgresCommitter {
       const client = await this.pool.transaction();
       let broken: Error | undefined;
       try {
-        const { rows } = await client.query("SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro");
+        const { rows } = await client.query(
+          "SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro",
+        );
         const failed = this.commitError;
         if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
-          await client.query("UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)");
+          await client.query(
+            "UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)",
+          );
         }
         await this.pool.commit(client);
         if (rows[0].recovery) return "the database is a standby, in recovery";
@@ -300,7 +369,10 @@ export abstract class PostgresReads extends PostgresCommitter {
     };
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<string>((resolve) => {
-      timer = setTimeout(() => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`), DEFAULTS.readyTimeoutMs);
+      timer = setTimeout(
+        () => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`),
+        DEFAULTS.readyTimeoutMs,
+      );
     });
     try {
       return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);

@@ -25,7 +25,23 @@ export type RouteFilter = (input: FilterInput) => boolean;
 const SCOPES = ["body", "headers", "query", "path", "source", "type"] as const;
 
 /** OPERATORS are the operators a filter may use. */
-const OPERATORS = ["$eq", "$neq", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$startsWith", "$endsWith", "$regex", "$exist", "$or", "$and", "$not"] as const;
+const OPERATORS = [
+  "$eq",
+  "$neq",
+  "$gt",
+  "$gte",
+  "$lt",
+  "$lte",
+  "$in",
+  "$nin",
+  "$startsWith",
+  "$endsWith",
+  "$regex",
+  "$exist",
+  "$or",
+  "$and",
+  "$not",
+] as const;
 
 const LOGICAL = new Set(["$or", "$and", "$not"]);
 const KNOWN = new Set<string>(OPERATORS);
@@ -34,8 +50,18 @@ const KNOWN = new Set<string>(OPERATORS);
 type Matcher = (value: unknown) => boolean;
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
-const kindOf = (v: unknown) => (v === null ? "null" : Array.isArray(v) ? "a list" : isObject(v) ? "an object" : typeof v === "string" ? "a string" : typeof v);
-const isPrimitive = (v: unknown): v is string | number | boolean | null => v === null || typeof v === "string" || typeof v === "number" || typeof v === "boolean";
+const kindOf = (v: unknown) =>
+  v === null
+    ? "null"
+    : Array.isArray(v)
+      ? "a list"
+      : isObject(v)
+        ? "an object"
+        : typeof v === "string"
+          ? "a string"
+          : typeof v;
+const isPrimitive = (v: unknown): v is string | number | boolean | null =>
+  v === null || typeof v === "string" || typeof v === "number" || typeof v === "boolean";
 
 /** FilterError is a mistake in a filter: where it is (the route, then the path inside the filter) and what is wrong. */
 class FilterError extends TypeError {}
@@ -63,7 +89,11 @@ const joined = (path: string, key: string) => (path ? `${path}.${key}` : key);
 
 // top compiles the filter's top level: an object of scopes (body, headers, …) and $or/$and/$not of such objects.
 function top(spec: unknown, path: string): (input: FilterInput) => boolean {
-  if (!isObject(spec)) fail(path, `expected an object of ${SCOPES.join(", ")} (as Hookdeck's and Convoy's filters have), got ${kindOf(spec)}`);
+  if (!isObject(spec))
+    fail(
+      path,
+      `expected an object of ${SCOPES.join(", ")} (as Hookdeck's and Convoy's filters have), got ${kindOf(spec)}`,
+    );
   const parts: ((input: FilterInput) => boolean)[] = [];
   for (const [key, value] of Object.entries(spec)) {
     if (key === "$or" || key === "$and") {
@@ -74,14 +104,31 @@ function top(spec: unknown, path: string): (input: FilterInput) => boolean {
       parts.push((input) => !inner(input));
     } else if ((SCOPES as readonly string[]).includes(key)) {
       const scope = key as (typeof SCOPES)[number];
-      const m = compile(scope === "headers" ? lowerNames(value) : scope === "path" ? convoyPath(value) : value, joined(path, key));
+      const m = compile(
+        scope === "headers" ? lowerNames(value) : scope === "path" ? convoyPath(value) : value,
+        joined(path, key),
+      );
       // One closure per scope, each reading one property: cheaper than input[scope] for every delivery.
-      parts.push(scope === "body" ? (input) => m(input.body) : scope === "headers" ? (input) => m(input.headers) : scope === "query" ? (input) => m(input.query)
-        : scope === "path" ? (input) => m(input.path) : scope === "source" ? (input) => m(input.source) : (input) => m(input.type));
+      parts.push(
+        scope === "body"
+          ? (input) => m(input.body)
+          : scope === "headers"
+            ? (input) => m(input.headers)
+            : scope === "query"
+              ? (input) => m(input.query)
+              : scope === "path"
+                ? (input) => m(input.path)
+                : scope === "source"
+                  ? (input) => m(input.source)
+                  : (input) => m(input.type),
+      );
     } else {
-      fail(joined(path, key), key.startsWith("$")
-        ? `${key} cannot stand at the top; it goes inside one of ${SCOPES.join(", ")}`
-        : `unknown part ${JSON.stringify(key)}; expected ${SCOPES.join(", ")}, or $or, $and, $not of them`);
+      fail(
+        joined(path, key),
+        key.startsWith("$")
+          ? `${key} cannot stand at the top; it goes inside one of ${SCOPES.join(", ")}`
+          : `unknown part ${JSON.stringify(key)}; expected ${SCOPES.join(", ")}, or $or, $and, $not of them`,
+      );
     }
   }
   return parts.length === 1 ? parts[0]! : (input) => parts.every((p) => p(input));
@@ -89,7 +136,8 @@ function top(spec: unknown, path: string): (input: FilterInput) => boolean {
 
 // conditions compiles the list of an $or or an $and.
 function conditions<T>(value: unknown, path: string, each: (spec: unknown, path: string) => T): T[] {
-  if (!Array.isArray(value) || value.length === 0) fail(path, `expected a list of conditions, got ${Array.isArray(value) ? "an empty list" : kindOf(value)}`);
+  if (!Array.isArray(value) || value.length === 0)
+    fail(path, `expected a list of conditions, got ${Array.isArray(value) ? "an empty list" : kindOf(value)}`);
   return value.map((spec, i) => each(spec, `${path}[${i}]`));
 }
 
@@ -131,7 +179,14 @@ function compile(spec: unknown, path: string): Matcher {
     parts.push(operator(key, value, path));
   }
   if (operators > 0 && fields.length > 0) {
-    fail(path, `mixes operators (${Object.keys(spec).filter((k) => k.startsWith("$")).join(", ")}) with fields (${fields.map(([k]) => k).join(", ")}); put the fields one level down, or join both with $and`);
+    fail(
+      path,
+      `mixes operators (${Object.keys(spec)
+        .filter((k) => k.startsWith("$"))
+        .join(
+          ", ",
+        )}) with fields (${fields.map(([k]) => k).join(", ")}); put the fields one level down, or join both with $and`,
+    );
   }
   if (fields.length > 0 || parts.length === 0) {
     // An object matches an object whose fields match, or a list holding one such object (Hookdeck's "also valid").
@@ -146,7 +201,10 @@ function compile(spec: unknown, path: string): Matcher {
 }
 
 // anyOf applies a test to a value, or to each item of a list: an operator on a list matches if any item does.
-const anyOf = (test: (x: unknown) => boolean): Matcher => (v) => (Array.isArray(v) ? v.some(test) : v !== undefined && test(v));
+const anyOf =
+  (test: (x: unknown) => boolean): Matcher =>
+  (v) =>
+    Array.isArray(v) ? v.some(test) : v !== undefined && test(v);
 
 // equals is the plain value's test, strict (1 is not "1"), with "array contains" for a list.
 function equals(value: string | number | boolean | null): Matcher {
@@ -165,12 +223,15 @@ function same(a: unknown, b: unknown): boolean {
 // operator compiles one $operator and its operand, checking the operand's type now rather than at each delivery.
 function operator(key: string, operand: unknown, path: string): Matcher {
   const at = joined(path, key);
-  const expect = (what: string): never => fail(at, `expected ${what}, got ${kindOf(operand)}${isPrimitive(operand) ? ` ${JSON.stringify(operand)}` : ""}`);
+  const expect = (what: string): never =>
+    fail(at, `expected ${what}, got ${kindOf(operand)}${isPrimitive(operand) ? ` ${JSON.stringify(operand)}` : ""}`);
   switch (key) {
     case "$eq":
     case "$neq": {
       if (operand === undefined) expect("a JSON value");
-      const eq = isPrimitive(operand) ? equals(operand) : (v: unknown) => same(v, operand) || (Array.isArray(v) && v.some((x) => same(x, operand)));
+      const eq = isPrimitive(operand)
+        ? equals(operand)
+        : (v: unknown) => same(v, operand) || (Array.isArray(v) && v.some((x) => same(x, operand)));
       // A missing field is not "not equal": only $exist: false (or $not) matches what is not there, as on Hookdeck.
       return key === "$eq" ? eq : (v) => v !== undefined && !eq(v);
     }
@@ -178,13 +239,18 @@ function operator(key: string, operand: unknown, path: string): Matcher {
     case "$gte":
     case "$lt":
     case "$lte": {
-      if (!(typeof operand === "string" || (typeof operand === "number" && Number.isFinite(operand)))) expect("a number, or a string to compare as text (an ISO date)");
+      if (!(typeof operand === "string" || (typeof operand === "number" && Number.isFinite(operand))))
+        expect("a number, or a string to compare as text (an ISO date)");
       const kind = typeof operand;
       const x = operand as number | string;
-      const test = key === "$gt" ? (v: unknown) => typeof v === kind && (v as number | string) > x
-        : key === "$gte" ? (v: unknown) => typeof v === kind && (v as number | string) >= x
-        : key === "$lt" ? (v: unknown) => typeof v === kind && (v as number | string) < x
-        : (v: unknown) => typeof v === kind && (v as number | string) <= x;
+      const test =
+        key === "$gt"
+          ? (v: unknown) => typeof v === kind && (v as number | string) > x
+          : key === "$gte"
+            ? (v: unknown) => typeof v === kind && (v as number | string) >= x
+            : key === "$lt"
+              ? (v: unknown) => typeof v === kind && (v as number | string) < x
+              : (v: unknown) => typeof v === kind && (v as number | string) <= x;
       return anyOf(test);
     }
     case "$in":
@@ -206,7 +272,11 @@ function operator(key: string, operand: unknown, path: string): Matcher {
     case "$endsWith": {
       if (typeof operand !== "string") expect("a string");
       const text = operand as string;
-      return anyOf(key === "$startsWith" ? (v) => typeof v === "string" && v.startsWith(text) : (v) => typeof v === "string" && v.endsWith(text));
+      return anyOf(
+        key === "$startsWith"
+          ? (v) => typeof v === "string" && v.startsWith(text)
+          : (v) => typeof v === "string" && v.endsWith(text),
+      );
     }
     case "$regex": {
       if (typeof operand !== "string") expect("a regular expression as a string");
@@ -214,7 +284,10 @@ function operator(key: string, operand: unknown, path: string): Matcher {
       try {
         re = new RegExp(operand as string);
       } catch (error) {
-        return fail(at, `the regular expression ${JSON.stringify(operand)} does not compile: ${(error as Error).message}`);
+        return fail(
+          at,
+          `the regular expression ${JSON.stringify(operand)} does not compile: ${(error as Error).message}`,
+        );
       }
       return anyOf((v) => typeof v === "string" && re.test(v));
     }
@@ -234,7 +307,11 @@ function operator(key: string, operand: unknown, path: string): Matcher {
     }
     default:
       if (key === "$ref") return fail(at, "$ref (Hookdeck's reference to another field) is not supported here");
-      if (key.startsWith("$.")) return fail(at, "Convoy's positional $. syntax is not supported; a filter on a list already matches any of its items");
+      if (key.startsWith("$."))
+        return fail(
+          at,
+          "Convoy's positional $. syntax is not supported; a filter on a list already matches any of its items",
+        );
       if (KNOWN.has(key)) return fail(at, `${key} is not handled`);
       return fail(at, `unknown operator ${key}; expected one of ${OPERATORS.join(", ")}`);
   }

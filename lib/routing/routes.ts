@@ -94,16 +94,39 @@ export interface Forwarding {
 /** TOP_KEYS are the sources file's own keys, beside the sources; none can clash with a source's name. */
 export const TOP_KEYS = ["$destinations", "$operator"] as const;
 
-const DESTINATION_KEYS = ["type", "url", "secret", "headers", "bearer", "basic", "timeout", "connectTimeout", "maxInFlight", "rate", "burst", "ca", "forwardHeaders", "breaker", "transform", "transformTimeout"];
+const DESTINATION_KEYS = [
+  "type",
+  "url",
+  "secret",
+  "headers",
+  "bearer",
+  "basic",
+  "timeout",
+  "connectTimeout",
+  "maxInFlight",
+  "rate",
+  "burst",
+  "ca",
+  "forwardHeaders",
+  "breaker",
+  "transform",
+  "transformTimeout",
+];
 const BREAKER_KEYS = ["failures", "rate", "minTries", "window", "coolDown"];
 const ROUTE_KEYS = ["to", "types", "filter", "transform", "transformTimeout", "permanent4xx"];
 
-const isObject = (value: unknown): value is Record<string, unknown> => typeof value === "object" && value !== null && !Array.isArray(value);
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === "object" && value !== null && !Array.isArray(value);
 const kindOf = (value: unknown) => (value === null ? "null" : Array.isArray(value) ? "a list" : typeof value);
 
 /** glob turns an event-type pattern into a RegExp: `*` stands for any run of characters, dots included. */
 export function glob(pattern: string): RegExp {
-  return new RegExp(`^${pattern.split("*").map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&")).join(".*")}$`);
+  return new RegExp(
+    `^${pattern
+      .split("*")
+      .map((part) => part.replace(/[.+?^${}()|[\]\\]/g, "\\$&"))
+      .join(".*")}$`,
+  );
 }
 
 /**
@@ -113,36 +136,57 @@ export function glob(pattern: string): RegExp {
 export function parseRoutes(setting: unknown, config: Record<string, unknown>, where: string): Route[] {
   const defined = isObject(config.$destinations) ? config.$destinations : {};
   // The receiver keeps the provider's headers where the destination forwards them or a transform may read them.
-  const forwards = (to: string) => isObject(defined[to]) && (defined[to]!.forwardHeaders === true || defined[to]!.transform !== undefined);
+  const forwards = (to: string) =>
+    isObject(defined[to]) && (defined[to]!.forwardHeaders === true || defined[to]!.transform !== undefined);
   if (setting === undefined) return [{ to: DEFAULTS.destination, permanent4xx: false, forwardHeaders: false }];
-  if (!Array.isArray(setting) || setting.length === 0) throw new TypeError(`${where}: expected routes to be a list of destinations, got ${kindOf(setting)}`);
+  if (!Array.isArray(setting) || setting.length === 0)
+    throw new TypeError(`${where}: expected routes to be a list of destinations, got ${kindOf(setting)}`);
   const routes: Route[] = [];
   for (const [i, item] of setting.entries()) {
     const at = `${where}: route #${i + 1}`;
     const r = typeof item === "string" ? { to: item } : item;
-    if (!isObject(r)) throw new TypeError(`${at}: expected a destination's name or { "to": name, "types": [...] }, got ${kindOf(item)}`);
+    if (!isObject(r))
+      throw new TypeError(
+        `${at}: expected a destination's name or { "to": name, "types": [...] }, got ${kindOf(item)}`,
+      );
     const unknown = Object.keys(r).filter((k) => !ROUTE_KEYS.includes(k));
-    if (unknown.length > 0) throw new TypeError(`${at}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${ROUTE_KEYS.join(", ")}`);
+    if (unknown.length > 0)
+      throw new TypeError(
+        `${at}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${ROUTE_KEYS.join(", ")}`,
+      );
     const to = r.to;
     if (typeof to !== "string" || (to !== DEFAULTS.destination && !(to in defined))) {
       const known = [DEFAULTS.destination, ...Object.keys(defined)].join(", ");
-      throw new TypeError(`${at}: expected "to" to name a destination (${known}), got ${JSON.stringify(to) ?? "(none)"}`);
+      throw new TypeError(
+        `${at}: expected "to" to name a destination (${known}), got ${JSON.stringify(to) ?? "(none)"}`,
+      );
     }
-    if (routes.some((x) => x.to === to)) throw new TypeError(`${at}: ${to} is routed to twice; give one route several types instead`);
+    if (routes.some((x) => x.to === to))
+      throw new TypeError(`${at}: ${to} is routed to twice; give one route several types instead`);
     let types: RegExp[] | undefined;
     if (r.types !== undefined) {
       if (!Array.isArray(r.types) || r.types.length === 0 || r.types.some((t) => typeof t !== "string" || t === "")) {
-        throw new TypeError(`${at}: expected types to be a list of event types or patterns such as "invoice.*", got ${JSON.stringify(r.types)}`);
+        throw new TypeError(
+          `${at}: expected types to be a list of event types or patterns such as "invoice.*", got ${JSON.stringify(r.types)}`,
+        );
       }
       types = (r.types as string[]).map(glob);
     }
-    if (r.permanent4xx !== undefined && typeof r.permanent4xx !== "boolean") throw new TypeError(`${at}: expected permanent4xx to be true or false, got ${JSON.stringify(r.permanent4xx)}`);
+    if (r.permanent4xx !== undefined && typeof r.permanent4xx !== "boolean")
+      throw new TypeError(`${at}: expected permanent4xx to be true or false, got ${JSON.stringify(r.permanent4xx)}`);
     const filter = r.filter === undefined ? undefined : compileFilter(r.filter, `${at} (${to})`);
     const transform = transformOf(r, `${at} (${to})`);
-    if (transform && to === DEFAULTS.destination) throw new TypeError(`${at}: the handler gets each delivery as it was stored; a transform applies to destinations`);
+    if (transform && to === DEFAULTS.destination)
+      throw new TypeError(
+        `${at}: the handler gets each delivery as it was stored; a transform applies to destinations`,
+      );
     routes.push({
-      to, ...(types ? { types } : {}), ...(filter ? { filter } : {}), ...(transform ? { transform } : {}),
-      permanent4xx: r.permanent4xx === true, forwardHeaders: forwards(to) || transform !== undefined,
+      to,
+      ...(types ? { types } : {}),
+      ...(filter ? { filter } : {}),
+      ...(transform ? { transform } : {}),
+      permanent4xx: r.permanent4xx === true,
+      forwardHeaders: forwards(to) || transform !== undefined,
     });
   }
   return routes;
@@ -160,8 +204,13 @@ export function routeTo(routes: readonly Route[], eventType: string | null, inpu
 }
 
 /** refusal says which test of a route a delivery fails, types first (the cheaper), or undefined if the route takes it. */
-export function refusal(route: Route, eventType: string | null, input?: FilterInput): "its types" | "its filter" | undefined {
-  if (route.types !== undefined && (eventType === null || !route.types.some((t) => t.test(eventType)))) return "its types";
+export function refusal(
+  route: Route,
+  eventType: string | null,
+  input?: FilterInput,
+): "its types" | "its filter" | undefined {
+  if (route.types !== undefined && (eventType === null || !route.types.some((t) => t.test(eventType))))
+    return "its types";
   if (route.filter !== undefined && (input === undefined || !route.filter(input))) return "its filter";
   return undefined;
 }
@@ -170,28 +219,52 @@ export function refusal(route: Route, eventType: string | null, input?: FilterIn
 function transformOf(settings: Record<string, unknown>, where: string): TransformSetting | undefined {
   const module = settings.transform;
   if (module === undefined) {
-    if (settings.transformTimeout !== undefined) throw new TypeError(`${where}: transformTimeout applies only with transform`);
+    if (settings.transformTimeout !== undefined)
+      throw new TypeError(`${where}: transformTimeout applies only with transform`);
     return undefined;
   }
   if (typeof module !== "string" || !/\.(ts|mts|js|mjs)$/.test(module)) {
-    throw new TypeError(`${where}: expected transform to be the path of a module (.ts, .mts, .js or .mjs) whose default export reshapes each forward, got ${JSON.stringify(module)}`);
+    throw new TypeError(
+      `${where}: expected transform to be the path of a module (.ts, .mts, .js or .mjs) whose default export reshapes each forward, got ${JSON.stringify(module)}`,
+    );
   }
-  return { module, timeoutMs: seconds(settings.transformTimeout, DEFAULTS.transformTimeoutMs, where, "transformTimeout") };
+  return {
+    module,
+    timeoutMs: seconds(settings.transformTimeout, DEFAULTS.transformTimeoutMs, where, "transformTimeout"),
+  };
 }
 
 // secretsOf reads one secret or several; `env:NAME` is taken from env. With resolve false (the receiver,
 // which forwards nothing), only their shape is checked, so it needs none of the worker's secrets.
-function secretsOf(value: unknown, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean, required: boolean): string[] {
+function secretsOf(
+  value: unknown,
+  env: Readonly<Record<string, string | undefined>>,
+  where: string,
+  resolve: boolean,
+  required: boolean,
+): string[] {
   const list = value === undefined ? [] : Array.isArray(value) ? value : [value];
-  if (list.some((s) => typeof s !== "string" || s === "")) throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
-  if (required && list.length === 0) throw new TypeError(`${where}: missing secret; it signs each forward (write "env:NAME" to read it from the environment)`);
-  return (list as string[]).map((text, i) => fromEnv(text, env, `${where}: ${list.length > 1 ? `secret #${i + 1}` : "secret"}`, resolve));
+  if (list.some((s) => typeof s !== "string" || s === ""))
+    throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
+  if (required && list.length === 0)
+    throw new TypeError(
+      `${where}: missing secret; it signs each forward (write "env:NAME" to read it from the environment)`,
+    );
+  return (list as string[]).map((text, i) =>
+    fromEnv(text, env, `${where}: ${list.length > 1 ? `secret #${i + 1}` : "secret"}`, resolve),
+  );
 }
 
-function fromEnv(text: string, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): string {
+function fromEnv(
+  text: string,
+  env: Readonly<Record<string, string | undefined>>,
+  where: string,
+  resolve: boolean,
+): string {
   if (!text.startsWith("env:")) return text;
   const variable = text.slice(4);
-  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(variable)) throw new TypeError(`${where}: expected env:NAME, got an empty or odd name`);
+  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(variable))
+    throw new TypeError(`${where}: expected env:NAME, got an empty or odd name`);
   if (!resolve) return "";
   const value = env[variable] ?? "";
   if (value === "") throw new TypeError(`${where} reads the environment variable ${variable}, which is not set`);
@@ -200,13 +273,17 @@ function fromEnv(text: string, env: Readonly<Record<string, string | undefined>>
 
 function seconds(value: unknown, fallbackMs: number, where: string, setting: string): number {
   if (value === undefined) return fallbackMs;
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new TypeError(`${where}: expected ${setting} to be a number of seconds > 0, got ${JSON.stringify(value)}`);
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0)
+    throw new TypeError(`${where}: expected ${setting} to be a number of seconds > 0, got ${JSON.stringify(value)}`);
   return Math.round(value * 1000);
 }
 
 function whole(value: unknown, fallback: number, where: string, setting: string): number {
   if (value === undefined) return fallback;
-  if (!Number.isInteger(value) || (value as number) < 1) throw new TypeError(`${where}: expected ${setting} to be a whole number of 1 or more, got ${JSON.stringify(value)}`);
+  if (!Number.isInteger(value) || (value as number) < 1)
+    throw new TypeError(
+      `${where}: expected ${setting} to be a whole number of 1 or more, got ${JSON.stringify(value)}`,
+    );
   return value as number;
 }
 
@@ -217,49 +294,79 @@ function httpUrl(value: unknown, where: string): URL {
   } catch {
     url = undefined;
   }
-  if (!url || !/^https?:$/.test(url.protocol)) throw new TypeError(`${where}: expected url to be an http:// or https:// address, got ${JSON.stringify(value) ?? "(none)"}`);
-  if (url.username || url.password) throw new TypeError(`${where}: put credentials in "bearer", "basic" or "headers" (from the environment), not in the url`);
+  if (!url || !/^https?:$/.test(url.protocol))
+    throw new TypeError(
+      `${where}: expected url to be an http:// or https:// address, got ${JSON.stringify(value) ?? "(none)"}`,
+    );
+  if (url.username || url.password)
+    throw new TypeError(
+      `${where}: put credentials in "bearer", "basic" or "headers" (from the environment), not in the url`,
+    );
   return url;
 }
 
 // ownHeaders reads a destination's headers, bearer and basic; secretHeaders names those that are secrets (a
 // value written in the file is not one, and redacting it would blank ordinary words in the errors shown).
-function ownHeaders(settings: Record<string, unknown>, env: Readonly<Record<string, string | undefined>>, where: string, resolve: boolean): { headers: Record<string, string>; secretHeaders: string[] } {
+function ownHeaders(
+  settings: Record<string, unknown>,
+  env: Readonly<Record<string, string | undefined>>,
+  where: string,
+  resolve: boolean,
+): { headers: Record<string, string>; secretHeaders: string[] } {
   const headers: Record<string, string> = {};
   const secretHeaders: string[] = [];
   if (settings.headers !== undefined) {
-    if (!isObject(settings.headers)) throw new TypeError(`${where}: expected headers to map header names to values (or env:NAME), got ${kindOf(settings.headers)}`);
+    if (!isObject(settings.headers))
+      throw new TypeError(
+        `${where}: expected headers to map header names to values (or env:NAME), got ${kindOf(settings.headers)}`,
+      );
     for (const [name, value] of Object.entries(settings.headers)) {
-      if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name)) throw new TypeError(`${where}: expected a header name, got ${JSON.stringify(name)}`);
-      if (typeof value !== "string") throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME)`);
+      if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name))
+        throw new TypeError(`${where}: expected a header name, got ${JSON.stringify(name)}`);
+      if (typeof value !== "string")
+        throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME)`);
       headers[name.toLowerCase()] = fromEnv(value, env, `${where}: header ${name}`, resolve);
       if (value.startsWith("env:")) secretHeaders.push(name.toLowerCase());
     }
   }
-  if (settings.bearer !== undefined && settings.basic !== undefined) throw new TypeError(`${where}: give bearer or basic, not both`);
+  if (settings.bearer !== undefined && settings.basic !== undefined)
+    throw new TypeError(`${where}: give bearer or basic, not both`);
   if (settings.bearer !== undefined) {
-    if (typeof settings.bearer !== "string" || !settings.bearer.startsWith("env:")) throw new TypeError(`${where}: expected bearer to be env:NAME (a token is never written in the file)`);
+    if (typeof settings.bearer !== "string" || !settings.bearer.startsWith("env:"))
+      throw new TypeError(`${where}: expected bearer to be env:NAME (a token is never written in the file)`);
     headers.authorization = `Bearer ${fromEnv(settings.bearer, env, `${where}: bearer`, resolve)}`;
   }
   if (settings.basic !== undefined) {
-    if (typeof settings.basic !== "string" || !settings.basic.startsWith("env:")) throw new TypeError(`${where}: expected basic to be env:NAME holding user:password`);
+    if (typeof settings.basic !== "string" || !settings.basic.startsWith("env:"))
+      throw new TypeError(`${where}: expected basic to be env:NAME holding user:password`);
     const pair = fromEnv(settings.basic, env, `${where}: basic`, resolve);
-    if (resolve && !pair.includes(":")) throw new TypeError(`${where}: basic reads user:password from the environment; the value has no ":"`);
+    if (resolve && !pair.includes(":"))
+      throw new TypeError(`${where}: basic reads user:password from the environment; the value has no ":"`);
     headers.authorization = `Basic ${Buffer.from(pair).toString("base64")}`;
   }
   // Authorization is a credential however it was written.
-  if (headers.authorization !== undefined && !secretHeaders.includes("authorization")) secretHeaders.push("authorization");
+  if (headers.authorization !== undefined && !secretHeaders.includes("authorization"))
+    secretHeaders.push("authorization");
   return { headers, secretHeaders };
 }
 
 function breakerOf(value: unknown, where: string): BreakerPolicy | false {
   if (value === false) return false;
-  if (value !== undefined && !isObject(value)) throw new TypeError(`${where}: expected breaker to be false or { failures, rate, minTries, window, coolDown }, got ${kindOf(value)}`);
+  if (value !== undefined && !isObject(value))
+    throw new TypeError(
+      `${where}: expected breaker to be false or { failures, rate, minTries, window, coolDown }, got ${kindOf(value)}`,
+    );
   const b = value ?? {};
   const unknown = Object.keys(b).filter((k) => !BREAKER_KEYS.includes(k));
-  if (unknown.length > 0) throw new TypeError(`${where}: unknown breaker setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${BREAKER_KEYS.join(", ")}`);
+  if (unknown.length > 0)
+    throw new TypeError(
+      `${where}: unknown breaker setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${BREAKER_KEYS.join(", ")}`,
+    );
   const rate = b.rate ?? DEFAULTS.breakerRate;
-  if (typeof rate !== "number" || !(rate > 0 && rate <= 1)) throw new TypeError(`${where}: expected breaker.rate to be a share of failed tries, above 0 and at most 1, got ${JSON.stringify(rate)}`);
+  if (typeof rate !== "number" || !(rate > 0 && rate <= 1))
+    throw new TypeError(
+      `${where}: expected breaker.rate to be a share of failed tries, above 0 and at most 1, got ${JSON.stringify(rate)}`,
+    );
   return {
     failures: whole(b.failures, DEFAULTS.breakerFailures, where, "breaker.failures"),
     rate,
@@ -276,59 +383,100 @@ function breakerOf(value: unknown, where: string): BreakerPolicy | false {
  * checks a broker destination's own settings (brokers.ts).
  */
 export function loadDestinations(
-  config: unknown, env: Readonly<Record<string, string | undefined>>,
-  options: { resolve?: boolean; brokerCheck?: (name: string, settings: Record<string, unknown>, where: string) => void } = {},
+  config: unknown,
+  env: Readonly<Record<string, string | undefined>>,
+  options: {
+    resolve?: boolean;
+    brokerCheck?: (name: string, settings: Record<string, unknown>, where: string) => void;
+  } = {},
 ): Forwarding {
   const resolve = options.resolve ?? true;
   const destinations = new Map<string, Destination>();
   if (!isObject(config)) return { destinations };
   for (const key of Object.keys(config)) {
-    if (key.startsWith("$") && !(TOP_KEYS as readonly string[]).includes(key)) throw new TypeError(`sources: unknown key ${JSON.stringify(key)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`);
+    if (key.startsWith("$") && !(TOP_KEYS as readonly string[]).includes(key))
+      throw new TypeError(
+        `sources: unknown key ${JSON.stringify(key)}; expected a source's name or one of ${TOP_KEYS.join(", ")}`,
+      );
   }
   const section = config.$destinations;
-  if (section !== undefined && !isObject(section)) throw new TypeError(`$destinations: expected an object mapping destination names to settings, got ${kindOf(section)}`);
+  if (section !== undefined && !isObject(section))
+    throw new TypeError(
+      `$destinations: expected an object mapping destination names to settings, got ${kindOf(section)}`,
+    );
   for (const [name, settings] of Object.entries(section ?? {})) {
     const where = `destination ${JSON.stringify(name)}`;
-    if (!DESTINATION_NAME.test(name)) throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-"`);
-    if (name === DEFAULTS.destination) throw new TypeError(`${where}: the name is the handler's (worker.ts), which is always there; pick another`);
-    if (!isObject(settings)) throw new TypeError(`${where}: expected an object with url and secret, got ${kindOf(settings)}`);
+    if (!DESTINATION_NAME.test(name))
+      throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-"`);
+    if (name === DEFAULTS.destination)
+      throw new TypeError(`${where}: the name is the handler's (worker.ts), which is always there; pick another`);
+    if (!isObject(settings))
+      throw new TypeError(`${where}: expected an object with url and secret, got ${kindOf(settings)}`);
     const type = settings.type ?? "http";
-    const rate = settings.rate === undefined ? undefined : { perSecond: ratePerSecond(settings.rate, where), ...(settings.burst === undefined ? {} : { burst: whole(settings.burst, 1, where, "burst") }) };
-    if (settings.rate === undefined && settings.burst !== undefined) throw new TypeError(`${where}: burst applies only with rate`);
+    const rate =
+      settings.rate === undefined
+        ? undefined
+        : {
+            perSecond: ratePerSecond(settings.rate, where),
+            ...(settings.burst === undefined ? {} : { burst: whole(settings.burst, 1, where, "burst") }),
+          };
+    if (settings.rate === undefined && settings.burst !== undefined)
+      throw new TypeError(`${where}: burst applies only with rate`);
     if (type !== "http") {
-      if (typeof type !== "string" || !/^[a-z]+$/.test(type)) throw new TypeError(`${where}: expected type to be http or a broker's name, got ${JSON.stringify(type)}`);
-      if (!options.brokerCheck) throw new TypeError(`${where}: type ${type} is not known here (brokers: see docs/forwarding.md)`);
+      if (typeof type !== "string" || !/^[a-z]+$/.test(type))
+        throw new TypeError(`${where}: expected type to be http or a broker's name, got ${JSON.stringify(type)}`);
+      if (!options.brokerCheck)
+        throw new TypeError(`${where}: type ${type} is not known here (brokers: see docs/forwarding.md)`);
       options.brokerCheck(name, settings, where);
       const transform = transformOf(settings, where);
       destinations.set(name, {
-        kind: "broker", name, type, settings, maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
-        ...(rate ? { rate } : {}), breaker: breakerOf(settings.breaker, where), forwardHeaders: false, ...(transform ? { transform } : {}),
+        kind: "broker",
+        name,
+        type,
+        settings,
+        maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
+        ...(rate ? { rate } : {}),
+        breaker: breakerOf(settings.breaker, where),
+        forwardHeaders: false,
+        ...(transform ? { transform } : {}),
       });
       continue;
     }
     const unknown = Object.keys(settings).filter((k) => !DESTINATION_KEYS.includes(k));
-    if (unknown.length > 0) throw new TypeError(`${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${DESTINATION_KEYS.join(", ")}`);
-    if (settings.forwardHeaders !== undefined && typeof settings.forwardHeaders !== "boolean") throw new TypeError(`${where}: expected forwardHeaders to be true or false`);
+    if (unknown.length > 0)
+      throw new TypeError(
+        `${where}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${DESTINATION_KEYS.join(", ")}`,
+      );
+    if (settings.forwardHeaders !== undefined && typeof settings.forwardHeaders !== "boolean")
+      throw new TypeError(`${where}: expected forwardHeaders to be true or false`);
     let ca: string | undefined;
     if (settings.ca !== undefined) {
-      if (typeof settings.ca !== "string" || settings.ca === "") throw new TypeError(`${where}: expected ca to be the path of a PEM file`);
+      if (typeof settings.ca !== "string" || settings.ca === "")
+        throw new TypeError(`${where}: expected ca to be the path of a PEM file`);
       if (resolve) {
         try {
           ca = readFileSync(settings.ca, "utf8");
         } catch (error) {
           throw new TypeError(`${where}: cannot read the ca file ${settings.ca}: ${(error as Error).message}`);
         }
-        if (!ca.includes("-----BEGIN CERTIFICATE-----")) throw new TypeError(`${where}: the ca file ${settings.ca} holds no PEM certificate`);
+        if (!ca.includes("-----BEGIN CERTIFICATE-----"))
+          throw new TypeError(`${where}: the ca file ${settings.ca} holds no PEM certificate`);
       }
     }
     const transform = transformOf(settings, where);
     destinations.set(name, {
-      kind: "http", name, url: httpUrl(settings.url, where), secrets: secretsOf(settings.secret, env, where, resolve, true),
+      kind: "http",
+      name,
+      url: httpUrl(settings.url, where),
+      secrets: secretsOf(settings.secret, env, where, resolve, true),
       ...ownHeaders(settings, env, where, resolve),
       connectTimeoutMs: seconds(settings.connectTimeout, DEFAULTS.connectTimeoutForwardMs, where, "connectTimeout"),
       timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout"),
-      maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"), ...(rate ? { rate } : {}),
-      ...(ca ? { ca } : {}), forwardHeaders: settings.forwardHeaders === true, breaker: breakerOf(settings.breaker, where),
+      maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
+      ...(rate ? { rate } : {}),
+      ...(ca ? { ca } : {}),
+      forwardHeaders: settings.forwardHeaders === true,
+      breaker: breakerOf(settings.breaker, where),
       ...(transform ? { transform } : {}),
     });
   }
@@ -337,13 +485,21 @@ export function loadDestinations(
     const o = config.$operator;
     if (!isObject(o)) throw new TypeError(`$operator: expected { "url": ..., "secret": ... }, got ${kindOf(o)}`);
     const unknown = Object.keys(o).filter((k) => !["url", "secret", "headers", "bearer", "basic"].includes(k));
-    if (unknown.length > 0) throw new TypeError(`$operator: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected url, secret, headers, bearer, basic`);
-    operator = { url: httpUrl(o.url, "$operator"), secrets: secretsOf(o.secret, env, "$operator", resolve, true), ...ownHeaders(o, env, "$operator", resolve) };
+    if (unknown.length > 0)
+      throw new TypeError(
+        `$operator: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected url, secret, headers, bearer, basic`,
+      );
+    operator = {
+      url: httpUrl(o.url, "$operator"),
+      secrets: secretsOf(o.secret, env, "$operator", resolve, true),
+      ...ownHeaders(o, env, "$operator", resolve),
+    };
   }
   return { destinations, ...(operator ? { operator } : {}) };
 }
 
 function ratePerSecond(value: unknown, where: string): number {
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0) throw new TypeError(`${where}: expected rate to be forwards per second (> 0), got ${JSON.stringify(value)}`);
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0)
+    throw new TypeError(`${where}: expected rate to be forwards per second (> 0), got ${JSON.stringify(value)}`);
   return value;
 }

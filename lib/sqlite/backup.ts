@@ -4,7 +4,17 @@
 // the start-up quick_check. inbox.ts's `backup` and `restore` commands run them.
 //   npx tsx inbox.ts backup --dir /var/backups/inbox --keep 48      npx tsx inbox.ts restore FILE
 
-import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readdirSync, renameSync, rmSync, statSync } from "node:fs";
+import {
+  closeSync,
+  copyFileSync,
+  existsSync,
+  fsyncSync,
+  openSync,
+  readdirSync,
+  renameSync,
+  rmSync,
+  statSync,
+} from "node:fs";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
@@ -166,7 +176,9 @@ function rotate(file: string, keep: number): string[] {
   const stem = BACKUP_NAME.exec(basename(file))?.[1];
   if (stem === undefined) return [];
   const folder = dirname(file);
-  const same = readdirSync(folder).filter((name) => BACKUP_NAME.exec(name)?.[1] === stem && name !== basename(file)).sort();
+  const same = readdirSync(folder)
+    .filter((name) => BACKUP_NAME.exec(name)?.[1] === stem && name !== basename(file))
+    .sort();
   const removed = same.slice(0, Math.max(0, same.length - (keep - 1))).map((name) => join(folder, name));
   for (const path of removed) rmSync(path, { force: true });
   return removed;
@@ -186,12 +198,19 @@ export function check(file: string): Snapshot {
     } catch (error) {
       rows = [{ integrity_check: message(error) }];
     }
-    if (rows[0]?.integrity_check !== "ok") throw new Error(`integrity_check failed: ${oneLine(rows.map((r) => r.integrity_check))}`);
+    if (rows[0]?.integrity_check !== "ok")
+      throw new Error(`integrity_check failed: ${oneLine(rows.map((r) => r.integrity_check))}`);
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'deliveries'").all();
     if (tables.length === 0) throw new Error("not an inbox database: it has no deliveries table");
     const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
-    for (const r of db.prepare("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as { status: Status; n: number }[]) counts[r.status] = r.n;
-    const purged = db.prepare("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL").get() as { n: number };
+    for (const r of db.prepare("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as {
+      status: Status;
+      n: number;
+    }[])
+      counts[r.status] = r.n;
+    const purged = db.prepare("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL").get() as {
+      n: number;
+    };
     const { user_version: schema } = db.prepare("PRAGMA user_version").get() as { user_version: number };
     return { file, bytes: statSync(file).size, counts, tombstones: purged.n, schema };
   } finally {
@@ -239,7 +258,8 @@ export function restore(file: string, db: string, now: () => number = Date.now):
   } catch (error) {
     throw new Error(`restore ${file}: not a sound inbox backup: ${message(error)}`, { cause: error });
   }
-  if (existsSync(db) && inUse(db)) throw new InUse(`${db} is in use: stop its receivers, workers and operator page, then restore`);
+  if (existsSync(db) && inUse(db))
+    throw new InUse(`${db} is in use: stop its receivers, workers and operator page, then restore`);
   let aside: string | undefined;
   for (const suffix of ["", "-wal", "-shm"]) {
     if (!existsSync(db + suffix)) continue;
@@ -285,7 +305,10 @@ export function healthProblem(path: string): string | undefined {
 
 // oneLine joins SQLite's complaints into one line, without the banner it puts before them.
 function oneLine(complaints: string[]): string {
-  return complaints.join("; ").replace(/\*\*\* in database \w+ \*\*\*\s*/g, "").replace(/\s*\n\s*/g, "; ");
+  return complaints
+    .join("; ")
+    .replace(/\*\*\* in database \w+ \*\*\*\s*/g, "")
+    .replace(/\s*\n\s*/g, "; ");
 }
 
 // syncFile fsyncs a file, or a folder so that a rename in it survives a power cut.

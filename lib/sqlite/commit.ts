@@ -89,12 +89,14 @@ export abstract class SqliteCommitter {
     this.busyTimeoutMs = Math.round(options.busyTimeoutMs ?? DEFAULTS.busyTimeoutMs);
     this.onCommit = options.onCommit;
     // A PRAGMA takes no bound parameters; the number is checked by checkOptions and made whole here.
-    if (options.pageCacheKb !== undefined) db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
+    if (options.pageCacheKb !== undefined)
+      db.exec(`PRAGMA cache_size = -${Math.max(1, Math.round(options.pageCacheKb))}`);
     if (options.backgroundCheckpoints) {
       this.db.exec(`PRAGMA wal_autocheckpoint = ${BACKSTOP_PAGES}`);
       // The thread runs a dozen lines: a small heap keeps the receiver's RSS where it was.
       this.checkpointer = new Worker(CHECKPOINTER, {
-        eval: true, workerData: { path, everyMs: CHECKPOINT_EVERY_MS },
+        eval: true,
+        workerData: { path, everyMs: CHECKPOINT_EVERY_MS },
         resourceLimits: { maxOldGenerationSizeMb: 8, maxYoungGenerationSizeMb: 1 },
       });
       this.checkpointer.unref();
@@ -188,7 +190,8 @@ export abstract class SqliteCommitter {
       this.commit(batch.slice(half), guarded);
       return;
     }
-    if (this.tightCommits > 0 && --this.tightCommits === 0) this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
+    if (this.tightCommits > 0 && --this.tightCommits === 0)
+      this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     this.commitError = undefined;
     if (this.walFds.length === 0) return this.settle({ batch, results, started, seq: 0 });
     this.unsynced.push({ batch, results, started, seq: ++this.commits });
@@ -224,7 +227,10 @@ export abstract class SqliteCommitter {
       this.syncs--;
       this.idleFds.push(fd);
       if (error) {
-        this.syncFailure ??= new Error(`inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`, { cause: error });
+        this.syncFailure ??= new Error(
+          `inbox ${this.path}: fdatasync of the WAL failed; the commits since the last one may be lost, so nothing is acked until a restart: ${error.message}`,
+          { cause: error },
+        );
       }
       // Every commit made before this fdatasync began is on disk, whichever sync started it.
       while (this.unsynced.length > 0 && (this.syncFailure || this.unsynced[0]!.seq <= covers)) {
@@ -243,7 +249,9 @@ export abstract class SqliteCommitter {
   // from its start and never outgrows the space it already has.
   private reclaimWal(): void {
     if (this.tightCommits === 0) {
-      this.walAutocheckpoint = (this.db.prepare("PRAGMA wal_autocheckpoint").get() as { wal_autocheckpoint: number }).wal_autocheckpoint;
+      this.walAutocheckpoint = (
+        this.db.prepare("PRAGMA wal_autocheckpoint").get() as { wal_autocheckpoint: number }
+      ).wal_autocheckpoint;
       this.db.exec("PRAGMA wal_autocheckpoint = 1");
     }
     this.tightCommits = 1_000;

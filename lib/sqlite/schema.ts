@@ -248,7 +248,9 @@ export interface Durability {
 /** readDurability reads journal_mode, synchronous, the SQLite version and its thread safety back from an open database. */
 export function readDurability(db: DatabaseSync): Durability {
   const one = (sql: string) => Object.values(db.prepare(sql).get() ?? {})[0];
-  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map((r) => r.compile_options);
+  const options = (db.prepare("PRAGMA compile_options").all() as { compile_options: string }[]).map(
+    (r) => r.compile_options,
+  );
   return {
     runtime: describeRuntime(),
     sqliteVersion: String(one("SELECT sqlite_version()")),
@@ -261,15 +263,23 @@ export function readDurability(db: DatabaseSync): Durability {
 // The WAL-reset bug (sqlite.org/wal.html#walresetbug): with two connections writing and checkpointing at
 // once, as the receiver and its checkpoint thread do, a checkpoint could skip committed frames. Fixed in
 // 3.51.3, and in the 3.50.7 and 3.44.6 backports.
-const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [[3, 44, 6], [3, 50, 7], [3, 51, 3]];
+const WAL_RESET_FIXED: readonly (readonly [number, number, number])[] = [
+  [3, 44, 6],
+  [3, 50, 7],
+  [3, 51, 3],
+];
 
 /** walResetFixed says whether this SQLite version has the WAL-reset fix. */
 export function walResetFixed(version: string): boolean {
   const v = version.split(".").map(Number);
-  if (v.length < 3 || v.some((n) => !Number.isInteger(n))) throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
+  if (v.length < 3 || v.some((n) => !Number.isInteger(n)))
+    throw new TypeError(`walResetFixed: expected a version like 3.51.3, got ${JSON.stringify(version)}`);
   const atLeast = (fix: readonly number[]) => (v[0]! - fix[0]! || v[1]! - fix[1]! || v[2]! - fix[2]!) >= 0;
   // Fixed from the last entry on; before it, only within a backport's own minor line.
-  return atLeast(WAL_RESET_FIXED.at(-1)!) || WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix));
+  return (
+    atLeast(WAL_RESET_FIXED.at(-1)!) ||
+    WAL_RESET_FIXED.some((fix) => v[0] === fix[0] && v[1] === fix[1] && atLeast(fix))
+  );
 }
 
 /**
@@ -279,9 +289,11 @@ export function walResetFixed(version: string): boolean {
 export function durabilityProblem(d: Durability): string | undefined {
   const sqlite = `SQLite ${d.sqliteVersion} (${d.runtime})`;
   if (d.journalMode !== "wal") return `journal_mode is ${d.journalMode}, not wal, on ${sqlite}`;
-  if (d.synchronous < (d.ownWalSync ? 1 : 2)) return `synchronous is ${d.synchronous}, not ${d.ownWalSync ? "NORMAL (1) with the inbox's own fdatasync" : "FULL (2)"}, on ${sqlite}`;
+  if (d.synchronous < (d.ownWalSync ? 1 : 2))
+    return `synchronous is ${d.synchronous}, not ${d.ownWalSync ? "NORMAL (1) with the inbox's own fdatasync" : "FULL (2)"}, on ${sqlite}`;
   if (!walResetFixed(d.sqliteVersion)) return `${sqlite} has the WAL-reset bug (fixed in 3.51.3, 3.50.7 and 3.44.6)`;
-  if (!d.threadsafe) return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
+  if (!d.threadsafe)
+    return `${sqlite} was built without thread safety (THREADSAFE=0), and the inbox checkpoints on a thread`;
   return undefined;
 }
 

@@ -52,11 +52,16 @@ export function buildLayer(): Promise<string> {
     mkdirSync(dir, { recursive: true });
     const flags = await run("pkg-config", ["--cflags", "--libs", "fuse3"]).then(
       (r) => r.stdout.trim().split(/\s+/),
-      () => Promise.reject(new Error("no libfuse3 to build the layer with (pkg-config fuse3 failed)")));
+      () => Promise.reject(new Error("no libfuse3 to build the layer with (pkg-config fuse3 failed)")),
+    );
     // Built under a name of its own, then renamed: two test runs building at once never run a half-written file.
     const partial = `${program}.${process.pid}`;
-    await run("cc", ["-std=gnu11", "-O2", "-Wall", "-o", partial, SOURCE, ...flags, "-lpthread"]).catch((error: { stderr?: string; message: string }) =>
-      Promise.reject(new Error(`cannot compile powercutfs.c: ${(error.stderr || error.message).trim().split("\n")[0]}`)));
+    await run("cc", ["-std=gnu11", "-O2", "-Wall", "-o", partial, SOURCE, ...flags, "-lpthread"]).catch(
+      (error: { stderr?: string; message: string }) =>
+        Promise.reject(
+          new Error(`cannot compile powercutfs.c: ${(error.stderr || error.message).trim().split("\n")[0]}`),
+        ),
+    );
     renameSync(partial, program);
     return program;
   })();
@@ -89,8 +94,11 @@ export function fuseSkip(): Promise<string | false> {
       }
     }
     if (why === undefined) return false;
-    if (process.env.INBOX_REQUIRE_FUSE === "1") throw new Error(`INBOX_REQUIRE_FUSE=1 but the power-loss layer cannot run: ${why}`);
-    console.log(`# Power-loss tests skipped: ${why}; apt-get install -y libfuse3-dev fuse3 pkg-config (and /dev/fuse) to run them.`);
+    if (process.env.INBOX_REQUIRE_FUSE === "1")
+      throw new Error(`INBOX_REQUIRE_FUSE=1 but the power-loss layer cannot run: ${why}`);
+    console.log(
+      `# Power-loss tests skipped: ${why}; apt-get install -y libfuse3-dev fuse3 pkg-config (and /dev/fuse) to run them.`,
+    );
     return why;
   })();
   return usable;
@@ -139,11 +147,17 @@ export class Layer {
       if (waiter) waiter(line);
       else this.lines.push(line);
     });
-    const ready = await Promise.race([this.next(), this.exited.then(() => "exited"), sleep(15_000).then(() => "timed out")]);
+    const ready = await Promise.race([
+      this.next(),
+      this.exited.then(() => "exited"),
+      sleep(15_000).then(() => "timed out"),
+    ]);
     if (ready !== "ready") {
       daemon.kill("SIGKILL");
       await this.exited;
-      throw new Error(`powercutfs did not mount ${this.mountpoint}: ${ready}: ${this.stderr.trim().split("\n").slice(-2).join(" / ")}`);
+      throw new Error(
+        `powercutfs did not mount ${this.mountpoint}: ${ready}: ${this.stderr.trim().split("\n").slice(-2).join(" / ")}`,
+      );
     }
   }
 
@@ -157,10 +171,15 @@ export class Layer {
     this.daemon.stdin!.write(`${command}\n`);
     const line = await Promise.race([this.next(), this.exited.then(() => "exited")]);
     if (!line.startsWith(`${answer} `)) throw new Error(`powercutfs: ${command}: ${line} ${this.stderr.trim()}`);
-    return Object.fromEntries(line.split(" ").slice(1).map((kv) => {
-      const [k, v] = kv.split("=");
-      return [k!, Number(v)];
-    }));
+    return Object.fromEntries(
+      line
+        .split(" ")
+        .slice(1)
+        .map((kv) => {
+          const [k, v] = kv.split("=");
+          return [k!, Number(v)];
+        }),
+    );
   }
 
   /** cut is the power failing: what was not synced is lost, and every request fails until powerCycle. */

@@ -5,7 +5,16 @@
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
-import { appendFileSync, chmodSync, chownSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync } from "node:fs";
+import {
+  appendFileSync,
+  chmodSync,
+  chownSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+} from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import type { Random } from "../chaos.ts";
@@ -150,8 +159,22 @@ async function runScenario(o: PowerLossOptions, layer: Layer, site: Site): Promi
   // IDs sent but never answered 200 are sent again in the next cycle, as a provider retries.
   const unanswered: string[] = [];
   const report: PowerLossReport = {
-    backend: site.backend, label: o.label, cycles: 0, requests: 0, acked: 0, lost: [], stored: 0, integrity: [], payments: [],
-    drained: false, exactlyOnce: [], recovered: true, droppedPages: 0, keptPages: 0, undoneNames: 0, ms: 0,
+    backend: site.backend,
+    label: o.label,
+    cycles: 0,
+    requests: 0,
+    acked: 0,
+    lost: [],
+    stored: 0,
+    integrity: [],
+    payments: [],
+    drained: false,
+    exactlyOnce: [],
+    recovered: true,
+    droppedPages: 0,
+    keptPages: 0,
+    undoneNames: 0,
+    ms: 0,
   };
   const finish = () => {
     report.acked = acked.size;
@@ -174,8 +197,10 @@ async function runScenario(o: PowerLossOptions, layer: Layer, site: Site): Promi
           report.requests++;
           try {
             const res = await fetch(server.url, {
-              method: "POST", headers: { "x-delivery-id": id, "content-type": "application/json" },
-              body: JSON.stringify({ customer: `customer-${k}`, amount: amountOf(id) }), signal: AbortSignal.timeout(15_000),
+              method: "POST",
+              headers: { "x-delivery-id": id, "content-type": "application/json" },
+              body: JSON.stringify({ customer: `customer-${k}`, amount: amountOf(id) }),
+              signal: AbortSignal.timeout(15_000),
             });
             await res.text();
             if (res.status !== 200) unanswered.push(id);
@@ -295,7 +320,8 @@ function startWorker(target: string): { kill(): Promise<void>; stop(): Promise<v
     if (child.exitCode === null && child.signalCode === null) child.kill(signal);
     const how = await exited;
     // A worker stopped before it set its handlers up dies of the SIGTERM itself: that is a clean stop too.
-    if (signal === "SIGTERM" && how !== "0" && how !== "SIGTERM") throw new Error(`worker.ts exited ${how}: ${said.trim()}`);
+    if (signal === "SIGTERM" && how !== "0" && how !== "SIGTERM")
+      throw new Error(`worker.ts exited ${how}: ${said.trim()}`);
   };
   return { kill: () => end("SIGKILL"), stop: () => end("SIGTERM") };
 }
@@ -306,15 +332,25 @@ function readSqlite(path: string): Contents {
   if (!existsSync(path)) return { integrity: "ok", deliveries: new Map(), payments: new Map() };
   const conn = new DatabaseSync(path, { timeout: 10_000 });
   try {
-    const integrity = (conn.prepare("PRAGMA integrity_check").all() as { integrity_check: string }[]).map((r) => r.integrity_check).join("; ");
-    const tables = new Set((conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map((r) => r.name));
+    const integrity = (conn.prepare("PRAGMA integrity_check").all() as { integrity_check: string }[])
+      .map((r) => r.integrity_check)
+      .join("; ");
+    const tables = new Set(
+      (conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map(
+        (r) => r.name,
+      ),
+    );
     const deliveries = new Map<string, string>();
     if (tables.has("deliveries")) {
-      for (const r of conn.prepare("SELECT id, status FROM deliveries").all() as { id: string; status: string }[]) deliveries.set(r.id, r.status);
+      for (const r of conn.prepare("SELECT id, status FROM deliveries").all() as { id: string; status: string }[])
+        deliveries.set(r.id, r.status);
     }
     const payments = new Map<string, number[]>();
     if (tables.has("payments")) {
-      for (const r of conn.prepare("SELECT delivery_id, amount FROM payments").all() as { delivery_id: string; amount: number }[]) {
+      for (const r of conn.prepare("SELECT delivery_id, amount FROM payments").all() as {
+        delivery_id: string;
+        amount: number;
+      }[]) {
         payments.set(r.delivery_id, [...(payments.get(r.delivery_id) ?? []), r.amount]);
       }
     }
@@ -329,8 +365,15 @@ function readSqlite(path: string): Contents {
 // The durable settings the scenario holds PostgreSQL to, and small sizes so that checkpoints, buffer
 // evictions and new WAL segments all happen within a few seconds of load.
 const POSTGRES_SETTINGS = [
-  "fsync=on", "synchronous_commit=on", "full_page_writes=on", "shared_buffers=16MB", "max_wal_size=64MB", "min_wal_size=32MB",
-  "checkpoint_timeout=30s", "max_connections=60", "listen_addresses=127.0.0.1",
+  "fsync=on",
+  "synchronous_commit=on",
+  "full_page_writes=on",
+  "shared_buffers=16MB",
+  "max_wal_size=64MB",
+  "min_wal_size=32MB",
+  "checkpoint_timeout=30s",
+  "max_connections=60",
+  "listen_addresses=127.0.0.1",
 ];
 
 const SCHEMA = "powerloss";
@@ -342,9 +385,13 @@ async function postgresSite(dir: string, mountpoint: string, extra: string[]): P
   const logFile = join(dir, "postgres.log");
   // initdb and postgres refuse to run as root: as root, run them as the postgres user, owning their folders.
   const asRoot = process.getuid?.() === 0;
-  const owner = asRoot ? { uid: Number(await output("id", ["-u", "postgres"])), gid: Number(await output("id", ["-g", "postgres"])) } : undefined;
+  const owner = asRoot
+    ? { uid: Number(await output("id", ["-u", "postgres"])), gid: Number(await output("id", ["-g", "postgres"])) }
+    : undefined;
   const command = (program: string, args: string[]): [string, string[]] =>
-    asRoot ? ["setpriv", ["--reuid=postgres", "--regid=postgres", "--init-groups", "--", join(bin, program), ...args]] : [join(bin, program), args];
+    asRoot
+      ? ["setpriv", ["--reuid=postgres", "--regid=postgres", "--init-groups", "--", join(bin, program), ...args]]
+      : [join(bin, program), args];
   // The test's folders are private to root (mkdtemp): let the postgres user through to its own.
   for (let d = resolve(dir); owner && d !== "/"; d = dirname(d)) {
     const mode = statSync(d).mode;
@@ -418,7 +465,8 @@ async function postgresSite(dir: string, mountpoint: string, extra: string[]): P
         const has = async (table: string) =>
           (await client.query("SELECT to_regclass($1) IS NOT NULL AS ok", [`${SCHEMA}.${table}`])).rows[0].ok === true;
         if (await has("deliveries")) {
-          for (const r of (await client.query(`SELECT id, status FROM ${SCHEMA}.deliveries`)).rows) deliveries.set(r.id, r.status);
+          for (const r of (await client.query(`SELECT id, status FROM ${SCHEMA}.deliveries`)).rows)
+            deliveries.set(r.id, r.status);
         }
         if (await has("payments")) {
           for (const r of (await client.query(`SELECT delivery_id, amount FROM ${SCHEMA}.payments`)).rows) {
@@ -447,7 +495,9 @@ async function amcheck(client: { query(sql: string, params?: unknown[]): Promise
       `SELECT bt_index_check(index => c.oid, heapallindexed => true)
        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
             JOIN pg_am a ON a.oid = c.relam
-       WHERE n.nspname IN ($1, 'pg_catalog') AND a.amname = 'btree' AND c.relpersistence = 'p'`, [SCHEMA]);
+       WHERE n.nspname IN ($1, 'pg_catalog') AND a.amname = 'btree' AND c.relpersistence = 'p'`,
+      [SCHEMA],
+    );
     return "ok";
   } catch (error) {
     return `amcheck: ${error instanceof Error ? error.message : String(error)}`;
@@ -497,7 +547,12 @@ function output(program: string, args: string[]): Promise<string> {
     child.stdout.on("data", (d) => (out += d));
     child.stderr.on("data", (d) => (err += d));
     child.on("error", reject);
-    child.on("close", (code) => (code === 0 ? resolve(out.trim()) : reject(new Error(`${program} ${args.join(" ")}: exit ${code}: ${err.trim().split("\n").slice(-2).join(" / ")}`))));
+    child.on("close", (code) =>
+      code === 0
+        ? resolve(out.trim())
+        : reject(
+            new Error(`${program} ${args.join(" ")}: exit ${code}: ${err.trim().split("\n").slice(-2).join(" / ")}`),
+          ),
+    );
   });
 }
-
