@@ -17,7 +17,6 @@ import { BODY, f, knob, tempDir } from "./common.ts";
 const SECONDS = knob("BENCH_SECONDS", 3);
 const SIZES = (process.env.BENCH_COMMIT_SIZES ?? "1,14,25,64").split(",").map(Number);
 const MODES = ["own fdatasync", "sync in commit", "no sync (yardstick)"] as const;
-type Mode = (typeof MODES)[number];
 
 /** commits measures every mode at every batch size and returns the one-line summary. */
 export async function commits(): Promise<string> {

@@ -67,7 +67,7 @@ export function secretsOf(
     for (const [header, value] of Object.entries(all)) {
       if (secret !== undefined && !secret.includes(header)) continue;
       const credential = header === "authorization" ? /^(Bearer|Basic)\s+(.+)$/i.exec(value) : null;
-      if (credential?.[1]!.toLowerCase() === "bearer") add(owner, `${owner} bearer`, credential[2]!);
+      if (credential?.[1]?.toLowerCase() === "bearer") add(owner, `${owner} bearer`, credential[2]!);
       else if (credential) {
         const pair = Buffer.from(credential[2]!, "base64").toString("utf8");
         const encoded = Buffer.from(pair).toString("base64");

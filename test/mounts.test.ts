@@ -127,7 +127,7 @@ for (const mount of MOUNTS) {
     const path = join(dir.dir, `${mount.name.replace(/\W+/g, "-")}.db`);
     let inbox: Awaited<ReturnType<typeof connect>>;
     let app: { base: string; close: () => Promise<void> };
-    let lines: string[] = [];
+    const lines: string[] = [];
     let reader: DatabaseSync;
     before(async () => {
       inbox = await connect(path);

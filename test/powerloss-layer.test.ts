@@ -74,12 +74,6 @@ function write(
   }
 }
 
-function syncFile(path: string): void {
-  const fd = openSync(path, "r");
-  fsyncSync(fd);
-  closeSync(fd);
-}
-
 const read = (path: string) => readFileSync(path, "utf8");
 
 describe("the power-loss layer", { skip }, () => {

@@ -446,6 +446,7 @@ for (const backend of await backends("redact")) {
           try {
             for (const path of ["/destinations", "/delivery?source=shop&id=evt_1", "/failures"]) {
               await page.goto(`${url}${path}`);
+              // biome-ignore lint/performance/useDomNodeTextContent: what a person reads, hidden text left out
               places[`the page ${path}`] = `${await page.innerText("body")}\n${await page.content()}`;
             }
           } finally {

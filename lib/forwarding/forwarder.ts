@@ -85,7 +85,7 @@ const NEVER: BreakerPolicy = {
 
 /** forward runs one lane per destination until the signal aborts (or, once, until nothing is due). */
 export async function forward(options: ForwarderOptions): Promise<ForwardStats> {
-  const { inbox, forwarding } = options;
+  const { forwarding } = options;
   const log: Log = options.log ?? ((line: string) => console.error(line));
   const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   const senders = new Map<string, Sender>();

@@ -8,7 +8,7 @@ import pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
-import { type Incoming, type InboxOptions, type Lease, type LocalWrite, type SqlValue, type Stored } from "../store.ts";
+import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored } from "../store.ts";
 
 /** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
 export const APPLICATION_NAME = "webhook-inbox";

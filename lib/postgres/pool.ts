@@ -202,6 +202,7 @@ export class Pool {
         override connect(callback: ((err: Error) => void) | ((err: null, c: pg.Client) => void)): void;
         override connect(
           callback?: ((err: Error) => void) | ((err: null, c: pg.Client) => void),
+          // biome-ignore lint/suspicious/noConfusingVoidType: pg.Pool's own overload returns void when given a callback
         ): Promise<pg.Client> | void {
           if (!callback)
             return super.connect().catch((error: unknown) => Promise.reject((pool.moveOn(this.hostIndex), error)));

@@ -6,7 +6,7 @@
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
 // Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres/pool.ts holds the connections.
 
-import pg from "pg";
+import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./commit.ts";

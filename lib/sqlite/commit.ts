@@ -4,7 +4,7 @@
 // SqliteInbox (sqlite.ts) builds the delivery's life on it. Not run on its own.
 
 import { fdatasync, openSync, realpathSync } from "node:fs";
-import { type DatabaseSync, type StatementSync } from "node:sqlite";
+import type { DatabaseSync, StatementSync } from "node:sqlite";
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
@@ -178,7 +178,10 @@ export abstract class SqliteCommitter {
       this.db.exec("COMMIT");
     } catch (error) {
       if (this.db.isTransaction) this.db.exec("ROLLBACK");
-      if (redo) return this.commit(batch, true);
+      if (redo) {
+        this.commit(batch, true);
+        return;
+      }
       if (!isOwnError(error)) this.commitError = error;
       if (sqliteCode(error) === SQLITE_FULL) this.reclaimWal();
       if (batch.length === 1) {
@@ -193,7 +196,10 @@ export abstract class SqliteCommitter {
     if (this.tightCommits > 0 && --this.tightCommits === 0)
       this.db.exec(`PRAGMA wal_autocheckpoint = ${this.walAutocheckpoint}`);
     this.commitError = undefined;
-    if (this.walFds.length === 0) return this.settle({ batch, results, started, seq: 0 });
+    if (this.walFds.length === 0) {
+      this.settle({ batch, results, started, seq: 0 });
+      return;
+    }
     this.unsynced.push({ batch, results, started, seq: ++this.commits });
     this.syncWal();
   }

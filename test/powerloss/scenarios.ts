@@ -488,7 +488,9 @@ async function postgresSite(dir: string, mountpoint: string, extra: string[]): P
 }
 
 // amcheck verifies every B-tree index of the scenario's schema and of the catalogs against its table.
-async function amcheck(client: { query(sql: string, params?: unknown[]): Promise<{ rows: any[] }> }): Promise<string> {
+async function amcheck(client: {
+  query(sql: string, params?: unknown[]): Promise<{ rows: Record<string, unknown>[] }>;
+}): Promise<string> {
   try {
     await client.query("CREATE EXTENSION IF NOT EXISTS amcheck");
     await client.query(
