@@ -672,16 +672,14 @@ ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requ
   // failureGroups counts failed deliveries by their exact error in the database, then merges the counts
   // under each error's normalised key: the failed rows are read once, through their partial index.
   const failureGroups = async () => {
-    const rows = await inbox.query(
-      "SELECT error, count(*) AS n, max(received_at) AS latest FROM deliveries WHERE status = 'failed' GROUP BY error",
-    );
+    const rows = await inbox.failuresByError();
     const groups = new Map<string, { key: string; count: number; latest: number; sample: string | null }>();
     for (const r of rows) {
-      const error = r.error === null ? null : redact(r.error as string);
+      const error = r.error === null ? null : redact(r.error);
       const key = normaliseError(error);
       const g = groups.get(key) ?? { key, count: 0, latest: 0, sample: error };
-      g.count += Number(r.n);
-      g.latest = Math.max(g.latest, Number(r.latest));
+      g.count += r.count;
+      g.latest = Math.max(g.latest, r.latest);
       groups.set(key, g);
     }
     return [...groups.values()].sort((a, b) => b.count - a.count || b.latest - a.latest);
