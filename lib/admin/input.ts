@@ -3,7 +3,7 @@
 // HttpError with the status to answer and a message that says what was expected.
 
 import type { IncomingMessage } from "node:http";
-import { DESTINATION_NAME, STATUSES, type Delivery, type Filter, type Status } from "../store.ts";
+import { type Cursor, DESTINATION_NAME, STATUSES, type Delivery, type Filter, type Status } from "../store.ts";
 import { iso } from "./html.ts";
 
 const MAX_FORM_BYTES = 64 * 1024;
@@ -90,15 +90,7 @@ export function filterQuery(params: URLSearchParams, extra: Record<string, strin
   return out.toString();
 }
 
-// A cursor names a row, route included: a delivery's rows (one per destination) may straddle two pages.
-export interface Cursor {
-  receivedAt: number;
-  source: string;
-  id: string;
-  route?: number;
-}
-
-/** encodeCursor names a row for the next page's ?after=. */
+/** encodeCursor names a row for the next page's ?after=, route included: a delivery's rows (one per destination) may straddle two pages. */
 export function encodeCursor(d: Delivery): string {
   return Buffer.from(JSON.stringify([d.receivedAt, d.source, d.id, d.route])).toString("base64url");
 }
