@@ -80,7 +80,7 @@ try {
   receiver = undefined;
   if (code !== 0) throw new Error(`the receiver exited with ${code}`);
   const check = await connect(db);
-  const [{ stored }] = (await check.query("SELECT count(*) AS stored FROM deliveries")) as [{ stored: number }];
+  const stored = await check.count({});
   const [{ payments }] = (await check.query("SELECT count(*) AS payments FROM payments")) as [{ payments: number }];
   if (postgres) await check.query(`DROP SCHEMA inbox_demo_${process.pid} CASCADE`);
   await check.close();

@@ -906,6 +906,11 @@ export interface Inbox {
   flush(): Promise<void>;
   /** close commits what is queued, then lets go of the database. */
   close(): Promise<void>;
+  /**
+   * failuresByError counts the failed deliveries by their exact last error, each with the newest one's
+   * received time: the operator page groups them further by a normalised key, reading the failed rows once.
+   */
+  failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]>;
 }
 
 /** checkOptions throws a TypeError for an InboxOptions field of the wrong kind; both backends take the same. */

@@ -1282,4 +1282,16 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     if (failed) throw (failed as PromiseRejectedResult).reason;
     return results;
   }
+
+  /** failuresByError counts the failed deliveries by their exact last error, through the failed rows' partial index. */
+  async failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]> {
+    const { rows } = await this.pool.query(
+      "SELECT error, count(*) AS n, max(received_at) AS latest FROM deliveries WHERE status = 'failed' GROUP BY error",
+    );
+    return rows.map((r: { error: string | null; n: string; latest: string }) => ({
+      error: r.error,
+      count: Number(r.n),
+      latest: Number(r.latest),
+    }));
+  }
 }

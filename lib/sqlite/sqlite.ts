@@ -1335,6 +1335,14 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       this.settleKey(source, destination, key, "", false);
     }
   }
+
+  /** failuresByError counts the failed deliveries by their exact last error, through the failed rows' partial index. */
+  async failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]> {
+    const rows = this.sql(
+      "SELECT error, count(*) AS n, max(received_at) AS latest FROM deliveries WHERE status = 'failed' GROUP BY error",
+    ).all() as { error: string | null; n: number; latest: number }[];
+    return rows.map((r) => ({ error: r.error, count: Number(r.n), latest: Number(r.latest) }));
+  }
 }
 
 // How long ready()'s probe commit waits for the write lock before it reports the store as not ready.

@@ -1,0 +1,346 @@
+// lib/admin/pages.ts: the operator page's pages, each read through the Inbox contract and laid out with
+// lib/admin/html.ts: the overview, the deliveries and one delivery, the destinations, the failures grouped,
+// and the confirmation before a bulk action. Nothing here writes; the actions are lib/admin/actions.ts.
+
+import { bodyForPeople } from "../format.ts";
+import type { Preview } from "../forwarding/preview.ts";
+import { message } from "../log.ts";
+import { STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
+import { destinationStates, failureGroups } from "./actions.ts";
+import {
+  action,
+  age,
+  bodyViews,
+  chart,
+  deliveryHref,
+  destinationLabel,
+  escape,
+  hidden,
+  iso,
+  page,
+  stateDetail,
+  statusBadge,
+  type View,
+} from "./html.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, filterFrom, filterQuery, HttpError } from "./input.ts";
+import type { Session } from "./session.ts";
+
+/** PageContext is what every page reads from: the inbox, the clock, the page's settings and its redaction. */
+export interface PageContext extends View {
+  inbox: Inbox;
+  now: () => number;
+  pageSize: number;
+  batchSize: number;
+  refreshMs: number;
+  /** redact hides the sources file's secrets in a text from the store before it is grouped, shortened or linked. */
+  redact: (text: string) => string;
+  /** Destinations the sources file names, listed before a worker has used them. */
+  destinations: readonly string[];
+  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+}
+
+/** overviewLive is the overview's part that refreshes itself: counts, what is held, the last hour, each source. */
+export const overviewLive = async (ctx: PageContext): Promise<string> => {
+  const [s, destinations] = await Promise.all([ctx.inbox.summary(), ctx.inbox.destinations()]);
+  const t = ctx.now();
+  const hour = await ctx.inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
+  // Done may be PostgreSQL's estimate on a large table: say so with ≈ rather than show a false exact count.
+  const about = (name: Status) => (s.estimated && name === "done" ? "≈ " : "");
+  const cards = STATUSES.map(
+    (name) =>
+      `<a class="card ${name}" href="/deliveries?status=${name}"><span class="n">${about(name)}${s.counts[name].toLocaleString("en")}</span><span class="label">${name}</span></a>`,
+  ).join("");
+  const rows = s.sources
+    .map(
+      ({ source, counts }) =>
+        `<tr><td><a href="/deliveries?${new URLSearchParams({ source })}">${escape(source)}</a></td>${STATUSES.map(
+          (n) =>
+            `<td class="num">${counts[n] === 0 ? "" : `<a href="/deliveries?${new URLSearchParams({ source, status: n })}">${about(n)}${counts[n].toLocaleString("en")}</a>`}</td>`,
+        ).join("")}</tr>`,
+    )
+    .join("");
+  return `<section class="cards">${cards}</section>
+<p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>
+${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had duplicates with a different body` : ""}</p>
+${held(destinations)}
+<h2>Last hour</h2>${chart(hour)}
+<h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
+<p class="updated">Updated ${escape(iso(t))}</p>`;
+};
+
+// held warns of the destinations that hold their deliveries now: an open breaker, or a pause.
+const held = (destinations: DestinationState[]) => {
+  const holding = destinations.filter((d) => d.state !== "closed");
+  if (holding.length === 0) return "";
+  return `<p class="held">Holding their deliveries: ${holding
+    .map(
+      (d) =>
+        `<a href="/destinations">${escape(d.name)}</a> ${statusBadge(d.state)} ${d.waiting.toLocaleString("en")} waiting`,
+    )
+    .join(" · ")}</p>`;
+};
+
+/** overview is the first page: the live part, refreshed every refreshMs by admin.js. */
+export const overview = async (ctx: PageContext, s: Session) =>
+  page(
+    ctx,
+    s,
+    "Overview",
+    `<h1>Overview <span class="live" id="live-state">live</span></h1><div id="live" data-refresh="${ctx.refreshMs}">${await overviewLive(ctx)}</div>`,
+  );
+
+const filterForm = (params: URLSearchParams) => {
+  const v = (name: string) => escape(params.get(name) ?? "");
+  return `<form method="get" action="/deliveries" class="filters">
+<label>Status <select name="status"><option value="">any</option>${STATUSES.map((n) => `<option${params.get("status") === n ? " selected" : ""}>${n}</option>`).join("")}</select></label>
+<label>Source <input name="source" value="${v("source")}" size="10"></label>
+<label>Destination <input name="destination" value="${v("destination")}" size="10"></label>
+<label>Event type <input name="type" value="${v("type")}" size="14"></label>
+<label>Since (UTC) <input name="since" value="${v("since")}" placeholder="2026-12-02T18:00" size="16"></label>
+<label>Until (UTC) <input name="until" value="${v("until")}" placeholder="2026-12-02T19:00" size="16"></label>
+<label>ID <input name="id" value="${v("id")}" size="12"></label>
+<label>Body contains <input name="q" value="${v("q")}" size="14"></label>
+<label>Error contains <input name="error" value="${v("error")}" size="14"></label>
+<button>Filter</button> <a href="/deliveries">clear</a></form>`;
+};
+
+/** deliveries lists the deliveries a filter matches, newest first, a page at a time, with the bulk actions. */
+export const deliveries = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: string | null) => {
+  const filter = filterFrom(params);
+  const after = decodeCursor(params.get("after"));
+  // One more than a page says whether there is a next one, without counting a million rows.
+  const rows = await ctx.inbox.search(filter, { after, limit: ctx.pageSize + 1 });
+  const more = rows.length > ctx.pageSize;
+  const shown = rows.slice(0, ctx.pageSize);
+  const table = shown
+    .map(
+      (d) => `<tr><td><a href="${escape(deliveryHref(d))}">${escape(d.id)}</a></td><td>${escape(d.source)}</td>
+<td class="dest">${escape(destinationLabel(d.destination))}</td><td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
+<td class="error">${escape(ctx.redact(d.error ?? ""))}</td></tr>`,
+    )
+    .join("");
+  const filtered = filterQuery(params) !== "";
+  const status = params.get("status") || undefined;
+  const bulk =
+    ctx.readOnly || !filtered
+      ? ""
+      : `<p class="bulk">Everything that matches, not only this page:
+${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
+${status === undefined || status === "done" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "replay" }))}">Replay all done…</a>` : ""}</p>`;
+  return page(
+    ctx,
+    s,
+    "Deliveries",
+    `<h1>Deliveries</h1>${filterForm(params)}${bulk}
+<div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>destination</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
+<tbody>${table || `<tr><td colspan="8">No deliveries match.</td></tr>`}</tbody></table></div>
+<p class="pager">${after ? `<a href="/deliveries?${escape(filterQuery(params))}">« newest</a>` : ""}
+${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: encodeCursor(shown.at(-1)!) }))}">older »</a>` : ""}</p>`,
+    flash,
+  );
+};
+
+/** oneDelivery shows one delivery: its row per destination, its failed tries, its metadata and its body. */
+export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: string | null) => {
+  const id = params.get("id");
+  const source = params.get("source") ?? undefined;
+  if (!id) throw new HttpError(400, "expected ?id= (and &source=)");
+  const found = await ctx.inbox.find(id, source);
+  if (found.length === 0) throw new HttpError(404, `no delivery ${source ? `${source}/` : ""}${id}`);
+  const sources = [...new Set(found.map((d) => d.source))];
+  if (sources.length > 1) {
+    return page(
+      ctx,
+      s,
+      id,
+      `<h1>${escape(id)}</h1><p>This ID exists in several sources:</p><ul>${sources
+        .map((source) => `<li><a href="${escape(deliveryHref({ source, id }))}">${escape(source)}</a></li>`)
+        .join("")}</ul>`,
+    );
+  }
+  // One row per destination its routes chose, in route order; the first holds what they share.
+  const rows = found;
+  const d = rows[0]!;
+  const single = rows.length === 1;
+  // A waiting row whose destination is open or paused waits for that, not for its due time: say so.
+  const holding = rows.some((r) => r.status === "received" && r.destination !== "")
+    ? new Map((await ctx.inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state]))
+    : new Map<string, string>();
+  const tries = (await Promise.all(rows.map((r) => ctx.inbox.attemptErrors(r))))
+    .flatMap((list, i) => list.map((a) => ({ ...a, destination: rows[i]!.destination })))
+    .sort((a, b) => a.failedAt - b.failedAt);
+  const views = bodyViews(d.body);
+  const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
+  const shown = view === "json" ? views.json : view === "text" ? views.text : views.base64;
+  const tab = (name: string, label: string, available: boolean) =>
+    available
+      ? `<a class="tab${name === view ? " on" : ""}" href="${escape(`${deliveryHref(d)}&view=${name}`)}">${label}</a>`
+      : "";
+  const meta: [string, string][] = [
+    ["source", escape(d.source)],
+    ["event type", escape(d.eventType ?? "–")],
+    ["received", escape(iso(d.receivedAt))],
+    ["provider time", escape(iso(d.providerTime))],
+    ["content type", escape(d.contentType ?? "–")],
+    ["body", `${d.body.length.toLocaleString("en")} bytes, sha256 <code>${escape(d.bodySha256.slice(0, 16))}…</code>`],
+    ["duplicates with another body", String(d.conflicts)],
+  ];
+  // Retry and Replay act on one destination's row; a delivery with one row keeps them at the top.
+  const rowAction = (r: Delivery) => {
+    const fields: Record<string, string> = single
+      ? { source: r.source, id: r.id }
+      : { source: r.source, id: r.id, destination: r.destination };
+    return r.status === "failed"
+      ? action(ctx, s, "/retry", "Retry", fields, "primary")
+      : r.status === "done"
+        ? action(ctx, s, "/replay", "Replay", fields, single ? "primary" : "")
+        : "";
+  };
+  const routeRows = rows
+    .map(
+      (r) => `<tr><td>${r.destination === "" ? "(none)" : `<a href="/destinations">${escape(r.destination)}</a>`}</td>
+<td>${statusBadge(r.status)}</td><td class="num">${r.attempts}</td><td class="time">${
+        r.status !== "received"
+          ? "–"
+          : holding.has(r.destination)
+            ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}`
+            : escape(iso(r.availableAt))
+      }</td>
+<td class="time">${r.leasedUntil === null ? "none" : `until ${escape(iso(r.leasedUntil))}`}</td><td class="time">${escape(iso(r.finishedAt))}</td>
+<td class="error">${escape(ctx.redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`,
+    )
+    .join("");
+  return page(
+    ctx,
+    s,
+    d.id,
+    `<p class="crumbs"><a href="/deliveries?${new URLSearchParams({ source: d.source })}">${escape(d.source)}</a> /</p>
+<h1 class="id">${escape(d.id)} ${single ? statusBadge(d.status) : ""}</h1>
+<div class="actions">${single ? rowAction(d) : ""}</div>
+<h2>${single ? "Destination" : "Destinations"}</h2><div class="scroll"><table class="routes"><thead><tr><th>destination</th><th>status</th><th class="num">tries</th><th>due</th><th>lease</th><th>finished</th><th>last error</th>${single ? "" : "<th></th>"}</tr></thead>
+<tbody>${routeRows}</tbody></table></div>
+${
+  tries.length === 0
+    ? ""
+    : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
+        .map(
+          (a) =>
+            `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(ctx.redact(a.error))}</td></tr>`,
+        )
+        .join("")}</tbody></table></div>`
+}
+<dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
+<h2>Body</h2><nav class="tabs">${tab("json", "JSON", views.json !== undefined)}${tab("text", "Raw", views.text !== undefined)}${tab("base64", "Base64", true)}</nav>
+${views.text === undefined ? `<p class="note">Not UTF-8: shown as base64.</p>` : ""}<pre class="body">${escape(shown ?? "")}</pre>
+${await previewSection(ctx, rows, params.get("preview") === "1")}`,
+    flash,
+  );
+};
+
+// previewSection shows, when asked, what each destination would get now (filters, transform), as `ctx.inbox.ts preview`; nothing is sent.
+const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked: boolean): Promise<string> => {
+  if (!ctx.preview) return "";
+  if (!asked)
+    return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as admin.ts read it at start, and each destination's request, its transform run; nothing is sent.</p>`;
+  let seen: Preview;
+  try {
+    seen = await ctx.preview(rows);
+  } catch (error) {
+    return `<h2>What would be sent now</h2><p class="error">${escape(ctx.redact(message(error)))}</p>`;
+  }
+  const request = (r: Preview["requests"][number]) =>
+    r.kind === "handler"
+      ? "the worker's handler runs it; nothing goes over the network"
+      : r.error
+        ? `the try would fail: ${r.error}`
+        : r.skipped
+          ? "skipped: its transform returned null"
+          : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {})
+              .map(([k, v]) => `${k}: ${v}`)
+              .join("\n")}\n\n${bodyForPeople(r.body!)}`;
+  return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(`${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`)).join("; ") || "none"}</p>
+${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(ctx.redact(request(r)))}</pre>`).join("")}`;
+};
+
+/** destinationsPage lists each destination's state and counts, with pause and resume. */
+export const destinationsPage = async (ctx: PageContext, s: Session, flash: string | null) => {
+  const all = await destinationStates(ctx.inbox, ctx.destinations);
+  const list = (d: DestinationState, status: Status, n: number) =>
+    n === 0
+      ? "0"
+      : `<a href="/deliveries?${escape(new URLSearchParams({ destination: d.name, status }).toString())}">${n.toLocaleString("en")}</a>`;
+  const rate = (d: DestinationState) =>
+    d.failureRate === null
+      ? "–"
+      : `${Math.round(d.failureRate * 100)}%${d.failuresInRow > 0 ? ` <span class="note">(${d.failuresInRow} in a row)</span>` : ""}`;
+  const control = (d: DestinationState) =>
+    ctx.readOnly
+      ? ""
+      : d.state === "paused"
+        ? action(ctx, s, "/resume", "Resume", { destination: d.name }, "primary")
+        : `<form method="post" action="/pause" class="pause">${hidden(s)}<input type="hidden" name="destination" value="${escape(d.name)}"><input name="reason" placeholder="why (optional)" size="14" maxlength="200" aria-label="why pause ${escape(d.name)}"><button>Pause</button></form>`;
+  const rows = all
+    .map(
+      (
+        d,
+      ) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
+<td>${statusBadge(d.state)} <span class="detail">${escape(ctx.redact(stateDetail(d)))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
+<td class="num">${d.processing.toLocaleString("en")}</td><td class="num">${list(d, "failed", d.failed)}</td><td class="num">${rate(d)}</td>
+<td class="error">${d.lastError === null ? "" : `${escape(ctx.redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`,
+    )
+    .join("");
+  return page(
+    ctx,
+    s,
+    "Destinations",
+    `<h1>Destinations</h1>
+<div class="scroll"><table class="destinations"><thead><tr><th>destination</th><th>state</th><th class="num">waiting</th><th class="num">in flight</th><th class="num">failed</th><th class="num">failure rate</th><th>last error</th><th></th></tr></thead>
+<tbody>${rows}</tbody></table></div>
+<p class="note">Closed: forwarding. Open: its breaker tripped after too many failures; its deliveries wait without spending attempts, and one probe tries again after the cool-down. Paused: held until resumed, by a person or by a 410 from the destination; nothing is discarded. The failure rate is over the breaker's current window.</p>`,
+    flash,
+  );
+};
+
+/** failures groups the failed deliveries by their normalised error, each group with a retry. */
+export const failures = async (ctx: PageContext, s: Session, flash: string | null) => {
+  const groups = await failureGroups(ctx.inbox, ctx.redact);
+  // The list link narrows by the group's longest literal piece: a filter cannot say the normalised key.
+  const literal = (key: string) =>
+    key.split(/<\w+>|\[hidden\]/).reduce((a, b) => (b.trim().length > a.length ? b.trim() : a), "");
+  const rows = groups
+    .map(
+      (
+        g,
+      ) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
+<td class="time">${escape(iso(g.latest))}</td><td>${action(ctx, s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`,
+    )
+    .join("");
+  return page(
+    ctx,
+    s,
+    "Failures",
+    `<h1>Failures, grouped by error</h1>
+<div class="scroll"><table><thead><tr><th class="num">failed</th><th>error</th><th>latest</th><th></th></tr></thead>
+<tbody>${rows || `<tr><td colspan="4">Nothing has failed.</td></tr>`}</tbody></table></div>`,
+    flash,
+  );
+};
+
+/** bulkConfirm asks before a bulk retry or replay, saying how many match. */
+export const bulkConfirm = async (ctx: PageContext, s: Session, params: URLSearchParams) => {
+  const kind = params.get("action");
+  if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
+  const filter = bulkFilter(params, kind);
+  const n = await ctx.inbox.count(filter);
+  const fields = Object.fromEntries([...new URLSearchParams(filterQuery(params))]);
+  const verb = kind === "retry" ? "Retry" : "Replay";
+  return page(
+    ctx,
+    s,
+    `${verb}?`,
+    `<h1>${verb} ${n.toLocaleString("en")} ${kind === "retry" ? "failed" : "done"} ${n === 1 ? "delivery" : "deliveries"}?</h1>
+<p>Everything that matches this filter (${escape(describe(filter))}), not only the rows on screen, in batches of ${ctx.batchSize} beside the running worker.</p>
+${n === 0 ? `<p>Nothing to do.</p>` : action(ctx, s, "/bulk", `${verb} ${n.toLocaleString("en")}`, { ...fields, action: kind, expected: String(n) }, "primary")}
+<p><a href="/deliveries?${escape(filterQuery(params))}">Back to the list</a></p>`,
+  );
+};

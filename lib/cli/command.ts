@@ -1,0 +1,169 @@
+// lib/cli/command.ts: what every command of the operator's CLI (inbox.ts) is built from: the program,
+// opening the --db inbox (refusing a path that is no inbox), the options and arguments several commands
+// share, and the three kinds of error that end a command with one line and its exit code.
+// A command is a function of a Cli that adds itself to cli.program; inbox.ts lists them in order.
+
+import { existsSync } from "node:fs";
+import { type Command, InvalidArgumentError } from "commander";
+import { DEFAULTS } from "../defaults.ts";
+import { parseDuration, parseWhen } from "../format.ts";
+import { isInbox } from "../sqlite/schema.ts";
+import { type Delivery, type Filter, type Inbox, STATUSES, type Status } from "../store.ts";
+
+/** UsageError is a mistake on the command line: one line on stderr, exit 2. */
+export class UsageError extends Error {}
+/** NotFound is a lookup that matched nothing: one line on stderr, exit 1. */
+export class NotFound extends Error {}
+/** Refused is an operation that would not be safe now (a restore over a database in use): one line, exit 1. */
+export class Refused extends Error {}
+
+/** Cli is what a command is given: the program to add itself to, the way to the inbox, and the shared options. */
+export interface Cli {
+  program: Command;
+  /** connect opens any target as inbox.ts's connect() does, creating a new one. */
+  connect: (target: string) => Promise<Inbox>;
+  /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
+  isPostgresUrl: (target: string) => boolean;
+  /** target is the database a command's --db names, else INBOX_DB, else DEFAULTS.db. */
+  target: (opts: { db?: string }) => string;
+  /** requireInbox refuses a SQLite path that is no inbox yet. */
+  requireInbox: (path: string) => void;
+  /** openTarget opens an inbox that must already exist. */
+  openTarget: (path: string) => Promise<Inbox>;
+  /** open opens the inbox a command's --db names, which must already exist. */
+  open: (opts: { db?: string }) => Promise<Inbox>;
+  /** sqliteOnly refuses a command that is for SQLite on a postgres:// URL, saying what to use there. */
+  sqliteOnly: (what: string, db: string) => void;
+  /** withDb adds --db to a command. */
+  withDb: (command: Command) => Command;
+  /** withFilters adds the filter options every bulk command takes. */
+  withFilters: (command: Command) => Command;
+  /** positive parses a whole number of 1 or more. */
+  positive: (value: string) => number;
+  /** status parses a delivery's status. */
+  status: (value: string) => Status;
+  /** duration parses an age such as 7d. */
+  duration: (value: string) => number;
+  /** when parses an ISO date or an age ago. */
+  when: (value: string) => number;
+}
+
+/** commandLine builds the Cli the commands share over program, with connect() and isPostgresUrl() from inbox.ts. */
+export function commandLine(
+  program: Command,
+  door: { connect: (target: string) => Promise<Inbox>; isPostgresUrl: (target: string) => boolean },
+): Cli {
+  const { connect, isPostgresUrl } = door;
+  const positive = (value: string) => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError("expected a whole number of 1 or more.");
+    return n;
+  };
+  const status = (value: string) => {
+    if (!(STATUSES as readonly string[]).includes(value))
+      throw new InvalidArgumentError(`expected one of ${STATUSES.join(", ")}.`);
+    return value as Status;
+  };
+  const withDb = (command: Command) =>
+    command.option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`);
+  const target = (opts: { db?: string }) => opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // requireInbox refuses a SQLite path that is no inbox yet. Looking must not create: a typo in --db would
+  // otherwise show an empty, healthy inbox. Nor convert: opening another program's database would switch
+  // it to WAL and add our tables.
+  const requireInbox = (path: string) => {
+    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    if (!isInbox(path))
+      throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
+  };
+  const openTarget = async (path: string) => {
+    if (!isPostgresUrl(path)) requireInbox(path);
+    return connect(path);
+  };
+  const open = (opts: { db?: string }) => openTarget(target(opts));
+  const sqliteOnly = (what: string, db: string) => {
+    if (isPostgresUrl(db)) {
+      throw new UsageError(
+        `${what} is for a SQLite inbox; on PostgreSQL use pg_basebackup or pg_dump, and inbox.ts copy to move (docs/production.md).`,
+      );
+    }
+  };
+  const duration = (value: string) => {
+    const ms = parseDuration(value);
+    if (ms === undefined) throw new InvalidArgumentError("expected an age such as 30m, 12h, 7d or 2w.");
+    return ms;
+  };
+  const when = (value: string) => {
+    const ms = parseWhen(value, Date.now());
+    if (ms === undefined)
+      throw new InvalidArgumentError("expected an ISO date (2026-01-05, 2026-01-05T12:00:00Z) or an age ago (2h, 3d).");
+    return ms;
+  };
+  const withFilters = (command: Command) =>
+    command
+      .option("--source <name>", "only this source")
+      .option("--type <type>", "only this event type")
+      .option("--since <when>", "received at or after: an ISO date, or an age ago (2h, 3d)", when)
+      .option("--until <when>", "received before: an ISO date, or an age ago", when)
+      .option("--error-match <text>", "whose last error contains this text (any case)")
+      .option("--destination <name>", 'only the rows going to this destination (the handler is "handler")');
+  return {
+    program,
+    connect,
+    isPostgresUrl,
+    target,
+    requireInbox,
+    openTarget,
+    open,
+    sqliteOnly,
+    withDb,
+    withFilters,
+    positive,
+    status,
+    duration,
+    when,
+  };
+}
+
+/**
+ * findRows finds one delivery by ID, with a row per route: --source settles it when two sources share an
+ * ID, and --destination picks one route's row.
+ */
+export async function findRows(
+  inbox: Inbox,
+  id: string,
+  source: string | undefined,
+  destination?: string,
+): Promise<Delivery[]> {
+  const found = (await inbox.find(id, source)).filter(
+    (d) => destination === undefined || d.destination === destination,
+  );
+  if (found.length === 0)
+    throw new NotFound(
+      `No delivery with ID ${id}${source ? ` in source ${source}` : ""}${destination ? ` for destination ${destination}` : ""}.`,
+    );
+  const sources = [...new Set(found.map((d) => d.source))];
+  if (sources.length > 1) throw new UsageError(`ID ${id} exists in sources ${sources.join(", ")}; pass --source.`);
+  return found;
+}
+
+/** CliFilters are the filter options every bulk command takes. */
+export interface CliFilters {
+  source?: string;
+  type?: string;
+  since?: number;
+  until?: number;
+  errorMatch?: string;
+  destination?: string;
+}
+
+/** filterOf turns the filter options given into the store's Filter. */
+export function filterOf(opts: CliFilters): Filter {
+  const filter: Filter = {};
+  if (opts.destination !== undefined) filter.destination = opts.destination;
+  if (opts.source !== undefined) filter.source = opts.source;
+  if (opts.type !== undefined) filter.type = opts.type;
+  if (opts.since !== undefined) filter.since = opts.since;
+  if (opts.until !== undefined) filter.until = opts.until;
+  if (opts.errorMatch !== undefined) filter.errorMatch = opts.errorMatch;
+  return filter;
+}
