@@ -7,6 +7,7 @@
 import pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { passingSqlstate } from "../errors.ts";
 import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
 import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored } from "../store.ts";
 
@@ -80,12 +81,13 @@ export type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "r
 
 // A batch error concerns the connection or the server, not one op: every op of the batch fails with it,
 // the batch is never redone, and its connection is dropped. A read-only server (25006) is one: a primary
-// turned standby. So is a COMMIT that may not be on the standby.
+// turned standby. So is a COMMIT that may not be on the standby. The classes are passing()'s (one list, in
+// errors.ts), with XX (an internal error) and a socket's code besides.
 function isBatchError(error: unknown): boolean {
   if (error instanceof UncertainCommit) return true;
   const code = (error as { code?: unknown }).code;
   if (typeof code !== "string") return /connection|terminat|not queryable|timeout|rolled back/i.test(message(error));
-  return /^(08|53|57|58|XX|40)/.test(code) || code === "25006" || /^E[A-Z]+$/.test(code);
+  return passingSqlstate(code) || code.startsWith("XX") || /^E[A-Z]+$/.test(code);
 }
 
 /**

@@ -15,29 +15,13 @@ import { migrate } from "./schema.ts";
 import {
   DESTINATION_NAME,
   NO_DESTINATION,
-  breakerAfter,
-  checkClaim,
-  gateClaim,
-  checkPermit,
-  gatePermit,
   type Permit,
   type Rate,
-  retryDelay,
-  routesOf,
   type BreakerChange,
   type BreakerPolicy,
   type ClaimOptions,
   type FailOptions,
   type Tally,
-  bulkBatchSize,
-  checkOptions,
-  filterSql,
-  orderOf,
-  paced,
-  purgeCutoffs,
-  sha256,
-  tellSetAside,
-  toDelivery,
   type Backend,
   type BulkOptions,
   type Cursor,
@@ -56,6 +40,11 @@ import {
   type Stored,
   type Tx,
 } from "../store.ts";
+import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
+import { routesOf, bulkBatchSize, checkOptions, orderOf, purgeCutoffs } from "../checks.ts";
+import { sha256, toDelivery } from "../rows.ts";
+import { filterSql } from "../sql.ts";
+import { retryDelay, paced } from "../timing.ts";
 
 export { redact } from "./pool.ts";
 

@@ -7,18 +7,8 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { PostgresCommitter } from "./commit.ts";
 import {
-  DISTINCT_SOURCES,
   NO_DESTINATION,
-  ORDERING_SQL,
   STATUSES,
-  emptyBuckets,
-  filterSql,
-  orderingStatus,
-  searchPageLimit,
-  summarise,
-  toDelivery,
-  toDestinationState,
-  toGauges,
   type AttemptError,
   type Bucket,
   type Cursor,
@@ -33,6 +23,10 @@ import {
   type Status,
   type Summary,
 } from "../store.ts";
+import { toDestinationState } from "../breaker.ts";
+import { searchPageLimit } from "../checks.ts";
+import { emptyBuckets, orderingStatus, summarise, toDelivery, toGauges } from "../rows.ts";
+import { DISTINCT_SOURCES, ORDERING_SQL, filterSql } from "../sql.ts";
 
 // Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
 // that hosts whose clocks differ still agree on when a lease ends.

@@ -14,38 +14,15 @@ import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";
 import {
   DESTINATION_NAME,
   NO_DESTINATION,
-  ORDERING_SQL,
   STATUSES,
-  breakerAfter,
-  bulkBatchSize,
-  checkClaim,
-  checkOptions,
-  gateClaim,
-  checkPermit,
-  gatePermit,
   type Permit,
   type Rate,
-  retryDelay,
-  routesOf,
-  toDestinationState,
   type BreakerChange,
   type BreakerPolicy,
   type ClaimOptions,
   type DestinationState,
   type FailOptions,
   type Tally,
-  emptyBuckets,
-  filterSql,
-  orderOf,
-  orderingStatus,
-  paced,
-  purgeCutoffs,
-  searchPageLimit,
-  sha256,
-  summarise,
-  tellSetAside,
-  toDelivery,
-  toGauges,
   type AttemptError,
   type Bucket,
   type BulkOptions,
@@ -70,6 +47,26 @@ import {
   type Summary,
   type Tx,
 } from "../store.ts";
+import {
+  breakerAfter,
+  checkClaim,
+  gateClaim,
+  checkPermit,
+  gatePermit,
+  toDestinationState,
+  tellSetAside,
+} from "../breaker.ts";
+import { bulkBatchSize, checkOptions, routesOf, orderOf, purgeCutoffs, searchPageLimit } from "../checks.ts";
+import { emptyBuckets, orderingStatus, sha256, summarise, toDelivery, toGauges } from "../rows.ts";
+import { ORDERING_SQL, filterSql } from "../sql.ts";
+import { retryDelay, paced } from "../timing.ts";
+
+declare module "../store.ts" {
+  interface Tx {
+    /** The SQLite connection, for writes that need more than run (SQLite only). */
+    readonly db?: DatabaseSync;
+  }
+}
 
 // The gauge thread's whole program: one read transaction, so the totals and the live counts agree.
 // Each live status is counted through its own partial index; the totals through the primary key's.
