@@ -27,6 +27,9 @@ import { readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Operator } from "./lib/routing/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
 import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
+// Tx.db, the SQLite connection, is declared by the SQLite backend; this import keeps that declaration in the
+// package's types, whose inbox.d.ts would otherwise drop the backend (connect()'s type names no SqliteInbox).
+import "./lib/sqlite/sqlite.ts";
 import { isInbox } from "./lib/sqlite/schema.ts";
 import {
   DESTINATION_NAME,
