@@ -1,8 +1,7 @@
-// sql.ts: the SQL text both backends run, kept in one place because it is one statement on both: a
-// Filter as a WHERE condition (filterSql(), in the backend's dialect) and the ordering's status queries
-// (ORDERING_SQL). Written once, the two backends cannot drift apart in what a filter matches or a held
-// key is. DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect is built from it; any
-// other SQL that one backend alone runs stays inline in that backend's function.
+// sql.ts: the SQL both backends run word for word, kept once so the two cannot drift apart in what a filter
+// matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect) and the ordering's
+// status queries (ORDERING_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
+// is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
 import { STATUSES, type Backend, type Filter, type SqlValue } from "./store.ts";
 

@@ -1,9 +1,8 @@
 // postgres/commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
 // up to the pool's size of transactions at once (two of stores alone), each committed (synchronous_commit
 // on) before its ops settle, a batch of new deliveries in one round trip; a failed op is redone alone
-// under a savepoint, a lost connection fails its batch and is dropped.
-// Beside it, the LISTEN/NOTIFY wake-ups, ready() (could a write commit now), and NOW and toPg(), the time and
-// the parameters every statement of the backend takes. PostgresInbox (postgres.ts) builds the delivery's life on it.
+// under a savepoint, a lost connection fails its batch and is dropped. Beside it: the LISTEN/NOTIFY
+// wake-ups, ready(), and NOW and toPg(), the time and parameters every statement of the backend takes.
 
 import pg from "pg";
 import { DEFAULTS } from "../defaults.ts";

@@ -1,8 +1,7 @@
 // sqlite/keys.ts: the order keys' bookkeeping on SQLite, inside the transaction that moves a delivery:
-// enterKey() puts a new delivery at its key's head, occupyKey() marks a claimed head's key running,
-// settleKey() moves a head on once it leaves, and rebuildKey() brings a head up to date after a copy. Each
-// takes the connection's statements and no state, so the delivery's life (sqlite.ts) and the bulk actions
-// (bulk.ts) share them.
+// enterKey() puts a new delivery at its key's head, occupyKey() marks its key running once claimed,
+// settleKey() moves a head on, rebuildKey() mends one after a copy. Each takes the connection's statements
+// and no state, so the delivery's life (sqlite.ts) and the bulk writes (bulk.ts) share them.
 
 import type { SQLInputValue, StatementSync } from "node:sqlite";
 import type { Lease } from "../store.ts";

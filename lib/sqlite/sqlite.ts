@@ -1,9 +1,8 @@
 // sqlite/sqlite.ts: the Inbox on one node:sqlite file, the embedded default: a delivery's whole life (store,
-// claim, extend, finish, fail, release, retry) and a destination's gate, as SQL on the file that
-// sqlite/schema.ts opens, every write group-committed by sqlite/commit.ts (which it extends; WAL with
-// synchronous=FULL, or with syncOffLoop the receiver's own fdatasync off the event loop), and a gauge
-// thread beside it. It holds its reads (sqlite/reads.ts) and bulk writes (sqlite/bulk.ts) and hands them
-// those calls. connect() in inbox.ts picks it for any --db that is not a postgres:// URL.
+// claim, extend, finish, fail, release, retry) and a destination's gate, as SQL on the file sqlite/schema.ts
+// opens, every write group-committed by sqlite/commit.ts (which it extends), and a gauge thread beside it. It
+// holds its reads (sqlite/reads.ts) and bulk writes (sqlite/bulk.ts) and hands them those calls.
+// connect() in inbox.ts picks it for any --db that is not a postgres:// URL.
 
 import { closeSync } from "node:fs";
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
