@@ -10,10 +10,28 @@
 import { pathToFileURL } from "node:url";
 import { message } from "./lib/log.ts";
 import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
+// Tx.db, the SQLite connection, is declared by the SQLite backend; this import keeps that declaration in the
+// package's types, whose inbox.d.ts would otherwise drop the backend (connect()'s type names no SqliteInbox).
+import "./lib/sqlite/sqlite.ts";
 import type { Inbox, InboxOptions } from "./lib/store.ts";
 
 export { DEFAULTS } from "./lib/defaults.ts";
 export * from "./lib/store.ts";
+// What the contract's file exported before its helpers had rooms of their own, still exported from here.
+export {
+  breakerAfter,
+  checkClaim,
+  checkPermit,
+  gateClaim,
+  gatePermit,
+  tellSetAside,
+  toDestinationState,
+} from "./lib/breaker.ts";
+export { bulkBatchSize, checkOptions, orderOf, purgeCutoffs, routesOf, searchPageLimit } from "./lib/checks.ts";
+export { again, passing, sqlstate } from "./lib/errors.ts";
+export { emptyBuckets, orderingStatus, sha256, summarise, toDelivery, toGauges } from "./lib/rows.ts";
+export { DISTINCT_SOURCES, filterSql, ORDERING_SQL } from "./lib/sql.ts";
+export { backoff, paced, retryDelay } from "./lib/timing.ts";
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
 export function isPostgresUrl(target: string): boolean {
@@ -31,8 +49,6 @@ export async function connect(target: string, options: InboxOptions = {}): Promi
   const { PostgresInbox } = await import("./lib/postgres/postgres.ts");
   return PostgresInbox.open(target, options);
 }
-
-// ---- The operator's CLI ----------------------------------------------------------------------------
 
 // ---- The operator's CLI ----------------------------------------------------------------------------
 

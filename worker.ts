@@ -21,15 +21,14 @@ import {
   type Progress,
 } from "./lib/log.ts";
 import {
-  again,
   PermanentError,
-  sqlstate,
   type Inbox,
   type Lease,
   type LocalWrite,
   type PurgeOptions,
   type SetAside,
 } from "./lib/store.ts";
+import { again, sqlstate } from "./lib/errors.ts";
 import type { Metrics } from "./lib/metrics.ts";
 import { announce, checkSecrets } from "./lib/forwarding/forward.ts";
 import type { ForwardStats } from "./lib/forwarding/forwarder.ts";

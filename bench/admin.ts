@@ -10,7 +10,7 @@ import { DatabaseSync } from "node:sqlite";
 import { createAdmin, listenAdmin } from "../admin.ts";
 import { connect } from "../inbox.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
-import { sha256 } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { f, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_ADMIN_ROWS", 1_000_000);

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
 import { scriptCommand, type RuntimeName } from "../lib/runtime.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
-import { sha256 } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 
 /** ROOT is the repository's top folder. */
 export const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");

@@ -13,7 +13,7 @@ import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
-import { sha256 } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 

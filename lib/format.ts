@@ -3,7 +3,8 @@
 // of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
 
 import { DEFAULTS } from "./defaults.ts";
-import { STATUSES, sha256, type Delivery, type Status } from "./store.ts";
+import { STATUSES, type Delivery, type Status } from "./store.ts";
+import { sha256 } from "./rows.ts";
 
 /** age writes a span of ms as people say it: 45s, 12m, 5h, 3d. */
 export function age(ms: number): string {

@@ -9,7 +9,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import client from "prom-client";
 import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
-import { sqlstate, type DestinationState, type Gauges, type Inbox, type Lease, type Stored } from "./store.ts";
+import type { DestinationState, Gauges, Inbox, Lease, Stored } from "./store.ts";
+import { sqlstate } from "./errors.ts";
 
 /** Outcome is how the receiver answered one request, as received_total counts it. */
 export type Outcome = Stored | "rejected" | "unavailable";

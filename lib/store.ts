@@ -1,11 +1,7 @@
-// store.ts: the store's contract, at the ground floor of the house. The Inbox interface, named after a
-// delivery's life (store, claim, extend, finish, fail, release, retry), its types, and what both backends
-// share. sqlite.ts and postgres.ts implement it side by side, test/contract.test.ts holds both to it, and
-// this file imports neither. Not run on its own: scripts reach a backend through connect() in inbox.ts.
-
-import { hash } from "node:crypto";
-import type { DatabaseSync } from "node:sqlite";
-import { DEFAULTS } from "./defaults.ts";
+// store.ts: the store's contract, at the ground floor of the house: the Inbox interface, named after a
+// delivery's life (store, claim, extend, finish, fail, release, retry), its types and PermanentError. The
+// backends in lib/sqlite/ and lib/postgres/ implement it side by side, test/contract.test.ts holds both to
+// it, and this file imports nothing: what the backends share besides the contract has rooms of its own.
 
 /** Status is where a delivery is in its life. */
 export type Status = "received" | "processing" | "done" | "failed";
@@ -45,21 +41,6 @@ export const NO_DESTINATION = "";
 
 /** DESTINATION_NAME is what a destination may be called: one plain word, as a source is. */
 export const DESTINATION_NAME = /^[A-Za-z0-9._~-]+$/;
-
-/** routesOf checks an incoming delivery's destinations, or gives the default one. */
-export function routesOf(delivery: Incoming): readonly string[] {
-  const routes = delivery.destinations ?? [DEFAULTS.destination];
-  if (
-    !Array.isArray(routes) ||
-    routes.some((d) => typeof d !== "string" || !DESTINATION_NAME.test(d)) ||
-    new Set(routes).size !== routes.length
-  ) {
-    throw new TypeError(
-      `store: expected destinations to be distinct names of letters, digits, ".", "_", "~" or "-", got ${JSON.stringify(routes)}`,
-    );
-  }
-  return routes;
-}
 
 /** Delivery is one stored webhook, as the worker and the CLI see it. */
 export interface Delivery {
@@ -155,46 +136,6 @@ export interface Kept {
   autoVacuum?: "none" | "full" | "incremental";
 }
 
-/** purgeCutoffs checks purge's ages and turns them into the two received_at bounds, at now. */
-export function purgeCutoffs(
-  options: PurgeOptions,
-  now: number,
-): { bodiesBefore: number; forgetBefore: number; batch: number; rest: number } {
-  const bodiesAfterMs = options.bodiesAfterMs ?? DEFAULTS.bodiesAfterMs;
-  const forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
-  for (const [name, value] of [
-    ["bodiesAfterMs", bodiesAfterMs],
-    ["forgetAfterMs", forgetAfterMs],
-  ] as const) {
-    if (!Number.isFinite(value) || value < 0)
-      throw new TypeError(`purge: expected ${name} to be a number of ms >= 0, got ${value}`);
-  }
-  // A tombstone that goes with its body would let a resend through at once: the memory must outlast it.
-  if (forgetAfterMs <= bodiesAfterMs) {
-    throw new TypeError(
-      `purge: expected forgetAfterMs (${forgetAfterMs}) to be longer than bodiesAfterMs (${bodiesAfterMs})`,
-    );
-  }
-  const batch = options.batch ?? DEFAULTS.purgeBatch;
-  if (!Number.isInteger(batch) || batch < 1)
-    throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
-  const rest = options.rest ?? DEFAULTS.purgeRest;
-  if (!Number.isFinite(rest) || rest < 0) throw new TypeError(`purge: expected rest to be a number >= 0, got ${rest}`);
-  return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch, rest };
-}
-
-/**
- * paced runs one batch of a bulk command and then rests rest times as long as it took, so that acks get
- * the write lock and the disk in between; the batches' pace adapts to the load they meet.
- */
-export async function paced<T>(rest: number, batch: () => Promise<T>): Promise<T> {
-  const started = performance.now();
-  const result = await batch();
-  const ms = (performance.now() - started) * rest;
-  if (ms >= 1) await new Promise((resolve) => setTimeout(resolve, ms));
-  return result;
-}
-
 /** BulkOptions tunes a bulk command: retryMatching, replayMatching, dropBodies. */
 export interface BulkOptions {
   /** Deliveries per transaction. @default DEFAULTS.bulkBatch */
@@ -210,78 +151,6 @@ export interface Cursor {
   id: string;
   /** The route of that row; without it, the page starts past every row of the delivery. */
   route?: number;
-}
-
-const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
-  status: "string",
-  source: "string",
-  type: "string",
-  since: "number",
-  until: "number",
-  errorMatch: "string",
-  bodyContains: "string",
-  id: "string",
-  destination: "string",
-};
-
-/** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */
-export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
-    SELECT min(source) FROM deliveries
-    UNION ALL SELECT (SELECT min(source) FROM deliveries WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
-  SELECT source FROM s WHERE source IS NOT NULL`;
-
-/**
- * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
- * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
- */
-export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
-  if (filter === null || typeof filter !== "object")
-    throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
-  for (const [key, value] of Object.entries(filter)) {
-    const kind = FILTER_FIELDS[key as keyof Filter];
-    if (kind === undefined)
-      throw new TypeError(
-        `filter: expected one of ${Object.keys(FILTER_FIELDS).join(", ")}, got ${JSON.stringify(key)}`,
-      );
-    if (value === undefined) continue;
-    if (kind === "number" ? !Number.isFinite(value) : typeof value !== "string") {
-      throw new TypeError(
-        `filter: expected ${key} to be a ${kind === "number" ? "finite number (ms since the epoch)" : "string"}, got ${JSON.stringify(value)}`,
-      );
-    }
-  }
-  if (filter.status !== undefined && !STATUSES.includes(filter.status)) {
-    throw new TypeError(
-      `filter: expected status to be one of ${STATUSES.join(", ")}, got ${JSON.stringify(filter.status)}`,
-    );
-  }
-  const pg = backend === "postgres";
-  const where: string[] = [];
-  const params: SqlValue[] = [];
-  const add = (sql: string, value: SqlValue) => void (where.push(sql), params.push(value));
-  // On SQLite, two hints for the planner, which otherwise walks a third of the table by the primary key's
-  // source and sorts it (350 ms at a million rows): status <> 'done' spelled out lets it use the partial index
-  // of what is not done (deliveries_open, which holds received_at and source), and +source keeps it off the
-  // primary key unless the ID is given too, so it walks received_at newest first. PostgreSQL needs neither.
-  if (filter.status !== undefined)
-    add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
-  if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
-  // PostgreSQL 15 has no skip scan, so an ID without its source would read the whole primary key (100 ms at a
-  // million rows): it probes the key once per source instead, the sources found by a loose index scan.
-  if (filter.id !== undefined && pg && filter.source === undefined)
-    where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
-  if (filter.id !== undefined) add("id = ?", filter.id);
-  if (filter.type !== undefined) add("event_type = ?", filter.type);
-  if (filter.destination !== undefined) add("destination = ?", filter.destination);
-  if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));
-  if (filter.until !== undefined) add(pg ? "received_at < ?::bigint" : "received_at < ?", Math.ceil(filter.until));
-  // instr and strpos, not LIKE: the operator's text is matched as it is, % and _ included.
-  if (filter.errorMatch !== undefined)
-    add(pg ? "strpos(lower(error), lower(?::text)) > 0" : "instr(lower(error), lower(?)) > 0", filter.errorMatch);
-  // The body is bytes: the needle goes in as the bytes of its UTF-8 text, so any body can be searched.
-  if (filter.bodyContains !== undefined)
-    add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
-  return { where: where.length === 0 ? "TRUE" : where.join(" AND "), params };
 }
 
 /** Lease is a claimed delivery; its token fences every later write against a takeover. */
@@ -308,21 +177,6 @@ export interface ClaimOptions {
    * those, so this is where they are announced. @default none
    */
   onSetAside?: (setAside: SetAside[]) => void;
-}
-
-/** tellSetAside hands what a claim set aside to its onSetAside, once the claim has committed. */
-export function tellSetAside(
-  claimed: Promise<Lease[]>,
-  options: ClaimOptions,
-  setAside: () => SetAside[],
-): Promise<Lease[]> {
-  const tell = options.onSetAside;
-  if (tell === undefined) return claimed;
-  return claimed.then((leases) => {
-    const list = setAside();
-    if (list.length > 0) tell(list);
-    return leases;
-  });
 }
 
 /** SetAside is a delivery that a claim set aside as failed: its last attempt's lease ran out. */
@@ -407,175 +261,6 @@ export interface Permit {
   waitMs: number;
 }
 
-/**
- * gatePermit is permit()'s arithmetic, the same on both backends: none while paused; else n, or the
- * rate's whole tokens if fewer (refilled at perSecond since tokens_at); and the tokens left. The bucket
- * holds one token less than burst (when burst is 2 or more): a forward reaches the destination a little
- * after its permit, by a delay that varies (a commit, the event loop, the network), and a destination
- * whose own bucket has our rate and burst would refuse the one that comes early after one that came
- * late. The token kept back absorbs any such difference shorter than one token's time (1/perSecond).
- */
-export function gatePermit(
-  row: Record<string, unknown> | undefined,
-  n: number,
-  now: number,
-  rate: Rate | undefined,
-): Permit & { tokens: number | null } {
-  if (row !== undefined && Number(row.paused)) return { granted: 0, paused: true, waitMs: 0, tokens: null };
-  if (!rate) return { granted: n, paused: false, waitMs: 0, tokens: null };
-  const configured = rate.burst ?? Math.max(1, rate.perSecond);
-  const tokens = refill(row, rate.perSecond, configured >= 2 ? configured - 1 : configured, now);
-  const granted = Math.max(0, Math.min(n, Math.floor(tokens)));
-  const waitMs = granted < n ? Math.max(1, Math.ceil(((1 - (tokens - granted)) * 1000) / rate.perSecond)) : 0;
-  return { granted, paused: false, waitMs, tokens: tokens - granted };
-}
-
-// refill is a destination's token bucket at now: its tokens at tokens_at, refilled at perSecond, up to
-// burst; a bucket never used starts full.
-function refill(row: Record<string, unknown> | undefined, perSecond: number, burst: number, now: number): number {
-  const last = row?.tokens_at == null ? null : Number(row.tokens_at);
-  const had = row?.tokens == null || last === null ? burst : Number(row.tokens);
-  return Math.min(burst, had + (last === null ? 0 : (Math.max(0, now - last) * perSecond) / 1000));
-}
-
-/** checkPermit checks permit()'s arguments and gives the destination. */
-export function checkPermit(destination: string, n: number, rate: Rate | undefined): string {
-  if (!Number.isInteger(n) || n < 1) throw new TypeError(`permit: expected n >= 1, got ${n}`);
-  return checkClaim({ destination, ...(rate ? { rate } : {}) });
-}
-
-/**
- * gateClaim says how many deliveries of a destination a claim may take: none while it is paused, or its
- * breaker is open and cooling down or already probing; one, the probe, once the cool-down is over; else
- * the limit less what is in flight and what the shared rate allows. Both backends read the destination's
- * row and its in-flight count, and write back what this returns.
- */
-export function gateClaim(
-  row: Record<string, unknown> | undefined,
-  limit: number,
-  now: number,
-  options: ClaimOptions,
-  inFlight: number,
-): { n: number; probe: boolean; tokens: number | null } {
-  let n = limit;
-  let probe = false;
-  if (row !== undefined) {
-    if (Number(row.paused)) return { n: 0, probe, tokens: null };
-    if (row.state === "open" || row.state === "probing") {
-      const until = Number(row.state === "open" ? row.retry_at : row.probe_until);
-      if (until > now) return { n: 0, probe, tokens: null };
-      probe = true;
-      n = 1;
-    }
-  }
-  if (options.maxInFlight !== undefined) n = Math.min(n, options.maxInFlight - inFlight);
-  let tokens: number | null = null;
-  if (options.rate) {
-    tokens = refill(row, options.rate.perSecond, options.rate.burst ?? Math.max(1, options.rate.perSecond), now);
-    n = Math.min(n, Math.floor(tokens));
-  }
-  return { n: Math.max(0, n), probe, tokens };
-}
-
-/** checkClaim checks ClaimOptions and gives the destination. */
-export function checkClaim(options: ClaimOptions): string {
-  const destination = options.destination ?? DEFAULTS.destination;
-  if (typeof destination !== "string" || !DESTINATION_NAME.test(destination))
-    throw new TypeError(`claim: expected destination to be a destination's name, got ${JSON.stringify(destination)}`);
-  if (options.maxInFlight !== undefined && !(Number.isInteger(options.maxInFlight) && options.maxInFlight >= 1)) {
-    throw new TypeError(`claim: expected maxInFlight to be a whole number >= 1, got ${options.maxInFlight}`);
-  }
-  if (
-    options.rate !== undefined &&
-    !(options.rate.perSecond > 0 && (options.rate.burst === undefined || options.rate.burst >= 1))
-  ) {
-    throw new TypeError(
-      `claim: expected rate to be { perSecond > 0, burst >= 1 }, got ${JSON.stringify(options.rate)}`,
-    );
-  }
-  return destination;
-}
-
-/**
- * breakerAfter works out a destination's breaker after a tally, from its row (or none yet): the counts in
- * the window, the failures in a row, and whether it opens (enough failures in a row, or too high a share
- * in the window) or closes (its probe got through). Both backends run it inside the tally's transaction.
- */
-export function breakerAfter(
-  row: Record<string, unknown> | undefined,
-  tally: Tally,
-  policy: BreakerPolicy,
-  now: number,
-): { row: Record<string, SqlValue>; change: BreakerChange | undefined } {
-  const fresh = row?.window_start == null || now - Number(row.window_start) >= policy.windowMs;
-  const done = (fresh ? 0 : Number(row!.window_done)) + tally.done;
-  const failed = (fresh ? 0 : Number(row!.window_failed)) + tally.failed;
-  // A try that got through ends the run of failures; the failures reported after it start a new one.
-  let inRow = (tally.done > 0 ? 0 : Number(row?.failures ?? 0)) + tally.failed;
-  let state = (row?.state as string | undefined) ?? "closed";
-  let retryAt = row?.retry_at == null ? null : Number(row.retry_at);
-  let change: BreakerChange["change"] | undefined;
-  const rate = done + failed === 0 ? null : failed / (done + failed);
-  if (tally.probe === "done" && state !== "closed") {
-    state = "closed";
-    inRow = 0;
-    retryAt = null;
-    change = "closed";
-  } else if (tally.probe === "failed" && state !== "closed") {
-    state = "open";
-    retryAt = now + policy.coolDownMs;
-  } else if (
-    state === "closed" &&
-    tally.failed > 0 &&
-    (inRow >= policy.failures || (done + failed >= policy.minTries && rate !== null && rate >= policy.rate))
-  ) {
-    state = "open";
-    retryAt = now + policy.coolDownMs;
-    change = "opened";
-  }
-  const error = tally.error ?? (row?.last_error as string | null | undefined) ?? null;
-  return {
-    row: {
-      state,
-      retry_at: retryAt,
-      failures: inRow,
-      window_start: fresh ? now : Number(row!.window_start),
-      window_done: done,
-      window_failed: failed,
-      last_error: error,
-      last_error_at: tally.error !== undefined ? now : row?.last_error_at == null ? null : Number(row.last_error_at),
-    },
-    change: change === undefined ? undefined : { change, failures: inRow, rate, error, retryAt },
-  };
-}
-
-/** toDestinationState reads a destinations row and its counts into a DestinationState. */
-export function toDestinationState(
-  name: string,
-  row: Record<string, unknown> | undefined,
-  counts: { waiting: number; processing: number; failed: number },
-  policyWindowMs: number,
-  now: number,
-): DestinationState {
-  const live = row?.window_start != null && now - Number(row.window_start) < policyWindowMs * 2;
-  const done = live ? Number(row!.window_done) : 0;
-  const failed = live ? Number(row!.window_failed) : 0;
-  const state =
-    row === undefined ? "closed" : Number(row.paused) ? "paused" : row.state === "closed" ? "closed" : "open";
-  return {
-    name,
-    state,
-    pausedReason: Number(row?.paused ?? 0) ? ((row!.paused_reason as string | null) ?? null) : null,
-    retryAt: row?.state === "open" ? Number(row.retry_at) : row?.state === "probing" ? Number(row.probe_until) : null,
-    probing: row?.state === "probing",
-    ...counts,
-    failuresInRow: Number(row?.failures ?? 0),
-    failureRate: done + failed === 0 ? null : failed / (done + failed),
-    lastError: (row?.last_error as string | null | undefined) ?? null,
-    lastErrorAt: row?.last_error_at == null ? null : Number(row.last_error_at),
-  };
-}
-
 /** Stored says whether store() kept the body: a duplicate whose body differs is a conflict. */
 export type Stored = "stored" | "duplicate" | "conflict";
 
@@ -590,8 +275,7 @@ export type SqlValue = string | number | bigint | Uint8Array | null;
 export interface Tx {
   readonly backend: Backend;
   run(sql: string, ...params: SqlValue[]): number | Promise<number>;
-  /** The SQLite connection, for writes that need more than run (SQLite only). */
-  readonly db?: DatabaseSync;
+  // db, the SQLite connection, is declared by lib/sqlite/sqlite.ts, so that the contract names no backend's types.
   /**
    * The PostgreSQL client inside the transaction (PostgreSQL only); its queries must be awaited. Behind
    * PgBouncer (?listen=false), no named statements and no session SET: docs/postgres.md, behind PgBouncer.
@@ -663,138 +347,6 @@ export interface Gauges {
   bySourceStatus: { source: string; status: Status; n: number }[];
   /** Per source with any waiting (received or processing), how long the oldest has waited. */
   oldestWaitingMs: { source: string; ms: number }[];
-}
-
-/** toGauges turns live counts and totals per source into Gauges: done is each total less its live rows. */
-export function toGauges(
-  rows: readonly { source: string; status: Status | "total"; n: number; oldest: number | null }[],
-  now: number,
-): Gauges {
-  const bySourceStatus: Gauges["bySourceStatus"] = [];
-  const live = new Map<string, number>();
-  const oldest = new Map<string, number>();
-  for (const r of rows) {
-    if (r.status === "total") continue;
-    // One status may come in several rows (SQLite counts unordered and ordered waiting ones apart).
-    const same = bySourceStatus.find((x) => x.source === r.source && x.status === r.status);
-    if (same) same.n += Number(r.n);
-    else bySourceStatus.push({ source: r.source, status: r.status, n: Number(r.n) });
-    live.set(r.source, (live.get(r.source) ?? 0) + Number(r.n));
-    if (r.oldest !== null) oldest.set(r.source, Math.min(oldest.get(r.source) ?? Infinity, Number(r.oldest)));
-  }
-  for (const r of rows) {
-    const done = Number(r.n) - (live.get(r.source) ?? 0);
-    if (r.status === "total" && done > 0) bySourceStatus.push({ source: r.source, status: "done", n: done });
-  }
-  bySourceStatus.sort((a, b) =>
-    a.source < b.source ? -1 : a.source > b.source ? 1 : STATUSES.indexOf(a.status) - STATUSES.indexOf(b.status),
-  );
-  return {
-    bySourceStatus,
-    oldestWaitingMs: [...oldest].sort().map(([source, t]) => ({ source, ms: Math.max(0, now - t) })),
-  };
-}
-
-/** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
-export function sha256(body: Uint8Array): string {
-  // One-shot: no Hash object per delivery.
-  return hash("sha256", body, "hex");
-}
-
-/** backoff is how long to wait before try number attempts+1: doubling, capped, with upward jitter. */
-export function backoff(
-  attempts: number,
-  opts: { retryDelayMs: number; retryCapMs: number; retryJitter: number; random: () => number },
-): number {
-  const doubled = opts.retryDelayMs * 2 ** Math.max(0, attempts - 1);
-  return Math.round(Math.min(opts.retryCapMs, doubled * (1 + opts.retryJitter * opts.random())));
-}
-
-/** retryDelay is the wait before the next try: the backoff, or later if the destination asked (Retry-After), capped. */
-export function retryDelay(
-  attempts: number,
-  options: FailOptions,
-  opts: { retryDelayMs: number; retryCapMs: number; retryJitter: number; random: () => number },
-): number {
-  const wait = backoff(attempts, opts);
-  const asked = options.retryAfterMs;
-  if (asked === undefined) return wait;
-  if (!Number.isFinite(asked) || asked < 0)
-    throw new TypeError(`fail: expected retryAfterMs to be a number of ms >= 0, got ${asked}`);
-  return Math.max(wait, Math.min(opts.retryCapMs, Math.round(asked)));
-}
-
-function asBuffer(bytes: Uint8Array): Buffer {
-  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-}
-
-/** toDelivery reads a deliveries row, as either backend returns it, into a Delivery. */
-export function toDelivery(row: Record<string, unknown>): Delivery {
-  return {
-    source: row.source as string,
-    id: row.id as string,
-    body: asBuffer(row.body as Uint8Array),
-    bodySha256: row.body_sha256 as string,
-    contentType: row.content_type as string | null,
-    eventType: row.event_type as string | null,
-    providerTime: row.provider_time as number | null,
-    receivedAt: row.received_at as number,
-    status: row.status as Status,
-    attempts: row.attempts as number,
-    availableAt: row.available_at as number,
-    leasedUntil: row.leased_until as number | null,
-    error: row.error as string | null,
-    conflicts: row.conflicts as number,
-    finishedAt: row.finished_at as number | null,
-    replays: row.replays as number,
-    purgedAt: row.purged_at as number | null,
-    orderKey: (row.order_key ?? null) as string | null,
-    eventTime: (row.event_time ?? null) as number | null,
-    newerId: (row.newer_id ?? null) as string | null,
-    destination: (row.destination ?? DEFAULTS.destination) as string,
-    route: Number(row.route ?? 0),
-    headers: typeof row.headers === "string" ? (JSON.parse(row.headers) as Headers) : null,
-    traceparent: (row.traceparent ?? null) as string | null,
-  };
-}
-
-/** searchPageLimit checks a page size given to search(), or gives DEFAULTS.searchLimit. */
-export function searchPageLimit(limit: number | undefined): number {
-  if (limit === undefined) return DEFAULTS.searchLimit;
-  if (!Number.isInteger(limit) || limit < 1)
-    throw new TypeError(`search: expected limit to be a whole number >= 1, got ${limit}`);
-  return limit;
-}
-
-/** bulkBatchSize checks a batch size given to a bulk command, or gives DEFAULTS.bulkBatch. */
-export function bulkBatchSize(batch: number | undefined): number {
-  if (batch === undefined) return DEFAULTS.bulkBatch;
-  if (!Number.isInteger(batch) || batch < 1)
-    throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
-  return batch;
-}
-
-/**
- * orderOf checks an incoming delivery's order key and works out the event time its key is ordered by:
- * the provider's event time, else its signed send time, else when it arrived.
- */
-export function orderOf(
-  delivery: Incoming,
-  receivedAt: number | null,
-): { key: string | null; eventTime: number | null; strict: boolean } {
-  const key = delivery.orderKey ?? null;
-  if (key !== null && (typeof key !== "string" || key === "")) {
-    throw new TypeError(`store: expected orderKey to be a non-empty string or null, got ${JSON.stringify(key)}`);
-  }
-  for (const name of ["eventTime", "providerTime"] as const) {
-    const value = delivery[name];
-    if (value != null && (typeof value !== "number" || !Number.isFinite(value))) {
-      throw new TypeError(`store: expected ${name} to be a number of ms or null, got ${String(value)}`);
-    }
-  }
-  // PostgreSQL passes no receivedAt: the database's clock fills it in.
-  const eventTime = delivery.eventTime ?? (key === null ? null : (delivery.providerTime ?? receivedAt));
-  return { key, eventTime: eventTime === null ? null : Math.round(eventTime), strict: delivery.strictOrder === true };
 }
 
 /** Failure is the outcome of fail(): retried later, or set aside. */
@@ -913,21 +465,6 @@ export interface Inbox {
   failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]>;
 }
 
-/** checkOptions throws a TypeError for an InboxOptions field of the wrong kind; both backends take the same. */
-export function checkOptions(options: InboxOptions): void {
-  for (const [key, value] of Object.entries(options)) {
-    if (key === "now" || key === "random" || key === "onCommit") {
-      if (typeof value !== "function")
-        throw new TypeError(`Inbox: expected ${key} to be a function, got ${typeof value}`);
-    } else if (key === "backgroundCheckpoints" || key === "syncOffLoop" || key === "listen") {
-      if (typeof value !== "boolean")
-        throw new TypeError(`Inbox: expected ${key} to be a boolean, got ${typeof value}`);
-    } else if (typeof value !== "number" || !Number.isFinite(value) || value < 0) {
-      throw new TypeError(`Inbox: expected ${key} to be a number >= 0, got ${String(value)}`);
-    }
-  }
-}
-
 /** InboxStatus is what `inbox.ts status` prints. */
 export interface InboxStatus {
   counts: Record<Status, number>;
@@ -965,46 +502,12 @@ export interface Summary {
   estimated: boolean;
 }
 
-/** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
-export function summarise(
-  totals: { source: string; n: number }[],
-  open: { source: string; status: Status; n: number }[],
-  oldestWaitingMs: number | null,
-  conflicts: Summary["conflicts"],
-): Summary {
-  const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
-  const counts = zero();
-  const bySource = new Map(totals.map((t) => [t.source, { source: t.source, counts: { ...zero(), done: t.n } }]));
-  for (const o of open) {
-    const entry = bySource.get(o.source) ?? { source: o.source, counts: zero() };
-    bySource.set(o.source, entry);
-    entry.counts[o.status] += o.n;
-    entry.counts.done -= o.n;
-  }
-  const sources = [...bySource.values()].sort((a, b) => (a.source < b.source ? -1 : 1));
-  for (const x of sources) for (const s of STATUSES) counts[s] += x.counts[s];
-  return { counts, sources, oldestWaitingMs, conflicts, estimated: false };
-}
-
 /** Bucket is one slice of time in histogram(): what arrived in it, and what was finished in it. */
 export interface Bucket {
   start: number;
   received: number;
   done: number;
   failed: number;
-}
-
-/** emptyBuckets lays out histogram()'s buckets from since to until, every count zero; misuse throws. */
-export function emptyBuckets(since: number, bucketMs: number, until: number): Bucket[] {
-  if (!Number.isInteger(bucketMs) || bucketMs < 1)
-    throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
-  const n = Math.ceil((until - since) / bucketMs);
-  if (!Number.isInteger(since) || !(n >= 0 && n <= 10_000)) {
-    throw new TypeError(
-      `histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`,
-    );
-  }
-  return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
 }
 
 /** OrderingStatus is the ordered keys' part of status: which keys are held up and why, and the stale count. */
@@ -1037,146 +540,4 @@ export interface HeldKey {
   error: string | null;
   /** Deliveries of the key waiting behind the head. */
   waiting: number;
-}
-
-// HELD_KEYS finds the held keys; both backends run it, `?` being the time now.
-const HELD_KEYS = `
-  SELECT * FROM (
-    SELECT k.source, k.destination, k.order_key, k.head_id, k.due, d.status, d.attempts, d.error,
-           (SELECT count(*) FROM deliveries w WHERE w.source = k.source AND w.destination = k.destination AND w.order_key = k.order_key
-                                                AND w.status = 'received' AND w.id <> k.head_id) AS waiting
-    FROM order_keys k JOIN deliveries d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
-    WHERE (d.status = 'received' AND d.attempts > 0 AND k.due > ?) OR d.status = 'failed') h
-  WHERE waiting > 0 ORDER BY coalesce(due, 0), source, order_key, destination`;
-
-// ORDERING_COUNTS counts what OrderingStatus counts, on both backends.
-const ORDERING_COUNTS = `
-  SELECT (SELECT count(*) FROM order_keys WHERE head_id IS NOT NULL) AS keys,
-         (SELECT count(*) FROM deliveries WHERE newer_id IS NOT NULL) AS stale,
-         (SELECT count(*) FROM deliveries d WHERE d.status = 'failed' AND d.order_key IS NOT NULL AND NOT EXISTS
-            (SELECT 1 FROM order_keys k WHERE k.source = d.source AND k.destination = d.destination AND k.order_key = d.order_key
-                                          AND k.head_id = d.id)) AS passed`;
-
-/** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
-export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
-  return {
-    keys: Number(counts.keys),
-    stale: Number(counts.stale),
-    passed: Number(counts.passed),
-    heldKeys: held.length,
-    held: held.slice(0, 100).map((r) => ({
-      source: r.source as string,
-      destination: r.destination as string,
-      orderKey: r.order_key as string,
-      headId: r.head_id as string,
-      reason: r.status === "failed" ? "failed" : "retry",
-      retryAt: r.status === "failed" ? null : Number(r.due),
-      attempts: Number(r.attempts),
-      error: r.error as string | null,
-      waiting: Number(r.waiting),
-    })),
-  };
-}
-
-/** ORDERING_SQL holds the status queries of ordering, which the PostgreSQL backend runs too. */
-export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as const;
-
-/**
- * sqlstate names the kind of a database error for logs and metrics: PostgreSQL's SQLSTATE class (its first
- * two characters: 40 a deadlock or serialization failure, 08 a lost connection, 53 too many connections,
- * 57 a cancelled statement or a server shutting down), else a socket's code (ECONNRESET), else SQLite's
- * (SQLITE_BUSY), else "other". It looks through the causes a batch's error wraps.
- */
-export function sqlstate(error: unknown): string {
-  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
-    const code = (e as { code?: unknown }).code;
-    // A socket's code first: EPIPE and EPERM are five characters too, and no SQLSTATE class starts with E.
-    if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return code;
-    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code.slice(0, 2);
-    const errcode = (e as { errcode?: unknown }).errcode;
-    if (typeof errcode === "number") return SQLITE_CODES[errcode & 0xff] ?? `SQLITE_${errcode & 0xff}`;
-  }
-  return "other";
-}
-const SQLITE_CODES: Record<number, string> = {
-  5: "SQLITE_BUSY",
-  6: "SQLITE_LOCKED",
-  10: "SQLITE_IOERR",
-  13: "SQLITE_FULL",
-};
-
-/**
- * passing says a database error is one that goes away on its own, so the write that met it may simply
- * go again: a deadlock or serialization failure (40), a lost connection (08, or one of SOCKET_CODES), too
- * many connections (53), a lock timeout (55P03), a cancelled statement or a server shutting down or
- * restarting (57), a system error on the server (58), a primary turned standby (25006), SQLite's lock held
- * too long (SQLITE_BUSY, SQLITE_LOCKED). A local I/O error (EIO, ENOSPC, EROFS) is not one: a failed
- * fdatasync, say, sticks until a restart.
- */
-export function passing(error: unknown): boolean {
-  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
-    const code = (e as { code?: unknown }).code;
-    if (
-      typeof code === "string" &&
-      (/^(08|40|53|57|58)/.test(code) || code === "55P03" || code === "25006" || SOCKET_CODES.has(code))
-    )
-      return true;
-    const errcode = (e as { errcode?: unknown }).errcode;
-    if (typeof errcode === "number" && [5, 6].includes(errcode & 0xff)) return true;
-    if (
-      code === undefined &&
-      errcode === undefined &&
-      /connection terminated|not queryable|timeout exceeded when trying to connect/i.test(
-        ((e as { message?: unknown }).message as string) ?? "",
-      )
-    )
-      return true;
-  }
-  return false;
-}
-
-// The socket errors of a connection lost or not yet back (a restart, a failover, a network blip).
-const SOCKET_CODES = new Set([
-  "ECONNRESET",
-  "ECONNREFUSED",
-  "ECONNABORTED",
-  "EPIPE",
-  "ETIMEDOUT",
-  "EHOSTUNREACH",
-  "ENETUNREACH",
-  "EHOSTDOWN",
-  "ENETDOWN",
-  "ENOTFOUND",
-]);
-
-/**
- * again runs one of a worker's writes and, while it fails with a passing error, runs it again after a
- * backoff (minMs, doubling up to maxMs) for up to forMs; onError hears of every passing failure first. A lease is
- * fenced by its token, so a done mark, a failure or a release written late still says only what this
- * worker did. Any other error, or one that outlasts forMs, is thrown. With `first`, the first try was the
- * caller's, and failed with that error.
- */
-export function again<T>(
-  write: () => Promise<T>,
-  o: { forMs: number; minMs: number; maxMs: number; onError: (error: unknown, tries: number) => void },
-  first?: { error: unknown },
-): Promise<T> {
-  const since = performance.now();
-  const retry = async (failed: unknown): Promise<T> => {
-    let error = failed;
-    for (let wait = Math.max(1, o.minMs), tries = 1; ; wait = Math.min(o.maxMs, 2 * wait), tries++) {
-      if (!passing(error)) throw error;
-      o.onError(error, tries);
-      if (performance.now() - since >= o.forMs) throw error;
-      await new Promise((resolve) => setTimeout(resolve, wait));
-      try {
-        return await write();
-      } catch (next) {
-        error = next;
-      }
-    }
-  };
-  // A caller that made the first try itself (so that a write that succeeds settles in the very turn it
-  // would without again()) hands its error over as `first`.
-  return first ? retry(first.error) : write().then(undefined, retry);
 }

@@ -12,7 +12,7 @@ import { after, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { backup, backupName, check, healthProblem } from "../lib/sqlite/backup.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { sha256 } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { runScript, spawnScript, startReceiver, tempDir, type ReceiverProcess } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-backup-");

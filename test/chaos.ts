@@ -10,7 +10,8 @@ import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { sha256, type Inbox } from "../lib/store.ts";
+import type { Inbox } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { APPLICATION_NAME } from "../lib/postgres/commit.ts";
 import { spawnScript, startReceiver } from "./helpers.ts";
 

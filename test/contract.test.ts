@@ -8,15 +8,8 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
-import {
-  sha256,
-  type Delivery,
-  type Inbox,
-  type InboxOptions,
-  type Lease,
-  type SetAside,
-  type Tx,
-} from "../lib/store.ts";
+import type { Delivery, Inbox, InboxOptions, Lease, SetAside, Tx } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { freshSchema, postgresSkip, runScript, tempDir, backends } from "./helpers.ts";
 

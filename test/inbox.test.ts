@@ -7,7 +7,9 @@ import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { backoff, sha256, type Lease, type Tx } from "../lib/store.ts";
+import type { Lease, Tx } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
+import { backoff } from "../lib/timing.ts";
 import { tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;

@@ -8,7 +8,7 @@ import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
 import pg from "pg";
 import { connect } from "../inbox.ts";
-import { sha256 } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
 import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
 import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
 import { freshSchema, POSTGRES, postgresSkip, tempDir } from "./helpers.ts";

@@ -10,16 +10,8 @@ import { label, message, type Log } from "../log.ts";
 import type { Metrics } from "../metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
 import type { Destination, Forwarding, Route } from "../routing/routes.ts";
-import {
-  again,
-  sqlstate,
-  type BreakerChange,
-  type BreakerPolicy,
-  type Inbox,
-  type Lease,
-  type SetAside,
-  type Tally,
-} from "../store.ts";
+import type { BreakerChange, BreakerPolicy, Inbox, Lease, SetAside, Tally } from "../store.ts";
+import { again, sqlstate } from "../errors.ts";
 import { startProcess, type Process } from "../traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
 

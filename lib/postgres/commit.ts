@@ -1,12 +1,13 @@
 // postgres/commit.ts: how the PostgreSQL inbox's writes reach the server. Writes are queued and batched,
 // up to the pool's size of transactions at once (two of stores alone), each committed (synchronous_commit
 // on) before its ops settle, a batch of new deliveries in one round trip; a failed op is redone alone
-// under a savepoint, a lost connection fails its batch and is dropped.
-// Beside it, the LISTEN/NOTIFY wake-ups. PostgresInbox (postgres.ts) builds the delivery's life on it.
+// under a savepoint, a lost connection fails its batch and is dropped. Beside it: the LISTEN/NOTIFY
+// wake-ups, ready(), and NOW and toPg(), the time and parameters every statement of the backend takes.
 
 import pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { passingSqlstate } from "../errors.ts";
 import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
 import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored } from "../store.ts";
 
@@ -80,12 +81,31 @@ export type Queued = Op extends infer T ? (T extends Op ? Omit<T, "resolve" | "r
 
 // A batch error concerns the connection or the server, not one op: every op of the batch fails with it,
 // the batch is never redone, and its connection is dropped. A read-only server (25006) is one: a primary
-// turned standby. So is a COMMIT that may not be on the standby.
+// turned standby. So is a COMMIT that may not be on the standby. The classes are passing()'s (one list, in
+// errors.ts), with XX (an internal error) and a socket's code besides.
 function isBatchError(error: unknown): boolean {
   if (error instanceof UncertainCommit) return true;
   const code = (error as { code?: unknown }).code;
   if (typeof code !== "string") return /connection|terminat|not queryable|timeout|rolled back/i.test(message(error));
-  return /^(08|53|57|58|XX|40)/.test(code) || code === "25006" || /^E[A-Z]+$/.test(code);
+  return passingSqlstate(code) || code.startsWith("XX") || /^E[A-Z]+$/.test(code);
+}
+
+// Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
+// that hosts whose clocks differ still agree on when a lease ends.
+/** NOW is the time every statement takes as $1: a pinned clock in tests, else the database's own. */
+export const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
+
+const translated = new Map<string, string>();
+/** toPg turns `?` parameters into PostgreSQL's $1, $2 …, leaving quoted text alone. */
+export function toPg(sql: string, offset = 0): string {
+  const key = `${offset}:${sql}`;
+  let text = translated.get(key);
+  if (text === undefined) {
+    let n = offset;
+    text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\?/g, (m) => (m === "?" ? `$${++n}` : m));
+    translated.set(key, text);
+  }
+  return text;
 }
 
 /**
@@ -203,6 +223,53 @@ export abstract class PostgresCommitter {
     this.listener = undefined;
     await listener?.end().catch(() => {});
     await this.pool.end();
+  }
+
+  /**
+   * ready asks the server, within DEFAULTS.readyTimeoutMs, whether it takes writes: reachable, not a
+   * standby, not read-only. After a batch failed as a whole it also commits a write of its own (the
+   * schema's version row, unchanged), so a full disk counts until a write goes through again.
+   */
+  async ready(): Promise<true | string> {
+    if (this.closed) return "the inbox is closed";
+    const probe = async (): Promise<true | string> => {
+      const client = await this.pool.transaction();
+      let broken: Error | undefined;
+      try {
+        const { rows } = await client.query(
+          "SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro",
+        );
+        const failed = this.commitError;
+        if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
+          await client.query(
+            "UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)",
+          );
+        }
+        await this.pool.commit(client);
+        if (rows[0].recovery) return "the database is a standby, in recovery";
+        if (rows[0].ro === "on") return "the database is read-only";
+        if (this.commitError === failed) this.commitError = undefined;
+        return true;
+      } catch (error) {
+        broken = error instanceof Error ? error : new Error(message(error));
+        await client.query("ROLLBACK").catch(() => {});
+        throw broken;
+      } finally {
+        client.release(broken);
+      }
+    };
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<string>((resolve) => {
+      timer = setTimeout(
+        () => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`),
+        DEFAULTS.readyTimeoutMs,
+      );
+    });
+    try {
+      return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   // other queues an op of its own; together, one that touches only its own lease's row, which may run beside the others.

@@ -1,7 +1,7 @@
 // postgres/postgres.ts: the Inbox on PostgreSQL, for receivers and workers on many hosts sharing one database: a
-// delivery's whole life and the operator's bulk actions, as SQL, on the schema of postgres/schema.ts, its
-// writes batched and committed by postgres/commit.ts, its reads in postgres/reads.ts. The contract of
-// store.ts, beside SqliteInbox in sqlite.ts; every script picks it when --db or INBOX_DB is a URL:
+// delivery's whole life and a destination's gate, as SQL, on the schema of postgres/schema.ts, its writes
+// batched and committed by postgres/commit.ts (which it extends); it holds its reads (postgres/reads.ts) and
+// bulk writes (postgres/bulk.ts) and hands them those calls. Beside SqliteInbox; picked when --db is a URL:
 //   INBOX_DB=postgres://127.0.0.1:5432/test?schema=inbox npx tsx receiver.ts
 // ?schema=NAME keeps the tables in a schema of their own; ?listen=false polls without LISTEN (PgBouncer).
 // Several hosts (postgres://h1:5432,h2:5433/db) follow a failover; postgres/pool.ts holds the connections.
@@ -9,35 +9,20 @@
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, type Op } from "./commit.ts";
-import { NOW, PostgresReads, toPg } from "./reads.ts";
+import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
+import { PostgresBulk } from "./bulk.ts";
+import { enterKeys, settleKeys } from "./keys.ts";
+import { PostgresReads } from "./reads.ts";
 import { migrate } from "./schema.ts";
 import {
-  DESTINATION_NAME,
   NO_DESTINATION,
-  breakerAfter,
-  checkClaim,
-  gateClaim,
-  checkPermit,
-  gatePermit,
   type Permit,
   type Rate,
-  retryDelay,
-  routesOf,
   type BreakerChange,
   type BreakerPolicy,
   type ClaimOptions,
   type FailOptions,
   type Tally,
-  bulkBatchSize,
-  checkOptions,
-  filterSql,
-  orderOf,
-  paced,
-  purgeCutoffs,
-  sha256,
-  tellSetAside,
-  toDelivery,
   type Backend,
   type BulkOptions,
   type Cursor,
@@ -55,7 +40,19 @@ import {
   type SqlValue,
   type Stored,
   type Tx,
+  type AttemptError,
+  type Status,
+  type InboxStatus,
+  type Summary,
+  type Bucket,
+  type Kept,
+  type DestinationState,
+  type Gauges,
 } from "../store.ts";
+import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
+import { routesOf, checkOptions, orderOf } from "../checks.ts";
+import { sha256, toDelivery } from "../rows.ts";
+import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
 
@@ -98,7 +95,7 @@ function byKey<T extends { source: string; incoming: { id: string } }>(ops: T[])
 }
 
 /** PostgresInbox is the Inbox on a PostgreSQL database; open it with PostgresInbox.open or connect(). */
-export class PostgresInbox extends PostgresReads implements Inbox {
+export class PostgresInbox extends PostgresCommitter implements Inbox {
   readonly backend: Backend = "postgres";
   private readonly random: () => number;
   private readonly maxAttempts: number;
@@ -108,10 +105,23 @@ export class PostgresInbox extends PostgresReads implements Inbox {
   private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
   // The destinations whose row this process has made sure of (see made).
   private madeRows = new Map<string, Promise<void>>();
+  private readonly pinned: (() => number) | undefined;
+  // The operator's reads, which lock nothing and wait for no batch: this inbox hands them over as they are.
+  private readonly reads: PostgresReads;
+  // The operator's bulk writes, each batch an op of this inbox's commit queue.
+  private readonly bulk: PostgresBulk;
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
     super(url, options);
+    this.pinned = options.now;
+    this.reads = new PostgresReads(this.pool, options.now);
+    this.bulk = new PostgresBulk({
+      pool: this.pool,
+      pinned: options.now,
+      other: (run, together, locks) => this.other(run, together, locks),
+      notify: (client, added) => this.notify(client, added),
+    });
     this.random = options.random ?? Math.random;
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.backoffOptions = {
@@ -131,6 +141,70 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
     }
     return inbox;
+  }
+
+  // now is the time every statement takes as $1 (NOW): the pinned clock, else null and the database's own.
+  private now(): number | null {
+    return this.pinned ? this.pinned() : null;
+  }
+
+  attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
+    return this.reads.attemptErrors(d);
+  }
+  find(id: string, source?: string): Promise<Delivery[]> {
+    return this.reads.find(id, source);
+  }
+  list(filter?: { status?: Status; source?: string; limit?: number }): Promise<Delivery[]> {
+    return this.reads.list(filter);
+  }
+  status(): Promise<InboxStatus> {
+    return this.reads.status();
+  }
+  summary(): Promise<Summary> {
+    return this.reads.summary();
+  }
+  histogram(since: number, bucketMs: number, until?: number): Promise<Bucket[]> {
+    return this.reads.histogram(since, bucketMs, until);
+  }
+  page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
+    return this.reads.page(after, limit);
+  }
+  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]> {
+    return this.reads.search(filter, page);
+  }
+  count(filter: Filter): Promise<number> {
+    return this.reads.count(filter);
+  }
+  kept(): Promise<Kept> {
+    return this.reads.kept();
+  }
+  destinations(windowMs?: number): Promise<DestinationState[]> {
+    return this.reads.destinations(windowMs);
+  }
+  query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    return this.reads.query(sql, ...params);
+  }
+  gauges(): Promise<Gauges> {
+    return this.reads.gauges();
+  }
+
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    return this.bulk.restore(deliveries);
+  }
+  retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
+    return this.bulk.retryMatching(filter, options);
+  }
+  replayMatching(
+    filter: Filter,
+    options?: BulkOptions & { to?: string },
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    return this.bulk.replayMatching(filter, options);
+  }
+  purge(options?: PurgeOptions): Promise<Purged> {
+    return this.bulk.purge(options);
+  }
+  dropBodies(filter: Filter, options?: BulkOptions): Promise<{ bodies: number; bytes: number }> {
+    return this.bulk.dropBodies(filter, options);
   }
 
   store(delivery: Incoming): Promise<Stored> {
@@ -321,7 +395,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
         setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
       const gaveUp = failed.filter((row) => row.order_key !== null);
       if (gaveUp.length > 0) {
-        await this.settleKeys(
+        await settleKeys(
           client,
           gaveUp.map((row) => ({
             source: row.source,
@@ -416,7 +490,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
           [this.now(), lease.source, lease.id, rows[0].attempts, error, lease.destination],
         );
         if (lease.orderKey !== null) {
-          await this.settleKeys(client, [
+          await settleKeys(client, [
             {
               source: lease.source,
               destination: lease.destination,
@@ -445,7 +519,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
           [this.now(), lease.source, lease.id, lease.token, lease.route],
         );
         if (rowCount === 1 && lease.orderKey !== null) {
-          await this.settleKeys(client, [
+          await settleKeys(client, [
             {
               source: lease.source,
               destination: lease.destination,
@@ -478,7 +552,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
             );
       const ordered = rows.filter((r) => r.order_key !== null);
       if (ordered.length > 0) {
-        await this.settleKeys(
+        await settleKeys(
           client,
           ordered.map((r) => ({
             source: r.source,
@@ -492,349 +566,6 @@ export class PostgresInbox extends PostgresReads implements Inbox {
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
-  }
-
-  restore(deliveries: readonly Delivery[]): Promise<number> {
-    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
-    // Ordered rows take their arrival order from when they were received, as store() would have.
-    const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-    const place = new Array<number>(deliveries.length);
-    byArrival.forEach(([, i], n) => (place[i] = n));
-    return this.other(async (client) => {
-      const { rows } = await client.query(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent)
-         SELECT s, i, b, h, ct, et, pt, ra, st, at,
-                CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
-                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp
-         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
-                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
-                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
-                     $23::smallint[], $24::text[], $25::text[], $26::text[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp)
-         ORDER BY s, i, ro
-         ON CONFLICT (source, id, route) DO NOTHING
-         RETURNING source, destination, order_key`,
-        [
-          this.now(),
-          col("source"),
-          col("id"),
-          col("body"),
-          col("bodySha256"),
-          col("contentType"),
-          col("eventType"),
-          col("providerTime"),
-          col("receivedAt"),
-          col("status"),
-          col("attempts"),
-          col("availableAt"),
-          col("leasedUntil"),
-          col("error"),
-          col("conflicts"),
-          col("finishedAt"),
-          deliveries.map((d) => d.replays ?? 0),
-          deliveries.map((d) => d.purgedAt ?? null),
-          col("orderKey"),
-          col("eventTime"),
-          col("newerId"),
-          place,
-          deliveries.map((d) => d.route ?? 0),
-          deliveries.map((d) => d.destination ?? DEFAULTS.destination),
-          deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
-          deliveries.map((d) => d.traceparent ?? null),
-        ],
-      );
-      const keys = new Map<string, [string, string, string]>();
-      for (const r of rows)
-        if (r.order_key !== null)
-          keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
-      if (keys.size > 0) await this.rebuildKeys(client, [...keys.values()].sort());
-      return rows.length;
-    }) as Promise<number>;
-  }
-
-  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
-    const failed = "status = 'failed' AND purged_at IS NULL";
-    if (options.dryRun) return this.countWhere(filter, failed);
-    let total = 0;
-    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
-      const { rows } = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
-         RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
-      );
-      total += rows.length;
-      await this.settleReturned(client, rows);
-      this.notify(client, rows.length);
-    });
-    return total;
-  }
-
-  async replayMatching(
-    filter: Filter,
-    options: BulkOptions & { to?: string } = {},
-  ): Promise<{ replayed: number; tombstoned: number }> {
-    if (options.to !== undefined) return this.replayTo(filter, options.to, options);
-    const kept = "status = 'done' AND purged_at IS NULL";
-    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
-    let replayed = 0;
-    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
-      const { rows } = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
-                finished_at = NULL, leased_until = NULL, lease_token = NULL
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
-         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'done' AND d.purged_at IS NULL
-         RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
-      );
-      replayed += rows.length;
-      await this.settleReturned(client, rows);
-      this.notify(client, rows.length);
-    });
-    return { replayed, tombstoned: await tombstoned() };
-  }
-
-  // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
-  // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
-  // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
-  private async replayTo(
-    filter: Filter,
-    to: string,
-    options: BulkOptions,
-  ): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to))
-      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
-    const kept = "purged_at IS NULL";
-    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
-    let replayed = 0;
-    const seen = new Set<string>();
-    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
-      const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
-      if (mine.length === 0) return;
-      const args = [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), mine.map((k) => k.route!), to];
-      const again = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
-                finished_at = NULL, leased_until = NULL, lease_token = NULL
-         FROM unnest($2::text[], $3::text[]) AS u(s, i)
-         WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
-         RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to],
-      );
-      // Routing after the fact: a delivery with no row there gets one, as its next route.
-      const added = await client.query(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-                                 available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays)
-         SELECT d.source, d.id, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
-                d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
-                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
-         JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
-         WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)
-         ORDER BY d.source, d.id
-         RETURNING source, id, order_key, event_time, arrival, available_at`,
-        args,
-      );
-      replayed += again.rows.length + added.rows.length;
-      await this.settleReturned(client, again.rows);
-      const ordered = added.rows.filter((r) => r.order_key !== null);
-      if (ordered.length > 0) {
-        await this.enterKeys(
-          client,
-          ordered.map((r) => ({
-            source: r.source,
-            destination: to,
-            key: r.order_key,
-            id: r.id,
-            eventTime: r.event_time,
-            seq: r.arrival,
-            due: r.available_at,
-            strict: false,
-          })),
-        );
-      }
-      this.notify(client, again.rows.length + added.rows.length);
-    });
-    return { replayed, tombstoned: await tombstoned() };
-  }
-
-  // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
-  private async settleReturned(
-    client: pg.PoolClient,
-    rows: { source: string; id: string; order_key: string | null; destination: string }[],
-  ): Promise<void> {
-    const ordered = rows.filter((r) => r.order_key !== null);
-    if (ordered.length > 0) {
-      await this.settleKeys(
-        client,
-        ordered.map((r) => ({
-          source: r.source,
-          destination: r.destination,
-          key: r.order_key!,
-          from: r.id,
-          setAside: false,
-        })),
-      );
-    }
-  }
-
-  private async countWhere(filter: Filter, also: string): Promise<number> {
-    const { where, params } = filterSql(filter, "postgres");
-    const { rows } = await this.pool.query(
-      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
-      params,
-    );
-    return Number(rows[0].n);
-  }
-
-  // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
-  // rows and handing their keys to act inside it. The cursor moves past every batch, so a delivery a
-  // worker changes meanwhile (retried, then failed again) is never taken twice in one run.
-  private async inBatches(
-    filter: Filter,
-    also: string,
-    batch: number | undefined,
-    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
-  ): Promise<void> {
-    const size = bulkBatchSize(batch);
-    const { where, params } = filterSql(filter, "postgres");
-    let after: Cursor | undefined;
-    for (;;) {
-      const picked = (await this.other(async (client) => {
-        const cursor =
-          after === undefined
-            ? ""
-            : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
-        const { rows } = await client.query(
-          toPg(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
-                ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
-          [
-            ...params,
-            ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
-            size,
-          ],
-        );
-        const keys = rows.map((r) => ({
-          receivedAt: r.received_at as number,
-          source: r.source as string,
-          id: r.id as string,
-          route: r.route as number,
-        }));
-        if (keys.length > 0) await act(client, keys);
-        return keys;
-      })) as Cursor[];
-      if (picked.length < size) return;
-      after = picked.at(-1);
-    }
-  }
-
-  async purge(options: PurgeOptions = {}): Promise<Purged> {
-    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
-    if (options.dryRun) {
-      const { rows } = await this.pool.query(
-        `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
-                (SELECT coalesce(sum(octet_length(body)), 0) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bytes,
-                (SELECT count(*) FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $2)
-                + (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $2) AS forgotten`,
-        [bodiesBefore, forgetBefore],
-      );
-      return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
-    }
-    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
-    for (;;) {
-      const { n, bytes } = await paced(rest, () =>
-        this.dropBatch("status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch),
-      );
-      purged.bodies += n;
-      purged.bytes += bytes;
-      if (n < batch || options.signal?.aborted) break;
-    }
-    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
-    for (;;) {
-      if (options.signal?.aborted) return purged;
-      const n = (await paced(rest, () =>
-        this.other(
-          async (client) =>
-            (
-              await client.query(
-                `DELETE FROM deliveries WHERE (source, id, route) IN (
-           SELECT source, id, route FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
-           ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-                [forgetBefore, batch],
-              )
-            ).rowCount ?? 0,
-        ),
-      )) as number;
-      purged.forgotten += n;
-      if (n < batch) break;
-    }
-    return purged;
-  }
-
-  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
-    const { where, params } = filterSql(filter, "postgres");
-    const size = bulkBatchSize(options.batch);
-    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
-    if (options.dryRun) {
-      const { rows } = await this.pool.query(
-        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),
-        params,
-      );
-      return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
-    }
-    const total = { bodies: 0, bytes: 0 };
-    for (;;) {
-      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
-      total.bodies += n;
-      total.bytes += bytes;
-      if (n < size) break;
-    }
-    return total;
-  }
-
-  // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
-  // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
-  private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
-    return this.other(async (client) => {
-      const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT source, id, route, octet_length(body) AS bytes FROM deliveries WHERE ${where}
-                         ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
-              UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-              WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
-              RETURNING p.bytes`),
-        [...params, batch, this.pinned ? this.pinned() : Date.now()],
-      );
-      return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
-    }) as Promise<{ n: number; bytes: number }>;
-  }
-
-  // rebuildKeys brings keys' head rows up to date with their deliveries after a copy: the newest done
-  // event is the last handled, a processing delivery runs the key, else its first waiting one is the head.
-  // (The strict setting is the source's, and comes back with the key's next delivery.)
-  private async rebuildKeys(client: pg.PoolClient, keys: [string, string, string][]): Promise<void> {
-    const [sources, destinations, names] = [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => k[2])];
-    await client.query(
-      `INSERT INTO order_keys (source, destination, order_key) SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
-       ON CONFLICT (source, destination, order_key) DO NOTHING`,
-      [sources, destinations, names],
-    );
-    await client.query(
-      `UPDATE order_keys o SET
-         (last_event_time, last_id) = (SELECT d.event_time, d.id FROM deliveries d
-                                       WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key
-                                       AND d.status = 'done' ORDER BY d.event_time DESC, d.arrival DESC LIMIT 1),
-         (head_id, head_event_time, head_seq, due) = (
-           SELECT d.id, d.event_time, d.arrival, CASE WHEN d.status = 'processing' THEN NULL ELSE d.available_at END
-           FROM deliveries d WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key
-                                AND d.status IN ('received', 'processing')
-           ORDER BY d.status = 'processing' DESC, d.event_time, d.arrival LIMIT 1)
-       FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, de, k) WHERE o.source = u.s AND o.destination = u.de AND o.order_key = u.k`,
-      [sources, destinations, names],
-    );
   }
 
   async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
@@ -1050,7 +781,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const ordered = all.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
       const strict = new Map(rows.map((op) => [key(op), orders.get(op)!.strict]));
-      await this.enterKeys(
+      await enterKeys(
         client,
         ordered.map((r) => ({
           source: r.source,
@@ -1101,109 +832,6 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     return results;
   }
 
-  // enterKeys puts newly stored deliveries at their keys' heads (per destination) where the key is idle and
-  // they come first in event time (or it had nothing waiting); a running or blocked key picks its next head
-  // when it settles. One row per key (the batch's earliest), in key order, so two receivers cannot deadlock.
-  private async enterKeys(
-    client: pg.PoolClient,
-    entries: {
-      source: string;
-      destination: string;
-      key: string;
-      id: string;
-      eventTime: number;
-      seq: number;
-      due: number;
-      strict: boolean;
-    }[],
-  ): Promise<void> {
-    const name = (e: { source: string; destination: string; key: string }) =>
-      `${e.source}\u0000${e.destination}\u0000${e.key}`;
-    const first = new Map<string, (typeof entries)[number]>();
-    for (const e of entries) {
-      const seen = first.get(name(e));
-      if (!seen || e.eventTime < seen.eventTime || (e.eventTime === seen.eventTime && e.seq < seen.seq))
-        first.set(name(e), e);
-    }
-    const list = [...first.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
-    const earlier =
-      "o.head_id IS NULL OR (o.due IS NOT NULL AND (excluded.head_event_time, excluded.head_seq) < (o.head_event_time, o.head_seq))";
-    await client.query(
-      `INSERT INTO order_keys AS o (source, destination, order_key, head_id, head_event_time, head_seq, due, strict)
-       SELECT * FROM unnest($1::text[], $8::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::boolean[])
-       ON CONFLICT (source, destination, order_key) DO UPDATE SET
-         strict = excluded.strict,
-         head_id = CASE WHEN ${earlier} THEN excluded.head_id ELSE o.head_id END,
-         head_event_time = CASE WHEN ${earlier} THEN excluded.head_event_time ELSE o.head_event_time END,
-         head_seq = CASE WHEN ${earlier} THEN excluded.head_seq ELSE o.head_seq END,
-         due = CASE WHEN ${earlier} THEN excluded.due ELSE o.due END`,
-      [
-        list.map((e) => e.source),
-        list.map((e) => e.key),
-        list.map((e) => e.id),
-        list.map((e) => e.eventTime),
-        list.map((e) => e.seq),
-        list.map((e) => e.due),
-        list.map((e) => e.strict),
-        list.map((e) => e.destination),
-      ],
-    );
-  }
-
-  // settleKeys moves each key's head to its first waiting delivery in event time, then arrival, after the
-  // delivery `from` left the head (done, retried, released, set aside) or came back (retry), and records
-  // a handled delivery's event time as the key's newest. It leaves a key alone while another delivery runs
-  // or blocks it, and a strict key blocked when `from` is set aside. The key rows are locked first, so
-  // the head is read in a snapshot that includes every store that touched the key before.
-  private async settleKeys(
-    client: pg.PoolClient,
-    items: {
-      source: string;
-      destination: string;
-      key: string;
-      from: string;
-      setAside: boolean;
-      handledTime?: number | null;
-    }[],
-  ): Promise<void> {
-    const name = (i: { source: string; destination: string; key: string }) =>
-      `${i.source}\u0000${i.destination}\u0000${i.key}`;
-    const byKey = new Map<string, (typeof items)[number]>();
-    for (const item of items) if (!byKey.has(name(item)) || item.handledTime != null) byKey.set(name(item), item);
-    const list = [...byKey.values()].sort((a, b) => (name(a) < name(b) ? -1 : name(a) > name(b) ? 1 : 0));
-    const [sources, destinations, keys] = [
-      list.map((i) => i.source),
-      list.map((i) => i.destination),
-      list.map((i) => i.key),
-    ];
-    await client.query(
-      `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
-       ORDER BY source COLLATE "C", destination COLLATE "C", order_key COLLATE "C" FOR UPDATE`,
-      [sources, destinations, keys],
-    );
-    const newer = "u.ht IS NOT NULL AND (o.last_event_time IS NULL OR o.last_event_time <= u.ht)";
-    await client.query(
-      `UPDATE order_keys o SET
-         last_event_time = CASE WHEN ${newer} THEN u.ht ELSE o.last_event_time END,
-         last_id = CASE WHEN ${newer} THEN u.f ELSE o.last_id END,
-         (head_id, head_event_time, head_seq, due) =
-           (SELECT d.id, d.event_time, d.arrival, d.available_at FROM deliveries d
-            WHERE d.source = o.source AND d.destination = o.destination AND d.order_key = o.order_key AND d.status = 'received'
-            ORDER BY d.event_time, d.arrival LIMIT 1)
-       FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::bigint[], $6::text[]) AS u(s, k, f, sa, ht, de)
-       WHERE o.source = u.s AND o.destination = u.de AND o.order_key = u.k AND (o.head_id IS NULL OR o.head_id = u.f OR o.due IS NOT NULL)
-         AND NOT (o.strict AND u.sa)`,
-      [
-        sources,
-        keys,
-        list.map((i) => i.from),
-        list.map((i) => i.setAside),
-        list.map((i) => i.handledTime ?? null),
-        destinations,
-      ],
-    );
-  }
-
   // finishAll sets the fenced done marks of a batch in one statement, then runs the writes of the leases
   // that still held, all in this transaction: a lost lease writes nothing. The writes are sent together
   // (the connection pipelines them), a batch's one-row inserts of one text as one statement
@@ -1237,7 +865,7 @@ export class PostgresInbox extends PostgresReads implements Inbox {
     const holds = (lease: Lease) => held.has(`${lease.source}\u0000${lease.id}\u0000${lease.route}`);
     const moved = ops.filter((op) => op.lease.orderKey !== null && holds(op.lease));
     if (moved.length > 0) {
-      await this.settleKeys(
+      await settleKeys(
         client,
         moved.map((op) => ({
           source: op.lease.source,

@@ -1,24 +1,14 @@
 // postgres/reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
-// destinations, gauges, readiness), apart from the delivery's life in postgres.ts, which extends it. Reads
-// go straight to the pool, outside the commit queue of postgres/commit.ts: they lock nothing and wait for
-// no batch. Nothing here runs on its own; it is reached as PostgresInbox's methods.
+// destinations, gauges), apart from the delivery's life in postgres.ts. PostgresInbox holds a PostgresReads
+// and hands it these calls. Reads go straight to the pool, outside the commit queue of postgres/commit.ts:
+// they lock nothing and wait for no batch.
 
 import { DEFAULTS } from "../defaults.ts";
-import { message } from "../log.ts";
-import { PostgresCommitter } from "./commit.ts";
+import { NOW, toPg } from "./commit.ts";
+import type { Pool } from "./pool.ts";
 import {
-  DISTINCT_SOURCES,
   NO_DESTINATION,
-  ORDERING_SQL,
   STATUSES,
-  emptyBuckets,
-  filterSql,
-  orderingStatus,
-  searchPageLimit,
-  summarise,
-  toDelivery,
-  toDestinationState,
-  toGauges,
   type AttemptError,
   type Bucket,
   type Cursor,
@@ -26,45 +16,35 @@ import {
   type DestinationState,
   type Filter,
   type Gauges,
-  type InboxOptions,
   type InboxStatus,
   type Kept,
   type SqlValue,
   type Status,
   type Summary,
 } from "../store.ts";
-
-// Every statement takes the time as $1: a pinned clock in tests, else NULL and the database's own, so
-// that hosts whose clocks differ still agree on when a lease ends.
-export const NOW = "coalesce($1::bigint, (extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
+import { toDestinationState } from "../breaker.ts";
+import { searchPageLimit } from "../checks.ts";
+import { emptyBuckets, orderingStatus, summarise, toDelivery, toGauges } from "../rows.ts";
+import { DISTINCT_SOURCES, ORDERING_SQL, filterSql } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
 const ESTIMATE_ABOVE_ROWS = 200_000;
 
-// toPg turns `?` parameters into PostgreSQL's $1, $2 …, leaving quoted text alone.
-const translated = new Map<string, string>();
-export function toPg(sql: string, offset = 0): string {
-  const key = `${offset}:${sql}`;
-  let text = translated.get(key);
-  if (text === undefined) {
-    let n = offset;
-    text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\?/g, (m) => (m === "?" ? `$${++n}` : m));
-    translated.set(key, text);
-  }
-  return text;
-}
+/**
+ * PostgresReads is the operator's side of PostgresInbox, which holds one and hands it these reads: each
+ * goes straight to the pool, and takes the inbox's clock (pinned in tests, else the database's own).
+ */
+export class PostgresReads {
+  private readonly pool: Pool;
+  private readonly pinned: (() => number) | undefined;
 
-/** PostgresReads is the operator's side of PostgresInbox: every read, and the time every statement takes. */
-export abstract class PostgresReads extends PostgresCommitter {
-  protected readonly pinned: (() => number) | undefined;
-
-  constructor(url: string, options: InboxOptions) {
-    super(url, options);
-    this.pinned = options.now;
+  constructor(pool: Pool, pinned: (() => number) | undefined) {
+    this.pool = pool;
+    this.pinned = pinned;
   }
 
-  protected now(): number | null {
+  private now(): number | null {
     return this.pinned ? this.pinned() : null;
   }
 
@@ -332,52 +312,5 @@ export abstract class PostgresReads extends PostgresCommitter {
        SELECT source, 'total', count(*), NULL FROM deliveries GROUP BY source`,
     );
     return toGauges(rows, now);
-  }
-
-  /**
-   * ready asks the server, within DEFAULTS.readyTimeoutMs, whether it takes writes: reachable, not a
-   * standby, not read-only. After a batch failed as a whole it also commits a write of its own (the
-   * schema's version row, unchanged), so a full disk counts until a write goes through again.
-   */
-  async ready(): Promise<true | string> {
-    if (this.closed) return "the inbox is closed";
-    const probe = async (): Promise<true | string> => {
-      const client = await this.pool.transaction();
-      let broken: Error | undefined;
-      try {
-        const { rows } = await client.query(
-          "SELECT pg_is_in_recovery() AS recovery, current_setting('transaction_read_only') AS ro",
-        );
-        const failed = this.commitError;
-        if (!rows[0].recovery && rows[0].ro !== "on" && failed !== undefined) {
-          await client.query(
-            "UPDATE inbox_migrations SET version = version WHERE version = (SELECT max(version) FROM inbox_migrations)",
-          );
-        }
-        await this.pool.commit(client);
-        if (rows[0].recovery) return "the database is a standby, in recovery";
-        if (rows[0].ro === "on") return "the database is read-only";
-        if (this.commitError === failed) this.commitError = undefined;
-        return true;
-      } catch (error) {
-        broken = error instanceof Error ? error : new Error(message(error));
-        await client.query("ROLLBACK").catch(() => {});
-        throw broken;
-      } finally {
-        client.release(broken);
-      }
-    };
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<string>((resolve) => {
-      timer = setTimeout(
-        () => resolve(`no answer from ${this.target} within ${DEFAULTS.readyTimeoutMs} ms`),
-        DEFAULTS.readyTimeoutMs,
-      );
-    });
-    try {
-      return await Promise.race([probe().catch((error: unknown) => `cannot commit: ${message(error)}`), timeout]);
-    } finally {
-      clearTimeout(timer);
-    }
   }
 }

@@ -1,0 +1,376 @@
+// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() from another inbox's pages, retry
+// and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one op of the commit
+// queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and hands it
+// these calls; it reaches the queue through the CommitQueue the inbox gives it.
+
+import type pg from "pg";
+import { DEFAULTS } from "../defaults.ts";
+import { NOW, toPg, type Locks } from "./commit.ts";
+import {
+  DESTINATION_NAME,
+  type BulkOptions,
+  type Cursor,
+  type Delivery,
+  type Filter,
+  type Purged,
+  type PurgeOptions,
+  type SqlValue,
+} from "../store.ts";
+import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import { filterSql } from "../sql.ts";
+import { paced } from "../timing.ts";
+import { enterKeys, rebuildKeys, settleKeys } from "./keys.ts";
+import type { Pool } from "./pool.ts";
+
+/** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
+export interface CommitQueue {
+  pool: Pool;
+  pinned: (() => number) | undefined;
+  /** other queues an op of its own in the next batch (PostgresCommitter's). */
+  other(run: (client: pg.PoolClient) => Promise<unknown>, together?: boolean, locks?: Locks): Promise<unknown>;
+  /** notify wakes listening workers at commit. */
+  notify(client: pg.PoolClient, added: number): void;
+}
+
+/** PostgresBulk is the operator's bulk writes of a PostgresInbox, each batch queued through its CommitQueue. */
+export class PostgresBulk {
+  private readonly pool: Pool;
+  private readonly pinned: (() => number) | undefined;
+  private readonly committee: CommitQueue;
+
+  constructor(committee: CommitQueue) {
+    this.committee = committee;
+    this.pool = committee.pool;
+    this.pinned = committee.pinned;
+  }
+
+  private now(): number | null {
+    return this.pinned ? this.pinned() : null;
+  }
+
+  private other(run: (client: pg.PoolClient) => Promise<unknown>, together?: boolean, locks?: Locks): Promise<unknown> {
+    return this.committee.other(run, together, locks);
+  }
+
+  private notify(client: pg.PoolClient, added: number): void {
+    this.committee.notify(client, added);
+  }
+
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
+    // Ordered rows take their arrival order from when they were received, as store() would have.
+    const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    const place = new Array<number>(deliveries.length);
+    byArrival.forEach(([, i], n) => (place[i] = n));
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent)
+         SELECT s, i, b, h, ct, et, pt, ra, st, at,
+                CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
+                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp
+         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
+                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
+                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
+                     $23::smallint[], $24::text[], $25::text[], $26::text[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp)
+         ORDER BY s, i, ro
+         ON CONFLICT (source, id, route) DO NOTHING
+         RETURNING source, destination, order_key`,
+        [
+          this.now(),
+          col("source"),
+          col("id"),
+          col("body"),
+          col("bodySha256"),
+          col("contentType"),
+          col("eventType"),
+          col("providerTime"),
+          col("receivedAt"),
+          col("status"),
+          col("attempts"),
+          col("availableAt"),
+          col("leasedUntil"),
+          col("error"),
+          col("conflicts"),
+          col("finishedAt"),
+          deliveries.map((d) => d.replays ?? 0),
+          deliveries.map((d) => d.purgedAt ?? null),
+          col("orderKey"),
+          col("eventTime"),
+          col("newerId"),
+          place,
+          deliveries.map((d) => d.route ?? 0),
+          deliveries.map((d) => d.destination ?? DEFAULTS.destination),
+          deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
+          deliveries.map((d) => d.traceparent ?? null),
+        ],
+      );
+      const keys = new Map<string, [string, string, string]>();
+      for (const r of rows)
+        if (r.order_key !== null)
+          keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
+      if (keys.size > 0) await rebuildKeys(client, [...keys.values()].sort());
+      return rows.length;
+    }) as Promise<number>;
+  }
+
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
+    let total = 0;
+    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
+      const { rows } = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
+      );
+      total += rows.length;
+      await this.settleReturned(client, rows);
+      this.notify(client, rows.length);
+    });
+    return total;
+  }
+
+  async replayMatching(
+    filter: Filter,
+    options: BulkOptions & { to?: string } = {},
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    if (options.to !== undefined) return this.replayTo(filter, options.to, options);
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+      const { rows } = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+                finished_at = NULL, leased_until = NULL, lease_token = NULL
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
+         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'done' AND d.purged_at IS NULL
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
+      );
+      replayed += rows.length;
+      await this.settleReturned(client, rows);
+      this.notify(client, rows.length);
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
+  // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
+  // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
+  private async replayTo(
+    filter: Filter,
+    to: string,
+    options: BulkOptions,
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    if (!DESTINATION_NAME.test(to))
+      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    const kept = "purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    const seen = new Set<string>();
+    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+      const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
+      if (mine.length === 0) return;
+      const args = [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), mine.map((k) => k.route!), to];
+      const again = await client.query(
+        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+                finished_at = NULL, leased_until = NULL, lease_token = NULL
+         FROM unnest($2::text[], $3::text[]) AS u(s, i)
+         WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
+         RETURNING d.source, d.id, d.order_key, d.destination`,
+        [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to],
+      );
+      // Routing after the fact: a delivery with no row there gets one, as its next route.
+      const added = await client.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                 available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays)
+         SELECT d.source, d.id, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
+                d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
+                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1
+         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
+         JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
+         WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)
+         ORDER BY d.source, d.id
+         RETURNING source, id, order_key, event_time, arrival, available_at`,
+        args,
+      );
+      replayed += again.rows.length + added.rows.length;
+      await this.settleReturned(client, again.rows);
+      const ordered = added.rows.filter((r) => r.order_key !== null);
+      if (ordered.length > 0) {
+        await enterKeys(
+          client,
+          ordered.map((r) => ({
+            source: r.source,
+            destination: to,
+            key: r.order_key,
+            id: r.id,
+            eventTime: r.event_time,
+            seq: r.arrival,
+            due: r.available_at,
+            strict: false,
+          })),
+        );
+      }
+      this.notify(client, again.rows.length + added.rows.length);
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
+  private async settleReturned(
+    client: pg.PoolClient,
+    rows: { source: string; id: string; order_key: string | null; destination: string }[],
+  ): Promise<void> {
+    const ordered = rows.filter((r) => r.order_key !== null);
+    if (ordered.length > 0) {
+      await settleKeys(
+        client,
+        ordered.map((r) => ({
+          source: r.source,
+          destination: r.destination,
+          key: r.order_key!,
+          from: r.id,
+          setAside: false,
+        })),
+      );
+    }
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
+    const { where, params } = filterSql(filter, "postgres");
+    const { rows } = await this.pool.query(
+      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
+      params,
+    );
+    return Number(rows[0].n);
+  }
+
+  // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
+  // rows and handing their keys to act inside it. The cursor moves past every batch, so a delivery a
+  // worker changes meanwhile (retried, then failed again) is never taken twice in one run.
+  private async inBatches(
+    filter: Filter,
+    also: string,
+    batch: number | undefined,
+    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
+  ): Promise<void> {
+    const size = bulkBatchSize(batch);
+    const { where, params } = filterSql(filter, "postgres");
+    let after: Cursor | undefined;
+    for (;;) {
+      const picked = (await this.other(async (client) => {
+        const cursor =
+          after === undefined
+            ? ""
+            : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
+        const { rows } = await client.query(
+          toPg(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
+          [
+            ...params,
+            ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
+            size,
+          ],
+        );
+        const keys = rows.map((r) => ({
+          receivedAt: r.received_at as number,
+          source: r.source as string,
+          id: r.id as string,
+          route: r.route as number,
+        }));
+        if (keys.length > 0) await act(client, keys);
+        return keys;
+      })) as Cursor[];
+      if (picked.length < size) return;
+      after = picked.at(-1);
+    }
+  }
+
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
+                (SELECT coalesce(sum(octet_length(body)), 0) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bytes,
+                (SELECT count(*) FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $2)
+                + (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $2) AS forgotten`,
+        [bodiesBefore, forgetBefore],
+      );
+      return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(rest, () =>
+        this.dropBatch("status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch),
+      );
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = (await paced(rest, () =>
+        this.other(
+          async (client) =>
+            (
+              await client.query(
+                `DELETE FROM deliveries WHERE (source, id, route) IN (
+           SELECT source, id, route FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
+           ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+                [forgetBefore, batch],
+              )
+            ).rowCount ?? 0,
+        ),
+      )) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    return purged;
+  }
+
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "postgres");
+    const size = bulkBatchSize(options.batch);
+    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
+    if (options.dryRun) {
+      const { rows } = await this.pool.query(
+        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),
+        params,
+      );
+      return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    return total;
+  }
+
+  // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
+  // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
+  private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
+    return this.other(async (client) => {
+      const { rows } = await client.query(
+        toPg(`WITH p AS (SELECT source, id, route, octet_length(body) AS bytes FROM deliveries WHERE ${where}
+                         ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
+              UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
+              WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
+              RETURNING p.bytes`),
+        [...params, batch, this.pinned ? this.pinned() : Date.now()],
+      );
+      return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
+    }) as Promise<{ n: number; bytes: number }>;
+  }
+}

@@ -1,0 +1,141 @@
+// rows.ts: what both backends make of the rows they read, and the hash they write: a deliveries row as a
+// Delivery (toDelivery()), the counts as a Summary, Gauges, OrderingStatus or histogram buckets, and the
+// body's sha256. Ground floor: it knows the columns, not the backend that returned them.
+
+import { hash } from "node:crypto";
+import { DEFAULTS } from "./defaults.ts";
+import {
+  STATUSES,
+  type Bucket,
+  type Delivery,
+  type Gauges,
+  type Headers,
+  type OrderingStatus,
+  type Status,
+  type Summary,
+} from "./store.ts";
+
+/** toGauges turns live counts and totals per source into Gauges: done is each total less its live rows. */
+export function toGauges(
+  rows: readonly { source: string; status: Status | "total"; n: number; oldest: number | null }[],
+  now: number,
+): Gauges {
+  const bySourceStatus: Gauges["bySourceStatus"] = [];
+  const live = new Map<string, number>();
+  const oldest = new Map<string, number>();
+  for (const r of rows) {
+    if (r.status === "total") continue;
+    // One status may come in several rows (SQLite counts unordered and ordered waiting ones apart).
+    const same = bySourceStatus.find((x) => x.source === r.source && x.status === r.status);
+    if (same) same.n += Number(r.n);
+    else bySourceStatus.push({ source: r.source, status: r.status, n: Number(r.n) });
+    live.set(r.source, (live.get(r.source) ?? 0) + Number(r.n));
+    if (r.oldest !== null) oldest.set(r.source, Math.min(oldest.get(r.source) ?? Infinity, Number(r.oldest)));
+  }
+  for (const r of rows) {
+    const done = Number(r.n) - (live.get(r.source) ?? 0);
+    if (r.status === "total" && done > 0) bySourceStatus.push({ source: r.source, status: "done", n: done });
+  }
+  bySourceStatus.sort((a, b) =>
+    a.source < b.source ? -1 : a.source > b.source ? 1 : STATUSES.indexOf(a.status) - STATUSES.indexOf(b.status),
+  );
+  return {
+    bySourceStatus,
+    oldestWaitingMs: [...oldest].sort().map(([source, t]) => ({ source, ms: Math.max(0, now - t) })),
+  };
+}
+
+/** sha256 is the hex digest used to tell a true duplicate from a conflicting one. */
+export function sha256(body: Uint8Array): string {
+  // One-shot: no Hash object per delivery.
+  return hash("sha256", body, "hex");
+}
+
+function asBuffer(bytes: Uint8Array): Buffer {
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+/** toDelivery reads a deliveries row, as either backend returns it, into a Delivery. */
+export function toDelivery(row: Record<string, unknown>): Delivery {
+  return {
+    source: row.source as string,
+    id: row.id as string,
+    body: asBuffer(row.body as Uint8Array),
+    bodySha256: row.body_sha256 as string,
+    contentType: row.content_type as string | null,
+    eventType: row.event_type as string | null,
+    providerTime: row.provider_time as number | null,
+    receivedAt: row.received_at as number,
+    status: row.status as Status,
+    attempts: row.attempts as number,
+    availableAt: row.available_at as number,
+    leasedUntil: row.leased_until as number | null,
+    error: row.error as string | null,
+    conflicts: row.conflicts as number,
+    finishedAt: row.finished_at as number | null,
+    replays: row.replays as number,
+    purgedAt: row.purged_at as number | null,
+    orderKey: (row.order_key ?? null) as string | null,
+    eventTime: (row.event_time ?? null) as number | null,
+    newerId: (row.newer_id ?? null) as string | null,
+    destination: (row.destination ?? DEFAULTS.destination) as string,
+    route: Number(row.route ?? 0),
+    headers: typeof row.headers === "string" ? (JSON.parse(row.headers) as Headers) : null,
+    traceparent: (row.traceparent ?? null) as string | null,
+  };
+}
+
+/** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */
+export function summarise(
+  totals: { source: string; n: number }[],
+  open: { source: string; status: Status; n: number }[],
+  oldestWaitingMs: number | null,
+  conflicts: Summary["conflicts"],
+): Summary {
+  const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+  const counts = zero();
+  const bySource = new Map(totals.map((t) => [t.source, { source: t.source, counts: { ...zero(), done: t.n } }]));
+  for (const o of open) {
+    const entry = bySource.get(o.source) ?? { source: o.source, counts: zero() };
+    bySource.set(o.source, entry);
+    entry.counts[o.status] += o.n;
+    entry.counts.done -= o.n;
+  }
+  const sources = [...bySource.values()].sort((a, b) => (a.source < b.source ? -1 : 1));
+  for (const x of sources) for (const s of STATUSES) counts[s] += x.counts[s];
+  return { counts, sources, oldestWaitingMs, conflicts, estimated: false };
+}
+
+/** emptyBuckets lays out histogram()'s buckets from since to until, every count zero; misuse throws. */
+export function emptyBuckets(since: number, bucketMs: number, until: number): Bucket[] {
+  if (!Number.isInteger(bucketMs) || bucketMs < 1)
+    throw new TypeError(`histogram: expected bucketMs >= 1, got ${bucketMs}`);
+  const n = Math.ceil((until - since) / bucketMs);
+  if (!Number.isInteger(since) || !(n >= 0 && n <= 10_000)) {
+    throw new TypeError(
+      `histogram: expected since <= until and at most 10,000 buckets, got since ${since}, until ${until}, bucketMs ${bucketMs}`,
+    );
+  }
+  return Array.from({ length: n }, (_, i) => ({ start: since + i * bucketMs, received: 0, done: 0, failed: 0 }));
+}
+
+/** orderingStatus builds OrderingStatus from the rows of HELD_KEYS and ORDERING_COUNTS. */
+export function orderingStatus(counts: Record<string, unknown>, held: Record<string, unknown>[]): OrderingStatus {
+  return {
+    keys: Number(counts.keys),
+    stale: Number(counts.stale),
+    passed: Number(counts.passed),
+    heldKeys: held.length,
+    held: held.slice(0, 100).map((r) => ({
+      source: r.source as string,
+      destination: r.destination as string,
+      orderKey: r.order_key as string,
+      headId: r.head_id as string,
+      reason: r.status === "failed" ? "failed" : "retry",
+      retryAt: r.status === "failed" ? null : Number(r.due),
+      attempts: Number(r.attempts),
+      error: r.error as string | null,
+      waiting: Number(r.waiting),
+    })),
+  };
+}

@@ -1,0 +1,406 @@
+// sqlite/bulk.ts: the operator's bulk writes on SQLite: restore() from another inbox's pages, retry and
+// replay by filter, purge() and dropBodies() with the incremental vacuum after them, and vacuum(). Each
+// runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting between them so
+// acks get the write lock. SqliteInbox holds one and hands it these calls, through the CommitQueue it gives.
+
+import type { DatabaseSync, SQLInputValue } from "node:sqlite";
+import { DEFAULTS } from "../defaults.ts";
+import {
+  DESTINATION_NAME,
+  type BulkOptions,
+  type Cursor,
+  type Delivery,
+  type Filter,
+  type PurgeOptions,
+  type Purged,
+} from "../store.ts";
+import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import { filterSql } from "../sql.ts";
+import { paced } from "../timing.ts";
+
+import { enterKey, rebuildKey, settleKey, type Statements } from "./keys.ts";
+
+type Row = Record<string, SQLInputValue>;
+
+/** CommitQueue is what the bulk writes need of the inbox: its connection, its statements, its clock and its queue. */
+export interface CommitQueue {
+  db: DatabaseSync;
+  sql: Statements;
+  now: () => number;
+  /** enqueue runs a write in the next group commit (SqliteCommitter's). */
+  enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial?: boolean): Promise<unknown>;
+  /** flush resolves once every write queued so far is committed. */
+  flush(): Promise<void>;
+}
+
+/** SqliteBulk is the operator's bulk writes of a SqliteInbox, each batch queued through its CommitQueue. */
+export class SqliteBulk {
+  private readonly db: DatabaseSync;
+  private readonly sql: Statements;
+  private readonly now: () => number;
+  private readonly queue: CommitQueue;
+
+  constructor(queue: CommitQueue) {
+    this.queue = queue;
+    this.db = queue.db;
+    this.sql = queue.sql;
+    this.now = queue.now;
+  }
+
+  private enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial?: boolean): Promise<unknown> {
+    return this.queue.enqueue(run, partial);
+  }
+
+  private flush(): Promise<void> {
+    return this.queue.flush();
+  }
+
+  /** restore writes deliveries as they are, in one transaction; keys already here are skipped. */
+  restore(deliveries: readonly Delivery[]): Promise<number> {
+    return this.enqueue(() => {
+      let added = 0;
+      const keys = new Map<string, [string, string, string]>();
+      // In arrival order, so that the rowids that break event-time ties keep it.
+      for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
+        const changed = Number(
+          this.sql(
+            `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                     replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (source, id, route) DO NOTHING`,
+          ).run(
+            d.source,
+            d.id,
+            d.body,
+            d.bodySha256,
+            d.contentType,
+            d.eventType,
+            d.providerTime,
+            d.receivedAt,
+            d.status,
+            d.attempts,
+            d.availableAt,
+            d.leasedUntil,
+            d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
+            d.error,
+            d.conflicts,
+            d.finishedAt,
+            d.replays ?? 0,
+            d.purgedAt ?? null,
+            d.orderKey ?? null,
+            d.eventTime ?? null,
+            d.newerId ?? null,
+            d.route ?? 0,
+            d.destination ?? DEFAULTS.destination,
+            d.headers ? JSON.stringify(d.headers) : null,
+            d.traceparent ?? null,
+          ).changes,
+        );
+        added += changed;
+        const destination = d.destination ?? DEFAULTS.destination;
+        if (changed === 1 && d.orderKey != null)
+          keys.set(JSON.stringify([d.source, destination, d.orderKey]), [d.source, destination, d.orderKey]);
+      }
+      for (const [source, destination, key] of keys.values()) rebuildKey(this.sql, source, destination, key);
+      return added;
+    }) as Promise<number>;
+  }
+
+  /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
+  async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
+    const failed = "status = 'failed' AND purged_at IS NULL";
+    if (options.dryRun) return this.countWhere(filter, failed);
+    let total = 0;
+    await this.inBatches(filter, failed, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const row =
+          this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+                WHERE source = ? AND id = ? AND route = ? AND status = 'failed' RETURNING order_key, destination`).get(
+            now,
+            k.source,
+            k.id,
+            k.route!,
+          ) as Row | undefined;
+        if (!row) continue;
+        total++;
+        // An ordered delivery waits its turn again: its key's head row decides when.
+        if (row.order_key !== null)
+          settleKey(this.sql, k.source, row.destination as string, row.order_key as string, k.id, false);
+      }
+    });
+    return total;
+  }
+
+  /** replayMatching puts the done deliveries that match through the handler again; tombstones are counted, not replayed. */
+  async replayMatching(
+    filter: Filter,
+    options: BulkOptions & { to?: string } = {},
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    if (options.to !== undefined) return this.replayTo(filter, options.to, options);
+    const kept = "status = 'done' AND purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const row =
+          this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+                       finished_at = NULL, leased_until = NULL, lease_token = NULL
+                WHERE source = ? AND id = ? AND route = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key, destination`).get(
+            now,
+            k.source,
+            k.id,
+            k.route!,
+          ) as Row | undefined;
+        if (!row) continue;
+        replayed++;
+        if (row.order_key !== null)
+          settleKey(this.sql, k.source, row.destination as string, row.order_key as string, k.id, false);
+      }
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  // replayTo sends each matching delivery (once, whichever of its rows matched) to one destination: its
+  // row there goes again if done, and a row is added, as the next route, if its routes never chose it.
+  // A row there that is still waiting or failed is left alone: it is on its way, or `retry` is the tool.
+  private async replayTo(
+    filter: Filter,
+    to: string,
+    options: BulkOptions,
+  ): Promise<{ replayed: number; tombstoned: number }> {
+    if (!DESTINATION_NAME.test(to))
+      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    const kept = "purged_at IS NULL";
+    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
+    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    let replayed = 0;
+    const seen = new Set<string>();
+    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+      for (const k of keys) {
+        const there = this.sql(
+          "SELECT rowid, status, route FROM deliveries WHERE source = ? AND id = ? AND destination = ?",
+        ).get(k.source, k.id, to) as Row | undefined;
+        if (seen.has(`${k.source}\u0000${k.id}`)) continue;
+        seen.add(`${k.source}\u0000${k.id}`);
+        if (there !== undefined) {
+          if (there.status !== "done") continue;
+          const row =
+            this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+                         finished_at = NULL, leased_until = NULL, lease_token = NULL
+                  WHERE rowid = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`).get(
+              now,
+              there.rowid as number,
+            ) as Row | undefined;
+          if (!row) continue;
+          replayed++;
+          if (row.order_key !== null) settleKey(this.sql, k.source, to, row.order_key as string, k.id, false);
+          continue;
+        }
+        // Routing after the fact: the delivery gets a row for this destination, as its next route.
+        const added =
+          this.sql(`INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays)
+                SELECT source, id, body, body_sha256, content_type, event_type, provider_time, received_at, 'received', ?,
+                       order_key, event_time, (SELECT max(route) + 1 FROM deliveries WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1
+                FROM deliveries WHERE source = ?2 AND id = ?3 AND route = ?5 AND purged_at IS NULL
+                RETURNING rowid, order_key, event_time`).get(now, k.source, k.id, to, k.route!) as Row | undefined;
+        if (!added) continue;
+        replayed++;
+        if (added.order_key !== null) {
+          enterKey(
+            this.sql,
+            k.source,
+            to,
+            added.order_key as string,
+            k.id,
+            added.event_time as number,
+            added.rowid as number,
+            now,
+            false,
+          );
+        }
+      }
+    });
+    return { replayed, tombstoned: await tombstoned() };
+  }
+
+  private async countWhere(filter: Filter, also: string): Promise<number> {
+    const { where, params } = filterSql(filter, "sqlite");
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`).get(...params) as { n: number })
+      .n;
+  }
+
+  // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
+  // batch's keys to act inside it. The cursor moves past every batch, so a delivery changed by a worker
+  // meanwhile (retried, then failed again) is never taken twice in one run, and the run always ends.
+  private async inBatches(
+    filter: Filter,
+    also: string,
+    batch: number | undefined,
+    act: (keys: Cursor[], now: number) => void,
+  ): Promise<void> {
+    const size = bulkBatchSize(batch);
+    const { where, params } = filterSql(filter, "sqlite");
+    let after: Cursor | undefined;
+    for (;;) {
+      const picked = (await this.enqueue(() => {
+        const cursor = after === undefined ? "" : "AND (received_at, source, id, route) > (?, ?, ?, ?)";
+        const keys = (
+          this.sql(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
+                ORDER BY received_at, source, id, route LIMIT ?`).all(
+            ...params,
+            ...(after ? [after.receivedAt, after.source, after.id, after.route!] : []),
+            size,
+          ) as Row[]
+        ).map((r) => ({
+          receivedAt: r.received_at as number,
+          source: r.source as string,
+          id: r.id as string,
+          route: r.route as number,
+        }));
+        act(keys, this.now());
+        return keys;
+      })) as Cursor[];
+      if (picked.length < size) return;
+      after = picked.at(-1);
+    }
+  }
+
+  /** purge drops old done bodies (tombstones stay), forgets old tombstones, then gives the space back. */
+  async purge(options: PurgeOptions = {}): Promise<Purged> {
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.now());
+    if (options.dryRun) {
+      const bodies = this.sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+              WHERE status = 'done' AND purged_at IS NULL AND received_at < ?`).get(bodiesBefore) as {
+        n: number;
+        bytes: number;
+      };
+      // What is past both ages goes in one run: its body now, then its tombstone.
+      const forgotten = this.sql(
+        "SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ?",
+      ).get(forgetBefore) as { n: number };
+      const both = this.sql(
+        "SELECT count(*) AS n FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ?",
+      ).get(forgetBefore) as { n: number };
+      return { bodies: bodies.n, bytes: bodies.bytes, forgotten: forgotten.n + both.n, vacuumedBytes: 0 };
+    }
+    const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    for (;;) {
+      const { n, bytes } = (await paced(rest, () =>
+        this.enqueue(() =>
+          this.dropBatch(
+            "SELECT rowid, length(body) AS bytes FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ? ORDER BY received_at LIMIT ?",
+            [bodiesBefore, batch],
+          ),
+        ),
+      )) as { n: number; bytes: number };
+      purged.bodies += n;
+      purged.bytes += bytes;
+      if (n < batch || options.signal?.aborted) break;
+    }
+    for (;;) {
+      if (options.signal?.aborted) return purged;
+      const n = (await paced(rest, () =>
+        this.enqueue(() =>
+          Number(
+            this.sql(`DELETE FROM deliveries WHERE rowid IN (
+                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`).run(
+              forgetBefore,
+              batch,
+            ).changes,
+          ),
+        ),
+      )) as number;
+      purged.forgotten += n;
+      if (n < batch) break;
+    }
+    purged.vacuumedBytes = await this.vacuumFree(options.signal, rest);
+    return purged;
+  }
+
+  /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
+  async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const size = bulkBatchSize(options.batch);
+    const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
+                  WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where} ORDER BY received_at LIMIT ?`;
+    if (options.dryRun) {
+      const r = this.sql(`SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes FROM deliveries
+                          WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`).get(...params) as {
+        n: number;
+        bytes: number;
+      };
+      return { bodies: r.n, bytes: r.bytes };
+    }
+    const total = { bodies: 0, bytes: 0 };
+    for (;;) {
+      const { n, bytes } = (await paced(DEFAULTS.purgeRest, () =>
+        this.enqueue(() => this.dropBatch(pick, [...params, size])),
+      )) as { n: number; bytes: number };
+      total.bodies += n;
+      total.bytes += bytes;
+      if (n < size) break;
+    }
+    await this.vacuumFree();
+    return total;
+  }
+
+  // dropBatch makes tombstones of the rows a query picks, inside the current transaction. The row stays,
+  // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a
+  // conflict. It is moved rather than updated in place: SQLite never merges the half-empty pages an
+  // UPDATE leaves (a 1 KB body lives in its leaf page), so the file would not shrink; a DELETE rebalances
+  // them into free pages, and the re-inserted tombstones pack densely at the end of the table.
+  private dropBatch(pick: string, params: SQLInputValue[]): { n: number; bytes: number } {
+    const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
+    if (rows.length === 0) return { n: 0, bytes: 0 };
+    // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
+    this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.deliveries WHERE 0");
+    const ids = JSON.stringify(rows.map((r) => r.rowid));
+    const settled = "rowid IN (SELECT value FROM json_each(?)) AND purged_at IS NULL AND status IN ('done', 'failed')";
+    this.sql(`INSERT INTO temp.purging SELECT * FROM main.deliveries WHERE ${settled}`).run(ids);
+    const n = Number(this.sql(`DELETE FROM main.deliveries WHERE ${settled}`).run(ids).changes);
+    this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(this.now());
+    this.sql("INSERT INTO main.deliveries SELECT * FROM temp.purging ORDER BY received_at").run();
+    this.sql("DELETE FROM temp.purging").run();
+    return { n, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
+  }
+
+  // vacuumFree gives free pages back to the file system, a bounded step per transaction, when the file
+  // was created with auto_vacuum = INCREMENTAL (see openDatabase; an older file needs vacuum() once).
+  // The file itself shrinks at the next checkpoint, which copies the shorter database out of the WAL.
+  private async vacuumFree(signal?: AbortSignal, rest: number = DEFAULTS.purgeRest): Promise<number> {
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    if (pragma("auto_vacuum") !== 2) return 0;
+    const pageSize = pragma("page_size");
+    let pages = 0;
+    for (;;) {
+      const free = pragma("freelist_count");
+      if (free === 0 || signal?.aborted) break;
+      const step = Math.min(free, DEFAULTS.vacuumStepPages);
+      await paced(rest, () => this.enqueue(() => this.db.prepare(`PRAGMA incremental_vacuum(${step})`).all()));
+      pages += step;
+    }
+    return pages * pageSize;
+  }
+
+  /**
+   * vacuum rewrites the whole file once, switching it to auto_vacuum = INCREMENTAL, so that purge can shrink
+   * a database created before retention existed. It holds the write lock until done (seconds per GB):
+   * receivers' acks wait meanwhile, so run it in a quiet moment. SQLite only.
+   */
+  async vacuum(): Promise<{ before: number; after: number }> {
+    await this.flush();
+    const size = () => {
+      const { page_count: pages } = this.db.prepare("PRAGMA page_count").get() as { page_count: number };
+      const { page_size: bytes } = this.db.prepare("PRAGMA page_size").get() as { page_size: number };
+      return pages * bytes;
+    };
+    const before = size();
+    this.db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    this.db.exec("VACUUM");
+    this.db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+    return { before, after: size() };
+  }
+}

@@ -1,0 +1,272 @@
+// sqlite/reads.ts: what the operator reads of an Inbox on SQLite (status, summary, search, lists, histogram,
+// attempts, destinations, kept), apart from the delivery's life in sqlite.ts. SqliteInbox holds a
+// SqliteReads and hands it these calls; each reads the file in one statement or a few, outside the commit
+// queue of sqlite/commit.ts, which it never waits for.
+
+import type { SQLInputValue } from "node:sqlite";
+import { DEFAULTS } from "../defaults.ts";
+import {
+  NO_DESTINATION,
+  STATUSES,
+  type DestinationState,
+  type AttemptError,
+  type Bucket,
+  type Cursor,
+  type Delivery,
+  type Filter,
+  type InboxStatus,
+  type Kept,
+  type SqlValue,
+  type Status,
+  type Summary,
+} from "../store.ts";
+import { toDestinationState } from "../breaker.ts";
+import { searchPageLimit } from "../checks.ts";
+import { emptyBuckets, orderingStatus, summarise, toDelivery } from "../rows.ts";
+import { ORDERING_SQL, filterSql } from "../sql.ts";
+
+import type { Statements } from "./keys.ts";
+
+type Row = Record<string, SQLInputValue>;
+
+/** SqliteReads is the operator's side of SqliteInbox: every read, on its connection, at its clock. */
+export class SqliteReads {
+  private readonly sql: Statements;
+  private readonly now: () => number;
+
+  constructor(sql: Statements, now: () => number) {
+    this.sql = sql;
+    this.now = now;
+  }
+
+  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
+  async attemptErrors(d: {
+    source: string;
+    id: string;
+    receivedAt: number;
+    destination?: string;
+  }): Promise<AttemptError[]> {
+    return (
+      this.sql(`SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ?
+              AND (? IS NULL OR destination = ?) ORDER BY failed_at, rowid`).all(
+        d.source,
+        d.id,
+        d.receivedAt,
+        d.destination ?? null,
+        d.destination ?? null,
+      ) as Row[]
+    ).map((r) => ({
+      attempt: r.attempt as number,
+      error: r.error as string,
+      failedAt: r.failed_at as number,
+      destination: r.destination as string,
+    }));
+  }
+
+  /** find returns the deliveries with this ID, in every source or in one. */
+  async find(id: string, source?: string): Promise<Delivery[]> {
+    const rows =
+      source === undefined
+        ? this.sql("SELECT * FROM deliveries WHERE id = ? ORDER BY source, route").all(id)
+        : this.sql("SELECT * FROM deliveries WHERE id = ? AND source = ? ORDER BY route").all(id, source);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** list returns deliveries newest first, optionally of one status or source. */
+  async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
+    const rows = this.sql(
+      `SELECT * FROM deliveries
+         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR source = ?2)
+         ORDER BY received_at DESC, rowid DESC LIMIT ?3`,
+    ).all(filter.status ?? null, filter.source ?? null, filter.limit ?? 20) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
+  async status(): Promise<InboxStatus> {
+    const now = this.now();
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+    for (const row of this.sql("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as Row[]) {
+      counts[row.status as Status] = row.n as number;
+    }
+    const failed = (
+      this.sql(`SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
+                ORDER BY received_at, rowid LIMIT 100`).all() as Row[]
+    ).map((r) => ({
+      source: r.source as string,
+      id: r.id as string,
+      attempts: r.attempts as number,
+      error: r.error as string | null,
+      eventType: r.event_type as string | null,
+      destination: r.destination as string,
+    }));
+    const oldest = this.sql(
+      "SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')",
+    ).get() as { t: number | null };
+    // Per source and event type, so one inbox fed by several providers can be read at a glance.
+    const bySource = new Map<string, InboxStatus["sources"][number]>();
+    for (const r of this.sql(`SELECT source, event_type, status, count(*) AS n FROM deliveries
+            GROUP BY source, event_type, status ORDER BY source, event_type`).all() as Row[]) {
+      const key = JSON.stringify([r.source, r.event_type]);
+      let entry = bySource.get(key);
+      if (!entry) {
+        entry = {
+          source: r.source as string,
+          eventType: r.event_type as string | null,
+          counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>,
+        };
+        bySource.set(key, entry);
+      }
+      entry.counts[r.status as Status] = r.n as number;
+    }
+    const conflicts = this.sql(
+      "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
+    ).get() as { rows: number; copies: number };
+    return {
+      counts,
+      sources: [...bySource.values()],
+      failed,
+      oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
+      conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },
+      ordering: orderingStatus(
+        this.sql(ORDERING_SQL.counts).get() as Row,
+        this.sql(ORDERING_SQL.held).all(now) as Row[],
+      ),
+    };
+  }
+
+  /**
+   * summary counts per status and per source for a page that refreshes every few seconds. The rows not
+   * done are counted in their partial index; done is each source's total (a count on the primary key)
+   * less those, so no statement reads the table itself.
+   */
+  async summary(): Promise<Summary> {
+    const now = this.now();
+    const open = this
+      // Named, as without statistics SQLite would rather walk the primary key for its order by source.
+      .sql(
+        "SELECT source, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY source, status",
+      )
+      .all() as Row[];
+    const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
+      source: r.source as string,
+      n: (this.sql("SELECT count(*) AS n FROM deliveries WHERE source = ?").get(r.source as string) as { n: number }).n,
+    }));
+    // Each with status <> 'done' spelled out, which is what lets SQLite pick the partial index.
+    const oldest = this.sql(`SELECT min(t) AS t FROM (
+              SELECT min(received_at) AS t FROM deliveries WHERE status = 'received' AND status <> 'done'
+              UNION ALL SELECT min(received_at) FROM deliveries WHERE status = 'processing' AND status <> 'done')`).get() as {
+      t: number | null;
+    };
+    const conflicts = this.sql(
+      "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
+    ).get() as { rows: number; copies: number };
+    return summarise(
+      totals,
+      open.map((r) => ({ source: r.source as string, status: r.status as Status, n: r.n as number })),
+      oldest.t === null ? null : Math.max(0, now - oldest.t),
+      { deliveries: conflicts.rows, copies: conflicts.copies },
+    );
+  }
+
+  /** histogram counts deliveries received, and done or failed, per bucket; the operator page's chart. */
+  async histogram(since: number, bucketMs: number, until: number = this.now()): Promise<Bucket[]> {
+    const buckets = emptyBuckets(since, bucketMs, until);
+    // node:sqlite binds a JS number as a REAL, so the division is truncated to its bucket by CAST.
+    for (const r of this.sql(`SELECT CAST((received_at - ?1) / ?2 AS INTEGER) AS b, count(*) AS n FROM deliveries
+            WHERE received_at >= ?1 AND received_at < ?3 GROUP BY b`).all(since, bucketMs, until) as Row[]) {
+      buckets[r.b as number]!.received = r.n as number;
+    }
+    for (const r of this.sql(`SELECT CAST((finished_at - ?1) / ?2 AS INTEGER) AS b, status, count(*) AS n FROM deliveries
+            WHERE finished_at >= ?1 AND finished_at < ?3 AND status IN ('done', 'failed') GROUP BY b, status`).all(
+      since,
+      bucketMs,
+      until,
+    ) as Row[]) {
+      buckets[r.b as number]![r.status as "done" | "failed"] = r.n as number;
+    }
+    return buckets;
+  }
+
+  /** page returns up to limit deliveries in (source, id) order after the cursor, for copying. */
+  async page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
+    const rows =
+      after === undefined
+        ? this.sql("SELECT * FROM deliveries ORDER BY source, id, route LIMIT ?").all(limit)
+        : this.sql(
+            "SELECT * FROM deliveries WHERE (source, id, route) > (?, ?, ?) ORDER BY source, id, route LIMIT ?",
+          ).all(after.source, after.id, after.route ?? Number.MAX_SAFE_INTEGER, limit);
+    return (rows as Row[]).map(toDelivery);
+  }
+
+  /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
+  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+    const { where, params } = filterSql(filter, "sqlite");
+    const limit = searchPageLimit(page.limit);
+    const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
+    const cursor =
+      page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
+    const rows = this.sql(
+      `SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
+    ).all(...params, ...cursor, limit) as Row[];
+    return rows.map(toDelivery);
+  }
+
+  /** count says how many deliveries match. */
+  async count(filter: Filter): Promise<number> {
+    const { where, params } = filterSql(filter, "sqlite");
+    return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${where}`).get(...params) as { n: number }).n;
+  }
+
+  /** kept says how much is kept: bodies, tombstones, bytes, and the oldest of each. */
+  async kept(): Promise<Kept> {
+    const bodies = this.sql(
+      "SELECT count(*) AS n, coalesce(sum(length(body)), 0) AS bytes, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NULL",
+    ).get() as { n: number; bytes: number; oldest: number | null };
+    const tombstones = this.sql(
+      "SELECT count(*) AS n, min(received_at) AS oldest FROM deliveries WHERE purged_at IS NOT NULL",
+    ).get() as { n: number; oldest: number | null };
+    const pragma = (name: string) => Object.values(this.sql(`PRAGMA ${name}`).get() as Record<string, number>)[0]!;
+    const pageSize = pragma("page_size");
+    return {
+      bodies: { count: bodies.n, bytes: bodies.bytes, oldest: bodies.oldest },
+      tombstones: { count: tombstones.n, oldest: tombstones.oldest },
+      fileBytes: pragma("page_count") * pageSize,
+      freeBytes: pragma("freelist_count") * pageSize,
+      autoVacuum: (["none", "full", "incremental"] as const)[pragma("auto_vacuum")] ?? "none",
+    };
+  }
+
+  /** query runs one statement with `?` parameters: the handler's own tables, and tests. */
+  async query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]> {
+    const statement = this.sql(sql);
+    return statement.columns().length === 0
+      ? (statement.run(...params), [])
+      : (statement.all(...params) as Record<string, unknown>[]);
+  }
+
+  /** destinations lists every destination with deliveries or a state of its own, by name. */
+  async destinations(windowMs: number = DEFAULTS.breakerWindowMs): Promise<DestinationState[]> {
+    const now = this.now();
+    const counts = new Map<string, { waiting: number; processing: number; failed: number }>();
+    const at = (name: string) =>
+      counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
+    // Only what is not done, through its partial index, so a large inbox is not walked.
+    for (const r of this.sql(
+      "SELECT destination, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY destination, status",
+    ).all() as Row[]) {
+      const c = at(r.destination as string);
+      if (r.status === "received") c.waiting = r.n as number;
+      else if (r.status === "processing") c.processing = r.n as number;
+      else c.failed = r.n as number;
+    }
+    const rows = new Map((this.sql("SELECT * FROM destinations").all() as Row[]).map((r) => [r.name as string, r]));
+    for (const name of rows.keys()) at(name);
+    // The handler is every inbox's destination, even one with nothing waiting; the others have a row once a worker tallies them.
+    at(DEFAULTS.destination);
+    counts.delete(NO_DESTINATION);
+    return [...counts.keys()]
+      .sort()
+      .map((name) => toDestinationState(name, rows.get(name), counts.get(name)!, windowMs, now));
+  }
+}
