@@ -209,8 +209,8 @@ function limitPerAddress(
   };
 }
 
-/** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
-export async function main(argv: string[]): Promise<void> {
+// receiverProgram is the receiver's flags and --help, every flag checked as commander parses it.
+async function receiverProgram() {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (min: number) => (value: string) => {
     const n = Number(value);
@@ -222,7 +222,7 @@ export async function main(argv: string[]): Promise<void> {
       throw new InvalidArgumentError(`expected ${LOG_FORMATS.join(" or ")}.`);
     return value as LogFormat;
   };
-  const program = new Command("receiver.ts")
+  return new Command("receiver.ts")
     .description("Receive webhooks and store each one durably before answering 200.")
     .option("--port <port>", `port to listen on; 0 picks a free one (default: PORT, else ${DEFAULTS.port})`, whole(0))
     .option("--host <address>", "address to listen on", DEFAULTS.host)
@@ -304,6 +304,11 @@ Examples:
   curl http://127.0.0.1:8000/metrics     # Prometheus; /livez and /readyz for probes`,
     )
     .showHelpAfterError("(run with --help for usage)");
+}
+
+/** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
+  const program = await receiverProgram();
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
@@ -333,31 +338,7 @@ Examples:
 
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  let sources: Map<string, Source> | undefined;
-  if (sourcesFile) {
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(readFileSync(sourcesFile, "utf8"));
-    } catch (error) {
-      // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
-      const why =
-        error instanceof SyntaxError
-          ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}`
-          : message(error);
-      fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
-    }
-    try {
-      sources = loadSources(parsed, process.env);
-      // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
-      // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
-      loadDestinations(parsed, process.env, {
-        resolve: false,
-        brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
-      });
-    } catch (error) {
-      fatal(`receiver: ${sourcesFile}: ${message(error)}`);
-    }
-  }
+  const sources = sourcesFile ? readSources(sourcesFile) : undefined;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
@@ -380,19 +361,7 @@ Examples:
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }
   if (opts.metrics) metrics = new Metrics({ inbox });
-  if (!sources) {
-    say("warning: deliveries are not verified; anyone who can reach this port can store one.", "warn");
-  } else {
-    for (const s of sources.values()) {
-      const signed =
-        s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
-      say(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`, "info", { source: s.name });
-      if (s.secrets.length === 0)
-        say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", {
-          source: s.name,
-        });
-    }
-  }
+  announce(sources);
   const { log, flush: flushLog } = lineLog(process.stderr, format);
   const receiver = createReceiver({
     inbox,
@@ -431,6 +400,50 @@ Examples:
   };
   process.on("SIGTERM", () => void stop("SIGTERM"));
   process.on("SIGINT", () => void stop("SIGINT"));
+}
+
+// readSources reads and checks the sources file, or stops start-up with one line that quotes no secret.
+function readSources(sourcesFile: string): Map<string, Source> {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(readFileSync(sourcesFile, "utf8"));
+  } catch (error) {
+    // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
+    const why =
+      error instanceof SyntaxError
+        ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}`
+        : message(error);
+    fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
+  }
+  try {
+    const sources = loadSources(parsed, process.env);
+    // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
+    // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
+    loadDestinations(parsed, process.env, {
+      resolve: false,
+      brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
+    });
+    return sources;
+  } catch (error) {
+    return fatal(`receiver: ${sourcesFile}: ${message(error)}`);
+  }
+}
+
+// announce says at start-up what each source is, and warns of every one that anyone may post to.
+function announce(sources: ReadonlyMap<string, Source> | undefined): void {
+  if (!sources) {
+    say("warning: deliveries are not verified; anyone who can reach this port can store one.", "warn");
+  } else {
+    for (const s of sources.values()) {
+      const signed =
+        s.secrets.length === 0 ? "NOT verified" : s.secrets.length === 1 ? "1 secret" : `${s.secrets.length} secrets`;
+      say(`source ${s.name}: ${s.provider}, POST /${s.name}, ${signed}`, "info", { source: s.name });
+      if (s.secrets.length === 0)
+        say(`warning: source ${s.name} is not verified; anyone who can reach this port can store one.`, "warn", {
+          source: s.name,
+        });
+    }
+  }
 }
 
 // The log format main() was given; the lines before it knows are text.

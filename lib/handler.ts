@@ -10,7 +10,7 @@ import { filterInput } from "./routing/filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
-import { unsignedSource, verify, type Source } from "./providers.ts";
+import { unsignedSource, verify, type Source, type Verdict } from "./providers.ts";
 import { routeTo } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 import { startReceive } from "./traces.ts";
@@ -88,6 +88,9 @@ export interface Handler {
   idle(): Promise<void>;
 }
 
+// Verified is a signature's verdict that a delivery is to be stored.
+type Verified = Extract<Verdict, { kind: "delivery" }>;
+
 // Ctx is what one request has found out so far, for its metrics, its log line and its span.
 interface Ctx {
   source: string;
@@ -120,107 +123,245 @@ const PARSED_FIRST =
 
 /** createHandler builds the one request handler over an open inbox. */
 export function createHandler(options: HandlerOptions): Handler {
-  const inbox = options.inbox;
-  const maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
-  const maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
-  const maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
-  const retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
-  const log: Log = options.log ?? ((line: string) => console.error(line));
+  const core = new Receiving(options);
+  const { fromHeaders, maxInFlight } = core;
+  const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
+    if (fromHeaders) {
+      if (core.inFlight >= maxInFlight) return core.send(req, res, core.busy(core.sourceNameOf(req.url ?? "/"), true));
+      core.inFlight++;
+    }
+    // answer() always settles, a client that hung up included (its body read fails), so the request
+    // leaves there, without a listener on every response. A destroyed response gets nothing written.
+    void core
+      .answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read })
+      .then((a) => {
+        if (fromHeaders) core.leave();
+        core.send(req, res, a);
+      });
+  };
+
+  return {
+    answer: (request) => core.answer(request),
+    get inFlight() {
+      return core.inFlight;
+    },
+    idle: () => core.idle(),
+
+    node: (req, res) => onNode(req, res, (limit) => readBody(req, limit, core.pace)),
+
+    express: (req, res, next) => {
+      // Express strips its mount path from req.url (and keeps the query), so the source name is what is left.
+      if (next && !core.sourceFor(req.url ?? "/")) return next();
+      const parsed = req.body;
+      if (Buffer.isBuffer(parsed)) {
+        // express.raw() kept the bytes; its own limit applies first, then this one.
+        return onNode(req, res, async (limit) => {
+          if (parsed.length > limit) throw new Rejected(413, `body is over the ${limit}-byte limit`);
+          return parsed;
+        });
+      }
+      if (req.readableEnded || (req as { _body?: unknown })._body === true) {
+        return onNode(req, res, async () => {
+          throw new Rejected(500, PARSED_FIRST);
+        });
+      }
+      onNode(req, res, (limit) => readBody(req, limit, core.pace));
+    },
+
+    fetch: async (request) => {
+      const url = new URL(request.url);
+      if (fromHeaders) {
+        if (core.inFlight >= maxInFlight) return toResponse(core.busy(core.sourceNameOf(url.pathname), true));
+        core.inFlight++;
+      }
+      try {
+        return toResponse(
+          await core.answer({
+            method: request.method,
+            url: url.pathname + url.search,
+            headers: distinct(request.headers),
+            read: (limit) => readStream(request, limit, core.pace),
+          }),
+        );
+      } finally {
+        if (fromHeaders) core.leave();
+      }
+    },
+  };
+}
+
+// text is a plain-text answer.
+function text(status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer {
+  return { status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection };
+}
+
+// The two answers nearly every request gets, made once: the mounts only read an Answer.
+const STORED = text(200, "stored");
+const DUPLICATE = text(200, "duplicate");
+
+// Receiving is the handler's core, shared by its three mounts: the settings checked once, the requests in
+// flight, and one request's way through verify, route, store and reply.
+class Receiving {
+  readonly inbox: Pick<Inbox, "store">;
+  readonly maxBody: number;
+  readonly maxIdLength: number;
+  readonly maxInFlight: number;
+  readonly retryAfter: string;
+  readonly log: Log;
   // Under --quiet the line per delivery is not even built: it would be most of the handler's own work.
-  const logs = log !== silent;
-  const metrics = options.metrics;
+  readonly logs: boolean;
+  readonly metrics: Metrics | undefined;
+  readonly now: () => number;
+  readonly sources: ReadonlyMap<string, Source>;
+  readonly basePath: string;
+  // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
+  readonly filtered: ReadonlySet<Source>;
+  readonly closing: () => boolean;
+  readonly pace: Pace;
+  readonly fromHeaders: boolean;
+  // A path that is exactly a source's (no query, no extra slashes) is found without a split or a regex.
+  readonly exact: ReadonlyMap<string, Source>;
+  inFlight = 0;
+  readonly waiting: (() => void)[] = [];
+
+  constructor(options: HandlerOptions) {
+    this.inbox = options.inbox;
+    this.maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
+    this.maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
+    this.maxInFlight = options.maxInFlight ?? DEFAULTS.maxInFlight;
+    this.retryAfter = String(options.retryAfterS ?? DEFAULTS.retryAfterS);
+    this.log = options.log ?? ((line: string) => console.error(line));
+    this.logs = this.log !== silent;
+    this.metrics = options.metrics;
+    this.now = options.now ?? Date.now;
+    this.sources = options.sources ?? new Map([["", unsignedSource()]]);
+    this.basePath = (options.basePath ?? "").replace(/\/+$/, "");
+    this.filtered = new Set([...this.sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
+    this.closing = options.closing ?? (() => false);
+    this.pace = {
+      graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs,
+      rate: options.minBodyRate ?? DEFAULTS.minBodyRate,
+    };
+    this.fromHeaders = options.inFlightFromHeaders ?? false;
+    for (const [name, value] of [
+      ["maxBodyBytes", this.maxBody],
+      ["maxIdLength", this.maxIdLength],
+      ["maxInFlight", this.maxInFlight],
+      ["bodyTimeoutMs", this.pace.graceMs],
+      ["minBodyRate", this.pace.rate],
+    ] as const) {
+      if (!Number.isInteger(value) || value < 1)
+        throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
+    }
+    if (this.basePath && !this.basePath.startsWith("/"))
+      throw new TypeError(
+        `createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`,
+      );
+    this.exact = new Map([...this.sources].map(([name, source]) => [`${this.basePath}/${name}`, source]));
+  }
+
   // seen counts one answer, once per request, at the point where its outcome is decided.
-  const seen = (source: string, outcome: Outcome, started: number, status?: number) =>
-    metrics?.observe(
+  seen(source: string, outcome: Outcome, started: number, status?: number): void {
+    this.metrics?.observe(
       source,
       outcome,
       status === undefined && outcome !== "unavailable" ? performance.now() - started : undefined,
       status,
     );
-  const now = options.now ?? Date.now;
-  const sources = options.sources ?? new Map([["", unsignedSource()]]);
-  const basePath = (options.basePath ?? "").replace(/\/+$/, "");
-  // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
-  const filtered = new Set([...sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
-  const closing = options.closing ?? (() => false);
-  const pace: Pace = {
-    graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs,
-    rate: options.minBodyRate ?? DEFAULTS.minBodyRate,
-  };
-  const fromHeaders = options.inFlightFromHeaders ?? false;
-  for (const [name, value] of [
-    ["maxBodyBytes", maxBody],
-    ["maxIdLength", maxIdLength],
-    ["maxInFlight", maxInFlight],
-    ["bodyTimeoutMs", pace.graceMs],
-    ["minBodyRate", pace.rate],
-  ] as const) {
-    if (!Number.isInteger(value) || value < 1)
-      throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
   }
-  if (basePath && !basePath.startsWith("/"))
-    throw new TypeError(`createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`);
 
-  let inFlight = 0;
-  const waiting: (() => void)[] = [];
-  const leave = () => {
-    if (--inFlight === 0) for (const resolve of waiting.splice(0)) resolve();
-  };
-  const text = (
-    status: number,
-    body: string,
-    headers: Record<string, string> = {},
-    closeConnection = false,
-  ): Answer => ({
-    status,
-    body,
-    headers: { "content-type": "text/plain; charset=utf-8", ...headers },
-    closeConnection,
-  });
-  // The two answers nearly every request gets, made once: the mounts only read an Answer.
-  const STORED = text(200, "stored");
-  const DUPLICATE = text(200, "duplicate");
+  leave(): void {
+    if (--this.inFlight === 0) for (const resolve of this.waiting.splice(0)) resolve();
+  }
+
+  idle(): Promise<void> {
+    return this.inFlight === 0 ? Promise.resolve() : new Promise<void>((resolve) => this.waiting.push(resolve));
+  }
+
   // busy answers past maxInFlight. Counted from the headers (the comparison), the body is still unread,
   // so the connection must close; counted from the body's end, it may carry the sender's next request.
-  const busy = (source: string, unread: boolean): Answer => {
-    seen(source, "unavailable", performance.now());
-    log(`rejected: 503 over ${maxInFlight} requests in flight`, { level: "error", status: 503 });
-    return text(503, "busy, try again later", { "retry-after": retryAfter }, unread);
-  };
+  busy(source: string, unread: boolean): Answer {
+    this.seen(source, "unavailable", performance.now());
+    this.log(`rejected: 503 over ${this.maxInFlight} requests in flight`, { level: "error", status: 503 });
+    return text(503, "busy, try again later", { "retry-after": this.retryAfter }, unread);
+  }
 
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
-  // A path that is exactly a source's (no query, no extra slashes) is found without a split or a regex.
-  const exact = new Map([...sources].map(([name, source]) => [`${basePath}/${name}`, source]));
-  const sourceFor = (url: string): Source | undefined => {
-    const found = exact.get(url);
+  sourceFor(url: string): Source | undefined {
+    const found = this.exact.get(url);
     if (found) return found;
     let path = url.split("?")[0]!;
-    if (basePath && (path === basePath || path.startsWith(`${basePath}/`))) path = path.slice(basePath.length);
-    return sources.get(path.replace(/^\/+|\/+$/g, ""));
-  };
+    const base = this.basePath;
+    if (base && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
+    return this.sources.get(path.replace(/^\/+|\/+$/g, ""));
+  }
 
-  async function handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
-    const source = sourceFor(req.url);
+  sourceNameOf(url: string): string {
+    return this.sourceFor(url)?.name ?? NO_SOURCE;
+  }
+
+  async answer(req: WebhookRequest): Promise<Answer> {
+    const traced = startReceive(req.headers);
+    const ctx: Ctx = { source: NO_SOURCE, started: performance.now(), traceparent: traced.traceparent };
+    let a: Answer;
+    try {
+      a = await traced.run(() => this.answerIn(req, ctx));
+    } finally {
+      if (ctx.counted) this.leave();
+    }
+    traced.end({
+      status: a.status,
+      ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
+      id: ctx.id,
+      result: ctx.result,
+    });
+    return a;
+  }
+
+  async answerIn(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
+    try {
+      return await this.handle(req, ctx);
+    } catch (error) {
+      if (error instanceof Rejected) {
+        if (error.status !== 404 || req.method === "POST") {
+          this.seen(ctx.source, "rejected", ctx.started, error.status);
+          this.log(`rejected: ${error.status} ${error.message}`, {
+            level: "warn",
+            ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
+            status: error.status,
+          });
+        }
+        return text(error.status, error.message, error.headers, error.closeConnection);
+      }
+      this.seen(ctx.source, "unavailable", ctx.started);
+      this.log(`rejected: ${message(error)}`, { level: "error", status: 500 });
+      return text(500, "internal error");
+    }
+  }
+
+  // handle is one request's way: its source, its body within the limits, its signature, then the store.
+  async handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
+    const source = this.sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
     ctx.source = source.name;
     if (req.method !== "POST") throw new Rejected(405, `method ${req.method} not allowed`, false, { allow: "POST" });
     // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
     const length = req.headers["content-length"]?.[0];
     const declared = length === undefined ? undefined : Number(length);
-    if (declared !== undefined && declared > maxBody)
-      throw new Rejected(413, `body of ${declared} bytes is over the ${maxBody}-byte limit`, true);
+    if (declared !== undefined && declared > this.maxBody)
+      throw new Rejected(413, `body of ${declared} bytes is over the ${this.maxBody}-byte limit`, true);
 
-    const body = await req.read(maxBody);
+    const body = await req.read(this.maxBody);
     // Only now does the request take a place: one still sending costs memory and a socket, which the body's
     // own limits bound, but nothing that waits on the disk. So stalled senders cannot fill maxInFlight.
-    if (!fromHeaders) {
-      if (inFlight >= maxInFlight) return busy(source.name, false);
-      inFlight++;
+    if (!this.fromHeaders) {
+      if (this.inFlight >= this.maxInFlight) return this.busy(source.name, false);
+      this.inFlight++;
       ctx.counted = true;
     }
     // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
-    const parsed: { event?: Record<string, unknown> } | undefined = filtered.has(source) ? {} : undefined;
-    const verdict = verify(source, req.headers, body, now(), req.url, parsed);
+    const parsed: { event?: Record<string, unknown> } | undefined = this.filtered.has(source) ? {} : undefined;
+    const verdict = verify(source, req.headers, body, this.now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject")
       throw new Rejected(
@@ -229,12 +370,24 @@ export function createHandler(options: HandlerOptions): Handler {
       );
     if (verdict.kind === "reply") return text(verdict.status, verdict.body, { "content-type": verdict.contentType });
     const id = verdict.id;
-    if (id.length > maxIdLength) throw new Rejected(400, `delivery id longer than ${maxIdLength} characters`);
+    if (id.length > this.maxIdLength) throw new Rejected(400, `delivery id longer than ${this.maxIdLength} characters`);
     ctx.id = id;
+    return this.store(req, ctx, source, body, verdict, parsed);
+  }
 
+  // store fixes the delivery's routes, now at store time (one row per destination chosen, routes.ts), and
+  // answers once it is on disk: 200 either way, for the provider must stop sending it; 503 if it is not.
+  async store(
+    req: WebhookRequest,
+    ctx: Ctx,
+    source: Source,
+    body: Buffer,
+    verdict: Verified,
+    parsed: { event?: Record<string, unknown> } | undefined,
+  ): Promise<Answer> {
+    const id = verdict.id;
     let outcome: Stored;
     try {
-      // Routes are fixed now, at store time: one row per destination chosen (routes.ts).
       const routes = source.routes;
       const destinations = routes
         ? routeTo(
@@ -253,7 +406,7 @@ export function createHandler(options: HandlerOptions): Handler {
           )
         : undefined;
       const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
-      outcome = await inbox.store({
+      outcome = await this.inbox.store({
         source: source.name,
         id,
         body,
@@ -267,72 +420,32 @@ export function createHandler(options: HandlerOptions): Handler {
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.
-      seen(source.name, "unavailable", ctx.started);
-      log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, {
+      this.seen(source.name, "unavailable", ctx.started);
+      this.log(`rejected ${label({ source: source.name, id })}: 503 could not store: ${message(error)}`, {
         level: "error",
         source: source.name,
         id,
         status: 503,
       });
-      return text(503, "try again later", { "retry-after": retryAfter });
+      return text(503, "try again later", { "retry-after": this.retryAfter });
     }
-    seen(source.name, outcome, ctx.started);
+    this.seen(source.name, outcome, ctx.started);
     ctx.result = outcome;
-    if (logs)
-      log(
+    if (this.logs)
+      this.log(
         `${outcome === "stored" ? "stored" : outcome === "conflict" ? "duplicate (conflict: the body differs; kept the first)" : "duplicate"} ${label({ source: source.name, id })}`,
         { source: source.name, id, status: 200, result: outcome },
       );
-    // Either way the delivery is safe on disk, so the provider is told to stop sending it.
     return outcome === "stored" ? STORED : DUPLICATE;
-  }
-
-  async function answer(req: WebhookRequest): Promise<Answer> {
-    const traced = startReceive(req.headers);
-    const ctx: Ctx = { source: NO_SOURCE, started: performance.now(), traceparent: traced.traceparent };
-    let a: Answer;
-    try {
-      a = await traced.run(() => answerIn(req, ctx));
-    } finally {
-      if (ctx.counted) leave();
-    }
-    traced.end({
-      status: a.status,
-      ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
-      id: ctx.id,
-      result: ctx.result,
-    });
-    return a;
-  }
-
-  async function answerIn(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
-    try {
-      return await handle(req, ctx);
-    } catch (error) {
-      if (error instanceof Rejected) {
-        if (error.status !== 404 || req.method === "POST") {
-          seen(ctx.source, "rejected", ctx.started, error.status);
-          log(`rejected: ${error.status} ${error.message}`, {
-            level: "warn",
-            ...(ctx.source === NO_SOURCE ? {} : { source: ctx.source }),
-            status: error.status,
-          });
-        }
-        return text(error.status, error.message, error.headers, error.closeConnection);
-      }
-      seen(ctx.source, "unavailable", ctx.started);
-      log(`rejected: ${message(error)}`, { level: "error", status: 500 });
-      return text(500, "internal error");
-    }
   }
 
   // send writes an answer on node:http. The rest of a refused body must not be read as the next request:
   // after the answer has gone out, the client gets a moment to read it, then the connection is dropped.
-  const send = (req: IncomingMessage, res: ServerResponse, a: Answer) => {
+  send(req: IncomingMessage, res: ServerResponse, a: Answer): void {
     if (res.headersSent || res.destroyed) return;
     // While the receiver stops, each answer closes its connection: kept alive, it would hold the exit up
     // for as long as the client kept it, and carry more requests in meanwhile.
-    const close = a.closeConnection || closing();
+    const close = a.closeConnection || this.closing();
     // A flat [name, value, …] list: node:http writes it as it is, without walking an object's keys.
     const head: string[] = [];
     for (const name in a.headers) head.push(name, a.headers[name]!);
@@ -344,69 +457,7 @@ export function createHandler(options: HandlerOptions): Handler {
       const socket = req.socket;
       res.on("finish", () => setTimeout(() => socket.destroy(), 1_000).unref());
     }
-  };
-
-  const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
-    if (fromHeaders) {
-      if (inFlight >= maxInFlight) return send(req, res, busy(sourceFor(req.url ?? "/")?.name ?? NO_SOURCE, true));
-      inFlight++;
-    }
-    // answer() always settles, a client that hung up included (its body read fails), so the request
-    // leaves there, without a listener on every response. A destroyed response gets nothing written.
-    void answer({ method: req.method ?? "GET", url: req.url ?? "/", headers: req.headersDistinct, read }).then((a) => {
-      if (fromHeaders) leave();
-      send(req, res, a);
-    });
-  };
-
-  return {
-    answer,
-    get inFlight() {
-      return inFlight;
-    },
-    idle: () => (inFlight === 0 ? Promise.resolve() : new Promise<void>((resolve) => waiting.push(resolve))),
-
-    node: (req, res) => onNode(req, res, (limit) => readBody(req, limit, pace)),
-
-    express: (req, res, next) => {
-      // Express strips its mount path from req.url (and keeps the query), so the source name is what is left.
-      if (next && !sourceFor(req.url ?? "/")) return next();
-      const parsed = req.body;
-      if (Buffer.isBuffer(parsed)) {
-        // express.raw() kept the bytes; its own limit applies first, then this one.
-        return onNode(req, res, async (limit) => {
-          if (parsed.length > limit) throw new Rejected(413, `body is over the ${limit}-byte limit`);
-          return parsed;
-        });
-      }
-      if (req.readableEnded || (req as { _body?: unknown })._body === true) {
-        return onNode(req, res, async () => {
-          throw new Rejected(500, PARSED_FIRST);
-        });
-      }
-      onNode(req, res, (limit) => readBody(req, limit, pace));
-    },
-
-    fetch: async (request) => {
-      const url = new URL(request.url);
-      if (fromHeaders) {
-        if (inFlight >= maxInFlight) return toResponse(busy(sourceFor(url.pathname)?.name ?? NO_SOURCE, true));
-        inFlight++;
-      }
-      try {
-        return toResponse(
-          await answer({
-            method: request.method,
-            url: url.pathname + url.search,
-            headers: distinct(request.headers),
-            read: (limit) => readStream(request, limit, pace),
-          }),
-        );
-      } finally {
-        if (fromHeaders) leave();
-      }
-    },
-  };
+  }
 }
 
 function toResponse(a: Answer): Response {
