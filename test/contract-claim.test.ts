@@ -36,7 +36,7 @@ contract((suite) => {
     it("never hands one delivery to two workers claiming at once", async () => {
       const a = await open();
       const b = await open();
-      for (let i = 0; i < 200; i++) await a.store({ id: `evt_${i}`, body: body({}) });
+      await Promise.all(Array.from({ length: 200 }, (_, i) => a.store({ id: `evt_${i}`, body: body({}) })));
       const claims = await Promise.all(Array.from({ length: 20 }, (_, i) => (i % 2 ? a : b).claimBatch(15, LEASE)));
       const ids = claims.flat().map((l) => l.id);
       assert.equal(ids.length, 200);
@@ -267,7 +267,7 @@ contract((suite) => {
 
     it("claims fast handlers' work in batches larger than --concurrency, so one commit serves many", async () => {
       const inbox = await open();
-      for (let i = 0; i < 600; i++) await inbox.store({ id: `evt_${i}`, body: body({}) });
+      await Promise.all(Array.from({ length: 600 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })));
       const sizes: number[] = [];
       const claimBatch = inbox.claimBatch.bind(inbox);
       inbox.claimBatch = async (limit, leaseMs) => {

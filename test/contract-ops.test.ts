@@ -187,7 +187,9 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
       providerTime: 5,
     });
     await sqlite.store({ id: "plain", body: body({ a: 2 }) });
-    for (let i = 0; i < 1_100; i++) await sqlite.store({ source: "bulk", id: `b${i}`, body: body({ i }) });
+    await Promise.all(
+      Array.from({ length: 1_100 }, (_, i) => sqlite.store({ source: "bulk", id: `b${i}`, body: body({ i }) })),
+    );
     const failing = (await sqlite.claim(LEASE))!;
     await sqlite.fail(failing, "went wrong", { permanent: true });
     const doneOne = (await sqlite.claim(LEASE))!;
