@@ -1,6 +1,6 @@
 // store.ts: the store's contract, at the ground floor of the house: the Inbox interface, named after a
 // delivery's life (store, claim, extend, finish, fail, release, retry), its types and PermanentError. The
-// backends in lib/sqlite/ and lib/postgres/ implement it side by side, test/contract.test.ts holds both to
+// backends in lib/sqlite/ and lib/postgres/ implement it side by side, the contract suite (test/contract-*.test.ts) holds both to
 // it, and this file imports nothing: what the backends share besides the contract has rooms of its own.
 
 /** Status is where a delivery is in its life. */
@@ -355,7 +355,7 @@ export type Failure = { status: "received"; retryAt: number } | { status: "faile
 
  * Inbox is the store's contract, named after a delivery's life: store, claim, extend, finish, fail,
  * release, retry; then find, list and status to look, and flush and close. SqliteInbox (sqlite.ts) and
- * PostgresInbox (postgres.ts) implement it, and test/contract.test.ts holds both to it. Every write is
+ * PostgresInbox (postgres.ts) implement it, and the contract suite (test/contract-*.test.ts) holds both to it. Every write is
  * queued and committed with whatever else is waiting (group commit), so one commit serves many callers,
  * and a promise settles only after its transaction is durable.
  */

@@ -2,7 +2,7 @@
 // processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -529,6 +529,16 @@ export async function backends(prefix: string): Promise<TestBackend[]> {
     },
   ];
 }
+
+/**
+ * CONTRACT_FILES are the files of the contract suite, test/contract-*.test.ts, one per area, in name
+ * order: the suite that holds both backends to the Inbox contract, which other files run whole (behind
+ * PgBouncer, on Deno and Bun).
+ */
+export const CONTRACT_FILES: readonly string[] = readdirSync(join(ROOT, "test"))
+  .filter((f) => /^contract-[\w-]+\.test\.ts$/.test(f))
+  .sort()
+  .map((f) => `test/${f}`);
 
 /** NATS is the JetStream server the broker tests use: INBOX_TEST_NATS, else the local one. */
 export const NATS = process.env.INBOX_TEST_NATS ?? "nats://127.0.0.1:4222";

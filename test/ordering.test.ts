@@ -1,4 +1,4 @@
-// test/ordering.test.ts: per-key ordering, held to one contract on both backends like test/contract.test.ts:
+// test/ordering.test.ts: per-key ordering, held to one contract on both backends like test/contract-*.test.ts:
 // a real SQLite file, and a fresh schema on a real PostgreSQL (skipped in one line without one). The
 // clock is pinned. Deliveries that share an order key run one at a time, in event time then arrival.
 

@@ -1,6 +1,6 @@
 // test/pgbouncer.test.ts: the inbox behind PgBouncer in transaction mode (Debian's pgbouncer, 1.18 on Debian
 // 12), started on a free port in front of the test server, with ?listen=false: the contract suite (the very
-// file test/contract.test.ts, run as a child with its PostgreSQL URL pointed through PgBouncer), the article's
+// files test/contract-*.test.ts, run as a child with its PostgreSQL URL pointed through PgBouncer), the article's
 // story, and the crash suite's pipeline. Skipped in one line without the binary; .ci/run installs it and sets
 // INBOX_REQUIRE_PGBOUNCER=1, which makes a missing one fail the run.
 //   npx node --import tsx --test test/pgbouncer.test.ts
@@ -11,7 +11,7 @@ import { after, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import type { Tx } from "../lib/store.ts";
 import { postgresPipeline, seeded } from "./chaos.ts";
-import { freshSchema, POSTGRES, postgresSkip, privatePgBouncer, ROOT, runScript } from "./helpers.ts";
+import { CONTRACT_FILES, freshSchema, POSTGRES, postgresSkip, privatePgBouncer, ROOT, runScript } from "./helpers.ts";
 
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
 const pgSkip = await postgresSkip();
@@ -107,7 +107,7 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
 
   it("passes the contract suite, run through it", async () => {
     const before = await transactions();
-    const { code, stdout, stderr } = await runTests("test/contract.test.ts", {
+    const { code, stdout, stderr } = await runTests(CONTRACT_FILES, {
       INBOX_TEST_POSTGRES: through().url,
       INBOX_REQUIRE_POSTGRES: "1",
     });
@@ -168,16 +168,24 @@ describe("behind PgBouncer in transaction mode, with ?listen=false", { skip, tim
   });
 });
 
-// runTests runs a test file under node's test runner, as `npm test` does, with env added.
+// runTests runs test files under node's test runner, one after another as `npm test` does, with env added.
 async function runTests(
-  file: string,
+  files: readonly string[],
   env: NodeJS.ProcessEnv,
 ): Promise<{ code: number | null; stdout: string; stderr: string }> {
   // Without NODE_TEST_CONTEXT, which this run's own runner set: the child reports to us as to a person.
   const { NODE_TEST_CONTEXT: _, ...outside } = process.env;
   const child = spawn(
     process.execPath,
-    ["--import", "tsx", "--test", "--test-reporter=spec", "--test-skip-pattern=on sqlite", file],
+    [
+      "--import",
+      "tsx",
+      "--test",
+      "--test-concurrency=1",
+      "--test-reporter=spec",
+      "--test-skip-pattern=on sqlite",
+      ...files,
+    ],
     {
       cwd: ROOT,
       env: { ...outside, ...env },

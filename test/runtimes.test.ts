@@ -9,11 +9,13 @@ import { spawn, spawnSync } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
-import { ROOT, runtimeBinary } from "./helpers.ts";
+import { CONTRACT_FILES, ROOT, runtimeBinary } from "./helpers.ts";
 
 /** One file of the subset, and the one test of it to run where not all of it is portable-subset material. */
 interface Part {
   file: string;
+  /** The files it runs, in one run of the runtime's test runner, where the part is several. @default [file] */
+  files?: readonly string[];
   only?: string;
   why: string;
 }
@@ -25,7 +27,11 @@ const SUBSET: readonly Part[] = [
     why: "each runtime bundles its own SQLite: WAL, synchronous=FULL and the version, read back",
   },
   { file: "test/checkpoint.test.ts", why: "the checkpoint thread, on each runtime's node:worker_threads" },
-  { file: "test/contract.test.ts", why: "the store contract on SQLite and PostgreSQL (pg) in-process" },
+  {
+    file: "test/contract-*.test.ts",
+    files: CONTRACT_FILES,
+    why: "the store contract on SQLite and PostgreSQL (pg) in-process",
+  },
   { file: "test/providers-http.test.ts", why: "each runtime's node:http server and the providers' signatures" },
   {
     file: "test/crash.test.ts",
@@ -33,6 +39,9 @@ const SUBSET: readonly Part[] = [
     why: "nothing acknowledged is lost across a SIGKILL",
   },
 ];
+
+// filesOf is what a part hands the runner: its files, or the one.
+const filesOf = (part: Part): readonly string[] => part.files ?? [part.file];
 
 /** A runtime the subset runs on: where its binary is, and how its test runner runs one part. */
 interface Runtime {
@@ -51,7 +60,7 @@ const RUNTIMES: readonly Runtime[] = [
     name: "node",
     binary: process.execPath,
     parts: SUBSET.filter((p) => p.file === "test/demo.test.ts"),
-    args: (part) => ["--test", ...(part.only ? ["--test-name-pattern", part.only] : []), part.file],
+    args: (part) => ["--test", ...(part.only ? ["--test-name-pattern", part.only] : []), ...filesOf(part)],
     passed: /^ℹ pass [1-9]/m,
   },
   {
@@ -59,7 +68,7 @@ const RUNTIMES: readonly Runtime[] = [
     name: "deno",
     binary: runtimeBinary("deno", "the portable subset on deno"),
     parts: SUBSET,
-    args: (part) => ["test", "-A", "--no-check", ...(part.only ? ["--filter", part.only] : []), part.file],
+    args: (part) => ["test", "-A", "--no-check", ...(part.only ? ["--filter", part.only] : []), ...filesOf(part)],
     passed: /^ok \| [1-9]\d* passed/m,
   },
   {
@@ -67,7 +76,13 @@ const RUNTIMES: readonly Runtime[] = [
     name: "bun",
     binary: runtimeBinary("bun", "the portable subset on bun"),
     parts: SUBSET,
-    args: (part) => ["test", "--timeout", "300000", ...(part.only ? ["-t", part.only] : []), `./${part.file}`],
+    args: (part) => [
+      "test",
+      "--timeout",
+      "300000",
+      ...(part.only ? ["-t", part.only] : []),
+      ...filesOf(part).map((f) => `./${f}`),
+    ],
     passed: /^\s*[1-9]\d* pass$/m,
   },
 ];

@@ -168,6 +168,9 @@ export abstract class PostgresCommitter {
   private async startListening(): Promise<void> {
     if (this.closed) return;
     const client = this.pool.listener();
+    // Held from the start, not once connected: an onWake() while the LISTEN is still on its way must not
+    // open a second connection (which woke every listener twice, and which close() left open).
+    this.listener = client;
     const retry = () => {
       if (this.listener === client) this.listener = undefined;
       client.end().catch(() => {});
@@ -187,7 +190,6 @@ export abstract class PostgresCommitter {
     try {
       await client.connect();
       await client.query(`LISTEN ${this.channel()}`);
-      this.listener = client;
       // Unref'd like a timer: a LISTEN alone must not keep a finished script alive.
       (client as unknown as { connection: { stream: { unref(): void } } }).connection.stream.unref();
     } catch {

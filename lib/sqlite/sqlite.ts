@@ -586,6 +586,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       // A thread that fails or exits (close() ends it) answers no more: this read fails, the next starts anew.
       const onExit = () => onError(new Error("the gauge thread stopped"));
       const onError = (error: Error) => {
+        gauger.unref();
         gauger.off("message", onMessage).off("error", onError).off("exit", onExit);
         if (this.gauger === gauger) this.gauger = undefined;
         reject(new Error(`gauges ${this.path}: ${message(error)}`, { cause: error }));
@@ -594,11 +595,14 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         error?: string;
         rows?: { source: string; status: Status | "total"; n: number; oldest: number | null }[];
       }) => {
+        gauger.unref();
         gauger.off("error", onError).off("exit", onExit);
         if (reply.error !== undefined) return reject(new Error(`gauges ${this.path}: ${reply.error}`));
         resolve(toGauges(reply.rows!, now));
       };
       gauger.once("message", onMessage).once("error", onError).once("exit", onExit);
+      // Held while its answer is awaited, else unref'd: on Deno, a script that awaited only this ended first.
+      gauger.ref();
       gauger.postMessage("count");
     });
   }

@@ -1,0 +1,426 @@
+// test/contract-ops.test.ts: the contract's housekeeping, on both backends (test/contract-harness.ts): flush()
+// and close(), ready() and gauges() for /readyz and /metrics, onWake() beside polling, retention (purge(),
+// dropBodies(), kept()), and moving deliveries with page() and restore(), between backends by inbox.ts copy.
+//   npx node --import tsx --test test/contract-ops.test.ts
+
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, it } from "node:test";
+import { connect } from "../inbox.ts";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
+import type { Delivery, Inbox, Lease } from "../lib/store.ts";
+import { sha256 } from "../lib/rows.ts";
+import { run } from "../worker.ts";
+import { freshSchema, runScript, tempDir } from "./helpers.ts";
+import { body, contract, LEASE, pgSkip, T0 } from "./contract-harness.ts";
+
+contract((suite) => {
+  const { backend, open, row } = suite;
+  // PostgreSQL LISTENs for wake-ups unless told not to (?listen=false, as behind PgBouncer, which
+  // test/pgbouncer.test.ts runs this suite through); SQLite is one machine, where polling is the wake-up.
+  const listens = () => backend.name === "postgres" && !/[?&]listen=false/.test(suite.target);
+
+  describe("flush() and close()", () => {
+    it("flush resolves once every write queued before it has committed, as another connection sees", async () => {
+      const [inbox, other] = [await open(), await open()];
+      await inbox.flush();
+      await inbox.store({ id: "held", body: body({}) });
+      const lease = (await inbox.claim(LEASE))!;
+      // Queued, not awaited: flush() alone waits for them.
+      const writes = [
+        ...Array.from({ length: 20 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({ i }) })),
+        inbox.finish(lease),
+      ];
+      await inbox.flush();
+      assert.equal(await other.count({}), 21);
+      assert.equal((await row(other, "held"))!.status, "done");
+      await Promise.all(writes);
+    });
+
+    it("close commits what is queued, then lets go: later calls fail, a second close does nothing", async () => {
+      const inbox = await open();
+      const writes = Array.from({ length: 10 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({ i }) }));
+      await inbox.close();
+      assert.deepEqual(await Promise.all(writes), Array(10).fill("stored"));
+      await assert.rejects(async () => inbox.store({ id: "late", body: body({}) }), /is closed/);
+      await inbox.close();
+      assert.equal(await (await open()).count({}), 10, "all ten are there when it is opened again");
+    });
+  });
+
+  describe("ready()", () => {
+    it("is true while a delivery could be committed, and else says why not: here, the inbox is closed", async () => {
+      const inbox = await open();
+      assert.equal(await inbox.ready(), true);
+      assert.equal(await inbox.store({ id: "evt_1", body: body({}) }), "stored");
+      assert.equal(await inbox.ready(), true);
+      await inbox.close();
+      assert.equal(await inbox.ready(), "the inbox is closed");
+    });
+  });
+
+  describe("gauges()", () => {
+    it("counts per source and status, leaving out the statuses with none, and the oldest wait of each source", async () => {
+      const inbox = await open();
+      assert.deepEqual(await inbox.gauges(), { bySourceStatus: [], oldestWaitingMs: [] });
+      for (const id of ["s1", "s2"]) await inbox.store({ source: "stripe", id, body: body({}) });
+      suite.t += 1_000;
+      for (const id of ["g1", "g2"]) await inbox.store({ source: "github", id, body: body({}) });
+      suite.t += 1_000;
+      // One of stripe's waiting deliveries is ordered: SQLite counts those apart, and the gauge adds them up.
+      await inbox.store({ source: "stripe", id: "s3", body: body({}), orderKey: "cus_1" });
+      await inbox.store({ source: "stripe", id: "s4", body: body({}) });
+      const fates: Record<string, (lease: Lease) => Promise<unknown>> = {
+        s1: (l) => inbox.finish(l),
+        s2: (l) => inbox.fail(l, "bad", { permanent: true }),
+        g1: async () => {}, // still processing
+        g2: (l) => inbox.finish(l),
+        s3: (l) => inbox.release(l),
+        s4: (l) => inbox.release(l),
+      };
+      for (const lease of await inbox.claimBatch(10, LEASE)) await fates[lease.id]!(lease);
+      suite.t += 5_000;
+      assert.deepEqual(await inbox.gauges(), {
+        bySourceStatus: [
+          { source: "github", status: "processing", n: 1 },
+          { source: "github", status: "done", n: 1 },
+          { source: "stripe", status: "received", n: 2 },
+          { source: "stripe", status: "done", n: 1 },
+          { source: "stripe", status: "failed", n: 1 },
+        ],
+        oldestWaitingMs: [
+          { source: "github", ms: 6_000 },
+          { source: "stripe", ms: 5_000 },
+        ],
+      });
+    });
+  });
+
+  describe("onWake()", () => {
+    // listening waits until the LISTEN is in place, as pg_stat_activity shows it: a NOTIFY sent before is lost.
+    const listening = async (inbox: Inbox) => {
+      const listen = `LISTEN inbox_wake_${new URL(suite.target).searchParams.get("schema")}`;
+      const sql = "SELECT 1 FROM pg_stat_activity WHERE query = ? AND state = 'idle'";
+      while ((await inbox.query(sql, listen)).length === 0);
+    };
+
+    // The wake-up is waited on, bounded by the test's timeout rather than by a sleep.
+    it("tells every listener of another process's commit that stored or resumed, until it stops, wherever it can listen", {
+      timeout: 20_000,
+    }, async () => {
+      const [worker, receiver, operator] = [await open(), await open(), await open()];
+      const heard: string[] = [];
+      const wakes: (() => void)[] = [];
+      const woken = () => new Promise<void>((resolve) => wakes.push(resolve));
+      const stopped = worker.onWake(() => heard.push("stopped"));
+      const stop = worker.onWake(() => {
+        heard.push("woken");
+        wakes.shift()?.();
+      });
+      stopped();
+      if (listens()) await listening(worker);
+      let wake = woken();
+      assert.equal(await receiver.store({ id: "evt_1", body: body({}) }), "stored");
+      if (listens()) await wake;
+      wake = woken();
+      await operator.pause("app");
+      assert.equal(await operator.resume("app"), true);
+      if (listens()) await wake;
+      await Promise.all([receiver.flush(), operator.flush()]);
+      assert.deepEqual(heard, listens() ? ["woken", "woken"] : [], "a listener that stopped hears nothing");
+      stop();
+    });
+  });
+
+  describe("backend and target", () => {
+    it("say which backend holds the deliveries, and where, without a password", async () => {
+      if (backend.name === "sqlite") {
+        const inbox = await open();
+        assert.deepEqual([inbox.backend, inbox.target], ["sqlite", suite.target]);
+        return;
+      }
+      // The server trusts any password; this one is only there to be kept out of the target.
+      const url = new URL(suite.target);
+      url.password = "s3cret-pw";
+      const inbox = await connect(url.toString(), { now: () => suite.t });
+      suite.opened.push(inbox);
+      assert.equal(inbox.backend, "postgres");
+      assert.doesNotMatch(inbox.target, /s3cret-pw/);
+      assert.match(inbox.target, /:\*\*\*@/);
+      assert.equal(new URL(inbox.target).searchParams.get("schema"), url.searchParams.get("schema"));
+    });
+  });
+
+  describe("restore()", () => {
+    // every reads an inbox whole, by page() in key order, two rows a page so the cursor is crossed.
+    const every = async (inbox: Inbox) => {
+      const out: Delivery[] = [];
+      for (let page = await inbox.page(undefined, 2); page.length > 0; page = await inbox.page(out.at(-1), 2))
+        out.push(...page);
+      return out;
+    };
+
+    it("writes another inbox's page() as it is, every field and order key kept, and skips the keys it has", async () => {
+      const from = await open();
+      await from.store({
+        source: "stripe",
+        id: "s1",
+        body: Buffer.from([0xff, 0x00, 0x5c]),
+        eventType: "charge.succeeded",
+        providerTime: 5,
+        contentType: "application/json",
+        headers: { "stripe-signature": ["t=1,v1=abc"] },
+        traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+      });
+      await from.store({ id: "both", body: body({}), destinations: ["app", "ledger"] });
+      await from.store({ id: "k1", body: body({ n: 1 }), orderKey: "cus_1" });
+      await from.store({ id: "bad", body: body({}) });
+      await from.store({ id: "bad", body: body({ other: 1 }) });
+      suite.t += 1;
+      await from.store({ id: "k2", body: body({ n: 2 }), orderKey: "cus_1" });
+      for (const lease of await from.claimBatch(10, LEASE)) {
+        if (lease.id === "s1") await from.finish(lease);
+        if (lease.id === "bad") await from.fail(lease, "nope", { permanent: true });
+      }
+      const rows = await every(from);
+      assert.equal(rows.length, 6);
+      assert.equal(await from.restore(rows), 0, "every key is already there");
+      const to = await suite.another();
+      assert.equal(await to.restore(rows), 6);
+      assert.deepEqual(await every(to), rows);
+      assert.equal(await to.restore(rows), 0, "run again, it adds nothing");
+      // k1 is still leased (its holder is in the other inbox), and k2 waits behind it on its key.
+      assert.deepEqual(await to.claimBatch(10, LEASE), []);
+      suite.t += LEASE;
+      const [k1] = await to.claimBatch(10, LEASE);
+      assert.deepEqual([k1?.id, k1?.attempts], ["k1", 2], "taken over once its lease ran out");
+      assert.equal(await to.finish(k1!), true);
+      assert.deepEqual(
+        (await to.claimBatch(10, LEASE)).map((l) => l.id),
+        ["k2"],
+      );
+    });
+  });
+
+  describe("retention: purge(), dropBodies(), kept()", () => {
+    const DAY = 86_400_000;
+    // Delivered and handled at once: done, its body kept.
+    const handled = async (inbox: Inbox, id: string, payload: unknown = { id }) => {
+      await inbox.store({ id, body: body(payload) });
+      const lease = (await inbox.claim(LEASE))!;
+      assert.equal(await inbox.finish(lease), true);
+    };
+
+    it("drops old done bodies but remembers the IDs: a redelivery is a duplicate and no handler runs again", async () => {
+      const inbox = await open();
+      await handled(inbox, "old");
+      suite.t += 6 * DAY;
+      await handled(inbox, "young");
+      suite.t += 2 * DAY;
+      const purged = await inbox.purge();
+      assert.deepEqual(
+        { ...purged, vacuumedBytes: 0 },
+        { bodies: 1, bytes: body({ id: "old" }).length, forgotten: 0, vacuumedBytes: 0 },
+      );
+      const [old] = await inbox.find("old");
+      assert.deepEqual(
+        [old!.status, old!.body.length, old!.purgedAt, old!.bodySha256],
+        ["done", 0, suite.t, sha256(body({ id: "old" }))],
+      );
+      assert.equal((await inbox.find("young"))[0]!.body.length, body({ id: "young" }).length);
+      assert.equal(await inbox.store({ id: "old", body: body({ id: "old" }) }), "duplicate");
+      assert.equal(
+        await inbox.store({ id: "old", body: body({ id: "forged" }) }),
+        "conflict",
+        "a different body is still told by its hash",
+      );
+      assert.equal((await inbox.find("old"))[0]!.conflicts, 1);
+      let ran = 0;
+      await run(() => void ran++, { inbox, once: true, log: () => {} });
+      assert.equal(ran, 0, "the tombstoned ID is never handled again");
+      assert.deepEqual(
+        await inbox.purge(),
+        { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 },
+        "run twice, nothing more goes",
+      );
+    });
+
+    it("forgets a tombstone after forgetAfterMs: a copy that arrives later is stored as new", async () => {
+      const inbox = await open();
+      await handled(inbox, "evt_1");
+      suite.t += 8 * DAY;
+      await inbox.purge();
+      suite.t += 23 * DAY;
+      assert.equal((await inbox.purge()).forgotten, 1);
+      assert.equal((await inbox.find("evt_1")).length, 0);
+      assert.equal(await inbox.store({ id: "evt_1", body: body({ id: "evt_1" }) }), "stored");
+      assert.equal((await inbox.claim(LEASE))!.id, "evt_1");
+    });
+
+    it("keeps failed bodies until they are purged by name; a tombstone cannot be retried or replayed, and says so", async () => {
+      const inbox = await open();
+      await inbox.store({ id: "bad", body: body({}) });
+      await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+      await handled(inbox, "done");
+      suite.t += 40 * DAY;
+      assert.deepEqual((await inbox.purge()).bodies, 1);
+      assert.equal(
+        (await inbox.find("bad"))[0]!.body.length,
+        body({}).length,
+        "a failed delivery keeps its body to be fixed and retried",
+      );
+      assert.equal((await inbox.find("done")).length, 0, "past both ages: body and tombstone went in one run");
+      assert.deepEqual(await inbox.dropBodies({ id: "bad" }, { dryRun: true }), {
+        bodies: 1,
+        bytes: body({}).length,
+      });
+      assert.deepEqual(await inbox.dropBodies({ id: "bad" }), { bodies: 1, bytes: body({}).length });
+      assert.equal(await inbox.retry({ id: "bad" }), 0);
+      assert.equal(await inbox.retryMatching({}), 0);
+      assert.equal(await inbox.store({ id: "bad", body: body({}) }), "duplicate");
+      await handled(inbox, "replayable");
+      await inbox.dropBodies({ id: "replayable" });
+      assert.deepEqual(await inbox.replayMatching({}), { replayed: 0, tombstoned: 1 });
+    });
+
+    it("dry run counts what would go and changes nothing", async () => {
+      const inbox = await open();
+      await handled(inbox, "a");
+      await handled(inbox, "b");
+      suite.t += 8 * DAY;
+      const before = await inbox.search({}, { limit: 10 });
+      assert.deepEqual(await inbox.purge({ dryRun: true }), {
+        bodies: 2,
+        bytes: 2 * body({ id: "a" }).length,
+        forgotten: 0,
+        vacuumedBytes: 0,
+      });
+      assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+      assert.equal((await inbox.purge({ dryRun: true, bodiesAfterMs: DAY, forgetAfterMs: 2 * DAY })).forgotten, 2);
+      assert.deepEqual(await inbox.search({}, { limit: 10 }), before);
+    });
+
+    it("works in bounded batches, and refuses a memory no longer than the bodies", async () => {
+      const inbox = await open();
+      for (let i = 0; i < 7; i++) await handled(inbox, `e${i}`);
+      suite.t += 8 * DAY;
+      assert.equal((await inbox.purge({ batch: 2 })).bodies, 7);
+      await assert.rejects(async () => inbox.purge({ bodiesAfterMs: DAY, forgetAfterMs: DAY }), TypeError);
+    });
+
+    it("a worker run with purge set purges at start, beside its handlers, and logs what went", async () => {
+      const inbox = await open();
+      await handled(inbox, "old");
+      suite.t += 8 * DAY;
+      await inbox.store({ id: "new", body: body({ id: "new" }) });
+      const lines: string[] = [];
+      let ran = 0;
+      const stats = await run(() => void ran++, {
+        inbox,
+        once: true,
+        log: (l) => lines.push(l),
+        purge: { everyMs: 60_000 },
+      });
+      assert.deepEqual([stats.done, ran], [1, 1]);
+      assert.equal((await inbox.find("old"))[0]!.purgedAt, suite.t);
+      assert.ok(
+        lines.some((l) => /^purge: dropped 1 bodies \(12 bytes\), forgot 0 tombstones/.test(l)),
+        lines.join("\n"),
+      );
+      await assert.rejects(
+        run(() => {}, { inbox, once: true, purge: { everyMs: 0 } }),
+        TypeError,
+      );
+    });
+
+    it("kept() counts bodies and tombstones, their bytes and the oldest of each", async () => {
+      const inbox = await open();
+      await handled(inbox, "a");
+      suite.t += 1_000;
+      await handled(inbox, "b");
+      await inbox.store({ id: "c", body: body({ id: "c" }) });
+      await inbox.dropBodies({ id: "a" });
+      const kept = await inbox.kept();
+      assert.deepEqual(kept.bodies, { count: 2, bytes: 2 * body({ id: "b" }).length, oldest: T0 + 1_000 });
+      assert.deepEqual(kept.tombstones, { count: 1, oldest: T0 });
+      assert.ok(kept.fileBytes > 0);
+    });
+  });
+});
+describe("moving between backends: page() and restore(), and inbox.ts copy", { skip: pgSkip }, () => {
+  let dir: { dir: string; cleanup: () => void };
+  let pgTarget: { url: string; drop: () => Promise<void> };
+  beforeEach(async () => {
+    dir = tempDir();
+    pgTarget = await freshSchema("copy");
+  });
+  afterEach(async () => {
+    await pgTarget.drop();
+    dir.cleanup();
+  });
+
+  const strip = (d: Delivery) => ({ ...d, availableAt: d.status === "processing" ? 0 : d.availableAt });
+
+  it("copies every delivery to PostgreSQL and back byte-exact; run again, it changes nothing and says so", async () => {
+    const from = join(dir.dir, "from.db");
+    const back = join(dir.dir, "back.db");
+    let t = T0;
+    const sqlite = new SqliteInbox(from, { now: () => t });
+    await sqlite.store({ id: "plain", body: body({ a: 1 }) });
+    await sqlite.store({
+      source: "stripe",
+      id: "bytes",
+      body: Buffer.from([0xc3, 0x28, 0x00, 0xff]),
+      eventType: "x.y",
+      providerTime: 5,
+    });
+    await sqlite.store({ id: "plain", body: body({ a: 2 }) });
+    await Promise.all(
+      Array.from({ length: 1_100 }, (_, i) => sqlite.store({ source: "bulk", id: `b${i}`, body: body({ i }) })),
+    );
+    const failing = (await sqlite.claim(LEASE))!;
+    await sqlite.fail(failing, "went wrong", { permanent: true });
+    const doneOne = (await sqlite.claim(LEASE))!;
+    await sqlite.finish(doneOne);
+    await sqlite.claim(LEASE); // one left processing
+    t += 1;
+    const all = async (inbox: Inbox) => {
+      const out: Delivery[] = [];
+      let after: Delivery | undefined;
+      for (let page = await inbox.page(undefined, 400); page.length > 0; page = await inbox.page(after, 400)) {
+        out.push(...page);
+        after = page.at(-1);
+      }
+      return out.map(strip);
+    };
+    const original = await all(sqlite);
+    await sqlite.close();
+
+    // The server trusts any password; this one is only there to be kept out of what the command prints.
+    const withSecret = new URL(pgTarget.url);
+    withSecret.password = "s3cret-pw";
+    const first = await runScript("inbox.ts", ["copy", "--from", from, "--to", withSecret.toString()]);
+    assert.equal(first.code, 0, first.stderr);
+    assert.match(first.stdout, /Copied 1102 of 1102 deliveries/);
+    assert.doesNotMatch(first.stdout + first.stderr, /s3cret-pw/, "the URL is shown without its password");
+    assert.match(first.stdout, /:\*\*\*@/);
+    const again = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(again.stdout, /Nothing to copy: all 1102 deliveries/);
+
+    const pg = await connect(pgTarget.url);
+    try {
+      assert.deepEqual(await all(pg), original);
+    } finally {
+      await pg.close();
+    }
+    const home = await runScript("inbox.ts", ["copy", "--from", pgTarget.url, "--to", back]);
+    assert.equal(home.code, 0, home.stderr);
+    const returned = new SqliteInbox(back);
+    try {
+      assert.deepEqual(await all(returned), original);
+    } finally {
+      await returned.close();
+    }
+  });
+});

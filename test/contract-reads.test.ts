@@ -1,0 +1,262 @@
+// test/contract-reads.test.ts: the operator's reads, on both backends (test/contract-harness.ts): find(), list(),
+// status(), summary(), histogram(), and the filters of search(), count(), retryMatching() and replayMatching().
+//   npx node --import tsx --test test/contract-reads.test.ts
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import type { Delivery, Inbox } from "../lib/store.ts";
+import { run } from "../worker.ts";
+import { body, contract, LEASE, T0 } from "./contract-harness.ts";
+
+contract((suite) => {
+  const { open } = suite;
+  describe("looking: find(), list(), status()", () => {
+    it("counts per status and source, lists newest first, and names the failures and the oldest wait", async () => {
+      const inbox = await open();
+      await inbox.store({ source: "stripe", id: "s1", body: body({}), eventType: "charge.succeeded" });
+      suite.t += 1_000;
+      await inbox.store({ id: "evt_1", body: body({}) });
+      await inbox.store({ id: "evt_1", body: body({ other: 1 }) });
+      const lease = (await inbox.claim(LEASE))!;
+      await inbox.fail(lease, "nope", { permanent: true });
+      suite.t += 4_000;
+      const s = await inbox.status();
+      assert.deepEqual(s.counts, { received: 1, processing: 0, done: 0, failed: 1 });
+      assert.deepEqual(
+        s.failed.map((f) => [f.source, f.id, f.error]),
+        [["stripe", "s1", "nope"]],
+      );
+      assert.equal(s.oldestWaitingMs, 4_000);
+      assert.deepEqual(s.conflicts, { deliveries: 1, copies: 1 });
+      assert.deepEqual(
+        s.sources.map((x) => [x.source, x.eventType]),
+        [
+          ["default", null],
+          ["stripe", "charge.succeeded"],
+        ],
+      );
+      assert.deepEqual(
+        (await inbox.list()).map((d) => d.id),
+        ["evt_1", "s1"],
+      );
+      assert.deepEqual(
+        (await inbox.list({ status: "failed" })).map((d) => d.id),
+        ["s1"],
+      );
+      assert.deepEqual(
+        (await inbox.list({ source: "default" })).map((d) => d.id),
+        ["evt_1"],
+      );
+    });
+  });
+
+  describe("summary()", () => {
+    it("counts per status and per source as status() does, and names the oldest wait and the conflicts", async () => {
+      const inbox = await open({ maxAttempts: 1 });
+      await inbox.store({ source: "stripe", id: "s1", body: body({}) });
+      suite.t += 1_000;
+      for (const id of ["s2", "s3", "s4"]) await inbox.store({ source: "stripe", id, body: body({}) });
+      await inbox.store({ source: "github", id: "g1", body: body({}) });
+      await inbox.store({ source: "github", id: "g1", body: body({ other: 1 }) });
+      const [a, b, c] = await inbox.claimBatch(3, LEASE); // s1, s2, s3: one done, one failed, one processing
+      await inbox.finish(a!);
+      await inbox.fail(b!, "boom");
+      void c;
+      suite.t += 4_000;
+      const summary = await inbox.summary();
+      const status = await inbox.status();
+      assert.deepEqual(summary.counts, { received: 2, processing: 1, done: 1, failed: 1 });
+      assert.deepEqual(summary.counts, status.counts);
+      assert.deepEqual(summary.sources, [
+        { source: "github", counts: { received: 1, processing: 0, done: 0, failed: 0 } },
+        { source: "stripe", counts: { received: 1, processing: 1, done: 1, failed: 1 } },
+      ]);
+      assert.equal(summary.oldestWaitingMs, 4_000, "s3 has waited since it arrived, processing or not");
+      assert.deepEqual(summary.conflicts, { deliveries: 1, copies: 1 });
+      assert.equal(summary.estimated, false, "a small table is counted, not estimated");
+      const empty = await open({ maxAttempts: 1 });
+      await empty.query("DELETE FROM deliveries");
+      assert.deepEqual(await empty.summary(), {
+        counts: { received: 0, processing: 0, done: 0, failed: 0 },
+        sources: [],
+        oldestWaitingMs: null,
+        conflicts: { deliveries: 0, copies: 0 },
+        estimated: false,
+      });
+    });
+  });
+
+  describe("histogram()", () => {
+    it("counts received, done and failed per bucket, each in the bucket it happened in, empty ones as zero", async () => {
+      const inbox = await open({ maxAttempts: 1 });
+      await inbox.store({ id: "old", body: body({}) }); // before the range: counted nowhere
+      suite.t += 60_000;
+      const since = suite.t;
+      await inbox.store({ id: "a", body: body({}) });
+      await inbox.store({ id: "b", body: body({}) });
+      suite.t += 61_000; // second bucket
+      await inbox.store({ id: "c", body: body({}) });
+      const leases = await inbox.claimBatch(4, LEASE);
+      await inbox.finish(leases.find((l) => l.id === "a")!);
+      await inbox.fail(leases.find((l) => l.id === "b")!, "boom");
+      suite.t += 60_000; // third bucket: nothing at all
+      const buckets = await inbox.histogram(since, 60_000, since + 180_000);
+      assert.deepEqual(buckets, [
+        { start: since, received: 2, done: 0, failed: 0 },
+        { start: since + 60_000, received: 1, done: 1, failed: 1 },
+        { start: since + 120_000, received: 0, done: 0, failed: 0 },
+      ]);
+      assert.equal((await inbox.histogram(since, 60_000)).length, 3, "until defaults to the clock's now");
+      await assert.rejects(inbox.histogram(since, 0), TypeError);
+    });
+  });
+
+  describe("filters: search(), count(), retryMatching(), replayMatching()", () => {
+    // Six deliveries a second apart: two sources, two types, two failures with different errors, two done.
+    const seed = async (inbox: Inbox) => {
+      const plan: [string, string, string, "done" | "failed" | "received", string?][] = [
+        ["stripe", "s1", "charge.succeeded", "done"],
+        ["stripe", "s2", "charge.failed", "failed", "Timeout talking to ledger"],
+        ["github", "g1", "push", "failed", "HTTP 500 from CI"],
+        ["github", "g2", "push", "done"],
+        ["stripe", "s3", "charge.succeeded", "received"],
+        ["default", "d1", "", "failed", "timeout again"],
+      ];
+      for (const [source, id, eventType] of plan) {
+        await inbox.store({ source, id, eventType: eventType || null, body: body({ id, note: `for ${source}` }) });
+        suite.t += 1_000;
+      }
+      const fates = new Map(plan.map(([source, id, , fate, error]) => [`${source}/${id}`, { fate, error }]));
+      for (const lease of await inbox.claimBatch(plan.length, LEASE)) {
+        const { fate, error } = fates.get(`${lease.source}/${lease.id}`)!;
+        if (fate === "done") await inbox.finish(lease);
+        else if (fate === "failed") await inbox.fail(lease, error!, { permanent: true });
+        else await inbox.release(lease);
+      }
+    };
+    const ids = (ds: Delivery[]) => ds.map((d) => d.id);
+
+    it("narrows by every field, newest first, and counts the same", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      assert.deepEqual(ids(await inbox.search({})), ["d1", "s3", "g2", "g1", "s2", "s1"]);
+      const cases: [Parameters<Inbox["search"]>[0], string[]][] = [
+        [{ status: "failed" }, ["d1", "g1", "s2"]],
+        [{ source: "stripe" }, ["s3", "s2", "s1"]],
+        [{ type: "push" }, ["g2", "g1"]],
+        [{ since: T0 + 1_000, until: T0 + 3_000 }, ["g1", "s2"]],
+        [{ errorMatch: "TIMEOUT" }, ["d1", "s2"]],
+        [{ errorMatch: "500 from" }, ["g1"]],
+        [{ id: "g2" }, ["g2"]],
+        [{ bodyContains: "for github" }, ["g2", "g1"]],
+        [{ status: "failed", source: "stripe", errorMatch: "ledger" }, ["s2"]],
+        [{ errorMatch: "%" }, []],
+      ];
+      for (const [filter, expected] of cases) {
+        assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+        assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+      }
+    });
+
+    it("finds an ID under every source that has it, and under one when the source is given", async () => {
+      const inbox = await open();
+      for (const source of ["stripe", "github", "shopify"]) {
+        await inbox.store({ source, id: source === "shopify" ? "other" : "evt_same", body: body({ source }) });
+        suite.t += 1_000;
+      }
+      assert.deepEqual(
+        (await inbox.search({ id: "evt_same" })).map((d) => d.source),
+        ["github", "stripe"],
+      );
+      assert.equal(await inbox.count({ id: "evt_same" }), 2);
+      assert.deepEqual(
+        (await inbox.search({ id: "evt_same", source: "stripe" })).map((d) => d.source),
+        ["stripe"],
+      );
+      assert.deepEqual(await inbox.search({ id: "nope" }), []);
+    });
+
+    it("pages by cursor without gaps or repeats, ties on received_at included", async () => {
+      const inbox = await open();
+      for (let i = 0; i < 25; i++) {
+        await inbox.store({ source: i % 2 ? "a" : "b", id: `e${String(i).padStart(2, "0")}`, body: body({ i }) });
+        if (i % 3 === 0) suite.t += 1;
+      }
+      const all = ids(await inbox.search({}, { limit: 100 }));
+      const paged: string[] = [];
+      let after: Delivery | undefined;
+      for (;;) {
+        const page = await inbox.search({}, { after, limit: 4 });
+        if (page.length === 0) break;
+        paged.push(...ids(page));
+        after = page.at(-1);
+      }
+      assert.equal(all.length, 25);
+      assert.deepEqual(paged, all);
+      assert.equal((await inbox.search({})).length, 25, "the default limit is above 25");
+    });
+
+    it("replays beside a running worker: each delivery at most once per run, and every one ends done", async () => {
+      const inbox = await open();
+      for (let i = 0; i < 40; i++) await inbox.store({ id: `e${i}`, body: body({ i }) });
+      const handled = new Map<string, number>();
+      const stop = new AbortController();
+      const worker = run((job) => void handled.set(job.delivery.id, (handled.get(job.delivery.id) ?? 0) + 1), {
+        inbox,
+        concurrency: 4,
+        pollMaxMs: 5,
+        signal: stop.signal,
+        log: () => {},
+      });
+      while ((await inbox.count({ status: "done" })) < 10) await new Promise((resolve) => setTimeout(resolve, 2));
+      const { replayed } = await inbox.replayMatching({}, { batch: 3 });
+      assert.ok(replayed >= 10, `replayed ${replayed}`);
+      while ((await inbox.count({ status: "done" })) < 40) await new Promise((resolve) => setTimeout(resolve, 2));
+      stop.abort();
+      await worker;
+      const all = await inbox.search({}, { limit: 100 });
+      assert.equal(all.filter((d) => d.replays === 1).length, replayed);
+      assert.ok(all.every((d) => d.replays <= 1));
+      assert.equal(
+        [...handled.values()].reduce((a, b) => a + b, 0),
+        40 + replayed,
+        "the handler ran once per delivery, and once per replay",
+      );
+    });
+
+    it("refuses a filter it does not know, rather than matching everything", async () => {
+      const inbox = await open();
+      await assert.rejects(async () => inbox.search({ staus: "failed" } as never), TypeError);
+      await assert.rejects(async () => inbox.count({ since: "yesterday" } as never), TypeError);
+      await assert.rejects(async () => inbox.retryMatching({ status: "gone" } as never), TypeError);
+    });
+
+    it("retryMatching queues only the failed ones that match, in batches, and twice changes nothing more", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }, { batch: 1 }), 2);
+      assert.deepEqual(ids(await inbox.search({ status: "failed" })), ["g1"]);
+      const s2 = (await inbox.find("s2", "stripe"))[0]!;
+      assert.deepEqual([s2.status, s2.attempts, s2.error, s2.availableAt], ["received", 0, null, suite.t]);
+      assert.equal(await inbox.retryMatching({ errorMatch: "timeout" }), 0, "run twice, nothing more");
+      assert.equal(await inbox.retryMatching({ source: "stripe" }), 0, "done and received ones are not retried");
+    });
+
+    it("replayMatching takes done ones again under the same key, attempts reset and replays counted", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      assert.deepEqual(await inbox.replayMatching({ type: "charge.succeeded" }), { replayed: 1, tombstoned: 0 });
+      const s1 = (await inbox.find("s1", "stripe"))[0]!;
+      assert.deepEqual(
+        [s1.status, s1.attempts, s1.replays, s1.finishedAt, s1.availableAt],
+        ["received", 0, 1, null, suite.t],
+      );
+      const lease = (await inbox.claimBatch(10, LEASE)).find((l) => l.id === "s1")!;
+      assert.equal(lease.attempts, 1);
+      assert.equal(await inbox.finish(lease), true);
+      assert.deepEqual(await inbox.replayMatching({ id: "s1" }, { batch: 1 }), { replayed: 1, tombstoned: 0 });
+      assert.equal((await inbox.find("s1", "stripe"))[0]!.replays, 2);
+      assert.equal(await inbox.count({}), 6, "a replay is not a new delivery");
+    });
+  });
+});

@@ -1,0 +1,83 @@
+// test/contract-store.test.ts: the contract's store(), on both backends (test/contract-harness.ts): a delivery kept
+// once under its (source, id), a duplicate told from a conflict, bodies byte-exact in a batch and on every route.
+//   npx node --import tsx --test test/contract-store.test.ts
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { body, contract, T0 } from "./contract-harness.ts";
+
+contract((suite) => {
+  const { open } = suite;
+  describe("store()", () => {
+    it("keeps the first copy: stored, then duplicate, then conflict for a different body", async () => {
+      const inbox = await open();
+      assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 1 }) }), "stored");
+      assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 1 }) }), "duplicate");
+      assert.equal(await inbox.store({ id: "evt_1", body: body({ amount: 2 }) }), "conflict");
+      const [d] = await inbox.find("evt_1");
+      assert.deepEqual(d!.body, body({ amount: 1 }));
+      assert.equal(d!.conflicts, 1);
+      assert.equal(d!.receivedAt, T0);
+    });
+
+    it("tells the copies of one key apart within one group commit", async () => {
+      const inbox = await open();
+      const results = await Promise.all([
+        inbox.store({ id: "evt_1", body: body({ a: 1 }) }),
+        inbox.store({ id: "evt_1", body: body({ a: 1 }) }),
+        inbox.store({ id: "evt_1", body: body({ a: 2 }) }),
+        inbox.store({ id: "evt_2", body: body({}) }),
+      ]);
+      assert.deepEqual(results, ["stored", "duplicate", "conflict", "stored"]);
+      assert.equal((await inbox.find("evt_1"))[0]!.conflicts, 1);
+    });
+
+    it("keeps bodies byte-exact, bytes that are not UTF-8 included, and one ID apart in two sources", async () => {
+      const inbox = await open();
+      const bytes = Buffer.from([0xff, 0x00, 0xfe, 0x22, 0x5c, 0x7b]);
+      await inbox.store({
+        source: "stripe",
+        id: "x",
+        body: bytes,
+        eventType: "a.b",
+        providerTime: 123,
+        contentType: "application/json",
+      });
+      await inbox.store({ source: "github", id: "x", body: body({}) });
+      const found = await inbox.find("x");
+      assert.deepEqual(
+        found.map((d) => d.source),
+        ["github", "stripe"],
+      );
+      const stripe = (await inbox.find("x", "stripe"))[0]!;
+      assert.deepEqual(stripe.body, bytes);
+      assert.deepEqual([stripe.eventType, stripe.providerTime, stripe.contentType], ["a.b", 123, "application/json"]);
+    });
+
+    it("keeps every body of one batch apart, byte for byte, on every route: empty, binary and long alike", async () => {
+      const inbox = await open();
+      const bodies = [
+        Buffer.alloc(0),
+        Buffer.from([0x00, 0x5c, 0x78, 0xff]),
+        Buffer.alloc(70_000, 0xab),
+        body({ n: 1 }),
+        Buffer.from("\\x00"),
+      ];
+      // Stored in one turn, so they share a batch (and on PostgreSQL one INSERT); the last goes to two routes.
+      await Promise.all(
+        bodies.map((b, i) =>
+          inbox.store({ id: `b${i}`, body: b, ...(i === 4 ? { destinations: ["one", "two"] } : {}) }),
+        ),
+      );
+      const rows = await inbox.query("SELECT id, route, body FROM deliveries ORDER BY id, route");
+      assert.deepEqual(
+        rows.map((r) => [r.id, r.route, Buffer.from(r.body as Uint8Array).toString("hex")]),
+        [
+          ...bodies.slice(0, 4).map((b, i) => [`b${i}`, 0, b.toString("hex")]),
+          ["b4", 0, bodies[4]!.toString("hex")],
+          ["b4", 1, bodies[4]!.toString("hex")],
+        ],
+      );
+    });
+  });
+});
