@@ -475,7 +475,7 @@ class DestinationLane implements LaneReport {
   private async done(lease: Lease, lane: Lane, span: Process, skipped: boolean): Promise<void> {
     const { name } = this;
     const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
-    const held = await lane.persist("write a done mark", () => this.batcher.add(lease));
+    const held = await lane.persist("write a done mark", () => this.batcher.add(lease).then((sent) => sent.finished));
     span.end(held ? "done" : "lost");
     if (!held) {
       this.p.stats.lost++;

@@ -4,7 +4,7 @@
 
 import type { Inbox, Lease, LocalWrite } from "../store.ts";
 import type { Clock } from "./clock.ts";
-import type { LaneView } from "./lane.ts";
+import type { LaneView, Marks } from "./lane.ts";
 
 /** BatcherOptions says when a lane's done marks go out. */
 export interface BatcherOptions {
@@ -27,18 +27,22 @@ export interface BatcherOptions {
   onChange?: () => void;
 }
 
+/** Sent is a done mark on its way: `finished` settles as inbox.finish does. */
+export interface Sent {
+  finished: Promise<boolean>;
+}
+
 interface Mark {
   lease: Lease;
   writes: readonly LocalWrite[] | undefined;
-  resolve: (held: boolean) => void;
-  reject: (error: unknown) => void;
+  sent: (sent: Sent) => void;
 }
 
 /**
  * Batcher gathers done marks and sends them together: at the lane's turn before a claim (which takes
  * them into its own transaction on SQLite), when its policy stops holding them, or on flush().
  */
-export class Batcher {
+export class Batcher implements Marks {
   private readonly options: BatcherOptions;
   private marks: Mark[] = [];
   private firstAt = 0;
@@ -55,14 +59,16 @@ export class Batcher {
   }
 
   /**
-   * add gathers a lease's done mark, with the writes that commit with it; it settles as inbox.finish
-   * does, once its batch has gone: true if the lease was still held and the delivery is done.
+   * add gathers a lease's done mark, with the writes that commit with it. It settles once the mark has
+   * gone to the inbox, with `finished`, which settles as inbox.finish does: true if the lease was still
+   * held and the delivery is done. A caller awaits `finished` itself, so that the mark's outcome reaches
+   * it in the very turn the commit does (a `--once` run's last claim then finds nothing left in flight).
    */
-  add(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean> {
+  add(lease: Lease, writes?: readonly LocalWrite[]): Promise<Sent> {
     const { clock, longestMs, onChange } = this.options;
-    return new Promise<boolean>((resolve, reject) => {
+    return new Promise<Sent>((sent) => {
       if (this.marks.length === 0) this.firstAt = clock.now();
-      this.marks.push({ lease, writes, resolve, reject });
+      this.marks.push({ lease, writes, sent });
       if (longestMs !== undefined) this.cancelTimer ??= clock.after(longestMs, () => this.flush());
       onChange?.();
     });
@@ -92,13 +98,14 @@ export class Batcher {
       this.options.onChange?.();
     };
     for (const m of batch) {
-      let done: Promise<boolean>;
+      let finished: Promise<boolean>;
       try {
-        done = this.options.inbox.finish(m.lease, m.writes);
+        finished = this.options.inbox.finish(m.lease, m.writes);
       } catch (error) {
-        done = Promise.reject(error);
+        finished = Promise.reject(error);
       }
-      done.then(m.resolve, m.reject).finally(settled);
+      finished.then(settled, settled);
+      m.sent({ finished });
     }
   }
 }

@@ -88,15 +88,10 @@ export class Jobs implements LaneReport {
   }
 
   /** execute is the lane's executor: the handler on one lease, then its done mark or its failure. */
-  execute = async (lease: Lease, running: Running): Promise<void> => {
+  execute = (lease: Lease, running: Running): Promise<void> => {
     const span = startProcess(lease);
     this.spans.set(lease, span);
-    try {
-      await this.settle(lease, span, running);
-    } finally {
-      // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
-      this.traced(lease, "lost");
-    }
+    return this.settle(lease, span, running);
   };
 
   private traced(lease: Lease, outcome: Outcome, error?: string): void {
@@ -104,6 +99,8 @@ export class Jobs implements LaneReport {
     this.spans.delete(lease);
   }
 
+  // settle runs the handler, then sends its done mark or records its failure. Its awaits are the ones
+  // run() has always had: a `--once` run ends when the turn its last claim settles in finds no lease held.
   private async settle(lease: Lease, span: Process, { signal, free, lane }: Running): Promise<void> {
     const { inbox, clock, stats, log, metrics } = this.o;
     const name = label(lease);
@@ -129,7 +126,7 @@ export class Jobs implements LaneReport {
       // claim, so the last empty claim of `--once` finds nothing left and ends the run.
       let finished: boolean;
       try {
-        finished = await this.o.batcher.add(lease, writes);
+        finished = await (await this.o.batcher.add(lease, writes)).finished;
       } catch (error) {
         finished = await lane.persist("write the done mark", () => inbox.finish(lease, writes), lease, { error });
       }
@@ -280,6 +277,11 @@ export class Jobs implements LaneReport {
       id: lease.id,
       sqlstate: sqlstate(error),
     });
+  }
+
+  // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
+  settled(lease: Lease): void {
+    this.traced(lease, "lost");
   }
 
   cutOff(lease: Lease): void {

@@ -4,8 +4,7 @@
 // is one lane; forwarding/forwarder.ts runs one per destination. See docs/reliability.md.
 
 import { DEFAULTS } from "../defaults.ts";
-import { again, type Inbox, type Lease, type SetAside } from "../store.ts";
-import type { Batcher } from "./batcher.ts";
+import { again, type ClaimOptions, type Inbox, type Lease, type SetAside } from "../store.ts";
 import { type Clock, realClock } from "./clock.ts";
 
 /** LaneView is what a lane's parts (its sizing, its batcher's policy) may read of its state. */
@@ -28,6 +27,14 @@ export interface Sizing {
   claimed(asked: number, got: number, tookMs: number, at: number): void;
   /** starved is told when a place was free with nothing to start while a claim was out. */
   starved?(): void;
+}
+
+/** Marks is what a lane asks of its done marks' batcher (batcher.ts). */
+export interface Marks {
+  /** turn is the lane's moment before a claim: the marks go with it, or wait as the batcher's policy says. */
+  turn(claiming: boolean, lane: LaneView): void;
+  /** flush sends every gathered mark now. */
+  flush(): void;
 }
 
 /** Running is what an executor gets beside its lease. */
@@ -69,6 +76,8 @@ export interface LaneReport {
   extendFailed(lease: Lease, error: unknown): void;
   /** released is told of a lease given back unstarted, or cut off by a stop (`cutOff`). */
   released(lease: Lease, cutOff: boolean): void;
+  /** settled is told of each lease whose executor has settled, just before the lane lets it go. @default none */
+  settled?(lease: Lease): void;
   /** cutOff is told of a lease whose executor a stop cut off, before the lane gives it back. @default none */
   cutOff?(lease: Lease): void;
   /** releaseFailed is told of a lease that could not be given back: it runs out instead. */
@@ -82,8 +91,8 @@ export interface LaneOptions {
   execute: Executor;
   /** How much to claim. */
   sizing: Sizing;
-  /** How done marks are batched; the lane calls its turn() before each claim it may send. */
-  batcher: Batcher;
+  /** How done marks are batched (a Batcher, batcher.ts); the lane calls its turn() before each claim it may send. */
+  batcher: Marks;
   /** Where the lane's outcomes go. */
   report: LaneReport;
   /** @default realClock */
@@ -152,6 +161,8 @@ export class Lane implements LaneView {
   private wake: () => void = () => {};
   private stopping = false;
   private loop: Promise<void> | undefined;
+  private readonly heldPoll: number;
+  private readonly claimOptions: ClaimOptions;
 
   constructor(options: LaneOptions) {
     this.o = options;
@@ -161,6 +172,10 @@ export class Lane implements LaneView {
     this.pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
     this.pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
     this.delay = this.pollMin;
+    this.heldPoll = Math.max(this.pollMax, options.heldPollMs ?? 0);
+    const onSetAside = (list: SetAside[]) => this.o.report.setAside(list);
+    this.claimOptions =
+      options.destination === undefined ? { onSetAside } : { destination: options.destination, onSetAside };
     for (const [name, value, min] of [
       ["leaseMs", this.leaseMs, 1],
       ["concurrency", this.concurrency, 1],
@@ -257,8 +272,7 @@ export class Lane implements LaneView {
     // New deliveries (PostgreSQL's NOTIFY) end an idle pause at once, unless the lane is held.
     const unwake = inbox.onWake(() => this.holding || this.wake());
     try {
-      this.delay = this.pollMin;
-      while (!this.stopping && (await this.turn()));
+      await this.claimUntilStopped();
       await this.drain();
     } finally {
       // Done marks gathered when a claim failed for good go to the inbox all the same.
@@ -270,31 +284,57 @@ export class Lane implements LaneView {
     }
   }
 
-  // turn is one pass of the loop: send the done marks, claim what the sizing says, start what may start,
-  // and pause when nothing came. It says whether to go on.
-  private async turn(): Promise<boolean> {
-    this.startWaiting();
-    const room = this.o.sizing.room(this);
-    this.o.batcher.turn(room > 0, this);
-    const claimedAt = this.clock.now();
-    let leases: Lease[] = [];
-    if (room > 0) {
-      try {
-        leases = await this.claim(room);
-      } catch (error) {
-        // A full disk or a lock held too long passes: a long-running lane waits it out (saying so once)
-        // rather than dying with its work in flight. Run once, it reports the error instead.
-        this.o.report.dbError(error);
-        if (this.o.once) throw error;
-        if (!this.claimFailing) this.o.report.claimFailing(error);
-        this.claimFailing = true;
-        await this.pause(this.pollMax);
-        return true;
+  // claimUntilStopped is the loop: send the done marks, claim what the sizing says, start what may start,
+  // and pause when nothing came. Its only awaits are the claim and the pause: a claim's leases are started
+  // and the next claim sized in the same turn, before the handlers they started have said anything.
+  private async claimUntilStopped(): Promise<void> {
+    this.delay = this.pollMin;
+    while (!this.stopping) {
+      this.startWaiting();
+      const room = this.o.sizing.room(this);
+      this.o.batcher.turn(room > 0, this);
+      const claimedAt = this.clock.now();
+      let leases: Lease[] = [];
+      if (room > 0) {
+        this.claiming = true;
+        try {
+          leases = await this.o.inbox.claimBatch(room, this.leaseMs, this.claimOptions);
+        } catch (error) {
+          this.claiming = false;
+          this.claimFailed(error);
+          if (!this.stopping) await this.pause(this.pollMax);
+          continue;
+        }
+        this.claiming = false;
+        this.claimed(room, leases, claimedAt);
       }
-      this.o.sizing.claimed(room, leases.length, this.clock.now() - claimedAt, claimedAt);
-      if (this.claimFailing) this.o.report.claimingAgain();
-      this.claimFailing = false;
+      if (leases.length > 0) {
+        this.delay = this.pollMin;
+        continue;
+      }
+      if (this.o.once && this.leases.size === 0) return;
+      // A stop that came while the claim was out found no pause to end: it must not wait for one.
+      if (this.stopping) return;
+      // Idle: back off up to pollMax, but a freed place, a done mark or a stop wakes the loop at once.
+      await this.pause(this.holding ? this.heldPoll : room > 0 ? this.delay : this.pollMax);
+      if (room > 0) this.delay = Math.min(this.pollMax, Math.max(1, this.delay * 2));
     }
+  }
+
+  // claimFailed says a failed claim once. A full disk or a lock held too long passes: a long-running lane
+  // waits it out rather than dying with its work in flight. Run once, it reports the error instead.
+  private claimFailed(error: unknown): void {
+    this.o.report.dbError(error);
+    if (this.o.once) throw error;
+    if (!this.claimFailing) this.o.report.claimFailing(error);
+    this.claimFailing = true;
+  }
+
+  // claimed takes a claim's leases in and starts what may start.
+  private claimed(room: number, leases: Lease[], claimedAt: number): void {
+    this.o.sizing.claimed(room, leases.length, this.clock.now() - claimedAt, claimedAt);
+    if (this.claimFailing) this.o.report.claimingAgain();
+    this.claimFailing = false;
     if (leases.length > 0 && claimedAt > this.heldAt) this.hold(false);
     for (const lease of leases) {
       this.leases.set(lease, new AbortController());
@@ -302,32 +342,6 @@ export class Lane implements LaneView {
       this.queue.push(lease);
     }
     this.startWaiting();
-    if (leases.length > 0) {
-      this.delay = this.pollMin;
-      return true;
-    }
-    if (this.o.once && this.leases.size === 0) return false;
-    // Idle: back off up to pollMax, but a freed place, a done mark or a stop wakes the loop at once.
-    await this.pause(
-      this.holding ? Math.max(this.pollMax, this.o.heldPollMs ?? 0) : room > 0 ? this.delay : this.pollMax,
-    );
-    if (room > 0) this.delay = Math.min(this.pollMax, Math.max(1, this.delay * 2));
-    return true;
-  }
-
-  private async claim(room: number): Promise<Lease[]> {
-    this.claiming = true;
-    try {
-      const onSetAside = (list: SetAside[]) => this.o.report.setAside(list);
-      const destination = this.o.destination;
-      return await this.o.inbox.claimBatch(
-        room,
-        this.leaseMs,
-        destination === undefined ? { onSetAside } : { destination, onSetAside },
-      );
-    } finally {
-      this.claiming = false;
-    }
   }
 
   // beat extends every held lease; one found taken has its executor's signal aborted.
@@ -369,7 +383,9 @@ export class Lane implements LaneView {
     if (this.claiming && this.queue.length === 0 && this.started < this.concurrency) this.o.sizing.starved?.();
     if (want <= 0 || this.stopping || this.gate !== undefined) return;
     if (!this.o.permit) {
-      for (let i = 0; i < want; i++) this.begin(this.queue.shift()!);
+      // An executor may free its place before begin() returns, and start the next from within it.
+      while (this.started < this.concurrency && this.queue.length > 0 && !this.stopping)
+        this.begin(this.queue.shift()!);
       return;
     }
     // Asked at the end of this turn of the event loop, so that every place freed in it (answers come in
@@ -425,10 +441,17 @@ export class Lane implements LaneView {
       this.startWaiting();
       this.wake();
     };
-    void this.o.execute(lease, { signal: controller.signal, free, lane: this }).finally(() => {
+    // Not finally(): its extra turns would let a `--once` run's last claim see this lease still held. An
+    // executor that rejects broke its contract: the rejection goes on, unhandled, as it would have.
+    const settled = () => {
       free();
+      this.o.report.settled?.(lease);
       this.leases.delete(lease);
       this.wake();
+    };
+    void this.o.execute(lease, { signal: controller.signal, free, lane: this }).then(settled, (error: unknown) => {
+      settled();
+      throw error;
     });
   }
 
