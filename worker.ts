@@ -11,7 +11,6 @@ import { DEFAULTS } from "./lib/defaults.ts";
 import { age as formatAge, parseDuration } from "./lib/format.ts";
 import {
   jsonLine,
-  label,
   lineLog,
   LOG_FORMATS,
   message,
@@ -20,57 +19,25 @@ import {
   type LogFormat,
   type Progress,
 } from "./lib/log.ts";
-import {
-  PermanentError,
-  type Inbox,
-  type Lease,
-  type LocalWrite,
-  type PurgeOptions,
-  type SetAside,
-} from "./lib/store.ts";
-import { again, sqlstate } from "./lib/errors.ts";
+import { PermanentError, type Inbox, type PurgeOptions } from "./lib/store.ts";
+import { Batcher } from "./lib/lease/batcher.ts";
+import { realClock, type Clock } from "./lib/lease/clock.ts";
+import { Jobs, type Handler, type Job, type RunStats } from "./lib/lease/jobs.ts";
+import { Lane } from "./lib/lease/lane.ts";
+import { HandlerSizing } from "./lib/lease/sizing.ts";
 import type { Metrics } from "./lib/metrics.ts";
-import { announce, checkSecrets } from "./lib/forwarding/forward.ts";
+import { checkSecrets } from "./lib/forwarding/forward.ts";
 import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
 import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routing/routes.ts";
-import { startProcess, type Outcome, type Process } from "./lib/traces.ts";
 import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import { checkTransforms, Transforms } from "./lib/forwarding/transform.ts";
 import type { Sender } from "./lib/forwarding/forward.ts";
 import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
 
-/** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
-export interface Job {
-  delivery: Lease;
-  /** The body parsed as JSON. A body that is not JSON never reaches a handler: it fails permanently. */
-  event: unknown;
-  /** `source:id`, stable across retries: pass it as the idempotency key of any external call. */
-  key: string;
-  /** Aborted when the lease is lost to another worker, or when a stopping worker gives up waiting. */
-  signal: AbortSignal;
-  /**
-   * True when a newer event of the same order key was already handled (an out-of-order arrival, or a
-   * set-aside delivery retried later): a handler that overwrites state with the event's should skip it.
-   */
-  stale: boolean;
-  /** The ID of that newer, already handled delivery, when stale. */
-  newerId?: string;
-  /**
-   * The W3C traceparent of this attempt's span (traces.ts), to send on with any forward so the destination
-   * joins the trace that began when the delivery was received; undefined when nothing traces it.
-   */
-  traceparent?: string;
-  /**
-   * write queues a write to the inbox database; it commits with the done mark, or not at all. It gets a
-   * Tx: `tx.run(sql, ...params)` works on both backends (return its result); see LocalWrite.
-   */
-  write(fn: LocalWrite): void;
-}
-
-/** Handler does the work for one delivery; throw to retry later, or throw PermanentError to give up. */
-export type Handler = (job: Job) => unknown;
+/** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/lease/jobs.ts). */
+export type { Handler, Job, RunStats };
 
 /** WorkerOptions configures run(); every number has a default in DEFAULTS. */
 export interface WorkerOptions {
@@ -114,410 +81,87 @@ export interface WorkerOptions {
    * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
    */
   purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number };
+  /** The clock the loop reads and sets its timers on; the tests move a fake one. @default realClock */
+  clock?: Clock;
 }
 
-/** RunStats counts what happened to the deliveries a run claimed. */
-export interface RunStats {
-  claimed: number;
-  done: number;
-  retried: number;
-  failed: number;
-  lost: number;
-  released: number;
-}
-
-/** run claims and handles deliveries until the queue is empty (once) or the signal aborts. */
+/** run claims and handles deliveries until the queue is empty (once) or the signal aborts: one lane
+ * (lib/lease/lane.ts) whose executor is the handler. */
 export async function run(handler: Handler, options: WorkerOptions): Promise<RunStats> {
   const { inbox } = options;
-  const leaseMs = options.leaseMs ?? DEFAULTS.leaseMs;
-  const concurrency = options.concurrency ?? DEFAULTS.concurrency;
-  const claimBatch = Math.max(concurrency, options.claimBatch ?? DEFAULTS.claimBatch);
-  const pollMin = options.pollMinMs ?? DEFAULTS.pollMinMs;
+  const clock = options.clock ?? realClock;
   const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
   const log: Log = options.log ?? ((line: string) => console.error(line));
-  const metrics = options.metrics;
-  const redact = options.redact ?? ((text: string) => text);
-  for (const [name, value, min] of [
-    ["leaseMs", leaseMs, 1],
-    ["concurrency", concurrency, 1],
-    ["pollMinMs", pollMin, 0],
-    ["pollMaxMs", pollMax, pollMin],
-  ] as const) {
-    if (!Number.isFinite(value) || value < min) throw new TypeError(`run: expected ${name} >= ${min}, got ${value}`);
-  }
-  if (options.purge && !(options.purge.everyMs >= 1))
-    throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
-  const active = new Map<Lease, AbortController>();
-  // Each started lease's span, ended once its outcome is committed or known (traces.ts).
-  const spans = new Map<Lease, Process>();
-  const traced = (lease: Lease, outcome: Outcome, error?: string) => {
-    spans.get(lease)?.end(outcome, error);
-    spans.delete(lease);
-  };
-  // Claimed leases whose handler has not started: concurrency bounds the handlers, not the claims.
-  const waiting: Lease[] = [];
-  // Handlers still running; concurrency bounds these. A lease whose handler is done but whose finish is
-  // not yet committed stays in active without taking a handler's place, so the next claim can join the
-  // very transaction that commits those finishes: one fsync per batch, not two.
-  let running = 0;
-  // How long handlers take (a moving average, in ms). Fast ones share claims of up to claimBatch, so one
-  // commit serves many; slow ones claim only what the free handlers can start, as no worker should hoard
-  // leases it cannot work on. It starts slow, so the first claim is never more than concurrency.
-  let handlerMs = Infinity;
-  // How long a claim takes, its commit included (a moving average, in ms). A claim brings at least
-  // CLAIM_SHARE times its own time in work for each handler's place: where a commit's fsync is slow, a
-  // claim sized by the handlers alone would cost the worker as much as the work it brings.
-  let claimMs = 0;
-  const claimSize = () =>
-    Math.max(
-      concurrency,
-      Math.min(claimBatch, Math.floor((concurrency * Math.max(CLAIM_AHEAD_MS, CLAIM_SHARE * claimMs)) / handlerMs)),
-    );
-  const stop = options.signal;
-
-  // wake ends the current pause early: a handler finished (room to claim) or the worker is stopping.
-  let wake: () => void = () => {};
-  const pause = (ms: number) =>
-    new Promise<void>((resolve) => {
-      const timer = setTimeout(() => resolve(), ms);
-      wake = () => {
-        clearTimeout(timer);
-        resolve();
-      };
-    });
-  stop?.addEventListener("abort", () => wake(), { once: true });
-  // persist runs a done mark, a failure or a release through again(): a database error that passes (a
-  // deadlock, a dropped connection, a server restarting) is counted, logged once, and the write goes
-  // again for as long as a lease lasts, the lease kept meanwhile by the heartbeat. A done mark's writes
-  // rolled back with it, so they run again with it, once.
-  const persist = <T>(what: string, lease: Lease, write: () => Promise<T>, first?: { error: unknown }): Promise<T> =>
-    again(
-      write,
-      {
-        forMs: leaseMs,
-        minMs: pollMin,
-        maxMs: 4 * pollMax,
-        onError: (error, tries) => {
-          metrics?.dbError("handler", error);
-          if (tries === 1)
-            log(`${label(lease)}: could not ${what} (${message(error)}); trying again`, {
-              level: "warn",
-              source: lease.source,
-              id: lease.id,
-              sqlstate: sqlstate(error),
-            });
-        },
-      },
-      first,
-    );
-  // On PostgreSQL a receiver's NOTIFY ends an idle pause at once; polling stays as the backstop.
-  const unwake = inbox.onWake(() => wake());
-  const purging = schedulePurge(inbox, options.purge, stop, log);
-
-  const heartbeat = setInterval(
-    () => {
-      for (const [lease, controller] of active) {
-        inbox.extend(lease, leaseMs).then(
-          (held) => {
-            if (!held && !controller.signal.aborted) controller.abort(new Error("the lease was lost"));
-          },
-          (error: unknown) => {
-            metrics?.dbError("handler", error);
-            log(`${label(lease)}: could not extend the lease: ${message(error)}`, {
-              level: "warn",
-              source: lease.source,
-              id: lease.id,
-              sqlstate: sqlstate(error),
-            });
-          },
-        );
-      }
-    },
-    options.heartbeatMs ?? Math.max(1, Math.floor(leaseMs / 3)),
+  const sizing = new HandlerSizing(
+    options.concurrency ?? DEFAULTS.concurrency,
+    options.claimBatch ?? DEFAULTS.claimBatch,
   );
-
-  // Done marks held for the next claim, which takes them into its own transaction. Handlers that wait on
-  // I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own: on
-  // SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
+  // Done marks are held for the next claim, which takes them into its own transaction. Handlers that wait
+  // on I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own:
+  // on SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
   // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
   // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
   // never see them as expired leases, and each handler awaits its own finish() as before.
-  const held: { lease: Lease; writes: LocalWrite[]; sent(finish: { done: Promise<boolean> }): void }[] = [];
-  let holding: ReturnType<typeof setTimeout> | undefined;
-  const finishHeld = () => {
-    clearTimeout(holding);
-    holding = undefined;
-    for (const h of held.splice(0)) {
-      let done: Promise<boolean>;
-      try {
-        done = inbox.finish(h.lease, h.writes);
-      } catch (error) {
-        done = Promise.reject(error);
-      }
-      h.sent({ done });
-    }
-  };
-  const finishWithClaim = (lease: Lease, writes: LocalWrite[]) =>
-    new Promise<{ done: Promise<boolean> }>((sent) => {
-      held.push({ lease, writes, sent });
-      holding ??= setTimeout(finishHeld, pollMax);
-    });
-
-  const handlerDone = (lease: Lease, started: number) => {
-    const ms = performance.now() - started;
-    metrics?.handled(lease, ms);
-    handlerMs = handlerMs === Infinity ? ms : handlerMs * 0.9 + ms * 0.1;
-    running--;
-    startWaiting();
-    wake();
-  };
-
-  async function settle(lease: Lease, work: () => Promise<LocalWrite[]>): Promise<void> {
-    const name = label(lease);
-    const fields = { source: lease.source, id: lease.id };
-    const started = performance.now();
-    let writes: LocalWrite[];
-    try {
-      writes = await work();
-    } catch (error) {
-      handlerDone(lease, started);
-      return record(lease, error);
-    }
-    handlerDone(lease, started);
-    try {
-      // The first try goes with the next claim and is awaited directly: it settles in the same turn as that
-      // claim, so the last empty claim of `--once` finds nothing left and ends the run.
-      const finish = () => inbox.finish(lease, writes);
-      const first = await finishWithClaim(lease, writes);
-      let finished: boolean;
-      try {
-        finished = await first.done;
-      } catch (error) {
-        finished = await persist("write the done mark", lease, finish, { error });
-      }
-      if (finished) {
-        stats.done++;
-        traced(lease, "done");
-        log(`${name} done`, { ...fields, status: "done" });
-      } else {
-        stats.lost++;
-        traced(lease, "lost");
-        metrics?.lost(lease);
-        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, {
-          level: "warn",
-          ...fields,
-        });
-      }
-    } catch (error) {
-      // The done mark and the writes rolled back together; nothing is marked done that wasn't written.
-      await record(lease, error);
-    }
-  }
-
-  // Set aside by a claim, as their last attempt's lease ran out: whoever held them crashed or hung, so no
-  // record() of theirs says so.
-  function gaveUp(setAside: SetAside[]): void {
-    for (const d of setAside) {
-      stats.failed++;
-      metrics?.failed(d);
-      log(`${label(d)} set aside after ${d.attempts} attempts: ${d.error}`, { level: "error", ...d, status: "failed" });
-      announceSetAside(d);
-    }
-  }
-
-  function announceSetAside(d: SetAside): void {
-    if (!options.operator) return;
-    const event = { type: "delivery.set_aside" as const, data: { ...d } };
-    void announce(options.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
-  }
-
-  async function record(lease: Lease, error: unknown): Promise<void> {
-    const name = label(lease);
-    const permanent = error instanceof PermanentError;
-    // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
-    const said = redact(message(error));
-    try {
-      const outcome = await persist("record the failure", lease, () => inbox.fail(lease, said, { permanent }));
-      const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: said };
-      traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", said);
-      if (outcome === undefined) {
-        stats.lost++;
-        metrics?.lost(lease);
-        log(`${name} failed, but the lease was already lost: ${said}`, { level: "warn", ...fields });
-      } else if (outcome.status === "failed") {
-        stats.failed++;
-        metrics?.failed(lease);
-        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, {
-          level: "error",
-          ...fields,
-          status: "failed",
-        });
-        announceSetAside({
-          source: lease.source,
-          id: lease.id,
-          destination: lease.destination,
-          attempts: lease.attempts,
-          error: said,
-        });
-      } else {
-        stats.retried++;
-        metrics?.retried(lease);
-        log(
-          `${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${said}`,
-          { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt },
-        );
-      }
-    } catch (failError) {
-      // Unrecorded, it is tried again once its lease runs out.
-      traced(lease, "retry", said);
-      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, {
-        level: "error",
-        source: lease.source,
-        id: lease.id,
-      });
-    }
-  }
-
-  function startWaiting(): void {
-    while (running < concurrency && waiting.length > 0 && !stop?.aborted) start(waiting.shift()!);
-  }
-
-  function start(lease: Lease): void {
-    const controller = active.get(lease)!;
-    const span = startProcess(lease);
-    spans.set(lease, span);
-    running++;
-    settle(lease, async () => {
-      let event: unknown;
-      try {
-        event = JSON.parse(strictUtf8.decode(lease.body));
-      } catch (error) {
-        // V8 quotes a piece of the text in its JSON errors: keep only where, so no log repeats a body.
-        const why =
-          error instanceof SyntaxError
-            ? `not valid JSON${/ at position \d+/.exec(error.message)?.[0] ?? ""}`
-            : message(error);
-        throw new PermanentError(`the body is not JSON: ${why}`);
-      }
-      const writes: LocalWrite[] = [];
-      await span.run(() =>
-        handler({
-          delivery: lease,
-          event,
-          key: `${lease.source}:${lease.id}`,
-          signal: controller.signal,
-          stale: lease.newerId !== null,
-          ...(lease.newerId !== null ? { newerId: lease.newerId } : {}),
-          ...(span.traceparent !== undefined ? { traceparent: span.traceparent } : {}),
-          write: (fn) => void writes.push(fn),
-        }),
-      );
-      if (controller.signal.aborted) throw controller.signal.reason;
-      return writes;
-    }).finally(() => {
-      active.delete(lease);
-      // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
-      traced(lease, "lost");
-      wake();
-    });
-  }
-
+  let lane: Lane | undefined;
+  const batcher = new Batcher({
+    inbox,
+    clock,
+    hold: (_count, _ageMs, view) => view.waiting > 0,
+    longestMs: pollMax,
+    onChange: () => lane?.poke(),
+  });
+  const jobs = new Jobs({
+    inbox,
+    handler,
+    batcher,
+    sizing,
+    clock,
+    stats,
+    log,
+    ...(options.metrics ? { metrics: options.metrics } : {}),
+    ...(options.operator ? { operator: options.operator } : {}),
+    redact: options.redact ?? ((text: string) => text),
+  });
+  lane = new Lane({
+    who: "run",
+    inbox,
+    execute: jobs.execute,
+    sizing,
+    batcher,
+    report: jobs,
+    clock,
+    ...definedOf(options, [
+      "concurrency",
+      "leaseMs",
+      "heartbeatMs",
+      "pollMinMs",
+      "pollMaxMs",
+      "shutdownGraceMs",
+      "once",
+      "signal",
+    ]),
+    // A stopping worker cannot wait on a handler that outlives the grace: its lease goes back at once.
+    cutOff: "give back",
+    drained: () => inbox.flush(),
+  });
+  if (options.purge && !(options.purge.everyMs >= 1))
+    throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
+  const purging = schedulePurge(inbox, options.purge, options.signal, log);
   try {
-    let delay = pollMin;
-    let claimFailing = false;
-    while (!stop?.aborted) {
-      // Claim when everything claimed has started: a batch's worth for fast handlers, the free handlers'
-      // worth for slow ones, but never more than a second batch of leases waiting on their commit.
-      const size = claimSize();
-      const room = waiting.length > 0 ? 0 : Math.min(size - (size > concurrency ? 0 : running), 2 * size - active.size);
-      let leases: Lease[] = [];
-      // The held done marks go with this claim; with nothing left to start and no claim, they go now.
-      if (waiting.length === 0) finishHeld();
-      try {
-        if (room > 0) {
-          const started = performance.now();
-          leases = await inbox.claimBatch(room, leaseMs, { onSetAside: gaveUp });
-          claimMs = claimMs * 0.9 + (performance.now() - started) * 0.1;
-        }
-      } catch (error) {
-        // A full disk or a lock held too long passes: a long-running worker waits it out (saying so once)
-        // rather than dying with its handlers in flight. Run once, it reports the error instead.
-        metrics?.dbError("handler", error);
-        if (options.once) throw error;
-        if (!claimFailing) log(`could not claim (${message(error)}); trying again`, { level: "error" });
-        claimFailing = true;
-        await pause(pollMax);
-        continue;
-      }
-      if (claimFailing) log("claiming again");
-      claimFailing = false;
-      for (const lease of leases) {
-        active.set(lease, new AbortController());
-        stats.claimed++;
-        metrics?.claimed(lease);
-        waiting.push(lease);
-      }
-      startWaiting();
-      if (leases.length > 0) {
-        delay = pollMin;
-        continue;
-      }
-      if (options.once && active.size === 0) break;
-      // Idle: back off up to pollMax, but a finishing handler or a stop wakes the loop at once.
-      await pause(room > 0 ? delay : pollMax);
-      if (room > 0) delay = Math.min(pollMax, Math.max(1, delay * 2));
-    }
-    // Leases not yet started go straight back; the ones at work get the grace period.
-    // A release that fails for good leaves the lease to run out instead: the worker stops all the same.
-    const giveBack = (lease: Lease) =>
-      persist("release the lease", lease, () => inbox.release(lease)).catch((error: unknown) => {
-        log(`${label(lease)}: could not release (${message(error)}); it goes again when its lease expires`, {
-          level: "warn",
-          source: lease.source,
-          id: lease.id,
-        });
-        return false;
-      });
-    for (const lease of waiting.splice(0)) {
-      active.delete(lease);
-      if (await giveBack(lease)) stats.released++;
-    }
-    await drain(active, options.shutdownGraceMs ?? DEFAULTS.shutdownGraceMs, () => {
-      finishHeld();
-      return pause(pollMax);
-    });
-    // Whatever outlived the grace period goes back to the queue now rather than when its lease expires;
-    // what finished meanwhile has its done mark sent first.
-    finishHeld();
-    for (const [lease, controller] of active) {
-      controller.abort(new Error("the worker is stopping"));
-      traced(lease, "released");
-      if (await giveBack(lease)) {
-        stats.released++;
-        log(`${label(lease)} released: the worker stopped before it finished`, {
-          source: lease.source,
-          id: lease.id,
-          status: "received",
-        });
-      }
-    }
-    finishHeld();
-    await inbox.flush();
+    await lane.start();
   } finally {
-    // Done marks held when a claim failed for good go to the inbox all the same.
-    finishHeld();
-    clearInterval(heartbeat);
-    unwake();
     await purging.stop();
   }
   return stats;
 }
 
-// Fast handlers claim ahead this many ms of their own work per handler slot, or CLAIM_SHARE times a
-// claim's own time if that is more (see claimSize).
-const CLAIM_AHEAD_MS = 5;
-const CLAIM_SHARE = 10;
+// definedOf picks the options given, so that a lane's own defaults apply to the rest.
+function definedOf<T extends object, K extends keyof T>(options: T, keys: readonly K[]): Partial<Pick<T, K>> {
+  const picked: Partial<Pick<T, K>> = {};
+  for (const key of keys) if (options[key] !== undefined) picked[key] = options[key];
+  return picked;
+}
 
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
 // after the batch in flight. A failed purge is logged and tried again next time: the queue comes first.
@@ -554,15 +198,6 @@ function schedulePurge(
       await running;
     },
   };
-}
-
-// JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
-// which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
-const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
-
-async function drain(active: Map<Lease, AbortController>, graceMs: number, tick: () => Promise<void>): Promise<void> {
-  const deadline = Date.now() + graceMs;
-  while (active.size > 0 && Date.now() < deadline) await tick();
 }
 
 /** ensurePayments creates the example's payments table, keyed by delivery so a payment is one row. */
