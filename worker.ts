@@ -103,13 +103,11 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
   // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
   // never see them as expired leases, and each handler awaits its own finish() as before.
-  let lane: Lane | undefined;
   const batcher = new Batcher({
     inbox,
     clock,
     hold: (_count, _ageMs, view) => view.waiting > 0,
     longestMs: pollMax,
-    onChange: () => lane?.poke(),
   });
   const jobs = new Jobs({
     inbox,
@@ -123,7 +121,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     ...(options.operator ? { operator: options.operator } : {}),
     redact: options.redact ?? ((text: string) => text),
   });
-  lane = new Lane({
+  const lane = new Lane({
     who: "run",
     inbox,
     execute: jobs.execute,

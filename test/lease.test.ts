@@ -89,7 +89,13 @@ for (const backend of await backends("lease_test")) {
       // run()'s own lane, with the fake clock; the handler is instant on it.
       const stats = fresh();
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, hold: (_n, _a, v) => v.waiting > 0, onChange: () => lane?.poke() });
+      const batcher = new Batcher({
+        inbox,
+        clock,
+        hold: (_n, _a, v) => v.waiting > 0,
+        onAdded: () => lane?.poke(),
+        onSettled: () => lane?.poke(),
+      });
       const report = counting();
       lane = new Lane({
         inbox,
@@ -131,7 +137,7 @@ for (const backend of await backends("lease_test")) {
       const sizing = new HandlerSizing(3, 64);
       const rooms = recorded(sizing);
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onChange: () => lane?.poke() });
+      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
       let done = 0;
       lane = new Lane({
         inbox,
@@ -220,7 +226,7 @@ for (const backend of await backends("lease_test")) {
       let doubled = 0;
       let done = 0;
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onChange: () => lane?.poke() });
+      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
       const report = counting();
       lane = new Lane({
         inbox,
@@ -342,7 +348,7 @@ describe("the lease loop on a SQLite clock of its own", () => {
       await storeMany(inbox, 8);
       const lane = (execute: Executor, once: boolean) => {
         let made: Lane | undefined;
-        const batcher = new Batcher({ inbox, clock, onChange: () => made?.poke() });
+        const batcher = new Batcher({ inbox, clock, onAdded: () => made?.poke(), onSettled: () => made?.poke() });
         made = new Lane({
           inbox,
           clock,

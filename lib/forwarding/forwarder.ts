@@ -211,7 +211,8 @@ class DestinationLane implements LaneReport {
               (view.running > 0 || view.gated) &&
               ageMs < Math.max(pollMax, 4 * sizing.claimTook),
           }),
-      onChange: () => this.lane.poke(),
+      onAdded: () => this.lane.poke(),
+      onSettled: () => this.lane.poke(),
     }));
     this.lane = new Lane({
       inbox,

@@ -23,8 +23,10 @@ export interface BatcherOptions {
   oneAtATime?: boolean;
   /** Longest the first mark waits: a timer sends the batch after this long. @default no timer */
   longestMs?: number;
-  /** Told of every mark added and every batch settled: the lane wakes, to send or to claim. @default none */
-  onChange?: () => void;
+  /** Told of every mark added: the lane wakes, to send it. @default none */
+  onAdded?: () => void;
+  /** Told of every batch settled: the lane wakes, to claim or send the next. @default none */
+  onSettled?: () => void;
 }
 
 /** Sent is a done mark on its way: `finished` settles as inbox.finish does. */
@@ -65,12 +67,12 @@ export class Batcher implements Marks {
    * it in the very turn the commit does (a `--once` run's last claim then finds nothing left in flight).
    */
   add(lease: Lease, writes?: readonly LocalWrite[]): Promise<Sent> {
-    const { clock, longestMs, onChange } = this.options;
+    const { clock, longestMs, onAdded } = this.options;
     return new Promise<Sent>((sent) => {
       if (this.marks.length === 0) this.firstAt = clock.now();
       this.marks.push({ lease, writes, sent });
       if (longestMs !== undefined) this.cancelTimer ??= clock.after(longestMs, () => this.flush());
-      onChange?.();
+      onAdded?.();
     });
   }
 
@@ -90,21 +92,24 @@ export class Batcher implements Marks {
     this.cancelTimer = undefined;
     if (this.marks.length === 0) return;
     const batch = this.marks.splice(0);
+    const { inbox, oneAtATime, onSettled } = this.options;
+    // Only a policy that waits on the batch in flight, or a lane told when it settles, pays to follow it.
+    const follow = oneAtATime || onSettled !== undefined;
     let left = batch.length;
-    this.sending++;
+    if (follow) this.sending++;
     const settled = () => {
       if (--left > 0) return;
       this.sending--;
-      this.options.onChange?.();
+      onSettled?.();
     };
     for (const m of batch) {
       let finished: Promise<boolean>;
       try {
-        finished = this.options.inbox.finish(m.lease, m.writes);
+        finished = inbox.finish(m.lease, m.writes);
       } catch (error) {
         finished = Promise.reject(error);
       }
-      finished.then(settled, settled);
+      if (follow) finished.then(settled, settled);
       m.sent({ finished });
     }
   }
