@@ -44,6 +44,13 @@ export interface Preview {
   notes: string[];
 }
 
+/** routeLine is one route of a preview for people: chosen now or not, and where its rows say otherwise. */
+export function routeLine(r: PreviewRoute): string {
+  const now = r.chosen ? "chosen" : `not chosen (${r.why})`;
+  if (r.chosen === r.stored) return `${r.to}: ${now}`;
+  return `${r.to}: ${now}, ${r.stored ? "but it has a row, chosen when stored" : "but it has no row: not chosen when stored"}`;
+}
+
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 
 /**
