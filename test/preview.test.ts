@@ -1,15 +1,17 @@
 // test/preview.test.ts: `inbox.ts preview` agrees with routing (issue 37): for header, path and body filters,
 // the routes preview shows, the rows the real receiver (a receiver.ts child) stored, and the requests worker.ts
 // then really sends to HTTP destinations on a free port are the same, headers included; and the try number
-// preview shows for a done delivery is the one its replay sends. On SQLite and on PostgreSQL.
+// preview and the operator page show for a done delivery is the one its replay sends. On SQLite and PostgreSQL.
 
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { describe, it } from "node:test";
+import { createAdmin, listenAdmin } from "../admin.ts";
 import { connect } from "../inbox.ts";
+import { preview as previewOf } from "../lib/forwarding/preview.ts";
 import { backends, runScript, startReceiver, tempDir } from "./helpers.ts";
 
 const SECRET = `whsec_${Buffer.from("the apps' forwarding secret").toString("base64")}`;
@@ -141,6 +143,21 @@ for (const backend of await backends("preview")) {
         for (const id of Object.keys(expected)) after[id] = await preview(id);
         for (const s of Object.values(after))
           for (const r of s.requests) assert.equal(r.headers["inbox-attempt"], "1", `${r.destination}: a replay's try`);
+        // The operator page shows the same preview: a done delivery's next try is 1 there too.
+        const inboxNow = await connect(target);
+        const admin = createAdmin({
+          inbox: inboxNow,
+          preview: (rows) => previewOf(rows, JSON.parse(readFileSync(file, "utf8")), { base: dir.dir }),
+        });
+        try {
+          const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+          const page = await (await fetch(`${url}/delivery?source=shop&id=o1&preview=1`)).text();
+          assert.match(page, /by-header: chosen/);
+          assert.equal([...page.matchAll(/inbox-attempt: (\d+)/g)].map((m) => m[1]).join(","), "1,1,1", "the page");
+        } finally {
+          await new Promise((resolve) => admin.server.close(resolve));
+          await inboxNow.close();
+        }
         dest.got.length = 0;
         for (const id of Object.keys(expected)) {
           const r = await runScript("inbox.ts", ["replay", id, "--db", target]);
