@@ -155,6 +155,16 @@ export const DEFAULTS = {
   connectTimeoutForwardMs: 5_000,
   /** Forwarding: milliseconds a whole forward may take, answer included, before it counts as failed. @default 30_000 */
   forwardTimeoutMs: 30_000,
+  /**
+   * Filters: characters that one route filter's `$regex` tests may read of one delivery, all its strings
+   * together; a delivery that would make it read more does not match that filter. `$regex` runs on RE2
+   * (re2js), in time linear in what it reads, so this bounds one filter's regex work. @default 100_000
+   */
+  filterRegexChars: 100_000,
+  /** Filters: largest body, in bytes, that a body filter parses; a larger one is, to filters, not JSON. @default 1_000_000 */
+  filterBodyBytes: 1_000_000,
+  /** Filters: deepest nesting of lists and objects a body filter parses; a deeper body is, to filters, not JSON. @default 64 */
+  filterDepth: 64,
   /** Forwarding: milliseconds a transform may run for one forward before its thread is stopped and the try fails (a route's "transformTimeout"). @default 1_000 */
   transformTimeoutMs: 1_000,
   /** Forwarding: milliseconds a transform module may take to load in its thread. @default 10_000 */

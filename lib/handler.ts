@@ -405,7 +405,12 @@ class Receiving {
               : undefined,
           )
         : undefined;
-      const keepHeaders = routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
+      // Headers are kept for the routes that forward them, and wherever a filter read them: so `preview`,
+      // and whatever looks at the delivery later, sees what the filter saw when it chose its routes.
+      const keepHeaders =
+        routes?.some(
+          (r) => (r.forwardHeaders && destinations!.includes(r.to)) || r.filter?.reads.has("headers") === true,
+        ) ?? false;
       outcome = await this.inbox.store({
         source: source.name,
         id,

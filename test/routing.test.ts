@@ -196,8 +196,8 @@ for (const backend of await backends("routing")) {
           }[];
         };
         assert.deepEqual(seen.routes, [
-          { to: "handler", chosen: true },
-          { to: "billing", chosen: true },
+          { to: "handler", chosen: true, stored: true },
+          { to: "billing", chosen: true, stored: true },
         ]);
         const billing = seen.requests.find((r) => r.destination === "billing")!;
         assert.equal(billing.url, "http://127.0.0.1:1/billing");
@@ -215,8 +215,8 @@ for (const backend of await backends("routing")) {
           "--json",
         ]);
         assert.deepEqual((JSON.parse(other.stdout) as { routes: unknown[] }).routes, [
-          { to: "handler", chosen: true },
-          { to: "billing", chosen: false, why: "its filter" },
+          { to: "handler", chosen: true, stored: true },
+          { to: "billing", chosen: false, why: "its filter", stored: false },
         ]);
         const replayed = await runScript("inbox.ts", ["replay", "evt_test_big", "--to", "billing", "--db", target]);
         assert.equal(replayed.code, 0, replayed.stderr);

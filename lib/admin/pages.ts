@@ -3,7 +3,7 @@
 // and the confirmation before a bulk action. Nothing here writes; the actions are lib/admin/actions.ts.
 
 import { bodyForPeople } from "../format.ts";
-import type { Preview } from "../forwarding/preview.ts";
+import { type Preview, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
 import { destinationStates, failureGroups } from "./actions.ts";
@@ -258,7 +258,7 @@ const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked
           : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {})
               .map(([k, v]) => `${k}: ${v}`)
               .join("\n")}\n\n${bodyForPeople(r.body!)}`;
-  return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(`${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`)).join("; ") || "none"}</p>
+  return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(routeLine(r))).join("; ") || "none"}</p>
 ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(ctx.redact(request(r)))}</pre>`).join("")}`;
 };
 

@@ -216,7 +216,7 @@ export function preview(c: Cli): void {
         const inbox = await open(opts);
         try {
           const rows = await findRows(inbox, id, opts.source);
-          const { preview } = await import("../forwarding/preview.ts");
+          const { preview, routeLine } = await import("../forwarding/preview.ts");
           let seen: Awaited<ReturnType<typeof preview>>;
           try {
             seen = await preview(rows, config, {
@@ -246,9 +246,7 @@ export function preview(c: Cli): void {
           console.log(
             `${label(d)}${d.eventType ? ` (${d.eventType})` : ""}, received ${iso(d.receivedAt)}; nothing is sent`,
           );
-          console.log(
-            `routes now    ${seen.routes.map((r) => `${r.to}: ${r.chosen ? "chosen" : `not chosen (${r.why})`}`).join("; ") || "(none)"}`,
-          );
+          console.log(`routes now    ${seen.routes.map(routeLine).join("; ") || "(none)"}`);
           console.log(`stored rows   ${rows.map((x) => `${x.destination || "(none)"} ${x.status}`).join("; ")}`);
           for (const note of seen.notes) console.log(`note          ${note}`);
           for (const r of seen.requests) {

@@ -9,7 +9,7 @@ import { filterInput } from "../routing/filter.ts";
 import { forwardHeaders } from "./forward.ts";
 import { message } from "../log.ts";
 import { loadDestinations, parseRoutes, refusal, type Route } from "../routing/routes.ts";
-import type { Delivery, Lease } from "../store.ts";
+import { type Delivery, type Lease, NO_DESTINATION } from "../store.ts";
 import { transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** PreviewRoute is one of the source's routes and whether it takes the delivery now. */
@@ -18,6 +18,8 @@ export interface PreviewRoute {
   chosen: boolean;
   /** Why not: its types, or its filter. */
   why?: string;
+  /** Whether the delivery has a row for it: chosen when it was stored, which is what a retry or replay sends. */
+  stored: boolean;
 }
 
 /** PreviewRequest is what one destination would get: the request, or why nothing would be sent. */
@@ -40,6 +42,13 @@ export interface Preview {
   requests: PreviewRequest[];
   /** What the preview could not see, said once each (headers not kept, the query not stored). */
   notes: string[];
+}
+
+/** routeLine is one route of a preview for people: chosen now or not, and where its rows say otherwise. */
+export function routeLine(r: PreviewRoute): string {
+  const now = r.chosen ? "chosen" : `not chosen (${r.why})`;
+  if (r.chosen === r.stored) return `${r.to}: ${now}`;
+  return `${r.to}: ${now}, ${r.stored ? "but it has a row, chosen when stored" : "but it has no row: not chosen when stored"}`;
 }
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
@@ -66,12 +75,12 @@ export async function preview(
     brokerCheck: (name, s, where) => void parseBrokerDestination(name, s, where, {}, false),
   }).destinations;
   const notes: string[] = [];
-  if (routes.some((r) => r.filter)) {
-    if (!d.headers) notes.push("its headers were not kept, so a header filter sees none here");
+  if (routes.some((r) => r.filter?.reads.has("headers")) && !d.headers)
     notes.push(
-      "the request's query is not stored, so a query filter sees none here; the path is taken as /" + d.source,
+      "its headers were not kept (it was stored before a filter read them), so a header filter sees none here",
     );
-  }
+  if (routes.some((r) => r.filter?.reads.has("query")))
+    notes.push("the request's query is not stored, so a query filter sees none here");
   // The stored delivery as a filter saw it when it came in, as near as what is stored allows.
   const input = filterInput({
     source: d.source,
@@ -80,12 +89,22 @@ export async function preview(
     headers: d.headers ?? {},
     url: `/${d.source}`,
   });
+  const kept = new Set(rows.map((x) => x.destination));
   const listed: PreviewRoute[] = routes.map((r) => {
     const why = refusal(r, d.eventType, input);
-    return why === undefined ? { to: r.to, chosen: true } : { to: r.to, chosen: false, why };
+    const stored = kept.has(r.to);
+    return why === undefined ? { to: r.to, chosen: true, stored } : { to: r.to, chosen: false, why, stored };
   });
+  // What is sent is what the rows say, fixed when the delivery was stored: the worker, a retry and a replay
+  // send to those, whatever the sources file says now. So those are the requests shown.
+  const differ = listed.filter((r) => r.chosen !== r.stored).map((r) => r.to);
+  if (differ.length > 0)
+    notes.push(
+      `the routes now choose differently for ${differ.join(", ")} than when it was stored; its rows were fixed then, and a retry or replay sends to them (replay --to adds a destination)`,
+    );
 
-  const targets = options.to !== undefined ? [options.to] : listed.filter((r) => r.chosen).map((r) => r.to);
+  const targets =
+    options.to !== undefined ? [options.to] : rows.map((x) => x.destination).filter((x) => x !== NO_DESTINATION);
   const transforms = new Transforms(options.base);
   const requests: PreviewRequest[] = [];
   try {
@@ -103,7 +122,9 @@ export async function preview(
       const lease: Lease = {
         ...row,
         destination: name,
-        attempts: row.destination === name ? row.attempts + 1 : 1,
+        // A delivery that is done or failed is sent again only by a retry or a replay, which start at 1.
+        attempts:
+          row.destination === name && (row.status === "received" || row.status === "processing") ? row.attempts + 1 : 1,
         token: "",
         leasedUntil: 0,
       };

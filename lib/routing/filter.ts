@@ -3,6 +3,9 @@
 // run on its own; docs/forwarding.md ("Filters") has the syntax and every place where the two gateways differ.
 //   "routes": [{ "to": "billing", "filter": { "body": { "livemode": true, "data": { "object": { "amount_due": { "$gt": 10000 } } } } } }]
 
+import { RE2JS } from "re2js";
+import { DEFAULTS } from "../defaults.ts";
+
 /** FilterInput is what a filter sees of a delivery; the receiver's is lazy (filterInput), so a body is parsed only if a filter reads it. */
 export interface FilterInput {
   /** The parsed JSON body, or undefined when the body is not JSON (then it matches no body filter). */
@@ -18,8 +21,11 @@ export interface FilterInput {
   readonly type: string | undefined;
 }
 
-/** RouteFilter is a compiled route filter: true when the delivery matches. It never throws. */
-export type RouteFilter = (input: FilterInput) => boolean;
+/**
+ * RouteFilter is a compiled route filter: true when the delivery matches. It never throws. reads names the
+ * scopes it looks at (body, headers, …), so the receiver keeps the headers a header filter read (handler.ts).
+ */
+export type RouteFilter = ((input: FilterInput) => boolean) & { readonly reads: ReadonlySet<string> };
 
 /** SCOPES are the parts of a delivery a filter may match, the top level's only keys besides $or, $and and $not. */
 const SCOPES = ["body", "headers", "query", "path", "source", "type"] as const;
@@ -38,6 +44,7 @@ const OPERATORS = [
   "$endsWith",
   "$regex",
   "$exist",
+  "$literal",
   "$or",
   "$and",
   "$not",
@@ -63,6 +70,68 @@ const kindOf = (v: unknown) =>
 const isPrimitive = (v: unknown): v is string | number | boolean | null =>
   v === null || typeof v === "string" || typeof v === "number" || typeof v === "boolean";
 
+// regexLeft is how many characters the $regex tests of the filter now running may still read: each filter
+// starts with DEFAULTS.filterRegexChars (compileFilter), and one that would read more matches nothing. RE2
+// runs in time linear in what it reads, so this bounds the work of any one filter. Filters run one at a
+// time (synchronously), so one counter serves them all.
+let regexLeft = 0;
+const OVER_BUDGET = Symbol("over the $regex budget");
+
+// linear compiles a $regex with RE2 (re2js, pure JavaScript, so the same on Node, Deno and Bun), which runs
+// in time linear in its input; what RE2 cannot run that way (a backreference, lookaround) is refused.
+function linear(pattern: string, at: string): RE2JS {
+  try {
+    return RE2JS.compile(pattern);
+  } catch (error) {
+    let js = true;
+    try {
+      new RegExp(pattern);
+    } catch {
+      js = false;
+    }
+    const why = (error as Error).message.replace(/^error parsing regexp: /, "");
+    return fail(
+      at,
+      js
+        ? `the regular expression ${JSON.stringify(pattern)} needs backtracking (a backreference or lookaround), which RE2 refuses so that a match takes linear time: ${why}`
+        : `the regular expression ${JSON.stringify(pattern)} does not compile: ${why}`,
+    );
+  }
+}
+
+// operatorKey finds where an operand holds a key starting with $, at any depth, or undefined.
+function operatorKey(v: unknown, path: string): string | undefined {
+  if (Array.isArray(v)) {
+    for (const [i, x] of v.entries()) {
+      const found = operatorKey(x, `${path}[${i}]`);
+      if (found) return found;
+    }
+    return undefined;
+  }
+  if (!isObject(v)) return undefined;
+  for (const [key, x] of Object.entries(v)) {
+    if (key.startsWith("$")) return joined(path, key);
+    const found = operatorKey(x, joined(path, key));
+    if (found) return found;
+  }
+  return undefined;
+}
+
+// literal reads the value that $eq, $neq, or an item of $in's or $nin's list compares with. Such a value is
+// taken as it is, so an operator inside it ({"$neq": {"$ref": "created_at"}}) would silently compare with
+// an object: it is refused, and {"$literal": X} is the way to say X is meant as it is.
+function literal(operand: unknown, at: string, op: string): unknown {
+  if (isObject(operand) && Object.keys(operand).length === 1 && Object.hasOwn(operand, "$literal"))
+    return operand.$literal;
+  const found = operatorKey(operand, at);
+  if (found === undefined) return operand;
+  const key = found.slice(found.lastIndexOf(".") + 1);
+  return fail(
+    found,
+    `${key === "$ref" ? "$ref (Hookdeck's reference to another field) is not supported here" : `${key} inside a value to compare with is not an operator here`}; the operand of ${op} is a value, and an object with keys starting with $ is written {"$literal": {...}}`,
+  );
+}
+
 /** FilterError is a mistake in a filter: where it is (the route, then the path inside the filter) and what is wrong. */
 class FilterError extends TypeError {}
 
@@ -73,7 +142,19 @@ class FilterError extends TypeError {}
  */
 export function compileFilter(spec: unknown, where: string): RouteFilter {
   try {
-    return top(spec, "");
+    const reads = new Set<string>();
+    const match = top(spec, "", reads);
+    // Each filter starts with its own budget of text for $regex (see regexBudget).
+    const filter = (input: FilterInput) => {
+      regexLeft = DEFAULTS.filterRegexChars;
+      try {
+        return match(input);
+      } catch {
+        // Over the $regex budget, or a stack too deep: the filter does not match, whatever $not says.
+        return false;
+      }
+    };
+    return Object.assign(filter, { reads: reads as ReadonlySet<string> });
   } catch (error) {
     if (error instanceof FilterError) throw new TypeError(`${where}: filter${error.message}`);
     throw error;
@@ -88,7 +169,7 @@ function fail(path: string, mistake: string): never {
 const joined = (path: string, key: string) => (path ? `${path}.${key}` : key);
 
 // top compiles the filter's top level: an object of scopes (body, headers, …) and $or/$and/$not of such objects.
-function top(spec: unknown, path: string): (input: FilterInput) => boolean {
+function top(spec: unknown, path: string, reads: Set<string>): (input: FilterInput) => boolean {
   if (!isObject(spec))
     fail(
       path,
@@ -97,13 +178,14 @@ function top(spec: unknown, path: string): (input: FilterInput) => boolean {
   const parts: ((input: FilterInput) => boolean)[] = [];
   for (const [key, value] of Object.entries(spec)) {
     if (key === "$or" || key === "$and") {
-      const list = conditions(value, joined(path, key), (s, p) => top(s, p));
+      const list = conditions(value, joined(path, key), (s, p) => top(s, p, reads));
       parts.push(key === "$or" ? (input) => list.some((m) => m(input)) : (input) => list.every((m) => m(input)));
     } else if (key === "$not") {
-      const inner = top(value, joined(path, key));
+      const inner = top(value, joined(path, key), reads);
       parts.push((input) => !inner(input));
     } else if ((SCOPES as readonly string[]).includes(key)) {
       const scope = key as (typeof SCOPES)[number];
+      reads.add(scope);
       const m = compile(
         scope === "headers" ? lowerNames(value) : scope === "path" ? convoyPath(value) : value,
         joined(path, key),
@@ -226,14 +308,17 @@ function operator(key: string, operand: unknown, path: string): Matcher {
   const expect = (what: string): never =>
     fail(at, `expected ${what}, got ${kindOf(operand)}${isPrimitive(operand) ? ` ${JSON.stringify(operand)}` : ""}`);
   switch (key) {
+    case "$literal":
     case "$eq":
     case "$neq": {
       if (operand === undefined) expect("a JSON value");
-      const eq = isPrimitive(operand)
-        ? equals(operand)
-        : (v: unknown) => same(v, operand) || (Array.isArray(v) && v.some((x) => same(x, operand)));
+      // $literal's operand is a value as it is, whatever its keys; so is {"$literal": …} as $eq's or $neq's.
+      const value = key === "$literal" ? operand : literal(operand, at, key);
+      const eq = isPrimitive(value)
+        ? equals(value)
+        : (v: unknown) => same(v, value) || (Array.isArray(v) && v.some((x) => same(x, value)));
       // A missing field is not "not equal": only $exist: false (or $not) matches what is not there, as on Hookdeck.
-      return key === "$eq" ? eq : (v) => v !== undefined && !eq(v);
+      return key === "$neq" ? (v) => v !== undefined && !eq(v) : eq;
     }
     case "$gt":
     case "$gte":
@@ -260,8 +345,9 @@ function operator(key: string, operand: unknown, path: string): Matcher {
         // Hookdeck's other form: the field's text contains the operand.
         inside = anyOf((v) => typeof v === "string" && v.includes(operand));
       } else if (Array.isArray(operand) && operand.length > 0) {
-        const plain = operand.every(isPrimitive) ? new Set(operand) : undefined;
-        const test = plain ? (v: unknown) => plain.has(v as never) : (v: unknown) => operand.some((x) => same(v, x));
+        const values = operand.map((x, i) => literal(x, `${at}[${i}]`, key));
+        const plain = values.every(isPrimitive) ? new Set(values) : undefined;
+        const test = plain ? (v: unknown) => plain.has(v as never) : (v: unknown) => values.some((x) => same(v, x));
         inside = anyOf(test);
       } else {
         return expect("a non-empty list of values (or, as on Hookdeck, a string the field's text contains)");
@@ -280,16 +366,13 @@ function operator(key: string, operand: unknown, path: string): Matcher {
     }
     case "$regex": {
       if (typeof operand !== "string") expect("a regular expression as a string");
-      let re: RegExp;
-      try {
-        re = new RegExp(operand as string);
-      } catch (error) {
-        return fail(
-          at,
-          `the regular expression ${JSON.stringify(operand)} does not compile: ${(error as Error).message}`,
-        );
-      }
-      return anyOf((v) => typeof v === "string" && re.test(v));
+      const re = linear(operand as string, at);
+      return anyOf((v) => {
+        if (typeof v !== "string") return false;
+        regexLeft -= v.length;
+        if (regexLeft < 0) throw OVER_BUDGET;
+        return re.matcher(v).find();
+      });
     }
     case "$exist": {
       if (typeof operand !== "boolean") expect("true or false");
@@ -352,16 +435,20 @@ class LazyInput implements FilterInput {
     this.#arrival = arrival;
     this.source = arrival.source;
     this.type = arrival.eventType ?? undefined;
-    if (arrival.parsed !== undefined) this.#body = arrival.parsed;
   }
 
   get body(): unknown {
     if (this.#body === UNREAD) {
       const b = this.#arrival.body;
-      try {
-        this.#body = JSON.parse(Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("utf8"));
-      } catch {
-        this.#body = undefined;
+      // A body past the bounds is, to filters, not JSON: parsing deep nesting costs far more than its size says.
+      if (b.byteLength > DEFAULTS.filterBodyBytes || tooDeep(b, DEFAULTS.filterDepth)) this.#body = undefined;
+      else if (this.#arrival.parsed !== undefined) this.#body = this.#arrival.parsed;
+      else {
+        try {
+          this.#body = JSON.parse(Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString("utf8"));
+        } catch {
+          this.#body = undefined;
+        }
       }
     }
     return this.#body;
@@ -403,3 +490,22 @@ class LazyInput implements FilterInput {
 }
 
 const UNREAD = Symbol("unread");
+
+// tooDeep says whether JSON text nests lists and objects more than depth deep, reading no further than the
+// first place where it does: a byte scan, outside strings, much cheaper than the parse it spares.
+function tooDeep(b: Uint8Array, depth: number): boolean {
+  let level = 0;
+  let inString = false;
+  for (let i = 0; i < b.length; i++) {
+    const c = b[i]!;
+    if (inString) {
+      if (c === 0x5c)
+        i++; // a backslash: the next byte is escaped
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++level > depth) return true;
+    } else if (c === 0x5d || c === 0x7d) level--;
+  }
+  return false;
+}
