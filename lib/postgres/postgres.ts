@@ -948,12 +948,14 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return (await this.pool.query(sql, [at, id], { retry: false })).rowCount === 1;
   }
 
-  // One statement: drop the expired, insert unless a live one is there, and return whichever stands.
+  // One statement (whose parts see one snapshot): drop the other expired records, insert or replace an expired
+  // one of this key, else keep the live one; and return whichever stands.
   async remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
     const { rows } = await this.pool.query(
-      `WITH gone AS (DELETE FROM idempotency WHERE at < $6),
-            mine AS (INSERT INTO idempotency (key, request_hash, status, body, at) VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (key) DO NOTHING RETURNING *)
+      `WITH gone AS (DELETE FROM idempotency WHERE at < $6 AND key <> $1),
+            mine AS (INSERT INTO idempotency AS i (key, request_hash, status, body, at) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (key) DO UPDATE SET request_hash = $2, status = $3, body = $4, at = $5 WHERE i.at < $6
+                     RETURNING *)
        SELECT * FROM mine UNION ALL SELECT * FROM idempotency WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM mine)`,
       [record.key, record.requestHash, record.status, record.body, record.at, expiredBefore],
       { retry: false },
