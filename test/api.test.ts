@@ -312,6 +312,28 @@ for (const backend of BACKENDS) {
       });
     });
 
+    it("refuses every change, even a write key's, when the page runs --read-only, and still reads", async () => {
+      const readOnly = await startAdmin(["--db", made.target, "--read-only"]);
+      try {
+        const api = createClient<paths>({ baseUrl: readOnly.url, headers: { authorization: `Bearer ${write.key}` } });
+        const state = await snapshot();
+        const refused = await api.POST("/api/v1/destinations/{name}/pause", {
+          params: { path: { name: "app" } },
+          body: {},
+        });
+        assert.equal(refused.response.status, 403);
+        assert.match(refused.error!.detail, /read-only/);
+        assert.equal(await snapshot(), state);
+        assert.match(
+          await (await fetch(`${readOnly.url}/metrics`)).text(),
+          /inbox_api_refused_total\{reason="read_only"\} 1/,
+        );
+        assert.equal((await api.GET("/api/v1/status")).response.status, 200, "the control: it reads");
+      } finally {
+        readOnly.child.kill("SIGTERM");
+      }
+    });
+
     it("answers a repeated Idempotency-Key with the first answer, a reused one with another body with a 422", async () => {
       const api = client(write.key);
       const pause = (idem: string, reason: string) =>
