@@ -16,7 +16,7 @@ import {
   retryOne,
   retryOrReplayAll,
 } from "../admin/actions.ts";
-import { bulkFilter, decodeCursor, encodeCursor, HttpError } from "../admin/input.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../admin/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
@@ -386,7 +386,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     const filter = bulkFilter(params, action);
     if (dryRun) return { body: { count: await ctx.inbox.count(filter) } };
     const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize);
-    return { body: { count }, change: { target: `${action} filter: ${JSON.stringify(filter)}`, count } };
+    return { body: { count }, change: { target: `${action} filter: ${describe(filter)}`, count } };
   },
   getStatus: async (ctx) => ({ body: await ctx.inbox.summary() }),
   listDestinations: async (ctx) => ({
