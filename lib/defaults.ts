@@ -149,6 +149,12 @@ export const DEFAULTS = {
   adminPort: 8001,
   /** Deliveries on one page of the operator page's list. @default 50 */
   adminPageSize: 50,
+  /** Deliveries (or audit entries) on one page of the API's lists when the caller names no limit. @default 100 */
+  apiPageSize: 100,
+  /** The most a caller of the API may ask for on one page. @default 1_000 */
+  apiMaxPage: 1_000,
+  /** Milliseconds the API keeps a POST's first answer under its Idempotency-Key (at least 24 h). @default 86_400_000 */
+  apiIdempotencyMs: 86_400_000,
   /** Milliseconds between two refreshes of the overview while its tab is in sight. @default 5_000 */
   adminRefreshMs: 5_000,
   /** Forwarding: milliseconds to open a connection to a destination. @default 5_000 */

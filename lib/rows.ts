@@ -6,6 +6,9 @@ import { hash } from "node:crypto";
 import { DEFAULTS } from "./defaults.ts";
 import {
   STATUSES,
+  type ApiKey,
+  type AuditEntry,
+  type Remembered,
   type Bucket,
   type Delivery,
   type Gauges,
@@ -137,5 +140,40 @@ export function orderingStatus(counts: Record<string, unknown>, held: Record<str
       error: r.error as string | null,
       waiting: Number(r.waiting),
     })),
+  };
+}
+
+/** toApiKey reads an api_keys row, from either backend (PostgreSQL's bigints come as text). */
+export function toApiKey(row: Record<string, unknown>): ApiKey {
+  return {
+    id: String(row.id),
+    name: String(row.name),
+    scope: row.scope === "write" ? "write" : "read",
+    hash: String(row.hash),
+    createdAt: Number(row.created_at),
+    revokedAt: row.revoked_at === null || row.revoked_at === undefined ? null : Number(row.revoked_at),
+  };
+}
+
+/** toRemembered reads an idempotency row. */
+export function toRemembered(row: Record<string, unknown>): Remembered {
+  return {
+    key: String(row.key),
+    requestHash: String(row.request_hash),
+    status: Number(row.status),
+    body: String(row.body),
+    at: Number(row.at),
+  };
+}
+
+/** toAuditEntry reads an audit row. */
+export function toAuditEntry(row: Record<string, unknown>): AuditEntry {
+  return {
+    seq: Number(row.seq),
+    at: Number(row.at),
+    who: String(row.who),
+    operation: String(row.operation),
+    target: String(row.target),
+    count: Number(row.count),
   };
 }

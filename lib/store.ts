@@ -463,6 +463,59 @@ export interface Inbox {
    * received time: the operator page groups them further by a normalised key, reading the failed rows once.
    */
   failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]>;
+  /** addApiKey stores a new API key: its SHA-256 alone, never the key. */
+  addApiKey(key: ApiKey): Promise<void>;
+  /** apiKeys lists every API key, revoked ones too, oldest first. */
+  apiKeys(): Promise<ApiKey[]>;
+  /** apiKeyByHash finds the key whose SHA-256 (hex) this is, revoked or not; undefined when none is. */
+  apiKeyByHash(hash: string): Promise<ApiKey | undefined>;
+  /** revokeApiKey marks a key revoked at a time; false if there is no such key or it already was. */
+  revokeApiKey(id: string, at: number): Promise<boolean>;
+  /**
+   * remember keeps a POST's first answer under its idempotency key, dropping records older than
+   * expiredBefore first; when a live record of that key is already there it is kept, and returned.
+   */
+  remember(record: Remembered, expiredBefore: number): Promise<Remembered>;
+  /** recall finds the answer kept under an idempotency key at or after since; undefined when none is. */
+  recall(key: string, since: number): Promise<Remembered | undefined>;
+  /** addAudit appends one change made through the API or the operator page to the audit log. */
+  addAudit(entry: Omit<AuditEntry, "seq">): Promise<void>;
+  /** auditLog lists the audit log, newest first: up to limit entries, those before seq when given. */
+  auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]>;
+}
+
+/** ApiKey is one API key as stored: its hash, never the key; read keys change nothing. */
+export interface ApiKey {
+  id: string;
+  name: string;
+  scope: "read" | "write";
+  /** The SHA-256 of the key, in hex. */
+  hash: string;
+  createdAt: number;
+  revokedAt: number | null;
+}
+
+/** Remembered is the first answer to a POST under its Idempotency-Key, with a hash of the request it answered. */
+export interface Remembered {
+  /** Who sent it and the key they gave, so two callers' keys never meet. */
+  key: string;
+  requestHash: string;
+  status: number;
+  /** The answer's JSON text. */
+  body: string;
+  at: number;
+}
+
+/** AuditEntry is one change made through the API or the operator page: who, what, to what, how many, and when. */
+export interface AuditEntry {
+  seq: number;
+  at: number;
+  /** The API key (`key:ID`) or the page's session user. */
+  who: string;
+  operation: string;
+  target: string;
+  /** How many rows it changed. */
+  count: number;
 }
 
 /** InboxStatus is what `inbox.ts status` prints. */

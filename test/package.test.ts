@@ -187,11 +187,13 @@ describe("npm pack", () => {
     );
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
     assert.deepEqual(Object.keys(manifest.dependencies).sort(), [
+      "@asteasolutions/zod-to-openapi",
       "@opentelemetry/api",
       "commander",
       "pg",
       "prom-client",
       "undici",
+      "zod",
     ]);
     // The broker clients are optional peers: installed by whoever publishes into a broker, by no one else.
     const brokers = ["@nats-io/jetstream", "@nats-io/transport-node", "amqplib"];

@@ -97,7 +97,7 @@ export function chart(buckets: { start: number; received: number; done: number; 
 export const page = (view: View, s: Session, title: string, body: string, flash?: string | null) => `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${escape(title)} · webhook inbox</title><link rel="stylesheet" href="/admin.css"><script src="/admin.js" defer></script></head>
-<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/destinations">Destinations</a><a href="/failures">Failures</a></nav>
+<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/destinations">Destinations</a><a href="/failures">Failures</a><a href="/audit">Audit</a></nav>
 ${view.readOnly ? `<span class="badge readonly">read-only</span>` : ""}
 ${view.guarded && s.id !== "bearer" ? `<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="${escape(s.csrf)}"><button>Log out</button></form>` : ""}
 </header><main>${flash ? `<p class="flash">${escape(flash)}</p>` : ""}${body}</main></body></html>`;

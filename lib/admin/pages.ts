@@ -1,6 +1,6 @@
 // lib/admin/pages.ts: the operator page's pages, each read through the Inbox contract and laid out with
 // lib/admin/html.ts: the overview, the deliveries and one delivery, the destinations, the failures grouped,
-// and the confirmation before a bulk action. Nothing here writes; the actions are lib/admin/actions.ts.
+// the confirmation before a bulk action, and the audit log. Nothing here writes; the actions are lib/admin/actions.ts.
 
 import { bodyForPeople } from "../format.ts";
 import { type Preview, routeLine } from "../forwarding/preview.ts";
@@ -342,5 +342,33 @@ export const bulkConfirm = async (ctx: PageContext, s: Session, params: URLSearc
 <p>Everything that matches this filter (${escape(describe(filter))}), not only the rows on screen, in batches of ${ctx.batchSize} beside the running worker.</p>
 ${n === 0 ? `<p>Nothing to do.</p>` : action(ctx, s, "/bulk", `${verb} ${n.toLocaleString("en")}`, { ...fields, action: kind, expected: String(n) }, "primary")}
 <p><a href="/deliveries?${escape(filterQuery(params))}">Back to the list</a></p>`,
+  );
+};
+
+/** auditPage lists the audit log, newest first: every change made here or through the API, who made it and when. */
+export const auditPage = async (ctx: PageContext, s: Session, params: URLSearchParams) => {
+  const after = params.get("after");
+  const before = after === null || after === "" ? undefined : Number(after);
+  if (before !== undefined && !Number.isSafeInteger(before))
+    throw new HttpError(400, "after: expected an entry's number");
+  const entries = await ctx.inbox.auditLog({ limit: ctx.pageSize, ...(before === undefined ? {} : { before }) });
+  const rows = entries
+    .map(
+      (e) =>
+        `<tr><td class="time">${escape(iso(e.at))}</td><td>${escape(e.who)}</td><td>${escape(e.operation)}</td><td><code>${escape(ctx.redact(e.target))}</code></td><td class="num">${e.count.toLocaleString("en")}</td></tr>`,
+    )
+    .join("");
+  const next =
+    entries.length === ctx.pageSize
+      ? `<p><a href="/audit?after=${escape(String(entries.at(-1)!.seq))}">Older</a></p>`
+      : "";
+  return page(
+    ctx,
+    s,
+    "Audit log",
+    `<h1>Audit log</h1>
+<div class="scroll"><table class="audit"><thead><tr><th>when</th><th>who</th><th>what</th><th>target</th><th class="num">rows changed</th></tr></thead>
+<tbody>${rows || `<tr><td colspan="5">Nothing has been changed through the page or the API yet.</td></tr>`}</tbody></table></div>${next}
+<p class="note">Every retry, replay, pause and resume made on this page (by its session) or through the API (by its key, <code>key:ID</code>; see <code>inbox.ts keys list</code>).</p>`,
   );
 };

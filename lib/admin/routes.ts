@@ -4,6 +4,7 @@
 // repeat it. The session is lib/admin/session.ts, the pages lib/admin/pages.ts, the actions lib/admin/actions.ts.
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { Api } from "../api/routes.ts";
 import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
@@ -22,6 +23,7 @@ import {
 import { CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
 import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "./input.ts";
 import {
+  auditPage,
   bulkConfirm,
   deliveries,
   destinationsPage,
@@ -64,9 +66,10 @@ export interface AdminOptions {
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
 }
 
-/** Admin is the operator page's server, not yet listening. */
+/** Admin is the operator page's server, not yet listening, with the JSON API it serves under /api/v1/. */
 export interface Admin {
   server: Server;
+  api: Api;
 }
 
 /**
@@ -106,6 +109,7 @@ interface Page extends PageContext {
   sessions: Sessions;
   audit: (line: string) => void;
   announce?: Announce;
+  api: Api;
 }
 
 // Done is what a form's action did, for its audit line and the redirect that follows it.
@@ -140,7 +144,8 @@ export function createAdmin(options: AdminOptions): Admin {
     destinations: options.destinations ?? [],
     ...(options.preview ? { preview: options.preview } : {}),
     ...(options.announce ? { announce: options.announce } : {}),
-  };
+  } as Omit<Page, "api"> as Page;
+  p.api = new Api(p);
   const server = createServer((req, res) => {
     handle(p, req, res).catch((error: unknown) => {
       const status = error instanceof HttpError ? error.status : 500;
@@ -155,7 +160,7 @@ export function createAdmin(options: AdminOptions): Admin {
       else res.end();
     });
   });
-  return { server };
+  return { server, api: p.api };
 }
 
 // Every page goes out through send, which hides what redact() missed, as it is or as escape() wrote it.
@@ -214,6 +219,8 @@ async function read(p: Page, s: Session, url: URL): Promise<string> {
       return failures(p, s, flash);
     case "/destinations":
       return destinationsPage(p, s, flash);
+    case "/audit":
+      return auditPage(p, s, url.searchParams);
     case "/bulk":
       if (p.readOnly) throw new HttpError(403, "read-only: actions are refused");
       return bulkConfirm(p, s, url.searchParams);
@@ -227,6 +234,13 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
   const path = url.pathname;
   if (!p.sessions.trusts(req)) throw new HttpError(403, "this page answers to a loopback address only");
   if (asset(req, res, path)) return;
+  // The API and its document answer bearer API keys, never the page's session (lib/api/routes.ts).
+  if (await p.api.handle(req, res, url)) return;
+  if (path === "/metrics" && req.method === "GET") {
+    const text = await p.api.metrics.registry.metrics();
+    res.writeHead(200, { "content-type": p.api.metrics.registry.contentType, "cache-control": "no-store" }).end(text);
+    return;
+  }
   if (path === "/login" && p.guarded) return login(p, req, res);
   const s = p.sessions.of(req);
   if (!s) {
@@ -257,8 +271,10 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
     throw new HttpError(403, "read-only: actions are refused");
   }
   const done = await run(p, s, form);
-  // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
+  // Every value the person typed is JSON-quoted in `what`, so one action stays one line; the audit log in
+  // the store keeps the same, beside the API's changes.
   p.audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
+  await p.inbox.addAudit({ at: p.now(), who: s.who, operation: path.slice(1), target: done.what, count: done.count });
   const to = new URL(done.to, "http://admin.invalid");
   to.searchParams.set("flash", p.sessions.flash(s, done.flash));
   send(p, res, 303, "", { location: `${to.pathname}${to.search}` });

@@ -48,10 +48,13 @@ import {
   type Kept,
   type DestinationState,
   type Gauges,
+  type ApiKey,
+  type AuditEntry,
+  type Remembered,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
-import { sha256, toDelivery } from "../rows.ts";
+import { sha256, toApiKey, toAuditEntry, toDelivery, toRemembered } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -921,5 +924,63 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       count: Number(r.n),
       latest: Number(r.latest),
     }));
+  }
+
+  async addApiKey(key: ApiKey): Promise<void> {
+    await this.pool.query(
+      "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
+      [key.id, key.name, key.scope, key.hash, key.createdAt, key.revokedAt],
+      { retry: false },
+    );
+  }
+
+  async apiKeys(): Promise<ApiKey[]> {
+    return (await this.pool.query("SELECT * FROM api_keys ORDER BY created_at, id")).rows.map(toApiKey);
+  }
+
+  async apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
+    const { rows } = await this.pool.query("SELECT * FROM api_keys WHERE hash = $1", [hash]);
+    return rows[0] ? toApiKey(rows[0]) : undefined;
+  }
+
+  async revokeApiKey(id: string, at: number): Promise<boolean> {
+    const sql = "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL";
+    return (await this.pool.query(sql, [at, id], { retry: false })).rowCount === 1;
+  }
+
+  // One statement (whose parts see one snapshot): drop the other expired records, insert or replace an expired
+  // one of this key, else keep the live one; and return whichever stands.
+  async remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
+    const { rows } = await this.pool.query(
+      `WITH gone AS (DELETE FROM idempotency WHERE at < $6 AND key <> $1),
+            mine AS (INSERT INTO idempotency AS i (key, request_hash, status, body, at) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (key) DO UPDATE SET request_hash = $2, status = $3, body = $4, at = $5 WHERE i.at < $6
+                     RETURNING *)
+       SELECT * FROM mine UNION ALL SELECT * FROM idempotency WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM mine)`,
+      [record.key, record.requestHash, record.status, record.body, record.at, expiredBefore],
+      { retry: false },
+    );
+    return toRemembered(rows[0]);
+  }
+
+  async recall(key: string, since: number): Promise<Remembered | undefined> {
+    const { rows } = await this.pool.query("SELECT * FROM idempotency WHERE key = $1 AND at >= $2", [key, since]);
+    return rows[0] ? toRemembered(rows[0]) : undefined;
+  }
+
+  async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
+    await this.pool.query(
+      "INSERT INTO audit (at, who, operation, target, count) VALUES ($1, $2, $3, $4, $5)",
+      [entry.at, entry.who, entry.operation, entry.target, entry.count],
+      { retry: false },
+    );
+  }
+
+  async auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
+    const { rows } = await this.pool.query("SELECT * FROM audit WHERE seq < $1 ORDER BY seq DESC LIMIT $2", [
+      page.before ?? Number.MAX_SAFE_INTEGER,
+      page.limit,
+    ]);
+    return rows.map(toAuditEntry);
   }
 }

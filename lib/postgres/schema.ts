@@ -120,6 +120,32 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
    DROP INDEX deliveries_finished;
    CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+  // The API (lib/api/): its keys, by hash alone; each POST's first answer under its Idempotency-Key; and the
+  // audit log of every change made through the API or the page.
+  `CREATE TABLE api_keys (
+     id         text   PRIMARY KEY,
+     name       text   NOT NULL,
+     scope      text   NOT NULL CHECK (scope IN ('read', 'write')),
+     hash       text   NOT NULL UNIQUE,
+     created_at bigint NOT NULL,
+     revoked_at bigint
+   );
+   CREATE TABLE idempotency (
+     key          text    PRIMARY KEY,
+     request_hash text    NOT NULL,
+     status       integer NOT NULL,
+     body         text    NOT NULL,
+     at           bigint  NOT NULL
+   );
+   CREATE INDEX idempotency_at ON idempotency (at);
+   CREATE TABLE audit (
+     seq       bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+     at        bigint  NOT NULL,
+     who       text    NOT NULL,
+     operation text    NOT NULL,
+     target    text    NOT NULL,
+     count     integer NOT NULL
+   );`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

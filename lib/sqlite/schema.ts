@@ -181,6 +181,32 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
    DROP INDEX deliveries_finished;
    CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+  // The API (lib/api/): its keys, by hash alone; each POST's first answer under its Idempotency-Key; and the
+  // audit log of every change made through the API or the page.
+  `CREATE TABLE api_keys (
+     id         TEXT PRIMARY KEY,
+     name       TEXT NOT NULL,
+     scope      TEXT NOT NULL CHECK (scope IN ('read', 'write')),
+     hash       TEXT NOT NULL UNIQUE,
+     created_at INTEGER NOT NULL,
+     revoked_at INTEGER
+   ) STRICT;
+   CREATE TABLE idempotency (
+     key          TEXT PRIMARY KEY,
+     request_hash TEXT NOT NULL,
+     status       INTEGER NOT NULL,
+     body         TEXT NOT NULL,
+     at           INTEGER NOT NULL
+   ) STRICT;
+   CREATE INDEX idempotency_at ON idempotency (at);
+   CREATE TABLE audit (
+     seq       INTEGER PRIMARY KEY AUTOINCREMENT,
+     at        INTEGER NOT NULL,
+     who       TEXT NOT NULL,
+     operation TEXT NOT NULL,
+     target    TEXT NOT NULL,
+     count     INTEGER NOT NULL
+   ) STRICT;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

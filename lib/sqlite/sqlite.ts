@@ -47,10 +47,13 @@ import {
   type Stored,
   type Summary,
   type Tx,
+  type ApiKey,
+  type AuditEntry,
+  type Remembered,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
-import { sha256, toDelivery, toGauges } from "../rows.ts";
+import { sha256, toApiKey, toAuditEntry, toDelivery, toGauges, toRemembered } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -757,6 +760,79 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       "SELECT error, count(*) AS n, max(received_at) AS latest FROM deliveries WHERE status = 'failed' GROUP BY error",
     ).all() as { error: string | null; n: number; latest: number }[];
     return rows.map((r) => ({ error: r.error, count: Number(r.n), latest: Number(r.latest) }));
+  }
+
+  /** addApiKey stores a key's hash, name and scope. */
+  async addApiKey(key: ApiKey): Promise<void> {
+    await this.enqueue(() =>
+      this.sql("INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?)").run(
+        key.id,
+        key.name,
+        key.scope,
+        key.hash,
+        key.createdAt,
+        key.revokedAt,
+      ),
+    );
+  }
+
+  /** apiKeys lists every key, oldest first. */
+  async apiKeys(): Promise<ApiKey[]> {
+    const rows = this.sql("SELECT * FROM api_keys ORDER BY created_at, id").all();
+    return rows.map(toApiKey);
+  }
+
+  /** apiKeyByHash finds a key by its SHA-256, through its unique index. */
+  async apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
+    const row = this.sql("SELECT * FROM api_keys WHERE hash = ?").get(hash);
+    return row ? toApiKey(row) : undefined;
+  }
+
+  /** revokeApiKey marks a live key revoked. */
+  revokeApiKey(id: string, at: number): Promise<boolean> {
+    return this.enqueue(
+      () =>
+        this.sql("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL").run(at, id).changes === 1,
+    ) as Promise<boolean>;
+  }
+
+  /** remember keeps a POST's first answer, after dropping the expired ones; a live one already there wins. */
+  remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
+    return this.enqueue(() => {
+      this.sql("DELETE FROM idempotency WHERE at < ?").run(expiredBefore);
+      this.sql(
+        "INSERT INTO idempotency (key, request_hash, status, body, at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING",
+      ).run(record.key, record.requestHash, record.status, record.body, record.at);
+      return toRemembered(this.sql("SELECT * FROM idempotency WHERE key = ?").get(record.key)!);
+    }) as Promise<Remembered>;
+  }
+
+  /** recall finds a POST's kept answer. */
+  async recall(key: string, since: number): Promise<Remembered | undefined> {
+    const row = this.sql("SELECT * FROM idempotency WHERE key = ? AND at >= ?").get(key, since);
+    return row ? toRemembered(row) : undefined;
+  }
+
+  /** addAudit appends one line to the audit log. */
+  async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
+    await this.enqueue(() =>
+      this.sql("INSERT INTO audit (at, who, operation, target, count) VALUES (?, ?, ?, ?, ?)").run(
+        entry.at,
+        entry.who,
+        entry.operation,
+        entry.target,
+        entry.count,
+      ),
+    );
+  }
+
+  /** auditLog reads the audit log newest first, by its sequence. */
+  async auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
+    const rows = this.sql("SELECT * FROM audit WHERE seq < ? ORDER BY seq DESC LIMIT ?").all(
+      page.before ?? Number.MAX_SAFE_INTEGER,
+      page.limit,
+    );
+    return rows.map(toAuditEntry);
   }
 }
 

@@ -1,0 +1,63 @@
+// lib/api/openapi.ts: the OpenAPI 3.1 document of the JSON API, made by @asteasolutions/zod-to-openapi from
+// lib/api/schemas.ts's OPERATIONS, the same schemas that validate each request: nothing here is written by
+// hand but the document's title and the bearer scheme. Served at GET /openapi.json by lib/api/routes.ts.
+
+import { OpenAPIRegistry, OpenApiGeneratorV31, type RouteConfig } from "@asteasolutions/zod-to-openapi";
+import { OPERATIONS, PostHeaders, Problem } from "./schemas.ts";
+
+const TITLES: Record<number, string> = {
+  400: "The request does not fit the schema",
+  401: "No API key, or an unknown or revoked one",
+  403: "A read key asked for a change, or the page runs read-only",
+  404: "No such delivery or destination",
+  409: "The page was started without --sources, so there is nothing to preview against",
+  422: "The Idempotency-Key was used before with a different request",
+};
+
+const problem = (status: number) => ({
+  description: TITLES[status] ?? "A problem",
+  content: { "application/problem+json": { schema: Problem } },
+});
+
+/** openApiDocument builds the document, once per call: every operation, its schemas, and the bearer scheme. */
+export function openApiDocument(): Record<string, unknown> {
+  const registry = new OpenAPIRegistry();
+  const bearer = registry.registerComponent("securitySchemes", "apiKey", {
+    type: "http",
+    scheme: "bearer",
+    description: "An API key made by `inbox.ts keys create --scope read|write`.",
+  });
+  for (const op of OPERATIONS) {
+    const statuses = [400, 401, 403, ...(op.method === "post" ? [422] : []), ...("problems" in op ? op.problems : [])];
+    const request: RouteConfig["request"] = {
+      ...("params" in op ? { params: op.params } : {}),
+      ...("query" in op ? { query: op.query } : {}),
+      ...(op.method === "post" ? { headers: PostHeaders } : {}),
+      ...("body" in op
+        ? {
+            body: { required: true, content: { "application/json": { schema: op.body } } },
+          }
+        : {}),
+    };
+    registry.registerPath({
+      operationId: op.operationId,
+      method: op.method,
+      path: op.path,
+      summary: op.summary,
+      security: [{ [bearer.name]: [] }],
+      request,
+      responses: {
+        [op.status]: { description: "OK", content: { "application/json": { schema: op.answer } } },
+        ...Object.fromEntries(statuses.map((s) => [s, problem(s)])),
+      },
+    });
+  }
+  return new OpenApiGeneratorV31(registry.definitions).generateDocument({
+    openapi: "3.1.0",
+    info: {
+      title: "webhook-inbox API",
+      version: "1",
+      description: "Everything the operator page does with deliveries and destinations. See docs/api.md.",
+    },
+  }) as unknown as Record<string, unknown>;
+}

@@ -1,0 +1,428 @@
+// lib/api/routes.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/routes.ts):
+// bearer API keys (read or write), each request checked against lib/api/schemas.ts's OPERATIONS, errors as
+// application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
+// and every refusal counted. The actions are the page's own (lib/admin/actions.ts). GET /openapi.json too.
+
+import { createHash } from "node:crypto";
+import type { IncomingMessage, ServerResponse } from "node:http";
+import client from "prom-client";
+import type { z } from "zod";
+import {
+  type Announce,
+  destinationStates,
+  pauseDestination,
+  replayOne,
+  resumeDestination,
+  retryOne,
+  retryOrReplayAll,
+} from "../admin/actions.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../admin/input.ts";
+import { DEFAULTS } from "../defaults.ts";
+import type { Preview } from "../forwarding/preview.ts";
+import { message } from "../log.ts";
+import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
+import { hashKey } from "./keys.ts";
+import { openApiDocument } from "./openapi.ts";
+import {
+  type AuditQuery,
+  type BulkBody,
+  type DeliveryPath,
+  type DestinationPath,
+  type FilterFields,
+  type ListQuery,
+  OPERATIONS,
+  type OneTarget,
+  type Operation,
+  type OperationId,
+  type PauseBody,
+  PostHeaders,
+} from "./schemas.ts";
+
+/** ApiContext is what the API reads from the page's server: the inbox, the clock, its settings and its redaction. */
+export interface ApiContext {
+  inbox: Inbox;
+  now: () => number;
+  redact: (text: string) => string;
+  batchSize: number;
+  readOnly: boolean;
+  destinations: readonly string[];
+  announce?: Announce;
+  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  /** Where the one audit line per change goes, beside the audit log in the store. */
+  audit: (line: string) => void;
+}
+
+/** Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. */
+export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only";
+
+/** ApiMetrics counts the API's refusals and answers, on a registry of its own that the page serves at /metrics. */
+export class ApiMetrics {
+  /** registry holds the API's metrics. */
+  readonly registry = new client.Registry();
+  /** refused counts each refusal by its reason. */
+  readonly refused = new client.Counter({
+    name: "inbox_api_refused_total",
+    help: "API requests refused before they ran: no key, an unknown or revoked one, a read key that writes, or a read-only page.",
+    labelNames: ["reason"] as const,
+    registers: [this.registry],
+  });
+  /** answered counts every API answer by operation and status. */
+  readonly answered = new client.Counter({
+    name: "inbox_api_requests_total",
+    help: "API answers, by operation and status code.",
+    labelNames: ["operation", "status"] as const,
+    registers: [this.registry],
+  });
+}
+
+const MAX_BODY_BYTES = 64 * 1024;
+
+// Problem answers, one place: the status's own phrase for the title, the detail saying what was expected.
+const TITLES: Record<number, string> = {
+  400: "Bad Request",
+  401: "Unauthorized",
+  403: "Forbidden",
+  404: "Not Found",
+  405: "Method Not Allowed",
+  409: "Conflict",
+  413: "Content Too Large",
+  415: "Unsupported Media Type",
+  422: "Unprocessable Content",
+  500: "Internal Server Error",
+};
+
+// ApiError is a refusal with its problem's extra members (the fields that failed validation).
+class ApiError extends HttpError {
+  readonly errors?: { path: string; message: string }[];
+  constructor(status: number, detail: string, errors?: { path: string; message: string }[]) {
+    super(status, detail);
+    if (errors) this.errors = errors;
+  }
+}
+
+// Answer is what an operation returns: its JSON, and for a change what the audit log says of it.
+interface Answer {
+  body: unknown;
+  change?: { target: string; count: number };
+}
+
+// Call is one request, checked: its operation's inputs as the schemas parsed them, and who sent it.
+interface Call {
+  params: Record<string, unknown>;
+  query: Record<string, unknown>;
+  body: unknown;
+  who: string;
+}
+
+/** Api answers the JSON API's requests and /openapi.json; handle() is false for a path that is neither. */
+export class Api {
+  /** metrics counts refusals and answers. */
+  readonly metrics = new ApiMetrics();
+  private readonly ctx: ApiContext;
+  private document: string | undefined;
+
+  constructor(ctx: ApiContext) {
+    this.ctx = ctx;
+  }
+
+  /** handle answers req when its path is the API's or the document's, and says whether it was. */
+  async handle(req: IncomingMessage, res: ServerResponse, url: URL): Promise<boolean> {
+    if (url.pathname === "/openapi.json" && req.method === "GET") {
+      this.document ??= JSON.stringify(openApiDocument(), null, 2);
+      res.writeHead(200, { "content-type": "application/json", "cache-control": "no-store" }).end(this.document);
+      return true;
+    }
+    if (!url.pathname.startsWith("/api/")) return false;
+    let operation = "-";
+    try {
+      const [op, params] = match(req.method ?? "GET", url.pathname);
+      operation = op.operationId;
+      const key = await this.authorise(req, op);
+      await this.run(req, res, url, op, params, key);
+    } catch (error) {
+      const status = error instanceof HttpError ? error.status : 500;
+      if (status === 500) console.error(`api: ${req.method} ${url.pathname}: ${message(error)}`);
+      const detail = status === 500 ? "Something went wrong; the server's log says what." : message(error);
+      const errors = error instanceof ApiError ? error.errors : undefined;
+      this.send(
+        res,
+        status,
+        { type: "about:blank", title: TITLES[status] ?? "Error", status, detail, errors },
+        {
+          "content-type": "application/problem+json",
+          ...(status === 401 ? { "www-authenticate": 'Bearer realm="webhook-inbox"' } : {}),
+        },
+      );
+    }
+    this.metrics.answered.inc({ operation, status: String(res.statusCode) });
+    return true;
+  }
+
+  // authorise finds the bearer key and checks its scope; every refusal is counted, and changes nothing.
+  private async authorise(req: IncomingMessage, op: Operation): Promise<ApiKey> {
+    const refuse = (reason: Refusal, status: 401 | 403, detail: string): never => {
+      this.metrics.refused.inc({ reason });
+      throw new ApiError(status, detail);
+    };
+    const bearer = /^Bearer ([^\s]+)$/i.exec(req.headers.authorization ?? "")?.[1];
+    if (bearer === undefined)
+      return refuse("no_key", 401, "expected Authorization: Bearer <key>; make one with inbox.ts keys create");
+    const key = await this.ctx.inbox.apiKeyByHash(hashKey(bearer));
+    if (!key) return refuse("unknown_key", 401, "that API key is not known here");
+    if (key.revokedAt !== null) return refuse("revoked_key", 401, `API key ${key.id} was revoked`);
+    if (op.scope === "write" && key.scope === "read")
+      return refuse("read_key", 403, `API key ${key.id} is a read key: ${op.operationId} changes the inbox`);
+    if (op.scope === "write" && this.ctx.readOnly)
+      return refuse("read_only", 403, "the operator page runs --read-only: every change is refused");
+    return key;
+  }
+
+  // run validates the request against its operation's schemas, answers a replayed Idempotency-Key from the
+  // store, runs the operation, audits a change, and keeps the first answer under its key.
+  private async run(
+    req: IncomingMessage,
+    res: ServerResponse,
+    url: URL,
+    op: Operation,
+    rawParams: Record<string, string>,
+    key: ApiKey,
+  ): Promise<void> {
+    const params = op.params ? parse(op.params, rawParams, "path") : {};
+    const query = op.query ? parse(op.query, Object.fromEntries(url.searchParams), "query") : {};
+    let body: unknown;
+    let raw = "";
+    let idempotency: string | undefined;
+    if (op.method === "post") {
+      idempotency = parse(PostHeaders, { "idempotency-key": req.headers["idempotency-key"] }, "header")[
+        "idempotency-key"
+      ];
+      raw = await readBody(req);
+      body = parse(op.body!, raw === "" ? {} : json(raw), "body");
+    }
+    const requestHash = createHash("sha256")
+      .update(JSON.stringify([op.operationId, params, raw]))
+      .digest("hex");
+    const remembered = idempotency === undefined ? undefined : `key:${key.id}:${idempotency}`;
+    const now = this.ctx.now();
+    if (remembered !== undefined) {
+      const first = await this.ctx.inbox.recall(remembered, now - DEFAULTS.apiIdempotencyMs);
+      if (first) {
+        if (first.requestHash !== requestHash)
+          throw new ApiError(422, "this Idempotency-Key was used before with a different request: use a new key");
+        this.send(res, first.status, first.body, { "content-type": "application/json", "idempotent-replayed": "true" });
+        return;
+      }
+    }
+    const who = `key:${key.id}`;
+    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, { params, query, body, who });
+    const text = JSON.stringify(op.answer.parse(answer.body));
+    if (answer.change) {
+      await this.ctx.inbox.addAudit({ at: now, who, operation: op.operationId, ...answer.change });
+      this.ctx.audit(
+        `api audit: who=${who} action=${op.operationId} ${answer.change.target} count=${answer.change.count}`,
+      );
+    }
+    if (remembered !== undefined) {
+      const kept = await this.ctx.inbox.remember(
+        { key: remembered, requestHash, status: op.status, body: text, at: now },
+        now - DEFAULTS.apiIdempotencyMs,
+      );
+      this.send(res, kept.status, kept.body, { "content-type": "application/json" });
+      return;
+    }
+    this.send(res, op.status, text, { "content-type": "application/json" });
+  }
+
+  // Every answer goes out through send, which hides the sources file's secrets wherever they are.
+  private send(res: ServerResponse, status: number, body: unknown, headers: Record<string, string>): void {
+    const text = typeof body === "string" ? body : JSON.stringify(body);
+    res.writeHead(status, { "cache-control": "no-store", "x-content-type-options": "nosniff", ...headers });
+    res.end(this.ctx.redact(text));
+  }
+}
+
+// match finds the operation a method and path name, with the path's parameters; a 404 or 405 when none does.
+function match(method: string, path: string): [Operation, Record<string, string>] {
+  let allowed = false;
+  for (const op of OPERATIONS as readonly Operation[]) {
+    const names: string[] = [];
+    const pattern = op.path.replace(/\{(\w+)\}/g, (_, name: string) => {
+      names.push(name);
+      return "([^/]+)";
+    });
+    const m = new RegExp(`^${pattern}$`).exec(path);
+    if (!m) continue;
+    if (op.method.toUpperCase() !== method) {
+      allowed = true;
+      continue;
+    }
+    try {
+      return [op, Object.fromEntries(names.map((n, i) => [n, decodeURIComponent(m[i + 1]!)]))];
+    } catch {
+      throw new ApiError(400, `path: not valid percent-encoding: ${path}`);
+    }
+  }
+  if (allowed) throw new ApiError(405, `${method} is not an operation on ${path}; see /openapi.json`);
+  throw new ApiError(404, `no operation at ${path}; see /openapi.json`);
+}
+
+// parse checks a part of the request against its schema: a 400 naming every field that does not fit.
+function parse<S extends z.ZodType>(schema: S, value: unknown, where: string): z.output<S> {
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  const errors = result.error.issues.map((i) => ({ path: [where, ...i.path].join("."), message: i.message }));
+  throw new ApiError(400, errors.map((e) => `${e.path}: ${e.message}`).join("; "), errors);
+}
+
+function json(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new ApiError(400, `body: expected JSON: ${message(error)}`);
+  }
+}
+
+// readBody reads a POST's JSON text, refusing another content type or one past 64 KiB.
+async function readBody(req: IncomingMessage): Promise<string> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY_BYTES) throw new ApiError(413, `body: expected at most ${MAX_BODY_BYTES} bytes`);
+    chunks.push(chunk as Buffer);
+  }
+  const text = Buffer.concat(chunks).toString("utf8");
+  const type = req.headers["content-type"] ?? "";
+  if (text !== "" && !/^application\/(.+\+)?json\b/.test(type))
+    throw new ApiError(415, `expected Content-Type: application/json, got ${type || "none"}`);
+  return text;
+}
+
+// ---- The operations: each reads its checked input and runs the page's own action ----
+
+type Handler = (ctx: ApiContext, call: Call) => Promise<Answer>;
+
+// filterOf turns the API's filter fields into the store's Filter.
+function filterOf(f: z.output<typeof FilterFields>): Filter {
+  const { error, body, ...rest } = f;
+  const filter: Filter = Object.fromEntries(Object.entries(rest).filter(([, v]) => v !== undefined));
+  if (error !== undefined) filter.errorMatch = error;
+  if (body !== undefined) filter.bodyContains = body;
+  return filter;
+}
+
+// row shows a stored row without its body, its error redacted.
+function row(ctx: ApiContext, d: Delivery): Record<string, unknown> {
+  return { ...d, error: d.error === null ? null : ctx.redact(d.error) };
+}
+
+// found reads a delivery's rows, or answers 404.
+async function found(ctx: ApiContext, call: Call): Promise<Delivery[]> {
+  const { source, id } = call.params as z.output<typeof DeliveryPath>;
+  const rows = await ctx.inbox.find(id, source);
+  if (rows.length === 0) throw new ApiError(404, `no delivery ${source}/${id}`);
+  return rows;
+}
+
+// label names a delivery (and a destination) in the audit log, as the page's audit lines do.
+function label(call: Call): string {
+  const { source, id } = call.params as z.output<typeof DeliveryPath>;
+  const { destination } = call.body as z.output<typeof OneTarget>;
+  return `delivery=${JSON.stringify(`${source}/${id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`;
+}
+
+const OPERATION_HANDLERS: Record<OperationId, Handler> = {
+  listDeliveries: async (ctx, call) => {
+    const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
+    let cursor: ReturnType<typeof decodeCursor>;
+    try {
+      cursor = decodeCursor(after ?? null);
+    } catch {
+      throw new ApiError(400, "query.after: not a cursor this API wrote");
+    }
+    const rows = await ctx.inbox.search(filterOf(fields), { limit, ...(cursor ? { after: cursor } : {}) });
+    return {
+      body: { items: rows.map((d) => row(ctx, d)), next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null },
+    };
+  },
+  getDelivery: async (ctx, call) => {
+    const rows = await found(ctx, call);
+    return { body: { rows: rows.map((d) => row(ctx, d)), bodyBase64: rows[0]!.body.toString("base64") } };
+  },
+  listAttempts: async (ctx, call) => {
+    const [d] = await found(ctx, call);
+    const attempts = await ctx.inbox.attemptErrors({ source: d!.source, id: d!.id, receivedAt: d!.receivedAt });
+    return { body: { attempts: attempts.map((a) => ({ ...a, error: ctx.redact(a.error) })) } };
+  },
+  previewDelivery: async (ctx, call) => {
+    const rows = await found(ctx, call);
+    if (!ctx.preview)
+      throw new ApiError(409, "the page was started without --sources: there is nothing to preview against");
+    try {
+      return { body: await ctx.preview(rows) };
+    } catch (error) {
+      throw new ApiError(409, message(error));
+    }
+  },
+  retryDelivery: async (ctx, call) => {
+    const [d] = await found(ctx, call);
+    const { destination } = call.body as z.output<typeof OneTarget>;
+    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
+    const count = await retryOne(ctx.inbox, target, ctx.batchSize);
+    return { body: { count }, change: { target: label(call), count } };
+  },
+  replayDelivery: async (ctx, call) => {
+    const [d] = await found(ctx, call);
+    const { destination } = call.body as z.output<typeof OneTarget>;
+    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
+    const count = await replayOne(ctx.inbox, target, ctx.batchSize);
+    return { body: { count }, change: { target: label(call), count } };
+  },
+  bulkDeliveries: async (ctx, call) => {
+    const { action, filter: fields, dryRun } = call.body as z.output<typeof BulkBody>;
+    // The page's own reading of a filter, and its rule: a retry takes the failed rows, a replay the done ones.
+    const params = new URLSearchParams();
+    for (const [k, v] of Object.entries(fields)) if (v !== undefined) params.set(k === "body" ? "q" : k, String(v));
+    const filter = bulkFilter(params, action);
+    if (dryRun) return { body: { count: await ctx.inbox.count(filter) } };
+    const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize);
+    return { body: { count }, change: { target: `${action} filter: ${describe(filter)}`, count } };
+  },
+  getStatus: async (ctx) => ({ body: await ctx.inbox.summary() }),
+  listDestinations: async (ctx) => ({
+    body: {
+      items: (await destinationStates(ctx.inbox, ctx.destinations)).map((d) => ({
+        ...d,
+        lastError: d.lastError === null ? null : ctx.redact(d.lastError),
+      })),
+    },
+  }),
+  pauseDestination: async (ctx, call) => {
+    const { name } = call.params as z.output<typeof DestinationPath>;
+    const reason = (call.body as z.output<typeof PauseBody>).reason?.trim() || "paused through the API";
+    const change = await pauseDestination(
+      ctx.inbox,
+      { destination: name, reason, by: call.who },
+      { configured: ctx.destinations, ...(ctx.announce ? { announce: ctx.announce } : {}) },
+    );
+    const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
+    return { body: change, change: { target, count: change.changed ? 1 : 0 } };
+  },
+  resumeDestination: async (ctx, call) => {
+    const { name } = call.params as z.output<typeof DestinationPath>;
+    const change = await resumeDestination(
+      ctx.inbox,
+      { destination: name, by: call.who },
+      { configured: ctx.destinations, ...(ctx.announce ? { announce: ctx.announce } : {}) },
+    );
+    return { body: change, change: { target: `destination=${JSON.stringify(name)}`, count: change.changed ? 1 : 0 } };
+  },
+  listAudit: async (ctx, call) => {
+    const { limit, after } = call.query as z.output<typeof AuditQuery>;
+    const before = after === undefined ? undefined : Number(after);
+    if (before !== undefined && !Number.isSafeInteger(before))
+      throw new ApiError(400, "query.after: not a cursor this API wrote");
+    const items = await ctx.inbox.auditLog({ limit, ...(before === undefined ? {} : { before }) });
+    return { body: { items, next: items.length === limit ? String(items.at(-1)!.seq) : null } };
+  },
+};

@@ -1,0 +1,429 @@
+// test/api.test.ts: the JSON API (docs/api.md) through the real admin.ts process on a free port, on SQLite and
+// PostgreSQL: the served OpenAPI document validates, the committed client types (test/generated/api.ts) are
+// what openapi-typescript makes of it now, and every operation in it is called through openapi-fetch as a
+// user's code would; refusals (no key, a wrong, read or revoked key) change nothing and are counted; an
+// Idempotency-Key is replayed or refused; bad input is a problem+json with nothing stored; the page's
+// actions land in the same audit log. Keys come from the real `inbox.ts keys create`.
+//   npx node --import tsx --test test/api.test.ts
+
+import assert from "node:assert/strict";
+import { execFile, type ChildProcess } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+import { Validator } from "@seriousme/openapi-schema-validator";
+import createClient, { type Middleware } from "openapi-fetch";
+import { connect } from "../inbox.ts";
+import type { Inbox } from "../lib/store.ts";
+import type { paths } from "./generated/api.ts";
+import { backends, freePort, ROOT, runScript, spawnScript, tempDir } from "./helpers.ts";
+
+const BACKENDS = await backends("api");
+const ENV = { STRIPE_SECRET: "whsec_api_test_secret", APP_SECRET: "app-signing-secret-api" };
+
+// key makes an API key with the real CLI, and returns it with its ID.
+async function key(db: string, scope: "read" | "write"): Promise<{ id: string; key: string }> {
+  const run = await runScript("inbox.ts", [
+    "keys",
+    "create",
+    "--scope",
+    scope,
+    "--name",
+    `test ${scope}`,
+    "--json",
+    "--db",
+    db,
+  ]);
+  assert.equal(run.code, 0, run.stderr);
+  return JSON.parse(run.stdout) as { id: string; key: string };
+}
+
+// startAdmin runs admin.ts on a free port and resolves with its URL once it listens.
+async function startAdmin(args: string[]): Promise<{ url: string; child: ChildProcess }> {
+  const port = await freePort();
+  const child = spawnScript("admin.ts", [...args, "--port", String(port)], ENV);
+  let out = "";
+  await new Promise<void>((resolve, reject) => {
+    child.stdout!.on("data", (d) => {
+      out += d;
+      if (out.includes("Operator page on")) resolve();
+    });
+    child.stderr!.on("data", (d) => (out += d));
+    child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
+  });
+  return { url: `http://127.0.0.1:${port}`, child };
+}
+
+for (const backend of BACKENDS) {
+  describe(`the API on ${backend.name}`, { skip: backend.skip }, () => {
+    let made: { target: string; cleanup: () => Promise<void> };
+    let inbox: Inbox;
+    let admin: { url: string; child: ChildProcess };
+    let write: { id: string; key: string };
+    let read: { id: string; key: string };
+    let revoked: { id: string; key: string };
+    const dir = tempDir();
+
+    // What a refusal must leave as it was: every row's state, every destination's, the audit log and the kept answers.
+    const snapshot = async () =>
+      JSON.stringify([
+        await inbox.query(
+          "SELECT source, id, route, status, attempts, replays FROM deliveries ORDER BY source, id, route",
+        ),
+        await inbox.query("SELECT name, paused, paused_reason FROM destinations ORDER BY name"),
+        await inbox.query("SELECT count(*) AS n FROM audit"),
+        await inbox.query("SELECT count(*) AS n FROM idempotency"),
+      ]);
+
+    before(async () => {
+      made = await backend.make();
+      inbox = await connect(made.target);
+      const sources = join(dir.dir, "sources.json");
+      writeFileSync(
+        sources,
+        JSON.stringify({
+          $destinations: { app: { url: "http://127.0.0.1:9/hooks", secret: "env:APP_SECRET" } },
+          stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler", "app"] },
+        }),
+      );
+      const event = (id: string) =>
+        Buffer.from(JSON.stringify({ id, type: "invoice.paid", data: { object: { id: `in_${id}` } } }));
+      for (const id of ["evt_ok", "evt_bad", "evt_3", "evt_4"])
+        await inbox.store({
+          source: "stripe",
+          id,
+          body: event(id),
+          contentType: "application/json",
+          eventType: "invoice.paid",
+          destinations: ["handler", "app"],
+        });
+      // evt_ok is done for the handler; evt_bad failed there for good; the others wait.
+      const leases = await inbox.claimBatch(10, 60_000, { destination: "handler" });
+      for (const lease of leases) {
+        if (lease.id === "evt_ok") await inbox.finish(lease);
+        else if (lease.id === "evt_bad") await inbox.fail(lease, "timeout after 5000 ms", { permanent: true });
+        else await inbox.release(lease);
+      }
+      await inbox.flush();
+      write = await key(made.target, "write");
+      read = await key(made.target, "read");
+      revoked = await key(made.target, "read");
+      assert.equal((await runScript("inbox.ts", ["keys", "revoke", revoked.id, "--db", made.target])).code, 0);
+      admin = await startAdmin(["--db", made.target, "--sources", sources]);
+    });
+
+    after(async () => {
+      admin?.child.kill("SIGTERM");
+      await inbox?.close();
+      await made?.cleanup();
+      dir.cleanup();
+    });
+
+    const client = (bearer?: string) =>
+      createClient<paths>({
+        baseUrl: admin.url,
+        ...(bearer === undefined ? {} : { headers: { authorization: `Bearer ${bearer}` } }),
+      });
+
+    it("serves an OpenAPI 3.1 document that validates, and the committed client types are what it makes now", async () => {
+      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as Record<string, unknown>;
+      assert.equal(doc.openapi, "3.1.0");
+      const validator = new Validator();
+      const result = await validator.validate(doc as never);
+      assert.deepEqual(result.errors ?? [], []);
+      assert.equal(result.valid, true);
+      // The control: the validator does refuse a document that is wrong.
+      const broken = await new Validator().validate({ ...doc, info: { title: 1 } } as never);
+      assert.equal(broken.valid, false);
+      if (backend.name !== "sqlite") return;
+      writeFileSync(join(dir.dir, "openapi.json"), JSON.stringify(doc));
+      await promisify(execFile)(
+        join(ROOT, "node_modules/.bin/openapi-typescript"),
+        [join(dir.dir, "openapi.json"), "-o", join(dir.dir, "api.ts")],
+        { cwd: ROOT },
+      );
+      assert.equal(
+        readFileSync(join(dir.dir, "api.ts"), "utf8"),
+        readFileSync(join(ROOT, "test/generated/api.ts"), "utf8"),
+        "test/generated/api.ts is stale: regenerate it as docs/api.md says",
+      );
+    });
+
+    it("calls every operation in the document through the typed client, each doing what the page does", async () => {
+      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as {
+        paths: Record<string, Record<string, { operationId: string }>>;
+      };
+      const ids = new Map<string, string>();
+      for (const [path, methods] of Object.entries(doc.paths))
+        for (const [method, op] of Object.entries(methods)) ids.set(`${method.toUpperCase()} ${path}`, op.operationId);
+      const called = new Set<string>();
+      const seen: Middleware = {
+        onResponse({ schemaPath, request, response }) {
+          if (response.ok) called.add(ids.get(`${request.method} ${schemaPath}`) ?? `unknown ${schemaPath}`);
+        },
+      };
+      const api = client(write.key);
+      api.use(seen);
+      const path = (id: string) => ({ path: { source: "stripe", id } });
+
+      // Every row, a page of three at a time, each once.
+      const rows: string[] = [];
+      for (let after: string | undefined, pages = 0; ; pages++) {
+        assert.ok(pages < 5);
+        const { data } = await api.GET("/api/v1/deliveries", {
+          params: { query: { limit: 3, ...(after ? { after } : {}) } },
+        });
+        rows.push(...data!.items.map((d) => `${d.id}>${d.destination}`));
+        if (!data!.next) break;
+        after = data!.next;
+      }
+      assert.equal(rows.length, 8);
+      assert.equal(new Set(rows).size, 8);
+      const failed = await api.GET("/api/v1/deliveries", { params: { query: { status: "failed", error: "TIMEOUT" } } });
+      assert.deepEqual(
+        failed.data!.items.map((d) => d.id),
+        ["evt_bad"],
+      );
+
+      const shown = await api.GET("/api/v1/deliveries/{source}/{id}", { params: path("evt_ok") });
+      assert.equal(shown.data!.rows.length, 2);
+      assert.equal(
+        Buffer.from(shown.data!.bodyBase64, "base64").toString(),
+        (await inbox.find("evt_ok", "stripe"))[0]!.body.toString(),
+      );
+      const attempts = await api.GET("/api/v1/deliveries/{source}/{id}/attempts", { params: path("evt_bad") });
+      assert.deepEqual(
+        attempts.data!.attempts.map((a) => a.error),
+        ["timeout after 5000 ms"],
+      );
+      const preview = await api.GET("/api/v1/deliveries/{source}/{id}/preview", { params: path("evt_ok") });
+      assert.deepEqual(
+        preview.data!.routes.map((r) => [r.to, r.chosen]),
+        [
+          ["handler", true],
+          ["app", true],
+        ],
+      );
+      assert.ok(!JSON.stringify(preview.data).includes(ENV.APP_SECRET), "no secret in the preview");
+      const status = await api.GET("/api/v1/status");
+      assert.deepEqual(status.data!.counts, (await inbox.summary()).counts);
+      const destinations = await api.GET("/api/v1/destinations");
+      assert.deepEqual(
+        destinations.data!.items.map((d) => d.name),
+        ["app", "handler"],
+      );
+
+      const retried = await api.POST("/api/v1/deliveries/{source}/{id}/retry", { params: path("evt_bad"), body: {} });
+      assert.equal(retried.data!.count, 1);
+      assert.equal(
+        (await inbox.find("evt_bad", "stripe")).find((d) => d.destination === "handler")!.status,
+        "received",
+      );
+      const replayed = await api.POST("/api/v1/deliveries/{source}/{id}/replay", {
+        params: path("evt_ok"),
+        body: { destination: "handler" },
+      });
+      assert.equal(replayed.data!.count, 1);
+      assert.equal((await inbox.find("evt_ok", "stripe")).find((d) => d.destination === "handler")!.replays, 1);
+      // A bulk dry run counts what the store counts, and changes nothing; the real one changes them.
+      const before = await snapshot();
+      const dry = await api.POST("/api/v1/deliveries/bulk", {
+        body: { action: "retry", filter: { destination: "app" }, dryRun: true },
+      });
+      assert.equal(dry.data!.count, await inbox.count({ status: "failed", destination: "app" }));
+      assert.equal(await snapshot(), before);
+      await inbox.fail((await inbox.claimBatch(1, 60_000, { destination: "app" }))[0]!, "503", { permanent: true });
+      const bulk = await api.POST("/api/v1/deliveries/bulk", {
+        body: { action: "retry", filter: { destination: "app" } },
+      });
+      assert.equal(bulk.data!.count, 1);
+      assert.equal(await inbox.count({ status: "failed" }), 0);
+
+      const paused = await api.POST("/api/v1/destinations/{name}/pause", {
+        params: { path: { name: "app" } },
+        body: { reason: "deploying" },
+      });
+      assert.deepEqual(paused.data, { changed: true });
+      assert.equal((await inbox.destinations()).find((d) => d.name === "app")!.state, "paused");
+      const resumed = await api.POST("/api/v1/destinations/{name}/resume", {
+        params: { path: { name: "app" } },
+        body: {},
+      });
+      assert.deepEqual(resumed.data, { changed: true });
+      assert.equal((await inbox.destinations()).find((d) => d.name === "app")!.state, "closed");
+
+      const audit = await api.GET("/api/v1/audit", { params: { query: { limit: 10 } } });
+      assert.deepEqual(
+        audit.data!.items.map((e) => [e.who, e.operation, e.count]),
+        [
+          [`key:${write.id}`, "resumeDestination", 1],
+          [`key:${write.id}`, "pauseDestination", 1],
+          [`key:${write.id}`, "bulkDeliveries", 1],
+          [`key:${write.id}`, "replayDelivery", 1],
+          [`key:${write.id}`, "retryDelivery", 1],
+        ],
+      );
+      assert.deepEqual(
+        [...called].sort(),
+        [...ids.values()].sort(),
+        "every operation in the document was called, and answered",
+      );
+    });
+
+    it("refuses no key, a wrong key, a read key that writes and a revoked key: 401 or 403, nothing changed, each counted", async () => {
+      const metric = async (reason: string) => {
+        const text = await (await fetch(`${admin.url}/metrics`)).text();
+        return Number(new RegExp(`inbox_api_refused_total\\{reason="${reason}"\\} (\\d+)`).exec(text)?.[1] ?? 0);
+      };
+      const cases = [
+        { who: undefined, status: 401, reason: "no_key" },
+        { who: `${write.key}x`, status: 401, reason: "unknown_key" },
+        { who: read.key, status: 403, reason: "read_key" },
+        { who: revoked.key, status: 401, reason: "revoked_key" },
+      ];
+      for (const c of cases) {
+        const state = await snapshot();
+        const counted = await metric(c.reason);
+        const { error, response } = await client(c.who).POST("/api/v1/destinations/{name}/pause", {
+          params: { path: { name: "app" } },
+          body: { reason: "should not" },
+        });
+        assert.equal(response.status, c.status, c.reason);
+        assert.equal(response.headers.get("content-type"), "application/problem+json");
+        assert.equal(error!.status, c.status);
+        assert.equal(await snapshot(), state, `${c.reason}: nothing changed`);
+        assert.equal(await metric(c.reason), counted + 1, `${c.reason}: counted`);
+      }
+      // A read key reads; the revoked one does not even read.
+      assert.equal((await client(read.key).GET("/api/v1/status")).response.status, 200);
+      assert.equal((await client(revoked.key).GET("/api/v1/status")).response.status, 401);
+      // The control: the write key's same request does change it.
+      const state = await snapshot();
+      const done = await client(write.key).POST("/api/v1/destinations/{name}/pause", {
+        params: { path: { name: "app" } },
+        body: {},
+      });
+      assert.equal(done.response.status, 200);
+      assert.notEqual(await snapshot(), state);
+      await client(write.key).POST("/api/v1/destinations/{name}/resume", {
+        params: { path: { name: "app" } },
+        body: {},
+      });
+    });
+
+    it("refuses every change, even a write key's, when the page runs --read-only, and still reads", async () => {
+      const readOnly = await startAdmin(["--db", made.target, "--read-only"]);
+      try {
+        const api = createClient<paths>({ baseUrl: readOnly.url, headers: { authorization: `Bearer ${write.key}` } });
+        const state = await snapshot();
+        const refused = await api.POST("/api/v1/destinations/{name}/pause", {
+          params: { path: { name: "app" } },
+          body: {},
+        });
+        assert.equal(refused.response.status, 403);
+        assert.match(refused.error!.detail, /read-only/);
+        assert.equal(await snapshot(), state);
+        assert.match(
+          await (await fetch(`${readOnly.url}/metrics`)).text(),
+          /inbox_api_refused_total\{reason="read_only"\} 1/,
+        );
+        assert.equal((await api.GET("/api/v1/status")).response.status, 200, "the control: it reads");
+      } finally {
+        readOnly.child.kill("SIGTERM");
+      }
+    });
+
+    it("answers a repeated Idempotency-Key with the first answer, a reused one with another body with a 422", async () => {
+      const api = client(write.key);
+      const pause = (idem: string, reason: string) =>
+        api.POST("/api/v1/destinations/{name}/pause", {
+          params: { path: { name: "app" }, header: { "idempotency-key": idem } },
+          body: { reason },
+        });
+      const audits = async () => Number((await inbox.query("SELECT count(*) AS n FROM audit"))[0]!.n);
+      const before = await audits();
+      const first = await pause("k-1", "one");
+      assert.deepEqual(first.data, { changed: true });
+      const again = await pause("k-1", "one");
+      assert.deepEqual(again.data, { changed: true }, "the first answer, though it is paused now");
+      assert.equal(again.response.headers.get("idempotent-replayed"), "true");
+      assert.equal(await audits(), before + 1, "it ran once");
+      const kept = await inbox.query("SELECT key, status FROM idempotency");
+      assert.deepEqual(
+        kept.filter((r) => r.key === `key:${write.id}:k-1`).map((r) => Number(r.status)),
+        [200],
+      );
+      const state = await snapshot();
+      const other = await pause("k-1", "two");
+      assert.equal(other.response.status, 422);
+      assert.match(other.error!.detail, /different request/);
+      assert.equal(await snapshot(), state, "nothing changed");
+      // The control: a new key runs it again, and this time the destination was already paused.
+      assert.deepEqual((await pause("k-2", "one")).data, { changed: false });
+      await api.POST("/api/v1/destinations/{name}/resume", { params: { path: { name: "app" } }, body: {} });
+    });
+
+    it("answers bad input with a problem+json naming the field, and keeps nothing of it", async () => {
+      const api = client(write.key);
+      const state = await snapshot();
+      const bad = await api.POST("/api/v1/deliveries/{source}/{id}/retry", {
+        params: { path: { source: "stripe", id: "evt_3" }, header: { "idempotency-key": "bad-1" } },
+        body: { destination: "no such!" },
+      });
+      assert.equal(bad.response.status, 400);
+      assert.equal(bad.response.headers.get("content-type"), "application/problem+json");
+      assert.deepEqual(
+        bad.error!.errors!.map((e) => e.path),
+        ["body.destination"],
+      );
+      const extra = await fetch(`${admin.url}/api/v1/destinations/app/pause`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${write.key}`, "content-type": "application/json" },
+        body: "{not json",
+      });
+      assert.equal(extra.status, 400);
+      assert.equal(((await extra.json()) as { title: string }).title, "Bad Request");
+      const list = await api.GET("/api/v1/deliveries", { params: { query: { status: "lost" as "done" } } });
+      assert.equal(list.response.status, 400);
+      const cursor = await api.GET("/api/v1/deliveries", { params: { query: { after: "nonsense" } } });
+      assert.equal(cursor.response.status, 400);
+      const missing = await api.POST("/api/v1/deliveries/{source}/{id}/retry", {
+        params: { path: { source: "stripe", id: "evt_none" } },
+        body: {},
+      });
+      assert.equal(missing.response.status, 404);
+      const unknown = await api.POST("/api/v1/destinations/{name}/pause", {
+        params: { path: { name: "nowhere" } },
+        body: {},
+      });
+      assert.equal(unknown.response.status, 404);
+      assert.equal(
+        (await fetch(`${admin.url}/api/v1/nothing`, { headers: { authorization: `Bearer ${write.key}` } })).status,
+        404,
+      );
+      assert.equal(await snapshot(), state, "nothing of any of it was stored");
+    });
+
+    it("keeps the page's actions in the same audit log, which the page shows escaped", async () => {
+      const page = await (await fetch(`${admin.url}/destinations`)).text();
+      const csrf = /name="csrf" value="([^"]+)"/.exec(page)![1]!;
+      const form = new URLSearchParams({ destination: "app", reason: "<script>alert(1)</script>", csrf });
+      const posted = await fetch(`${admin.url}/pause`, {
+        method: "POST",
+        body: form,
+        headers: { "content-type": "application/x-www-form-urlencoded" },
+        redirect: "manual",
+      });
+      assert.equal(posted.status, 303);
+      const [entry] = (await client(read.key).GET("/api/v1/audit", { params: { query: { limit: 1 } } })).data!.items;
+      assert.equal(entry!.who, "local");
+      assert.equal(entry!.operation, "pause");
+      assert.match(entry!.target, /destination="app" reason="<script>/);
+      const shown = await (await fetch(`${admin.url}/audit`)).text();
+      assert.ok(!shown.includes("<script>alert"), "escaped");
+      assert.match(shown, /&#60;script&#62;alert\(1\)&#60;\/script&#62;/);
+      assert.match(shown, new RegExp(`key:${write.id}`), "beside the API's changes");
+    });
+  });
+}
