@@ -192,6 +192,7 @@ describe("npm pack", () => {
       "commander",
       "pg",
       "prom-client",
+      "re2js",
       "undici",
       "zod",
     ]);
