@@ -155,9 +155,9 @@ export const DEFAULTS = {
   connectTimeoutForwardMs: 5_000,
   /** Forwarding: milliseconds a whole forward may take, answer included, before it counts as failed. @default 30_000 */
   forwardTimeoutMs: 30_000,
-  /** Forwarding: milliseconds a transform may run for one forward before its thread is stopped and the try fails (a route's "transformTimeout"). @default 1_000 */
+  /** Forwarding: milliseconds a transform may run for one forward before its process is killed and the try fails (a route's "transformTimeout"). @default 1_000 */
   transformTimeoutMs: 1_000,
-  /** Forwarding: milliseconds a transform module may take to load in its thread. @default 10_000 */
+  /** Forwarding: milliseconds a transform module may take to load in its process. @default 10_000 */
   transformLoadMs: 10_000,
   /** Forwarding: megabytes of V8 heap a transform's process may use (its --max-old-space-size); past it V8 ends the process and the try fails. @default 256 */
   transformHeapMb: 256,

@@ -136,10 +136,10 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 }
 
 // What a source's route to a destination says: whether a 4xx is final, and the transform (its route's,
-// else the destination's, else none) with its thread.
+// else the destination's, else none) with its process.
 interface RouteHere {
   permanent4xx: boolean;
-  transform?: { thread: Transformer; timeoutMs: number; module: string };
+  transform?: { transformer: Transformer; timeoutMs: number; module: string };
 }
 
 /** DestinationLaneParts are what one destination's lane is built from. */
@@ -330,7 +330,7 @@ class DestinationLane implements LaneReport {
         ...(setting
           ? {
               transform: {
-                thread: this.p.transforms.get(setting.module),
+                transformer: this.p.transforms.get(setting.module),
                 timeoutMs: setting.timeoutMs,
                 module: setting.module,
               },
@@ -366,7 +366,7 @@ class DestinationLane implements LaneReport {
     let outcome: Outcome;
     if (setting) {
       try {
-        shaped = await setting.thread.run(transformInput(lease, this.name), setting.timeoutMs);
+        shaped = await setting.transformer.run(transformInput(lease, this.name), setting.timeoutMs);
       } catch (error) {
         transformFailed = true;
         outcome = {
