@@ -155,6 +155,8 @@ interface Child {
   watch?: NodeJS.Timeout;
   /** The last of its stderr, which says why V8 ended it (its heap full). */
   stderr: string;
+  /** Why this side killed it, for its exit to say. */
+  killedFor?: string;
 }
 
 /** TransformLimits are what a transform's process may use; Transforms and Transformer take them. */
@@ -297,6 +299,7 @@ export class Transformer {
 
   // ended says why a process ended, from its exit and what V8 wrote last.
   #ended(child: Child, code: number | null, signal: NodeJS.Signals | null): string {
+    if (child.killedFor) return child.killedFor;
     if (/heap limit|heap out of memory/i.test(child.stderr))
       return `ran out of memory: its heap reached its ${this.#heapMb} MB limit, so its process ended`;
     return `ended its process (${signal ? `signal ${signal}` : `exit code ${code}`})`;
@@ -308,6 +311,7 @@ export class Transformer {
     if (mb === undefined) return void clearInterval(child.watch);
     if (mb <= this.#memoryMb) return;
     const why = `ran out of memory: its process used ${Math.round(mb)} MB, past its ${this.#memoryMb} MB limit, so it was stopped`;
+    child.killedFor = why;
     if (child.sent.length > 0) this.#lost(child, why);
     else {
       this.#drop(child);
