@@ -240,9 +240,10 @@ export class Transformer {
 
   #start(): Child {
     if (this.#child) return this.#child;
-    // The worker's own flags (tsx's loader among them) but its heap limit, which is the transform's own.
+    // The worker's own flags (tsx's loader among them) but its heap limit, which is the transform's own, and
+    // an inspector, whose port is the worker's.
     const execArgv = [
-      ...process.execArgv.filter((a) => !a.startsWith("--max-old-space-size")),
+      ...process.execArgv.filter((a) => !a.startsWith("--max-old-space-size") && !a.startsWith("--inspect")),
       `--max-old-space-size=${this.#heapMb}`,
     ];
     const proc = fork(CHILD, [this.url, ...(TSX ? [TSX] : [])], {
