@@ -409,6 +409,74 @@ describe("Transformer", () => {
   });
 });
 
+describe("Transformer: what it returns, and errors outside the call", () => {
+  const lease = (id: string) =>
+    ({
+      source: "s",
+      id,
+      body: Buffer.from("{}"),
+      contentType: null,
+      eventType: null,
+      attempts: 1,
+      headers: null,
+      receivedAt: 0,
+    }) as never;
+
+  it("checks header values by the HTTP client's rule: tab and Latin-1 pass; U+007F, \\x01, U+0100 and the headers undici refuses fail", async () => {
+    const dir = tempDir();
+    const file = join(dir.dir, "h.ts");
+    writeFileSync(file, "export default (d: { id: string }) => ({ headers: JSON.parse(d.id) });");
+    const t = new Transformer(file, "./h.ts");
+    const run = (headers: Record<string, string>) => t.run(transformInput(lease(JSON.stringify(headers)), "d"), 5_000);
+    try {
+      assert.deepEqual((await run({ "x-a": "a\tb", "x-b": "Zoë ÿ" }))!.headers, { "x-a": "a\tb", "x-b": "Zoë ÿ" });
+      for (const [value, char] of [
+        ["a\x7f", "U+007F"],
+        ["\x01", "U+0001"],
+        ["\u0100", "U+0100"],
+        ["😀", "U+1F600"],
+      ] as const)
+        await assert.rejects(
+          run({ "x-a": value }),
+          new RegExp(`returned header x-a with the character ${char.replace("+", "\\+")} at`),
+        );
+      for (const name of ["keep-alive", "upgrade", "expect", "transfer-encoding", "connection"])
+        await assert.rejects(run({ [name]: "x" }), /which the inbox or the connection sets itself/, name);
+      await assert.rejects(run({ "x a": "1" }), /the header name "x a", which HTTP does not allow/);
+    } finally {
+      await t.close();
+      dir.cleanup();
+    }
+  });
+
+  it("an error from a callback the call in hand set fails that call; the process goes on for the next", async () => {
+    const dir = tempDir();
+    const file = join(dir.dir, "cb.ts");
+    writeFileSync(
+      file,
+      `export default (d: { id: string }) => d.id === "bad"
+        ? new Promise(() => setTimeout(() => { throw new Error("inner " + d.id); }, 10))
+        : { body: "ok " + process.pid };`,
+    );
+    const t = new Transformer(file, "./cb.ts");
+    try {
+      const first = (await t.run(transformInput(lease("good"), "d"), 5_000))!.body.toString();
+      await assert.rejects(
+        t.run(transformInput(lease("bad"), "d"), 5_000),
+        /^Error: transform \.\/cb\.ts threw Error: inner bad \(at cb\.ts:\d+:\d+\) from a callback of its own$/,
+      );
+      assert.equal(
+        (await t.run(transformInput(lease("good"), "d"), 5_000))!.body.toString(),
+        first,
+        "the same process",
+      );
+    } finally {
+      await t.close();
+      dir.cleanup();
+    }
+  });
+});
+
 describe("parseRoutes() with a transform", () => {
   it("refuses one on a route to the handler, which gets each delivery as stored, and takes one on a destination's", () => {
     const config = { $destinations: { app: { url: "http://127.0.0.1:1/hook" } } };

@@ -111,12 +111,15 @@ try {
   });
 }
 
-// An error no call awaits (a timer, a callback, a promise left unhandled) does not end the process: it is
-// sent to the parent, which fails the delivery whose call set it while that call is still in hand, and
-// otherwise logs it against the module.
+// An error no call awaits (a timer, a callback, a promise left unhandled) does not end the process. Set by
+// the call in hand, it fails that call, which is let go even if its promise never settles; set by a call
+// that has returned (or by the module itself), it is sent to the parent, which logs it against the module.
+let abandon: ((error: ShapeError) => void) | undefined;
 const stray = (error: unknown) => {
   const from = calls.getStore();
-  send({ stray: described(error), id: from?.id, delivery: from?.delivery, inHand: from?.id === inHand });
+  if (from !== undefined && from.id === inHand && abandon)
+    return abandon(new ShapeError(`threw ${described(error)} from a callback of its own`));
+  send({ stray: described(error), id: from?.id, delivery: from?.delivery });
 };
 process.on("uncaughtException", stray);
 process.on("unhandledRejection", stray);
@@ -137,11 +140,13 @@ process.on("message", (job: ChildJob) => {
         } catch {
           json = undefined;
         }
-        answer = { id: job.id, result: normalize(await transform!({ ...job.input, json })) };
+        const given = new Promise<never>((_, reject) => (abandon = reject));
+        answer = { id: job.id, result: normalize(await Promise.race([transform!({ ...job.input, json }), given])) };
       } catch (error) {
         answer = { id: job.id, error: error instanceof ShapeError ? error.message : `threw ${described(error)}` };
       }
       inHand = undefined;
+      abandon = undefined;
       try {
         send(answer);
       } catch {

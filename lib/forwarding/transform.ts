@@ -133,7 +133,7 @@ interface Job {
 type Answer =
   | { ready: true }
   | { loadError: string }
-  | { stray: string; id?: number; delivery?: string; inHand: boolean }
+  | { stray: string; id?: number; delivery?: string }
   | {
       id: number;
       result: { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown };
@@ -281,7 +281,7 @@ export class Transformer {
       proc.on("message", (m: Answer) => {
         if ("ready" in m) return done(undefined);
         if ("loadError" in m) return done(`could not be loaded: ${m.loadError}`);
-        if ("stray" in m) return this.#stray(child, m);
+        if ("stray" in m) return this.#stray(m);
         this.#answered(child, m);
       });
       // A process that dies (process.exit, its heap full, a signal) fails the delivery in hand; dead while
@@ -320,16 +320,9 @@ export class Transformer {
     }
   }
 
-  // stray is an error the module threw outside an awaited call: the call in hand fails when it set it;
-  // otherwise the module is blamed in the log, and the delivery in hand goes on.
-  #stray(child: Child, m: { stray: string; id?: number; delivery?: string; inHand: boolean }): void {
-    const head = child.sent[0];
-    if (m.inHand && head && head.id === m.id) {
-      child.sent.shift();
-      this.#time(child);
-      head.job.reject(new TransformError(`transform ${this.name} threw ${m.stray} from a callback of its own`));
-      return void this.#pump();
-    }
+  // stray is an error the module threw outside any call in hand (its process failed the call in hand that set
+  // one itself): the module is blamed in the log, and the delivery in hand goes on.
+  #stray(m: { stray: string; delivery?: string }): void {
     const when =
       m.delivery === undefined
         ? "outside any delivery's call"
