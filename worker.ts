@@ -294,6 +294,12 @@ export async function main(argv: string[]): Promise<void> {
     )
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .option(
+      "--transform-memory <MB>",
+      "memory (RSS) each transform's process may use before it is killed and the try fails",
+      whole,
+      DEFAULTS.transformMemoryMb,
+    )
+    .option(
       "--purge-every [minutes]",
       `purge at start and then on this schedule (default when given without a number: ${DEFAULTS.purgeEveryMinutes}); off unless given`,
       whole,
@@ -342,6 +348,7 @@ Examples:
     quiet?: boolean;
     logFormat: LogFormat;
     metricsPort?: number;
+    transformMemory: number;
     metricsHost: string;
     purgeEvery?: number | true;
     bodiesAfter: number;
@@ -370,7 +377,7 @@ Examples:
   let routes: Map<string, readonly Route[]> | undefined;
   // Every secret the file names, redacted wherever a failed try's error goes (redact.ts).
   let secrets: Secret[] = [];
-  // The broker destinations, parsed once, their secrets read; and the transforms' threads, loaded once.
+  // The broker destinations, parsed once, their secrets read; and the transforms' processes, loaded once.
   const brokers = new Map<string, BrokerDestination>();
   let transforms: Transforms | undefined;
   if (sourcesFile) {
@@ -410,7 +417,11 @@ Examples:
         .filter((d) => d.transform)
         .map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
     ];
-    if (uses.length > 0) transforms = new Transforms(dirname(resolve(sourcesFile)));
+    if (uses.length > 0)
+      transforms = new Transforms(dirname(resolve(sourcesFile)), {
+        memoryMb: opts.transformMemory,
+        log: (line) => say(line, "error"),
+      });
     const wrong = transforms ? await checkTransforms(uses, transforms) : undefined;
     if (wrong) {
       say(`worker: ${sourcesFile}: ${wrong}`, "error");

@@ -60,6 +60,22 @@ export function cpuMs(pid: number): number {
   return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // clock ticks of 1/100 s
 }
 
+/**
+ * transformCpuMs reads the CPU time so far of this process's live transform processes (transform-child.ts),
+ * in ms: a transform's work, which this process's own cpuUsage() no longer counts. 0 where there are none.
+ */
+export function transformCpuMs(): number {
+  let sum = 0;
+  try {
+    for (const pid of readFileSync(`/proc/self/task/${process.pid}/children`, "utf8").trim().split(/\s+/)) {
+      if (pid && readFileSync(`/proc/${pid}/cmdline`, "latin1").includes("transform-child")) sum += cpuMs(Number(pid));
+    }
+  } catch {
+    // A child that ended between the two reads has no CPU left to count.
+  }
+  return sum;
+}
+
 /** rssMb reads a process's current (VmRSS) or peak (VmHWM) resident set size in MB. */
 export function rssMb(pid: number, peak = false): number {
   return status(pid, peak ? "VmHWM" : "VmRSS");

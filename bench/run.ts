@@ -8,6 +8,7 @@
 //   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
 //   npm run bench -- pgingest           # the PostgreSQL front door taken apart, not part of the default run
 //   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
+//   BENCH_TRANSFORM_BASELINE=/work/main npm run bench -- transforms   # a transform's process against another tree's
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";
@@ -42,6 +43,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   redact: async () => (await import("./redact.ts")).redactBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
+  transforms: async () => (await import("./transforms.ts")).transforms(),
   slow: async () => (await import("./slow.ts")).slow(),
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),

@@ -171,12 +171,16 @@ export const DEFAULTS = {
   filterBodyBytes: 1_000_000,
   /** Filters: deepest nesting of lists and objects a body filter parses; a deeper body is, to filters, not JSON. @default 64 */
   filterDepth: 64,
-  /** Forwarding: milliseconds a transform may run for one forward before its thread is stopped and the try fails (a route's "transformTimeout"). @default 1_000 */
+  /** Forwarding: milliseconds a transform may run for one forward before its process is killed and the try fails (a route's "transformTimeout"). @default 1_000 */
   transformTimeoutMs: 1_000,
-  /** Forwarding: milliseconds a transform module may take to load in its thread. @default 10_000 */
+  /** Forwarding: milliseconds a transform module may take to load in its process. @default 10_000 */
   transformLoadMs: 10_000,
-  /** Forwarding: megabytes of heap a transform's thread may use before it is stopped and the try fails. @default 256 */
+  /** Forwarding: megabytes of V8 heap a transform's process may use (its --max-old-space-size); past it V8 ends the process and the try fails. @default 256 */
   transformHeapMb: 256,
+  /** Forwarding: megabytes of memory in all (RSS: heap, Buffers, native) a transform's process may use before it is killed and the try fails (worker.ts --transform-memory). @default 512 */
+  transformMemoryMb: 512,
+  /** Forwarding: milliseconds between two looks at a transform process's memory (Linux's /proc). @default 25 */
+  transformWatchMs: 25,
   /** Forwarding: requests one worker has in flight to one destination. @default 16 */
   forwardInFlight: 16,
   /** Forwarding: the first bytes of a failed answer kept with the try's error. @default 256 */

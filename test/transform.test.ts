@@ -1,5 +1,5 @@
 // test/transform.test.ts: transforms (lib/forwarding/transform.ts) before each forward, on both backends: real
-// destination servers on free ports, transform modules written to a temp folder and run in their threads.
+// destination servers on free ports, transform modules written to a temp folder and run in their processes.
 // JSON, bytes, strings, null and header changes; the signature over the bytes sent; throws, wrong shapes and
 // a loop that never ends, each failing only its try; a replay after the module is fixed uses the new code.
 // The inbox's clock is pinned, so retries come due when the test says.
@@ -269,7 +269,7 @@ for (const backend of await backends("transform")) {
       assert.equal(stats.retried, 1);
       assert.match(
         (await inbox.find("stuck"))[0]!.error!,
-        /^transform \.\/loop\.ts ran past its 300 ms limit, so its thread was stopped$/,
+        /^transform \.\/loop\.ts ran past its 300 ms limit, so its process was stopped$/,
       );
       assert.ok(performance.now() - started >= 300);
       assert.ok(ticks >= 3, `the event loop ran its timers meanwhile (${ticks} ticks)`);
@@ -353,7 +353,7 @@ for (const backend of await backends("transform")) {
 }
 
 describe("Transformer", () => {
-  it("a module that cannot be used says why, and a fresh thread loads it once it is fixed", async () => {
+  it("a module that cannot be used says why, and a fresh process loads it once it is fixed", async () => {
     const dir = tempDir();
     const file = join(dir.dir, "t.ts");
     writeFileSync(file, "export const notDefault = 1;");
@@ -382,13 +382,10 @@ describe("Transformer", () => {
     }
   });
 
-  it("a thread that dies while idle (a late throw in the module's own timer) is replaced, not waited on", async () => {
+  it("a process that dies while idle (process.exit in the module's own timer) is replaced, not waited on", async () => {
     const dir = tempDir();
     const file = join(dir.dir, "late.ts");
-    writeFileSync(
-      file,
-      'export default () => { setTimeout(() => { throw new Error("late"); }, 10); return { body: "ok" }; };',
-    );
+    writeFileSync(file, 'export default () => { setTimeout(() => process.exit(3), 10); return { body: "ok" }; };');
     const t = new Transformer(file, "./late.ts");
     try {
       const lease = {
@@ -402,9 +399,77 @@ describe("Transformer", () => {
         receivedAt: 0,
       } as never;
       assert.equal((await t.run(transformInput(lease, "d"), 5_000))!.body.toString(), "ok");
-      // Long enough for the late throw to end the thread; the next delivery must not be posted to it.
+      // Long enough for the late exit to end the process; the next delivery must not be sent to it.
       await new Promise((resolve) => setTimeout(resolve, 200));
       assert.equal((await t.run(transformInput(lease, "d"), 5_000))!.body.toString(), "ok");
+    } finally {
+      await t.close();
+      dir.cleanup();
+    }
+  });
+});
+
+describe("Transformer: what it returns, and errors outside the call", () => {
+  const lease = (id: string) =>
+    ({
+      source: "s",
+      id,
+      body: Buffer.from("{}"),
+      contentType: null,
+      eventType: null,
+      attempts: 1,
+      headers: null,
+      receivedAt: 0,
+    }) as never;
+
+  it("checks header values by the HTTP client's rule: tab and Latin-1 pass; U+007F, \\x01, U+0100 and the headers undici refuses fail", async () => {
+    const dir = tempDir();
+    const file = join(dir.dir, "h.ts");
+    writeFileSync(file, "export default (d: { id: string }) => ({ headers: JSON.parse(d.id) });");
+    const t = new Transformer(file, "./h.ts");
+    const run = (headers: Record<string, string>) => t.run(transformInput(lease(JSON.stringify(headers)), "d"), 5_000);
+    try {
+      assert.deepEqual((await run({ "x-a": "a\tb", "x-b": "Zoë ÿ" }))!.headers, { "x-a": "a\tb", "x-b": "Zoë ÿ" });
+      for (const [value, char] of [
+        ["a\x7f", "U+007F"],
+        ["\x01", "U+0001"],
+        ["\u0100", "U+0100"],
+        ["😀", "U+1F600"],
+      ] as const)
+        await assert.rejects(
+          run({ "x-a": value }),
+          new RegExp(`returned header x-a with the character ${char.replace("+", "\\+")} at`),
+        );
+      for (const name of ["keep-alive", "upgrade", "expect", "transfer-encoding", "connection"])
+        await assert.rejects(run({ [name]: "x" }), /which the inbox or the connection sets itself/, name);
+      await assert.rejects(run({ "x a": "1" }), /the header name "x a", which HTTP does not allow/);
+    } finally {
+      await t.close();
+      dir.cleanup();
+    }
+  });
+
+  it("an error from a callback the call in hand set fails that call; the process goes on for the next", async () => {
+    const dir = tempDir();
+    const file = join(dir.dir, "cb.ts");
+    writeFileSync(
+      file,
+      `export default (d: { id: string }) => d.id === "bad"
+        ? new Promise(() => setTimeout(() => { throw new Error("inner " + d.id); }, 10))
+        : { body: "ok " + process.pid };`,
+    );
+    const t = new Transformer(file, "./cb.ts");
+    try {
+      const first = (await t.run(transformInput(lease("good"), "d"), 5_000))!.body.toString();
+      await assert.rejects(
+        t.run(transformInput(lease("bad"), "d"), 5_000),
+        /^Error: transform \.\/cb\.ts threw Error: inner bad \(at cb\.ts:\d+:\d+\) from a callback of its own$/,
+      );
+      assert.equal(
+        (await t.run(transformInput(lease("good"), "d"), 5_000))!.body.toString(),
+        first,
+        "the same process",
+      );
     } finally {
       await t.close();
       dir.cleanup();

@@ -27,7 +27,7 @@ export interface ForwarderOptions {
   routes?: ReadonlyMap<string, readonly Route[]>;
   /** The folder a transform's relative path is taken from: the sources file's. @default the working directory */
   transformBase?: string;
-  /** The transforms' threads, when the caller keeps them between runs (transformBase is then theirs). @default threads of its own, stopped when forward returns */
+  /** The transforms' processes, when the caller keeps them between runs (transformBase is then theirs). @default processes of its own, stopped when forward returns */
   transforms?: Transforms;
   /** Senders for destinations that are not HTTP (brokers), by destination name. @default none */
   senders?: ReadonlyMap<string, Sender>;
@@ -105,8 +105,10 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
       void announce(forwarding.operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
     }
   };
-  // One thread per transform module, shared by the lanes that use it (transform.ts).
-  const transforms = options.transforms ?? new Transforms(options.transformBase ?? ".");
+  // One process per transform module, shared by the lanes that use it (transform.ts).
+  const transforms =
+    options.transforms ??
+    new Transforms(options.transformBase ?? ".", { log: (line) => log(line, { level: "error" }) });
   try {
     await Promise.all(
       [...forwarding.destinations.values()].map((destination) =>
@@ -134,10 +136,10 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 }
 
 // What a source's route to a destination says: whether a 4xx is final, and the transform (its route's,
-// else the destination's, else none) with its thread.
+// else the destination's, else none) with its process.
 interface RouteHere {
   permanent4xx: boolean;
-  transform?: { thread: Transformer; timeoutMs: number; module: string };
+  transform?: { transformer: Transformer; timeoutMs: number; module: string };
 }
 
 /** DestinationLaneParts are what one destination's lane is built from. */
@@ -329,7 +331,7 @@ class DestinationLane implements LaneReport {
         ...(setting
           ? {
               transform: {
-                thread: this.p.transforms.get(setting.module),
+                transformer: this.p.transforms.get(setting.module),
                 timeoutMs: setting.timeoutMs,
                 module: setting.module,
               },
@@ -357,7 +359,7 @@ class DestinationLane implements LaneReport {
     const started = this.clock.now();
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
     const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
-    // A transform reshapes this try in its thread; what it cannot do fails the try, which is retried like any
+    // A transform reshapes this try in its process; what it cannot do fails the try, which is retried like any
     // other, but it says nothing of the destination, so the breaker does not count it.
     const { permanent4xx, transform: setting } = this.routeHere(lease.source);
     let shaped: Shaped | null | undefined;
@@ -365,7 +367,7 @@ class DestinationLane implements LaneReport {
     let outcome: Outcome;
     if (setting) {
       try {
-        shaped = await setting.thread.run(transformInput(lease, this.name), setting.timeoutMs);
+        shaped = await setting.transformer.run(transformInput(lease, this.name), setting.timeoutMs);
       } catch (error) {
         transformFailed = true;
         outcome = {

@@ -56,7 +56,7 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "obj
 /**
  * preview works out what rows (one delivery's, from inbox.find) would become under config, the parsed
  * sources file: routes chosen by its types and filters, and each destination's request, the transform run
- * in its thread (modules relative to base). to names one destination instead of the routes' choice. Secrets
+ * in its process (modules relative to base). to names one destination instead of the routes' choice. Secrets
  * are not read: the signature and the destination's own headers are shown as placeholders.
  */
 export async function preview(

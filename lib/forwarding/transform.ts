@@ -1,13 +1,17 @@
 // forwarding/transform.ts: transforms, modules that reshape a delivery before each forward (a route's or a destination's
-// "transform" in the sources file). Each module runs in a worker thread of its own (transform-thread.ts),
-// one delivery at a time, stopped when it runs past its time limit, so a loop holds no lane and no handler.
+// "transform" in the sources file). Each module runs in a child process of its own (transform-child.ts), one
+// delivery at a time, killed past its time or memory limit, so a loop or a runaway allocation holds no lane
+// and no handler, and can never end the worker.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
 //   import type { Transform } from "webhook-inbox/transform";
 //   export default ((d) => ({ body: { id: d.id, type: d.eventType }, headers: { "x-app": "1" } })) satisfies Transform;
 
+import { type ChildProcess, fork } from "node:child_process";
+import { once } from "node:events";
+import { readFileSync } from "node:fs";
+import { validateHeaderName, validateHeaderValue } from "node:http";
 import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "../defaults.ts";
 import type { Headers, Lease } from "../store.ts";
 
@@ -72,8 +76,22 @@ const RESERVED = new Set([
   "host",
   "transfer-encoding",
   "connection",
+  // undici refuses these outright ("invalid keep-alive header", "expect header not supported").
+  "keep-alive",
+  "upgrade",
+  "expect",
 ]);
-const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+// What the HTTP client refuses in a header value, as Node's and undici's checks have it (for the message only:
+// the check itself is Node's validateHeaderValue).
+const BAD_VALUE_CHAR = /[^\t\x20-\x7e\x80-\xff]/u;
+const validHeader = (check: () => void) => {
+  try {
+    check();
+    return true;
+  } catch {
+    return false;
+  }
+};
 
 /** transformInput is a leased delivery as its transform sees it. */
 export function transformInput(lease: Lease, destination: string): TransformInput {
@@ -101,9 +119,8 @@ try {
 } catch {
   TSX = undefined;
 }
-const THREAD = new URL(
-  `./transform-thread${fileURLToPath(import.meta.url).endsWith(".ts") ? ".ts" : ".js"}`,
-  import.meta.url,
+const CHILD = fileURLToPath(
+  new URL(`./transform-child${fileURLToPath(import.meta.url).endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url),
 );
 
 interface Job {
@@ -114,6 +131,9 @@ interface Job {
 }
 
 type Answer =
+  | { ready: true }
+  | { loadError: string }
+  | { stray: string; id?: number; delivery?: string }
   | {
       id: number;
       result: { skip: true } | { skip: false; body?: Uint8Array; json: boolean; headers?: unknown };
@@ -121,38 +141,69 @@ type Answer =
     }
   | { id: number; error: string };
 
-// Deliveries handed to a thread ahead of their turn, so it never waits on a round trip between two. The
-// thread still runs them one at a time, in order, and each one's time limit starts when the one before it
+// Deliveries handed to a child ahead of their turn, so it never waits on a round trip between two. The
+// child still runs them one at a time, in order, and each one's time limit starts when the one before it
 // comes back.
 const AHEAD = 16;
 
-/** Thread is one worker thread running the module, and the deliveries handed to it, oldest first. */
-interface Thread {
-  worker: Worker;
+/** Child is one process running the module, and the deliveries handed to it, oldest first. */
+interface Child {
+  process: ChildProcess;
   ready: Promise<string | undefined>;
   sent: { id: number; job: Job }[];
   timer?: NodeJS.Timeout;
+  watch?: NodeJS.Timeout;
+  /** The last of its stderr, which says why V8 ended it (its heap full). */
+  stderr: string;
+  /** Why this side killed it, for its exit to say. */
+  killedFor?: string;
+}
+
+/** TransformLimits are what a transform's process may use; Transforms and Transformer take them. */
+export interface TransformLimits {
+  /** Megabytes of V8 heap (--max-old-space-size): past it V8 ends the process, and the try fails. @default DEFAULTS.transformHeapMb */
+  heapMb?: number;
+  /** Megabytes of memory in all (its RSS: heap, Buffers, native), watched every transformWatchMs on Linux; past it the process is killed and the try fails. @default DEFAULTS.transformMemoryMb */
+  memoryMb?: number;
+  /** Where an error the module throws outside any call (its own timer) is logged, naming the module. @default console.error */
+  log?: (line: string) => void;
+}
+
+// rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
+function rssMb(pid: number): number | undefined {
+  try {
+    const kb = /VmRSS:\s*(\d+)\s*kB/.exec(readFileSync(`/proc/${pid}/status`, "latin1"))?.[1];
+    return kb === undefined ? undefined : Number(kb) / 1024;
+  } catch {
+    return undefined;
+  }
 }
 
 /**
- * Transformer runs one module in a thread of its own, one delivery at a time. Past a delivery's time limit
- * the thread is terminated (that stops any loop, awaited or not), that delivery fails, and a fresh thread
- * loads the module for the ones behind it.
+ * Transformer runs one module in a child process of its own, one delivery at a time. Past a delivery's
+ * time limit, or its memory limit, the process is killed (that stops any loop, awaited or not, and frees
+ * all it held), that delivery fails, and a fresh process loads the module for the ones behind it.
  */
 export class Transformer {
   /** The module's file URL. */
   readonly url: string;
   /** The module as the sources file named it, for errors. */
   readonly name: string;
-  #thread?: Thread;
+  readonly #heapMb: number;
+  readonly #memoryMb: number;
+  readonly #log: (line: string) => void;
+  #child?: Child;
   #queue: Job[] = [];
   #next = 1;
   #closed = false;
   #starting = false;
 
-  constructor(module: string, name = module) {
+  constructor(module: string, name = module, limits: TransformLimits = {}) {
     this.url = module.startsWith("file:") ? module : pathToFileURL(module).href;
     this.name = name;
+    this.#heapMb = limits.heapMb ?? DEFAULTS.transformHeapMb;
+    this.#memoryMb = limits.memoryMb ?? DEFAULTS.transformMemoryMb;
+    this.#log = limits.log ?? ((line) => console.error(line));
   }
 
   /** run reshapes one delivery; it rejects with a TransformError whose message says what went wrong. */
@@ -164,106 +215,163 @@ export class Transformer {
     });
   }
 
-  /** load starts the thread and says why the module cannot be used, or undefined when it can. */
+  /** load starts the process and says why the module cannot be used, or undefined when it can. */
   async load(): Promise<string | undefined> {
     return this.#start().ready;
   }
 
-  /** close stops the thread; deliveries still waiting fail. */
+  /** close stops the process; deliveries still waiting fail. */
   async close(): Promise<void> {
     this.#closed = true;
-    const thread = this.#thread;
-    this.#thread = undefined;
-    for (const job of [...(thread?.sent.map((s) => s.job) ?? []), ...this.#queue.splice(0)])
+    const child = this.#child;
+    this.#child = undefined;
+    for (const job of [...(child?.sent.map((s) => s.job) ?? []), ...this.#queue.splice(0)])
       job.reject(new TransformError(`transform ${this.name}: stopped`));
-    if (thread) {
-      clearTimeout(thread.timer);
-      thread.sent = [];
-      await thread.worker.terminate();
+    if (child) {
+      child.sent = [];
+      const ended = child.process.exitCode !== null || child.process.signalCode !== null;
+      // Held until it has exited: an unref'd process's exit alone would not keep the caller's loop alive.
+      if (!ended) child.process.ref();
+      const exited = ended ? Promise.resolve() : once(child.process, "exit").then(() => {});
+      this.#drop(child);
+      await exited;
     }
   }
 
-  #start(): Thread {
-    if (this.#thread) return this.#thread;
-    const worker = new Worker(THREAD, {
-      workerData: { module: this.url, tsx: TSX },
-      resourceLimits: { maxOldGenerationSizeMb: DEFAULTS.transformHeapMb },
+  #start(): Child {
+    if (this.#child) return this.#child;
+    // The worker's own flags (tsx's loader among them) but its heap limit, which is the transform's own, and
+    // an inspector, whose port is the worker's.
+    const execArgv = [
+      ...process.execArgv.filter((a) => !a.startsWith("--max-old-space-size") && !a.startsWith("--inspect")),
+      `--max-old-space-size=${this.#heapMb}`,
+    ];
+    const proc = fork(CHILD, [this.url, ...(TSX ? [TSX] : [])], {
+      execArgv,
+      serialization: "advanced",
+      stdio: ["ignore", "inherit", "pipe", "ipc"],
     });
-    // An idle thread keeps no process alive; a delivery in hand keeps its timer.
-    worker.unref();
-    const thread: Thread = { worker, ready: Promise.resolve(undefined), sent: [] };
-    thread.ready = new Promise<string | undefined>((resolve) => {
+    const child: Child = { process: proc, ready: Promise.resolve(undefined), sent: [], stderr: "" };
+    // Passed through as the module wrote it, and its tail kept: V8 says there why it ended the process. V8's
+    // own dump as it ends one (its last GCs, its native stack) is left out: the try's error says it in a line.
+    let dumping = false;
+    proc.stderr!.on("data", (chunk: Buffer) => {
+      const text = chunk.toString("latin1");
+      child.stderr = (child.stderr + text).slice(-4096);
+      dumping ||= /<--- Last few GCs --->|FATAL ERROR:/.test(child.stderr);
+      if (!dumping) process.stderr.write(chunk);
+    });
+    // An idle process keeps no worker alive; a delivery in hand keeps its timer.
+    proc.unref();
+    (proc.channel as { unref?: () => void } | undefined)?.unref?.();
+    (proc.stderr as unknown as { unref?: () => void }).unref?.();
+    child.watch = setInterval(() => this.#watch(child), DEFAULTS.transformWatchMs);
+    child.watch.unref();
+    child.ready = new Promise<string | undefined>((resolve) => {
       const timer = setTimeout(
         () => resolve(`did not load within ${DEFAULTS.transformLoadMs} ms`),
         DEFAULTS.transformLoadMs,
       );
+      let loaded = false;
       const done = (why: string | undefined) => {
         clearTimeout(timer);
-        worker.off("message", first);
-        if (why === undefined) worker.on("message", (m: Answer) => this.#answered(thread, m));
+        loaded = true;
         resolve(why);
       };
-      const first = (m: { ready?: true; loadError?: string }) =>
-        done(m.ready ? undefined : `could not be loaded: ${m.loadError}`);
-      worker.on("message", first);
-      // A thread that dies (an uncaught error in a callback, its heap full, process.exit) fails the delivery in
-      // hand; dead while idle, it is let go, so the next delivery starts a fresh one rather than wait on it.
-      const died = (why: string, loading: string) => {
-        if (thread.sent.length > 0) return this.#lost(thread, why);
-        this.#drop(thread);
-        done(loading);
+      proc.on("message", (m: Answer) => {
+        if ("ready" in m) return done(undefined);
+        if ("loadError" in m) return done(`could not be loaded: ${m.loadError}`);
+        if ("stray" in m) return this.#stray(m);
+        this.#answered(child, m);
+      });
+      // A process that dies (process.exit, its heap full, a signal) fails the delivery in hand; dead while
+      // idle, it is let go, so the next delivery starts a fresh one rather than wait on it.
+      const died = (why: string) => {
+        if (child.sent.length > 0) return this.#lost(child, why);
+        this.#drop(child);
+        if (!loaded) done(`could not be loaded: ${why}`);
       };
-      worker.on("error", (e) => died(`failed in its thread: ${e.message}`, `could not be loaded: ${e.message}`));
-      worker.on("exit", () => died("ended its thread", "could not be loaded: its thread exited"));
+      proc.on("error", (e) => died(`failed in its process: ${e.message}`));
+      proc.on("exit", (code, signal) => died(this.#ended(child, code, signal)));
     });
-    this.#thread = thread;
-    return thread;
+    this.#child = child;
+    return child;
   }
 
-  // pump hands waiting deliveries to the thread, starting one (and loading the module) when there is none.
+  // ended says why a process ended, from its exit and what V8 wrote last.
+  #ended(child: Child, code: number | null, signal: NodeJS.Signals | null): string {
+    if (child.killedFor) return child.killedFor;
+    if (/heap limit|heap out of memory/i.test(child.stderr))
+      return `ran out of memory: its heap reached its ${this.#heapMb} MB limit, so its process ended`;
+    return `ended its process (${signal ? `signal ${signal}` : `exit code ${code}`})`;
+  }
+
+  // watch kills a process past its memory limit: Buffers and native memory are outside V8's heap limit.
+  #watch(child: Child): void {
+    const mb = rssMb(child.process.pid ?? 0);
+    if (mb === undefined) return void clearInterval(child.watch);
+    if (mb <= this.#memoryMb) return;
+    const why = `ran out of memory: its process used ${Math.round(mb)} MB, past its ${this.#memoryMb} MB limit, so it was stopped`;
+    child.killedFor = why;
+    if (child.sent.length > 0) this.#lost(child, why);
+    else {
+      this.#drop(child);
+      this.#log(`transform ${this.name} ${why} while idle`);
+    }
+  }
+
+  // stray is an error the module threw outside any call in hand (its process failed the call in hand that set
+  // one itself): the module is blamed in the log, and the delivery in hand goes on.
+  #stray(m: { stray: string; delivery?: string }): void {
+    const when =
+      m.delivery === undefined
+        ? "outside any delivery's call"
+        : `from a timer or callback set while it ran delivery ${m.delivery}, after that call had returned`;
+    this.#log(`transform ${this.name} threw ${m.stray} ${when}; no delivery is failed for it`);
+  }
+
+  // pump hands waiting deliveries to the process, starting one (and loading the module) when there is none.
   async #pump(): Promise<void> {
     if (this.#starting || this.#queue.length === 0 || this.#closed) return;
-    const thread = this.#start();
-    if (thread.sent.length === 0) {
+    const child = this.#start();
+    if (child.sent.length === 0) {
       this.#starting = true;
-      const why = await thread.ready;
+      const why = await child.ready;
       this.#starting = false;
       if (why !== undefined) {
         // Each delivery fails with the reason; a module fixed meanwhile loads for the next one.
-        this.#drop(thread);
+        this.#drop(child);
         for (const job of this.#queue.splice(0)) job.reject(new TransformError(`transform ${this.name} ${why}`));
         return;
       }
     }
-    if (this.#thread !== thread) return void this.#pump();
-    while (thread.sent.length < AHEAD && this.#queue.length > 0) {
+    if (this.#child !== child) return void this.#pump();
+    while (child.sent.length < AHEAD && this.#queue.length > 0) {
       const job = this.#queue.shift()!;
       const id = this.#next++;
-      thread.sent.push({ id, job });
-      // The body's own bytes, moved rather than cloned: cloning a view copies its whole backing buffer, which
-      // for a row read from PostgreSQL is the connection's read buffer, not the body.
-      const body = new Uint8Array(job.input.body);
-      thread.worker.postMessage({ id, input: { ...job.input, body } }, [body.buffer]);
-      if (thread.sent.length === 1) this.#time(thread);
+      child.sent.push({ id, job });
+      // A send to a process that has just died fails here; its exit fails the delivery.
+      child.process.send({ id, input: job.input }, (error) => void error);
+      if (child.sent.length === 1) this.#time(child);
     }
   }
 
-  // time starts the oldest delivery's limit: the thread is on it now.
-  #time(thread: Thread): void {
-    clearTimeout(thread.timer);
-    const head = thread.sent[0];
+  // time starts the oldest delivery's limit: the process is on it now.
+  #time(child: Child): void {
+    clearTimeout(child.timer);
+    const head = child.sent[0];
     if (head)
-      thread.timer = setTimeout(
-        () => this.#lost(thread, `ran past its ${head.job.timeoutMs} ms limit, so its thread was stopped`),
+      child.timer = setTimeout(
+        () => this.#lost(child, `ran past its ${head.job.timeoutMs} ms limit, so its process was stopped`),
         head.job.timeoutMs,
       );
   }
 
-  #answered(thread: Thread, answer: Answer): void {
-    const head = thread.sent[0];
+  #answered(child: Child, answer: Exclude<Answer, { ready: true } | { loadError: string } | { stray: string }>): void {
+    const head = child.sent[0];
     if (!head || head.id !== answer.id) return;
-    thread.sent.shift();
-    this.#time(thread);
+    child.sent.shift();
+    this.#time(child);
     try {
       if (answer.error !== undefined) throw new TransformError(`transform ${this.name} ${answer.error}`);
       head.job.resolve(answer.result.skip ? null : shape(answer.result, head.job.input, this.name));
@@ -273,21 +381,22 @@ export class Transformer {
     void this.#pump();
   }
 
-  // lost fails the delivery in hand, drops its thread, and hands the ones behind it to a fresh thread.
-  #lost(thread: Thread, why: string): void {
-    if (thread.sent.length === 0) return;
-    const [head, ...behind] = thread.sent;
-    thread.sent = [];
-    this.#drop(thread);
+  // lost fails the delivery in hand, drops its process, and hands the ones behind it to a fresh one.
+  #lost(child: Child, why: string): void {
+    if (child.sent.length === 0) return;
+    const [head, ...behind] = child.sent;
+    child.sent = [];
+    this.#drop(child);
     this.#queue.unshift(...behind.map((s) => s.job));
     head!.job.reject(new TransformError(`transform ${this.name} ${why}`));
     void this.#pump();
   }
 
-  #drop(thread: Thread): void {
-    clearTimeout(thread.timer);
-    if (this.#thread === thread) this.#thread = undefined;
-    void thread.worker.terminate();
+  #drop(child: Child): void {
+    clearTimeout(child.timer);
+    clearInterval(child.watch);
+    if (this.#child === child) this.#child = undefined;
+    if (child.process.exitCode === null && child.process.signalCode === null) child.process.kill("SIGKILL");
   }
 }
 
@@ -306,13 +415,20 @@ function shape(
       fail("headers that are not an object of names and values");
     for (const [raw, value] of Object.entries(result.headers as Record<string, unknown>)) {
       const name = raw.toLowerCase();
-      if (!TOKEN.test(raw)) fail(`the header name ${JSON.stringify(raw)}, which HTTP does not allow`);
+      if (!validHeader(() => validateHeaderName(raw)))
+        fail(`the header name ${JSON.stringify(raw)}, which HTTP does not allow`);
       if (RESERVED.has(name))
-        fail(`the header ${name}, which the inbox sets itself (the signature covers the bytes sent)`);
-      if (value !== null && (typeof value !== "string" || /[\r\n\0]/.test(value)))
+        fail(`the header ${name}, which the inbox or the connection sets itself (the signature covers the bytes sent)`);
+      if (value !== null && typeof value !== "string")
+        fail(`header ${name} as ${typeof value}; expected a string, or null to remove it`);
+      // The HTTP client's own rule, which it applies as the request goes out (undici's and Node's are the same).
+      if (typeof value === "string" && !validHeader(() => validateHeaderValue(name, value))) {
+        const at = [...value].findIndex((c) => BAD_VALUE_CHAR.test(c));
+        const c = [...value][at]!.codePointAt(0)!;
         fail(
-          `header ${name} as ${typeof value === "string" ? "text with a line break" : typeof value}; expected a string, or null to remove it`,
+          `header ${name} with the character U+${c.toString(16).toUpperCase().padStart(4, "0")} at ${at}, which HTTP does not send (a value holds tab and U+0020 to U+00FF but U+007F; sent as Latin-1, one byte each)`,
         );
+      }
       headers[name] = value as string | null;
     }
   }
@@ -333,21 +449,23 @@ function shape(
  */
 export class Transforms {
   readonly #base: string;
+  readonly #limits: TransformLimits;
   readonly #all = new Map<string, Transformer>();
 
-  constructor(base: string) {
+  constructor(base: string, limits: TransformLimits = {}) {
     this.#base = base;
+    this.#limits = limits;
   }
 
   /** get returns the Transformer of a module, as the sources file names it. */
   get(module: string): Transformer {
     const path = isAbsolute(module) ? module : resolve(this.#base, module);
     let t = this.#all.get(path);
-    if (!t) this.#all.set(path, (t = new Transformer(path, module)));
+    if (!t) this.#all.set(path, (t = new Transformer(path, module, this.#limits)));
     return t;
   }
 
-  /** close stops every thread. */
+  /** close stops every process. */
   async close(): Promise<void> {
     await Promise.all([...this.#all.values()].map((t) => t.close()));
     this.#all.clear();
@@ -355,7 +473,7 @@ export class Transforms {
 }
 
 /**
- * checkTransforms loads each module in transforms, whose threads then serve the forwards, and says what
+ * checkTransforms loads each module in transforms, whose processes then serve the forwards, and says what
  * cannot be used: `where: transform ./x.ts could not be loaded: …`, or undefined when all can. worker.ts
  * calls it at start-up and hands the same transforms to forward().
  */

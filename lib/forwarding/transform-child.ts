@@ -1,18 +1,23 @@
-// forwarding/transform-thread.ts: the worker thread one transform module runs in. transform.ts starts it with the
-// module's URL, and stops it when a transform runs past its time limit, so no loop holds the worker's event
-// loop. It loads the module once, then runs one delivery at a time and posts back what to send. Not run on
-// its own.
+// forwarding/transform-child.ts: the child process one transform module runs in. transform.ts forks it with the
+// module's URL, a heap limit and a watch on its memory, and kills it past a time or memory limit, so neither a
+// loop nor a heap or Buffer that grows without end reaches the worker. It loads the module once, then runs one
+// delivery at a time and sends back what to send. Not run on its own.
 
-import { parentPort, workerData } from "node:worker_threads";
+import { AsyncLocalStorage } from "node:async_hooks";
 
-/** ThreadJob is one delivery for the transform; ThreadAnswer is what comes back (transform.ts reads both). */
-interface ThreadJob {
+/** ChildJob is one delivery for the transform, as transform.ts sends it. */
+interface ChildJob {
   id: number;
   input: Record<string, unknown> & { body: Uint8Array };
 }
 
-const port = parentPort!;
-const { module, tsx } = workerData as { module: string; tsx?: string };
+// The parent is the only reader of argv here: the module's URL and tsx's register(), when it is installed.
+const [module = "", tsx] = process.argv.slice(2) as [string?, string?];
+const send = (message: unknown) => process.send!(message);
+// Which delivery's call a callback was set in, so an error thrown later, from a timer of the module's own,
+// is blamed on the module and not on the delivery in hand when it fires.
+const calls = new AsyncLocalStorage<{ id: number; delivery: string }>();
+let inHand: number | undefined;
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
@@ -92,52 +97,65 @@ try {
   if (typeof fn !== "function")
     throw new TypeError(`its default export is ${kindOf(fn)}; expected a function (export default (d) => …)`);
   transform = fn as (input: unknown) => unknown;
-  port.postMessage({ ready: true });
+  send({ ready: true });
 } catch (error) {
   const path = module.startsWith("file:") ? new URL(module).pathname : module;
   const missing =
     (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
-  port.postMessage({
+  send({
     loadError: missing
       ? `there is no file ${path}`
       : error instanceof TypeError && !whereIn(error)
         ? error.message
-        : described(error).replace(/ imported from \S*transform-thread\.[jt]s/, ""),
+        : described(error).replace(/ imported from \S*transform-child\.[jt]s/, ""),
   });
 }
 
-// One delivery at a time: transform.ts times the one in hand, and that is this thread's only job.
+// An error no call awaits (a timer, a callback, a promise left unhandled) does not end the process. Set by
+// the call in hand, it fails that call, which is let go even if its promise never settles; set by a call
+// that has returned (or by the module itself), it is sent to the parent, which logs it against the module.
+let abandon: ((error: ShapeError) => void) | undefined;
+const stray = (error: unknown) => {
+  const from = calls.getStore();
+  if (from !== undefined && from.id === inHand && abandon)
+    return abandon(new ShapeError(`threw ${described(error)} from a callback of its own`));
+  send({ stray: described(error), id: from?.id, delivery: from?.delivery });
+};
+process.on("uncaughtException", stray);
+process.on("unhandledRejection", stray);
+// The parent gone (the worker killed), nothing is left to answer to.
+process.on("disconnect", () => process.exit(0));
+
+// One delivery at a time: transform.ts times the one in hand, and that is this process's only job.
 let chain = Promise.resolve();
-port.on("message", (job: ThreadJob) => {
-  chain = chain.then(async () => {
-    let answer: unknown;
-    let transfer: ArrayBuffer[] = [];
-    try {
-      let json: unknown;
+process.on("message", (job: ChildJob) => {
+  chain = chain.then(() =>
+    calls.run({ id: job.id, delivery: String(job.input.id) }, async () => {
+      inHand = job.id;
+      let answer: unknown;
       try {
-        json = JSON.parse(decoder.decode(job.input.body));
+        let json: unknown;
+        try {
+          json = JSON.parse(decoder.decode(job.input.body));
+        } catch {
+          json = undefined;
+        }
+        const given = new Promise<never>((_, reject) => (abandon = reject));
+        answer = { id: job.id, result: normalize(await Promise.race([transform!({ ...job.input, json }), given])) };
+      } catch (error) {
+        answer = { id: job.id, error: error instanceof ShapeError ? error.message : `threw ${described(error)}` };
+      }
+      inHand = undefined;
+      abandon = undefined;
+      try {
+        send(answer);
       } catch {
-        json = undefined;
+        send({
+          id: job.id,
+          error:
+            "returned something that cannot leave its process (a function, a class instance?); expected bytes, a string or JSON, and string headers",
+        });
       }
-      const result = normalize(await transform!({ ...job.input, json }));
-      answer = { id: job.id, result };
-      if (!result.skip && result.body && result.body.buffer instanceof ArrayBuffer) {
-        // Copied once into a buffer of its own, which then moves to the main thread without another copy.
-        const own = result.body.slice();
-        result.body = own;
-        transfer = [own.buffer as ArrayBuffer];
-      }
-    } catch (error) {
-      answer = { id: job.id, error: error instanceof ShapeError ? error.message : `threw ${described(error)}` };
-    }
-    try {
-      port.postMessage(answer, transfer);
-    } catch {
-      port.postMessage({
-        id: job.id,
-        error:
-          "returned something that cannot leave its thread (a function, a class instance?); expected bytes, a string or JSON, and string headers",
-      });
-    }
-  });
+    }),
+  );
 });
