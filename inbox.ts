@@ -5,6 +5,7 @@
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
 //   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
+//   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";
@@ -65,6 +66,7 @@ export async function cli(argv: string[]): Promise<void> {
   const actions = await import("./lib/cli/actions.ts");
   const archive = await import("./lib/cli/archive.ts");
   const backups = await import("./lib/cli/backups.ts");
+  const reconcile = await import("./lib/cli/reconcile.ts");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
@@ -90,6 +92,7 @@ Examples:
   npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
+  npx tsx inbox.ts reconcile --sources sources.json --since 3d --dry-run
 
 Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     );
@@ -111,6 +114,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     archive.copy,
     backups.backup,
     backups.restore,
+    reconcile.reconcileCommand,
   ])
     add(c);
 

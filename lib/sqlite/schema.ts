@@ -181,6 +181,9 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
    DROP INDEX deliveries_finished;
    CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+  // Reconcile (docs/reconcile.md): where a delivery came from, the provider's webhook or its API, fetched
+  // back after the webhook never came. Every existing row arrived as a webhook (a constant default: no rewrite).
+  `ALTER TABLE deliveries ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
