@@ -9,7 +9,7 @@ import { orderOfRequest } from "../order.ts";
 import type { Source } from "../providers.ts";
 import { filterInput } from "../routing/filter.ts";
 import { routeTo } from "../routing/routes.ts";
-import type { Headers, Inbox } from "../store.ts";
+import type { Headers, Inbox, Stored } from "../store.ts";
 
 /** Found is one event a provider lists: its id (the one its webhook carries), and how to get or resend it. */
 export interface Found {
@@ -131,8 +131,9 @@ export async function reconcile(
       else if (options.dryRun) tally.missing.push(found.id);
       else if (found.load) {
         const got = await call(`get ${found.id}`, found.load);
-        await store(options.inbox, source, found, got);
-        tally.fetched++;
+        // Another run, or the webhook itself, may have stored it since the look: then it was already there.
+        if ((await store(options.inbox, source, found, got)) === "stored") tally.fetched++;
+        else tally.already++;
       } else if (found.redeliver && !found.asked) {
         await call(`redeliver ${found.id}`, found.redeliver);
         tally.redelivered++;
@@ -150,7 +151,7 @@ async function store(
   source: Source,
   found: Found,
   got: { body: Buffer; headers?: Headers; contentType: string },
-): Promise<void> {
+): Promise<Stored> {
   const headers: Headers = { "content-type": [got.contentType], ...(got.headers ?? {}) };
   const destinations = source.routes
     ? routeTo(
@@ -166,7 +167,7 @@ async function store(
       )
     : undefined;
   const keepHeaders = source.routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
-  await inbox.store({
+  return inbox.store({
     source: source.name,
     id: found.id,
     body: got.body,
