@@ -85,7 +85,7 @@ export class FakeStripe {
     await new Promise((resolve) => this.server.close(resolve));
   }
 
-  private answer(req: IncomingMessage, res: ServerResponse): void {
+  private answer(req: IncomingMessage, res: ServerResponse) {
     const url = new URL(req.url ?? "/", "http://stripe.local");
     this.requests.push(url);
     const reply = (status: number, body: unknown, headers: Record<string, string> = {}) => {
