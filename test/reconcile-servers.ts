@@ -147,7 +147,8 @@ export interface GithubDelivery {
 }
 
 /**
- * FakeGithub answers a hook's deliveries as GitHub does, for one repository hook and the app's hook:
+ * FakeGithub answers a hook's deliveries as GitHub does, for one repository's hook, its owner's (an
+ * organization's) hook with the same number, and the app's hook:
  * newest first, per_page (default 30, at most 100), an opaque cursor in the Link header's rel="next",
  * x-ratelimit-* headers on every answer, 401 "Bad credentials" for a token (or app JWT) not its own, the
  * full delivery with its request headers and payload, and a redelivery that adds a try to the list and
@@ -220,7 +221,8 @@ export class FakeGithub {
     const { owner, repo, hookId } = this.repo;
     const repoBase = `/repos/${owner}/${repo}/hooks/${hookId}/deliveries`;
     const appBase = "/app/hook/deliveries";
-    const base = url.pathname.startsWith(appBase) ? appBase : url.pathname.startsWith(repoBase) ? repoBase : undefined;
+    const orgBase = `/orgs/${owner}/hooks/${hookId}/deliveries`;
+    const base = [appBase, repoBase, orgBase].find((b) => url.pathname === b || url.pathname.startsWith(`${b}/`));
     if (!base) return send(res, 404, { message: "Not Found", documentation_url: "https://docs.github.com/rest" }, rate);
     if (!this.authorised(req.headers.authorization, base === appBase))
       return send(res, 401, fixture("github-error-401.json"), rate);

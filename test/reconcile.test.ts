@@ -412,6 +412,74 @@ for (const backend of await backends("reconcile")) {
       }
     });
 
+    it("GitHub: an organization's hook, fetched; a dry run first lists exactly what is missing", async () => {
+      const org = await new FakeGithub({ token: GH_TOKEN }).start();
+      const { target: t5, cleanup: c5 } = await backend.make();
+      const { owner, hookId } = org.repo;
+      const orgFile = sourcesFile(dir.dir, stripe.url, org.url, {
+        hook: "org",
+        org: owner,
+        hookId,
+        token: "env:GH_TOKEN",
+      });
+      const receiver = await startReceiver(t5, ["--sources", orgFile], ENV);
+      try {
+        for (let i = 0; i < 12; i++)
+          org.add({
+            guid: `org-${i}`,
+            delivered_at: new Date(Date.now() - (12 - i) * 60_000).toISOString(),
+            redelivery: false,
+            status_code: i < 4 ? 504 : 200,
+            event: "member",
+            action: "added",
+            payload: { i },
+          });
+        for (const d of org.deliveries)
+          if (d.status_code === 200) assert.equal(await postGithub(receiver, d.guid, d.event, d.payload), 200);
+      } finally {
+        await receiver.stop();
+      }
+      try {
+        const dry = await runScript(
+          "inbox.ts",
+          ["reconcile", "--db", t5, "--sources", orgFile, "--source", "github", "--dry-run"],
+          ENV,
+        );
+        assert.equal(dry.code, 0, dry.stderr);
+        assert.deepEqual(
+          dry.stdout
+            .split("\n")
+            .filter((l) => l.startsWith("missing "))
+            .sort(),
+          ["missing github/org-0", "missing github/org-1", "missing github/org-2", "missing github/org-3"],
+        );
+        const r = await runScript(
+          "inbox.ts",
+          ["reconcile", "--db", t5, "--sources", orgFile, "--source", "github"],
+          ENV,
+        );
+        assert.match(r.stdout, /reconcile github: 12 seen, 8 already there, 4 fetched, 0 redeliveries asked/);
+        assert.ok(org.requests.every((q) => q.url.pathname.startsWith(`/orgs/${owner}/hooks/${hookId}/deliveries`)));
+        const inbox = await connect(t5);
+        try {
+          const rows = await all(inbox, "github");
+          assert.deepEqual(
+            rows
+              .filter((d) => d.origin === "reconcile")
+              .map((d) => d.id)
+              .sort(),
+            ["org-0", "org-1", "org-2", "org-3"],
+          );
+          assert.ok(!(await everything(t5, inbox)).includes(GH_TOKEN));
+        } finally {
+          await inbox.close();
+        }
+      } finally {
+        await org.stop();
+        await c5();
+      }
+    });
+
     it("GitHub: an app's hook, with an app JWT, redelivered signed rather than fetched, and asked for once", async () => {
       const { publicKey, privateKey } = generateKeyPairSync("rsa", { modulusLength: 2048 });
       const pem = privateKey.export({ type: "pkcs1", format: "pem" }).toString();
