@@ -576,6 +576,62 @@ describe("reconcile settings", () => {
     assert.equal(load({ apiKey: "env:KEY" }).get("s")?.reconcile?.provider, "stripe");
   });
 
+  it("a run stopped by SIGINT while it waits out a 429 says so in one line and keeps what it stored", async () => {
+    const d = tempDir();
+    const key = "sk_test_sigint_000000000000000000";
+    const stripe = await new FakeStripe(key).start();
+    try {
+      for (let i = 0; i < 150; i++)
+        stripe.events.push({
+          event: stripeEvent(`evt_s${String(i).padStart(3, "0")}`, "charge.succeeded", NOW_S - i, {}),
+          delivered: false,
+        });
+      stripe.faults.push({
+        status: 429,
+        headers: { "retry-after": "1" },
+        body: { error: { type: "invalid_request_error", code: "rate_limit", message: "Request rate limit exceeded." } },
+        times: Number.POSITIVE_INFINITY,
+        match: (u) => u.searchParams.has("starting_after"),
+      });
+      const db = join(d.dir, "inbox.db");
+      const init = await connect(db);
+      await init.close();
+      const file = join(d.dir, "sources.json");
+      writeFileSync(
+        file,
+        JSON.stringify({
+          stripe: { provider: "stripe", secret: "whsec_x", reconcile: { apiKey: "env:K", apiBase: stripe.url } },
+        }),
+      );
+      const child = spawnScript("inbox.ts", ["reconcile", "--db", db, "--sources", file], { K: key });
+      let stderr = "";
+      const waiting = new Promise<void>((resolve) =>
+        child.stderr!.on("data", (x) => {
+          stderr += x;
+          if (stderr.includes("trying again")) resolve();
+        }),
+      );
+      await waiting;
+      child.kill("SIGINT");
+      const code = await new Promise((resolve) => child.on("close", resolve));
+      assert.equal(code, 1);
+      const last = stderr.trim().split("\n").at(-1)!;
+      assert.match(
+        last,
+        /^reconcile stripe: list events after evt_s099: stopped while waiting: Request rate limit exceeded\.$/,
+      );
+      const inbox = await connect(db);
+      try {
+        assert.equal((await all(inbox, "stripe")).length, 100, "the first page, stored before the stop, stays");
+      } finally {
+        await inbox.close();
+      }
+    } finally {
+      await stripe.stop();
+      d.cleanup();
+    }
+  });
+
   it("a --every run keeps going past a failing provider until stopped", async () => {
     const d = tempDir();
     const stripe = await new FakeStripe("sk_test_every_0000000000000000").start();

@@ -25,6 +25,8 @@ export interface ReconcileRun {
   err: { write(text: string): unknown; isTTY?: boolean };
   now: () => number;
   sleep: (ms: number) => Promise<void>;
+  /** Aborted to stop after the event in flight. */
+  signal?: AbortSignal;
 }
 
 /** listerOf builds the provider's Lister and its judge of a failed call for a source's reconcile setting. */
@@ -56,6 +58,7 @@ export async function reconcileOnce(run: ReconcileRun): Promise<string[]> {
         dryRun: run.dryRun,
         sinceMs: run.sinceMs,
         redact,
+        ...(run.signal ? { signal: run.signal } : {}),
         log: (text) => (line.bar ? line.bar.write(`${text}\n`) : void run.err.write(`${text}\n`)),
         onEvent: (t) => (line.tally = t),
       });
@@ -101,7 +104,11 @@ export function reconcileCommand(c: Cli): void {
     .option("--source <name>", "only this source")
     .option("--since <age>", `how far back to look (default: ${DEFAULTS.reconcileSinceMs / 86_400_000}d)`, c.duration)
     .option("--dry-run", "list what is missing; store and ask for nothing")
-    .option("--every <age>", "keep running: reconcile again this long after each pass (e.g. 15m), until stopped")
+    .option(
+      "--every <age>",
+      "keep running: reconcile again this long after each pass (e.g. 15m), until stopped",
+      c.duration,
+    )
     .action(
       async (opts: {
         db?: string;
@@ -109,9 +116,9 @@ export function reconcileCommand(c: Cli): void {
         source?: string;
         since?: number;
         dryRun?: boolean;
-        every?: string;
+        every?: number;
       }) => {
-        const every = opts.every === undefined ? undefined : c.duration(opts.every);
+        const every = opts.every;
         const file = opts.sources ?? process.env.INBOX_SOURCES;
         if (!file) throw new UsageError("reconcile needs the sources file: --sources FILE or INBOX_SOURCES.");
         let all: Source[];
@@ -140,9 +147,15 @@ export function reconcileCommand(c: Cli): void {
             err: process.stderr,
             now: Date.now,
             sleep: (ms) => wait(ms, stop.signal),
+            signal: stop.signal,
           };
           for (;;) {
             const failed = await reconcileOnce(run);
+            // Stopped (SIGINT, SIGTERM): after the event in flight, its summary printed; the next run goes on.
+            if (stop.signal.aborted) {
+              if (every === undefined && failed.length > 0) process.exitCode = 1;
+              return;
+            }
             // Once: a failed source (its line printed already) fails the command, exit 1. Every: a passing
             // fault waits for the next pass.
             if (every === undefined) {

@@ -87,6 +87,9 @@ export function parseReconcile(
   const base = apiBase();
   if (provider === "stripe") {
     only(["apiKey", "types", "onlyFailed", "apiBase"]);
+    // The stripe SDK takes a host, a port and a protocol: a path would be dropped without a word.
+    if (base && new URL(base).pathname !== "/")
+      throw new TypeError(`${at}: expected apiBase to be http(s)://host[:port], with no path`);
     const apiKey = credential("apiKey");
     const types = s.types;
     if (

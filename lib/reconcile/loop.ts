@@ -70,6 +70,8 @@ export interface ReconcileOptions {
   maxWaitMs?: number;
   /** Redact the provider's messages before they are shown (lib/redact.ts). */
   redact?: (text: string) => string;
+  /** Aborted to stop after the event in flight (SIGINT, SIGTERM): the run returns what it did so far. */
+  signal?: AbortSignal;
 }
 
 /**
@@ -101,6 +103,8 @@ export function caller(source: string, judge: (error: unknown) => Verdict, optio
           `reconcile ${source}: ${what}: ${why}; trying again in ${Math.ceil(wait / 1000)} s (try ${attempt + 1} of ${tries})`,
         );
         await options.sleep(wait);
+        if (options.signal?.aborted)
+          throw new ReconcileFailed(`reconcile ${source}: ${what}: stopped while waiting: ${why}`);
       }
     }
   };
@@ -122,6 +126,7 @@ export async function reconcile(
   const since = options.now() - (options.sinceMs ?? DEFAULTS.reconcileSinceMs);
   const done = new Set<string>();
   for await (const page of list(since, call)) {
+    if (options.signal?.aborted) break;
     // GitHub lists each try of a delivery (a redelivery shares its guid): one event is seen once.
     const fresh = page.filter((found) => !done.has(found.id) && done.add(found.id));
     // A page's lookups, and its stores, go to the store together, so its committer writes them in a few
@@ -129,6 +134,7 @@ export async function reconcile(
     const there = await Promise.all(fresh.map(async (f) => (await options.inbox.find(f.id, source.name)).length > 0));
     const stores: Promise<void>[] = [];
     for (const [i, found] of fresh.entries()) {
+      if (options.signal?.aborted) break;
       tally.seen++;
       if (there[i]) tally.already++;
       else if (options.dryRun) tally.missing.push(found.id);
