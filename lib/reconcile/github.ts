@@ -48,13 +48,15 @@ export async function githubLister(settings: GithubReconcile): Promise<Lister> {
 
   return async function* list(since, call) {
     let cursor: string | undefined;
+    // Each guid's tries, a redelivery among them, are listed apart, the redelivery first (newest first),
+    // maybe a page before: one asked for already is not asked again.
+    const asked = new Set<string>();
     for (;;) {
       const res = await call(`list deliveries${cursor ? ` after cursor ${cursor}` : ""}`, () =>
         listCall({ ...where, per_page: DEFAULTS.reconcilePage, ...(cursor ? { cursor } : {}) }),
       );
       const fresh = res.data.filter((d) => Date.parse(d.delivered_at) >= since);
-      // Each guid's tries, a redelivery among them, are listed apart: one asked for already is not asked again.
-      const asked = new Set(res.data.filter((d) => d.redelivery).map((d) => d.guid));
+      for (const d of res.data) if (d.redelivery) asked.add(d.guid);
       yield fresh.map(
         (d): Found => ({
           id: d.guid,
