@@ -449,8 +449,14 @@ export function readSourcesFile(path: string): unknown {
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
  * `env:NAME` secrets from env, and throws a TypeError naming the source and the mistake (never a secret).
+ * A "reconcile" setting is checked; its API credential is read only with options.reconcile (inbox.ts
+ * reconcile), so the receiver and the worker never need it in their environment.
  */
-export function loadSources(config: unknown, env: Readonly<Record<string, string | undefined>>): Map<string, Source> {
+export function loadSources(
+  config: unknown,
+  env: Readonly<Record<string, string | undefined>>,
+  options: { reconcile?: boolean } = {},
+): Map<string, Source> {
   if (!isObject(config)) {
     throw new TypeError(`sources: expected a JSON object mapping source names to settings, got ${kindOf(config)}`);
   }
@@ -566,7 +572,9 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       ...(scheme ? { scheme } : {}),
       ...(order ? { order } : {}),
       ...(settings.routes !== undefined ? { routes } : {}),
-      ...(settings.reconcile !== undefined ? { reconcile: parseReconcile(p, settings.reconcile, env, where) } : {}),
+      ...(settings.reconcile !== undefined
+        ? { reconcile: parseReconcile(p, settings.reconcile, env, where, options.reconcile ?? false) }
+        : {}),
     });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");

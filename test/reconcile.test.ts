@@ -127,7 +127,8 @@ for (const backend of await backends("reconcile")) {
           },
         ),
       );
-      const receiver = await startReceiver(target, ["--sources", file], ENV);
+      // The receiver checks the reconcile setting, but never needs (or holds) the API key.
+      const receiver = await startReceiver(target, ["--sources", file], { WHSEC, GH_SECRET });
       const arrived = new Set<string>();
       try {
         for (const [i, e] of events.entries()) {
@@ -240,9 +241,9 @@ for (const backend of await backends("reconcile")) {
       const { target: t2, cleanup: c2 } = await backend.make();
       const inbox = await connect(t2);
       try {
-        const sources = [...loadSources(JSON.parse(readFileSync(file, "utf8")), ENV).values()].filter(
-          (s) => s.name === "stripe",
-        );
+        const sources = [
+          ...loadSources(JSON.parse(readFileSync(file, "utf8")), ENV, { reconcile: true }).values(),
+        ].filter((s) => s.name === "stripe");
         const out: string[] = [];
         const errors: string[] = [];
         const sleeps: number[] = [];
@@ -354,9 +355,9 @@ for (const backend of await backends("reconcile")) {
       }
       const inbox = await connect(target);
       try {
-        const sources = [...loadSources(JSON.parse(readFileSync(file, "utf8")), ENV).values()].filter(
-          (s) => s.name === "github",
-        );
+        const sources = [
+          ...loadSources(JSON.parse(readFileSync(file, "utf8")), ENV, { reconcile: true }).values(),
+        ].filter((s) => s.name === "github");
         const out: string[] = [];
         const errs: string[] = [];
         const sleeps: number[] = [];
@@ -565,6 +566,7 @@ describe("reconcile settings", () => {
       loadSources(
         { s: { provider, secret: provider === "stripe" ? "whsec_x" : "x", reconcile } },
         { KEY: "sk_test_x" },
+        { reconcile: true },
       );
     assert.throws(() => load({ apiKey: "sk_test_plain" }), /reconcile: expected apiKey to be "env:NAME"/);
     assert.throws(() => load({ apiKey: "env:NOPE" }), /reads the environment variable NOPE, which is not set/);
@@ -574,6 +576,13 @@ describe("reconcile settings", () => {
       /no API to reconcile from/,
     );
     assert.equal(load({ apiKey: "env:KEY" }).get("s")?.reconcile?.provider, "stripe");
+    // Without { reconcile: true } (the receiver, the worker) the shape is checked, the key never read.
+    const plain = loadSources({ s: { provider: "stripe", secret: "whsec_x", reconcile: { apiKey: "env:UNSET" } } }, {});
+    assert.deepEqual(plain.get("s")?.reconcile?.credentials, []);
+    assert.throws(
+      () => loadSources({ s: { provider: "stripe", secret: "whsec_x", reconcile: { apiKey: "sk_plain" } } }, {}),
+      /env:NAME/,
+    );
   });
 
   it("a run stopped by SIGINT while it waits out a 429 says so in one line and keeps what it stored", async () => {

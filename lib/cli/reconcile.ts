@@ -123,7 +123,7 @@ export function reconcileCommand(c: Cli): void {
         if (!file) throw new UsageError("reconcile needs the sources file: --sources FILE or INBOX_SOURCES.");
         let all: Source[];
         try {
-          all = [...loadSources(readSourcesFile(file), process.env).values()];
+          all = [...loadSources(readSourcesFile(file), process.env, { reconcile: true }).values()];
         } catch (error) {
           throw new UsageError(`${file}: ${message(error)}`);
         }

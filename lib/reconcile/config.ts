@@ -42,14 +42,16 @@ export type ReconcileSettings = StripeReconcile | GithubReconcile;
 export const RECONCILE_PROVIDERS = ["stripe", "github"] as const;
 
 /**
- * parseReconcile checks a source's "reconcile" setting and reads its `env:NAME` credential from env; it
- * throws a TypeError naming the source and the mistake, never the credential.
+ * parseReconcile checks a source's "reconcile" setting and, with read, reads its `env:NAME` credential
+ * from env (without, the credential is left empty: the receiver and the worker check the setting but
+ * never hold the key). It throws a TypeError naming the source and the mistake, never the credential.
  */
 export function parseReconcile(
   provider: string,
   setting: unknown,
   env: Readonly<Record<string, string | undefined>>,
   where: string,
+  read = true,
 ): ReconcileSettings {
   const at = `${where}: reconcile`;
   if (typeof setting !== "object" || setting === null || Array.isArray(setting))
@@ -73,6 +75,7 @@ export function parseReconcile(
     // Written into the file, a credential would be in every copy of it: only the environment holds one.
     if (variable === undefined)
       throw new TypeError(`${at}: expected ${key} to be "env:NAME", a variable that holds it`);
+    if (!read) return "";
     const value = env[variable] ?? "";
     if (value === "") throw new TypeError(`${at}: ${key} reads the environment variable ${variable}, which is not set`);
     return value;
@@ -108,7 +111,7 @@ export function parseReconcile(
       ...(types ? { types: types as string[] } : {}),
       onlyFailed: (s.onlyFailed as boolean | undefined) ?? true,
       ...(base ? { apiBase: base } : {}),
-      credentials: [apiKey],
+      credentials: apiKey ? [apiKey] : [],
     };
   }
   if (provider === "github") {
@@ -134,7 +137,7 @@ export function parseReconcile(
       hook = { kind: "org", org: text("org"), hookId: hookId(), token: credential("token") };
     } else throw new TypeError(`${at}: expected hook to be "app", "repo" or "org"`);
     const secret = hook.kind === "app" ? hook.privateKey : hook.token;
-    return { provider: "github", hook, mode, ...(base ? { apiBase: base } : {}), credentials: [secret] };
+    return { provider: "github", hook, mode, ...(base ? { apiBase: base } : {}), credentials: secret ? [secret] : [] };
   }
   throw new TypeError(
     `${at}: a ${provider} source has no API to reconcile from; reconcile knows ${RECONCILE_PROVIDERS.join(", ")}`,
