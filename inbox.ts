@@ -5,6 +5,7 @@
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
 //   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
+//   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";
@@ -66,6 +67,7 @@ export async function cli(argv: string[]): Promise<void> {
   const archive = await import("./lib/cli/archive.ts");
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
+  const reconcile = await import("./lib/cli/reconcile.ts");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
@@ -92,6 +94,7 @@ Examples:
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
   npx tsx inbox.ts keys create --scope read --name dashboards
+  npx tsx inbox.ts reconcile --sources sources.json --since 3d --dry-run
 
 Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     );
@@ -114,6 +117,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     backups.backup,
     backups.restore,
     keys.keys,
+    reconcile.reconcileCommand,
   ])
     add(c);
 

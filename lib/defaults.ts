@@ -209,4 +209,14 @@ export const DEFAULTS = {
   natsUrl: "nats://127.0.0.1:4222",
   /** A RabbitMQ destination's server, when its settings give no url: RabbitMQ's own guest on this host. @default "amqp://guest:guest@127.0.0.1:5672" */
   rabbitmqUrl: "amqp://guest:guest@127.0.0.1:5672",
+  /** Reconcile: how far back `inbox.ts reconcile` looks when no --since is given (Stripe keeps events 30 days, GitHub deliveries 3). @default 259_200_000 */
+  reconcileSinceMs: 259_200_000,
+  /** Reconcile: events or deliveries asked for per page (the most either API gives). @default 100 */
+  reconcilePage: 100,
+  /** Reconcile: tries of one API call, rate limits and outages included, before the run stops. @default 6 */
+  reconcileTries: 6,
+  /** Reconcile: the first wait after a failed call with no Retry-After; it doubles each try. @default 1_000 */
+  reconcileBackoffMs: 1_000,
+  /** Reconcile: the longest wait for one call, whatever the provider asks (a reset an hour off stops the run instead). @default 300_000 */
+  reconcileMaxWaitMs: 300_000,
 } as const;

@@ -3,7 +3,7 @@
 // of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
 
 import { DEFAULTS } from "./defaults.ts";
-import { STATUSES, type Delivery, type Status } from "./store.ts";
+import { ORIGINS, STATUSES, type Delivery, type Status } from "./store.ts";
 import { sha256 } from "./rows.ts";
 
 /** age writes a span of ms as people say it: 45s, 12m, 5h, 3d. */
@@ -134,7 +134,11 @@ export function importLine(line: unknown): Delivery {
     route: o.route === undefined ? 0 : need("route", "number"),
     headers: o.headers == null ? null : importHeaders(o.headers),
     traceparent: need("traceparent", "string", true),
+    // An export from before reconcile holds webhooks only.
+    origin: o.origin === undefined ? "webhook" : need("origin", "string"),
   };
+  if (!ORIGINS.includes(d.origin))
+    throw new TypeError(`expected origin to be one of ${ORIGINS.join(", ")}, got ${JSON.stringify(d.origin)}`);
   // Only a settled delivery can be a tombstone: a waiting one with no body would reach a handler.
   if (d.purgedAt !== null && d.status !== "done" && d.status !== "failed") {
     throw new TypeError(`expected a tombstone (purgedAt set) to be done or failed, got ${d.status}`);

@@ -71,7 +71,7 @@ export interface Progress {
 
 /**
  * progress draws "done of total (percent), rate/s, time left" on one line of stream, redrawn every
- * everyMs, only if stream is a terminal: anything else (a pipe, a file, a log collector) gets nothing
+ * everyMs (a total of 0: not known, so "done" alone), only if stream is a terminal: anything else (a pipe, a file, a log collector) gets nothing
  * extra, and progress returns undefined. read says how far the work is; extra adds to the line.
  */
 export function progress(
@@ -88,7 +88,9 @@ export function progress(
     const rate = done / seconds;
     const left = rate > 0 && total > done ? `, ${clock((total - done) / rate)} left` : "";
     const pct = total > 0 ? ` (${Math.min(100, Math.floor((100 * done) / total))}%)` : "";
-    return `${done.toLocaleString("en-US")} of ${total.toLocaleString("en-US")}${pct}, ${Math.round(rate).toLocaleString("en-US")}/s${left}${extra ? `, ${extra}` : ""}`;
+    // A total of 0 is one not known (a provider's list has no count): how far, without "of".
+    const of = total > 0 ? ` of ${total.toLocaleString("en-US")}` : "";
+    return `${done.toLocaleString("en-US")}${of}${pct}, ${Math.round(rate).toLocaleString("en-US")}/s${left}${extra ? `, ${extra}` : ""}`;
   };
   // \r and erase-line: the status line is redrawn where it stands, and cleared before anything else prints.
   const draw = () => void stream.write(`\r\x1b[K${line()}`);

@@ -169,6 +169,7 @@ export class Metrics {
   private readonly handler: Spreads<"source">;
   private readonly wait: Spreads<"source">;
   private readonly attempts: Tallied<"source">;
+  private readonly origins: Tallied<"source" | "origin">;
   private readonly retries: Tallied<"source">;
   private readonly failures: Tallied<"source">;
   private readonly takeovers: Tallied<"source">;
@@ -236,6 +237,12 @@ export class Metrics {
       name: "inbox_attempts_total",
       help: "Claims of a delivery, each one try.",
       labelNames: ["source"],
+      registers,
+    });
+    this.origins = new Tallied({
+      name: "inbox_claimed_by_origin_total",
+      help: "Deliveries the worker took up for the first time, by source and origin (webhook, or reconcile: fetched from the provider's API).",
+      labelNames: ["source", "origin"],
       registers,
     });
     this.retries = new Tallied({
@@ -363,8 +370,11 @@ export class Metrics {
   claimed(lease: Lease): void {
     const { source } = lease;
     this.attempts.tally(source, { source }).pending++;
-    if (lease.attempts === 1 && !lease.takeover)
+    if (lease.attempts === 1 && !lease.takeover) {
       this.wait.spread(source, { source }).observe(Math.max(0, this.now() - lease.receivedAt) / 1000);
+      const origin = lease.origin ?? "webhook";
+      this.origins.tally(`${source}\n${origin}`, { source, origin }).pending++;
+    }
     if (lease.takeover) this.takeovers.tally(source, { source }).pending++;
   }
 

@@ -7,6 +7,7 @@ import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
+import { parseReconcile, type ReconcileSettings } from "./reconcile/config.ts";
 import { parseRoutes, TOP_KEYS, type Route } from "./routing/routes.ts";
 import type { Headers } from "./store.ts";
 
@@ -205,6 +206,8 @@ export interface Source {
   order?: OrderRule;
   /** Where its deliveries go (routes.ts); none means the handler alone. */
   routes?: Route[];
+  /** How `inbox.ts reconcile` fetches back what the provider never delivered (docs/reconcile.md); none: it is not reconciled. */
+  reconcile?: ReconcileSettings;
 }
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
@@ -407,7 +410,7 @@ export interface SourceSettings extends Partial<Scheme> {
   routes?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes", "reconcile"];
 const SCHEME_KEYS = [
   "header",
   "prefix",
@@ -446,8 +449,14 @@ export function readSourcesFile(path: string): unknown {
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
  * `env:NAME` secrets from env, and throws a TypeError naming the source and the mistake (never a secret).
+ * A "reconcile" setting is checked; its API credential is read only with options.reconcile (inbox.ts
+ * reconcile), so the receiver and the worker never need it in their environment.
  */
-export function loadSources(config: unknown, env: Readonly<Record<string, string | undefined>>): Map<string, Source> {
+export function loadSources(
+  config: unknown,
+  env: Readonly<Record<string, string | undefined>>,
+  options: { reconcile?: boolean } = {},
+): Map<string, Source> {
   if (!isObject(config)) {
     throw new TypeError(`sources: expected a JSON object mapping source names to settings, got ${kindOf(config)}`);
   }
@@ -563,6 +572,9 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       ...(scheme ? { scheme } : {}),
       ...(order ? { order } : {}),
       ...(settings.routes !== undefined ? { routes } : {}),
+      ...(settings.reconcile !== undefined
+        ? { reconcile: parseReconcile(p, settings.reconcile, env, where, options.reconcile ?? false) }
+        : {}),
     });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");

@@ -104,6 +104,13 @@ export function secretsOf(
         add(owner, name, Buffer.from(text, "utf8").equals(key) ? text : b64);
       }
     });
+    // The API credential reconcile reads with (docs/reconcile.md): a Stripe key, a GitHub token or app key.
+    for (const value of s.reconcile?.credentials ?? []) {
+      add(owner, `${owner} reconcile credential`, value);
+      // A PEM key is shown a line at a time as often as whole: each of its base64 lines is a secret too.
+      for (const line of value.split(/\r?\n/))
+        if (line.length >= 40 && !line.startsWith("-----")) add(owner, `${owner} reconcile credential`, line);
+    }
   }
   for (const b of more.brokers ?? []) {
     if (b.type === "nats") {

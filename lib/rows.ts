@@ -14,6 +14,7 @@ import {
   type Gauges,
   type Headers,
   type OrderingStatus,
+  type Origin,
   type Status,
   type Summary,
 } from "./store.ts";
@@ -85,6 +86,7 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
     route: Number(row.route ?? 0),
     headers: typeof row.headers === "string" ? (JSON.parse(row.headers) as Headers) : null,
     traceparent: (row.traceparent ?? null) as string | null,
+    origin: (row.origin ?? "webhook") as Origin,
   };
 }
 

@@ -34,7 +34,18 @@ export interface Incoming {
   headers?: Headers | null;
   /** The W3C traceparent of the receive, carried to the destinations. @default none */
   traceparent?: string | null;
+  /** Where it came from: the provider's webhook, or its API through reconcile (docs/reconcile.md). @default "webhook" */
+  origin?: Origin;
 }
+
+/**
+ * Origin is where a delivery came from: "webhook", as the provider sent it to the receiver, or "reconcile",
+ * fetched back from the provider's API after the webhook never came: API JSON, not the webhook's bytes, and no
+ * signature (its trust is the authenticated API call).
+ */
+export type Origin = "webhook" | "reconcile";
+/** ORIGINS lists every Origin. */
+export const ORIGINS: readonly Origin[] = ["webhook", "reconcile"];
 
 /** NO_DESTINATION is the destination of a delivery that no route chose: kept, done, so a copy is still a duplicate. */
 export const NO_DESTINATION = "";
@@ -77,6 +88,8 @@ export interface Delivery {
   headers: Headers | null;
   /** The W3C traceparent of the receive, where one was taken. */
   traceparent: string | null;
+  /** Where it came from: "webhook", or "reconcile" when fetched back from the provider's API. */
+  origin: Origin;
 }
 
 /**

@@ -276,6 +276,21 @@ for (const backend of BACKENDS) {
       assert.ok(json.body.includes(escape('{\n  "a": {\n    "b": 1\n  }\n}')));
     });
 
+    it("says where a delivery came from: a webhook, or fetched from the provider's API by reconcile", async () => {
+      await inbox.store({ id: "hooked", body: Buffer.from("{}") });
+      await inbox.store({ id: "fetched", body: Buffer.from("{}"), origin: "reconcile" });
+      const url = await start();
+      const { cookie } = await login(url);
+      const hooked = await request(`${url}/delivery?source=default&id=hooked`, { headers: { cookie } });
+      const fetched = await request(`${url}/delivery?source=default&id=fetched`, { headers: { cookie } });
+      assert.match(hooked.body, /origin<\/[a-z]+>\s*<[a-z]+>webhook</);
+      assert.match(
+        fetched.body,
+        /reconcile: fetched from the provider&#39;s API|reconcile: fetched from the provider's API/,
+      );
+      assert.doesNotMatch(hooked.body, /fetched from the provider/);
+    });
+
     it("sends a strict Content-Security-Policy, nosniff and no framing with every answer", async () => {
       const url = await start();
       for (const path of ["/", "/login", "/admin.js"]) {

@@ -79,5 +79,49 @@ contract((suite) => {
         ],
       );
     });
+
+    it("keeps where a delivery came from: webhook unless told, reconcile kept on every route, a claim, a restore and a replay --to", async () => {
+      const inbox = await open();
+      await inbox.store({ source: "stripe", id: "evt_w", body: body({}) });
+      await inbox.store({
+        source: "stripe",
+        id: "evt_r",
+        body: body({}),
+        origin: "reconcile",
+        destinations: ["handler", "app"],
+      });
+      assert.deepEqual(
+        (await inbox.find("evt_w")).map((d) => d.origin),
+        ["webhook"],
+      );
+      assert.deepEqual(
+        (await inbox.find("evt_r")).map((d) => d.origin),
+        ["reconcile", "reconcile"],
+      );
+      // A webhook that comes after the fetch is a duplicate: the fetched row stays as it was.
+      assert.equal(await inbox.store({ source: "stripe", id: "evt_r", body: body({}) }), "duplicate");
+      assert.deepEqual(
+        (await inbox.find("evt_r")).map((d) => d.origin),
+        ["reconcile", "reconcile"],
+      );
+      const leases = await inbox.claimBatch(10, 30_000);
+      assert.deepEqual(leases.map((l) => `${l.id}:${l.origin}`).sort(), ["evt_r:reconcile", "evt_w:webhook"]);
+      for (const l of leases) await inbox.finish(l);
+      assert.equal((await inbox.replayMatching({ id: "evt_r", destination: "handler" }, { to: "audit" })).replayed, 1);
+      assert.deepEqual((await inbox.find("evt_r")).map((d) => `${d.destination}:${d.origin}`).sort(), [
+        "app:reconcile",
+        "audit:reconcile",
+        "handler:reconcile",
+      ]);
+      // An import puts it back as it was exported.
+      const rows = await inbox.find("evt_r");
+      await inbox.query("DELETE FROM deliveries WHERE id = 'evt_r'");
+      assert.equal((await inbox.find("evt_r")).length, 0);
+      assert.equal(await inbox.restore(rows), 3);
+      assert.deepEqual(
+        (await inbox.find("evt_r")).map((d) => d.origin),
+        ["reconcile", "reconcile", "reconcile"],
+      );
+    });
   });
 });

@@ -196,10 +196,18 @@ describe("npm pack", () => {
       "undici",
       "zod",
     ]);
-    // The broker clients are optional peers: installed by whoever publishes into a broker, by no one else.
-    const brokers = ["@nats-io/jetstream", "@nats-io/transport-node", "amqplib"];
-    assert.deepEqual(Object.keys(manifest.peerDependencies).sort(), brokers);
-    for (const name of brokers) assert.deepEqual(manifest.peerDependenciesMeta[name], { optional: true }, name);
+    // The broker clients and the SDKs reconcile asks Stripe and GitHub through are optional peers: installed
+    // by whoever publishes into a broker, or reconciles from that provider, by no one else.
+    const peers = [
+      "@nats-io/jetstream",
+      "@nats-io/transport-node",
+      "@octokit/auth-app",
+      "@octokit/rest",
+      "amqplib",
+      "stripe",
+    ];
+    assert.deepEqual(Object.keys(manifest.peerDependencies).sort(), peers);
+    for (const name of peers) assert.deepEqual(manifest.peerDependenciesMeta[name], { optional: true }, name);
     // The alert rules and the dashboard ship with it (docs/observability.md, docs/production.md).
     for (const file of ["alerts.yml", "dashboard.json"])
       assert.ok(existsSync(join(app, "node_modules", "webhook-inbox", "ops", file)), `ops/${file}`);

@@ -179,6 +179,8 @@ export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearc
   const meta: [string, string][] = [
     ["source", escape(d.source)],
     ["event type", escape(d.eventType ?? "–")],
+    // A fetched delivery is the provider's API JSON, unsigned (docs/reconcile.md).
+    ["origin", d.origin === "reconcile" ? "reconcile: fetched from the provider's API" : escape(d.origin ?? "webhook")],
     ["received", escape(iso(d.receivedAt))],
     ["provider time", escape(iso(d.providerTime))],
     ["content type", escape(d.contentType ?? "–")],

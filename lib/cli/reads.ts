@@ -163,6 +163,8 @@ export function show(c: Cli): void {
           ["status", d.status],
           ["attempts", d.attempts],
           ["type", d.eventType ?? "-"],
+          // A fetched one is API JSON with no signature (docs/reconcile.md).
+          ["origin", d.origin === "reconcile" ? "reconcile (fetched from the provider's API)" : d.origin],
           ["content type", d.contentType ?? "-"],
           ["received", iso(d.receivedAt)],
           ["provider time", iso(d.providerTime)],

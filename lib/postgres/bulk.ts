@@ -66,16 +66,16 @@ export class PostgresBulk {
       const { rows } = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                  status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent)
+                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent, origin)
          SELECT s, i, b, h, ct, et, pt, ra, st, at,
                 CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
                 CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp
+                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp, og
          FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
                      $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
                      $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
-                     $23::smallint[], $24::text[], $25::text[], $26::text[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp)
+                     $23::smallint[], $24::text[], $25::text[], $26::text[], $27::text[])
+              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp, og)
          ORDER BY s, i, ro
          ON CONFLICT (source, id, route) DO NOTHING
          RETURNING source, destination, order_key`,
@@ -106,6 +106,7 @@ export class PostgresBulk {
           deliveries.map((d) => d.destination ?? DEFAULTS.destination),
           deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
           deliveries.map((d) => d.traceparent ?? null),
+          deliveries.map((d) => d.origin ?? "webhook"),
         ],
       );
       const keys = new Map<string, [string, string, string]>();
@@ -190,10 +191,10 @@ export class PostgresBulk {
       // Routing after the fact: a delivery with no row there gets one, as its next route.
       const added = await client.query(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-                                 available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays)
+                                 available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays, origin)
          SELECT d.source, d.id, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
                 d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
-                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1
+                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1, d.origin
          FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
          JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
          WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)

@@ -378,7 +378,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          FROM p WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.status IN ('received', 'processing')
          RETURNING d.source, d.id, d.route, d.destination, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time,
                    d.received_at, d.status, d.attempts, d.leased_until, d.lease_token, d.error, d.conflicts, d.finished_at,
-                   d.replays, d.purged_at, d.order_key, d.event_time, d.newer_id, d.headers, d.traceparent, p.due, p.takeover, p.walked),
+                   d.replays, d.purged_at, d.order_key, d.event_time, d.newer_id, d.headers, d.traceparent, d.origin, p.due, p.takeover, p.walked),
          busy AS (
            UPDATE order_keys o SET due = NULL FROM k
            WHERE o.source = k.source AND o.destination = k.destination AND o.order_key = k.order_key
@@ -730,13 +730,13 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const bodies = concatenated(list.map((x) => x.op.incoming.body));
     return this.prepared(
       `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
-                               order_key, event_time, arrival, route, destination, headers, traceparent, finished_at)
+                               order_key, event_time, arrival, route, destination, headers, traceparent, finished_at, origin)
        SELECT s, i, substring($18::bytea FROM bo FOR bl), h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
               CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
-              CASE WHEN st = 'done' THEN ${NOW} END
+              CASE WHEN st = 'done' THEN ${NOW} END, og
        FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[], $11::integer[],
-                   $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[])
-            AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl)
+                   $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[], $19::text[])
+            AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl, og)
        ON CONFLICT (source, id, route) DO NOTHING
        RETURNING source, id, route, destination, order_key, event_time, arrival, available_at`,
       [
@@ -758,6 +758,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         list.map((x) => (none(x) ? "done" : "received")),
         bodies.lengths,
         bodies.all,
+        list.map((x) => x.op.incoming.origin ?? "webhook"),
       ],
     );
   }

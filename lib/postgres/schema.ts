@@ -146,6 +146,9 @@ export const MIGRATIONS: readonly string[] = [
      target    text    NOT NULL,
      count     integer NOT NULL
    );`,
+  // Reconcile (docs/reconcile.md): where a delivery came from, the provider's webhook or its API, fetched
+  // back after the webhook never came. Every existing row arrived as a webhook (a constant default: no rewrite).
+  `ALTER TABLE deliveries ADD COLUMN origin text NOT NULL DEFAULT 'webhook';`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

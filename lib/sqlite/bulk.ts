@@ -66,8 +66,8 @@ export class SqliteBulk {
           this.sql(
             `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                      status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                     replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                     replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent, origin)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (source, id, route) DO NOTHING`,
           ).run(
             d.source,
@@ -95,6 +95,7 @@ export class SqliteBulk {
             d.destination ?? DEFAULTS.destination,
             d.headers ? JSON.stringify(d.headers) : null,
             d.traceparent ?? null,
+            d.origin ?? "webhook",
           ).changes,
         );
         added += changed;
@@ -201,9 +202,9 @@ export class SqliteBulk {
         // Routing after the fact: the delivery gets a row for this destination, as its next route.
         const added =
           this.sql(`INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays)
+                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays, origin)
                 SELECT source, id, body, body_sha256, content_type, event_type, provider_time, received_at, 'received', ?,
-                       order_key, event_time, (SELECT max(route) + 1 FROM deliveries WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1
+                       order_key, event_time, (SELECT max(route) + 1 FROM deliveries WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1, origin
                 FROM deliveries WHERE source = ?2 AND id = ?3 AND route = ?5 AND purged_at IS NULL
                 RETURNING rowid, order_key, event_time`).get(now, k.source, k.id, to, k.route!) as Row | undefined;
         if (!added) continue;

@@ -207,6 +207,9 @@ export const MIGRATIONS: readonly string[] = [
      target    TEXT NOT NULL,
      count     INTEGER NOT NULL
    ) STRICT;`,
+  // Reconcile (docs/reconcile.md): where a delivery came from, the provider's webhook or its API, fetched
+  // back after the webhook never came. Every existing row arrived as a webhook (a constant default: no rewrite).
+  `ALTER TABLE deliveries ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

@@ -227,8 +227,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       const insert = this.sql(
         `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
                                  received_at, status, available_at, order_key, event_time, route, destination, headers, traceparent,
-                                 finished_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                 finished_at, origin)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (source, id, route) DO NOTHING`,
       );
       // No route chose it: kept, done, so that a copy is still a duplicate, and nothing runs it.
@@ -253,6 +253,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
           headers,
           delivery.traceparent ?? null,
           none ? receivedAt : null,
+          delivery.origin ?? "webhook",
         );
         if (inserted.changes === 1 && ordered.key !== null && !none) {
           enterKey(
