@@ -189,4 +189,13 @@ export const DEFAULTS = {
   natsUrl: "nats://127.0.0.1:4222",
   /** A RabbitMQ destination's server, when its settings give no url: RabbitMQ's own guest on this host. @default "amqp://guest:guest@127.0.0.1:5672" */
   rabbitmqUrl: "amqp://guest:guest@127.0.0.1:5672",
+  /**
+   * A broker source's messages delivered and not yet acknowledged, at most: a JetStream consumer's
+   * max_ack_pending, a RabbitMQ channel's prefetch (consume.ts). Enough to fill a group commit or two. @default 512
+   */
+  consumePrefetch: 512,
+  /** Milliseconds a broker source waits before it connects again, and a message whose store failed is delivered again. @default 1_000 */
+  consumeReconnectMs: 1_000,
+  /** Milliseconds between two reads of a RabbitMQ source's queue depth, its lag. @default 5_000 */
+  consumeLagEveryMs: 5_000,
 } as const;

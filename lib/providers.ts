@@ -5,6 +5,7 @@
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { type BrokerSource, parseBrokerSource } from "./consume.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
 import { parseRoutes, TOP_KEYS, type Route } from "./routing/routes.ts";
@@ -205,6 +206,8 @@ export interface Source {
   order?: OrderRule;
   /** Where its deliveries go (routes.ts); none means the handler alone. */
   routes?: Route[];
+  /** A broker to consume (consume.ts, run by consumer.ts) instead of an HTTP path: the receiver does not serve it. */
+  broker?: BrokerSource;
 }
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
@@ -405,9 +408,11 @@ export interface SourceSettings extends Partial<Scheme> {
   order?: unknown;
   /** Where its deliveries go: destinations of "$destinations", or the handler (routes.ts). @default ["handler"] */
   routes?: unknown;
+  /** A broker to consume instead of an HTTP path, with provider "plain" or none (consume.ts). @default none */
+  broker?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes", "broker"];
 const SCHEME_KEYS = [
   "header",
   "prefix",
@@ -467,7 +472,8 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     if (!isObject(settings))
       throw new TypeError(`${where}: expected an object with provider and secret, got ${kindOf(settings)}`);
 
-    const provider = settings.provider;
+    // A broker source's messages carry no HTTP signature: its provider is plain, written or not.
+    const provider = settings.broker !== undefined && settings.provider === undefined ? "plain" : settings.provider;
     if (typeof provider !== "string" || !(PROVIDERS as readonly string[]).includes(provider)) {
       throw new TypeError(
         `${where}: unknown provider ${JSON.stringify(provider) ?? "(none)"}; expected one of ${PROVIDERS.join(", ")}`,
@@ -554,6 +560,11 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
     }
     const order = parseOrder(p, settings.order, where);
     const routes = parseRoutes(settings.routes, config, where);
+    if (settings.broker !== undefined && p !== "plain")
+      throw new TypeError(
+        `${where}: a broker source takes provider "plain" or none; a broker's message carries no ${p} signature`,
+      );
+    const broker = settings.broker === undefined ? undefined : parseBrokerSource(settings.broker, where, env);
     sources.set(name, {
       name,
       provider: p,
@@ -563,6 +574,7 @@ export function loadSources(config: unknown, env: Readonly<Record<string, string
       ...(scheme ? { scheme } : {}),
       ...(order ? { order } : {}),
       ...(settings.routes !== undefined ? { routes } : {}),
+      ...(broker ? { broker } : {}),
     });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");
