@@ -31,6 +31,8 @@ export interface JetStreamSource {
   filter?: string;
   /** Messages delivered and not yet acknowledged, at most: the consumer's max_ack_pending. */
   maxAckPending: number;
+  /** The consumer's ack_wait when it is created: how long before an unacknowledged message is delivered again. */
+  ackWaitMs: number;
   /** A top-level field of a JSON body that holds the event type, in place of the subject. */
   eventTypeField?: string;
 }
@@ -65,6 +67,7 @@ const NATS_SOURCE_KEYS = [
   "consumer",
   "filter",
   "maxAckPending",
+  "ackWaitMs",
   "eventTypeField",
 ];
 const RABBIT_SOURCE_KEYS = [...CONNECTION, "queue", "prefetch", "idHeader", "idField", "eventTypeField"];
@@ -106,6 +109,12 @@ export function parseBrokerSource(
       fail(`expected ${key} to be a whole number from 1 to 65535, got ${JSON.stringify(v)}`);
     return v as number;
   };
+  const ms = (key: string, fallback: number): number => {
+    const v = s[key] ?? fallback;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 1_000)
+      fail(`expected ${key} to be a whole number of ms, 1000 or more, got ${JSON.stringify(v)}`);
+    return v as number;
+  };
   const field = name("eventTypeField", /^[^\s]+$/, "a top-level field of the JSON body", false);
   const connection = Object.fromEntries(
     Object.entries(s).filter(([k]) => [...CONNECTION, "user", "pass", "token"].includes(k)),
@@ -122,6 +131,7 @@ export function parseBrokerSource(
       stream: name("stream", /^[^\s.*>\\/]+$/, "a stream's name", true)!,
       consumer: name("consumer", /^[^\s.*>\\/]+$/, "a durable consumer's name", true)!,
       maxAckPending: whole("maxAckPending", DEFAULTS.consumePrefetch),
+      ackWaitMs: ms("ackWaitMs", DEFAULTS.consumeAckWaitMs),
       ...optional("filter", name("filter", /^[^\s]+$/, "a subject filter such as orders.>", false)),
       ...optional("eventTypeField", field),
     };
@@ -336,7 +346,7 @@ export class Consumer {
     try {
       const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
       const info = await jsm.consumers.info(b.stream, b.consumer).catch(() => undefined);
-      const ackWaitNs = 30_000_000_000;
+      const ackWaitNs = b.ackWaitMs * 1e6;
       if (!info)
         await jsm.consumers.add(b.stream, {
           durable_name: b.consumer,
@@ -364,23 +374,28 @@ export class Consumer {
         for await (const m of messages) {
           if (this.stopping) break;
           this.counts.lag = m.info.pending;
-          if (this.early) {
-            m.ack();
-            this.counts.acked++;
-          }
           inFlight.set(m, performance.now());
-          const settled = this.settle(this.ofJetStream(m, b));
+          const arrived = this.ofJetStream(m, b);
+          // The control's mistake: the ack has reached the server (a double ack) before the store begins.
+          const settled = this.early
+            ? m.ackAck().then(() => {
+                this.counts.acked++;
+                return this.settle(arrived);
+              })
+            : this.settle(arrived);
           // Acks go in arrival order, each run that one commit settled sent together in one write.
-          chain = chain.then(async () => {
-            const how = await settled;
-            inFlight.delete(m);
-            if (this.early) return;
-            if (how === "ack") {
-              m.ack();
-              this.counts.acked++;
-            } else if (how === "refuse") m.term(`refused by the inbox`);
-            else m.nak(DEFAULTS.consumeReconnectMs);
-          });
+          chain = chain
+            .then(async () => {
+              const how = await settled;
+              inFlight.delete(m);
+              if (this.early) return;
+              if (how === "ack") {
+                m.ack();
+                this.counts.acked++;
+              } else if (how === "refuse") m.term(`refused by the inbox`);
+              else m.nak(DEFAULTS.consumeReconnectMs);
+            })
+            .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
         }
       } finally {
         await chain;
@@ -419,8 +434,13 @@ export class Consumer {
     const amqp = await import("amqplib");
     const model = await amqp.connect(b.url, { timeout: b.timeoutMs });
     this.model = model;
+    // Once the connection is gone, so are its deliveries: the broker has put the unacknowledged back.
+    let broken = false;
     const closed = new Promise<void>((resolve) => {
-      model.on("close", () => resolve());
+      model.on("close", () => {
+        broken = true;
+        resolve();
+      });
       model.on("error", () => {});
     });
     const channel: Channel = await model.createChannel();
@@ -438,40 +458,50 @@ export class Consumer {
     let chain: Promise<void> = Promise.resolve();
     let lastOk: ConsumeMessage | undefined;
     let scheduled = false;
+    let run = 0;
     const flush = () => {
       scheduled = false;
-      if (lastOk) channel.ack(lastOk, true);
+      if (lastOk && !broken) {
+        channel.ack(lastOk, true);
+        this.counts.acked += run;
+      }
       lastOk = undefined;
+      run = 0;
     };
-    let broken = false;
     await channel.consume(b.queue, (m) => {
       if (m === null) return;
-      if (this.early) {
-        channel.ack(m);
-        this.counts.acked++;
-      }
-      const settled = this.settle(this.ofRabbit(m, b));
-      chain = chain.then(async () => {
-        const how = await settled;
-        if (this.early || broken) return;
-        if (how === "ack") {
-          lastOk = m;
-          this.counts.acked++;
-          if (!scheduled) {
-            scheduled = true;
-            queueMicrotask(flush);
+      const arrived = this.ofRabbit(m, b);
+      // The control's mistake: the ack is written to the socket a turn before the store begins.
+      const settled = this.early
+        ? new Promise<void>((resolve) => {
+            channel.ack(m);
+            this.counts.acked++;
+            setImmediate(resolve);
+          }).then(() => this.settle(arrived))
+        : this.settle(arrived);
+      chain = chain
+        .then(async () => {
+          const how = await settled;
+          if (this.early || broken) return;
+          if (how === "ack") {
+            lastOk = m;
+            run++;
+            if (!scheduled) {
+              scheduled = true;
+              queueMicrotask(flush);
+            }
+          } else if (how === "refuse") {
+            flush();
+            if (!broken) channel.nack(m, false, false);
+          } else {
+            // The store is down: drop the channel, so that the broker puts every unacknowledged message
+            // back in the queue, and open a new one after a pause.
+            flush();
+            broken = true;
+            void model.close().catch(() => {});
           }
-        } else if (how === "refuse") {
-          flush();
-          channel.nack(m, false, false);
-        } else {
-          // The store is down: drop the channel, so that the broker puts every unacknowledged message
-          // back in the queue, and open a new one after a pause.
-          flush();
-          broken = true;
-          void model.close().catch(() => {});
-        }
-      });
+        })
+        .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
     });
     await closed;
     clearInterval(lag);
