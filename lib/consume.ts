@@ -392,7 +392,8 @@ export class Consumer {
               if (how === "ack") {
                 m.ack();
                 this.counts.acked++;
-              } else if (how === "refuse") m.term(`refused by the inbox`);
+              } else if (how === "refuse")
+                m.term(); // No reason: nats-server 2.9 ignores a +TERM that carries one.
               else m.nak(DEFAULTS.consumeReconnectMs);
             })
             .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));

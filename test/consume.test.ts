@@ -1,0 +1,273 @@
+// test/consume.test.ts: broker sources (lib/consume.ts) against the real NATS JetStream and RabbitMQ, on
+// SQLite and PostgreSQL: which identity a message is stored under, duplicates past JetStream's own window
+// and RabbitMQ's repeated message-id, a poison message refused and dead-lettered while the rest flow, and a
+// store that is down leaving every message with the broker. The sources file's "broker" is checked too.
+//   npx node --import tsx --test test/consume.test.ts
+
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { describe, it } from "node:test";
+import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import amqp from "amqplib";
+import { connect, type Inbox } from "../inbox.ts";
+import { Consumer, type BrokerSource } from "../lib/consume.ts";
+import { loadSources } from "../lib/providers.ts";
+import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
+
+const run = randomBytes(3).toString("hex");
+const natsSkipped = await natsSkip();
+const rabbitSkipped = await rabbitmqSkip();
+const silent = () => {};
+
+// until waits for a condition the consumer reaches on its own, polling, for at most ten seconds.
+async function until(what: string, ok: () => boolean | Promise<boolean>): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  while (!(await ok())) {
+    assert.ok(Date.now() < deadline, `within ten seconds: ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+describe("the sources file's broker", () => {
+  it("takes a JetStream or RabbitMQ source beside the HTTP ones, checked by the same loader", () => {
+    const sources = loadSources(
+      {
+        stripe: { provider: "stripe", secret: "whsec_x" },
+        orders: { broker: { type: "nats", stream: "ORDERS", consumer: "inbox", filter: "orders.>" } },
+        billing: { provider: "plain", broker: { type: "rabbitmq", queue: "billing", idHeader: "x-id" } },
+      },
+      {},
+    );
+    assert.equal(sources.get("stripe")!.broker, undefined);
+    assert.deepEqual(sources.get("orders")!.broker, {
+      type: "nats",
+      servers: ["nats://127.0.0.1:4222"],
+      timeoutMs: 5_000,
+      stream: "ORDERS",
+      consumer: "inbox",
+      maxAckPending: 512,
+      ackWaitMs: 30_000,
+      filter: "orders.>",
+    });
+    assert.equal(sources.get("billing")!.broker!.type, "rabbitmq");
+  });
+
+  it("refuses a mistake with one line naming the source, and never says a secret", () => {
+    const load = (broker: unknown, provider?: string) =>
+      loadSources({ orders: { ...(provider ? { provider, secret: "s" } : {}), broker } }, { PASS: "hunter2" });
+    assert.throws(() => load({ type: "kafka" }), /source "orders": broker: expected type to be nats or rabbitmq/);
+    assert.throws(() => load({ type: "nats", consumer: "c" }), /missing stream/);
+    assert.throws(() => load({ type: "rabbitmq", queue: "q", subject: "x" }), /unknown setting "subject"/);
+    assert.throws(() => load({ type: "nats", stream: "S", consumer: "c" }, "github"), /takes provider "plain" or none/);
+    assert.throws(
+      () => load({ type: "nats", stream: "S", consumer: "c", url: "nats://x", user: "u", pass: "env:NOPE" }),
+      (e: Error) => /NOPE, which is not set/.test(e.message) && !e.message.includes("hunter2"),
+    );
+  });
+});
+
+for (const backend of await backends("consume")) {
+  describe(`JetStream source on ${backend.name}`, { skip: natsSkipped || backend.skip }, () => {
+    it("stores by Nats-Msg-Id, else stream:sequence, byte for byte; the same ID past the server's duplicate window is one delivery", async () => {
+      const { target, cleanup } = await backend.make();
+      const nc = await natsConnect({ servers: NATS });
+      const jsm = await jetstreamManager(nc);
+      const stream = `I40T_${run}_${backend.name}`;
+      // 100 ms, the least JetStream takes: a copy published after it is a second message in the stream.
+      await jsm.streams.add({ name: stream, subjects: [`i40t.${run}.${backend.name}.>`], duplicate_window: 100e6 });
+      const js = jetstream(nc);
+      const subject = `i40t.${run}.${backend.name}.order.paid`;
+      const withId = () => {
+        const h = natsHeaders();
+        h.set("Nats-Msg-Id", "evt_1");
+        h.set("Content-Type", "application/json");
+        return h;
+      };
+      const raw = Buffer.from([0x7b, 0xff, 0x00, 0xfe, 0x7d]);
+      await js.publish(subject, '{"n":1}', { headers: withId() });
+      await new Promise((r) => setTimeout(r, 300));
+      const again = await js.publish(subject, '{"n":1}', { headers: withId() });
+      assert.equal(again.duplicate, false, "outside its window, the stream took the copy as a new message");
+      const plain = await js.publish(subject, raw);
+      const inbox = await connect(target);
+      const broker: BrokerSource = {
+        type: "nats",
+        servers: [NATS],
+        timeoutMs: 5_000,
+        stream,
+        consumer: "inbox",
+        maxAckPending: 16,
+        ackWaitMs: 30_000,
+      };
+      const c = new Consumer({ inbox, source: { name: "orders", broker }, log: silent });
+      try {
+        c.start();
+        await until("three acked", () => c.counts.acked === 3);
+        assert.equal(c.counts.stored, 2);
+        assert.equal(c.counts.duplicate, 1);
+        const first = (await inbox.find("evt_1", "orders"))[0];
+        assert.equal(first!.eventType, subject);
+        assert.equal(first!.contentType, "application/json");
+        const bySeq = (await inbox.find(`${stream}:${plain.seq}`, "orders"))[0];
+        assert.deepEqual(bySeq!.body, raw, "the body byte for byte");
+        await until("the consumer has nothing pending", async () => {
+          const info = await jsm.consumers.info(stream, "inbox");
+          return info.num_ack_pending === 0 && info.num_pending === 0;
+        });
+      } finally {
+        await c.stop();
+        await inbox.close();
+        await jsm.streams.delete(stream);
+        await nc.close();
+        await cleanup();
+      }
+    });
+
+    it("terminates a message too large to store, counts it, and the messages after it still flow", async () => {
+      const { target, cleanup } = await backend.make();
+      const nc = await natsConnect({ servers: NATS });
+      const jsm = await jetstreamManager(nc);
+      const stream = `I40P_${run}_${backend.name}`;
+      await jsm.streams.add({ name: stream, subjects: [`i40p.${run}.${backend.name}`] });
+      const js = jetstream(nc);
+      await js.publish(`i40p.${run}.${backend.name}`, "x".repeat(2_000));
+      for (let i = 0; i < 5; i++) await js.publish(`i40p.${run}.${backend.name}`, `{"i":${i}}`);
+      const inbox = await connect(target);
+      const broker: BrokerSource = {
+        type: "nats",
+        servers: [NATS],
+        timeoutMs: 5_000,
+        stream,
+        consumer: "inbox",
+        maxAckPending: 16,
+        ackWaitMs: 30_000,
+      };
+      const lines: string[] = [];
+      const c = new Consumer({
+        inbox,
+        source: { name: "orders", broker },
+        log: (l) => lines.push(l),
+        maxBodyBytes: 1_000,
+      });
+      try {
+        c.start();
+        await until("five acked", () => c.counts.acked === 5);
+        assert.equal(c.counts.refused, 1);
+        assert.equal(await inbox.count({ source: "orders" }), 5);
+        assert.match(lines.join("\n"), /refused a message of orders.*over the 1000-byte limit/);
+        await until("nothing pending: the poison terminated, not redelivered", async () => {
+          const info = await jsm.consumers.info(stream, "inbox");
+          return info.num_ack_pending === 0 && info.num_pending === 0;
+        });
+      } finally {
+        await c.stop();
+        await inbox.close();
+        await jsm.streams.delete(stream);
+        await nc.close();
+        await cleanup();
+      }
+    });
+  });
+
+  describe(`RabbitMQ source on ${backend.name}`, { skip: rabbitSkipped || backend.skip }, () => {
+    // A queue whose dead-letter exchange routes refused messages to a queue of their own.
+    async function queues(tag: string) {
+      const model = await amqp.connect(RABBITMQ);
+      const ch = await model.createConfirmChannel();
+      const queue = `i40r.${run}.${backend.name}.${tag}`;
+      await ch.assertQueue(`${queue}.dlq`, { durable: true });
+      await ch.assertQueue(queue, {
+        durable: true,
+        arguments: { "x-dead-letter-exchange": "", "x-dead-letter-routing-key": `${queue}.dlq` },
+      });
+      return {
+        ch,
+        queue,
+        depth: async (q: string) => (await ch.checkQueue(q)).messageCount,
+        close: async () => {
+          await ch.deleteQueue(queue).catch(() => {});
+          await ch.deleteQueue(`${queue}.dlq`).catch(() => {});
+          await model.close();
+        },
+      };
+    }
+    const source = (queue: string): BrokerSource => ({
+      type: "rabbitmq",
+      url: RABBITMQ,
+      timeoutMs: 5_000,
+      queue,
+      prefetch: 16,
+      idHeader: "x-id",
+    });
+
+    it("stores by message-id, else the named header; the same message-id twice is one delivery, and a message with no ID is dead-lettered while the rest flow", async () => {
+      const { target, cleanup } = await backend.make();
+      const q = await queues("ids");
+      q.ch.sendToQueue(q.queue, Buffer.from('{"a":1}'), { messageId: "evt_a", persistent: true });
+      q.ch.sendToQueue(q.queue, Buffer.from('{"a":1}'), { messageId: "evt_a", persistent: true });
+      q.ch.sendToQueue(q.queue, Buffer.from("no id at all"), { persistent: true });
+      q.ch.sendToQueue(q.queue, Buffer.from('{"b":1}'), { headers: { "x-id": "evt_b" }, persistent: true });
+      for (let i = 0; i < 5; i++) q.ch.sendToQueue(q.queue, Buffer.from(`{"i":${i}}`), { messageId: `evt_${i}` });
+      await q.ch.waitForConfirms();
+      const inbox = await connect(target);
+      const lines: string[] = [];
+      const c = new Consumer({
+        inbox,
+        source: { name: "billing", broker: source(q.queue) },
+        log: (l) => lines.push(l),
+      });
+      try {
+        c.start();
+        await until("eight acked", () => c.counts.acked === 8);
+        assert.equal(c.counts.stored, 7);
+        assert.equal(c.counts.duplicate, 1);
+        assert.equal(c.counts.refused, 1);
+        assert.equal(await inbox.count({ source: "billing" }), 7);
+        assert.equal(
+          (await inbox.find("evt_b", "billing"))[0]!.eventType,
+          q.queue,
+          "the routing key as the event type",
+        );
+        assert.match(
+          lines.join("\n"),
+          /refused a message of billing: no delivery ID: no message-id property, no x-id header/,
+        );
+        await until("the poison in the dead-letter queue", async () => (await q.depth(`${q.queue}.dlq`)) === 1);
+      } finally {
+        await c.stop();
+        await inbox.close();
+        await q.close();
+        await cleanup();
+      }
+      assert.equal(c.counts.acked, 8);
+    });
+
+    it("acknowledges nothing while the store is down: the queue keeps every message, and a working store takes them", async () => {
+      const { target, cleanup } = await backend.make();
+      const q = await queues("down");
+      for (let i = 0; i < 20; i++) q.ch.sendToQueue(q.queue, Buffer.from(`{"i":${i}}`), { messageId: `evt_${i}` });
+      await q.ch.waitForConfirms();
+      const down: Inbox = await connect(target);
+      await down.close();
+      const broken = new Consumer({ inbox: down, source: { name: "billing", broker: source(q.queue) }, log: silent });
+      broken.start();
+      await until("stores failed", () => broken.counts.unavailable >= 20);
+      await broken.stop();
+      assert.equal(broken.counts.acked, 0);
+      assert.equal(await q.depth(q.queue), 20, "every message back in the queue");
+      const inbox = await connect(target);
+      const c = new Consumer({ inbox, source: { name: "billing", broker: source(q.queue) }, log: silent });
+      try {
+        c.start();
+        await until("twenty acked", () => c.counts.acked === 20);
+        assert.equal(await inbox.count({ source: "billing" }), 20);
+      } finally {
+        await c.stop();
+        await inbox.close();
+        await q.close();
+        await cleanup();
+      }
+    });
+  });
+}
