@@ -186,6 +186,8 @@ export interface ConsumerOptions {
   maxBodyBytes?: number;
   /** @default DEFAULTS.maxIdLength */
   maxIdLength?: number;
+  /** How long purge keeps a tombstone, to check the stream's max_age against. @default DEFAULTS.forgetAfterMs */
+  forgetAfterMs?: number;
   /** Called after each change of the counts, for metrics. */
   onCount?: (counts: ConsumerCounts) => void;
   /**
@@ -232,6 +234,7 @@ export class Consumer {
   readonly maxId: number;
   readonly early: boolean;
   readonly onCount: (counts: ConsumerCounts) => void;
+  readonly forgetAfterMs: number;
   stopping = false;
   nc?: NatsConnection;
   model?: ChannelModel;
@@ -245,6 +248,7 @@ export class Consumer {
     this.maxId = options.maxIdLength ?? DEFAULTS.maxIdLength;
     this.early = options.ackBeforeStore ?? false;
     this.onCount = options.onCount ?? (() => {});
+    this.forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
   }
 
   /** start connects and consumes until stop(); a lost connection is opened again after a pause. */
@@ -345,6 +349,12 @@ export class Consumer {
     this.nc = nc;
     try {
       const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
+      // A message can come back for as long as the stream keeps it: the tombstones must outlive that.
+      const maxAgeMs = (await jsm.streams.info(b.stream)).config.max_age / 1e6;
+      if (maxAgeMs === 0 || maxAgeMs > this.forgetAfterMs)
+        this.log(
+          `consume ${this.source.name}: stream ${b.stream} keeps messages ${maxAgeMs === 0 ? "for ever" : `${Math.round(maxAgeMs / 86_400_000)} days`}, longer than purge keeps IDs (${Math.round(this.forgetAfterMs / 86_400_000)} days): set its max_age, or purge with a longer --forget-after, or a message redelivered after that is stored again`,
+        );
       const info = await jsm.consumers.info(b.stream, b.consumer).catch(() => undefined);
       const ackWaitNs = b.ackWaitMs * 1e6;
       if (!info)
