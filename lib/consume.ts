@@ -559,3 +559,53 @@ function fieldOf(body: Buffer, field: string): { value?: string; refusal?: strin
   const v = parsed !== null && typeof parsed === "object" ? (parsed as Record<string, unknown>)[field] : undefined;
   return typeof v === "string" && v !== "" ? { value: v } : typeof v === "number" ? { value: String(v) } : {};
 }
+
+/** BrokerState is what a broker says of a source's consumer, for `inbox.ts status`. */
+export type BrokerState =
+  | { type: "nats"; pending: number; unacked: number; redelivered: number }
+  | { type: "rabbitmq"; ready: number; consumers: number }
+  | { type: "nats" | "rabbitmq"; error: string };
+
+/**
+ * brokerState asks the broker how far behind a source's consumer is: JetStream's pending, unacknowledged
+ * and redelivered counts for the durable consumer, RabbitMQ's ready messages and consumers of the queue.
+ * It never throws: a broker that cannot be asked is an error to show.
+ */
+export async function brokerState(b: BrokerSource): Promise<BrokerState> {
+  try {
+    if (b.type === "nats") {
+      const { connect } = await import("@nats-io/transport-node");
+      const { jetstreamManager } = await import("@nats-io/jetstream");
+      const nc = await connect({
+        servers: b.servers,
+        timeout: b.timeoutMs,
+        reconnect: false,
+        ...(b.user === undefined ? {} : { user: b.user, pass: b.pass }),
+        ...(b.token === undefined ? {} : { token: b.token }),
+      });
+      try {
+        const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
+        const info = await jsm.consumers.info(b.stream, b.consumer);
+        return {
+          type: "nats",
+          pending: info.num_pending,
+          unacked: info.num_ack_pending,
+          redelivered: info.num_redelivered,
+        };
+      } finally {
+        await nc.close();
+      }
+    }
+    const amqp = await import("amqplib");
+    const model = await amqp.connect(b.url, { timeout: b.timeoutMs });
+    try {
+      const channel = await model.createChannel();
+      const q = await channel.checkQueue(b.queue);
+      return { type: "rabbitmq", ready: q.messageCount, consumers: q.consumerCount };
+    } finally {
+      await model.close().catch(() => {});
+    }
+  } catch (error) {
+    return { type: b.type, error: message(error) };
+  }
+}
