@@ -8,10 +8,11 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { describe, it } from "node:test";
 import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { connect, type Inbox } from "../inbox.ts";
 import { Consumer, type BrokerSource } from "../lib/consume.ts";
+import { Metrics } from "../lib/metrics.ts";
 import { loadSources } from "../lib/providers.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
 
@@ -163,6 +164,62 @@ for (const backend of await backends("consume")) {
       } finally {
         await c.stop();
         await inbox.close();
+        await jsm.streams.delete(stream);
+        await nc.close();
+        await cleanup();
+      }
+    });
+  });
+
+  describe(`JetStream AckProgress on ${backend.name}`, { skip: natsSkipped || backend.skip }, () => {
+    it("keeps a message whose commit takes longer than ack_wait from being delivered again (control: a plain subscriber's is)", async () => {
+      const { target, cleanup } = await backend.make();
+      const nc = await natsConnect({ servers: NATS });
+      const jsm = await jetstreamManager(nc);
+      const stream = `I40A_${run}_${backend.name}`;
+      await jsm.streams.add({ name: stream, subjects: [`i40a.${run}.${backend.name}`] });
+      const js = jetstream(nc);
+      await js.publish(`i40a.${run}.${backend.name}`, '{"slow":true}', { msgID: "evt_slow" });
+      const real = await connect(target);
+      // A slow inbox, not a fake one: each store waits 2.5 s before the real store runs.
+      const slow = Object.create(real) as Inbox;
+      slow.store = async (incoming) => {
+        await new Promise((r) => setTimeout(r, 2_500));
+        return real.store(incoming);
+      };
+      const broker: BrokerSource = {
+        type: "nats",
+        servers: [NATS],
+        timeoutMs: 5_000,
+        stream,
+        consumer: "inbox",
+        maxAckPending: 16,
+        ackWaitMs: 1_000,
+      };
+      const c = new Consumer({ inbox: slow, source: { name: "orders", broker }, log: silent });
+      try {
+        c.start();
+        await until("acked", () => c.counts.acked === 1);
+        assert.equal(c.counts.consumed, 1, "delivered once, though the store took 2.5 ack waits");
+        assert.equal((await jsm.consumers.info(stream, "inbox")).num_redelivered, 0);
+        await c.stop();
+        // The control: a consumer of the same stream that holds the message as long, without AckProgress.
+        await jsm.consumers.add(stream, { durable_name: "plain", ack_policy: AckPolicy.Explicit, ack_wait: 1_000e6 });
+        const plain = await js.consumers.get(stream, "plain");
+        const messages = await plain.consume({ max_messages: 4 });
+        let deliveries = 0;
+        for await (const m of messages) {
+          deliveries++;
+          if (deliveries === 1) setTimeout(() => m.ack(), 2_500);
+          else {
+            m.ack();
+            break;
+          }
+        }
+        assert.equal(deliveries, 2, "without AckProgress the server delivered it again");
+      } finally {
+        await c.stop();
+        await real.close();
         await jsm.streams.delete(stream);
         await nc.close();
         await cleanup();
