@@ -274,9 +274,20 @@ for (const backend of await backends("consume")) {
         source: { name: "billing", broker: source(q.queue) },
         log: (l) => lines.push(l),
       });
+      const metrics = new Metrics({ inbox, processMetrics: false });
+      metrics.consumedFrom("billing", c.counts);
       try {
         c.start();
         await until("eight acked", () => c.counts.acked === 8);
+        const text = await metrics.text();
+        for (const [result, n] of [
+          ["stored", 7],
+          ["duplicate", 1],
+          ["refused", 1],
+          ["acked", 8],
+        ] as const)
+          assert.match(text, new RegExp(`inbox_consumed_total\\{source="billing",result="${result}"\\} ${n}\\n`));
+        assert.match(text, /inbox_consumer_lag\{source="billing"\} \d+/);
         assert.equal(c.counts.stored, 7);
         assert.equal(c.counts.duplicate, 1);
         assert.equal(c.counts.refused, 1);
