@@ -609,3 +609,37 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
     return { type: b.type, error: message(error) };
   }
 }
+
+/** BrokerLine is one broker source as the CLI's status and the operator page show it. */
+export interface BrokerLine {
+  source: string;
+  /** Where it is consumed from: the stream and consumer, or the queue. */
+  from: string;
+  /** What its broker says, in words, or why it could not be asked. */
+  said: string;
+  state: BrokerState;
+}
+
+/** brokerLines asks each of the sources that has a broker how far behind its consumer is (brokerState). */
+export function brokerLines(sources: Iterable<{ name: string; broker?: BrokerSource }>): Promise<BrokerLine[]> {
+  const asked: Promise<BrokerLine>[] = [];
+  for (const s of sources) {
+    const b = s.broker;
+    if (!b) continue;
+    const from = b.type === "nats" ? `JetStream ${b.stream}, consumer ${b.consumer}` : `RabbitMQ queue ${b.queue}`;
+    asked.push(
+      brokerState(b).then((state) => ({
+        source: s.name,
+        from,
+        state,
+        said:
+          "error" in state
+            ? `cannot ask: ${state.error}`
+            : state.type === "nats"
+              ? `${state.pending} pending, ${state.unacked} delivered and not yet acked, ${state.redelivered} redelivered`
+              : `${state.ready} ready in the queue, ${state.consumers} consumers`,
+      })),
+    );
+  }
+  return Promise.all(asked);
+}

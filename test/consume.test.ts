@@ -6,15 +6,18 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transport-node";
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { connect, type Inbox } from "../inbox.ts";
-import { Consumer, type BrokerSource } from "../lib/consume.ts";
+import { createAdmin, listenAdmin } from "../lib/admin/routes.ts";
+import { brokerLines, Consumer, type BrokerSource } from "../lib/consume.ts";
 import { Metrics } from "../lib/metrics.ts";
 import { loadSources } from "../lib/providers.ts";
-import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip } from "./helpers.ts";
+import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, runScript, tempDir } from "./helpers.ts";
 
 const run = randomBytes(3).toString("hex");
 const natsSkipped = await natsSkip();
@@ -309,6 +312,42 @@ for (const backend of await backends("consume")) {
         await cleanup();
       }
       assert.equal(c.counts.acked, 8);
+    });
+
+    it("shows on inbox.ts status --sources and on the operator page how far behind its consumer is", async () => {
+      const { target, cleanup } = await backend.make();
+      const q = await queues("shown");
+      for (let i = 0; i < 3; i++) q.ch.sendToQueue(q.queue, Buffer.from(`{"i":${i}}`), { messageId: `evt_${i}` });
+      await q.ch.waitForConfirms();
+      const dir = tempDir();
+      const file = join(dir.dir, "sources.json");
+      writeFileSync(file, JSON.stringify({ billing: { broker: { type: "rabbitmq", url: RABBITMQ, queue: q.queue } } }));
+      const inbox = await connect(target);
+      const admin = createAdmin({
+        inbox,
+        audit: silent,
+        brokers: () => brokerLines(loadSources(JSON.parse(readFileSync(file, "utf8")), {}).values()),
+      });
+      try {
+        const cli = await runScript("inbox.ts", ["status", "--db", target, "--sources", file]);
+        assert.equal(cli.code, 0, cli.stderr);
+        assert.match(
+          cli.stdout,
+          new RegExp(
+            `broker source billing \\(RabbitMQ queue ${q.queue.replaceAll(".", "\\.")}\\): 3 ready in the queue, 0 consumers`,
+          ),
+        );
+        const url = await listenAdmin(admin, { host: "127.0.0.1", port: 0 });
+        const html = await (await fetch(url)).text();
+        assert.match(html, /<h2>Broker sources<\/h2>/);
+        assert.match(html, /3 ready in the queue, 0 consumers/);
+      } finally {
+        admin.server.close();
+        await inbox.close();
+        await q.close();
+        dir.cleanup();
+        await cleanup();
+      }
     });
 
     it("acknowledges nothing while the store is down: the queue keeps every message, and a working store takes them", async () => {

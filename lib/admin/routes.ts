@@ -60,6 +60,8 @@ export interface AdminOptions {
   hide?: readonly Secret[];
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
+  /** The broker sources as their brokers see them, for the overview (admin.ts asks, cached). @default none */
+  brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
   /** What a stored delivery would become under the sources file now (lib/forwarding/preview.ts), for the delivery's page. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
 }
@@ -139,6 +141,7 @@ export function createAdmin(options: AdminOptions): Admin {
     redact: redactor(options.hide ?? []).redact,
     destinations: options.destinations ?? [],
     ...(options.preview ? { preview: options.preview } : {}),
+    ...(options.brokers ? { brokers: options.brokers } : {}),
     ...(options.announce ? { announce: options.announce } : {}),
   };
   const server = createServer((req, res) => {

@@ -2,7 +2,7 @@
 // destinations. Each is a function of the Cli (lib/cli/command.ts) that adds itself to the program.
 
 import { dirname, resolve } from "node:path";
-import { brokerState } from "../consume.ts";
+import { brokerLines } from "../consume.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, iso } from "../format.ts";
 import { label, message } from "../log.ts";
@@ -22,19 +22,12 @@ export function status(c: Cli): void {
       try {
         const s = await inbox.status();
         const kept = await inbox.kept();
-        const consumed = opts.sources ? await brokerSources(opts.sources) : undefined;
+        const consumed = opts.sources
+          ? await brokerLines(loadSources(readSourcesFile(opts.sources), process.env).values())
+          : undefined;
         if (opts.json)
           return void console.log(JSON.stringify({ ...s, kept, ...(consumed ? { brokers: consumed } : {}) }, null, 2));
-        for (const b of consumed ?? []) {
-          const st = b.state;
-          const said =
-            "error" in st
-              ? `cannot ask: ${st.error}`
-              : st.type === "nats"
-                ? `${st.pending} pending, ${st.unacked} delivered and not yet acked, ${st.redelivered} redelivered`
-                : `${st.ready} ready in the queue, ${st.consumers} consumers`;
-          console.log(`broker source ${b.source} (${b.from}): ${said}`);
-        }
+        for (const b of consumed ?? []) console.log(`broker source ${b.source} (${b.from}): ${b.said}`);
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
@@ -328,17 +321,4 @@ export function destinations(c: Cli): void {
         await inbox.close();
       }
     });
-}
-
-// brokerSources asks the broker of each source with one how far behind its consumer is (consume.ts).
-async function brokerSources(file: string) {
-  const sources = [...loadSources(readSourcesFile(file), process.env).values()];
-  return Promise.all(
-    sources.flatMap((s) => {
-      const b = s.broker;
-      if (!b) return [];
-      const from = b.type === "nats" ? `JetStream ${b.stream}, consumer ${b.consumer}` : `RabbitMQ queue ${b.queue}`;
-      return [brokerState(b).then((state) => ({ source: s.name, from, state }))];
-    }),
-  );
 }
