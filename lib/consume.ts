@@ -4,9 +4,8 @@
 // docs/brokers.md says which identity each broker's message is stored under. Not run on its own:
 //   const c = new Consumer({ inbox, source, log: console.error }); await c.start(); … await c.stop();
 
-import type { Channel, ChannelModel, ConsumeMessage } from "amqplib";
+import type { Channel, ConsumeMessage } from "amqplib";
 import type { JsMsg } from "@nats-io/jetstream";
-import type { NatsConnection } from "@nats-io/transport-node";
 import { parseBrokerDestination } from "./brokers.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { label, message } from "./log.ts";
@@ -236,9 +235,10 @@ export class Consumer {
   readonly onCount: (counts: ConsumerCounts) => void;
   readonly forgetAfterMs: number;
   stopping = false;
-  nc?: NatsConnection;
-  model?: ChannelModel;
   running?: Promise<void>;
+  // halt stops the deliveries of the connection at hand; wake ends the wait between two connections.
+  halt?: () => Promise<unknown>;
+  wake?: () => void;
 
   constructor(options: ConsumerOptions) {
     this.inbox = options.inbox;
@@ -259,8 +259,9 @@ export class Consumer {
   /** stop stops consuming, waits for the stores in flight and their acks, and closes the connection. */
   async stop(): Promise<void> {
     this.stopping = true;
-    await this.nc?.drain().catch(() => {});
-    await this.model?.close().catch(() => {});
+    // First no more deliveries; the loop then waits for the stores in flight, acks them, and closes.
+    await this.halt?.().catch(() => {});
+    this.wake?.();
     await this.running;
   }
 
@@ -273,7 +274,11 @@ export class Consumer {
         if (this.stopping) break;
         this.log(`consume ${this.source.name}: ${message(error)}; connecting again in 1 s`);
       }
-      if (!this.stopping) await new Promise((r) => setTimeout(r, DEFAULTS.consumeReconnectMs));
+      if (!this.stopping)
+        await new Promise<void>((r) => {
+          this.wake = r;
+          setTimeout(r, DEFAULTS.consumeReconnectMs);
+        });
     }
   }
 
@@ -346,7 +351,6 @@ export class Consumer {
       ...(b.user === undefined ? {} : { user: b.user, pass: b.pass }),
       ...(b.token === undefined ? {} : { token: b.token }),
     });
-    this.nc = nc;
     try {
       const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
       // A message can come back for as long as the stream keeps it: the tombstones must outlive that.
@@ -369,6 +373,8 @@ export class Consumer {
       const ackWaitMs = (info?.config.ack_wait ?? ackWaitNs) / 1e6;
       const consumer = await jetstream(nc, { timeout: b.timeoutMs }).consumers.get(b.stream, b.consumer);
       const messages = await consumer.consume({ max_messages: b.maxAckPending });
+      this.halt = () => messages.close();
+      if (this.stopping) await messages.close();
       // Messages whose store is in flight: told the server they are still being worked on (AckProgress)
       // when a slow commit holds them for a third of the ack wait, so it does not deliver them again.
       const inFlight = new Map<JsMsg, number>();
@@ -444,7 +450,6 @@ export class Consumer {
   async rabbit(b: RabbitSource): Promise<void> {
     const amqp = await import("amqplib");
     const model = await amqp.connect(b.url, { timeout: b.timeoutMs });
-    this.model = model;
     // Once the connection is gone, so are its deliveries: the broker has put the unacknowledged back.
     let broken = false;
     const closed = new Promise<void>((resolve) => {
@@ -479,7 +484,7 @@ export class Consumer {
       lastOk = undefined;
       run = 0;
     };
-    await channel.consume(b.queue, (m) => {
+    const { consumerTag } = await channel.consume(b.queue, (m) => {
       if (m === null) return;
       const arrived = this.ofRabbit(m, b);
       // The control's mistake: the ack is written to the socket a turn before the store begins.
@@ -514,9 +519,24 @@ export class Consumer {
         })
         .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
     });
-    await closed;
+    let halted!: () => void;
+    const stopped = new Promise<void>((r) => (halted = r));
+    this.halt = async () => {
+      if (!broken) await channel.cancel(consumerTag);
+      halted();
+    };
+    if (this.stopping) await this.halt();
+    await Promise.race([closed, stopped]);
     clearInterval(lag);
-    await chain;
+    // Deliveries already on the wire when the cancel went out still arrive, and lengthen the chain.
+    for (let seen = chain; ; seen = chain) {
+      await seen;
+      await new Promise((r) => setTimeout(r, 50));
+      if (seen === chain) break;
+    }
+    // The acks of the last run go out before the connection closes.
+    flush();
+    await model.close().catch(() => {});
   }
 
   ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {

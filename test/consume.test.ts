@@ -350,6 +350,28 @@ for (const backend of await backends("consume")) {
       }
     });
 
+    it("on stop, acknowledges every message it stored before it closes: none goes back to the queue stored", async () => {
+      const { target, cleanup } = await backend.make();
+      const q = await queues("stop");
+      for (let i = 0; i < 2_000; i++) q.ch.sendToQueue(q.queue, Buffer.from(`{"i":${i}}`), { messageId: `evt_${i}` });
+      await q.ch.waitForConfirms();
+      const inbox = await connect(target);
+      const c = new Consumer({ inbox, source: { name: "billing", broker: source(q.queue) }, log: silent });
+      try {
+        c.start();
+        await until("some stored", () => c.counts.stored >= 100);
+        await c.stop();
+        const stored = await inbox.count({ source: "billing" });
+        assert.ok(stored < 2_000, `stopped mid-stream (${stored} stored)`);
+        assert.equal(c.counts.acked, stored, "each stored message acknowledged");
+        assert.equal(await q.depth(q.queue), 2_000 - stored, "the queue holds exactly the ones not stored");
+      } finally {
+        await inbox.close();
+        await q.close();
+        await cleanup();
+      }
+    });
+
     it("acknowledges nothing while the store is down: the queue keeps every message, and a working store takes them", async () => {
       const { target, cleanup } = await backend.make();
       const q = await queues("down");
