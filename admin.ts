@@ -13,7 +13,8 @@ import { DEFAULTS } from "./lib/defaults.ts";
 import { announce } from "./lib/forwarding/forward.ts";
 import { preview } from "./lib/forwarding/preview.ts";
 import { lineLog, message } from "./lib/log.ts";
-import { readSourcesFile } from "./lib/providers.ts";
+import { brokerLines, type BrokerLine } from "./lib/consume.ts";
+import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
 import { secretsOf } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
 import type { Delivery, Inbox } from "./lib/store.ts";
@@ -82,10 +83,20 @@ Examples:
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   let forwarding: Forwarding | undefined;
   let config: unknown;
+  let brokers: (() => Promise<BrokerLine[]>) | undefined;
   if (sourcesFile) {
     try {
       config = readSourcesFile(sourcesFile);
       forwarding = loadDestinations(config, process.env);
+      const withBroker = brokerSourcesOf(config);
+      // Asked at most every few seconds, however often the overview refreshes.
+      let last: { at: number; lines: Promise<BrokerLine[]> } | undefined;
+      if (withBroker.length > 0)
+        brokers = () => {
+          if (!last || performance.now() - last.at > DEFAULTS.consumeLagEveryMs)
+            last = { at: performance.now(), lines: brokerLines(withBroker) };
+          return last.lines;
+        };
     } catch (error) {
       fatal(`admin: ${sourcesFile}: ${message(error)}`);
     }
@@ -106,6 +117,7 @@ Examples:
     audit: log,
     hide: forwarding ? secretsOf(forwarding) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
+    ...(brokers ? { brokers } : {}),
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
     ...(sourcesFile
       ? { preview: (rows: readonly Delivery[]) => preview(rows, config, { base: dirname(resolve(sourcesFile)) }) }
@@ -135,6 +147,16 @@ Examples:
 function fatal(line: string, code: 1 | 2 = 2): never {
   console.error(line);
   process.exit(code);
+}
+
+// brokerSourcesOf lists the sources file's broker sources. The page needs no source's secret, and one not
+// set here must not stop it: a file whose sources cannot all be read shows no broker sources.
+function brokerSourcesOf(config: unknown): Source[] {
+  try {
+    return [...loadSources(config, process.env).values()].filter((s) => s.broker);
+  } catch {
+    return [];
+  }
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -219,4 +219,18 @@ export const DEFAULTS = {
   reconcileBackoffMs: 1_000,
   /** Reconcile: the longest wait for one call, whatever the provider asks (a reset an hour off stops the run instead). @default 300_000 */
   reconcileMaxWaitMs: 300_000,
+  /**
+   * A broker source's messages delivered and not yet acknowledged, at most: a JetStream consumer's
+   * max_ack_pending, a RabbitMQ channel's prefetch (consume.ts). Enough to fill a group commit or two. @default 512
+   */
+  consumePrefetch: 512,
+  /**
+   * Milliseconds a JetStream source's consumer, when consumer.ts creates it, waits for an ack before it
+   * delivers a message again (ack_wait); a store that takes a third of it sends AckProgress. @default 30_000
+   */
+  consumeAckWaitMs: 30_000,
+  /** Milliseconds a broker source waits before it connects again, and a message whose store failed is delivered again. @default 1_000 */
+  consumeReconnectMs: 1_000,
+  /** Milliseconds between two reads of a RabbitMQ source's queue depth, its lag. @default 5_000 */
+  consumeLagEveryMs: 5_000,
 } as const;

@@ -289,11 +289,13 @@ class Receiving {
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
   sourceFor(url: string): Source | undefined {
     const found = this.exact.get(url);
-    if (found) return found;
+    if (found) return found.broker ? undefined : found;
     let path = url.split("?")[0]!;
     const base = this.basePath;
     if (base && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
-    return this.sources.get(path.replace(/^\/+|\/+$/g, ""));
+    const source = this.sources.get(path.replace(/^\/+|\/+$/g, ""));
+    // A broker source is consumed by consumer.ts; nobody may post into it over HTTP.
+    return source?.broker ? undefined : source;
   }
 
   sourceNameOf(url: string): string {

@@ -472,6 +472,41 @@ export class Metrics {
     }
     return this.gaugeRead.value;
   }
+
+  /**
+   * consumedFrom shows a broker source's tallies (consume.ts's ConsumerCounts), read at each scrape:
+   * inbox_consumed_total by source and result (consumed, stored, duplicate, refused, acked, redelivered,
+   * unavailable) and inbox_consumer_lag, the messages its broker still holds for it.
+   */
+  consumedFrom(source: string, counts: { readonly lag: number }): void {
+    this.consumedSources ??= new Map();
+    const sources = this.consumedSources;
+    sources.set(source, counts);
+    if (sources.size > 1) return;
+    new client.Counter({
+      name: "inbox_consumed_total",
+      help: "Messages of broker sources, by source and what became of them (consumed, stored, duplicate, refused, acked, redelivered, unavailable).",
+      labelNames: ["source", "result"],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const [name, c] of sources)
+          for (const [result, n] of Object.entries(c) as [string, number][])
+            if (result !== "lag") this.inc({ source: name, result }, n);
+      },
+    });
+    new client.Gauge({
+      name: "inbox_consumer_lag",
+      help: "Messages a broker source's broker still holds for it: JetStream's pending, RabbitMQ's queue depth.",
+      labelNames: ["source"],
+      registers: [this.registry],
+      collect() {
+        for (const [name, c] of sources) this.set({ source: name }, c.lag);
+      },
+    });
+  }
+
+  private consumedSources?: Map<string, { readonly lag: number }>;
 }
 
 /** Readiness answers /readyz: the store's ready(), cached for cacheMs, and false at once when stopping. */

@@ -5,6 +5,7 @@
 
 import { createHash, createHmac, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
+import { type BrokerSource, parseBrokerSource } from "./consume.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
 import { parseReconcile, type ReconcileSettings } from "./reconcile/config.ts";
@@ -208,6 +209,8 @@ export interface Source {
   routes?: Route[];
   /** How `inbox.ts reconcile` fetches back what the provider never delivered (docs/reconcile.md); none: it is not reconciled. */
   reconcile?: ReconcileSettings;
+  /** A broker to consume (consume.ts, run by consumer.ts) instead of an HTTP path: the receiver does not serve it. */
+  broker?: BrokerSource;
 }
 
 /** Verdict is verify()'s answer: a delivery to store, a reply to send instead, or a rejection. */
@@ -408,9 +411,11 @@ export interface SourceSettings extends Partial<Scheme> {
   order?: unknown;
   /** Where its deliveries go: destinations of "$destinations", or the handler (routes.ts). @default ["handler"] */
   routes?: unknown;
+  /** A broker to consume instead of an HTTP path, with provider "plain" or none (consume.ts). @default none */
+  broker?: unknown;
 }
 
-const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes", "reconcile"];
+const SETTINGS_KEYS = ["provider", "secret", "tolerance", "url", "order", "routes", "reconcile", "broker"];
 const SCHEME_KEYS = [
   "header",
   "prefix",
@@ -476,7 +481,8 @@ export function loadSources(
     if (!isObject(settings))
       throw new TypeError(`${where}: expected an object with provider and secret, got ${kindOf(settings)}`);
 
-    const provider = settings.provider;
+    // A broker source's messages carry no HTTP signature: its provider is plain, written or not.
+    const provider = settings.broker !== undefined && settings.provider === undefined ? "plain" : settings.provider;
     if (typeof provider !== "string" || !(PROVIDERS as readonly string[]).includes(provider)) {
       throw new TypeError(
         `${where}: unknown provider ${JSON.stringify(provider) ?? "(none)"}; expected one of ${PROVIDERS.join(", ")}`,
@@ -563,6 +569,11 @@ export function loadSources(
     }
     const order = parseOrder(p, settings.order, where);
     const routes = parseRoutes(settings.routes, config, where);
+    if (settings.broker !== undefined && p !== "plain")
+      throw new TypeError(
+        `${where}: a broker source takes provider "plain" or none; a broker's message carries no ${p} signature`,
+      );
+    const broker = settings.broker === undefined ? undefined : parseBrokerSource(settings.broker, where, env);
     sources.set(name, {
       name,
       provider: p,
@@ -575,6 +586,7 @@ export function loadSources(
       ...(settings.reconcile !== undefined
         ? { reconcile: parseReconcile(p, settings.reconcile, env, where, options.reconcile ?? false) }
         : {}),
+      ...(broker ? { broker } : {}),
     });
   }
   if (sources.size === 0) throw new TypeError("sources: expected at least one source, got an empty object");

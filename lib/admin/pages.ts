@@ -37,11 +37,17 @@ export interface PageContext extends View {
   /** Destinations the sources file names, listed before a worker has used them. */
   destinations: readonly string[];
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  /** The broker sources as their brokers see them (consume.ts's brokerLines), where the sources file has any. */
+  brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
 }
 
 /** overviewLive is the overview's part that refreshes itself: counts, what is held, the last hour, each source. */
 export const overviewLive = async (ctx: PageContext): Promise<string> => {
-  const [s, destinations] = await Promise.all([ctx.inbox.summary(), ctx.inbox.destinations()]);
+  const [s, destinations, brokers] = await Promise.all([
+    ctx.inbox.summary(),
+    ctx.inbox.destinations(),
+    ctx.brokers?.() ?? [],
+  ]);
   const t = ctx.now();
   const hour = await ctx.inbox.histogram(t - 3_600_000 - (t % 60_000) + 60_000, 60_000, t);
   // Done may be PostgreSQL's estimate on a large table: say so with ≈ rather than show a false exact count.
@@ -65,6 +71,7 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
 ${held(destinations)}
 <h2>Last hour</h2>${chart(hour)}
 <h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
+${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table><thead><tr><th>source</th><th>consumed from</th><th>its broker says</th></tr></thead><tbody>${brokers.map((b) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source: b.source })}">${escape(b.source)}</a></td><td>${escape(b.from)}</td><td>${escape(ctx.redact(b.said))}</td></tr>`).join("")}</tbody></table></div>`}
 <p class="updated">Updated ${escape(iso(t))}</p>`;
 };
 

@@ -62,6 +62,8 @@ export interface AdminOptions {
   hide?: readonly Secret[];
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
+  /** The broker sources as their brokers see them, for the overview (admin.ts asks, cached). @default none */
+  brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
   /** What a stored delivery would become under the sources file now (lib/forwarding/preview.ts), for the delivery's page. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
 }
@@ -143,6 +145,7 @@ export function createAdmin(options: AdminOptions): Admin {
     redact: redactor(options.hide ?? []).redact,
     destinations: options.destinations ?? [],
     ...(options.preview ? { preview: options.preview } : {}),
+    ...(options.brokers ? { brokers: options.brokers } : {}),
     ...(options.announce ? { announce: options.announce } : {}),
   } as Omit<Page, "api"> as Page;
   p.api = new Api(p);

@@ -2,10 +2,11 @@
 // destinations. Each is a function of the Cli (lib/cli/command.ts) that adds itself to the program.
 
 import { dirname, resolve } from "node:path";
+import { brokerLines } from "../consume.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, iso } from "../format.ts";
 import { label, message } from "../log.ts";
-import { readSourcesFile } from "../providers.ts";
+import { loadSources, readSourcesFile } from "../providers.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { type Cli, findRows, UsageError } from "./command.ts";
 
@@ -15,12 +16,18 @@ export function status(c: Cli): void {
   withDb(c.program.command("status"))
     .description("count deliveries per status; list failures, the oldest wait and conflicting duplicates")
     .option("--json", "print JSON")
-    .action(async (opts: { db?: string; json?: boolean }) => {
+    .option("--sources <file>", "also ask each broker source's broker how far behind its consumer is")
+    .action(async (opts: { db?: string; json?: boolean; sources?: string }) => {
       const inbox = await open(opts);
       try {
         const s = await inbox.status();
         const kept = await inbox.kept();
-        if (opts.json) return void console.log(JSON.stringify({ ...s, kept }, null, 2));
+        const consumed = opts.sources
+          ? await brokerLines(loadSources(readSourcesFile(opts.sources), process.env).values())
+          : undefined;
+        if (opts.json)
+          return void console.log(JSON.stringify({ ...s, kept, ...(consumed ? { brokers: consumed } : {}) }, null, 2));
+        for (const b of consumed ?? []) console.log(`broker source ${b.source} (${b.from}): ${b.said}`);
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {

@@ -1,0 +1,100 @@
+// consumer.ts: the broker sources' consumer. For each source of the sources file with a "broker", it
+// consumes the JetStream stream or RabbitMQ queue, stores each message as a delivery of that source (the
+// same routes as a webhook), and acknowledges it only once the commit is durable; worker.ts handles them.
+//   npx tsx consumer.ts --sources sources.json [--db inbox.db] [--source orders] [--metrics-port 9465]
+
+import { pathToFileURL } from "node:url";
+import { connect } from "./inbox.ts";
+import { BROKER_CLIENTS, missingClient } from "./lib/brokers.ts";
+import { Consumer, type ConsumedSource } from "./lib/consume.ts";
+import { DEFAULTS } from "./lib/defaults.ts";
+import { message } from "./lib/log.ts";
+import { Metrics } from "./lib/metrics.ts";
+import { loadSources, readSourcesFile } from "./lib/providers.ts";
+
+/** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
+export async function main(argv: string[]): Promise<void> {
+  const { Command, InvalidArgumentError } = await import("commander");
+  const port = (value: string) => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 0 || n > 65_535) throw new InvalidArgumentError("expected a port, 0 to 65535.");
+    return n;
+  };
+  const program = new Command("consumer.ts")
+    .description(
+      "Consume the broker sources (NATS JetStream, RabbitMQ) into the inbox: store each message, then acknowledge it.",
+    )
+    .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
+    .option("--sources <file>", "JSON sources file whose sources with a broker are consumed (default: INBOX_SOURCES)")
+    .option("--source <name...>", "consume only these sources (default: every source with a broker)")
+    .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off)", port)
+    .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
+    .option("--quiet", "log nothing but errors")
+    .addHelpText(
+      "after",
+      `
+Stop it with SIGTERM or Ctrl-C: it stops consuming, waits for the stores in flight, acknowledges them, and exits.
+
+Examples:
+  npx tsx consumer.ts --sources sources.json
+  npx tsx consumer.ts --sources sources.json --db postgres://localhost/inbox --metrics-port 9465`,
+    );
+  await program.parseAsync(argv);
+  const opts = program.opts<{
+    db?: string;
+    sources?: string;
+    source?: string[];
+    metricsPort?: number;
+    metricsHost: string;
+    quiet?: boolean;
+  }>();
+  const say = (line: string) => console.error(line);
+  const file = opts.sources ?? process.env.INBOX_SOURCES;
+  if (!file) {
+    say("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
+    process.exit(2);
+  }
+  let chosen: ConsumedSource[];
+  try {
+    const all = [...loadSources(readSourcesFile(file), process.env).values()];
+    chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
+    if (opts.source) {
+      const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
+      if (unknown.length > 0) throw new Error(`no broker source named ${unknown.join(", ")}`);
+      chosen = chosen.filter((s) => opts.source!.includes(s.name));
+    }
+    if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
+    for (const s of chosen) {
+      const missing = await missingClient(s.broker.type, s.name, BROKER_CLIENTS[s.broker.type]);
+      if (missing) throw new Error(missing.replace(/^destination (\S+) publishes to/, "source $1 consumes"));
+    }
+  } catch (error) {
+    say(`consumer: ${file}: ${message(error)}`);
+    process.exit(2);
+  }
+  const inbox = await connect(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+  const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
+  const consumers = chosen.map((source) => new Consumer({ inbox, source, log: say }));
+  for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts);
+  const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost) : undefined;
+  for (const c of consumers) {
+    c.start();
+    if (!opts.quiet) {
+      const b = c.source.broker;
+      say(
+        `consumer: ${c.source.name} from ${b.type === "nats" ? `JetStream stream ${b.stream}, consumer ${b.consumer}${b.filter ? `, subjects ${b.filter}` : ""}` : `RabbitMQ queue ${b.queue}`}`,
+      );
+    }
+  }
+  const stop = async () => {
+    await Promise.all(consumers.map((c) => c.stop()));
+    server?.close();
+    for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
+    await inbox.close();
+    process.exit(0);
+  };
+  process.once("SIGTERM", () => void stop());
+  process.once("SIGINT", () => void stop());
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);
