@@ -9,6 +9,7 @@ import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { speakTo } from "./lib/format.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
@@ -309,6 +310,7 @@ Examples:
 /** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const program = await receiverProgram();
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{

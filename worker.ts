@@ -8,7 +8,7 @@ import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { age as formatAge, parseDuration } from "./lib/format.ts";
+import { age as formatAge, parseDuration, speakTo } from "./lib/format.ts";
 import {
   jsonLine,
   lineLog,
@@ -28,7 +28,7 @@ import { HandlerSizing } from "./lib/lease/sizing.ts";
 import type { Metrics } from "./lib/metrics.ts";
 import { checkSecrets } from "./lib/forwarding/forward.ts";
 import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
-import { loadSources, readSourcesFile } from "./lib/providers.ts";
+import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
 import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routing/routes.ts";
 import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
@@ -230,6 +230,23 @@ export function recordPayment(job: Job): void {
   );
 }
 
+/**
+ * loadHandler imports the module at path (resolved against the working folder) and returns its default
+ * export, the Handler run() calls for each delivery routed to the handler, or one line saying what is wrong.
+ */
+export async function loadHandler(path: string): Promise<Handler | string> {
+  let loaded: { default?: unknown };
+  try {
+    loaded = await import(pathToFileURL(resolve(path)).href);
+  } catch (error) {
+    // One line, not the loader's require stack.
+    return `cannot load it: ${message(error).split("\n")[0]}`;
+  }
+  return typeof loaded.default === "function"
+    ? (loaded.default as Handler)
+    : "expected a module whose default export is a function (job) => void | Promise<void>";
+}
+
 /** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, Option } = await import("commander");
@@ -277,6 +294,10 @@ export async function main(argv: string[]): Promise<void> {
       DEFAULTS.claimBatch,
     )
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
+    .option(
+      "--handler <module>",
+      "the module whose default export handles each delivery routed to the handler (default: the article's record-payment handler, for the unsigned default source and the demo only)",
+    )
     .option("--force", "start on a SQLite file that fails quick_check (checked at start-up only)")
     .option("--quiet", "don't log a line per delivery")
     .option(
@@ -332,6 +353,7 @@ Examples:
   npx tsx inbox.ts status          # see what it did`,
     )
     .showHelpAfterError("(run with --help for usage)");
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
@@ -349,6 +371,7 @@ Examples:
     bodiesAfter: number;
     forgetAfter: number;
     sources?: string;
+    handler?: string;
     force?: boolean;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
@@ -370,6 +393,7 @@ Examples:
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   let forwarding: Forwarding | undefined;
   let routes: Map<string, readonly Route[]> | undefined;
+  let sources: Source[] = [];
   // Every secret the file names, redacted wherever a failed try's error goes (redact.ts).
   let secrets: Secret[] = [];
   // The broker destinations, parsed once, their secrets read; and the transforms' threads, loaded once.
@@ -378,7 +402,7 @@ Examples:
   if (sourcesFile) {
     try {
       const parsed = readSourcesFile(sourcesFile);
-      const sources = [...loadSources(parsed, process.env).values()];
+      sources = [...loadSources(parsed, process.env).values()];
       routes = new Map(sources.map((s) => [s.name, s.routes ?? []]));
       // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
       forwarding = loadDestinations(parsed, process.env, {
@@ -420,6 +444,31 @@ Examples:
     }
   }
 
+  // The handler is chosen on purpose: the article's record-payment handler reads {customer, amount}, which
+  // no real provider's event has, so a signed source whose deliveries reach the handler needs --handler.
+  const signed = sources.filter(
+    (s) =>
+      s.provider !== "plain" &&
+      // No routes means the handler alone (routes.ts).
+      (s.routes === undefined || s.routes.length === 0 || s.routes.some((r) => r.to === DEFAULTS.destination)),
+  );
+  if (opts.handler === undefined && signed.length > 0) {
+    say(
+      `worker: source ${JSON.stringify(signed[0]!.name)} is signed and routes to the handler, but no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or routes to a destination (docs/in-your-app.md#the-workers-handler)`,
+      "error",
+    );
+    process.exit(2);
+  }
+  let handler: Handler = recordPayment;
+  if (opts.handler !== undefined) {
+    const loaded = await loadHandler(opts.handler);
+    if (typeof loaded === "string") {
+      say(`worker: --handler ${opts.handler}: ${loaded}`, "error");
+      process.exit(2);
+    }
+    handler = loaded;
+  }
+
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
   if (damaged !== undefined) {
@@ -439,7 +488,7 @@ Examples:
     const onCommit =
       opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
-    await ensurePayments(inbox);
+    if (handler === recordPayment) await ensurePayments(inbox);
     if (forwarding && forwarding.destinations.size > 0 && inbox.backend === "sqlite") {
       lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
     }
@@ -522,7 +571,7 @@ Examples:
             .finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))
         : undefined;
     await Promise.all([
-      run(recordPayment, {
+      run(handler, {
         inbox,
         once: opts.once,
         leaseMs: opts.lease * 1000,

@@ -5,6 +5,7 @@
 //   npx tsx inbox.ts backup --dir /var/backups/inbox --keep 48      npx tsx inbox.ts restore FILE
 
 import {
+  chmodSync,
   closeSync,
   copyFileSync,
   existsSync,
@@ -16,7 +17,8 @@ import {
   statSync,
 } from "node:fs";
 import { basename, dirname, extname, join, resolve } from "node:path";
-import { DatabaseSync } from "node:sqlite";
+import { createRequire } from "node:module";
+import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { STATUSES, type Status } from "../store.ts";
@@ -60,6 +62,12 @@ export interface BackupOptions {
 /** InUse is the refusal of an operation that needs the database to itself. */
 export class InUse extends Error {}
 
+// node:sqlite, loaded on first use rather than imported: the scripts import this file for healthProblem(),
+// and a static import would stop them on a Node without node:sqlite as the modules link, with a stack
+// trace, before runtime.ts's requireSqlite() could say in one line which Node they need.
+const load = createRequire(import.meta.url);
+const sqlite = (): typeof import("node:sqlite") => load("node:sqlite");
+
 // All pages in one step. SQLite restarts a stepped backup whenever another connection commits, so under a
 // busy receiver a small step might never finish; one step is one read transaction, which in WAL mode blocks
 // no writer (the WAL grows until it ends, then the checkpointer catches up).
@@ -84,6 +92,7 @@ function stamp(at: number): string {
  * temporary name beside file, checked with integrity_check, synced, and only then renamed to file: a file
  * of that name is always a whole, checked backup. With keep, older backups of the same pattern in file's
  * folder beyond the newest keep are removed afterwards, never the new one; a failed backup removes nothing.
+ * The backup is written 0600, readable by the inbox's user alone: it holds every body.
  */
 export async function backup(db: string, file: string, options: BackupOptions = {}): Promise<Backup> {
   const now = options.now ?? Date.now;
@@ -105,15 +114,19 @@ export async function backup(db: string, file: string, options: BackupOptions = 
     // Loaded here, not imported above: the scripts import this file for healthProblem() on runtimes whose
     // node:sqlite may lack backup().
     const { backup: onlineBackup } = await import("node:sqlite");
-    const source = new DatabaseSync(db, { timeout: DEFAULTS.busyTimeoutMs });
+    const source = new (sqlite().DatabaseSync)(db, { timeout: DEFAULTS.busyTimeoutMs });
     try {
+      // A backup holds every body: readable by the inbox's user alone, whatever the umask. Made empty with
+      // that mode before the copy, which SQLite writes into (and its journal takes the same mode).
+      closeSync(openSync(temp, "w", 0o600));
+      chmodSync(temp, 0o600);
       startedAt = now();
       await onlineBackup(source, temp, { rate: ALL_PAGES });
     } finally {
       source.close();
     }
     copyMs = performance.now() - started;
-    const copy = new DatabaseSync(temp);
+    const copy = new (sqlite().DatabaseSync)(temp);
     try {
       // One self-contained file: a rollback journal, not WAL, so no -wal file belongs beside it.
       copy.exec("PRAGMA journal_mode = DELETE");
@@ -190,7 +203,7 @@ function rotate(file: string, keep: number): string[] {
  */
 export function check(file: string): Snapshot {
   if (!existsSync(file)) throw new Error(`no such file ${file}`);
-  const db = new DatabaseSync(file, { readOnly: true });
+  const db = new (sqlite().DatabaseSync)(file, { readOnly: true });
   try {
     let rows: { integrity_check: string }[];
     try {
@@ -223,7 +236,7 @@ export function check(file: string): Snapshot {
  * mode every open connection holds a shared lock on the file for as long as it is open.
  */
 export function inUse(db: string): boolean {
-  const probe = new DatabaseSync(db, { timeout: 0 });
+  const probe = new (sqlite().DatabaseSync)(db, { timeout: 0 });
   try {
     probe.exec("PRAGMA locking_mode = EXCLUSIVE");
     probe.exec("BEGIN EXCLUSIVE");
@@ -290,7 +303,7 @@ export function healthProblem(path: string): string | undefined {
   let db: DatabaseSync | undefined;
   try {
     // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
-    db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
+    db = new (sqlite().DatabaseSync)(path, { timeout: DEFAULTS.busyTimeoutMs });
     const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
     return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
   } catch (error) {
