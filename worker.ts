@@ -34,7 +34,7 @@ import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestina
 import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
 import { checkTransforms, Transforms } from "./lib/forwarding/transform.ts";
 import type { Sender } from "./lib/forwarding/forward.ts";
-import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
+import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
 /** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/lease/jobs.ts). */
 export type { Handler, Job, RunStats };
@@ -298,7 +298,11 @@ export async function main(argv: string[]): Promise<void> {
       "--handler <module>",
       "the module whose default export handles each delivery routed to the handler (default: the article's record-payment handler, for the unsigned default source and the demo only)",
     )
-    .option("--force", "start on a SQLite file that fails quick_check (checked at start-up only)")
+    .option(
+      "--skip-check",
+      "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
+    )
+    .option("--force", "SQLite: start on a file that fails the start-up quick_check, saying so")
     .option("--quiet", "don't log a line per delivery")
     .option(
       "--log-format <format>",
@@ -373,6 +377,7 @@ Examples:
     sources?: string;
     handler?: string;
     force?: boolean;
+    skipCheck?: boolean;
   }>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
@@ -470,8 +475,11 @@ Examples:
   }
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
-  if (damaged !== undefined) {
+  // Only when there is reason to (after an unclean stop, or a day since the last): it reads every page, and
+  // a cron --once would otherwise pay that every run.
+  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
+  if (damaged !== undefined && opts.force) say(damagedButForced("worker", path, damaged), "error");
+  else if (damaged !== undefined) {
     say(damagedLine("worker", path, damaged), "error");
     // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
     process.exit(2);
@@ -496,6 +504,8 @@ Examples:
     say(`worker: cannot use the database: ${message(error)}`, "error");
     process.exit(1);
   }
+  // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
+  const unmark = isPostgresUrl(path) ? () => {} : running(path);
   const stop = new AbortController();
   if (opts.metricsPort !== undefined) {
     // Loaded only when asked for: a worker without metrics does not pay for prom-client.
@@ -598,6 +608,7 @@ Examples:
   }
   await lanes?.close();
   await inbox.close();
+  unmark();
   lines.flush();
   shown?.stop();
   if (opts.once || stop.signal.aborted) {

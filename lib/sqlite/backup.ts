@@ -12,9 +12,11 @@ import {
   fsyncSync,
   openSync,
   readdirSync,
+  readFileSync,
   renameSync,
   rmSync,
   statSync,
+  writeFileSync,
 } from "node:fs";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import { createRequire } from "node:module";
@@ -286,6 +288,8 @@ export function restore(file: string, db: string, now: () => number = Date.now):
     syncFile(temp);
     renameSync(temp, db);
     syncFile(dirname(db));
+    // A restored file is checked again at its first start.
+    rmSync(checkedMark(db), { force: true });
   } catch (error) {
     rmSync(temp, { force: true });
     throw new Error(`restore ${file} to ${db}: ${message(error)}`, { cause: error });
@@ -316,6 +320,83 @@ export function healthProblem(path: string): string | undefined {
   }
 }
 
+/** StartupCheck is what startupCheck() did: why the quick_check ran (none: it was not due), and what it found. */
+export interface StartupCheck {
+  /** Why it ran: "never checked", "unclean stop (pid 123)", "last checked 2 days ago"; none when not due or skipped. */
+  reason?: string;
+  /** healthProblem()'s complaint, for a file that failed it. */
+  problem?: string;
+}
+
+/** StartupCheckOptions tunes startupCheck(). */
+export interface StartupCheckOptions {
+  /** The clock, for the check's age. @default Date.now */
+  now?: () => number;
+  /** Run it even when not due. @default false */
+  always?: boolean;
+  /** @default DEFAULTS.fullCheckEveryMs */
+  everyMs?: number;
+}
+
+// The two marks beside a database: when its last quick_check passed, and one per process that has it open
+// (removed at a clean close, so one left by a process that is gone is an unclean stop).
+const checkedMark = (path: string) => `${path}-checked`;
+const RUNNING = /^(.+)-running\.(\d+)$/;
+
+// uncleanStop names a process that had path open and is gone without its clean close, if any.
+function uncleanStop(path: string): number | undefined {
+  const folder = dirname(resolve(path));
+  for (const name of readdirSync(folder)) {
+    const found = RUNNING.exec(name);
+    if (found && found[1] === basename(path) && !alive(Number(found[2]))) return Number(found[2]);
+  }
+  return undefined;
+}
+
+/**
+ * startupCheck runs healthProblem()'s quick_check on a SQLite file at start-up only when there is reason
+ * to: it never passed one, its last one passed more than everyMs ago, or a process that had it open
+ * stopped without closing it (its running() mark is still there). A pass is written beside the file
+ * (path-checked), so a cron `worker --once` pays for reading every page once a day, not every run.
+ */
+export function startupCheck(path: string, options: StartupCheckOptions = {}): StartupCheck {
+  if (!existsSync(path)) return {};
+  const now = (options.now ?? Date.now)();
+  const everyMs = options.everyMs ?? DEFAULTS.fullCheckEveryMs;
+  const last = existsSync(checkedMark(path)) ? Number(readFileSync(checkedMark(path), "utf8")) : undefined;
+  const pid = uncleanStop(path);
+  const reason = options.always
+    ? "asked for"
+    : pid !== undefined
+      ? `unclean stop (pid ${pid})`
+      : last === undefined || !Number.isFinite(last)
+        ? "never checked"
+        : now - last > everyMs
+          ? `last checked ${Math.round((now - last) / 3_600_000)} h ago`
+          : undefined;
+  if (reason === undefined) return {};
+  const problem = healthProblem(path);
+  if (problem !== undefined) return { reason, problem };
+  writeFileSync(checkedMark(path), String(now));
+  // The stopped processes' marks have served: the file they left has passed.
+  for (const name of readdirSync(dirname(resolve(path)))) {
+    const found = RUNNING.exec(name);
+    if (found && found[1] === basename(path) && !alive(Number(found[2])))
+      rmSync(join(dirname(resolve(path)), name), { force: true });
+  }
+  return { reason };
+}
+
+/**
+ * running marks path as open by this process until the returned function is called at its clean close;
+ * a mark left behind tells the next startupCheck() that this process stopped uncleanly.
+ */
+export function running(path: string): () => void {
+  const mark = `${path}-running.${process.pid}`;
+  writeFileSync(mark, "");
+  return () => rmSync(mark, { force: true });
+}
+
 // oneLine joins SQLite's complaints into one line, without the banner it puts before them.
 function oneLine(complaints: string[]): string {
   return complaints
@@ -337,4 +418,9 @@ function syncFile(path: string): void {
 /** damagedLine is the one line a script stops with when its database fails quick_check at start-up. */
 export function damagedLine(script: string, path: string, problem: string): string {
   return `${script}: ${path} fails SQLite's quick_check (${problem}): restore the last backup (inbox.ts restore FILE), or start with --force to use it anyway`;
+}
+
+/** damagedButForced is the line a script starts with when --force accepts a file that fails quick_check. */
+export function damagedButForced(script: string, path: string, problem: string): string {
+  return `${script}: ${path} fails SQLite's quick_check (${problem}); starting anyway, as --force asks: restore the last backup soon (inbox.ts restore FILE)`;
 }
