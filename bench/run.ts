@@ -41,6 +41,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
+  startup: async () => (await import("./startup.ts")).startupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
   slow: async () => (await import("./slow.ts")).slow(),
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
@@ -65,6 +66,7 @@ const DEFAULT = [
   "traces",
   "redact",
   "backup",
+  "startup",
   "routing",
   "slow",
 ];
