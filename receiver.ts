@@ -284,7 +284,10 @@ async function receiverProgram() {
       "--skip-check",
       "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
     )
-    .option("--force", "SQLite: start on a file that fails the start-up quick_check, saying so (never checked per request)")
+    .option(
+      "--force",
+      "SQLite: start on a file that fails the start-up quick_check, saying so (never checked per request)",
+    )
     .option(
       "--sync-in-commit",
       "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)",

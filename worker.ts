@@ -450,16 +450,12 @@ Examples:
   }
 
   // The handler is chosen on purpose: the article's record-payment handler reads {customer, amount}, which
-  // no real provider's event has, so a signed source whose deliveries reach the handler needs --handler.
-  const signed = sources.filter(
-    (s) =>
-      s.provider !== "plain" &&
-      // No routes means the handler alone (routes.ts).
-      (s.routes === undefined || s.routes.length === 0 || s.routes.some((r) => r.to === DEFAULTS.destination)),
-  );
+  // no real provider's event has. A signed source with no routes (the handler alone, by default) and no
+  // --handler would set every real event aside; routes that name "handler" chose it.
+  const signed = sources.filter((s) => s.provider !== "plain" && (s.routes === undefined || s.routes.length === 0));
   if (opts.handler === undefined && signed.length > 0) {
     say(
-      `worker: source ${JSON.stringify(signed[0]!.name)} is signed and routes to the handler, but no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or routes to a destination (docs/in-your-app.md#the-workers-handler)`,
+      `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`,
       "error",
     );
     process.exit(2);
