@@ -81,7 +81,7 @@ export interface Said {
 
 /**
  * sayState puts a destination's state in words a person woken at night reads without knowing what a
- * breaker is: "healthy", "failing, paused for 30 s", "failing: the last 3 tries failed", "paused by an
+ * breaker is: "healthy", "failing, paused for 30 s", "failing, still sending", "paused by an
  * operator". A closed breaker is not "fine" when its tries fail: it only means they are still being made.
  */
 export function sayState(d: DestinationState, now: number): Said {
@@ -112,8 +112,8 @@ export function sayState(d: DestinationState, now: number): Said {
   if (d.failuresInRow > 0)
     return {
       tone: "failing",
-      words: `failing: the last ${d.failuresInRow === 1 ? "try" : `${d.failuresInRow} tries`} failed, still sending`,
-      breaker: `breaker closed (${inRow})`,
+      words: "failing, still sending",
+      breaker: `the last ${d.failuresInRow === 1 ? "try" : `${d.failuresInRow} tries`} failed; breaker closed (${inRow})`,
     };
   return { tone: "healthy", words: "healthy", breaker: "breaker closed" };
 }
