@@ -377,13 +377,16 @@ export function startupCheck(path: string, options: StartupCheckOptions = {}): S
   if (reason === undefined) return {};
   const problem = healthProblem(path);
   if (problem !== undefined) return { reason, problem };
-  writeFileSync(checkedMark(path), String(now));
-  // The stopped processes' marks have served: the file they left has passed.
-  for (const name of readdirSync(dirname(resolve(path)))) {
-    const found = RUNNING.exec(name);
-    if (found && found[1] === basename(path) && !alive(Number(found[2])))
-      rmSync(join(dirname(resolve(path)), name), { force: true });
-  }
+  // Best effort: on a full or read-only disk the pass goes unwritten, and the next start checks again.
+  try {
+    writeFileSync(checkedMark(path), String(now));
+    // The stopped processes' marks have served: the file they left has passed.
+    for (const name of readdirSync(dirname(resolve(path)))) {
+      const found = RUNNING.exec(name);
+      if (found && found[1] === basename(path) && !alive(Number(found[2])))
+        rmSync(join(dirname(resolve(path)), name), { force: true });
+    }
+  } catch {}
   return { reason };
 }
 
@@ -393,7 +396,13 @@ export function startupCheck(path: string, options: StartupCheckOptions = {}): S
  */
 export function running(path: string): () => void {
   const mark = `${path}-running.${process.pid}`;
-  writeFileSync(mark, "");
+  try {
+    writeFileSync(mark, "");
+  } catch {
+    // A full disk, or a folder this user may not write: the inbox's own writes will say so; the mark only
+    // means an unclean stop of this process goes unnoticed until the daily check.
+    return () => {};
+  }
   return () => rmSync(mark, { force: true });
 }
 
