@@ -14,6 +14,7 @@ import { announce } from "./lib/forwarding/forward.ts";
 import { preview } from "./lib/forwarding/preview.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { brokerLines, type BrokerLine } from "./lib/consume.ts";
+import { speakTo } from "./lib/format.ts";
 import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
 import { secretsOf } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
@@ -58,6 +59,7 @@ Examples:
   npx tsx admin.ts --db postgres://127.0.0.1:5432/test?schema=inbox --read-only`,
     )
     .showHelpAfterError("(run with --help for usage)");
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{

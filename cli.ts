@@ -5,6 +5,8 @@
 
 import { realpathSync } from "node:fs";
 import { pathToFileURL } from "node:url";
+import { packageVersion } from "./lib/format.ts";
+import { requireSqlite } from "./lib/runtime.ts";
 
 // Loaded on demand: `webhook-inbox inbox status` need not load the receiver, the page or prom-client.
 const COMMANDS: Record<string, { about: string; load: () => Promise<(argv: string[]) => Promise<void>> }> = {
@@ -28,6 +30,7 @@ ${Object.entries(COMMANDS)
   .join("\n")}
 
 Each takes the options of its script; webhook-inbox <command> --help lists them.
+webhook-inbox --version prints the package's version.
 
 Examples:
   npx webhook-inbox receiver --db inbox.db --sources sources.json
@@ -41,6 +44,13 @@ export async function main(argv: string[]): Promise<void> {
     console.log(USAGE);
     return;
   }
+  if (name === "--version" || name === "-V") {
+    console.log(packageVersion());
+    return;
+  }
+  // Before any command's modules load: on Node 20 their import of node:sqlite would fail as they link, with
+  // a stack trace and exit 1, which a unit's Restart=on-failure would repeat every second.
+  requireSqlite();
   const command = name === undefined ? undefined : COMMANDS[name];
   if (!command) {
     console.error(

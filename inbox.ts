@@ -10,10 +10,11 @@
 
 import { pathToFileURL } from "node:url";
 import { message } from "./lib/log.ts";
-import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
+import { requireSqlite } from "./lib/runtime.ts";
 // Tx.db, the SQLite connection, is declared by the SQLite backend; this import keeps that declaration in the
 // package's types, whose inbox.d.ts would otherwise drop the backend (connect()'s type names no SqliteInbox).
-import "./lib/sqlite/sqlite.ts";
+// A type import only: the backend itself is loaded by connect(), after the check that node:sqlite is there.
+import type {} from "./lib/sqlite/sqlite.ts";
 import type { Inbox, InboxOptions } from "./lib/store.ts";
 
 export { DEFAULTS } from "./lib/defaults.ts";
@@ -45,7 +46,12 @@ export function isPostgresUrl(target: string): boolean {
  * point's call: --db, else INBOX_DB, else DEFAULTS.db.
  */
 export async function connect(target: string, options: InboxOptions = {}): Promise<Inbox> {
-  if (!isPostgresUrl(target)) return new SqliteInbox(target, options);
+  // On a Node without node:sqlite (Node 20), one line and exit 2, not a stack trace from the import below.
+  requireSqlite();
+  if (!isPostgresUrl(target)) {
+    const { SqliteInbox } = await import("./lib/sqlite/sqlite.ts");
+    return new SqliteInbox(target, options);
+  }
   // Loaded only when asked for, so a SQLite inbox never loads pg.
   const { PostgresInbox } = await import("./lib/postgres/postgres.ts");
   return PostgresInbox.open(target, options);
@@ -68,11 +74,15 @@ export async function cli(argv: string[]): Promise<void> {
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
+  const { speakTo } = await import("./lib/format.ts");
+  const { DEFAULTS } = await import("./lib/defaults.ts");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
     // A usage error is one line, the hint included: commander's own hint would be a second one.
     .configureOutput({ outputError: (text, write) => write(`${text.trimEnd()} (run with --help for usage)\n`) })
+    // Taken before the command as after it: inbox.ts --db X status, as inbox.ts status --db X.
+    .option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`)
     .addHelpText(
       "after",
       `
@@ -99,6 +109,7 @@ Examples:
 Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     );
 
+  speakTo(program, argv);
   const c = commandLine(program, { connect, isPostgresUrl });
   for (const add of [
     reads.status,

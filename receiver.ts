@@ -9,6 +9,7 @@ import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { speakTo } from "./lib/format.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
@@ -16,7 +17,7 @@ import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import { loadSources, type Source } from "./lib/providers.ts";
 import { loadDestinations } from "./lib/routing/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
-import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
+import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -279,7 +280,14 @@ async function receiverProgram() {
       "--inline-checkpoints",
       "copy the WAL into the database inside commits, as SQLite does by default, instead of on a thread of its own (slower acks; for comparison)",
     )
-    .option("--force", "start on a SQLite file that fails quick_check (checked at start-up, never per request)")
+    .option(
+      "--skip-check",
+      "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
+    )
+    .option(
+      "--force",
+      "SQLite: start on a file that fails the start-up quick_check, saying so (never checked per request)",
+    )
     .option(
       "--sync-in-commit",
       "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)",
@@ -309,6 +317,7 @@ Examples:
 /** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const program = await receiverProgram();
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
@@ -330,6 +339,7 @@ export async function main(argv: string[]): Promise<void> {
     logFormat: LogFormat;
     metrics: boolean;
     force?: boolean;
+    skipCheck?: boolean;
   }>();
   format = opts.logFormat;
   const envPort = process.env.PORT;
@@ -342,10 +352,12 @@ export async function main(argv: string[]): Promise<void> {
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
-  const damaged = opts.force || isPostgresUrl(path) ? undefined : healthProblem(path);
+  // Only when there is reason to (after an unclean stop, or a day since the last): it reads every page.
+  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
   // Exit 2, as for a mistake in the options: a restart cannot mend the file, and systemd's
   // RestartPreventExitStatus=2 stops it re-reading every page every few seconds until someone restores.
-  if (damaged !== undefined) fatal(damagedLine("receiver", path, damaged), 2);
+  if (damaged !== undefined && !opts.force) fatal(damagedLine("receiver", path, damaged), 2);
+  if (damaged !== undefined) say(damagedButForced("receiver", path, damaged), "warn");
   let inbox: Inbox;
   let metrics: Metrics | undefined;
   try {
@@ -360,6 +372,8 @@ export async function main(argv: string[]): Promise<void> {
   } catch (error) {
     return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
   }
+  // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
+  const unmark = isPostgresUrl(path) ? () => {} : running(path);
   if (opts.metrics) metrics = new Metrics({ inbox });
   announce(sources);
   const { log, flush: flushLog } = lineLog(process.stderr, format);
@@ -395,6 +409,7 @@ export async function main(argv: string[]): Promise<void> {
     say(`${signal}: finishing the requests in flight, then stopping`);
     await receiver.close();
     await inbox.close();
+    unmark();
     flushLog();
     process.exit(0);
   };

@@ -39,7 +39,7 @@ async function drainFor(
   seconds: number,
   during: Promise<unknown> = new Promise((r) => setTimeout(r, seconds * 1000)),
 ): Promise<number> {
-  // --force: the start-up quick_check reads the whole file, which is start-up, not drain.
+  // --skip-check: the start-up quick_check reads the whole file, which is start-up, not drain.
   const child = spawn(
     process.execPath,
     [
@@ -49,7 +49,7 @@ async function drainFor(
       "--db",
       path,
       "--quiet",
-      "--force",
+      "--skip-check",
       "--concurrency",
       String(CONCURRENCY),
     ],

@@ -43,6 +43,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
+  startup: async () => (await import("./startup.ts")).startupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
   transforms: async () => (await import("./transforms.ts")).transforms(),
   slow: async () => (await import("./slow.ts")).slow(),
@@ -69,6 +70,7 @@ const DEFAULT = [
   "traces",
   "redact",
   "backup",
+  "startup",
   "routing",
   "slow",
 ];

@@ -25,6 +25,12 @@ export const DEFAULTS = {
   /** Milliseconds a writer waits for SQLite's lock before giving up with SQLITE_BUSY. @default 5_000 */
   busyTimeoutMs: 5_000,
   /**
+   * The start-up quick_check of a SQLite file runs when its last one is older than this, or after an
+   * unclean stop, not at every start: a cron `worker --once` would otherwise read every page every run.
+   * @default 86_400_000 (a day)
+   */
+  fullCheckEveryMs: 86_400_000,
+  /**
    * KiB of SQLite page cache for the receiver's connection, which only appends deliveries: a quarter of
    * the 16 MB the worker's claims want, and that much less memory held (bench/ingest prints the RSS). @default 4_000
    */

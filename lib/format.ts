@@ -2,6 +2,7 @@
 // (parseDuration, parseWhen); ages, dates and sizes in its output; a delivery as JSON; and the JSON Lines
 // of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
 
+import { existsSync, readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
 import { ORIGINS, STATUSES, type Delivery, type Status } from "./store.ts";
 import { sha256 } from "./rows.ts";
@@ -147,4 +148,47 @@ export function importLine(line: unknown): Delivery {
   if (d.purgedAt === null && sha256(body) !== d.bodySha256)
     throw new TypeError(`the body of ${d.source}/${d.id} does not match its sha256`);
   return d;
+}
+
+// The scripts the package's command runs by name (cli.ts): their help speaks of `webhook-inbox NAME` there.
+const PACKAGED = "receiver|worker|inbox|admin";
+
+/**
+ * spokenAs is how a script's help and messages name the commands, for the way argv says it was started:
+ * through the package's command (dist/cli.js, the `webhook-inbox` bin, or cli.ts) `npx tsx inbox.ts status`
+ * becomes `npx webhook-inbox inbox status` and `Usage: admin.ts` `Usage: webhook-inbox admin`; run as
+ * the script itself, in the clone, the text is left as written.
+ */
+export function spokenAs(argv: readonly string[]): (text: string) => string {
+  const started = (argv[1] ?? "").replace(/\\/g, "/").split("/").at(-1) ?? "";
+  if (!/^(cli\.[cm]?[jt]s|webhook-inbox)$/.test(started)) return (text) => text;
+  return (text) =>
+    text
+      .replace(new RegExp(`npx tsx (${PACKAGED})\\.ts`, "g"), "npx webhook-inbox $1")
+      .replace(new RegExp(`(?<![\\w/.-])(${PACKAGED})\\.ts\\b`, "g"), "webhook-inbox $1");
+}
+
+/** packageVersion is the version in the package's own package.json, found from this file up (clone or dist/). */
+export function packageVersion(): string {
+  for (let dir = new URL(".", import.meta.url); ; dir = new URL("..", dir)) {
+    const file = new URL("package.json", dir);
+    if (existsSync(file)) {
+      const manifest = JSON.parse(readFileSync(file, "utf8")) as { name?: string; version?: string };
+      if (manifest.name === "webhook-inbox" && manifest.version) return manifest.version;
+    }
+    if (dir.pathname === "/") return "unknown";
+  }
+}
+
+/** Speaking is the part of a commander program that speakTo() sets: its --version, and where its help goes. */
+export interface Speaking {
+  version(version: string): unknown;
+  configureOutput(output: { writeOut: (text: string) => void }): unknown;
+}
+
+/** speakTo gives a script's program --version, and help that names the commands as spokenAs(argv) says. */
+export function speakTo(program: Speaking, argv: readonly string[]): void {
+  const speak = spokenAs(argv);
+  program.version(packageVersion());
+  program.configureOutput({ writeOut: (text) => void process.stdout.write(speak(text)) });
 }

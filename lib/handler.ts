@@ -13,7 +13,11 @@ import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source, type Verdict } from "./providers.ts";
 import { routeTo } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
+import { requireSqlite } from "./runtime.ts";
 import { startReceive } from "./traces.ts";
+
+// An app that mounts the handler on a Node without node:sqlite stops here, with one line, not at connect().
+requireSqlite();
 
 /** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
 export interface HandlerOptions {

@@ -4,6 +4,7 @@
 // suite on each, and checks that no other file asks.
 
 import type { ChildProcess } from "node:child_process";
+import { isBuiltin } from "node:module";
 
 /** RuntimeName names the three supported runtimes. */
 export type RuntimeName = "node" | "deno" | "bun";
@@ -82,4 +83,26 @@ export function signalChild(child: ChildProcess, signal: NodeJS.Signals): void {
     // It exited between the check and the signal: nothing is left to stop.
     if ((error as NodeJS.ErrnoException).code !== "ESRCH") throw error;
   }
+}
+
+/** NODE_NEEDED is the Node major the package runs on: the first whose node:sqlite needs no flag. */
+export const NODE_NEEDED = 24;
+
+/**
+ * sqliteMissing is the one line a script or an app stops with on a Node that has no node:sqlite (Node 20,
+ * say), naming the Node it needs and how to get it, or undefined where node:sqlite is there. Deno and Bun
+ * bring their own. The check is isBuiltin's, so it runs before anything imports node:sqlite: a static
+ * import of it fails while the module graph links, with a stack trace, before any code could say why.
+ */
+export function sqliteMissing(runtime: Runtime = RUNTIME): string | undefined {
+  if (runtime.name !== "node" || isBuiltin("node:sqlite")) return undefined;
+  return `webhook-inbox needs Node ${NODE_NEEDED} (for node:sqlite); this is Node ${runtime.version}. Install it into your app with npm install --save-dev node@${NODE_NEEDED}, then run npx webhook-inbox … or npx node app.ts (docs/in-your-app.md#the-node-it-needs)`;
+}
+
+/** requireSqlite stops the process with sqliteMissing()'s one line and exit 2 on a Node without node:sqlite. */
+export function requireSqlite(): void {
+  const missing = sqliteMissing();
+  if (missing === undefined) return;
+  process.stderr.write(`${missing}\n`);
+  process.exit(2);
 }

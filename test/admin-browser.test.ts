@@ -10,7 +10,13 @@ import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
 import { connect } from "../inbox.ts";
 import type { Inbox } from "../lib/store.ts";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
 import { backends, chromiumSkip, launchChromium } from "./helpers.ts";
+
+// Where the screenshots go, to be looked at by a person: the wording test leaves one per backend.
+const SHOTS = process.env.INBOX_SHOTS ?? join(process.env.TMPDIR ?? "/tmp", "webhook-inbox-shots");
+mkdirSync(SHOTS, { recursive: true });
 
 const TOKEN = "night-shift-token";
 
@@ -174,23 +180,23 @@ for (const backend of BACKENDS) {
       await logIn();
       await page.click("nav >> text=Destinations");
       await page.waitForSelector("h1:has-text('Destinations')");
-      assert.equal(await page.textContent(`${appRow} .badge`), "closed");
+      assert.equal(await page.textContent(`${appRow} .badge`), "healthy");
       await page.fill(`${appRow} input[name="reason"]`, "deploying v2");
       await page.click(`${appRow} button:has-text("Pause")`);
       await page.waitForSelector(".flash");
       assert.equal(await page.textContent(".flash"), "app paused: its deliveries wait, none discarded.");
-      assert.equal(await page.textContent(`${appRow} .badge`), "paused");
-      assert.equal(await page.textContent(`${appRow} .detail`), "deploying v2");
+      assert.equal(await page.textContent(`${appRow} .badge`), "paused by an operator");
+      assert.equal(await page.textContent(`${appRow} .detail`), "paused, nothing discarded: deploying v2");
       assert.equal(await inbox.claim(60_000, { destination: "app" }), undefined, "held: none is claimed");
 
       await page.click("nav >> text=Overview");
-      assert.match((await page.textContent(".held"))!, /app paused 2 waiting/);
+      assert.match((await page.textContent(".held"))!, /app paused by an operator 2 waiting/);
 
       await page.click("nav >> text=Destinations");
       await page.click(`${appRow} button:has-text("Resume")`);
       await page.waitForSelector(".flash");
       assert.equal(await page.textContent(".flash"), "app resumed: its deliveries go again.");
-      assert.equal(await page.textContent(`${appRow} .badge`), "closed");
+      assert.equal(await page.textContent(`${appRow} .badge`), "healthy");
 
       await page.click(`${appRow} td:nth-child(3) a`);
       await page.waitForURL(/destination=app/);
@@ -210,6 +216,50 @@ for (const backend of BACKENDS) {
         ),
       );
       assert.deepEqual(routes, ["handler received", "app received"]);
+    });
+
+    it("says in words what each destination's state means: failing, paused for N s; failing, still sending; healthy; the breaker's terms beside (a screenshot to look at)", async () => {
+      for (const id of ["w1", "w2", "w3"])
+        await inbox.store({ source: "shop", id, body: Buffer.from("{}"), destinations: ["handler", "down", "flaky"] });
+      const fail = async (name: string, failures: number) => {
+        for (let i = 0; i < 3; i++) {
+          const lease = await inbox.claim(60_000, { destination: name });
+          assert.ok(lease);
+          await inbox.fail(lease, "HTTP 503 from app");
+          await inbox.tally(
+            name,
+            { done: 0, failed: 1, error: "HTTP 503 from app" },
+            { failures, rate: 0.99, minTries: 100, windowMs: 60_000, coolDownMs: 30_000 },
+          );
+        }
+      };
+      await fail("down", 3);
+      await fail("flaky", 10);
+      await logIn();
+      await page.click("nav >> text=Destinations");
+      await page.waitForSelector("h1:has-text('Destinations')");
+      const said = async (name: string) => {
+        const row = `table.destinations tr:has(a:text-is("${name}"))`;
+        return `${await page.textContent(`${row} .badge`)} | ${await page.textContent(`${row} .detail`)}`;
+      };
+      assert.match(
+        await said("down"),
+        /^failing, paused for (29|30) s \| breaker open after 3 failures in a row; probe at /,
+      );
+      assert.equal(
+        await said("flaky"),
+        "failing, still sending | the last 3 tries failed; breaker closed (3 failures in a row)",
+      );
+      assert.equal(await said("handler"), "healthy | breaker closed");
+      // The colours the words go with, as Chromium computes them: a failing destination is not green.
+      const colour = (name: string) =>
+        page.$eval(
+          `table.destinations tr:has(a:text-is("${name}")) .badge`,
+          (b) => getComputedStyle(b).backgroundColor,
+        );
+      assert.notEqual(await colour("flaky"), await colour("handler"));
+      assert.equal(await colour("flaky"), await colour("down"));
+      await page.screenshot({ path: join(SHOTS, `destinations-words-${inbox.backend}.png`), fullPage: true });
     });
 
     it("runs no script a delivery carries: a <script> body and an HTML event type stay text", async () => {

@@ -452,10 +452,13 @@ for (const backend of BACKENDS) {
       assert.equal(page.status, 200);
       assert.match(
         rowOf(page.body, "app"),
-        /^app open probe at \d\d:\d\d:\d\dZ 3 0 0 100% \(1 in a row\) &#60;script&#62;alert\(&#34;x&#34;\)&#60;\/script&#62; HTTP 503 /,
+        /^app failing, paused for 30 s breaker open after 1 failure in a row; probe at \d\d:\d\d:\d\dZ 3 0 0 100% \(1 in a row\) &#60;script&#62;alert\(&#34;x&#34;\)&#60;\/script&#62; HTTP 503 /,
       );
-      assert.match(rowOf(page.body, "crm"), /^crm paused deploying &#60;b&#62;v2&#60;\/b&#62; 3 0 0 – /);
-      assert.match(rowOf(page.body, "handler"), /^handler closed 3 0 0 – /);
+      assert.match(
+        rowOf(page.body, "crm"),
+        /^crm paused by an operator paused, nothing discarded: deploying &#60;b&#62;v2&#60;\/b&#62; 3 0 0 – /,
+      );
+      assert.match(rowOf(page.body, "handler"), /^handler healthy breaker closed 3 0 0 – /);
       assert.doesNotMatch(page.body, /<script>alert|<b>v2/);
       assert.match(
         page.body,
@@ -465,8 +468,30 @@ for (const backend of BACKENDS) {
       const home = await request(`${url}/`, { headers: { cookie } });
       assert.match(
         home.body,
-        /<p class="held">Holding their deliveries: <a href="\/destinations">app<\/a> <span class="badge open">open<\/span> 3 waiting · <a href="\/destinations">crm<\/a> <span class="badge paused">paused<\/span> 3 waiting<\/p>/,
+        /<p class="held">Holding their deliveries: <a href="\/destinations">app<\/a> <span class="badge failing">failing, paused for 30 s<\/span> 3 waiting · <a href="\/destinations">crm<\/a> <span class="badge paused">paused by an operator<\/span> 3 waiting<\/p>/,
       );
+    });
+
+    it("says a destination whose tries fail is failing, in words, though its breaker is still closed (the breaker's term in the details)", async () => {
+      for (let i = 0; i < 3; i++)
+        await inbox.store({ source: "shop", id: `f${i}`, body: Buffer.from("{}"), destinations: ["app"] });
+      const lenient = { ...POLICY, failures: 10 };
+      for (let i = 0; i < 3; i++) {
+        const lease = await inbox.claim(60_000, { destination: "app" });
+        assert.ok(lease);
+        await inbox.fail(lease, "HTTP 503 from app");
+        await inbox.tally("app", { done: 0, failed: 1, error: "HTTP 503 from app" }, lenient);
+      }
+      assert.equal((await inbox.destinations()).find((d) => d.name === "app")?.state, "closed");
+      const url = await start();
+      const { cookie } = await login(url);
+      const page = await request(`${url}/destinations`, { headers: { cookie } });
+      assert.match(
+        rowOf(page.body, "app"),
+        /^app failing, still sending the last 3 tries failed; breaker closed \(3 failures in a row\) /,
+      );
+      assert.match(page.body, /<span class="badge failing">failing, still sending<\/span>/);
+      assert.doesNotMatch(page.body, /<span class="badge closed">/, "no green 'closed' badge");
     });
 
     it("control: the overview warns of no destination while every one is closed", async () => {
@@ -596,7 +621,7 @@ for (const backend of BACKENDS) {
       const { cookie, csrf } = await login(url);
       assert.match(
         rowOf((await request(`${url}/destinations`, { headers: { cookie } })).body, "billing"),
-        /^billing closed 0 0 0 – /,
+        /^billing healthy breaker closed 0 0 0 – /,
       );
       assert.equal(
         (await request(`${url}/pause`, { headers: { cookie }, form: { destination: "billing", csrf } })).status,

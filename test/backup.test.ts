@@ -318,16 +318,37 @@ function damage(path: string): void {
 }
 
 describe("the start-up quick_check", () => {
-  it("refuses a damaged file in one line; --force starts on it; the same file undamaged starts (control)", async () => {
-    const db = join(dir, "health.db");
+  // A file of 300 deliveries whose receiver stopped cleanly after its first start, which checked it.
+  const sound = async (name: string) => {
+    const db = join(dir, name);
     const inbox = new SqliteInbox(db);
     for (let i = 0; i < 300; i++) await inbox.store({ id: `h${i}`, body: Buffer.from("y".repeat(500)) });
     await inbox.close();
     assert.equal(healthProblem(db), undefined);
-    const sound = await startReceiver(db, ["--quiet"]);
-    await sound.stop();
+    assert.ok(!existsSync(`${db}-checked`), "never checked yet");
+    const first = await startReceiver(db, ["--quiet"]);
+    assert.equal(await first.stop(), 0);
+    assert.ok(existsSync(`${db}-checked`), "the first start checked it and wrote down the pass");
+    assert.deepEqual(
+      readdirSync(dir).filter((f) => f.startsWith(`${name}-running.`)),
+      [],
+      "the clean stop removed its mark",
+    );
+    return db;
+  };
+
+  it("is not paid at every start: a file checked today that stopped cleanly starts unread, damaged or not", async () => {
+    const db = await sound("health-skip.db");
     damage(db);
     assert.notEqual(healthProblem(db), undefined);
+    const worker = await runScript("worker.ts", ["--once", "--db", db]);
+    assert.doesNotMatch(worker.stderr, /quick_check/);
+  });
+
+  it("(control) runs once its last pass is a day old: refuses the damaged file in one line, exit 2, worker and receiver", async () => {
+    const db = await sound("health-old.db");
+    damage(db);
+    writeFileSync(`${db}-checked`, String(Date.now() - 25 * 3_600_000));
     const refused = await runScript("receiver.ts", ["--port", "0", "--db", db]);
     assert.equal(refused.code, 2, "exit 2, which systemd's RestartPreventExitStatus=2 does not restart in a loop");
     assert.match(refused.stderr, /fails SQLite's quick_check.*--force/);
@@ -335,7 +356,32 @@ describe("the start-up quick_check", () => {
     const worker = await runScript("worker.ts", ["--once", "--db", db]);
     assert.equal(worker.code, 2, worker.stderr);
     assert.match(worker.stderr, /fails SQLite's quick_check/);
-    const forced = await startReceiver(db, ["--quiet", "--force"]);
-    await forced.stop();
+  });
+
+  it("runs after an unclean stop: a receiver killed with SIGKILL leaves its mark, and the next start refuses the damage", async () => {
+    const db = await sound("health-kill.db");
+    const killed = await startReceiver(db, ["--quiet"]);
+    await killed.stop("SIGKILL");
+    assert.equal(readdirSync(dir).filter((f) => f.startsWith("health-kill.db-running.")).length, 1);
+    damage(db);
+    const worker = await runScript("worker.ts", ["--once", "--db", db]);
+    assert.equal(worker.code, 2, worker.stderr);
+    assert.match(worker.stderr, /fails SQLite's quick_check/);
+  });
+
+  it("--skip-check and --force are two switches: one skips a due check, the other checks and starts on damage, saying so", async () => {
+    const db = await sound("health-flags.db");
+    damage(db);
+    rmSync(`${db}-checked`);
+    const skipped = await runScript("worker.ts", ["--once", "--db", db, "--skip-check"]);
+    assert.doesNotMatch(skipped.stderr, /quick_check/);
+    const forced = await runScript("worker.ts", ["--once", "--db", db, "--force"]);
+    assert.match(forced.stderr, /fails SQLite's quick_check .*starting anyway, as --force asks/);
+    const receiver = await startReceiver(db, ["--quiet", "--force"]);
+    assert.match(receiver.log(), /starting anyway/);
+    await receiver.stop();
+    // Neither recorded a pass: the next start without them still refuses.
+    const refused = await runScript("worker.ts", ["--once", "--db", db]);
+    assert.equal(refused.code, 2, refused.stderr);
   });
 });

@@ -324,13 +324,26 @@ function scriptRun(
   return undefined;
 }
 
+/**
+ * shownFiles are the files a page shows the reader how to write: a fence whose first line is `// NAME.ts`
+ * (the README's first app's server.ts). The page's own, not the repository's: named or run, they need not exist here.
+ */
+function shownFiles(page: Page): Set<string> {
+  return new Set(
+    parse(page)
+      .fences.map((f) => /^\/\/ ([\w./-]+\.ts)$/.exec(f.body.split("\n")[0]!)?.[1])
+      .filter((name): name is string => name !== undefined),
+  );
+}
+
 /** commandsIn finds every command in the pages that runs a script, with the flags it names. */
 function commandsIn(pages: readonly Page[], scripts: ReadonlySet<string>, subcommands: ReadonlySet<string>): Command[] {
   const found: Command[] = [];
+  const shown = new Map(pages.map((p) => [p.path, shownFiles(p)]));
   const add = (page: string, line: number, text: string, inline: boolean) => {
     for (const words of commandsOf(text)) {
       const run = scriptRun(words, scripts, inline);
-      if (!run) continue;
+      if (!run || shown.get(page)?.has(run.script)) continue;
       let sub: string | undefined;
       let rest = run.rest;
       if (run.script === "inbox.ts") {
@@ -542,9 +555,11 @@ function checkNames(pages: readonly Page[], code: Code, scripts: ReadonlySet<str
   const isMember = (owner: string, name: string) => code.members.get(INSTANCES.get(owner) ?? owner)?.has(name) ?? false;
   for (const page of pages) {
     const { spans, prose } = parse(page);
+    const shown = shownFiles(page);
     for (const { line, code: text } of spans) {
       const where = `${page.path}:${line}: \`${text}\``;
       for (const path of fileRefs(text)) {
+        if (shown.has(path)) continue;
         if (!existsSync(join(ROOT, path)) && !existsSync(join(ROOT, `${path}.ts`)))
           problems.push(`${where}: ${path} does not exist`);
       }

@@ -4,12 +4,21 @@
 // worker and the CLI through npx webhook-inbox. The same app then runs on Deno and Bun where they are present.
 
 import assert from "node:assert/strict";
-import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, it } from "node:test";
-import { ROOT, runScript, runtimeBinary, tempDir } from "./helpers.ts";
+import { ROOT, freePort, runScript, runtimeBinary, tempDir } from "./helpers.ts";
 
 // The app's own code: it imports only the package's names, as documented, and a misuse must not compile.
 const APP = `// A fresh app that installed webhook-inbox from its tarball: the handler mounted in Express.
@@ -287,15 +296,26 @@ describe("an app that installed the tarball", () => {
     }
   });
 
-  it("answers each command's --help as the script does, and refuses an unknown command with exit 2", async () => {
+  it("answers each command's --help as the script does, in the words of the package's command, and --version", async () => {
     for (const command of ["receiver", "worker", "inbox", "admin"]) {
       const [installed, script] = await Promise.all([
         exec("npx", ["webhook-inbox", command, "--help"], app),
         runScript(`${command}.ts`, ["--help"]),
       ]);
       assert.equal(installed.code, 0, `${command}: ${installed.stderr}`);
-      assert.equal(installed.stdout, script.stdout, command);
+      // The same options; the usage line and the examples name what the user runs here.
+      assert.match(script.stdout, new RegExp(`^Usage: ${command}\\.ts `, "m"));
+      assert.match(installed.stdout, new RegExp(`^Usage: webhook-inbox ${command} `, "m"));
+      assert.doesNotMatch(installed.stdout, /npx tsx|\b(receiver|worker|inbox|admin)\.ts\b/, command);
+      assert.match(installed.stdout, new RegExp(`^  npx webhook-inbox ${command}\\b`, "m"), command);
+      const options = (help: string) =>
+        help.slice(help.indexOf("Options:"), help.indexOf("\n\n", help.indexOf("Options:")));
+      assert.equal(options(installed.stdout), options(script.stdout), command);
+      const version = await exec("npx", ["webhook-inbox", command, "--version"], app);
+      assert.equal(version.stdout, "0.1.0\n", command);
     }
+    const version = await exec("npx", ["webhook-inbox", "--version"], app);
+    assert.equal(`${version.code} ${version.stdout}`, "0 0.1.0\n");
     const unknown = await exec("npx", ["webhook-inbox", "sender"], app);
     assert.equal(unknown.code, 2);
     assert.equal(
@@ -361,5 +381,130 @@ describe("an app that installed the tarball", () => {
   }, async () => {
     const checked = await exec(BINARIES.deno!, ["check", "app.ts"], app);
     assert.equal(checked.code, 0, checked.stdout + checked.stderr);
+  });
+});
+
+// The README's "In your app", word for word: its shell blocks run as written (npm's own settings, from the
+// environment, keep it off the network where the cache has the packages), its files written as shown.
+const README = readFileSync(join(ROOT, "README.md"), "utf8");
+const firstApp = README.slice(README.indexOf("## In your app\n"), README.indexOf("## What it guarantees"));
+const fences = [...firstApp.matchAll(/^```(\w+)\n([\s\S]*?)^```$/gm)].map((m) => ({ lang: m[1]!, body: m[2]! }));
+// A newcomer's machine: its own Node (20 here), its npm, nothing of this repository's on PATH.
+const SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const NEWCOMER = {
+  ...process.env,
+  PATH: SYSTEM_PATH,
+  NO_COLOR: "1",
+  npm_config_prefer_offline: "true",
+  npm_config_audit: "false",
+  npm_config_fund: "false",
+  npm_config_update_notifier: "false",
+};
+const SYSTEM_NODE = ["/usr/local/bin/node", "/usr/bin/node"].find(
+  (p) => existsSync(p) && spawnSync(p, ["--version"], { encoding: "utf8" }).stdout.startsWith("v20."),
+);
+
+function sh(script: string, cwd: string, env: NodeJS.ProcessEnv = NEWCOMER) {
+  return spawnSync("sh", ["-ec", script], { cwd, env, encoding: "utf8", timeout: 240_000 });
+}
+
+describe("the README's first app, followed word for word from an empty folder", () => {
+  let home: string;
+  let myApp: string;
+  before(() => {
+    home = join(work.dir, "newcomer");
+    // The clone: the README's `npm pack` in it; the tarball is the one packed above, by the same command.
+    assert.equal(fences[0]!.body.replace(/\s*#.*$/gm, "").trim(), "npm pack");
+    mkdirSync(join(home, "webhook-inbox"), { recursive: true });
+    copyFileSync(tarball, join(home, "webhook-inbox", "webhook-inbox-0.1.0.tgz"));
+  });
+
+  it("makes the app as the README says: npm init -y, type module, the tarball, Node 24 beside it", () => {
+    const setup = fences[1]!;
+    assert.equal(setup.lang, "sh");
+    assert.match(setup.body, /npm init -y/);
+    const r = sh(setup.body, home);
+    assert.equal(r.status, 0, r.stderr);
+    myApp = join(home, "my-app");
+    const manifest = JSON.parse(readFileSync(join(myApp, "package.json"), "utf8"));
+    assert.equal(manifest.type, "module");
+    assert.ok(manifest.dependencies["webhook-inbox"]);
+    assert.ok(manifest.devDependencies.node);
+  });
+
+  it("serves the README's server.ts, runs its handler.ts in the worker, and shows the status it says", async () => {
+    const [sources, server, handler, run] = fences.slice(2);
+    assert.equal(sources!.lang, "json");
+    writeFileSync(join(myApp, "sources.json"), sources!.body);
+    writeFileSync(join(myApp, "server.ts"), server!.body);
+    writeFileSync(join(myApp, "handler.ts"), handler!.body);
+    const lines = run!.body.trim().split("\n");
+    assert.equal(lines[0], "npx node server.ts &");
+    const port = String(await freePort());
+    // A process group of its own: npx, and the Node it starts, are stopped together.
+    const started = spawn("npx", ["node", "server.ts"], {
+      cwd: myApp,
+      env: { ...NEWCOMER, PORT: port },
+      stdio: ["ignore", "pipe", "pipe"],
+      detached: true,
+    });
+    const exited = new Promise((resolve) => started.on("exit", resolve));
+    try {
+      await new Promise<void>((resolve, reject) => {
+        let err = "";
+        started.stderr!.on("data", (d) => (err += d));
+        createInterface({ input: started.stdout! }).on("line", (l) => {
+          if (l === `Listening on http://127.0.0.1:${port}`) resolve();
+        });
+        started.on("exit", (code) => reject(new Error(`server.ts exited with ${code}: ${err}`)));
+      });
+      for (const line of lines.slice(1)) {
+        const [command, expected] = line.split(/\s+#\s+/);
+        const r = sh(command!.replaceAll("8000", port), myApp);
+        assert.equal(r.status, 0, `${command}: ${r.stderr}`);
+        assert.ok(
+          `${r.stdout}${r.stderr}`.includes(expected!.trim()),
+          `${command}: expected ${expected}, got ${r.stdout}${r.stderr}`,
+        );
+      }
+    } finally {
+      process.kill(-started.pid!, "SIGTERM");
+      await exited;
+    }
+    // Loopback only, as the receiver: the port is not open on another address of this machine.
+    assert.match(server!.body, /\.listen\(port, "127\.0\.0\.1"\)/);
+  });
+
+  it("stops with one line and exit 2 on the machine's Node 20, naming Node 24 and how to get it: the bin, the handler's module, connect()", {
+    skip: SYSTEM_NODE ? false : "no Node 20 on this machine",
+  }, () => {
+    for (const [what, args] of [
+      ["the bin", [join(myApp, "node_modules", "webhook-inbox", "dist", "cli.js"), "inbox", "status"]],
+      ["the handler's module", ["--input-type=module", "-e", 'await import("webhook-inbox/handler");']],
+      [
+        "connect()",
+        ["--input-type=module", "-e", 'const { connect } = await import("webhook-inbox"); await connect("x.db");'],
+      ],
+      [
+        "the worker's module",
+        [
+          "--input-type=module",
+          "-e",
+          'const { connect } = await import("webhook-inbox"); await import("webhook-inbox/worker"); await connect("x.db");',
+        ],
+      ],
+    ] as const) {
+      const r = spawnSync(SYSTEM_NODE!, args, { cwd: myApp, env: NEWCOMER, encoding: "utf8" });
+      assert.equal(r.status, 2, `${what}: ${r.stderr}`);
+      assert.equal(r.stderr.trim().split("\n").length, 1, `${what}: ${r.stderr}`);
+      assert.match(
+        r.stderr,
+        /^webhook-inbox needs Node 24 \(for node:sqlite\); this is Node 20\.\S+ Install it into your app with npm install --save-dev node@24, then run npx webhook-inbox/,
+        what,
+      );
+    }
+    // (control) The same bin on the app's Node 24, through npx, runs.
+    const ok = sh("npx webhook-inbox inbox status", myApp);
+    assert.equal(ok.status, 0, ok.stderr);
   });
 });

@@ -1,14 +1,16 @@
-// test/production.test.ts: docs/production.md's systemd units, run. Every ```ini block that opens with
-// `# /etc/…` is a file of the page; each unit's ExecStart is run with its own flags, its EnvironmentFile
-// (the page's env file) and its WorkingDirectory, with the install's paths moved into a temp folder: the
-// installed `webhook-inbox` command becomes this repository's cli.ts under tsx, the ports free ones. The
-// receiver takes a signed delivery, the worker does it, the page answers, the backup unit writes a checked
-// backup, and each long-running unit drains and exits 0 on SIGTERM. systemd-analyze verifies each unit
+// test/production.test.ts: docs/production.md, run. Its set-up commands run as written, as root, with the
+// install's paths moved into a temp folder and a user of the test's own (removed after): the user, the
+// folders and their owners, Node 24 and the packed package installed. Every ```ini block that opens with
+// `# /etc/…` is a file of the page, and the ```ts block that opens with `// /opt/…` the handler; each
+// unit's ExecStart runs the installed `webhook-inbox` command as that user, with the unit's PATH, its
+// EnvironmentFile and its WorkingDirectory, the ports free ones. The receiver takes a signed delivery, the
+// worker's handler does it, the page answers, the backup unit writes a checked backup readable by the
+// user alone, and each long-running unit drains and exits 0 on SIGTERM. systemd-analyze verifies each unit
 // where it is installed.
 
 import assert from "node:assert/strict";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
@@ -25,14 +27,24 @@ const INSTALLED = "/opt/webhook-inbox/node_modules/.bin/webhook-inbox";
 const files = new Map<string, string>();
 for (const m of PAGE.matchAll(/^```ini\n# (\/\S+)\n([\s\S]*?)^```$/gm)) files.set(m[1]!, m[2]!);
 const sourcesJson = /^```json\n([\s\S]*?)^```$/m.exec(PAGE)?.[1];
+const handlerTs = /^```ts\n\/\/ \/opt\/webhook-inbox\/handler\.ts\n([\s\S]*?)^```$/m.exec(PAGE);
+const SETUP = PAGE.slice(PAGE.indexOf("## Set up\n"), PAGE.indexOf("## systemd units"));
+const setupSh = /^```sh\n([\s\S]*?)^```$/m.exec(SETUP)?.[1];
+// The user the set-up makes, a name of this run's own.
+const USER = `wi${process.pid}${Math.random().toString(36).slice(2, 6)}`;
 
 const { dir, cleanup } = tempDir("inbox-production-");
-after(cleanup);
-// The install's folders, each moved under the temp folder.
+after(() => {
+  spawnSync("userdel", [USER]);
+  cleanup();
+});
+// The install's folders, each moved under the temp folder; the tarball is the one this test packs.
 const MOVED: [string, string][] = [
   ["/var/lib/webhook-inbox", join(dir, "var-lib")],
   ["/var/backups/webhook-inbox", join(dir, "backups")],
   ["/etc/webhook-inbox", join(dir, "etc")],
+  ["/opt/webhook-inbox", join(dir, "opt")],
+  ["/root/webhook-inbox-0.1.0.tgz", join(dir, "pack", "webhook-inbox-0.1.0.tgz")],
 ];
 const moved = (text: string) => MOVED.reduce((t, [from, to]) => t.split(from).join(to), text);
 
@@ -43,9 +55,29 @@ function setting(unit: string, key: string): string | undefined {
 
 let env: Record<string, string> = {};
 const ports = new Map<string, string>();
+let ids: { uid: number; gid: number };
 
 before(async () => {
-  for (const [, to] of MOVED) mkdirSync(to, { recursive: true });
+  // Every user may pass through the temp folder to the install and the inbox's folders below it.
+  chmodSync(dir, 0o755);
+  mkdirSync(join(dir, "pack"));
+  const packed = spawnSync("npm", ["pack", "--pack-destination", join(dir, "pack")], { cwd: ROOT, encoding: "utf8" });
+  assert.equal(packed.status, 0, packed.stderr);
+  assert.ok(setupSh, "the page shows the set-up commands");
+  // The page's user name, `inbox`, where the commands name the user or its group, becomes this run's.
+  const script = moved(setupSh)
+    .replace(/ inbox$/m, ` ${USER}`)
+    .replace(/(-[og]) inbox\b/g, `$1 ${USER}`);
+  const setup = spawnSync("sh", ["-ec", script], {
+    cwd: dir,
+    encoding: "utf8",
+    env: { ...process.env, npm_config_prefer_offline: "true", npm_config_audit: "false", npm_config_fund: "false" },
+  });
+  assert.equal(setup.status, 0, setup.stderr);
+  ids = {
+    uid: Number(spawnSync("id", ["-u", USER], { encoding: "utf8" }).stdout),
+    gid: Number(spawnSync("id", ["-g", USER], { encoding: "utf8" }).stdout),
+  };
   const envFile = files.get("/etc/webhook-inbox/env");
   assert.ok(envFile, "the page shows the environment file");
   env = Object.fromEntries(
@@ -56,26 +88,26 @@ before(async () => {
   );
   assert.ok(sourcesJson, "the page shows the sources file");
   writeFileSync(env.INBOX_SOURCES!, sourcesJson);
+  assert.ok(handlerTs, "the page shows the handler");
+  writeFileSync(join(dir, "opt", "handler.ts"), handlerTs[1]!);
   // The page's fixed ports, each given a free one here.
   for (const port of ["8000", "8001", "9464"]) ports.set(port, String(await freePort()));
   env.PORT = ports.get(env.PORT!) ?? env.PORT!;
 });
 
-/** command turns a unit's ExecStart into what runs here: the installed command is cli.ts under tsx. */
+/** command turns a unit's ExecStart into what runs here: the installed command, on the unit's PATH. */
 function command(unit: string): { argv: string[]; cwd: string; env: NodeJS.ProcessEnv } {
   const line = setting(unit, "ExecStart");
   assert.ok(line, "the unit has an ExecStart");
   const words = moved(line)
     .split(/\s+/)
     .map((w) => ports.get(w) ?? w);
-  assert.equal(words[0], INSTALLED, "the unit runs the installed webhook-inbox command");
+  assert.equal(words[0], moved(INSTALLED), "the unit runs the installed webhook-inbox command");
   assert.equal(setting(unit, "EnvironmentFile"), "/etc/webhook-inbox/env");
   const cwd = moved(setting(unit, "WorkingDirectory") ?? "/var/lib/webhook-inbox");
-  return {
-    argv: ["--import", import.meta.resolve("tsx"), join(ROOT, "cli.ts"), ...words.slice(1)],
-    cwd,
-    env: { ...process.env, ...env },
-  };
+  const path = /^PATH=(.*)$/.exec(setting(unit, "Environment") ?? "")?.[1];
+  assert.ok(path, "the unit sets PATH, for the Node the set-up installed");
+  return { argv: [moved(INSTALLED), ...words.slice(1)], cwd, env: { PATH: moved(path), ...env } };
 }
 
 interface Running {
@@ -87,7 +119,10 @@ interface Running {
 }
 function start(unit: string): Running {
   const { argv, cwd, env: vars } = command(unit);
-  const child = spawn(process.execPath, argv, { cwd, env: vars, stdio: ["ignore", "pipe", "pipe"] });
+  // As the unit's User= and Group=: the set-up's folders and modes must let it do its work.
+  assert.equal(setting(unit, "User"), "inbox");
+  const [file, ...args] = argv;
+  const child = spawn(file!, args, { cwd, env: vars, stdio: ["ignore", "pipe", "pipe"], ...ids });
   const lines: string[] = [];
   const waiting: { pattern: RegExp; resolve: (l: string) => void }[] = [];
   for (const stream of [child.stdout!, child.stderr!]) {
@@ -137,9 +172,8 @@ describe("docs/production.md's systemd units, run as written", () => {
       const body = JSON.stringify({
         id: "evt_prod_1",
         object: "event",
-        type: "payment.succeeded",
-        customer: "Ann",
-        amount: 5,
+        type: "invoice.paid",
+        data: { object: { id: "in_1", amount_paid: 500 } },
       });
       const headers = {
         "content-type": "application/json",
@@ -180,6 +214,13 @@ describe("docs/production.md's systemd units, run as written", () => {
       const made = readdirSync(join(dir, "backups"));
       assert.equal(made.length, 1);
       assert.equal(check(join(dir, "backups", made[0]!)).counts.done, 1, "the backup holds the delivery, done");
+      // It holds every body: the user's alone, in a folder of the user's alone.
+      const copy = statSync(join(dir, "backups", made[0]!));
+      assert.equal(copy.mode & 0o777, 0o600);
+      assert.equal(copy.uid, ids.uid);
+      assert.equal(statSync(join(dir, "backups")).mode & 0o777, 0o700);
+      // The worker ran the page's handler, not the article's.
+      await worker.line(/paid: in_1 500/);
     } finally {
       for (const r of [receiver, worker, admin]) r.child.kill("SIGTERM");
     }

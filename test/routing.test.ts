@@ -97,6 +97,29 @@ describe("a bad filter or transform stops start-up", () => {
     });
   }
 
+  it("worker.ts: a transform that imports webhook-inbox at run time from a folder outside any app: one line, exit 2, saying to import types only", async () => {
+    const file = writeSources(dir.dir, withRoute({ transform: "./needs-package.ts" }));
+    writeFileSync(
+      join(dir.dir, "needs-package.ts"),
+      'import { defineTransform } from "webhook-inbox/transform";\nexport default defineTransform(() => ({ body: {} }));\n',
+    );
+    const r = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"], {
+      APP_SECRET,
+    });
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+    assert.match(r.stderr, /transform \.\/needs-package\.ts could not be loaded: .*webhook-inbox.*import type/);
+    // (control) The same transform with `import type` loads: the worker starts.
+    writeFileSync(
+      join(dir.dir, "needs-package.ts"),
+      'import type { Transform } from "webhook-inbox/transform";\nconst t: Transform = () => ({ body: {} });\nexport default t;\n',
+    );
+    const typed = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"], {
+      APP_SECRET,
+    });
+    assert.equal(typed.code, 0, typed.stderr);
+  });
+
   it("control: the file with its filters mended starts the worker", async () => {
     const file = writeSources(dir.dir, SOURCES);
     const r = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"]);

@@ -71,6 +71,58 @@ export function stateDetail(d: DestinationState): string {
   return "";
 }
 
+/** Said is a destination's state as a person reads it at night: a tone for its colour, the words, and the breaker's terms. */
+export interface Said {
+  tone: "healthy" | "failing" | "paused";
+  words: string;
+  /** The breaker's own terms (closed, open, probe), for whoever wants them. */
+  breaker: string;
+}
+
+/**
+ * sayState puts a destination's state in words a person woken at night reads without knowing what a
+ * breaker is: "healthy", "failing, paused for 30 s", "failing, still sending", "paused by an
+ * operator". A closed breaker is not "fine" when its tries fail: it only means they are still being made.
+ */
+export function sayState(d: DestinationState, now: number): Said {
+  if (d.state === "paused")
+    return {
+      tone: "paused",
+      words:
+        d.pausedReason !== null && /\b410\b/.test(d.pausedReason)
+          ? "paused: it answered 410 Gone"
+          : "paused by an operator",
+      breaker: `paused, nothing discarded${d.pausedReason ? `: ${d.pausedReason}` : ""}`,
+    };
+  const inRow = `${d.failuresInRow} ${d.failuresInRow === 1 ? "failure" : "failures"} in a row`;
+  if (d.state === "open") {
+    if (d.probing)
+      return {
+        tone: "failing",
+        words: "failing, trying one delivery now",
+        breaker: `breaker open after ${inRow}; its probe is in flight`,
+      };
+    const seconds = Math.max(0, Math.ceil(((d.retryAt ?? now) - now) / 1000));
+    return {
+      tone: "failing",
+      words: `failing, paused for ${seconds} s`,
+      breaker: `breaker open after ${inRow}; probe at ${iso(d.retryAt).slice(11)}`,
+    };
+  }
+  if (d.failuresInRow > 0)
+    return {
+      tone: "failing",
+      words: "failing, still sending",
+      breaker: `the last ${d.failuresInRow === 1 ? "try" : `${d.failuresInRow} tries`} failed; breaker closed (${inRow})`,
+    };
+  return { tone: "healthy", words: "healthy", breaker: "breaker closed" };
+}
+
+/** stateBadge shows sayState()'s words as a badge coloured by their tone. */
+export function stateBadge(said: Said): string {
+  return `<span class="badge ${said.tone}">${escape(said.words)}</span>`;
+}
+
 /** chart draws received, done and failed per bucket as three polylines in a small SVG, no script needed. */
 export function chart(buckets: { start: number; received: number; done: number; failed: number }[]): string {
   const width = 600;
@@ -186,7 +238,7 @@ pre.error { background: #fff4f3; color: #7d1c14; border: 1px solid #f0c9c5; }
 .live.paused { color: var(--muted); } .updated, .note { color: var(--muted); font-size: .85rem; }
 .login { max-width: 26rem; margin-top: 4rem; } .login label { display: block; margin-bottom: .6rem; } .login input { width: 100%; margin-top: .3rem; }
 td.error { min-width: 12rem; }
-.badge.closed { background: var(--done); } .badge.open { background: var(--failed); } .badge.paused { background: var(--processing); }
+.badge.closed, .badge.healthy { background: var(--done); } .badge.open, .badge.failing { background: var(--failed); } .badge.paused { background: var(--processing); }
 .held { background: #fff6e8; border: 1px solid #efd3a6; padding: .5rem .8rem; border-radius: 4px; }
 .detail { color: var(--muted); font-size: .85rem; } form.pause { display: inline-flex; gap: .3rem; } form.pause input { width: 9rem; }
 @media (max-width: 560px) {

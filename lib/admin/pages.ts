@@ -18,7 +18,8 @@ import {
   hidden,
   iso,
   page,
-  stateDetail,
+  sayState,
+  stateBadge,
   statusBadge,
   type View,
 } from "./html.ts";
@@ -68,7 +69,7 @@ export const overviewLive = async (ctx: PageContext): Promise<string> => {
   return `<section class="cards">${cards}</section>
 <p class="oldest">Oldest waiting: <strong>${s.oldestWaitingMs === null ? "nothing is waiting" : escape(age(s.oldestWaitingMs))}</strong>
 ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had duplicates with a different body` : ""}</p>
-${held(destinations)}
+${held(destinations, t)}
 <h2>Last hour</h2>${chart(hour)}
 <h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
 ${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table><thead><tr><th>source</th><th>consumed from</th><th>its broker says</th></tr></thead><tbody>${brokers.map((b) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source: b.source })}">${escape(b.source)}</a></td><td>${escape(b.from)}</td><td>${escape(ctx.redact(b.said))}</td></tr>`).join("")}</tbody></table></div>`}
@@ -76,13 +77,13 @@ ${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table
 };
 
 // held warns of the destinations that hold their deliveries now: an open breaker, or a pause.
-const held = (destinations: DestinationState[]) => {
+const held = (destinations: DestinationState[], now: number) => {
   const holding = destinations.filter((d) => d.state !== "closed");
   if (holding.length === 0) return "";
   return `<p class="held">Holding their deliveries: ${holding
     .map(
       (d) =>
-        `<a href="/destinations">${escape(d.name)}</a> ${statusBadge(d.state)} ${d.waiting.toLocaleString("en")} waiting`,
+        `<a href="/destinations">${escape(d.name)}</a> ${stateBadge(sayState(d, now))} ${d.waiting.toLocaleString("en")} waiting`,
     )
     .join(" · ")}</p>`;
 };
@@ -274,6 +275,7 @@ ${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requ
 /** destinationsPage lists each destination's state and counts, with pause and resume. */
 export const destinationsPage = async (ctx: PageContext, s: Session, flash: string | null) => {
   const all = await destinationStates(ctx.inbox, ctx.destinations);
+  const now = ctx.now();
   const list = (d: DestinationState, status: Status, n: number) =>
     n === 0
       ? "0"
@@ -293,7 +295,7 @@ export const destinationsPage = async (ctx: PageContext, s: Session, flash: stri
       (
         d,
       ) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
-<td>${statusBadge(d.state)} <span class="detail">${escape(ctx.redact(stateDetail(d)))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
+<td>${stateBadge(sayState(d, now))} <span class="detail">${escape(ctx.redact(sayState(d, now).breaker))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
 <td class="num">${d.processing.toLocaleString("en")}</td><td class="num">${list(d, "failed", d.failed)}</td><td class="num">${rate(d)}</td>
 <td class="error">${d.lastError === null ? "" : `${escape(ctx.redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`,
     )
@@ -305,7 +307,7 @@ export const destinationsPage = async (ctx: PageContext, s: Session, flash: stri
     `<h1>Destinations</h1>
 <div class="scroll"><table class="destinations"><thead><tr><th>destination</th><th>state</th><th class="num">waiting</th><th class="num">in flight</th><th class="num">failed</th><th class="num">failure rate</th><th>last error</th><th></th></tr></thead>
 <tbody>${rows}</tbody></table></div>
-<p class="note">Closed: forwarding. Open: its breaker tripped after too many failures; its deliveries wait without spending attempts, and one probe tries again after the cool-down. Paused: held until resumed, by a person or by a 410 from the destination; nothing is discarded. The failure rate is over the breaker's current window.</p>`,
+<p class="note">Healthy: forwarding, its last try went through. Failing, still sending: its last tries failed, and each delivery is retried with backoff (the breaker is closed). Failing, paused for N s: too many failed in a row, so its deliveries wait without spending attempts until one probe tries again (the breaker is open). Paused by an operator, or after a 410 Gone: held until resumed; nothing is discarded. The failure rate is over the breaker's current window.</p>`,
     flash,
   );
 };

@@ -2,7 +2,7 @@
 // file, and putting one back while nothing has it open (lib/sqlite/backup.ts does the work). Each is a
 // function of the Cli (lib/cli/command.ts) that adds itself to the program.
 
-import { existsSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { DEFAULTS } from "../defaults.ts";
 import { bytes, iso } from "../format.ts";
@@ -29,7 +29,7 @@ export function backup(c: Cli): void {
     .option("--db <path>", `the inbox's database file (default: INBOX_DB, else ${DEFAULTS.db})`)
     .option(
       "--dir <folder>",
-      "write into this folder, named after the database and the time: inbox-20261203T120000Z.db",
+      "write into this folder (made 0700 if missing), named after the database and the time: inbox-20261203T120000Z.db; each backup is written 0600",
     )
     .option(
       "--keep <n>",
@@ -57,7 +57,8 @@ Examples:
       if (opts.keep !== undefined && opts.dir === undefined)
         throw new UsageError("--keep goes with --dir: backup --dir FOLDER --keep N.");
       requireInbox(db);
-      if (opts.dir !== undefined && !existsSync(opts.dir)) throw new NotFound(`No such folder: ${opts.dir}`);
+      // The folder is made if missing, 0700: the backups in it hold every body, for the inbox's user alone.
+      if (opts.dir !== undefined && !existsSync(opts.dir)) mkdirSync(opts.dir, { recursive: true, mode: 0o700 });
       const { backup, backupName } = await import("../sqlite/backup.ts");
       const r = await backup(
         db,

@@ -66,7 +66,9 @@ export function commandLine(
   };
   const withDb = (command: Command) =>
     command.option("--db <path|url>", `database file, or a postgres:// URL (default: INBOX_DB, else ${DEFAULTS.db})`);
-  const target = (opts: { db?: string }) => opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // The command's own --db, else the one given before the command (inbox.ts --db X status).
+  const target = (opts: { db?: string }) =>
+    opts.db ?? program.opts<{ db?: string }>().db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // requireInbox refuses a SQLite path that is no inbox yet. Looking must not create: a typo in --db would
   // otherwise show an empty, healthy inbox. Nor convert: opening another program's database would switch
   // it to WAL and add our tables.

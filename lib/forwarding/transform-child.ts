@@ -102,12 +102,19 @@ try {
   const path = module.startsWith("file:") ? new URL(module).pathname : module;
   const missing =
     (error as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && (error as Error).message.includes(`'${path}'`);
+  // A package the transform imports and cannot find where it is (webhook-inbox itself, from a transforms
+  // folder outside the app): one line, the loader's first, without its require stack, and what to do.
+  const unfound =
+    !missing && /^(ERR_MODULE_NOT_FOUND|MODULE_NOT_FOUND)$/.test(String((error as { code?: string }).code));
+  const firstLine = String((error as Error).message).split("\n")[0];
   send({
     loadError: missing
       ? `there is no file ${path}`
-      : error instanceof TypeError && !whereIn(error)
-        ? error.message
-        : described(error).replace(/ imported from \S*transform-child\.[jt]s/, ""),
+      : unfound
+        ? `${firstLine}; a transform imports only types from webhook-inbox (import type), which leave nothing to load (docs/forwarding.md#transformations)`
+        : error instanceof TypeError && !whereIn(error)
+          ? error.message
+          : described(error).replace(/ imported from \S*transform-child\.[jt]s/, ""),
   });
 }
 

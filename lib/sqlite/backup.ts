@@ -5,18 +5,22 @@
 //   npx tsx inbox.ts backup --dir /var/backups/inbox --keep 48      npx tsx inbox.ts restore FILE
 
 import {
+  chmodSync,
   closeSync,
   copyFileSync,
   existsSync,
   fsyncSync,
   openSync,
   readdirSync,
+  readFileSync,
   renameSync,
   rmSync,
   statSync,
+  writeFileSync,
 } from "node:fs";
 import { basename, dirname, extname, join, resolve } from "node:path";
-import { DatabaseSync } from "node:sqlite";
+import { createRequire } from "node:module";
+import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { STATUSES, type Status } from "../store.ts";
@@ -60,6 +64,12 @@ export interface BackupOptions {
 /** InUse is the refusal of an operation that needs the database to itself. */
 export class InUse extends Error {}
 
+// node:sqlite, loaded on first use rather than imported: the scripts import this file for healthProblem(),
+// and a static import would stop them on a Node without node:sqlite as the modules link, with a stack
+// trace, before runtime.ts's requireSqlite() could say in one line which Node they need.
+const load = createRequire(import.meta.url);
+const sqlite = (): typeof import("node:sqlite") => load("node:sqlite");
+
 // All pages in one step. SQLite restarts a stepped backup whenever another connection commits, so under a
 // busy receiver a small step might never finish; one step is one read transaction, which in WAL mode blocks
 // no writer (the WAL grows until it ends, then the checkpointer catches up).
@@ -84,6 +94,7 @@ function stamp(at: number): string {
  * temporary name beside file, checked with integrity_check, synced, and only then renamed to file: a file
  * of that name is always a whole, checked backup. With keep, older backups of the same pattern in file's
  * folder beyond the newest keep are removed afterwards, never the new one; a failed backup removes nothing.
+ * The backup is written 0600, readable by the inbox's user alone: it holds every body.
  */
 export async function backup(db: string, file: string, options: BackupOptions = {}): Promise<Backup> {
   const now = options.now ?? Date.now;
@@ -105,15 +116,19 @@ export async function backup(db: string, file: string, options: BackupOptions = 
     // Loaded here, not imported above: the scripts import this file for healthProblem() on runtimes whose
     // node:sqlite may lack backup().
     const { backup: onlineBackup } = await import("node:sqlite");
-    const source = new DatabaseSync(db, { timeout: DEFAULTS.busyTimeoutMs });
+    const source = new (sqlite().DatabaseSync)(db, { timeout: DEFAULTS.busyTimeoutMs });
     try {
+      // A backup holds every body: readable by the inbox's user alone, whatever the umask. Made empty with
+      // that mode before the copy, which SQLite writes into (and its journal takes the same mode).
+      closeSync(openSync(temp, "w", 0o600));
+      chmodSync(temp, 0o600);
       startedAt = now();
       await onlineBackup(source, temp, { rate: ALL_PAGES });
     } finally {
       source.close();
     }
     copyMs = performance.now() - started;
-    const copy = new DatabaseSync(temp);
+    const copy = new (sqlite().DatabaseSync)(temp);
     try {
       // One self-contained file: a rollback journal, not WAL, so no -wal file belongs beside it.
       copy.exec("PRAGMA journal_mode = DELETE");
@@ -190,7 +205,7 @@ function rotate(file: string, keep: number): string[] {
  */
 export function check(file: string): Snapshot {
   if (!existsSync(file)) throw new Error(`no such file ${file}`);
-  const db = new DatabaseSync(file, { readOnly: true });
+  const db = new (sqlite().DatabaseSync)(file, { readOnly: true });
   try {
     let rows: { integrity_check: string }[];
     try {
@@ -223,7 +238,7 @@ export function check(file: string): Snapshot {
  * mode every open connection holds a shared lock on the file for as long as it is open.
  */
 export function inUse(db: string): boolean {
-  const probe = new DatabaseSync(db, { timeout: 0 });
+  const probe = new (sqlite().DatabaseSync)(db, { timeout: 0 });
   try {
     probe.exec("PRAGMA locking_mode = EXCLUSIVE");
     probe.exec("BEGIN EXCLUSIVE");
@@ -273,6 +288,8 @@ export function restore(file: string, db: string, now: () => number = Date.now):
     syncFile(temp);
     renameSync(temp, db);
     syncFile(dirname(db));
+    // A restored file is checked again at its first start.
+    rmSync(checkedMark(db), { force: true });
   } catch (error) {
     rmSync(temp, { force: true });
     throw new Error(`restore ${file} to ${db}: ${message(error)}`, { cause: error });
@@ -290,7 +307,7 @@ export function healthProblem(path: string): string | undefined {
   let db: DatabaseSync | undefined;
   try {
     // Read-write, though it only reads: a read-only connection cannot open a WAL file nobody else has open.
-    db = new DatabaseSync(path, { timeout: DEFAULTS.busyTimeoutMs });
+    db = new (sqlite().DatabaseSync)(path, { timeout: DEFAULTS.busyTimeoutMs });
     const rows = db.prepare("PRAGMA quick_check(3)").all() as { quick_check: string }[];
     return rows[0]?.quick_check === "ok" ? undefined : oneLine(rows.map((r) => r.quick_check));
   } catch (error) {
@@ -301,6 +318,92 @@ export function healthProblem(path: string): string | undefined {
   } finally {
     db?.close();
   }
+}
+
+/** StartupCheck is what startupCheck() did: why the quick_check ran (none: it was not due), and what it found. */
+export interface StartupCheck {
+  /** Why it ran: "never checked", "unclean stop (pid 123)", "last checked 2 days ago"; none when not due or skipped. */
+  reason?: string;
+  /** healthProblem()'s complaint, for a file that failed it. */
+  problem?: string;
+}
+
+/** StartupCheckOptions tunes startupCheck(). */
+export interface StartupCheckOptions {
+  /** The clock, for the check's age. @default Date.now */
+  now?: () => number;
+  /** Run it even when not due. @default false */
+  always?: boolean;
+  /** @default DEFAULTS.fullCheckEveryMs */
+  everyMs?: number;
+}
+
+// The two marks beside a database: when its last quick_check passed, and one per process that has it open
+// (removed at a clean close, so one left by a process that is gone is an unclean stop).
+const checkedMark = (path: string) => `${path}-checked`;
+const RUNNING = /^(.+)-running\.(\d+)$/;
+
+// uncleanStop names a process that had path open and is gone without its clean close, if any.
+function uncleanStop(path: string): number | undefined {
+  const folder = dirname(resolve(path));
+  for (const name of readdirSync(folder)) {
+    const found = RUNNING.exec(name);
+    if (found && found[1] === basename(path) && !alive(Number(found[2]))) return Number(found[2]);
+  }
+  return undefined;
+}
+
+/**
+ * startupCheck runs healthProblem()'s quick_check on a SQLite file at start-up only when there is reason
+ * to: it never passed one, its last one passed more than everyMs ago, or a process that had it open
+ * stopped without closing it (its running() mark is still there). A pass is written beside the file
+ * (path-checked), so a cron `worker --once` pays for reading every page once a day, not every run.
+ */
+export function startupCheck(path: string, options: StartupCheckOptions = {}): StartupCheck {
+  if (!existsSync(path)) return {};
+  const now = (options.now ?? Date.now)();
+  const everyMs = options.everyMs ?? DEFAULTS.fullCheckEveryMs;
+  const last = existsSync(checkedMark(path)) ? Number(readFileSync(checkedMark(path), "utf8")) : undefined;
+  const pid = uncleanStop(path);
+  const reason = options.always
+    ? "asked for"
+    : pid !== undefined
+      ? `unclean stop (pid ${pid})`
+      : last === undefined || !Number.isFinite(last)
+        ? "never checked"
+        : now - last > everyMs
+          ? `last checked ${Math.round((now - last) / 3_600_000)} h ago`
+          : undefined;
+  if (reason === undefined) return {};
+  const problem = healthProblem(path);
+  if (problem !== undefined) return { reason, problem };
+  // Best effort: on a full or read-only disk the pass goes unwritten, and the next start checks again.
+  try {
+    writeFileSync(checkedMark(path), String(now));
+    // The stopped processes' marks have served: the file they left has passed.
+    for (const name of readdirSync(dirname(resolve(path)))) {
+      const found = RUNNING.exec(name);
+      if (found && found[1] === basename(path) && !alive(Number(found[2])))
+        rmSync(join(dirname(resolve(path)), name), { force: true });
+    }
+  } catch {}
+  return { reason };
+}
+
+/**
+ * running marks path as open by this process until the returned function is called at its clean close;
+ * a mark left behind tells the next startupCheck() that this process stopped uncleanly.
+ */
+export function running(path: string): () => void {
+  const mark = `${path}-running.${process.pid}`;
+  try {
+    writeFileSync(mark, "");
+  } catch {
+    // A full disk, or a folder this user may not write: the inbox's own writes will say so; the mark only
+    // means an unclean stop of this process goes unnoticed until the daily check.
+    return () => {};
+  }
+  return () => rmSync(mark, { force: true });
 }
 
 // oneLine joins SQLite's complaints into one line, without the banner it puts before them.
@@ -324,4 +427,9 @@ function syncFile(path: string): void {
 /** damagedLine is the one line a script stops with when its database fails quick_check at start-up. */
 export function damagedLine(script: string, path: string, problem: string): string {
   return `${script}: ${path} fails SQLite's quick_check (${problem}): restore the last backup (inbox.ts restore FILE), or start with --force to use it anyway`;
+}
+
+/** damagedButForced is the line a script starts with when --force accepts a file that fails quick_check. */
+export function damagedButForced(script: string, path: string, problem: string): string {
+  return `${script}: ${path} fails SQLite's quick_check (${problem}); starting anyway, as --force asks: restore the last backup soon (inbox.ts restore FILE)`;
 }

@@ -1,0 +1,130 @@
+// test/newcomer.test.ts: the commands as a newcomer meets them (issue 38): --version on every script, --db
+// before the inbox command as after it, backup --dir making its folder and keeping its backups to the
+// inbox's user, and the worker's handler chosen on purpose: --handler MODULE, and a refusal to run the
+// article's record-payment handler for a signed source with no routes. Each with a control.
+
+import assert from "node:assert/strict";
+import { mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, describe, it } from "node:test";
+import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
+import { runScript, tempDir } from "./helpers.ts";
+
+const { dir, cleanup } = tempDir("inbox-newcomer-");
+after(cleanup);
+
+const db = join(dir, "inbox.db");
+const made = (async () => {
+  const inbox = new SqliteInbox(db);
+  await inbox.store({ id: "evt_1", body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 5 })) });
+  await inbox.close();
+})();
+
+describe("--version", () => {
+  it("prints the package's version on every script and the package's command", async () => {
+    const { version } = (await import("../package.json", { with: { type: "json" } })).default;
+    for (const script of ["receiver.ts", "worker.ts", "inbox.ts", "admin.ts", "cli.ts"]) {
+      const r = await runScript(script, ["--version"]);
+      assert.equal(`${r.code} ${r.stdout}`, `0 ${version}\n`, script);
+    }
+  });
+});
+
+describe("inbox.ts --db", () => {
+  it("is taken before the command as after it, the command's own winning", async () => {
+    await made;
+    const before = await runScript("inbox.ts", ["--db", db, "status"]);
+    const afterIt = await runScript("inbox.ts", ["status", "--db", db]);
+    assert.equal(before.code, 0, before.stderr);
+    const steady = (text: string) => text.replace(/^oldest waiting: .*$/m, "");
+    assert.equal(steady(before.stdout), steady(afterIt.stdout));
+    assert.match(before.stdout, /^received {3}1$/m);
+    const both = await runScript("inbox.ts", ["--db", db, "status", "--db", join(dir, "nope.db")]);
+    assert.equal(both.code, 1);
+    assert.match(both.stderr, /No inbox database at .*nope\.db/);
+  });
+
+  it("(control) an option no command has is still refused before the command", async () => {
+    const r = await runScript("inbox.ts", ["--dbb", db, "status"]);
+    assert.equal(r.code, 2);
+    assert.match(r.stderr, /unknown option '--dbb'/);
+  });
+});
+
+describe("backup --dir", () => {
+  it("makes its folder, 0700, and writes each backup 0600: it holds every body", async () => {
+    await made;
+    const folder = join(dir, "backups", "hourly");
+    const r = await runScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
+    assert.equal(r.code, 0, r.stderr);
+    const [file] = readdirSync(folder);
+    assert.ok(file);
+    assert.equal(statSync(folder).mode & 0o777, 0o700);
+    assert.equal(statSync(join(folder, file)).mode & 0o777, 0o600);
+  });
+
+  it("(control) a folder that exists keeps its own mode", async () => {
+    const folder = join(dir, "shared");
+    mkdirSync(folder, { mode: 0o755 });
+    const r = await runScript("inbox.ts", ["backup", "--dir", folder, "--db", db]);
+    assert.equal(r.code, 0, r.stderr);
+    assert.equal(statSync(folder).mode & 0o777, 0o755);
+    assert.equal(statSync(join(folder, readdirSync(folder)[0]!)).mode & 0o777, 0o600);
+  });
+});
+
+describe("the worker's handler", () => {
+  const signed = join(dir, "signed.json");
+  writeFileSync(signed, JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }));
+  const env = { STRIPE_SECRET: "whsec_test" };
+
+  it("refuses, in one line with exit 2, a signed source with no routes and no --handler", async () => {
+    const r = await runScript("worker.ts", ["--once", "--db", join(dir, "w1.db"), "--sources", signed], env);
+    assert.equal(r.code, 2, r.stderr);
+    assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+    assert.match(r.stderr, /source "stripe" is signed and has no routes, and no --handler is given/);
+  });
+
+  it("(control) runs with routes that name the handler, or with no sources file (the article's, the demo's)", async () => {
+    const routed = join(dir, "routed.json");
+    writeFileSync(
+      routed,
+      JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler"] } }),
+    );
+    const r = await runScript("worker.ts", ["--once", "--db", join(dir, "w2.db"), "--sources", routed], env);
+    assert.equal(r.code, 0, r.stderr);
+    await made;
+    const article = await runScript("worker.ts", ["--once", "--db", db]);
+    assert.equal(article.code, 0, article.stderr);
+    assert.match(article.stderr, /^evt_1 done$/m);
+  });
+
+  it("runs the --handler module's default export for each delivery, and says in one line what is wrong with a bad one", async () => {
+    const w = join(dir, "w3.db");
+    const inbox = new SqliteInbox(w);
+    await inbox.store({ source: "stripe", id: "evt_s1", body: Buffer.from('{"type":"invoice.paid"}') });
+    await inbox.close();
+    writeFileSync(
+      join(dir, "my-handler.ts"),
+      'import type { Job } from "webhook-inbox/worker";\nexport default (job: Job) => console.error(`mine: ${job.key} ${(job.event as { type: string }).type}`);\n',
+    );
+    const r = await runScript(
+      "worker.ts",
+      ["--once", "--db", w, "--sources", signed, "--handler", join(dir, "my-handler.ts")],
+      env,
+    );
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stderr, /^mine: stripe:evt_s1 invoice\.paid$/m);
+    assert.match(r.stderr, /^stripe\/evt_s1 done$/m);
+    for (const [file, text, line] of [
+      ["missing.ts", undefined, /--handler .*missing\.ts: cannot load it: /],
+      ["no-default.ts", "export const handle = () => {};\n", /expected a module whose default export is a function/],
+    ] as const) {
+      if (text) writeFileSync(join(dir, file), text);
+      const bad = await runScript("worker.ts", ["--once", "--db", w, "--handler", join(dir, file)]);
+      assert.equal(bad.code, 2, bad.stderr);
+      assert.equal(bad.stderr.trim().split("\n").length, 1, bad.stderr);
+      assert.match(bad.stderr, line);
+    }
+  });
+});
