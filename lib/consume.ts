@@ -424,7 +424,7 @@ export class Consumer {
     }
   }
 
-  ofJetStream(m: JsMsg, b: JetStreamSource): Arrived {
+  private ofJetStream(m: JsMsg, b: JetStreamSource): Arrived {
     const headers: Headers = {};
     let msgId: string | undefined;
     let contentType: string | null = null;
@@ -539,7 +539,7 @@ export class Consumer {
     await model.close().catch(() => {});
   }
 
-  ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
+  private ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
     const headers: Headers = {};
     for (const [k, v] of Object.entries(m.properties.headers ?? {}))
       if (v !== undefined && v !== null) headers[k.toLowerCase()] = [String(v)];
