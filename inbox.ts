@@ -65,6 +65,7 @@ export async function cli(argv: string[]): Promise<void> {
   const actions = await import("./lib/cli/actions.ts");
   const archive = await import("./lib/cli/archive.ts");
   const backups = await import("./lib/cli/backups.ts");
+  const configs = await import("./lib/cli/config.ts");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
@@ -90,6 +91,8 @@ Examples:
   npx tsx inbox.ts copy --from inbox.db --to postgres://127.0.0.1:5432/test?schema=inbox
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
+  npx tsx inbox.ts config apply sources.json --dry-run && npx tsx inbox.ts config apply sources.json
+  npx tsx inbox.ts config dump > sources.json
 
 Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     );
@@ -111,6 +114,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     archive.copy,
     backups.backup,
     backups.restore,
+    configs.config,
   ])
     add(c);
 

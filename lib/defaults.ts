@@ -189,4 +189,10 @@ export const DEFAULTS = {
   natsUrl: "nats://127.0.0.1:4222",
   /** A RabbitMQ destination's server, when its settings give no url: RabbitMQ's own guest on this host. @default "amqp://guest:guest@127.0.0.1:5672" */
   rabbitmqUrl: "amqp://guest:guest@127.0.0.1:5672",
+  /**
+   * Milliseconds between a running receiver's or worker's reads of the configuration's version (lib/config/):
+   * a change committed elsewhere is taken up within this and the time to load it, under the two seconds
+   * promised. On PostgreSQL the commit's NOTIFY takes it up at once; the timer is for a dropped LISTEN. @default 1_000
+   */
+  configCheckMs: 1_000,
 } as const;

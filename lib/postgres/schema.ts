@@ -120,6 +120,16 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
    DROP INDEX deliveries_finished;
    CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+  // Configuration in the database (lib/config/): each applied version of the sources file's JSON, secrets
+  // as env:NAME, with its transforms' code and SHA-256; the newest is in force. Text, not jsonb: a dump
+  // gives the document back byte for byte.
+  `CREATE TABLE inbox_config (
+     version    integer PRIMARY KEY,
+     document   text    NOT NULL,
+     transforms text    NOT NULL,
+     actor      text    NOT NULL,
+     applied_at bigint  NOT NULL
+   );`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

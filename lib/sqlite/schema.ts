@@ -181,6 +181,15 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX deliveries_open ON deliveries (status, received_at, source, destination) WHERE status <> 'done';
    DROP INDEX deliveries_finished;
    CREATE INDEX deliveries_finished ON deliveries (finished_at, status) WHERE finished_at IS NOT NULL;`,
+  // Configuration in the database (lib/config/): each applied version of the sources file's JSON, secrets
+  // as env:NAME, with its transforms' code and SHA-256; the newest is in force.
+  `CREATE TABLE inbox_config (
+     version    INTEGER PRIMARY KEY,
+     document   TEXT    NOT NULL,
+     transforms TEXT    NOT NULL,
+     actor      TEXT    NOT NULL,
+     applied_at INTEGER NOT NULL
+   );`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
