@@ -46,7 +46,8 @@ export function config(c: Cli): void {
           const waitLines = p.removed
             .filter((r) => r.waiting > 0)
             .map((r) => `  ${r.waiting} deliveries wait for ${r.destination}`);
-          if (opts.dryRun || p.changes.length === 0) {
+          const cancelling = opts.cancelWaiting === true && p.removed.some((r) => r.waiting > 0);
+          if (opts.dryRun || (p.changes.length === 0 && !cancelling)) {
             if (opts.json) {
               console.log(JSON.stringify({ from: p.current?.version ?? 0, changes: p.changes, removed: p.removed }));
             } else {

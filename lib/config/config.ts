@@ -11,7 +11,7 @@ import { checkSecrets } from "../forwarding/forward.ts";
 import { loadSources, type Source } from "../providers.ts";
 import { secretsOf, type Secret } from "../redact.ts";
 import { loadDestinations, type Forwarding, type Route } from "../routing/routes.ts";
-import { destinationNames } from "../rows.ts";
+import { destinationNames, REMOVED } from "../rows.ts";
 import type { ConfigApplied, Inbox, StoredConfig, TransformCode } from "../store.ts";
 
 /** Loaded is a configuration as the scripts use it: sources, their routes, destinations, brokers, secrets and transforms. */
@@ -181,8 +181,11 @@ export interface Plan {
   current: StoredConfig | undefined;
   /** diffConfig's lines; none when the document is the one in force. */
   changes: string[];
-  /** Destinations in force that the document leaves out, with the rows that wait for each. */
-  removed: { destination: string; waiting: number }[];
+  /**
+   * Destinations the document leaves out, with the rows that wait for each: those it removes now, and
+   * (now false) those an earlier version removed that rows still wait for, which only --cancel-waiting touches.
+   */
+  removed: { destination: string; waiting: number; now: boolean }[];
 }
 
 /**
@@ -196,11 +199,16 @@ export async function plan(inbox: Inbox, text: string, env: Env, base: string): 
   const current = await inbox.readConfig();
   const old = current ? { parsed: JSON.parse(current.document) as unknown, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });
-  const gone = destinationNames(current?.document ?? "{}").filter((name) => !loaded.forwarding.destinations.has(name));
-  const states = gone.length > 0 ? await inbox.destinations() : [];
-  const removed = gone.map((destination) => {
+  // Gone: what the version in force names and this one does not, and what an earlier version removed
+  // that rows still wait for (so --cancel-waiting can let them go later).
+  const states = await inbox.destinations();
+  const named = new Set(destinationNames(current?.document ?? "{}"));
+  const gone = new Set(named);
+  for (const d of states) if (d.pausedReason?.startsWith(REMOVED) && d.waiting + d.processing > 0) gone.add(d.name);
+  for (const name of loaded.forwarding.destinations.keys()) gone.delete(name);
+  const removed = [...gone].map((destination) => {
     const s = states.find((d) => d.name === destination);
-    return { destination, waiting: (s?.waiting ?? 0) + (s?.processing ?? 0) };
+    return { destination, waiting: (s?.waiting ?? 0) + (s?.processing ?? 0), now: named.has(destination) };
   });
   return { text, loaded, transforms, current, changes, removed };
 }
@@ -215,7 +223,7 @@ export function apply(
     actor: options.actor,
     expectedVersion: p.current?.version ?? 0,
     transforms: p.transforms,
-    removed: p.removed.map((r) => r.destination),
+    removed: p.removed.filter((r) => r.now || options.cancelWaiting).map((r) => r.destination),
     cancelWaiting: options.cancelWaiting ?? false,
   });
 }
@@ -270,6 +278,8 @@ export async function reapplyFile(
           error: false,
         };
   } catch (error) {
-    return { line: `${path}: ${(error as Error).message}; nothing changed`, error: true };
+    const why = (error as Error).message;
+    const line = why.startsWith(path) ? why : `${path}: ${why}`;
+    return { line: /nothing changed/.test(line) ? line : `${line}; nothing changed`, error: true };
   }
 }
