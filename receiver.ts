@@ -372,7 +372,8 @@ export async function main(argv: string[]): Promise<void> {
   let sources: ReadonlyMap<string, Source> | undefined;
   let version = 0;
   try {
-    if (file) await applyText(inbox, file.text, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources");
+    if (file)
+      await applyText(inbox, file.text, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
     const stored = await inbox.readConfig();
     if (stored) {
       version = stored.version;
@@ -425,7 +426,7 @@ export async function main(argv: string[]): Promise<void> {
   });
   process.on("SIGHUP", () => {
     if (!sourcesFile) return say("SIGHUP: no --sources file to apply again; nothing changed");
-    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP").then(({ line, error }) =>
+    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP", false).then(({ line, error }) =>
       say(`SIGHUP: ${line}`, error ? "error" : "info"),
     );
   });

@@ -30,7 +30,7 @@ import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
 import type { Operator } from "./lib/routing/routes.ts";
 import { redactor } from "./lib/redact.ts";
 import { applyText, readDocument, reapplyFile } from "./lib/config/config.ts";
-import { LiveForwarding, prepare, release, type Prepared } from "./lib/config/live.ts";
+import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { watchConfig } from "./lib/config/watch.ts";
 import { damagedLine, healthProblem } from "./lib/sqlite/backup.ts";
 
@@ -415,7 +415,7 @@ Examples:
       }
     }
     const stored = await inbox.readConfig();
-    const ready = await prepare(stored ?? { version: 0, document: "{}", transforms: {} }, process.env, base);
+    const ready = stored ? await prepare(stored, process.env, base) : unconfigured();
     if (typeof ready === "string") {
       say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
       process.exit(2);

@@ -190,11 +190,13 @@ export interface Plan {
 
 /**
  * plan checks a document whole and compares it with the version in force. It throws, changing nothing, if
- * anything in it is wrong. base is the folder its transforms' relative paths start from (the file's).
+ * anything in it is wrong. base is the folder its transforms' relative paths start from (the file's). With
+ * resolveSecrets (the CLI's and the worker's) every destination secret is read from env and checked as the worker
+ * checks it; without (the receiver's), only its shape, the destinations' secrets being the worker's.
  */
-export async function plan(inbox: Inbox, text: string, env: Env, base: string): Promise<Plan> {
+export async function plan(inbox: Inbox, text: string, env: Env, base: string, resolveSecrets = true): Promise<Plan> {
   const parsed = parseDocument(text);
-  const loaded = loadConfig(parsed, env, { resolve: false });
+  const loaded = loadConfig(parsed, env, { resolve: resolveSecrets });
   const transforms = hashTransforms(loaded.uses, base);
   const current = await inbox.readConfig();
   const old = current ? { parsed: JSON.parse(current.document) as unknown, transforms: current.transforms } : undefined;
@@ -247,9 +249,10 @@ export async function applyText(
   env: Env,
   base: string,
   actor: string,
+  resolveSecrets = true,
 ): Promise<{ version: number; changes: string[] }> {
   for (let tries = 0; tries < 5; tries++) {
-    const p = await plan(inbox, text, env, base);
+    const p = await plan(inbox, text, env, base, resolveSecrets);
     if (p.changes.length === 0) return { version: p.current?.version ?? 0, changes: [] };
     const result = await apply(inbox, p, { actor });
     if (result.applied) return { version: result.version, changes: p.changes };
@@ -267,10 +270,11 @@ export async function reapplyFile(
   path: string,
   env: Env,
   actor: string,
+  resolveSecrets = true,
 ): Promise<{ line: string; error: boolean }> {
   try {
     const { text } = readDocument(path);
-    const applied = await applyText(inbox, text, env, dirname(resolve(path)), actor);
+    const applied = await applyText(inbox, text, env, dirname(resolve(path)), actor, resolveSecrets);
     return applied.changes.length === 0
       ? { line: `${path}: no change from configuration version ${applied.version}`, error: false }
       : {

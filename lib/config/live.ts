@@ -54,6 +54,23 @@ export async function prepare(
   return { version: config.version, loaded, transforms, senders };
 }
 
+/** unconfigured is what a worker runs on an inbox with no configuration: the handler alone, no destinations. */
+export function unconfigured(): Prepared {
+  return {
+    version: 0,
+    loaded: {
+      sources: new Map(),
+      routes: new Map(),
+      forwarding: { destinations: new Map() },
+      brokers: new Map(),
+      secrets: [],
+      uses: [],
+    },
+    transforms: undefined,
+    senders: new Map(),
+  };
+}
+
 /** release lets go of what a Prepared holds: its transforms' threads and its brokers' connections. */
 export async function release(prepared: Prepared): Promise<void> {
   await Promise.all([...[...prepared.senders.values()].map((s) => s.close()), prepared.transforms?.close()]);
