@@ -95,4 +95,9 @@ export function config(c: Cli): void {
         await inbox.close();
       }
     });
+  // `inbox.ts config --help` lists its commands' options too, so one help shows the whole group.
+  const lines = group.commands.flatMap((sub) =>
+    sub.options.map((o) => `  ${o.flags.padEnd(22)}${sub.name()}: ${o.description}`),
+  );
+  group.addHelpText("after", `\nOptions of its commands:\n${lines.join("\n")}`);
 }
