@@ -10,7 +10,9 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
+import { watchConfig } from "../lib/config/watch.ts";
 import { sign } from "../lib/providers.ts";
+import { FakeClock } from "./clock.ts";
 import { backends, type ReceiverProcess, runScript, startReceiver, tempDir } from "./helpers.ts";
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret").toString("base64")}`;
@@ -92,6 +94,75 @@ for (const backend of await backends("config_cli")) {
         assert.match(unset.stderr, /SOURCE_SECRET/);
       } finally {
         dir.cleanup();
+        await cleanup();
+      }
+    });
+
+    it("watchConfig() hears of each version another process applies, on the clock's timer (a fake one here), once each", async () => {
+      const { target: db, cleanup } = await backend.make();
+      const clock = new FakeClock();
+      // Two inboxes, as two processes: one applies, the other watches. listen off: the timer alone is tested.
+      const watcher = await connect(db, { listen: false });
+      const writer = await connect(db);
+      try {
+        const seen: number[] = [];
+        const errors: string[] = [];
+        const stop = watchConfig(watcher, {
+          clock,
+          version: 0,
+          everyMs: 1_000,
+          onChange: (c) => void seen.push(c.version),
+          onError: (why) => void errors.push(why),
+        });
+        await clock.advance(3_000);
+        assert.deepEqual(seen, [], "control: nothing applied, nothing heard");
+        await writer.applyConfig('{"s": {"provider": "plain"}}', { actor: "t" });
+        assert.deepEqual(seen, [], "not before the timer fires");
+        await clock.advance(1_000);
+        assert.deepEqual(seen, [1]);
+        await writer.applyConfig('{"s": {"provider": "plain"}, "t": {"provider": "plain"}}', { actor: "t" });
+        await writer.applyConfig('{"t": {"provider": "plain"}}', { actor: "t" });
+        await clock.advance(5_000);
+        assert.deepEqual(seen, [1, 3], "two versions between two checks: the newest, once");
+        stop();
+        await writer.applyConfig('{"u": {"provider": "plain"}}', { actor: "t" });
+        await clock.advance(5_000);
+        assert.deepEqual(seen, [1, 3], "stopped, it hears nothing more");
+        assert.deepEqual(errors, []);
+      } finally {
+        await watcher.close();
+        await writer.close();
+        await cleanup();
+      }
+    });
+
+    it("on PostgreSQL, the commit's NOTIFY wakes a watcher at once, its timer never firing", {
+      skip: backend.name === "postgres" ? false : "PostgreSQL's LISTEN/NOTIFY; SQLite has only the timer",
+    }, async () => {
+      const { target: db, cleanup } = await backend.make();
+      const clock = new FakeClock();
+      const watcher = await connect(db);
+      const writer = await connect(db);
+      try {
+        const seen: number[] = [];
+        const stop = watchConfig(watcher, {
+          clock,
+          version: 0,
+          onChange: (c) => void seen.push(c.version),
+          onError: () => {},
+        });
+        // The LISTEN connection is on its way: a store's wake-up ('' payload) is not a configuration.
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        await writer.store({ id: "evt_1", body: Buffer.from("{}") });
+        await writer.applyConfig('{"s": {"provider": "plain"}}', { actor: "t" });
+        const end = Date.now() + 10_000;
+        while (seen.length === 0 && Date.now() < end) await new Promise((resolve) => setTimeout(resolve, 20));
+        assert.deepEqual(seen, [1]);
+        assert.equal(clock.now(), 0, "the fake clock never moved: the NOTIFY woke it");
+        stop();
+      } finally {
+        await watcher.close();
+        await writer.close();
         await cleanup();
       }
     });
