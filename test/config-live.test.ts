@@ -1,7 +1,8 @@
 // test/config-live.test.ts: a configuration changed while receiver.ts and two worker.ts run, on SQLite and
 // on PostgreSQL (there as two hosts would: separate processes on one server, nothing shared but it). Each
 // change goes through `inbox.ts config apply` (or SIGHUP) and is taken up with no restart: a new
-// destination gets forwards, a changed transform is used, a bad file changes nothing, a pause and a
+// destination gets forwards, a changed transform is used, a bad file changes nothing, a filter applies to
+// what is stored after it, a pause and a
 // removal stop what starts after them with no lease lost, and a removal that rows wait for is refused.
 //   npx node --import tsx --test test/config-live.test.ts
 
@@ -85,7 +86,7 @@ async function until(what: string, ok: () => boolean | Promise<boolean>): Promis
 
 for (const backend of await backends("config_live")) {
   describe(`a configuration changed live, on ${backend.name}`, { skip: backend.skip }, () => {
-    it("is taken up by a running receiver and two workers: a new destination, a changed transform, a bad file, a pause, a removal, SIGHUP", async () => {
+    it("is taken up by a running receiver and two workers: a new destination, a changed transform, a bad file, a filter, a pause, a removal, SIGHUP", async () => {
       const { target: db, cleanup } = await backend.make();
       const dir = tempDir();
       const dest = await destinationServer();
@@ -107,11 +108,11 @@ for (const backend of await backends("config_live")) {
       const apply = (path: string, ...more: string[]) =>
         runScript("inbox.ts", ["config", "apply", path, "--db", db, ...more], ENV);
       let n = 0;
-      const post = async (count = 1): Promise<string[]> => {
+      const post = async (count = 1, extra: Record<string, unknown> = {}): Promise<string[]> => {
         const ids: string[] = [];
         for (let i = 0; i < count; i++) {
           const id = `evt_${++n}`;
-          const body = JSON.stringify({ n });
+          const body = JSON.stringify({ n, ...extra });
           const r = await fetch(`${receiver.url}/st`, {
             method: "POST",
             headers: {
@@ -189,6 +190,32 @@ for (const backend of await backends("config_live")) {
         const [d5] = await post();
         await until("d5 forwarded to a and b", () => sentTo("a", d5!).length === 1 && sentTo("b", d5!).length === 1);
 
+        // A filter on the route to b applies to the deliveries stored after it.
+        write(other, {
+          ...doc([], { a: destination("a"), b: destination("b", { transform }) }),
+          st: {
+            provider: "standard",
+            secret: "env:SOURCE_SECRET",
+            routes: ["a", { to: "b", filter: { body: { keep: true } } }],
+          },
+        });
+        applied = await apply(other);
+        assert.equal(applied.code, 0, applied.stderr);
+        tookMs.push(await takenUp(5, Date.now()));
+        const [dropped] = await post(1, { keep: false });
+        const [kept] = await post(1, { keep: true });
+        await until(
+          "kept forwarded to a and b",
+          () => sentTo("a", kept!).length === 1 && sentTo("b", kept!).length === 1,
+        );
+        await until("dropped forwarded to a", () => sentTo("a", dropped!).length === 1);
+        assert.equal(sentTo("b", dropped!).length, 0, "the filter keeps it from b");
+        assert.deepEqual(
+          (await inbox.find(dropped!, "st")).map((r) => r.destination),
+          ["a"],
+          "routed to a alone, at store time",
+        );
+
         // Pause a while its forwards are in flight: none starts after the pause has committed.
         dest.delay.set("a", 1_500);
         const slowA = await post(6);
@@ -210,18 +237,18 @@ for (const backend of await backends("config_live")) {
           refused.stderr,
           /deliveries still wait for a destination this removes \(\d+ for a\); nothing changed/,
         );
-        assert.equal(await version(), 4);
+        assert.equal(await version(), 5);
 
         // Remove b while its forwards are in flight, cancelling what waits: nothing is sent after the commit.
         dest.delay.set("b", 1_500);
-        const slowB = await post(6);
+        const slowB = await post(6, { keep: true });
         await until("a forward to b in flight", () => slowB.some((id) => sentTo("b", id).length > 0));
         write(other, doc(["a"], { a: destination("a") }));
         const removed = await apply(other, "--cancel-waiting");
         assert.equal(removed.code, 0, removed.stderr);
         const removedAt = Date.now();
         assert.match(removed.stdout, /- destination b/);
-        tookMs.push(await takenUp(5, removedAt - 1));
+        tookMs.push(await takenUp(6, removedAt - 1));
         await sleep(2_000);
         assert.deepEqual(
           dest.got.filter((g) => g.to === "b" && g.at > removedAt),
@@ -251,7 +278,7 @@ for (const backend of await backends("config_live")) {
         // lane had claimed ahead and gave back): as many cancelled as the command said.
         const cancelled = rowsB.filter((r) => r.status === "failed");
         for (const r of cancelled)
-          assert.match(String(r.error), /cancelled: destination b removed by configuration version 5/);
+          assert.match(String(r.error), /cancelled: destination b removed by configuration version 6/);
         assert.equal(Number(/(\d+) waiting deliveries set aside/.exec(removed.stdout)?.[1] ?? 0), cancelled.length);
         assert.equal(rowsB.length, slowB.length);
         // Rows stored for b after the removal (a receiver takes up to its check to see it) wait, shown:
@@ -268,12 +295,12 @@ for (const backend of await backends("config_live")) {
         await until("the receiver says why", () =>
           /SIGHUP: .*sources\.json: not valid JSON( at position \d+)?; nothing changed/.test(receiver.log()),
         );
-        assert.equal(await version(), 5);
+        assert.equal(await version(), 6);
         // Control: a whole file, at SIGHUP, is applied.
         write(file, doc(["a"], { a: destination("a"), c: destination("c") }));
         signalChild(receiver.child, "SIGHUP");
-        tookMs.push(await takenUp(6, Date.now()));
-        assert.equal(await version(), 6);
+        tookMs.push(await takenUp(7, Date.now()));
+        assert.equal(await version(), 7);
       } finally {
         const codes = await Promise.all([receiver.stop(), ...workers.map((w) => w.stop())]);
         await inbox.close();
