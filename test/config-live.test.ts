@@ -2,8 +2,8 @@
 // on PostgreSQL (there as two hosts would: separate processes on one server, nothing shared but it). Each
 // change goes through `inbox.ts config apply` (or SIGHUP) and is taken up with no restart: a new
 // destination gets forwards, a changed transform is used, a bad file changes nothing, a filter applies to
-// what is stored after it, a pause and a
-// removal stop what starts after them with no lease lost, and a removal that rows wait for is refused.
+// what is stored after it, a pause and a removal stop what starts after them with no lease lost, and a
+// removal that rows wait for is refused.
 //   npx node --import tsx --test test/config-live.test.ts
 
 import assert from "node:assert/strict";

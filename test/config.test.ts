@@ -6,14 +6,15 @@
 //   npx node --import tsx --test test/config.test.ts
 
 import assert from "node:assert/strict";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { watchConfig } from "../lib/config/watch.ts";
 import { sign } from "../lib/providers.ts";
 import { FakeClock } from "./clock.ts";
-import { backends, type ReceiverProcess, runScript, startReceiver, tempDir } from "./helpers.ts";
+import { signalChild } from "../lib/runtime.ts";
+import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret").toString("base64")}`;
 const SOURCE_SECRET = `whsec_${Buffer.from("the provider's secret").toString("base64")}`;
@@ -163,6 +164,57 @@ for (const backend of await backends("config_cli")) {
       } finally {
         await watcher.close();
         await writer.close();
+        await cleanup();
+      }
+    });
+
+    it("worker.ts applies its --sources file at start and again at SIGHUP; a missing or half-written file changes nothing", async () => {
+      const { target: db, cleanup } = await backend.make();
+      const dir = tempDir();
+      const file = join(dir.dir, "sources.json");
+      const doc = (names: string[]) =>
+        JSON.stringify({
+          st: { provider: "standard", secret: "env:SOURCE_SECRET", routes: names },
+          $destinations: Object.fromEntries(
+            names.map((d) => [d, { url: "http://127.0.0.1:1/", secret: "env:DEST_SECRET" }]),
+          ),
+        });
+      writeFileSync(file, doc(["app"]));
+      const worker = spawnScript("worker.ts", ["--db", db, "--sources", file], ENV);
+      let log = "";
+      worker.stderr!.on("data", (d) => (log += d));
+      const exited = new Promise((resolve) => worker.on("exit", resolve));
+      const until = async (re: RegExp) => {
+        const end = Date.now() + 20_000;
+        while (!re.test(log) && Date.now() < end) await new Promise((resolve) => setTimeout(resolve, 25));
+        assert.match(log, re);
+      };
+      try {
+        await until(/sources\.json applied as configuration version 1/);
+        // Give it time to set its handlers up: the version it runs is read after the apply.
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        writeFileSync(file, doc(["app", "crm"]).slice(0, 50));
+        signalChild(worker, "SIGHUP");
+        await until(/SIGHUP: .*sources\.json: not valid JSON( at position \d+)?; nothing changed/);
+        rmSync(file);
+        signalChild(worker, "SIGHUP");
+        await until(/SIGHUP: .*cannot read .*sources\.json.*; nothing changed/);
+        const inbox = await connect(db);
+        try {
+          assert.equal(await inbox.configVersion(), 1, "nothing changed");
+          // Control: a whole file at SIGHUP is applied, and the worker runs it.
+          writeFileSync(file, doc(["app", "crm"]));
+          signalChild(worker, "SIGHUP");
+          await until(/SIGHUP: .*applied as configuration version 2: ~ source st, \+ destination crm/);
+          await until(/worker: now running configuration version 2/);
+          assert.equal(await inbox.configVersion(), 2);
+        } finally {
+          await inbox.close();
+        }
+      } finally {
+        signalChild(worker, "SIGTERM");
+        await exited;
+        dir.cleanup();
         await cleanup();
       }
     });
