@@ -45,7 +45,9 @@ export function config(c: Cli): void {
           const from = p.current ? `version ${p.current.version}` : "none (the default source)";
           const waitLines = p.removed
             .filter((r) => r.waiting > 0)
-            .map((r) => `  ${r.waiting} deliveries wait for ${r.destination}`);
+            .map(
+              (r) => `  ${r.waiting} ${r.waiting === 1 ? "delivery waits" : "deliveries wait"} for ${r.destination}`,
+            );
           const cancelling = opts.cancelWaiting === true && p.removed.some((r) => r.waiting > 0);
           if (opts.dryRun || (p.changes.length === 0 && !cancelling)) {
             if (opts.json) {
@@ -66,7 +68,10 @@ export function config(c: Cli): void {
           }
           console.log(`Applied version ${result.version} (was ${from}):`);
           for (const line of p.changes) console.log(`  ${line}`);
-          if (result.cancelled > 0) console.log(`  ${result.cancelled} waiting deliveries set aside as failed`);
+          if (result.cancelled > 0)
+            console.log(
+              `  ${result.cancelled} waiting ${result.cancelled === 1 ? "delivery" : "deliveries"} set aside as failed`,
+            );
         } finally {
           await inbox.close();
         }

@@ -48,7 +48,7 @@ export function status(c: Cli): void {
         for (const d of await inbox.destinations())
           if (d.pausedReason?.startsWith(REMOVED) && d.waiting + d.processing > 0)
             console.log(
-              `waiting for a removed destination: ${d.name}, ${d.waiting + d.processing} deliveries (${d.pausedReason}); bring it back with config apply, or let them go with config apply FILE --cancel-waiting`,
+              `waiting for a removed destination: ${d.name}, ${d.waiting + d.processing} ${d.waiting + d.processing === 1 ? "delivery" : "deliveries"} (${d.pausedReason}); bring it back with config apply, or let them go with config apply FILE --cancel-waiting`,
             );
         if (s.conflicts.deliveries > 0) {
           console.log(
