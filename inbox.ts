@@ -76,6 +76,7 @@ export async function cli(argv: string[]): Promise<void> {
   const reconcile = await import("./lib/cli/reconcile.ts");
   const { speakTo } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
+  const configs = await import("./lib/cli/config.ts");
   const program = new Command("inbox.ts")
     .description("Look into the webhook inbox and put failed deliveries back in the queue.")
     .exitOverride()
@@ -105,6 +106,8 @@ Examples:
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
   npx tsx inbox.ts keys create --scope read --name dashboards
   npx tsx inbox.ts reconcile --sources sources.json --since 3d --dry-run
+  npx tsx inbox.ts config apply sources.json --dry-run && npx tsx inbox.ts config apply sources.json
+  npx tsx inbox.ts config dump > sources.json
 
 Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     );
@@ -129,6 +132,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     backups.restore,
     keys.keys,
     reconcile.reconcileCommand,
+    configs.config,
   ])
     add(c);
 

@@ -4,6 +4,7 @@
 // Then send it the article's deliveries with `npx tsx send.ts`.
 
 import { readFileSync } from "node:fs";
+import { dirname, resolve } from "node:path";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
@@ -18,6 +19,9 @@ import { loadSources, type Source } from "./lib/providers.ts";
 import { loadDestinations } from "./lib/routing/routes.ts";
 import { parseBrokerDestination } from "./lib/brokers.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
+import { applyText, loadConfig, parseDocument, reapplyFile } from "./lib/config/config.ts";
+import { watchConfig } from "./lib/config/watch.ts";
+import { realClock } from "./lib/lease/clock.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -64,6 +68,8 @@ export interface Receiver {
   close(graceMs?: number): Promise<void>;
   /** readiness is what /readyz answers with. */
   readiness: Readiness;
+  /** setSources serves these sources from the next request on (undefined: the default source). */
+  setSources(sources: ReadonlyMap<string, Source> | undefined): void;
 }
 
 /** createReceiver builds the HTTP server over an open inbox; call server.listen() to start it. */
@@ -133,6 +139,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   return {
     server,
     readiness,
+    setSources: (sources) => webhooks.setSources(sources),
     close: (graceMs = DEFAULTS.shutdownGraceMs) =>
       new Promise<void>((resolve) => {
         const done = () => {
@@ -348,7 +355,7 @@ export async function main(argv: string[]): Promise<void> {
 
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const sources = sourcesFile ? readSources(sourcesFile) : undefined;
+  const file = sourcesFile ? readSources(sourcesFile) : undefined;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
@@ -374,6 +381,21 @@ export async function main(argv: string[]): Promise<void> {
   }
   // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
   const unmark = isPostgresUrl(path) ? () => {} : running(path);
+  // The file is applied to the database (lib/config/); what is served is what the database holds, the
+  // default source while it holds none.
+  let sources: ReadonlyMap<string, Source> | undefined;
+  let version = 0;
+  try {
+    if (file)
+      await applyText(inbox, file.text, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
+    const stored = await inbox.readConfig();
+    if (stored) {
+      version = stored.version;
+      sources = loadConfig(parseDocument(stored.document), process.env, { resolve: false }).sources;
+    }
+  } catch (error) {
+    return fatal(`receiver: ${sourcesFile ?? "the configuration in the database"}: ${message(error)}`);
+  }
   if (opts.metrics) metrics = new Metrics({ inbox });
   announce(sources);
   const { log, flush: flushLog } = lineLog(process.stderr, format);
@@ -401,10 +423,33 @@ export async function main(argv: string[]): Promise<void> {
     console.log(format === "json" ? jsonLine(`Listening on ${url}`, { url }) : `Listening on ${url}`);
   });
 
+  // A configuration applied while it runs is served from the next request on; SIGHUP applies the file again.
+  const unwatch = watchConfig(inbox, {
+    clock: realClock,
+    version,
+    onChange: (config) => {
+      try {
+        const next = loadConfig(parseDocument(config.document), process.env, { resolve: false }).sources;
+        receiver.setSources(next);
+        say(`receiver: now serving configuration version ${config.version}`, "info", { configVersion: config.version });
+      } catch (error) {
+        say(`receiver: configuration version ${config.version} not taken up: ${message(error)}`, "error");
+      }
+    },
+    onError: (why) => say(`receiver: could not read the configuration's version (${why}); trying again`, "warn"),
+  });
+  process.on("SIGHUP", () => {
+    if (!sourcesFile) return say("SIGHUP: no --sources file to apply again; nothing changed");
+    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP", false).then(({ line, error }) =>
+      say(`SIGHUP: ${line}`, error ? "error" : "info"),
+    );
+  });
+
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
+    unwatch();
     flushLog();
     say(`${signal}: finishing the requests in flight, then stopping`);
     await receiver.close();
@@ -418,10 +463,12 @@ export async function main(argv: string[]): Promise<void> {
 }
 
 // readSources reads and checks the sources file, or stops start-up with one line that quotes no secret.
-function readSources(sourcesFile: string): Map<string, Source> {
+function readSources(sourcesFile: string): { text: string; sources: Map<string, Source> } {
   let parsed: unknown;
+  let text = "";
   try {
-    parsed = JSON.parse(readFileSync(sourcesFile, "utf8"));
+    text = readFileSync(sourcesFile, "utf8");
+    parsed = JSON.parse(text);
   } catch (error) {
     // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
     const why =
@@ -438,7 +485,7 @@ function readSources(sourcesFile: string): Map<string, Source> {
       resolve: false,
       brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
     });
-    return sources;
+    return { text, sources };
   } catch (error) {
     return fatal(`receiver: ${sourcesFile}: ${message(error)}`);
   }

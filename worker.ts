@@ -26,14 +26,14 @@ import { Jobs, type Handler, type Job, type RunStats } from "./lib/lease/jobs.ts
 import { Lane } from "./lib/lease/lane.ts";
 import { HandlerSizing } from "./lib/lease/sizing.ts";
 import type { Metrics } from "./lib/metrics.ts";
-import { checkSecrets } from "./lib/forwarding/forward.ts";
 import type { ForwardStats } from "./lib/forwarding/forwarder.ts";
-import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
-import { loadDestinations, type Forwarding, type Operator, type Route } from "./lib/routing/routes.ts";
-import { brokerSender, missingClient, parseBrokerDestination, type BrokerDestination } from "./lib/brokers.ts";
-import { redactor, secretsOf, type Secret } from "./lib/redact.ts";
-import { checkTransforms, Transforms } from "./lib/forwarding/transform.ts";
-import type { Sender } from "./lib/forwarding/forward.ts";
+import type { Operator } from "./lib/routing/routes.ts";
+import type { Source } from "./lib/providers.ts";
+import type { TransformLimits } from "./lib/forwarding/transform.ts";
+import { redactor } from "./lib/redact.ts";
+import { applyText, readDocument, reapplyFile } from "./lib/config/config.ts";
+import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
+import { watchConfig } from "./lib/config/watch.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
 /** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/lease/jobs.ts). */
@@ -245,6 +245,15 @@ export async function loadHandler(path: string): Promise<Handler | string> {
     : "expected a module whose default export is a function (job) => void | Promise<void>";
 }
 
+// unhandled is why a worker without --handler must not start on these sources: the article's record-payment
+// handler reads {customer, amount}, which no real provider's event has, so a signed source with no routes
+// (the handler alone, by default) would set every real event aside; routes that name "handler" chose it.
+function unhandled(sources: readonly Source[]): string | undefined {
+  const signed = sources.filter((s) => s.provider !== "plain" && (s.routes === undefined || s.routes.length === 0));
+  if (signed.length === 0) return undefined;
+  return `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`;
+}
+
 /** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError, Option } = await import("commander");
@@ -399,74 +408,32 @@ Examples:
       : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
 
   // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
-  // Read before the database is opened, so a mistake stops start-up with one line and nothing created.
+  // Read and checked whole before the database is opened, so a mistake stops start-up with one line and
+  // nothing created; once the inbox is open it is applied there (lib/config/), and what runs is what the
+  // database holds. Without it, the worker runs the configuration in the database (docs/config.md).
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  let forwarding: Forwarding | undefined;
-  let routes: Map<string, readonly Route[]> | undefined;
+  const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
+  // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
+  const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
   let sources: Source[] = [];
-  // Every secret the file names, redacted wherever a failed try's error goes (redact.ts).
-  let secrets: Secret[] = [];
-  // The broker destinations, parsed once, their secrets read; and the transforms' processes, loaded once.
-  const brokers = new Map<string, BrokerDestination>();
-  let transforms: Transforms | undefined;
+  let fileText: string | undefined;
   if (sourcesFile) {
     try {
-      const parsed = readSourcesFile(sourcesFile);
-      sources = [...loadSources(parsed, process.env).values()];
-      routes = new Map(sources.map((s) => [s.name, s.routes ?? []]));
-      // A broker destination's own settings are brokers.ts's to check, its secrets read from the environment.
-      forwarding = loadDestinations(parsed, process.env, {
-        brokerCheck: (name, settings, where) =>
-          void brokers.set(name, parseBrokerDestination(name, settings, where, process.env)),
-      });
-      for (const d of forwarding.destinations.values())
-        if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
-      secrets = secretsOf(forwarding, { sources, brokers: brokers.values() });
+      fileText = readDocument(sourcesFile).text;
+      const checked = await prepare({ version: 0, document: fileText, transforms: {} }, process.env, base, limits);
+      if (typeof checked === "string") throw new Error(checked);
+      sources = [...checked.loaded.sources.values()];
+      await release(checked);
     } catch (error) {
       say(`worker: ${sourcesFile}: ${message(error)}`, "error");
       process.exit(2);
     }
-    // A broker's client is an optional dependency: one this file publishes to must be installed now,
-    // not found missing at the first delivery.
-    for (const [name, broker] of brokers) {
-      const missing = await missingClient(broker.type, name);
-      if (missing !== undefined) {
-        say(`worker: ${missing}`, "error");
-        process.exit(2);
-      }
-    }
-    // Each transform module is loaded once now, so a missing file or a bad export stops start-up, not a forward.
-    const uses = [
-      ...[...routes!].flatMap(([source, list]) =>
-        list
-          .filter((r) => r.transform)
-          .map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` })),
-      ),
-      ...[...forwarding!.destinations.values()]
-        .filter((d) => d.transform)
-        .map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
-    ];
-    if (uses.length > 0)
-      transforms = new Transforms(dirname(resolve(sourcesFile)), {
-        memoryMb: opts.transformMemory,
-        log: (line) => say(line, "error"),
-      });
-    const wrong = transforms ? await checkTransforms(uses, transforms) : undefined;
-    if (wrong) {
-      say(`worker: ${sourcesFile}: ${wrong}`, "error");
-      process.exit(2);
-    }
   }
 
-  // The handler is chosen on purpose: the article's record-payment handler reads {customer, amount}, which
-  // no real provider's event has. A signed source with no routes (the handler alone, by default) and no
-  // --handler would set every real event aside; routes that name "handler" chose it.
-  const signed = sources.filter((s) => s.provider !== "plain" && (s.routes === undefined || s.routes.length === 0));
-  if (opts.handler === undefined && signed.length > 0) {
-    say(
-      `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`,
-      "error",
-    );
+  // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
+  const refusal = opts.handler === undefined ? unhandled(sources) : undefined;
+  if (refusal) {
+    say(refusal, "error");
     process.exit(2);
   }
   let handler: Handler = recordPayment;
@@ -494,15 +461,40 @@ Examples:
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
   // receiver's): an fsync inside each COMMIT held the event loop, and with it every forward in flight, for
   // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
-  // before it settles; the handler's connection, whose writes the app reads, keeps FULL.
+  // before it settles; the handler's connection, whose writes the app reads, keeps FULL. Opened whenever
+  // destinations may come: a configuration applied while the worker runs can add the first.
   let lanes: Inbox | undefined;
   let metrics: Metrics | undefined;
+  let first: Prepared;
   try {
     const onCommit =
       opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     if (handler === recordPayment) await ensurePayments(inbox);
-    if (forwarding && forwarding.destinations.size > 0 && inbox.backend === "sqlite") {
+    if (fileText !== undefined) {
+      try {
+        const applied = await applyText(inbox, fileText, process.env, base, "worker.ts --sources");
+        if (applied.changes.length > 0)
+          say(`worker: ${sourcesFile} applied as configuration version ${applied.version}`);
+      } catch (error) {
+        say(`worker: ${sourcesFile}: ${message(error)}`, "error");
+        process.exit(2);
+      }
+    }
+    const stored = await inbox.readConfig();
+    const ready = stored ? await prepare(stored, process.env, base, limits) : unconfigured();
+    if (typeof ready === "string") {
+      say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
+      process.exit(2);
+    }
+    first = ready;
+    // The configuration in the database may name signed sources the file did not: the same rule holds.
+    const dbRefusal = opts.handler === undefined ? unhandled([...first.loaded.sources.values()]) : undefined;
+    if (dbRefusal) {
+      say(dbRefusal, "error");
+      process.exit(2);
+    }
+    if (inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)) {
       lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
     }
   } catch (error) {
@@ -560,31 +552,32 @@ Examples:
   }
   const log = opts.quiet ? () => {} : lines.log;
   const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
-  // One publisher per broker destination; each connects at its first publish, and closes when forwarding ends.
-  const senders = new Map<string, Sender>();
-  for (const [name, broker] of brokers) senders.set(name, brokerSender(broker));
+  // Each configuration version runs as a generation of lanes; a newer one, checked whole, takes over.
+  const live = new LiveForwarding(
+    (p, signal) =>
+      import("./lib/forwarding/forwarder.ts").then(({ forward }) =>
+        forward({
+          inbox: lanes ?? inbox,
+          forwarding: p.loaded.forwarding,
+          routes: p.loaded.routes,
+          ...(p.transforms ? { transforms: p.transforms } : {}),
+          once: opts.once,
+          leaseMs: opts.lease * 1000,
+          signal,
+          log,
+          metrics,
+          stats: forwardStats,
+          senders: p.senders,
+          secrets: p.loaded.secrets,
+        }),
+      ),
+    stop.signal,
+    opts.once,
+  );
+  live.run(first);
+  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits });
+  const { forwarding, secrets } = first.loaded;
   try {
-    const forwarding$ =
-      forwarding && forwarding.destinations.size > 0
-        ? import("./lib/forwarding/forwarder.ts")
-            .then(({ forward }) =>
-              forward({
-                inbox: lanes ?? inbox,
-                forwarding: forwarding!,
-                routes,
-                ...(transforms ? { transforms } : {}),
-                once: opts.once,
-                leaseMs: opts.lease * 1000,
-                signal: stop.signal,
-                log,
-                metrics,
-                stats: forwardStats,
-                senders,
-                secrets,
-              }),
-            )
-            .finally(() => Promise.all([...[...senders.values()].map((s) => s.close()), transforms?.close()]))
-        : undefined;
     await Promise.all([
       run(handler, {
         inbox,
@@ -596,14 +589,14 @@ Examples:
         log,
         metrics,
         stats,
-        ...(forwarding?.operator ? { operator: forwarding.operator } : {}),
+        ...(forwarding.operator ? { operator: forwarding.operator } : {}),
         ...(secrets.length > 0 ? { redact: redactor(secrets, { mine: DEFAULTS.destination }).redact } : {}),
         purge:
           purgeEveryMs === undefined
             ? undefined
             : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
       }),
-      forwarding$,
+      live.finished(),
     ]);
   } catch (error) {
     lines.flush();
@@ -611,6 +604,7 @@ Examples:
     say(`worker: ${message(error)}`, "error");
     process.exit(1);
   }
+  unwatch?.();
   await lanes?.close();
   await inbox.close();
   unmark();
@@ -622,7 +616,7 @@ Examples:
       "info",
       { ...stats },
     );
-    if (forwarding && forwarding.destinations.size > 0) {
+    if (forwarding.destinations.size > 0 || live.version !== first.version) {
       const f = forwardStats;
       say(
         `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`,
@@ -631,6 +625,47 @@ Examples:
       );
     }
   }
+}
+
+// watchLive takes up each configuration applied while the worker runs (lib/config/watch.ts), and applies
+// the --sources file again at SIGHUP; returns how to stop both.
+function watchLive(
+  inbox: Inbox,
+  live: LiveForwarding,
+  o: {
+    say: (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
+    sourcesFile?: string;
+    base: string;
+    limits: TransformLimits;
+  },
+): () => void {
+  const unwatch = watchConfig(inbox, {
+    clock: realClock,
+    version: live.version ?? 0,
+    onChange: async (config) => {
+      const next = await prepare(config, process.env, o.base, o.limits);
+      if (typeof next === "string")
+        return o.say(
+          `worker: configuration version ${config.version} not taken up, version ${live.version} goes on: ${next}`,
+          "error",
+        );
+      live.run(next);
+      o.say(`worker: now running configuration version ${config.version}`, "info", { configVersion: config.version });
+    },
+    onError: (why) => o.say(`worker: could not read the configuration's version (${why}); trying again`, "error"),
+  });
+  const file = o.sourcesFile;
+  const hangup = () =>
+    void (file === undefined
+      ? o.say("SIGHUP: no --sources file to apply again; nothing changed")
+      : reapplyFile(inbox, file, process.env, "worker.ts SIGHUP").then(({ line, error }) =>
+          o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
+        ));
+  process.on("SIGHUP", hangup);
+  return () => {
+    unwatch();
+    process.off("SIGHUP", hangup);
+  };
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -239,4 +239,10 @@ export const DEFAULTS = {
   consumeReconnectMs: 1_000,
   /** Milliseconds between two reads of a RabbitMQ source's queue depth, its lag. @default 5_000 */
   consumeLagEveryMs: 5_000,
+  /**
+   * Milliseconds between a running receiver's or worker's reads of the configuration's version (lib/config/):
+   * a change committed elsewhere is taken up within this and the time to load it, under the two seconds
+   * promised. On PostgreSQL the commit's NOTIFY takes it up at once; the timer is for a dropped LISTEN. @default 1_000
+   */
+  configCheckMs: 1_000,
 } as const;

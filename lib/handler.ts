@@ -90,6 +90,11 @@ export interface Handler {
   readonly inFlight: number;
   /** idle resolves once no request is in flight. */
   idle(): Promise<void>;
+  /**
+   * setSources serves these sources from the next request on (a configuration taken up while running,
+   * lib/config/); a request already past its lookup finishes with the sources it found.
+   */
+  setSources(sources: ReadonlyMap<string, Source> | undefined): void;
 }
 
 // Verified is a signature's verdict that a delivery is to be stored.
@@ -150,6 +155,7 @@ export function createHandler(options: HandlerOptions): Handler {
       return core.inFlight;
     },
     idle: () => core.idle(),
+    setSources: (sources) => core.setSources(sources),
 
     node: (req, res) => onNode(req, res, (limit) => readBody(req, limit, core.pace)),
 
@@ -216,15 +222,15 @@ class Receiving {
   readonly logs: boolean;
   readonly metrics: Metrics | undefined;
   readonly now: () => number;
-  readonly sources: ReadonlyMap<string, Source>;
+  sources: ReadonlyMap<string, Source>;
   readonly basePath: string;
   // The sources with a filter on a route: only their deliveries are looked into (filter.ts).
-  readonly filtered: ReadonlySet<Source>;
+  filtered: ReadonlySet<Source>;
   readonly closing: () => boolean;
   readonly pace: Pace;
   readonly fromHeaders: boolean;
   // A path that is exactly a source's (no query, no extra slashes) is found without a split or a regex.
-  readonly exact: ReadonlyMap<string, Source>;
+  exact: ReadonlyMap<string, Source>;
   inFlight = 0;
   readonly waiting: (() => void)[] = [];
 
@@ -238,9 +244,10 @@ class Receiving {
     this.logs = this.log !== silent;
     this.metrics = options.metrics;
     this.now = options.now ?? Date.now;
-    this.sources = options.sources ?? new Map([["", unsignedSource()]]);
     this.basePath = (options.basePath ?? "").replace(/\/+$/, "");
-    this.filtered = new Set([...this.sources.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
+    this.sources = this.exact = new Map();
+    this.filtered = new Set();
+    this.setSources(options.sources);
     this.closing = options.closing ?? (() => false);
     this.pace = {
       graceMs: options.bodyTimeoutMs ?? DEFAULTS.bodyTimeoutMs,
@@ -261,7 +268,14 @@ class Receiving {
       throw new TypeError(
         `createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`,
       );
-    this.exact = new Map([...this.sources].map(([name, source]) => [`${this.basePath}/${name}`, source]));
+  }
+
+  // setSources swaps the sources and what is derived from them in one step, between two requests.
+  setSources(sources: ReadonlyMap<string, Source> | undefined): void {
+    const next = sources ?? new Map([["", unsignedSource()]]);
+    this.filtered = new Set([...next.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
+    this.exact = new Map([...next].map(([name, source]) => [`${this.basePath}/${name}`, source]));
+    this.sources = next;
   }
 
   // seen counts one answer, once per request, at the point where its outcome is decided.

@@ -11,6 +11,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { message } from "./log.ts";
 import type { DestinationState, Gauges, Inbox, Lease, Stored } from "./store.ts";
 import { sqlstate } from "./errors.ts";
+import { REMOVED } from "./rows.ts";
 
 /** Outcome is how the receiver answered one request, as received_total counts it. */
 export type Outcome = Stored | "rejected" | "unavailable";
@@ -312,6 +313,19 @@ export class Metrics {
         if (!states) return;
         this.reset();
         for (const d of states) this.set({ destination: d.name }, d.waiting);
+      },
+    });
+    new client.Gauge({
+      name: "inbox_destination_removed_waiting",
+      help: "Deliveries still waiting (or leased) for a destination the configuration has removed (lib/config/): cancel them or bring it back.",
+      labelNames: ["destination"],
+      registers,
+      async collect() {
+        const states = await self.destinationStates();
+        if (!states) return;
+        this.reset();
+        for (const d of states)
+          if (d.pausedReason?.startsWith(REMOVED)) this.set({ destination: d.name }, d.waiting + d.processing);
       },
     });
     new client.Gauge({

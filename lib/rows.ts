@@ -17,6 +17,7 @@ import {
   type Origin,
   type Status,
   type Summary,
+  type StoredConfig,
 } from "./store.ts";
 
 /** toGauges turns live counts and totals per source into Gauges: done is each total less its live rows. */
@@ -177,5 +178,25 @@ export function toAuditEntry(row: Record<string, unknown>): AuditEntry {
     operation: String(row.operation),
     target: String(row.target),
     count: Number(row.count),
+  };
+}
+
+/** REMOVED begins the pause reason of a destination that a configuration took out: bringing it back lifts only that pause. */
+export const REMOVED = "removed from the configuration";
+
+/** destinationNames lists the destinations a configuration document names (its $destinations' keys). */
+export function destinationNames(document: string): string[] {
+  const parsed = JSON.parse(document) as { $destinations?: Record<string, unknown> };
+  return Object.keys(parsed.$destinations ?? {});
+}
+
+/** toConfig builds a StoredConfig from a row of inbox_config. */
+export function toConfig(row: Record<string, unknown>): StoredConfig {
+  return {
+    version: Number(row.version),
+    document: row.document as string,
+    transforms: JSON.parse(row.transforms as string) as StoredConfig["transforms"],
+    actor: row.actor as string,
+    appliedAt: Number(row.applied_at),
   };
 }

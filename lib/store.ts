@@ -446,8 +446,11 @@ export interface Inbox {
   kept(): Promise<Kept>;
   /** query runs SQL with `?` parameters outside any delivery: the handler's own tables, and tests. */
   query(sql: string, ...params: SqlValue[]): Promise<Record<string, unknown>[]>;
-  /** onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns how to stop. */
-  onWake(listener: () => void): () => void;
+  /**
+   * onWake calls back when new deliveries may be due (PostgreSQL's NOTIFY), a hint beside polling; returns
+   * how to stop. Its payload is "config" when a new configuration was applied (applyConfig()).
+   */
+  onWake(listener: (payload?: string) => void): () => void;
   /** gauges counts deliveries per source and status and finds the oldest wait, for /metrics. */
   gauges(): Promise<Gauges>;
   /** ready is true if a delivery could be committed now, else the reason why not (for /readyz). */
@@ -495,6 +498,16 @@ export interface Inbox {
   addAudit(entry: Omit<AuditEntry, "seq">): Promise<void>;
   /** auditLog lists the audit log, newest first: up to limit entries, those before seq when given. */
   auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]>;
+  /** readConfig reads the configuration in force (the newest applied version), or undefined if none was ever applied. */
+  readConfig(): Promise<StoredConfig | undefined>;
+  /** configVersion is the version of the configuration in force, 0 if none: one cheap read, for the watchers' timer. */
+  configVersion(): Promise<number>;
+  /**
+   * applyConfig stores a new version of the configuration in one transaction, unless another version was
+   * applied since expectedVersion, or rows wait for a destination it removes (then, with cancelWaiting,
+   * they are set aside as failed in the same transaction). On PostgreSQL its commit NOTIFYs every listener.
+   */
+  applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied>;
 }
 
 /** ApiKey is one API key as stored: its hash, never the key; read keys change nothing. */
@@ -530,6 +543,43 @@ export interface AuditEntry {
   /** How many rows it changed. */
   count: number;
 }
+
+/** TransformCode is one transform module as it was when a configuration was applied: its code and the code's SHA-256. */
+export interface TransformCode {
+  sha256: string;
+  code: string;
+}
+
+/** StoredConfig is one applied version of the configuration: the sources file's JSON (secrets as env:NAME) and its transforms. */
+export interface StoredConfig {
+  version: number;
+  /** The sources file's JSON text, exactly as applied. */
+  document: string;
+  /** Each transform module the document names, by the path it is named with. */
+  transforms: Record<string, TransformCode>;
+  /** Who applied it: a command, a script, or a person's name. */
+  actor: string;
+  appliedAt: number;
+}
+
+/** ApplyConfigOptions says what applyConfig() may do, and who asks. */
+export interface ApplyConfigOptions {
+  actor: string;
+  /** Refuse if the version in force is not this one (0: none). @default apply over whatever is in force */
+  expectedVersion?: number;
+  /** @default no transforms */
+  transforms?: Record<string, TransformCode>;
+  /** Destinations this version removes: the rows waiting for them refuse it, unless cancelWaiting. @default none */
+  removed?: readonly string[];
+  /** Set aside as failed the rows waiting for a removed destination, rather than refuse. @default false */
+  cancelWaiting?: boolean;
+}
+
+/** ConfigApplied is applyConfig()'s answer: the new version (and how many rows it cancelled), or why it was refused, nothing changed. */
+export type ConfigApplied =
+  | { applied: true; version: number; cancelled: number }
+  | { applied: false; reason: "version"; version: number }
+  | { applied: false; reason: "waiting"; waiting: { destination: string; n: number }[] };
 
 /** InboxStatus is what `inbox.ts status` prints. */
 export interface InboxStatus {

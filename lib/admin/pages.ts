@@ -6,6 +6,7 @@ import { bodyForPeople } from "../format.ts";
 import { type Preview, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
+import { REMOVED } from "../rows.ts";
 import { destinationStates, failureGroups } from "./actions.ts";
 import {
   action,
@@ -83,7 +84,7 @@ const held = (destinations: DestinationState[], now: number) => {
   return `<p class="held">Holding their deliveries: ${holding
     .map(
       (d) =>
-        `<a href="/destinations">${escape(d.name)}</a> ${stateBadge(sayState(d, now))} ${d.waiting.toLocaleString("en")} waiting`,
+        `<a href="/destinations">${escape(d.name)}</a> ${stateBadge(sayState(d, now))}${d.pausedReason?.startsWith(REMOVED) ? ` <strong>${REMOVED}</strong>` : ""} ${d.waiting.toLocaleString("en")} waiting`,
     )
     .join(" · ")}</p>`;
 };

@@ -8,6 +8,7 @@ import { age, bodyForPeople, bytes, deliveryJson, iso } from "../format.ts";
 import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../providers.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
+import { REMOVED } from "../rows.ts";
 import { type Cli, findRows, UsageError } from "./command.ts";
 
 /** status counts deliveries per status, and lists failures, the oldest wait, conflicts, ordering and what is kept. */
@@ -50,6 +51,12 @@ export function status(c: Cli): void {
           }
         }
         if (s.oldestWaitingMs !== null) console.log(`oldest waiting: ${age(s.oldestWaitingMs)}`);
+        // What waits for a destination the configuration took out is never left in silence (lib/config/).
+        for (const d of await inbox.destinations())
+          if (d.pausedReason?.startsWith(REMOVED) && d.waiting + d.processing > 0)
+            console.log(
+              `waiting for a removed destination: ${d.name}, ${d.waiting + d.processing} ${d.waiting + d.processing === 1 ? "delivery" : "deliveries"} (${d.pausedReason}); bring it back with config apply, or let them go with config apply FILE --cancel-waiting`,
+            );
         if (s.conflicts.deliveries > 0) {
           console.log(
             `conflicts: ${s.conflicts.deliveries} deliveries had ${s.conflicts.copies} duplicates with a different body (the first copy was kept)`,

@@ -129,7 +129,7 @@ export abstract class PostgresCommitter {
   protected closed = false;
   private lastNotify = 0;
   private listener: pg.Client | undefined;
-  private wakeListeners: (() => void)[] = [];
+  private wakeListeners: ((payload?: string) => void)[] = [];
   private listenTimer: NodeJS.Timeout | undefined;
   private readonly onCommit: ((size: number, ms: number) => void) | undefined;
   // The error of the last batch that failed as a whole (a lost server, a full disk), until one commits.
@@ -158,7 +158,7 @@ export abstract class PostgresCommitter {
     ops: Extract<Op, { kind: "finish" }>[],
   ): Promise<Map<Op, boolean>>;
 
-  onWake(listener: () => void): () => void {
+  onWake(listener: (payload?: string) => void): () => void {
     this.wakeListeners.push(listener);
     if (this.listen && !this.listener && !this.listenTimer) void this.startListening();
     return () => void (this.wakeListeners = this.wakeListeners.filter((l) => l !== listener));
@@ -184,8 +184,9 @@ export abstract class PostgresCommitter {
     };
     client.on("error", retry);
     client.on("end", retry);
-    client.on("notification", () => {
-      for (const listener of this.wakeListeners) listener();
+    // The payload says what woke it: '' for new deliveries, 'config' for a new configuration (applyConfig).
+    client.on("notification", (n) => {
+      for (const listener of this.wakeListeners) listener(n.payload);
     });
     try {
       await client.connect();
@@ -197,7 +198,7 @@ export abstract class PostgresCommitter {
     }
   }
 
-  private channel(): string {
+  protected channel(): string {
     return `inbox_wake_${this.schema}`;
   }
 

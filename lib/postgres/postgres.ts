@@ -51,10 +51,22 @@ import {
   type ApiKey,
   type AuditEntry,
   type Remembered,
+  type ApplyConfigOptions,
+  type ConfigApplied,
+  type StoredConfig,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
-import { sha256, toApiKey, toAuditEntry, toDelivery, toRemembered } from "../rows.ts";
+import {
+  destinationNames,
+  REMOVED,
+  sha256,
+  toApiKey,
+  toAuditEntry,
+  toConfig,
+  toDelivery,
+  toRemembered,
+} from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -983,5 +995,74 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       page.limit,
     ]);
     return rows.map(toAuditEntry);
+  }
+
+  /** readConfig reads the newest applied configuration, or undefined. */
+  async readConfig(): Promise<StoredConfig | undefined> {
+    const { rows } = await this.pool.query(
+      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version DESC LIMIT 1",
+    );
+    return rows[0] && toConfig(rows[0]);
+  }
+
+  /** configVersion reads the version in force (0: none) through the primary key. */
+  async configVersion(): Promise<number> {
+    const { rows } = await this.pool.query("SELECT coalesce(max(version), 0) AS v FROM inbox_config");
+    return Number(rows[0].v);
+  }
+
+  /** applyConfig stores a new version under a lock, pausing what it removes and resuming what it brings back; its commit NOTIFYs. */
+  applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
+    const removed = [...(options.removed ?? [])];
+    return this.other(async (client) => {
+      await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:config:${this.schema}`]);
+      const current = Number((await client.query("SELECT coalesce(max(version), 0) AS v FROM inbox_config")).rows[0].v);
+      if (options.expectedVersion !== undefined && options.expectedVersion !== current)
+        return { applied: false, reason: "version", version: current };
+      const version = current + 1;
+      const { rows: waits } = await client.query(
+        `SELECT destination, count(*) AS n FROM deliveries
+          WHERE destination = ANY($1::text[]) AND status IN ('received', 'processing') GROUP BY destination`,
+        [removed],
+      );
+      const waiting = waits.map((w: { destination: string; n: string }) => ({
+        destination: w.destination,
+        n: Number(w.n),
+      }));
+      if (waiting.length > 0 && !options.cancelWaiting) return { applied: false, reason: "waiting", waiting };
+      let cancelled = 0;
+      for (const destination of removed) {
+        if (options.cancelWaiting)
+          cancelled += (
+            await client.query(
+              `UPDATE deliveries SET status = 'failed', error = $2, finished_at = ${NOW} WHERE destination = $3 AND status = 'received'`,
+              [
+                this.now(),
+                `cancelled: destination ${destination} removed by configuration version ${version}`,
+                destination,
+              ],
+            )
+          ).rowCount!;
+        // Paused in the same commit: no forward to it starts from now on, whichever worker holds its leases.
+        await client.query(
+          `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
+           ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW}`,
+          [this.now(), destination, `${REMOVED} (version ${version})`],
+        );
+      }
+      // A destination brought back is let go again, unless a person paused it since.
+      await client.query(
+        `UPDATE destinations SET paused = false, paused_reason = NULL, changed_at = ${NOW}
+          WHERE paused_reason LIKE $2 AND name = ANY($3::text[])`,
+        [this.now(), `${REMOVED}%`, destinationNames(document).filter((n) => !removed.includes(n))],
+      );
+      await client.query(
+        `INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES ($2, $3, $4, $5, ${NOW})`,
+        [this.now(), version, document, JSON.stringify(options.transforms ?? {}), options.actor],
+      );
+      // Every receiver and worker listening takes the new version up at this commit.
+      await client.query("SELECT pg_notify($1, 'config')", [this.channel()]);
+      return { applied: true, version, cancelled };
+    }) as Promise<ConfigApplied>;
   }
 }

@@ -149,6 +149,16 @@ export const MIGRATIONS: readonly string[] = [
   // Reconcile (docs/reconcile.md): where a delivery came from, the provider's webhook or its API, fetched
   // back after the webhook never came. Every existing row arrived as a webhook (a constant default: no rewrite).
   `ALTER TABLE deliveries ADD COLUMN origin text NOT NULL DEFAULT 'webhook';`,
+  // Configuration in the database (lib/config/): each applied version of the sources file's JSON, secrets
+  // as env:NAME, with its transforms' code and SHA-256; the newest is in force. Text, not jsonb: a dump
+  // gives the document back byte for byte.
+  `CREATE TABLE inbox_config (
+     version    integer PRIMARY KEY,
+     document   text    NOT NULL,
+     transforms text    NOT NULL,
+     actor      text    NOT NULL,
+     applied_at bigint  NOT NULL
+   );`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

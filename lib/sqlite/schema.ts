@@ -210,6 +210,15 @@ export const MIGRATIONS: readonly string[] = [
   // Reconcile (docs/reconcile.md): where a delivery came from, the provider's webhook or its API, fetched
   // back after the webhook never came. Every existing row arrived as a webhook (a constant default: no rewrite).
   `ALTER TABLE deliveries ADD COLUMN origin TEXT NOT NULL DEFAULT 'webhook';`,
+  // Configuration in the database (lib/config/): each applied version of the sources file's JSON, secrets
+  // as env:NAME, with its transforms' code and SHA-256; the newest is in force.
+  `CREATE TABLE inbox_config (
+     version    INTEGER PRIMARY KEY,
+     document   TEXT    NOT NULL,
+     transforms TEXT    NOT NULL,
+     actor      TEXT    NOT NULL,
+     applied_at INTEGER NOT NULL
+   );`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

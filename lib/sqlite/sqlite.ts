@@ -50,10 +50,23 @@ import {
   type ApiKey,
   type AuditEntry,
   type Remembered,
+  type ApplyConfigOptions,
+  type ConfigApplied,
+  type StoredConfig,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
-import { sha256, toApiKey, toAuditEntry, toDelivery, toGauges, toRemembered } from "../rows.ts";
+import {
+  destinationNames,
+  REMOVED,
+  sha256,
+  toApiKey,
+  toAuditEntry,
+  toConfig,
+  toDelivery,
+  toGauges,
+  toRemembered,
+} from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -565,7 +578,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
 
   /** onWake is a no-op on SQLite: one machine, and the worker's polling is the wake-up. */
-  onWake(_listener: () => void): () => void {
+  onWake(_listener: (payload?: string) => void): () => void {
     return () => {};
   }
 
@@ -834,6 +847,72 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       page.limit,
     );
     return rows.map(toAuditEntry);
+  }
+
+  /** readConfig reads the newest applied configuration, or undefined. */
+  async readConfig(): Promise<StoredConfig | undefined> {
+    const row = this.sql(
+      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version DESC LIMIT 1",
+    ).get() as { version: number; document: string; transforms: string; actor: string; applied_at: number } | undefined;
+    return row && toConfig(row);
+  }
+
+  /** configVersion reads the version in force (0: none) through the primary key. */
+  async configVersion(): Promise<number> {
+    const row = this.sql("SELECT max(version) AS v FROM inbox_config").get() as { v: number | null };
+    return Number(row.v ?? 0);
+  }
+
+  /** applyConfig stores a new version, pausing what it removes and resuming what it brings back, in one transaction. */
+  applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
+    const removed = [...(options.removed ?? [])];
+    return this.enqueue(() => {
+      const current = Number(
+        (this.sql("SELECT max(version) AS v FROM inbox_config").get() as { v: number | null }).v ?? 0,
+      );
+      if (options.expectedVersion !== undefined && options.expectedVersion !== current)
+        return { applied: false, reason: "version", version: current };
+      const version = current + 1;
+      const now = this.now();
+      let cancelled = 0;
+      const waiting = removed
+        .map((destination) => ({
+          destination,
+          n: Number(
+            (
+              this.sql(
+                "SELECT count(*) AS n FROM deliveries WHERE destination = ? AND status IN ('received', 'processing')",
+              ).get(destination) as { n: number }
+            ).n,
+          ),
+        }))
+        .filter((w) => w.n > 0);
+      if (waiting.length > 0 && !options.cancelWaiting) return { applied: false, reason: "waiting", waiting };
+      for (const destination of removed) {
+        if (options.cancelWaiting)
+          cancelled += Number(
+            this.sql(
+              "UPDATE deliveries SET status = 'failed', error = ?, finished_at = ? WHERE destination = ? AND status = 'received'",
+            ).run(`cancelled: destination ${destination} removed by configuration version ${version}`, now, destination)
+              .changes,
+          );
+        // Paused in the same commit: no forward to it starts from now on, whichever worker holds its leases.
+        this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
+        this.sql("UPDATE destinations SET paused = 1, paused_reason = ?, changed_at = ? WHERE name = ?").run(
+          `${REMOVED} (version ${version})`,
+          now,
+          destination,
+        );
+      }
+      // A destination brought back is let go again, unless a person paused it since.
+      this.sql(
+        "UPDATE destinations SET paused = 0, paused_reason = NULL, changed_at = ? WHERE paused_reason LIKE ? AND name IN (SELECT value FROM json_each(?))",
+      ).run(now, `${REMOVED}%`, JSON.stringify(destinationNames(document).filter((n) => !removed.includes(n))));
+      this.sql(
+        "INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES (?, ?, ?, ?, ?)",
+      ).run(version, document, JSON.stringify(options.transforms ?? {}), options.actor, now);
+      return { applied: true, version, cancelled };
+    }, true) as Promise<ConfigApplied>;
   }
 }
 

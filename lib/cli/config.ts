@@ -1,0 +1,108 @@
+// lib/cli/config.ts: `inbox.ts config apply FILE [--dry-run] [--cancel-waiting]` and `inbox.ts config dump`,
+// the configuration in the database (lib/config/): apply checks a sources file whole, prints what it
+// changes and swaps it in as one transaction; dump writes the version in force, which apply takes back
+// unchanged. Running receivers and workers take a change up within two seconds (docs/config.md).
+
+import { writeFileSync } from "node:fs";
+import { dirname, resolve } from "node:path";
+import { apply, plan, readDocument, refusedLine } from "../config/config.ts";
+import { message } from "../log.ts";
+import { type Cli, NotFound, Refused, UsageError } from "./command.ts";
+
+/** config adds `config apply` and `config dump`. */
+export function config(c: Cli): void {
+  const { withDb, open } = c;
+  const group = c.program
+    .command("config")
+    .description(
+      "the configuration in the database: apply a sources file (checked whole, one transaction), or dump it",
+    );
+  withDb(group.command("apply <file>"))
+    .description("check a sources file whole, print what it changes, and swap it in; running scripts take it up")
+    .option("--dry-run", "check and print the difference; change nothing")
+    .option("--cancel-waiting", "set aside as failed the deliveries waiting for a destination the file removes")
+    .option("--actor <name>", "who applies it, kept with the version (default: USER, else inbox.ts)")
+    .option("--json", "print JSON")
+    .action(
+      async (
+        file: string,
+        opts: { db?: string; dryRun?: boolean; cancelWaiting?: boolean; actor?: string; json?: boolean },
+      ) => {
+        let text: string;
+        try {
+          text = readDocument(file).text;
+        } catch (error) {
+          throw new UsageError(`${message(error)}; nothing changed.`);
+        }
+        const inbox = await open(opts);
+        try {
+          let p: Awaited<ReturnType<typeof plan>>;
+          try {
+            p = await plan(inbox, text, process.env, dirname(resolve(file)));
+          } catch (error) {
+            throw new UsageError(`${file}: ${message(error)}; nothing changed, the configuration in force stays.`);
+          }
+          const from = p.current ? `version ${p.current.version}` : "none (the default source)";
+          const waitLines = p.removed
+            .filter((r) => r.waiting > 0)
+            .map(
+              (r) => `  ${r.waiting} ${r.waiting === 1 ? "delivery waits" : "deliveries wait"} for ${r.destination}`,
+            );
+          const cancelling = opts.cancelWaiting === true && p.removed.some((r) => r.waiting > 0);
+          if (opts.dryRun || (p.changes.length === 0 && !cancelling)) {
+            if (opts.json) {
+              console.log(JSON.stringify({ from: p.current?.version ?? 0, changes: p.changes, removed: p.removed }));
+            } else {
+              console.log(p.changes.length === 0 ? `No change from ${from}.` : `Would change ${from}:`);
+              for (const line of p.changes) console.log(`  ${line}`);
+              for (const line of waitLines) console.log(line);
+            }
+            return;
+          }
+          const actor = opts.actor ?? process.env.USER ?? "inbox.ts";
+          const result = await apply(inbox, p, { actor, ...(opts.cancelWaiting ? { cancelWaiting: true } : {}) });
+          if (!result.applied) throw new Refused(refusedLine(result));
+          if (opts.json) {
+            console.log(JSON.stringify({ version: result.version, changes: p.changes, cancelled: result.cancelled }));
+            return;
+          }
+          console.log(`Applied version ${result.version} (was ${from}):`);
+          for (const line of p.changes) console.log(`  ${line}`);
+          if (result.cancelled > 0)
+            console.log(
+              `  ${result.cancelled} waiting ${result.cancelled === 1 ? "delivery" : "deliveries"} set aside as failed`,
+            );
+        } finally {
+          await inbox.close();
+        }
+      },
+    );
+  withDb(group.command("dump"))
+    .description("write the configuration in force as a sources file, which config apply takes back unchanged")
+    .option("--out <file>", "write here rather than to stdout")
+    .option("--json", "print the version, who applied it, when, and its transforms' SHA-256 as JSON instead")
+    .action(async (opts: { db?: string; out?: string; json?: boolean }) => {
+      const inbox = await open(opts);
+      try {
+        const stored = await inbox.readConfig();
+        if (!stored)
+          throw new NotFound(
+            "No configuration in this inbox: the scripts serve the default source (config apply FILE).",
+          );
+        if (opts.json) {
+          const transforms = Object.fromEntries(Object.entries(stored.transforms).map(([m, t]) => [m, t.sha256]));
+          console.log(
+            JSON.stringify({ version: stored.version, actor: stored.actor, appliedAt: stored.appliedAt, transforms }),
+          );
+        } else if (opts.out) writeFileSync(opts.out, stored.document);
+        else process.stdout.write(stored.document);
+      } finally {
+        await inbox.close();
+      }
+    });
+  // `inbox.ts config --help` lists its commands' options too, so one help shows the whole group.
+  const lines = group.commands.flatMap((sub) =>
+    sub.options.map((o) => `  ${o.flags.padEnd(22)}${sub.name()}: ${o.description}`),
+  );
+  group.addHelpText("after", `\nOptions of its commands:\n${lines.join("\n")}`);
+}
