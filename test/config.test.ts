@@ -272,6 +272,30 @@ for (const backend of await backends("config_cli")) {
       }
     });
 
+    it("a worker without --handler refuses a configuration in the database whose signed source has no routes, as it refuses such a file", async () => {
+      const { target: db, cleanup } = await backend.make();
+      const dir = tempDir();
+      try {
+        const file = join(dir.dir, "sources.json");
+        writeFileSync(file, JSON.stringify({ st: { provider: "standard", secret: "env:SOURCE_SECRET" } }));
+        // An inbox the scripts made, with no configuration yet (inbox.ts never creates one).
+        assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
+        const applied = await runScript("inbox.ts", ["config", "apply", file, "--db", db], ENV);
+        assert.equal(applied.code, 0, applied.stderr);
+        const refused = await runScript("worker.ts", ["--db", db, "--once"], ENV);
+        assert.equal(refused.code, 2);
+        assert.match(refused.stderr, /source "st" is signed and has no routes, and no --handler is given/);
+        // The control: the same configuration with a handler named runs.
+        const handler = join(dir.dir, "handler.mjs");
+        writeFileSync(handler, "export default () => {};\n");
+        const handled = await runScript("worker.ts", ["--db", db, "--once", "--handler", handler], ENV);
+        assert.equal(handled.code, 0, handled.stderr);
+      } finally {
+        dir.cleanup();
+        await cleanup();
+      }
+    });
+
     it("scripts started without --sources serve the database's configuration, or the default source on an inbox with none", async () => {
       const { target: db, cleanup } = await backend.make();
       const dir = tempDir();
@@ -291,7 +315,8 @@ for (const backend of await backends("config_cli")) {
         writeFileSync(
           file,
           JSON.stringify({
-            st: { provider: "standard", secret: "env:SOURCE_SECRET" },
+            // Routes that name the handler: a signed source with none, and no --handler, stops the worker.
+            st: { provider: "standard", secret: "env:SOURCE_SECRET", routes: ["handler", "app"] },
             $destinations: { app: { url: "http://127.0.0.1:1/", secret: "env:DEST_SECRET", transform } },
           }),
         );
