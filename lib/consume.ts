@@ -424,7 +424,8 @@ export class Consumer {
     }
   }
 
-  ofJetStream(m: JsMsg, b: JetStreamSource): Arrived {
+  // Private, as ofRabbit: the package's declarations then name no broker client's types (none is installed).
+  private ofJetStream(m: JsMsg, b: JetStreamSource): Arrived {
     const headers: Headers = {};
     let msgId: string | undefined;
     let contentType: string | null = null;
@@ -539,7 +540,7 @@ export class Consumer {
     await model.close().catch(() => {});
   }
 
-  ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
+  private ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
     const headers: Headers = {};
     for (const [k, v] of Object.entries(m.properties.headers ?? {}))
       if (v !== undefined && v !== null) headers[k.toLowerCase()] = [String(v)];

@@ -3,7 +3,7 @@
 // (the page's env file) and its WorkingDirectory, with the install's paths moved into a temp folder: the
 // installed `webhook-inbox` command becomes this repository's cli.ts under tsx, the ports free ones. The
 // receiver takes a signed delivery, the worker does it, the page answers, the backup unit writes a checked
-// backup, and each long-running unit drains and exits 0 on SIGTERM. systemd-analyze verifies each unit
+// backup, the consumer consumes a JetStream source, and each long-running unit drains and exits 0 on SIGTERM. systemd-analyze verifies each unit
 // where it is installed.
 
 import assert from "node:assert/strict";
@@ -14,9 +14,11 @@ import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { connect as natsConnect } from "@nats-io/transport-node";
 import { sign } from "../lib/providers.ts";
 import { check } from "../lib/sqlite/backup.ts";
-import { ROOT, freePort, tempDir } from "./helpers.ts";
+import { NATS, natsSkip, ROOT, freePort, tempDir } from "./helpers.ts";
 
 const PAGE = readFileSync(join(ROOT, "docs", "production.md"), "utf8");
 const INSTALLED = "/opt/webhook-inbox/node_modules/.bin/webhook-inbox";
@@ -57,12 +59,12 @@ before(async () => {
   assert.ok(sourcesJson, "the page shows the sources file");
   writeFileSync(env.INBOX_SOURCES!, sourcesJson);
   // The page's fixed ports, each given a free one here.
-  for (const port of ["8000", "8001", "9464"]) ports.set(port, String(await freePort()));
+  for (const port of ["8000", "8001", "9464", "9465"]) ports.set(port, String(await freePort()));
   env.PORT = ports.get(env.PORT!) ?? env.PORT!;
 });
 
 /** command turns a unit's ExecStart into what runs here: the installed command is cli.ts under tsx. */
-function command(unit: string): { argv: string[]; cwd: string; env: NodeJS.ProcessEnv } {
+function command(unit: string, extra: NodeJS.ProcessEnv = {}): { argv: string[]; cwd: string; env: NodeJS.ProcessEnv } {
   const line = setting(unit, "ExecStart");
   assert.ok(line, "the unit has an ExecStart");
   const words = moved(line)
@@ -74,7 +76,7 @@ function command(unit: string): { argv: string[]; cwd: string; env: NodeJS.Proce
   return {
     argv: ["--import", import.meta.resolve("tsx"), join(ROOT, "cli.ts"), ...words.slice(1)],
     cwd,
-    env: { ...process.env, ...env },
+    env: { ...process.env, ...env, ...extra },
   };
 }
 
@@ -85,8 +87,8 @@ interface Running {
   output(): string;
   exited: Promise<number | null>;
 }
-function start(unit: string): Running {
-  const { argv, cwd, env: vars } = command(unit);
+function start(unit: string, extra: NodeJS.ProcessEnv = {}): Running {
+  const { argv, cwd, env: vars } = command(unit, extra);
   const child = spawn(process.execPath, argv, { cwd, env: vars, stdio: ["ignore", "pipe", "pipe"] });
   const lines: string[] = [];
   const waiting: { pattern: RegExp; resolve: (l: string) => void }[] = [];
@@ -118,11 +120,12 @@ const unit = (name: string) => {
 };
 
 describe("docs/production.md's systemd units, run as written", () => {
-  it("show the environment file, the sources file, and a unit for the receiver, the worker, the page and the backups", () => {
+  it("show the environment file, the sources file, and a unit for the receiver, the worker, the consumer, the page and the backups", () => {
     assert.deepEqual([...files.keys()].filter((p) => p.startsWith("/etc/systemd/")).sort(), [
       "/etc/systemd/system/webhook-inbox-admin.service",
       "/etc/systemd/system/webhook-inbox-backup.service",
       "/etc/systemd/system/webhook-inbox-backup.timer",
+      "/etc/systemd/system/webhook-inbox-consumer.service",
       "/etc/systemd/system/webhook-inbox-receiver.service",
       "/etc/systemd/system/webhook-inbox-worker.service",
     ]);
@@ -186,6 +189,39 @@ describe("docs/production.md's systemd units, run as written", () => {
     assert.equal(await receiver.exited, 0, receiver.output());
     assert.equal(await worker.exited, 0, worker.output());
     assert.equal(await admin.exited, 0, admin.output());
+  });
+
+  it("consume a broker source with the consumer unit, serve its metrics, and drain on SIGTERM; with no broker source it exits 2", async (t) => {
+    const none = start(unit("webhook-inbox-consumer.service"));
+    assert.equal(await none.exited, 2, none.output());
+    assert.match(none.output(), /no source has a "broker" to consume/);
+    if (await natsSkip()) return t.skip("no NATS JetStream");
+    const nc = await natsConnect({ servers: NATS, reconnect: false });
+    const jsm = await jetstreamManager(nc);
+    const stream = `PROD_${Math.random().toString(36).slice(2, 8).toUpperCase()}`;
+    await jsm.streams.add({ name: stream, subjects: [`${stream.toLowerCase()}.>`] });
+    const sources = join(dir, "etc", "brokers.json");
+    writeFileSync(
+      sources,
+      JSON.stringify({ orders: { broker: { type: "nats", url: NATS, stream, consumer: "inbox" } } }),
+    );
+    const consumer = start(unit("webhook-inbox-consumer.service"), { INBOX_SOURCES: sources });
+    try {
+      const url = `http://127.0.0.1:${ports.get("9465")}`;
+      let ready = 0;
+      for (let i = 0; i < 200 && ready !== 200; i++, await sleep(50))
+        ready = await fetch(`${url}/readyz`).then(
+          (r) => r.status,
+          () => 0,
+        );
+      assert.equal(ready, 200, consumer.output());
+      assert.match(await (await fetch(`${url}/metrics`)).text(), /inbox_consumed_total/);
+    } finally {
+      consumer.child.kill("SIGTERM");
+      assert.equal(await consumer.exited, 0, consumer.output());
+      await jsm.streams.delete(stream).catch(() => {});
+      await nc.close();
+    }
   });
 
   it("pass systemd-analyze verify", (t) => {
