@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { describe, it } from "node:test";
 import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { connect } from "../inbox.ts";
 import { backends, brokerRestartSkip, NATS, RABBITMQ, runScript, spawnScript, tempDir } from "./helpers.ts";
@@ -104,7 +104,7 @@ async function jetStreamBroker(tag: string): Promise<Broker> {
   try {
     const jsm = await jetstreamManager(nc);
     // On file, so the stream and the consumer's acks outlive the restart.
-    await jsm.streams.add({ name: stream, subjects: [`i40r.${tag}.>`], storage: "file" as never });
+    await jsm.streams.add({ name: stream, subjects: [`i40r.${tag}.>`], storage: StorageType.File });
     const js = jetstream(nc);
     for (let i = 0; i < MESSAGES; i += 200)
       await Promise.all(
