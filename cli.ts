@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// cli.ts: the package's one command, `webhook-inbox receiver|worker|inbox|admin …`: each runs the script of
+// cli.ts: the package's one command, `webhook-inbox receiver|worker|consumer|inbox|admin …`: each runs the script of
 // that name, with the same flags and --help. Installed from the package as the `webhook-inbox` bin (npx
 // webhook-inbox worker --once); here, npx tsx cli.ts worker --once does the same as npx tsx worker.ts --once.
 
@@ -15,6 +15,10 @@ const COMMANDS: Record<string, { about: string; load: () => Promise<(argv: strin
     load: async () => (await import("./receiver.ts")).main,
   },
   worker: { about: "process each stored delivery exactly once", load: async () => (await import("./worker.ts")).main },
+  consumer: {
+    about: "consume the broker sources (JetStream, RabbitMQ), acking each message once it is stored",
+    load: async () => (await import("./consumer.ts")).main,
+  },
   inbox: {
     about: "look into the inbox, retry, replay, purge, export and import",
     load: async () => (await import("./inbox.ts")).cli,
@@ -35,6 +39,7 @@ webhook-inbox --version prints the package's version.
 Examples:
   npx webhook-inbox receiver --db inbox.db --sources sources.json
   npx webhook-inbox worker --once --db inbox.db
+  npx webhook-inbox consumer --db inbox.db --sources sources.json
   npx webhook-inbox inbox status --db inbox.db`;
 
 /** main runs the command argv names, handing it an argv of its own: runtime, this file, then its flags. */

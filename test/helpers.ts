@@ -602,3 +602,29 @@ export function rabbitmqSkip(): Promise<string | false> {
   })();
   return rabbitReachable;
 }
+
+/**
+ * brokerRestartSkip is false when the broker type's server is reachable, local, and can be restarted here
+ * (rabbitmqctl, or nats-server and start-stop-daemon), else the reason to skip, said once;
+ * INBOX_REQUIRE_NATS=1 or INBOX_REQUIRE_RABBITMQ=1 fails instead.
+ */
+export async function brokerRestartSkip(type: "nats" | "rabbitmq"): Promise<string | false> {
+  const down = type === "nats" ? await natsSkip() : await rabbitmqSkip();
+  if (down) return down;
+  const host = new URL(type === "nats" ? NATS : RABBITMQ).hostname;
+  const tools = type === "nats" ? ["/usr/sbin/nats-server", "/usr/sbin/start-stop-daemon"] : ["/usr/sbin/rabbitmqctl"];
+  const missing = tools.filter((t) => !existsSync(t));
+  const why =
+    host !== "127.0.0.1" && host !== "localhost"
+      ? `the ${type} server at ${host} is not local`
+      : missing.length > 0
+        ? `${missing.join(" and ")} not found`
+        : undefined;
+  if (!why) return false;
+  return skipOrRequire(
+    `${type === "nats" ? "NATS JetStream" : "RabbitMQ"} restart`,
+    type === "nats" ? "INBOX_REQUIRE_NATS" : "INBOX_REQUIRE_RABBITMQ",
+    why,
+    "run them where the broker is local and its tools are installed.",
+  );
+}

@@ -267,7 +267,7 @@ describe("an app that installed the tarball", () => {
     assert.match(status.stdout, /^done {7}2$/m); // evt_1, and the app's own typed store at start
   });
 
-  it("installs no broker client, and a worker whose sources file names a broker stops at start-up with one line saying what to install", async () => {
+  it("installs no broker client, and a worker or consumer whose sources file names a broker stops at start-up with one line saying what to install", async () => {
     for (const name of ["amqplib", "@nats-io/transport-node", "@nats-io/jetstream"])
       assert.ok(!existsSync(join(app, "node_modules", name)), `${name} was installed`);
     for (const [type, install] of [
@@ -293,11 +293,26 @@ describe("an app that installed the tarball", () => {
       assert.equal(worker.code, 2, worker.stderr);
       assert.equal(worker.stderr.trim().split("\n").length, 1, worker.stderr);
       assert.ok(worker.stderr.trim().endsWith(install), worker.stderr);
+      // The same for the consumer of a broker source.
+      const broker =
+        type === "nats"
+          ? { type, url: "nats://127.0.0.1:4222", stream: "ORDERS", consumer: "inbox" }
+          : { type, url: "amqp://127.0.0.1:5672", queue: "orders" };
+      writeFileSync(join(app, `${type}-source.json`), JSON.stringify({ orders: { broker } }));
+      const consumer = await exec(
+        "npx",
+        ["webhook-inbox", "consumer", "--db", "brokers.db", "--sources", `${type}-source.json`],
+        app,
+      );
+      assert.equal(consumer.code, 2, consumer.stderr);
+      assert.equal(consumer.stderr.trim().split("\n").length, 1, consumer.stderr);
+      assert.ok(consumer.stderr.includes('source "orders" consumes'), consumer.stderr);
+      assert.ok(consumer.stderr.trim().endsWith(install), consumer.stderr);
     }
   });
 
   it("answers each command's --help as the script does, in the words of the package's command, and --version", async () => {
-    for (const command of ["receiver", "worker", "inbox", "admin"]) {
+    for (const command of ["receiver", "worker", "consumer", "inbox", "admin"]) {
       const [installed, script] = await Promise.all([
         exec("npx", ["webhook-inbox", command, "--help"], app),
         runScript(`${command}.ts`, ["--help"]),
@@ -320,7 +335,7 @@ describe("an app that installed the tarball", () => {
     assert.equal(unknown.code, 2);
     assert.equal(
       unknown.stderr,
-      "webhook-inbox: unknown command sender (receiver, worker, inbox, admin; run with --help for usage)\n",
+      "webhook-inbox: unknown command sender (receiver, worker, consumer, inbox, admin; run with --help for usage)\n",
     );
   });
 

@@ -91,7 +91,7 @@ before(async () => {
   assert.ok(handlerTs, "the page shows the handler");
   writeFileSync(join(dir, "opt", "handler.ts"), handlerTs[1]!);
   // The page's fixed ports, each given a free one here.
-  for (const port of ["8000", "8001", "9464"]) ports.set(port, String(await freePort()));
+  for (const port of ["8000", "8001", "9464", "9465"]) ports.set(port, String(await freePort()));
   env.PORT = ports.get(env.PORT!) ?? env.PORT!;
 });
 
@@ -153,11 +153,12 @@ const unit = (name: string) => {
 };
 
 describe("docs/production.md's systemd units, run as written", () => {
-  it("show the environment file, the sources file, and a unit for the receiver, the worker, the page and the backups", () => {
+  it("show the environment file, the sources file, and a unit for the receiver, the worker, the consumer, the page and the backups", () => {
     assert.deepEqual([...files.keys()].filter((p) => p.startsWith("/etc/systemd/")).sort(), [
       "/etc/systemd/system/webhook-inbox-admin.service",
       "/etc/systemd/system/webhook-inbox-backup.service",
       "/etc/systemd/system/webhook-inbox-backup.timer",
+      "/etc/systemd/system/webhook-inbox-consumer.service",
       "/etc/systemd/system/webhook-inbox-receiver.service",
       "/etc/systemd/system/webhook-inbox-worker.service",
     ]);
@@ -227,6 +228,14 @@ describe("docs/production.md's systemd units, run as written", () => {
     assert.equal(await receiver.exited, 0, receiver.output());
     assert.equal(await worker.exited, 0, worker.output());
     assert.equal(await admin.exited, 0, admin.output());
+  });
+
+  it("start the consumer unit as written: with the page's sources file, which names no broker source, it stops at once with exit 2 and one line", async () => {
+    // Consuming itself is proved by test/consume*.test.ts through consumer.ts; the installed package here
+    // has no broker client, which the page says to add beside it for broker sources.
+    const consumer = start(unit("webhook-inbox-consumer.service"));
+    assert.equal(await consumer.exited, 2, consumer.output());
+    assert.match(consumer.output(), /no source has a "broker" to consume/);
   });
 
   it("pass systemd-analyze verify", (t) => {
