@@ -8,6 +8,7 @@ import { connect } from "./inbox.ts";
 import { BROKER_CLIENTS, missingClient } from "./lib/brokers.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { speakTo } from "./lib/format.ts";
 import { message } from "./lib/log.ts";
 import { Metrics } from "./lib/metrics.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
@@ -38,7 +39,10 @@ Stop it with SIGTERM or Ctrl-C: it stops consuming, waits for the stores in flig
 Examples:
   npx tsx consumer.ts --sources sources.json
   npx tsx consumer.ts --sources sources.json --db postgres://localhost/inbox --metrics-port 9465`,
-    );
+    )
+    .showHelpAfterError("(run with --help for usage)");
+  speakTo(program, argv);
+  program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<{
     db?: string;

@@ -151,7 +151,7 @@ export function importLine(line: unknown): Delivery {
 }
 
 // The scripts the package's command runs by name (cli.ts): their help speaks of `webhook-inbox NAME` there.
-const PACKAGED = "receiver|worker|inbox|admin";
+const PACKAGED = "receiver|worker|consumer|inbox|admin";
 
 /**
  * spokenAs is how a script's help and messages name the commands, for the way argv says it was started:
