@@ -298,7 +298,9 @@ describe("across real receiver and worker processes, each with its SDK", () => {
       try {
         writeFileSync(
           join(dir, "sources.json"),
-          JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }),
+          // Routes that name the handler: the worker, which runs this configuration from the database,
+          // refuses a signed source with none and no --handler.
+          JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler"] } }),
         );
         // An app registers its SDK the same way: a module preloaded before the script.
         const traced = (file: string) => ({
