@@ -255,7 +255,30 @@ function unhandled(sources: readonly Source[]): string | undefined {
 }
 
 /** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
-export async function main(argv: string[]): Promise<void> {
+// WorkerFlags is what workerProgram() parses.
+interface WorkerFlags {
+  once?: boolean;
+  db?: string;
+  lease: number;
+  concurrency: number;
+  claimBatch: number;
+  maxAttempts: number;
+  quiet?: boolean;
+  logFormat: LogFormat;
+  metricsPort?: number;
+  transformMemory: number;
+  metricsHost: string;
+  purgeEvery?: number | true;
+  bodiesAfter: number;
+  forgetAfter: number;
+  sources?: string;
+  handler?: string;
+  force?: boolean;
+  skipCheck?: boolean;
+}
+
+// workerProgram is the worker's flags and --help, every flag checked as commander parses it.
+async function workerProgram(argv: readonly string[]) {
   const { Command, InvalidArgumentError, Option } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
@@ -371,28 +394,14 @@ Examples:
     )
     .showHelpAfterError("(run with --help for usage)");
   speakTo(program, argv);
+  return program;
+}
+
+export async function main(argv: string[]): Promise<void> {
+  const program = await workerProgram(argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
-  const opts = program.opts<{
-    once?: boolean;
-    db?: string;
-    lease: number;
-    concurrency: number;
-    claimBatch: number;
-    maxAttempts: number;
-    quiet?: boolean;
-    logFormat: LogFormat;
-    metricsPort?: number;
-    transformMemory: number;
-    metricsHost: string;
-    purgeEvery?: number | true;
-    bodiesAfter: number;
-    forgetAfter: number;
-    sources?: string;
-    handler?: string;
-    force?: boolean;
-    skipCheck?: boolean;
-  }>();
+  const opts = program.opts<WorkerFlags>();
   const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
     console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
   if (opts.forgetAfter <= opts.bodiesAfter) {
@@ -415,20 +424,7 @@ Examples:
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
   // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
   const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
-  let sources: Source[] = [];
-  let fileText: string | undefined;
-  if (sourcesFile) {
-    try {
-      fileText = readDocument(sourcesFile).text;
-      const checked = await prepare({ version: 0, document: fileText, transforms: {} }, process.env, base, limits);
-      if (typeof checked === "string") throw new Error(checked);
-      sources = [...checked.loaded.sources.values()];
-      await release(checked);
-    } catch (error) {
-      say(`worker: ${sourcesFile}: ${message(error)}`, "error");
-      process.exit(2);
-    }
-  }
+  const { text: fileText, sources } = sourcesFile ? await checkFile(sourcesFile, base, limits, say) : { sources: [] };
 
   // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
   const refusal = opts.handler === undefined ? unhandled(sources) : undefined;
@@ -436,26 +432,10 @@ Examples:
     say(refusal, "error");
     process.exit(2);
   }
-  let handler: Handler = recordPayment;
-  if (opts.handler !== undefined) {
-    const loaded = await loadHandler(opts.handler);
-    if (typeof loaded === "string") {
-      say(`worker: --handler ${opts.handler}: ${loaded}`, "error");
-      process.exit(2);
-    }
-    handler = loaded;
-  }
+  const handler = await chooseHandler(opts.handler, say);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  // Only when there is reason to (after an unclean stop, or a day since the last): it reads every page, and
-  // a cron --once would otherwise pay that every run.
-  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
-  if (damaged !== undefined && opts.force) say(damagedButForced("worker", path, damaged), "error");
-  else if (damaged !== undefined) {
-    say(damagedLine("worker", path, damaged), "error");
-    // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
-    process.exit(2);
-  }
+  refuseDamaged(path, opts, say);
   let inbox: Inbox;
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
@@ -471,29 +451,11 @@ Examples:
       opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     if (handler === recordPayment) await ensurePayments(inbox);
-    if (fileText !== undefined) {
-      try {
-        const applied = await applyText(inbox, fileText, process.env, base, "worker.ts --sources");
-        if (applied.changes.length > 0)
-          say(`worker: ${sourcesFile} applied as configuration version ${applied.version}`);
-      } catch (error) {
-        say(`worker: ${sourcesFile}: ${message(error)}`, "error");
-        process.exit(2);
-      }
-    }
-    const stored = await inbox.readConfig();
-    const ready = stored ? await prepare(stored, process.env, base, limits) : unconfigured();
-    if (typeof ready === "string") {
-      say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
-      process.exit(2);
-    }
-    first = ready;
-    // The configuration in the database may name signed sources the file did not: the same rule holds.
-    const dbRefusal = opts.handler === undefined ? unhandled([...first.loaded.sources.values()]) : undefined;
-    if (dbRefusal) {
-      say(dbRefusal, "error");
-      process.exit(2);
-    }
+    first = await takeConfig(
+      inbox,
+      { fileText, sourcesFile, base, limits, handlerGiven: opts.handler !== undefined },
+      say,
+    );
     if (inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)) {
       lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
     }
@@ -504,42 +466,11 @@ Examples:
   // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
   const unmark = isPostgresUrl(path) ? () => {} : running(path);
   const stop = new AbortController();
-  if (opts.metricsPort !== undefined) {
-    // Loaded only when asked for: a worker without metrics does not pay for prom-client.
-    const { Metrics, Readiness } = await import("./lib/metrics.ts");
-    metrics = new Metrics({ inbox });
-    try {
-      const server = await metrics.listen(
-        opts.metricsPort,
-        opts.metricsHost,
-        new Readiness(inbox, { stopping: () => stop.signal.aborted }),
-      );
-      server.unref();
-      const address = server.address();
-      const url = `http://${opts.metricsHost}:${typeof address === "object" && address ? address.port : opts.metricsPort}/metrics`;
-      say(`Metrics on ${url}`, "info", { url });
-    } catch (error) {
-      say(`worker: cannot serve metrics on ${opts.metricsHost}:${opts.metricsPort}: ${message(error)}`, "error");
-      process.exit(1);
-    }
-  }
+  if (opts.metricsPort !== undefined)
+    metrics = await serveMetrics(inbox, opts.metricsPort, opts.metricsHost, stop.signal, say);
   // On a terminal, --once shows how far it has got; piped or logged, it prints nothing extra.
   const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
-  let shown: Progress | undefined;
-  if (opts.once && process.stderr.isTTY) {
-    const gauges = await inbox.gauges().catch(() => undefined);
-    const backlog = (gauges?.bySourceStatus ?? [])
-      .filter((g) => g.status === "received" || g.status === "processing")
-      .reduce((n, g) => n + g.n, 0);
-    shown = progress(process.stderr, () => {
-      const settled = stats.done + stats.failed + stats.lost;
-      return {
-        done: settled,
-        total: Math.max(backlog, settled),
-        extra: stats.retried > 0 ? `${stats.retried} to retry` : undefined,
-      };
-    });
-  }
+  const shown = opts.once && process.stderr.isTTY ? await backlogProgress(inbox, stats) : undefined;
   const lines = lineLog(shown ?? process.stderr, opts.logFormat);
   for (const signal of ["SIGTERM", "SIGINT"] as const) {
     process.on(signal, () => {
@@ -610,21 +541,147 @@ Examples:
   unmark();
   lines.flush();
   shown?.stop();
-  if (opts.once || stop.signal.aborted) {
-    say(
-      `worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`,
-      "info",
-      { ...stats },
+  if (opts.once || stop.signal.aborted)
+    summarise(
+      say,
+      stats,
+      forwarding.destinations.size > 0 || live.version !== first.version ? forwardStats : undefined,
     );
-    if (forwarding.destinations.size > 0 || live.version !== first.version) {
-      const f = forwardStats;
-      say(
-        `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`,
-        "info",
-        { forwarded: { ...f } },
-      );
+}
+
+// Say is how main() writes a line of its own, in the log format.
+type Say = (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
+
+// chooseHandler is the handler the worker runs: the module --handler names (its default export), or the
+// article's record-payment handler; a module that cannot be loaded stops start-up with one line.
+async function chooseHandler(module: string | undefined, say: Say): Promise<Handler> {
+  if (module === undefined) return recordPayment;
+  const loaded = await loadHandler(module);
+  if (typeof loaded === "string") {
+    say(`worker: --handler ${module}: ${loaded}`, "error");
+    process.exit(2);
+  }
+  return loaded;
+}
+
+// backlogProgress draws how far a --once run has got on a terminal: settled of what was waiting at start.
+async function backlogProgress(inbox: Inbox, stats: RunStats): Promise<Progress | undefined> {
+  const gauges = await inbox.gauges().catch(() => undefined);
+  const backlog = (gauges?.bySourceStatus ?? [])
+    .filter((g) => g.status === "received" || g.status === "processing")
+    .reduce((n, g) => n + g.n, 0);
+  return progress(process.stderr, () => {
+    const settled = stats.done + stats.failed + stats.lost;
+    return {
+      done: settled,
+      total: Math.max(backlog, settled),
+      extra: stats.retried > 0 ? `${stats.retried} to retry` : undefined,
+    };
+  });
+}
+
+// serveMetrics serves /metrics, /livez and /readyz for the worker, or stops start-up with one line.
+async function serveMetrics(
+  inbox: Inbox,
+  port: number,
+  host: string,
+  stopping: AbortSignal,
+  say: Say,
+): Promise<Metrics> {
+  // Loaded only when asked for: a worker without metrics does not pay for prom-client.
+  const { Metrics, Readiness } = await import("./lib/metrics.ts");
+  const metrics = new Metrics({ inbox });
+  try {
+    const server = await metrics.listen(port, host, new Readiness(inbox, { stopping: () => stopping.aborted }));
+    server.unref();
+    const address = server.address();
+    const url = `http://${host}:${typeof address === "object" && address ? address.port : port}/metrics`;
+    say(`Metrics on ${url}`, "info", { url });
+  } catch (error) {
+    say(`worker: cannot serve metrics on ${host}:${port}: ${message(error)}`, "error");
+    process.exit(1);
+  }
+  return metrics;
+}
+
+// refuseDamaged runs the start-up check of a SQLite file when it is due, and stops start-up on a damaged
+// one unless --force: only when there is reason to (after an unclean stop, or a day since the last), for it
+// reads every page, and a cron --once would otherwise pay that every run.
+function refuseDamaged(path: string, opts: Pick<WorkerFlags, "skipCheck" | "force">, say: Say): void {
+  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
+  if (damaged === undefined) return;
+  if (opts.force) return say(damagedButForced("worker", path, damaged), "error");
+  say(damagedLine("worker", path, damaged), "error");
+  // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
+  process.exit(2);
+}
+
+// checkFile reads and checks the --sources file whole before the database is opened, as a worker would run
+// it, so that a mistake stops start-up with one line and nothing created.
+async function checkFile(
+  sourcesFile: string,
+  base: string,
+  limits: TransformLimits,
+  say: Say,
+): Promise<{ text: string; sources: Source[] }> {
+  try {
+    const text = readDocument(sourcesFile).text;
+    const checked = await prepare({ version: 0, document: text, transforms: {} }, process.env, base, limits);
+    if (typeof checked === "string") throw new Error(checked);
+    await release(checked);
+    return { text, sources: [...checked.loaded.sources.values()] };
+  } catch (error) {
+    say(`worker: ${sourcesFile}: ${message(error)}`, "error");
+    process.exit(2);
+  }
+}
+
+// takeConfig applies the --sources file to the open inbox, if there is one, and prepares what the database
+// then holds (the handler alone where it holds nothing), or stops start-up with one line.
+async function takeConfig(
+  inbox: Inbox,
+  o: { fileText?: string; sourcesFile?: string; base: string; limits: TransformLimits; handlerGiven: boolean },
+  say: Say,
+): Promise<Prepared> {
+  if (o.fileText !== undefined) {
+    try {
+      const applied = await applyText(inbox, o.fileText, process.env, o.base, "worker.ts --sources");
+      if (applied.changes.length > 0)
+        say(`worker: ${o.sourcesFile} applied as configuration version ${applied.version}`);
+    } catch (error) {
+      say(`worker: ${o.sourcesFile}: ${message(error)}`, "error");
+      process.exit(2);
     }
   }
+  const stored = await inbox.readConfig();
+  const ready = stored ? await prepare(stored, process.env, o.base, o.limits) : unconfigured();
+  if (typeof ready === "string") {
+    say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
+    process.exit(2);
+  }
+  // The configuration in the database may name signed sources the file did not: the same rule holds.
+  const refusal = o.handlerGiven ? undefined : unhandled([...ready.loaded.sources.values()]);
+  if (refusal) {
+    say(refusal, "error");
+    process.exit(2);
+  }
+  return ready;
+}
+
+// summarise prints a finished run's counts: the handler's, and the forwards' where there were destinations.
+function summarise(say: Say, stats: RunStats, forwarded: ForwardStats | undefined): void {
+  say(
+    `worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`,
+    "info",
+    { ...stats },
+  );
+  if (!forwarded) return;
+  const f = forwarded;
+  say(
+    `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`,
+    "info",
+    { forwarded: { ...f } },
+  );
 }
 
 // watchLive takes up each configuration applied while the worker runs (lib/config/watch.ts), and applies
