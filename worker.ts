@@ -610,7 +610,10 @@ async function serveMetrics(
 function refuseDamaged(path: string, opts: Pick<WorkerFlags, "skipCheck" | "force">, say: Say): void {
   const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
   if (damaged === undefined) return;
-  if (opts.force) return say(damagedButForced("worker", path, damaged), "error");
+  if (opts.force) {
+    say(damagedButForced("worker", path, damaged), "error");
+    return;
+  }
   say(damagedLine("worker", path, damaged), "error");
   // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
   process.exit(2);
