@@ -117,8 +117,8 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     clock,
     stats,
     log,
-    ...(options.metrics ? { metrics: options.metrics } : {}),
-    ...(options.operator ? { operator: options.operator } : {}),
+    metrics: options.metrics,
+    operator: options.operator,
     redact: options.redact ?? ((text: string) => text),
   });
   const lane = new Lane({
@@ -129,16 +129,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     batcher,
     report: jobs,
     clock,
-    ...definedOf(options, [
-      "concurrency",
-      "leaseMs",
-      "heartbeatMs",
-      "pollMinMs",
-      "pollMaxMs",
-      "shutdownGraceMs",
-      "once",
-      "signal",
-    ]),
+    concurrency: options.concurrency,
+    leaseMs: options.leaseMs,
+    heartbeatMs: options.heartbeatMs,
+    pollMinMs: options.pollMinMs,
+    pollMaxMs: options.pollMaxMs,
+    shutdownGraceMs: options.shutdownGraceMs,
+    once: options.once,
+    signal: options.signal,
     // A stopping worker cannot wait on a handler that outlives the grace: its lease goes back at once.
     cutOff: "give back",
     drained: () => inbox.flush(),
@@ -152,13 +150,6 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     await purging.stop();
   }
   return stats;
-}
-
-// definedOf picks the options given, so that a lane's own defaults apply to the rest.
-function definedOf<T extends object, K extends keyof T>(options: T, keys: readonly K[]): Partial<Pick<T, K>> {
-  const picked: Partial<Pick<T, K>> = {};
-  for (const key of keys) if (options[key] !== undefined) picked[key] = options[key];
-  return picked;
 }
 
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
