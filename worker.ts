@@ -245,7 +245,6 @@ function unhandled(sources: readonly Source[]): string | undefined {
   return `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`;
 }
 
-/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 // WorkerFlags is what workerProgram() parses.
 interface WorkerFlags {
   once?: boolean;
@@ -388,6 +387,7 @@ Examples:
   return program;
 }
 
+/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const program = await workerProgram(argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
