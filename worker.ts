@@ -684,7 +684,7 @@ function watchLive(
   inbox: Inbox,
   live: LiveForwarding,
   o: {
-    say: (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
+    say: Say;
     sourcesFile?: string;
     base: string;
     limits: TransformLimits;
