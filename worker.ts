@@ -117,8 +117,8 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     clock,
     stats,
     log,
-    ...(options.metrics ? { metrics: options.metrics } : {}),
-    ...(options.operator ? { operator: options.operator } : {}),
+    metrics: options.metrics,
+    operator: options.operator,
     redact: options.redact ?? ((text: string) => text),
   });
   const lane = new Lane({
@@ -129,16 +129,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     batcher,
     report: jobs,
     clock,
-    ...definedOf(options, [
-      "concurrency",
-      "leaseMs",
-      "heartbeatMs",
-      "pollMinMs",
-      "pollMaxMs",
-      "shutdownGraceMs",
-      "once",
-      "signal",
-    ]),
+    concurrency: options.concurrency,
+    leaseMs: options.leaseMs,
+    heartbeatMs: options.heartbeatMs,
+    pollMinMs: options.pollMinMs,
+    pollMaxMs: options.pollMaxMs,
+    shutdownGraceMs: options.shutdownGraceMs,
+    once: options.once,
+    signal: options.signal,
     // A stopping worker cannot wait on a handler that outlives the grace: its lease goes back at once.
     cutOff: "give back",
     drained: () => inbox.flush(),
@@ -152,13 +150,6 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
     await purging.stop();
   }
   return stats;
-}
-
-// definedOf picks the options given, so that a lane's own defaults apply to the rest.
-function definedOf<T extends object, K extends keyof T>(options: T, keys: readonly K[]): Partial<Pick<T, K>> {
-  const picked: Partial<Pick<T, K>> = {};
-  for (const key of keys) if (options[key] !== undefined) picked[key] = options[key];
-  return picked;
 }
 
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule
@@ -254,7 +245,6 @@ function unhandled(sources: readonly Source[]): string | undefined {
   return `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`;
 }
 
-/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 // WorkerFlags is what workerProgram() parses.
 interface WorkerFlags {
   once?: boolean;
@@ -397,6 +387,7 @@ Examples:
   return program;
 }
 
+/** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
   const program = await workerProgram(argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
@@ -693,7 +684,7 @@ function watchLive(
   inbox: Inbox,
   live: LiveForwarding,
   o: {
-    say: (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
+    say: Say;
     sourcesFile?: string;
     base: string;
     limits: TransformLimits;

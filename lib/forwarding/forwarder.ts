@@ -226,12 +226,12 @@ class DestinationLane implements LaneReport {
       concurrency: max,
       destination: this.name,
       heldPollMs: options.heldPollMs ?? DEFAULTS.heldPollMs,
-      ...(options.leaseMs !== undefined ? { leaseMs: options.leaseMs } : {}),
-      ...(options.pollMinMs !== undefined ? { pollMinMs: options.pollMinMs } : {}),
-      ...(options.pollMaxMs !== undefined ? { pollMaxMs: options.pollMaxMs } : {}),
-      ...(options.shutdownGraceMs !== undefined ? { shutdownGraceMs: options.shutdownGraceMs } : {}),
-      ...(options.once !== undefined ? { once: options.once } : {}),
-      ...(options.signal !== undefined ? { signal: options.signal } : {}),
+      leaseMs: options.leaseMs,
+      pollMinMs: options.pollMinMs,
+      pollMaxMs: options.pollMaxMs,
+      shutdownGraceMs: options.shutdownGraceMs,
+      once: options.once,
+      signal: options.signal,
       // Each wave of forwards starts only once the destination is known not paused and, with a rate, the
       // wave's tokens are taken: at the moment they go out, not when they were claimed (lanes claim ahead,
       // and forwards taken at claim time bunched at the destination). On SQLite each ask is a read

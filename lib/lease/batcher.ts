@@ -55,11 +55,6 @@ export class Batcher implements Marks {
     this.options = options;
   }
 
-  /** size is how many marks wait to be sent. */
-  get size(): number {
-    return this.marks.length;
-  }
-
   /**
    * add gathers a lease's done mark, with the writes that commit with it. It settles once the mark has
    * gone to the inbox, with `finished`, which settles as inbox.finish does: true if the lease was still

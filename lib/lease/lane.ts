@@ -205,10 +205,6 @@ export class Lane implements LaneView {
   get isStopping(): boolean {
     return this.stopping;
   }
-  /** isHolding is true while the lane is held (hold()). */
-  get isHolding(): boolean {
-    return this.holding;
-  }
 
   /** start runs the lane; the promise settles once it has stopped and drained. Started twice, it runs once. */
   start(): Promise<void> {
@@ -251,8 +247,8 @@ export class Lane implements LaneView {
     return again(write, { forMs: this.leaseMs, minMs: this.pollMin, maxMs: 4 * this.pollMax, onError }, first);
   }
 
-  /** giveBack releases a lease, its attempt given back; one it cannot release runs out instead. */
-  async giveBack(lease: Lease, cutOff = false): Promise<boolean> {
+  // giveBack releases a lease, its attempt given back; one it cannot release runs out instead.
+  private async giveBack(lease: Lease, cutOff = false): Promise<boolean> {
     try {
       const released = await this.persist(this.o.report.releasing, () => this.o.inbox.release(lease), lease);
       if (released) this.o.report.released(lease, cutOff);

@@ -33,8 +33,8 @@ export class HandlerSizing implements Sizing {
     this.handlerMs = this.handlerMs === Infinity ? ms : this.handlerMs * 0.9 + ms * 0.1;
   }
 
-  /** size is the claim's target: a batch's worth for fast handlers, the handlers' worth for slow ones. */
-  size(): number {
+  // size is the claim's target: a batch's worth for fast handlers, the handlers' worth for slow ones.
+  private size(): number {
     const { concurrency, claimBatch, claimMs, handlerMs } = this;
     return Math.max(
       concurrency,
