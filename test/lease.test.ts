@@ -86,7 +86,7 @@ for (const backend of await backends("lease_test")) {
       const clock = new FakeClock();
       const sizing = new HandlerSizing(4, 32);
       const rooms = recorded(sizing);
-      // run()'s own lane, with the fake clock; the handler is instant on it.
+      // A lane built as run() builds its own (its sizing, a handler executor), on the fake clock; the handler is instant on it.
       const stats = fresh();
       let lane: Lane | undefined;
       const batcher = new Batcher({
