@@ -11,7 +11,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { label, message } from "./log.ts";
 import { type OrderRule, orderOfRequest } from "./order.ts";
 import { filterInput } from "./routing/filter.ts";
-import { type Route, routeTo } from "./routing/routes.ts";
+import { chooseRoutes, type Route } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 
 /** JetStreamSource is a source that consumes a JetStream stream through a durable pull consumer. */
@@ -291,8 +291,8 @@ export class Consumer {
       throw new Refused(`body of ${m.body.length} bytes is over the ${this.maxBody}-byte limit`);
     if (id.length > this.maxId) throw new Refused(`delivery id longer than ${this.maxId} characters`);
     const s = this.source;
-    const destinations = s.routes
-      ? routeTo(
+    const chosen = s.routes
+      ? chooseRoutes(
           s.routes,
           m.eventType,
           s.routes.some((r) => r.filter !== undefined)
@@ -300,7 +300,6 @@ export class Consumer {
             : undefined,
         )
       : undefined;
-    const keepHeaders = s.routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
     return this.inbox.store({
       source: s.name,
       id,
@@ -308,8 +307,8 @@ export class Consumer {
       contentType: m.contentType,
       eventType: m.eventType,
       ...orderOfRequest(s.order, m.headers, m.body),
-      ...(destinations ? { destinations } : {}),
-      ...(keepHeaders ? { headers: m.headers } : {}),
+      ...(chosen ? { destinations: chosen.destinations } : {}),
+      ...(chosen?.keepHeaders ? { headers: m.headers } : {}),
     });
   }
 
