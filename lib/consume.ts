@@ -2,7 +2,7 @@
 // deliveries of a source, stored through the same routes as a webhook and acknowledged to the broker only
 // once the store's promise (the durable commit) has resolved. consumer.ts runs one Consumer per source;
 // docs/brokers.md says which identity each broker's message is stored under. Not run on its own:
-//   const c = new Consumer({ inbox, source, log: console.error }); await c.start(); … await c.stop();
+//   const c = new Consumer({ inbox, source, log: console.error }); c.start(); … await c.stop();
 
 import type { Channel, ConsumeMessage } from "amqplib";
 import type { JsMsg } from "@nats-io/jetstream";
@@ -187,8 +187,6 @@ export interface ConsumerOptions {
   maxIdLength?: number;
   /** How long purge keeps a tombstone, to check the stream's max_age against. @default DEFAULTS.forgetAfterMs */
   forgetAfterMs?: number;
-  /** Called after each change of the counts, for metrics. */
-  onCount?: (counts: ConsumerCounts) => void;
   /**
    * Acknowledge each message as soon as it arrives, before its store: the mistake this file exists to
    * avoid, for the control of test/consume-crash.test.ts only. @default false
@@ -232,7 +230,6 @@ export class Consumer {
   readonly maxBody: number;
   readonly maxId: number;
   readonly early: boolean;
-  readonly onCount: (counts: ConsumerCounts) => void;
   readonly forgetAfterMs: number;
   stopping = false;
   running?: Promise<void>;
@@ -247,7 +244,6 @@ export class Consumer {
     this.maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
     this.maxId = options.maxIdLength ?? DEFAULTS.maxIdLength;
     this.early = options.ackBeforeStore ?? false;
-    this.onCount = options.onCount ?? (() => {});
     this.forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
   }
 
@@ -333,8 +329,6 @@ export class Consumer {
       this.counts.unavailable++;
       this.log(`could not store a message of ${this.source.name}, not acknowledged: ${message(error)}`);
       return "keep";
-    } finally {
-      this.onCount(this.counts);
     }
   }
 
