@@ -5,7 +5,7 @@
 
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
-import { BROKER_CLIENTS, missingClient } from "./lib/brokers.ts";
+import { missingClient } from "./lib/brokers.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo } from "./lib/format.ts";
@@ -69,8 +69,8 @@ Examples:
     }
     if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
     for (const s of chosen) {
-      const missing = await missingClient(s.broker.type, s.name, BROKER_CLIENTS[s.broker.type]);
-      if (missing) throw new Error(missing.replace(/^destination (\S+) publishes to/, "source $1 consumes"));
+      const missing = await missingClient(s.broker.type, s.name, "source");
+      if (missing) throw new Error(missing);
     }
   } catch (error) {
     say(`consumer: ${file}: ${message(error)}`);

@@ -26,21 +26,23 @@ export const BROKER_CLIENTS: Readonly<Record<(typeof BROKER_TYPES)[number], read
 };
 
 /**
- * missingClient loads a broker type's client packages (as its first publish would) and returns the one
- * line to stop start-up with if one is not installed, naming what to install; undefined if all are there.
+ * missingClient loads a broker type's client packages (as its first publish or consume would) and returns
+ * the one line to stop start-up with if one is not installed, naming the destination or source that needs
+ * it and what to install; undefined if all are there.
  */
 export async function missingClient(
   type: (typeof BROKER_TYPES)[number],
-  destination: string,
+  name: string,
+  role: "destination" | "source" = "destination",
   packages: readonly string[] = BROKER_CLIENTS[type],
 ): Promise<string | undefined> {
-  for (const name of packages) {
+  for (const pkg of packages) {
     try {
-      await import(name);
+      await import(pkg);
     } catch (error) {
       const code = (error as { code?: string }).code;
       if (code !== "ERR_MODULE_NOT_FOUND" && !/Cannot find (?:module|package)/.test(messageOfError(error))) throw error;
-      return `destination ${JSON.stringify(destination)} publishes to ${type === "nats" ? "NATS JetStream" : "RabbitMQ"}, but ${name} is not installed: npm install ${packages.join(" ")}`;
+      return `${role} ${JSON.stringify(name)} ${role === "source" ? "consumes" : "publishes to"} ${type === "nats" ? "NATS JetStream" : "RabbitMQ"}, but ${pkg} is not installed: npm install ${packages.join(" ")}`;
     }
   }
   return undefined;

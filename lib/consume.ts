@@ -2,7 +2,7 @@
 // deliveries of a source, stored through the same routes as a webhook and acknowledged to the broker only
 // once the store's promise (the durable commit) has resolved. consumer.ts runs one Consumer per source;
 // docs/brokers.md says which identity each broker's message is stored under. Not run on its own:
-//   const c = new Consumer({ inbox, source, log: console.error }); await c.start(); … await c.stop();
+//   const c = new Consumer({ inbox, source, log: console.error }); c.start(); … await c.stop();
 
 import type { Channel, ConsumeMessage } from "amqplib";
 import type { JsMsg } from "@nats-io/jetstream";
@@ -11,7 +11,7 @@ import { DEFAULTS } from "./defaults.ts";
 import { label, message } from "./log.ts";
 import { type OrderRule, orderOfRequest } from "./order.ts";
 import { filterInput } from "./routing/filter.ts";
-import { type Route, routeTo } from "./routing/routes.ts";
+import { chooseRoutes, type Route } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 
 /** JetStreamSource is a source that consumes a JetStream stream through a durable pull consumer. */
@@ -187,8 +187,6 @@ export interface ConsumerOptions {
   maxIdLength?: number;
   /** How long purge keeps a tombstone, to check the stream's max_age against. @default DEFAULTS.forgetAfterMs */
   forgetAfterMs?: number;
-  /** Called after each change of the counts, for metrics. */
-  onCount?: (counts: ConsumerCounts) => void;
   /**
    * Acknowledge each message as soon as it arrives, before its store: the mistake this file exists to
    * avoid, for the control of test/consume-crash.test.ts only. @default false
@@ -232,7 +230,6 @@ export class Consumer {
   readonly maxBody: number;
   readonly maxId: number;
   readonly early: boolean;
-  readonly onCount: (counts: ConsumerCounts) => void;
   readonly forgetAfterMs: number;
   stopping = false;
   running?: Promise<void>;
@@ -247,7 +244,6 @@ export class Consumer {
     this.maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
     this.maxId = options.maxIdLength ?? DEFAULTS.maxIdLength;
     this.early = options.ackBeforeStore ?? false;
-    this.onCount = options.onCount ?? (() => {});
     this.forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
   }
 
@@ -291,8 +287,8 @@ export class Consumer {
       throw new Refused(`body of ${m.body.length} bytes is over the ${this.maxBody}-byte limit`);
     if (id.length > this.maxId) throw new Refused(`delivery id longer than ${this.maxId} characters`);
     const s = this.source;
-    const destinations = s.routes
-      ? routeTo(
+    const chosen = s.routes
+      ? chooseRoutes(
           s.routes,
           m.eventType,
           s.routes.some((r) => r.filter !== undefined)
@@ -300,7 +296,6 @@ export class Consumer {
             : undefined,
         )
       : undefined;
-    const keepHeaders = s.routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
     return this.inbox.store({
       source: s.name,
       id,
@@ -308,8 +303,8 @@ export class Consumer {
       contentType: m.contentType,
       eventType: m.eventType,
       ...orderOfRequest(s.order, m.headers, m.body),
-      ...(destinations ? { destinations } : {}),
-      ...(keepHeaders ? { headers: m.headers } : {}),
+      ...(chosen ? { destinations: chosen.destinations } : {}),
+      ...(chosen?.keepHeaders ? { headers: m.headers } : {}),
     });
   }
 
@@ -334,8 +329,6 @@ export class Consumer {
       this.counts.unavailable++;
       this.log(`could not store a message of ${this.source.name}, not acknowledged: ${message(error)}`);
       return "keep";
-    } finally {
-      this.onCount(this.counts);
     }
   }
 

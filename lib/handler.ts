@@ -11,7 +11,7 @@ import { label, message, silent, type Log } from "./log.ts";
 import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source, type Verdict } from "./providers.ts";
-import { routeTo } from "./routing/routes.ts";
+import { chooseRoutes } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
 import { requireSqlite } from "./runtime.ts";
 import { startReceive } from "./traces.ts";
@@ -409,8 +409,8 @@ class Receiving {
     let outcome: Stored;
     try {
       const routes = source.routes;
-      const destinations = routes
-        ? routeTo(
+      const chosen = routes
+        ? chooseRoutes(
             routes,
             verdict.eventType,
             parsed
@@ -425,12 +425,6 @@ class Receiving {
               : undefined,
           )
         : undefined;
-      // Headers are kept for the routes that forward them, and wherever a filter read them: so `preview`,
-      // and whatever looks at the delivery later, sees what the filter saw when it chose its routes.
-      const keepHeaders =
-        routes?.some(
-          (r) => (r.forwardHeaders && destinations!.includes(r.to)) || r.filter?.reads.has("headers") === true,
-        ) ?? false;
       outcome = await this.inbox.store({
         source: source.name,
         id,
@@ -440,8 +434,8 @@ class Receiving {
         providerTime: verdict.providerTime,
         traceparent: ctx.traceparent,
         ...orderOfRequest(source.order, req.headers, body),
-        ...(destinations ? { destinations } : {}),
-        ...(keepHeaders ? { headers: req.headers } : {}),
+        ...(chosen ? { destinations: chosen.destinations } : {}),
+        ...(chosen?.keepHeaders ? { headers: req.headers } : {}),
       });
     } catch (error) {
       // Not on disk, so the sender must keep it and try again.

@@ -478,8 +478,12 @@ describe("missingClient()", () => {
     assert.equal(await missingClient("nats", "events"), undefined);
     assert.equal(await missingClient("rabbitmq", "audit"), undefined);
     assert.equal(
-      await missingClient("rabbitmq", "audit", ["amqplib-that-is-not-there"]),
+      await missingClient("rabbitmq", "audit", "destination", ["amqplib-that-is-not-there"]),
       `destination "audit" publishes to RabbitMQ, but amqplib-that-is-not-there is not installed: npm install amqplib-that-is-not-there`,
+    );
+    assert.equal(
+      await missingClient("nats", "orders", "source", ["@nats-io/not-there"]),
+      `source "orders" consumes NATS JetStream, but @nats-io/not-there is not installed: npm install @nats-io/not-there`,
     );
   });
 });

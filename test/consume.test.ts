@@ -71,6 +71,49 @@ describe("the sources file's broker", () => {
   });
 });
 
+describe("Consumer.store()", () => {
+  it("keeps the headers a route's filter read, as the receiver does, so preview sees what the filter saw (control: a route that reads none keeps none)", async () => {
+    const dir = tempDir();
+    const inbox = await connect(join(dir.dir, "inbox.db"));
+    try {
+      const sources = loadSources(
+        {
+          // hooks does not forward headers: the filter alone must keep them.
+          $destinations: { hooks: { url: "http://127.0.0.1:9/" } },
+          orders: {
+            broker: { type: "nats", stream: "ORDERS", consumer: "inbox" },
+            routes: [{ to: "hooks", filter: { headers: { "x-topic": "orders/create" } } }],
+          },
+          billing: { broker: { type: "nats", stream: "BILLING", consumer: "inbox" }, routes: ["hooks"] },
+        },
+        {},
+      );
+      const headers = { "x-topic": ["orders/create"] };
+      const arrived = {
+        id: "m1",
+        body: Buffer.from("{}"),
+        eventType: null,
+        contentType: null,
+        headers,
+        redelivered: false,
+      };
+      for (const [name, kept] of [
+        ["orders", headers],
+        ["billing", null],
+      ] as const) {
+        const source = { ...sources.get(name)!, broker: sources.get(name)!.broker! };
+        assert.equal(await new Consumer({ inbox, source, log: silent }).store(arrived), "stored");
+        const [d] = (await inbox.find("m1")).filter((x) => x.source === name);
+        assert.equal(d!.destination, "hooks", `${name}: its route took it`);
+        assert.deepEqual(d!.headers, kept, `${name}: the headers kept`);
+      }
+    } finally {
+      await inbox.close();
+      dir.cleanup();
+    }
+  });
+});
+
 for (const backend of await backends("consume")) {
   describe(`JetStream source on ${backend.name}`, { skip: natsSkipped || backend.skip }, () => {
     it("stores by Nats-Msg-Id, else stream:sequence, byte for byte; the same ID past the server's duplicate window is one delivery", async () => {

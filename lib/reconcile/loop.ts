@@ -8,7 +8,7 @@ import { message } from "../log.ts";
 import { orderOfRequest } from "../order.ts";
 import type { Source } from "../providers.ts";
 import { filterInput } from "../routing/filter.ts";
-import { routeTo } from "../routing/routes.ts";
+import { chooseRoutes } from "../routing/routes.ts";
 import type { Headers, Inbox, Stored } from "../store.ts";
 
 /** Found is one event a provider lists: its id (the one its webhook carries), and how to get or resend it. */
@@ -167,8 +167,8 @@ async function store(
   got: { body: Buffer; headers?: Headers; contentType: string },
 ): Promise<Stored> {
   const headers: Headers = { "content-type": [got.contentType], ...(got.headers ?? {}) };
-  const destinations = source.routes
-    ? routeTo(
+  const chosen = source.routes
+    ? chooseRoutes(
         source.routes,
         found.eventType,
         filterInput({
@@ -180,7 +180,6 @@ async function store(
         }),
       )
     : undefined;
-  const keepHeaders = source.routes?.some((r) => r.forwardHeaders && destinations!.includes(r.to)) ?? false;
   return inbox.store({
     source: source.name,
     id: found.id,
@@ -190,8 +189,8 @@ async function store(
     providerTime: found.providerTime,
     origin: "reconcile",
     ...orderOfRequest(source.order, headers, got.body),
-    ...(destinations ? { destinations } : {}),
-    ...(keepHeaders ? { headers } : {}),
+    ...(chosen ? { destinations: chosen.destinations } : {}),
+    ...(chosen?.keepHeaders ? { headers } : {}),
   });
 }
 

@@ -203,6 +203,23 @@ export function routeTo(routes: readonly Route[], eventType: string | null, inpu
   return chosen;
 }
 
+/**
+ * chooseRoutes fixes a delivery's routes at store time: the destinations routeTo() picks, and whether its
+ * headers are kept, for the routes that forward them and wherever a filter read them, so that `preview`,
+ * and whatever looks at the delivery later, sees what the filter saw when it chose.
+ */
+export function chooseRoutes(
+  routes: readonly Route[],
+  eventType: string | null,
+  input?: FilterInput,
+): { destinations: string[]; keepHeaders: boolean } {
+  const destinations = routeTo(routes, eventType, input);
+  const keepHeaders = routes.some(
+    (r) => (r.forwardHeaders && destinations.includes(r.to)) || r.filter?.reads.has("headers") === true,
+  );
+  return { destinations, keepHeaders };
+}
+
 /** refusal says which test of a route a delivery fails, types first (the cheaper), or undefined if the route takes it. */
 export function refusal(
   route: Route,
