@@ -272,7 +272,9 @@ class Receiving {
 
   // setSources swaps the sources and what is derived from them in one step, between two requests.
   setSources(sources: ReadonlyMap<string, Source> | undefined): void {
-    const next = sources ?? new Map([["", unsignedSource()]]);
+    const next = new Map<string, Source>();
+    // A broker source is consumed by consumer.ts; nobody may post into it over HTTP, so it is not served.
+    for (const [name, source] of sources ?? [["", unsignedSource()]]) if (!source.broker) next.set(name, source);
     this.filtered = new Set([...next.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
     this.exact = new Map([...next].map(([name, source]) => [`${this.basePath}/${name}`, source]));
     this.sources = next;
@@ -307,13 +309,11 @@ class Receiving {
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
   sourceFor(url: string): Source | undefined {
     const found = this.exact.get(url);
-    if (found) return found.broker ? undefined : found;
+    if (found) return found;
     let path = url.split("?")[0]!;
     const base = this.basePath;
     if (base && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
-    const source = this.sources.get(path.replace(/^\/+|\/+$/g, ""));
-    // A broker source is consumed by consumer.ts; nobody may post into it over HTTP.
-    return source?.broker ? undefined : source;
+    return this.sources.get(path.replace(/^\/+|\/+$/g, ""));
   }
 
   sourceNameOf(url: string): string {

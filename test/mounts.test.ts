@@ -18,7 +18,7 @@ import { Hono } from "hono";
 import { request } from "undici";
 import { connect } from "../inbox.ts";
 import { createHandler, type HandlerOptions } from "../lib/handler.ts";
-import { sign, type Source } from "../lib/providers.ts";
+import { loadSources, sign, type Source } from "../lib/providers.ts";
 import { createReceiver } from "../receiver.ts";
 import { SCHEMES, SLACK, T, apply, bodyArb, idArb, mutationArb, source } from "./provider-fixtures.ts";
 import { tempDir } from "./helpers.ts";
@@ -362,6 +362,33 @@ describe("the Fetch handler on its own", () => {
       assert.deepEqual([first.status, await first.text()], [200, "stored"]);
       assert.equal(await (await call()).text(), "duplicate");
       assert.equal(webhooks.inFlight, 0);
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("never serves a broker source over HTTP, by any spelling of its path, nor after setSources", async () => {
+    const inbox = await connect(join(dir.dir, "fetch-broker.db"));
+    try {
+      const sources = loadSources(
+        { web: { provider: "plain" }, orders: { broker: { type: "rabbitmq", queue: "orders", idHeader: "x-id" } } },
+        {},
+      );
+      const webhooks = createHandler({ inbox, sources, basePath: "/hooks", log: () => {} });
+      const post = async (path: string, id: string) =>
+        (
+          await webhooks.fetch(
+            new Request(`https://app.example${path}`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" }),
+          )
+        ).status;
+      for (const path of ["/hooks/orders", "/hooks/orders/", "/hooks//orders?x=1"])
+        assert.equal(await post(path, "evt_b"), 404, path);
+      // Control: its HTTP neighbour, served by the same handler, stores.
+      assert.equal(await post("/hooks/web", "evt_w"), 200);
+      webhooks.setSources(sources);
+      assert.equal(await post("/hooks/orders", "evt_b2"), 404, "after setSources");
+      await inbox.flush();
+      assert.equal((await inbox.find("evt_b")).length, 0);
     } finally {
       await inbox.close();
     }
