@@ -363,6 +363,8 @@ class Receiving {
   async handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
     const source = this.sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
+    // Read with the lookup: a setSources() while the body arrives brings new Source objects, not in its set.
+    const filtered = this.filtered.has(source);
     ctx.source = source.name;
     if (req.method !== "POST") throw new Rejected(405, `method ${req.method} not allowed`, false, { allow: "POST" });
     // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
@@ -380,7 +382,7 @@ class Receiving {
       ctx.counted = true;
     }
     // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
-    const parsed: { event?: Record<string, unknown> } | undefined = this.filtered.has(source) ? {} : undefined;
+    const parsed: { event?: Record<string, unknown> } | undefined = filtered ? {} : undefined;
     const verdict = verify(source, req.headers, body, this.now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject")

@@ -394,6 +394,53 @@ describe("the Fetch handler on its own", () => {
     }
   });
 
+  it("routes a request whose body was still arriving when setSources swapped the sources by the filters it found", async () => {
+    const inbox = await connect(join(dir.dir, "fetch-swap.db"));
+    try {
+      const doc = {
+        $destinations: { app: { url: "http://127.0.0.1:1/", secret: "whsec_x" } },
+        s: { provider: "plain", routes: [{ to: "app", filter: { body: { a: 1 } } }] },
+      };
+      const webhooks = createHandler({ inbox, sources: loadSources(doc, {}), log: () => {} });
+      const post = (id: string, body: BodyInit) =>
+        webhooks.fetch(
+          new Request("https://app.example/s", {
+            method: "POST",
+            headers: { "x-delivery-id": id },
+            body,
+            duplex: "half",
+          } as RequestInit),
+        );
+      // Control: with no swap, the filter takes the delivery.
+      assert.equal((await post("evt_still", '{"a":1}')).status, 200);
+      let end!: () => void;
+      const body = new ReadableStream<Uint8Array>({
+        start: (controller) => {
+          controller.enqueue(new TextEncoder().encode('{"a":'));
+          end = () => {
+            controller.enqueue(new TextEncoder().encode("1}"));
+            controller.close();
+          };
+        },
+      });
+      const answer = post("evt_swapped", body);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      // The same document loaded again: new Source objects, as a configuration taken up live gives.
+      webhooks.setSources(loadSources(doc, {}));
+      end();
+      assert.equal((await answer).status, 200);
+      await inbox.flush();
+      for (const id of ["evt_still", "evt_swapped"])
+        assert.deepEqual(
+          (await inbox.find(id)).map((r) => r.destination),
+          ["app"],
+          id,
+        );
+    } finally {
+      await inbox.close();
+    }
+  });
+
   it("answers 408 to a body that falls behind its pace, and stores none of it", async () => {
     const inbox = await connect(join(dir.dir, "fetch-slow.db"));
     try {
