@@ -353,7 +353,7 @@ export async function main(argv: string[]): Promise<void> {
 
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const file = sourcesFile ? readSources(sourcesFile) : undefined;
+  const fileText = sourcesFile ? readSources(sourcesFile) : undefined;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
@@ -384,7 +384,8 @@ export async function main(argv: string[]): Promise<void> {
   let sources: ReadonlyMap<string, Source> | undefined;
   let version = 0;
   try {
-    if (file) await applyText(inbox, file, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
+    if (fileText)
+      await applyText(inbox, fileText, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
     const stored = await inbox.readConfig();
     if (stored) {
       version = stored.version;
