@@ -15,9 +15,7 @@ import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogForm
 import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
-import { loadSources, type Source } from "./lib/providers.ts";
-import { loadDestinations } from "./lib/routing/routes.ts";
-import { parseBrokerDestination } from "./lib/brokers.ts";
+import type { Source } from "./lib/providers.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 import { applyText, loadConfig, parseDocument, reapplyFile } from "./lib/config/config.ts";
 import { watchConfig } from "./lib/config/watch.ts";
@@ -355,7 +353,7 @@ export async function main(argv: string[]): Promise<void> {
 
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const file = sourcesFile ? readSources(sourcesFile) : undefined;
+  const fileText = sourcesFile ? readSources(sourcesFile) : undefined;
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
@@ -386,8 +384,8 @@ export async function main(argv: string[]): Promise<void> {
   let sources: ReadonlyMap<string, Source> | undefined;
   let version = 0;
   try {
-    if (file)
-      await applyText(inbox, file.text, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
+    if (fileText)
+      await applyText(inbox, fileText, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
     const stored = await inbox.readConfig();
     if (stored) {
       version = stored.version;
@@ -462,8 +460,10 @@ export async function main(argv: string[]): Promise<void> {
   process.on("SIGINT", () => void stop("SIGINT"));
 }
 
-// readSources reads and checks the sources file, or stops start-up with one line that quotes no secret.
-function readSources(sourcesFile: string): { text: string; sources: Map<string, Source> } {
+// readSources reads the sources file and checks it whole, as config apply does, or stops start-up with one
+// line that quotes no secret. The destinations are the worker's to reach, but a mistake in them stops the
+// receiver too: its routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
+function readSources(sourcesFile: string): string {
   let parsed: unknown;
   let text = "";
   try {
@@ -478,14 +478,8 @@ function readSources(sourcesFile: string): { text: string; sources: Map<string, 
     fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
   }
   try {
-    const sources = loadSources(parsed, process.env);
-    // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its
-    // routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
-    loadDestinations(parsed, process.env, {
-      resolve: false,
-      brokerCheck: (name, settings, where) => void parseBrokerDestination(name, settings, where, process.env, false),
-    });
-    return { text, sources };
+    loadConfig(parsed, process.env, { resolve: false });
+    return text;
   } catch (error) {
     return fatal(`receiver: ${sourcesFile}: ${message(error)}`);
   }

@@ -272,7 +272,9 @@ class Receiving {
 
   // setSources swaps the sources and what is derived from them in one step, between two requests.
   setSources(sources: ReadonlyMap<string, Source> | undefined): void {
-    const next = sources ?? new Map([["", unsignedSource()]]);
+    const next = new Map<string, Source>();
+    // A broker source is consumed by consumer.ts; nobody may post into it over HTTP, so it is not served.
+    for (const [name, source] of sources ?? [["", unsignedSource()]]) if (!source.broker) next.set(name, source);
     this.filtered = new Set([...next.values()].filter((s) => s.routes?.some((r) => r.filter !== undefined)));
     this.exact = new Map([...next].map(([name, source]) => [`${this.basePath}/${name}`, source]));
     this.sources = next;
@@ -307,13 +309,11 @@ class Receiving {
   // sourceFor finds the source a path names, or undefined; the mounts that can pass a request on use it.
   sourceFor(url: string): Source | undefined {
     const found = this.exact.get(url);
-    if (found) return found.broker ? undefined : found;
+    if (found) return found;
     let path = url.split("?")[0]!;
     const base = this.basePath;
     if (base && (path === base || path.startsWith(`${base}/`))) path = path.slice(base.length);
-    const source = this.sources.get(path.replace(/^\/+|\/+$/g, ""));
-    // A broker source is consumed by consumer.ts; nobody may post into it over HTTP.
-    return source?.broker ? undefined : source;
+    return this.sources.get(path.replace(/^\/+|\/+$/g, ""));
   }
 
   sourceNameOf(url: string): string {
@@ -363,6 +363,8 @@ class Receiving {
   async handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
     const source = this.sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
+    // Read with the lookup: a setSources() while the body arrives brings new Source objects, not in its set.
+    const filtered = this.filtered.has(source);
     ctx.source = source.name;
     if (req.method !== "POST") throw new Rejected(405, `method ${req.method} not allowed`, false, { allow: "POST" });
     // Node's parser has already refused a repeated, non-numeric or conflicting Content-Length (400).
@@ -380,7 +382,7 @@ class Receiving {
       ctx.counted = true;
     }
     // A source with a filter keeps the body as verifying parsed it, so the filters need not parse it again.
-    const parsed: { event?: Record<string, unknown> } | undefined = this.filtered.has(source) ? {} : undefined;
+    const parsed: { event?: Record<string, unknown> } | undefined = filtered ? {} : undefined;
     const verdict = verify(source, req.headers, body, this.now(), req.url, parsed);
     // Named by source, so a log fed by several providers says whose signature failed.
     if (verdict.kind === "reject")

@@ -18,7 +18,7 @@ import { Hono } from "hono";
 import { request } from "undici";
 import { connect } from "../inbox.ts";
 import { createHandler, type HandlerOptions } from "../lib/handler.ts";
-import { sign, type Source } from "../lib/providers.ts";
+import { loadSources, sign, type Source } from "../lib/providers.ts";
 import { createReceiver } from "../receiver.ts";
 import { SCHEMES, SLACK, T, apply, bodyArb, idArb, mutationArb, source } from "./provider-fixtures.ts";
 import { tempDir } from "./helpers.ts";
@@ -362,6 +362,80 @@ describe("the Fetch handler on its own", () => {
       assert.deepEqual([first.status, await first.text()], [200, "stored"]);
       assert.equal(await (await call()).text(), "duplicate");
       assert.equal(webhooks.inFlight, 0);
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("never serves a broker source over HTTP, by any spelling of its path, nor after setSources", async () => {
+    const inbox = await connect(join(dir.dir, "fetch-broker.db"));
+    try {
+      const sources = loadSources(
+        { web: { provider: "plain" }, orders: { broker: { type: "rabbitmq", queue: "orders", idHeader: "x-id" } } },
+        {},
+      );
+      const webhooks = createHandler({ inbox, sources, basePath: "/hooks", log: () => {} });
+      const post = async (path: string, id: string) =>
+        (
+          await webhooks.fetch(
+            new Request(`https://app.example${path}`, { method: "POST", headers: { "x-delivery-id": id }, body: "{}" }),
+          )
+        ).status;
+      for (const path of ["/hooks/orders", "/hooks/orders/", "/hooks//orders?x=1"])
+        assert.equal(await post(path, "evt_b"), 404, path);
+      // Control: its HTTP neighbour, served by the same handler, stores.
+      assert.equal(await post("/hooks/web", "evt_w"), 200);
+      webhooks.setSources(sources);
+      assert.equal(await post("/hooks/orders", "evt_b2"), 404, "after setSources");
+      await inbox.flush();
+      assert.equal((await inbox.find("evt_b")).length, 0);
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("routes a request whose body was still arriving when setSources swapped the sources by the filters it found", async () => {
+    const inbox = await connect(join(dir.dir, "fetch-swap.db"));
+    try {
+      const doc = {
+        $destinations: { app: { url: "http://127.0.0.1:1/", secret: "whsec_x" } },
+        s: { provider: "plain", routes: [{ to: "app", filter: { body: { a: 1 } } }] },
+      };
+      const webhooks = createHandler({ inbox, sources: loadSources(doc, {}), log: () => {} });
+      const post = (id: string, body: BodyInit) =>
+        webhooks.fetch(
+          new Request("https://app.example/s", {
+            method: "POST",
+            headers: { "x-delivery-id": id },
+            body,
+            duplex: "half",
+          } as RequestInit),
+        );
+      // Control: with no swap, the filter takes the delivery.
+      assert.equal((await post("evt_still", '{"a":1}')).status, 200);
+      let end!: () => void;
+      const body = new ReadableStream<Uint8Array>({
+        start: (controller) => {
+          controller.enqueue(new TextEncoder().encode('{"a":'));
+          end = () => {
+            controller.enqueue(new TextEncoder().encode("1}"));
+            controller.close();
+          };
+        },
+      });
+      const answer = post("evt_swapped", body);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      // The same document loaded again: new Source objects, as a configuration taken up live gives.
+      webhooks.setSources(loadSources(doc, {}));
+      end();
+      assert.equal((await answer).status, 200);
+      await inbox.flush();
+      for (const id of ["evt_still", "evt_swapped"])
+        assert.deepEqual(
+          (await inbox.find(id)).map((r) => r.destination),
+          ["app"],
+          id,
+        );
     } finally {
       await inbox.close();
     }

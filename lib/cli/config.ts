@@ -5,7 +5,7 @@
 
 import { writeFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
-import { apply, plan, readDocument, refusedLine } from "../config/config.ts";
+import { apply, plan, readDocument, refusedLine, type Plan } from "../config/config.ts";
 import { message } from "../log.ts";
 import { type Cli, NotFound, Refused, UsageError } from "./command.ts";
 
@@ -36,7 +36,7 @@ export function config(c: Cli): void {
         }
         const inbox = await open(opts);
         try {
-          let p: Awaited<ReturnType<typeof plan>>;
+          let p: Plan;
           try {
             p = await plan(inbox, text, process.env, dirname(resolve(file)));
           } catch (error) {

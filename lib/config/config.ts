@@ -90,8 +90,8 @@ export function loadConfig(parsed: unknown, env: Env, options: { resolve?: boole
   return { sources, routes, forwarding, brokers, secrets, uses };
 }
 
-/** hashTransforms reads each transform module a configuration uses, from base, and keeps its code and SHA-256. */
-export function hashTransforms(uses: Loaded["uses"], base: string): Record<string, TransformCode> {
+// hashTransforms reads each transform module a configuration uses, from base, and keeps its code and SHA-256.
+function hashTransforms(uses: Loaded["uses"], base: string): Record<string, TransformCode> {
   const out: Record<string, TransformCode> = {};
   for (const { module, where } of uses) {
     if (out[module]) continue;
@@ -147,11 +147,9 @@ function canonical(value: unknown): string {
   );
 }
 
-/**
- * diffConfig lists what a new document changes, a line each: `+ destination b`, `- source old`,
- * `~ destination a`, `~ transform ./t.ts (sha256 … → …)`. It names parts, never their values (secrets).
- */
-export function diffConfig(
+// diffConfig lists what a new document changes, a line each: `+ destination b`, `- source old`,
+// `~ destination a`, `~ transform ./t.ts (sha256 … → …)`. It names parts, never their values (secrets).
+function diffConfig(
   old: { parsed: unknown; transforms: Record<string, TransformCode> } | undefined,
   next: { parsed: unknown; transforms: Record<string, TransformCode> },
 ): string[] {
