@@ -241,16 +241,21 @@ export class Api {
   }
 }
 
+// ROUTES is each operation with its path as a pattern and the names of its parameters, compiled once.
+const ROUTES = (OPERATIONS as readonly Operation[]).map((op) => {
+  const names: string[] = [];
+  const pattern = op.path.replace(/\{(\w+)\}/g, (_, name: string) => {
+    names.push(name);
+    return "([^/]+)";
+  });
+  return { op, names, pattern: new RegExp(`^${pattern}$`) };
+});
+
 // match finds the operation a method and path name, with the path's parameters; a 404 or 405 when none does.
 function match(method: string, path: string): [Operation, Record<string, string>] {
   let allowed = false;
-  for (const op of OPERATIONS as readonly Operation[]) {
-    const names: string[] = [];
-    const pattern = op.path.replace(/\{(\w+)\}/g, (_, name: string) => {
-      names.push(name);
-      return "([^/]+)";
-    });
-    const m = new RegExp(`^${pattern}$`).exec(path);
+  for (const { op, names, pattern } of ROUTES) {
+    const m = pattern.exec(path);
     if (!m) continue;
     if (op.method.toUpperCase() !== method) {
       allowed = true;
