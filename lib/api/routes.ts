@@ -336,6 +336,17 @@ function label(call: Call): string {
   return `delivery=${JSON.stringify(`${source}/${id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`;
 }
 
+// onOne runs a retry or a replay of one delivery (one destination's row, or all of them) and audits it.
+function onOne(act: typeof retryOne | typeof replayOne): Handler {
+  return async (ctx, call) => {
+    const [d] = await found(ctx, call);
+    const { destination } = call.body as z.output<typeof OneTarget>;
+    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
+    const count = await act(ctx.inbox, target, ctx.batchSize);
+    return { body: { count }, change: { target: label(call), count } };
+  };
+}
+
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   listDeliveries: async (ctx, call) => {
     const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
@@ -369,20 +380,8 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
       throw new ApiError(409, message(error));
     }
   },
-  retryDelivery: async (ctx, call) => {
-    const [d] = await found(ctx, call);
-    const { destination } = call.body as z.output<typeof OneTarget>;
-    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await retryOne(ctx.inbox, target, ctx.batchSize);
-    return { body: { count }, change: { target: label(call), count } };
-  },
-  replayDelivery: async (ctx, call) => {
-    const [d] = await found(ctx, call);
-    const { destination } = call.body as z.output<typeof OneTarget>;
-    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await replayOne(ctx.inbox, target, ctx.batchSize);
-    return { body: { count }, change: { target: label(call), count } };
-  },
+  retryDelivery: onOne(retryOne),
+  replayDelivery: onOne(replayOne),
   bulkDeliveries: async (ctx, call) => {
     const { action, filter: fields, dryRun } = call.body as z.output<typeof BulkBody>;
     // The page's own reading of a filter, and its rule: a retry takes the failed rows, a replay the done ones.
