@@ -1,6 +1,7 @@
 // format.ts: how the operator's CLI reads and writes for people. Ages and dates on the command line
 // (parseDuration, parseWhen); ages, dates and sizes in its output; a delivery as JSON; and the JSON Lines
-// of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
+// of `inbox.ts export` and `import` (exportLine, importLine); and how every script's help names the commands
+// and its --version (spokenAs, speakTo, packageVersion). Not run on its own.
 
 import { existsSync, readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
