@@ -199,10 +199,14 @@ export class Api {
       raw = await readBody(req);
       body = parse(op.body!, raw === "" ? {} : json(raw), "body");
     }
-    const requestHash = createHash("sha256")
-      .update(JSON.stringify([op.operationId, params, raw]))
-      .digest("hex");
     const remembered = idempotency === undefined ? undefined : `key:${key.id}:${idempotency}`;
+    // Only a request with an Idempotency-Key is compared with the one its key first came with.
+    const requestHash =
+      remembered === undefined
+        ? ""
+        : createHash("sha256")
+            .update(JSON.stringify([op.operationId, params, raw]))
+            .digest("hex");
     const now = this.ctx.now();
     if (remembered !== undefined) {
       const first = await this.ctx.inbox.recall(remembered, now - DEFAULTS.apiIdempotencyMs);
