@@ -15,6 +15,7 @@ import {
   resumeDestination,
   retryOne,
   retryOrReplayAll,
+  targetLabel,
 } from "../admin/actions.ts";
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../admin/input.ts";
 import { DEFAULTS } from "../defaults.ts";
@@ -333,13 +334,6 @@ async function found(ctx: ApiContext, call: Call): Promise<Delivery[]> {
   return rows;
 }
 
-// label names a delivery (and a destination) in the audit log, as the page's audit lines do.
-function label(call: Call): string {
-  const { source, id } = call.params as z.output<typeof DeliveryPath>;
-  const { destination } = call.body as z.output<typeof OneTarget>;
-  return `delivery=${JSON.stringify(`${source}/${id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`;
-}
-
 // onOne runs a retry or a replay of one delivery (one destination's row, or all of them) and audits it.
 function onOne(act: typeof retryOne | typeof replayOne): Handler {
   return async (ctx, call) => {
@@ -347,7 +341,7 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
     const { destination } = call.body as z.output<typeof OneTarget>;
     const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
     const count = await act(ctx.inbox, target, ctx.batchSize);
-    return { body: { count }, change: { target: label(call), count } };
+    return { body: { count }, change: { target: targetLabel(target), count } };
   };
 }
 
