@@ -6,6 +6,7 @@
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
 //   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
 //   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
+//   npx tsx inbox.ts destinations | pause NAME | resume NAME;  keys create|list|revoke;  config apply FILE | dump
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";

@@ -1,6 +1,7 @@
 // format.ts: how the operator's CLI reads and writes for people. Ages and dates on the command line
 // (parseDuration, parseWhen); ages, dates and sizes in its output; a delivery as JSON; and the JSON Lines
-// of `inbox.ts export` and `import` (exportLine, importLine). Not run on its own.
+// of `inbox.ts export` and `import` (exportLine, importLine); and how every script's help names the commands
+// and its --version (spokenAs, speakTo, packageVersion). Not run on its own.
 
 import { existsSync, readFileSync } from "node:fs";
 import { DEFAULTS } from "./defaults.ts";
@@ -20,19 +21,22 @@ export function iso(ms: number | null): string {
   return ms === null ? "-" : new Date(ms).toISOString();
 }
 
+/** utf8Text is a body as text when it is UTF-8 that reads back to the same bytes, else null. */
+export function utf8Text(body: Buffer): string | null {
+  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
+  return Buffer.from(text, "utf8").equals(body) ? text : null;
+}
+
 /** bodyForPeople is a body as text where it is UTF-8, else as base64, said so. */
 export function bodyForPeople(body: Buffer): string {
-  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
-  return Buffer.from(text, "utf8").equals(body) ? text : `(not UTF-8; base64) ${body.toString("base64")}`;
+  return utf8Text(body) ?? `(not UTF-8; base64) ${body.toString("base64")}`;
 }
 
 /** deliveryJson is a delivery for --json: its size always, its body (as text and base64) only when asked. */
 export function deliveryJson(d: Delivery, withBody: boolean): Record<string, unknown> {
   const { body, ...rest } = d;
   if (!withBody) return { ...rest, bodyBytes: body.length };
-  const text = new TextDecoder("utf-8", { fatal: false }).decode(body);
-  const utf8 = Buffer.from(text, "utf8").equals(body);
-  return { ...rest, bodyBytes: body.length, body: utf8 ? text : null, bodyBase64: body.toString("base64") };
+  return { ...rest, bodyBytes: body.length, body: utf8Text(body), bodyBase64: body.toString("base64") };
 }
 
 const UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };

@@ -15,6 +15,11 @@ export interface Target {
   destination?: string;
 }
 
+/** targetLabel names a target in the audit log, its values JSON-quoted so one action stays one line. */
+export function targetLabel(t: Target): string {
+  return `delivery=${JSON.stringify(`${t.source}/${t.id}`)}${t.destination === undefined ? "" : ` destination=${JSON.stringify(t.destination)}`}`;
+}
+
 /** Announce tells the operator's URL of a pause or resume; true, or why not. */
 export type Announce = (event: {
   type: "destination.paused" | "destination.resumed";

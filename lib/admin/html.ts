@@ -64,13 +64,6 @@ export function destinationLabel(name: string): string {
   return name === "" ? "(none)" : name;
 }
 
-/** stateDetail says what a destination's state means now: when an open one probes, why a paused one waits. */
-export function stateDetail(d: DestinationState): string {
-  if (d.state === "paused") return d.pausedReason ?? "";
-  if (d.state === "open") return d.probing ? "probing" : `probe at ${iso(d.retryAt).slice(11)}`;
-  return "";
-}
-
 /** Said is a destination's state as a person reads it at night: a tone for its colour, the words, and the breaker's terms. */
 export interface Said {
   tone: "healthy" | "failing" | "paused";

@@ -248,7 +248,7 @@ ${await previewSection(ctx, rows, params.get("preview") === "1")}`,
   );
 };
 
-// previewSection shows, when asked, what each destination would get now (filters, transform), as `ctx.inbox.ts preview`; nothing is sent.
+// previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview` does; nothing is sent.
 const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked: boolean): Promise<string> => {
   if (!ctx.preview) return "";
   if (!asked)

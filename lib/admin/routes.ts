@@ -19,6 +19,7 @@ import {
   retryGroup,
   retryOne,
   retryOrReplayAll,
+  targetLabel,
 } from "./actions.ts";
 import { CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
 import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "./input.ts";
@@ -290,8 +291,8 @@ function target(form: URLSearchParams): { source: string; id: string; destinatio
   const source = form.get("source") ?? DEFAULTS.source;
   const id = form.get("id") ?? "";
   const destination = destinationField(form);
-  const label = `delivery=${JSON.stringify(`${source}/${id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`;
-  return { source, id, label, ...(destination === undefined ? {} : { destination }) };
+  const t = { source, id, ...(destination === undefined ? {} : { destination }) };
+  return { ...t, label: targetLabel(t) };
 }
 
 // named reads the destination a pause or resume names: one is needed.

@@ -15,6 +15,7 @@ import {
   resumeDestination,
   retryOne,
   retryOrReplayAll,
+  targetLabel,
 } from "../admin/actions.ts";
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../admin/input.ts";
 import { DEFAULTS } from "../defaults.ts";
@@ -199,10 +200,14 @@ export class Api {
       raw = await readBody(req);
       body = parse(op.body!, raw === "" ? {} : json(raw), "body");
     }
-    const requestHash = createHash("sha256")
-      .update(JSON.stringify([op.operationId, params, raw]))
-      .digest("hex");
     const remembered = idempotency === undefined ? undefined : `key:${key.id}:${idempotency}`;
+    // Only a request with an Idempotency-Key is compared with the one its key first came with.
+    const requestHash =
+      remembered === undefined
+        ? ""
+        : createHash("sha256")
+            .update(JSON.stringify([op.operationId, params, raw]))
+            .digest("hex");
     const now = this.ctx.now();
     if (remembered !== undefined) {
       const first = await this.ctx.inbox.recall(remembered, now - DEFAULTS.apiIdempotencyMs);
@@ -241,16 +246,21 @@ export class Api {
   }
 }
 
+// ROUTES is each operation with its path as a pattern and the names of its parameters, compiled once.
+const ROUTES = (OPERATIONS as readonly Operation[]).map((op) => {
+  const names: string[] = [];
+  const pattern = op.path.replace(/\{(\w+)\}/g, (_, name: string) => {
+    names.push(name);
+    return "([^/]+)";
+  });
+  return { op, names, pattern: new RegExp(`^${pattern}$`) };
+});
+
 // match finds the operation a method and path name, with the path's parameters; a 404 or 405 when none does.
 function match(method: string, path: string): [Operation, Record<string, string>] {
   let allowed = false;
-  for (const op of OPERATIONS as readonly Operation[]) {
-    const names: string[] = [];
-    const pattern = op.path.replace(/\{(\w+)\}/g, (_, name: string) => {
-      names.push(name);
-      return "([^/]+)";
-    });
-    const m = new RegExp(`^${pattern}$`).exec(path);
+  for (const { op, names, pattern } of ROUTES) {
+    const m = pattern.exec(path);
     if (!m) continue;
     if (op.method.toUpperCase() !== method) {
       allowed = true;
@@ -324,11 +334,15 @@ async function found(ctx: ApiContext, call: Call): Promise<Delivery[]> {
   return rows;
 }
 
-// label names a delivery (and a destination) in the audit log, as the page's audit lines do.
-function label(call: Call): string {
-  const { source, id } = call.params as z.output<typeof DeliveryPath>;
-  const { destination } = call.body as z.output<typeof OneTarget>;
-  return `delivery=${JSON.stringify(`${source}/${id}`)}${destination === undefined ? "" : ` destination=${JSON.stringify(destination)}`}`;
+// onOne runs a retry or a replay of one delivery (one destination's row, or all of them) and audits it.
+function onOne(act: typeof retryOne | typeof replayOne): Handler {
+  return async (ctx, call) => {
+    const [d] = await found(ctx, call);
+    const { destination } = call.body as z.output<typeof OneTarget>;
+    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
+    const count = await act(ctx.inbox, target, ctx.batchSize);
+    return { body: { count }, change: { target: targetLabel(target), count } };
+  };
 }
 
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
@@ -364,20 +378,8 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
       throw new ApiError(409, message(error));
     }
   },
-  retryDelivery: async (ctx, call) => {
-    const [d] = await found(ctx, call);
-    const { destination } = call.body as z.output<typeof OneTarget>;
-    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await retryOne(ctx.inbox, target, ctx.batchSize);
-    return { body: { count }, change: { target: label(call), count } };
-  },
-  replayDelivery: async (ctx, call) => {
-    const [d] = await found(ctx, call);
-    const { destination } = call.body as z.output<typeof OneTarget>;
-    const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await replayOne(ctx.inbox, target, ctx.batchSize);
-    return { body: { count }, change: { target: label(call), count } };
-  },
+  retryDelivery: onOne(retryOne),
+  replayDelivery: onOne(replayOne),
   bulkDeliveries: async (ctx, call) => {
     const { action, filter: fields, dryRun } = call.body as z.output<typeof BulkBody>;
     // The page's own reading of a filter, and its rule: a retry takes the failed rows, a replay the done ones.

@@ -22,8 +22,6 @@ export interface Cli {
   program: Command;
   /** connect opens any target as inbox.ts's connect() does, creating a new one. */
   connect: (target: string) => Promise<Inbox>;
-  /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
-  isPostgresUrl: (target: string) => boolean;
   /** target is the database a command's --db names, else INBOX_DB, else DEFAULTS.db. */
   target: (opts: { db?: string }) => string;
   /** requireInbox refuses a SQLite path that is no inbox yet. */
@@ -44,8 +42,6 @@ export interface Cli {
   status: (value: string) => Status;
   /** duration parses an age such as 7d. */
   duration: (value: string) => number;
-  /** when parses an ISO date or an age ago. */
-  when: (value: string) => number;
 }
 
 /** commandLine builds the Cli the commands share over program, with connect() and isPostgresUrl() from inbox.ts. */
@@ -111,7 +107,6 @@ export function commandLine(
   return {
     program,
     connect,
-    isPostgresUrl,
     target,
     requireInbox,
     openTarget,
@@ -122,7 +117,6 @@ export function commandLine(
     positive,
     status,
     duration,
-    when,
   };
 }
 

@@ -4,7 +4,7 @@
 import { dirname, resolve } from "node:path";
 import { brokerLines } from "../consume.ts";
 import { DEFAULTS } from "../defaults.ts";
-import { age, bodyForPeople, bytes, deliveryJson, iso } from "../format.ts";
+import { age, bodyForPeople, bytes, deliveryJson, iso, utf8Text } from "../format.ts";
 import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../providers.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
@@ -247,7 +247,7 @@ export function preview(c: Cli): void {
               b === undefined
                 ? {}
                 : {
-                    body: bodyForPeople(b).startsWith("(not UTF-8") ? null : b.toString("utf8"),
+                    body: utf8Text(b),
                     bodyBase64: b.toString("base64"),
                   };
             return void console.log(
