@@ -180,11 +180,13 @@ export class SqliteBulk {
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options.batch, (keys, now) => {
       for (const k of keys) {
+        // A delivery's other rows match too: the first one seen speaks for it, before any read.
+        const delivery = `${k.source}\u0000${k.id}`;
+        if (seen.has(delivery)) continue;
+        seen.add(delivery);
         const there = this.sql(
-          "SELECT rowid, status, route FROM deliveries WHERE source = ? AND id = ? AND destination = ?",
+          "SELECT rowid, status FROM deliveries WHERE source = ? AND id = ? AND destination = ?",
         ).get(k.source, k.id, to) as Row | undefined;
-        if (seen.has(`${k.source}\u0000${k.id}`)) continue;
-        seen.add(`${k.source}\u0000${k.id}`);
         if (there !== undefined) {
           if (there.status !== "done") continue;
           const row =
