@@ -19,7 +19,7 @@ import {
 import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
 import { filterSql } from "../sql.ts";
 import { paced } from "../timing.ts";
-import { enterKeys, rebuildKeys, settleKeys } from "./keys.ts";
+import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
 import type { Pool } from "./pool.ts";
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
@@ -130,7 +130,7 @@ export class PostgresBulk {
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       total += rows.length;
-      await this.settleReturned(client, rows);
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
     });
     return total;
@@ -155,7 +155,7 @@ export class PostgresBulk {
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       replayed += rows.length;
-      await this.settleReturned(client, rows);
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
     });
     return { replayed, tombstoned: await tombstoned() };
@@ -203,7 +203,7 @@ export class PostgresBulk {
         args,
       );
       replayed += again.rows.length + added.rows.length;
-      await this.settleReturned(client, again.rows);
+      await settleRows(client, again.rows, false);
       const ordered = added.rows.filter((r) => r.order_key !== null);
       if (ordered.length > 0) {
         await enterKeys(
@@ -223,26 +223,6 @@ export class PostgresBulk {
       this.notify(client, again.rows.length + added.rows.length);
     });
     return { replayed, tombstoned: await tombstoned() };
-  }
-
-  // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
-  private async settleReturned(
-    client: pg.PoolClient,
-    rows: { source: string; id: string; order_key: string | null; destination: string }[],
-  ): Promise<void> {
-    const ordered = rows.filter((r) => r.order_key !== null);
-    if (ordered.length > 0) {
-      await settleKeys(
-        client,
-        ordered.map((r) => ({
-          source: r.source,
-          destination: r.destination,
-          key: r.order_key!,
-          from: r.id,
-          setAside: false,
-        })),
-      );
-    }
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {

@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
-import { enterKeys, settleKeys } from "./keys.ts";
+import { enterKeys, settleKeys, settleRows } from "./keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { migrate } from "./schema.ts";
 import {
@@ -408,19 +408,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       const failed = rows.filter((row) => row.status === "failed");
       for (const row of failed)
         setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
-      const gaveUp = failed.filter((row) => row.order_key !== null);
-      if (gaveUp.length > 0) {
-        await settleKeys(
-          client,
-          gaveUp.map((row) => ({
-            source: row.source,
-            destination: row.destination,
-            key: row.order_key,
-            from: row.id,
-            setAside: true,
-          })),
-        );
-      }
+      await settleRows(client, failed, true);
       const leases: Lease[] = [];
       // A delivery set aside just now took a place of the limit, and a key whose head it was has a new head,
       // due already: claim as many more in this same pass.
@@ -565,19 +553,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
               [this.now(), target.source ?? DEFAULTS.source, target.id],
             );
-      const ordered = rows.filter((r) => r.order_key !== null);
-      if (ordered.length > 0) {
-        await settleKeys(
-          client,
-          ordered.map((r) => ({
-            source: r.source,
-            destination: r.destination,
-            key: r.order_key,
-            from: r.id,
-            setAside: false,
-          })),
-        );
-      }
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
