@@ -6,17 +6,8 @@
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
-import {
-  DESTINATION_NAME,
-  type BulkOptions,
-  type Cursor,
-  type Delivery,
-  type Filter,
-  type Purged,
-  type PurgeOptions,
-  type SqlValue,
-} from "../store.ts";
-import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import type { BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
+import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { filterSql } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
@@ -169,8 +160,7 @@ export class PostgresBulk {
     to: string,
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to))
-      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };

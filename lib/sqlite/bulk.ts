@@ -5,16 +5,8 @@
 
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import {
-  DESTINATION_NAME,
-  type BulkOptions,
-  type Cursor,
-  type Delivery,
-  type Filter,
-  type PurgeOptions,
-  type Purged,
-} from "../store.ts";
-import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import type { BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
+import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { filterSql } from "../sql.ts";
 import { paced } from "../timing.ts";
 
@@ -171,8 +163,7 @@ export class SqliteBulk {
     to: string,
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to))
-      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
