@@ -224,7 +224,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
-    orderOf(delivery, null);
+    const order = orderOf(delivery, null);
     const routes = routesOf(delivery);
     return this.enqueue({
       kind: "store",
@@ -232,6 +232,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       incoming: delivery,
       digest: sha256(delivery.body),
       routes,
+      order,
     }) as Promise<Stored>;
   }
 
@@ -713,7 +714,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     list: { op: Extract<Op, { kind: "store" }>; route: number }[],
     place: Map<Op, number>,
   ): pg.QueryConfig {
-    const orders = new Map(list.map((x) => [x.op, orderOf(x.op.incoming, null)]));
     const none = (x: { op: Extract<Op, { kind: "store" }> }) => x.op.routes.length === 0;
     const bodies = concatenated(list.map((x) => x.op.incoming.body));
     return this.prepared(
@@ -736,8 +736,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         list.map((x) => x.op.incoming.contentType ?? null),
         list.map((x) => x.op.incoming.eventType ?? null),
         list.map((x) => x.op.incoming.providerTime ?? null),
-        list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
-        list.map((x) => orders.get(x.op)!.eventTime),
+        list.map((x) => (none(x) ? null : x.op.order.key)),
+        list.map((x) => x.op.order.eventTime),
         list.map((x) => place.get(x.op)! * 16 + x.route),
         list.map((x) => x.route),
         list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION),
@@ -760,7 +760,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
     const rows = byKey([...firsts.values()]);
-    const orders = new Map(rows.map((op) => [op, orderOf(op.incoming, null)]));
     const place = new Map(ops.map((op, i) => [op, i]));
     const insert = (list: { op: (typeof ops)[number]; route: number }[]) =>
       client.query(this.storeStatement(list, place));
@@ -772,7 +771,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const all = more.length === 0 ? inserted.rows : [...inserted.rows, ...(await insert(more)).rows];
     const ordered = all.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
-      const strict = new Map(rows.map((op) => [key(op), orders.get(op)!.strict]));
+      const strict = new Map(rows.map((op) => [key(op), op.order.strict]));
       await enterKeys(
         client,
         ordered.map((r) => ({
