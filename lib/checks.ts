@@ -1,6 +1,6 @@
 // checks.ts: misuse of the contract, told the same way on both backends: each checks what a caller
-// passed (a delivery's routes and order, purge's ages, a page or batch size, InboxOptions) and throws a
-// TypeError that says what it expected and what came, before anything is written.
+// passed (a delivery's routes and order, purge's ages, a page or batch size, replay's destination,
+// InboxOptions) and throws a TypeError that says what it expected and what came, before anything is written.
 
 import { DEFAULTS } from "./defaults.ts";
 import { DESTINATION_NAME, type Incoming, type InboxOptions, type PurgeOptions } from "./store.ts";
@@ -62,6 +62,12 @@ export function bulkBatchSize(batch: number | undefined): number {
   if (!Number.isInteger(batch) || batch < 1)
     throw new TypeError(`bulk: expected batch to be a whole number >= 1, got ${batch}`);
   return batch;
+}
+
+/** replayDestination checks the destination that replay's `to` names. */
+export function replayDestination(to: string): void {
+  if (!DESTINATION_NAME.test(to))
+    throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
 }
 
 /**

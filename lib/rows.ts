@@ -1,5 +1,5 @@
 // rows.ts: what both backends make of the rows they read, and the hash they write: a deliveries row as a
-// Delivery (toDelivery()), the counts as a Summary, Gauges, OrderingStatus or histogram buckets, and the
+// Delivery (toDelivery()), the counts as status()'s, a Summary, Gauges, OrderingStatus or histogram buckets, and the
 // body's sha256. Ground floor: it knows the columns, not the backend that returned them.
 
 import { hash } from "node:crypto";
@@ -13,6 +13,7 @@ import {
   type Delivery,
   type Gauges,
   type Headers,
+  type InboxStatus,
   type OrderingStatus,
   type Origin,
   type Status,
@@ -89,6 +90,27 @@ export function toDelivery(row: Record<string, unknown>): Delivery {
     traceparent: (row.traceparent ?? null) as string | null,
     origin: (row.origin ?? "webhook") as Origin,
   };
+}
+
+/**
+ * countsBySource folds status()'s counts by source, event type and status (rows of source, event_type,
+ * status, n) into the totals by status and each source's; both backends use it.
+ */
+export function countsBySource(rows: readonly Record<string, unknown>[]): Pick<InboxStatus, "counts" | "sources"> {
+  const zero = () => Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
+  const counts = zero();
+  const bySource = new Map<string, InboxStatus["sources"][number]>();
+  for (const r of rows) {
+    counts[r.status as Status] += r.n as number;
+    const key = JSON.stringify([r.source, r.event_type]);
+    let entry = bySource.get(key);
+    if (!entry) {
+      entry = { source: r.source as string, eventType: r.event_type as string | null, counts: zero() };
+      bySource.set(key, entry);
+    }
+    entry.counts[r.status as Status] = r.n as number;
+  }
+  return { counts, sources: [...bySource.values()] };
 }
 
 /** summarise builds a Summary from each source's total and its counts of what is not done; both backends use it. */

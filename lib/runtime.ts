@@ -1,7 +1,7 @@
 // runtime.ts: which JavaScript runtime runs the suite (Node 24, Deno 2 or Bun 1.4), and the one place that
 // asks. Every role runs the same code on all three; what differs is how a script starts and stops a sibling
-// script, and whose SQLite a database was opened with. Not run on its own; test/runtimes.test.ts runs the
-// suite on each, and checks that no other file asks.
+// script, whose SQLite a database was opened with, and whether a Node has node:sqlite at all (sqliteMissing()).
+// Not run on its own; test/runtimes.test.ts runs the suite on each, and checks that no other file asks.
 
 import type { ChildProcess } from "node:child_process";
 import { isBuiltin } from "node:module";

@@ -365,10 +365,9 @@ export interface Gauges {
 /** Failure is the outcome of fail(): retried later, or set aside. */
 export type Failure = { status: "received"; retryAt: number } | { status: "failed" };
 /**
-
  * Inbox is the store's contract, named after a delivery's life: store, claim, extend, finish, fail,
- * release, retry; then find, list and status to look, and flush and close. SqliteInbox (sqlite.ts) and
- * PostgresInbox (postgres.ts) implement it, and the contract suite (test/contract-*.test.ts) holds both to it. Every write is
+ * release, retry; then find, list and status to look, and flush and close. SqliteInbox (lib/sqlite/sqlite.ts)
+ * and PostgresInbox (lib/postgres/postgres.ts) implement it, and the contract suite (test/contract-*.test.ts) holds both to it. Every write is
  * queued and committed with whatever else is waiting (group commit), so one commit serves many callers,
  * and a promise settles only after its transaction is durable.
  */

@@ -6,20 +6,11 @@
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
-import {
-  DESTINATION_NAME,
-  type BulkOptions,
-  type Cursor,
-  type Delivery,
-  type Filter,
-  type Purged,
-  type PurgeOptions,
-  type SqlValue,
-} from "../store.ts";
-import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import type { BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
+import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { filterSql } from "../sql.ts";
 import { paced } from "../timing.ts";
-import { enterKeys, rebuildKeys, settleKeys } from "./keys.ts";
+import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
 import type { Pool } from "./pool.ts";
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
@@ -130,7 +121,7 @@ export class PostgresBulk {
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       total += rows.length;
-      await this.settleReturned(client, rows);
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
     });
     return total;
@@ -155,7 +146,7 @@ export class PostgresBulk {
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
       );
       replayed += rows.length;
-      await this.settleReturned(client, rows);
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
     });
     return { replayed, tombstoned: await tombstoned() };
@@ -169,8 +160,7 @@ export class PostgresBulk {
     to: string,
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to))
-      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -203,7 +193,7 @@ export class PostgresBulk {
         args,
       );
       replayed += again.rows.length + added.rows.length;
-      await this.settleReturned(client, again.rows);
+      await settleRows(client, again.rows, false);
       const ordered = added.rows.filter((r) => r.order_key !== null);
       if (ordered.length > 0) {
         await enterKeys(
@@ -223,26 +213,6 @@ export class PostgresBulk {
       this.notify(client, again.rows.length + added.rows.length);
     });
     return { replayed, tombstoned: await tombstoned() };
-  }
-
-  // settleReturned lets the ordered ones among requeued deliveries wait their turn again, by their key's head.
-  private async settleReturned(
-    client: pg.PoolClient,
-    rows: { source: string; id: string; order_key: string | null; destination: string }[],
-  ): Promise<void> {
-    const ordered = rows.filter((r) => r.order_key !== null);
-    if (ordered.length > 0) {
-      await settleKeys(
-        client,
-        ordered.map((r) => ({
-          source: r.source,
-          destination: r.destination,
-          key: r.order_key!,
-          from: r.id,
-          setAside: false,
-        })),
-      );
-    }
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {

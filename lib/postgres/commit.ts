@@ -55,6 +55,8 @@ export type Op =
       incoming: Incoming;
       digest: string;
       routes: readonly string[];
+      /** Its order key and event time, checked and worked out once, by store(). */
+      order: { key: string | null; eventTime: number | null; strict: boolean };
       resolve(v: unknown): void;
       reject(e: unknown): void;
     }

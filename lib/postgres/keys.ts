@@ -1,6 +1,6 @@
 // postgres/keys.ts: the order keys' bookkeeping on PostgreSQL, inside the transaction that moves a delivery:
-// enterKeys() puts new deliveries at their keys' heads, settleKeys() moves a head on once it leaves, and
-// rebuildKeys() brings heads up to date after a copy. Each takes the transaction's client and no state, so
+// enterKeys() puts new deliveries at their keys' heads, settleKeys() moves a head on once it leaves (and
+// settleRows() for an UPDATE's returned rows), and rebuildKeys() brings heads up to date after a copy. Each takes the transaction's client and no state, so
 // the delivery's life (postgres.ts) and the bulk actions (bulk.ts) share them.
 
 import type pg from "pg";
@@ -53,6 +53,23 @@ export async function enterKeys(
       list.map((e) => e.strict),
       list.map((e) => e.destination),
     ],
+  );
+}
+
+/**
+ * settleRows settles the keys of the ordered ones among deliveries whose rows an UPDATE … RETURNING gave
+ * back (source, id, order_key, destination): each left its key's head, or came back to wait its turn.
+ */
+export async function settleRows(
+  client: pg.PoolClient,
+  rows: readonly { source: string; id: string; order_key: string | null; destination: string }[],
+  setAside: boolean,
+): Promise<void> {
+  const ordered = rows.filter((r) => r.order_key !== null);
+  if (ordered.length === 0) return;
+  await settleKeys(
+    client,
+    ordered.map((r) => ({ source: r.source, destination: r.destination, key: r.order_key!, from: r.id, setAside })),
   );
 }
 

@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
-import { enterKeys, settleKeys } from "./keys.ts";
+import { enterKeys, settleKeys, settleRows } from "./keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { migrate } from "./schema.ts";
 import {
@@ -224,7 +224,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   store(delivery: Incoming): Promise<Stored> {
     const source = delivery.source ?? DEFAULTS.source;
-    orderOf(delivery, null);
+    const order = orderOf(delivery, null);
     const routes = routesOf(delivery);
     return this.enqueue({
       kind: "store",
@@ -232,6 +232,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       incoming: delivery,
       digest: sha256(delivery.body),
       routes,
+      order,
     }) as Promise<Stored>;
   }
 
@@ -408,19 +409,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       const failed = rows.filter((row) => row.status === "failed");
       for (const row of failed)
         setAside.push({ source: row.source, id: row.id, destination, attempts: row.attempts, error: row.error });
-      const gaveUp = failed.filter((row) => row.order_key !== null);
-      if (gaveUp.length > 0) {
-        await settleKeys(
-          client,
-          gaveUp.map((row) => ({
-            source: row.source,
-            destination: row.destination,
-            key: row.order_key,
-            from: row.id,
-            setAside: true,
-          })),
-        );
-      }
+      await settleRows(client, failed, true);
       const leases: Lease[] = [];
       // A delivery set aside just now took a place of the limit, and a key whose head it was has a new head,
       // due already: claim as many more in this same pass.
@@ -565,19 +554,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
               [this.now(), target.source ?? DEFAULTS.source, target.id],
             );
-      const ordered = rows.filter((r) => r.order_key !== null);
-      if (ordered.length > 0) {
-        await settleKeys(
-          client,
-          ordered.map((r) => ({
-            source: r.source,
-            destination: r.destination,
-            key: r.order_key,
-            from: r.id,
-            setAside: false,
-          })),
-        );
-      }
+      await settleRows(client, rows, false);
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
@@ -737,7 +714,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     list: { op: Extract<Op, { kind: "store" }>; route: number }[],
     place: Map<Op, number>,
   ): pg.QueryConfig {
-    const orders = new Map(list.map((x) => [x.op, orderOf(x.op.incoming, null)]));
     const none = (x: { op: Extract<Op, { kind: "store" }> }) => x.op.routes.length === 0;
     const bodies = concatenated(list.map((x) => x.op.incoming.body));
     return this.prepared(
@@ -760,8 +736,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         list.map((x) => x.op.incoming.contentType ?? null),
         list.map((x) => x.op.incoming.eventType ?? null),
         list.map((x) => x.op.incoming.providerTime ?? null),
-        list.map((x) => (none(x) ? null : orders.get(x.op)!.key)),
-        list.map((x) => orders.get(x.op)!.eventTime),
+        list.map((x) => (none(x) ? null : x.op.order.key)),
+        list.map((x) => x.op.order.eventTime),
         list.map((x) => place.get(x.op)! * 16 + x.route),
         list.map((x) => x.route),
         list.map((x) => x.op.routes[x.route] ?? NO_DESTINATION),
@@ -784,7 +760,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const firsts = new Map<string, (typeof ops)[number]>();
     for (const op of ops) if (!firsts.has(key(op))) firsts.set(key(op), op);
     const rows = byKey([...firsts.values()]);
-    const orders = new Map(rows.map((op) => [op, orderOf(op.incoming, null)]));
     const place = new Map(ops.map((op, i) => [op, i]));
     const insert = (list: { op: (typeof ops)[number]; route: number }[]) =>
       client.query(this.storeStatement(list, place));
@@ -796,7 +771,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const all = more.length === 0 ? inserted.rows : [...inserted.rows, ...(await insert(more)).rows];
     const ordered = all.filter((r) => r.order_key !== null);
     if (ordered.length > 0) {
-      const strict = new Map(rows.map((op) => [key(op), orders.get(op)!.strict]));
+      const strict = new Map(rows.map((op) => [key(op), op.order.strict]));
       await enterKeys(
         client,
         ordered.map((r) => ({

@@ -8,7 +8,6 @@ import { NOW, toPg } from "./commit.ts";
 import type { Pool } from "./pool.ts";
 import {
   NO_DESTINATION,
-  STATUSES,
   type AttemptError,
   type Bucket,
   type Cursor,
@@ -24,7 +23,7 @@ import {
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { emptyBuckets, orderingStatus, summarise, toDelivery, toGauges } from "../rows.ts";
+import { countsBySource, emptyBuckets, orderingStatus, summarise, toDelivery, toGauges } from "../rows.ts";
 import { DISTINCT_SOURCES, ORDERING_SQL, filterSql } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -81,25 +80,10 @@ export class PostgresReads {
   }
 
   async status(): Promise<InboxStatus> {
-    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
-    const bySource = new Map<string, InboxStatus["sources"][number]>();
     const grouped = await this.pool.query(
       "SELECT source, event_type, status, count(*) AS n FROM deliveries GROUP BY source, event_type, status ORDER BY source, event_type",
     );
-    for (const r of grouped.rows) {
-      counts[r.status as Status] += r.n;
-      const key = JSON.stringify([r.source, r.event_type]);
-      let entry = bySource.get(key);
-      if (!entry) {
-        entry = {
-          source: r.source,
-          eventType: r.event_type,
-          counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>,
-        };
-        bySource.set(key, entry);
-      }
-      entry.counts[r.status as Status] = r.n;
-    }
+    const { counts, sources } = countsBySource(grouped.rows);
     const failed = await this.pool.query(
       `SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
        ORDER BY received_at, source, id, route LIMIT 100`,
@@ -119,7 +103,7 @@ export class PostgresReads {
     const age = oldest.rows[0].age as number | null;
     return {
       counts,
-      sources: [...bySource.values()],
+      sources,
       failed: failed.rows.map((r) => ({
         source: r.source,
         id: r.id,

@@ -5,16 +5,8 @@
 
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import {
-  DESTINATION_NAME,
-  type BulkOptions,
-  type Cursor,
-  type Delivery,
-  type Filter,
-  type PurgeOptions,
-  type Purged,
-} from "../store.ts";
-import { bulkBatchSize, purgeCutoffs } from "../checks.ts";
+import type { BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
+import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { filterSql } from "../sql.ts";
 import { paced } from "../timing.ts";
 
@@ -171,8 +163,7 @@ export class SqliteBulk {
     to: string,
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
-    if (!DESTINATION_NAME.test(to))
-      throw new TypeError(`replay: expected --to to name a destination, got ${JSON.stringify(to)}`);
+    replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -180,11 +171,13 @@ export class SqliteBulk {
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options.batch, (keys, now) => {
       for (const k of keys) {
+        // A delivery's other rows match too: the first one seen speaks for it, before any read.
+        const delivery = `${k.source}\u0000${k.id}`;
+        if (seen.has(delivery)) continue;
+        seen.add(delivery);
         const there = this.sql(
-          "SELECT rowid, status, route FROM deliveries WHERE source = ? AND id = ? AND destination = ?",
+          "SELECT rowid, status FROM deliveries WHERE source = ? AND id = ? AND destination = ?",
         ).get(k.source, k.id, to) as Row | undefined;
-        if (seen.has(`${k.source}\u0000${k.id}`)) continue;
-        seen.add(`${k.source}\u0000${k.id}`);
         if (there !== undefined) {
           if (there.status !== "done") continue;
           const row =

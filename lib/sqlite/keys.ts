@@ -1,7 +1,8 @@
 // sqlite/keys.ts: the order keys' bookkeeping on SQLite, inside the transaction that moves a delivery:
 // enterKey() puts a new delivery at its key's head, occupyKey() marks its key running once claimed,
-// settleKey() moves a head on, rebuildKey() mends one after a copy. Each takes the connection's statements
-// and no state, so the delivery's life (sqlite.ts) and the bulk writes (bulk.ts) share them.
+// settleKey() moves a head on (settleRows() for an UPDATE's returned rows), rebuildKey() mends one after a
+// copy. Each takes the connection's statements and no state, so the delivery's life (sqlite.ts) and the bulk
+// writes (bulk.ts) share them.
 
 import type { SQLInputValue, StatementSync } from "node:sqlite";
 import type { Lease } from "../store.ts";
@@ -78,6 +79,16 @@ export function settleKey(
           WHERE source = ?1 AND destination = ?6 AND order_key = ?2 AND status = 'received' ORDER BY event_time, rowid LIMIT 1)
      WHERE source = ?1 AND destination = ?6 AND order_key = ?2 AND (head_id IS NULL OR head_id = ?3 OR due IS NOT NULL) AND NOT (strict AND ?4)`,
   ).run(source, key, from, setAside ? 1 : 0, handledTime, destination);
+}
+
+/**
+ * settleRows settles the keys of the ordered ones among deliveries whose rows an UPDATE … RETURNING gave
+ * back (source, id, order_key, destination): each left its key's head, or came back to wait its turn.
+ */
+export function settleRows(sql: Statements, rows: readonly Row[], setAside: boolean): void {
+  for (const r of rows)
+    if (r.order_key !== null)
+      settleKey(sql, r.source as string, r.destination as string, r.order_key as string, r.id as string, setAside);
 }
 
 /**

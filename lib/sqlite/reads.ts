@@ -7,7 +7,6 @@ import type { SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import {
   NO_DESTINATION,
-  STATUSES,
   type DestinationState,
   type AttemptError,
   type Bucket,
@@ -22,7 +21,7 @@ import {
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { emptyBuckets, orderingStatus, summarise, toDelivery } from "../rows.ts";
+import { countsBySource, emptyBuckets, orderingStatus, summarise, toDelivery } from "../rows.ts";
 import { ORDERING_SQL, filterSql } from "../sql.ts";
 
 import type { Statements } from "./keys.ts";
@@ -85,10 +84,6 @@ export class SqliteReads {
   /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
   async status(): Promise<InboxStatus> {
     const now = this.now();
-    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
-    for (const row of this.sql("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as Row[]) {
-      counts[row.status as Status] = row.n as number;
-    }
     const failed = (
       this.sql(`SELECT source, id, attempts, error, event_type, destination FROM deliveries WHERE status = 'failed'
                 ORDER BY received_at, rowid LIMIT 100`).all() as Row[]
@@ -103,28 +98,18 @@ export class SqliteReads {
     const oldest = this.sql(
       "SELECT min(received_at) AS t FROM deliveries WHERE status IN ('received', 'processing')",
     ).get() as { t: number | null };
-    // Per source and event type, so one inbox fed by several providers can be read at a glance.
-    const bySource = new Map<string, InboxStatus["sources"][number]>();
-    for (const r of this.sql(`SELECT source, event_type, status, count(*) AS n FROM deliveries
-            GROUP BY source, event_type, status ORDER BY source, event_type`).all() as Row[]) {
-      const key = JSON.stringify([r.source, r.event_type]);
-      let entry = bySource.get(key);
-      if (!entry) {
-        entry = {
-          source: r.source as string,
-          eventType: r.event_type as string | null,
-          counts: Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>,
-        };
-        bySource.set(key, entry);
-      }
-      entry.counts[r.status as Status] = r.n as number;
-    }
+    // Per source and event type, so one inbox fed by several providers can be read at a glance; the totals
+    // by status are their sums.
+    const { counts, sources } = countsBySource(
+      this.sql(`SELECT source, event_type, status, count(*) AS n FROM deliveries
+                GROUP BY source, event_type, status ORDER BY source, event_type`).all() as Row[],
+    );
     const conflicts = this.sql(
       "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
     ).get() as { rows: number; copies: number };
     return {
       counts,
-      sources: [...bySource.values()],
+      sources,
       failed,
       oldestWaitingMs: oldest.t === null ? null : Math.max(0, now - oldest.t),
       conflicts: { deliveries: conflicts.rows, copies: conflicts.copies },

@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { SqliteBulk } from "./bulk.ts";
 import { SqliteCommitter } from "./commit.ts";
-import { enterKey, occupyKey, settleKey, type Statements } from "./keys.ts";
+import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./keys.ts";
 import { SqliteReads } from "./reads.ts";
 import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";
 import {
@@ -333,16 +333,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
          WHERE destination = ? AND status = 'processing' AND leased_until <= ? AND attempts >= ?
          RETURNING source, id, order_key, destination, attempts, error`,
       ).all(now, destination, now, this.maxAttempts) as Row[];
-      for (const r of gaveUp)
-        if (r.order_key !== null)
-          settleKey(
-            this.statement,
-            r.source as string,
-            r.destination as string,
-            r.order_key as string,
-            r.id as string,
-            true,
-          );
+      settleRows(this.statement, gaveUp, true);
       setAside = gaveUp.map((r) => ({
         source: r.source as string,
         id: r.id as string,
@@ -563,16 +554,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
               target.id,
             )
       ) as Row[];
-      for (const r of rows)
-        if (r.order_key !== null)
-          settleKey(
-            this.statement,
-            r.source as string,
-            r.destination as string,
-            r.order_key as string,
-            r.id as string,
-            false,
-          );
+      settleRows(this.statement, rows, false);
       return rows.length;
     }) as Promise<number>;
   }
