@@ -8,7 +8,7 @@
 //   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
 //   npm run bench -- pgingest           # the PostgreSQL front door taken apart, not part of the default run
 //   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
-//   BENCH_TRANSFORM_BASELINE=/work/main npm run bench -- transforms   # a transform's process against another tree's
+//   BENCH_TRANSFORM_BASELINE=/tmp/before npm run bench -- transforms   # a transform's process against another tree's
 
 import { execFileSync } from "node:child_process";
 import { cpus, totalmem } from "node:os";

@@ -5,7 +5,7 @@
 // call) and 16 in flight (as a lane keeps them), for a 300-byte and a 64 KiB JSON body, alternating sides;
 // CPU counts this process and the transforms' processes (Linux's /proc). Ratios are this tree's over the
 // baseline's, within a round, and the medians are printed.
-//   BENCH_TRANSFORM_BASELINE=/work/main npm run bench -- transforms
+//   BENCH_TRANSFORM_BASELINE=/tmp/before npm run bench -- transforms
 
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";

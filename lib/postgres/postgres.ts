@@ -914,6 +914,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }));
   }
 
+  /** addApiKey stores a key's hash, name and scope, never the key. */
   async addApiKey(key: ApiKey): Promise<void> {
     await this.pool.query(
       "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
@@ -922,20 +923,24 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     );
   }
 
+  /** apiKeys lists every key, oldest first. */
   async apiKeys(): Promise<ApiKey[]> {
     return (await this.pool.query("SELECT * FROM api_keys ORDER BY created_at, id")).rows.map(toApiKey);
   }
 
+  /** apiKeyByHash finds a key by its SHA-256, through its unique index. */
   async apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
     const { rows } = await this.pool.query("SELECT * FROM api_keys WHERE hash = $1", [hash]);
     return rows[0] ? toApiKey(rows[0]) : undefined;
   }
 
+  /** revokeApiKey marks a live key revoked. */
   async revokeApiKey(id: string, at: number): Promise<boolean> {
     const sql = "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL";
     return (await this.pool.query(sql, [at, id], { retry: false })).rowCount === 1;
   }
 
+  /** remember keeps a POST's first answer; a live one already there wins. */
   // One statement (whose parts see one snapshot): drop the other expired records, insert or replace an expired
   // one of this key, else keep the live one; and return whichever stands.
   async remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
@@ -951,11 +956,13 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return toRemembered(rows[0]);
   }
 
+  /** recall finds the answer kept under an idempotency key since a time. */
   async recall(key: string, since: number): Promise<Remembered | undefined> {
     const { rows } = await this.pool.query("SELECT * FROM idempotency WHERE key = $1 AND at >= $2", [key, since]);
     return rows[0] ? toRemembered(rows[0]) : undefined;
   }
 
+  /** addAudit appends one change to the audit log. */
   async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
     await this.pool.query(
       "INSERT INTO audit (at, who, operation, target, count) VALUES ($1, $2, $3, $4, $5)",
@@ -964,6 +971,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     );
   }
 
+  /** auditLog lists the audit log newest first, a page at a time. */
   async auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
     const { rows } = await this.pool.query("SELECT * FROM audit WHERE seq < $1 ORDER BY seq DESC LIMIT $2", [
       page.before ?? Number.MAX_SAFE_INTEGER,
