@@ -1,0 +1,170 @@
+// postgres/records.ts: what a PostgresInbox keeps beside its deliveries: each applied version of the
+// configuration (lib/config/), the API's keys (by hash alone), each POST's first answer under its
+// Idempotency-Key, and the audit log. Held by PostgresInbox, as its reads and bulk writes are.
+
+import type pg from "pg";
+import { NOW, type Locks } from "./commit.ts";
+import type { Pool } from "./pool.ts";
+import type { ApiKey, ApplyConfigOptions, AuditEntry, ConfigApplied, Remembered, StoredConfig } from "../store.ts";
+import { destinationNames, REMOVED, toApiKey, toAuditEntry, toConfig, toRemembered } from "../rows.ts";
+
+/** RecordsQueue is what PostgresRecords needs of its inbox: the pool, the clock, the commit queue, LISTEN's channel. */
+export interface RecordsQueue {
+  pool: Pool;
+  pinned: (() => number) | undefined;
+  /** other queues an op of its own in the next batch (PostgresCommitter's). */
+  other(run: (client: pg.PoolClient) => Promise<unknown>, together?: boolean, locks?: Locks): Promise<unknown>;
+  schema: string;
+  channel(): string;
+}
+
+/** PostgresRecords is the configuration's versions, the API's keys and answers, and the audit log of a PostgresInbox. */
+export class PostgresRecords {
+  private readonly pool: Pool;
+  private readonly o: RecordsQueue;
+
+  constructor(o: RecordsQueue) {
+    this.o = o;
+    this.pool = o.pool;
+  }
+
+  // now is the time every statement takes as $1 (NOW): the pinned clock, else null and the database's own.
+  private now(): number | null {
+    return this.o.pinned ? this.o.pinned() : null;
+  }
+
+  /** addApiKey stores a key's hash, name and scope, never the key. */
+  async addApiKey(key: ApiKey): Promise<void> {
+    await this.pool.query(
+      "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
+      [key.id, key.name, key.scope, key.hash, key.createdAt, key.revokedAt],
+      { retry: false },
+    );
+  }
+
+  /** apiKeys lists every key, oldest first. */
+  async apiKeys(): Promise<ApiKey[]> {
+    return (await this.pool.query("SELECT * FROM api_keys ORDER BY created_at, id")).rows.map(toApiKey);
+  }
+
+  /** apiKeyByHash finds a key by its SHA-256, through its unique index. */
+  async apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
+    const { rows } = await this.pool.query("SELECT * FROM api_keys WHERE hash = $1", [hash]);
+    return rows[0] ? toApiKey(rows[0]) : undefined;
+  }
+
+  /** revokeApiKey marks a live key revoked. */
+  async revokeApiKey(id: string, at: number): Promise<boolean> {
+    const sql = "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL";
+    return (await this.pool.query(sql, [at, id], { retry: false })).rowCount === 1;
+  }
+
+  /** remember keeps a POST's first answer; a live one already there wins. */
+  // One statement (whose parts see one snapshot): drop the other expired records, insert or replace an expired
+  // one of this key, else keep the live one; and return whichever stands.
+  async remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
+    const { rows } = await this.pool.query(
+      `WITH gone AS (DELETE FROM idempotency WHERE at < $6 AND key <> $1),
+            mine AS (INSERT INTO idempotency AS i (key, request_hash, status, body, at) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (key) DO UPDATE SET request_hash = $2, status = $3, body = $4, at = $5 WHERE i.at < $6
+                     RETURNING *)
+       SELECT * FROM mine UNION ALL SELECT * FROM idempotency WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM mine)`,
+      [record.key, record.requestHash, record.status, record.body, record.at, expiredBefore],
+      { retry: false },
+    );
+    return toRemembered(rows[0]);
+  }
+
+  /** recall finds the answer kept under an idempotency key since a time. */
+  async recall(key: string, since: number): Promise<Remembered | undefined> {
+    const { rows } = await this.pool.query("SELECT * FROM idempotency WHERE key = $1 AND at >= $2", [key, since]);
+    return rows[0] ? toRemembered(rows[0]) : undefined;
+  }
+
+  /** addAudit appends one change to the audit log. */
+  async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
+    await this.pool.query(
+      "INSERT INTO audit (at, who, operation, target, count) VALUES ($1, $2, $3, $4, $5)",
+      [entry.at, entry.who, entry.operation, entry.target, entry.count],
+      { retry: false },
+    );
+  }
+
+  /** auditLog lists the audit log newest first, a page at a time. */
+  async auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
+    const { rows } = await this.pool.query("SELECT * FROM audit WHERE seq < $1 ORDER BY seq DESC LIMIT $2", [
+      page.before ?? Number.MAX_SAFE_INTEGER,
+      page.limit,
+    ]);
+    return rows.map(toAuditEntry);
+  }
+
+  /** readConfig reads the newest applied configuration, or undefined. */
+  async readConfig(): Promise<StoredConfig | undefined> {
+    const { rows } = await this.pool.query(
+      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version DESC LIMIT 1",
+    );
+    return rows[0] && toConfig(rows[0]);
+  }
+
+  /** configVersion reads the version in force (0: none) through the primary key. */
+  async configVersion(): Promise<number> {
+    const { rows } = await this.pool.query("SELECT coalesce(max(version), 0) AS v FROM inbox_config");
+    return Number(rows[0].v);
+  }
+
+  /** applyConfig stores a new version under a lock, pausing what it removes and resuming what it brings back; its commit NOTIFYs. */
+  applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
+    const removed = [...(options.removed ?? [])];
+    return this.o.other(async (client) => {
+      await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:config:${this.o.schema}`]);
+      const current = Number((await client.query("SELECT coalesce(max(version), 0) AS v FROM inbox_config")).rows[0].v);
+      if (options.expectedVersion !== undefined && options.expectedVersion !== current)
+        return { applied: false, reason: "version", version: current };
+      const version = current + 1;
+      const { rows: waits } = await client.query(
+        `SELECT destination, count(*) AS n FROM deliveries
+          WHERE destination = ANY($1::text[]) AND status IN ('received', 'processing') GROUP BY destination`,
+        [removed],
+      );
+      const waiting = waits.map((w: { destination: string; n: string }) => ({
+        destination: w.destination,
+        n: Number(w.n),
+      }));
+      if (waiting.length > 0 && !options.cancelWaiting) return { applied: false, reason: "waiting", waiting };
+      let cancelled = 0;
+      for (const destination of removed) {
+        if (options.cancelWaiting)
+          cancelled += (
+            await client.query(
+              `UPDATE deliveries SET status = 'failed', error = $2, finished_at = ${NOW} WHERE destination = $3 AND status = 'received'`,
+              [
+                this.now(),
+                `cancelled: destination ${destination} removed by configuration version ${version}`,
+                destination,
+              ],
+            )
+          ).rowCount!;
+        // Paused in the same commit: no forward to it starts from now on, whichever worker holds its leases.
+        await client.query(
+          `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
+           ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW}`,
+          [this.now(), destination, `${REMOVED} (version ${version})`],
+        );
+      }
+      // A destination brought back is let go again, unless a person paused it since.
+      await client.query(
+        `UPDATE destinations SET paused = false, paused_reason = NULL, changed_at = ${NOW}
+          WHERE paused_reason LIKE $2 AND name = ANY($3::text[])`,
+        [this.now(), `${REMOVED}%`, destinationNames(document).filter((n) => !removed.includes(n))],
+      );
+      await client.query(
+        `INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES ($2, $3, $4, $5, ${NOW})`,
+        [this.now(), version, document, JSON.stringify(options.transforms ?? {}), options.actor],
+      );
+      // Every receiver and worker listening takes the new version up at this commit.
+      await client.query("SELECT pg_notify($1, 'config')", [this.o.channel()]);
+      return { applied: true, version, cancelled };
+    }) as Promise<ConfigApplied>;
+  }
+}
