@@ -340,6 +340,69 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   });
 
+  // The forwarder's probe is the real case: it settles, closing the breaker, while a claim that read the
+  // breaker still probing is out; the claim comes back empty with no lease held, and a --once run used to
+  // end there with the destination's other deliveries left waiting (forward-brokers.test caught it in CI).
+  it("a --once lane whose lease settles while a claim is out claims again, rather than end with work left", async () => {
+    const path = join(dir.dir, "woken.db");
+    const clock = new FakeClock();
+    const inbox = new SqliteInbox(path, { now: clock.wall });
+    try {
+      await inbox.store({ id: "evt_a", body: body(0) });
+      let lane: Lane | undefined;
+      let finishA: () => void = () => {};
+      let racing = false;
+      const ran: string[] = [];
+      // The real inbox, whose claim, once evt_a is running, lets evt_a settle and evt_b become due behind
+      // its back before it answers: what the claim read predates both.
+      const watched = new Proxy(inbox, {
+        get(target, key) {
+          if (key === "claimBatch")
+            return async (...args: Parameters<Inbox["claimBatch"]>) => {
+              const leases = await target.claimBatch(...args);
+              if (racing && leases.length === 0) {
+                racing = false;
+                await target.store({ id: "evt_b", body: body(1) });
+                finishA();
+                for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
+                  await new Promise((resolve) => setImmediate(resolve));
+              }
+              return leases;
+            };
+          const value = Reflect.get(target, key, target);
+          return typeof value === "function" ? value.bind(target) : value;
+        },
+      });
+      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
+      lane = new Lane({
+        inbox: watched,
+        clock,
+        sizing: new AheadSizing(1, 4),
+        batcher,
+        report: counting(),
+        concurrency: 1,
+        once: true,
+        execute: async (lease: Lease) => {
+          ran.push(lease.id);
+          if (lease.id === "evt_a") {
+            await new Promise<void>((resolve) => (finishA = resolve));
+          }
+          assert.equal(await inbox.finish(lease), true);
+        },
+      });
+      const running = lane.start();
+      await clock.until(() => ran.length === 1);
+      racing = true;
+      await clock.advance(5_000);
+      await clock.until(() => ran.length === 2, 5_000);
+      await running;
+      assert.deepEqual(ran, ["evt_a", "evt_b"]);
+      assert.equal(await status(inbox, "evt_b"), "done", "evt_b handled in the same run");
+    } finally {
+      await inbox.close();
+    }
+  });
+
   it("a control: a lane dropped without stop() keeps its leases, and the next lane comes up short", async () => {
     const path = join(dir.dir, "dropped.db");
     const clock = new FakeClock();

@@ -159,7 +159,9 @@ export class Lane implements LaneView {
   private heldAt = -Infinity;
   // The permit being asked, or the cancel of the timer before the next ask; starts wait for either.
   private gate: "asking" | (() => void) | undefined;
-  private wake: () => void = () => {};
+  // Ends the pause in hand, if any; wake() also marks that something changed while no pause was there to end.
+  private resume: () => void = () => {};
+  private woken = false;
   private stopping = false;
   private loop: Promise<void> | undefined;
   private readonly heldPoll: number;
@@ -292,6 +294,7 @@ export class Lane implements LaneView {
       this.o.batcher.turn(room > 0, this);
       const claimedAt = this.clock.now();
       let leases: Lease[] = [];
+      this.woken = false;
       if (room > 0) {
         this.claiming = true;
         try {
@@ -309,6 +312,10 @@ export class Lane implements LaneView {
         this.delay = this.pollMin;
         continue;
       }
+      // A lease that settled while the claim was out (a probe that closed the breaker, a done mark) may
+      // have made due what the claim could not yet see, and its wake found no pause to end: claim again
+      // rather than pause, or end a --once run with work left.
+      if (this.woken && !this.stopping) continue;
       if (this.o.once && this.leases.size === 0) return;
       // A stop that came while the claim was out found no pause to end: it must not wait for one.
       if (this.stopping) return;
@@ -360,11 +367,17 @@ export class Lane implements LaneView {
   private pause(ms: number): Promise<void> {
     return new Promise<void>((resolve) => {
       const cancel = this.clock.after(ms, resolve);
-      this.wake = () => {
+      this.resume = () => {
         cancel();
         resolve();
       };
     });
+  }
+
+  // wake ends the pause in hand, or tells the claim in flight that something changed behind it.
+  private wake(): void {
+    this.woken = true;
+    this.resume();
   }
 
   /** poke ends the lane's pause early: a place freed, a mark was added, something is due. */
