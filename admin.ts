@@ -22,9 +22,9 @@ import type { Delivery, Inbox } from "./lib/store.ts";
 
 // The page as a library, as the package's export webhook-inbox/admin has always offered it; its rooms are in
 // lib/admin/: the session (session.ts), the pages (pages.ts, html.ts), the actions (actions.ts), the routing (routes.ts).
-export { normaliseError } from "./lib/admin/actions.ts";
+export { normaliseError } from "./lib/operations/actions.ts";
 export { escape } from "./lib/admin/html.ts";
-export { filterFrom } from "./lib/admin/input.ts";
+export { filterFrom } from "./lib/operations/input.ts";
 export { type Admin, type AdminOptions, createAdmin, listenAdmin } from "./lib/admin/routes.ts";
 export { isLoopback } from "./lib/admin/session.ts";
 

@@ -22,7 +22,7 @@ import {
 import { PermanentError, type Inbox, type PurgeOptions } from "./lib/store.ts";
 import { Batcher } from "./lib/lease/batcher.ts";
 import { realClock, type Clock } from "./lib/lease/clock.ts";
-import { Jobs, type Handler, type Job, type RunStats } from "./lib/lease/jobs.ts";
+import { Jobs, type Handler, type Job, type RunStats } from "./lib/jobs.ts";
 import { Lane } from "./lib/lease/lane.ts";
 import { HandlerSizing } from "./lib/lease/sizing.ts";
 import type { Metrics } from "./lib/metrics.ts";
@@ -36,7 +36,7 @@ import { LiveForwarding, prepare, release, unconfigured, type Prepared } from ".
 import { watchConfig } from "./lib/config/watch.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
-/** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/lease/jobs.ts). */
+/** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/jobs.ts). */
 export type { Handler, Job, RunStats };
 
 /** WorkerOptions configures run(); every number has a default in DEFAULTS. */

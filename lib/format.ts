@@ -21,6 +21,16 @@ export function iso(ms: number | null): string {
   return ms === null ? "-" : new Date(ms).toISOString();
 }
 
+/** utc shows a time as UTC to the second, or – for none: the operator page's way, and its filters' descriptions. */
+export function utc(ms: number | null): string {
+  return ms === null
+    ? "–"
+    : new Date(ms)
+        .toISOString()
+        .replace("T", " ")
+        .replace(/\.\d+Z$/, "Z");
+}
+
 /** utf8Text is a body as text when it is UTF-8 that reads back to the same bytes, else null. */
 export function utf8Text(body: Buffer): string | null {
   const text = new TextDecoder("utf-8", { fatal: false }).decode(body);

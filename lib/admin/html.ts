@@ -2,6 +2,7 @@
 // badges, a chart, a body three ways), the login and error pages, and its own CSS and script. Everything shown
 // passes through escape(); no page here reads the inbox (lib/admin/pages.ts does).
 
+import { utc } from "../format.ts";
 import type { DestinationState } from "../store.ts";
 import type { Session } from "./session.ts";
 
@@ -14,16 +15,6 @@ export interface View {
 /** escape makes any text safe inside HTML text and quoted attributes; everything shown passes through it. */
 export function escape(value: unknown): string {
   return String(value ?? "").replace(/[&<>"'`]/g, (c) => `&#${c.charCodeAt(0)};`);
-}
-
-/** iso shows a time as UTC to the second, or – for none. */
-export function iso(ms: number | null): string {
-  return ms === null
-    ? "–"
-    : new Date(ms)
-        .toISOString()
-        .replace("T", " ")
-        .replace(/\.\d+Z$/, "Z");
 }
 
 /** age shows a wait in the largest unit that keeps it short: 45s, 12m, 3h, 2d. */
@@ -99,7 +90,7 @@ export function sayState(d: DestinationState, now: number): Said {
     return {
       tone: "failing",
       words: `failing, paused for ${seconds} s`,
-      breaker: `breaker open after ${inRow}; probe at ${iso(d.retryAt).slice(11)}`,
+      breaker: `breaker open after ${inRow}; probe at ${utc(d.retryAt).slice(11)}`,
     };
   }
   if (d.failuresInRow > 0)
@@ -130,8 +121,8 @@ export function chart(buckets: { start: number; received: number; done: number; 
   const last = buckets.at(-1)?.start ?? 0;
   return `<svg class="chart" viewBox="0 0 ${width} ${height}" role="img" aria-label="received, done and failed per minute over the last hour">
   <line class="axis" x1="${pad}" y1="${height - pad}" x2="${width - pad}" y2="${height - pad}"/>
-  <text class="tick" x="${pad}" y="${height - 6}">${escape(iso(first).slice(11, 16))}</text>
-  <text class="tick" x="${width - pad}" y="${height - 6}" text-anchor="end">${escape(iso(last).slice(11, 16))} UTC</text>
+  <text class="tick" x="${pad}" y="${height - 6}">${escape(utc(first).slice(11, 16))}</text>
+  <text class="tick" x="${width - pad}" y="${height - 6}" text-anchor="end">${escape(utc(last).slice(11, 16))} UTC</text>
   <text class="tick" x="${pad}" y="14">${max}/min</text>
   ${line("received")}${line("done")}${line("failed")}
 </svg>

@@ -1,13 +1,13 @@
 // lib/admin/pages.ts: the operator page's pages, each read through the Inbox contract and laid out with
 // lib/admin/html.ts: the overview, the deliveries and one delivery, the destinations, the failures grouped,
-// the confirmation before a bulk action, and the audit log. Nothing here writes; the actions are lib/admin/actions.ts.
+// the confirmation before a bulk action, and the audit log. Nothing here writes; the actions are lib/operations/actions.ts.
 
-import { bodyForPeople } from "../format.ts";
+import { bodyForPeople, utc } from "../format.ts";
 import { type Preview, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
-import { destinationStates, failureGroups } from "./actions.ts";
+import { destinationStates, failureGroups } from "../operations/actions.ts";
 import {
   action,
   age,
@@ -17,14 +17,21 @@ import {
   destinationLabel,
   escape,
   hidden,
-  iso,
   page,
   sayState,
   stateBadge,
   statusBadge,
   type View,
 } from "./html.ts";
-import { bulkFilter, decodeCursor, describe, encodeCursor, filterFrom, filterQuery, HttpError } from "./input.ts";
+import {
+  bulkFilter,
+  decodeCursor,
+  describe,
+  encodeCursor,
+  filterFrom,
+  filterQuery,
+  HttpError,
+} from "../operations/input.ts";
 import type { Session } from "./session.ts";
 
 /** PageContext is what every page reads from: the inbox, the clock, the page's settings and its redaction. */
@@ -74,7 +81,7 @@ ${held(destinations, t)}
 <h2>Last hour</h2>${chart(hour)}
 <h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
 ${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table><thead><tr><th>source</th><th>consumed from</th><th>its broker says</th></tr></thead><tbody>${brokers.map((b) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source: b.source })}">${escape(b.source)}</a></td><td>${escape(b.from)}</td><td>${escape(ctx.redact(b.said))}</td></tr>`).join("")}</tbody></table></div>`}
-<p class="updated">Updated ${escape(iso(t))}</p>`;
+<p class="updated">Updated ${escape(utc(t))}</p>`;
 };
 
 // held warns of the destinations that hold their deliveries now: an open breaker, or a pause.
@@ -124,7 +131,7 @@ export const deliveries = async (ctx: PageContext, s: Session, params: URLSearch
   const table = shown
     .map(
       (d) => `<tr><td><a href="${escape(deliveryHref(d))}">${escape(d.id)}</a></td><td>${escape(d.source)}</td>
-<td class="dest">${escape(destinationLabel(d.destination))}</td><td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(iso(d.receivedAt))}</td>
+<td class="dest">${escape(destinationLabel(d.destination))}</td><td>${escape(d.eventType ?? "–")}</td><td>${statusBadge(d.status)}</td><td class="num">${d.attempts}</td><td class="time">${escape(utc(d.receivedAt))}</td>
 <td class="error">${escape(ctx.redact(d.error ?? ""))}</td></tr>`,
     )
     .join("");
@@ -190,8 +197,8 @@ export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearc
     ["event type", escape(d.eventType ?? "–")],
     // A fetched delivery is the provider's API JSON, unsigned (docs/reconcile.md).
     ["origin", d.origin === "reconcile" ? "reconcile: fetched from the provider's API" : escape(d.origin ?? "webhook")],
-    ["received", escape(iso(d.receivedAt))],
-    ["provider time", escape(iso(d.providerTime))],
+    ["received", escape(utc(d.receivedAt))],
+    ["provider time", escape(utc(d.providerTime))],
     ["content type", escape(d.contentType ?? "–")],
     ["body", `${d.body.length.toLocaleString("en")} bytes, sha256 <code>${escape(d.bodySha256.slice(0, 16))}…</code>`],
     ["duplicates with another body", String(d.conflicts)],
@@ -215,9 +222,9 @@ export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearc
           ? "–"
           : holding.has(r.destination)
             ? `held: ${escape(r.destination)} is ${escape(holding.get(r.destination)!)}`
-            : escape(iso(r.availableAt))
+            : escape(utc(r.availableAt))
       }</td>
-<td class="time">${r.leasedUntil === null ? "none" : `until ${escape(iso(r.leasedUntil))}`}</td><td class="time">${escape(iso(r.finishedAt))}</td>
+<td class="time">${r.leasedUntil === null ? "none" : `until ${escape(utc(r.leasedUntil))}`}</td><td class="time">${escape(utc(r.finishedAt))}</td>
 <td class="error">${escape(ctx.redact(r.error ?? ""))}</td>${single ? "" : `<td>${rowAction(r)}</td>`}</tr>`,
     )
     .join("");
@@ -236,7 +243,7 @@ ${
     : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
         .map(
           (a) =>
-            `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(iso(a.failedAt))}</td><td class="error">${escape(ctx.redact(a.error))}</td></tr>`,
+            `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(utc(a.failedAt))}</td><td class="error">${escape(ctx.redact(a.error))}</td></tr>`,
         )
         .join("")}</tbody></table></div>`
 }
@@ -298,7 +305,7 @@ export const destinationsPage = async (ctx: PageContext, s: Session, flash: stri
       ) => `<tr class="${escape(d.state)}"><td><a href="/deliveries?${escape(new URLSearchParams({ destination: d.name }).toString())}">${escape(d.name)}</a></td>
 <td>${stateBadge(sayState(d, now))} <span class="detail">${escape(ctx.redact(sayState(d, now).breaker))}</span></td><td class="num">${list(d, "received", d.waiting)}</td>
 <td class="num">${d.processing.toLocaleString("en")}</td><td class="num">${list(d, "failed", d.failed)}</td><td class="num">${rate(d)}</td>
-<td class="error">${d.lastError === null ? "" : `${escape(ctx.redact(d.lastError))}<div class="sample">${escape(iso(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`,
+<td class="error">${d.lastError === null ? "" : `${escape(ctx.redact(d.lastError))}<div class="sample">${escape(utc(d.lastErrorAt))}</div>`}</td><td>${control(d)}</td></tr>`,
     )
     .join("");
   return page(
@@ -324,7 +331,7 @@ export const failures = async (ctx: PageContext, s: Session, flash: string | nul
       (
         g,
       ) => `<tr><td class="num"><a href="/deliveries?${escape(new URLSearchParams({ status: "failed", error: literal(g.key) }).toString())}">${g.count.toLocaleString("en")}</a></td><td><code>${escape(g.key)}</code><div class="sample">e.g. ${escape(g.sample ?? "")}</div></td>
-<td class="time">${escape(iso(g.latest))}</td><td>${action(ctx, s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`,
+<td class="time">${escape(utc(g.latest))}</td><td>${action(ctx, s, "/retry-group", "Retry all", { group: g.key })}</td></tr>`,
     )
     .join("");
   return page(
@@ -367,7 +374,7 @@ export const auditPage = async (ctx: PageContext, s: Session, params: URLSearchP
   const rows = entries
     .map(
       (e) =>
-        `<tr><td class="time">${escape(iso(e.at))}</td><td>${escape(e.who)}</td><td>${escape(e.operation)}</td><td><code>${escape(ctx.redact(e.target))}</code></td><td class="num">${e.count.toLocaleString("en")}</td></tr>`,
+        `<tr><td class="time">${escape(utc(e.at))}</td><td>${escape(e.who)}</td><td>${escape(e.operation)}</td><td><code>${escape(ctx.redact(e.target))}</code></td><td class="num">${e.count.toLocaleString("en")}</td></tr>`,
     )
     .join("");
   const next =

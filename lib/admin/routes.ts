@@ -1,7 +1,7 @@
 // lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each
 // request: assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same
 // origin, the session's CSRF token, writable mode), writes one audit line, and redirects so a reload does not
-// repeat it. The session is lib/admin/session.ts, the pages lib/admin/pages.ts, the actions lib/admin/actions.ts.
+// repeat it. The session is lib/admin/session.ts, the pages lib/admin/pages.ts, the actions lib/operations/actions.ts.
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { Api } from "../api/routes.ts";
@@ -20,9 +20,9 @@ import {
   retryOne,
   retryOrReplayAll,
   targetLabel,
-} from "./actions.ts";
+} from "../operations/actions.ts";
 import { CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
-import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "./input.ts";
+import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "../operations/input.ts";
 import {
   auditPage,
   bulkConfirm,
@@ -284,7 +284,7 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
   send(p, res, 303, "", { location: `${to.pathname}${to.search}` });
 }
 
-// ---- The forms: each reads its fields, runs its action (lib/admin/actions.ts), and says what it did ----
+// ---- The forms: each reads its fields, runs its action (lib/operations/actions.ts), and says what it did ----
 
 // target reads the delivery a form names, and the destination's row when it names one.
 function target(form: URLSearchParams): { source: string; id: string; destination?: string; label: string } {

@@ -1,7 +1,7 @@
 // lib/api/routes.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/routes.ts):
 // bearer API keys (read or write), each request checked against lib/api/schemas.ts's OPERATIONS, errors as
 // application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
-// and every refusal counted. The actions are the page's own (lib/admin/actions.ts). GET /openapi.json too.
+// and every refusal counted. The actions are the page's own (lib/operations/actions.ts). GET /openapi.json too.
 
 import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -16,8 +16,8 @@ import {
   retryOne,
   retryOrReplayAll,
   targetLabel,
-} from "../admin/actions.ts";
-import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../admin/input.ts";
+} from "../operations/actions.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";

@@ -5,11 +5,20 @@
 
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import { orderOfRequest } from "../order.ts";
-import type { Source } from "../providers.ts";
+import { orderOfRequest, type OrderRule } from "../order.ts";
 import { filterInput } from "../routing/filter.ts";
-import { chooseRoutes } from "../routing/routes.ts";
+import { chooseRoutes, type Route } from "../routing/routes.ts";
 import type { Headers, Inbox, Stored } from "../store.ts";
+
+/**
+ * Reconciled is what the loop reads of a source (providers.ts's Source has it): its name, and its routes
+ * and order rule, so that a fetched event is routed and ordered as the receiver would have.
+ */
+export interface Reconciled {
+  name: string;
+  routes?: readonly Route[];
+  order?: OrderRule;
+}
 
 /** Found is one event a provider lists: its id (the one its webhook carries), and how to get or resend it. */
 export interface Found {
@@ -116,7 +125,7 @@ export function caller(source: string, judge: (error: unknown) => Verdict, optio
  * later call stops the run; the store's (source, id) key makes a second run, or another host's, a no-op.
  */
 export async function reconcile(
-  source: Source,
+  source: Reconciled,
   list: Lister,
   judge: (error: unknown) => Verdict,
   options: ReconcileOptions,
@@ -162,7 +171,7 @@ export async function reconcile(
 // key read from it, marked as fetched. A webhook that won the race meanwhile makes this a duplicate.
 async function store(
   inbox: Inbox,
-  source: Source,
+  source: Reconciled,
   found: Found,
   got: { body: Buffer; headers?: Headers; contentType: string },
 ): Promise<Stored> {

@@ -1,4 +1,4 @@
-// lib/admin/actions.ts: what an operator does to the queue, through the Inbox contract alone: retry or replay
+// lib/operations/actions.ts: what an operator does to the queue, through the Inbox contract alone: retry or replay
 // one delivery, or every one a filter or an error group matches; pause or resume a destination. Each is a
 // plain function of the inbox and input already checked, so a page's form and an API's JSON can share it.
 // Beside them, the two reads they rest on: the destinations' states and the failures grouped.

@@ -1,10 +1,10 @@
-// lib/admin/input.ts: what the operator page reads from a request, checked: its form, the filter in its URL
+// lib/operations/input.ts: what the operator page and the API read from a request, checked: its form, the filter in its URL
 // (so a link to a list can be shared), the cursor of a page, and a destination's name. A bad field is an
 // HttpError with the status to answer and a message that says what was expected.
 
 import type { IncomingMessage } from "node:http";
 import { type Cursor, DESTINATION_NAME, STATUSES, type Delivery, type Filter, type Status } from "../store.ts";
-import { iso } from "./html.ts";
+import { utc } from "../format.ts";
 
 const MAX_FORM_BYTES = 64 * 1024;
 
@@ -140,6 +140,6 @@ export function bulkFilter(params: URLSearchParams, kind: "retry" | "replay"): F
 export function describe(filter: Filter): string {
   const parts = Object.entries(filter)
     .filter(([, v]) => v !== undefined)
-    .map(([k, v]) => `${k}=${k === "since" || k === "until" ? iso(v as number) : JSON.stringify(v)}`);
+    .map(([k, v]) => `${k}=${k === "since" || k === "until" ? utc(v as number) : JSON.stringify(v)}`);
   return parts.length === 0 ? "everything" : parts.join(" ");
 }

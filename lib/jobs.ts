@@ -1,18 +1,18 @@
-// lease/jobs.ts: the user's handler as a lane's executor. Each lease becomes a Job; the handler's local
+// jobs.ts: the user's handler as a lane's executor. Each lease becomes a Job; the handler's local
 // writes commit with the done mark, or not at all; a thrown error is a retry, a PermanentError a failure.
 // worker.ts run() builds its lane on Jobs, which is also where that lane's outcomes are reported.
 
-import { announce } from "../forwarding/forward.ts";
-import { label, message, type Log } from "../log.ts";
-import type { Metrics } from "../metrics.ts";
-import type { Operator } from "../routing/routes.ts";
-import { PermanentError, type Inbox, type Lease, type LocalWrite, type SetAside } from "../store.ts";
-import { sqlstate } from "../errors.ts";
-import { startProcess, type Outcome, type Process } from "../traces.ts";
-import type { Batcher } from "./batcher.ts";
-import type { Clock } from "./clock.ts";
-import type { Lane, LaneReport, Running } from "./lane.ts";
-import type { HandlerSizing } from "./sizing.ts";
+import { announce } from "./forwarding/forward.ts";
+import { label, message, type Log } from "./log.ts";
+import type { Metrics } from "./metrics.ts";
+import type { Operator } from "./routing/routes.ts";
+import { PermanentError, type Inbox, type Lease, type LocalWrite, type SetAside } from "./store.ts";
+import { sqlstate } from "./errors.ts";
+import { startProcess, type Outcome, type Process } from "./traces.ts";
+import type { Batcher } from "./lease/batcher.ts";
+import type { Clock } from "./lease/clock.ts";
+import type { Lane, LaneReport, Running } from "./lease/lane.ts";
+import type { HandlerSizing } from "./lease/sizing.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
