@@ -293,6 +293,8 @@ class DestinationLane implements LaneReport {
     const { name, policy } = this;
     this.lane.hold(change.change === "opened");
     if (change.change !== "opened") {
+      // What waited behind the breaker is due now, whatever a claim already out found.
+      this.lane.due();
       this.p.say(
         { type: "destination.closed", data: { destination: name } },
         `${name}: breaker closed, the probe got through; forwarding again`,

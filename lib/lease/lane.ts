@@ -159,9 +159,10 @@ export class Lane implements LaneView {
   private heldAt = -Infinity;
   // The permit being asked, or the cancel of the timer before the next ask; starts wait for either.
   private gate: "asking" | (() => void) | undefined;
-  // Ends the pause in hand, if any; wake() also marks that something changed while no pause was there to end.
+  // Ends the pause in hand, if any.
   private resume: () => void = () => {};
-  private woken = false;
+  // Something may have become due since the claim in flight read the queue (due()).
+  private changed = false;
   private stopping = false;
   private loop: Promise<void> | undefined;
   private readonly heldPoll: number;
@@ -269,7 +270,7 @@ export class Lane implements LaneView {
       this.beat(),
     );
     // New deliveries (PostgreSQL's NOTIFY) end an idle pause at once, unless the lane is held.
-    const unwake = inbox.onWake(() => this.holding || this.wake());
+    const unwake = inbox.onWake(() => this.holding || this.due());
     try {
       await this.claimUntilStopped();
       await this.drain();
@@ -294,7 +295,7 @@ export class Lane implements LaneView {
       this.o.batcher.turn(room > 0, this);
       const claimedAt = this.clock.now();
       let leases: Lease[] = [];
-      this.woken = false;
+      this.changed = false;
       if (room > 0) {
         this.claiming = true;
         try {
@@ -312,10 +313,10 @@ export class Lane implements LaneView {
         this.delay = this.pollMin;
         continue;
       }
-      // A lease that settled while the claim was out (a probe that closed the breaker, a done mark) may
-      // have made due what the claim could not yet see, and its wake found no pause to end: claim again
-      // rather than pause, or end a --once run with work left.
-      if (this.woken && !this.stopping) continue;
+      // What became due while the claim was out (a probe's tally closed the breaker, a NOTIFY) the claim
+      // could not see, and its wake found no pause to end: claim again rather than pause, or end a --once
+      // run with work left.
+      if (this.changed && !this.stopping) continue;
       if (this.o.once && this.leases.size === 0) return;
       // A stop that came while the claim was out found no pause to end: it must not wait for one.
       if (this.stopping) return;
@@ -374,14 +375,21 @@ export class Lane implements LaneView {
     });
   }
 
-  // wake ends the pause in hand, or tells the claim in flight that something changed behind it.
   private wake(): void {
-    this.woken = true;
     this.resume();
   }
 
-  /** poke ends the lane's pause early: a place freed, a mark was added, something is due. */
+  /** poke ends the lane's pause early: a place freed, a mark was added. */
   poke(): void {
+    this.wake();
+  }
+
+  /**
+   * due says that deliveries may have become due that a claim already out could not see (the breaker
+   * closed, new ones were stored): the pause ends, and an empty claim in flight is followed by another.
+   */
+  due(): void {
+    this.changed = true;
     this.wake();
   }
 
