@@ -75,7 +75,7 @@ export async function cli(argv: string[]): Promise<void> {
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
-  const { speakTo } = await import("./lib/format.ts");
+  const { speakTo, spokenAs } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
   const configs = await import("./lib/cli/config.ts");
   const program = new Command("inbox.ts")
@@ -145,10 +145,13 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
       return;
     }
     process.exitCode = error instanceof UsageError ? 2 : 1;
+    // Run from the package, the line names what the user runs (webhook-inbox inbox keys list), not the clone's file.
     console.error(
-      error instanceof UsageError || error instanceof NotFound || error instanceof Refused
-        ? error.message
-        : `inbox.ts: ${message(error)}`,
+      spokenAs(argv)(
+        error instanceof UsageError || error instanceof NotFound || error instanceof Refused
+          ? error.message
+          : `inbox.ts: ${message(error)}`,
+      ),
     );
   }
 }

@@ -10,7 +10,7 @@ import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { speakTo } from "./lib/format.ts";
+import { speakTo, spokenAs } from "./lib/format.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
@@ -361,8 +361,8 @@ export async function main(argv: string[]): Promise<void> {
   const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
   // Exit 2, as for a mistake in the options: a restart cannot mend the file, and systemd's
   // RestartPreventExitStatus=2 stops it re-reading every page every few seconds until someone restores.
-  if (damaged !== undefined && !opts.force) fatal(damagedLine("receiver", path, damaged), 2);
-  if (damaged !== undefined) say(damagedButForced("receiver", path, damaged), "warn");
+  if (damaged !== undefined && !opts.force) fatal(spokenAs(argv)(damagedLine("receiver", path, damaged)), 2);
+  if (damaged !== undefined) say(spokenAs(argv)(damagedButForced("receiver", path, damaged)), "warn");
   let inbox: Inbox;
   let metrics: Metrics | undefined;
   try {

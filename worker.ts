@@ -8,7 +8,7 @@ import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { age as formatAge, parseDuration, speakTo } from "./lib/format.ts";
+import { age as formatAge, parseDuration, speakTo, spokenAs } from "./lib/format.ts";
 import {
   jsonLine,
   lineLog,
@@ -426,7 +426,7 @@ export async function main(argv: string[]): Promise<void> {
   const handler = await chooseHandler(opts.handler, say);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  refuseDamaged(path, opts, say);
+  refuseDamaged(path, opts, (line) => say(spokenAs(argv)(line), "error"));
   let inbox: Inbox;
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
@@ -598,14 +598,18 @@ async function serveMetrics(
 // refuseDamaged runs the start-up check of a SQLite file when it is due, and stops start-up on a damaged
 // one unless --force: only when there is reason to (after an unclean stop, or a day since the last), for it
 // reads every page, and a cron --once would otherwise pay that every run.
-function refuseDamaged(path: string, opts: Pick<WorkerFlags, "skipCheck" | "force">, say: Say): void {
+function refuseDamaged(
+  path: string,
+  opts: Pick<WorkerFlags, "skipCheck" | "force">,
+  sayError: (line: string) => void,
+): void {
   const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
   if (damaged === undefined) return;
   if (opts.force) {
-    say(damagedButForced("worker", path, damaged), "error");
+    sayError(damagedButForced("worker", path, damaged));
     return;
   }
-  say(damagedLine("worker", path, damaged), "error");
+  sayError(damagedLine("worker", path, damaged));
   // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
   process.exit(2);
 }
