@@ -242,7 +242,7 @@ export class Metrics {
     });
     this.origins = new Tallied({
       name: "inbox_claimed_by_origin_total",
-      help: "Deliveries the worker took up for the first time, by source and origin (webhook, or reconcile: fetched from the provider's API).",
+      help: "First tries of a delivery's routes (the handler and each destination take it up once each), by source and origin (webhook, or reconcile: fetched from the provider's API).",
       labelNames: ["source", "origin"],
       registers,
     });

@@ -40,6 +40,12 @@ function sourcesFile(dir: string, stripeUrl: string, githubUrl: string, github: 
 
 const ENV = { WHSEC, STRIPE_KEY, GH_SECRET, GH_TOKEN };
 
+// unsaid holds a run's output to never naming a credential, on a run that worked as on one that failed.
+function unsaid(r: { stdout: string; stderr: string }): void {
+  for (const secret of [STRIPE_KEY, GH_TOKEN])
+    assert.ok(!r.stdout.includes(secret) && !r.stderr.includes(secret), `a credential in the output: ${r.stderr}`);
+}
+
 // postStripe sends a Stripe event to the receiver as Stripe's webhook would: pretty JSON, signed.
 async function postStripe(receiver: ReceiverProcess, event: Record<string, unknown> & { id: string }): Promise<number> {
   const body = JSON.stringify(event, null, 2);
@@ -151,6 +157,7 @@ for (const backend of await backends("reconcile")) {
         ENV,
       );
       assert.equal(dry.code, 0, dry.stderr);
+      unsaid(dry);
       const listed = dry.stdout.split("\n").filter((l) => l.startsWith("missing "));
       assert.deepEqual(listed.map((l) => l.slice("missing stripe/".length)).sort(), missing.sort());
       assert.match(dry.stdout, /reconcile stripe: 210 seen, 42 already there, 168 missing \(dry run/);
@@ -167,6 +174,7 @@ for (const backend of await backends("reconcile")) {
       let fetched = 0;
       for (const r of both) {
         assert.equal(r.code, 0, r.stderr);
+        unsaid(r);
         const m = /reconcile stripe: 210 seen, (\d+) already there, (\d+) fetched, 0 redeliveries asked/.exec(r.stdout);
         assert.ok(m, r.stdout);
         fetched += Number(m[2]);
@@ -179,6 +187,7 @@ for (const backend of await backends("reconcile")) {
         ENV,
       );
       assert.match(again.stdout, /210 seen, 210 already there, 0 fetched/);
+      unsaid(again);
 
       inbox = await connect(target);
       try {
@@ -460,6 +469,8 @@ for (const backend of await backends("reconcile")) {
           ENV,
         );
         assert.match(r.stdout, /reconcile github: 12 seen, 8 already there, 4 fetched, 0 redeliveries asked/);
+        unsaid(dry);
+        unsaid(r);
         assert.ok(org.requests.every((q) => q.url.pathname.startsWith(`/orgs/${owner}/hooks/${hookId}/deliveries`)));
         const inbox = await connect(t5);
         try {
