@@ -50,6 +50,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),
   commits: async () => (await import("./commits.ts")).commits(),
+  regex: async () => (await import("./regex.ts")).regex(),
 };
 const DEFAULT = [
   "ingest",
@@ -72,6 +73,7 @@ const DEFAULT = [
   "backup",
   "startup",
   "routing",
+  "regex",
   "slow",
 ];
 
