@@ -156,7 +156,7 @@ async function rabbitBroker(tag: string): Promise<Broker> {
     await model.close();
   }
   return {
-    settings: { type: "rabbitmq", url: RABBITMQ, queue, prefetch: 2 },
+    settings: { type: "rabbitmq", url: RABBITMQ, queue, prefetch: 4 },
     restart: restartRabbit,
     // Ready and unacknowledged alike: asked once the consumer is gone, the unacked are ready again.
     unacked: () => ask(async (c) => (await c.checkQueue(queue)).messageCount),

@@ -357,6 +357,49 @@ for (const backend of await backends("consume")) {
       assert.equal(c.counts.acked, 8);
     });
 
+    it("stores by the body field a source names when there is no message-id, its type from another field; a body that is not JSON is refused", async () => {
+      const { target, cleanup } = await backend.make();
+      const q = await queues("fields");
+      q.ch.sendToQueue(q.queue, Buffer.from('{"eventId":"evt_f1","kind":"order.paid"}'), { persistent: true });
+      // The property wins over the field: the broker's own identity first.
+      q.ch.sendToQueue(q.queue, Buffer.from('{"eventId":"evt_ignored","kind":"order.paid"}'), {
+        messageId: "evt_f2",
+        persistent: true,
+      });
+      q.ch.sendToQueue(q.queue, Buffer.from("eventId=evt_f3"), { persistent: true });
+      await q.ch.waitForConfirms();
+      const inbox = await connect(target);
+      const lines: string[] = [];
+      const broker: BrokerSource = {
+        type: "rabbitmq",
+        url: RABBITMQ,
+        timeoutMs: 5_000,
+        queue: q.queue,
+        prefetch: 16,
+        idField: "eventId",
+        eventTypeField: "kind",
+      };
+      const c = new Consumer({ inbox, source: { name: "orders", broker }, log: (l) => lines.push(l) });
+      try {
+        c.start();
+        await until("two acked, one refused", () => c.counts.acked === 2 && c.counts.refused === 1);
+        assert.equal(c.counts.stored, 2);
+        const f1 = (await inbox.find("evt_f1", "orders"))[0]!;
+        assert.equal(f1.eventType, "order.paid", "the type from the named field, not the routing key");
+        assert.equal(f1.body.toString(), '{"eventId":"evt_f1","kind":"order.paid"}', "byte for byte");
+        assert.equal((await inbox.find("evt_f2", "orders")).length, 1);
+        assert.equal((await inbox.find("evt_ignored", "orders")).length, 0);
+        const said = lines.join("\n");
+        assert.match(said, /refused a message of orders: the body is not JSON, so it has no eventId field/);
+        await until("the refused body in the dead-letter queue", async () => (await q.depth(`${q.queue}.dlq`)) === 1);
+      } finally {
+        await c.stop();
+        await inbox.close();
+        await q.close();
+        await cleanup();
+      }
+    });
+
     it("shows on inbox.ts status --sources and on the operator page how far behind its consumer is", async () => {
       const { target, cleanup } = await backend.make();
       const q = await queues("shown");
