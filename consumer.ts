@@ -4,14 +4,15 @@
 //   npx tsx consumer.ts --sources sources.json [--db inbox.db] [--source orders] [--metrics-port 9465]
 
 import { pathToFileURL } from "node:url";
-import { connect } from "./inbox.ts";
+import { connect, isPostgresUrl } from "./inbox.ts";
 import { missingClient } from "./lib/brokers.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { speakTo } from "./lib/format.ts";
+import { speakTo, spokenAs } from "./lib/format.ts";
 import { message } from "./lib/log.ts";
 import { Metrics } from "./lib/metrics.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
+import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
 /** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
@@ -31,6 +32,11 @@ export async function main(argv: string[]): Promise<void> {
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .option("--quiet", "log nothing but errors")
+    .option(
+      "--skip-check",
+      "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
+    )
+    .option("--force", "SQLite: start on a file that fails the start-up quick_check, saying so")
     .addHelpText(
       "after",
       `
@@ -51,6 +57,8 @@ Examples:
     metricsPort?: number;
     metricsHost: string;
     quiet?: boolean;
+    skipCheck?: boolean;
+    force?: boolean;
   }>();
   const say = (line: string) => console.error(line);
   const file = opts.sources ?? process.env.INBOX_SOURCES;
@@ -76,7 +84,16 @@ Examples:
     say(`consumer: ${file}: ${message(error)}`);
     process.exit(2);
   }
-  const inbox = await connect(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db);
+  const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // As the receiver and the worker: a message acked into a damaged file may never be read back, so the
+  // check runs when it is due, and this process's own unclean stop makes it due for the next to start.
+  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
+  if (damaged !== undefined) {
+    say(spokenAs(argv)((opts.force ? damagedButForced : damagedLine)("consumer", path, damaged)));
+    if (!opts.force) process.exit(2);
+  }
+  const inbox = await connect(path);
+  const unmark = isPostgresUrl(path) ? () => {} : running(path);
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
   const consumers = chosen.map((source) => new Consumer({ inbox, source, log: say }));
   for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts);
@@ -95,6 +112,7 @@ Examples:
     server?.close();
     for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
     await inbox.close();
+    unmark();
     process.exit(0);
   };
   process.once("SIGTERM", () => void stop());

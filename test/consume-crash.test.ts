@@ -6,7 +6,7 @@
 
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { createServer, connect as tcp, type Server, type Socket } from "node:net";
 import { join } from "node:path";
 import { describe, it } from "node:test";
@@ -187,6 +187,9 @@ async function crashes(script: string, target: string, sourcesFile: string, brok
     child.kill("SIGKILL");
     const end = await ended;
     assert.equal(end.signal, "SIGKILL", `the consumer lived until its SIGKILL: ${end.err}`);
+    // On SQLite a killed consumer leaves its running mark, so the next process to start checks the file.
+    if (script === "consumer.ts" && !target.startsWith("postgres"))
+      assert.ok(existsSync(`${target}-running.${child.pid}`), "a SIGKILLed consumer's mark is left behind");
     r.kills++;
     const n = await count();
     if (n > 0 && n < MESSAGES) r.midStream++;
@@ -197,6 +200,8 @@ async function crashes(script: string, target: string, sourcesFile: string, brok
   while ((await broker.unacked()) > 0 && Date.now() < deadline) await new Promise((res) => setTimeout(res, 200));
   last.child.kill("SIGTERM");
   const end = await last.ended;
+  if (script === "consumer.ts" && !target.startsWith("postgres"))
+    assert.ok(!existsSync(`${target}-running.${last.child.pid}`), "a consumer stopped by SIGTERM takes its mark away");
   r.last = end.err.trim().split("\n").at(-1) ?? "";
   return r;
 }
