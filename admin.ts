@@ -120,6 +120,10 @@ Examples:
     audit: log,
     hide: forwarding ? secretsOf(forwarding) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
+    // A configuration applied through the API is checked as `config apply` checks one: its secrets read from
+    // this environment, its transforms from the folder a worker reads them from.
+    env: process.env,
+    base,
     ...(brokers ? { brokers } : {}),
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
     // The configuration in force, which the API may have changed since start; the --sources file only while
