@@ -20,7 +20,7 @@ import { connect } from "../inbox.ts";
 import { IN_THE_CLEAR } from "../lib/api/config.ts";
 import { TEST_SOURCE, type Inbox } from "../lib/store.ts";
 import type { paths } from "./generated/api.ts";
-import { backends, freePort, ROOT, runScript, spawnScript, tempDir } from "./helpers.ts";
+import { backends, ROOT, runScript, startAdmin as start, tempDir } from "./helpers.ts";
 
 const BACKENDS = await backends("api");
 // A Standard Webhooks secret for the destination, as a worker (and the configuration's check) requires.
@@ -46,21 +46,8 @@ async function key(db: string, scope: "read" | "write"): Promise<{ id: string; k
   return JSON.parse(run.stdout) as { id: string; key: string };
 }
 
-// startAdmin runs admin.ts on a free port and resolves with its URL once it listens.
-async function startAdmin(args: string[]): Promise<{ url: string; child: ChildProcess }> {
-  const port = await freePort();
-  const child = spawnScript("admin.ts", [...args, "--port", String(port)], ENV);
-  let out = "";
-  await new Promise<void>((resolve, reject) => {
-    child.stdout!.on("data", (d) => {
-      out += d;
-      if (out.includes("Operator page on")) resolve();
-    });
-    child.stderr!.on("data", (d) => (out += d));
-    child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
-  });
-  return { url: `http://127.0.0.1:${port}`, child };
-}
+// startAdmin runs admin.ts on a free port with the test's environment.
+const startAdmin = (args: string[]) => start(args, ENV);
 
 for (const backend of BACKENDS) {
   describe(`the API on ${backend.name}`, { skip: backend.skip }, () => {
