@@ -82,6 +82,14 @@ interface ChangeOptions {
   what: string;
 }
 
+// stale is the refusal of a change that expected another version than the one in force.
+function stale(current: number, expected: number): ApiError {
+  return new ApiError(
+    409,
+    `version ${current} is in force, not ${expected}: the configuration changed since it was read; nothing changed, read it again and retry`,
+  );
+}
+
 // change checks a whole document against the version in force, then applies it in one transaction, unless a
 // dry run or no change. Nothing changes when it refuses: a document that fails the checks (400), another
 // version than the one expected (409), or a removal that rows wait for without cancelWaiting (409).
@@ -100,11 +108,7 @@ async function change(ctx: ApiContext, call: Call, document: Doc, o: ChangeOptio
     throw error;
   }
   const previous = p.current?.version ?? 0;
-  if (o.expected !== undefined && o.expected !== previous)
-    throw new ApiError(
-      409,
-      `version ${previous} is in force, not ${o.expected}: the configuration changed since it was read; nothing changed, read it again and retry`,
-    );
+  if (o.expected !== undefined && o.expected !== previous) throw stale(previous, o.expected);
   const letGo = p.removed.filter((r) => r.now || o.cancelWaiting);
   const body = {
     applied: false,
@@ -153,11 +157,7 @@ async function edit(
 ): Promise<Answer> {
   const stored = await ctx.inbox.readConfig();
   const read = stored?.version ?? 0;
-  if (o.expected !== undefined && o.expected !== read)
-    throw new ApiError(
-      409,
-      `version ${read} is in force, not ${o.expected}: the configuration changed since it was read; nothing changed, read it again and retry`,
-    );
+  if (o.expected !== undefined && o.expected !== read) throw stale(read, o.expected);
   const doc = stored ? (JSON.parse(stored.document) as Doc) : {};
   alter(doc, read);
   return change(ctx, call, doc, { ...o, expected: read });
@@ -167,6 +167,11 @@ async function edit(
 function destinationsOf(doc: Doc): Doc {
   if (!isObject(doc.$destinations)) doc.$destinations = {};
   return doc.$destinations as Doc;
+}
+
+// put sets a part of a document as JSON.parse would have: an own key, even one named __proto__.
+function put(doc: Doc, name: string, settings: unknown): void {
+  Object.defineProperty(doc, name, { value: settings, enumerable: true, writable: true, configurable: true });
 }
 
 // routedFrom lists the sources whose routes name a destination.
@@ -210,7 +215,7 @@ export const CONFIG_HANDLERS = {
     const { settings, expectedVersion, dryRun } = call.body as z.output<typeof PartBody>;
     const o = { dryRun, what: `source=${JSON.stringify(name)}` };
     return edit(ctx, call, expectedVersion === undefined ? o : { ...o, expected: expectedVersion }, (doc) => {
-      doc[name] = settings;
+      put(doc, name, settings);
     });
   },
   deleteSource: async (ctx, call) => {
@@ -228,7 +233,7 @@ export const CONFIG_HANDLERS = {
     const { settings, expectedVersion, dryRun } = call.body as z.output<typeof PartBody>;
     const o = { dryRun, what: `destination=${JSON.stringify(name)}` };
     return edit(ctx, call, expectedVersion === undefined ? o : { ...o, expected: expectedVersion }, (doc) => {
-      destinationsOf(doc)[name] = settings;
+      put(destinationsOf(doc), name, settings);
     });
   },
   deleteDestination: async (ctx, call) => {
