@@ -209,6 +209,8 @@ for (const backend of await backends("api_config")) {
 
         // Delete b while its forwards are in flight: first its route, then b, which is refused while rows wait
         // for it, then let go with cancelWaiting. Nothing is sent to b after the delete committed.
+        // Slower still, so the three requests below fit inside one forward on a busy machine.
+        dest.delay.set("b", 2_000);
         const last = await post(6, true);
         await until("a forward to b in flight", () => last.some((id) => sentTo("b", id).length > 0));
         const unrouted = await api.PUT("/api/v1/sources/{name}", {
@@ -228,9 +230,9 @@ for (const backend of await backends("api_config")) {
           [deleted.data?.version, deleted.data?.changes],
           [6, ["- destination b", `- transform ${shape}`]],
         );
-        // b answers each forward a second after it came: one that came less than that before the commit was in flight.
+        // b answers each forward 2 s after it came: one that came less than that before the commit was in flight.
         assert.ok(
-          dest.got.some((g) => g.to === "b" && last.includes(g.id) && g.at > deletedAt - 1_000),
+          dest.got.some((g) => g.to === "b" && last.includes(g.id) && g.at > deletedAt - 2_000),
           "a forward to b was in flight when the delete committed",
         );
         await takenUp(6);
