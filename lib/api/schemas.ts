@@ -260,15 +260,10 @@ export const PartBody = z
 
 /** RemoveSourceQuery is a source's removal's options. */
 export const RemoveSourceQuery = z.object({
-  expectedVersion: z.coerce
-    .number()
-    .int()
-    .min(0)
-    .optional()
-    .openapi({
-      type: "integer",
-      description: "The version you read: refused with a 409 if another was applied since.",
-    }),
+  expectedVersion: z.coerce.number().int().min(0).optional().openapi({
+    type: "integer",
+    description: "The version you read: refused with a 409 if another was applied since.",
+  }),
   dryRun: flag,
 });
 
