@@ -47,7 +47,7 @@ export async function main(argv: string[]): Promise<void> {
     .option("--read-only", "show everything, refuse every action")
     .option(
       "--sources <file>",
-      "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what would be sent, and no secret it names is ever shown (default: INBOX_SOURCES)",
+      "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what it would send while the database has no configuration, no secret it names is ever shown, and relative transform paths start from its folder (default: INBOX_SOURCES)",
     )
     .addHelpText(
       "after",
@@ -112,6 +112,7 @@ Examples:
   }
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
+  const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
   const admin = createAdmin({
     inbox,
     token,
@@ -119,11 +120,23 @@ Examples:
     audit: log,
     hide: forwarding ? secretsOf(forwarding) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
+    // A configuration applied through the API is checked as `config apply` checks one: its secrets read from
+    // this environment, its transforms from the folder a worker reads them from.
+    env: process.env,
+    base,
     ...(brokers ? { brokers } : {}),
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
-    ...(sourcesFile
-      ? { preview: (rows: readonly Delivery[]) => preview(rows, config, { base: dirname(resolve(sourcesFile)) }) }
-      : {}),
+    // The configuration in force, which the API may have changed since start; the --sources file only while
+    // none was ever applied.
+    preview: async (rows: readonly Delivery[]) => {
+      const stored = await inbox.readConfig();
+      const against = stored ? (JSON.parse(stored.document) as unknown) : config;
+      if (against === undefined)
+        throw new TypeError(
+          "there is nothing to preview against: no configuration was applied to this inbox, and admin.ts has no --sources",
+        );
+      return preview(rows, against, { base });
+    },
   });
   let url: string;
   try {

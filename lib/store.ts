@@ -34,18 +34,25 @@ export interface Incoming {
   headers?: Headers | null;
   /** The W3C traceparent of the receive, carried to the destinations. @default none */
   traceparent?: string | null;
-  /** Where it came from: the provider's webhook, or its API through reconcile (docs/reconcile.md). @default "webhook" */
+  /** Where it came from: the provider's webhook, its API through reconcile (docs/reconcile.md), or a test. @default "webhook" */
   origin?: Origin;
 }
 
 /**
- * Origin is where a delivery came from: "webhook", as the provider sent it to the receiver, or "reconcile",
+ * Origin is where a delivery came from: "webhook", as the provider sent it to the receiver; "reconcile",
  * fetched back from the provider's API after the webhook never came: API JSON, not the webhook's bytes, and no
- * signature (its trust is the authenticated API call).
+ * signature (its trust is the authenticated API call); or "test", a test delivery an operator sent to one
+ * destination (the API's testDestination), stored under TEST_SOURCE.
  */
-export type Origin = "webhook" | "reconcile";
+export type Origin = "webhook" | "reconcile" | "test";
 /** ORIGINS lists every Origin. */
-export const ORIGINS: readonly Origin[] = ["webhook", "reconcile"];
+export const ORIGINS: readonly Origin[] = ["webhook", "reconcile", "test"];
+
+/**
+ * TEST_SOURCE is the source a test delivery is stored under. It starts with "$", as the sources file's own
+ * keys do, so no source can be called that: a test never shares an ID's namespace with a provider's deliveries.
+ */
+export const TEST_SOURCE = "$test";
 
 /** NO_DESTINATION is the destination of a delivery that no route chose: kept, done, so a copy is still a duplicate. */
 export const NO_DESTINATION = "";
@@ -88,7 +95,7 @@ export interface Delivery {
   headers: Headers | null;
   /** The W3C traceparent of the receive, where one was taken. */
   traceparent: string | null;
-  /** Where it came from: "webhook", or "reconcile" when fetched back from the provider's API. */
+  /** Where it came from: "webhook", "reconcile" when fetched back from the provider's API, or "test". */
   origin: Origin;
 }
 

@@ -1,13 +1,15 @@
 // test/api.test.ts: the JSON API (docs/api.md) through the real admin.ts process on a free port, on SQLite and
 // PostgreSQL: the served OpenAPI document validates, the committed client types (test/generated/api.ts) are
 // what openapi-typescript makes of it now, and every operation in it is called through openapi-fetch as a
-// user's code would; refusals (no key, a wrong, read or revoked key) change nothing and are counted; an
-// Idempotency-Key is replayed or refused; bad input is a problem+json with nothing stored; the page's
-// actions land in the same audit log. Keys come from the real `inbox.ts keys create`.
+// user's code would; the configuration is read and changed, whole or a part at a time, with the database
+// checked after each and nothing changed by a refusal; refusals (no key, a wrong, read or revoked key) change
+// nothing and are counted; an Idempotency-Key is replayed or refused; bad input is a problem+json with nothing
+// stored; the page's actions land in the same audit log. Keys come from the real `inbox.ts keys create`.
 //   npx node --import tsx --test test/api.test.ts
 
 import assert from "node:assert/strict";
 import { execFile, type ChildProcess } from "node:child_process";
+import { createHash } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
@@ -15,12 +17,17 @@ import { promisify } from "node:util";
 import { Validator } from "@seriousme/openapi-schema-validator";
 import createClient, { type Middleware } from "openapi-fetch";
 import { connect } from "../inbox.ts";
-import type { Inbox } from "../lib/store.ts";
+import { IN_THE_CLEAR } from "../lib/api/config.ts";
+import { TEST_SOURCE, type Inbox } from "../lib/store.ts";
 import type { paths } from "./generated/api.ts";
-import { backends, freePort, ROOT, runScript, spawnScript, tempDir } from "./helpers.ts";
+import { backends, ROOT, runScript, startAdmin as start, tempDir } from "./helpers.ts";
 
 const BACKENDS = await backends("api");
-const ENV = { STRIPE_SECRET: "whsec_api_test_secret", APP_SECRET: "app-signing-secret-api" };
+// A Standard Webhooks secret for the destination, as a worker (and the configuration's check) requires.
+const ENV = {
+  STRIPE_SECRET: "whsec_api_test_secret",
+  APP_SECRET: `whsec_${Buffer.from("app-signing-secret-api").toString("base64")}`,
+};
 
 // key makes an API key with the real CLI, and returns it with its ID.
 async function key(db: string, scope: "read" | "write"): Promise<{ id: string; key: string }> {
@@ -39,21 +46,8 @@ async function key(db: string, scope: "read" | "write"): Promise<{ id: string; k
   return JSON.parse(run.stdout) as { id: string; key: string };
 }
 
-// startAdmin runs admin.ts on a free port and resolves with its URL once it listens.
-async function startAdmin(args: string[]): Promise<{ url: string; child: ChildProcess }> {
-  const port = await freePort();
-  const child = spawnScript("admin.ts", [...args, "--port", String(port)], ENV);
-  let out = "";
-  await new Promise<void>((resolve, reject) => {
-    child.stdout!.on("data", (d) => {
-      out += d;
-      if (out.includes("Operator page on")) resolve();
-    });
-    child.stderr!.on("data", (d) => (out += d));
-    child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
-  });
-  return { url: `http://127.0.0.1:${port}`, child };
-}
+// startAdmin runs admin.ts on a free port with the test's environment.
+const startAdmin = (args: string[]) => start(args, ENV);
 
 for (const backend of BACKENDS) {
   describe(`the API on ${backend.name}`, { skip: backend.skip }, () => {
@@ -64,6 +58,9 @@ for (const backend of BACKENDS) {
     let read: { id: string; key: string };
     let revoked: { id: string; key: string };
     const dir = tempDir();
+    // Every operation the document names, and those the typed clients had an answer from, across the tests.
+    const ids = new Map<string, string>();
+    const called = new Set<string>();
 
     // What a refusal must leave as it was: every row's state, every destination's, the audit log and the kept answers.
     const snapshot = async () =>
@@ -74,6 +71,7 @@ for (const backend of BACKENDS) {
         await inbox.query("SELECT name, paused, paused_reason FROM destinations ORDER BY name"),
         await inbox.query("SELECT count(*) AS n FROM audit"),
         await inbox.query("SELECT count(*) AS n FROM idempotency"),
+        await inbox.query("SELECT version, document, transforms, actor FROM inbox_config ORDER BY version"),
       ]);
 
     before(async () => {
@@ -111,6 +109,11 @@ for (const backend of BACKENDS) {
       revoked = await key(made.target, "read");
       assert.equal((await runScript("inbox.ts", ["keys", "revoke", revoked.id, "--db", made.target])).code, 0);
       admin = await startAdmin(["--db", made.target, "--sources", sources]);
+      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as {
+        paths: Record<string, Record<string, { operationId: string }>>;
+      };
+      for (const [path, methods] of Object.entries(doc.paths))
+        for (const [method, op] of Object.entries(methods)) ids.set(`${method.toUpperCase()} ${path}`, op.operationId);
     });
 
     after(async () => {
@@ -120,11 +123,19 @@ for (const backend of BACKENDS) {
       dir.cleanup();
     });
 
-    const client = (bearer?: string) =>
-      createClient<paths>({
+    const seen: Middleware = {
+      onResponse({ schemaPath, request, response }) {
+        if (response.ok) called.add(ids.get(`${request.method} ${schemaPath}`) ?? `unknown ${schemaPath}`);
+      },
+    };
+    const client = (bearer?: string) => {
+      const api = createClient<paths>({
         baseUrl: admin.url,
         ...(bearer === undefined ? {} : { headers: { authorization: `Bearer ${bearer}` } }),
       });
+      api.use(seen);
+      return api;
+    };
 
     it("serves an OpenAPI 3.1 document that validates, and the committed client types are what it makes now", async () => {
       const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as Record<string, unknown>;
@@ -150,21 +161,8 @@ for (const backend of BACKENDS) {
       );
     });
 
-    it("calls every operation in the document through the typed client, each doing what the page does", async () => {
-      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as {
-        paths: Record<string, Record<string, { operationId: string }>>;
-      };
-      const ids = new Map<string, string>();
-      for (const [path, methods] of Object.entries(doc.paths))
-        for (const [method, op] of Object.entries(methods)) ids.set(`${method.toUpperCase()} ${path}`, op.operationId);
-      const called = new Set<string>();
-      const seen: Middleware = {
-        onResponse({ schemaPath, request, response }) {
-          if (response.ok) called.add(ids.get(`${request.method} ${schemaPath}`) ?? `unknown ${schemaPath}`);
-        },
-      };
+    it("calls the deliveries' and destinations' operations through the typed client, each doing what the page does", async () => {
       const api = client(write.key);
-      api.use(seen);
       const path = (id: string) => ({ path: { source: "stripe", id } });
 
       // Every row, a page of three at a time, each once.
@@ -264,11 +262,238 @@ for (const backend of BACKENDS) {
           [`key:${write.id}`, "retryDelivery", 1],
         ],
       );
+    });
+
+    it("reads and applies the configuration whole, checked as config apply checks it, each change a version with its audit entry", async () => {
+      const api = client(write.key);
+      const version = async () => (await inbox.readConfig())?.version ?? 0;
+      const lastAudit = async () => (await inbox.auditLog({ limit: 1 }))[0]!;
+      const none = await api.GET("/api/v1/config");
+      assert.deepEqual(none.data, { version: 0, actor: null, appliedAt: null, document: null, transforms: {} });
+
+      // A transform named by a relative path, read from the folder of the page's --sources, as a worker's.
+      writeFileSync(join(dir.dir, "shape.mjs"), "export default (d) => ({ body: { shaped: true, id: d.id } });\n");
+      const sha = createHash("sha256")
+        .update(readFileSync(join(dir.dir, "shape.mjs")))
+        .digest("hex");
+      const document = {
+        $destinations: { app: { url: "http://127.0.0.1:9/hooks", secret: "env:APP_SECRET", transform: "./shape.mjs" } },
+        stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler", "app"] },
+      };
+      let state = await snapshot();
+      const dry = await api.PUT("/api/v1/config", { body: { document, dryRun: true } });
+      assert.deepEqual(dry.data, {
+        applied: false,
+        dryRun: true,
+        version: 0,
+        previousVersion: 0,
+        changes: ["+ destination app", "+ source stripe", `+ transform ./shape.mjs (sha256 ${sha.slice(0, 12)})`],
+        removed: [],
+        cancelled: 0,
+      });
+      assert.equal(await snapshot(), state, "a dry run changes nothing");
+
+      const applied = await api.PUT("/api/v1/config", { body: { document, expectedVersion: 0 } });
+      assert.equal(applied.data!.applied, true);
+      assert.equal(applied.data!.version, 1);
+      const stored = (await inbox.readConfig())!;
+      assert.equal(stored.version, 1);
+      assert.equal(stored.actor, `key:${write.id}`);
+      assert.deepEqual(JSON.parse(stored.document), document);
+      assert.equal(stored.transforms["./shape.mjs"]!.sha256, sha);
       assert.deepEqual(
-        [...called].sort(),
-        [...ids.values()].sort(),
-        "every operation in the document was called, and answered",
+        [(await lastAudit()).who, (await lastAudit()).operation, (await lastAudit()).count],
+        [`key:${write.id}`, "applyConfig", 3],
       );
+      const shown = await client(read.key).GET("/api/v1/config");
+      assert.equal(shown.data!.version, 1);
+      assert.equal(shown.data!.actor, `key:${write.id}`);
+      assert.deepEqual(shown.data!.document, document, "secrets stay env:NAME references");
+      assert.deepEqual(shown.data!.transforms, { "./shape.mjs": sha }, "the transform's hash, not its code");
+      // The preview is the configuration in force now, not the --sources file the page read at start.
+      const preview = await api.GET("/api/v1/deliveries/{source}/{id}/preview", {
+        params: { path: { source: "stripe", id: "evt_ok" } },
+      });
+      const toApp = preview.data!.requests.find((r) => r.destination === "app") as { body: { data: number[] } };
+      assert.deepEqual(JSON.parse(Buffer.from(toApp.body.data).toString()), { shaped: true, id: "evt_ok" });
+
+      // Refused, each with nothing changed: a document that fails the checks, a stale version, no key, a read key,
+      // and a document that sends back the marker getConfig shows for a secret written in the clear.
+      state = await snapshot();
+      const nowhere = { ...document, stripe: { ...document.stripe, routes: ["app", "nowhere"] } };
+      const bad = await api.PUT("/api/v1/config", { body: { document: nowhere } });
+      assert.equal(bad.response.status, 400);
+      assert.equal(bad.response.headers.get("content-type"), "application/problem+json");
+      assert.match(
+        bad.error!.detail,
+        /source "stripe": route #2: expected "to" to name a destination .*"nowhere"; nothing changed/,
+      );
+      const stale = await api.PUT("/api/v1/config", { body: { document, expectedVersion: 0 } });
+      assert.equal(stale.response.status, 409);
+      assert.match(stale.error!.detail, /version 1 is in force, not 0/);
+      assert.equal((await client().PUT("/api/v1/config", { body: { document } })).response.status, 401);
+      assert.equal((await client(read.key).PUT("/api/v1/config", { body: { document } })).response.status, 403);
+      const marker = { ...document, stripe: { ...document.stripe, secret: IN_THE_CLEAR } };
+      assert.equal((await api.PUT("/api/v1/config", { body: { document: marker } })).response.status, 400);
+      assert.equal(await snapshot(), state, "no refusal changed anything");
+      // The same document again is no change: no version added.
+      const again = await api.PUT("/api/v1/config", { body: { document } });
+      assert.deepEqual([again.data!.applied, again.data!.version, again.data!.changes], [false, 1, []]);
+      assert.equal(await version(), 1);
+    });
+
+    it("creates, replaces and removes one source or destination on the version in force, a stale version refused", async () => {
+      const api = client(write.key);
+      const doc = async () =>
+        JSON.parse((await inbox.readConfig())!.document) as Record<string, Record<string, unknown>>;
+      const lastAudit = async () => (await inbox.auditLog({ limit: 1 }))[0]!;
+
+      const extra = await api.PUT("/api/v1/destinations/{name}", {
+        params: { path: { name: "extra" } },
+        body: { settings: { url: "http://127.0.0.1:9/extra", secret: "env:APP_SECRET" } },
+      });
+      assert.deepEqual([extra.data!.version, extra.data!.changes], [2, ["+ destination extra"]]);
+      assert.deepEqual((await doc()).$destinations!.extra, {
+        url: "http://127.0.0.1:9/extra",
+        secret: "env:APP_SECRET",
+      });
+      assert.equal((await lastAudit()).operation, "putDestination");
+      assert.ok(
+        (await api.GET("/api/v1/destinations")).data!.items.some((d) => d.name === "extra"),
+        "listed before any delivery went to it",
+      );
+
+      const gh = await api.PUT("/api/v1/sources/{name}", {
+        params: { path: { name: "gh" } },
+        body: { settings: { provider: "github", secret: "env:STRIPE_SECRET", routes: ["extra"] }, expectedVersion: 2 },
+      });
+      assert.deepEqual([gh.data!.version, gh.data!.changes], [3, ["+ source gh"]]);
+      assert.deepEqual((await doc()).gh, { provider: "github", secret: "env:STRIPE_SECRET", routes: ["extra"] });
+      assert.equal((await lastAudit()).operation, "putSource");
+      let state = await snapshot();
+      const stale = await api.PUT("/api/v1/sources/{name}", {
+        params: { path: { name: "gh" } },
+        body: { settings: { provider: "github", secret: "env:STRIPE_SECRET" }, expectedVersion: 2 },
+      });
+      assert.equal(stale.response.status, 409, "a change made since the version read is never lost");
+      const wrong = await api.PUT("/api/v1/sources/{name}", {
+        params: { path: { name: "gh" } },
+        body: { settings: { provider: "github", secret: "env:NOT_SET_ANYWHERE" } },
+      });
+      assert.equal(wrong.response.status, 400);
+      assert.match(
+        wrong.error!.detail,
+        /source "gh": secret reads the environment variable NOT_SET_ANYWHERE, which is not set/,
+      );
+      const routed = await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "extra" } } });
+      assert.equal(routed.response.status, 409);
+      assert.match(routed.error!.detail, /source gh still routes to extra/);
+      assert.equal(
+        (await api.DELETE("/api/v1/sources/{name}", { params: { path: { name: "nope" } } })).response.status,
+        404,
+      );
+      assert.equal(await snapshot(), state, "no refusal changed anything");
+
+      const removed = await api.DELETE("/api/v1/sources/{name}", { params: { path: { name: "gh" } } });
+      assert.deepEqual([removed.data!.version, removed.data!.changes], [4, ["- source gh"]]);
+      assert.equal((await doc()).gh, undefined);
+      assert.equal((await lastAudit()).operation, "deleteSource");
+
+      // A destination that rows wait for is removed only when they may go: 409 naming them, then cancelWaiting.
+      await inbox.store({ source: "stripe", id: "evt_extra", body: Buffer.from("{}"), destinations: ["extra"] });
+      state = await snapshot();
+      const waits = await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "extra" } } });
+      assert.equal(waits.response.status, 409);
+      assert.deepEqual(waits.error!.waiting, [{ destination: "extra", n: 1 }]);
+      const dry = await api.DELETE("/api/v1/destinations/{name}", {
+        params: { path: { name: "extra" }, query: { cancelWaiting: true, dryRun: true } },
+      });
+      assert.deepEqual(dry.data!.removed, [{ destination: "extra", waiting: 1 }]);
+      assert.equal(await snapshot(), state, "nothing changed");
+      const gone = await api.DELETE("/api/v1/destinations/{name}", {
+        params: { path: { name: "extra" }, query: { cancelWaiting: true, expectedVersion: 4 } },
+      });
+      assert.deepEqual([gone.data!.version, gone.data!.changes, gone.data!.cancelled], [5, ["- destination extra"], 1]);
+      assert.equal((await doc()).$destinations!.extra, undefined);
+      const [row] = await inbox.find("evt_extra", "stripe");
+      assert.equal(row!.status, "failed");
+      assert.match(row!.error!, /cancelled: destination extra removed by configuration version 5/);
+      assert.equal((await lastAudit()).operation, "deleteDestination");
+    });
+
+    it("sends a test delivery to one destination alone, stored under $test with origin test, followed with getDelivery", async () => {
+      const api = client(write.key);
+      const sent = await api.POST("/api/v1/destinations/{name}/test", {
+        params: { path: { name: "app" } },
+        body: { data: { hello: "world" } },
+      });
+      assert.equal(sent.response.status, 202);
+      assert.equal(sent.data!.source, TEST_SOURCE);
+      assert.match(sent.data!.id, /^test_\d+_[0-9a-f]{8}$/);
+      const rows = await inbox.find(sent.data!.id, TEST_SOURCE);
+      assert.deepEqual(
+        rows.map((r) => [r.destination, r.status, r.eventType, r.origin]),
+        [["app", "received", "inbox.test", "test"]],
+      );
+      assert.deepEqual(JSON.parse(rows[0]!.body.toString()), {
+        type: "inbox.test",
+        id: sent.data!.id,
+        data: { hello: "world" },
+      });
+      const followed = await api.GET("/api/v1/deliveries/{source}/{id}", {
+        params: { path: { source: sent.data!.source, id: sent.data!.id } },
+      });
+      assert.deepEqual(
+        followed.data!.rows.map((r) => [r.destination, r.origin]),
+        [["app", "test"]],
+      );
+      assert.equal((await inbox.auditLog({ limit: 1 }))[0]!.operation, "testDestination");
+      const state = await snapshot();
+      for (const name of ["nowhere", "handler"]) {
+        const refused = await api.POST("/api/v1/destinations/{name}/test", { params: { path: { name } }, body: {} });
+        assert.equal(refused.response.status, 404, name);
+      }
+      const byRead = await client(read.key).POST("/api/v1/destinations/{name}/test", {
+        params: { path: { name: "app" } },
+        body: {},
+      });
+      assert.equal(byRead.response.status, 403);
+      assert.equal(await snapshot(), state, "nothing stored");
+    });
+
+    it("tries a filter on a stored delivery or a body given inline, with the route's checks, saving nothing", async () => {
+      const api = client(read.key);
+      const state = await snapshot();
+      const on = async (filter: Record<string, unknown>, what: Record<string, unknown>) =>
+        (await api.POST("/api/v1/filters/test", { body: { filter, ...what } })).data!.matches;
+      const stored = { delivery: { source: "stripe", id: "evt_ok" } };
+      assert.equal(await on({ type: "invoice.*" }, stored), false, "a filter's type is no glob");
+      assert.equal(await on({ type: "invoice.paid", source: "stripe", path: "/stripe" }, stored), true);
+      assert.equal(await on({ body: { data: { object: { id: "in_evt_ok" } } } }, stored), true);
+      assert.equal(await on({ body: { id: "evt_bad" } }, stored), false);
+      assert.equal(await on({ body: { amount: { $gt: 100 } } }, { body: { amount: 150 } }), true);
+      assert.equal(await on({ body: { amount: { $gt: 100 } } }, { body: { amount: 50 } }), false);
+      assert.equal(await on({ headers: { "x-plan": "pro" } }, { body: {}, headers: { "X-Plan": "pro" } }), true);
+      const notes = await api.POST("/api/v1/filters/test", {
+        body: { filter: { headers: { "x-a": "1" } }, ...stored },
+      });
+      assert.deepEqual(notes.data, {
+        matches: false,
+        notes: [
+          "its headers were not kept (no route read or forwarded them when it was stored), so a header filter sees none",
+        ],
+      });
+
+      const bad = await api.POST("/api/v1/filters/test", { body: { filter: { body: { a: { $foo: 1 } } }, body: {} } });
+      assert.equal(bad.response.status, 400);
+      assert.match(bad.error!.detail, /^body: filter at body\.a\.\$foo: unknown operator \$foo; expected one of/);
+      const both = await api.POST("/api/v1/filters/test", { body: { filter: {}, body: {}, ...stored } });
+      assert.equal(both.response.status, 400);
+      const missing = await api.POST("/api/v1/filters/test", {
+        body: { filter: {}, delivery: { source: "stripe", id: "evt_none" } },
+      });
+      assert.equal(missing.response.status, 404);
+      assert.equal(await snapshot(), state, "nothing saved");
     });
 
     it("refuses no key, a wrong key, a read key that writes and a revoked key: 401 or 403, nothing changed, each counted", async () => {
@@ -424,6 +649,10 @@ for (const backend of BACKENDS) {
       assert.ok(!shown.includes("<script>alert"), "escaped");
       assert.match(shown, /&#60;script&#62;alert\(1\)&#60;\/script&#62;/);
       assert.match(shown, new RegExp(`key:${write.id}`), "beside the API's changes");
+    });
+
+    it("has called every operation in the document through the typed client, and had its answer", () => {
+      assert.deepEqual([...called].sort(), [...ids.values()].sort());
     });
   });
 }

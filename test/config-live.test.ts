@@ -7,82 +7,18 @@
 //   npx node --import tsx --test test/config-live.test.ts
 
 import assert from "node:assert/strict";
-import type { ChildProcess } from "node:child_process";
-import { once } from "node:events";
 import { writeFileSync } from "node:fs";
-import { createServer, type Server } from "node:http";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { connect } from "../inbox.ts";
 import { sign } from "../lib/providers.ts";
-import { backends, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
+import { backends, destinationServer, runScript, startReceiver, startWorker, tempDir, until } from "./helpers.ts";
 import { signalChild } from "../lib/runtime.ts";
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret").toString("base64")}`;
 const SOURCE_SECRET = `whsec_${Buffer.from("the provider's secret").toString("base64")}`;
 const ENV = { DEST_SECRET, SOURCE_SECRET };
-
-// Got is one request a destination server was sent: which destination, which delivery, its body, and when.
-interface Got {
-  to: string;
-  id: string;
-  body: string;
-  at: number;
-}
-
-// destinationServer answers every forward 200, each path after its own delay (none unless set).
-async function destinationServer(): Promise<{ server: Server; url: string; got: Got[]; delay: Map<string, number> }> {
-  const got: Got[] = [];
-  const delay = new Map<string, number>();
-  const server = createServer((req, res) => {
-    const chunks: Buffer[] = [];
-    req.on("data", (c: Buffer) => chunks.push(c));
-    req.on("end", () => {
-      const to = (req.url ?? "/").slice(1);
-      got.push({
-        to,
-        id: String(req.headers["inbox-delivery-id"]),
-        body: Buffer.concat(chunks).toString(),
-        at: Date.now(),
-      });
-      setTimeout(() => res.writeHead(200).end(), delay.get(to) ?? 0);
-    });
-  }).listen(0, "127.0.0.1");
-  await once(server, "listening");
-  return { server, url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, got, delay };
-}
-
-// Worker is a worker.ts child with its stderr kept.
-interface Worker {
-  child: ChildProcess;
-  log(): string;
-  stop(): Promise<number | null>;
-}
-
-function startWorker(db: string, args: string[] = []): Worker {
-  const child = spawnScript("worker.ts", ["--db", db, ...args], ENV);
-  let stderr = "";
-  child.stderr!.on("data", (d) => (stderr += d));
-  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
-  return {
-    child,
-    log: () => stderr,
-    stop: () => {
-      signalChild(child, "SIGTERM");
-      return exited;
-    },
-  };
-}
-
-// until polls a condition every 25 ms, failing with what it waited for after 20 s.
-async function until(what: string, ok: () => boolean | Promise<boolean>): Promise<void> {
-  const end = Date.now() + 20_000;
-  while (!(await ok())) {
-    if (Date.now() > end) throw new Error(`gave up waiting: ${what}`);
-    await sleep(25);
-  }
-}
 
 for (const backend of await backends("config_live")) {
   describe(`a configuration changed live, on ${backend.name}`, { skip: backend.skip }, () => {
@@ -142,7 +78,7 @@ for (const backend of await backends("config_live")) {
       write(file, doc(["a"], { a: destination("a") }));
       const receiver = await startReceiver(db, ["--sources", file], ENV);
       // Two workers started without --sources: they run what the database holds.
-      const workers = [startWorker(db), startWorker(db)];
+      const workers = [startWorker(db, [], ENV), startWorker(db, [], ENV)];
       const inbox = await connect(db);
       try {
         const [d1] = await post();

@@ -2,7 +2,9 @@
 // processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
 import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -83,6 +85,96 @@ export async function startReceiver(
       return exited;
     },
   };
+}
+
+/** WorkerProcess is a worker.ts child with its stderr kept. */
+export interface WorkerProcess {
+  child: ChildProcess;
+  /** Everything it has written to stderr so far. */
+  log(): string;
+  /** stop sends SIGTERM and resolves with the exit code. */
+  stop(): Promise<number | null>;
+}
+
+/** startWorker starts worker.ts on db with args and env; it does not wait for anything. */
+export function startWorker(db: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): WorkerProcess {
+  const child = spawnScript("worker.ts", ["--db", db, ...args], env);
+  let stderr = "";
+  child.stderr!.on("data", (d) => (stderr += d));
+  const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+  return {
+    child,
+    log: () => stderr,
+    stop: () => {
+      signalChild(child, "SIGTERM");
+      return exited;
+    },
+  };
+}
+
+/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens. */
+export async function startAdmin(
+  args: string[],
+  env: NodeJS.ProcessEnv = {},
+): Promise<{ url: string; child: ChildProcess }> {
+  const port = await freePort();
+  const child = spawnScript("admin.ts", [...args, "--port", String(port)], env);
+  let out = "";
+  await new Promise<void>((resolve, reject) => {
+    child.stdout!.on("data", (d) => {
+      out += d;
+      if (out.includes("Operator page on")) resolve();
+    });
+    child.stderr!.on("data", (d) => (out += d));
+    child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
+  });
+  return { url: `http://127.0.0.1:${port}`, child };
+}
+
+/** Forwarded is one request a destinationServer was sent: its path's name, the delivery's ID, its headers, body, and when it arrived. */
+export interface Forwarded {
+  to: string;
+  id: string;
+  headers: IncomingHttpHeaders;
+  body: string;
+  /** When its headers arrived, in ms since the epoch: when the forward started, as near as the server can tell. */
+  at: number;
+}
+
+/**
+ * destinationServer is a destination for forwards, on a free port: it keeps each request it is sent and
+ * answers 200, each path (`/a` is destination a's) after its own delay in ms, none unless set.
+ */
+export async function destinationServer(): Promise<{
+  server: Server;
+  url: string;
+  got: Forwarded[];
+  delay: Map<string, number>;
+}> {
+  const got: Forwarded[] = [];
+  const delay = new Map<string, number>();
+  const server = createServer((req, res) => {
+    const at = Date.now();
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const to = (req.url ?? "/").slice(1);
+      const id = String(req.headers["inbox-delivery-id"]);
+      got.push({ to, id, headers: req.headers, body: Buffer.concat(chunks).toString(), at });
+      setTimeout(() => res.writeHead(200).end(), delay.get(to) ?? 0);
+    });
+  }).listen(0, "127.0.0.1");
+  await once(server, "listening");
+  return { server, url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, got, delay };
+}
+
+/** until polls a condition every 25 ms, failing with what it waited for after ms (20 s unless given). */
+export async function until(what: string, ok: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await ok())) {
+    if (Date.now() > end) throw new Error(`gave up waiting: ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
 }
 
 /** POSTGRES is the server the PostgreSQL tests use: INBOX_TEST_POSTGRES, else the local one. */

@@ -259,7 +259,7 @@ ${await previewSection(ctx, rows, params.get("preview") === "1")}`,
 const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked: boolean): Promise<string> => {
   if (!ctx.preview) return "";
   if (!asked)
-    return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the sources file as admin.ts read it at start, and each destination's request, its transform run; nothing is sent.</p>`;
+    return `<h2>What would be sent now</h2><p><a href="${escape(`${deliveryHref(rows[0]!)}&preview=1`)}">Preview</a> the routes its filters choose under the configuration in force, and each destination's request, its transform run; nothing is sent.</p>`;
   let seen: Preview;
   try {
     seen = await ctx.preview(rows);

@@ -65,8 +65,15 @@ export interface AdminOptions {
   destinations?: readonly string[];
   /** The broker sources as their brokers see them, for the overview (admin.ts asks, cached). @default none */
   brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
-  /** What a stored delivery would become under the sources file now (lib/forwarding/preview.ts), for the delivery's page. @default none */
+  /** What a stored delivery would become under the configuration now (lib/forwarding/preview.ts), for the delivery's page and the API. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  /**
+   * Where a configuration applied through the API reads its `env:NAME` references, to check it as `inbox.ts
+   * config apply` does (admin.ts passes its environment). @default none: a document naming one is refused
+   */
+  env?: Readonly<Record<string, string | undefined>>;
+  /** The folder a configuration applied through the API reads relative transform paths from, as a worker does. @default the working directory */
+  base?: string;
 }
 
 /** Admin is the operator page's server, not yet listening, with the JSON API it serves under /api/v1/. */
@@ -113,6 +120,8 @@ interface Page extends PageContext {
   audit: (line: string) => void;
   announce?: Announce;
   api: Api;
+  env: Readonly<Record<string, string | undefined>>;
+  base: string;
 }
 
 // Done is what a form's action did, for its audit line and the redirect that follows it.
@@ -145,6 +154,8 @@ export function createAdmin(options: AdminOptions): Admin {
     // grouped, shortened or put in a link, where send() could no longer find them.
     redact: redactor(options.hide ?? []).redact,
     destinations: options.destinations ?? [],
+    env: options.env ?? {},
+    base: options.base ?? process.cwd(),
     ...(options.preview ? { preview: options.preview } : {}),
     ...(options.brokers ? { brokers: options.brokers } : {}),
     ...(options.announce ? { announce: options.announce } : {}),

@@ -9,8 +9,8 @@ const TITLES: Record<number, string> = {
   400: "The request does not fit the schema",
   401: "No API key, or an unknown or revoked one",
   403: "A read key asked for a change, or the page runs read-only",
-  404: "No such delivery or destination",
-  409: "The page was started without --sources, so there is nothing to preview against",
+  404: "No such delivery, source or destination",
+  409: "It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against",
   422: "The Idempotency-Key was used before with a different request",
 };
 
@@ -57,7 +57,8 @@ export function openApiDocument(): Record<string, unknown> {
     info: {
       title: "webhook-inbox API",
       version: "1",
-      description: "Everything the operator page does with deliveries and destinations. See docs/api.md.",
+      description:
+        "Everything the operator page does with deliveries and destinations, and the configuration: sources, destinations, routes and their filters and transforms. See docs/api.md.",
     },
   }) as unknown as Record<string, unknown>;
 }

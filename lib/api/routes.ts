@@ -1,27 +1,29 @@
 // lib/api/routes.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/routes.ts):
 // bearer API keys (read or write), each request checked against lib/api/schemas.ts's OPERATIONS, errors as
 // application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
-// and every refusal counted. The actions are the page's own (lib/operations/actions.ts). GET /openapi.json too.
+// and every refusal counted. The actions are the page's own (lib/operations/actions.ts); the configuration's
+// operations are lib/api/config.ts's. GET /openapi.json too.
 
 import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import client from "prom-client";
 import type { z } from "zod";
 import {
-  type Announce,
   destinationStates,
   pauseDestination,
   replayOne,
   resumeDestination,
   retryOne,
   retryOrReplayAll,
+  sendTest,
   targetLabel,
 } from "../operations/actions.ts";
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
-import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
-import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
+import type { ApiKey, Delivery, Filter } from "../store.ts";
+import { type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
+import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
 import { hashKey } from "./keys.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
@@ -37,21 +39,8 @@ import {
   type OperationId,
   type PauseBody,
   PostHeaders,
+  type TestBody,
 } from "./schemas.ts";
-
-/** ApiContext is what the API reads from the page's server: the inbox, the clock, its settings and its redaction. */
-export interface ApiContext {
-  inbox: Inbox;
-  now: () => number;
-  redact: (text: string) => string;
-  batchSize: number;
-  readOnly: boolean;
-  destinations: readonly string[];
-  announce?: Announce;
-  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
-  /** Where the one audit line per change goes, beside the audit log in the store. */
-  audit: (line: string) => void;
-}
 
 /** Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. */
 export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only";
@@ -92,29 +81,6 @@ const TITLES: Record<number, string> = {
   500: "Internal Server Error",
 };
 
-// ApiError is a refusal with its problem's extra members (the fields that failed validation).
-class ApiError extends HttpError {
-  readonly errors?: { path: string; message: string }[];
-  constructor(status: number, detail: string, errors?: { path: string; message: string }[]) {
-    super(status, detail);
-    if (errors) this.errors = errors;
-  }
-}
-
-// Answer is what an operation returns: its JSON, and for a change what the audit log says of it.
-interface Answer {
-  body: unknown;
-  change?: { target: string; count: number };
-}
-
-// Call is one request, checked: its operation's inputs as the schemas parsed them, and who sent it.
-interface Call {
-  params: Record<string, unknown>;
-  query: Record<string, unknown>;
-  body: unknown;
-  who: string;
-}
-
 /** Api answers the JSON API's requests and /openapi.json; handle() is false for a path that is neither. */
 export class Api {
   /** metrics counts refusals and answers. */
@@ -144,11 +110,11 @@ export class Api {
       const status = error instanceof HttpError ? error.status : 500;
       if (status === 500) console.error(`api: ${req.method} ${url.pathname}: ${message(error)}`);
       const detail = status === 500 ? "Something went wrong; the server's log says what." : message(error);
-      const errors = error instanceof ApiError ? error.errors : undefined;
+      const members = error instanceof ApiError ? error.members : {};
       this.send(
         res,
         status,
-        { type: "about:blank", title: TITLES[status] ?? "Error", status, detail, errors },
+        { type: "about:blank", title: TITLES[status] ?? "Error", status, detail, ...members },
         {
           "content-type": "application/problem+json",
           ...(status === 401 ? { "www-authenticate": 'Bearer realm="webhook-inbox"' } : {}),
@@ -193,12 +159,13 @@ export class Api {
     let body: unknown;
     let raw = "";
     let idempotency: string | undefined;
-    if (op.method === "post") {
+    if (op.method === "post")
       idempotency = parse(PostHeaders, { "idempotency-key": req.headers["idempotency-key"] }, "header")[
         "idempotency-key"
       ];
+    if (op.body) {
       raw = await readBody(req);
-      body = parse(op.body!, raw === "" ? {} : json(raw), "body");
+      body = parse(op.body, raw === "" ? {} : json(raw), "body");
     }
     const remembered = idempotency === undefined ? undefined : `key:${key.id}:${idempotency}`;
     // Only a request with an Idempotency-Key is compared with the one its key first came with.
@@ -281,7 +248,7 @@ function parse<S extends z.ZodType>(schema: S, value: unknown, where: string): z
   const result = schema.safeParse(value);
   if (result.success) return result.data;
   const errors = result.error.issues.map((i) => ({ path: [where, ...i.path].join("."), message: i.message }));
-  throw new ApiError(400, errors.map((e) => `${e.path}: ${e.message}`).join("; "), errors);
+  throw new ApiError(400, errors.map((e) => `${e.path}: ${e.message}`).join("; "), { errors });
 }
 
 function json(text: string): unknown {
@@ -292,7 +259,7 @@ function json(text: string): unknown {
   }
 }
 
-// readBody reads a POST's JSON text, refusing another content type or one past 64 KiB.
+// readBody reads a POST's or a PUT's JSON text, refusing another content type or one past 64 KiB.
 async function readBody(req: IncomingMessage): Promise<string> {
   const chunks: Buffer[] = [];
   let size = 0;
@@ -309,8 +276,6 @@ async function readBody(req: IncomingMessage): Promise<string> {
 }
 
 // ---- The operations: each reads its checked input and runs the page's own action ----
-
-type Handler = (ctx: ApiContext, call: Call) => Promise<Answer>;
 
 // filterOf turns the API's filter fields into the store's Filter.
 function filterOf(f: z.output<typeof FilterFields>): Filter {
@@ -346,6 +311,7 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
 }
 
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
+  ...CONFIG_HANDLERS,
   listDeliveries: async (ctx, call) => {
     const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
     let cursor: ReturnType<typeof decodeCursor>;
@@ -371,7 +337,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   previewDelivery: async (ctx, call) => {
     const rows = await found(ctx, call);
     if (!ctx.preview)
-      throw new ApiError(409, "the page was started without --sources: there is nothing to preview against");
+      throw new ApiError(409, "this page previews nothing: there is no configuration to preview against");
     try {
       return { body: await ctx.preview(rows) };
     } catch (error) {
@@ -393,7 +359,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   getStatus: async (ctx) => ({ body: await ctx.inbox.summary() }),
   listDestinations: async (ctx) => ({
     body: {
-      items: (await destinationStates(ctx.inbox, ctx.destinations)).map((d) => ({
+      items: (await destinationStates(ctx.inbox, await configuredDestinations(ctx))).map((d) => ({
         ...d,
         lastError: d.lastError === null ? null : ctx.redact(d.lastError),
       })),
@@ -405,7 +371,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     const change = await pauseDestination(
       ctx.inbox,
       { destination: name, reason, by: call.who },
-      { configured: ctx.destinations, ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
     );
     const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
     return { body: change, change: { target, count: change.changed ? 1 : 0 } };
@@ -415,9 +381,15 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     const change = await resumeDestination(
       ctx.inbox,
       { destination: name, by: call.who },
-      { configured: ctx.destinations, ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
     );
     return { body: change, change: { target: `destination=${JSON.stringify(name)}`, count: change.changed ? 1 : 0 } };
+  },
+  testDestination: async (ctx, call) => {
+    const { name } = call.params as z.output<typeof DestinationPath>;
+    const { data } = call.body as z.output<typeof TestBody>;
+    const sent = await sendTest(ctx.inbox, { destination: name, data, now: ctx.now() });
+    return { body: sent, change: { target: targetLabel(sent), count: 1 } };
   },
   listAudit: async (ctx, call) => {
     const { limit, after } = call.query as z.output<typeof AuditQuery>;

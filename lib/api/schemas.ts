@@ -5,7 +5,7 @@
 import { extendZodWithOpenApi } from "@asteasolutions/zod-to-openapi";
 import { z } from "zod";
 import { DEFAULTS } from "../defaults.ts";
-import { DESTINATION_NAME, STATUSES } from "../store.ts";
+import { DESTINATION_NAME, ORIGINS, STATUSES, TEST_SOURCE } from "../store.ts";
 
 extendZodWithOpenApi(z);
 
@@ -17,6 +17,10 @@ export const Problem = z
     status: z.number().int(),
     detail: z.string(),
     errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
+    waiting: z
+      .array(z.object({ destination: z.string(), n: z.number().int() }))
+      .optional()
+      .openapi({ description: "A change refused while rows wait for a destination it removes: how many, for which." }),
   })
   .openapi("Problem");
 
@@ -43,6 +47,7 @@ export const DeliveryRow = z
     error: z.string().nullable(),
     conflicts: z.number().int(),
     orderKey: z.string().nullable(),
+    origin: z.enum(ORIGINS as ["webhook", "reconcile", "test"]),
   })
   .openapi("DeliveryRow");
 
@@ -132,11 +137,23 @@ export const AuditPage = z
   .openapi("AuditPage");
 
 const name = z.string().min(1).max(200).regex(DESTINATION_NAME, "expected one plain word: letters, digits, . _ ~ -");
+// A delivery's source is a source's name, or the one test deliveries are stored under (which starts with $).
+const sourceName = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(
+    new RegExp(`^(?:${DESTINATION_NAME.source.slice(1, -1)}|\\${TEST_SOURCE})$`),
+    `expected one plain word (letters, digits, . _ ~ -) or ${TEST_SOURCE}`,
+  );
 const limit = z.coerce.number().int().min(1).max(DEFAULTS.apiMaxPage).default(DEFAULTS.apiPageSize);
 const time = z.coerce.number().int().min(0);
 
 /** DeliveryPath names one delivery: its source and its ID. */
-export const DeliveryPath = z.object({ source: name, id: z.string().min(1).max(1000) });
+export const DeliveryPath = z.object({ source: sourceName, id: z.string().min(1).max(1000) });
+
+/** SourcePath names one source of the configuration. */
+export const SourcePath = z.object({ name });
 
 /** DestinationPath names one destination. */
 export const DestinationPath = z.object({ name });
@@ -144,7 +161,7 @@ export const DestinationPath = z.object({ name });
 /** FilterFields is what picks deliveries, in a search's query or a bulk action's body; every field narrows. */
 export const FilterFields = z.object({
   status: Status.optional(),
-  source: name.optional(),
+  source: sourceName.optional(),
   type: z.string().max(200).optional(),
   since: time.optional(),
   until: time.optional(),
@@ -181,6 +198,130 @@ export const BulkBody = z
   })
   .strict();
 
+// ---- The configuration: a sources file's document, read and changed whole or a part at a time ----
+
+// A document, or one part of it: checked by the code that checks a sources file (lib/config/config.ts), not here.
+const Settings = z.record(z.string(), z.unknown());
+const version = z.number().int().min(0);
+const expectedVersion = version.optional().openapi({
+  description:
+    "The version you read (GET /api/v1/config): refused with a 409 if another was applied since. Without it, the version in force when the request arrives.",
+});
+const dryRun = z
+  .boolean()
+  .default(false)
+  .openapi({ description: "Check it and say what it would change; change nothing." });
+// A query's true or false (DELETE takes no body); the document shows it as the boolean it is.
+const flag = z
+  .stringbool({ truthy: ["true"], falsy: ["false"], error: "expected true or false" })
+  .optional()
+  .openapi({ type: "boolean" });
+
+/** ConfigShown is the configuration in force: its version, who applied it and when, its document, its transforms' SHA-256. */
+export const ConfigShown = z
+  .object({
+    version: version.openapi({ description: "0 when none was ever applied: the scripts serve the default source." }),
+    actor: z.string().nullable(),
+    appliedAt: z.number().int().nullable(),
+    document: Settings.nullable().openapi({
+      description:
+        "The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses.",
+    }),
+    transforms: z
+      .record(z.string(), z.string())
+      .openapi({ description: "Each transform module the document names, and its code's SHA-256." }),
+  })
+  .openapi("Config");
+
+/** ConfigBody is a whole document to apply, as `inbox.ts config apply` takes a sources file. */
+export const ConfigBody = z
+  .object({
+    document: Settings.openapi({ description: "A sources file's JSON (docs/providers.md, docs/forwarding.md)." }),
+    expectedVersion,
+    cancelWaiting: z.boolean().default(false).openapi({
+      description:
+        "Set aside as failed the deliveries waiting for a destination this removes, rather than refuse (409) while they wait.",
+    }),
+    dryRun,
+  })
+  .strict();
+
+/** PartBody is one source's or one destination's settings, as they are written in a sources file. */
+export const PartBody = z
+  .object({
+    settings: Settings.openapi({
+      description:
+        "A source's settings (provider, secret, routes with their filters and transforms …), or a destination's as under $destinations.",
+    }),
+    expectedVersion,
+    dryRun,
+  })
+  .strict();
+
+/** RemoveSourceQuery is a source's removal's options. */
+export const RemoveSourceQuery = z.object({
+  expectedVersion: z.coerce.number().int().min(0).optional().openapi({
+    type: "integer",
+    description: "The version you read: refused with a 409 if another was applied since.",
+  }),
+  dryRun: flag,
+});
+
+/** RemoveDestinationQuery is a destination's removal's options: cancelWaiting lets the rows that wait for it go, as failed. */
+export const RemoveDestinationQuery = RemoveSourceQuery.extend({
+  cancelWaiting: flag.openapi({
+    type: "boolean",
+    description: "Set aside as failed the deliveries waiting for it, rather than refuse (409) while they wait.",
+  }),
+});
+
+/** ConfigChange is what a change did, or in a dry run would do: the difference, a line per part, and the version. */
+export const ConfigChange = z
+  .object({
+    applied: z.boolean().openapi({ description: "false for a dry run, or a document that is the one in force." }),
+    dryRun: z.boolean(),
+    version: version.openapi({ description: "The version in force now." }),
+    previousVersion: version,
+    changes: z.array(z.string()).openapi({
+      description: "`+ destination b`, `- source old`, `~ source st`, `~ transform ./t.mjs (sha256 … → …)`.",
+    }),
+    removed: z.array(z.object({ destination: z.string(), waiting: z.number().int() })),
+    cancelled: z.number().int().openapi({ description: "Waiting deliveries set aside as failed." }),
+  })
+  .openapi("ConfigChange");
+
+/** TestBody is a test delivery's data, put in its body; a line saying what it is when none is given. */
+export const TestBody = z.object({ data: z.unknown().optional() }).strict();
+
+/** TestSent is the test delivery stored: follow it with getDelivery. */
+export const TestSent = z
+  .object({ source: z.string(), id: z.string(), eventType: z.string(), destination: z.string() })
+  .openapi("TestSent");
+
+/** FilterTestBody is a route's filter and what to try it on: a stored delivery, or a body (and headers) given here. */
+export const FilterTestBody = z
+  .object({
+    filter: Settings.openapi({ description: "A route's filter, as in a sources file (docs/forwarding.md)." }),
+    delivery: DeliveryPath.strict()
+      .optional()
+      .openapi({ description: "A stored delivery: its body and kept headers." }),
+    body: z.unknown().optional().openapi({ description: "A JSON body to try it on, instead of a stored delivery." }),
+    headers: z.record(z.string(), z.union([z.string(), z.array(z.string())])).optional(),
+    source: sourceName.optional().openapi({ description: "The source a body given here came to." }),
+    type: z.string().max(200).optional().openapi({ description: "Its event type." }),
+  })
+  .strict()
+  .refine((b) => (b.delivery === undefined) !== (b.body === undefined), {
+    message: "expected either delivery (a stored one) or body (one given here)",
+  })
+  .refine(
+    (b) => b.delivery === undefined || (b.headers === undefined && b.source === undefined && b.type === undefined),
+    { message: "headers, source and type go with a body given here; a stored delivery has its own" },
+  );
+
+/** FilterResult says whether the filter takes the delivery, and what it could not see. */
+export const FilterResult = z.object({ matches: z.boolean(), notes: z.array(z.string()) }).openapi("FilterResult");
+
 /** PostHeaders is what every POST may carry: an Idempotency-Key, so that sending it again does not act twice. */
 export const PostHeaders = z.object({
   "idempotency-key": z.string().min(1).max(255).optional().openapi({
@@ -192,7 +333,7 @@ export const PostHeaders = z.object({
 /** Operation is one API operation: where it is, what it takes and answers, and the scope it needs. */
 export interface Operation {
   operationId: string;
-  method: "get" | "post";
+  method: "get" | "post" | "put" | "delete";
   /** The path in OpenAPI's form, /api/v1/deliveries/{source}/{id}. */
   path: string;
   summary: string;
@@ -201,8 +342,8 @@ export interface Operation {
   params?: z.ZodObject;
   query?: z.ZodObject;
   body?: z.ZodType;
-  /** The answer's status and shape. */
-  status: 200;
+  /** The answer's status (202: stored, to be forwarded) and shape. */
+  status: 200 | 202;
   answer: z.ZodType;
   /** The statuses beyond 400, 401 and 403 (and 422 for a POST) that it may answer with a Problem. */
   problems?: readonly number[];
@@ -329,6 +470,98 @@ export const OPERATIONS = [
     body: ResumeBody,
     status: 200,
     answer: Changed,
+    problems: [404],
+  },
+  {
+    operationId: "testDestination",
+    method: "post",
+    path: "/api/v1/destinations/{name}/test",
+    summary: "Store a test delivery (event type inbox.test) for this destination alone; the worker forwards it",
+    scope: "write",
+    params: DestinationPath,
+    body: TestBody,
+    status: 202,
+    answer: TestSent,
+    problems: [404],
+  },
+  {
+    operationId: "getConfig",
+    method: "get",
+    path: "/api/v1/config",
+    summary: "The configuration in force: its version, who applied it and when, its document, its transforms' SHA-256",
+    scope: "read",
+    status: 200,
+    answer: ConfigShown,
+  },
+  {
+    operationId: "applyConfig",
+    method: "put",
+    path: "/api/v1/config",
+    summary: "Apply a whole document, checked as `inbox.ts config apply` checks a file, as one transaction",
+    scope: "write",
+    body: ConfigBody,
+    status: 200,
+    answer: ConfigChange,
+    problems: [409],
+  },
+  {
+    operationId: "putSource",
+    method: "put",
+    path: "/api/v1/sources/{name}",
+    summary: "Create or replace one source's settings, its routes and their filters and transforms included",
+    scope: "write",
+    params: SourcePath,
+    body: PartBody,
+    status: 200,
+    answer: ConfigChange,
+    problems: [409],
+  },
+  {
+    operationId: "deleteSource",
+    method: "delete",
+    path: "/api/v1/sources/{name}",
+    summary: "Remove one source: the receivers stop serving its path",
+    scope: "write",
+    params: SourcePath,
+    query: RemoveSourceQuery,
+    status: 200,
+    answer: ConfigChange,
+    problems: [404, 409],
+  },
+  {
+    operationId: "putDestination",
+    method: "put",
+    path: "/api/v1/destinations/{name}",
+    summary: "Create or replace one destination's settings, as under $destinations in a sources file",
+    scope: "write",
+    params: DestinationPath,
+    body: PartBody,
+    status: 200,
+    answer: ConfigChange,
+    problems: [409],
+  },
+  {
+    operationId: "deleteDestination",
+    method: "delete",
+    path: "/api/v1/destinations/{name}",
+    summary:
+      "Remove one destination: no forward to it starts after the commit; refused while deliveries wait for it, unless cancelWaiting",
+    scope: "write",
+    params: DestinationPath,
+    query: RemoveDestinationQuery,
+    status: 200,
+    answer: ConfigChange,
+    problems: [404, 409],
+  },
+  {
+    operationId: "testFilter",
+    method: "post",
+    path: "/api/v1/filters/test",
+    summary: "Try a route's filter on a stored delivery, or on a body given here; nothing is saved",
+    scope: "read",
+    body: FilterTestBody,
+    status: 200,
+    answer: FilterResult,
     problems: [404],
   },
   {

@@ -99,7 +99,8 @@ function hashTransforms(uses: Loaded["uses"], base: string): Record<string, Tran
     try {
       code = readFileSync(isAbsolute(module) ? module : resolve(base, module), "utf8");
     } catch (error) {
-      throw new Error(`${where}: cannot read transform ${module}: ${(error as Error).message}`);
+      // A TypeError, as loadConfig's are: a path that names no module is a mistake in the document.
+      throw new TypeError(`${where}: cannot read transform ${module}: ${(error as Error).message}`);
     }
     out[module] = { sha256: createHash("sha256").update(code).digest("hex"), code };
   }

@@ -1,11 +1,14 @@
 // lib/operations/actions.ts: what an operator does to the queue, through the Inbox contract alone: retry or replay
-// one delivery, or every one a filter or an error group matches; pause or resume a destination. Each is a
+// one delivery, or every one a filter or an error group matches; pause or resume a destination; send one a
+// test delivery. Each is a
 // plain function of the inbox and input already checked, so a page's form and an API's JSON can share it.
 // Beside them, the two reads they rest on: the destinations' states and the failures grouped.
 
+import { randomBytes } from "node:crypto";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import type { Delivery, DestinationState, Filter, Inbox } from "../store.ts";
+import { destinationNames } from "../rows.ts";
+import { type Delivery, type DestinationState, type Filter, type Inbox, TEST_SOURCE } from "../store.ts";
 import { HttpError } from "./input.ts";
 
 /** Target is one delivery, and optionally one destination's row of it. */
@@ -194,4 +197,48 @@ export async function resumeDestination(
   if (!changed) return { changed };
   const told = await tell(options.announce, { type: "destination.resumed", data: { destination, by } });
   return told === undefined ? { changed } : { changed, told };
+}
+
+/** TEST_EVENT is a test delivery's event type, so a destination's code can tell one from a provider's event. */
+export const TEST_EVENT = "inbox.test";
+
+/** SentTest is the test delivery sendTest() stored: find it with inbox.find(id, source). */
+export interface SentTest {
+  source: string;
+  id: string;
+  eventType: string;
+  destination: string;
+}
+
+/**
+ * sendTest stores a test delivery for one destination of the configuration in force, and for it alone: a
+ * JSON body {type, id, data} (data as given, else a line saying what it is), event type TEST_EVENT, origin
+ * "test", under TEST_SOURCE with an ID of its own (test_, the time, random hex). No route or filter is asked:
+ * the destination's worker forwards it as any other, its transform run, signed. Another destination is a 404.
+ */
+export async function sendTest(
+  inbox: Inbox,
+  input: { destination: string; data?: unknown; now: number },
+): Promise<SentTest> {
+  const { destination, now } = input;
+  const stored = await inbox.readConfig();
+  if (!stored || !destinationNames(stored.document).includes(destination))
+    throw new HttpError(
+      404,
+      `no destination ${destination} under $destinations in the configuration in force (${stored ? `version ${stored.version}` : "none applied"}); the handler takes no test delivery`,
+    );
+  const id = `test_${now}_${randomBytes(4).toString("hex")}`;
+  const data = input.data ?? { message: "A test delivery from webhook-inbox.", destination };
+  const result = await inbox.store({
+    source: TEST_SOURCE,
+    id,
+    body: Buffer.from(JSON.stringify({ type: TEST_EVENT, id, data })),
+    contentType: "application/json",
+    eventType: TEST_EVENT,
+    destinations: [destination],
+    origin: "test",
+  });
+  // Random bytes make the ID new; a duplicate would mean the clock and 32 random bits both repeated.
+  if (result !== "stored") throw new Error(`send test ${TEST_SOURCE}/${id}: the store answered ${result}`);
+  return { source: TEST_SOURCE, id, eventType: TEST_EVENT, destination };
 }

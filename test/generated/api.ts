@@ -49,6 +49,32 @@ export interface paths {
     /** Let a paused destination's deliveries go again */
     post: operations["resumeDestination"];
   };
+  "/api/v1/destinations/{name}/test": {
+    /** Store a test delivery (event type inbox.test) for this destination alone; the worker forwards it */
+    post: operations["testDestination"];
+  };
+  "/api/v1/config": {
+    /** The configuration in force: its version, who applied it and when, its document, its transforms' SHA-256 */
+    get: operations["getConfig"];
+    /** Apply a whole document, checked as `inbox.ts config apply` checks a file, as one transaction */
+    put: operations["applyConfig"];
+  };
+  "/api/v1/sources/{name}": {
+    /** Create or replace one source's settings, its routes and their filters and transforms included */
+    put: operations["putSource"];
+    /** Remove one source: the receivers stop serving its path */
+    delete: operations["deleteSource"];
+  };
+  "/api/v1/destinations/{name}": {
+    /** Create or replace one destination's settings, as under $destinations in a sources file */
+    put: operations["putDestination"];
+    /** Remove one destination: no forward to it starts after the commit; refused while deliveries wait for it, unless cancelWaiting */
+    delete: operations["deleteDestination"];
+  };
+  "/api/v1/filters/test": {
+    /** Try a route's filter on a stored delivery, or on a body given here; nothing is saved */
+    post: operations["testFilter"];
+  };
   "/api/v1/audit": {
     /** The audit log: every change made through the API or the page, newest first */
     get: operations["listAudit"];
@@ -81,6 +107,8 @@ export interface components {
       error: string | null;
       conflicts: number;
       orderKey: string | null;
+      /** @enum {string} */
+      origin: "webhook" | "reconcile" | "test";
     };
     /** @enum {string} */
     Status: "received" | "processing" | "done" | "failed";
@@ -93,6 +121,11 @@ export interface components {
       errors?: {
           path: string;
           message: string;
+        }[];
+      /** @description A change refused while rows wait for a destination it removes: how many, for which. */
+      waiting?: {
+          destination: string;
+          n: number;
         }[];
     };
     DeliveryShown: {
@@ -159,6 +192,46 @@ export interface components {
     Changed: {
       changed: boolean;
       told?: true | string;
+    };
+    TestSent: {
+      source: string;
+      id: string;
+      eventType: string;
+      destination: string;
+    };
+    Config: {
+      /** @description 0 when none was ever applied: the scripts serve the default source. */
+      version: number;
+      actor: string | null;
+      appliedAt: number | null;
+      /** @description The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses. */
+      document: {
+        [key: string]: unknown;
+      } | null;
+      /** @description Each transform module the document names, and its code's SHA-256. */
+      transforms: {
+        [key: string]: string;
+      };
+    };
+    ConfigChange: {
+      /** @description false for a dry run, or a document that is the one in force. */
+      applied: boolean;
+      dryRun: boolean;
+      /** @description The version in force now. */
+      version: number;
+      previousVersion: number;
+      /** @description `+ destination b`, `- source old`, `~ source st`, `~ transform ./t.mjs (sha256 … → …)`. */
+      changes: string[];
+      removed: {
+          destination: string;
+          waiting: number;
+        }[];
+      /** @description Waiting deliveries set aside as failed. */
+      cancelled: number;
+    };
+    FilterResult: {
+      matches: boolean;
+      notes: string[];
     };
     AuditPage: {
       items: {
@@ -266,7 +339,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -307,7 +380,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -348,13 +421,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The page was started without --sources, so there is nothing to preview against */
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -406,7 +479,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -464,7 +537,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -643,7 +716,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -698,7 +771,439 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery or destination */
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The Idempotency-Key was used before with a different request */
+      422: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Store a test delivery (event type inbox.test) for this destination alone; the worker forwards it */
+  testDestination: {
+    parameters: {
+      header?: {
+        /** @description Any unique text: the first answer is kept for 24 h, and a POST with the same key and body gets it again; with a different body, a 422. */
+        "idempotency-key"?: string;
+      };
+      path: {
+        name: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          data?: unknown;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      202: {
+        content: {
+          "application/json": components["schemas"]["TestSent"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The Idempotency-Key was used before with a different request */
+      422: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** The configuration in force: its version, who applied it and when, its document, its transforms' SHA-256 */
+  getConfig: {
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["Config"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Apply a whole document, checked as `inbox.ts config apply` checks a file, as one transaction */
+  applyConfig: {
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description A sources file's JSON (docs/providers.md, docs/forwarding.md). */
+          document: {
+            [key: string]: unknown;
+          };
+          /** @description The version you read (GET /api/v1/config): refused with a 409 if another was applied since. Without it, the version in force when the request arrives. */
+          expectedVersion?: number;
+          /**
+           * @description Set aside as failed the deliveries waiting for a destination this removes, rather than refuse (409) while they wait.
+           * @default false
+           */
+          cancelWaiting?: boolean;
+          /**
+           * @description Check it and say what it would change; change nothing.
+           * @default false
+           */
+          dryRun?: boolean;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigChange"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Create or replace one source's settings, its routes and their filters and transforms included */
+  putSource: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description A source's settings (provider, secret, routes with their filters and transforms …), or a destination's as under $destinations. */
+          settings: {
+            [key: string]: unknown;
+          };
+          /** @description The version you read (GET /api/v1/config): refused with a 409 if another was applied since. Without it, the version in force when the request arrives. */
+          expectedVersion?: number;
+          /**
+           * @description Check it and say what it would change; change nothing.
+           * @default false
+           */
+          dryRun?: boolean;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigChange"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Remove one source: the receivers stop serving its path */
+  deleteSource: {
+    parameters: {
+      query?: {
+        /** @description The version you read: refused with a 409 if another was applied since. */
+        expectedVersion?: number;
+        dryRun?: boolean;
+      };
+      path: {
+        name: string;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigChange"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Create or replace one destination's settings, as under $destinations in a sources file */
+  putDestination: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description A source's settings (provider, secret, routes with their filters and transforms …), or a destination's as under $destinations. */
+          settings: {
+            [key: string]: unknown;
+          };
+          /** @description The version you read (GET /api/v1/config): refused with a 409 if another was applied since. Without it, the version in force when the request arrives. */
+          expectedVersion?: number;
+          /**
+           * @description Check it and say what it would change; change nothing.
+           * @default false
+           */
+          dryRun?: boolean;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigChange"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Remove one destination: no forward to it starts after the commit; refused while deliveries wait for it, unless cancelWaiting */
+  deleteDestination: {
+    parameters: {
+      query?: {
+        /** @description The version you read: refused with a 409 if another was applied since. */
+        expectedVersion?: number;
+        dryRun?: boolean;
+        /** @description Set aside as failed the deliveries waiting for it, rather than refuse (409) while they wait. */
+        cancelWaiting?: boolean;
+      };
+      path: {
+        name: string;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigChange"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Try a route's filter on a stored delivery, or on a body given here; nothing is saved */
+  testFilter: {
+    parameters: {
+      header?: {
+        /** @description Any unique text: the first answer is kept for 24 h, and a POST with the same key and body gets it again; with a different body, a 422. */
+        "idempotency-key"?: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description A route's filter, as in a sources file (docs/forwarding.md). */
+          filter: {
+            [key: string]: unknown;
+          };
+          /** @description A stored delivery: its body and kept headers. */
+          delivery?: {
+            source: string;
+            id: string;
+          };
+          /** @description A JSON body to try it on, instead of a stored delivery. */
+          body?: unknown;
+          headers?: {
+            [key: string]: string | string[];
+          };
+          /** @description The source a body given here came to. */
+          source?: string;
+          /** @description Its event type. */
+          type?: string;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["FilterResult"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
