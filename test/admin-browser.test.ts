@@ -242,10 +242,10 @@ for (const backend of BACKENDS) {
         const row = `table.destinations tr:has(a:text-is("${name}"))`;
         return `${await page.textContent(`${row} .badge`)} | ${await page.textContent(`${row} .detail`)}`;
       };
-      assert.match(
-        await said("down"),
-        /^failing, paused for (29|30) s \| breaker open after 3 failures in a row; probe at /,
-      );
+      // The page counts down on the real clock from the cool-down's 30 s: a loaded machine takes seconds to get here.
+      const down = await said("down");
+      const left = /^failing, paused for (\d+) s \| breaker open after 3 failures in a row; probe at /.exec(down);
+      assert.ok(left && Number(left[1]) >= 1 && Number(left[1]) <= 30, down);
       assert.equal(
         await said("flaky"),
         "failing, still sending | the last 3 tries failed; breaker closed (3 failures in a row)",
