@@ -191,12 +191,21 @@ function schedulePurge(
 
 /** ensurePayments creates the example's payments table, keyed by delivery so a payment is one row. */
 export async function ensurePayments(inbox: Inbox): Promise<void> {
-  await inbox.query(`CREATE TABLE IF NOT EXISTS payments (
+  const create = () =>
+    inbox.query(`CREATE TABLE IF NOT EXISTS payments (
                        source      TEXT NOT NULL,
                        delivery_id TEXT NOT NULL,
                        customer    TEXT NOT NULL,
                        amount      ${inbox.backend === "postgres" ? "DOUBLE PRECISION" : "REAL"} NOT NULL,
                        PRIMARY KEY (source, delivery_id))`);
+  try {
+    await create();
+  } catch (err) {
+    // PostgreSQL's IF NOT EXISTS is not safe against a second worker starting at the same moment: the
+    // loser fails with 'type "payments" already exists' once the winner commits, and then the table is there.
+    if (inbox.backend !== "postgres") throw err;
+    await create();
+  }
 }
 
 /** recordPayment is the article's handler: one payment row per delivery, written with the done mark. */

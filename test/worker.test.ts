@@ -7,10 +7,11 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
 import { after, afterEach, beforeEach, describe, it } from "node:test";
+import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { PermanentError } from "../lib/store.ts";
+import { type Inbox, PermanentError } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
-import { runScript, spawnScript, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, spawnScript, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const LEASE = 60_000;
@@ -430,5 +431,37 @@ describe("worker.ts", { timeout: 30_000 }, () => {
     assert.equal(code, 2);
     assert.match(stderr, /expected a whole number of 1 or more/);
     assert.doesNotMatch(stderr, /\n\s+at /);
+  });
+});
+
+// Two workers started at once on a new PostgreSQL schema both create the example's table: PostgreSQL's
+// CREATE TABLE IF NOT EXISTS fails the loser (a duplicate pg_type row) when the two race.
+describe("ensurePayments on PostgreSQL, eight workers starting at once", { skip: await postgresSkip() }, () => {
+  let drop: () => Promise<void> = async () => {};
+  let inboxes: Inbox[] = [];
+  beforeEach(async () => {
+    const fresh = await freshSchema("ensure_payments");
+    drop = fresh.drop;
+    inboxes = [];
+    for (let i = 0; i < 8; i++) inboxes.push(await connect(fresh.url));
+  });
+  afterEach(async () => {
+    await Promise.all(inboxes.map((inbox) => inbox.close()));
+    await drop();
+  });
+
+  it("creates the table once, and none of them fails", async () => {
+    await Promise.all(inboxes.map((inbox) => ensurePayments(inbox)));
+    const [row] = await inboxes[0]!.query("SELECT count(*) AS n FROM payments");
+    assert.equal(Number(row?.n), 0);
+  });
+
+  it("control: the bare CREATE TABLE IF NOT EXISTS, sent by all eight at once, fails at least one", async () => {
+    const create = "CREATE TABLE IF NOT EXISTS payments (source TEXT NOT NULL, delivery_id TEXT PRIMARY KEY)";
+    const results = await Promise.allSettled(inboxes.map((inbox) => inbox.query(create)));
+    assert.ok(
+      results.some((r) => r.status === "rejected"),
+      "the eight raced and all got through: the race this guards against was not shown",
+    );
   });
 });
