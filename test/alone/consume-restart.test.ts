@@ -1,8 +1,8 @@
-// test/consume-restart.test.ts: broker sources through a broker restart, with the real local NATS JetStream
+// test/alone/consume-restart.test.ts: broker sources through a broker restart, with the real local NATS JetStream
 // (nats-server stopped and started again) and RabbitMQ (rabbitmqctl stop_app, start_app), on SQLite and
 // PostgreSQL. consumer.ts keeps running across it, connects again, and every message ends stored once,
 // handled once (its payment row once) and acknowledged. Runs only where the broker is local and its tools are.
-//   npx node --import tsx --test test/consume-restart.test.ts
+//   npx node --import tsx --test test/alone/consume-restart.test.ts
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
@@ -15,8 +15,8 @@ import { describe, it } from "node:test";
 import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, StorageType } from "@nats-io/jetstream";
 import amqp from "amqplib";
-import { connect } from "../inbox.ts";
-import { backends, brokerRestartSkip, NATS, RABBITMQ, runScript, spawnScript, tempDir } from "./helpers.ts";
+import { connect } from "../../inbox.ts";
+import { backends, brokerRestartSkip, NATS, RABBITMQ, runScript, spawnScript, tempDir } from "../helpers.ts";
 
 // Each broker's stream must outlast its stop, so that the stop lands mid-stream with a prefetch's worth in
 // flight: nats-server stops in about 0.2 s, but rabbitmqctl takes 1.6 to 2.3 s to boot and stop the app,
