@@ -1,5 +1,5 @@
 // test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
-// processes on this same runtime (Node under tsx, Node, Deno or Bun), and a receiver on a free port.
+// processes on this same runtime (Node, Node under tsx, Deno or Bun), and a receiver on a free port.
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
@@ -21,7 +21,7 @@ export function tempDir(prefix = "inbox-test-"): { dir: string; cleanup: () => v
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
 }
 
-/** spawnScript starts one of the suite's scripts (a test fixture, or a script at an absolute path) on this same runtime, as this test runs (tsx on Node). */
+/** spawnScript starts one of the suite's scripts (a test fixture, or a script at an absolute path) on this same runtime, as this test runs (npm test: Node's own type stripping). */
 export function spawnScript(script: string, args: string[] = [], env: NodeJS.ProcessEnv = {}): ChildProcess {
   const { command, args: all } = scriptCommand(resolve(ROOT, script), args);
   return spawn(command, all, {
