@@ -102,32 +102,23 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // on SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
   // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
   // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
-  // never see them as expired leases, and each handler awaits its own finish() as before.
+  // never see them as expired leases.
   const batcher = new Batcher({
     inbox,
     clock,
     hold: (_count, _ageMs, view) => view.waiting > 0,
     longestMs: pollMax,
   });
-  const jobs = new Jobs({
-    inbox,
-    handler,
-    batcher,
-    sizing,
-    clock,
-    stats,
-    log,
-    metrics: options.metrics,
-    operator: options.operator,
-    redact: options.redact ?? ((text: string) => text),
-  });
+  const redact = options.redact ?? ((text: string) => text);
+  const jobs = new Jobs({ handler, stats, log, metrics: options.metrics, operator: options.operator, redact });
   const lane = new Lane({
     who: "run",
     inbox,
     execute: jobs.execute,
     sizing,
     batcher,
-    report: jobs,
+    listener: jobs.report,
+    describe: (error) => redact(message(error)),
     clock,
     concurrency: options.concurrency,
     leaseMs: options.leaseMs,

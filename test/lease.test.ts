@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { Batcher } from "../lib/lease/batcher.ts";
-import { type Executor, Lane, type LaneReport, type Running, type Sizing } from "../lib/lease/lane.ts";
+import { type Executor, Lane, type Marks, type Sizing } from "../lib/lease/lane.ts";
+import type { LaneListener } from "../lib/lease/settler.ts";
 import { AheadSizing, HandlerSizing } from "../lib/lease/sizing.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Inbox, Lease } from "../lib/store.ts";
@@ -25,27 +26,28 @@ async function storeMany(inbox: Inbox, n: number): Promise<void> {
   await Promise.all(Array.from({ length: n }, (_, i) => inbox.store({ id: `evt_${i}`, body: body(i) })));
 }
 
-// A report that only counts: the lane's own outcomes, for tests that drive a Lane by hand.
-function counting(): LaneReport & { claims: number; gaveBack: number } {
-  return {
-    releasing: "release the lease",
-    claims: 0,
-    gaveBack: 0,
-    dbError: (error) => assert.fail(`a database error: ${String(error)}`),
-    retrying: quiet,
-    claimFailing: (error) => assert.fail(`a claim failed: ${String(error)}`),
-    claimingAgain: quiet,
-    claimed() {
-      this.claims++;
-    },
-    setAside: quiet,
-    extendFailed: quiet,
-    released() {
-      this.gaveBack++;
-    },
-    releaseFailed: (_lease, error) => assert.fail(`a release failed: ${String(error)}`),
+// A listener that only counts: the lane's own events, for tests that drive a Lane by hand.
+function counting(): { listener: LaneListener; claims: number; gaveBack: number; done: number } {
+  const counts = { claims: 0, gaveBack: 0, done: 0 };
+  const listener: LaneListener = (event) => {
+    if (event.type === "claimed") counts.claims++;
+    else if (event.type === "settled" && event.result === "released") counts.gaveBack++;
+    else if (event.type === "settled" && event.result === "done") counts.done++;
+    else if (event.type === "settled" && event.result === "unsettled")
+      assert.fail(`unsettled: ${String(event.unsettled)}`);
+    else if (event.type === "claim failed") assert.fail(`a claim failed: ${String(event.error)}`);
+    else if (event.type === "write failed") assert.fail(`a database error: ${String(event.error)}`);
   };
+  return Object.assign(counts, { listener });
 }
+
+// Marks written straight through, each with its own commit: a lease is settled as soon as its mark is.
+const straight = (inbox: Inbox): Marks => ({
+  gathered: 0,
+  turn() {},
+  flush() {},
+  finish: (lease) => inbox.finish(lease),
+});
 
 // A sizing that remembers what it said, around the real one.
 function recorded(sizing: Sizing): Sizing & { rooms: number[] } {
@@ -59,6 +61,7 @@ function recorded(sizing: Sizing): Sizing & { rooms: number[] } {
     },
     claimed: (...args) => sizing.claimed(...args),
     starved: () => sizing.starved?.(),
+    ran: (ms) => sizing.ran?.(ms),
   };
 }
 
@@ -87,29 +90,24 @@ for (const backend of await backends("lease_test")) {
       const sizing = new HandlerSizing(4, 32);
       const rooms = recorded(sizing);
       // A lane built as run() builds its own (its sizing, a handler executor), on the fake clock; the handler is instant on it.
-      const stats = fresh();
       let lane: Lane | undefined;
       const batcher = new Batcher({
         inbox,
         clock,
         hold: (_n, _a, v) => v.waiting > 0,
-        onAdded: () => lane?.poke(),
-        onSettled: () => lane?.poke(),
+        wake: () => lane?.wake("marks"),
       });
       const report = counting();
+      const stats = report;
       lane = new Lane({
         inbox,
         clock,
         sizing: rooms,
         batcher,
-        report,
+        listener: report.listener,
         concurrency: 4,
         once: true,
-        execute: async (lease: Lease, { free }: Running) => {
-          sizing.ran(0);
-          free();
-          if (await (await batcher.add(lease)).finished) stats.done++;
-        },
+        execute: async () => ({ kind: "done" }),
       });
       await lane.start();
       assert.equal(stats.done, 100);
@@ -137,27 +135,24 @@ for (const backend of await backends("lease_test")) {
       const sizing = new HandlerSizing(3, 64);
       const rooms = recorded(sizing);
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
-      let done = 0;
+      const batcher = new Batcher({ inbox, clock, wake: () => lane?.wake("marks") });
+      const report = counting();
       lane = new Lane({
         inbox,
         clock,
         sizing: rooms,
         batcher,
-        report: counting(),
+        listener: report.listener,
         concurrency: 3,
         once: true,
-        execute: async (lease: Lease, { free }: Running) => {
+        execute: async () => {
           // Each handler takes 200 ms of fake time: a claim's worth of work is far more than CLAIM_AHEAD_MS.
-          const started = clock.now();
           await clock.sleep(200);
-          sizing.ran(clock.now() - started);
-          free();
-          if (await (await batcher.add(lease)).finished) done++;
+          return { kind: "done" };
         },
       });
       const running = lane.start();
-      await clock.until(() => done === 12);
+      await clock.until(() => report.done === 12);
       await running;
       assert.ok(
         rooms.rooms.every((r) => r <= 3),
@@ -226,26 +221,29 @@ for (const backend of await backends("lease_test")) {
       let doubled = 0;
       let done = 0;
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
+      const batcher = new Batcher({ inbox, clock, wake: () => lane?.wake("marks") });
       const report = counting();
       lane = new Lane({
         inbox,
         clock,
         sizing: new AheadSizing(4, 8),
         batcher,
-        report,
+        // A delivery is in flight from its start until its done mark is written.
+        listener: (event) => {
+          report.listener(event);
+          if (event.type !== "settled" || event.settlement.kind !== "done") return;
+          inFlight.delete(event.lease.id);
+          if (event.result === "done") done++;
+        },
         concurrency: 4,
         pollMaxMs: 100,
         shutdownGraceMs: 10_000,
-        execute: async (lease: Lease, { free }: Running) => {
+        execute: async (lease: Lease) => {
           if (inFlight.has(lease.id)) doubled++;
           inFlight.add(lease.id);
           runs.set(lease.id, (runs.get(lease.id) ?? 0) + 1);
           await clock.sleep(50);
-          free();
-          const held = await (await batcher.add(lease)).finished;
-          inFlight.delete(lease.id);
-          if (held) done++;
+          return { kind: "done" };
         },
       });
       const first = lane.start();
@@ -340,11 +338,11 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   });
 
-  // The forwarder's probe is the real case: its tally closes the breaker (and says due()) while a claim
-  // that read the breaker still probing is out; the claim comes back empty with no lease held, and a --once
-  // run used to end there with the destination's other deliveries left waiting (forward-brokers.test
+  // The forwarder's probe is the real case: its tally closes the breaker (and wakes the lane, "due") while
+  // a claim that read the breaker still probing is out; the claim comes back empty with no lease held, and
+  // a --once run used to end there with the destination's other deliveries left waiting (forward-brokers.test
   // caught it in CI: done 1, not 10). raceBehindClaim stages that: once evt_a runs, the next claim, before
-  // it answers, lets evt_b become due and evt_a settle, so what it read predates both; `tell` says due().
+  // it answers, lets evt_b become due and evt_a settle, so what it read predates both; `tell` wakes it "due".
   async function raceBehindClaim(file: string, tell: boolean): Promise<{ ran: string[]; b: string | undefined }> {
     const clock = new FakeClock();
     const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall });
@@ -363,7 +361,7 @@ describe("the lease loop on a SQLite clock of its own", () => {
               if (racing && leases.length === 0) {
                 racing = false;
                 await target.store({ id: "evt_b", body: body(1) });
-                if (tell) lane!.due();
+                if (tell) lane!.wake("due");
                 finishA();
                 for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
                   await new Promise((resolve) => setImmediate(resolve));
@@ -374,19 +372,19 @@ describe("the lease loop on a SQLite clock of its own", () => {
           return typeof value === "function" ? value.bind(target) : value;
         },
       });
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
       lane = new Lane({
         inbox: watched,
         clock,
         sizing: new AheadSizing(1, 4),
-        batcher,
-        report: counting(),
+        // Each mark written at once, so that evt_a is settled before the racing claim answers.
+        batcher: straight(inbox),
+        listener: counting().listener,
         concurrency: 1,
         once: true,
         execute: async (lease: Lease) => {
           ran.push(lease.id);
           if (lease.id === "evt_a") await new Promise<void>((resolve) => (finishA = resolve));
-          assert.equal(await inbox.finish(lease), true);
+          return { kind: "done" };
         },
       });
       const running = lane.start();
@@ -400,7 +398,7 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   }
 
-  it("a --once lane told due() while an empty claim is out claims again, rather than end with work left", async () => {
+  it("a --once lane woken for due while an empty claim is out claims again, rather than end with work left", async () => {
     assert.deepEqual(await raceBehindClaim("due.db", true), { ran: ["evt_a", "evt_b"], b: "done" });
   });
 
@@ -416,34 +414,32 @@ describe("the lease loop on a SQLite clock of its own", () => {
       await storeMany(inbox, 8);
       const lane = (execute: Executor, once: boolean) => {
         let made: Lane | undefined;
-        const batcher = new Batcher({ inbox, clock, onAdded: () => made?.poke(), onSettled: () => made?.poke() });
+        const batcher = new Batcher({ inbox, clock, wake: () => made?.wake("marks") });
+        const report = counting();
         made = new Lane({
           inbox,
           clock,
           leaseMs: LEASE,
           sizing: new AheadSizing(2, 4),
           batcher,
-          report: counting(),
+          listener: report.listener,
           concurrency: 2,
           once,
           execute,
         });
-        return { lane: made, batcher };
+        return { lane: made, report };
       };
       let hung = 0;
-      const dropped = lane(async () => {
+      const dropped = lane(() => {
         hung++;
-        await new Promise(() => {}); // hangs, as a crashed worker's would
+        return new Promise(() => {}); // hangs, as a crashed worker's would
       }, false);
       void dropped.lane.start();
       await clock.until(() => hung === 2 && dropped.lane.waiting > 0);
       // Dropped, not stopped: what it claimed ahead is never given back.
-      let done = 0;
-      const next = lane(async (lease, { free }) => {
-        free();
-        if (await (await next.batcher.add(lease)).finished) done++;
-      }, true);
+      const next = lane(async () => ({ kind: "done" }), true);
       await next.lane.start();
+      const { done } = next.report;
       assert.ok(done < 8, `only ${done} of 8 done: the rest are held by the dropped lane`);
       assert.equal(await status(inbox, "evt_0"), "processing");
     } finally {
