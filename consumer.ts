@@ -8,14 +8,24 @@ import { connect, isPostgresUrl } from "./inbox.ts";
 import { missingClient } from "./lib/brokers.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { speakTo, spokenAs } from "./lib/format.ts";
-import { message } from "./lib/log.ts";
+import { speakTo } from "./lib/format.ts";
 import { Metrics } from "./lib/metrics.ts";
-import { loadSources, readSourcesFile } from "./lib/providers.ts";
-import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
+import { Startup, StartupError } from "./lib/startup.ts";
 
 /** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
+  try {
+    await consume(argv);
+  } catch (error) {
+    if (!(error instanceof StartupError)) throw error;
+    say(error.message);
+    process.exit(error.code);
+  }
+  process.exit(0);
+}
+
+// consume starts a consumer per broker source and runs them until SIGTERM or SIGINT, then drains them.
+async function consume(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const port = (value: string) => {
     const n = Number(value);
@@ -60,43 +70,34 @@ Examples:
     skipCheck?: boolean;
     force?: boolean;
   }>();
-  const say = (line: string) => console.error(line);
+  const startup = new Startup({ script: "consumer", argv, say, door: { connect, isPostgresUrl }, env: process.env });
   const file = opts.sources ?? process.env.INBOX_SOURCES;
-  if (!file) {
-    say("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
-    process.exit(2);
+  if (!file)
+    throw new StartupError("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
+  // Read and checked as the receiver reads it; the destinations' secrets are the worker's, so only their shape.
+  const all = [...startup.readSources(file, { resolve: false }).loaded.sources.values()];
+  let chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
+  const refused = (why: string) => new StartupError(`consumer: ${file}: ${why}`);
+  if (opts.source) {
+    const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
+    if (unknown.length > 0) throw refused(`no broker source named ${unknown.join(", ")}`);
+    chosen = chosen.filter((s) => opts.source!.includes(s.name));
   }
-  let chosen: ConsumedSource[];
-  try {
-    const all = [...loadSources(readSourcesFile(file), process.env).values()];
-    chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
-    if (opts.source) {
-      const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
-      if (unknown.length > 0) throw new Error(`no broker source named ${unknown.join(", ")}`);
-      chosen = chosen.filter((s) => opts.source!.includes(s.name));
-    }
-    if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
-    for (const s of chosen) {
-      const missing = await missingClient(s.broker.type, s.name, "source");
-      if (missing) throw new Error(missing);
-    }
-  } catch (error) {
-    say(`consumer: ${file}: ${message(error)}`);
-    process.exit(2);
+  if (chosen.length === 0) throw refused('no source has a "broker" to consume');
+  for (const s of chosen) {
+    const missing = await missingClient(s.broker.type, s.name, "source");
+    if (missing) throw refused(missing);
   }
-  const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // As the receiver and the worker: a message acked into a damaged file may never be read back, so the
   // check runs when it is due, and this process's own unclean stop makes it due for the next to start.
-  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
-  if (damaged !== undefined) {
-    say(spokenAs(argv)((opts.force ? damagedButForced : damagedLine)("consumer", path, damaged)));
-    if (!opts.force) process.exit(2);
-  }
-  const inbox = await connect(path);
-  const unmark = isPostgresUrl(path) ? () => {} : running(path);
+  const inbox = await startup.open(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db, {
+    skipCheck: opts.skipCheck,
+    force: opts.force,
+  });
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
   const consumers = chosen.map((source) => new Consumer({ inbox, source, log: say }));
   for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts);
+  const stopped = startup.stopped();
   const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost) : undefined;
   for (const c of consumers) {
     c.start();
@@ -107,16 +108,17 @@ Examples:
       );
     }
   }
-  const stop = async () => {
-    await Promise.all(consumers.map((c) => c.stop()));
-    server?.close();
-    for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
-    await inbox.close();
-    unmark();
-    process.exit(0);
-  };
-  process.once("SIGTERM", () => void stop());
-  process.once("SIGINT", () => void stop());
+  await stopped;
+  await Promise.all(consumers.map((c) => c.stop()));
+  server?.close();
+  for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
+  await inbox.close();
+  startup.close();
+}
+
+// say writes one line of the consumer's own to stderr.
+function say(line: string): void {
+  console.error(line);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);
