@@ -406,6 +406,63 @@ describe("the lease loop on a SQLite clock of its own", () => {
     assert.deepEqual(await raceBehindClaim("untold.db", false), { ran: ["evt_a"], b: "received" });
   });
 
+  // The last review's case: a --once run's empty claim raced a retry's mark (its fail() committed while the
+  // claim was out, on PostgreSQL in a transaction of its own), and the run ended with the retry due, so
+  // traces.test ran --once twice. The settler says a retry may be due now, and the lane claims again.
+  async function raceRetry(file: string, retryDelayMs: number): Promise<{ ran: number; a: string | undefined }> {
+    const clock = new FakeClock();
+    const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall, retryDelayMs, retryJitter: 0 });
+    try {
+      await inbox.store({ id: "evt_a", body: body(0) });
+      let lane: Lane | undefined;
+      let finishA: () => void = () => {};
+      let ran = 0;
+      const watched = new Proxy(inbox, {
+        get(target, key) {
+          if (key === "claimBatch")
+            return async (...args: Parameters<Inbox["claimBatch"]>) => {
+              const leases = await target.claimBatch(...args);
+              // The first empty claim: the retry's mark commits while it is out, and is settled before it answers.
+              if (ran === 1 && leases.length === 0) {
+                finishA();
+                for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
+                  await new Promise((resolve) => setImmediate(resolve));
+              }
+              return leases;
+            };
+          const value = Reflect.get(target, key, target);
+          return typeof value === "function" ? value.bind(target) : value;
+        },
+      });
+      lane = new Lane({
+        inbox: watched,
+        clock,
+        sizing: new AheadSizing(1, 4),
+        batcher: straight(inbox),
+        listener: counting().listener,
+        concurrency: 1,
+        once: true,
+        execute: async () => {
+          if (++ran > 1) return { kind: "done" };
+          await new Promise<void>((resolve) => (finishA = resolve));
+          return { kind: "retry", error: "the bank is down" };
+        },
+      });
+      await lane.start();
+      return { ran, a: await status(inbox, "evt_a") };
+    } finally {
+      await inbox.close();
+    }
+  }
+
+  it("a --once lane whose retry is settled while an empty claim is out claims again, and the retry is done in the same run", async () => {
+    assert.deepEqual(await raceRetry("retry.db", 0), { ran: 2, a: "done" });
+  });
+
+  it("a control: the same race with the retry not due yet ends the run, the delivery waiting for its time", async () => {
+    assert.deepEqual(await raceRetry("later.db", 60_000), { ran: 1, a: "received" });
+  });
+
   it("a control: a lane dropped without stop() keeps its leases, and the next lane comes up short", async () => {
     const path = join(dir.dir, "dropped.db");
     const clock = new FakeClock();
