@@ -204,6 +204,8 @@ export interface ConsumerOptions {
   starvedAfterMs?: number;
   /** The clock the starved bound is measured on, in ms. @default Date.now */
   now?: () => number;
+  /** Milliseconds between two readings of the lag, each a check of the JetStream consumer too. @default DEFAULTS.consumeLagEveryMs */
+  checkEveryMs?: number;
   /**
    * Acknowledge each message as soon as it arrives, before its store: the mistake this file exists to
    * avoid, for the control of test/consume-crash.test.ts only. @default false
@@ -257,6 +259,7 @@ export class Consumer {
   readonly maxId: number;
   readonly early: boolean;
   readonly forgetAfterMs: number;
+  readonly checkEveryMs: number;
   /** Whether it consumes, and if not why; its pauses counted by reason. */
   readonly health: Health;
   stopping = false;
@@ -273,6 +276,7 @@ export class Consumer {
     this.maxId = options.maxIdLength ?? DEFAULTS.maxIdLength;
     this.early = options.ackBeforeStore ?? false;
     this.forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
+    this.checkEveryMs = options.checkEveryMs ?? DEFAULTS.consumeLagEveryMs;
     this.health = new Health({
       source: this.source.name,
       log: this.log,
@@ -476,7 +480,7 @@ export class Consumer {
           }, endWith)
           .finally(() => (checking = false));
       };
-      const lag = setInterval(recheck, DEFAULTS.consumeLagEveryMs);
+      const lag = setInterval(recheck, this.checkEveryMs);
       void (async () => {
         for await (const s of nc.status()) {
           if (s.type === "disconnect")
@@ -614,7 +618,7 @@ export class Consumer {
         },
         () => {},
       );
-    }, DEFAULTS.consumeLagEveryMs);
+    }, this.checkEveryMs);
     // Acks go in delivery order: once a run of stored messages is settled, the last one acknowledges the
     // whole run (AMQP's multiple flag), one frame for what one commit stored.
     let chain: Promise<void> = Promise.resolve();
@@ -746,10 +750,14 @@ function fieldOf(body: Buffer, field: string): { value?: string; refusal?: strin
 }
 
 /** BrokerState is what a broker says of a source's consumer, for `inbox.ts status`. */
-export type BrokerState =
-  | { type: "nats"; pending: number; unacked: number; redelivered: number }
+export type BrokerState = (
+  | { type: "nats"; pending: number; unacked: number; redelivered: number; waiting: number }
   | { type: "rabbitmq"; ready: number; consumers: number }
-  | { type: "nats" | "rabbitmq"; error: string };
+  | { type: "nats" | "rabbitmq"; error: string }
+) & {
+  /** What the inbox's checks find wrong with it, as consumer.ts would say it; undefined when nothing. */
+  problem?: string;
+};
 
 /**
  * brokerState asks the broker how far behind a source's consumer is: JetStream's pending, unacknowledged
@@ -771,11 +779,20 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
       try {
         const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
         const info = await jsm.consumers.info(b.stream, b.consumer);
+        // The same check as consumer.ts's, and whether anyone pulls while messages wait.
+        const refusal = judgeJetStreamConsumer(info.config, b).refusal;
+        const idle =
+          info.num_waiting === 0 && info.num_pending > 0
+            ? `nobody pulls from it while ${info.num_pending} wait: is consumer.ts running?`
+            : undefined;
+        const problem = refusal ?? idle;
         return {
           type: "nats",
           pending: info.num_pending,
           unacked: info.num_ack_pending,
           redelivered: info.num_redelivered,
+          waiting: info.num_waiting,
+          ...(problem === undefined ? {} : { problem }),
         };
       } finally {
         await nc.close();
@@ -786,12 +803,32 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
     try {
       const channel = await model.createChannel();
       const q = await channel.checkQueue(b.queue);
-      return { type: "rabbitmq", ready: q.messageCount, consumers: q.consumerCount };
+      const refusal = judgeRabbitQueue(await probeQueue(model, b.queue), b.queue).refusal;
+      const idle =
+        q.consumerCount === 0 && q.messageCount > 0
+          ? `nobody consumes it while ${q.messageCount} wait: is consumer.ts running?`
+          : undefined;
+      const problem = refusal ?? idle;
+      return {
+        type: "rabbitmq",
+        ready: q.messageCount,
+        consumers: q.consumerCount,
+        ...(problem === undefined ? {} : { problem }),
+      };
     } finally {
       await model.close().catch(() => {});
     }
   } catch (error) {
-    return { type: b.type, error: message(error) };
+    const pause = pauseOf(error);
+    const problem =
+      pause === "stream_missing"
+        ? `stream ${(b as JetStreamSource).stream} does not exist: consumer.ts waits for it`
+        : pause === "consumer_deleted"
+          ? `consumer ${(b as JetStreamSource).consumer} does not exist: consumer.ts makes it when it starts or finds it gone`
+          : pause === "queue_missing"
+            ? `queue ${(b as RabbitSource).queue} does not exist: consumer.ts waits for it to be declared again`
+            : undefined;
+    return { type: b.type, error: message(error), ...(problem === undefined ? {} : { problem }) };
   }
 }
 
@@ -802,6 +839,8 @@ export interface BrokerLine {
   from: string;
   /** What its broker says, in words, or why it could not be asked. */
   said: string;
+  /** What the inbox's checks find wrong with it (BrokerState's problem); undefined when nothing. */
+  problem?: string;
   state: BrokerState;
 }
 
@@ -817,6 +856,7 @@ export function brokerLines(sources: Iterable<{ name: string; broker?: BrokerSou
         source: s.name,
         from,
         state,
+        ...(state.problem === undefined ? {} : { problem: state.problem }),
         said:
           "error" in state
             ? `cannot ask: ${state.error}`
