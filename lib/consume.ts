@@ -601,9 +601,15 @@ export class Consumer {
       throw error;
     }
     const channel: Channel = await model.createChannel();
-    channel.on("error", () => {});
+    // The broker says why it closes a channel (403 ACCESS_REFUSED: a permission taken away) before it does.
+    let why: unknown;
+    channel.on("error", (error: unknown) => (why = error));
     channel.on("close", () =>
-      breakWith(new Paused("connection", `${this.where()}: RabbitMQ closed the consumer's channel`)),
+      breakWith(
+        why === undefined
+          ? new Paused("connection", `${this.where()}: RabbitMQ closed the consumer's channel`)
+          : new Paused(pauseOf(why), `${this.where()}: ${message(why)}`),
+      ),
     );
     // consumer.ts's own settings on its own channel: at most prefetch unacknowledged, and manual acks.
     await channel.prefetch(b.prefetch);
@@ -702,10 +708,10 @@ export class Consumer {
     // The acks of the last run go out before the connection closes: after a basic.cancel too, on the
     // channel that is still open, for what was stored before it.
     flush();
-    const why = ended;
+    const pause = ended;
     await model.close().catch(() => {});
     // A store that is down is the inbox's own pause, said by each message's line: no broker pause to count.
-    if (why !== undefined && !storeDown && !this.stopping) throw why;
+    if (pause !== undefined && !storeDown && !this.stopping) throw pause;
   }
 
   private ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
@@ -779,20 +785,13 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
       try {
         const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
         const info = await jsm.consumers.info(b.stream, b.consumer);
-        // The same check as consumer.ts's, and whether anyone pulls while messages wait.
-        const refusal = judgeJetStreamConsumer(info.config, b).refusal;
-        const idle =
-          info.num_waiting === 0 && info.num_pending > 0
-            ? `nobody pulls from it while ${info.num_pending} wait: is consumer.ts running?`
-            : undefined;
-        const problem = refusal ?? idle;
         return {
           type: "nats",
           pending: info.num_pending,
           unacked: info.num_ack_pending,
           redelivered: info.num_redelivered,
           waiting: info.num_waiting,
-          ...(problem === undefined ? {} : { problem }),
+          ...problemOf(judgeJetStreamConsumer(info.config, b), info.num_pending, info.num_waiting === 0, "pulls from"),
         };
       } finally {
         await nc.close();
@@ -803,17 +802,12 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
     try {
       const channel = await model.createChannel();
       const q = await channel.checkQueue(b.queue);
-      const refusal = judgeRabbitQueue(await probeQueue(model, b.queue), b.queue).refusal;
-      const idle =
-        q.consumerCount === 0 && q.messageCount > 0
-          ? `nobody consumes it while ${q.messageCount} wait: is consumer.ts running?`
-          : undefined;
-      const problem = refusal ?? idle;
+      const verdict = judgeRabbitQueue(await probeQueue(model, b.queue), b.queue);
       return {
         type: "rabbitmq",
         ready: q.messageCount,
         consumers: q.consumerCount,
-        ...(problem === undefined ? {} : { problem }),
+        ...problemOf(verdict, q.messageCount, q.consumerCount === 0, "consumes"),
       };
     } finally {
       await model.close().catch(() => {});
@@ -830,6 +824,13 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
             : undefined;
     return { type: b.type, error: message(error), ...(problem === undefined ? {} : { problem }) };
   }
+}
+
+// problemOf is what the page and the status show wrong with a source's consumer: the check's refusal (the
+// same as consumer.ts's), else messages waiting while nobody takes them.
+function problemOf(v: Verdict, waiting: number, nobody: boolean, takes: string): { problem?: string } {
+  if (v.refusal !== undefined) return { problem: v.refusal };
+  return nobody && waiting > 0 ? { problem: `nobody ${takes} it while ${waiting} wait: is consumer.ts running?` } : {};
 }
 
 /** BrokerLine is one broker source as the CLI's status and the operator page show it. */
