@@ -10,7 +10,7 @@ import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo, spokenAs } from "./lib/format.ts";
 import { message } from "./lib/log.ts";
-import { Metrics } from "./lib/metrics.ts";
+import { Metrics, Readiness } from "./lib/metrics.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
@@ -22,6 +22,11 @@ export async function main(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < 0 || n > 65_535) throw new InvalidArgumentError("expected a port, 0 to 65535.");
     return n;
   };
+  const seconds = (value: string) => {
+    const n = Number(value);
+    if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError("expected a number of seconds above 0.");
+    return n;
+  };
   const program = new Command("consumer.ts")
     .description(
       "Consume the broker sources (NATS JetStream, RabbitMQ) into the inbox: store each message, then acknowledge it.",
@@ -31,6 +36,11 @@ export async function main(argv: string[]): Promise<void> {
     .option("--source <name...>", "consume only these sources (default: every source with a broker)")
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
+    .option(
+      "--starved-after <seconds>",
+      `a source that takes nothing this long while its broker holds messages for it is unhealthy (default: ${DEFAULTS.consumeStarvedAfterMs / 1000})`,
+      seconds,
+    )
     .option("--quiet", "log nothing but errors")
     .option(
       "--skip-check",
@@ -56,6 +66,7 @@ Examples:
     source?: string[];
     metricsPort?: number;
     metricsHost: string;
+    starvedAfter?: number;
     quiet?: boolean;
     skipCheck?: boolean;
     force?: boolean;
@@ -95,9 +106,16 @@ Examples:
   const inbox = await connect(path);
   const unmark = isPostgresUrl(path) ? () => {} : running(path);
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
-  const consumers = chosen.map((source) => new Consumer({ inbox, source, log: say }));
-  for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts);
-  const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost) : undefined;
+  const starvedAfterMs = opts.starvedAfter === undefined ? undefined : opts.starvedAfter * 1000;
+  const consumers = chosen.map(
+    (source) => new Consumer({ inbox, source, log: say, ...(starvedAfterMs ? { starvedAfterMs } : {}) }),
+  );
+  for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts, c.health);
+  // Ready while the store can commit and every source consumes, none starved.
+  const readiness = new Readiness(inbox, {
+    also: () => consumers.map((c) => c.health.ready()).find((r) => r !== true) ?? true,
+  });
+  const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost, readiness) : undefined;
   for (const c of consumers) {
     c.start();
     if (!opts.quiet) {
@@ -106,6 +124,16 @@ Examples:
         `consumer: ${c.source.name} from ${b.type === "nats" ? `JetStream stream ${b.stream}, consumer ${b.consumer}${b.filter ? `, subjects ${b.filter}` : ""}` : `RabbitMQ queue ${b.queue}`}`,
       );
     }
+  }
+  // A consumer whose settings could lose a message is refused at start: its one line (logged by its
+  // Health) names the setting and the fix, and nothing is consumed. Later, it is a pause shown on /readyz.
+  await Promise.all(consumers.map((c) => c.health.first));
+  if (consumers.some((c) => c.health.state === "refused")) {
+    await Promise.all(consumers.map((c) => c.stop()));
+    server?.close();
+    await inbox.close();
+    unmark();
+    process.exit(2);
   }
   const stop = async () => {
     await Promise.all(consumers.map((c) => c.stop()));
