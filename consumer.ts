@@ -9,7 +9,7 @@ import { missingClient } from "./lib/brokers.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo } from "./lib/format.ts";
-import { Metrics } from "./lib/metrics.ts";
+import { Metrics, Readiness } from "./lib/metrics.ts";
 import { Startup, StartupError } from "./lib/startup.ts";
 
 /** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
@@ -32,6 +32,11 @@ async function consume(argv: string[]): Promise<void> {
     if (!Number.isInteger(n) || n < 0 || n > 65_535) throw new InvalidArgumentError("expected a port, 0 to 65535.");
     return n;
   };
+  const seconds = (value: string) => {
+    const n = Number(value);
+    if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError("expected a number of seconds above 0.");
+    return n;
+  };
   const program = new Command("consumer.ts")
     .description(
       "Consume the broker sources (NATS JetStream, RabbitMQ) into the inbox: store each message, then acknowledge it.",
@@ -41,6 +46,11 @@ async function consume(argv: string[]): Promise<void> {
     .option("--source <name...>", "consume only these sources (default: every source with a broker)")
     .option("--metrics-port <port>", "serve /metrics, /livez and /readyz on this port (default: off)", port)
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
+    .option(
+      "--starved-after <seconds>",
+      `a source that takes nothing this long while its broker holds messages for it is unhealthy (default: ${DEFAULTS.consumeStarvedAfterMs / 1000})`,
+      seconds,
+    )
     .option("--quiet", "log nothing but errors")
     .option(
       "--skip-check",
@@ -66,6 +76,7 @@ Examples:
     source?: string[];
     metricsPort?: number;
     metricsHost: string;
+    starvedAfter?: number;
     quiet?: boolean;
     skipCheck?: boolean;
     force?: boolean;
@@ -95,10 +106,17 @@ Examples:
     force: opts.force,
   });
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
-  const consumers = chosen.map((source) => new Consumer({ inbox, source, log: say }));
-  for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts);
+  const starvedAfterMs = opts.starvedAfter === undefined ? undefined : opts.starvedAfter * 1000;
+  const consumers = chosen.map(
+    (source) => new Consumer({ inbox, source, log: say, ...(starvedAfterMs ? { starvedAfterMs } : {}) }),
+  );
+  for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts, c.health);
+  // Ready while the store can commit and every source consumes, none starved.
+  const readiness = new Readiness(inbox, {
+    also: () => consumers.map((c) => c.health.ready()).find((r) => r !== true) ?? true,
+  });
   const stopped = startup.stopped();
-  const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost) : undefined;
+  const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost, readiness) : undefined;
   for (const c of consumers) {
     c.start();
     if (!opts.quiet) {
@@ -108,12 +126,19 @@ Examples:
       );
     }
   }
-  await stopped;
+  // A consumer whose settings could lose a message is refused at start: its one line (logged by its
+  // Health) names the setting and the fix, and nothing is consumed. Later, it is a pause shown on /readyz.
+  await Promise.all(consumers.map((c) => c.health.first));
+  const refusedAtStart = consumers.filter((c) => c.health.state === "refused").map((c) => c.source.name);
+  if (refusedAtStart.length === 0) await stopped;
   await Promise.all(consumers.map((c) => c.stop()));
   server?.close();
-  for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
+  if (refusedAtStart.length === 0)
+    for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
   await inbox.close();
   startup.close();
+  if (refusedAtStart.length > 0)
+    throw new StartupError(`consumer: refused to consume ${refusedAtStart.join(", ")}; nothing was taken`);
 }
 
 // say writes one line of the consumer's own to stderr.

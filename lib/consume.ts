@@ -7,6 +7,16 @@
 import type { Channel, ConsumeMessage } from "amqplib";
 import type { JsMsg } from "@nats-io/jetstream";
 import { parseBrokerDestination } from "./brokers.ts";
+import {
+  Health,
+  judgeJetStreamConsumer,
+  judgeRabbitQueue,
+  ourDescription,
+  pauseOf,
+  probeQueue,
+  type Pause,
+  type Verdict,
+} from "./consume-health.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { label, message } from "./log.ts";
 import { type OrderRule, orderOfRequest } from "./order.ts";
@@ -24,7 +34,7 @@ export interface JetStreamSource {
   timeoutMs: number;
   /** The stream to read. */
   stream: string;
-  /** The durable consumer's name, created if it is not there (explicit acks). */
+  /** The durable consumer's name, created if it is not there (explicit acks); one that is there is checked. */
   consumer: string;
   /** Only the stream's subjects that match this (a NATS subject filter, wildcards allowed). */
   filter?: string;
@@ -188,10 +198,28 @@ export interface ConsumerOptions {
   /** How long purge keeps a tombstone, to check the stream's max_age against. @default DEFAULTS.forgetAfterMs */
   forgetAfterMs?: number;
   /**
+   * Taking nothing for longer than this while the broker holds messages for it makes the consumer starved:
+   * unhealthy on /readyz and in inbox_consumer_state. @default DEFAULTS.consumeStarvedAfterMs
+   */
+  starvedAfterMs?: number;
+  /** The clock the starved bound is measured on, in ms. @default Date.now */
+  now?: () => number;
+  /** Milliseconds between two readings of the lag, each a check of the JetStream consumer too. @default DEFAULTS.consumeLagEveryMs */
+  checkEveryMs?: number;
+  /**
    * Acknowledge each message as soon as it arrives, before its store: the mistake this file exists to
    * avoid, for the control of test/consume-crash.test.ts only. @default false
    */
   ackBeforeStore?: boolean;
+}
+
+/** Paused is a stream, queue or consumer the consumer cannot consume from now: its pause, and why in one clause. */
+class Paused extends Error {
+  readonly pause: Pause;
+  constructor(pause: Pause, why: string) {
+    super(why);
+    this.pause = pause;
+  }
 }
 
 // A message as both brokers' loops hand it over: what to store, or why not, and how to settle it.
@@ -231,6 +259,9 @@ export class Consumer {
   readonly maxId: number;
   readonly early: boolean;
   readonly forgetAfterMs: number;
+  readonly checkEveryMs: number;
+  /** Whether it consumes, and if not why; its pauses counted by reason. */
+  readonly health: Health;
   stopping = false;
   running?: Promise<void>;
   // halt stops the deliveries of the connection at hand; wake ends the wait between two connections.
@@ -245,6 +276,15 @@ export class Consumer {
     this.maxId = options.maxIdLength ?? DEFAULTS.maxIdLength;
     this.early = options.ackBeforeStore ?? false;
     this.forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
+    this.checkEveryMs = options.checkEveryMs ?? DEFAULTS.consumeLagEveryMs;
+    this.health = new Health({
+      source: this.source.name,
+      log: this.log,
+      now: options.now ?? Date.now,
+      starvedAfterMs: options.starvedAfterMs ?? DEFAULTS.consumeStarvedAfterMs,
+      retryMs: DEFAULTS.consumeReconnectMs,
+      lag: () => this.counts.lag,
+    });
   }
 
   /** start connects and consumes until stop(); a lost connection is opened again after a pause. */
@@ -268,7 +308,9 @@ export class Consumer {
         await (b.type === "nats" ? this.jetstream(b) : this.rabbit(b));
       } catch (error) {
         if (this.stopping) break;
-        this.log(`consume ${this.source.name}: ${message(error)}; connecting again in 1 s`);
+        // Whatever stopped it is one line and one count, said once however many tries it takes to pass.
+        if (error instanceof Paused) this.health.paused(error.pause, error.message);
+        else this.health.paused(pauseOf(error), `${this.where()}: ${message(error)}`);
       }
       if (!this.stopping)
         await new Promise<void>((r) => {
@@ -276,6 +318,23 @@ export class Consumer {
           setTimeout(r, DEFAULTS.consumeReconnectMs);
         });
     }
+  }
+
+  // where says what the source consumes from, for a pause's line.
+  private where(): string {
+    const b = this.source.broker;
+    return b.type === "nats" ? `JetStream stream ${b.stream}, consumer ${b.consumer}` : `RabbitMQ queue ${b.queue}`;
+  }
+
+  // verdict logs a check's notes once each, and throws a refusal as a pause that waits for a person.
+  private readonly noted = new Set<string>();
+  private verdict(v: Verdict): void {
+    for (const note of v.notes)
+      if (!this.noted.has(note)) {
+        this.noted.add(note);
+        this.log(`consume ${this.source.name}: ${note}`);
+      }
+    if (v.refusal !== undefined) throw new Paused("refused", v.refusal);
   }
 
   // store puts one arrived message through the source's routes into the inbox, as the receiver's handler
@@ -346,28 +405,92 @@ export class Consumer {
     });
     try {
       const jsm = await jetstreamManager(nc, { timeout: b.timeoutMs });
-      // A message can come back for as long as the stream keeps it: the tombstones must outlive that.
-      const maxAgeMs = (await jsm.streams.info(b.stream)).config.max_age / 1e6;
-      if (maxAgeMs === 0 || maxAgeMs > this.forgetAfterMs)
-        this.log(
-          `consume ${this.source.name}: stream ${b.stream} keeps messages ${maxAgeMs === 0 ? "for ever" : `${Math.round(maxAgeMs / 86_400_000)} days`}, longer than purge keeps IDs (${Math.round(this.forgetAfterMs / 86_400_000)} days): set its max_age, or purge with a longer --forget-after, or a message redelivered after that is stored again`,
-        );
-      const info = await jsm.consumers.info(b.stream, b.consumer).catch(() => undefined);
-      const ackWaitNs = b.ackWaitMs * 1e6;
-      if (!info)
-        await jsm.consumers.add(b.stream, {
-          durable_name: b.consumer,
-          ack_policy: AckPolicy.Explicit,
-          deliver_policy: DeliverPolicy.All,
-          ack_wait: ackWaitNs,
-          max_ack_pending: b.maxAckPending,
-          ...(b.filter === undefined ? {} : { filter_subject: b.filter }),
+      // check reads the stream and the durable consumer, makes the consumer where it is missing, corrects it
+      // where the inbox made it, and throws a Paused that says why it cannot be consumed from; it returns the
+      // consumer's ack_wait. It runs before the first pull, after every reconnect, and at each lag reading.
+      const check = async (): Promise<number> => {
+        const stream = await jsm.streams.info(b.stream).catch((error: unknown) => {
+          throw pauseOf(error) === "stream_missing"
+            ? new Paused("stream_missing", `JetStream stream ${b.stream} does not exist`)
+            : error;
         });
-      const ackWaitMs = (info?.config.ack_wait ?? ackWaitNs) / 1e6;
+        // A message can come back for as long as the stream keeps it: the tombstones must outlive that.
+        const maxAgeMs = stream.config.max_age / 1e6;
+        if (maxAgeMs === 0 || maxAgeMs > this.forgetAfterMs)
+          this.verdict({
+            fix: {},
+            notes: [
+              `stream ${b.stream} keeps messages ${maxAgeMs === 0 ? "for ever" : `${Math.round(maxAgeMs / 86_400_000)} days`}, longer than purge keeps IDs (${Math.round(this.forgetAfterMs / 86_400_000)} days): set its max_age, or purge with a longer --forget-after, or a message redelivered after that is stored again`,
+            ],
+          });
+        let info = await jsm.consumers.info(b.stream, b.consumer).catch((error: unknown) => {
+          if (/consumer not found/i.test(message(error))) return undefined;
+          throw error;
+        });
+        if (!info) {
+          info = await jsm.consumers.add(b.stream, {
+            durable_name: b.consumer,
+            description: ourDescription(this.source.name),
+            ack_policy: AckPolicy.Explicit,
+            deliver_policy: DeliverPolicy.All,
+            ack_wait: b.ackWaitMs * 1e6,
+            max_ack_pending: b.maxAckPending,
+            max_deliver: -1,
+            ...(b.filter === undefined ? {} : { filter_subject: b.filter }),
+          });
+          this.log(
+            `consume ${this.source.name}: made JetStream consumer ${b.stream}/${b.consumer} (ack_policy explicit, deliver_policy all)`,
+          );
+        }
+        const verdict = judgeJetStreamConsumer(info.config, b);
+        if (Object.keys(verdict.fix).length > 0 && verdict.refusal === undefined) {
+          info = await jsm.consumers.update(b.stream, b.consumer, verdict.fix);
+          this.log(
+            `consume ${this.source.name}: corrected JetStream consumer ${b.stream}/${b.consumer}, which the inbox made: ${Object.entries(
+              verdict.fix,
+            )
+              .map(([k, v]) => `${k} ${JSON.stringify(v)}`)
+              .join(", ")}`,
+          );
+        }
+        this.verdict(verdict);
+        this.counts.lag = info.num_pending;
+        return (info.config.ack_wait ?? b.ackWaitMs * 1e6) / 1e6;
+      };
+      const ackWaitMs = await check();
       const consumer = await jetstream(nc, { timeout: b.timeoutMs }).consumers.get(b.stream, b.consumer);
-      const messages = await consumer.consume({ max_messages: b.maxAckPending });
+      // A consumer or stream deleted under it ends the messages with an error, which the loop says and counts.
+      const messages = await consumer.consume({ max_messages: b.maxAckPending, abort_on_missing_resource: true });
       this.halt = () => messages.close();
       if (this.stopping) await messages.close();
+      // A pause found while the messages flow (a check refused, a permission lost) ends them too.
+      let ended: unknown;
+      const endWith = (error: unknown) => {
+        ended ??= error;
+        void messages.close();
+      };
+      let checking = false;
+      const recheck = () => {
+        if (checking || this.stopping) return;
+        checking = true;
+        check()
+          .then(() => {
+            this.health.consuming();
+            this.health.review();
+          }, endWith)
+          .finally(() => (checking = false));
+      };
+      const lag = setInterval(recheck, this.checkEveryMs);
+      void (async () => {
+        for await (const s of nc.status()) {
+          if (s.type === "disconnect")
+            this.health.paused("connection", `${this.where()}: lost its connection to NATS; the client connects again`);
+          else if (s.type === "reconnect") recheck();
+          else if (s.type === "error" && pauseOf(s.error) === "permission")
+            endWith(new Paused("permission", `${this.where()}: ${message(s.error)}`));
+        }
+      })();
+      this.health.consuming();
       // Messages whose store is in flight: told the server they are still being worked on (AckProgress)
       // when a slow commit holds them for a third of the ack wait, so it does not deliver them again.
       const inFlight = new Map<JsMsg, number>();
@@ -382,6 +505,7 @@ export class Consumer {
       try {
         for await (const m of messages) {
           if (this.stopping) break;
+          this.health.took();
           this.counts.lag = m.info.pending;
           inFlight.set(m, performance.now());
           const arrived = this.ofJetStream(m, b);
@@ -408,10 +532,12 @@ export class Consumer {
             .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
         }
       } finally {
+        clearInterval(lag);
         await chain;
         clearInterval(progress);
         await nc.flush().catch(() => {});
       }
+      if (ended !== undefined && !this.stopping) throw ended;
     } finally {
       await nc.drain().catch(() => nc.close());
     }
@@ -430,7 +556,10 @@ export class Consumer {
     const body = Buffer.from(m.data);
     const typed = b.eventTypeField === undefined ? undefined : fieldOf(body, b.eventTypeField);
     return {
-      id: msgId || `${m.info.stream}:${m.info.streamSequence}`,
+      // Without the publisher's ID, the stream's sequence alone is no identity: a stream deleted and made
+      // again numbers its messages from 1. The time the stream stored the message (in ns, exact from the
+      // reply subject, the same on every redelivery) tells its lifetimes apart.
+      id: msgId || `${m.info.stream}:${m.info.streamSequence}:${m.timestampNanos}`,
       ...(typed?.refusal === undefined ? {} : { refusal: typed.refusal }),
       body,
       eventType: typed ? (typed.value ?? null) : m.subject,
@@ -443,25 +572,59 @@ export class Consumer {
   async rabbit(b: RabbitSource): Promise<void> {
     const amqp = await import("amqplib");
     const model = await amqp.connect(b.url, { timeout: b.timeoutMs });
-    // Once the connection is gone, so are its deliveries: the broker has put the unacknowledged back.
+    // Once the connection or the channel is gone, so are its deliveries: the broker has put the
+    // unacknowledged back. A basic.cancel from the broker (the queue deleted) ends them as well.
     let broken = false;
-    const closed = new Promise<void>((resolve) => {
-      model.on("close", () => {
-        broken = true;
-        resolve();
-      });
-      model.on("error", () => {});
-    });
+    let storeDown = false;
+    let ended: Paused | undefined;
+    let end!: () => void;
+    const over = new Promise<void>((resolve) => (end = resolve));
+    const breakWith = (pause?: Paused) => {
+      broken = true;
+      ended ??= pause;
+      end();
+    };
+    model.on("close", () => breakWith(new Paused("connection", `${this.where()}: the connection to RabbitMQ closed`)));
+    model.on("error", () => {});
+    try {
+      // The queue's settings, read before each subscription: its own channel, as each refusal closes one.
+      await probeQueue(model, b.queue).then(
+        (q) => this.verdict(judgeRabbitQueue(q, b.queue)),
+        (error: unknown) => {
+          throw pauseOf(error) === "queue_missing"
+            ? new Paused("queue_missing", `RabbitMQ queue ${b.queue} does not exist`)
+            : error;
+        },
+      );
+    } catch (error) {
+      await model.close().catch(() => {});
+      throw error;
+    }
     const channel: Channel = await model.createChannel();
-    channel.on("error", () => {});
+    // The broker says why it closes a channel (403 ACCESS_REFUSED: a permission taken away) before it does.
+    let why: unknown;
+    channel.on("error", (error: unknown) => (why = error));
+    channel.on("close", () =>
+      breakWith(
+        why === undefined
+          ? new Paused("connection", `${this.where()}: RabbitMQ closed the consumer's channel`)
+          : new Paused(pauseOf(why), `${this.where()}: ${message(why)}`),
+      ),
+    );
+    // consumer.ts's own settings on its own channel: at most prefetch unacknowledged, and manual acks.
     await channel.prefetch(b.prefetch);
-    await channel.checkQueue(b.queue);
+    // The lag is read on a channel of its own: a failed check (the queue gone) closes the channel it ran on.
+    const asking = await model.createChannel();
+    asking.on("error", () => {});
     const lag = setInterval(() => {
-      channel.checkQueue(b.queue).then(
-        (q) => (this.counts.lag = q.messageCount),
+      asking.checkQueue(b.queue).then(
+        (q) => {
+          this.counts.lag = q.messageCount;
+          this.health.review();
+        },
         () => {},
       );
-    }, DEFAULTS.consumeLagEveryMs);
+    }, this.checkEveryMs);
     // Acks go in delivery order: once a run of stored messages is settled, the last one acknowledges the
     // whole run (AMQP's multiple flag), one frame for what one commit stored.
     let chain: Promise<void> = Promise.resolve();
@@ -477,49 +640,64 @@ export class Consumer {
       lastOk = undefined;
       run = 0;
     };
-    const { consumerTag } = await channel.consume(b.queue, (m) => {
-      if (m === null) return;
-      const arrived = this.ofRabbit(m, b);
-      // The control's mistake: the ack is written to the socket a turn before the store begins.
-      const settled = this.early
-        ? new Promise<void>((resolve) => {
-            channel.ack(m);
-            this.counts.acked++;
-            setImmediate(resolve);
-          }).then(() => this.settle(arrived))
-        : this.settle(arrived);
-      chain = chain
-        .then(async () => {
-          const how = await settled;
-          if (this.early || broken) return;
-          if (how === "ack") {
-            lastOk = m;
-            run++;
-            if (!scheduled) {
-              scheduled = true;
-              queueMicrotask(flush);
+    let cancelled = false;
+    const { consumerTag } = await channel.consume(
+      b.queue,
+      (m) => {
+        if (m === null) {
+          // The broker's basic.cancel: the queue was deleted, or its node went away. The run ends here and
+          // the loop subscribes again once the queue is back.
+          cancelled = true;
+          ended ??= new Paused("cancelled", `RabbitMQ cancelled the consumer of queue ${b.queue} (basic.cancel)`);
+          end();
+          return;
+        }
+        this.health.took();
+        const arrived = this.ofRabbit(m, b);
+        // The control's mistake: the ack is written to the socket a turn before the store begins.
+        const settled = this.early
+          ? new Promise<void>((resolve) => {
+              channel.ack(m);
+              this.counts.acked++;
+              setImmediate(resolve);
+            }).then(() => this.settle(arrived))
+          : this.settle(arrived);
+        chain = chain
+          .then(async () => {
+            const how = await settled;
+            if (this.early || broken) return;
+            if (how === "ack") {
+              lastOk = m;
+              run++;
+              if (!scheduled) {
+                scheduled = true;
+                queueMicrotask(flush);
+              }
+            } else if (how === "refuse") {
+              flush();
+              if (!broken) channel.nack(m, false, false);
+            } else {
+              // The store is down: drop the channel, so that the broker puts every unacknowledged message
+              // back in the queue, and open a new one after a pause.
+              flush();
+              storeDown = true;
+              breakWith();
+              void model.close().catch(() => {});
             }
-          } else if (how === "refuse") {
-            flush();
-            if (!broken) channel.nack(m, false, false);
-          } else {
-            // The store is down: drop the channel, so that the broker puts every unacknowledged message
-            // back in the queue, and open a new one after a pause.
-            flush();
-            broken = true;
-            void model.close().catch(() => {});
-          }
-        })
-        .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
-    });
+          })
+          .catch((error: unknown) => this.log(`consume ${this.source.name}: ${message(error)}`));
+      },
+      { noAck: false },
+    );
+    this.health.consuming();
     let halted!: () => void;
     const stopped = new Promise<void>((r) => (halted = r));
     this.halt = async () => {
-      if (!broken) await channel.cancel(consumerTag);
+      if (!broken && !cancelled) await channel.cancel(consumerTag).catch(() => {});
       halted();
     };
     if (this.stopping) await this.halt();
-    await Promise.race([closed, stopped]);
+    await Promise.race([over, stopped]);
     clearInterval(lag);
     // Deliveries already on the wire when the cancel went out still arrive, and lengthen the chain.
     for (let seen = chain; ; seen = chain) {
@@ -527,9 +705,13 @@ export class Consumer {
       await new Promise((r) => setTimeout(r, 50));
       if (seen === chain) break;
     }
-    // The acks of the last run go out before the connection closes.
+    // The acks of the last run go out before the connection closes: after a basic.cancel too, on the
+    // channel that is still open, for what was stored before it.
     flush();
+    const pause = ended;
     await model.close().catch(() => {});
+    // A store that is down is the inbox's own pause, said by each message's line: no broker pause to count.
+    if (pause !== undefined && !storeDown && !this.stopping) throw pause;
   }
 
   private ofRabbit(m: ConsumeMessage, b: RabbitSource): Arrived {
@@ -574,10 +756,14 @@ function fieldOf(body: Buffer, field: string): { value?: string; refusal?: strin
 }
 
 /** BrokerState is what a broker says of a source's consumer, for `inbox.ts status`. */
-export type BrokerState =
-  | { type: "nats"; pending: number; unacked: number; redelivered: number }
+export type BrokerState = (
+  | { type: "nats"; pending: number; unacked: number; redelivered: number; waiting: number }
   | { type: "rabbitmq"; ready: number; consumers: number }
-  | { type: "nats" | "rabbitmq"; error: string };
+  | { type: "nats" | "rabbitmq"; error: string }
+) & {
+  /** What the inbox's checks find wrong with it, as consumer.ts would say it; undefined when nothing. */
+  problem?: string;
+};
 
 /**
  * brokerState asks the broker how far behind a source's consumer is: JetStream's pending, unacknowledged
@@ -604,6 +790,8 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
           pending: info.num_pending,
           unacked: info.num_ack_pending,
           redelivered: info.num_redelivered,
+          waiting: info.num_waiting,
+          ...problemOf(judgeJetStreamConsumer(info.config, b), info.num_pending, info.num_waiting === 0, "pulls from"),
         };
       } finally {
         await nc.close();
@@ -614,13 +802,35 @@ export async function brokerState(b: BrokerSource): Promise<BrokerState> {
     try {
       const channel = await model.createChannel();
       const q = await channel.checkQueue(b.queue);
-      return { type: "rabbitmq", ready: q.messageCount, consumers: q.consumerCount };
+      const verdict = judgeRabbitQueue(await probeQueue(model, b.queue), b.queue);
+      return {
+        type: "rabbitmq",
+        ready: q.messageCount,
+        consumers: q.consumerCount,
+        ...problemOf(verdict, q.messageCount, q.consumerCount === 0, "consumes"),
+      };
     } finally {
       await model.close().catch(() => {});
     }
   } catch (error) {
-    return { type: b.type, error: message(error) };
+    const pause = pauseOf(error);
+    const problem =
+      pause === "stream_missing"
+        ? `stream ${(b as JetStreamSource).stream} does not exist: consumer.ts waits for it`
+        : pause === "consumer_deleted"
+          ? `consumer ${(b as JetStreamSource).consumer} does not exist: consumer.ts makes it when it starts or finds it gone`
+          : pause === "queue_missing"
+            ? `queue ${(b as RabbitSource).queue} does not exist: consumer.ts waits for it to be declared again`
+            : undefined;
+    return { type: b.type, error: message(error), ...(problem === undefined ? {} : { problem }) };
   }
+}
+
+// problemOf is what the page and the status show wrong with a source's consumer: the check's refusal (the
+// same as consumer.ts's), else messages waiting while nobody takes them.
+function problemOf(v: Verdict, waiting: number, nobody: boolean, takes: string): { problem?: string } {
+  if (v.refusal !== undefined) return { problem: v.refusal };
+  return nobody && waiting > 0 ? { problem: `nobody ${takes} it while ${waiting} wait: is consumer.ts running?` } : {};
 }
 
 /** BrokerLine is one broker source as the CLI's status and the operator page show it. */
@@ -630,6 +840,8 @@ export interface BrokerLine {
   from: string;
   /** What its broker says, in words, or why it could not be asked. */
   said: string;
+  /** What the inbox's checks find wrong with it (BrokerState's problem); undefined when nothing. */
+  problem?: string;
   state: BrokerState;
 }
 
@@ -645,6 +857,7 @@ export function brokerLines(sources: Iterable<{ name: string; broker?: BrokerSou
         source: s.name,
         from,
         state,
+        ...(state.problem === undefined ? {} : { problem: state.problem }),
         said:
           "error" in state
             ? `cannot ask: ${state.error}`

@@ -237,8 +237,16 @@ export const DEFAULTS = {
   consumeAckWaitMs: 30_000,
   /** Milliseconds a broker source waits before it connects again, and a message whose store failed is delivered again. @default 1_000 */
   consumeReconnectMs: 1_000,
-  /** Milliseconds between two reads of a RabbitMQ source's queue depth, its lag. @default 5_000 */
+  /**
+   * Milliseconds between two reads of a broker source's lag (RabbitMQ's queue depth, JetStream's pending),
+   * each also a check of its JetStream consumer's settings. @default 5_000
+   */
   consumeLagEveryMs: 5_000,
+  /**
+   * Milliseconds a broker source may take nothing while its broker holds messages for it before it is
+   * starved: unhealthy on /readyz, 2 in inbox_consumer_state (consumer.ts --starved-after). @default 300_000
+   */
+  consumeStarvedAfterMs: 300_000,
   /**
    * Milliseconds between a running receiver's or worker's reads of the configuration's version (lib/config/):
    * a change committed elsewhere is taken up within this and the time to load it, under the two seconds

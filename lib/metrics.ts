@@ -490,13 +490,39 @@ export class Metrics {
   /**
    * consumedFrom shows a broker source's tallies (consume.ts's ConsumerCounts), read at each scrape:
    * inbox_consumed_total by source and result (consumed, stored, duplicate, refused, acked, redelivered,
-   * unavailable) and inbox_consumer_lag, the messages its broker still holds for it.
+   * unavailable) and inbox_consumer_lag, the messages its broker still holds for it; given its health,
+   * inbox_consumer_state and inbox_consumer_pauses_total by reason.
    */
-  consumedFrom(source: string, counts: { readonly lag: number }): void {
+  consumedFrom(source: string, counts: { readonly lag: number }, health?: ConsumerHealth): void {
     this.consumedSources ??= new Map();
     const sources = this.consumedSources;
     sources.set(source, counts);
+    if (health) this.consumerHealth.set(source, health);
     if (sources.size > 1) return;
+    const healths = this.consumerHealth;
+    new client.Gauge({
+      name: "inbox_consumer_state",
+      help: "Each broker source's consumer: 0 consuming, 1 paused (its stream, queue or consumer gone, cancelled, no permission, no connection; or starting), 2 starved (taking nothing while its broker holds messages for it), 3 refused (its settings could lose a message).",
+      labelNames: ["source"],
+      registers: [this.registry],
+      collect() {
+        for (const [name, h] of healths) this.set({ source: name }, h.code());
+      },
+    });
+    new client.Counter({
+      name: "inbox_consumer_pauses_total",
+      help: "Times a broker source's consumer stopped consuming, by reason (consumer_deleted, stream_missing, queue_missing, cancelled, permission, connection, refused).",
+      labelNames: ["source", "reason"],
+      registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const [name, h] of healths) {
+          // Every reason is shown from the start, at 0, so that increase() sees the first pause.
+          for (const reason of h.reasons) this.inc({ source: name, reason }, 0);
+          for (const [reason, n] of h.pauses) this.inc({ source: name, reason }, n);
+        }
+      },
+    });
     new client.Counter({
       name: "inbox_consumed_total",
       help: "Messages of broker sources, by source and what became of them (consumed, stored, duplicate, refused, acked, redelivered, unavailable).",
@@ -521,6 +547,17 @@ export class Metrics {
   }
 
   private consumedSources?: Map<string, { readonly lag: number }>;
+  private readonly consumerHealth = new Map<string, ConsumerHealth>();
+}
+
+/** ConsumerHealth is what the metrics read of a broker source's consumer (consume-health.ts's Health). */
+export interface ConsumerHealth {
+  /** inbox_consumer_state's value now. */
+  code(): number;
+  /** Its pauses so far, by reason. */
+  readonly pauses: ReadonlyMap<string, number>;
+  /** Every reason a pause may have, each shown from 0. */
+  readonly reasons: readonly string[];
 }
 
 /** Readiness answers /readyz: the store's ready(), cached for cacheMs, and false at once when stopping. */
@@ -530,9 +567,12 @@ export class Readiness {
   private read: { at: number; value: Promise<true | string> } | undefined;
   /** stopping is true once the process has begun to stop: a load balancer should send no more. */
   stopping: () => boolean;
+  /** also is what else the process must be to be ready (consumer.ts: each source consuming, none starved). */
+  private readonly also: () => true | string;
 
-  constructor(inbox: Inbox, options: { cacheMs?: number; stopping?: () => boolean } = {}) {
+  constructor(inbox: Inbox, options: { cacheMs?: number; stopping?: () => boolean; also?: () => true | string } = {}) {
     this.inbox = inbox;
+    this.also = options.also ?? (() => true);
     this.cacheMs = options.cacheMs ?? DEFAULTS.readyCacheMs;
     if (!Number.isFinite(this.cacheMs) || this.cacheMs < 0)
       throw new TypeError(`Readiness: expected cacheMs to be a number >= 0, got ${this.cacheMs}`);
@@ -542,6 +582,8 @@ export class Readiness {
   /** ready is true if a delivery could be committed now, else why not. */
   async ready(): Promise<true | string> {
     if (this.stopping()) return "shutting down";
+    const also = this.also();
+    if (also !== true) return also;
     const t = performance.now();
     if (!this.read || t - this.read.at >= this.cacheMs) {
       this.read = { at: t, value: this.inbox.ready().catch((error: unknown) => `cannot commit: ${message(error)}`) };

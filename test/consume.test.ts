@@ -116,7 +116,7 @@ describe("Consumer.store()", () => {
 
 for (const backend of await backends("consume")) {
   describe(`JetStream source on ${backend.name}`, { skip: natsSkipped || backend.skip }, () => {
-    it("stores by Nats-Msg-Id, else stream:sequence, byte for byte; the same ID past the server's duplicate window is one delivery", async () => {
+    it("stores by Nats-Msg-Id, else stream:sequence:stored time, byte for byte; the same ID past the server's duplicate window is one delivery", async () => {
       const { target, cleanup } = await backend.make();
       const nc = await natsConnect({ servers: NATS });
       const jsm = await jetstreamManager(nc);
@@ -156,8 +156,13 @@ for (const backend of await backends("consume")) {
         const first = (await inbox.find("evt_1", "orders"))[0];
         assert.equal(first!.eventType, subject);
         assert.equal(first!.contentType, "application/json");
-        const bySeq = (await inbox.find(`${stream}:${plain.seq}`, "orders"))[0];
-        assert.deepEqual(bySeq!.body, raw, "the body byte for byte");
+        const [bySeq] = (await inbox.list({ source: "orders", limit: 10 })).filter((d) => d.id !== "evt_1");
+        assert.match(
+          bySeq!.id,
+          new RegExp(`^${stream}:${plain.seq}:\\d{19}$`),
+          "the stream, its sequence, its stored time",
+        );
+        assert.deepEqual((await inbox.find(bySeq!.id, "orders"))[0]!.body, raw, "the body byte for byte");
         await until("the consumer has nothing pending", async () => {
           const info = await jsm.consumers.info(stream, "inbox");
           return info.num_ack_pending === 0 && info.num_pending === 0;

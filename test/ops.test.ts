@@ -21,7 +21,9 @@ import { connect } from "../inbox.ts";
 import { reasonOf } from "../lib/metrics.ts";
 import { sign } from "../lib/providers.ts";
 import { STATUSES } from "../lib/store.ts";
-import { ROOT, backends, spawnScript, startReceiver, tempDir } from "./helpers.ts";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { connect as natsConnect } from "@nats-io/transport-node";
+import { ROOT, backends, freePort, NATS, natsSkip, spawnScript, startReceiver, tempDir, until } from "./helpers.ts";
 
 const ALERTS = join(ROOT, "ops", "alerts.yml");
 const ALERT_TESTS = join(ROOT, "ops", "alerts.test.yml");
@@ -625,6 +627,7 @@ for (const backend of await backends("ops")) {
           await new Promise((resolve) => setTimeout(resolve, 100));
         }
         expose(exposed, "webhook-inbox-receiver", "receiver", await scrape(`${receiver.url}/metrics`));
+        await consumerScrapes(made.target, dir, scrape);
       } finally {
         worker.child?.kill("SIGTERM");
         await receiver.stop();
@@ -634,6 +637,45 @@ for (const backend of await backends("ops")) {
     });
     after(async () => cleanup?.());
 
+    // consumerScrapes runs consumer.ts on a JetStream source of a few messages (with no NATS here, on one
+    // whose broker never answers: its metrics are the same, paused) and scrapes it before and after.
+    async function consumerScrapes(target: string, dir: string, scrape: (url: string) => Promise<string>) {
+      const nats = (await natsSkip()) === false;
+      const stream = `OPS_${process.pid}_${backend.name}`;
+      const nc = nats ? await natsConnect({ servers: NATS }) : undefined;
+      const jsm = nc ? await jetstreamManager(nc) : undefined;
+      const file = join(dir, "consumed.json");
+      try {
+        if (jsm) {
+          await jsm.streams.add({ name: stream, subjects: [`ops.${process.pid}.${backend.name}`] });
+          for (let i = 0; i < 3; i++) await jetstream(nc!).publish(`ops.${process.pid}.${backend.name}`, `{"i":${i}}`);
+        }
+        const url = nats ? NATS : `nats://127.0.0.1:${await freePort()}`;
+        writeFileSync(file, JSON.stringify({ pay: { broker: { type: "nats", url, stream, consumer: "inbox" } } }));
+        const port = await freePort();
+        const child = spawnScript("consumer.ts", ["--db", target, "--sources", file, "--metrics-port", String(port)]);
+        const ended = once(child, "close");
+        try {
+          const metrics = `http://127.0.0.1:${port}/metrics`;
+          await until("consumer.ts serves its metrics", () =>
+            scrape(metrics).then(
+              () => true,
+              () => false,
+            ),
+          );
+          expose(exposed, "webhook-inbox-consumer", "consumer", await scrape(metrics));
+          if (nats) await until("the three consumed", async () => /result="acked"} 3/.test(await scrape(metrics)));
+          expose(exposed, "webhook-inbox-consumer", "consumer", await scrape(metrics));
+        } finally {
+          child.kill("SIGTERM");
+          await ended;
+        }
+      } finally {
+        await jsm?.streams.delete(stream).catch(() => {});
+        await nc?.close();
+      }
+    }
+
     it("the rules name only metrics, labels and values the processes expose", () => {
       const file = rules();
       const recorded = recordedBy(file);
@@ -642,6 +684,8 @@ for (const backend of await backends("ops")) {
       );
       assert.deepEqual(found, []);
       for (const name of [
+        "inbox_consumer_state",
+        "inbox_consumer_pauses_total",
         "inbox_ready",
         "inbox_lease_takeovers_total",
         "inbox_failures_total",

@@ -47,7 +47,7 @@ export interface PageContext extends View {
   destinations: readonly string[];
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
   /** The broker sources as their brokers see them (consume.ts's brokerLines), where the sources file has any. */
-  brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
+  brokers?: () => Promise<readonly { source: string; from: string; said: string; problem?: string }[]>;
 }
 
 /** overviewLive is the overview's part that refreshes itself: counts, what is held, the last hour, each source. */
@@ -80,7 +80,7 @@ ${s.conflicts.deliveries > 0 ? ` · ${s.conflicts.deliveries} deliveries had dup
 ${held(destinations, t)}
 <h2>Last hour</h2>${chart(hour)}
 <h2>By source</h2><div class="scroll"><table><thead><tr><th>source</th>${STATUSES.map((n) => `<th class="num">${n}</th>`).join("")}</tr></thead><tbody>${rows || `<tr><td colspan="5">(the inbox is empty)</td></tr>`}</tbody></table></div>
-${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table><thead><tr><th>source</th><th>consumed from</th><th>its broker says</th></tr></thead><tbody>${brokers.map((b) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source: b.source })}">${escape(b.source)}</a></td><td>${escape(b.from)}</td><td>${escape(ctx.redact(b.said))}</td></tr>`).join("")}</tbody></table></div>`}
+${brokers.length === 0 ? "" : `<h2>Broker sources</h2><div class="scroll"><table><thead><tr><th>source</th><th>consumed from</th><th>its broker says</th><th>health</th></tr></thead><tbody>${brokers.map((b) => `<tr><td><a href="/deliveries?${new URLSearchParams({ source: b.source })}">${escape(b.source)}</a></td><td>${escape(b.from)}</td><td>${escape(ctx.redact(b.said))}</td>${b.problem === undefined ? "<td>ok</td>" : `<td class="error">${escape(ctx.redact(b.problem))}</td>`}</tr>`).join("")}</tbody></table></div>`}
 <p class="updated">Updated ${escape(utc(t))}</p>`;
 };
 

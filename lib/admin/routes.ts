@@ -64,7 +64,7 @@ export interface AdminOptions {
   /** Destinations the sources file names: listed, and may be paused, before a worker has used them. @default none */
   destinations?: readonly string[];
   /** The broker sources as their brokers see them, for the overview (admin.ts asks, cached). @default none */
-  brokers?: () => Promise<readonly { source: string; from: string; said: string }[]>;
+  brokers?: () => Promise<readonly { source: string; from: string; said: string; problem?: string }[]>;
   /** What a stored delivery would become under the configuration now (lib/forwarding/preview.ts), for the delivery's page and the API. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
   /**

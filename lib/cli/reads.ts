@@ -28,7 +28,10 @@ export function status(c: Cli): void {
           : undefined;
         if (opts.json)
           return void console.log(JSON.stringify({ ...s, kept, ...(consumed ? { brokers: consumed } : {}) }, null, 2));
-        for (const b of consumed ?? []) console.log(`broker source ${b.source} (${b.from}): ${b.said}`);
+        for (const b of consumed ?? [])
+          console.log(
+            `broker source ${b.source} (${b.from}): ${b.said}${b.problem ? `; unhealthy: ${b.problem}` : ""}`,
+          );
         for (const name of STATUSES) if (s.counts[name] > 0) console.log(`${name.padEnd(11)}${s.counts[name]}`);
         if (STATUSES.every((name) => s.counts[name] === 0)) console.log("(the inbox is empty)");
         for (const f of s.failed) {
