@@ -338,6 +338,39 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   });
 
+  // beforeAnswer wraps a real inbox's claimBatch: once a claim has read the queue, and before it answers,
+  // `meanwhile` runs, so that what the claim read predates whatever it does.
+  const beforeAnswer = (inbox: Inbox, meanwhile: (leases: Lease[]) => Promise<void>): Inbox =>
+    new Proxy(inbox, {
+      get(target, key) {
+        if (key === "claimBatch")
+          return async (...args: Parameters<Inbox["claimBatch"]>) => {
+            const leases = await target.claimBatch(...args);
+            await meanwhile(leases);
+            return leases;
+          };
+        const value = Reflect.get(target, key, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  // letGo gives a lane the turns it takes to settle and let go of what it holds.
+  const letGo = async (lane: Lane) => {
+    for (let turns = 0; lane.active > 0 && turns < 1_000; turns++) await new Promise((r) => setImmediate(r));
+  };
+  // onceLane is a --once lane of one slot on `claims`, each mark written at once, so that a lease is settled
+  // before the racing claim answers.
+  const onceLane = (inbox: Inbox, clock: FakeClock, claims: Inbox, execute: Executor): Lane =>
+    new Lane({
+      inbox: claims,
+      clock,
+      sizing: new AheadSizing(1, 4),
+      batcher: straight(inbox),
+      listener: counting().listener,
+      concurrency: 1,
+      once: true,
+      execute,
+    });
+
   // The forwarder's probe is the real case: its tally closes the breaker (and wakes the lane, "due") while
   // a claim that read the breaker still probing is out; the claim comes back empty with no lease held, and
   // a --once run used to end there with the destination's other deliveries left waiting (forward-brokers.test
@@ -348,45 +381,27 @@ describe("the lease loop on a SQLite clock of its own", () => {
     const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall });
     try {
       await inbox.store({ id: "evt_a", body: body(0) });
-      let lane: Lane | undefined;
       let finishA: () => void = () => {};
       let racing = false;
       const ran: string[] = [];
-      // The real inbox, with its claim wrapped.
-      const watched = new Proxy(inbox, {
-        get(target, key) {
-          if (key === "claimBatch")
-            return async (...args: Parameters<Inbox["claimBatch"]>) => {
-              const leases = await target.claimBatch(...args);
-              if (racing && leases.length === 0) {
-                racing = false;
-                await target.store({ id: "evt_b", body: body(1) });
-                if (tell) lane!.wake("due");
-                finishA();
-                for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
-                  await new Promise((resolve) => setImmediate(resolve));
-              }
-              return leases;
-            };
-          const value = Reflect.get(target, key, target);
-          return typeof value === "function" ? value.bind(target) : value;
-        },
-      });
-      lane = new Lane({
-        inbox: watched,
+      const lane: Lane = onceLane(
+        inbox,
         clock,
-        sizing: new AheadSizing(1, 4),
-        // Each mark written at once, so that evt_a is settled before the racing claim answers.
-        batcher: straight(inbox),
-        listener: counting().listener,
-        concurrency: 1,
-        once: true,
-        execute: async (lease: Lease) => {
+        // The real inbox, with its claim wrapped.
+        beforeAnswer(inbox, async (leases) => {
+          if (!racing || leases.length > 0) return;
+          racing = false;
+          await inbox.store({ id: "evt_b", body: body(1) });
+          if (tell) lane.wake("due");
+          finishA();
+          await letGo(lane);
+        }),
+        async (lease: Lease) => {
           ran.push(lease.id);
           if (lease.id === "evt_a") await new Promise<void>((resolve) => (finishA = resolve));
           return { kind: "done" };
         },
-      });
+      );
       const running = lane.start();
       await clock.until(() => ran.length === 1);
       racing = true;
@@ -414,40 +429,23 @@ describe("the lease loop on a SQLite clock of its own", () => {
     const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall, retryDelayMs, retryJitter: 0 });
     try {
       await inbox.store({ id: "evt_a", body: body(0) });
-      let lane: Lane | undefined;
       let finishA: () => void = () => {};
       let ran = 0;
-      const watched = new Proxy(inbox, {
-        get(target, key) {
-          if (key === "claimBatch")
-            return async (...args: Parameters<Inbox["claimBatch"]>) => {
-              const leases = await target.claimBatch(...args);
-              // The first empty claim: the retry's mark commits while it is out, and is settled before it answers.
-              if (ran === 1 && leases.length === 0) {
-                finishA();
-                for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
-                  await new Promise((resolve) => setImmediate(resolve));
-              }
-              return leases;
-            };
-          const value = Reflect.get(target, key, target);
-          return typeof value === "function" ? value.bind(target) : value;
-        },
-      });
-      lane = new Lane({
-        inbox: watched,
+      const lane: Lane = onceLane(
+        inbox,
         clock,
-        sizing: new AheadSizing(1, 4),
-        batcher: straight(inbox),
-        listener: counting().listener,
-        concurrency: 1,
-        once: true,
-        execute: async () => {
+        // The first empty claim: the retry's mark commits while it is out, and is settled before it answers.
+        beforeAnswer(inbox, async (leases) => {
+          if (ran !== 1 || leases.length > 0) return;
+          finishA();
+          await letGo(lane);
+        }),
+        async () => {
           if (++ran > 1) return { kind: "done" };
           await new Promise<void>((resolve) => (finishA = resolve));
           return { kind: "retry", error: "the bank is down" };
         },
-      });
+      );
       await lane.start();
       return { ran, a: await status(inbox, "evt_a") };
     } finally {

@@ -467,42 +467,63 @@ class DestinationLane {
 
   // settled counts, traces, tallies and says what became of one forward. What it returns is awaited before
   // the forward's slot frees, so a failure's tally has said whether the breaker opened.
-  private async settled(event: Settled<Forwarded>): Promise<void> {
-    const { name } = this;
-    const { stats, log, options } = this.p;
+  private settled(event: Settled<Forwarded>): void | Promise<void> {
     const { lease, settlement: s, result } = event;
     const span = this.spans.get(lease);
     this.spans.delete(lease);
-    const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
     const tried = "tried" in s ? s.tried : undefined;
-    if (tried) options.metrics?.forwarded(name, tried.answer.kind, event.ran ?? 0);
-    if (result === "unsettled") {
-      span?.end("retry", message(event.unsettled));
-      if (s.kind === "released" && !event.cutOff)
-        return log(
-          `${label(lease)} → ${name}: could not release (${message(event.unsettled)}); it goes again when its lease expires`,
-          { level: "warn", destination: name },
-        );
-      return log(
-        `${label(lease)} → ${name}: could not record the outcome (${message(event.unsettled)}); it goes again when its lease expires`,
-        { level: "error", ...fields },
-      );
-    }
+    if (tried) this.p.options.metrics?.forwarded(this.name, tried.answer.kind, event.ran ?? 0);
+    if (result === "unsettled") return this.unsettled(event, span);
     // Given back: not started, cut off by a stop, or held behind a destination that said it is gone.
     if (s.kind === "released" || s.kind === "held" || (s.kind === "retry" && event.cutOff)) {
       span?.end("released", s.kind === "held" ? s.error : undefined);
-      if (result === "released") stats.held++;
+      if (result === "released") this.p.stats.held++;
       if (s.kind === "held" && event.paused)
         this.p.say(
-          { type: "destination.paused", data: { destination: name, reason: s.error } },
-          `${name}: paused: ${s.error}; its deliveries wait until \`inbox.ts resume ${name}\``,
+          { type: "destination.paused", data: { destination: this.name, reason: s.error } },
+          `${this.name}: paused: ${s.error}; its deliveries wait until \`inbox.ts resume ${this.name}\``,
           "error",
         );
       return;
     }
-    if (s.kind === "done" && (result === "done" || result === "lost"))
-      return this.done(event, span, tried?.skipped ?? false);
-    // A failure recorded: the try's own, or (a done whose mark the store refused) the store's.
+    if (s.kind === "done" && (result === "done" || result === "lost")) return this.done(event, span, tried);
+    return this.failed(event, span, tried);
+  }
+
+  // done says what became of a forward that was answered, or skipped by its transform: done with the
+  // others of its batch, most often in the next claim's commit, or lost meanwhile.
+  private done(event: Settled<Forwarded>, span: Process | undefined, tried: Tried | undefined): void | Promise<void> {
+    const { name } = this;
+    const { lease } = event;
+    const skipped = tried?.skipped ?? false;
+    if (event.result === "lost") {
+      span?.end("lost");
+      this.p.stats.lost++;
+      this.p.log(
+        `${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`,
+        { level: "warn", ...this.fields(lease) },
+      );
+      return;
+    }
+    span?.end("done");
+    this.p.stats.done++;
+    if (!skipped) this.gathered.done++;
+    const say = () =>
+      this.p.log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, {
+        ...this.fields(lease),
+        status: "done",
+      });
+    if (lease.probe && !skipped) return this.tally({ probe: "done" }).then(say);
+    say();
+  }
+
+  // failed says what a recorded failure came to (lost, set aside, or to be retried), once the breaker has
+  // counted it: the try's own failure, or (a done whose mark the store refused) the store's.
+  private async failed(event: Settled<Forwarded>, span: Process | undefined, tried: Tried | undefined): Promise<void> {
+    const { name } = this;
+    const { stats, log, options } = this.p;
+    const { lease, settlement: s, result } = event;
+    const fields = this.fields(lease);
     const error = event.error ?? "";
     span?.end(result === "lost" ? "lost" : result === "failed" ? "failed" : "retry", error);
     // A try this worker cut off itself, its lease lost to a takeover (its event loop stalled past the lease),
@@ -536,28 +557,25 @@ class DestinationLane {
     }
   }
 
-  // done says what became of a forward that was answered, or skipped by its transform: done with the
-  // others of its batch, most often in the next claim's commit, or lost meanwhile.
-  private async done(event: Settled<Forwarded>, span: Process | undefined, skipped: boolean): Promise<void> {
-    const { name } = this;
-    const { lease } = event;
-    const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
-    if (event.result === "lost") {
-      span?.end("lost");
-      this.p.stats.lost++;
+  // unsettled says that what a forward came to could not be written: its lease runs out, and it goes again.
+  private unsettled(event: Settled<Forwarded>, span: Process | undefined): void {
+    const { lease, settlement: s } = event;
+    const why = message(event.unsettled);
+    span?.end("retry", why);
+    if (s.kind === "released" && !event.cutOff)
+      this.p.log(`${label(lease)} → ${this.name}: could not release (${why}); it goes again when its lease expires`, {
+        level: "warn",
+        destination: this.name,
+      });
+    else
       this.p.log(
-        `${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`,
-        { level: "warn", ...fields },
+        `${label(lease)} → ${this.name}: could not record the outcome (${why}); it goes again when its lease expires`,
+        { level: "error", ...this.fields(lease) },
       );
-      return;
-    }
-    span?.end("done");
-    this.p.stats.done++;
-    if (!skipped) this.gathered.done++;
-    if (lease.probe && !skipped) await this.tally({ probe: "done" });
-    this.p.log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, {
-      ...fields,
-      status: "done",
-    });
+  }
+
+  // fields are a forward's log fields.
+  private fields(lease: Lease) {
+    return { source: lease.source, id: lease.id, destination: this.name, attempts: lease.attempts };
   }
 }

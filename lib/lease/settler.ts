@@ -149,7 +149,9 @@ export class Settler<S extends Settlement = Settlement> {
         result === "released" ||
         (lease.orderKey !== null && (result === "done" || result === "failed")),
     };
-    await this.o.listener(event);
+    // Awaited only when the listener has something to wait for: most settlements have not.
+    const heard = this.o.listener(event);
+    if (heard) await heard;
     return event;
   }
 
