@@ -493,17 +493,22 @@ export class Lane<S extends Settlement = Settlement> implements LaneView {
   // settle hands a lease's settlement to the settler, which writes and reports it; then the lease is let
   // go, in the same step as the wake that says whether it made something due, so a --once run that ends
   // on an empty claim has seen every settlement that claim could not.
-  private async settle(lease: Lease, settlement: S | Released, how: Settling, keepsPlace = false): Promise<void> {
+  private settle(lease: Lease, settlement: S | Released, how: Settling, keepsPlace = false): Promise<void> {
     // Held before the lease goes back, so that no claim of this lane starts the deliveries that wait with it.
     if (settlement.kind === "held") this.hold(true);
-    let due = false;
-    try {
-      due = (await this.settler.settle(lease, settlement, how)).due;
-    } finally {
+    const letGo = (due: boolean) => {
       if (keepsPlace) this.free();
       this.leases.delete(lease);
       this.wake(due ? "due" : "freed");
-    }
+    };
+    return this.settler.settle(lease, settlement, how).then(
+      (settled) => letGo(settled.due),
+      (error: unknown) => {
+        // A listener that threw broke its contract: the lease is let go all the same, and the error goes on.
+        letGo(false);
+        throw error;
+      },
+    );
   }
 
   // giveBack releases a lease not started, its attempt given back.
