@@ -299,8 +299,8 @@ export class Lane<S extends Settlement = Settlement> implements LaneView {
   }
 
   // claimUntilStopped is the loop: send the done marks, claim what the sizing says, start what may start,
-  // and pause when nothing came. Its only awaits are the claim and the pause: a claim's leases are started
-  // and the next claim sized in the same turn, before the executors they started have said anything.
+  // and pause when nothing came. It awaits only the claim and its pauses: a claim's leases are started and
+  // the next claim sized in the same turn, before the executors they started have said anything.
   private async claimUntilStopped(): Promise<void> {
     this.delay = this.pollMin;
     while (this.life === "running") {
@@ -319,8 +319,8 @@ export class Lane<S extends Settlement = Settlement> implements LaneView {
         this.delay = this.pollMin;
         continue;
       }
-      if (this.dueAt > turn) continue;
       if (this.o.once && room > 0 && (await this.nothingLeft(turn))) return;
+      // Something became due that the claim could not see (Wake "due"): claim again rather than pause.
       if (this.dueAt > turn) continue;
       if (this.life !== "running") return;
       // Idle: back off up to pollMax; a wake since this turn began (a freed place, a done mark, a stop) ends it at once.
