@@ -32,7 +32,7 @@ import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
-import { Startup, StartupError, type Sources } from "./lib/startup.ts";
+import { Startup, StartupError, type SourcesFile } from "./lib/startup.ts";
 
 /** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/jobs.ts). */
 export type { Handler, Job, RunStats };
@@ -607,7 +607,7 @@ async function serveMetrics(inbox: Inbox, port: number, host: string, stopping: 
 // ready prepares a configuration as the worker runs it (lib/config/live.ts: its secrets read, its transforms
 // loaded, its brokers' clients found), or stops start-up with one line: the file's mistake, or the database's.
 async function ready(
-  file: Sources | undefined,
+  file: SourcesFile | undefined,
   config: Pick<StoredConfig, "version" | "document" | "transforms">,
   base: string,
   limits: TransformLimits,

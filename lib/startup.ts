@@ -50,8 +50,8 @@ export interface StartupOptions {
   env: Env;
 }
 
-/** Sources is a sources file read and checked whole: its text, as it is applied, and what it says. */
-export interface Sources {
+/** SourcesFile is a sources file read and checked whole: its text, as it is applied, and what it says. */
+export interface SourcesFile {
   path: string;
   text: string;
   loaded: Loaded;
@@ -75,7 +75,7 @@ export class Startup {
    * destinations' secrets are checked for their shape only (they are the worker's to use). No line quotes
    * the file's text: it may hold a secret.
    */
-  readSources(path: string, options: { resolve: boolean }): Sources {
+  readSources(path: string, options: { resolve: boolean }): SourcesFile {
     const { script, env } = this.o;
     let text: string;
     let parsed: unknown;
@@ -126,7 +126,7 @@ export class Startup {
    */
   async configure(
     inbox: Inbox,
-    file: Sources | undefined,
+    file: SourcesFile | undefined,
     options: { resolve: boolean; actor: string },
   ): Promise<{ stored: StoredConfig | undefined; changes: string[] }> {
     let changes: string[] = [];
