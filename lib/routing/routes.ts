@@ -7,6 +7,7 @@
 
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "../defaults.ts";
+import type { Reach } from "../reach.ts";
 import { isReference, plainName, readReference, type Values } from "../references.ts";
 import { compileFilter, type FilterInput, type RouteFilter } from "./filter.ts";
 import { DESTINATION_NAME, type BreakerPolicy } from "../store.ts";
@@ -59,6 +60,8 @@ export interface HttpDestination {
   breaker: BreakerPolicy | false;
   /** The module that reshapes each forward here, unless the route names its own. @default none */
   transform?: TransformSetting;
+  /** Where it may connect, when the API or the page set it (lib/reach.ts); the operator's own reach anything. @default anything */
+  reach?: Reach;
 }
 
 /** BrokerDestination is a destination that publishes into a broker; brokers.ts reads its settings. */
@@ -84,6 +87,8 @@ export interface Operator {
   headers: Record<string, string>;
   /** The names of its headers whose values are secrets (bearer, basic, env:NAME). @default every header */
   secretHeaders?: string[];
+  /** Where it may connect, when the API set it (lib/reach.ts). @default anything */
+  reach?: Reach;
 }
 
 /** Forwarding is what the worker reads from a sources file: the destinations, and the operator's URL. */
