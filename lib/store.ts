@@ -636,6 +636,8 @@ export interface ApplyConfigOptions {
   trust?: Record<string, Way>;
   /** Who asks, for the audit log. @default none */
   audit?: Audit;
+  /** How many parts it changes: its audit entry's count. @default 1 */
+  parts?: number;
   /** Refuse if the version in force is not this one (0: none). @default apply over whatever is in force */
   expectedVersion?: number;
   /** @default no transforms */

@@ -222,7 +222,7 @@ export class PostgresRecords {
           JSON.stringify(options.trust ?? {}),
         ],
       );
-      await writeAudit(client, options.audit, 1, this.now());
+      await writeAudit(client, options.audit, options.parts ?? 1, this.now());
       // Every receiver and worker listening takes the new version up at this commit.
       await client.query("SELECT pg_notify($1, 'config')", [this.o.channel()]);
       return { applied: true, version, cancelled };

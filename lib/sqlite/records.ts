@@ -213,7 +213,7 @@ export class SqliteRecords {
         options.way ?? "operator",
         JSON.stringify(options.trust ?? {}),
       );
-      writeAudit(this.sql, options.audit, 1, now);
+      writeAudit(this.sql, options.audit, options.parts ?? 1, now);
       return { applied: true, version, cancelled };
     });
   }
