@@ -112,11 +112,11 @@ export function startWorker(db: string, args: string[] = [], env: NodeJS.Process
   };
 }
 
-/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens. */
+/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens, and all it wrote so far (log()). */
 export async function startAdmin(
   args: string[],
   env: NodeJS.ProcessEnv = {},
-): Promise<{ url: string; child: ChildProcess }> {
+): Promise<{ url: string; child: ChildProcess; port: number; log: () => string }> {
   const port = await freePort();
   const child = spawnScript("admin.ts", [...args, "--port", String(port)], env);
   let out = "";
@@ -128,7 +128,7 @@ export async function startAdmin(
     child.stderr!.on("data", (d) => (out += d));
     child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
   });
-  return { url: `http://127.0.0.1:${port}`, child };
+  return { url: `http://127.0.0.1:${port}`, child, port, log: () => out };
 }
 
 /** Forwarded is one request a destinationServer was sent: its path's name, the delivery's ID, its headers, body, and when it arrived. */

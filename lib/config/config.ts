@@ -120,7 +120,7 @@ export async function loadVersion(
 ): Promise<Loaded> {
   const parsed = parseDocument(config.document);
   const trust = trustIn(parsed, config);
-  await checkDocument(parsed, trust, host.policy);
+  await checkDocument(parsed, trust, host.policy, { addresses: "unhooked", sourcesOnly: options.resolve === false });
   return loadConfig(parsed, await valuesFor(host, parsed), { ...options, trust, reach: host.policy.reach });
 }
 
@@ -347,7 +347,7 @@ export async function plan(
     options.way,
     current && { parsed: was, trust: trustIn(was, current), way: current.way },
   );
-  await checkDocument(parsed, trust, host.policy, { resolve: true });
+  await checkDocument(parsed, trust, host.policy, { addresses: "all" });
   const loaded = loadConfig(parsed, await valuesFor({ ...host, inbox }, parsed), {
     resolve: options.resolve ?? true,
     trust,

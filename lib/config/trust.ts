@@ -104,18 +104,25 @@ export function holders(part: unknown): Record<string, unknown>[] {
  * TypeError of one line, naming the part, at the first thing it may not do: name an environment variable
  * INBOX_API_ENV does not allow (refused before it is read, set or not), hold a secret in the clear (it belongs
  * in the secret store), name a file on the host (a CA), or aim a destination, the operator's URL, a broker
- * or a reconcile API at an address the rule refuses (a literal, in any spelling; with resolve, a name too, as
- * the resolver answers now: each connection is checked again on its own address). The operator's parts pass
- * as they are.
+ * or a reconcile API at an address the rule refuses: a literal in any spelling, and a name as the resolver
+ * answers now. At apply every address is checked ("all"). A process that runs a version checks again only
+ * those no connection hook will ("unhooked": a broker's servers, a reconcile API): an HTTP destination's
+ * and the operator's URL are held to its own Policy at each connection, on the address connected to
+ * (lib/reach.ts), so one it may not reach fails its forwards rather than stopping the rest. With
+ * sourcesOnly (the receiver, which reads nothing else), only the sources are checked. The operator's parts
+ * pass as they are.
  */
 export async function checkDocument(
   parsed: unknown,
   trust: Trust,
   policy: Policy,
-  options: { resolve?: boolean } = {},
+  options: { addresses: "all" | "unhooked"; sourcesOnly?: boolean },
 ): Promise<void> {
   for (const [part, value] of partsOf(parsed)) {
     if ((trust[part] ?? "api") !== "api") continue;
+    // A process that reads only the sources (the receiver) holds only them to the rule: the rest is the
+    // worker's to read, and to refuse.
+    if (options.sourcesOnly && !part.startsWith("source ")) continue;
     for (const { ref, path } of referencesIn(value))
       if (ref.kind === "env" && !policy.apiEnv.has(ref.name))
         throw new TypeError(
@@ -132,28 +139,31 @@ export async function checkDocument(
             `${part}: ca names a file on the host, which a change through the API may not; only the operator's file may`,
           );
       }
-    for (const { where, url } of addressesOf(part, value)) {
-      const why = options.resolve ? await policy.reach.resolve(url) : policy.reach.urlRefusal(url);
+    for (const { where, url, hooked } of addressesOf(part, value)) {
+      if (hooked && options.addresses === "unhooked") continue;
+      const why = await policy.reach.resolve(url);
       if (why) throw new TypeError(`${part}: ${where} ${why}`);
     }
   }
 }
 
-// addressesOf lists the URLs a part connects to: a destination's or the operator's url, a broker's servers,
-// a reconcile API's base. A reference is read by the worker, and checked at its connections; a URL that
-// does not parse is left to the part's own checks.
-function addressesOf(part: string, value: unknown): { where: string; url: URL }[] {
+// addressesOf lists the URLs a part connects to, each with whether its connections are checked by a hook
+// (an HTTP destination's or the operator's url, through undici) or not (a broker's servers, a reconcile
+// API's base). A reference is left unread; a URL that does not parse is left to the part's own checks.
+function addressesOf(part: string, value: unknown): { where: string; url: URL; hooked: boolean }[] {
   if (!isObject(value)) return [];
-  const urls: { where: string; text: unknown }[] = [];
-  if (part.startsWith("destination ") || part === "$operator") urls.push({ where: "url", text: value.url });
-  if (isObject(value.broker)) urls.push({ where: "broker url", text: value.broker.url });
-  if (isObject(value.reconcile)) urls.push({ where: "reconcile apiBase", text: value.reconcile.apiBase });
-  const out: { where: string; url: URL }[] = [];
-  for (const { where, text } of urls) {
+  const urls: { where: string; text: unknown; hooked: boolean }[] = [];
+  if (part.startsWith("destination ") || part === "$operator")
+    urls.push({ where: "url", text: value.url, hooked: value.type === undefined || value.type === "http" });
+  if (isObject(value.broker)) urls.push({ where: "broker url", text: value.broker.url, hooked: false });
+  if (isObject(value.reconcile))
+    urls.push({ where: "reconcile apiBase", text: value.reconcile.apiBase, hooked: false });
+  const out: { where: string; url: URL; hooked: boolean }[] = [];
+  for (const { where, text, hooked } of urls) {
     if (typeof text !== "string" || text.startsWith("env:") || text.startsWith("secret:")) continue;
     for (const one of text.split(",")) {
       try {
-        out.push({ where, url: new URL(one.trim()) });
+        out.push({ where, url: new URL(one.trim()), hooked });
       } catch {
         // Not a URL: the part's own checks say so.
       }
