@@ -254,8 +254,8 @@ export function fieldChanges(old: unknown, next: unknown): string[] {
       const was = leaves(before.get(part));
       const now = leaves(value);
       const fields = [...new Set([...was.keys(), ...now.keys()])]
-        .filter((k) => was.get(k) !== now.get(k))
-        .map((k) => `${k} ${was.get(k) ?? "(none)"} → ${now.get(k) ?? "(none)"}`);
+        .filter((k) => was.get(k)?.raw !== now.get(k)?.raw)
+        .map((k) => `${k} ${was.get(k)?.shown ?? "(none)"} → ${now.get(k)?.shown ?? "(none)"}`);
       lines.push(`~ ${part}: ${fields.join("; ")}`);
     }
   }
@@ -263,20 +263,29 @@ export function fieldChanges(old: unknown, next: unknown): string[] {
   return lines;
 }
 
-// leaves flattens a part's settings to the path of each value and the value as the audit log may show it.
-function leaves(value: unknown, path: string[] = [], out = new Map<string, string>()): Map<string, string> {
+// leaves flattens a part's settings to the path of each value: the value, to compare, and what the audit log
+// may show of it.
+function leaves(
+  value: unknown,
+  path: string[] = [],
+  out = new Map<string, { raw: string; shown: string }>(),
+): Map<string, { raw: string; shown: string }> {
   if (typeof value === "object" && value !== null) {
     for (const [k, v] of Object.entries(value)) {
       const here = [...path, k];
-      if (inTheClear(k, v)) out.set(here.join("."), "(a secret, not shown)");
+      const raw = JSON.stringify(v) ?? "null";
+      if (inTheClear(k, v)) out.set(here.join("."), { raw, shown: "(a secret, not shown)" });
       else if (path.at(-1) === "headers" && typeof v === "string" && !/^(env|secret):/.test(v))
-        out.set(here.join("."), "(a value, not shown)");
+        out.set(here.join("."), { raw, shown: "(a value, not shown)" });
       else leaves(v, here, out);
     }
     return out;
   }
   const shown = typeof value === "string" ? value : (JSON.stringify(value) ?? "null");
-  out.set(path.join("."), shown.length > 120 ? `${shown.slice(0, 117)}…` : shown);
+  out.set(path.join("."), {
+    raw: JSON.stringify(value) ?? "null",
+    shown: shown.length > 120 ? `${shown.slice(0, 117)}…` : shown,
+  });
   return out;
 }
 
