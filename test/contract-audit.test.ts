@@ -11,25 +11,7 @@ import { describe, it } from "node:test";
 import { mintKey } from "../lib/api/keys.ts";
 import type { Audit, Inbox } from "../lib/store.ts";
 import { body, contract, LEASE, T0 } from "./contract-harness.ts";
-
-// refuse makes every insert into the audit log fail, as a full disk or a revoked privilege would; it returns
-// how to let them through again.
-async function refuse(inbox: Inbox): Promise<() => Promise<void>> {
-  if (inbox.backend === "sqlite") {
-    await inbox.query(
-      "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END",
-    );
-    return async () => void (await inbox.query("DROP TRIGGER refuse_audit"));
-  }
-  await inbox.query(
-    "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$",
-  );
-  await inbox.query("CREATE TRIGGER refuse_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()");
-  return async () => {
-    await inbox.query("DROP TRIGGER refuse_audit ON audit");
-    await inbox.query("DROP FUNCTION refuse_audit()");
-  };
-}
+import { refuseAudit } from "./helpers.ts";
 
 // state is what a change may touch, as text: the deliveries, the destinations, the configuration, the keys and
 // the secrets.
@@ -207,7 +189,7 @@ contract((suite) => {
         suite.t = T0 + 1_000;
         const before = await state(inbox);
         const had = await entries(inbox);
-        const allow = await refuse(inbox);
+        const allow = await refuseAudit(inbox);
         await assert.rejects(
           c.change(inbox, { who: "cli:ops", operation: c.name, target: `the test's ${c.name}` }),
           /audit refused/,

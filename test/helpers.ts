@@ -531,6 +531,30 @@ export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Prom
   };
 }
 
+/**
+ * refuseAudit makes every insert into an inbox's audit log fail, as a full disk or a revoked privilege would
+ * (a trigger, on either backend), and returns how to let them through again.
+ */
+export async function refuseAudit(inbox: {
+  backend: string;
+  query(sql: string): Promise<unknown>;
+}): Promise<() => Promise<void>> {
+  if (inbox.backend === "sqlite") {
+    await inbox.query(
+      "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END",
+    );
+    return async () => void (await inbox.query("DROP TRIGGER refuse_audit"));
+  }
+  await inbox.query(
+    "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$",
+  );
+  await inbox.query("CREATE TRIGGER refuse_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()");
+  return async () => {
+    await inbox.query("DROP TRIGGER refuse_audit ON audit");
+    await inbox.query("DROP FUNCTION refuse_audit()");
+  };
+}
+
 /** freePort asks the system for a TCP port nobody listens on right now. */
 export async function freePort(): Promise<number> {
   const { createServer } = await import("node:net");

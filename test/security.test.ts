@@ -27,6 +27,7 @@ import {
   backends,
   PG_BIN,
   POSTGRES,
+  refuseAudit,
   ROOT,
   runScript,
   startAdmin,
@@ -629,21 +630,7 @@ for (const backend of await backends("security")) {
         assert.match(metrics, new RegExp(`inbox_audit_entries\\{actor="${kind}"\\} [1-9]`));
 
       // The audit insert made to fail: nothing the API, the page or the CLI asks is made.
-      const allow = await (async () => {
-        if (inbox.backend === "sqlite") {
-          await inbox.query(
-            "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END",
-          );
-          return () => inbox.query("DROP TRIGGER refuse_audit");
-        }
-        await inbox.query(
-          "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$",
-        );
-        await inbox.query(
-          "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()",
-        );
-        return () => inbox.query("DROP TRIGGER refuse_audit ON audit");
-      })();
+      const allow = await refuseAudit(inbox);
       const v = await version();
       const had = await entries();
       const paused = async () => (await inbox.destinations()).find((d) => d.name === "app")?.state === "paused";
