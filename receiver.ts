@@ -510,7 +510,7 @@ function readSources(sourcesFile: string): string {
   }
   try {
     // A secret of the store is read from the inbox: such a file is checked whole once it is open.
-    if (secretNames(parsed).length === 0) loadConfig(parsed, process.env, { resolve: false });
+    if (secretNames(parsed, { sourcesOnly: true }).length === 0) loadConfig(parsed, process.env, { resolve: false });
     return text;
   } catch (error) {
     return fatal(`receiver: ${sourcesFile}: ${message(error)}`);

@@ -78,18 +78,26 @@ export function hostOf(
   };
 }
 
-/** secretNames lists the secrets of the store a document names (secret:NAME), each once. */
-export function secretNames(parsed: unknown): string[] {
-  return [...new Set(referencesIn(parsed).flatMap(({ ref }) => (ref.kind === "secret" ? [ref.name] : [])))];
+/**
+ * secretNames lists the secrets of the store a document names (secret:NAME), each once; with sourcesOnly,
+ * those its sources name, all that a receiver reads.
+ */
+export function secretNames(parsed: unknown, options: { sourcesOnly?: boolean } = {}): string[] {
+  const parts = [...partsOf(parsed)].filter(([part]) => !options.sourcesOnly || part.startsWith("source "));
+  const names = parts.flatMap(([, value]) =>
+    referencesIn(value).flatMap(({ ref }) => (ref.kind === "secret" ? [ref.name] : [])),
+  );
+  return [...new Set(names)];
 }
 
 /**
  * valuesFor is where a document's references are read from in this process: its environment, and the
- * secrets it names, opened. A secret this process cannot open (no key, another key) is a TypeError of one
- * line naming it; one the store does not hold is left for its setting to say it is not set.
+ * secrets it names (with sourcesOnly, its sources), opened. A secret this process cannot open (no key,
+ * another key) is a TypeError of one line naming it; one the store does not hold is left for its setting to
+ * say it is not set.
  */
-export async function valuesFor(host: Host, parsed: unknown): Promise<Env> {
-  const names = secretNames(parsed);
+export async function valuesFor(host: Host, parsed: unknown, options: { sourcesOnly?: boolean } = {}): Promise<Env> {
+  const names = secretNames(parsed, options);
   if (names.length === 0 || !host.inbox) return host.env;
   return withSecrets(host.env, await openSecrets(host.inbox, names, host.keyring));
 }
@@ -120,8 +128,11 @@ export async function loadVersion(
 ): Promise<Loaded> {
   const parsed = parseDocument(config.document);
   const trust = trustIn(parsed, config);
-  await checkDocument(parsed, trust, host.policy, { addresses: "unhooked", sourcesOnly: options.resolve === false });
-  return loadConfig(parsed, await valuesFor(host, parsed), { ...options, trust, reach: host.policy.reach });
+  // Without resolve (the receiver) only the sources are read: only they are held to the rule, and opened.
+  const sourcesOnly = options.resolve === false;
+  await checkDocument(parsed, trust, host.policy, { addresses: "unhooked", sourcesOnly });
+  const values = await valuesFor(host, parsed, { sourcesOnly });
+  return loadConfig(parsed, values, { ...options, trust, reach: host.policy.reach });
 }
 
 /**
@@ -357,11 +368,15 @@ export async function plan(
     current && { parsed: was, trust: trustIn(was, current), way: current.way },
   );
   await checkDocument(parsed, trust, host.policy, { addresses: "all" });
-  const loaded = loadConfig(parsed, await valuesFor({ ...host, inbox }, parsed), {
-    resolve: options.resolve ?? true,
-    trust,
-    reach: host.policy.reach,
-  });
+  const loaded = loadConfig(
+    parsed,
+    await valuesFor({ ...host, inbox }, parsed, { sourcesOnly: options.resolve === false }),
+    {
+      resolve: options.resolve ?? true,
+      trust,
+      reach: host.policy.reach,
+    },
+  );
   const transforms = hashTransforms(loaded.uses, base);
   const old = current ? { parsed: was, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });
