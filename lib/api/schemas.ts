@@ -264,7 +264,7 @@ export const ConfigShown = z
     appliedAt: z.number().int().nullable(),
     document: Settings.nullable().openapi({
       description:
-        "The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses.",
+        "The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses.",
     }),
     transforms: z
       .record(z.string(), z.string())

@@ -214,7 +214,7 @@ export interface components {
       version: number;
       actor: string | null;
       appliedAt: number | null;
-      /** @description The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses. */
+      /** @description The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses. */
       document: {
         [key: string]: unknown;
       } | null;
