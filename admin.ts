@@ -7,6 +7,7 @@
 import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect } from "./inbox.ts";
+import { type Host, hostOf } from "./lib/config/config.ts";
 import { createAdmin, listenAdmin } from "./lib/admin/routes.ts";
 import { isLoopback } from "./lib/admin/session.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
@@ -49,6 +50,10 @@ export async function main(argv: string[]): Promise<void> {
       "--sources <file>",
       "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what it would send while the database has no configuration, no secret it names is ever shown, and relative transform paths start from its folder (default: INBOX_SOURCES)",
     )
+    .option(
+      "--secrets-key-file <file>",
+      "the key that seals and opens the secret store's values (PUT /api/v1/secrets), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -69,6 +74,7 @@ Examples:
     adminToken?: string;
     readOnly?: boolean;
     sources?: string;
+    secretsKeyFile?: string;
   }>();
   let token = opts.adminToken;
   if (token?.startsWith("env:")) {
@@ -113,6 +119,18 @@ Examples:
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
+  // What the operator hands a configuration changed through the API (lib/config/trust.ts): the names it may
+  // read, where it may connect, and the key of the secret store.
+  let host: Host;
+  try {
+    host = hostOf(process.env, {
+      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
+      ownPorts: [opts.port],
+      inbox,
+    });
+  } catch (error) {
+    return fatal(`admin: ${message(error)}`);
+  }
   const admin = createAdmin({
     inbox,
     token,
@@ -120,9 +138,10 @@ Examples:
     audit: log,
     hide: forwarding ? secretsOf(forwarding) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
-    // A configuration applied through the API is checked as `config apply` checks one: its secrets read from
-    // this environment, its transforms from the folder a worker reads them from.
-    env: process.env,
+    // A configuration applied through the API is checked as `config apply` checks one, its own parts held to
+    // the operator's rule: its secrets read from this environment and the store, its transforms from the
+    // folder a worker reads them from.
+    host,
     base,
     ...(brokers ? { brokers } : {}),
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
@@ -147,6 +166,11 @@ Examples:
   console.log(
     `Operator page on ${url}${opts.readOnly ? " (read-only)" : ""}${token ? "" : " (no token: loopback only)"}`,
   );
+  // Without a token any process on this host acts as the operator: fine on a laptop, not on a server.
+  if (!token && beyondLaptop(process.env))
+    console.error(
+      "admin: warning: no --admin-token, so any process on this host that reaches the page acts as the operator through it; production units set one (docs/security.md)",
+    );
   const stop = async () => {
     admin.server.close();
     admin.server.closeAllConnections();
@@ -156,6 +180,12 @@ Examples:
   };
   process.on("SIGTERM", () => void stop());
   process.on("SIGINT", () => void stop());
+}
+
+// beyondLaptop says whether this looks like a server rather than a developer's laptop: started by systemd,
+// in a Kubernetes pod, or told it is production.
+function beyondLaptop(env: NodeJS.ProcessEnv): boolean {
+  return env.INVOCATION_ID !== undefined || env.KUBERNETES_SERVICE_HOST !== undefined || env.NODE_ENV === "production";
 }
 
 // fatal stops start-up with one line: exit 2 for a mistake in the options, 1 for a runtime failure.

@@ -6,12 +6,14 @@
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { missingClient } from "./lib/brokers.ts";
+import { type Host, hostOf, secretNames, valuesFor } from "./lib/config/config.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo, spokenAs } from "./lib/format.ts";
 import { message } from "./lib/log.ts";
 import { Metrics, Readiness } from "./lib/metrics.ts";
 import { loadSources, readSourcesFile } from "./lib/providers.ts";
+import type { Values } from "./lib/references.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
 
 /** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
@@ -47,6 +49,10 @@ export async function main(argv: string[]): Promise<void> {
       "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
     )
     .option("--force", "SQLite: start on a file that fails the start-up quick_check, saying so")
+    .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (a broker's secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -70,6 +76,7 @@ Examples:
     quiet?: boolean;
     skipCheck?: boolean;
     force?: boolean;
+    secretsKeyFile?: string;
   }>();
   const say = (line: string) => console.error(line);
   const file = opts.sources ?? process.env.INBOX_SOURCES;
@@ -77,24 +84,39 @@ Examples:
     say("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
     process.exit(2);
   }
-  let chosen: ConsumedSource[];
+  // chosen reads the file's broker sources, their references read from values, or stops start-up with one line.
+  const choose = async (parsed: unknown, values: Values): Promise<ConsumedSource[]> => {
+    try {
+      const all = [...loadSources(parsed, values).values()];
+      let chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
+      if (opts.source) {
+        const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
+        if (unknown.length > 0) throw new Error(`no broker source named ${unknown.join(", ")}`);
+        chosen = chosen.filter((s) => opts.source!.includes(s.name));
+      }
+      if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
+      for (const s of chosen) {
+        const missing = await missingClient(s.broker.type, s.name, "source");
+        if (missing) throw new Error(missing);
+      }
+      return chosen;
+    } catch (error) {
+      say(`consumer: ${file}: ${message(error)}`);
+      process.exit(2);
+    }
+  };
+  let parsed: unknown;
+  let host: Host;
   try {
-    const all = [...loadSources(readSourcesFile(file), process.env).values()];
-    chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
-    if (opts.source) {
-      const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
-      if (unknown.length > 0) throw new Error(`no broker source named ${unknown.join(", ")}`);
-      chosen = chosen.filter((s) => opts.source!.includes(s.name));
-    }
-    if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
-    for (const s of chosen) {
-      const missing = await missingClient(s.broker.type, s.name, "source");
-      if (missing) throw new Error(missing);
-    }
+    parsed = readSourcesFile(file);
+    host = hostOf(process.env, opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile });
   } catch (error) {
     say(`consumer: ${file}: ${message(error)}`);
     process.exit(2);
   }
+  // A secret of the store is read from the inbox: such a file is read once it is open.
+  const fromStore = secretNames(parsed).length > 0;
+  let chosen = fromStore ? [] : await choose(parsed, process.env);
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   // As the receiver and the worker: a message acked into a damaged file may never be read back, so the
   // check runs when it is due, and this process's own unclean stop makes it due for the next to start.
@@ -104,6 +126,14 @@ Examples:
     if (!opts.force) process.exit(2);
   }
   const inbox = await connect(path);
+  if (fromStore) {
+    try {
+      chosen = await choose(parsed, await valuesFor({ ...host, inbox }, parsed));
+    } catch (error) {
+      say(`consumer: ${file}: ${message(error)}`);
+      process.exit(2);
+    }
+  }
   const unmark = isPostgresUrl(path) ? () => {} : running(path);
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
   const starvedAfterMs = opts.starvedAfter === undefined ? undefined : opts.starvedAfter * 1000;

@@ -7,6 +7,7 @@
 //   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
 //   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
 //   npx tsx inbox.ts destinations | pause NAME | resume NAME;  keys create|list|revoke;  config apply FILE | dump
+//   npx tsx inbox.ts secrets set NAME (value on stdin) | list | delete NAME | rotate;  audit
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";
@@ -74,6 +75,7 @@ export async function cli(argv: string[]): Promise<void> {
   const archive = await import("./lib/cli/archive.ts");
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
+  const secrets = await import("./lib/cli/secrets.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
   const { speakTo, spokenAs } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
@@ -106,6 +108,8 @@ Examples:
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
   npx tsx inbox.ts keys create --scope read --name dashboards
+  printf %s "$APP_SECRET" | npx tsx inbox.ts secrets set app_signing
+  npx tsx inbox.ts audit --limit 20
   npx tsx inbox.ts reconcile --sources sources.json --since 3d --dry-run
   npx tsx inbox.ts config apply sources.json --dry-run && npx tsx inbox.ts config apply sources.json
   npx tsx inbox.ts config dump > sources.json
@@ -132,6 +136,8 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     backups.backup,
     backups.restore,
     keys.keys,
+    secrets.secrets,
+    reads.audit,
     reconcile.reconcileCommand,
     configs.config,
   ])

@@ -17,7 +17,15 @@ import { createHandler } from "./lib/handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import type { Source } from "./lib/providers.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
-import { applyText, loadConfig, parseDocument, reapplyFile } from "./lib/config/config.ts";
+import {
+  applyText,
+  type Host,
+  hostOf,
+  loadConfig,
+  loadVersion,
+  reapplyFile,
+  secretNames,
+} from "./lib/config/config.ts";
 import { watchConfig } from "./lib/config/watch.ts";
 import { realClock } from "./lib/lease/clock.ts";
 
@@ -297,6 +305,10 @@ async function receiverProgram() {
       "--sync-in-commit",
       "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)",
     )
+    .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (a source's secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -345,12 +357,24 @@ export async function main(argv: string[]): Promise<void> {
     metrics: boolean;
     force?: boolean;
     skipCheck?: boolean;
+    secretsKeyFile?: string;
   }>();
   format = opts.logFormat;
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
 
+  // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
+  // part the API wrote may read; its inbox joins it once open.
+  let host: Host;
+  try {
+    host = hostOf(process.env, {
+      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
+      ownPorts: [port],
+    });
+  } catch (error) {
+    return fatal(`receiver: ${message(error)}`);
+  }
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   const fileText = sourcesFile ? readSources(sourcesFile) : undefined;
@@ -379,17 +403,22 @@ export async function main(argv: string[]): Promise<void> {
   }
   // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
   const unmark = isPostgresUrl(path) ? () => {} : running(path);
+  host.inbox = inbox;
   // The file is applied to the database (lib/config/); what is served is what the database holds, the
   // default source while it holds none.
   let sources: ReadonlyMap<string, Source> | undefined;
   let version = 0;
   try {
     if (fileText)
-      await applyText(inbox, fileText, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
+      await applyText(inbox, fileText, host, dirname(resolve(sourcesFile!)), {
+        actor: "receiver.ts --sources",
+        who: "start:receiver.ts",
+        resolve: false,
+      });
     const stored = await inbox.readConfig();
     if (stored) {
       version = stored.version;
-      sources = loadConfig(parseDocument(stored.document), process.env, { resolve: false }).sources;
+      sources = (await loadVersion(stored, host, { resolve: false })).sources;
     }
   } catch (error) {
     return fatal(`receiver: ${sourcesFile ?? "the configuration in the database"}: ${message(error)}`);
@@ -425,9 +454,9 @@ export async function main(argv: string[]): Promise<void> {
   const unwatch = watchConfig(inbox, {
     clock: realClock,
     version,
-    onChange: (config) => {
+    onChange: async (config) => {
       try {
-        const next = loadConfig(parseDocument(config.document), process.env, { resolve: false }).sources;
+        const next = (await loadVersion(config, host, { resolve: false })).sources;
         receiver.setSources(next);
         say(`receiver: now serving configuration version ${config.version}`, "info", { configVersion: config.version });
       } catch (error) {
@@ -438,9 +467,11 @@ export async function main(argv: string[]): Promise<void> {
   });
   process.on("SIGHUP", () => {
     if (!sourcesFile) return say("SIGHUP: no --sources file to apply again; nothing changed");
-    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP", false).then(({ line, error }) =>
-      say(`SIGHUP: ${line}`, error ? "error" : "info"),
-    );
+    void reapplyFile(inbox, sourcesFile, host, {
+      actor: "receiver.ts SIGHUP",
+      who: "sighup:receiver.ts",
+      resolve: false,
+    }).then(({ line, error }) => say(`SIGHUP: ${line}`, error ? "error" : "info"));
   });
 
   let stopping = false;
@@ -478,7 +509,8 @@ function readSources(sourcesFile: string): string {
     fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
   }
   try {
-    loadConfig(parsed, process.env, { resolve: false });
+    // A secret of the store is read from the inbox: such a file is checked whole once it is open.
+    if (secretNames(parsed, { sourcesOnly: true }).length === 0) loadConfig(parsed, process.env, { resolve: false });
     return text;
   } catch (error) {
     return fatal(`receiver: ${sourcesFile}: ${message(error)}`);

@@ -31,7 +31,7 @@ import type { Operator } from "./lib/routing/routes.ts";
 import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
-import { applyText, readDocument, reapplyFile } from "./lib/config/config.ts";
+import { applyText, type Host, hostOf, readDocument, reapplyFile, secretNames } from "./lib/config/config.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { watchConfig } from "./lib/config/watch.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
@@ -274,6 +274,7 @@ interface WorkerFlags {
   handler?: string;
   force?: boolean;
   skipCheck?: boolean;
+  secretsKeyFile?: string;
 }
 
 // workerProgram is the worker's flags and --help, every flag checked as commander parses it.
@@ -350,6 +351,10 @@ async function workerProgram(argv: readonly string[]) {
     )
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
     .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
+    .option(
       "--transform-memory <MB>",
       "memory (RSS) each transform's process may use before it is killed and the try fails",
       whole,
@@ -422,9 +427,14 @@ export async function main(argv: string[]): Promise<void> {
   // database holds. Without it, the worker runs the configuration in the database (docs/config.md).
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
+  // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
+  // part the API wrote may read and reach; its inbox joins it once open.
+  const host = hostFor(opts, say);
   // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
   const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
-  const { text: fileText, sources } = sourcesFile ? await checkFile(sourcesFile, base, limits, say) : { sources: [] };
+  const { text: fileText, sources } = sourcesFile
+    ? await checkFile(sourcesFile, base, limits, host, say)
+    : { sources: [] };
 
   // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
   const refusal = opts.handler === undefined ? unhandled(sources) : undefined;
@@ -450,10 +460,11 @@ export async function main(argv: string[]): Promise<void> {
     const onCommit =
       opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
+    host.inbox = inbox;
     if (handler === recordPayment) await ensurePayments(inbox);
     first = await takeConfig(
       inbox,
-      { fileText, sourcesFile, base, limits, handlerGiven: opts.handler !== undefined },
+      { fileText, sourcesFile, base, limits, host, handlerGiven: opts.handler !== undefined },
       say,
     );
     if (inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)) {
@@ -506,7 +517,7 @@ export async function main(argv: string[]): Promise<void> {
     opts.once,
   );
   live.run(first);
-  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits });
+  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits, host });
   const { forwarding, secrets } = first.loaded;
   try {
     await Promise.all([
@@ -629,11 +640,14 @@ async function checkFile(
   sourcesFile: string,
   base: string,
   limits: TransformLimits,
+  host: Host,
   say: Say,
 ): Promise<{ text: string; sources: Source[] }> {
   try {
-    const text = readDocument(sourcesFile).text;
-    const checked = await prepare({ version: 0, document: text, transforms: {} }, process.env, base, limits);
+    const { text, parsed } = readDocument(sourcesFile);
+    // A secret of the store is read from the inbox: such a file is checked whole once it is open.
+    if (secretNames(parsed).length > 0) return { text, sources: [] };
+    const checked = await prepare({ version: 0, document: text, transforms: {} }, host, base, limits);
     if (typeof checked === "string") throw new Error(checked);
     await release(checked);
     return { text, sources: [...checked.loaded.sources.values()] };
@@ -647,12 +661,22 @@ async function checkFile(
 // then holds (the handler alone where it holds nothing), or stops start-up with one line.
 async function takeConfig(
   inbox: Inbox,
-  o: { fileText?: string; sourcesFile?: string; base: string; limits: TransformLimits; handlerGiven: boolean },
+  o: {
+    fileText?: string;
+    sourcesFile?: string;
+    base: string;
+    limits: TransformLimits;
+    host: Host;
+    handlerGiven: boolean;
+  },
   say: Say,
 ): Promise<Prepared> {
   if (o.fileText !== undefined) {
     try {
-      const applied = await applyText(inbox, o.fileText, process.env, o.base, "worker.ts --sources");
+      const applied = await applyText(inbox, o.fileText, o.host, o.base, {
+        actor: "worker.ts --sources",
+        who: "start:worker.ts",
+      });
       if (applied.changes.length > 0)
         say(`worker: ${o.sourcesFile} applied as configuration version ${applied.version}`);
     } catch (error) {
@@ -661,7 +685,7 @@ async function takeConfig(
     }
   }
   const stored = await inbox.readConfig();
-  const ready = stored ? await prepare(stored, process.env, o.base, o.limits) : unconfigured();
+  const ready = stored ? await prepare(stored, o.host, o.base, o.limits) : unconfigured();
   if (typeof ready === "string") {
     say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
     process.exit(2);
@@ -673,6 +697,20 @@ async function takeConfig(
     process.exit(2);
   }
   return ready;
+}
+
+// hostFor reads what the operator hands the configuration from the worker's environment and flags, or stops
+// start-up with one line: a key or a range that cannot be read is a mistake in the options.
+function hostFor(opts: WorkerFlags, say: Say): Host {
+  try {
+    return hostOf(process.env, {
+      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
+      ...(opts.metricsPort ? { ownPorts: [opts.metricsPort] } : {}),
+    });
+  } catch (error) {
+    say(`worker: ${message(error)}`, "error");
+    process.exit(2);
+  }
 }
 
 // summarise prints a finished run's counts: the handler's, and the forwards' where there were destinations.
@@ -701,13 +739,14 @@ function watchLive(
     sourcesFile?: string;
     base: string;
     limits: TransformLimits;
+    host: Host;
   },
 ): () => void {
   const unwatch = watchConfig(inbox, {
     clock: realClock,
     version: live.version ?? 0,
     onChange: async (config) => {
-      const next = await prepare(config, process.env, o.base, o.limits);
+      const next = await prepare(config, o.host, o.base, o.limits);
       if (typeof next === "string")
         return o.say(
           `worker: configuration version ${config.version} not taken up, version ${live.version} goes on: ${next}`,
@@ -722,8 +761,8 @@ function watchLive(
   const hangup = () =>
     void (file === undefined
       ? o.say("SIGHUP: no --sources file to apply again; nothing changed")
-      : reapplyFile(inbox, file, process.env, "worker.ts SIGHUP").then(({ line, error }) =>
-          o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
+      : reapplyFile(inbox, file, o.host, { actor: "worker.ts SIGHUP", who: "sighup:worker.ts" }).then(
+          ({ line, error }) => o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
         ));
   process.on("SIGHUP", hangup);
   return () => {

@@ -2,12 +2,14 @@
 // Delivery (toDelivery()), the counts as status()'s, a Summary, Gauges, OrderingStatus or histogram buckets, and the
 // body's sha256. Ground floor: it knows the columns, not the backend that returned them.
 
-import { hash } from "node:crypto";
+import { hash, randomUUID } from "node:crypto";
 import { DEFAULTS } from "./defaults.ts";
 import {
   STATUSES,
   type ApiKey,
+  type Audit,
   type AuditEntry,
+  type StoredSecret,
   type Remembered,
   type Bucket,
   type Delivery,
@@ -220,5 +222,26 @@ export function toConfig(row: Record<string, unknown>): StoredConfig {
     transforms: JSON.parse(row.transforms as string) as StoredConfig["transforms"],
     actor: row.actor as string,
     appliedAt: Number(row.applied_at),
+    way: row.way === "api" ? "api" : "operator",
+    trust: JSON.parse((row.trust as string | undefined) ?? "{}") as StoredConfig["trust"],
   };
+}
+
+/** toStoredSecret reads a secrets row: the value as sealed, never opened here. */
+export function toStoredSecret(row: Record<string, unknown>): StoredSecret {
+  return {
+    name: String(row.name),
+    sealed: String(row.sealed),
+    setAt: Number(row.set_at),
+    setBy: String(row.set_by),
+  };
+}
+
+/**
+ * changeOf is an audited change's key, made at its first write and kept on the Audit: a redone transaction
+ * writes the same entry again, and a later batch adds its count to that entry rather than starting one.
+ */
+export function changeOf(audit: Audit): string {
+  audit.change ??= randomUUID();
+  return audit.change;
 }

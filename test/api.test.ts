@@ -27,6 +27,10 @@ const BACKENDS = await backends("api");
 const ENV = {
   STRIPE_SECRET: "whsec_api_test_secret",
   APP_SECRET: `whsec_${Buffer.from("app-signing-secret-api").toString("base64")}`,
+  // The operator hands the API these two variables and the loopback stand-in of the app (docs/security.md).
+  INBOX_API_ENV: "STRIPE_SECRET,APP_SECRET",
+  INBOX_API_DESTINATIONS_ALLOW: "127.0.0.1/32",
+  INBOX_SECRETS_KEY: Buffer.alloc(32, 7).toString("base64"),
 };
 
 // key makes an API key with the real CLI, and returns it with its ID.
@@ -253,13 +257,18 @@ for (const backend of BACKENDS) {
 
       const audit = await api.GET("/api/v1/audit", { params: { query: { limit: 10 } } });
       assert.deepEqual(
-        audit.data!.items.map((e) => [e.who, e.operation, e.count]),
+        audit.data!.items.map((e) => [e.who.replace(/^cli:.*/, "cli"), e.operation, e.count]),
         [
           [`key:${write.id}`, "resumeDestination", 1],
           [`key:${write.id}`, "pauseDestination", 1],
           [`key:${write.id}`, "bulkDeliveries", 1],
           [`key:${write.id}`, "replayDelivery", 1],
           [`key:${write.id}`, "retryDelivery", 1],
+          // The keys themselves, made and revoked with the CLI before the page started.
+          ["cli", "keys revoke", 1],
+          ["cli", "keys create", 1],
+          ["cli", "keys create", 1],
+          ["cli", "keys create", 1],
         ],
       );
     });
@@ -383,7 +392,7 @@ for (const backend of BACKENDS) {
       assert.equal(wrong.response.status, 400);
       assert.match(
         wrong.error!.detail,
-        /source "gh": secret reads the environment variable NOT_SET_ANYWHERE, which is not set/,
+        /source gh: secret names the environment variable NOT_SET_ANYWHERE, which a change through the API may not read/,
       );
       const routed = await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "extra" } } });
       assert.equal(routed.response.status, 409);
@@ -459,6 +468,60 @@ for (const backend of BACKENDS) {
       });
       assert.equal(byRead.response.status, 403);
       assert.equal(await snapshot(), state, "nothing stored");
+    });
+
+    it("sets, lists and deletes secrets: sealed at once, never answered back, kept out of the database's text and the audit log", async () => {
+      const api = client(write.key);
+      const value = "canary-secret-value-for-the-api-test";
+      const set = await api.PUT("/api/v1/secrets/{name}", {
+        params: { path: { name: "app_token" } },
+        body: { value },
+      });
+      assert.deepEqual(set.data, { name: "app_token", created: true });
+      const again = await api.PUT("/api/v1/secrets/{name}", {
+        params: { path: { name: "app_token" } },
+        body: { value: `${value}-2` },
+      });
+      assert.deepEqual(again.data, { name: "app_token", created: false });
+      const listed = await client(read.key).GET("/api/v1/secrets");
+      assert.deepEqual(
+        listed.data!.items.map((s) => [s.name, s.setBy]),
+        [["app_token", `key:${write.id}`]],
+      );
+      assert.ok(!JSON.stringify(listed.data).includes("canary-secret"), "the list holds no value");
+      const [row] = await inbox.query("SELECT sealed FROM secrets WHERE name = ?", "app_token");
+      assert.ok(!String(row!.sealed).includes("canary"), "sealed in the database");
+      const entries = (await inbox.auditLog({ limit: 2 })).map((e) => [e.operation, e.target]);
+      assert.deepEqual(entries, [
+        ["putSecret", 'secret="app_token"'],
+        ["putSecret", 'secret="app_token"'],
+      ]);
+      // A configuration names it, and may not lose it: deleting it then is a 409, nothing changed.
+      const named = await api.PUT("/api/v1/destinations/{name}", {
+        params: { path: { name: "tokened" } },
+        body: { settings: { url: "http://127.0.0.1:9/t", secret: "env:APP_SECRET", bearer: "secret:app_token" } },
+      });
+      assert.equal(named.response.status, 200, JSON.stringify(named.error));
+      const state = await snapshot();
+      const held = await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "app_token" } } });
+      assert.equal(held.response.status, 409);
+      assert.match(held.error!.detail, /names secret:app_token \(destination tokened\)/);
+      assert.equal(
+        (await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "nope" } } })).response.status,
+        404,
+      );
+      assert.equal(await snapshot(), state, "neither refusal changed anything");
+      await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "tokened" } } });
+      const gone = await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "app_token" } } });
+      assert.deepEqual(gone.data, { name: "app_token", deleted: true });
+      assert.deepEqual((await client(read.key).GET("/api/v1/secrets")).data!.items, []);
+      assert.equal(
+        (await client(read.key).PUT("/api/v1/secrets/{name}", { params: { path: { name: "x" } }, body: { value } }))
+          .response.status,
+        403,
+      );
+      const bad = await api.PUT("/api/v1/secrets/{name}", { params: { path: { name: "a b" } }, body: { value } });
+      assert.equal(bad.response.status, 400);
     });
 
     it("tries a filter on a stored delivery or a body given inline, with the route's checks, saving nothing", async () => {
@@ -642,7 +705,7 @@ for (const backend of BACKENDS) {
       });
       assert.equal(posted.status, 303);
       const [entry] = (await client(read.key).GET("/api/v1/audit", { params: { query: { limit: 1 } } })).data!.items;
-      assert.equal(entry!.who, "local");
+      assert.equal(entry!.who, "page:local");
       assert.equal(entry!.operation, "pause");
       assert.match(entry!.target, /destination="app" reason="<script>/);
       const shown = await (await fetch(`${admin.url}/audit`)).text();

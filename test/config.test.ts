@@ -14,7 +14,7 @@ import { watchConfig } from "../lib/config/watch.ts";
 import { sign } from "../lib/providers.ts";
 import { FakeClock } from "./clock.ts";
 import { signalChild } from "../lib/runtime.ts";
-import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
+import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir, until } from "./helpers.ts";
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret").toString("base64")}`;
 const SOURCE_SECRET = `whsec_${Buffer.from("the provider's secret").toString("base64")}`;
@@ -120,10 +120,13 @@ for (const backend of await backends("config_cli")) {
         await writer.applyConfig('{"s": {"provider": "plain"}}', { actor: "t" });
         assert.deepEqual(seen, [], "not before the timer fires");
         await clock.advance(1_000);
+        // The check the timer fired reads the database for real: wait for its answer, bounded, not a guess.
+        await until("version 1 heard", () => seen.length >= 1);
         assert.deepEqual(seen, [1]);
         await writer.applyConfig('{"s": {"provider": "plain"}, "t": {"provider": "plain"}}', { actor: "t" });
         await writer.applyConfig('{"t": {"provider": "plain"}}', { actor: "t" });
         await clock.advance(5_000);
+        await until("version 3 heard", () => seen.length >= 2);
         assert.deepEqual(seen, [1, 3], "two versions between two checks: the newest, once");
         stop();
         await writer.applyConfig('{"u": {"provider": "plain"}}', { actor: "t" });

@@ -112,11 +112,11 @@ export function startWorker(db: string, args: string[] = [], env: NodeJS.Process
   };
 }
 
-/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens. */
+/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens, and all it wrote so far (log()). */
 export async function startAdmin(
   args: string[],
   env: NodeJS.ProcessEnv = {},
-): Promise<{ url: string; child: ChildProcess }> {
+): Promise<{ url: string; child: ChildProcess; port: number; log: () => string }> {
   const port = await freePort();
   const child = spawnScript("admin.ts", [...args, "--port", String(port)], env);
   let out = "";
@@ -128,7 +128,7 @@ export async function startAdmin(
     child.stderr!.on("data", (d) => (out += d));
     child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
   });
-  return { url: `http://127.0.0.1:${port}`, child };
+  return { url: `http://127.0.0.1:${port}`, child, port, log: () => out };
 }
 
 /** Forwarded is one request a destinationServer was sent: its path's name, the delivery's ID, its headers, body, and when it arrived. */
@@ -528,6 +528,30 @@ export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Prom
       await exited;
       cleanup();
     },
+  };
+}
+
+/**
+ * refuseAudit makes every insert into an inbox's audit log fail, as a full disk or a revoked privilege would
+ * (a trigger, on either backend), and returns how to let them through again.
+ */
+export async function refuseAudit(inbox: {
+  backend: string;
+  query(sql: string): Promise<unknown>;
+}): Promise<() => Promise<void>> {
+  if (inbox.backend === "sqlite") {
+    await inbox.query(
+      "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END",
+    );
+    return async () => void (await inbox.query("DROP TRIGGER refuse_audit"));
+  }
+  await inbox.query(
+    "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$",
+  );
+  await inbox.query("CREATE TRIGGER refuse_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()");
+  return async () => {
+    await inbox.query("DROP TRIGGER refuse_audit ON audit");
+    await inbox.query("DROP FUNCTION refuse_audit()");
   };
 }
 

@@ -207,8 +207,13 @@ describe("docs/production.md's systemd units, run as written", () => {
       }
 
       await admin.line(/http:\/\/127\.0\.0\.1/);
+      // The unit gives the page its token: another local process is asked to log in, the token's holder is let in.
       const page = await fetch(`http://127.0.0.1:${ports.get("8001")}/`);
-      assert.equal(page.status, 200);
+      assert.equal(page.status, 401);
+      const bearer = await fetch(`http://127.0.0.1:${ports.get("8001")}/`, {
+        headers: { authorization: `Bearer ${env.ADMIN_TOKEN}` },
+      });
+      assert.equal(bearer.status, 200);
 
       const backup = start(unit("webhook-inbox-backup.service"));
       assert.equal(await backup.exited, 0, backup.output());

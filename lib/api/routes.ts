@@ -21,9 +21,10 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import type { ApiKey, Delivery, Filter } from "../store.ts";
+import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
 import { type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
+import { SECRET_HANDLERS } from "./secrets.ts";
 import { hashKey } from "./keys.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
@@ -63,6 +64,23 @@ export class ApiMetrics {
     labelNames: ["operation", "status"] as const,
     registers: [this.registry],
   });
+  /** audited counts the audit log's entries by the kind of their actor, read from the store at each scrape. */
+  readonly audited: client.Gauge<"actor">;
+
+  /** The audit log's counts are read from inbox, which every way in (not only this page) writes to. */
+  constructor(inbox: Pick<Inbox, "auditCounts">) {
+    this.audited = new client.Gauge({
+      name: "inbox_audit_entries",
+      help: "Entries in the audit log, by the kind of their actor: key (the API), page, cli, start, sighup.",
+      labelNames: ["actor"] as const,
+      registers: [this.registry],
+      async collect() {
+        const counts = await inbox.auditCounts();
+        this.reset();
+        for (const { kind, n } of counts) this.set({ actor: kind }, n);
+      },
+    });
+  }
 }
 
 const MAX_BODY_BYTES = 64 * 1024;
@@ -79,17 +97,19 @@ const TITLES: Record<number, string> = {
   415: "Unsupported Media Type",
   422: "Unprocessable Content",
   500: "Internal Server Error",
+  503: "Service Unavailable",
 };
 
 /** Api answers the JSON API's requests and /openapi.json; handle() is false for a path that is neither. */
 export class Api {
   /** metrics counts refusals and answers. */
-  readonly metrics = new ApiMetrics();
+  readonly metrics: ApiMetrics;
   private readonly ctx: ApiContext;
   private document: string | undefined;
 
   constructor(ctx: ApiContext) {
     this.ctx = ctx;
+    this.metrics = new ApiMetrics(ctx.inbox);
   }
 
   /** handle answers req when its path is the API's or the document's, and says whether it was. */
@@ -186,14 +206,20 @@ export class Api {
       }
     }
     const who = `key:${key.id}`;
-    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, { params, query, body, who });
+    // Each change's entry is written by the store call that makes it, in the same transaction.
+    const audit = (target: string) => ({ at: now, who, operation: op.operationId, target });
+    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, {
+      params,
+      query,
+      body,
+      who,
+      audit,
+    });
     const text = JSON.stringify(op.answer.parse(answer.body));
-    if (answer.change) {
-      await this.ctx.inbox.addAudit({ at: now, who, operation: op.operationId, ...answer.change });
+    if (answer.change)
       this.ctx.audit(
         `api audit: who=${who} action=${op.operationId} ${answer.change.target} count=${answer.change.count}`,
       );
-    }
     if (remembered !== undefined) {
       const kept = await this.ctx.inbox.remember(
         { key: remembered, requestHash, status: op.status, body: text, at: now },
@@ -305,13 +331,14 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
     const [d] = await found(ctx, call);
     const { destination } = call.body as z.output<typeof OneTarget>;
     const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await act(ctx.inbox, target, ctx.batchSize);
+    const count = await act(ctx.inbox, target, ctx.batchSize, call.audit(targetLabel(target)));
     return { body: { count }, change: { target: targetLabel(target), count } };
   };
 }
 
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   ...CONFIG_HANDLERS,
+  ...SECRET_HANDLERS,
   listDeliveries: async (ctx, call) => {
     const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
     let cursor: ReturnType<typeof decodeCursor>;
@@ -353,8 +380,9 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     for (const [k, v] of Object.entries(fields)) if (v !== undefined) params.set(k === "body" ? "q" : k, String(v));
     const filter = bulkFilter(params, action);
     if (dryRun) return { body: { count: await ctx.inbox.count(filter) } };
-    const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize);
-    return { body: { count }, change: { target: `${action} filter: ${describe(filter)}`, count } };
+    const target = `${action} filter: ${describe(filter)}`;
+    const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize, call.audit(target));
+    return { body: { count }, change: { target, count } };
   },
   getStatus: async (ctx) => ({ body: await ctx.inbox.summary() }),
   listDestinations: async (ctx) => ({
@@ -368,27 +396,36 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   pauseDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
     const reason = (call.body as z.output<typeof PauseBody>).reason?.trim() || "paused through the API";
+    const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
     const change = await pauseDestination(
       ctx.inbox,
       { destination: name, reason, by: call.who },
-      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      {
+        configured: await configuredDestinations(ctx),
+        audit: call.audit(target),
+        ...(ctx.announce ? { announce: ctx.announce } : {}),
+      },
     );
-    const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
     return { body: change, change: { target, count: change.changed ? 1 : 0 } };
   },
   resumeDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
+    const target = `destination=${JSON.stringify(name)}`;
     const change = await resumeDestination(
       ctx.inbox,
       { destination: name, by: call.who },
-      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      {
+        configured: await configuredDestinations(ctx),
+        audit: call.audit(target),
+        ...(ctx.announce ? { announce: ctx.announce } : {}),
+      },
     );
-    return { body: change, change: { target: `destination=${JSON.stringify(name)}`, count: change.changed ? 1 : 0 } };
+    return { body: change, change: { target, count: change.changed ? 1 : 0 } };
   },
   testDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
     const { data } = call.body as z.output<typeof TestBody>;
-    const sent = await sendTest(ctx.inbox, { destination: name, data, now: ctx.now() });
+    const sent = await sendTest(ctx.inbox, { destination: name, data, now: ctx.now(), audit: call.audit });
     return { body: sent, change: { target: targetLabel(sent), count: 1 } };
   },
   listAudit: async (ctx, call) => {

@@ -79,6 +79,8 @@ Examples:
       if (file !== "-" && !existsSync(file)) throw new NotFound(`No such file: ${file}`);
       const inbox = await connect(target(opts));
       let [lines, added, skipped] = [0, 0, 0];
+      // One entry for the whole import, written with its first batch and added to by each (Audit's change).
+      const audit = { who: c.who(), operation: "import", target: `import file=${JSON.stringify(file)}` };
       try {
         let batch: Delivery[] = [];
         const flush = async () => {
@@ -86,7 +88,7 @@ Examples:
           if (opts.dryRun) {
             for (const d of batch) (await inbox.find(d.id, d.source)).length > 0 ? skipped++ : added++;
           } else {
-            const n = await inbox.restore(batch);
+            const n = await inbox.restore(batch, audit);
             added += n;
             skipped += batch.length - n;
           }

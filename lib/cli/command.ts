@@ -5,6 +5,7 @@
 
 import { existsSync } from "node:fs";
 import { type Command, InvalidArgumentError } from "commander";
+import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { parseDuration, parseWhen } from "../format.ts";
 import { isInbox } from "../sqlite/schema.ts";
@@ -42,6 +43,12 @@ export interface Cli {
   status: (value: string) => Status;
   /** duration parses an age such as 7d. */
   duration: (value: string) => number;
+  /** who names the person at the keyboard in the audit log: `cli:USER`. */
+  who: () => string;
+  /** withKey adds --secrets-key-file to a command: the key that opens (or seals) the secret store's values. */
+  withKey: (command: Command) => Command;
+  /** host is what the operator hands a configuration here (config/config.ts hostOf), with the inbox; a bad key is a UsageError. */
+  host: (opts: { secretsKeyFile?: string }, inbox?: Inbox) => Host;
 }
 
 /** commandLine builds the Cli the commands share over program, with connect() and isPostgresUrl() from inbox.ts. */
@@ -104,9 +111,28 @@ export function commandLine(
       .option("--until <when>", "received before: an ISO date, or an age ago", when)
       .option("--error-match <text>", "whose last error contains this text (any case)")
       .option("--destination <name>", 'only the rows going to this destination (the handler is "handler")');
+  const who = () => `cli:${process.env.USER ?? process.env.LOGNAME ?? "unknown"}`;
+  const withKey = (command: Command) =>
+    command.option(
+      "--secrets-key-file <file>",
+      "the key that opens and seals the secret store's values, instead of INBOX_SECRETS_KEY",
+    );
+  const host = (opts: { secretsKeyFile?: string }, inbox?: Inbox) => {
+    try {
+      return hostOf(process.env, {
+        ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
+        ...(inbox ? { inbox } : {}),
+      });
+    } catch (error) {
+      throw new UsageError(`${(error as Error).message}.`);
+    }
+  };
   return {
     program,
     connect,
+    who,
+    withKey,
+    host,
     target,
     requireInbox,
     openTarget,

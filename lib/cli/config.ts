@@ -5,19 +5,19 @@
 
 import { writeFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
-import { apply, plan, readDocument, refusedLine, type Plan } from "../config/config.ts";
+import { apply, auditTarget, plan, readDocument, refusedLine, type Plan } from "../config/config.ts";
 import { message } from "../log.ts";
 import { type Cli, NotFound, Refused, UsageError } from "./command.ts";
 
 /** config adds `config apply` and `config dump`. */
 export function config(c: Cli): void {
-  const { withDb, open } = c;
+  const { withDb, withKey, open } = c;
   const group = c.program
     .command("config")
     .description(
       "the configuration in the database: apply a sources file (checked whole, one transaction), or dump it",
     );
-  withDb(group.command("apply <file>"))
+  withKey(withDb(group.command("apply <file>")))
     .description("check a sources file whole, print what it changes, and swap it in; running scripts take it up")
     .option("--dry-run", "check and print the difference; change nothing")
     .option("--cancel-waiting", "set aside as failed the deliveries waiting for a destination the file removes")
@@ -26,7 +26,14 @@ export function config(c: Cli): void {
     .action(
       async (
         file: string,
-        opts: { db?: string; dryRun?: boolean; cancelWaiting?: boolean; actor?: string; json?: boolean },
+        opts: {
+          db?: string;
+          dryRun?: boolean;
+          cancelWaiting?: boolean;
+          actor?: string;
+          json?: boolean;
+          secretsKeyFile?: string;
+        },
       ) => {
         let text: string;
         try {
@@ -34,11 +41,12 @@ export function config(c: Cli): void {
         } catch (error) {
           throw new UsageError(`${message(error)}; nothing changed.`);
         }
+        const host = c.host(opts);
         const inbox = await open(opts);
         try {
           let p: Plan;
           try {
-            p = await plan(inbox, text, process.env, dirname(resolve(file)));
+            p = await plan(inbox, text, { ...host, inbox }, dirname(resolve(file)), { way: "operator" });
           } catch (error) {
             throw new UsageError(`${file}: ${message(error)}; nothing changed, the configuration in force stays.`);
           }
@@ -60,7 +68,12 @@ export function config(c: Cli): void {
             return;
           }
           const actor = opts.actor ?? process.env.USER ?? "inbox.ts";
-          const result = await apply(inbox, p, { actor, ...(opts.cancelWaiting ? { cancelWaiting: true } : {}) });
+          const audit = { who: c.who(), operation: "config apply", target: auditTarget(p) };
+          const result = await apply(inbox, p, {
+            actor,
+            audit,
+            ...(opts.cancelWaiting ? { cancelWaiting: true } : {}),
+          });
           if (!result.applied) throw new Refused(refusedLine(result));
           if (opts.json) {
             console.log(JSON.stringify({ version: result.version, changes: p.changes, cancelled: result.cancelled }));

@@ -332,3 +332,30 @@ export function destinations(c: Cli): void {
       }
     });
 }
+
+/** audit lists the audit log, newest first: every change, by every way in, with who made it and what it changed. */
+export function audit(c: Cli): void {
+  const { withDb, open, positive } = c;
+  withDb(c.program.command("audit"))
+    .description(
+      "list the audit log, newest first: each change by the API (key:ID), the page (page:…), this CLI (cli:USER), a script's file at start (start:…) or SIGHUP (sighup:…)",
+    )
+    .option("--limit <n>", "how many entries", positive, 50)
+    .option("--before <seq>", "entries before this one (the first column), for the next page", positive)
+    .option("--json", "print JSON")
+    .action(async (opts: { db?: string; limit: number; before?: number; json?: boolean }) => {
+      const inbox = await open(opts);
+      try {
+        const entries = await inbox.auditLog({
+          limit: opts.limit,
+          ...(opts.before === undefined ? {} : { before: opts.before }),
+        });
+        if (opts.json) return void console.log(JSON.stringify(entries));
+        if (entries.length === 0) return void console.log("The audit log is empty.");
+        for (const e of entries)
+          console.log(`${e.seq}  ${iso(e.at)}  ${e.who}  ${e.operation}  count=${e.count}  ${e.target}`);
+      } finally {
+        await inbox.close();
+      }
+    });
+}

@@ -13,7 +13,7 @@ import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, 
 import { PostgresBulk } from "./bulk.ts";
 import { enterKeys, settleKeys, settleRows } from "./keys.ts";
 import { PostgresReads } from "./reads.ts";
-import { PostgresRecords } from "./records.ts";
+import { PostgresRecords, writeAudit } from "./records.ts";
 import { migrate } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -50,7 +50,9 @@ import {
   type DestinationState,
   type Gauges,
   type ApiKey,
+  type Audit,
   type AuditEntry,
+  type StoredSecret,
   type Remembered,
   type ApplyConfigOptions,
   type ConfigApplied,
@@ -204,8 +206,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return this.reads.gauges();
   }
 
-  restore(deliveries: readonly Delivery[]): Promise<number> {
-    return this.bulk.restore(deliveries);
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    return this.bulk.restore(deliveries, audit);
   }
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     return this.bulk.retryMatching(filter, options);
@@ -541,7 +543,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     ) as Promise<boolean>;
   }
 
-  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
+  retry(target: { source?: string; id: string } | { allFailed: true }, audit?: Audit): Promise<number> {
     return this.other(async (client) => {
       const { rows } =
         "allFailed" in target
@@ -556,12 +558,13 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
               [this.now(), target.source ?? DEFAULTS.source, target.id],
             );
       await settleRows(client, rows, false);
+      await writeAudit(client, audit, rows.length, this.now());
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
   }
 
-  async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
+  async pause(destination: string, reason: string = "paused by a person", audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
     await this.made(destination);
     return this.other(
@@ -571,6 +574,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW} WHERE NOT d.paused`,
           [this.now(), destination, reason],
         );
+        await writeAudit(client, audit, rowCount ?? 0, this.now());
         return rowCount === 1;
       },
       false,
@@ -578,7 +582,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     ) as Promise<boolean>;
   }
 
-  async resume(destination: string): Promise<boolean> {
+  async resume(destination: string, audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
     return this.other(
       async (client) => {
@@ -588,6 +592,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          WHERE name = $2 AND paused`,
           [this.now(), destination],
         );
+        await writeAudit(client, audit, rowCount ?? 0, this.now());
         if (rowCount === 1) this.notify(client, 1);
         return rowCount === 1;
       },
@@ -915,8 +920,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }));
   }
 
-  addApiKey(key: ApiKey): Promise<void> {
-    return this.records.addApiKey(key);
+  addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
+    return this.records.addApiKey(key, audit);
   }
   apiKeys(): Promise<ApiKey[]> {
     return this.records.apiKeys();
@@ -924,8 +929,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
     return this.records.apiKeyByHash(hash);
   }
-  revokeApiKey(id: string, at: number): Promise<boolean> {
-    return this.records.revokeApiKey(id, at);
+  revokeApiKey(id: string, at: number, audit?: Audit): Promise<boolean> {
+    return this.records.revokeApiKey(id, at, audit);
   }
   remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
     return this.records.remember(record, expiredBefore);
@@ -938,6 +943,24 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   }
   auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
     return this.records.auditLog(page);
+  }
+  auditCounts(): Promise<{ kind: string; n: number }[]> {
+    return this.records.auditCounts();
+  }
+  setSecret(secret: StoredSecret, audit?: Audit): Promise<boolean> {
+    return this.records.setSecret(secret, audit);
+  }
+  deleteSecret(name: string, audit?: Audit): Promise<boolean> {
+    return this.records.deleteSecret(name, audit);
+  }
+  secrets(): Promise<StoredSecret[]> {
+    return this.records.secrets();
+  }
+  putSecrets(secrets: readonly StoredSecret[], audit?: Audit): Promise<number> {
+    return this.records.putSecrets(secrets, audit);
+  }
+  secretsVersion(): Promise<number> {
+    return this.records.secretsVersion();
   }
   readConfig(): Promise<StoredConfig | undefined> {
     return this.records.readConfig();

@@ -76,8 +76,18 @@ export interface paths {
     post: operations["testFilter"];
   };
   "/api/v1/audit": {
-    /** The audit log: every change made through the API or the page, newest first */
+    /** The audit log: every change, by every way in (the API, the page, the CLI, a script's file), newest first */
     get: operations["listAudit"];
+  };
+  "/api/v1/secrets": {
+    /** The secret store: each secret's name, when it was set and by whom; never a value */
+    get: operations["listSecrets"];
+  };
+  "/api/v1/secrets/{name}": {
+    /** Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back */
+    put: operations["putSecret"];
+    /** Remove a secret; refused while the configuration in force names it */
+    delete: operations["deleteSecret"];
   };
 }
 
@@ -204,7 +214,7 @@ export interface components {
       version: number;
       actor: string | null;
       appliedAt: number | null;
-      /** @description The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses. */
+      /** @description The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses. */
       document: {
         [key: string]: unknown;
       } | null;
@@ -243,6 +253,24 @@ export interface components {
           count: number;
         }[];
       next: string | null;
+    };
+    Secrets: {
+      items: components["schemas"]["Secret"][];
+    };
+    Secret: {
+      name: string;
+      setAt: number;
+      setBy: string;
+      key: string;
+    };
+    SecretSet: {
+      name: string;
+      created: boolean;
+    };
+    SecretDeleted: {
+      name: string;
+      /** @enum {boolean} */
+      deleted: true;
     };
   };
   responses: never;
@@ -1217,7 +1245,7 @@ export interface operations {
       };
     };
   };
-  /** The audit log: every change made through the API or the page, newest first */
+  /** The audit log: every change, by every way in (the API, the page, the CLI, a script's file), newest first */
   listAudit: {
     parameters: {
       query?: {
@@ -1246,6 +1274,129 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** The secret store: each secret's name, when it was set and by whom; never a value */
+  listSecrets: {
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["Secrets"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back */
+  putSecret: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description The value. Sealed at once; no answer, list or log ever shows it again. */
+          value: string;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SecretSet"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A problem */
+      503: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Remove a secret; refused while the configuration in force names it */
+  deleteSecret: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SecretDeleted"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
