@@ -1,16 +1,19 @@
 // test/newcomer.test.ts: the commands as a newcomer meets them (issue 38): --version on every script, --db
 // before the inbox command as after it, backup --dir making its folder and keeping its backups to the
 // inbox's user, and the worker's handler chosen on purpose: --handler MODULE, and a refusal to run the
-// article's record-payment handler for a signed source with no routes. Each with a control.
+// article's record-payment handler for a signed source with no routes; and inbox.ts init, the one command
+// that creates an inbox (issue 49). Each with a control.
 
 import assert from "node:assert/strict";
-import { mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { runScript, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-newcomer-");
+const pgSkip = await postgresSkip();
 after(cleanup);
 
 const db = join(dir, "inbox.db");
@@ -48,6 +51,65 @@ describe("inbox.ts --db", () => {
     const r = await runScript("inbox.ts", ["--dbb", db, "status"]);
     assert.equal(r.code, 2);
     assert.match(r.stderr, /unknown option '--dbb'/);
+  });
+});
+
+describe("inbox.ts init", () => {
+  it("creates the inbox a new deployment's config apply, keys and reconcile then use; run again, it changes nothing", async () => {
+    const w = join(dir, "deploy.db");
+    const sources = join(dir, "deploy.json");
+    writeFileSync(sources, JSON.stringify({ shop: { provider: "plain" } }));
+    // Before: config apply refuses a path that is no inbox, and says how to make one.
+    const before = await runScript("inbox.ts", ["config", "apply", sources, "--db", w]);
+    assert.equal(before.code, 1, before.stderr);
+    assert.match(
+      before.stderr,
+      /^No inbox database at .*deploy\.db \(use --db or INBOX_DB; inbox\.ts init creates one\)\.$/m,
+    );
+    assert.equal(existsSync(w), false, "a refusal creates nothing");
+    const made = await runScript("inbox.ts", ["init", "--db", w]);
+    assert.equal(`${made.code} ${made.stdout}`, `0 Created an inbox at ${w}.\n`, made.stderr);
+    const applied = await runScript("inbox.ts", ["config", "apply", sources, "--db", w]);
+    assert.equal(applied.code, 0, applied.stderr);
+    assert.match(applied.stdout, /^Applied version 1/);
+    const again = await runScript("inbox.ts", ["init", "--db", w]);
+    assert.equal(`${again.code} ${again.stdout}`, `0 ${w} is already an inbox; its tables are up to date.\n`);
+    const dumped = await runScript("inbox.ts", ["config", "dump", "--db", w]);
+    assert.equal(
+      dumped.stdout,
+      JSON.stringify({ shop: { provider: "plain" } }),
+      "the second init kept the configuration",
+    );
+  });
+
+  it("(control) refuses a file that is another program's database, and changes nothing in it", async () => {
+    const other = join(dir, "other.db");
+    const db = new DatabaseSync(other);
+    db.exec("CREATE TABLE notes (text TEXT)");
+    db.close();
+    const r = await runScript("inbox.ts", ["init", "--db", other]);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /other\.db is not an inbox database: it has tables, but no deliveries/);
+    const after = new DatabaseSync(other, { readOnly: true });
+    const tables = after
+      .prepare("SELECT name FROM sqlite_master WHERE type = 'table'")
+      .all()
+      .map((t) => ({ ...t }));
+    after.close();
+    assert.deepEqual(tables, [{ name: "notes" }]);
+  });
+
+  it("makes a PostgreSQL schema's tables", { skip: pgSkip }, async () => {
+    const schema = await freshSchema("init");
+    try {
+      const r = await runScript("inbox.ts", ["init", "--db", schema.url]);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stdout, /^The inbox at postgres:\/\/.* is ready: its tables are made and up to date\.$/m);
+      const status = await runScript("inbox.ts", ["status", "--db", schema.url]);
+      assert.equal(status.code, 0, status.stderr);
+    } finally {
+      await schema.drop();
+    }
   });
 });
 
