@@ -1,8 +1,8 @@
-// test/newcomer.test.ts: the commands as a newcomer meets them (issue 38): --version on every script, --db
-// before the inbox command as after it, backup --dir making its folder and keeping its backups to the
-// inbox's user, and the worker's handler chosen on purpose: --handler MODULE, and a refusal to run the
-// article's record-payment handler for a signed source with no routes; and inbox.ts init, the one command
-// that creates an inbox (issue 49). Each with a control.
+// test/newcomer.test.ts: the commands as a newcomer meets them (issues 38 and 49): --version on every script,
+// --db before the inbox command as after it, backup --dir making its folder and keeping its backups to the
+// inbox's user, and the worker's handler chosen on purpose: --handler MODULE or --handler demo, a refusal to
+// start on a configuration that routes to the handler with neither, and the article's example stopped when a
+// configuration comes while it runs. Each with a control.
 
 import assert from "node:assert/strict";
 import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs";
@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { freshSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, startWorker, tempDir, until } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-newcomer-");
 const pgSkip = await postgresSkip();
@@ -139,26 +139,94 @@ describe("the worker's handler", () => {
   const signed = join(dir, "signed.json");
   writeFileSync(signed, JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }));
   const env = { STRIPE_SECRET: "whsec_test" };
+  // docs/forwarding.md's and docs/brokers.md's shape: a route that names the handler, beside another.
+  const routed = join(dir, "routed.json");
+  writeFileSync(
+    routed,
+    JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler"] } }),
+  );
+  const fix =
+    /and no --handler is given: pass --handler MODULE \(your code for each delivery\), or --handler demo for the article's record-payment example/;
 
-  it("refuses, in one line with exit 2, a signed source with no routes and no --handler", async () => {
-    const r = await runScript("worker.ts", ["--once", "--db", join(dir, "w1.db"), "--sources", signed], env);
-    assert.equal(r.code, 2, r.stderr);
-    assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
-    assert.match(r.stderr, /source "stripe" is signed and has no routes, and no --handler is given/);
+  it("refuses, in one line with exit 2, a sources file whose source goes to the handler with no --handler: routes that name it, or none", async () => {
+    const plain = join(dir, "plain.json");
+    writeFileSync(plain, JSON.stringify({ shop: { provider: "plain" } }));
+    for (const [file, why] of [
+      [routed, /source "stripe" routes to "handler"/],
+      [signed, /source "stripe" has no routes, so its deliveries go to the handler/],
+      [plain, /source "shop" has no routes, so its deliveries go to the handler/],
+    ] as const) {
+      const w = join(dir, `refused-${file.length}-${why.source.length}.db`);
+      const r = await runScript("worker.ts", ["--once", "--db", w, "--sources", file], env);
+      assert.equal(r.code, 2, r.stderr);
+      assert.equal(r.stderr.trim().split("\n").length, 1, r.stderr);
+      assert.match(r.stderr, why);
+      assert.match(r.stderr, fix);
+      assert.equal(existsSync(w), false, "nothing created");
+    }
   });
 
-  it("(control) runs with routes that name the handler, or with no sources file (the article's, the demo's)", async () => {
-    const routed = join(dir, "routed.json");
-    writeFileSync(
-      routed,
-      JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler"] } }),
-    );
-    const r = await runScript("worker.ts", ["--once", "--db", join(dir, "w2.db"), "--sources", routed], env);
-    assert.equal(r.code, 0, r.stderr);
+  it("refuses the same configuration in the database, applied before it starts", async () => {
+    const w = join(dir, "applied.db");
+    assert.equal((await runScript("inbox.ts", ["init", "--db", w])).code, 0);
+    const applied = await runScript("inbox.ts", ["config", "apply", routed, "--db", w], env);
+    assert.equal(applied.code, 0, applied.stderr);
+    const r = await runScript("worker.ts", ["--once", "--db", w], env);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /source "stripe" routes to "handler".*--handler demo/);
+  });
+
+  it("(control) runs the example where nothing is configured, saying so in one line, and with --handler demo where it is", async () => {
     await made;
     const article = await runScript("worker.ts", ["--once", "--db", db]);
     assert.equal(article.code, 0, article.stderr);
     assert.match(article.stderr, /^evt_1 done$/m);
+    assert.equal(article.stderr.split("\n").filter((l) => /record-payment example/.test(l)).length, 1, article.stderr);
+    assert.match(
+      article.stderr,
+      /^worker: no configuration and no --handler: running the article's record-payment example/m,
+    );
+    const w = join(dir, "demo.db");
+    const inbox = new SqliteInbox(w);
+    await inbox.store({ source: "stripe", id: "evt_d", body: Buffer.from('{"customer":"Bo","amount":7}') });
+    await inbox.close();
+    const named = await runScript("worker.ts", ["--once", "--db", w, "--sources", routed, "--handler", "demo"], env);
+    assert.equal(named.code, 0, named.stderr);
+    assert.match(named.stderr, /^stripe\/evt_d done$/m);
+    const check = new SqliteInbox(w);
+    const rows = (await check.query("SELECT delivery_id, amount FROM payments")).map((r) => ({ ...r }));
+    assert.deepEqual(rows, [{ delivery_id: "evt_d", amount: 7 }]);
+    await check.close();
+  });
+
+  it("stops the example once a configuration is applied while it runs: what then reaches the handler is set aside, naming the fix", async () => {
+    const w = join(dir, "live.db");
+    assert.equal((await runScript("inbox.ts", ["init", "--db", w])).code, 0);
+    const worker = startWorker(w, [], env);
+    try {
+      await until("the example's line", () => /record-payment example/.test(worker.log()));
+      const inbox = new SqliteInbox(w);
+      try {
+        // (control) Before any configuration, the example handles the demo's delivery.
+        await inbox.store({ id: "evt_before", body: Buffer.from('{"customer":"Ann","amount":5}') });
+        await until("evt_before done", async () => (await inbox.find("evt_before"))[0]?.status === "done");
+        const applied = await runScript("inbox.ts", ["config", "apply", routed, "--db", w], env);
+        assert.equal(applied.code, 0, applied.stderr);
+        await until("the example stops", () => /the record-payment example stops/.test(worker.log()));
+        await inbox.store({ source: "stripe", id: "evt_real", body: Buffer.from('{"customer":"Cy","amount":9}') });
+        await until("evt_real set aside", async () => (await inbox.find("evt_real", "stripe"))[0]?.status === "failed");
+        const [real] = await inbox.find("evt_real", "stripe");
+        assert.match(String(real!.error), /^no handler: .*--handler MODULE/);
+        const payments = (await inbox.query("SELECT delivery_id FROM payments ORDER BY delivery_id")).map((r) => ({
+          ...r,
+        }));
+        assert.deepEqual(payments, [{ delivery_id: "evt_before" }], "the example never ran on the real event");
+      } finally {
+        await inbox.close();
+      }
+    } finally {
+      assert.equal(await worker.stop(), 0, worker.log());
+    }
   });
 
   it("runs the --handler module's default export for each delivery, and says in one line what is wrong with a bad one", async () => {
