@@ -385,7 +385,9 @@ export async function main(argv: string[]): Promise<void> {
   let version = 0;
   try {
     if (fileText)
-      await applyText(inbox, fileText, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", false);
+      await applyText(inbox, fileText, process.env, dirname(resolve(sourcesFile!)), "receiver.ts --sources", {
+        resolve: false,
+      });
     const stored = await inbox.readConfig();
     if (stored) {
       version = stored.version;
@@ -438,8 +440,8 @@ export async function main(argv: string[]): Promise<void> {
   });
   process.on("SIGHUP", () => {
     if (!sourcesFile) return say("SIGHUP: no --sources file to apply again; nothing changed");
-    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP", false).then(({ line, error }) =>
-      say(`SIGHUP: ${line}`, error ? "error" : "info"),
+    void reapplyFile(inbox, sourcesFile, process.env, "receiver.ts SIGHUP", { resolve: false }).then(
+      ({ line, error }) => say(`SIGHUP: ${line}`, error ? "error" : "info"),
     );
   });
 

@@ -32,7 +32,7 @@ import type { Operator } from "./lib/routing/routes.ts";
 import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
-import { applyText, readDocument, reapplyFile } from "./lib/config/config.ts";
+import { applyText, readDocument, reapplyFile, type SecretChecks } from "./lib/config/config.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { watchConfig } from "./lib/config/watch.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
@@ -275,6 +275,10 @@ function unconfiguredHandler(job: Job): never {
     `no handler: source ${job.delivery.source} routes to "handler", and this worker was started without --handler; start one with --handler MODULE, then inbox.ts retry --failed --destination handler`,
   );
 }
+
+// WORKER_CHECKS: the worker verifies no signature, so a source's signing secret it is not given does not stop it
+// (it redacts those it has); every destination's secret it forwards with is read.
+const WORKER_CHECKS: SecretChecks = { verify: false };
 
 // WorkerFlags is what workerProgram() parses.
 interface WorkerFlags {
@@ -689,7 +693,7 @@ async function takeConfig(
 ): Promise<Prepared> {
   if (o.fileText !== undefined) {
     try {
-      const applied = await applyText(inbox, o.fileText, process.env, o.base, "worker.ts --sources");
+      const applied = await applyText(inbox, o.fileText, process.env, o.base, "worker.ts --sources", WORKER_CHECKS);
       if (applied.changes.length > 0)
         say(`worker: ${o.sourcesFile} applied as configuration version ${applied.version}`);
     } catch (error) {
@@ -762,7 +766,7 @@ function watchLive(
   const hangup = () =>
     void (file === undefined
       ? o.say("SIGHUP: no --sources file to apply again; nothing changed")
-      : reapplyFile(inbox, file, process.env, "worker.ts SIGHUP").then(({ line, error }) =>
+      : reapplyFile(inbox, file, process.env, "worker.ts SIGHUP", WORKER_CHECKS).then(({ line, error }) =>
           o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
         ));
   process.on("SIGHUP", hangup);

@@ -455,12 +455,14 @@ export function readSourcesFile(path: string): unknown {
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
  * `env:NAME` secrets from env, and throws a TypeError naming the source and the mistake (never a secret).
  * A "reconcile" setting is checked; its API credential is read only with options.reconcile (inbox.ts
- * reconcile), so the receiver and the worker never need it in their environment.
+ * reconcile), so the receiver and the worker never need it in their environment. With options.verify
+ * false (the worker and the page, which verify no signature and only redact the secrets they know), a
+ * secret whose variable is not set is left out rather than refused.
  */
 export function loadSources(
   config: unknown,
   env: Readonly<Record<string, string | undefined>>,
-  options: { reconcile?: boolean } = {},
+  options: { reconcile?: boolean; verify?: boolean } = {},
 ): Map<string, Source> {
   if (!isObject(config)) {
     throw new TypeError(`sources: expected a JSON object mapping source names to settings, got ${kindOf(config)}`);
@@ -516,7 +518,9 @@ export function loadSources(
         `${where}: missing secret; a ${p} source needs one (write "env:NAME" to read it from the environment)`,
       );
     }
-    const secrets = (secretList as string[]).map((text, i) => {
+    const unread = (text: string) => options.verify === false && text.startsWith("env:") && !env[text.slice(4)];
+    const secrets = (secretList as string[]).flatMap((text, i) => {
+      if (unread(text)) return [];
       const which = secretList.length > 1 ? `secret #${i + 1}` : "secret";
       let value = text;
       if (text.startsWith("env:")) {
@@ -528,7 +532,7 @@ export function loadSources(
           );
       }
       if (value === "") throw new TypeError(`${where}: ${which} is empty`);
-      return secretKey(p, value, `${where}: ${which}`);
+      return [secretKey(p, value, `${where}: ${which}`)];
     });
 
     let toleranceS = 0;

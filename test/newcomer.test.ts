@@ -5,12 +5,14 @@
 // configuration comes while it runs. Each with a control.
 
 import assert from "node:assert/strict";
+import { once } from "node:events";
+import { createServer } from "node:http";
 import { existsSync, mkdirSync, readdirSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { after, describe, it } from "node:test";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { freshSchema, postgresSkip, runScript, startWorker, tempDir, until } from "./helpers.ts";
+import { freshSchema, postgresSkip, runScript, startAdmin, startWorker, tempDir, until } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("inbox-newcomer-");
 const pgSkip = await postgresSkip();
@@ -255,6 +257,72 @@ describe("the worker's handler", () => {
       assert.equal(bad.code, 2, bad.stderr);
       assert.equal(bad.stderr.trim().split("\n").length, 1, bad.stderr);
       assert.match(bad.stderr, line);
+    }
+  });
+});
+
+describe("a source's signing secret, which only the receiver needs", () => {
+  // Two signed sources; this host's environment has stripe's secret and not github's.
+  const STRIPE = "whsec_c3RyaXBlIHNpZ25pbmcgc2VjcmV0IGhlcmU=";
+  const APP = `whsec_${Buffer.from("the app's forwarding secret").toString("base64")}`;
+  const file = join(dir, "two-signed.json");
+  const env = { STRIPE_SECRET: STRIPE, APP_SECRET: APP };
+  const writeFile = (url: string) =>
+    writeFileSync(
+      file,
+      JSON.stringify({
+        $destinations: { app: { url, secret: "env:APP_SECRET" } },
+        stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["app"] },
+        github: { provider: "github", secret: "env:GITHUB_SECRET", routes: ["app"] },
+      }),
+    );
+
+  it("is not needed by the worker: it starts without github's, forwards, and redacts stripe's, which it has", async () => {
+    // The app answers 500, echoing stripe's secret as a debug page might.
+    const app = createServer((_req, res) => res.writeHead(500).end(`debug: ${STRIPE}`)).listen(0, "127.0.0.1");
+    await once(app, "listening");
+    try {
+      writeFile(`http://127.0.0.1:${(app.address() as { port: number }).port}/hooks`);
+      const w = join(dir, "secrets.db");
+      const inbox = new SqliteInbox(w);
+      await inbox.store({ source: "stripe", id: "evt_s", body: Buffer.from("{}"), destinations: ["app"] });
+      await inbox.close();
+      const r = await runScript("worker.ts", ["--once", "--db", w, "--sources", file], env);
+      assert.equal(r.code, 0, r.stderr);
+      assert.match(r.stderr, /forwarded 0, 1 to retry/);
+      const check = new SqliteInbox(w);
+      const error = String((await check.find("evt_s", "stripe"))[0]!.error);
+      await check.close();
+      assert.match(error, /debug: \[redacted: source stripe secret\]/);
+      assert.doesNotMatch(error, /c3RyaXBl/);
+    } finally {
+      app.close();
+    }
+  });
+
+  it("(control) the receiver, which verifies, still refuses to start without github's", async () => {
+    const r = await runScript("receiver.ts", ["--port", "0", "--db", join(dir, "rx.db"), "--sources", file], env);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /source "github": secret reads the environment variable GITHUB_SECRET, which is not set/);
+  });
+
+  it("is not needed by admin.ts either, which hides stripe's on the page where a row holds it as stored", async () => {
+    const w = join(dir, "page.db");
+    const inbox = new SqliteInbox(w);
+    await inbox.store({ source: "stripe", id: "evt_p", body: Buffer.from("{}") });
+    const lease = await inbox.claim(60_000);
+    assert.ok(lease);
+    // As a run() given no redact option would keep it.
+    await inbox.fail(lease, `HTTP 500: debug: ${STRIPE}`, { permanent: true });
+    await inbox.close();
+    const admin = await startAdmin(["--db", w, "--sources", file], env);
+    try {
+      const page = await (await fetch(`${admin.url}/delivery?source=stripe&id=evt_p`)).text();
+      assert.match(page, /\[redacted: source stripe secret\]/);
+      assert.doesNotMatch(page, /c3RyaXBl/);
+    } finally {
+      admin.child.kill("SIGTERM");
+      await once(admin.child, "exit");
     }
   });
 });

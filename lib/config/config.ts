@@ -30,6 +30,18 @@ export interface Loaded {
 export type Env = Readonly<Record<string, string | undefined>>;
 
 /**
+ * SecretChecks says which of a document's secrets are read from the environment, by who reads it: the
+ * receiver verifies signatures but forwards nothing (resolve false), the worker forwards but verifies
+ * nothing (verify false), the CLI and the API check both.
+ */
+export interface SecretChecks {
+  /** Read every destination's secret, not only check its shape. @default true */
+  resolve?: boolean;
+  /** Read every source's signing secret; false: only those whose variable is set. @default true */
+  verify?: boolean;
+}
+
+/**
  * parseDocument parses a sources file's text. Its error says where the JSON broke but quotes none of the
  * text, which may hold a secret (as readSourcesFile's).
  */
@@ -60,11 +72,12 @@ export function readDocument(path: string): { text: string; parsed: unknown } {
 /**
  * loadConfig checks a parsed document whole, as the receiver and worker check a sources file at start-up,
  * and throws a TypeError naming the mistake (never a secret). With resolve false the destinations' secrets
- * are only checked for their shape (the receiver's and the CLI's case); the sources' are always read.
+ * are only checked for their shape (the receiver's and the CLI's case); the sources' are read, and with
+ * verify false (the worker's case: it verifies no signature) only those whose variable is set.
  */
-export function loadConfig(parsed: unknown, env: Env, options: { resolve?: boolean } = {}): Loaded {
+export function loadConfig(parsed: unknown, env: Env, options: SecretChecks = {}): Loaded {
   const resolveSecrets = options.resolve ?? true;
-  const sources = loadSources(parsed, env);
+  const sources = loadSources(parsed, env, { verify: options.verify ?? true });
   const brokers = new Map<string, BrokerDestination>();
   const forwarding = loadDestinations(parsed, env, {
     resolve: resolveSecrets,
@@ -189,13 +202,18 @@ export interface Plan {
 
 /**
  * plan checks a document whole and compares it with the version in force. It throws, changing nothing, if
- * anything in it is wrong. base is the folder its transforms' relative paths start from (the file's). With
- * resolveSecrets (the CLI's and the worker's) every destination secret is read from env and checked as the worker
- * checks it; without (the receiver's), only its shape, the destinations' secrets being the worker's.
+ * anything in it is wrong. base is the folder its transforms' relative paths start from (the file's). checks
+ * says which secrets are read from env (SecretChecks): all of them for the CLI and the API.
  */
-export async function plan(inbox: Inbox, text: string, env: Env, base: string, resolveSecrets = true): Promise<Plan> {
+export async function plan(
+  inbox: Inbox,
+  text: string,
+  env: Env,
+  base: string,
+  checks: SecretChecks = {},
+): Promise<Plan> {
   const parsed = parseDocument(text);
-  const loaded = loadConfig(parsed, env, { resolve: resolveSecrets });
+  const loaded = loadConfig(parsed, env, checks);
   const transforms = hashTransforms(loaded.uses, base);
   const current = await inbox.readConfig();
   const old = current ? { parsed: JSON.parse(current.document) as unknown, transforms: current.transforms } : undefined;
@@ -248,10 +266,10 @@ export async function applyText(
   env: Env,
   base: string,
   actor: string,
-  resolveSecrets = true,
+  checks: SecretChecks = {},
 ): Promise<{ version: number; changes: string[] }> {
   for (let tries = 0; tries < 5; tries++) {
-    const p = await plan(inbox, text, env, base, resolveSecrets);
+    const p = await plan(inbox, text, env, base, checks);
     if (p.changes.length === 0) return { version: p.current?.version ?? 0, changes: [] };
     const result = await apply(inbox, p, { actor });
     if (result.applied) return { version: result.version, changes: p.changes };
@@ -269,11 +287,11 @@ export async function reapplyFile(
   path: string,
   env: Env,
   actor: string,
-  resolveSecrets = true,
+  checks: SecretChecks = {},
 ): Promise<{ line: string; error: boolean }> {
   try {
     const { text } = readDocument(path);
-    const applied = await applyText(inbox, text, env, dirname(resolve(path)), actor, resolveSecrets);
+    const applied = await applyText(inbox, text, env, dirname(resolve(path)), actor, checks);
     return applied.changes.length === 0
       ? { line: `${path}: no change from configuration version ${applied.version}`, error: false }
       : {
