@@ -57,6 +57,7 @@ import {
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
 import {
+  conflicts,
   destinationNames,
   REMOVED,
   sha256,
@@ -287,10 +288,17 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         for (let route = 1; route < routes.length; route++) add(route);
         return "stored";
       }
-      const conflict = this.sql(
-        "UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0 AND body_sha256 <> ?",
-      ).run(source, delivery.id, digest);
-      return conflict.changes === 1 ? "conflict" : "duplicate";
+      // A copy: its body is read only where the kept one came from reconcile (rows.ts conflicts()).
+      const kept = this.sql(
+        `SELECT body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+           FROM deliveries WHERE source = ? AND id = ? AND route = 0`,
+      ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
+      if (!conflicts(kept, digest, delivery.body)) return "duplicate";
+      this.sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
+        source,
+        delivery.id,
+      );
+      return "conflict";
     }) as Promise<Stored>;
   }
 
