@@ -9,7 +9,7 @@ import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../providers.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
-import { type Cli, findRows, UsageError } from "./command.ts";
+import { type Cli, findRows, NotFound, UsageError } from "./command.ts";
 
 /** status counts deliveries per status, and lists failures, the oldest wait, conflicts, ordering and what is kept. */
 export function status(c: Cli): void {
@@ -216,31 +216,42 @@ export function preview(c: Cli): void {
     )
     .option("--source <name>", "the delivery's source, when IDs clash")
     .option("--to <destination>", "only this destination, whether its routes chose it or not")
-    .option("--sources <file>", "the sources file (default: INBOX_SOURCES)")
+    .option(
+      "--sources <file>",
+      "a sources file to try before applying it (default: INBOX_SOURCES, else the configuration in force in the database)",
+    )
     .option("--json", "print JSON (each body as text when it is UTF-8, and always as base64)")
     .action(
       async (id: string, opts: { db?: string; source?: string; to?: string; sources?: string; json?: boolean }) => {
         const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-        if (!sourcesFile)
-          throw new UsageError("preview reads the routes from the sources file: pass --sources or set INBOX_SOURCES.");
         let config: unknown;
-        try {
-          config = readSourcesFile(sourcesFile);
-        } catch (error) {
-          throw new UsageError(`${sourcesFile}: ${message(error)}`);
+        if (sourcesFile !== undefined) {
+          try {
+            config = readSourcesFile(sourcesFile);
+          } catch (error) {
+            throw new UsageError(`${sourcesFile}: ${message(error)}`);
+          }
         }
         const inbox = await open(opts);
         try {
           const rows = await findRows(inbox, id, opts.source);
+          // Without a file, the configuration in force, as the page's preview and the API's read it; a
+          // transform's relative path then starts from the working folder, as the page's does.
+          const stored = sourcesFile === undefined ? await inbox.readConfig() : undefined;
+          if (sourcesFile === undefined && stored === undefined)
+            throw new NotFound(
+              "No configuration in this inbox to preview against: pass --sources FILE, or apply one (config apply FILE).",
+            );
+          const against = stored ? `configuration version ${stored.version}` : sourcesFile!;
           const { preview, routeLine } = await import("../forwarding/preview.ts");
           let seen: Awaited<ReturnType<typeof preview>>;
           try {
-            seen = await preview(rows, config, {
-              base: dirname(resolve(sourcesFile)),
+            seen = await preview(rows, stored ? (JSON.parse(stored.document) as unknown) : config, {
+              base: sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd(),
               ...(opts.to ? { to: opts.to } : {}),
             });
           } catch (error) {
-            throw new UsageError(`${sourcesFile}: ${message(error)}`);
+            throw new UsageError(`${against}: ${message(error)}`);
           }
           if (opts.json) {
             const body = (b: Buffer | undefined) =>
