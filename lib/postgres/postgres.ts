@@ -954,4 +954,16 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     return this.records.applyConfig(document, options);
   }
+  configHistory(): Promise<StoredConfig[]> {
+    return this.records.configHistory();
+  }
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.records.restoreConfig(versions);
+  }
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.records.restoreApiKeys(keys);
+  }
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.records.restoreAudit(entries);
+  }
 }

@@ -853,6 +853,51 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return Number(row.v ?? 0);
   }
 
+  /** configHistory reads every applied version, oldest first. */
+  async configHistory(): Promise<StoredConfig[]> {
+    const rows = this.sql(
+      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version",
+    ).all() as Record<string, unknown>[];
+    return rows.map(toConfig);
+  }
+
+  /** restoreConfig writes versions as they are, in one transaction; those already there are skipped. */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.enqueue(() => {
+      const insert = this.sql(
+        "INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      );
+      let n = 0;
+      for (const v of versions)
+        n += Number(insert.run(v.version, v.document, JSON.stringify(v.transforms), v.actor, v.appliedAt).changes);
+      return n;
+    }, true) as Promise<number>;
+  }
+
+  /** restoreApiKeys writes keys as they are, in one transaction; an ID or a hash already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.enqueue(() => {
+      const insert = this.sql(
+        "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      );
+      let n = 0;
+      for (const k of keys) n += Number(insert.run(k.id, k.name, k.scope, k.hash, k.createdAt, k.revokedAt).changes);
+      return n;
+    }, true) as Promise<number>;
+  }
+
+  /** restoreAudit writes entries with their seq, in one transaction; AUTOINCREMENT goes on from the highest. */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.enqueue(() => {
+      const insert = this.sql(
+        "INSERT INTO audit (seq, at, who, operation, target, count) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      );
+      let n = 0;
+      for (const e of entries) n += Number(insert.run(e.seq, e.at, e.who, e.operation, e.target, e.count).changes);
+      return n;
+    }, true) as Promise<number>;
+  }
+
   /** applyConfig stores a new version, pausing what it removes and resuming what it brings back, in one transaction. */
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     const removed = [...(options.removed ?? [])];
