@@ -28,7 +28,17 @@ const made = (async () => {
 describe("--version", () => {
   it("prints the package's version on every script and the package's command", async () => {
     const { version } = (await import("../package.json", { with: { type: "json" } })).default;
-    for (const script of ["receiver.ts", "worker.ts", "inbox.ts", "admin.ts", "cli.ts"]) {
+    for (const script of [
+      "receiver.ts",
+      "worker.ts",
+      "inbox.ts",
+      "admin.ts",
+      "cli.ts",
+      "consumer.ts",
+      "naive-race.ts",
+      "send.ts",
+      "demo.ts",
+    ]) {
       const r = await runScript(script, ["--version"]);
       assert.equal(`${r.code} ${r.stdout}`, `0 ${version}\n`, script);
     }
