@@ -247,7 +247,11 @@ async function read(p: Page, s: Session, url: URL): Promise<string> {
 async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const url = new URL(req.url ?? "/", "http://admin.invalid");
   const path = url.pathname;
-  if (!p.sessions.trusts(req)) throw new HttpError(403, "this page answers to a loopback address only");
+  if (!p.sessions.trusts(req)) {
+    const why = "this page answers to a loopback address only";
+    if (p.api.refuse(res, url, "foreign_host", 403, why)) return;
+    throw new HttpError(403, why);
+  }
   if (asset(req, res, path)) return;
   // The API and its document answer bearer API keys, never the page's session (lib/api/routes.ts).
   if (await p.api.handle(req, res, url)) return;
@@ -371,7 +375,7 @@ const FORMS: Record<string, (p: Page, s: Session, form: URLSearchParams) => Prom
   "/bulk": async (p, _s, form) => {
     const kind = form.get("action");
     if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-    const filter = bulkFilter(form, kind);
+    const filter = bulkFilter(form, kind, p.now());
     const n = await retryOrReplayAll(p.inbox, kind, filter, p.batchSize);
     const expected = form.get("expected");
     const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";

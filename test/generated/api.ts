@@ -266,8 +266,10 @@ export interface operations {
         status?: components["schemas"]["Status"];
         source?: string;
         type?: string;
-        since?: number | null;
-        until?: number | null;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        since?: number | string;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        until?: number | string;
         /** @description A case-insensitive substring of the last error. */
         error?: string;
         /** @description A substring of the body, as UTF-8 text. */
@@ -300,6 +302,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -345,6 +353,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A delivery's failed tries */
@@ -386,6 +400,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A dry run of the routes against a stored delivery: what each destination would be sent now */
@@ -423,6 +443,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -485,6 +511,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -543,6 +587,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -568,8 +630,10 @@ export interface operations {
             status?: components["schemas"]["Status"];
             source?: string;
             type?: string;
-            since?: number | null;
-            until?: number | null;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            since?: number | string;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            until?: number | string;
             /** @description A case-insensitive substring of the last error. */
             error?: string;
             /** @description A substring of the body, as UTF-8 text. */
@@ -603,6 +667,24 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -642,6 +724,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** Every destination's state */
@@ -667,6 +755,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -722,6 +816,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -773,6 +885,24 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -834,6 +964,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -865,6 +1013,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -920,8 +1074,26 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -977,8 +1149,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1024,6 +1220,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1085,8 +1287,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1134,6 +1360,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1209,6 +1441,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -1246,6 +1496,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
