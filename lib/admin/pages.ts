@@ -137,8 +137,9 @@ export const deliveries = async (ctx: PageContext, s: Session, params: URLSearch
     .join("");
   const filtered = filterQuery(params) !== "";
   const status = params.get("status") || undefined;
+  // Nothing to act on when the first page is empty: no action offered above "No deliveries match".
   const bulk =
-    ctx.readOnly || !filtered
+    ctx.readOnly || !filtered || (shown.length === 0 && !after)
       ? ""
       : `<p class="bulk">Everything that matches, not only this page:
 ${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
