@@ -276,7 +276,7 @@ describe("docs/production.md's commands, run as written on the server it sets up
         cwd: dir,
         encoding: "utf8",
         env: {
-          PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+          PATH: ROOT_PATH,
           npm_config_prefer_offline: "true",
           npm_config_audit: "false",
           npm_config_fund: "false",
@@ -303,7 +303,7 @@ describe("docs/production.md's commands, run as written on the server it sets up
     writeFileSync(noPath, `INBOX_DB=${env.INBOX_DB}\n`);
     const nodeOnPath = spawnSync("sh", ["-c", "node --version"], {
       encoding: "utf8",
-      env: { PATH: "/usr/bin:/bin" },
+      env: { PATH: ROOT_PATH },
     }).stdout;
     if (!nodeOnPath.startsWith("v20."))
       return t.skip(`the system's node is ${nodeOnPath.trim() || "missing"}, not Node 20`);
@@ -313,7 +313,7 @@ describe("docs/production.md's commands, run as written on the server it sets up
     const r = spawnSync("sh", ["-c", script], {
       cwd: dir,
       encoding: "utf8",
-      env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" },
+      env: { PATH: ROOT_PATH },
     });
     assert.equal(r.status, 2, r.stderr);
     assert.match(r.stderr, /needs Node 24/);
