@@ -1,0 +1,164 @@
+// test/docs-run.test.ts: the docs' set-ups followed word for word, as a newcomer types them (issue 49): the
+// README's "Stripe → your app", docs/forwarding.md's sources file, "Running it", its Node app of "In your app"
+// and "Seeing it", and docs/brokers.md's two set-ups, a broker as a destination and brokers as sources. Each
+// block is read from the page and run as it stands, in a folder of its own beside the clone (its scripts
+// linked in, so `npx tsx receiver.ts` is the clone's); what a page leaves to the reader is given the fewest
+// words: its hosts point at this machine's free ports, its placeholders (`whsec_...`) get real secrets, and a
+// broker's stream, queue and exchange names get this run's suffix, so the shared brokers' other users never
+// meet them. docs/production.md's commands are run by test/production.test.ts, which sets up its server.
+
+import assert from "node:assert/strict";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { copyFileSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { createServer, type IncomingHttpHeaders } from "node:http";
+import { join } from "node:path";
+import { after, describe, it } from "node:test";
+import { Webhook } from "standardwebhooks";
+import { freePort, ROOT, tempDir, until } from "./helpers.ts";
+
+const page = (path: string) => readFileSync(join(ROOT, path), "utf8");
+
+/** section is a page's text from one heading to the next of the same level. */
+function section(text: string, heading: string): string {
+  const start = text.indexOf(`${heading}\n`);
+  assert.ok(start >= 0, `the page has ${heading}`);
+  const level = /^#+/.exec(heading)![0];
+  const next = text.slice(start + heading.length).search(new RegExp(`\\n${level} `));
+  return next < 0 ? text.slice(start) : text.slice(start, start + heading.length + next + 1);
+}
+
+/** fences are a section's fenced blocks, in order: their language and body. */
+const fences = (text: string) =>
+  [...text.matchAll(/^```(\w*)\n([\s\S]*?)^```$/gm)].map((m) => ({ lang: m[1]!, body: m[2]! }));
+
+const started: ChildProcess[] = [];
+const folders: (() => void)[] = [];
+after(async () => {
+  for (const child of started) stop(child);
+  for (const cleanup of folders) cleanup();
+});
+
+// folder makes a reader's working folder: the clone's scripts copied in (a script runs its main() only when
+// it is the file named, which a link would not be) and lib/ and node_modules/ linked, so the page's `npx tsx
+// receiver.ts` runs the clone's code, while sources.json and inbox.db are the folder's own.
+function folder(): string {
+  const { dir, cleanup } = tempDir("inbox-docs-run-");
+  folders.push(cleanup);
+  for (const name of readdirSync(ROOT)) {
+    if (name.endsWith(".ts")) copyFileSync(join(ROOT, name), join(dir, name));
+    else if (["lib", "node_modules", "package.json"].includes(name)) symlinkSync(join(ROOT, name), join(dir, name));
+  }
+  return dir;
+}
+
+// shell runs one line of a page as a shell runs it, in the reader's folder; it must succeed.
+function shell(line: string, cwd: string, env: NodeJS.ProcessEnv): string {
+  const r = spawnSync("sh", ["-ec", line], { cwd, env: { ...process.env, ...env }, encoding: "utf8" });
+  assert.equal(r.status, 0, `${line}\n${r.stdout}${r.stderr}`);
+  return `${r.stdout}${r.stderr}`;
+}
+
+// background starts a line's command that the page runs with `&`, in a process group of its own.
+function background(command: string, cwd: string, env: NodeJS.ProcessEnv): { child: ChildProcess; log: () => string } {
+  const child = spawn("sh", ["-c", `exec ${command}`], {
+    cwd,
+    env: { ...process.env, ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: true,
+  });
+  started.push(child);
+  let log = "";
+  child.stdout!.on("data", (d) => (log += d));
+  child.stderr!.on("data", (d) => (log += d));
+  return { child, log: () => log };
+}
+
+// stop sends SIGTERM to a started command's group: npx, tsx and the Node that runs the script.
+function stop(child: ChildProcess): void {
+  try {
+    process.kill(-child.pid!, "SIGTERM");
+  } catch {
+    // Gone already.
+  }
+}
+
+// stopped stops a started command's group and resolves once every process of it is gone.
+async function stopped(child: ChildProcess): Promise<void> {
+  stop(child);
+  const alive = () => {
+    try {
+      process.kill(-child.pid!, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  await until("the command's processes stop", () => !alive(), 30_000);
+}
+
+// exports reads `export A=x B=y` lines into variables, each placeholder given a value of the test's own.
+function exports(body: string, values: Record<string, string>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of body.split("\n").filter((l) => l.startsWith("export ")))
+    for (const [, name, value] of line.matchAll(/(\w+)=(\S+)/g)) out[name!] = values[name!] ?? value!;
+  return out;
+}
+
+// app is a destination that verifies each forward's Standard Webhooks signature and keeps what came.
+async function app(
+  secret: string,
+): Promise<{ port: number; got: { id: string; headers: IncomingHttpHeaders; body: string }[] }> {
+  const got: { id: string; headers: IncomingHttpHeaders; body: string }[] = [];
+  const verifier = new Webhook(secret);
+  const server = createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      try {
+        verifier.verify(body, req.headers as Record<string, string>);
+      } catch {
+        return void res.writeHead(401).end();
+      }
+      got.push({ id: String(req.headers["webhook-id"]), headers: req.headers, body });
+      res.writeHead(204).end();
+    });
+  }).listen(0, "127.0.0.1");
+  await once(server, "listening");
+  after(() => server.close());
+  return { port: (server.address() as { port: number }).port, got };
+}
+
+describe("the README's Stripe → your app, followed word for word", () => {
+  it("stores Stripe's signed events once each and forwards each to the app, signed, once", async () => {
+    const text = section(page("README.md"), "## Stripe → your app");
+    const [sources, commands] = fences(text);
+    assert.equal(sources!.lang, "json");
+    assert.equal(commands!.lang, "sh");
+    const dir = folder();
+    const vars = exports(commands!.body, {});
+    const dest = await app(vars.APP_SECRET!);
+    const port = String(await freePort());
+    writeFileSync(join(dir, "sources.json"), sources!.body.replace("127.0.0.1:3000", `127.0.0.1:${dest.port}`));
+    const env = { ...vars, PORT: port };
+    const lines = commands!.body.split("\n").filter((l) => l.trim() !== "" && !l.startsWith("export "));
+    assert.equal(lines.length, 3, commands!.body);
+    assert.match(shell(lines[0]!, dir, env), /Created an inbox at inbox\.db\.[\s\S]*Applied version 1/);
+    const [receiver, worker] = lines[1]!
+      .replace(/\s+#.*$/, "")
+      .split("&")
+      .map((c) => c.trim())
+      .filter(Boolean)
+      .map((c) => background(c, dir, env));
+    await until("the receiver listens", () => /Listening on/.test(receiver!.log()), 30_000);
+    const sent = shell(lines[2]!.replace(/\s+#.*$/, "").replace(":8000/", `:${port}/`), dir, env);
+    assert.equal(sent, "evt_100: stored\nevt_100: duplicate\nevt_101: stored\nevt_100: duplicate\n");
+    await until("both events forwarded", () => dest.got.length >= 2, 30_000);
+    // Once each, whatever Stripe's retries: evt_100 came three times.
+    assert.deepEqual(dest.got.map((g) => g.id).sort(), ["stripe:evt_100", "stripe:evt_101"]);
+    // SIGTERM to each command's group (npx, tsx and the script): each script drains, says so, and is gone.
+    await Promise.all([stopped(worker!.child), stopped(receiver!.child)]);
+    assert.match(worker!.log(), /^worker: forwarded 2, 0 to retry, 0 set aside/m);
+    assert.match(receiver!.log(), /SIGTERM: finishing the requests in flight, then stopping/);
+  });
+});
