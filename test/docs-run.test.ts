@@ -12,10 +12,12 @@ import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
 import { copyFileSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingHttpHeaders } from "node:http";
+import { createServer as createHttpsServer } from "node:https";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
-import { freePort, ROOT, tempDir, until } from "./helpers.ts";
+import { sign } from "../lib/providers.ts";
+import { freePort, opensslSkip, pki, ROOT, tempDir, until } from "./helpers.ts";
 
 const page = (path: string) => readFileSync(join(ROOT, path), "utf8");
 
@@ -61,7 +63,7 @@ function shell(line: string, cwd: string, env: NodeJS.ProcessEnv): string {
 
 // background starts a line's command that the page runs with `&`, in a process group of its own.
 function background(command: string, cwd: string, env: NodeJS.ProcessEnv): { child: ChildProcess; log: () => string } {
-  const child = spawn("sh", ["-c", `exec ${command}`], {
+  const child = spawn("sh", ["-c", command], {
     cwd,
     env: { ...process.env, ...env },
     stdio: ["ignore", "pipe", "pipe"],
@@ -160,5 +162,131 @@ describe("the README's Stripe → your app, followed word for word", () => {
     await Promise.all([stopped(worker!.child), stopped(receiver!.child)]);
     assert.match(worker!.log(), /^worker: forwarded 2, 0 to retry, 0 set aside/m);
     assert.match(receiver!.log(), /SIGTERM: finishing the requests in flight, then stopping/);
+  });
+});
+
+describe("docs/forwarding.md, followed word for word", { skip: opensslSkip() }, () => {
+  it("its sources file, run as 'Running it' says, forwards to its Node app and over TLS to billing; 'Seeing it' runs", async () => {
+    const text = page("docs/forwarding.md");
+    const dir = folder();
+    // The secrets the page leaves to the reader: each whsec_... a Standard Webhooks secret of this run's.
+    const secret = (n: number) => `whsec_${Buffer.from(`docs-run secret number ${n} padded`).toString("base64")}`;
+    const running = fences(section(text, "## Running it"))[0]!;
+    const vars = exports(running.body, {
+      STRIPE_WEBHOOK_SECRET: secret(1),
+      APP_FORWARD_SECRET: secret(2),
+      APP_FORWARD_SECRET_NEXT: secret(3),
+      APP_TOKEN: "t0ken-of-the-app",
+      BILLING_SECRET: secret(4),
+      OPS_SECRET: secret(5),
+    });
+    assert.deepEqual(Object.keys(vars).sort(), [
+      "APP_FORWARD_SECRET",
+      "APP_FORWARD_SECRET_NEXT",
+      "APP_TOKEN",
+      "BILLING_SECRET",
+      "OPS_SECRET",
+      "STRIPE_WEBHOOK_SECRET",
+    ]);
+    // The app of "In your app", as the page shows it, on a free port.
+    const appCode = fences(section(text, "## In your app")).find((f) => f.body.startsWith("// app.ts\n"))!;
+    const appPort = await freePort();
+    writeFileSync(join(dir, "app.ts"), appCode.body.replace(".listen(3000)", `.listen(${appPort})`));
+    const theApp = background("node app.ts", dir, { APP_FORWARD_SECRET: vars.APP_FORWARD_SECRET! });
+    // billing: over TLS, its certificate signed by the private CA the sources file names; $operator: plain.
+    const certs = pki(dir);
+    const billing: { headers: IncomingHttpHeaders; body: string }[] = [];
+    const tls = createHttpsServer({ key: certs.key, cert: certs.cert }, (req, res) => {
+      let body = "";
+      req
+        .on("data", (c) => (body += c))
+        .on("end", () => {
+          billing.push({ headers: req.headers, body });
+          res.writeHead(204).end();
+        });
+    }).listen(0, "127.0.0.1");
+    await once(tls, "listening");
+    after(() => tls.close());
+    const ops = await app(vars.OPS_SECRET!);
+    const sources = fences(section(text, "## The sources file"))[0]!;
+    assert.equal(sources.lang, "json");
+    writeFileSync(
+      join(dir, "sources.json"),
+      sources.body
+        .replace("https://app.internal/webhooks", `http://127.0.0.1:${appPort}/webhooks`)
+        .replace(
+          "https://billing.internal/hooks",
+          `https://127.0.0.1:${(tls.address() as { port: number }).port}/hooks`,
+        )
+        .replace("https://ops.internal/inbox-events", `http://127.0.0.1:${ops.port}/inbox-events`)
+        .replace("/etc/ssl/private-ca.pem", certs.caFile),
+    );
+    const port = String(await freePort());
+    const env = { ...vars, PORT: port };
+    const lines = running.body.split("\n").filter((l) => l.trim() !== "" && !l.startsWith("export "));
+    assert.equal(lines.length, 2, running.body);
+    const receiver = background(lines[0]!.replace(/\s*&$/, ""), dir, env);
+    const worker = background(lines[1]!, dir, env);
+    await until(`the receiver listens: ${receiver.log()}`, () => /Listening on/.test(receiver.log()), 30_000);
+    await until("the app listens", async () => {
+      try {
+        return (await fetch(`http://127.0.0.1:${appPort}/`, { method: "POST", body: "{}" })).status === 401;
+      } catch {
+        return false;
+      }
+    });
+
+    // Stripe sends an invoice (to app and billing) and a customer event (to app alone), signed.
+    for (const [id, type] of [
+      ["evt_1", "invoice.paid"],
+      ["evt_2", "customer.created"],
+    ] as const) {
+      const body = JSON.stringify({ id, object: "event", type, data: { object: { id: `obj_${id}` } } }, null, 2);
+      const headers = sign("stripe", vars.STRIPE_WEBHOOK_SECRET!, {
+        id,
+        body,
+        timestampS: Math.floor(Date.now() / 1000),
+      });
+      const r = await fetch(`http://127.0.0.1:${port}/stripe`, {
+        method: "POST",
+        headers: { ...headers, "content-type": "application/json" },
+        body,
+      });
+      assert.equal(`${r.status} ${await r.text()}`, "200 stored");
+    }
+    const handled = () => [...theApp.log().matchAll(/^handling (\S+)/gm)].map((m) => m[1]!).sort();
+    await until("the app handled both", () => handled().length === 2, 30_000);
+    assert.deepEqual(handled(), ["stripe:evt_1", "stripe:evt_2"]);
+    await until("billing got the invoice", () => billing.length === 1, 30_000);
+    assert.equal(billing[0]!.headers["inbox-delivery-id"], "evt_1");
+    assert.match(
+      String(billing[0]!.headers["stripe-signature"]),
+      /^t=\d+,v1=/,
+      "forwardHeaders: Stripe's own header along",
+    );
+    new Webhook(vars.BILLING_SECRET!).verify(billing[0]!.body, billing[0]!.headers as Record<string, string>);
+
+    // "Seeing it", every line as written.
+    const seeing = fences(section(text, "## Seeing it"))[0]!
+      .body.split("\n")
+      .filter((l) => l.trim() !== "");
+    assert.ok(seeing.length >= 8, seeing.join("\n"));
+    const said = seeing.map((line) => shell(line.replace(/\s+#.*$/, ""), dir, env));
+    assert.match(said[0]!, /^app\s+closed/m);
+    assert.match(said.at(-1)!, /^destination +app$/m);
+    // The replay --to app sent both again; the app, keyed by webhook-id, handled each once.
+    await until(
+      "the replays reached the app",
+      () =>
+        /stripe:evt_2/.test(theApp.log()) &&
+        worker
+          .log()
+          .split("\n")
+          .filter((l) => / → app done/.test(l)).length >= 4,
+      30_000,
+    );
+    assert.deepEqual(handled(), ["stripe:evt_1", "stripe:evt_2"]);
+    await Promise.all([stopped(worker.child), stopped(receiver.child), stopped(theApp.child)]);
+    assert.match(worker.log(), /^worker: forwarded \d+, 0 to retry, 0 set aside/m);
   });
 });
