@@ -17,7 +17,9 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { sign } from "../lib/providers.ts";
-import { freePort, opensslSkip, pki, ROOT, tempDir, until } from "./helpers.ts";
+import { jetstream } from "@nats-io/jetstream";
+import { jetStreamSuite, rabbitSuite } from "./brokers-suite.ts";
+import { freePort, NATS, natsSkip, opensslSkip, pki, RABBITMQ, rabbitmqSkip, ROOT, tempDir, until } from "./helpers.ts";
 
 const page = (path: string) => readFileSync(join(ROOT, path), "utf8");
 
@@ -288,5 +290,135 @@ describe("docs/forwarding.md, followed word for word", { skip: opensslSkip() }, 
     assert.deepEqual(handled(), ["stripe:evt_1", "stripe:evt_2"]);
     await Promise.all([stopped(worker.child), stopped(receiver.child), stopped(theApp.child)]);
     assert.match(worker.log(), /^worker: forwarded \d+, 0 to retry, 0 set aside/m);
+  });
+});
+
+const brokersDown = (await natsSkip()) || (await rabbitmqSkip());
+
+describe("docs/brokers.md, followed word for word", { skip: brokersDown }, () => {
+  const run = `${process.pid}${Math.random().toString(36).slice(2, 6)}`;
+  // The names the pages give, made this run's own on the shared brokers: streams, subjects, queues, exchange.
+  const rename = (text: string) =>
+    text
+      .replaceAll('"WEBHOOKS"', `"WH_${run}"`)
+      .replaceAll("webhooks.{source}", `wh${run}.{source}`)
+      .replaceAll('"exchange": "webhooks"', `"exchange": "webhooks_${run}"`)
+      .replaceAll('"ORDERS"', `"ORD_${run}"`)
+      .replaceAll("orders.", `ord${run}.`)
+      .replaceAll('"queue": "billing"', `"queue": "billing_${run}"`);
+  // Registered first, so it runs before the suites close their connections.
+  after(async () => {
+    await rabbit.channel?.deleteQueue(`billing_${run}`).catch(() => {});
+    await rabbit.channel?.deleteExchange(`webhooks_${run}`).catch(() => {});
+  });
+  const jet = jetStreamSuite(NATS);
+  const rabbit = rabbitSuite(RABBITMQ, `audit_${run}`);
+  const text = page("docs/brokers.md");
+  const running = fences(section(text, "## In the sources file")).find((f) => f.lang === "sh")!;
+  const vars = exports(running.body, {
+    STRIPE_SECRET: `whsec_${Buffer.from("docs-run brokers stripe secret").toString("base64")}`,
+  });
+  // A queue bound to the exchange, as a consumer of audit would have; every message it takes is kept here.
+  const audit = async () => {
+    await rabbit.channel.assertExchange(`webhooks_${run}`, "topic", { durable: false, autoDelete: false });
+    await rabbit.channel.assertQueue(`audit_${run}`, { durable: false });
+    await rabbit.channel.bindQueue(`audit_${run}`, `webhooks_${run}`, "#");
+  };
+  const audited = async () => {
+    const got: string[] = [];
+    for (let m = await rabbit.channel.get(`audit_${run}`); m; m = await rabbit.channel.get(`audit_${run}`)) {
+      got.push(m.fields.routingKey);
+      rabbit.channel.ack(m);
+    }
+    return got;
+  };
+
+  it("a broker as a destination: each Stripe event published once to the stream, each invoice to the exchange", async () => {
+    const dir = folder();
+    const [sources] = fences(section(text, "## In the sources file"));
+    assert.equal(sources!.lang, "json");
+    writeFileSync(join(dir, "sources.json"), rename(sources!.body));
+    jet.made.push(`WH_${run}`);
+    await jet.jsm.streams.add({ name: `WH_${run}`, subjects: [`wh${run}.>`] });
+    await audit();
+    const port = String(await freePort());
+    const env = { ...vars, PORT: port };
+    const [receiverLine, workerLine] = running.body
+      .split("\n")
+      .filter((l) => l.trim() !== "" && !l.startsWith("export "));
+    const receiver = background(receiverLine!.replace(/\s*&$/, ""), dir, env);
+    const worker = background(workerLine!, dir, env);
+    await until(`the receiver listens: ${receiver.log()}`, () => /Listening on/.test(receiver.log()), 30_000);
+    for (const [id, type] of [
+      ["evt_b1", "invoice.paid"],
+      ["evt_b2", "customer.created"],
+    ] as const) {
+      const body = JSON.stringify({ id, object: "event", type, data: { object: {} } });
+      const headers = sign("stripe", vars.STRIPE_SECRET!, { id, body, timestampS: Math.floor(Date.now() / 1000) });
+      const r = await fetch(`http://127.0.0.1:${port}/stripe`, { method: "POST", headers, body });
+      assert.equal(`${r.status} ${await r.text()}`, "200 stored");
+    }
+    await until(
+      `both published: ${worker.log()}`,
+      async () => (await jet.jsm.streams.info(`WH_${run}`)).state.messages === 2,
+      30_000,
+    );
+    let keys: string[] = [];
+    await until(
+      "the invoice in the exchange's queue",
+      async () => (keys = [...keys, ...(await audited())]).length >= 1,
+      30_000,
+    );
+    assert.deepEqual(keys, ["stripe.invoice.paid"]);
+    await Promise.all([stopped(worker.child), stopped(receiver.child)]);
+    assert.equal((await jet.jsm.streams.info(`WH_${run}`)).state.messages, 2, "each once, not again on the way out");
+  });
+
+  it("brokers as sources: a JetStream message and a RabbitMQ message handled once each by the page's handler.ts", async () => {
+    const dir = folder();
+    const part = section(text, "## Brokers as sources");
+    const blocks = fences(part);
+    const sources = blocks.find((f) => f.lang === "json")!;
+    const handler = blocks.find((f) => f.lang === "ts" && f.body.startsWith("// handler.ts\n"))!;
+    const commands = blocks.find((f) => f.lang === "sh")!;
+    writeFileSync(join(dir, "sources.json"), rename(sources.body));
+    writeFileSync(join(dir, "handler.ts"), handler.body);
+    jet.made.push(`ORD_${run}`);
+    await jet.jsm.streams.add({ name: `ORD_${run}`, subjects: [`ord${run}.>`] });
+    await rabbit.channel.assertQueue(`billing_${run}`, { durable: true });
+    await audit();
+    await audited();
+    const metricsPort = String(await freePort());
+    const [consumerLine, workerLine] = commands.body.split("\n").filter((l) => l.trim() !== "");
+    const consumer = background(consumerLine!.replace(/\s*&$/, "").replace("9465", metricsPort), dir, vars);
+    const worker = background(workerLine!, dir, vars);
+    await until(
+      `the consumer serves its metrics: ${consumer.log()}`,
+      async () => {
+        try {
+          return (await fetch(`http://127.0.0.1:${metricsPort}/livez`)).ok;
+        } catch {
+          return false;
+        }
+      },
+      30_000,
+    );
+    const js = jetstream(jet.nc);
+    await js.publish(`ord${run}.paid`, JSON.stringify({ order: "o1", total: 5 }), { msgID: "o1" });
+    rabbit.channel.sendToQueue(`billing_${run}`, Buffer.from(JSON.stringify({ invoice: "b1" })), {
+      headers: { "x-request-id": "b1" },
+      contentType: "application/json",
+    });
+    const handled = () => [...worker.log().matchAll(/^handled (\S+): (.*)$/gm)].map((m) => `${m[1]} ${m[2]}`).sort();
+    await until(`both handled: ${worker.log()}${consumer.log()}`, () => handled().length === 2, 30_000);
+    assert.deepEqual(handled(), ['billing:b1 {"invoice":"b1"}', 'orders:o1 {"order":"o1","total":5}']);
+    let keys: string[] = [];
+    await until(
+      "orders.paid at the audit exchange",
+      async () => (keys = [...keys, ...(await audited())]).length >= 1,
+      30_000,
+    );
+    assert.deepEqual(keys, [`orders.ord${run}.paid`]);
+    await Promise.all([stopped(worker.child), stopped(consumer.child)]);
   });
 });
