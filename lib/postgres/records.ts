@@ -122,35 +122,30 @@ export class PostgresRecords {
   }
 
   /** restoreConfig writes versions as they are, in one statement; those already there are skipped. */
-  async restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
-    const { rowCount } = await this.pool.query(
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.restoreRows(
       `INSERT INTO inbox_config (version, document, transforms, actor, applied_at)
        SELECT * FROM unnest($1::integer[], $2::text[], $3::text[], $4::text[], $5::bigint[]) ON CONFLICT DO NOTHING`,
-      [
-        versions.map((v) => v.version),
-        versions.map((v) => v.document),
-        versions.map((v) => JSON.stringify(v.transforms)),
-        versions.map((v) => v.actor),
-        versions.map((v) => v.appliedAt),
-      ],
-      { retry: false },
+      versions,
+      [(v) => v.version, (v) => v.document, (v) => JSON.stringify(v.transforms), (v) => v.actor, (v) => v.appliedAt],
     );
-    return rowCount ?? 0;
   }
 
   /** restoreApiKeys writes keys as they are, in one statement; an ID or a hash already there is skipped. */
-  async restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
-    const { rowCount } = await this.pool.query(
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.restoreRows(
       `INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at)
        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) ON CONFLICT DO NOTHING`,
-      [
-        keys.map((k) => k.id),
-        keys.map((k) => k.name),
-        keys.map((k) => k.scope),
-        keys.map((k) => k.hash),
-        keys.map((k) => k.createdAt),
-        keys.map((k) => k.revokedAt),
-      ],
+      keys,
+      [(k) => k.id, (k) => k.name, (k) => k.scope, (k) => k.hash, (k) => k.createdAt, (k) => k.revokedAt],
+    );
+  }
+
+  // restoreRows runs one INSERT … SELECT * FROM unnest(…) over the rows, a parameter per column, and counts what it wrote.
+  private async restoreRows<T>(sql: string, rows: readonly T[], columns: ((row: T) => unknown)[]): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      sql,
+      columns.map((column) => rows.map(column)),
       { retry: false },
     );
     return rowCount ?? 0;

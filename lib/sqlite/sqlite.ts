@@ -863,37 +863,37 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
 
   /** restoreConfig writes versions as they are, in one transaction; those already there are skipped. */
   restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
-    return this.enqueue(() => {
-      const insert = this.sql(
-        "INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-      );
-      let n = 0;
-      for (const v of versions)
-        n += Number(insert.run(v.version, v.document, JSON.stringify(v.transforms), v.actor, v.appliedAt).changes);
-      return n;
-    }, true) as Promise<number>;
+    return this.restoreRows(
+      "INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      versions,
+      (v) => [v.version, v.document, JSON.stringify(v.transforms), v.actor, v.appliedAt],
+    );
   }
 
   /** restoreApiKeys writes keys as they are, in one transaction; an ID or a hash already there is skipped. */
   restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
-    return this.enqueue(() => {
-      const insert = this.sql(
-        "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-      );
-      let n = 0;
-      for (const k of keys) n += Number(insert.run(k.id, k.name, k.scope, k.hash, k.createdAt, k.revokedAt).changes);
-      return n;
-    }, true) as Promise<number>;
+    return this.restoreRows(
+      "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      keys,
+      (k) => [k.id, k.name, k.scope, k.hash, k.createdAt, k.revokedAt],
+    );
   }
 
   /** restoreAudit writes entries with their seq, in one transaction; AUTOINCREMENT goes on from the highest. */
   restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.restoreRows(
+      "INSERT INTO audit (seq, at, who, operation, target, count) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      entries,
+      (e) => [e.seq, e.at, e.who, e.operation, e.target, e.count],
+    );
+  }
+
+  // restoreRows runs one INSERT … ON CONFLICT DO NOTHING per row in one transaction, and counts what it wrote.
+  private restoreRows<T>(sql: string, rows: readonly T[], values: (row: T) => SqlValue[]): Promise<number> {
     return this.enqueue(() => {
-      const insert = this.sql(
-        "INSERT INTO audit (seq, at, who, operation, target, count) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-      );
+      const insert = this.sql(sql);
       let n = 0;
-      for (const e of entries) n += Number(insert.run(e.seq, e.at, e.who, e.operation, e.target, e.count).changes);
+      for (const row of rows) n += Number(insert.run(...values(row)).changes);
       return n;
     }, true) as Promise<number>;
   }
