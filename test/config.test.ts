@@ -278,7 +278,7 @@ for (const backend of await backends("config_cli")) {
       try {
         const file = join(dir.dir, "sources.json");
         writeFileSync(file, JSON.stringify({ st: { provider: "standard", secret: "env:SOURCE_SECRET" } }));
-        // An inbox the scripts made, with no configuration yet (inbox.ts never creates one).
+        // An inbox the scripts made (as inbox.ts init would), with no configuration yet.
         assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
         const applied = await runScript("inbox.ts", ["config", "apply", file, "--db", db], ENV);
         assert.equal(applied.code, 0, applied.stderr);
