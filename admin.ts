@@ -136,7 +136,7 @@ Examples:
     token,
     readOnly: opts.readOnly,
     audit: log,
-    hide: forwarding ? secretsOf(forwarding) : [],
+    hide: forwarding ? secretsOf(forwarding, { sources: knownSources(config) }) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
     // A configuration applied through the API is checked as `config apply` checks one, its own parts held to
     // the operator's rule: its secrets read from this environment and the store, its transforms from the
@@ -194,14 +194,19 @@ function fatal(line: string, code: 1 | 2 = 2): never {
   process.exit(code);
 }
 
-// brokerSourcesOf lists the sources file's broker sources. The page needs no source's secret, and one not
-// set here must not stop it: a file whose sources cannot all be read shows no broker sources.
-function brokerSourcesOf(config: unknown): Source[] {
+// knownSources are the sources file's sources with the signing secrets this environment has, for the page to
+// hide: it verifies no signature, so a secret not set here must not stop it, and one that is set is hidden.
+function knownSources(config: unknown): Source[] {
   try {
-    return [...loadSources(config, process.env).values()].filter((s) => s.broker);
+    return [...loadSources(config, process.env, { verify: false }).values()];
   } catch {
     return [];
   }
+}
+
+// brokerSourcesOf lists the sources file's broker sources: a file whose sources cannot be read shows none.
+function brokerSourcesOf(config: unknown): Source[] {
+  return knownSources(config).filter((s) => s.broker);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -1,6 +1,7 @@
 // inbox.ts: connect() to the durable inbox, and the operator's CLI. Scripts import connect() from here;
 // it opens a SQLite file (sqlite.ts) or a postgres:// URL (postgres.ts), both held to the contract in
 // store.ts, which this module re-exports for apps. Run directly, it is the CLI at the bottom.
+//   npx tsx inbox.ts init   (a new deployment's first step: the one command that creates an inbox)
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
@@ -91,6 +92,7 @@ export async function cli(argv: string[]): Promise<void> {
       "after",
       `
 Examples:
+  npx tsx inbox.ts init --db /var/lib/webhook-inbox/inbox.db
   npx tsx inbox.ts status
   npx tsx inbox.ts list --status failed
   npx tsx inbox.ts show evt_100
@@ -120,6 +122,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
   speakTo(program, argv);
   const c = commandLine(program, { connect, isPostgresUrl });
   for (const add of [
+    configs.init,
     reads.status,
     reads.list,
     reads.show,

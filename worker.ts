@@ -2,7 +2,8 @@
 // commits the handler's local writes together with the done mark, so they happen exactly once.
 //   npx tsx worker.ts --once          # drain the queue, then exit
 //   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60] [--purge-every [minutes]]
-// Import run() to plug in your own handler; the one here records the article's payments.
+// Import run() to plug in your own handler, or pass --handler MODULE; the one here records the article's
+// payments, run where nothing is configured (the demo) or with --handler demo.
 
 import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -31,7 +32,15 @@ import type { Operator } from "./lib/routing/routes.ts";
 import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
-import { applyText, type Host, hostOf, readDocument, reapplyFile, secretNames } from "./lib/config/config.ts";
+import {
+  applyText,
+  type Host,
+  hostOf,
+  readDocument,
+  reapplyFile,
+  type SecretChecks,
+  secretNames,
+} from "./lib/config/config.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { watchConfig } from "./lib/config/watch.ts";
 import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
@@ -245,14 +254,39 @@ export async function loadHandler(path: string): Promise<Handler | string> {
     : "expected a module whose default export is a function (job) => void | Promise<void>";
 }
 
-// unhandled is why a worker without --handler must not start on these sources: the article's record-payment
-// handler reads {customer, amount}, which no real provider's event has, so a signed source with no routes
-// (the handler alone, by default) would set every real event aside; routes that name "handler" chose it.
-function unhandled(sources: readonly Source[]): string | undefined {
-  const signed = sources.filter((s) => s.provider !== "plain" && (s.routes === undefined || s.routes.length === 0));
-  if (signed.length === 0) return undefined;
-  return `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`;
+/** EXAMPLE_HANDLER is what --handler names to run the article's record-payment handler on purpose. */
+export const EXAMPLE_HANDLER = "demo";
+
+// toHandler finds a source whose deliveries go to the handler: one with no routes (the handler is the default
+// route), or one whose routes name it.
+function toHandler(sources: Iterable<Source>): Source | undefined {
+  for (const s of sources) if (s.routes === undefined || s.routes.some((r) => r.to === DEFAULTS.destination)) return s;
+  return undefined;
 }
+
+// unhandled is why a worker without --handler must not start on this configuration: the article's
+// record-payment handler reads {customer, amount}, which no real provider's event or broker message has, so
+// it would set every one routed to the handler aside. The example runs only with no configuration at all
+// (the article's, the demo's), or when --handler demo asks for it.
+function unhandled(sources: Iterable<Source>): string | undefined {
+  const s = toHandler(sources);
+  if (s === undefined) return undefined;
+  const how = s.routes === undefined ? "has no routes, so its deliveries go to the handler" : 'routes to "handler"';
+  return `worker: source ${JSON.stringify(s.name)} ${how}, and no --handler is given: pass --handler MODULE (your code for each delivery), or --handler ${EXAMPLE_HANDLER} for the article's record-payment example (docs/in-your-app.md#the-workers-handler)`;
+}
+
+// unconfiguredHandler sets aside what reaches the handler of a worker given no --handler once a configuration
+// is in force: the example is the bare demo's alone, and a real event it cannot read would be set aside with
+// a message about {customer, amount} that says nothing of the fix.
+function unconfiguredHandler(job: Job): never {
+  throw new PermanentError(
+    `no handler: source ${job.delivery.source} routes to "handler", and this worker was started without --handler; start one with --handler MODULE, then inbox.ts retry --failed --destination handler`,
+  );
+}
+
+// WORKER_CHECKS: the worker verifies no signature, so a source's signing secret it is not given does not stop it
+// (it redacts those it has); every destination's secret it forwards with is read.
+const WORKER_CHECKS: SecretChecks = { verify: false };
 
 // WorkerFlags is what workerProgram() parses.
 interface WorkerFlags {
@@ -326,7 +360,7 @@ async function workerProgram(argv: readonly string[]) {
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option(
       "--handler <module>",
-      "the module whose default export handles each delivery routed to the handler (default: the article's record-payment handler, for the unsigned default source and the demo only)",
+      `the module whose default export handles each delivery routed to the handler, or ${EXAMPLE_HANDLER} for the article's record-payment example (default: the example where nothing is configured, the demo's set-up; a configuration that routes to the handler needs it)`,
     )
     .option(
       "--skip-check",
@@ -442,7 +476,7 @@ export async function main(argv: string[]): Promise<void> {
     say(refusal, "error");
     process.exit(2);
   }
-  const handler = await chooseHandler(opts.handler, say);
+  const named = await chooseHandler(opts.handler, say);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   refuseDamaged(path, opts, (line) => say(spokenAs(argv)(line), "error"));
@@ -456,17 +490,24 @@ export async function main(argv: string[]): Promise<void> {
   let lanes: Inbox | undefined;
   let metrics: Metrics | undefined;
   let first: Prepared;
+  let example = false;
   try {
     const onCommit =
       opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
     inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
     host.inbox = inbox;
-    if (handler === recordPayment) await ensurePayments(inbox);
     first = await takeConfig(
       inbox,
-      { fileText, sourcesFile, base, limits, host, handlerGiven: opts.handler !== undefined },
+      { fileText, sourcesFile, base, limits, host, handlerGiven: named !== undefined },
       say,
     );
+    // No --handler and nothing configured is the article's set-up, the demo's: its example runs, saying so.
+    example = named === undefined && first.version === 0;
+    if (example)
+      say(
+        `worker: no configuration and no --handler: running the article's record-payment example, as the demo does (--handler MODULE runs yours)`,
+      );
+    if (example || named === recordPayment) await ensurePayments(inbox);
     if (inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)) {
       lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
     }
@@ -517,7 +558,17 @@ export async function main(argv: string[]): Promise<void> {
     opts.once,
   );
   live.run(first);
-  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits, host });
+  // The example stops at the first configuration applied while it runs: what reaches the handler then is real.
+  const seen = (version: number) => {
+    if (!example) return;
+    example = false;
+    say(
+      `worker: configuration version ${version} is in force: the record-payment example stops; what is routed to the handler is set aside until a worker runs with --handler MODULE`,
+      "error",
+    );
+  };
+  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits, host, seen });
+  const handler: Handler = named ?? ((job) => (example ? recordPayment(job) : unconfiguredHandler(job)));
   const { forwarding, secrets } = first.loaded;
   try {
     await Promise.all([
@@ -563,10 +614,12 @@ export async function main(argv: string[]): Promise<void> {
 // Say is how main() writes a line of its own, in the log format.
 type Say = (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
 
-// chooseHandler is the handler the worker runs: the module --handler names (its default export), or the
-// article's record-payment handler; a module that cannot be loaded stops start-up with one line.
-async function chooseHandler(module: string | undefined, say: Say): Promise<Handler> {
-  if (module === undefined) return recordPayment;
+// chooseHandler is the handler --handler names: the article's record-payment example for "demo", else the
+// module's default export; a module that cannot be loaded stops start-up with one line. Undefined when none
+// is named: main() then decides by the configuration.
+async function chooseHandler(module: string | undefined, say: Say): Promise<Handler | undefined> {
+  if (module === undefined) return undefined;
+  if (module === EXAMPLE_HANDLER) return recordPayment;
   const loaded = await loadHandler(module);
   if (typeof loaded === "string") {
     say(`worker: --handler ${module}: ${loaded}`, "error");
@@ -676,6 +729,7 @@ async function takeConfig(
       const applied = await applyText(inbox, o.fileText, o.host, o.base, {
         actor: "worker.ts --sources",
         who: "start:worker.ts",
+        ...WORKER_CHECKS,
       });
       if (applied.changes.length > 0)
         say(`worker: ${o.sourcesFile} applied as configuration version ${applied.version}`);
@@ -740,12 +794,15 @@ function watchLive(
     base: string;
     limits: TransformLimits;
     host: Host;
+    /** Told of each version seen, before it is checked. */
+    seen: (version: number) => void;
   },
 ): () => void {
   const unwatch = watchConfig(inbox, {
     clock: realClock,
     version: live.version ?? 0,
     onChange: async (config) => {
+      o.seen(config.version);
       const next = await prepare(config, o.host, o.base, o.limits);
       if (typeof next === "string")
         return o.say(
@@ -761,7 +818,7 @@ function watchLive(
   const hangup = () =>
     void (file === undefined
       ? o.say("SIGHUP: no --sources file to apply again; nothing changed")
-      : reapplyFile(inbox, file, o.host, { actor: "worker.ts SIGHUP", who: "sighup:worker.ts" }).then(
+      : reapplyFile(inbox, file, o.host, { actor: "worker.ts SIGHUP", who: "sighup:worker.ts", ...WORKER_CHECKS }).then(
           ({ line, error }) => o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
         ));
   process.on("SIGHUP", hangup);

@@ -9,7 +9,7 @@ import { type BrokerSource, parseBrokerSource } from "./consume.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
 import { parseReconcile, type ReconcileSettings } from "./reconcile/config.ts";
-import { readReference, type Values } from "./references.ts";
+import { keyOf, readReference, referenceOf, type Values } from "./references.ts";
 import { parseRoutes, TOP_KEYS, type Route } from "./routing/routes.ts";
 import type { Headers } from "./store.ts";
 
@@ -456,9 +456,15 @@ export function readSourcesFile(path: string): unknown {
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
  * its secrets' references (`env:NAME`, `secret:NAME`) from env, and throws a TypeError naming the source and the mistake (never a secret).
  * A "reconcile" setting is checked; its API credential is read only with options.reconcile (inbox.ts
- * reconcile), so the receiver and the worker never need it in their environment.
+ * reconcile), so the receiver and the worker never need it in their environment. With options.verify
+ * false (the worker and the page, which verify no signature and only redact the secrets they know), a
+ * secret whose variable is not set is left out rather than refused.
  */
-export function loadSources(config: unknown, env: Values, options: { reconcile?: boolean } = {}): Map<string, Source> {
+export function loadSources(
+  config: unknown,
+  env: Values,
+  options: { reconcile?: boolean; verify?: boolean } = {},
+): Map<string, Source> {
   if (!isObject(config)) {
     throw new TypeError(`sources: expected a JSON object mapping source names to settings, got ${kindOf(config)}`);
   }
@@ -513,11 +519,16 @@ export function loadSources(config: unknown, env: Values, options: { reconcile?:
         `${where}: missing secret; a ${p} source needs one (write "env:NAME" to read it from the environment)`,
       );
     }
-    const secrets = (secretList as string[]).map((text, i) => {
+    const unread = (text: string) => {
+      const ref = options.verify === false ? referenceOf(text) : undefined;
+      return ref !== undefined && !env[keyOf(ref)];
+    };
+    const secrets = (secretList as string[]).flatMap((text, i) => {
+      if (unread(text)) return [];
       const which = secretList.length > 1 ? `secret #${i + 1}` : "secret";
       const value = readReference(text, env, `${where}: ${which}`);
       if (value === "") throw new TypeError(`${where}: ${which} is empty`);
-      return secretKey(p, value, `${where}: ${which}`);
+      return [secretKey(p, value, `${where}: ${which}`)];
     });
 
     let toleranceS = 0;

@@ -565,6 +565,17 @@ export interface Inbox {
    * they are set aside as failed in the same transaction). On PostgreSQL its commit NOTIFYs every listener.
    */
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied>;
+  /** configHistory lists every applied version of the configuration, oldest first: its history, for copy. */
+  configHistory(): Promise<StoredConfig[]>;
+  /**
+   * restoreConfig writes versions as they are (from configHistory() of another inbox), their numbers, actors
+   * and times kept; a version already there is skipped. Returns how many it wrote.
+   */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number>;
+  /** restoreApiKeys writes keys as they are (from apiKeys() of another inbox), revoked ones too; a key already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number>;
+  /** restoreAudit writes audit entries as they are (from auditLog() of another inbox), their seq kept; one already there is skipped. */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number>;
 }
 
 /** ApiKey is one API key as stored: its hash, never the key; read keys change nothing. */

@@ -8,6 +8,7 @@
 //   npx node --import tsx --test test/api.test.ts
 
 import assert from "node:assert/strict";
+import { request as httpRequest } from "node:http";
 import { execFile, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
@@ -163,6 +164,60 @@ for (const backend of BACKENDS) {
         readFileSync(join(ROOT, "test/generated/api.ts"), "utf8"),
         "test/generated/api.ts is stale: regenerate it as docs/api.md says",
       );
+    });
+
+    it("declares in the document the 404, 405, 413 and 415 that its routing answers, and answers them so", async () => {
+      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as {
+        paths: Record<
+          string,
+          Record<string, { operationId: string; requestBody?: unknown; responses: Record<string, unknown> }>
+        >;
+      };
+      const missing: string[] = [];
+      for (const [path, methods] of Object.entries(doc.paths))
+        for (const op of Object.values(methods)) {
+          const wanted = [405, ...(path.includes("{") ? [404] : []), ...(op.requestBody ? [413, 415] : [])];
+          for (const status of wanted)
+            if (!(String(status) in op.responses)) missing.push(`${op.operationId} ${status}`);
+        }
+      assert.deepEqual(missing, []);
+      // What the routing answers, on one operation that has them all: POST /api/v1/destinations/{name}/pause.
+      const declared = Object.keys(doc.paths["/api/v1/destinations/{name}/pause"]!.post!.responses);
+      const send = (init: RequestInit & { path?: string }) =>
+        fetch(`${admin.url}${init.path ?? "/api/v1/destinations/app/pause"}`, {
+          ...init,
+          headers: {
+            authorization: `Bearer ${write.key}`,
+            "idempotency-key": `problems-${Math.random()}`,
+            ...init.headers,
+          },
+        });
+      const state = await snapshot();
+      const answers = [
+        await send({
+          method: "POST",
+          path: "/api/v1/destinations/nowhere/pause",
+          body: "{}",
+          headers: { "content-type": "application/json" },
+        }),
+        await send({ method: "PATCH", body: "{}" }),
+        await send({
+          method: "POST",
+          body: JSON.stringify({ reason: "x".repeat(70_000) }),
+          headers: { "content-type": "application/json" },
+        }),
+        await send({
+          method: "POST",
+          body: "reason=hi",
+          headers: { "content-type": "application/x-www-form-urlencoded" },
+        }),
+      ];
+      assert.deepEqual(
+        answers.map((r) => `${r.status} ${r.headers.get("content-type")}`),
+        [404, 405, 413, 415].map((s) => `${s} application/problem+json`),
+      );
+      for (const r of answers) assert.ok(declared.includes(String(r.status)), `${r.status} is declared`);
+      assert.equal(await snapshot(), state, "none of them changed anything");
     });
 
     it("calls the deliveries' and destinations' operations through the typed client, each doing what the page does", async () => {
@@ -600,6 +655,62 @@ for (const backend of BACKENDS) {
       });
     });
 
+    it("answers a DNS-rebinding refusal on /api/ as problem+json, counted in inbox_api_refused_total; the page's own stays HTML", async () => {
+      // A page with no token answers loopback names only; a browser led here by a rebound name sends its Host.
+      const ask = (path: string, host: string, method = "GET", body?: string) =>
+        new Promise<{ status: number; type: string; text: string }>((resolve, reject) => {
+          const url = new URL(admin.url);
+          const req = httpRequest(
+            {
+              host: url.hostname,
+              port: url.port,
+              path,
+              method,
+              headers: {
+                host,
+                authorization: `Bearer ${write.key}`,
+                ...(body ? { "content-type": "application/json", "idempotency-key": `rebind-${path}` } : {}),
+              },
+            },
+            (res) => {
+              let text = "";
+              res
+                .on("data", (c) => (text += c))
+                .on("end", () => resolve({ status: res.statusCode!, type: String(res.headers["content-type"]), text }));
+            },
+          );
+          req.on("error", reject);
+          req.end(body);
+        });
+      const refused = async () =>
+        Number(
+          /inbox_api_refused_total\{reason="foreign_host"\} (\d+)/.exec(
+            await (await fetch(`${admin.url}/metrics`)).text(),
+          )?.[1] ?? 0,
+        );
+      const state = await snapshot();
+      const before = await refused();
+      const rebound = `rebound.example:${new URL(admin.url).port}`;
+      const pause = await ask("/api/v1/destinations/app/pause", rebound, "POST", "{}");
+      assert.equal(pause.status, 403);
+      assert.equal(pause.type, "application/problem+json");
+      assert.deepEqual(JSON.parse(pause.text), {
+        type: "about:blank",
+        title: "Forbidden",
+        status: 403,
+        detail: "this page answers to a loopback address only",
+      });
+      const document = await ask("/openapi.json", rebound);
+      assert.equal(`${document.status} ${document.type}`, "403 application/problem+json");
+      assert.equal(await refused(), before + 2, "each counted");
+      assert.equal(await snapshot(), state, "nothing changed");
+      // (control) The page's own paths keep their HTML refusal; a loopback name is answered.
+      const page = await ask("/", rebound);
+      assert.equal(page.status, 403);
+      assert.match(page.type, /^text\/html/);
+      assert.equal((await ask("/api/v1/status", `127.0.0.1:${new URL(admin.url).port}`)).status, 200);
+    });
+
     it("refuses every change, even a write key's, when the page runs --read-only, and still reads", async () => {
       const readOnly = await startAdmin(["--db", made.target, "--read-only"]);
       try {
@@ -691,6 +802,40 @@ for (const backend of BACKENDS) {
         404,
       );
       assert.equal(await snapshot(), state, "nothing of any of it was stored");
+    });
+
+    it("takes a time as the page and the CLI take one: an age ago (since=2h), an ISO date, or ms", async () => {
+      const get = async (query: string) => {
+        const r = await fetch(`${admin.url}/api/v1/deliveries?${query}`, {
+          headers: { authorization: `Bearer ${read.key}` },
+        });
+        return { status: r.status, body: (await r.json()) as { items?: { id: string }[]; detail?: string } };
+      };
+      const ids = (r: { body: { items?: { id: string }[] } }) => new Set(r.body.items?.map((d) => d.id));
+      const recent = await get("since=2h&source=stripe");
+      assert.equal(recent.status, 200, JSON.stringify(recent.body));
+      // Every stripe delivery here was stored within the last seconds.
+      const every = ids(await get("source=stripe"));
+      assert.ok(every.has("evt_ok") && every.has("evt_4"));
+      assert.deepEqual(ids(recent), every);
+      assert.deepEqual(ids(await get("until=2h&source=stripe")), new Set(), "none is older than two hours");
+      assert.deepEqual(ids(await get(`since=${new Date(Date.now() + 3_600_000).toISOString()}`)), new Set());
+      assert.deepEqual(ids(await get(`since=${Date.now() - 7_200_000}&source=stripe`)), every);
+      // (control) Neither a date nor an age: a 400 that says what is expected.
+      const bad = await get("since=2x");
+      assert.equal(bad.status, 400);
+      assert.match(
+        String(bad.body.detail),
+        /since: expected a date such as .*, or an age ago such as 2h or 3d, got 2x/,
+      );
+      // A bulk action's filter reads it the same way, as the page's form does.
+      const dry = await fetch(`${admin.url}/api/v1/deliveries/bulk`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${write.key}`, "content-type": "application/json" },
+        body: JSON.stringify({ action: "retry", filter: { since: "2h" }, dryRun: true }),
+      });
+      assert.equal(dry.status, 200, await dry.clone().text());
+      assert.deepEqual(await dry.json(), { count: 1 });
     });
 
     it("keeps the page's actions in the same audit log, which the page shows escaped", async () => {

@@ -275,19 +275,22 @@ for (const backend of await backends("config_cli")) {
       }
     });
 
-    it("a worker without --handler refuses a configuration in the database whose signed source has no routes, as it refuses such a file", async () => {
+    it("a worker without --handler refuses a configuration in the database whose source goes to the handler, as it refuses such a file", async () => {
       const { target: db, cleanup } = await backend.make();
       const dir = tempDir();
       try {
         const file = join(dir.dir, "sources.json");
         writeFileSync(file, JSON.stringify({ st: { provider: "standard", secret: "env:SOURCE_SECRET" } }));
-        // An inbox the scripts made, with no configuration yet (inbox.ts never creates one).
+        // An inbox the scripts made (as inbox.ts init would), with no configuration yet.
         assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
         const applied = await runScript("inbox.ts", ["config", "apply", file, "--db", db], ENV);
         assert.equal(applied.code, 0, applied.stderr);
         const refused = await runScript("worker.ts", ["--db", db, "--once"], ENV);
         assert.equal(refused.code, 2);
-        assert.match(refused.stderr, /source "st" is signed and has no routes, and no --handler is given/);
+        assert.match(
+          refused.stderr,
+          /source "st" has no routes, so its deliveries go to the handler, and no --handler is given/,
+        );
         // The control: the same configuration with a handler named runs.
         const handler = join(dir.dir, "handler.mjs");
         writeFileSync(handler, "export default () => {};\n");
@@ -333,10 +336,10 @@ for (const backend of await backends("config_cli")) {
           "no default source",
         );
         await receiver.stop();
-        assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
+        assert.equal((await runScript("worker.ts", ["--db", db, "--once", "--handler", "demo"], ENV)).code, 0);
         // A host whose copy of the transform is not the one applied refuses to start, saying which.
         writeFileSync(transform, "export default (d) => ({ body: d.id });\n");
-        const drifted = await runScript("worker.ts", ["--db", db, "--once"], ENV);
+        const drifted = await runScript("worker.ts", ["--db", db, "--once", "--handler", "demo"], ENV);
         assert.equal(drifted.code, 2);
         assert.match(drifted.stderr, /transform .*t\.mjs here \(sha256 [0-9a-f]{12}\) is not the one applied/);
         assert.equal(readFileSync(transform, "utf8").includes("d.id"), true);

@@ -3,7 +3,7 @@
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -743,4 +743,78 @@ export async function brokerRestartSkip(type: "nats" | "rabbitmq"): Promise<stri
     why,
     "run them where the broker is local and its tools are installed.",
   );
+}
+
+/** opensslSkip is false when openssl runs, else the reason, said once; required, it throws instead. */
+export function opensslSkip(): string | false {
+  if (spawnSync("openssl", ["version"]).status === 0) return false;
+  const why = "no openssl on PATH";
+  if (process.env.INBOX_REQUIRE_OPENSSL === "1")
+    throw new Error(`INBOX_REQUIRE_OPENSSL=1 but ${why} (apt-get install -y openssl)`);
+  console.log(`# TLS forwarding tests skipped: ${why}; apt-get install -y openssl to run them.`);
+  return why;
+}
+
+/** Pki is a private CA and a server certificate it signed for 127.0.0.1, and another CA that signed nothing. */
+export interface Pki {
+  caFile: string;
+  otherCaFile: string;
+  key: Buffer;
+  cert: Buffer;
+}
+
+/** pki makes the certificates with openssl in dir: EC keys, valid for two days. */
+export function pki(dir: string): Pki {
+  const run = (...args: string[]) => {
+    const r = spawnSync("openssl", args, { cwd: dir, encoding: "utf8" });
+    if (r.status !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr}`);
+  };
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+  for (const name of ["ca", "other-ca"]) {
+    run(
+      "req",
+      "-x509",
+      ...ec,
+      "-keyout",
+      `${name}.key`,
+      "-out",
+      `${name}.pem`,
+      "-days",
+      "2",
+      "-subj",
+      `/CN=inbox test ${name}`,
+      "-addext",
+      "basicConstraints=critical,CA:TRUE",
+      "-addext",
+      "keyUsage=critical,keyCertSign,cRLSign",
+    );
+  }
+  run("req", ...ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1");
+  writeFileSync(
+    join(dir, "server.ext"),
+    "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+  );
+  run(
+    "x509",
+    "-req",
+    "-in",
+    "server.csr",
+    "-CA",
+    "ca.pem",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "server.pem",
+    "-days",
+    "2",
+    "-extfile",
+    "server.ext",
+  );
+  return {
+    caFile: join(dir, "ca.pem"),
+    otherCaFile: join(dir, "other-ca.pem"),
+    key: readFileSync(join(dir, "server.key")),
+    cert: readFileSync(join(dir, "server.pem")),
+  };
 }

@@ -250,7 +250,11 @@ async function read(p: Page, s: Session, url: URL): Promise<string> {
 async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const url = new URL(req.url ?? "/", "http://admin.invalid");
   const path = url.pathname;
-  if (!p.sessions.trusts(req)) throw new HttpError(403, "this page answers to a loopback address only");
+  if (!p.sessions.trusts(req)) {
+    const why = "this page answers to a loopback address only";
+    if (p.api.refuse(res, url, "foreign_host", 403, why)) return;
+    throw new HttpError(403, why);
+  }
   if (asset(req, res, path)) return;
   // The API and its document answer bearer API keys, never the page's session (lib/api/routes.ts).
   if (await p.api.handle(req, res, url)) return;
@@ -385,7 +389,7 @@ const FORMS: Record<
   "/bulk": async (p, _s, form, audit) => {
     const kind = form.get("action");
     if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-    const filter = bulkFilter(form, kind);
+    const filter = bulkFilter(form, kind, p.now());
     const n = await retryOrReplayAll(p.inbox, kind, filter, p.batchSize, audit(`${kind} filter: ${describe(filter)}`));
     const expected = form.get("expected");
     const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";

@@ -18,7 +18,7 @@ import {
   sendTest,
   targetLabel,
 } from "../operations/actions.ts";
-import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../operations/input.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
@@ -43,8 +43,11 @@ import {
   type TestBody,
 } from "./schemas.ts";
 
-/** Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. */
-export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only";
+/**
+ * Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. A
+ * foreign_host is a page with no token asked by a name that is not loopback: DNS rebinding (session.ts).
+ */
+export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only" | "foreign_host";
 
 /** ApiMetrics counts the API's refusals and answers, on a registry of its own that the page serves at /metrics. */
 export class ApiMetrics {
@@ -53,7 +56,7 @@ export class ApiMetrics {
   /** refused counts each refusal by its reason. */
   readonly refused = new client.Counter({
     name: "inbox_api_refused_total",
-    help: "API requests refused before they ran: no key, an unknown or revoked one, a read key that writes, or a read-only page.",
+    help: "API requests refused before they ran: no key, an unknown or revoked one, a read key that writes, a read-only page, or a Host that is not loopback on a page with no token.",
     labelNames: ["reason"] as const,
     registers: [this.registry],
   });
@@ -110,6 +113,24 @@ export class Api {
   constructor(ctx: ApiContext) {
     this.ctx = ctx;
     this.metrics = new ApiMetrics(ctx.inbox);
+  }
+
+  /**
+   * refuse answers a request the page refused before routing it (lib/admin/routes.ts), when its path is the
+   * API's or the document's: a problem+json, counted by its reason, as the API's own refusals are. False for
+   * the page's paths, which the page answers.
+   */
+  refuse(res: ServerResponse, url: URL, reason: Refusal, status: 403, detail: string): boolean {
+    if (url.pathname !== "/openapi.json" && !url.pathname.startsWith("/api/")) return false;
+    this.metrics.refused.inc({ reason });
+    this.send(
+      res,
+      status,
+      { type: "about:blank", title: TITLES[status], status, detail },
+      { "content-type": "application/problem+json" },
+    );
+    this.metrics.answered.inc({ operation: "-", status: String(status) });
+    return true;
   }
 
   /** handle answers req when its path is the API's or the document's, and says whether it was. */
@@ -303,12 +324,15 @@ async function readBody(req: IncomingMessage): Promise<string> {
 
 // ---- The operations: each reads its checked input and runs the page's own action ----
 
-// filterOf turns the API's filter fields into the store's Filter.
-function filterOf(f: z.output<typeof FilterFields>): Filter {
-  const { error, body, ...rest } = f;
+// filterOf turns the API's filter fields into the store's Filter: a time as the page reads one, an age
+// (since=2h) taken back from now.
+function filterOf(f: z.output<typeof FilterFields>, now: number): Filter {
+  const { error, body, since, until, ...rest } = f;
   const filter: Filter = Object.fromEntries(Object.entries(rest).filter(([, v]) => v !== undefined));
   if (error !== undefined) filter.errorMatch = error;
   if (body !== undefined) filter.bodyContains = body;
+  if (since !== undefined) filter.since = parseTime(since, "since", now);
+  if (until !== undefined) filter.until = parseTime(until, "until", now);
   return filter;
 }
 
@@ -347,7 +371,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     } catch {
       throw new ApiError(400, "query.after: not a cursor this API wrote");
     }
-    const rows = await ctx.inbox.search(filterOf(fields), { limit, ...(cursor ? { after: cursor } : {}) });
+    const rows = await ctx.inbox.search(filterOf(fields, ctx.now()), { limit, ...(cursor ? { after: cursor } : {}) });
     return {
       body: { items: rows.map((d) => row(ctx, d)), next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null },
     };
@@ -378,7 +402,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     // The page's own reading of a filter, and its rule: a retry takes the failed rows, a replay the done ones.
     const params = new URLSearchParams();
     for (const [k, v] of Object.entries(fields)) if (v !== undefined) params.set(k === "body" ? "q" : k, String(v));
-    const filter = bulkFilter(params, action);
+    const filter = bulkFilter(params, action, ctx.now());
     if (dryRun) return { body: { count: await ctx.inbox.count(filter) } };
     const target = `${action} filter: ${describe(filter)}`;
     const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize, call.audit(target));

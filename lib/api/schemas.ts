@@ -153,7 +153,10 @@ const sourceName = z
     `expected one plain word (letters, digits, . _ ~ -) or ${TEST_SOURCE}`,
   );
 const limit = z.coerce.number().int().min(1).max(DEFAULTS.apiMaxPage).default(DEFAULTS.apiPageSize);
-const time = z.coerce.number().int().min(0);
+// A time as the page and the CLI take one: ms since the epoch, an ISO date (UTC when it names no zone), or an age ago.
+const time = z.union([z.number().int().min(0), z.string().min(1).max(40)]).openapi({
+  description: "ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w",
+});
 
 /** DeliveryPath names one delivery: its source and its ID. */
 export const DeliveryPath = z.object({ source: sourceName, id: z.string().min(1).max(1000) });

@@ -154,7 +154,12 @@ Examples:
                 }),
           });
           if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
-          const what = r.replayed === 1 ? "1 done delivery" : `${r.replayed} done deliveries`;
+          const what =
+            opts.to !== undefined
+              ? `${r.replayed} ${r.replayed === 1 ? "delivery" : "deliveries"} to ${opts.to}`
+              : r.replayed === 1
+                ? "1 done delivery"
+                : `${r.replayed} done deliveries`;
           console.log(
             opts.dryRun
               ? `Would replay ${what} (dry run: nothing changed).`

@@ -27,6 +27,8 @@ export interface Cli {
   target: (opts: { db?: string }) => string;
   /** requireInbox refuses a SQLite path that is no inbox yet. */
   requireInbox: (path: string) => void;
+  /** isPostgresUrl tells a PostgreSQL URL from a SQLite path, as inbox.ts does. */
+  isPostgresUrl: (target: string) => boolean;
   /** openTarget opens an inbox that must already exist. */
   openTarget: (path: string) => Promise<Inbox>;
   /** open opens the inbox a command's --db names, which must already exist. */
@@ -76,7 +78,8 @@ export function commandLine(
   // otherwise show an empty, healthy inbox. Nor convert: opening another program's database would switch
   // it to WAL and add our tables.
   const requireInbox = (path: string) => {
-    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    if (!existsSync(path))
+      throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB; inbox.ts init creates one).`);
     if (!isInbox(path))
       throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
   };
@@ -135,6 +138,7 @@ export function commandLine(
     host,
     target,
     requireInbox,
+    isPostgresUrl,
     openTarget,
     open,
     sqliteOnly,

@@ -124,7 +124,7 @@ export function trustIn(parsed: unknown, stored: { trust?: Trust; way?: Way }): 
 export async function loadVersion(
   config: Pick<StoredConfig, "document"> & Partial<Pick<StoredConfig, "trust" | "way">>,
   host: Host,
-  options: { resolve?: boolean } = {},
+  options: SecretChecks = {},
 ): Promise<Loaded> {
   const parsed = parseDocument(config.document);
   const trust = trustIn(parsed, config);
@@ -133,6 +133,18 @@ export async function loadVersion(
   await checkDocument(parsed, trust, host.policy, { addresses: "unhooked", sourcesOnly });
   const values = await valuesFor(host, parsed, { sourcesOnly });
   return loadConfig(parsed, values, { ...options, trust, reach: host.policy.reach });
+}
+
+/**
+ * SecretChecks says which of a document's secrets are read from the environment, by who reads it: the
+ * receiver verifies signatures but forwards nothing (resolve false), the worker forwards but verifies
+ * nothing (verify false), the CLI and the API check both.
+ */
+export interface SecretChecks {
+  /** Read every destination's secret, not only check its shape. @default true */
+  resolve?: boolean;
+  /** Read every source's signing secret; false: only those whose variable is set. @default true */
+  verify?: boolean;
 }
 
 /**
@@ -166,16 +178,17 @@ export function readDocument(path: string): { text: string; parsed: unknown } {
 /**
  * loadConfig checks a parsed document whole, as the receiver and worker check a sources file at start-up,
  * and throws a TypeError naming the mistake (never a secret). With resolve false the destinations' secrets
- * are only checked for their shape (the receiver's and the CLI's case); the sources' are always read. With
- * trust and reach, each HTTP destination (and $operator) the API wrote is held to reach at its connections.
+ * are only checked for their shape (the receiver's and the CLI's case); the sources' are read, and with
+ * verify false (the worker's case: it verifies no signature) only those whose variable is set. With trust
+ * and reach, each HTTP destination (and $operator) the API wrote is held to reach at its connections.
  */
 export function loadConfig(
   parsed: unknown,
   env: Env,
-  options: { resolve?: boolean; trust?: Trust; reach?: Reach } = {},
+  options: SecretChecks & { trust?: Trust; reach?: Reach } = {},
 ): Loaded {
   const resolveSecrets = options.resolve ?? true;
-  const sources = loadSources(parsed, env);
+  const sources = loadSources(parsed, env, { verify: options.verify ?? true });
   const brokers = new Map<string, BrokerDestination>();
   const forwarding = loadDestinations(parsed, env, {
     resolve: resolveSecrets,
@@ -350,14 +363,15 @@ export interface Plan {
  * may not read is refused before anything reads it), then every part as a script checks it at start-up. base
  * is the folder its transforms' relative paths start from (the file's). With resolve (the CLI's, the API's
  * and the worker's) every destination secret is read and checked as the worker checks it; without (the
- * receiver's), only its shape, the destinations' secrets being the worker's.
+ * receiver's), only its shape, the destinations' secrets being the worker's. With verify false (the worker's,
+ * which verifies no signature) a source's signing secret is read only where its variable is set.
  */
 export async function plan(
   inbox: Inbox,
   text: string,
   host: Host,
   base: string,
-  options: { way: Way; resolve?: boolean },
+  options: { way: Way } & SecretChecks,
 ): Promise<Plan> {
   const parsed = parseDocument(text);
   const current = await inbox.readConfig();
@@ -373,6 +387,7 @@ export async function plan(
     await valuesFor({ ...host, inbox }, parsed, { sourcesOnly: options.resolve === false }),
     {
       resolve: options.resolve ?? true,
+      verify: options.verify ?? true,
       trust,
       reach: host.policy.reach,
     },
@@ -436,6 +451,8 @@ export interface FileApply {
   who: string;
   /** Read and check the destinations' secrets (the worker), or their shape only (the receiver). @default true */
   resolve?: boolean;
+  /** Read every source's signing secret; false (the worker): only those whose variable is set. @default true */
+  verify?: boolean;
 }
 
 /**
@@ -452,7 +469,7 @@ export async function applyText(
   by: FileApply,
 ): Promise<{ version: number; changes: string[] }> {
   for (let tries = 0; tries < 5; tries++) {
-    const p = await plan(inbox, text, host, base, { way: "operator", resolve: by.resolve ?? true });
+    const p = await plan(inbox, text, host, base, { way: "operator", resolve: by.resolve ?? true, verify: by.verify });
     if (p.changes.length === 0) return { version: p.current?.version ?? 0, changes: [] };
     const audit = { who: by.who, operation: "config apply", target: auditTarget(p) };
     const result = await apply(inbox, p, { actor: by.actor, audit });

@@ -8,7 +8,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
 import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql } from "../sql.ts";
+import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
 import type { Pool } from "./pool.ts";
@@ -167,7 +167,11 @@ export class PostgresBulk {
     replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    if (options.dryRun) {
+      const { where, params } = filterSql(filter, "postgres");
+      const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
+      return { replayed: Number(rows[0].n), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options, async (client, keys) => {

@@ -60,7 +60,7 @@ import {
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
-import { sha256, toDelivery } from "../rows.ts";
+import { conflicts, sha256, toDelivery } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -805,24 +805,30 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // FOR KEY SHARE writes a lock, so this COMMIT waits for the standby like any write: a copy stored by a
     // COMMIT whose wait was cancelled (committed here, perhaps not on the standby) is answered only once it
     // is there too. It blocks no update, only a delete (purge skips locked rows).
+    // Its body is read only where it came from reconcile (rows.ts conflicts()).
     const kept = await client.query(
-      `SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
+      `SELECT source, id, body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+         FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
        FOR KEY SHARE`,
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],
     );
-    const digests = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r.body_sha256 as string]));
-    const conflicts = new Map<string, number>();
+    const keptRows = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r]));
+    const conflicting = new Map<string, number>();
     for (const op of others) {
-      const conflict = digests.get(key(op)) !== op.digest;
+      const conflict = conflicts(
+        keptRows.get(key(op)) ?? { sha256: "", origin: "", body: null },
+        op.digest,
+        op.incoming.body,
+      );
       results.set(op, conflict ? "conflict" : "duplicate");
-      if (conflict) conflicts.set(key(op), (conflicts.get(key(op)) ?? 0) + 1);
+      if (conflict) conflicting.set(key(op), (conflicting.get(key(op)) ?? 0) + 1);
     }
-    if (conflicts.size > 0) {
-      const keys = [...conflicts.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
+    if (conflicting.size > 0) {
+      const keys = [...conflicting.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
       await client.query(
         `UPDATE deliveries d SET conflicts = d.conflicts + u.n
          FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i AND d.route = 0`,
-        [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicts.get(k.join("\u0000"))!)],
+        [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicting.get(k.join("\u0000"))!)],
       );
     }
     this.notify(client, stored.size);
@@ -970,5 +976,17 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   }
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     return this.records.applyConfig(document, options);
+  }
+  configHistory(): Promise<StoredConfig[]> {
+    return this.records.configHistory();
+  }
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.records.restoreConfig(versions);
+  }
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.records.restoreApiKeys(keys);
+  }
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.records.restoreAudit(entries);
   }
 }

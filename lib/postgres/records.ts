@@ -164,6 +164,78 @@ export class PostgresRecords {
     return Number(rows[0].v);
   }
 
+  /** configHistory reads every applied version, oldest first. */
+  async configHistory(): Promise<StoredConfig[]> {
+    const { rows } = await this.pool.query(
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config ORDER BY version",
+    );
+    return rows.map(toConfig);
+  }
+
+  /** restoreConfig writes versions as they are, in one statement; those already there are skipped. */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.restoreRows(
+      `INSERT INTO inbox_config (version, document, transforms, actor, applied_at, way, trust)
+       SELECT * FROM unnest($1::integer[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
+       ON CONFLICT DO NOTHING`,
+      versions,
+      [
+        (v) => v.version,
+        (v) => v.document,
+        (v) => JSON.stringify(v.transforms),
+        (v) => v.actor,
+        (v) => v.appliedAt,
+        (v) => v.way ?? "operator",
+        (v) => JSON.stringify(v.trust ?? {}),
+      ],
+    );
+  }
+
+  /** restoreApiKeys writes keys as they are, in one statement; an ID or a hash already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.restoreRows(
+      `INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) ON CONFLICT DO NOTHING`,
+      keys,
+      [(k) => k.id, (k) => k.name, (k) => k.scope, (k) => k.hash, (k) => k.createdAt, (k) => k.revokedAt],
+    );
+  }
+
+  // restoreRows runs one INSERT … SELECT * FROM unnest(…) over the rows, a parameter per column, and counts what it wrote.
+  private async restoreRows<T>(sql: string, rows: readonly T[], columns: ((row: T) => unknown)[]): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      sql,
+      columns.map((column) => rows.map(column)),
+      { retry: false },
+    );
+    return rowCount ?? 0;
+  }
+
+  /**
+   * restoreAudit writes entries with their seq (OVERRIDING the identity), then moves the identity past the
+   * highest, so the next entry the API adds does not take a seq that is there; one already there is skipped.
+   */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.o.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO audit (seq, at, who, operation, target, count) OVERRIDING SYSTEM VALUE
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::integer[]) ON CONFLICT DO NOTHING`,
+        [
+          entries.map((e) => e.seq),
+          entries.map((e) => e.at),
+          entries.map((e) => e.who),
+          entries.map((e) => e.operation),
+          entries.map((e) => e.target),
+          entries.map((e) => e.count),
+        ],
+      );
+      await client.query(
+        "SELECT setval(pg_get_serial_sequence('audit', 'seq'), max(seq)) FROM audit HAVING max(seq) IS NOT NULL",
+      );
+      return rowCount ?? 0;
+    }) as Promise<number>;
+  }
+
   /** applyConfig stores a new version under a lock, pausing what it removes and resuming what it brings back; its commit NOTIFYs. */
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     const removed = [...(options.removed ?? [])];

@@ -7,7 +7,7 @@ import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import type { Audit, BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql } from "../sql.ts";
+import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
 import { whole } from "./commit.ts";
@@ -178,7 +178,11 @@ export class SqliteBulk {
     replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    if (options.dryRun) {
+      const { where, params } = filterSql(filter, "sqlite");
+      const { n } = this.sql(replayToCount(where)).get(...params, to) as { n: number };
+      return { replayed: Number(n), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options, (keys, now) => {

@@ -3,7 +3,7 @@
 // Idempotency-Key, the secrets (sealed: lib/secrets.ts), and the audit log, which writeAudit() adds to inside
 // whichever transaction makes the change. Held by SqliteInbox, as its reads and bulk writes are.
 
-import type { DatabaseSync } from "node:sqlite";
+import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import {
   changeOf,
   destinationNames,
@@ -149,6 +149,59 @@ export class SqliteRecords {
       "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config ORDER BY version DESC LIMIT 1",
     ).get();
     return row && toConfig(row);
+  }
+
+  /** configHistory reads every applied version, oldest first. */
+  async configHistory(): Promise<StoredConfig[]> {
+    const rows = this.sql(
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config ORDER BY version",
+    ).all() as Record<string, unknown>[];
+    return rows.map(toConfig);
+  }
+
+  /** restoreConfig writes versions as they are, their way and trust with them, in one transaction; those already there are skipped. */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.restoreRows(
+      "INSERT INTO inbox_config (version, document, transforms, actor, applied_at, way, trust) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      versions,
+      (v) => [
+        v.version,
+        v.document,
+        JSON.stringify(v.transforms),
+        v.actor,
+        v.appliedAt,
+        v.way ?? "operator",
+        JSON.stringify(v.trust ?? {}),
+      ],
+    );
+  }
+
+  /** restoreApiKeys writes keys as they are, in one transaction; an ID or a hash already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.restoreRows(
+      "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      keys,
+      (k) => [k.id, k.name, k.scope, k.hash, k.createdAt, k.revokedAt],
+    );
+  }
+
+  /** restoreAudit writes entries with their seq, in one transaction; AUTOINCREMENT goes on from the highest. */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.restoreRows(
+      "INSERT INTO audit (seq, at, who, operation, target, count) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+      entries,
+      (e) => [e.seq, e.at, e.who, e.operation, e.target, e.count],
+    );
+  }
+
+  // restoreRows runs one INSERT … ON CONFLICT DO NOTHING per row in one transaction, and counts what it wrote.
+  private restoreRows<T>(sql: string, rows: readonly T[], values: (row: T) => SQLInputValue[]): Promise<number> {
+    return this.queue.enqueue(() => {
+      const insert = this.sql(sql);
+      let n = 0;
+      for (const row of rows) n += Number(insert.run(...values(row)).changes);
+      return n;
+    }, true) as Promise<number>;
   }
 
   /** configVersion reads the version in force (0: none) through the primary key. */

@@ -59,7 +59,7 @@ import {
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
-import { sha256, toDelivery, toGauges } from "../rows.ts";
+import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -286,10 +286,17 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         for (let route = 1; route < routes.length; route++) add(route);
         return "stored";
       }
-      const conflict = this.sql(
-        "UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0 AND body_sha256 <> ?",
-      ).run(source, delivery.id, digest);
-      return conflict.changes === 1 ? "conflict" : "duplicate";
+      // A copy: its body is read only where the kept one came from reconcile (rows.ts conflicts()).
+      const kept = this.sql(
+        `SELECT body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+           FROM deliveries WHERE source = ? AND id = ? AND route = 0`,
+      ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
+      if (!conflicts(kept, digest, delivery.body)) return "duplicate";
+      this.sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
+        source,
+        delivery.id,
+      );
+      return "conflict";
     }) as Promise<Stored>;
   }
 
@@ -802,6 +809,18 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
   configVersion(): Promise<number> {
     return this.records.configVersion();
+  }
+  configHistory(): Promise<StoredConfig[]> {
+    return this.records.configHistory();
+  }
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.records.restoreConfig(versions);
+  }
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.records.restoreApiKeys(keys);
+  }
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.records.restoreAudit(entries);
   }
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     return this.records.applyConfig(document, options);

@@ -294,8 +294,10 @@ export interface operations {
         status?: components["schemas"]["Status"];
         source?: string;
         type?: string;
-        since?: number | null;
-        until?: number | null;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        since?: number | string;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        until?: number | string;
         /** @description A case-insensitive substring of the last error. */
         error?: string;
         /** @description A substring of the body, as UTF-8 text. */
@@ -328,6 +330,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -373,6 +381,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A delivery's failed tries */
@@ -414,6 +428,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A dry run of the routes against a stored delivery: what each destination would be sent now */
@@ -451,6 +471,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -513,6 +539,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -571,6 +615,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -596,8 +658,10 @@ export interface operations {
             status?: components["schemas"]["Status"];
             source?: string;
             type?: string;
-            since?: number | null;
-            until?: number | null;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            since?: number | string;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            until?: number | string;
             /** @description A case-insensitive substring of the last error. */
             error?: string;
             /** @description A substring of the body, as UTF-8 text. */
@@ -631,6 +695,24 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -670,6 +752,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** Every destination's state */
@@ -695,6 +783,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -750,6 +844,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -801,6 +913,24 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -862,6 +992,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -893,6 +1041,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -948,8 +1102,26 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1005,8 +1177,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1052,6 +1248,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1113,8 +1315,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1162,6 +1388,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1237,6 +1469,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -1274,6 +1524,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
