@@ -6,6 +6,7 @@
 
 import assert from "node:assert/strict";
 import { writeFileSync } from "node:fs";
+import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
@@ -13,6 +14,7 @@ import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
 import { hashKey } from "../lib/api/keys.ts";
+import { Keyring } from "../lib/secrets.ts";
 import { run } from "../worker.ts";
 import { freshSchema, runScript, startReceiver, tempDir } from "./helpers.ts";
 import { body, contract, LEASE, pgSkip, T0 } from "./contract-harness.ts";
@@ -427,7 +429,7 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     }
   });
 
-  it("carries the configuration with its history, the API keys and the audit log, both ways: the copy serves and knows them", async () => {
+  it("carries the configuration with its history, the API keys, the secrets still sealed and the audit log, both ways: the copy serves and knows them", async () => {
     const from = join(dir.dir, "configured.db");
     const file = join(dir.dir, "sources.json");
     const env = { STRIPE_SECRET: "whsec_c2lnbmluZyBzZWNyZXQgZm9yIGNvcHk=" };
@@ -442,14 +444,20 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     const key = (JSON.parse(made.stdout) as { key: string }).key;
     const sqlite = new SqliteInbox(from);
     await sqlite.addAudit({ at: T0, who: "key:abc", operation: "pauseDestination", target: "app", count: 1 });
+    const keyring = new Keyring([randomBytes(32)]);
+    await sqlite.setSecret({ name: "app", sealed: keyring.seal("app", "s3cr3t"), setAt: T0, setBy: "cli:ann" });
     const history = await sqlite.configHistory();
+    const log = (await sqlite.auditLog({ limit: 10 })).map((e) => [e.who, e.operation]);
     await sqlite.close();
+    // Two applies, a key made and the entry above: every way in leaves its entry (issue 46), and copy takes them all.
+    assert.equal(log.length, 4);
 
     const there = await cli("copy", "--from", from, "--to", pgTarget.url);
     assert.equal(there.code, 0, there.stderr);
     assert.match(there.stdout, /^Copied 2 of 2 configuration versions\.$/m);
     assert.match(there.stdout, /^Copied 1 of 1 API keys\.$/m);
-    assert.match(there.stdout, /^Copied 1 of 1 audit entries\.$/m);
+    assert.match(there.stdout, /^Copied 1 of 1 secrets\.$/m);
+    assert.match(there.stdout, /^Copied 4 of 4 audit entries\.$/m);
     // On the copy: the configuration in force, its history, the key and the audit log.
     const dumped = await cli("config", "dump", "--db", pgTarget.url);
     assert.equal(dumped.stdout, second, "config dump gives the document back byte for byte");
@@ -460,8 +468,14 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
       assert.deepEqual(await pg.configHistory(), history);
       assert.equal((await pg.apiKeyByHash(hashKey(key)))?.name, "grafana");
       assert.deepEqual(
-        (await pg.auditLog({ limit: 5 })).map((e) => [e.who, e.operation, e.target]),
-        [["key:abc", "pauseDestination", "app"]],
+        (await pg.auditLog({ limit: 10 })).map((e) => [e.who, e.operation]),
+        log,
+      );
+      const [secret] = await pg.secrets();
+      assert.equal(
+        keyring.open("app", secret!.sealed),
+        "s3cr3t",
+        "the copy holds the sealed value, which the same key opens",
       );
     } finally {
       await pg.close();
@@ -486,7 +500,8 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     try {
       assert.deepEqual(await returned.configHistory(), history);
       assert.equal((await returned.apiKeys()).length, 1);
-      assert.equal((await returned.auditLog({ limit: 5 })).length, 1);
+      assert.equal((await returned.auditLog({ limit: 10 })).length, 4);
+      assert.equal((await returned.secrets()).length, 1);
     } finally {
       await returned.close();
     }

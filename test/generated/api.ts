@@ -1563,6 +1563,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back */
@@ -1601,6 +1607,30 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1647,6 +1677,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
