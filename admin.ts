@@ -62,6 +62,10 @@ async function serve(argv: string[]): Promise<void> {
       "--sources <file>",
       "the sources file (as the worker's): pause and resume are told to its $operator URL, a delivery's page previews what it would send while the database has no configuration, no secret it names is ever shown, and relative transform paths start from its folder (default: INBOX_SOURCES)",
     )
+    .option(
+      "--secrets-key-file <file>",
+      "the key that seals and opens the secret store's values (PUT /api/v1/secrets), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -82,6 +86,7 @@ Examples:
     adminToken?: string;
     readOnly?: boolean;
     sources?: string;
+    secretsKeyFile?: string;
   }>();
   let token = opts.adminToken;
   if (token?.startsWith("env:")) {
@@ -117,14 +122,19 @@ Examples:
     }
   }
   const target = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  // What the operator hands a configuration changed through the API (lib/config/trust.ts): the names it may
+  // read, where it may connect, and the key of the secret store; the inbox joins it once open.
   const startup = new Startup({
     script: "admin",
     argv,
     say: (line) => console.error(line),
     door: { connect, isPostgresUrl },
     env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ownPorts: [opts.port],
   });
   const inbox = await startup.database(() => connect(target));
+  const host = { ...startup.host, inbox };
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
@@ -133,11 +143,12 @@ Examples:
     token,
     readOnly: opts.readOnly,
     audit: log,
-    hide: forwarding ? secretsOf(forwarding) : [],
+    hide: forwarding ? secretsOf(forwarding, { sources: knownSources(config) }) : [],
     destinations: [...(forwarding?.destinations.keys() ?? [])],
-    // A configuration applied through the API is checked as `config apply` checks one: its secrets read from
-    // this environment, its transforms from the folder a worker reads them from.
-    env: process.env,
+    // A configuration applied through the API is checked as `config apply` checks one, its own parts held to
+    // the operator's rule: its secrets read from this environment and the store, its transforms from the
+    // folder a worker reads them from.
+    host,
     base,
     ...(brokers ? { brokers } : {}),
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
@@ -163,6 +174,11 @@ Examples:
   console.log(
     `Operator page on ${url}${opts.readOnly ? " (read-only)" : ""}${token ? "" : " (no token: loopback only)"}`,
   );
+  // Without a token any process on this host acts as the operator: fine on a laptop, not on a server.
+  if (!token && beyondLaptop(process.env))
+    console.error(
+      "admin: warning: no --admin-token, so any process on this host that reaches the page acts as the operator through it; production units set one (docs/security.md)",
+    );
   await stopped;
   admin.server.close();
   admin.server.closeAllConnections();
@@ -170,14 +186,25 @@ Examples:
   flush();
 }
 
-// brokerSourcesOf lists the sources file's broker sources. The page needs no source's secret, and one not
-// set here must not stop it: a file whose sources cannot all be read shows no broker sources.
-function brokerSourcesOf(config: unknown): Source[] {
+// beyondLaptop says whether this looks like a server rather than a developer's laptop: started by systemd,
+// in a Kubernetes pod, or told it is production.
+function beyondLaptop(env: NodeJS.ProcessEnv): boolean {
+  return env.INVOCATION_ID !== undefined || env.KUBERNETES_SERVICE_HOST !== undefined || env.NODE_ENV === "production";
+}
+
+// knownSources are the sources file's sources with the signing secrets this environment has, for the page to
+// hide: it verifies no signature, so a secret not set here must not stop it, and one that is set is hidden.
+function knownSources(config: unknown): Source[] {
   try {
-    return [...loadSources(config, process.env).values()].filter((s) => s.broker);
+    return [...loadSources(config, process.env, { verify: false }).values()];
   } catch {
     return [];
   }
+}
+
+// brokerSourcesOf lists the sources file's broker sources: a file whose sources cannot be read shows none.
+function brokerSourcesOf(config: unknown): Source[] {
+  return knownSources(config).filter((s) => s.broker);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -6,6 +6,7 @@
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { missingClient } from "./lib/brokers.ts";
+import type { Loaded } from "./lib/config/config.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo } from "./lib/format.ts";
@@ -57,6 +58,10 @@ async function consume(argv: string[]): Promise<void> {
       "SQLite: skip the start-up quick_check, even when it is due (it runs after an unclean stop, or once a day)",
     )
     .option("--force", "SQLite: start on a file that fails the start-up quick_check, saying so")
+    .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (a broker's secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -80,34 +85,33 @@ Examples:
     quiet?: boolean;
     skipCheck?: boolean;
     force?: boolean;
+    secretsKeyFile?: string;
   }>();
-  const startup = new Startup({ script: "consumer", argv, say, door: { connect, isPostgresUrl }, env: process.env });
   const file = opts.sources ?? process.env.INBOX_SOURCES;
   if (!file)
     throw new StartupError("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
-  // Read and checked as the receiver reads it; the destinations' secrets are the worker's, so only their shape.
-  const all = [...startup.readSources(file, { resolve: false }).loaded.sources.values()];
-  let chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
-  const refused = (why: string) => new StartupError(`consumer: ${file}: ${why}`);
-  if (opts.source) {
-    const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
-    if (unknown.length > 0) throw refused(`no broker source named ${unknown.join(", ")}`);
-    chosen = chosen.filter((s) => opts.source!.includes(s.name));
-  }
-  if (chosen.length === 0) throw refused('no source has a "broker" to consume');
-  for (const s of chosen) {
-    const missing = await missingClient(s.broker.type, s.name, "source");
-    if (missing) throw refused(missing);
-  }
+  const startup = new Startup({
+    script: "consumer",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+  });
+  // Read and checked as the receiver reads it (the destinations' secrets are the worker's, so only their
+  // shape); a file whose sources name a secret of the store is read once the inbox is open.
+  const sources = startup.readSources(file, { resolve: false });
+  const chosen = sources.loaded ? await choose(sources.loaded, file, opts.source) : undefined;
   // As the receiver and the worker: a message acked into a damaged file may never be read back, so the
   // check runs when it is due, and this process's own unclean stop makes it due for the next to start.
   const inbox = await startup.open(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db, {
     skipCheck: opts.skipCheck,
     force: opts.force,
   });
+  const consumed = chosen ?? (await choose(await startup.loaded(sources, { resolve: false }), file, opts.source));
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
   const starvedAfterMs = opts.starvedAfter === undefined ? undefined : opts.starvedAfter * 1000;
-  const consumers = chosen.map(
+  const consumers = consumed.map(
     (source) => new Consumer({ inbox, source, log: say, ...(starvedAfterMs ? { starvedAfterMs } : {}) }),
   );
   for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts, c.health);
@@ -139,6 +143,24 @@ Examples:
   startup.close();
   if (refusedAtStart.length > 0)
     throw new StartupError(`consumer: refused to consume ${refusedAtStart.join(", ")}; nothing was taken`);
+}
+
+// choose is the file's broker sources this consumer takes (all, or those --source names), each with its
+// client installed, or stops start-up with one line.
+async function choose(loaded: Loaded, file: string, only: string[] | undefined): Promise<ConsumedSource[]> {
+  const refused = (why: string) => new StartupError(`consumer: ${file}: ${why}`);
+  let chosen = [...loaded.sources.values()].filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
+  if (only) {
+    const unknown = only.filter((n) => !chosen.some((s) => s.name === n));
+    if (unknown.length > 0) throw refused(`no broker source named ${unknown.join(", ")}`);
+    chosen = chosen.filter((s) => only.includes(s.name));
+  }
+  if (chosen.length === 0) throw refused('no source has a "broker" to consume');
+  for (const s of chosen) {
+    const missing = await missingClient(s.broker.type, s.name, "source");
+    if (missing) throw refused(missing);
+  }
+  return chosen;
 }
 
 // say writes one line of the consumer's own to stderr.

@@ -9,6 +9,7 @@ import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { connect } from "./inbox.ts";
+import { speakTo } from "./lib/format.ts";
 import { runnerName, scriptCommand, signalChild } from "./lib/runtime.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -42,6 +43,7 @@ const program = new Command("demo.ts")
   .option("--postgres <url>", "run it on this PostgreSQL database instead, in a throwaway schema dropped afterwards")
   .addHelpText("after", "\nExamples:\n  npm run demo\n  npm run demo -- --postgres postgres://127.0.0.1:5432/test")
   .exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
+speakTo(program, process.argv);
 await program.parseAsync(process.argv);
 const { postgres } = program.opts<{ postgres?: string }>();
 

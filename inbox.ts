@@ -1,12 +1,14 @@
 // inbox.ts: connect() to the durable inbox, and the operator's CLI. Scripts import connect() from here;
 // it opens a SQLite file (sqlite.ts) or a postgres:// URL (postgres.ts), both held to the contract in
 // store.ts, which this module re-exports for apps. Run directly, it is the CLI at the bottom.
+//   npx tsx inbox.ts init   (a new deployment's first step: the one command that creates an inbox)
 //   npx tsx inbox.ts status | list | show <id> | retry <id> | retry --all-failed | copy   [--db inbox.db]
 //   npx tsx inbox.ts purge | retry --failed … | replay … | export | import <file>   (retention, bulk, archives)
 //   npx tsx inbox.ts preview <id> [--to billing]   (what a stored delivery would become under the sources file)
 //   npx tsx inbox.ts backup FILE | --dir D --keep N;  restore FILE   (SQLite: a checked online copy, and back)
 //   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
 //   npx tsx inbox.ts destinations | pause NAME | resume NAME;  keys create|list|revoke;  config apply FILE | dump
+//   npx tsx inbox.ts secrets set NAME (value on stdin) | list | delete NAME | rotate;  audit
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";
@@ -74,6 +76,7 @@ export async function cli(argv: string[]): Promise<void> {
   const archive = await import("./lib/cli/archive.ts");
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
+  const secrets = await import("./lib/cli/secrets.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
   const { speakTo, spokenAs } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
@@ -89,6 +92,7 @@ export async function cli(argv: string[]): Promise<void> {
       "after",
       `
 Examples:
+  npx tsx inbox.ts init --db /var/lib/webhook-inbox/inbox.db
   npx tsx inbox.ts status
   npx tsx inbox.ts list --status failed
   npx tsx inbox.ts show evt_100
@@ -106,6 +110,8 @@ Examples:
   npx tsx inbox.ts backup --dir /var/backups/webhook-inbox --keep 48
   npx tsx inbox.ts restore /var/backups/webhook-inbox/inbox-20261203T120000Z.db
   npx tsx inbox.ts keys create --scope read --name dashboards
+  printf %s "$APP_SECRET" | npx tsx inbox.ts secrets set app_signing
+  npx tsx inbox.ts audit --limit 20
   npx tsx inbox.ts reconcile --sources sources.json --since 3d --dry-run
   npx tsx inbox.ts config apply sources.json --dry-run && npx tsx inbox.ts config apply sources.json
   npx tsx inbox.ts config dump > sources.json
@@ -116,6 +122,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
   speakTo(program, argv);
   const c = commandLine(program, { connect, isPostgresUrl });
   for (const add of [
+    configs.init,
     reads.status,
     reads.list,
     reads.show,
@@ -132,6 +139,8 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     backups.backup,
     backups.restore,
     keys.keys,
+    secrets.secrets,
+    reads.audit,
     reconcile.reconcileCommand,
     configs.config,
   ])

@@ -9,6 +9,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { setTimeout as sleep } from "node:timers/promises";
 import { pathToFileURL } from "node:url";
+import { speakTo } from "./lib/format.ts";
 import { SqliteInbox } from "./lib/sqlite/sqlite.ts";
 
 /** WORK_MS is how long the pretend work takes: long enough for the second copy to arrive meanwhile. */
@@ -61,6 +62,7 @@ async function main(argv: string[]): Promise<void> {
   const program = new Command("naive-race.ts")
     .description("Show two copies of one delivery doing the work twice, then once through the inbox.")
     .option("--db-dir <dir>", "where to put the two throwaway databases (default: a new temp folder)");
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const given = program.opts<{ dbDir?: string }>().dbDir;

@@ -14,7 +14,7 @@ import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import type { Source } from "./lib/providers.ts";
-import { loadConfig, parseDocument } from "./lib/config/config.ts";
+import { loadVersion } from "./lib/config/config.ts";
 import { Startup, StartupError } from "./lib/startup.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
@@ -293,6 +293,10 @@ async function receiverProgram() {
       "--sync-in-commit",
       "fsync inside each COMMIT, on the event loop (synchronous=FULL), instead of an fdatasync on a thread of its own before the acks (slower; for comparison)",
     )
+    .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (a source's secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
     .addHelpText(
       "after",
       `
@@ -353,13 +357,24 @@ async function serve(argv: string[]): Promise<void> {
     metrics: boolean;
     force?: boolean;
     skipCheck?: boolean;
+    secretsKeyFile?: string;
   }>();
   format = opts.logFormat;
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
   if (!Number.isInteger(port) || port < 0 || port > 65535)
     throw new StartupError(`PORT must be a port number, got ${envPort}`);
-  const startup = new Startup({ script: "receiver", argv, say, door: { connect, isPostgresUrl }, env: process.env });
+  // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
+  // part the API wrote may read.
+  const startup = new Startup({
+    script: "receiver",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ownPorts: [port],
+  });
 
   // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
   // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its routes
@@ -380,10 +395,10 @@ async function serve(argv: string[]): Promise<void> {
     },
   });
   // What is served is what the database holds, the file applied to it first; the default source while it holds none.
-  const { stored } = await startup.configure(inbox, file, { resolve: false, actor: "receiver.ts --sources" });
+  const { stored } = await startup.configure(inbox, file, { resolve: false });
   let sources: ReadonlyMap<string, Source> | undefined;
   try {
-    if (stored) sources = loadConfig(parseDocument(stored.document), process.env, { resolve: false }).sources;
+    if (stored) sources = (await loadVersion(stored, startup.host, { resolve: false })).sources;
   } catch (error) {
     throw new StartupError(`receiver: the configuration in the database: ${message(error)}`);
   }
@@ -421,10 +436,10 @@ async function serve(argv: string[]): Promise<void> {
   const unwatch = startup.watch(inbox, {
     version: stored?.version ?? 0,
     sourcesFile,
-    resolve: false,
+    checks: { resolve: false },
     take: async (config) => {
       try {
-        receiver.setSources(loadConfig(parseDocument(config.document), process.env, { resolve: false }).sources);
+        receiver.setSources((await loadVersion(config, startup.host, { resolve: false })).sources);
         say(`receiver: now serving configuration version ${config.version}`, "info", { configVersion: config.version });
       } catch (error) {
         say(`receiver: configuration version ${config.version} not taken up: ${message(error)}`, "error");

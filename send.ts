@@ -9,6 +9,7 @@ import { createHash } from "node:crypto";
 import { pathToFileURL } from "node:url";
 import { request } from "undici";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { speakTo } from "./lib/format.ts";
 import { jsonLine, LOG_FORMATS, message, progress, type LogFormat } from "./lib/log.ts";
 import { PROVIDERS, sign, type Preset } from "./lib/providers.ts";
 
@@ -273,6 +274,7 @@ Examples:
   npx tsx send.ts --count 10000 --concurrency 32 --duplicates 10%     # flood; progress on a terminal`,
     )
     .showHelpAfterError("(run with --help for usage)");
+  speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const {

@@ -2,7 +2,8 @@
 // commits the handler's local writes together with the done mark, so they happen exactly once.
 //   npx tsx worker.ts --once          # drain the queue, then exit
 //   npx tsx worker.ts [--db inbox.db] [--concurrency 8] [--lease 60] [--purge-every [minutes]]
-// Import run() to plug in your own handler; the one here records the article's payments.
+// Import run() to plug in your own handler, or pass --handler MODULE; the one here records the article's
+// payments, run where nothing is configured (the demo) or with --handler demo.
 
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -31,6 +32,7 @@ import type { Operator } from "./lib/routing/routes.ts";
 import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
+import type { Host, SecretChecks } from "./lib/config/config.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { Startup, StartupError, type SourcesFile } from "./lib/startup.ts";
 
@@ -234,14 +236,39 @@ export async function loadHandler(path: string): Promise<Handler | string> {
     : "expected a module whose default export is a function (job) => void | Promise<void>";
 }
 
-// unhandled is why a worker without --handler must not start on these sources: the article's record-payment
-// handler reads {customer, amount}, which no real provider's event has, so a signed source with no routes
-// (the handler alone, by default) would set every real event aside; routes that name "handler" chose it.
-function unhandled(sources: readonly Source[]): string | undefined {
-  const signed = sources.filter((s) => s.provider !== "plain" && (s.routes === undefined || s.routes.length === 0));
-  if (signed.length === 0) return undefined;
-  return `worker: source ${JSON.stringify(signed[0]!.name)} is signed and has no routes, and no --handler is given: the article's record-payment handler is for the demo's unsigned source; pass --handler ./my-handler.ts, or give the source routes (docs/in-your-app.md#the-workers-handler)`;
+/** EXAMPLE_HANDLER is what --handler names to run the article's record-payment handler on purpose. */
+export const EXAMPLE_HANDLER = "demo";
+
+// toHandler finds a source whose deliveries go to the handler: one with no routes (the handler is the default
+// route), or one whose routes name it.
+function toHandler(sources: Iterable<Source>): Source | undefined {
+  for (const s of sources) if (s.routes === undefined || s.routes.some((r) => r.to === DEFAULTS.destination)) return s;
+  return undefined;
 }
+
+// unhandled is why a worker without --handler must not start on this configuration: the article's
+// record-payment handler reads {customer, amount}, which no real provider's event or broker message has, so
+// it would set every one routed to the handler aside. The example runs only with no configuration at all
+// (the article's, the demo's), or when --handler demo asks for it.
+function unhandled(sources: Iterable<Source>): string | undefined {
+  const s = toHandler(sources);
+  if (s === undefined) return undefined;
+  const how = s.routes === undefined ? "has no routes, so its deliveries go to the handler" : 'routes to "handler"';
+  return `worker: source ${JSON.stringify(s.name)} ${how}, and no --handler is given: pass --handler MODULE (your code for each delivery), or --handler ${EXAMPLE_HANDLER} for the article's record-payment example (docs/in-your-app.md#the-workers-handler)`;
+}
+
+// unconfiguredHandler sets aside what reaches the handler of a worker given no --handler once a configuration
+// is in force: the example is the bare demo's alone, and a real event it cannot read would be set aside with
+// a message about {customer, amount} that says nothing of the fix.
+function unconfiguredHandler(job: Job): never {
+  throw new PermanentError(
+    `no handler: source ${job.delivery.source} routes to "handler", and this worker was started without --handler; start one with --handler MODULE, then inbox.ts retry --failed --destination handler`,
+  );
+}
+
+// WORKER_CHECKS: the worker verifies no signature, so a source's signing secret it is not given does not stop it
+// (it redacts those it has); every destination's secret it forwards with is read.
+const WORKER_CHECKS: SecretChecks = { verify: false };
 
 // WorkerFlags is what workerProgram() parses.
 interface WorkerFlags {
@@ -263,6 +290,7 @@ interface WorkerFlags {
   handler?: string;
   force?: boolean;
   skipCheck?: boolean;
+  secretsKeyFile?: string;
 }
 
 // workerProgram is the worker's flags and --help, every flag checked as commander parses it.
@@ -314,7 +342,7 @@ async function workerProgram(argv: readonly string[]) {
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option(
       "--handler <module>",
-      "the module whose default export handles each delivery routed to the handler (default: the article's record-payment handler, for the unsigned default source and the demo only)",
+      `the module whose default export handles each delivery routed to the handler, or ${EXAMPLE_HANDLER} for the article's record-payment example (default: the example where nothing is configured, the demo's set-up; a configuration that routes to the handler needs it)`,
     )
     .option(
       "--skip-check",
@@ -338,6 +366,10 @@ async function workerProgram(argv: readonly string[]) {
       port,
     )
     .option("--metrics-host <address>", "address for --metrics-port", DEFAULTS.host)
+    .option(
+      "--secrets-key-file <file>",
+      "the key that opens the secret store's values (secret:NAME), instead of INBOX_SECRETS_KEY",
+    )
     .option(
       "--transform-memory <MB>",
       "memory (RSS) each transform's process may use before it is killed and the try fails",
@@ -411,7 +443,17 @@ async function work(argv: string[]): Promise<void> {
     opts.purgeEvery === undefined
       ? undefined
       : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
-  const startup = new Startup({ script: "worker", argv, say, door: { connect, isPostgresUrl }, env: process.env });
+  // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
+  // part the API wrote may read and reach; its inbox joins it once open.
+  const startup = new Startup({
+    script: "worker",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ...(opts.metricsPort ? { ownPorts: [opts.metricsPort] } : {}),
+  });
 
   // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
   // Read and checked whole before the database is opened, as a worker would run it (its transforms loaded,
@@ -419,16 +461,18 @@ async function work(argv: string[]): Promise<void> {
   // inbox is open it is applied there (lib/config/), and what runs is what the database holds. Without it,
   // the worker runs the configuration in the database (docs/config.md).
   const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const file = sourcesFile ? startup.readSources(sourcesFile, { resolve: true }) : undefined;
+  // A file that names a secret of the store is checked whole once the inbox is open.
+  const file = sourcesFile ? startup.readSources(sourcesFile, WORKER_CHECKS) : undefined;
   const base = file?.base ?? process.cwd();
   // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
   const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
-  if (file) await ready(file, { version: 0, document: file.text, transforms: {} }, base, limits).then(release);
+  if (file?.loaded)
+    await ready(file, { version: 0, document: file.text, transforms: {} }, startup.host, base, limits).then(release);
 
   // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
-  const refusal = opts.handler === undefined && file ? unhandled([...file.loaded.sources.values()]) : undefined;
+  const refusal = opts.handler === undefined && file?.loaded ? unhandled(file.loaded.sources.values()) : undefined;
   if (refusal) throw new StartupError(refusal);
-  const handler = await chooseHandler(opts.handler);
+  const named = await chooseHandler(opts.handler);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
   let metrics: Metrics | undefined;
@@ -445,21 +489,38 @@ async function work(argv: string[]): Promise<void> {
   // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
   // before it settles; the handler's connection, whose writes the app reads, keeps FULL. Opened whenever
   // destinations may come: a configuration applied while the worker runs can add the first.
-  const { first, lanes } = await startup.database(async () => {
-    if (handler === recordPayment) await ensurePayments(inbox);
-    const { stored, changes } = await startup.configure(inbox, file, { resolve: true, actor: "worker.ts --sources" });
+  const { first, lanes, example } = await startup.database(async () => {
+    const { stored, changes } = await startup.configure(inbox, file, WORKER_CHECKS);
     if (changes.length > 0) say(`worker: ${sourcesFile} applied as configuration version ${stored!.version}`);
     // What the database holds (the handler alone where it holds nothing) is what runs.
-    const first = stored ? await ready(undefined, stored, base, limits) : unconfigured();
-    // The configuration in the database may name signed sources the file did not: the same rule holds.
-    const refusal = opts.handler === undefined ? unhandled([...first.loaded.sources.values()]) : undefined;
+    const first = stored ? await ready(undefined, stored, startup.host, base, limits) : unconfigured();
+    // The configuration in the database may name sources routed to the handler the file did not: the same rule holds.
+    const refusal = named === undefined ? unhandled(first.loaded.sources.values()) : undefined;
     if (refusal) throw new StartupError(refusal);
+    // No --handler and nothing configured is the article's set-up, the demo's: its example runs, saying so.
+    const example = named === undefined && first.version === 0;
+    if (example)
+      say(
+        `worker: no configuration and no --handler: running the article's record-payment example, as the demo does (--handler MODULE runs yours)`,
+      );
+    if (example || named === recordPayment) await ensurePayments(inbox);
     const lanes =
       inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)
         ? await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit })
         : undefined;
-    return { first, lanes };
+    return { first, lanes, example };
   });
+  // The example stops at the first configuration applied while it runs: what reaches the handler then is real.
+  let exampleRuns = example;
+  const seen = (version: number) => {
+    if (!exampleRuns) return;
+    exampleRuns = false;
+    say(
+      `worker: configuration version ${version} is in force: the record-payment example stops; what is routed to the handler is set aside until a worker runs with --handler MODULE`,
+      "error",
+    );
+  };
+  const handler: Handler = named ?? ((job) => (exampleRuns ? recordPayment(job) : unconfiguredHandler(job)));
   const stop = new AbortController();
   if (opts.metricsPort !== undefined)
     metrics = await serveMetrics(inbox, opts.metricsPort, opts.metricsHost, stop.signal);
@@ -504,9 +565,10 @@ async function work(argv: string[]): Promise<void> {
     : startup.watch(inbox, {
         version: first.version,
         sourcesFile,
-        resolve: true,
+        checks: WORKER_CHECKS,
         take: async (config) => {
-          const next = await prepare(config, process.env, base, limits);
+          seen(config.version);
+          const next = await prepare(config, startup.host, base, limits);
           if (typeof next === "string")
             return say(
               `worker: configuration version ${config.version} not taken up, version ${live.version} goes on: ${next}`,
@@ -562,10 +624,12 @@ function say(line: string, level: "info" | "warn" | "error" = "info", fields: Re
   console.error(format === "json" ? jsonLine(line, { level, ...fields }) : line);
 }
 
-// chooseHandler is the handler the worker runs: the module --handler names (its default export), or the
-// article's record-payment handler; a module that cannot be loaded stops start-up with one line.
-async function chooseHandler(module: string | undefined): Promise<Handler> {
-  if (module === undefined) return recordPayment;
+// chooseHandler is the handler --handler names: the article's record-payment example for "demo", else the
+// module's default export; a module that cannot be loaded stops start-up with one line. Undefined when none
+// is named: work() then decides by the configuration.
+async function chooseHandler(module: string | undefined): Promise<Handler | undefined> {
+  if (module === undefined) return undefined;
+  if (module === EXAMPLE_HANDLER) return recordPayment;
   const loaded = await loadHandler(module);
   if (typeof loaded === "string") throw new StartupError(`worker: --handler ${module}: ${loaded}`);
   return loaded;
@@ -608,11 +672,12 @@ async function serveMetrics(inbox: Inbox, port: number, host: string, stopping: 
 // loaded, its brokers' clients found), or stops start-up with one line: the file's mistake, or the database's.
 async function ready(
   file: SourcesFile | undefined,
-  config: Pick<StoredConfig, "version" | "document" | "transforms">,
+  config: Pick<StoredConfig, "version" | "document" | "transforms"> & Partial<Pick<StoredConfig, "trust" | "way">>,
+  host: Host,
   base: string,
   limits: TransformLimits,
 ): Promise<Prepared> {
-  const prepared = await prepare(config, process.env, base, limits);
+  const prepared = await prepare(config, host, base, limits);
   if (typeof prepared !== "string") return prepared;
   throw new StartupError(
     file

@@ -51,6 +51,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),
   commits: async () => (await import("./commits.ts")).commits(),
   regex: async () => (await import("./regex.ts")).regex(),
+  trust: async () => (await import("./trust.ts")).trust(),
 };
 const DEFAULT = [
   "ingest",
@@ -74,6 +75,7 @@ const DEFAULT = [
   "startup",
   "routing",
   "regex",
+  "trust",
   "slow",
 ];
 

@@ -11,6 +11,7 @@ import type { JetStreamClient } from "@nats-io/jetstream";
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import { DEFAULTS } from "./defaults.ts";
 import { message as messageOfError } from "./log.ts";
+import { isReference, readReference, type Values } from "./references.ts";
 import type { Delivery, Lease } from "./store.ts";
 
 /** BROKER_TYPES names the destination types this file serves; a destination of another type is not a broker. */
@@ -166,7 +167,7 @@ const RABBIT_KEYS = ["type", "url", "exchange", "routingKey", "mandatory", "time
 
 /**
  * parseBrokerDestination checks a broker destination's settings from the sources file and reads its
- * `env:NAME` values from env. It throws a TypeError of one line that starts with where (the place that
+ * references (`env:NAME`, `secret:NAME`) from env. It throws a TypeError of one line that starts with where (the place that
  * names the destination, as routes.ts's brokerCheck gives it) and says the mistake, never a secret's value.
  * With resolve false it checks the settings' shape only, reading nothing from env (the receiver's check:
  * the secrets are the worker's).
@@ -175,7 +176,7 @@ export function parseBrokerDestination(
   name: string,
   settings: unknown,
   where = `destination ${JSON.stringify(name)}`,
-  env: Readonly<Record<string, string | undefined>> = {},
+  env: Values = {},
   resolve = true,
 ): BrokerDestination {
   // Typed where it is declared, so that TypeScript narrows past each call to it.
@@ -200,22 +201,24 @@ export function parseBrokerDestination(
     const v = s[key];
     if (v === undefined) return undefined;
     if (typeof v !== "string")
-      return fail(`expected ${key} to be a string${secret ? ' (or "env:NAME")' : ""}, got ${kindOf(v)}`);
-    if (!v.startsWith("env:")) {
+      return fail(`expected ${key} to be a string${secret ? ' (or "env:NAME", "secret:NAME")' : ""}, got ${kindOf(v)}`);
+    if (!isReference(v)) {
       if (v === "") fail(`${key} is empty`);
       return v;
     }
-    const variable = v.slice(4);
-    if (variable === "") fail(`${key} reads the environment variable (no name)`);
-    if (!resolve) return UNRESOLVED;
-    const value = env[variable];
-    if (value === undefined || value === "")
-      fail(`${key} reads the environment variable ${variable || "(no name)"}, which is not set`);
-    return value;
+    const value = readReference(v, env, `${where}: ${key}`, resolve);
+    return resolve ? value : UNRESOLVED;
   };
   const timeoutMs = s.timeoutMs ?? DEFAULTS.brokerTimeoutMs;
-  if (typeof timeoutMs !== "number" || !Number.isInteger(timeoutMs) || timeoutMs < 1)
-    fail(`expected timeoutMs to be a whole number of ms, 1 or more, got ${JSON.stringify(timeoutMs)}`);
+  if (
+    typeof timeoutMs !== "number" ||
+    !Number.isInteger(timeoutMs) ||
+    timeoutMs < 1 ||
+    timeoutMs > DEFAULTS.maxBrokerTimeoutMs
+  )
+    fail(
+      `expected timeoutMs to be a whole number of ms from 1 to ${DEFAULTS.maxBrokerTimeoutMs}, got ${JSON.stringify(timeoutMs)}`,
+    );
 
   if (type === "nats") {
     const url = read("url", true) ?? DEFAULTS.natsUrl;
@@ -286,7 +289,7 @@ export function parseBrokerDestination(
   };
 }
 
-// What an env:NAME value stands for when the settings' shape alone is checked (resolve false).
+// What a reference stands for when the settings' shape alone is checked (resolve false).
 const UNRESOLVED = "(read from the environment by the worker)";
 
 const PLACEHOLDER = /\{([^{}]*)\}/g;

@@ -20,6 +20,7 @@ import {
 import { DEFAULTS } from "./defaults.ts";
 import { label, message } from "./log.ts";
 import { type OrderRule, orderOfRequest } from "./order.ts";
+import type { Values } from "./references.ts";
 import { filterInput } from "./routing/filter.ts";
 import { chooseRoutes, type Route } from "./routing/routes.ts";
 import type { Headers, Inbox, Stored } from "./store.ts";
@@ -82,16 +83,11 @@ const NATS_SOURCE_KEYS = [
 const RABBIT_SOURCE_KEYS = [...CONNECTION, "queue", "prefetch", "idHeader", "idField", "eventTypeField"];
 
 /**
- * parseBrokerSource checks a source's "broker" settings and reads its `env:NAME` values from env. The
+ * parseBrokerSource checks a source's "broker" settings and reads its references (`env:NAME`, `secret:NAME`) from env. The
  * connection settings (url, credentials, timeoutMs) are checked by the destinations' own parser, so both
  * sides take them alike; it throws a TypeError of one line starting with where, never with a secret.
  */
-export function parseBrokerSource(
-  settings: unknown,
-  where: string,
-  env: Readonly<Record<string, string | undefined>>,
-  resolve = true,
-): BrokerSource {
+export function parseBrokerSource(settings: unknown, where: string, env: Values, resolve = true): BrokerSource {
   const fail: (mistake: string) => never = (mistake) => {
     throw new TypeError(`${where}: broker: ${mistake}`);
   };
@@ -120,8 +116,10 @@ export function parseBrokerSource(
   };
   const ms = (key: string, fallback: number): number => {
     const v = s[key] ?? fallback;
-    if (typeof v !== "number" || !Number.isInteger(v) || v < 1_000)
-      fail(`expected ${key} to be a whole number of ms, 1000 or more, got ${JSON.stringify(v)}`);
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 1_000 || v > DEFAULTS.maxAckWaitMs)
+      fail(
+        `expected ${key} to be a whole number of ms from 1000 to ${DEFAULTS.maxAckWaitMs}, got ${JSON.stringify(v)}`,
+      );
     return v as number;
   };
   const field = name("eventTypeField", /^[^\s]+$/, "a top-level field of the JSON body", false);

@@ -253,4 +253,32 @@ export const DEFAULTS = {
    * promised. On PostgreSQL the commit's NOTIFY takes it up at once; the timer is for a dropped LISTEN. @default 1_000
    */
   configCheckMs: 1_000,
+  /**
+   * The runtime's timer limit: a setTimeout past 2^31 - 1 ms fires at once (Node clamps it to 1 ms), so no
+   * duration a document sets may pass it. @default 2_147_483_647 (24.8 days)
+   */
+  maxTimerMs: 2_147_483_647,
+  /**
+   * The longest forward a destination may ask for ("timeout", "connectTimeout"): a forward holds its lease
+   * meanwhile, renewed by the heartbeat, and a worker stopping waits for it. @default 900_000 (15 minutes)
+   */
+  maxForwardTimeoutMs: 900_000,
+  /** The longest a transform may run for one forward ("transformTimeout"): it runs inside the forward's own time. @default 60_000 */
+  maxTransformTimeoutMs: 60_000,
+  /** The longest breaker window or cool-down a destination may set ("breaker.window", "breaker.coolDown"). @default 86_400_000 (a day) */
+  maxBreakerMs: 86_400_000,
+  /** The most a destination's breaker may count to ("breaker.failures", "breaker.minTries"). @default 1_000_000 */
+  maxCount: 1_000_000,
+  /** The highest rate (forwards a second) and burst a destination may set. @default 100_000 */
+  maxRate: 100_000,
+  /** The most forwards one worker may hold in flight to one destination ("maxInFlight"). @default 1_000 */
+  maxForwardInFlight: 1_000,
+  /** The widest a signed timestamp's tolerance may be set ("tolerance", seconds). @default 86_400 (a day) */
+  maxToleranceS: 86_400,
+  /** The longest a broker may take to connect or confirm ("timeoutMs" of a broker destination or source). @default 300_000 */
+  maxBrokerTimeoutMs: 300_000,
+  /** The longest ack wait a JetStream source may set ("ackWaitMs"). @default 43_200_000 (12 hours) */
+  maxAckWaitMs: 43_200_000,
+  /** The largest value a secret of the store may hold, in bytes (a PEM private key fits). @default 16_384 */
+  maxSecretBytes: 16_384,
 } as const;

@@ -9,6 +9,7 @@ import { type BrokerSource, parseBrokerSource } from "./consume.ts";
 import { DEFAULTS } from "./defaults.ts";
 import { parseOrder, type OrderRule } from "./order.ts";
 import { parseReconcile, type ReconcileSettings } from "./reconcile/config.ts";
+import { keyOf, readReference, referenceOf, type Values } from "./references.ts";
 import { parseRoutes, TOP_KEYS, type Route } from "./routing/routes.ts";
 import type { Headers } from "./store.ts";
 
@@ -401,7 +402,7 @@ function compiledFor(source: Source): Compiled {
 /** SourceSettings is one entry of a sources file, as written; an `hmac` source adds the Scheme's settings. */
 export interface SourceSettings extends Partial<Scheme> {
   provider: Provider;
-  /** One secret or several (any verifies); `env:NAME` reads the environment. Optional for plain only. */
+  /** One secret or several (any verifies, so a rotation holds both); `env:NAME` reads the environment, `secret:NAME` the inbox's secret store. Optional for plain only. */
   secret?: string | string[];
   /** Seconds; only for schemes that sign a timestamp. @default the preset's, else DEFAULT_TOLERANCE_S */
   tolerance?: number;
@@ -453,14 +454,16 @@ export function readSourcesFile(path: string): unknown {
 
 /**
  * loadSources turns a parsed sources file into the receiver's sources, keyed by URL path name. It reads
- * `env:NAME` secrets from env, and throws a TypeError naming the source and the mistake (never a secret).
+ * its secrets' references (`env:NAME`, `secret:NAME`) from env, and throws a TypeError naming the source and the mistake (never a secret).
  * A "reconcile" setting is checked; its API credential is read only with options.reconcile (inbox.ts
- * reconcile), so the receiver and the worker never need it in their environment.
+ * reconcile), so the receiver and the worker never need it in their environment. With options.verify
+ * false (the worker and the page, which verify no signature and only redact the secrets they know), a
+ * secret whose variable is not set is left out rather than refused.
  */
 export function loadSources(
   config: unknown,
-  env: Readonly<Record<string, string | undefined>>,
-  options: { reconcile?: boolean } = {},
+  env: Values,
+  options: { reconcile?: boolean; verify?: boolean } = {},
 ): Map<string, Source> {
   if (!isObject(config)) {
     throw new TypeError(`sources: expected a JSON object mapping source names to settings, got ${kindOf(config)}`);
@@ -516,27 +519,24 @@ export function loadSources(
         `${where}: missing secret; a ${p} source needs one (write "env:NAME" to read it from the environment)`,
       );
     }
-    const secrets = (secretList as string[]).map((text, i) => {
+    const unread = (text: string) => {
+      const ref = options.verify === false ? referenceOf(text) : undefined;
+      return ref !== undefined && !env[keyOf(ref)];
+    };
+    const secrets = (secretList as string[]).flatMap((text, i) => {
+      if (unread(text)) return [];
       const which = secretList.length > 1 ? `secret #${i + 1}` : "secret";
-      let value = text;
-      if (text.startsWith("env:")) {
-        const variable = text.slice(4);
-        value = env[variable] ?? "";
-        if (!variable || value === "")
-          throw new TypeError(
-            `${where}: ${which} reads the environment variable ${variable || "(no name)"}, which is not set`,
-          );
-      }
+      const value = readReference(text, env, `${where}: ${which}`);
       if (value === "") throw new TypeError(`${where}: ${which} is empty`);
-      return secretKey(p, value, `${where}: ${which}`);
+      return [secretKey(p, value, `${where}: ${which}`)];
     });
 
     let toleranceS = 0;
     if (compiled.timestamp) {
       const t = settings.tolerance ?? compiled.tolerance;
-      if (typeof t !== "number" || !Number.isInteger(t) || t < 1)
+      if (typeof t !== "number" || !Number.isInteger(t) || t < 1 || t > DEFAULTS.maxToleranceS)
         throw new TypeError(
-          `${where}: expected tolerance to be a whole number of seconds, 1 or more, got ${JSON.stringify(t)}`,
+          `${where}: expected tolerance to be a whole number of seconds from 1 to ${DEFAULTS.maxToleranceS}, got ${JSON.stringify(t)}`,
         );
       toleranceS = t;
     } else if (settings.tolerance !== undefined) {

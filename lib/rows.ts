@@ -1,13 +1,16 @@
 // rows.ts: what both backends make of the rows they read, and the hash they write: a deliveries row as a
-// Delivery (toDelivery()), the counts as status()'s, a Summary, Gauges, OrderingStatus or histogram buckets, and the
-// body's sha256. Ground floor: it knows the columns, not the backend that returned them.
+// Delivery (toDelivery()), the counts as status()'s, a Summary, Gauges, OrderingStatus or histogram buckets, the
+// body's sha256, and whether a copy conflicts. Ground floor: it knows the columns, not the backend that returned them.
 
-import { hash } from "node:crypto";
+import { hash, randomUUID } from "node:crypto";
+import { isDeepStrictEqual } from "node:util";
 import { DEFAULTS } from "./defaults.ts";
 import {
   STATUSES,
   type ApiKey,
+  type Audit,
   type AuditEntry,
+  type StoredSecret,
   type Remembered,
   type Bucket,
   type Delivery,
@@ -55,6 +58,30 @@ export function toGauges(
 export function sha256(body: Uint8Array): string {
   // One-shot: no Hash object per delivery.
   return hash("sha256", body, "hex");
+}
+
+/**
+ * conflicts says whether a copy of a stored delivery is a conflict (a different body under the same ID) or a
+ * duplicate. The kept row is its route 0: its hash, its origin, and its body where it came from reconcile.
+ * Such a body is the API's JSON as the inbox wrote it, never the bytes the provider posts (Stripe's webhook
+ * is pretty-printed), so the webhook that comes after it is judged by its parsed JSON; the bytes kept stay.
+ */
+export function conflicts(
+  kept: { sha256: string; origin: string; body: Uint8Array | null } | undefined,
+  digest: string,
+  body: Uint8Array,
+): boolean {
+  if (kept === undefined || kept.sha256 === digest) return false;
+  if (kept.origin !== "reconcile" || kept.body === null || kept.body.byteLength === 0) return true;
+  const parse = (bytes: Uint8Array) => {
+    try {
+      return { json: JSON.parse(asBuffer(bytes).toString("utf8")) as unknown };
+    } catch {
+      return undefined;
+    }
+  };
+  const [a, b] = [parse(kept.body), parse(body)];
+  return a === undefined || b === undefined || !isDeepStrictEqual(a.json, b.json);
 }
 
 function asBuffer(bytes: Uint8Array): Buffer {
@@ -220,5 +247,26 @@ export function toConfig(row: Record<string, unknown>): StoredConfig {
     transforms: JSON.parse(row.transforms as string) as StoredConfig["transforms"],
     actor: row.actor as string,
     appliedAt: Number(row.applied_at),
+    way: row.way === "api" ? "api" : "operator",
+    trust: JSON.parse((row.trust as string | undefined) ?? "{}") as StoredConfig["trust"],
   };
+}
+
+/** toStoredSecret reads a secrets row: the value as sealed, never opened here. */
+export function toStoredSecret(row: Record<string, unknown>): StoredSecret {
+  return {
+    name: String(row.name),
+    sealed: String(row.sealed),
+    setAt: Number(row.set_at),
+    setBy: String(row.set_by),
+  };
+}
+
+/**
+ * changeOf is an audited change's key, made at its first write and kept on the Audit: a redone transaction
+ * writes the same entry again, and a later batch adds its count to that entry rather than starting one.
+ */
+export function changeOf(audit: Audit): string {
+  audit.change ??= randomUUID();
+  return audit.change;
 }

@@ -6,7 +6,19 @@
 
 import { readFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
-import { applyText, loadConfig, parseDocument, reapplyFile, type Env, type Loaded } from "./config/config.ts";
+import {
+  applyText,
+  type FileApply,
+  type Host,
+  hostOf,
+  loadConfig,
+  type Loaded,
+  parseDocument,
+  reapplyFile,
+  type SecretChecks,
+  secretNames,
+  valuesFor,
+} from "./config/config.ts";
 import { watchConfig } from "./config/watch.ts";
 import { spokenAs } from "./format.ts";
 import { realClock } from "./lease/clock.ts";
@@ -46,37 +58,61 @@ export interface StartupOptions {
   argv: readonly string[];
   say: Say;
   door: Door;
-  /** Where `env:NAME` references are read; only an entry point reads the environment. */
-  env: Env;
+  /** Its environment: where `env:NAME` references are read; only an entry point reads it. */
+  env: NodeJS.ProcessEnv;
+  /** The file its --secrets-key-file names, the key to the secret store. @default INBOX_SECRETS_KEY */
+  keyFile?: string | undefined;
+  /** The ports it listens on, which no destination the API wrote may reach. @default none */
+  ownPorts?: readonly number[];
 }
 
-/** SourcesFile is a sources file read and checked whole: its text, as it is applied, and what it says. */
+/**
+ * SourcesFile is a sources file read: its text, as it is applied, and what it says, checked whole; or, where
+ * it names a secret of the store (secret:NAME), undefined until the inbox it is read from is open (loaded()).
+ */
 export interface SourcesFile {
   path: string;
   text: string;
-  loaded: Loaded;
+  parsed: unknown;
+  loaded: Loaded | undefined;
   /** The file's folder, where its relative transform paths start. */
   base: string;
 }
 
 /** Startup is one script's start and stop. */
 export class Startup {
+  /**
+   * What this process brings to a configuration (config/config.ts): its environment, the operator's policy,
+   * the secret store's key, and its inbox once open.
+   */
+  readonly host: Host;
   private readonly o: StartupOptions;
   // Removes this process's running mark beside a SQLite file, at its clean close.
   private unmark: () => void = () => {};
 
+  /** A Startup reads the key and the policy its environment hands the configuration; one it cannot read stops start-up. */
   constructor(options: StartupOptions) {
     this.o = options;
+    try {
+      this.host = hostOf(options.env, {
+        ...(options.keyFile === undefined ? {} : { keyFile: options.keyFile }),
+        ...(options.ownPorts ? { ownPorts: options.ownPorts } : {}),
+      });
+    } catch (error) {
+      throw new StartupError(`${options.script}: ${message(error)}`);
+    }
   }
 
   /**
    * readSources reads the sources file and checks it whole, as config apply does, before the database is
-   * opened, so that a mistake stops start-up with one line and nothing created. With resolve false the
-   * destinations' secrets are checked for their shape only (they are the worker's to use). No line quotes
-   * the file's text: it may hold a secret.
+   * opened, so that a mistake stops start-up with one line and nothing created; a file that names a secret
+   * of the store is checked once the inbox is open (loaded()). What is read is what this script needs
+   * (config/config.ts SecretChecks): with resolve false the destinations' secrets are checked for their shape
+   * only, and only the sources' secrets of the store are opened. No line quotes the file's text: it may hold
+   * a secret.
    */
-  readSources(path: string, options: { resolve: boolean }): SourcesFile {
-    const { script, env } = this.o;
+  readSources(path: string, checks: SecretChecks): SourcesFile {
+    const { script } = this.o;
     let text: string;
     let parsed: unknown;
     try {
@@ -85,10 +121,23 @@ export class Startup {
     } catch (error) {
       throw new StartupError(`${script}: cannot read the sources file ${path}: ${message(error)}`);
     }
+    const file: SourcesFile = { path, text, parsed, loaded: undefined, base: dirname(resolve(path)) };
+    if (secretNames(parsed, { sourcesOnly: checks.resolve === false }).length > 0) return file;
     try {
-      return { path, text, loaded: loadConfig(parsed, env, options), base: dirname(resolve(path)) };
+      return { ...file, loaded: loadConfig(parsed, this.host.env, checks) };
     } catch (error) {
       throw new StartupError(`${script}: ${path}: ${message(error)}`);
+    }
+  }
+
+  /** loaded is a sources file checked whole, its secrets of the store opened from the inbox, once it is open. */
+  async loaded(file: SourcesFile, checks: SecretChecks): Promise<Loaded> {
+    if (file.loaded) return file.loaded;
+    try {
+      const values = await valuesFor(this.host, file.parsed, { sourcesOnly: checks.resolve === false });
+      return loadConfig(file.parsed, values, checks);
+    } catch (error) {
+      throw new StartupError(`${this.o.script}: ${file.path}: ${message(error)}`);
     }
   }
 
@@ -106,6 +155,8 @@ export class Startup {
     const inbox = await this.database(() => door.connect(path, o.connect));
     // Removed at the clean close: left behind, it tells the next start-up check of an unclean stop.
     if (sqlite) this.unmark = running(path);
+    // The secret store's values are read from it from now on.
+    this.host.inbox = inbox;
     return inbox;
   }
 
@@ -121,18 +172,18 @@ export class Startup {
 
   /**
    * configure applies the sources file, if given, to the database (the configuration lives there:
-   * docs/config.md) and returns what the database then holds, or undefined where it holds none. Applied
-   * again at each start, so a file changed while the script was down is taken up.
+   * docs/config.md), checked as this script needs it, and returns what the database then holds, or undefined
+   * where it holds none. Applied again at each start, so a file changed while the script was down is taken up.
    */
   async configure(
     inbox: Inbox,
     file: SourcesFile | undefined,
-    options: { resolve: boolean; actor: string },
+    checks: SecretChecks,
   ): Promise<{ stored: StoredConfig | undefined; changes: string[] }> {
     let changes: string[] = [];
     if (file) {
       try {
-        ({ changes } = await applyText(inbox, file.text, this.o.env, file.base, options.actor, options.resolve));
+        ({ changes } = await applyText(inbox, file.text, this.host, file.base, this.by("start", checks)));
       } catch (error) {
         throw new StartupError(`${this.o.script}: ${file.path}: ${message(error)}`);
       }
@@ -143,18 +194,18 @@ export class Startup {
   /**
    * watch takes up each configuration applied while the script runs (config/watch.ts: the commit's NOTIFY,
    * and a read of the version on a timer), through take(), which says its own line; and applies the
-   * sources file again at SIGHUP. It returns how to stop both.
+   * sources file again at SIGHUP, checked as at start. It returns how to stop both.
    */
   watch(
     inbox: Inbox,
     o: {
       version: number;
       sourcesFile: string | undefined;
-      resolve: boolean;
+      checks: SecretChecks;
       take: (config: StoredConfig) => Promise<void>;
     },
   ): () => void {
-    const { script, say, env } = this.o;
+    const { script, say } = this.o;
     const unwatch = watchConfig(inbox, {
       clock: realClock,
       version: o.version,
@@ -165,13 +216,23 @@ export class Startup {
     const hangup = () =>
       void (file === undefined
         ? say("SIGHUP: no --sources file to apply again; nothing changed")
-        : reapplyFile(inbox, file, env, `${script}.ts SIGHUP`, o.resolve).then(({ line, error }) =>
+        : reapplyFile(inbox, file, this.host, this.by("sighup", o.checks)).then(({ line, error }) =>
             say(`SIGHUP: ${line}`, error ? "error" : "info"),
           ));
     process.on("SIGHUP", hangup);
     return () => {
       unwatch();
       process.off("SIGHUP", hangup);
+    };
+  }
+
+  // by names this script as who applies its file, at its start or its SIGHUP, for the version and the audit log.
+  private by(when: "start" | "sighup", checks: SecretChecks): FileApply {
+    const { script } = this.o;
+    return {
+      actor: when === "start" ? `${script}.ts --sources` : `${script}.ts SIGHUP`,
+      who: `${when}:${script}.ts`,
+      ...checks,
     };
   }
 

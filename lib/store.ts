@@ -134,6 +134,8 @@ export interface PurgeOptions {
   dryRun?: boolean;
   /** Abort to stop after the batch in flight (a stopping worker). @default undefined */
   signal?: AbortSignal;
+  /** Who asks, for the audit log (a worker's own retention has none). @default none */
+  audit?: Audit;
 }
 
 /** Purged says what a purge let go (or, in a dry run, would): bodies dropped, their bytes, tombstones forgotten. */
@@ -162,6 +164,39 @@ export interface BulkOptions {
   batch?: number;
   /** Count what would change, and change nothing. @default false */
   dryRun?: boolean;
+  /** Who asks, for the audit log: written in the first batch's transaction, its count added to by each. @default none */
+  audit?: Audit;
+}
+
+/**
+ * Audit is who made a change and what it was. A method that changes the inbox on someone's behalf takes one
+ * and writes it to the audit log in the change's own transaction: if the entry cannot be written, the change
+ * is not made. A change made in several transactions (a bulk retry in batches) keeps one entry, written with
+ * the first and added to by each later one.
+ */
+export interface Audit {
+  /** `key:ID` (an API key), `page:…` (the operator page), `cli:USER`, `sighup:SCRIPT`, `start:SCRIPT`: its kind before the first ":". */
+  who: string;
+  operation: string;
+  /** What it changed, down to the field; never a secret's value. */
+  target: string;
+  /** When. @default the store's clock */
+  at?: number;
+  /** The entry's key, set by the store at the first write; each later write adds its count to that entry. @default set by the store */
+  change?: string;
+}
+
+/** Way is how a configuration arrived: from the operator's hand on the host (a file), or through the API or the page. */
+export type Way = "operator" | "api";
+
+/** StoredSecret is one secret of the store as it is kept: its value sealed (lib/secrets.ts), never in the clear. */
+export interface StoredSecret {
+  name: string;
+  /** The value, encrypted with the operator's key: the store cannot read it. */
+  sealed: string;
+  setAt: number;
+  /** Who set it, as an Audit's who. */
+  setBy: string;
 }
 
 /** Cursor is where a page of search() ended: pass the last delivery (or these fields) as `after`. */
@@ -406,7 +441,7 @@ export interface Inbox {
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
-  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number>;
+  retry(target: { source?: string; id: string } | { allFailed: true }, audit?: Audit): Promise<number>;
   /** find returns the deliveries with this ID, in every source or in one. */
   find(id: string, source?: string): Promise<Delivery[]>;
   /** list returns deliveries newest first, optionally of one status or source. */
@@ -420,7 +455,7 @@ export interface Inbox {
   /** page returns up to limit deliveries in key order (source, id, route) after the cursor, every field, for copying. */
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
-  restore(deliveries: readonly Delivery[]): Promise<number>;
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number>;
   /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
   search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
@@ -462,9 +497,9 @@ export interface Inbox {
   /** ready is true if a delivery could be committed now, else the reason why not (for /readyz). */
   ready(): Promise<true | string>;
   /** pause holds a destination's deliveries (none is claimed, none spends an attempt) until resume; false if it already was. */
-  pause(destination: string, reason?: string): Promise<boolean>;
+  pause(destination: string, reason?: string, audit?: Audit): Promise<boolean>;
   /** resume lets a paused destination's deliveries go again; false if it was not paused. */
-  resume(destination: string): Promise<boolean>;
+  resume(destination: string, audit?: Audit): Promise<boolean>;
   /**
    * permit says how many of n forwards to a destination may start now: none while it is paused, else up to
    * the tokens its shared rate has, taken at this moment. A lane asks just before it sends, so a pause
@@ -486,13 +521,13 @@ export interface Inbox {
    */
   failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]>;
   /** addApiKey stores a new API key: its SHA-256 alone, never the key. */
-  addApiKey(key: ApiKey): Promise<void>;
+  addApiKey(key: ApiKey, audit?: Audit): Promise<void>;
   /** apiKeys lists every API key, revoked ones too, oldest first. */
   apiKeys(): Promise<ApiKey[]>;
   /** apiKeyByHash finds the key whose SHA-256 (hex) this is, revoked or not; undefined when none is. */
   apiKeyByHash(hash: string): Promise<ApiKey | undefined>;
   /** revokeApiKey marks a key revoked at a time; false if there is no such key or it already was. */
-  revokeApiKey(id: string, at: number): Promise<boolean>;
+  revokeApiKey(id: string, at: number, audit?: Audit): Promise<boolean>;
   /**
    * remember keeps a POST's first answer under its idempotency key, dropping records older than
    * expiredBefore first; when a live record of that key is already there it is kept, and returned.
@@ -500,10 +535,26 @@ export interface Inbox {
   remember(record: Remembered, expiredBefore: number): Promise<Remembered>;
   /** recall finds the answer kept under an idempotency key at or after since; undefined when none is. */
   recall(key: string, since: number): Promise<Remembered | undefined>;
-  /** addAudit appends one change made through the API or the operator page to the audit log. */
+  /**
+   * addAudit appends an entry for a change that changed nothing in the store (count 0: a group of failures
+   * found empty). A change that writes passes its Audit to the method that writes, which keeps both in one
+   * transaction.
+   */
   addAudit(entry: Omit<AuditEntry, "seq">): Promise<void>;
   /** auditLog lists the audit log, newest first: up to limit entries, those before seq when given. */
   auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]>;
+  /** auditCounts counts the audit log's entries by their actor's kind (`key`, `page`, `cli`, `sighup` …), for /metrics. */
+  auditCounts(): Promise<{ kind: string; n: number }[]>;
+  /** setSecret stores a secret, sealed, in place of one of that name; true if it is new. */
+  setSecret(secret: StoredSecret, audit?: Audit): Promise<boolean>;
+  /** deleteSecret removes a secret; false if there was none. */
+  deleteSecret(name: string, audit?: Audit): Promise<boolean>;
+  /** secrets lists every secret as it is kept, sealed, by name: to list their names, open them, or copy them as they are. */
+  secrets(): Promise<StoredSecret[]>;
+  /** putSecrets writes secrets as they are (still sealed), in place of those of their names, in one transaction: a copy, or a key's rotation. */
+  putSecrets(secrets: readonly StoredSecret[], audit?: Audit): Promise<number>;
+  /** secretsVersion counts every change to the secrets ever made: one cheap read, for the watchers' timer. */
+  secretsVersion(): Promise<number>;
   /** readConfig reads the configuration in force (the newest applied version), or undefined if none was ever applied. */
   readConfig(): Promise<StoredConfig | undefined>;
   /** configVersion is the version of the configuration in force, 0 if none: one cheap read, for the watchers' timer. */
@@ -514,6 +565,17 @@ export interface Inbox {
    * they are set aside as failed in the same transaction). On PostgreSQL its commit NOTIFYs every listener.
    */
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied>;
+  /** configHistory lists every applied version of the configuration, oldest first: its history, for copy. */
+  configHistory(): Promise<StoredConfig[]>;
+  /**
+   * restoreConfig writes versions as they are (from configHistory() of another inbox), their numbers, actors
+   * and times kept; a version already there is skipped. Returns how many it wrote.
+   */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number>;
+  /** restoreApiKeys writes keys as they are (from apiKeys() of another inbox), revoked ones too; a key already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number>;
+  /** restoreAudit writes audit entries as they are (from auditLog() of another inbox), their seq kept; one already there is skipped. */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number>;
 }
 
 /** ApiKey is one API key as stored: its hash, never the key; read keys change nothing. */
@@ -538,11 +600,11 @@ export interface Remembered {
   at: number;
 }
 
-/** AuditEntry is one change made through the API or the operator page: who, what, to what, how many, and when. */
+/** AuditEntry is one change, by any way in: who, what, to what, how many, and when. */
 export interface AuditEntry {
   seq: number;
   at: number;
-  /** The API key (`key:ID`) or the page's session user. */
+  /** `key:ID`, `page:…`, `cli:USER`, `sighup:SCRIPT` or `start:SCRIPT` (see Audit). */
   who: string;
   operation: string;
   target: string;
@@ -566,11 +628,27 @@ export interface StoredConfig {
   /** Who applied it: a command, a script, or a person's name. */
   actor: string;
   appliedAt: number;
+  /** Which way it came: the operator's file, or the API (or the page). */
+  way: Way;
+  /**
+   * Per part (`source NAME`, `destination NAME`, `$operator`), whose hand last wrote it: a part an API change
+   * left as the operator wrote it keeps "operator"; a part it changed or added is "api". A part not named
+   * here is the version's way.
+   */
+  trust: Record<string, Way>;
 }
 
 /** ApplyConfigOptions says what applyConfig() may do, and who asks. */
 export interface ApplyConfigOptions {
   actor: string;
+  /** Which way it came. @default "operator" */
+  way?: Way;
+  /** Whose hand wrote each part (StoredConfig's trust). @default every part the way's */
+  trust?: Record<string, Way>;
+  /** Who asks, for the audit log. @default none */
+  audit?: Audit;
+  /** How many parts it changes: its audit entry's count. @default 1 */
+  parts?: number;
   /** Refuse if the version in force is not this one (0: none). @default apply over whatever is in force */
   expectedVersion?: number;
   /** @default no transforms */

@@ -10,6 +10,7 @@ import type { Browser, Page } from "playwright-core";
 import { createAdmin, listenAdmin, type Admin } from "../admin.ts";
 import { connect } from "../inbox.ts";
 import type { Inbox } from "../lib/store.ts";
+import { randomUUID } from "node:crypto";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { backends, chromiumSkip, launchChromium } from "./helpers.ts";
@@ -126,6 +127,49 @@ for (const backend of BACKENDS) {
         "stripe/evt_broken:received",
         "stripe/evt_other:failed",
       ]);
+    });
+
+    it("at 1280 px shows the error column whole beside GitHub's UUID IDs, and offers no bulk action above 'No deliveries match'", async () => {
+      for (let i = 0; i < 2; i++) {
+        const id = randomUUID();
+        await inbox.store({
+          source: "github-enterprise",
+          id,
+          body: Buffer.from("{}"),
+          eventType: "pull_request_review_comment",
+          destinations: ["deploy-hook-staging"],
+        });
+        const lease = await inbox.claim(60_000, { destination: "deploy-hook-staging" });
+        assert.equal(lease?.id, id);
+        await inbox.fail(
+          lease,
+          `HTTP 404 from deploy-hook-staging: https://deploy.internal/hooks/github/8f14e45fceea167a5a36dedd4bea2543?attempt=1&delivery=${id}`,
+          { permanent: true },
+        );
+      }
+      await page.setViewportSize({ width: 1280, height: 800 });
+      await logIn();
+      await page.goto(`${url}/deliveries?status=failed`);
+      // Every error cell ends inside the table's box, and the box has nothing to scroll to.
+      const fits = `(() => {
+        const box = document.querySelector(".scroll");
+        const right = box.getBoundingClientRect().right;
+        return box.scrollWidth <= box.clientWidth && [...document.querySelectorAll("td.error")].every((e) => e.getBoundingClientRect().right <= right + 0.5);
+      })()`;
+      assert.equal(await page.evaluate(fits), true);
+      await page.screenshot({ path: join(SHOTS, `deliveries-1280-${backend.name}.png`) });
+      // (control) Without letting a long word break, the same rows push the error column out of sight.
+      await page.evaluate(
+        `document.querySelectorAll("table.list td").forEach((td) => { td.style.overflowWrap = "normal"; })`,
+      );
+      assert.equal(await page.evaluate(fits), false);
+
+      await page.goto(`${url}/deliveries?status=failed&source=nowhere`);
+      await page.waitForSelector("text=No deliveries match.");
+      assert.equal(await page.locator("text=Retry all failed…").count(), 0);
+      // (control) The same filter that matches offers it.
+      await page.goto(`${url}/deliveries?status=failed&source=github-enterprise`);
+      assert.equal(await page.locator("text=Retry all failed…").count(), 1);
     });
 
     it("bulk-retries a filtered group beyond the page on screen, and the database shows exactly those queued", async () => {

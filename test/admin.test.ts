@@ -329,6 +329,10 @@ for (const backend of BACKENDS) {
       const since = new Date(T0 + 1_000).toISOString().slice(0, 19);
       const until = new Date(T0 + 3_000).toISOString().slice(0, 19);
       assert.deepEqual(ids((await request(`${url}/deliveries?since=${since}&until=${until}`)).body), ["s2", "s1"]);
+      // An age, as the CLI and the API take one: since=3s is T0 + 2 s on the page's clock, until=3s before it.
+      assert.deepEqual(ids((await request(`${url}/deliveries?since=3s&source=stripe`)).body), ["s4", "s3"]);
+      assert.deepEqual(ids((await request(`${url}/deliveries?until=3s`)).body), ["s1", "s0"]);
+      assert.equal((await request(`${url}/deliveries?since=3x`)).status, 400);
       assert.deepEqual(ids((await request(`${url}/deliveries?q=${encodeURIComponent("Zoë")}`)).body), ["s3"]);
       assert.deepEqual(ids((await request(`${url}/deliveries?id=g1`)).body), ["g1"]);
       assert.deepEqual(ids((await request(`${url}/deliveries?status=failed`)).body), []);

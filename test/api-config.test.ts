@@ -31,7 +31,14 @@ import {
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret, API").toString("base64")}`;
 const SOURCE_SECRET = `whsec_${Buffer.from("the provider's secret, API").toString("base64")}`;
-const ENV = { DEST_SECRET, SOURCE_SECRET };
+// The operator hands the API the two variables and the destination server on loopback (docs/security.md):
+// admin.ts checks a change by them, and the workers each forward's address.
+const ENV = {
+  DEST_SECRET,
+  SOURCE_SECRET,
+  INBOX_API_ENV: "DEST_SECRET,SOURCE_SECRET",
+  INBOX_API_DESTINATIONS_ALLOW: "127.0.0.1/32",
+};
 
 for (const backend of await backends("api_config")) {
   describe(`the configuration changed through the API while a receiver and two workers run, on ${backend.name}`, {

@@ -8,6 +8,7 @@
 //   npx node --import tsx --test test/api.test.ts
 
 import assert from "node:assert/strict";
+import { request as httpRequest } from "node:http";
 import { execFile, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import { readFileSync, writeFileSync } from "node:fs";
@@ -27,6 +28,10 @@ const BACKENDS = await backends("api");
 const ENV = {
   STRIPE_SECRET: "whsec_api_test_secret",
   APP_SECRET: `whsec_${Buffer.from("app-signing-secret-api").toString("base64")}`,
+  // The operator hands the API these two variables and the loopback stand-in of the app (docs/security.md).
+  INBOX_API_ENV: "STRIPE_SECRET,APP_SECRET",
+  INBOX_API_DESTINATIONS_ALLOW: "127.0.0.1/32",
+  INBOX_SECRETS_KEY: Buffer.alloc(32, 7).toString("base64"),
 };
 
 // key makes an API key with the real CLI, and returns it with its ID.
@@ -161,6 +166,60 @@ for (const backend of BACKENDS) {
       );
     });
 
+    it("declares in the document the 404, 405, 413 and 415 that its routing answers, and answers them so", async () => {
+      const doc = (await (await fetch(`${admin.url}/openapi.json`)).json()) as {
+        paths: Record<
+          string,
+          Record<string, { operationId: string; requestBody?: unknown; responses: Record<string, unknown> }>
+        >;
+      };
+      const missing: string[] = [];
+      for (const [path, methods] of Object.entries(doc.paths))
+        for (const op of Object.values(methods)) {
+          const wanted = [405, ...(path.includes("{") ? [404] : []), ...(op.requestBody ? [413, 415] : [])];
+          for (const status of wanted)
+            if (!(String(status) in op.responses)) missing.push(`${op.operationId} ${status}`);
+        }
+      assert.deepEqual(missing, []);
+      // What the routing answers, on one operation that has them all: POST /api/v1/destinations/{name}/pause.
+      const declared = Object.keys(doc.paths["/api/v1/destinations/{name}/pause"]!.post!.responses);
+      const send = (init: RequestInit & { path?: string }) =>
+        fetch(`${admin.url}${init.path ?? "/api/v1/destinations/app/pause"}`, {
+          ...init,
+          headers: {
+            authorization: `Bearer ${write.key}`,
+            "idempotency-key": `problems-${Math.random()}`,
+            ...init.headers,
+          },
+        });
+      const state = await snapshot();
+      const answers = [
+        await send({
+          method: "POST",
+          path: "/api/v1/destinations/nowhere/pause",
+          body: "{}",
+          headers: { "content-type": "application/json" },
+        }),
+        await send({ method: "PATCH", body: "{}" }),
+        await send({
+          method: "POST",
+          body: JSON.stringify({ reason: "x".repeat(70_000) }),
+          headers: { "content-type": "application/json" },
+        }),
+        await send({
+          method: "POST",
+          body: "reason=hi",
+          headers: { "content-type": "application/x-www-form-urlencoded" },
+        }),
+      ];
+      assert.deepEqual(
+        answers.map((r) => `${r.status} ${r.headers.get("content-type")}`),
+        [404, 405, 413, 415].map((s) => `${s} application/problem+json`),
+      );
+      for (const r of answers) assert.ok(declared.includes(String(r.status)), `${r.status} is declared`);
+      assert.equal(await snapshot(), state, "none of them changed anything");
+    });
+
     it("calls the deliveries' and destinations' operations through the typed client, each doing what the page does", async () => {
       const api = client(write.key);
       const path = (id: string) => ({ path: { source: "stripe", id } });
@@ -253,13 +312,18 @@ for (const backend of BACKENDS) {
 
       const audit = await api.GET("/api/v1/audit", { params: { query: { limit: 10 } } });
       assert.deepEqual(
-        audit.data!.items.map((e) => [e.who, e.operation, e.count]),
+        audit.data!.items.map((e) => [e.who.replace(/^cli:.*/, "cli"), e.operation, e.count]),
         [
           [`key:${write.id}`, "resumeDestination", 1],
           [`key:${write.id}`, "pauseDestination", 1],
           [`key:${write.id}`, "bulkDeliveries", 1],
           [`key:${write.id}`, "replayDelivery", 1],
           [`key:${write.id}`, "retryDelivery", 1],
+          // The keys themselves, made and revoked with the CLI before the page started.
+          ["cli", "keys revoke", 1],
+          ["cli", "keys create", 1],
+          ["cli", "keys create", 1],
+          ["cli", "keys create", 1],
         ],
       );
     });
@@ -383,7 +447,7 @@ for (const backend of BACKENDS) {
       assert.equal(wrong.response.status, 400);
       assert.match(
         wrong.error!.detail,
-        /source "gh": secret reads the environment variable NOT_SET_ANYWHERE, which is not set/,
+        /source gh: secret names the environment variable NOT_SET_ANYWHERE, which a change through the API may not read/,
       );
       const routed = await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "extra" } } });
       assert.equal(routed.response.status, 409);
@@ -461,6 +525,60 @@ for (const backend of BACKENDS) {
       assert.equal(await snapshot(), state, "nothing stored");
     });
 
+    it("sets, lists and deletes secrets: sealed at once, never answered back, kept out of the database's text and the audit log", async () => {
+      const api = client(write.key);
+      const value = "canary-secret-value-for-the-api-test";
+      const set = await api.PUT("/api/v1/secrets/{name}", {
+        params: { path: { name: "app_token" } },
+        body: { value },
+      });
+      assert.deepEqual(set.data, { name: "app_token", created: true });
+      const again = await api.PUT("/api/v1/secrets/{name}", {
+        params: { path: { name: "app_token" } },
+        body: { value: `${value}-2` },
+      });
+      assert.deepEqual(again.data, { name: "app_token", created: false });
+      const listed = await client(read.key).GET("/api/v1/secrets");
+      assert.deepEqual(
+        listed.data!.items.map((s) => [s.name, s.setBy]),
+        [["app_token", `key:${write.id}`]],
+      );
+      assert.ok(!JSON.stringify(listed.data).includes("canary-secret"), "the list holds no value");
+      const [row] = await inbox.query("SELECT sealed FROM secrets WHERE name = ?", "app_token");
+      assert.ok(!String(row!.sealed).includes("canary"), "sealed in the database");
+      const entries = (await inbox.auditLog({ limit: 2 })).map((e) => [e.operation, e.target]);
+      assert.deepEqual(entries, [
+        ["putSecret", 'secret="app_token"'],
+        ["putSecret", 'secret="app_token"'],
+      ]);
+      // A configuration names it, and may not lose it: deleting it then is a 409, nothing changed.
+      const named = await api.PUT("/api/v1/destinations/{name}", {
+        params: { path: { name: "tokened" } },
+        body: { settings: { url: "http://127.0.0.1:9/t", secret: "env:APP_SECRET", bearer: "secret:app_token" } },
+      });
+      assert.equal(named.response.status, 200, JSON.stringify(named.error));
+      const state = await snapshot();
+      const held = await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "app_token" } } });
+      assert.equal(held.response.status, 409);
+      assert.match(held.error!.detail, /names secret:app_token \(destination tokened\)/);
+      assert.equal(
+        (await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "nope" } } })).response.status,
+        404,
+      );
+      assert.equal(await snapshot(), state, "neither refusal changed anything");
+      await api.DELETE("/api/v1/destinations/{name}", { params: { path: { name: "tokened" } } });
+      const gone = await api.DELETE("/api/v1/secrets/{name}", { params: { path: { name: "app_token" } } });
+      assert.deepEqual(gone.data, { name: "app_token", deleted: true });
+      assert.deepEqual((await client(read.key).GET("/api/v1/secrets")).data!.items, []);
+      assert.equal(
+        (await client(read.key).PUT("/api/v1/secrets/{name}", { params: { path: { name: "x" } }, body: { value } }))
+          .response.status,
+        403,
+      );
+      const bad = await api.PUT("/api/v1/secrets/{name}", { params: { path: { name: "a b" } }, body: { value } });
+      assert.equal(bad.response.status, 400);
+    });
+
     it("tries a filter on a stored delivery or a body given inline, with the route's checks, saving nothing", async () => {
       const api = client(read.key);
       const state = await snapshot();
@@ -535,6 +653,62 @@ for (const backend of BACKENDS) {
         params: { path: { name: "app" } },
         body: {},
       });
+    });
+
+    it("answers a DNS-rebinding refusal on /api/ as problem+json, counted in inbox_api_refused_total; the page's own stays HTML", async () => {
+      // A page with no token answers loopback names only; a browser led here by a rebound name sends its Host.
+      const ask = (path: string, host: string, method = "GET", body?: string) =>
+        new Promise<{ status: number; type: string; text: string }>((resolve, reject) => {
+          const url = new URL(admin.url);
+          const req = httpRequest(
+            {
+              host: url.hostname,
+              port: url.port,
+              path,
+              method,
+              headers: {
+                host,
+                authorization: `Bearer ${write.key}`,
+                ...(body ? { "content-type": "application/json", "idempotency-key": `rebind-${path}` } : {}),
+              },
+            },
+            (res) => {
+              let text = "";
+              res
+                .on("data", (c) => (text += c))
+                .on("end", () => resolve({ status: res.statusCode!, type: String(res.headers["content-type"]), text }));
+            },
+          );
+          req.on("error", reject);
+          req.end(body);
+        });
+      const refused = async () =>
+        Number(
+          /inbox_api_refused_total\{reason="foreign_host"\} (\d+)/.exec(
+            await (await fetch(`${admin.url}/metrics`)).text(),
+          )?.[1] ?? 0,
+        );
+      const state = await snapshot();
+      const before = await refused();
+      const rebound = `rebound.example:${new URL(admin.url).port}`;
+      const pause = await ask("/api/v1/destinations/app/pause", rebound, "POST", "{}");
+      assert.equal(pause.status, 403);
+      assert.equal(pause.type, "application/problem+json");
+      assert.deepEqual(JSON.parse(pause.text), {
+        type: "about:blank",
+        title: "Forbidden",
+        status: 403,
+        detail: "this page answers to a loopback address only",
+      });
+      const document = await ask("/openapi.json", rebound);
+      assert.equal(`${document.status} ${document.type}`, "403 application/problem+json");
+      assert.equal(await refused(), before + 2, "each counted");
+      assert.equal(await snapshot(), state, "nothing changed");
+      // (control) The page's own paths keep their HTML refusal; a loopback name is answered.
+      const page = await ask("/", rebound);
+      assert.equal(page.status, 403);
+      assert.match(page.type, /^text\/html/);
+      assert.equal((await ask("/api/v1/status", `127.0.0.1:${new URL(admin.url).port}`)).status, 200);
     });
 
     it("refuses every change, even a write key's, when the page runs --read-only, and still reads", async () => {
@@ -630,6 +804,40 @@ for (const backend of BACKENDS) {
       assert.equal(await snapshot(), state, "nothing of any of it was stored");
     });
 
+    it("takes a time as the page and the CLI take one: an age ago (since=2h), an ISO date, or ms", async () => {
+      const get = async (query: string) => {
+        const r = await fetch(`${admin.url}/api/v1/deliveries?${query}`, {
+          headers: { authorization: `Bearer ${read.key}` },
+        });
+        return { status: r.status, body: (await r.json()) as { items?: { id: string }[]; detail?: string } };
+      };
+      const ids = (r: { body: { items?: { id: string }[] } }) => new Set(r.body.items?.map((d) => d.id));
+      const recent = await get("since=2h&source=stripe");
+      assert.equal(recent.status, 200, JSON.stringify(recent.body));
+      // Every stripe delivery here was stored within the last seconds.
+      const every = ids(await get("source=stripe"));
+      assert.ok(every.has("evt_ok") && every.has("evt_4"));
+      assert.deepEqual(ids(recent), every);
+      assert.deepEqual(ids(await get("until=2h&source=stripe")), new Set(), "none is older than two hours");
+      assert.deepEqual(ids(await get(`since=${new Date(Date.now() + 3_600_000).toISOString()}`)), new Set());
+      assert.deepEqual(ids(await get(`since=${Date.now() - 7_200_000}&source=stripe`)), every);
+      // (control) Neither a date nor an age: a 400 that says what is expected.
+      const bad = await get("since=2x");
+      assert.equal(bad.status, 400);
+      assert.match(
+        String(bad.body.detail),
+        /since: expected a date such as .*, or an age ago such as 2h or 3d, got 2x/,
+      );
+      // A bulk action's filter reads it the same way, as the page's form does.
+      const dry = await fetch(`${admin.url}/api/v1/deliveries/bulk`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${write.key}`, "content-type": "application/json" },
+        body: JSON.stringify({ action: "retry", filter: { since: "2h" }, dryRun: true }),
+      });
+      assert.equal(dry.status, 200, await dry.clone().text());
+      assert.deepEqual(await dry.json(), { count: 1 });
+    });
+
     it("keeps the page's actions in the same audit log, which the page shows escaped", async () => {
       const page = await (await fetch(`${admin.url}/destinations`)).text();
       const csrf = /name="csrf" value="([^"]+)"/.exec(page)![1]!;
@@ -642,7 +850,7 @@ for (const backend of BACKENDS) {
       });
       assert.equal(posted.status, 303);
       const [entry] = (await client(read.key).GET("/api/v1/audit", { params: { query: { limit: 1 } } })).data!.items;
-      assert.equal(entry!.who, "local");
+      assert.equal(entry!.who, "page:local");
       assert.equal(entry!.operation, "pause");
       assert.match(entry!.target, /destination="app" reason="<script>/);
       const shown = await (await fetch(`${admin.url}/audit`)).text();

@@ -212,6 +212,37 @@ describe("inbox.ts restore", () => {
       ).map((x) => x.id);
     assert.deepEqual(ids(db), ["in-the-backup"]);
     assert.deepEqual(ids(aside), ["after-the-backup", "in-the-backup"], "the replaced database kept what it had");
+    // The restored inbox holds the restore's own audit entry from its first moment, and only that one.
+    const audit = new DatabaseSync(db, { readOnly: true }).prepare("SELECT who, operation, target FROM audit").all();
+    assert.deepEqual(
+      audit.map((e) => [String(e.who).replace(/^cli:.*/, "cli"), e.operation, e.target]),
+      [["cli", "restore", `restore file=${JSON.stringify(join(dir, "idle-backup.db"))}`]],
+    );
+  });
+
+  it("restores nothing when its audit entry cannot be written into the copy, and leaves the database as it was", async () => {
+    const db = join(dir, "audited.db");
+    const inbox = new SqliteInbox(db);
+    await inbox.store({ id: "in-the-backup", body: Buffer.from("{}") });
+    await inbox.close();
+    const copy = join(dir, "audited-backup.db");
+    await backup(db, copy);
+    // The backup refuses every audit insert (a trigger made in it), as a full disk would refuse it.
+    const refusing = new DatabaseSync(copy);
+    refusing.exec("CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END");
+    refusing.close();
+    const later = new SqliteInbox(db);
+    await later.store({ id: "after-the-backup", body: Buffer.from("{}") });
+    await later.close();
+    const r = await runScript("inbox.ts", ["restore", copy, "--db", db]);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /audit refused; nothing changed/);
+    const ids = new DatabaseSync(db, { readOnly: true }).prepare("SELECT id FROM deliveries ORDER BY id").all();
+    assert.deepEqual(
+      ids.map((x) => x.id),
+      ["after-the-backup", "in-the-backup"],
+      "the database in place is the one it was",
+    );
   });
 
   it("refuses a damaged backup, in one line, and changes nothing", async () => {

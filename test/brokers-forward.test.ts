@@ -86,7 +86,7 @@ describe("a source routed to a NATS JetStream destination", { skip: natsSkipped 
         });
         assert.deepEqual(await Promise.all(sent), [200, 200, 200]);
         assert.equal(await receiver.stop(), 0);
-        const worker = await runScript("worker.ts", ["--once", "--db", target, "--sources", file]);
+        const worker = await runScript("worker.ts", ["--once", "--db", target, "--sources", file, "--handler", "demo"]);
         assert.equal(worker.code, 0, worker.stderr);
         const inbox = await connect(target);
         const rows = await inbox.query("SELECT id, destination, status FROM deliveries ORDER BY id, destination");

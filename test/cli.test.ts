@@ -149,6 +149,48 @@ describe("inbox.ts", () => {
       assert.equal("body" in d, false);
     });
 
+    it("takes the filters retry, replay and export take: --destination, --type, --since and the rest", async () => {
+      const routed = join(dir.dir, "routed.db");
+      let t = Date.now() - 3 * 3_600_000;
+      const inbox = new SqliteInbox(routed, { now: () => t });
+      await inbox.store({
+        source: "stripe",
+        id: "old",
+        body: Buffer.from("{}"),
+        eventType: "invoice.paid",
+        destinations: ["app"],
+      });
+      t = Date.now() - 60_000;
+      await inbox.store({
+        source: "stripe",
+        id: "paid",
+        body: Buffer.from("{}"),
+        eventType: "invoice.paid",
+        destinations: ["app", "crm"],
+      });
+      await inbox.store({
+        source: "stripe",
+        id: "made",
+        body: Buffer.from("{}"),
+        eventType: "customer.created",
+        destinations: ["crm"],
+      });
+      await inbox.close();
+      const ids = async (...args: string[]) => {
+        const r = await cli("list", "--json", "--db", routed, ...args);
+        assert.equal(r.code, 0, r.stderr);
+        return (JSON.parse(r.stdout) as { id: string; destination: string }[])
+          .map((d) => `${d.id}:${d.destination}`)
+          .sort();
+      };
+      assert.deepEqual(await ids("--destination", "crm"), ["made:crm", "paid:crm"]);
+      assert.deepEqual(await ids("--type", "invoice.paid", "--destination", "app"), ["old:app", "paid:app"]);
+      assert.deepEqual(await ids("--since", "2h", "--type", "invoice.paid"), ["paid:app", "paid:crm"]);
+      assert.deepEqual(await ids("--until", "2h"), ["old:app"]);
+      // (control) With none, every row.
+      assert.equal((await ids()).length, 4);
+    });
+
     it("refuses an unknown status with exit 2, in one line", async () => {
       const result = await cli("list", "--status", "lost", "--db", path);
       assert.equal(result.code, 2);
@@ -165,6 +207,36 @@ describe("inbox.ts", () => {
       assert.match(stdout, /^error {9}unknown customer$/m);
       assert.match(stdout, /^body {10}\d+ bytes$/m);
       assert.equal(stdout.trimEnd().split("\n").at(-1), '{"customer":"Nobody","amount":1}');
+    });
+
+    it("lists every failed try of a delivery, not only the last error, oldest first", async () => {
+      const tried = join(dir.dir, "tried.db");
+      let t = Date.now() - 10 * 60_000;
+      const inbox = new SqliteInbox(tried, { now: () => t, random: () => 0 });
+      await inbox.store({ id: "evt_t", body: Buffer.from("{}") });
+      for (const error of ["did not answer within 30 s", "HTTP 502 from app: bad gateway"]) {
+        const lease = (await inbox.claim(60_000))!;
+        await inbox.fail(lease, error);
+        t += 60_000;
+      }
+      await inbox.close();
+      const { code, stdout } = await cli("show", "evt_t", "--db", tried);
+      assert.equal(code, 0);
+      assert.match(stdout, /^error {9}HTTP 502 from app: bad gateway$/m);
+      assert.match(
+        stdout,
+        /^failed tries {2}#1 \S+Z: did not answer within 30 s\n {14}#2 \S+Z: HTTP 502 from app: bad gateway$/m,
+      );
+      const json = JSON.parse((await cli("show", "evt_t", "--json", "--db", tried)).stdout);
+      assert.deepEqual(
+        json.tries.map((x: { attempt: number; error: string }) => [x.attempt, x.error]),
+        [
+          [1, "did not answer within 30 s"],
+          [2, "HTTP 502 from app: bad gateway"],
+        ],
+      );
+      // (control) A delivery that never failed shows none.
+      assert.match((await cli("show", "evt_101", "--db", path)).stdout, /^failed tries {2}-$/m);
     });
 
     it("shows a body that is not UTF-8 as base64, byte-exact", async () => {

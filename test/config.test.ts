@@ -14,7 +14,7 @@ import { watchConfig } from "../lib/config/watch.ts";
 import { sign } from "../lib/providers.ts";
 import { FakeClock } from "./clock.ts";
 import { signalChild } from "../lib/runtime.ts";
-import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
+import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir, until } from "./helpers.ts";
 
 const DEST_SECRET = `whsec_${Buffer.from("the destinations' secret").toString("base64")}`;
 const SOURCE_SECRET = `whsec_${Buffer.from("the provider's secret").toString("base64")}`;
@@ -120,10 +120,13 @@ for (const backend of await backends("config_cli")) {
         await writer.applyConfig('{"s": {"provider": "plain"}}', { actor: "t" });
         assert.deepEqual(seen, [], "not before the timer fires");
         await clock.advance(1_000);
+        // The check the timer fired reads the database for real: wait for its answer, bounded, not a guess.
+        await until("version 1 heard", () => seen.length >= 1);
         assert.deepEqual(seen, [1]);
         await writer.applyConfig('{"s": {"provider": "plain"}, "t": {"provider": "plain"}}', { actor: "t" });
         await writer.applyConfig('{"t": {"provider": "plain"}}', { actor: "t" });
         await clock.advance(5_000);
+        await until("version 3 heard", () => seen.length >= 2);
         assert.deepEqual(seen, [1, 3], "two versions between two checks: the newest, once");
         stop();
         await writer.applyConfig('{"u": {"provider": "plain"}}', { actor: "t" });
@@ -272,19 +275,22 @@ for (const backend of await backends("config_cli")) {
       }
     });
 
-    it("a worker without --handler refuses a configuration in the database whose signed source has no routes, as it refuses such a file", async () => {
+    it("a worker without --handler refuses a configuration in the database whose source goes to the handler, as it refuses such a file", async () => {
       const { target: db, cleanup } = await backend.make();
       const dir = tempDir();
       try {
         const file = join(dir.dir, "sources.json");
         writeFileSync(file, JSON.stringify({ st: { provider: "standard", secret: "env:SOURCE_SECRET" } }));
-        // An inbox the scripts made, with no configuration yet (inbox.ts never creates one).
+        // An inbox the scripts made (as inbox.ts init would), with no configuration yet.
         assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
         const applied = await runScript("inbox.ts", ["config", "apply", file, "--db", db], ENV);
         assert.equal(applied.code, 0, applied.stderr);
         const refused = await runScript("worker.ts", ["--db", db, "--once"], ENV);
         assert.equal(refused.code, 2);
-        assert.match(refused.stderr, /source "st" is signed and has no routes, and no --handler is given/);
+        assert.match(
+          refused.stderr,
+          /source "st" has no routes, so its deliveries go to the handler, and no --handler is given/,
+        );
         // The control: the same configuration with a handler named runs.
         const handler = join(dir.dir, "handler.mjs");
         writeFileSync(handler, "export default () => {};\n");
@@ -330,10 +336,10 @@ for (const backend of await backends("config_cli")) {
           "no default source",
         );
         await receiver.stop();
-        assert.equal((await runScript("worker.ts", ["--db", db, "--once"], ENV)).code, 0);
+        assert.equal((await runScript("worker.ts", ["--db", db, "--once", "--handler", "demo"], ENV)).code, 0);
         // A host whose copy of the transform is not the one applied refuses to start, saying which.
         writeFileSync(transform, "export default (d) => ({ body: d.id });\n");
-        const drifted = await runScript("worker.ts", ["--db", db, "--once"], ENV);
+        const drifted = await runScript("worker.ts", ["--db", db, "--once", "--handler", "demo"], ENV);
         assert.equal(drifted.code, 2);
         assert.match(drifted.stderr, /transform .*t\.mjs here \(sha256 [0-9a-f]{12}\) is not the one applied/);
         assert.equal(readFileSync(transform, "utf8").includes("d.id"), true);

@@ -239,7 +239,7 @@ for (const type of ["nats", "rabbitmq"] as const) {
           assert.equal(r.kills, KILLS);
           assert.ok(r.midStream >= 1, `at least one kill landed mid-stream: ${JSON.stringify(r)}`);
           assert.equal(await s.broker.unacked(), 0, "every message acknowledged");
-          const worked = await runScript("worker.ts", ["--once", "--quiet", "--db", s.target]);
+          const worked = await runScript("worker.ts", ["--once", "--quiet", "--db", s.target, "--handler", "demo"]);
           assert.equal(worked.code, 0, worked.stderr);
           const inbox = await connect(s.target);
           try {

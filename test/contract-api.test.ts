@@ -1,6 +1,7 @@
 // test/contract-api.test.ts: the contract's part for the JSON API (lib/api/), on both backends
 // (test/contract-harness.ts): API keys kept by hash and revoked for good, a POST's first answer kept under
-// its idempotency key (the first one wins, the expired go), and the audit log, newest first, in pages.
+// its idempotency key (the first one wins, the expired go), and the audit log, newest first, in pages; keys and
+// the audit log written into another inbox as they are (restoreApiKeys, restoreAudit), for copy.
 //   npx node --import tsx --test test/contract-api.test.ts
 
 import assert from "node:assert/strict";
@@ -33,6 +34,20 @@ contract((suite) => {
         ],
       );
       await assert.rejects(inbox.addApiKey(row), "the same key twice is refused");
+    });
+    it("restoreApiKeys writes another inbox's keys as they are, revoked ones too: each key works there, and only there once", async () => {
+      const inbox = await open();
+      const live = mintKey({ scope: "write", name: "ci", now: T0 });
+      const gone = mintKey({ scope: "read", name: "old", now: T0 + 1 });
+      await inbox.addApiKey(live.row);
+      await inbox.addApiKey(gone.row);
+      await inbox.revokeApiKey(gone.row.id, T0 + 2);
+      const copy = await suite.another();
+      assert.equal(await copy.restoreApiKeys(await inbox.apiKeys()), 2);
+      assert.deepEqual(await copy.apiKeys(), await inbox.apiKeys());
+      assert.deepEqual(await copy.apiKeyByHash(hashKey(live.key)), live.row);
+      assert.equal((await copy.apiKeyByHash(hashKey(gone.key)))?.revokedAt, T0 + 2, "still revoked there");
+      assert.equal(await copy.restoreApiKeys(await inbox.apiKeys()), 0, "run again, it writes nothing");
     });
   });
 
@@ -75,6 +90,21 @@ contract((suite) => {
         ["d2", "d1"],
       );
       assert.deepEqual(await inbox.auditLog({ limit: 2, before: all[4]!.seq }), []);
+    });
+
+    it("restoreAudit writes another inbox's entries with their seq, and the next entry added there comes after them", async () => {
+      const inbox = await open();
+      for (let i = 0; i < 3; i++)
+        await inbox.addAudit({ at: T0 + i, who: "key:k", operation: "retry", target: `d${i}`, count: 1 });
+      const entries = (await inbox.auditLog({ limit: 10 })).reverse();
+      const copy = await suite.another();
+      assert.equal(await copy.restoreAudit(entries), 3);
+      assert.deepEqual((await copy.auditLog({ limit: 10 })).reverse(), entries);
+      assert.equal(await copy.restoreAudit(entries), 0, "run again, it writes nothing");
+      await copy.addAudit({ at: T0 + 9, who: "page:ann", operation: "pause", target: "app", count: 1 });
+      const [newest] = await copy.auditLog({ limit: 1 });
+      assert.equal(newest!.target, "app");
+      assert.ok(newest!.seq > entries.at(-1)!.seq, `seq ${newest!.seq} follows the copied ${entries.at(-1)!.seq}`);
     });
   });
 });

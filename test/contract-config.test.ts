@@ -1,6 +1,7 @@
 // test/contract-config.test.ts: the configuration kept in the database, on both backends
 // (test/contract-harness.ts): applyConfig() as one transaction (a version each, refused on a stale
-// expectedVersion or while rows wait for a destination it removes), readConfig() and configVersion().
+// expectedVersion or while rows wait for a destination it removes), readConfig() and configVersion(), and the
+// history copied whole (configHistory(), restoreConfig()).
 //   npx node --import tsx --test test/contract-config.test.ts
 
 import assert from "node:assert/strict";
@@ -38,6 +39,36 @@ contract((suite) => {
     // A second inbox on the same target sees it: the configuration is the database's, not the process's.
     const other = await open();
     assert.equal((await other.readConfig())?.document, doc(["app", "b"]));
+  });
+
+  it("configHistory() lists every version oldest first; restoreConfig() writes them into another inbox as they are, and skips what is there", async () => {
+    const inbox = await open();
+    const transforms = { "./t.ts": { sha256: "cd".repeat(32), code: "export default () => ({});" } };
+    await inbox.applyConfig(doc(["app"]), { actor: "ann", transforms });
+    suite.t += 60_000;
+    await inbox.applyConfig(doc(["app", "b"]), { actor: "bo" });
+    const history = await inbox.configHistory();
+    assert.deepEqual(
+      history.map((v) => [v.version, v.actor, v.appliedAt, v.document]),
+      [
+        [1, "ann", suite.t - 60_000, doc(["app"])],
+        [2, "bo", suite.t, doc(["app", "b"])],
+      ],
+    );
+    assert.deepEqual(history[0]!.transforms, transforms);
+    const copy = await suite.another();
+    assert.deepEqual(await copy.configHistory(), []);
+    assert.equal(await copy.restoreConfig(history), 2);
+    assert.deepEqual(await copy.configHistory(), history, "numbers, actors, times and transforms kept");
+    assert.equal((await copy.readConfig())?.version, 2, "the newest is in force there too");
+    assert.equal(await copy.configVersion(), 2);
+    assert.equal(await copy.restoreConfig(history), 0, "run again, it writes nothing");
+    // The next version applied there follows on from the copied history.
+    assert.deepEqual(await copy.applyConfig(doc(["b"]), { actor: "cy", expectedVersion: 2 }), {
+      applied: true,
+      version: 3,
+      cancelled: 0,
+    });
   });
 
   it("applyConfig() refuses a stale expectedVersion and changes nothing", async () => {

@@ -1,17 +1,22 @@
 // test/contract-ops.test.ts: the contract's housekeeping, on both backends (test/contract-harness.ts): flush()
 // and close(), ready() and gauges() for /readyz and /metrics, onWake() beside polling, retention (purge(),
-// dropBodies(), kept()), and moving deliveries with page() and restore(), between backends by inbox.ts copy.
+// dropBodies(), kept()), and moving deliveries with page() and restore(), between backends by inbox.ts copy,
+// which carries the configuration's history, the API keys and the audit log with them.
 //   npx node --import tsx --test test/contract-ops.test.ts
 
 import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
+import { hashKey } from "../lib/api/keys.ts";
+import { Keyring } from "../lib/secrets.ts";
 import { run } from "../worker.ts";
-import { freshSchema, runScript, tempDir } from "./helpers.ts";
+import { freshSchema, runScript, startReceiver, tempDir } from "./helpers.ts";
 import { body, contract, LEASE, pgSkip, T0 } from "./contract-harness.ts";
 
 contract((suite) => {
@@ -421,6 +426,103 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
       assert.deepEqual(await all(returned), original);
     } finally {
       await returned.close();
+    }
+  });
+
+  it("carries the configuration with its history, the API keys, the secrets still sealed and the audit log, both ways: the copy serves and knows them", async () => {
+    const from = join(dir.dir, "configured.db");
+    const file = join(dir.dir, "sources.json");
+    const env = { STRIPE_SECRET: "whsec_c2lnbmluZyBzZWNyZXQgZm9yIGNvcHk=" };
+    const cli = (...args: string[]) => runScript("inbox.ts", args, env);
+    assert.equal((await cli("init", "--db", from)).code, 0);
+    writeFileSync(file, JSON.stringify({ shop: { provider: "plain" } }));
+    assert.equal((await cli("config", "apply", file, "--db", from, "--actor", "ann")).code, 0);
+    const second = `${JSON.stringify({ shop: { provider: "plain" }, stripe: { provider: "stripe", secret: "env:STRIPE_SECRET" } }, null, 2)}\n`;
+    writeFileSync(file, second);
+    assert.equal((await cli("config", "apply", file, "--db", from, "--actor", "bo")).code, 0);
+    const made = await cli("keys", "create", "--scope", "read", "--name", "grafana", "--db", from, "--json");
+    const key = (JSON.parse(made.stdout) as { key: string }).key;
+    const sqlite = new SqliteInbox(from);
+    await sqlite.addAudit({ at: T0, who: "key:abc", operation: "pauseDestination", target: "app", count: 1 });
+    const keyring = new Keyring([randomBytes(32)]);
+    await sqlite.setSecret({ name: "app", sealed: keyring.seal("app", "s3cr3t"), setAt: T0, setBy: "cli:ann" });
+    const history = await sqlite.configHistory();
+    const log = (await sqlite.auditLog({ limit: 10 })).map((e) => [e.who, e.operation]);
+    await sqlite.close();
+    // Two applies, a key made and the entry above: every way in leaves its entry (issue 46), and copy takes them all.
+    assert.equal(log.length, 4);
+
+    const there = await cli("copy", "--from", from, "--to", pgTarget.url);
+    assert.equal(there.code, 0, there.stderr);
+    assert.match(there.stdout, /^Copied 2 of 2 configuration versions\.$/m);
+    assert.match(there.stdout, /^Copied 1 of 1 API keys\.$/m);
+    assert.match(there.stdout, /^Copied 1 of 1 secrets\.$/m);
+    assert.match(there.stdout, /^Copied 4 of 4 audit entries\.$/m);
+    // On the copy: the configuration in force, its history, the key and the audit log.
+    const dumped = await cli("config", "dump", "--db", pgTarget.url);
+    assert.equal(dumped.stdout, second, "config dump gives the document back byte for byte");
+    const listed = await cli("keys", "list", "--db", pgTarget.url);
+    assert.match(listed.stdout, /read +created .* grafana/);
+    const pg = await connect(pgTarget.url);
+    try {
+      assert.deepEqual(await pg.configHistory(), history);
+      assert.equal((await pg.apiKeyByHash(hashKey(key)))?.name, "grafana");
+      assert.deepEqual(
+        (await pg.auditLog({ limit: 10 })).map((e) => [e.who, e.operation]),
+        log,
+      );
+      const [secret] = await pg.secrets();
+      assert.equal(
+        keyring.open("app", secret!.sealed),
+        "s3cr3t",
+        "the copy holds the sealed value, which the same key opens",
+      );
+    } finally {
+      await pg.close();
+    }
+    // A receiver started on the copy with no --sources serves the copied sources.
+    const receiver = await startReceiver(pgTarget.url, [], env);
+    try {
+      const r = await fetch(`${receiver.url}/shop`, { method: "POST", headers: { "x-delivery-id": "o1" }, body: "{}" });
+      assert.equal(`${r.status} ${await r.text()}`, "200 stored");
+    } finally {
+      await receiver.stop();
+    }
+    const again = await cli("copy", "--from", from, "--to", pgTarget.url);
+    assert.match(again.stdout, /^Nothing to copy: all 2 configuration versions are already there\.$/m);
+    assert.match(again.stdout, /^Nothing to copy: all 1 API keys are already there\.$/m);
+
+    // And back to SQLite, from the copy.
+    const back = join(dir.dir, "back.db");
+    const home = await cli("copy", "--from", pgTarget.url, "--to", back);
+    assert.equal(home.code, 0, home.stderr);
+    const returned = new SqliteInbox(back);
+    try {
+      assert.deepEqual(await returned.configHistory(), history);
+      assert.equal((await returned.apiKeys()).length, 1);
+      assert.equal((await returned.auditLog({ limit: 10 })).length, 4);
+      assert.equal((await returned.secrets()).length, 1);
+    } finally {
+      await returned.close();
+    }
+
+    // (control) A target with a configuration of its own is refused before anything is copied.
+    const other = join(dir.dir, "other.db");
+    assert.equal((await cli("init", "--db", other)).code, 0);
+    writeFileSync(file, JSON.stringify({ elsewhere: { provider: "plain" } }));
+    assert.equal((await cli("config", "apply", file, "--db", other)).code, 0);
+    const refused = await cli("copy", "--from", from, "--to", other);
+    assert.equal(refused.code, 1);
+    assert.match(
+      refused.stderr,
+      /other\.db has a configuration of its own \(its version 1 is not .*'s\); nothing copied/,
+    );
+    const untouched = new SqliteInbox(other);
+    try {
+      assert.equal((await untouched.configHistory()).length, 1);
+      assert.equal((await untouched.apiKeys()).length, 0);
+    } finally {
+      await untouched.close();
     }
   });
 });

@@ -258,5 +258,27 @@ contract((suite) => {
       assert.equal((await inbox.find("s1", "stripe"))[0]!.replays, 2);
       assert.equal(await inbox.count({}), 6, "a replay is not a new delivery");
     });
+
+    it("replayMatching with to counts on a dry run what it then sends: each delivery once, whatever its rows", async () => {
+      const inbox = await open();
+      const routed = (id: string, destinations: string[]) =>
+        inbox.store({ source: "shop", id, body: body({ id }), destinations });
+      await routed("d1", ["handler", "app"]);
+      await routed("d2", ["handler", "app"]);
+      await routed("d3", ["handler", "audit"]);
+      await routed("d4", ["handler"]);
+      await routed("d5", ["handler", "audit"]);
+      for (const destination of ["handler", "app", "audit"])
+        for (const lease of await inbox.claimBatch(10, LEASE, { destination }))
+          if (lease.id !== "d5" || destination === "handler") assert.equal(await inbox.finish(lease), true);
+      // Rows matched: nine. Deliveries audit would get: d1, d2, d4 (a row added), d3 (its done row again);
+      // not d5, whose row there is still on its way.
+      assert.equal(await inbox.count({}), 9);
+      const dry = await inbox.replayMatching({}, { to: "audit", dryRun: true });
+      assert.deepEqual(dry, { replayed: 4, tombstoned: 0 });
+      assert.deepEqual(await inbox.replayMatching({}, { to: "audit" }), dry);
+      // Asked again at once, nothing is left to send: every row there is on its way.
+      assert.deepEqual(await inbox.replayMatching({}, { to: "audit", dryRun: true }), { replayed: 0, tombstoned: 0 });
+    });
   });
 });

@@ -94,6 +94,8 @@ describe("database errors on PostgreSQL", { skip }, () => {
       schema.url,
       "--sources",
       sources,
+      "--handler",
+      "demo",
       "--lease",
       "5",
       "--metrics-port",

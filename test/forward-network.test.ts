@@ -6,97 +6,21 @@
 // one line, and INBOX_REQUIRE_OPENSSL=1 (as .ci/run sets it) fails the run instead.
 
 import assert from "node:assert/strict";
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { readFileSync, writeFileSync } from "node:fs";
 import { createServer as createHttpServer, type IncomingHttpHeaders } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import { connect as connectTcp, type Socket } from "node:net";
-import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { Webhook } from "standardwebhooks";
 import { connect } from "../inbox.ts";
 import { forward } from "../lib/forwarding/forwarder.ts";
 import { loadDestinations, type Forwarding } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
-import { backends, tempDir } from "./helpers.ts";
+import { backends, opensslSkip, type Pki, pki, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const SECRET = `whsec_${Buffer.from("the app's forwarding secret").toString("base64")}`;
-
-// opensslSkip is false when openssl runs, else the reason, said once; required, it throws instead.
-function opensslSkip(): string | false {
-  if (spawnSync("openssl", ["version"]).status === 0) return false;
-  const why = "no openssl on PATH";
-  if (process.env.INBOX_REQUIRE_OPENSSL === "1")
-    throw new Error(`INBOX_REQUIRE_OPENSSL=1 but ${why} (apt-get install -y openssl)`);
-  console.log(`# TLS forwarding tests skipped: ${why}; apt-get install -y openssl to run them.`);
-  return why;
-}
-
-/** Pki is a private CA and a server certificate it signed for 127.0.0.1, and another CA that signed nothing. */
-interface Pki {
-  caFile: string;
-  otherCaFile: string;
-  key: Buffer;
-  cert: Buffer;
-}
-
-// pki makes the certificates with openssl in dir: EC keys, valid for two days.
-function pki(dir: string): Pki {
-  const run = (...args: string[]) => {
-    const r = spawnSync("openssl", args, { cwd: dir, encoding: "utf8" });
-    if (r.status !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr}`);
-  };
-  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-  for (const name of ["ca", "other-ca"]) {
-    run(
-      "req",
-      "-x509",
-      ...ec,
-      "-keyout",
-      `${name}.key`,
-      "-out",
-      `${name}.pem`,
-      "-days",
-      "2",
-      "-subj",
-      `/CN=inbox test ${name}`,
-      "-addext",
-      "basicConstraints=critical,CA:TRUE",
-      "-addext",
-      "keyUsage=critical,keyCertSign,cRLSign",
-    );
-  }
-  run("req", ...ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1");
-  writeFileSync(
-    join(dir, "server.ext"),
-    "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-  );
-  run(
-    "x509",
-    "-req",
-    "-in",
-    "server.csr",
-    "-CA",
-    "ca.pem",
-    "-CAkey",
-    "ca.key",
-    "-CAcreateserial",
-    "-out",
-    "server.pem",
-    "-days",
-    "2",
-    "-extfile",
-    "server.ext",
-  );
-  return {
-    caFile: join(dir, "ca.pem"),
-    otherCaFile: join(dir, "other-ca.pem"),
-    key: readFileSync(join(dir, "server.key")),
-    cert: readFileSync(join(dir, "server.pem")),
-  };
-}
 
 /** Received is one request a destination got. */
 interface Received {

@@ -173,7 +173,7 @@ describe("receiver.ts and worker.ts with routes", () => {
       }
       await receiver.stop();
       const env = { APP_FORWARD_SECRET: SECRET, APP_TOKEN: "t0ken" };
-      const w = await runScript("worker.ts", ["--sources", file, "--db", db, "--once"], env);
+      const w = await runScript("worker.ts", ["--sources", file, "--db", db, "--once", "--handler", "demo"], env);
       assert.equal(w.code, 0, w.stderr);
       assert.doesNotMatch(w.stderr + w.stdout, /t0ken/, "a destination's own headers are never logged");
       assert.match(w.stderr, /forwarded 2, 0 to retry/);

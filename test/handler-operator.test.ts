@@ -164,7 +164,9 @@ describe("worker.ts with $operator in the sources file", () => {
         file,
         JSON.stringify({ $operator: { url: ops.url, secret: "env:OPS_SECRET" }, shop: { provider: "plain" } }),
       );
-      const r = await runScript("worker.ts", ["--sources", file, "--db", db, "--once"], { OPS_SECRET: OPS_SECRET });
+      const r = await runScript("worker.ts", ["--sources", file, "--db", db, "--once", "--handler", "demo"], {
+        OPS_SECRET: OPS_SECRET,
+      });
       assert.equal(r.code, 0, r.stderr);
       assert.equal(ops.heard.length, 1, r.stderr);
       assert.equal(ops.heard[0]!.type, "delivery.set_aside");

@@ -3,7 +3,7 @@
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -112,11 +112,11 @@ export function startWorker(db: string, args: string[] = [], env: NodeJS.Process
   };
 }
 
-/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens. */
+/** startAdmin runs admin.ts with args on a free port and resolves with its URL once it listens, and all it wrote so far (log()). */
 export async function startAdmin(
   args: string[],
   env: NodeJS.ProcessEnv = {},
-): Promise<{ url: string; child: ChildProcess }> {
+): Promise<{ url: string; child: ChildProcess; port: number; log: () => string }> {
   const port = await freePort();
   const child = spawnScript("admin.ts", [...args, "--port", String(port)], env);
   let out = "";
@@ -128,7 +128,7 @@ export async function startAdmin(
     child.stderr!.on("data", (d) => (out += d));
     child.on("exit", (code) => reject(new Error(`admin.ts exited ${code}: ${out}`)));
   });
-  return { url: `http://127.0.0.1:${port}`, child };
+  return { url: `http://127.0.0.1:${port}`, child, port, log: () => out };
 }
 
 /** Forwarded is one request a destinationServer was sent: its path's name, the delivery's ID, its headers, body, and when it arrived. */
@@ -531,6 +531,30 @@ export async function privatePgBouncer(upstream = POSTGRES, poolSize = 10): Prom
   };
 }
 
+/**
+ * refuseAudit makes every insert into an inbox's audit log fail, as a full disk or a revoked privilege would
+ * (a trigger, on either backend), and returns how to let them through again.
+ */
+export async function refuseAudit(inbox: {
+  backend: string;
+  query(sql: string): Promise<unknown>;
+}): Promise<() => Promise<void>> {
+  if (inbox.backend === "sqlite") {
+    await inbox.query(
+      "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END",
+    );
+    return async () => void (await inbox.query("DROP TRIGGER refuse_audit"));
+  }
+  await inbox.query(
+    "CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'audit refused'; END $$",
+  );
+  await inbox.query("CREATE TRIGGER refuse_audit BEFORE INSERT ON audit FOR EACH ROW EXECUTE FUNCTION refuse_audit()");
+  return async () => {
+    await inbox.query("DROP TRIGGER refuse_audit ON audit");
+    await inbox.query("DROP FUNCTION refuse_audit()");
+  };
+}
+
 /** freePort asks the system for a TCP port nobody listens on right now. */
 export async function freePort(): Promise<number> {
   const { createServer } = await import("node:net");
@@ -719,4 +743,78 @@ export async function brokerRestartSkip(type: "nats" | "rabbitmq"): Promise<stri
     why,
     "run them where the broker is local and its tools are installed.",
   );
+}
+
+/** opensslSkip is false when openssl runs, else the reason, said once; required, it throws instead. */
+export function opensslSkip(): string | false {
+  if (spawnSync("openssl", ["version"]).status === 0) return false;
+  const why = "no openssl on PATH";
+  if (process.env.INBOX_REQUIRE_OPENSSL === "1")
+    throw new Error(`INBOX_REQUIRE_OPENSSL=1 but ${why} (apt-get install -y openssl)`);
+  console.log(`# TLS forwarding tests skipped: ${why}; apt-get install -y openssl to run them.`);
+  return why;
+}
+
+/** Pki is a private CA and a server certificate it signed for 127.0.0.1, and another CA that signed nothing. */
+export interface Pki {
+  caFile: string;
+  otherCaFile: string;
+  key: Buffer;
+  cert: Buffer;
+}
+
+/** pki makes the certificates with openssl in dir: EC keys, valid for two days. */
+export function pki(dir: string): Pki {
+  const run = (...args: string[]) => {
+    const r = spawnSync("openssl", args, { cwd: dir, encoding: "utf8" });
+    if (r.status !== 0) throw new Error(`openssl ${args[0]}: ${r.stderr}`);
+  };
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+  for (const name of ["ca", "other-ca"]) {
+    run(
+      "req",
+      "-x509",
+      ...ec,
+      "-keyout",
+      `${name}.key`,
+      "-out",
+      `${name}.pem`,
+      "-days",
+      "2",
+      "-subj",
+      `/CN=inbox test ${name}`,
+      "-addext",
+      "basicConstraints=critical,CA:TRUE",
+      "-addext",
+      "keyUsage=critical,keyCertSign,cRLSign",
+    );
+  }
+  run("req", ...ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1");
+  writeFileSync(
+    join(dir, "server.ext"),
+    "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+  );
+  run(
+    "x509",
+    "-req",
+    "-in",
+    "server.csr",
+    "-CA",
+    "ca.pem",
+    "-CAkey",
+    "ca.key",
+    "-CAcreateserial",
+    "-out",
+    "server.pem",
+    "-days",
+    "2",
+    "-extfile",
+    "server.ext",
+  );
+  return {
+    caFile: join(dir, "ca.pem"),
+    otherCaFile: join(dir, "other-ca.pem"),
+    key: readFileSync(join(dir, "server.key")),
+    cert: readFileSync(join(dir, "server.pem")),
+  };
 }

@@ -310,6 +310,8 @@ for (const backend of BACKENDS) {
           "--metrics-port",
           "0",
           "--quiet",
+          "--handler",
+          "demo",
         ]);
         let stderr = "";
         child.stderr!.on("data", (d) => (stderr += d));
@@ -521,7 +523,7 @@ describe("--log-format json", () => {
     } finally {
       await receiver.stop();
     }
-    const worker = await runScript("worker.ts", ["--once", "--db", db, "--log-format", "json"]);
+    const worker = await runScript("worker.ts", ["--once", "--db", db, "--log-format", "json", "--handler", "demo"]);
     assert.equal(worker.code, 0);
     const lines = [...receiver.log().split("\n"), ...worker.stderr.split("\n")].filter(Boolean);
     const events = lines.map((line) => JSON.parse(line) as Record<string, unknown>);
@@ -574,7 +576,7 @@ describe("progress", () => {
     for (let i = 0; i < 3; i++)
       await inbox.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ customer: "Ann", amount: 1 })) });
     await inbox.close();
-    const worker = await runScript("worker.ts", ["--once", "--db", db]);
+    const worker = await runScript("worker.ts", ["--once", "--db", db, "--handler", "demo"]);
     assert.equal(worker.code, 0);
     assert.deepEqual(worker.stderr.trimEnd().split("\n"), [
       "evt_0 done",

@@ -584,6 +584,8 @@ for (const backend of await backends("ops")) {
           made.target,
           "--sources",
           sources,
+          "--handler",
+          "demo",
           "--metrics-port",
           "0",
           "--quiet",

@@ -172,5 +172,44 @@ for (const backend of await backends("preview")) {
         dir.cleanup();
       }
     });
+
+    it("without --sources, previews against the configuration in force in the database, as the page and the API do", async () => {
+      const dir = tempDir();
+      const { target, cleanup } = await backend.make();
+      try {
+        const doc = (min: number) => ({
+          $destinations: { big: { url: "http://127.0.0.1:1/big", secret: SECRET } },
+          shop: { provider: "plain", routes: [{ to: "big", filter: { body: { total: { $gte: min } } } }] },
+        });
+        const file = join(dir.dir, "sources.json");
+        writeFileSync(file, JSON.stringify(doc(100)));
+        const cli = (...args: string[]) => runScript("inbox.ts", [...args, "--db", target]);
+        // (control) Before any configuration, there is nothing to preview against: one line, exit 1.
+        assert.equal((await cli("init")).code, 0);
+        const inbox = await connect(target);
+        await inbox.store({ source: "shop", id: "o1", body: Buffer.from('{"total":150}'), destinations: ["big"] });
+        await inbox.close();
+        const none = await cli("preview", "o1");
+        assert.equal(none.code, 1, none.stderr);
+        assert.match(none.stderr, /^No configuration in this inbox to preview against: pass --sources FILE/);
+        assert.equal((await cli("config", "apply", file)).code, 0);
+        const fromFile = await cli("preview", "o1", "--sources", file, "--json");
+        const inForce = await cli("preview", "o1", "--json");
+        assert.equal(inForce.code, 0, inForce.stderr);
+        // The same preview, but for what is made afresh each time: a trace and the signature's time.
+        const steady = (text: string) =>
+          text.replace(/"(traceparent|webhook-timestamp)": "[^"]*"/g, '"$1": "…"').replace(/\d{10}\./g, "…");
+        assert.equal(steady(inForce.stdout), steady(fromFile.stdout));
+        assert.deepEqual((JSON.parse(inForce.stdout) as Seen).routes, [{ to: "big", chosen: true, stored: true }]);
+        // A version applied since (as the API would) is what preview reads next, with no file named.
+        writeFileSync(file, JSON.stringify(doc(200)));
+        assert.equal((await cli("config", "apply", file)).code, 0);
+        const later = JSON.parse((await cli("preview", "o1", "--json")).stdout) as Seen;
+        assert.deepEqual(later.routes, [{ to: "big", chosen: false, why: "its filter", stored: true }]);
+      } finally {
+        dir.cleanup();
+        await cleanup();
+      }
+    });
   });
 }

@@ -6,7 +6,9 @@
 // EnvironmentFile and its WorkingDirectory, the ports free ones. The receiver takes a signed delivery, the
 // worker's handler does it, the page answers, the backup unit writes a checked backup readable by the
 // user alone, and each long-running unit drains and exits 0 on SIGTERM. systemd-analyze verifies each unit
-// where it is installed.
+// where it is installed. Then the page's own commands run as written, through sudo as that user with the
+// environment file (init, config apply, keys, a restore, a drill, an upgrade), from a root shell whose PATH
+// finds the system's Node 20; the control, the file without PATH, exits 2 on it.
 
 import assert from "node:assert/strict";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
@@ -207,8 +209,13 @@ describe("docs/production.md's systemd units, run as written", () => {
       }
 
       await admin.line(/http:\/\/127\.0\.0\.1/);
+      // The unit gives the page its token: another local process is asked to log in, the token's holder is let in.
       const page = await fetch(`http://127.0.0.1:${ports.get("8001")}/`);
-      assert.equal(page.status, 200);
+      assert.equal(page.status, 401);
+      const bearer = await fetch(`http://127.0.0.1:${ports.get("8001")}/`, {
+        headers: { authorization: `Bearer ${env.ADMIN_TOKEN}` },
+      });
+      assert.equal(bearer.status, 200);
 
       const backup = start(unit("webhook-inbox-backup.service"));
       assert.equal(await backup.exited, 0, backup.output());
@@ -242,6 +249,79 @@ describe("docs/production.md's systemd units, run as written", () => {
     if (!existsSync(ANALYZE)) return t.skip("systemd-analyze is not installed");
     const names = [...files.keys()].filter((p) => p.startsWith("/etc/systemd/")).map((p) => p.split("/").at(-1)!);
     assert.deepEqual(verify(Object.fromEntries(names.map((name) => [name, unit(name)]))), []);
+  });
+});
+
+// The page's own commands, every ```sh line that runs the inbox's CLI as the inbox user or installs, in the
+// page's order; systemctl and journalctl lines need a running systemd and are left to the units' test above.
+const COMMANDS = [...PAGE.matchAll(/^```sh\n([\s\S]*?)^```$/gm)]
+  .flatMap((m) => m[1]!.split("\n"))
+  .filter((l) => /^(sudo -u inbox env |cd \/opt\/webhook-inbox && sudo npm install )/.test(l));
+const SUDO = ["/usr/bin/sudo", "/bin/sudo"].find((p) => existsSync(p));
+// A root shell's own PATH, sudo's secure_path: the system's Node (20 here) is the one it finds, as on the server.
+const ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+describe("docs/production.md's commands, run as written on the server it sets up", {
+  skip: SUDO ? false : "no sudo on this machine (apt-get install sudo)",
+}, () => {
+  it("create the inbox, apply its configuration, make and list a key, restore a backup and a drill, then upgrade", () => {
+    assert.ok(COMMANDS.length >= 9, `the page's commands: ${COMMANDS.join("\n")}`);
+    // The environment file as the page shows it, its comment line included, the paths and port moved here.
+    const envBlock = /^```ini\n(# \/etc\/webhook-inbox\/env\n[\s\S]*?)^```$/m.exec(PAGE)?.[1];
+    assert.ok(envBlock);
+    writeFileSync(join(dir, "etc", "env"), moved(envBlock).replace(/^PORT=8000$/m, `PORT=${env.PORT}`));
+    const backup = readdirSync(join(dir, "backups")).find((f) => f.endsWith(".db"));
+    assert.ok(backup, "the backup unit's test left a backup");
+    const run = (line: string) => {
+      // The upgrade's tarball is this one, its name as the set-up's; the example backup's, the one made above.
+      const script = moved(line.replace(/webhook-inbox-NEW_VERSION\.tgz/, "webhook-inbox-0.1.0.tgz"))
+        .replace(/sudo -u inbox /, `sudo -u ${USER} `)
+        .replace(/inbox-20261203T120000Z\.db/g, backup);
+      const r = spawnSync("sh", ["-ec", script], {
+        cwd: dir,
+        encoding: "utf8",
+        env: {
+          PATH: ROOT_PATH,
+          npm_config_prefer_offline: "true",
+          npm_config_audit: "false",
+          npm_config_fund: "false",
+        },
+      });
+      assert.equal(r.status, 0, `${line}\n${r.stdout}${r.stderr}`);
+      return r.stdout;
+    };
+    const said = COMMANDS.map((line) => ({ line, out: run(line) }));
+    const out = (pattern: RegExp) => said.find((x) => pattern.test(x.line))!.out;
+    assert.match(out(/inbox init$/), /is already an inbox|Created an inbox/);
+    assert.match(out(/keys create/), /^wik_\S+\n$/);
+    assert.match(out(/keys list$/), /read +created .* grafana/);
+    assert.match(out(/inbox status --db \S+drill\.db$/), /^done {7}1$/m);
+    // The restore put the backup's file in place: the delivery it holds, done, as the inbox user's file.
+    const restored = statSync(env.INBOX_DB!);
+    assert.equal(restored.uid, ids.uid);
+    assert.equal(check(env.INBOX_DB!).counts.done, 1);
+  });
+
+  it("(control) the page's key command with the environment file read as the page once wrote it (no PATH): the system's Node 20 exits 2", (t) => {
+    const line = COMMANDS.find((l) => /keys list$/.test(l))!;
+    const noPath = join(dir, "etc", "env-without-path");
+    writeFileSync(noPath, `INBOX_DB=${env.INBOX_DB}\n`);
+    const nodeOnPath = spawnSync("sh", ["-c", "node --version"], {
+      encoding: "utf8",
+      env: { PATH: ROOT_PATH },
+    }).stdout;
+    if (!nodeOnPath.startsWith("v20."))
+      return t.skip(`the system's node is ${nodeOnPath.trim() || "missing"}, not Node 20`);
+    const script = moved(line)
+      .replace(/sudo -u inbox /, `sudo -u ${USER} `)
+      .replace(`$(grep -v '^#' ${join(dir, "etc")}/env)`, `$(cat ${noPath})`);
+    const r = spawnSync("sh", ["-c", script], {
+      cwd: dir,
+      encoding: "utf8",
+      env: { PATH: ROOT_PATH },
+    });
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, /needs Node 24/);
   });
 });
 

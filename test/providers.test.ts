@@ -615,7 +615,7 @@ describe("loadSources()", () => {
     );
     fails(
       { s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: 0 } },
-      /whole number of seconds, 1 or more, got 0/,
+      /whole number of seconds from 1 to 86400, got 0/,
     );
     fails({ s: { provider: "stripe", secret: STRIPE_SECRET, tolerance: "300" } }, /got "300"/);
     fails({ s: { provider: "github", secrets: ["k"] } }, /unknown setting "secrets"/);

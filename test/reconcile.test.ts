@@ -11,12 +11,13 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { reconcileOnce } from "../lib/cli/reconcile.ts";
+import { caller, unreachable } from "../lib/reconcile/loop.ts";
 import { silent } from "../lib/log.ts";
 import { Metrics } from "../lib/metrics.ts";
 import { loadSources, sign } from "../lib/providers.ts";
 import type { Delivery, Inbox } from "../lib/store.ts";
 import { run } from "../worker.ts";
-import { backends, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
+import { backends, freePort, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";
 import { FakeGithub, FakeStripe, stripeEvent } from "./reconcile-servers.ts";
 
 const STRIPE_KEY = "rk_test_51ReconcileKeyThatMustNeverLeak0000000000";
@@ -687,5 +688,80 @@ describe("reconcile settings", () => {
       await stripe.stop();
       d.cleanup();
     }
+  });
+});
+
+describe("reconcile where the provider cannot be reached", () => {
+  it("stops each source at its first call with one line that says so, waiting out nothing", async () => {
+    const d = tempDir();
+    try {
+      const db = join(d.dir, "inbox.db");
+      await (await connect(db)).close();
+      // Nothing listens on a port just freed; a .invalid name no DNS knows (RFC 2606).
+      const closed = `http://127.0.0.1:${await freePort()}`;
+      const file = join(d.dir, "sources.json");
+      writeFileSync(
+        file,
+        JSON.stringify({
+          stripe: { provider: "stripe", secret: "env:WHSEC", reconcile: { apiKey: "env:STRIPE_KEY", apiBase: closed } },
+          github: {
+            provider: "github",
+            secret: "env:GH_SECRET",
+            reconcile: {
+              hook: "repo",
+              owner: "o",
+              repo: "r",
+              hookId: 1,
+              token: "env:GH_TOKEN",
+              apiBase: "http://api.no-such-host.invalid",
+            },
+          },
+        }),
+      );
+      const r = await runScript("inbox.ts", ["reconcile", "--db", db, "--sources", file, "--dry-run"], ENV);
+      assert.equal(r.code, 1, r.stderr);
+      assert.deepEqual(
+        r.stderr
+          .trim()
+          .split("\n")
+          .map((l) => l.replace(/: (connect ECONNREFUSED|getaddrinfo (ENOTFOUND|EAI_AGAIN)) \S+ \(/, ": $1 HOST (")),
+        [
+          "reconcile stripe: cannot reach the provider's API: connect ECONNREFUSED HOST (no network here, or a wrong apiBase); nothing fetched",
+          `reconcile github: cannot reach the provider's API: getaddrinfo ${/EAI_AGAIN/.test(r.stderr) ? "EAI_AGAIN" : "ENOTFOUND"} HOST (no network here, or a wrong apiBase); nothing fetched`,
+        ],
+      );
+      unsaid(r);
+    } finally {
+      d.cleanup();
+    }
+  });
+
+  it("(control) waits out the same refusal once the provider has answered a call of the run: an outage, not a missing network", async () => {
+    const refused = Object.assign(new Error("connect ECONNREFUSED 127.0.0.1:1"), { code: "ECONNREFUSED" });
+    const waits: number[] = [];
+    const lines: string[] = [];
+    const call = caller("stripe", () => ({}), {
+      inbox: undefined as unknown as Inbox,
+      now: () => 0,
+      sleep: async (ms) => void waits.push(ms),
+      log: (line) => lines.push(line),
+      tries: 3,
+    });
+    assert.equal(await call("list events", async () => "page 1"), "page 1");
+    await assert.rejects(
+      call("list events after evt_1", async () => {
+        throw refused;
+      }),
+      /reconcile stripe: list events after evt_1: gave up after 3 tries: connect ECONNREFUSED/,
+    );
+    assert.deepEqual(waits, [1_000, 2_000]);
+    assert.equal(lines.length, 2);
+    // And the stripe SDK's own error, its cause under detail, is read the same way at a first call.
+    const sdk = Object.assign(new Error("An error occurred with our connection to Stripe."), {
+      type: "StripeConnectionError",
+      detail: Object.assign(new Error("getaddrinfo ENOTFOUND api.stripe.com"), { code: "ENOTFOUND" }),
+    });
+    assert.equal(unreachable(sdk), "getaddrinfo ENOTFOUND api.stripe.com");
+    assert.equal(unreachable(new Error("boom")), undefined);
   });
 });

@@ -114,15 +114,25 @@ describe("a bad filter or transform stops start-up", () => {
       join(dir.dir, "needs-package.ts"),
       'import type { Transform } from "webhook-inbox/transform";\nconst t: Transform = () => ({ body: {} });\nexport default t;\n',
     );
-    const typed = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"], {
-      APP_SECRET,
-    });
+    const typed = await runScript(
+      "worker.ts",
+      ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once", "--handler", "demo"],
+      { APP_SECRET },
+    );
     assert.equal(typed.code, 0, typed.stderr);
   });
 
   it("control: the file with its filters mended starts the worker", async () => {
     const file = writeSources(dir.dir, SOURCES);
-    const r = await runScript("worker.ts", ["--sources", file, "--db", join(dir.dir, "inbox.db"), "--once"]);
+    const r = await runScript("worker.ts", [
+      "--sources",
+      file,
+      "--db",
+      join(dir.dir, "inbox.db"),
+      "--once",
+      "--handler",
+      "demo",
+    ]);
     assert.equal(r.code, 0, r.stderr);
   });
 });

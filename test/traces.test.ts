@@ -298,8 +298,8 @@ describe("across real receiver and worker processes, each with its SDK", () => {
       try {
         writeFileSync(
           join(dir, "sources.json"),
-          // Routes that name the handler: the worker, which runs this configuration from the database,
-          // refuses a signed source with none and no --handler.
+          // Routes that name the handler: the worker runs this configuration from the database, with the
+          // article's example named (a configuration that routes to the handler needs one named).
           JSON.stringify({ stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler"] } }),
         );
         // An app registers its SDK the same way: a module preloaded before the script.
@@ -313,7 +313,11 @@ describe("across real receiver and worker processes, each with its SDK", () => {
         const answer = await fetch(`${receiver.url}/stripe`, { method: "POST", headers: r.headers, body: r.body });
         assert.equal(answer.status, 200, await answer.text());
         assert.equal(await receiver.stop(), 0);
-        const worker = await runScript("worker.ts", ["--once", "--db", target], traced("worker.json"));
+        const worker = await runScript(
+          "worker.ts",
+          ["--once", "--db", target, "--handler", "demo"],
+          traced("worker.json"),
+        );
         assert.equal(worker.code, 0, worker.stderr);
         const received = JSON.parse(readFileSync(join(dir, "receiver.json"), "utf8")) as SpanJson[];
         const processed = JSON.parse(readFileSync(join(dir, "worker.json"), "utf8")) as SpanJson[];

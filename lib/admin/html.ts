@@ -200,6 +200,9 @@ table { border-collapse: collapse; width: 100%; } th, td { text-align: left; pad
 th { font-weight: 600; color: var(--muted); font-size: .85rem; white-space: nowrap; } tr:last-child td { border-bottom: 0; }
 .num { text-align: right; font-variant-numeric: tabular-nums; } .time { white-space: nowrap; font-variant-numeric: tabular-nums; }
 td.error { color: var(--failed); max-width: 22rem; overflow-wrap: anywhere; font-size: .9rem; }
+/* An ID, a source, a destination or an event type of one long word (a GitHub delivery's UUID,
+   pull_request_review_comment) may break anywhere, so the row fits and the error column is never pushed out of sight. */
+table.list td { overflow-wrap: anywhere; } table.list .badge { overflow-wrap: normal; white-space: nowrap; }
 .badge { display: inline-block; padding: 0 .45rem; border-radius: 999px; font-size: .8rem; font-weight: 600; color: #fff; background: var(--muted); vertical-align: middle; }
 .badge.received { background: var(--received); } .badge.processing { background: var(--processing); }
 .badge.done { background: var(--done); } .badge.failed { background: var(--failed); } .badge.readonly { background: #6b4fa8; }

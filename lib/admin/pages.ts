@@ -122,7 +122,7 @@ const filterForm = (params: URLSearchParams) => {
 
 /** deliveries lists the deliveries a filter matches, newest first, a page at a time, with the bulk actions. */
 export const deliveries = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: string | null) => {
-  const filter = filterFrom(params);
+  const filter = filterFrom(params, ctx.now());
   const after = decodeCursor(params.get("after"));
   // One more than a page says whether there is a next one, without counting a million rows.
   const rows = await ctx.inbox.search(filter, { after, limit: ctx.pageSize + 1 });
@@ -137,8 +137,9 @@ export const deliveries = async (ctx: PageContext, s: Session, params: URLSearch
     .join("");
   const filtered = filterQuery(params) !== "";
   const status = params.get("status") || undefined;
+  // Nothing to act on when the first page is empty: no action offered above "No deliveries match".
   const bulk =
-    ctx.readOnly || !filtered
+    ctx.readOnly || !filtered || (shown.length === 0 && !after)
       ? ""
       : `<p class="bulk">Everything that matches, not only this page:
 ${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
@@ -349,9 +350,14 @@ export const failures = async (ctx: PageContext, s: Session, flash: string | nul
 export const bulkConfirm = async (ctx: PageContext, s: Session, params: URLSearchParams) => {
   const kind = params.get("action");
   if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-  const filter = bulkFilter(params, kind);
+  const filter = bulkFilter(params, kind, ctx.now());
   const n = await ctx.inbox.count(filter);
-  const fields = Object.fromEntries([...new URLSearchParams(filterQuery(params))]);
+  // An age (since=2h) is posted as the time it stood for here, so the action takes the rows confirmed.
+  const fields = {
+    ...Object.fromEntries([...new URLSearchParams(filterQuery(params))]),
+    ...(filter.since !== undefined ? { since: String(filter.since) } : {}),
+    ...(filter.until !== undefined ? { until: String(filter.until) } : {}),
+  };
   const verb = kind === "retry" ? "Retry" : "Replay";
   return page(
     ctx,

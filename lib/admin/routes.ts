@@ -5,11 +5,12 @@
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { Api } from "../api/routes.ts";
+import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { redactor, type Secret } from "../redact.ts";
-import type { Delivery, Inbox } from "../store.ts";
+import type { Audit, Delivery, Inbox } from "../store.ts";
 import {
   type Announce,
   type Changed,
@@ -68,10 +69,12 @@ export interface AdminOptions {
   /** What a stored delivery would become under the configuration now (lib/forwarding/preview.ts), for the delivery's page and the API. @default none */
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
   /**
-   * Where a configuration applied through the API reads its `env:NAME` references, to check it as `inbox.ts
-   * config apply` does (admin.ts passes its environment). @default none: a document naming one is refused
+   * What the operator hands a configuration changed through the API (lib/config/config.ts Host): the
+   * environment its allowed `env:NAME` references are read from, the Policy its parts are held to
+   * (INBOX_API_ENV, INBOX_API_DESTINATIONS_ALLOW), and the key of the secret store (admin.ts builds it from
+   * its environment and flags). @default no environment, nothing allowed, no key
    */
-  env?: Readonly<Record<string, string | undefined>>;
+  host?: Host;
   /** The folder a configuration applied through the API reads relative transform paths from, as a worker does. @default the working directory */
   base?: string;
 }
@@ -120,7 +123,7 @@ interface Page extends PageContext {
   audit: (line: string) => void;
   announce?: Announce;
   api: Api;
-  env: Readonly<Record<string, string | undefined>>;
+  host: Host;
   base: string;
 }
 
@@ -154,7 +157,7 @@ export function createAdmin(options: AdminOptions): Admin {
     // grouped, shortened or put in a link, where send() could no longer find them.
     redact: redactor(options.hide ?? []).redact,
     destinations: options.destinations ?? [],
-    env: options.env ?? {},
+    host: options.host ?? hostOf({}, { inbox: options.inbox }),
     base: options.base ?? process.cwd(),
     ...(options.preview ? { preview: options.preview } : {}),
     ...(options.brokers ? { brokers: options.brokers } : {}),
@@ -247,7 +250,11 @@ async function read(p: Page, s: Session, url: URL): Promise<string> {
 async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promise<void> {
   const url = new URL(req.url ?? "/", "http://admin.invalid");
   const path = url.pathname;
-  if (!p.sessions.trusts(req)) throw new HttpError(403, "this page answers to a loopback address only");
+  if (!p.sessions.trusts(req)) {
+    const why = "this page answers to a loopback address only";
+    if (p.api.refuse(res, url, "foreign_host", 403, why)) return;
+    throw new HttpError(403, why);
+  }
   if (asset(req, res, path)) return;
   // The API and its document answer bearer API keys, never the page's session (lib/api/routes.ts).
   if (await p.api.handle(req, res, url)) return;
@@ -285,11 +292,17 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
     p.audit(`admin audit: who=${s.who} action=${path.slice(1)} count=0 result=refused (read-only)`);
     throw new HttpError(403, "read-only: actions are refused");
   }
-  const done = await run(p, s, form);
-  // Every value the person typed is JSON-quoted in `what`, so one action stays one line; the audit log in
-  // the store keeps the same, beside the API's changes.
+  // The action's entry in the store's audit log, beside the API's, written by the store call that makes
+  // the change, in its transaction: `page:` and the session.
+  const audit = (what: string): Audit => ({
+    at: p.now(),
+    who: `page:${s.who}`,
+    operation: path.slice(1),
+    target: what,
+  });
+  const done = await run(p, s, form, audit);
+  // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
   p.audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
-  await p.inbox.addAudit({ at: p.now(), who: s.who, operation: path.slice(1), target: done.what, count: done.count });
   const to = new URL(done.to, "http://admin.invalid");
   to.searchParams.set("flash", p.sessions.flash(s, done.flash));
   send(p, res, 303, "", { location: `${to.pathname}${to.search}` });
@@ -322,29 +335,33 @@ function toldText(change: Changed): string {
       : ` The operator's URL was not told: ${change.told}.`;
 }
 
-const FORMS: Record<string, (p: Page, s: Session, form: URLSearchParams) => Promise<Done>> = {
-  "/retry": async (p, _s, form) => {
+const FORMS: Record<
+  string,
+  (p: Page, s: Session, form: URLSearchParams, audit: (what: string) => Audit) => Promise<Done>
+> = {
+  "/retry": async (p, _s, form, audit) => {
     const t = target(form);
-    const n = await retryOne(p.inbox, t, p.batchSize);
+    const n = await retryOne(p.inbox, t, p.batchSize, audit(`retry ${t.label}`));
     const flash = n >= 1 ? "Queued again." : "Not failed any more: nothing to retry.";
     return { what: `retry ${t.label}`, count: n, to: deliveryHref(t), flash };
   },
-  "/replay": async (p, _s, form) => {
+  "/replay": async (p, _s, form, audit) => {
     const t = target(form);
-    const n = await replayOne(p.inbox, t, p.batchSize);
+    const n = await replayOne(p.inbox, t, p.batchSize, audit(`replay ${t.label}`));
     const flash = n >= 1 ? "Queued again, to be handled once more." : "Not done any more: nothing to replay.";
     return { what: `replay ${t.label}`, count: n, to: deliveryHref(t), flash };
   },
-  "/pause": async (p, s, form) => {
+  "/pause": async (p, s, form, audit) => {
     const destination = named(form);
     const reason = (form.get("reason") ?? "").trim().slice(0, 200) || "paused on the operator page";
+    const what = `pause destination=${JSON.stringify(destination)} reason=${JSON.stringify(reason)}`;
     const change = await pauseDestination(
       p.inbox,
       { destination, reason, by: s.who },
-      { configured: p.destinations, ...(p.announce ? { announce: p.announce } : {}) },
+      { configured: p.destinations, audit: audit(what), ...(p.announce ? { announce: p.announce } : {}) },
     );
     return {
-      what: `pause destination=${JSON.stringify(destination)} reason=${JSON.stringify(reason)}`,
+      what,
       count: change.changed ? 1 : 0,
       to: "/destinations",
       flash: change.changed
@@ -352,15 +369,16 @@ const FORMS: Record<string, (p: Page, s: Session, form: URLSearchParams) => Prom
         : `${destination} was already paused; nothing changed.`,
     };
   },
-  "/resume": async (p, s, form) => {
+  "/resume": async (p, s, form, audit) => {
     const destination = named(form);
+    const what = `resume destination=${JSON.stringify(destination)}`;
     const change = await resumeDestination(
       p.inbox,
       { destination, by: s.who },
-      { configured: p.destinations, ...(p.announce ? { announce: p.announce } : {}) },
+      { configured: p.destinations, audit: audit(what), ...(p.announce ? { announce: p.announce } : {}) },
     );
     return {
-      what: `resume destination=${JSON.stringify(destination)}`,
+      what,
       count: change.changed ? 1 : 0,
       to: "/destinations",
       flash: change.changed
@@ -368,11 +386,11 @@ const FORMS: Record<string, (p: Page, s: Session, form: URLSearchParams) => Prom
         : `${destination} was not paused; nothing changed.`,
     };
   },
-  "/bulk": async (p, _s, form) => {
+  "/bulk": async (p, _s, form, audit) => {
     const kind = form.get("action");
     if (kind !== "retry" && kind !== "replay") throw new HttpError(400, "action: expected retry or replay");
-    const filter = bulkFilter(form, kind);
-    const n = await retryOrReplayAll(p.inbox, kind, filter, p.batchSize);
+    const filter = bulkFilter(form, kind, p.now());
+    const n = await retryOrReplayAll(p.inbox, kind, filter, p.batchSize, audit(`${kind} filter: ${describe(filter)}`));
     const expected = form.get("expected");
     const note = expected !== null && Number(expected) !== n ? ` (${expected} matched when you confirmed)` : "";
     return {
@@ -382,9 +400,9 @@ const FORMS: Record<string, (p: Page, s: Session, form: URLSearchParams) => Prom
       flash: `${kind === "retry" ? "Retried" : "Replayed"} ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"}${note}.`,
     };
   },
-  "/retry-group": async (p, _s, form) => {
+  "/retry-group": async (p, _s, form, audit) => {
     const key = form.get("group") ?? "";
-    const n = await retryGroup(p.inbox, key, p.redact, p.batchSize);
+    const n = await retryGroup(p.inbox, key, p.redact, p.batchSize, audit(`retry group=${JSON.stringify(key)}`));
     return {
       what: `retry group=${JSON.stringify(key)}`,
       count: n,

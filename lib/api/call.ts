@@ -3,11 +3,11 @@
 // configuration): the page's context, the request as its schemas checked it, the answer with what the audit
 // log says of it, and ApiError, a refusal with its problem's extra members.
 
-import type { Env } from "../config/config.ts";
+import type { Host } from "../config/config.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import type { Announce } from "../operations/actions.ts";
 import { HttpError } from "../operations/input.ts";
-import type { Delivery, Inbox } from "../store.ts";
+import type { Audit, Delivery, Inbox } from "../store.ts";
 
 /** ApiContext is what the API reads from the page's server: the inbox, the clock, its settings and its redaction. */
 export interface ApiContext {
@@ -21,8 +21,12 @@ export interface ApiContext {
   preview?: (rows: readonly Delivery[]) => Promise<Preview>;
   /** Where the one audit line per change goes, beside the audit log in the store. */
   audit: (line: string) => void;
-  /** Where a configuration's `env:NAME` references are read from when it is checked, as `config apply` reads them. */
-  env: Env;
+  /**
+   * What the operator hands a configuration changed here (lib/config/config.ts Host): the environment its
+   * allowed `env:NAME` references are read from, the Policy the API's parts are held to, and the key that
+   * seals and opens the secret store's values (none: secrets cannot be set here).
+   */
+  host: Host;
   /** The folder a configuration's relative transform paths start from. */
   base: string;
 }
@@ -33,9 +37,11 @@ export interface Call {
   query: Record<string, unknown>;
   body: unknown;
   who: string;
+  /** audit is this request's entry in the audit log, for the store call that makes its change (same transaction). */
+  audit(target: string): Audit;
 }
 
-/** Answer is what an operation returns: its JSON, and for a change what the audit log says of it. */
+/** Answer is what an operation returns: its JSON, and for a change the one line the server's log says of it. */
 export interface Answer {
   body: unknown;
   change?: { target: string; count: number };

@@ -5,7 +5,8 @@
 // the checks and the one transaction of `inbox.ts config apply`. Mounted by lib/api/routes.ts.
 
 import type { z } from "zod";
-import { apply, plan, type Plan } from "../config/config.ts";
+import { apply, auditTarget, plan, type Plan } from "../config/config.ts";
+import { holders as partHolders, inTheClear, partsOf } from "../config/trust.ts";
 import { message } from "../log.ts";
 import { type Arrival, compileFilter, filterInput } from "../routing/filter.ts";
 import { destinationNames } from "../rows.ts";
@@ -21,46 +22,21 @@ import type {
 } from "./schemas.ts";
 
 /**
- * IN_THE_CLEAR is what getConfig shows in place of a secret written in the clear (not as env:NAME), so a read
- * key never reads one; a change that sends it back is refused, rather than stored as the secret.
+ * IN_THE_CLEAR is what getConfig shows in place of a secret written in the clear (not as env:NAME or
+ * secret:NAME) in the operator's file, so a read key never reads one; a change that sends it back is refused,
+ * rather than stored as the secret.
  */
-export const IN_THE_CLEAR = "[a secret written in the clear: write it as env:NAME]";
-
-// The settings whose value is a secret when it is not an env:NAME reference; a URL only when it holds a password.
-const SECRET_KEYS = new Set(["secret", "pass", "token"]);
+export const IN_THE_CLEAR = "[a secret written in the clear: write it as env:NAME or secret:NAME]";
 
 type Doc = Record<string, unknown>;
 const isObject = (v: unknown): v is Doc => typeof v === "object" && v !== null && !Array.isArray(v);
 
-// holders lists the settings objects of a document that may hold a secret: each source and its broker, each
-// destination, and $operator.
-function holders(doc: Doc): Doc[] {
-  const out: Doc[] = [];
-  for (const [key, value] of Object.entries(doc)) {
-    if (!isObject(value)) continue;
-    if (key === "$destinations") out.push(...Object.values(value).filter(isObject));
-    else out.push(value, ...(isObject(value.broker) ? [value.broker] : []));
-  }
-  return out;
-}
-
-// inTheClear says whether a setting's value is a secret written as it is.
-function inTheClear(key: string, value: unknown): boolean {
-  const clear = (v: unknown) => typeof v === "string" && !v.startsWith("env:");
-  if (SECRET_KEYS.has(key)) return Array.isArray(value) ? value.some(clear) : clear(value);
-  if (key !== "url" || !clear(value)) return false;
-  try {
-    return new URL(value as string).password !== "";
-  } catch {
-    return false;
-  }
-}
-
 // masked is a copy of a document with every secret written in the clear replaced by IN_THE_CLEAR.
 function masked(doc: Doc): Doc {
   const copy = JSON.parse(JSON.stringify(doc)) as Doc;
-  for (const settings of holders(copy))
-    for (const [key, value] of Object.entries(settings)) if (inTheClear(key, value)) settings[key] = IN_THE_CLEAR;
+  for (const part of partsOf(copy).values())
+    for (const settings of partHolders(part))
+      for (const [key, value] of Object.entries(settings)) if (inTheClear(key, value)) settings[key] = IN_THE_CLEAR;
   return copy;
 }
 
@@ -101,7 +77,7 @@ async function change(ctx: ApiContext, call: Call, document: Doc, o: ChangeOptio
     );
   let p: Plan;
   try {
-    p = await plan(ctx.inbox, `${JSON.stringify(document, null, 2)}\n`, ctx.env, ctx.base);
+    p = await plan(ctx.inbox, `${JSON.stringify(document, null, 2)}\n`, ctx.host, ctx.base, { way: "api" });
   } catch (error) {
     // loadConfig's and the transforms' mistakes are TypeErrors of one line; anything else is the server's.
     if (error instanceof TypeError) throw new ApiError(400, `${message(error)}; nothing changed`);
@@ -121,9 +97,18 @@ async function change(ctx: ApiContext, call: Call, document: Doc, o: ChangeOptio
   };
   if (o.dryRun) return { body };
   const cancelling = o.cancelWaiting === true && letGo.some((r) => r.waiting > 0);
-  if (p.changes.length === 0 && !cancelling)
-    return { body, change: { target: `${o.what}: no change from version ${previous}`, count: 0 } };
-  const result = await apply(ctx.inbox, p, { actor: call.who, cancelWaiting: o.cancelWaiting === true });
+  if (p.changes.length === 0 && !cancelling) {
+    // Asked for, and nothing to change: kept as asked, with nothing else to keep it beside.
+    const target = `${o.what}: no change from version ${previous}`;
+    await ctx.inbox.addAudit({ ...call.audit(target), at: ctx.now(), count: 0 });
+    return { body, change: { target, count: 0 } };
+  }
+  const target = auditTarget(p, o.what);
+  const result = await apply(ctx.inbox, p, {
+    actor: call.who,
+    cancelWaiting: o.cancelWaiting === true,
+    audit: call.audit(target),
+  });
   if (!result.applied) {
     if (result.reason === "version")
       throw new ApiError(
@@ -140,10 +125,7 @@ async function change(ctx: ApiContext, call: Call, document: Doc, o: ChangeOptio
   const cancelled = result.cancelled > 0 ? ` cancelled=${result.cancelled}` : "";
   return {
     body: { ...body, applied: true, version: result.version, cancelled: result.cancelled },
-    change: {
-      target: `${o.what}: version ${result.version} (was ${previous}) changes=${JSON.stringify(p.changes.join(", "))}${cancelled}`,
-      count: p.changes.length,
-    },
+    change: { target: `${target}${cancelled}`, count: p.changes.length },
   };
 }
 

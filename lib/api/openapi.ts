@@ -10,9 +10,30 @@ const TITLES: Record<number, string> = {
   401: "No API key, or an unknown or revoked one",
   403: "A read key asked for a change, or the page runs read-only",
   404: "No such delivery, source or destination",
+  405: "The path is served, but not with this method",
   409: "It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against",
+  413: "The body is past 64 KiB",
+  415: "The body is not JSON (Content-Type: application/json)",
   422: "The Idempotency-Key was used before with a different request",
 };
+
+// answered are the problems the API's routing answers for an operation before it runs, beside its own: a
+// path that names a thing may name none (404), any path with another method (405), a body too large or not
+// JSON (413, 415), a POST's Idempotency-Key reused (422).
+function answered(op: (typeof OPERATIONS)[number]): number[] {
+  const own = "problems" in op ? op.problems : [];
+  const all = [
+    400,
+    401,
+    403,
+    ...("params" in op ? [404] : []),
+    405,
+    ...("body" in op ? [413, 415] : []),
+    ...(op.method === "post" ? [422] : []),
+    ...own,
+  ];
+  return [...new Set(all)].sort((a, b) => a - b);
+}
 
 const problem = (status: number) => ({
   description: TITLES[status] ?? "A problem",
@@ -28,7 +49,7 @@ export function openApiDocument(): Record<string, unknown> {
     description: "An API key made by `inbox.ts keys create --scope read|write`.",
   });
   for (const op of OPERATIONS) {
-    const statuses = [400, 401, 403, ...(op.method === "post" ? [422] : []), ...("problems" in op ? op.problems : [])];
+    const statuses = answered(op);
     const request: RouteConfig["request"] = {
       ...("params" in op ? { params: op.params } : {}),
       ...("query" in op ? { query: op.query } : {}),

@@ -18,12 +18,13 @@ import {
   sendTest,
   targetLabel,
 } from "../operations/actions.ts";
-import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError } from "../operations/input.ts";
+import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import type { ApiKey, Delivery, Filter } from "../store.ts";
+import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
 import { type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
+import { SECRET_HANDLERS } from "./secrets.ts";
 import { hashKey } from "./keys.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
@@ -42,8 +43,11 @@ import {
   type TestBody,
 } from "./schemas.ts";
 
-/** Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. */
-export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only";
+/**
+ * Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. A
+ * foreign_host is a page with no token asked by a name that is not loopback: DNS rebinding (session.ts).
+ */
+export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only" | "foreign_host";
 
 /** ApiMetrics counts the API's refusals and answers, on a registry of its own that the page serves at /metrics. */
 export class ApiMetrics {
@@ -52,7 +56,7 @@ export class ApiMetrics {
   /** refused counts each refusal by its reason. */
   readonly refused = new client.Counter({
     name: "inbox_api_refused_total",
-    help: "API requests refused before they ran: no key, an unknown or revoked one, a read key that writes, or a read-only page.",
+    help: "API requests refused before they ran: no key, an unknown or revoked one, a read key that writes, a read-only page, or a Host that is not loopback on a page with no token.",
     labelNames: ["reason"] as const,
     registers: [this.registry],
   });
@@ -63,6 +67,23 @@ export class ApiMetrics {
     labelNames: ["operation", "status"] as const,
     registers: [this.registry],
   });
+  /** audited counts the audit log's entries by the kind of their actor, read from the store at each scrape. */
+  readonly audited: client.Gauge<"actor">;
+
+  /** The audit log's counts are read from inbox, which every way in (not only this page) writes to. */
+  constructor(inbox: Pick<Inbox, "auditCounts">) {
+    this.audited = new client.Gauge({
+      name: "inbox_audit_entries",
+      help: "Entries in the audit log, by the kind of their actor: key (the API), page, cli, start, sighup.",
+      labelNames: ["actor"] as const,
+      registers: [this.registry],
+      async collect() {
+        const counts = await inbox.auditCounts();
+        this.reset();
+        for (const { kind, n } of counts) this.set({ actor: kind }, n);
+      },
+    });
+  }
 }
 
 const MAX_BODY_BYTES = 64 * 1024;
@@ -79,17 +100,37 @@ const TITLES: Record<number, string> = {
   415: "Unsupported Media Type",
   422: "Unprocessable Content",
   500: "Internal Server Error",
+  503: "Service Unavailable",
 };
 
 /** Api answers the JSON API's requests and /openapi.json; handle() is false for a path that is neither. */
 export class Api {
   /** metrics counts refusals and answers. */
-  readonly metrics = new ApiMetrics();
+  readonly metrics: ApiMetrics;
   private readonly ctx: ApiContext;
   private document: string | undefined;
 
   constructor(ctx: ApiContext) {
     this.ctx = ctx;
+    this.metrics = new ApiMetrics(ctx.inbox);
+  }
+
+  /**
+   * refuse answers a request the page refused before routing it (lib/admin/routes.ts), when its path is the
+   * API's or the document's: a problem+json, counted by its reason, as the API's own refusals are. False for
+   * the page's paths, which the page answers.
+   */
+  refuse(res: ServerResponse, url: URL, reason: Refusal, status: 403, detail: string): boolean {
+    if (url.pathname !== "/openapi.json" && !url.pathname.startsWith("/api/")) return false;
+    this.metrics.refused.inc({ reason });
+    this.send(
+      res,
+      status,
+      { type: "about:blank", title: TITLES[status], status, detail },
+      { "content-type": "application/problem+json" },
+    );
+    this.metrics.answered.inc({ operation: "-", status: String(status) });
+    return true;
   }
 
   /** handle answers req when its path is the API's or the document's, and says whether it was. */
@@ -186,14 +227,20 @@ export class Api {
       }
     }
     const who = `key:${key.id}`;
-    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, { params, query, body, who });
+    // Each change's entry is written by the store call that makes it, in the same transaction.
+    const audit = (target: string) => ({ at: now, who, operation: op.operationId, target });
+    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, {
+      params,
+      query,
+      body,
+      who,
+      audit,
+    });
     const text = JSON.stringify(op.answer.parse(answer.body));
-    if (answer.change) {
-      await this.ctx.inbox.addAudit({ at: now, who, operation: op.operationId, ...answer.change });
+    if (answer.change)
       this.ctx.audit(
         `api audit: who=${who} action=${op.operationId} ${answer.change.target} count=${answer.change.count}`,
       );
-    }
     if (remembered !== undefined) {
       const kept = await this.ctx.inbox.remember(
         { key: remembered, requestHash, status: op.status, body: text, at: now },
@@ -277,12 +324,15 @@ async function readBody(req: IncomingMessage): Promise<string> {
 
 // ---- The operations: each reads its checked input and runs the page's own action ----
 
-// filterOf turns the API's filter fields into the store's Filter.
-function filterOf(f: z.output<typeof FilterFields>): Filter {
-  const { error, body, ...rest } = f;
+// filterOf turns the API's filter fields into the store's Filter: a time as the page reads one, an age
+// (since=2h) taken back from now.
+function filterOf(f: z.output<typeof FilterFields>, now: number): Filter {
+  const { error, body, since, until, ...rest } = f;
   const filter: Filter = Object.fromEntries(Object.entries(rest).filter(([, v]) => v !== undefined));
   if (error !== undefined) filter.errorMatch = error;
   if (body !== undefined) filter.bodyContains = body;
+  if (since !== undefined) filter.since = parseTime(since, "since", now);
+  if (until !== undefined) filter.until = parseTime(until, "until", now);
   return filter;
 }
 
@@ -305,13 +355,14 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
     const [d] = await found(ctx, call);
     const { destination } = call.body as z.output<typeof OneTarget>;
     const target = { source: d!.source, id: d!.id, ...(destination === undefined ? {} : { destination }) };
-    const count = await act(ctx.inbox, target, ctx.batchSize);
+    const count = await act(ctx.inbox, target, ctx.batchSize, call.audit(targetLabel(target)));
     return { body: { count }, change: { target: targetLabel(target), count } };
   };
 }
 
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   ...CONFIG_HANDLERS,
+  ...SECRET_HANDLERS,
   listDeliveries: async (ctx, call) => {
     const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
     let cursor: ReturnType<typeof decodeCursor>;
@@ -320,7 +371,7 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     } catch {
       throw new ApiError(400, "query.after: not a cursor this API wrote");
     }
-    const rows = await ctx.inbox.search(filterOf(fields), { limit, ...(cursor ? { after: cursor } : {}) });
+    const rows = await ctx.inbox.search(filterOf(fields, ctx.now()), { limit, ...(cursor ? { after: cursor } : {}) });
     return {
       body: { items: rows.map((d) => row(ctx, d)), next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null },
     };
@@ -351,10 +402,11 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     // The page's own reading of a filter, and its rule: a retry takes the failed rows, a replay the done ones.
     const params = new URLSearchParams();
     for (const [k, v] of Object.entries(fields)) if (v !== undefined) params.set(k === "body" ? "q" : k, String(v));
-    const filter = bulkFilter(params, action);
+    const filter = bulkFilter(params, action, ctx.now());
     if (dryRun) return { body: { count: await ctx.inbox.count(filter) } };
-    const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize);
-    return { body: { count }, change: { target: `${action} filter: ${describe(filter)}`, count } };
+    const target = `${action} filter: ${describe(filter)}`;
+    const count = await retryOrReplayAll(ctx.inbox, action, filter, ctx.batchSize, call.audit(target));
+    return { body: { count }, change: { target, count } };
   },
   getStatus: async (ctx) => ({ body: await ctx.inbox.summary() }),
   listDestinations: async (ctx) => ({
@@ -368,27 +420,36 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   pauseDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
     const reason = (call.body as z.output<typeof PauseBody>).reason?.trim() || "paused through the API";
+    const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
     const change = await pauseDestination(
       ctx.inbox,
       { destination: name, reason, by: call.who },
-      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      {
+        configured: await configuredDestinations(ctx),
+        audit: call.audit(target),
+        ...(ctx.announce ? { announce: ctx.announce } : {}),
+      },
     );
-    const target = `destination=${JSON.stringify(name)} reason=${JSON.stringify(reason)}`;
     return { body: change, change: { target, count: change.changed ? 1 : 0 } };
   },
   resumeDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
+    const target = `destination=${JSON.stringify(name)}`;
     const change = await resumeDestination(
       ctx.inbox,
       { destination: name, by: call.who },
-      { configured: await configuredDestinations(ctx), ...(ctx.announce ? { announce: ctx.announce } : {}) },
+      {
+        configured: await configuredDestinations(ctx),
+        audit: call.audit(target),
+        ...(ctx.announce ? { announce: ctx.announce } : {}),
+      },
     );
-    return { body: change, change: { target: `destination=${JSON.stringify(name)}`, count: change.changed ? 1 : 0 } };
+    return { body: change, change: { target, count: change.changed ? 1 : 0 } };
   },
   testDestination: async (ctx, call) => {
     const { name } = call.params as z.output<typeof DestinationPath>;
     const { data } = call.body as z.output<typeof TestBody>;
-    const sent = await sendTest(ctx.inbox, { destination: name, data, now: ctx.now() });
+    const sent = await sendTest(ctx.inbox, { destination: name, data, now: ctx.now(), audit: call.audit });
     return { body: sent, change: { target: targetLabel(sent), count: 1 } };
   },
   listAudit: async (ctx, call) => {

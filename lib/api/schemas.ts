@@ -5,6 +5,7 @@
 import { extendZodWithOpenApi } from "@asteasolutions/zod-to-openapi";
 import { z } from "zod";
 import { DEFAULTS } from "../defaults.ts";
+import { SECRET_NAME } from "../references.ts";
 import { DESTINATION_NAME, ORIGINS, STATUSES, TEST_SOURCE } from "../store.ts";
 
 extendZodWithOpenApi(z);
@@ -136,7 +137,12 @@ export const AuditPage = z
   })
   .openapi("AuditPage");
 
-const name = z.string().min(1).max(200).regex(DESTINATION_NAME, "expected one plain word: letters, digits, . _ ~ -");
+const name = z
+  .string()
+  .min(1)
+  .max(200)
+  .regex(DESTINATION_NAME, "expected one plain word: letters, digits, . _ ~ -")
+  .refine((n) => n !== "." && n !== "..", 'expected a name, not "." or ".."');
 // A delivery's source is a source's name, or the one test deliveries are stored under (which starts with $).
 const sourceName = z
   .string()
@@ -147,7 +153,10 @@ const sourceName = z
     `expected one plain word (letters, digits, . _ ~ -) or ${TEST_SOURCE}`,
   );
 const limit = z.coerce.number().int().min(1).max(DEFAULTS.apiMaxPage).default(DEFAULTS.apiPageSize);
-const time = z.coerce.number().int().min(0);
+// A time as the page and the CLI take one: ms since the epoch, an ISO date (UTC when it names no zone), or an age ago.
+const time = z.union([z.number().int().min(0), z.string().min(1).max(40)]).openapi({
+  description: "ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w",
+});
 
 /** DeliveryPath names one delivery: its source and its ID. */
 export const DeliveryPath = z.object({ source: sourceName, id: z.string().min(1).max(1000) });
@@ -157,6 +166,39 @@ export const SourcePath = z.object({ name });
 
 /** DestinationPath names one destination. */
 export const DestinationPath = z.object({ name });
+
+const secretName = z
+  .string()
+  .regex(SECRET_NAME, "expected one plain word of up to 128: letters, digits, . _ ~ -")
+  .refine((n) => n !== "." && n !== "..", 'expected a name, not "." or ".."');
+
+/** SecretPath names one secret of the store. */
+export const SecretPath = z.object({ name: secretName });
+
+/** SecretBody is a secret's value, sealed as it arrives and never answered back. */
+export const SecretBody = z
+  .object({
+    value: z
+      .string()
+      .min(1)
+      .max(DEFAULTS.maxSecretBytes)
+      .openapi({ description: "The value. Sealed at once; no answer, list or log ever shows it again." }),
+  })
+  .strict();
+
+/** SecretShown is one secret as the API lists it: its name, when it was set and by whom, and which key sealed it; never its value. */
+export const SecretShown = z
+  .object({ name: z.string(), setAt: z.number().int(), setBy: z.string(), key: z.string() })
+  .openapi("Secret");
+
+/** Secrets lists the secret store, by name. */
+export const Secrets = z.object({ items: z.array(SecretShown) }).openapi("Secrets");
+
+/** SecretSet is what setting a secret did: whether it is new. */
+export const SecretSet = z.object({ name: z.string(), created: z.boolean() }).openapi("SecretSet");
+
+/** SecretDeleted is a secret removed. */
+export const SecretDeleted = z.object({ name: z.string(), deleted: z.literal(true) }).openapi("SecretDeleted");
 
 /** FilterFields is what picks deliveries, in a search's query or a bulk action's body; every field narrows. */
 export const FilterFields = z.object({
@@ -225,7 +267,7 @@ export const ConfigShown = z
     appliedAt: z.number().int().nullable(),
     document: Settings.nullable().openapi({
       description:
-        "The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses.",
+        "The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses.",
     }),
     transforms: z
       .record(z.string(), z.string())
@@ -568,11 +610,44 @@ export const OPERATIONS = [
     operationId: "listAudit",
     method: "get",
     path: "/api/v1/audit",
-    summary: "The audit log: every change made through the API or the page, newest first",
+    summary: "The audit log: every change, by every way in (the API, the page, the CLI, a script's file), newest first",
     scope: "read",
     query: AuditQuery,
     status: 200,
     answer: AuditPage,
+  },
+  {
+    operationId: "listSecrets",
+    method: "get",
+    path: "/api/v1/secrets",
+    summary: "The secret store: each secret's name, when it was set and by whom; never a value",
+    scope: "read",
+    status: 200,
+    answer: Secrets,
+  },
+  {
+    operationId: "putSecret",
+    method: "put",
+    path: "/api/v1/secrets/{name}",
+    summary:
+      "Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back",
+    scope: "write",
+    params: SecretPath,
+    body: SecretBody,
+    status: 200,
+    answer: SecretSet,
+    problems: [503],
+  },
+  {
+    operationId: "deleteSecret",
+    method: "delete",
+    path: "/api/v1/secrets/{name}",
+    summary: "Remove a secret; refused while the configuration in force names it",
+    scope: "write",
+    params: SecretPath,
+    status: 200,
+    answer: SecretDeleted,
+    problems: [404, 409],
   },
 ] as const satisfies readonly Operation[];
 

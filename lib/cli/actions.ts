@@ -10,12 +10,14 @@ import { label, message } from "../log.ts";
 import { readSourcesFile } from "../providers.ts";
 import { loadDestinations, type Operator } from "../routing/routes.ts";
 import { SqliteInbox } from "../sqlite/sqlite.ts";
-import { DESTINATION_NAME } from "../store.ts";
+import { describe } from "../operations/input.ts";
+import { type Audit, DESTINATION_NAME } from "../store.ts";
 import { type Cli, type CliFilters, filterOf, findRows, NotFound, UsageError } from "./command.ts";
 
 /** retry puts failed deliveries back in the queue: one by ID, every failed one, or those a filter matches. */
 export function retry(c: Cli): void {
   const { withDb, withFilters, open } = c;
+  const audit = (target: string): Audit => ({ who: c.who(), operation: "retry", target });
   withFilters(withDb(c.program.command("retry [id]")))
     .description(
       "put failed deliveries back in the queue, attempts reset: one by ID, every failed one, or those a filter matches",
@@ -55,7 +57,10 @@ Examples:
         const inbox = await open(opts);
         try {
           if (bulk) {
-            const n = await inbox.retryMatching(filter, { dryRun: opts.dryRun });
+            const n = await inbox.retryMatching(filter, {
+              dryRun: opts.dryRun,
+              ...(opts.dryRun ? {} : { audit: audit(`retry filter: ${describe({ ...filter, status: "failed" })}`) }),
+            });
             if (opts.json)
               return void console.log(
                 JSON.stringify({ matched: n, retried: opts.dryRun ? 0 : n, dryRun: opts.dryRun === true }),
@@ -73,7 +78,7 @@ Examples:
               `Delivery ${label(d)} cannot be retried: its body was purged at ${iso(d.purgedAt)} (only its tombstone is left).`,
             );
           if (opts.dryRun) return void console.log(`Would queue ${label(d)} again (dry run: nothing changed).`);
-          await inbox.retry({ source: d.source, id: d.id });
+          await inbox.retry({ source: d.source, id: d.id }, audit(`retry ${label(d)}`));
           console.log("Queued again.");
         } finally {
           await inbox.close();
@@ -85,6 +90,7 @@ Examples:
 /** replay puts done deliveries through again: one by ID, or those the filters match. */
 export function replay(c: Cli): void {
   const { withDb, withFilters, open } = c;
+  const audit = (target: string): Audit => ({ who: c.who(), operation: "replay", target });
   withFilters(withDb(c.program.command("replay [id]")))
     .description(
       "put done deliveries through the handler again (after a handler bug was fixed): one by ID, or those the filters match",
@@ -139,9 +145,21 @@ Examples:
           const r = await inbox.replayMatching(filter, {
             dryRun: opts.dryRun,
             ...(opts.to !== undefined ? { to: opts.to } : {}),
+            ...(opts.dryRun
+              ? {}
+              : {
+                  audit: audit(
+                    `replay filter: ${describe(filter)}${opts.to === undefined ? "" : ` to=${JSON.stringify(opts.to)}`}`,
+                  ),
+                }),
           });
           if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
-          const what = r.replayed === 1 ? "1 done delivery" : `${r.replayed} done deliveries`;
+          const what =
+            opts.to !== undefined
+              ? `${r.replayed} ${r.replayed === 1 ? "delivery" : "deliveries"} to ${opts.to}`
+              : r.replayed === 1
+                ? "1 done delivery"
+                : `${r.replayed} done deliveries`;
           console.log(
             opts.dryRun
               ? `Would replay ${what} (dry run: nothing changed).`
@@ -196,10 +214,11 @@ function pauseOrResume(c: Cli, verb: "pause" | "resume"): void {
       }
       const inbox = await open(opts);
       try {
+        const reason = opts.reason ?? "paused by a person";
+        const target = `destination=${JSON.stringify(destination)}${verb === "pause" ? ` reason=${JSON.stringify(reason)}` : ""}`;
+        const audit: Audit = { who: c.who(), operation: verb, target };
         const changed =
-          verb === "pause"
-            ? await inbox.pause(destination, opts.reason ?? "paused by a person")
-            : await inbox.resume(destination);
+          verb === "pause" ? await inbox.pause(destination, reason, audit) : await inbox.resume(destination, audit);
         if (changed && operator) {
           const { announce } = await import("../forwarding/forward.ts");
           const said = await announce(operator, {
@@ -317,7 +336,13 @@ Examples:
               return void console.log(`${label(d)} is already a tombstone (purged at ${iso(d.purgedAt)}).`);
             if (d.status !== "done" && d.status !== "failed")
               throw new NotFound(`Delivery ${label(d)} is ${d.status}: only done or failed deliveries can be purged.`);
-            const r = await inbox.dropBodies({ source: d.source, id: d.id }, { dryRun: opts.dryRun });
+            const r = await inbox.dropBodies(
+              { source: d.source, id: d.id },
+              {
+                dryRun: opts.dryRun,
+                ...(opts.dryRun ? {} : { audit: { who: c.who(), operation: "purge", target: `purge ${label(d)}` } }),
+              },
+            );
             if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
             return void console.log(
               `${opts.dryRun ? "Would drop" : "Dropped"} the body of ${label(d)} (${bytes(r.bytes)}); its tombstone stays${opts.dryRun ? " (dry run: nothing changed)" : ""}.`,
@@ -329,6 +354,15 @@ Examples:
             dryRun: opts.dryRun,
             batch: opts.batch,
             rest: opts.rest,
+            ...(opts.dryRun
+              ? {}
+              : {
+                  audit: {
+                    who: c.who(),
+                    operation: "purge",
+                    target: `purge bodies-after=${age(opts.bodiesAfter)} forget-after=${age(opts.forgetAfter)}`,
+                  },
+                }),
           });
           if (opts.json) return void console.log(JSON.stringify({ ...r, dryRun: opts.dryRun === true }));
           const verb = opts.dryRun ? "Would drop" : "Dropped";

@@ -6,8 +6,16 @@ import { existsSync } from "node:fs";
 import { DEFAULTS } from "../defaults.ts";
 import { exportLine, importLine } from "../format.ts";
 import { message } from "../log.ts";
-import { type Cursor, type Delivery, type Filter, STATUSES, type Status } from "../store.ts";
-import { type Cli, type CliFilters, filterOf, NotFound, UsageError } from "./command.ts";
+import {
+  type AuditEntry,
+  type Cursor,
+  type Delivery,
+  type Filter,
+  type Inbox,
+  STATUSES,
+  type Status,
+} from "../store.ts";
+import { type Cli, type CliFilters, filterOf, NotFound, Refused, UsageError } from "./command.ts";
 
 /** exportLines writes the deliveries that match as JSON Lines, every field and every byte of each body. */
 export function exportLines(c: Cli): void {
@@ -79,6 +87,8 @@ Examples:
       if (file !== "-" && !existsSync(file)) throw new NotFound(`No such file: ${file}`);
       const inbox = await connect(target(opts));
       let [lines, added, skipped] = [0, 0, 0];
+      // One entry for the whole import, written with its first batch and added to by each (Audit's change).
+      const audit = { who: c.who(), operation: "import", target: `import file=${JSON.stringify(file)}` };
       try {
         let batch: Delivery[] = [];
         const flush = async () => {
@@ -86,7 +96,7 @@ Examples:
           if (opts.dryRun) {
             for (const d of batch) (await inbox.find(d.id, d.source)).length > 0 ? skipped++ : added++;
           } else {
-            const n = await inbox.restore(batch);
+            const n = await inbox.restore(batch, audit);
             added += n;
             skipped += batch.length - n;
           }
@@ -115,13 +125,85 @@ Examples:
     });
 }
 
-/** copy copies every delivery from one inbox to another, byte-exact; run again, it changes nothing. */
+/**
+ * Carried is one kind of record copy takes beside the deliveries: what it is called, how it is read whole
+ * from one inbox, and how it is written into another as it is (the store's read and write pair, which
+ * skips what is already there and says how many it wrote).
+ */
+interface Carried {
+  /** Its plural, for the summary line. */
+  name: string;
+  read(inbox: Inbox): Promise<readonly unknown[]>;
+  write(inbox: Inbox, rows: readonly unknown[]): Promise<number>;
+}
+
+// carried makes a Carried of a typed read and write pair.
+const carried = <T>(
+  name: string,
+  read: (inbox: Inbox) => Promise<readonly T[]>,
+  write: (inbox: Inbox, rows: readonly T[]) => Promise<number>,
+): Carried => ({ name, read, write: (inbox, rows) => write(inbox, rows as readonly T[]) });
+
+/**
+ * CARRIED is everything copy takes beside the deliveries, in order: without the configuration a receiver
+ * on the copy serves no source, without the keys every API consumer is refused. The idempotency records
+ * stay behind (they live 24 h). A new kind of record is one line here, with its read and write pair in the
+ * store's contract.
+ */
+const CARRIED: readonly Carried[] = [
+  carried(
+    "configuration versions",
+    (i) => i.configHistory(),
+    (i, rows) => i.restoreConfig(rows),
+  ),
+  carried(
+    "API keys",
+    (i) => i.apiKeys(),
+    (i, rows) => i.restoreApiKeys(rows),
+  ),
+  // Still sealed: the copy opens with the same INBOX_SECRETS_KEY, and nothing on the way can read them.
+  carried(
+    "secrets",
+    (i) => i.secrets(),
+    (i, rows) => i.putSecrets(rows),
+  ),
+  carried("audit entries", auditWhole, (i, rows) => i.restoreAudit(rows)),
+];
+
+// auditWhole reads the whole audit log, oldest first, a page at a time.
+async function auditWhole(inbox: Inbox): Promise<AuditEntry[]> {
+  const all: AuditEntry[] = [];
+  for (let before: number | undefined; ; ) {
+    const page = await inbox.auditLog({ ...(before !== undefined ? { before } : {}), limit: DEFAULTS.bulkBatch });
+    if (page.length === 0) return all.reverse();
+    all.push(...page);
+    before = page.at(-1)!.seq;
+  }
+}
+
+// sameHistory refuses, before anything is copied, a target whose configuration has a history of its own: a
+// version of the same number with another document would leave two histories interleaved, and the one in
+// force whichever numbered higher. A target that an earlier copy made, even changed since, goes on.
+async function sameHistory(from: Inbox, to: Inbox): Promise<void> {
+  const theirs = new Map((await to.configHistory()).map((v) => [v.version, v.document]));
+  if (theirs.size === 0) return;
+  const clash = (await from.configHistory()).find((v) => theirs.has(v.version) && theirs.get(v.version) !== v.document);
+  if (clash)
+    throw new Refused(
+      `${to.target} has a configuration of its own (its version ${clash.version} is not ${from.target}'s); nothing copied. Copy into a new inbox, or one an earlier copy made.`,
+    );
+}
+
+/**
+ * copy copies one inbox into another, byte-exact: every delivery, then what CARRIED lists (the configuration
+ * and its history, the API keys, the secrets still sealed, the audit log); run again, it changes nothing.
+ */
 export function copy(c: Cli): void {
   const { openTarget, connect, positive } = c;
   c.program
     .command("copy")
     .description(
-      "copy every delivery from one inbox to another (SQLite to PostgreSQL, or back), byte-exact; run again, it changes nothing",
+      "copy a whole inbox into another (SQLite to PostgreSQL, or back): every delivery byte-exact, the configuration and its history, the API keys and the audit log; run again, it changes nothing",
     )
     .requiredOption("--from <path|url>", "the inbox to copy from")
     .requiredOption("--to <path|url>", "the inbox to copy into (created if new)")
@@ -131,6 +213,7 @@ export function copy(c: Cli): void {
       try {
         const to = await connect(opts.to);
         try {
+          await sameHistory(from, to);
           let seen = 0;
           let added = 0;
           let after: { source: string; id: string } | undefined;
@@ -147,6 +230,17 @@ export function copy(c: Cli): void {
               ? `Nothing to copy: all ${seen} deliveries of ${from.target} are already in ${to.target}.`
               : `Copied ${added} of ${seen} deliveries from ${from.target} to ${to.target}${there > 0 ? ` (${there} were already there)` : ""}.`,
           );
+          for (const kind of CARRIED) {
+            const rows = await kind.read(from);
+            const wrote = rows.length === 0 ? 0 : await kind.write(to, rows);
+            console.log(
+              rows.length === 0
+                ? `No ${kind.name} to copy.`
+                : wrote === 0
+                  ? `Nothing to copy: all ${rows.length} ${kind.name} are already there.`
+                  : `Copied ${wrote} of ${rows.length} ${kind.name}${rows.length > wrote ? ` (${rows.length - wrote} were already there)` : ""}.`,
+            );
+          }
         } finally {
           await to.close();
         }

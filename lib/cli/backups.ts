@@ -6,8 +6,25 @@ import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { DEFAULTS } from "../defaults.ts";
 import { bytes, iso } from "../format.ts";
-import { STATUSES, type Status } from "../store.ts";
+import { writeAudit } from "../sqlite/records.ts";
+import { openDatabase } from "../sqlite/schema.ts";
+import { type Audit, STATUSES, type Status } from "../store.ts";
 import { type Cli, NotFound, Refused, UsageError } from "./command.ts";
+
+// auditInto writes a restore's audit entry into the copy about to become the inbox: its schema brought up to
+// date as any start would, the entry written, the WAL folded back into the file before it is renamed.
+function auditInto(copy: string, audit: Audit): void {
+  const db = openDatabase(copy);
+  try {
+    db.exec("BEGIN IMMEDIATE");
+    writeAudit((text) => db.prepare(text), audit, 1, Date.now());
+    db.exec("COMMIT");
+    db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  } finally {
+    if (db.isTransaction) db.exec("ROLLBACK");
+    db.close();
+  }
+}
 
 // holds says what a backup holds: deliveries per status, and tombstones.
 function holds(s: { counts: Record<Status, number>; tombstones: number }): string {
@@ -108,7 +125,11 @@ Examples:
       const { restore, InUse } = await import("../sqlite/backup.ts");
       let r: Awaited<ReturnType<typeof restore>>;
       try {
-        r = restore(file, db);
+        // The entry goes into the copy before it is renamed into place: the restored inbox holds it from its
+        // first moment, and one that cannot be written leaves the database as it was.
+        r = restore(file, db, Date.now, (copy) =>
+          auditInto(copy, { who: c.who(), operation: "restore", target: `restore file=${JSON.stringify(file)}` }),
+        );
       } catch (error) {
         throw error instanceof InUse ? new Refused(`Refused: ${error.message}.`) : error;
       }

@@ -5,6 +5,7 @@
 
 import { existsSync } from "node:fs";
 import { type Command, InvalidArgumentError } from "commander";
+import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { parseDuration, parseWhen } from "../format.ts";
 import { isInbox } from "../sqlite/schema.ts";
@@ -26,6 +27,8 @@ export interface Cli {
   target: (opts: { db?: string }) => string;
   /** requireInbox refuses a SQLite path that is no inbox yet. */
   requireInbox: (path: string) => void;
+  /** isPostgresUrl tells a PostgreSQL URL from a SQLite path, as inbox.ts does. */
+  isPostgresUrl: (target: string) => boolean;
   /** openTarget opens an inbox that must already exist. */
   openTarget: (path: string) => Promise<Inbox>;
   /** open opens the inbox a command's --db names, which must already exist. */
@@ -42,6 +45,12 @@ export interface Cli {
   status: (value: string) => Status;
   /** duration parses an age such as 7d. */
   duration: (value: string) => number;
+  /** who names the person at the keyboard in the audit log: `cli:USER`. */
+  who: () => string;
+  /** withKey adds --secrets-key-file to a command: the key that opens (or seals) the secret store's values. */
+  withKey: (command: Command) => Command;
+  /** host is what the operator hands a configuration here (config/config.ts hostOf), with the inbox; a bad key is a UsageError. */
+  host: (opts: { secretsKeyFile?: string }, inbox?: Inbox) => Host;
 }
 
 /** commandLine builds the Cli the commands share over program, with connect() and isPostgresUrl() from inbox.ts. */
@@ -69,7 +78,8 @@ export function commandLine(
   // otherwise show an empty, healthy inbox. Nor convert: opening another program's database would switch
   // it to WAL and add our tables.
   const requireInbox = (path: string) => {
-    if (!existsSync(path)) throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB).`);
+    if (!existsSync(path))
+      throw new NotFound(`No inbox database at ${path} (use --db or INBOX_DB; inbox.ts init creates one).`);
     if (!isInbox(path))
       throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
   };
@@ -104,11 +114,31 @@ export function commandLine(
       .option("--until <when>", "received before: an ISO date, or an age ago", when)
       .option("--error-match <text>", "whose last error contains this text (any case)")
       .option("--destination <name>", 'only the rows going to this destination (the handler is "handler")');
+  const who = () => `cli:${process.env.USER ?? process.env.LOGNAME ?? "unknown"}`;
+  const withKey = (command: Command) =>
+    command.option(
+      "--secrets-key-file <file>",
+      "the key that opens and seals the secret store's values, instead of INBOX_SECRETS_KEY",
+    );
+  const host = (opts: { secretsKeyFile?: string }, inbox?: Inbox) => {
+    try {
+      return hostOf(process.env, {
+        ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
+        ...(inbox ? { inbox } : {}),
+      });
+    } catch (error) {
+      throw new UsageError(`${(error as Error).message}.`);
+    }
+  };
   return {
     program,
     connect,
+    who,
+    withKey,
+    host,
     target,
     requireInbox,
+    isPostgresUrl,
     openTarget,
     open,
     sqliteOnly,

@@ -38,12 +38,17 @@ Examples:
       ) => {
         if (action === "create") {
           if (opts.scope === undefined) throw new UsageError("keys create: expected --scope read or --scope write.");
-          return create(connect, target(opts), { scope: opts.scope, name: opts.name, json: opts.json === true });
+          return create(connect, target(opts), {
+            scope: opts.scope,
+            name: opts.name,
+            json: opts.json === true,
+            who: c.who(),
+          });
         }
         if (action === "list") return list(await open(opts), opts.json === true);
         if (action === "revoke") {
           if (id === undefined) throw new UsageError("keys revoke: expected the key's ID, as keys list shows it.");
-          return revoke(await open(opts), id);
+          return revoke(await open(opts), id, c.who());
         }
         throw new UsageError(`keys: expected create, list or revoke, got ${JSON.stringify(action)}.`);
       },
@@ -54,12 +59,13 @@ Examples:
 async function create(
   connect: Cli["connect"],
   db: string,
-  opts: { scope: "read" | "write"; name: string; json: boolean },
+  opts: { scope: "read" | "write"; name: string; json: boolean; who: string },
 ): Promise<void> {
   const inbox = await connect(db);
   try {
     const { key, row } = mintKey({ scope: opts.scope, name: opts.name, now: Date.now() });
-    await inbox.addApiKey(row);
+    const target = `key=${row.id} scope=${row.scope} name=${JSON.stringify(row.name)}`;
+    await inbox.addApiKey(row, { who: opts.who, operation: "keys create", target });
     if (opts.json) return void console.log(JSON.stringify({ id: row.id, name: row.name, scope: row.scope, key }));
     console.log(key);
     console.error(
@@ -86,9 +92,10 @@ async function list(inbox: Inbox, json: boolean): Promise<void> {
 }
 
 // revoke marks a key revoked, saying so when it already was, and NotFound when there is none.
-async function revoke(inbox: Inbox, id: string): Promise<void> {
+async function revoke(inbox: Inbox, id: string, who: string): Promise<void> {
   try {
-    if (await inbox.revokeApiKey(id, Date.now())) return void console.log(`API key ${id} revoked.`);
+    const audit = { who, operation: "keys revoke", target: `key=${id}` };
+    if (await inbox.revokeApiKey(id, Date.now(), audit)) return void console.log(`API key ${id} revoked.`);
     const known = (await inbox.apiKeys()).find((k) => k.id === id);
     if (!known) throw new NotFound(`No API key ${id}: see inbox.ts keys list.`);
     console.log(`API key ${id} was already revoked; nothing changed.`);

@@ -9,7 +9,7 @@ import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../providers.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
-import { type Cli, findRows, UsageError } from "./command.ts";
+import { type Cli, type CliFilters, filterOf, findRows, NotFound, UsageError } from "./command.ts";
 
 /** status counts deliveries per status, and lists failures, the oldest wait, conflicts, ordering and what is kept. */
 export function status(c: Cli): void {
@@ -103,17 +103,18 @@ export function status(c: Cli): void {
 
 /** list prints deliveries newest first, of one status or source. */
 export function list(c: Cli): void {
-  const { withDb, open, positive, status } = c;
-  withDb(c.program.command("list"))
+  const { withDb, withFilters, open, positive, status } = c;
+  // The filters retry, replay and export take, so a list shows what one of them would then act on.
+  withFilters(withDb(c.program.command("list")))
     .description("list deliveries, newest first")
     .option("--status <status>", `only this status (${STATUSES.join(", ")})`, status)
-    .option("--source <name>", "only this source")
     .option("--limit <n>", "at most this many", positive, 20)
     .option("--json", "print JSON")
-    .action(async (opts: { db?: string; status?: Status; source?: string; limit: number; json?: boolean }) => {
+    .action(async (opts: CliFilters & { db?: string; status?: Status; limit: number; json?: boolean }) => {
       const inbox = await open(opts);
       try {
-        const rows = await inbox.list(opts);
+        const filter = { ...filterOf(opts), ...(opts.status ? { status: opts.status } : {}) };
+        const rows = await inbox.search(filter, { limit: opts.limit });
         if (opts.json)
           return void console.log(
             JSON.stringify(
@@ -154,7 +155,7 @@ export function list(c: Cli): void {
 export function show(c: Cli): void {
   const { withDb, open } = c;
   withDb(c.program.command("show <id>"))
-    .description("print one delivery: its metadata, last error and body")
+    .description("print one delivery: its metadata, every failed try and its error, and its body")
     .option("--source <name>", "the delivery's source, when IDs clash")
     .option("--destination <name>", "only its row for this destination")
     .option("--json", "print JSON (the body as text when it is UTF-8, and always as base64)")
@@ -163,10 +164,16 @@ export function show(c: Cli): void {
       try {
         const all = await findRows(inbox, id, opts.source, opts.destination);
         const d = all[0]!;
-        if (opts.json)
-          return void console.log(
-            JSON.stringify(all.length === 1 ? deliveryJson(d, true) : all.map((x) => deliveryJson(x, true)), null, 2),
-          );
+        // Every failed try, not only the last error: a retry that failed differently is the story.
+        const tries = await Promise.all(all.map((x) => inbox.attemptErrors(x)));
+        if (opts.json) {
+          const json = all.map((x, i) => ({ ...deliveryJson(x, true), tries: tries[i] }));
+          return void console.log(JSON.stringify(all.length === 1 ? json[0] : json, null, 2));
+        }
+        const tried = all
+          .flatMap((x, i) => tries[i]!.map((t) => ({ ...t, destination: x.destination })))
+          .sort((a, b) => a.failedAt - b.failedAt)
+          .map((t) => `#${t.attempt}${all.length > 1 ? ` ${t.destination}` : ""} ${iso(t.failedAt)}: ${t.error}`);
         if (all.length > 1) {
           // One delivery, several routes: each destination's row has its own status, attempts and error.
           console.log(
@@ -200,6 +207,7 @@ export function show(c: Cli): void {
           // The trace to look up in the tracing UI (docs/observability.md#traces), where one was recorded.
           ...(d.traceparent === null ? [] : ([["traceparent", d.traceparent]] as [string, unknown][])),
           ["error", d.error ?? "-"],
+          ["failed tries", tried.length === 0 ? "-" : tried.join(`\n${" ".repeat(14)}`)],
           ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);
@@ -219,31 +227,42 @@ export function preview(c: Cli): void {
     )
     .option("--source <name>", "the delivery's source, when IDs clash")
     .option("--to <destination>", "only this destination, whether its routes chose it or not")
-    .option("--sources <file>", "the sources file (default: INBOX_SOURCES)")
+    .option(
+      "--sources <file>",
+      "a sources file to try before applying it (default: INBOX_SOURCES, else the configuration in force in the database)",
+    )
     .option("--json", "print JSON (each body as text when it is UTF-8, and always as base64)")
     .action(
       async (id: string, opts: { db?: string; source?: string; to?: string; sources?: string; json?: boolean }) => {
         const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-        if (!sourcesFile)
-          throw new UsageError("preview reads the routes from the sources file: pass --sources or set INBOX_SOURCES.");
         let config: unknown;
-        try {
-          config = readSourcesFile(sourcesFile);
-        } catch (error) {
-          throw new UsageError(`${sourcesFile}: ${message(error)}`);
+        if (sourcesFile !== undefined) {
+          try {
+            config = readSourcesFile(sourcesFile);
+          } catch (error) {
+            throw new UsageError(`${sourcesFile}: ${message(error)}`);
+          }
         }
         const inbox = await open(opts);
         try {
           const rows = await findRows(inbox, id, opts.source);
+          // Without a file, the configuration in force, as the page's preview and the API's read it; a
+          // transform's relative path then starts from the working folder, as the page's does.
+          const stored = sourcesFile === undefined ? await inbox.readConfig() : undefined;
+          if (sourcesFile === undefined && stored === undefined)
+            throw new NotFound(
+              "No configuration in this inbox to preview against: pass --sources FILE, or apply one (config apply FILE).",
+            );
+          const against = stored ? `configuration version ${stored.version}` : sourcesFile!;
           const { preview, routeLine } = await import("../forwarding/preview.ts");
           let seen: Awaited<ReturnType<typeof preview>>;
           try {
-            seen = await preview(rows, config, {
-              base: dirname(resolve(sourcesFile)),
+            seen = await preview(rows, stored ? (JSON.parse(stored.document) as unknown) : config, {
+              base: sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd(),
               ...(opts.to ? { to: opts.to } : {}),
             });
           } catch (error) {
-            throw new UsageError(`${sourcesFile}: ${message(error)}`);
+            throw new UsageError(`${against}: ${message(error)}`);
           }
           if (opts.json) {
             const body = (b: Buffer | undefined) =>
@@ -327,6 +346,33 @@ export function destinations(c: Cli): void {
             ].join("\t"),
           );
         }
+      } finally {
+        await inbox.close();
+      }
+    });
+}
+
+/** audit lists the audit log, newest first: every change, by every way in, with who made it and what it changed. */
+export function audit(c: Cli): void {
+  const { withDb, open, positive } = c;
+  withDb(c.program.command("audit"))
+    .description(
+      "list the audit log, newest first: each change by the API (key:ID), the page (page:…), this CLI (cli:USER), a script's file at start (start:…) or SIGHUP (sighup:…)",
+    )
+    .option("--limit <n>", "how many entries", positive, 50)
+    .option("--before <seq>", "entries before this one (the first column), for the next page", positive)
+    .option("--json", "print JSON")
+    .action(async (opts: { db?: string; limit: number; before?: number; json?: boolean }) => {
+      const inbox = await open(opts);
+      try {
+        const entries = await inbox.auditLog({
+          limit: opts.limit,
+          ...(opts.before === undefined ? {} : { before: opts.before }),
+        });
+        if (opts.json) return void console.log(JSON.stringify(entries));
+        if (entries.length === 0) return void console.log("The audit log is empty.");
+        for (const e of entries)
+          console.log(`${e.seq}  ${iso(e.at)}  ${e.who}  ${e.operation}  count=${e.count}  ${e.target}`);
       } finally {
         await inbox.close();
       }

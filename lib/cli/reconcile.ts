@@ -5,6 +5,7 @@
 
 import { DEFAULTS } from "../defaults.ts";
 import { message, progress } from "../log.ts";
+import { valuesFor } from "../config/config.ts";
 import { loadSources, readSourcesFile, type Source } from "../providers.ts";
 import { githubLister, judgeGithub } from "../reconcile/github.ts";
 import { type Lister, ReconcileFailed, reconcile, summaryLine, type Verdict } from "../reconcile/loop.ts";
@@ -95,8 +96,8 @@ function progressLine(stream: ReconcileRun["err"], name: string) {
 
 /** reconcileCommand adds `reconcile [--source NAME] [--since DURATION] [--dry-run] [--every DURATION]`. */
 export function reconcileCommand(c: Cli): void {
-  const { withDb, open } = c;
-  withDb(c.program.command("reconcile"))
+  const { withDb, withKey, open } = c;
+  withKey(withDb(c.program.command("reconcile")))
     .description(
       "fetch back from Stripe's and GitHub's APIs what they never delivered, for each source with a \"reconcile\" setting; stored under the webhook's own ID, so nothing is stored or handled twice",
     )
@@ -117,23 +118,39 @@ export function reconcileCommand(c: Cli): void {
         since?: number;
         dryRun?: boolean;
         every?: number;
+        secretsKeyFile?: string;
       }) => {
         const every = opts.every;
         const file = opts.sources ?? process.env.INBOX_SOURCES;
         if (!file) throw new UsageError("reconcile needs the sources file: --sources FILE or INBOX_SOURCES.");
-        let all: Source[];
+        let parsed: unknown;
         try {
-          all = [...loadSources(readSourcesFile(file), process.env, { reconcile: true }).values()];
+          parsed = readSourcesFile(file);
         } catch (error) {
           throw new UsageError(`${file}: ${message(error)}`);
         }
-        const sources = all.filter((s) => (opts.source ? s.name === opts.source : s.reconcile !== undefined));
-        if (opts.source && sources.length === 0) throw new UsageError(`No source ${opts.source} in ${file}.`);
-        if (opts.source && !sources[0]!.reconcile)
-          throw new UsageError(`Source ${opts.source} has no "reconcile" setting (docs/reconcile.md).`);
-        if (sources.length === 0)
-          throw new UsageError(`No source in ${file} has a "reconcile" setting (docs/reconcile.md).`);
+        // Opened first: a credential may be a secret of the store (secret:NAME), opened with the operator's key.
+        const host = c.host(opts);
         const inbox = await open(opts);
+        let sources: Source[];
+        try {
+          let all: Source[];
+          try {
+            const values = await valuesFor({ ...host, inbox }, parsed);
+            all = [...loadSources(parsed, values, { reconcile: true }).values()];
+          } catch (error) {
+            throw new UsageError(`${file}: ${message(error)}`);
+          }
+          sources = all.filter((s) => (opts.source ? s.name === opts.source : s.reconcile !== undefined));
+          if (opts.source && sources.length === 0) throw new UsageError(`No source ${opts.source} in ${file}.`);
+          if (opts.source && !sources[0]!.reconcile)
+            throw new UsageError(`Source ${opts.source} has no "reconcile" setting (docs/reconcile.md).`);
+          if (sources.length === 0)
+            throw new UsageError(`No source in ${file} has a "reconcile" setting (docs/reconcile.md).`);
+        } catch (error) {
+          await inbox.close();
+          throw error;
+        }
         const stop = new AbortController();
         const onSignal = () => stop.abort();
         process.once("SIGINT", onSignal).once("SIGTERM", onSignal);

@@ -9,10 +9,24 @@ import { dirname, isAbsolute, resolve } from "node:path";
 import { parseBrokerDestination, type BrokerDestination } from "../brokers.ts";
 import { checkSecrets } from "../forwarding/forward.ts";
 import { loadSources, type Source } from "../providers.ts";
+import type { Reach } from "../reach.ts";
 import { secretsOf, type Secret } from "../redact.ts";
+import { referencesIn, type Values, withSecrets } from "../references.ts";
 import { loadDestinations, type Forwarding, type Route } from "../routing/routes.ts";
 import { destinationNames, REMOVED } from "../rows.ts";
-import type { ConfigApplied, Inbox, StoredConfig, TransformCode } from "../store.ts";
+import { DEFAULTS } from "../defaults.ts";
+import { type Keyring, openSecrets, readKeyring } from "../secrets.ts";
+import type { Audit, ConfigApplied, Inbox, StoredConfig, TransformCode, Way } from "../store.ts";
+import {
+  canonical,
+  checkDocument,
+  inTheClear,
+  partsOf,
+  type Policy,
+  policyFrom,
+  type Trust,
+  trustOf,
+} from "./trust.ts";
 
 /** Loaded is a configuration as the scripts use it: sources, their routes, destinations, brokers, secrets and transforms. */
 export interface Loaded {
@@ -26,8 +40,112 @@ export interface Loaded {
   uses: { module: string; where: string }[];
 }
 
-/** Env is where `env:NAME` references are read from. */
-export type Env = Readonly<Record<string, string | undefined>>;
+/** Env is where `env:NAME` references are read from (and `secret:NAME`, once opened: references.ts). */
+export type Env = Values;
+
+/**
+ * Host is what a process brings to a configuration: its environment, the operator's Policy for what the API's
+ * parts may reach, and the key and the inbox to open the store's secrets with (none before the inbox is open).
+ */
+export interface Host {
+  env: Env;
+  policy: Policy;
+  keyring?: Keyring;
+  inbox?: Inbox;
+}
+
+/**
+ * hostOf builds a script's Host from what its entry point read: its environment (INBOX_API_ENV,
+ * INBOX_API_DESTINATIONS_ALLOW, INBOX_SECRETS_KEY, PORT), the key file its flag names, and the ports it listens
+ * on, which join the receiver's and the page's among those no API-written destination reaches. A value that
+ * cannot be read is a TypeError of one line.
+ */
+export function hostOf(
+  env: Env,
+  options: { keyFile?: string; ownPorts?: readonly number[]; inbox?: Inbox } = {},
+): Host {
+  const ports = [DEFAULTS.port, DEFAULTS.adminPort, ...(options.ownPorts ?? [])];
+  if (env.PORT !== undefined && /^\d+$/.test(env.PORT)) ports.push(Number(env.PORT));
+  const keyring = readKeyring({ file: options.keyFile, value: env.INBOX_SECRETS_KEY });
+  return {
+    env,
+    policy: policyFrom(
+      env,
+      ports.filter((p) => p > 0),
+    ),
+    ...(keyring ? { keyring } : {}),
+    ...(options.inbox ? { inbox: options.inbox } : {}),
+  };
+}
+
+/**
+ * secretNames lists the secrets of the store a document names (secret:NAME), each once; with sourcesOnly,
+ * those its sources name, all that a receiver reads.
+ */
+export function secretNames(parsed: unknown, options: { sourcesOnly?: boolean } = {}): string[] {
+  const parts = [...partsOf(parsed)].filter(([part]) => !options.sourcesOnly || part.startsWith("source "));
+  const names = parts.flatMap(([, value]) =>
+    referencesIn(value).flatMap(({ ref }) => (ref.kind === "secret" ? [ref.name] : [])),
+  );
+  return [...new Set(names)];
+}
+
+/**
+ * valuesFor is where a document's references are read from in this process: its environment, and the
+ * secrets it names (with sourcesOnly, its sources), opened. A secret this process cannot open (no key,
+ * another key) is a TypeError of one line naming it; one the store does not hold is left for its setting to
+ * say it is not set.
+ */
+export async function valuesFor(host: Host, parsed: unknown, options: { sourcesOnly?: boolean } = {}): Promise<Env> {
+  const names = secretNames(parsed, options);
+  if (names.length === 0 || !host.inbox) return host.env;
+  return withSecrets(host.env, await openSecrets(host.inbox, names, host.keyring));
+}
+
+/** secretUsers names the parts of a document that read a secret of the store: `destination app`, `source st`. */
+export function secretUsers(document: string, name: string): string[] {
+  return [...partsOf(JSON.parse(document) as unknown)]
+    .filter(([, value]) => referencesIn(value).some(({ ref }) => ref.kind === "secret" && ref.name === name))
+    .map(([part]) => part);
+}
+
+/** trustIn is a stored version's Trust, every part named: its own entry, else the version's way. */
+export function trustIn(parsed: unknown, stored: { trust?: Trust; way?: Way }): Trust {
+  const out: Trust = {};
+  for (const part of partsOf(parsed).keys()) out[part] = stored.trust?.[part] ?? stored.way ?? "operator";
+  return out;
+}
+
+/**
+ * loadVersion loads a stored version as the process that runs it: the trust rule checked on the parts the
+ * API wrote (lib/config/trust.ts), the secrets it names opened, then loadConfig, each destination the API
+ * set held to the Policy's reach. It throws a TypeError naming the first mistake.
+ */
+export async function loadVersion(
+  config: Pick<StoredConfig, "document"> & Partial<Pick<StoredConfig, "trust" | "way">>,
+  host: Host,
+  options: SecretChecks = {},
+): Promise<Loaded> {
+  const parsed = parseDocument(config.document);
+  const trust = trustIn(parsed, config);
+  // Without resolve (the receiver) only the sources are read: only they are held to the rule, and opened.
+  const sourcesOnly = options.resolve === false;
+  await checkDocument(parsed, trust, host.policy, { addresses: "unhooked", sourcesOnly });
+  const values = await valuesFor(host, parsed, { sourcesOnly });
+  return loadConfig(parsed, values, { ...options, trust, reach: host.policy.reach });
+}
+
+/**
+ * SecretChecks says which of a document's secrets are read from the environment, by who reads it: the
+ * receiver verifies signatures but forwards nothing (resolve false), the worker forwards but verifies
+ * nothing (verify false), the CLI and the API check both.
+ */
+export interface SecretChecks {
+  /** Read every destination's secret, not only check its shape. @default true */
+  resolve?: boolean;
+  /** Read every source's signing secret; false: only those whose variable is set. @default true */
+  verify?: boolean;
+}
 
 /**
  * parseDocument parses a sources file's text. Its error says where the JSON broke but quotes none of the
@@ -60,11 +178,17 @@ export function readDocument(path: string): { text: string; parsed: unknown } {
 /**
  * loadConfig checks a parsed document whole, as the receiver and worker check a sources file at start-up,
  * and throws a TypeError naming the mistake (never a secret). With resolve false the destinations' secrets
- * are only checked for their shape (the receiver's and the CLI's case); the sources' are always read.
+ * are only checked for their shape (the receiver's and the CLI's case); the sources' are read, and with
+ * verify false (the worker's case: it verifies no signature) only those whose variable is set. With trust
+ * and reach, each HTTP destination (and $operator) the API wrote is held to reach at its connections.
  */
-export function loadConfig(parsed: unknown, env: Env, options: { resolve?: boolean } = {}): Loaded {
+export function loadConfig(
+  parsed: unknown,
+  env: Env,
+  options: SecretChecks & { trust?: Trust; reach?: Reach } = {},
+): Loaded {
   const resolveSecrets = options.resolve ?? true;
-  const sources = loadSources(parsed, env);
+  const sources = loadSources(parsed, env, { verify: options.verify ?? true });
   const brokers = new Map<string, BrokerDestination>();
   const forwarding = loadDestinations(parsed, env, {
     resolve: resolveSecrets,
@@ -74,6 +198,12 @@ export function loadConfig(parsed: unknown, env: Env, options: { resolve?: boole
   if (resolveSecrets)
     for (const d of forwarding.destinations.values())
       if (d.kind === "http") checkSecrets(d.secrets, `destination ${JSON.stringify(d.name)}`);
+  const { trust, reach } = options;
+  if (trust && reach) {
+    for (const d of forwarding.destinations.values())
+      if (d.kind === "http" && trust[`destination ${d.name}`] === "api") d.reach = reach;
+    if (forwarding.operator && trust.$operator === "api") forwarding.operator.reach = reach;
+  }
   const list = [...sources.values()];
   const routes = new Map(list.map((s) => [s.name, s.routes ?? []]));
   const uses = [
@@ -127,25 +257,60 @@ export function transformDrift(stored: Record<string, TransformCode>, base: stri
   return undefined;
 }
 
-// sections names a document's parts the difference is told by: each source, each destination, $operator.
+// sections names a document's parts the difference is told by (each source, each destination, $operator),
+// each as canonical JSON, so a file saved in another order is no change.
 function sections(parsed: unknown): Map<string, string> {
-  const out = new Map<string, string>();
-  if (typeof parsed !== "object" || parsed === null) return out;
-  for (const [key, value] of Object.entries(parsed)) {
-    if (key === "$destinations" && typeof value === "object" && value !== null)
-      for (const [name, d] of Object.entries(value)) out.set(`destination ${name}`, canonical(d));
-    else out.set(key.startsWith("$") ? key : `source ${key}`, canonical(value));
-  }
-  return out;
+  return new Map([...partsOf(parsed)].map(([part, value]) => [part, canonical(value)]));
 }
 
-// canonical is a JSON text with its keys sorted, so a file saved in another order is no change.
-function canonical(value: unknown): string {
-  return JSON.stringify(value, (_key, v: unknown) =>
-    typeof v === "object" && v !== null && !Array.isArray(v)
-      ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)))
-      : v,
-  );
+/**
+ * fieldChanges says what a change did to each part, down to the field, for the audit log:
+ * `~ destination app: url http://a → http://b; headers.x-token env:A → secret:B`. A value that may be a
+ * secret (one written in the clear, a header's, a URL's password) is never shown: only that it changed.
+ */
+export function fieldChanges(old: unknown, next: unknown): string[] {
+  const before = partsOf(old);
+  const after = partsOf(next);
+  const lines: string[] = [];
+  for (const [part, value] of after) {
+    if (!before.has(part)) lines.push(`+ ${part}`);
+    else if (canonical(before.get(part)) !== canonical(value)) {
+      const was = leaves(before.get(part));
+      const now = leaves(value);
+      const fields = [...new Set([...was.keys(), ...now.keys()])]
+        .filter((k) => was.get(k)?.raw !== now.get(k)?.raw)
+        .map((k) => `${k} ${was.get(k)?.shown ?? "(none)"} → ${now.get(k)?.shown ?? "(none)"}`);
+      lines.push(`~ ${part}: ${fields.join("; ")}`);
+    }
+  }
+  for (const part of before.keys()) if (!after.has(part)) lines.push(`- ${part}`);
+  return lines;
+}
+
+// leaves flattens a part's settings to the path of each value: the value, to compare, and what the audit log
+// may show of it.
+function leaves(
+  value: unknown,
+  path: string[] = [],
+  out = new Map<string, { raw: string; shown: string }>(),
+): Map<string, { raw: string; shown: string }> {
+  if (typeof value === "object" && value !== null) {
+    for (const [k, v] of Object.entries(value)) {
+      const here = [...path, k];
+      const raw = JSON.stringify(v) ?? "null";
+      if (inTheClear(k, v)) out.set(here.join("."), { raw, shown: "(a secret, not shown)" });
+      else if (path.at(-1) === "headers" && typeof v === "string" && !/^(env|secret):/.test(v))
+        out.set(here.join("."), { raw, shown: "(a value, not shown)" });
+      else leaves(v, here, out);
+    }
+    return out;
+  }
+  const shown = typeof value === "string" ? value : (JSON.stringify(value) ?? "null");
+  out.set(path.join("."), {
+    raw: JSON.stringify(value) ?? "null",
+    shown: shown.length > 120 ? `${shown.slice(0, 117)}…` : shown,
+  });
+  return out;
 }
 
 // diffConfig lists what a new document changes, a line each: `+ destination b`, `- source old`,
@@ -180,6 +345,11 @@ export interface Plan {
   current: StoredConfig | undefined;
   /** diffConfig's lines; none when the document is the one in force. */
   changes: string[];
+  /** fieldChanges' lines: what the audit log says it changed, down to the field. */
+  fields: string[];
+  /** Which way it came, and whose hand wrote each part (trust.ts). */
+  way: Way;
+  trust: Trust;
   /**
    * Destinations the document leaves out, with the rows that wait for each: those it removes now, and
    * (now false) those an earlier version removed that rows still wait for, which only --cancel-waiting touches.
@@ -188,18 +358,44 @@ export interface Plan {
 }
 
 /**
- * plan checks a document whole and compares it with the version in force. It throws, changing nothing, if
- * anything in it is wrong. base is the folder its transforms' relative paths start from (the file's). With
- * resolveSecrets (the CLI's and the worker's) every destination secret is read from env and checked as the worker
- * checks it; without (the receiver's), only its shape, the destinations' secrets being the worker's.
+ * plan checks a document whole, as it came (way), and compares it with the version in force. It throws,
+ * changing nothing, if anything in it is wrong: first the trust rule on the parts the API wrote (a name it
+ * may not read is refused before anything reads it), then every part as a script checks it at start-up. base
+ * is the folder its transforms' relative paths start from (the file's). With resolve (the CLI's, the API's
+ * and the worker's) every destination secret is read and checked as the worker checks it; without (the
+ * receiver's), only its shape, the destinations' secrets being the worker's. With verify false (the worker's,
+ * which verifies no signature) a source's signing secret is read only where its variable is set.
  */
-export async function plan(inbox: Inbox, text: string, env: Env, base: string, resolveSecrets = true): Promise<Plan> {
+export async function plan(
+  inbox: Inbox,
+  text: string,
+  host: Host,
+  base: string,
+  options: { way: Way } & SecretChecks,
+): Promise<Plan> {
   const parsed = parseDocument(text);
-  const loaded = loadConfig(parsed, env, { resolve: resolveSecrets });
-  const transforms = hashTransforms(loaded.uses, base);
   const current = await inbox.readConfig();
-  const old = current ? { parsed: JSON.parse(current.document) as unknown, transforms: current.transforms } : undefined;
+  const was = current ? (JSON.parse(current.document) as unknown) : undefined;
+  const trust = trustOf(
+    parsed,
+    options.way,
+    current && { parsed: was, trust: trustIn(was, current), way: current.way },
+  );
+  await checkDocument(parsed, trust, host.policy, { addresses: "all" });
+  const loaded = loadConfig(
+    parsed,
+    await valuesFor({ ...host, inbox }, parsed, { sourcesOnly: options.resolve === false }),
+    {
+      resolve: options.resolve ?? true,
+      verify: options.verify ?? true,
+      trust,
+      reach: host.policy.reach,
+    },
+  );
+  const transforms = hashTransforms(loaded.uses, base);
+  const old = current ? { parsed: was, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });
+  const fields = [...fieldChanges(was, parsed), ...changes.filter((line) => / transform /.test(line))];
   // Gone: what the version in force names and this one does not, and what an earlier version removed
   // that rows still wait for (so --cancel-waiting can let them go later).
   const states = await inbox.destinations();
@@ -211,21 +407,33 @@ export async function plan(inbox: Inbox, text: string, env: Env, base: string, r
     const s = states.find((d) => d.name === destination);
     return { destination, waiting: (s?.waiting ?? 0) + (s?.processing ?? 0), now: named.has(destination) };
   });
-  return { text, loaded, transforms, current, changes, removed };
+  return { text, loaded, transforms, current, changes, fields, way: options.way, trust, removed };
 }
 
-/** apply swaps a plan's document in, in one transaction, unless another version was applied since it was made. */
+/** auditTarget is what the audit log says a plan changes: the versions, and each part down to the field. */
+export function auditTarget(p: Plan, what = "configuration"): string {
+  const was = p.current?.version ?? 0;
+  return `${what}: version ${was + 1} (was ${was}): ${p.fields.join("; ") || "no change"}`;
+}
+
+/**
+ * apply swaps a plan's document in, in one transaction with its audit entry (when given), unless another
+ * version was applied since it was made.
+ */
 export function apply(
   inbox: Inbox,
   p: Plan,
-  options: { actor: string; cancelWaiting?: boolean },
+  options: { actor: string; cancelWaiting?: boolean; audit?: Audit },
 ): Promise<ConfigApplied> {
   return inbox.applyConfig(p.text, {
     actor: options.actor,
+    way: p.way,
+    trust: p.trust,
     expectedVersion: p.current?.version ?? 0,
     transforms: p.transforms,
     removed: p.removed.filter((r) => r.now || options.cancelWaiting).map((r) => r.destination),
     cancelWaiting: options.cancelWaiting ?? false,
+    ...(options.audit ? { audit: options.audit, parts: p.changes.length } : {}),
   });
 }
 
@@ -237,23 +445,34 @@ export function refusedLine(result: Exclude<ConfigApplied, { applied: true }>): 
   return `deliveries still wait for a destination this removes (${list}); nothing changed. Let them finish, or pass --cancel-waiting to set them aside as failed`;
 }
 
+/** FileApply names who applies a file, for the version (actor) and the audit log (who: `start:SCRIPT`, `sighup:SCRIPT`). */
+export interface FileApply {
+  actor: string;
+  who: string;
+  /** Read and check the destinations' secrets (the worker), or their shape only (the receiver). @default true */
+  resolve?: boolean;
+  /** Read every source's signing secret; false (the worker): only those whose variable is set. @default true */
+  verify?: boolean;
+}
+
 /**
- * applyText applies a sources file's text as the scripts do at start and on SIGHUP: checked whole, then
- * swapped in, planned again if another version lands meanwhile. It returns the version in force and what
- * changed (nothing when the text is the one in force), or throws why it was refused, nothing changed.
+ * applyText applies a sources file's text as the scripts do at start and on SIGHUP, the operator's way:
+ * checked whole, then swapped in with its audit entry, planned again if another version lands meanwhile. It
+ * returns the version in force and what changed (nothing when the text is the one in force), or throws why it
+ * was refused, nothing changed.
  */
 export async function applyText(
   inbox: Inbox,
   text: string,
-  env: Env,
+  host: Host,
   base: string,
-  actor: string,
-  resolveSecrets = true,
+  by: FileApply,
 ): Promise<{ version: number; changes: string[] }> {
   for (let tries = 0; tries < 5; tries++) {
-    const p = await plan(inbox, text, env, base, resolveSecrets);
+    const p = await plan(inbox, text, host, base, { way: "operator", resolve: by.resolve ?? true, verify: by.verify });
     if (p.changes.length === 0) return { version: p.current?.version ?? 0, changes: [] };
-    const result = await apply(inbox, p, { actor });
+    const audit = { who: by.who, operation: "config apply", target: auditTarget(p) };
+    const result = await apply(inbox, p, { actor: by.actor, audit });
     if (result.applied) return { version: result.version, changes: p.changes };
     if (result.reason === "waiting") throw new Error(refusedLine(result));
   }
@@ -267,13 +486,12 @@ export async function applyText(
 export async function reapplyFile(
   inbox: Inbox,
   path: string,
-  env: Env,
-  actor: string,
-  resolveSecrets = true,
+  host: Host,
+  by: FileApply,
 ): Promise<{ line: string; error: boolean }> {
   try {
     const { text } = readDocument(path);
-    const applied = await applyText(inbox, text, env, dirname(resolve(path)), actor, resolveSecrets);
+    const applied = await applyText(inbox, text, host, dirname(resolve(path)), by);
     return applied.changes.length === 0
       ? { line: `${path}: no change from configuration version ${applied.version}`, error: false }
       : {

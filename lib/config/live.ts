@@ -8,7 +8,7 @@ import type { Sender } from "../forwarding/forward.ts";
 import { checkTransforms, Transforms, type TransformLimits } from "../forwarding/transform.ts";
 import { message } from "../log.ts";
 import type { StoredConfig } from "../store.ts";
-import { loadConfig, parseDocument, transformDrift, type Env, type Loaded } from "./config.ts";
+import { type Host, type Loaded, loadVersion, transformDrift } from "./config.ts";
 
 /** Prepared is a configuration checked whole and ready to run: its parts, its transforms' threads loaded, its brokers' senders. */
 export interface Prepared {
@@ -22,19 +22,22 @@ export interface Prepared {
 export type Start = (prepared: Prepared, signal: AbortSignal) => Promise<unknown>;
 
 /**
- * prepare checks a stored configuration as a worker would run it: every secret read from env, each
- * transform the same as applied (transformDrift) and loaded, each broker's client installed. It returns
- * the reason it cannot be run, or the Prepared parts (whose threads release() lets go of).
+ * prepare checks a stored configuration as a worker would run it: the trust rule on the parts the API wrote,
+ * every secret read (the environment's, the store's opened; a source's signing secret only where it is set:
+ * the worker verifies none, and redacts those it knows), each transform the same as applied
+ * (transformDrift) and loaded, each broker's client installed. It returns the reason it cannot be run, or the
+ * Prepared parts (whose threads release() lets go of).
  */
 export async function prepare(
-  config: Pick<StoredConfig, "version" | "document" | "transforms">,
-  env: Env,
+  config: Pick<StoredConfig, "version" | "document" | "transforms"> & Partial<Pick<StoredConfig, "trust" | "way">>,
+  host: Host,
   base: string,
   limits: TransformLimits = {},
 ): Promise<Prepared | string> {
   let loaded: Loaded;
   try {
-    loaded = loadConfig(parseDocument(config.document), env);
+    // The worker's checks: a source's signing secret only where it is set (config.ts, SecretChecks).
+    loaded = await loadVersion(config, host, { verify: false });
   } catch (error) {
     return message(error);
   }

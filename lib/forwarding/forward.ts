@@ -9,6 +9,7 @@ import type { Agent } from "undici";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { secretKey, sign } from "../providers.ts";
+import { REFUSED_CODE } from "../reach.ts";
 import type { Redactor } from "../redact.ts";
 import type { HttpDestination, Operator } from "../routing/routes.ts";
 import type { Lease } from "../store.ts";
@@ -212,18 +213,26 @@ export function httpSender(
   const now = options.now ?? Date.now;
   const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
   const redactor = options.redactor;
-  const pool = (Agent: typeof import("undici").Agent): Agent =>
-    new Agent({
+  const pool = ({ Agent, buildConnector }: typeof import("undici")): Agent => {
+    const connect = {
+      timeout: destination.connectTimeoutMs,
+      rejectUnauthorized: true,
+      // A private CA is trusted besides the system's, not instead of them.
+      ...(destination.ca ? { ca: [...rootCertificates, destination.ca] } : {}),
+    };
+    return new Agent({
       connections: destination.maxInFlight,
-      connect: {
-        timeout: destination.connectTimeoutMs,
-        rejectUnauthorized: true,
-        // A private CA is trusted besides the system's, not instead of them.
-        ...(destination.ca ? { ca: [...rootCertificates, destination.ca] } : {}),
-      },
+      // A destination the API set is checked on the address each connection goes to (lib/reach.ts).
+      connect: destination.reach
+        ? (destination.reach.connector(
+            buildConnector as never,
+            connect,
+          ) as unknown as import("undici").buildConnector.connector)
+        : connect,
       headersTimeout: destination.timeoutMs,
       bodyTimeout: destination.timeoutMs,
     });
+  };
   let agent: Agent | undefined;
   const name = destination.name;
   return {
@@ -240,8 +249,9 @@ export function httpSender(
         controller.abort(new Error(`no answer within ${destination.timeoutMs} ms`));
       }, destination.timeoutMs);
       try {
-        const { Agent, request } = undiciModule ?? (await undici());
-        agent ??= pool(Agent);
+        const module = undiciModule ?? (await undici());
+        agent ??= pool(module);
+        const { request } = module;
         const res = await request(destination.url, {
           method: "POST",
           dispatcher: agent,
@@ -263,6 +273,9 @@ export function httpSender(
         if (timedOut && !signal.aborted)
           return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
         if (signal.aborted) return { kind: "retry", error: `forward to ${name} stopped: ${message(signal.reason)}` };
+        // The rule refused the address: no retry reaches it until the operator allows it, and the
+        // destination said nothing, so its breaker counts the try as it counts a permanent 4xx: not down.
+        if (codeOf(error) === REFUSED_CODE) return refused(name, error);
         if (codeOf(error) === "UND_ERR_CONNECT_TIMEOUT")
           return {
             kind: "retry",
@@ -300,6 +313,14 @@ async function firstBytes(
   }
   const all = Buffer.concat(chunks);
   return { text: all.subarray(0, n + more).toString("utf8"), keep: all.subarray(0, n).toString("utf8").length };
+}
+
+// refused is the Outcome of a forward whose connection the address rule refused (lib/reach.ts): set aside
+// now, saying why, for the operator to allow the range and retry.
+function refused(name: string, error: unknown): Outcome {
+  const e = error as { message?: string; cause?: { code?: string; message?: string } };
+  const why = e.cause?.code === REFUSED_CODE ? e.cause.message : e.message;
+  return { kind: "failed", error: `${name}: ${why ?? "refused"}` };
 }
 
 // codeOf is a network failure's code, on the error or on its cause.
@@ -342,27 +363,42 @@ export async function announce(
     JSON.stringify({ type: event.type, timestamp: new Date(nowMs).toISOString(), data: event.data }),
   );
   let last = "";
-  for (let attempt = 1; attempt <= 3; attempt++) {
-    try {
-      const { request } = await undici();
-      const res = await request(operator.url, {
-        method: "POST",
-        body,
-        signal: AbortSignal.timeout(5_000),
-        headers: {
-          ...operator.headers,
-          "content-type": "application/json",
-          "user-agent": "webhook-inbox",
-          ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)),
-        },
-      });
-      await res.body.dump().catch(() => {});
-      if (res.statusCode >= 200 && res.statusCode < 300) return true;
-      last = `HTTP ${res.statusCode}`;
-    } catch (error) {
-      last = describe(error);
+  const module = await undici();
+  // An $operator the API set is held to the address rule, as its destinations are.
+  const dispatcher = operator.reach
+    ? new module.Agent({
+        connect: operator.reach.connector(module.buildConnector as never, {
+          timeout: 5_000,
+        }) as unknown as import("undici").buildConnector.connector,
+      })
+    : undefined;
+  try {
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      try {
+        const res = await module.request(operator.url, {
+          method: "POST",
+          ...(dispatcher ? { dispatcher } : {}),
+          body,
+          signal: AbortSignal.timeout(5_000),
+          headers: {
+            ...operator.headers,
+            "content-type": "application/json",
+            "user-agent": "webhook-inbox",
+            ...signatures(operator.secrets, id, body, Math.floor(nowMs / 1000)),
+          },
+        });
+        await res.body.dump().catch(() => {});
+        if (res.statusCode >= 200 && res.statusCode < 300) return true;
+        last = `HTTP ${res.statusCode}`;
+      } catch (error) {
+        last = describe(error);
+        // A refused address stays refused: trying again reaches nothing.
+        if (codeOf(error) === REFUSED_CODE) break;
+      }
+      if (attempt < 3) await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
     }
-    if (attempt < 3) await new Promise((resolve) => setTimeout(resolve, 200 * attempt));
+  } finally {
+    await dispatcher?.close().catch(() => {});
   }
   return `the operator's URL did not take ${event.type} (${last})`;
 }

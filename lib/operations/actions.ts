@@ -7,8 +7,8 @@
 import { randomBytes } from "node:crypto";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import { destinationNames } from "../rows.ts";
-import { type Delivery, type DestinationState, type Filter, type Inbox, TEST_SOURCE } from "../store.ts";
+import { destinationNames, sha256 } from "../rows.ts";
+import { type Audit, type Delivery, type DestinationState, type Filter, type Inbox, TEST_SOURCE } from "../store.ts";
 import { HttpError } from "./input.ts";
 
 /** Target is one delivery, and optionally one destination's row of it. */
@@ -100,20 +100,33 @@ export async function destinationStates(inbox: Inbox, configured: readonly strin
   ].sort((a, b) => (a.name < b.name ? -1 : 1));
 }
 
-/** retryOne queues a delivery's failed row for one destination again, or every failed row of it when none is named. */
-export async function retryOne(inbox: Inbox, target: Target, batch: number = DEFAULTS.bulkBatch): Promise<number> {
+/**
+ * retryOne queues a delivery's failed row for one destination again, or every failed row of it when none is
+ * named; audit, where given, is written in the same transaction (as for every action here).
+ */
+export async function retryOne(
+  inbox: Inbox,
+  target: Target,
+  batch: number = DEFAULTS.bulkBatch,
+  audit?: Audit,
+): Promise<number> {
   const { source, id, destination } = target;
   return destination === undefined
-    ? inbox.retry({ source, id })
-    : inbox.retryMatching({ source, id, destination, status: "failed" }, { batch });
+    ? inbox.retry({ source, id }, audit)
+    : inbox.retryMatching({ source, id, destination, status: "failed" }, { batch, ...(audit ? { audit } : {}) });
 }
 
 /** replayOne puts a done delivery through again: one destination's row, or every done row of it. */
-export async function replayOne(inbox: Inbox, target: Target, batch: number = DEFAULTS.bulkBatch): Promise<number> {
+export async function replayOne(
+  inbox: Inbox,
+  target: Target,
+  batch: number = DEFAULTS.bulkBatch,
+  audit?: Audit,
+): Promise<number> {
   const { source, id, destination } = target;
   const { replayed } = await inbox.replayMatching(
     { source, id, ...(destination === undefined ? {} : { destination }) },
-    { batch },
+    { batch, ...(audit ? { audit } : {}) },
   );
   return replayed;
 }
@@ -124,10 +137,12 @@ export async function retryOrReplayAll(
   kind: "retry" | "replay",
   filter: Filter,
   batch: number = DEFAULTS.bulkBatch,
+  audit?: Audit,
 ): Promise<number> {
+  const options = { batch, ...(audit ? { audit } : {}) };
   return kind === "retry"
-    ? inbox.retryMatching(filter, { batch })
-    : (await inbox.replayMatching(filter, { batch })).replayed;
+    ? inbox.retryMatching(filter, options)
+    : (await inbox.replayMatching(filter, options)).replayed;
 }
 
 /**
@@ -140,16 +155,25 @@ export async function retryGroup(
   key: string,
   redact: (text: string) => string,
   batch: number = DEFAULTS.bulkBatch,
+  audit?: Audit,
 ): Promise<number> {
   let n = 0;
+  let tried = 0;
   let after: Delivery | undefined;
   for (;;) {
     const page = await inbox.search({ status: "failed" }, { after, limit: batch });
     const mine = page.filter((d) => normaliseError(d.error === null ? null : redact(d.error)) === key);
-    n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id })))).reduce((a, b) => a + b, 0);
+    // Every retry adds its count to the one entry (Audit's change), each in its own retry's transaction.
+    tried += mine.length;
+    n += (await Promise.all(mine.map((d) => inbox.retry({ source: d.source, id: d.id }, audit)))).reduce(
+      (a, b) => a + b,
+      0,
+    );
     if (page.length < batch) break;
     after = page.at(-1);
   }
+  // A group found empty changed nothing, and is kept as asked all the same.
+  if (audit && tried === 0) await inbox.addAudit({ at: audit.at ?? Date.now(), ...audit, count: 0 });
   return n;
 }
 
@@ -175,11 +199,11 @@ async function tell(
 export async function pauseDestination(
   inbox: Inbox,
   input: { destination: string; reason: string; by: string },
-  options: { configured?: readonly string[]; announce?: Announce } = {},
+  options: { configured?: readonly string[]; announce?: Announce; audit?: Audit } = {},
 ): Promise<Changed> {
   const { destination, reason, by } = input;
   await known(inbox, destination, options.configured ?? []);
-  const changed = await inbox.pause(destination, reason);
+  const changed = await inbox.pause(destination, reason, options.audit);
   if (!changed) return { changed };
   const told = await tell(options.announce, { type: "destination.paused", data: { destination, reason, by } });
   return told === undefined ? { changed } : { changed, told };
@@ -189,11 +213,11 @@ export async function pauseDestination(
 export async function resumeDestination(
   inbox: Inbox,
   input: { destination: string; by: string },
-  options: { configured?: readonly string[]; announce?: Announce } = {},
+  options: { configured?: readonly string[]; announce?: Announce; audit?: Audit } = {},
 ): Promise<Changed> {
   const { destination, by } = input;
   await known(inbox, destination, options.configured ?? []);
-  const changed = await inbox.resume(destination);
+  const changed = await inbox.resume(destination, options.audit);
   if (!changed) return { changed };
   const told = await tell(options.announce, { type: "destination.resumed", data: { destination, by } });
   return told === undefined ? { changed } : { changed, told };
@@ -215,10 +239,12 @@ export interface SentTest {
  * JSON body {type, id, data} (data as given, else a line saying what it is), event type TEST_EVENT, origin
  * "test", under TEST_SOURCE with an ID of its own (test_, the time, random hex). No route or filter is asked:
  * the destination's worker forwards it as any other, its transform run, signed. Another destination is a 404.
+ * It is written whole, as a row is restored, so that its audit entry (audit, given the delivery it names)
+ * goes in the same transaction.
  */
 export async function sendTest(
   inbox: Inbox,
-  input: { destination: string; data?: unknown; now: number },
+  input: { destination: string; data?: unknown; now: number; audit?: (target: string) => Audit },
 ): Promise<SentTest> {
   const { destination, now } = input;
   const stored = await inbox.readConfig();
@@ -229,16 +255,41 @@ export async function sendTest(
     );
   const id = `test_${now}_${randomBytes(4).toString("hex")}`;
   const data = input.data ?? { message: "A test delivery from webhook-inbox.", destination };
-  const result = await inbox.store({
-    source: TEST_SOURCE,
-    id,
-    body: Buffer.from(JSON.stringify({ type: TEST_EVENT, id, data })),
-    contentType: "application/json",
-    eventType: TEST_EVENT,
-    destinations: [destination],
-    origin: "test",
-  });
+  const body = Buffer.from(JSON.stringify({ type: TEST_EVENT, id, data }));
+  const sent = { source: TEST_SOURCE, id, eventType: TEST_EVENT, destination };
+  const added = await inbox.restore(
+    [
+      {
+        source: TEST_SOURCE,
+        id,
+        body,
+        bodySha256: sha256(body),
+        contentType: "application/json",
+        eventType: TEST_EVENT,
+        providerTime: null,
+        receivedAt: now,
+        status: "received",
+        attempts: 0,
+        availableAt: now,
+        leasedUntil: null,
+        error: null,
+        conflicts: 0,
+        finishedAt: null,
+        replays: 0,
+        purgedAt: null,
+        orderKey: null,
+        eventTime: null,
+        newerId: null,
+        destination,
+        route: 0,
+        headers: null,
+        traceparent: null,
+        origin: "test",
+      },
+    ],
+    input.audit?.(targetLabel(sent)),
+  );
   // Random bytes make the ID new; a duplicate would mean the clock and 32 random bits both repeated.
-  if (result !== "stored") throw new Error(`send test ${TEST_SOURCE}/${id}: the store answered ${result}`);
-  return { source: TEST_SOURCE, id, eventType: TEST_EVENT, destination };
+  if (added !== 1) throw new Error(`send test ${TEST_SOURCE}/${id}: it was there already`);
+  return sent;
 }

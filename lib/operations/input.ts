@@ -4,7 +4,7 @@
 
 import type { IncomingMessage } from "node:http";
 import { type Cursor, DESTINATION_NAME, STATUSES, type Delivery, type Filter, type Status } from "../store.ts";
-import { utc } from "../format.ts";
+import { parseDuration, utc } from "../format.ts";
 
 const MAX_FORM_BYTES = 64 * 1024;
 
@@ -35,17 +35,26 @@ export async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
 /** The filter fields as they appear in a URL, so a link to a list can be shared. */
 const FILTER_FIELDS = ["status", "source", "destination", "type", "since", "until", "id", "q", "error"] as const;
 
-// parseTime reads a time field: an ISO date (UTC when it names no zone), or a number of ms since the epoch.
-function parseTime(value: string, field: string): number {
+/**
+ * parseTime reads a time field as the page, the API and the CLI take one: a number of ms since the epoch, an
+ * ISO date (UTC when it names no zone), or an age ago (30m, 2h, 3d, 2w) from now.
+ */
+export function parseTime(value: string | number, field: string, now: number): number {
+  if (typeof value === "number") return value;
   if (/^\d+$/.test(value)) return Number(value);
+  const ago = parseDuration(value);
+  if (ago !== undefined) return now - ago;
   const ms = Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(value) ? value : `${value}Z`);
   if (Number.isNaN(ms))
-    throw new HttpError(400, `${field}: expected a date such as 2026-12-02T19:00 (UTC), got ${value}`);
+    throw new HttpError(
+      400,
+      `${field}: expected a date such as 2026-12-02T19:00 (UTC), or an age ago such as 2h or 3d, got ${value}`,
+    );
   return ms;
 }
 
-/** filterFrom reads a Filter from query or form fields; an empty field means no constraint. */
-export function filterFrom(params: URLSearchParams): Filter {
+/** filterFrom reads a Filter from query or form fields, an age taken back from now; an empty field means no constraint. */
+export function filterFrom(params: URLSearchParams, now: number): Filter {
   const get = (name: string) => params.get(name)?.trim() || undefined;
   const filter: Filter = {};
   const status = get("status");
@@ -74,8 +83,8 @@ export function filterFrom(params: URLSearchParams): Filter {
   if (id !== undefined) filter.id = id;
   if (q !== undefined) filter.bodyContains = q;
   if (error !== undefined) filter.errorMatch = error;
-  if (since !== undefined) filter.since = parseTime(since, "since");
-  if (until !== undefined) filter.until = parseTime(until, "until");
+  if (since !== undefined) filter.since = parseTime(since, "since", now);
+  if (until !== undefined) filter.until = parseTime(until, "until", now);
   return filter;
 }
 
@@ -124,8 +133,8 @@ export function destinationField(form: URLSearchParams): string | undefined {
 }
 
 /** bulkFilter is the filter a bulk action works on: retry takes the failed ones that match, replay the done ones. */
-export function bulkFilter(params: URLSearchParams, kind: "retry" | "replay"): Filter {
-  const filter = filterFrom(params);
+export function bulkFilter(params: URLSearchParams, kind: "retry" | "replay", now: number): Filter {
+  const filter = filterFrom(params, now);
   const needed = kind === "retry" ? "failed" : "done";
   if (filter.status !== undefined && filter.status !== needed) {
     throw new HttpError(

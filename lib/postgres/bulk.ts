@@ -6,12 +6,13 @@
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
-import type { BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
+import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql } from "../sql.ts";
+import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
 import type { Pool } from "./pool.ts";
+import { writeAudit } from "./records.ts";
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
 export interface CommitQueue {
@@ -47,7 +48,7 @@ export class PostgresBulk {
     this.committee.notify(client, added);
   }
 
-  restore(deliveries: readonly Delivery[]): Promise<number> {
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
     const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
@@ -105,6 +106,7 @@ export class PostgresBulk {
         if (r.order_key !== null)
           keys.set(JSON.stringify([r.source, r.destination, r.order_key]), [r.source, r.destination, r.order_key]);
       if (keys.size > 0) await rebuildKeys(client, [...keys.values()].sort());
+      await writeAudit(client, audit, rows.length, this.now());
       return rows.length;
     }) as Promise<number>;
   }
@@ -113,7 +115,7 @@ export class PostgresBulk {
     const failed = "status = 'failed' AND purged_at IS NULL";
     if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, failed, options.batch, async (client, keys) => {
+    await this.inBatches(filter, failed, options, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
@@ -123,6 +125,7 @@ export class PostgresBulk {
       total += rows.length;
       await settleRows(client, rows, false);
       this.notify(client, rows.length);
+      return rows.length;
     });
     return total;
   }
@@ -136,7 +139,7 @@ export class PostgresBulk {
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+    await this.inBatches(filter, kept, options, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
@@ -148,6 +151,7 @@ export class PostgresBulk {
       replayed += rows.length;
       await settleRows(client, rows, false);
       this.notify(client, rows.length);
+      return rows.length;
     });
     return { replayed, tombstoned: await tombstoned() };
   }
@@ -163,12 +167,16 @@ export class PostgresBulk {
     replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    if (options.dryRun) {
+      const { where, params } = filterSql(filter, "postgres");
+      const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
+      return { replayed: Number(rows[0].n), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
-    await this.inBatches(filter, kept, options.batch, async (client, keys) => {
+    await this.inBatches(filter, kept, options, async (client, keys) => {
       const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
-      if (mine.length === 0) return;
+      if (mine.length === 0) return 0;
       const args = [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), mine.map((k) => k.route!), to];
       const again = await client.query(
         `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
@@ -211,6 +219,7 @@ export class PostgresBulk {
         );
       }
       this.notify(client, again.rows.length + added.rows.length);
+      return again.rows.length + added.rows.length;
     });
     return { replayed, tombstoned: await tombstoned() };
   }
@@ -225,15 +234,16 @@ export class PostgresBulk {
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
-  // rows and handing their keys to act inside it. The cursor moves past every batch, so a delivery a
-  // worker changes meanwhile (retried, then failed again) is never taken twice in one run.
+  // rows and handing their keys to act inside it; what act changed is added to the audit entry in the same
+  // transaction (the first batch writes it, even when it changes nothing). The cursor moves past every
+  // batch, so a delivery a worker changes meanwhile (retried, then failed again) is never taken twice in one run.
   private async inBatches(
     filter: Filter,
     also: string,
-    batch: number | undefined,
-    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<void>,
+    options: BulkOptions,
+    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<number>,
   ): Promise<void> {
-    const size = bulkBatchSize(batch);
+    const size = bulkBatchSize(options.batch);
     const { where, params } = filterSql(filter, "postgres");
     let after: Cursor | undefined;
     for (;;) {
@@ -257,7 +267,8 @@ export class PostgresBulk {
           id: r.id as string,
           route: r.route as number,
         }));
-        if (keys.length > 0) await act(client, keys);
+        const changed = keys.length > 0 ? await act(client, keys) : 0;
+        await writeAudit(client, options.audit, changed, this.now());
         return keys;
       })) as Cursor[];
       if (picked.length < size) return;
@@ -280,7 +291,12 @@ export class PostgresBulk {
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
     for (;;) {
       const { n, bytes } = await paced(rest, () =>
-        this.dropBatch("status = 'done' AND purged_at IS NULL AND received_at < ?::bigint", [bodiesBefore], batch),
+        this.dropBatch(
+          "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
+          [bodiesBefore],
+          batch,
+          options.audit,
+        ),
       );
       purged.bodies += n;
       purged.bytes += bytes;
@@ -290,8 +306,8 @@ export class PostgresBulk {
     for (;;) {
       if (options.signal?.aborted) return purged;
       const n = (await paced(rest, () =>
-        this.other(
-          async (client) =>
+        this.other(async (client) => {
+          const forgot =
             (
               await client.query(
                 `DELETE FROM deliveries WHERE (source, id, route) IN (
@@ -299,8 +315,10 @@ export class PostgresBulk {
            ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
                 [forgetBefore, batch],
               )
-            ).rowCount ?? 0,
-        ),
+            ).rowCount ?? 0;
+          await writeAudit(client, options.audit, forgot, this.now());
+          return forgot;
+        }),
       )) as number;
       purged.forgotten += n;
       if (n < batch) break;
@@ -321,7 +339,7 @@ export class PostgresBulk {
     }
     const total = { bodies: 0, bytes: 0 };
     for (;;) {
-      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size));
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size, options.audit));
       total.bodies += n;
       total.bytes += bytes;
       if (n < size) break;
@@ -331,7 +349,12 @@ export class PostgresBulk {
 
   // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
   // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
-  private dropBatch(where: string, params: SqlValue[], batch: number): Promise<{ n: number; bytes: number }> {
+  private dropBatch(
+    where: string,
+    params: SqlValue[],
+    batch: number,
+    audit: Audit | undefined,
+  ): Promise<{ n: number; bytes: number }> {
     return this.other(async (client) => {
       const { rows } = await client.query(
         toPg(`WITH p AS (SELECT source, id, route, octet_length(body) AS bytes FROM deliveries WHERE ${where}
@@ -341,6 +364,7 @@ export class PostgresBulk {
               RETURNING p.bytes`),
         [...params, batch, this.pinned ? this.pinned() : Date.now()],
       );
+      await writeAudit(client, audit, rows.length, this.now());
       return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
     }) as Promise<{ n: number; bytes: number }>;
   }

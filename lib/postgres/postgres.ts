@@ -13,7 +13,7 @@ import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, 
 import { PostgresBulk } from "./bulk.ts";
 import { enterKeys, settleKeys, settleRows } from "./keys.ts";
 import { PostgresReads } from "./reads.ts";
-import { PostgresRecords } from "./records.ts";
+import { PostgresRecords, writeAudit } from "./records.ts";
 import { migrate } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -50,7 +50,9 @@ import {
   type DestinationState,
   type Gauges,
   type ApiKey,
+  type Audit,
   type AuditEntry,
+  type StoredSecret,
   type Remembered,
   type ApplyConfigOptions,
   type ConfigApplied,
@@ -58,7 +60,7 @@ import {
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
-import { sha256, toDelivery } from "../rows.ts";
+import { conflicts, sha256, toDelivery } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -204,8 +206,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return this.reads.gauges();
   }
 
-  restore(deliveries: readonly Delivery[]): Promise<number> {
-    return this.bulk.restore(deliveries);
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    return this.bulk.restore(deliveries, audit);
   }
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     return this.bulk.retryMatching(filter, options);
@@ -541,7 +543,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     ) as Promise<boolean>;
   }
 
-  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
+  retry(target: { source?: string; id: string } | { allFailed: true }, audit?: Audit): Promise<number> {
     return this.other(async (client) => {
       const { rows } =
         "allFailed" in target
@@ -556,12 +558,13 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
               [this.now(), target.source ?? DEFAULTS.source, target.id],
             );
       await settleRows(client, rows, false);
+      await writeAudit(client, audit, rows.length, this.now());
       this.notify(client, rows.length);
       return rows.length;
     }) as Promise<number>;
   }
 
-  async pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
+  async pause(destination: string, reason: string = "paused by a person", audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
     await this.made(destination);
     return this.other(
@@ -571,6 +574,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW} WHERE NOT d.paused`,
           [this.now(), destination, reason],
         );
+        await writeAudit(client, audit, rowCount ?? 0, this.now());
         return rowCount === 1;
       },
       false,
@@ -578,7 +582,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     ) as Promise<boolean>;
   }
 
-  async resume(destination: string): Promise<boolean> {
+  async resume(destination: string, audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
     return this.other(
       async (client) => {
@@ -588,6 +592,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          WHERE name = $2 AND paused`,
           [this.now(), destination],
         );
+        await writeAudit(client, audit, rowCount ?? 0, this.now());
         if (rowCount === 1) this.notify(client, 1);
         return rowCount === 1;
       },
@@ -800,24 +805,30 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // FOR KEY SHARE writes a lock, so this COMMIT waits for the standby like any write: a copy stored by a
     // COMMIT whose wait was cancelled (committed here, perhaps not on the standby) is answered only once it
     // is there too. It blocks no update, only a delete (purge skips locked rows).
+    // Its body is read only where it came from reconcile (rows.ts conflicts()).
     const kept = await client.query(
-      `SELECT source, id, body_sha256 FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
+      `SELECT source, id, body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+         FROM deliveries WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
        FOR KEY SHARE`,
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],
     );
-    const digests = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r.body_sha256 as string]));
-    const conflicts = new Map<string, number>();
+    const keptRows = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r]));
+    const conflicting = new Map<string, number>();
     for (const op of others) {
-      const conflict = digests.get(key(op)) !== op.digest;
+      const conflict = conflicts(
+        keptRows.get(key(op)) ?? { sha256: "", origin: "", body: null },
+        op.digest,
+        op.incoming.body,
+      );
       results.set(op, conflict ? "conflict" : "duplicate");
-      if (conflict) conflicts.set(key(op), (conflicts.get(key(op)) ?? 0) + 1);
+      if (conflict) conflicting.set(key(op), (conflicting.get(key(op)) ?? 0) + 1);
     }
-    if (conflicts.size > 0) {
-      const keys = [...conflicts.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
+    if (conflicting.size > 0) {
+      const keys = [...conflicting.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
       await client.query(
         `UPDATE deliveries d SET conflicts = d.conflicts + u.n
          FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i AND d.route = 0`,
-        [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicts.get(k.join("\u0000"))!)],
+        [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicting.get(k.join("\u0000"))!)],
       );
     }
     this.notify(client, stored.size);
@@ -915,8 +926,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }));
   }
 
-  addApiKey(key: ApiKey): Promise<void> {
-    return this.records.addApiKey(key);
+  addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
+    return this.records.addApiKey(key, audit);
   }
   apiKeys(): Promise<ApiKey[]> {
     return this.records.apiKeys();
@@ -924,8 +935,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
     return this.records.apiKeyByHash(hash);
   }
-  revokeApiKey(id: string, at: number): Promise<boolean> {
-    return this.records.revokeApiKey(id, at);
+  revokeApiKey(id: string, at: number, audit?: Audit): Promise<boolean> {
+    return this.records.revokeApiKey(id, at, audit);
   }
   remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
     return this.records.remember(record, expiredBefore);
@@ -939,6 +950,24 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
     return this.records.auditLog(page);
   }
+  auditCounts(): Promise<{ kind: string; n: number }[]> {
+    return this.records.auditCounts();
+  }
+  setSecret(secret: StoredSecret, audit?: Audit): Promise<boolean> {
+    return this.records.setSecret(secret, audit);
+  }
+  deleteSecret(name: string, audit?: Audit): Promise<boolean> {
+    return this.records.deleteSecret(name, audit);
+  }
+  secrets(): Promise<StoredSecret[]> {
+    return this.records.secrets();
+  }
+  putSecrets(secrets: readonly StoredSecret[], audit?: Audit): Promise<number> {
+    return this.records.putSecrets(secrets, audit);
+  }
+  secretsVersion(): Promise<number> {
+    return this.records.secretsVersion();
+  }
   readConfig(): Promise<StoredConfig | undefined> {
     return this.records.readConfig();
   }
@@ -947,5 +976,17 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   }
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
     return this.records.applyConfig(document, options);
+  }
+  configHistory(): Promise<StoredConfig[]> {
+    return this.records.configHistory();
+  }
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.records.restoreConfig(versions);
+  }
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.records.restoreApiKeys(keys);
+  }
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.records.restoreAudit(entries);
   }
 }

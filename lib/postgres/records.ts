@@ -1,12 +1,51 @@
 // postgres/records.ts: what a PostgresInbox keeps beside its deliveries: each applied version of the
-// configuration (lib/config/), the API's keys (by hash alone), each POST's first answer under its
-// Idempotency-Key, and the audit log. Held by PostgresInbox, as its reads and bulk writes are.
+// configuration (lib/config/) with the way it came, the API's keys (by hash alone), each POST's first answer
+// under its Idempotency-Key, the secrets (sealed: lib/secrets.ts), and the audit log, which writeAudit() adds
+// to inside whichever transaction makes the change. Held by PostgresInbox, as its reads and bulk writes are.
 
 import type pg from "pg";
 import { NOW, type Locks } from "./commit.ts";
 import type { Pool } from "./pool.ts";
-import type { ApiKey, ApplyConfigOptions, AuditEntry, ConfigApplied, Remembered, StoredConfig } from "../store.ts";
-import { destinationNames, REMOVED, toApiKey, toAuditEntry, toConfig, toRemembered } from "../rows.ts";
+import type {
+  ApiKey,
+  ApplyConfigOptions,
+  Audit,
+  AuditEntry,
+  ConfigApplied,
+  Remembered,
+  StoredConfig,
+  StoredSecret,
+} from "../store.ts";
+import {
+  changeOf,
+  destinationNames,
+  REMOVED,
+  toApiKey,
+  toAuditEntry,
+  toConfig,
+  toRemembered,
+  toStoredSecret,
+} from "../rows.ts";
+
+/**
+ * writeAudit writes a change's entry in the transaction that makes the change: its first write adds the
+ * entry, a later one (the next batch of a bulk change) adds its count to it. A failure here (a full disk, a
+ * trigger or a privilege that refuses) fails the change's own op, which is then not made. now is the
+ * statements' $1 (NOW): the pinned clock, else null and the database's own.
+ */
+export async function writeAudit(
+  client: pg.PoolClient,
+  audit: Audit | undefined,
+  count: number,
+  now: number | null,
+): Promise<void> {
+  if (!audit) return;
+  await client.query(
+    `INSERT INTO audit AS a (at, who, operation, target, count, change) VALUES (${NOW}, $2, $3, $4, $5, $6)
+     ON CONFLICT (change) DO UPDATE SET count = a.count + excluded.count`,
+    [audit.at ?? now, audit.who, audit.operation, audit.target, count, changeOf(audit)],
+  );
+}
 
 /** RecordsQueue is what PostgresRecords needs of its inbox: the pool, the clock, the commit queue, LISTEN's channel. */
 export interface RecordsQueue {
@@ -34,12 +73,14 @@ export class PostgresRecords {
   }
 
   /** addApiKey stores a key's hash, name and scope, never the key. */
-  async addApiKey(key: ApiKey): Promise<void> {
-    await this.pool.query(
-      "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
-      [key.id, key.name, key.scope, key.hash, key.createdAt, key.revokedAt],
-      { retry: false },
-    );
+  async addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
+    await this.o.other(async (client) => {
+      await client.query(
+        "INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        [key.id, key.name, key.scope, key.hash, key.createdAt, key.revokedAt],
+      );
+      await writeAudit(client, audit, 1, this.now());
+    });
   }
 
   /** apiKeys lists every key, oldest first. */
@@ -54,9 +95,15 @@ export class PostgresRecords {
   }
 
   /** revokeApiKey marks a live key revoked. */
-  async revokeApiKey(id: string, at: number): Promise<boolean> {
-    const sql = "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL";
-    return (await this.pool.query(sql, [at, id], { retry: false })).rowCount === 1;
+  revokeApiKey(id: string, at: number, audit?: Audit): Promise<boolean> {
+    return this.o.other(async (client) => {
+      const { rowCount } = await client.query(
+        "UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL",
+        [at, id],
+      );
+      await writeAudit(client, audit, rowCount ?? 0, this.now());
+      return rowCount === 1;
+    }) as Promise<boolean>;
   }
 
   /** remember keeps a POST's first answer; a live one already there wins. */
@@ -81,13 +128,17 @@ export class PostgresRecords {
     return rows[0] ? toRemembered(rows[0]) : undefined;
   }
 
-  /** addAudit appends one change to the audit log. */
+  /** addAudit appends an entry for a change that wrote nothing else. */
   async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
-    await this.pool.query(
-      "INSERT INTO audit (at, who, operation, target, count) VALUES ($1, $2, $3, $4, $5)",
-      [entry.at, entry.who, entry.operation, entry.target, entry.count],
-      { retry: false },
+    await this.o.other((client) => writeAudit(client, entry, entry.count, this.now()));
+  }
+
+  /** auditCounts counts the entries by their actor's kind, the part of who before its first ":". */
+  async auditCounts(): Promise<{ kind: string; n: number }[]> {
+    const { rows } = await this.pool.query(
+      "SELECT split_part(who, ':', 1) AS kind, count(*) AS n FROM audit GROUP BY 1 ORDER BY 1",
     );
+    return rows.map((r: { kind: string; n: string }) => ({ kind: r.kind, n: Number(r.n) }));
   }
 
   /** auditLog lists the audit log newest first, a page at a time. */
@@ -102,7 +153,7 @@ export class PostgresRecords {
   /** readConfig reads the newest applied configuration, or undefined. */
   async readConfig(): Promise<StoredConfig | undefined> {
     const { rows } = await this.pool.query(
-      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version DESC LIMIT 1",
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config ORDER BY version DESC LIMIT 1",
     );
     return rows[0] && toConfig(rows[0]);
   }
@@ -111,6 +162,78 @@ export class PostgresRecords {
   async configVersion(): Promise<number> {
     const { rows } = await this.pool.query("SELECT coalesce(max(version), 0) AS v FROM inbox_config");
     return Number(rows[0].v);
+  }
+
+  /** configHistory reads every applied version, oldest first. */
+  async configHistory(): Promise<StoredConfig[]> {
+    const { rows } = await this.pool.query(
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config ORDER BY version",
+    );
+    return rows.map(toConfig);
+  }
+
+  /** restoreConfig writes versions as they are, in one statement; those already there are skipped. */
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.restoreRows(
+      `INSERT INTO inbox_config (version, document, transforms, actor, applied_at, way, trust)
+       SELECT * FROM unnest($1::integer[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
+       ON CONFLICT DO NOTHING`,
+      versions,
+      [
+        (v) => v.version,
+        (v) => v.document,
+        (v) => JSON.stringify(v.transforms),
+        (v) => v.actor,
+        (v) => v.appliedAt,
+        (v) => v.way ?? "operator",
+        (v) => JSON.stringify(v.trust ?? {}),
+      ],
+    );
+  }
+
+  /** restoreApiKeys writes keys as they are, in one statement; an ID or a hash already there is skipped. */
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.restoreRows(
+      `INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) ON CONFLICT DO NOTHING`,
+      keys,
+      [(k) => k.id, (k) => k.name, (k) => k.scope, (k) => k.hash, (k) => k.createdAt, (k) => k.revokedAt],
+    );
+  }
+
+  // restoreRows runs one INSERT … SELECT * FROM unnest(…) over the rows, a parameter per column, and counts what it wrote.
+  private async restoreRows<T>(sql: string, rows: readonly T[], columns: ((row: T) => unknown)[]): Promise<number> {
+    const { rowCount } = await this.pool.query(
+      sql,
+      columns.map((column) => rows.map(column)),
+      { retry: false },
+    );
+    return rowCount ?? 0;
+  }
+
+  /**
+   * restoreAudit writes entries with their seq (OVERRIDING the identity), then moves the identity past the
+   * highest, so the next entry the API adds does not take a seq that is there; one already there is skipped.
+   */
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.o.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO audit (seq, at, who, operation, target, count) OVERRIDING SYSTEM VALUE
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::integer[]) ON CONFLICT DO NOTHING`,
+        [
+          entries.map((e) => e.seq),
+          entries.map((e) => e.at),
+          entries.map((e) => e.who),
+          entries.map((e) => e.operation),
+          entries.map((e) => e.target),
+          entries.map((e) => e.count),
+        ],
+      );
+      await client.query(
+        "SELECT setval(pg_get_serial_sequence('audit', 'seq'), max(seq)) FROM audit HAVING max(seq) IS NOT NULL",
+      );
+      return rowCount ?? 0;
+    }) as Promise<number>;
   }
 
   /** applyConfig stores a new version under a lock, pausing what it removes and resuming what it brings back; its commit NOTIFYs. */
@@ -159,12 +282,79 @@ export class PostgresRecords {
         [this.now(), `${REMOVED}%`, destinationNames(document).filter((n) => !removed.includes(n))],
       );
       await client.query(
-        `INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES ($2, $3, $4, $5, ${NOW})`,
-        [this.now(), version, document, JSON.stringify(options.transforms ?? {}), options.actor],
+        `INSERT INTO inbox_config (version, document, transforms, actor, applied_at, way, trust)
+         VALUES ($2, $3, $4, $5, ${NOW}, $6, $7)`,
+        [
+          this.now(),
+          version,
+          document,
+          JSON.stringify(options.transforms ?? {}),
+          options.actor,
+          options.way ?? "operator",
+          JSON.stringify(options.trust ?? {}),
+        ],
       );
+      await writeAudit(client, options.audit, options.parts ?? 1, this.now());
       // Every receiver and worker listening takes the new version up at this commit.
       await client.query("SELECT pg_notify($1, 'config')", [this.o.channel()]);
       return { applied: true, version, cancelled };
     }) as Promise<ConfigApplied>;
+  }
+
+  /** setSecret stores a sealed secret in place of one of its name; its commit wakes the watchers. */
+  setSecret(secret: StoredSecret, audit?: Audit): Promise<boolean> {
+    return this.o.other(async (client) => {
+      const { rows } = await client.query("SELECT 1 FROM secrets WHERE name = $1 FOR UPDATE", [secret.name]);
+      await this.putOne(client, secret);
+      await writeAudit(client, audit, 1, this.now());
+      return rows.length === 0;
+    }) as Promise<boolean>;
+  }
+
+  /** deleteSecret removes a secret; its commit wakes the watchers. */
+  deleteSecret(name: string, audit?: Audit): Promise<boolean> {
+    return this.o.other(async (client) => {
+      const { rowCount } = await client.query("DELETE FROM secrets WHERE name = $1", [name]);
+      if (rowCount) await this.changed(client);
+      await writeAudit(client, audit, rowCount ?? 0, this.now());
+      return rowCount === 1;
+    }) as Promise<boolean>;
+  }
+
+  /** secrets reads every secret as kept, by name. */
+  async secrets(): Promise<StoredSecret[]> {
+    return (await this.pool.query("SELECT * FROM secrets ORDER BY name")).rows.map(toStoredSecret);
+  }
+
+  /** putSecrets writes secrets as they are, in one transaction. */
+  putSecrets(secrets: readonly StoredSecret[], audit?: Audit): Promise<number> {
+    return this.o.other(async (client) => {
+      for (const secret of secrets) await this.putOne(client, secret);
+      await writeAudit(client, audit, secrets.length, this.now());
+      return secrets.length;
+    }) as Promise<number>;
+  }
+
+  /** secretsVersion reads the count of the secrets' changes. */
+  async secretsVersion(): Promise<number> {
+    const { rows } = await this.pool.query("SELECT version FROM secrets_version");
+    return Number(rows[0]?.version ?? 0);
+  }
+
+  // putOne writes one secret as it is, and counts the change.
+  private async putOne(client: pg.PoolClient, secret: StoredSecret): Promise<void> {
+    await client.query(
+      `INSERT INTO secrets (name, sealed, set_at, set_by) VALUES ($1, $2, $3, $4)
+       ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, set_at = excluded.set_at, set_by = excluded.set_by`,
+      [secret.name, secret.sealed, secret.setAt, secret.setBy],
+    );
+    await this.changed(client);
+  }
+
+  // changed counts a change of the secrets and, at its commit, wakes every listening receiver and worker,
+  // which open them again ("config": the payload their configuration's watcher reads).
+  private async changed(client: pg.PoolClient): Promise<void> {
+    await client.query("UPDATE secrets_version SET version = version + 1");
+    await client.query("SELECT pg_notify($1, 'config')", [this.o.channel()]);
   }
 }

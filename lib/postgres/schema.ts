@@ -159,6 +159,26 @@ export const MIGRATIONS: readonly string[] = [
      actor      text    NOT NULL,
      applied_at bigint  NOT NULL
    );`,
+  // Trust (docs/security.md): each configuration version says which way it came (the operator's file, or the
+  // API) and whose hand wrote each part; a version the API applied before this knew no better is the API's
+  // whole. Each audit entry gets the key of its change, so that a change made in several transactions (a
+  // bulk retry's batches) keeps one entry, and a batch redone writes it once.
+  `ALTER TABLE inbox_config ADD COLUMN way text NOT NULL DEFAULT 'operator', ADD COLUMN trust text NOT NULL DEFAULT '{}';
+   UPDATE inbox_config SET way = 'api' WHERE actor LIKE 'key:%';
+   ALTER TABLE audit ADD COLUMN change text UNIQUE;`,
+  // The secret store (lib/secrets.ts): each value sealed with the operator's key, which the database never
+  // holds; and a count of its changes, which running scripts watch to open them again.
+  `CREATE TABLE secrets (
+     name   text   PRIMARY KEY,
+     sealed text   NOT NULL,
+     set_at bigint NOT NULL,
+     set_by text   NOT NULL
+   );
+   CREATE TABLE secrets_version (
+     one     integer PRIMARY KEY CHECK (one = 1),
+     version bigint  NOT NULL
+   );
+   INSERT INTO secrets_version (one, version) VALUES (1, 0);`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

@@ -1,6 +1,9 @@
 // reconcile/config.ts: a source's "reconcile" setting in the sources file, checked once at start-up:
-// which provider API to ask for what it failed to deliver, with which credential (`env:NAME`, read here,
-// listed in credentials so that lib/redact.ts keeps it out of every output). docs/reconcile.md.
+// which provider API to ask for what it failed to deliver, with which credential (`env:NAME` or
+// `secret:NAME`, read here, listed in credentials so that lib/redact.ts keeps it out of every output).
+// docs/reconcile.md.
+
+import { isReference, readReference, type Values } from "../references.ts";
 //   "stripe": { "provider": "stripe", "secret": "env:WHSEC", "reconcile": { "apiKey": "env:STRIPE_KEY" } }
 
 /** StripeReconcile is a Stripe source's reconcile setting: `GET /v1/events` with a restricted key. */
@@ -42,14 +45,14 @@ export type ReconcileSettings = StripeReconcile | GithubReconcile;
 export const RECONCILE_PROVIDERS = ["stripe", "github"] as const;
 
 /**
- * parseReconcile checks a source's "reconcile" setting and, with read, reads its `env:NAME` credential
+ * parseReconcile checks a source's "reconcile" setting and, with read, reads its credential's reference
  * from env (without, the credential is left empty: the receiver and the worker check the setting but
  * never hold the key). It throws a TypeError naming the source and the mistake, never the credential.
  */
 export function parseReconcile(
   provider: string,
   setting: unknown,
-  env: Readonly<Record<string, string | undefined>>,
+  env: Values,
   where: string,
   read = true,
 ): ReconcileSettings {
@@ -71,14 +74,12 @@ export function parseReconcile(
   };
   const credential = (key: string): string => {
     const written = text(key);
-    const variable = /^env:(\w+)$/.exec(written)?.[1];
-    // Written into the file, a credential would be in every copy of it: only the environment holds one.
-    if (variable === undefined)
-      throw new TypeError(`${at}: expected ${key} to be "env:NAME", a variable that holds it`);
-    if (!read) return "";
-    const value = env[variable] ?? "";
-    if (value === "") throw new TypeError(`${at}: ${key} reads the environment variable ${variable}, which is not set`);
-    return value;
+    // Written into the file, a credential would be in every copy of it: only a reference is taken.
+    if (!isReference(written))
+      throw new TypeError(
+        `${at}: expected ${key} to be "env:NAME" or "secret:NAME", a variable or a secret of the store that holds it`,
+      );
+    return readReference(written, env, `${at}: ${key}`, read);
   };
   const apiBase = (): string | undefined => {
     if (s.apiBase === undefined) return undefined;

@@ -83,21 +83,50 @@ export interface ReconcileOptions {
   signal?: AbortSignal;
 }
 
+// The socket's codes of a provider that cannot be reached at all: no network, a name no DNS knows, nothing
+// listening where apiBase points.
+const UNREACHABLE = new Set(["ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ENETUNREACH", "EHOSTUNREACH"]);
+
+/**
+ * unreachable finds, in a failed call's error and the errors it wraps (the stripe SDK's detail, fetch's
+ * cause), the socket's own words when the provider could not be reached at all: "getaddrinfo ENOTFOUND
+ * api.stripe.com", where the SDK says only "An error occurred with our connection to Stripe.".
+ */
+export function unreachable(error: unknown): string | undefined {
+  let e = error as { code?: unknown; message?: unknown; detail?: unknown; cause?: unknown } | undefined;
+  for (let depth = 0; e && typeof e === "object" && depth < 5; depth++) {
+    if (typeof e.code === "string" && UNREACHABLE.has(e.code))
+      return typeof e.message === "string" && e.message.includes(e.code) ? e.message : e.code;
+    e = (e.detail ?? e.cause) as typeof e;
+  }
+  return undefined;
+}
+
 /**
  * caller builds the Caller of one run: a call that fails is read by judge, waited out (its Retry-After,
  * else a doubling back-off) and tried again, up to tries in all; a fatal one, or one past its tries, stops
- * the run with a ReconcileFailed of one line.
+ * the run with a ReconcileFailed of one line. A provider not reached at all by the run's first call stops
+ * it at once, saying so: a host with no network, or a wrong apiBase, is not an outage to wait out (six
+ * tries took a dry run 63 s to say nothing more).
  */
 export function caller(source: string, judge: (error: unknown) => Verdict, options: ReconcileOptions): Caller {
   const tries = options.tries ?? DEFAULTS.reconcileTries;
   const first = options.backoffMs ?? DEFAULTS.reconcileBackoffMs;
   const most = options.maxWaitMs ?? DEFAULTS.reconcileMaxWaitMs;
   const redact = options.redact ?? ((t: string) => t);
+  let reached = false;
   return async (what, fn) => {
     for (let attempt = 1; ; attempt++) {
       try {
-        return await fn();
+        const answer = await fn();
+        reached = true;
+        return answer;
       } catch (error) {
+        const cannot = reached ? undefined : unreachable(error);
+        if (cannot !== undefined)
+          throw new ReconcileFailed(
+            `reconcile ${source}: cannot reach the provider's API: ${redact(cannot)} (no network here, or a wrong apiBase); nothing fetched`,
+          );
         const verdict = judge(error);
         const why = redact(message(error)).split("\n")[0];
         if (verdict.fatal) throw new ReconcileFailed(`reconcile ${source}: ${what}: ${why}`);

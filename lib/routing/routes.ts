@@ -7,6 +7,8 @@
 
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "../defaults.ts";
+import type { Reach } from "../reach.ts";
+import { isReference, plainName, readReference, type Values } from "../references.ts";
 import { compileFilter, type FilterInput, type RouteFilter } from "./filter.ts";
 import { DESTINATION_NAME, type BreakerPolicy } from "../store.ts";
 
@@ -58,6 +60,8 @@ export interface HttpDestination {
   breaker: BreakerPolicy | false;
   /** The module that reshapes each forward here, unless the route names its own. @default none */
   transform?: TransformSetting;
+  /** Where it may connect, when the API or the page set it (lib/reach.ts); the operator's own reach anything. @default anything */
+  reach?: Reach;
 }
 
 /** BrokerDestination is a destination that publishes into a broker; brokers.ts reads its settings. */
@@ -83,6 +87,8 @@ export interface Operator {
   headers: Record<string, string>;
   /** The names of its headers whose values are secrets (bearer, basic, env:NAME). @default every header */
   secretHeaders?: string[];
+  /** Where it may connect, when the API set it (lib/reach.ts). @default anything */
+  reach?: Reach;
 }
 
 /** Forwarding is what the worker reads from a sources file: the destinations, and the operator's URL. */
@@ -155,7 +161,8 @@ export function parseRoutes(setting: unknown, config: Record<string, unknown>, w
         `${at}: unknown setting ${unknown.map((k) => JSON.stringify(k)).join(", ")}; expected ${ROUTE_KEYS.join(", ")}`,
       );
     const to = r.to;
-    if (typeof to !== "string" || (to !== DEFAULTS.destination && !(to in defined))) {
+    // An own key of $destinations only: `in` would take "toString" for a destination too.
+    if (typeof to !== "string" || (to !== DEFAULTS.destination && !Object.hasOwn(defined, to))) {
       const known = [DEFAULTS.destination, ...Object.keys(defined)].join(", ");
       throw new TypeError(
         `${at}: expected "to" to name a destination (${known}), got ${JSON.stringify(to) ?? "(none)"}`,
@@ -247,19 +254,19 @@ function transformOf(settings: Record<string, unknown>, where: string): Transfor
   }
   return {
     module,
-    timeoutMs: seconds(settings.transformTimeout, DEFAULTS.transformTimeoutMs, where, "transformTimeout"),
+    timeoutMs: seconds(
+      settings.transformTimeout,
+      DEFAULTS.transformTimeoutMs,
+      where,
+      "transformTimeout",
+      DEFAULTS.maxTransformTimeoutMs,
+    ),
   };
 }
 
-// secretsOf reads one secret or several; `env:NAME` is taken from env. With resolve false (the receiver,
-// which forwards nothing), only their shape is checked, so it needs none of the worker's secrets.
-function secretsOf(
-  value: unknown,
-  env: Readonly<Record<string, string | undefined>>,
-  where: string,
-  resolve: boolean,
-  required: boolean,
-): string[] {
+// secretsOf reads one secret or several; a reference (env:NAME, secret:NAME) is read from env. With resolve
+// false (the receiver, which forwards nothing), only their shape is checked, so it needs none of the worker's secrets.
+function secretsOf(value: unknown, env: Values, where: string, resolve: boolean, required: boolean): string[] {
   const list = value === undefined ? [] : Array.isArray(value) ? value : [value];
   if (list.some((s) => typeof s !== "string" || s === ""))
     throw new TypeError(`${where}: expected secret to be a string or a list of strings`);
@@ -268,38 +275,26 @@ function secretsOf(
       `${where}: missing secret; it signs each forward (write "env:NAME" to read it from the environment)`,
     );
   return (list as string[]).map((text, i) =>
-    fromEnv(text, env, `${where}: ${list.length > 1 ? `secret #${i + 1}` : "secret"}`, resolve),
+    readReference(text, env, `${where}: ${list.length > 1 ? `secret #${i + 1}` : "secret"}`, resolve),
   );
 }
 
-function fromEnv(
-  text: string,
-  env: Readonly<Record<string, string | undefined>>,
-  where: string,
-  resolve: boolean,
-): string {
-  if (!text.startsWith("env:")) return text;
-  const variable = text.slice(4);
-  if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(variable))
-    throw new TypeError(`${where}: expected env:NAME, got an empty or odd name`);
-  if (!resolve) return "";
-  const value = env[variable] ?? "";
-  if (value === "") throw new TypeError(`${where} reads the environment variable ${variable}, which is not set`);
-  return value;
-}
-
-function seconds(value: unknown, fallbackMs: number, where: string, setting: string): number {
+// seconds reads a duration written in seconds, above 0 and at most maxMs (each setting's documented bound).
+function seconds(value: unknown, fallbackMs: number, where: string, setting: string, maxMs: number): number {
   if (value === undefined) return fallbackMs;
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0)
-    throw new TypeError(`${where}: expected ${setting} to be a number of seconds > 0, got ${JSON.stringify(value)}`);
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0 || value * 1000 > maxMs)
+    throw new TypeError(
+      `${where}: expected ${setting} to be a number of seconds above 0 and at most ${maxMs / 1000}, got ${JSON.stringify(value)}`,
+    );
   return Math.round(value * 1000);
 }
 
-function whole(value: unknown, fallback: number, where: string, setting: string): number {
+// whole reads a count, 1 or more and at most max.
+function whole(value: unknown, fallback: number, where: string, setting: string, max: number): number {
   if (value === undefined) return fallback;
-  if (!Number.isInteger(value) || (value as number) < 1)
+  if (!Number.isInteger(value) || (value as number) < 1 || (value as number) > max)
     throw new TypeError(
-      `${where}: expected ${setting} to be a whole number of 1 or more, got ${JSON.stringify(value)}`,
+      `${where}: expected ${setting} to be a whole number from 1 to ${max}, got ${JSON.stringify(value)}`,
     );
   return value as number;
 }
@@ -326,7 +321,7 @@ function httpUrl(value: unknown, where: string): URL {
 // value written in the file is not one, and redacting it would blank ordinary words in the errors shown).
 function ownHeaders(
   settings: Record<string, unknown>,
-  env: Readonly<Record<string, string | undefined>>,
+  env: Values,
   where: string,
   resolve: boolean,
 ): { headers: Record<string, string>; secretHeaders: string[] } {
@@ -335,28 +330,30 @@ function ownHeaders(
   if (settings.headers !== undefined) {
     if (!isObject(settings.headers))
       throw new TypeError(
-        `${where}: expected headers to map header names to values (or env:NAME), got ${kindOf(settings.headers)}`,
+        `${where}: expected headers to map header names to values (or env:NAME, secret:NAME), got ${kindOf(settings.headers)}`,
       );
     for (const [name, value] of Object.entries(settings.headers)) {
       if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name))
         throw new TypeError(`${where}: expected a header name, got ${JSON.stringify(name)}`);
       if (typeof value !== "string")
-        throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME)`);
-      headers[name.toLowerCase()] = fromEnv(value, env, `${where}: header ${name}`, resolve);
-      if (value.startsWith("env:")) secretHeaders.push(name.toLowerCase());
+        throw new TypeError(`${where}: expected header ${name} to be a string (or env:NAME, secret:NAME)`);
+      headers[name.toLowerCase()] = readReference(value, env, `${where}: header ${name}`, resolve);
+      if (isReference(value)) secretHeaders.push(name.toLowerCase());
     }
   }
   if (settings.bearer !== undefined && settings.basic !== undefined)
     throw new TypeError(`${where}: give bearer or basic, not both`);
   if (settings.bearer !== undefined) {
-    if (typeof settings.bearer !== "string" || !settings.bearer.startsWith("env:"))
-      throw new TypeError(`${where}: expected bearer to be env:NAME (a token is never written in the file)`);
-    headers.authorization = `Bearer ${fromEnv(settings.bearer, env, `${where}: bearer`, resolve)}`;
+    if (typeof settings.bearer !== "string" || !isReference(settings.bearer))
+      throw new TypeError(
+        `${where}: expected bearer to be env:NAME or secret:NAME (a token is never written in the file)`,
+      );
+    headers.authorization = `Bearer ${readReference(settings.bearer, env, `${where}: bearer`, resolve)}`;
   }
   if (settings.basic !== undefined) {
-    if (typeof settings.basic !== "string" || !settings.basic.startsWith("env:"))
-      throw new TypeError(`${where}: expected basic to be env:NAME holding user:password`);
-    const pair = fromEnv(settings.basic, env, `${where}: basic`, resolve);
+    if (typeof settings.basic !== "string" || !isReference(settings.basic))
+      throw new TypeError(`${where}: expected basic to be env:NAME or secret:NAME holding user:password`);
+    const pair = readReference(settings.basic, env, `${where}: basic`, resolve);
     if (resolve && !pair.includes(":"))
       throw new TypeError(`${where}: basic reads user:password from the environment; the value has no ":"`);
     headers.authorization = `Basic ${Buffer.from(pair).toString("base64")}`;
@@ -385,23 +382,23 @@ function breakerOf(value: unknown, where: string): BreakerPolicy | false {
       `${where}: expected breaker.rate to be a share of failed tries, above 0 and at most 1, got ${JSON.stringify(rate)}`,
     );
   return {
-    failures: whole(b.failures, DEFAULTS.breakerFailures, where, "breaker.failures"),
+    failures: whole(b.failures, DEFAULTS.breakerFailures, where, "breaker.failures", DEFAULTS.maxCount),
     rate,
-    minTries: whole(b.minTries, DEFAULTS.breakerMinTries, where, "breaker.minTries"),
-    windowMs: seconds(b.window, DEFAULTS.breakerWindowMs, where, "breaker.window"),
-    coolDownMs: seconds(b.coolDown, DEFAULTS.breakerCoolDownMs, where, "breaker.coolDown"),
+    minTries: whole(b.minTries, DEFAULTS.breakerMinTries, where, "breaker.minTries", DEFAULTS.maxCount),
+    windowMs: seconds(b.window, DEFAULTS.breakerWindowMs, where, "breaker.window", DEFAULTS.maxBreakerMs),
+    coolDownMs: seconds(b.coolDown, DEFAULTS.breakerCoolDownMs, where, "breaker.coolDown", DEFAULTS.maxBreakerMs),
   };
 }
 
 /**
  * loadDestinations reads "$destinations" and "$operator" from a parsed sources file. Secrets and headers
- * come from env (`env:NAME`); with resolve false only their shape is checked (the receiver's start-up). It
+ * are read from env (`env:NAME`, `secret:NAME`); with resolve false only their shape is checked (the receiver's start-up). It
  * throws a TypeError naming the destination and the mistake, never a secret. brokerCheck, where given,
  * checks a broker destination's own settings (brokers.ts).
  */
 export function loadDestinations(
   config: unknown,
-  env: Readonly<Record<string, string | undefined>>,
+  env: Values,
   options: {
     resolve?: boolean;
     brokerCheck?: (name: string, settings: Record<string, unknown>, where: string) => void;
@@ -423,8 +420,8 @@ export function loadDestinations(
     );
   for (const [name, settings] of Object.entries(section ?? {})) {
     const where = `destination ${JSON.stringify(name)}`;
-    if (!DESTINATION_NAME.test(name))
-      throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-"`);
+    if (!plainName(name, DESTINATION_NAME))
+      throw new TypeError(`${where}: expected a name of letters, digits, ".", "_", "~" or "-" (not "." or "..")`);
     if (name === DEFAULTS.destination)
       throw new TypeError(`${where}: the name is the handler's (worker.ts), which is always there; pick another`);
     if (!isObject(settings))
@@ -435,7 +432,9 @@ export function loadDestinations(
         ? undefined
         : {
             perSecond: ratePerSecond(settings.rate, where),
-            ...(settings.burst === undefined ? {} : { burst: whole(settings.burst, 1, where, "burst") }),
+            ...(settings.burst === undefined
+              ? {}
+              : { burst: whole(settings.burst, 1, where, "burst", DEFAULTS.maxRate) }),
           };
     if (settings.rate === undefined && settings.burst !== undefined)
       throw new TypeError(`${where}: burst applies only with rate`);
@@ -451,7 +450,13 @@ export function loadDestinations(
         name,
         type,
         settings,
-        maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
+        maxInFlight: whole(
+          settings.maxInFlight,
+          DEFAULTS.forwardInFlight,
+          where,
+          "maxInFlight",
+          DEFAULTS.maxForwardInFlight,
+        ),
         ...(rate ? { rate } : {}),
         breaker: breakerOf(settings.breaker, where),
         forwardHeaders: false,
@@ -487,9 +492,21 @@ export function loadDestinations(
       url: httpUrl(settings.url, where),
       secrets: secretsOf(settings.secret, env, where, resolve, true),
       ...ownHeaders(settings, env, where, resolve),
-      connectTimeoutMs: seconds(settings.connectTimeout, DEFAULTS.connectTimeoutForwardMs, where, "connectTimeout"),
-      timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout"),
-      maxInFlight: whole(settings.maxInFlight, DEFAULTS.forwardInFlight, where, "maxInFlight"),
+      connectTimeoutMs: seconds(
+        settings.connectTimeout,
+        DEFAULTS.connectTimeoutForwardMs,
+        where,
+        "connectTimeout",
+        DEFAULTS.maxForwardTimeoutMs,
+      ),
+      timeoutMs: seconds(settings.timeout, DEFAULTS.forwardTimeoutMs, where, "timeout", DEFAULTS.maxForwardTimeoutMs),
+      maxInFlight: whole(
+        settings.maxInFlight,
+        DEFAULTS.forwardInFlight,
+        where,
+        "maxInFlight",
+        DEFAULTS.maxForwardInFlight,
+      ),
       ...(rate ? { rate } : {}),
       ...(ca ? { ca } : {}),
       forwardHeaders: settings.forwardHeaders === true,
@@ -516,7 +533,9 @@ export function loadDestinations(
 }
 
 function ratePerSecond(value: unknown, where: string): number {
-  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0)
-    throw new TypeError(`${where}: expected rate to be forwards per second (> 0), got ${JSON.stringify(value)}`);
+  if (typeof value !== "number" || !Number.isFinite(value) || value <= 0 || value > DEFAULTS.maxRate)
+    throw new TypeError(
+      `${where}: expected rate to be forwards per second, above 0 and at most ${DEFAULTS.maxRate}, got ${JSON.stringify(value)}`,
+    );
   return value;
 }

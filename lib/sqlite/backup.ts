@@ -261,10 +261,16 @@ export interface Restored extends Snapshot {
 /**
  * restore puts the backup at file back as the inbox at db. It checks the backup first, refuses (InUse) a
  * db that any process has open, and moves an existing db aside with its -wal and -shm, so nothing is
- * lost and no old WAL is replayed into the restored file. The copy is made under a temporary name,
- * synced, and renamed into place.
+ * lost and no old WAL is replayed into the restored file. The copy is made under a temporary name, handed
+ * to before (the CLI writes its audit entry there, so the restored file holds it from its first moment; a
+ * throw leaves the db as it was), synced, and renamed into place.
  */
-export function restore(file: string, db: string, now: () => number = Date.now): Restored {
+export function restore(
+  file: string,
+  db: string,
+  now: () => number = Date.now,
+  before?: (copy: string) => void,
+): Restored {
   if (resolve(file) === resolve(db)) throw new Error(`restore ${file}: the backup is the database itself`);
   let snapshot: Snapshot;
   try {
@@ -275,17 +281,23 @@ export function restore(file: string, db: string, now: () => number = Date.now):
   }
   if (existsSync(db) && inUse(db))
     throw new InUse(`${db} is in use: stop its receivers, workers and operator page, then restore`);
+  sweepPartials(db);
+  const temp = partial(db);
+  try {
+    copyFileSync(file, temp);
+    before?.(temp);
+    syncFile(temp);
+  } catch (error) {
+    rmSync(temp, { force: true });
+    throw new Error(`restore ${file} to ${db}: ${message(error)}; nothing changed`, { cause: error });
+  }
   let aside: string | undefined;
   for (const suffix of ["", "-wal", "-shm"]) {
     if (!existsSync(db + suffix)) continue;
     aside ??= `${db}.before-restore-${stamp(now())}`;
     renameSync(db + suffix, aside + suffix);
   }
-  sweepPartials(db);
-  const temp = partial(db);
   try {
-    copyFileSync(file, temp);
-    syncFile(temp);
     renameSync(temp, db);
     syncFile(dirname(db));
     // A restored file is checked again at its first start.

@@ -5,12 +5,14 @@
 
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import type { BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
+import type { Audit, BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql } from "../sql.ts";
+import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
+import { whole } from "./commit.ts";
 import { enterKey, rebuildKey, settleKey, type Statements } from "./keys.ts";
+import { writeAudit } from "./records.ts";
 
 type Row = Record<string, SQLInputValue>;
 
@@ -47,9 +49,14 @@ export class SqliteBulk {
     return this.queue.flush();
   }
 
+  // atomic queues a batch that commits whole with its audit entry, or not at all (whole()).
+  private atomic<T>(run: () => T): Promise<T> {
+    return this.enqueue((db, guarded) => whole(db, guarded, run), true) as Promise<T>;
+  }
+
   /** restore writes deliveries as they are, in one transaction; keys already here are skipped. */
-  restore(deliveries: readonly Delivery[]): Promise<number> {
-    return this.enqueue(() => {
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    return this.atomic(() => {
       let added = 0;
       const keys = new Map<string, [string, string, string]>();
       // In arrival order, so that the rowids that break event-time ties keep it.
@@ -96,8 +103,9 @@ export class SqliteBulk {
           keys.set(JSON.stringify([d.source, destination, d.orderKey]), [d.source, destination, d.orderKey]);
       }
       for (const [source, destination, key] of keys.values()) rebuildKey(this.sql, source, destination, key);
+      writeAudit(this.sql, audit, added, this.now());
       return added;
-    }) as Promise<number>;
+    });
   }
 
   /** retryMatching queues the failed deliveries that match again, in batches of their own transaction each. */
@@ -105,7 +113,8 @@ export class SqliteBulk {
     const failed = "status = 'failed' AND purged_at IS NULL";
     if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
-    await this.inBatches(filter, failed, options.batch, (keys, now) => {
+    await this.inBatches(filter, failed, options, (keys, now) => {
+      const before = total;
       for (const k of keys) {
         const row =
           this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
@@ -121,6 +130,7 @@ export class SqliteBulk {
         if (row.order_key !== null)
           settleKey(this.sql, k.source, row.destination as string, row.order_key as string, k.id, false);
       }
+      return total - before;
     });
     return total;
   }
@@ -135,7 +145,8 @@ export class SqliteBulk {
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
-    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+    await this.inBatches(filter, kept, options, (keys, now) => {
+      const before = replayed;
       for (const k of keys) {
         const row =
           this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
@@ -151,6 +162,7 @@ export class SqliteBulk {
         if (row.order_key !== null)
           settleKey(this.sql, k.source, row.destination as string, row.order_key as string, k.id, false);
       }
+      return replayed - before;
     });
     return { replayed, tombstoned: await tombstoned() };
   }
@@ -166,10 +178,15 @@ export class SqliteBulk {
     replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
+    if (options.dryRun) {
+      const { where, params } = filterSql(filter, "sqlite");
+      const { n } = this.sql(replayToCount(where)).get(...params, to) as { n: number };
+      return { replayed: Number(n), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
-    await this.inBatches(filter, kept, options.batch, (keys, now) => {
+    await this.inBatches(filter, kept, options, (keys, now) => {
+      const before = replayed;
       for (const k of keys) {
         // A delivery's other rows match too: the first one seen speaks for it, before any read.
         const delivery = `${k.source}\u0000${k.id}`;
@@ -216,6 +233,7 @@ export class SqliteBulk {
           );
         }
       }
+      return replayed - before;
     });
     return { replayed, tombstoned: await tombstoned() };
   }
@@ -227,19 +245,21 @@ export class SqliteBulk {
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, and hands each
-  // batch's keys to act inside it. The cursor moves past every batch, so a delivery changed by a worker
-  // meanwhile (retried, then failed again) is never taken twice in one run, and the run always ends.
+  // batch's keys to act inside it; what act changed is added to the audit entry in the same transaction
+  // (the first batch writes it, even when it changes nothing). The cursor moves past every batch, so a
+  // delivery changed by a worker meanwhile (retried, then failed again) is never taken twice in one run,
+  // and the run always ends.
   private async inBatches(
     filter: Filter,
     also: string,
-    batch: number | undefined,
-    act: (keys: Cursor[], now: number) => void,
+    options: BulkOptions,
+    act: (keys: Cursor[], now: number) => number,
   ): Promise<void> {
-    const size = bulkBatchSize(batch);
+    const size = bulkBatchSize(options.batch);
     const { where, params } = filterSql(filter, "sqlite");
     let after: Cursor | undefined;
     for (;;) {
-      const picked = (await this.enqueue(() => {
+      const picked = await this.atomic(() => {
         const cursor = after === undefined ? "" : "AND (received_at, source, id, route) > (?, ?, ?, ?)";
         const keys = (
           this.sql(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
@@ -254,9 +274,10 @@ export class SqliteBulk {
           id: r.id as string,
           route: r.route as number,
         }));
-        act(keys, this.now());
+        const now = this.now();
+        writeAudit(this.sql, options.audit, act(keys, now), now);
         return keys;
-      })) as Cursor[];
+      });
       if (picked.length < size) return;
       after = picked.at(-1);
     }
@@ -282,31 +303,34 @@ export class SqliteBulk {
     }
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
     for (;;) {
-      const { n, bytes } = (await paced(rest, () =>
-        this.enqueue(() =>
+      const { n, bytes } = await paced(rest, () =>
+        this.atomic(() =>
           this.dropBatch(
             "SELECT rowid, length(body) AS bytes FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < ? ORDER BY received_at LIMIT ?",
             [bodiesBefore, batch],
+            options.audit,
           ),
         ),
-      )) as { n: number; bytes: number };
+      );
       purged.bodies += n;
       purged.bytes += bytes;
       if (n < batch || options.signal?.aborted) break;
     }
     for (;;) {
       if (options.signal?.aborted) return purged;
-      const n = (await paced(rest, () =>
-        this.enqueue(() =>
-          Number(
+      const n = await paced(rest, () =>
+        this.atomic(() => {
+          const forgot = Number(
             this.sql(`DELETE FROM deliveries WHERE rowid IN (
                 SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`).run(
               forgetBefore,
               batch,
             ).changes,
-          ),
-        ),
-      )) as number;
+          );
+          writeAudit(this.sql, options.audit, forgot, this.now());
+          return forgot;
+        }),
+      );
       purged.forgotten += n;
       if (n < batch) break;
     }
@@ -330,9 +354,9 @@ export class SqliteBulk {
     }
     const total = { bodies: 0, bytes: 0 };
     for (;;) {
-      const { n, bytes } = (await paced(DEFAULTS.purgeRest, () =>
-        this.enqueue(() => this.dropBatch(pick, [...params, size])),
-      )) as { n: number; bytes: number };
+      const { n, bytes } = await paced(DEFAULTS.purgeRest, () =>
+        this.atomic(() => this.dropBatch(pick, [...params, size], options.audit)),
+      );
       total.bodies += n;
       total.bytes += bytes;
       if (n < size) break;
@@ -346,9 +370,12 @@ export class SqliteBulk {
   // conflict. It is moved rather than updated in place: SQLite never merges the half-empty pages an
   // UPDATE leaves (a 1 KB body lives in its leaf page), so the file would not shrink; a DELETE rebalances
   // them into free pages, and the re-inserted tombstones pack densely at the end of the table.
-  private dropBatch(pick: string, params: SQLInputValue[]): { n: number; bytes: number } {
+  private dropBatch(pick: string, params: SQLInputValue[], audit: Audit | undefined): { n: number; bytes: number } {
     const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
-    if (rows.length === 0) return { n: 0, bytes: 0 };
+    if (rows.length === 0) {
+      writeAudit(this.sql, audit, 0, this.now());
+      return { n: 0, bytes: 0 };
+    }
     // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
     this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.deliveries WHERE 0");
     const ids = JSON.stringify(rows.map((r) => r.rowid));
@@ -358,6 +385,7 @@ export class SqliteBulk {
     this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(this.now());
     this.sql("INSERT INTO main.deliveries SELECT * FROM temp.purging ORDER BY received_at").run();
     this.sql("DELETE FROM temp.purging").run();
+    writeAudit(this.sql, audit, n, this.now());
     return { n, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
   }
 

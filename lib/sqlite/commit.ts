@@ -50,6 +50,25 @@ export interface Op {
 }
 
 /**
+ * whole runs a write that must commit whole or not at all (a change and its audit entry): queued as partial,
+ * it runs bare first, and when its batch is redone op by op (guarded) inside a savepoint of its own, so that
+ * a failure takes back all of its writes and only them.
+ */
+export function whole<T>(db: DatabaseSync, guarded: boolean, run: () => T): T {
+  if (!guarded) return run();
+  db.exec("SAVEPOINT whole");
+  try {
+    const value = run();
+    db.exec("RELEASE whole");
+    return value;
+  } catch (error) {
+    db.exec("ROLLBACK TO whole");
+    db.exec("RELEASE whole");
+    throw error;
+  }
+}
+
+/**
  * SqliteCommitter is one SQLite connection and its group committer: enqueue() runs a write inside the next
  * shared transaction and settles it after the COMMIT is durable. SqliteInbox extends it.
  */

@@ -219,6 +219,28 @@ export const MIGRATIONS: readonly string[] = [
      actor      TEXT    NOT NULL,
      applied_at INTEGER NOT NULL
    );`,
+  // Trust (docs/security.md): each configuration version says which way it came (the operator's file, or the
+  // API) and whose hand wrote each part; a version the API applied before this knew no better is the API's
+  // whole. Each audit entry gets the key of its change, so that a change made in several transactions (a
+  // bulk retry's batches) keeps one entry, and a batch redone writes it once.
+  `ALTER TABLE inbox_config ADD COLUMN way TEXT NOT NULL DEFAULT 'operator';
+   UPDATE inbox_config SET way = 'api' WHERE actor LIKE 'key:%';
+   ALTER TABLE inbox_config ADD COLUMN trust TEXT NOT NULL DEFAULT '{}';
+   ALTER TABLE audit ADD COLUMN change TEXT;
+   CREATE UNIQUE INDEX audit_change ON audit (change);`,
+  // The secret store (lib/secrets.ts): each value sealed with the operator's key, which the database never
+  // holds; and a count of its changes, which running scripts watch to open them again.
+  `CREATE TABLE secrets (
+     name   TEXT    PRIMARY KEY,
+     sealed TEXT    NOT NULL,
+     set_at INTEGER NOT NULL,
+     set_by TEXT    NOT NULL
+   ) STRICT;
+   CREATE TABLE secrets_version (
+     one     INTEGER PRIMARY KEY CHECK (one = 1),
+     version INTEGER NOT NULL
+   ) STRICT;
+   INSERT INTO secrets_version (one, version) VALUES (1, 0);`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

@@ -10,9 +10,10 @@ import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { SqliteBulk } from "./bulk.ts";
-import { SqliteCommitter } from "./commit.ts";
+import { SqliteCommitter, whole } from "./commit.ts";
 import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./keys.ts";
 import { SqliteReads } from "./reads.ts";
+import { SqliteRecords, writeAudit } from "./records.ts";
 import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -48,25 +49,17 @@ import {
   type Summary,
   type Tx,
   type ApiKey,
+  type Audit,
   type AuditEntry,
   type Remembered,
   type ApplyConfigOptions,
   type ConfigApplied,
   type StoredConfig,
+  type StoredSecret,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
-import {
-  destinationNames,
-  REMOVED,
-  sha256,
-  toApiKey,
-  toAuditEntry,
-  toConfig,
-  toDelivery,
-  toGauges,
-  toRemembered,
-} from "../rows.ts";
+import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -139,6 +132,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   // The operator's reads, and its bulk writes (each batch a write of this inbox's queue).
   private readonly reads: SqliteReads;
   private readonly bulk: SqliteBulk;
+  private readonly records: SqliteRecords;
 
   constructor(path: string, options: InboxOptions = {}) {
     checkOptions(options);
@@ -156,6 +150,11 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       now: this.now,
       enqueue: (run, partial) => this.enqueue(run, partial),
       flush: () => this.flush(),
+    });
+    this.records = new SqliteRecords({
+      sql: this.statement,
+      now: this.now,
+      enqueue: (run, partial) => this.enqueue(run, partial),
     });
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
     this.backoffOptions = {
@@ -202,8 +201,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return this.reads.destinations(windowMs);
   }
 
-  restore(deliveries: readonly Delivery[]): Promise<number> {
-    return this.bulk.restore(deliveries);
+  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    return this.bulk.restore(deliveries, audit);
   }
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     return this.bulk.retryMatching(filter, options);
@@ -287,10 +286,17 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         for (let route = 1; route < routes.length; route++) add(route);
         return "stored";
       }
-      const conflict = this.sql(
-        "UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0 AND body_sha256 <> ?",
-      ).run(source, delivery.id, digest);
-      return conflict.changes === 1 ? "conflict" : "duplicate";
+      // A copy: its body is read only where the kept one came from reconcile (rows.ts conflicts()).
+      const kept = this.sql(
+        `SELECT body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+           FROM deliveries WHERE source = ? AND id = ? AND route = 0`,
+      ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
+      if (!conflicts(kept, digest, delivery.body)) return "duplicate";
+      this.sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
+        source,
+        delivery.id,
+      );
+      return "conflict";
     }) as Promise<Stored>;
   }
 
@@ -538,8 +544,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
 
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
-  retry(target: { source?: string; id: string } | { allFailed: true }): Promise<number> {
-    return this.enqueue((db) => {
+  retry(target: { source?: string; id: string } | { allFailed: true }, audit?: Audit): Promise<number> {
+    return this.atomic(() => {
       const now = this.now();
       const rows = (
         "allFailed" in target
@@ -555,8 +561,14 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
             )
       ) as Row[];
       settleRows(this.statement, rows, false);
+      writeAudit(this.statement, audit, rows.length, now);
       return rows.length;
-    }) as Promise<number>;
+    });
+  }
+
+  // atomic queues a write that commits whole with its audit entry, or not at all (whole()).
+  private atomic<T>(run: () => T): Promise<T> {
+    return this.enqueue((db, guarded) => whole(db, guarded, run), true) as Promise<T>;
   }
 
   /** onWake is a no-op on SQLite: one machine, and the worker's polling is the wake-up. */
@@ -632,29 +644,36 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
 
   /** pause holds a destination's deliveries until resume: none is claimed, none spends an attempt. */
-  pause(destination: string, reason: string = "paused by a person"): Promise<boolean> {
+  pause(destination: string, reason: string = "paused by a person", audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
-    return this.enqueue(() => {
+    return this.atomic(() => {
+      const now = this.now();
       this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
-      return (
+      const changed = Number(
         this.sql(
           "UPDATE destinations SET paused = 1, paused_reason = ?, changed_at = ? WHERE name = ? AND paused = 0",
-        ).run(reason, this.now(), destination).changes === 1
+        ).run(reason, now, destination).changes,
       );
-    }) as Promise<boolean>;
+      writeAudit(this.statement, audit, changed, now);
+      return changed === 1;
+    });
   }
 
   /** resume lets a paused destination's deliveries go again, its breaker closed and counts fresh. */
-  resume(destination: string): Promise<boolean> {
+  resume(destination: string, audit?: Audit): Promise<boolean> {
     checkClaim({ destination });
-    return this.enqueue(
-      () =>
+    return this.atomic(() => {
+      const now = this.now();
+      const changed = Number(
         this.sql(
           `UPDATE destinations SET paused = 0, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
               window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ?
        WHERE name = ? AND paused = 1`,
-        ).run(this.now(), destination).changes === 1,
-    ) as Promise<boolean>;
+        ).run(now, destination).changes,
+      );
+      writeAudit(this.statement, audit, changed, now);
+      return changed === 1;
+    });
   }
 
   /** permit says how many of n forwards may start now: none while paused, else up to the rate's tokens, taken now. */
@@ -758,143 +777,68 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return rows.map((r) => ({ error: r.error, count: Number(r.n), latest: Number(r.latest) }));
   }
 
-  /** addApiKey stores a key's hash, name and scope. */
-  async addApiKey(key: ApiKey): Promise<void> {
-    await this.enqueue(() =>
-      this.sql("INSERT INTO api_keys (id, name, scope, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?)").run(
-        key.id,
-        key.name,
-        key.scope,
-        key.hash,
-        key.createdAt,
-        key.revokedAt,
-      ),
-    );
+  addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
+    return this.records.addApiKey(key, audit);
   }
-
-  /** apiKeys lists every key, oldest first. */
-  async apiKeys(): Promise<ApiKey[]> {
-    const rows = this.sql("SELECT * FROM api_keys ORDER BY created_at, id").all();
-    return rows.map(toApiKey);
+  apiKeys(): Promise<ApiKey[]> {
+    return this.records.apiKeys();
   }
-
-  /** apiKeyByHash finds a key by its SHA-256, through its unique index. */
-  async apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
-    const row = this.sql("SELECT * FROM api_keys WHERE hash = ?").get(hash);
-    return row ? toApiKey(row) : undefined;
+  apiKeyByHash(hash: string): Promise<ApiKey | undefined> {
+    return this.records.apiKeyByHash(hash);
   }
-
-  /** revokeApiKey marks a live key revoked. */
-  revokeApiKey(id: string, at: number): Promise<boolean> {
-    return this.enqueue(
-      () =>
-        this.sql("UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL").run(at, id).changes === 1,
-    ) as Promise<boolean>;
+  revokeApiKey(id: string, at: number, audit?: Audit): Promise<boolean> {
+    return this.records.revokeApiKey(id, at, audit);
   }
-
-  /** remember keeps a POST's first answer, after dropping the expired ones; a live one already there wins. */
   remember(record: Remembered, expiredBefore: number): Promise<Remembered> {
-    return this.enqueue(() => {
-      this.sql("DELETE FROM idempotency WHERE at < ?").run(expiredBefore);
-      this.sql(
-        "INSERT INTO idempotency (key, request_hash, status, body, at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING",
-      ).run(record.key, record.requestHash, record.status, record.body, record.at);
-      return toRemembered(this.sql("SELECT * FROM idempotency WHERE key = ?").get(record.key)!);
-    }) as Promise<Remembered>;
+    return this.records.remember(record, expiredBefore);
   }
-
-  /** recall finds a POST's kept answer. */
-  async recall(key: string, since: number): Promise<Remembered | undefined> {
-    const row = this.sql("SELECT * FROM idempotency WHERE key = ? AND at >= ?").get(key, since);
-    return row ? toRemembered(row) : undefined;
+  recall(key: string, since: number): Promise<Remembered | undefined> {
+    return this.records.recall(key, since);
   }
-
-  /** addAudit appends one line to the audit log. */
-  async addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
-    await this.enqueue(() =>
-      this.sql("INSERT INTO audit (at, who, operation, target, count) VALUES (?, ?, ?, ?, ?)").run(
-        entry.at,
-        entry.who,
-        entry.operation,
-        entry.target,
-        entry.count,
-      ),
-    );
+  addAudit(entry: Omit<AuditEntry, "seq">): Promise<void> {
+    return this.records.addAudit(entry);
   }
-
-  /** auditLog reads the audit log newest first, by its sequence. */
-  async auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
-    const rows = this.sql("SELECT * FROM audit WHERE seq < ? ORDER BY seq DESC LIMIT ?").all(
-      page.before ?? Number.MAX_SAFE_INTEGER,
-      page.limit,
-    );
-    return rows.map(toAuditEntry);
+  auditLog(page: { before?: number; limit: number }): Promise<AuditEntry[]> {
+    return this.records.auditLog(page);
   }
-
-  /** readConfig reads the newest applied configuration, or undefined. */
-  async readConfig(): Promise<StoredConfig | undefined> {
-    const row = this.sql(
-      "SELECT version, document, transforms, actor, applied_at FROM inbox_config ORDER BY version DESC LIMIT 1",
-    ).get() as { version: number; document: string; transforms: string; actor: string; applied_at: number } | undefined;
-    return row && toConfig(row);
+  auditCounts(): Promise<{ kind: string; n: number }[]> {
+    return this.records.auditCounts();
   }
-
-  /** configVersion reads the version in force (0: none) through the primary key. */
-  async configVersion(): Promise<number> {
-    const row = this.sql("SELECT max(version) AS v FROM inbox_config").get() as { v: number | null };
-    return Number(row.v ?? 0);
+  readConfig(): Promise<StoredConfig | undefined> {
+    return this.records.readConfig();
   }
-
-  /** applyConfig stores a new version, pausing what it removes and resuming what it brings back, in one transaction. */
+  configVersion(): Promise<number> {
+    return this.records.configVersion();
+  }
+  configHistory(): Promise<StoredConfig[]> {
+    return this.records.configHistory();
+  }
+  restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
+    return this.records.restoreConfig(versions);
+  }
+  restoreApiKeys(keys: readonly ApiKey[]): Promise<number> {
+    return this.records.restoreApiKeys(keys);
+  }
+  restoreAudit(entries: readonly AuditEntry[]): Promise<number> {
+    return this.records.restoreAudit(entries);
+  }
   applyConfig(document: string, options: ApplyConfigOptions): Promise<ConfigApplied> {
-    const removed = [...(options.removed ?? [])];
-    return this.enqueue(() => {
-      const current = Number(
-        (this.sql("SELECT max(version) AS v FROM inbox_config").get() as { v: number | null }).v ?? 0,
-      );
-      if (options.expectedVersion !== undefined && options.expectedVersion !== current)
-        return { applied: false, reason: "version", version: current };
-      const version = current + 1;
-      const now = this.now();
-      let cancelled = 0;
-      const waiting = removed
-        .map((destination) => ({
-          destination,
-          n: Number(
-            (
-              this.sql(
-                "SELECT count(*) AS n FROM deliveries WHERE destination = ? AND status IN ('received', 'processing')",
-              ).get(destination) as { n: number }
-            ).n,
-          ),
-        }))
-        .filter((w) => w.n > 0);
-      if (waiting.length > 0 && !options.cancelWaiting) return { applied: false, reason: "waiting", waiting };
-      for (const destination of removed) {
-        if (options.cancelWaiting)
-          cancelled += Number(
-            this.sql(
-              "UPDATE deliveries SET status = 'failed', error = ?, finished_at = ? WHERE destination = ? AND status = 'received'",
-            ).run(`cancelled: destination ${destination} removed by configuration version ${version}`, now, destination)
-              .changes,
-          );
-        // Paused in the same commit: no forward to it starts from now on, whichever worker holds its leases.
-        this.sql("INSERT INTO destinations (name) VALUES (?) ON CONFLICT (name) DO NOTHING").run(destination);
-        this.sql("UPDATE destinations SET paused = 1, paused_reason = ?, changed_at = ? WHERE name = ?").run(
-          `${REMOVED} (version ${version})`,
-          now,
-          destination,
-        );
-      }
-      // A destination brought back is let go again, unless a person paused it since.
-      this.sql(
-        "UPDATE destinations SET paused = 0, paused_reason = NULL, changed_at = ? WHERE paused_reason LIKE ? AND name IN (SELECT value FROM json_each(?))",
-      ).run(now, `${REMOVED}%`, JSON.stringify(destinationNames(document).filter((n) => !removed.includes(n))));
-      this.sql(
-        "INSERT INTO inbox_config (version, document, transforms, actor, applied_at) VALUES (?, ?, ?, ?, ?)",
-      ).run(version, document, JSON.stringify(options.transforms ?? {}), options.actor, now);
-      return { applied: true, version, cancelled };
-    }, true) as Promise<ConfigApplied>;
+    return this.records.applyConfig(document, options);
+  }
+  setSecret(secret: StoredSecret, audit?: Audit): Promise<boolean> {
+    return this.records.setSecret(secret, audit);
+  }
+  deleteSecret(name: string, audit?: Audit): Promise<boolean> {
+    return this.records.deleteSecret(name, audit);
+  }
+  secrets(): Promise<StoredSecret[]> {
+    return this.records.secrets();
+  }
+  putSecrets(secrets: readonly StoredSecret[], audit?: Audit): Promise<number> {
+    return this.records.putSecrets(secrets, audit);
+  }
+  secretsVersion(): Promise<number> {
+    return this.records.secretsVersion();
   }
 }
 

@@ -76,8 +76,18 @@ export interface paths {
     post: operations["testFilter"];
   };
   "/api/v1/audit": {
-    /** The audit log: every change made through the API or the page, newest first */
+    /** The audit log: every change, by every way in (the API, the page, the CLI, a script's file), newest first */
     get: operations["listAudit"];
+  };
+  "/api/v1/secrets": {
+    /** The secret store: each secret's name, when it was set and by whom; never a value */
+    get: operations["listSecrets"];
+  };
+  "/api/v1/secrets/{name}": {
+    /** Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back */
+    put: operations["putSecret"];
+    /** Remove a secret; refused while the configuration in force names it */
+    delete: operations["deleteSecret"];
   };
 }
 
@@ -204,7 +214,7 @@ export interface components {
       version: number;
       actor: string | null;
       appliedAt: number | null;
-      /** @description The sources file, as JSON. Secrets are what it says, env:NAME references; one written in the clear is shown as a marker, which a change refuses. */
+      /** @description The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses. */
       document: {
         [key: string]: unknown;
       } | null;
@@ -244,6 +254,24 @@ export interface components {
         }[];
       next: string | null;
     };
+    Secrets: {
+      items: components["schemas"]["Secret"][];
+    };
+    Secret: {
+      name: string;
+      setAt: number;
+      setBy: string;
+      key: string;
+    };
+    SecretSet: {
+      name: string;
+      created: boolean;
+    };
+    SecretDeleted: {
+      name: string;
+      /** @enum {boolean} */
+      deleted: true;
+    };
   };
   responses: never;
   parameters: {
@@ -266,8 +294,10 @@ export interface operations {
         status?: components["schemas"]["Status"];
         source?: string;
         type?: string;
-        since?: number | null;
-        until?: number | null;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        since?: number | string;
+        /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+        until?: number | string;
         /** @description A case-insensitive substring of the last error. */
         error?: string;
         /** @description A substring of the body, as UTF-8 text. */
@@ -300,6 +330,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -345,6 +381,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A delivery's failed tries */
@@ -386,6 +428,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** A dry run of the routes against a stored delivery: what each destination would be sent now */
@@ -423,6 +471,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -485,6 +539,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -543,6 +615,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -568,8 +658,10 @@ export interface operations {
             status?: components["schemas"]["Status"];
             source?: string;
             type?: string;
-            since?: number | null;
-            until?: number | null;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            since?: number | string;
+            /** @description ms since the epoch, an ISO date such as 2026-12-02T19:00Z, or an age ago: 30m, 2h, 3d, 2w */
+            until?: number | string;
             /** @description A case-insensitive substring of the last error. */
             error?: string;
             /** @description A substring of the body, as UTF-8 text. */
@@ -603,6 +695,24 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -642,6 +752,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** Every destination's state */
@@ -667,6 +783,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -722,6 +844,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -773,6 +913,24 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -834,6 +992,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -865,6 +1041,12 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -920,8 +1102,26 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -977,8 +1177,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1024,6 +1248,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1085,8 +1315,32 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1134,6 +1388,12 @@ export interface operations {
       };
       /** @description No such delivery, source or destination */
       404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1209,6 +1469,24 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
       /** @description The Idempotency-Key was used before with a different request */
       422: {
         content: {
@@ -1217,7 +1495,7 @@ export interface operations {
       };
     };
   };
-  /** The audit log: every change made through the API or the page, newest first */
+  /** The audit log: every change, by every way in (the API, the page, the CLI, a script's file), newest first */
   listAudit: {
     parameters: {
       query?: {
@@ -1246,6 +1524,171 @@ export interface operations {
       };
       /** @description A read key asked for a change, or the page runs read-only */
       403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** The secret store: each secret's name, when it was set and by whom; never a value */
+  listSecrets: {
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["Secrets"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Set a secret, sealed under the operator's key; a configuration names it as secret:NAME. Its value is never answered back */
+  putSecret: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          /** @description The value. Sealed at once; no answer, list or log ever shows it again. */
+          value: string;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SecretSet"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A problem */
+      503: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Remove a secret; refused while the configuration in force names it */
+  deleteSecret: {
+    parameters: {
+      path: {
+        name: string;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SecretDeleted"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source or destination */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
