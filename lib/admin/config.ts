@@ -118,7 +118,7 @@ function limits(d: Doc): string {
     bits.push(`${escape(String(d.rate))}/s${d.burst === undefined ? "" : `, burst ${escape(String(d.burst))}`}`);
   if (d.breaker === false) bits.push("no breaker");
   else if (isObject(d.breaker)) bits.push(`breaker ${code(d.breaker)}`);
-  return bits.join(" · ") || `<span class="note">defaults</span>`;
+  return bits.join("<br>") || `<span class="note">defaults</span>`;
 }
 
 // headersShown lists a destination's own headers: references as they are written, never a value they name.
@@ -161,8 +161,8 @@ export async function configPage(
               .join("")}</ol>`;
       const provider =
         settings.provider ?? (isObject(settings.broker) ? `broker (${settings.broker.type ?? "?"})` : "plain");
-      return `<tr><td><strong>${escape(name)}</strong></td><td>${escape(String(provider))}</td><td>${secretShown(settings.secret)}</td>
-<td>${list}${writes ? `<a class="add" href="/config/route?${escape(new URLSearchParams({ source: name }).toString())}">Add a route</a>` : ""}</td><td>${trustBadge(trust[`source ${name}`])}</td></tr>`;
+      return `<tr><td class="name"><strong>${escape(name)}</strong><div class="badges">${trustBadge(trust[`source ${name}`])}</div></td><td>${escape(String(provider))}<div class="sample">secret ${secretShown(settings.secret)}</div></td>
+<td>${list}${writes ? `<a class="add" href="/config/route?${escape(new URLSearchParams({ source: name }).toString())}">Add a route</a>` : ""}</td></tr>`;
     })
     .join("");
   const named = destinationsOf(doc);
@@ -186,8 +186,9 @@ export async function configPage(
       const remove = writes
         ? `<form method="post" action="/config/destination/delete" class="inline">${hidden(s)}<input type="hidden" name="name" value="${escape(name)}"><input type="hidden" name="version" value="${escape(version)}"><button class="danger">Delete</button></form>`
         : "";
-      return `<tr><td><a href="${escape(edit)}"><strong>${escape(name)}</strong></a></td><td class="url">${where}</td><td>${secretShown(d.secret)}</td><td>${headersShown(d)}</td>
-<td>${limits(d)}</td><td>${typeof d.transform === "string" ? transformShown(d.transform, config.transforms) : "–"}</td><td>${state ? stateBadge(sayState(state, now)) : ""}</td><td>${trustBadge(trust[`destination ${name}`])}</td>
+      return `<tr><td class="name"><a href="${escape(edit)}"><strong>${escape(name)}</strong></a><div class="badges">${state ? stateBadge(sayState(state, now)) : ""} ${trustBadge(trust[`destination ${name}`])}</div></td><td class="url">${where}</td>
+<td>secret ${secretShown(d.secret)}${headersShown(d) === "–" ? "" : `<div class="sample">${headersShown(d)}</div>`}</td>
+<td class="limits">${limits(d)}</td><td class="transform">${typeof d.transform === "string" ? transformShown(d.transform, config.transforms) : "–"}</td>
 <td class="acts"><a class="button" href="${escape(edit)}">${writes ? "Edit" : "View"}</a> ${remove}</td></tr>`;
     })
     .join("");
@@ -200,14 +201,14 @@ export async function configPage(
     "Configuration",
     `<h1>Configuration</h1>${problemBox(problem)}${problem?.waiting ? waitingChoice(s, problem) : ""}${head}
 <h2>Sources</h2>
-<div class="scroll"><table class="sources"><thead><tr><th>source</th><th>provider</th><th>secret</th><th>routes</th><th>written by</th></tr></thead>
-<tbody>${sources || `<tr><td colspan="5">No sources.</td></tr>`}</tbody></table></div>
+<div class="scroll"><table class="sources"><thead><tr><th>source</th><th>provider</th><th>routes</th></tr></thead>
+<tbody>${sources || `<tr><td colspan="3">No sources.</td></tr>`}</tbody></table></div>
 <h2>Destinations ${writes && config.version > 0 ? `<a class="button primary" href="/config/destination">New destination</a>` : ""}</h2>
-<div class="scroll"><table class="config-destinations"><thead><tr><th>destination</th><th>where</th><th>secret</th><th>headers</th><th>limits</th><th>transform</th><th>state</th><th>written by</th><th></th></tr></thead>
-<tbody>${destinations || `<tr><td colspan="9">No destinations: the handler takes every delivery.</td></tr>`}</tbody></table></div>
+<div class="scroll"><table class="config-destinations"><thead><tr><th>destination</th><th>where</th><th>signed with, and its headers</th><th>limits</th><th>transform</th><th></th></tr></thead>
+<tbody>${destinations || `<tr><td colspan="6">No destinations: the handler takes every delivery.</td></tr>`}</tbody></table></div>
 ${operator}
 ${await secretsSection(ctx, s)}
-<p class="note">Secrets are shown as the references the configuration names (<code>env:NAME</code>, <code>secret:NAME</code>), never their values. "Written by" says whose hand last wrote each part: a part changed here or through the API is held to the operator's rule (<a href="/audit">every change</a> is in the audit log).</p>`,
+<p class="note">Secrets are shown as the references the configuration names (<code>env:NAME</code>, <code>secret:NAME</code>), never their values. The <span class="badge way operator">operator</span> and <span class="badge way api">API</span> badges say whose hand last wrote each part: a part changed here or through the API is held to the operator's rule (<a href="/audit">every change</a> is in the audit log).</p>`,
     flash,
   );
 }
@@ -398,7 +399,7 @@ ${number("timeout", "Timeout (s)", String(DEFAULTS.forwardTimeoutMs / 1000))}${n
 <fieldset><legend>Transform</legend>
 ${input("transform", "Module", ` placeholder="./transforms/billing.mjs"`)}
 ${sha ? `<p class="hint">Applied as sha256 <code>${escape(sha)}</code>.</p>` : ""}
-<p class="hint">A module on the workers' host that reshapes each forward (<a href="/config">preview</a> it below on a stored delivery). <button type="button" disabled title="Transforms kept in the configuration as code, run in a sandbox, are coming">Edit the code</button> Its code is the file's until transforms are kept in the configuration as code.</p>
+<p class="hint">A module on the workers' host that reshapes each forward (<a href="#preview">preview</a> it below on a stored delivery). <button type="button" disabled title="Transforms kept in the configuration as code, run in a sandbox, are coming">Edit the code</button> Its code is the file's until transforms are kept in the configuration as code.</p>
 </fieldset>
 <label>More settings (JSON) <textarea name="more" rows="4" placeholder='{"breaker": false, "forwardHeaders": true}'${ro}>${escape(f.more)}</textarea></label>
 ${writes ? `<p><button class="primary">${v.name === undefined ? "Create" : "Save"}</button> <a href="/config">Cancel</a></p>` : `<p class="note">This session may look, not change: saving needs a write key, or the page's token.</p>`}
