@@ -262,7 +262,8 @@ tr.revoked td { color: var(--muted); text-decoration: line-through; } tr.revoked
 .routelist { margin: 0; padding-left: 1.2rem; } .routelist li { margin-bottom: .2rem; } .routelist a { text-decoration: none; color: var(--fg); }
 .routelist a:hover code, .routelist a:hover strong { text-decoration: underline; } a.add { font-size: .85rem; }
 .changes { margin: 0; padding-left: 1rem; } .changes li { margin: .1rem 0; } .sha { color: var(--muted); font-size: .8rem; white-space: nowrap; }
-td.url, table.config-destinations td, table.sources td { overflow-wrap: anywhere; } td.acts { white-space: nowrap; }
+td.url { overflow-wrap: anywhere; min-width: 10rem; } td.acts, td.name { white-space: nowrap; } .badges { margin-top: .25rem; display: flex; flex-wrap: wrap; gap: .25rem; }
+.badges .badge, .config-destinations .badge { white-space: nowrap; } td.limits { white-space: nowrap; } td.transform { min-width: 11rem; } .sample code { font-size: .82rem; }
 .version { margin: 0 0 .6rem; } h2 .button { font-size: .85rem; font-weight: 600; margin-left: .6rem; vertical-align: middle; }
 @media (max-width: 560px) {
   table.list thead { display: none; } table.list tr { display: block; padding: .5rem .6rem; border-bottom: 1px solid var(--line); }
