@@ -7,14 +7,12 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
-import { DatabaseSync } from "node:sqlite";
 import { after, before, describe, it } from "node:test";
-import pg from "pg";
 import { connect } from "../inbox.ts";
 import { hashKey, mintKey } from "../lib/api/keys.ts";
 import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
 import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
-import { backends, freshSchema, POSTGRES, postgresSkip, runScript, tempDir } from "./helpers.ts";
+import { backends, freshSchema, pastSchema, postgresSkip, runScript, tempDir } from "./helpers.ts";
 
 const BACKENDS = await backends("apikeys");
 
@@ -117,15 +115,13 @@ describe("a database made before the admin scope", () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "old.db");
-      const db = new DatabaseSync(path);
       const list = beforeAdmin(SQLITE_MIGRATIONS);
       assert.ok(list.length > 0 && list.length < SQLITE_MIGRATIONS.length);
-      for (const m of list) db.exec(m);
-      db.exec(`PRAGMA user_version = ${list.length}`);
-      db.exec(insertOld);
+      const past = await pastSchema("sqlite", path, list);
+      await past.exec(insertOld);
       // The control: the table as it was refuses an admin key.
-      assert.throws(() => db.exec(insertAdmin), /CHECK constraint failed/);
-      db.close();
+      await assert.rejects(past.exec(insertAdmin), /CHECK constraint failed/);
+      await past.close();
       await migrated(path);
     } finally {
       dir.cleanup();
@@ -135,22 +131,12 @@ describe("a database made before the admin scope", () => {
   it("keeps its keys through the migration on PostgreSQL, and then takes an admin key", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("migrscope");
     try {
-      const client = new pg.Client({ connectionString: POSTGRES });
-      await client.connect();
+      const past = await pastSchema("postgres", fresh.schema, beforeAdmin(PG_MIGRATIONS));
       try {
-        await client.query(`CREATE SCHEMA ${fresh.schema}`);
-        await client.query(`SET search_path = ${fresh.schema}`);
-        await client.query(
-          "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-        );
-        for (const [i, m] of beforeAdmin(PG_MIGRATIONS).entries()) {
-          await client.query(m);
-          await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
-        }
-        await client.query(insertOld);
-        await assert.rejects(client.query(insertAdmin), /api_keys_scope_check/);
+        await past.exec(insertOld);
+        await assert.rejects(past.exec(insertAdmin), /api_keys_scope_check/);
       } finally {
-        await client.end();
+        await past.close();
       }
       await migrated(fresh.url);
     } finally {
