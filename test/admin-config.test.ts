@@ -273,6 +273,41 @@ for (const backend of await backends("admin_config")) {
       );
     });
 
+    it("refuses to delete a destination deliveries wait for, and offers to set them aside: then it goes, and they are failed", async () => {
+      const spare = {
+        ...DOCUMENT,
+        $destinations: {
+          ...DOCUMENT.$destinations,
+          spare: { url: "https://spare.example.com/", secret: "env:APP_SECRET" },
+        },
+      };
+      await inbox.applyConfig(`${JSON.stringify(spare)}\n`, { actor: "test" });
+      await inbox.store({ source: "gh", id: "evt_waits", body: Buffer.from("{}"), destinations: ["spare"] });
+      const page = await (await start()).login();
+      const state = await snapshot();
+      const refused = await page.post("/config/destination/delete", { name: "spare", version: "2" });
+      assert.equal(refused.status, 409);
+      assert.match(refused.html, /deliveries still wait for a destination this removes \(1 for spare\)/);
+      assert.equal(await snapshot(), state, "refused, nothing changed");
+      const offer =
+        /<form method="post" action="\/config\/destination\/delete" class="inline">(.*?)<button class="danger">(Delete spare, and set its 1 waiting delivery aside as failed)<\/button>/.exec(
+          refused.html,
+        );
+      assert.ok(offer, "offered");
+      const fields = Object.fromEntries(
+        [...offer[1]!.matchAll(/name="(\w+)" value="([^"]*)"/g)].map((m) => [m[1], m[2]]),
+      );
+      assert.deepEqual({ ...fields, csrf: "" }, { csrf: "", name: "spare", version: "2", cancelWaiting: "true" });
+      const gone = await page.post("/config/destination/delete", fields as Record<string, string>, false);
+      assert.equal(gone.status, 303);
+      assert.equal(await version(), 3);
+      const [row] = await inbox.find("evt_waits", "gh");
+      assert.deepEqual(
+        [row!.status, row!.error],
+        ["failed", "cancelled: destination spare removed by configuration version 3"],
+      );
+    });
+
     it("keeps the handler beside a route added to a source with no routes, and deletes no destination a route names", async () => {
       const page = await (await start()).login();
       const added = await page.post("/config/route", { source: "st", route: "", to: "app", version: "1" });

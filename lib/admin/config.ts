@@ -199,7 +199,7 @@ export async function configPage(
     ctx,
     s,
     "Configuration",
-    `<h1>Configuration</h1>${problemBox(problem)}${problem?.waiting ? waitingChoice(s, problem) : ""}${head}
+    `<h1>Configuration</h1>${problemBox(problem)}${problem?.waiting ? waitingChoice(s, problem, config.version) : ""}${head}
 <h2>Sources</h2>
 <div class="scroll"><table class="sources"><thead><tr><th>source</th><th>provider</th><th>routes</th></tr></thead>
 <tbody>${sources || `<tr><td colspan="3">No sources.</td></tr>`}</tbody></table></div>
@@ -214,11 +214,11 @@ ${await secretsSection(ctx, s)}
 }
 
 // waitingChoice offers, after a removal refused while deliveries wait, to remove it all the same and set them aside.
-const waitingChoice = (s: Session, p: Problem) => {
+const waitingChoice = (s: Session, p: Problem, version: number) => {
   const [first] = p.waiting ?? [];
   if (!first) return "";
   const n = (p.waiting ?? []).reduce((a, w) => a + w.n, 0);
-  return `<form method="post" action="/config/destination/delete" class="inline">${hidden(s)}<input type="hidden" name="name" value="${escape(first.destination)}"><input type="hidden" name="cancelWaiting" value="true"><button class="danger">Delete ${escape(first.destination)}, and set its ${n.toLocaleString("en")} waiting ${n === 1 ? "delivery" : "deliveries"} aside as failed</button></form>`;
+  return `<form method="post" action="/config/destination/delete" class="inline">${hidden(s)}<input type="hidden" name="name" value="${escape(first.destination)}"><input type="hidden" name="version" value="${version}"><input type="hidden" name="cancelWaiting" value="true"><button class="danger">Delete ${escape(first.destination)}, and set its ${n.toLocaleString("en")} waiting ${n === 1 ? "delivery" : "deliveries"} aside as failed</button></form>`;
 };
 
 // secretsSection lists the secrets by name, with the form that sets one (its value never shown again).
@@ -554,7 +554,7 @@ function routeForm(ctx: PageContext, s: Session, v: RouteView, flash: Flash | nu
   const form = `<form method="post" action="/config/route" class="edit">${hidden(s)}
 <input type="hidden" name="version" value="${escape(String(v.version))}"><input type="hidden" name="source" value="${escape(v.source)}"><input type="hidden" name="route" value="${v.index === undefined ? "" : escape(String(v.index))}">
 ${v.implicit ? `<p class="note">This source has no routes, so its deliveries go to the handler; a route added here goes beside the handler's.</p>` : ""}
-<label>To <select name="to"${writes ? "" : " disabled"}>${options}</select></label>
+<label>To <select name="to"${writes ? "" : " disabled"}>${options}</select></label>${writes ? "" : `<input type="hidden" name="to" value="${escape(f.to)}">`}
 <label>Event types <input name="types" value="${escape(f.types)}" placeholder="invoice.*, charge.succeeded (every type when empty)"${ro}></label>
 <label>Filter (JSON) <textarea name="filter" rows="6" placeholder='{"body": {"amount": {"$gte": 100}}}'>${escape(f.filter)}</textarea></label>
 <fieldset class="try"><legend>Try the filter on a stored delivery</legend><div class="row">
