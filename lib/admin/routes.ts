@@ -1,9 +1,7 @@
-// lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each
-// request: assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same
-// origin, the session's CSRF token, a scope that allows it and writable mode), writes one audit line, and
-// redirects so a reload does not repeat it (or, trying a filter or refused, answers with its form). The session
-// is lib/admin/session.ts, the pages lib/admin/pages.ts, lib/admin/config.ts and lib/admin/keys.ts, the actions
-// lib/operations/actions.ts and the API's own operations.
+// lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each request:
+// assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same origin, the
+// session's CSRF token, a scope that allows it, writable mode), writes one audit line, and redirects so a reload
+// does not repeat it, or answers with its form (a filter tried, a change refused).
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { hashKey, KEY_PREFIX } from "../api/keys.ts";
@@ -25,7 +23,8 @@ import {
   retryOrReplayAll,
   targetLabel,
 } from "../operations/actions.ts";
-import { CONFIG_FORMS, configPage, destinationPage, historyPage, routePage, versionPage } from "./config.ts";
+import { configPage, historyPage, versionPage } from "./config.ts";
+import { CONFIG_FORMS, destinationPage, routePage } from "./editors.ts";
 import { acts, CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
 import { KEY_FORMS, keysPage } from "./keys.ts";
 import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "../operations/input.ts";
