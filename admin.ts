@@ -154,14 +154,14 @@ Examples:
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
     // The configuration in force, which the API may have changed since start; the --sources file only while
     // none was ever applied.
-    preview: async (rows: readonly Delivery[]) => {
+    preview: async (rows: readonly Delivery[], options: { to?: string } = {}) => {
       const stored = await inbox.readConfig();
       const against = stored ? (JSON.parse(stored.document) as unknown) : config;
       if (against === undefined)
         throw new TypeError(
           "there is nothing to preview against: no configuration was applied to this inbox, and admin.ts has no --sources",
         );
-      return preview(rows, against, { base });
+      return preview(rows, against, { base, ...options });
     },
   });
   const stopped = startup.stopped();

@@ -200,7 +200,8 @@ export function toApiKey(row: Record<string, unknown>): ApiKey {
   return {
     id: String(row.id),
     name: String(row.name),
-    scope: row.scope === "write" ? "write" : "read",
+    // Anything but the scopes this code knows is read: a row never grants more than it says.
+    scope: row.scope === "write" || row.scope === "admin" ? row.scope : "read",
     hash: String(row.hash),
     createdAt: Number(row.created_at),
     revokedAt: row.revoked_at === null || row.revoked_at === undefined ? null : Number(row.revoked_at),

@@ -568,6 +568,12 @@ export interface Inbox {
   /** configHistory lists every applied version of the configuration, oldest first: its history, for copy. */
   configHistory(): Promise<StoredConfig[]>;
   /**
+   * configVersions pages through the configuration's versions, newest first: up to limit of them, those below
+   * the version before when given. The page and the API show the history a page at a time, each version beside
+   * the one before it.
+   */
+  configVersions(page: { before?: number; limit: number }): Promise<StoredConfig[]>;
+  /**
    * restoreConfig writes versions as they are (from configHistory() of another inbox), their numbers, actors
    * and times kept; a version already there is skipped. Returns how many it wrote.
    */
@@ -578,11 +584,19 @@ export interface Inbox {
   restoreAudit(entries: readonly AuditEntry[]): Promise<number>;
 }
 
+/**
+ * SCOPES are what an API key (or a session of the page) may do, each allowing what the one before it does:
+ * read looks; write also retries, replays, pauses and changes the configuration; admin also makes and revokes keys.
+ */
+export const SCOPES = ["read", "write", "admin"] as const;
+/** Scope is one of SCOPES. */
+export type Scope = (typeof SCOPES)[number];
+
 /** ApiKey is one API key as stored: its hash, never the key; read keys change nothing. */
 export interface ApiKey {
   id: string;
   name: string;
-  scope: "read" | "write";
+  scope: Scope;
   /** The SHA-256 of the key, in hex. */
   hash: string;
   createdAt: number;

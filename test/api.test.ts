@@ -35,7 +35,7 @@ const ENV = {
 };
 
 // key makes an API key with the real CLI, and returns it with its ID.
-async function key(db: string, scope: "read" | "write"): Promise<{ id: string; key: string }> {
+async function key(db: string, scope: "read" | "write" | "admin"): Promise<{ id: string; key: string }> {
   const run = await runScript("inbox.ts", [
     "keys",
     "create",
@@ -333,7 +333,15 @@ for (const backend of BACKENDS) {
       const version = async () => (await inbox.readConfig())?.version ?? 0;
       const lastAudit = async () => (await inbox.auditLog({ limit: 1 }))[0]!;
       const none = await api.GET("/api/v1/config");
-      assert.deepEqual(none.data, { version: 0, actor: null, appliedAt: null, document: null, transforms: {} });
+      assert.deepEqual(none.data, {
+        version: 0,
+        actor: null,
+        appliedAt: null,
+        way: null,
+        trust: {},
+        document: null,
+        transforms: {},
+      });
 
       // A transform named by a relative path, read from the folder of the page's --sources, as a worker's.
       writeFileSync(join(dir.dir, "shape.mjs"), "export default (d) => ({ body: { shaped: true, id: d.id } });\n");
@@ -374,12 +382,28 @@ for (const backend of BACKENDS) {
       assert.equal(shown.data!.actor, `key:${write.id}`);
       assert.deepEqual(shown.data!.document, document, "secrets stay env:NAME references");
       assert.deepEqual(shown.data!.transforms, { "./shape.mjs": sha }, "the transform's hash, not its code");
+      assert.deepEqual(
+        [shown.data!.way, shown.data!.trust],
+        ["api", { "destination app": "api", "source stripe": "api" }],
+      );
       // The preview is the configuration in force now, not the --sources file the page read at start.
       const preview = await api.GET("/api/v1/deliveries/{source}/{id}/preview", {
         params: { path: { source: "stripe", id: "evt_ok" } },
       });
       const toApp = preview.data!.requests.find((r) => r.destination === "app") as { body: { data: number[] } };
       assert.deepEqual(JSON.parse(Buffer.from(toApp.body.data).toString()), { shaped: true, id: "evt_ok" });
+      // ?to= previews one destination alone, whatever the delivery's rows; without it (the control), each of its rows.
+      const one = await api.GET("/api/v1/deliveries/{source}/{id}/preview", {
+        params: { path: { source: "stripe", id: "evt_ok" }, query: { to: "app" } },
+      });
+      assert.deepEqual(
+        one.data!.requests.map((r) => r.destination),
+        ["app"],
+      );
+      assert.deepEqual(
+        preview.data!.requests.map((r) => r.destination),
+        ["handler", "app"],
+      );
 
       // Refused, each with nothing changed: a document that fails the checks, a stale version, no key, a read key,
       // and a document that sends back the marker getConfig shows for a secret written in the clear.
@@ -483,6 +507,49 @@ for (const backend of BACKENDS) {
       assert.equal(row!.status, "failed");
       assert.match(row!.error!, /cancelled: destination extra removed by configuration version 5/);
       assert.equal((await lastAudit()).operation, "deleteDestination");
+    });
+
+    it("shows the configuration's history a page at a time, each version's changes down to the field, and any two versions compared", async () => {
+      const api = client(read.key);
+      const first = await api.GET("/api/v1/config/versions", { params: { query: { limit: 2 } } });
+      assert.deepEqual(
+        first.data!.items.map((v) => [v.version, v.actor, v.way, v.changes]),
+        [
+          [5, `key:${write.id}`, "api", ["- destination extra"]],
+          [4, `key:${write.id}`, "api", ["- source gh"]],
+        ],
+      );
+      assert.equal(first.data!.next, 4);
+      const rest = await api.GET("/api/v1/config/versions", { params: { query: { limit: 10, after: 4 } } });
+      assert.deepEqual(
+        rest.data!.items.map((v) => [v.version, v.changes[0]]),
+        [
+          [3, "+ source gh"],
+          [2, "+ destination extra"],
+          [1, "+ destination app"],
+        ],
+      );
+      assert.equal(rest.data!.next, null);
+      const three = await api.GET("/api/v1/config/versions/{version}", {
+        params: { path: { version: 3 }, query: { against: 1 } },
+      });
+      assert.deepEqual(
+        [three.data!.version, three.data!.against, three.data!.changes],
+        [3, 1, ["+ destination extra", "+ source gh"]],
+      );
+      assert.deepEqual(Object.keys(three.data!.document!).sort(), ["$destinations", "gh", "stripe"]);
+      assert.equal(three.data!.trust["source gh"], "api");
+      const before = await api.GET("/api/v1/config/versions/{version}", { params: { path: { version: 2 } } });
+      assert.deepEqual([before.data!.against, before.data!.changes], [1, ["+ destination extra"]]);
+      for (const [version, against] of [
+        [99, undefined],
+        [3, 42],
+      ] as const) {
+        const missing = await api.GET("/api/v1/config/versions/{version}", {
+          params: { path: { version }, query: against === undefined ? {} : { against } },
+        });
+        assert.equal(missing.response.status, 404);
+      }
     });
 
     it("sends a test delivery to one destination alone, stored under $test with origin test, followed with getDelivery", async () => {
@@ -857,6 +924,91 @@ for (const backend of BACKENDS) {
       assert.ok(!shown.includes("<script>alert"), "escaped");
       assert.match(shown, /&#60;script&#62;alert\(1\)&#60;\/script&#62;/);
       assert.match(shown, new RegExp(`key:${write.id}`), "beside the API's changes");
+    });
+
+    it("makes and revokes keys with an admin key alone: shown once, kept as a hash, audited; a write or read key refused and counted", async () => {
+      const root = await key(made.target, "admin");
+      const keys = async () => JSON.stringify(await inbox.query("SELECT * FROM api_keys ORDER BY id"));
+      const refusals = async (reason: string) =>
+        Number(
+          new RegExp(`inbox_api_refused_total\\{reason="${reason}"\\} (\\d+)`).exec(
+            await (await fetch(`${admin.url}/metrics`)).text(),
+          )?.[1] ?? 0,
+        );
+      for (const [who, reason] of [
+        [write.key, "write_key"],
+        [read.key, "read_key"],
+      ] as const) {
+        const state = [await snapshot(), await keys()];
+        const counted = await refusals(reason);
+        const refused = await client(who).POST("/api/v1/keys", { body: { scope: "read", name: "should not" } });
+        assert.equal(refused.response.status, 403, reason);
+        assert.equal(await refusals(reason), counted + 1, `${reason}: counted`);
+        assert.deepEqual([await snapshot(), await keys()], state, `${reason}: nothing changed`);
+      }
+      // The control: the admin key's same request makes one.
+      const api = client(root.key);
+      const madeKey = await api.POST("/api/v1/keys", {
+        body: { scope: "write", name: "from the api" },
+        params: { header: { "idempotency-key": "make-one" } },
+      });
+      assert.equal(madeKey.response.status, 201, JSON.stringify(madeKey.error));
+      const fresh = madeKey.data!;
+      assert.match(fresh.key!, /^wik_[A-Za-z0-9_-]{43}$/);
+      assert.deepEqual([fresh.scope, fresh.name, fresh.revokedAt], ["write", "from the api", null]);
+      assert.equal((await client(fresh.key!).GET("/api/v1/status")).response.status, 200, "the new key works");
+      const stored = await keys();
+      assert.ok(stored.includes(createHash("sha256").update(fresh.key!).digest("hex")));
+      const kept = JSON.stringify(await inbox.query("SELECT * FROM idempotency"));
+      for (const [where, text] of [
+        ["api_keys", stored],
+        ["idempotency", kept],
+        ["audit", JSON.stringify(await inbox.auditLog({ limit: 100 }))],
+      ])
+        assert.ok(!text.includes(fresh.key!.slice(4)), `the key is not kept in ${where}`);
+      const [entry] = await inbox.auditLog({ limit: 1 });
+      assert.deepEqual(
+        [entry!.who, entry!.operation, entry!.target, entry!.count],
+        [`key:${root.id}`, "createKey", `key=${fresh.id} scope=write name="from the api"`, 1],
+      );
+      // The same Idempotency-Key makes nothing more, and its replay holds no key.
+      const replay = await api.POST("/api/v1/keys", {
+        body: { scope: "write", name: "from the api" },
+        params: { header: { "idempotency-key": "make-one" } },
+      });
+      assert.equal(replay.response.headers.get("idempotent-replayed"), "true");
+      assert.deepEqual(replay.data, { ...fresh, key: null });
+      assert.equal(await keys(), stored, "no second key");
+
+      const listed = await client(read.key).GET("/api/v1/keys");
+      const shown = listed.data!.items.find((k) => k.id === fresh.id);
+      assert.deepEqual(shown, {
+        id: fresh.id,
+        name: "from the api",
+        scope: "write",
+        createdAt: fresh.createdAt,
+        revokedAt: null,
+      });
+      assert.ok(!JSON.stringify(listed.data).includes("hash"), "no hash listed");
+
+      const gone = await api.POST("/api/v1/keys/{id}/revoke", { params: { path: { id: fresh.id } }, body: {} });
+      assert.deepEqual(gone.data, { id: fresh.id, revoked: true });
+      assert.equal((await client(fresh.key!).GET("/api/v1/status")).response.status, 401, "revoked for good");
+      assert.deepEqual((await inbox.auditLog({ limit: 1 }))[0]!.operation, "revokeKey");
+      const again = await api.POST("/api/v1/keys/{id}/revoke", { params: { path: { id: fresh.id } }, body: {} });
+      assert.deepEqual(again.data, { id: fresh.id, revoked: false });
+      const state = await keys();
+      const unknown = await api.POST("/api/v1/keys/{id}/revoke", {
+        params: { path: { id: "000000000000" } },
+        body: {},
+      });
+      assert.equal(unknown.response.status, 404);
+      const byWrite = await client(write.key).POST("/api/v1/keys/{id}/revoke", {
+        params: { path: { id: root.id } },
+        body: {},
+      });
+      assert.equal(byWrite.response.status, 403);
+      assert.equal(await keys(), state, "neither refusal changed a key");
     });
 
     it("has called every operation in the document through the typed client, and had its answer", () => {

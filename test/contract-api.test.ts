@@ -1,5 +1,5 @@
 // test/contract-api.test.ts: the contract's part for the JSON API (lib/api/), on both backends
-// (test/contract-harness.ts): API keys kept by hash and revoked for good, a POST's first answer kept under
+// (test/contract-harness.ts): API keys kept by hash and revoked for good, an admin key's scope kept, a POST's first answer kept under
 // its idempotency key (the first one wins, the expired go), and the audit log, newest first, in pages; keys and
 // the audit log written into another inbox as they are (restoreApiKeys, restoreAudit), for copy.
 //   npx node --import tsx --test test/contract-api.test.ts
@@ -34,6 +34,19 @@ contract((suite) => {
         ],
       );
       await assert.rejects(inbox.addApiKey(row), "the same key twice is refused");
+    });
+    it("keeps an admin key's scope as it is, and the table refuses a scope it does not know (the control)", async () => {
+      const inbox = await open();
+      const admin = mintKey({ scope: "admin", name: "platform", now: T0 });
+      await inbox.addApiKey(admin.row);
+      assert.equal((await inbox.apiKeyByHash(hashKey(admin.key)))?.scope, "admin");
+      assert.deepEqual(
+        (await inbox.apiKeys()).map((k) => k.scope),
+        ["admin"],
+      );
+      const root = mintKey({ scope: "admin", name: "", now: T0 + 1 });
+      await assert.rejects(inbox.addApiKey({ ...root.row, scope: "root" as "admin" }), /check|constraint/i);
+      assert.equal((await inbox.apiKeys()).length, 1, "nothing of the refused key was stored");
     });
     it("restoreApiKeys writes another inbox's keys as they are, revoked ones too: each key works there, and only there once", async () => {
       const inbox = await open();

@@ -1,7 +1,7 @@
 // test/contract-config.test.ts: the configuration kept in the database, on both backends
 // (test/contract-harness.ts): applyConfig() as one transaction (a version each, refused on a stale
-// expectedVersion or while rows wait for a destination it removes), readConfig() and configVersion(), and the
-// history copied whole (configHistory(), restoreConfig()).
+// expectedVersion or while rows wait for a destination it removes), readConfig() and configVersion(), the
+// history paged newest first (configVersions()) and copied whole (configHistory(), restoreConfig()).
 //   npx node --import tsx --test test/contract-config.test.ts
 
 import assert from "node:assert/strict";
@@ -39,6 +39,29 @@ contract((suite) => {
     // A second inbox on the same target sees it: the configuration is the database's, not the process's.
     const other = await open();
     assert.equal((await other.readConfig())?.document, doc(["app", "b"]));
+  });
+
+  it("configVersions() pages the versions newest first, below a version when given, each whole", async () => {
+    const inbox = await open();
+    assert.deepEqual(await inbox.configVersions({ limit: 5 }), []);
+    for (const [i, names] of [["a"], ["a", "b"], ["b"]].entries()) {
+      await inbox.applyConfig(doc(names), { actor: `actor${i}`, way: i === 1 ? "api" : "operator" });
+      suite.t += 1_000;
+    }
+    const page = await inbox.configVersions({ limit: 2 });
+    assert.deepEqual(
+      page.map((v) => [v.version, v.actor, v.way, v.document]),
+      [
+        [3, "actor2", "operator", doc(["b"])],
+        [2, "actor1", "api", doc(["a", "b"])],
+      ],
+    );
+    assert.deepEqual(
+      (await inbox.configVersions({ before: 2, limit: 2 })).map((v) => v.version),
+      [1],
+    );
+    assert.deepEqual(await inbox.configVersions({ before: 1, limit: 2 }), []);
+    assert.deepEqual((await inbox.configVersions({ before: 3, limit: 1 }))[0], (await inbox.configHistory())[1]);
   });
 
   it("configHistory() lists every version oldest first; restoreConfig() writes them into another inbox as they are, and skips what is there", async () => {

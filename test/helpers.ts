@@ -231,6 +231,39 @@ export async function freshSchema(prefix: string): Promise<{ url: string; schema
   };
 }
 
+/**
+ * pastSchema makes an inbox as an older version of the code left it, for a test of the migrations after: a
+ * SQLite file at path, or a PostgreSQL schema (its name: made here, in POSTGRES; freshSchema() names one and
+ * drops it), at the migrations given, each recorded as that backend's migrate() records it. exec() writes
+ * what that version wrote into it (and rejects what its tables refuse); close() lets go of it.
+ */
+export async function pastSchema(
+  backend: "sqlite" | "postgres",
+  target: string,
+  migrations: readonly string[],
+): Promise<{ exec(sql: string): Promise<void>; close(): Promise<void> }> {
+  if (backend === "sqlite") {
+    const { DatabaseSync } = await import("node:sqlite");
+    const db = new DatabaseSync(target);
+    for (const m of migrations) db.exec(m);
+    db.exec(`PRAGMA user_version = ${migrations.length}`);
+    return { exec: async (sql) => db.exec(sql), close: async () => db.close() };
+  }
+  const { default: pg } = await import("pg");
+  const client = new pg.Client({ connectionString: POSTGRES });
+  await client.connect();
+  await client.query(`CREATE SCHEMA ${target}`);
+  await client.query(`SET search_path = ${target}`);
+  await client.query(
+    "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+  );
+  for (const [i, m] of migrations.entries()) {
+    await client.query(m);
+    await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
+  }
+  return { exec: async (sql) => void (await client.query(sql)), close: () => client.end() };
+}
+
 /** PrivatePostgres is a throwaway PostgreSQL cluster of one test file's own, which it may stop and restart. */
 export interface PrivatePostgres {
   /** The URL of its `postgres` database; add ?schema= as usual. */

@@ -4,14 +4,12 @@
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { DatabaseSync } from "node:sqlite";
 import { describe, it } from "node:test";
-import pg from "pg";
 import { connect } from "../inbox.ts";
 import { sha256 } from "../lib/rows.ts";
 import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
 import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
-import { freshSchema, POSTGRES, postgresSkip, tempDir } from "./helpers.ts";
+import { freshSchema, pastSchema, postgresSkip, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const pgSkip = await postgresSkip();
@@ -75,13 +73,11 @@ describe("a database made before destinations", () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "old.db");
-      const db = new DatabaseSync(path);
       const old = before(SQLITE_MIGRATIONS);
       assert.ok(old.length >= 5 && old.length < SQLITE_MIGRATIONS.length);
-      for (const m of old) db.exec(m);
-      db.exec(`PRAGMA user_version = ${old.length}`);
-      db.exec(oldRows("X'78'", "X''"));
-      db.close();
+      const past = await pastSchema("sqlite", path, old);
+      await past.exec(oldRows("X'78'", "X''"));
+      await past.close();
       await check(path);
     } finally {
       dir.cleanup();
@@ -91,25 +87,14 @@ describe("a database made before destinations", () => {
   it("migrates on PostgreSQL the same way", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("migrdest");
     try {
-      const client = new pg.Client({ connectionString: POSTGRES });
-      await client.connect();
+      const past = await pastSchema("postgres", fresh.schema, before(PG_MIGRATIONS));
       try {
-        await client.query(`CREATE SCHEMA ${fresh.schema}`);
-        await client.query(`SET search_path = ${fresh.schema}`);
-        await client.query(
-          "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-        );
-        const old = before(PG_MIGRATIONS);
-        for (const [i, m] of old.entries()) {
-          await client.query(m);
-          await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
-        }
-        await client.query(oldRows("'\\x78'::bytea", "'\\x'::bytea"));
-        await client.query(
+        await past.exec(oldRows("'\\x78'::bytea", "'\\x'::bytea"));
+        await past.exec(
           "UPDATE deliveries SET arrival = CASE id WHEN 'k_2' THEN 4 WHEN 'k_1' THEN 5 END WHERE order_key IS NOT NULL",
         );
       } finally {
-        await client.end();
+        await past.close();
       }
       await check(fresh.url);
     } finally {

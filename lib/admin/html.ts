@@ -2,14 +2,20 @@
 // badges, a chart, a body three ways), the login and error pages, and its own CSS and script. Everything shown
 // passes through escape(); no page here reads the inbox (lib/admin/pages.ts does).
 
+import { allows } from "../api/keys.ts";
 import { utc } from "../format.ts";
-import type { DestinationState } from "../store.ts";
-import type { Session } from "./session.ts";
+import type { DestinationState, Scope } from "../store.ts";
+import type { Flash, Session } from "./session.ts";
 
 /** View is what the layout needs to know of the page: whether it acts, and whether a token guards it. */
 export interface View {
   readOnly: boolean;
   guarded: boolean;
+}
+
+/** acts says whether a session may do what needs scope here (write unless said): never on a --read-only page. */
+export function acts(view: View, s: Session, scope: Scope = "write"): boolean {
+  return !view.readOnly && allows(s.scope, scope);
 }
 
 /** escape makes any text safe inside HTML text and quoted attributes; everything shown passes through it. */
@@ -129,18 +135,23 @@ export function chart(buckets: { start: number; received: number; done: number; 
 <p class="legend"><span class="key received"></span>received <span class="key done"></span>done <span class="key failed"></span>failed, per minute</p>`;
 }
 
-/** page lays a page out: the header with its navigation, a read-only badge, log out where a cookie logged in, and the flash. */
-export const page = (view: View, s: Session, title: string, body: string, flash?: string | null) => `<!doctype html>
+/**
+ * page lays a page out: the header with its navigation, a read-only badge (a --read-only page, or a read key's
+ * session), the key a session logged in with, log out where a cookie logged in, and the flash, with the value
+ * it shows once (a new key) where it has one.
+ */
+export const page = (view: View, s: Session, title: string, body: string, flash?: Flash | null) => `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${escape(title)} · webhook inbox</title><link rel="stylesheet" href="/admin.css"><script src="/admin.js" defer></script></head>
-<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/destinations">Destinations</a><a href="/failures">Failures</a><a href="/audit">Audit</a></nav>
-${view.readOnly ? `<span class="badge readonly">read-only</span>` : ""}
+<body><header><a class="brand" href="/">webhook inbox</a><nav><a href="/">Overview</a><a href="/deliveries">Deliveries</a><a href="/destinations">Destinations</a><a href="/failures">Failures</a><a href="/config">Configuration</a><a href="/keys">Keys</a><a href="/audit">Audit</a></nav>
+${acts(view, s) ? "" : `<span class="badge readonly">read-only</span>`}
+${s.key === undefined ? "" : `<span class="who">${escape(s.who.replace(/@.*/, ""))} (${escape(s.scope)})</span>`}
 ${view.guarded && s.id !== "bearer" ? `<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="${escape(s.csrf)}"><button>Log out</button></form>` : ""}
-</header><main>${flash ? `<p class="flash">${escape(flash)}</p>` : ""}${body}</main></body></html>`;
+</header><main>${flash ? `<p class="flash">${escape(flash.text)}</p>${flash.once === undefined ? "" : `<pre class="once" id="once">${escape(flash.once)}</pre>`}` : ""}${body}</main></body></html>`;
 
 /** hidden is the CSRF field every form of the page carries. */
 export const hidden = (s: Session) => `<input type="hidden" name="csrf" value="${escape(s.csrf)}">`;
-/** action is a one-button form that posts an action, or nothing in read-only mode. */
+/** action is a one-button form that posts an action, or nothing where the session may not (scope: write unless said). */
 export const action = (
   view: View,
   s: Session,
@@ -148,8 +159,9 @@ export const action = (
   label: string,
   fields: Record<string, string>,
   cls = "",
+  scope: Scope = "write",
 ) =>
-  view.readOnly
+  !acts(view, s, scope)
     ? ""
     : `<form method="post" action="${escape(path)}" class="inline">${hidden(s)}${Object.entries(fields)
         .map(([k, v]) => `<input type="hidden" name="${escape(k)}" value="${escape(v)}">`)
@@ -160,7 +172,8 @@ export const loginPage = (
   flash?: string,
 ) => `<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>Log in · webhook inbox</title><link rel="stylesheet" href="/admin.css"></head><body><main class="login"><h1>webhook inbox</h1>
-${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" action="/login"><label>Admin token <input type="password" name="token" autocomplete="current-password" autofocus></label> <button class="primary">Log in</button></form></main></body></html>`;
+${flash ? `<p class="flash">${escape(flash)}</p>` : ""}<form method="post" action="/login"><label>Admin token, or an API key <input type="password" name="token" autocomplete="current-password" autofocus></label> <button class="primary">Log in</button></form>
+<p class="note">The page's token acts as admin; an API key (<code>wik_…</code>) as its scope: a read key looks and changes nothing.</p></main></body></html>`;
 
 /** errorPage says what went wrong with a request, or only that something did, for a 500. */
 export function errorPage(status: number, text: string): string {
@@ -228,6 +241,30 @@ td.error { min-width: 12rem; }
 .badge.closed, .badge.healthy { background: var(--done); } .badge.open, .badge.failing { background: var(--failed); } .badge.paused { background: var(--processing); }
 .held { background: #fff6e8; border: 1px solid #efd3a6; padding: .5rem .8rem; border-radius: 4px; }
 .detail { color: var(--muted); font-size: .85rem; } form.pause { display: inline-flex; gap: .3rem; } form.pause input { width: 9rem; }
+/* The configuration's pages: forms laid out in columns that wrap, what was refused, what a filter said. */
+.problem { background: #fff4f3; border: 1px solid #f0c9c5; color: #7d1c14; padding: .5rem .8rem; border-radius: 4px; margin: 0 0 .8rem; overflow-wrap: anywhere; }
+.problem ul { margin: .3rem 0 0; } .problem p { margin: .4rem 0 0; }
+form.edit { display: flex; flex-direction: column; gap: .6rem; max-width: 52rem; }
+form.edit label { display: flex; flex-direction: column; font-size: .85rem; color: var(--muted); gap: .15rem; }
+form.edit input, form.edit select, form.edit textarea { color: var(--fg); font-size: .95rem; }
+textarea { font: 13px/1.45 ui-monospace, SFMono-Regular, Menlo, monospace; padding: .4rem .5rem; border: 1px solid #b9c2cd; border-radius: 4px; width: 100%; }
+fieldset { border: 1px solid var(--line); border-radius: 6px; background: var(--card); padding: .5rem .8rem .7rem; margin: 0; display: flex; flex-direction: column; gap: .5rem; }
+legend { font-weight: 600; padding: 0 .3rem; } .row { display: flex; flex-wrap: wrap; gap: .5rem .8rem; align-items: end; }
+.row label { flex: 1 1 8rem; } .hint { color: var(--muted); font-size: .82rem; margin: 0; }
+.verdict { margin: 0; padding: .4rem .7rem; border-radius: 4px; font-weight: 600; }
+.verdict.match { background: #e9f6ee; color: var(--done); border: 1px solid #b6dfc5; } .verdict.nomatch { background: #f4f5f7; color: var(--fg); border: 1px solid var(--line); }
+button.danger { color: var(--failed); border-color: #e4b3ae; } button:disabled { opacity: .55; cursor: not-allowed; }
+pre.once { background: #fffbe6; color: #3b2f00; border: 1px solid #e8d68a; font-size: 14px; user-select: all; }
+header .who { color: #dfe6ee; font-size: .85rem; }
+.badge.way.operator { background: #4a5666; } .badge.way.api { background: #6b4fa8; }
+.badge.scope.read { background: #4a5666; } .badge.scope.write { background: var(--accent); } .badge.scope.admin { background: #6b4fa8; }
+tr.revoked td { color: var(--muted); text-decoration: line-through; } tr.revoked td:last-child { text-decoration: none; }
+.routelist { margin: 0; padding-left: 1.2rem; } .routelist li { margin-bottom: .2rem; } .routelist a { text-decoration: none; color: var(--fg); }
+.routelist a:hover code, .routelist a:hover strong { text-decoration: underline; } a.add { font-size: .85rem; }
+.changes { margin: 0; padding-left: 1rem; } .changes li { margin: .1rem 0; } .sha { color: var(--muted); font-size: .8rem; white-space: nowrap; }
+td.url { overflow-wrap: anywhere; min-width: 10rem; } td.acts, td.name { white-space: nowrap; } .badges { margin-top: .25rem; display: flex; flex-wrap: wrap; gap: .25rem; }
+.badges .badge, .config-destinations .badge { white-space: nowrap; } td.limits { white-space: nowrap; } td.transform { min-width: 11rem; } .sample code { font-size: .82rem; }
+.version { margin: 0 0 .6rem; } h2 .button { font-size: .85rem; font-weight: 600; margin-left: .6rem; vertical-align: middle; }
 @media (max-width: 560px) {
   table.list thead { display: none; } table.list tr { display: block; padding: .5rem .6rem; border-bottom: 1px solid var(--line); }
   table.list td { display: inline-block; padding: 0 .6rem 0 0; border: 0; } table.list td.error { display: block; min-width: 0; max-width: none; }

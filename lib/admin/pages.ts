@@ -2,14 +2,16 @@
 // lib/admin/html.ts: the overview, the deliveries and one delivery, the destinations, the failures grouped,
 // the confirmation before a bulk action, and the audit log. Nothing here writes; the actions are lib/operations/actions.ts.
 
+import type { Api } from "../api/routes.ts";
 import { bodyForPeople, utc } from "../format.ts";
-import { type Preview, routeLine } from "../forwarding/preview.ts";
+import { type Preview, type PreviewRequest, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
-import { STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
+import { type Audit, STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
 import { destinationStates, failureGroups } from "../operations/actions.ts";
 import {
   action,
+  acts,
   age,
   bodyViews,
   chart,
@@ -32,11 +34,15 @@ import {
   filterQuery,
   HttpError,
 } from "../operations/input.ts";
-import type { Session } from "./session.ts";
+import type { Flash, Session } from "./session.ts";
 
-/** PageContext is what every page reads from: the inbox, the clock, the page's settings and its redaction. */
+/**
+ * PageContext is what every page reads from: the inbox, the clock, the page's settings and its redaction, and
+ * the API, whose operations the configuration's and the keys' pages run (lib/admin/config.ts, lib/admin/keys.ts).
+ */
 export interface PageContext extends View {
   inbox: Inbox;
+  api: Api;
   now: () => number;
   pageSize: number;
   batchSize: number;
@@ -45,9 +51,37 @@ export interface PageContext extends View {
   redact: (text: string) => string;
   /** Destinations the sources file names, listed before a worker has used them. */
   destinations: readonly string[];
-  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  preview?: (rows: readonly Delivery[], options?: { to?: string }) => Promise<Preview>;
   /** The broker sources as their brokers see them (consume.ts's brokerLines), where the sources file has any. */
   brokers?: () => Promise<readonly { source: string; from: string; said: string; problem?: string }[]>;
+}
+
+/** Done is what a form's action did: its audit line, and where it sends the person next, with what message. */
+export interface Done {
+  what: string;
+  count: number;
+  to: string;
+  flash: string;
+  /** A value shown once with the message, never again (a new API key). */
+  once?: string;
+}
+
+/** Shown is a form's answer as a page of its own, with its status: a filter tried, a change refused with the form kept. */
+export interface Shown {
+  status: number;
+  html: string;
+}
+
+/**
+ * Form is one action of the page's forms: the scope a session needs for it (read for one that changes nothing,
+ * such as trying a filter), and what it does with the form's fields. Every one passes the same checks first
+ * (same origin, the session's CSRF token); audit is its entry in the audit log, for the store call that makes
+ * the change. One that changes something redirects (Done); one that shows a result or keeps a refused form
+ * answers with its page (Shown).
+ */
+export interface Form<C extends PageContext = PageContext> {
+  scope: "read" | "write" | "admin";
+  run(ctx: C, s: Session, form: URLSearchParams, audit: (what: string) => Audit): Promise<Done | Shown>;
 }
 
 /** overviewLive is the overview's part that refreshes itself: counts, what is held, the last hour, each source. */
@@ -121,7 +155,7 @@ const filterForm = (params: URLSearchParams) => {
 };
 
 /** deliveries lists the deliveries a filter matches, newest first, a page at a time, with the bulk actions. */
-export const deliveries = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: string | null) => {
+export const deliveries = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: Flash | null) => {
   const filter = filterFrom(params, ctx.now());
   const after = decodeCursor(params.get("after"));
   // One more than a page says whether there is a next one, without counting a million rows.
@@ -139,7 +173,7 @@ export const deliveries = async (ctx: PageContext, s: Session, params: URLSearch
   const status = params.get("status") || undefined;
   // Nothing to act on when the first page is empty: no action offered above "No deliveries match".
   const bulk =
-    ctx.readOnly || !filtered || (shown.length === 0 && !after)
+    !acts(ctx, s) || !filtered || (shown.length === 0 && !after)
       ? ""
       : `<p class="bulk">Everything that matches, not only this page:
 ${status === undefined || status === "failed" ? `<a class="button" href="/bulk?${escape(filterQuery(params, { action: "retry" }))}">Retry all failed…</a>` : ""}
@@ -158,7 +192,7 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
 };
 
 /** oneDelivery shows one delivery: its row per destination, its failed tries, its metadata and its body. */
-export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: string | null) => {
+export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: Flash | null) => {
   const id = params.get("id");
   const source = params.get("source") ?? undefined;
   if (!id) throw new HttpError(400, "expected ?id= (and &source=)");
@@ -267,22 +301,24 @@ const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked
   } catch (error) {
     return `<h2>What would be sent now</h2><p class="error">${escape(ctx.redact(message(error)))}</p>`;
   }
-  const request = (r: Preview["requests"][number]) =>
-    r.kind === "handler"
-      ? "the worker's handler runs it; nothing goes over the network"
-      : r.error
-        ? `the try would fail: ${r.error}`
-        : r.skipped
-          ? "skipped: its transform returned null"
-          : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {})
-              .map(([k, v]) => `${k}: ${v}`)
-              .join("\n")}\n\n${bodyForPeople(r.body!)}`;
   return `<h2>What would be sent now</h2><p>Routes: ${seen.routes.map((r) => escape(routeLine(r))).join("; ") || "none"}</p>
-${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(ctx.redact(request(r)))}</pre>`).join("")}`;
+${seen.notes.map((n) => `<p class="note">${escape(n)}</p>`).join("")}${seen.requests.map((r) => `<h3>${escape(r.destination)}</h3><pre class="body">${escape(ctx.redact(previewText(r)))}</pre>`).join("")}`;
 };
 
+/** previewText says what one destination of a preview would get, as plain text: the request, or why nothing is sent. */
+export const previewText = (r: PreviewRequest): string =>
+  r.kind === "handler"
+    ? "the worker's handler runs it; nothing goes over the network"
+    : r.error
+      ? `the try would fail: ${r.error}`
+      : r.skipped
+        ? "skipped: its transform returned null"
+        : `${r.kind === "http" ? `POST ${r.url}` : "publish to its broker"}\n${Object.entries(r.headers ?? {})
+            .map(([k, v]) => `${k}: ${v}`)
+            .join("\n")}\n\n${bodyForPeople(r.body!)}`;
+
 /** destinationsPage lists each destination's state and counts, with pause and resume. */
-export const destinationsPage = async (ctx: PageContext, s: Session, flash: string | null) => {
+export const destinationsPage = async (ctx: PageContext, s: Session, flash: Flash | null) => {
   const all = await destinationStates(ctx.inbox, ctx.destinations);
   const now = ctx.now();
   const list = (d: DestinationState, status: Status, n: number) =>
@@ -294,7 +330,7 @@ export const destinationsPage = async (ctx: PageContext, s: Session, flash: stri
       ? "–"
       : `${Math.round(d.failureRate * 100)}%${d.failuresInRow > 0 ? ` <span class="note">(${d.failuresInRow} in a row)</span>` : ""}`;
   const control = (d: DestinationState) =>
-    ctx.readOnly
+    !acts(ctx, s)
       ? ""
       : d.state === "paused"
         ? action(ctx, s, "/resume", "Resume", { destination: d.name }, "primary")
@@ -322,7 +358,7 @@ export const destinationsPage = async (ctx: PageContext, s: Session, flash: stri
 };
 
 /** failures groups the failed deliveries by their normalised error, each group with a retry. */
-export const failures = async (ctx: PageContext, s: Session, flash: string | null) => {
+export const failures = async (ctx: PageContext, s: Session, flash: Flash | null) => {
   const groups = await failureGroups(ctx.inbox, ctx.redact);
   // The list link narrows by the group's longest literal piece: a filter cannot say the normalised key.
   const literal = (key: string) =>

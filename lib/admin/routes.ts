@@ -1,9 +1,10 @@
-// lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each
-// request: assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same
-// origin, the session's CSRF token, writable mode), writes one audit line, and redirects so a reload does not
-// repeat it. The session is lib/admin/session.ts, the pages lib/admin/pages.ts, the actions lib/operations/actions.ts.
+// lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each request:
+// assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same origin, the
+// session's CSRF token, a scope that allows it, writable mode), writes one audit line, and redirects so a reload
+// does not repeat it, or answers with its form (a filter tried, a change refused).
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import { hashKey, KEY_PREFIX } from "../api/keys.ts";
 import { Api } from "../api/routes.ts";
 import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
@@ -22,20 +23,25 @@ import {
   retryOrReplayAll,
   targetLabel,
 } from "../operations/actions.ts";
-import { CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
+import { configPage, historyPage, versionPage } from "./config.ts";
+import { CONFIG_FORMS, destinationPage, routePage } from "./editors.ts";
+import { acts, CSS, deliveryHref, errorPage, JS, loginPage } from "./html.ts";
+import { KEY_FORMS, keysPage } from "./keys.ts";
 import { bulkFilter, describe, destinationField, filterQuery, HttpError, readForm } from "../operations/input.ts";
 import {
   auditPage,
   bulkConfirm,
   deliveries,
   destinationsPage,
+  type Done,
   failures,
+  type Form,
   oneDelivery,
   overview,
   overviewLive,
   type PageContext,
 } from "./pages.ts";
-import { COOKIE, isLoopback, SESSION_MS, type Session, Sessions } from "./session.ts";
+import { callerOf, COOKIE, isLoopback, SESSION_MS, type Session, Sessions } from "./session.ts";
 
 /** AdminOptions configures createAdmin; every number has a default in DEFAULTS. */
 export interface AdminOptions {
@@ -66,8 +72,8 @@ export interface AdminOptions {
   destinations?: readonly string[];
   /** The broker sources as their brokers see them, for the overview (admin.ts asks, cached). @default none */
   brokers?: () => Promise<readonly { source: string; from: string; said: string; problem?: string }[]>;
-  /** What a stored delivery would become under the configuration now (lib/forwarding/preview.ts), for the delivery's page and the API. @default none */
-  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  /** What a stored delivery would become under the configuration now (lib/forwarding/preview.ts), for the delivery's page and the API; to names one destination. @default none */
+  preview?: (rows: readonly Delivery[], options?: { to?: string }) => Promise<Preview>;
   /**
    * What the operator hands a configuration changed through the API (lib/config/config.ts Host): the
    * environment its allowed `env:NAME` references are read from, the Policy its parts are held to
@@ -122,17 +128,8 @@ interface Page extends PageContext {
   sessions: Sessions;
   audit: (line: string) => void;
   announce?: Announce;
-  api: Api;
   host: Host;
   base: string;
-}
-
-// Done is what a form's action did, for its audit line and the redirect that follows it.
-interface Done {
-  what: string;
-  count: number;
-  to: string;
-  flash: string;
 }
 
 /**
@@ -211,10 +208,16 @@ async function login(p: Page, req: IncomingMessage, res: ServerResponse): Promis
   if (req.method === "GET") return send(p, res, 200, loginPage());
   if (req.method !== "POST") throw new HttpError(405, "GET or POST");
   const form = await readForm(req);
-  const s = p.sessions.login(form.get("token") ?? "", req.socket.remoteAddress);
+  const given = form.get("token") ?? "";
+  let s = p.sessions.login(given, req.socket.remoteAddress);
+  // An API key logs in as its scope: a read key's session looks and changes nothing.
+  if (!s && given.startsWith(KEY_PREFIX)) {
+    const key = await p.inbox.apiKeyByHash(hashKey(given));
+    if (key) s = p.sessions.loginKey(key, req.socket.remoteAddress);
+  }
   if (!s) {
     p.audit(`admin audit: who=${req.socket.remoteAddress} action=login count=0 result=refused`);
-    return send(p, res, 401, loginPage("That is not the admin token."));
+    return send(p, res, 401, loginPage("That is neither the admin token nor a live API key."));
   }
   p.audit(`admin audit: who=${s.who} action=login count=0`);
   send(p, res, 303, "", {
@@ -239,8 +242,20 @@ async function read(p: Page, s: Session, url: URL): Promise<string> {
       return destinationsPage(p, s, flash);
     case "/audit":
       return auditPage(p, s, url.searchParams);
+    case "/config":
+      return configPage(p, s, flash);
+    case "/config/history":
+      return historyPage(p, s, url.searchParams);
+    case "/config/version":
+      return versionPage(p, s, url.searchParams);
+    case "/config/destination":
+      return destinationPage(p, s, url.searchParams, flash);
+    case "/config/route":
+      return routePage(p, s, url.searchParams, flash);
+    case "/keys":
+      return keysPage(p, s, flash);
     case "/bulk":
-      if (p.readOnly) throw new HttpError(403, "read-only: actions are refused");
+      if (!acts(p, s)) throw new HttpError(403, "read-only: actions are refused");
       return bulkConfirm(p, s, url.searchParams);
     default:
       throw new HttpError(404, `no page ${url.pathname}`);
@@ -264,10 +279,15 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
     return;
   }
   if (path === "/login" && p.guarded) return login(p, req, res);
-  const s = p.sessions.of(req);
+  let s = p.sessions.of(req);
+  // A key's session lasts while its key does: revoked, it is logged out at its next request.
+  if (s?.key !== undefined && (await p.inbox.apiKeyByHash(s.key))?.revokedAt !== null) {
+    p.sessions.logout(s);
+    s = undefined;
+  }
   if (!s) {
     if (req.method === "GET" && !url.searchParams.has("fragment")) return send(p, res, 401, loginPage());
-    throw new HttpError(401, "log in first: exchange the admin token at /login");
+    throw new HttpError(401, "log in first: exchange the admin token (or an API key) at /login");
   }
   if (req.method === "GET") return send(p, res, 200, await read(p, s, url));
   if (req.method !== "POST") throw new HttpError(405, "expected GET or POST");
@@ -288,24 +308,34 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
   }
   const run = Object.hasOwn(FORMS, path) ? FORMS[path] : undefined;
   if (!run) throw new HttpError(404, `no action ${path}`);
-  if (p.readOnly) {
-    p.audit(`admin audit: who=${s.who} action=${path.slice(1)} count=0 result=refused (read-only)`);
-    throw new HttpError(403, "read-only: actions are refused");
+  if (!acts(p, s, run.scope)) {
+    const why = p.readOnly ? "read-only" : `this session is ${s.scope}; ${run.scope} is needed`;
+    p.audit(`admin audit: who=${s.who} action=${path.slice(1)} count=0 result=refused (${why})`);
+    throw new HttpError(
+      403,
+      p.readOnly
+        ? "read-only: actions are refused"
+        : `this session may not do that: it logged in with a ${s.scope} key, and ${run.scope} is needed`,
+    );
   }
   // The action's entry in the store's audit log, beside the API's, written by the store call that makes
-  // the change, in its transaction: `page:` and the session.
+  // the change, in its transaction: `page:` and the session. (The API's operations write theirs as the same.)
   const audit = (what: string): Audit => ({
     at: p.now(),
-    who: `page:${s.who}`,
+    who: callerOf(s).who,
     operation: path.slice(1),
     target: what,
   });
-  const done = await run(p, s, form, audit);
+  const done = await run.run(p, s, form, audit);
+  if (!("what" in done)) return send(p, res, done.status, done.html);
   // Every value the person typed is JSON-quoted in `what`, so one action stays one line.
   p.audit(`admin audit: who=${s.who} action=${done.what} count=${done.count}`);
   const to = new URL(done.to, "http://admin.invalid");
-  to.searchParams.set("flash", p.sessions.flash(s, done.flash));
-  send(p, res, 303, "", { location: `${to.pathname}${to.search}` });
+  to.searchParams.set(
+    "flash",
+    p.sessions.flash(s, { text: done.flash, ...(done.once === undefined ? {} : { once: done.once }) }),
+  );
+  send(p, res, 303, "", { location: `${to.pathname}${to.search}${to.hash}` });
 }
 
 // ---- The forms: each reads its fields, runs its action (lib/operations/actions.ts), and says what it did ----
@@ -335,7 +365,8 @@ function toldText(change: Changed): string {
       : ` The operator's URL was not told: ${change.told}.`;
 }
 
-const FORMS: Record<
+// QUEUE_FORMS are the queue's actions: a retry, a replay, a pause, a resume, a bulk action, a group retried.
+const QUEUE_FORMS: Record<
   string,
   (p: Page, s: Session, form: URLSearchParams, audit: (what: string) => Audit) => Promise<Done>
 > = {
@@ -410,4 +441,11 @@ const FORMS: Record<
       flash: `Retried ${n.toLocaleString("en")} ${n === 1 ? "delivery" : "deliveries"} of that group.`,
     };
   },
+};
+
+// FORMS are every action the page's forms post: the queue's (which need write), the configuration's and the keys'.
+const FORMS: Record<string, Form<Page>> = {
+  ...Object.fromEntries(Object.entries(QUEUE_FORMS).map(([path, run]) => [path, { scope: "write" as const, run }])),
+  ...CONFIG_FORMS,
+  ...KEY_FORMS,
 };

@@ -18,7 +18,8 @@ export interface ApiContext {
   readOnly: boolean;
   destinations: readonly string[];
   announce?: Announce;
-  preview?: (rows: readonly Delivery[]) => Promise<Preview>;
+  /** What a stored delivery would become now; to names one destination, chosen by the routes or not. */
+  preview?: (rows: readonly Delivery[], options?: { to?: string }) => Promise<Preview>;
   /** Where the one audit line per change goes, beside the audit log in the store. */
   audit: (line: string) => void;
   /**

@@ -5,14 +5,18 @@
 // the checks and the one transaction of `inbox.ts config apply`. Mounted by lib/api/routes.ts.
 
 import type { z } from "zod";
-import { apply, auditTarget, plan, type Plan } from "../config/config.ts";
+import { apply, auditTarget, plan, type Plan, trustIn, versionChanges } from "../config/config.ts";
 import { holders as partHolders, inTheClear, partsOf } from "../config/trust.ts";
 import { message } from "../log.ts";
 import { type Arrival, compileFilter, filterInput } from "../routing/filter.ts";
 import { destinationNames } from "../rows.ts";
+import type { StoredConfig } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import type {
   ConfigBody,
+  ConfigVersionPath,
+  ConfigVersionQuery,
+  ConfigVersionsQuery,
   DestinationPath,
   FilterTestBody,
   PartBody,
@@ -168,20 +172,59 @@ function routedFrom(doc: Doc, destination: string): string[] {
 
 const inForce = (version: number) => (version === 0 ? "none applied" : `version ${version}`);
 
+// shown is a stored version as the API answers it: its document masked, each part's trust named, its
+// transforms by their SHA-256 alone (not their code).
+function shown(stored: StoredConfig) {
+  const parsed = JSON.parse(stored.document) as Doc;
+  return {
+    version: stored.version,
+    actor: stored.actor,
+    appliedAt: stored.appliedAt,
+    way: stored.way,
+    trust: trustIn(parsed, stored),
+    document: masked(parsed),
+    transforms: Object.fromEntries(Object.entries(stored.transforms).map(([m, t]) => [m, t.sha256])),
+  };
+}
+
 /** CONFIG_HANDLERS are the configuration's operations, which lib/api/routes.ts answers beside its own. */
 export const CONFIG_HANDLERS = {
   getConfig: async (ctx) => {
     const stored = await ctx.inbox.readConfig();
-    if (!stored) return { body: { version: 0, actor: null, appliedAt: null, document: null, transforms: {} } };
-    return {
-      body: {
-        version: stored.version,
-        actor: stored.actor,
-        appliedAt: stored.appliedAt,
-        document: masked(JSON.parse(stored.document) as Doc),
-        transforms: Object.fromEntries(Object.entries(stored.transforms).map(([m, t]) => [m, t.sha256])),
-      },
-    };
+    if (!stored)
+      return {
+        body: { version: 0, actor: null, appliedAt: null, way: null, trust: {}, document: null, transforms: {} },
+      };
+    return { body: shown(stored) };
+  },
+  listConfigVersions: async (ctx, call) => {
+    const { limit, after } = call.query as z.output<typeof ConfigVersionsQuery>;
+    // One more than the page: the last one's change is told from the version before it.
+    const versions = await ctx.inbox.configVersions({
+      limit: limit + 1,
+      ...(after === undefined ? {} : { before: after }),
+    });
+    const page = versions.slice(0, limit);
+    const items = page.map((v, i) => ({
+      version: v.version,
+      actor: v.actor,
+      appliedAt: v.appliedAt,
+      way: v.way,
+      changes: versionChanges(versions[i + 1], v),
+    }));
+    // A version numbered 1 has nothing before it; a page that ends sooner is the last.
+    const last = page.at(-1);
+    return { body: { items, next: versions.length > limit && last ? last.version : null } };
+  },
+  getConfigVersion: async (ctx, call) => {
+    const { version } = call.params as z.output<typeof ConfigVersionPath>;
+    const { against } = call.query as z.output<typeof ConfigVersionQuery>;
+    const [stored] = await ctx.inbox.configVersions({ before: version + 1, limit: 1 });
+    if (!stored || stored.version !== version) throw new ApiError(404, `no configuration version ${version}`);
+    const base = against ?? version - 1;
+    const [other] = base === 0 ? [] : await ctx.inbox.configVersions({ before: base + 1, limit: 1 });
+    if (base !== 0 && other?.version !== base) throw new ApiError(404, `no configuration version ${base}`);
+    return { body: { ...shown(stored), against: base, changes: versionChanges(other, stored) } };
   },
   applyConfig: async (ctx, call) => {
     const { document, expectedVersion, cancelWaiting, dryRun } = call.body as z.output<typeof ConfigBody>;

@@ -8,8 +8,8 @@ import { OPERATIONS, PostHeaders, Problem } from "./schemas.ts";
 const TITLES: Record<number, string> = {
   400: "The request does not fit the schema",
   401: "No API key, or an unknown or revoked one",
-  403: "A read key asked for a change, or the page runs read-only",
-  404: "No such delivery, source or destination",
+  403: "A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only",
+  404: "No such delivery, source, destination, secret, configuration version or key",
   405: "The path is served, but not with this method",
   409: "It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against",
   413: "The body is past 64 KiB",
@@ -46,7 +46,8 @@ export function openApiDocument(): Record<string, unknown> {
   const bearer = registry.registerComponent("securitySchemes", "apiKey", {
     type: "http",
     scheme: "bearer",
-    description: "An API key made by `inbox.ts keys create --scope read|write`.",
+    description:
+      "An API key made by `inbox.ts keys create --scope read|write|admin`, or by an admin key (createKey). read looks; write also changes; admin also makes and revokes keys.",
   });
   for (const op of OPERATIONS) {
     const statuses = answered(op);
@@ -79,7 +80,7 @@ export function openApiDocument(): Record<string, unknown> {
       title: "webhook-inbox API",
       version: "1",
       description:
-        "Everything the operator page does with deliveries and destinations, and the configuration: sources, destinations, routes and their filters and transforms. See docs/api.md.",
+        "Everything the operator page does with deliveries and destinations, the configuration (sources, destinations, routes and their filters and transforms, its history, the secrets) and the API keys. See docs/api.md.",
     },
   }) as unknown as Record<string, unknown>;
 }

@@ -1,8 +1,9 @@
 // lib/api/routes.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/routes.ts):
-// bearer API keys (read or write), each request checked against lib/api/schemas.ts's OPERATIONS, errors as
-// application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
+// bearer API keys (read, write or admin), each request checked against lib/api/schemas.ts's OPERATIONS, errors
+// as application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
 // and every refusal counted. The actions are the page's own (lib/operations/actions.ts); the configuration's
-// operations are lib/api/config.ts's. GET /openapi.json too.
+// operations are lib/api/config.ts's, the keys' lib/api/keys.ts's. The page's forms run the same operations
+// through perform(). GET /openapi.json too.
 
 import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
@@ -21,11 +22,11 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import type { ApiKey, Delivery, Filter, Inbox } from "../store.ts";
-import { type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
+import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
+import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
 import { SECRET_HANDLERS } from "./secrets.ts";
-import { hashKey } from "./keys.ts";
+import { allows, hashKey, KEY_HANDLERS } from "./keys.ts";
 import { openApiDocument } from "./openapi.ts";
 import {
   type AuditQuery,
@@ -40,14 +41,49 @@ import {
   type OperationId,
   type PauseBody,
   PostHeaders,
+  type PreviewQuery,
   type TestBody,
 } from "./schemas.ts";
 
 /**
- * Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. A
- * foreign_host is a page with no token asked by a name that is not loopback: DNS rebinding (session.ts).
+ * Refusal is why the API refused a request before it ran: inbox_api_refused_total's reason label. A read_key
+ * asked for a change, a write_key for what only an admin key may do (make or revoke a key). A foreign_host is
+ * a page with no token asked by a name that is not loopback: DNS rebinding (session.ts).
  */
-export type Refusal = "no_key" | "unknown_key" | "revoked_key" | "read_key" | "read_only" | "foreign_host";
+export type Refusal =
+  | "no_key"
+  | "unknown_key"
+  | "revoked_key"
+  | "read_key"
+  | "write_key"
+  | "read_only"
+  | "foreign_host";
+
+/** Caller is who asks for an operation and what they may do: an API key (`key:ID`), or the page's session (`page:…`). */
+export interface Caller {
+  who: string;
+  scope: Scope;
+}
+
+/** AnswerOf is the JSON an operation answers, as its schema says. */
+export type AnswerOf<I extends OperationId> = z.output<
+  Extract<(typeof OPERATIONS)[number], { operationId: I }>["answer"]
+>;
+
+// refusal says why a caller of scope may not run op (on a page that may be read-only), or undefined if it may.
+function refusal(op: Operation, scope: Scope, readOnly: boolean): { reason: Refusal; detail: string } | undefined {
+  if (!allows(scope, op.scope))
+    return {
+      reason: scope === "read" ? "read_key" : "write_key",
+      detail:
+        op.scope === "admin"
+          ? `${op.operationId} makes or revokes a key, which only an admin key (or the page's token) may do; this one is ${scope}`
+          : `${op.operationId} changes the inbox, which a read key may not`,
+    };
+  if (op.scope !== "read" && readOnly)
+    return { reason: "read_only", detail: "the operator page runs --read-only: every change is refused" };
+  return undefined;
+}
 
 /** ApiMetrics counts the API's refusals and answers, on a registry of its own that the page serves at /metrics. */
 export class ApiMetrics {
@@ -178,11 +214,47 @@ export class Api {
     const key = await this.ctx.inbox.apiKeyByHash(hashKey(bearer));
     if (!key) return refuse("unknown_key", 401, "that API key is not known here");
     if (key.revokedAt !== null) return refuse("revoked_key", 401, `API key ${key.id} was revoked`);
-    if (op.scope === "write" && key.scope === "read")
-      return refuse("read_key", 403, `API key ${key.id} is a read key: ${op.operationId} changes the inbox`);
-    if (op.scope === "write" && this.ctx.readOnly)
-      return refuse("read_only", 403, "the operator page runs --read-only: every change is refused");
+    const refused = refusal(op, key.scope, this.ctx.readOnly);
+    if (refused) return refuse(refused.reason, 403, `API key ${key.id}: ${refused.detail}`);
     return key;
+  }
+
+  /**
+   * perform runs an operation for the operator page as the API runs it for a key: the caller's scope checked
+   * (and the page's --read-only), its input parsed by the operation's own schemas, its change audited as the
+   * caller in the change's own transaction, its answer checked. A change made on the page is an API change in
+   * every sense: held to the operator's rule (docs/security.md) and refused alike. It throws the ApiError an
+   * API request would have been answered with.
+   */
+  async perform<I extends OperationId>(
+    operationId: I,
+    input: { params?: Record<string, unknown>; query?: Record<string, unknown>; body?: unknown },
+    caller: Caller,
+  ): Promise<{ body: AnswerOf<I>; change?: { target: string; count: number } }> {
+    const op = (OPERATIONS as readonly Operation[]).find((o) => o.operationId === operationId)!;
+    const refused = refusal(op, caller.scope, this.ctx.readOnly);
+    if (refused) throw new ApiError(403, refused.detail);
+    const checked = {
+      params: op.params ? parse(op.params, input.params ?? {}, "path") : {},
+      query: op.query ? parse(op.query, input.query ?? {}, "query") : {},
+      body: op.body ? parse(op.body, input.body ?? {}, "body") : undefined,
+    };
+    const { answer } = await this.execute(op, checked, caller.who, this.ctx.now());
+    return { body: op.answer.parse(answer.body) as AnswerOf<I>, ...(answer.change ? { change: answer.change } : {}) };
+  }
+
+  // execute runs an operation on its checked input, each change's audit entry written as who, and returns its
+  // answer beside the JSON text its schema makes of it.
+  private async execute(
+    op: Operation,
+    input: Pick<Call, "params" | "query" | "body">,
+    who: string,
+    now: number,
+  ): Promise<{ answer: Answer; text: string }> {
+    // Each change's entry is written by the store call that makes it, in the same transaction.
+    const audit = (target: string) => ({ at: now, who, operation: op.operationId, target });
+    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, { ...input, who, audit });
+    return { answer, text: JSON.stringify(op.answer.parse(answer.body)) };
   }
 
   // run validates the request against its operation's schemas, answers a replayed Idempotency-Key from the
@@ -227,26 +299,18 @@ export class Api {
       }
     }
     const who = `key:${key.id}`;
-    // Each change's entry is written by the store call that makes it, in the same transaction.
-    const audit = (target: string) => ({ at: now, who, operation: op.operationId, target });
-    const answer = await OPERATION_HANDLERS[op.operationId as OperationId](this.ctx, {
-      params,
-      query,
-      body,
-      who,
-      audit,
-    });
-    const text = JSON.stringify(op.answer.parse(answer.body));
+    const { answer, text } = await this.execute(op, { params, query, body }, who, now);
     if (answer.change)
       this.ctx.audit(
         `api audit: who=${who} action=${op.operationId} ${answer.change.target} count=${answer.change.count}`,
       );
     if (remembered !== undefined) {
       const kept = await this.ctx.inbox.remember(
-        { key: remembered, requestHash, status: op.status, body: text, at: now },
+        { key: remembered, requestHash, status: op.status, body: op.kept ? op.kept(text) : text, at: now },
         now - DEFAULTS.apiIdempotencyMs,
       );
-      this.send(res, kept.status, kept.body, { "content-type": "application/json" });
+      // An answer the database must not keep (a new key) goes to its caller whole; a replay gets what was kept.
+      this.send(res, kept.status, op.kept ? text : kept.body, { "content-type": "application/json" });
       return;
     }
     this.send(res, op.status, text, { "content-type": "application/json" });
@@ -363,6 +427,7 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
 const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   ...CONFIG_HANDLERS,
   ...SECRET_HANDLERS,
+  ...KEY_HANDLERS,
   listDeliveries: async (ctx, call) => {
     const { limit, after, ...fields } = call.query as z.output<typeof ListQuery>;
     let cursor: ReturnType<typeof decodeCursor>;
@@ -387,10 +452,11 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
   },
   previewDelivery: async (ctx, call) => {
     const rows = await found(ctx, call);
+    const { to } = call.query as z.output<typeof PreviewQuery>;
     if (!ctx.preview)
       throw new ApiError(409, "this page previews nothing: there is no configuration to preview against");
     try {
-      return { body: await ctx.preview(rows) };
+      return { body: await ctx.preview(rows, to === undefined ? {} : { to }) };
     } catch (error) {
       throw new ApiError(409, message(error));
     }

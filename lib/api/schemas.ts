@@ -6,7 +6,7 @@ import { extendZodWithOpenApi } from "@asteasolutions/zod-to-openapi";
 import { z } from "zod";
 import { DEFAULTS } from "../defaults.ts";
 import { SECRET_NAME } from "../references.ts";
-import { DESTINATION_NAME, ORIGINS, STATUSES, TEST_SOURCE } from "../store.ts";
+import { DESTINATION_NAME, ORIGINS, SCOPES, type Scope as ScopeName, STATUSES, TEST_SOURCE } from "../store.ts";
 
 extendZodWithOpenApi(z);
 
@@ -259,21 +259,77 @@ const flag = z
   .optional()
   .openapi({ type: "boolean" });
 
-/** ConfigShown is the configuration in force: its version, who applied it and when, its document, its transforms' SHA-256. */
-export const ConfigShown = z
+const Way = z.enum(["operator", "api"]).openapi("Way", {
+  description: "Which way a version came: the operator's file on the host, or the API (or the operator page).",
+});
+const configFields = {
+  version: version.openapi({ description: "0 when none was ever applied: the scripts serve the default source." }),
+  actor: z.string().nullable(),
+  appliedAt: z.number().int().nullable(),
+  way: Way.nullable(),
+  trust: z.record(z.string(), Way).openapi({
+    description:
+      "Per part (`source NAME`, `destination NAME`, `$operator`), whose hand last wrote it: a part the API wrote is held to the operator's rule (docs/security.md).",
+  }),
+  document: Settings.nullable().openapi({
+    description:
+      "The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses.",
+  }),
+  transforms: z
+    .record(z.string(), z.string())
+    .openapi({ description: "Each transform module the document names, and its code's SHA-256." }),
+};
+
+/** ConfigShown is the configuration in force: its version, who applied it, when and which way, its document, its transforms' SHA-256. */
+export const ConfigShown = z.object(configFields).openapi("Config");
+
+/** ConfigVersionPath names one version of the configuration. */
+export const ConfigVersionPath = z.object({
+  version: z.coerce.number().int().min(1).openapi({ type: "integer" }),
+});
+
+/** ConfigVersionQuery names the version to compare one with: the one before it unless given. */
+export const ConfigVersionQuery = z.object({
+  against: z.coerce.number().int().min(0).optional().openapi({
+    type: "integer",
+    description: "The version to compare it with (0: nothing); the one before it unless given.",
+  }),
+});
+
+const changeLines = z.array(z.string()).openapi({
+  description:
+    "What it changed, as the audit log says it: `~ destination app: url http://a → http://b`, `+ source st`, `~ transform ./t.mjs (sha256 … → …)`; a value that may be a secret is never shown.",
+});
+
+/** ConfigVersionShown is one version of the configuration, and what it changed from another. */
+export const ConfigVersionShown = z
+  .object({ ...configFields, against: version, changes: changeLines })
+  .openapi("ConfigVersion");
+
+/** ConfigVersionsQuery pages the configuration's history. */
+export const ConfigVersionsQuery = z.object({
+  limit,
+  after: z.coerce.number().int().min(1).optional().openapi({
+    type: "integer",
+    description: "The `next` cursor of the previous page.",
+  }),
+});
+
+/** ConfigVersions is one page of the configuration's history, newest first: each version and what it changed from the one before. */
+export const ConfigVersions = z
   .object({
-    version: version.openapi({ description: "0 when none was ever applied: the scripts serve the default source." }),
-    actor: z.string().nullable(),
-    appliedAt: z.number().int().nullable(),
-    document: Settings.nullable().openapi({
-      description:
-        "The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses.",
-    }),
-    transforms: z
-      .record(z.string(), z.string())
-      .openapi({ description: "Each transform module the document names, and its code's SHA-256." }),
+    items: z.array(
+      z.object({
+        version,
+        actor: z.string(),
+        appliedAt: z.number().int(),
+        way: Way,
+        changes: changeLines,
+      }),
+    ),
+    next: z.number().int().nullable(),
   })
-  .openapi("Config");
+  .openapi("ConfigVersions");
 
 /** ConfigBody is a whole document to apply, as `inbox.ts config apply` takes a sources file. */
 export const ConfigBody = z
@@ -364,6 +420,59 @@ export const FilterTestBody = z
 /** FilterResult says whether the filter takes the delivery, and what it could not see. */
 export const FilterResult = z.object({ matches: z.boolean(), notes: z.array(z.string()) }).openapi("FilterResult");
 
+/** PreviewQuery names one destination to preview for, chosen by the routes or not. */
+export const PreviewQuery = z.object({
+  to: name.optional().openapi({
+    description:
+      "One destination to preview, chosen by the routes or not (a new destination, before any delivery went to it); without it, the delivery's own.",
+  }),
+});
+
+// ---- API keys: listed by anyone who may read; made and revoked by an admin key ----
+
+const Scope = z.enum(SCOPES).openapi("Scope", {
+  description:
+    "read looks; write also retries, replays, pauses and changes the configuration; admin also makes and revokes keys.",
+});
+
+/** KeyShown is one API key as listed: never the key or its hash. */
+export const KeyShown = z
+  .object({
+    id: z.string(),
+    name: z.string(),
+    scope: Scope,
+    createdAt: z.number().int(),
+    revokedAt: z.number().int().nullable(),
+  })
+  .openapi("Key");
+
+/** Keys lists every API key, revoked ones too, oldest first. */
+export const Keys = z.object({ items: z.array(KeyShown) }).openapi("Keys");
+
+/** KeyBody is a new key's scope and what it is for. */
+export const KeyBody = z
+  .object({
+    scope: Scope,
+    name: z.string().max(200).default("").openapi({ description: "What the key is for, shown in the list." }),
+  })
+  .strict();
+
+/** KeyMade is a new key: the key itself, shown this once; the inbox keeps its SHA-256 alone. */
+export const KeyMade = KeyShown.extend({
+  key: z.string().nullable().openapi({
+    description:
+      "The key, shown in this answer alone: send it as Authorization: Bearer <key>. null in an answer replayed for an Idempotency-Key, which the database keeps without it.",
+  }),
+}).openapi("KeyMade");
+
+/** KeyPath names one key by its ID. */
+export const KeyPath = z.object({
+  id: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "expected a key's ID, as listKeys shows it"),
+});
+
+/** KeyRevoked says whether revoking changed anything: false when the key already was revoked. */
+export const KeyRevoked = z.object({ id: z.string(), revoked: z.boolean() }).openapi("KeyRevoked");
+
 /** PostHeaders is what every POST may carry: an Idempotency-Key, so that sending it again does not act twice. */
 export const PostHeaders = z.object({
   "idempotency-key": z.string().min(1).max(255).optional().openapi({
@@ -379,16 +488,18 @@ export interface Operation {
   /** The path in OpenAPI's form, /api/v1/deliveries/{source}/{id}. */
   path: string;
   summary: string;
-  /** read for a GET; write for anything that changes the inbox. */
-  scope: "read" | "write";
+  /** read for a GET; write for anything that changes the inbox; admin for what makes or revokes a key. */
+  scope: ScopeName;
   params?: z.ZodObject;
   query?: z.ZodObject;
   body?: z.ZodType;
-  /** The answer's status (202: stored, to be forwarded) and shape. */
-  status: 200 | 202;
+  /** The answer's status (201: made; 202: stored, to be forwarded) and shape. */
+  status: 200 | 201 | 202;
   answer: z.ZodType;
   /** The statuses beyond 400, 401 and 403 (and 422 for a POST) that it may answer with a Problem. */
   problems?: readonly number[];
+  /** What an Idempotency-Key keeps of the answer's JSON text, where the answer holds what the database must never keep (a new key). @default all of it */
+  kept?: (text: string) => string;
 }
 
 const D = "/api/v1/deliveries/{source}/{id}";
@@ -434,6 +545,7 @@ export const OPERATIONS = [
     summary: "A dry run of the routes against a stored delivery: what each destination would be sent now",
     scope: "read",
     params: DeliveryPath,
+    query: PreviewQuery,
     status: 200,
     answer: PreviewShown,
     problems: [404, 409],
@@ -534,6 +646,29 @@ export const OPERATIONS = [
     scope: "read",
     status: 200,
     answer: ConfigShown,
+  },
+  {
+    operationId: "listConfigVersions",
+    method: "get",
+    path: "/api/v1/config/versions",
+    summary:
+      "The configuration's history, newest first: who applied each version, when, which way, and what it changed",
+    scope: "read",
+    query: ConfigVersionsQuery,
+    status: 200,
+    answer: ConfigVersions,
+  },
+  {
+    operationId: "getConfigVersion",
+    method: "get",
+    path: "/api/v1/config/versions/{version}",
+    summary: "One version of the configuration, and what it changed from the one before it (or from the version given)",
+    scope: "read",
+    params: ConfigVersionPath,
+    query: ConfigVersionQuery,
+    status: 200,
+    answer: ConfigVersionShown,
+    problems: [404],
   },
   {
     operationId: "applyConfig",
@@ -648,6 +783,38 @@ export const OPERATIONS = [
     status: 200,
     answer: SecretDeleted,
     problems: [404, 409],
+  },
+  {
+    operationId: "listKeys",
+    method: "get",
+    path: "/api/v1/keys",
+    summary: "The API keys: each one's ID, name, scope, when it was made and revoked; never a key or its hash",
+    scope: "read",
+    status: 200,
+    answer: Keys,
+  },
+  {
+    operationId: "createKey",
+    method: "post",
+    path: "/api/v1/keys",
+    summary: "Make an API key, shown in this answer alone; the inbox keeps its SHA-256",
+    scope: "admin",
+    body: KeyBody,
+    status: 201,
+    answer: KeyMade,
+    kept: (text: string) => JSON.stringify({ ...(JSON.parse(text) as object), key: null }),
+  },
+  {
+    operationId: "revokeKey",
+    method: "post",
+    path: "/api/v1/keys/{id}/revoke",
+    summary: "Revoke an API key, for good: it is refused (401) from then on",
+    scope: "admin",
+    params: KeyPath,
+    body: ResumeBody,
+    status: 200,
+    answer: KeyRevoked,
+    problems: [404],
   },
 ] as const satisfies readonly Operation[];
 

@@ -1,25 +1,31 @@
 // lib/cli/keys.ts: `inbox.ts keys create|list|revoke`, the JSON API's bearer keys (docs/api.md). A key is
 // printed once, at create; the inbox keeps its SHA-256 alone. A read key only reads; a write key may also
-// retry, replay, pause and resume. Revoking is for good: a revoked key is refused with a 401.
+// retry, replay, pause, resume and change the configuration; an admin key may also make and revoke keys.
+// Revoking is for good: a revoked key is refused with a 401.
 
 import { InvalidArgumentError } from "commander";
-import { mintKey } from "../api/keys.ts";
+import { keyTarget, mintKey } from "../api/keys.ts";
 import { iso } from "../format.ts";
-import type { Inbox } from "../store.ts";
+import { type Inbox, SCOPES, type Scope } from "../store.ts";
 import { type Cli, NotFound, UsageError } from "./command.ts";
 
-/** keys adds `keys create --scope read|write [--name N]`, `keys list` and `keys revoke ID`: one command, so its --help says every option. */
+/** keys adds `keys create --scope read|write|admin [--name N]`, `keys list` and `keys revoke ID`: one command, so its --help says every option. */
 export function keys(c: Cli): void {
   const { withDb, open, connect, target } = c;
-  const scope = (value: string) => {
-    if (value !== "read" && value !== "write") throw new InvalidArgumentError("expected read or write.");
-    return value;
+  const scope = (value: string): Scope => {
+    if (!(SCOPES as readonly string[]).includes(value))
+      throw new InvalidArgumentError("expected read, write or admin.");
+    return value as Scope;
   };
   withDb(c.program.command("keys <action> [id]"))
     .description(
       "the JSON API's keys: create (printed once; the inbox keeps its SHA-256 alone), list, or revoke ID (for good)",
     )
-    .option("--scope <read|write>", "create: read looks only; write may also retry, replay, pause, resume", scope)
+    .option(
+      "--scope <read|write|admin>",
+      "create: read looks only; write may also retry, replay, pause, resume and change the configuration; admin may also make and revoke keys",
+      scope,
+    )
     .option("--name <text>", "create: what the key is for, shown by keys list", "")
     .option("--json", "print JSON")
     .addHelpText(
@@ -27,6 +33,7 @@ export function keys(c: Cli): void {
       `
 Examples:
   npx tsx inbox.ts keys create --scope read --name grafana
+  npx tsx inbox.ts keys create --scope admin --name platform-team
   npx tsx inbox.ts keys list
   npx tsx inbox.ts keys revoke 3f9a0c1d2e4b`,
     )
@@ -34,10 +41,10 @@ Examples:
       async (
         action: string,
         id: string | undefined,
-        opts: { db?: string; scope?: "read" | "write"; name: string; json?: boolean },
+        opts: { db?: string; scope?: Scope; name: string; json?: boolean },
       ) => {
         if (action === "create") {
-          if (opts.scope === undefined) throw new UsageError("keys create: expected --scope read or --scope write.");
+          if (opts.scope === undefined) throw new UsageError("keys create: expected --scope read, write or admin.");
           return create(connect, target(opts), {
             scope: opts.scope,
             name: opts.name,
@@ -59,12 +66,12 @@ Examples:
 async function create(
   connect: Cli["connect"],
   db: string,
-  opts: { scope: "read" | "write"; name: string; json: boolean; who: string },
+  opts: { scope: Scope; name: string; json: boolean; who: string },
 ): Promise<void> {
   const inbox = await connect(db);
   try {
     const { key, row } = mintKey({ scope: opts.scope, name: opts.name, now: Date.now() });
-    const target = `key=${row.id} scope=${row.scope} name=${JSON.stringify(row.name)}`;
+    const target = keyTarget(row);
     await inbox.addApiKey(row, { who: opts.who, operation: "keys create", target });
     if (opts.json) return void console.log(JSON.stringify({ id: row.id, name: row.name, scope: row.scope, key }));
     console.log(key);

@@ -337,6 +337,26 @@ function diffConfig(
   return lines;
 }
 
+// fieldLines is what the audit log says a change did: fieldChanges' lines, and diffConfig's of the transforms.
+function fieldLines(was: unknown, parsed: unknown, changes: string[]): string[] {
+  return [...fieldChanges(was, parsed), ...changes.filter((line) => / transform /.test(line))];
+}
+
+/**
+ * versionChanges says what a stored version changed from another (undefined: from nothing), as the audit log
+ * says a change: each part down to the field, each transform by its SHA-256, never a secret's value. The
+ * history on the page and through the API shows it.
+ */
+export function versionChanges(
+  before: Pick<StoredConfig, "document" | "transforms"> | undefined,
+  after: Pick<StoredConfig, "document" | "transforms">,
+): string[] {
+  const was = before ? parseDocument(before.document) : undefined;
+  const parsed = parseDocument(after.document);
+  const old = before ? { parsed: was, transforms: before.transforms } : undefined;
+  return fieldLines(was, parsed, diffConfig(old, { parsed, transforms: after.transforms }));
+}
+
 /** Plan is a checked document beside the version in force: what applying it would change. */
 export interface Plan {
   text: string;
@@ -395,7 +415,7 @@ export async function plan(
   const transforms = hashTransforms(loaded.uses, base);
   const old = current ? { parsed: was, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });
-  const fields = [...fieldChanges(was, parsed), ...changes.filter((line) => / transform /.test(line))];
+  const fields = fieldLines(was, parsed, changes);
   // Gone: what the version in force names and this one does not, and what an earlier version removed
   // that rows still wait for (so --cancel-waiting can let them go later).
   const states = await inbox.destinations();

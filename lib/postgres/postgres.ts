@@ -980,6 +980,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   configHistory(): Promise<StoredConfig[]> {
     return this.records.configHistory();
   }
+  configVersions(page: { before?: number; limit: number }): Promise<StoredConfig[]> {
+    return this.records.configVersions(page);
+  }
   restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
     return this.records.restoreConfig(versions);
   }

@@ -172,6 +172,15 @@ export class PostgresRecords {
     return rows.map(toConfig);
   }
 
+  /** configVersions reads a page of versions, newest first, through the primary key. */
+  async configVersions(page: { before?: number; limit: number }): Promise<StoredConfig[]> {
+    const { rows } = await this.pool.query(
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config WHERE version < $1 ORDER BY version DESC LIMIT $2",
+      [page.before ?? 2 ** 31 - 1, page.limit],
+    );
+    return rows.map(toConfig);
+  }
+
   /** restoreConfig writes versions as they are, in one statement; those already there are skipped. */
   restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
     return this.restoreRows(

@@ -179,6 +179,9 @@ export const MIGRATIONS: readonly string[] = [
      version bigint  NOT NULL
    );
    INSERT INTO secrets_version (one, version) VALUES (1, 0);`,
+  // The admin scope (docs/api.md#keys): a key that may also make and revoke keys.
+  `ALTER TABLE api_keys DROP CONSTRAINT api_keys_scope_check;
+   ALTER TABLE api_keys ADD CONSTRAINT api_keys_scope_check CHECK (scope IN ('read', 'write', 'admin'));`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

@@ -159,6 +159,14 @@ export class SqliteRecords {
     return rows.map(toConfig);
   }
 
+  /** configVersions reads a page of versions, newest first, through the primary key. */
+  async configVersions(page: { before?: number; limit: number }): Promise<StoredConfig[]> {
+    const rows = this.sql(
+      "SELECT version, document, transforms, actor, applied_at, way, trust FROM inbox_config WHERE version < ? ORDER BY version DESC LIMIT ?",
+    ).all(page.before ?? Number.MAX_SAFE_INTEGER, page.limit) as Record<string, unknown>[];
+    return rows.map(toConfig);
+  }
+
   /** restoreConfig writes versions as they are, their way and trust with them, in one transaction; those already there are skipped. */
   restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
     return this.restoreRows(

@@ -241,6 +241,21 @@ export const MIGRATIONS: readonly string[] = [
      version INTEGER NOT NULL
    ) STRICT;
    INSERT INTO secrets_version (one, version) VALUES (1, 0);`,
+  // The admin scope (docs/api.md#keys): a key that may also make and revoke keys. SQLite cannot change a
+  // CHECK in place, so the table is made again with the wider one and its rows copied, in this migration's
+  // transaction.
+  `CREATE TABLE api_keys_scoped (
+     id         TEXT PRIMARY KEY,
+     name       TEXT NOT NULL,
+     scope      TEXT NOT NULL CHECK (scope IN ('read', 'write', 'admin')),
+     hash       TEXT NOT NULL UNIQUE,
+     created_at INTEGER NOT NULL,
+     revoked_at INTEGER
+   ) STRICT;
+   INSERT INTO api_keys_scoped (id, name, scope, hash, created_at, revoked_at)
+     SELECT id, name, scope, hash, created_at, revoked_at FROM api_keys;
+   DROP TABLE api_keys;
+   ALTER TABLE api_keys_scoped RENAME TO api_keys;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

@@ -813,6 +813,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   configHistory(): Promise<StoredConfig[]> {
     return this.records.configHistory();
   }
+  configVersions(page: { before?: number; limit: number }): Promise<StoredConfig[]> {
+    return this.records.configVersions(page);
+  }
   restoreConfig(versions: readonly StoredConfig[]): Promise<number> {
     return this.records.restoreConfig(versions);
   }

@@ -59,6 +59,14 @@ export interface paths {
     /** Apply a whole document, checked as `inbox.ts config apply` checks a file, as one transaction */
     put: operations["applyConfig"];
   };
+  "/api/v1/config/versions": {
+    /** The configuration's history, newest first: who applied each version, when, which way, and what it changed */
+    get: operations["listConfigVersions"];
+  };
+  "/api/v1/config/versions/{version}": {
+    /** One version of the configuration, and what it changed from the one before it (or from the version given) */
+    get: operations["getConfigVersion"];
+  };
   "/api/v1/sources/{name}": {
     /** Create or replace one source's settings, its routes and their filters and transforms included */
     put: operations["putSource"];
@@ -88,6 +96,16 @@ export interface paths {
     put: operations["putSecret"];
     /** Remove a secret; refused while the configuration in force names it */
     delete: operations["deleteSecret"];
+  };
+  "/api/v1/keys": {
+    /** The API keys: each one's ID, name, scope, when it was made and revoked; never a key or its hash */
+    get: operations["listKeys"];
+    /** Make an API key, shown in this answer alone; the inbox keeps its SHA-256 */
+    post: operations["createKey"];
+  };
+  "/api/v1/keys/{id}/revoke": {
+    /** Revoke an API key, for good: it is refused (401) from then on */
+    post: operations["revokeKey"];
   };
 }
 
@@ -214,6 +232,11 @@ export interface components {
       version: number;
       actor: string | null;
       appliedAt: number | null;
+      way: components["schemas"]["Way"];
+      /** @description Per part (`source NAME`, `destination NAME`, `$operator`), whose hand last wrote it: a part the API wrote is held to the operator's rule (docs/security.md). */
+      trust: {
+        [key: string]: components["schemas"]["Way"];
+      };
       /** @description The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses. */
       document: {
         [key: string]: unknown;
@@ -222,6 +245,44 @@ export interface components {
       transforms: {
         [key: string]: string;
       };
+    };
+    /**
+     * @description Which way a version came: the operator's file on the host, or the API (or the operator page).
+     * @enum {string|null}
+     */
+    Way: "operator" | "api" | null;
+    ConfigVersions: {
+      items: {
+          version: number;
+          actor: string;
+          appliedAt: number;
+          way: components["schemas"]["Way"];
+          /** @description What it changed, as the audit log says it: `~ destination app: url http://a → http://b`, `+ source st`, `~ transform ./t.mjs (sha256 … → …)`; a value that may be a secret is never shown. */
+          changes: string[];
+        }[];
+      next: number | null;
+    };
+    ConfigVersion: {
+      /** @description 0 when none was ever applied: the scripts serve the default source. */
+      version: number;
+      actor: string | null;
+      appliedAt: number | null;
+      way: components["schemas"]["Way"];
+      /** @description Per part (`source NAME`, `destination NAME`, `$operator`), whose hand last wrote it: a part the API wrote is held to the operator's rule (docs/security.md). */
+      trust: {
+        [key: string]: components["schemas"]["Way"];
+      };
+      /** @description The sources file, as JSON. Secrets are what it says, env:NAME and secret:NAME references; one written in the clear is shown as a marker, which a change refuses. */
+      document: {
+        [key: string]: unknown;
+      } | null;
+      /** @description Each transform module the document names, and its code's SHA-256. */
+      transforms: {
+        [key: string]: string;
+      };
+      against: number;
+      /** @description What it changed, as the audit log says it: `~ destination app: url http://a → http://b`, `+ source st`, `~ transform ./t.mjs (sha256 … → …)`; a value that may be a secret is never shown. */
+      changes: string[];
     };
     ConfigChange: {
       /** @description false for a dry run, or a document that is the one in force. */
@@ -271,6 +332,29 @@ export interface components {
       name: string;
       /** @enum {boolean} */
       deleted: true;
+    };
+    Keys: {
+      items: components["schemas"]["Key"][];
+    };
+    Key: {
+      id: string;
+      name: string;
+      scope: components["schemas"]["Scope"];
+      createdAt: number;
+      revokedAt: number | null;
+    };
+    /**
+     * @description read looks; write also retries, replays, pauses and changes the configuration; admin also makes and revokes keys.
+     * @enum {string}
+     */
+    Scope: "read" | "write" | "admin";
+    KeyMade: components["schemas"]["Key"] & ({
+      /** @description The key, shown in this answer alone: send it as Authorization: Bearer <key>. null in an answer replayed for an Idempotency-Key, which the database keeps without it. */
+      key: string | null;
+    });
+    KeyRevoked: {
+      id: string;
+      revoked: boolean;
     };
   };
   responses: never;
@@ -328,7 +412,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -369,13 +453,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -416,13 +500,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -439,6 +523,10 @@ export interface operations {
   /** A dry run of the routes against a stored delivery: what each destination would be sent now */
   previewDelivery: {
     parameters: {
+      query?: {
+        /** @description One destination to preview, chosen by the routes or not (a new destination, before any delivery went to it); without it, the delivery's own. */
+        to?: string;
+      };
       path: {
         source: string;
         id: string;
@@ -463,13 +551,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -527,13 +615,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -603,13 +691,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -693,7 +781,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -746,7 +834,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -781,7 +869,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -832,13 +920,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -905,13 +993,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -980,13 +1068,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1039,7 +1127,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1096,7 +1184,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1122,6 +1210,98 @@ export interface operations {
       };
       /** @description The body is not JSON (Content-Type: application/json) */
       415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** The configuration's history, newest first: who applied each version, when, which way, and what it changed */
+  listConfigVersions: {
+    parameters: {
+      query?: {
+        limit?: number;
+        /** @description The `next` cursor of the previous page. */
+        after?: number;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigVersions"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** One version of the configuration, and what it changed from the one before it (or from the version given) */
+  getConfigVersion: {
+    parameters: {
+      query?: {
+        /** @description The version to compare it with (0: nothing); the one before it unless given. */
+        against?: number;
+      };
+      path: {
+        version: number;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ConfigVersion"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source, destination, secret, configuration version or key */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -1171,13 +1351,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1240,13 +1420,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1309,13 +1489,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1380,13 +1560,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1457,13 +1637,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1522,7 +1702,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1557,7 +1737,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1605,13 +1785,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1669,13 +1849,13 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description A read key asked for a change, or the page runs read-only */
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
       403: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description No such delivery, source or destination */
+      /** @description No such delivery, source, destination, secret, configuration version or key */
       404: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1689,6 +1869,185 @@ export interface operations {
       };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** The API keys: each one's ID, name, scope, when it was made and revoked; never a key or its hash */
+  listKeys: {
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["Keys"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Make an API key, shown in this answer alone; the inbox keeps its SHA-256 */
+  createKey: {
+    parameters: {
+      header?: {
+        /** @description Any unique text: the first answer is kept for 24 h, and a POST with the same key and body gets it again; with a different body, a 422. */
+        "idempotency-key"?: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": {
+          scope: components["schemas"]["Scope"];
+          /**
+           * @description What the key is for, shown in the list.
+           * @default
+           */
+          name?: string;
+        };
+      };
+    };
+    responses: {
+      /** @description OK */
+      201: {
+        content: {
+          "application/json": components["schemas"]["KeyMade"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The Idempotency-Key was used before with a different request */
+      422: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+    };
+  };
+  /** Revoke an API key, for good: it is refused (401) from then on */
+  revokeKey: {
+    parameters: {
+      header?: {
+        /** @description Any unique text: the first answer is kept for 24 h, and a POST with the same key and body gets it again; with a different body, a 422. */
+        "idempotency-key"?: string;
+      };
+      path: {
+        id: string;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": Record<string, never>;
+      };
+    };
+    responses: {
+      /** @description OK */
+      200: {
+        content: {
+          "application/json": components["schemas"]["KeyRevoked"];
+        };
+      };
+      /** @description The request does not fit the schema */
+      400: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No API key, or an unknown or revoked one */
+      401: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A read key asked for a change, a write key for what only an admin key may do (make or revoke a key), or the page runs read-only */
+      403: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description No such delivery, source, destination, secret, configuration version or key */
+      404: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The path is served, but not with this method */
+      405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is past 64 KiB */
+      413: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The body is not JSON (Content-Type: application/json) */
+      415: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description The Idempotency-Key was used before with a different request */
+      422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
