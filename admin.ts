@@ -6,8 +6,7 @@
 
 import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { connect } from "./inbox.ts";
-import { type Host, hostOf } from "./lib/config/config.ts";
+import { connect, isPostgresUrl } from "./inbox.ts";
 import { createAdmin, listenAdmin } from "./lib/admin/routes.ts";
 import { isLoopback } from "./lib/admin/session.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
@@ -19,7 +18,8 @@ import { speakTo } from "./lib/format.ts";
 import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
 import { secretsOf } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
-import type { Delivery, Inbox } from "./lib/store.ts";
+import { Startup, StartupError } from "./lib/startup.ts";
+import type { Delivery } from "./lib/store.ts";
 
 // The page as a library, as the package's export webhook-inbox/admin has always offered it; its rooms are in
 // lib/admin/: the session (session.ts), the pages (pages.ts, html.ts), the actions (actions.ts), the routing (routes.ts).
@@ -33,6 +33,18 @@ export { isLoopback } from "./lib/admin/session.ts";
 
 /** main runs the operator page as `admin.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
+  try {
+    await serve(argv);
+  } catch (error) {
+    if (!(error instanceof StartupError)) throw error;
+    console.error(error.message);
+    process.exit(error.code);
+  }
+  process.exit(0);
+}
+
+// serve starts the page and serves it until SIGTERM or SIGINT.
+async function serve(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const whole = (value: string) => {
     const n = Number(value);
@@ -80,10 +92,10 @@ Examples:
   if (token?.startsWith("env:")) {
     const name = token.slice(4);
     token = process.env[name];
-    if (!token) fatal(`admin: --admin-token env:${name}, but $${name} is empty or unset`);
+    if (!token) throw new StartupError(`admin: --admin-token env:${name}, but $${name} is empty or unset`);
   }
   if (!isLoopback(opts.host) && !token) {
-    fatal(
+    throw new StartupError(
       `admin: refusing to listen on ${opts.host} without --admin-token: the page must not be open beyond this machine`,
     );
   }
@@ -106,31 +118,26 @@ Examples:
           return last.lines;
         };
     } catch (error) {
-      fatal(`admin: ${sourcesFile}: ${message(error)}`);
+      throw new StartupError(`admin: ${sourcesFile}: ${message(error)}`);
     }
   }
   const target = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  let inbox: Inbox;
-  try {
-    inbox = await connect(target);
-  } catch (error) {
-    return fatal(`admin: cannot use the database: ${message(error)}`, 1);
-  }
+  // What the operator hands a configuration changed through the API (lib/config/trust.ts): the names it may
+  // read, where it may connect, and the key of the secret store; the inbox joins it once open.
+  const startup = new Startup({
+    script: "admin",
+    argv,
+    say: (line) => console.error(line),
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ownPorts: [opts.port],
+  });
+  const inbox = await startup.database(() => connect(target));
+  const host = { ...startup.host, inbox };
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
-  // What the operator hands a configuration changed through the API (lib/config/trust.ts): the names it may
-  // read, where it may connect, and the key of the secret store.
-  let host: Host;
-  try {
-    host = hostOf(process.env, {
-      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
-      ownPorts: [opts.port],
-      inbox,
-    });
-  } catch (error) {
-    return fatal(`admin: ${message(error)}`);
-  }
   const admin = createAdmin({
     inbox,
     token,
@@ -157,11 +164,12 @@ Examples:
       return preview(rows, against, { base, ...options });
     },
   });
+  const stopped = startup.stopped();
   let url: string;
   try {
     url = await listenAdmin(admin, { host: opts.host, port: opts.port, token });
   } catch (error) {
-    return fatal(`admin: cannot listen on ${opts.host}:${opts.port}: ${message(error)}`, 1);
+    throw new StartupError(`admin: cannot listen on ${opts.host}:${opts.port}: ${message(error)}`, 1);
   }
   console.log(
     `Operator page on ${url}${opts.readOnly ? " (read-only)" : ""}${token ? "" : " (no token: loopback only)"}`,
@@ -171,27 +179,17 @@ Examples:
     console.error(
       "admin: warning: no --admin-token, so any process on this host that reaches the page acts as the operator through it; production units set one (docs/security.md)",
     );
-  const stop = async () => {
-    admin.server.close();
-    admin.server.closeAllConnections();
-    await inbox.close();
-    flush();
-    process.exit(0);
-  };
-  process.on("SIGTERM", () => void stop());
-  process.on("SIGINT", () => void stop());
+  await stopped;
+  admin.server.close();
+  admin.server.closeAllConnections();
+  await inbox.close();
+  flush();
 }
 
 // beyondLaptop says whether this looks like a server rather than a developer's laptop: started by systemd,
 // in a Kubernetes pod, or told it is production.
 function beyondLaptop(env: NodeJS.ProcessEnv): boolean {
   return env.INVOCATION_ID !== undefined || env.KUBERNETES_SERVICE_HOST !== undefined || env.NODE_ENV === "production";
-}
-
-// fatal stops start-up with one line: exit 2 for a mistake in the options, 1 for a runtime failure.
-function fatal(line: string, code: 1 | 2 = 2): never {
-  console.error(line);
-  process.exit(code);
 }
 
 // knownSources are the sources file's sources with the signing secrets this environment has, for the page to

@@ -6,18 +6,27 @@
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { missingClient } from "./lib/brokers.ts";
-import { type Host, hostOf, secretNames, valuesFor } from "./lib/config/config.ts";
+import type { Loaded } from "./lib/config/config.ts";
 import { Consumer, type ConsumedSource } from "./lib/consume.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { speakTo, spokenAs } from "./lib/format.ts";
-import { message } from "./lib/log.ts";
+import { speakTo } from "./lib/format.ts";
 import { Metrics, Readiness } from "./lib/metrics.ts";
-import { loadSources, readSourcesFile } from "./lib/providers.ts";
-import type { Values } from "./lib/references.ts";
-import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
+import { Startup, StartupError } from "./lib/startup.ts";
 
 /** main runs the consumer as `consumer.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
+  try {
+    await consume(argv);
+  } catch (error) {
+    if (!(error instanceof StartupError)) throw error;
+    say(error.message);
+    process.exit(error.code);
+  }
+  process.exit(0);
+}
+
+// consume starts a consumer per broker source and runs them until SIGTERM or SIGINT, then drains them.
+async function consume(argv: string[]): Promise<void> {
   const { Command, InvalidArgumentError } = await import("commander");
   const port = (value: string) => {
     const n = Number(value);
@@ -78,66 +87,31 @@ Examples:
     force?: boolean;
     secretsKeyFile?: string;
   }>();
-  const say = (line: string) => console.error(line);
   const file = opts.sources ?? process.env.INBOX_SOURCES;
-  if (!file) {
-    say("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
-    process.exit(2);
-  }
-  // chosen reads the file's broker sources, their references read from values, or stops start-up with one line.
-  const choose = async (parsed: unknown, values: Values): Promise<ConsumedSource[]> => {
-    try {
-      const all = [...loadSources(parsed, values).values()];
-      let chosen = all.filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
-      if (opts.source) {
-        const unknown = opts.source.filter((n) => !chosen.some((s) => s.name === n));
-        if (unknown.length > 0) throw new Error(`no broker source named ${unknown.join(", ")}`);
-        chosen = chosen.filter((s) => opts.source!.includes(s.name));
-      }
-      if (chosen.length === 0) throw new Error('no source has a "broker" to consume');
-      for (const s of chosen) {
-        const missing = await missingClient(s.broker.type, s.name, "source");
-        if (missing) throw new Error(missing);
-      }
-      return chosen;
-    } catch (error) {
-      say(`consumer: ${file}: ${message(error)}`);
-      process.exit(2);
-    }
-  };
-  let parsed: unknown;
-  let host: Host;
-  try {
-    parsed = readSourcesFile(file);
-    host = hostOf(process.env, opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile });
-  } catch (error) {
-    say(`consumer: ${file}: ${message(error)}`);
-    process.exit(2);
-  }
-  // A secret of the store is read from the inbox: such a file is read once it is open.
-  const fromStore = secretNames(parsed).length > 0;
-  let chosen = fromStore ? [] : await choose(parsed, process.env);
-  const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
+  if (!file)
+    throw new StartupError("consumer: expected --sources FILE (or INBOX_SOURCES): the sources whose broker to consume");
+  const startup = new Startup({
+    script: "consumer",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+  });
+  // Read and checked as the receiver reads it (the destinations' secrets are the worker's, so only their
+  // shape); a file whose sources name a secret of the store is read once the inbox is open.
+  const sources = startup.readSources(file, { resolve: false });
+  const chosen = sources.loaded ? await choose(sources.loaded, file, opts.source) : undefined;
   // As the receiver and the worker: a message acked into a damaged file may never be read back, so the
   // check runs when it is due, and this process's own unclean stop makes it due for the next to start.
-  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
-  if (damaged !== undefined) {
-    say(spokenAs(argv)((opts.force ? damagedButForced : damagedLine)("consumer", path, damaged)));
-    if (!opts.force) process.exit(2);
-  }
-  const inbox = await connect(path);
-  if (fromStore) {
-    try {
-      chosen = await choose(parsed, await valuesFor({ ...host, inbox }, parsed));
-    } catch (error) {
-      say(`consumer: ${file}: ${message(error)}`);
-      process.exit(2);
-    }
-  }
-  const unmark = isPostgresUrl(path) ? () => {} : running(path);
+  const inbox = await startup.open(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db, {
+    skipCheck: opts.skipCheck,
+    force: opts.force,
+  });
+  const consumed = chosen ?? (await choose(await startup.loaded(sources, { resolve: false }), file, opts.source));
   const metrics = opts.metricsPort === undefined ? undefined : new Metrics({ inbox });
   const starvedAfterMs = opts.starvedAfter === undefined ? undefined : opts.starvedAfter * 1000;
-  const consumers = chosen.map(
+  const consumers = consumed.map(
     (source) => new Consumer({ inbox, source, log: say, ...(starvedAfterMs ? { starvedAfterMs } : {}) }),
   );
   for (const c of consumers) metrics?.consumedFrom(c.source.name, c.counts, c.health);
@@ -145,6 +119,7 @@ Examples:
   const readiness = new Readiness(inbox, {
     also: () => consumers.map((c) => c.health.ready()).find((r) => r !== true) ?? true,
   });
+  const stopped = startup.stopped();
   const server = metrics ? await metrics.listen(opts.metricsPort!, opts.metricsHost, readiness) : undefined;
   for (const c of consumers) {
     c.start();
@@ -158,23 +133,39 @@ Examples:
   // A consumer whose settings could lose a message is refused at start: its one line (logged by its
   // Health) names the setting and the fix, and nothing is consumed. Later, it is a pause shown on /readyz.
   await Promise.all(consumers.map((c) => c.health.first));
-  if (consumers.some((c) => c.health.state === "refused")) {
-    await Promise.all(consumers.map((c) => c.stop()));
-    server?.close();
-    await inbox.close();
-    unmark();
-    process.exit(2);
-  }
-  const stop = async () => {
-    await Promise.all(consumers.map((c) => c.stop()));
-    server?.close();
+  const refusedAtStart = consumers.filter((c) => c.health.state === "refused").map((c) => c.source.name);
+  if (refusedAtStart.length === 0) await stopped;
+  await Promise.all(consumers.map((c) => c.stop()));
+  server?.close();
+  if (refusedAtStart.length === 0)
     for (const c of consumers) say(`consumer: ${c.source.name}: ${JSON.stringify(c.counts)}`);
-    await inbox.close();
-    unmark();
-    process.exit(0);
-  };
-  process.once("SIGTERM", () => void stop());
-  process.once("SIGINT", () => void stop());
+  await inbox.close();
+  startup.close();
+  if (refusedAtStart.length > 0)
+    throw new StartupError(`consumer: refused to consume ${refusedAtStart.join(", ")}; nothing was taken`);
+}
+
+// choose is the file's broker sources this consumer takes (all, or those --source names), each with its
+// client installed, or stops start-up with one line.
+async function choose(loaded: Loaded, file: string, only: string[] | undefined): Promise<ConsumedSource[]> {
+  const refused = (why: string) => new StartupError(`consumer: ${file}: ${why}`);
+  let chosen = [...loaded.sources.values()].filter((s): s is typeof s & ConsumedSource => s.broker !== undefined);
+  if (only) {
+    const unknown = only.filter((n) => !chosen.some((s) => s.name === n));
+    if (unknown.length > 0) throw refused(`no broker source named ${unknown.join(", ")}`);
+    chosen = chosen.filter((s) => only.includes(s.name));
+  }
+  if (chosen.length === 0) throw refused('no source has a "broker" to consume');
+  for (const s of chosen) {
+    const missing = await missingClient(s.broker.type, s.name, "source");
+    if (missing) throw refused(missing);
+  }
+  return chosen;
+}
+
+// say writes one line of the consumer's own to stderr.
+function say(line: string): void {
+  console.error(line);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

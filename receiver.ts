@@ -3,31 +3,19 @@
 //   npx tsx receiver.ts [--port 8000] [--host 127.0.0.1] [--db inbox.db] [--sources sources.json]
 // Then send it the article's deliveries with `npx tsx send.ts`.
 
-import { readFileSync } from "node:fs";
-import { dirname, resolve } from "node:path";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { Socket } from "node:net";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { speakTo, spokenAs } from "./lib/format.ts";
+import { speakTo } from "./lib/format.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
 import { createHandler } from "./lib/handler.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import type { Source } from "./lib/providers.ts";
-import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
-import {
-  applyText,
-  type Host,
-  hostOf,
-  loadConfig,
-  loadVersion,
-  reapplyFile,
-  secretNames,
-} from "./lib/config/config.ts";
-import { watchConfig } from "./lib/config/watch.ts";
-import { realClock } from "./lib/lease/clock.ts";
+import { loadVersion } from "./lib/config/config.ts";
+import { Startup, StartupError } from "./lib/startup.ts";
 
 /** ReceiverOptions configures createReceiver; every number has a default in DEFAULTS. */
 export interface ReceiverOptions {
@@ -333,6 +321,18 @@ Examples:
 
 /** main runs the receiver as `receiver.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
+  try {
+    await serve(argv);
+  } catch (error) {
+    if (!(error instanceof StartupError)) throw error;
+    say(error.message, "error");
+    process.exit(error.code);
+  }
+  process.exit(0);
+}
+
+// serve starts the receiver and serves until SIGTERM or SIGINT, then drains: the requests in flight are answered.
+async function serve(argv: string[]): Promise<void> {
   const program = await receiverProgram();
   speakTo(program, argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
@@ -362,66 +362,45 @@ export async function main(argv: string[]): Promise<void> {
   format = opts.logFormat;
   const envPort = process.env.PORT;
   const port = opts.port ?? (envPort === undefined ? DEFAULTS.port : Number(envPort));
-  if (!Number.isInteger(port) || port < 0 || port > 65535) fatal(`PORT must be a port number, got ${envPort}`);
-
+  if (!Number.isInteger(port) || port < 0 || port > 65535)
+    throw new StartupError(`PORT must be a port number, got ${envPort}`);
   // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
-  // part the API wrote may read; its inbox joins it once open.
-  let host: Host;
-  try {
-    host = hostOf(process.env, {
-      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
-      ownPorts: [port],
-    });
-  } catch (error) {
-    return fatal(`receiver: ${message(error)}`);
-  }
-  // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
-  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const fileText = sourcesFile ? readSources(sourcesFile) : undefined;
+  // part the API wrote may read.
+  const startup = new Startup({
+    script: "receiver",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ownPorts: [port],
+  });
 
-  const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  // Before the port opens: a 200 from a damaged file may be a delivery that can never be read back.
-  // Only when there is reason to (after an unclean stop, or a day since the last): it reads every page.
-  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
-  // Exit 2, as for a mistake in the options: a restart cannot mend the file, and systemd's
-  // RestartPreventExitStatus=2 stops it re-reading every page every few seconds until someone restores.
-  if (damaged !== undefined && !opts.force) fatal(spokenAs(argv)(damagedLine("receiver", path, damaged)), 2);
-  if (damaged !== undefined) say(spokenAs(argv)(damagedButForced("receiver", path, damaged)), "warn");
-  let inbox: Inbox;
+  // Sources are read before the database is opened: a mistake in them must not leave a fresh inbox.db behind.
+  // The destinations are the worker's to reach, but a mistake in them stops the receiver too: its routes
+  // send deliveries there. Their secrets are the worker's, so only their shape is checked.
+  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+  const file = sourcesFile ? startup.readSources(sourcesFile, { resolve: false }) : undefined;
   let metrics: Metrics | undefined;
-  try {
-    // No ack waits behind a checkpoint, and the event loop never waits for the disk, unless asked to
-    // (bench/ingest and bench/latency compare). Either way a 200 follows the fsync of its delivery.
-    inbox = await connect(path, {
+  // No ack waits behind a checkpoint, and the event loop never waits for the disk, unless asked to
+  // (bench/ingest and bench/latency compare). Either way a 200 follows the fsync of its delivery.
+  const inbox = await startup.open(opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db, {
+    skipCheck: opts.skipCheck,
+    force: opts.force,
+    connect: {
       backgroundCheckpoints: !opts.inlineCheckpoints,
       syncOffLoop: !opts.syncInCommit,
       pageCacheKb: DEFAULTS.receiverPageCacheKb,
-      ...(opts.metrics ? { onCommit: (size, ms) => metrics?.commit(size, ms) } : {}),
-    });
-  } catch (error) {
-    return fatal(`receiver: cannot use the database: ${message(error)}`, 1);
-  }
-  // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
-  const unmark = isPostgresUrl(path) ? () => {} : running(path);
-  host.inbox = inbox;
-  // The file is applied to the database (lib/config/); what is served is what the database holds, the
-  // default source while it holds none.
+      ...(opts.metrics ? { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) } : {}),
+    },
+  });
+  // What is served is what the database holds, the file applied to it first; the default source while it holds none.
+  const { stored } = await startup.configure(inbox, file, { resolve: false });
   let sources: ReadonlyMap<string, Source> | undefined;
-  let version = 0;
   try {
-    if (fileText)
-      await applyText(inbox, fileText, host, dirname(resolve(sourcesFile!)), {
-        actor: "receiver.ts --sources",
-        who: "start:receiver.ts",
-        resolve: false,
-      });
-    const stored = await inbox.readConfig();
-    if (stored) {
-      version = stored.version;
-      sources = (await loadVersion(stored, host, { resolve: false })).sources;
-    }
+    if (stored) sources = (await loadVersion(stored, startup.host, { resolve: false })).sources;
   } catch (error) {
-    return fatal(`receiver: ${sourcesFile ?? "the configuration in the database"}: ${message(error)}`);
+    throw new StartupError(`receiver: the configuration in the database: ${message(error)}`);
   }
   if (opts.metrics) metrics = new Metrics({ inbox });
   announce(sources);
@@ -440,81 +419,42 @@ export async function main(argv: string[]): Promise<void> {
     clientIpHeader: opts.clientIpHeader ?? DEFAULTS.clientIpHeader,
     inFlightFromHeaders: opts.inFlightFromHeaders,
   });
-  receiver.server.on("error", (error) =>
-    fatal(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1),
-  );
-  receiver.server.listen(port, opts.host, () => {
-    const address = receiver.server.address();
-    const actual = typeof address === "object" && address ? address.port : port;
-    const url = `http://${opts.host}:${actual}`;
-    console.log(format === "json" ? jsonLine(`Listening on ${url}`, { url }) : `Listening on ${url}`);
+  const stopped = startup.stopped();
+  await new Promise<void>((listening, failed) => {
+    const refused = (error: Error) =>
+      failed(new StartupError(`receiver: cannot listen on ${opts.host}:${port}: ${message(error)}`, 1));
+    receiver.server.once("error", refused).listen(port, opts.host, () => {
+      receiver.server.off("error", refused);
+      listening();
+    });
   });
+  const address = receiver.server.address();
+  const url = `http://${opts.host}:${typeof address === "object" && address ? address.port : port}`;
+  console.log(format === "json" ? jsonLine(`Listening on ${url}`, { url }) : `Listening on ${url}`);
 
   // A configuration applied while it runs is served from the next request on; SIGHUP applies the file again.
-  const unwatch = watchConfig(inbox, {
-    clock: realClock,
-    version,
-    onChange: async (config) => {
+  const unwatch = startup.watch(inbox, {
+    version: stored?.version ?? 0,
+    sourcesFile,
+    checks: { resolve: false },
+    take: async (config) => {
       try {
-        const next = (await loadVersion(config, host, { resolve: false })).sources;
-        receiver.setSources(next);
+        receiver.setSources((await loadVersion(config, startup.host, { resolve: false })).sources);
         say(`receiver: now serving configuration version ${config.version}`, "info", { configVersion: config.version });
       } catch (error) {
         say(`receiver: configuration version ${config.version} not taken up: ${message(error)}`, "error");
       }
     },
-    onError: (why) => say(`receiver: could not read the configuration's version (${why}); trying again`, "warn"),
-  });
-  process.on("SIGHUP", () => {
-    if (!sourcesFile) return say("SIGHUP: no --sources file to apply again; nothing changed");
-    void reapplyFile(inbox, sourcesFile, host, {
-      actor: "receiver.ts SIGHUP",
-      who: "sighup:receiver.ts",
-      resolve: false,
-    }).then(({ line, error }) => say(`SIGHUP: ${line}`, error ? "error" : "info"));
   });
 
-  let stopping = false;
-  const stop = async (signal: string) => {
-    if (stopping) return;
-    stopping = true;
-    unwatch();
-    flushLog();
-    say(`${signal}: finishing the requests in flight, then stopping`);
-    await receiver.close();
-    await inbox.close();
-    unmark();
-    flushLog();
-    process.exit(0);
-  };
-  process.on("SIGTERM", () => void stop("SIGTERM"));
-  process.on("SIGINT", () => void stop("SIGINT"));
-}
-
-// readSources reads the sources file and checks it whole, as config apply does, or stops start-up with one
-// line that quotes no secret. The destinations are the worker's to reach, but a mistake in them stops the
-// receiver too: its routes send deliveries there. Their secrets are the worker's, so only their shape is checked.
-function readSources(sourcesFile: string): string {
-  let parsed: unknown;
-  let text = "";
-  try {
-    text = readFileSync(sourcesFile, "utf8");
-    parsed = JSON.parse(text);
-  } catch (error) {
-    // V8 quotes a piece of the text in JSON errors, and that piece may hold a secret: keep only where.
-    const why =
-      error instanceof SyntaxError
-        ? `not valid JSON${/ at position \d+.*$/.exec(error.message)?.[0] ?? ""}`
-        : message(error);
-    fatal(`receiver: cannot read the sources file ${sourcesFile}: ${why}`);
-  }
-  try {
-    // A secret of the store is read from the inbox: such a file is checked whole once it is open.
-    if (secretNames(parsed, { sourcesOnly: true }).length === 0) loadConfig(parsed, process.env, { resolve: false });
-    return text;
-  } catch (error) {
-    return fatal(`receiver: ${sourcesFile}: ${message(error)}`);
-  }
+  const signal = await stopped;
+  unwatch();
+  flushLog();
+  say(`${signal}: finishing the requests in flight, then stopping`);
+  await receiver.close();
+  await inbox.close();
+  startup.close();
+  flushLog();
 }
 
 // announce says at start-up what each source is, and warns of every one that anyone may post to.
@@ -540,12 +480,6 @@ let format: LogFormat = "text";
 // say writes one line of the receiver's own (start-up, shutdown) to stderr, in the log format.
 function say(line: string, level: "info" | "warn" | "error" = "info", fields: Record<string, unknown> = {}): void {
   console.error(format === "json" ? jsonLine(line, { level, ...fields }) : line);
-}
-
-// fatal stops start-up with one line: exit 2 for a mistake in the options or sources, 1 for a runtime failure.
-function fatal(line: string, code: 1 | 2 = 2): never {
-  say(line, "error");
-  process.exit(code);
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

@@ -5,11 +5,11 @@
 // Import run() to plug in your own handler, or pass --handler MODULE; the one here records the article's
 // payments, run where nothing is configured (the demo) or with --handler demo.
 
-import { dirname, resolve } from "node:path";
+import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
-import { age as formatAge, parseDuration, speakTo, spokenAs } from "./lib/format.ts";
+import { age as formatAge, parseDuration, speakTo } from "./lib/format.ts";
 import {
   jsonLine,
   lineLog,
@@ -20,7 +20,7 @@ import {
   type LogFormat,
   type Progress,
 } from "./lib/log.ts";
-import { PermanentError, type Inbox, type PurgeOptions } from "./lib/store.ts";
+import { PermanentError, type Inbox, type PurgeOptions, type StoredConfig } from "./lib/store.ts";
 import { Batcher } from "./lib/lease/batcher.ts";
 import { realClock, type Clock } from "./lib/lease/clock.ts";
 import { Jobs, type Handler, type Job, type RunStats } from "./lib/jobs.ts";
@@ -32,18 +32,9 @@ import type { Operator } from "./lib/routing/routes.ts";
 import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
-import {
-  applyText,
-  type Host,
-  hostOf,
-  readDocument,
-  reapplyFile,
-  type SecretChecks,
-  secretNames,
-} from "./lib/config/config.ts";
+import type { Host, SecretChecks } from "./lib/config/config.ts";
 import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
-import { watchConfig } from "./lib/config/watch.ts";
-import { damagedButForced, damagedLine, running, startupCheck } from "./lib/sqlite/backup.ts";
+import { Startup, StartupError, type SourcesFile } from "./lib/startup.ts";
 
 /** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/jobs.ts). */
 export type { Handler, Job, RunStats };
@@ -111,32 +102,23 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   // on SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
   // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
   // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
-  // never see them as expired leases, and each handler awaits its own finish() as before.
+  // never see them as expired leases.
   const batcher = new Batcher({
     inbox,
     clock,
     hold: (_count, _ageMs, view) => view.waiting > 0,
     longestMs: pollMax,
   });
-  const jobs = new Jobs({
-    inbox,
-    handler,
-    batcher,
-    sizing,
-    clock,
-    stats,
-    log,
-    metrics: options.metrics,
-    operator: options.operator,
-    redact: options.redact ?? ((text: string) => text),
-  });
+  const redact = options.redact ?? ((text: string) => text);
+  const jobs = new Jobs({ handler, stats, log, metrics: options.metrics, operator: options.operator, redact });
   const lane = new Lane({
     who: "run",
     inbox,
     execute: jobs.execute,
     sizing,
     batcher,
-    report: jobs,
+    listener: jobs.report,
+    describe: (error) => redact(message(error)),
     clock,
     concurrency: options.concurrency,
     leaseMs: options.leaseMs,
@@ -437,102 +419,121 @@ Examples:
 
 /** main runs the worker as `worker.ts` does, from a full argv (runtime, script, then its flags). */
 export async function main(argv: string[]): Promise<void> {
+  try {
+    await work(argv);
+  } catch (error) {
+    if (!(error instanceof StartupError)) throw error;
+    say(error.message, "error");
+    process.exit(error.code);
+  }
+}
+
+// work starts the worker and runs it until the queue is drained (--once) or SIGTERM or SIGINT, then drains.
+async function work(argv: string[]): Promise<void> {
   const program = await workerProgram(argv);
   program.exitOverride((error) => process.exit(error.exitCode === 0 ? 0 : 2));
   await program.parseAsync(argv);
   const opts = program.opts<WorkerFlags>();
-  const say = (line: string, level: "info" | "error" = "info", fields: Record<string, unknown> = {}) =>
-    console.error(opts.logFormat === "json" ? jsonLine(line, { level, ...fields }) : line);
-  if (opts.forgetAfter <= opts.bodiesAfter) {
-    say(
+  format = opts.logFormat;
+  if (opts.forgetAfter <= opts.bodiesAfter)
+    throw new StartupError(
       "worker: --forget-after must be longer than --bodies-after: the tombstone must outlive the body (run with --help for usage)",
-      "error",
     );
-    process.exit(2);
-  }
   const purgeEveryMs =
     opts.purgeEvery === undefined
       ? undefined
       : (opts.purgeEvery === true ? DEFAULTS.purgeEveryMinutes : opts.purgeEvery) * 60_000;
-
-  // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
-  // Read and checked whole before the database is opened, so a mistake stops start-up with one line and
-  // nothing created; once the inbox is open it is applied there (lib/config/), and what runs is what the
-  // database holds. Without it, the worker runs the configuration in the database (docs/config.md).
-  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
-  const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
   // What the operator hands the configuration (lib/config/trust.ts): the key to the secret store, and what a
   // part the API wrote may read and reach; its inbox joins it once open.
-  const host = hostFor(opts, say);
+  const startup = new Startup({
+    script: "worker",
+    argv,
+    say,
+    door: { connect, isPostgresUrl },
+    env: process.env,
+    keyFile: opts.secretsKeyFile,
+    ...(opts.metricsPort ? { ownPorts: [opts.metricsPort] } : {}),
+  });
+
+  // The sources file says where deliveries go: destinations the worker forwards to, beside the handler.
+  // Read and checked whole before the database is opened, as a worker would run it (its transforms loaded,
+  // its brokers' clients found), so a mistake stops start-up with one line and nothing created; once the
+  // inbox is open it is applied there (lib/config/), and what runs is what the database holds. Without it,
+  // the worker runs the configuration in the database (docs/config.md).
+  const sourcesFile = opts.sources ?? process.env.INBOX_SOURCES;
+  // A file that names a secret of the store is checked whole once the inbox is open.
+  const file = sourcesFile ? startup.readSources(sourcesFile, WORKER_CHECKS) : undefined;
+  const base = file?.base ?? process.cwd();
   // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
   const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
-  const { text: fileText, sources } = sourcesFile
-    ? await checkFile(sourcesFile, base, limits, host, say)
-    : { sources: [] };
+  if (file?.loaded)
+    await ready(file, { version: 0, document: file.text, transforms: {} }, startup.host, base, limits).then(release);
 
   // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
-  const refusal = opts.handler === undefined ? unhandled(sources) : undefined;
-  if (refusal) {
-    say(refusal, "error");
-    process.exit(2);
-  }
-  const named = await chooseHandler(opts.handler, say);
+  const refusal = opts.handler === undefined && file?.loaded ? unhandled(file.loaded.sources.values()) : undefined;
+  if (refusal) throw new StartupError(refusal);
+  const named = await chooseHandler(opts.handler);
 
   const path = opts.db ?? process.env.INBOX_DB ?? DEFAULTS.db;
-  refuseDamaged(path, opts, (line) => say(spokenAs(argv)(line), "error"));
-  let inbox: Inbox;
+  let metrics: Metrics | undefined;
+  const onCommit =
+    opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
+  const inbox = await startup.open(path, {
+    skipCheck: opts.skipCheck,
+    force: opts.force,
+    connect: { maxAttempts: opts.maxAttempts, ...onCommit },
+  });
   // On SQLite the forwarding lanes write through a connection of their own that commits without an fsync
   // and settles each write only after an fdatasync of the WAL on a libuv thread (syncOffLoop, as the
   // receiver's): an fsync inside each COMMIT held the event loop, and with it every forward in flight, for
   // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
   // before it settles; the handler's connection, whose writes the app reads, keeps FULL. Opened whenever
   // destinations may come: a configuration applied while the worker runs can add the first.
-  let lanes: Inbox | undefined;
-  let metrics: Metrics | undefined;
-  let first: Prepared;
-  let example = false;
-  try {
-    const onCommit =
-      opts.metricsPort === undefined ? {} : { onCommit: (size: number, ms: number) => metrics?.commit(size, ms) };
-    inbox = await connect(path, { maxAttempts: opts.maxAttempts, ...onCommit });
-    host.inbox = inbox;
-    first = await takeConfig(
-      inbox,
-      { fileText, sourcesFile, base, limits, host, handlerGiven: named !== undefined },
-      say,
-    );
+  const { first, lanes, example } = await startup.database(async () => {
+    const { stored, changes } = await startup.configure(inbox, file, WORKER_CHECKS);
+    if (changes.length > 0) say(`worker: ${sourcesFile} applied as configuration version ${stored!.version}`);
+    // What the database holds (the handler alone where it holds nothing) is what runs.
+    const first = stored ? await ready(undefined, stored, startup.host, base, limits) : unconfigured();
+    // The configuration in the database may name sources routed to the handler the file did not: the same rule holds.
+    const refusal = named === undefined ? unhandled(first.loaded.sources.values()) : undefined;
+    if (refusal) throw new StartupError(refusal);
     // No --handler and nothing configured is the article's set-up, the demo's: its example runs, saying so.
-    example = named === undefined && first.version === 0;
+    const example = named === undefined && first.version === 0;
     if (example)
       say(
         `worker: no configuration and no --handler: running the article's record-payment example, as the demo does (--handler MODULE runs yours)`,
       );
     if (example || named === recordPayment) await ensurePayments(inbox);
-    if (inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)) {
-      lanes = await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit });
-    }
-  } catch (error) {
-    say(`worker: cannot use the database: ${message(error)}`, "error");
-    process.exit(1);
-  }
-  // Removed at the clean close below: left behind, it tells the next start-up check of an unclean stop.
-  const unmark = isPostgresUrl(path) ? () => {} : running(path);
+    const lanes =
+      inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)
+        ? await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit })
+        : undefined;
+    return { first, lanes, example };
+  });
+  // The example stops at the first configuration applied while it runs: what reaches the handler then is real.
+  let exampleRuns = example;
+  const seen = (version: number) => {
+    if (!exampleRuns) return;
+    exampleRuns = false;
+    say(
+      `worker: configuration version ${version} is in force: the record-payment example stops; what is routed to the handler is set aside until a worker runs with --handler MODULE`,
+      "error",
+    );
+  };
+  const handler: Handler = named ?? ((job) => (exampleRuns ? recordPayment(job) : unconfiguredHandler(job)));
   const stop = new AbortController();
   if (opts.metricsPort !== undefined)
-    metrics = await serveMetrics(inbox, opts.metricsPort, opts.metricsHost, stop.signal, say);
+    metrics = await serveMetrics(inbox, opts.metricsPort, opts.metricsHost, stop.signal);
   // On a terminal, --once shows how far it has got; piped or logged, it prints nothing extra.
   const stats: RunStats = { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const shown = opts.once && process.stderr.isTTY ? await backlogProgress(inbox, stats) : undefined;
   const lines = lineLog(shown ?? process.stderr, opts.logFormat);
-  for (const signal of ["SIGTERM", "SIGINT"] as const) {
-    process.on(signal, () => {
-      if (stop.signal.aborted) return;
-      lines.flush();
-      shown?.stop();
-      say(`${signal}: no more claims; letting the work in flight finish`);
-      stop.abort();
-    });
-  }
+  void startup.stopped().then((signal) => {
+    lines.flush();
+    shown?.stop();
+    say(`${signal}: no more claims; letting the work in flight finish`);
+    stop.abort();
+  });
   const log = opts.quiet ? () => {} : lines.log;
   const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
   // Each configuration version runs as a generation of lanes; a newer one, checked whole, takes over.
@@ -558,17 +559,25 @@ export async function main(argv: string[]): Promise<void> {
     opts.once,
   );
   live.run(first);
-  // The example stops at the first configuration applied while it runs: what reaches the handler then is real.
-  const seen = (version: number) => {
-    if (!example) return;
-    example = false;
-    say(
-      `worker: configuration version ${version} is in force: the record-payment example stops; what is routed to the handler is set aside until a worker runs with --handler MODULE`,
-      "error",
-    );
-  };
-  const unwatch = opts.once ? undefined : watchLive(inbox, live, { say, sourcesFile, base, limits, host, seen });
-  const handler: Handler = named ?? ((job) => (example ? recordPayment(job) : unconfiguredHandler(job)));
+  // Each configuration applied while the worker runs is taken up; SIGHUP applies the file again.
+  const unwatch = opts.once
+    ? undefined
+    : startup.watch(inbox, {
+        version: first.version,
+        sourcesFile,
+        checks: WORKER_CHECKS,
+        take: async (config) => {
+          seen(config.version);
+          const next = await prepare(config, startup.host, base, limits);
+          if (typeof next === "string")
+            return say(
+              `worker: configuration version ${config.version} not taken up, version ${live.version} goes on: ${next}`,
+              "error",
+            );
+          live.run(next);
+          say(`worker: now running configuration version ${config.version}`, "info", { configVersion: config.version });
+        },
+      });
   const { forwarding, secrets } = first.loaded;
   try {
     await Promise.all([
@@ -594,37 +603,35 @@ export async function main(argv: string[]): Promise<void> {
   } catch (error) {
     lines.flush();
     shown?.stop();
-    say(`worker: ${message(error)}`, "error");
-    process.exit(1);
+    // A claim a --once run could not make, or a lane that failed: the run cannot go on.
+    throw new StartupError(`worker: ${message(error)}`, 1);
   }
   unwatch?.();
   await lanes?.close();
   await inbox.close();
-  unmark();
+  startup.close();
   lines.flush();
   shown?.stop();
   if (opts.once || stop.signal.aborted)
-    summarise(
-      say,
-      stats,
-      forwarding.destinations.size > 0 || live.version !== first.version ? forwardStats : undefined,
-    );
+    summarise(stats, forwarding.destinations.size > 0 || live.version !== first.version ? forwardStats : undefined);
 }
 
-// Say is how main() writes a line of its own, in the log format.
-type Say = (line: string, level?: "info" | "error", fields?: Record<string, unknown>) => void;
+// The log format work() was given; the lines before it knows are text.
+let format: LogFormat = "text";
+
+// say writes one line of the worker's own (start-up, shutdown, its summary) to stderr, in the log format.
+function say(line: string, level: "info" | "warn" | "error" = "info", fields: Record<string, unknown> = {}): void {
+  console.error(format === "json" ? jsonLine(line, { level, ...fields }) : line);
+}
 
 // chooseHandler is the handler --handler names: the article's record-payment example for "demo", else the
 // module's default export; a module that cannot be loaded stops start-up with one line. Undefined when none
-// is named: main() then decides by the configuration.
-async function chooseHandler(module: string | undefined, say: Say): Promise<Handler | undefined> {
+// is named: work() then decides by the configuration.
+async function chooseHandler(module: string | undefined): Promise<Handler | undefined> {
   if (module === undefined) return undefined;
   if (module === EXAMPLE_HANDLER) return recordPayment;
   const loaded = await loadHandler(module);
-  if (typeof loaded === "string") {
-    say(`worker: --handler ${module}: ${loaded}`, "error");
-    process.exit(2);
-  }
+  if (typeof loaded === "string") throw new StartupError(`worker: --handler ${module}: ${loaded}`);
   return loaded;
 }
 
@@ -645,13 +652,7 @@ async function backlogProgress(inbox: Inbox, stats: RunStats): Promise<Progress 
 }
 
 // serveMetrics serves /metrics, /livez and /readyz for the worker, or stops start-up with one line.
-async function serveMetrics(
-  inbox: Inbox,
-  port: number,
-  host: string,
-  stopping: AbortSignal,
-  say: Say,
-): Promise<Metrics> {
+async function serveMetrics(inbox: Inbox, port: number, host: string, stopping: AbortSignal): Promise<Metrics> {
   // Loaded only when asked for: a worker without metrics does not pay for prom-client.
   const { Metrics, Readiness } = await import("./lib/metrics.ts");
   const metrics = new Metrics({ inbox });
@@ -662,113 +663,31 @@ async function serveMetrics(
     const url = `http://${host}:${typeof address === "object" && address ? address.port : port}/metrics`;
     say(`Metrics on ${url}`, "info", { url });
   } catch (error) {
-    say(`worker: cannot serve metrics on ${host}:${port}: ${message(error)}`, "error");
-    process.exit(1);
+    throw new StartupError(`worker: cannot serve metrics on ${host}:${port}: ${message(error)}`, 1);
   }
   return metrics;
 }
 
-// refuseDamaged runs the start-up check of a SQLite file when it is due, and stops start-up on a damaged
-// one unless --force: only when there is reason to (after an unclean stop, or a day since the last), for it
-// reads every page, and a cron --once would otherwise pay that every run.
-function refuseDamaged(
-  path: string,
-  opts: Pick<WorkerFlags, "skipCheck" | "force">,
-  sayError: (line: string) => void,
-): void {
-  const damaged = opts.skipCheck || isPostgresUrl(path) ? undefined : startupCheck(path).problem;
-  if (damaged === undefined) return;
-  if (opts.force) {
-    sayError(damagedButForced("worker", path, damaged));
-    return;
-  }
-  sayError(damagedLine("worker", path, damaged));
-  // Exit 2 as the receiver does: a restart cannot mend the file (docs/production.md, start-up check).
-  process.exit(2);
-}
-
-// checkFile reads and checks the --sources file whole before the database is opened, as a worker would run
-// it, so that a mistake stops start-up with one line and nothing created.
-async function checkFile(
-  sourcesFile: string,
+// ready prepares a configuration as the worker runs it (lib/config/live.ts: its secrets read, its transforms
+// loaded, its brokers' clients found), or stops start-up with one line: the file's mistake, or the database's.
+async function ready(
+  file: SourcesFile | undefined,
+  config: Pick<StoredConfig, "version" | "document" | "transforms"> & Partial<Pick<StoredConfig, "trust" | "way">>,
+  host: Host,
   base: string,
   limits: TransformLimits,
-  host: Host,
-  say: Say,
-): Promise<{ text: string; sources: Source[] }> {
-  try {
-    const { text, parsed } = readDocument(sourcesFile);
-    // A secret of the store is read from the inbox: such a file is checked whole once it is open.
-    if (secretNames(parsed).length > 0) return { text, sources: [] };
-    const checked = await prepare({ version: 0, document: text, transforms: {} }, host, base, limits);
-    if (typeof checked === "string") throw new Error(checked);
-    await release(checked);
-    return { text, sources: [...checked.loaded.sources.values()] };
-  } catch (error) {
-    say(`worker: ${sourcesFile}: ${message(error)}`, "error");
-    process.exit(2);
-  }
-}
-
-// takeConfig applies the --sources file to the open inbox, if there is one, and prepares what the database
-// then holds (the handler alone where it holds nothing), or stops start-up with one line.
-async function takeConfig(
-  inbox: Inbox,
-  o: {
-    fileText?: string;
-    sourcesFile?: string;
-    base: string;
-    limits: TransformLimits;
-    host: Host;
-    handlerGiven: boolean;
-  },
-  say: Say,
 ): Promise<Prepared> {
-  if (o.fileText !== undefined) {
-    try {
-      const applied = await applyText(inbox, o.fileText, o.host, o.base, {
-        actor: "worker.ts --sources",
-        who: "start:worker.ts",
-        ...WORKER_CHECKS,
-      });
-      if (applied.changes.length > 0)
-        say(`worker: ${o.sourcesFile} applied as configuration version ${applied.version}`);
-    } catch (error) {
-      say(`worker: ${o.sourcesFile}: ${message(error)}`, "error");
-      process.exit(2);
-    }
-  }
-  const stored = await inbox.readConfig();
-  const ready = stored ? await prepare(stored, o.host, o.base, o.limits) : unconfigured();
-  if (typeof ready === "string") {
-    say(`worker: the configuration in the database (version ${stored?.version}): ${ready}`, "error");
-    process.exit(2);
-  }
-  // The configuration in the database may name signed sources the file did not: the same rule holds.
-  const refusal = o.handlerGiven ? undefined : unhandled([...ready.loaded.sources.values()]);
-  if (refusal) {
-    say(refusal, "error");
-    process.exit(2);
-  }
-  return ready;
-}
-
-// hostFor reads what the operator hands the configuration from the worker's environment and flags, or stops
-// start-up with one line: a key or a range that cannot be read is a mistake in the options.
-function hostFor(opts: WorkerFlags, say: Say): Host {
-  try {
-    return hostOf(process.env, {
-      ...(opts.secretsKeyFile === undefined ? {} : { keyFile: opts.secretsKeyFile }),
-      ...(opts.metricsPort ? { ownPorts: [opts.metricsPort] } : {}),
-    });
-  } catch (error) {
-    say(`worker: ${message(error)}`, "error");
-    process.exit(2);
-  }
+  const prepared = await prepare(config, host, base, limits);
+  if (typeof prepared !== "string") return prepared;
+  throw new StartupError(
+    file
+      ? `worker: ${file.path}: ${prepared}`
+      : `worker: the configuration in the database (version ${config.version}): ${prepared}`,
+  );
 }
 
 // summarise prints a finished run's counts: the handler's, and the forwards' where there were destinations.
-function summarise(say: Say, stats: RunStats, forwarded: ForwardStats | undefined): void {
+function summarise(stats: RunStats, forwarded: ForwardStats | undefined): void {
   say(
     `worker: ${stats.done} done, ${stats.retried} to retry, ${stats.failed} failed, ${stats.lost} lost to other workers`,
     "info",
@@ -781,51 +700,6 @@ function summarise(say: Say, stats: RunStats, forwarded: ForwardStats | undefine
     "info",
     { forwarded: { ...f } },
   );
-}
-
-// watchLive takes up each configuration applied while the worker runs (lib/config/watch.ts), and applies
-// the --sources file again at SIGHUP; returns how to stop both.
-function watchLive(
-  inbox: Inbox,
-  live: LiveForwarding,
-  o: {
-    say: Say;
-    sourcesFile?: string;
-    base: string;
-    limits: TransformLimits;
-    host: Host;
-    /** Told of each version seen, before it is checked. */
-    seen: (version: number) => void;
-  },
-): () => void {
-  const unwatch = watchConfig(inbox, {
-    clock: realClock,
-    version: live.version ?? 0,
-    onChange: async (config) => {
-      o.seen(config.version);
-      const next = await prepare(config, o.host, o.base, o.limits);
-      if (typeof next === "string")
-        return o.say(
-          `worker: configuration version ${config.version} not taken up, version ${live.version} goes on: ${next}`,
-          "error",
-        );
-      live.run(next);
-      o.say(`worker: now running configuration version ${config.version}`, "info", { configVersion: config.version });
-    },
-    onError: (why) => o.say(`worker: could not read the configuration's version (${why}); trying again`, "error"),
-  });
-  const file = o.sourcesFile;
-  const hangup = () =>
-    void (file === undefined
-      ? o.say("SIGHUP: no --sources file to apply again; nothing changed")
-      : reapplyFile(inbox, file, o.host, { actor: "worker.ts SIGHUP", who: "sighup:worker.ts", ...WORKER_CHECKS }).then(
-          ({ line, error }) => o.say(`SIGHUP: ${line}`, error ? "error" : "info"),
-        ));
-  process.on("SIGHUP", hangup);
-  return () => {
-    unwatch();
-    process.off("SIGHUP", hangup);
-  };
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) await main(process.argv);

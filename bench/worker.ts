@@ -4,10 +4,15 @@
 // large/small, peak RSS. Then the real CLI, `worker.ts --once`, at its defaults and at --concurrency 128,
 // on every inbox target (bench/targets.ts), beside each peer (bench/peers) draining the same BENCH_LARGE
 // backlog with the same record-payment handler; BENCH_DRAIN_ROUNDS rounds, systems alternating, medians.
+// BENCH_COMPARE=/path/to/another/checkout runs only the loop's drain of BENCH_SMALL, this tree's bench/drain.ts
+// and that checkout's taking turns on the same backlog for BENCH_ROUNDS (3) rounds, the first of each round
+// alternating, and prints each one's CPU per delivery (the worker process's, steadier than its rate on a
+// shared machine), its rate, and the ratios within each round: an A/B in one run.
 //   npm run bench -- worker          BENCH_SMALL=20000 BENCH_LARGE=200000 BENCH_DRAIN_ROUNDS=1 BENCH_PEERS=0
+//   BENCH_COMPARE=/tmp/before BENCH_ROUNDS=5 npm run bench -- worker
 
-import { spawn } from "node:child_process";
-import { join } from "node:path";
+import { spawn, spawnSync } from "node:child_process";
+import { join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { ROOT, f, fillBacklog, knob, tempDir } from "./common.ts";
 import { drainPeer, label as peerLabel, peers as availablePeers, type Peer } from "./peers/index.ts";
@@ -19,6 +24,8 @@ const LARGE = knob("BENCH_LARGE", 200_000);
 // concurrency, and one fsync per 8 deliveries caps the rate well below the target.
 const CONCURRENCY = knob("BENCH_CONCURRENCY", 128);
 const ROUNDS = knob("BENCH_DRAIN_ROUNDS", 1);
+const COMPARE = process.env.BENCH_COMPARE;
+const COMPARE_ROUNDS = knob("BENCH_ROUNDS", 3);
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Drain is what bench/drain.ts reports. */
@@ -26,14 +33,16 @@ export interface Drain {
   done: number;
   failed: number;
   ms: number;
+  /** The worker process's CPU, its threads included, in ms. */
+  cpuMs: number;
   peakRssMb: number;
   quartersMb: number[];
 }
 
-/** drainChild runs bench/drain.ts on a database and returns its report. */
-export async function drainChild(path: string, concurrency: number): Promise<Drain> {
-  const child = spawn(process.execPath, ["--import", "tsx", join(ROOT, "bench/drain.ts"), path, String(concurrency)], {
-    cwd: ROOT,
+/** drainChild runs bench/drain.ts (of this checkout, or of root's) on a database and returns its report. */
+export async function drainChild(path: string, concurrency: number, root = ROOT): Promise<Drain> {
+  const child = spawn(process.execPath, ["--import", "tsx", join(root, "bench/drain.ts"), path, String(concurrency)], {
+    cwd: root,
     stdio: ["ignore", "pipe", "inherit"],
   });
   let out = "";
@@ -194,8 +203,51 @@ async function versus(): Promise<string> {
   return `drain of ${LARGE} (median of ${ROUNDS}; CLI start-up ${[...startup.values()].map((ms) => f(ms)).join("/")} ms subtracted):\n  ${parts.join("\n  ")}`;
 }
 
-/** worker runs the loop's drains, then the CLI against the peers, and returns both summaries. */
+/** compared drains BENCH_SMALL with this tree's loop and BENCH_COMPARE's, round by round, and returns the summary. */
+async function compared(other: string): Promise<string> {
+  const { dir, cleanup } = tempDir();
+  const name = spawnSync("git", ["-C", other, "log", "-1", "--format=%h"], { encoding: "utf8" }).stdout.trim() || other;
+  const trees = [
+    { name: "this tree", root: ROOT, cpuUs: [] as number[], rates: [] as number[] },
+    { name, root: resolve(other), cpuUs: [] as number[], rates: [] as number[] },
+  ];
+  const ratios: { cpu: number; rate: number }[] = [];
+  console.log(
+    `worker: backlog of ${SMALL}, concurrency ${CONCURRENCY}, this tree against ${name} (${resolve(other)}), ${COMPARE_ROUNDS} round(s)`,
+  );
+  try {
+    for (let round = 1; round <= COMPARE_ROUNDS; round++) {
+      const order = round % 2 === 1 ? trees : [...trees].reverse();
+      for (const tree of order) {
+        const path = join(dir, `r${round}-${tree === trees[0] ? "this" : "other"}.db`);
+        fillBacklog(path, SMALL);
+        const d = await drainChild(path, CONCURRENCY, tree.root);
+        if (d.done !== SMALL)
+          throw new Error(`${tree.name}: expected ${SMALL} done, got ${d.done} (failed ${d.failed})`);
+        tree.cpuUs.push((d.cpuMs * 1000) / d.done);
+        tree.rates.push((d.done / d.ms) * 1000);
+      }
+      const [a, b] = trees as [(typeof trees)[0], (typeof trees)[0]];
+      ratios.push({ cpu: a.cpuUs.at(-1)! / b.cpuUs.at(-1)!, rate: a.rates.at(-1)! / b.rates.at(-1)! });
+      console.log(
+        `  round ${round}: ${trees.map((t) => `${t.name} ${f(t.cpuUs.at(-1)!, 1)} µs CPU/delivery, ${f(t.rates.at(-1)!)}/s`).join(" | ")}` +
+          ` | CPU ×${f(ratios.at(-1)!.cpu, 3)}, rate ×${f(ratios.at(-1)!.rate, 3)}`,
+      );
+    }
+  } finally {
+    cleanup();
+  }
+  const cpu = ratios.map((r) => r.cpu);
+  const rate = ratios.map((r) => r.rate);
+  return (
+    `worker vs ${name}: CPU per delivery ×${f(median(cpu), 3)} (rounds ${f(Math.min(...cpu), 3)}–${f(Math.max(...cpu), 3)}),` +
+    ` rate ×${f(median(rate), 3)} (${f(Math.min(...rate), 3)}–${f(Math.max(...rate), 3)}), median of ${COMPARE_ROUNDS}`
+  );
+}
+
+/** worker runs the loop's drains, then the CLI against the peers, and returns both summaries; with BENCH_COMPARE, the A/B alone. */
 export async function worker(): Promise<string> {
+  if (COMPARE) return compared(COMPARE);
   const first = await loop();
   return `${first}\n${await versus()}`;
 }

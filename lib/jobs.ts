@@ -1,18 +1,17 @@
-// jobs.ts: the user's handler as a lane's executor. Each lease becomes a Job; the handler's local
-// writes commit with the done mark, or not at all; a thrown error is a retry, a PermanentError a failure.
-// worker.ts run() builds its lane on Jobs, which is also where that lane's outcomes are reported.
+// jobs.ts: the user's handler as a lane's executor. Each lease becomes a Job; what the handler does
+// becomes a Settlement (lease/settler.ts): done with its local writes, which commit with the done mark or
+// not at all; a thrown error a retry, a PermanentError a failure. worker.ts run() builds its lane on Jobs,
+// which also turns that lane's events into counts, metrics, spans and log lines.
 
 import { announce } from "./forwarding/forward.ts";
 import { label, message, type Log } from "./log.ts";
 import type { Metrics } from "./metrics.ts";
 import type { Operator } from "./routing/routes.ts";
-import { PermanentError, type Inbox, type Lease, type LocalWrite, type SetAside } from "./store.ts";
+import { PermanentError, type Lease, type LocalWrite, type SetAside } from "./store.ts";
 import { sqlstate } from "./errors.ts";
-import { startProcess, type Outcome, type Process } from "./traces.ts";
-import type { Batcher } from "./lease/batcher.ts";
-import type { Clock } from "./lease/clock.ts";
-import type { Lane, LaneReport, Running } from "./lease/lane.ts";
-import type { HandlerSizing } from "./lease/sizing.ts";
+import { startProcess, type Process } from "./traces.ts";
+import type { Running } from "./lease/lane.ts";
+import type { LaneEvent, Settled, Settlement } from "./lease/settler.ts";
 
 /** Job is what a handler gets: the delivery, its parsed event, and a way to write locally, exactly once. */
 export interface Job {
@@ -55,15 +54,9 @@ export interface RunStats {
   released: number;
 }
 
-/** JobsOptions are what Jobs reports to and runs with. */
+/** JobsOptions are what Jobs runs and reports to. */
 export interface JobsOptions {
-  inbox: Inbox;
   handler: Handler;
-  /** Where done marks go, with the next claim. */
-  batcher: Batcher;
-  /** Told how long each handler took. */
-  sizing: HandlerSizing;
-  clock: Clock;
   stats: RunStats;
   log: Log;
   metrics?: Metrics;
@@ -77,78 +70,28 @@ export interface JobsOptions {
 // which would hand the handler text the sender never sent. The BOM is kept, so JSON.parse refuses it too.
 const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 
-/** Jobs runs the handler on a lane's leases and reports what the lane and the handler did. */
-export class Jobs implements LaneReport {
-  readonly releasing = "release the lease";
+/** Jobs runs the handler on a lane's leases (execute) and says what the lane did (report). */
+export class Jobs {
   private readonly o: JobsOptions;
-  // Each started lease's span, ended once its outcome is committed or known (traces.ts).
+  // Each started lease's span, ended once its settlement is written or known (traces.ts).
   private readonly spans = new Map<Lease, Process>();
 
   constructor(options: JobsOptions) {
     this.o = options;
   }
 
-  /** execute is the lane's executor: the handler on one lease, then its done mark or its failure. */
-  execute = (lease: Lease, running: Running): Promise<void> => {
+  /** execute is the lane's executor: the handler on one lease, and what it came to. */
+  execute = async (lease: Lease, { signal }: Running): Promise<Settlement> => {
     const span = startProcess(lease);
     this.spans.set(lease, span);
-    return this.settle(lease, span, running);
+    try {
+      return { kind: "done", writes: await this.work(lease, span, signal) };
+    } catch (error) {
+      // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
+      const said = this.o.redact(message(error));
+      return error instanceof PermanentError ? { kind: "failed", error: said } : { kind: "retry", error: said };
+    }
   };
-
-  private traced(lease: Lease, outcome: Outcome, error?: string): void {
-    this.spans.get(lease)?.end(outcome, error);
-    this.spans.delete(lease);
-  }
-
-  // settle runs the handler, then sends its done mark or records its failure. Its awaits are the ones
-  // run() has always had: a `--once` run ends when the turn its last claim settles in finds no lease held.
-  private async settle(lease: Lease, span: Process, { signal, free, lane }: Running): Promise<void> {
-    const { inbox, clock, stats, log, metrics } = this.o;
-    const name = label(lease);
-    const fields = { source: lease.source, id: lease.id };
-    const started = clock.now();
-    // The handler's place is free once it has returned: the done mark need not hold it.
-    const handled = () => {
-      const ms = clock.now() - started;
-      metrics?.handled(lease, ms);
-      this.o.sizing.ran(ms);
-      free();
-    };
-    let writes: LocalWrite[];
-    try {
-      writes = await this.work(lease, span, signal);
-    } catch (error) {
-      handled();
-      return this.record(lease, error, lane);
-    }
-    handled();
-    try {
-      // The first try goes with the next claim and is awaited directly: it settles in the same turn as that
-      // claim, so the last empty claim of `--once` finds nothing left and ends the run.
-      let finished: boolean;
-      try {
-        finished = await (await this.o.batcher.add(lease, writes)).finished;
-      } catch (error) {
-        finished = await lane.persist("write the done mark", () => inbox.finish(lease, writes), lease, { error });
-      }
-      if (finished) {
-        stats.done++;
-        this.traced(lease, "done");
-        log(`${name} done`, { ...fields, status: "done" });
-      } else {
-        stats.lost++;
-        this.traced(lease, "lost");
-        metrics?.lost(lease);
-        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, {
-          level: "warn",
-          ...fields,
-        });
-      }
-    } catch (error) {
-      // The done mark and the writes rolled back together; nothing is marked done that wasn't written.
-      await this.record(lease, error, lane);
-    }
-  }
 
   // work parses the body and runs the handler in the try's span; its writes wait for the done mark.
   private async work(lease: Lease, span: Process, signal: AbortSignal): Promise<LocalWrite[]> {
@@ -180,46 +123,134 @@ export class Jobs implements LaneReport {
     return writes;
   }
 
-  private async record(lease: Lease, error: unknown, lane: Lane): Promise<void> {
-    const { inbox, stats, log, metrics } = this.o;
-    const name = label(lease);
-    const permanent = error instanceof PermanentError;
-    // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
-    const said = this.o.redact(message(error));
-    try {
-      const outcome = await lane.persist("record the failure", () => inbox.fail(lease, said, { permanent }), lease);
-      const fields = { source: lease.source, id: lease.id, attempts: lease.attempts, error: said };
-      this.traced(lease, outcome === undefined ? "lost" : outcome.status === "failed" ? "failed" : "retry", said);
-      if (outcome === undefined) {
-        stats.lost++;
-        metrics?.lost(lease);
-        log(`${name} failed, but the lease was already lost: ${said}`, { level: "warn", ...fields });
-      } else if (outcome.status === "failed") {
-        stats.failed++;
-        metrics?.failed(lease);
-        log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, {
-          level: "error",
-          ...fields,
-          status: "failed",
+  /** report is the lane's listener: each event counted, measured, traced and logged. */
+  report = (event: LaneEvent): void => {
+    const { stats, log, metrics } = this.o;
+    switch (event.type) {
+      case "settled":
+        this.settled(event);
+        return;
+      case "claimed":
+        stats.claimed++;
+        metrics?.claimed(event.lease);
+        return;
+      case "set aside":
+        // Set aside by a claim, as their last attempt's lease ran out: whoever held them crashed or hung, so
+        // no settlement of theirs says so.
+        for (const d of event.deliveries) {
+          stats.failed++;
+          metrics?.failed(d);
+          log(`${label(d)} set aside after ${d.attempts} attempts: ${d.error}`, {
+            level: "error",
+            ...d,
+            status: "failed",
+          });
+          this.announceSetAside(d);
+        }
+        return;
+      case "claim failed":
+        metrics?.dbError("handler", event.error);
+        if (event.first) log(`could not claim (${message(event.error)}); trying again`, { level: "error" });
+        return;
+      case "claiming again":
+        log("claiming again");
+        return;
+      case "extend failed": {
+        const { lease, error } = event;
+        metrics?.dbError("handler", error);
+        log(`${label(lease)}: could not extend the lease: ${message(error)}`, {
+          level: "warn",
+          source: lease.source,
+          id: lease.id,
+          sqlstate: sqlstate(error),
         });
-        const { source, id, destination, attempts } = lease;
-        this.announceSetAside({ source, id, destination, attempts, error: said });
-      } else {
-        stats.retried++;
-        metrics?.retried(lease);
-        log(
-          `${name} failed (attempt ${lease.attempts}), retrying at ${new Date(outcome.retryAt).toISOString()}: ${said}`,
-          { level: "warn", ...fields, status: "received", retryAt: outcome.retryAt },
-        );
+        return;
       }
-    } catch (failError) {
-      // Unrecorded, it is tried again once its lease runs out.
-      this.traced(lease, "retry", said);
-      log(`${name}: could not record the failure (${message(failError)}); it will be retried when its lease expires`, {
-        level: "error",
-        source: lease.source,
-        id: lease.id,
+      case "write failed": {
+        const { lease, error } = event;
+        metrics?.dbError("handler", error);
+        if (event.tries === 1)
+          log(`${lease ? label(lease) : "worker"}: could not ${event.what} (${message(error)}); trying again`, {
+            level: "warn",
+            source: lease?.source,
+            id: lease?.id,
+            sqlstate: sqlstate(error),
+          });
+        return;
+      }
+      case "permit failed":
+        return;
+    }
+  };
+
+  // settled counts, traces and says what became of one lease.
+  private settled(event: Settled): void {
+    const { stats, log, metrics } = this.o;
+    const { lease, settlement, result } = event;
+    const name = label(lease);
+    const fields = { source: lease.source, id: lease.id };
+    const span = this.spans.get(lease);
+    this.spans.delete(lease);
+    if (event.ran !== undefined) metrics?.handled(lease, event.ran);
+    if (settlement.kind === "released") {
+      if (event.cutOff) span?.end("released");
+      if (result === "released") {
+        stats.released++;
+        if (event.cutOff)
+          log(`${name} released: the worker stopped before it finished`, { ...fields, status: "received" });
+      } else if (result === "unsettled") {
+        log(`${name}: could not release (${message(event.unsettled)}); it goes again when its lease expires`, {
+          level: "warn",
+          ...fields,
+        });
+      }
+      return;
+    }
+    const said = event.error ?? "";
+    if (result === "done") {
+      stats.done++;
+      span?.end("done");
+      log(`${name} done`, { ...fields, status: "done" });
+    } else if (result === "lost") {
+      stats.lost++;
+      span?.end("lost");
+      metrics?.lost(lease);
+      if (settlement.kind === "done")
+        log(`${name}: the lease was lost while working, so its writes were rolled back and another worker took over`, {
+          level: "warn",
+          ...fields,
+        });
+      else log(`${name} failed, but the lease was already lost: ${said}`, failedFields(event, said, "warn"));
+    } else if (result === "failed") {
+      stats.failed++;
+      span?.end("failed", said);
+      metrics?.failed(lease);
+      const permanent = settlement.kind === "failed";
+      log(`${name} failed${permanent ? " permanently" : ` after ${lease.attempts} attempts`}: ${said}`, {
+        ...failedFields(event, said, "error"),
+        status: "failed",
       });
+      const { source, id, destination, attempts } = lease;
+      this.announceSetAside({ source, id, destination, attempts, error: said });
+    } else if (result === "retry") {
+      stats.retried++;
+      span?.end("retry", said);
+      metrics?.retried(lease);
+      log(
+        `${name} failed (attempt ${lease.attempts}), retrying at ${new Date(event.retryAt!).toISOString()}: ${said}`,
+        {
+          ...failedFields(event, said, "warn"),
+          status: "received",
+          retryAt: event.retryAt,
+        },
+      );
+    } else {
+      // Unrecorded, it is tried again once its lease runs out.
+      span?.end("retry", settlement.kind === "done" ? message(event.unsettled) : said);
+      log(
+        `${name}: could not record the failure (${message(event.unsettled)}); it will be retried when its lease expires`,
+        { level: "error", ...fields },
+      );
     }
   }
 
@@ -229,81 +260,10 @@ export class Jobs implements LaneReport {
     const event = { type: "delivery.set_aside" as const, data: { ...d } };
     void announce(operator, event).then((r) => r === true || log(r, { level: "warn", event: event.type }));
   }
+}
 
-  dbError(error: unknown): void {
-    this.o.metrics?.dbError("handler", error);
-  }
-
-  retrying(what: string, error: unknown, lease?: Lease): void {
-    this.o.log(`${lease ? label(lease) : "worker"}: could not ${what} (${message(error)}); trying again`, {
-      level: "warn",
-      source: lease?.source,
-      id: lease?.id,
-      sqlstate: sqlstate(error),
-    });
-  }
-
-  claimFailing(error: unknown): void {
-    this.o.log(`could not claim (${message(error)}); trying again`, { level: "error" });
-  }
-
-  claimingAgain(): void {
-    this.o.log("claiming again");
-  }
-
-  claimed(lease: Lease): void {
-    this.o.stats.claimed++;
-    this.o.metrics?.claimed(lease);
-  }
-
-  // Set aside by a claim, as their last attempt's lease ran out: whoever held them crashed or hung, so no
-  // record() of theirs says so.
-  setAside(list: SetAside[]): void {
-    for (const d of list) {
-      this.o.stats.failed++;
-      this.o.metrics?.failed(d);
-      this.o.log(`${label(d)} set aside after ${d.attempts} attempts: ${d.error}`, {
-        level: "error",
-        ...d,
-        status: "failed",
-      });
-      this.announceSetAside(d);
-    }
-  }
-
-  extendFailed(lease: Lease, error: unknown): void {
-    this.o.log(`${label(lease)}: could not extend the lease: ${message(error)}`, {
-      level: "warn",
-      source: lease.source,
-      id: lease.id,
-      sqlstate: sqlstate(error),
-    });
-  }
-
-  // An outcome that went unrecorded (its lease was lost before fail() could say so) still ends the span.
-  settled(lease: Lease): void {
-    this.traced(lease, "lost");
-  }
-
-  cutOff(lease: Lease): void {
-    this.traced(lease, "released");
-  }
-
-  released(lease: Lease, cutOff: boolean): void {
-    this.o.stats.released++;
-    if (cutOff)
-      this.o.log(`${label(lease)} released: the worker stopped before it finished`, {
-        source: lease.source,
-        id: lease.id,
-        status: "received",
-      });
-  }
-
-  releaseFailed(lease: Lease, error: unknown): void {
-    this.o.log(`${label(lease)}: could not release (${message(error)}); it goes again when its lease expires`, {
-      level: "warn",
-      source: lease.source,
-      id: lease.id,
-    });
-  }
+// failedFields are a failure's log fields.
+function failedFields(event: Settled, error: string, level: "warn" | "error") {
+  const { source, id, attempts } = event.lease;
+  return { level, source, id, attempts, error };
 }

@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { after, afterEach, before, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { Batcher } from "../lib/lease/batcher.ts";
-import { type Executor, Lane, type LaneReport, type Running, type Sizing } from "../lib/lease/lane.ts";
+import { type Executor, Lane, type Marks, type Sizing } from "../lib/lease/lane.ts";
+import type { LaneListener } from "../lib/lease/settler.ts";
 import { AheadSizing, HandlerSizing } from "../lib/lease/sizing.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Inbox, Lease } from "../lib/store.ts";
@@ -25,27 +26,28 @@ async function storeMany(inbox: Inbox, n: number): Promise<void> {
   await Promise.all(Array.from({ length: n }, (_, i) => inbox.store({ id: `evt_${i}`, body: body(i) })));
 }
 
-// A report that only counts: the lane's own outcomes, for tests that drive a Lane by hand.
-function counting(): LaneReport & { claims: number; gaveBack: number } {
-  return {
-    releasing: "release the lease",
-    claims: 0,
-    gaveBack: 0,
-    dbError: (error) => assert.fail(`a database error: ${String(error)}`),
-    retrying: quiet,
-    claimFailing: (error) => assert.fail(`a claim failed: ${String(error)}`),
-    claimingAgain: quiet,
-    claimed() {
-      this.claims++;
-    },
-    setAside: quiet,
-    extendFailed: quiet,
-    released() {
-      this.gaveBack++;
-    },
-    releaseFailed: (_lease, error) => assert.fail(`a release failed: ${String(error)}`),
+// A listener that only counts: the lane's own events, for tests that drive a Lane by hand.
+function counting(): { listener: LaneListener; claims: number; gaveBack: number; done: number } {
+  const counts = { claims: 0, gaveBack: 0, done: 0 };
+  const listener: LaneListener = (event) => {
+    if (event.type === "claimed") counts.claims++;
+    else if (event.type === "settled" && event.result === "released") counts.gaveBack++;
+    else if (event.type === "settled" && event.result === "done") counts.done++;
+    else if (event.type === "settled" && event.result === "unsettled")
+      assert.fail(`unsettled: ${String(event.unsettled)}`);
+    else if (event.type === "claim failed") assert.fail(`a claim failed: ${String(event.error)}`);
+    else if (event.type === "write failed") assert.fail(`a database error: ${String(event.error)}`);
   };
+  return Object.assign(counts, { listener });
 }
+
+// Marks written straight through, each with its own commit: a lease is settled as soon as its mark is.
+const straight = (inbox: Inbox): Marks => ({
+  gathered: 0,
+  turn() {},
+  flush() {},
+  finish: (lease) => inbox.finish(lease),
+});
 
 // A sizing that remembers what it said, around the real one.
 function recorded(sizing: Sizing): Sizing & { rooms: number[] } {
@@ -59,6 +61,7 @@ function recorded(sizing: Sizing): Sizing & { rooms: number[] } {
     },
     claimed: (...args) => sizing.claimed(...args),
     starved: () => sizing.starved?.(),
+    ran: (ms) => sizing.ran?.(ms),
   };
 }
 
@@ -87,29 +90,24 @@ for (const backend of await backends("lease_test")) {
       const sizing = new HandlerSizing(4, 32);
       const rooms = recorded(sizing);
       // A lane built as run() builds its own (its sizing, a handler executor), on the fake clock; the handler is instant on it.
-      const stats = fresh();
       let lane: Lane | undefined;
       const batcher = new Batcher({
         inbox,
         clock,
         hold: (_n, _a, v) => v.waiting > 0,
-        onAdded: () => lane?.poke(),
-        onSettled: () => lane?.poke(),
+        wake: () => lane?.wake("marks"),
       });
       const report = counting();
+      const stats = report;
       lane = new Lane({
         inbox,
         clock,
         sizing: rooms,
         batcher,
-        report,
+        listener: report.listener,
         concurrency: 4,
         once: true,
-        execute: async (lease: Lease, { free }: Running) => {
-          sizing.ran(0);
-          free();
-          if (await (await batcher.add(lease)).finished) stats.done++;
-        },
+        execute: async () => ({ kind: "done" }),
       });
       await lane.start();
       assert.equal(stats.done, 100);
@@ -137,27 +135,24 @@ for (const backend of await backends("lease_test")) {
       const sizing = new HandlerSizing(3, 64);
       const rooms = recorded(sizing);
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
-      let done = 0;
+      const batcher = new Batcher({ inbox, clock, wake: () => lane?.wake("marks") });
+      const report = counting();
       lane = new Lane({
         inbox,
         clock,
         sizing: rooms,
         batcher,
-        report: counting(),
+        listener: report.listener,
         concurrency: 3,
         once: true,
-        execute: async (lease: Lease, { free }: Running) => {
+        execute: async () => {
           // Each handler takes 200 ms of fake time: a claim's worth of work is far more than CLAIM_AHEAD_MS.
-          const started = clock.now();
           await clock.sleep(200);
-          sizing.ran(clock.now() - started);
-          free();
-          if (await (await batcher.add(lease)).finished) done++;
+          return { kind: "done" };
         },
       });
       const running = lane.start();
-      await clock.until(() => done === 12);
+      await clock.until(() => report.done === 12);
       await running;
       assert.ok(
         rooms.rooms.every((r) => r <= 3),
@@ -226,26 +221,29 @@ for (const backend of await backends("lease_test")) {
       let doubled = 0;
       let done = 0;
       let lane: Lane | undefined;
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
+      const batcher = new Batcher({ inbox, clock, wake: () => lane?.wake("marks") });
       const report = counting();
       lane = new Lane({
         inbox,
         clock,
         sizing: new AheadSizing(4, 8),
         batcher,
-        report,
+        // A delivery is in flight from its start until its done mark is written.
+        listener: (event) => {
+          report.listener(event);
+          if (event.type !== "settled" || event.settlement.kind !== "done") return;
+          inFlight.delete(event.lease.id);
+          if (event.result === "done") done++;
+        },
         concurrency: 4,
         pollMaxMs: 100,
         shutdownGraceMs: 10_000,
-        execute: async (lease: Lease, { free }: Running) => {
+        execute: async (lease: Lease) => {
           if (inFlight.has(lease.id)) doubled++;
           inFlight.add(lease.id);
           runs.set(lease.id, (runs.get(lease.id) ?? 0) + 1);
           await clock.sleep(50);
-          free();
-          const held = await (await batcher.add(lease)).finished;
-          inFlight.delete(lease.id);
-          if (held) done++;
+          return { kind: "done" };
         },
       });
       const first = lane.start();
@@ -340,55 +338,70 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   });
 
-  // The forwarder's probe is the real case: its tally closes the breaker (and says due()) while a claim
-  // that read the breaker still probing is out; the claim comes back empty with no lease held, and a --once
-  // run used to end there with the destination's other deliveries left waiting (forward-brokers.test
+  // beforeAnswer wraps a real inbox's claimBatch: once a claim has read the queue, and before it answers,
+  // `meanwhile` runs, so that what the claim read predates whatever it does.
+  const beforeAnswer = (inbox: Inbox, meanwhile: (leases: Lease[]) => Promise<void>): Inbox =>
+    new Proxy(inbox, {
+      get(target, key) {
+        if (key === "claimBatch")
+          return async (...args: Parameters<Inbox["claimBatch"]>) => {
+            const leases = await target.claimBatch(...args);
+            await meanwhile(leases);
+            return leases;
+          };
+        const value = Reflect.get(target, key, target);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  // letGo gives a lane the turns it takes to settle and let go of what it holds.
+  const letGo = async (lane: Lane) => {
+    for (let turns = 0; lane.active > 0 && turns < 1_000; turns++) await new Promise((r) => setImmediate(r));
+  };
+  // onceLane is a --once lane of one slot on `claims`, each mark written at once, so that a lease is settled
+  // before the racing claim answers.
+  const onceLane = (inbox: Inbox, clock: FakeClock, claims: Inbox, execute: Executor): Lane =>
+    new Lane({
+      inbox: claims,
+      clock,
+      sizing: new AheadSizing(1, 4),
+      batcher: straight(inbox),
+      listener: counting().listener,
+      concurrency: 1,
+      once: true,
+      execute,
+    });
+
+  // The forwarder's probe is the real case: its tally closes the breaker (and wakes the lane, "due") while
+  // a claim that read the breaker still probing is out; the claim comes back empty with no lease held, and
+  // a --once run used to end there with the destination's other deliveries left waiting (forward-brokers.test
   // caught it in CI: done 1, not 10). raceBehindClaim stages that: once evt_a runs, the next claim, before
-  // it answers, lets evt_b become due and evt_a settle, so what it read predates both; `tell` says due().
+  // it answers, lets evt_b become due and evt_a settle, so what it read predates both; `tell` wakes it "due".
   async function raceBehindClaim(file: string, tell: boolean): Promise<{ ran: string[]; b: string | undefined }> {
     const clock = new FakeClock();
     const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall });
     try {
       await inbox.store({ id: "evt_a", body: body(0) });
-      let lane: Lane | undefined;
       let finishA: () => void = () => {};
       let racing = false;
       const ran: string[] = [];
-      // The real inbox, with its claim wrapped.
-      const watched = new Proxy(inbox, {
-        get(target, key) {
-          if (key === "claimBatch")
-            return async (...args: Parameters<Inbox["claimBatch"]>) => {
-              const leases = await target.claimBatch(...args);
-              if (racing && leases.length === 0) {
-                racing = false;
-                await target.store({ id: "evt_b", body: body(1) });
-                if (tell) lane!.due();
-                finishA();
-                for (let turns = 0; lane!.active > 0 && turns < 1_000; turns++)
-                  await new Promise((resolve) => setImmediate(resolve));
-              }
-              return leases;
-            };
-          const value = Reflect.get(target, key, target);
-          return typeof value === "function" ? value.bind(target) : value;
-        },
-      });
-      const batcher = new Batcher({ inbox, clock, onAdded: () => lane?.poke(), onSettled: () => lane?.poke() });
-      lane = new Lane({
-        inbox: watched,
+      const lane: Lane = onceLane(
+        inbox,
         clock,
-        sizing: new AheadSizing(1, 4),
-        batcher,
-        report: counting(),
-        concurrency: 1,
-        once: true,
-        execute: async (lease: Lease) => {
+        // The real inbox, with its claim wrapped.
+        beforeAnswer(inbox, async (leases) => {
+          if (!racing || leases.length > 0) return;
+          racing = false;
+          await inbox.store({ id: "evt_b", body: body(1) });
+          if (tell) lane.wake("due");
+          finishA();
+          await letGo(lane);
+        }),
+        async (lease: Lease) => {
           ran.push(lease.id);
           if (lease.id === "evt_a") await new Promise<void>((resolve) => (finishA = resolve));
-          assert.equal(await inbox.finish(lease), true);
+          return { kind: "done" };
         },
-      });
+      );
       const running = lane.start();
       await clock.until(() => ran.length === 1);
       racing = true;
@@ -400,12 +413,52 @@ describe("the lease loop on a SQLite clock of its own", () => {
     }
   }
 
-  it("a --once lane told due() while an empty claim is out claims again, rather than end with work left", async () => {
+  it("a --once lane woken for due while an empty claim is out claims again, rather than end with work left", async () => {
     assert.deepEqual(await raceBehindClaim("due.db", true), { ran: ["evt_a", "evt_b"], b: "done" });
   });
 
   it("a control: told nothing, the same lane ends on its empty claim, and evt_b waits for the next run", async () => {
     assert.deepEqual(await raceBehindClaim("untold.db", false), { ran: ["evt_a"], b: "received" });
+  });
+
+  // The last review's case: a --once run's empty claim raced a retry's mark (its fail() committed while the
+  // claim was out, on PostgreSQL in a transaction of its own), and the run ended with the retry due, so
+  // traces.test ran --once twice. The settler says a retry may be due now, and the lane claims again.
+  async function raceRetry(file: string, retryDelayMs: number): Promise<{ ran: number; a: string | undefined }> {
+    const clock = new FakeClock();
+    const inbox = new SqliteInbox(join(dir.dir, file), { now: clock.wall, retryDelayMs, retryJitter: 0 });
+    try {
+      await inbox.store({ id: "evt_a", body: body(0) });
+      let finishA: () => void = () => {};
+      let ran = 0;
+      const lane: Lane = onceLane(
+        inbox,
+        clock,
+        // The first empty claim: the retry's mark commits while it is out, and is settled before it answers.
+        beforeAnswer(inbox, async (leases) => {
+          if (ran !== 1 || leases.length > 0) return;
+          finishA();
+          await letGo(lane);
+        }),
+        async () => {
+          if (++ran > 1) return { kind: "done" };
+          await new Promise<void>((resolve) => (finishA = resolve));
+          return { kind: "retry", error: "the bank is down" };
+        },
+      );
+      await lane.start();
+      return { ran, a: await status(inbox, "evt_a") };
+    } finally {
+      await inbox.close();
+    }
+  }
+
+  it("a --once lane whose retry is settled while an empty claim is out claims again, and the retry is done in the same run", async () => {
+    assert.deepEqual(await raceRetry("retry.db", 0), { ran: 2, a: "done" });
+  });
+
+  it("a control: the same race with the retry not due yet ends the run, the delivery waiting for its time", async () => {
+    assert.deepEqual(await raceRetry("later.db", 60_000), { ran: 1, a: "received" });
   });
 
   it("a control: a lane dropped without stop() keeps its leases, and the next lane comes up short", async () => {
@@ -416,34 +469,32 @@ describe("the lease loop on a SQLite clock of its own", () => {
       await storeMany(inbox, 8);
       const lane = (execute: Executor, once: boolean) => {
         let made: Lane | undefined;
-        const batcher = new Batcher({ inbox, clock, onAdded: () => made?.poke(), onSettled: () => made?.poke() });
+        const batcher = new Batcher({ inbox, clock, wake: () => made?.wake("marks") });
+        const report = counting();
         made = new Lane({
           inbox,
           clock,
           leaseMs: LEASE,
           sizing: new AheadSizing(2, 4),
           batcher,
-          report: counting(),
+          listener: report.listener,
           concurrency: 2,
           once,
           execute,
         });
-        return { lane: made, batcher };
+        return { lane: made, report };
       };
       let hung = 0;
-      const dropped = lane(async () => {
+      const dropped = lane(() => {
         hung++;
-        await new Promise(() => {}); // hangs, as a crashed worker's would
+        return new Promise(() => {}); // hangs, as a crashed worker's would
       }, false);
       void dropped.lane.start();
       await clock.until(() => hung === 2 && dropped.lane.waiting > 0);
       // Dropped, not stopped: what it claimed ahead is never given back.
-      let done = 0;
-      const next = lane(async (lease, { free }) => {
-        free();
-        if (await (await next.batcher.add(lease)).finished) done++;
-      }, true);
+      const next = lane(async () => ({ kind: "done" }), true);
       await next.lane.start();
+      const { done } = next.report;
       assert.ok(done < 8, `only ${done} of 8 done: the rest are held by the dropped lane`);
       assert.equal(await status(inbox, "evt_0"), "processing");
     } finally {

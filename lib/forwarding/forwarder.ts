@@ -12,9 +12,10 @@ import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
 import type { Destination, Forwarding, Route } from "../routing/routes.ts";
 import { Batcher } from "../lease/batcher.ts";
 import { realClock, type Clock } from "../lease/clock.ts";
-import { Lane, type LaneReport, type LaneView, type Running } from "../lease/lane.ts";
+import { Lane, type LaneView, type Running } from "../lease/lane.ts";
+import type { LaneEvent, Settled, Settlement } from "../lease/settler.ts";
 import { AheadSizing } from "../lease/sizing.ts";
-import type { BreakerChange, BreakerPolicy, Failure, Inbox, Lease, SetAside, Tally } from "../store.ts";
+import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally } from "../store.ts";
 import { sqlstate } from "../errors.ts";
 import { startProcess, type Process } from "../traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
@@ -142,6 +143,21 @@ interface RouteHere {
   transform?: { transformer: Transformer; timeoutMs: number; module: string };
 }
 
+/**
+ * Forwarded is one forward's settlement (lease/settler.ts), with what the try came to: what the destination
+ * (or the broker) answered, or what stood in for an answer when nothing was sent. An attempt's own record
+ * (its status, its timing, its answer's head) belongs in `tried`.
+ */
+type Forwarded = Settlement & { tried: Tried };
+interface Tried {
+  /** The sender's Outcome; a transform's failure is a retry, a transform that took the delivery away a done. */
+  answer: Outcome;
+  /** The transform said this destination does not take this delivery: nothing sent. */
+  skipped: boolean;
+  /** The transform failed: nothing sent, and nothing said of the destination. */
+  transformFailed: boolean;
+}
+
 /** DestinationLaneParts are what one destination's lane is built from. */
 interface DestinationLaneParts {
   destination: Destination;
@@ -155,17 +171,17 @@ interface DestinationLaneParts {
 }
 
 // DestinationLane forwards one destination's deliveries: a lease lane (lease/lane.ts) whose executor
-// forwards, and the destination's share of the breaker. It claims only what its in-flight limit has room
-// for, so a slow destination holds its own leases and nobody else's.
-class DestinationLane implements LaneReport {
-  readonly releasing = "release a lease";
-  readonly lane: Lane;
-  private readonly batcher: Batcher;
+// forwards and whose listener reports, and the destination's share of the breaker. It claims only what its
+// in-flight limit has room for, so a slow destination holds its own leases and nobody else's.
+class DestinationLane {
+  readonly lane: Lane<Forwarded>;
   private readonly p: DestinationLaneParts;
   private readonly name: string;
   private readonly clock: Clock;
   private readonly policy: BreakerPolicy;
   private readonly here = new Map<string, RouteHere>();
+  // Each started lease's span, ended once its settlement is written or known (traces.ts).
+  private readonly spans = new Map<Lease, Process>();
   // Successes are gathered and added to the shared breaker once per tallyEveryMs; a failure goes at once,
   // with what was gathered before it, so the shared count of failures in a row stays in order. One tally
   // is written at a time, and the next takes everything gathered until it starts: a burst of failures (a
@@ -181,47 +197,21 @@ class DestinationLane implements LaneReport {
     this.name = destination.name;
     this.clock = options.clock ?? realClock;
     this.policy = destination.breaker === false ? NEVER : destination.breaker;
-    const pollMax = options.pollMaxMs ?? DEFAULTS.pollMaxMs;
     const max = destination.maxInFlight;
     // A destination with a rate is claimed at most a second's worth ahead: its tokens, not its claims, pace it.
     const most = destination.rate
       ? Math.max(2 * max, Math.ceil(destination.rate.perSecond))
       : Math.max(8 * max, DEFAULTS.claimBatch);
     const sizing = new AheadSizing(max, most);
-    // Done marks go out with the next claim, or once a claim's worth has gathered, or when nothing else is
-    // at the destination, or once the first has waited four times as long as a claim takes (at least
-    // pollMax): every commit costs a sync to disk (on SQLite one that holds the event loop), so it should
-    // serve many forwards, and the marks must not wait long either. Slots waiting for their wave's permit
-    // are not "nothing at the destination": the forwards answered in one turn all free their slots before
-    // the next wave starts, and each such moment committed its marks.
-    // On PostgreSQL a claim commits in a transaction of its own beside the marks, so they gain nothing by
-    // waiting for it: they go out at once, and the commit queue still gathers every mark of one event-loop
-    // turn into one statement. A SIGKILLed worker then leaves fewer forwards answered but not marked, each
-    // of which is sent again (docs/forwarding.md, "Duplicates after a crash"). One batch of them is in
-    // flight at a time, though: those answered while it commits go out together once it has, rather than
-    // each turn's few in a transaction of their own (every one a flush of the WAL).
-    const eager = inbox.backend === "postgres";
-    const batcher = (this.batcher = new Batcher({
-      inbox,
-      clock: this.clock,
-      oneAtATime: eager,
-      ...(eager
-        ? {}
-        : {
-            hold: (count: number, ageMs: number, view: LaneView) =>
-              count < sizing.ahead &&
-              (view.running > 0 || view.gated) &&
-              ageMs < Math.max(pollMax, 4 * sizing.claimTook),
-          }),
-      onAdded: () => this.lane.poke(),
-      onSettled: () => this.lane.poke(),
-    }));
-    this.lane = new Lane({
+    this.lane = new Lane<Forwarded>({
       inbox,
       execute: this.execute,
       sizing,
-      batcher,
-      report: this,
+      batcher: this.batcher(inbox, sizing),
+      listener: this.report,
+      // A failed try keeps its slot until the breaker has counted it: the next forward must not go out to a
+      // destination that just opened.
+      placeUntil: "settled",
       clock: this.clock,
       concurrency: max,
       destination: this.name,
@@ -236,19 +226,41 @@ class DestinationLane implements LaneReport {
       // wave's tokens are taken: at the moment they go out, not when they were claimed (lanes claim ahead,
       // and forwards taken at claim time bunched at the destination). On SQLite each ask is a read
       // transaction of its own, about 20 µs of locking, so the slots freed in one turn ask once.
-      permit: (want) =>
-        this.lane
-          .persist("ask for a permit", () => inbox.permit(this.name, want, destination.rate))
-          .catch((error: unknown) => {
-            this.p.log(`${this.name}: could not ask for a permit (${message(error)}); trying again`, {
-              level: "warn",
-              destination: this.name,
-            });
-            return undefined;
-          }),
-      // A forward cut off by a stop releases its own lease (attempt()), once its request has ended.
+      permit: (want) => inbox.permit(this.name, want, destination.rate),
+      // A forward cut off by a stop ends once its request has, and its retry goes back unspent.
       cutOff: "wait",
       drained: () => this.tally(),
+    });
+  }
+
+  // batcher is how this lane's done marks go out. With the next claim, or once a claim's worth has
+  // gathered, or when nothing else is at the destination, or once the first has waited four times as long
+  // as a claim takes (at least pollMax): every commit costs a sync to disk (on SQLite one that holds the
+  // event loop), so it should serve many forwards, and the marks must not wait long either. Slots waiting
+  // for their wave's permit are not "nothing at the destination": the forwards answered in one turn all
+  // free their slots before the next wave starts, and each such moment committed its marks.
+  // On PostgreSQL a claim commits in a transaction of its own beside the marks, so they gain nothing by
+  // waiting for it: they go out at once, and the commit queue still gathers every mark of one event-loop
+  // turn into one statement. A SIGKILLed worker then leaves fewer forwards answered but not marked, each
+  // of which is sent again (docs/forwarding.md, "Duplicates after a crash"). One batch of them is in
+  // flight at a time, though: those answered while it commits go out together once it has, rather than
+  // each turn's few in a transaction of their own (every one a flush of the WAL).
+  private batcher(inbox: Inbox, sizing: AheadSizing): Batcher {
+    const pollMax = this.p.options.pollMaxMs ?? DEFAULTS.pollMaxMs;
+    const eager = inbox.backend === "postgres";
+    return new Batcher({
+      inbox,
+      clock: this.clock,
+      oneAtATime: eager,
+      ...(eager
+        ? {}
+        : {
+            hold: (count: number, ageMs: number, view: LaneView) =>
+              count < sizing.ahead &&
+              (view.running > 0 || view.gated) &&
+              ageMs < Math.max(pollMax, 4 * sizing.claimTook),
+          }),
+      wake: () => this.lane.wake("marks"),
     });
   }
 
@@ -294,7 +306,7 @@ class DestinationLane implements LaneReport {
     this.lane.hold(change.change === "opened");
     if (change.change !== "opened") {
       // What waited behind the breaker is due now, whatever a claim already out found.
-      this.lane.due();
+      this.lane.wake("due");
       this.p.say(
         { type: "destination.closed", data: { destination: name } },
         `${name}: breaker closed, the probe got through; forwarding again`,
@@ -345,246 +357,225 @@ class DestinationLane implements LaneReport {
     return found;
   }
 
-  // execute is the lane's executor: one try, a span of the delivery's trace (traces.ts), ended once its
-  // outcome is committed or known.
-  private execute = async (lease: Lease, running: Running): Promise<void> => {
+  // execute is the lane's executor: one try, in a span of the delivery's trace (traces.ts) that the
+  // report ends once the try's settlement is written or known.
+  private execute = (lease: Lease, { signal }: Running): Promise<Forwarded> => {
     const span = startProcess(lease, this.name);
-    try {
-      await span.run(() => this.attempt(lease, running, span));
-    } finally {
-      running.free();
-      span.end("lost");
-    }
+    this.spans.set(lease, span);
+    return span.run(() => this.attempt(lease, signal, span));
   };
 
-  private async attempt(lease: Lease, running: Running, span: Process): Promise<void> {
-    const started = this.clock.now();
+  // attempt transforms the delivery and sends it, and says what that came to; it writes nothing.
+  private async attempt(lease: Lease, signal: AbortSignal, span: Process): Promise<Forwarded> {
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
     const traced = span.traceparent === undefined ? lease : { ...lease, traceparent: span.traceparent };
     // A transform reshapes this try in its process; what it cannot do fails the try, which is retried like any
     // other, but it says nothing of the destination, so the breaker does not count it.
     const { permanent4xx, transform: setting } = this.routeHere(lease.source);
     let shaped: Shaped | null | undefined;
-    let transformFailed = false;
-    let outcome: Outcome;
+    let answer: Outcome | undefined;
     if (setting) {
       try {
         shaped = await setting.transformer.run(transformInput(lease, this.name), setting.timeoutMs);
       } catch (error) {
-        transformFailed = true;
-        outcome = {
+        answer = {
           kind: "retry",
           error: error instanceof TransformError ? error.message : `transform ${setting.module}: ${message(error)}`,
         };
       }
     }
-    if (transformFailed) {
-      outcome = outcome!;
-    } else if (shaped === null) {
+    const transformFailed = answer !== undefined;
+    if (answer === undefined && shaped === null) {
       // The transform said this destination does not take this delivery: done, nothing sent.
-      outcome = { kind: "done" };
-    } else {
+      answer = { kind: "done" };
+    } else if (answer === undefined) {
       const sent = shaped ? { ...traced, body: shaped.body, contentType: shaped.contentType } : traced;
-      outcome = await this.p.sender.send(sent, {
-        signal: running.signal,
-        permanent4xx,
-        ...(shaped ? { headers: shaped.headers } : {}),
-      });
+      answer = await this.p.sender.send(sent, { signal, permanent4xx, ...(shaped ? { headers: shaped.headers } : {}) });
     }
     // Before the error is stored, tallied, logged, traced or announced: a failed answer (or a transform's
     // error, which may quote the delivery's headers) may echo a secret.
-    if (outcome.kind !== "done") outcome = { ...outcome, error: this.p.redactor.redact(outcome.error) };
-    // The request slot is free once the destination has answered and, for a failure, once the breaker has
-    // counted it: the next forward must not go out to a destination that just opened.
-    if (outcome.kind === "done") running.free();
-    this.p.options.metrics?.forwarded(this.name, outcome.kind, this.clock.now() - started);
-    try {
-      await this.settle(lease, running, span, outcome, { skipped: shaped === null, transformFailed });
-    } catch (error) {
-      span.end("retry", message(error));
-      this.p.log(
-        `${label(lease)} → ${this.name}: could not record the outcome (${message(error)}); it goes again when its lease expires`,
-        { level: "error", source: lease.source, id: lease.id, destination: this.name, attempts: lease.attempts },
-      );
-    }
+    if (answer.kind !== "done") answer = { ...answer, error: this.p.redactor.redact(answer.error) };
+    const tried = { answer, skipped: shaped === null, transformFailed };
+    if (answer.kind === "done") return { kind: "done", tried };
+    if (answer.kind === "gone") return { kind: "held", error: answer.error, tried };
+    if (answer.kind === "failed") return { kind: "failed", error: answer.error, tried };
+    return {
+      kind: "retry",
+      error: answer.error,
+      ...(answer.afterMs === undefined ? {} : { afterMs: answer.afterMs }),
+      tried,
+    };
   }
 
-  // settle writes a try's outcome: its done mark, its failure, or its lease given back.
-  private async settle(
-    lease: Lease,
-    { signal, lane }: Running,
-    span: Process,
-    outcome: Outcome,
-    { skipped, transformFailed }: { skipped: boolean; transformFailed: boolean },
-  ): Promise<void> {
-    const { inbox } = this.p.options;
+  /** report is the lane's listener: each event counted, measured, traced, tallied and said. */
+  private report = (event: LaneEvent<Forwarded>): void | Promise<void> => {
     const { name } = this;
-    // Cut off by a stopping worker: back to the queue as it was, no attempt spent.
-    if (outcome.kind === "retry" && signal.aborted && lane.isStopping) {
-      span.end("released");
-      if (await lane.persist("release a lease", () => inbox.release(lease))) this.p.stats.held++;
-      return;
+    const { log, options } = this.p;
+    switch (event.type) {
+      case "settled":
+        return this.settled(event);
+      case "claimed":
+        options.metrics?.claimed(event.lease);
+        return;
+      case "set aside":
+        // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
+        for (const d of event.deliveries) {
+          this.p.stats.failed++;
+          options.metrics?.failed(d);
+          this.p.say(
+            { type: "delivery.set_aside", data: { ...d } },
+            `${label(d)} → ${name} set aside after ${d.attempts} attempts: ${d.error}`,
+            "error",
+          );
+        }
+        return;
+      case "claim failed":
+        options.metrics?.dbError("forward", event.error);
+        if (event.first)
+          log(`${name}: could not claim (${message(event.error)}); trying again`, {
+            level: "error",
+            destination: name,
+          });
+        return;
+      case "claiming again":
+        return log(`${name}: claiming again`, { destination: name });
+      case "extend failed":
+        options.metrics?.dbError("forward", event.error);
+        log(`${label(event.lease)} → ${name}: could not extend the lease: ${message(event.error)}`, {
+          level: "warn",
+          destination: name,
+          sqlstate: sqlstate(event.error),
+        });
+        return;
+      case "write failed":
+        options.metrics?.dbError("forward", event.error);
+        if (event.tries === 1)
+          log(`${name}: could not ${event.what} (${message(event.error)}); trying again`, {
+            level: "warn",
+            destination: name,
+            sqlstate: sqlstate(event.error),
+          });
+        return;
+      case "permit failed":
+        log(`${name}: could not ask for a permit (${message(event.error)}); trying again`, {
+          level: "warn",
+          destination: name,
+        });
+        return;
     }
-    if (outcome.kind === "done") return this.done(lease, lane, span, skipped);
-    if (outcome.kind === "gone") {
-      // The destination said it is gone: it is paused, and this delivery waits with it, its attempt given back.
-      // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
-      lane.hold(true);
-      span.end("released", outcome.error);
-      const paused = await lane.persist("pause", () => inbox.pause(name, outcome.error));
-      if (await lane.persist("release a lease", () => inbox.release(lease))) this.p.stats.held++;
-      if (paused) {
+  };
+
+  // settled counts, traces, tallies and says what became of one forward. What it returns is awaited before
+  // the forward's slot frees, so a failure's tally has said whether the breaker opened.
+  private settled(event: Settled<Forwarded>): void | Promise<void> {
+    const { lease, settlement: s, result } = event;
+    const span = this.spans.get(lease);
+    this.spans.delete(lease);
+    const tried = "tried" in s ? s.tried : undefined;
+    if (tried) this.p.options.metrics?.forwarded(this.name, tried.answer.kind, event.ran ?? 0);
+    if (result === "unsettled") return this.unsettled(event, span);
+    // Given back: not started, cut off by a stop, or held behind a destination that said it is gone.
+    if (s.kind === "released" || s.kind === "held" || (s.kind === "retry" && event.cutOff)) {
+      span?.end("released", s.kind === "held" ? s.error : undefined);
+      if (result === "released") this.p.stats.held++;
+      if (s.kind === "held" && event.paused)
         this.p.say(
-          { type: "destination.paused", data: { destination: name, reason: outcome.error } },
-          `${name}: paused: ${outcome.error}; its deliveries wait until \`inbox.ts resume ${name}\``,
+          { type: "destination.paused", data: { destination: this.name, reason: s.error } },
+          `${this.name}: paused: ${s.error}; its deliveries wait until \`inbox.ts resume ${this.name}\``,
           "error",
         );
-      }
       return;
     }
-    const failure = await lane.persist("record a failure", () =>
-      inbox.fail(
-        lease,
-        outcome.error,
-        outcome.kind === "failed"
-          ? { permanent: true }
-          : outcome.afterMs !== undefined
-            ? { retryAfterMs: outcome.afterMs }
-            : {},
-      ),
-    );
-    span.end(failure === undefined ? "lost" : failure.status === "failed" ? "failed" : "retry", outcome.error);
-    // A try this worker cut off itself, its lease lost to a takeover (its event loop stalled past the lease),
-    // says nothing of the destination either: counted, ten of them opened a healthy destination for every
-    // worker, for a whole cool-down, whenever a loaded machine made the workers lose their leases.
-    const cutOff = outcome.kind === "retry" && signal.aborted;
-    // A permanent 4xx is the destination answering: its breaker counts it as up.
-    if (outcome.kind === "failed") this.gathered.done++;
-    else if (!transformFailed && !cutOff)
-      await this.tally({ failed: 1, error: outcome.error, ...(lease.probe ? { probe: "failed" as const } : {}) });
-    // A probe must still end, or the breaker waits on it: it ends as not proven, and the next probe tries again.
-    else if (lease.probe) await this.tally({ probe: "failed", error: outcome.error });
-    this.failed(lease, outcome, failure);
+    if (s.kind === "done" && (result === "done" || result === "lost")) return this.done(event, span, tried);
+    return this.failed(event, span, tried);
   }
 
-  // done sends the done mark with the others gathered since (the lane's batcher), most often with the next
-  // claim: one commit for many forwards, not one each.
-  private async done(lease: Lease, lane: Lane, span: Process, skipped: boolean): Promise<void> {
+  // done says what became of a forward that was answered, or skipped by its transform: done with the
+  // others of its batch, most often in the next claim's commit, or lost meanwhile.
+  private done(event: Settled<Forwarded>, span: Process | undefined, tried: Tried | undefined): void | Promise<void> {
     const { name } = this;
-    const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
-    const held = await lane.persist("write a done mark", () => this.batcher.add(lease).then((sent) => sent.finished));
-    span.end(held ? "done" : "lost");
-    if (!held) {
+    const { lease } = event;
+    const skipped = tried?.skipped ?? false;
+    if (event.result === "lost") {
+      span?.end("lost");
       this.p.stats.lost++;
       this.p.log(
         `${label(lease)} → ${name}: forwarded, but the lease was lost meanwhile; another worker forwards it again (the webhook-id is the same)`,
-        { level: "warn", ...fields },
+        { level: "warn", ...this.fields(lease) },
       );
       return;
     }
+    span?.end("done");
     this.p.stats.done++;
     if (!skipped) this.gathered.done++;
-    if (lease.probe && !skipped) await this.tally({ probe: "done" });
-    this.p.log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, {
-      ...fields,
-      status: "done",
-    });
+    const say = () =>
+      this.p.log(`${label(lease)} → ${name} ${skipped ? "done: skipped by its transform, nothing sent" : "done"}`, {
+        ...this.fields(lease),
+        status: "done",
+      });
+    if (lease.probe && !skipped) return this.tally({ probe: "done" }).then(say);
+    say();
   }
 
-  // failed says what a recorded failure came to: lost, set aside, or to be retried.
-  private failed(lease: Lease, outcome: Outcome & { error: string }, failure: Failure | undefined): void {
+  // failed says what a recorded failure came to (lost, set aside, or to be retried), once the breaker has
+  // counted it: the try's own failure, or (a done whose mark the store refused) the store's.
+  private async failed(event: Settled<Forwarded>, span: Process | undefined, tried: Tried | undefined): Promise<void> {
     const { name } = this;
     const { stats, log, options } = this.p;
-    const fields = { source: lease.source, id: lease.id, destination: name, attempts: lease.attempts };
-    if (failure === undefined) {
+    const { lease, settlement: s, result } = event;
+    const fields = this.fields(lease);
+    const error = event.error ?? "";
+    span?.end(result === "lost" ? "lost" : result === "failed" ? "failed" : "retry", error);
+    // A try this worker cut off itself, its lease lost to a takeover (its event loop stalled past the lease),
+    // says nothing of the destination either: counted, ten of them opened a healthy destination for every
+    // worker, for a whole cool-down, whenever a loaded machine made the workers lose their leases.
+    const cutOff = s.kind === "retry" && event.aborted;
+    // A permanent 4xx is the destination answering: its breaker counts it as up.
+    if (s.kind === "failed") this.gathered.done++;
+    else if (s.kind === "retry" && !tried?.transformFailed && !cutOff)
+      await this.tally({ failed: 1, error, ...(lease.probe ? { probe: "failed" as const } : {}) });
+    // A probe must still end, or the breaker waits on it: it ends as not proven, and the next probe tries again.
+    else if (lease.probe) await this.tally({ probe: "failed", error });
+    if (result === "lost") {
       stats.lost++;
-      log(`${label(lease)} → ${name} failed, but the lease was already lost: ${outcome.error}`, {
-        level: "warn",
-        ...fields,
-      });
-    } else if (failure.status === "failed") {
+      log(`${label(lease)} → ${name} failed, but the lease was already lost: ${error}`, { level: "warn", ...fields });
+    } else if (result === "failed") {
       stats.failed++;
       options.metrics?.failed(lease);
       this.p.say(
-        {
-          type: "delivery.set_aside",
-          data: {
-            source: lease.source,
-            id: lease.id,
-            destination: name,
-            attempts: lease.attempts,
-            error: outcome.error,
-          },
-        },
-        `${label(lease)} → ${name} set aside${outcome.kind === "failed" ? " (permanent)" : ` after ${lease.attempts} attempts`}: ${outcome.error}`,
+        { type: "delivery.set_aside", data: { ...fields, error } },
+        `${label(lease)} → ${name} set aside${s.kind === "failed" ? " (permanent)" : ` after ${lease.attempts} attempts`}: ${error}`,
         "error",
       );
     } else {
       stats.retried++;
       options.metrics?.retried(lease);
       log(
-        `${label(lease)} → ${name} failed (attempt ${lease.attempts}), retrying at ${new Date(failure.retryAt).toISOString()}: ${outcome.error}`,
-        { level: "warn", ...fields, status: "received", retryAt: failure.retryAt },
+        `${label(lease)} → ${name} failed (attempt ${lease.attempts}), retrying at ${new Date(event.retryAt!).toISOString()}: ${error}`,
+        { level: "warn", ...fields, status: "received", retryAt: event.retryAt },
       );
     }
   }
 
-  dbError(error: unknown): void {
-    this.p.options.metrics?.dbError("forward", error);
-  }
-
-  retrying(what: string, error: unknown): void {
-    this.p.log(`${this.name}: could not ${what} (${message(error)}); trying again`, {
-      level: "warn",
-      destination: this.name,
-      sqlstate: sqlstate(error),
-    });
-  }
-
-  claimFailing(error: unknown): void {
-    this.p.log(`${this.name}: could not claim (${message(error)}); trying again`, {
-      level: "error",
-      destination: this.name,
-    });
-  }
-
-  claimingAgain(): void {
-    this.p.log(`${this.name}: claiming again`, { destination: this.name });
-  }
-
-  claimed(lease: Lease): void {
-    this.p.options.metrics?.claimed(lease);
-  }
-
-  // Set aside by a claim, as their last attempt's lease ran out: the worker that held them crashed or hung.
-  setAside(list: SetAside[]): void {
-    for (const d of list) {
-      this.p.stats.failed++;
-      this.p.options.metrics?.failed(d);
-      this.p.say(
-        { type: "delivery.set_aside", data: { ...d } },
-        `${label(d)} → ${this.name} set aside after ${d.attempts} attempts: ${d.error}`,
-        "error",
+  // unsettled says that what a forward came to could not be written: its lease runs out, and it goes again.
+  private unsettled(event: Settled<Forwarded>, span: Process | undefined): void {
+    const { lease, settlement: s } = event;
+    const why = message(event.unsettled);
+    span?.end("retry", why);
+    if (s.kind === "released" && !event.cutOff)
+      this.p.log(`${label(lease)} → ${this.name}: could not release (${why}); it goes again when its lease expires`, {
+        level: "warn",
+        destination: this.name,
+      });
+    else
+      this.p.log(
+        `${label(lease)} → ${this.name}: could not record the outcome (${why}); it goes again when its lease expires`,
+        { level: "error", ...this.fields(lease) },
       );
-    }
   }
 
-  extendFailed(lease: Lease, error: unknown): void {
-    this.p.log(`${label(lease)} → ${this.name}: could not extend the lease: ${message(error)}`, {
-      level: "warn",
-      destination: this.name,
-      sqlstate: sqlstate(error),
-    });
-  }
-
-  released(): void {
-    this.p.stats.held++;
-  }
-
-  releaseFailed(lease: Lease, error: unknown): void {
-    this.p.log(
-      `${label(lease)} → ${this.name}: could not release (${message(error)}); it goes again when its lease expires`,
-      { level: "warn", destination: this.name },
-    );
+  // fields are a forward's log fields.
+  private fields(lease: Lease) {
+    return { source: lease.source, id: lease.id, destination: this.name, attempts: lease.attempts };
   }
 }

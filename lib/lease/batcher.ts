@@ -1,6 +1,7 @@
 // lease/batcher.ts: the done marks of a lane, sent to the inbox in batches. Every commit costs a sync to
 // disk (on SQLite one that holds the event loop), so one should serve many leases; the lane says when a
-// claim is about to go out, and the marks go with it. How long they may wait is the lane's policy.
+// claim is about to go out, and the marks go with it. How long they may wait is the lane's policy. Its
+// finish() is inbox.finish()'s call, so the settler (settler.ts) never knows whether a mark is batched.
 
 import type { Inbox, Lease, LocalWrite } from "../store.ts";
 import type { Clock } from "./clock.ts";
@@ -8,7 +9,8 @@ import type { LaneView, Marks } from "./lane.ts";
 
 /** BatcherOptions says when a lane's done marks go out. */
 export interface BatcherOptions {
-  inbox: Inbox;
+  /** Where the marks go. */
+  inbox: Pick<Inbox, "finish">;
   clock: Clock;
   /**
    * hold says, at a turn of the lane that sends no claim, whether the gathered marks may wait for a later
@@ -23,28 +25,22 @@ export interface BatcherOptions {
   oneAtATime?: boolean;
   /** Longest the first mark waits: a timer sends the batch after this long. @default no timer */
   longestMs?: number;
-  /** Told of every mark added: the lane wakes, to send it. @default none */
-  onAdded?: () => void;
-  /** Told of every batch settled: the lane wakes, to claim or send the next. @default none */
-  onSettled?: () => void;
-}
-
-/** Sent is a done mark on its way: `finished` settles as inbox.finish does. */
-export interface Sent {
-  finished: Promise<boolean>;
+  /** Told of every mark added and every batch settled: the lane wakes, to send them or the next batch. @default none */
+  wake?: () => void;
 }
 
 interface Mark {
   lease: Lease;
   writes: readonly LocalWrite[] | undefined;
-  sent: (sent: Sent) => void;
+  resolve: (held: boolean) => void;
+  reject: (error: unknown) => void;
 }
 
 /**
  * Batcher gathers done marks and sends them together: at the lane's turn before a claim (which takes
  * them into its own transaction on SQLite), when its policy stops holding them, or on flush().
  */
-export class Batcher implements Marks {
+export class Batcher implements Marks, Pick<Inbox, "finish"> {
   private readonly options: BatcherOptions;
   private marks: Mark[] = [];
   private firstAt = 0;
@@ -56,19 +52,23 @@ export class Batcher implements Marks {
   }
 
   /**
-   * add gathers a lease's done mark, with the writes that commit with it. It settles once the mark has
-   * gone to the inbox, with `finished`, which settles as inbox.finish does: true if the lease was still
-   * held and the delivery is done. A caller awaits `finished` itself, so that the mark's outcome reaches
-   * it in the very turn the commit does (a `--once` run's last claim then finds nothing left in flight).
+   * finish gathers a lease's done mark, with the writes that commit with it, and settles as inbox.finish
+   * does once the mark has gone to the inbox in a batch: true if the lease was still held and the delivery
+   * is done.
    */
-  add(lease: Lease, writes?: readonly LocalWrite[]): Promise<Sent> {
-    const { clock, longestMs, onAdded } = this.options;
-    return new Promise<Sent>((sent) => {
+  finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean> {
+    const { clock, longestMs, wake } = this.options;
+    return new Promise<boolean>((resolve, reject) => {
       if (this.marks.length === 0) this.firstAt = clock.now();
-      this.marks.push({ lease, writes, sent });
+      this.marks.push({ lease, writes, resolve, reject });
       if (longestMs !== undefined) this.cancelTimer ??= clock.after(longestMs, () => this.flush());
-      onAdded?.();
+      wake?.();
     });
+  }
+
+  /** gathered is how many marks wait to be sent. */
+  get gathered(): number {
+    return this.marks.length;
   }
 
   /** turn is the lane's moment before a claim: the marks go with it, or, with none, unless the policy holds them. */
@@ -87,15 +87,15 @@ export class Batcher implements Marks {
     this.cancelTimer = undefined;
     if (this.marks.length === 0) return;
     const batch = this.marks.splice(0);
-    const { inbox, oneAtATime, onSettled } = this.options;
-    // Only a policy that waits on the batch in flight, or a lane told when it settles, pays to follow it.
-    const follow = oneAtATime || onSettled !== undefined;
+    const { inbox, oneAtATime, wake } = this.options;
+    // Only a policy that waits on the batch in flight, or a lane woken when it settles, pays to follow it.
+    const follow = oneAtATime || wake !== undefined;
     let left = batch.length;
     if (follow) this.sending++;
     const settled = () => {
       if (--left > 0) return;
       this.sending--;
-      onSettled?.();
+      wake?.();
     };
     for (const m of batch) {
       let finished: Promise<boolean>;
@@ -104,8 +104,8 @@ export class Batcher implements Marks {
       } catch (error) {
         finished = Promise.reject(error);
       }
+      finished.then(m.resolve, m.reject);
       if (follow) finished.then(settled, settled);
-      m.sent({ finished });
     }
   }
 }
