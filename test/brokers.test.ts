@@ -117,7 +117,7 @@ describe("parseBrokerDestination()", () => {
     refuses({ type: "nats", subject: "x", stream: "a.b" }, /expected stream to be a stream's name/);
     refuses(
       { type: "nats", subject: "x", timeoutMs: 0 },
-      /expected timeoutMs to be a whole number of ms, 1 or more, got 0/,
+      /expected timeoutMs to be a whole number of ms from 1 to 300000, got 0/,
     );
     refuses({ type: "rabbitmq" }, /missing routingKey/);
     refuses({ type: "rabbitmq", routingKey: "k".repeat(256) }, /longer than AMQP's 255 bytes/);
