@@ -5,7 +5,6 @@
 // queue gone, a basic.cancel, no permission, no connection) logged in one line and counted, and a consumer
 // that takes nothing while its broker holds messages for it found starved. Not run on its own.
 
-import type { Channel, ChannelModel } from "amqplib";
 import { message } from "./log.ts";
 
 /** OURS starts the description of a JetStream consumer consumer.ts made: that one it may correct; anyone else's it only checks. */
@@ -191,15 +190,31 @@ const INEQUIVALENT =
   /inequivalent arg '([^']+)' for queue .*: received .* but current is (?:the value '(.*)' of type '(\w+)'|'(.*)')/;
 
 /**
+ * QueueProber is what probeQueue needs of an amqplib connection, said here rather than imported: amqplib is an
+ * optional peer, and an app that installed the package without it must still type-check its declarations.
+ */
+export interface QueueProber {
+  createChannel(): Promise<{
+    on(event: "error", listener: (error: Error) => void): unknown;
+    checkQueue(queue: string): Promise<unknown>;
+    assertQueue(
+      queue: string,
+      options: { durable: boolean; autoDelete: boolean; exclusive: boolean; arguments: Record<string, unknown> },
+    ): Promise<unknown>;
+    close(): Promise<void>;
+  }>;
+}
+
+/**
  * probeQueue reads a queue's properties and arguments over AMQP alone (the management API may not be
  * there): it declares the queue again with what it knows, and RabbitMQ names the first setting that
  * differs and its value, until none does. Each try is a channel of its own, which the refusal closes. A
  * queue that does not exist throws RabbitMQ's 404 from the passive check, and is never made.
  */
-export async function probeQueue(model: ChannelModel, queue: string): Promise<RabbitQueue> {
+export async function probeQueue(model: QueueProber, queue: string): Promise<RabbitQueue> {
   const known: RabbitQueue = { durable: true, autoDelete: false, args: {} };
   for (let tries = 0; tries < 32; tries++) {
-    const channel: Channel = await model.createChannel();
+    const channel = await model.createChannel();
     channel.on("error", () => {});
     try {
       await channel.checkQueue(queue);
