@@ -3,6 +3,7 @@
 // status queries (ORDERING_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
+import { bodySearchSql } from "./search.ts";
 import { STATUSES, type Backend, type Filter, type SqlValue } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
@@ -13,6 +14,8 @@ const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   until: "number",
   errorMatch: "string",
   bodyContains: "string",
+  bodyJson: "string",
+  bodyWords: "string",
   id: "string",
   destination: "string",
 };
@@ -74,6 +77,9 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   // The body is bytes: the needle goes in as the bytes of its UTF-8 text, so any body can be searched.
   if (filter.bodyContains !== undefined)
     add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
+  const body = bodySearchSql(filter, backend);
+  where.push(...body.where);
+  params.push(...body.params);
   return { where: where.length === 0 ? "TRUE" : where.join(" AND "), params };
 }
 

@@ -112,8 +112,15 @@ export interface Filter {
   until?: number;
   /** A case-insensitive substring of the last error. */
   errorMatch?: string;
-  /** A substring of the body, as UTF-8 text. */
+  /** A substring of the body, as UTF-8 text: no index serves it, so it reads every body the other fields leave. */
   bodyContains?: string;
+  /**
+   * A JSON object or array (as text) the body contains, as PostgreSQL's jsonb @> says, found through an index.
+   * Bodies that are not JSON, or past DEFAULTS.searchBodyBytes, never match.
+   */
+  bodyJson?: string;
+  /** Words (any case) each of which a string, number or boolean value of the body holds, found through an index; the same bodies never match. */
+  bodyWords?: string;
   /** The delivery ID, exactly. */
   id?: string;
   /** The destination, exactly. */

@@ -182,6 +182,24 @@ export const MIGRATIONS: readonly string[] = [
   // The admin scope (docs/api.md#keys): a key that may also make and revoke keys.
   `ALTER TABLE api_keys DROP CONSTRAINT api_keys_scope_check;
    ALTER TABLE api_keys ADD CONSTRAINT api_keys_scope_check CHECK (scope IN ('read', 'write', 'admin'));`,
+  // Search (lib/search.ts, docs/operations.md#searching-bodies): GIN indexes over each body's JSON, for bodyJson
+  // (jsonb_path_ops: @> alone, a third the size of jsonb_ops) and bodyWords (a tsvector of its strings, numbers
+  // and booleans; full-text, not pg_trgm, which docs/performance.md measured beside it and needs an extension).
+  // inbox_search_json() is the JSON a body holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes),
+  // not UTF-8 or not JSON, so an ack never fails on a body the index cannot take. IMMUTABLE for an index: it
+  // reads nothing but its argument. IF NOT EXISTS, so an operator may build them CONCURRENTLY beforehand on a
+  // large inbox (docs/operations.md), which a migration's transaction cannot; built here, they hold off writes
+  // while they build (bench/search.ts times them).
+  `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+   BEGIN
+     IF length(body) > 65536 THEN RETURN NULL; END IF;
+     RETURN convert_from(body, 'UTF8')::jsonb;
+   EXCEPTION WHEN data_exception THEN
+     RETURN NULL;
+   END $$;
+   CREATE INDEX IF NOT EXISTS deliveries_body_json ON deliveries USING gin (inbox_search_json(body) jsonb_path_ops);
+   CREATE INDEX IF NOT EXISTS deliveries_body_words ON deliveries USING gin
+     (jsonb_to_tsvector('simple'::regconfig, inbox_search_json(body), '["string", "numeric", "boolean"]'::jsonb));`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

@@ -9,6 +9,7 @@ import { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { describeRuntime } from "../runtime.ts";
+import { SQLITE_CONTAINS, jsonContains, searchableJson } from "../search.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
 export const MIGRATIONS: readonly string[] = [
@@ -256,6 +257,37 @@ export const MIGRATIONS: readonly string[] = [
      SELECT id, name, scope, hash, created_at, revoked_at FROM api_keys;
    DROP TABLE api_keys;
    ALTER TABLE api_keys_scoped RENAME TO api_keys;`,
+  // Search (lib/search.ts, docs/operations.md#searching-bodies): an FTS5 index of the words of each JSON body's
+  // strings, numbers and booleans, by the row's rowid, for bodyWords and as bodyJson's first look; contentless,
+  // so the words are not stored twice, and with contentless_delete so a row can leave it. A body past 65536 bytes
+  // (DEFAULTS.searchBodyBytes) or not JSON is left out. Triggers keep it in step with every writer of the
+  // table, a restore and the sqlite3 shell included, as they use no function of ours. Existing rows are indexed
+  // here, in the migration's one transaction (bench/search.ts times it).
+  `CREATE VIRTUAL TABLE deliveries_search USING fts5(words, content = '', contentless_delete = 1);
+   CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
+     WHEN length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT))
+   BEGIN
+     INSERT INTO deliveries_search (rowid, words)
+       SELECT new.rowid, group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
+       FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false');
+   END;
+   -- A body dropped by purge or dropBodies leaves the index; a row deleted (a tombstone forgotten) too.
+   CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
+   BEGIN
+     DELETE FROM deliveries_search WHERE rowid = old.rowid;
+     INSERT INTO deliveries_search (rowid, words)
+       SELECT new.rowid, (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
+                          FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
+       WHERE length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT));
+   END;
+   CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
+   BEGIN
+     DELETE FROM deliveries_search WHERE rowid = old.rowid;
+   END;
+   INSERT INTO deliveries_search (rowid, words)
+     SELECT d.rowid, (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
+                      FROM json_tree(CAST(d.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
+     FROM deliveries d WHERE length(d.body) <= 65536 AND json_valid(CAST(d.body AS TEXT));`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -289,6 +321,7 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     const problem = durabilityProblem(readDurability(db));
     if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
     migrate(db);
+    registerSearch(db);
     // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
     // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
     db.exec("BEGIN IMMEDIATE");
@@ -302,6 +335,22 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${message(error)}`, { cause: error });
   }
   return db;
+}
+
+/**
+ * registerSearch gives a connection jsonContains as SQL (SQLITE_CONTAINS), with which a bodyJson search rechecks
+ * the rows its FTS5 index found. Only queries call it, never a trigger, so a writer without it (the sqlite3
+ * shell, an older inbox) still writes the file.
+ */
+export function registerSearch(db: DatabaseSync): void {
+  // The needle is the same text for every row of one search: parsed once, not once a row.
+  let last: { text: string; needle: unknown } | undefined;
+  db.function(SQLITE_CONTAINS, { deterministic: true }, (body, text) => {
+    if (!(body instanceof Uint8Array) || typeof text !== "string") return 0;
+    if (last?.text !== text) last = { text, needle: JSON.parse(text) };
+    const doc = searchableJson(body, DEFAULTS.searchBodyBytes);
+    return doc !== undefined && jsonContains(doc, last.needle) ? 1 : 0;
+  });
 }
 
 /** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */

@@ -1,0 +1,140 @@
+// search.ts: searching bodies through an index, in one place for both backends: what a search form asks
+// (bodyJson, a JSON document the body contains; bodyWords, words its values hold), checked once; the SQL each
+// backend runs for it (bodySearchSql()); and jsonContains(), PostgreSQL's jsonb @> in TypeScript, which SQLite
+// registers to recheck what its FTS5 index found. The indexes themselves are migrations (search's entry in
+// lib/sqlite/schema.ts and lib/postgres/schema.ts), which this SQL must match word for word. Not run on its own.
+
+import type { Backend, SqlValue } from "./store.ts";
+
+/** SQLITE_CONTAINS names the function openDatabase registers on each SQLite connection: jsonContains over a stored body. */
+export const SQLITE_CONTAINS = "inbox_json_contains";
+
+// A word (or a value looked for) must hold a letter or a digit: a tokenizer drops everything else, and a
+// phrase of no tokens matches nothing on one backend and everything on the other.
+const WORDLIKE = /[\p{L}\p{N}]/u;
+
+/**
+ * parseBodyJson reads a bodyJson form: a JSON object or array the body must contain, as PostgreSQL's @> says.
+ * It throws a TypeError unless the text is JSON of that shape holding at least one value an index can look
+ * up (a string with a letter or digit, a whole number, true or false): nothing else narrows the search.
+ */
+export function parseBodyJson(text: string): unknown {
+  let needle: unknown;
+  try {
+    needle = JSON.parse(text);
+  } catch {
+    throw new TypeError(
+      `bodyJson: expected a JSON object such as {"data":{"object":{"customer":"cus_123"}}}, got ${text}`,
+    );
+  }
+  if (needle === null || typeof needle !== "object")
+    throw new TypeError(`bodyJson: expected a JSON object or array, got ${text}`);
+  if (lookups(needle).length === 0)
+    throw new TypeError(`bodyJson: expected at least one string, whole number or true/false to look for, got ${text}`);
+  return needle;
+}
+
+/**
+ * bodyWordsOf reads a bodyWords form: words separated by spaces, each of which a string, number or boolean
+ * value of the body must hold (any case); a word of several tokens (cus_123, invoice.paid) is matched as a
+ * phrase. It throws a TypeError when no word holds a letter or a digit.
+ */
+export function bodyWordsOf(text: string): string[] {
+  const words = text.split(/\s+/).filter((w) => WORDLIKE.test(w));
+  if (words.length === 0)
+    throw new TypeError(`bodyWords: expected a word with a letter or a digit, got ${JSON.stringify(text)}`);
+  return words;
+}
+
+// lookups lists the values of a needle an index can look up, as the words the index holds them by.
+function lookups(needle: unknown): string[] {
+  if (typeof needle === "string") return WORDLIKE.test(needle) ? [needle] : [];
+  // A whole number is written the same by JSON.stringify and SQLite's json_tree; a fraction or an exponent
+  // may not be, so it is left to the recheck alone.
+  if (typeof needle === "number") return Number.isSafeInteger(needle) ? [String(needle)] : [];
+  if (typeof needle === "boolean") return [String(needle)];
+  if (needle === null) return [];
+  return Object.values(needle as object).flatMap(lookups);
+}
+
+/**
+ * jsonContains says whether doc contains needle as PostgreSQL's jsonb @> does: an object holds each of the
+ * needle's keys with a value that contains the needle's; an array holds, for each element of the needle's,
+ * one that contains it; a scalar is equal.
+ */
+export function jsonContains(doc: unknown, needle: unknown): boolean {
+  if (Array.isArray(needle)) {
+    if (!Array.isArray(doc)) return false;
+    return needle.every((n) => doc.some((d) => jsonContains(d, n)));
+  }
+  if (needle !== null && typeof needle === "object") {
+    if (doc === null || typeof doc !== "object" || Array.isArray(doc)) return false;
+    return Object.entries(needle).every(
+      ([k, n]) => Object.hasOwn(doc, k) && jsonContains((doc as Record<string, unknown>)[k], n),
+    );
+  }
+  return doc === needle;
+}
+
+/**
+ * searchableJson parses a stored body as the search indexes see it: its JSON value, or undefined when it is
+ * past maxBytes, not UTF-8 or not JSON, which no body search finds.
+ */
+export function searchableJson(body: Uint8Array, maxBytes: number): unknown {
+  if (body.byteLength > maxBytes) return undefined;
+  try {
+    return JSON.parse(UTF8.decode(body));
+  } catch {
+    return undefined;
+  }
+}
+
+const UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+// An FTS5 phrase: the text in double quotes, a quote doubled; FTS5's tokenizer splits it as it split the body.
+const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
+
+/**
+ * bodySearchSql is the WHERE condition, with `?` parameters, for a filter's bodyJson and bodyWords in the
+ * backend's dialect; it throws a TypeError for a form parseBodyJson or bodyWordsOf refuses.
+ *
+ * PostgreSQL: the expressions of the GIN indexes deliveries_body_json (jsonb_path_ops) and deliveries_body_words
+ * (a tsvector of the JSON's strings, numbers and booleans), spelled as the migration spells them so the planner
+ * matches them; GIN is lossy and PostgreSQL rechecks each row it finds. SQLite: the FTS5 table
+ * deliveries_search holds the same values' words by the delivery's rowid; a containment looks up its needle's
+ * values there and rechecks each row found with jsonContains.
+ */
+export function bodySearchSql(
+  filter: { bodyJson?: string | undefined; bodyWords?: string | undefined },
+  backend: Backend,
+): { where: string[]; params: SqlValue[] } {
+  const where: string[] = [];
+  const params: SqlValue[] = [];
+  if (filter.bodyJson !== undefined) {
+    const needle = parseBodyJson(filter.bodyJson);
+    const text = JSON.stringify(needle);
+    if (backend === "postgres") {
+      where.push("inbox_search_json(body) @> ?::jsonb");
+      params.push(text);
+    } else {
+      where.push(
+        `rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?) AND ${SQLITE_CONTAINS}(body, ?)`,
+      );
+      params.push(lookups(needle).map(phrase).join(" "), text);
+    }
+  }
+  if (filter.bodyWords !== undefined) {
+    const words = bodyWordsOf(filter.bodyWords);
+    if (backend === "postgres") {
+      where.push(`${PG_WORDS} @@ (${words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ")})`);
+      params.push(...words);
+    } else {
+      where.push("rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)");
+      params.push(words.map(phrase).join(" "));
+    }
+  }
+  return { where, params };
+}
+
+// The expression of PostgreSQL's deliveries_body_words index, word for word.
+const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, inbox_search_json(body), '["string", "numeric", "boolean"]'::jsonb)`;

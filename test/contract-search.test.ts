@@ -1,0 +1,151 @@
+// test/contract-search.test.ts: searching bodies through an index, on both backends (test/contract-harness.ts):
+// bodyJson (the body contains this JSON, as jsonb @> says) and bodyWords (its values hold these words), in
+// search(), count() and a bulk retry; a body that is not JSON, or past DEFAULTS.searchBodyBytes, found by its ID
+// and bodyContains alone; a dropped body leaving the index; and a form that cannot narrow refused.
+//   npx node --test test/contract-search.test.ts
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { DEFAULTS } from "../lib/defaults.ts";
+import type { Delivery, Filter, Inbox } from "../lib/store.ts";
+import { body, contract, LEASE } from "./contract-harness.ts";
+
+// Shaped as Stripe and GitHub send them, cut down.
+const invoice = (id: string, customer: string, amount: number, paid: boolean) => ({
+  id,
+  object: "event",
+  type: "invoice.paid",
+  livemode: false,
+  data: { object: { id: `in_${id}`, customer, amount_paid: amount, paid, lines: { data: [{ price: "price_gold" }] } } },
+});
+const push = (id: string, repo: string, message: string) => ({
+  ref: "refs/heads/main",
+  repository: { full_name: repo, private: false },
+  commits: [{ id, message, author: { name: "Mona Lisa", email: "mona@example.com" } }],
+});
+
+contract((suite) => {
+  const { open } = suite;
+  const ids = (ds: Delivery[]) => ds.map((d) => d.id);
+
+  // seed stores, a second apart: three Stripe invoices, two GitHub pushes, a body that is not JSON and one past the size.
+  const seed = async (inbox: Inbox) => {
+    const rows: [string, string, Buffer][] = [
+      ["stripe", "evt_1", body(invoice("evt_1", "cus_123", 4200, true))],
+      ["stripe", "evt_2", body(invoice("evt_2", "cus_456", 990, false))],
+      ["github", "gh_1", body(push("c0ffee", "octo/webhooks", "Fix the flaky retry test"))],
+      ["stripe", "evt_3", body(invoice("evt_3", "cus_123", 990, true))],
+      ["github", "gh_2", body(push("bead", "octo/inbox", "Search bodies through an index"))],
+      ["form", "f_1", Buffer.from("customer=cus_123&amount=4200")],
+      [
+        "stripe",
+        "big_1",
+        body({ ...invoice("big_1", "cus_123", 4200, true), padding: "x".repeat(DEFAULTS.searchBodyBytes) }),
+      ],
+    ];
+    for (const [source, id, b] of rows) {
+      await inbox.store({ source, id, body: b });
+      suite.t += 1_000;
+    }
+  };
+  const expect = async (inbox: Inbox, filter: Filter, expected: string[]) => {
+    assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+    assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+  };
+
+  describe("bodyJson", () => {
+    it("finds the bodies that contain the document, at any depth and through arrays, newest first", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123","amount_paid":4200}}}' }, ["evt_1"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"paid":false}}}' }, ["evt_2"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"lines":{"data":[{"price":"price_gold"}]}}}}' }, [
+        "evt_3",
+        "evt_2",
+        "evt_1",
+      ]);
+      await expect(inbox, { bodyJson: '{"commits":[{"author":{"name":"Mona Lisa"}}]}' }, ["gh_2", "gh_1"]);
+      await expect(inbox, { bodyJson: '{"repository":{"full_name":"octo/inbox"}}', source: "github" }, ["gh_2"]);
+    });
+
+    it("matches the value at its path only, and the whole value, not a part of it", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      // cus_123 is there, but under data.object, not at the top; and "cus" is only part of a value.
+      await expect(inbox, { bodyJson: '{"customer":"cus_123"}' }, []);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus"}}}' }, []);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123","paid":false}}}' }, []);
+      // The control: the same needles, where they are, match.
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_456","paid":false}}}' }, ["evt_2"]);
+    });
+
+    it("never finds a body that is not JSON or is past the size, which its ID and bodyContains still find", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}', source: "stripe" }, [
+        "evt_3",
+        "evt_1",
+      ]);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyContains: "cus_123" }, ["big_1", "f_1", "evt_3", "evt_1"]);
+      await expect(inbox, { id: "big_1" }, ["big_1"]);
+      await expect(inbox, { id: "f_1" }, ["f_1"]);
+    });
+
+    it("refuses a document that is not an object or an array, or holds nothing to look up", async () => {
+      const inbox = await open();
+      for (const bodyJson of ['"cus_123"', "{not json", "{}", '{"data":{"object":{"customer":null}}}', '{"a":"--"}']) {
+        await assert.rejects(inbox.search({ bodyJson }), TypeError, bodyJson);
+        await assert.rejects(inbox.count({ bodyJson }), TypeError, bodyJson);
+      }
+    });
+  });
+
+  describe("bodyWords", () => {
+    it("finds the bodies whose values hold every word, in any case, a word of parts as a phrase", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "CUS_123 4200" }, ["evt_1"]);
+      await expect(inbox, { bodyWords: "flaky" }, ["gh_1"]);
+      await expect(inbox, { bodyWords: "mona lisa" }, ["gh_2", "gh_1"]);
+      await expect(inbox, { bodyWords: "index search" }, ["gh_2"]);
+      await expect(inbox, { bodyWords: "true" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "octo/webhooks" }, ["gh_1"]);
+      // Every word must be there; a key is not a value; a word is whole, not a prefix.
+      await expect(inbox, { bodyWords: "flaky index" }, []);
+      await expect(inbox, { bodyWords: "commits" }, []);
+      await expect(inbox, { bodyWords: "flak" }, []);
+    });
+
+    it("refuses words with neither a letter nor a digit", async () => {
+      const inbox = await open();
+      await assert.rejects(inbox.search({ bodyWords: " -- / " }), TypeError);
+      await assert.rejects(inbox.search({ bodyWords: "" }), TypeError);
+    });
+  });
+
+  describe("the index follows the body", () => {
+    it("forgets a body that dropBodies() dropped, and its tombstone is still found by ID", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      assert.equal((await inbox.dropBodies({ id: "evt_1" })).bodies, 1);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }, ["evt_3"]);
+      await expect(inbox, { id: "evt_1" }, ["evt_1"]);
+    });
+
+    it("retries by bodyJson the failed deliveries that match, and no other", async () => {
+      const inbox = await open({ maxAttempts: 1 });
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.fail(lease, "HTTP 500", { permanent: true });
+      const filter: Filter = { status: "failed", bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' };
+      assert.equal(await inbox.retryMatching(filter, { dryRun: true }), 2);
+      assert.equal(await inbox.retryMatching(filter), 2);
+      await expect(inbox, { status: "received" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { status: "failed", bodyWords: "cus_123" }, []);
+    });
+  });
+});
