@@ -52,6 +52,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   commits: async () => (await import("./commits.ts")).commits(),
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
+  bodysearch: async () => (await import("./bodysearch.ts")).bodysearch(),
 };
 const DEFAULT = [
   "ingest",
@@ -76,6 +77,7 @@ const DEFAULT = [
   "routing",
   "regex",
   "trust",
+  "bodysearch",
   "slow",
 ];
 

@@ -98,11 +98,12 @@ const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
  * bodySearchSql is the WHERE condition, with `?` parameters, for a filter's bodyJson and bodyWords in the
  * backend's dialect; it throws a TypeError for a form parseBodyJson or bodyWordsOf refuses.
  *
- * PostgreSQL: the expressions of the GIN indexes deliveries_body_json (jsonb_path_ops) and deliveries_body_words
- * (a tsvector of the JSON's strings, numbers and booleans), spelled as the migration spells them so the planner
- * matches them; GIN is lossy and PostgreSQL rechecks each row it finds. SQLite: the FTS5 table
- * deliveries_search holds the same values' words by the delivery's rowid; a containment looks up its needle's
- * values there and rechecks each row found with jsonContains.
+ * Both look in a table of their own, deliveries_search, that triggers fill when a body is stored. PostgreSQL: each
+ * delivery's JSON (doc), by its source and ID, under two GIN indexes, jsonb_path_ops for @> and a tsvector of its
+ * strings, numbers and booleans, whose expression is spelled here as the migration spells it so that the planner
+ * matches it; GIN is lossy, and PostgreSQL rechecks each row it finds. SQLite: an FTS5 table of the same values'
+ * words, by the row's rowid; a containment looks up its needle's values there and rechecks each row found with
+ * jsonContains.
  */
 export function bodySearchSql(
   filter: { bodyJson?: string | undefined; bodyWords?: string | undefined },
@@ -114,7 +115,7 @@ export function bodySearchSql(
     const needle = parseBodyJson(filter.bodyJson);
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
-      where.push("inbox_search_json(body) @> ?::jsonb");
+      where.push("(source, id) IN (SELECT source, id FROM deliveries_search WHERE doc @> ?::jsonb)");
       params.push(text);
     } else {
       where.push(
@@ -126,7 +127,8 @@ export function bodySearchSql(
   if (filter.bodyWords !== undefined) {
     const words = bodyWordsOf(filter.bodyWords);
     if (backend === "postgres") {
-      where.push(`${PG_WORDS} @@ (${words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ")})`);
+      const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
+      where.push(`(source, id) IN (SELECT source, id FROM deliveries_search WHERE ${PG_WORDS} @@ (${query}))`);
       params.push(...words);
     } else {
       where.push("rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)");
@@ -136,5 +138,5 @@ export function bodySearchSql(
   return { where, params };
 }
 
-// The expression of PostgreSQL's deliveries_body_words index, word for word.
-const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, inbox_search_json(body), '["string", "numeric", "boolean"]'::jsonb)`;
+// The expression of PostgreSQL's deliveries_search_words index, word for word.
+const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb)`;

@@ -182,24 +182,55 @@ export const MIGRATIONS: readonly string[] = [
   // The admin scope (docs/api.md#keys): a key that may also make and revoke keys.
   `ALTER TABLE api_keys DROP CONSTRAINT api_keys_scope_check;
    ALTER TABLE api_keys ADD CONSTRAINT api_keys_scope_check CHECK (scope IN ('read', 'write', 'admin'));`,
-  // Search (lib/search.ts, docs/operations.md#searching-bodies): GIN indexes over each body's JSON, for bodyJson
-  // (jsonb_path_ops: @> alone, a third the size of jsonb_ops) and bodyWords (a tsvector of its strings, numbers
-  // and booleans; full-text, not pg_trgm, which docs/performance.md measured beside it and needs an extension).
-  // inbox_search_json() is the JSON a body holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes),
-  // not UTF-8 or not JSON, so an ack never fails on a body the index cannot take. IMMUTABLE for an index: it
-  // reads nothing but its argument. IF NOT EXISTS, so an operator may build them CONCURRENTLY beforehand on a
-  // large inbox (docs/operations.md), which a migration's transaction cannot; built here, they hold off writes
-  // while they build (bench/search.ts times them).
-  `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
+  // Search (lib/search.ts, docs/operations.md#searching-bodies): each delivery's JSON body once, in a table of its
+  // own keyed as duplicates are, with GIN indexes for bodyJson (jsonb_path_ops: @> alone, a third the size of
+  // jsonb_ops) and bodyWords (a tsvector of its strings, numbers and booleans: full-text, not pg_trgm, which
+  // bench/bodysearch.ts measures beside it, and which needs an extension). Not indexes on deliveries: each claim,
+  // finish or retry rewrites its row in a new place (never a HOT update) and would parse the body and make its
+  // tsvector again; here a delivery is parsed once, when it is stored. inbox_search_json() is the JSON a body
+  // holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes), not UTF-8 or not JSON, so a store
+  // never fails on a body the index cannot take (not PARALLEL SAFE: its EXCEPTION block is a subtransaction).
+  // Triggers keep the table in step with every writer; the rows already there are copied in here, in the
+  // migration's transaction, which holds off their writers meanwhile (bench/bodysearch.ts times it).
+  `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT AS $$
    BEGIN
      IF length(body) > 65536 THEN RETURN NULL; END IF;
      RETURN convert_from(body, 'UTF8')::jsonb;
    EXCEPTION WHEN data_exception THEN
      RETURN NULL;
    END $$;
-   CREATE INDEX IF NOT EXISTS deliveries_body_json ON deliveries USING gin (inbox_search_json(body) jsonb_path_ops);
-   CREATE INDEX IF NOT EXISTS deliveries_body_words ON deliveries USING gin
-     (jsonb_to_tsvector('simple'::regconfig, inbox_search_json(body), '["string", "numeric", "boolean"]'::jsonb));`,
+   CREATE TABLE deliveries_search (
+     source text  NOT NULL,
+     id     text  NOT NULL,
+     doc    jsonb NOT NULL,
+     PRIMARY KEY (source, id)
+   );
+   -- A delivery's rows (one per route) share its body: route 0, which every delivery has, stands for them.
+   CREATE FUNCTION inbox_search_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+   BEGIN
+     IF TG_OP <> 'INSERT' THEN
+       DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
+     END IF;
+     IF TG_OP <> 'DELETE' THEN
+       INSERT INTO deliveries_search (source, id, doc)
+         SELECT NEW.source, NEW.id, j FROM inbox_search_json(NEW.body) AS j WHERE j IS NOT NULL
+         ON CONFLICT (source, id) DO UPDATE SET doc = excluded.doc;
+     END IF;
+     RETURN NULL;
+   END $$;
+   CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
+     FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
+   -- A body dropped by purge or dropBodies leaves the table; so does a row deleted (a tombstone forgotten).
+   CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
+     FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
+   CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
+     FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_sync();
+   INSERT INTO deliveries_search (source, id, doc)
+     SELECT source, id, doc FROM (SELECT source, id, inbox_search_json(body) AS doc FROM deliveries WHERE route = 0) d
+     WHERE doc IS NOT NULL;
+   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops);
+   CREATE INDEX deliveries_search_words ON deliveries_search USING gin
+     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb));`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */
