@@ -4,7 +4,8 @@
 // registers to recheck what its FTS5 index found. The indexes themselves are migrations (search's entry in
 // lib/sqlite/schema.ts and lib/postgres/schema.ts), which this SQL must match word for word. Not run on its own.
 
-import type { Backend, SqlValue } from "./store.ts";
+import { DEFAULTS } from "./defaults.ts";
+import type { Backend, Filter, SqlValue } from "./store.ts";
 
 /** SQLITE_CONTAINS names the function openDatabase registers on each SQLite connection: jsonContains over a stored body. */
 export const SQLITE_CONTAINS = "inbox_json_contains";
@@ -12,6 +13,22 @@ export const SQLITE_CONTAINS = "inbox_json_contains";
 // A word (or a value looked for) must hold a letter or a digit: a tokenizer drops everything else, and a
 // phrase of no tokens matches nothing on one backend and everything on the other.
 const WORDLIKE = /[\p{L}\p{N}]/u;
+
+/**
+ * boundBodyContains gives a list that looks for a substring of the body (bodyContains, which no index serves)
+ * and names no start a start of windowMs before its end (until, else now), so that it reads a day's bodies
+ * rather than every one; since is that start, undefined when the filter needed none. The list says so to
+ * whoever asked, who may name an earlier since. Bulk commands do not call it: their filter is what they act on.
+ */
+export function boundBodyContains(
+  filter: Filter,
+  now: number,
+  windowMs: number = DEFAULTS.bodyContainsWindowMs,
+): { filter: Filter; since: number | undefined } {
+  if (filter.bodyContains === undefined || filter.since !== undefined) return { filter, since: undefined };
+  const since = (filter.until ?? now) - windowMs;
+  return { filter: { ...filter, since }, since };
+}
 
 /**
  * parseBodyJson reads a bodyJson form: a JSON object or array the body must contain, as PostgreSQL's @> says.

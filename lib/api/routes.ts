@@ -22,6 +22,7 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { boundBodyContains } from "../search.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
@@ -436,9 +437,14 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     } catch {
       throw new ApiError(400, "query.after: not a cursor this API wrote");
     }
-    const rows = await ctx.inbox.search(filterOf(fields, ctx.now()), { limit, ...(cursor ? { after: cursor } : {}) });
+    const { filter, since } = boundBodyContains(filterOf(fields, ctx.now()), ctx.now());
+    const rows = await ctx.inbox.search(filter, { limit, ...(cursor ? { after: cursor } : {}) });
     return {
-      body: { items: rows.map((d) => row(ctx, d)), next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null },
+      body: {
+        items: rows.map((d) => row(ctx, d)),
+        next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null,
+        ...(since === undefined ? {} : { bodySince: since }),
+      },
     };
   },
   getDelivery: async (ctx, call) => {
