@@ -206,23 +206,44 @@ const UNMIGRATE = {
 
 // upgrade fills ROWS deliveries without the search migration, the last EXTRA of them timed, then opens the
 // inbox again, timing the migration, and restores EXTRA more with the index: an upgrade, and the store's cost.
+// The deliveries store() takes, with and without the index: as a receiver takes them, 512 in flight.
+const STORES = 4_096;
+
+// stored runs STORES store() calls of new deliveries (IDs under prefix), 512 at once, and returns the ms they took.
+async function stored(inbox: Inbox, prefix: string): Promise<number> {
+  const started = performance.now();
+  for (let start = 0; start < STORES; start += 512) {
+    const batch = [];
+    for (let i = start; i < start + 512; i++) {
+      const d = delivery(i);
+      batch.push(inbox.store({ source: d.source, id: `${prefix}_${d.id}`, body: d.body, eventType: d.eventType }));
+    }
+    await Promise.all(batch);
+  }
+  return performance.now() - started;
+}
+
 async function upgrade(target: string): Promise<{ inbox: Inbox; lines: string[] }> {
   const old = await connect(target);
   for (const sql of UNMIGRATE[old.backend]) await old.query(sql);
   const fillMs = await fill(old, 0, ROWS - EXTRA);
   const without = await fill(old, ROWS - EXTRA, ROWS);
+  const storedWithout = await stored(old, "a");
   if (old.backend === "postgres") await old.query("VACUUM ANALYZE deliveries");
   await old.close();
   const started = performance.now();
   const inbox = await connect(target);
   const migrated = performance.now() - started;
   const withIndex = await fill(inbox, ROWS, ROWS + EXTRA);
+  const storedWith = await stored(inbox, "b");
   return {
     inbox,
     lines: [
       `${inbox.backend}, ${ROWS + EXTRA} deliveries (${ROWS - EXTRA} filled through restore() in ${f(fillMs / 1000, 1)} s):`,
       `  the search migration on opening an inbox of ${ROWS} deliveries: ${f(migrated / 1000, 1)} s`,
       ingestCost(without, withIndex),
+      `  store(), the receiver's own path, ${STORES} deliveries 512 at once: ${f((STORES / storedWithout) * 1000)}/s without the search index, ` +
+        `${f((STORES / storedWith) * 1000)}/s with it (×${f(storedWithout / storedWith, 2)})`,
     ],
   };
 }
