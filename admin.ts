@@ -15,7 +15,7 @@ import { preview } from "./lib/forwarding/preview.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { brokerLines, type BrokerLine } from "./lib/consume.ts";
 import { speakTo } from "./lib/format.ts";
-import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
+import { loadSources, readSourcesFile, type Source } from "./lib/config/sources.ts";
 import { secretsOf } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
 import { Startup, StartupError } from "./lib/startup.ts";

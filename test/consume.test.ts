@@ -16,7 +16,7 @@ import { connect, type Inbox } from "../inbox.ts";
 import { createAdmin, listenAdmin } from "../lib/admin/routes.ts";
 import { brokerLines, Consumer, type BrokerSource } from "../lib/consume.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { loadSources } from "../lib/providers.ts";
+import { loadSources } from "../lib/config/sources.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, runScript, tempDir } from "./helpers.ts";
 
 const run = randomBytes(3).toString("hex");
