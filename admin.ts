@@ -7,7 +7,7 @@
 import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
-import { createAdmin, listenAdmin } from "./lib/admin/routes.ts";
+import { createAdmin, listenAdmin } from "./lib/admin/server.ts";
 import { isLoopback } from "./lib/admin/session.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { announce } from "./lib/forwarding/forward.ts";
@@ -26,7 +26,7 @@ import type { Delivery } from "./lib/store.ts";
 export { normaliseError } from "./lib/operations/actions.ts";
 export { escape } from "./lib/admin/html.ts";
 export { filterFrom } from "./lib/operations/input.ts";
-export { type Admin, type AdminOptions, createAdmin, listenAdmin } from "./lib/admin/routes.ts";
+export { type Admin, type AdminOptions, createAdmin, listenAdmin } from "./lib/admin/server.ts";
 export { isLoopback } from "./lib/admin/session.ts";
 
 // ---- The entry point --------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
 import { filterInput } from "./routing/filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
-import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
+import { type Answered, NO_SOURCE, type Metrics } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source, type Verdict } from "./providers.ts";
 import { chooseRoutes } from "./routing/routes.ts";
@@ -286,7 +286,7 @@ class Receiving {
   }
 
   // seen counts one answer, once per request, at the point where its outcome is decided.
-  seen(source: string, outcome: Outcome, started: number, status?: number): void {
+  seen(source: string, outcome: Answered, started: number, status?: number): void {
     this.metrics?.observe(
       source,
       outcome,
