@@ -35,7 +35,8 @@ const DAY = 86_400_000;
 // Thirty days of deliveries, the newest now, so that a day's bound holds a thirtieth of them.
 const NOW = Date.now();
 const SPAN = 30 * DAY;
-const at = (i: number) => NOW - SPAN + Math.floor((i * SPAN) / ROWS);
+// Past ROWS (the deliveries restored after the upgrade) the times start again, so that the last day holds a thirtieth.
+const at = (i: number) => NOW - SPAN + Math.floor(((i % ROWS) * SPAN) / ROWS);
 
 // A small deterministic generator, so both backends hold the same bodies and a rerun the same needles.
 function random(seed: number): () => number {
