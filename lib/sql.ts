@@ -1,6 +1,6 @@
 // sql.ts: the SQL both backends run word for word, kept once so the two cannot drift apart in what a filter
-// matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect) and the ordering's
-// status queries (ORDERING_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
+// matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect), the ordering's
+// status queries (ORDERING_SQL), and a try kept in the attempt log (ATTEMPT_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
 import { STATUSES, type Backend, type Filter, type SqlValue, type Try } from "./store.ts";
@@ -118,7 +118,8 @@ export function replayToCount(where: string): string {
 export const ATTEMPT_SQL = {
   keep: `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
          VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-  // Finds nothing to cut, by the index, until a delivery has more tries than the cap: one probe per try.
+  // Finds nothing to cut, by the index, until a delivery has more tries than the cap: one probe per try
+  // that may take it past (mayOverflow()).
   trim: `DELETE FROM attempts WHERE source = ? AND id = ? AND destination = ? AND seq <= (
            SELECT seq FROM attempts WHERE source = ? AND id = ? AND destination = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`,
 } as const;
@@ -143,6 +144,17 @@ export function tryParams(
     tried?.headers === undefined ? null : JSON.stringify(tried.headers),
     tried?.body ?? null,
   ];
+}
+
+/**
+ * mayOverflow says whether a good try may take its delivery's log past the cap, so that trim must run with
+ * it. A first try of a delivery never replayed cannot, but for one more try than the cap: its earlier tries
+ * (failures, each trimmed as it was kept) came before a retry by hand reset its attempts, and once it is
+ * done only a replay, which counts, starts it again. So the hot path, a forward that succeeds at once,
+ * runs no trim, and a log holds at most attemptsKept + 1 tries.
+ */
+export function mayOverflow(lease: { attempts: number; replays: number }): boolean {
+  return lease.attempts > 1 || lease.replays > 0;
 }
 
 /** trimParams are ATTEMPT_SQL.trim's values: the delivery's key twice, and how many tries it keeps. */

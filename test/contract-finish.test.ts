@@ -263,6 +263,24 @@ contract((suite) => {
       );
     });
 
+    it("keeps one more than the cap after a retry by hand that succeeds at once, and trims at the next replay", async () => {
+      const inbox = await open({ attemptsKept: 2, maxAttempts: 2, retryDelayMs: 1 });
+      await inbox.store({ id: "evt_1", body: body({}) });
+      const log = async () =>
+        (await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 })).map((a) => a.error ?? "ok");
+      for (const error of ["first", "second"]) {
+        suite.t += 1_000;
+        await inbox.fail((await inbox.claim(LEASE))!, error, { attempt: { startedAt: suite.t, ms: 1 } });
+      }
+      assert.equal(await inbox.retry({ id: "evt_1" }), 1);
+      // Its first try after the retry: the hot path, with no trim.
+      await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t, ms: 1, status: 200 });
+      assert.deepEqual(await log(), ["first", "second", "ok"]);
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_1" }), { replayed: 1, tombstoned: 0 });
+      await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t + 1, ms: 1, status: 200 });
+      assert.deepEqual(await log(), ["ok", "ok"], "a replayed delivery's try trims its log back to the cap");
+    });
+
     it("the control: with the default cap, all six tries are kept", async () => {
       const inbox = await open({ maxAttempts: 10, retryDelayMs: 1 });
       await inbox.store({ id: "evt_1", body: body({}) });

@@ -62,7 +62,7 @@ import {
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery } from "../rows.ts";
-import { ATTEMPT_SQL, trimParams, tryParams } from "../sql.ts";
+import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -921,8 +921,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return results;
   }
 
-  // keepTries adds a batch's tries to the attempt log and lets each delivery's oldest go past the cap: two
-  // statements a batch, whatever its size, sent behind the done marks in their transaction.
+  // keepTries adds a batch's tries to the attempt log and lets each delivery's oldest go past the cap: one
+  // statement a batch, whatever its size, and a second where a try may take a log past it, sent behind the
+  // done marks in their transaction.
   private keepTries(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<unknown> {
     const rows = ops.map((op) => tryParams(op.lease, op.lease.attempts, null, op.attempt, 0));
     const column = (i: number) => rows.map((r) => r[i]);
@@ -934,6 +935,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9].map(column),
       ),
     );
+    const over = ops.filter((op) => mayOverflow(op.lease));
+    if (over.length === 0) return kept;
     const trimmed = client.query(
       this.prepared(
         `DELETE FROM attempts a USING (
@@ -941,7 +944,12 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
                                   ORDER BY x.seq DESC LIMIT 1 OFFSET $4) AS cut
              FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, i, d)) c
          WHERE a.source = c.s AND a.id = c.i AND a.destination = c.d AND a.seq <= c.cut`,
-        [column(0), column(1), column(2), this.attemptsKept],
+        [
+          over.map((op) => op.lease.source),
+          over.map((op) => op.lease.id),
+          over.map((op) => op.lease.destination),
+          this.attemptsKept,
+        ],
       ),
     );
     return Promise.all([kept, trimmed]);

@@ -61,7 +61,7 @@ import {
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
-import { ATTEMPT_SQL, trimParams, tryParams } from "../sql.ts";
+import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -493,7 +493,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     }
     if (changed !== 1) return false;
     if (lease.orderKey !== null) this.handled(lease);
-    if (attempt !== undefined) this.keepTry(lease, lease.attempts, null, attempt, now);
+    if (attempt !== undefined) this.keepTry(lease, lease.attempts, null, attempt, now, mayOverflow(lease));
     for (const write of writes) {
       const result = write(this.tx);
       if (result instanceof Promise) {
@@ -506,9 +506,16 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
 
   // keepTry adds a try to the delivery's attempt log, and lets its oldest go past the cap.
-  private keepTry(lease: Lease, attempt: number, error: string | null, tried: Try | undefined, now: number): void {
+  private keepTry(
+    lease: Lease,
+    attempt: number,
+    error: string | null,
+    tried: Try | undefined,
+    now: number,
+    trim = true,
+  ): void {
     this.sql(ATTEMPT_SQL.keep).run(...(tryParams(lease, attempt, error, tried, now) as SQLInputValue[]));
-    this.sql(ATTEMPT_SQL.trim).run(...(trimParams(lease, this.attemptsKept) as SQLInputValue[]));
+    if (trim) this.sql(ATTEMPT_SQL.trim).run(...(trimParams(lease, this.attemptsKept) as SQLInputValue[]));
   }
 
   /**
