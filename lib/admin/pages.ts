@@ -200,7 +200,7 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
   );
 };
 
-/** oneDelivery shows one delivery: its row per destination, its failed tries, its metadata and its body. */
+/** oneDelivery shows one delivery: its row per destination, its tries, its metadata and its body. */
 export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: Flash | null) => {
   const id = params.get("id");
   const source = params.get("source") ?? undefined;
@@ -301,10 +301,7 @@ ${await previewSection(ctx, rows, params.get("preview") === "1")}`,
 // tryRow is one try on a delivery's page: when, how long, the status or the error, and the answer's
 // headers and first bytes folded beneath it. Everything in it came from a destination: escaped.
 function tryRow(a: Attempt, single: boolean): string {
-  const answer =
-    a.error === null
-      ? `<span class="ok">${a.status === null ? "ok" : `HTTP ${a.status}`}</span>`
-      : `<span class="error">${escape(a.error)}</span>`;
+  const answer = a.error === null ? (a.status === null ? "ok" : `HTTP ${a.status}`) : escape(a.error);
   const headers = a.headers === null ? [] : Object.entries(a.headers);
   const told =
     headers.length === 0 && (a.body === null || a.body === "")
@@ -314,7 +311,7 @@ function tryRow(a: Attempt, single: boolean): string {
             ? ""
             : `<pre class="headers">${escape(headers.map(([k, v]) => `${k}: ${v}`).join("\n"))}</pre>`
         }${a.body === null || a.body === "" ? "" : `<pre class="body">${escape(a.body)}</pre>`}</details>`;
-  return `<tr class="try"><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(utc(a.startedAt))}</td><td class="num">${a.ms === null ? "–" : `${a.ms} ms`}</td><td>${answer}${told}</td></tr>`;
+  return `<tr class="try"><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(utc(a.startedAt))}</td><td class="num">${a.ms === null ? "–" : `${a.ms} ms`}</td><td class="${a.error === null ? "ok" : "error"}">${answer}${told}</td></tr>`;
 }
 
 // previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview` does; nothing is sent.
