@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import { once } from "node:events";
+import { join } from "node:path";
 import { createServer, type Server } from "node:http";
 import { after, before, describe, it } from "node:test";
 import createClient from "openapi-fetch";
@@ -16,7 +17,18 @@ import { forward } from "../lib/forwarding/forwarder.ts";
 import { loadDestinations } from "../lib/routing/routes.ts";
 import type { Attempt, Inbox } from "../lib/store.ts";
 import type { paths } from "./generated/api.ts";
-import { backends, chromiumSkip, launchChromium, runScript } from "./helpers.ts";
+import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
+import {
+  backends,
+  chromiumSkip,
+  freshSchema,
+  launchChromium,
+  pastSchema,
+  postgresSkip,
+  runScript,
+  tempDir,
+} from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const SECRET = `whsec_${Buffer.from("the app's forwarding secret").toString("base64")}`;
@@ -271,3 +283,80 @@ for (const backend of await backends("attempt_log")) {
     });
   });
 }
+
+// beforeLog is the migrations up to the one that made the attempt log.
+const beforeLog = (all: readonly string[]) =>
+  all.slice(
+    0,
+    all.findIndex((m) => m.includes("CREATE TABLE attempts")),
+  );
+const OLD_TRIES = `INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination)
+  VALUES ('shop', 'order_9', 1, 'HTTP 502 from app: bad gateway', ${T0 + 1_000}, 'app'),
+         ('shop', 'order_9', 2, 'app did not answer within 30000 ms', ${T0 + 61_000}, 'app')`;
+
+// moved opens the migrated inbox and reads the old tries from its attempt log.
+async function moved(target: string): Promise<void> {
+  const inbox = await connect(target);
+  try {
+    assert.deepEqual(await inbox.attempts({ source: "shop", id: "order_9", receivedAt: T0 }), [
+      {
+        attempt: 1,
+        destination: "app",
+        startedAt: T0 + 1_000,
+        ms: null,
+        status: null,
+        error: "HTTP 502 from app: bad gateway",
+        headers: null,
+        body: null,
+      },
+      {
+        attempt: 2,
+        destination: "app",
+        startedAt: T0 + 61_000,
+        ms: null,
+        status: null,
+        error: "app did not answer within 30000 ms",
+        headers: null,
+        body: null,
+      },
+    ]);
+  } finally {
+    await inbox.close();
+  }
+}
+
+const pgSkip = await postgresSkip();
+
+describe("a database made before the attempt log", () => {
+  it("keeps its failed tries through the migration on SQLite (the old schema had no attempts table)", async () => {
+    const dir = tempDir();
+    try {
+      const path = join(dir.dir, "old.db");
+      const list = beforeLog(SQLITE_MIGRATIONS);
+      assert.ok(list.length > 0 && list.length < SQLITE_MIGRATIONS.length);
+      const past = await pastSchema("sqlite", path, list);
+      await past.exec(OLD_TRIES);
+      await assert.rejects(past.exec("SELECT * FROM attempts"), /no such table: attempts/);
+      await past.close();
+      await moved(path);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
+  it("keeps its failed tries through the migration on PostgreSQL", { skip: pgSkip }, async () => {
+    const fresh = await freshSchema("migrtries");
+    try {
+      const past = await pastSchema("postgres", fresh.schema, beforeLog(PG_MIGRATIONS));
+      try {
+        await past.exec(OLD_TRIES);
+        await assert.rejects(past.exec("SELECT * FROM attempts"), /relation "attempts" does not exist/);
+      } finally {
+        await past.close();
+      }
+      await moved(fresh.url);
+    } finally {
+      await fresh.drop();
+    }
+  });
+});
