@@ -26,10 +26,10 @@ export type Outcome = (
   | { kind: "failed"; error: string }
   /** The destination said it is gone (410): pause it, and hand the delivery back without spending its attempt. */
   | { kind: "gone"; error: string }
-) & { answered?: Answered };
+) & { reply?: Reply };
 
-/** Answered is a destination's answer as the attempt log keeps it: its status, headers and first bytes, redacted. */
-export interface Answered {
+/** Reply is a destination's answer as the attempt log keeps it: its status, headers and first bytes, redacted. */
+export interface Reply {
   status: number;
   headers: Record<string, string>;
   body: string;
@@ -278,8 +278,8 @@ export function httpSender(
         const read = await firstBytes(res.body, bodyBytes, redactor?.reach ?? 0, good ? 1 << 20 : 0);
         const body = redactor ? redactor.redact(read.text, read.keep) : read.text.slice(0, read.keep);
         const head = good ? "" : body.slice(0, answerBytes);
-        const answered: Answered = { status: res.statusCode, headers: answerHeaders(res.headers, redactor), body };
-        return { ...judge(res.statusCode, res.headers, head, name, permanent4xx, now()), answered };
+        const reply: Reply = { status: res.statusCode, headers: answerHeaders(res.headers, redactor), body };
+        return { ...judge(res.statusCode, res.headers, head, name, permanent4xx, now()), reply };
       } catch (error) {
         if (timedOut && !signal.aborted)
           return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };

@@ -71,7 +71,7 @@ export interface ForwardStats {
   done: number;
   retried: number;
   failed: number;
-  held: number;
+  released: number;
   lost: number;
 }
 
@@ -88,7 +88,7 @@ const NEVER: BreakerPolicy = {
 export async function forward(options: ForwarderOptions): Promise<ForwardStats> {
   const { forwarding } = options;
   const log: Log = options.log ?? ((line: string) => console.error(line));
-  const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, released: 0, lost: 0 };
   const senders = new Map<string, Sender>();
   // Compiled once per destination, its own secrets naming themselves first; used only on a failed try.
   const known = options.redact === false ? [] : (options.secrets ?? secretsOf(forwarding));
@@ -401,11 +401,11 @@ class DestinationLane {
     if (answer.kind !== "done") answer = { ...answer, error: this.p.redactor.redact(answer.error) };
     const tried = { answer, skipped: shaped === null, transformFailed };
     // The try as its attempt log keeps it: the answer, already redacted by the sender, where one came.
-    const { answered } = answer;
+    const { reply } = answer;
     const attempt: Try = {
       startedAt,
       ms: now() - startedAt,
-      ...(answered ? { status: answered.status, headers: answered.headers, body: answered.body } : {}),
+      ...(reply ? { status: reply.status, headers: reply.headers, body: reply.body } : {}),
     };
     if (answer.kind === "done") return { kind: "done", attempt, tried };
     if (answer.kind === "gone") return { kind: "held", error: answer.error, tried };
@@ -489,7 +489,7 @@ class DestinationLane {
     // Given back: not started, cut off by a stop, or held behind a destination that said it is gone.
     if (s.kind === "released" || s.kind === "held" || (s.kind === "retry" && event.cutOff)) {
       span?.end("released", s.kind === "held" ? s.error : undefined);
-      if (result === "released") this.p.stats.held++;
+      if (result === "released") this.p.stats.released++;
       if (s.kind === "held" && event.paused)
         this.p.say(
           { type: "destination.paused", data: { destination: this.name, reason: s.error } },
