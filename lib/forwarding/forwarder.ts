@@ -146,9 +146,10 @@ interface RouteHere {
 }
 
 /**
- * Forwarded is one forward's settlement (lease/settler.ts), with what the try came to: what the destination
- * (or the broker) answered, or what stood in for an answer when nothing was sent. An attempt's own record
- * (its status, its timing, its answer's head) belongs in `tried`.
+ * Forwarded is one forward's settlement (lease/settler.ts), with what the try came to for the lane's report
+ * (`tried`): what the destination (or the broker) answered, or what stood in for an answer when nothing was
+ * sent. What the attempt log keeps of it (its timing, its answer's status, headers and first bytes) is the
+ * settlement's own `attempt`, which the settler writes with it.
  */
 type Forwarded = Settlement & { tried: Tried };
 interface Tried {
