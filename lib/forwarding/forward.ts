@@ -276,8 +276,10 @@ export function httpSender(
         // redacted before judge() folds its whitespace. The rest is let go, the connection with it.
         const good = res.statusCode >= 200 && res.statusCode < 300;
         const read = await firstBytes(res.body, bodyBytes, redactor?.reach ?? 0, good ? 1 << 20 : 0);
-        const body = redactor ? redactor.redact(read.text, read.keep) : read.text.slice(0, read.keep);
-        const head = good ? "" : body.slice(0, answerBytes);
+        const cut = (keep: number) => (redactor ? redactor.redact(read.text, keep) : read.text.slice(0, keep));
+        const body = cut(read.keep(bodyBytes));
+        // The error's head is cut on its own, so that a secret straddling its cut leaves its marker whole.
+        const head = good ? "" : cut(read.keep(answerBytes));
         const reply: Reply = { status: res.statusCode, headers: answerHeaders(res.headers, redactor), body };
         return { ...judge(res.statusCode, res.headers, head, name, permanent4xx, now()), reply };
       } catch (error) {
@@ -318,15 +320,15 @@ function answerHeaders(
 }
 
 // firstBytes reads up to n bytes of an answer for the delivery's page, and more past them, then lets the
-// rest go: text is all it kept, keep the characters of its first n bytes. It reads on, keeping nothing, up
-// to `through` bytes in all, so that a good answer a little longer than the cut leaves its connection whole
-// for the next forward rather than cut.
+// rest go: text is all it kept, keep(m) the characters of its first m bytes. It reads on, keeping nothing,
+// up to `through` bytes in all, so that a good answer a little longer than the cut leaves its connection
+// whole for the next forward rather than cut.
 async function firstBytes(
   body: AsyncIterable<Buffer> & { destroy(): void },
   n: number,
   more: number,
   through = 0,
-): Promise<{ text: string; keep: number }> {
+): Promise<{ text: string; keep: (m: number) => number }> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
@@ -341,7 +343,7 @@ async function firstBytes(
     body.destroy();
   }
   const all = Buffer.concat(chunks);
-  return { text: all.subarray(0, n + more).toString("utf8"), keep: all.subarray(0, n).toString("utf8").length };
+  return { text: all.subarray(0, n + more).toString("utf8"), keep: (m) => all.subarray(0, m).toString("utf8").length };
 }
 
 // refused is the Outcome of a forward whose connection the address rule refused (lib/reach.ts): set aside
