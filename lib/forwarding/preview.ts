@@ -132,7 +132,7 @@ export async function preview(
       let shaped: Shaped | null | undefined;
       if (setting) {
         try {
-          shaped = await transforms.get(setting.module).run(transformInput(lease, name), setting.timeoutMs);
+          shaped = await transforms.get(setting).run(transformInput(lease, name), setting.timeoutMs);
         } catch (error) {
           requests.push({ destination: name, kind: destination.kind, error: message(error) });
           continue;

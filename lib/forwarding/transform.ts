@@ -1,7 +1,7 @@
-// forwarding/transform.ts: transforms, modules that reshape a delivery before each forward (a route's or a destination's
-// "transform" in the sources file). Each module runs in a child process of its own (transform-child.ts), one
-// delivery at a time, killed past its time or memory limit, so a loop or a runaway allocation holds no lane
-// and no handler, and can never end the worker.
+// forwarding/transform.ts: transforms, which reshape a delivery before each forward (a route's or a destination's
+// "transform" in the sources file). Code the configuration holds ({"code": "…"}) runs in the sandbox (sandbox.ts:
+// QuickJS in WebAssembly, a fresh engine per call). A module file runs in a child process of its own
+// (transform-child.ts), one delivery at a time, killed past its time or memory limit.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
 //   import type { Transform } from "webhook-inbox/transform";
 //   export default ((d) => ({ body: { id: d.id, type: d.eventType }, headers: { "x-app": "1" } })) satisfies Transform;
@@ -14,6 +14,7 @@ import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { DEFAULTS } from "../defaults.ts";
 import type { Headers, Lease } from "../store.ts";
+import { Sandbox, type SandboxOptions } from "./sandbox.ts";
 
 /** JsonValue is any value JSON can hold. */
 export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
@@ -167,6 +168,8 @@ export interface TransformLimits {
   memoryMb?: number;
   /** Where an error the module throws outside any call (its own timer) is logged, naming the module. @default console.error */
   log?: (line: string) => void;
+  /** The sandbox's limits, for transforms given as code. @default SandboxOptions' defaults */
+  sandbox?: SandboxOptions;
 }
 
 // rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
@@ -184,7 +187,7 @@ function rssMb(pid: number): number | undefined {
  * time limit, or its memory limit, the process is killed (that stops any loop, awaited or not, and frees
  * all it held), that delivery fails, and a fresh process loads the module for the ones behind it.
  */
-export class Transformer {
+export class Transformer implements Runner {
   /** The module's file URL. */
   readonly url: string;
   /** The module as the sources file named it, for errors. */
@@ -443,33 +446,109 @@ function shape(
   return { body, contentType, headers };
 }
 
+/** Runner is what runs one transform for the forwarder: a module's process (Transformer) or code in the sandbox (CodeTransformer). */
+export interface Runner {
+  readonly name: string;
+  run(input: TransformInput, timeoutMs?: number): Promise<Shaped | null>;
+  load(): Promise<string | undefined>;
+  close(): Promise<void>;
+}
+
 /**
- * Transforms keeps one Transformer per module, for the forwarder's lanes to share. Relative module paths
- * are taken from base (the sources file's folder, as worker.ts says).
+ * CodeTransformer runs a transform's code in the sandbox (sandbox.ts), a fresh engine each call: its own
+ * contract, `export default (delivery) => …`, or Hookdeck's, `addHandler("transform", (request, context) => …)`.
+ */
+export class CodeTransformer implements Runner {
+  readonly name: string;
+  readonly #code: string;
+  readonly #sandbox: Sandbox;
+
+  constructor(code: string, name: string, sandbox: Sandbox) {
+    this.#code = code;
+    this.name = name;
+    this.#sandbox = sandbox;
+  }
+
+  /** run reshapes one delivery; it rejects with a TransformError whose message says what went wrong. */
+  async run(input: TransformInput, timeoutMs: number = DEFAULTS.transformTimeoutMs): Promise<Shaped | null> {
+    const { body, json: _, ...meta } = input;
+    const answer = await this.#sandbox.run({ code: this.#code, meta, body, timeoutMs });
+    if ("error" in answer) throw new TransformError(`transform ${this.name} ${answer.error}`);
+    if (answer.skip) return null;
+    return shape(answer, input, this.name);
+  }
+
+  /** load says why the code cannot be used (it does not compile, or defines no transform), or undefined. */
+  load(): Promise<string | undefined> {
+    return this.#sandbox.check(this.#code);
+  }
+
+  async close(): Promise<void> {}
+}
+
+/** TransformUse names one transform: a module's path, or code with its `code:` name (routes.ts's TransformSetting). */
+export interface TransformUse {
+  module: string;
+  code?: string;
+}
+
+/**
+ * Transforms keeps one Runner per transform, for the forwarder's lanes to share: code runs in one sandbox
+ * shared by all, a module in a process of its own. Relative module paths are taken from base (the sources
+ * file's folder, as worker.ts says).
  */
 export class Transforms {
   readonly #base: string;
   readonly #limits: TransformLimits;
-  readonly #all = new Map<string, Transformer>();
+  readonly #all = new Map<string, Runner>();
+  #sandbox?: Sandbox;
 
   constructor(base: string, limits: TransformLimits = {}) {
     this.#base = base;
     this.#limits = limits;
   }
 
-  /** get returns the Transformer of a module, as the sources file names it. */
-  get(module: string): Transformer {
+  /** get returns the Runner of a transform, as the configuration names it. */
+  get(use: TransformUse | string): Runner {
+    const { module, code } = typeof use === "string" ? { module: use, code: undefined } : use;
+    if (code !== undefined) {
+      let t = this.#all.get(module);
+      if (!t) {
+        this.#sandbox ??= new Sandbox(this.#limits.sandbox);
+        this.#all.set(module, (t = new CodeTransformer(code, module, this.#sandbox)));
+      }
+      return t;
+    }
     const path = isAbsolute(module) ? module : resolve(this.#base, module);
     let t = this.#all.get(path);
     if (!t) this.#all.set(path, (t = new Transformer(path, module, this.#limits)));
     return t;
   }
 
-  /** close stops every process. */
+  /** close stops every process and the sandbox's threads. */
   async close(): Promise<void> {
-    await Promise.all([...this.#all.values()].map((t) => t.close()));
+    await Promise.all([...[...this.#all.values()].map((t) => t.close()), this.#sandbox?.close()]);
     this.#all.clear();
+    this.#sandbox = undefined;
   }
+}
+
+// The sandbox that checks code as a configuration is applied: one thread, started at the first check.
+let checker: Sandbox | undefined;
+
+/**
+ * checkCode runs the top level of each transform given as code in the sandbox and says, in one line, the
+ * first that does not compile or defines no transform (`where: transform code:… threw SyntaxError: …`), or
+ * undefined when all can run. A change through the API, the page, `config apply` or SIGHUP calls it first.
+ */
+export async function checkCode(uses: readonly (TransformUse & { where: string })[]): Promise<string | undefined> {
+  for (const use of uses) {
+    if (use.code === undefined) continue;
+    checker ??= new Sandbox({ threads: 1 });
+    const why = await checker.check(use.code);
+    if (why !== undefined) return `${use.where}: transform ${use.module} ${why}`;
+  }
+  return undefined;
 }
 
 /**
@@ -478,11 +557,11 @@ export class Transforms {
  * calls it at start-up and hands the same transforms to forward().
  */
 export async function checkTransforms(
-  uses: readonly { module: string; where: string }[],
+  uses: readonly (TransformUse & { where: string })[],
   transforms: Transforms,
 ): Promise<string | undefined> {
   // All at once; the first in the file's order that cannot be used is the one reported.
-  const why = await Promise.all(uses.map((use) => transforms.get(use.module).load()));
+  const why = await Promise.all(uses.map((use) => transforms.get(use).load()));
   const i = why.findIndex((w) => w !== undefined);
   return i < 0 ? undefined : `${uses[i]!.where}: transform ${uses[i]!.module} ${why[i]}`;
 }
