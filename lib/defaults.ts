@@ -187,7 +187,7 @@ export const DEFAULTS = {
   transformMemoryMb: 512,
   /** Forwarding: milliseconds between two looks at a transform process's memory (Linux's /proc). @default 25 */
   transformWatchMs: 25,
-  /** Sandbox: megabytes a sandboxed transform's QuickJS runtime may allocate in one call (its objects, strings and ArrayBuffers alike); past it the call stops and the try fails. @default 64 */
+  /** Sandbox: megabytes of WebAssembly memory each sandbox thread's engine has, which holds all a call makes (objects, strings and ArrayBuffers alike); past it the call stops and the try fails. @default 64 */
   sandboxMemoryMb: 64,
   /** Sandbox: threads that run sandboxed transforms in one process, so one transform's loop holds one thread, never the event loop or the others. @default 2 */
   sandboxThreads: 2,

@@ -84,7 +84,7 @@ describe("Sandbox", () => {
   });
 
   it("stops a memory bomb at its memory limit, with a line naming it, and the next call runs", async () => {
-    const small = new Sandbox({ memoryMb: 16, threads: 1 });
+    const small = new Sandbox({ memoryMb: 32, threads: 1 });
     try {
       for (const bomb of [
         `export default () => { const a = []; for (;;) a.push(new ArrayBuffer(1 << 20)); }`,
@@ -92,7 +92,7 @@ describe("Sandbox", () => {
       ]) {
         await assert.rejects(
           new CodeTransformer(bomb, "bomb", small).run(delivery({}), 20_000),
-          /transform bomb ran out of memory: past its 16 MB limit, so it was stopped/,
+          /transform bomb ran out of memory: past its 32 MB limit, so it was stopped/,
         );
       }
       const next = await new CodeTransformer(`export default () => ({ body: "after" })`, "t", small).run(delivery({}));

@@ -22,6 +22,7 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { PreviewBusy } from "../forwarding/preview.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
@@ -195,6 +196,7 @@ export class Api {
         {
           "content-type": "application/problem+json",
           ...(status === 401 ? { "www-authenticate": 'Bearer realm="webhook-inbox"' } : {}),
+          ...(error instanceof ApiError ? error.headers : {}),
         },
       );
     }
@@ -458,6 +460,8 @@ const OPERATION_HANDLERS: Record<OperationId, Handler> = {
     try {
       return { body: await ctx.preview(rows, to === undefined ? {} : { to }) };
     } catch (error) {
+      if (error instanceof PreviewBusy)
+        throw new ApiError(503, message(error), {}, { "retry-after": String(error.retryAfterS) });
       throw new ApiError(409, message(error));
     }
   },

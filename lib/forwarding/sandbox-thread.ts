@@ -1,10 +1,10 @@
 // forwarding/sandbox-thread.ts: the worker thread that runs transform code in QuickJS compiled to WebAssembly.
-// sandbox.ts starts it and hands it one call at a time; each call gets a QuickJS runtime and context of its own,
-// with a memory limit and an interrupt at its deadline, disposed when the call ends, so nothing a call leaves
-// behind reaches the next. The engine has no file system, network, timers, process or environment to give:
+// sandbox.ts starts it and hands it one call at a time; each call gets a QuickJS context of its own, in memory
+// bounded by the thread's WebAssembly memory and with an interrupt at its deadline, disposed when the call ends,
+// so nothing a call leaves behind reaches the next. The engine has no file system, network, timers, process or environment to give:
 // only what the prelude below defines exists. Not run on its own.
 
-import { parentPort } from "node:worker_threads";
+import { parentPort, workerData } from "node:worker_threads";
 import variant from "@jitl/quickjs-wasmfile-release-sync";
 import {
   type QuickJSContext,
@@ -12,6 +12,7 @@ import {
   type QuickJSRuntime,
   type QuickJSSyncVariant,
   newQuickJSWASMModuleFromVariant,
+  newVariant,
 } from "quickjs-emscripten-core";
 
 /** ThreadCall is one call as sandbox.ts sends it. */
@@ -108,9 +109,18 @@ const PRELUDE = String.raw`
 })();
 `;
 
+// The engine's whole memory is one WebAssembly.Memory whose maximum is the limit: QuickJS's own malloc limit
+// counts allocations rather than their bytes in this build (it has no malloc_usable_size), so the memory's
+// maximum is what holds: past it every allocation fails, and the call ends "out of memory". Its 16 MB start
+// is the engine's own need.
+const { memoryMb } = workerData as { memoryMb: number };
+const memory = new WebAssembly.Memory({
+  initial: 256,
+  maximum: Math.max(256, Math.ceil((memoryMb * 1024 * 1024) / 65_536)),
+});
 // The package's types are its CommonJS build's, whose default sits one level down; as ESM it is the variant.
 const QuickJS = await newQuickJSWASMModuleFromVariant(
-  ((variant as { default?: unknown }).default ?? variant) as QuickJSSyncVariant,
+  newVariant(((variant as { default?: unknown }).default ?? variant) as QuickJSSyncVariant, { wasmMemory: memory }),
 );
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();

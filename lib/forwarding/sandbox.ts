@@ -28,7 +28,7 @@ export type SandboxAnswer =
 
 /** SandboxOptions are the sandbox's limits. */
 export interface SandboxOptions {
-  /** Megabytes one call's engine may allocate. @default DEFAULTS.sandboxMemoryMb */
+  /** Megabytes of WebAssembly memory each thread's engine has, for one call at a time: past it, the call fails. @default DEFAULTS.sandboxMemoryMb */
   memoryMb?: number;
   /** Threads that run calls, each one call at a time. @default DEFAULTS.sandboxThreads */
   threads?: number;
@@ -54,8 +54,9 @@ interface Thread {
 
 /**
  * Sandbox runs transform calls on a few threads, one call per thread at a time, in the order they came.
- * A thread that a call could not stop (stuck past its deadline and the grace) or that ran out of memory is
- * ended and replaced, so the memory the call took goes back to the system.
+ * Each thread's engine lives in a WebAssembly memory of at most memoryMb, which holds every object, string and
+ * buffer a call makes. A thread that a call could not stop (stuck past its deadline and the grace) is ended and
+ * replaced.
  */
 export class Sandbox {
   readonly #memoryMb: number;
@@ -110,8 +111,12 @@ export class Sandbox {
   }
 
   #start(): Thread {
-    // Its own resource limits: a heap for the host side of the thread, which holds the wasm memory apart.
-    const worker = new Worker(THREAD, { resourceLimits: { maxOldGenerationSizeMb: 64 } });
+    // Its own resource limits: a heap for the host side of the thread; the engine's memory is its WebAssembly
+    // memory, whose maximum the thread sets from memoryMb.
+    const worker = new Worker(THREAD, {
+      resourceLimits: { maxOldGenerationSizeMb: 64 },
+      workerData: { memoryMb: this.#memoryMb },
+    });
     worker.unref();
     // Settled either way: a thread that fails to start answers its call through "error" and "exit".
     const thread: Thread = {
@@ -172,13 +177,8 @@ export class Sandbox {
     thread.worker.unref();
     const { id: _, ...rest } = answer;
     busy.waiting.resolve(rest as SandboxAnswer);
-    // A call that ran out of memory grew the thread's WebAssembly memory, which never shrinks: a fresh thread
-    // gives it back.
-    if ("limit" in answer && answer.limit === "memory") void this.#end(thread, undefined);
-    else {
-      this.#idle.push(thread);
-      this.#pump();
-    }
+    this.#idle.push(thread);
+    this.#pump();
   }
 
   // lost answers the call in hand of a thread that ended, and lets the next call start a fresh one.

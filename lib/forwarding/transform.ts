@@ -170,6 +170,8 @@ export interface TransformLimits {
   log?: (line: string) => void;
   /** The sandbox's limits, for transforms given as code. @default SandboxOptions' defaults */
   sandbox?: SandboxOptions;
+  /** A sandbox shared with others, which close() leaves running. @default one of its own, made at the first code transform */
+  shared?: Sandbox;
 }
 
 // rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
@@ -514,7 +516,7 @@ export class Transforms {
     if (code !== undefined) {
       let t = this.#all.get(module);
       if (!t) {
-        this.#sandbox ??= new Sandbox(this.#limits.sandbox);
+        this.#sandbox ??= this.#limits.shared ?? new Sandbox(this.#limits.sandbox);
         this.#all.set(module, (t = new CodeTransformer(code, module, this.#sandbox)));
       }
       return t;
@@ -527,7 +529,8 @@ export class Transforms {
 
   /** close stops every process and the sandbox's threads. */
   async close(): Promise<void> {
-    await Promise.all([...[...this.#all.values()].map((t) => t.close()), this.#sandbox?.close()]);
+    const own = this.#sandbox === this.#limits.shared ? undefined : this.#sandbox;
+    await Promise.all([...[...this.#all.values()].map((t) => t.close()), own?.close()]);
     this.#all.clear();
     this.#sandbox = undefined;
   }
