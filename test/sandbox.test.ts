@@ -5,12 +5,12 @@
 //   NODE_COMPILE_CACHE=node_modules/.cache/node-compile npx node --test test/sandbox.test.ts
 
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Sandbox } from "../lib/forwarding/sandbox.ts";
 import { CodeTransformer, type TransformInput, Transformer } from "../lib/forwarding/transform.ts";
-import { tempDir } from "./helpers.ts";
+import { tempDir, until } from "./helpers.ts";
 
 const box = new Sandbox();
 after(() => box.close());
@@ -189,3 +189,72 @@ describe("Hookdeck's contract", () => {
     );
   });
 });
+
+// An operator's module, in its child process (asked for explicitly): the worker's secrets stay out of its
+// environment, and what it spawns ends with it, detached or not.
+describe("a module transform's process", () => {
+  it("gets none of the worker's secrets, only what locates programs", async () => {
+    const { dir, cleanup } = tempDir();
+    writeFileSync(join(dir, "env.mjs"), `export default () => ({ body: Object.keys(process.env).sort().join(",") });`);
+    process.env.SANDBOX_TEST_SECRET = "s3cret";
+    const t = new Transformer(join(dir, "env.mjs"));
+    try {
+      const names = text((await t.run(delivery({})))!.body).split(",");
+      assert.ok(!names.includes("SANDBOX_TEST_SECRET"), names.join(","));
+      assert.ok(names.includes("PATH"), "the control: the child does see the names it is given");
+      assert.ok(
+        names.every((n) => ["PATH", "LANG", "LC_ALL", "TZ", "NODE_ENV", "TMPDIR"].includes(n)),
+        names.join(","),
+      );
+    } finally {
+      delete process.env.SANDBOX_TEST_SECRET;
+      await t.close();
+      cleanup();
+    }
+  });
+
+  it("ends what it spawned, detached included, when it is stopped at its time limit", async () => {
+    const { dir, cleanup } = tempDir();
+    const pids = join(dir, "pids");
+    writeFileSync(
+      join(dir, "spawn.mjs"),
+      `import { spawn } from "node:child_process";
+import { writeFileSync } from "node:fs";
+export default () => {
+  const a = spawn("sleep", ["600"], { detached: true, stdio: "ignore" });
+  const b = spawn("sleep", ["600"], { stdio: "ignore" });
+  writeFileSync(${JSON.stringify(pids)}, a.pid + " " + b.pid);
+  for (;;) {}
+};`,
+    );
+    const t = new Transformer(join(dir, "spawn.mjs"));
+    try {
+      const ran = t.run(delivery({}), 3_000);
+      await until("the transform spawned its two", () => existsSync(pids));
+      const spawned = readFileSync(pids, "utf8").split(" ").map(Number);
+      const alive = (pid: number) => {
+        try {
+          process.kill(pid, 0);
+          return true;
+        } catch {
+          return false;
+        }
+      };
+      assert.deepEqual(spawned.map(alive), [true, true], "the control: both run while the transform does");
+      await assert.rejects(ran, /ran past its 3000 ms limit, so its process was stopped/);
+      await until("both are gone", () => spawned.every((p) => !alive(p) || zombie(p)));
+    } finally {
+      await t.close();
+      cleanup();
+    }
+  });
+});
+
+// zombie says whether a process has ended and waits for its parent to read it: it runs nothing any more.
+function zombie(pid: number): boolean {
+  try {
+    return /^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, "latin1"));
+  } catch {
+    return true;
+  }
+}

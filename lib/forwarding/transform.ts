@@ -8,7 +8,7 @@
 
 import { type ChildProcess, fork } from "node:child_process";
 import { once } from "node:events";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -255,6 +255,10 @@ export class Transformer implements Runner {
       execArgv,
       serialization: "advanced",
       stdio: ["ignore", "inherit", "pipe", "ipc"],
+      // None of the worker's secrets: the module sees only what locates programs and formats text.
+      env: childEnv(process.env),
+      // A process group of its own, so that what it spawns is ended with it (killTree).
+      detached: process.platform !== "win32",
     });
     const child: Child = { process: proc, ready: Promise.resolve(undefined), sent: [], stderr: "" };
     // Passed through as the module wrote it, and its tail kept: V8 says there why it ended the process. V8's
@@ -401,8 +405,68 @@ export class Transformer implements Runner {
     clearTimeout(child.timer);
     clearInterval(child.watch);
     if (this.#child === child) this.#child = undefined;
-    if (child.process.exitCode === null && child.process.signalCode === null) child.process.kill("SIGKILL");
+    if (child.process.exitCode === null && child.process.signalCode === null) killTree(child.process);
+    // Ended on its own: what it spawned may still run, in its group.
+    else if (child.process.pid) killGroup(child.process.pid);
   }
+}
+
+// The variables a transform's process keeps of the worker's: none that may hold a secret.
+const CHILD_ENV = ["PATH", "LANG", "LC_ALL", "TZ", "NODE_ENV", "TMPDIR", "SystemRoot"];
+
+/** childEnv is the environment a module transform's process gets: CHILD_ENV's names alone, never the worker's secrets. */
+export function childEnv(env: NodeJS.ProcessEnv): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name of CHILD_ENV) if (env[name] !== undefined) out[name] = env[name]!;
+  return out;
+}
+
+// descendants lists the processes below pid, from Linux's /proc (none elsewhere): one that left its group
+// (detached, setsid) is still its parent's child while that parent lives.
+function descendants(pid: number): number[] {
+  const parent = new Map<number, number>();
+  try {
+    for (const entry of readdirSync("/proc")) {
+      if (!/^\d+$/.test(entry)) continue;
+      try {
+        const stat = readFileSync(`/proc/${entry}/stat`, "latin1");
+        parent.set(Number(entry), Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]));
+      } catch {
+        // Gone between the listing and the read.
+      }
+    }
+  } catch {
+    return [];
+  }
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [child, ppid] of parent) if (ppid === p && !out.includes(child)) out.push(child), walk(child);
+  };
+  walk(pid);
+  return out;
+}
+
+const kill = (pid: number) => {
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    // Already gone.
+  }
+};
+
+// killGroup ends a process group: what a transform's process spawned, that stayed in its group.
+function killGroup(pid: number): void {
+  if (process.platform !== "win32") kill(-pid);
+}
+
+// killTree ends a transform's process and everything below it: its descendants (found before it dies, as
+// they are reparented after), its group, then the process itself.
+function killTree(child: ChildProcess): void {
+  const pid = child.pid;
+  if (pid === undefined) return void child.kill("SIGKILL");
+  for (const d of descendants(pid)) kill(d);
+  killGroup(pid);
+  child.kill("SIGKILL");
 }
 
 // shape checks a transform's headers and settles the body's content type.
