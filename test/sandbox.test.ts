@@ -5,6 +5,7 @@
 //   NODE_COMPILE_CACHE=node_modules/.cache/node-compile npx node --test test/sandbox.test.ts
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
@@ -209,6 +210,29 @@ describe("a module transform's process", () => {
     } finally {
       delete process.env.SANDBOX_TEST_SECRET;
       await t.close();
+      cleanup();
+    }
+  });
+
+  it("never runs a file swapped on disk since its version was applied, even when its process starts again", async () => {
+    const { dir, cleanup } = tempDir();
+    const file = join(dir, "t.mjs");
+    const v1 = `export default (d) => { if (d.json.exit) process.exit(3); return { body: "v1" }; };`;
+    writeFileSync(file, v1);
+    const applied = { "./t.mjs": { sha256: createHash("sha256").update(v1).digest("hex") } };
+    const t = new Transformer(file, "./t.mjs", { applied });
+    // The control: the same swap under a Transformer given no hash runs the new code.
+    const unchecked = new Transformer(file, "./t.mjs");
+    const json = (v: unknown) => ({ ...delivery(v), json: v });
+    try {
+      assert.equal(text((await t.run(json({})))!.body), "v1");
+      writeFileSync(file, `export default () => ({ body: "SWAPPED-CODE-NOT-APPLIED" });`);
+      await assert.rejects(t.run(json({ exit: true })), /ended its process \(exit code 3\)/);
+      await assert.rejects(t.run(json({})), /transform \.\/t\.mjs here \(sha256 [0-9a-f]{12}\) is not the one applied/);
+      assert.equal(text((await unchecked.run(json({})))!.body), "SWAPPED-CODE-NOT-APPLIED");
+    } finally {
+      await t.close();
+      await unchecked.close();
       cleanup();
     }
   });

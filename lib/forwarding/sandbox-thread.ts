@@ -73,7 +73,7 @@ const PRELUDE = String.raw`
       let body = text;
       try { body = JSON.parse(text); } catch {}
       const before = typeof body === "object" && body !== null ? JSON.stringify(body) : undefined;
-      const headers = Object.assign({}, input.headers);
+      const headers = Object.assign({}, input.headers || {});
       const request = { headers, body, query: "", path: "/" };
       const context = { id: input.id, source: input.source, destination: input.destination, eventType: input.eventType, attempt: input.attempt, receivedAt: input.receivedAt };
       const out = await handler(request, context);
@@ -85,7 +85,7 @@ const PRELUDE = String.raw`
       if (typeof given !== "object" || given === null || Array.isArray(given)) throw new ShapeError("returned headers that are not an object of names and values");
       const changes = {};
       const was = {};
-      for (const [name, value] of Object.entries(input.headers)) was[name.toLowerCase()] = value;
+      for (const [name, value] of Object.entries(input.headers || {})) was[name.toLowerCase()] = value;
       const now = {};
       for (const [name, value] of Object.entries(given)) now[name.toLowerCase()] = value;
       for (const [name, value] of Object.entries(now)) if (was[name] !== value) changes[name] = typeof value === "number" ? String(value) : value;

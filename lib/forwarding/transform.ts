@@ -7,6 +7,7 @@
 //   export default ((d) => ({ body: { id: d.id, type: d.eventType }, headers: { "x-app": "1" } })) satisfies Transform;
 
 import { type ChildProcess, fork } from "node:child_process";
+import { createHash } from "node:crypto";
 import { once } from "node:events";
 import { readdirSync, readFileSync } from "node:fs";
 import { validateHeaderName, validateHeaderValue } from "node:http";
@@ -172,6 +173,8 @@ export interface TransformLimits {
   sandbox?: SandboxOptions;
   /** A sandbox shared with others, which close() leaves running. @default one of its own, made at the first code transform */
   shared?: Sandbox;
+  /** The SHA-256 of each module as its version was applied: a process starts only on a file that still has it. @default none checked */
+  applied?: Readonly<Record<string, { sha256: string }>>;
 }
 
 // rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
@@ -203,9 +206,12 @@ export class Transformer implements Runner {
   #closed = false;
   #starting = false;
 
+  readonly #sha256: string | undefined;
+
   constructor(module: string, name = module, limits: TransformLimits = {}) {
     this.url = module.startsWith("file:") ? module : pathToFileURL(module).href;
     this.name = name;
+    this.#sha256 = limits.applied?.[name]?.sha256;
     this.#heapMb = limits.heapMb ?? DEFAULTS.transformHeapMb;
     this.#memoryMb = limits.memoryMb ?? DEFAULTS.transformMemoryMb;
     this.#log = limits.log ?? ((line) => console.error(line));
@@ -222,7 +228,7 @@ export class Transformer implements Runner {
 
   /** load starts the process and says why the module cannot be used, or undefined when it can. */
   async load(): Promise<string | undefined> {
-    return this.#start().ready;
+    return this.#drift() ?? this.#start().ready;
   }
 
   /** close stops the process; deliveries still waiting fail. */
@@ -307,6 +313,22 @@ export class Transformer implements Runner {
     return child;
   }
 
+  // drift says why the module's file is not the one applied, or undefined when it is (or none was given).
+  #drift(): string | undefined {
+    if (this.#sha256 === undefined) return undefined;
+    let here: string;
+    try {
+      here = createHash("sha256")
+        .update(readFileSync(fileURLToPath(this.url)))
+        .digest("hex");
+    } catch (error) {
+      return `cannot be read: ${(error as Error).message}`;
+    }
+    return here === this.#sha256
+      ? undefined
+      : `here (sha256 ${here.slice(0, 12)}) is not the one applied (sha256 ${this.#sha256.slice(0, 12)}); apply its new version to run it`;
+  }
+
   // ended says why a process ended, from its exit and what V8 wrote last.
   #ended(child: Child, code: number | null, signal: NodeJS.Signals | null): string {
     if (child.killedFor) return child.killedFor;
@@ -342,6 +364,13 @@ export class Transformer implements Runner {
   // pump hands waiting deliveries to the process, starting one (and loading the module) when there is none.
   async #pump(): Promise<void> {
     if (this.#starting || this.#queue.length === 0 || this.#closed) return;
+    // A file changed since its version was applied is not the code applied: no process starts on it, the
+    // first or one started again after the last was stopped.
+    const drift = this.#child ? undefined : this.#drift();
+    if (drift !== undefined) {
+      for (const job of this.#queue.splice(0)) job.reject(new TransformError(`transform ${this.name} ${drift}`));
+      return;
+    }
     const child = this.#start();
     if (child.sent.length === 0) {
       this.#starting = true;
