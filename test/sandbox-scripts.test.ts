@@ -13,7 +13,16 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import type { Delivery } from "../lib/store.ts";
-import { backends, destinationServer, spawnScript, startReceiver, tempDir, until } from "./helpers.ts";
+import {
+  backends,
+  destinationServer,
+  runScript,
+  spawnScript,
+  startAdmin,
+  startReceiver,
+  tempDir,
+  until,
+} from "./helpers.ts";
 
 const SECRET = `whsec_${Buffer.from("the sandbox test's secret").toString("base64")}`;
 
@@ -132,6 +141,35 @@ for (const backend of await backends("sandbox_scripts")) {
         assert.equal(header.body, JSON.stringify({ type: "order.paid", n: 4 }));
         const type = dest.got.find((g) => g.to === "type" && g.id === "5-ok")!;
         assert.equal(type.headers["x-event-type"], "order.paid");
+
+        // A read key's previews run the loop in the page's sandbox, two at once: the third is answered 503
+        // with Retry-After, and spends nothing; the two that ran fail at the loop's limit, as the worker's did.
+        const made = await runScript("inbox.ts", ["keys", "create", "--scope", "read", "--json", "--db", target]);
+        assert.equal(made.code, 0, made.stderr);
+        const key = (JSON.parse(made.stdout) as { key: string }).key;
+        const admin = await startAdmin(["--db", target, "--sources", file]);
+        try {
+          const previews = await Promise.all(
+            [1, 2, 3].map(() =>
+              fetch(`${admin.url}/api/v1/deliveries/shop/1-loop/preview?to=app`, {
+                headers: { authorization: `Bearer ${key}` },
+              }).then(async (r) => ({ status: r.status, retry: r.headers.get("retry-after"), body: await r.text() })),
+            ),
+          );
+          const statuses = previews.map((p) => p.status).sort();
+          assert.deepEqual(statuses, [200, 200, 503], JSON.stringify(previews));
+          assert.equal(previews.find((p) => p.status === 503)!.retry, "1");
+          for (const p of previews.filter((p) => p.status === 200))
+            assert.match(p.body, /ran past its 5000 ms limit, so it was stopped/);
+          // The control: one at a time, none is refused.
+          const alone = await fetch(`${admin.url}/api/v1/deliveries/shop/2-reach/preview?to=app`, {
+            headers: { authorization: `Bearer ${key}` },
+          });
+          assert.equal(alone.status, 200);
+        } finally {
+          admin.child.kill("SIGTERM");
+          await once(admin.child, "exit");
+        }
       } finally {
         worker.kill("SIGTERM");
         await once(worker, "exit");
