@@ -4,7 +4,8 @@
 // once, through routes with `types` alone, then through the same routes each with a filter on the body and
 // a header (target: ≥ 0.90× the rate with types alone); beside it, what routeTo() alone costs per delivery.
 // Forwarding: BENCH_ROUTING_N deliveries forwarded to a bare node:http destination (bench/bare.ts) with no
-// transform, then with a transform that reshapes the JSON; the CPU per forward counts the transform's process.
+// transform, then with a transform that reshapes the JSON, run in the sandbox as every module is by default
+// (lib/forwarding/sandbox.ts); the CPU per forward counts the sandbox's threads, in this process.
 // Each of BENCH_ROUNDS (3) rounds measures both sides in BENCH_ROUTING_SLICES (4) turns each, alternating,
 // after a warm-up; ratios are taken within a round and the median printed.
 //   npm run bench -- routing          BENCH_ROUTING_N=2000 BENCH_ROUNDS=1 npm run bench -- routing

@@ -71,7 +71,11 @@ for (const backend of await backends("sandbox_scripts")) {
             // Room for the bomb to reach its memory limit before its time limit, on a busy machine.
             heavy: { url: `${dest.url}/heavy`, secret: SECRET, transform: { code: PROBE }, transformTimeout: 60 },
             // The control: the same probe as the operator's module file, run in a child process.
-            control: { url: `${dest.url}/control`, secret: SECRET, transform: "./probe.mjs" },
+            control: {
+              url: `${dest.url}/control`,
+              secret: SECRET,
+              transform: { module: "./probe.mjs", process: true },
+            },
             header: { url: `${dest.url}/header`, secret: SECRET, transform: { code: HEADER } },
             type: { url: `${dest.url}/type`, secret: SECRET, transform: { code: TYPE } },
           },

@@ -10,7 +10,7 @@ import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Sandbox } from "../lib/forwarding/sandbox.ts";
-import { CodeTransformer, type TransformInput, Transformer } from "../lib/forwarding/transform.ts";
+import { CodeTransformer, type TransformInput, Transformer, Transforms } from "../lib/forwarding/transform.ts";
 import { tempDir, until } from "./helpers.ts";
 
 const box = new Sandbox();
@@ -128,6 +128,27 @@ describe("Sandbox", () => {
       run(`export default () => ({ headers: { host: "x" } })`),
       /transform t returned the header host/,
     );
+  });
+});
+
+describe("Transforms", () => {
+  it("runs a module file in the sandbox, TypeScript's types erased, unless its process is asked for", async () => {
+    const { dir, cleanup } = tempDir();
+    writeFileSync(
+      join(dir, "where.ts"),
+      `import type { Transform } from "webhook-inbox/transform";
+const where: Transform = (d) => ({ body: typeof process === "undefined" ? "sandbox" : "process", headers: { "x-id": d.id } });
+export default where;
+`,
+    );
+    const all = new Transforms(dir);
+    try {
+      assert.equal(text((await all.get("./where.ts").run(delivery({})))!.body), "sandbox");
+      assert.equal(text((await all.get({ module: "./where.ts", process: true }).run(delivery({})))!.body), "process");
+    } finally {
+      await all.close();
+      cleanup();
+    }
   });
 });
 

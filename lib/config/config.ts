@@ -37,8 +37,8 @@ export interface Loaded {
   brokers: Map<string, BrokerDestination>;
   /** Every secret the document names, for redact.ts. */
   secrets: Secret[];
-  /** Each use of a transform, and where the document names it: a module's path, or code (then module is its `code:` name). */
-  uses: { module: string; code?: string; where: string }[];
+  /** Each use of a transform, and where the document names it: a module's path (run in a process when process), or code (then module is its `code:` name). */
+  uses: { module: string; code?: string; process?: boolean; where: string }[];
 }
 
 /** Env is where `env:NAME` references are read from (and `secret:NAME`, once opened: references.ts). */
@@ -214,6 +214,7 @@ export function loadConfig(
         .map((r) => ({
           module: r.transform!.module,
           ...(r.transform!.code === undefined ? {} : { code: r.transform!.code }),
+          ...(r.transform!.process ? { process: true } : {}),
           where: `source ${JSON.stringify(source)}: route to ${r.to}`,
         })),
     ),
@@ -222,6 +223,7 @@ export function loadConfig(
       .map((d) => ({
         module: d.transform!.module,
         ...(d.transform!.code === undefined ? {} : { code: d.transform!.code }),
+        ...(d.transform!.process ? { process: true } : {}),
         where: `destination ${JSON.stringify(d.name)}`,
       })),
   ];
@@ -442,7 +444,9 @@ export async function plan(
   const transforms = hashTransforms(loaded.uses, base);
   // Code must compile and define a transform in the sandbox, or the change is refused whole: a version a
   // worker cannot take up never reaches one.
-  const wrong = await checkCode(loaded.uses);
+  const wrong = await checkCode(
+    loaded.uses.map((u) => (u.process || u.code !== undefined ? u : { ...u, code: transforms[u.module]!.code })),
+  );
   if (wrong) throw new TypeError(wrong);
   const old = current ? { parsed: was, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });

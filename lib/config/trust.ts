@@ -154,10 +154,11 @@ export async function checkDocument(
 // transformPaths lists where a part names a transform by a module's path: its own "transform", its routes'.
 function transformPaths(value: unknown): string[] {
   if (!isObject(value)) return [];
-  const out = typeof value.transform === "string" ? ["transform"] : [];
+  const names = (t: unknown) => typeof t === "string" || (isObject(t) && "module" in t);
+  const out = names(value.transform) ? ["transform"] : [];
   if (Array.isArray(value.routes))
     value.routes.forEach((r, i) => {
-      if (isObject(r) && typeof r.transform === "string") out.push(`routes[${i}].transform`);
+      if (isObject(r) && names(r.transform)) out.push(`routes[${i}].transform`);
     });
   return out;
 }

@@ -95,6 +95,14 @@ export class Sandbox {
     return "error" in answer ? answer.error : undefined;
   }
 
+  /**
+   * warm starts every thread now, so that the first calls of a version do not wait on engines loading one by
+   * one: a forward's transform runs after its wave was let go (a pause checked), and should not lag behind it.
+   */
+  warm(): void {
+    while (!this.#closed && this.#threads.size < this.#size) this.#idle.push(this.#start());
+  }
+
   /** close ends the threads; calls still waiting are answered "stopped". */
   async close(): Promise<void> {
     this.#closed = true;

@@ -173,8 +173,8 @@ export interface TransformLimits {
   sandbox?: SandboxOptions;
   /** A sandbox shared with others, which close() leaves running. @default one of its own, made at the first code transform */
   shared?: Sandbox;
-  /** The SHA-256 of each module as its version was applied: a process starts only on a file that still has it. @default none checked */
-  applied?: Readonly<Record<string, { sha256: string }>>;
+  /** Each module as its version was applied: a process starts only on a file whose SHA-256 is still this; the sandbox runs this code. @default none: the file as it is */
+  applied?: Readonly<Record<string, { sha256: string; code?: string }>>;
 }
 
 // rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
@@ -573,18 +573,43 @@ export class CodeTransformer implements Runner {
     return shape(answer, input, this.name);
   }
 
-  /** load says why the code cannot be used (it does not compile, or defines no transform), or undefined. */
+  /** load says why the code cannot be used (it does not compile, or defines no transform), or undefined; every thread is started. */
   load(): Promise<string | undefined> {
+    this.#sandbox.warm();
     return this.#sandbox.check(this.#code);
   }
 
   async close(): Promise<void> {}
 }
 
-/** TransformUse names one transform: a module's path, or code with its `code:` name (routes.ts's TransformSetting). */
+/** TransformUse names one transform: a module's path (in a process when process), or code with its `code:` name (routes.ts's TransformSetting). */
 export interface TransformUse {
   module: string;
   code?: string;
+  process?: boolean;
+}
+
+// Node's own type stripping (node:module), where the runtime has it: a .ts module runs in the sandbox as the
+// JavaScript it erases to.
+const strip = (
+  (await import("node:module")) as unknown as { stripTypeScriptTypes?: (code: string, options?: object) => string }
+).stripTypeScriptTypes;
+
+/**
+ * sandboxCode is a module file's code as the sandbox runs it: JavaScript as it is, TypeScript with its types
+ * erased (`import type` lines and all), which needs a runtime with node:module's stripTypeScriptTypes.
+ */
+export function sandboxCode(module: string, code: string): string {
+  if (!/\.m?ts$/.test(module)) return code;
+  if (!strip)
+    throw new TransformError(
+      `transform ${module} is TypeScript, whose types this runtime cannot erase for the sandbox; write it in JavaScript, or run it in a process ({"module": …, "process": true})`,
+    );
+  try {
+    return strip(code, { mode: "strip" });
+  } catch (error) {
+    throw new TransformError(`transform ${module} could not be read as TypeScript: ${(error as Error).message}`);
+  }
 }
 
 /**
@@ -605,7 +630,22 @@ export class Transforms {
 
   /** get returns the Runner of a transform, as the configuration names it. */
   get(use: TransformUse | string): Runner {
-    const { module, code } = typeof use === "string" ? { module: use, code: undefined } : use;
+    const { module, process: own } = typeof use === "string" ? { module: use, process: false } : use;
+    let code = typeof use === "string" ? undefined : use.code;
+    // A module file runs in the sandbox too, unless the operator asked for its process: the code its version
+    // applied, else the file as it is.
+    if (code === undefined && !own) {
+      const path = isAbsolute(module) ? module : resolve(this.#base, module);
+      try {
+        code = sandboxCode(module, this.#limits.applied?.[module]?.code ?? readFileSync(path, "utf8"));
+      } catch (error) {
+        const why =
+          error instanceof TransformError
+            ? error.message
+            : `transform ${module} could not be read: ${(error as Error).message}`;
+        return unusable(module, why);
+      }
+    }
     if (code !== undefined) {
       let t = this.#all.get(module);
       if (!t) {
@@ -629,6 +669,16 @@ export class Transforms {
   }
 }
 
+// unusable is a transform that cannot run, for each call to fail with why (a file that cannot be read).
+function unusable(name: string, why: string): Runner {
+  return {
+    name,
+    run: () => Promise.reject(new TransformError(why)),
+    load: async () => why.replace(`transform ${name} `, ""),
+    close: async () => {},
+  };
+}
+
 // The sandbox that checks code as a configuration is applied: one thread, started at the first check.
 let checker: Sandbox | undefined;
 
@@ -639,9 +689,15 @@ let checker: Sandbox | undefined;
  */
 export async function checkCode(uses: readonly (TransformUse & { where: string })[]): Promise<string | undefined> {
   for (const use of uses) {
-    if (use.code === undefined) continue;
+    if (use.code === undefined || use.process) continue;
     checker ??= new Sandbox({ threads: 1 });
-    const why = await checker.check(use.code);
+    let code: string;
+    try {
+      code = use.module.startsWith("code:") ? use.code : sandboxCode(use.module, use.code);
+    } catch (error) {
+      return `${use.where}: ${(error as Error).message}`;
+    }
+    const why = await checker.check(code);
     if (why !== undefined) return `${use.where}: transform ${use.module} ${why}`;
   }
   return undefined;

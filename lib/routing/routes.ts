@@ -40,6 +40,8 @@ export interface TransformSetting {
   module: string;
   /** Its JavaScript, when the configuration holds it; a module path's code is read when it is applied. */
   code?: string;
+  /** The operator asked for the module to run in a child process of its own (`{"module": …, "process": true}`), not the sandbox. @default false */
+  process?: boolean;
   /** @default DEFAULTS.transformTimeoutMs */
   timeoutMs: number;
 }
@@ -258,7 +260,22 @@ function transformOf(settings: Record<string, unknown>, where: string): Transfor
   }
   let code: string | undefined;
   let name: string;
-  if (isObject(module)) {
+  let process = false;
+  if (isObject(module) && "module" in module) {
+    // The operator's module, in a child process, asked for explicitly: the only way to use npm packages.
+    const extra = Object.keys(module).filter((k) => k !== "module" && k !== "process");
+    if (
+      typeof module.module !== "string" ||
+      !/\.(ts|mts|js|mjs)$/.test(module.module) ||
+      module.process !== true ||
+      extra.length > 0
+    )
+      throw new TypeError(
+        `${where}: expected transform to be {"module": "<path of a .ts, .mts, .js or .mjs file>", "process": true} (a module run in a child process of its own), got ${JSON.stringify(module)}`,
+      );
+    name = module.module;
+    process = true;
+  } else if (isObject(module)) {
     const extra = Object.keys(module).filter((k) => k !== "code");
     if (typeof module.code !== "string" || module.code.trim() === "" || extra.length > 0)
       throw new TypeError(
@@ -278,6 +295,7 @@ function transformOf(settings: Record<string, unknown>, where: string): Transfor
   return {
     module: name,
     ...(code === undefined ? {} : { code }),
+    ...(process ? { process } : {}),
     timeoutMs: seconds(
       settings.transformTimeout,
       DEFAULTS.transformTimeoutMs,
