@@ -244,7 +244,7 @@ export async function routing(): Promise<string> {
         rows.push(
           `  round ${round}: receiving, types alone ${f(types.rate)}/s (${f(types.cpuUs)} µs CPU each), a filter on every route ${f(filter.rate)}/s (${f(filter.cpuUs)} µs) = ${f(filter.rate / types.rate, 2)}×;` +
             ` routeTo() alone ${f(decideTypes, 1)} µs vs ${f(decideFilter, 1)} µs per delivery`,
-          `           forwarding, no transform ${f(plain.rate)}/s (${f(plain.cpuUs)} µs CPU each), with a transform ${f(shaped.rate)}/s (${f(shaped.cpuUs)} µs, its process's included) = ${f(shaped.rate / plain.rate, 2)}×`,
+          `           forwarding, no transform ${f(plain.rate)}/s (${f(plain.cpuUs)} µs CPU each), with a transform ${f(shaped.rate)}/s (${f(shaped.cpuUs)} µs, its sandbox threads' included) = ${f(shaped.rate / plain.rate, 2)}×`,
         );
         console.log(rows.slice(-2).join("\n"));
       }
