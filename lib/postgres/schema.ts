@@ -182,6 +182,26 @@ export const MIGRATIONS: readonly string[] = [
   // The admin scope (docs/api.md#keys): a key that may also make and revoke keys.
   `ALTER TABLE api_keys DROP CONSTRAINT api_keys_scope_check;
    ALTER TABLE api_keys ADD CONSTRAINT api_keys_scope_check CHECK (scope IN ('read', 'write', 'admin'));`,
+  // The attempt log (docs/forwarding.md#the-attempt-log): every try, the good ones too, with its timing and
+  // the destination's answer, where attempt_errors kept a failed try's error alone. Its rows come along,
+  // untimed; seq orders tries that started in the same millisecond and says which are oldest to let go.
+  `CREATE TABLE attempts (
+     seq         bigserial PRIMARY KEY,
+     source      text      NOT NULL,
+     id          text      NOT NULL,
+     destination text      NOT NULL,
+     attempt     integer   NOT NULL,
+     started_at  bigint    NOT NULL,
+     ms          integer,
+     status      smallint,
+     error       text,
+     headers     text,
+     body        text
+   );
+   CREATE INDEX attempts_delivery ON attempts (source, id, destination, seq);
+   INSERT INTO attempts (source, id, destination, attempt, started_at, error)
+     SELECT source, id, destination, attempt, failed_at, error FROM attempt_errors ORDER BY failed_at, seq;
+   DROP TABLE attempt_errors;`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */
