@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 import { Sandbox } from "../lib/forwarding/sandbox.ts";
 import { CodeTransformer, type TransformInput, Transformer, Transforms } from "../lib/forwarding/transform.ts";
-import { tempDir, until } from "./helpers.ts";
+import { runScript, tempDir, until } from "./helpers.ts";
 
 const box = new Sandbox();
 after(() => box.close());
@@ -303,3 +303,49 @@ function zombie(pid: number): boolean {
     return true;
   }
 }
+
+// Code in the configuration, through the CLI on a real SQLite file: applied, checked, dumped back unchanged.
+describe("config apply and dump with transforms as code", () => {
+  it("store the code in the version, hashed; dump gives it back and apply takes the dump unchanged; bad code or a path outside the folder is refused whole", async () => {
+    const { dir, cleanup } = tempDir();
+    const db = join(dir, "inbox.db");
+    const cli = (...args: string[]) => runScript("inbox.ts", [...args, "--db", db]);
+    const doc = (transform: unknown) =>
+      `${JSON.stringify({
+        $destinations: { app: { url: "http://127.0.0.1:9/x", secret: "env:APP_SECRET", transform } },
+        shop: { provider: "plain", routes: [{ to: "app", transform: { code: `addHandler("transform", (r) => r);` } }] },
+      })}\n`;
+    try {
+      assert.equal((await cli("init")).code, 0);
+      const file = join(dir, "sources.json");
+      writeFileSync(file, doc({ code: "export default (d) => ({ body: { id: d.id } });" }));
+      const applied = await runScript("inbox.ts", ["config", "apply", file, "--db", db], { APP_SECRET: "whsec_eA==" });
+      assert.equal(applied.code, 0, applied.stderr);
+      assert.match(applied.stdout, /\+ transform code:[0-9a-f]{12} \(sha256 [0-9a-f]{12}\)/);
+      const dumped = await cli("config", "dump");
+      assert.equal(dumped.stdout, readFileSync(file, "utf8"), "dump gives back the document as applied");
+      writeFileSync(join(dir, "dumped.json"), dumped.stdout);
+      const again = await runScript("inbox.ts", ["config", "apply", join(dir, "dumped.json"), "--db", db], {
+        APP_SECRET: "whsec_eA==",
+      });
+      assert.equal(again.code, 0, again.stderr);
+      assert.match(again.stdout, /No change from version 1/);
+      for (const [transform, why] of [
+        [{ code: "export default (d) => {" }, /destination "app": transform code:[0-9a-f]{12} threw SyntaxError/],
+        [{ code: "const x = 1;" }, /transform code:[0-9a-f]{12} defines no transform/],
+        ["/etc/hostname.mjs", /transform \/etc\/hostname\.mjs is outside the configuration's folder/],
+      ] as const) {
+        writeFileSync(file, doc(transform));
+        const refused = await runScript("inbox.ts", ["config", "apply", file, "--db", db], {
+          APP_SECRET: "whsec_eA==",
+        });
+        assert.equal(refused.code, 2, refused.stdout);
+        assert.match(refused.stderr, why);
+        assert.equal(refused.stderr.trim().split("\n").length, 1, refused.stderr);
+      }
+      assert.equal((await cli("config", "dump")).stdout, dumped.stdout, "nothing changed");
+    } finally {
+      cleanup();
+    }
+  });
+});
