@@ -18,7 +18,7 @@ import { AheadSizing } from "../lease/sizing.ts";
 import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally, Try } from "../store.ts";
 import { sqlstate } from "../errors.ts";
 import { startProcess, type Process } from "../traces.ts";
-import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
+import { type Runner, TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
 export interface ForwarderOptions {
@@ -142,7 +142,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 // else the destination's, else none) with its process.
 interface RouteHere {
   permanent4xx: boolean;
-  transform?: { transformer: Transformer; timeoutMs: number; module: string };
+  transform?: { transformer: Runner; timeoutMs: number; module: string };
 }
 
 /**
@@ -348,7 +348,7 @@ class DestinationLane {
         ...(setting
           ? {
               transform: {
-                transformer: this.p.transforms.get(setting.module),
+                transformer: this.p.transforms.get(setting),
                 timeoutMs: setting.timeoutMs,
                 module: setting.module,
               },
