@@ -162,6 +162,11 @@ export const DEFAULTS = {
    * it names no start (since): it reads every body in that window. @default 86_400_000 (a day)
    */
   bodyContainsWindowMs: 86_400_000,
+  /**
+   * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
+   * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
+   */
+  searchBackfillBatch: 1_000,
   /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
   adminPort: 8001,
   /** Deliveries on one page of the operator page's list. @default 50 */

@@ -7,6 +7,26 @@
 import { DEFAULTS } from "./defaults.ts";
 import type { Backend, Filter, SqlValue } from "./store.ts";
 
+/**
+ * SearchOff is a bodyJson or bodyWords search asked of an inbox whose search index is off, or still being
+ * filled: the index is opt-in (`inbox.ts search enable`), as it costs every store. The API answers it 409, the
+ * page and the CLI print its message. bodyContains needs no index and is never refused.
+ */
+export class SearchOff extends Error {
+  constructor(status: { enabled: boolean; backfilled: number; toBackfill: number }) {
+    super(
+      status.enabled
+        ? `body search (bodyJson, bodyWords) is not ready: the index is being filled (${status.backfilled} of ${status.toBackfill} rows); \`inbox.ts search enable\` carries it on, \`inbox.ts search status\` says how far it got`
+        : "body search (bodyJson, bodyWords) is off in this inbox: an operator turns it on with `inbox.ts search enable` (docs/operations.md#searching-bodies); bodyContains works without it",
+    );
+    this.name = "SearchOff";
+  }
+}
+
+/** searching says whether a filter asks for a form only the search index answers (bodyJson, bodyWords). */
+export const searching = (filter: { bodyJson?: string | undefined; bodyWords?: string | undefined }): boolean =>
+  filter.bodyJson !== undefined || filter.bodyWords !== undefined;
+
 /** SQLITE_CONTAINS names the function openDatabase registers on each SQLite connection: jsonContains over a stored body. */
 export const SQLITE_CONTAINS = "inbox_json_contains";
 

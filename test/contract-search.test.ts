@@ -1,13 +1,17 @@
 // test/contract-search.test.ts: searching bodies through an index, on both backends (test/contract-harness.ts):
 // bodyJson (the body contains this JSON, as jsonb @> says) and bodyWords (its values hold these words), in
 // search(), count() and a bulk retry; a body that is not JSON, or past DEFAULTS.searchBodyBytes, found by its ID
-// and bodyContains alone; a dropped body leaving the index; and a form that cannot narrow refused.
+// and bodyContains alone; a dropped body leaving the index; and a form that cannot narrow refused. The index is
+// opt-in: off, a store writes nothing to it and the forms refuse (SearchOff) while bodyContains answers;
+// enableSearch() indexes the rows stored before in batches and the new ones by trigger, and carries on after an
+// interruption; disableSearch() empties it.
 //   npx node --test test/contract-search.test.ts
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
-import type { Delivery, Filter, Inbox } from "../lib/store.ts";
+import { SearchOff } from "../lib/search.ts";
+import type { Delivery, Filter, Inbox, InboxOptions } from "../lib/store.ts";
 import { body, contract, LEASE } from "./contract-harness.ts";
 
 // Shaped as Stripe and GitHub send them, cut down.
@@ -25,7 +29,13 @@ const push = (id: string, repo: string, message: string) => ({
 });
 
 contract((suite) => {
-  const { open } = suite;
+  // The index's own tests below open inboxes as they come (off); the forms' tests turn it on first, so their
+  // rows are indexed by the triggers.
+  const open = async (options?: InboxOptions) => {
+    const inbox = await suite.open(options);
+    await inbox.enableSearch();
+    return inbox;
+  };
   const ids = (ds: Delivery[]) => ds.map((d) => d.id);
 
   // seed stores, a second apart: three Stripe invoices, two GitHub pushes, a body that is not JSON and one past the size.
@@ -146,6 +156,106 @@ contract((suite) => {
       assert.equal(await inbox.retryMatching(filter), 2);
       await expect(inbox, { status: "received" }, ["evt_3", "evt_1"]);
       await expect(inbox, { status: "failed", bodyWords: "cus_123" }, []);
+    });
+  });
+  describe("the index is opt-in", () => {
+    const cus123 = '{"data":{"object":{"customer":"cus_123"}}}';
+    const rowsIndexed = async (inbox: Inbox) =>
+      Number((await inbox.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n);
+
+    it("is off in a new inbox: a store writes no search row, the forms refuse naming the command, bodyContains answers", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      assert.deepEqual(await inbox.searchStatus(), {
+        enabled: false,
+        backfilled: 0,
+        toBackfill: 0,
+        ready: false,
+        changedAt: null,
+      });
+      assert.equal(await rowsIndexed(inbox), 0);
+      for (const filter of [{ bodyJson: cus123 }, { bodyWords: "cus_123" }] as Filter[]) {
+        await assert.rejects(
+          inbox.search(filter),
+          (e: Error) => e instanceof SearchOff && /search enable/.test(e.message),
+        );
+        await assert.rejects(inbox.count(filter), SearchOff);
+        await assert.rejects(inbox.retryMatching({ ...filter, status: "failed" }), SearchOff);
+      }
+      // A form that cannot narrow is still the caller's mistake first.
+      await assert.rejects(inbox.search({ bodyJson: "{}" }), TypeError);
+      await expect(inbox, { bodyContains: "cus_123" }, ["big_1", "f_1", "evt_3", "evt_1"]);
+      // The control: on, the same inbox answers, so the refusal above was the switch's.
+      await inbox.enableSearch();
+      await expect(inbox, { bodyJson: cus123 }, ["evt_3", "evt_1"]);
+    });
+
+    it("enable indexes the rows stored before, a batch at a time, then every row stored after; one audit entry", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      const seen: number[] = [];
+      const audit = { who: "cli:test", operation: "search enable", target: "search index" };
+      const status = await inbox.enableSearch({ batch: 2, audit, onBatch: (s) => seen.push(s.backfilled) });
+      assert.deepEqual(seen, [2, 4, 6, 7]);
+      assert.deepEqual(status, { enabled: true, backfilled: 7, toBackfill: 7, ready: true, changedAt: suite.t });
+      // Five bodies are JSON within the size; the form's and the big one's are not indexed.
+      assert.equal(await rowsIndexed(inbox), 5);
+      await expect(inbox, { bodyJson: cus123 }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "flaky" }, ["gh_1"]);
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      await expect(inbox, { bodyJson: cus123 }, ["evt_4", "evt_3", "evt_1"]);
+      const [entry] = await inbox.auditLog({ limit: 10 });
+      assert.equal(entry?.operation, "search enable");
+      assert.equal(entry?.count, 5);
+      // Again: nothing to do, the rows are not indexed twice.
+      assert.equal((await inbox.enableSearch()).ready, true);
+      assert.equal(await rowsIndexed(inbox), 6);
+    });
+
+    it("an interrupted enable leaves the forms refusing until enable carries on where it stopped", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      await assert.rejects(
+        inbox.enableSearch({
+          batch: 2,
+          onBatch: () => {
+            throw new Error("stopped");
+          },
+        }),
+        /stopped/,
+      );
+      const half = await inbox.searchStatus();
+      assert.deepEqual([half.enabled, half.ready, half.backfilled], [true, false, 2]);
+      await assert.rejects(inbox.search({ bodyWords: "cus_123" }), /not ready.*2 of 7/);
+      // A row stored meanwhile is indexed by its trigger, and found once the backfill is done.
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      const seen: number[] = [];
+      await inbox.enableSearch({ batch: 2, onBatch: (s) => seen.push(s.backfilled) });
+      // PostgreSQL walks the primary key, so it reads evt_4 too (and may end on an empty batch); SQLite stops at
+      // the last rowid stored before enable.
+      assert.deepEqual(seen.slice(0, 2), [4, 6]);
+      assert.ok(seen.at(-1)! >= 7, String(seen));
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_4", "evt_3", "evt_1"]);
+    });
+
+    it("disable drops the triggers and empties the index; enable again indexes everything", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      assert.equal(await rowsIndexed(inbox), 5);
+      const audit = { who: "cli:test", operation: "search disable", target: "search index" };
+      assert.equal(await inbox.disableSearch(audit), true);
+      assert.equal(await rowsIndexed(inbox), 0);
+      assert.equal((await inbox.searchStatus()).enabled, false);
+      await assert.rejects(inbox.search({ bodyJson: cus123 }), SearchOff);
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      assert.equal(await rowsIndexed(inbox), 0, "no trigger left");
+      assert.equal(await inbox.disableSearch(), false);
+      assert.equal((await inbox.auditLog({ limit: 1 }))[0]?.operation, "search disable");
+      await inbox.enableSearch();
+      await expect(inbox, { bodyJson: cus123 }, ["evt_4", "evt_3", "evt_1"]);
     });
   });
 });

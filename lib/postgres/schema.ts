@@ -210,8 +210,9 @@ export const MIGRATIONS: readonly string[] = [
   // tsvector again; here a delivery is parsed once, when it is stored. inbox_search_json() is the JSON a body
   // holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes), not UTF-8 or not JSON, so a store
   // never fails on a body the index cannot take (not PARALLEL SAFE: its EXCEPTION block is a subtransaction).
-  // Triggers keep the table in step with every writer; the rows already there are copied in here, in the
-  // migration's transaction, which holds off their writers meanwhile (bench/bodysearch.ts times it).
+  // Opt-in: the table is made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers
+  // (lib/postgres/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays
+  // nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
   `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT AS $$
    BEGIN
      IF length(body) > 65536 THEN RETURN NULL; END IF;
@@ -238,19 +239,20 @@ export const MIGRATIONS: readonly string[] = [
      END IF;
      RETURN NULL;
    END $$;
-   CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
-     FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
-   -- A body dropped by purge or dropBodies leaves the table; so does a row deleted (a tombstone forgotten).
-   CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
-     FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
-   CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
-     FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_sync();
-   INSERT INTO deliveries_search (source, id, doc)
-     SELECT source, id, doc FROM (SELECT source, id, inbox_search_json(body) AS doc FROM deliveries WHERE route = 0) d
-     WHERE doc IS NOT NULL;
    CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops);
    CREATE INDEX deliveries_search_words ON deliveries_search USING gin
-     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb));`,
+     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb));
+   CREATE TABLE search_state (
+     one          integer PRIMARY KEY CHECK (one = 1),
+     enabled      boolean NOT NULL DEFAULT false,
+     changed_at   bigint,
+     after_source text,
+     after_id     text,
+     done         boolean NOT NULL DEFAULT false,
+     backfilled   bigint  NOT NULL DEFAULT 0,
+     to_backfill  bigint  NOT NULL DEFAULT 0
+   );
+   INSERT INTO search_state (one) VALUES (1);`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

@@ -279,35 +279,21 @@ export const MIGRATIONS: readonly string[] = [
    DROP TABLE attempt_errors;`,
   // Search (lib/search.ts, docs/operations.md#searching-bodies): an FTS5 index of the words of each JSON body's
   // strings, numbers and booleans, by the row's rowid, for bodyWords and as bodyJson's first look; contentless,
-  // so the words are not stored twice, and with contentless_delete so a row can leave it. A body past 65536 bytes
-  // (DEFAULTS.searchBodyBytes) or not JSON is left out. Triggers keep it in step with every writer of the
-  // table, a restore and the sqlite3 shell included, as they use no function of ours. Existing rows are indexed
-  // here, in the migration's one transaction (bench/search.ts times it).
+  // so the words are not stored twice, and with contentless_delete so a row can leave it. Opt-in: the table is
+  // made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers (SEARCH_TRIGGERS in
+  // lib/sqlite/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays nothing
+  // at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
   `CREATE VIRTUAL TABLE deliveries_search USING fts5(words, content = '', contentless_delete = 1);
-   CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
-     WHEN length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT))
-   BEGIN
-     INSERT INTO deliveries_search (rowid, words)
-       SELECT new.rowid, group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
-       FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false');
-   END;
-   -- A body dropped by purge or dropBodies leaves the index; a row deleted (a tombstone forgotten) too.
-   CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
-   BEGIN
-     DELETE FROM deliveries_search WHERE rowid = old.rowid;
-     INSERT INTO deliveries_search (rowid, words)
-       SELECT new.rowid, (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
-                          FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
-       WHERE length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT));
-   END;
-   CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
-   BEGIN
-     DELETE FROM deliveries_search WHERE rowid = old.rowid;
-   END;
-   INSERT INTO deliveries_search (rowid, words)
-     SELECT d.rowid, (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
-                      FROM json_tree(CAST(d.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
-     FROM deliveries d WHERE length(d.body) <= 65536 AND json_valid(CAST(d.body AS TEXT));`,
+   CREATE TABLE search_state (
+     one         INTEGER PRIMARY KEY CHECK (one = 1),
+     enabled     INTEGER NOT NULL DEFAULT 0,
+     changed_at  INTEGER,
+     until_rowid INTEGER NOT NULL DEFAULT 0,
+     done_rowid  INTEGER NOT NULL DEFAULT 0,
+     backfilled  INTEGER NOT NULL DEFAULT 0,
+     to_backfill INTEGER NOT NULL DEFAULT 0
+   );
+   INSERT INTO search_state (one) VALUES (1);`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
