@@ -887,6 +887,14 @@ for (const backend of BACKENDS) {
       const api = client(read.key);
       const list = (query: Record<string, string>) => api.GET("/api/v1/deliveries", { params: { query } });
       const rows = (r: Awaited<ReturnType<typeof list>>) => r.data!.items.map((d) => `${d.id}>${d.destination}`).sort();
+      // The index is off until an operator turns it on: a 409 that names the command, and a form the index
+      // could never answer is still a 400 first.
+      const off = await list({ bodyWords: "IN_EVT_4" });
+      assert.equal(off.response.status, 409);
+      assert.equal(off.response.headers.get("content-type"), "application/problem+json");
+      assert.match((off.error as { detail: string }).detail, /inbox\.ts search enable/);
+      assert.equal((await list({ bodyJson: "{}" })).response.status, 400);
+      assert.equal((await runScript("inbox.ts", ["search", "enable", "--db", made.target])).code, 0);
       const json = await list({ bodyJson: '{"data":{"object":{"id":"in_evt_3"}}}' });
       assert.deepEqual(rows(json), ["evt_3>app", "evt_3>handler"]);
       assert.equal(json.data!.bodySince, undefined, "an index served it: no bound");

@@ -1,7 +1,8 @@
 // test/search.test.ts: lib/search.ts and the body search's ways in. jsonContains() as jsonb's @> reads; the forms
-// refused; body contains bounded to a day; the limit of DEFAULTS.searchBodyBytes the same as both migrations
-// index; an inbox filled before search indexing its rows on open, on both backends; and the CLI's list and the
-// operator page taking the new forms, in real child processes.
+// refused; body contains bounded to a day; the limit of DEFAULTS.searchBodyBytes the same as both backends
+// index; an inbox filled before search left unindexed by the upgrade and indexed by `inbox.ts search enable`, on
+// both backends; and the CLI's list and the operator page taking the new forms, or refusing them while the index
+// is off, in real child processes.
 //   npx node --test test/search.test.ts
 
 import assert from "node:assert/strict";
@@ -61,10 +62,19 @@ describe("the forms", () => {
     assert.deepEqual(boundBodyContains({ bodyJson: '{"a":"b"}' }, now).since, undefined);
   });
 
-  it("index bodies up to DEFAULTS.searchBodyBytes, the size both migrations wrote: a new size is a new migration", () => {
+  it("index bodies up to DEFAULTS.searchBodyBytes, the size both backends index: a new size is a new migration", async () => {
     const limit = `length(body) > ${DEFAULTS.searchBodyBytes}`;
     assert.ok(PG_MIGRATIONS.at(-1)!.includes(limit), "PostgreSQL's search migration");
-    assert.ok(SQLITE_MIGRATIONS.at(-1)!.includes(`length(new.body) <= ${DEFAULTS.searchBodyBytes}`), "SQLite's");
+    const dir = tempDir();
+    try {
+      const inbox = await connect(join(dir.dir, "size.db"));
+      await inbox.enableSearch();
+      const [trigger] = await inbox.query("SELECT sql FROM sqlite_master WHERE name = 'deliveries_search_insert'");
+      assert.ok(String(trigger?.sql).includes(`length(new.body) <= ${DEFAULTS.searchBodyBytes}`), "SQLite's trigger");
+      await inbox.close();
+    } finally {
+      dir.cleanup();
+    }
   });
 });
 
@@ -79,8 +89,29 @@ const JSON_BODY = '{"data":{"object":{"customer":"cus_old"}}}';
 const hex = (text: string) => Buffer.from(text).toString("hex");
 
 async function searchesOld(target: string): Promise<void> {
+  // The upgrade indexes nothing: the index is off, and the forms say how to turn it on.
+  const before = await connect(target, { now: () => T0 + 1_000 });
+  try {
+    assert.equal((await before.searchStatus()).enabled, false);
+    assert.equal(Number((await before.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n), 0);
+    await assert.rejects(before.search({ bodyWords: "cus_old" }), /inbox\.ts search enable/);
+  } finally {
+    await before.close();
+  }
+  const enabled = await runScript("inbox.ts", ["search", "enable", "--db", target, "--batch", "1"]);
+  assert.equal(enabled.code, 0, enabled.stderr);
+  assert.match(enabled.stdout, /search index: on since .*, 3 rows stored before it backfilled/);
+  const status = await runScript("inbox.ts", ["search", "status", "--db", target, "--json"]);
+  assert.deepEqual(JSON.parse(status.stdout), {
+    enabled: true,
+    backfilled: 3,
+    toBackfill: 3,
+    ready: true,
+    changedAt: JSON.parse(status.stdout).changedAt,
+  });
   const inbox = await connect(target, { now: () => T0 + 1_000 });
   try {
+    assert.equal((await inbox.auditLog({ limit: 1 }))[0]?.operation, "search enable");
     const ids = async (filter: Parameters<Inbox["search"]>[0]) => (await inbox.search(filter)).map((d) => d.id);
     assert.deepEqual(await ids({ bodyJson: '{"data":{"object":{"customer":"cus_old"}}}' }), ["evt_old"]);
     assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_old"]);
@@ -95,7 +126,7 @@ async function searchesOld(target: string): Promise<void> {
 }
 
 describe("an inbox filled before search", () => {
-  it("indexes its bodies when it is opened, on SQLite", async () => {
+  it("is left unindexed by the upgrade, and indexed by search enable, on SQLite", async () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "old.db");
@@ -110,7 +141,7 @@ describe("an inbox filled before search", () => {
     }
   });
 
-  it("indexes its bodies when it is opened, on PostgreSQL", { skip: pgSkip }, async () => {
+  it("is left unindexed by the upgrade, and indexed by search enable, on PostgreSQL", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("searchold");
     try {
       const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, -1));
@@ -136,10 +167,43 @@ describe("the CLI's list and the page", () => {
 
   before(async () => {
     const inbox = await connect(db);
+    await inbox.enableSearch();
     await inbox.store({ source: "stripe", id: "evt_1", body: Buffer.from('{"data":{"object":{"customer":"cus_1"}}}') });
     await inbox.store({ source: "stripe", id: "evt_2", body: Buffer.from('{"data":{"object":{"customer":"cus_2"}}}') });
     await inbox.close();
     admin = await startAdmin(["--db", db]);
+  });
+
+  it("refuses the forms while the index is off, on the CLI (naming the command) and the page (409); body contains answers", async () => {
+    const off = join(dir.dir, "off.db");
+    const inbox = await connect(off);
+    await inbox.store({ source: "stripe", id: "evt_1", body: Buffer.from('{"data":{"object":{"customer":"cus_1"}}}') });
+    await inbox.close();
+    const refused = await runScript("inbox.ts", ["list", "--db", off, "--body-words", "cus_1"]);
+    assert.equal(refused.code, 1);
+    assert.match(refused.stderr, /body search \(bodyJson, bodyWords\) is off in this inbox.*inbox\.ts search enable/);
+    const contains = await runScript("inbox.ts", ["list", "--db", off, "--json", "--body-contains", "cus_1"]);
+    assert.deepEqual(
+      (JSON.parse(contains.stdout) as { id: string }[]).map((d) => d.id),
+      ["evt_1"],
+    );
+    assert.match((await runScript("inbox.ts", ["search", "status", "--db", off])).stdout, /search index: off/);
+    const page = await startAdmin(["--db", off]);
+    try {
+      const r = await fetch(`${page.url}/deliveries?bodyWords=cus_1`);
+      assert.equal(r.status, 409);
+      assert.match(await r.text(), /search enable/);
+    } finally {
+      page.child.kill("SIGTERM");
+    }
+    // The control: turned on, the same list answers.
+    assert.equal((await runScript("inbox.ts", ["search", "enable", "--db", off])).code, 0);
+    const on = await runScript("inbox.ts", ["list", "--db", off, "--json", "--body-words", "cus_1"]);
+    assert.equal(on.code, 0, on.stderr);
+    assert.deepEqual(
+      (JSON.parse(on.stdout) as { id: string }[]).map((d) => d.id),
+      ["evt_1"],
+    );
   });
   after(() => {
     admin?.child.kill("SIGTERM");

@@ -252,7 +252,7 @@ export const FilterFields = z.object({
     .optional()
     .openapi({
       description:
-        'A JSON object the body contains, as PostgreSQL\'s jsonb `@>` says: `{"data":{"object":{"customer":"cus_123"}}}`. Found through an index; a body that is not JSON, or past 64 KiB, never matches.',
+        'A JSON object the body contains, as PostgreSQL\'s jsonb `@>` says: `{"data":{"object":{"customer":"cus_123"}}}`. Found through an index; a body that is not JSON, or past 64 KiB, never matches. The index is off unless an operator ran `inbox.ts search enable`: until it is on and filled, a 409 problem says so.',
     }),
   bodyWords: z
     .string()
@@ -261,7 +261,7 @@ export const FilterFields = z.object({
     .optional()
     .openapi({
       description:
-        "Words, separated by spaces, each of which a string, number or boolean of the body holds, in any case (`cus_123 refunded`). Found through an index; the same bodies never match.",
+        "Words, separated by spaces, each of which a string, number or boolean of the body holds, in any case (`cus_123 refunded`). Found through an index; the same bodies never match. A 409 problem while the index is off, as for bodyJson.",
     }),
   id: z.string().max(1000).optional(),
   destination: name.optional(),
@@ -569,6 +569,8 @@ export const OPERATIONS = [
     query: ListQuery,
     status: 200,
     answer: DeliveryPage,
+    // bodyJson or bodyWords on an inbox whose search index is off (inbox.ts search enable).
+    problems: [409],
   },
   {
     operationId: "getDelivery",
