@@ -27,13 +27,13 @@ const DROP_TRIGGERS = `
   DROP TRIGGER IF EXISTS deliveries_search_update ON deliveries;
   DROP TRIGGER IF EXISTS deliveries_search_delete ON deliveries;`;
 
-// One batch of the backfill: the next rows by primary key, locked FOR SHARE so that a body dropped meanwhile
-// (purge, whose trigger finds nothing yet to delete) is read as it is after the drop, never copied stale; a row a
-// trigger copied already is left as it is.
+// One batch of the backfill: the next rows by primary key that still have their body, locked FOR SHARE so that
+// a row purged meanwhile (whose trigger found nothing yet to delete) is read again after the purge commits, and
+// left out as a tombstone, never copied stale; a row a trigger copied already is left as it is.
 const batchSql = (first: boolean) => `
   WITH batch AS MATERIALIZED (
     SELECT source, id, body FROM deliveries
-    WHERE route = 0 ${first ? "" : "AND (source, id) > ($1::text, $2::text)"}
+    WHERE route = 0 AND purged_at IS NULL ${first ? "" : "AND (source, id) > ($1::text, $2::text)"}
     ORDER BY source, id LIMIT ${first ? "$1" : "$3"}::integer FOR SHARE),
   copied AS (
     INSERT INTO deliveries_search (source, id, doc)
