@@ -330,15 +330,16 @@ function call(job: ThreadCall): ThreadAnswer {
       deadline: 0,
       interrupted: false,
     };
+    // Set once for the context's life: it reads the deadline each call sets.
+    rt.setInterruptHandler(() => {
+      if (Date.now() > made.deadline) made.interrupted = true;
+      return made.interrupted;
+    });
     context = made;
   }
   const c = context;
   c.deadline = Date.now() + job.timeoutMs;
   c.interrupted = false;
-  c.rt.setInterruptHandler(() => {
-    if (Date.now() > c.deadline) c.interrupted = true;
-    return c.interrupted;
-  });
   const { rt, ctx } = c;
   const handles: QuickJSHandle[] = [];
   const keep = (h: QuickJSHandle) => (handles.push(h), h);
