@@ -184,6 +184,9 @@ export default () => { const o = {}; o.toString = () => "mine"; return { body: n
     const bytes = await run(`export default (d) => ({ body: d.body.slice(0, 4) })`);
     assert.equal(text(bytes!.body), '{"ty');
     assert.equal(await run(`export default () => null`), null);
+    // d.json is one object for the call, parsed once, as a module's process gives it.
+    const once = await run(`export default (d) => { d.json.seen = 1; return { body: String(d.json.seen) }; }`);
+    assert.equal(text(once!.body), "1");
     const same = await run(`export default () => ({})`);
     assert.equal(text(same!.body), '{"type":"order.paid","id":7}');
     await assert.rejects(run(`export default () => 5`), /transform t returned number; expected null/);

@@ -170,7 +170,14 @@ const PRELUDE = String.raw`
     }
     // The project's contract: (delivery) => { body?, headers? } | null.
     const delivery = Object.assign({}, input, { body: new Uint8Array(bodyBuffer) });
-    defineProperty(delivery, "json", { enumerable: true, get() { try { return JSON.parse(text); } catch { return undefined; } } });
+    // Parsed at the first look and kept for the call, one object as a module's process gives: QuickJS
+    // interprets, and a body parsed at each d.json cost as many parses as the code had looks.
+    let json;
+    let parsed = false;
+    defineProperty(delivery, "json", { enumerable: true, get() {
+      if (!parsed) { parsed = true; try { json = JSON.parse(text); } catch {} }
+      return json;
+    } });
     const out = await mod.default(delivery);
     if (out === null) return [JSON.stringify({ skip: true })];
     if (typeof out !== "object" || Array.isArray(out) || out instanceof Uint8Array) throw new ShapeError("returned " + kind(out) + "; expected null (skip this destination) or { body?, headers? }");
