@@ -319,7 +319,8 @@ function open(job: ThreadCall, context: Context): void {
 // call runs one transform call in its code's context, made first when there is none. A context whose call
 // failed, left a job queued, or reached its contextCalls is ended before the answer goes back.
 function call(job: ThreadCall): ThreadAnswer {
-  let context = contexts.get(job.code);
+  // A check runs in a context of its own, made and ended here, and leaves the kept one as it was.
+  let context = job.check ? undefined : contexts.get(job.code);
   if (context) contexts.delete(job.code);
   const fresh = !context;
   if (!context) {
