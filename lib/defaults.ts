@@ -193,6 +193,10 @@ export const DEFAULTS = {
   sandboxThreads: 2,
   /** Sandbox: milliseconds past a call's own time limit after which its thread is ended from outside, for a call stuck where QuickJS's interrupt is not asked. @default 1_000 */
   sandboxGraceMs: 1_000,
+  /** Sandbox: calls one QuickJS context runs before it is made afresh: a transform's code is evaluated once per context, and what its module's top level holds carries from one call to the next for at most this many (a failed call ends its context at once). A context costs about 5 ms to make and lock (bench/sandbox.ts's fresh side), about 5 µs a call at 1,000 against 50 at 100. @default 1_000 */
+  sandboxContextCalls: 1_000,
+  /** Sandbox: contexts (one per transform code) each sandbox thread keeps between calls, the least recently used ended first. @default 4 */
+  sandboxContextsKept: 4,
   /** Sandbox: largest transform code, in bytes, as Hookdeck allows. @default 5_000_000 */
   sandboxCodeBytes: 5_000_000,
   /** Sandbox: previews that run transforms at once on the page's host (admin.ts); past it a preview is answered 503 with Retry-After. @default 2 */
