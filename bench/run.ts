@@ -52,6 +52,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   commits: async () => (await import("./commits.ts")).commits(),
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
+  stored: async () => (await import("./stored.ts")).stored(),
 };
 const DEFAULT = [
   "ingest",
@@ -63,6 +64,7 @@ const DEFAULT = [
   "pgstore",
   "observe",
   "purge",
+  "stored",
   "admin",
   "ordered",
   "runtimes",
