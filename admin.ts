@@ -7,7 +7,7 @@
 import { dirname, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
-import { createAdmin, listenAdmin } from "./lib/admin/routes.ts";
+import { createAdmin, listenAdmin } from "./lib/admin/server.ts";
 import { isLoopback } from "./lib/admin/session.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { announce } from "./lib/forwarding/forward.ts";
@@ -15,7 +15,7 @@ import { preview } from "./lib/forwarding/preview.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { brokerLines, type BrokerLine } from "./lib/consume.ts";
 import { speakTo } from "./lib/format.ts";
-import { loadSources, readSourcesFile, type Source } from "./lib/providers.ts";
+import { loadSources, readSourcesFile, type Source } from "./lib/config/sources.ts";
 import { secretsOf } from "./lib/redact.ts";
 import { loadDestinations, type Forwarding } from "./lib/routing/routes.ts";
 import { Startup, StartupError } from "./lib/startup.ts";
@@ -26,7 +26,7 @@ import type { Delivery } from "./lib/store.ts";
 export { normaliseError } from "./lib/operations/actions.ts";
 export { escape } from "./lib/admin/html.ts";
 export { filterFrom } from "./lib/operations/input.ts";
-export { type Admin, type AdminOptions, createAdmin, listenAdmin } from "./lib/admin/routes.ts";
+export { type Admin, type AdminOptions, createAdmin, listenAdmin } from "./lib/admin/server.ts";
 export { isLoopback } from "./lib/admin/session.ts";
 
 // ---- The entry point --------------------------------------------------------------------------------

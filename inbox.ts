@@ -22,21 +22,6 @@ import type { Inbox, InboxOptions } from "./lib/store.ts";
 
 export { DEFAULTS } from "./lib/defaults.ts";
 export * from "./lib/store.ts";
-// What the contract's file exported before its helpers had rooms of their own, still exported from here.
-export {
-  breakerAfter,
-  checkClaim,
-  checkPermit,
-  gateClaim,
-  gatePermit,
-  tellSetAside,
-  toDestinationState,
-} from "./lib/breaker.ts";
-export { bulkBatchSize, checkOptions, orderOf, purgeCutoffs, routesOf, searchPageLimit } from "./lib/checks.ts";
-export { again, passing, sqlstate } from "./lib/errors.ts";
-export { emptyBuckets, orderingStatus, sha256, summarise, toDelivery, toGauges } from "./lib/rows.ts";
-export { DISTINCT_SOURCES, filterSql, ORDERING_SQL } from "./lib/sql.ts";
-export { backoff, paced, retryDelay } from "./lib/timing.ts";
 
 /** isPostgresUrl tells a PostgreSQL URL from a SQLite path. */
 export function isPostgresUrl(target: string): boolean {

@@ -11,7 +11,7 @@ import { DEFAULTS } from "./lib/defaults.ts";
 import { speakTo } from "./lib/format.ts";
 import { jsonLine, lineLog, LOG_FORMATS, message, silent, type Log, type LogFormat } from "./lib/log.ts";
 import type { Inbox } from "./lib/store.ts";
-import { createHandler } from "./lib/handler.ts";
+import { createWebhooks } from "./lib/receiver.ts";
 import { Metrics, NO_SOURCE, Readiness, route } from "./lib/metrics.ts";
 import type { Source } from "./lib/providers.ts";
 import { loadVersion } from "./lib/config/config.ts";
@@ -72,7 +72,7 @@ export function createReceiver(options: ReceiverOptions): Receiver {
   const metrics = options.metrics;
   let stopping = false;
   // The same handler that apps mount (handler.ts), so the standalone receiver has no code path of its own.
-  const webhooks = createHandler({ ...options, log, closing: () => stopping });
+  const webhooks = createWebhooks({ ...options, log, closing: () => stopping });
   const readiness = new Readiness(options.inbox, { stopping: () => stopping });
   metrics?.reportReadiness(readiness);
 

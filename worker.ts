@@ -33,7 +33,7 @@ import type { Source } from "./lib/providers.ts";
 import type { TransformLimits } from "./lib/forwarding/transform.ts";
 import { redactor } from "./lib/redact.ts";
 import type { Host, SecretChecks } from "./lib/config/config.ts";
-import { LiveForwarding, prepare, release, unconfigured, type Prepared } from "./lib/config/live.ts";
+import { LiveForwarding, letGo, prepare, unconfigured, type Prepared } from "./lib/config/live.ts";
 import { Startup, StartupError, type SourcesFile } from "./lib/startup.ts";
 
 /** Job, Handler and RunStats are the handler's side of run(), declared with its executor (lib/jobs.ts). */
@@ -467,7 +467,7 @@ async function work(argv: string[]): Promise<void> {
   // Each transform runs in a process of its own, within these limits (lib/forwarding/transform.ts).
   const limits: TransformLimits = { memoryMb: opts.transformMemory, log: (line) => say(line, "error") };
   if (file?.loaded)
-    await ready(file, { version: 0, document: file.text, transforms: {} }, startup.host, base, limits).then(release);
+    await ready(file, { version: 0, document: file.text, transforms: {} }, startup.host, base, limits).then(letGo);
 
   // The handler is chosen on purpose (unhandled()), checked on the file before the database is opened.
   const refusal = opts.handler === undefined && file?.loaded ? unhandled(file.loaded.sources.values()) : undefined;
@@ -535,7 +535,7 @@ async function work(argv: string[]): Promise<void> {
     stop.abort();
   });
   const log = opts.quiet ? () => {} : lines.log;
-  const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  const forwardStats: ForwardStats = { done: 0, retried: 0, failed: 0, released: 0, lost: 0 };
   // Each configuration version runs as a generation of lanes; a newer one, checked whole, takes over.
   const live = new LiveForwarding(
     (p, signal) =>
@@ -696,7 +696,7 @@ function summarise(stats: RunStats, forwarded: ForwardStats | undefined): void {
   if (!forwarded) return;
   const f = forwarded;
   say(
-    `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.held} held, ${f.lost} lost to other workers`,
+    `worker: forwarded ${f.done}, ${f.retried} to retry, ${f.failed} set aside, ${f.released} held, ${f.lost} lost to other workers`,
     "info",
     { forwarded: { ...f } },
   );

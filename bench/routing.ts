@@ -1,5 +1,5 @@
 // bench/routing.ts: what filters and transforms cost, each against its baseline in the same run.
-// Receiving: the handler (lib/handler.ts) over a real SQLite inbox, its fsync off the event loop as the
+// Receiving: the handler (lib/receiver.ts) over a real SQLite inbox, its fsync off the event loop as the
 // receiver's, takes BENCH_ROUTING_N (4000) signed Standard Webhooks deliveries at BENCH_CONNECTIONS (32) at
 // once, through routes with `types` alone, then through the same routes each with a filter on the body and
 // a header (target: ≥ 0.90× the rate with types alone); beside it, what routeTo() alone costs per delivery.
@@ -14,8 +14,8 @@ import { join } from "node:path";
 import { connect } from "../inbox.ts";
 import { filterInput } from "../lib/routing/filter.ts";
 import { forward } from "../lib/forwarding/forwarder.ts";
-import { createHandler } from "../lib/handler.ts";
-import { loadSources, sign } from "../lib/providers.ts";
+import { createWebhooks } from "../lib/receiver.ts";
+import { loadSources, sign } from "../lib/config/sources.ts";
 import { loadDestinations, routeTo, type Route } from "../lib/routing/routes.ts";
 import type { Inbox } from "../lib/store.ts";
 import { Transforms } from "../lib/forwarding/transform.ts";
@@ -65,7 +65,7 @@ const bodyOf = (i: number) =>
 
 // receive pushes n signed deliveries through one handler, CONNECTIONS at a time; its rate and CPU per delivery.
 async function receive(
-  handler: ReturnType<typeof createHandler>,
+  handler: ReturnType<typeof createWebhooks>,
   prefix: string,
   n: number,
 ): Promise<{ rate: number; cpuUs: number }> {
@@ -191,8 +191,8 @@ export async function routing(): Promise<string> {
       filter: await connect(join(dir.dir, "filter.db"), { syncOffLoop: true }),
     };
     const handlers = {
-      types: createHandler({ inbox: inboxes.types, sources: loadSources(config(false), {}), log: () => {} }),
-      filter: createHandler({ inbox: inboxes.filter, sources: loadSources(config(true), {}), log: () => {} }),
+      types: createWebhooks({ inbox: inboxes.types, sources: loadSources(config(false), {}), log: () => {} }),
+      filter: createWebhooks({ inbox: inboxes.filter, sources: loadSources(config(true), {}), log: () => {} }),
     };
     const routesOf = (filtered: boolean) => loadSources(config(filtered), {}).get("shop")!.routes!;
     const receiveRatios: number[] = [];

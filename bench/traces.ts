@@ -9,7 +9,7 @@
 import { execFileSync, spawn } from "node:child_process";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { createHandler, type WebhookRequest } from "../lib/handler.ts";
+import { createWebhooks, type WebhookRequest } from "../lib/receiver.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Incoming, Stored } from "../lib/store.ts";
 import { startReceive } from "../lib/traces.ts";
@@ -45,7 +45,7 @@ async function child(sdk: Sdk, store: Store): Promise<void> {
     store === "sqlite"
       ? new SqliteInbox(join(dir, "traces.db"))
       : { store: async (_: Incoming): Promise<Stored> => "stored" };
-  const handler = createHandler({ inbox, log: () => {} });
+  const handler = createWebhooks({ inbox, log: () => {} });
   const body = Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: "c1", amount: 42 }));
   const request = (i: number): WebhookRequest => ({
     method: "POST",

@@ -231,8 +231,8 @@ interface Arrived {
   redelivered: boolean;
 }
 
-/** Refused is a message that cannot be stored, whatever is tried: it is terminated or dead-lettered. */
-class Refused extends Error {}
+/** Unstorable is a message that cannot be stored, whatever is tried: it is terminated or dead-lettered. */
+class Unstorable extends Error {}
 
 /**
  * Consumer consumes one broker source into the inbox. Messages are stored as they arrive, many in one
@@ -338,11 +338,11 @@ export class Consumer {
   // store puts one arrived message through the source's routes into the inbox, as the receiver's handler
   // does a request; it resolves once the commit is durable.
   async store(m: Arrived): Promise<Stored> {
-    if (m.refusal !== undefined) throw new Refused(m.refusal);
+    if (m.refusal !== undefined) throw new Unstorable(m.refusal);
     const id = m.id!;
     if (m.body.length > this.maxBody)
-      throw new Refused(`body of ${m.body.length} bytes is over the ${this.maxBody}-byte limit`);
-    if (id.length > this.maxId) throw new Refused(`delivery id longer than ${this.maxId} characters`);
+      throw new Unstorable(`body of ${m.body.length} bytes is over the ${this.maxBody}-byte limit`);
+    if (id.length > this.maxId) throw new Unstorable(`delivery id longer than ${this.maxId} characters`);
     const s = this.source;
     const chosen = s.routes
       ? chooseRoutes(
@@ -376,7 +376,7 @@ export class Consumer {
       else this.counts.duplicate++;
       return "ack";
     } catch (error) {
-      if (error instanceof Refused) {
+      if (error instanceof Unstorable) {
         this.counts.refused++;
         this.log(
           `refused a message of ${this.source.name}${m.id ? ` (${label({ source: this.source.name, id: m.id })})` : ""}: ${error.message}`,

@@ -13,8 +13,8 @@ import type { DestinationState, Gauges, Inbox, Lease, Stored } from "./store.ts"
 import { sqlstate } from "./errors.ts";
 import { REMOVED } from "./rows.ts";
 
-/** Outcome is how the receiver answered one request, as received_total counts it. */
-export type Outcome = Stored | "rejected" | "unavailable";
+/** Answered is how the receiver answered one request, as received_total counts it. */
+export type Answered = Stored | "rejected" | "unavailable";
 
 /** Reason is the class of a refusal: rejected_total's label beside the status code. */
 export type Reason = "signature" | "malformed" | "too_large" | "unknown_source";
@@ -356,7 +356,7 @@ export class Metrics {
   }
 
   /** observe counts one receiver answer; ackMs is given for the 200s, status for the refusals. */
-  observe(source: string, outcome: Outcome, ackMs?: number, status?: number): void {
+  observe(source: string, outcome: Answered, ackMs?: number, status?: number): void {
     let bySource = this.intake.get(source);
     if (!bySource) this.intake.set(source, (bySource = new Map()));
     let tally = bySource.get(outcome);

@@ -81,8 +81,8 @@ export function startReceive(headers: Headers): Receive {
 // UNTRACED stands for the span of a request that nothing traces.
 const UNTRACED: Receive = { traceparent: null, run: (fn) => fn(), end: () => {} };
 
-/** Outcome is how one attempt at a delivery ended in the worker. */
-export type Outcome = "done" | "retry" | "failed" | "lost" | "released";
+/** Ending is how one attempt at a delivery ended in the worker, as its span records it. */
+export type Ending = "done" | "retry" | "failed" | "lost" | "released";
 
 /** Process is one attempt's span in the worker, a child of the span that received the delivery. */
 export interface Process {
@@ -94,7 +94,7 @@ export interface Process {
   /** run calls fn with the span active, so that a handler's instrumented calls are its children. */
   run<T>(fn: () => T): T;
   /** end closes the span when the attempt's outcome is committed (done, retry, failed) or known (lost, released). */
-  end(outcome: Outcome, error?: string): void;
+  end(outcome: Ending, error?: string): void;
 }
 
 /**

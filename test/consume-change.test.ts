@@ -28,7 +28,7 @@ import {
 import { headers as natsHeaders, connect as natsConnect, type NatsConnection } from "@nats-io/transport-node";
 import amqp from "amqplib";
 import { connect, type Inbox } from "../inbox.ts";
-import { createAdmin, listenAdmin } from "../lib/admin/routes.ts";
+import { createAdmin, listenAdmin } from "../lib/admin/server.ts";
 import { brokerLines, Consumer, type BrokerSource } from "../lib/consume.ts";
 import { ourDescription } from "../lib/consume-health.ts";
 import { Metrics, Readiness } from "../lib/metrics.ts";

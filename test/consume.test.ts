@@ -13,10 +13,10 @@ import { headers as natsHeaders, connect as natsConnect } from "@nats-io/transpo
 import { AckPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import amqp from "amqplib";
 import { connect, type Inbox } from "../inbox.ts";
-import { createAdmin, listenAdmin } from "../lib/admin/routes.ts";
+import { createAdmin, listenAdmin } from "../lib/admin/server.ts";
 import { brokerLines, Consumer, type BrokerSource } from "../lib/consume.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { loadSources } from "../lib/providers.ts";
+import { loadSources } from "../lib/config/sources.ts";
 import { backends, NATS, natsSkip, RABBITMQ, rabbitmqSkip, runScript, tempDir } from "./helpers.ts";
 
 const run = randomBytes(3).toString("hex");

@@ -146,7 +146,7 @@ for (const backend of await backends("limits")) {
         {},
       );
       const stop = new AbortController();
-      const stats: ForwardStats = { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+      const stats: ForwardStats = { done: 0, retried: 0, failed: 0, released: 0, lost: 0 };
       const lane = forward({
         inbox: worker,
         forwarding,
@@ -188,7 +188,7 @@ for (const backend of await backends("limits")) {
       assert.ok(r.claimedAhead > 1, `the lane had claimed ahead (${r.claimedAhead} leased)`);
       assert.equal(r.after, 0, "no forward started after the pause committed");
       assert.equal(r.requests, 1);
-      assert.equal(r.stats.held, r.claimedAhead - 1, "every lease claimed ahead went back");
+      assert.equal(r.stats.released, r.claimedAhead - 1, "every lease claimed ahead went back");
       assert.deepEqual(
         r.rows.filter((x) => x.status !== "done").map((x) => [x.status, Number(x.attempts)]),
         Array(9).fill(["received", 0]),

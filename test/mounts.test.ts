@@ -17,8 +17,8 @@ import fc from "fast-check";
 import { Hono } from "hono";
 import { request } from "undici";
 import { connect } from "../inbox.ts";
-import { createHandler, type HandlerOptions } from "../lib/handler.ts";
-import { loadSources, sign, type Source } from "../lib/providers.ts";
+import { createWebhooks, type WebhooksOptions } from "../lib/receiver.ts";
+import { loadSources, sign, type Source } from "../lib/config/sources.ts";
 import { createReceiver } from "../receiver.ts";
 import { SCHEMES, SLACK, T, apply, bodyArb, idArb, mutationArb, source } from "./provider-fixtures.ts";
 import { tempDir } from "./helpers.ts";
@@ -26,7 +26,7 @@ import { tempDir } from "./helpers.ts";
 /** Mount is one way of serving the handler: it starts an app on a free port and says where the sources are. */
 interface Mount {
   name: string;
-  start(options: HandlerOptions): Promise<{ base: string; close: () => Promise<void> }>;
+  start(options: WebhooksOptions): Promise<{ base: string; close: () => Promise<void> }>;
 }
 
 const listening = async (server: Server, prefix: string) => {
@@ -55,7 +55,7 @@ const MOUNTS: Mount[] = [
   {
     name: "express, mounted before any body parser",
     start: async (options) => {
-      const webhooks = createHandler(options);
+      const webhooks = createWebhooks(options);
       const app = express();
       app.use("/hooks", webhooks.express);
       // The app's own JSON routes come after, untouched.
@@ -68,7 +68,7 @@ const MOUNTS: Mount[] = [
     name: "express, behind express.raw({ type: '*/*' })",
     start: async (options) => {
       // A route (unlike app.use) leaves its path in req.url, so the handler is told the prefix.
-      const webhooks = createHandler({ ...options, basePath: "/hooks" });
+      const webhooks = createWebhooks({ ...options, basePath: "/hooks" });
       const app = express();
       app.post("/hooks/:source", express.raw({ type: "*/*", limit: "2mb" }), webhooks.express);
       app.all("/hooks/:source", webhooks.express);
@@ -78,7 +78,7 @@ const MOUNTS: Mount[] = [
   {
     name: "fastify, with the raw request handed over",
     start: async (options) => {
-      const webhooks = createHandler({ ...options, basePath: "/hooks" });
+      const webhooks = createWebhooks({ ...options, basePath: "/hooks" });
       const app = fastify();
       await app.register(async (scope) => {
         // Leave the body unread for the handler, which verifies the bytes themselves.
@@ -96,7 +96,7 @@ const MOUNTS: Mount[] = [
   {
     name: "hono on @hono/node-server (the Fetch handler)",
     start: async (options) => {
-      const webhooks = createHandler({ ...options, basePath: "/hooks" });
+      const webhooks = createWebhooks({ ...options, basePath: "/hooks" });
       const app = new Hono();
       app.all("/hooks/*", (c) => webhooks.fetch(c.req.raw));
       const server = await new Promise<Server>((resolve) => {
@@ -304,7 +304,7 @@ describe("express after a JSON body parser", () => {
     app.use(express.json());
     app.use(
       "/hooks",
-      createHandler({ inbox, sources: SOURCES, now: () => T * 1000, log: (l) => lines.push(l) }).express,
+      createWebhooks({ inbox, sources: SOURCES, now: () => T * 1000, log: (l) => lines.push(l) }).express,
     );
     const served = await listening(createServer(app), "/hooks");
     try {
@@ -342,7 +342,7 @@ describe("the Fetch handler on its own", () => {
   it("takes a Request and gives a Response, as Next.js route handlers, Bun and Deno call it", async () => {
     const inbox = await connect(join(dir.dir, "fetch.db"));
     try {
-      const webhooks = createHandler({
+      const webhooks = createWebhooks({
         inbox,
         sources: SOURCES,
         basePath: "/api/webhooks",
@@ -374,7 +374,7 @@ describe("the Fetch handler on its own", () => {
         { web: { provider: "plain" }, orders: { broker: { type: "rabbitmq", queue: "orders", idHeader: "x-id" } } },
         {},
       );
-      const webhooks = createHandler({ inbox, sources, basePath: "/hooks", log: () => {} });
+      const webhooks = createWebhooks({ inbox, sources, basePath: "/hooks", log: () => {} });
       const post = async (path: string, id: string) =>
         (
           await webhooks.fetch(
@@ -401,7 +401,7 @@ describe("the Fetch handler on its own", () => {
         $destinations: { app: { url: "http://127.0.0.1:1/", secret: "whsec_x" } },
         s: { provider: "plain", routes: [{ to: "app", filter: { body: { a: 1 } } }] },
       };
-      const webhooks = createHandler({ inbox, sources: loadSources(doc, {}), log: () => {} });
+      const webhooks = createWebhooks({ inbox, sources: loadSources(doc, {}), log: () => {} });
       const post = (id: string, body: BodyInit) =>
         webhooks.fetch(
           new Request("https://app.example/s", {
@@ -445,7 +445,7 @@ describe("the Fetch handler on its own", () => {
     const inbox = await connect(join(dir.dir, "fetch-slow.db"));
     try {
       // Limits as parameters: 50 ms of grace, then 1,000 bytes a second; the body sends 2 bytes and stalls.
-      const webhooks = createHandler({ inbox, bodyTimeoutMs: 50, minBodyRate: 1_000, log: () => {} });
+      const webhooks = createWebhooks({ inbox, bodyTimeoutMs: 50, minBodyRate: 1_000, log: () => {} });
       let cancelled = false;
       const body = new ReadableStream<Uint8Array>({
         start: (controller) => controller.enqueue(new TextEncoder().encode("{}")),

@@ -8,7 +8,7 @@ import { after, describe, it } from "node:test";
 import { request } from "undici";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { orderOfRequest, parseOrder } from "../lib/order.ts";
-import { loadSources, sign } from "../lib/providers.ts";
+import { loadSources, sign } from "../lib/config/sources.ts";
 import type { Headers } from "../lib/store.ts";
 import { createReceiver } from "../receiver.ts";
 import { run } from "../worker.ts";

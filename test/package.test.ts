@@ -24,6 +24,8 @@ import { ROOT, freePort, runScript, runtimeBinary, tempDir } from "./helpers.ts"
 const APP = `// A fresh app that installed webhook-inbox from its tarball: the handler mounted in Express.
 import express from "express";
 import { connect, type Stored } from "webhook-inbox";
+import { createWebhooks } from "webhook-inbox/webhooks";
+// The module's first name, kept for the apps that import it: the same function.
 import { createHandler } from "webhook-inbox/handler";
 import { run, type Job, type RunStats } from "webhook-inbox/worker";
 import { loadSources } from "webhook-inbox/providers";
@@ -32,12 +34,13 @@ import type { Transform } from "webhook-inbox/transform";
 const inbox = await connect(process.argv[2] ?? "app.db");
 const sources = loadSources({ shop: { provider: "plain" } }, process.env);
 const app = express();
-app.use("/webhooks", createHandler({ inbox, sources }).express);
+if (createHandler !== createWebhooks) throw new Error("webhook-inbox/handler is not webhook-inbox/webhooks");
+app.use("/webhooks", createWebhooks({ inbox, sources }).express);
 app.use(express.json());
 
 // The declarations are the package's own, not any: a wrong option fails to compile, results are typed.
 // @ts-expect-error inbox must be an Inbox
-createHandler({ inbox: 42 });
+createWebhooks({ inbox: 42 });
 // A transform is typed from the package: d is the delivery, and what it returns is checked.
 export const reshape: Transform = (d) => (d.eventType === null ? null : { body: { id: d.id, attempt: d.attempt }, headers: { "x-app": "1" } });
 // @ts-expect-error a header's value is a string, or null to remove it
@@ -56,12 +59,12 @@ process.on("SIGTERM", () => server.close(() => void inbox.close().then(() => pro
 // The same handler on Deno's and Bun's own Fetch servers (Deno.serve, Bun.serve): each runtime's own HTTP
 // server is the one thing that differs here, so the choice is made once, in this app.
 const FETCH_APP = `import { connect } from "webhook-inbox";
-import { createHandler } from "webhook-inbox/handler";
+import { createWebhooks } from "webhook-inbox/webhooks";
 
 declare const Deno: { serve(o: { port: number; hostname: string; onListen(a: { port: number }): void }, h: (r: Request) => Promise<Response>): unknown } | undefined;
 declare const Bun: { serve(o: { port: number; hostname: string; fetch: (r: Request) => Promise<Response> }): { port: number } } | undefined;
 const inbox = await connect(process.argv[2]!);
-const webhooks = createHandler({ inbox, basePath: "/webhooks" });
+const webhooks = createWebhooks({ inbox, basePath: "/webhooks" });
 const listening = (port: number) => console.log(\`Listening on http://127.0.0.1:\${port}\`);
 if (typeof Deno !== "undefined") Deno.serve({ port: 0, hostname: "127.0.0.1", onListen: ({ port }) => listening(port) }, webhooks.fetch);
 else listening(Bun!.serve({ port: 0, hostname: "127.0.0.1", fetch: webhooks.fetch }).port);
@@ -183,7 +186,7 @@ describe("npm pack", () => {
     assert.equal(manifest.name, "webhook-inbox");
     assert.equal(manifest.private, undefined);
     assert.deepEqual(manifest.bin, { "webhook-inbox": "dist/cli.js" });
-    for (const entry of [".", "./handler", "./worker", "./providers", "./transform"])
+    for (const entry of [".", "./webhooks", "./handler", "./worker", "./providers", "./transform"])
       assert.ok(manifest.exports[entry]?.types, entry);
     // Only what an app runs: the compiled code and its declarations, no tests, no benchmarks, no TypeScript sources.
     const dist = join(app, "node_modules", "webhook-inbox", "dist");

@@ -12,7 +12,7 @@ import {
   type Scheme as SignatureScheme,
   type Signable,
   type Source,
-} from "../lib/providers.ts";
+} from "../lib/config/sources.ts";
 
 // Published test vectors.
 export const STANDARD = {

@@ -14,7 +14,7 @@ import { Webhook as StandardWebhook } from "standardwebhooks";
 import Stripe from "stripe";
 import { request } from "undici";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import { loadSources, sign } from "../lib/providers.ts";
+import { loadSources, sign } from "../lib/config/sources.ts";
 import { createReceiver, type Receiver } from "../receiver.ts";
 import { run } from "../worker.ts";
 import {

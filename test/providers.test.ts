@@ -23,7 +23,7 @@ import {
   type Scheme,
   type Source,
   type Verdict,
-} from "../lib/providers.ts";
+} from "../lib/config/sources.ts";
 import {
   CUSTOM,
   GITHUB,

@@ -14,7 +14,7 @@ import { reconcileOnce } from "../lib/cli/reconcile.ts";
 import { caller, unreachable } from "../lib/reconcile/loop.ts";
 import { silent } from "../lib/log.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { loadSources, sign } from "../lib/providers.ts";
+import { loadSources, sign } from "../lib/config/sources.ts";
 import type { Delivery, Inbox } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { backends, freePort, type ReceiverProcess, runScript, spawnScript, startReceiver, tempDir } from "./helpers.ts";

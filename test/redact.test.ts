@@ -19,7 +19,7 @@ import { parseBrokerDestination } from "../lib/brokers.ts";
 import { httpSender } from "../lib/forwarding/forward.ts";
 import { forward } from "../lib/forwarding/forwarder.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { loadSources } from "../lib/providers.ts";
+import { loadSources } from "../lib/config/sources.ts";
 import { redactor, secretsOf, type Secret } from "../lib/redact.ts";
 import { loadDestinations, type HttpDestination } from "../lib/routing/routes.ts";
 import { PermanentError, type Inbox, type Lease } from "../lib/store.ts";

@@ -15,9 +15,9 @@ import { after, before, describe, it } from "node:test";
 import { SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
 import type { InMemorySpanExporter } from "@opentelemetry/sdk-trace";
 import { exportLine, importLine } from "../lib/format.ts";
-import { createHandler, type WebhookRequest } from "../lib/handler.ts";
+import { createWebhooks, type WebhookRequest } from "../lib/receiver.ts";
 import { connect } from "../inbox.ts";
-import { loadSources } from "../lib/providers.ts";
+import { loadSources } from "../lib/config/sources.ts";
 import { PermanentError, type Inbox } from "../lib/store.ts";
 import { forward } from "../lib/forwarding/forwarder.ts";
 import { loadDestinations } from "../lib/routing/routes.ts";
@@ -76,7 +76,7 @@ describe("with no SDK registered", () => {
       const { target, cleanup } = await backend.make();
       const inbox = await connect(target);
       try {
-        const handler = createHandler({ inbox, sources, log: quiet });
+        const handler = createWebhooks({ inbox, sources, log: quiet });
         assert.equal((await handler.answer(request(stripeRequest("evt_untraced", SENDER)))).status, 200);
         assert.equal((await inbox.find("evt_untraced"))[0]!.traceparent, null, "an untraced receiver stores nothing");
         await inbox.store({ source: "stripe", id: "evt_stored", body: Buffer.from("{}"), traceparent: SENDER });
@@ -116,7 +116,7 @@ describe("with an SDK registered", () => {
       it("opens a span per request, a child of the sender's traceparent, and stores its own with the delivery", async () => {
         exporter.reset();
         const r = stripeRequest("evt_a", SENDER);
-        assert.equal((await createHandler({ inbox, sources, log: quiet }).answer(request(r))).status, 200);
+        assert.equal((await createWebhooks({ inbox, sources, log: quiet }).answer(request(r))).status, 200);
         const [span] = finished();
         assert.deepEqual(
           [span!.name, span!.kind, span!.traceId, span!.parentSpanId],
@@ -134,7 +134,7 @@ describe("with an SDK registered", () => {
 
       it("starts a new trace for a request with no traceparent, and marks a refused one without storing it", async () => {
         exporter.reset();
-        const handler = createHandler({ inbox, sources, log: quiet });
+        const handler = createWebhooks({ inbox, sources, log: quiet });
         await handler.answer(request(stripeRequest("evt_b")));
         const forged = stripeRequest("evt_forged", SENDER);
         forged.headers["stripe-signature"] = forged.headers["stripe-signature"]!.replace(
@@ -153,7 +153,7 @@ describe("with an SDK registered", () => {
 
       it("continues the trace in a span per attempt, ending at retry, done or failed, and hands the handler its traceparent", async () => {
         exporter.reset();
-        const handler = createHandler({ inbox, sources, log: quiet });
+        const handler = createWebhooks({ inbox, sources, log: quiet });
         const r = stripeRequest("evt_c", SENDER);
         await handler.answer(request(r));
         await handler.answer(request(stripeRequest("evt_d", SENDER)));
@@ -231,7 +231,7 @@ describe("with an SDK registered", () => {
           };
           const r = stripeRequest("evt_f", SENDER);
           assert.equal(
-            (await createHandler({ inbox, sources: loadSources(config, {}), log: quiet }).answer(request(r))).status,
+            (await createWebhooks({ inbox, sources: loadSources(config, {}), log: quiet }).answer(request(r))).status,
             200,
           );
           const [receive] = finished();

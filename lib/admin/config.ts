@@ -2,7 +2,7 @@
 // way, whose hand wrote each part), its sources, routes, destinations and secrets, and its history; each read the
 // API's own operation run as the session. The forms that change it are lib/admin/editors.ts's.
 
-import type { AnswerOf } from "../api/routes.ts";
+import type { AnswerOf } from "../api/api.ts";
 import { utc } from "../format.ts";
 import { destinationStates } from "../operations/actions.ts";
 import { acts, escape, hidden, page, sayState, stateBadge } from "./html.ts";

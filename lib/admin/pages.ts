@@ -2,7 +2,7 @@
 // lib/admin/html.ts: the overview, the deliveries and one delivery, the destinations, the failures grouped,
 // the confirmation before a bulk action, and the audit log. Nothing here writes; the actions are lib/operations/actions.ts.
 
-import type { Api } from "../api/routes.ts";
+import type { Api } from "../api/api.ts";
 import { bodyForPeople, utc } from "../format.ts";
 import { type Preview, type PreviewRequest, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";

@@ -1,5 +1,5 @@
 // lib/api/call.ts: what each operation of the JSON API is handed and hands back, shared by the rooms that hold
-// the operations (lib/api/routes.ts: deliveries, destinations' state, the audit log; lib/api/config.ts: the
+// the operations (lib/api/api.ts: deliveries, destinations' state, the audit log; lib/api/config.ts: the
 // configuration): the page's context, the request as its schemas checked it, the answer with what the audit
 // log says of it, and ApiError, a refusal with its problem's extra members.
 
@@ -48,8 +48,8 @@ export interface Answer {
   change?: { target: string; count: number };
 }
 
-/** Handler runs one operation. */
-export type Handler = (ctx: ApiContext, call: Call) => Promise<Answer>;
+/** Operate runs one operation of the API (and of the page, through Api.perform()). */
+export type Operate = (ctx: ApiContext, call: Call) => Promise<Answer>;
 
 /** ProblemMembers are what a problem may say beyond its detail: the fields that failed, the rows that wait. */
 export interface ProblemMembers {

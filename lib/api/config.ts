@@ -2,7 +2,7 @@
 // version in force, apply a whole document, or change one source or destination, which reads the version in
 // force, changes that part and applies it expecting that version, so a change made meanwhile is a 409 and is
 // never lost; and try a route's filter on a delivery. Every change is lib/config/config.ts's plan() and apply(),
-// the checks and the one transaction of `inbox.ts config apply`. Mounted by lib/api/routes.ts.
+// the checks and the one transaction of `inbox.ts config apply`. Mounted by lib/api/api.ts.
 
 import type { z } from "zod";
 import { apply, auditTarget, plan, type Plan, trustIn, versionChanges } from "../config/config.ts";
@@ -11,7 +11,7 @@ import { message } from "../log.ts";
 import { type Arrival, compileFilter, filterInput } from "../routing/filter.ts";
 import { destinationNames } from "../rows.ts";
 import type { StoredConfig } from "../store.ts";
-import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
+import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
 import type {
   ConfigBody,
   ConfigVersionPath,
@@ -187,7 +187,7 @@ function shown(stored: StoredConfig) {
   };
 }
 
-/** CONFIG_HANDLERS are the configuration's operations, which lib/api/routes.ts answers beside its own. */
+/** CONFIG_HANDLERS are the configuration's operations, which lib/api/api.ts answers beside its own. */
 export const CONFIG_HANDLERS = {
   getConfig: async (ctx) => {
     const stored = await ctx.inbox.readConfig();
@@ -330,4 +330,4 @@ export const CONFIG_HANDLERS = {
     if (filter.reads.has("query")) notes.push("the request's query is not stored, so a query filter sees none here");
     return { body: { matches: filter(filterInput(arrival)), notes } };
   },
-} satisfies Record<string, Handler>;
+} satisfies Record<string, Operate>;

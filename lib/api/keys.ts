@@ -1,12 +1,12 @@
 // lib/api/keys.ts: the API's keys: mintKey() makes one (32 random bytes, shown once) with the row the store
 // keeps of it (its SHA-256 alone), hashKey() is how a bearer key is looked up, allows() says what each scope
 // may do, and KEY_HANDLERS are the operations that list, make and revoke keys. Used by the API's auth and
-// routing (lib/api/routes.ts), the operator page's sessions and forms, and `inbox.ts keys` (lib/cli/keys.ts).
+// routing (lib/api/api.ts), the operator page's sessions and forms, and `inbox.ts keys` (lib/cli/keys.ts).
 
 import { createHash, randomBytes } from "node:crypto";
 import type { z } from "zod";
 import { type ApiKey, SCOPES, type Scope } from "../store.ts";
-import { ApiError, type Handler } from "./call.ts";
+import { ApiError, type Operate } from "./call.ts";
 import type { KeyBody, KeyPath } from "./schemas.ts";
 
 /** KEY_PREFIX starts every key, so a leaked one is easy to recognise (and to search a repository for). */
@@ -44,7 +44,7 @@ export function keyTarget(row: Pick<ApiKey, "id" | "scope" | "name">): string {
 // shown is a key's row without its hash.
 const shown = ({ hash: _hash, ...rest }: ApiKey) => rest;
 
-/** KEY_HANDLERS are the keys' operations, which lib/api/routes.ts answers beside its own. */
+/** KEY_HANDLERS are the keys' operations, which lib/api/api.ts answers beside its own. */
 export const KEY_HANDLERS = {
   listKeys: async (ctx) => ({ body: { items: (await ctx.inbox.apiKeys()).map(shown) } }),
   createKey: async (ctx, call) => {
@@ -63,4 +63,4 @@ export const KEY_HANDLERS = {
     const revoked = await ctx.inbox.revokeApiKey(id, ctx.now(), call.audit(target));
     return { body: { id, revoked }, change: { target, count: revoked ? 1 : 0 } };
   },
-} satisfies Record<string, Handler>;
+} satisfies Record<string, Operate>;

@@ -1,6 +1,6 @@
 // lib/api/openapi.ts: the OpenAPI 3.1 document of the JSON API, made by @asteasolutions/zod-to-openapi from
 // lib/api/schemas.ts's OPERATIONS, the same schemas that validate each request: nothing here is written by
-// hand but the document's title and the bearer scheme. Served at GET /openapi.json by lib/api/routes.ts.
+// hand but the document's title and the bearer scheme. Served at GET /openapi.json by lib/api/api.ts.
 
 import { OpenAPIRegistry, OpenApiGeneratorV31, type RouteConfig } from "@asteasolutions/zod-to-openapi";
 import { OPERATIONS, PostHeaders, Problem } from "./schemas.ts";

@@ -1,5 +1,5 @@
 // lib/api/schemas.ts: the JSON API's shapes, as zod schemas: what each operation takes (path, query, body)
-// and what it answers. The same schemas validate every request (lib/api/routes.ts) and make the OpenAPI
+// and what it answers. The same schemas validate every request (lib/api/api.ts) and make the OpenAPI
 // document (lib/api/openapi.ts), so the two cannot drift. Nothing here runs a request.
 
 import { extendZodWithOpenApi } from "@asteasolutions/zod-to-openapi";

@@ -1,16 +1,16 @@
 // lib/api/secrets.ts: the JSON API's operations on the secret store: list (names, when, by whom; never a
 // value), set (sealed at once under the operator's key, lib/secrets.ts) and delete. A write key may set a
 // secret and name it in a configuration as secret:NAME; no key, and no answer, ever reads one back. Mounted
-// by lib/api/routes.ts.
+// by lib/api/api.ts.
 
 import type { z } from "zod";
 import { secretUsers } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { Keyring } from "../secrets.ts";
-import { ApiError, type Handler } from "./call.ts";
+import { ApiError, type Operate } from "./call.ts";
 import type { SecretBody, SecretPath } from "./schemas.ts";
 
-/** SECRET_HANDLERS are the secret store's operations, which lib/api/routes.ts answers beside its own. */
+/** SECRET_HANDLERS are the secret store's operations, which lib/api/api.ts answers beside its own. */
 export const SECRET_HANDLERS = {
   listSecrets: async (ctx) => ({
     body: {
@@ -55,4 +55,4 @@ export const SECRET_HANDLERS = {
     if (!(await ctx.inbox.deleteSecret(name, call.audit(target)))) throw new ApiError(404, `no secret ${name}`);
     return { body: { name, deleted: true }, change: { target, count: 1 } };
   },
-} satisfies Record<string, Handler>;
+} satisfies Record<string, Operate>;

@@ -7,7 +7,7 @@ import { parseBrokerDestination } from "../brokers.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { age, bytes, iso } from "../format.ts";
 import { label, message } from "../log.ts";
-import { readSourcesFile } from "../providers.ts";
+import { readSourcesFile } from "../config/sources.ts";
 import { loadDestinations, type Operator } from "../routing/routes.ts";
 import { SqliteInbox } from "../sqlite/sqlite.ts";
 import { describe } from "../operations/input.ts";

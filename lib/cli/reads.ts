@@ -6,7 +6,7 @@ import { brokerLines } from "../consume.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, iso, utf8Text } from "../format.ts";
 import { label, message } from "../log.ts";
-import { loadSources, readSourcesFile } from "../providers.ts";
+import { loadSources, readSourcesFile } from "../config/sources.ts";
 import { type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
 import { type Cli, type CliFilters, filterOf, findRows, NotFound, UsageError } from "./command.ts";

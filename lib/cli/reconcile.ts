@@ -6,7 +6,7 @@
 import { DEFAULTS } from "../defaults.ts";
 import { message, progress } from "../log.ts";
 import { valuesFor } from "../config/config.ts";
-import { loadSources, readSourcesFile, type Source } from "../providers.ts";
+import { loadSources, readSourcesFile, type Source } from "../config/sources.ts";
 import { githubLister, judgeGithub } from "../reconcile/github.ts";
 import { type Lister, ReconcileFailed, reconcile, summaryLine, type Verdict } from "../reconcile/loop.ts";
 import { judgeStripe, stripeLister } from "../reconcile/stripe.ts";

@@ -1,5 +1,5 @@
 // config/config.ts: the configuration kept in the inbox's database. A sources file is checked whole by the
-// code that loads one at start-up (providers.ts loadSources, routing/routes.ts loadDestinations,
+// code that loads one at start-up (config/sources.ts loadSources, routing/routes.ts loadDestinations,
 // brokers.ts), its transforms hashed, its difference from the version in force shown, and then swapped in
 // by one applyConfig() transaction. See docs/config.md.
 
@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs";
 import { dirname, isAbsolute, resolve } from "node:path";
 import { parseBrokerDestination, type BrokerDestination } from "../brokers.ts";
 import { checkSecrets } from "../forwarding/forward.ts";
-import { loadSources, type Source } from "../providers.ts";
+import { loadSources, type Source } from "./sources.ts";
 import type { Reach } from "../reach.ts";
 import { secretsOf, type Secret } from "../redact.ts";
 import { referencesIn, type Values, withSecrets } from "../references.ts";

@@ -26,7 +26,7 @@ export type Start = (prepared: Prepared, signal: AbortSignal) => Promise<unknown
  * every secret read (the environment's, the store's opened; a source's signing secret only where it is set:
  * the worker verifies none, and redacts those it knows), each transform the same as applied
  * (transformDrift) and loaded, each broker's client installed. It returns the reason it cannot be run, or the
- * Prepared parts (whose threads release() lets go of).
+ * Prepared parts (whose threads letGo() lets go of).
  */
 export async function prepare(
   config: Pick<StoredConfig, "version" | "document" | "transforms"> & Partial<Pick<StoredConfig, "trust" | "way">>,
@@ -75,8 +75,8 @@ export function unconfigured(): Prepared {
   };
 }
 
-/** release lets go of what a Prepared holds: its transforms' threads and its brokers' connections. */
-export async function release(prepared: Prepared): Promise<void> {
+/** letGo lets go of what a Prepared holds: its transforms' threads and its brokers' connections. */
+export async function letGo(prepared: Prepared): Promise<void> {
   await Promise.all([...[...prepared.senders.values()].map((s) => s.close()), prepared.transforms?.close()]);
 }
 
@@ -116,7 +116,7 @@ export class LiveForwarding {
         else if (!this.once)
           await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
       } finally {
-        await release(prepared);
+        await letGo(prepared);
       }
     })();
     this.running = { prepared, controller, done };

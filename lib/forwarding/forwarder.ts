@@ -69,7 +69,7 @@ export interface ForwardStats {
   done: number;
   retried: number;
   failed: number;
-  held: number;
+  released: number;
   lost: number;
 }
 
@@ -86,7 +86,7 @@ const NEVER: BreakerPolicy = {
 export async function forward(options: ForwarderOptions): Promise<ForwardStats> {
   const { forwarding } = options;
   const log: Log = options.log ?? ((line: string) => console.error(line));
-  const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, held: 0, lost: 0 };
+  const stats: ForwardStats = options.stats ?? { done: 0, retried: 0, failed: 0, released: 0, lost: 0 };
   const senders = new Map<string, Sender>();
   // Compiled once per destination, its own secrets naming themselves first; used only on a failed try.
   const known = options.redact === false ? [] : (options.secrets ?? secretsOf(forwarding));
@@ -477,7 +477,7 @@ class DestinationLane {
     // Given back: not started, cut off by a stop, or held behind a destination that said it is gone.
     if (s.kind === "released" || s.kind === "held" || (s.kind === "retry" && event.cutOff)) {
       span?.end("released", s.kind === "held" ? s.error : undefined);
-      if (result === "released") this.p.stats.held++;
+      if (result === "released") this.p.stats.released++;
       if (s.kind === "held" && event.paused)
         this.p.say(
           { type: "destination.paused", data: { destination: this.name, reason: s.error } },

@@ -10,7 +10,7 @@ import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
-import { enterKeys, rebuildKeys, settleRows } from "./keys.ts";
+import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 

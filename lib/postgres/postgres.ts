@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
-import { enterKeys, settleKeys, settleRows } from "./keys.ts";
+import { enterKeys, settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { PostgresRecords, writeAudit } from "./records.ts";
 import { migrate } from "./schema.ts";

@@ -1,6 +1,6 @@
 // routing/routes.ts: where each delivery goes. The sources file names destinations under "$destinations" (a key no
 // source can have: "$" is not in a source name) and gives each source "routes"; a source without routes
-// goes to the handler, as before. Not run on its own: loadSources (providers.ts) reads the routes, and
+// goes to the handler, as before. Not run on its own: loadSources (config/sources.ts) reads the routes, and
 // worker.ts reads the destinations through loadDestinations. See docs/forwarding.md.
 //   "$destinations": { "app": { "url": "https://app.internal/webhooks", "secret": "env:APP_FORWARD_SECRET" } },
 //   "stripe": { "provider": "stripe", "secret": "env:STRIPE_SECRET", "routes": ["handler", { "to": "app", "types": ["invoice.*"] }] }

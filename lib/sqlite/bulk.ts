@@ -11,7 +11,7 @@ import { filterSql, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
 import { whole } from "./commit.ts";
-import { enterKey, rebuildKey, settleKey, type Statements } from "./keys.ts";
+import { enterKey, rebuildKey, settleKey, type Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
 
 type Row = Record<string, SQLInputValue>;

@@ -24,7 +24,7 @@ import { searchPageLimit } from "../checks.ts";
 import { countsBySource, emptyBuckets, orderingStatus, summarise, toDelivery } from "../rows.ts";
 import { ORDERING_SQL, filterSql } from "../sql.ts";
 
-import type { Statements } from "./keys.ts";
+import type { Statements } from "./order-keys.ts";
 
 type Row = Record<string, SQLInputValue>;
 

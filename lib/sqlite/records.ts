@@ -25,7 +25,7 @@ import type {
   StoredSecret,
 } from "../store.ts";
 import { whole } from "./commit.ts";
-import type { Statements } from "./keys.ts";
+import type { Statements } from "./order-keys.ts";
 
 /**
  * writeAudit writes a change's entry in the transaction that makes the change: its first write adds the

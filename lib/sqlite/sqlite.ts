@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { SqliteBulk } from "./bulk.ts";
 import { SqliteCommitter, whole } from "./commit.ts";
-import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./keys.ts";
+import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./order-keys.ts";
 import { SqliteReads } from "./reads.ts";
 import { SqliteRecords, writeAudit } from "./records.ts";
 import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";

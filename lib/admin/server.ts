@@ -1,11 +1,11 @@
-// lib/admin/routes.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each request:
+// lib/admin/server.ts: the operator page's server: createAdmin() and listenAdmin(), and the routing of each request:
 // assets, login, a page for a GET, an action for a POST. Every POST passes the same checks (same origin, the
 // session's CSRF token, a scope that allows it, writable mode), writes one audit line, and redirects so a reload
 // does not repeat it, or answers with its form (a filter tried, a change refused).
 
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { hashKey, KEY_PREFIX } from "../api/keys.ts";
-import { Api } from "../api/routes.ts";
+import { Api } from "../api/api.ts";
 import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
@@ -271,7 +271,7 @@ async function handle(p: Page, req: IncomingMessage, res: ServerResponse): Promi
     throw new HttpError(403, why);
   }
   if (asset(req, res, path)) return;
-  // The API and its document answer bearer API keys, never the page's session (lib/api/routes.ts).
+  // The API and its document answer bearer API keys, never the page's session (lib/api/api.ts).
   if (await p.api.handle(req, res, url)) return;
   if (path === "/metrics" && req.method === "GET") {
     const text = await p.api.metrics.registry.metrics();

@@ -1,14 +1,14 @@
-// handler.ts: the receiver as a library. One request handler verifies, stores, and answers 200 only once
+// lib/receiver.ts: the receiver as a library. One request handler verifies, stores, and answers 200 only once
 // the delivery is committed. It mounts three ways: on node:http, as Express/Connect middleware, and as a
 // Fetch API handler (Hono, Next.js route handlers, Bun, Deno). receiver.ts is this handler on node:http.
-//   const webhooks = createHandler({ inbox: connect("inbox.db"), sources: loadSources(config, process.env) });
+//   const webhooks = createWebhooks({ inbox: connect("inbox.db"), sources: loadSources(config, process.env) });
 //   http.createServer(webhooks.node) | app.use("/webhooks", webhooks.express) | export const POST = webhooks.fetch
 
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { DEFAULTS } from "./defaults.ts";
 import { filterInput } from "./routing/filter.ts";
 import { label, message, silent, type Log } from "./log.ts";
-import { NO_SOURCE, type Metrics, type Outcome } from "./metrics.ts";
+import { type Answered, NO_SOURCE, type Metrics } from "./metrics.ts";
 import { orderOfRequest } from "./order.ts";
 import { unsignedSource, verify, type Source, type Verdict } from "./providers.ts";
 import { chooseRoutes } from "./routing/routes.ts";
@@ -19,8 +19,8 @@ import { startReceive } from "./traces.ts";
 // An app that mounts the handler on a Node without node:sqlite stops here, with one line, not at connect().
 requireSqlite();
 
-/** HandlerOptions configures createHandler; every number has a default in DEFAULTS. */
-export interface HandlerOptions {
+/** WebhooksOptions configures createWebhooks; every number has a default in DEFAULTS. */
+export interface WebhooksOptions {
   /** Where deliveries are stored; the handler only ever calls store(). */
   inbox: Pick<Inbox, "store">;
   /** Sources by name, each served at POST /<name>. @default the unsigned `default` source at / */
@@ -64,8 +64,8 @@ export interface WebhookRequest {
   read(maxBody: number): Promise<Buffer>;
 }
 
-/** Answer is what the handler replies, whichever way it is mounted. */
-export interface Answer {
+/** WebhookAnswer is what the handler replies, whichever way it is mounted. */
+export interface WebhookAnswer {
   status: number;
   headers: Record<string, string>;
   body: string;
@@ -73,8 +73,8 @@ export interface Answer {
   closeConnection?: boolean;
 }
 
-/** Handler is one handler in its three mounts, plus the shared core they translate to and from. */
-export interface Handler {
+/** Webhooks is the one request handler in its three mounts, plus the shared core they translate to and from. */
+export interface Webhooks {
   /** node is a node:http request listener. */
   node(req: IncomingMessage, res: ServerResponse): void;
   /**
@@ -85,7 +85,7 @@ export interface Handler {
   /** fetch is a Fetch API handler: (Request) => Promise<Response>. */
   fetch(request: Request): Promise<Response>;
   /** answer runs one request through verify, store and reply; the mounts only translate. */
-  answer(request: WebhookRequest): Promise<Answer>;
+  answer(request: WebhookRequest): Promise<WebhookAnswer>;
   /** inFlight counts the requests, by every mount, whose body is complete and whose answer is not yet decided. */
   readonly inFlight: number;
   /** idle resolves once no request is in flight. */
@@ -130,8 +130,8 @@ const PARSED_FIRST =
   "the request body was already read by a body parser (express.json() or similar), so its signature cannot be checked; " +
   'mount the inbox before the parser, or give it express.raw({ type: "*/*" })';
 
-/** createHandler builds the one request handler over an open inbox. */
-export function createHandler(options: HandlerOptions): Handler {
+/** createWebhooks builds the one request handler over an open inbox. */
+export function createWebhooks(options: WebhooksOptions): Webhooks {
   const core = new Receiving(options);
   const { fromHeaders, maxInFlight } = core;
   const onNode = (req: IncomingMessage, res: ServerResponse, read: (maxBody: number) => Promise<Buffer>) => {
@@ -201,11 +201,16 @@ export function createHandler(options: HandlerOptions): Handler {
 }
 
 // text is a plain-text answer.
-function text(status: number, body: string, headers: Record<string, string> = {}, closeConnection = false): Answer {
+function text(
+  status: number,
+  body: string,
+  headers: Record<string, string> = {},
+  closeConnection = false,
+): WebhookAnswer {
   return { status, body, headers: { "content-type": "text/plain; charset=utf-8", ...headers }, closeConnection };
 }
 
-// The two answers nearly every request gets, made once: the mounts only read an Answer.
+// The two answers nearly every request gets, made once: the mounts only read an WebhookAnswer.
 const STORED = text(200, "stored");
 const DUPLICATE = text(200, "duplicate");
 
@@ -234,7 +239,7 @@ class Receiving {
   inFlight = 0;
   readonly waiting: (() => void)[] = [];
 
-  constructor(options: HandlerOptions) {
+  constructor(options: WebhooksOptions) {
     this.inbox = options.inbox;
     this.maxBody = options.maxBodyBytes ?? DEFAULTS.maxBodyBytes;
     this.maxIdLength = options.maxIdLength ?? DEFAULTS.maxIdLength;
@@ -262,11 +267,11 @@ class Receiving {
       ["minBodyRate", this.pace.rate],
     ] as const) {
       if (!Number.isInteger(value) || value < 1)
-        throw new TypeError(`createHandler: expected ${name} to be a whole number of 1 or more, got ${value}`);
+        throw new TypeError(`createWebhooks: expected ${name} to be a whole number of 1 or more, got ${value}`);
     }
     if (this.basePath && !this.basePath.startsWith("/"))
       throw new TypeError(
-        `createHandler: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`,
+        `createWebhooks: expected basePath to start with "/", got ${JSON.stringify(options.basePath)}`,
       );
   }
 
@@ -281,7 +286,7 @@ class Receiving {
   }
 
   // seen counts one answer, once per request, at the point where its outcome is decided.
-  seen(source: string, outcome: Outcome, started: number, status?: number): void {
+  seen(source: string, outcome: Answered, started: number, status?: number): void {
     this.metrics?.observe(
       source,
       outcome,
@@ -300,7 +305,7 @@ class Receiving {
 
   // busy answers past maxInFlight. Counted from the headers (the comparison), the body is still unread,
   // so the connection must close; counted from the body's end, it may carry the sender's next request.
-  busy(source: string, unread: boolean): Answer {
+  busy(source: string, unread: boolean): WebhookAnswer {
     this.seen(source, "unavailable", performance.now());
     this.log(`rejected: 503 over ${this.maxInFlight} requests in flight`, { level: "error", status: 503 });
     return text(503, "busy, try again later", { "retry-after": this.retryAfter }, unread);
@@ -320,10 +325,10 @@ class Receiving {
     return this.sourceFor(url)?.name ?? NO_SOURCE;
   }
 
-  async answer(req: WebhookRequest): Promise<Answer> {
+  async answer(req: WebhookRequest): Promise<WebhookAnswer> {
     const traced = startReceive(req.headers);
     const ctx: Ctx = { source: NO_SOURCE, started: performance.now(), traceparent: traced.traceparent };
-    let a: Answer;
+    let a: WebhookAnswer;
     try {
       a = await traced.run(() => this.answerIn(req, ctx));
     } finally {
@@ -338,7 +343,7 @@ class Receiving {
     return a;
   }
 
-  async answerIn(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
+  async answerIn(req: WebhookRequest, ctx: Ctx): Promise<WebhookAnswer> {
     try {
       return await this.handle(req, ctx);
     } catch (error) {
@@ -360,7 +365,7 @@ class Receiving {
   }
 
   // handle is one request's way: its source, its body within the limits, its signature, then the store.
-  async handle(req: WebhookRequest, ctx: Ctx): Promise<Answer> {
+  async handle(req: WebhookRequest, ctx: Ctx): Promise<WebhookAnswer> {
     const source = this.sourceFor(req.url);
     if (!source) throw new Rejected(404, `no source at ${req.url.split("?")[0]}`);
     // Read with the lookup: a setSources() while the body arrives brings new Source objects, not in its set.
@@ -406,7 +411,7 @@ class Receiving {
     body: Buffer,
     verdict: Verified,
     parsed: { event?: Record<string, unknown> } | undefined,
-  ): Promise<Answer> {
+  ): Promise<WebhookAnswer> {
     const id = verdict.id;
     let outcome: Stored;
     try {
@@ -462,7 +467,7 @@ class Receiving {
 
   // send writes an answer on node:http. The rest of a refused body must not be read as the next request:
   // after the answer has gone out, the client gets a moment to read it, then the connection is dropped.
-  send(req: IncomingMessage, res: ServerResponse, a: Answer): void {
+  send(req: IncomingMessage, res: ServerResponse, a: WebhookAnswer): void {
     if (res.headersSent || res.destroyed) return;
     // While the receiver stops, each answer closes its connection: kept alive, it would hold the exit up
     // for as long as the client kept it, and carry more requests in meanwhile.
@@ -481,7 +486,7 @@ class Receiving {
   }
 }
 
-function toResponse(a: Answer): Response {
+function toResponse(a: WebhookAnswer): Response {
   // A Fetch runtime owns its connections; Connection is not a header a handler may set there.
   return new Response(a.body, { status: a.status, headers: a.headers });
 }
@@ -593,3 +598,11 @@ async function readStream(request: Request, maxBody: number, pace: Pace): Promis
   }
   return Buffer.concat(chunks, size);
 }
+
+// The names this module had as lib/receiver.ts, for apps that import the package's "./handler" export.
+/** @deprecated Use createWebhooks. */
+export const createHandler = createWebhooks;
+/** @deprecated Use WebhooksOptions. */
+export type HandlerOptions = WebhooksOptions;
+/** @deprecated Use Webhooks. */
+export type Handler = Webhooks;

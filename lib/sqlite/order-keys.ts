@@ -1,4 +1,4 @@
-// sqlite/keys.ts: the order keys' bookkeeping on SQLite, inside the transaction that moves a delivery:
+// sqlite/order-keys.ts: the order keys' bookkeeping on SQLite, inside the transaction that moves a delivery:
 // enterKey() puts a new delivery at its key's head, occupyKey() marks its key running once claimed,
 // settleKey() moves a head on (settleRows() for an UPDATE's returned rows), rebuildKey() mends one after a
 // copy. Each takes the connection's statements and no state, so the delivery's life (sqlite.ts) and the bulk

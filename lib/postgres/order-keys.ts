@@ -1,4 +1,4 @@
-// postgres/keys.ts: the order keys' bookkeeping on PostgreSQL, inside the transaction that moves a delivery:
+// postgres/order-keys.ts: the order keys' bookkeeping on PostgreSQL, inside the transaction that moves a delivery:
 // enterKeys() puts new deliveries at their keys' heads, settleKeys() moves a head on once it leaves (and
 // settleRows() for an UPDATE's returned rows), and rebuildKeys() brings heads up to date after a copy. Each takes the transaction's client and no state, so
 // the delivery's life (postgres.ts) and the bulk actions (bulk.ts) share them.

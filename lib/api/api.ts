@@ -1,4 +1,4 @@
-// lib/api/routes.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/routes.ts):
+// lib/api/api.ts: the JSON API under /api/v1/, served by the operator page's server (lib/admin/server.ts):
 // bearer API keys (read, write or admin), each request checked against lib/api/schemas.ts's OPERATIONS, errors
 // as application/problem+json (RFC 9457), a POST's Idempotency-Key kept in the store, one audit entry per change,
 // and every refusal counted. The actions are the page's own (lib/operations/actions.ts); the configuration's
@@ -23,7 +23,7 @@ import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime 
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
-import { type Answer, type ApiContext, ApiError, type Call, type Handler } from "./call.ts";
+import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
 import { SECRET_HANDLERS } from "./secrets.ts";
 import { allows, hashKey, KEY_HANDLERS } from "./keys.ts";
@@ -152,7 +152,7 @@ export class Api {
   }
 
   /**
-   * refuse answers a request the page refused before routing it (lib/admin/routes.ts), when its path is the
+   * refuse answers a request the page refused before routing it (lib/admin/server.ts), when its path is the
    * API's or the document's: a problem+json, counted by its reason, as the API's own refusals are. False for
    * the page's paths, which the page answers.
    */
@@ -414,7 +414,7 @@ async function found(ctx: ApiContext, call: Call): Promise<Delivery[]> {
 }
 
 // onOne runs a retry or a replay of one delivery (one destination's row, or all of them) and audits it.
-function onOne(act: typeof retryOne | typeof replayOne): Handler {
+function onOne(act: typeof retryOne | typeof replayOne): Operate {
   return async (ctx, call) => {
     const [d] = await found(ctx, call);
     const { destination } = call.body as z.output<typeof OneTarget>;
@@ -424,7 +424,7 @@ function onOne(act: typeof retryOne | typeof replayOne): Handler {
   };
 }
 
-const OPERATION_HANDLERS: Record<OperationId, Handler> = {
+const OPERATION_HANDLERS: Record<OperationId, Operate> = {
   ...CONFIG_HANDLERS,
   ...SECRET_HANDLERS,
   ...KEY_HANDLERS,
