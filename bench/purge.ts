@@ -3,7 +3,9 @@
 // loop, three times in one run: with no purge, while `inbox.ts purge` drops those bodies in a process of
 // its own (batches of BENCH_PURGE_BATCH, default DEFAULTS.purgeBatch, each its own transaction, resting
 // BENCH_PURGE_REST times as long after each, default DEFAULTS.purgeRest), and with no purge again. Prints the
-// ack p50/p99 of each, the purge's own time and rate, and p99 during/without as a ratio.
+// ack p50/p99 of each, the purge's own time and rate, and p99 during/without as a ratio. On PostgreSQL (when
+// bench/targets.ts has it) the same, twice, on a day of BENCH_PURGE_ROWS: released whole by dropping the
+// day's partition of bodies, and, as the baseline in the same run, row by row from the default partition.
 //   npm run bench -- purge           BENCH_PURGE_ROWS=200000 BENCH_PURGE_RATE=1000 BENCH_SECONDS=8
 
 import { spawn } from "node:child_process";
@@ -16,6 +18,10 @@ import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
+import { connect } from "../inbox.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
+import { fillPostgres } from "./stored.ts";
+import { inboxTargets } from "./targets.ts";
 
 const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
 const RATE = knob("BENCH_PURGE_RATE", 1_000);
@@ -87,6 +93,63 @@ function show(label: string, p: Paced): void {
   );
 }
 
+// aroundPurge paces acks into a receiver on db before, during and after one `inbox.ts purge` of it.
+async function aroundPurge(
+  db: string,
+): Promise<{ before: Paced; during: Paced; after: Paced; ms: number; out: string }> {
+  const receiver = await startChild("receiver.ts", ["--port", "0", "--db", db, "--quiet"]);
+  try {
+    await paced(receiver.url, RATE, Math.min(2, SECONDS)); // warm-up
+    const before = await paced(receiver.url, RATE, SECONDS);
+    const running = purgeChild(db);
+    const during = await paced(receiver.url, RATE, SECONDS);
+    const { ms, out } = await running.done;
+    const after = await paced(receiver.url, RATE, SECONDS);
+    return { before, during, after, ms, out };
+  } finally {
+    await receiver.stop();
+  }
+}
+
+/**
+ * purgePostgres releases one day of ROWS done deliveries on PostgreSQL twice, each on a fresh database: with
+ * the day's partition made before the fill (its bodies dropped whole: docs/operations.md#retention-by-period),
+ * and without it (the bodies in the default partition, deleted row by row as before), acks paced around each.
+ */
+async function purgePostgres(dir: string): Promise<string[]> {
+  const target = (await inboxTargets()).find((t) => t.name === "PostgreSQL");
+  if (!target) return [];
+  const lines: string[] = [];
+  for (const whole of [true, false]) {
+    const { db, drop } = await target.fresh(dir, `purge_${whole ? "day" : "rows"}`);
+    try {
+      const inbox = await connect(db);
+      // One UTC day, eight days ago: every row of it past the default --bodies-after of 7 days.
+      const day = periodOf(Date.now() - 8 * 86_400_000);
+      if (whole)
+        await inbox.query(
+          `CREATE TABLE ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
+        );
+      await fillPostgres(inbox, ROWS, day.until - 1, 1);
+      await inbox.close();
+      const r = await aroundPurge(db);
+      const label = whole ? "PostgreSQL, the day dropped" : "PostgreSQL, row by row";
+      show(`${label}: no purge`, r.before);
+      show(`${label}: during`, r.during);
+      show(`${label}: after`, r.after);
+      const without = Math.max(r.before.p99, r.after.p99);
+      const line =
+        `  ${label}: ${f(ROWS)} bodies of one day in ${f(r.ms / 1000, 1)} s | ack p99 ${f(r.during.p99, 2)} ms during, ` +
+        `${f(r.before.p99, 2)}/${f(r.after.p99, 2)} before/after: ×${f(r.during.p99 / without, 2)}`;
+      console.log(line);
+      lines.push(line);
+    } finally {
+      await drop();
+    }
+  }
+  return lines;
+}
+
 /** purge runs the three paced runs around one purge and returns the one-line summary. */
 export async function purge(): Promise<string> {
   const { dir, cleanup } = tempDir();
@@ -118,9 +181,11 @@ export async function purge(): Promise<string> {
     );
     console.log(`  ${out.trim().split("\n").join("\n  ")}`);
     const without = Math.max(before.p99, after.p99);
+    const postgres = await purgePostgres(dir);
     return (
       `purge: ${f(RATE)} req/s open loop while ${n} bodies go | ack p99 ${f(during.p99, 2)} ms during, ${f(before.p99, 2)}/${f(after.p99, 2)} ms before/after | ` +
-      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB`
+      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB` +
+      postgres.map((line) => `\n${line}`).join("")
     );
   } finally {
     cleanup();

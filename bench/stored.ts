@@ -92,9 +92,11 @@ function fillSqlite(path: string, n: number, now: number): void {
   db.close();
 }
 
-// fillPostgres writes n done deliveries with one INSERT … SELECT per 100,000, the body made by the server
-// in the shape of stripeLike (the same size, give or take the digits).
-export async function fillPostgres(inbox: Inbox, n: number, now: number): Promise<void> {
+/**
+ * fillPostgres writes n done deliveries received over the days days before now, with one INSERT … SELECT per
+ * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits).
+ */
+export async function fillPostgres(inbox: Inbox, n: number, now: number, days = 7): Promise<void> {
   const sample = stripeLike(0).toString("utf8");
   const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
   // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
@@ -105,7 +107,7 @@ export async function fillPostgres(inbox: Inbox, n: number, now: number): Promis
   for (let start = 0; start < n; start += 100_000) {
     await inbox.query(
       `WITH g AS (
-         SELECT i, ?::bigint - 7 * 86400000 + (i * 7 * 86400000) / ?::bigint AS t,
+         SELECT i, ?::bigint - ?::bigint * 86400000 + (i * ?::bigint * 86400000) / ?::bigint AS t,
                 convert_to(? || '"evt_' || i || '"' || replace(?, '_0"', '_' || i || '"'), 'UTF8') AS b
          FROM generate_series(?::bigint, ?::bigint) AS i),
        r AS (
@@ -114,8 +116,10 @@ export async function fillPostgres(inbox: Inbox, n: number, now: number): Promis
          SELECT 'default', 'old_' || i, ${apart ? "'\\x'::bytea" : "b"}, encode(sha256(b), 'hex'), 'application/json',
                 'charge.succeeded', t, 'done', 1, t, t + 50
          FROM g)
-       ${apart ? "INSERT INTO delivery_bodies (source, id, route, body) SELECT 'default', 'old_' || i, 0, b FROM g" : "SELECT 1"}`,
+       ${apart ? "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT 'default', 'old_' || i, 0, t, b FROM g" : "SELECT 1"}`,
       now,
+      days,
+      days,
       n,
       head,
       tail,
@@ -133,7 +137,7 @@ async function diskBytes(inbox: Inbox, path: string): Promise<number> {
     // The table with its indexes and TOAST, and the bodies' table where they have one of their own.
     const [row] = await inbox.query(
       `SELECT coalesce(pg_total_relation_size(to_regclass('delivery_rows')), pg_total_relation_size('deliveries'))
-              + coalesce(pg_total_relation_size(to_regclass('delivery_bodies')), 0) AS bytes`,
+              + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(to_regclass('delivery_bodies'))) AS bytes`,
     );
     return Number(row!.bytes);
   }

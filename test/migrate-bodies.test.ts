@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { connect } from "../inbox.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
 import { freshSchema, pastSchema, postgresSkip } from "./helpers.ts";
@@ -44,15 +45,25 @@ describe("upgrading a PostgreSQL inbox to bodies apart", { skip: pgSkip }, () =>
 
         // A new delivery's body goes to its own table; its row carries an empty one (the control: an
         // old row's body is inline, so the two layouts are told apart here).
-        const NEW = Buffer.from('{"customer":"Bo","amount":7}');
+        const NEW = Buffer.from(
+          JSON.stringify({ customer: "Bo", amount: 7, note: "x".repeat(DEFAULTS.inlineBodyBytes) }),
+        );
         assert.equal(await inbox.store({ id: "new_1", body: NEW }), "stored");
         const [raw] = await inbox.query(
-          "SELECT r.body AS inline, b.body AS apart FROM delivery_rows r LEFT JOIN delivery_bodies b USING (source, id, route) WHERE id = ?",
+          "SELECT r.body AS inline, b.body AS apart FROM delivery_rows r LEFT JOIN delivery_bodies b USING (source, id, route, received_at) WHERE id = ?",
           "new_1",
         );
         assert.deepEqual([Buffer.from(raw!.inline as Uint8Array).length, raw!.apart], [0, NEW]);
         const [old] = await inbox.query("SELECT body FROM delivery_rows WHERE id = ?", "kept_old");
         assert.deepEqual(Buffer.from(old!.body as Uint8Array), OLD);
+        // A body up to DEFAULTS.inlineBodyBytes stays in its row, as cheap to copy as the row itself.
+        const SMALL = Buffer.from('{"customer":"Cy","amount":1}');
+        assert.equal(await inbox.store({ id: "small_1", body: SMALL }), "stored");
+        const [small] = await inbox.query(
+          "SELECT r.body AS inline, b.body AS apart FROM delivery_rows r LEFT JOIN delivery_bodies b USING (source, id, route, received_at) WHERE id = ?",
+          "small_1",
+        );
+        assert.deepEqual([Buffer.from(small!.inline as Uint8Array), small!.apart], [SMALL, null]);
 
         // Claims hand over either kind of body.
         const leases = await inbox.claimBatch(10, 60_000);
@@ -61,6 +72,7 @@ describe("upgrading a PostgreSQL inbox to bodies apart", { skip: pgSkip }, () =>
           new Map([
             ["wait_old", OLD.toString()],
             ["new_1", NEW.toString()],
+            ["small_1", SMALL.toString()],
           ]),
         );
         for (const lease of leases) assert.equal(await inbox.finish(lease), true);
@@ -76,14 +88,14 @@ describe("upgrading a PostgreSQL inbox to bodies apart", { skip: pgSkip }, () =>
         // Retention drops either kind: the old inline body and the new row's own, and the IDs stay duplicates.
         t = T0 + 1_000;
         const purged = await inbox.purge({ bodiesAfterMs: 1, forgetAfterMs: 100 * DAY });
-        assert.equal(purged.bodies, 4);
-        assert.equal(purged.bytes, 3 * OLD.length + NEW.length);
+        assert.equal(purged.bodies, 5);
+        assert.equal(purged.bytes, 3 * OLD.length + NEW.length + SMALL.length);
         const [left] = await inbox.query("SELECT count(*) AS n FROM delivery_bodies");
         assert.equal(Number(left!.n), 0);
-        for (const id of ["done_old", "new_1"]) {
+        for (const id of ["done_old", "new_1", "small_1"]) {
           const [row] = await inbox.find(id);
           assert.deepEqual([row!.body.length, row!.purgedAt], [0, t]);
-          assert.equal(await inbox.store({ id, body: OLD }), id === "new_1" ? "conflict" : "duplicate");
+          assert.equal(await inbox.store({ id, body: OLD }), id === "done_old" ? "duplicate" : "conflict");
         }
       } finally {
         await inbox.close();

@@ -14,6 +14,7 @@ import { PostgresBulk } from "./bulk.ts";
 import { enterKeys, settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { PostgresRecords, writeAudit } from "./records.ts";
+import { makePeriods } from "./periods.ts";
 import { migrate } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -154,6 +155,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const inbox = new PostgresInbox(url, options);
     try {
       await migrate(inbox.pool, inbox.schema);
+      await makePeriods(inbox.pool, inbox.pinned ? inbox.pinned() : Date.now(), DEFAULTS.periodsAhead);
     } catch (error) {
       await inbox.pool.end().catch(() => {});
       throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
@@ -397,7 +399,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
                              WHERE o.source = d.source AND o.destination = d.destination AND o.order_key = d.order_key) END
          FROM p WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND (d.status IN ('received', 'processing')) IS TRUE
          RETURNING d.source, d.id, d.route, d.destination,
-                   coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = d.source AND b.id = d.id AND b.route = d.route), d.body) AS body, d.body_sha256, d.content_type, d.event_type, d.provider_time,
+                   coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = d.source AND b.id = d.id AND b.route = d.route
+                              AND b.received_at = d.received_at), d.body) AS body, d.body_sha256, d.content_type, d.event_type, d.provider_time,
                    d.received_at, d.status, d.attempts, d.leased_until, d.lease_token, d.error, d.conflicts, d.finished_at,
                    d.replays, d.purged_at, d.order_key, d.event_time, d.newer_id, d.headers, d.traceparent, d.origin, p.due, p.takeover, p.walked),
          busy AS (
@@ -735,17 +738,17 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
        r AS (
          INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
                                     order_key, event_time, arrival, route, destination, headers, traceparent, finished_at, origin)
-         SELECT s, i, '\\x'::bytea, h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
+         SELECT s, i, CASE WHEN bl <= $20 THEN substring($18::bytea FROM bo FOR bl) ELSE '\\x'::bytea END, h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
                 CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
                 CASE WHEN st = 'done' THEN ${NOW} END, og
          FROM u
          ON CONFLICT (source, id, route) DO NOTHING
-         RETURNING source, id, route, destination, order_key, event_time, arrival, available_at),
-       -- The body of each row stored, in its own table (docs/table.md#bodies-apart); an empty one needs none.
+         RETURNING source, id, route, destination, order_key, event_time, arrival, available_at, received_at),
+       -- The body of each row stored, in its own table past DEFAULTS.inlineBodyBytes (docs/table.md#bodies-apart).
        b AS (
-         INSERT INTO delivery_bodies (source, id, route, body)
-         SELECT r.source, r.id, r.route, substring($18::bytea FROM u.bo FOR u.bl)
-         FROM r JOIN u ON u.s = r.source AND u.i = r.id AND u.ro = r.route WHERE u.bl > 0)
+         INSERT INTO delivery_bodies (source, id, route, received_at, body)
+         SELECT r.source, r.id, r.route, r.received_at, substring($18::bytea FROM u.bo FOR u.bl)
+         FROM r JOIN u ON u.s = r.source AND u.i = r.id AND u.ro = r.route WHERE u.bl > $20)
        SELECT * FROM r`,
       [
         this.now(),
@@ -767,6 +770,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         bodies.lengths,
         bodies.all,
         list.map((x) => x.op.incoming.origin ?? "webhook"),
+        DEFAULTS.inlineBodyBytes,
       ],
     );
   }
@@ -823,7 +827,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const kept = await client.query(
       `SELECT source, id, body_sha256 AS sha256, origin,
               CASE WHEN origin = 'reconcile' THEN
-                coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = r.source AND b.id = r.id AND b.route = 0), r.body) END AS body
+                coalesce((SELECT b.body FROM delivery_bodies b
+                           WHERE b.source = r.source AND b.id = r.id AND b.route = 0 AND b.received_at = r.received_at), r.body) END AS body
          FROM delivery_rows r WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
        FOR KEY SHARE`,
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],

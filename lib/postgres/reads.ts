@@ -238,7 +238,8 @@ export class PostgresReads {
               min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
               count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
               min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
-              pg_total_relation_size('delivery_rows') + pg_total_relation_size('delivery_bodies') AS file
+              pg_total_relation_size('delivery_rows')
+                + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('delivery_bodies')) AS file
        FROM deliveries`,
     );
     const r = rows[0];

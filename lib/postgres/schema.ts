@@ -188,22 +188,32 @@ export const MIGRATIONS: readonly string[] = [
   // is renamed delivery_rows, and deliveries becomes the view that whoever queries the inbox reads as before;
   // rows stored before this keep their body inline (no rewrite: the upgrade is instant), new ones have an
   // empty one there. The view stays writable through INSTEAD OF triggers, for SQL written against the table.
+  // The bodies are partitioned by the day they were received (retention drops a day whole: purge(), and
+  // periods.ts makes each day's partition ahead); the default partition takes a day that has none.
   `CREATE TABLE delivery_bodies (
-     source text     NOT NULL,
-     id     text     NOT NULL,
-     route  smallint NOT NULL,
-     body   bytea    NOT NULL,
-     PRIMARY KEY (source, id, route)
-   );
+     source      text     NOT NULL,
+     id          text     NOT NULL,
+     route       smallint NOT NULL,
+     received_at bigint   NOT NULL,
+     body        bytea    NOT NULL,
+     PRIMARY KEY (source, id, route, received_at)
+   ) PARTITION BY RANGE (received_at);
+   CREATE TABLE delivery_bodies_default PARTITION OF delivery_bodies DEFAULT;
    ALTER TABLE deliveries RENAME TO delivery_rows;
-   -- A LEFT JOIN on the bodies' primary key, which PostgreSQL leaves out of any query that reads no body.
+   -- The body as a subquery, not a join: a query that reads no body never evaluates it (PostgreSQL 15 does
+   -- not remove a LEFT JOIN to a partitioned table, so a count over the view would have read every body's
+   -- key), and one that does finds it by its full key, received_at pruning the partitions as it runs.
    CREATE VIEW deliveries AS
-     SELECT r.source, r.id, coalesce(b.body, r.body) AS body, r.body_sha256, r.content_type, r.event_type,
+     SELECT r.source, r.id,
+            coalesce((SELECT b.body FROM delivery_bodies b
+                       WHERE b.source = r.source AND b.id = r.id AND b.route = r.route AND b.received_at = r.received_at),
+                     r.body) AS body,
+            r.body_sha256, r.content_type, r.event_type,
             r.provider_time, r.received_at, r.status, r.attempts, r.available_at, r.leased_until,
             r.lease_token, r.lease_ms, r.error, r.conflicts, r.finished_at, r.replays,
             r.purged_at, r.order_key, r.event_time, r.arrival, r.newer_id, r.route,
             r.destination, r.headers, r.traceparent, r.origin
-       FROM delivery_rows r LEFT JOIN delivery_bodies b ON b.source = r.source AND b.id = r.id AND b.route = r.route;
+       FROM delivery_rows r;
    -- An INSERT into the view that leaves a column out gets the table's default, as it did.
    ALTER VIEW deliveries ALTER COLUMN attempts SET DEFAULT 0, ALTER COLUMN conflicts SET DEFAULT 0,
      ALTER COLUMN replays SET DEFAULT 0, ALTER COLUMN route SET DEFAULT 0, ALTER COLUMN destination SET DEFAULT 'handler',
@@ -220,15 +230,15 @@ export const MIGRATIONS: readonly string[] = [
        IF NEW.body IS NOT DISTINCT FROM OLD.body AND (NEW.source, NEW.id, NEW.route) = (OLD.source, OLD.id, OLD.route) THEN
          RETURN NEW;
        END IF;
-       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
        UPDATE delivery_rows SET body = '\\x'::bytea WHERE source = NEW.source AND id = NEW.id AND route = NEW.route;
      ELSE
-       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
        DELETE FROM delivery_rows WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
        RETURN OLD;
      END IF;
      IF octet_length(NEW.body) > 0 THEN
-       INSERT INTO delivery_bodies (source, id, route, body) VALUES (NEW.source, NEW.id, NEW.route, NEW.body);
+       INSERT INTO delivery_bodies (source, id, route, received_at, body) VALUES (NEW.source, NEW.id, NEW.route, NEW.received_at, NEW.body);
      END IF;
      RETURN NEW;
    END $$;
@@ -236,8 +246,9 @@ export const MIGRATIONS: readonly string[] = [
      FOR EACH ROW EXECUTE FUNCTION deliveries_written();
    -- A row's body wherever it is, for a statement on delivery_rows that must search or weigh it (a row
    -- stored before this keeps it inline).
-   CREATE FUNCTION delivery_body(s text, i text, r smallint, inline bytea) RETURNS bytea LANGUAGE sql STABLE AS $$
-     SELECT coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r), inline) $$;`,
+   CREATE FUNCTION delivery_body(s text, i text, r smallint, at bigint, inline bytea) RETURNS bytea LANGUAGE sql STABLE AS $$
+     SELECT coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r AND b.received_at = at),
+                     inline) $$;`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */
