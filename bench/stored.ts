@@ -5,7 +5,8 @@
 // new deliveries are stored through the real store() (streams of 32 a turn, as the receiver batches them)
 // and drained by the real worker loop (run() of worker.ts, the record-payment handler, --once). Each size is
 // measured against an empty inbox in the same run (ratios printed), and the disk the stored rows take is
-// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST).
+// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). On
+// PostgreSQL it then times the upgrade of an inbox that main's schema filled at the largest size.
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000.
 //   npm run bench -- stored
 //   BENCH_MILLION=1 BENCH_POSTGRES=0 npm run bench -- stored
@@ -17,6 +18,10 @@ import { connect } from "../inbox.ts";
 import { sha256 } from "../lib/rows.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
+import { toPg } from "../lib/postgres/commit.ts";
+import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import pg from "pg";
+import { freshDatabase } from "./peers/pgdb.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
 import { f, knob, tempDir } from "./common.ts";
 import { inboxTargets } from "./targets.ts";
@@ -96,7 +101,7 @@ function fillSqlite(path: string, n: number, now: number): void {
  * fillPostgres writes n done deliveries received over the days days before now, with one INSERT … SELECT per
  * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits).
  */
-export async function fillPostgres(inbox: Inbox, n: number, now: number, days = 7): Promise<void> {
+export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: number, days = 7): Promise<void> {
   const sample = stripeLike(0).toString("utf8");
   const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
   // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
@@ -196,6 +201,45 @@ async function once(db: string, stored: number): Promise<Round> {
   }
 }
 
+/**
+ * upgradeCost times the upgrade of a PostgreSQL inbox that main's schema filled with rows done deliveries to
+ * bodies apart (docs/table.md#bodies-apart): the first connect() runs the migrations after it.
+ */
+async function upgradeCost(rows: number): Promise<string> {
+  const db = await freshDatabase("bench_inbox_upgrade");
+  try {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query("CREATE SCHEMA inbox; SET search_path = inbox");
+      await client.query(
+        "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+      );
+      const before = MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies"));
+      for (let i = 0; i < before; i++) {
+        await client.query(MIGRATIONS[i]!);
+        await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
+      }
+      await fillPostgres(
+        { query: async (sql, ...params) => (await client.query(toPg(sql), params)).rows },
+        rows,
+        Date.now(),
+      );
+    } finally {
+      await client.end();
+    }
+    const started = performance.now();
+    const inbox = await connect(`${db.url}?schema=inbox`);
+    const ms = performance.now() - started;
+    await inbox.close();
+    const line = `  PostgreSQL upgrade to bodies apart at ${f(rows)} stored: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`;
+    console.log(line);
+    return line;
+  } finally {
+    await db.drop();
+  }
+}
+
 /** stored runs every size on every backend and returns the summary. */
 export async function stored(): Promise<string> {
   const lines: string[] = [];
@@ -225,6 +269,7 @@ export async function stored(): Promise<string> {
         }
       }
     }
+    if ((await inboxTargets()).some((t) => t.name === "PostgreSQL")) lines.push(await upgradeCost(Math.max(...SIZES)));
   } finally {
     cleanup();
   }
