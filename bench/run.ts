@@ -8,6 +8,7 @@
 //   npm run bench -- runtimes           # Node, Deno and Bun, each against its own bare server
 //   npm run bench -- pgingest           # the PostgreSQL front door taken apart, not part of the default run
 //   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
+//   npm run bench -- attempts           # what keeping each try in the attempt log costs a done mark, on both stores
 //   BENCH_TRANSFORM_BASELINE=/tmp/before npm run bench -- transforms   # a transform's process against another tree's
 
 import { execFileSync } from "node:child_process";
@@ -42,6 +43,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   consume: async () => (await import("./consume.ts")).consume(),
   traces: async () => (await import("./traces.ts")).traces(),
   redact: async () => (await import("./redact.ts")).redactBench(),
+  attempts: async () => (await import("./attempts.ts")).attemptsBench(),
   backup: async () => (await import("./backup.ts")).backupBench(),
   startup: async () => (await import("./startup.ts")).startupBench(),
   routing: async () => (await import("./routing.ts")).routing(),

@@ -203,6 +203,10 @@ export const DEFAULTS = {
   forwardInFlight: 16,
   /** Forwarding: the first bytes of a failed answer kept with the try's error. @default 256 */
   answerBytes: 256,
+  /** Forwarding: the first bytes of every answer's body kept in the delivery's attempt log (docs/forwarding.md#the-attempt-log). @default 4096 */
+  attemptBodyBytes: 4096,
+  /** The attempt log: tries kept per delivery and destination; the oldest go as new ones come. @default 20 */
+  attemptsKept: 20,
   /** Breaker: failures in a row, by every worker, that open a destination. @default 10 */
   breakerFailures: 10,
   /** Breaker: or this share of failed tries in the window... @default 0.5 */

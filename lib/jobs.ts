@@ -64,6 +64,8 @@ export interface JobsOptions {
   operator?: Operator;
   /** Applied to a handler's error before it is stored, logged, traced or announced. */
   redact: (text: string) => string;
+  /** The time of day, in ms since the epoch, for when a failed try started (the attempt log). @default Date.now */
+  now?: () => number;
 }
 
 // JSON is UTF-8: a body with bytes that are not is refused rather than decoded with U+FFFD in their place,
@@ -84,12 +86,18 @@ export class Jobs {
   execute = async (lease: Lease, { signal }: Running): Promise<Settlement> => {
     const span = startProcess(lease);
     this.spans.set(lease, span);
+    const now = this.o.now ?? Date.now;
+    const startedAt = now();
     try {
+      // A good try is not kept in the attempt log: the done mark says it, and the handler's hot path pays no row.
       return { kind: "done", writes: await this.work(lease, span, signal) };
     } catch (error) {
       // A handler's error may quote a secret (an API's answer that echoed one): redacted before it goes anywhere.
       const said = this.o.redact(message(error));
-      return error instanceof PermanentError ? { kind: "failed", error: said } : { kind: "retry", error: said };
+      const attempt = { startedAt, ms: now() - startedAt };
+      return error instanceof PermanentError
+        ? { kind: "failed", error: said, attempt }
+        : { kind: "retry", error: said, attempt };
     }
   };
 

@@ -9,6 +9,7 @@
 import type { BrokerDestination as Broker } from "./brokers.ts";
 import type { Source } from "./providers.ts";
 import type { Forwarding } from "./routing/routes.ts";
+import type { Attempt } from "./store.ts";
 
 /** Secret is one value never to be kept or shown, the name its marker gives it, and whose it is. */
 export interface Secret {
@@ -192,4 +193,17 @@ function forms(c: string): string {
   if (JSON_ESCAPED[c]) ways.push(JSON_ESCAPED[c]);
   if (code <= 0xffff) ways.push(`\\\\u${hex(code, 4)}`);
   return `(?:${ways.join("|")})`;
+}
+
+/**
+ * redactAttempt runs redact over what a kept try says (its error, its answer's headers and body) before it is
+ * shown: the worker redacted it with the secrets it knew then, and a reader redacts again with today's.
+ */
+export function redactAttempt(a: Attempt, redact: (text: string) => string): Attempt {
+  return {
+    ...a,
+    error: a.error === null ? null : redact(a.error),
+    headers: a.headers === null ? null : Object.fromEntries(Object.entries(a.headers).map(([k, v]) => [k, redact(v)])),
+    body: a.body === null ? null : redact(a.body),
+  };
 }

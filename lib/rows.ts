@@ -8,6 +8,7 @@ import { DEFAULTS } from "./defaults.ts";
 import {
   STATUSES,
   type ApiKey,
+  type Attempt,
   type Audit,
   type AuditEntry,
   type StoredSecret,
@@ -270,4 +271,19 @@ export function toStoredSecret(row: Record<string, unknown>): StoredSecret {
 export function changeOf(audit: Audit): string {
   audit.change ??= randomUUID();
   return audit.change;
+}
+
+/** toAttempt reads an attempts row, as either backend returns it, into an Attempt. */
+export function toAttempt(row: Record<string, unknown>): Attempt {
+  const n = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  return {
+    attempt: Number(row.attempt),
+    destination: row.destination as string,
+    startedAt: Number(row.started_at),
+    ms: n(row.ms),
+    status: n(row.status),
+    error: (row.error as string | null) ?? null,
+    headers: row.headers === null || row.headers === undefined ? null : JSON.parse(row.headers as string),
+    body: (row.body as string | null) ?? null,
+  };
 }

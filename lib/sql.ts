@@ -1,9 +1,9 @@
 // sql.ts: the SQL both backends run word for word, kept once so the two cannot drift apart in what a filter
-// matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect) and the ordering's
-// status queries (ORDERING_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
+// matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect), the ordering's
+// status queries (ORDERING_SQL), and a try kept in the attempt log (ATTEMPT_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
-import { STATUSES, type Backend, type Filter, type SqlValue } from "./store.ts";
+import { STATUSES, type Backend, type Filter, type SqlValue, type Try } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   status: "string",
@@ -111,4 +111,56 @@ export function replayToCount(where: string): string {
   return `SELECT count(*) AS n FROM (SELECT DISTINCT source, id FROM deliveries WHERE purged_at IS NULL AND ${where}) m
            WHERE NOT EXISTS (SELECT 1 FROM deliveries t WHERE t.source = m.source AND t.id = m.id AND t.destination = ?
                                                          AND NOT (t.status = 'done' AND t.purged_at IS NULL))`;
+}
+
+/**
+ * ATTEMPT_SQL keeps a try in the attempt log and lets the oldest go past the cap, word for word on both
+ * backends, in the transaction of the finish or fail that settles it. `keep` takes tryParams()'s values;
+ * `trim` takes the delivery's source, id and destination twice, then the cap.
+ */
+export const ATTEMPT_SQL = {
+  keep: `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+  // Finds nothing to cut, by the index, until a delivery has more tries than the cap: one probe per try
+  // that may take it past (mayOverflow()).
+  trim: `DELETE FROM attempts WHERE source = ? AND id = ? AND destination = ? AND seq <= (
+           SELECT seq FROM attempts WHERE source = ? AND id = ? AND destination = ? ORDER BY seq DESC LIMIT 1 OFFSET ?)`,
+} as const;
+
+/** tryParams are ATTEMPT_SQL.keep's values for one try: the delivery's, its attempt number, and what the try came to. */
+export function tryParams(
+  d: { source: string; id: string; destination: string },
+  attempt: number,
+  error: string | null,
+  tried: Try | undefined,
+  now: number,
+): SqlValue[] {
+  return [
+    d.source,
+    d.id,
+    d.destination,
+    attempt,
+    Math.round(tried?.startedAt ?? now),
+    tried === undefined ? null : Math.round(tried.ms),
+    tried?.status ?? null,
+    error,
+    tried?.headers === undefined ? null : JSON.stringify(tried.headers),
+    tried?.body ?? null,
+  ];
+}
+
+/**
+ * mayOverflow says whether a good try may take its delivery's log past the cap, so that trim must run with
+ * it. A first try of a delivery never replayed cannot, but for one more try than the cap: its earlier tries
+ * (failures, each trimmed as it was kept) came before a retry by hand reset its attempts, and once it is
+ * done only a replay, which counts, starts it again. So the hot path, a forward that succeeds at once,
+ * runs no trim, and a log holds at most attemptsKept + 1 tries.
+ */
+export function mayOverflow(lease: { attempts: number; replays: number }): boolean {
+  return lease.attempts > 1 || lease.replays > 0;
+}
+
+/** trimParams are ATTEMPT_SQL.trim's values: the delivery's key twice, and how many tries it keeps. */
+export function trimParams(d: { source: string; id: string; destination: string }, kept: number): SqlValue[] {
+  return [d.source, d.id, d.destination, d.source, d.id, d.destination, kept];
 }

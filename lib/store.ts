@@ -249,6 +249,42 @@ export interface FailOptions {
   permanent?: boolean;
   /** Retry no sooner than this many ms from now (a Retry-After), capped at retryCapMs. @default the backoff alone */
   retryAfterMs?: number;
+  /** What the try came to, kept in the delivery's attempt log. @default the error alone, at the store's now */
+  attempt?: Try;
+}
+
+/**
+ * Try is what one try of a delivery came to, as its executor saw it: when it started, how long it took, and
+ * for a forward the destination's answer (its status, headers and the first bytes of its body, redacted) or
+ * the connection's error. finish() and fail() keep it in the delivery's attempt log, in their transaction.
+ */
+export interface Try {
+  /** When the try started, in ms since the epoch. */
+  startedAt: number;
+  /** How long it took, in ms. */
+  ms: number;
+  /** The HTTP status the destination answered; absent when none came (a timeout, a refused connection, a handler). */
+  status?: number;
+  /** The answer's headers, each name lower case, values joined with ", ". */
+  headers?: Record<string, string>;
+  /** The first bytes of the answer's body (DEFAULTS.attemptBodyBytes), redacted. */
+  body?: string;
+}
+
+/** Attempt is one try in a delivery's attempt log: which attempt it was, where it went, and what it came to. */
+export interface Attempt {
+  attempt: number;
+  /** The destination the try went to. */
+  destination: string;
+  startedAt: number;
+  /** How long it took, in ms; null for a try kept before tries were timed. */
+  ms: number | null;
+  /** The HTTP status answered, or null (no answer, or not a forward). */
+  status: number | null;
+  /** Why the try failed, redacted; null when it succeeded. */
+  error: string | null;
+  headers: Record<string, string> | null;
+  body: string | null;
 }
 
 /** BreakerPolicy is when a destination's breaker opens, and how long it stays open before one delivery probes it. */
@@ -371,6 +407,8 @@ export interface InboxOptions {
   retryCapMs?: number;
   /** @default DEFAULTS.retryJitter */
   retryJitter?: number;
+  /** Tries kept in a delivery's attempt log for each of its destinations; older ones go as new ones come. @default DEFAULTS.attemptsKept */
+  attemptsKept?: number;
   /**
    * Checkpoint on a thread of its own, so that no commit, and no 200 waiting on one, also waits while
    * the WAL is copied into the database; commits then checkpoint only if that thread falls far behind.
@@ -429,15 +467,22 @@ export interface Inbox {
   claimBatch(limit: number, leaseMs?: number, options?: ClaimOptions): Promise<Lease[]>;
   /** extend pushes a held lease further out; false means it was lost to a takeover. */
   extend(lease: Lease, leaseMs?: number): Promise<boolean>;
-  /** finish marks a delivery done with the handler's writes in one transaction; false if the lease was lost. */
-  finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean>;
-  /** fail records a failed try: retried after a backoff, or set aside; undefined if the lease was lost. */
+  /**
+   * finish marks a delivery done with the handler's writes in one transaction, and keeps the try in its
+   * attempt log if one is given; false if the lease was lost (and then nothing is written).
+   */
+  finish(lease: Lease, writes?: readonly LocalWrite[], attempt?: Try): Promise<boolean>;
+  /**
+   * fail records a failed try, kept in its attempt log: retried after a backoff, or set aside; undefined if
+   * the lease was lost.
+   */
   fail(lease: Lease, error: string, options?: FailOptions): Promise<Failure | undefined>;
   /**
-   * attemptErrors returns each failed try of one delivery that fail() recorded, oldest first; only tries
-   * since receivedAt, so an ID that purge forgot and that arrived again does not show its old tries.
+   * attempts returns the attempt log of one delivery, oldest first: every try fail() recorded, and those
+   * finish() was given, the last InboxOptions.attemptsKept of each destination. Only tries since receivedAt,
+   * so an ID that purge forgot and that arrived again does not show its old tries.
    */
-  attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]>;
+  attempts(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<Attempt[]>;
   /** release hands a claimed delivery back untouched, without spending an attempt. */
   release(lease: Lease): Promise<boolean>;
   /** retry puts failed deliveries back in the queue with their attempts reset; returns how many. */
@@ -695,15 +740,6 @@ export interface InboxStatus {
   oldestWaitingMs: number | null;
   conflicts: { deliveries: number; copies: number };
   ordering: OrderingStatus;
-}
-
-/** AttemptError is one failed try of a delivery: which attempt it was, what the handler said, and when. */
-export interface AttemptError {
-  attempt: number;
-  error: string;
-  failedAt: number;
-  /** The destination the try went to. */
-  destination?: string;
 }
 
 /** Summary is the operator page's overview: counts per status, the same per source, the oldest wait, conflicts. */

@@ -1,6 +1,6 @@
-// test/contract-finish.test.ts: finish(), fail(), release(), retry() and attemptErrors(), on both backends
+// test/contract-finish.test.ts: finish(), fail(), release(), retry() and attempts(), on both backends
 // (test/contract-harness.ts): backoff then set aside, the handler's writes committed with the done mark or
-// not at all, each failed try kept.
+// not at all, each try kept in the attempt log with its answer, the oldest let go past the cap.
 //   npx node --import tsx --test test/contract-finish.test.ts
 
 import assert from "node:assert/strict";
@@ -149,7 +149,19 @@ contract((suite) => {
     });
   });
 
-  describe("attemptErrors()", () => {
+  describe("attempts()", () => {
+    // An attempt as a try that fail() was given no Try for keeps it: the error, at the store's now, untimed.
+    const untimed = (attempt: number, error: string, startedAt: number) => ({
+      attempt,
+      destination: "handler",
+      startedAt,
+      ms: null,
+      status: null,
+      error,
+      headers: null,
+      body: null,
+    });
+
     it("keeps every failed try's error, oldest first, through a manual retry; others' stay apart", async () => {
       const inbox = await open({ maxAttempts: 2, retryDelayMs: 1_000 });
       await inbox.store({ id: "evt_1", body: body({}) });
@@ -164,17 +176,134 @@ contract((suite) => {
       suite.t += 1_000;
       const leases = await inbox.claimBatch(2, LEASE);
       await inbox.fail(leases.find((l) => l.id === "evt_1")!, "bad amount", { permanent: true });
-      assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 }), [
-        { attempt: 1, error: "timeout", failedAt: T0, destination: "handler" },
-        { attempt: 2, error: "HTTP 502", failedAt: T0 + 10_000, destination: "handler" },
-        { attempt: 1, error: "bad amount", failedAt: T0 + 11_000, destination: "handler" },
+      assert.deepEqual(await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 }), [
+        untimed(1, "timeout", T0),
+        untimed(2, "HTTP 502", T0 + 10_000),
+        untimed(1, "bad amount", T0 + 11_000),
       ]);
-      assert.deepEqual(await inbox.attemptErrors({ source: "default", id: "nope", receivedAt: T0 }), []);
+      assert.deepEqual(await inbox.attempts({ source: "default", id: "nope", receivedAt: T0 }), []);
       assert.deepEqual(
-        (await inbox.attemptErrors({ source: "default", id: "evt_1", receivedAt: T0 + 10_500 })).map((a) => a.error),
+        (await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 + 10_500 })).map((a) => a.error),
         ["bad amount"],
         "a delivery stored again after purge forgot it shows only its own tries",
       );
+    });
+
+    it("keeps a try's timing and answer with its failure and with its done mark, a lost lease's not at all", async () => {
+      const inbox = await open({ retryDelayMs: 1_000, retryJitter: 0 });
+      await inbox.store({ id: "evt_1", body: body({}) });
+      const first = (await inbox.claim(LEASE))!;
+      await inbox.fail(first, "HTTP 429 from app: slow down", {
+        retryAfterMs: 2_000,
+        attempt: { startedAt: T0 + 5, ms: 12, status: 429, headers: { "retry-after": "2" }, body: "slow down" },
+      });
+      suite.t += 2_000;
+      const second = (await inbox.claim(LEASE))!;
+      const answer = {
+        startedAt: T0 + 2_001,
+        ms: 40,
+        status: 200,
+        headers: { "content-type": "text/plain" },
+        body: "ok ✓",
+      };
+      // A done mark without a try keeps none (the handler's), and one for a lease another worker holds keeps none.
+      assert.equal(await inbox.finish(first, [], { ...answer, body: "stale" }), false);
+      assert.equal(await inbox.finish(second, [], answer), true);
+      assert.deepEqual(await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 }), [
+        {
+          attempt: 1,
+          destination: "handler",
+          startedAt: T0 + 5,
+          ms: 12,
+          status: 429,
+          error: "HTTP 429 from app: slow down",
+          headers: { "retry-after": "2" },
+          body: "slow down",
+        },
+        { attempt: 2, destination: "handler", ...answer, error: null },
+      ]);
+      await inbox.store({ id: "evt_2", body: body({}) });
+      assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+      assert.deepEqual(await inbox.attempts({ source: "default", id: "evt_2", receivedAt: T0 }), []);
+    });
+
+    it("keeps the tries of a batch of done marks, each with its own delivery", async () => {
+      const inbox = await open();
+      for (const id of ["a", "b", "c"]) await inbox.store({ id, body: body({}) });
+      const leases = await inbox.claimBatch(3, LEASE);
+      // Together, so the committer writes them in one transaction (PostgreSQL's finishAll, SQLite's group commit).
+      const done = await Promise.all(
+        leases.map((l, i) => inbox.finish(l, [], { startedAt: T0 + i, ms: i, status: 200 + i, body: l.id })),
+      );
+      assert.deepEqual(done, [true, true, true]);
+      for (const [i, l] of leases.entries()) {
+        const [kept] = await inbox.attempts({ source: "default", id: l.id, receivedAt: T0 });
+        assert.deepEqual([kept!.status, kept!.body, kept!.ms], [200 + i, l.id, i]);
+      }
+    });
+
+    it("keeps the last attemptsKept tries of each destination, letting the oldest go", async () => {
+      const inbox = await open({ attemptsKept: 3, maxAttempts: 10, retryDelayMs: 1 });
+      await inbox.store({ id: "evt_1", body: body({}) });
+      for (let i = 1; i <= 5; i++) {
+        suite.t += 1_000;
+        const lease = (await inbox.claim(LEASE))!;
+        await inbox.fail(lease, `try ${i}`, { attempt: { startedAt: suite.t, ms: 1 } });
+      }
+      suite.t += 1_000;
+      await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t, ms: 1, status: 200 });
+      const kept = await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 });
+      assert.deepEqual(
+        kept.map((a) => [a.attempt, a.error]),
+        [
+          [4, "try 4"],
+          [5, "try 5"],
+          [6, null],
+        ],
+      );
+    });
+
+    it("keeps one more than the cap after a retry by hand that succeeds at once, and trims at the next replay", async () => {
+      const inbox = await open({ attemptsKept: 2, maxAttempts: 2, retryDelayMs: 1 });
+      await inbox.store({ id: "evt_1", body: body({}) });
+      const log = async () =>
+        (await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 })).map((a) => a.error ?? "ok");
+      for (const error of ["first", "second"]) {
+        suite.t += 1_000;
+        await inbox.fail((await inbox.claim(LEASE))!, error, { attempt: { startedAt: suite.t, ms: 1 } });
+      }
+      assert.equal(await inbox.retry({ id: "evt_1" }), 1);
+      // Its first try after the retry: the hot path, with no trim.
+      await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t, ms: 1, status: 200 });
+      assert.deepEqual(await log(), ["first", "second", "ok"]);
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_1" }), { replayed: 1, tombstoned: 0 });
+      await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t + 1, ms: 1, status: 200 });
+      assert.deepEqual(await log(), ["ok", "ok"], "a replayed delivery's try trims its log back to the cap");
+    });
+
+    it("the control: with the default cap, all six tries are kept", async () => {
+      const inbox = await open({ maxAttempts: 10, retryDelayMs: 1 });
+      await inbox.store({ id: "evt_1", body: body({}) });
+      for (let i = 1; i <= 6; i++) {
+        suite.t += 1_000;
+        await inbox.fail((await inbox.claim(LEASE))!, `try ${i}`);
+      }
+      assert.equal((await inbox.attempts({ source: "default", id: "evt_1", receivedAt: T0 })).length, 6);
+    });
+
+    it("purge forgets a delivery's attempt log with the delivery", async () => {
+      const inbox = await open();
+      for (const id of ["old", "new"]) {
+        await inbox.store({ id, body: body({}) });
+        await inbox.finish((await inbox.claim(LEASE))!, [], { startedAt: suite.t, ms: 3, status: 200, body: id });
+        suite.t += 10 * 86_400_000;
+      }
+      const purged = await inbox.purge({ bodiesAfterMs: 86_400_000, forgetAfterMs: 15 * 86_400_000, rest: 0 });
+      assert.equal(purged.forgotten, 1);
+      const count = async (id: string) =>
+        Number((await inbox.query("SELECT count(*) AS n FROM attempts WHERE id = ?", id))[0]!.n);
+      assert.equal(await count("old"), 0, "the forgotten delivery's tries are gone");
+      assert.equal(await count("new"), 1, "the kept one's stay");
     });
   });
 });

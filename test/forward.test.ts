@@ -230,10 +230,10 @@ for (const backend of BACKENDS) {
       );
       // The first bytes of the failed answer are kept for the delivery's page, and no more.
       const [d] = (await inbox.find("evt_0")).filter((x) => x.destination === "b");
-      const tries = await inbox.attemptErrors({ ...d!, destination: "b" });
+      const tries = await inbox.attempts({ ...d!, destination: "b" });
       assert.equal(tries.length, 1);
-      assert.match(tries[0]!.error, /^HTTP 500 from b: boom x+$/);
-      assert.ok(tries[0]!.error.length < 300);
+      assert.match(tries[0]!.error!, /^HTTP 500 from b: boom x+$/);
+      assert.ok(tries[0]!.error!.length < 300);
       const states = new Map((await inbox.destinations()).map((s) => [s.name, s]));
       assert.equal(states.get("b")!.waiting, 5);
       assert.equal(states.get("b")!.failureRate, 1);

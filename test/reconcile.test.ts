@@ -88,7 +88,7 @@ async function everything(target: string, inbox: Inbox): Promise<string> {
   }
   const rows = [
     ...(await inbox.query("SELECT * FROM deliveries")),
-    ...(await inbox.query("SELECT * FROM attempt_errors")),
+    ...(await inbox.query("SELECT * FROM attempts")),
     ...(await inbox.query("SELECT * FROM destinations")),
   ];
   return JSON.stringify(rows, (_, v) =>

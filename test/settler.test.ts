@@ -24,7 +24,9 @@ describe("Settler", () => {
   after(() => dir.cleanup());
 
   // open makes a fresh file, on a pinned clock, with deliveries stored and one claimed, and a settler on it.
-  async function open(o: { maxAttempts?: number; orderKey?: string; busyTimeoutMs?: number; forMs?: number } = {}) {
+  async function open(
+    o: { maxAttempts?: number; orderKey?: string; busyTimeoutMs?: number; forMs?: number; onCommit?: () => void } = {},
+  ) {
     const clock = new FakeClock();
     const path = join(dir.dir, `settle-${++n}.db`);
     const inbox = new SqliteInbox(path, {
@@ -33,6 +35,7 @@ describe("Settler", () => {
       retryJitter: 0,
       ...(o.maxAttempts ? { maxAttempts: o.maxAttempts } : {}),
       ...(o.busyTimeoutMs === undefined ? {} : { busyTimeoutMs: o.busyTimeoutMs }),
+      ...(o.onCommit ? { onCommit: o.onCommit } : {}),
     });
     await inbox.query("CREATE TABLE paid (id TEXT PRIMARY KEY)");
     await inbox.store({ id: "evt_1", body, ...(o.orderKey ? { orderKey: o.orderKey } : {}) });
@@ -75,6 +78,45 @@ describe("Settler", () => {
       assert.equal(settled.ran, 3);
       assert.equal((await row()).status, "done");
       assert.deepEqual(paid(await inbox.query("SELECT id FROM paid")), ["evt_1"]);
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("keeps each try in the attempt log in the commit that settles it: a retry's, then a done's; a stop's none", async () => {
+    let commits = 0;
+    const { inbox, settler, clock, claim } = await open({ onCommit: () => void commits++ });
+    try {
+      const log = async () =>
+        (await inbox.attempts({ source: "default", id: "evt_1", receivedAt: 0 })).map((a) => [a.status, a.error, a.ms]);
+      const first = await claim();
+      commits = 0;
+      await settle(settler, first, {
+        kind: "retry",
+        error: "HTTP 503 from app",
+        attempt: { startedAt: clock.wall(), ms: 12, status: 503 },
+      });
+      assert.equal(commits, 1, "the failure and its try, one commit");
+      await clock.advance(1_000);
+      const second = await claim();
+      // A retry a stop cut off says nothing of the delivery: given back, and no try kept.
+      await settle(
+        settler,
+        second,
+        { kind: "retry", error: "stopped", attempt: { startedAt: 0, ms: 1 } },
+        { ...how, cutOff: true },
+      );
+      const third = await claim();
+      commits = 0;
+      await settle(settler, third, {
+        kind: "done",
+        attempt: { startedAt: clock.wall(), ms: 7, status: 200, body: "ok" },
+      });
+      assert.equal(commits, 1, "the done mark and its try, one commit");
+      assert.deepEqual(await log(), [
+        [503, "HTTP 503 from app", 12],
+        [200, null, 7],
+      ]);
     } finally {
       await inbox.close();
     }

@@ -238,6 +238,9 @@ pre.error { background: #fff4f3; color: #7d1c14; border: 1px solid #f0c9c5; }
 .live.paused { color: var(--muted); } .updated, .note { color: var(--muted); font-size: .85rem; }
 .login { max-width: 26rem; margin-top: 4rem; } .login label { display: block; margin-bottom: .6rem; } .login input { width: 100%; margin-top: .3rem; }
 td.error { min-width: 12rem; }
+/* A delivery's tries: the answer's status or error, its headers and first bytes folded beneath. */
+table.tries td.ok { color: var(--done); font-weight: 600; } table.tries td.error { max-width: 48rem; }
+table.tries details { font-weight: normal; } table.tries details summary { color: var(--muted); font-size: .85rem; cursor: pointer; } table.tries pre { max-height: 16rem; max-width: 48rem; margin: .3rem 0; }
 .badge.closed, .badge.healthy { background: var(--done); } .badge.open, .badge.failing { background: var(--failed); } .badge.paused { background: var(--processing); }
 .held { background: #fff6e8; border: 1px solid #efd3a6; padding: .5rem .8rem; border-radius: 4px; }
 .detail { color: var(--muted); font-size: .85rem; } form.pause { display: inline-flex; gap: .3rem; } form.pause input { width: 9rem; }

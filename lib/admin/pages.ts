@@ -6,7 +6,16 @@ import type { Api } from "../api/api.ts";
 import { bodyForPeople, utc } from "../format.ts";
 import { type Preview, type PreviewRequest, routeLine } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
-import { type Audit, STATUSES, type Delivery, type DestinationState, type Inbox, type Status } from "../store.ts";
+import { redactAttempt } from "../redact.ts";
+import {
+  type Attempt,
+  type Audit,
+  STATUSES,
+  type Delivery,
+  type DestinationState,
+  type Inbox,
+  type Status,
+} from "../store.ts";
 import { REMOVED } from "../rows.ts";
 import { destinationStates, failureGroups } from "../operations/actions.ts";
 import {
@@ -191,7 +200,7 @@ ${more ? `<a rel="next" href="/deliveries?${escape(filterQuery(params, { after: 
   );
 };
 
-/** oneDelivery shows one delivery: its row per destination, its failed tries, its metadata and its body. */
+/** oneDelivery shows one delivery: its row per destination, its tries, its metadata and its body. */
 export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: Flash | null) => {
   const id = params.get("id");
   const source = params.get("source") ?? undefined;
@@ -217,9 +226,11 @@ export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearc
   const holding = rows.some((r) => r.status === "received" && r.destination !== "")
     ? new Map((await ctx.inbox.destinations()).filter((x) => x.state !== "closed").map((x) => [x.name, x.state]))
     : new Map<string, string>();
-  const tries = (await Promise.all(rows.map((r) => ctx.inbox.attemptErrors(r))))
-    .flatMap((list, i) => list.map((a) => ({ ...a, destination: rows[i]!.destination })))
-    .sort((a, b) => a.failedAt - b.failedAt);
+  // The whole story, try by try, across its destinations; redacted again with today's secrets.
+  const tries = (await Promise.all(rows.map((r) => ctx.inbox.attempts(r))))
+    .flat()
+    .sort((a, b) => a.startedAt - b.startedAt)
+    .map((a) => redactAttempt(a, ctx.redact));
   const views = bodyViews(d.body);
   const view = params.get("view") ?? (views.json !== undefined ? "json" : views.text !== undefined ? "text" : "base64");
   const shown = view === "json" ? views.json : view === "text" ? views.text : views.base64;
@@ -275,11 +286,8 @@ export const oneDelivery = async (ctx: PageContext, s: Session, params: URLSearc
 ${
   tries.length === 0
     ? ""
-    : `<h2>Failed tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>when</th><th>error</th></tr></thead><tbody>${tries
-        .map(
-          (a) =>
-            `<tr><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(utc(a.failedAt))}</td><td class="error">${escape(ctx.redact(a.error))}</td></tr>`,
-        )
+    : `<h2>Tries</h2><div class="scroll"><table class="tries"><thead><tr><th class="num">try</th>${single ? "" : "<th>destination</th>"}<th>started</th><th class="num">took</th><th>answer</th></tr></thead><tbody>${tries
+        .map((a) => tryRow(a, single))
         .join("")}</tbody></table></div>`
 }
 <dl class="meta">${meta.map(([k, v]) => `<dt>${escape(k)}</dt><dd>${v}</dd>`).join("")}</dl>
@@ -289,6 +297,22 @@ ${await previewSection(ctx, rows, params.get("preview") === "1")}`,
     flash,
   );
 };
+
+// tryRow is one try on a delivery's page: when, how long, the status or the error, and the answer's
+// headers and first bytes folded beneath it. Everything in it came from a destination: escaped.
+function tryRow(a: Attempt, single: boolean): string {
+  const answer = a.error === null ? (a.status === null ? "ok" : `HTTP ${a.status}`) : escape(a.error);
+  const headers = a.headers === null ? [] : Object.entries(a.headers);
+  const told =
+    headers.length === 0 && (a.body === null || a.body === "")
+      ? ""
+      : `<details><summary>${a.status === null ? "answer" : `HTTP ${a.status}`}: headers and ${a.body === null ? 0 : a.body.length} characters of its body</summary>${
+          headers.length === 0
+            ? ""
+            : `<pre class="headers">${escape(headers.map(([k, v]) => `${k}: ${v}`).join("\n"))}</pre>`
+        }${a.body === null || a.body === "" ? "" : `<pre class="body">${escape(a.body)}</pre>`}</details>`;
+  return `<tr class="try"><td class="num">${a.attempt}</td>${single ? "" : `<td>${escape(destinationLabel(a.destination))}</td>`}<td class="time">${escape(utc(a.startedAt))}</td><td class="num">${a.ms === null ? "–" : `${a.ms} ms`}</td><td class="${a.error === null ? "ok" : "error"}">${answer}${told}</td></tr>`;
+}
 
 // previewSection shows, when asked, what each destination would get now (filters, transform), as `inbox.ts preview` does; nothing is sent.
 const previewSection = async (ctx: PageContext, rows: readonly Delivery[], asked: boolean): Promise<string> => {

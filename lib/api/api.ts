@@ -22,6 +22,7 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { redactAttempt } from "../redact.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
@@ -447,8 +448,8 @@ const OPERATION_HANDLERS: Record<OperationId, Operate> = {
   },
   listAttempts: async (ctx, call) => {
     const [d] = await found(ctx, call);
-    const attempts = await ctx.inbox.attemptErrors({ source: d!.source, id: d!.id, receivedAt: d!.receivedAt });
-    return { body: { attempts: attempts.map((a) => ({ ...a, error: ctx.redact(a.error) })) } };
+    const attempts = await ctx.inbox.attempts({ source: d!.source, id: d!.id, receivedAt: d!.receivedAt });
+    return { body: { attempts: attempts.map((a) => redactAttempt(a, ctx.redact)) } };
   },
   previewDelivery: async (ctx, call) => {
     const rows = await found(ctx, call);

@@ -60,19 +60,32 @@ export const DeliveryPage = z
 /** DeliveryShown is a delivery with every destination's row, and its body in base64. */
 export const DeliveryShown = z.object({ rows: z.array(DeliveryRow), bodyBase64: z.string() }).openapi("DeliveryShown");
 
-/** Attempts is a delivery's failed tries, oldest first. */
-export const Attempts = z
+/** Attempt is one try of a delivery, as its attempt log keeps it (docs/forwarding.md#the-attempt-log). */
+export const Attempt = z
   .object({
-    attempts: z.array(
-      z.object({
-        attempt: z.number().int(),
-        error: z.string(),
-        failedAt: z.number().int(),
-        destination: z.string().optional(),
-      }),
-    ),
+    attempt: z
+      .number()
+      .int()
+      .openapi({ description: "Which attempt it was: 1 for the first try, again from 1 after a retry by hand" }),
+    destination: z.string().openapi({ description: "The destination the try went to (handler: the worker's handler)" }),
+    startedAt: z.number().int().openapi({ description: "When the try started, in ms since the epoch" }),
+    ms: z
+      .number()
+      .int()
+      .nullable()
+      .openapi({ description: "How long it took, in ms; null for a try kept before tries were timed" }),
+    status: z.number().int().nullable().openapi({
+      description:
+        "The HTTP status answered; null when no answer came (a timeout, a connection error) or the try was not a forward",
+    }),
+    error: z.string().nullable().openapi({ description: "Why the try failed, redacted; null when it succeeded" }),
+    headers: z.record(z.string(), z.string()).nullable().openapi({ description: "The answer's headers, redacted" }),
+    body: z.string().nullable().openapi({ description: "The answer's first bytes (4 KiB by default), redacted" }),
   })
-  .openapi("Attempts");
+  .openapi("Attempt");
+
+/** Attempts is a delivery's attempt log, oldest first. */
+export const Attempts = z.object({ attempts: z.array(Attempt) }).openapi("Attempts");
 
 /** StatusCounts is the overview's counts: per status, and per source. */
 export const StatusCounts = z
@@ -531,7 +544,7 @@ export const OPERATIONS = [
     operationId: "listAttempts",
     method: "get",
     path: `${D}/attempts`,
-    summary: "A delivery's failed tries",
+    summary: "A delivery's attempt log: every try, its timing, and the answer's status, headers and first bytes",
     scope: "read",
     params: DeliveryPath,
     status: 200,

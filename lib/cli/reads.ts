@@ -7,7 +7,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { age, bodyForPeople, bytes, deliveryJson, iso, utf8Text } from "../format.ts";
 import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../config/sources.ts";
-import { type InboxStatus, STATUSES, type Status } from "../store.ts";
+import { type Attempt, type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
 import { type Cli, type CliFilters, filterOf, findRows, NotFound, UsageError } from "./command.ts";
 
@@ -155,7 +155,9 @@ export function list(c: Cli): void {
 export function show(c: Cli): void {
   const { withDb, open } = c;
   withDb(c.program.command("show <id>"))
-    .description("print one delivery: its metadata, every failed try and its error, and its body")
+    .description(
+      "print one delivery: its metadata, every try (when, how long, the answer's status, headers and first bytes, or its error), and its body",
+    )
     .option("--source <name>", "the delivery's source, when IDs clash")
     .option("--destination <name>", "only its row for this destination")
     .option("--json", "print JSON (the body as text when it is UTF-8, and always as base64)")
@@ -164,16 +166,16 @@ export function show(c: Cli): void {
       try {
         const all = await findRows(inbox, id, opts.source, opts.destination);
         const d = all[0]!;
-        // Every failed try, not only the last error: a retry that failed differently is the story.
-        const tries = await Promise.all(all.map((x) => inbox.attemptErrors(x)));
+        // Every try, not only the last error: a retry that failed differently, or what a good one answered, is the story.
+        const tries = await Promise.all(all.map((x) => inbox.attempts(x)));
         if (opts.json) {
           const json = all.map((x, i) => ({ ...deliveryJson(x, true), tries: tries[i] }));
           return void console.log(JSON.stringify(all.length === 1 ? json[0] : json, null, 2));
         }
-        const tried = all
-          .flatMap((x, i) => tries[i]!.map((t) => ({ ...t, destination: x.destination })))
-          .sort((a, b) => a.failedAt - b.failedAt)
-          .map((t) => `#${t.attempt}${all.length > 1 ? ` ${t.destination}` : ""} ${iso(t.failedAt)}: ${t.error}`);
+        const tried = tries
+          .flat()
+          .sort((a, b) => a.startedAt - b.startedAt)
+          .map((t) => sayTry(t, all.length > 1).join(`\n${" ".repeat(16)}`));
         if (all.length > 1) {
           // One delivery, several routes: each destination's row has its own status, attempts and error.
           console.log(
@@ -207,7 +209,7 @@ export function show(c: Cli): void {
           // The trace to look up in the tracing UI (docs/observability.md#traces), where one was recorded.
           ...(d.traceparent === null ? [] : ([["traceparent", d.traceparent]] as [string, unknown][])),
           ["error", d.error ?? "-"],
-          ["failed tries", tried.length === 0 ? "-" : tried.join(`\n${" ".repeat(14)}`)],
+          ["tries", tried.length === 0 ? "-" : tried.join(`\n${" ".repeat(14)}`)],
           ["body", `${d.body.length} bytes`],
         ];
         for (const [k, v] of lines) console.log(`${k.padEnd(14)}${v}`);
@@ -216,6 +218,23 @@ export function show(c: Cli): void {
         await inbox.close();
       }
     });
+}
+
+// sayTry is one try of `show`, a line and then its answer's: when, where, how long, what came back; the
+// answer's headers and first bytes (each kept redacted) below it, the body on one line, its breaks shown.
+function sayTry(t: Attempt, where: boolean): string[] {
+  const said = t.error ?? (t.status === null ? "ok" : `HTTP ${t.status}`);
+  const lines = [
+    `#${t.attempt}${where ? ` ${t.destination}` : ""} ${iso(t.startedAt)} ${t.ms === null ? "-" : `${t.ms} ms`} ${said}`,
+  ];
+  if (t.headers !== null)
+    lines.push(
+      `headers: ${Object.entries(t.headers)
+        .map(([k, v]) => `${k}: ${v}`)
+        .join("; ")}`,
+    );
+  if (t.body !== null && t.body !== "") lines.push(`body: ${JSON.stringify(t.body)}`);
+  return lines;
 }
 
 /** preview shows the routes a stored delivery's filters choose now, and each destination's request; nothing is sent. */

@@ -14,15 +14,26 @@ import type { Redactor } from "../redact.ts";
 import type { HttpDestination, Operator } from "../routing/routes.ts";
 import type { Lease } from "../store.ts";
 
-/** Outcome is what one forward (or publish) came to; every destination, HTTP or broker, answers with one. */
-export type Outcome =
+/**
+ * Outcome is what one forward (or publish) came to; every destination, HTTP or broker, answers with one,
+ * with the answer itself where one came (for the delivery's attempt log).
+ */
+export type Outcome = (
   | { kind: "done" }
   /** Try again later, no sooner than afterMs if the destination said so (Retry-After). */
   | { kind: "retry"; error: string; afterMs?: number }
   /** Retrying cannot help: set the delivery aside. */
   | { kind: "failed"; error: string }
   /** The destination said it is gone (410): pause it, and hand the delivery back without spending its attempt. */
-  | { kind: "gone"; error: string };
+  | { kind: "gone"; error: string }
+) & { reply?: Reply };
+
+/** Reply is a destination's answer as the attempt log keeps it: its status, headers and first bytes, redacted. */
+export interface Reply {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
 
 /** Sender forwards one delivery to one destination; the forwarder runs one per destination. */
 export interface Sender {
@@ -207,11 +218,12 @@ const undici = async () => (undiciModule ??= await import("undici"));
  */
 export function httpSender(
   destination: HttpDestination,
-  options: { now?: () => number; answerBytes?: number; redactor?: Redactor } = {},
+  options: { now?: () => number; answerBytes?: number; bodyBytes?: number; redactor?: Redactor } = {},
 ): Sender {
   const sign = signer(destination.secrets, `destination ${JSON.stringify(destination.name)}`);
   const now = options.now ?? Date.now;
   const answerBytes = options.answerBytes ?? DEFAULTS.answerBytes;
+  const bodyBytes = Math.max(answerBytes, options.bodyBytes ?? DEFAULTS.attemptBodyBytes);
   const redactor = options.redactor;
   const pool = ({ Agent, buildConnector }: typeof import("undici")): Agent => {
     const connect = {
@@ -259,16 +271,17 @@ export function httpSender(
           body: lease.body,
           signal: controller.signal,
         });
-        let head = "";
-        if (res.statusCode >= 200 && res.statusCode < 300) {
-          await res.body.dump({ limit: 1 << 20 }).catch(() => {});
-        } else {
-          // Read past the cut by the longest secret's reach, so a secret that straddles it is seen whole and
-          // replaced, not kept in half; redacted before judge() folds its whitespace.
-          const read = await firstBytes(res.body, answerBytes, redactor?.reach ?? 0);
-          head = redactor ? redactor.redact(read.text, read.keep) : read.text.slice(0, read.keep);
-        }
-        return judge(res.statusCode, res.headers, head, name, permanent4xx, now());
+        // Every answer's first bytes are kept in the attempt log, a good one's too. Read past the cut by the
+        // longest secret's reach, so a secret that straddles it is seen whole and replaced, not kept in half;
+        // redacted before judge() folds its whitespace. The rest is let go, the connection with it.
+        const good = res.statusCode >= 200 && res.statusCode < 300;
+        const read = await firstBytes(res.body, bodyBytes, redactor?.reach ?? 0, good ? 1 << 20 : 0);
+        const cut = (keep: number) => (redactor ? redactor.redact(read.text, keep) : read.text.slice(0, keep));
+        const body = cut(read.keep(bodyBytes));
+        // The error's head is cut on its own, so that a secret straddling its cut leaves its marker whole.
+        const head = good ? "" : cut(read.keep(answerBytes));
+        const reply: Reply = { status: res.statusCode, headers: answerHeaders(res.headers, redactor), body };
+        return { ...judge(res.statusCode, res.headers, head, name, permanent4xx, now()), reply };
       } catch (error) {
         if (timedOut && !signal.aborted)
           return { kind: "retry", error: `${name} did not answer within ${destination.timeoutMs} ms` };
@@ -291,20 +304,38 @@ export function httpSender(
   };
 }
 
+// answerHeaders are an answer's headers as the attempt log keeps them: one string each, redacted, since a
+// destination may echo what it was sent (a signature, a token) in a header as well as in its body.
+function answerHeaders(
+  headers: Record<string, string | string[] | undefined>,
+  redactor: Redactor | undefined,
+): Record<string, string> {
+  const kept: Record<string, string> = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value === undefined) continue;
+    const text = Array.isArray(value) ? value.join(", ") : value;
+    kept[name] = redactor ? redactor.redact(text) : text;
+  }
+  return kept;
+}
+
 // firstBytes reads up to n bytes of an answer for the delivery's page, and more past them, then lets the
-// rest go: text is all it read, keep the characters of its first n bytes.
+// rest go: text is all it kept, keep(m) the characters of its first m bytes. It reads on, keeping nothing,
+// up to `through` bytes in all, so that a good answer a little longer than the cut leaves its connection
+// whole for the next forward rather than cut.
 async function firstBytes(
   body: AsyncIterable<Buffer> & { destroy(): void },
   n: number,
   more: number,
-): Promise<{ text: string; keep: number }> {
+  through = 0,
+): Promise<{ text: string; keep: (m: number) => number }> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
     for await (const chunk of body) {
-      chunks.push(chunk);
+      if (size < n + more) chunks.push(chunk);
       size += chunk.length;
-      if (size >= n + more) break;
+      if (size >= Math.max(n + more, through)) break;
     }
   } catch {
     // An answer cut short still says what it said so far.
@@ -312,7 +343,7 @@ async function firstBytes(
     body.destroy();
   }
   const all = Buffer.concat(chunks);
-  return { text: all.subarray(0, n + more).toString("utf8"), keep: all.subarray(0, n).toString("utf8").length };
+  return { text: all.subarray(0, n + more).toString("utf8"), keep: (m) => all.subarray(0, m).toString("utf8").length };
 }
 
 // refused is the Outcome of a forward whose connection the address rule refused (lib/reach.ts): set aside

@@ -15,7 +15,7 @@ import { realClock, type Clock } from "../lease/clock.ts";
 import { Lane, type LaneView, type Running } from "../lease/lane.ts";
 import type { LaneEvent, Settled, Settlement } from "../lease/settler.ts";
 import { AheadSizing } from "../lease/sizing.ts";
-import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally } from "../store.ts";
+import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally, Try } from "../store.ts";
 import { sqlstate } from "../errors.ts";
 import { startProcess, type Process } from "../traces.ts";
 import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
@@ -62,6 +62,8 @@ export interface ForwarderOptions {
   redact?: boolean;
   /** The clock the lanes read and set their timers on; the tests move a fake one. @default realClock */
   clock?: Clock;
+  /** The time of day, in ms since the epoch, for when each try started (the attempt log). @default Date.now */
+  now?: () => number;
 }
 
 /** ForwardStats counts what the forwarder did. */
@@ -144,9 +146,10 @@ interface RouteHere {
 }
 
 /**
- * Forwarded is one forward's settlement (lease/settler.ts), with what the try came to: what the destination
- * (or the broker) answered, or what stood in for an answer when nothing was sent. An attempt's own record
- * (its status, its timing, its answer's head) belongs in `tried`.
+ * Forwarded is one forward's settlement (lease/settler.ts), with what the try came to for the lane's report
+ * (`tried`): what the destination (or the broker) answered, or what stood in for an answer when nothing was
+ * sent. What the attempt log keeps of it (its timing, its answer's status, headers and first bytes) is the
+ * settlement's own `attempt`, which the settler writes with it.
  */
 type Forwarded = Settlement & { tried: Tried };
 interface Tried {
@@ -372,6 +375,8 @@ class DestinationLane {
     // A transform reshapes this try in its process; what it cannot do fails the try, which is retried like any
     // other, but it says nothing of the destination, so the breaker does not count it.
     const { permanent4xx, transform: setting } = this.routeHere(lease.source);
+    const now = this.p.options.now ?? Date.now;
+    const startedAt = now();
     let shaped: Shaped | null | undefined;
     let answer: Outcome | undefined;
     if (setting) {
@@ -396,13 +401,21 @@ class DestinationLane {
     // error, which may quote the delivery's headers) may echo a secret.
     if (answer.kind !== "done") answer = { ...answer, error: this.p.redactor.redact(answer.error) };
     const tried = { answer, skipped: shaped === null, transformFailed };
-    if (answer.kind === "done") return { kind: "done", tried };
+    // The try as its attempt log keeps it: the answer, already redacted by the sender, where one came.
+    const { reply } = answer;
+    const attempt: Try = {
+      startedAt,
+      ms: now() - startedAt,
+      ...(reply ? { status: reply.status, headers: reply.headers, body: reply.body } : {}),
+    };
+    if (answer.kind === "done") return { kind: "done", attempt, tried };
     if (answer.kind === "gone") return { kind: "held", error: answer.error, tried };
-    if (answer.kind === "failed") return { kind: "failed", error: answer.error, tried };
+    if (answer.kind === "failed") return { kind: "failed", error: answer.error, attempt, tried };
     return {
       kind: "retry",
       error: answer.error,
       ...(answer.afterMs === undefined ? {} : { afterMs: answer.afterMs }),
+      attempt,
       tried,
     };
   }

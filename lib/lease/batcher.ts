@@ -3,7 +3,7 @@
 // claim is about to go out, and the marks go with it. How long they may wait is the lane's policy. Its
 // finish() is inbox.finish()'s call, so the settler (settler.ts) never knows whether a mark is batched.
 
-import type { Inbox, Lease, LocalWrite } from "../store.ts";
+import type { Inbox, Lease, LocalWrite, Try } from "../store.ts";
 import type { Clock } from "./clock.ts";
 import type { LaneView, Marks } from "./lane.ts";
 
@@ -32,6 +32,7 @@ export interface BatcherOptions {
 interface Mark {
   lease: Lease;
   writes: readonly LocalWrite[] | undefined;
+  attempt: Try | undefined;
   resolve: (held: boolean) => void;
   reject: (error: unknown) => void;
 }
@@ -52,15 +53,15 @@ export class Batcher implements Marks, Pick<Inbox, "finish"> {
   }
 
   /**
-   * finish gathers a lease's done mark, with the writes that commit with it, and settles as inbox.finish
+   * finish gathers a lease's done mark, with the writes and the try that commit with it, and settles as inbox.finish
    * does once the mark has gone to the inbox in a batch: true if the lease was still held and the delivery
    * is done.
    */
-  finish(lease: Lease, writes?: readonly LocalWrite[]): Promise<boolean> {
+  finish(lease: Lease, writes?: readonly LocalWrite[], attempt?: Try): Promise<boolean> {
     const { clock, longestMs, wake } = this.options;
     return new Promise<boolean>((resolve, reject) => {
       if (this.marks.length === 0) this.firstAt = clock.now();
-      this.marks.push({ lease, writes, resolve, reject });
+      this.marks.push({ lease, writes, attempt, resolve, reject });
       if (longestMs !== undefined) this.cancelTimer ??= clock.after(longestMs, () => this.flush());
       wake?.();
     });
@@ -100,7 +101,7 @@ export class Batcher implements Marks, Pick<Inbox, "finish"> {
     for (const m of batch) {
       let finished: Promise<boolean>;
       try {
-        finished = inbox.finish(m.lease, m.writes);
+        finished = inbox.finish(m.lease, m.writes, m.attempt);
       } catch (error) {
         finished = Promise.reject(error);
       }

@@ -6,16 +6,16 @@
 import { DEFAULTS } from "../defaults.ts";
 import { again } from "../errors.ts";
 import { message } from "../log.ts";
-import type { FailOptions, Failure, Inbox, Lease, LocalWrite, SetAside } from "../store.ts";
+import type { FailOptions, Failure, Inbox, Lease, LocalWrite, SetAside, Try } from "../store.ts";
 
 /** Settlement is what one lease's try came to, as its executor says: the one value an executor returns. */
 export type Settlement =
-  /** Done, with the writes that commit with its done mark, or not at all. */
-  | { kind: "done"; writes?: readonly LocalWrite[] }
+  /** Done, with the writes that commit with its done mark, or not at all; and the try, for its attempt log. */
+  | { kind: "done"; writes?: readonly LocalWrite[]; attempt?: Try }
   /** The try failed: try again after the store's backoff (no sooner than afterMs), or set aside after the last attempt. */
-  | { kind: "retry"; error: string; afterMs?: number }
+  | { kind: "retry"; error: string; afterMs?: number; attempt?: Try }
   /** Retrying cannot help: set the delivery aside now. */
-  | { kind: "failed"; error: string }
+  | { kind: "failed"; error: string; attempt?: Try }
   /** The destination must wait (it said it is gone): it is paused, and the lease given back, no attempt spent. */
   | { kind: "held"; error: string }
   /** Given back untouched, no attempt spent: the lane's own word, for a lease not started or cut off by a stop. */
@@ -176,9 +176,11 @@ export class Settler<S extends Settlement = Settlement> {
   private write(lease: Lease, s: S | Released, cutOff: boolean): Promise<Written> {
     // A try a stop cut off says nothing of the delivery: back to the queue as it was, no attempt spent.
     if (s.kind === "released" || (s.kind === "retry" && cutOff)) return this.release(lease);
+    // The try rides the write that settles it, in its transaction: its attempt log costs no commit of its own.
+    const attempt = s.kind !== "held" && s.attempt ? { attempt: s.attempt } : {};
     if (s.kind === "retry")
-      return this.fail(lease, s.error, s.afterMs === undefined ? {} : { retryAfterMs: s.afterMs });
-    if (s.kind === "failed") return this.fail(lease, s.error, { permanent: true });
+      return this.fail(lease, s.error, s.afterMs === undefined ? attempt : { retryAfterMs: s.afterMs, ...attempt });
+    if (s.kind === "failed") return this.fail(lease, s.error, { permanent: true, ...attempt });
     if (s.kind === "held") {
       // Paused before the lease goes back, so that no claim finds the delivery due and the destination open.
       const { inbox, destination } = this.o;
@@ -186,11 +188,11 @@ export class Settler<S extends Settlement = Settlement> {
         this.release(lease).then((released) => ({ ...released, paused })),
       );
     }
-    return this.persist("write a done mark", () => this.o.marks.finish(lease, s.writes), lease).then(
+    return this.persist("write a done mark", () => this.o.marks.finish(lease, s.writes, s.attempt), lease).then(
       (held): Written => ({ result: held ? "done" : "lost" }),
       // The done mark and its writes rolled back together, so nothing is marked done that wasn't written:
       // the try failed, with the store's error.
-      (error: unknown) => this.fail(lease, (this.o.describe ?? message)(error), {}),
+      (error: unknown) => this.fail(lease, (this.o.describe ?? message)(error), attempt),
     );
   }
 

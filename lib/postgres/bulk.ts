@@ -356,15 +356,19 @@ export class PostgresBulk {
       if (options.signal?.aborted) return purged;
       const n = (await paced(rest, () =>
         this.other(async (client) => {
-          const forgot =
-            (
-              await client.query(
-                `DELETE FROM delivery_rows WHERE (source, id, route) IN (
-           SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1
-           ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
-                [forgetBefore, batch],
-              )
-            ).rowCount ?? 0;
+          // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
+          const { rows } = await client.query(
+            `WITH gone AS (
+               DELETE FROM delivery_rows WHERE (source, id, route) IN (
+                 SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1
+                 ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+               RETURNING source, id, destination),
+             tries AS (
+               DELETE FROM attempts a USING gone g WHERE a.source = g.source AND a.id = g.id AND a.destination = g.destination)
+             SELECT count(*)::integer AS n FROM gone`,
+            [forgetBefore, batch],
+          );
+          const forgot = rows[0].n as number;
           await writeAudit(client, options.audit, forgot, this.now());
           return forgot;
         }),

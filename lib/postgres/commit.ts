@@ -9,7 +9,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { passingSqlstate } from "../errors.ts";
 import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
-import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored } from "../store.ts";
+import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored, Try } from "../store.ts";
 
 /** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
 export const APPLICATION_NAME = "webhook-inbox";
@@ -60,7 +60,15 @@ export type Op =
       resolve(v: unknown): void;
       reject(e: unknown): void;
     }
-  | { kind: "finish"; lease: Lease; writes: readonly LocalWrite[]; resolve(v: unknown): void; reject(e: unknown): void }
+  | {
+      kind: "finish";
+      lease: Lease;
+      writes: readonly LocalWrite[];
+      /** The try, kept in the attempt log with the done mark. */
+      attempt?: Try;
+      resolve(v: unknown): void;
+      reject(e: unknown): void;
+    }
   | {
       kind: "other" | "claim";
       run(client: pg.PoolClient): Promise<unknown>;

@@ -42,7 +42,8 @@ import {
   type SqlValue,
   type Stored,
   type Tx,
-  type AttemptError,
+  type Attempt,
+  type Try,
   type Status,
   type InboxStatus,
   type Summary,
@@ -62,6 +63,7 @@ import {
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery } from "../rows.ts";
+import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
 export { redact } from "./pool.ts";
@@ -109,6 +111,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   readonly backend: Backend = "postgres";
   private readonly random: () => number;
   private readonly maxAttempts: number;
+  private readonly attemptsKept: number;
   private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
   // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
   // when they last started from the start (see claimIn).
@@ -143,6 +146,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     });
     this.random = options.random ?? Math.random;
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.attemptsKept = Math.max(1, options.attemptsKept ?? DEFAULTS.attemptsKept);
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
@@ -168,8 +172,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return this.pinned ? this.pinned() : null;
   }
 
-  attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
-    return this.reads.attemptErrors(d);
+  attempts(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<Attempt[]> {
+    return this.reads.attempts(d);
   }
   find(id: string, source?: string): Promise<Delivery[]> {
     return this.reads.find(id, source);
@@ -471,8 +475,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }, true) as Promise<boolean>;
   }
 
-  finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
-    return this.enqueue({ kind: "finish", lease, writes }) as Promise<boolean>;
+  finish(lease: Lease, writes: readonly LocalWrite[] = [], attempt?: Try): Promise<boolean> {
+    return this.enqueue({ kind: "finish", lease, writes, ...(attempt ? { attempt } : {}) }) as Promise<boolean>;
   }
 
   fail(lease: Lease, error: string, options: FailOptions = {}): Promise<Failure | undefined> {
@@ -486,7 +490,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            finished_at  = CASE WHEN $2::boolean OR attempts >= $3 THEN ${NOW} ELSE NULL END,
            error = $5, leased_until = NULL, lease_token = NULL
          WHERE source = $6 AND id = $7 AND route = $9 AND lease_token = $8 AND status = 'processing'
-         RETURNING status, available_at, attempts`,
+         RETURNING status, available_at, attempts, ${NOW} AS now`,
           [
             this.now(),
             options.permanent === true,
@@ -500,10 +504,10 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
           ],
         );
         if (rows.length === 0) return undefined;
-        await client.query(
-          `INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES ($2, $3, $4, $5, ${NOW}, $6)`,
-          [this.now(), lease.source, lease.id, rows[0].attempts, error, lease.destination],
-        );
+        // A try that came with no time of its own started at the store's now: the server's, unless pinned.
+        const now = Number(rows[0].now);
+        await client.query(toPg(ATTEMPT_SQL.keep), tryParams(lease, rows[0].attempts, error, options.attempt, now));
+        await client.query(toPg(ATTEMPT_SQL.trim), trimParams(lease, this.attemptsKept));
         if (lease.orderKey !== null) {
           await settleKeys(client, [
             {
@@ -901,6 +905,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         })),
       );
     }
+    const tried = ops.filter((op) => op.attempt !== undefined && holds(op.lease));
+    const keeping = tried.length > 0 ? this.keepTries(client, tried) : undefined;
     const results = new Map<Op, boolean>();
     const send = (sql: string, params: SqlValue[]) =>
       client.query(this.prepared(toPg(sql), params)).then((r) => r.rowCount ?? 0);
@@ -929,10 +935,45 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       }
     }
     writes.stop();
+    if (keeping) pending.push(keeping);
     const settled = await Promise.allSettled(pending);
     const failed = settled.find((s) => s.status === "rejected");
     if (failed) throw (failed as PromiseRejectedResult).reason;
     return results;
+  }
+
+  // keepTries adds a batch's tries to the attempt log and lets each delivery's oldest go past the cap: one
+  // statement a batch, whatever its size, and a second where a try may take a log past it, sent behind the
+  // done marks in their transaction.
+  private keepTries(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<unknown> {
+    const rows = ops.map((op) => tryParams(op.lease, op.lease.attempts, null, op.attempt, 0));
+    const column = (i: number) => rows.map((r) => r[i]);
+    const kept = client.query(
+      this.prepared(
+        `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[], $5::bigint[], $6::integer[],
+                              $7::smallint[], $8::text[], $9::text[], $10::text[])`,
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9].map(column),
+      ),
+    );
+    const over = ops.filter((op) => mayOverflow(op.lease));
+    if (over.length === 0) return kept;
+    const trimmed = client.query(
+      this.prepared(
+        `DELETE FROM attempts a USING (
+           SELECT u.s, u.i, u.d, (SELECT x.seq FROM attempts x WHERE x.source = u.s AND x.id = u.i AND x.destination = u.d
+                                  ORDER BY x.seq DESC LIMIT 1 OFFSET $4) AS cut
+             FROM unnest($1::text[], $2::text[], $3::text[]) AS u(s, i, d)) c
+         WHERE a.source = c.s AND a.id = c.i AND a.destination = c.d AND a.seq <= c.cut`,
+        [
+          over.map((op) => op.lease.source),
+          over.map((op) => op.lease.id),
+          over.map((op) => op.lease.destination),
+          this.attemptsKept,
+        ],
+      ),
+    );
+    return Promise.all([kept, trimmed]);
   }
 
   /** failuresByError counts the failed deliveries by their exact last error, through the failed rows' partial index. */

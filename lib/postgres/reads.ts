@@ -8,7 +8,7 @@ import { NOW, toPg } from "./commit.ts";
 import type { Pool } from "./pool.ts";
 import {
   NO_DESTINATION,
-  type AttemptError,
+  type Attempt,
   type Bucket,
   type Cursor,
   type Delivery,
@@ -23,7 +23,7 @@ import {
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { countsBySource, emptyBuckets, orderingStatus, summarise, toDelivery, toGauges } from "../rows.ts";
+import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery, toGauges } from "../rows.ts";
 import { DISTINCT_SOURCES, ORDERING_SQL, filterSql } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -47,18 +47,13 @@ export class PostgresReads {
     return this.pinned ? this.pinned() : null;
   }
 
-  async attemptErrors(d: {
-    source: string;
-    id: string;
-    receivedAt: number;
-    destination?: string;
-  }): Promise<AttemptError[]> {
+  async attempts(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<Attempt[]> {
     const { rows } = await this.pool.query(
-      `SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = $1 AND id = $2 AND failed_at >= $3
-         AND ($4::text IS NULL OR destination = $4) ORDER BY failed_at, seq`,
+      `SELECT * FROM attempts WHERE source = $1 AND id = $2 AND started_at >= $3
+         AND ($4::text IS NULL OR destination = $4) ORDER BY started_at, seq`,
       [d.source, d.id, d.receivedAt, d.destination ?? null],
     );
-    return rows.map((r) => ({ attempt: r.attempt, error: r.error, failedAt: r.failed_at, destination: r.destination }));
+    return rows.map(toAttempt);
   }
 
   async find(id: string, source?: string): Promise<Delivery[]> {

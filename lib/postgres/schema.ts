@@ -182,6 +182,26 @@ export const MIGRATIONS: readonly string[] = [
   // The admin scope (docs/api.md#keys): a key that may also make and revoke keys.
   `ALTER TABLE api_keys DROP CONSTRAINT api_keys_scope_check;
    ALTER TABLE api_keys ADD CONSTRAINT api_keys_scope_check CHECK (scope IN ('read', 'write', 'admin'));`,
+  // The attempt log (docs/forwarding.md#the-attempt-log): every try, the good ones too, with its timing and
+  // the destination's answer, where attempt_errors kept a failed try's error alone. Its rows come along,
+  // untimed; seq orders tries that started in the same millisecond and says which are oldest to let go.
+  `CREATE TABLE attempts (
+     seq         bigserial PRIMARY KEY,
+     source      text      NOT NULL,
+     id          text      NOT NULL,
+     destination text      NOT NULL,
+     attempt     integer   NOT NULL,
+     started_at  bigint    NOT NULL,
+     ms          integer,
+     status      smallint,
+     error       text,
+     headers     text,
+     body        text
+   );
+   CREATE INDEX attempts_delivery ON attempts (source, id, destination, seq);
+   INSERT INTO attempts (source, id, destination, attempt, started_at, error)
+     SELECT source, id, destination, attempt, failed_at, error FROM attempt_errors ORDER BY failed_at, seq;
+   DROP TABLE attempt_errors;`,
   // Bodies in a table of their own (docs/table.md#bodies-apart): a claim, an extend and a done mark update a
   // row of a few hundred bytes and never copy its body, which a row under about 2 kB carries inline (so
   // TOAST, whose threshold is compiled in, never moves it out, whatever toast_tuple_target says). The table

@@ -320,13 +320,17 @@ export class SqliteBulk {
       if (options.signal?.aborted) return purged;
       const n = await paced(rest, () =>
         this.atomic(() => {
-          const forgot = Number(
-            this.sql(`DELETE FROM deliveries WHERE rowid IN (
-                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)`).run(
-              forgetBefore,
-              batch,
-            ).changes,
-          );
+          const gone = this.sql(`DELETE FROM deliveries WHERE rowid IN (
+                SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)
+                RETURNING source, id, destination`).all(forgetBefore, batch) as {
+            source: string;
+            id: string;
+            destination: string;
+          }[];
+          // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
+          const tries = this.sql("DELETE FROM attempts WHERE source = ? AND id = ? AND destination = ?");
+          for (const d of gone) tries.run(d.source, d.id, d.destination);
+          const forgot = gone.length;
           writeAudit(this.sql, options.audit, forgot, this.now());
           return forgot;
         }),

@@ -8,7 +8,7 @@ import { DEFAULTS } from "../defaults.ts";
 import {
   NO_DESTINATION,
   type DestinationState,
-  type AttemptError,
+  type Attempt,
   type Bucket,
   type Cursor,
   type Delivery,
@@ -21,7 +21,7 @@ import {
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { countsBySource, emptyBuckets, orderingStatus, summarise, toDelivery } from "../rows.ts";
+import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery } from "../rows.ts";
 import { ORDERING_SQL, filterSql } from "../sql.ts";
 
 import type { Statements } from "./order-keys.ts";
@@ -38,28 +38,18 @@ export class SqliteReads {
     this.now = now;
   }
 
-  /** attemptErrors returns each failed try of one delivery that fail() recorded, oldest first. */
-  async attemptErrors(d: {
-    source: string;
-    id: string;
-    receivedAt: number;
-    destination?: string;
-  }): Promise<AttemptError[]> {
+  /** attempts returns one delivery's attempt log, oldest first. */
+  async attempts(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<Attempt[]> {
     return (
-      this.sql(`SELECT attempt, error, failed_at, destination FROM attempt_errors WHERE source = ? AND id = ? AND failed_at >= ?
-              AND (? IS NULL OR destination = ?) ORDER BY failed_at, rowid`).all(
+      this.sql(`SELECT * FROM attempts WHERE source = ? AND id = ? AND started_at >= ?
+              AND (? IS NULL OR destination = ?) ORDER BY started_at, seq`).all(
         d.source,
         d.id,
         d.receivedAt,
         d.destination ?? null,
         d.destination ?? null,
       ) as Row[]
-    ).map((r) => ({
-      attempt: r.attempt as number,
-      error: r.error as string,
-      failedAt: r.failed_at as number,
-      destination: r.destination as string,
-    }));
+    ).map(toAttempt);
   }
 
   /** find returns the deliveries with this ID, in every source or in one. */

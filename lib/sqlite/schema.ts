@@ -256,6 +256,26 @@ export const MIGRATIONS: readonly string[] = [
      SELECT id, name, scope, hash, created_at, revoked_at FROM api_keys;
    DROP TABLE api_keys;
    ALTER TABLE api_keys_scoped RENAME TO api_keys;`,
+  // The attempt log (docs/forwarding.md#the-attempt-log): every try, the good ones too, with its timing and
+  // the destination's answer, where attempt_errors kept a failed try's error alone. Its rows come along,
+  // untimed; seq orders tries that started in the same millisecond and says which are oldest to let go.
+  `CREATE TABLE attempts (
+     seq         INTEGER PRIMARY KEY,
+     source      TEXT    NOT NULL,
+     id          TEXT    NOT NULL,
+     destination TEXT    NOT NULL,
+     attempt     INTEGER NOT NULL,
+     started_at  INTEGER NOT NULL,
+     ms          INTEGER,
+     status      INTEGER,
+     error       TEXT,
+     headers     TEXT,
+     body        TEXT
+   ) STRICT;
+   CREATE INDEX attempts_delivery ON attempts (source, id, destination, seq);
+   INSERT INTO attempts (source, id, destination, attempt, started_at, error)
+     SELECT source, id, destination, attempt, failed_at, error FROM attempt_errors ORDER BY failed_at, rowid;
+   DROP TABLE attempt_errors;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

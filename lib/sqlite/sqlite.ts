@@ -25,7 +25,8 @@ import {
   type DestinationState,
   type FailOptions,
   type Tally,
-  type AttemptError,
+  type Attempt,
+  type Try,
   type Bucket,
   type BulkOptions,
   type Cursor,
@@ -60,6 +61,7 @@ import {
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
+import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
 declare module "../store.ts" {
@@ -125,6 +127,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   private readonly now: () => number;
   private readonly random: () => number;
   private readonly maxAttempts: number;
+  private readonly attemptsKept: number;
   private readonly backoffOptions: { retryDelayMs: number; retryCapMs: number; retryJitter: number };
   private gauger: Worker | undefined;
   // The connection's statements, bound once, for the order keys' functions and the rooms this inbox holds.
@@ -157,6 +160,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       enqueue: (run, partial) => this.enqueue(run, partial),
     });
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
+    this.attemptsKept = Math.max(1, options.attemptsKept ?? DEFAULTS.attemptsKept);
     this.backoffOptions = {
       retryDelayMs: options.retryDelayMs ?? DEFAULTS.retryDelayMs,
       retryCapMs: options.retryCapMs ?? DEFAULTS.retryCapMs,
@@ -164,8 +168,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     };
   }
 
-  attemptErrors(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<AttemptError[]> {
-    return this.reads.attemptErrors(d);
+  attempts(d: { source: string; id: string; receivedAt: number; destination?: string }): Promise<Attempt[]> {
+    return this.reads.attempts(d);
   }
   find(id: string, source?: string): Promise<Delivery[]> {
     return this.reads.find(id, source);
@@ -443,16 +447,16 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
    * lease was lost, neither happens and it returns false, so local effects happen exactly once. If a
    * write throws, both roll back and the promise rejects with the write's error.
    */
-  finish(lease: Lease, writes: readonly LocalWrite[] = []): Promise<boolean> {
+  finish(lease: Lease, writes: readonly LocalWrite[] = [], attempt?: Try): Promise<boolean> {
     const rowid = rowids.get(lease);
     return this.enqueue((db, guarded) => {
       // Unguarded, a write that throws fails the whole transaction, which commit() then redoes guarded.
-      if (!guarded || writes.length === 0) return this.markDone(db, lease, rowid, writes);
+      if (!guarded || writes.length === 0) return this.markDone(db, lease, rowid, writes, attempt);
       // A savepoint confines a failing write to its own delivery; the batch around it still commits.
       // Prepared once like any statement: exec() would parse the text for every delivery.
       this.sql("SAVEPOINT finish").run();
       try {
-        const done = this.markDone(db, lease, rowid, writes);
+        const done = this.markDone(db, lease, rowid, writes, attempt);
         this.sql("RELEASE finish").run();
         return done;
       } catch (error) {
@@ -463,8 +467,14 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     }, writes.length > 0) as Promise<boolean>;
   }
 
-  // markDone sets the fenced done mark, then runs the writes if the lease still held.
-  private markDone(db: DatabaseSync, lease: Lease, rowid: number | undefined, writes: readonly LocalWrite[]): boolean {
+  // markDone sets the fenced done mark, then keeps the try and runs the writes if the lease still held.
+  private markDone(
+    db: DatabaseSync,
+    lease: Lease,
+    rowid: number | undefined,
+    writes: readonly LocalWrite[],
+    attempt: Try | undefined,
+  ): boolean {
     const now = this.now();
     // By rowid when the claim gave one, one b-tree walk instead of two; the token fences it all the same.
     // A rowid that VACUUM renumbered misses, and the (source, id) key then finds the row.
@@ -483,6 +493,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     }
     if (changed !== 1) return false;
     if (lease.orderKey !== null) this.handled(lease);
+    if (attempt !== undefined) this.keepTry(lease, lease.attempts, null, attempt, now, mayOverflow(lease));
     for (const write of writes) {
       const result = write(this.tx);
       if (result instanceof Promise) {
@@ -492,6 +503,19 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       }
     }
     return true;
+  }
+
+  // keepTry adds a try to the delivery's attempt log, and lets its oldest go past the cap.
+  private keepTry(
+    lease: Lease,
+    attempt: number,
+    error: string | null,
+    tried: Try | undefined,
+    now: number,
+    trim = true,
+  ): void {
+    this.sql(ATTEMPT_SQL.keep).run(...(tryParams(lease, attempt, error, tried, now) as SQLInputValue[]));
+    if (trim) this.sql(ATTEMPT_SQL.trim).run(...(trimParams(lease, this.attemptsKept) as SQLInputValue[]));
   }
 
   /**
@@ -505,9 +529,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         `SELECT attempts FROM deliveries WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
       ).get(lease.source, lease.id, lease.route, lease.token) as { attempts: number } | undefined;
       if (!row) return undefined;
-      this.sql(
-        "INSERT INTO attempt_errors (source, id, attempt, error, failed_at, destination) VALUES (?, ?, ?, ?, ?, ?)",
-      ).run(lease.source, lease.id, row.attempts, error, now, lease.destination);
+      this.keepTry(lease, row.attempts, error, options.attempt, now);
       if (options.permanent || row.attempts >= this.maxAttempts) {
         this.sql(
           `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?

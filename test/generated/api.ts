@@ -14,7 +14,7 @@ export interface paths {
     get: operations["getDelivery"];
   };
   "/api/v1/deliveries/{source}/{id}/attempts": {
-    /** A delivery's failed tries */
+    /** A delivery's attempt log: every try, its timing, and the answer's status, headers and first bytes */
     get: operations["listAttempts"];
   };
   "/api/v1/deliveries/{source}/{id}/preview": {
@@ -161,12 +161,27 @@ export interface components {
       bodyBase64: string;
     };
     Attempts: {
-      attempts: {
-          attempt: number;
-          error: string;
-          failedAt: number;
-          destination?: string;
-        }[];
+      attempts: components["schemas"]["Attempt"][];
+    };
+    Attempt: {
+      /** @description Which attempt it was: 1 for the first try, again from 1 after a retry by hand */
+      attempt: number;
+      /** @description The destination the try went to (handler: the worker's handler) */
+      destination: string;
+      /** @description When the try started, in ms since the epoch */
+      startedAt: number;
+      /** @description How long it took, in ms; null for a try kept before tries were timed */
+      ms: number | null;
+      /** @description The HTTP status answered; null when no answer came (a timeout, a connection error) or the try was not a forward */
+      status: number | null;
+      /** @description Why the try failed, redacted; null when it succeeded */
+      error: string | null;
+      /** @description The answer's headers, redacted */
+      headers: {
+        [key: string]: string;
+      } | null;
+      /** @description The answer's first bytes (4 KiB by default), redacted */
+      body: string | null;
     };
     Preview: {
       routes: {
@@ -473,7 +488,7 @@ export interface operations {
       };
     };
   };
-  /** A delivery's failed tries */
+  /** A delivery's attempt log: every try, its timing, and the answer's status, headers and first bytes */
   listAttempts: {
     parameters: {
       path: {
