@@ -55,6 +55,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
   stored: async () => (await import("./stored.ts")).stored(),
+  narrow: async () => (await import("./narrow.ts")).narrow(),
 };
 const DEFAULT = [
   "ingest",
@@ -67,6 +68,7 @@ const DEFAULT = [
   "observe",
   "purge",
   "stored",
+  "narrow",
   "admin",
   "ordered",
   "runtimes",
