@@ -157,6 +157,14 @@ export const DEFAULTS = {
    * table's insert and lookup: a row is about 250 bytes without it. @default 256
    */
   inlineBodyBytes: 256,
+  /**
+   * PostgreSQL: how long purge waits for the lock that releases a day of bodies (its DETACH) before it gives up
+   * and tries again after a rest: a DETACH waiting on a transaction in flight holds up every store queued
+   * behind it, 772 ms at the worst in bench/purge.ts before this bound. @default 100
+   */
+  periodLockMs: 100,
+  /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
+  periodLockTries: 10,
   /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
   vacuumStepPages: 1_000,
   /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */

@@ -319,7 +319,12 @@ export class PostgresBulk {
     // Whole days first (docs/operations.md#retention-by-period): the day's done rows are made tombstones in
     // batches of narrow rows, and then its partition of bodies is dropped in one statement, rather than each
     // body deleted. The days ahead are made here too, for the retention schedule keeps them coming.
-    await makePeriods(this.pool, this.pinned ? this.pinned() : Date.now(), DEFAULTS.periodsAhead);
+    await makePeriods(
+      this.pool,
+      this.pinned ? this.pinned() : Date.now(),
+      DEFAULTS.periodsAhead,
+      DEFAULTS.periodLockMs,
+    );
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
       for (;;) {
         const { n, bytes } = await paced(rest, () =>
@@ -336,7 +341,21 @@ export class PostgresBulk {
         if (options.signal?.aborted) return purged;
         if (n < batch) break;
       }
-      await this.other((client) => releasePeriod(client, period));
+      // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again; after
+      // DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
+      for (let tries = 1; ; tries++) {
+        const released = await paced(rest, () =>
+          this.other((client) => releasePeriod(client, period, DEFAULTS.periodLockMs)).then(
+            () => true,
+            (error: { code?: string }) => {
+              if (error.code !== "55P03") throw error;
+              return false;
+            },
+          ),
+        );
+        if (released || tries >= DEFAULTS.periodLockTries) break;
+        await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
+      }
     }
     for (;;) {
       const { n, bytes } = await paced(rest, () =>

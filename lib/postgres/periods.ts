@@ -28,18 +28,28 @@ export function periodOf(at: number): Period {
  * A day whose bodies already went to the default partition (nobody made it ahead) is left there, to be
  * purged row by row: PostgreSQL refuses a partition that rows of the default one belong to.
  */
-export async function makePeriods(pool: Pool, now: number, ahead: number): Promise<void> {
+export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs: number): Promise<void> {
   for (let day = 0; day <= ahead; day++) {
     const period = periodOf(now + day * DAY);
-    // DDL takes no bound parameters: the name and bounds are made here from a checked integer, never from input.
-    await pool
-      .query(
+    const client = await pool.transaction();
+    try {
+      // Bounded, as a release is: making a partition locks delivery_bodies whole, and a CREATE queued behind a
+      // transaction in flight would hold up every store queued behind it. A day not made now is made by a
+      // later purge or open: it is made days ahead.
+      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
+      // DDL takes no bound parameters: the name and bounds are made here from a checked integer, never from input.
+      await client.query(
         `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
-      )
-      .catch((error: { code?: string }) => {
-        // 23514: the default partition holds rows of that day; 42P07 or 23505: another process made it first.
-        if (!["23514", "42P07", "23505"].includes(error.code ?? "")) throw error;
-      });
+      );
+      await pool.commit(client);
+    } catch (error) {
+      await client.query("ROLLBACK").catch(() => {});
+      // 55P03: the lock was not had in time; 23514: the default partition holds rows of that day; 42P07 or
+      // 23505: another process made it first.
+      if (!["55P03", "23514", "42P07", "23505"].includes((error as { code?: string }).code ?? "")) throw error;
+    } finally {
+      client.release();
+    }
   }
 }
 
@@ -63,10 +73,14 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
  * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
  * partition. It returns how many bodies it kept. The DETACH locks delivery_bodies for the transaction's few
- * statements: stores wait for it, not for a purge of the day row by row.
+ * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
  */
-export async function releasePeriod(client: pg.PoolClient, period: Period): Promise<number> {
+export async function releasePeriod(client: pg.PoolClient, period: Period, lockMs: number): Promise<number> {
+  // Bounded, so that a DETACH queued behind a long transaction never holds up the stores queued behind it:
+  // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
+  await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
   await client.query(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
+  await client.query("SELECT set_config('lock_timeout', '0', true)");
   const kept = await client.query(
     `INSERT INTO delivery_bodies (source, id, route, received_at, body)
      SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b

@@ -159,7 +159,12 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const inbox = new PostgresInbox(url, options);
     try {
       await migrate(inbox.pool, inbox.schema);
-      await makePeriods(inbox.pool, inbox.pinned ? inbox.pinned() : Date.now(), DEFAULTS.periodsAhead);
+      await makePeriods(
+        inbox.pool,
+        inbox.pinned ? inbox.pinned() : Date.now(),
+        DEFAULTS.periodsAhead,
+        DEFAULTS.periodLockMs,
+      );
     } catch (error) {
       await inbox.pool.end().catch(() => {});
       throw new Error(`open ${inbox.target}: ${message(error)}`, { cause: error });
