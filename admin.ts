@@ -11,7 +11,9 @@ import { createAdmin, listenAdmin } from "./lib/admin/server.ts";
 import { isLoopback } from "./lib/admin/session.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
 import { announce } from "./lib/forwarding/forward.ts";
-import { preview } from "./lib/forwarding/preview.ts";
+import { preview, previewGate } from "./lib/forwarding/preview.ts";
+import { Sandbox } from "./lib/forwarding/sandbox.ts";
+import { transformDrift } from "./lib/config/config.ts";
 import { lineLog, message } from "./lib/log.ts";
 import { brokerLines, type BrokerLine } from "./lib/consume.ts";
 import { speakTo } from "./lib/format.ts";
@@ -138,6 +140,8 @@ Examples:
   const { log, flush } = lineLog();
   const operator = forwarding?.operator;
   const base = sourcesFile ? dirname(resolve(sourcesFile)) : process.cwd();
+  const sandbox = new Sandbox({ threads: DEFAULTS.previewsAtOnce });
+  const gate = previewGate();
   const admin = createAdmin({
     inbox,
     token,
@@ -154,15 +158,24 @@ Examples:
     ...(operator ? { announce: (event) => announce(operator, event) } : {}),
     // The configuration in force, which the API may have changed since start; the --sources file only while
     // none was ever applied.
-    preview: async (rows: readonly Delivery[], options: { to?: string } = {}) => {
-      const stored = await inbox.readConfig();
-      const against = stored ? (JSON.parse(stored.document) as unknown) : config;
-      if (against === undefined)
-        throw new TypeError(
-          "there is nothing to preview against: no configuration was applied to this inbox, and admin.ts has no --sources",
-        );
-      return preview(rows, against, { base, ...options });
-    },
+    // Transforms run in one sandbox for all previews, a few at once (previewGate), so a read key cannot spend
+    // this host; a module file changed since it was applied is not run.
+    preview: (rows: readonly Delivery[], options: { to?: string } = {}) =>
+      gate(async () => {
+        const stored = await inbox.readConfig();
+        const against = stored ? (JSON.parse(stored.document) as unknown) : config;
+        if (against === undefined)
+          throw new TypeError(
+            "there is nothing to preview against: no configuration was applied to this inbox, and admin.ts has no --sources",
+          );
+        const applied = stored?.transforms ?? {};
+        return preview(rows, against, {
+          base,
+          sandbox,
+          drift: (m) => (applied[m] ? transformDrift({ [m]: applied[m] }, base) : undefined),
+          ...options,
+        });
+      }),
   });
   const stopped = startup.stopped();
   let url: string;
@@ -181,6 +194,7 @@ Examples:
     );
   await stopped;
   admin.server.close();
+  await sandbox.close();
   admin.server.closeAllConnections();
   await inbox.close();
   flush();

@@ -48,6 +48,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   startup: async () => (await import("./startup.ts")).startupBench(),
   routing: async () => (await import("./routing.ts")).routing(),
   transforms: async () => (await import("./transforms.ts")).transforms(),
+  sandbox: async () => (await import("./sandbox.ts")).sandboxBench(),
   slow: async () => (await import("./slow.ts")).slow(),
   pgstore: async () => (await import("./pgstore.ts")).pgstore(),
   pgingest: async () => (await import("./pgingest.ts")).pgingest(),
@@ -83,6 +84,7 @@ const DEFAULT = [
   "regex",
   "trust",
   "slow",
+  "sandbox",
 ];
 
 const wanted = process.argv.slice(2);

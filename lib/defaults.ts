@@ -207,6 +207,16 @@ export const DEFAULTS = {
   transformMemoryMb: 512,
   /** Forwarding: milliseconds between two looks at a transform process's memory (Linux's /proc). @default 25 */
   transformWatchMs: 25,
+  /** Sandbox: megabytes of WebAssembly memory each sandbox thread's engine has, which holds all a call makes (objects, strings and ArrayBuffers alike); past it the call stops and the try fails. @default 64 */
+  sandboxMemoryMb: 64,
+  /** Sandbox: threads that run sandboxed transforms in one process, so one transform's loop holds one thread, never the event loop or the others. @default 2 */
+  sandboxThreads: 2,
+  /** Sandbox: milliseconds past a call's own time limit after which its thread is ended from outside, for a call stuck where QuickJS's interrupt is not asked. @default 1_000 */
+  sandboxGraceMs: 1_000,
+  /** Sandbox: largest transform code, in bytes, as Hookdeck allows. @default 5_000_000 */
+  sandboxCodeBytes: 5_000_000,
+  /** Sandbox: previews that run transforms at once on the page's host (admin.ts); past it a preview is answered 503 with Retry-After. @default 2 */
+  previewsAtOnce: 2,
   /** Forwarding: requests one worker has in flight to one destination. @default 16 */
   forwardInFlight: 16,
   /** Forwarding: the first bytes of a failed answer kept with the try's error. @default 256 */

@@ -66,14 +66,14 @@ for (const backend of BACKENDS) {
     let worker: WorkerProcess;
     let dest: Awaited<ReturnType<typeof destinationServer>>;
     const dir = tempDir();
-    const shape = join(dir.dir, "shape.mjs");
+    // The transform is code, written on the page and run in the sandbox: a change from the page names no file.
+    const shape = "export default (d) => ({ body: { shaped: true, id: d.id, amount: d.json.amount } });\n";
     const contexts: BrowserContext[] = [];
     const problems: string[] = [];
 
     before(async () => {
       ({ target: db, cleanup } = await backend.make());
       dest = await destinationServer();
-      writeFileSync(shape, "export default (d) => ({ body: { shaped: true, id: d.id, amount: d.json.amount } });\n");
       // The operator's file: a source whose deliveries go to a log, applied on the host.
       const sources = join(dir.dir, "sources.json");
       writeFileSync(
@@ -205,7 +205,7 @@ for (const backend of BACKENDS) {
       assert.equal(await page.inputValue('input[name="url"]'), `${dest.url}/app`, "the form kept as sent");
       await page.fill('input[name="secret"]', "secret:app_signing");
       await page.fill('input[name="timeout"]', "10");
-      await page.fill('input[name="transform"]', shape);
+      await page.fill('textarea[name="transform"]', shape);
       await page.click('button:has-text("Create")');
       await page.waitForSelector(".flash");
       assert.equal(await page.textContent(".flash"), "Destination app created: configuration version 2 is in force.");
@@ -251,7 +251,7 @@ for (const backend of BACKENDS) {
         url: `${dest.url}/app`,
         secret: "secret:app_signing",
         timeout: 10,
-        transform: shape,
+        transform: { code: shape },
       });
       // Each change an API change, made as the page's session, audited in its transaction.
       const entries = (await inbox.auditLog({ limit: 3 })).map((e) => [e.operation, e.who.replace(/:[^:]+@.*/, ":…")]);

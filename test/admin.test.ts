@@ -775,7 +775,14 @@ describe("the delivery page's preview", () => {
         stripe: {
           provider: "stripe",
           secret: "env:STRIPE_SECRET",
-          routes: ["handler", { to: "billing", filter: { body: { livemode: true } }, transform: "./billing.ts" }],
+          routes: [
+            "handler",
+            {
+              to: "billing",
+              filter: { body: { livemode: true } },
+              transform: { module: "./billing.ts", process: true },
+            },
+          ],
         },
       };
       const body = Buffer.from(

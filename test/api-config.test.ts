@@ -48,10 +48,10 @@ for (const backend of await backends("api_config")) {
       const { target: db, cleanup } = await backend.make();
       const dir = tempDir();
       const dest = await destinationServer();
+      // The transform is code the configuration holds, run in the sandbox: no file on any host.
+      const transform = (n: number) => ({ code: `export default (d) => ({ body: { shaped: ${n}, id: d.id } });\n` });
       const shape = join(dir.dir, "shape.mjs");
-      const transform = (n: number) =>
-        writeFileSync(shape, `export default (d) => ({ body: { shaped: ${n}, id: d.id } });\n`);
-      transform(1);
+      writeFileSync(shape, "export default (d) => ({});\n");
       const made = await runScript("inbox.ts", ["keys", "create", "--scope", "write", "--json", "--db", db]);
       assert.equal(made.code, 0, made.stderr);
       const key = (JSON.parse(made.stdout) as { id: string; key: string }).key;
@@ -114,11 +114,11 @@ for (const backend of await backends("api_config")) {
         assert.equal(first.data?.version, 1, JSON.stringify(first.error));
         const b = await api.PUT("/api/v1/destinations/{name}", {
           params: { path: { name: "b" } },
-          body: { settings: destination("b", { transform: shape }) },
+          body: { settings: destination("b", { transform: transform(1) }) },
         });
         assert.equal(b.data?.version, 2, JSON.stringify(b.error));
         assert.equal(b.data!.changes[0], "+ destination b");
-        assert.match(b.data!.changes[1]!, /^\+ transform .*shape\.mjs \(sha256 [0-9a-f]{12}\)$/);
+        assert.match(b.data!.changes[1]!, /^\+ transform code:[0-9a-f]{12} \(sha256 [0-9a-f]{12}\)$/);
         const route = await api.PUT("/api/v1/sources/{name}", {
           params: { path: { name: "st" } },
           body: { settings: source(["a", filtered]), expectedVersion: 2 },
@@ -160,15 +160,24 @@ for (const backend of await backends("api_config")) {
           [["b", "test", "inbox.test"]],
         );
 
-        // The transform changed on disk, and the document read and applied again: its new hash is a new version,
-        // and the next forwards run the new code, with no restart.
-        transform(2);
+        // A module path through the API is refused: only the operator's file names files on the host.
+        const path = await api.PUT("/api/v1/destinations/{name}", {
+          params: { path: { name: "b" } },
+          body: { settings: destination("b", { transform: shape }) },
+        });
+        assert.equal(path.response.status, 400);
+        assert.match(JSON.stringify(path.error), /transform names a module file on the host/);
+
+        // The transform's code changed through the API: its new hash is a new version, and the next forwards
+        // run the new code, with no restart and no file.
         const read = await api.GET("/api/v1/config");
+        const document = read.data!.document! as { $destinations: Record<string, Record<string, unknown>> };
+        document.$destinations.b!.transform = transform(2);
         const again = await api.PUT("/api/v1/config", {
-          body: { document: read.data!.document!, expectedVersion: read.data!.version },
+          body: { document, expectedVersion: read.data!.version },
         });
         assert.equal(again.data?.version, 4, JSON.stringify(again.error));
-        assert.match(again.data!.changes.join("\n"), /~ transform .*shape\.mjs \(sha256 [0-9a-f]{12} → [0-9a-f]{12}\)/);
+        assert.match(again.data!.changes.join("\n"), /\+ transform code:[0-9a-f]{12} \(sha256 [0-9a-f]{12}\)/);
         await takenUp(4);
         const [reshaped] = await post(1, true);
         await until("reshaped forwarded to b", () => sentTo("b", reshaped!).length === 1);
@@ -233,10 +242,9 @@ for (const backend of await backends("api_config")) {
           params: { path: { name: "b" }, query: { cancelWaiting: true } },
         });
         const deletedAt = Date.now();
-        assert.deepEqual(
-          [deleted.data?.version, deleted.data?.changes],
-          [6, ["- destination b", `- transform ${shape}`]],
-        );
+        assert.equal(deleted.data?.version, 6);
+        assert.equal(deleted.data?.changes[0], "- destination b");
+        assert.match(deleted.data!.changes[1]!, /^- transform code:[0-9a-f]{12}$/);
         // b answers each forward 2 s after it came: one that came less than that before the commit was in flight.
         assert.ok(
           dest.got.some((g) => g.to === "b" && last.includes(g.id) && g.at > deletedAt - 2_000),

@@ -343,15 +343,27 @@ for (const backend of BACKENDS) {
         transforms: {},
       });
 
-      // A transform named by a relative path, read from the folder of the page's --sources, as a worker's.
-      writeFileSync(join(dir.dir, "shape.mjs"), "export default (d) => ({ body: { shaped: true, id: d.id } });\n");
-      const sha = createHash("sha256")
-        .update(readFileSync(join(dir.dir, "shape.mjs")))
-        .digest("hex");
+      // A transform through the API is code the configuration holds, run in the sandbox; a module path, a file
+      // on the host, is refused (the control: the same document with the code written to a file).
+      const code = "export default (d) => ({ body: { shaped: true, id: d.id } });\n";
+      writeFileSync(join(dir.dir, "shape.mjs"), code);
+      const sha = createHash("sha256").update(code).digest("hex");
+      const name = `code:${sha.slice(0, 12)}`;
       const document = {
-        $destinations: { app: { url: "http://127.0.0.1:9/hooks", secret: "env:APP_SECRET", transform: "./shape.mjs" } },
+        $destinations: { app: { url: "http://127.0.0.1:9/hooks", secret: "env:APP_SECRET", transform: { code } } },
         stripe: { provider: "stripe", secret: "env:STRIPE_SECRET", routes: ["handler", "app"] },
       };
+      const byPath = await api.PUT("/api/v1/config", {
+        body: {
+          document: {
+            ...document,
+            $destinations: { app: { ...document.$destinations.app, transform: "./shape.mjs" } },
+          },
+          dryRun: true,
+        },
+      });
+      assert.equal(byPath.response.status, 400);
+      assert.match(byPath.error!.detail, /destination app: transform names a module file on the host/);
       let state = await snapshot();
       const dry = await api.PUT("/api/v1/config", { body: { document, dryRun: true } });
       assert.deepEqual(dry.data, {
@@ -359,7 +371,7 @@ for (const backend of BACKENDS) {
         dryRun: true,
         version: 0,
         previousVersion: 0,
-        changes: ["+ destination app", "+ source stripe", `+ transform ./shape.mjs (sha256 ${sha.slice(0, 12)})`],
+        changes: ["+ destination app", "+ source stripe", `+ transform ${name} (sha256 ${sha.slice(0, 12)})`],
         removed: [],
         cancelled: 0,
       });
@@ -372,7 +384,7 @@ for (const backend of BACKENDS) {
       assert.equal(stored.version, 1);
       assert.equal(stored.actor, `key:${write.id}`);
       assert.deepEqual(JSON.parse(stored.document), document);
-      assert.equal(stored.transforms["./shape.mjs"]!.sha256, sha);
+      assert.equal(stored.transforms[name]!.sha256, sha);
       assert.deepEqual(
         [(await lastAudit()).who, (await lastAudit()).operation, (await lastAudit()).count],
         [`key:${write.id}`, "applyConfig", 3],
@@ -381,7 +393,7 @@ for (const backend of BACKENDS) {
       assert.equal(shown.data!.version, 1);
       assert.equal(shown.data!.actor, `key:${write.id}`);
       assert.deepEqual(shown.data!.document, document, "secrets stay env:NAME references");
-      assert.deepEqual(shown.data!.transforms, { "./shape.mjs": sha }, "the transform's hash, not its code");
+      assert.deepEqual(shown.data!.transforms, { [name]: sha }, "the transform's hash");
       assert.deepEqual(
         [shown.data!.way, shown.data!.trust],
         ["api", { "destination app": "api", "source stripe": "api" }],

@@ -198,12 +198,15 @@ describe("npm pack", () => {
       [],
     );
     assert.ok(files.includes("inbox.js") && files.includes("inbox.d.ts"));
+    // QuickJS in WebAssembly (its core and its release build) is the transforms' sandbox (issue 48).
     assert.deepEqual(Object.keys(manifest.dependencies).sort(), [
       "@asteasolutions/zod-to-openapi",
+      "@jitl/quickjs-wasmfile-release-sync",
       "@opentelemetry/api",
       "commander",
       "pg",
       "prom-client",
+      "quickjs-emscripten-core",
       "re2js",
       "undici",
       "zod",

@@ -77,7 +77,7 @@ describe("a bad filter or transform stops start-up", () => {
     [
       "worker.ts",
       "a transform module that is not there",
-      withRoute({ transform: "./missing.ts" }),
+      withRoute({ transform: { module: "./missing.ts", process: true } }),
       'source "stripe": route to billing: transform ./missing.ts could not be loaded: there is no file /',
     ],
   ];
@@ -98,7 +98,7 @@ describe("a bad filter or transform stops start-up", () => {
   }
 
   it("worker.ts: a transform that imports webhook-inbox at run time from a folder outside any app: one line, exit 2, saying to import types only", async () => {
-    const file = writeSources(dir.dir, withRoute({ transform: "./needs-package.ts" }));
+    const file = writeSources(dir.dir, withRoute({ transform: { module: "./needs-package.ts", process: true } }));
     writeFileSync(
       join(dir.dir, "needs-package.ts"),
       'import { defineTransform } from "webhook-inbox/transform";\nexport default defineTransform(() => ({ body: {} }));\n',

@@ -223,7 +223,15 @@ async function probe(
       },
       shop: {
         provider: "plain",
-        routes: [{ to: "app", transform: "./probe.ts", transformTimeout: 20 }, "other"],
+        // A module in a process of its own, asked for (issue 48); a tree before it ran every path so.
+        routes: [
+          {
+            to: "app",
+            transform: tree === ROOT ? { module: "./probe.ts", process: true } : "./probe.ts",
+            transformTimeout: 20,
+          },
+          "other",
+        ],
       },
     }),
   );

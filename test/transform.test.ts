@@ -143,7 +143,7 @@ for (const backend of await backends("transform")) {
         headers: { "x-shopify-shop-domain": ["ann.myshopify.com"] },
       });
       const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [
-        { to: "app", transform: "./shop-orders.ts" },
+        { to: "app", transform: { module: "./shop-orders.ts", process: true } },
       ]);
       assert.equal(stats.done, 1);
       const [r] = app.got;
@@ -181,7 +181,7 @@ for (const backend of await backends("transform")) {
         });
       }
       const stats = await run(inbox, { app: { url: app.url, secret: SECRET } }, [
-        { to: "app", transform: "./by-id.ts" },
+        { to: "app", transform: { module: "./by-id.ts", process: true } },
       ]);
       assert.equal(stats.done, 4);
       const byId = new Map(app.got.map((g) => [g.headers["inbox-delivery-id"], g]));
@@ -224,8 +224,8 @@ for (const backend of await backends("transform")) {
         wrong: { url: app.url, secret: SECRET, breaker: { failures: 1 } },
       };
       const routes = [
-        { to: "thrown", transform: "./throws.ts" },
-        { to: "wrong", transform: "./wrong.ts" },
+        { to: "thrown", transform: { module: "./throws.ts", process: true } },
+        { to: "wrong", transform: { module: "./wrong.ts", process: true } },
       ];
       let stats = await run(inbox, destinations, routes);
       assert.equal(stats.retried, 2);
@@ -262,7 +262,7 @@ for (const backend of await backends("transform")) {
       const stats = await run(
         inbox,
         { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } },
-        [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"],
+        [{ to: "looping", transform: { module: "./loop.ts", process: true }, transformTimeout: 0.3 }, "plain"],
       );
       clearInterval(ticker);
       assert.equal(stats.done, 5);
@@ -286,7 +286,7 @@ for (const backend of await backends("transform")) {
       const again = await run(
         inbox,
         { looping: { url: app.url, secret: SECRET }, plain: { url: app.url, secret: SECRET } },
-        [{ to: "looping", transform: "./loop.ts", transformTimeout: 0.3 }, "plain"],
+        [{ to: "looping", transform: { module: "./loop.ts", process: true }, transformTimeout: 0.3 }, "plain"],
       );
       assert.equal(again.done, 1);
     });
@@ -312,7 +312,7 @@ for (const backend of await backends("transform")) {
         url: NATS,
         subject: `xf${process.pid}${backend.name}.{source}`,
         stream,
-        transform: "./shop-orders.ts",
+        transform: { module: "./shop-orders.ts", process: true },
       };
       const forwarding = loadDestinations(
         { $destinations: { events: settings } },
@@ -339,7 +339,7 @@ for (const backend of await backends("transform")) {
       const inbox = await open();
       const app = await serve();
       await inbox.store({ source: "shop", id: "ord_9", body: Buffer.from("{}"), destinations: ["app"] });
-      const routes = [{ to: "app", transform: "./version.ts" }];
+      const routes = [{ to: "app", transform: { module: "./version.ts", process: true } }];
       await run(inbox, { app: { url: app.url, secret: SECRET } }, routes);
       writeFileSync(join(dir.dir, "version.ts"), `export default () => ({ body: "v2" });`);
       assert.deepEqual(await inbox.replayMatching({ source: "shop", id: "ord_9" }), { replayed: 1, tombstoned: 0 });

@@ -2,6 +2,7 @@
 // made, changed or removed, a filter tried on a stored delivery, a transform previewed, a secret set. Each is the
 // API's own operation run as the session (Api.perform()), on the version its form was read at (expectedVersion).
 
+import { createHash } from "node:crypto";
 import type { PreviewRequest } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { HttpError } from "../operations/input.ts";
@@ -63,12 +64,58 @@ interface DestinationFields {
   maxInFlight: string;
   rate: string;
   burst: string;
+  /** The transform's code, when it is code. */
   transform: string;
+  /** The operator's module path, when the transform is one: a change from the page keeps it only as it is. */
+  transformModule: string;
   more: string;
 }
 
 const NUMBERS = ["timeout", "connectTimeout", "maxInFlight", "rate", "burst"] as const;
 const OWN = new Set(["url", "secret", "headers", "transform", ...NUMBERS]);
+
+// transformFields splits a transform setting into the form's two fields: its code, or the module it names.
+const transformFields = (t: unknown): { transform: string; transformModule: string } =>
+  typeof t === "string"
+    ? { transform: "", transformModule: t }
+    : { transform: isObject(t) && typeof t.code === "string" ? t.code : "", transformModule: "" };
+
+// transformSetting is the transform a form saves: its code, else the module it had (which a change from the
+// page may not name: the API refuses it with the rule's own line), else none. A form sends its lines ended
+// with CRLF, as HTML says: the code is kept as it was typed.
+const transformSetting = (f: { transform: string; transformModule: string }): unknown =>
+  f.transform.trim() !== ""
+    ? { code: f.transform.replace(/\r\n/g, "\n") }
+    : f.transformModule.trim() !== ""
+      ? f.transformModule.trim()
+      : undefined;
+
+// appliedSha is the SHA-256 a version applied for a form's transform, if it has one.
+function appliedSha(
+  f: { transform: string; transformModule: string },
+  transforms: Record<string, string>,
+): string | undefined {
+  if (f.transformModule) return transforms[f.transformModule];
+  if (f.transform.trim() === "") return undefined;
+  const code = f.transform.replace(/\r\n/g, "\n");
+  return transforms[`code:${createHash("sha256").update(code).digest("hex").slice(0, 12)}`];
+}
+
+// transformEditor is the transform's fieldset: a textarea for its code, in either contract, and what it replaces.
+function transformEditor(
+  f: { transform: string; transformModule: string },
+  sha: string | undefined,
+  ro: string,
+  route: boolean,
+): string {
+  return `<fieldset><legend>Transform</legend>
+<label>Code (JavaScript, run in the sandbox) <textarea name="transform" rows="6" spellcheck="false" placeholder='export default (d) => ({ body: { id: d.id, type: d.json.type } });&#10;// or Hookdeck&#39;s: addHandler("transform", (request, context) => request);'${ro}>${escape(f.transform)}</textarea></label>
+<input type="hidden" name="transformModule" value="${escape(f.transformModule)}">
+${f.transformModule ? `<p class="note">Now the operator's module <code>${escape(f.transformModule)}</code>, a file on the workers' host, which a change from the page may not name: write code above to replace it, or change it in the operator's file.</p>` : ""}
+${sha ? `<p class="hint">Applied as sha256 <code>${escape(sha)}</code>.</p>` : ""}
+<p class="hint">${route ? "Overrides the destination's for this route. " : ""}Its <code>export default (delivery) =&gt; …</code> returns <code>{ body?, headers? }</code> or <code>null</code> to skip; Hookdeck's <code>addHandler("transform", …)</code> runs as it is. No file, network or timer in reach; checked when saved (docs/forwarding.md, transforms as code).</p>
+</fieldset>`;
+}
 
 // fieldsOf reads a destination's settings into its form's fields; what the form has no field for is "more".
 function fieldsOf(d: Doc): DestinationFields {
@@ -85,7 +132,7 @@ function fieldsOf(d: Doc): DestinationFields {
     maxInFlight: text(d.maxInFlight),
     rate: text(d.rate),
     burst: text(d.burst),
-    transform: text(d.transform),
+    ...transformFields(d.transform),
     more: Object.keys(rest).length === 0 ? "" : JSON.stringify(rest, null, 2),
   };
 }
@@ -103,6 +150,7 @@ function fieldsFrom(form: URLSearchParams): DestinationFields {
     rate: get("rate"),
     burst: get("burst"),
     transform: get("transform"),
+    transformModule: get("transformModule"),
     more: get("more"),
   };
 }
@@ -146,7 +194,8 @@ function settingsOf(f: DestinationFields): Doc {
     if (!Number.isFinite(n)) throw new HttpError(400, `${k}: expected a number, got ${JSON.stringify(v)}`);
     out[k] = n;
   }
-  if (f.transform.trim() !== "") out.transform = f.transform.trim();
+  const transform = transformSetting(f);
+  if (transform !== undefined) out.transform = transform;
   const more = jsonObject(f.more, "more settings");
   for (const k of Object.keys(more))
     if (OWN.has(k)) throw new HttpError(400, `more settings: ${k} has its own field above; set it there`);
@@ -186,7 +235,7 @@ function destinationForm(ctx: PageContext, s: Session, v: DestinationView, flash
     `<label>${label} <input name="${name}" value="${escape(f[name])}"${extra}${ro}></label>`;
   const number = (name: keyof DestinationFields, label: string, hint: string) =>
     input(name, label, ` type="number" step="any" min="0" placeholder="${escape(hint)}"`);
-  const sha = f.transform && v.config.transforms[f.transform];
+  const sha = appliedSha(f, v.config.transforms);
   const title = v.name === undefined ? "New destination" : `Destination ${v.name}`;
   const form = `<form method="post" action="/config/destination" class="edit">${hidden(s)}
 <input type="hidden" name="version" value="${escape(String(v.version))}">
@@ -201,11 +250,7 @@ ${input("secret", "Signing secret", ` placeholder="secret:billing_signing"`)}
 <fieldset><legend>Limits</legend><div class="row">
 ${number("timeout", "Timeout (s)", String(DEFAULTS.forwardTimeoutMs / 1000))}${number("connectTimeout", "Connect (s)", String(DEFAULTS.connectTimeoutForwardMs / 1000))}${number("maxInFlight", "In flight", String(DEFAULTS.forwardInFlight))}${number("rate", "Rate (/s)", "no limit")}${number("burst", "Burst", "rate")}
 </div></fieldset>
-<fieldset><legend>Transform</legend>
-${input("transform", "Module", ` placeholder="./transforms/billing.mjs"`)}
-${sha ? `<p class="hint">Applied as sha256 <code>${escape(sha)}</code>.</p>` : ""}
-<p class="hint">A module on the workers' host that reshapes each forward (<a href="#preview">preview</a> it below on a stored delivery). <button type="button" disabled title="Transforms kept in the configuration as code, run in a sandbox, are coming">Edit the code</button> Its code is the file's until transforms are kept in the configuration as code.</p>
-</fieldset>
+${transformEditor(f, sha, ro, false)}
 <label>More settings (JSON) <textarea name="more" rows="4" placeholder='{"breaker": false, "forwardHeaders": true}'${ro}>${escape(f.more)}</textarea></label>
 ${writes ? `<p><button class="primary">${v.name === undefined ? "Create" : "Save"}</button> <a href="/config">Cancel</a></p>` : `<p class="note">This session may look, not change: saving needs a write key, or the page's token.</p>`}
 </form>`;
@@ -283,6 +328,7 @@ interface RouteFields {
   types: string;
   filter: string;
   transform: string;
+  transformModule: string;
   more: string;
 }
 
@@ -295,14 +341,21 @@ function routeFieldsOf(route: unknown): RouteFields {
     to: typeof r.to === "string" ? r.to : "",
     types: Array.isArray(r.types) ? r.types.map(String).join(", ") : "",
     filter: r.filter === undefined ? "" : JSON.stringify(r.filter, null, 2),
-    transform: typeof r.transform === "string" ? r.transform : "",
+    ...transformFields(r.transform),
     more: Object.keys(rest).length === 0 ? "" : JSON.stringify(rest, null, 2),
   };
 }
 
 function routeFieldsFrom(form: URLSearchParams): RouteFields {
   const get = (k: string) => form.get(k) ?? "";
-  return { to: get("to"), types: get("types"), filter: get("filter"), transform: get("transform"), more: get("more") };
+  return {
+    to: get("to"),
+    types: get("types"),
+    filter: get("filter"),
+    transform: get("transform"),
+    transformModule: get("transformModule"),
+    more: get("more"),
+  };
 }
 
 // routeOf makes a route from its fields: a plain name where it sets nothing else, as a sources file writes one.
@@ -316,7 +369,8 @@ function routeOf(f: RouteFields): unknown {
     .filter(Boolean);
   if (types.length > 0) out.types = types;
   if (f.filter.trim() !== "") out.filter = jsonObject(f.filter, "filter");
-  if (f.transform.trim() !== "") out.transform = f.transform.trim();
+  const transform = transformSetting(f);
+  if (transform !== undefined) out.transform = transform;
   const more = jsonObject(f.more, "more settings");
   for (const k of Object.keys(more))
     if (ROUTE_OWN.has(k)) throw new HttpError(400, `more settings: ${k} has its own field above; set it there`);
@@ -347,7 +401,7 @@ function routeForm(ctx: PageContext, s: Session, v: RouteView, flash: Flash | nu
     .map((n) => `<option value="${escape(n)}"${n === f.to ? " selected" : ""}>${escape(n)}</option>`)
     .join("");
   const title = v.index === undefined ? `New route of ${v.source}` : `Route ${v.index + 1} of ${v.source}`;
-  const sha = f.transform && v.config.transforms[f.transform];
+  const sha = appliedSha(f, v.config.transforms);
   const result = v.tried?.result;
   const verdict = result
     ? `<p class="verdict ${result.matches ? "match" : "nomatch"}" role="status">${
@@ -366,10 +420,7 @@ ${v.implicit ? `<p class="note">This source has no routes, so its deliveries go 
 <label>Source <input name="try_source" value="${escape(v.tried?.source ?? v.source)}" size="12"></label><label>ID <input name="try_id" value="${escape(v.tried?.id ?? "")}" size="24"></label>
 <button formaction="/config/route/test">Test the filter</button></div>
 ${verdict}<p class="hint">The filter as written above, saved or not, on the delivery's body and the headers it kept; nothing is saved.</p></fieldset>
-<fieldset><legend>Transform</legend>
-<label>Module <input name="transform" value="${escape(f.transform)}" placeholder="the destination's, or none"${ro}></label>
-${sha ? `<p class="hint">Applied as sha256 <code>${escape(sha)}</code>.</p>` : ""}
-<p class="hint">Overrides the destination's for this route. <button type="button" disabled title="Transforms kept in the configuration as code, run in a sandbox, are coming">Edit the code</button> Its code is the file's until transforms are kept in the configuration as code.</p></fieldset>
+${transformEditor(f, sha, ro, true)}
 <label>More settings (JSON) <textarea name="more" rows="3" placeholder='{"permanent4xx": true}'${ro}>${escape(f.more)}</textarea></label>
 ${writes ? `<p><button class="primary">${v.index === undefined ? "Add the route" : "Save"}</button> <a href="/config">Cancel</a></p>` : `<p class="note">This session may try a filter, not save one: saving needs a write key, or the page's token.</p>`}
 </form>`;

@@ -22,6 +22,7 @@ import {
 import { bulkFilter, decodeCursor, describe, encodeCursor, HttpError, parseTime } from "../operations/input.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { PreviewBusy } from "../forwarding/preview.ts";
 import { redactAttempt } from "../redact.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
@@ -196,6 +197,7 @@ export class Api {
         {
           "content-type": "application/problem+json",
           ...(status === 401 ? { "www-authenticate": 'Bearer realm="webhook-inbox"' } : {}),
+          ...(error instanceof ApiError ? error.headers : {}),
         },
       );
     }
@@ -459,6 +461,8 @@ const OPERATION_HANDLERS: Record<OperationId, Operate> = {
     try {
       return { body: await ctx.preview(rows, to === undefined ? {} : { to }) };
     } catch (error) {
+      if (error instanceof PreviewBusy)
+        throw new ApiError(503, message(error), {}, { "retry-after": String(error.retryAfterS) });
       throw new ApiError(409, message(error));
     }
   },

@@ -60,8 +60,11 @@ export interface ProblemMembers {
 /** ApiError is a refusal with its status, its detail, and its problem's extra members. */
 export class ApiError extends HttpError {
   readonly members: ProblemMembers;
-  constructor(status: number, detail: string, members: ProblemMembers = {}) {
+  /** Headers the answer carries besides its own (a 503's Retry-After). */
+  readonly headers: Record<string, string>;
+  constructor(status: number, detail: string, members: ProblemMembers = {}, headers: Record<string, string> = {}) {
     super(status, detail);
     this.members = members;
+    this.headers = headers;
   }
 }

@@ -555,13 +555,14 @@ export const OPERATIONS = [
     operationId: "previewDelivery",
     method: "get",
     path: `${D}/preview`,
-    summary: "A dry run of the routes against a stored delivery: what each destination would be sent now",
+    summary:
+      "A dry run of the routes against a stored delivery: what each destination would be sent now, transforms run in the sandbox (503 with Retry-After while as many previews as the host runs at once are running)",
     scope: "read",
     params: DeliveryPath,
     query: PreviewQuery,
     status: 200,
     answer: PreviewShown,
-    problems: [404, 409],
+    problems: [404, 409, 503],
   },
   {
     operationId: "retryDelivery",

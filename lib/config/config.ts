@@ -5,9 +5,10 @@
 
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { dirname, isAbsolute, resolve } from "node:path";
+import { dirname, isAbsolute, resolve, sep } from "node:path";
 import { parseBrokerDestination, type BrokerDestination } from "../brokers.ts";
 import { checkSecrets } from "../forwarding/forward.ts";
+import { checkCode } from "../forwarding/transform.ts";
 import { loadSources, type Source } from "./sources.ts";
 import type { Reach } from "../reach.ts";
 import { secretsOf, type Secret } from "../redact.ts";
@@ -36,8 +37,8 @@ export interface Loaded {
   brokers: Map<string, BrokerDestination>;
   /** Every secret the document names, for redact.ts. */
   secrets: Secret[];
-  /** Each use of a transform module, and where the document names it. */
-  uses: { module: string; where: string }[];
+  /** Each use of a transform, and where the document names it: a module's path (run in a process when process), or code (then module is its `code:` name). */
+  uses: { module: string; code?: string; process?: boolean; where: string }[];
 }
 
 /** Env is where `env:NAME` references are read from (and `secret:NAME`, once opened: references.ts). */
@@ -210,39 +211,67 @@ export function loadConfig(
     ...[...routes].flatMap(([source, rs]) =>
       rs
         .filter((r) => r.transform)
-        .map((r) => ({ module: r.transform!.module, where: `source ${JSON.stringify(source)}: route to ${r.to}` })),
+        .map((r) => ({
+          module: r.transform!.module,
+          ...(r.transform!.code === undefined ? {} : { code: r.transform!.code }),
+          ...(r.transform!.process ? { process: true } : {}),
+          where: `source ${JSON.stringify(source)}: route to ${r.to}`,
+        })),
     ),
     ...[...forwarding.destinations.values()]
       .filter((d) => d.transform)
-      .map((d) => ({ module: d.transform!.module, where: `destination ${JSON.stringify(d.name)}` })),
+      .map((d) => ({
+        module: d.transform!.module,
+        ...(d.transform!.code === undefined ? {} : { code: d.transform!.code }),
+        ...(d.transform!.process ? { process: true } : {}),
+        where: `destination ${JSON.stringify(d.name)}`,
+      })),
   ];
   const secrets = resolveSecrets ? secretsOf(forwarding, { sources: list, brokers: brokers.values() }) : [];
   return { sources, routes, forwarding, brokers, secrets, uses };
 }
 
-// hashTransforms reads each transform module a configuration uses, from base, and keeps its code and SHA-256.
+// hashTransforms keeps the code and SHA-256 of each transform a configuration uses: code the document holds as
+// it is, a module read from base, which it must lie under (a path is the operator's file, beside the sources file).
 function hashTransforms(uses: Loaded["uses"], base: string): Record<string, TransformCode> {
   const out: Record<string, TransformCode> = {};
-  for (const { module, where } of uses) {
+  for (const { module, code: given, where } of uses) {
     if (out[module]) continue;
     let code: string;
-    try {
-      code = readFileSync(isAbsolute(module) ? module : resolve(base, module), "utf8");
-    } catch (error) {
-      // A TypeError, as loadConfig's are: a path that names no module is a mistake in the document.
-      throw new TypeError(`${where}: cannot read transform ${module}: ${(error as Error).message}`);
+    if (given !== undefined) code = given;
+    else {
+      const path = modulePath(module, base);
+      if (path === undefined)
+        throw new TypeError(
+          `${where}: transform ${module} is outside the configuration's folder ${resolve(base)}; a module path is the operator's file, kept beside the sources file (or write {"code": "…"})`,
+        );
+      try {
+        code = readFileSync(path, "utf8");
+      } catch (error) {
+        // A TypeError, as loadConfig's are: a path that names no module is a mistake in the document.
+        throw new TypeError(`${where}: cannot read transform ${module}: ${(error as Error).message}`);
+      }
     }
     out[module] = { sha256: createHash("sha256").update(code).digest("hex"), code };
   }
   return out;
 }
 
+/** modulePath is where a transform module lies: its path taken from base, or undefined when that is outside base. */
+export function modulePath(module: string, base: string): string | undefined {
+  const root = resolve(base);
+  const path = isAbsolute(module) ? resolve(module) : resolve(root, module);
+  return path.startsWith(root.endsWith(sep) ? root : root + sep) ? path : undefined;
+}
+
 /**
  * transformDrift says which transform module on this host is not the one applied (its SHA-256 differs, or
  * it cannot be read), or undefined when every one matches: a host runs only the version the database names.
+ * Code the configuration holds cannot drift: every host reads it from the same row.
  */
 export function transformDrift(stored: Record<string, TransformCode>, base: string): string | undefined {
   for (const [module, { sha256 }] of Object.entries(stored)) {
+    if (module.startsWith("code:")) continue;
     let here: string;
     try {
       here = createHash("sha256")
@@ -413,6 +442,12 @@ export async function plan(
     },
   );
   const transforms = hashTransforms(loaded.uses, base);
+  // Code must compile and define a transform in the sandbox, or the change is refused whole: a version a
+  // worker cannot take up never reaches one.
+  const wrong = await checkCode(
+    loaded.uses.map((u) => (u.process || u.code !== undefined ? u : { ...u, code: transforms[u.module]!.code })),
+  );
+  if (wrong) throw new TypeError(wrong);
   const old = current ? { parsed: was, transforms: current.transforms } : undefined;
   const changes = diffConfig(old, { parsed, transforms });
   const fields = fieldLines(was, parsed, changes);

@@ -47,7 +47,9 @@ export async function prepare(
     const missing = await missingClient(broker.type, name);
     if (missing !== undefined) return missing;
   }
-  const transforms = loaded.uses.length > 0 ? new Transforms(base, limits) : undefined;
+  // Each module's process is checked against the hash applied whenever it starts, a respawn included.
+  const transforms =
+    loaded.uses.length > 0 ? new Transforms(base, { ...limits, applied: config.transforms }) : undefined;
   const wrong = transforms ? await checkTransforms(loaded.uses, transforms) : undefined;
   if (wrong) {
     await transforms?.close();

@@ -103,7 +103,7 @@ export function holders(part: unknown): Record<string, unknown>[] {
  * checkDocument holds every part the API wrote (trust "api") to the operator's Policy, and throws a
  * TypeError of one line, naming the part, at the first thing it may not do: name an environment variable
  * INBOX_API_ENV does not allow (refused before it is read, set or not), hold a secret in the clear (it belongs
- * in the secret store), name a file on the host (a CA), or aim a destination, the operator's URL, a broker
+ * in the secret store), name a file on the host (a CA, a transform module), or aim a destination, the operator's URL, a broker
  * or a reconcile API at an address the rule refuses: a literal in any spelling, and a name as the resolver
  * answers now. At apply every address is checked ("all"). A process that runs a version checks again only
  * those no connection hook will ("unhooked": a broker's servers, a reconcile API): an HTTP destination's
@@ -128,6 +128,10 @@ export async function checkDocument(
         throw new TypeError(
           `${part}: ${path.join(".")} names the environment variable ${ref.name}, which a change through the API may not read (the operator allows names with INBOX_API_ENV); set a secret instead (PUT /api/v1/secrets/{name}) and write secret:NAME`,
         );
+    for (const where of transformPaths(value))
+      throw new TypeError(
+        `${part}: ${where} names a module file on the host, which a change through the API may not (only the operator's file may); write the transform as {"code": "<JavaScript>"}, run in the sandbox`,
+      );
     for (const settings of holders(value))
       for (const [key, v] of Object.entries(settings)) {
         if (inTheClear(key, v))
@@ -145,6 +149,18 @@ export async function checkDocument(
       if (why) throw new TypeError(`${part}: ${where} ${why}`);
     }
   }
+}
+
+// transformPaths lists where a part names a transform by a module's path: its own "transform", its routes'.
+function transformPaths(value: unknown): string[] {
+  if (!isObject(value)) return [];
+  const names = (t: unknown) => typeof t === "string" || (isObject(t) && "module" in t);
+  const out = names(value.transform) ? ["transform"] : [];
+  if (Array.isArray(value.routes))
+    value.routes.forEach((r, i) => {
+      if (isObject(r) && names(r.transform)) out.push(`routes[${i}].transform`);
+    });
+  return out;
 }
 
 // addressesOf lists the URLs a part connects to, each with whether its connections are checked by a hook

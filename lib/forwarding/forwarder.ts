@@ -5,7 +5,7 @@
 // See docs/forwarding.md for the model, the answer table and the breaker.
 
 import { DEFAULTS } from "../defaults.ts";
-import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } from "./forward.ts";
+import { announce, httpSender, type OperatorEvent, type SendResult, type Sender } from "./forward.ts";
 import { label, message, type Log } from "../log.ts";
 import type { Metrics } from "../metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
@@ -18,7 +18,7 @@ import { AheadSizing } from "../lease/sizing.ts";
 import type { BreakerChange, BreakerPolicy, Inbox, Lease, Tally, Try } from "../store.ts";
 import { sqlstate } from "../errors.ts";
 import { startProcess, type Process } from "../traces.ts";
-import { TransformError, transformInput, Transforms, type Shaped, type Transformer } from "./transform.ts";
+import { type Runner, TransformError, transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** ForwarderOptions configures forward(); every number has a default in DEFAULTS. */
 export interface ForwarderOptions {
@@ -142,7 +142,7 @@ export async function forward(options: ForwarderOptions): Promise<ForwardStats> 
 // else the destination's, else none) with its process.
 interface RouteHere {
   permanent4xx: boolean;
-  transform?: { transformer: Transformer; timeoutMs: number; module: string };
+  transform?: { transformer: Runner; timeoutMs: number; module: string };
 }
 
 /**
@@ -153,8 +153,8 @@ interface RouteHere {
  */
 type Forwarded = Settlement & { tried: Tried };
 interface Tried {
-  /** The sender's Outcome; a transform's failure is a retry, a transform that took the delivery away a done. */
-  answer: Outcome;
+  /** The sender's SendResult; a transform's failure is a retry, a transform that took the delivery away a done. */
+  answer: SendResult;
   /** The transform said this destination does not take this delivery: nothing sent. */
   skipped: boolean;
   /** The transform failed: nothing sent, and nothing said of the destination. */
@@ -348,7 +348,7 @@ class DestinationLane {
         ...(setting
           ? {
               transform: {
-                transformer: this.p.transforms.get(setting.module),
+                transformer: this.p.transforms.get(setting),
                 timeoutMs: setting.timeoutMs,
                 module: setting.module,
               },
@@ -378,7 +378,7 @@ class DestinationLane {
     const now = this.p.options.now ?? Date.now;
     const startedAt = now();
     let shaped: Shaped | null | undefined;
-    let answer: Outcome | undefined;
+    let answer: SendResult | undefined;
     if (setting) {
       try {
         shaped = await setting.transformer.run(transformInput(lease, this.name), setting.timeoutMs);

@@ -10,6 +10,7 @@ import { forwardHeaders } from "./forward.ts";
 import { message } from "../log.ts";
 import { loadDestinations, parseRoutes, refusal, type Route } from "../routing/routes.ts";
 import { type Delivery, type Lease, NO_DESTINATION } from "../store.ts";
+import type { Sandbox } from "./sandbox.ts";
 import { transformInput, Transforms, type Shaped } from "./transform.ts";
 
 /** PreviewRoute is one of the source's routes and whether it takes the delivery now. */
@@ -62,7 +63,16 @@ const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "obj
 export async function preview(
   rows: readonly Delivery[],
   config: unknown,
-  options: { base: string; to?: string; now?: number; env?: Readonly<Record<string, string | undefined>> },
+  options: {
+    base: string;
+    to?: string;
+    now?: number;
+    env?: Readonly<Record<string, string | undefined>>;
+    /** The sandbox code transforms run in, shared by the previews of one host (admin.ts). @default one of its own, stopped when the preview returns */
+    sandbox?: Sandbox;
+    /** Says why a module's file here is not the one applied (config.ts's transformDrift), so it is not run. @default none checked */
+    drift?: (module: string) => string | undefined;
+  },
 ): Promise<Preview> {
   const d = rows[0]!;
   if (d.purgedAt !== null) throw new TypeError(`${d.source}/${d.id}: its body was purged, so there is nothing to send`);
@@ -105,7 +115,7 @@ export async function preview(
 
   const targets =
     options.to !== undefined ? [options.to] : rows.map((x) => x.destination).filter((x) => x !== NO_DESTINATION);
-  const transforms = new Transforms(options.base);
+  const transforms = new Transforms(options.base, options.sandbox ? { shared: options.sandbox } : {});
   const requests: PreviewRequest[] = [];
   try {
     for (const name of targets) {
@@ -132,7 +142,10 @@ export async function preview(
       let shaped: Shaped | null | undefined;
       if (setting) {
         try {
-          shaped = await transforms.get(setting.module).run(transformInput(lease, name), setting.timeoutMs);
+          // A module file changed since it was applied is not what a worker runs: it is not run here either.
+          const drift = setting.code === undefined ? options.drift?.(setting.module) : undefined;
+          if (drift) throw new Error(drift);
+          shaped = await transforms.get(setting).run(transformInput(lease, name), setting.timeoutMs);
         } catch (error) {
           requests.push({ destination: name, kind: destination.kind, error: message(error) });
           continue;
@@ -170,4 +183,29 @@ export async function preview(
     await transforms.close();
   }
   return { routes: listed, requests, notes };
+}
+
+/** PreviewBusy is a preview refused because as many as a host runs at once are running: try again in retryAfterS. */
+export class PreviewBusy extends Error {
+  readonly retryAfterS = 1;
+}
+
+/**
+ * previewGate bounds the previews that run transforms at once on one host (admin.ts), so a read key cannot
+ * spend its CPU: past limit, run throws PreviewBusy at once rather than wait.
+ */
+export function previewGate(limit: number = DEFAULTS.previewsAtOnce): <T>(run: () => Promise<T>) => Promise<T> {
+  let running = 0;
+  return async (run) => {
+    if (running >= limit)
+      throw new PreviewBusy(
+        `${limit} previews are running on this host, the most it runs at once; try again in a second`,
+      );
+    running++;
+    try {
+      return await run();
+    } finally {
+      running--;
+    }
+  };
 }

@@ -1,19 +1,21 @@
-// forwarding/transform.ts: transforms, modules that reshape a delivery before each forward (a route's or a destination's
-// "transform" in the sources file). Each module runs in a child process of its own (transform-child.ts), one
-// delivery at a time, killed past its time or memory limit, so a loop or a runaway allocation holds no lane
-// and no handler, and can never end the worker.
+// forwarding/transform.ts: transforms, which reshape a delivery before each forward (a route's or a destination's
+// "transform" in the sources file). Code the configuration holds ({"code": "…"}) runs in the sandbox (sandbox.ts:
+// QuickJS in WebAssembly, a fresh engine per call). A module file runs in a child process of its own
+// (transform-child.ts), one delivery at a time, killed past its time or memory limit.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
 //   import type { Transform } from "webhook-inbox/transform";
 //   export default ((d) => ({ body: { id: d.id, type: d.eventType }, headers: { "x-app": "1" } })) satisfies Transform;
 
 import { type ChildProcess, fork } from "node:child_process";
+import { createHash } from "node:crypto";
 import { once } from "node:events";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { validateHeaderName, validateHeaderValue } from "node:http";
 import { isAbsolute, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { DEFAULTS } from "../defaults.ts";
 import type { Headers, Lease } from "../store.ts";
+import { Sandbox, type SandboxOptions } from "./sandbox.ts";
 
 /** JsonValue is any value JSON can hold. */
 export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
@@ -167,6 +169,12 @@ export interface TransformLimits {
   memoryMb?: number;
   /** Where an error the module throws outside any call (its own timer) is logged, naming the module. @default console.error */
   log?: (line: string) => void;
+  /** The sandbox's limits, for transforms given as code. @default SandboxOptions' defaults */
+  sandbox?: SandboxOptions;
+  /** A sandbox shared with others, which close() leaves running. @default one of its own, made at the first code transform */
+  shared?: Sandbox;
+  /** Each module as its version was applied: a process starts only on a file whose SHA-256 is still this; the sandbox runs this code. @default none: the file as it is */
+  applied?: Readonly<Record<string, { sha256: string; code?: string }>>;
 }
 
 // rssMb reads a process's resident memory from Linux's /proc, or undefined where there is none.
@@ -184,7 +192,7 @@ function rssMb(pid: number): number | undefined {
  * time limit, or its memory limit, the process is killed (that stops any loop, awaited or not, and frees
  * all it held), that delivery fails, and a fresh process loads the module for the ones behind it.
  */
-export class Transformer {
+export class Transformer implements Runner {
   /** The module's file URL. */
   readonly url: string;
   /** The module as the sources file named it, for errors. */
@@ -198,9 +206,12 @@ export class Transformer {
   #closed = false;
   #starting = false;
 
+  readonly #sha256: string | undefined;
+
   constructor(module: string, name = module, limits: TransformLimits = {}) {
     this.url = module.startsWith("file:") ? module : pathToFileURL(module).href;
     this.name = name;
+    this.#sha256 = limits.applied?.[name]?.sha256;
     this.#heapMb = limits.heapMb ?? DEFAULTS.transformHeapMb;
     this.#memoryMb = limits.memoryMb ?? DEFAULTS.transformMemoryMb;
     this.#log = limits.log ?? ((line) => console.error(line));
@@ -217,7 +228,7 @@ export class Transformer {
 
   /** load starts the process and says why the module cannot be used, or undefined when it can. */
   async load(): Promise<string | undefined> {
-    return this.#start().ready;
+    return this.#drift() ?? this.#start().ready;
   }
 
   /** close stops the process; deliveries still waiting fail. */
@@ -250,6 +261,10 @@ export class Transformer {
       execArgv,
       serialization: "advanced",
       stdio: ["ignore", "inherit", "pipe", "ipc"],
+      // None of the worker's secrets: the module sees only what locates programs and formats text.
+      env: childEnv(process.env),
+      // A process group of its own, so that what it spawns is ended with it (killTree).
+      detached: process.platform !== "win32",
     });
     const child: Child = { process: proc, ready: Promise.resolve(undefined), sent: [], stderr: "" };
     // Passed through as the module wrote it, and its tail kept: V8 says there why it ended the process. V8's
@@ -298,6 +313,22 @@ export class Transformer {
     return child;
   }
 
+  // drift says why the module's file is not the one applied, or undefined when it is (or none was given).
+  #drift(): string | undefined {
+    if (this.#sha256 === undefined) return undefined;
+    let here: string;
+    try {
+      here = createHash("sha256")
+        .update(readFileSync(fileURLToPath(this.url)))
+        .digest("hex");
+    } catch (error) {
+      return `cannot be read: ${(error as Error).message}`;
+    }
+    return here === this.#sha256
+      ? undefined
+      : `here (sha256 ${here.slice(0, 12)}) is not the one applied (sha256 ${this.#sha256.slice(0, 12)}); apply its new version to run it`;
+  }
+
   // ended says why a process ended, from its exit and what V8 wrote last.
   #ended(child: Child, code: number | null, signal: NodeJS.Signals | null): string {
     if (child.killedFor) return child.killedFor;
@@ -333,6 +364,13 @@ export class Transformer {
   // pump hands waiting deliveries to the process, starting one (and loading the module) when there is none.
   async #pump(): Promise<void> {
     if (this.#starting || this.#queue.length === 0 || this.#closed) return;
+    // A file changed since its version was applied is not the code applied: no process starts on it, the
+    // first or one started again after the last was stopped.
+    const drift = this.#child ? undefined : this.#drift();
+    if (drift !== undefined) {
+      for (const job of this.#queue.splice(0)) job.reject(new TransformError(`transform ${this.name} ${drift}`));
+      return;
+    }
     const child = this.#start();
     if (child.sent.length === 0) {
       this.#starting = true;
@@ -396,8 +434,68 @@ export class Transformer {
     clearTimeout(child.timer);
     clearInterval(child.watch);
     if (this.#child === child) this.#child = undefined;
-    if (child.process.exitCode === null && child.process.signalCode === null) child.process.kill("SIGKILL");
+    if (child.process.exitCode === null && child.process.signalCode === null) killTree(child.process);
+    // Ended on its own: what it spawned may still run, in its group.
+    else if (child.process.pid) killGroup(child.process.pid);
   }
+}
+
+// The variables a transform's process keeps of the worker's: none that may hold a secret.
+const CHILD_ENV = ["PATH", "LANG", "LC_ALL", "TZ", "NODE_ENV", "TMPDIR", "SystemRoot"];
+
+/** childEnv is the environment a module transform's process gets: CHILD_ENV's names alone, never the worker's secrets. */
+export function childEnv(env: NodeJS.ProcessEnv): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name of CHILD_ENV) if (env[name] !== undefined) out[name] = env[name]!;
+  return out;
+}
+
+// descendants lists the processes below pid, from Linux's /proc (none elsewhere): one that left its group
+// (detached, setsid) is still its parent's child while that parent lives.
+function descendants(pid: number): number[] {
+  const parent = new Map<number, number>();
+  try {
+    for (const entry of readdirSync("/proc")) {
+      if (!/^\d+$/.test(entry)) continue;
+      try {
+        const stat = readFileSync(`/proc/${entry}/stat`, "latin1");
+        parent.set(Number(entry), Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]));
+      } catch {
+        // Gone between the listing and the read.
+      }
+    }
+  } catch {
+    return [];
+  }
+  const out: number[] = [];
+  const walk = (p: number) => {
+    for (const [child, ppid] of parent) if (ppid === p && !out.includes(child)) out.push(child), walk(child);
+  };
+  walk(pid);
+  return out;
+}
+
+const kill = (pid: number) => {
+  try {
+    process.kill(pid, "SIGKILL");
+  } catch {
+    // Already gone.
+  }
+};
+
+// killGroup ends a process group: what a transform's process spawned, that stayed in its group.
+function killGroup(pid: number): void {
+  if (process.platform !== "win32") kill(-pid);
+}
+
+// killTree ends a transform's process and everything below it: its descendants (found before it dies, as
+// they are reparented after), its group, then the process itself.
+function killTree(child: ChildProcess): void {
+  const pid = child.pid;
+  if (pid === undefined) return void child.kill("SIGKILL");
+  for (const d of descendants(pid)) kill(d);
+  killGroup(pid);
+  child.kill("SIGKILL");
 }
 
 // shape checks a transform's headers and settles the body's content type.
@@ -443,33 +541,166 @@ function shape(
   return { body, contentType, headers };
 }
 
+/** Runner is what runs one transform for the forwarder: a module's process (Transformer) or code in the sandbox (CodeTransformer). */
+export interface Runner {
+  readonly name: string;
+  run(input: TransformInput, timeoutMs?: number): Promise<Shaped | null>;
+  load(): Promise<string | undefined>;
+  close(): Promise<void>;
+}
+
 /**
- * Transforms keeps one Transformer per module, for the forwarder's lanes to share. Relative module paths
- * are taken from base (the sources file's folder, as worker.ts says).
+ * CodeTransformer runs a transform's code in the sandbox (sandbox.ts), a fresh engine each call: its own
+ * contract, `export default (delivery) => …`, or Hookdeck's, `addHandler("transform", (request, context) => …)`.
+ */
+export class CodeTransformer implements Runner {
+  readonly name: string;
+  readonly #code: string;
+  readonly #sandbox: Sandbox;
+
+  constructor(code: string, name: string, sandbox: Sandbox) {
+    this.#code = code;
+    this.name = name;
+    this.#sandbox = sandbox;
+  }
+
+  /** run reshapes one delivery; it rejects with a TransformError whose message says what went wrong. */
+  async run(input: TransformInput, timeoutMs: number = DEFAULTS.transformTimeoutMs): Promise<Shaped | null> {
+    const { body, json: _, ...meta } = input;
+    const answer = await this.#sandbox.run({ code: this.#code, meta, body, timeoutMs });
+    if ("error" in answer) throw new TransformError(`transform ${this.name} ${answer.error}`);
+    if (answer.skip) return null;
+    return shape(answer, input, this.name);
+  }
+
+  /** load says why the code cannot be used (it does not compile, or defines no transform), or undefined; every thread is started. */
+  load(): Promise<string | undefined> {
+    this.#sandbox.warm();
+    return this.#sandbox.check(this.#code);
+  }
+
+  async close(): Promise<void> {}
+}
+
+/** TransformUse names one transform: a module's path (in a process when process), or code with its `code:` name (routes.ts's TransformSetting). */
+export interface TransformUse {
+  module: string;
+  code?: string;
+  process?: boolean;
+}
+
+// Node's own type stripping (node:module), where the runtime has it: a .ts module runs in the sandbox as the
+// JavaScript it erases to.
+const strip = (
+  (await import("node:module")) as unknown as { stripTypeScriptTypes?: (code: string, options?: object) => string }
+).stripTypeScriptTypes;
+
+/**
+ * sandboxCode is a module file's code as the sandbox runs it: JavaScript as it is, TypeScript with its types
+ * erased (`import type` lines and all), which needs a runtime with node:module's stripTypeScriptTypes.
+ */
+export function sandboxCode(module: string, code: string): string {
+  if (!/\.m?ts$/.test(module)) return code;
+  if (!strip)
+    throw new TransformError(
+      `transform ${module} is TypeScript, whose types this runtime cannot erase for the sandbox; write it in JavaScript, or run it in a process ({"module": …, "process": true})`,
+    );
+  try {
+    return strip(code, { mode: "strip" });
+  } catch (error) {
+    throw new TransformError(`transform ${module} could not be read as TypeScript: ${(error as Error).message}`);
+  }
+}
+
+/**
+ * Transforms keeps one Runner per transform, for the forwarder's lanes to share: code runs in one sandbox
+ * shared by all, a module in a process of its own. Relative module paths are taken from base (the sources
+ * file's folder, as worker.ts says).
  */
 export class Transforms {
   readonly #base: string;
   readonly #limits: TransformLimits;
-  readonly #all = new Map<string, Transformer>();
+  readonly #all = new Map<string, Runner>();
+  #sandbox?: Sandbox;
 
   constructor(base: string, limits: TransformLimits = {}) {
     this.#base = base;
     this.#limits = limits;
   }
 
-  /** get returns the Transformer of a module, as the sources file names it. */
-  get(module: string): Transformer {
+  /** get returns the Runner of a transform, as the configuration names it. */
+  get(use: TransformUse | string): Runner {
+    const { module, process: own } = typeof use === "string" ? { module: use, process: false } : use;
+    let code = typeof use === "string" ? undefined : use.code;
+    // A module file runs in the sandbox too, unless the operator asked for its process: the code its version
+    // applied, else the file as it is.
+    if (code === undefined && !own) {
+      const path = isAbsolute(module) ? module : resolve(this.#base, module);
+      try {
+        code = sandboxCode(module, this.#limits.applied?.[module]?.code ?? readFileSync(path, "utf8"));
+      } catch (error) {
+        const why =
+          error instanceof TransformError
+            ? error.message
+            : `transform ${module} could not be read: ${(error as Error).message}`;
+        return unusable(module, why);
+      }
+    }
+    if (code !== undefined) {
+      let t = this.#all.get(module);
+      if (!t) {
+        this.#sandbox ??= this.#limits.shared ?? new Sandbox(this.#limits.sandbox);
+        this.#all.set(module, (t = new CodeTransformer(code, module, this.#sandbox)));
+      }
+      return t;
+    }
     const path = isAbsolute(module) ? module : resolve(this.#base, module);
     let t = this.#all.get(path);
     if (!t) this.#all.set(path, (t = new Transformer(path, module, this.#limits)));
     return t;
   }
 
-  /** close stops every process. */
+  /** close stops every process and the sandbox's threads. */
   async close(): Promise<void> {
-    await Promise.all([...this.#all.values()].map((t) => t.close()));
+    const own = this.#sandbox === this.#limits.shared ? undefined : this.#sandbox;
+    await Promise.all([...[...this.#all.values()].map((t) => t.close()), own?.close()]);
     this.#all.clear();
+    this.#sandbox = undefined;
   }
+}
+
+// unusable is a transform that cannot run, for each call to fail with why (a file that cannot be read).
+function unusable(name: string, why: string): Runner {
+  return {
+    name,
+    run: () => Promise.reject(new TransformError(why)),
+    load: async () => why.replace(`transform ${name} `, ""),
+    close: async () => {},
+  };
+}
+
+// The sandbox that checks code as a configuration is applied: one thread, started at the first check.
+let checker: Sandbox | undefined;
+
+/**
+ * checkCode runs the top level of each transform given as code in the sandbox and says, in one line, the
+ * first that does not compile or defines no transform (`where: transform code:… threw SyntaxError: …`), or
+ * undefined when all can run. A change through the API, the page, `config apply` or SIGHUP calls it first.
+ */
+export async function checkCode(uses: readonly (TransformUse & { where: string })[]): Promise<string | undefined> {
+  for (const use of uses) {
+    if (use.code === undefined || use.process) continue;
+    checker ??= new Sandbox({ threads: 1 });
+    let code: string;
+    try {
+      code = use.module.startsWith("code:") ? use.code : sandboxCode(use.module, use.code);
+    } catch (error) {
+      return `${use.where}: ${(error as Error).message}`;
+    }
+    const why = await checker.check(code);
+    if (why !== undefined) return `${use.where}: transform ${use.module} ${why}`;
+  }
+  return undefined;
 }
 
 /**
@@ -478,11 +709,11 @@ export class Transforms {
  * calls it at start-up and hands the same transforms to forward().
  */
 export async function checkTransforms(
-  uses: readonly { module: string; where: string }[],
+  uses: readonly (TransformUse & { where: string })[],
   transforms: Transforms,
 ): Promise<string | undefined> {
   // All at once; the first in the file's order that cannot be used is the one reported.
-  const why = await Promise.all(uses.map((use) => transforms.get(use.module).load()));
+  const why = await Promise.all(uses.map((use) => transforms.get(use).load()));
   const i = why.findIndex((w) => w !== undefined);
   return i < 0 ? undefined : `${uses[i]!.where}: transform ${uses[i]!.module} ${why[i]}`;
 }

@@ -5,6 +5,7 @@
 //   "$destinations": { "app": { "url": "https://app.internal/webhooks", "secret": "env:APP_FORWARD_SECRET" } },
 //   "stripe": { "provider": "stripe", "secret": "env:STRIPE_SECRET", "routes": ["handler", { "to": "app", "types": ["invoice.*"] }] }
 
+import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { DEFAULTS } from "../defaults.ts";
 import type { Reach } from "../reach.ts";
@@ -27,10 +28,20 @@ export interface Route {
   forwardHeaders: boolean;
 }
 
-/** TransformSetting names a transform module, as the sources file wrote it, and its time limit. */
+/**
+ * TransformSetting is a transform as the configuration wrote it, and its time limit: the path of a module
+ * (the operator's file) or its code (`{"code": "…"}`, run in the sandbox: sandbox.ts).
+ */
 export interface TransformSetting {
-  /** The module's path as written: relative paths are taken from the sources file's folder (worker.ts). */
+  /**
+   * What names it: the module's path as written (relative paths are taken from the sources file's folder,
+   * worker.ts), or `code:` and the first 12 hex digits of its code's SHA-256.
+   */
   module: string;
+  /** Its JavaScript, when the configuration holds it; a module path's code is read when it is applied. */
+  code?: string;
+  /** The operator asked for the module to run in a child process of its own (`{"module": …, "process": true}`), not the sandbox. @default false */
+  process?: boolean;
   /** @default DEFAULTS.transformTimeoutMs */
   timeoutMs: number;
 }
@@ -247,13 +258,44 @@ function transformOf(settings: Record<string, unknown>, where: string): Transfor
       throw new TypeError(`${where}: transformTimeout applies only with transform`);
     return undefined;
   }
-  if (typeof module !== "string" || !/\.(ts|mts|js|mjs)$/.test(module)) {
+  let code: string | undefined;
+  let name: string;
+  let process = false;
+  if (isObject(module) && "module" in module) {
+    // The operator's module, in a child process, asked for explicitly: the only way to use npm packages.
+    const extra = Object.keys(module).filter((k) => k !== "module" && k !== "process");
+    if (
+      typeof module.module !== "string" ||
+      !/\.(ts|mts|js|mjs)$/.test(module.module) ||
+      module.process !== true ||
+      extra.length > 0
+    )
+      throw new TypeError(
+        `${where}: expected transform to be {"module": "<path of a .ts, .mts, .js or .mjs file>", "process": true} (a module run in a child process of its own), got ${JSON.stringify(module)}`,
+      );
+    name = module.module;
+    process = true;
+  } else if (isObject(module)) {
+    const extra = Object.keys(module).filter((k) => k !== "code");
+    if (typeof module.code !== "string" || module.code.trim() === "" || extra.length > 0)
+      throw new TypeError(
+        `${where}: expected transform to be {"code": "<JavaScript>"} (and no other key), got ${JSON.stringify(Object.keys(module))}`,
+      );
+    if (Buffer.byteLength(module.code) > DEFAULTS.sandboxCodeBytes)
+      throw new TypeError(
+        `${where}: transform code is longer than ${DEFAULTS.sandboxCodeBytes} bytes, the most it may be`,
+      );
+    code = module.code;
+    name = `code:${createHash("sha256").update(code).digest("hex").slice(0, 12)}`;
+  } else if (typeof module !== "string" || !/\.(ts|mts|js|mjs)$/.test(module)) {
     throw new TypeError(
-      `${where}: expected transform to be the path of a module (.ts, .mts, .js or .mjs) whose default export reshapes each forward, got ${JSON.stringify(module)}`,
+      `${where}: expected transform to be {"code": "<JavaScript>"} or the path of a module (.ts, .mts, .js or .mjs) whose default export reshapes each forward, got ${JSON.stringify(module)}`,
     );
-  }
+  } else name = module;
   return {
-    module,
+    module: name,
+    ...(code === undefined ? {} : { code }),
+    ...(process ? { process } : {}),
     timeoutMs: seconds(
       settings.transformTimeout,
       DEFAULTS.transformTimeoutMs,

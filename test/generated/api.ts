@@ -18,7 +18,7 @@ export interface paths {
     get: operations["listAttempts"];
   };
   "/api/v1/deliveries/{source}/{id}/preview": {
-    /** A dry run of the routes against a stored delivery: what each destination would be sent now */
+    /** A dry run of the routes against a stored delivery: what each destination would be sent now, transforms run in the sandbox (503 with Retry-After while as many previews as the host runs at once are running) */
     get: operations["previewDelivery"];
   };
   "/api/v1/deliveries/{source}/{id}/retry": {
@@ -535,7 +535,7 @@ export interface operations {
       };
     };
   };
-  /** A dry run of the routes against a stored delivery: what each destination would be sent now */
+  /** A dry run of the routes against a stored delivery: what each destination would be sent now, transforms run in the sandbox (503 with Retry-After while as many previews as the host runs at once are running) */
   previewDelivery: {
     parameters: {
       query?: {
@@ -586,6 +586,12 @@ export interface operations {
       };
       /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
       409: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description A problem */
+      503: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };

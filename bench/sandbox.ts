@@ -1,0 +1,111 @@
+// bench/sandbox.ts: what a transform call costs in the sandbox (lib/forwarding/sandbox.ts: QuickJS in
+// WebAssembly, a fresh context per call, on worker threads) against the same code as an operator's module in
+// its child process (transform.ts's Transformer) and as a plain function call in the worker, in one run: a
+// small reshape of a 300-byte body and one of a 64 KiB body (which the transform parses), one call at a time
+// and 16 in flight. CPU counts this process, its threads, and the transform's process (Linux's /proc).
+// Ratios are each side's over the plain call's and the sandbox's over the child process's.
+//   npm run bench -- sandbox
+//   BENCH_SANDBOX_N=2000 npm run bench -- sandbox
+
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { Sandbox } from "../lib/forwarding/sandbox.ts";
+import { CodeTransformer, type Shaped, type TransformInput, Transformer } from "../lib/forwarding/transform.ts";
+import { f, knob, tempDir, transformCpuMs } from "./common.ts";
+
+const N = knob("BENCH_SANDBOX_N", 300);
+const IN_FLIGHT = 16;
+
+// The reshape of the transform docs: a few fields of the parsed body, one header.
+const CODE = `export default (d) => ({
+  body: { orderId: String(d.json.id), lines: d.json.items.length, currency: d.json.currency },
+  headers: { "x-order-source": "shopify" },
+});
+`;
+const plainTransform = (d: TransformInput) => {
+  const json = JSON.parse(Buffer.from(d.body).toString("utf8")) as { id: number; items: unknown[]; currency: string };
+  const body = { orderId: String(json.id), lines: json.items.length, currency: json.currency };
+  return {
+    body: Buffer.from(JSON.stringify(body)),
+    contentType: "application/json",
+    headers: { "x-order-source": "shopify" },
+  } as Shaped;
+};
+
+const bodyOf = (bytes: number) => {
+  const items: unknown[] = [];
+  let text = "";
+  while ((text = JSON.stringify({ id: 1, currency: "EUR", items })).length < bytes)
+    items.push({ sku: `sku-${items.length}`, qty: 1, price: "9.99" });
+  return Buffer.from(text);
+};
+
+const cpuNow = () => {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000 + transformCpuMs();
+};
+
+type Call = (input: TransformInput) => Promise<Shaped | null>;
+
+async function run(call: Call, input: TransformInput, n: number, inFlight: number) {
+  const cpu0 = cpuNow();
+  const started = performance.now();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: inFlight }, async () => {
+      while (next++ < n) {
+        const shaped = await call(input);
+        if (shaped?.headers["x-order-source"] !== "shopify") throw new Error("sandbox bench: a wrong answer");
+      }
+    }),
+  );
+  return { wallUs: ((performance.now() - started) * 1000) / n, cpuUs: ((cpuNow() - cpu0) * 1000) / n };
+}
+
+/** sandboxBench runs the benchmark and returns its summary line. */
+export async function sandboxBench(): Promise<string> {
+  const dir = tempDir();
+  const file = join(dir.dir, "shape.mjs");
+  writeFileSync(file, CODE);
+  const box = new Sandbox();
+  const child = new Transformer(file, "./shape.mjs");
+  const code = new CodeTransformer(CODE, "code:bench", box);
+  const sides: [string, Call][] = [
+    ["plain", async (d) => plainTransform(d)],
+    ["process", (d) => child.run(d, 5_000)],
+    ["sandbox", (d) => code.run(d, 5_000)],
+  ];
+  const input = (body: Buffer): TransformInput => ({
+    id: "o1",
+    source: "shop",
+    destination: "app",
+    eventType: "orders/create",
+    attempt: 1,
+    contentType: "application/json",
+    body,
+    json: undefined,
+    headers: {},
+    receivedAt: 0,
+  });
+  const bodies = [bodyOf(300), bodyOf(64 * 1024)];
+  console.log(`sandbox: ${N} calls a side, bodies of ${bodies.map((b) => b.length).join(" and ")} bytes`);
+  const lines: string[] = [];
+  try {
+    for (const [, call] of sides) await run(call, input(bodies[0]!), 50, 4);
+    for (const body of bodies) {
+      for (const inFlight of [1, IN_FLIGHT]) {
+        const got: Record<string, { wallUs: number; cpuUs: number }> = {};
+        for (const [name, call] of sides) got[name] = await run(call, input(body), N, inFlight);
+        const { plain, process: proc, sandbox } = got as Record<string, { wallUs: number; cpuUs: number }>;
+        const line = `${body.length} B, ${inFlight} in flight: plain ${f(plain!.wallUs, 1)} µs (${f(plain!.cpuUs, 1)} µs CPU), process ${f(proc!.wallUs, 1)} µs (${f(proc!.cpuUs, 1)} CPU), sandbox ${f(sandbox!.wallUs, 1)} µs (${f(sandbox!.cpuUs, 1)} CPU) = ${f(sandbox!.wallUs / proc!.wallUs, 2)}× the process's wall, ${f(sandbox!.cpuUs / proc!.cpuUs, 2)}× its CPU, ${f(sandbox!.cpuUs / plain!.cpuUs, 0)}× the plain call's CPU`;
+        console.log(`  ${line}`);
+        lines.push(line);
+      }
+    }
+  } finally {
+    await child.close();
+    await box.close();
+    dir.cleanup();
+  }
+  return `sandbox: ${lines.join("; ")}`;
+}
