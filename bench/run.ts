@@ -55,6 +55,8 @@ const BENCHES: Record<string, () => Promise<string>> = {
   commits: async () => (await import("./commits.ts")).commits(),
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
+  stored: async () => (await import("./stored.ts")).stored(),
+  narrow: async () => (await import("./narrow.ts")).narrow(),
 };
 const DEFAULT = [
   "ingest",
@@ -66,6 +68,8 @@ const DEFAULT = [
   "pgstore",
   "observe",
   "purge",
+  "stored",
+  "narrow",
   "admin",
   "ordered",
   "runtimes",

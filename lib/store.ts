@@ -151,7 +151,7 @@ export interface Purged {
 export interface Kept {
   bodies: { count: number; bytes: number; oldest: number | null };
   tombstones: { count: number; oldest: number | null };
-  /** The database's size on disk (SQLite: the file; PostgreSQL: the deliveries table with its indexes and TOAST). */
+  /** The database's size on disk (SQLite: the file; PostgreSQL: delivery_rows and delivery_bodies, with their indexes and TOAST). */
   fileBytes: number;
   /** SQLite: space inside the file that is free for reuse, and whether purge can give it back (auto_vacuum). */
   freeBytes?: number;
