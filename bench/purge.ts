@@ -3,7 +3,9 @@
 // loop, three times in one run: with no purge, while `inbox.ts purge` drops those bodies in a process of
 // its own (batches of BENCH_PURGE_BATCH, default DEFAULTS.purgeBatch, each its own transaction, resting
 // BENCH_PURGE_REST times as long after each, default DEFAULTS.purgeRest), and with no purge again. Prints the
-// ack p50/p99 of each, the purge's own time and rate, and p99 during/without as a ratio.
+// ack p50/p99 of each, the purge's own time and rate, and p99 during/without as a ratio. On PostgreSQL (when
+// bench/targets.ts has it) the same, twice, on a day of BENCH_PURGE_ROWS: released whole by dropping the
+// day's partition of bodies, and, as the baseline in the same run, row by row from the default partition.
 //   npm run bench -- purge           BENCH_PURGE_ROWS=200000 BENCH_PURGE_RATE=1000 BENCH_SECONDS=8
 
 import { spawn } from "node:child_process";
@@ -16,6 +18,10 @@ import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
 import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
+import { connect } from "../inbox.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
+import { fillPostgres } from "./stored.ts";
+import { inboxTargets } from "./targets.ts";
 
 const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
 const RATE = knob("BENCH_PURGE_RATE", 1_000);
@@ -87,6 +93,87 @@ function show(label: string, p: Paced): void {
   );
 }
 
+// Windows are consecutive paced runs of WINDOW seconds each: a purge on PostgreSQL takes longer than one paced
+// run, and its one DETACH comes at its end. Their worst p99 is read on each side of the comparison alike.
+const WINDOW = 2;
+interface Windows {
+  worstP99: number;
+  medianP50: number;
+  count: number;
+}
+async function windows(url: string, until: () => boolean): Promise<Windows> {
+  const runs: Paced[] = [];
+  do runs.push(await paced(url, RATE, WINDOW));
+  while (!until());
+  const p50s = runs.map((r) => r.p50).sort((a, b) => a - b);
+  return {
+    worstP99: Math.max(...runs.map((r) => r.p99)),
+    medianP50: p50s[Math.floor(p50s.length / 2)]!,
+    count: runs.length,
+  };
+}
+
+// aroundPurge paces acks into a receiver on db before, during (all of it) and after one `inbox.ts purge` of it.
+async function aroundPurge(
+  db: string,
+): Promise<{ before: Windows; during: Windows; after: Windows; ms: number; out: string }> {
+  const receiver = await startChild("receiver.ts", ["--port", "0", "--db", db, "--quiet"]);
+  try {
+    await paced(receiver.url, RATE, Math.min(2, SECONDS)); // warm-up
+    const timed = (seconds: number) => {
+      const end = performance.now() + seconds * 1000;
+      return () => performance.now() >= end;
+    };
+    const before = await windows(receiver.url, timed(SECONDS));
+    const running = purgeChild(db);
+    let finished = false;
+    void running.done.finally(() => (finished = true)).catch(() => {});
+    const during = await windows(receiver.url, () => finished);
+    const { ms, out } = await running.done;
+    const after = await windows(receiver.url, timed(SECONDS));
+    return { before, during, after, ms, out };
+  } finally {
+    await receiver.stop();
+  }
+}
+
+/**
+ * purgePostgres releases one day of ROWS done deliveries on PostgreSQL twice, each on a fresh database: with
+ * the day's partition made before the fill (its bodies dropped whole: docs/operations.md#retention-by-period),
+ * and without it (the bodies in the default partition, deleted row by row as before), acks paced around each.
+ */
+async function purgePostgres(dir: string): Promise<string[]> {
+  const target = (await inboxTargets()).find((t) => t.name === "PostgreSQL");
+  if (!target) return [];
+  const lines: string[] = [];
+  for (const whole of [true, false]) {
+    const { db, drop } = await target.fresh(dir, `purge_${whole ? "day" : "rows"}`);
+    try {
+      const inbox = await connect(db);
+      // One UTC day, eight days ago: every row of it past the default --bodies-after of 7 days.
+      const day = periodOf(Date.now() - 8 * 86_400_000);
+      if (whole)
+        await inbox.query(
+          `CREATE TABLE ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
+        );
+      await fillPostgres(inbox, ROWS, day.until - 1, 1);
+      await inbox.close();
+      const r = await aroundPurge(db);
+      const label = whole ? "PostgreSQL, the day dropped" : "PostgreSQL, row by row";
+      const without = Math.max(r.before.worstP99, r.after.worstP99);
+      const line =
+        `  ${label}: ${f(ROWS)} bodies of one day in ${f(r.ms / 1000, 1)} s at ${f(RATE)} acks/s | worst ${WINDOW} s window's ack p99 ` +
+        `${f(r.during.worstP99, 2)} ms during (${r.during.count} windows, median p50 ${f(r.during.medianP50, 2)} ms), ` +
+        `${f(r.before.worstP99, 2)}/${f(r.after.worstP99, 2)} before/after: ×${f(r.during.worstP99 / without, 2)}`;
+      console.log(line);
+      lines.push(line);
+    } finally {
+      await drop();
+    }
+  }
+  return lines;
+}
+
 /** purge runs the three paced runs around one purge and returns the one-line summary. */
 export async function purge(): Promise<string> {
   const { dir, cleanup } = tempDir();
@@ -118,9 +205,11 @@ export async function purge(): Promise<string> {
     );
     console.log(`  ${out.trim().split("\n").join("\n  ")}`);
     const without = Math.max(before.p99, after.p99);
+    const postgres = await purgePostgres(dir);
     return (
       `purge: ${f(RATE)} req/s open loop while ${n} bodies go | ack p99 ${f(during.p99, 2)} ms during, ${f(before.p99, 2)}/${f(after.p99, 2)} ms before/after | ` +
-      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB`
+      `p99 during/without ×${f(during.p99 / without, 2)} | purge ${f(n / (ms / 1000))}/s, ${f(overlap * 100)}% overlap | file ${f(sizeBefore / 2 ** 20)} → ${f(sizeAfter / 2 ** 20)} MB` +
+      postgres.map((line) => `\n${line}`).join("")
     );
   } finally {
     cleanup();

@@ -56,6 +56,8 @@ const BENCHES: Record<string, () => Promise<string>> = {
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
   bodysearch: async () => (await import("./bodysearch.ts")).bodysearch(),
+  stored: async () => (await import("./stored.ts")).stored(),
+  narrow: async () => (await import("./narrow.ts")).narrow(),
 };
 const DEFAULT = [
   "ingest",
@@ -67,6 +69,8 @@ const DEFAULT = [
   "pgstore",
   "observe",
   "purge",
+  "stored",
+  "narrow",
   "admin",
   "ordered",
   "runtimes",

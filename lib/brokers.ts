@@ -109,8 +109,8 @@ export interface BrokerMessage {
   headers?: Record<string, string | null>;
 }
 
-/** BrokerOutcome is how a publish ended: done once the broker has it, else retry later or give up. */
-export type BrokerOutcome =
+/** PublishResult is how a publish ended: done once the broker has it, else retry later or give up. */
+export type PublishResult =
   | { kind: "done" }
   | { kind: "retry"; error: string; afterMs?: number }
   | { kind: "failed"; error: string };
@@ -119,7 +119,7 @@ export type BrokerOutcome =
 export interface Broker {
   readonly destination: BrokerDestination;
   /** publish sends one message and waits for the broker's acknowledgement; it never throws. */
-  publish(message: BrokerMessage, signal?: AbortSignal): Promise<BrokerOutcome>;
+  publish(message: BrokerMessage, signal?: AbortSignal): Promise<PublishResult>;
   /** close lets go of the connection; a later publish opens a new one. */
   close(): Promise<void>;
 }
@@ -383,7 +383,7 @@ function headerValues(m: BrokerMessage): [string, string][] {
  * leased delivery, its traceparent carried on, and answers with the same outcomes an HTTP forward has.
  */
 export function brokerSender(destination: BrokerDestination): {
-  send(lease: Lease, options: { signal: AbortSignal; headers?: Record<string, string | null> }): Promise<BrokerOutcome>;
+  send(lease: Lease, options: { signal: AbortSignal; headers?: Record<string, string | null> }): Promise<PublishResult>;
   close(): Promise<void>;
 } {
   const broker = openBroker(destination);
@@ -399,7 +399,7 @@ export function openBroker(destination: BrokerDestination): Broker {
   return destination.type === "nats" ? natsBroker(destination) : rabbitBroker(destination);
 }
 
-const retry = (error: string, afterMs?: number): BrokerOutcome => ({
+const retry = (error: string, afterMs?: number): PublishResult => ({
   kind: "retry",
   error,
   ...(afterMs === undefined ? {} : { afterMs }),
@@ -407,7 +407,7 @@ const retry = (error: string, afterMs?: number): BrokerOutcome => ({
 
 // abortable settles with the promise, or with a retry as soon as the signal aborts (the lease was lost, or
 // the worker is stopping). A publish that lands anyway is no harm: the next try is a duplicate of it.
-function abortable<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T | BrokerOutcome> {
+function abortable<T>(work: Promise<T>, signal: AbortSignal | undefined): Promise<T | PublishResult> {
   if (!signal) return work;
   if (signal.aborted) return Promise.resolve(retry(`not published: ${messageOfError(signal.reason)}`));
   return new Promise((resolve, reject) => {

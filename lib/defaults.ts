@@ -145,6 +145,26 @@ export const DEFAULTS = {
    * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). @default 1
    */
   purgeRest: 1,
+  /**
+   * PostgreSQL: the days ahead of today for which each body's partition is made, at open and at every purge,
+   * so that a day's bodies land in a table purge can drop whole (docs/operations.md#retention-by-period);
+   * bodies of a day with no partition go to the default one and are purged row by row. @default 3
+   */
+  periodsAhead: 3,
+  /**
+   * PostgreSQL: a body up to this many bytes stays in its delivery's row rather than delivery_bodies
+   * (docs/table.md#bodies-apart). Under it, copying the body with each state change costs less than a second
+   * table's insert and lookup: a row is about 250 bytes without it. @default 256
+   */
+  inlineBodyBytes: 256,
+  /**
+   * PostgreSQL: how long purge waits for the lock that releases a day of bodies (its DETACH) before it gives up
+   * and tries again after a rest: a DETACH waiting on a transaction in flight holds up every store queued
+   * behind it, 772 ms at the worst in bench/purge.ts before this bound. @default 100
+   */
+  periodLockMs: 100,
+  /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
+  periodLockTries: 10,
   /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
   vacuumStepPages: 1_000,
   /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */
@@ -209,6 +229,10 @@ export const DEFAULTS = {
   sandboxThreads: 2,
   /** Sandbox: milliseconds past a call's own time limit after which its thread is ended from outside, for a call stuck where QuickJS's interrupt is not asked. @default 1_000 */
   sandboxGraceMs: 1_000,
+  /** Sandbox: calls one QuickJS context runs before it is made afresh: a transform's code is evaluated once per context, and what its module's top level holds carries from one call to the next for at most this many (a failed call ends its context at once). A context costs about 5 ms to make and lock (bench/sandbox.ts's fresh side), about 5 µs a call at 1,000 against 50 at 100. @default 1_000 */
+  sandboxContextCalls: 1_000,
+  /** Sandbox: contexts (one per transform code) each sandbox thread keeps between calls, the least recently used ended first. @default 4 */
+  sandboxContextsKept: 4,
   /** Sandbox: largest transform code, in bytes, as Hookdeck allows. @default 5_000_000 */
   sandboxCodeBytes: 5_000_000,
   /** Sandbox: previews that run transforms at once on the page's host (admin.ts); past it a preview is answered 503 with Retry-After. @default 2 */

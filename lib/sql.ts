@@ -76,7 +76,10 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
     add(pg ? "strpos(lower(error), lower(?::text)) > 0" : "instr(lower(error), lower(?)) > 0", filter.errorMatch);
   // The body is bytes: the needle goes in as the bytes of its UTF-8 text, so any body can be searched.
   if (filter.bodyContains !== undefined)
-    add(pg ? "position(?::bytea IN body) > 0" : "instr(body, ?) > 0", Buffer.from(filter.bodyContains, "utf8"));
+    add(
+      pg ? "position(?::bytea IN delivery_body(source, id, route, received_at, body)) > 0" : "instr(body, ?) > 0",
+      Buffer.from(filter.bodyContains, "utf8"),
+    );
   const body = bodySearchSql(filter, backend);
   where.push(...body.where);
   params.push(...body.params);

@@ -158,7 +158,7 @@ export interface Purged {
 export interface Kept {
   bodies: { count: number; bytes: number; oldest: number | null };
   tombstones: { count: number; oldest: number | null };
-  /** The database's size on disk (SQLite: the file; PostgreSQL: the deliveries table with its indexes and TOAST). */
+  /** The database's size on disk (SQLite: the file; PostgreSQL: delivery_rows and delivery_bodies, with their indexes and TOAST). */
   fileBytes: number;
   /** SQLite: space inside the file that is free for reuse, and whether purge can give it back (auto_vacuum). */
   freeBytes?: number;
@@ -199,7 +199,7 @@ export interface SearchStatus {
   enabled: boolean;
   /** Rows the backfill has read. PostgreSQL's walks the primary key, so this may pass toBackfill by rows stored since, which it skips. */
   backfilled: number;
-  /** Rows stored before the index was enabled, counted then: what the backfill reads. */
+  /** Rows with a body (not tombstones) stored before the index was enabled, counted then: what the backfill reads. */
   toBackfill: number;
   /** Enabled and backfilled: the search forms answer only then. */
   ready: boolean;

@@ -75,7 +75,7 @@ contract((suite) => {
       try {
         const schema = new URL(suite.target).searchParams.get("schema")!;
         await holder.query("BEGIN");
-        await holder.query(`SELECT 1 FROM ${schema}.deliveries WHERE id = 'evt_1' FOR UPDATE`);
+        await holder.query(`SELECT 1 FROM ${schema}.delivery_rows WHERE id = 'evt_1' FOR UPDATE`);
         assert.equal(await inbox.extend(lease, LEASE), true, "still held, as far as anything committed says");
         await holder.query("ROLLBACK");
         suite.t += 1_000;
@@ -131,7 +131,7 @@ contract((suite) => {
           try {
             await holder.query("BEGIN");
             await holder.query(
-              `SELECT 1 FROM ${new URL(suite.target).searchParams.get("schema")}.deliveries WHERE id = 'evt_1' FOR UPDATE`,
+              `SELECT 1 FROM ${new URL(suite.target).searchParams.get("schema")}.delivery_rows WHERE id = 'evt_1' FOR UPDATE`,
             );
             return await fn();
           } finally {

@@ -10,6 +10,7 @@ import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
@@ -249,6 +250,64 @@ contract((suite) => {
         "run twice, nothing more goes",
       );
     });
+
+    suite.onPostgres(
+      "releases a whole day of bodies by dropping its partition; its IDs stay duplicates, its failed body stays",
+      async () => {
+        const inbox = await open();
+        await handled(inbox, "day_1");
+        await handled(inbox, "day_2");
+        await inbox.store({ id: "day_bad", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        const partitions = async () =>
+          (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made ? 1 : 0;
+        assert.equal(await partitions(), 1, "opening the inbox made the day's partition");
+        suite.t += 8 * DAY;
+        // The control: a cutoff inside the day releases nothing of it.
+        assert.equal((await inbox.purge({ bodiesAfterMs: 9 * DAY, forgetAfterMs: 30 * DAY })).bodies, 0);
+        assert.equal(await partitions(), 1);
+        const purged = await inbox.purge();
+        assert.deepEqual(
+          [purged.bodies, purged.bytes],
+          [2, body({ id: "day_1" }).length + body({ id: "day_2" }).length],
+        );
+        assert.equal(await partitions(), 0, "the day's partition was dropped");
+        const [gone] = await inbox.find("day_1");
+        assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t]);
+        assert.deepEqual((await inbox.find("day_bad"))[0]!.body, body({}), "a failed body of that day was kept");
+        assert.equal(await inbox.store({ id: "day_1", body: body({ id: "day_1" }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "day_2", body: body({ id: "forged" }) }), "conflict");
+        assert.equal(await inbox.retry({ id: "day_bad" }), 1, "and it can still be retried, its body read back");
+        assert.deepEqual((await inbox.claim(LEASE))!.body, body({}));
+      },
+    );
+
+    suite.onPostgres(
+      "leaves a day whole when its release cannot have its lock in time, and drops it at the next purge",
+      async () => {
+        const inbox = await open();
+        await handled(inbox, "day_1");
+        const { default: pg } = await import("pg");
+        const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+        await holder.connect();
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        const made = async () =>
+          (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made as boolean;
+        try {
+          // A transaction in flight on the bodies, as a store's would be, that does not end during the purge.
+          await holder.query("BEGIN");
+          await holder.query(`LOCK TABLE ${schema}.delivery_bodies IN ROW EXCLUSIVE MODE`);
+          suite.t += 8 * DAY;
+          assert.equal((await inbox.purge()).bodies, 1, "the day's rows are tombstones all the same");
+          assert.equal(await made(), true, "its partition waits for the next purge");
+        } finally {
+          await holder.query("ROLLBACK").finally(() => holder.end());
+        }
+        assert.equal(await inbox.store({ id: "day_1", body: body({ id: "day_1" }) }), "duplicate");
+        assert.equal((await inbox.purge()).bodies, 0);
+        assert.equal(await made(), false, "released once nothing holds it");
+      },
+    );
 
     it("forgets a tombstone after forgetAfterMs: a copy that arrives later is stored as new", async () => {
       const inbox = await open();

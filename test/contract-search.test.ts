@@ -10,6 +10,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
 import { SearchOff } from "../lib/search.ts";
 import type { Delivery, Filter, Inbox, InboxOptions } from "../lib/store.ts";
 import { body, contract, LEASE } from "./contract-harness.ts";
@@ -145,6 +146,27 @@ contract((suite) => {
       await expect(inbox, { bodyWords: "cus_123" }, ["evt_3"]);
       await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }, ["evt_3"]);
       await expect(inbox, { id: "evt_1" }, ["evt_1"]);
+    });
+
+    it("follows retention: a purge's bodies leave the index; on PostgreSQL their day's partition is dropped", async () => {
+      const inbox = await open();
+      const day = periodOf(suite.t).name;
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      const partitions = async () =>
+        Number((await inbox.query("SELECT (to_regclass(?::text) IS NOT NULL)::integer AS n", day))[0]!.n);
+      // (control) before the purge the bodies are found, and on PostgreSQL their day is a partition.
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      if (suite.backend.name === "postgres") assert.equal(await partitions(), 1);
+      suite.t += 3 * 86_400_000;
+      assert.equal((await inbox.purge({ bodiesAfterMs: 86_400_000, rest: 0 })).bodies, 7);
+      if (suite.backend.name === "postgres") assert.equal(await partitions(), 0, "the day was dropped whole");
+      assert.equal(Number((await inbox.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n), 0);
+      await expect(inbox, { bodyWords: "cus_123" }, []);
+      await expect(inbox, { id: "evt_1" }, ["evt_1"]);
+      // A body stored after the purge is indexed as before.
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_4"]);
     });
 
     it("retries by bodyJson the failed deliveries that match, and no other", async () => {

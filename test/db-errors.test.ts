@@ -32,7 +32,7 @@ async function inject(inbox: Inbox, upTo: number): Promise<void> {
       END IF;
       RETURN NEW;
     END $$`);
-  await inbox.query("CREATE TRIGGER fault BEFORE UPDATE ON deliveries FOR EACH ROW EXECUTE FUNCTION fault()");
+  await inbox.query("CREATE TRIGGER fault BEFORE UPDATE ON delivery_rows FOR EACH ROW EXECUTE FUNCTION fault()");
 }
 
 async function destination(): Promise<{ url: string; requests: string[]; server: Server }> {

@@ -75,7 +75,7 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     const gatePid = (await gate.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
     // The gate holds z's row, so A's batch stops at z, after whatever it locked before.
     await gate.query("BEGIN");
-    await gate.query("SELECT 1 FROM deliveries WHERE id = 'z' FOR UPDATE");
+    await gate.query("SELECT 1 FROM delivery_rows WHERE id = 'z' FOR UPDATE");
     const sideA = Promise.allSettled([
       a.extend(atA.get("y")!, LEASE),
       a.fail(atA.get("z")!, "z failed"),
@@ -119,17 +119,17 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     // The statements as they were before this change: extend locks every route's row of the delivery.
     const extend = (c: pg.Client, l: Lease) =>
       c.query(
-        `WITH l AS (SELECT source, id FROM deliveries WHERE source = $1 AND id = $2 FOR UPDATE SKIP LOCKED)
-       UPDATE deliveries d SET leased_until = leased_until + 1 FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $3`,
+        `WITH l AS (SELECT source, id FROM delivery_rows WHERE source = $1 AND id = $2 FOR UPDATE SKIP LOCKED)
+       UPDATE delivery_rows d SET leased_until = leased_until + 1 FROM l WHERE d.source = l.source AND d.id = l.id AND d.lease_token = $3`,
         [l.source, l.id, l.token],
       );
     const fail = (c: pg.Client, l: Lease) =>
       c.query(
-        "UPDATE deliveries SET status = 'received', lease_token = NULL WHERE source = $1 AND id = $2 AND lease_token = $3",
+        "UPDATE delivery_rows SET status = 'received', lease_token = NULL WHERE source = $1 AND id = $2 AND lease_token = $3",
         [l.source, l.id, l.token],
       );
     await gate.query("BEGIN");
-    await gate.query("SELECT 1 FROM deliveries WHERE id = 'z' FOR UPDATE");
+    await gate.query("SELECT 1 FROM delivery_rows WHERE id = 'z' FOR UPDATE");
     const runA = (async () => {
       await sideA.query("BEGIN");
       await extend(sideA, atA.get("y")!);

@@ -203,10 +203,10 @@ describe("errors on PostgreSQL", { skip: pgSkip }, () => {
       assert.equal(ok.status, 200);
       // The table goes away under the receiver: the next store fails, in one line that says why.
       const inbox = await connect(schema.url);
-      await inbox.query("ALTER TABLE deliveries RENAME TO deliveries_gone");
+      await inbox.query("ALTER TABLE delivery_rows RENAME TO deliveries_gone");
       const failed = await fetch(receiver.url, { method: "POST", headers: { "x-delivery-id": "b" }, body: "{}" });
       assert.equal(failed.status, 503);
-      await inbox.query("ALTER TABLE deliveries_gone RENAME TO deliveries");
+      await inbox.query("ALTER TABLE deliveries_gone RENAME TO delivery_rows");
       await inbox.close();
       await receiver.stop();
       const worker = await runScript("worker.ts", ["--once", "--db", url]);
@@ -217,7 +217,7 @@ describe("errors on PostgreSQL", { skip: pgSkip }, () => {
       assert.ok(!logged.includes(SECRET), `no password in any output:\n${logged}`);
       const rejected = lines(receiver.log()).find((l) => l.startsWith("rejected b"));
       assert.ok(rejected, receiver.log());
-      assert.match(rejected, /^rejected b: 503 could not store: relation "deliveries" does not exist$/);
+      assert.match(rejected, /^rejected b: 503 could not store: relation "delivery_rows" does not exist$/);
     } finally {
       await schema.drop();
     }

@@ -1,5 +1,5 @@
 // test/sandbox.test.ts: the sandbox (lib/forwarding/sandbox.ts) runs transform code with nothing of the host in
-// reach, within a time and a memory limit, fresh each call, under both contracts: the project's
+// reach, within a time and a memory limit, its state bounded, under both contracts: the project's
 // `export default (delivery) => …` and Hookdeck's `addHandler("transform", …)`. The control runs the same probe
 // as an operator's module in a child process (transform.ts's Transformer), where it does reach the host.
 //   NODE_COMPILE_CACHE=node_modules/.cache/node-compile npx node --test test/sandbox.test.ts
@@ -68,9 +68,72 @@ describe("Sandbox", () => {
     }
   });
 
-  it("keeps nothing from one call to the next", async () => {
-    const code = `globalThis.n = (globalThis.n ?? 0) + 1; let mine = 0; export default () => ({ body: globalThis.n + "/" + ++mine })`;
-    for (let i = 0; i < 3; i++) assert.equal(text((await run(code))!.body), "1/1");
+  it("carries only the code's top level from one call to the next, for at most contextCalls calls", async () => {
+    const counter = `let n = 0; export default () => ({ body: String(++n) })`;
+    const bodies = async (b: Sandbox, code: string, n: number) => {
+      const got: string[] = [];
+      for (let i = 0; i < n; i++) got.push(text((await new CodeTransformer(code, "t", b).run(delivery({})))!.body));
+      return got;
+    };
+    const three = new Sandbox({ threads: 1, contextCalls: 3 });
+    const many = new Sandbox({ threads: 1, contextCalls: 1_000 });
+    try {
+      assert.deepEqual(await bodies(three, counter, 7), ["1", "2", "3", "1", "2", "3", "1"]);
+      // Control: with a larger bound the same counter goes on, so the reset above is the bound's.
+      assert.deepEqual(await bodies(many, counter, 7), ["1", "2", "3", "4", "5", "6", "7"]);
+    } finally {
+      await three.close();
+      await many.close();
+    }
+  });
+
+  it("gives a call that follows one that threw or ran out of time a fresh context", async () => {
+    const one = new Sandbox({ threads: 1, contextCalls: 1_000 });
+    const code = `let n = 0; export default (d) => {
+      n++;
+      if (d.json.fail) throw new Error("failed at " + n);
+      if (d.json.loop) for (;;) {}
+      return { body: String(n) };
+    }`;
+    const go = (json: unknown) => new CodeTransformer(code, "t", one).run(delivery(json), 300);
+    try {
+      // Control: two clean calls share the context, so the counter would go on.
+      assert.equal(text((await go({}))!.body), "1");
+      assert.equal(text((await go({}))!.body), "2");
+      await assert.rejects(go({ fail: true }), /threw Error: failed at 3/);
+      assert.equal(text((await go({}))!.body), "1");
+      assert.equal(text((await go({}))!.body), "2");
+      await assert.rejects(go({ loop: true }), /ran past its 300 ms limit/);
+      assert.equal(text((await go({}))!.body), "1");
+    } finally {
+      await one.close();
+    }
+  });
+
+  it("lets no call change the builtins or the globals the next call sees", async () => {
+    const one = new Sandbox({ threads: 1, contextCalls: 1_000 });
+    // Hookdeck's scripts are sloppy JavaScript, where a refused assignment is silent; n is the script's own.
+    const sloppy = `var n = 0;
+addHandler("transform", (request) => {
+  n++;
+  const seen = n + ":" + typeof [].evil + "," + typeof globalThis.leak + "," + typeof JSON.mine + "," + typeof console.log;
+  Array.prototype.evil = 1; globalThis.leak = 1; JSON.mine = 1; console.log = 5;
+  request.body = seen;
+  return request;
+});`;
+    // A module is strict, where the same assignment throws, and the call fails (which ends its context).
+    const strict = `let n = 0; export default () => { n++; if (n === 1) { Object.prototype.polluted = 1; } return { body: n + ":" + typeof ({}).polluted }; }`;
+    try {
+      for (const want of ["1:undefined,undefined,undefined,function", "2:undefined,undefined,undefined,function"])
+        assert.equal(text((await new CodeTransformer(sloppy, "t", one).run(delivery({})))!.body), want);
+      await assert.rejects(new CodeTransformer(strict, "t", one).run(delivery({})), /threw TypeError/);
+      // Its own objects can still have what their prototypes hold (an Error's subclass names itself).
+      const named = `class Late extends Error { constructor(m) { super(m); this.name = "Late"; } }
+export default () => { const o = {}; o.toString = () => "mine"; return { body: new Late("x").name + ":" + String(o) }; }`;
+      assert.equal(text((await new CodeTransformer(named, "t", one).run(delivery({})))!.body), "Late:mine");
+    } finally {
+      await one.close();
+    }
   });
 
   it("stops a loop at its time limit, with a line naming it, while another call goes on", async () => {
@@ -121,6 +184,9 @@ describe("Sandbox", () => {
     const bytes = await run(`export default (d) => ({ body: d.body.slice(0, 4) })`);
     assert.equal(text(bytes!.body), '{"ty');
     assert.equal(await run(`export default () => null`), null);
+    // d.json is one object for the call, parsed once, as a module's process gives it.
+    const once = await run(`export default (d) => { d.json.seen = 1; return { body: String(d.json.seen) }; }`);
+    assert.equal(text(once!.body), "1");
     const same = await run(`export default () => ({})`);
     assert.equal(text(same!.body), '{"type":"order.paid","id":7}');
     await assert.rejects(run(`export default () => 5`), /transform t returned number; expected null/);

@@ -15,10 +15,10 @@ import type { HttpDestination, Operator } from "../routing/routes.ts";
 import type { Lease } from "../store.ts";
 
 /**
- * Outcome is what one forward (or publish) came to; every destination, HTTP or broker, answers with one,
+ * SendResult is what one forward (or publish) came to; every destination, HTTP or broker, answers with one,
  * with the answer itself where one came (for the delivery's attempt log).
  */
-export type Outcome = (
+export type SendResult = (
   | { kind: "done" }
   /** Try again later, no sooner than afterMs if the destination said so (Retry-After). */
   | { kind: "retry"; error: string; afterMs?: number }
@@ -39,12 +39,12 @@ export interface Reply {
 export interface Sender {
   /**
    * send forwards the leased delivery (its body and content type as its transform left them); it never
-   * throws: a failure is an Outcome. headers are the transform's changes: a string sets one, null removes it.
+   * throws: a failure is an SendResult. headers are the transform's changes: a string sets one, null removes it.
    */
   send(
     lease: Lease,
     options: { signal: AbortSignal; permanent4xx: boolean; headers?: Record<string, string | null> },
-  ): Promise<Outcome>;
+  ): Promise<SendResult>;
   close(): Promise<void>;
 }
 
@@ -182,7 +182,7 @@ export function retryAfterMs(value: string | string[] | undefined, nowMs: number
 }
 
 /**
- * judge turns an answer into an Outcome, by the table in docs/forwarding.md: 2xx done; 410 gone; 429 and
+ * judge turns an answer into an SendResult, by the table in docs/forwarding.md: 2xx done; 410 gone; 429 and
  * 503 retry no sooner than Retry-After; 408, 409, 425 and 429 retry; another 4xx is permanent only if
  * the route says so; 3xx (not followed) and 5xx retry. The error keeps the answer's first bytes.
  */
@@ -193,7 +193,7 @@ export function judge(
   name: string,
   permanent4xx: boolean,
   nowMs: number,
-): Outcome {
+): SendResult {
   if (status >= 200 && status < 300) return { kind: "done" };
   const shown = head.replace(/\s+/g, " ").trim();
   const error = `HTTP ${status} from ${name}${status >= 300 && status < 400 && headers.location ? ` (a redirect to ${String(headers.location)}, not followed)` : ""}${shown ? `: ${shown}` : ""}`;
@@ -346,9 +346,9 @@ async function firstBytes(
   return { text: all.subarray(0, n + more).toString("utf8"), keep: (m) => all.subarray(0, m).toString("utf8").length };
 }
 
-// refused is the Outcome of a forward whose connection the address rule refused (lib/reach.ts): set aside
+// refused is the SendResult of a forward whose connection the address rule refused (lib/reach.ts): set aside
 // now, saying why, for the operator to allow the range and retry.
-function refused(name: string, error: unknown): Outcome {
+function refused(name: string, error: unknown): SendResult {
   const e = error as { message?: string; cause?: { code?: string; message?: string } };
   const why = e.cause?.code === REFUSED_CODE ? e.cause.message : e.message;
   return { kind: "failed", error: `${name}: ${why ?? "refused"}` };

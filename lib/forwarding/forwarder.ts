@@ -5,7 +5,7 @@
 // See docs/forwarding.md for the model, the answer table and the breaker.
 
 import { DEFAULTS } from "../defaults.ts";
-import { announce, httpSender, type OperatorEvent, type Outcome, type Sender } from "./forward.ts";
+import { announce, httpSender, type OperatorEvent, type SendResult, type Sender } from "./forward.ts";
 import { label, message, type Log } from "../log.ts";
 import type { Metrics } from "../metrics.ts";
 import { redactor, secretsOf, type Redactor, type Secret } from "../redact.ts";
@@ -153,8 +153,8 @@ interface RouteHere {
  */
 type Forwarded = Settlement & { tried: Tried };
 interface Tried {
-  /** The sender's Outcome; a transform's failure is a retry, a transform that took the delivery away a done. */
-  answer: Outcome;
+  /** The sender's SendResult; a transform's failure is a retry, a transform that took the delivery away a done. */
+  answer: SendResult;
   /** The transform said this destination does not take this delivery: nothing sent. */
   skipped: boolean;
   /** The transform failed: nothing sent, and nothing said of the destination. */
@@ -378,7 +378,7 @@ class DestinationLane {
     const now = this.p.options.now ?? Date.now;
     const startedAt = now();
     let shaped: Shaped | null | undefined;
-    let answer: Outcome | undefined;
+    let answer: SendResult | undefined;
     if (setting) {
       try {
         shaped = await setting.transformer.run(transformInput(lease, this.name), setting.timeoutMs);

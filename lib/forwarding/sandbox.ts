@@ -1,7 +1,8 @@
 // forwarding/sandbox.ts: runs a transform's JavaScript in QuickJS compiled to WebAssembly (quickjs-emscripten),
-// on worker threads of its own (sandbox-thread.ts). A call gets a fresh engine with a memory limit and a deadline
-// and no file system, network, environment, process or timers; past either limit that call fails with one line
-// naming it, and the thread, the worker and the other calls go on. transform.ts wraps it for the forwarder.
+// on worker threads of its own (sandbox-thread.ts). A call runs in a context of its code's, made at most every
+// contextCalls calls and after any failure, with a memory limit and a deadline and no file system, network,
+// environment, process or timers; past either limit that call fails with one line naming it, and the thread, the
+// worker and the other calls go on. transform.ts wraps it for the forwarder.
 //   const box = new Sandbox(); await box.run({ code, meta, body, timeoutMs: 1000 }); await box.close();
 
 import { once } from "node:events";
@@ -34,6 +35,10 @@ export interface SandboxOptions {
   threads?: number;
   /** Milliseconds past a call's limit after which its thread is ended from outside. @default DEFAULTS.sandboxGraceMs */
   graceMs?: number;
+  /** Calls one context runs (a code evaluated once) before it is made afresh. @default DEFAULTS.sandboxContextCalls */
+  contextCalls?: number;
+  /** Contexts, one per code, each thread keeps between calls. @default DEFAULTS.sandboxContextsKept */
+  contextsKept?: number;
 }
 
 const THREAD = fileURLToPath(
@@ -62,6 +67,8 @@ export class Sandbox {
   readonly #memoryMb: number;
   readonly #size: number;
   readonly #graceMs: number;
+  readonly #contextCalls: number;
+  readonly #contextsKept: number;
   readonly #threads = new Set<Thread>();
   readonly #idle: Thread[] = [];
   readonly #queue: Waiting[] = [];
@@ -72,8 +79,15 @@ export class Sandbox {
     this.#memoryMb = options.memoryMb ?? DEFAULTS.sandboxMemoryMb;
     this.#size = options.threads ?? DEFAULTS.sandboxThreads;
     this.#graceMs = options.graceMs ?? DEFAULTS.sandboxGraceMs;
-    if (!Number.isInteger(this.#size) || this.#size < 1)
-      throw new TypeError(`Sandbox: expected threads to be a whole number from 1, got ${options.threads}`);
+    this.#contextCalls = options.contextCalls ?? DEFAULTS.sandboxContextCalls;
+    this.#contextsKept = options.contextsKept ?? DEFAULTS.sandboxContextsKept;
+    for (const [name, value, least] of [
+      ["threads", this.#size, 1],
+      ["contextCalls", this.#contextCalls, 1],
+      ["contextsKept", this.#contextsKept, 0],
+    ] as const)
+      if (!Number.isInteger(value) || value < least)
+        throw new TypeError(`Sandbox: expected ${name} to be a whole number from ${least}, got ${value}`);
   }
 
   /** run makes one call; it never rejects: a failure is an answer with its one line. */
@@ -123,7 +137,7 @@ export class Sandbox {
     // memory, whose maximum the thread sets from memoryMb.
     const worker = new Worker(THREAD, {
       resourceLimits: { maxOldGenerationSizeMb: 64 },
-      workerData: { memoryMb: this.#memoryMb },
+      workerData: { memoryMb: this.#memoryMb, contextCalls: this.#contextCalls, contextsKept: this.#contextsKept },
     });
     worker.unref();
     // Settled either way: a thread that fails to start answers its call through "error" and "exit".

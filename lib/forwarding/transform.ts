@@ -1,6 +1,6 @@
 // forwarding/transform.ts: transforms, which reshape a delivery before each forward (a route's or a destination's
 // "transform" in the sources file). Code the configuration holds ({"code": "…"}) runs in the sandbox (sandbox.ts:
-// QuickJS in WebAssembly, a fresh engine per call). A module file runs in a child process of its own
+// QuickJS in WebAssembly, a context per code kept for a bounded number of calls). A module file runs in a child process of its own
 // (transform-child.ts), one delivery at a time, killed past its time or memory limit.
 // The forwarder (forwarder.ts) and `inbox.ts preview` run them; apps import the types to write one:
 //   import type { Transform } from "webhook-inbox/transform";
@@ -550,7 +550,8 @@ export interface Runner {
 }
 
 /**
- * CodeTransformer runs a transform's code in the sandbox (sandbox.ts), a fresh engine each call: its own
+ * CodeTransformer runs a transform's code in the sandbox (sandbox.ts), in a context kept for its code for a
+ * bounded number of calls: its own
  * contract, `export default (delivery) => …`, or Hookdeck's, `addHandler("transform", (request, context) => …)`.
  */
 export class CodeTransformer implements Runner {

@@ -12,6 +12,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
+import { makePeriods, periodsBefore, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -57,21 +58,30 @@ export class PostgresBulk {
     byArrival.forEach(([, i], n) => (place[i] = n));
     return this.other(async (client) => {
       const { rows } = await client.query(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                 status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                 replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent, origin)
-         SELECT s, i, b, h, ct, et, pt, ra, st, at,
-                CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
-                CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
-                CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp, og
-         FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
-                     $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
-                     $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
-                     $23::smallint[], $24::text[], $25::text[], $26::text[], $27::text[])
-              AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp, og)
-         ORDER BY s, i, ro
-         ON CONFLICT (source, id, route) DO NOTHING
-         RETURNING source, destination, order_key`,
+        `WITH u AS (
+           SELECT * FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[],
+                                $10::text[], $11::integer[], $12::bigint[], $13::bigint[], $14::text[], $15::integer[], $16::bigint[],
+                                $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
+                                $23::smallint[], $24::text[], $25::text[], $26::text[], $27::text[])
+                  AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp, og)),
+         r AS (
+           INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
+                                      status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
+                                      replays, purged_at, order_key, event_time, newer_id, arrival, route, destination, headers, traceparent, origin)
+           SELECT s, i, CASE WHEN octet_length(b) <= $28 THEN b ELSE '\\x'::bytea END, h, ct, et, pt, ra, st, at,
+                  CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
+                  CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
+                  CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp, og
+           FROM u
+           ORDER BY s, i, ro
+           ON CONFLICT (source, id, route) DO NOTHING
+           RETURNING source, id, route, destination, order_key, received_at),
+         -- Each restored body in its own table, as store() keeps it (docs/table.md#bodies-apart).
+         b AS (
+           INSERT INTO delivery_bodies (source, id, route, received_at, body)
+           SELECT r.source, r.id, r.route, r.received_at, u.b FROM r JOIN u ON u.s = r.source AND u.i = r.id AND u.ro = r.route
+           WHERE octet_length(u.b) > $28)
+         SELECT source, destination, order_key FROM r`,
         [
           this.now(),
           col("source"),
@@ -100,6 +110,7 @@ export class PostgresBulk {
           deliveries.map((d) => (d.headers ? JSON.stringify(d.headers) : null)),
           deliveries.map((d) => d.traceparent ?? null),
           deliveries.map((d) => d.origin ?? "webhook"),
+          DEFAULTS.inlineBodyBytes,
         ],
       );
       const keys = new Map<string, [string, string, string]>();
@@ -118,7 +129,7 @@ export class PostgresBulk {
     let total = 0;
     await this.inBatches(filter, failed, options, async (client, keys) => {
       const { rows } = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
+        `UPDATE delivery_rows d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
          RETURNING d.source, d.id, d.order_key, d.destination`,
         [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
@@ -142,7 +153,7 @@ export class PostgresBulk {
     let replayed = 0;
     await this.inBatches(filter, kept, options, async (client, keys) => {
       const { rows } = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+        `UPDATE delivery_rows d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
          WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'done' AND d.purged_at IS NULL
@@ -178,9 +189,16 @@ export class PostgresBulk {
     await this.inBatches(filter, kept, options, async (client, keys) => {
       const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
       if (mine.length === 0) return 0;
-      const args = [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), mine.map((k) => k.route!), to];
+      const args = [
+        this.now(),
+        mine.map((k) => k.source),
+        mine.map((k) => k.id),
+        mine.map((k) => k.route!),
+        to,
+        DEFAULTS.inlineBodyBytes,
+      ];
       const again = await client.query(
-        `UPDATE deliveries d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
+        `UPDATE delivery_rows d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i)
          WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
@@ -189,16 +207,25 @@ export class PostgresBulk {
       );
       // Routing after the fact: a delivery with no row there gets one, as its next route.
       const added = await client.query(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+        `WITH a AS (
+         INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
                                  available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays, origin)
-         SELECT d.source, d.id, d.body, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
+         SELECT d.source, d.id, CASE WHEN octet_length(d.body) <= $6 THEN d.body ELSE '\\x'::bytea END, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
                 d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
                 (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1, d.origin
          FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
          JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
          WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)
          ORDER BY d.source, d.id
-         RETURNING source, id, order_key, event_time, arrival, available_at`,
+         RETURNING source, id, route, received_at, order_key, event_time, arrival, available_at),
+         -- The new row's body, copied from the row it was replayed from, in its own table.
+         b AS (
+         INSERT INTO delivery_bodies (source, id, route, received_at, body)
+         SELECT a.source, a.id, a.route, a.received_at, s.body FROM a
+         JOIN unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) ON u.s = a.source AND u.i = a.id
+         JOIN deliveries s ON s.source = u.s AND s.id = u.i AND s.route = u.r
+         WHERE octet_length(s.body) > $6)
+         SELECT source, id, order_key, event_time, arrival, available_at FROM a`,
         args,
       );
       replayed += again.rows.length + added.rows.length;
@@ -254,7 +281,7 @@ export class PostgresBulk {
             ? ""
             : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
         const { rows } = await client.query(
-          toPg(`SELECT received_at, source, id, route FROM deliveries WHERE ${also} AND ${where} ${cursor}
+          toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${where} ${cursor}
                 ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
           [
             ...params,
@@ -290,6 +317,47 @@ export class PostgresBulk {
       return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
     }
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
+    // Whole days first (docs/operations.md#retention-by-period): the day's done rows are made tombstones in
+    // batches of narrow rows, and then its partition of bodies is dropped in one statement, rather than each
+    // body deleted. The days ahead are made here too, for the retention schedule keeps them coming.
+    await makePeriods(
+      this.pool,
+      this.pinned ? this.pinned() : Date.now(),
+      DEFAULTS.periodsAhead,
+      DEFAULTS.periodLockMs,
+    );
+    for (const period of await periodsBefore(this.pool, bodiesBefore)) {
+      for (;;) {
+        const { n, bytes } = await paced(rest, () =>
+          this.dropBatch(
+            "status = 'done' AND purged_at IS NULL AND received_at >= ?::bigint AND received_at < ?::bigint",
+            [period.from, period.until],
+            batch,
+            options.audit,
+            false,
+          ),
+        );
+        purged.bodies += n;
+        purged.bytes += bytes;
+        if (options.signal?.aborted) return purged;
+        if (n < batch) break;
+      }
+      // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again; after
+      // DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
+      for (let tries = 1; ; tries++) {
+        const released = await paced(rest, () =>
+          this.other((client) => releasePeriod(client, period, DEFAULTS.periodLockMs)).then(
+            () => true,
+            (error: { code?: string }) => {
+              if (error.code !== "55P03") throw error;
+              return false;
+            },
+          ),
+        );
+        if (released || tries >= DEFAULTS.periodLockTries) break;
+        await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
+      }
+    }
     for (;;) {
       const { n, bytes } = await paced(rest, () =>
         this.dropBatch(
@@ -311,8 +379,8 @@ export class PostgresBulk {
           // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
           const { rows } = await client.query(
             `WITH gone AS (
-               DELETE FROM deliveries WHERE (source, id, route) IN (
-                 SELECT source, id, route FROM deliveries WHERE purged_at IS NOT NULL AND received_at < $1
+               DELETE FROM delivery_rows WHERE (source, id, route) IN (
+                 SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1
                  ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
                RETURNING source, id, destination),
              tries AS (
@@ -354,20 +422,27 @@ export class PostgresBulk {
 
   // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
   // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
+  // With bodyRows false the body's own row is left to the DROP of its day's partition (releasePeriod).
   private dropBatch(
     where: string,
     params: SqlValue[],
     batch: number,
     audit: Audit | undefined,
+    bodyRows = true,
   ): Promise<{ n: number; bytes: number }> {
     return this.other(async (client) => {
       const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT source, id, route, octet_length(body) AS bytes FROM deliveries WHERE ${where}
-                         ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED)
-              UPDATE deliveries d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-              WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL AND d.status IN ('done', 'failed')
-              RETURNING p.bytes`),
-        [...params, batch, this.pinned ? this.pinned() : Date.now()],
+        toPg(`WITH p AS (SELECT source, id, route, octet_length(delivery_body(source, id, route, received_at, body)) AS bytes FROM delivery_rows
+                         WHERE ${where} ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED),
+                   d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
+                         WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL
+                           AND d.status IN ('done', 'failed')
+                         RETURNING d.source, d.id, d.route, d.received_at, p.bytes),
+                   -- The body's own row goes with it (docs/table.md#bodies-apart).
+                   b AS (DELETE FROM delivery_bodies b USING d
+                         WHERE ?::boolean AND b.source = d.source AND b.id = d.id AND b.route = d.route AND b.received_at = d.received_at)
+              SELECT bytes FROM d`),
+        [...params, batch, this.pinned ? this.pinned() : Date.now(), bodyRows],
       );
       await writeAudit(client, audit, rows.length, this.now());
       return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };

@@ -129,8 +129,8 @@ export class PostgresReads {
       this.pool.query(
         `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
          FROM pg_class c
-         LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = 'deliveries' AND st.attname = 'source'
-         WHERE c.oid = to_regclass('deliveries')`,
+         LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = 'delivery_rows' AND st.attname = 'source'
+         WHERE c.oid = to_regclass('delivery_rows')`,
       ),
       this.pool.query(
         `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
@@ -234,7 +234,8 @@ export class PostgresReads {
               min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
               count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
               min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
-              pg_total_relation_size('deliveries') AS file
+              pg_total_relation_size('delivery_rows')
+                + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('delivery_bodies')) AS file
        FROM deliveries`,
     );
     const r = rows[0];

@@ -269,7 +269,7 @@ export class PostgresRecords {
         if (options.cancelWaiting)
           cancelled += (
             await client.query(
-              `UPDATE deliveries SET status = 'failed', error = $2, finished_at = ${NOW} WHERE destination = $3 AND status = 'received'`,
+              `UPDATE delivery_rows SET status = 'failed', error = $2, finished_at = ${NOW} WHERE destination = $3 AND status = 'received'`,
               [
                 this.now(),
                 `cancelled: destination ${destination} removed by configuration version ${version}`,

@@ -202,6 +202,73 @@ export const MIGRATIONS: readonly string[] = [
    INSERT INTO attempts (source, id, destination, attempt, started_at, error)
      SELECT source, id, destination, attempt, failed_at, error FROM attempt_errors ORDER BY failed_at, seq;
    DROP TABLE attempt_errors;`,
+  // Bodies in a table of their own (docs/table.md#bodies-apart): a claim, an extend and a done mark update a
+  // row of a few hundred bytes and never copy its body, which a row under about 2 kB carries inline (so
+  // TOAST, whose threshold is compiled in, never moves it out, whatever toast_tuple_target says). The table
+  // is renamed delivery_rows, and deliveries becomes the view that whoever queries the inbox reads as before;
+  // rows stored before this keep their body inline (no rewrite: the upgrade is instant), new ones have an
+  // empty one there. The view stays writable through INSTEAD OF triggers, for SQL written against the table.
+  // The bodies are partitioned by the day they were received (retention drops a day whole: purge(), and
+  // periods.ts makes each day's partition ahead); the default partition takes a day that has none.
+  `CREATE TABLE delivery_bodies (
+     source      text     NOT NULL,
+     id          text     NOT NULL,
+     route       smallint NOT NULL,
+     received_at bigint   NOT NULL,
+     body        bytea    NOT NULL,
+     PRIMARY KEY (source, id, route, received_at)
+   ) PARTITION BY RANGE (received_at);
+   CREATE TABLE delivery_bodies_default PARTITION OF delivery_bodies DEFAULT;
+   ALTER TABLE deliveries RENAME TO delivery_rows;
+   -- The body as a subquery, not a join: a query that reads no body never evaluates it (PostgreSQL 15 does
+   -- not remove a LEFT JOIN to a partitioned table, so a count over the view would have read every body's
+   -- key), and one that does finds it by its full key, received_at pruning the partitions as it runs.
+   CREATE VIEW deliveries AS
+     SELECT r.source, r.id,
+            coalesce((SELECT b.body FROM delivery_bodies b
+                       WHERE b.source = r.source AND b.id = r.id AND b.route = r.route AND b.received_at = r.received_at),
+                     r.body) AS body,
+            r.body_sha256, r.content_type, r.event_type,
+            r.provider_time, r.received_at, r.status, r.attempts, r.available_at, r.leased_until,
+            r.lease_token, r.lease_ms, r.error, r.conflicts, r.finished_at, r.replays,
+            r.purged_at, r.order_key, r.event_time, r.arrival, r.newer_id, r.route,
+            r.destination, r.headers, r.traceparent, r.origin
+       FROM delivery_rows r;
+   -- An INSERT into the view that leaves a column out gets the table's default, as it did.
+   ALTER VIEW deliveries ALTER COLUMN attempts SET DEFAULT 0, ALTER COLUMN conflicts SET DEFAULT 0,
+     ALTER COLUMN replays SET DEFAULT 0, ALTER COLUMN route SET DEFAULT 0, ALTER COLUMN destination SET DEFAULT 'handler',
+     ALTER COLUMN origin SET DEFAULT 'webhook';
+   CREATE FUNCTION deliveries_written() RETURNS trigger LANGUAGE plpgsql AS $$
+   BEGIN
+     IF TG_OP = 'INSERT' THEN
+       INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, lease_ms, error, conflicts, finished_at, replays, purged_at, order_key, event_time, arrival, newer_id, route, destination, headers, traceparent, origin)
+       VALUES (NEW.source, NEW.id, '\\x'::bytea, NEW.body_sha256, NEW.content_type, NEW.event_type, NEW.provider_time, NEW.received_at, NEW.status, NEW.attempts, NEW.available_at, NEW.leased_until, NEW.lease_token, NEW.lease_ms, NEW.error, NEW.conflicts, NEW.finished_at, NEW.replays, NEW.purged_at, NEW.order_key, NEW.event_time, NEW.arrival, NEW.newer_id, NEW.route, NEW.destination, NEW.headers, NEW.traceparent, NEW.origin);
+     ELSIF TG_OP = 'UPDATE' THEN
+       UPDATE delivery_rows SET (source, id, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, lease_ms, error, conflicts, finished_at, replays, purged_at, order_key, event_time, arrival, newer_id, route, destination, headers, traceparent, origin)
+         = (NEW.source, NEW.id, NEW.body_sha256, NEW.content_type, NEW.event_type, NEW.provider_time, NEW.received_at, NEW.status, NEW.attempts, NEW.available_at, NEW.leased_until, NEW.lease_token, NEW.lease_ms, NEW.error, NEW.conflicts, NEW.finished_at, NEW.replays, NEW.purged_at, NEW.order_key, NEW.event_time, NEW.arrival, NEW.newer_id, NEW.route, NEW.destination, NEW.headers, NEW.traceparent, NEW.origin)
+        WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       IF NEW.body IS NOT DISTINCT FROM OLD.body AND (NEW.source, NEW.id, NEW.route) = (OLD.source, OLD.id, OLD.route) THEN
+         RETURN NEW;
+       END IF;
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       UPDATE delivery_rows SET body = '\\x'::bytea WHERE source = NEW.source AND id = NEW.id AND route = NEW.route;
+     ELSE
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       DELETE FROM delivery_rows WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       RETURN OLD;
+     END IF;
+     IF octet_length(NEW.body) > 0 THEN
+       INSERT INTO delivery_bodies (source, id, route, received_at, body) VALUES (NEW.source, NEW.id, NEW.route, NEW.received_at, NEW.body);
+     END IF;
+     RETURN NEW;
+   END $$;
+   CREATE TRIGGER deliveries_written INSTEAD OF INSERT OR UPDATE OR DELETE ON deliveries
+     FOR EACH ROW EXECUTE FUNCTION deliveries_written();
+   -- A row's body wherever it is, for a statement on delivery_rows that must search or weigh it (a row
+   -- stored before this keeps it inline).
+   CREATE FUNCTION delivery_body(s text, i text, r smallint, at bigint, inline bytea) RETURNS bytea LANGUAGE sql STABLE AS $$
+     SELECT coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r AND b.received_at = at),
+                     inline) $$;`,
   // Search (lib/search.ts, docs/operations.md#searching-bodies): each delivery's JSON body once, in a table of its
   // own keyed as duplicates are, with GIN indexes for bodyJson (jsonb_path_ops: @> alone, a third the size of
   // jsonb_ops) and bodyWords (a tsvector of its strings, numbers and booleans: full-text, not pg_trgm, which
@@ -232,7 +299,8 @@ export const MIGRATIONS: readonly string[] = [
      IF TG_OP <> 'INSERT' THEN
        DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
      END IF;
-     IF TG_OP <> 'DELETE' THEN
+     -- An empty body is none: a tombstone's, or a row whose body is in delivery_bodies (its own trigger there).
+     IF TG_OP <> 'DELETE' AND octet_length(NEW.body) > 0 THEN
        INSERT INTO deliveries_search (source, id, doc)
          SELECT NEW.source, NEW.id, j FROM inbox_search_json(NEW.body) AS j WHERE j IS NOT NULL
          ON CONFLICT (source, id) DO UPDATE SET doc = excluded.doc;

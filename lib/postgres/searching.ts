@@ -14,25 +14,34 @@ import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
 // The triggers call inbox_search_sync() (the migration's) for route 0 alone: a delivery's routes share its body.
-// A body dropped by purge or dropBodies leaves the table; so does a row deleted (a tombstone forgotten).
+// They sit on the tables, not on the deliveries view (docs/table.md#bodies-apart): a body of up to
+// DEFAULTS.inlineBodyBytes is stored in its delivery_rows row, a larger one in delivery_bodies, partitioned by day,
+// with an empty one in the row. A row's body dropped (purge, dropBodies, and each row of a day before its
+// partition is dropped: they are made tombstones first) sets its row's body, which takes it out of the
+// search; so does the row deleted (a tombstone forgotten). A body moved to the default partition as its day is
+// released is copied again, to the same document.
 const TRIGGERS = `
-  CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
+  CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+    FOR EACH ROW WHEN (NEW.route = 0 AND octet_length(NEW.body) > 0) EXECUTE FUNCTION inbox_search_sync();
+  CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
     FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
-  CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
-    FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
-  CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
-    FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_sync();`;
+  CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
+    FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_sync();
+  CREATE TRIGGER deliveries_search_body AFTER INSERT ON delivery_bodies
+    FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();`;
 const DROP_TRIGGERS = `
-  DROP TRIGGER IF EXISTS deliveries_search_insert ON deliveries;
-  DROP TRIGGER IF EXISTS deliveries_search_update ON deliveries;
-  DROP TRIGGER IF EXISTS deliveries_search_delete ON deliveries;`;
+  DROP TRIGGER IF EXISTS deliveries_search_insert ON delivery_rows;
+  DROP TRIGGER IF EXISTS deliveries_search_update ON delivery_rows;
+  DROP TRIGGER IF EXISTS deliveries_search_delete ON delivery_rows;
+  DROP TRIGGER IF EXISTS deliveries_search_body ON delivery_bodies;`;
 
-// One batch of the backfill: the next rows by primary key that still have their body, locked FOR SHARE so that
-// a row purged meanwhile (whose trigger found nothing yet to delete) is read again after the purge commits, and
-// left out as a tombstone, never copied stale; a row a trigger copied already is left as it is.
+// One batch of the backfill: the next rows by primary key that still have their body (delivery_body() finds it
+// in the row or in delivery_bodies), locked FOR SHARE so that a row purged meanwhile (whose trigger found nothing
+// yet to delete) is read again after the purge commits, and left out as a tombstone, never copied stale; a row
+// a trigger copied already is left as it is.
 const batchSql = (first: boolean) => `
   WITH batch AS MATERIALIZED (
-    SELECT source, id, body FROM deliveries
+    SELECT source, id, delivery_body(source, id, route, received_at, body) AS body FROM delivery_rows
     WHERE route = 0 AND purged_at IS NULL ${first ? "" : "AND (source, id) > ($1::text, $2::text)"}
     ORDER BY source, id LIMIT ${first ? "$1" : "$3"}::integer FOR SHARE),
   copied AS (
@@ -98,7 +107,9 @@ export class PostgresSearching {
     await this.queue.other(async (client) => {
       const { rows } = await client.query("SELECT enabled FROM search_state FOR UPDATE");
       if (rows[0].enabled !== true) {
-        const counted = await client.query("SELECT count(*) AS n FROM deliveries WHERE route = 0");
+        const counted = await client.query(
+          "SELECT count(*) AS n FROM delivery_rows WHERE route = 0 AND purged_at IS NULL",
+        );
         await client.query(DROP_TRIGGERS + TRIGGERS);
         await client.query(
           `UPDATE search_state SET enabled = true, changed_at = ${NOW}, after_source = NULL, after_id = NULL,

@@ -92,7 +92,9 @@ export class SqliteSearching {
     await this.atomic((db) => {
       if (!searchStatusOf(sql).enabled) {
         db.exec(SEARCH_TRIGGERS);
-        const r = sql("SELECT coalesce(max(rowid), 0) AS last, count(*) AS n FROM deliveries").get() as {
+        const r = sql(
+          "SELECT coalesce(max(rowid), 0) AS last, count(*) FILTER (WHERE purged_at IS NULL) AS n FROM deliveries",
+        ).get() as {
           last: number;
           n: number;
         };
@@ -109,7 +111,8 @@ export class SqliteSearching {
         // Disabled meanwhile, or done: nothing to read.
         if (s.enabled !== 1 || s.done_rowid >= s.until_rowid) return undefined;
         const range = sql(
-          "SELECT count(*) AS n, max(rowid) AS last FROM (SELECT rowid FROM deliveries WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?)",
+          // Tombstones are walked past but not counted: they have no body to index.
+          "SELECT count(*) FILTER (WHERE p IS NULL) AS n, max(rowid) AS last FROM (SELECT rowid, purged_at AS p FROM deliveries WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?)",
         ).get(s.done_rowid, s.until_rowid, batch) as { n: number; last: number | null };
         const last = range.last ?? s.until_rowid;
         // A row a trigger indexed already (its body stored again since) is not indexed twice.

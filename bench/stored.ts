@@ -1,0 +1,279 @@
+// bench/stored.ts: does a full inbox slow its hot paths? On each backend (bench/targets.ts), an inbox is
+// filled with STORED done deliveries through the backend's bulk path (SQLite: one prepared INSERT in
+// transactions of 50,000 with synchronous off; PostgreSQL: INSERT … SELECT FROM generate_series, 100,000 a
+// statement), Stripe-shaped bodies of about 1 KB received over the past week; then BENCH_STORED_N (20,000)
+// new deliveries are stored through the real store() (streams of 32 a turn, as the receiver batches them)
+// and drained by the real worker loop (run() of worker.ts, the record-payment handler, --once). Each size is
+// measured against an empty inbox in the same run (ratios printed), and the disk the stored rows take is
+// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). On
+// PostgreSQL it then times the upgrade of an inbox that main's schema filled at the largest size.
+// Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000.
+//   npm run bench -- stored
+//   BENCH_MILLION=1 BENCH_POSTGRES=0 npm run bench -- stored
+
+import { statSync } from "node:fs";
+import { DatabaseSync } from "node:sqlite";
+import { pathToFileURL } from "node:url";
+import { connect } from "../inbox.ts";
+import { sha256 } from "../lib/rows.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
+import type { Inbox } from "../lib/store.ts";
+import { toPg } from "../lib/postgres/commit.ts";
+import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import pg from "pg";
+import { freshDatabase } from "./peers/pgdb.ts";
+import { ensurePayments, recordPayment, run } from "../worker.ts";
+import { f, knob, tempDir } from "./common.ts";
+import { inboxTargets } from "./targets.ts";
+
+const SIZES = (process.env.BENCH_STORED ?? "0,200000").split(",").map((s) => {
+  if (!/^\d+$/.test(s.trim())) throw new TypeError(`BENCH_STORED: expected sizes like 0,200000, got ${s}`);
+  return Number(s);
+});
+if (!SIZES.includes(0)) SIZES.unshift(0); // the baseline every ratio is taken against
+if (process.env.BENCH_MILLION === "1" && !SIZES.includes(1_000_000)) SIZES.push(1_000_000);
+if (process.env.BENCH_TEN_MILLION === "1" && !SIZES.includes(10_000_000)) SIZES.push(10_000_000);
+const N = knob("BENCH_STORED_N", 20_000);
+const STREAMS = 4;
+const DAY = 86_400_000;
+
+// stripeLike is a charge.succeeded event of about 1 KB, as Stripe sends it, its IDs made from i, with the
+// top-level customer and amount the record-payment handler reads.
+export function stripeLike(i: number): Buffer {
+  return Buffer.from(
+    JSON.stringify({
+      id: `evt_${i}`,
+      customer: `cus_${i % 50_000}`,
+      amount: (i % 9_000) + 100,
+      object: "event",
+      api_version: "2024-06-20",
+      created: 1_700_000_000 + i,
+      type: "charge.succeeded",
+      livemode: false,
+      pending_webhooks: 1,
+      request: { id: `req_${i}`, idempotency_key: `ik_${i}` },
+      data: {
+        object: {
+          id: `ch_${i}`,
+          object: "charge",
+          amount: (i % 9_000) + 100,
+          currency: "usd",
+          customer: `cus_${i % 50_000}`,
+          description: `Order ${i} for the spring catalogue`,
+          payment_method: `pm_${i}`,
+          receipt_email: `customer${i % 50_000}@example.com`,
+          status: "succeeded",
+          billing_details: {
+            address: { city: "Lisbon", country: "PT", line1: "Rua Augusta 1", postal_code: "1100-048" },
+          },
+          metadata: { order_id: `ord_${i}`, cart: `cart_${i % 7_777}` },
+          outcome: { network_status: "approved_by_network", risk_level: "normal", seller_message: "Payment complete." },
+        },
+      },
+    }),
+  );
+}
+
+// fillSqlite writes n done deliveries straight into the file, as SQLite's bulk path.
+function fillSqlite(path: string, n: number, now: number): void {
+  openDatabase(path).close();
+  const db = new DatabaseSync(path);
+  db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
+  const insert = db.prepare(
+    `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, received_at, status, attempts,
+                             available_at, finished_at)
+     VALUES ('default', ?, ?, ?, 'application/json', 'charge.succeeded', ?, 'done', 1, ?, ?)`,
+  );
+  for (let start = 0; start < n; start += 50_000) {
+    db.exec("BEGIN");
+    for (let i = start; i < Math.min(n, start + 50_000); i++) {
+      const body = stripeLike(i);
+      const at = now - 7 * DAY + Math.floor((i * 7 * DAY) / n);
+      insert.run(`old_${i}`, body, sha256(body), at, at, at + 50);
+    }
+    db.exec("COMMIT");
+  }
+  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  db.close();
+}
+
+/**
+ * fillPostgres writes n done deliveries received over the days days before now, with one INSERT … SELECT per
+ * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits).
+ */
+export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: number, days = 7): Promise<void> {
+  const sample = stripeLike(0).toString("utf8");
+  const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
+  // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
+  // straight into their tables, as store() writes them, rather than a row at a time through the view's trigger.
+  const [{ apart }] = (await inbox.query("SELECT to_regclass('delivery_bodies') IS NOT NULL AS apart")) as [
+    { apart: boolean },
+  ];
+  for (let start = 0; start < n; start += 100_000) {
+    await inbox.query(
+      `WITH g AS (
+         SELECT i, ?::bigint - ?::bigint * 86400000 + (i * ?::bigint * 86400000) / ?::bigint AS t,
+                convert_to(? || '"evt_' || i || '"' || replace(?, '_0"', '_' || i || '"'), 'UTF8') AS b
+         FROM generate_series(?::bigint, ?::bigint) AS i),
+       r AS (
+         INSERT INTO ${apart ? "delivery_rows" : "deliveries"} (source, id, body, body_sha256, content_type, event_type,
+                                 received_at, status, attempts, available_at, finished_at)
+         SELECT 'default', 'old_' || i, ${apart ? "'\\x'::bytea" : "b"}, encode(sha256(b), 'hex'), 'application/json',
+                'charge.succeeded', t, 'done', 1, t, t + 50
+         FROM g)
+       ${apart ? "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT 'default', 'old_' || i, 0, t, b FROM g" : "SELECT 1"}`,
+      now,
+      days,
+      days,
+      n,
+      head,
+      tail,
+      start,
+      Math.min(n, start + 100_000) - 1,
+    );
+  }
+  await inbox.query(`VACUUM (ANALYZE) ${apart ? "delivery_rows" : "deliveries"}`);
+  if (apart) await inbox.query("VACUUM (ANALYZE) delivery_bodies");
+}
+
+// diskBytes is what the inbox takes on disk now.
+async function diskBytes(inbox: Inbox, path: string): Promise<number> {
+  if (inbox.backend === "postgres") {
+    // The table with its indexes and TOAST, and the bodies' table where they have one of their own.
+    const [row] = await inbox.query(
+      `SELECT coalesce(pg_total_relation_size(to_regclass('delivery_rows')), pg_total_relation_size('deliveries'))
+              + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(to_regclass('delivery_bodies'))) AS bytes`,
+    );
+    return Number(row!.bytes);
+  }
+  const size = (p: string) => {
+    try {
+      return statSync(p).size;
+    } catch {
+      return 0;
+    }
+  };
+  return size(path) + size(`${path}-wal`);
+}
+
+/** Round is one size on one backend: store() and drain rates of N new deliveries, and the fill's disk. */
+interface Round {
+  stored: number;
+  fillS: number;
+  bytes: number;
+  ingest: number;
+  drain: number;
+}
+
+async function once(db: string, stored: number): Promise<Round> {
+  const now = Date.now();
+  let started = performance.now();
+  if (!db.startsWith("postgres") && stored > 0) fillSqlite(db, stored, now);
+  const inbox = await connect(db);
+  try {
+    if (inbox.backend === "postgres" && stored > 0) await fillPostgres(inbox, stored, now);
+    const fillS = (performance.now() - started) / 1000;
+    const bytes = await diskBytes(inbox, db);
+    await ensurePayments(inbox);
+    // Ingest: STREAMS streams, each storing 32 at a time and waiting for their commit, as the receiver does.
+    started = performance.now();
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: STREAMS }, async () => {
+        while (next < N) {
+          const from = next;
+          next = Math.min(N, next + 32);
+          const turn: Promise<unknown>[] = [];
+          for (let i = from; i < next; i++)
+            turn.push(inbox.store({ id: `new_${i}`, body: stripeLike(stored + i), contentType: "application/json" }));
+          await Promise.all(turn);
+        }
+      }),
+    );
+    const ingest = N / ((performance.now() - started) / 1000);
+    started = performance.now();
+    const stats = await run(recordPayment, { inbox, once: true, log: () => {} });
+    const drain = N / ((performance.now() - started) / 1000);
+    if (stats.done !== N) throw new Error(`bench stored: drained ${stats.done} of ${N}`);
+    return { stored, fillS, bytes, ingest, drain };
+  } finally {
+    await inbox.close();
+  }
+}
+
+/**
+ * upgradeCost times the upgrade of a PostgreSQL inbox that main's schema filled with rows done deliveries to
+ * bodies apart (docs/table.md#bodies-apart): the first connect() runs the migrations after it.
+ */
+async function upgradeCost(rows: number): Promise<string> {
+  const db = await freshDatabase("bench_inbox_upgrade");
+  try {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query("CREATE SCHEMA inbox; SET search_path = inbox");
+      await client.query(
+        "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+      );
+      const before = MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies"));
+      for (let i = 0; i < before; i++) {
+        await client.query(MIGRATIONS[i]!);
+        await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
+      }
+      await fillPostgres(
+        { query: async (sql, ...params) => (await client.query(toPg(sql), params)).rows },
+        rows,
+        Date.now(),
+      );
+    } finally {
+      await client.end();
+    }
+    const started = performance.now();
+    const inbox = await connect(`${db.url}?schema=inbox`);
+    const ms = performance.now() - started;
+    await inbox.close();
+    const line = `  PostgreSQL upgrade to bodies apart at ${f(rows)} stored: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`;
+    console.log(line);
+    return line;
+  } finally {
+    await db.drop();
+  }
+}
+
+/** stored runs every size on every backend and returns the summary. */
+export async function stored(): Promise<string> {
+  const lines: string[] = [];
+  const { dir, cleanup } = tempDir();
+  try {
+    for (const target of await inboxTargets()) {
+      console.log(`\nstored on ${target.name}: ${f(N)} new deliveries stored and drained beside S done ones`);
+      // A round thrown away first: the first on a target paid its start-up (the JIT, the server's caches), which
+      // made the empty inbox, measured first, look slower than a full one.
+      const warm = await target.fresh(dir, "stored_warm");
+      await once(warm.db, 0).finally(() => warm.drop());
+      let empty: Round | undefined;
+      for (const size of SIZES) {
+        const { db, drop } = await target.fresh(dir, `stored_${size}`);
+        try {
+          const r = await once(db, size);
+          empty ??= r;
+          const perMillion = size > 0 ? `${f(((r.bytes / size) * 1e6) / 2 ** 20)} MB per million stored` : "";
+          const line =
+            `  ${target.name.padEnd(10)} S=${f(size).padStart(8)}  ingest ${f(r.ingest).padStart(6)}/s (×${f(r.ingest / empty.ingest, 2)})` +
+            `  drain ${f(r.drain).padStart(6)}/s (×${f(r.drain / empty.drain, 2)})` +
+            (size > 0 ? `  fill ${f(r.fillS, 1)} s  ${perMillion}` : "");
+          console.log(line);
+          lines.push(line);
+        } finally {
+          await drop();
+        }
+      }
+    }
+    if ((await inboxTargets()).some((t) => t.name === "PostgreSQL")) lines.push(await upgradeCost(Math.max(...SIZES)));
+  } finally {
+    cleanup();
+  }
+  return `stored (ratios against an empty inbox, the same run):\n${lines.join("\n")}`;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1]!).href) console.log(`\n${await stored()}`);

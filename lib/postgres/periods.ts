@@ -1,0 +1,92 @@
+// postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each: made ahead
+// (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
+// released whole (releasePeriod) once a purge's cutoff has passed the day's end: one DROP gives its bytes back
+// to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
+
+import type pg from "pg";
+import type { Pool } from "./pool.ts";
+
+const DAY = 86_400_000;
+
+/** Period is one day of bodies: its partition's name and its bounds, in ms since the epoch (from inclusive). */
+export interface Period {
+  name: string;
+  from: number;
+  until: number;
+}
+
+/** periodOf names the day that holds the time at, as UTC: delivery_bodies_d20261206. */
+export function periodOf(at: number): Period {
+  if (!Number.isSafeInteger(at)) throw new TypeError(`periodOf: expected a time in ms, got ${at}`);
+  const from = Math.floor(at / DAY) * DAY;
+  const day = new Date(from).toISOString().slice(0, 10).replaceAll("-", "");
+  return { name: `delivery_bodies_d${day}`, from, until: from + DAY };
+}
+
+/**
+ * makePeriods makes the partitions of the day of now and of the ahead days after it, where they are missing.
+ * A day whose bodies already went to the default partition (nobody made it ahead) is left there, to be
+ * purged row by row: PostgreSQL refuses a partition that rows of the default one belong to.
+ */
+export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs: number): Promise<void> {
+  for (let day = 0; day <= ahead; day++) {
+    const period = periodOf(now + day * DAY);
+    const client = await pool.transaction();
+    try {
+      // Bounded, as a release is: making a partition locks delivery_bodies whole, and a CREATE queued behind a
+      // transaction in flight would hold up every store queued behind it. A day not made now is made by a
+      // later purge or open: it is made days ahead.
+      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
+      // DDL takes no bound parameters: the name and bounds are made here from a checked integer, never from input.
+      await client.query(
+        `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
+      );
+      await pool.commit(client);
+    } catch (error) {
+      await client.query("ROLLBACK").catch(() => {});
+      // 55P03: the lock was not had in time; 23514: the default partition holds rows of that day; 42P07 or
+      // 23505: another process made it first.
+      if (!["55P03", "23514", "42P07", "23505"].includes((error as { code?: string }).code ?? "")) throw error;
+    } finally {
+      client.release();
+    }
+  }
+}
+
+/** periodsBefore lists the day partitions that end at or before the time before, oldest first. */
+export async function periodsBefore(pool: Pool, before: number): Promise<Period[]> {
+  const { rows } = await pool.query(
+    `SELECT c.relname AS name FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+      WHERE i.inhparent = to_regclass('delivery_bodies') AND c.relname LIKE 'delivery\\_bodies\\_d%' ORDER BY c.relname`,
+  );
+  const periods: Period[] = [];
+  for (const { name } of rows as { name: string }[]) {
+    const day = /^delivery_bodies_d(\d{4})(\d{2})(\d{2})$/.exec(name);
+    if (!day) continue;
+    const from = Date.UTC(Number(day[1]), Number(day[2]) - 1, Number(day[3]));
+    if (from + DAY <= before) periods.push({ name, from, until: from + DAY });
+  }
+  return periods;
+}
+
+/**
+ * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
+ * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
+ * partition. It returns how many bodies it kept. The DETACH locks delivery_bodies for the transaction's few
+ * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
+ */
+export async function releasePeriod(client: pg.PoolClient, period: Period, lockMs: number): Promise<number> {
+  // Bounded, so that a DETACH queued behind a long transaction never holds up the stores queued behind it:
+  // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
+  await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
+  await client.query(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
+  await client.query("SELECT set_config('lock_timeout', '0', true)");
+  const kept = await client.query(
+    `INSERT INTO delivery_bodies (source, id, route, received_at, body)
+     SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b
+       JOIN delivery_rows r ON r.source = b.source AND r.id = b.id AND r.route = b.route
+      WHERE r.purged_at IS NULL`,
+  );
+  await client.query(`DROP TABLE ${period.name}`);
+  return kept.rowCount ?? 0;
+}
