@@ -412,9 +412,18 @@ async function onPostgres(out: Out): Promise<void> {
       const size = async (name: string) =>
         Number((await inbox.query("SELECT pg_total_relation_size(?) AS b", name))[0]!.b);
       const mib = async (name: string) => f((await size(name)) / 2 ** 20);
+      // deliveries is a view over delivery_rows and delivery_bodies, whose partitions hold the bytes.
+      const bodiesBytes = async () =>
+        Number(
+          (
+            await inbox.query(
+              "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) AS b FROM pg_partition_tree('delivery_bodies')",
+            )
+          )[0]!.b,
+        );
       out.push(
         ...lines,
-        `  sizes: deliveries ${await mib("deliveries")} MiB with its indexes and TOAST; deliveries_search ${await mib("deliveries_search")} MiB, ` +
+        `  sizes: delivery_rows and delivery_bodies ${f((await size("delivery_rows")) / 2 ** 20 + (await bodiesBytes()) / 2 ** 20)} MiB with their indexes and TOAST; deliveries_search ${await mib("deliveries_search")} MiB, ` +
           `of which deliveries_search_json ${await mib("deliveries_search_json")} MiB and deliveries_search_words ${await mib("deliveries_search_words")} MiB`,
       );
       await measure(inbox, out);
