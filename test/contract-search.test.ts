@@ -148,6 +148,22 @@ contract((suite) => {
       await expect(inbox, { id: "evt_1" }, ["evt_1"]);
     });
 
+    it("indexes a body kept apart as one kept in its row (PostgreSQL keeps those past DEFAULTS.inlineBodyBytes apart), and forgets both", async () => {
+      const inbox = await open();
+      const small = body(invoice("evt_small", "cus_789", 1, true));
+      const large = body({ ...invoice("evt_large", "cus_789", 2, true), note: "x".repeat(DEFAULTS.inlineBodyBytes) });
+      // (control) the two bodies fall on either side of the limit, so both of PostgreSQL's ways are taken.
+      assert.ok(small.length <= DEFAULTS.inlineBodyBytes && large.length > DEFAULTS.inlineBodyBytes);
+      await inbox.store({ source: "stripe", id: "evt_small", body: small });
+      suite.t += 1_000;
+      await inbox.store({ source: "stripe", id: "evt_large", body: large });
+      await expect(inbox, { bodyWords: "cus_789" }, ["evt_large", "evt_small"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"amount_paid":2}}}' }, ["evt_large"]);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      assert.equal((await inbox.dropBodies({ source: "stripe" })).bodies, 2);
+      await expect(inbox, { bodyWords: "cus_789" }, []);
+    });
+
     it("follows retention: a purge's bodies leave the index; on PostgreSQL their day's partition is dropped", async () => {
       const inbox = await open();
       const day = periodOf(suite.t).name;
