@@ -120,7 +120,7 @@ describe("a forward held to the rule", () => {
       assert.equal(refused.kind, "failed", "set aside: retrying cannot reach it");
       assert.match((refused as { error: string }).error, /^app: refused: 127\.0\.0\.1 is loopback/);
       assert.equal(dest.got.length, 0);
-      assert.deepEqual(await send(destination(`${dest.url}/x`), "evt_2"), { kind: "done" });
+      assert.equal((await send(destination(`${dest.url}/x`), "evt_2")).kind, "done");
       assert.deepEqual(
         dest.got.map((g) => g.id),
         ["evt_2"],
@@ -134,7 +134,7 @@ describe("a forward held to the rule", () => {
     const dest = await destinationServer();
     try {
       const reach = new Reach({ allow: parseAllow("127.0.0.1/32") });
-      assert.deepEqual(await send(destination(`${dest.url}/x`, reach), "evt_3"), { kind: "done" });
+      assert.equal((await send(destination(`${dest.url}/x`, reach), "evt_3")).kind, "done");
       assert.equal(dest.got.length, 1);
     } finally {
       dest.server.close();
@@ -150,7 +150,7 @@ describe("a forward held to the rule", () => {
       assert.match((refused as { error: string }).error, /refused: localhost resolves to .* loopback/);
       assert.equal(dest.got.length, 0);
       const allowed = new Reach({ allow: parseAllow("127.0.0.1/32,::1/128") });
-      assert.deepEqual(await send(destination(`http://localhost:${port}/x`, allowed), "evt_5"), { kind: "done" });
+      assert.equal((await send(destination(`http://localhost:${port}/x`, allowed), "evt_5")).kind, "done");
     } finally {
       dest.server.close();
     }
@@ -171,7 +171,7 @@ describe("a forward held to the rule", () => {
       assert.equal(dest.got.length, 0);
       // The control: with loopback allowed, the same name's answer is where the forward goes: the server.
       const allowed = new Reach({ resolver, allow: parseAllow("127.0.0.1/32") });
-      assert.deepEqual(await send(destination(url, allowed), "evt_7"), { kind: "done" });
+      assert.equal((await send(destination(url, allowed), "evt_7")).kind, "done");
       assert.deepEqual(
         dest.got.map((g) => g.id),
         ["evt_7"],

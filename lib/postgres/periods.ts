@@ -76,16 +76,27 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
  * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
  */
 export async function releasePeriod(client: pg.PoolClient, period: Period, lockMs: number): Promise<number> {
-  // Bounded, so that a DETACH queued behind a long transaction never holds up the stores queued behind it:
+  // Bounded, so that a lock queued behind a long transaction never holds up the stores queued behind it:
   // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
-  await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
-  await client.query(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
-  await client.query("SELECT set_config('lock_timeout', '0', true)");
-  const kept = await client.query(
-    `INSERT INTO delivery_bodies (source, id, route, received_at, body)
+  const bounded = (sql: string) =>
+    client
+      .query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`])
+      .then(() => client.query(sql))
+      .then(() => client.query("SELECT set_config('lock_timeout', '0', true)"));
+  // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
+  // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
+  // is held for a copy of those few bodies and a DROP, not for a scan of the whole day: that scan under the
+  // lock was the acks' worst window while a day was released (docs/operations.md#retention-by-period).
+  await bounded(`LOCK TABLE ${period.name} IN SHARE MODE`);
+  await client.query(
+    `CREATE TEMP TABLE kept_bodies ON COMMIT DROP AS
      SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b
        JOIN delivery_rows r ON r.source = b.source AND r.id = b.id AND r.route = b.route
       WHERE r.purged_at IS NULL`,
+  );
+  await bounded(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
+  const kept = await client.query(
+    "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT source, id, route, received_at, body FROM kept_bodies",
   );
   await client.query(`DROP TABLE ${period.name}`);
   return kept.rowCount ?? 0;
