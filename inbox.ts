@@ -9,6 +9,7 @@
 //   npx tsx inbox.ts reconcile [--source NAME] [--since 3d] [--dry-run] [--every 15m]   (what the provider never delivered)
 //   npx tsx inbox.ts destinations | pause NAME | resume NAME;  keys create|list|revoke;  config apply FILE | dump
 //   npx tsx inbox.ts secrets set NAME (value on stdin) | list | delete NAME | rotate;  audit
+//   npx tsx inbox.ts search enable | disable | status   (the body search index, off by default)
 // --db (or INBOX_DB) is a file path, or a postgres:// URL.
 
 import { pathToFileURL } from "node:url";
@@ -62,6 +63,8 @@ export async function cli(argv: string[]): Promise<void> {
   const backups = await import("./lib/cli/backups.ts");
   const keys = await import("./lib/cli/keys.ts");
   const secrets = await import("./lib/cli/secrets.ts");
+  const search = await import("./lib/cli/search.ts");
+  const { SearchOff } = await import("./lib/search.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
   const { speakTo, spokenAs } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
@@ -125,6 +128,7 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     backups.restore,
     keys.keys,
     secrets.secrets,
+    search.search,
     reads.audit,
     reconcile.reconcileCommand,
     configs.config,
@@ -142,7 +146,10 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
     // Run from the package, the line names what the user runs (webhook-inbox inbox keys list), not the clone's file.
     console.error(
       spokenAs(argv)(
-        error instanceof UsageError || error instanceof NotFound || error instanceof Refused
+        error instanceof UsageError ||
+          error instanceof NotFound ||
+          error instanceof Refused ||
+          error instanceof SearchOff
           ? error.message
           : `inbox.ts: ${message(error)}`,
       ),

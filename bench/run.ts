@@ -55,6 +55,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   commits: async () => (await import("./commits.ts")).commits(),
   regex: async () => (await import("./regex.ts")).regex(),
   trust: async () => (await import("./trust.ts")).trust(),
+  bodysearch: async () => (await import("./bodysearch.ts")).bodysearch(),
   stored: async () => (await import("./stored.ts")).stored(),
   narrow: async () => (await import("./narrow.ts")).narrow(),
 };
@@ -83,6 +84,7 @@ const DEFAULT = [
   "routing",
   "regex",
   "trust",
+  "bodysearch",
   "slow",
   "sandbox",
 ];

@@ -171,6 +171,22 @@ export const DEFAULTS = {
   purgeEveryMinutes: 60,
   /** Deliveries search() returns when no limit is given. @default 50 */
   searchLimit: 50,
+  /**
+   * The largest body the search indexes hold (bodyJson, bodyWords), in bytes: a larger one, or one that is not
+   * JSON, is found by its ID and metadata only. Fixed in each backend's search migration when it runs, so a new
+   * value needs a new migration (test/search.test.ts holds the two together). @default 65_536
+   */
+  searchBodyBytes: 65_536,
+  /**
+   * How far back a list that looks for a substring of the body (bodyContains, which no index serves) reads when
+   * it names no start (since): it reads every body in that window. @default 86_400_000 (a day)
+   */
+  bodyContainsWindowMs: 86_400_000,
+  /**
+   * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
+   * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
+   */
+  searchBackfillBatch: 1_000,
   /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
   adminPort: 8001,
   /** Deliveries on one page of the operator page's list. @default 50 */

@@ -3,6 +3,7 @@
 // status queries (ORDERING_SQL), and a try kept in the attempt log (ATTEMPT_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
+import { bodySearchSql } from "./search.ts";
 import { STATUSES, type Backend, type Filter, type SqlValue, type Try } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
@@ -13,6 +14,8 @@ const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   until: "number",
   errorMatch: "string",
   bodyContains: "string",
+  bodyJson: "string",
+  bodyWords: "string",
   id: "string",
   destination: "string",
 };
@@ -77,6 +80,9 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
       pg ? "position(?::bytea IN delivery_body(source, id, route, received_at, body)) > 0" : "instr(body, ?) > 0",
       Buffer.from(filter.bodyContains, "utf8"),
     );
+  const body = bodySearchSql(filter, backend);
+  where.push(...body.where);
+  params.push(...body.params);
   return { where: where.length === 0 ? "TRUE" : where.join(" AND "), params };
 }
 

@@ -112,8 +112,15 @@ export interface Filter {
   until?: number;
   /** A case-insensitive substring of the last error. */
   errorMatch?: string;
-  /** A substring of the body, as UTF-8 text. */
+  /** A substring of the body, as UTF-8 text: no index serves it, so it reads every body the other fields leave. */
   bodyContains?: string;
+  /**
+   * A JSON object or array (as text) the body contains, as PostgreSQL's jsonb @> says, found through an index.
+   * Bodies that are not JSON, or past DEFAULTS.searchBodyBytes, never match.
+   */
+  bodyJson?: string;
+  /** Words (any case) each of which a string, number or boolean value of the body holds, found through an index; the same bodies never match. */
+  bodyWords?: string;
   /** The delivery ID, exactly. */
   id?: string;
   /** The destination, exactly. */
@@ -184,6 +191,30 @@ export interface Audit {
   at?: number;
   /** The entry's key, set by the store at the first write; each later write adds its count to that entry. @default set by the store */
   change?: string;
+}
+
+/** SearchStatus is the body search index's state (Inbox.searchStatus()). */
+export interface SearchStatus {
+  /** The triggers are there: every body stored now is indexed. */
+  enabled: boolean;
+  /** Rows the backfill has read. PostgreSQL's walks the primary key, so this may pass toBackfill by rows stored since, which it skips. */
+  backfilled: number;
+  /** Rows with a body (not tombstones) stored before the index was enabled, counted then: what the backfill reads. */
+  toBackfill: number;
+  /** Enabled and backfilled: the search forms answer only then. */
+  ready: boolean;
+  /** When it was last enabled or disabled, or null if never. */
+  changedAt: number | null;
+}
+
+/** EnableSearchOptions are enableSearch()'s: the batch, who asks, and a callback after each batch. */
+export interface EnableSearchOptions {
+  /** Rows per backfill transaction. @default DEFAULTS.searchBackfillBatch */
+  batch?: number;
+  /** Who asks, for the audit log: one entry, written with the triggers, its count the rows each batch indexed. @default none */
+  audit?: Audit;
+  /** Called after each committed batch, with the status then (the CLI's progress). @default none */
+  onBatch?: (status: SearchStatus) => void;
 }
 
 /** Way is how a configuration arrived: from the operator's hand on the host (a file), or through the API or the page. */
@@ -565,6 +596,18 @@ export interface Inbox {
    * received time: the operator page groups them further by a normalised key, reading the failed rows once.
    */
   failuresByError(): Promise<{ error: string | null; count: number; latest: number }[]>;
+  /** searchStatus says whether the body search index (bodyJson, bodyWords) is on, and how far its backfill got. */
+  searchStatus(): Promise<SearchStatus>;
+  /**
+   * enableSearch turns the body search index on (docs/operations.md#searching-bodies): in one short transaction
+   * the triggers that index every body stored from then on, then the rows stored before, a batch per transaction
+   * (writers wait for one batch at most), until all are read. Called again (after an interruption) it carries on
+   * where the backfill stopped. The forms answer once the backfill is done. One audit entry, its count the rows
+   * indexed.
+   */
+  enableSearch(options?: EnableSearchOptions): Promise<SearchStatus>;
+  /** disableSearch drops the triggers and empties the index, in one transaction; false if it was off already. */
+  disableSearch(audit?: Audit): Promise<boolean>;
   /** addApiKey stores a new API key: its SHA-256 alone, never the key. */
   addApiKey(key: ApiKey, audit?: Audit): Promise<void>;
   /** apiKeys lists every API key, revoked ones too, oldest first. */

@@ -883,6 +883,52 @@ for (const backend of BACKENDS) {
       assert.equal(await snapshot(), state, "nothing of any of it was stored");
     });
 
+    it("searches bodies by bodyJson and bodyWords, refuses a form no index can answer, and reads a day's bodies for body", async () => {
+      const api = client(read.key);
+      const list = (query: Record<string, string>) => api.GET("/api/v1/deliveries", { params: { query } });
+      const rows = (r: Awaited<ReturnType<typeof list>>) => r.data!.items.map((d) => `${d.id}>${d.destination}`).sort();
+      // The index is off until an operator turns it on: a 409 that names the command, and a form the index
+      // could never answer is still a 400 first.
+      const off = await list({ bodyWords: "IN_EVT_4" });
+      assert.equal(off.response.status, 409);
+      assert.equal(off.response.headers.get("content-type"), "application/problem+json");
+      assert.match((off.error as { detail: string }).detail, /inbox\.ts search enable/);
+      assert.equal((await list({ bodyJson: "{}" })).response.status, 400);
+      assert.equal((await runScript("inbox.ts", ["search", "enable", "--db", made.target])).code, 0);
+      const json = await list({ bodyJson: '{"data":{"object":{"id":"in_evt_3"}}}' });
+      assert.deepEqual(rows(json), ["evt_3>app", "evt_3>handler"]);
+      assert.equal(json.data!.bodySince, undefined, "an index served it: no bound");
+      assert.deepEqual(rows(await list({ bodyWords: "IN_EVT_4", destination: "app" })), ["evt_4>app"]);
+      // (control) The same document at another path, and a word that is only a key, match nothing.
+      assert.deepEqual(rows(await list({ bodyJson: '{"id":"in_evt_3"}' })), []);
+      assert.deepEqual(rows(await list({ bodyWords: "object" })), []);
+      const refusals: Record<string, string>[] = [
+        { bodyJson: '"in_evt_3"' },
+        { bodyJson: "{}" },
+        { bodyJson: "{nope" },
+        { bodyWords: "--" },
+      ];
+      for (const query of refusals) {
+        const refused = await list(query);
+        assert.equal(refused.response.status, 400, JSON.stringify(query));
+        assert.deepEqual(
+          refused.error!.errors!.map((e) => e.path),
+          [`query.${Object.keys(query)[0]}`],
+        );
+      }
+      // body reads every body the rest leaves: with no since, those of the last day, and the answer says from when.
+      const before = Date.now();
+      const contains = await list({ body: "in_evt_3" });
+      assert.deepEqual(rows(contains), ["evt_3>app", "evt_3>handler"]);
+      assert.ok(
+        contains.data!.bodySince! >= before - 86_400_000 && contains.data!.bodySince! <= Date.now() - 86_400_000,
+      );
+      const bounded = await list({ body: "in_evt_3", since: "2d" });
+      assert.deepEqual(rows(bounded), ["evt_3>app", "evt_3>handler"]);
+      assert.equal(bounded.data!.bodySince, undefined, "a since given is kept");
+      assert.deepEqual(rows(await list({ body: "in_evt_3", until: "2h" })), [], "a day before until holds none");
+    });
+
     it("takes a time as the page and the CLI take one: an age ago (since=2h), an ISO date, or ms", async () => {
       const get = async (query: string) => {
         const r = await fetch(`${admin.url}/api/v1/deliveries?${query}`, {

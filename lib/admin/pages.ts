@@ -17,6 +17,7 @@ import {
   type Status,
 } from "../store.ts";
 import { REMOVED } from "../rows.ts";
+import { boundBodyContains } from "../search.ts";
 import { destinationStates, failureGroups } from "../operations/actions.ts";
 import {
   action,
@@ -158,14 +159,17 @@ const filterForm = (params: URLSearchParams) => {
 <label>Since (UTC) <input name="since" value="${v("since")}" placeholder="2026-12-02T18:00" size="16"></label>
 <label>Until (UTC) <input name="until" value="${v("until")}" placeholder="2026-12-02T19:00" size="16"></label>
 <label>ID <input name="id" value="${v("id")}" size="12"></label>
-<label>Body contains <input name="q" value="${v("q")}" size="14"></label>
+<label>Body JSON <input name="bodyJson" value="${v("bodyJson")}" placeholder='{"data":{"object":{"customer":"cus_123"}}}' size="24"></label>
+<label>Body words <input name="bodyWords" value="${v("bodyWords")}" placeholder="cus_123" size="14"></label>
+<label>Body contains <input name="q" value="${v("q")}" size="14" title="reads every body: a day's when Since is empty"></label>
 <label>Error contains <input name="error" value="${v("error")}" size="14"></label>
 <button>Filter</button> <a href="/deliveries">clear</a></form>`;
 };
 
 /** deliveries lists the deliveries a filter matches, newest first, a page at a time, with the bulk actions. */
 export const deliveries = async (ctx: PageContext, s: Session, params: URLSearchParams, flash: Flash | null) => {
-  const filter = filterFrom(params, ctx.now());
+  // A body contains with no Since reads a day's bodies, not every one; the page says so above the list.
+  const { filter, since } = boundBodyContains(filterFrom(params, ctx.now()), ctx.now());
   const after = decodeCursor(params.get("after"));
   // One more than a page says whether there is a next one, without counting a million rows.
   const rows = await ctx.inbox.search(filter, { after, limit: ctx.pageSize + 1 });
@@ -191,7 +195,11 @@ ${status === undefined || status === "done" ? `<a class="button" href="/bulk?${e
     ctx,
     s,
     "Deliveries",
-    `<h1>Deliveries</h1>${filterForm(params)}${bulk}
+    `<h1>Deliveries</h1>${filterForm(params)}${bulk}${
+      since === undefined
+        ? ""
+        : `<p class="note">Body contains reads every body, so it searched those received since ${escape(utc(since))}; set Since to look further back, or search by Body JSON or Body words, which an index serves.</p>`
+    }
 <div class="scroll"><table class="list"><thead><tr><th>id</th><th>source</th><th>destination</th><th>event type</th><th>status</th><th class="num">tries</th><th>received</th><th>error</th></tr></thead>
 <tbody>${table || `<tr><td colspan="8">No deliveries match.</td></tr>`}</tbody></table></div>
 <p class="pager">${after ? `<a href="/deliveries?${escape(filterQuery(params))}">« newest</a>` : ""}

@@ -11,6 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { redactor, type Secret } from "../redact.ts";
+import { SearchOff } from "../search.ts";
 import type { Audit, Delivery, Inbox } from "../store.ts";
 import {
   type Announce,
@@ -163,7 +164,8 @@ export function createAdmin(options: AdminOptions): Admin {
   p.api = new Api(p);
   const server = createServer((req, res) => {
     handle(p, req, res).catch((error: unknown) => {
-      const status = error instanceof HttpError ? error.status : 500;
+      // A search form on an inbox whose index is off: the page says so, naming the command that turns it on.
+      const status = error instanceof HttpError ? error.status : error instanceof SearchOff ? 409 : 500;
       if (status === 500) console.error(`admin: ${req.method} ${req.url}: ${message(error)}`);
       if (!res.headersSent)
         send(

@@ -24,6 +24,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { PreviewBusy } from "../forwarding/preview.ts";
 import { redactAttempt } from "../redact.ts";
+import { boundBodyContains, SearchOff } from "../search.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
@@ -186,7 +187,8 @@ export class Api {
       const key = await this.authorise(req, op);
       await this.run(req, res, url, op, params, key);
     } catch (error) {
-      const status = error instanceof HttpError ? error.status : 500;
+      // A search form on an inbox whose index is off is a 409: the request is sound, the inbox's state refuses it.
+      const status = error instanceof HttpError ? error.status : error instanceof SearchOff ? 409 : 500;
       if (status === 500) console.error(`api: ${req.method} ${url.pathname}: ${message(error)}`);
       const detail = status === 500 ? "Something went wrong; the server's log says what." : message(error);
       const members = error instanceof ApiError ? error.members : {};
@@ -439,9 +441,14 @@ const OPERATION_HANDLERS: Record<OperationId, Operate> = {
     } catch {
       throw new ApiError(400, "query.after: not a cursor this API wrote");
     }
-    const rows = await ctx.inbox.search(filterOf(fields, ctx.now()), { limit, ...(cursor ? { after: cursor } : {}) });
+    const { filter, since } = boundBodyContains(filterOf(fields, ctx.now()), ctx.now());
+    const rows = await ctx.inbox.search(filter, { limit, ...(cursor ? { after: cursor } : {}) });
     return {
-      body: { items: rows.map((d) => row(ctx, d)), next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null },
+      body: {
+        items: rows.map((d) => row(ctx, d)),
+        next: rows.length === limit ? encodeCursor(rows.at(-1)!) : null,
+        ...(since === undefined ? {} : { bodySince: since }),
+      },
     };
   },
   getDelivery: async (ctx, call) => {

@@ -6,6 +6,7 @@ import { extendZodWithOpenApi } from "@asteasolutions/zod-to-openapi";
 import { z } from "zod";
 import { DEFAULTS } from "../defaults.ts";
 import { SECRET_NAME } from "../references.ts";
+import { bodyWordsOf, parseBodyJson } from "../search.ts";
 import { DESTINATION_NAME, ORIGINS, SCOPES, type Scope as ScopeName, STATUSES, TEST_SOURCE } from "../store.ts";
 
 extendZodWithOpenApi(z);
@@ -54,7 +55,14 @@ export const DeliveryRow = z
 
 /** DeliveryPage is one page of a list or a search, with the cursor of the next one (null at the end). */
 export const DeliveryPage = z
-  .object({ items: z.array(DeliveryRow), next: z.string().nullable() })
+  .object({
+    items: z.array(DeliveryRow),
+    next: z.string().nullable(),
+    bodySince: z.number().int().optional().openapi({
+      description:
+        "When a search by `body` named no `since`: the start it read from (ms since the epoch), a day before `until` or now.",
+    }),
+  })
   .openapi("DeliveryPage");
 
 /** DeliveryShown is a delivery with every destination's row, and its body in base64. */
@@ -213,6 +221,16 @@ export const SecretSet = z.object({ name: z.string(), created: z.boolean() }).op
 /** SecretDeleted is a secret removed. */
 export const SecretDeleted = z.object({ name: z.string(), deleted: z.literal(true) }).openapi("SecretDeleted");
 
+// fits turns a parser that throws into a refinement that says whether a value parses.
+const fits = (parse: (text: string) => unknown) => (text: string) => {
+  try {
+    parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
 /** FilterFields is what picks deliveries, in a search's query or a bulk action's body; every field narrows. */
 export const FilterFields = z.object({
   status: Status.optional(),
@@ -221,7 +239,30 @@ export const FilterFields = z.object({
   since: time.optional(),
   until: time.optional(),
   error: z.string().max(200).optional().openapi({ description: "A case-insensitive substring of the last error." }),
-  body: z.string().max(200).optional().openapi({ description: "A substring of the body, as UTF-8 text." }),
+  body: z.string().max(200).optional().openapi({
+    description:
+      "A substring of the body, as UTF-8 text. No index serves it: it reads every body the other fields leave, so a list with no `since` reads the last day's (`bodySince` says from when).",
+  }),
+  bodyJson: z
+    .string()
+    .max(2000)
+    .refine(fits(parseBodyJson), {
+      message: "expected a JSON object or array holding a string, whole number or true/false to look for",
+    })
+    .optional()
+    .openapi({
+      description:
+        'A JSON object the body contains, as PostgreSQL\'s jsonb `@>` says: `{"data":{"object":{"customer":"cus_123"}}}`. Found through an index; a body that is not JSON, or past 64 KiB, never matches. The index is off unless an operator ran `inbox.ts search enable`: until it is on and filled, a 409 problem says so.',
+    }),
+  bodyWords: z
+    .string()
+    .max(200)
+    .refine(fits(bodyWordsOf), { message: "expected a word with a letter or a digit" })
+    .optional()
+    .openapi({
+      description:
+        "Words, separated by spaces, each of which a string, number or boolean of the body holds, in any case (`cus_123 refunded`). Found through an index; the same bodies never match. A 409 problem while the index is off, as for bodyJson.",
+    }),
   id: z.string().max(1000).optional(),
   destination: name.optional(),
 });
@@ -528,6 +569,8 @@ export const OPERATIONS = [
     query: ListQuery,
     status: 200,
     answer: DeliveryPage,
+    // bodyJson or bodyWords on an inbox whose search index is off (inbox.ts search enable).
+    problems: [409],
   },
   {
     operationId: "getDelivery",

@@ -8,6 +8,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { type Host, hostOf } from "../config/config.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { parseDuration, parseWhen } from "../format.ts";
+import { bodyWordsOf, parseBodyJson } from "../search.ts";
 import { isInbox } from "../sqlite/schema.ts";
 import { type Delivery, type Filter, type Inbox, STATUSES, type Status } from "../store.ts";
 
@@ -106,6 +107,15 @@ export function commandLine(
       throw new InvalidArgumentError("expected an ISO date (2026-01-05, 2026-01-05T12:00:00Z) or an age ago (2h, 3d).");
     return ms;
   };
+  // checked turns a parser that throws a TypeError into an option's, which commander reports as a usage error.
+  const checked = (parse: (text: string) => unknown) => (value: string) => {
+    try {
+      parse(value);
+    } catch (error) {
+      throw new InvalidArgumentError(`${(error as Error).message.replace(/^\w+: /, "")}.`);
+    }
+    return value;
+  };
   const withFilters = (command: Command) =>
     command
       .option("--source <name>", "only this source")
@@ -113,6 +123,20 @@ export function commandLine(
       .option("--since <when>", "received at or after: an ISO date, or an age ago (2h, 3d)", when)
       .option("--until <when>", "received before: an ISO date, or an age ago", when)
       .option("--error-match <text>", "whose last error contains this text (any case)")
+      .option(
+        "--body-json <json>",
+        'whose JSON body contains this JSON, through an index: \'{"data":{"object":{"customer":"cus_123"}}}\'',
+        checked(parseBodyJson),
+      )
+      .option(
+        "--body-words <words>",
+        "whose JSON body holds each of these words in a string, number or boolean, through an index",
+        checked(bodyWordsOf),
+      )
+      .option(
+        "--body-contains <text>",
+        "whose body contains this text; no index serves it, so list reads the last day's bodies unless --since is given",
+      )
       .option("--destination <name>", 'only the rows going to this destination (the handler is "handler")');
   const who = () => `cli:${process.env.USER ?? process.env.LOGNAME ?? "unknown"}`;
   const withKey = (command: Command) =>
@@ -179,6 +203,9 @@ export interface CliFilters {
   since?: number;
   until?: number;
   errorMatch?: string;
+  bodyJson?: string;
+  bodyWords?: string;
+  bodyContains?: string;
   destination?: string;
 }
 
@@ -191,5 +218,8 @@ export function filterOf(opts: CliFilters): Filter {
   if (opts.since !== undefined) filter.since = opts.since;
   if (opts.until !== undefined) filter.until = opts.until;
   if (opts.errorMatch !== undefined) filter.errorMatch = opts.errorMatch;
+  if (opts.bodyJson !== undefined) filter.bodyJson = opts.bodyJson;
+  if (opts.bodyWords !== undefined) filter.bodyWords = opts.bodyWords;
+  if (opts.bodyContains !== undefined) filter.bodyContains = opts.bodyContains;
   return filter;
 }

@@ -9,6 +9,7 @@ import { label, message } from "../log.ts";
 import { loadSources, readSourcesFile } from "../config/sources.ts";
 import { type Attempt, type InboxStatus, STATUSES, type Status } from "../store.ts";
 import { REMOVED } from "../rows.ts";
+import { boundBodyContains } from "../search.ts";
 import { type Cli, type CliFilters, filterOf, findRows, NotFound, UsageError } from "./command.ts";
 
 /** status counts deliveries per status, and lists failures, the oldest wait, conflicts, ordering and what is kept. */
@@ -113,7 +114,15 @@ export function list(c: Cli): void {
     .action(async (opts: CliFilters & { db?: string; status?: Status; limit: number; json?: boolean }) => {
       const inbox = await open(opts);
       try {
-        const filter = { ...filterOf(opts), ...(opts.status ? { status: opts.status } : {}) };
+        const { filter, since } = boundBodyContains(
+          { ...filterOf(opts), ...(opts.status ? { status: opts.status } : {}) },
+          Date.now(),
+        );
+        // On stderr, so that --json stays one document.
+        if (since !== undefined)
+          console.error(
+            `--body-contains reads every body, so it searched those received since ${iso(since)}; pass --since to look further back, or --body-json or --body-words, which an index serves.`,
+          );
         const rows = await inbox.search(filter, { limit: opts.limit });
         if (opts.json)
           return void console.log(

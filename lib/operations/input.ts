@@ -5,6 +5,7 @@
 import type { IncomingMessage } from "node:http";
 import { type Cursor, DESTINATION_NAME, STATUSES, type Delivery, type Filter, type Status } from "../store.ts";
 import { parseDuration, utc } from "../format.ts";
+import { bodyWordsOf, parseBodyJson } from "../search.ts";
 
 const MAX_FORM_BYTES = 64 * 1024;
 
@@ -33,7 +34,19 @@ export async function readForm(req: IncomingMessage): Promise<URLSearchParams> {
 }
 
 /** The filter fields as they appear in a URL, so a link to a list can be shared. */
-const FILTER_FIELDS = ["status", "source", "destination", "type", "since", "until", "id", "q", "error"] as const;
+const FILTER_FIELDS = [
+  "status",
+  "source",
+  "destination",
+  "type",
+  "since",
+  "until",
+  "id",
+  "q",
+  "bodyJson",
+  "bodyWords",
+  "error",
+] as const;
 
 /**
  * parseTime reads a time field as the page, the API and the CLI take one: a number of ms since the epoch, an
@@ -82,6 +95,20 @@ export function filterFrom(params: URLSearchParams, now: number): Filter {
   if (type !== undefined) filter.type = type;
   if (id !== undefined) filter.id = id;
   if (q !== undefined) filter.bodyContains = q;
+  // Checked here, so that a form the index cannot answer is a 400 that says why, not a failed search.
+  for (const [name, parse] of [
+    ["bodyJson", parseBodyJson],
+    ["bodyWords", bodyWordsOf],
+  ] as const) {
+    const value = get(name);
+    if (value === undefined) continue;
+    try {
+      parse(value);
+    } catch (error) {
+      throw new HttpError(400, (error as Error).message);
+    }
+    filter[name] = value;
+  }
   if (error !== undefined) filter.errorMatch = error;
   if (since !== undefined) filter.since = parseTime(since, "since", now);
   if (until !== undefined) filter.until = parseTime(until, "until", now);

@@ -3,12 +3,13 @@
 // queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and hands it
 // these calls; it reaches the queue through the CommitQueue the inbox gives it.
 
+import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
 import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql, replayToCount } from "../sql.ts";
+import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
 import { makePeriods, periodsBefore, releasePeriod } from "./periods.ts";
@@ -179,7 +180,7 @@ export class PostgresBulk {
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) {
-      const { where, params } = filterSql(filter, "postgres");
+      const { where, params } = await filterSqlChecked(this.pool, filter);
       const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
       return { replayed: Number(rows[0].n), tombstoned: await tombstoned() };
     }
@@ -252,7 +253,7 @@ export class PostgresBulk {
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {
-    const { where, params } = filterSql(filter, "postgres");
+    const { where, params } = await filterSqlChecked(this.pool, filter);
     const { rows } = await this.pool.query(
       toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
       params,
@@ -271,7 +272,7 @@ export class PostgresBulk {
     act: (client: pg.PoolClient, keys: Cursor[]) => Promise<number>,
   ): Promise<void> {
     const size = bulkBatchSize(options.batch);
-    const { where, params } = filterSql(filter, "postgres");
+    const { where, params } = await filterSqlChecked(this.pool, filter);
     let after: Cursor | undefined;
     for (;;) {
       const picked = (await this.other(async (client) => {
@@ -399,7 +400,7 @@ export class PostgresBulk {
   }
 
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
-    const { where, params } = filterSql(filter, "postgres");
+    const { where, params } = await filterSqlChecked(this.pool, filter);
     const size = bulkBatchSize(options.batch);
     const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
     if (options.dryRun) {

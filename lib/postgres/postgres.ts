@@ -15,6 +15,7 @@ import { enterKeys, settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { PostgresRecords, writeAudit } from "./records.ts";
 import { makePeriods } from "./periods.ts";
+import { PostgresSearching } from "./searching.ts";
 import { migrate } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -53,6 +54,8 @@ import {
   type Gauges,
   type ApiKey,
   type Audit,
+  type EnableSearchOptions,
+  type SearchStatus,
   type AuditEntry,
   type StoredSecret,
   type Remembered,
@@ -125,6 +128,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   private readonly bulk: PostgresBulk;
   // What the inbox keeps beside its deliveries: the configuration's versions, API keys, answers, the audit log.
   private readonly records: PostgresRecords;
+  // The body search index's switch and backfill.
+  private readonly searching: PostgresSearching;
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -136,6 +141,11 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       pinned: options.now,
       other: (run, together, locks) => this.other(run, together, locks),
       notify: (client, added) => this.notify(client, added),
+    });
+    this.searching = new PostgresSearching({
+      pool: this.pool,
+      pinned: options.now,
+      other: (run) => this.other(run),
     });
     this.records = new PostgresRecords({
       pool: this.pool,
@@ -993,6 +1003,15 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }));
   }
 
+  searchStatus(): Promise<SearchStatus> {
+    return this.searching.status();
+  }
+  enableSearch(options?: EnableSearchOptions): Promise<SearchStatus> {
+    return this.searching.enable(options);
+  }
+  disableSearch(audit?: Audit): Promise<boolean> {
+    return this.searching.disable(audit);
+  }
   addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
     return this.records.addApiKey(key, audit);
   }

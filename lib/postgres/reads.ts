@@ -3,6 +3,7 @@
 // and hands it these calls. Reads go straight to the pool, outside the commit queue of postgres/commit.ts:
 // they lock nothing and wait for no batch.
 
+import { filterSqlChecked } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg } from "./commit.ts";
 import type { Pool } from "./pool.ts";
@@ -24,7 +25,7 @@ import {
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
 import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery, toGauges } from "../rows.ts";
-import { DISTINCT_SOURCES, ORDERING_SQL, filterSql } from "../sql.ts";
+import { DISTINCT_SOURCES, ORDERING_SQL } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
@@ -200,7 +201,7 @@ export class PostgresReads {
   }
 
   async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
-    const { where, params } = filterSql(filter, "postgres");
+    const { where, params } = await filterSqlChecked(this.pool, filter);
     const limit = searchPageLimit(page.limit);
     // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
     const after =
@@ -221,7 +222,7 @@ export class PostgresReads {
   }
 
   async count(filter: Filter): Promise<number> {
-    const { where, params } = filterSql(filter, "postgres");
+    const { where, params } = await filterSqlChecked(this.pool, filter);
     const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
     return Number(rows[0].n);
   }

@@ -269,6 +269,58 @@ export const MIGRATIONS: readonly string[] = [
    CREATE FUNCTION delivery_body(s text, i text, r smallint, at bigint, inline bytea) RETURNS bytea LANGUAGE sql STABLE AS $$
      SELECT coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r AND b.received_at = at),
                      inline) $$;`,
+  // Search (lib/search.ts, docs/operations.md#searching-bodies): each delivery's JSON body once, in a table of its
+  // own keyed as duplicates are, with GIN indexes for bodyJson (jsonb_path_ops: @> alone, a third the size of
+  // jsonb_ops) and bodyWords (a tsvector of its strings, numbers and booleans: full-text, not pg_trgm, which
+  // bench/bodysearch.ts measures beside it, and which needs an extension). Not indexes on deliveries: each claim,
+  // finish or retry rewrites its row in a new place (never a HOT update) and would parse the body and make its
+  // tsvector again; here a delivery is parsed once, when it is stored. inbox_search_json() is the JSON a body
+  // holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes), not UTF-8 or not JSON, so a store
+  // never fails on a body the index cannot take (not PARALLEL SAFE: its EXCEPTION block is a subtransaction).
+  // Opt-in: the table is made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers
+  // (lib/postgres/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays
+  // nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT AS $$
+   BEGIN
+     IF length(body) > 65536 THEN RETURN NULL; END IF;
+     RETURN convert_from(body, 'UTF8')::jsonb;
+   EXCEPTION WHEN data_exception THEN
+     RETURN NULL;
+   END $$;
+   CREATE TABLE deliveries_search (
+     source text  NOT NULL,
+     id     text  NOT NULL,
+     doc    jsonb NOT NULL,
+     PRIMARY KEY (source, id)
+   );
+   -- A delivery's rows (one per route) share its body: route 0, which every delivery has, stands for them.
+   CREATE FUNCTION inbox_search_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+   BEGIN
+     IF TG_OP <> 'INSERT' THEN
+       DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
+     END IF;
+     -- An empty body is none: a tombstone's, or a row whose body is in delivery_bodies (its own trigger there).
+     IF TG_OP <> 'DELETE' AND octet_length(NEW.body) > 0 THEN
+       INSERT INTO deliveries_search (source, id, doc)
+         SELECT NEW.source, NEW.id, j FROM inbox_search_json(NEW.body) AS j WHERE j IS NOT NULL
+         ON CONFLICT (source, id) DO UPDATE SET doc = excluded.doc;
+     END IF;
+     RETURN NULL;
+   END $$;
+   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops);
+   CREATE INDEX deliveries_search_words ON deliveries_search USING gin
+     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb));
+   CREATE TABLE search_state (
+     one          integer PRIMARY KEY CHECK (one = 1),
+     enabled      boolean NOT NULL DEFAULT false,
+     changed_at   bigint,
+     after_source text,
+     after_id     text,
+     done         boolean NOT NULL DEFAULT false,
+     backfilled   bigint  NOT NULL DEFAULT 0,
+     to_backfill  bigint  NOT NULL DEFAULT 0
+   );
+   INSERT INTO search_state (one) VALUES (1);`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

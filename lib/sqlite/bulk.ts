@@ -3,11 +3,12 @@
 // runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting between them so
 // acks get the write lock. SqliteInbox holds one and hands it these calls, through the CommitQueue it gives.
 
+import { filterSqlChecked } from "./searching.ts";
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import type { Audit, BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { filterSql, replayToCount } from "../sql.ts";
+import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
 import { whole } from "./commit.ts";
@@ -179,7 +180,7 @@ export class SqliteBulk {
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) {
-      const { where, params } = filterSql(filter, "sqlite");
+      const { where, params } = filterSqlChecked(this.sql, filter);
       const { n } = this.sql(replayToCount(where)).get(...params, to) as { n: number };
       return { replayed: Number(n), tombstoned: await tombstoned() };
     }
@@ -239,7 +240,7 @@ export class SqliteBulk {
   }
 
   private async countWhere(filter: Filter, also: string): Promise<number> {
-    const { where, params } = filterSql(filter, "sqlite");
+    const { where, params } = filterSqlChecked(this.sql, filter);
     return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`).get(...params) as { n: number })
       .n;
   }
@@ -256,7 +257,7 @@ export class SqliteBulk {
     act: (keys: Cursor[], now: number) => number,
   ): Promise<void> {
     const size = bulkBatchSize(options.batch);
-    const { where, params } = filterSql(filter, "sqlite");
+    const { where, params } = filterSqlChecked(this.sql, filter);
     let after: Cursor | undefined;
     for (;;) {
       const picked = await this.atomic(() => {
@@ -344,7 +345,7 @@ export class SqliteBulk {
 
   /** dropBodies makes tombstones of the settled deliveries that match (purge by name), in batches. */
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
-    const { where, params } = filterSql(filter, "sqlite");
+    const { where, params } = filterSqlChecked(this.sql, filter);
     const size = bulkBatchSize(options.batch);
     const pick = `SELECT rowid, length(body) AS bytes FROM deliveries
                   WHERE status IN ('done', 'failed') AND purged_at IS NULL AND ${where} ORDER BY received_at LIMIT ?`;

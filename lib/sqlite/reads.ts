@@ -3,6 +3,7 @@
 // SqliteReads and hands it these calls; each reads the file in one statement or a few, outside the commit
 // queue of sqlite/commit.ts, which it never waits for.
 
+import { filterSqlChecked } from "./searching.ts";
 import type { SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import {
@@ -22,7 +23,7 @@ import {
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
 import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery } from "../rows.ts";
-import { ORDERING_SQL, filterSql } from "../sql.ts";
+import { ORDERING_SQL } from "../sql.ts";
 
 import type { Statements } from "./order-keys.ts";
 
@@ -176,7 +177,7 @@ export class SqliteReads {
 
   /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
   async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
-    const { where, params } = filterSql(filter, "sqlite");
+    const { where, params } = filterSqlChecked(this.sql, filter);
     const limit = searchPageLimit(page.limit);
     const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
     const cursor =
@@ -189,7 +190,7 @@ export class SqliteReads {
 
   /** count says how many deliveries match. */
   async count(filter: Filter): Promise<number> {
-    const { where, params } = filterSql(filter, "sqlite");
+    const { where, params } = filterSqlChecked(this.sql, filter);
     return (this.sql(`SELECT count(*) AS n FROM deliveries WHERE ${where}`).get(...params) as { n: number }).n;
   }
 

@@ -9,6 +9,7 @@ import { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { describeRuntime } from "../runtime.ts";
+import { SQLITE_CONTAINS, jsonContains, searchableJson } from "../search.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
 export const MIGRATIONS: readonly string[] = [
@@ -276,6 +277,23 @@ export const MIGRATIONS: readonly string[] = [
    INSERT INTO attempts (source, id, destination, attempt, started_at, error)
      SELECT source, id, destination, attempt, failed_at, error FROM attempt_errors ORDER BY failed_at, rowid;
    DROP TABLE attempt_errors;`,
+  // Search (lib/search.ts, docs/operations.md#searching-bodies): an FTS5 index of the words of each JSON body's
+  // strings, numbers and booleans, by the row's rowid, for bodyWords and as bodyJson's first look; contentless,
+  // so the words are not stored twice, and with contentless_delete so a row can leave it. Opt-in: the table is
+  // made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers (SEARCH_TRIGGERS in
+  // lib/sqlite/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays nothing
+  // at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  `CREATE VIRTUAL TABLE deliveries_search USING fts5(words, content = '', contentless_delete = 1);
+   CREATE TABLE search_state (
+     one         INTEGER PRIMARY KEY CHECK (one = 1),
+     enabled     INTEGER NOT NULL DEFAULT 0,
+     changed_at  INTEGER,
+     until_rowid INTEGER NOT NULL DEFAULT 0,
+     done_rowid  INTEGER NOT NULL DEFAULT 0,
+     backfilled  INTEGER NOT NULL DEFAULT 0,
+     to_backfill INTEGER NOT NULL DEFAULT 0
+   );
+   INSERT INTO search_state (one) VALUES (1);`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -309,6 +327,7 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     const problem = durabilityProblem(readDurability(db));
     if (problem !== undefined) throw new Error(`${problem}: a 200 would not mean the delivery is safe on disk`);
     migrate(db);
+    registerSearch(db);
     // SQLite quietly opens a file it may not write read-only: find out now, not at the first delivery.
     // (BEGIN IMMEDIATE alone succeeds on a read-only file in WAL mode; a real write, rolled back, does not.)
     db.exec("BEGIN IMMEDIATE");
@@ -322,6 +341,22 @@ export function openDatabase(path: string, busyTimeoutMs: number = DEFAULTS.busy
     throw new Error(`open ${path}: ${message(error)}`, { cause: error });
   }
   return db;
+}
+
+/**
+ * registerSearch gives a connection jsonContains as SQL (SQLITE_CONTAINS), with which a bodyJson search rechecks
+ * the rows its FTS5 index found. Only queries call it, never a trigger, so a writer without it (the sqlite3
+ * shell, an older inbox) still writes the file.
+ */
+export function registerSearch(db: DatabaseSync): void {
+  // The needle is the same text for every row of one search: parsed once, not once a row.
+  let last: { text: string; needle: unknown } | undefined;
+  db.function(SQLITE_CONTAINS, { deterministic: true }, (body, text) => {
+    if (!(body instanceof Uint8Array) || typeof text !== "string") return 0;
+    if (last?.text !== text) last = { text, needle: JSON.parse(text) };
+    const doc = searchableJson(body, DEFAULTS.searchBodyBytes);
+    return doc !== undefined && jsonContains(doc, last.needle) ? 1 : 0;
+  });
 }
 
 /** Durability is what an inbox database was opened with, read back from SQLite on the runtime that opened it. */

@@ -14,6 +14,7 @@ import { SqliteCommitter, whole } from "./commit.ts";
 import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./order-keys.ts";
 import { SqliteReads } from "./reads.ts";
 import { SqliteRecords, writeAudit } from "./records.ts";
+import { SqliteSearching } from "./searching.ts";
 import { MIGRATIONS, readDurability, type Durability } from "./schema.ts";
 import {
   NO_DESTINATION,
@@ -51,6 +52,8 @@ import {
   type Tx,
   type ApiKey,
   type Audit,
+  type EnableSearchOptions,
+  type SearchStatus,
   type AuditEntry,
   type Remembered,
   type ApplyConfigOptions,
@@ -136,6 +139,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   private readonly reads: SqliteReads;
   private readonly bulk: SqliteBulk;
   private readonly records: SqliteRecords;
+  private readonly searching: SqliteSearching;
 
   constructor(path: string, options: InboxOptions = {}) {
     checkOptions(options);
@@ -155,6 +159,11 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       flush: () => this.flush(),
     });
     this.records = new SqliteRecords({
+      sql: this.statement,
+      now: this.now,
+      enqueue: (run, partial) => this.enqueue(run, partial),
+    });
+    this.searching = new SqliteSearching({
       sql: this.statement,
       now: this.now,
       enqueue: (run, partial) => this.enqueue(run, partial),
@@ -799,6 +808,15 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return rows.map((r) => ({ error: r.error, count: Number(r.n), latest: Number(r.latest) }));
   }
 
+  searchStatus(): Promise<SearchStatus> {
+    return this.searching.status();
+  }
+  enableSearch(options?: EnableSearchOptions): Promise<SearchStatus> {
+    return this.searching.enable(options);
+  }
+  disableSearch(audit?: Audit): Promise<boolean> {
+    return this.searching.disable(audit);
+  }
   addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
     return this.records.addApiKey(key, audit);
   }

@@ -116,6 +116,8 @@ export interface components {
     DeliveryPage: {
       items: components["schemas"]["DeliveryRow"][];
       next: string | null;
+      /** @description When a search by `body` named no `since`: the start it read from (ms since the epoch), a day before `until` or now. */
+      bodySince?: number;
     };
     DeliveryRow: {
       source: string;
@@ -399,8 +401,12 @@ export interface operations {
         until?: number | string;
         /** @description A case-insensitive substring of the last error. */
         error?: string;
-        /** @description A substring of the body, as UTF-8 text. */
+        /** @description A substring of the body, as UTF-8 text. No index serves it: it reads every body the other fields leave, so a list with no `since` reads the last day's (`bodySince` says from when). */
         body?: string;
+        /** @description A JSON object the body contains, as PostgreSQL's jsonb `@>` says: `{"data":{"object":{"customer":"cus_123"}}}`. Found through an index; a body that is not JSON, or past 64 KiB, never matches. The index is off unless an operator ran `inbox.ts search enable`: until it is on and filled, a 409 problem says so. */
+        bodyJson?: string;
+        /** @description Words, separated by spaces, each of which a string, number or boolean of the body holds, in any case (`cus_123 refunded`). Found through an index; the same bodies never match. A 409 problem while the index is off, as for bodyJson. */
+        bodyWords?: string;
         id?: string;
         destination?: string;
         limit?: number;
@@ -435,6 +441,12 @@ export interface operations {
       };
       /** @description The path is served, but not with this method */
       405: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
+      /** @description It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against */
+      409: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
         };
@@ -773,8 +785,12 @@ export interface operations {
             until?: number | string;
             /** @description A case-insensitive substring of the last error. */
             error?: string;
-            /** @description A substring of the body, as UTF-8 text. */
+            /** @description A substring of the body, as UTF-8 text. No index serves it: it reads every body the other fields leave, so a list with no `since` reads the last day's (`bodySince` says from when). */
             body?: string;
+            /** @description A JSON object the body contains, as PostgreSQL's jsonb `@>` says: `{"data":{"object":{"customer":"cus_123"}}}`. Found through an index; a body that is not JSON, or past 64 KiB, never matches. The index is off unless an operator ran `inbox.ts search enable`: until it is on and filled, a 409 problem says so. */
+            bodyJson?: string;
+            /** @description Words, separated by spaces, each of which a string, number or boolean of the body holds, in any case (`cus_123 refunded`). Found through an index; the same bodies never match. A 409 problem while the index is off, as for bodyJson. */
+            bodyWords?: string;
             id?: string;
             destination?: string;
           };

@@ -1,0 +1,498 @@
+// bench/bodysearch.ts: searching bodies through the search indexes (lib/search.ts) against the old body
+// contains that reads every body, in the same run, on an inbox of BENCH_BODY_SEARCH_ROWS (20,000; the issue's
+// goals are at ten million) Stripe- and GitHub-shaped deliveries filled through restore(), each backend's bulk
+// path. Prints p50/p99 of a list by source, status and time, a JSON containment, a word search, and body
+// contains with and without a day's bound, each over BENCH_BODY_SEARCH_QUERIES (200) needles, with the ratios;
+// the migration's cost (the indexes built over the rows already there); their size; EXPLAIN showing the index
+// used; and on PostgreSQL pg_trgm beside full-text search for the same words. SQLite always; PostgreSQL unless
+// BENCH_POSTGRES=0 or none answers. Warm cache only: the bench may not drop the machine's page cache.
+//   npm run bench -- bodysearch        BENCH_BODY_SEARCH_ROWS=1000000 npm run bench -- bodysearch
+
+import { join } from "node:path";
+import { connect } from "../inbox.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { toPg } from "../lib/postgres/commit.ts";
+import { MIGRATIONS as PG_MIGRATIONS } from "../lib/postgres/schema.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
+import { sha256 } from "../lib/rows.ts";
+import { filterSql } from "../lib/sql.ts";
+import type { Delivery, Filter, Inbox } from "../lib/store.ts";
+import { f, knob, tempDir } from "./common.ts";
+import { PG_URL, freshDatabase, pgReachable } from "./peers/pgdb.ts";
+
+const ROWS = knob("BENCH_BODY_SEARCH_ROWS", 20_000);
+const QUERIES = knob("BENCH_BODY_SEARCH_QUERIES", 200);
+// The forms that read many rows whatever the index: a tenth of the needles each.
+const slow = (name: string) => name.endsWith(", all") || name.includes("common");
+
+/** Out takes the bench's lines, printing each as it comes, so a long run shows what it has measured so far. */
+interface Out {
+  push(...lines: string[]): void;
+}
+const CUSTOMERS = 5_000;
+const REPOS = 200;
+const DAY = 86_400_000;
+// Thirty days of deliveries, the newest now, so that a day's bound holds a thirtieth of them.
+const NOW = Date.now();
+const SPAN = 30 * DAY;
+// Past ROWS (the deliveries restored after the upgrade) the times start again, so that the last day holds a thirtieth.
+const at = (i: number) => NOW - SPAN + Math.floor(((i % ROWS) * SPAN) / ROWS);
+
+// A small deterministic generator, so both backends hold the same bodies and a rerun the same needles.
+function random(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+const ALPHA = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+const token = (r: () => number, n: number) => Array.from({ length: n }, () => ALPHA[Math.floor(r() * 62)]).join("");
+const WORDS =
+  "fix add update remove refactor retry queue worker inbox webhook ledger invoice payment handler timeout test docs bump release merge".split(
+    " ",
+  );
+const customer = (k: number) => `cus_${token(random(k + 1), 14)}`;
+const repo = (k: number) => `octo-org/service-${k}`;
+const charge = (i: number) => `ch_${token(random(i * 7 + 3), 24)}`;
+
+// stripe is an invoice.paid or charge.succeeded event as Stripe sends it, cut to its usual keys (~1.6 KB).
+function stripe(i: number, r: () => number): object {
+  const cus = customer(Math.floor(r() * CUSTOMERS));
+  const created = Math.floor(at(i) / 1000);
+  const amount = Math.floor(r() * 100_000);
+  return {
+    id: `evt_${token(r, 24)}`,
+    object: "event",
+    api_version: "2024-06-20",
+    created,
+    type: i % 4 === 0 ? "charge.succeeded" : "invoice.paid",
+    livemode: false,
+    pending_webhooks: 1,
+    request: { id: `req_${token(r, 14)}`, idempotency_key: token(r, 32) },
+    data: {
+      object: {
+        id: i % 4 === 0 ? charge(i) : `in_${token(r, 24)}`,
+        object: i % 4 === 0 ? "charge" : "invoice",
+        amount,
+        amount_paid: amount,
+        currency: "usd",
+        customer: cus,
+        customer_email: `${cus.slice(4, 10).toLowerCase()}@example.com`,
+        charge: charge(i),
+        paid: true,
+        status: "paid",
+        billing_reason: "subscription_cycle",
+        subscription: `sub_${token(r, 24)}`,
+        hosted_invoice_url: `https://invoice.stripe.com/i/acct_1M2/test_${token(r, 40)}`,
+        lines: {
+          object: "list",
+          data: [
+            {
+              id: `il_${token(r, 24)}`,
+              amount,
+              description: `1 × Gold plan (at $${(amount / 100).toFixed(2)} / month)`,
+              price: { id: `price_${token(r, 24)}`, product: `prod_${token(r, 14)}`, unit_amount: amount },
+              period: { start: created - 2_592_000, end: created },
+            },
+          ],
+        },
+        metadata: { order_id: `ord_${i}`, plan: "gold" },
+      },
+    },
+  };
+}
+
+// github is a push as GitHub sends it, cut to its usual keys (~2 KB).
+function github(i: number, r: () => number): object {
+  const name = repo(Math.floor(r() * REPOS));
+  const commits = Array.from({ length: 1 + Math.floor(r() * 3) }, () => ({
+    id: token(r, 40).toLowerCase(),
+    message: Array.from({ length: 4 + Math.floor(r() * 6) }, () => WORDS[Math.floor(r() * WORDS.length)]).join(" "),
+    timestamp: new Date(at(i)).toISOString(),
+    url: `https://github.com/${name}/commit/${token(r, 40).toLowerCase()}`,
+    author: { name: "Mona Lisa Octocat", email: "mona@example.com", username: "octocat" },
+    added: [],
+    removed: [],
+    modified: ["lib/queue.ts"],
+  }));
+  return {
+    ref: "refs/heads/main",
+    before: token(r, 40).toLowerCase(),
+    after: commits.at(-1)!.id,
+    repository: {
+      id: 1_000_000 + i,
+      name: name.split("/")[1],
+      full_name: name,
+      private: false,
+      owner: { login: "octo-org", id: 583231 },
+      html_url: `https://github.com/${name}`,
+      default_branch: "main",
+    },
+    pusher: { name: "octocat", email: "mona@example.com" },
+    sender: { login: "octocat", id: 583231, type: "User" },
+    commits,
+    head_commit: commits.at(-1),
+  };
+}
+
+// delivery i: two thirds Stripe, a third GitHub; 90% done, 5% failed, 5% waiting.
+function delivery(i: number): Delivery {
+  const r = random(i * 2 + 1);
+  const source = i % 3 === 2 ? "github" : "stripe";
+  const bytes = Buffer.from(JSON.stringify(source === "stripe" ? stripe(i, r) : github(i, r)));
+  const status = i % 20 === 0 ? "failed" : i % 20 === 1 ? "received" : "done";
+  const received = at(i);
+  return {
+    source,
+    id: `${source}_${i}`,
+    body: bytes,
+    bodySha256: sha256(bytes),
+    contentType: "application/json",
+    eventType: source === "github" ? "push" : i % 4 === 0 ? "charge.succeeded" : "invoice.paid",
+    providerTime: null,
+    receivedAt: received,
+    status,
+    attempts: status === "received" ? 0 : 1,
+    availableAt: received,
+    leasedUntil: null,
+    error: status === "failed" ? "HTTP 500 from the ledger" : null,
+    conflicts: 0,
+    finishedAt: status === "received" ? null : received + 50,
+    replays: 0,
+    purgedAt: null,
+    orderKey: null,
+    eventTime: null,
+    newerId: null,
+    destination: DEFAULTS.destination,
+    route: 0,
+    headers: null,
+    traceparent: null,
+    origin: "webhook",
+  };
+}
+
+// fill restores deliveries from..to-1 through restore(), 2,000 a call, and returns how long it took in ms.
+async function fill(inbox: Inbox, from: number, to: number): Promise<number> {
+  const started = performance.now();
+  for (let start = from; start < to; start += 2_000) {
+    const batch: Delivery[] = [];
+    for (let i = start; i < Math.min(to, start + 2_000); i++) batch.push(delivery(i));
+    await inbox.restore(batch);
+  }
+  return performance.now() - started;
+}
+
+// The deliveries restored last, once without the search index and once with it: what indexing costs a store.
+const EXTRA = Math.max(2_000, Math.min(20_000, Math.floor(ROWS / 10)));
+
+// ingestCost says what EXTRA restored deliveries took without the index and with it, and their ratio.
+const ingestCost = (without: number, withIndex: number) =>
+  `  ingest through restore(), ${EXTRA} deliveries: ${f((EXTRA / without) * 1000)}/s without the search index, ` +
+  `${f((EXTRA / withIndex) * 1000)}/s with it (×${f(without / withIndex, 2)})`;
+
+// UNMIGRATE takes an inbox back to the schema before search, so that opening it again runs the migration over
+// the rows already there, as an upgrade would: the bench times that open, then enableSearch()'s backfill.
+const UNMIGRATE = {
+  sqlite: [
+    "DROP TABLE deliveries_search",
+    "DROP TABLE search_state",
+    `PRAGMA user_version = ${SQLITE_MIGRATIONS.length - 1}`,
+  ],
+  postgres: [
+    "DROP TABLE deliveries_search",
+    "DROP TABLE search_state",
+    "DROP FUNCTION inbox_search_sync() CASCADE",
+    "DROP FUNCTION inbox_search_json(bytea)",
+    `DELETE FROM inbox_migrations WHERE version = ${PG_MIGRATIONS.length}`,
+  ],
+};
+
+// The deliveries store() takes, with and without the index: as a receiver takes them, 512 in flight.
+const STORES = 4_096;
+
+// stored runs STORES store() calls of new deliveries (IDs under prefix), 512 at once, and returns the ms they took.
+async function stored(inbox: Inbox, prefix: string): Promise<number> {
+  const started = performance.now();
+  for (let start = 0; start < STORES; start += 512) {
+    const batch = [];
+    for (let i = start; i < start + 512; i++) {
+      const d = delivery(i);
+      batch.push(inbox.store({ source: d.source, id: `${prefix}_${d.id}`, body: d.body, eventType: d.eventType }));
+    }
+    await Promise.all(batch);
+  }
+  return performance.now() - started;
+}
+
+const storeLine = (what: string, without: number, withIndex: number) =>
+  `  store(), the receiver's own path, ${STORES} deliveries 512 at once: ${f((STORES / without) * 1000)}/s without the search index, ` +
+  `${f((STORES / withIndex) * 1000)}/s with it${what} (×${f(without / withIndex, 2)})`;
+
+// upgrade fills ROWS deliveries without the search migration, the last EXTRA of them timed, then opens the
+// inbox again, timing the migration (the index off: an empty table), then enableSearch(), timing its backfill
+// and its longest batch (what a writer may wait), and restores EXTRA more and stores STORES with the index on.
+// On PostgreSQL store() is timed again with fastupdate off on both GIN indexes, beside the default's pending list.
+async function upgrade(target: string): Promise<{ inbox: Inbox; lines: string[] }> {
+  const old = await connect(target);
+  for (const sql of UNMIGRATE[old.backend]) await old.query(sql);
+  const fillMs = await fill(old, 0, ROWS - EXTRA);
+  const without = await fill(old, ROWS - EXTRA, ROWS);
+  const storedWithout = await stored(old, "a");
+  if (old.backend === "postgres") await old.query("VACUUM ANALYZE deliveries");
+  await old.close();
+  let started = performance.now();
+  const inbox = await connect(target);
+  const migrated = performance.now() - started;
+  const offAgain = await stored(inbox, "o");
+  started = performance.now();
+  let last = started;
+  let longest = 0;
+  const status = await inbox.enableSearch({
+    onBatch: () => {
+      const now = performance.now();
+      longest = Math.max(longest, now - last);
+      last = now;
+    },
+  });
+  const backfill = performance.now() - started;
+  const withIndex = await fill(inbox, ROWS, ROWS + EXTRA);
+  const storedWith = await stored(inbox, "b");
+  const lines = [
+    `${inbox.backend}, ${ROWS + EXTRA} deliveries (${ROWS - EXTRA} filled through restore() in ${f(fillMs / 1000, 1)} s):`,
+    `  the search migration on opening an inbox of ${ROWS + STORES} deliveries (the index off: an empty table): ${f(migrated / 1000, 2)} s`,
+    `  store() with the index off after the migration: ${f((STORES / offAgain) * 1000)}/s (×${f(storedWithout / offAgain, 2)} of before it)`,
+    `  search enable's backfill of ${status.backfilled} rows, ${DEFAULTS.searchBackfillBatch} a transaction: ${f(backfill / 1000, 1)} s ` +
+      `(${f(backfill / 1000 / (status.backfilled / 1e6), 0)} s a million), its longest batch ${f(longest, 0)} ms`,
+    ingestCost(without, withIndex),
+    storeLine("", storedWithout, storedWith),
+  ];
+  if (inbox.backend === "postgres") {
+    for (const index of ["deliveries_search_json", "deliveries_search_words"])
+      await inbox.query(`ALTER INDEX ${index} SET (fastupdate = off)`);
+    const storedNoPending = await stored(inbox, "c");
+    lines.push(storeLine(", fastupdate = off on its GIN indexes", storedWithout, storedNoPending));
+    for (const index of ["deliveries_search_json", "deliveries_search_words"])
+      await inbox.query(`ALTER INDEX ${index} RESET (fastupdate)`);
+  }
+  return { inbox, lines };
+}
+
+interface Timing {
+  p50: number;
+  p99: number;
+}
+
+// timed runs one search per needle, newest-first pages of 50 as the page and the API ask, after one warm-up pass.
+async function timed(inbox: Inbox, filters: Filter[]): Promise<Timing> {
+  for (const filter of filters.slice(0, 5)) await inbox.search(filter, { limit: 50 });
+  const ms: number[] = [];
+  for (const filter of filters) {
+    const started = performance.now();
+    await inbox.search(filter, { limit: 50 });
+    ms.push(performance.now() - started);
+  }
+  ms.sort((a, b) => a - b);
+  const pick = (q: number) => ms[Math.min(ms.length - 1, Math.floor(q * ms.length))]!;
+  return { p50: pick(0.5), p99: pick(0.99) };
+}
+
+// The needles, the same on both backends: the k-th of each kind.
+const needles = (n: number, make: (k: number, r: () => number) => Filter): Filter[] => {
+  const r = random(99);
+  return Array.from({ length: n }, (_, k) => make(k, r));
+};
+const FORMS: [string, (k: number, r: () => number) => Filter][] = [
+  [
+    "list by source, status, hour",
+    (_k, r) => {
+      const since = NOW - Math.floor(r() * SPAN);
+      return { source: r() < 0.5 ? "stripe" : "github", status: "done", since, until: since + 3_600_000 };
+    },
+  ],
+  [
+    "bodyJson customer",
+    (_k, r) => ({
+      bodyJson: JSON.stringify({ data: { object: { customer: customer(Math.floor(r() * CUSTOMERS)) } } }),
+    }),
+  ],
+  [
+    "bodyJson repository",
+    (_k, r) => ({ bodyJson: JSON.stringify({ repository: { full_name: repo(Math.floor(r() * REPOS)) } }) }),
+  ],
+  ["bodyWords charge ID", (_k, r) => ({ bodyWords: charge(4 * Math.floor((r() * ROWS) / 4)) })],
+  ["bodyWords customer", (_k, r) => ({ bodyWords: customer(Math.floor(r() * CUSTOMERS)) })],
+  [
+    "bodyWords two common words",
+    (_k, r) => ({
+      bodyWords: `${WORDS[Math.floor(r() * WORDS.length)]} ${WORDS[Math.floor(r() * WORDS.length)]}`,
+    }),
+  ],
+  [
+    "bodyContains charge ID, a day",
+    (_k, r) => ({ bodyContains: charge(4 * Math.floor((r() * ROWS) / 4)), since: NOW - DAY }),
+  ],
+  ["bodyContains charge ID, all", (_k, r) => ({ bodyContains: charge(4 * Math.floor((r() * ROWS) / 4)) })],
+];
+
+async function measure(inbox: Inbox, out: Out): Promise<void> {
+  const results = new Map<string, Timing>();
+  for (const [name, make] of FORMS) {
+    // Scanning every body, or every body with a common word, is slow: a tenth of the needles tell its p99.
+    const n = slow(name) ? Math.max(10, Math.floor(QUERIES / 10)) : QUERIES;
+    const t = await timed(inbox, needles(n, make));
+    results.set(name, t);
+    out.push(
+      `  ${name.padEnd(32)} p50 ${f(t.p50, 1).padStart(8)} ms   p99 ${f(t.p99, 1).padStart(8)} ms   (${n} searches)`,
+    );
+  }
+  const base = results.get("bodyContains charge ID, all")!;
+  for (const name of ["bodyJson customer", "bodyWords charge ID", "bodyWords customer"]) {
+    out.push(
+      `  ${`${name} against bodyContains, all`.padEnd(48)} p99 ×${f(base.p99 / results.get(name)!.p99, 0)} faster`,
+    );
+  }
+}
+
+// plan explains one search as search() runs it, first page of 50.
+async function plan(inbox: Inbox, filter: Filter): Promise<string> {
+  const pg = inbox.backend === "postgres";
+  const { where, params } = filterSql(filter, inbox.backend);
+  const sql = `SELECT * FROM deliveries WHERE ${where} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT 50`;
+  if (pg) {
+    const rows = await inbox.query(toPg(`EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ${sql}`), ...params);
+    return rows.map((r) => `    ${r["QUERY PLAN"]}`).join("\n");
+  }
+  const rows = await inbox.query(`EXPLAIN QUERY PLAN ${sql}`, ...params);
+  return rows.map((r) => `    ${r.detail}`).join("\n");
+}
+
+async function onSqlite(dir: string, out: Out): Promise<void> {
+  const { inbox, lines } = await upgrade(join(dir, "bodysearch.db"));
+  try {
+    await inbox.query("ANALYZE");
+    const bytes = async (sql: string) => Number((await inbox.query(sql))[0]?.b ?? 0) / 2 ** 20;
+    out.push(
+      ...lines,
+      `  sizes: the FTS5 index ${f(await bytes("SELECT sum(pgsize) AS b FROM dbstat WHERE name LIKE 'deliveries_search%'"))} MiB ` +
+        `of the file's ${f(await bytes("SELECT page_count * page_size AS b FROM pragma_page_count(), pragma_page_size()"))} MiB`,
+    );
+    await measure(inbox, out);
+    out.push(
+      "  EXPLAIN QUERY PLAN, bodyJson customer:",
+      await plan(inbox, needles(1, FORMS[1]![1])[0]!),
+      "  EXPLAIN QUERY PLAN, bodyWords customer:",
+      await plan(inbox, needles(1, FORMS[4]![1])[0]!),
+      "  EXPLAIN QUERY PLAN, list by source, status, hour:",
+      await plan(inbox, needles(1, FORMS[0]![1])[0]!),
+    );
+  } finally {
+    await inbox.close();
+  }
+}
+
+// BENCH_BODY_SEARCH_REUSE=1 measures again the PostgreSQL inbox an interrupted run left filled and upgraded
+// (its fill, migration and ingest lines are that run's), and leaves it: DROP DATABASE bench_bodysearch after.
+const REUSE = process.env.BENCH_BODY_SEARCH_REUSE === "1";
+
+async function onPostgres(out: Out): Promise<void> {
+  const db = REUSE
+    ? { url: new URL("/bench_bodysearch", PG_URL).toString(), drop: async () => {} }
+    : await freshDatabase("bench_bodysearch");
+  try {
+    const { inbox, lines } = REUSE
+      ? { inbox: await connect(`${db.url}?schema=inbox`), lines: ["postgres, the inbox an interrupted run left:"] }
+      : await upgrade(`${db.url}?schema=inbox`);
+    try {
+      await inbox.query("VACUUM ANALYZE deliveries");
+      await inbox.query("VACUUM ANALYZE deliveries_search");
+      const size = async (name: string) =>
+        Number((await inbox.query("SELECT pg_total_relation_size(?) AS b", name))[0]!.b);
+      const mib = async (name: string) => f((await size(name)) / 2 ** 20);
+      // deliveries is a view over delivery_rows and delivery_bodies, whose partitions hold the bytes.
+      const bodiesBytes = async () =>
+        Number(
+          (
+            await inbox.query(
+              "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) AS b FROM pg_partition_tree('delivery_bodies')",
+            )
+          )[0]!.b,
+        );
+      out.push(
+        ...lines,
+        `  sizes: delivery_rows and delivery_bodies ${f((await size("delivery_rows")) / 2 ** 20 + (await bodiesBytes()) / 2 ** 20)} MiB with their indexes and TOAST; deliveries_search ${await mib("deliveries_search")} MiB, ` +
+          `of which deliveries_search_json ${await mib("deliveries_search_json")} MiB and deliveries_search_words ${await mib("deliveries_search_words")} MiB`,
+      );
+      await measure(inbox, out);
+      out.push(
+        "  EXPLAIN ANALYZE, bodyJson customer:",
+        await plan(inbox, needles(1, FORMS[1]![1])[0]!),
+        "  EXPLAIN ANALYZE, bodyWords customer:",
+        await plan(inbox, needles(1, FORMS[4]![1])[0]!),
+        "  EXPLAIN ANALYZE, list by source, status, hour:",
+        await plan(inbox, needles(1, FORMS[0]![1])[0]!),
+      );
+      if (process.env.BENCH_BODY_SEARCH_TRGM !== "0") await trigrams(inbox, out, size);
+    } finally {
+      await inbox.close();
+    }
+  } finally {
+    await db.drop();
+  }
+}
+
+// trigrams builds pg_trgm's GIN index over the same JSON text and times the same word searches through it
+// (ILIKE '%word%'), beside the full-text index the inbox uses; skipped, and said, when the extension is not there.
+async function trigrams(inbox: Inbox, out: Out, size: (name: string) => Promise<number>): Promise<void> {
+  try {
+    await inbox.query("CREATE EXTENSION IF NOT EXISTS pg_trgm");
+  } catch (error) {
+    out.push(`  pg_trgm: not measured, CREATE EXTENSION failed: ${(error as Error).message}`);
+    return;
+  }
+  const started = performance.now();
+  await inbox.query("CREATE INDEX deliveries_search_trgm ON deliveries_search USING gin ((doc::text) gin_trgm_ops)");
+  await inbox.query("ANALYZE deliveries_search");
+  out.push(
+    `  pg_trgm beside it: deliveries_search_trgm built in ${f((performance.now() - started) / 1000, 1)} s, ${f((await size("deliveries_search_trgm")) / 2 ** 20)} MiB`,
+  );
+  const escape = (w: string) => w.replace(/[\\%_]/g, "\\$&");
+  for (const [name, make] of FORMS.filter(([n]) => n.startsWith("bodyWords"))) {
+    const words = needles(slow(name) ? Math.max(10, Math.floor(QUERIES / 10)) : QUERIES, make).map((f) =>
+      (f.bodyWords ?? "").split(" "),
+    );
+    const ms: number[] = [];
+    for (const [k, ws] of words.entries()) {
+      const started = performance.now();
+      await inbox.query(
+        `SELECT * FROM deliveries WHERE (source, id) IN
+           (SELECT source, id FROM deliveries_search WHERE ${ws.map(() => "doc::text ILIKE ?").join(" AND ")})
+         ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT 50`,
+        ...ws.map((w) => `%${escape(w)}%`),
+      );
+      if (k >= 5) ms.push(performance.now() - started);
+    }
+    ms.sort((a, b) => a - b);
+    const p = (q: number) => ms[Math.min(ms.length - 1, Math.floor(q * ms.length))]!;
+    out.push(
+      `  ${`${name}, pg_trgm ILIKE`.padEnd(32)} p50 ${f(p(0.5), 1).padStart(8)} ms   p99 ${f(p(0.99), 1).padStart(8)} ms`,
+    );
+  }
+}
+
+/** bodysearch fills both backends, measures and returns the one-line summary. */
+export async function bodysearch(): Promise<string> {
+  const { dir, cleanup } = tempDir();
+  const out: Out = { push: (...lines) => console.log(lines.join("\n")) };
+  try {
+    if (process.env.BENCH_BODY_SEARCH_SQLITE !== "0") await onSqlite(dir, out);
+    if (process.env.BENCH_POSTGRES !== "0" && (await pgReachable())) await onPostgres(out);
+    else console.log("postgres: not reachable (or BENCH_POSTGRES=0), left out");
+  } finally {
+    cleanup();
+  }
+  return `bodysearch: ${ROWS} deliveries (see the lines above)`;
+}

@@ -1,0 +1,189 @@
+// search.ts: searching bodies through an index, in one place for both backends: what a search form asks
+// (bodyJson, a JSON document the body contains; bodyWords, words its values hold), checked once; the SQL each
+// backend runs for it (bodySearchSql()); and jsonContains(), PostgreSQL's jsonb @> in TypeScript, which SQLite
+// registers to recheck what its FTS5 index found. The indexes themselves are migrations (search's entry in
+// lib/sqlite/schema.ts and lib/postgres/schema.ts), which this SQL must match word for word. Not run on its own.
+
+import { DEFAULTS } from "./defaults.ts";
+import type { Backend, Filter, SqlValue } from "./store.ts";
+
+/**
+ * SearchOff is a bodyJson or bodyWords search asked of an inbox whose search index is off, or still being
+ * filled: the index is opt-in (`inbox.ts search enable`), as it costs every store. The API answers it 409, the
+ * page and the CLI print its message. bodyContains needs no index and is never refused.
+ */
+export class SearchOff extends Error {
+  constructor(status: { enabled: boolean; backfilled: number; toBackfill: number }) {
+    super(
+      status.enabled
+        ? `body search (bodyJson, bodyWords) is not ready: the index is being filled (${status.backfilled} of ${status.toBackfill} rows); \`inbox.ts search enable\` carries it on, \`inbox.ts search status\` says how far it got`
+        : "body search (bodyJson, bodyWords) is off in this inbox: an operator turns it on with `inbox.ts search enable` (docs/operations.md#searching-bodies); bodyContains works without it",
+    );
+    this.name = "SearchOff";
+  }
+}
+
+/** searching says whether a filter asks for a form only the search index answers (bodyJson, bodyWords). */
+export const searching = (filter: { bodyJson?: string | undefined; bodyWords?: string | undefined }): boolean =>
+  filter.bodyJson !== undefined || filter.bodyWords !== undefined;
+
+/** SQLITE_CONTAINS names the function openDatabase registers on each SQLite connection: jsonContains over a stored body. */
+export const SQLITE_CONTAINS = "inbox_json_contains";
+
+// A word (or a value looked for) must hold a letter or a digit: a tokenizer drops everything else, and a
+// phrase of no tokens matches nothing on one backend and everything on the other.
+const WORDLIKE = /[\p{L}\p{N}]/u;
+
+/**
+ * boundBodyContains gives a list that looks for a substring of the body (bodyContains, which no index serves)
+ * and names no start a start of windowMs before its end (until, else now), so that it reads a day's bodies
+ * rather than every one; since is that start, undefined when the filter needed none. The list says so to
+ * whoever asked, who may name an earlier since. Bulk commands do not call it: their filter is what they act on.
+ */
+export function boundBodyContains(
+  filter: Filter,
+  now: number,
+  windowMs: number = DEFAULTS.bodyContainsWindowMs,
+): { filter: Filter; since: number | undefined } {
+  if (filter.bodyContains === undefined || filter.since !== undefined) return { filter, since: undefined };
+  const since = (filter.until ?? now) - windowMs;
+  return { filter: { ...filter, since }, since };
+}
+
+/**
+ * parseBodyJson reads a bodyJson form: a JSON object or array the body must contain, as PostgreSQL's @> says.
+ * It throws a TypeError unless the text is JSON of that shape holding at least one value an index can look
+ * up (a string with a letter or digit, a whole number, true or false): nothing else narrows the search.
+ */
+export function parseBodyJson(text: string): unknown {
+  let needle: unknown;
+  try {
+    needle = JSON.parse(text);
+  } catch {
+    throw new TypeError(
+      `bodyJson: expected a JSON object such as {"data":{"object":{"customer":"cus_123"}}}, got ${text}`,
+    );
+  }
+  if (needle === null || typeof needle !== "object")
+    throw new TypeError(`bodyJson: expected a JSON object or array, got ${text}`);
+  if (lookups(needle).length === 0)
+    throw new TypeError(`bodyJson: expected at least one string, whole number or true/false to look for, got ${text}`);
+  return needle;
+}
+
+/**
+ * bodyWordsOf reads a bodyWords form: words separated by spaces, each of which a string, number or boolean
+ * value of the body must hold (any case); a word of several tokens (cus_123, invoice.paid) is matched as a
+ * phrase. It throws a TypeError when no word holds a letter or a digit.
+ */
+export function bodyWordsOf(text: string): string[] {
+  const words = text.split(/\s+/).filter((w) => WORDLIKE.test(w));
+  if (words.length === 0)
+    throw new TypeError(`bodyWords: expected a word with a letter or a digit, got ${JSON.stringify(text)}`);
+  return words;
+}
+
+// lookups lists the values of a needle an index can look up, as the words the index holds them by.
+function lookups(needle: unknown): string[] {
+  if (typeof needle === "string") return WORDLIKE.test(needle) ? [needle] : [];
+  // A whole number is written the same by JSON.stringify and SQLite's json_tree; a fraction or an exponent
+  // may not be, so it is left to the recheck alone.
+  if (typeof needle === "number") return Number.isSafeInteger(needle) ? [String(needle)] : [];
+  if (typeof needle === "boolean") return [String(needle)];
+  if (needle === null) return [];
+  return Object.values(needle as object).flatMap(lookups);
+}
+
+/**
+ * jsonContains says whether doc contains needle as PostgreSQL's jsonb @> does: an object holds each of the
+ * needle's keys with a value that contains the needle's; an array holds, for each element of the needle's,
+ * one that contains it; a scalar is equal.
+ */
+export function jsonContains(doc: unknown, needle: unknown): boolean {
+  if (Array.isArray(needle)) {
+    if (!Array.isArray(doc)) return false;
+    return needle.every((n) => doc.some((d) => jsonContains(d, n)));
+  }
+  if (needle !== null && typeof needle === "object") {
+    if (doc === null || typeof doc !== "object" || Array.isArray(doc)) return false;
+    return Object.entries(needle).every(
+      ([k, n]) => Object.hasOwn(doc, k) && jsonContains((doc as Record<string, unknown>)[k], n),
+    );
+  }
+  return doc === needle;
+}
+
+/**
+ * searchableJson parses a stored body as the search indexes see it: its JSON value, or undefined when it is
+ * past maxBytes, not UTF-8 or not JSON, which no body search finds.
+ */
+export function searchableJson(body: Uint8Array, maxBytes: number): unknown {
+  if (body.byteLength > maxBytes) return undefined;
+  try {
+    return JSON.parse(UTF8.decode(body));
+  } catch {
+    return undefined;
+  }
+}
+
+const UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+// An FTS5 phrase: the text in double quotes, a quote doubled; FTS5's tokenizer splits it as it split the body.
+const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
+
+/**
+ * bodySearchSql is the WHERE condition, with `?` parameters, for a filter's bodyJson and bodyWords in the
+ * backend's dialect; it throws a TypeError for a form parseBodyJson or bodyWordsOf refuses.
+ *
+ * Both look in a table of their own, deliveries_search, that triggers fill when a body is stored. PostgreSQL: each
+ * delivery's JSON (doc), by its source and ID, under two GIN indexes, jsonb_path_ops for @> and a tsvector of its
+ * strings, numbers and booleans, whose expression is spelled here as the migration spells it so that the planner
+ * matches it; GIN is lossy, and PostgreSQL rechecks each row it finds. SQLite: an FTS5 table of the same values'
+ * words, by the row's rowid; a containment looks up its needle's values there and rechecks each row found with
+ * jsonContains.
+ */
+export function bodySearchSql(
+  filter: { bodyJson?: string | undefined; bodyWords?: string | undefined },
+  backend: Backend,
+): { where: string[]; params: SqlValue[] } {
+  const where: string[] = [];
+  const params: SqlValue[] = [];
+  if (filter.bodyJson !== undefined) {
+    const needle = parseBodyJson(filter.bodyJson);
+    const text = JSON.stringify(needle);
+    if (backend === "postgres") {
+      where.push(pgMatching("doc @> ?::jsonb"));
+      params.push(text, text, text);
+    } else {
+      where.push(
+        `rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?) AND ${SQLITE_CONTAINS}(body, ?)`,
+      );
+      params.push(lookups(needle).map(phrase).join(" "), text);
+    }
+  }
+  if (filter.bodyWords !== undefined) {
+    const words = bodyWordsOf(filter.bodyWords);
+    if (backend === "postgres") {
+      const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
+      where.push(pgMatching(`${PG_WORDS} @@ (${query})`));
+      params.push(...words, ...words, ...words);
+    } else {
+      where.push("rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)");
+      params.push(words.map(phrase).join(" "));
+    }
+  }
+  return { where, params };
+}
+
+// pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound three times).
+// Spelled as a plain IN, the planner walks deliveries newest first and probes the search table row by row,
+// hoping for 50 matches soon: seconds at a million for a needle with few. The two arrays are computed first,
+// once, through the GIN index, and the primary key is probed with them; the IN keeps each source with its
+// own IDs.
+const pgMatching = (condition: string) =>
+  `source = ANY (ARRAY(SELECT DISTINCT source FROM deliveries_search WHERE ${condition}))
+   AND id = ANY (ARRAY(SELECT id FROM deliveries_search WHERE ${condition}))
+   AND (source, id) IN (SELECT source, id FROM deliveries_search WHERE ${condition})`;
+
+// The expression of PostgreSQL's deliveries_search_words index, word for word.
+const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb)`;

@@ -1,0 +1,299 @@
+// test/contract-search.test.ts: searching bodies through an index, on both backends (test/contract-harness.ts):
+// bodyJson (the body contains this JSON, as jsonb @> says) and bodyWords (its values hold these words), in
+// search(), count() and a bulk retry; a body that is not JSON, or past DEFAULTS.searchBodyBytes, found by its ID
+// and bodyContains alone; a dropped body leaving the index; and a form that cannot narrow refused. The index is
+// opt-in: off, a store writes nothing to it and the forms refuse (SearchOff) while bodyContains answers;
+// enableSearch() indexes the rows stored before in batches and the new ones by trigger, and carries on after an
+// interruption; disableSearch() empties it.
+//   npx node --test test/contract-search.test.ts
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
+import { SearchOff } from "../lib/search.ts";
+import type { Delivery, Filter, Inbox, InboxOptions } from "../lib/store.ts";
+import { body, contract, LEASE } from "./contract-harness.ts";
+
+// Shaped as Stripe and GitHub send them, cut down.
+const invoice = (id: string, customer: string, amount: number, paid: boolean) => ({
+  id,
+  object: "event",
+  type: "invoice.paid",
+  livemode: false,
+  data: { object: { id: `in_${id}`, customer, amount_paid: amount, paid, lines: { data: [{ price: "price_gold" }] } } },
+});
+const push = (id: string, repo: string, message: string) => ({
+  ref: "refs/heads/main",
+  repository: { full_name: repo, private: false },
+  commits: [{ id, message, author: { name: "Mona Lisa", email: "mona@example.com" } }],
+});
+
+contract((suite) => {
+  // The index's own tests below open inboxes as they come (off); the forms' tests turn it on first, so their
+  // rows are indexed by the triggers.
+  const open = async (options?: InboxOptions) => {
+    const inbox = await suite.open(options);
+    await inbox.enableSearch();
+    return inbox;
+  };
+  const ids = (ds: Delivery[]) => ds.map((d) => d.id);
+
+  // seed stores, a second apart: three Stripe invoices, two GitHub pushes, a body that is not JSON and one past the size.
+  const seed = async (inbox: Inbox) => {
+    const rows: [string, string, Buffer][] = [
+      ["stripe", "evt_1", body(invoice("evt_1", "cus_123", 4200, true))],
+      ["stripe", "evt_2", body(invoice("evt_2", "cus_456", 990, false))],
+      ["github", "gh_1", body(push("c0ffee", "octo/webhooks", "Fix the flaky retry test"))],
+      ["stripe", "evt_3", body(invoice("evt_3", "cus_123", 990, true))],
+      ["github", "gh_2", body(push("bead", "octo/inbox", "Search bodies through an index"))],
+      ["form", "f_1", Buffer.from("customer=cus_123&amount=4200")],
+      [
+        "stripe",
+        "big_1",
+        body({ ...invoice("big_1", "cus_123", 4200, true), padding: "x".repeat(DEFAULTS.searchBodyBytes) }),
+      ],
+    ];
+    for (const [source, id, b] of rows) {
+      await inbox.store({ source, id, body: b });
+      suite.t += 1_000;
+    }
+  };
+  const expect = async (inbox: Inbox, filter: Filter, expected: string[]) => {
+    assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+    assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+  };
+
+  describe("bodyJson", () => {
+    it("finds the bodies that contain the document, at any depth and through arrays, newest first", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123","amount_paid":4200}}}' }, ["evt_1"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"paid":false}}}' }, ["evt_2"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"lines":{"data":[{"price":"price_gold"}]}}}}' }, [
+        "evt_3",
+        "evt_2",
+        "evt_1",
+      ]);
+      await expect(inbox, { bodyJson: '{"commits":[{"author":{"name":"Mona Lisa"}}]}' }, ["gh_2", "gh_1"]);
+      await expect(inbox, { bodyJson: '{"repository":{"full_name":"octo/inbox"}}', source: "github" }, ["gh_2"]);
+    });
+
+    it("matches the value at its path only, and the whole value, not a part of it", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      // cus_123 is there, but under data.object, not at the top; and "cus" is only part of a value.
+      await expect(inbox, { bodyJson: '{"customer":"cus_123"}' }, []);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus"}}}' }, []);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123","paid":false}}}' }, []);
+      // The control: the same needles, where they are, match.
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_456","paid":false}}}' }, ["evt_2"]);
+    });
+
+    it("never finds a body that is not JSON or is past the size, which its ID and bodyContains still find", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}', source: "stripe" }, [
+        "evt_3",
+        "evt_1",
+      ]);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyContains: "cus_123" }, ["big_1", "f_1", "evt_3", "evt_1"]);
+      await expect(inbox, { id: "big_1" }, ["big_1"]);
+      await expect(inbox, { id: "f_1" }, ["f_1"]);
+    });
+
+    it("refuses a document that is not an object or an array, or holds nothing to look up", async () => {
+      const inbox = await open();
+      for (const bodyJson of ['"cus_123"', "{not json", "{}", '{"data":{"object":{"customer":null}}}', '{"a":"--"}']) {
+        await assert.rejects(inbox.search({ bodyJson }), TypeError, bodyJson);
+        await assert.rejects(inbox.count({ bodyJson }), TypeError, bodyJson);
+      }
+    });
+  });
+
+  describe("bodyWords", () => {
+    it("finds the bodies whose values hold every word, in any case, a word of parts as a phrase", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "CUS_123 4200" }, ["evt_1"]);
+      await expect(inbox, { bodyWords: "flaky" }, ["gh_1"]);
+      await expect(inbox, { bodyWords: "mona lisa" }, ["gh_2", "gh_1"]);
+      await expect(inbox, { bodyWords: "index search" }, ["gh_2"]);
+      await expect(inbox, { bodyWords: "true" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "octo/webhooks" }, ["gh_1"]);
+      // Every word must be there; a key is not a value; a word is whole, not a prefix.
+      await expect(inbox, { bodyWords: "flaky index" }, []);
+      await expect(inbox, { bodyWords: "commits" }, []);
+      await expect(inbox, { bodyWords: "flak" }, []);
+    });
+
+    it("refuses words with neither a letter nor a digit", async () => {
+      const inbox = await open();
+      await assert.rejects(inbox.search({ bodyWords: " -- / " }), TypeError);
+      await assert.rejects(inbox.search({ bodyWords: "" }), TypeError);
+    });
+  });
+
+  describe("the index follows the body", () => {
+    it("forgets a body that dropBodies() dropped, and its tombstone is still found by ID", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      assert.equal((await inbox.dropBodies({ id: "evt_1" })).bodies, 1);
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }, ["evt_3"]);
+      await expect(inbox, { id: "evt_1" }, ["evt_1"]);
+    });
+
+    it("indexes a body kept apart as one kept in its row (PostgreSQL keeps those past DEFAULTS.inlineBodyBytes apart), and forgets both", async () => {
+      const inbox = await open();
+      const small = body(invoice("evt_small", "cus_789", 1, true));
+      const large = body({ ...invoice("evt_large", "cus_789", 2, true), note: "x".repeat(DEFAULTS.inlineBodyBytes) });
+      // (control) the two bodies fall on either side of the limit, so both of PostgreSQL's ways are taken.
+      assert.ok(small.length <= DEFAULTS.inlineBodyBytes && large.length > DEFAULTS.inlineBodyBytes);
+      await inbox.store({ source: "stripe", id: "evt_small", body: small });
+      suite.t += 1_000;
+      await inbox.store({ source: "stripe", id: "evt_large", body: large });
+      await expect(inbox, { bodyWords: "cus_789" }, ["evt_large", "evt_small"]);
+      await expect(inbox, { bodyJson: '{"data":{"object":{"amount_paid":2}}}' }, ["evt_large"]);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      assert.equal((await inbox.dropBodies({ source: "stripe" })).bodies, 2);
+      await expect(inbox, { bodyWords: "cus_789" }, []);
+    });
+
+    it("follows retention: a purge's bodies leave the index; on PostgreSQL their day's partition is dropped", async () => {
+      const inbox = await open();
+      const day = periodOf(suite.t).name;
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      const partitions = async () =>
+        Number((await inbox.query("SELECT (to_regclass(?::text) IS NOT NULL)::integer AS n", day))[0]!.n);
+      // (control) before the purge the bodies are found, and on PostgreSQL their day is a partition.
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_3", "evt_1"]);
+      if (suite.backend.name === "postgres") assert.equal(await partitions(), 1);
+      suite.t += 3 * 86_400_000;
+      assert.equal((await inbox.purge({ bodiesAfterMs: 86_400_000, rest: 0 })).bodies, 7);
+      if (suite.backend.name === "postgres") assert.equal(await partitions(), 0, "the day was dropped whole");
+      assert.equal(Number((await inbox.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n), 0);
+      await expect(inbox, { bodyWords: "cus_123" }, []);
+      await expect(inbox, { id: "evt_1" }, ["evt_1"]);
+      // A body stored after the purge is indexed as before.
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_4"]);
+    });
+
+    it("retries by bodyJson the failed deliveries that match, and no other", async () => {
+      const inbox = await open({ maxAttempts: 1 });
+      await seed(inbox);
+      for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.fail(lease, "HTTP 500", { permanent: true });
+      const filter: Filter = { status: "failed", bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' };
+      assert.equal(await inbox.retryMatching(filter, { dryRun: true }), 2);
+      assert.equal(await inbox.retryMatching(filter), 2);
+      await expect(inbox, { status: "received" }, ["evt_3", "evt_1"]);
+      await expect(inbox, { status: "failed", bodyWords: "cus_123" }, []);
+    });
+  });
+  describe("the index is opt-in", () => {
+    const cus123 = '{"data":{"object":{"customer":"cus_123"}}}';
+    const rowsIndexed = async (inbox: Inbox) =>
+      Number((await inbox.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n);
+
+    it("is off in a new inbox: a store writes no search row, the forms refuse naming the command, bodyContains answers", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      assert.deepEqual(await inbox.searchStatus(), {
+        enabled: false,
+        backfilled: 0,
+        toBackfill: 0,
+        ready: false,
+        changedAt: null,
+      });
+      assert.equal(await rowsIndexed(inbox), 0);
+      for (const filter of [{ bodyJson: cus123 }, { bodyWords: "cus_123" }] as Filter[]) {
+        await assert.rejects(
+          inbox.search(filter),
+          (e: Error) => e instanceof SearchOff && /search enable/.test(e.message),
+        );
+        await assert.rejects(inbox.count(filter), SearchOff);
+        await assert.rejects(inbox.retryMatching({ ...filter, status: "failed" }), SearchOff);
+      }
+      // A form that cannot narrow is still the caller's mistake first.
+      await assert.rejects(inbox.search({ bodyJson: "{}" }), TypeError);
+      await expect(inbox, { bodyContains: "cus_123" }, ["big_1", "f_1", "evt_3", "evt_1"]);
+      // The control: on, the same inbox answers, so the refusal above was the switch's.
+      await inbox.enableSearch();
+      await expect(inbox, { bodyJson: cus123 }, ["evt_3", "evt_1"]);
+    });
+
+    it("enable indexes the rows stored before, a batch at a time, then every row stored after; one audit entry", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      const seen: number[] = [];
+      const audit = { who: "cli:test", operation: "search enable", target: "search index" };
+      const status = await inbox.enableSearch({ batch: 2, audit, onBatch: (s) => seen.push(s.backfilled) });
+      assert.deepEqual(seen, [2, 4, 6, 7]);
+      assert.deepEqual(status, { enabled: true, backfilled: 7, toBackfill: 7, ready: true, changedAt: suite.t });
+      // Five bodies are JSON within the size; the form's and the big one's are not indexed.
+      assert.equal(await rowsIndexed(inbox), 5);
+      await expect(inbox, { bodyJson: cus123 }, ["evt_3", "evt_1"]);
+      await expect(inbox, { bodyWords: "flaky" }, ["gh_1"]);
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      await expect(inbox, { bodyJson: cus123 }, ["evt_4", "evt_3", "evt_1"]);
+      const [entry] = await inbox.auditLog({ limit: 10 });
+      assert.equal(entry?.operation, "search enable");
+      assert.equal(entry?.count, 5);
+      // Again: nothing to do, the rows are not indexed twice.
+      assert.equal((await inbox.enableSearch()).ready, true);
+      assert.equal(await rowsIndexed(inbox), 6);
+    });
+
+    it("an interrupted enable leaves the forms refusing until enable carries on where it stopped", async () => {
+      const inbox = await suite.open();
+      await seed(inbox);
+      await assert.rejects(
+        inbox.enableSearch({
+          batch: 2,
+          onBatch: () => {
+            throw new Error("stopped");
+          },
+        }),
+        /stopped/,
+      );
+      const half = await inbox.searchStatus();
+      assert.deepEqual([half.enabled, half.ready, half.backfilled], [true, false, 2]);
+      await assert.rejects(inbox.search({ bodyWords: "cus_123" }), /not ready.*2 of 7/);
+      // A row stored meanwhile is indexed by its trigger, and found once the backfill is done.
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      const seen: number[] = [];
+      await inbox.enableSearch({ batch: 2, onBatch: (s) => seen.push(s.backfilled) });
+      // PostgreSQL walks the primary key, so it reads evt_4 too (and may end on an empty batch); SQLite stops at
+      // the last rowid stored before enable.
+      assert.deepEqual(seen.slice(0, 2), [4, 6]);
+      assert.ok(seen.at(-1)! >= 7, String(seen));
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_4", "evt_3", "evt_1"]);
+    });
+
+    it("disable drops the triggers and empties the index; enable again indexes everything", async () => {
+      const inbox = await open();
+      await seed(inbox);
+      assert.equal(await rowsIndexed(inbox), 5);
+      const audit = { who: "cli:test", operation: "search disable", target: "search index" };
+      assert.equal(await inbox.disableSearch(audit), true);
+      assert.equal(await rowsIndexed(inbox), 0);
+      assert.equal((await inbox.searchStatus()).enabled, false);
+      await assert.rejects(inbox.search({ bodyJson: cus123 }), SearchOff);
+      await inbox.store({ source: "stripe", id: "evt_4", body: body(invoice("evt_4", "cus_123", 1, true)) });
+      suite.t += 1_000;
+      assert.equal(await rowsIndexed(inbox), 0, "no trigger left");
+      assert.equal(await inbox.disableSearch(), false);
+      assert.equal((await inbox.auditLog({ limit: 1 }))[0]?.operation, "search disable");
+      await inbox.enableSearch();
+      await expect(inbox, { bodyJson: cus123 }, ["evt_4", "evt_3", "evt_1"]);
+    });
+  });
+});
