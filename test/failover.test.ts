@@ -172,7 +172,7 @@ describe("a COMMIT that waits for a synchronous standby", { timeout: 120_000 }, 
       assert.equal((await waiting(app, 1, state)).length, 1, "no answer while the standby lacks the stored copy");
       // Control: a plain duplicate check commits at once, standby or not.
       await admin.query(
-        `INSERT INTO commit_wait.deliveries (source, id, body, body_sha256, received_at, status, available_at)
+        `INSERT INTO commit_wait.delivery_rows (source, id, body, body_sha256, received_at, status, available_at)
          VALUES ('default', 'cancelled', '\\x', '', 0, 'received', 0) ON CONFLICT DO NOTHING`,
       );
     });

@@ -238,7 +238,9 @@ export const MIGRATIONS: readonly string[] = [
    ALTER VIEW deliveries ALTER COLUMN attempts SET DEFAULT 0, ALTER COLUMN conflicts SET DEFAULT 0,
      ALTER COLUMN replays SET DEFAULT 0, ALTER COLUMN route SET DEFAULT 0, ALTER COLUMN destination SET DEFAULT 'handler',
      ALTER COLUMN origin SET DEFAULT 'webhook';
-   CREATE FUNCTION deliveries_written() RETURNS trigger LANGUAGE plpgsql AS $$
+   -- Its tables are the schema's it was made in (FROM CURRENT), whatever search_path the session writing the
+   -- view has: a connection to another schema, or none, writes the rows of this one.
+   CREATE FUNCTION deliveries_written() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
    BEGIN
      IF TG_OP = 'INSERT' THEN
        INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, lease_ms, error, conflicts, finished_at, replays, purged_at, order_key, event_time, arrival, newer_id, route, destination, headers, traceparent, origin)
@@ -294,7 +296,7 @@ export const MIGRATIONS: readonly string[] = [
      PRIMARY KEY (source, id)
    );
    -- A delivery's rows (one per route) share its body: route 0, which every delivery has, stands for them.
-   CREATE FUNCTION inbox_search_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+   CREATE FUNCTION inbox_search_sync() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
    BEGIN
      IF TG_OP <> 'INSERT' THEN
        DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
