@@ -151,7 +151,8 @@ interface RouteHere {
  * sent. What the attempt log keeps of it (its timing, its answer's status, headers and first bytes) is the
  * settlement's own `attempt`, which the settler writes with it.
  */
-type Forwarded = Settlement & { tried: Tried };
+// A lease given back before anything was sent (its destination paused while its transform ran) tried nothing.
+type Forwarded = Settlement & { tried?: Tried };
 interface Tried {
   /** The sender's SendResult; a transform's failure is a retry, a transform that took the delivery away a done. */
   answer: SendResult;
@@ -390,6 +391,10 @@ class DestinationLane {
       }
     }
     const transformFailed = answer !== undefined;
+    // The wave's permit said the destination was not paused before the transform ran, which may take up to
+    // its timeout: a pause committed meanwhile must still stop the send, so the lease goes back unsent.
+    if (setting && shaped !== null && !transformFailed && (await this.p.options.inbox.permit(this.name, 1)).paused)
+      return { kind: "released" };
     if (answer === undefined && shaped === null) {
       // The transform said this destination does not take this delivery: done, nothing sent.
       answer = { kind: "done" };
