@@ -493,7 +493,7 @@ describe("the README's first app, followed word for word from an empty folder", 
       await exited;
     }
     // Loopback only, as the receiver: the port is not open on another address of this machine.
-    assert.match(server!.body, /\.listen\(port, "127\.0\.0\.1"\)/);
+    assert.match(server!.body, /\.listen\(port, "127\.0\.0\.1", /);
   });
 
   it("stops with one line and exit 2 on the machine's Node 20, naming Node 24 and how to get it: the bin, the handler's module, connect()", {
