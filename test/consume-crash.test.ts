@@ -261,22 +261,30 @@ for (const type of ["nats", "rabbitmq"] as const) {
       });
 
       it("control: a consumer that acks before the commit loses messages under the same SIGKILLs", async () => {
-        const s = await setUp(`${run}_${backend.name}_early`);
-        try {
-          const r = await crashes("test/fixtures/early-ack-consumer.ts", s.target, s.sourcesFile, s.broker, s.p);
-          assert.equal(await s.broker.unacked(), 0, "the broker took every message as acknowledged");
-          const inbox = await connect(s.target);
-          let stored: number;
+        // A loss needs a kill between an ack and its commit; random kills can all miss that window in one
+        // round (seen once in CI), so the control runs up to three rounds and must show a loss in one.
+        const losses: string[] = [];
+        for (let round = 0; round < 3 && losses.length === 0; round++) {
+          const s = await setUp(`${run}_${backend.name}_early${round}`);
           try {
-            stored = await inbox.count({ source: "pay" });
+            const r = await crashes("test/fixtures/early-ack-consumer.ts", s.target, s.sourcesFile, s.broker, s.p);
+            assert.equal(await s.broker.unacked(), 0, "the broker took every message as acknowledged");
+            const inbox = await connect(s.target);
+            let stored: number;
+            try {
+              stored = await inbox.count({ source: "pay" });
+            } finally {
+              await inbox.close();
+            }
+            console.log(
+              `# control ${type} ${backend.name}, round ${round + 1}: ${JSON.stringify(r)}, stored ${stored} of ${MESSAGES}`,
+            );
+            if (stored < MESSAGES) losses.push(`${stored} of ${MESSAGES}`);
           } finally {
-            await inbox.close();
+            await s.done();
           }
-          console.log(`# control ${type} ${backend.name}: ${JSON.stringify(r)}, stored ${stored} of ${MESSAGES}`);
-          assert.ok(stored < MESSAGES, `acked before the commit, some messages were lost (${stored} of ${MESSAGES})`);
-        } finally {
-          await s.done();
         }
+        assert.ok(losses.length > 0, "acked before the commit, some messages were lost in one of three rounds");
       });
     });
   }
