@@ -16,7 +16,7 @@ import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { ROOT, SECONDS, f, knob, startChild, tempDir } from "./common.ts";
+import { f, flushFill, knob, ROOT, SECONDS, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
@@ -49,6 +49,7 @@ function fillDone(path: string, n: number, daysAgo: number): void {
   }
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 // purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits.
