@@ -157,7 +157,7 @@ async function purgePostgres(dir: string): Promise<string[]> {
         await inbox.query(
           `CREATE TABLE ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
         );
-      await fillPostgres(inbox, ROWS, day.until - 1, 1);
+      await fillPostgres(inbox, ROWS, day.until - 1, 1, whole);
       await inbox.close();
       const r = await aroundPurge(db);
       const label = whole ? "PostgreSQL, the day dropped" : "PostgreSQL, row by row";

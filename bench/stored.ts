@@ -21,6 +21,7 @@ import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
@@ -101,9 +102,16 @@ function fillSqlite(path: string, n: number, now: number): void {
 
 /**
  * fillPostgres writes n done deliveries received over the days days before now, with one INSERT … SELECT per
- * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits).
+ * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits), into
+ * the day partitions of those days (made first) unless partitioned is false (then the default partition).
  */
-export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: number, days = 7): Promise<void> {
+export async function fillPostgres(
+  inbox: Pick<Inbox, "query">,
+  n: number,
+  now: number,
+  days = 7,
+  partitioned = true,
+): Promise<void> {
   const sample = stripeLike(0).toString("utf8");
   const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
   // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
@@ -111,6 +119,7 @@ export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: 
   const [{ apart }] = (await inbox.query("SELECT to_regclass('delivery_bodies') IS NOT NULL AS apart")) as [
     { apart: boolean },
   ];
+  if (apart && partitioned) await makeDays(inbox, now - days * DAY, now);
   for (let start = 0; start < n; start += 100_000) {
     await inbox.query(
       `WITH g AS (
@@ -138,6 +147,21 @@ export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: 
   if (apart) await inbox.query("VACUUM (ANALYZE) delivery_bodies");
   // As on SQLite: the fill's dirty buffers written out now, not by a checkpoint in the middle of the measure.
   await inbox.query("CHECKPOINT");
+}
+
+/**
+ * makeDays makes the day partitions of delivery_bodies from from to until before a fill writes bodies of those
+ * days, as an inbox that lived through them would have them (the worker's purge makes each ahead): filled into
+ * the default partition, they would be read and purged there, and each day made later would scan them all.
+ */
+export async function makeDays(inbox: Pick<Inbox, "query">, from: number, until: number): Promise<void> {
+  for (let at = from; at <= until; at += DAY) {
+    const day = periodOf(at);
+    // DDL takes no bound parameters: the name and bounds come from periodOf, from a number.
+    await inbox.query(
+      `CREATE TABLE IF NOT EXISTS ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
+    );
+  }
 }
 
 // diskBytes is what the inbox takes on disk now.
