@@ -5,7 +5,8 @@
 // new deliveries are stored through the real store() (streams of 32 a turn, as the receiver batches them)
 // and drained by the real worker loop (run() of worker.ts, the record-payment handler, --once). Each size is
 // measured against an empty inbox in the same run (ratios printed), and the disk the stored rows take is
-// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). On
+// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). Beside each
+// rate, the CPU a delivery (this process's and PostgreSQL's), which a shared machine's load moves less. On
 // PostgreSQL it then times the upgrade of an inbox that main's schema filled at the largest size.
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
 // BENCH_UPGRADE_ROWS (default the largest) the upgrade's.
@@ -25,7 +26,7 @@ import { periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
-import { f, flushFill, knob, tempDir } from "./common.ts";
+import { cpuMs, f, flushFill, knob, tempDir } from "./common.ts";
 import { inboxTargets } from "./targets.ts";
 
 const SIZES = (process.env.BENCH_STORED ?? "0,200000").split(",").map((s) => {
@@ -191,6 +192,30 @@ interface Round {
   bytes: number;
   ingest: number;
   drain: number;
+  /** CPU a delivery, in µs: this process's and, on PostgreSQL, its server processes', which a loaded machine shifts less than a rate. */
+  ingestCpu: number;
+  drainCpu: number;
+}
+
+// cpuNow is this process's CPU so far and, on PostgreSQL, that of the server processes serving this database, in
+// ms; a connection opened during a phase counts whole, as it served that phase. bench/common.ts's cpuMs reads them.
+async function cpuNow(inbox: Inbox, seen: Map<number, number>): Promise<number> {
+  const own = process.cpuUsage();
+  let sum = (own.user + own.system) / 1000;
+  if (inbox.backend === "postgres") {
+    const rows = await inbox.query(
+      "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    for (const { pid } of rows as { pid: number }[]) {
+      try {
+        seen.set(pid, cpuMs(pid));
+      } catch {
+        // gone since: its last reading stands
+      }
+    }
+    for (const ms of seen.values()) sum += ms;
+  }
+  return sum;
 }
 
 async function once(db: string, stored: number): Promise<Round> {
@@ -203,6 +228,8 @@ async function once(db: string, stored: number): Promise<Round> {
     const fillS = (performance.now() - started) / 1000;
     const bytes = await diskBytes(inbox, db);
     await ensurePayments(inbox);
+    const seen = new Map<number, number>();
+    let cpu = await cpuNow(inbox, seen);
     // Ingest: STREAMS streams, each storing 32 at a time and waiting for their commit, as the receiver does.
     started = performance.now();
     let next = 0;
@@ -219,11 +246,14 @@ async function once(db: string, stored: number): Promise<Round> {
       }),
     );
     const ingest = N / ((performance.now() - started) / 1000);
+    const ingestCpu = ((await cpuNow(inbox, seen)) - cpu) * (1000 / N);
+    cpu = await cpuNow(inbox, seen);
     started = performance.now();
     const stats = await run(recordPayment, { inbox, once: true, log: () => {} });
     const drain = N / ((performance.now() - started) / 1000);
+    const drainCpu = ((await cpuNow(inbox, seen)) - cpu) * (1000 / N);
     if (stats.done !== N) throw new Error(`bench stored: drained ${stats.done} of ${N}`);
-    return { stored, fillS, bytes, ingest, drain };
+    return { stored, fillS, bytes, ingest, drain, ingestCpu, drainCpu };
   } finally {
     await inbox.close();
   }
@@ -287,8 +317,9 @@ export async function stored(): Promise<string> {
           empty ??= r;
           const perMillion = size > 0 ? `${f(((r.bytes / size) * 1e6) / 2 ** 20)} MB per million stored` : "";
           const line =
-            `  ${target.name.padEnd(10)} S=${f(size).padStart(8)}  ingest ${f(r.ingest).padStart(6)}/s (×${f(r.ingest / empty.ingest, 2)})` +
-            `  drain ${f(r.drain).padStart(6)}/s (×${f(r.drain / empty.drain, 2)})` +
+            `  ${target.name.padEnd(10)} S=${f(size).padStart(8)}  ingest ${f(r.ingest).padStart(6)}/s (×${f(r.ingest / empty.ingest, 2)}), ` +
+            `${f(r.ingestCpu)} µs CPU (×${f(r.ingestCpu / empty.ingestCpu, 2)})` +
+            `  drain ${f(r.drain).padStart(6)}/s (×${f(r.drain / empty.drain, 2)}), ${f(r.drainCpu)} µs CPU (×${f(r.drainCpu / empty.drainCpu, 2)})` +
             (size > 0 ? `  fill ${f(r.fillS, 1)} s  ${perMillion}` : "");
           console.log(line);
           lines.push(line);
