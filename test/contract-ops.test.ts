@@ -283,6 +283,32 @@ contract((suite) => {
     );
 
     suite.onPostgres(
+      "a restore makes the days of the bodies it brings, so that a copy's old days are released whole too",
+      async () => {
+        const from = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        suite.t -= 20 * DAY;
+        await handled(from, "old_1", big("old_1"));
+        suite.t += 20 * DAY;
+        const rows = await from.page(undefined, 10);
+        const to = await suite.another();
+        const day = periodOf(T0 - 20 * DAY);
+        const inDay = async () =>
+          (await to.query("SELECT to_regclass(?) IS NOT NULL AS made", day.name))[0]!.made
+            ? Number((await to.query(`SELECT count(*) AS n FROM ${day.name}`))[0]!.n)
+            : -1;
+        // The control: opening an inbox makes today's days, not that one.
+        assert.equal(await inDay(), -1, "no partition of that day before the restore");
+        assert.equal(await to.restore(rows), 1);
+        assert.equal(await inDay(), 1, "the body went to its day's partition, not the default one");
+        assert.deepEqual((await to.find("old_1"))[0]!.body, body(big("old_1")));
+        const purged = await to.purge();
+        assert.deepEqual([purged.bodies, await inDay()], [1, -1], "and the day was released by dropping it");
+        assert.equal(await to.store({ id: "old_1", body: body(big("old_1")) }), "duplicate");
+      },
+    );
+
+    suite.onPostgres(
       "leaves a day whole when its release cannot have its lock in time, and drops it at the next purge",
       async () => {
         const inbox = await open();

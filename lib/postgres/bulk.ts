@@ -12,7 +12,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodsBefore, releasePeriod } from "./periods.ts";
+import { makePeriods, periodOf, periodsBefore, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -31,6 +31,8 @@ export class PostgresBulk {
   private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly committee: CommitQueue;
+  // The days whose partition of bodies a restore has made (or found made) in this process.
+  private readonly madeDays = new Set<string>();
 
   constructor(committee: CommitQueue) {
     this.committee = committee;
@@ -50,7 +52,18 @@ export class PostgresBulk {
     this.committee.notify(client, added);
   }
 
-  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+  async restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    // The days of the bodies restored are made first, as the inbox would have made them as it lived through
+    // them: into the default partition, a copy's or an import's months of bodies would be purged there row by
+    // row, never released by the day, and each day made after would have to read them all (PostgreSQL checks
+    // a new partition's range against the default partition's rows, under a lock every store waits behind).
+    for (const d of deliveries) {
+      if (d.body.length <= DEFAULTS.inlineBodyBytes) continue;
+      const day = periodOf(d.receivedAt);
+      if (this.madeDays.has(day.name)) continue;
+      await makePeriods(this.pool, day.from, 0, DEFAULTS.periodLockMs);
+      this.madeDays.add(day.name);
+    }
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
     const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
