@@ -532,8 +532,11 @@ export interface Inbox {
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number>;
-  /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
-  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
+  /**
+   * search returns the deliveries that match, newest first (received_at, then source and id), a page after the
+   * cursor. With bodies: false each comes with an empty body, as a list shows none and need not read them.
+   */
+  search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
   count(filter: Filter): Promise<number>;
   /**

@@ -216,7 +216,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
     return this.reads.page(after, limit);
   }
-  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]> {
+  search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]> {
     return this.reads.search(filter, page);
   }
   count(filter: Filter): Promise<number> {

@@ -23,7 +23,7 @@ import {
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
 import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery } from "../rows.ts";
-import { ORDERING_SQL } from "../sql.ts";
+import { listColumns, ORDERING_SQL } from "../sql.ts";
 
 import type { Statements } from "./order-keys.ts";
 
@@ -176,14 +176,14 @@ export class SqliteReads {
   }
 
   /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
-  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+  async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
     const { where, params } = filterSqlChecked(this.sql, filter);
     const limit = searchPageLimit(page.limit);
     const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
     const cursor =
       page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const rows = this.sql(
-      `SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
+      `SELECT ${page.bodies === false ? listColumns("sqlite") : "*"} FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
     ).all(...params, ...cursor, limit) as Row[];
     return rows.map(toDelivery);
   }
