@@ -12,7 +12,7 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import type { Delivery, Inbox, Lease } from "../lib/store.ts";
+import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
 import { hashKey } from "../lib/api/keys.ts";
 import { Keyring } from "../lib/secrets.ts";
@@ -204,6 +204,126 @@ contract((suite) => {
       assert.deepEqual(
         (await to.claimBatch(10, LEASE)).map((l) => l.id),
         ["k2"],
+      );
+    });
+  });
+
+  describe("attemptPage() and restoreAttempts()", () => {
+    // pages reads an inbox's attempt log by attemptPage(), limit tries a page, one array per page.
+    const pages = async (inbox: Inbox, limit: number) => {
+      const out: KeptAttempt[][] = [];
+      for (let page = await inbox.attemptPage(undefined, limit); page.length > 0; ) {
+        out.push(page);
+        page = await inbox.attemptPage(page.at(-1), limit);
+      }
+      return out;
+    };
+    // copied restores from's deliveries into to, then its attempt log, page by page; how many tries it wrote.
+    const copied = async (from: Inbox, to: Inbox, limit = 2) => {
+      for (let page = await from.page(undefined, 100); page.length > 0; page = await from.page(page.at(-1), 100))
+        await to.restore(page);
+      let wrote = 0;
+      for (const page of await pages(from, limit)) wrote += await to.restoreAttempts(page);
+      return wrote;
+    };
+    const log = (inbox: Inbox, id: string, destination?: string) =>
+      inbox.attempts({ source: "default", id, receivedAt: T0, ...(destination ? { destination } : {}) });
+
+    it("writes another inbox's attempt log as attemptPage() reads it, a route whole a page, each try as it was and in its order; run again, it writes nothing", async () => {
+      const from = await open({ retryDelayMs: 1, retryJitter: 0, maxAttempts: 10 });
+      await from.store({ id: "a", body: body({}), destinations: ["app", "ledger"] });
+      await from.store({ id: "b", body: body({}) });
+      await from.store({ id: "quiet", body: body({}) });
+      // Three tries of a to app in the same millisecond: only their seq orders them.
+      const at = { startedAt: T0 + 1, ms: 7 };
+      const app = { destination: "app" };
+      await from.fail((await from.claim(LEASE, app))!, "HTTP 500 from app", {
+        attempt: { ...at, status: 500, headers: { "content-type": "text/html" }, body: "<b>down</b> ✓" },
+      });
+      suite.t += 10;
+      await from.fail((await from.claim(LEASE, app))!, "app did not answer", { attempt: at });
+      suite.t += 10;
+      assert.equal(await from.finish((await from.claim(LEASE, app))!, [], { ...at, status: 200, body: "ok" }), true);
+      await from.fail((await from.claim(LEASE, { destination: "ledger" }))!, "HTTP 400", {
+        permanent: true,
+        attempt: { ...at, status: 400 },
+      });
+      const b = (await from.claimBatch(10, LEASE)).find((l) => l.id === "b")!;
+      await from.fail(b, "handler threw");
+      suite.t += 10;
+      await from.fail((await from.claim(LEASE))!, "handler threw again");
+
+      const read = await pages(from, 2);
+      assert.deepEqual(
+        read.map((page) => page.map((t) => `${t.id}/${t.destination}#${t.attempt}`)),
+        [
+          ["a/app#1", "a/app#2", "a/app#3"],
+          ["a/ledger#1", "b/handler#1", "b/handler#2"],
+        ],
+        "a full page goes on to the end of its last route's log, and the next starts past it",
+      );
+      assert.deepEqual(read[0]![0]!.bodySha256, (await from.find("a"))[0]!.bodySha256);
+
+      const to = await suite.another({ attemptsKept: 2, retryDelayMs: 1, retryJitter: 0, maxAttempts: 10 });
+      assert.equal(await copied(from, to), 6);
+      for (const [id, destination] of [
+        ["a", "app"],
+        ["a", "ledger"],
+        ["b", undefined],
+        ["quiet", undefined],
+      ] as const)
+        assert.deepEqual(
+          await log(to, id, destination),
+          await log(from, id, destination),
+          `${id} ${destination ?? ""}`,
+        );
+      assert.deepEqual(
+        (await log(to, "a", "app")).map((t) => t.error),
+        ["HTTP 500 from app", "app did not answer", null],
+      );
+      assert.equal(await copied(from, to), 0, "run again, it writes nothing");
+      assert.equal((await log(to, "a")).length, 4);
+
+      // The copied tries are the oldest there: the copy's next try of b lets the first of them go.
+      suite.t += 10;
+      const next = (await to.claim(LEASE))!;
+      assert.equal(next.id, "b");
+      await to.fail(next, "handler threw on the copy");
+      assert.deepEqual(
+        (await log(to, "b")).map((t) => t.error),
+        ["handler threw again", "handler threw on the copy"],
+      );
+    });
+
+    it("leaves a route's tries out where the target holds another delivery of that ID, or tries of its own", async () => {
+      const from = await open({ retryDelayMs: 1 });
+      for (const id of ["same-time", "later", "tried", "bare"]) await from.store({ id, body: body({ id }) });
+      for (const lease of await from.claimBatch(10, LEASE)) await from.fail(lease, `failed ${lease.id}`);
+      const to = await suite.another({ retryDelayMs: 1 });
+      // Another body at the same time, and the same body later: each a delivery of its own, whose tries are its own.
+      await to.store({ id: "same-time", body: body({ other: true }) });
+      suite.t += 1;
+      await to.store({ id: "later", body: body({ id: "later" }) });
+      for (let page = await from.page(undefined, 100); page.length > 0; page = await from.page(page.at(-1), 100))
+        await to.restore(page);
+      // The same delivery as from's, which the target has tried since the copy brought it.
+      suite.t += 10;
+      const own = (await to.claimBatch(10, LEASE)).find((l) => l.id === "tried")!;
+      await to.fail(own, "tried on the copy");
+      const before = await Promise.all(["same-time", "later", "tried"].map((id) => log(to, id)));
+
+      let wrote = 0;
+      for (const page of await pages(from, 100)) wrote += await to.restoreAttempts(page);
+      // (control) The delivery the copy brought that had no tries there took its own: the call writes.
+      assert.equal(wrote, 1);
+      assert.deepEqual(
+        (await log(to, "bare")).map((t) => t.error),
+        ["failed bare"],
+      );
+      assert.deepEqual(await Promise.all(["same-time", "later", "tried"].map((id) => log(to, id))), before);
+      assert.deepEqual(
+        before.map((tries) => tries.map((t) => t.error)),
+        [[], [], ["tried on the copy"]],
       );
     });
   });
