@@ -1,7 +1,8 @@
 // test/contract-ops.test.ts: the contract's housekeeping, on both backends (test/contract-harness.ts): flush()
 // and close(), ready() and gauges() for /readyz and /metrics, onWake() beside polling, retention (purge(),
 // dropBodies(), kept()), and moving deliveries with page() and restore(), between backends by inbox.ts copy,
-// which carries the configuration's history, the API keys and the audit log with them.
+// which carries the deliveries' attempt log (attemptPage(), restoreAttempts()), the configuration's history,
+// the API keys and the audit log with them.
 //   npx node --import tsx --test test/contract-ops.test.ts
 
 import assert from "node:assert/strict";
@@ -634,6 +635,64 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     }
   });
 
+  it("carries the attempt log both ways, a page at a time, each try as it was; run again, it adds none", async () => {
+    const from = join(dir.dir, "tried.db");
+    const back = join(dir.dir, "tried-back.db");
+    let t = T0;
+    const sqlite = new SqliteInbox(from, { now: () => t, random: () => 0, retryDelayMs: 1, maxAttempts: 10 });
+    const ids = ["e1", "e2", "e3", "e4", "e5"];
+    for (const id of ids) await sqlite.store({ id, body: body({ id }), destinations: ["app", "crm"] });
+    await sqlite.store({ id: "untried", body: body({}) });
+    // Three tries of each route, the last to crm a success: 30 in all, each with its answer.
+    for (let n = 1; n <= 3; n++) {
+      for (const destination of ["app", "crm"])
+        for (const lease of await sqlite.claimBatch(10, LEASE, { destination })) {
+          const attempt = {
+            startedAt: t,
+            ms: n,
+            status: 500 + n,
+            headers: { "x-try": `${n}` },
+            body: `${lease.id} ${n}`,
+          };
+          if (n === 3 && destination === "crm") await sqlite.finish(lease, [], { ...attempt, status: 200 });
+          else await sqlite.fail(lease, `HTTP ${500 + n} from ${destination}`, { attempt });
+        }
+      t += 10;
+    }
+    // tries reads every route's log of an inbox.
+    const tries = async (inbox: Inbox) =>
+      Promise.all([...ids, "untried"].map((id) => inbox.attempts({ source: "default", id, receivedAt: T0 })));
+    const original = await tries(sqlite);
+    await sqlite.close();
+    assert.equal(original.flat().length, 30);
+    assert.deepEqual(original.at(-1), []);
+
+    const there = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url, "--batch", "4"]);
+    assert.equal(there.code, 0, there.stderr);
+    assert.match(there.stdout, /^Copied 30 of 30 tries of the attempt log\.$/m);
+    const again = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url, "--batch", "4"]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(
+      again.stdout,
+      /^Nothing to copy: all 30 tries of the attempt log are already there, or of a delivery the target had of its own\.$/m,
+    );
+    const pg = await connect(pgTarget.url);
+    try {
+      assert.deepEqual(await tries(pg), original);
+    } finally {
+      await pg.close();
+    }
+    const home = await runScript("inbox.ts", ["copy", "--from", pgTarget.url, "--to", back, "--batch", "7"]);
+    assert.equal(home.code, 0, home.stderr);
+    assert.match(home.stdout, /^Copied 30 of 30 tries of the attempt log\.$/m);
+    const returned = new SqliteInbox(back);
+    try {
+      assert.deepEqual(await tries(returned), original);
+    } finally {
+      await returned.close();
+    }
+  });
+
   it("carries the configuration with its history, the API keys, the secrets still sealed and the audit log, both ways: the copy serves and knows them", async () => {
     const from = join(dir.dir, "configured.db");
     const file = join(dir.dir, "sources.json");
@@ -657,7 +716,8 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     // Two applies, a key made and the entry above: every way in leaves its entry (issue 46), and copy takes them all.
     assert.equal(log.length, 4);
 
-    const there = await cli("copy", "--from", from, "--to", pgTarget.url);
+    // Three a page, so the audit log's four entries are read in two.
+    const there = await cli("copy", "--from", from, "--to", pgTarget.url, "--batch", "3");
     assert.equal(there.code, 0, there.stderr);
     assert.match(there.stdout, /^Copied 2 of 2 configuration versions\.$/m);
     assert.match(there.stdout, /^Copied 1 of 1 API keys\.$/m);
