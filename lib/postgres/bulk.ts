@@ -1,7 +1,7 @@
-// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() from another inbox's pages, retry
-// and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one op of the commit
-// queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and hands it
-// these calls; it reaches the queue through the CommitQueue the inbox gives it.
+// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() and restoreAttempts() from another
+// inbox's pages, retry and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one
+// op of the commit queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and
+// hands it these calls; it reaches the queue through the CommitQueue the inbox gives it.
 
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";

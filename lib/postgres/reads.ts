@@ -1,7 +1,7 @@
 // postgres/reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
-// destinations, gauges), apart from the delivery's life in postgres.ts. PostgresInbox holds a PostgresReads
-// and hands it these calls. Reads go straight to the pool, outside the commit queue of postgres/commit.ts:
-// they lock nothing and wait for no batch.
+// attempts and the attempt log's pages for copy, destinations, gauges), apart from the delivery's life in
+// postgres.ts. PostgresInbox holds a PostgresReads and hands it these calls. Reads go straight to the pool,
+// outside the commit queue of postgres/commit.ts: they lock nothing and wait for no batch.
 
 import { filterSqlChecked } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";

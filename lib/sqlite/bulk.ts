@@ -1,7 +1,8 @@
-// sqlite/bulk.ts: the operator's bulk writes on SQLite: restore() from another inbox's pages, retry and
-// replay by filter, purge() and dropBodies() with the incremental vacuum after them, and vacuum(). Each
-// runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting between them so
-// acks get the write lock. SqliteInbox holds one and hands it these calls, through the CommitQueue it gives.
+// sqlite/bulk.ts: the operator's bulk writes on SQLite: restore() and restoreAttempts() from another inbox's
+// pages, retry and replay by filter, purge() and dropBodies() with the incremental vacuum after them, and
+// vacuum(). Each runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting
+// between them so acks get the write lock. SqliteInbox holds one and hands it these calls, through the
+// CommitQueue it gives.
 
 import { filterSqlChecked } from "./searching.ts";
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";

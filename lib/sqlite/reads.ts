@@ -1,7 +1,7 @@
 // sqlite/reads.ts: what the operator reads of an Inbox on SQLite (status, summary, search, lists, histogram,
-// attempts, destinations, kept), apart from the delivery's life in sqlite.ts. SqliteInbox holds a
-// SqliteReads and hands it these calls; each reads the file in one statement or a few, outside the commit
-// queue of sqlite/commit.ts, which it never waits for.
+// attempts and the attempt log's pages for copy, destinations, kept), apart from the delivery's life in
+// sqlite.ts. SqliteInbox holds a SqliteReads and hands it these calls; each reads the file in one statement
+// or a few, outside the commit queue of sqlite/commit.ts, which it never waits for.
 
 import { filterSqlChecked } from "./searching.ts";
 import type { SQLInputValue } from "node:sqlite";
