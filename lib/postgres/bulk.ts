@@ -1,13 +1,23 @@
-// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() from another inbox's pages, retry
-// and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one op of the commit
-// queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and hands it
-// these calls; it reaches the queue through the CommitQueue the inbox gives it.
+// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() and restoreAttempts() from another
+// inbox's pages, retry and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one
+// op of the commit queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and
+// hands it these calls; it reaches the queue through the CommitQueue the inbox gives it.
 
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
-import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
+import type {
+  Audit,
+  BulkOptions,
+  Cursor,
+  Delivery,
+  Filter,
+  KeptAttempt,
+  Purged,
+  PurgeOptions,
+  SqlValue,
+} from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
@@ -133,6 +143,44 @@ export class PostgresBulk {
       if (keys.size > 0) await rebuildKeys(client, [...keys.values()].sort());
       await writeAudit(client, audit, rows.length, this.now());
       return rows.length;
+    }) as Promise<number>;
+  }
+
+  /**
+   * restoreAttempts writes the tries in one statement, each route's in their seq order, into a route of the
+   * same delivery that had none when the statement began (its own rows are not yet visible to it); a route
+   * given in two calls gets the first call's tries alone.
+   */
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    const col = (f: (t: KeptAttempt) => unknown) => tries.map(f);
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
+         SELECT s, i, d, at, sa, ms, st, er, hd, bd
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
+                       $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+                AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)
+          WHERE EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
+                           AND r.received_at = u.ra AND r.body_sha256 = u.h)
+            AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = u.s AND a.id = u.i AND a.destination = u.d)
+          ORDER BY s, i, d, q`,
+        [
+          col((t) => t.source),
+          col((t) => t.id),
+          col((t) => t.destination),
+          col((t) => t.seq),
+          col((t) => t.attempt),
+          col((t) => t.startedAt),
+          col((t) => t.ms),
+          col((t) => t.status),
+          col((t) => t.error),
+          col((t) => (t.headers === null ? null : JSON.stringify(t.headers))),
+          col((t) => t.body),
+          col((t) => t.receivedAt),
+          col((t) => t.bodySha256),
+        ],
+      );
+      return rowCount ?? 0;
     }) as Promise<number>;
   }
 

@@ -51,6 +51,7 @@ import {
   type Summary,
   type Bucket,
   type Kept,
+  type KeptAttempt,
   type DestinationState,
   type Gauges,
   type ApiKey,
@@ -237,6 +238,15 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
+  }
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    return this.reads.attemptPage(after, limit);
+  }
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    return this.bulk.restoreAttempts(tries);
   }
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     return this.bulk.retryMatching(filter, options);

@@ -1,7 +1,7 @@
 // postgres/reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
-// destinations, gauges), apart from the delivery's life in postgres.ts. PostgresInbox holds a PostgresReads
-// and hands it these calls. Reads go straight to the pool, outside the commit queue of postgres/commit.ts:
-// they lock nothing and wait for no batch.
+// attempts and the attempt log's pages for copy, destinations, gauges), apart from the delivery's life in
+// postgres.ts. PostgresInbox holds a PostgresReads and hands it these calls. Reads go straight to the pool,
+// outside the commit queue of postgres/commit.ts: they lock nothing and wait for no batch.
 
 import { filterSqlChecked } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";
@@ -18,13 +18,23 @@ import {
   type Gauges,
   type InboxStatus,
   type Kept,
+  type KeptAttempt,
   type SqlValue,
   type Status,
   type Summary,
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery, toGauges } from "../rows.ts";
+import {
+  countsBySource,
+  emptyBuckets,
+  orderingStatus,
+  summarise,
+  toAttempt,
+  toDelivery,
+  toGauges,
+  toKeptAttempt,
+} from "../rows.ts";
 import { DISTINCT_SOURCES, listColumns, ORDERING_SQL } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -198,6 +208,39 @@ export class PostgresReads {
           );
     // Here a processing row's available_at is its lease's end; the other backend keeps its due time.
     return rows.map(toDelivery);
+  }
+
+  /**
+   * attemptPage reads the attempt log in the order of its index (source, id, destination, seq), a page after
+   * the cursor, then the rest of the last route's tries, each with its delivery's received_at and hash.
+   */
+  async attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    const tries = `SELECT a.*, d.received_at, d.body_sha256 FROM attempts a
+        JOIN delivery_rows d ON d.source = a.source AND d.id = a.id AND d.destination = a.destination
+       WHERE a.started_at >= d.received_at`;
+    const { rows } =
+      after === undefined
+        ? await this.pool.query(`${tries} ORDER BY a.source, a.id, a.destination, a.seq LIMIT $1`, [limit])
+        : await this.pool.query(
+            `${tries} AND (a.source, a.id, a.destination, a.seq) > ($1, $2, $3, $4)
+              ORDER BY a.source, a.id, a.destination, a.seq LIMIT $5`,
+            [after.source, after.id, after.destination, after.seq, limit],
+          );
+    const last = rows.at(-1);
+    // A full page may have cut a route's log short: restoreAttempts() writes a route's tries only whole.
+    if (last !== undefined && rows.length === limit)
+      rows.push(
+        ...(
+          await this.pool.query(
+            `${tries} AND a.source = $1 AND a.id = $2 AND a.destination = $3 AND a.seq > $4 ORDER BY a.seq`,
+            [last.source, last.id, last.destination, last.seq],
+          )
+        ).rows,
+      );
+    return rows.map(toKeptAttempt);
   }
 
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {

@@ -40,6 +40,7 @@ import {
   type InboxStatus,
   type Incoming,
   type Kept,
+  type KeptAttempt,
   type Lease,
   type LocalWrite,
   type PurgeOptions,
@@ -216,6 +217,15 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
 
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
+  }
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    return this.reads.attemptPage(after, limit);
+  }
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    return this.bulk.restoreAttempts(tries);
   }
   retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     return this.bulk.retryMatching(filter, options);
