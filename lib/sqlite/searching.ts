@@ -36,10 +36,9 @@ export interface SearchQueue {
  * rowid, past the place up to the last: a row deleted there before the indexer reached it still counts.
  */
 export function searchStatusOf(sql: Statements): SearchStatus {
-  const r = sql("SELECT s.*, (SELECT coalesce(max(rowid), 0) FROM deliveries) AS last FROM search_state s").get() as Record<
-    string,
-    number | null
-  >;
+  const r = sql(
+    "SELECT s.*, (SELECT coalesce(max(rowid), 0) FROM deliveries) AS last FROM search_state s",
+  ).get() as Record<string, number | null>;
   const enabled = r.enabled === 1;
   return {
     enabled,
