@@ -605,13 +605,13 @@ export interface Inbox {
   searchStatus(): Promise<SearchStatus>;
   /**
    * enableSearch turns the body search index on (docs/operations.md#searching-bodies): in one short transaction
-   * the triggers that index every body stored from then on, then the rows stored before, a batch per transaction
-   * (writers wait for one batch at most), until all are read. Called again (after an interruption) it carries on
-   * where the backfill stopped. The forms answer once the backfill is done. One audit entry, its count the rows
-   * indexed.
+   * the switch (from then on every body stored waits for indexSearch(), after its ack), then the rows stored
+   * before, a batch per transaction (writers wait for one batch at most), until all are read. Called again (after
+   * an interruption) it carries on where the backfill stopped. The forms answer once the backfill is done. One
+   * audit entry, its count the rows indexed.
    */
   enableSearch(options?: EnableSearchOptions): Promise<SearchStatus>;
-  /** disableSearch drops the triggers and empties the index, in one transaction; false if it was off already. */
+  /** disableSearch turns the index off and empties it (and what waited for it), in one transaction; false if it was off already. */
   disableSearch(audit?: Audit): Promise<boolean>;
   /**
    * indexSearch indexes up to limit of the rows stored and not yet in the body search index, in one transaction,
