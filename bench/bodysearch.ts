@@ -290,16 +290,63 @@ async function storedBeside(inbox: Inbox, worker: Inbox, prefix: string): Promis
   return { ms, lagMs: performance.now() - ended };
 }
 
-const storeLine = (what: string, without: number, withIndex: number) =>
-  `  store(), the receiver's own path, ${STORES} deliveries 512 at once: ${f((STORES / without) * 1000)}/s without the search index, ` +
-  `${f((STORES / withIndex) * 1000)}/s with it${what} (×${f(without / withIndex, 2)})`;
+// The rounds alternated() runs, each side once a round, so that no side has the warmer cache or the smaller table.
+const ROUNDS = 3;
+
+interface Ways {
+  off: number;
+  after: number;
+  inTheAck: number;
+  indexing: number;
+}
+
+// alternated times store() ROUNDS times on each of three sides of one inbox with the index on, in turn: off (the
+// index switched off for the side: SQLite's flag, PostgreSQL's queue trigger dropped), on and indexed after the
+// ack (then the catch-up that indexes what it stored, timed), and on and indexed in the ack (IN_THE_ACK, main's
+// triggers). It returns each round's ms and each side's median.
+async function alternated(inbox: Inbox): Promise<{ rounds: Ways[]; medians: Ways }> {
+  const OFF = {
+    sqlite: ["UPDATE search_state SET enabled = 0"],
+    postgres: ["DROP TRIGGER deliveries_search_insert ON delivery_rows"],
+  };
+  const ON = {
+    sqlite: ["UPDATE search_state SET enabled = 1"],
+    postgres: [
+      `CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+         REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue()`,
+    ],
+  };
+  const rounds: Ways[] = [];
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const sql of OFF[inbox.backend]) await inbox.query(sql);
+    const off = await stored(inbox, `off${round}`);
+    for (const sql of ON[inbox.backend]) await inbox.query(sql);
+    // What was stored while off is indexed now, so that the sides after start with nothing waiting.
+    await caughtUp(inbox);
+    const after = await stored(inbox, `after${round}`);
+    const indexing = await caughtUp(inbox);
+    for (const sql of IN_THE_ACK[inbox.backend]) await inbox.query(sql);
+    const inTheAck = await stored(inbox, `ack${round}`);
+    for (const sql of AFTER_IN_THE_ACK[inbox.backend]) await inbox.query(sql);
+    rounds.push({ off, after, inTheAck, indexing });
+  }
+  const median = (pick: (w: Ways) => number) => rounds.map(pick).sort((a, b) => a - b)[Math.floor(ROUNDS / 2)]!;
+  return {
+    rounds,
+    medians: {
+      off: median((w) => w.off),
+      after: median((w) => w.after),
+      inTheAck: median((w) => w.inTheAck),
+      indexing: median((w) => w.indexing),
+    },
+  };
+}
 
 // upgrade fills ROWS deliveries without the search migration, the last EXTRA of them timed, then opens the
 // inbox again, timing the migration (the index off: an empty table), then enableSearch(), timing its backfill
-// and its longest batch (what a writer may wait), and restores EXTRA more and stores STORES with the index on:
-// in the ack (main's triggers, IN_THE_ACK), after the ack (this branch: the store alone, then the catch-up that
-// indexes them), and with a worker indexing beside the stores, in that order, each against store() without it.
-// On PostgreSQL store() is timed again with fastupdate off on both GIN indexes, beside the default's pending list.
+// and its longest batch (what a writer may wait), and restores EXTRA more (then indexes them); then store() on
+// three sides alternated (alternated()), and with a worker indexing beside the stores. On PostgreSQL store() and
+// its indexing are timed again with fastupdate off on both GIN indexes, beside the default's pending list.
 async function upgrade(target: string): Promise<{ inbox: Inbox; lines: string[] }> {
   const old = await connect(target);
   for (const sql of UNMIGRATE[old.backend]) await old.query(sql);
@@ -325,61 +372,39 @@ async function upgrade(target: string): Promise<{ inbox: Inbox; lines: string[] 
   const backfill = performance.now() - started;
   const withIndex = await fill(inbox, ROWS, ROWS + EXTRA);
   const restoredCaughtUp = await caughtUp(inbox);
-  // Main's way first, on the smaller index: if the order favours one side, it is main's.
-  for (const sql of IN_THE_ACK[inbox.backend]) await inbox.query(sql);
-  const storedInTheAck = await stored(inbox, "c");
-  for (const sql of AFTER_IN_THE_ACK[inbox.backend]) await inbox.query(sql);
-  const storedAfter = await stored(inbox, "b");
-  const storedCaughtUp = await caughtUp(inbox);
+  const ways = await alternated(inbox);
   const worker = await connect(target);
   const beside = await storedBeside(inbox, worker, "d").finally(() => worker.close());
   const us = (ms: number, n: number) => f((ms * 1000) / n, 0);
+  const rate = (ms: number) => `${f((STORES / ms) * 1000)}/s`;
+  const { off, after, inTheAck, indexing } = ways.medians;
   const lines = [
     `${inbox.backend}, ${ROWS + EXTRA} deliveries (${ROWS - EXTRA} filled through restore() in ${f(fillMs / 1000, 1)} s):`,
     `  the search migrations on opening an inbox of ${ROWS + STORES} deliveries (the index off: an empty table): ${f(migrated / 1000, 2)} s`,
-    `  store() with the index off after the migrations: ${f((STORES / offAgain) * 1000)}/s (×${f(storedWithout / offAgain, 2)} of before them)`,
+    `  store() with the index off after the migrations: ${rate(offAgain)} (×${f(storedWithout / offAgain, 2)} of before them)`,
     `  search enable's backfill of ${status.backfilled} rows, ${DEFAULTS.searchBackfillBatch} a transaction: ${f(backfill / 1000, 1)} s ` +
       `(${f(backfill / 1000 / (status.backfilled / 1e6), 0)} s a million), its longest batch ${f(longest, 0)} ms`,
     `  ingest through restore(), ${EXTRA} deliveries: ${f((EXTRA / without) * 1000)}/s without the search index, ` +
       `${f((EXTRA / withIndex) * 1000)}/s with it, after the ack (×${f(without / withIndex, 2)}); indexing them after: ` +
       `${f(restoredCaughtUp / 1000, 2)} s (${us(restoredCaughtUp, EXTRA)} µs a row)`,
-    storeLine(", after the ack", storedWithout, storedAfter),
-    `  … indexing those ${STORES} after, indexSearch() until none is left: ${f(storedCaughtUp / 1000, 2)} s ` +
-      `(${us(storedCaughtUp, STORES)} µs a row); store and index together ${f((STORES / (storedAfter + storedCaughtUp)) * 1000)}/s ` +
-      `(×${f(storedWithout / (storedAfter + storedCaughtUp), 2)})`,
-    storeLine(
-      `, after the ack, a worker indexing beside it without a pause (caught up ${f(beside.lagMs, 0)} ms after the last ack)`,
-      storedWithout,
-      beside.ms,
-    ),
-    storeLine(", in the ack (main's triggers, the baseline this branch replaces)", storedWithout, storedInTheAck),
+    `  store(), the receiver's own path, ${STORES} deliveries 512 at once, ${ROUNDS} rounds of three sides alternated, medians:`,
+    `    index off ${rate(off)}; on, indexed after the ack ${rate(after)} (×${f(off / after, 2)}); ` +
+      `on, indexed in the ack as main did ${rate(inTheAck)} (×${f(off / inTheAck, 2)})`,
+    `    rounds, after the ack ×${ways.rounds.map((r) => f(r.off / r.after, 2)).join(", ×")}; ` +
+      `in the ack ×${ways.rounds.map((r) => f(r.off / r.inTheAck, 2)).join(", ×")}`,
+    `    indexing the ${STORES} stored after the ack, indexSearch() until none is left: ${f(indexing / 1000, 2)} s ` +
+      `(${us(indexing, STORES)} µs a row); store and index together ${rate(after + indexing)} (×${f(off / (after + indexing), 2)})`,
+    `  store() after the ack, a worker indexing beside it without a pause (a second inbox in this process): ` +
+      `${rate(beside.ms)} (×${f(off / beside.ms, 2)} of off's median); caught up ${f(beside.lagMs, 0)} ms after the last ack`,
   ];
   if (inbox.backend === "postgres") {
-    // The queue's trigger alone, against the same inbox with it dropped, alternated so that neither side has
-    // the warmer cache or the smaller table: what a store pays now that the index is kept after the ack.
-    const queued: number[] = [];
-    const unqueued: number[] = [];
-    for (let round = 0; round < 3; round++) {
-      queued.push(await stored(inbox, `q${round}`));
-      await caughtUp(inbox);
-      await inbox.query("DROP TRIGGER deliveries_search_insert ON delivery_rows");
-      unqueued.push(await stored(inbox, `u${round}`));
-      await inbox.query(`CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
-        REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue()`);
-    }
-    const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[1]!;
-    lines.push(
-      `  store() with the queue's trigger against the same inbox without it, 3 rounds alternated, medians: ` +
-        `${f((STORES / median(unqueued)) * 1000)}/s without, ${f((STORES / median(queued)) * 1000)}/s with (×${f(median(unqueued) / median(queued), 2)}; ` +
-        `rounds ×${queued.map((q, i) => f(unqueued[i]! / q, 2)).join(", ×")})`,
-    );
     for (const index of ["deliveries_search_json", "deliveries_search_words"])
       await inbox.query(`ALTER INDEX ${index} SET (fastupdate = off)`);
     const storedNoPending = await stored(inbox, "e");
     const indexedNoPending = await caughtUp(inbox);
     lines.push(
-      storeLine(", after the ack, fastupdate = off on its GIN indexes", storedWithout, storedNoPending),
-      `  … indexing those after with fastupdate = off: ${f(indexedNoPending / 1000, 2)} s (${us(indexedNoPending, STORES)} µs a row)`,
+      `  store() after the ack with fastupdate = off on the GIN indexes: ${rate(storedNoPending)}; indexing those after: ` +
+        `${f(indexedNoPending / 1000, 2)} s (${us(indexedNoPending, STORES)} µs a row, against ${us(indexing, STORES)} with the pending list)`,
     );
     for (const index of ["deliveries_search_json", "deliveries_search_words"])
       await inbox.query(`ALTER INDEX ${index} RESET (fastupdate)`);
