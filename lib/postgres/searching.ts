@@ -131,9 +131,10 @@ export class PostgresSearching {
 
   /**
    * index takes up to limit of the oldest keys out of the queue and copies their bodies, in one transaction, and
-   * returns how many keys it took. search_state's row is locked first, so indexers take turns: a search that
-   * finds the queue empty once the lock is its own knows that every key queued before it began was copied by
-   * a transaction that has committed. A look at the queue first, so that a tick with nothing to do locks nothing.
+   * returns how many keys it took. search_state's row is locked first, so indexers take turns; a key leaves the
+   * queue only in the transaction that copies it, so a search that finds the queue empty knows that every key
+   * queued before it began was copied by a transaction that has committed. A look at the queue first, so that
+   * a tick with nothing to do locks nothing.
    */
   async index(limit: number = DEFAULTS.searchIndexBatch, audit?: Audit): Promise<number> {
     const { pool } = this.queue;
