@@ -280,8 +280,9 @@ export const MIGRATIONS: readonly string[] = [
   // holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes), not UTF-8 or not JSON, so a store
   // never fails on a body the index cannot take (not PARALLEL SAFE: its EXCEPTION block is a subtransaction).
   // Opt-in: the table is made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers
-  // (lib/postgres/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays
-  // nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  // (lib/postgres/searching.ts; inbox_search_sync() here indexed in the store's transaction, until the next
+  // migration moved indexing after the ack) and indexes the rows already there in batches; an inbox that never
+  // asks pays nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
   `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT AS $$
    BEGIN
      IF length(body) > 65536 THEN RETURN NULL; END IF;

@@ -280,9 +280,10 @@ export const MIGRATIONS: readonly string[] = [
   // Search (lib/search.ts, docs/operations.md#searching-bodies): an FTS5 index of the words of each JSON body's
   // strings, numbers and booleans, by the row's rowid, for bodyWords and as bodyJson's first look; contentless,
   // so the words are not stored twice, and with contentless_delete so a row can leave it. Opt-in: the table is
-  // made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers (SEARCH_TRIGGERS in
-  // lib/sqlite/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays nothing
-  // at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  // made here empty, and nothing fills it until `inbox.ts search enable` turns it on (lib/sqlite/searching.ts;
+  // triggers then, moved after the ack by the next migration) and indexes the rows already there in batches; an
+  // inbox that never asks pays nothing at a store or at this upgrade. search_state is whether it is on and how
+  // far the backfill got.
   `CREATE VIRTUAL TABLE deliveries_search USING fts5(words, content = '', contentless_delete = 1);
    CREATE TABLE search_state (
      one         INTEGER PRIMARY KEY CHECK (one = 1),
