@@ -137,6 +137,8 @@ export class SqliteSearching {
       if ((await this.index(batch, options.audit)) === 0) break;
       options.onBatch?.(searchStatusOf(sql));
     }
+    // And what was stored meanwhile, as PostgreSQL's enable does, so that it leaves nothing waiting.
+    if (searchStatusOf(sql).ready) while ((await this.index(batch, options.audit)) === batch);
     return this.status();
   }
 
