@@ -13,7 +13,7 @@ import { connect } from "../inbox.ts";
 import { mintKey } from "../lib/api/keys.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { f, knob, tempDir } from "./common.ts";
+import { f, flushFill, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_ADMIN_ROWS", 1_000_000);
 const REPEAT = knob("BENCH_ADMIN_REPEAT", 15);
@@ -79,6 +79,7 @@ export function fillSqlite(path: string, n: number, now: number): void {
   db.exec("ANALYZE");
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 /** fillPostgres lets the server generate the rows (generate_series), the same shape as fillSqlite's. */

@@ -14,17 +14,18 @@ import { connect } from "../inbox.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import {
   CONNECTIONS,
-  ROOT,
-  WARMUP_SECONDS,
   cpuMs,
   f,
+  flushFill,
   hammer,
   knob,
+  ROOT,
   row,
   rssMb,
   tempDir,
   type Child,
   type Load,
+  WARMUP_SECONDS,
 } from "./common.ts";
 
 const SECONDS = knob("BENCH_SECONDS", 4);
@@ -110,6 +111,7 @@ function fillSqlite(path: string, n: number): void {
   }
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 async function fillPostgres(url: string, n: number): Promise<void> {

@@ -10,7 +10,7 @@ import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
-import { f, fillBacklog, knob, tempDir } from "./common.ts";
+import { f, fillBacklog, flushFill, knob, tempDir } from "./common.ts";
 import { drainChild } from "./worker.ts";
 
 const LARGE = knob("BENCH_LARGE", 200_000);
@@ -35,6 +35,7 @@ function orderBacklog(path: string, keys: number): void {
   db.exec("COMMIT");
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 // drainSome runs the worker on the one-key inbox until `count` deliveries are done (or it is empty),

@@ -9,7 +9,7 @@ import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Filter, Inbox } from "../lib/store.ts";
-import { f, knob, tempDir } from "./common.ts";
+import { f, flushFill, knob, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_SEARCH_ROWS", 1_000_000);
 const SOURCES = ["stripe", "github", "svix"];
@@ -57,6 +57,7 @@ function fillSqlite(path: string): void {
   db.exec("ANALYZE");
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 async function fillPostgres(inbox: Inbox): Promise<void> {

@@ -12,7 +12,7 @@ import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { sha256 } from "../lib/rows.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
-import { ROOT, f, knob, tempDir } from "./common.ts";
+import { f, flushFill, knob, ROOT, tempDir } from "./common.ts";
 
 const ROWS = knob("BENCH_STARTUP_ROWS", 200_000);
 const RUNS = knob("BENCH_STARTUP_RUNS", 5);
@@ -37,6 +37,7 @@ function fillDone(path: string, n: number): void {
   }
   db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
   db.close();
+  flushFill(path);
 }
 
 // once times one `worker.ts --once` on db, in ms.

@@ -323,6 +323,21 @@ export interface Attempt {
   body: string | null;
 }
 
+/**
+ * KeptAttempt is one try as the attempt log keeps it, with its route's key and what tells its delivery from
+ * another of the same ID: what copy reads from one inbox (attemptPage()) and writes into another (restoreAttempts()).
+ */
+export interface KeptAttempt extends Attempt {
+  source: string;
+  id: string;
+  /** Its place in the log: the order the tries of one route were kept in, and where a page of them ends. */
+  seq: number;
+  /** The receivedAt of the route's delivery. */
+  receivedAt: number;
+  /** The bodySha256 of the route's delivery. */
+  bodySha256: string;
+}
+
 /** BreakerPolicy is when a destination's breaker opens, and how long it stays open before one delivery probes it. */
 export interface BreakerPolicy {
   /** Opens after this many failures in a row (every worker's). @default DEFAULTS.breakerFailures */
@@ -537,8 +552,27 @@ export interface Inbox {
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number>;
-  /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
-  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
+  /**
+   * attemptPage returns the attempt log for copying: up to limit tries in key order (source, id, destination,
+   * then seq) after the cursor, then the rest of the last route's, so that no page splits one route's log. Only
+   * the tries attempts() shows: of a delivery still kept, since its receivedAt.
+   */
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]>;
+  /**
+   * restoreAttempts writes tries as they are (from attemptPage() of another inbox), in their seq order, so the
+   * oldest are still the first to go. A route's tries are written only into the same delivery (its receivedAt
+   * and bodySha256) and only while it has none of its own: run again, it writes nothing, and a delivery that
+   * restore() skipped for another of the same ID keeps its own tries alone. Returns how many it wrote.
+   */
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number>;
+  /**
+   * search returns the deliveries that match, newest first (received_at, then source and id), a page after the
+   * cursor. With bodies: false each comes with an empty body, as a list shows none and need not read them.
+   */
+  search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
   count(filter: Filter): Promise<number>;
   /**

@@ -11,6 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
+import { PostgresGates } from "./destinations.ts";
 import { enterKeys, settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { PostgresRecords, writeAudit } from "./records.ts";
@@ -50,6 +51,7 @@ import {
   type Summary,
   type Bucket,
   type Kept,
+  type KeptAttempt,
   type DestinationState,
   type Gauges,
   type ApiKey,
@@ -63,7 +65,7 @@ import {
   type ConfigApplied,
   type StoredConfig,
 } from "../store.ts";
-import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
+import { checkClaim, gateClaim, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery } from "../rows.ts";
 import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
@@ -119,8 +121,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // The keyset claim's cursor per destination: the due time this process's claims have walked to, and
   // when they last started from the start (see claimIn).
   private claimFrom = new Map<string, { at: number; fromStartAt: number }>();
-  // The destinations whose row this process has made sure of (see made).
-  private madeRows = new Map<string, Promise<void>>();
   private readonly pinned: (() => number) | undefined;
   // The operator's reads, which lock nothing and wait for no batch: this inbox hands them over as they are.
   private readonly reads: PostgresReads;
@@ -130,6 +130,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   private readonly records: PostgresRecords;
   // The body search index's switch and backfill.
   private readonly searching: PostgresSearching;
+  // The destinations' rows: pause, resume, permits, the breaker.
+  private readonly gates: PostgresGates;
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -153,6 +155,13 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       other: (run, together, locks) => this.other(run, together, locks),
       schema: this.schema,
       channel: () => this.channel(),
+    });
+    this.gates = new PostgresGates({
+      pool: this.pool,
+      pinned: options.now,
+      other: (run, together, locks) => this.other(run, together, locks),
+      notify: (client, added) => this.notify(client, added),
+      prepared: (text, values) => this.prepared(text, values),
     });
     this.random = options.random ?? Math.random;
     this.maxAttempts = Math.max(1, options.maxAttempts ?? DEFAULTS.maxAttempts);
@@ -209,7 +218,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return this.reads.page(after, limit);
   }
   // A search form reads the index once it has caught up with every row stored before it (indexSearch()).
-  async search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]> {
+  async search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]> {
     await this.searching.catchUp(filter);
     return this.reads.search(filter, page);
   }
@@ -232,6 +241,15 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
 
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
+  }
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    return this.reads.attemptPage(after, limit);
+  }
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    return this.bulk.restoreAttempts(tries);
   }
   async retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     await this.searching.catchUp(filter);
@@ -286,7 +304,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // A limited claim locks the destination's row, which made() makes outside any batch (rule 3 of
     // docs/postgres.md); a plain claim goes straight to the queue.
     const limited = options.maxInFlight !== undefined || options.rate !== undefined;
-    return tellSetAside(limited ? this.made(destination).then(claim) : claim(), options, () => setAside);
+    return tellSetAside(limited ? this.gates.made(destination).then(claim) : claim(), options, () => setAside);
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
@@ -312,7 +330,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     if (plain) return this.claimIn(client, limit, leaseMs, destination, setAside);
     // A destination that is paused, or whose breaker is open, costs its lane this one read: no lock, no write.
     if (row !== undefined && gateClaim(row, limit, Number(row.now), {}, 0).n === 0) return [];
-    row = await this.lockDestination(client, destination);
+    row = await this.gates.lock(client, destination);
     const now = Number(row.now);
     const inFlight =
       options.maxInFlight === undefined
@@ -597,135 +615,20 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }) as Promise<number>;
   }
 
-  async pause(destination: string, reason: string = "paused by a person", audit?: Audit): Promise<boolean> {
-    checkClaim({ destination });
-    await this.made(destination);
-    return this.other(
-      async (client) => {
-        const { rowCount } = await client.query(
-          `INSERT INTO destinations AS d (name, paused, paused_reason, changed_at) VALUES ($2, true, $3, ${NOW})
-         ON CONFLICT (name) DO UPDATE SET paused = true, paused_reason = $3, changed_at = ${NOW} WHERE NOT d.paused`,
-          [this.now(), destination, reason],
-        );
-        await writeAudit(client, audit, rowCount ?? 0, this.now());
-        return rowCount === 1;
-      },
-      false,
-      { destination },
-    ) as Promise<boolean>;
+  pause(destination: string, reason?: string, audit?: Audit): Promise<boolean> {
+    return this.gates.pause(destination, reason, audit);
   }
 
-  async resume(destination: string, audit?: Audit): Promise<boolean> {
-    checkClaim({ destination });
-    return this.other(
-      async (client) => {
-        const { rowCount } = await client.query(
-          `UPDATE destinations SET paused = false, paused_reason = NULL, state = 'closed', failures = 0, window_start = NULL,
-                window_done = 0, window_failed = 0, retry_at = NULL, probe_until = NULL, changed_at = ${NOW}
-         WHERE name = $2 AND paused`,
-          [this.now(), destination],
-        );
-        await writeAudit(client, audit, rowCount ?? 0, this.now());
-        if (rowCount === 1) this.notify(client, 1);
-        return rowCount === 1;
-      },
-      false,
-      { destination },
-    ) as Promise<boolean>;
+  resume(destination: string, audit?: Audit): Promise<boolean> {
+    return this.gates.resume(destination, audit);
   }
 
   permit(destination: string, n: number, rate?: Rate): Promise<Permit> {
-    checkPermit(destination, n, rate);
-    // Without a rate, one read: a pause committed before it is seen, and nothing is locked or written.
-    if (!rate) {
-      return this.pool
-        .query(this.prepared("SELECT paused FROM destinations WHERE name = $1", [destination]))
-        .then(({ rows }) => {
-          const { tokens: _, ...permit } = gatePermit(rows[0], n, 0, undefined);
-          return permit;
-        });
-    }
-    return this.made(destination).then(() =>
-      this.other(
-        async (client) => {
-          const row = await this.lockDestination(client, destination);
-          const now = Number(row.now);
-          const { tokens, ...answer } = gatePermit(row, n, now, rate);
-          if (tokens !== null)
-            await client.query("UPDATE destinations SET tokens = $1, tokens_at = $2 WHERE name = $3", [
-              tokens,
-              now,
-              destination,
-            ]);
-          return answer;
-        },
-        false,
-        { destination },
-      ),
-    ) as Promise<Permit>;
-  }
-
-  // made makes a destination's row, once per process, in a statement of its own outside any batch. Made
-  // inside a batch, a new row is locked outside the one order: a batch whose insert of it waited on
-  // another's uncommitted insert, while holding a row that one then locked for update, deadlocked in the
-  // forwarding torture when four workers started at once. Once per process: a row that goes missing after
-  // all (an operator's DELETE, a failover that lost its commit) is made again after lockDestination says so.
-  private made(destination: string): Promise<void> {
-    let made = this.madeRows.get(destination);
-    if (made === undefined) {
-      made = this.pool
-        .query("INSERT INTO destinations (name) VALUES ($1) ON CONFLICT (name) DO NOTHING", [destination])
-        .then(() => {});
-      this.madeRows.set(destination, made);
-      made.catch(() => this.madeRows.delete(destination));
-    }
-    return made;
-  }
-
-  // lockDestination reads a destination's row, made by made(), FOR UPDATE with the database's clock.
-  private async lockDestination(client: pg.PoolClient, destination: string): Promise<Record<string, unknown>> {
-    const {
-      rows: [row],
-    } = await client.query(`SELECT *, ${NOW} AS now FROM destinations WHERE name = $2 FOR UPDATE`, [
-      this.now(),
-      destination,
-    ]);
-    if (row !== undefined) return row as Record<string, unknown>;
-    this.madeRows.delete(destination);
-    throw new Error(`destination ${JSON.stringify(destination)} has no row; it is made again on the next try`);
+    return this.gates.permit(destination, n, rate);
   }
 
   tally(destination: string, tally: Tally, policy: BreakerPolicy): Promise<BreakerChange | undefined> {
-    checkClaim({ destination });
-    return this.made(destination).then(() =>
-      this.other(
-        async (client) => {
-          const row = await this.lockDestination(client, destination);
-          const next = breakerAfter(row, tally, policy, Number(row.now));
-          const r = next.row;
-          await client.query(
-            `UPDATE destinations SET state = $1, retry_at = $2, failures = $3, window_start = $4, window_done = $5, window_failed = $6,
-                last_error = $7, last_error_at = $8, changed_at = CASE WHEN state <> $1 THEN $9 ELSE changed_at END
-         WHERE name = $10`,
-            [
-              r.state,
-              r.retry_at,
-              r.failures,
-              r.window_start,
-              r.window_done,
-              r.window_failed,
-              r.last_error,
-              r.last_error_at,
-              Number(row.now),
-              destination,
-            ],
-          );
-          return next.change;
-        },
-        false,
-        { destination },
-      ),
-    ) as Promise<BreakerChange | undefined>;
+    return this.gates.tally(destination, tally, policy);
   }
 
   // storeOnce is the one statement that stores a whole batch when nothing need follow it in the transaction:

@@ -40,6 +40,7 @@ import {
   type InboxStatus,
   type Incoming,
   type Kept,
+  type KeptAttempt,
   type Lease,
   type LocalWrite,
   type PurgeOptions,
@@ -199,7 +200,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return this.reads.page(after, limit);
   }
   // A search form reads the index once it has caught up with every row stored before it (indexSearch()).
-  async search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]> {
+  async search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]> {
     await this.searching.catchUp(filter);
     return this.reads.search(filter, page);
   }
@@ -219,6 +220,15 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
 
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
+  }
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    return this.reads.attemptPage(after, limit);
+  }
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    return this.bulk.restoreAttempts(tries);
   }
   async retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     await this.searching.catchUp(filter);
