@@ -195,7 +195,7 @@ export interface Audit {
 
 /** SearchStatus is the body search index's state (Inbox.searchStatus()). */
 export interface SearchStatus {
-  /** The triggers are there: every body stored now is indexed. */
+  /** It is on: every body stored from now is indexed after its ack (indexSearch()), every body dropped leaves it at once. */
   enabled: boolean;
   /** Rows the backfill has read. PostgreSQL's walks the primary key, so this may pass toBackfill by rows stored since, which it skips. */
   backfilled: number;
@@ -205,6 +205,11 @@ export interface SearchStatus {
   ready: boolean;
   /** When it was last enabled or disabled, or null if never. */
   changedAt: number | null;
+  /**
+   * Rows stored and not yet indexed, which the worker's tick or the next search indexes (SQLite: the rows past
+   * the index's place, a backfill's among them; PostgreSQL: the rows its queue holds). 0 while it is off.
+   */
+  pending: number;
 }
 
 /** EnableSearchOptions are enableSearch()'s: the batch, who asks, and a callback after each batch. */
@@ -634,14 +639,22 @@ export interface Inbox {
   searchStatus(): Promise<SearchStatus>;
   /**
    * enableSearch turns the body search index on (docs/operations.md#searching-bodies): in one short transaction
-   * the triggers that index every body stored from then on, then the rows stored before, a batch per transaction
-   * (writers wait for one batch at most), until all are read. Called again (after an interruption) it carries on
-   * where the backfill stopped. The forms answer once the backfill is done. One audit entry, its count the rows
-   * indexed.
+   * the switch (from then on every body stored waits for indexSearch(), after its ack), then the rows stored
+   * before, a batch per transaction (writers wait for one batch at most), until all are read. Called again (after
+   * an interruption) it carries on where the backfill stopped. The forms answer once the backfill is done. One
+   * audit entry, its count the rows indexed.
    */
   enableSearch(options?: EnableSearchOptions): Promise<SearchStatus>;
-  /** disableSearch drops the triggers and empties the index, in one transaction; false if it was off already. */
+  /** disableSearch turns the index off and empties it (and what waited for it), in one transaction; false if it was off already. */
   disableSearch(audit?: Audit): Promise<boolean>;
+  /**
+   * indexSearch indexes up to limit of the rows stored and not yet in the body search index, in one transaction,
+   * oldest first, and returns how many it took (fewer than limit: none is left). A store never indexes its own
+   * body, so that the ack does not wait for it (docs/operations.md#searching-bodies): the worker's tick calls
+   * this, and search(), count() and the bulk commands call it until none is left before a bodyJson or bodyWords
+   * form. 0 while the index is off. @default limit DEFAULTS.searchIndexBatch
+   */
+  indexSearch(limit?: number): Promise<number>;
   /** addApiKey stores a new API key: its SHA-256 alone, never the key. */
   addApiKey(key: ApiKey, audit?: Audit): Promise<void>;
   /** apiKeys lists every API key, revoked ones too, oldest first. */
