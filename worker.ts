@@ -106,7 +106,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const batcher = new Batcher({
     inbox,
     clock,
-    hold: (_count, _ageMs, view) => view.waiting > 0,
+    hold: (_count, _ageMs, view) => view.waiting > 0 && !sizing.full(view),
     longestMs: pollMax,
   });
   const redact = options.redact ?? ((text: string) => text);

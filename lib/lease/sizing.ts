@@ -43,13 +43,31 @@ export class HandlerSizing implements Sizing {
   }
 
   /**
-   * room claims when everything claimed has started: a batch's worth for fast handlers, the free
-   * handlers' worth for slow ones, but never more than a second batch of leases waiting on their commit.
+   * room claims for slow handlers when everything claimed has started: the free handlers' worth, never
+   * more than a second batch of leases waiting on their commit. For fast handlers it claims the next batch
+   * while the last one still waits to start, once what waits is less work than a claim takes, so the
+   * handlers never stand idle through a claim (on PostgreSQL a claim of 256 took 10–20 ms, a third of a
+   * drain's time); then up to three batches are held (one at work, one claimed ahead, one whose done marks
+   * commit), and it claims nothing rather than a sliver of a batch: a claim of 8 cost as much as one of 256.
    */
   room(lane: LaneView): number {
-    if (lane.waiting > 0) return 0;
     const size = this.size();
-    return Math.min(size - (size > this.concurrency ? 0 : lane.running), 2 * size - lane.active);
+    if (size <= this.concurrency) {
+      if (lane.waiting > 0) return 0;
+      return Math.min(size - lane.running, 2 * size - lane.active);
+    }
+    const ahead = (lane.waiting * this.handlerMs) / this.concurrency;
+    if (lane.waiting > 0 && ahead > Math.max(CLAIM_AHEAD_MS, this.claimMs)) return 0;
+    return this.full(lane) ? 0 : Math.min(size, 3 * size - lane.active);
+  }
+
+  /**
+   * full says whether fast handlers' lane holds all the leases it may: its next claim waits for done marks
+   * to commit, so they should not wait for that claim.
+   */
+  full(lane: LaneView): boolean {
+    const size = this.size();
+    return size > this.concurrency && (3 * size - lane.active) * 2 < size;
   }
 
   /** claimed learns how long a claim took, its commit included. */
