@@ -96,12 +96,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const sizing = new HandlerSizing(
     options.concurrency ?? DEFAULTS.concurrency,
     options.claimBatch ?? DEFAULTS.claimBatch,
+    inbox.backend === "postgres",
   );
   // Done marks are held for the next claim, which takes them into its own transaction. Handlers that wait
   // on I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own:
   // on SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
-  // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
-  // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
+  // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones;
+  // on PostgreSQL, fast ones claim ahead), and none waits longer than pollMax, nor for a claim that waits
+  // on them (a lane that holds all it may). They go to the inbox just ahead of that claim, so its takeovers
   // never see them as expired leases.
   const batcher = new Batcher({
     inbox,

@@ -16,8 +16,26 @@ describe("HandlerSizing", () => {
     assert.equal(new HandlerSizing(4, 32).room(view()), 4);
   });
 
-  it("sends no claim while more leases wait than fast handlers start during a claim", () => {
+  it("sends no claim while claimed leases wait to start", () => {
     const sizing = new HandlerSizing(4, 32);
+    sizing.ran(0.1);
+    assert.equal(sizing.room(view({ waiting: 1, running: 4, active: 5 })), 0);
+  });
+
+  it("fast handlers share claims of up to claimBatch, and hold no more than two batches", () => {
+    const sizing = new HandlerSizing(4, 32);
+    sizing.ran(0.1);
+    assert.equal(sizing.room(view({ running: 4, active: 4 })), 32, "a batch's worth, whoever runs");
+    assert.equal(sizing.room(view({ running: 4, active: 50 })), 14, "up to two batches held: 64 - 50");
+    assert.equal(
+      sizing.full(view({ running: 4, active: 60 })),
+      false,
+      "a lane that does not claim ahead is never full",
+    );
+  });
+
+  it("claiming ahead, sends no claim while more leases wait than fast handlers start during a claim", () => {
+    const sizing = new HandlerSizing(4, 32, true);
     sizing.ran(0.1);
     assert.equal(
       sizing.room(view({ waiting: 300, running: 4, active: 304 })),
@@ -27,14 +45,14 @@ describe("HandlerSizing", () => {
     assert.equal(sizing.room(view({ waiting: 20, running: 4, active: 24 })), 32, "0.5 ms of work: the next batch now");
   });
 
-  it("slow handlers send no claim while claimed leases wait to start", () => {
-    const sizing = new HandlerSizing(4, 32);
+  it("claiming ahead, slow handlers send no claim while claimed leases wait to start", () => {
+    const sizing = new HandlerSizing(4, 32, true);
     sizing.ran(1_000);
     assert.equal(sizing.room(view({ waiting: 1, running: 4, active: 5 })), 0);
   });
 
-  it("fast handlers share claims of up to claimBatch, hold no more than three batches, and claim no sliver", () => {
-    const sizing = new HandlerSizing(4, 32);
+  it("claiming ahead, fast handlers hold no more than three batches, and claim no sliver", () => {
+    const sizing = new HandlerSizing(4, 32, true);
     sizing.ran(0.1);
     assert.equal(sizing.room(view({ running: 4, active: 4 })), 32, "a batch's worth, whoever runs");
     assert.equal(sizing.room(view({ running: 4, active: 70 })), 26, "up to three batches held: 96 - 70");
