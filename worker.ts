@@ -50,7 +50,10 @@ export interface WorkerOptions {
   heartbeatMs?: number;
   /** Handlers run at once: a real limit for handlers that wait on I/O. @default DEFAULTS.concurrency */
   concurrency?: number;
-  /** Most deliveries claimed in one transaction when handlers are fast. @default DEFAULTS.claimBatch */
+  /**
+   * Most deliveries claimed in one transaction when handlers are fast.
+   * @default DEFAULTS.claimBatch, on PostgreSQL DEFAULTS.claimBatchPostgres
+   */
   claimBatch?: number;
   /** @default DEFAULTS.pollMinMs */
   pollMinMs?: number;
@@ -95,7 +98,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const sizing = new HandlerSizing(
     options.concurrency ?? DEFAULTS.concurrency,
-    options.claimBatch ?? DEFAULTS.claimBatch,
+    options.claimBatch ?? (inbox.backend === "postgres" ? DEFAULTS.claimBatchPostgres : DEFAULTS.claimBatch),
     inbox.backend === "postgres",
   );
   // Done marks are held for the next claim, which takes them into its own transaction. Handlers that wait
@@ -278,7 +281,7 @@ interface WorkerFlags {
   db?: string;
   lease: number;
   concurrency: number;
-  claimBatch: number;
+  claimBatch?: number;
   maxAttempts: number;
   quiet?: boolean;
   logFormat: LogFormat;
@@ -337,9 +340,8 @@ async function workerProgram(argv: readonly string[]) {
     )
     .option(
       "--claim-batch <n>",
-      "most deliveries claimed in one transaction while handlers are fast",
+      `most deliveries claimed in one transaction while handlers are fast (default: ${DEFAULTS.claimBatch}, on PostgreSQL ${DEFAULTS.claimBatchPostgres})`,
       whole,
-      DEFAULTS.claimBatch,
     )
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option(
