@@ -544,31 +544,29 @@ export abstract class PostgresCommitter {
     batch: Op[],
     results: Map<Op, { ok: boolean; value: unknown }>,
   ): Promise<void> {
-    {
-      const stores = batch.filter((op) => op.kind === "store");
-      const finishes = batch.filter((op) => op.kind === "finish");
-      if (stores.length > 0)
-        for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
-      if (finishes.length > 0)
-        for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
-      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
-      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
-      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
-      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
-      // only as bystanders say "current transaction is aborted", so the error kept is another one.
-      for (const op of batch)
-        if ((op.kind === "other" && !op.together) || op.kind === "claim")
-          results.set(op, { ok: true, value: await op.run(client) });
-      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
-      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
-      const failures = settled
-        .filter((r) => r.status === "rejected")
-        .map((r) => (r as PromiseRejectedResult).reason as unknown);
-      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
-      together.forEach((op, i) =>
-        results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }),
-      );
-    }
+    const stores = batch.filter((op) => op.kind === "store");
+    const finishes = batch.filter((op) => op.kind === "finish");
+    if (stores.length > 0)
+      for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
+    if (finishes.length > 0)
+      for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
+    // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
+    // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
+    // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
+    // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
+    // only as bystanders say "current transaction is aborted", so the error kept is another one.
+    for (const op of batch)
+      if ((op.kind === "other" && !op.together) || op.kind === "claim")
+        results.set(op, { ok: true, value: await op.run(client) });
+    const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
+    const settled = await Promise.allSettled(together.map((op) => op.run(client)));
+    const failures = settled
+      .filter((r) => r.status === "rejected")
+      .map((r) => (r as PromiseRejectedResult).reason as unknown);
+    if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
+    together.forEach((op, i) =>
+      results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }),
+    );
   }
 }
 
