@@ -86,6 +86,12 @@ export interface WorkerOptions {
   purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number };
   /** The clock the loop reads and sets its timers on; the tests move a fake one. @default realClock */
   clock?: Clock;
+  /**
+   * How often the body search index catches up with what was stored since (Inbox.indexSearch()), while it is
+   * on: a store never indexes its own body, so that its ack does not wait; a search catches up first whatever
+   * this is. 0 turns the tick off. @default DEFAULTS.searchIndexEveryMs
+   */
+  searchIndexEveryMs?: number;
 }
 
 /** run claims and handles deliveries until the queue is empty (once) or the signal aborts: one lane
@@ -140,12 +146,53 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   if (options.purge && !(options.purge.everyMs >= 1))
     throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
   const purging = schedulePurge(inbox, options.purge, options.signal, log);
+  const indexing = scheduleIndexing(inbox, options.searchIndexEveryMs ?? DEFAULTS.searchIndexEveryMs, clock, log);
   try {
     await lane.start();
   } finally {
-    await purging.stop();
+    await Promise.all([purging.stop(), indexing.stop()]);
   }
   return stats;
+}
+
+// scheduleIndexing indexes what was stored since the last tick (none at all while the index is off: one read),
+// a batch per transaction until none is left, at start and then every everyMs, never two at once. A failure
+// is logged and tried again at the next tick; nothing is lost meanwhile, as the rows wait for the indexer.
+function scheduleIndexing(inbox: Inbox, everyMs: number, clock: Clock, log: (line: string) => void) {
+  if (!(everyMs >= 0)) throw new TypeError(`run: expected searchIndexEveryMs >= 0, got ${everyMs}`);
+  if (everyMs === 0) return { stop: async () => {} };
+  const batch = DEFAULTS.searchIndexBatch;
+  let stopped = false;
+  let running: Promise<void> | undefined;
+  let failing = false;
+  const once = async () => {
+    while (!stopped && (await inbox.indexSearch(batch)) === batch);
+  };
+  const tick = () => {
+    running ??= once()
+      .then(
+        () => {
+          failing = false;
+        },
+        (error: unknown) => {
+          // Once a failure, not at every tick: the line says it is tried again.
+          if (!failing) log(`search index: catching up failed (${message(error)}); trying again every ${everyMs} ms`);
+          failing = true;
+        },
+      )
+      .finally(() => {
+        running = undefined;
+      });
+  };
+  tick();
+  const cancel = clock.every(everyMs, tick);
+  return {
+    stop: async () => {
+      stopped = true;
+      cancel();
+      await running;
+    },
+  };
 }
 
 // schedulePurge runs purge at start and then every everyMs, never two at once; stop ends the schedule

@@ -37,6 +37,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   admin,
   ordered,
   purge: async () => (await import("./purge.ts")).purge(),
+  listing: async () => (await import("./listing.ts")).listing(),
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
   brokers: async () => (await import("./brokers.ts")).brokers(),

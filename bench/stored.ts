@@ -5,7 +5,8 @@
 // new deliveries are stored through the real store() (streams of 32 a turn, as the receiver batches them)
 // and drained by the real worker loop (run() of worker.ts, the record-payment handler, --once). Each size is
 // measured against an empty inbox in the same run (ratios printed), and the disk the stored rows take is
-// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). On
+// given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). Beside each
+// rate, the CPU a delivery (this process's and PostgreSQL's), which a shared machine's load moves less. On
 // PostgreSQL it then times the upgrade of an inbox that main's schema filled at the largest size.
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
 // BENCH_UPGRADE_ROWS (default the largest) the upgrade's.
@@ -21,10 +22,11 @@ import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
-import { f, flushFill, knob, tempDir } from "./common.ts";
+import { cpuMs, f, flushFill, knob, tempDir } from "./common.ts";
 import { inboxTargets } from "./targets.ts";
 
 const SIZES = (process.env.BENCH_STORED ?? "0,200000").split(",").map((s) => {
@@ -101,9 +103,16 @@ function fillSqlite(path: string, n: number, now: number): void {
 
 /**
  * fillPostgres writes n done deliveries received over the days days before now, with one INSERT … SELECT per
- * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits).
+ * 100,000, the body made by the server in the shape of stripeLike (the same size, give or take the digits), into
+ * the day partitions of those days (made first) unless partitioned is false (then the default partition).
  */
-export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: number, days = 7): Promise<void> {
+export async function fillPostgres(
+  inbox: Pick<Inbox, "query">,
+  n: number,
+  now: number,
+  days = 7,
+  partitioned = true,
+): Promise<void> {
   const sample = stripeLike(0).toString("utf8");
   const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
   // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
@@ -111,6 +120,7 @@ export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: 
   const [{ apart }] = (await inbox.query("SELECT to_regclass('delivery_bodies') IS NOT NULL AS apart")) as [
     { apart: boolean },
   ];
+  if (apart && partitioned) await makeDays(inbox, now - days * DAY, now);
   for (let start = 0; start < n; start += 100_000) {
     await inbox.query(
       `WITH g AS (
@@ -140,6 +150,21 @@ export async function fillPostgres(inbox: Pick<Inbox, "query">, n: number, now: 
   await inbox.query("CHECKPOINT");
 }
 
+/**
+ * makeDays makes the day partitions of delivery_bodies from from to until before a fill writes bodies of those
+ * days, as an inbox that lived through them would have them (the worker's purge makes each ahead): filled into
+ * the default partition, they would be read and purged there, and each day made later would scan them all.
+ */
+export async function makeDays(inbox: Pick<Inbox, "query">, from: number, until: number): Promise<void> {
+  for (let at = from; at <= until; at += DAY) {
+    const day = periodOf(at);
+    // DDL takes no bound parameters: the name and bounds come from periodOf, from a number.
+    await inbox.query(
+      `CREATE TABLE IF NOT EXISTS ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
+    );
+  }
+}
+
 // diskBytes is what the inbox takes on disk now.
 async function diskBytes(inbox: Inbox, path: string): Promise<number> {
   if (inbox.backend === "postgres") {
@@ -167,6 +192,32 @@ interface Round {
   bytes: number;
   ingest: number;
   drain: number;
+  /** CPU a delivery, in µs: this process's and, on PostgreSQL, its server processes', which a loaded machine shifts less than a rate. */
+  ingestCpu: number;
+  drainCpu: number;
+}
+
+// cpuNow is this process's CPU so far and, on PostgreSQL, that of the server processes serving this database, in
+// ms; a connection opened during a phase counts whole, as it served that phase. bench/common.ts's cpuMs reads them.
+// The inbox's connections only: an autovacuum the fill set off is the fill's, not the next 20,000 deliveries'.
+// The reading connection counts too: left out once and read the next time, it brought the fill's CPU with it.
+async function cpuNow(inbox: Inbox, seen: Map<number, number>): Promise<number> {
+  const own = process.cpuUsage();
+  let sum = (own.user + own.system) / 1000;
+  if (inbox.backend === "postgres") {
+    const rows = await inbox.query(
+      "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'",
+    );
+    for (const { pid } of rows as { pid: number }[]) {
+      try {
+        seen.set(pid, cpuMs(pid));
+      } catch {
+        // gone since: its last reading stands
+      }
+    }
+    for (const ms of seen.values()) sum += ms;
+  }
+  return sum;
 }
 
 async function once(db: string, stored: number): Promise<Round> {
@@ -179,6 +230,8 @@ async function once(db: string, stored: number): Promise<Round> {
     const fillS = (performance.now() - started) / 1000;
     const bytes = await diskBytes(inbox, db);
     await ensurePayments(inbox);
+    const seen = new Map<number, number>();
+    let cpu = await cpuNow(inbox, seen);
     // Ingest: STREAMS streams, each storing 32 at a time and waiting for their commit, as the receiver does.
     started = performance.now();
     let next = 0;
@@ -195,11 +248,14 @@ async function once(db: string, stored: number): Promise<Round> {
       }),
     );
     const ingest = N / ((performance.now() - started) / 1000);
+    const ingestCpu = ((await cpuNow(inbox, seen)) - cpu) * (1000 / N);
+    cpu = await cpuNow(inbox, seen);
     started = performance.now();
     const stats = await run(recordPayment, { inbox, once: true, log: () => {} });
     const drain = N / ((performance.now() - started) / 1000);
+    const drainCpu = ((await cpuNow(inbox, seen)) - cpu) * (1000 / N);
     if (stats.done !== N) throw new Error(`bench stored: drained ${stats.done} of ${N}`);
-    return { stored, fillS, bytes, ingest, drain };
+    return { stored, fillS, bytes, ingest, drain, ingestCpu, drainCpu };
   } finally {
     await inbox.close();
   }
@@ -263,8 +319,9 @@ export async function stored(): Promise<string> {
           empty ??= r;
           const perMillion = size > 0 ? `${f(((r.bytes / size) * 1e6) / 2 ** 20)} MB per million stored` : "";
           const line =
-            `  ${target.name.padEnd(10)} S=${f(size).padStart(8)}  ingest ${f(r.ingest).padStart(6)}/s (×${f(r.ingest / empty.ingest, 2)})` +
-            `  drain ${f(r.drain).padStart(6)}/s (×${f(r.drain / empty.drain, 2)})` +
+            `  ${target.name.padEnd(10)} S=${f(size).padStart(8)}  ingest ${f(r.ingest).padStart(6)}/s (×${f(r.ingest / empty.ingest, 2)}), ` +
+            `${f(r.ingestCpu)} µs CPU (×${f(r.ingestCpu / empty.ingestCpu, 2)})` +
+            `  drain ${f(r.drain).padStart(6)}/s (×${f(r.drain / empty.drain, 2)}), ${f(r.drainCpu)} µs CPU (×${f(r.drainCpu / empty.drainCpu, 2)})` +
             (size > 0 ? `  fill ${f(r.fillS, 1)} s  ${perMillion}` : "");
           console.log(line);
           lines.push(line);

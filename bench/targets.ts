@@ -1,7 +1,7 @@
 // bench/targets.ts: the databases the inbox's own rows run on. SQLite always; PostgreSQL as well when
 // BENCH_POSTGRES is on (the default when the server answers) and the entry points accept a postgres://
 // URL for --db. Each run gets a fresh file or database (or schema), removed afterwards.
-//   BENCH_POSTGRES=0 npm run bench -- ingest        # SQLite only
+//   BENCH_POSTGRES=0 npm run bench -- ingest        # SQLite only (BENCH_SQLITE=0: PostgreSQL only)
 //   BENCH_INBOX_DB_URL=postgres://127.0.0.1:5432/test?schema=bench_inbox npm run bench -- worker   # a schema per run
 
 import { spawnSync } from "node:child_process";
@@ -86,6 +86,7 @@ export function inboxTargets(): Promise<InboxTarget[]> {
       console.log(`bench: inbox on PostgreSQL skipped: ${missing}`);
       return [sqlite];
     }
-    return [sqlite, postgres];
+    // BENCH_SQLITE=0 measures PostgreSQL alone, as a rerun of its rows after a change to its backend.
+    return process.env.BENCH_SQLITE === "0" ? [postgres] : [sqlite, postgres];
   })());
 }

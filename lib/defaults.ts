@@ -193,6 +193,13 @@ export const DEFAULTS = {
    * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
    */
   searchBackfillBatch: 1_000,
+  /**
+   * Rows per transaction when the body search index catches up with what was stored since (Inbox.indexSearch():
+   * the worker's tick, and a search before it reads): a writer waits for one such batch at most. @default 1_000
+   */
+  searchIndexBatch: 1_000,
+  /** Milliseconds between two of the worker's catch-ups of the body search index (worker.ts). @default 1_000 */
+  searchIndexEveryMs: 1_000,
   /** The operator page's port (admin.ts), apart from the receiver's: providers reach one, people the other. @default 8001 */
   adminPort: 8001,
   /** Deliveries on one page of the operator page's list. @default 50 */

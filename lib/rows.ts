@@ -18,6 +18,7 @@ import {
   type Gauges,
   type Headers,
   type InboxStatus,
+  type KeptAttempt,
   type OrderingStatus,
   type Origin,
   type Status,
@@ -285,5 +286,17 @@ export function toAttempt(row: Record<string, unknown>): Attempt {
     error: (row.error as string | null) ?? null,
     headers: row.headers === null || row.headers === undefined ? null : JSON.parse(row.headers as string),
     body: (row.body as string | null) ?? null,
+  };
+}
+
+/** toKeptAttempt reads an attempts row with its delivery's received_at and body_sha256, as either backend returns it. */
+export function toKeptAttempt(row: Record<string, unknown>): KeptAttempt {
+  return {
+    ...toAttempt(row),
+    source: row.source as string,
+    id: row.id as string,
+    seq: Number(row.seq),
+    receivedAt: Number(row.received_at),
+    bodySha256: row.body_sha256 as string,
   };
 }

@@ -135,7 +135,8 @@ const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
  * bodySearchSql is the WHERE condition, with `?` parameters, for a filter's bodyJson and bodyWords in the
  * backend's dialect; it throws a TypeError for a form parseBodyJson or bodyWordsOf refuses.
  *
- * Both look in a table of their own, deliveries_search, that triggers fill when a body is stored. PostgreSQL: each
+ * Both look in a table of their own, deliveries_search, that the indexer fills after a body is stored, and catches
+ * up before this SQL runs (Inbox.indexSearch(), lib/sqlite/searching.ts, lib/postgres/searching.ts). PostgreSQL: each
  * delivery's JSON (doc), by its source and ID, under two GIN indexes, jsonb_path_ops for @> and a tsvector of its
  * strings, numbers and booleans, whose expression is spelled here as the migration spells it so that the planner
  * matches it; GIN is lossy, and PostgreSQL rechecks each row it finds. SQLite: an FTS5 table of the same values'

@@ -1,6 +1,6 @@
 // sql.ts: the SQL both backends run word for word, kept once so the two cannot drift apart in what a filter
 // matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect), the ordering's
-// status queries (ORDERING_SQL), and a try kept in the attempt log (ATTEMPT_SQL). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
+// status queries (ORDERING_SQL), a try kept in the attempt log (ATTEMPT_SQL), and a list's columns (listColumns()). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
 import { bodySearchSql } from "./search.ts";
@@ -19,6 +19,18 @@ const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   id: "string",
   destination: "string",
 };
+
+/**
+ * listColumns is what a list selects (search() with bodies: false): every column toDelivery() reads, the body
+ * as no bytes. A list shows no body; on PostgreSQL, where the view reads each body from its day's partition,
+ * leaving it out halves the pages a cold page of 50 reads (bench listing).
+ */
+export function listColumns(backend: Backend): string {
+  const body = backend === "postgres" ? "'\\x'::bytea" : "X''";
+  return `source, id, ${body} AS body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts,
+          available_at, leased_until, error, conflicts, finished_at, replays, purged_at, order_key, event_time, newer_id,
+          destination, route, headers, traceparent, origin`;
+}
 
 /** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */
 export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (

@@ -195,7 +195,7 @@ export interface Audit {
 
 /** SearchStatus is the body search index's state (Inbox.searchStatus()). */
 export interface SearchStatus {
-  /** The triggers are there: every body stored now is indexed. */
+  /** It is on: every body stored from now is indexed after its ack (indexSearch()), every body dropped leaves it at once. */
   enabled: boolean;
   /** Rows the backfill has read. PostgreSQL's walks the primary key, so this may pass toBackfill by rows stored since, which it skips. */
   backfilled: number;
@@ -205,6 +205,11 @@ export interface SearchStatus {
   ready: boolean;
   /** When it was last enabled or disabled, or null if never. */
   changedAt: number | null;
+  /**
+   * Rows stored and not yet indexed, which the worker's tick or the next search indexes (SQLite: the rows past
+   * the index's place, a backfill's among them; PostgreSQL: the rows its queue holds). 0 while it is off.
+   */
+  pending: number;
 }
 
 /** EnableSearchOptions are enableSearch()'s: the batch, who asks, and a callback after each batch. */
@@ -316,6 +321,21 @@ export interface Attempt {
   error: string | null;
   headers: Record<string, string> | null;
   body: string | null;
+}
+
+/**
+ * KeptAttempt is one try as the attempt log keeps it, with its route's key and what tells its delivery from
+ * another of the same ID: what copy reads from one inbox (attemptPage()) and writes into another (restoreAttempts()).
+ */
+export interface KeptAttempt extends Attempt {
+  source: string;
+  id: string;
+  /** Its place in the log: the order the tries of one route were kept in, and where a page of them ends. */
+  seq: number;
+  /** The receivedAt of the route's delivery. */
+  receivedAt: number;
+  /** The bodySha256 of the route's delivery. */
+  bodySha256: string;
 }
 
 /** BreakerPolicy is when a destination's breaker opens, and how long it stays open before one delivery probes it. */
@@ -532,8 +552,27 @@ export interface Inbox {
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]>;
   /** restore writes deliveries as they are (from page() of another inbox); existing keys are skipped. */
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number>;
-  /** search returns the deliveries that match, newest first (received_at, then source and id), a page after the cursor. */
-  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]>;
+  /**
+   * attemptPage returns the attempt log for copying: up to limit tries in key order (source, id, destination,
+   * then seq) after the cursor, then the rest of the last route's, so that no page splits one route's log. Only
+   * the tries attempts() shows: of a delivery still kept, since its receivedAt.
+   */
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]>;
+  /**
+   * restoreAttempts writes tries as they are (from attemptPage() of another inbox), in their seq order, so the
+   * oldest are still the first to go. A route's tries are written only into the same delivery (its receivedAt
+   * and bodySha256) and only while it has none of its own: run again, it writes nothing, and a delivery that
+   * restore() skipped for another of the same ID keeps its own tries alone. Returns how many it wrote.
+   */
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number>;
+  /**
+   * search returns the deliveries that match, newest first (received_at, then source and id), a page after the
+   * cursor. With bodies: false each comes with an empty body, as a list shows none and need not read them.
+   */
+  search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]>;
   /** count says how many deliveries match. */
   count(filter: Filter): Promise<number>;
   /**
@@ -600,14 +639,22 @@ export interface Inbox {
   searchStatus(): Promise<SearchStatus>;
   /**
    * enableSearch turns the body search index on (docs/operations.md#searching-bodies): in one short transaction
-   * the triggers that index every body stored from then on, then the rows stored before, a batch per transaction
-   * (writers wait for one batch at most), until all are read. Called again (after an interruption) it carries on
-   * where the backfill stopped. The forms answer once the backfill is done. One audit entry, its count the rows
-   * indexed.
+   * the switch (from then on every body stored waits for indexSearch(), after its ack), then the rows stored
+   * before, a batch per transaction (writers wait for one batch at most), until all are read. Called again (after
+   * an interruption) it carries on where the backfill stopped. The forms answer once the backfill is done. One
+   * audit entry, its count the rows indexed.
    */
   enableSearch(options?: EnableSearchOptions): Promise<SearchStatus>;
-  /** disableSearch drops the triggers and empties the index, in one transaction; false if it was off already. */
+  /** disableSearch turns the index off and empties it (and what waited for it), in one transaction; false if it was off already. */
   disableSearch(audit?: Audit): Promise<boolean>;
+  /**
+   * indexSearch indexes up to limit of the rows stored and not yet in the body search index, in one transaction,
+   * oldest first, and returns how many it took (fewer than limit: none is left). A store never indexes its own
+   * body, so that the ack does not wait for it (docs/operations.md#searching-bodies): the worker's tick calls
+   * this, and search(), count() and the bulk commands call it until none is left before a bodyJson or bodyWords
+   * form. 0 while the index is off. @default limit DEFAULTS.searchIndexBatch
+   */
+  indexSearch(limit?: number): Promise<number>;
   /** addApiKey stores a new API key: its SHA-256 alone, never the key. */
   addApiKey(key: ApiKey, audit?: Audit): Promise<void>;
   /** apiKeys lists every API key, revoked ones too, oldest first. */

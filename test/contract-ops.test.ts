@@ -1,7 +1,8 @@
 // test/contract-ops.test.ts: the contract's housekeeping, on both backends (test/contract-harness.ts): flush()
 // and close(), ready() and gauges() for /readyz and /metrics, onWake() beside polling, retention (purge(),
 // dropBodies(), kept()), and moving deliveries with page() and restore(), between backends by inbox.ts copy,
-// which carries the configuration's history, the API keys and the audit log with them.
+// which carries the deliveries' attempt log (attemptPage(), restoreAttempts()), the configuration's history,
+// the API keys and the audit log with them.
 //   npx node --import tsx --test test/contract-ops.test.ts
 
 import assert from "node:assert/strict";
@@ -12,7 +13,7 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
-import type { Delivery, Inbox, Lease } from "../lib/store.ts";
+import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
 import { hashKey } from "../lib/api/keys.ts";
 import { Keyring } from "../lib/secrets.ts";
@@ -208,6 +209,126 @@ contract((suite) => {
     });
   });
 
+  describe("attemptPage() and restoreAttempts()", () => {
+    // pages reads an inbox's attempt log by attemptPage(), limit tries a page, one array per page.
+    const pages = async (inbox: Inbox, limit: number) => {
+      const out: KeptAttempt[][] = [];
+      for (let page = await inbox.attemptPage(undefined, limit); page.length > 0; ) {
+        out.push(page);
+        page = await inbox.attemptPage(page.at(-1), limit);
+      }
+      return out;
+    };
+    // copied restores from's deliveries into to, then its attempt log, page by page; how many tries it wrote.
+    const copied = async (from: Inbox, to: Inbox, limit = 2) => {
+      for (let page = await from.page(undefined, 100); page.length > 0; page = await from.page(page.at(-1), 100))
+        await to.restore(page);
+      let wrote = 0;
+      for (const page of await pages(from, limit)) wrote += await to.restoreAttempts(page);
+      return wrote;
+    };
+    const log = (inbox: Inbox, id: string, destination?: string) =>
+      inbox.attempts({ source: "default", id, receivedAt: T0, ...(destination ? { destination } : {}) });
+
+    it("writes another inbox's attempt log as attemptPage() reads it, a route whole a page, each try as it was and in its order; run again, it writes nothing", async () => {
+      const from = await open({ retryDelayMs: 1, retryJitter: 0, maxAttempts: 10 });
+      await from.store({ id: "a", body: body({}), destinations: ["app", "ledger"] });
+      await from.store({ id: "b", body: body({}) });
+      await from.store({ id: "quiet", body: body({}) });
+      // Three tries of a to app in the same millisecond: only their seq orders them.
+      const at = { startedAt: T0 + 1, ms: 7 };
+      const app = { destination: "app" };
+      await from.fail((await from.claim(LEASE, app))!, "HTTP 500 from app", {
+        attempt: { ...at, status: 500, headers: { "content-type": "text/html" }, body: "<b>down</b> ✓" },
+      });
+      suite.t += 10;
+      await from.fail((await from.claim(LEASE, app))!, "app did not answer", { attempt: at });
+      suite.t += 10;
+      assert.equal(await from.finish((await from.claim(LEASE, app))!, [], { ...at, status: 200, body: "ok" }), true);
+      await from.fail((await from.claim(LEASE, { destination: "ledger" }))!, "HTTP 400", {
+        permanent: true,
+        attempt: { ...at, status: 400 },
+      });
+      const b = (await from.claimBatch(10, LEASE)).find((l) => l.id === "b")!;
+      await from.fail(b, "handler threw");
+      suite.t += 10;
+      await from.fail((await from.claim(LEASE))!, "handler threw again");
+
+      const read = await pages(from, 2);
+      assert.deepEqual(
+        read.map((page) => page.map((t) => `${t.id}/${t.destination}#${t.attempt}`)),
+        [
+          ["a/app#1", "a/app#2", "a/app#3"],
+          ["a/ledger#1", "b/handler#1", "b/handler#2"],
+        ],
+        "a full page goes on to the end of its last route's log, and the next starts past it",
+      );
+      assert.deepEqual(read[0]![0]!.bodySha256, (await from.find("a"))[0]!.bodySha256);
+
+      const to = await suite.another({ attemptsKept: 2, retryDelayMs: 1, retryJitter: 0, maxAttempts: 10 });
+      assert.equal(await copied(from, to), 6);
+      for (const [id, destination] of [
+        ["a", "app"],
+        ["a", "ledger"],
+        ["b", undefined],
+        ["quiet", undefined],
+      ] as const)
+        assert.deepEqual(
+          await log(to, id, destination),
+          await log(from, id, destination),
+          `${id} ${destination ?? ""}`,
+        );
+      assert.deepEqual(
+        (await log(to, "a", "app")).map((t) => t.error),
+        ["HTTP 500 from app", "app did not answer", null],
+      );
+      assert.equal(await copied(from, to), 0, "run again, it writes nothing");
+      assert.equal((await log(to, "a")).length, 4);
+
+      // The copied tries are the oldest there: the copy's next try of b lets the first of them go.
+      suite.t += 10;
+      const next = (await to.claim(LEASE))!;
+      assert.equal(next.id, "b");
+      await to.fail(next, "handler threw on the copy");
+      assert.deepEqual(
+        (await log(to, "b")).map((t) => t.error),
+        ["handler threw again", "handler threw on the copy"],
+      );
+    });
+
+    it("leaves a route's tries out where the target holds another delivery of that ID, or tries of its own", async () => {
+      const from = await open({ retryDelayMs: 1 });
+      for (const id of ["same-time", "later", "tried", "bare"]) await from.store({ id, body: body({ id }) });
+      for (const lease of await from.claimBatch(10, LEASE)) await from.fail(lease, `failed ${lease.id}`);
+      const to = await suite.another({ retryDelayMs: 1 });
+      // Another body at the same time, and the same body later: each a delivery of its own, whose tries are its own.
+      await to.store({ id: "same-time", body: body({ other: true }) });
+      suite.t += 1;
+      await to.store({ id: "later", body: body({ id: "later" }) });
+      for (let page = await from.page(undefined, 100); page.length > 0; page = await from.page(page.at(-1), 100))
+        await to.restore(page);
+      // The same delivery as from's, which the target has tried since the copy brought it.
+      suite.t += 10;
+      const own = (await to.claimBatch(10, LEASE)).find((l) => l.id === "tried")!;
+      await to.fail(own, "tried on the copy");
+      const before = await Promise.all(["same-time", "later", "tried"].map((id) => log(to, id)));
+
+      let wrote = 0;
+      for (const page of await pages(from, 100)) wrote += await to.restoreAttempts(page);
+      // (control) The delivery the copy brought that had no tries there took its own: the call writes.
+      assert.equal(wrote, 1);
+      assert.deepEqual(
+        (await log(to, "bare")).map((t) => t.error),
+        ["failed bare"],
+      );
+      assert.deepEqual(await Promise.all(["same-time", "later", "tried"].map((id) => log(to, id))), before);
+      assert.deepEqual(
+        before.map((tries) => tries.map((t) => t.error)),
+        [[], [], ["tried on the copy"]],
+      );
+    });
+  });
+
   describe("retention: purge(), dropBodies(), kept()", () => {
     const DAY = 86_400_000;
     // Delivered and handled at once: done, its body kept.
@@ -279,6 +400,32 @@ contract((suite) => {
         assert.equal(await inbox.store({ id: "day_2", body: body({ id: "forged" }) }), "conflict");
         assert.equal(await inbox.retry({ id: "day_bad" }), 1, "and it can still be retried, its body read back");
         assert.deepEqual((await inbox.claim(LEASE))!.body, body({}));
+      },
+    );
+
+    suite.onPostgres(
+      "a restore makes the days of the bodies it brings, so that a copy's old days are released whole too",
+      async () => {
+        const from = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        suite.t -= 20 * DAY;
+        await handled(from, "old_1", big("old_1"));
+        suite.t += 20 * DAY;
+        const rows = await from.page(undefined, 10);
+        const to = await suite.another();
+        const day = periodOf(T0 - 20 * DAY);
+        const inDay = async () =>
+          (await to.query("SELECT to_regclass(?) IS NOT NULL AS made", day.name))[0]!.made
+            ? Number((await to.query(`SELECT count(*) AS n FROM ${day.name}`))[0]!.n)
+            : -1;
+        // The control: opening an inbox makes today's days, not that one.
+        assert.equal(await inDay(), -1, "no partition of that day before the restore");
+        assert.equal(await to.restore(rows), 1);
+        assert.equal(await inDay(), 1, "the body went to its day's partition, not the default one");
+        assert.deepEqual((await to.find("old_1"))[0]!.body, body(big("old_1")));
+        const purged = await to.purge();
+        assert.deepEqual([purged.bodies, await inDay()], [1, -1], "and the day was released by dropping it");
+        assert.equal(await to.store({ id: "old_1", body: body(big("old_1")) }), "duplicate");
       },
     );
 
@@ -488,6 +635,64 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     }
   });
 
+  it("carries the attempt log both ways, a page at a time, each try as it was; run again, it adds none", async () => {
+    const from = join(dir.dir, "tried.db");
+    const back = join(dir.dir, "tried-back.db");
+    let t = T0;
+    const sqlite = new SqliteInbox(from, { now: () => t, random: () => 0, retryDelayMs: 1, maxAttempts: 10 });
+    const ids = ["e1", "e2", "e3", "e4", "e5"];
+    for (const id of ids) await sqlite.store({ id, body: body({ id }), destinations: ["app", "crm"] });
+    await sqlite.store({ id: "untried", body: body({}) });
+    // Three tries of each route, the last to crm a success: 30 in all, each with its answer.
+    for (let n = 1; n <= 3; n++) {
+      for (const destination of ["app", "crm"])
+        for (const lease of await sqlite.claimBatch(10, LEASE, { destination })) {
+          const attempt = {
+            startedAt: t,
+            ms: n,
+            status: 500 + n,
+            headers: { "x-try": `${n}` },
+            body: `${lease.id} ${n}`,
+          };
+          if (n === 3 && destination === "crm") await sqlite.finish(lease, [], { ...attempt, status: 200 });
+          else await sqlite.fail(lease, `HTTP ${500 + n} from ${destination}`, { attempt });
+        }
+      t += 10;
+    }
+    // tries reads every route's log of an inbox.
+    const tries = async (inbox: Inbox) =>
+      Promise.all([...ids, "untried"].map((id) => inbox.attempts({ source: "default", id, receivedAt: T0 })));
+    const original = await tries(sqlite);
+    await sqlite.close();
+    assert.equal(original.flat().length, 30);
+    assert.deepEqual(original.at(-1), []);
+
+    const there = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url, "--batch", "4"]);
+    assert.equal(there.code, 0, there.stderr);
+    assert.match(there.stdout, /^Copied 30 of 30 tries of the attempt log\.$/m);
+    const again = await runScript("inbox.ts", ["copy", "--from", from, "--to", pgTarget.url, "--batch", "4"]);
+    assert.equal(again.code, 0, again.stderr);
+    assert.match(
+      again.stdout,
+      /^Nothing to copy: all 30 tries of the attempt log are already there, or of a delivery the target had of its own\.$/m,
+    );
+    const pg = await connect(pgTarget.url);
+    try {
+      assert.deepEqual(await tries(pg), original);
+    } finally {
+      await pg.close();
+    }
+    const home = await runScript("inbox.ts", ["copy", "--from", pgTarget.url, "--to", back, "--batch", "7"]);
+    assert.equal(home.code, 0, home.stderr);
+    assert.match(home.stdout, /^Copied 30 of 30 tries of the attempt log\.$/m);
+    const returned = new SqliteInbox(back);
+    try {
+      assert.deepEqual(await tries(returned), original);
+    } finally {
+      await returned.close();
+    }
+  });
+
   it("carries the configuration with its history, the API keys, the secrets still sealed and the audit log, both ways: the copy serves and knows them", async () => {
     const from = join(dir.dir, "configured.db");
     const file = join(dir.dir, "sources.json");
@@ -511,7 +716,8 @@ describe("moving between backends: page() and restore(), and inbox.ts copy", { s
     // Two applies, a key made and the entry above: every way in leaves its entry (issue 46), and copy takes them all.
     assert.equal(log.length, 4);
 
-    const there = await cli("copy", "--from", from, "--to", pgTarget.url);
+    // Three a page, so the audit log's four entries are read in two.
+    const there = await cli("copy", "--from", from, "--to", pgTarget.url, "--batch", "3");
     assert.equal(there.code, 0, there.stderr);
     assert.match(there.stdout, /^Copied 2 of 2 configuration versions\.$/m);
     assert.match(there.stdout, /^Copied 1 of 1 API keys\.$/m);

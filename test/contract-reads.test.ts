@@ -153,9 +153,21 @@ contract((suite) => {
         [{ errorMatch: "%" }, []],
       ];
       for (const [filter, expected] of cases) {
-        assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+        const found = await inbox.search(filter);
+        assert.deepEqual(ids(found), expected, JSON.stringify(filter));
         assert.equal(await inbox.count(filter), expected.length, JSON.stringify(filter));
+        // A list's read: the same rows, every field but the body, which it leaves empty (a body filter still reads it).
+        const listed = await inbox.search(filter, { bodies: false });
+        assert.deepEqual(
+          listed,
+          found.map((d) => ({ ...d, body: Buffer.alloc(0) })),
+          `${JSON.stringify(filter)} without bodies`,
+        );
       }
+      assert.ok(
+        (await inbox.search({})).every((d) => d.body.length > 0),
+        "control: search() brings every body",
+      );
     });
 
     it("finds an ID under every source that has it, and under one when the source is given", async () => {

@@ -460,6 +460,44 @@ for (const backend of BACKENDS) {
       assert.equal(new Set(app.got.map((r) => r.headers["webhook-id"])).size, 25);
     });
 
+    it("gives a lease back unsent when its destination was paused while its transform ran, and sends it once after resume", async () => {
+      const inbox = await open();
+      const app = await serve();
+      // The pause commits right after the wave's permit, as one committed while a transform ran would: the
+      // forwarder must read it again once the transform returns. Without a transform (the control) the send
+      // follows the permit at once, and goes.
+      const pausedAfterPermit = (): Inbox => {
+        let first = true;
+        const permit: Inbox["permit"] = async (name, n, rate) => {
+          const answer = await inbox.permit(name, n, rate);
+          if (first) {
+            first = false;
+            await inbox.pause(name);
+          }
+          return answer;
+        };
+        return Object.assign(Object.create(inbox) as Inbox, { permit });
+      };
+      await inbox.store({ id: "plain", body: body({}), destinations: ["app"] });
+      const plain = config({ app: { url: app.url, secret: SECRET } });
+      await forward({ inbox: pausedAfterPermit(), forwarding: plain, once: true, log: () => {} });
+      assert.equal(app.got.length, 1, "control: the pause after the permit does not stop a send with no transform");
+      assert.equal(await inbox.resume("app"), true);
+
+      await inbox.store({ id: "shaped", body: body({}), destinations: ["app"] });
+      const shaped = config({
+        app: { url: app.url, secret: SECRET, transform: { code: "export default (d) => ({ body: { id: d.id } })" } },
+      });
+      await forward({ inbox: pausedAfterPermit(), forwarding: shaped, once: true, log: () => {} });
+      assert.equal(app.got.length, 1, "the transformed forward was not sent after the pause");
+      const [row] = (await rows(inbox, "app")).filter((r) => r.id === "shaped");
+      assert.deepEqual([row!.status, Number(row!.attempts)], ["received", 0], "its lease went back, no attempt spent");
+      assert.equal(await inbox.resume("app"), true);
+      await forward({ inbox, forwarding: shaped, once: true, log: () => {} });
+      assert.equal(app.got.length, 2);
+      assert.deepEqual(JSON.parse(app.got[1]!.body.toString()), { id: "shaped" });
+    });
+
     it("routes a delivery after the fact only when asked: replay --to adds its row there, and a second replay sends it again", async () => {
       const inbox = await open();
       const app = await serve();

@@ -19,6 +19,9 @@ import { freshSchema, pastSchema, postgresSkip, runScript, startAdmin, tempDir }
 
 const pgSkip = await postgresSkip();
 const T0 = 1_700_000_000_000;
+// Where search's migration is, from the end of each list: the one that made it, then the one that moved its
+// indexing after the ack.
+const SEARCH = -2;
 
 describe("jsonContains()", () => {
   it("holds an object's keys at their paths, an array's elements anywhere in it, and a scalar only when equal", () => {
@@ -64,12 +67,12 @@ describe("the forms", () => {
 
   it("index bodies up to DEFAULTS.searchBodyBytes, the size both backends index: a new size is a new migration", async () => {
     const limit = `length(body) > ${DEFAULTS.searchBodyBytes}`;
-    assert.ok(PG_MIGRATIONS.at(-1)!.includes(limit), "PostgreSQL's search migration");
+    assert.ok(PG_MIGRATIONS.at(SEARCH)!.includes(limit), "PostgreSQL's search migration");
     const dir = tempDir();
     try {
       const inbox = await connect(join(dir.dir, "size.db"));
       await inbox.enableSearch();
-      const [trigger] = await inbox.query("SELECT sql FROM sqlite_master WHERE name = 'deliveries_search_insert'");
+      const [trigger] = await inbox.query("SELECT sql FROM sqlite_master WHERE name = 'deliveries_search_update'");
       assert.ok(String(trigger?.sql).includes(`length(new.body) <= ${DEFAULTS.searchBodyBytes}`), "SQLite's trigger");
       await inbox.close();
     } finally {
@@ -108,6 +111,7 @@ async function searchesOld(target: string): Promise<void> {
     toBackfill: 2,
     ready: true,
     changedAt: JSON.parse(status.stdout).changedAt,
+    pending: 0,
   });
   const inbox = await connect(target, { now: () => T0 + 1_000 });
   try {
@@ -117,7 +121,7 @@ async function searchesOld(target: string): Promise<void> {
     assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_old"]);
     assert.deepEqual(await ids({ bodyWords: "customer" }), [], "a key is not a value");
     assert.deepEqual(await ids({ bodyContains: "cus_old" }), ["evt_old", "f_old"], "the body not JSON, by contains");
-    // A delivery stored after the upgrade is indexed as it is stored.
+    // A delivery stored after the upgrade is indexed after its ack, before the search reads.
     await inbox.store({ source: "stripe", id: "evt_new", body: Buffer.from('{"customer":"cus_old"}') });
     assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_new", "evt_old"]);
   } finally {
@@ -130,7 +134,7 @@ describe("an inbox filled before search", () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "old.db");
-      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, -1));
+      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, SEARCH));
       await past.exec(oldRows(`X'${hex(JSON_BODY)}'`, `X'${hex("customer=cus_old")}'`, "X''"));
       // (control) before the migration there is nothing to search through.
       await assert.rejects(past.exec("SELECT * FROM deliveries_search"), /no such table/);
@@ -144,7 +148,7 @@ describe("an inbox filled before search", () => {
   it("is left unindexed by the upgrade, and indexed by search enable, on PostgreSQL", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("searchold");
     try {
-      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, -1));
+      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, SEARCH));
       try {
         await past.exec(
           oldRows(`'\\x${hex(JSON_BODY)}'::bytea`, `'\\x${hex("customer=cus_old")}'::bytea`, "'\\x'::bytea"),
@@ -154,6 +158,96 @@ describe("an inbox filled before search", () => {
         await past.close();
       }
       await searchesOld(fresh.url);
+    } finally {
+      await fresh.drop();
+    }
+  });
+});
+
+// The triggers main had before the index moved after the ack, which indexed each body in its store's
+// transaction: what an inbox with the index on holds when it meets the migration that swaps them.
+const IN_THE_ACK = {
+  sqlite: `
+    CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries
+      WHEN length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT))
+    BEGIN
+      INSERT INTO deliveries_search (rowid, words) SELECT new.rowid,
+        (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
+           FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'));
+    END;
+    CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
+    BEGIN
+      DELETE FROM deliveries_search WHERE rowid = old.rowid;
+    END;
+    CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
+    BEGIN
+      DELETE FROM deliveries_search WHERE rowid = old.rowid;
+    END;
+    UPDATE search_state SET enabled = 1, changed_at = ${T0};`,
+  postgres: `
+    CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+      FOR EACH ROW WHEN (NEW.route = 0 AND octet_length(NEW.body) > 0) EXECUTE FUNCTION inbox_search_sync();
+    CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
+      FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
+    CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
+      FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_sync();
+    CREATE TRIGGER deliveries_search_body AFTER INSERT ON delivery_bodies
+      FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_sync();
+    UPDATE search_state SET enabled = true, done = true, changed_at = ${T0};`,
+};
+
+// searchesIndexed opens an inbox whose index was kept in the ack (its rows indexed by those triggers) and checks
+// that the upgrade took them over: nothing indexed again or twice, nothing left out, a new store indexed after
+// its ack, a dropped body gone.
+async function searchesIndexed(target: string): Promise<void> {
+  const inbox = await connect(target, { now: () => T0 + 1_000 });
+  try {
+    const indexed = async () => Number((await inbox.query("SELECT count(*) AS n FROM deliveries_search"))[0]!.n);
+    assert.equal(await indexed(), 1, "(control) the old trigger had indexed the JSON body");
+    const status = await inbox.searchStatus();
+    assert.deepEqual([status.enabled, status.ready, status.pending], [true, true, 0]);
+    const ids = async (filter: Parameters<Inbox["search"]>[0]) => (await inbox.search(filter)).map((d) => d.id);
+    assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_old"]);
+    assert.equal(await indexed(), 1, "nothing indexed twice");
+    await inbox.store({ source: "stripe", id: "evt_new", body: Buffer.from('{"customer":"cus_old"}') });
+    assert.equal(await indexed(), 1, "the store left its body to the indexer");
+    assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_new", "evt_old"]);
+    assert.equal(await indexed(), 2);
+    assert.equal((await inbox.dropBodies({ id: "evt_old" })).bodies, 1);
+    assert.deepEqual(await ids({ bodyWords: "cus_old" }), ["evt_new"]);
+  } finally {
+    await inbox.close();
+  }
+}
+
+describe("an inbox with the index on, kept in the ack before", () => {
+  it("is upgraded to indexing after the ack, its rows indexed once, on SQLite", async () => {
+    const dir = tempDir();
+    try {
+      const path = join(dir.dir, "indexed.db");
+      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, -1));
+      await past.exec(IN_THE_ACK.sqlite);
+      await past.exec(oldRows(`X'${hex(JSON_BODY)}'`, `X'${hex("customer=cus_old")}'`, "X''"));
+      await past.close();
+      await searchesIndexed(path);
+    } finally {
+      dir.cleanup();
+    }
+  });
+
+  it("is upgraded to indexing after the ack, its triggers swapped, on PostgreSQL", { skip: pgSkip }, async () => {
+    const fresh = await freshSchema("searchindexed");
+    try {
+      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, -1));
+      try {
+        await past.exec(IN_THE_ACK.postgres);
+        await past.exec(
+          oldRows(`'\\x${hex(JSON_BODY)}'::bytea`, `'\\x${hex("customer=cus_old")}'::bytea`, "'\\x'::bytea"),
+        );
+      } finally {
+        await past.close();
+      }
+      await searchesIndexed(fresh.url);
     } finally {
       await fresh.drop();
     }

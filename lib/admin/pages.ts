@@ -172,7 +172,7 @@ export const deliveries = async (ctx: PageContext, s: Session, params: URLSearch
   const { filter, since } = boundBodyContains(filterFrom(params, ctx.now()), ctx.now());
   const after = decodeCursor(params.get("after"));
   // One more than a page says whether there is a next one, without counting a million rows.
-  const rows = await ctx.inbox.search(filter, { after, limit: ctx.pageSize + 1 });
+  const rows = await ctx.inbox.search(filter, { after, limit: ctx.pageSize + 1, bodies: false });
   const more = rows.length > ctx.pageSize;
   const shown = rows.slice(0, ctx.pageSize);
   const table = shown

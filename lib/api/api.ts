@@ -442,7 +442,7 @@ const OPERATION_HANDLERS: Record<OperationId, Operate> = {
       throw new ApiError(400, "query.after: not a cursor this API wrote");
     }
     const { filter, since } = boundBodyContains(filterOf(fields, ctx.now()), ctx.now());
-    const rows = await ctx.inbox.search(filter, { limit, ...(cursor ? { after: cursor } : {}) });
+    const rows = await ctx.inbox.search(filter, { limit, bodies: false, ...(cursor ? { after: cursor } : {}) });
     return {
       body: {
         items: rows.map((d) => row(ctx, d)),

@@ -12,6 +12,7 @@ import {
   type Delivery,
   type Filter,
   type Inbox,
+  type KeptAttempt,
   STATUSES,
   type Status,
 } from "../store.ts";
@@ -126,23 +127,32 @@ Examples:
 }
 
 /**
- * Carried is one kind of record copy takes beside the deliveries: what it is called, how it is read whole
- * from one inbox, and how it is written into another as it is (the store's read and write pair, which
- * skips what is already there and says how many it wrote).
+ * Carried is one kind of record copy takes beside the deliveries: what it is called, how it is read from one
+ * inbox a page at a time, and how each page is written into another as it is (the store's read and write
+ * pair, which skips what is already there and says how many it wrote).
  */
 interface Carried {
   /** Its plural, for the summary line. */
   name: string;
-  read(inbox: Inbox): Promise<readonly unknown[]>;
+  /** What the rows it did not write are, for the summary line. @default "already there" */
+  left?: string;
+  pages(inbox: Inbox, size: number): AsyncIterable<readonly unknown[]>;
   write(inbox: Inbox, rows: readonly unknown[]): Promise<number>;
 }
 
-// carried makes a Carried of a typed read and write pair.
+// carried makes a Carried of a typed read and write pair, the read one page at a time.
 const carried = <T>(
   name: string,
-  read: (inbox: Inbox) => Promise<readonly T[]>,
+  pages: (inbox: Inbox, size: number) => AsyncIterable<readonly T[]>,
   write: (inbox: Inbox, rows: readonly T[]) => Promise<number>,
-): Carried => ({ name, read, write: (inbox, rows) => write(inbox, rows as readonly T[]) });
+  left?: string,
+): Carried => ({ name, pages, write: (inbox, rows) => write(inbox, rows as readonly T[]), ...(left ? { left } : {}) });
+
+// whole reads, as one page, a kind that the store reads whole (a few rows, never many).
+const whole = <T>(read: (inbox: Inbox) => Promise<readonly T[]>) =>
+  async function* (inbox: Inbox): AsyncIterable<readonly T[]> {
+    yield await read(inbox);
+  };
 
 /**
  * CARRIED is everything copy takes beside the deliveries, in order: without the configuration a receiver
@@ -151,32 +161,49 @@ const carried = <T>(
  * store's contract.
  */
 const CARRIED: readonly Carried[] = [
+  // Whole routes a page (attemptPage()), each written only into the delivery it was of, if it has no tries there.
+  carried(
+    "tries of the attempt log",
+    attemptPages,
+    (i, rows) => i.restoreAttempts(rows),
+    "already there, or of a delivery the target had of its own",
+  ),
   carried(
     "configuration versions",
-    (i) => i.configHistory(),
+    whole((i) => i.configHistory()),
     (i, rows) => i.restoreConfig(rows),
   ),
   carried(
     "API keys",
-    (i) => i.apiKeys(),
+    whole((i) => i.apiKeys()),
     (i, rows) => i.restoreApiKeys(rows),
   ),
   // Still sealed: the copy opens with the same INBOX_SECRETS_KEY, and nothing on the way can read them.
   carried(
     "secrets",
-    (i) => i.secrets(),
+    whole((i) => i.secrets()),
     (i, rows) => i.putSecrets(rows),
   ),
-  carried("audit entries", auditWhole, (i, rows) => i.restoreAudit(rows)),
+  carried("audit entries", auditPages, (i, rows) => i.restoreAudit(rows)),
 ];
 
-// auditWhole reads the whole audit log, oldest first, a page at a time.
-async function auditWhole(inbox: Inbox): Promise<AuditEntry[]> {
-  const all: AuditEntry[] = [];
+// attemptPages reads the attempt log in key order, a page at a time.
+async function* attemptPages(inbox: Inbox, size: number): AsyncIterable<KeptAttempt[]> {
+  for (let after: KeptAttempt | undefined; ; ) {
+    const page = await inbox.attemptPage(after, size);
+    if (page.length === 0) return;
+    yield page;
+    after = page.at(-1);
+  }
+}
+
+// auditPages reads the audit log newest first, a page at a time: each entry keeps its seq, so the order
+// they are written in does not matter.
+async function* auditPages(inbox: Inbox, size: number): AsyncIterable<AuditEntry[]> {
   for (let before: number | undefined; ; ) {
-    const page = await inbox.auditLog({ ...(before !== undefined ? { before } : {}), limit: DEFAULTS.bulkBatch });
-    if (page.length === 0) return all.reverse();
-    all.push(...page);
+    const page = await inbox.auditLog({ ...(before !== undefined ? { before } : {}), limit: size });
+    if (page.length === 0) return;
+    yield page;
     before = page.at(-1)!.seq;
   }
 }
@@ -195,19 +222,20 @@ async function sameHistory(from: Inbox, to: Inbox): Promise<void> {
 }
 
 /**
- * copy copies one inbox into another, byte-exact: every delivery, then what CARRIED lists (the configuration
- * and its history, the API keys, the secrets still sealed, the audit log); run again, it changes nothing.
+ * copy copies one inbox into another, byte-exact: every delivery, then what CARRIED lists (the deliveries'
+ * attempt log, the configuration and its history, the API keys, the secrets still sealed, the audit log); run
+ * again, it changes nothing.
  */
 export function copy(c: Cli): void {
   const { openTarget, connect, positive } = c;
   c.program
     .command("copy")
     .description(
-      "copy a whole inbox into another (SQLite to PostgreSQL, or back): every delivery byte-exact, the configuration and its history, the API keys and the audit log; run again, it changes nothing",
+      "copy a whole inbox into another (SQLite to PostgreSQL, or back): every delivery byte-exact with its attempt log, the configuration and its history, the API keys and the audit log; run again, it changes nothing",
     )
     .requiredOption("--from <path|url>", "the inbox to copy from")
     .requiredOption("--to <path|url>", "the inbox to copy into (created if new)")
-    .option("--batch <n>", "deliveries per transaction", positive, 500)
+    .option("--batch <n>", "deliveries, tries of the attempt log and audit entries per transaction", positive, 500)
     .action(async (opts: { from: string; to: string; batch: number }) => {
       const from = await openTarget(opts.from);
       try {
@@ -231,14 +259,19 @@ export function copy(c: Cli): void {
               : `Copied ${added} of ${seen} deliveries from ${from.target} to ${to.target}${there > 0 ? ` (${there} were already there)` : ""}.`,
           );
           for (const kind of CARRIED) {
-            const rows = await kind.read(from);
-            const wrote = rows.length === 0 ? 0 : await kind.write(to, rows);
+            let [read, wrote] = [0, 0];
+            for await (const rows of kind.pages(from, opts.batch)) {
+              if (rows.length === 0) continue;
+              wrote += await kind.write(to, rows);
+              read += rows.length;
+            }
+            const left = kind.left ?? "already there";
             console.log(
-              rows.length === 0
+              read === 0
                 ? `No ${kind.name} to copy.`
                 : wrote === 0
-                  ? `Nothing to copy: all ${rows.length} ${kind.name} are already there.`
-                  : `Copied ${wrote} of ${rows.length} ${kind.name}${rows.length > wrote ? ` (${rows.length - wrote} were already there)` : ""}.`,
+                  ? `Nothing to copy: all ${read} ${kind.name} are ${left}.`
+                  : `Copied ${wrote} of ${read} ${kind.name}${read > wrote ? ` (${read - wrote} were ${left})` : ""}.`,
             );
           }
         } finally {

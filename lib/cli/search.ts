@@ -1,6 +1,6 @@
 // lib/cli/search.ts: `inbox.ts search enable|disable|status`, the body search index's switch
-// (docs/operations.md#searching-bodies). The index is off in a new or upgraded inbox, as it costs every store;
-// enable adds its triggers and indexes the rows already stored, a batch per transaction, printing its progress;
+// (docs/operations.md#searching-bodies). The index is off in a new or upgraded inbox, as it costs indexing every
+// body; enable turns it on and indexes the rows already stored, a batch per transaction, printing its progress;
 // run again after an interruption, it carries on. Both are in the audit log.
 
 import { DEFAULTS } from "../defaults.ts";
@@ -13,16 +13,17 @@ export function search(c: Cli): void {
   const { withDb, open, positive } = c;
   withDb(c.program.command("search <action>"))
     .description(
-      "the body search index (bodyJson, bodyWords): enable (add its triggers, then index the rows already stored in batches), disable (drop them and empty it), or status",
+      "the body search index (bodyJson, bodyWords): enable (turn it on, then index the rows already stored in batches), disable (turn it off and empty it), or status",
     )
     .option("--batch <n>", `rows per backfill transaction (default ${DEFAULTS.searchBackfillBatch})`, positive)
     .option("--json", "print JSON (status)")
     .addHelpText(
       "after",
       `
-Off by default: with it on, every store also indexes its body (docs/performance.md says what that costs on
-each backend). enable holds off writers for one batch at a time; stopped midway, run it again to carry on.
-Until its backfill is done the search forms answer that it is not ready. body contains needs no index.
+Off by default: with it on, every body stored is indexed after its ack, by the worker's tick or by the next
+search, which catches up first (docs/performance.md says what that costs on each backend). enable holds off
+writers for one batch at a time; stopped midway, run it again to carry on. Until its backfill is done the
+search forms answer that it is not ready. body contains needs no index.
 
 Examples:
   npx tsx inbox.ts search enable
@@ -69,6 +70,6 @@ function describe(s: SearchStatus): string {
   if (!s.enabled) return `search index: off${s.changedAt === null ? "" : ` since ${iso(s.changedAt)}`}`;
   const since = s.changedAt === null ? "" : ` since ${iso(s.changedAt)}`;
   return s.ready
-    ? `search index: on${since}, ${s.backfilled} rows stored before it backfilled`
+    ? `search index: on${since}, ${s.backfilled} rows stored before it backfilled, ${s.pending} stored since waiting to be indexed`
     : `search index: on${since}, backfill at ${s.backfilled} of ${s.toBackfill} rows (run search enable to carry on)`;
 }

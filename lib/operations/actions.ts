@@ -161,7 +161,7 @@ export async function retryGroup(
   let tried = 0;
   let after: Delivery | undefined;
   for (;;) {
-    const page = await inbox.search({ status: "failed" }, { after, limit: batch });
+    const page = await inbox.search({ status: "failed" }, { after, limit: batch, bodies: false });
     const mine = page.filter((d) => normaliseError(d.error === null ? null : redact(d.error)) === key);
     // Every retry adds its count to the one entry (Audit's change), each in its own retry's transaction.
     tried += mine.length;

@@ -1,18 +1,28 @@
-// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() from another inbox's pages, retry
-// and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one op of the commit
-// queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and hands it
-// these calls; it reaches the queue through the CommitQueue the inbox gives it.
+// postgres/bulk.ts: the operator's bulk writes on PostgreSQL: restore() and restoreAttempts() from another
+// inbox's pages, retry and replay by filter, purge() and dropBodies(). Each runs in batches, each batch one
+// op of the commit queue (postgres/commit.ts), so acks get the server in between. PostgresInbox holds one and
+// hands it these calls; it reaches the queue through the CommitQueue the inbox gives it.
 
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
-import type { Audit, BulkOptions, Cursor, Delivery, Filter, Purged, PurgeOptions, SqlValue } from "../store.ts";
+import type {
+  Audit,
+  BulkOptions,
+  Cursor,
+  Delivery,
+  Filter,
+  KeptAttempt,
+  Purged,
+  PurgeOptions,
+  SqlValue,
+} from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodsBefore, releasePeriod } from "./periods.ts";
+import { makePeriods, periodOf, periodsBefore, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -31,6 +41,8 @@ export class PostgresBulk {
   private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly committee: CommitQueue;
+  // The days whose partition of bodies a restore has made (or found made) in this process.
+  private readonly madeDays = new Set<string>();
 
   constructor(committee: CommitQueue) {
     this.committee = committee;
@@ -50,7 +62,18 @@ export class PostgresBulk {
     this.committee.notify(client, added);
   }
 
-  restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+  async restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
+    // The days of the bodies restored are made first, as the inbox would have made them as it lived through
+    // them: into the default partition, a copy's or an import's months of bodies would be purged there row by
+    // row, never released by the day, and each day made after would have to read them all (PostgreSQL checks
+    // a new partition's range against the default partition's rows, under a lock every store waits behind).
+    for (const d of deliveries) {
+      if (d.body.length <= DEFAULTS.inlineBodyBytes) continue;
+      const day = periodOf(d.receivedAt);
+      if (this.madeDays.has(day.name)) continue;
+      await makePeriods(this.pool, day.from, 0, DEFAULTS.periodLockMs);
+      this.madeDays.add(day.name);
+    }
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
     const byArrival = deliveries.map((d, i) => [d.receivedAt, i] as const).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
@@ -120,6 +143,44 @@ export class PostgresBulk {
       if (keys.size > 0) await rebuildKeys(client, [...keys.values()].sort());
       await writeAudit(client, audit, rows.length, this.now());
       return rows.length;
+    }) as Promise<number>;
+  }
+
+  /**
+   * restoreAttempts writes the tries in one statement, each route's in their seq order, into a route of the
+   * same delivery that had none when the statement began (its own rows are not yet visible to it); a route
+   * given in two calls gets the first call's tries alone.
+   */
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    const col = (f: (t: KeptAttempt) => unknown) => tries.map(f);
+    return this.other(async (client) => {
+      const { rowCount } = await client.query(
+        `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
+         SELECT s, i, d, at, sa, ms, st, er, hd, bd
+           FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
+                       $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+                AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)
+          WHERE EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
+                           AND r.received_at = u.ra AND r.body_sha256 = u.h)
+            AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = u.s AND a.id = u.i AND a.destination = u.d)
+          ORDER BY s, i, d, q`,
+        [
+          col((t) => t.source),
+          col((t) => t.id),
+          col((t) => t.destination),
+          col((t) => t.seq),
+          col((t) => t.attempt),
+          col((t) => t.startedAt),
+          col((t) => t.ms),
+          col((t) => t.status),
+          col((t) => t.error),
+          col((t) => (t.headers === null ? null : JSON.stringify(t.headers))),
+          col((t) => t.body),
+          col((t) => t.receivedAt),
+          col((t) => t.bodySha256),
+        ],
+      );
+      return rowCount ?? 0;
     }) as Promise<number>;
   }
 

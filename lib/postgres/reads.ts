@@ -1,7 +1,7 @@
 // postgres/reads.ts: what the operator reads of an Inbox on PostgreSQL (status, summary, search, lists,
-// destinations, gauges), apart from the delivery's life in postgres.ts. PostgresInbox holds a PostgresReads
-// and hands it these calls. Reads go straight to the pool, outside the commit queue of postgres/commit.ts:
-// they lock nothing and wait for no batch.
+// attempts and the attempt log's pages for copy, destinations, gauges), apart from the delivery's life in
+// postgres.ts. PostgresInbox holds a PostgresReads and hands it these calls. Reads go straight to the pool,
+// outside the commit queue of postgres/commit.ts: they lock nothing and wait for no batch.
 
 import { filterSqlChecked } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";
@@ -18,14 +18,24 @@ import {
   type Gauges,
   type InboxStatus,
   type Kept,
+  type KeptAttempt,
   type SqlValue,
   type Status,
   type Summary,
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery, toGauges } from "../rows.ts";
-import { DISTINCT_SOURCES, ORDERING_SQL } from "../sql.ts";
+import {
+  countsBySource,
+  emptyBuckets,
+  orderingStatus,
+  summarise,
+  toAttempt,
+  toDelivery,
+  toGauges,
+  toKeptAttempt,
+} from "../rows.ts";
+import { DISTINCT_SOURCES, listColumns, ORDERING_SQL } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
@@ -200,7 +210,40 @@ export class PostgresReads {
     return rows.map(toDelivery);
   }
 
-  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+  /**
+   * attemptPage reads the attempt log in the order of its index (source, id, destination, seq), a page after
+   * the cursor, then the rest of the last route's tries, each with its delivery's received_at and hash.
+   */
+  async attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    const tries = `SELECT a.*, d.received_at, d.body_sha256 FROM attempts a
+        JOIN delivery_rows d ON d.source = a.source AND d.id = a.id AND d.destination = a.destination
+       WHERE a.started_at >= d.received_at`;
+    const { rows } =
+      after === undefined
+        ? await this.pool.query(`${tries} ORDER BY a.source, a.id, a.destination, a.seq LIMIT $1`, [limit])
+        : await this.pool.query(
+            `${tries} AND (a.source, a.id, a.destination, a.seq) > ($1, $2, $3, $4)
+              ORDER BY a.source, a.id, a.destination, a.seq LIMIT $5`,
+            [after.source, after.id, after.destination, after.seq, limit],
+          );
+    const last = rows.at(-1);
+    // A full page may have cut a route's log short: restoreAttempts() writes a route's tries only whole.
+    if (last !== undefined && rows.length === limit)
+      rows.push(
+        ...(
+          await this.pool.query(
+            `${tries} AND a.source = $1 AND a.id = $2 AND a.destination = $3 AND a.seq > $4 ORDER BY a.seq`,
+            [last.source, last.id, last.destination, last.seq],
+          )
+        ).rows,
+      );
+    return rows.map(toKeptAttempt);
+  }
+
+  async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const limit = searchPageLimit(page.limit);
     // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
@@ -214,7 +257,7 @@ export class PostgresReads {
         : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const { rows } = await this.pool.query(
       toPg(
-        `SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`,
+        `SELECT ${page.bodies === false ? listColumns("postgres") : "*"} FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`,
       ),
       [...params, ...cursor, limit],
     );

@@ -280,8 +280,9 @@ export const MIGRATIONS: readonly string[] = [
   // holds, or NULL when it is past 65536 bytes (DEFAULTS.searchBodyBytes), not UTF-8 or not JSON, so a store
   // never fails on a body the index cannot take (not PARALLEL SAFE: its EXCEPTION block is a subtransaction).
   // Opt-in: the table is made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers
-  // (lib/postgres/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays
-  // nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  // (lib/postgres/searching.ts; inbox_search_sync() here indexed in the store's transaction, until the next
+  // migration moved indexing after the ack) and indexes the rows already there in batches; an inbox that never
+  // asks pays nothing at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
   `CREATE FUNCTION inbox_search_json(body bytea) RETURNS jsonb LANGUAGE plpgsql IMMUTABLE STRICT AS $$
    BEGIN
      IF length(body) > 65536 THEN RETURN NULL; END IF;
@@ -323,6 +324,47 @@ export const MIGRATIONS: readonly string[] = [
      to_backfill  bigint  NOT NULL DEFAULT 0
    );
    INSERT INTO search_state (one) VALUES (1);`,
+  // Search after the ack (lib/postgres/searching.ts): a store no longer indexes its body in its own transaction.
+  // Its insert trigger puts the delivery's key in search_pending, a row of a few bytes, and indexSearch() takes
+  // the oldest keys out and indexes their bodies, in one transaction. A queue, not a place in a sequence: a
+  // store's transaction may commit after one that took a later value, and a cursor that moved past the later
+  // one would skip it; a key in the queue is seen once its store commits, whenever that is, and leaves it in
+  // the transaction that indexes it. A statement's trigger, not a row's: a store's group commit is one INSERT.
+  // The trigger that takes a dropped body out keeps doing so at once; a body set again (through the deliveries
+  // view) goes back into the queue. The body table needs no trigger: the indexer reads the body wherever it is.
+  // An inbox with the index on at this upgrade has its triggers swapped.
+  `CREATE TABLE search_pending (
+     seq    bigserial PRIMARY KEY,
+     source text NOT NULL,
+     id     text NOT NULL
+   ) WITH (autovacuum_vacuum_scale_factor = 0.01);
+   CREATE FUNCTION inbox_search_queue() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+   BEGIN
+     INSERT INTO search_pending (source, id) SELECT source, id FROM added WHERE route = 0 AND purged_at IS NULL;
+     RETURN NULL;
+   END $$;
+   CREATE FUNCTION inbox_search_forget() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+   BEGIN
+     DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
+     IF TG_OP = 'UPDATE' AND NEW.purged_at IS NULL THEN
+       INSERT INTO search_pending (source, id) VALUES (NEW.source, NEW.id);
+     END IF;
+     RETURN NULL;
+   END $$;
+   DO $$ BEGIN
+     IF (SELECT enabled FROM search_state) THEN
+       DROP TRIGGER IF EXISTS deliveries_search_insert ON delivery_rows;
+       DROP TRIGGER IF EXISTS deliveries_search_update ON delivery_rows;
+       DROP TRIGGER IF EXISTS deliveries_search_delete ON delivery_rows;
+       DROP TRIGGER IF EXISTS deliveries_search_body ON delivery_bodies;
+       CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+         REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue();
+       CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
+         FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_forget();
+       CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
+         FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_forget();
+     END IF;
+   END $$;`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

@@ -1,14 +1,15 @@
-// sqlite/bulk.ts: the operator's bulk writes on SQLite: restore() from another inbox's pages, retry and
-// replay by filter, purge() and dropBodies() with the incremental vacuum after them, and vacuum(). Each
-// runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting between them so
-// acks get the write lock. SqliteInbox holds one and hands it these calls, through the CommitQueue it gives.
+// sqlite/bulk.ts: the operator's bulk writes on SQLite: restore() and restoreAttempts() from another inbox's
+// pages, retry and replay by filter, purge() and dropBodies() with the incremental vacuum after them, and
+// vacuum(). Each runs in batches, each batch one write of the commit queue (sqlite/commit.ts), resting
+// between them so acks get the write lock. SqliteInbox holds one and hands it these calls, through the
+// CommitQueue it gives.
 
 import { filterSqlChecked } from "./searching.ts";
 import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import type { Audit, BulkOptions, Cursor, Delivery, Filter, PurgeOptions, Purged } from "../store.ts";
+import type { Audit, BulkOptions, Cursor, Delivery, Filter, KeptAttempt, PurgeOptions, Purged } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { replayToCount } from "../sql.ts";
+import { ATTEMPT_SQL, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
 import { whole } from "./commit.ts";
@@ -106,6 +107,47 @@ export class SqliteBulk {
       for (const [source, destination, key] of keys.values()) rebuildKey(this.sql, source, destination, key);
       writeAudit(this.sql, audit, added, this.now());
       return added;
+    });
+  }
+
+  /**
+   * restoreAttempts writes each route's tries in their seq order, in one transaction, into a route of the same
+   * delivery that has none yet; a route given in two calls gets the first call's tries alone.
+   */
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    const routes = new Map<string, KeptAttempt[]>();
+    for (const t of tries) {
+      const key = JSON.stringify([t.source, t.id, t.destination]);
+      const route = routes.get(key);
+      if (route) route.push(t);
+      else routes.set(key, [t]);
+    }
+    return this.atomic(() => {
+      let wrote = 0;
+      for (const route of routes.values()) {
+        const { source, id, destination, receivedAt, bodySha256 } = route[0]!;
+        const bare = this.sql(
+          `SELECT 1 FROM deliveries d WHERE source = ? AND id = ? AND destination = ? AND received_at = ? AND body_sha256 = ?
+              AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = d.source AND a.id = d.id AND a.destination = d.destination)`,
+        ).get(source, id, destination, receivedAt, bodySha256);
+        if (bare === undefined) continue;
+        for (const t of route.sort((a, b) => a.seq - b.seq))
+          wrote += Number(
+            this.sql(ATTEMPT_SQL.keep).run(
+              source,
+              id,
+              destination,
+              t.attempt,
+              t.startedAt,
+              t.ms,
+              t.status,
+              t.error,
+              t.headers === null ? null : JSON.stringify(t.headers),
+              t.body,
+            ).changes,
+          );
+      }
+      return wrote;
     });
   }
 

@@ -1,7 +1,7 @@
 // sqlite/reads.ts: what the operator reads of an Inbox on SQLite (status, summary, search, lists, histogram,
-// attempts, destinations, kept), apart from the delivery's life in sqlite.ts. SqliteInbox holds a
-// SqliteReads and hands it these calls; each reads the file in one statement or a few, outside the commit
-// queue of sqlite/commit.ts, which it never waits for.
+// attempts and the attempt log's pages for copy, destinations, kept), apart from the delivery's life in
+// sqlite.ts. SqliteInbox holds a SqliteReads and hands it these calls; each reads the file in one statement
+// or a few, outside the commit queue of sqlite/commit.ts, which it never waits for.
 
 import { filterSqlChecked } from "./searching.ts";
 import type { SQLInputValue } from "node:sqlite";
@@ -16,14 +16,23 @@ import {
   type Filter,
   type InboxStatus,
   type Kept,
+  type KeptAttempt,
   type SqlValue,
   type Status,
   type Summary,
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
-import { countsBySource, emptyBuckets, orderingStatus, summarise, toAttempt, toDelivery } from "../rows.ts";
-import { ORDERING_SQL } from "../sql.ts";
+import {
+  countsBySource,
+  emptyBuckets,
+  orderingStatus,
+  summarise,
+  toAttempt,
+  toDelivery,
+  toKeptAttempt,
+} from "../rows.ts";
+import { listColumns, ORDERING_SQL } from "../sql.ts";
 
 import type { Statements } from "./order-keys.ts";
 
@@ -175,15 +184,48 @@ export class SqliteReads {
     return (rows as Row[]).map(toDelivery);
   }
 
+  /**
+   * attemptPage reads the attempt log in the order of its index (source, id, destination, seq), a page after
+   * the cursor, then the rest of the last route's tries, each with its delivery's received_at and hash.
+   */
+  async attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    const tries = `SELECT a.*, d.received_at, d.body_sha256 FROM attempts a
+        JOIN deliveries d ON d.source = a.source AND d.id = a.id AND d.destination = a.destination
+       WHERE a.started_at >= d.received_at`;
+    const rows = (
+      after === undefined
+        ? this.sql(`${tries} ORDER BY a.source, a.id, a.destination, a.seq LIMIT ?`).all(limit)
+        : this.sql(
+            `${tries} AND (a.source, a.id, a.destination, a.seq) > (?, ?, ?, ?)
+              ORDER BY a.source, a.id, a.destination, a.seq LIMIT ?`,
+          ).all(after.source, after.id, after.destination, after.seq, limit)
+    ) as Row[];
+    const last = rows.at(-1);
+    // A full page may have cut a route's log short: restoreAttempts() writes a route's tries only whole.
+    if (last !== undefined && rows.length === limit)
+      rows.push(
+        ...(this.sql(`${tries} AND a.source = ? AND a.id = ? AND a.destination = ? AND a.seq > ? ORDER BY a.seq`).all(
+          last.source,
+          last.id,
+          last.destination,
+          last.seq,
+        ) as Row[]),
+      );
+    return rows.map(toKeptAttempt);
+  }
+
   /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
-  async search(filter: Filter, page: { after?: Cursor; limit?: number } = {}): Promise<Delivery[]> {
+  async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
     const { where, params } = filterSqlChecked(this.sql, filter);
     const limit = searchPageLimit(page.limit);
     const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
     const cursor =
       page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
     const rows = this.sql(
-      `SELECT * FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
+      `SELECT ${page.bodies === false ? listColumns("sqlite") : "*"} FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
     ).all(...params, ...cursor, limit) as Row[];
     return rows.map(toDelivery);
   }

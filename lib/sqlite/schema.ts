@@ -280,9 +280,10 @@ export const MIGRATIONS: readonly string[] = [
   // Search (lib/search.ts, docs/operations.md#searching-bodies): an FTS5 index of the words of each JSON body's
   // strings, numbers and booleans, by the row's rowid, for bodyWords and as bodyJson's first look; contentless,
   // so the words are not stored twice, and with contentless_delete so a row can leave it. Opt-in: the table is
-  // made here empty, and nothing fills it until `inbox.ts search enable` adds the triggers (SEARCH_TRIGGERS in
-  // lib/sqlite/searching.ts) and indexes the rows already there in batches; an inbox that never asks pays nothing
-  // at a store or at this upgrade. search_state is whether it is on and how far the backfill got.
+  // made here empty, and nothing fills it until `inbox.ts search enable` turns it on (lib/sqlite/searching.ts;
+  // triggers then, moved after the ack by the next migration) and indexes the rows already there in batches; an
+  // inbox that never asks pays nothing at a store or at this upgrade. search_state is whether it is on and how
+  // far the backfill got.
   `CREATE VIRTUAL TABLE deliveries_search USING fts5(words, content = '', contentless_delete = 1);
    CREATE TABLE search_state (
      one         INTEGER PRIMARY KEY CHECK (one = 1),
@@ -294,6 +295,43 @@ export const MIGRATIONS: readonly string[] = [
      to_backfill INTEGER NOT NULL DEFAULT 0
    );
    INSERT INTO search_state (one) VALUES (1);`,
+  // Search after the ack (lib/sqlite/searching.ts): a store no longer indexes its body in its own transaction;
+  // done_rowid becomes the index's place, every row at or below it indexed (or not indexable), and
+  // indexSearch() takes the rows past it, a batch per transaction: SQLite has one writer, so a rowid is never
+  // committed after a larger one. The insert trigger goes; the two that take a dropped body out stay, made
+  // once here and gated on search_state rather than added and dropped by enable and disable, as a migration
+  // cannot add a trigger to some inboxes only: a row dropped past the place was never indexed, and a body
+  // changed there is read by the indexer when it gets there. A row deleted at the top hands its rowid to the
+  // next row stored (SQLite's rule without AUTOINCREMENT), so the place steps back below it. An inbox with
+  // the index on at this upgrade: its trigger had indexed every row, the place is its last; one still
+  // backfilling is emptied and backfilled from the start, as its trigger had indexed rows past the backfill's.
+  `DROP TRIGGER IF EXISTS deliveries_search_insert;
+   DROP TRIGGER IF EXISTS deliveries_search_update;
+   DROP TRIGGER IF EXISTS deliveries_search_delete;
+   UPDATE search_state SET done_rowid = (SELECT coalesce(max(rowid), 0) FROM deliveries)
+    WHERE enabled = 1 AND done_rowid >= until_rowid;
+   INSERT INTO deliveries_search (deliveries_search)
+     SELECT 'delete-all' FROM search_state WHERE enabled = 1 AND done_rowid < until_rowid;
+   UPDATE search_state SET done_rowid = 0, backfilled = 0, until_rowid = (SELECT coalesce(max(rowid), 0) FROM deliveries),
+          to_backfill = (SELECT count(*) FROM deliveries WHERE purged_at IS NULL)
+    WHERE enabled = 1 AND done_rowid < until_rowid;
+   CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
+     WHEN old.rowid <= (SELECT done_rowid FROM search_state WHERE enabled = 1)
+   BEGIN
+     DELETE FROM deliveries_search WHERE rowid = old.rowid;
+     INSERT INTO deliveries_search (rowid, words)
+       SELECT new.rowid, (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
+                            FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
+        WHERE length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT));
+   END;
+   CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
+     WHEN (SELECT enabled FROM search_state) = 1
+   BEGIN
+     DELETE FROM deliveries_search WHERE rowid = old.rowid AND old.rowid <= (SELECT done_rowid FROM search_state);
+     UPDATE search_state SET done_rowid = min(done_rowid, (SELECT coalesce(max(rowid), 0) FROM deliveries)),
+                             until_rowid = min(until_rowid, (SELECT coalesce(max(rowid), 0) FROM deliveries))
+      WHERE max(done_rowid, until_rowid) > (SELECT coalesce(max(rowid), 0) FROM deliveries);
+   END;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */

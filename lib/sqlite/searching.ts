@@ -1,13 +1,16 @@
-// sqlite/searching.ts: turning SQLite's body search index on and off (`inbox.ts search enable|disable|status`,
-// docs/operations.md#searching-bodies). The FTS5 table deliveries_search is made empty by its migration; enable
-// adds the triggers that index each body stored from then on, then indexes the rows stored before, a batch of
-// rowids per transaction through the commit queue, so a writer (this process's or another's) waits for one
-// batch at most. search_state holds whether it is on and how far the backfill got, so an interrupted enable
-// carries on. The SQL is this backend's alone.
+// sqlite/searching.ts: SQLite's body search index (docs/operations.md#searching-bodies): turning it on and off
+// (`inbox.ts search enable|disable|status`) and indexSearch(), which indexes the rows stored since it last ran,
+// after their acks. The FTS5 table deliveries_search is made empty by its migration; search_state holds whether
+// it is on and its place (done_rowid): every row at or below it is indexed, or has nothing to index. A store
+// writes nothing here; the indexer takes the rows past the place, a batch per transaction through the commit
+// queue, and moves the place on in the same transaction, so a row is never skipped nor indexed twice: SQLite
+// has one writer, so no rowid is committed after a larger one. Enable's backfill is that same indexer run from
+// rowid 0. The triggers that take a dropped body out at once are the migration's (lib/sqlite/schema.ts), gated
+// on search_state. The SQL is this backend's alone.
 
 import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import { SearchOff } from "../search.ts";
+import { SearchOff, searching } from "../search.ts";
 import { filterSql } from "../sql.ts";
 import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
 import { whole } from "./commit.ts";
@@ -15,31 +18,11 @@ import type { Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
 
 // The words of a body: its strings, numbers and booleans (true and false by name), space-separated; a body past
-// 65536 bytes (DEFAULTS.searchBodyBytes) or not JSON is left out. Spelled once for the triggers and the backfill.
+// 65536 bytes (DEFAULTS.searchBodyBytes) or not JSON is left out. Spelled as the migration's update trigger spells them.
 const WORDS = (body: string) =>
   `(SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
     FROM json_tree(CAST(${body} AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))`;
 const INDEXABLE = (body: string) => `length(${body}) <= 65536 AND json_valid(CAST(${body} AS TEXT))`;
-
-/**
- * SEARCH_TRIGGERS keep deliveries_search in step with every writer of deliveries, a restore and the sqlite3
- * shell included, as they use no function of ours: a body stored is indexed, one dropped (purge, dropBodies)
- * or a row deleted (a tombstone forgotten) leaves the index.
- */
-const SEARCH_TRIGGERS = `
-  CREATE TRIGGER deliveries_search_insert AFTER INSERT ON deliveries WHEN ${INDEXABLE("new.body")}
-  BEGIN
-    INSERT INTO deliveries_search (rowid, words) SELECT new.rowid, ${WORDS("new.body")};
-  END;
-  CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON deliveries
-  BEGIN
-    DELETE FROM deliveries_search WHERE rowid = old.rowid;
-    INSERT INTO deliveries_search (rowid, words) SELECT new.rowid, ${WORDS("new.body")} WHERE ${INDEXABLE("new.body")};
-  END;
-  CREATE TRIGGER deliveries_search_delete AFTER DELETE ON deliveries
-  BEGIN
-    DELETE FROM deliveries_search WHERE rowid = old.rowid;
-  END;`;
 
 /** SearchQueue is what SqliteSearching needs of its inbox: its statements, its clock and its commit queue. */
 export interface SearchQueue {
@@ -48,9 +31,14 @@ export interface SearchQueue {
   enqueue(run: (db: DatabaseSync, guarded: boolean) => unknown, partial?: boolean): Promise<unknown>;
 }
 
-/** searchStatusOf reads search_state: one row, cheap enough to read before each search. */
+/**
+ * searchStatusOf reads search_state: one row, cheap enough to read before each search. pending is counted by
+ * rowid, past the place up to the last: a row deleted there before the indexer reached it still counts.
+ */
 export function searchStatusOf(sql: Statements): SearchStatus {
-  const r = sql("SELECT * FROM search_state").get() as Record<string, number | null>;
+  const r = sql(
+    "SELECT s.*, (SELECT coalesce(max(rowid), 0) FROM deliveries) AS last FROM search_state s",
+  ).get() as Record<string, number | null>;
   const enabled = r.enabled === 1;
   return {
     enabled,
@@ -58,6 +46,7 @@ export function searchStatusOf(sql: Statements): SearchStatus {
     toBackfill: Number(r.to_backfill),
     ready: enabled && Number(r.done_rowid) >= Number(r.until_rowid),
     changedAt: r.changed_at === null ? null : Number(r.changed_at),
+    pending: enabled ? Math.max(0, Number(r.last) - Number(r.done_rowid)) : 0,
   };
 }
 
@@ -68,7 +57,7 @@ export function checkSearchable(sql: Statements, filter: { bodyJson?: string; bo
   if (!status.ready) throw new SearchOff(status);
 }
 
-/** SqliteSearching turns a SqliteInbox's search index on and off. */
+/** SqliteSearching keeps a SqliteInbox's search index: on and off, and indexing what was stored since. */
 export class SqliteSearching {
   private readonly queue: SearchQueue;
 
@@ -84,14 +73,51 @@ export class SqliteSearching {
     return searchStatusOf(this.queue.sql);
   }
 
+  /**
+   * index indexes up to limit rows past the place, in one transaction, and moves the place to the last of them;
+   * it returns how many rows it read. Rows up to until_rowid are the backfill's, counted in backfilled
+   * (tombstones aside). A read outside the queue first, so that a tick with nothing to do takes no write lock.
+   */
+  async index(limit: number = DEFAULTS.searchIndexBatch, audit?: Audit): Promise<number> {
+    const { sql, now } = this.queue;
+    const n = Math.max(1, limit);
+    if (searchStatusOf(sql).pending === 0) return 0;
+    return this.atomic(() => {
+      const s = sql("SELECT enabled, until_rowid, done_rowid FROM search_state").get() as Record<string, number>;
+      // Disabled meanwhile: nothing to read.
+      if (s.enabled !== 1) return 0;
+      const range = sql(
+        `SELECT count(*) AS n, count(*) FILTER (WHERE p IS NULL AND rowid <= ?) AS backfilled, max(rowid) AS last
+           FROM (SELECT rowid, purged_at AS p FROM deliveries WHERE rowid > ? ORDER BY rowid LIMIT ?)`,
+      ).get(s.until_rowid, s.done_rowid, n) as { n: number; backfilled: number; last: number | null };
+      if (range.last === null) return 0;
+      const indexed = Number(
+        sql(
+          `INSERT INTO deliveries_search (rowid, words)
+             SELECT d.rowid, ${WORDS("d.body")} FROM deliveries d
+             WHERE d.rowid > ? AND d.rowid <= ? AND ${INDEXABLE("d.body")}`,
+        ).run(s.done_rowid, range.last).changes,
+      );
+      sql("UPDATE search_state SET done_rowid = ?, backfilled = backfilled + ?").run(range.last, range.backfilled);
+      writeAudit(sql, audit, indexed, now());
+      return Number(range.n);
+    });
+  }
+
+  /** catchUp indexes every row pending before a search form reads the index, when the index is ready. */
+  async catchUp(filter: Filter): Promise<void> {
+    if (!searching(filter) || !searchStatusOf(this.queue.sql).ready) return;
+    const batch = DEFAULTS.searchIndexBatch;
+    while ((await this.index(batch)) === batch);
+  }
+
   async enable(options: EnableSearchOptions = {}): Promise<SearchStatus> {
     const { sql, now } = this.queue;
     const batch = Math.max(1, options.batch ?? DEFAULTS.searchBackfillBatch);
-    // The triggers and the backfill's goal in one transaction: a row is either stored after it (a trigger
-    // indexes it) or at or below until_rowid (the backfill does).
-    await this.atomic((db) => {
+    // The switch and the backfill's goal in one transaction: every row stored before it is at or below
+    // until_rowid, and the place starts at 0, so the indexer reads them all, and the rows after them.
+    await this.atomic(() => {
       if (!searchStatusOf(sql).enabled) {
-        db.exec(SEARCH_TRIGGERS);
         const r = sql(
           "SELECT coalesce(max(rowid), 0) AS last, count(*) FILTER (WHERE purged_at IS NULL) AS n FROM deliveries",
         ).get() as {
@@ -105,42 +131,22 @@ export class SqliteSearching {
       }
       writeAudit(sql, options.audit, 0, now());
     });
-    for (;;) {
-      const status = await this.atomic(() => {
-        const s = sql("SELECT enabled, until_rowid, done_rowid FROM search_state").get() as Record<string, number>;
-        // Disabled meanwhile, or done: nothing to read.
-        if (s.enabled !== 1 || s.done_rowid >= s.until_rowid) return undefined;
-        const range = sql(
-          // Tombstones are walked past but not counted: they have no body to index.
-          "SELECT count(*) FILTER (WHERE p IS NULL) AS n, max(rowid) AS last FROM (SELECT rowid, purged_at AS p FROM deliveries WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?)",
-        ).get(s.done_rowid, s.until_rowid, batch) as { n: number; last: number | null };
-        const last = range.last ?? s.until_rowid;
-        // A row a trigger indexed already (its body stored again since) is not indexed twice.
-        const indexed = Number(
-          sql(
-            `INSERT INTO deliveries_search (rowid, words)
-               SELECT d.rowid, ${WORDS("d.body")} FROM deliveries d
-               WHERE d.rowid > ? AND d.rowid <= ? AND ${INDEXABLE("d.body")}
-                 AND d.rowid NOT IN (SELECT rowid FROM deliveries_search WHERE rowid > ? AND rowid <= ?)`,
-          ).run(s.done_rowid, last, s.done_rowid, last).changes,
-        );
-        sql("UPDATE search_state SET done_rowid = ?, backfilled = backfilled + ?").run(last, range.n);
-        writeAudit(sql, options.audit, indexed, now());
-        return searchStatusOf(sql);
-      });
-      if (status === undefined) break;
-      options.onBatch?.(status);
+    // The backfill is the indexer, until the place passes the rows stored before: the last batch may take rows
+    // stored since, which is as well.
+    for (let s = searchStatusOf(sql); s.enabled && !s.ready; s = searchStatusOf(sql)) {
+      if ((await this.index(batch, options.audit)) === 0) break;
+      options.onBatch?.(searchStatusOf(sql));
     }
-    return searchStatusOf(sql);
+    // And what was stored meanwhile, as PostgreSQL's enable does, so that it leaves nothing waiting.
+    if (searchStatusOf(sql).ready) while ((await this.index(batch, options.audit)) === batch);
+    return this.status();
   }
 
   disable(audit?: Audit): Promise<boolean> {
     const { sql, now } = this.queue;
-    return this.atomic((db) => {
+    return this.atomic(() => {
       const was = searchStatusOf(sql).enabled;
       if (was) {
-        db.exec(`DROP TRIGGER IF EXISTS deliveries_search_insert; DROP TRIGGER IF EXISTS deliveries_search_update;
-                 DROP TRIGGER IF EXISTS deliveries_search_delete;`);
         // FTS5's own command to empty a contentless table.
         sql("INSERT INTO deliveries_search (deliveries_search) VALUES ('delete-all')").run();
         sql(

@@ -40,6 +40,7 @@ import {
   type InboxStatus,
   type Incoming,
   type Kept,
+  type KeptAttempt,
   type Lease,
   type LocalWrite,
   type PurgeOptions,
@@ -198,10 +199,13 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   page(after: { source: string; id: string; route?: number } | undefined, limit: number): Promise<Delivery[]> {
     return this.reads.page(after, limit);
   }
-  search(filter: Filter, page?: { after?: Cursor; limit?: number }): Promise<Delivery[]> {
+  // A search form reads the index once it has caught up with every row stored before it (indexSearch()).
+  async search(filter: Filter, page?: { after?: Cursor; limit?: number; bodies?: boolean }): Promise<Delivery[]> {
+    await this.searching.catchUp(filter);
     return this.reads.search(filter, page);
   }
-  count(filter: Filter): Promise<number> {
+  async count(filter: Filter): Promise<number> {
+    await this.searching.catchUp(filter);
     return this.reads.count(filter);
   }
   kept(): Promise<Kept> {
@@ -217,19 +221,31 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
   }
-  retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
+  attemptPage(
+    after: { source: string; id: string; destination: string; seq: number } | undefined,
+    limit: number,
+  ): Promise<KeptAttempt[]> {
+    return this.reads.attemptPage(after, limit);
+  }
+  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+    return this.bulk.restoreAttempts(tries);
+  }
+  async retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
+    await this.searching.catchUp(filter);
     return this.bulk.retryMatching(filter, options);
   }
-  replayMatching(
+  async replayMatching(
     filter: Filter,
     options?: BulkOptions & { to?: string },
   ): Promise<{ replayed: number; tombstoned: number }> {
+    await this.searching.catchUp(filter);
     return this.bulk.replayMatching(filter, options);
   }
   purge(options?: PurgeOptions): Promise<Purged> {
     return this.bulk.purge(options);
   }
-  dropBodies(filter: Filter, options?: BulkOptions): Promise<{ bodies: number; bytes: number }> {
+  async dropBodies(filter: Filter, options?: BulkOptions): Promise<{ bodies: number; bytes: number }> {
+    await this.searching.catchUp(filter);
     return this.bulk.dropBodies(filter, options);
   }
   /** vacuum rewrites the whole file (VACUUM), giving every free page back; it waits for the queue to drain. */
@@ -816,6 +832,9 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   }
   disableSearch(audit?: Audit): Promise<boolean> {
     return this.searching.disable(audit);
+  }
+  indexSearch(limit?: number): Promise<number> {
+    return this.searching.index(limit);
   }
   addApiKey(key: ApiKey, audit?: Audit): Promise<void> {
     return this.records.addApiKey(key, audit);
