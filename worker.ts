@@ -50,7 +50,10 @@ export interface WorkerOptions {
   heartbeatMs?: number;
   /** Handlers run at once: a real limit for handlers that wait on I/O. @default DEFAULTS.concurrency */
   concurrency?: number;
-  /** Most deliveries claimed in one transaction when handlers are fast. @default DEFAULTS.claimBatch */
+  /**
+   * Most deliveries claimed in one transaction when handlers are fast.
+   * @default DEFAULTS.claimBatch, on PostgreSQL DEFAULTS.claimBatchPostgres
+   */
   claimBatch?: number;
   /** @default DEFAULTS.pollMinMs */
   pollMinMs?: number;
@@ -101,18 +104,20 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   const stats: RunStats = options.stats ?? { claimed: 0, done: 0, retried: 0, failed: 0, lost: 0, released: 0 };
   const sizing = new HandlerSizing(
     options.concurrency ?? DEFAULTS.concurrency,
-    options.claimBatch ?? DEFAULTS.claimBatch,
+    options.claimBatch ?? (inbox.backend === "postgres" ? DEFAULTS.claimBatchPostgres : DEFAULTS.claimBatch),
+    inbox.backend === "postgres",
   );
   // Done marks are held for the next claim, which takes them into its own transaction. Handlers that wait
   // on I/O finish one or two a turn, and each turn's done marks would otherwise be a commit of their own:
   // on SQLite an fsync that holds the thread, and every handler in flight with it, for as long as the disk
-  // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones),
-  // and none waits longer than pollMax. They go to the inbox just ahead of that claim, so its takeovers
+  // takes. A claim comes when the last claimed lease starts (or a handler's place frees, for slow ones;
+  // on PostgreSQL, fast ones claim ahead), and none waits longer than pollMax, nor for a claim that waits
+  // on them (a lane that holds all it may). They go to the inbox just ahead of that claim, so its takeovers
   // never see them as expired leases.
   const batcher = new Batcher({
     inbox,
     clock,
-    hold: (_count, _ageMs, view) => view.waiting > 0,
+    hold: (_count, _ageMs, view) => view.waiting > 0 && !sizing.full(view),
     longestMs: pollMax,
   });
   const redact = options.redact ?? ((text: string) => text);
@@ -323,7 +328,7 @@ interface WorkerFlags {
   db?: string;
   lease: number;
   concurrency: number;
-  claimBatch: number;
+  claimBatch?: number;
   maxAttempts: number;
   quiet?: boolean;
   logFormat: LogFormat;
@@ -382,9 +387,8 @@ async function workerProgram(argv: readonly string[]) {
     )
     .option(
       "--claim-batch <n>",
-      "most deliveries claimed in one transaction while handlers are fast",
+      `most deliveries claimed in one transaction while handlers are fast (default: ${DEFAULTS.claimBatch}, on PostgreSQL ${DEFAULTS.claimBatchPostgres})`,
       whole,
-      DEFAULTS.claimBatch,
     )
     .option("--max-attempts <n>", "tries before a delivery is set aside as failed", whole, DEFAULTS.maxAttempts)
     .option(

@@ -109,6 +109,39 @@ describe("lease ops of two workers on PostgreSQL", { skip }, () => {
     );
   });
 
+  // The done marks' statements go out behind the batch's lock statement without waiting for it: the
+  // server still takes the locks first, and when the lock fails the batch fails with the lock's own error,
+  // not the "current transaction is aborted" that the done marks behind it then meet.
+  it("fails a batch of done marks whose lock is cancelled with the lock's error, and takes none of its rows", async () => {
+    const { atA } = await setUp();
+    const gate = await client();
+    const observer = await client();
+    const gatePid = (await gate.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+    await gate.query("BEGIN");
+    await gate.query("SELECT 1 FROM delivery_rows WHERE id = 'z' FOR UPDATE");
+    const marks = Promise.allSettled(["x", "y", "z"].map((id) => a.finish(atA.get(id)!)));
+    await waitFor(async () => (await blockedBy(observer, gatePid)).length > 0, "A's lock to wait on the gate");
+    const [waiting] = await blockedBy(observer, gatePid);
+    // What waits on the gate is the lock statement: the done marks' UPDATE has not begun.
+    const { rows } = await observer.query("SELECT query FROM pg_stat_activity WHERE pid = $1", [waiting]);
+    assert.match(rows[0].query, /FOR NO KEY UPDATE OF d/);
+    await observer.query("SELECT pg_cancel_backend($1)", [waiting]);
+    const settled = await marks;
+    await gate.query("ROLLBACK");
+    for (const mark of settled) {
+      assert.equal(mark.status, "rejected");
+      const reason = (mark as PromiseRejectedResult).reason as Error;
+      assert.match(reason.message, /cancel/i, `the lock's error: ${reason.message}`);
+      assert.doesNotMatch(reason.message, /current transaction is aborted/);
+    }
+    const statuses = await observer.query("SELECT id, status FROM delivery_rows WHERE destination = 'a' ORDER BY id");
+    assert.deepEqual(
+      statuses.rows.map((r) => `${r.id} ${r.status}`),
+      ["x processing", "y processing", "z processing"],
+      "no done mark of the batch was written",
+    );
+  });
+
   it("control: with extend locking by (source, id), as it did, the same interleaving deadlocks", async () => {
     const { atA, atB } = await setUp();
     const gate = await client();

@@ -123,6 +123,48 @@ for (const backend of await backends("lease_test")) {
       assert.equal(report.claims, 100, "each delivery claimed once");
     });
 
+    it("claiming ahead, takes every delivery once and finishes them all, holding no more than three batches", async () => {
+      await storeMany(inbox, 300);
+      const clock = new FakeClock();
+      const sizing = new HandlerSizing(4, 32, true);
+      const rooms = recorded(sizing);
+      let ahead = 0;
+      const room = rooms.room;
+      rooms.room = (view) => {
+        const n = room(view);
+        if (n > 0 && view.waiting > 0) ahead++;
+        return n;
+      };
+      let lane: Lane | undefined;
+      let most = 0;
+      const batcher = new Batcher({
+        inbox,
+        clock,
+        hold: (_n, _a, v) => v.waiting > 0 && !sizing.full(v),
+        wake: () => lane?.wake("marks"),
+      });
+      const report = counting();
+      lane = new Lane({
+        inbox,
+        clock,
+        sizing: rooms,
+        batcher,
+        listener: report.listener,
+        concurrency: 4,
+        once: true,
+        execute: async () => {
+          most = Math.max(most, lane!.active);
+          return { kind: "done" };
+        },
+      });
+      await lane.start();
+      assert.equal(report.done, 300);
+      assert.equal(report.claims, 300, "each delivery claimed once");
+      assert.ok(most <= 3 * 32, `never more than three batches held: ${most}`);
+      assert.ok(ahead > 0, "some claim went out while leases waited to start");
+      assert.equal((await inbox.status()).counts.done, 300);
+    });
+
     // On PostgreSQL a claim is real round trips, while which the fake clock may move on: it would count as
     // a claim that costs more than the handlers' work, which is the other policy's case.
     const realRoundTrips =

@@ -27,6 +27,38 @@ describe("HandlerSizing", () => {
     sizing.ran(0.1);
     assert.equal(sizing.room(view({ running: 4, active: 4 })), 32, "a batch's worth, whoever runs");
     assert.equal(sizing.room(view({ running: 4, active: 50 })), 14, "up to two batches held: 64 - 50");
+    assert.equal(
+      sizing.full(view({ running: 4, active: 60 })),
+      false,
+      "a lane that does not claim ahead is never full",
+    );
+  });
+
+  it("claiming ahead, sends no claim while more leases wait than fast handlers start during a claim", () => {
+    const sizing = new HandlerSizing(4, 32, true);
+    sizing.ran(0.1);
+    assert.equal(
+      sizing.room(view({ waiting: 300, running: 4, active: 304 })),
+      0,
+      "300 × 0.1 ms over 4 is 7.5 ms of work",
+    );
+    assert.equal(sizing.room(view({ waiting: 20, running: 4, active: 24 })), 32, "0.5 ms of work: the next batch now");
+  });
+
+  it("claiming ahead, slow handlers send no claim while claimed leases wait to start", () => {
+    const sizing = new HandlerSizing(4, 32, true);
+    sizing.ran(1_000);
+    assert.equal(sizing.room(view({ waiting: 1, running: 4, active: 5 })), 0);
+  });
+
+  it("claiming ahead, fast handlers hold no more than three batches, and claim no sliver", () => {
+    const sizing = new HandlerSizing(4, 32, true);
+    sizing.ran(0.1);
+    assert.equal(sizing.room(view({ running: 4, active: 4 })), 32, "a batch's worth, whoever runs");
+    assert.equal(sizing.room(view({ running: 4, active: 70 })), 26, "up to three batches held: 96 - 70");
+    assert.equal(sizing.room(view({ running: 4, active: 90 })), 0, "6 is less than half a batch: wait for done marks");
+    assert.equal(sizing.full(view({ running: 4, active: 90 })), true, "so the done marks should not wait for a claim");
+    assert.equal(sizing.full(view({ running: 4, active: 70 })), false);
   });
 
   it("slow handlers claim only what the free handlers can start", () => {

@@ -20,12 +20,19 @@ const CLAIM_SHARE = 10;
 export class HandlerSizing implements Sizing {
   private readonly concurrency: number;
   private readonly claimBatch: number;
+  private readonly ahead: boolean;
   private handlerMs = Infinity;
   private claimMs = 0;
 
-  constructor(concurrency: number, claimBatch: number) {
+  /**
+   * With `ahead`, fast handlers' next claim goes out while the last one's leases still wait to start: for
+   * a store whose claim waits on the network (PostgreSQL), not one whose claim holds the thread that runs
+   * the handlers (SQLite), where it would only take the leases sooner.
+   */
+  constructor(concurrency: number, claimBatch: number, ahead = false) {
     this.concurrency = concurrency;
     this.claimBatch = Math.max(concurrency, claimBatch);
+    this.ahead = ahead;
   }
 
   /** ran learns how long a handler took, in ms. */
@@ -45,11 +52,30 @@ export class HandlerSizing implements Sizing {
   /**
    * room claims when everything claimed has started: a batch's worth for fast handlers, the free
    * handlers' worth for slow ones, but never more than a second batch of leases waiting on their commit.
+   * Claiming ahead, fast handlers' next batch goes out while the last one still waits to start, once what
+   * waits is less work than a claim takes, so the handlers never stand idle through a claim (on PostgreSQL
+   * a claim of 256 took 10–20 ms, a third of a drain's time); then up to three batches are held (one at
+   * work, one claimed ahead, one whose done marks commit), and it claims nothing rather than a sliver of a
+   * batch: 54 of a 50k drain's 251 claims were of 8, each costing what a claim of 256 costs.
    */
   room(lane: LaneView): number {
-    if (lane.waiting > 0) return 0;
     const size = this.size();
-    return Math.min(size - (size > this.concurrency ? 0 : lane.running), 2 * size - lane.active);
+    if (!this.ahead || size <= this.concurrency) {
+      if (lane.waiting > 0) return 0;
+      return Math.min(size - (size > this.concurrency ? 0 : lane.running), 2 * size - lane.active);
+    }
+    const ahead = (lane.waiting * this.handlerMs) / this.concurrency;
+    if (lane.waiting > 0 && ahead > Math.max(CLAIM_AHEAD_MS, this.claimMs)) return 0;
+    return this.full(lane) ? 0 : Math.min(size, 3 * size - lane.active);
+  }
+
+  /**
+   * full says whether fast handlers' lane holds all the leases it may: its next claim waits for done marks
+   * to commit, so they should not wait for that claim.
+   */
+  full(lane: LaneView): boolean {
+    const size = this.size();
+    return this.ahead && size > this.concurrency && (3 * size - lane.active) * 2 < size;
   }
 
   /** claimed learns how long a claim took, its commit included. */

@@ -8,7 +8,7 @@ import pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { passingSqlstate } from "../errors.ts";
-import { parseTarget, Pool, UncertainCommit } from "./pool.ts";
+import { inOneWrite, parseTarget, Pool, UncertainCommit } from "./pool.ts";
 import type { Incoming, InboxOptions, Lease, LocalWrite, SqlValue, Stored, Try } from "../store.ts";
 
 /** APPLICATION_NAME is how this inbox's connections appear in pg_stat_activity, unless the URL names another. */
@@ -431,7 +431,7 @@ export abstract class PostgresCommitter {
   // are locked as they come out of the sort. A claim's own batch takes nothing here: it waits only on its
   // destination's row (claims sorted by name) and takes every other row with SKIP LOCKED. An extend
   // waits for nothing either (SKIP LOCKED), so it is not named here.
-  private async lockInOrder(client: pg.PoolClient, batch: Op[]): Promise<void> {
+  private lockInOrder(client: pg.PoolClient, batch: Op[]): Promise<unknown> {
     const destinations = new Set<string>();
     const leases: Lease[] = [];
     for (const op of batch) {
@@ -439,33 +439,47 @@ export abstract class PostgresCommitter {
       else if (op.kind === "other" && op.locks?.lease) leases.push(op.locks.lease);
       else if (op.kind === "other" && op.locks?.destination) destinations.add(op.locks.destination);
     }
+    // Every lock's statement is sent here, at once, none waiting on another's answer: whatever the caller
+    // sends next goes after all of them.
+    const locks: Promise<unknown>[] = [];
     if (destinations.size > 0) {
-      await client.query(
-        `SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`,
-        [[...destinations]],
+      locks.push(
+        client.query(`SELECT 1 FROM destinations WHERE name = ANY($1::text[]) ORDER BY name COLLATE "C" FOR UPDATE`, [
+          [...destinations],
+        ]),
       );
     }
-    if (leases.length === 0) return;
+    if (leases.length === 0) return Promise.all(locks);
     // By index, as the done marks after it (BY_INDEX): planned blind, it read the whole table for each batch.
     // The settings hold for the rest of the transaction; the inbox's own statements all go by key, and
     // finishAll gives a handler's writes the connection's plans back.
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the lock, which waits behind it
-    await client.query(
-      this.prepared(
-        `SELECT 1 FROM delivery_rows d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
+    locks.push(
+      client.query(
+        this.prepared(
+          `SELECT 1 FROM delivery_rows d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
          ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
        ORDER BY d.source COLLATE "C", d.id COLLATE "C", d.route FOR NO KEY UPDATE OF d`,
-        [leases.map((l) => l.source), leases.map((l) => l.id), leases.map((l) => l.route), leases.map((l) => l.token)],
+          [
+            leases.map((l) => l.source),
+            leases.map((l) => l.id),
+            leases.map((l) => l.route),
+            leases.map((l) => l.token),
+          ],
+        ),
       ),
     );
     const keyed = leases.filter((l) => l.orderKey !== null);
     if (keyed.length > 0) {
-      await client.query(
-        `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
+      locks.push(
+        client.query(
+          `SELECT 1 FROM order_keys WHERE (source, destination, order_key) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))
          ORDER BY source COLLATE "C", destination COLLATE "C", order_key COLLATE "C" FOR UPDATE`,
-        [keyed.map((l) => l.source), keyed.map((l) => l.destination), keyed.map((l) => l.orderKey)],
+          [keyed.map((l) => l.source), keyed.map((l) => l.destination), keyed.map((l) => l.orderKey)],
+        ),
       );
     }
+    return Promise.all(locks);
   }
 
   private rejectAll(batch: Op[], error: unknown): void {
@@ -479,32 +493,28 @@ export abstract class PostgresCommitter {
     guarded: boolean,
   ): Promise<Map<Op, { ok: boolean; value: unknown }>> {
     const results = new Map<Op, { ok: boolean; value: unknown }>();
-    await this.lockInOrder(client, batch);
     if (!guarded) {
-      const stores = batch.filter((op) => op.kind === "store");
-      const finishes = batch.filter((op) => op.kind === "finish");
-      if (stores.length > 0)
-        for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
-      if (finishes.length > 0)
-        for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
-      // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
-      // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
-      // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
-      // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
-      // only as bystanders say "current transaction is aborted", so the error kept is another one.
-      for (const op of batch)
-        if ((op.kind === "other" && !op.together) || op.kind === "claim")
-          results.set(op, { ok: true, value: await op.run(client) });
-      const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
-      const settled = await Promise.allSettled(together.map((op) => op.run(client)));
-      const failures = settled
-        .filter((r) => r.status === "rejected")
-        .map((r) => (r as PromiseRejectedResult).reason as unknown);
-      if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
-      together.forEach((op, i) =>
-        results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }),
-      );
+      // The locks are not awaited before the ops: the connection sends the ops' statements behind them, and
+      // the server runs them in that order, so every lock is still taken first, and a batch of done marks
+      // saves a round trip. If anything fails, the locks' own error is the one thrown (the statements behind
+      // a failed lock say only that the transaction is aborted).
+      // Corked, the locks and the statements the ops send at once (a batch's done marks) go in one write.
+      let running!: Promise<void>;
+      const locked = inOneWrite(client, () => {
+        const locked = this.lockInOrder(client, batch);
+        running = this.runTogether(client, batch, results);
+        return locked;
+      });
+      locked.catch(() => {});
+      try {
+        await running;
+      } catch (error) {
+        await locked;
+        throw error;
+      }
+      await locked;
     } else {
+      await this.lockInOrder(client, batch);
       for (const op of batch) {
         await client.query("SAVEPOINT op");
         try {
@@ -526,6 +536,37 @@ export abstract class PostgresCommitter {
     }
     await this.pool.commit(client);
     return results;
+  }
+
+  // runTogether runs a batch's ops with a statement for all its stores and one for all its finishes.
+  private async runTogether(
+    client: pg.PoolClient,
+    batch: Op[],
+    results: Map<Op, { ok: boolean; value: unknown }>,
+  ): Promise<void> {
+    const stores = batch.filter((op) => op.kind === "store");
+    const finishes = batch.filter((op) => op.kind === "finish");
+    if (stores.length > 0)
+      for (const [op, value] of await this.storeAll(client, stores)) results.set(op, { ok: true, value });
+    if (finishes.length > 0)
+      for (const [op, value] of await this.finishAll(client, finishes)) results.set(op, { ok: true, value });
+    // Ops that touch only their own lease's row (extend, fail, release) go out together: the connection
+    // pipelines their statements, so a heartbeat's extends or a lane's releases cost a round trip or two,
+    // not one each, while the finishes beside them wait to commit. The others run in turn, as they may
+    // read a row to write it. One that fails fails the attempt, which is redone op by op; ops that failed
+    // only as bystanders say "current transaction is aborted", so the error kept is another one.
+    for (const op of batch)
+      if ((op.kind === "other" && !op.together) || op.kind === "claim")
+        results.set(op, { ok: true, value: await op.run(client) });
+    const together = batch.filter((op) => op.kind === "other" && op.together) as Extract<Op, { run: unknown }>[];
+    const settled = await Promise.allSettled(together.map((op) => op.run(client)));
+    const failures = settled
+      .filter((r) => r.status === "rejected")
+      .map((r) => (r as PromiseRejectedResult).reason as unknown);
+    if (failures.length > 0) throw failures.find((e) => (e as { code?: unknown }).code !== "25P02") ?? failures[0];
+    together.forEach((op, i) =>
+      results.set(op, { ok: true, value: (settled[i] as PromiseFulfilledResult<unknown>).value }),
+    );
   }
 }
 

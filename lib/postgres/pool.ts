@@ -129,6 +129,24 @@ export function parseTarget(url: string): Target {
 export class UncertainCommit extends Error {}
 
 /**
+ * inOneWrite runs send(), which queues statements on the client, with the client's socket corked: what it
+ * queues goes out in one write, as pg corks each extended-protocol statement's own messages, where each
+ * statement would be a write (a system call, and a wake-up of the server process) of its own. pg's socket
+ * is not part of its API: where it has no cork (another runtime's socket), they go out as writes of their
+ * own, pipelined all the same.
+ */
+export function inOneWrite<T>(client: pg.ClientBase, send: () => T): T {
+  const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection
+    ?.stream;
+  stream?.cork?.();
+  try {
+    return send();
+  } finally {
+    stream?.uncork?.();
+  }
+}
+
+/**
  * isConnectionLost says an error means the connection is gone, not that a statement was wrong: the server
  * ended the session (57P01 pg_terminate_backend, 57P02 a crash, 57P03 shutting down), the link failed
  * (08…), or the socket closed under it.
@@ -318,17 +336,12 @@ export class Pool {
   async inOneTrip(statement: pg.QueryConfig, beside?: (client: pg.PoolClient) => void): Promise<pg.QueryResult> {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
-      // Corked, the three go out in one write, as pg corks each extended-protocol statement's own messages.
-      // pg's socket is not part of its API: where it has no cork (another runtime's socket), the three go
-      // out as writes of their own, pipelined all the same.
-      const stream = (client as unknown as { connection?: { stream?: { cork?(): void; uncork?(): void } } }).connection
-        ?.stream;
-      stream?.cork?.();
-      const begun = this.begin(client);
-      const done = client.query(statement);
-      beside?.(client);
-      const committed = this.commit(client);
-      stream?.uncork?.();
+      const [begun, done, committed] = inOneWrite(client, () => {
+        const begun = this.begin(client);
+        const done = client.query(statement);
+        beside?.(client);
+        return [begun, done, this.commit(client)] as const;
+      });
       const [b, s, c] = await Promise.allSettled([begun, done, committed]);
       if (b.status === "rejected") {
         client.release(b.reason instanceof Error ? b.reason : new Error(message(b.reason)));

@@ -11,6 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
+import { inOneWrite } from "./pool.ts";
 import { PostgresGates } from "./destinations.ts";
 import { enterKeys, settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
@@ -402,12 +403,15 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       // One random token per claim, each row's ordinal after it: fencing needs only a token that no other
       // claim of the row had, and gen_random_uuid() per row cost the server about 6 µs of CPU a delivery.
       // RETURNING names the columns a lease is made of: d.* (lease_ms, arrival, available_at besides) cost
-      // it several µs a row more, measured in docs/performance.md.
-      client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the claim itself, which waits behind it on the connection
-      client.query(this.prepared(NO_FLUSH, [])).catch(() => {});
-      const { rows } = await client.query(
-        this.prepared(
-          `WITH k AS (
+      // it several µs a row more, measured in docs/performance.md. A body is in its row or in delivery_bodies,
+      // never both (every writer keeps the row's empty when it writes the other): one in its row is not
+      // looked up there, which cost an index probe of the day's partition a row.
+      const { rows } = await inOneWrite(client, () => {
+        client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the claim itself, which waits behind it on the connection
+        client.query(this.prepared(NO_FLUSH, [])).catch(() => {});
+        return client.query(
+          this.prepared(
+            `WITH k AS (
            SELECT source, destination, order_key, head_id, due FROM order_keys WHERE destination = $5 AND due <= ${NOW}
            ORDER BY due LIMIT $2::integer FOR UPDATE SKIP LOCKED),
          u AS (
@@ -442,8 +446,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
                              WHERE o.source = d.source AND o.destination = d.destination AND o.order_key = d.order_key) END
          FROM p WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND (d.status IN ('received', 'processing')) IS TRUE
          RETURNING d.source, d.id, d.route, d.destination,
-                   coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = d.source AND b.id = d.id AND b.route = d.route
-                              AND b.received_at = d.received_at), d.body) AS body, d.body_sha256, d.content_type, d.event_type, d.provider_time,
+                   CASE WHEN octet_length(d.body) > 0 THEN d.body ELSE
+                     coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = d.source AND b.id = d.id AND b.route = d.route
+                                AND b.received_at = d.received_at), d.body) END AS body, d.body_sha256, d.content_type, d.event_type, d.provider_time,
                    d.received_at, d.status, d.attempts, d.leased_until, d.lease_token, d.error, d.conflicts, d.finished_at,
                    d.replays, d.purged_at, d.order_key, d.event_time, d.newer_id, d.headers, d.traceparent, d.origin, p.due, p.takeover, p.walked),
          busy AS (
@@ -451,9 +456,10 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            WHERE o.source = k.source AND o.destination = k.destination AND o.order_key = k.order_key
              AND EXISTS (SELECT 1 FROM c WHERE c.source = k.source AND c.id = k.head_id))
          SELECT * FROM c`,
-          [this.now(), limit, leaseMs, this.maxAttempts, destination, from ?? Number.MIN_SAFE_INTEGER],
-        ),
-      );
+            [this.now(), limit, leaseMs, this.maxAttempts, destination, from ?? Number.MIN_SAFE_INTEGER],
+          ),
+        );
+      });
       // The next claim starts at the last due time this one walked to; the rows at that same time that it
       // left (locked, or past the limit) are still ahead of a cursor that takes >=.
       const walked = rows.filter((row) => row.walked);
