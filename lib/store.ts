@@ -502,6 +502,14 @@ export type Failure = { status: "received"; retryAt: number } | { status: "faile
  * queued and committed with whatever else is waiting (group commit), so one commit serves many callers,
  * and a promise settles only after its transaction is durable.
  */
+/** AttemptCursor is where a page of attemptPage() ended: its last try. */
+export interface AttemptCursor {
+  source: string;
+  id: string;
+  destination: string;
+  seq: number;
+}
+
 export interface Inbox {
   readonly backend: Backend;
   /** Where the deliveries live, fit for a log line: a path, or a URL without its password. */
@@ -557,10 +565,7 @@ export interface Inbox {
    * then seq) after the cursor, then the rest of the last route's, so that no page splits one route's log. Only
    * the tries attempts() shows: of a delivery still kept, since its receivedAt.
    */
-  attemptPage(
-    after: { source: string; id: string; destination: string; seq: number } | undefined,
-    limit: number,
-  ): Promise<KeptAttempt[]>;
+  attemptPage(after: AttemptCursor | undefined, limit: number): Promise<KeptAttempt[]>;
   /**
    * restoreAttempts writes tries as they are (from attemptPage() of another inbox), in their seq order, so the
    * oldest are still the first to go. A route's tries are written only into the same delivery (its receivedAt

@@ -65,6 +65,7 @@ import {
   type ApplyConfigOptions,
   type ConfigApplied,
   type StoredConfig,
+  type AttemptCursor,
 } from "../store.ts";
 import { checkClaim, gateClaim, tellSetAside } from "../breaker.ts";
 import { routesOf, checkOptions, orderOf } from "../checks.ts";
@@ -243,10 +244,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
   }
-  attemptPage(
-    after: { source: string; id: string; destination: string; seq: number } | undefined,
-    limit: number,
-  ): Promise<KeptAttempt[]> {
+  attemptPage(after: AttemptCursor | undefined, limit: number): Promise<KeptAttempt[]> {
     return this.reads.attemptPage(after, limit);
   }
   restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {

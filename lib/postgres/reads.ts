@@ -22,6 +22,7 @@ import {
   type SqlValue,
   type Status,
   type Summary,
+  type AttemptCursor,
 } from "../store.ts";
 import { toDestinationState } from "../breaker.ts";
 import { searchPageLimit } from "../checks.ts";
@@ -214,10 +215,7 @@ export class PostgresReads {
    * attemptPage reads the attempt log in the order of its index (source, id, destination, seq), a page after
    * the cursor, then the rest of the last route's tries, each with its delivery's received_at and hash.
    */
-  async attemptPage(
-    after: { source: string; id: string; destination: string; seq: number } | undefined,
-    limit: number,
-  ): Promise<KeptAttempt[]> {
+  async attemptPage(after: AttemptCursor | undefined, limit: number): Promise<KeptAttempt[]> {
     const tries = `SELECT a.*, d.received_at, d.body_sha256 FROM attempts a
         JOIN delivery_rows d ON d.source = a.source AND d.id = a.id AND d.destination = a.destination
        WHERE a.started_at >= d.received_at`;

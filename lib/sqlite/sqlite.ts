@@ -61,6 +61,7 @@ import {
   type ConfigApplied,
   type StoredConfig,
   type StoredSecret,
+  type AttemptCursor,
 } from "../store.ts";
 import { breakerAfter, checkClaim, gateClaim, checkPermit, gatePermit, tellSetAside } from "../breaker.ts";
 import { checkOptions, routesOf, orderOf } from "../checks.ts";
@@ -221,10 +222,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
   restore(deliveries: readonly Delivery[], audit?: Audit): Promise<number> {
     return this.bulk.restore(deliveries, audit);
   }
-  attemptPage(
-    after: { source: string; id: string; destination: string; seq: number } | undefined,
-    limit: number,
-  ): Promise<KeptAttempt[]> {
+  attemptPage(after: AttemptCursor | undefined, limit: number): Promise<KeptAttempt[]> {
     return this.reads.attemptPage(after, limit);
   }
   restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
