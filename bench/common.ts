@@ -229,6 +229,39 @@ export async function hammer(
   };
 }
 
+/** orderBody is a Shopify-style order of at least bytes bytes: the transform benches' input. */
+export function orderBody(bytes: number): Buffer {
+  const items: unknown[] = [];
+  let text = "";
+  while ((text = JSON.stringify({ id: 1, currency: "EUR", items })).length < bytes)
+    items.push({ sku: `sku-${items.length}`, qty: 1, price: "9.99" });
+  return Buffer.from(text);
+}
+
+/**
+ * timeCalls makes n calls, at most inFlight at once, and gives the µs of wall time and of CPU a call: this
+ * process's with its threads, and its transforms' processes' (transformCpuMs).
+ */
+export async function timeCalls(
+  call: () => Promise<unknown>,
+  n: number,
+  inFlight: number,
+): Promise<{ wallUs: number; cpuUs: number }> {
+  const cpuNow = () => {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1000 + transformCpuMs();
+  };
+  const cpu0 = cpuNow();
+  const started = performance.now();
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: inFlight }, async () => {
+      while (next++ < n) await call();
+    }),
+  );
+  return { wallUs: ((performance.now() - started) * 1000) / n, cpuUs: ((cpuNow() - cpu0) * 1000) / n };
+}
+
 /**
  * flushFill writes a filled bench database to disk before it is measured. A fill writes with synchronous off,
  * so its gigabytes sit dirty in the page cache, and the inbox's first fsync of the file would write them all

@@ -13,7 +13,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { Sandbox } from "../lib/forwarding/sandbox.ts";
 import { CodeTransformer, type Shaped, type TransformInput, Transformer } from "../lib/forwarding/transform.ts";
-import { f, knob, tempDir, transformCpuMs } from "./common.ts";
+import { f, knob, orderBody, tempDir, timeCalls } from "./common.ts";
 
 const N = knob("BENCH_SANDBOX_N", 300);
 const IN_FLIGHT = 16;
@@ -34,35 +34,18 @@ const plainTransform = (d: TransformInput) => {
   } as Shaped;
 };
 
-const bodyOf = (bytes: number) => {
-  const items: unknown[] = [];
-  let text = "";
-  while ((text = JSON.stringify({ id: 1, currency: "EUR", items })).length < bytes)
-    items.push({ sku: `sku-${items.length}`, qty: 1, price: "9.99" });
-  return Buffer.from(text);
-};
-
-const cpuNow = () => {
-  const u = process.cpuUsage();
-  return (u.user + u.system) / 1000 + transformCpuMs();
-};
-
 type Call = (input: TransformInput) => Promise<Shaped | null>;
 
-async function run(call: Call, input: TransformInput, n: number, inFlight: number) {
-  const cpu0 = cpuNow();
-  const started = performance.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: inFlight }, async () => {
-      while (next++ < n) {
-        const shaped = await call(input);
-        if (shaped?.headers["x-order-source"] !== "shopify") throw new Error("sandbox bench: a wrong answer");
-      }
-    }),
+// run makes n calls of one side, each checked, at most inFlight at once.
+const run = (call: Call, input: TransformInput, n: number, inFlight: number) =>
+  timeCalls(
+    async () => {
+      const shaped = await call(input);
+      if (shaped?.headers["x-order-source"] !== "shopify") throw new Error("sandbox bench: a wrong answer");
+    },
+    n,
+    inFlight,
   );
-  return { wallUs: ((performance.now() - started) * 1000) / n, cpuUs: ((cpuNow() - cpu0) * 1000) / n };
-}
 
 /** sandboxBench runs the benchmark and returns its summary line. */
 export async function sandboxBench(): Promise<string> {
@@ -92,7 +75,7 @@ export async function sandboxBench(): Promise<string> {
     headers: {},
     receivedAt: 0,
   });
-  const bodies = [bodyOf(300), bodyOf(64 * 1024)];
+  const bodies = [orderBody(300), orderBody(64 * 1024)];
   console.log(`sandbox: ${N} calls a side, bodies of ${bodies.map((b) => b.length).join(" and ")} bytes`);
   const lines: string[] = [];
   try {

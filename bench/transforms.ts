@@ -10,7 +10,7 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Transformer as TransformerType } from "../lib/forwarding/transform.ts";
-import { f, knob, tempDir, transformCpuMs } from "./common.ts";
+import { f, knob, orderBody, tempDir, timeCalls } from "./common.ts";
 
 const N = knob("BENCH_TRANSFORM_N", 2_000);
 const ROUNDS = knob("BENCH_ROUNDS", 3);
@@ -23,36 +23,19 @@ const SHAPE = `export default (d: { json: { id: number; items: unknown[]; curren
   headers: { "x-order-source": "shopify" },
 });`;
 
-const bodyOf = (bytes: number) => {
-  const items: unknown[] = [];
-  let text = "";
-  while ((text = JSON.stringify({ id: 1, currency: "EUR", items })).length < bytes)
-    items.push({ sku: `sku-${items.length}`, qty: 1, price: "9.99" });
-  return Buffer.from(text);
-};
-
-const cpuNow = () => {
-  const u = process.cpuUsage();
-  return (u.user + u.system) / 1000 + transformCpuMs();
-};
-
 type Side = { name: string; t: TransformerType; input: (body: Buffer) => unknown };
 
-// run makes n calls, at most inFlight at once, and returns the µs of wall time and of CPU per call.
-async function run(side: Side, body: Buffer, n: number, inFlight: number): Promise<{ wallUs: number; cpuUs: number }> {
+// run makes n calls of one side, each checked, at most inFlight at once.
+function run(side: Side, body: Buffer, n: number, inFlight: number): Promise<{ wallUs: number; cpuUs: number }> {
   const input = side.input(body) as Parameters<TransformerType["run"]>[0];
-  const cpu0 = cpuNow();
-  const started = performance.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: inFlight }, async () => {
-      while (next++ < n) {
-        const shaped = await side.t.run(input, 5_000);
-        if (shaped?.headers["x-order-source"] !== "shopify") throw new Error("transforms bench: a wrong answer");
-      }
-    }),
+  return timeCalls(
+    async () => {
+      const shaped = await side.t.run(input, 5_000);
+      if (shaped?.headers["x-order-source"] !== "shopify") throw new Error("transforms bench: a wrong answer");
+    },
+    n,
+    inFlight,
   );
-  return { wallUs: ((performance.now() - started) * 1000) / n, cpuUs: ((cpuNow() - cpu0) * 1000) / n };
 }
 
 /** transforms runs the benchmark and returns its summary line. */
@@ -82,7 +65,7 @@ export async function transforms(): Promise<string> {
   const baseline = process.env.BENCH_TRANSFORM_BASELINE;
   const sides = [await load(join(import.meta.dirname, ".."), "this tree")];
   if (baseline) sides.unshift(await load(baseline, `baseline ${baseline}`));
-  const bodies = [bodyOf(300), bodyOf(64 * 1024)];
+  const bodies = [orderBody(300), orderBody(64 * 1024)];
   console.log(
     `transforms: ${N} calls a side, one at a time and ${IN_FLIGHT} in flight, bodies of ${bodies.map((b) => b.length).join(" and ")} bytes, ${ROUNDS} rounds`,
   );
