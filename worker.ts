@@ -9,6 +9,7 @@ import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { connect, isPostgresUrl } from "./inbox.ts";
 import { DEFAULTS } from "./lib/defaults.ts";
+import { indexAll } from "./lib/search.ts";
 import { age as formatAge, parseDuration, speakTo } from "./lib/format.ts";
 import {
   jsonLine,
@@ -161,13 +162,14 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
 function scheduleIndexing(inbox: Inbox, everyMs: number, clock: Clock, log: (line: string) => void) {
   if (!(everyMs >= 0)) throw new TypeError(`run: expected searchIndexEveryMs >= 0, got ${everyMs}`);
   if (everyMs === 0) return { stop: async () => {} };
-  const batch = DEFAULTS.searchIndexBatch;
   let stopped = false;
   let running: Promise<void> | undefined;
   let failing = false;
-  const once = async () => {
-    while (!stopped && (await inbox.indexSearch(batch)) === batch);
-  };
+  const once = () =>
+    indexAll(
+      (limit) => inbox.indexSearch(limit),
+      () => stopped,
+    );
   const tick = () => {
     running ??= once()
       .then(

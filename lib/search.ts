@@ -23,6 +23,16 @@ export class SearchOff extends Error {
   }
 }
 
+/**
+ * indexAll runs an indexer (Inbox.indexSearch(), or a backend's own) a batch per transaction until a batch
+ * comes back short, which says nothing is left, or until stopped says so: what a search form does before it
+ * reads the index, and the worker's tick.
+ */
+export async function indexAll(index: (limit: number) => Promise<number>, stopped = () => false): Promise<void> {
+  const batch = DEFAULTS.searchIndexBatch;
+  while (!stopped() && (await index(batch)) === batch);
+}
+
 /** searching says whether a filter asks for a form only the search index answers (bodyJson, bodyWords). */
 export const searching = (filter: { bodyJson?: string | undefined; bodyWords?: string | undefined }): boolean =>
   filter.bodyJson !== undefined || filter.bodyWords !== undefined;

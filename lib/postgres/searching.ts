@@ -8,7 +8,7 @@
 
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
-import { SearchOff, searching } from "../search.ts";
+import { indexAll, SearchOff, searching } from "../search.ts";
 import { filterSql } from "../sql.ts";
 import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
 import { NOW } from "./commit.ts";
@@ -152,8 +152,7 @@ export class PostgresSearching {
   /** catchUp copies every key queued before a search form reads the index, when the index is ready. */
   async catchUp(filter: Filter): Promise<void> {
     if (!searching(filter) || !(await searchStatusOf(this.queue.pool)).ready) return;
-    const batch = DEFAULTS.searchIndexBatch;
-    while ((await this.index(batch)) === batch);
+    await indexAll((limit) => this.index(limit));
   }
 
   async enable(options: EnableSearchOptions = {}): Promise<SearchStatus> {

@@ -10,7 +10,7 @@
 
 import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
-import { SearchOff, searching } from "../search.ts";
+import { indexAll, SearchOff, searching } from "../search.ts";
 import { filterSql } from "../sql.ts";
 import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
 import { whole } from "./commit.ts";
@@ -107,8 +107,7 @@ export class SqliteSearching {
   /** catchUp indexes every row pending before a search form reads the index, when the index is ready. */
   async catchUp(filter: Filter): Promise<void> {
     if (!searching(filter) || !searchStatusOf(this.queue.sql).ready) return;
-    const batch = DEFAULTS.searchIndexBatch;
-    while ((await this.index(batch)) === batch);
+    await indexAll((limit) => this.index(limit));
   }
 
   async enable(options: EnableSearchOptions = {}): Promise<SearchStatus> {
