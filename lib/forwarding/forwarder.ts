@@ -193,6 +193,9 @@ class DestinationLane {
   private gathered: Tally = { done: 0, failed: 0 };
   private tallying: Promise<void> = Promise.resolve();
   private next: Promise<void> | undefined;
+  // The pause read after a transform (pausedNow): the one on its way, and the one queued to start after it.
+  private pauseRead: Promise<boolean> | undefined;
+  private pauseReadNext: Promise<boolean> | undefined;
 
   constructor(parts: DestinationLaneParts) {
     this.p = parts;
@@ -369,6 +372,31 @@ class DestinationLane {
     return span.run(() => this.attempt(lease, signal, span));
   };
 
+  // pausedNow reads the destination's pause in a read that starts after it is called: the forwards whose
+  // transforms return while one is on its way share the next, so a wave of them costs a read or two, not one
+  // each (a read that started earlier could miss a pause committed since).
+  private pausedNow(): Promise<boolean> {
+    if (this.pauseReadNext) return this.pauseReadNext;
+    if (!this.pauseRead) return this.readPause();
+    this.pauseReadNext = this.pauseRead
+      .catch(() => {})
+      .then(() => {
+        this.pauseReadNext = undefined;
+        return this.readPause();
+      });
+    return this.pauseReadNext;
+  }
+
+  private readPause(): Promise<boolean> {
+    const read = this.p.options.inbox.permit(this.name, 1).then((permit) => permit.paused);
+    this.pauseRead = read;
+    const clear = () => {
+      if (this.pauseRead === read) this.pauseRead = undefined;
+    };
+    read.then(clear, clear);
+    return read;
+  }
+
   // attempt transforms the delivery and sends it, and says what that came to; it writes nothing.
   private async attempt(lease: Lease, signal: AbortSignal, span: Process): Promise<Forwarded> {
     // The destination joins the trace as this try's child: the span's traceparent, else the stored one.
@@ -393,8 +421,7 @@ class DestinationLane {
     const transformFailed = answer !== undefined;
     // The wave's permit said the destination was not paused before the transform ran, which may take up to
     // its timeout: a pause committed meanwhile must still stop the send, so the lease goes back unsent.
-    if (setting && shaped !== null && !transformFailed && (await this.p.options.inbox.permit(this.name, 1)).paused)
-      return { kind: "released" };
+    if (setting && shaped !== null && !transformFailed && (await this.pausedNow())) return { kind: "released" };
     if (answer === undefined && shaped === null) {
       // The transform said this destination does not take this delivery: done, nothing sent.
       answer = { kind: "done" };
