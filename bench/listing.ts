@@ -19,7 +19,7 @@ import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { sha256 } from "../lib/rows.ts";
-import { filterSql, listColumns } from "../lib/sql.ts";
+import { filterSql, searchSql } from "../lib/sql.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Cursor, Filter, Inbox } from "../lib/store.ts";
 import { f, flushFill, knob, tempDir } from "./common.ts";
@@ -228,14 +228,16 @@ async function timeKind(inbox: Inbox, kind: Kind, from: number, t0: number, warm
 // plan is the backend's plan for a kind's first variant, one line per step, as search() words its query.
 async function plan(inbox: Inbox, kind: Kind, t0: number): Promise<string> {
   const { filter, after } = kind.variant(0, t0);
-  const { where, params } = filterSql(filter, inbox.backend);
-  const cursor = after ? "AND (received_at, source, id, route) < (?, ?, ?, ?)" : "";
-  const cursorParams = after ? [after.receivedAt, after.source, after.id, -1] : [];
-  const sql = `SELECT ${listColumns(inbox.backend)} FROM deliveries WHERE ${where} ${cursor} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT 50`;
+  // search()'s own statement (lib/sql.ts), as it runs for this kind's first variant.
+  const { sql, params } = searchSql(inbox.backend, filterSql(filter, inbox.backend), {
+    ...(after ? { after } : {}),
+    limit: 50,
+    bodies: false,
+  });
   const rows =
     inbox.backend === "postgres"
-      ? await inbox.query(toPg(`EXPLAIN (COSTS OFF) ${sql}`), ...params, ...cursorParams)
-      : await inbox.query(`EXPLAIN QUERY PLAN ${sql}`, ...params, ...cursorParams);
+      ? await inbox.query(toPg(`EXPLAIN (COSTS OFF) ${sql}`), ...params)
+      : await inbox.query(`EXPLAIN QUERY PLAN ${sql}`, ...params);
   return rows.map((r) => `      ${String(r["QUERY PLAN"] ?? r.detail)}`).join("\n");
 }
 

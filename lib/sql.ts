@@ -1,10 +1,11 @@
 // sql.ts: the SQL both backends run word for word, kept once so the two cannot drift apart in what a filter
 // matches or a held key is: a Filter as a WHERE condition (filterSql(), in each dialect), the ordering's
-// status queries (ORDERING_SQL), a try kept in the attempt log (ATTEMPT_SQL), and a list's columns (listColumns()). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
+// status queries (ORDERING_SQL), a try kept in the attempt log (ATTEMPT_SQL), and search()'s statement
+// (searchSql(), with a list's columns, listColumns()). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
 import { bodySearchSql } from "./search.ts";
-import { STATUSES, type Backend, type Filter, type SqlValue, type Try } from "./store.ts";
+import { STATUSES, type Backend, type Cursor, type Filter, type SqlValue, type Try } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
   status: "string",
@@ -30,6 +31,35 @@ export function listColumns(backend: Backend): string {
   return `source, id, ${body} AS body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts,
           available_at, leased_until, error, conflicts, finished_at, replays, purged_at, order_key, event_time, newer_id,
           destination, route, headers, traceparent, origin`;
+}
+
+/**
+ * searchSql is search()'s statement on either backend, with `?` parameters: the rows a filter's WHERE matches
+ * (filterSql()), newest first, a page after the cursor. On PostgreSQL the cursor's time is also spelled out on
+ * its own, so the received_at index bounds the scan.
+ */
+export function searchSql(
+  backend: Backend,
+  filter: { where: string; params: SqlValue[] },
+  page: { after?: Cursor; limit: number; bodies?: boolean },
+): { sql: string; params: SqlValue[] } {
+  const { after } = page;
+  const pg = backend === "postgres";
+  const cursor =
+    after === undefined
+      ? ""
+      : pg
+        ? "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)"
+        : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
+  const cursorParams =
+    after === undefined
+      ? []
+      : [...(pg ? [after.receivedAt] : []), after.receivedAt, after.source, after.id, after.route ?? -1];
+  return {
+    sql: `SELECT ${page.bodies === false ? listColumns(backend) : "*"} FROM deliveries WHERE ${filter.where} ${cursor}
+          ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ${pg ? "?::integer" : "?"}`,
+    params: [...filter.params, ...cursorParams, page.limit],
+  };
 }
 
 /** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */

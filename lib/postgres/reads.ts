@@ -36,7 +36,7 @@ import {
   toGauges,
   toKeptAttempt,
 } from "../rows.ts";
-import { DISTINCT_SOURCES, listColumns, ORDERING_SQL } from "../sql.ts";
+import { DISTINCT_SOURCES, ORDERING_SQL, searchSql } from "../sql.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
@@ -242,23 +242,11 @@ export class PostgresReads {
   }
 
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
-    const { where, params } = await filterSqlChecked(this.pool, filter);
-    const limit = searchPageLimit(page.limit);
-    // The first half of the cursor is spelled out on its own, so the received_at index bounds the scan.
-    const after =
-      page.after === undefined
-        ? ""
-        : "AND received_at <= ?::bigint AND (received_at, source, id, route) < (?::bigint, ?::text, ?::text, ?::smallint)";
-    const cursor =
-      page.after === undefined
-        ? []
-        : [page.after.receivedAt, page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
-    const { rows } = await this.pool.query(
-      toPg(
-        `SELECT ${page.bodies === false ? listColumns("postgres") : "*"} FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?::integer`,
-      ),
-      [...params, ...cursor, limit],
-    );
+    const { sql, params } = searchSql("postgres", await filterSqlChecked(this.pool, filter), {
+      ...page,
+      limit: searchPageLimit(page.limit),
+    });
+    const { rows } = await this.pool.query(toPg(sql), params);
     return rows.map(toDelivery);
   }
 

@@ -33,7 +33,7 @@ import {
   toDelivery,
   toKeptAttempt,
 } from "../rows.ts";
-import { listColumns, ORDERING_SQL } from "../sql.ts";
+import { ORDERING_SQL, searchSql } from "../sql.ts";
 
 import type { Statements } from "./order-keys.ts";
 
@@ -217,15 +217,11 @@ export class SqliteReads {
 
   /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
-    const { where, params } = filterSqlChecked(this.sql, filter);
-    const limit = searchPageLimit(page.limit);
-    const after = page.after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)";
-    const cursor =
-      page.after === undefined ? [] : [page.after.receivedAt, page.after.source, page.after.id, page.after.route ?? -1];
-    const rows = this.sql(
-      `SELECT ${page.bodies === false ? listColumns("sqlite") : "*"} FROM deliveries WHERE ${where} ${after} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT ?`,
-    ).all(...params, ...cursor, limit) as Row[];
-    return rows.map(toDelivery);
+    const { sql, params } = searchSql("sqlite", filterSqlChecked(this.sql, filter), {
+      ...page,
+      limit: searchPageLimit(page.limit),
+    });
+    return (this.sql(sql).all(...params) as Row[]).map(toDelivery);
   }
 
   /** count says how many deliveries match. */
