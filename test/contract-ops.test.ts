@@ -430,6 +430,35 @@ contract((suite) => {
     );
 
     suite.onPostgres(
+      "a restore into a day that a purge released makes that day again, in the same process",
+      async () => {
+        const from = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        suite.t -= 20 * DAY;
+        await handled(from, "old_1", big("old_1"));
+        await handled(from, "old_2", big("old_2"));
+        suite.t += 20 * DAY;
+        const [first, second] = await from.page(undefined, 10);
+        const to = await suite.another();
+        const day = periodOf(T0 - 20 * DAY);
+        // Which table holds a body: its day's partition, the default one, or none.
+        const held = async (id: string) =>
+          (await to.query("SELECT tableoid::regclass::text AS part FROM delivery_bodies WHERE id = ?", id))[0]?.part;
+        assert.equal(await to.restore([first!]), 1);
+        // The control: the first restore's body is in its day's partition, which this test tells apart.
+        assert.equal(await held("old_1"), day.name);
+        assert.equal((await to.purge()).bodies, 1);
+        assert.equal(await held("old_1"), undefined, "the day was released");
+        assert.equal(await to.restore([second!]), 1);
+        assert.equal(await held("old_2"), day.name, "made again, not left to the default partition");
+        const purged = await to.purge();
+        assert.equal(purged.bodies, 1);
+        const [{ made }] = (await to.query("SELECT to_regclass(?) IS NOT NULL AS made", day.name)) as [{ made: boolean }];
+        assert.equal(made, false, "and released whole again");
+      },
+    );
+
+    suite.onPostgres(
       "leaves a day whole when its release cannot have its lock in time, and drops it at the next purge",
       async () => {
         const inbox = await open();

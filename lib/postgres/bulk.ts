@@ -22,7 +22,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodOf, periodsBefore, releasePeriod } from "./periods.ts";
+import { makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -41,8 +41,6 @@ export class PostgresBulk {
   private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly committee: CommitQueue;
-  // The days whose partition of bodies a restore has made (or found made) in this process.
-  private readonly madeDays = new Set<string>();
 
   constructor(committee: CommitQueue) {
     this.committee = committee;
@@ -67,12 +65,17 @@ export class PostgresBulk {
     // them: into the default partition, a copy's or an import's months of bodies would be purged there row by
     // row, never released by the day, and each day made after would have to read them all (PostgreSQL checks
     // a new partition's range against the default partition's rows, under a lock every store waits behind).
+    // Which days exist is read at each call, not remembered: a purge, here or in another process, may have
+    // released a day since. One read of the catalogue a call, and a CREATE only for a day that is missing.
+    const days = new Map<string, number>();
     for (const d of deliveries) {
       if (d.body.length <= DEFAULTS.inlineBodyBytes) continue;
       const day = periodOf(d.receivedAt);
-      if (this.madeDays.has(day.name)) continue;
-      await makePeriods(this.pool, day.from, 0, DEFAULTS.periodLockMs);
-      this.madeDays.add(day.name);
+      days.set(day.name, day.from);
+    }
+    if (days.size > 0) {
+      const made = new Set(await periodsMade(this.pool));
+      for (const [name, from] of days) if (!made.has(name)) await makePeriods(this.pool, from, 0, DEFAULTS.periodLockMs);
     }
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
