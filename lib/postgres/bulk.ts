@@ -75,7 +75,8 @@ export class PostgresBulk {
     }
     if (days.size > 0) {
       const made = new Set(await periodsMade(this.pool));
-      for (const [name, from] of days) if (!made.has(name)) await makePeriods(this.pool, from, 0, DEFAULTS.periodLockMs);
+      for (const [name, from] of days)
+        if (!made.has(name)) await makePeriods(this.pool, from, 0, DEFAULTS.periodLockMs);
     }
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
