@@ -152,19 +152,22 @@ export class PostgresBulk {
 
   /**
    * restoreAttempts writes the tries in one statement, each route's in their seq order, into a route of the
-   * same delivery that had none when the statement began (its own rows are not yet visible to it); a route
-   * given in two calls gets the first call's tries alone.
+   * same delivery that had none when the statement began (its own rows are not yet visible to it), the newest
+   * kept of them alone (the target's attemptsKept, as its own tries' trim would leave them); a route given in
+   * two calls gets the first call's tries alone.
    */
-  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+  restoreAttempts(tries: readonly KeptAttempt[], kept: number): Promise<number> {
     const col = (f: (t: KeptAttempt) => unknown) => tries.map(f);
     return this.other(async (client) => {
       const { rowCount } = await client.query(
         `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
-         SELECT s, i, d, at, sa, ms, st, er, hd, bd
-           FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
-                       $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
-                AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)
-          WHERE EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
+         SELECT s, i, d, at, sa, ms, st, er, hd, bd FROM (
+           SELECT *, row_number() OVER (PARTITION BY s, i, d ORDER BY q DESC) AS newest
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
+                         $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+                  AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)) u
+          WHERE newest <= $14
+            AND EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
                            AND r.received_at = u.ra AND r.body_sha256 = u.h)
             AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = u.s AND a.id = u.i AND a.destination = u.d)
           ORDER BY s, i, d, q`,
@@ -182,6 +185,7 @@ export class PostgresBulk {
           col((t) => t.body),
           col((t) => t.receivedAt),
           col((t) => t.bodySha256),
+          kept,
         ],
       );
       return rowCount ?? 0;
