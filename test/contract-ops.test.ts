@@ -496,6 +496,7 @@ contract((suite) => {
       async () => {
         const inbox = await open();
         await handled(inbox, "day_1");
+        await handled(inbox, "day_big", { id: "day_big", pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
         const { default: pg } = await import("pg");
         const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
         await holder.connect();
@@ -507,8 +508,14 @@ contract((suite) => {
           await holder.query("BEGIN");
           await holder.query(`LOCK TABLE ${schema}.delivery_bodies IN ROW EXCLUSIVE MODE`);
           suite.t += 8 * DAY;
-          assert.equal((await inbox.purge()).bodies, 1, "the day's rows are tombstones all the same");
+          assert.equal((await inbox.purge()).bodies, 2, "the day's rows are tombstones all the same");
           assert.equal(await made(), true, "its partition waits for the next purge");
+          const [marked] = await inbox.find("day_big");
+          assert.deepEqual(
+            [marked!.purgedAt, marked!.body.length],
+            [suite.t, 0],
+            "a tombstone, whose body waits in the day's partition, reads as none",
+          );
         } finally {
           await holder.query("ROLLBACK").finally(() => holder.end());
         }
