@@ -277,7 +277,6 @@ export async function bodyProbes(
   const schema = new URL(url).searchParams.get("schema")!;
   const client = new pg.Client({ connectionString: url.replace(/[?&]schema=([^&]+)/, "") });
   await client.connect();
-  await client.query(`SET search_path = ${schema}`);
   const scans = async () =>
     (
       await client.query(
@@ -290,6 +289,8 @@ export async function bodyProbes(
     async probes(sql, id) {
       await client.query("BEGIN");
       try {
+        // In the transaction, as a PgBouncer in transaction mode may give the next one another server connection.
+        await client.query(`SET LOCAL search_path = ${schema}`);
         const before = await scans();
         const { rows } = await client.query(sql, [id]);
         if (rows.length !== 1) throw new Error(`bodyProbes: expected one row of ${id}, got ${rows.length}`);
