@@ -492,17 +492,27 @@ contract((suite) => {
     );
 
     suite.onPostgres(
-      "leaves a day whole when its release cannot have its lock in time, and drops it at the next purge",
+      "leaves a day whole when its release cannot have its lock in time, its tombstones' bodies none meanwhile, and drops it at the next purge",
       async () => {
         const inbox = await open();
         await handled(inbox, "day_1");
-        await handled(inbox, "day_big", { id: "day_big", pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        // Past inlineBodyBytes: kept apart. From reconcile, so that a copy is judged by its kept body's JSON.
+        const big = { id: "day_big", pad: "x".repeat(1_000) };
+        await inbox.store({ id: "day_big", body: body(big), origin: "reconcile" });
+        assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+        const pretty = Buffer.from(JSON.stringify(big, null, 2));
         const { default: pg } = await import("pg");
         const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
         await holder.connect();
         const schema = new URL(suite.target).searchParams.get("schema")!;
         const made = async () =>
           (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made as boolean;
+        const searched = async () => [
+          (await inbox.search({ bodyContains: "xxxx" })).map((d) => d.id),
+          await inbox.count({ bodyContains: "xxxx" }),
+        ];
+        assert.deepEqual(await searched(), [["day_big"], 1], "the control: a body search finds it while it is kept");
+        assert.equal(await inbox.store({ id: "day_big", body: pretty }), "duplicate", "as does a copy's JSON");
         try {
           // A transaction in flight on the bodies, as a store's would be, that does not end during the purge.
           await holder.query("BEGIN");
@@ -515,6 +525,12 @@ contract((suite) => {
             [marked!.purgedAt, marked!.body.length],
             [suite.t, 0],
             "a tombstone, whose body waits in the day's partition, reads as none",
+          );
+          assert.deepEqual(await searched(), [[], 0], "and a body search never matches it");
+          assert.equal(
+            await inbox.store({ id: "day_big", body: pretty }),
+            "conflict",
+            "nor a copy's JSON, its bytes other",
           );
         } finally {
           await holder.query("ROLLBACK").finally(() => holder.end());
