@@ -307,9 +307,10 @@ const SEARCH_KINDS: SearchKind[] = [
     variant: (k) => ({ filter: { bodyJson: JSON.stringify({ data: { object: { id: `ch_${stripeRow(k)}` } } }) } }),
   },
   {
+    // Every one of ~11,000 matches is read (and on SQLite rechecked): a tenth of the variants.
     name: "bodyJson a repository",
     goal: 50,
-    n: QUERIES,
+    n: Math.max(10, Math.floor(QUERIES / 10)),
     variant: (k) => ({
       filter: {
         bodyJson: JSON.stringify({ repository: { full_name: `acme/service-${Math.floor(pick(k) * REPOS)}` } }),
