@@ -500,6 +500,8 @@ async function indexedInBulk(inbox: Inbox): Promise<string[]> {
 async function timeSearches(target: string, db: string, inbox: Inbox, t0: number, cold: boolean): Promise<string[]> {
   const lines: string[] = [];
   for (const [i, kind] of SEARCH_KINDS.entries()) {
+    // BENCH_LISTING_SEARCH_ONLY=words times only the forms whose name holds it.
+    if (!kind.name.includes(process.env.BENCH_LISTING_SEARCH_ONLY ?? "")) continue;
     let coldMs: number[] | undefined;
     if (cold) {
       await inbox.close();
@@ -507,7 +509,9 @@ async function timeSearches(target: string, db: string, inbox: Inbox, t0: number
       inbox = await connect(db);
       coldMs = await timeKind(inbox, kind, (i + 1) * 100_000, t0, false, kind.n);
     }
-    const warmMs = await timeKind(inbox, kind, 0, t0, true, kind.n);
+    // From variant 1: variant 0 is row 0, whose charge ch_0 and customer cus_0 end in the token 0 that most bodies
+    // hold, which PostgreSQL plans as a scan of every indexed body (docs/performance.md#body-search-at-ten-million).
+    const warmMs = await timeKind(inbox, kind, 1, t0, true, kind.n);
     const line =
       `  ${target.padEnd(10)} ${kind.name.padEnd(30)} warm p50 ${f(quantile(warmMs, 0.5), 2).padStart(7)} p99 ${f(quantile(warmMs, 0.99), 2).padStart(7)} ms` +
       (coldMs
@@ -522,7 +526,7 @@ async function timeSearches(target: string, db: string, inbox: Inbox, t0: number
     const slowest = warmMs.indexOf(Math.max(...warmMs));
     if (warmMs[slowest]! > kind.goal) {
       console.log(`    the slowest warm variant (${f(warmMs[slowest]!, 1)} ms), again:`);
-      console.log(await plan(inbox, kind, t0, slowest, inbox.backend === "postgres"));
+      console.log(await plan(inbox, kind, t0, slowest + 1, inbox.backend === "postgres"));
     }
   }
   await inbox.close();
