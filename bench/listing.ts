@@ -12,7 +12,8 @@
 // BENCH_LISTING_SEARCH=1 adds body search (lib/search.ts) on the same inbox: the search index filled in bulk as
 // the fill ends (searchInBulk()), its time and size, then each search form timed warm and cold as the lists are,
 // beside issue 51's goals (JSON containment p99 ≤ 50 ms, words and substrings ≤ 200 ms), with its plan
-// (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out. BENCH_LISTING_KEEP=1
+// (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out;
+// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it. BENCH_LISTING_KEEP=1
 // keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run instead of filling.
 //   npm run bench -- listing
 //   BENCH_TEN_MILLION=1 npm run bench -- listing
