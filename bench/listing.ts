@@ -10,7 +10,7 @@
 // buffers is not emptied: a cold variant reads pages no query read before, which those buffers do not hold.
 // BENCH_LISTING_COLD=0 measures warm only (while another bench runs, whose cache it would empty).
 // BENCH_LISTING_SEARCH=1 adds body search (lib/search.ts) on the same inbox: the search index filled in bulk as
-// the fill ends (searchInBulk()), its time and size, then each search form timed warm and cold as the lists are,
+// the fill ends (searchInBulkSqlite(), searchAfterPgFill()), its time and size, then each search form timed warm and cold as the lists are,
 // beside issue 51's goals (JSON containment p99 ≤ 50 ms, words and substrings ≤ 200 ms), with its plan
 // (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out;
 // BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it. BENCH_LISTING_KEEP=1
