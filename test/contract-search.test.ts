@@ -456,13 +456,16 @@ contract((suite) => {
       assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
     });
 
-    suite.onPostgres("(control) the same search under the default bound answers, and leaves the session's setting", async () => {
-      const inbox = await suite.open();
-      await seedMany(inbox, 20_000);
-      const before = (await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout;
-      assert.deepEqual(await inbox.search(wide), []);
-      assert.equal(await inbox.count({ bodyContains: "abcdefgh", since: 0 }), 20_000);
-      assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
-    });
+    suite.onPostgres(
+      "(control) the same search under the default bound answers, and leaves the session's setting",
+      async () => {
+        const inbox = await suite.open();
+        await seedMany(inbox, 20_000);
+        const before = (await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout;
+        assert.deepEqual(await inbox.search(wide), []);
+        assert.equal(await inbox.count({ bodyContains: "abcdefgh", since: 0 }), 20_000);
+        assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
+      },
+    );
   });
 });

@@ -256,7 +256,11 @@ export class PostgresReads {
 
   async count(filter: Filter): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
-    const { rows } = await this.searchQuery(filter, toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
+    const { rows } = await this.searchQuery(
+      filter,
+      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`),
+      params,
+    );
     return Number(rows[0].n);
   }
 
