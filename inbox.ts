@@ -64,7 +64,7 @@ export async function cli(argv: string[]): Promise<void> {
   const keys = await import("./lib/cli/keys.ts");
   const secrets = await import("./lib/cli/secrets.ts");
   const search = await import("./lib/cli/search.ts");
-  const { SearchOff } = await import("./lib/search.ts");
+  const { SearchOff, SearchTooBroad } = await import("./lib/search.ts");
   const reconcile = await import("./lib/cli/reconcile.ts");
   const { speakTo, spokenAs } = await import("./lib/format.ts");
   const { DEFAULTS } = await import("./lib/defaults.ts");
@@ -149,7 +149,8 @@ Exit codes: 0 success, 1 not found or refused, 2 usage error.`,
         error instanceof UsageError ||
           error instanceof NotFound ||
           error instanceof Refused ||
-          error instanceof SearchOff
+          error instanceof SearchOff ||
+          error instanceof SearchTooBroad
           ? error.message
           : `inbox.ts: ${message(error)}`,
       ),

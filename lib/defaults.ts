@@ -199,6 +199,15 @@ export const DEFAULTS = {
    */
   bodyContainsWindowMs: 86_400_000,
   /**
+   * PostgreSQL: the longest a body search (bodyJson, bodyWords, bodyContains) of search() or count() may run
+   * before the server stops it (SET LOCAL statement_timeout) and it fails with SearchTooBroad. 10 s lets
+   * through every search measured as one an operator means at ten million (a needle of one match at most
+   * 152 ms cold; a repository's 33,000 pushes 2.5 s warm; a day of body contains 8.2 s warm) and stops a
+   * search whose every word is common, which scanned for minutes (docs/performance.md#body-search-at-ten-million).
+   * SQLite has no bound: node:sqlite cannot interrupt a statement. @default 10_000
+   */
+  searchTimeoutMs: 10_000,
+  /**
    * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
    * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
    */

@@ -24,6 +24,29 @@ export class SearchOff extends Error {
 }
 
 /**
+ * SearchTooBroad is a body search (bodyJson, bodyWords, bodyContains) that ran past its bound
+ * (DEFAULTS.searchTimeoutMs, or the inbox's searchTimeoutMs) and was stopped by the database: its words were
+ * too common, or its time range too wide, to answer without reading most bodies. The API answers it 422, the
+ * page prints its message, the CLI one line and exit 1. PostgreSQL only: node:sqlite cannot stop a statement.
+ */
+export class SearchTooBroad extends Error {
+  constructor(timeoutMs: number, options?: ErrorOptions) {
+    super(
+      `body search stopped after ${timeoutMs} ms: it matches or reads too many bodies; narrow it by time (since, until) or source, or look for a rarer word (bodyJson finds a value whole)`,
+      options,
+    );
+    this.name = "SearchTooBroad";
+  }
+}
+
+/** readsBodies says whether a filter reads bodies or the search index (bodyJson, bodyWords, bodyContains): the forms searchTimeoutMs bounds. */
+export const readsBodies = (filter: {
+  bodyJson?: string | undefined;
+  bodyWords?: string | undefined;
+  bodyContains?: string | undefined;
+}): boolean => searching(filter) || filter.bodyContains !== undefined;
+
+/**
  * indexAll runs an indexer (Inbox.indexSearch(), or a backend's own) a batch per transaction until a batch
  * comes back short, which says nothing is left, or until stopped says so: what a search form does before it
  * reads the index, and the worker's tick.

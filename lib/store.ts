@@ -446,6 +446,11 @@ export interface InboxOptions {
   now?: () => number;
   /** A number in [0, 1) for backoff jitter. @default Math.random */
   random?: () => number;
+  /**
+   * PostgreSQL: milliseconds a body search of search() or count() may run before it fails with SearchTooBroad
+   * (0: none; SQLite takes it and has no way to apply it). @default DEFAULTS.searchTimeoutMs
+   */
+  searchTimeoutMs?: number;
   /** @default DEFAULTS.busyTimeoutMs */
   busyTimeoutMs?: number;
   /** @default DEFAULTS.batchSize */

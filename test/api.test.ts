@@ -18,6 +18,8 @@ import { promisify } from "node:util";
 import { Validator } from "@seriousme/openapi-schema-validator";
 import createClient, { type Middleware } from "openapi-fetch";
 import { connect } from "../inbox.ts";
+import { createAdmin, listenAdmin } from "../lib/admin/server.ts";
+import { mintKey } from "../lib/api/keys.ts";
 import { IN_THE_CLEAR } from "../lib/api/config.ts";
 import { TEST_SOURCE, type Inbox } from "../lib/store.ts";
 import type { paths } from "./generated/api.ts";
@@ -1074,3 +1076,55 @@ for (const backend of BACKENDS) {
     });
   });
 }
+
+// A body search past its time bound (PostgreSQL's SET LOCAL statement_timeout): the page and the API run in this
+// process over an inbox opened with a bound of 1 ms, which no scan of 20,000 bodies of 2 KB can meet.
+const POSTGRES = BACKENDS.find((b) => b.name === "postgres")!;
+describe("the API's body search bound on postgres", { skip: POSTGRES.skip }, () => {
+  const run = async (searchTimeoutMs: number | undefined, check: (url: string, key: string) => Promise<void>) => {
+    const { target, cleanup } = await POSTGRES.make();
+    const inbox = await connect(target, searchTimeoutMs === undefined ? {} : { searchTimeoutMs });
+    const admin = createAdmin({ inbox, audit: () => {} });
+    try {
+      await inbox.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at)
+         SELECT 'stripe', 'evt_' || g, convert_to('{"id":"evt_' || g || '","pad":"' || repeat('abcdefgh ', 220) || '"}', 'UTF8'),
+                'x', ?, 'received', ?
+         FROM generate_series(1, 20000) AS g`,
+        Date.now(),
+        Date.now(),
+      );
+      const { key, row } = mintKey({ scope: "read", name: "bound", now: Date.now() });
+      await inbox.addApiKey(row);
+      await check(await listenAdmin(admin, { host: "127.0.0.1", port: 0 }), key);
+    } finally {
+      admin.server.close();
+      await inbox.close();
+      await cleanup();
+    }
+  };
+  const wide = "body=no+such+text&since=2000-01-01";
+
+  it("answers a body search stopped at its bound 422 problem+json saying to narrow it; the page says the same", async () => {
+    await run(1, async (url, key) => {
+      const answer = await fetch(`${url}/api/v1/deliveries?${wide}`, { headers: { authorization: `Bearer ${key}` } });
+      assert.equal(answer.status, 422);
+      assert.equal(answer.headers.get("content-type"), "application/problem+json");
+      const problem = (await answer.json()) as { status: number; title: string; detail: string };
+      assert.equal(problem.status, 422);
+      assert.equal(problem.title, "Unprocessable Content");
+      assert.match(problem.detail, /^body search stopped after 1 ms: .*narrow it by time \(since, until\) or source/);
+      const page = await fetch(`${url}/deliveries?q=no+such+text&since=2000-01-01`);
+      assert.equal(page.status, 422);
+      assert.match(await page.text(), /<p>body search stopped after 1 ms: [^<]*narrow it by time/);
+    });
+  });
+
+  it("(control) answers the same search 200 under the default bound", async () => {
+    await run(undefined, async (url, key) => {
+      const answer = await fetch(`${url}/api/v1/deliveries?${wide}`, { headers: { authorization: `Bearer ${key}` } });
+      assert.equal(answer.status, 200);
+      assert.deepEqual(((await answer.json()) as { items: unknown[] }).items, []);
+    });
+  });
+});

@@ -6,14 +6,15 @@
 // enableSearch() indexes the rows stored before in batches, and carries on after an interruption; disableSearch()
 // empties it. On, it is kept after the ack: a store writes nothing to it, indexSearch() (the worker's tick) and a
 // search's own catch-up index what was stored since, a body dropped before it was indexed is never found, and on
-// PostgreSQL a store that commits after a later one is not skipped.
+// PostgreSQL a store that commits after a later one is not skipped. On PostgreSQL a body search that runs past
+// its bound (searchTimeoutMs) fails with SearchTooBroad, and leaves the session's statement_timeout as it was.
 //   npx node --test test/contract-search.test.ts
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
-import { SearchOff } from "../lib/search.ts";
+import { SearchOff, SearchTooBroad } from "../lib/search.ts";
 import type { Delivery, Filter, Inbox, InboxOptions } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { body, contract, LEASE } from "./contract-harness.ts";
@@ -420,6 +421,50 @@ contract((suite) => {
           await early.query("ROLLBACK").catch(() => {});
           await early.end();
         }
+      },
+    );
+  });
+
+  describe("a body search's time bound", () => {
+    // seedMany stores n deliveries of about 2 KB each in one statement, so that reading every body takes the
+    // server far longer than a millisecond: a bound of 1 ms cannot be met by a scan of them.
+    const seedMany = async (inbox: Inbox, n: number) => {
+      await inbox.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at)
+         SELECT 'stripe', 'evt_' || g, convert_to('{"id":"evt_' || g || '","pad":"' || repeat('abcdefgh ', 220) || '"}', 'UTF8'),
+                'x', ?, 'received', ?
+         FROM generate_series(1, ?) AS g`,
+        suite.t,
+        suite.t,
+        n,
+      );
+    };
+    const wide: Filter = { bodyContains: "no such text", since: 0 };
+
+    suite.onPostgres("a body search past its bound fails with SearchTooBroad, search() and count() alike", async () => {
+      const inbox = await suite.open({ searchTimeoutMs: 1 });
+      await seedMany(inbox, 20_000);
+      const before = (await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout;
+      await assert.rejects(
+        inbox.search(wide),
+        (e: Error) => e instanceof SearchTooBroad && /narrow it by time/.test(e.message),
+      );
+      await assert.rejects(inbox.count(wide), SearchTooBroad);
+      // A search that reads no body is not bounded: the same inbox lists by source.
+      assert.equal((await inbox.search({ source: "stripe" }, { limit: 1 })).length, 1);
+      // SET LOCAL ended with the search's transaction: the session's setting is as it was.
+      assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
+    });
+
+    suite.onPostgres(
+      "(control) the same search under the default bound answers, and leaves the session's setting",
+      async () => {
+        const inbox = await suite.open();
+        await seedMany(inbox, 20_000);
+        const before = (await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout;
+        assert.deepEqual(await inbox.search(wide), []);
+        assert.equal(await inbox.count({ bodyContains: "abcdefgh", since: 0 }), 20_000);
+        assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
       },
     );
   });

@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { redactor, type Secret } from "../redact.ts";
-import { SearchOff } from "../search.ts";
+import { SearchOff, SearchTooBroad } from "../search.ts";
 import type { Audit, Delivery, Inbox } from "../store.ts";
 import {
   type Announce,
@@ -165,7 +165,15 @@ export function createAdmin(options: AdminOptions): Admin {
   const server = createServer((req, res) => {
     handle(p, req, res).catch((error: unknown) => {
       // A search form on an inbox whose index is off: the page says so, naming the command that turns it on.
-      const status = error instanceof HttpError ? error.status : error instanceof SearchOff ? 409 : 500;
+      // A body search stopped at its bound (SearchTooBroad): the page says to narrow it, as the API's 422 does.
+      const status =
+        error instanceof HttpError
+          ? error.status
+          : error instanceof SearchOff
+            ? 409
+            : error instanceof SearchTooBroad
+              ? 422
+              : 500;
       if (status === 500) console.error(`admin: ${req.method} ${req.url}: ${message(error)}`);
       if (!res.headersSent)
         send(

@@ -14,7 +14,7 @@ const TITLES: Record<number, string> = {
   409: "It conflicts with the inbox as it is: another configuration was applied since the version named, deliveries wait for a destination the change removes (listed in waiting), a route still names the destination to remove, or there is no configuration to preview against",
   413: "The body is past 64 KiB",
   415: "The body is not JSON (Content-Type: application/json)",
-  422: "The Idempotency-Key was used before with a different request",
+  422: "A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source",
 };
 
 // answered are the problems the API's routing answers for an operation before it runs, beside its own: a

@@ -569,8 +569,9 @@ export const OPERATIONS = [
     query: ListQuery,
     status: 200,
     answer: DeliveryPage,
-    // bodyJson or bodyWords on an inbox whose search index is off (inbox.ts search enable).
-    problems: [409],
+    // bodyJson or bodyWords on an inbox whose search index is off (inbox.ts search enable); a body search
+    // stopped at its time bound (SearchTooBroad, DEFAULTS.searchTimeoutMs).
+    problems: [409, 422],
   },
   {
     operationId: "getDelivery",

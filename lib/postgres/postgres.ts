@@ -139,7 +139,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     checkOptions(options);
     super(url, options);
     this.pinned = options.now;
-    this.reads = new PostgresReads(this.pool, options.now);
+    this.reads = new PostgresReads(this.pool, options.now, options.searchTimeoutMs);
     this.bulk = new PostgresBulk({
       pool: this.pool,
       pinned: options.now,

@@ -3,6 +3,7 @@
 // postgres.ts. PostgresInbox holds a PostgresReads and hands it these calls. Reads go straight to the pool,
 // outside the commit queue of postgres/commit.ts: they lock nothing and wait for no batch.
 
+import type pg from "pg";
 import { filterSqlChecked } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg } from "./commit.ts";
@@ -37,6 +38,7 @@ import {
   toKeptAttempt,
 } from "../rows.ts";
 import { DISTINCT_SOURCES, ORDERING_SQL, searchSql } from "../sql.ts";
+import { readsBodies, SearchTooBroad } from "../search.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
@@ -49,10 +51,12 @@ const ESTIMATE_ABOVE_ROWS = 200_000;
 export class PostgresReads {
   private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
+  private readonly searchTimeoutMs: number;
 
-  constructor(pool: Pool, pinned: (() => number) | undefined) {
+  constructor(pool: Pool, pinned: (() => number) | undefined, searchTimeoutMs: number = DEFAULTS.searchTimeoutMs) {
     this.pool = pool;
     this.pinned = pinned;
+    this.searchTimeoutMs = searchTimeoutMs;
   }
 
   private now(): number | null {
@@ -246,14 +250,45 @@ export class PostgresReads {
       ...page,
       limit: searchPageLimit(page.limit),
     });
-    const { rows } = await this.pool.query(toPg(sql), params);
+    const { rows } = await this.searchQuery(filter, toPg(sql), params);
     return rows.map(toDelivery);
   }
 
   async count(filter: Filter): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
-    const { rows } = await this.pool.query(toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`), params);
+    const { rows } = await this.searchQuery(
+      filter,
+      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`),
+      params,
+    );
     return Number(rows[0].n);
+  }
+
+  /**
+   * searchQuery runs a search's statement; one that reads bodies or the search index runs in a transaction of
+   * its own under SET LOCAL statement_timeout, so that a search whose words are all common, or whose range is
+   * wide, is stopped by the server rather than scanning for minutes. SET LOCAL ends with the transaction: the
+   * session's own setting, and the next borrower's behind PgBouncer in transaction mode, are never touched.
+   */
+  private async searchQuery(filter: Filter, sql: string, params: SqlValue[]): Promise<pg.QueryResult> {
+    if (!readsBodies(filter) || this.searchTimeoutMs === 0) return this.pool.query(sql, params);
+    const client = await this.pool.transaction();
+    const since = performance.now();
+    try {
+      await client.query("SELECT set_config('statement_timeout', $1, true)", [String(this.searchTimeoutMs)]);
+      const result = await client.query(sql, params);
+      // A read: nothing to keep, and a ROLLBACK cannot meet a standby's wait as a COMMIT can.
+      await client.query("ROLLBACK");
+      client.release();
+      return result;
+    } catch (error) {
+      client.release(error instanceof Error ? error : new Error(String(error)));
+      // 57014 is also pg_cancel_backend's: only a cancel that came once the bound had passed is the bound's.
+      const code = (error as { code?: unknown }).code;
+      if (code === "57014" && performance.now() - since >= this.searchTimeoutMs)
+        throw new SearchTooBroad(this.searchTimeoutMs, { cause: error });
+      throw error;
+    }
   }
 
   async kept(): Promise<Kept> {

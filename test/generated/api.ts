@@ -451,6 +451,12 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
+      422: {
+        content: {
+          "application/problem+json": components["schemas"]["Problem"];
+        };
+      };
     };
   };
   /** Show one delivery: every destination's row, and its body */
@@ -678,7 +684,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -754,7 +760,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -842,7 +848,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -987,7 +993,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1060,7 +1066,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1135,7 +1141,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -1704,7 +1710,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -2010,7 +2016,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
@@ -2083,7 +2089,7 @@ export interface operations {
           "application/problem+json": components["schemas"]["Problem"];
         };
       };
-      /** @description The Idempotency-Key was used before with a different request */
+      /** @description A POST: the Idempotency-Key was used before with a different request. A list: a body search (bodyJson, bodyWords, body) ran past its time bound; narrow it by time or source */
       422: {
         content: {
           "application/problem+json": components["schemas"]["Problem"];
