@@ -11,6 +11,7 @@ import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
@@ -376,9 +377,14 @@ contract((suite) => {
       "releases a whole day of bodies by dropping its partition; its IDs stay duplicates, its failed body stays",
       async () => {
         const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
         await handled(inbox, "day_1");
         await handled(inbox, "day_2");
+        // Bodies in the day's partition: their bytes are counted as the partition goes, not as the rows are marked.
+        await handled(inbox, "day_3", big("day_3"));
         await inbox.store({ id: "day_bad", body: body({}) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await inbox.store({ id: "day_bad_big", body: body(big("day_bad_big")) });
         await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
         const partitions = async () =>
           (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made ? 1 : 0;
@@ -390,16 +396,79 @@ contract((suite) => {
         const purged = await inbox.purge();
         assert.deepEqual(
           [purged.bodies, purged.bytes],
-          [2, body({ id: "day_1" }).length + body({ id: "day_2" }).length],
+          [3, body({ id: "day_1" }).length + body({ id: "day_2" }).length + body(big("day_3")).length],
+          "the kept failed body's bytes are not counted",
         );
         assert.equal(await partitions(), 0, "the day's partition was dropped");
         const [gone] = await inbox.find("day_1");
         assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t]);
         assert.deepEqual((await inbox.find("day_bad"))[0]!.body, body({}), "a failed body of that day was kept");
+        assert.deepEqual((await inbox.find("day_bad_big"))[0]!.body, body(big("day_bad_big")), "apart too");
+        assert.deepEqual((await inbox.find("day_3"))[0]!.body.length, 0);
         assert.equal(await inbox.store({ id: "day_1", body: body({ id: "day_1" }) }), "duplicate");
         assert.equal(await inbox.store({ id: "day_2", body: body({ id: "forged" }) }), "conflict");
         assert.equal(await inbox.retry({ id: "day_bad" }), 1, "and it can still be retried, its body read back");
         assert.deepEqual((await inbox.claim(LEASE))!.body, body({}));
+      },
+    );
+
+    suite.onPostgres(
+      "a purge that meets a row a writer holds gives way and tries again, rather than deadlocking with it",
+      async () => {
+        const inbox = await open();
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        // Two done deliveries of a day past the cutoff, the second received first, so that a purge's batch
+        // takes it and then waits for the first, which a writer holds; the writer then wants the second.
+        const race = async (held: string, wanted: string) => {
+          await handled(inbox, wanted);
+          suite.t += 1_000;
+          await handled(inbox, held);
+          suite.t += 8 * DAY;
+          const writer = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await writer.connect();
+          const conflict = (id: string) =>
+            writer.query(`UPDATE ${schema}.delivery_rows SET conflicts = conflicts + 1 WHERE id = $1`, [id]).then(
+              () => "wrote",
+              (error: { code?: string }) => error.code,
+            );
+          try {
+            await writer.query("BEGIN");
+            await conflict(held);
+            const purging = inbox.purge().catch((error: { code?: string }) => error.code ?? String(error));
+            for (;;) {
+              const [{ n }] = (await inbox.query(
+                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%'",
+              )) as [{ n: number }];
+              if (n > 0) break;
+              await new Promise((resolve) => setTimeout(resolve, 5));
+            }
+            const wrote = await conflict(wanted);
+            await writer.query(wrote === "wrote" ? "COMMIT" : "ROLLBACK");
+            return { wrote, purged: await purging };
+          } finally {
+            await writer.end();
+          }
+        };
+        const given = await race("hold_a", "hold_b");
+        assert.equal(given.wrote, "wrote");
+        assert.equal((given.purged as { bodies: number }).bodies, 2, "both, a once the writer let go of it");
+        const [a] = await inbox.find("hold_a");
+        assert.deepEqual([a!.purgedAt, a!.conflicts], [suite.t, 1]);
+        // (control) a purge that waits as long as PostgreSQL's deadlock_timeout (1 s) is part of a deadlock,
+        // and PostgreSQL ends one side of it: here the purge, which waited first and so looks first.
+        const defaults = DEFAULTS as { periodLockMs: number };
+        const bound = defaults.periodLockMs;
+        defaults.periodLockMs = 5_000;
+        try {
+          const raced = await race("hold_c", "hold_d");
+          assert.ok(
+            raced.wrote === "40P01" || /deadlock detected/.test(String(raced.purged)),
+            `one side ended: ${JSON.stringify(raced)}`,
+          );
+        } finally {
+          defaults.periodLockMs = bound;
+        }
       },
     );
 

@@ -72,10 +72,14 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
 /**
  * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
- * partition. It returns how many bodies it kept. The DETACH locks delivery_bodies for the transaction's few
+ * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks delivery_bodies for the transaction's few
  * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
  */
-export async function releasePeriod(client: pg.PoolClient, period: Period, lockMs: number): Promise<number> {
+export async function releasePeriod(
+  client: pg.PoolClient,
+  period: Period,
+  lockMs: number,
+): Promise<{ kept: number; bytes: number }> {
   // Bounded, so that a lock queued behind a long transaction never holds up the stores queued behind it:
   // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
   const bounded = (sql: string) =>
@@ -94,10 +98,16 @@ export async function releasePeriod(client: pg.PoolClient, period: Period, lockM
        JOIN delivery_rows r ON r.source = b.source AND r.id = b.id AND r.route = b.route
       WHERE r.purged_at IS NULL`,
   );
+  // The bytes a purge reports are the bodies' own, as when it deletes them one by one; the day's tombstones
+  // were marked without reading them.
+  const { rows } = await client.query(
+    `SELECT (SELECT coalesce(sum(octet_length(body)), 0) FROM ${period.name})
+          - (SELECT coalesce(sum(octet_length(body)), 0) FROM kept_bodies) AS bytes`,
+  );
   await bounded(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
   const kept = await client.query(
     "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT source, id, route, received_at, body FROM kept_bodies",
   );
   await client.query(`DROP TABLE ${period.name}`);
-  return kept.rowCount ?? 0;
+  return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
 }
