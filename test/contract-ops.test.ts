@@ -386,6 +386,8 @@ contract((suite) => {
         await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
         await inbox.store({ id: "day_bad_big", body: body(big("day_bad_big")) });
         await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await inbox.store({ id: "day_later", body: body(big("day_later")) }); // still to do, a retry ahead
+        await inbox.fail((await inbox.claim(LEASE))!, "not yet");
         const partitions = async () =>
           (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made ? 1 : 0;
         assert.equal(await partitions(), 1, "opening the inbox made the day's partition");
@@ -404,11 +406,13 @@ contract((suite) => {
         assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t]);
         assert.deepEqual((await inbox.find("day_bad"))[0]!.body, body({}), "a failed body of that day was kept");
         assert.deepEqual((await inbox.find("day_bad_big"))[0]!.body, body(big("day_bad_big")), "apart too");
+        assert.deepEqual((await inbox.find("day_later"))[0]!.body, body(big("day_later")), "and one still to do");
         assert.deepEqual((await inbox.find("day_3"))[0]!.body.length, 0);
         assert.equal(await inbox.store({ id: "day_1", body: body({ id: "day_1" }) }), "duplicate");
         assert.equal(await inbox.store({ id: "day_2", body: body({ id: "forged" }) }), "conflict");
         assert.equal(await inbox.retry({ id: "day_bad" }), 1, "and it can still be retried, its body read back");
-        assert.deepEqual((await inbox.claim(LEASE))!.body, body({}));
+        const claimed = [(await inbox.claim(LEASE))!, (await inbox.claim(LEASE))!];
+        assert.deepEqual(claimed.find((lease) => lease.id === "day_bad")!.body, body({}));
       },
     );
 

@@ -72,8 +72,9 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
 /**
  * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
- * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks delivery_bodies for the transaction's few
- * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
+ * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks
+ * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
+ * row; it waits lockMs at most for that lock.
  */
 export async function releasePeriod(
   client: pg.PoolClient,
@@ -92,11 +93,19 @@ export async function releasePeriod(
   // is held for a copy of those few bodies and a DROP, not for a scan of the whole day: that scan under the
   // lock was the acks' worst window while a day was released (docs/operations.md#retention-by-period).
   await bounded(`LOCK TABLE ${period.name} IN SHARE MODE`);
+  // The rows that keep their bodies are found by the partial indexes of the rows with work left
+  // (deliveries_open) and of the done ones not yet tombstones (deliveries_kept), each bounded by the day: a
+  // few rows, where a join from the partition probed delivery_rows once for each of the day's bodies.
   await client.query(
     `CREATE TEMP TABLE kept_bodies ON COMMIT DROP AS
      SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b
-       JOIN delivery_rows r ON r.source = b.source AND r.id = b.id AND r.route = b.route
-      WHERE r.purged_at IS NULL`,
+      WHERE (b.source, b.id, b.route, b.received_at) IN (
+        SELECT source, id, route, received_at FROM delivery_rows
+         WHERE status IN ('received', 'processing', 'failed') AND purged_at IS NULL AND received_at >= $1 AND received_at < $2
+        UNION ALL
+        SELECT source, id, route, received_at FROM delivery_rows
+         WHERE status = 'done' AND purged_at IS NULL AND received_at >= $1 AND received_at < $2)`,
+    [period.from, period.until],
   );
   // The bytes a purge reports are the bodies' own, as when it deletes them one by one; the day's tombstones
   // were marked without reading them.
