@@ -373,6 +373,28 @@ contract((suite) => {
       );
     });
 
+    it("purges and forgets past one batch, each batch going on from the last, rows of one millisecond included", async () => {
+      const inbox = await open();
+      // Seven done deliveries, five of them received in the same millisecond, across a day's boundary.
+      for (const [i, step] of [0, 0, 0, 0, 0, 1_000, DAY].entries()) {
+        suite.t += step;
+        await handled(inbox, `many_${i}`);
+      }
+      suite.t += 8 * DAY + 2 * DAY;
+      // Batches of 2: a purge that stopped after one, or went on from past the last one's time rather than
+      // from it (passing over the rest of that millisecond), would leave some.
+      const purged = await inbox.purge({ batch: 2, rest: 0 });
+      assert.equal(purged.bodies, 7);
+      const rows = await inbox.search({}, { limit: 20 });
+      assert.deepEqual(
+        rows.filter((d) => d.id.startsWith("many_")).map((d) => d.purgedAt !== null),
+        Array(7).fill(true),
+      );
+      suite.t += 30 * DAY;
+      assert.equal((await inbox.purge({ batch: 2, rest: 0 })).forgotten, 7);
+      assert.equal((await inbox.find("many_4")).length, 0);
+    });
+
     suite.onPostgres(
       "releases a whole day of bodies by dropping its partition; its IDs stay duplicates, its failed body stays",
       async () => {
