@@ -191,14 +191,19 @@ async function fill(inbox: Inbox, from: number, to: number): Promise<number> {
 const EXTRA = Math.max(2_000, Math.min(20_000, Math.floor(ROWS / 10)));
 
 // UNMIGRATE takes an inbox back to the schema before search, so that opening it again runs the migrations over
-// the rows already there, as an upgrade would: the bench times that open, then enableSearch()'s backfill.
+// the rows already there, as an upgrade would: the bench times that open, then enableSearch()'s backfill. Search's
+// migration is found by what it makes, so that one added after it (which the open runs again) moves nothing.
+const SEARCH = {
+  sqlite: SQLITE_MIGRATIONS.findIndex((m) => m.includes("CREATE VIRTUAL TABLE deliveries_search")),
+  postgres: PG_MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE deliveries_search")),
+};
 const UNMIGRATE = {
   sqlite: [
     "DROP TRIGGER IF EXISTS deliveries_search_update",
     "DROP TRIGGER IF EXISTS deliveries_search_delete",
     "DROP TABLE deliveries_search",
     "DROP TABLE search_state",
-    `PRAGMA user_version = ${SQLITE_MIGRATIONS.length - 2}`,
+    `PRAGMA user_version = ${SEARCH.sqlite}`,
   ],
   postgres: [
     "DROP TABLE deliveries_search",
@@ -208,7 +213,7 @@ const UNMIGRATE = {
     "DROP FUNCTION inbox_search_forget() CASCADE",
     "DROP FUNCTION inbox_search_sync() CASCADE",
     "DROP FUNCTION inbox_search_json(bytea)",
-    `DELETE FROM inbox_migrations WHERE version >= ${PG_MIGRATIONS.length - 1}`,
+    `DELETE FROM inbox_migrations WHERE version > ${SEARCH.postgres}`,
   ],
 };
 

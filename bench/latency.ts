@@ -23,6 +23,8 @@ export interface Paced {
   max: number;
   /** CPU this process spent sending and timing, per request, in µs. */
   generatorUs: number;
+  /** Every request's latency, sorted, for a percentile over several runs together. */
+  latencies: Float64Array;
 }
 
 const BODY_BYTES = Buffer.byteLength(BODY);
@@ -134,6 +136,7 @@ export async function paced(url: string, rate: number, seconds: number): Promise
     p999: percentile(latencies, 0.999),
     max: latencies[latencies.length - 1] ?? NaN,
     generatorUs: (cpu.user + cpu.system) / Math.max(1, total),
+    latencies,
   };
 }
 

@@ -143,12 +143,17 @@ export const DEFAULTS = {
   forgetAfterMs: 30 * 86_400_000,
   /**
    * Deliveries purge changes per transaction, so no ack waits long behind it: 100, not 500, as the
-   * 500-row batches' commits (2 MB of WAL each) raised the ack p99 in bench/purge.ts. @default 100
+   * 500-row batches' commits (2 MB of WAL each) raised the ack p99 in bench/purge.ts. A batch of 100 holds
+   * SQLite's write lock 2.5 ms at the median (inbox.ts purge commits it without an fsync in the lock).
+   * @default 100
    */
   purgeBatch: 100,
   /**
    * After each batch, purge rests this many times as long as the batch took, leaving the write lock and
-   * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). @default 1
+   * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). On SQLite a day of a
+   * million took 241–318 s at ×1, half of it resting, and the median window's ack p99 was still ×1.76 of
+   * none with the machine quiet: the purge's CPU and writes, not the lock (docs/operations.md#retention-by-period).
+   * @default 1
    */
   purgeRest: 1,
   /**
@@ -171,8 +176,13 @@ export const DEFAULTS = {
   periodLockMs: 100,
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
-  /** Free pages SQLite's incremental vacuum gives back to the file system per transaction (4 MB at 4 KB). @default 1_000 */
-  vacuumStepPages: 1_000,
+  /**
+   * Free pages SQLite's incremental vacuum gives back to the file system per transaction (400 KB at 4 KB): 100,
+   * not 1000, as a step that moves live pages from the file's end into the holes holds the write lock about
+   * 40 µs a page, and the 1000-page steps held it up to 170 ms, each one an ack's stall (bench/purge.ts).
+   * @default 100
+   */
+  vacuumStepPages: 100,
   /** Minutes between two purges of a worker started with --purge-every and no number. @default 60 */
   purgeEveryMinutes: 60,
   /** Deliveries search() returns when no limit is given. @default 50 */

@@ -568,9 +568,10 @@ export interface Inbox {
   attemptPage(after: AttemptCursor | undefined, limit: number): Promise<KeptAttempt[]>;
   /**
    * restoreAttempts writes tries as they are (from attemptPage() of another inbox), in their seq order, so the
-   * oldest are still the first to go. A route's tries are written only into the same delivery (its receivedAt
-   * and bodySha256) and only while it has none of its own: run again, it writes nothing, and a delivery that
-   * restore() skipped for another of the same ID keeps its own tries alone. Returns how many it wrote.
+   * oldest are still the first to go, and of each route no more than this inbox keeps (InboxOptions.attemptsKept),
+   * the newest. A route's tries are written only into the same delivery (its receivedAt and bodySha256) and only
+   * while it has none of its own: run again, it writes nothing, and a delivery that restore() skipped for another
+   * of the same ID keeps its own tries alone. Returns how many it wrote.
    */
   restoreAttempts(tries: readonly KeptAttempt[]): Promise<number>;
   /**

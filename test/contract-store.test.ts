@@ -4,6 +4,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { DEFAULTS } from "../lib/defaults.ts";
 import { sha256 } from "../lib/rows.ts";
 import { body, contract, T0 } from "./contract-harness.ts";
 
@@ -81,50 +82,57 @@ contract((suite) => {
       );
     });
 
-    it("judges a copy of a reconciled delivery by its parsed JSON: the webhook's other bytes are a duplicate, the kept bytes stay", async () => {
-      const inbox = await open();
-      const event = {
-        id: "evt_1",
-        object: "event",
-        type: "invoice.paid",
-        data: { object: { id: "in_1", amount_paid: 500 } },
-      };
-      const compact = Buffer.from(JSON.stringify(event));
-      // Stripe's webhook: the same JSON, pretty-printed, its keys in another order.
-      const { type, ...rest } = event;
-      const pretty = Buffer.from(JSON.stringify({ type, ...rest }, null, 2));
-      assert.notEqual(sha256(compact), sha256(pretty));
-      await inbox.store({
-        source: "stripe",
-        id: "evt_1",
-        body: compact,
-        origin: "reconcile",
-        destinations: ["handler", "app"],
+    // PostgreSQL keeps a body of at most inlineBodyBytes in its row and a larger one apart
+    // (docs/table.md#bodies-apart): the kept body is read from either.
+    for (const [where, memo] of [
+      ["in its row", ""],
+      ["apart", "m".repeat(DEFAULTS.inlineBodyBytes)],
+    ] as const)
+      it(`judges a copy of a reconciled delivery by its parsed JSON, its body kept ${where}: the webhook's other bytes are a duplicate, the kept bytes stay`, async () => {
+        const inbox = await open();
+        const event = {
+          id: "evt_1",
+          object: "event",
+          type: "invoice.paid",
+          data: { object: { id: "in_1", amount_paid: 500, memo } },
+        };
+        const compact = Buffer.from(JSON.stringify(event));
+        assert.equal(compact.length > DEFAULTS.inlineBodyBytes, where === "apart");
+        // Stripe's webhook: the same JSON, pretty-printed, its keys in another order.
+        const { type, ...rest } = event;
+        const pretty = Buffer.from(JSON.stringify({ type, ...rest }, null, 2));
+        assert.notEqual(sha256(compact), sha256(pretty));
+        await inbox.store({
+          source: "stripe",
+          id: "evt_1",
+          body: compact,
+          origin: "reconcile",
+          destinations: ["handler", "app"],
+        });
+        // Stored as one turn's batch beside another copy, as a receiver's group commit takes them.
+        const [first, second] = await Promise.all([
+          inbox.store({ source: "stripe", id: "evt_1", body: pretty }),
+          inbox.store({ source: "stripe", id: "evt_1", body: pretty }),
+        ]);
+        assert.deepEqual([first, second], ["duplicate", "duplicate"]);
+        const kept = await inbox.find("evt_1", "stripe");
+        assert.deepEqual(
+          kept.map((d) => [d.destination, d.conflicts, Buffer.from(d.body).equals(compact)]),
+          [
+            ["handler", 0, true],
+            ["app", 0, true],
+          ],
+        );
+        // (control) Other JSON under the same ID is still a conflict, counted once on route 0.
+        const changed = Buffer.from(
+          JSON.stringify({ ...event, data: { object: { id: "in_1", amount_paid: 501, memo } } }, null, 2),
+        );
+        assert.equal(await inbox.store({ source: "stripe", id: "evt_1", body: changed }), "conflict");
+        assert.equal((await inbox.find("evt_1", "stripe"))[0]!.conflicts, 1);
+        // (control) A webhook's own bytes are the rule where the kept copy came from a webhook: other bytes conflict.
+        await inbox.store({ source: "stripe", id: "evt_2", body: compact });
+        assert.equal(await inbox.store({ source: "stripe", id: "evt_2", body: pretty }), "conflict");
       });
-      // Stored as one turn's batch beside another copy, as a receiver's group commit takes them.
-      const [first, second] = await Promise.all([
-        inbox.store({ source: "stripe", id: "evt_1", body: pretty }),
-        inbox.store({ source: "stripe", id: "evt_1", body: pretty }),
-      ]);
-      assert.deepEqual([first, second], ["duplicate", "duplicate"]);
-      const kept = await inbox.find("evt_1", "stripe");
-      assert.deepEqual(
-        kept.map((d) => [d.destination, d.conflicts, Buffer.from(d.body).equals(compact)]),
-        [
-          ["handler", 0, true],
-          ["app", 0, true],
-        ],
-      );
-      // (control) Other JSON under the same ID is still a conflict, counted once on route 0.
-      const changed = Buffer.from(
-        JSON.stringify({ ...event, data: { object: { id: "in_1", amount_paid: 501 } } }, null, 2),
-      );
-      assert.equal(await inbox.store({ source: "stripe", id: "evt_1", body: changed }), "conflict");
-      assert.equal((await inbox.find("evt_1", "stripe"))[0]!.conflicts, 1);
-      // (control) A webhook's own bytes are the rule where the kept copy came from a webhook: other bytes conflict.
-      await inbox.store({ source: "stripe", id: "evt_2", body: compact });
-      assert.equal(await inbox.store({ source: "stripe", id: "evt_2", body: pretty }), "conflict");
-    });
 
     it("keeps where a delivery came from: webhook unless told, reconcile kept on every route, a claim, a restore and a replay --to", async () => {
       const inbox = await open();

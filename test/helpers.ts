@@ -264,6 +264,45 @@ export async function pastSchema(
   return { exec: async (sql) => void (await client.query(sql)), close: () => client.end() };
 }
 
+/**
+ * bodyProbes connects to a PostgreSQL inbox's schema (a postgres:// URL with ?schema=) to count what a read costs
+ * in delivery_bodies: probes(sql, id) runs the read, which must return one row, and says how many scans of the
+ * table's partitions it made, from the backend's own counts before and after it in one transaction (they are
+ * not flushed to the shared ones, nor reset, until the session is idle).
+ */
+export async function bodyProbes(
+  url: string,
+): Promise<{ probes(sql: string, id: string): Promise<number>; close(): Promise<void> }> {
+  const { default: pg } = await import("pg");
+  const schema = new URL(url).searchParams.get("schema")!;
+  const client = new pg.Client({ connectionString: url.replace(/[?&]schema=([^&]+)/, "") });
+  await client.connect();
+  const scans = async () =>
+    (
+      await client.query(
+        `SELECT coalesce(sum(coalesce(idx_scan, 0) + seq_scan), 0)::integer AS n FROM pg_stat_xact_user_tables
+          WHERE schemaname = $1 AND relname LIKE 'delivery\\_bodies%'`,
+        [schema],
+      )
+    ).rows[0].n as number;
+  return {
+    async probes(sql, id) {
+      await client.query("BEGIN");
+      try {
+        // In the transaction, as a PgBouncer in transaction mode may give the next one another server connection.
+        await client.query(`SET LOCAL search_path = ${schema}`);
+        const before = await scans();
+        const { rows } = await client.query(sql, [id]);
+        if (rows.length !== 1) throw new Error(`bodyProbes: expected one row of ${id}, got ${rows.length}`);
+        return (await scans()) - before;
+      } finally {
+        await client.query("COMMIT");
+      }
+    },
+    close: () => client.end(),
+  };
+}
+
 /** PrivatePostgres is a throwaway PostgreSQL cluster of one test file's own, which it may stop and restart. */
 export interface PrivatePostgres {
   /** The URL of its `postgres` database; add ?schema= as usual. */

@@ -9,7 +9,7 @@ import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { freshSchema, pastSchema, postgresSkip } from "./helpers.ts";
+import { bodyProbes, freshSchema, pastSchema, postgresSkip } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -101,6 +101,52 @@ describe("upgrading a PostgreSQL inbox to bodies apart", { skip: pgSkip }, () =>
         await inbox.close();
       }
     } finally {
+      await schema.drop();
+    }
+  });
+
+  it("upgrades to a view and delivery_body() that read a body in its row, or a tombstone's, without looking it up apart", async () => {
+    const schema = await freshSchema("bodies_inline");
+    // The schema before the migration that stopped the lookup, whatever comes after it.
+    const INLINE = MIGRATIONS.findIndex((m) => m.includes("CREATE OR REPLACE FUNCTION delivery_body"));
+    assert.ok(INLINE > MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies")));
+    const LARGE = Buffer.from(JSON.stringify({ pad: "x".repeat(DEFAULTS.inlineBodyBytes) }));
+    const hex = (b: Buffer) => `'\\x${b.toString("hex")}'`;
+    const probes = await bodyProbes(schema.url);
+    try {
+      const past = await pastSchema("postgres", schema.schema, MIGRATIONS.slice(0, INLINE));
+      // A body in its row, one apart, and a tombstone whose body's row waits for its day's release.
+      await past.exec(`
+        INSERT INTO delivery_rows (source, id, body, body_sha256, received_at, status, attempts, available_at, finished_at, purged_at)
+        VALUES ('default', 'small', ${hex(OLD)}, '${sha256(OLD)}', ${T0}, 'done', 1, ${T0}, ${T0}, NULL),
+               ('default', 'large', '\\x', '${sha256(LARGE)}', ${T0}, 'done', 1, ${T0}, ${T0}, NULL),
+               ('default', 'gone', '\\x', '${sha256(LARGE)}', ${T0}, 'done', 1, ${T0}, ${T0}, ${T0 + DAY});
+        INSERT INTO delivery_bodies (source, id, route, received_at, body)
+        VALUES ('default', 'large', 0, ${T0}, ${hex(LARGE)}), ('default', 'gone', 0, ${T0}, ${hex(LARGE)});`);
+      await past.close();
+      const view = "SELECT body FROM deliveries WHERE source = 'default' AND id = $1";
+      const fn = `SELECT delivery_body(source, id, route, received_at, body) AS body FROM delivery_rows
+                   WHERE source = 'default' AND id = $1`;
+      // The control: before the upgrade, reads of a body in its row, or of a tombstone, looked it up apart too.
+      assert.deepEqual(
+        [await probes.probes(view, "small"), await probes.probes(fn, "small"), await probes.probes(view, "gone")],
+        [1, 1, 1],
+      );
+
+      const inbox = await connect(schema.url, { now: () => T0 + DAY });
+      try {
+        assert.deepEqual(
+          [await probes.probes(view, "small"), await probes.probes(fn, "small"), await probes.probes(view, "gone")],
+          [0, 0, 0],
+        );
+        assert.deepEqual([await probes.probes(view, "large"), await probes.probes(fn, "large")], [1, 1]);
+        const read = async (id: string) => Buffer.from((await inbox.find(id))[0]!.body);
+        assert.deepEqual([await read("small"), await read("large"), await read("gone")], [OLD, LARGE, Buffer.alloc(0)]);
+      } finally {
+        await inbox.close();
+      }
+    } finally {
+      await probes.close();
       await schema.drop();
     }
   });

@@ -19,9 +19,12 @@ import { freshSchema, pastSchema, postgresSkip, runScript, startAdmin, tempDir }
 
 const pgSkip = await postgresSkip();
 const T0 = 1_700_000_000_000;
-// Where search's migration is, from the end of each list: the one that made it, then the one that moved its
-// indexing after the ack.
-const SEARCH = -2;
+// Where search's migration is in each list, found by what it makes (the one that moved its indexing after the
+// ack comes next), so that a migration added after them moves neither.
+const SEARCH = {
+  sqlite: SQLITE_MIGRATIONS.findIndex((m) => m.includes("CREATE VIRTUAL TABLE deliveries_search")),
+  postgres: PG_MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE deliveries_search")),
+};
 
 describe("jsonContains()", () => {
   it("holds an object's keys at their paths, an array's elements anywhere in it, and a scalar only when equal", () => {
@@ -67,7 +70,7 @@ describe("the forms", () => {
 
   it("index bodies up to DEFAULTS.searchBodyBytes, the size both backends index: a new size is a new migration", async () => {
     const limit = `length(body) > ${DEFAULTS.searchBodyBytes}`;
-    assert.ok(PG_MIGRATIONS.at(SEARCH)!.includes(limit), "PostgreSQL's search migration");
+    assert.ok(PG_MIGRATIONS[SEARCH.postgres]!.includes(limit), "PostgreSQL's search migration");
     const dir = tempDir();
     try {
       const inbox = await connect(join(dir.dir, "size.db"));
@@ -134,7 +137,7 @@ describe("an inbox filled before search", () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "old.db");
-      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, SEARCH));
+      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, SEARCH.sqlite));
       await past.exec(oldRows(`X'${hex(JSON_BODY)}'`, `X'${hex("customer=cus_old")}'`, "X''"));
       // (control) before the migration there is nothing to search through.
       await assert.rejects(past.exec("SELECT * FROM deliveries_search"), /no such table/);
@@ -148,7 +151,7 @@ describe("an inbox filled before search", () => {
   it("is left unindexed by the upgrade, and indexed by search enable, on PostgreSQL", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("searchold");
     try {
-      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, SEARCH));
+      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, SEARCH.postgres));
       try {
         await past.exec(
           oldRows(`'\\x${hex(JSON_BODY)}'::bytea`, `'\\x${hex("customer=cus_old")}'::bytea`, "'\\x'::bytea"),
@@ -225,7 +228,7 @@ describe("an inbox with the index on, kept in the ack before", () => {
     const dir = tempDir();
     try {
       const path = join(dir.dir, "indexed.db");
-      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, -1));
+      const past = await pastSchema("sqlite", path, SQLITE_MIGRATIONS.slice(0, SEARCH.sqlite + 1));
       await past.exec(IN_THE_ACK.sqlite);
       await past.exec(oldRows(`X'${hex(JSON_BODY)}'`, `X'${hex("customer=cus_old")}'`, "X''"));
       await past.close();
@@ -238,7 +241,7 @@ describe("an inbox with the index on, kept in the ack before", () => {
   it("is upgraded to indexing after the ack, its triggers swapped, on PostgreSQL", { skip: pgSkip }, async () => {
     const fresh = await freshSchema("searchindexed");
     try {
-      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, -1));
+      const past = await pastSchema("postgres", fresh.schema, PG_MIGRATIONS.slice(0, SEARCH.postgres + 1));
       try {
         await past.exec(IN_THE_ACK.postgres);
         await past.exec(

@@ -161,12 +161,13 @@ const whole = <T>(read: (inbox: Inbox) => Promise<readonly T[]>) =>
  * store's contract.
  */
 const CARRIED: readonly Carried[] = [
-  // Whole routes a page (attemptPage()), each written only into the delivery it was of, if it has no tries there.
+  // Whole routes a page (attemptPage()), each written only into the delivery it was of, if it has no tries
+  // there, and no more of a route's than the target keeps (its attemptsKept, the newest).
   carried(
     "tries of the attempt log",
     attemptPages,
     (i, rows) => i.restoreAttempts(rows),
-    "already there, or of a delivery the target had of its own",
+    "already there, older than the target keeps, or of a delivery the target had of its own",
   ),
   carried(
     "configuration versions",

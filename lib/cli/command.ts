@@ -10,7 +10,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { parseDuration, parseWhen } from "../format.ts";
 import { bodyWordsOf, parseBodyJson } from "../search.ts";
 import { isInbox } from "../sqlite/schema.ts";
-import { type Delivery, type Filter, type Inbox, STATUSES, type Status } from "../store.ts";
+import { type Delivery, type Filter, type Inbox, type InboxOptions, STATUSES, type Status } from "../store.ts";
 
 /** UsageError is a mistake on the command line: one line on stderr, exit 2. */
 export class UsageError extends Error {}
@@ -30,10 +30,10 @@ export interface Cli {
   requireInbox: (path: string) => void;
   /** isPostgresUrl tells a PostgreSQL URL from a SQLite path, as inbox.ts does. */
   isPostgresUrl: (target: string) => boolean;
-  /** openTarget opens an inbox that must already exist. */
-  openTarget: (path: string) => Promise<Inbox>;
-  /** open opens the inbox a command's --db names, which must already exist. */
-  open: (opts: { db?: string }) => Promise<Inbox>;
+  /** openTarget opens an inbox that must already exist, with the options given (the defaults if none). */
+  openTarget: (path: string, options?: InboxOptions) => Promise<Inbox>;
+  /** open opens the inbox a command's --db names, which must already exist, with the options given. */
+  open: (opts: { db?: string }, options?: InboxOptions) => Promise<Inbox>;
   /** sqliteOnly refuses a command that is for SQLite on a postgres:// URL, saying what to use there. */
   sqliteOnly: (what: string, db: string) => void;
   /** withDb adds --db to a command. */
@@ -57,7 +57,10 @@ export interface Cli {
 /** commandLine builds the Cli the commands share over program, with connect() and isPostgresUrl() from inbox.ts. */
 export function commandLine(
   program: Command,
-  door: { connect: (target: string) => Promise<Inbox>; isPostgresUrl: (target: string) => boolean },
+  door: {
+    connect: (target: string, options?: InboxOptions) => Promise<Inbox>;
+    isPostgresUrl: (target: string) => boolean;
+  },
 ): Cli {
   const { connect, isPostgresUrl } = door;
   const positive = (value: string) => {
@@ -84,11 +87,11 @@ export function commandLine(
     if (!isInbox(path))
       throw new NotFound(`${path} is not an inbox database: it has tables, but no deliveries (use --db or INBOX_DB).`);
   };
-  const openTarget = async (path: string) => {
+  const openTarget = async (path: string, options?: InboxOptions) => {
     if (!isPostgresUrl(path)) requireInbox(path);
-    return connect(path);
+    return connect(path, options);
   };
-  const open = (opts: { db?: string }) => openTarget(target(opts));
+  const open = (opts: { db?: string }, options?: InboxOptions) => openTarget(target(opts), options);
   const sqliteOnly = (what: string, db: string) => {
     if (isPostgresUrl(db)) {
       throw new UsageError(

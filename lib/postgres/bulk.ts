@@ -22,7 +22,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodOf, periodsBefore, releasePeriod } from "./periods.ts";
+import { makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -49,8 +49,6 @@ export class PostgresBulk {
   private readonly pool: Pool;
   private readonly pinned: (() => number) | undefined;
   private readonly committee: CommitQueue;
-  // The days whose partition of bodies a restore has made (or found made) in this process.
-  private readonly madeDays = new Set<string>();
 
   constructor(committee: CommitQueue) {
     this.committee = committee;
@@ -75,12 +73,18 @@ export class PostgresBulk {
     // them: into the default partition, a copy's or an import's months of bodies would be purged there row by
     // row, never released by the day, and each day made after would have to read them all (PostgreSQL checks
     // a new partition's range against the default partition's rows, under a lock every store waits behind).
+    // Which days exist is read at each call, not remembered: a purge, here or in another process, may have
+    // released a day since. One read of the catalogue a call, and a CREATE only for a day that is missing.
+    const days = new Map<string, number>();
     for (const d of deliveries) {
       if (d.body.length <= DEFAULTS.inlineBodyBytes) continue;
       const day = periodOf(d.receivedAt);
-      if (this.madeDays.has(day.name)) continue;
-      await makePeriods(this.pool, day.from, 0, DEFAULTS.periodLockMs);
-      this.madeDays.add(day.name);
+      days.set(day.name, day.from);
+    }
+    if (days.size > 0) {
+      const made = new Set(await periodsMade(this.pool));
+      for (const [name, from] of days)
+        if (!made.has(name)) await makePeriods(this.pool, from, 0, DEFAULTS.periodLockMs);
     }
     const col = <K extends keyof Delivery>(k: K) => deliveries.map((d) => d[k] ?? null);
     // Ordered rows take their arrival order from when they were received, as store() would have.
@@ -156,19 +160,22 @@ export class PostgresBulk {
 
   /**
    * restoreAttempts writes the tries in one statement, each route's in their seq order, into a route of the
-   * same delivery that had none when the statement began (its own rows are not yet visible to it); a route
-   * given in two calls gets the first call's tries alone.
+   * same delivery that had none when the statement began (its own rows are not yet visible to it), the newest
+   * kept of them alone (the target's attemptsKept, as its own tries' trim would leave them); a route given in
+   * two calls gets the first call's tries alone.
    */
-  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+  restoreAttempts(tries: readonly KeptAttempt[], kept: number): Promise<number> {
     const col = (f: (t: KeptAttempt) => unknown) => tries.map(f);
     return this.other(async (client) => {
       const { rowCount } = await client.query(
         `INSERT INTO attempts (source, id, destination, attempt, started_at, ms, status, error, headers, body)
-         SELECT s, i, d, at, sa, ms, st, er, hd, bd
-           FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
-                       $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
-                AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)
-          WHERE EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
+         SELECT s, i, d, at, sa, ms, st, er, hd, bd FROM (
+           SELECT *, row_number() OVER (PARTITION BY s, i, d ORDER BY q DESC) AS newest
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::bigint[], $7::integer[],
+                         $8::smallint[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+                  AS u(s, i, d, q, at, sa, ms, st, er, hd, bd, ra, h)) u
+          WHERE newest <= $14
+            AND EXISTS (SELECT 1 FROM delivery_rows r WHERE r.source = u.s AND r.id = u.i AND r.destination = u.d
                            AND r.received_at = u.ra AND r.body_sha256 = u.h)
             AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = u.s AND a.id = u.i AND a.destination = u.d)
           ORDER BY s, i, d, q`,
@@ -186,6 +193,7 @@ export class PostgresBulk {
           col((t) => t.body),
           col((t) => t.receivedAt),
           col((t) => t.bodySha256),
+          kept,
         ],
       );
       return rowCount ?? 0;

@@ -53,14 +53,19 @@ export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs
   }
 }
 
-/** periodsBefore lists the day partitions that end at or before the time before, oldest first. */
-export async function periodsBefore(pool: Pool, before: number): Promise<Period[]> {
+/** periodsMade names the day partitions delivery_bodies has now, oldest first. */
+export async function periodsMade(pool: Pool): Promise<string[]> {
   const { rows } = await pool.query(
     `SELECT c.relname AS name FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
       WHERE i.inhparent = to_regclass('delivery_bodies') AND c.relname LIKE 'delivery\\_bodies\\_d%' ORDER BY c.relname`,
   );
+  return (rows as { name: string }[]).map((r) => r.name);
+}
+
+/** periodsBefore lists the day partitions that end at or before the time before, oldest first. */
+export async function periodsBefore(pool: Pool, before: number): Promise<Period[]> {
   const periods: Period[] = [];
-  for (const { name } of rows as { name: string }[]) {
+  for (const name of await periodsMade(pool)) {
     const day = /^delivery_bodies_d(\d{4})(\d{2})(\d{2})$/.exec(name);
     if (!day) continue;
     const from = Date.UTC(Number(day[1]), Number(day[2]) - 1, Number(day[3]));

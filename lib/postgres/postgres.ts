@@ -248,7 +248,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     return this.reads.attemptPage(after, limit);
   }
   restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
-    return this.bulk.restoreAttempts(tries);
+    return this.bulk.restoreAttempts(tries, this.attemptsKept);
   }
   async retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     await this.searching.catchUp(filter);
@@ -755,10 +755,12 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // FOR KEY SHARE writes a lock, so this COMMIT waits for the standby like any write: a copy stored by a
     // COMMIT whose wait was cancelled (committed here, perhaps not on the standby) is answered only once it
     // is there too. It blocks no update, only a delete (purge skips locked rows).
-    // Its body is read only where it came from reconcile (rows.ts conflicts()).
+    // Its body is read only where it came from reconcile (rows.ts conflicts()), and as the view reads it: from the
+    // row alone when it is kept there or is a tombstone's, whose body's row may wait for its day's release.
     const kept = await client.query(
       `SELECT source, id, body_sha256 AS sha256, origin,
-              CASE WHEN origin = 'reconcile' THEN
+              CASE WHEN origin <> 'reconcile' THEN NULL
+                   WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL THEN r.body ELSE
                 coalesce((SELECT b.body FROM delivery_bodies b
                            WHERE b.source = r.source AND b.id = r.id AND b.route = 0 AND b.received_at = r.received_at), r.body) END AS body
          FROM delivery_rows r WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0

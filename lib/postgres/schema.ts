@@ -365,6 +365,28 @@ export const MIGRATIONS: readonly string[] = [
          FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_forget();
      END IF;
    END $$;`,
+  // A body in its row is not looked up in delivery_bodies (docs/table.md#bodies-apart): a body of at most
+  // DEFAULTS.inlineBodyBytes stays in delivery_rows.body and a larger one leaves it empty, never both, so the
+  // view and delivery_body() probe the day's partition only for an empty one, as the claim already does. A
+  // tombstone's is empty, and is not looked up either: its body's row may wait in its day's partition for a
+  // release that could not have its lock (purge marks the day first), and the view showed it meanwhile.
+  // delivery_body() has no purged_at to go by; its callers pass the rows that still have a body.
+  `CREATE OR REPLACE VIEW deliveries AS
+     SELECT r.source, r.id,
+            CASE WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL THEN r.body ELSE
+              coalesce((SELECT b.body FROM delivery_bodies b
+                         WHERE b.source = r.source AND b.id = r.id AND b.route = r.route AND b.received_at = r.received_at),
+                       r.body) END AS body,
+            r.body_sha256, r.content_type, r.event_type,
+            r.provider_time, r.received_at, r.status, r.attempts, r.available_at, r.leased_until,
+            r.lease_token, r.lease_ms, r.error, r.conflicts, r.finished_at, r.replays,
+            r.purged_at, r.order_key, r.event_time, r.arrival, r.newer_id, r.route,
+            r.destination, r.headers, r.traceparent, r.origin
+       FROM delivery_rows r;
+   CREATE OR REPLACE FUNCTION delivery_body(s text, i text, r smallint, at bigint, inline bytea) RETURNS bytea LANGUAGE sql STABLE AS $$
+     SELECT CASE WHEN octet_length(inline) > 0 THEN inline ELSE
+              coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r AND b.received_at = at),
+                       inline) END $$;`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */

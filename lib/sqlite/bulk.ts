@@ -112,9 +112,10 @@ export class SqliteBulk {
 
   /**
    * restoreAttempts writes each route's tries in their seq order, in one transaction, into a route of the same
-   * delivery that has none yet; a route given in two calls gets the first call's tries alone.
+   * delivery that has none yet, the newest kept of them alone (the target's attemptsKept, as its own tries'
+   * trim would leave them); a route given in two calls gets the first call's tries alone.
    */
-  restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
+  restoreAttempts(tries: readonly KeptAttempt[], kept: number): Promise<number> {
     const routes = new Map<string, KeptAttempt[]>();
     for (const t of tries) {
       const key = JSON.stringify([t.source, t.id, t.destination]);
@@ -131,7 +132,7 @@ export class SqliteBulk {
               AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.source = d.source AND a.id = d.id AND a.destination = d.destination)`,
         ).get(source, id, destination, receivedAt, bodySha256);
         if (bare === undefined) continue;
-        for (const t of route.sort((a, b) => a.seq - b.seq))
+        for (const t of route.sort((a, b) => a.seq - b.seq).slice(-kept))
           wrote += Number(
             this.sql(ATTEMPT_SQL.keep).run(
               source,

@@ -226,7 +226,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return this.reads.attemptPage(after, limit);
   }
   restoreAttempts(tries: readonly KeptAttempt[]): Promise<number> {
-    return this.bulk.restoreAttempts(tries);
+    return this.bulk.restoreAttempts(tries, this.attemptsKept);
   }
   async retryMatching(filter: Filter, options?: BulkOptions): Promise<number> {
     await this.searching.catchUp(filter);
