@@ -471,6 +471,20 @@ contract((suite) => {
       },
     );
 
+    suite.onPostgres("drops a day a crash left detached between its release and its DROP", async () => {
+      const inbox = await open();
+      await handled(inbox, "left_1");
+      const day = periodOf(suite.t).name;
+      const exists = async () =>
+        (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", day))[0]!.made as boolean;
+      // A release's transaction committed (the day detached, its kept bodies moved), and then the process died.
+      await inbox.query(`ALTER TABLE delivery_bodies DETACH PARTITION ${day}`);
+      assert.equal(await exists(), true, "(control) detached, the day's table is still there");
+      await inbox.purge(); // nothing of that day is past the cutoff: only the leftover goes
+      assert.equal(await exists(), false);
+      assert.equal((await inbox.find("left_1"))[0]!.purgedAt, null, "and no row was touched");
+    });
+
     suite.onPostgres(
       "a purge that meets a row a writer holds gives way and tries again, rather than deadlocking with it",
       async () => {

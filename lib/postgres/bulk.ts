@@ -22,7 +22,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
+import { dropDetached, makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -406,6 +406,7 @@ export class PostgresBulk {
       DEFAULTS.periodsAhead,
       DEFAULTS.periodLockMs,
     );
+    await dropDetached(this.pool); // what a crash left between a release and its DROP
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
       for (let from = period.from; ; ) {
         const { n, bytes, picked, last } = await paced(rest, () =>
@@ -439,6 +440,7 @@ export class PostgresBulk {
             },
           ),
         );
+        if (released) await dropDetached(this.pool);
         if (released || tries >= DEFAULTS.periodLockTries) break;
         await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
       }

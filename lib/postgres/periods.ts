@@ -1,7 +1,7 @@
 // postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each: made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
-// released whole (releasePeriod) once a purge's cutoff has passed the day's end: one DROP gives its bytes back
-// to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
+// released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
+// gives its bytes back to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
 
 import type pg from "pg";
 import type { Pool } from "./pool.ts";
@@ -75,7 +75,7 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
 }
 
 /**
- * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
+ * releasePeriod detaches a day's partition in the transaction of client (dropDetached drops it after), after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
  * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks
  * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
@@ -95,7 +95,7 @@ export async function releasePeriod(
       .then(() => client.query("SELECT set_config('lock_timeout', '0', true)"));
   // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
   // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
-  // is held for a copy of those few bodies and a DROP, not for a scan of the whole day: that scan under the
+  // is held for a copy of those few bodies, not for a scan of the whole day: that scan under the
   // lock was the acks' worst window while a day was released (docs/operations.md#retention-by-period).
   await bounded(`LOCK TABLE ${period.name} IN SHARE MODE`);
   // The rows that keep their bodies are found by the partial indexes of the rows with work left
@@ -122,6 +122,28 @@ export async function releasePeriod(
   const kept = await client.query(
     "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT source, id, route, received_at, body FROM kept_bodies",
   );
-  await client.query(`DROP TABLE ${period.name}`);
   return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
+}
+
+/**
+ * dropDetached drops the days a release detached, each in a transaction of its own after the one that
+ * detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of its locks, and a
+ * DROP in the release's transaction held the lock on delivery_bodies that every store waits behind while a
+ * day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the next purge.
+ * It returns how many it dropped.
+ */
+export async function dropDetached(pool: Pool): Promise<number> {
+  const { rows } = await pool.query(
+    `SELECT relname AS name FROM pg_class
+      WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r' AND NOT relispartition
+        AND relname LIKE 'delivery\\_bodies\\_d%'`,
+  );
+  let dropped = 0;
+  for (const { name } of rows as { name: string }[]) {
+    // DDL takes no bound parameters: only a name of the shape periodOf() makes is ever put in it.
+    if (!/^delivery_bodies_d\d{8}$/.test(name)) continue;
+    await pool.query(`DROP TABLE IF EXISTS ${name}`);
+    dropped++;
+  }
+  return dropped;
 }
