@@ -11,6 +11,7 @@ import { randomBytes } from "node:crypto";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
+import { DEFAULTS } from "../lib/defaults.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
@@ -405,14 +406,43 @@ contract((suite) => {
       );
     });
 
+    it("purges and forgets past one batch, each batch going on from the last, rows of one millisecond included", async () => {
+      const inbox = await open();
+      // Seven done deliveries, five of them received in the same millisecond, across a day's boundary.
+      for (const [i, step] of [0, 0, 0, 0, 0, 1_000, DAY].entries()) {
+        suite.t += step;
+        await handled(inbox, `many_${i}`);
+      }
+      suite.t += 8 * DAY + 2 * DAY;
+      // Batches of 2: a purge that stopped after one, or went on from past the last one's time rather than
+      // from it (passing over the rest of that millisecond), would leave some.
+      const purged = await inbox.purge({ batch: 2, rest: 0 });
+      assert.equal(purged.bodies, 7);
+      const rows = await inbox.search({}, { limit: 20 });
+      assert.deepEqual(
+        rows.filter((d) => d.id.startsWith("many_")).map((d) => d.purgedAt !== null),
+        Array(7).fill(true),
+      );
+      suite.t += 30 * DAY;
+      assert.equal((await inbox.purge({ batch: 2, rest: 0 })).forgotten, 7);
+      assert.equal((await inbox.find("many_4")).length, 0);
+    });
+
     suite.onPostgres(
       "releases a whole day of bodies by dropping its partition; its IDs stay duplicates, its failed body stays",
       async () => {
         const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
         await handled(inbox, "day_1");
         await handled(inbox, "day_2");
+        // Bodies in the day's partition: their bytes are counted as the partition goes, not as the rows are marked.
+        await handled(inbox, "day_3", big("day_3"));
         await inbox.store({ id: "day_bad", body: body({}) });
         await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await inbox.store({ id: "day_bad_big", body: body(big("day_bad_big")) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        await inbox.store({ id: "day_later", body: body(big("day_later")) }); // still to do, a retry ahead
+        await inbox.fail((await inbox.claim(LEASE))!, "not yet");
         const partitions = async () =>
           (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", periodOf(T0).name))[0]!.made ? 1 : 0;
         assert.equal(await partitions(), 1, "opening the inbox made the day's partition");
@@ -423,16 +453,95 @@ contract((suite) => {
         const purged = await inbox.purge();
         assert.deepEqual(
           [purged.bodies, purged.bytes],
-          [2, body({ id: "day_1" }).length + body({ id: "day_2" }).length],
+          [3, body({ id: "day_1" }).length + body({ id: "day_2" }).length + body(big("day_3")).length],
+          "the kept failed body's bytes are not counted",
         );
         assert.equal(await partitions(), 0, "the day's partition was dropped");
         const [gone] = await inbox.find("day_1");
         assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t]);
         assert.deepEqual((await inbox.find("day_bad"))[0]!.body, body({}), "a failed body of that day was kept");
+        assert.deepEqual((await inbox.find("day_bad_big"))[0]!.body, body(big("day_bad_big")), "apart too");
+        assert.deepEqual((await inbox.find("day_later"))[0]!.body, body(big("day_later")), "and one still to do");
+        assert.deepEqual((await inbox.find("day_3"))[0]!.body.length, 0);
         assert.equal(await inbox.store({ id: "day_1", body: body({ id: "day_1" }) }), "duplicate");
         assert.equal(await inbox.store({ id: "day_2", body: body({ id: "forged" }) }), "conflict");
         assert.equal(await inbox.retry({ id: "day_bad" }), 1, "and it can still be retried, its body read back");
-        assert.deepEqual((await inbox.claim(LEASE))!.body, body({}));
+        const claimed = [(await inbox.claim(LEASE))!, (await inbox.claim(LEASE))!];
+        assert.deepEqual(claimed.find((lease) => lease.id === "day_bad")!.body, body({}));
+      },
+    );
+
+    suite.onPostgres("drops a day a crash left detached between its release and its DROP", async () => {
+      const inbox = await open();
+      await handled(inbox, "left_1");
+      const day = periodOf(suite.t).name;
+      const exists = async () =>
+        (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", day))[0]!.made as boolean;
+      // A release's transaction committed (the day detached, its kept bodies moved), and then the process died.
+      await inbox.query(`ALTER TABLE delivery_bodies DETACH PARTITION ${day}`);
+      assert.equal(await exists(), true, "(control) detached, the day's table is still there");
+      await inbox.purge(); // nothing of that day is past the cutoff: only the leftover goes
+      assert.equal(await exists(), false);
+      assert.equal((await inbox.find("left_1"))[0]!.purgedAt, null, "and no row was touched");
+    });
+
+    suite.onPostgres(
+      "a purge that meets a row a writer holds gives way and tries again, rather than deadlocking with it",
+      async () => {
+        const inbox = await open();
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        // Two done deliveries of a day past the cutoff, the second received first, so that a purge's batch
+        // takes it and then waits for the first, which a writer holds; the writer then wants the second.
+        const race = async (held: string, wanted: string) => {
+          await handled(inbox, wanted);
+          suite.t += 1_000;
+          await handled(inbox, held);
+          suite.t += 8 * DAY;
+          const writer = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await writer.connect();
+          const conflict = (id: string) =>
+            writer.query(`UPDATE ${schema}.delivery_rows SET conflicts = conflicts + 1 WHERE id = $1`, [id]).then(
+              () => "wrote",
+              (error: { code?: string }) => error.code,
+            );
+          try {
+            await writer.query("BEGIN");
+            await conflict(held);
+            const purging = inbox.purge().catch((error: { code?: string }) => error.code ?? String(error));
+            for (;;) {
+              const [{ n }] = (await inbox.query(
+                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%'",
+              )) as [{ n: number }];
+              if (n > 0) break;
+              await new Promise((resolve) => setTimeout(resolve, 5));
+            }
+            const wrote = await conflict(wanted);
+            await writer.query(wrote === "wrote" ? "COMMIT" : "ROLLBACK");
+            return { wrote, purged: await purging };
+          } finally {
+            await writer.end();
+          }
+        };
+        const given = await race("hold_a", "hold_b");
+        assert.equal(given.wrote, "wrote");
+        assert.equal((given.purged as { bodies: number }).bodies, 2, "both, a once the writer let go of it");
+        const [a] = await inbox.find("hold_a");
+        assert.deepEqual([a!.purgedAt, a!.conflicts], [suite.t, 1]);
+        // (control) a purge that waits as long as PostgreSQL's deadlock_timeout (1 s) is part of a deadlock,
+        // and PostgreSQL ends one side of it: here the purge, which waited first and so looks first.
+        const defaults = DEFAULTS as { periodLockMs: number };
+        const bound = defaults.periodLockMs;
+        defaults.periodLockMs = 5_000;
+        try {
+          const raced = await race("hold_c", "hold_d");
+          assert.ok(
+            raced.wrote === "40P01" || /deadlock detected/.test(String(raced.purged)),
+            `one side ended: ${JSON.stringify(raced)}`,
+          );
+        } finally {
+          defaults.periodLockMs = bound;
+        }
       },
     );
 

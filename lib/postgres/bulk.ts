@@ -22,11 +22,19 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
+import { dropDetached, makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
+/** Dropped is one batch of a purge: the bodies it dropped and their bytes, how many rows it picked, and the last one's time. */
+interface Dropped {
+  n: number;
+  bytes: number;
+  picked: number;
+  last: number;
+}
+
 export interface CommitQueue {
   pool: Pool;
   pinned: (() => number) | undefined;
@@ -374,7 +382,10 @@ export class PostgresBulk {
   }
 
   async purge(options: PurgeOptions = {}): Promise<Purged> {
-    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
+    const { bodiesBefore, forgetBefore, batch, dayBatch, rest } = purgeCutoffs(
+      options,
+      this.pinned ? this.pinned() : Date.now(),
+    );
     if (options.dryRun) {
       const { rows } = await this.pool.query(
         `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
@@ -395,13 +406,15 @@ export class PostgresBulk {
       DEFAULTS.periodsAhead,
       DEFAULTS.periodLockMs,
     );
+    await dropDetached(this.pool); // what a crash left between a release and its DROP
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
-      for (;;) {
-        const { n, bytes } = await paced(rest, () =>
+      for (let from = period.from; ; ) {
+        const { n, bytes, picked, last } = await paced(rest, () =>
           this.dropBatch(
-            "status = 'done' AND purged_at IS NULL AND received_at >= ?::bigint AND received_at < ?::bigint",
-            [period.from, period.until],
-            batch,
+            "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
+            [period.until],
+            from,
+            dayBatch,
             options.audit,
             false,
           ),
@@ -409,61 +422,70 @@ export class PostgresBulk {
         purged.bodies += n;
         purged.bytes += bytes;
         if (options.signal?.aborted) return purged;
-        if (n < batch) break;
+        if (picked < dayBatch) break;
+        from = last;
       }
       // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again; after
       // DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
       for (let tries = 1; ; tries++) {
         const released = await paced(rest, () =>
           this.other((client) => releasePeriod(client, period, DEFAULTS.periodLockMs)).then(
-            () => true,
+            (released) => {
+              purged.bytes += (released as { bytes: number }).bytes;
+              return true;
+            },
             (error: { code?: string }) => {
               if (error.code !== "55P03") throw error;
               return false;
             },
           ),
         );
+        if (released) await dropDetached(this.pool);
         if (released || tries >= DEFAULTS.periodLockTries) break;
         await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
       }
     }
-    for (;;) {
-      const { n, bytes } = await paced(rest, () =>
+    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
+      const { n, bytes, picked, last } = await paced(rest, () =>
         this.dropBatch(
           "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
           [bodiesBefore],
+          from,
           batch,
           options.audit,
         ),
       );
       purged.bodies += n;
       purged.bytes += bytes;
-      if (n < batch || options.signal?.aborted) break;
+      if (picked < batch || options.signal?.aborted) break;
+      from = last;
     }
-    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes.
-    for (;;) {
+    // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes;
+    // each batch starts at the last one's time, past the index entries of the rows it deleted (dropBatch).
+    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
       if (options.signal?.aborted) return purged;
-      const n = (await paced(rest, () =>
+      const { n, last } = (await paced(rest, () =>
         this.other(async (client) => {
           // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
           const { rows } = await client.query(
             `WITH gone AS (
                DELETE FROM delivery_rows WHERE (source, id, route) IN (
-                 SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1
+                 SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1 AND received_at >= $3
                  ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-               RETURNING source, id, destination),
+               RETURNING source, id, destination, received_at),
              tries AS (
                DELETE FROM attempts a USING gone g WHERE a.source = g.source AND a.id = g.id AND a.destination = g.destination)
-             SELECT count(*)::integer AS n FROM gone`,
-            [forgetBefore, batch],
+             SELECT count(*)::integer AS n, max(received_at) AS last FROM gone`,
+            [forgetBefore, batch, from],
           );
           const forgot = rows[0].n as number;
           await writeAudit(client, options.audit, forgot, this.now());
-          return forgot;
+          return { n: forgot, last: Number(rows[0].last) };
         }),
-      )) as number;
+      )) as { n: number; last: number };
       purged.forgotten += n;
       if (n < batch) break;
+      from = last;
     }
     return purged;
   }
@@ -480,11 +502,14 @@ export class PostgresBulk {
       return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
     }
     const total = { bodies: 0, bytes: 0 };
-    for (;;) {
-      const { n, bytes } = await paced(DEFAULTS.purgeRest, () => this.dropBatch(also, params, size, options.audit));
+    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
+      const { n, bytes, picked, last } = await paced(DEFAULTS.purgeRest, () =>
+        this.dropBatch(also, params, from, size, options.audit),
+      );
       total.bodies += n;
       total.bytes += bytes;
-      if (n < size) break;
+      if (picked < size) break;
+      from = last;
     }
     return total;
   }
@@ -492,29 +517,64 @@ export class PostgresBulk {
   // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
   // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
   // With bodyRows false the body's own row is left to the DROP of its day's partition (releasePeriod).
-  private dropBatch(
+  // The rows are picked by ctid with no lock of their own and updated with the condition checked again, so a
+  // row changed meanwhile (replayed, say) is passed over rather than made a tombstone; and a body's bytes are
+  // those of the row that goes, not read again through delivery_body(). Against picking them FOR UPDATE and
+  // reading each body through delivery_body(), a batch of 1,000 of a day's done rows took 36 ms against 123
+  // (docs/operations.md#retention-by-period). Each batch starts at the last one's time (from): the index
+  // entries of the rows marked before it stay until vacuum passes, and a batch that started at the cutoff's
+  // beginning walked them all again, 248 ms a batch of 100 once 450,000 of a day's million were marked.
+  // A row another transaction holds is waited for DEFAULTS.periodLockMs
+  // at most, so a purge never takes part in a deadlock (PostgreSQL looks for one only after a second): the
+  // batch is rolled back and tried again after a rest, DEFAULTS.periodLockTries times before the purge fails.
+  private async dropBatch(
     where: string,
     params: SqlValue[],
+    from: number,
     batch: number,
     audit: Audit | undefined,
     bodyRows = true,
-  ): Promise<{ n: number; bytes: number }> {
+  ): Promise<Dropped> {
+    for (let tries = 1; ; tries++) {
+      try {
+        return await this.dropBatchOnce(where, params, from, batch, audit, bodyRows);
+      } catch (error) {
+        if ((error as { code?: string }).code !== "55P03" || tries >= DEFAULTS.periodLockTries) throw error;
+        await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
+      }
+    }
+  }
+
+  private dropBatchOnce(
+    where: string,
+    params: SqlValue[],
+    from: number,
+    batch: number,
+    audit: Audit | undefined,
+    bodyRows: boolean,
+  ): Promise<Dropped> {
     return this.other(async (client) => {
+      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
       const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT source, id, route, octet_length(delivery_body(source, id, route, received_at, body)) AS bytes FROM delivery_rows
-                         WHERE ${where} ORDER BY received_at LIMIT ?::integer FOR UPDATE SKIP LOCKED),
+        toPg(`WITH p AS (SELECT ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
+                         WHERE ${where} AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
                    d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-                         WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND d.purged_at IS NULL
-                           AND d.status IN ('done', 'failed')
-                         RETURNING d.source, d.id, d.route, d.received_at, p.bytes),
+                         WHERE d.ctid = p.at AND ${where} AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
+                         -- A body is in its row or in delivery_bodies, never both: the row's old body is its bytes.
+                         RETURNING d.source, d.id, d.route, d.received_at, p.inline),
                    -- The body's own row goes with it (docs/table.md#bodies-apart).
                    b AS (DELETE FROM delivery_bodies b USING d
-                         WHERE ?::boolean AND b.source = d.source AND b.id = d.id AND b.route = d.route AND b.received_at = d.received_at)
-              SELECT bytes FROM d`),
-        [...params, batch, this.pinned ? this.pinned() : Date.now(), bodyRows],
+                         WHERE ?::boolean AND b.source = d.source AND b.id = d.id AND b.route = d.route AND b.received_at = d.received_at
+                         RETURNING octet_length(b.body) AS bytes)
+              SELECT (SELECT count(*) FROM d)::integer AS n,
+                     ((SELECT coalesce(sum(inline), 0) FROM d) + (SELECT coalesce(sum(bytes), 0) FROM b))::bigint AS bytes,
+                     (SELECT count(*) FROM p)::integer AS picked, (SELECT max(at_time) FROM p) AS last`),
+        [...params, from, batch, this.pinned ? this.pinned() : Date.now(), ...params, bodyRows],
       );
-      await writeAudit(client, audit, rows.length, this.now());
-      return { n: rows.length, bytes: rows.reduce((sum, r) => sum + Number(r.bytes), 0) };
-    }) as Promise<{ n: number; bytes: number }>;
+      await client.query("SELECT set_config('lock_timeout', '0', true)");
+      const n = rows[0].n as number;
+      await writeAudit(client, audit, n, this.now());
+      return { n, bytes: Number(rows[0].bytes), picked: rows[0].picked as number, last: Number(rows[0].last) };
+    }) as Promise<Dropped>;
   }
 }

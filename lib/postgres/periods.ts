@@ -1,7 +1,7 @@
 // postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each: made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
-// released whole (releasePeriod) once a purge's cutoff has passed the day's end: one DROP gives its bytes back
-// to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
+// released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
+// gives its bytes back to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
 
 import type pg from "pg";
 import type { Pool } from "./pool.ts";
@@ -75,12 +75,17 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
 }
 
 /**
- * releasePeriod drops a day's partition in the transaction of client, after moving the bodies purge must
+ * releasePeriod detaches a day's partition in the transaction of client (dropDetached drops it after), after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
- * partition. It returns how many bodies it kept. The DETACH locks delivery_bodies for the transaction's few
- * statements: stores wait for it, not for a purge of the day row by row; it waits lockMs at most for that lock.
+ * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks
+ * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
+ * row; it waits lockMs at most for that lock.
  */
-export async function releasePeriod(client: pg.PoolClient, period: Period, lockMs: number): Promise<number> {
+export async function releasePeriod(
+  client: pg.PoolClient,
+  period: Period,
+  lockMs: number,
+): Promise<{ kept: number; bytes: number }> {
   // Bounded, so that a lock queued behind a long transaction never holds up the stores queued behind it:
   // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
   const bounded = (sql: string) =>
@@ -90,19 +95,55 @@ export async function releasePeriod(client: pg.PoolClient, period: Period, lockM
       .then(() => client.query("SELECT set_config('lock_timeout', '0', true)"));
   // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
   // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
-  // is held for a copy of those few bodies and a DROP, not for a scan of the whole day: that scan under the
+  // is held for a copy of those few bodies, not for a scan of the whole day: that scan under the
   // lock was the acks' worst window while a day was released (docs/operations.md#retention-by-period).
   await bounded(`LOCK TABLE ${period.name} IN SHARE MODE`);
+  // The rows that keep their bodies are found by the partial indexes of the rows with work left
+  // (deliveries_open) and of the done ones not yet tombstones (deliveries_kept), each bounded by the day: a
+  // few rows, where a join from the partition probed delivery_rows once for each of the day's bodies.
   await client.query(
     `CREATE TEMP TABLE kept_bodies ON COMMIT DROP AS
      SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b
-       JOIN delivery_rows r ON r.source = b.source AND r.id = b.id AND r.route = b.route
-      WHERE r.purged_at IS NULL`,
+      WHERE (b.source, b.id, b.route, b.received_at) IN (
+        SELECT source, id, route, received_at FROM delivery_rows
+         WHERE status IN ('received', 'processing', 'failed') AND purged_at IS NULL AND received_at >= $1 AND received_at < $2
+        UNION ALL
+        SELECT source, id, route, received_at FROM delivery_rows
+         WHERE status = 'done' AND purged_at IS NULL AND received_at >= $1 AND received_at < $2)`,
+    [period.from, period.until],
+  );
+  // The bytes a purge reports are the bodies' own, as when it deletes them one by one; the day's tombstones
+  // were marked without reading them.
+  const { rows } = await client.query(
+    `SELECT (SELECT coalesce(sum(octet_length(body)), 0) FROM ${period.name})
+          - (SELECT coalesce(sum(octet_length(body)), 0) FROM kept_bodies) AS bytes`,
   );
   await bounded(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
   const kept = await client.query(
     "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT source, id, route, received_at, body FROM kept_bodies",
   );
-  await client.query(`DROP TABLE ${period.name}`);
-  return kept.rowCount ?? 0;
+  return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
+}
+
+/**
+ * dropDetached drops the days a release detached, each in a transaction of its own after the one that
+ * detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of its locks, and a
+ * DROP in the release's transaction held the lock on delivery_bodies that every store waits behind while a
+ * day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the next purge.
+ * It returns how many it dropped.
+ */
+export async function dropDetached(pool: Pool): Promise<number> {
+  const { rows } = await pool.query(
+    `SELECT relname AS name FROM pg_class
+      WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r' AND NOT relispartition
+        AND relname LIKE 'delivery\\_bodies\\_d%'`,
+  );
+  let dropped = 0;
+  for (const { name } of rows as { name: string }[]) {
+    // DDL takes no bound parameters: only a name of the shape periodOf() makes is ever put in it.
+    if (!/^delivery_bodies_d\d{8}$/.test(name)) continue;
+    await pool.query(`DROP TABLE IF EXISTS ${name}`);
+    dropped++;
+  }
+  return dropped;
 }
