@@ -1,8 +1,8 @@
 // bench/purge.ts: does a purge make acks wait? Fills an inbox with BENCH_PURGE_ROWS (200k) done deliveries
 // of 1 KB received 8 days ago, then paces POSTs at BENCH_PURGE_RATE (1000/s) into a receiver on it, open
 // loop, in 2-second windows: for BENCH_SECONDS with no purge, all through `inbox.ts purge` dropping those
-// bodies in a process of its own (batches of BENCH_PURGE_BATCH, default the purge's own: DEFAULTS.purgeBatch,
-// and DEFAULTS.periodMarkBatch for a whole day's tombstones on PostgreSQL; each batch its own transaction, resting BENCH_PURGE_REST times as long after each, default DEFAULTS.purgeRest), and for
+// bodies in a process of its own (batches of BENCH_PURGE_BATCH, default DEFAULTS.purgeBatch, each its own
+// transaction, resting BENCH_PURGE_REST times as long after each, default DEFAULTS.purgeRest), and for
 // BENCH_SECONDS with no purge again. Prints the purge's own time and rate, and the ack p99 during against
 // the worse of before and after, three ways: the worst window's, the median window's, and every ack's. On PostgreSQL (when
 // bench/targets.ts has it) the same, twice, on a day of BENCH_PURGE_ROWS: released whole by dropping the
@@ -26,8 +26,7 @@ import { inboxTargets } from "./targets.ts";
 
 const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
 const RATE = knob("BENCH_PURGE_RATE", 1_000);
-// Unset, the purge's own defaults: DEFAULTS.purgeBatch, and on PostgreSQL DEFAULTS.periodMarkBatch for a whole day.
-const BATCH = process.env.BENCH_PURGE_BATCH ? knob("BENCH_PURGE_BATCH", DEFAULTS.purgeBatch) : undefined;
+const BATCH = knob("BENCH_PURGE_BATCH", DEFAULTS.purgeBatch);
 const REST = process.env.BENCH_PURGE_REST ? Number(process.env.BENCH_PURGE_REST) : DEFAULTS.purgeRest;
 
 // fillDone inserts n done deliveries of about 1 KB, received days ago, straight into the table.
@@ -66,7 +65,8 @@ function purgeChild(path: string): { done: Promise<{ ms: number; out: string }> 
       "purge",
       "--db",
       path,
-      ...(BATCH === undefined ? [] : ["--batch", String(BATCH)]),
+      "--batch",
+      String(BATCH),
       "--rest",
       String(REST),
     ],
@@ -203,7 +203,7 @@ export async function purge(): Promise<string> {
     db.close();
     const sizeAfter = statSync(path).size;
     const line =
-      `  SQLite (batches of ${BATCH ?? DEFAULTS.purgeBatch}, rest ×${REST}): ${around(r)} | ${f(n)} tombstones, ${f(n / (r.ms / 1000))}/s; ` +
+      `  SQLite (batches of ${BATCH}, rest ×${REST}): ${around(r)} | ${f(n)} tombstones, ${f(n / (r.ms / 1000))}/s; ` +
       `file ${f(sizeBefore / 2 ** 20)} MB → ${f(sizeAfter / 2 ** 20)} MB`;
     console.log(line);
     console.log(`  ${r.out.trim().split("\n").join("\n  ")}`);

@@ -24,7 +24,7 @@ export function routesOf(delivery: Incoming): readonly string[] {
 export function purgeCutoffs(
   options: PurgeOptions,
   now: number,
-): { bodiesBefore: number; forgetBefore: number; batch: number; dayBatch: number; rest: number } {
+): { bodiesBefore: number; forgetBefore: number; batch: number; rest: number } {
   const bodiesAfterMs = options.bodiesAfterMs ?? DEFAULTS.bodiesAfterMs;
   const forgetAfterMs = options.forgetAfterMs ?? DEFAULTS.forgetAfterMs;
   for (const [name, value] of [
@@ -45,13 +45,7 @@ export function purgeCutoffs(
     throw new TypeError(`purge: expected batch to be a whole number >= 1, got ${batch}`);
   const rest = options.rest ?? DEFAULTS.purgeRest;
   if (!Number.isFinite(rest) || rest < 0) throw new TypeError(`purge: expected rest to be a number >= 0, got ${rest}`);
-  return {
-    bodiesBefore: now - bodiesAfterMs,
-    forgetBefore: now - forgetAfterMs,
-    batch,
-    dayBatch: options.batch ?? DEFAULTS.periodMarkBatch,
-    rest,
-  };
+  return { bodiesBefore: now - bodiesAfterMs, forgetBefore: now - forgetAfterMs, batch, rest };
 }
 
 /** searchPageLimit checks a page size given to search(), or gives DEFAULTS.searchLimit. */

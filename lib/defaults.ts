@@ -174,13 +174,6 @@ export const DEFAULTS = {
    * behind it, 772 ms at the worst in bench/purge.ts before this bound. @default 100
    */
   periodLockMs: 100,
-  /**
-   * PostgreSQL: rows a transaction when purge makes a whole day's done rows tombstones before it drops the
-   * day's partition (narrow rows: no body is read or deleted), unless --batch is given. A day of a million took
-   * 154 s at 1,000 against 457 s at 100 (main's statement at 100: 1,140 s) in bench/purge.ts, loaded
-   * (docs/operations.md#retention-by-period). @default 1000
-   */
-  periodMarkBatch: 1_000,
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
   /**

@@ -133,7 +133,7 @@ export interface PurgeOptions {
   bodiesAfterMs?: number;
   /** Forget tombstones (and so their IDs) received longer ago than this; must be longer. @default DEFAULTS.forgetAfterMs */
   forgetAfterMs?: number;
-  /** Rows a transaction. @default DEFAULTS.purgeBatch; a whole day's tombstones on PostgreSQL, DEFAULTS.periodMarkBatch */
+  /** @default DEFAULTS.purgeBatch */
   batch?: number;
   /** Rest after each batch this many times as long as it took; 0 runs batches back to back. @default DEFAULTS.purgeRest */
   rest?: number;

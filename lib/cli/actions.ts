@@ -259,11 +259,7 @@ export function purge(c: Cli): void {
     )
     .option("--source <name>", "with an ID: the delivery's source, when IDs clash")
     .option("--dry-run", "say what would go, and change nothing")
-    .option(
-      "--batch <n>",
-      `deliveries per transaction (default ${DEFAULTS.purgeBatch}; a whole day's tombstones on PostgreSQL, ${DEFAULTS.periodMarkBatch})`,
-      positive,
-    )
+    .option("--batch <n>", "deliveries per transaction", positive, DEFAULTS.purgeBatch)
     .option(
       "--rest <ratio>",
       "after each batch, rest this many times as long as it took, so acks get through (0: no rest)",
@@ -305,7 +301,7 @@ Examples:
           dryRun?: boolean;
           vacuum?: boolean;
           json?: boolean;
-          batch?: number;
+          batch: number;
           rest: number;
         },
       ) => {

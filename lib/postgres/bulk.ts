@@ -382,10 +382,7 @@ export class PostgresBulk {
   }
 
   async purge(options: PurgeOptions = {}): Promise<Purged> {
-    const { bodiesBefore, forgetBefore, batch, dayBatch, rest } = purgeCutoffs(
-      options,
-      this.pinned ? this.pinned() : Date.now(),
-    );
+    const { bodiesBefore, forgetBefore, batch, rest } = purgeCutoffs(options, this.pinned ? this.pinned() : Date.now());
     if (options.dryRun) {
       const { rows } = await this.pool.query(
         `SELECT (SELECT count(*) FROM deliveries WHERE status = 'done' AND purged_at IS NULL AND received_at < $1) AS bodies,
@@ -414,7 +411,7 @@ export class PostgresBulk {
             "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
             [period.until],
             from,
-            dayBatch,
+            batch,
             options.audit,
             false,
           ),
@@ -422,7 +419,7 @@ export class PostgresBulk {
         purged.bodies += n;
         purged.bytes += bytes;
         if (options.signal?.aborted) return purged;
-        if (picked < dayBatch) break;
+        if (picked < batch) break;
         from = last;
       }
       // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again; after
