@@ -39,6 +39,15 @@ export class SearchTooBroad extends Error {
   }
 }
 
+/**
+ * refusedSearch is the HTTP status the API and the page answer a refused search with: 409 when the index is
+ * off (the request is sound, the inbox's state refuses it), 422 when it stopped at its bound (asked again as
+ * it is, it fails again; narrowed, it answers); undefined for any other error.
+ */
+export function refusedSearch(error: unknown): 409 | 422 | undefined {
+  return error instanceof SearchOff ? 409 : error instanceof SearchTooBroad ? 422 : undefined;
+}
+
 /** readsBodies says whether a filter reads bodies or the search index (bodyJson, bodyWords, bodyContains): the forms searchTimeoutMs bounds. */
 export const readsBodies = (filter: {
   bodyJson?: string | undefined;

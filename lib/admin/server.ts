@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import type { Preview } from "../forwarding/preview.ts";
 import { message } from "../log.ts";
 import { redactor, type Secret } from "../redact.ts";
-import { SearchOff, SearchTooBroad } from "../search.ts";
+import { refusedSearch } from "../search.ts";
 import type { Audit, Delivery, Inbox } from "../store.ts";
 import {
   type Announce,
@@ -164,16 +164,8 @@ export function createAdmin(options: AdminOptions): Admin {
   p.api = new Api(p);
   const server = createServer((req, res) => {
     handle(p, req, res).catch((error: unknown) => {
-      // A search form on an inbox whose index is off: the page says so, naming the command that turns it on.
-      // A body search stopped at its bound (SearchTooBroad): the page says to narrow it, as the API's 422 does.
-      const status =
-        error instanceof HttpError
-          ? error.status
-          : error instanceof SearchOff
-            ? 409
-            : error instanceof SearchTooBroad
-              ? 422
-              : 500;
+      // A refused search (its index off, or stopped at its bound): the page says why, as the API does.
+      const status = error instanceof HttpError ? error.status : (refusedSearch(error) ?? 500);
       if (status === 500) console.error(`admin: ${req.method} ${req.url}: ${message(error)}`);
       if (!res.headersSent)
         send(

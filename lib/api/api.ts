@@ -24,7 +24,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
 import { PreviewBusy } from "../forwarding/preview.ts";
 import { redactAttempt } from "../redact.ts";
-import { boundBodyContains, SearchOff, SearchTooBroad } from "../search.ts";
+import { boundBodyContains, refusedSearch } from "../search.ts";
 import type { ApiKey, Delivery, Filter, Inbox, Scope } from "../store.ts";
 import { type Answer, type ApiContext, ApiError, type Call, type Operate } from "./call.ts";
 import { CONFIG_HANDLERS, configuredDestinations } from "./config.ts";
@@ -187,16 +187,7 @@ export class Api {
       const key = await this.authorise(req, op);
       await this.run(req, res, url, op, params, key);
     } catch (error) {
-      // A search form on an inbox whose index is off is a 409: the request is sound, the inbox's state refuses it.
-      // A body search stopped at its bound is a 422: asked again as it is, it fails again; narrowed, it answers.
-      const status =
-        error instanceof HttpError
-          ? error.status
-          : error instanceof SearchOff
-            ? 409
-            : error instanceof SearchTooBroad
-              ? 422
-              : 500;
+      const status = error instanceof HttpError ? error.status : (refusedSearch(error) ?? 500);
       if (status === 500) console.error(`api: ${req.method} ${url.pathname}: ${message(error)}`);
       const detail = status === 500 ? "Something went wrong; the server's log says what." : message(error);
       const members = error instanceof ApiError ? error.members : {};
