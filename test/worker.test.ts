@@ -11,9 +11,10 @@ import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { type Inbox, PermanentError } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
-import { freshSchema, postgresSkip, runScript, spawnScript, tempDir } from "./helpers.ts";
+import { freshSchema, holdThreadPool, postgresSkip, runScript, spawnScript, tempDir, turns, until } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
+const DAY = 86_400_000;
 const LEASE = 60_000;
 const payment = (customer = "Maria Lopez", amount = 24.99) => Buffer.from(JSON.stringify({ customer, amount }));
 
@@ -45,6 +46,7 @@ const statusOf = (id: string) =>
     id,
   )[0];
 const quiet = () => {};
+const tombstones = () => query<{ n: number }>("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL")[0]!.n;
 
 // Every child a test starts is killed at the end, so a test that fails (or times out) waiting on one
 // does not leave it running and hold this file's process open.
@@ -276,6 +278,78 @@ describe("run()", () => {
       );
       assert.equal(ledger, 2);
     });
+  });
+});
+
+// On SQLite worker.ts hands run() a connection of its own with syncOffLoop for the scheduled purge (purge.inbox):
+// each batch commits without an fsync inside the write lock and settles after an fdatasync of the WAL on libuv's
+// thread pool, as inbox.ts purge's do. Holding that pool shows which way a batch committed.
+describe("run()'s scheduled purge", () => {
+  // Three payments handled eight days ago: the purge's default ages drop their bodies.
+  const handledLongAgo = async (inbox: SqliteInbox) => {
+    for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
+    await run(recordPayment, { inbox, once: true, log: quiet });
+    t += 8 * DAY;
+  };
+  // purging runs a worker on inbox whose purge commits through purgeInbox (the run's own when not given).
+  const purging = (inbox: Inbox, purgeInbox?: Inbox) => {
+    const stop = new AbortController();
+    const seen: { line?: string } = {};
+    let said: (line: string) => void = () => {};
+    const purged = new Promise<string>((resolve) => (said = resolve));
+    const running = run(recordPayment, {
+      inbox,
+      signal: stop.signal,
+      log: (line) => {
+        if (!line.startsWith("purge")) return;
+        seen.line = line;
+        said(line);
+      },
+      purge: { everyMs: 3_600_000, ...(purgeInbox ? { inbox: purgeInbox } : {}) },
+    });
+    return { seen, purged, stop: () => (stop.abort(), running) };
+  };
+
+  it("commits each batch through the connection it is given, with syncOffLoop: at once, settled after the fdatasync", async () => {
+    const handler = open();
+    const own = open({ syncOffLoop: true });
+    await handledLongAgo(handler);
+    const pool = await holdThreadPool(dir.dir);
+    try {
+      const worker = purging(handler, own);
+      await until("the purge's batch is committed", () => tombstones() === 3);
+      await turns(5);
+      assert.equal(worker.seen.line, undefined, "the purge is not over before its fdatasync, which waits for the pool");
+      await pool.release();
+      assert.match(await worker.purged, /^purge: dropped 3 bodies/);
+      await worker.stop();
+    } finally {
+      await pool.release();
+    }
+    assert.equal(handler.durability.synchronous, 2, "the handler's connection keeps FULL");
+    for (const inbox of opened) await inbox.close();
+    // What the purge settled is in the file as a new connection opens it, after the worker has stopped.
+    const reopened = new SqliteInbox(path);
+    try {
+      const kept = await reopened.kept();
+      assert.deepEqual([kept.tombstones.count, kept.bodies.count], [3, 0]);
+    } finally {
+      await reopened.close();
+    }
+  });
+
+  it("(control) on the run's own connection, at FULL, the same purge settles with its commits whatever the pool does", async () => {
+    const handler = open();
+    await handledLongAgo(handler);
+    const pool = await holdThreadPool(dir.dir);
+    try {
+      const worker = purging(handler);
+      assert.match(await worker.purged, /^purge: dropped 3 bodies/);
+      await worker.stop();
+    } finally {
+      await pool.release();
+    }
+    assert.equal(tombstones(), 3);
   });
 });
 
