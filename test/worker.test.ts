@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
+import { constants, existsSync, readdirSync, readFileSync, readlinkSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
@@ -353,6 +354,21 @@ describe("run()'s scheduled purge", () => {
   });
 });
 
+// walSyncers counts the descriptors a process holds on this test's WAL read-only: syncOffLoop's, not SQLite's.
+function walSyncers(pid: number): number {
+  const wal = `${realpathSync(path)}-wal`;
+  return readdirSync(`/proc/${pid}/fd`).filter((fd) => {
+    try {
+      if (readlinkSync(`/proc/${pid}/fd/${fd}`) !== wal) return false;
+      const flags = /^flags:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/fdinfo/${fd}`, "utf8"))![1]!;
+      // The access mode is the low two bits (O_ACCMODE, which node:fs does not export).
+      return (Number.parseInt(flags, 8) & 3) === constants.O_RDONLY;
+    } catch {
+      return false; // closed meanwhile
+    }
+  }).length;
+}
+
 // lines follows a child's stream and resolves when a line matches.
 function lines(child: ChildProcess, stream: "stdout" | "stderr") {
   const seen: string[] = [];
@@ -499,6 +515,36 @@ describe("worker.ts", { timeout: 30_000 }, () => {
     assert.deepEqual(await exited, { code: 0, signal: null });
     assert.match(err.seen.join("\n"), /^SIGTERM: no more claims/m);
   });
+
+  // syncOffLoop opens the WAL read-only twice per connection (for its fdatasyncs; SQLite's own descriptor is
+  // read-write), which /proc shows from outside: the forwarding lanes' connection has two, a purge's own two more.
+  for (const [how, args, expected] of [
+    ["--purge-every purges through a syncOffLoop connection of its own", ["--purge-every"], 4],
+    ["(control) without --purge-every only the lanes' connection syncs the WAL itself", [], 2],
+  ] as const)
+    it(how, { skip: existsSync("/proc/self/fdinfo") ? false : "reads /proc" }, async () => {
+      t = Date.now() - 8 * DAY;
+      const inbox = open();
+      for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
+      await run(recordPayment, { inbox, once: true, log: quiet });
+      await inbox.close();
+      const child = start("worker.ts", ["--db", path, ...args]);
+      const err = lines(child, "stderr");
+      const exited = exitOf(child);
+      if (args.length > 0) await err.next(/^purge: dropped 3 bodies/);
+      else await until("the worker has opened its connections", () => walSyncers(child.pid!) === expected);
+      assert.equal(walSyncers(child.pid!), expected);
+      child.kill("SIGTERM");
+      assert.deepEqual(await exited, { code: 0, signal: null });
+      // What the purge settled is in the file as a new connection opens it, after the worker has stopped.
+      const reopened = new SqliteInbox(path);
+      try {
+        const kept = await reopened.kept();
+        assert.deepEqual([kept.tombstones.count, kept.bodies.count], args.length > 0 ? [3, 0] : [0, 3]);
+      } finally {
+        await reopened.close();
+      }
+    });
 
   it("answers a bad option with exit 2", async () => {
     const { code, stderr } = await runScript("worker.ts", ["--concurrency", "0", "--db", path]);
