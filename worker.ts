@@ -82,9 +82,11 @@ export interface WorkerOptions {
   redact?: (text: string) => string;
   /**
    * Purge on a schedule: once at start, then every everyMs, with these ages (see Inbox.purge). Off unless
-   * given: purging lets bodies go, which no upgrade should start doing on its own. @default undefined
+   * given: purging lets bodies go, which no upgrade should start doing on its own. inbox is the connection
+   * its batches commit through: worker.ts passes one of its own with syncOffLoop on SQLite, so that no batch
+   * fsyncs inside the write lock; the caller closes it. @default undefined; purge.inbox: the run's inbox
    */
-  purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number };
+  purge?: Omit<PurgeOptions, "dryRun" | "signal"> & { everyMs: number; inbox?: Inbox };
   /** The clock the loop reads and sets its timers on; the tests move a fake one. @default realClock */
   clock?: Clock;
   /**
@@ -146,7 +148,7 @@ export async function run(handler: Handler, options: WorkerOptions): Promise<Run
   });
   if (options.purge && !(options.purge.everyMs >= 1))
     throw new TypeError(`run: expected purge.everyMs >= 1, got ${options.purge.everyMs}`);
-  const purging = schedulePurge(inbox, options.purge, options.signal, log);
+  const purging = schedulePurge(options.purge?.inbox ?? inbox, options.purge, options.signal, log);
   const indexing = scheduleIndexing(inbox, options.searchIndexEveryMs ?? DEFAULTS.searchIndexEveryMs, clock, log);
   try {
     await lane.start();
@@ -206,7 +208,7 @@ function schedulePurge(
   log: (line: string) => void,
 ): { stop(): Promise<void> } {
   if (purge === undefined) return { stop: async () => {} };
-  const { everyMs, ...ages } = purge;
+  const { everyMs, inbox: _, ...ages } = purge;
   const stopped = new AbortController();
   signal?.addEventListener("abort", () => stopped.abort(), { once: true });
   let running: Promise<void> = Promise.resolve();
@@ -542,7 +544,12 @@ async function work(argv: string[]): Promise<void> {
   // a third of the time. Their writes are claims, done marks and failures, none of which anyone acts on
   // before it settles; the handler's connection, whose writes the app reads, keeps FULL. Opened whenever
   // destinations may come: a configuration applied while the worker runs can add the first.
-  const { first, lanes, example } = await startup.database(async () => {
+  // --purge-every's batches commit the same way, through a connection of their own, as inbox.ts purge does: on
+  // the handler's, each batch's fsync inside COMMIT held the write lock, and the receiver's acks waited behind
+  // it (docs/operations.md#retention-by-period). A tombstone seen before its fdatasync lets nothing be lost: a
+  // body a power cut brings back is purged again, and a copy stored again settles after its own fdatasync,
+  // which covers the purge's frames before it in the same WAL.
+  const { first, lanes, purging, example } = await startup.database(async () => {
     const { stored, changes } = await startup.configure(inbox, file, WORKER_CHECKS);
     if (changes.length > 0) say(`worker: ${sourcesFile} applied as configuration version ${stored!.version}`);
     // What the database holds (the handler alone where it holds nothing) is what runs.
@@ -561,7 +568,11 @@ async function work(argv: string[]): Promise<void> {
       inbox.backend === "sqlite" && (!opts.once || first.loaded.forwarding.destinations.size > 0)
         ? await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit })
         : undefined;
-    return { first, lanes, example };
+    const purging =
+      inbox.backend === "sqlite" && purgeEveryMs !== undefined
+        ? await connect(path, { maxAttempts: opts.maxAttempts, syncOffLoop: true, ...onCommit })
+        : undefined;
+    return { first, lanes, purging, example };
   });
   // The example stops at the first configuration applied while it runs: what reaches the handler then is real.
   let exampleRuns = example;
@@ -649,7 +660,12 @@ async function work(argv: string[]): Promise<void> {
         purge:
           purgeEveryMs === undefined
             ? undefined
-            : { everyMs: purgeEveryMs, bodiesAfterMs: opts.bodiesAfter, forgetAfterMs: opts.forgetAfter },
+            : {
+                everyMs: purgeEveryMs,
+                bodiesAfterMs: opts.bodiesAfter,
+                forgetAfterMs: opts.forgetAfter,
+                ...(purging ? { inbox: purging } : {}),
+              },
       }),
       live.finished(),
     ]);
@@ -661,6 +677,7 @@ async function work(argv: string[]): Promise<void> {
   }
   unwatch?.();
   await lanes?.close();
+  await purging?.close();
   await inbox.close();
   startup.close();
   lines.flush();

@@ -144,7 +144,8 @@ export const DEFAULTS = {
   /**
    * Deliveries purge changes per transaction, so no ack waits long behind it: 100, not 500, as the
    * 500-row batches' commits (2 MB of WAL each) raised the ack p99 in bench/purge.ts. A batch of 100 holds
-   * SQLite's write lock 2.5 ms at the median (inbox.ts purge commits it without an fsync in the lock).
+   * SQLite's write lock 2.5 ms at the median (inbox.ts purge and worker.ts --purge-every commit it without
+   * an fsync in the lock: syncOffLoop).
    * @default 100
    */
   purgeBatch: 100,

@@ -1,9 +1,20 @@
 // test/helpers.ts: what every test file needs: throwaway folders, the scripts run as real child
 // processes on this same runtime (Node, Node under tsx, Deno or Bun), and a receiver on a free port.
 
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { execFileSync, spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  closeSync,
+  constants,
+  existsSync,
+  mkdtempSync,
+  open,
+  openSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -889,4 +900,36 @@ export function pki(dir: string): Pki {
     key: readFileSync(join(dir, "server.key")),
     cert: readFileSync(join(dir, "server.pem")),
   };
+}
+
+/**
+ * holdThreadPool occupies every thread of libuv's pool with an open() of a named pipe (made in dir) that blocks
+ * until its other end is opened; release() opens those ends, and the pool is free again. What waits for the
+ * pool (syncOffLoop's fdatasync of the WAL) is then plain to see.
+ */
+export async function holdThreadPool(dir: string): Promise<{ release: () => Promise<void> }> {
+  const size = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
+  const fifos = Array.from({ length: size }, (_, i) => join(dir, `hold${i}`));
+  for (const fifo of fifos) execFileSync("mkfifo", [fifo]);
+  const readers = fifos.map(
+    (fifo) =>
+      new Promise<number>((resolve, reject) => open(fifo, "r", (error, fd) => (error ? reject(error) : resolve(fd)))),
+  );
+  // Each open() is on its thread once the main thread has had a turn to hand it over.
+  await turns(2);
+  let released = false;
+  return {
+    release: async () => {
+      if (released) return;
+      released = true;
+      const writers = fifos.map((fifo) => openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
+      for (const fd of await Promise.all(readers)) closeSync(fd);
+      for (const fd of writers) closeSync(fd);
+    },
+  };
+}
+
+/** turns lets the event loop go round n times: enough for a group commit, which runs on the next one. */
+export async function turns(n: number): Promise<void> {
+  for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve));
 }

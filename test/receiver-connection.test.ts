@@ -1,18 +1,18 @@
 // test/receiver-connection.test.ts: the options receiver.ts opens its SQLite connection with. With syncOffLoop
 // a commit does not fsync, and each write settles only once an fdatasync of the WAL, run on libuv's thread
-// pool, has finished after its commit; the pool is held up by opens of named pipes that no one writes to, so
-// what waits for it is plain to see. (Whether that is as durable as synchronous=FULL is for the power-loss
-// tests to show.) pageCacheKb sizes the connection's page cache.
+// pool, has finished after its commit; the pool is held up by opens of named pipes that no one writes to
+// (holdThreadPool, test/helpers.ts), so what waits for it is plain to see. (Whether that is as durable as
+// synchronous=FULL is for the power-loss tests to show.) pageCacheKb sizes the connection's page cache.
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, fstatSync, mkdirSync, open, openSync, statSync, symlinkSync } from "node:fs";
+import { closeSync, constants, fstatSync, mkdirSync, openSync, statSync, symlinkSync } from "node:fs";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { durabilityProblem } from "../lib/sqlite/schema.ts";
-import { tempDir } from "./helpers.ts";
+import { holdThreadPool, tempDir, turns } from "./helpers.ts";
 
 let dir: { dir: string; cleanup: () => void };
 let path: string;
@@ -33,35 +33,6 @@ afterEach(async () => {
   dir.cleanup();
 });
 
-// holdThreadPool occupies every thread of libuv's pool with an open() of a named pipe that blocks until
-// its other end is opened; release() opens those ends, and the pool is free again.
-async function holdThreadPool(): Promise<{ release: () => Promise<void> }> {
-  const size = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
-  const fifos = Array.from({ length: size }, (_, i) => join(dir.dir, `hold${i}`));
-  for (const fifo of fifos) execFileSync("mkfifo", [fifo]);
-  const readers = fifos.map(
-    (fifo) =>
-      new Promise<number>((resolve, reject) => open(fifo, "r", (error, fd) => (error ? reject(error) : resolve(fd)))),
-  );
-  // Each open() is on its thread once the main thread has had a turn to hand it over.
-  await turns(2);
-  let released = false;
-  return {
-    release: async () => {
-      if (released) return;
-      released = true;
-      const writers = fifos.map((fifo) => openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
-      for (const fd of await Promise.all(readers)) closeSync(fd);
-      for (const fd of writers) closeSync(fd);
-    },
-  };
-}
-
-// turns lets the event loop go round n times: enough for a group commit, which runs on the next one.
-async function turns(n: number): Promise<void> {
-  for (let i = 0; i < n; i++) await new Promise((resolve) => setImmediate(resolve));
-}
-
 // stored reads, through a connection of its own, whether a delivery is committed.
 function stored(id: string): boolean {
   const db = new DatabaseSync(path, { readOnly: true });
@@ -78,7 +49,7 @@ const synchronous = (db: DatabaseSync) =>
 describe("syncOffLoop", () => {
   it("commits a store at once but settles it only after the fdatasync that follows", async () => {
     const fast = inbox({ syncOffLoop: true });
-    const pool = await holdThreadPool();
+    const pool = await holdThreadPool(dir.dir);
     try {
       let settled = false;
       const result = fast.store({ id: "evt_1", body: Buffer.from("{}") }).finally(() => (settled = true));
@@ -94,7 +65,7 @@ describe("syncOffLoop", () => {
 
   it("(control) at synchronous=FULL a store settles with its commit, whatever the thread pool is doing", async () => {
     const full = inbox();
-    const pool = await holdThreadPool();
+    const pool = await holdThreadPool(dir.dir);
     try {
       let settled = false;
       const result = full.store({ id: "evt_1", body: Buffer.from("{}") }).finally(() => (settled = true));
@@ -108,7 +79,7 @@ describe("syncOffLoop", () => {
 
   it("syncs a commit made during an fdatasync with a second one at once, and holds writes while two run", async () => {
     const fast = inbox({ syncOffLoop: true });
-    const pool = await holdThreadPool();
+    const pool = await holdThreadPool(dir.dir);
     try {
       const first = fast.store({ id: "evt_1", body: Buffer.from("{}") });
       await turns(3);

@@ -47,11 +47,12 @@ describe("the SQLite file after a purge", () => {
     return statSync(path).size;
   };
 
-  // inbox.ts purge opens its inbox with syncOffLoop (each batch's fdatasync after the write lock is let go), the
-  // worker's --purge-every purges on its handler's connection, which keeps FULL: the same purge on both.
+  // inbox.ts purge and the worker's --purge-every purge through a connection with syncOffLoop (each batch's
+  // fdatasync after the write lock is let go); a library caller's purge on its own inbox commits at FULL: the
+  // same purge on both.
   for (const [how, options] of [
     ["synchronous = FULL", {}],
-    ["syncOffLoop, as inbox.ts purge opens it", { syncOffLoop: true }],
+    ["syncOffLoop, as inbox.ts purge and worker.ts --purge-every open it", { syncOffLoop: true }],
   ] as const)
     it(`really shrinks: a new file gives the freed pages back to the file system (${how})`, async () => {
       let t = Date.now();

@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import type { ChildProcess } from "node:child_process";
+import { constants, existsSync, readdirSync, readFileSync, readlinkSync, realpathSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { DatabaseSync } from "node:sqlite";
@@ -11,9 +12,10 @@ import { connect } from "../inbox.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import { type Inbox, PermanentError } from "../lib/store.ts";
 import { ensurePayments, recordPayment, run, type Job } from "../worker.ts";
-import { freshSchema, postgresSkip, runScript, spawnScript, tempDir } from "./helpers.ts";
+import { freshSchema, holdThreadPool, postgresSkip, runScript, spawnScript, tempDir, turns, until } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
+const DAY = 86_400_000;
 const LEASE = 60_000;
 const payment = (customer = "Maria Lopez", amount = 24.99) => Buffer.from(JSON.stringify({ customer, amount }));
 
@@ -45,6 +47,7 @@ const statusOf = (id: string) =>
     id,
   )[0];
 const quiet = () => {};
+const tombstones = () => query<{ n: number }>("SELECT count(*) AS n FROM deliveries WHERE purged_at IS NOT NULL")[0]!.n;
 
 // Every child a test starts is killed at the end, so a test that fails (or times out) waiting on one
 // does not leave it running and hold this file's process open.
@@ -279,6 +282,93 @@ describe("run()", () => {
   });
 });
 
+// On SQLite worker.ts hands run() a connection of its own with syncOffLoop for the scheduled purge (purge.inbox):
+// each batch commits without an fsync inside the write lock and settles after an fdatasync of the WAL on libuv's
+// thread pool, as inbox.ts purge's do. Holding that pool shows which way a batch committed.
+describe("run()'s scheduled purge", () => {
+  // Three payments handled eight days ago: the purge's default ages drop their bodies.
+  const handledLongAgo = async (inbox: SqliteInbox) => {
+    for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
+    await run(recordPayment, { inbox, once: true, log: quiet });
+    t += 8 * DAY;
+  };
+  // purging runs a worker on inbox whose purge commits through purgeInbox (the run's own when not given).
+  const purging = (inbox: Inbox, purgeInbox?: Inbox) => {
+    const stop = new AbortController();
+    const seen: { line?: string } = {};
+    let said: (line: string) => void = () => {};
+    const purged = new Promise<string>((resolve) => (said = resolve));
+    const running = run(recordPayment, {
+      inbox,
+      signal: stop.signal,
+      log: (line) => {
+        if (!line.startsWith("purge")) return;
+        seen.line = line;
+        said(line);
+      },
+      purge: { everyMs: 3_600_000, ...(purgeInbox ? { inbox: purgeInbox } : {}) },
+    });
+    return { seen, purged, stop: () => (stop.abort(), running) };
+  };
+
+  it("commits each batch through the connection it is given, with syncOffLoop: at once, settled after the fdatasync", async () => {
+    const handler = open();
+    const own = open({ syncOffLoop: true });
+    await handledLongAgo(handler);
+    const pool = await holdThreadPool(dir.dir);
+    try {
+      const worker = purging(handler, own);
+      await until("the purge's batch is committed", () => tombstones() === 3);
+      await turns(5);
+      assert.equal(worker.seen.line, undefined, "the purge is not over before its fdatasync, which waits for the pool");
+      await pool.release();
+      assert.match(await worker.purged, /^purge: dropped 3 bodies/);
+      await worker.stop();
+    } finally {
+      await pool.release();
+    }
+    assert.equal(handler.durability.synchronous, 2, "the handler's connection keeps FULL");
+    for (const inbox of opened) await inbox.close();
+    // What the purge settled is in the file as a new connection opens it, after the worker has stopped.
+    const reopened = new SqliteInbox(path);
+    try {
+      const kept = await reopened.kept();
+      assert.deepEqual([kept.tombstones.count, kept.bodies.count], [3, 0]);
+    } finally {
+      await reopened.close();
+    }
+  });
+
+  it("(control) on the run's own connection, at FULL, the same purge settles with its commits whatever the pool does", async () => {
+    const handler = open();
+    await handledLongAgo(handler);
+    const pool = await holdThreadPool(dir.dir);
+    try {
+      const worker = purging(handler);
+      assert.match(await worker.purged, /^purge: dropped 3 bodies/);
+      await worker.stop();
+    } finally {
+      await pool.release();
+    }
+    assert.equal(tombstones(), 3);
+  });
+});
+
+// walSyncers counts the descriptors a process holds on this test's WAL read-only: syncOffLoop's, not SQLite's.
+function walSyncers(pid: number): number {
+  const wal = `${realpathSync(path)}-wal`;
+  return readdirSync(`/proc/${pid}/fd`).filter((fd) => {
+    try {
+      if (readlinkSync(`/proc/${pid}/fd/${fd}`) !== wal) return false;
+      const flags = /^flags:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/fdinfo/${fd}`, "utf8"))![1]!;
+      // The access mode is the low two bits (O_ACCMODE, which node:fs does not export).
+      return (Number.parseInt(flags, 8) & 3) === constants.O_RDONLY;
+    } catch {
+      return false; // closed meanwhile
+    }
+  }).length;
+}
+
 // lines follows a child's stream and resolves when a line matches.
 function lines(child: ChildProcess, stream: "stdout" | "stderr") {
   const seen: string[] = [];
@@ -425,6 +515,36 @@ describe("worker.ts", { timeout: 30_000 }, () => {
     assert.deepEqual(await exited, { code: 0, signal: null });
     assert.match(err.seen.join("\n"), /^SIGTERM: no more claims/m);
   });
+
+  // syncOffLoop opens the WAL read-only twice per connection (for its fdatasyncs; SQLite's own descriptor is
+  // read-write), which /proc shows from outside: the forwarding lanes' connection has two, a purge's own two more.
+  for (const [how, args, expected] of [
+    ["--purge-every purges through a syncOffLoop connection of its own", ["--purge-every"], 4],
+    ["(control) without --purge-every only the lanes' connection syncs the WAL itself", [], 2],
+  ] as const)
+    it(how, { skip: existsSync("/proc/self/fdinfo") ? false : "reads /proc" }, async () => {
+      t = Date.now() - 8 * DAY;
+      const inbox = open();
+      for (const id of ["evt_1", "evt_2", "evt_3"]) await inbox.store({ id, body: payment() });
+      await run(recordPayment, { inbox, once: true, log: quiet });
+      await inbox.close();
+      const child = start("worker.ts", ["--db", path, ...args]);
+      const err = lines(child, "stderr");
+      const exited = exitOf(child);
+      if (args.length > 0) await err.next(/^purge: dropped 3 bodies/);
+      else await until("the worker has opened its connections", () => walSyncers(child.pid!) === expected);
+      assert.equal(walSyncers(child.pid!), expected);
+      child.kill("SIGTERM");
+      assert.deepEqual(await exited, { code: 0, signal: null });
+      // What the purge settled is in the file as a new connection opens it, after the worker has stopped.
+      const reopened = new SqliteInbox(path);
+      try {
+        const kept = await reopened.kept();
+        assert.deepEqual([kept.tombstones.count, kept.bodies.count], args.length > 0 ? [3, 0] : [0, 3]);
+      } finally {
+        await reopened.close();
+      }
+    });
 
   it("answers a bad option with exit 2", async () => {
     const { code, stderr } = await runScript("worker.ts", ["--concurrency", "0", "--db", path]);
