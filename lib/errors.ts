@@ -36,6 +36,8 @@ const SQLITE_CODES: Record<number, string> = {
  */
 export function passing(error: unknown): boolean {
   for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+    // An error that knows it will come back as it is (a search past its bound) says so, whatever its cause.
+    if ((e as { passing?: unknown }).passing === false) return false;
     const code = (e as { code?: unknown }).code;
     if (typeof code === "string" && (passingSqlstate(code) || code === "55P03" || SOCKET_CODES.has(code))) return true;
     const errcode = (e as { errcode?: unknown }).errcode;

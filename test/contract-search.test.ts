@@ -13,8 +13,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { DEFAULTS } from "../lib/defaults.ts";
+import { passing } from "../lib/errors.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { SearchOff, SearchTooBroad } from "../lib/search.ts";
+import { connect } from "../inbox.ts";
 import type { Delivery, Filter, Inbox, InboxOptions } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { body, contract, LEASE } from "./contract-harness.ts";
@@ -455,6 +457,42 @@ contract((suite) => {
       // SET LOCAL ended with the search's transaction: the session's setting is as it was.
       assert.equal((await inbox.query("SHOW statement_timeout"))[0]!.statement_timeout, before);
     });
+
+    suite.onPostgres(
+      "a refused search is rolled back and its connection kept, and is not taken for a passing error",
+      async () => {
+        // The pool's connections are told apart by an application_name of this test's own.
+        const name = `refused_${process.pid}_${suite.t}`;
+        const inbox = await connect(`${suite.target}&application_name=${name}`, {
+          now: () => suite.t,
+          random: () => 0,
+          searchTimeoutMs: 1,
+        });
+        try {
+          await seedMany(inbox, 20_000);
+          const pids = async () =>
+            new Set(
+              (
+                (await inbox.query("SELECT pid FROM pg_stat_activity WHERE application_name = ?", name)) as {
+                  pid: number;
+                }[]
+              ).map((r) => r.pid),
+            );
+          const before = await pids();
+          let refused: unknown;
+          for (let i = 0; i < 3; i++) refused = await inbox.search(wide).catch((e: unknown) => e);
+          assert.ok(refused instanceof SearchTooBroad);
+          // Had each refused search ended its connection (as it did), a pid seen before would be gone.
+          const after = await pids();
+          assert.deepEqual([...before].filter((pid) => !after.has(pid)), [], "no connection ended");
+          // Its cause, a cancelled statement (57014), is passing on its own; the refusal is not.
+          assert.equal(passing(refused.cause), true, "(control) the cause alone is passing");
+          assert.equal(passing(refused), false);
+        } finally {
+          await inbox.close();
+        }
+      },
+    );
 
     suite.onPostgres(
       "(control) the same search under the default bound answers, and leaves the session's setting",

@@ -282,7 +282,13 @@ export class PostgresReads {
       client.release();
       return result;
     } catch (error) {
-      client.release(error instanceof Error ? error : new Error(String(error)));
+      // A refused search is the server's answer, not a broken connection: rolled back, the connection goes
+      // back to the pool, so a run of too-broad searches does not open one connection each. Only one whose
+      // rollback fails too is ended.
+      await client.query("ROLLBACK").then(
+        () => client.release(),
+        () => client.release(error instanceof Error ? error : new Error(String(error))),
+      );
       // 57014 is also pg_cancel_backend's: only a cancel that came once the bound had passed is the bound's.
       const code = (error as { code?: unknown }).code;
       if (code === "57014" && performance.now() - since >= this.searchTimeoutMs)
