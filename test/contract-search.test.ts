@@ -484,7 +484,11 @@ contract((suite) => {
           assert.ok(refused instanceof SearchTooBroad);
           // Had each refused search ended its connection (as it did), a pid seen before would be gone.
           const after = await pids();
-          assert.deepEqual([...before].filter((pid) => !after.has(pid)), [], "no connection ended");
+          assert.deepEqual(
+            [...before].filter((pid) => !after.has(pid)),
+            [],
+            "no connection ended",
+          );
           // Its cause, a cancelled statement (57014), is passing on its own; the refusal is not.
           assert.equal(passing(refused.cause), true, "(control) the cause alone is passing");
           assert.equal(passing(refused), false);

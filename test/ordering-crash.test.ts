@@ -87,7 +87,10 @@ for (const backend of BACKENDS) {
         };
         for (let i = 0; i < 3; i++) spawn();
         const handledCount = async () => Number((await inbox.query("SELECT count(*) AS n FROM handled"))[0]!.n);
-        const deadline = Date.now() + 20_000;
+        // The deadline only bounds a run that is stuck: a run ends as soon as every delivery is handled, and
+        // its twelve kills come in its first few seconds; two cores under other tests' load once needed more
+        // than 20 s for the 480 (445 handled at the bound, the rest waiting, none lost).
+        const deadline = Date.now() + 120_000;
         let kills = 0;
         while (Date.now() < deadline && (await handledCount()) < DELIVERIES) {
           await new Promise((resolve) => setTimeout(resolve, 150 + random() * 350));
