@@ -319,8 +319,8 @@ export class PostgresBulk {
          SELECT a.source, a.id, a.route, a.received_at, s.body FROM a
          JOIN unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) ON u.s = a.source AND u.i = a.id
          JOIN deliveries s ON s.source = u.s AND s.id = u.i AND s.route = u.r
-         WHERE octet_length(s.body) > $6)
-         -- Its key, as a store's (docs/table.md#hot-and-cold): no other statement adds a route to a delivery.
+         WHERE octet_length(s.body) > $6),
+         -- Its key, as a store writes it (docs/table.md#hot-and-cold): no other statement adds a route to a delivery.
          k AS (INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM a)
          SELECT source, id, order_key, event_time, arrival, available_at FROM a`,
         args,
@@ -590,7 +590,7 @@ export class PostgresBulk {
       const { rows } = await client.query(
         toPg(`WITH p AS (SELECT tableoid AS rel, ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
                          WHERE ${where} AND status IN ('done', 'failed') AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
-                   -- A ctid is a partition's own: the same one names a row in each (docs/table.md#hot-and-cold).
+                   -- A ctid names a row within its partition only, and the same one a row in each (docs/table.md#hot-and-cold).
                    d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
                          WHERE d.tableoid = p.rel AND d.ctid = p.at AND d.received_at = p.at_time AND ${where}
                            AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
