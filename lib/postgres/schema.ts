@@ -424,15 +424,15 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX delivery_rows_conflicts ON delivery_rows (conflicts) WHERE conflicts > 0;
    CREATE INDEX delivery_rows_failed_error ON delivery_rows (error, received_at) WHERE status = 'failed';
    -- Every key ever stored and not yet forgotten: a store inserts here first, and only the new ones' rows.
+   -- Its primary key is built after the copy, in one sort, rather than entry by entry as it is filled.
    CREATE TABLE delivery_keys (
      source      text     NOT NULL,
      id          text     NOT NULL,
      route       smallint NOT NULL,
-     received_at bigint   NOT NULL,
-     PRIMARY KEY (source, id, route)
+     received_at bigint   NOT NULL
    ) WITH (autovacuum_vacuum_scale_factor = 0.02);
-   INSERT INTO delivery_keys (source, id, route, received_at)
-     SELECT source, id, route, received_at FROM delivery_rows_before ORDER BY source, id, route;
+   INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM delivery_rows_before;
+   ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
    -- The backlog, small, to the hot partition.
    INSERT INTO delivery_rows_hot SELECT * FROM delivery_rows_before WHERE status IN ('received', 'processing');
    DELETE FROM delivery_rows_before WHERE status IN ('received', 'processing');
