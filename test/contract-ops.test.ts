@@ -819,6 +819,46 @@ contract((suite) => {
       }
     });
 
+    suite.onPostgres("a claim that fails with 40001 is run again, and hands its lease over", async () => {
+      const inbox = await open();
+      const defaults = DEFAULTS as { movedTries: number };
+      const tries = defaults.movedTries;
+      // The first two claims' updates fail as a takeover's would that met a row a late done mark had just
+      // moved (that race is a matter of microseconds; its error is the same): the control's one try, and the
+      // first try of the claim after it, whose second try succeeds.
+      await inbox.query("CREATE SEQUENCE moved_count");
+      await inbox.query(`CREATE FUNCTION moved() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.status = 'processing' AND nextval('moved_count') <= 2 THEN
+            RAISE EXCEPTION 'tuple to be locked was already moved to another partition (injected by the test)'
+              USING ERRCODE = 'serialization_failure';
+          END IF;
+          RETURN NEW;
+        END $$`);
+      await inbox.query("CREATE TRIGGER moved BEFORE UPDATE ON delivery_rows FOR EACH ROW EXECUTE FUNCTION moved()");
+      try {
+        await inbox.store({ id: "c_1", body: body({}) });
+        // (control) run once only, the claim fails with the 40001.
+        defaults.movedTries = 1;
+        const failed = await inbox.claimBatch(10, LEASE).then(
+          () => "claimed",
+          (error: { code?: string; cause?: { code?: string } }) => error.cause?.code ?? error.code,
+        );
+        assert.equal(failed, "40001");
+        defaults.movedTries = tries;
+        const leases = await inbox.claimBatch(10, LEASE);
+        assert.deepEqual(
+          leases.map((l) => l.id),
+          ["c_1"],
+        );
+        assert.equal(await inbox.finish(leases[0]!), true);
+        const [{ n }] = (await inbox.query("SELECT last_value::integer AS n FROM moved_count")) as [{ n: number }];
+        assert.equal(n, 3, "the claim after the control failed once, then went through");
+      } finally {
+        defaults.movedTries = tries;
+      }
+    });
+
     suite.onPostgres(
       "a bulk retry that meets a row a commit just moved to another partition (40001) runs its batch again",
       async () => {
