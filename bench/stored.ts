@@ -178,6 +178,9 @@ export async function makeDays(inbox: Pick<Inbox, "query">, from: number, until:
         `CREATE TABLE IF NOT EXISTS ${name} PARTITION OF delivery_history FOR VALUES FROM (${day.from}) TO (${day.until})`,
       );
       await inbox.query(`CREATE UNIQUE INDEX IF NOT EXISTS ${name}_key ON ${name} (source, id, route)`);
+      await inbox.query(
+        `CREATE INDEX IF NOT EXISTS ${name}_open ON ${name} (status, received_at, source, destination) WHERE status <> 'done'`,
+      );
     }
   }
 }

@@ -32,7 +32,7 @@ export function historyOf(period: Period): string {
 /**
  * makePeriods makes the partitions of the day of now and of the ahead days after it, where they are missing:
  * the day's bodies' and, beside it, the day's history's (docs/table.md#hot-and-cold), each with its unique key
- * (a partitioned table cannot have one of its own). A day whose rows already went to a default partition
+ * (a partitioned table cannot have one of its own) and its index of what is not done (not on the hot partition). A day whose rows already went to a default partition
  * (nobody made it ahead) is left there, to be purged row by row: PostgreSQL refuses a partition that rows of
  * the default one belong to. A day of history before the upgrade to partitions is the old table's.
  */
@@ -47,6 +47,7 @@ export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs
     await makeOne(pool, lockMs, [
       `CREATE TABLE IF NOT EXISTS ${history} PARTITION OF delivery_history FOR VALUES FROM (${period.from}) TO (${period.until})`,
       `CREATE UNIQUE INDEX IF NOT EXISTS ${history}_key ON ${history} (source, id, route)`,
+      `CREATE INDEX IF NOT EXISTS ${history}_open ON ${history} (status, received_at, source, destination) WHERE status <> 'done'`,
     ]);
   }
 }
