@@ -155,7 +155,8 @@ async function fillPostgres(inbox: Inbox, t0: number): Promise<void> {
                 CASE WHEN s = 'github' THEN 'push' WHEN i % 2 = 0 THEN 'charge.succeeded' ELSE 'invoice.paid' END, t, st,
                 CASE WHEN st = 'done' THEN 1 ELSE 3 END, CASE WHEN st = 'received' THEN t + 10 * ?::bigint ELSE t END,
                 CASE WHEN st = 'done' THEN NULL ELSE 'HTTP 500 from upstream' END, CASE WHEN st = 'received' THEN NULL ELSE t + 50 END
-         FROM b)
+         FROM b),
+       k AS (INSERT INTO delivery_keys (source, id, route, received_at) SELECT s, 'evt_' || i, 0, t FROM g)
        INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT s, 'evt_' || i, 0, t, body FROM b`,
       t0,
       SPAN,

@@ -7,7 +7,8 @@
 // measured against an empty inbox in the same run (ratios printed), and the disk the stored rows take is
 // given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). Beside each
 // rate, the CPU a delivery (this process's and PostgreSQL's), which a shared machine's load moves less. On
-// PostgreSQL it then times the upgrade of an inbox that main's schema filled at the largest size.
+// PostgreSQL it then times the upgrades of an inbox that main's schema filled at the largest size (to bodies apart,
+// and to a hot queue and a history).
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
 // BENCH_UPGRADE_ROWS (default the largest) the upgrade's.
 //   npm run bench -- stored
@@ -22,7 +23,7 @@ import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
-import { periodOf } from "../lib/postgres/periods.ts";
+import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
 import { ensurePayments, recordPayment, run } from "../worker.ts";
@@ -117,9 +118,9 @@ export async function fillPostgres(
   const [head, tail] = [sample.slice(0, sample.indexOf('"evt_0"')), sample.slice(sample.indexOf('"evt_0"') + 7)];
   // Where bodies have a table of their own (docs/table.md#bodies-apart), the rows and the bodies are written
   // straight into their tables, as store() writes them, rather than a row at a time through the view's trigger.
-  const [{ apart }] = (await inbox.query("SELECT to_regclass('delivery_bodies') IS NOT NULL AS apart")) as [
-    { apart: boolean },
-  ];
+  const [{ apart, keyed }] = (await inbox.query(
+    "SELECT to_regclass('delivery_bodies') IS NOT NULL AS apart, to_regclass('delivery_keys') IS NOT NULL AS keyed",
+  )) as [{ apart: boolean; keyed: boolean }];
   if (apart && partitioned) await makeDays(inbox, now - days * DAY, now);
   for (let start = 0; start < n; start += 100_000) {
     await inbox.query(
@@ -132,7 +133,9 @@ export async function fillPostgres(
                                  received_at, status, attempts, available_at, finished_at)
          SELECT 'default', 'old_' || i, ${apart ? "'\\x'::bytea" : "b"}, encode(sha256(b), 'hex'), 'application/json',
                 'charge.succeeded', t, 'done', 1, t, t + 50
-         FROM g)
+         FROM g),
+       -- Each row's key, where duplicates are answered from a table of their own (docs/table.md#hot-and-cold).
+       k AS (${keyed ? "INSERT INTO delivery_keys (source, id, route, received_at) SELECT 'default', 'old_' || i, 0, t FROM g" : "SELECT 1"})
        ${apart ? "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT 'default', 'old_' || i, 0, t, b FROM g" : "SELECT 1"}`,
       now,
       days,
@@ -144,7 +147,9 @@ export async function fillPostgres(
       Math.min(n, start + 100_000) - 1,
     );
   }
+  // A partitioned delivery_rows: VACUUM of it goes through its partitions.
   await inbox.query(`VACUUM (ANALYZE) ${apart ? "delivery_rows" : "deliveries"}`);
+  if (keyed) await inbox.query("VACUUM (ANALYZE) delivery_keys");
   if (apart) await inbox.query("VACUUM (ANALYZE) delivery_bodies");
   // As on SQLite: the fill's dirty buffers written out now, not by a checkpoint in the middle of the measure.
   await inbox.query("CHECKPOINT");
@@ -162,6 +167,21 @@ export async function makeDays(inbox: Pick<Inbox, "query">, from: number, until:
     await inbox.query(
       `CREATE TABLE IF NOT EXISTS ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
     );
+    // The day's history beside it, where delivery_rows is partitioned (docs/table.md#hot-and-cold), as
+    // makePeriods makes it: done rows filled into the default partition would be read there instead.
+    const [{ history }] = (await inbox.query("SELECT to_regclass('delivery_history') IS NOT NULL AS history")) as [
+      { history: boolean },
+    ];
+    if (history) {
+      const name = historyOf(day);
+      await inbox.query(
+        `CREATE TABLE IF NOT EXISTS ${name} PARTITION OF delivery_history FOR VALUES FROM (${day.from}) TO (${day.until})`,
+      );
+      await inbox.query(`CREATE UNIQUE INDEX IF NOT EXISTS ${name}_key ON ${name} (source, id, route)`);
+      await inbox.query(
+        `CREATE INDEX IF NOT EXISTS ${name}_open ON ${name} (status, received_at, source, destination) WHERE status <> 'done'`,
+      );
+    }
   }
 }
 
@@ -170,7 +190,9 @@ async function diskBytes(inbox: Inbox, path: string): Promise<number> {
   if (inbox.backend === "postgres") {
     // The table with its indexes and TOAST, and the bodies' table where they have one of their own.
     const [row] = await inbox.query(
-      `SELECT coalesce(pg_total_relation_size(to_regclass('delivery_rows')), pg_total_relation_size('deliveries'))
+      `SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(to_regclass('delivery_rows'))),
+                       pg_total_relation_size('deliveries'))
+              + coalesce(pg_total_relation_size(to_regclass('delivery_keys')), 0)
               + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(to_regclass('delivery_bodies'))) AS bytes`,
     );
     return Number(row!.bytes);
@@ -261,11 +283,18 @@ async function once(db: string, stored: number): Promise<Round> {
   }
 }
 
+// The upgrades upgradeCost times: the migration each starts at (its first line's mark), and what it is called.
+const UPGRADES = {
+  bodies: { mark: "CREATE TABLE delivery_bodies", name: "bodies apart" },
+  history: { mark: "CREATE TABLE delivery_rows_hot", name: "a hot queue and a history" },
+} as const;
+
 /**
  * upgradeCost times the upgrade of a PostgreSQL inbox that main's schema filled with rows done deliveries to
- * bodies apart (docs/table.md#bodies-apart): the first connect() runs the migrations after it.
+ * bodies apart (docs/table.md#bodies-apart), or, from the schema before it, to a hot queue and a history
+ * (docs/table.md#hot-and-cold): the first connect() runs the migrations after it.
  */
-async function upgradeCost(rows: number): Promise<string> {
+async function upgradeCost(rows: number, to: keyof typeof UPGRADES): Promise<string> {
   const db = await freshDatabase("bench_inbox_upgrade");
   try {
     const client = new pg.Client({ connectionString: db.url });
@@ -275,7 +304,7 @@ async function upgradeCost(rows: number): Promise<string> {
       await client.query(
         "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
       );
-      const before = MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies"));
+      const before = MIGRATIONS.findIndex((m) => m.includes(UPGRADES[to].mark));
       for (let i = 0; i < before; i++) {
         await client.query(MIGRATIONS[i]!);
         await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
@@ -292,7 +321,7 @@ async function upgradeCost(rows: number): Promise<string> {
     const inbox = await connect(`${db.url}?schema=inbox`);
     const ms = performance.now() - started;
     await inbox.close();
-    const line = `  PostgreSQL upgrade to bodies apart at ${f(rows)} stored: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`;
+    const line = `  PostgreSQL upgrade to ${UPGRADES[to].name} at ${f(rows)} stored: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`;
     console.log(line);
     return line;
   } finally {
@@ -332,7 +361,8 @@ export async function stored(): Promise<string> {
     }
     // BENCH_UPGRADE_ROWS sets the upgrade's size apart from the largest S, as a fill of ten million twice is most of an hour.
     if ((await inboxTargets()).some((t) => t.name === "PostgreSQL"))
-      lines.push(await upgradeCost(knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES))));
+      for (const to of ["bodies", "history"] as const)
+        lines.push(await upgradeCost(knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES)), to));
   } finally {
     cleanup();
   }

@@ -178,6 +178,12 @@ export const DEFAULTS = {
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
   /**
+   * PostgreSQL: how many times a claim, a bulk retry or replay's batch, or a purge's batch is run again when it
+   * met a row that another transaction's commit had just moved between delivery_rows' partitions (SQLSTATE 40001,
+   * docs/table.md#hot-and-cold); each run reads afresh, so a second one finds the row where it went. @default 5
+   */
+  movedTries: 5,
+  /**
    * Free pages SQLite's incremental vacuum gives back to the file system per transaction (400 KB at 4 KB): 100,
    * not 1000, as a step that moves live pages from the file's end into the holes holds the write lock about
    * 40 µs a page, and the 1000-page steps held it up to 170 ms, each one an ack's stall (bench/purge.ts).

@@ -55,6 +55,30 @@ export function passing(error: unknown): boolean {
 }
 
 /**
+ * moved says a database error is PostgreSQL's serialization failure (40001), which a READ COMMITTED
+ * transaction meets when a row it would lock or change was moved to another partition of delivery_rows by a
+ * transaction that committed meanwhile (a done mark, a retry, a replay: docs/table.md#hot-and-cold). The
+ * statement, run again, reads afresh and finds the row where it went, or finds it no longer matches. It looks
+ * through the causes a batch's error wraps; passing() says the same of it, with every class-40 error.
+ */
+export function moved(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++)
+    if ((e as { code?: unknown }).code === "40001") return true;
+  return false;
+}
+
+/** whileMoved runs a write, and runs it again while it fails because a row moved under it (moved()), tries times in all. */
+export async function whileMoved<T>(write: () => Promise<T>, tries: number): Promise<T> {
+  for (let n = 1; ; n++) {
+    try {
+      return await write();
+    } catch (error) {
+      if (!moved(error) || n >= tries) throw error;
+    }
+  }
+}
+
+/**
  * PASSING_CLASSES are the SQLSTATE classes of a server's errors that go away on their own: a lost
  * connection (08), a deadlock or serialization failure (40), too many connections (53), a cancelled
  * statement or a server shutting down (57), a system error on the server (58). passing() and the

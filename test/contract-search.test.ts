@@ -392,6 +392,49 @@ contract((suite) => {
       await expect(inbox, { bodyWords: "cus_123" }, ["evt_2"]);
     });
 
+    it("keeps a delivery indexed through its done mark, a replay and a retry, queued once; forgets it with its row", async () => {
+      const inbox = await open({ maxAttempts: 1 });
+      await inbox.store({ source: "stripe", id: "evt_1", body: invoiceOf("evt_1") });
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_1"]);
+      const pending = async () =>
+        suite.backend.name === "postgres"
+          ? Number((await inbox.query("SELECT count(*) AS n FROM search_pending"))[0]!.n)
+          : 0;
+      // On PostgreSQL each of these moves the row between partitions of delivery_rows: a DELETE and an INSERT,
+      // whose row triggers must not take it out of the index nor queue it again (docs/table.md#hot-and-cold).
+      assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+      assert.deepEqual([await rowsIndexed(inbox), await pending()], [1, 0], "done");
+      assert.equal((await inbox.replayMatching({ id: "evt_1" })).replayed, 1);
+      assert.deepEqual([await rowsIndexed(inbox), await pending()], [1, 0], "replayed");
+      await inbox.fail((await inbox.claim(LEASE))!, "no", { permanent: true });
+      assert.equal(await inbox.retry({ source: "stripe", id: "evt_1" }), 1);
+      assert.deepEqual([await rowsIndexed(inbox), await pending()], [1, 0], "failed and retried");
+      await expect(inbox, { bodyWords: "cus_123" }, ["evt_1"]);
+      assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+      suite.t += 3 * 86_400_000;
+      await inbox.purge({ bodiesAfterMs: 86_400_000, forgetAfterMs: 2 * 86_400_000, rest: 0 });
+      assert.equal(await rowsIndexed(inbox), 0, "purged");
+    });
+
+    suite.onPostgres(
+      "(control) with the trigger function from before the partitions, a done mark takes the delivery out of the index",
+      async () => {
+        const inbox = await open();
+        await inbox.query(`CREATE OR REPLACE FUNCTION inbox_search_forget() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
+            IF TG_OP = 'UPDATE' AND NEW.purged_at IS NULL THEN
+              INSERT INTO search_pending (source, id) VALUES (NEW.source, NEW.id);
+            END IF;
+            RETURN NULL;
+          END $$`);
+        await inbox.store({ source: "stripe", id: "evt_1", body: invoiceOf("evt_1") });
+        await expect(inbox, { bodyWords: "cus_123" }, ["evt_1"]);
+        assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+        assert.equal(await rowsIndexed(inbox), 0, "the move's AFTER DELETE took it out");
+      },
+    );
+
     suite.onPostgres(
       "never skips a store that commits after a later one: the queue holds its key until it is indexed",
       async () => {

@@ -6,6 +6,7 @@
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
+import { moved } from "../errors.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
 import type {
   Audit,
@@ -99,6 +100,11 @@ export class PostgresBulk {
                                 $17::integer[], $18::bigint[], $19::text[], $20::bigint[], $21::text[], $22::integer[],
                                 $23::smallint[], $24::text[], $25::text[], $26::text[], $27::text[])
                   AS u(s, i, b, h, ct, et, pt, ra, st, at, av, lu, er, cf, fa, rp, pu, ok, ev, nw, n, ro, de, hd, tp, og)),
+         -- The key first, the arbiter delivery_rows cannot have (docs/table.md#hot-and-cold): a row only for a new one.
+         k AS (
+           INSERT INTO delivery_keys (source, id, route, received_at) SELECT s, i, ro, ra FROM u ORDER BY s, i, ro
+           ON CONFLICT (source, id, route) DO NOTHING
+           RETURNING source, id, route),
          r AS (
            INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
                                       status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
@@ -107,9 +113,8 @@ export class PostgresBulk {
                   CASE WHEN st = 'processing' THEN coalesce(lu, av) ELSE av END, lu,
                   CASE WHEN lu IS NULL THEN NULL ELSE greatest(1, lu - ${NOW}) END, er, cf, fa, rp, pu, ok, ev, nw,
                   CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp, og
-           FROM u
+           FROM u JOIN k ON k.source = u.s AND k.id = u.i AND k.route = u.ro
            ORDER BY s, i, ro
-           ON CONFLICT (source, id, route) DO NOTHING
            RETURNING source, id, route, destination, order_key, received_at),
          -- Each restored body in its own table, as store() keeps it (docs/table.md#bodies-apart).
          b AS (
@@ -207,9 +212,16 @@ export class PostgresBulk {
     await this.inBatches(filter, failed, options, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE delivery_rows d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'failed'
+         FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
+         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.status = 'failed'
          RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
+        [
+          this.now(),
+          keys.map((k) => k.source),
+          keys.map((k) => k.id),
+          keys.map((k) => k.route!),
+          keys.map((k) => k.receivedAt),
+        ],
       );
       total += rows.length;
       await settleRows(client, rows, false);
@@ -232,10 +244,16 @@ export class PostgresBulk {
       const { rows } = await client.query(
         `UPDATE delivery_rows d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
-         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.status = 'done' AND d.purged_at IS NULL
+         FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
+         WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.status = 'done' AND d.purged_at IS NULL
          RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), keys.map((k) => k.source), keys.map((k) => k.id), keys.map((k) => k.route!)],
+        [
+          this.now(),
+          keys.map((k) => k.source),
+          keys.map((k) => k.id),
+          keys.map((k) => k.route!),
+          keys.map((k) => k.receivedAt),
+        ],
       );
       replayed += rows.length;
       await settleRows(client, rows, false);
@@ -301,7 +319,9 @@ export class PostgresBulk {
          SELECT a.source, a.id, a.route, a.received_at, s.body FROM a
          JOIN unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) ON u.s = a.source AND u.i = a.id
          JOIN deliveries s ON s.source = u.s AND s.id = u.i AND s.route = u.r
-         WHERE octet_length(s.body) > $6)
+         WHERE octet_length(s.body) > $6),
+         -- Its key, as a store writes it (docs/table.md#hot-and-cold): no other statement adds a route to a delivery.
+         k AS (INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM a)
          SELECT source, id, order_key, event_time, arrival, available_at FROM a`,
         args,
       );
@@ -351,8 +371,10 @@ export class PostgresBulk {
     const size = bulkBatchSize(options.batch);
     const { where, params } = await filterSqlChecked(this.pool, filter);
     let after: Cursor | undefined;
-    for (;;) {
-      const picked = (await this.other(async (client) => {
+    for (let tries = 1; ; ) {
+      // A batch that met a row another commit just moved between partitions (a worker's done mark, a retry:
+      // 40001) is rolled back whole and run again from the same cursor (DEFAULTS.movedTries).
+      const batch = this.other(async (client) => {
         const cursor =
           after === undefined
             ? ""
@@ -375,7 +397,16 @@ export class PostgresBulk {
         const changed = keys.length > 0 ? await act(client, keys) : 0;
         await writeAudit(client, options.audit, changed, this.now());
         return keys;
-      })) as Cursor[];
+      }) as Promise<Cursor[]>;
+      let picked: Cursor[];
+      try {
+        picked = await batch;
+      } catch (error) {
+        if (!moved(error) || tries >= DEFAULTS.movedTries) throw error;
+        tries++;
+        continue;
+      }
+      tries = 1;
       if (picked.length < size) return;
       after = picked.at(-1);
     }
@@ -466,10 +497,12 @@ export class PostgresBulk {
           // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
           const { rows } = await client.query(
             `WITH gone AS (
-               DELETE FROM delivery_rows WHERE (source, id, route) IN (
-                 SELECT source, id, route FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1 AND received_at >= $3
+               DELETE FROM delivery_rows WHERE (source, id, route, received_at) IN (
+                 SELECT source, id, route, received_at FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1 AND received_at >= $3
                  ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-               RETURNING source, id, destination, received_at),
+               RETURNING source, id, route, destination, received_at),
+             keys AS (
+               DELETE FROM delivery_keys k USING gone g WHERE k.source = g.source AND k.id = g.id AND k.route = g.route),
              tries AS (
                DELETE FROM attempts a USING gone g WHERE a.source = g.source AND a.id = g.id AND a.destination = g.destination)
              SELECT count(*)::integer AS n, max(received_at) AS last FROM gone`,
@@ -512,10 +545,11 @@ export class PostgresBulk {
   }
 
   // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with
-  // its hash, so store()'s ON CONFLICT still finds the ID and a different body still counts as a conflict.
+  // its hash and its key stays in delivery_keys, so a copy is still a duplicate, and a different body a conflict.
   // With bodyRows false the body's own row is left to the DROP of its day's partition (releasePeriod).
-  // The rows are picked by ctid with no lock of their own and updated with the condition checked again, so a
-  // row changed meanwhile (replayed, say) is passed over rather than made a tombstone; and a body's bytes are
+  // The rows are picked by partition and ctid with no lock of their own and updated with the condition checked
+  // again, so a row changed meanwhile is passed over rather than made a tombstone (one a replay moved out of its
+  // partition fails the batch with 40001, and the batch run again passes it over); and a body's bytes are
   // those of the row that goes, not read again through delivery_body(). Against picking them FOR UPDATE and
   // reading each body through delivery_body(), a batch of 1,000 of a day's done rows took 36 ms against 123
   // (docs/operations.md#retention-by-period). Each batch starts at the last one's time (from): the index
@@ -536,6 +570,8 @@ export class PostgresBulk {
       try {
         return await this.dropBatchOnce(where, params, from, batch, audit, bodyRows);
       } catch (error) {
+        // A row replayed meanwhile (moved out of its history partition: 40001) is passed over when run again.
+        if (moved(error) && tries < DEFAULTS.movedTries) continue;
         if ((error as { code?: string }).code !== "55P03" || tries >= DEFAULTS.periodLockTries) throw error;
         await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
       }
@@ -553,10 +589,12 @@ export class PostgresBulk {
     return this.other(async (client) => {
       await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
       const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
-                         WHERE ${where} AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
+        toPg(`WITH p AS (SELECT tableoid AS rel, ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
+                         WHERE ${where} AND status IN ('done', 'failed') AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
+                   -- A ctid names a row within its partition only, and the same one a row in each (docs/table.md#hot-and-cold).
                    d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-                         WHERE d.ctid = p.at AND ${where} AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
+                         WHERE d.tableoid = p.rel AND d.ctid = p.at AND d.received_at = p.at_time AND ${where}
+                           AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
                          -- A body is in its row or in delivery_bodies, never both: the row's old body is its bytes.
                          RETURNING d.source, d.id, d.route, d.received_at, p.inline),
                    -- The body's own row goes with it (docs/table.md#bodies-apart).

@@ -458,7 +458,7 @@ export abstract class PostgresCommitter {
       client.query(
         this.prepared(
           `SELECT 1 FROM delivery_rows d JOIN unnest($1::text[], $2::text[], $3::smallint[], $4::text[]) AS u(s, i, r, t)
-         ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t
+         ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t AND d.status IN ('received', 'processing')
        ORDER BY d.source COLLATE "C", d.id COLLATE "C", d.route FOR NO KEY UPDATE OF d`,
           [
             leases.map((l) => l.source),

@@ -1,4 +1,5 @@
-// postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each: made ahead
+// postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each, and of
+// delivery_history beside them (docs/table.md#hot-and-cold): made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
 // released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
 // gives its bytes back to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
@@ -23,33 +24,50 @@ export function periodOf(at: number): Period {
   return { name: `delivery_bodies_d${day}`, from, until: from + DAY };
 }
 
+/** historyOf names a day's partition of delivery_history, the state rows of that day that are done or failed. */
+export function historyOf(period: Period): string {
+  return period.name.replace(/^delivery_bodies_/, "delivery_history_");
+}
+
 /**
- * makePeriods makes the partitions of the day of now and of the ahead days after it, where they are missing.
- * A day whose bodies already went to the default partition (nobody made it ahead) is left there, to be
- * purged row by row: PostgreSQL refuses a partition that rows of the default one belong to.
+ * makePeriods makes the partitions of the day of now and of the ahead days after it, where they are missing:
+ * the day's bodies' and, beside it, the day's history's (docs/table.md#hot-and-cold), each with its unique key
+ * (a partitioned table cannot have one of its own) and its index of what is not done (not on the hot partition). A day whose rows already went to a default partition
+ * (nobody made it ahead) is left there, to be purged row by row: PostgreSQL refuses a partition that rows of
+ * the default one belong to. A day of history before the upgrade to partitions is the old table's.
  */
 export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs: number): Promise<void> {
   for (let day = 0; day <= ahead; day++) {
     const period = periodOf(now + day * DAY);
-    const client = await pool.transaction();
-    try {
-      // Bounded, as a release is: making a partition locks delivery_bodies whole, and a CREATE queued behind a
-      // transaction in flight would hold up every store queued behind it. A day not made now is made by a
-      // later purge or open: it is made days ahead.
-      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
-      // DDL takes no bound parameters: the name and bounds are made here from a checked integer, never from input.
-      await client.query(
-        `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
-      );
-      await pool.commit(client);
-    } catch (error) {
-      await client.query("ROLLBACK").catch(() => {});
-      // 55P03: the lock was not had in time; 23514: the default partition holds rows of that day; 42P07 or
-      // 23505: another process made it first.
-      if (!["55P03", "23514", "42P07", "23505"].includes((error as { code?: string }).code ?? "")) throw error;
-    } finally {
-      client.release();
-    }
+    const history = historyOf(period);
+    // DDL takes no bound parameters: the names and bounds are made here from a checked integer, never from input.
+    await makeOne(pool, lockMs, [
+      `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
+    ]);
+    await makeOne(pool, lockMs, [
+      `CREATE TABLE IF NOT EXISTS ${history} PARTITION OF delivery_history FOR VALUES FROM (${period.from}) TO (${period.until})`,
+      `CREATE UNIQUE INDEX IF NOT EXISTS ${history}_key ON ${history} (source, id, route)`,
+      `CREATE INDEX IF NOT EXISTS ${history}_open ON ${history} (status, received_at, source, destination) WHERE status <> 'done'`,
+    ]);
+  }
+}
+
+// makeOne runs one partition's DDL in a transaction of its own, bounded, as a release is: making a partition
+// locks its parent whole, and a CREATE queued behind a transaction in flight would hold up every store (or done
+// mark) queued behind it. A day not made now is made by a later purge or open: it is made days ahead.
+async function makeOne(pool: Pool, lockMs: number, statements: string[]): Promise<void> {
+  const client = await pool.transaction();
+  try {
+    await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
+    for (const sql of statements) await client.query(sql);
+    await pool.commit(client);
+  } catch (error) {
+    await client.query("ROLLBACK").catch(() => {});
+    // 55P03: the lock was not had in time; 23514: the default partition holds rows of that day; 42P07 or
+    // 23505: another process made it first; 42P17: the day is the old table's, from before the upgrade.
+    if (!["55P03", "23514", "42P07", "23505", "42P17"].includes((error as { code?: string }).code ?? "")) throw error;
+  } finally {
+    client.release();
   }
 }
 

@@ -8,6 +8,7 @@
 
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
+import { whileMoved } from "../errors.ts";
 import { message } from "../log.ts";
 import { BY_DEFAULT, BY_INDEX, mergedInserts, NO_FLUSH, NOW, PostgresCommitter, toPg, type Op } from "./commit.ts";
 import { PostgresBulk } from "./bulk.ts";
@@ -303,7 +304,14 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // A limited claim locks the destination's row, which made() makes outside any batch (rule 3 of
     // docs/postgres.md); a plain claim goes straight to the queue.
     const limited = options.maxInFlight !== undefined || options.rate !== undefined;
-    return tellSetAside(limited ? this.gates.made(destination).then(claim) : claim(), options, () => setAside);
+    // A takeover's walk may meet a row whose late done mark or failure just moved it out of the hot partition
+    // (40001): the claim is run again, and reads the row where it went (DEFAULTS.movedTries).
+    const claimAgain = () => whileMoved(claim, DEFAULTS.movedTries);
+    return tellSetAside(
+      limited ? this.gates.made(destination).then(claimAgain) : claimAgain(),
+      options,
+      () => setAside,
+    );
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
@@ -423,7 +431,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
              SELECT * FROM (SELECT source, id, route, due, gave_up, takeover, true AS walked FROM u
                             UNION ALL
                             SELECT k.source, k.head_id, d.route, k.due, false, false, false FROM k
-                            JOIN delivery_rows d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination) x
+                            JOIN delivery_rows d ON d.source = k.source AND d.id = k.head_id AND d.destination = k.destination
+                                                 AND d.status IN ('received', 'processing')) x
              ORDER BY due LIMIT $2::integer) y),
          -- Each picked row by its key: the status is checked as (…) IS TRUE, which no index predicate matches.
          -- As a plain IN, a generic plan made when the statistics saw no open row (a full inbox of done ones)
@@ -442,7 +451,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            newer_id     = CASE WHEN d.order_key IS NULL THEN NULL ELSE
                             (SELECT CASE WHEN o.last_event_time > d.event_time THEN o.last_id END FROM order_keys o
                              WHERE o.source = d.source AND o.destination = d.destination AND o.order_key = d.order_key) END
+         -- The plain status too, which opens the hot partition alone (docs/table.md#hot-and-cold).
          FROM p WHERE d.source = p.source AND d.id = p.id AND d.route = p.route AND (d.status IN ('received', 'processing')) IS TRUE
+                  AND d.status IN ('received', 'processing')
          RETURNING d.source, d.id, d.route, d.destination,
                    CASE WHEN octet_length(d.body) > 0 THEN d.body ELSE
                      coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = d.source AND b.id = d.id AND b.route = d.route
@@ -500,7 +511,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       // as anyone has committed, and the next heartbeat extends it if that transaction rolls back. NO KEY:
       // the lock an UPDATE takes, which leaves a receiver's FOR KEY SHARE on route 0 alone.
       const { rows } = await client.query(
-        `WITH l AS (SELECT source, id, route FROM delivery_rows WHERE source = $3 AND id = $4 AND route = $6 FOR NO KEY UPDATE SKIP LOCKED)
+        `WITH l AS (SELECT source, id, route FROM delivery_rows WHERE source = $3 AND id = $4 AND route = $6 AND status = 'processing'
+                      FOR NO KEY UPDATE SKIP LOCKED)
          UPDATE delivery_rows d SET leased_until = ${NOW} + $2::bigint, available_at = ${NOW} + $2::bigint, lease_ms = $2::integer
          FROM l WHERE d.source = l.source AND d.id = l.id AND d.route = l.route AND d.lease_token = $5 AND d.status = 'processing'
          RETURNING d.leased_until`,
@@ -609,7 +621,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
             )
           : await client.query(
               `UPDATE delivery_rows SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
-           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`,
+           WHERE source = $2 AND id = $3 AND status = 'failed' AND purged_at IS NULL
+             AND received_at IN (SELECT received_at FROM delivery_keys WHERE source = $2 AND id = $3)
+           RETURNING source, id, order_key, destination`,
               [this.now(), target.source ?? DEFAULTS.source, target.id],
             );
       await settleRows(client, rows, false);
@@ -667,14 +681,19 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
          SELECT * FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::text[], $10::bigint[],
                               $11::integer[], $12::smallint[], $13::text[], $14::text[], $15::text[], $16::text[], $17::integer[], $19::text[])
                 AS u(s, i, bo, h, ct, et, pt, ok, ev, n, ro, de, hd, tp, st, bl, og)),
+       -- The key first: delivery_rows is partitioned and has no unique key to arbitrate on
+       -- (docs/table.md#hot-and-cold); only the keys new here get a row.
+       k AS (
+         INSERT INTO delivery_keys (source, id, route, received_at) SELECT s, i, ro, ${NOW} FROM u
+         ON CONFLICT (source, id, route) DO NOTHING
+         RETURNING source, id, route),
        r AS (
          INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, available_at,
                                     order_key, event_time, arrival, route, destination, headers, traceparent, finished_at, origin)
          SELECT s, i, CASE WHEN bl <= $20 THEN substring($18::bytea FROM bo FOR bl) ELSE '\\x'::bytea END, h, ct, et, pt, ${NOW}, st, ${NOW}, ok, CASE WHEN ok IS NULL THEN ev ELSE coalesce(ev, ${NOW}) END,
                 CASE WHEN ok IS NULL THEN NULL ELSE (SELECT nextval('deliveries_arrival')) * 1000000 + n END, ro, de, hd, tp,
                 CASE WHEN st = 'done' THEN ${NOW} END, og
-         FROM u
-         ON CONFLICT (source, id, route) DO NOTHING
+         FROM u JOIN k ON k.source = u.s AND k.id = u.i AND k.route = u.ro
          RETURNING source, id, route, destination, order_key, event_time, arrival, available_at, received_at),
        -- The body of each row stored, in its own table past DEFAULTS.inlineBodyBytes (docs/table.md#bodies-apart).
        b AS (
@@ -754,17 +773,21 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     }
     // FOR KEY SHARE writes a lock, so this COMMIT waits for the standby like any write: a copy stored by a
     // COMMIT whose wait was cancelled (committed here, perhaps not on the standby) is answered only once it
-    // is there too. It blocks no update, only a delete (purge skips locked rows).
+    // is there too. It blocks no update, only a delete (purge skips locked rows). It locks the key in
+    // delivery_keys, which forget deletes with its row, not the row itself: a row moves between partitions at
+    // a done mark or a replay, and locking one that a commit just moved fails with 40001, where a key stays put.
     // Its body is read only where it came from reconcile (rows.ts conflicts()), and as the view reads it: from the
     // row alone when it is kept there or is a tombstone's, whose body's row may wait for its day's release.
+    // The row is found by its key and day (k.received_at), so only the hot partition and that day's are opened.
     const kept = await client.query(
-      `SELECT source, id, body_sha256 AS sha256, origin,
-              CASE WHEN origin <> 'reconcile' THEN NULL
+      `SELECT r.source, r.id, r.body_sha256 AS sha256, r.origin,
+              CASE WHEN r.origin <> 'reconcile' THEN NULL
                    WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL THEN r.body ELSE
                 coalesce((SELECT b.body FROM delivery_bodies b
                            WHERE b.source = r.source AND b.id = r.id AND b.route = 0 AND b.received_at = r.received_at), r.body) END AS body
-         FROM delivery_rows r WHERE (source, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND route = 0
-       FOR KEY SHARE`,
+         FROM delivery_keys k JOIN delivery_rows r ON r.source = k.source AND r.id = k.id AND r.route = 0 AND r.received_at = k.received_at
+        WHERE (k.source, k.id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND k.route = 0
+       FOR KEY SHARE OF k`,
       [others.map((op) => op.source), others.map((op) => op.incoming.id)],
     );
     const keptRows = new Map(kept.rows.map((r) => [`${r.source}\u0000${r.id}`, r]));
@@ -782,7 +805,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
       const keys = [...conflicting.keys()].sort().map((k) => k.split("\u0000") as [string, string]);
       await client.query(
         `UPDATE delivery_rows d SET conflicts = d.conflicts + u.n
-         FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n) WHERE d.source = u.s AND d.id = u.i AND d.route = 0`,
+         FROM unnest($1::text[], $2::text[], $3::integer[]) AS u(s, i, n)
+         JOIN delivery_keys k ON k.source = u.s AND k.id = u.i AND k.route = 0
+         WHERE d.source = u.s AND d.id = u.i AND d.route = 0 AND d.received_at = k.received_at`,
         [keys.map((k) => k[0]), keys.map((k) => k[1]), keys.map((k) => conflicting.get(k.join("\u0000"))!)],
       );
     }
@@ -804,6 +829,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
         `UPDATE delivery_rows d SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ${NOW}
        FROM unnest($2::text[], $3::text[], $4::text[], $5::smallint[]) AS u(s, i, t, r)
        WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.lease_token = u.t AND (d.status = 'processing') IS TRUE
+         AND d.status IN ('received', 'processing')
        RETURNING d.source, d.id, d.route`,
         [
           this.now(),

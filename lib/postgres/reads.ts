@@ -142,10 +142,12 @@ export class PostgresReads {
       ),
       this.pool.query(DISTINCT_SOURCES),
       this.pool.query(
+        // Each partition's own (docs/table.md#hot-and-cold): autovacuum analyzes the partitions, never the
+        // partitioned table, whose own statistics stay empty.
         `SELECT c.reltuples::float8 AS rows, st.most_common_vals::text::text[] AS vals, st.most_common_freqs::float8[] AS freqs
-         FROM pg_class c
-         LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = 'delivery_rows' AND st.attname = 'source'
-         WHERE c.oid = to_regclass('delivery_rows')`,
+         FROM pg_partition_tree(to_regclass('delivery_rows')) t JOIN pg_class c ON c.oid = t.relid
+         LEFT JOIN pg_stats st ON st.schemaname = current_schema() AND st.tablename = c.relname AND st.attname = 'source'
+         WHERE t.isleaf`,
       ),
       this.pool.query(
         `SELECT ${NOW} - min(received_at) AS age FROM deliveries WHERE status IN ('received', 'processing')`,
@@ -155,17 +157,29 @@ export class PostgresReads {
         "SELECT count(*) AS rows, coalesce(sum(conflicts), 0) AS copies FROM deliveries WHERE conflicts > 0",
       ),
     ]);
-    const estimatedRows = Number(stats.rows[0]?.rows ?? -1);
+    // The partitions that hold rows, as their statistics say; a source is estimated only where every one of
+    // them has it among its most common values, else counted.
+    const parts = (stats.rows as { rows: number; vals: string[] | null; freqs: number[] | null }[]).filter(
+      (r) => Number(r.rows) > 0,
+    );
+    const estimatedRows = parts.reduce((sum, r) => sum + Number(r.rows), 0);
     const large = estimatedRows >= ESTIMATE_ABOVE_ROWS;
-    const vals: string[] = large ? (stats.rows[0]?.vals ?? []) : [];
-    const freqs: number[] = large ? (stats.rows[0]?.freqs ?? []) : [];
+    const estimateOf = (source: string): number | undefined => {
+      let n = 0;
+      for (const r of parts) {
+        const at = (r.vals ?? []).indexOf(source);
+        if (at < 0) return undefined;
+        n += Number(r.rows) * r.freqs![at]!;
+      }
+      return n;
+    };
     let estimated = false;
     const totals = await Promise.all(
       sources.rows.map(async ({ source }: { source: string }) => {
-        const at = vals.indexOf(source);
-        if (at >= 0) {
+        const n = large ? estimateOf(source) : undefined;
+        if (n !== undefined) {
           estimated = true;
-          return { source, n: Math.round(estimatedRows * freqs[at]!) };
+          return { source, n: Math.round(n) };
         }
         const { rows } = await this.pool.query("SELECT count(*) AS n FROM deliveries WHERE source = $1", [source]);
         return { source, n: rows[0].n as number };
@@ -304,7 +318,8 @@ export class PostgresReads {
               min(received_at) FILTER (WHERE purged_at IS NULL) AS oldest_body,
               count(*) FILTER (WHERE purged_at IS NOT NULL) AS tombstones,
               min(received_at) FILTER (WHERE purged_at IS NOT NULL) AS oldest_tombstone,
-              pg_total_relation_size('delivery_rows')
+              (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('delivery_rows'))
+                + pg_total_relation_size('delivery_keys')
                 + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('delivery_bodies')) AS file
        FROM deliveries`,
     );

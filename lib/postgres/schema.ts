@@ -387,6 +387,150 @@ export const MIGRATIONS: readonly string[] = [
      SELECT CASE WHEN octet_length(inline) > 0 THEN inline ELSE
               coalesce((SELECT b.body FROM delivery_bodies b WHERE b.source = s AND b.id = i AND b.route = r AND b.received_at = at),
                        inline) END $$;`,
+  // A hot queue and a cold history (docs/table.md#hot-and-cold): delivery_rows becomes a table partitioned by
+  // status, so that PostgreSQL's own row movement moves a row (a cross-partition UPDATE is a DELETE and an
+  // INSERT) and the statements that write it stay as they were. delivery_rows_hot holds the rows with work left
+  // (received, processing): the backlog's size, fillfactor 70. delivery_history, the default partition, holds the
+  // done and failed rows, partitioned by the UTC day of received_at as delivery_bodies is (periods.ts makes each
+  // day's partition beside its bodies'). A unique index on a partitioned table must hold its partition keys,
+  // which (source, id, route) does not, so the key that answers a duplicate moves to delivery_keys, unpartitioned;
+  // each partition keeps a unique index of its own on the key for the statements that find a row by it.
+  // The old table is not copied: its rows with work left (the backlog) move to the hot partition, a CHECK says
+  // the rest are history received before the end of the UTC day of the newest of them, and the table is attached as the history's partition for everything before that, its scan skipped by the
+  // CHECK; its indexes are the partitioned ones' twins, so they are attached, not built. The view, its trigger
+  // and the search triggers named the old table by OID: they are made again on the new one.
+  `ALTER TABLE delivery_rows RENAME TO delivery_rows_before;
+   DROP VIEW deliveries;
+   DROP TRIGGER IF EXISTS deliveries_search_insert ON delivery_rows_before;
+   DROP TRIGGER IF EXISTS deliveries_search_update ON delivery_rows_before;
+   DROP TRIGGER IF EXISTS deliveries_search_delete ON delivery_rows_before;
+   CREATE TABLE delivery_rows (LIKE delivery_rows_before INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY LIST (status);
+   CREATE TABLE delivery_rows_hot PARTITION OF delivery_rows FOR VALUES IN ('received', 'processing')
+     WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+   ALTER TABLE delivery_rows_hot ADD CONSTRAINT delivery_rows_hot_pkey PRIMARY KEY (source, id, route);
+   CREATE TABLE delivery_history PARTITION OF delivery_rows DEFAULT PARTITION BY RANGE (received_at);
+   CREATE TABLE delivery_history_default PARTITION OF delivery_history DEFAULT
+     WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
+   ALTER TABLE delivery_history_default ADD CONSTRAINT delivery_history_default_pkey PRIMARY KEY (source, id, route);
+   -- What is not done, by status, age and source, on the history's partitions alone (periods.ts makes it on each
+   -- day's; the old table keeps its own): on the hot partition every row is not done, and there it made the plan
+   -- of a done mark that names the status (to open that partition alone) walk the whole backlog, chosen on a
+   -- partition not yet analyzed, as the generic plan of the one table once did (postgres.ts finishAll).
+   CREATE INDEX delivery_history_default_open ON delivery_history_default (status, received_at, source, destination)
+     WHERE status <> 'done';
+   -- The old table's indexes, word for word, so that the attach below takes them as they are; all but its
+   -- deliveries_open (above).
+   CREATE INDEX delivery_rows_due ON delivery_rows (destination, available_at) WHERE (status = 'received' AND order_key IS NULL) OR status = 'processing';
+   CREATE INDEX delivery_rows_ordered ON delivery_rows (source, destination, order_key, event_time, arrival) WHERE status = 'received' AND order_key IS NOT NULL;
+   CREATE INDEX delivery_rows_failed ON delivery_rows (received_at) WHERE status = 'failed';
+   CREATE INDEX delivery_rows_kept ON delivery_rows (received_at) WHERE status = 'done' AND purged_at IS NULL;
+   CREATE INDEX delivery_rows_purged ON delivery_rows (received_at) WHERE purged_at IS NOT NULL;
+   CREATE INDEX delivery_rows_received ON delivery_rows (received_at);
+   CREATE INDEX delivery_rows_finished ON delivery_rows (finished_at, status) WHERE finished_at IS NOT NULL;
+   CREATE INDEX delivery_rows_conflicts ON delivery_rows (conflicts) WHERE conflicts > 0;
+   CREATE INDEX delivery_rows_failed_error ON delivery_rows (error, received_at) WHERE status = 'failed';
+   -- Every key ever stored and not yet forgotten: a store inserts here first, and only the new ones' rows.
+   -- Its primary key is built after the copy, in one sort, rather than entry by entry as it is filled.
+   CREATE TABLE delivery_keys (
+     source      text     NOT NULL,
+     id          text     NOT NULL,
+     route       smallint NOT NULL,
+     received_at bigint   NOT NULL
+   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+   INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM delivery_rows_before;
+   ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
+   -- The backlog, small, to the hot partition.
+   INSERT INTO delivery_rows_hot SELECT * FROM delivery_rows_before WHERE status IN ('received', 'processing');
+   DELETE FROM delivery_rows_before WHERE status IN ('received', 'processing');
+   -- The cut is the end of the UTC day of the newest row (periods.ts makes the days after it); an old table
+   -- with no history in it (a new inbox, or one whose rows all had work left) is dropped instead.
+   DO $$
+   DECLARE
+     newest bigint := (SELECT max(received_at) FROM delivery_rows_before);
+     cut bigint := (floor(newest / 86400000.0)::bigint + 1) * 86400000;
+   BEGIN
+     IF newest IS NULL THEN
+       DROP TABLE delivery_rows_before;
+       RETURN;
+     END IF;
+     EXECUTE format('ALTER TABLE delivery_rows_before ADD CONSTRAINT delivery_rows_before_history
+                       CHECK (status NOT IN (''received'', ''processing'') AND received_at < %s)', cut);
+     EXECUTE format('ALTER TABLE delivery_history ATTACH PARTITION delivery_rows_before FOR VALUES FROM (MINVALUE) TO (%s)', cut);
+   END $$;
+   CREATE VIEW deliveries AS
+     SELECT r.source, r.id,
+            CASE WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL THEN r.body ELSE
+              coalesce((SELECT b.body FROM delivery_bodies b
+                         WHERE b.source = r.source AND b.id = r.id AND b.route = r.route AND b.received_at = r.received_at),
+                       r.body) END AS body,
+            r.body_sha256, r.content_type, r.event_type,
+            r.provider_time, r.received_at, r.status, r.attempts, r.available_at, r.leased_until,
+            r.lease_token, r.lease_ms, r.error, r.conflicts, r.finished_at, r.replays,
+            r.purged_at, r.order_key, r.event_time, r.arrival, r.newer_id, r.route,
+            r.destination, r.headers, r.traceparent, r.origin
+       FROM delivery_rows r;
+   ALTER VIEW deliveries ALTER COLUMN attempts SET DEFAULT 0, ALTER COLUMN conflicts SET DEFAULT 0,
+     ALTER COLUMN replays SET DEFAULT 0, ALTER COLUMN route SET DEFAULT 0, ALTER COLUMN destination SET DEFAULT 'handler',
+     ALTER COLUMN origin SET DEFAULT 'webhook';
+   -- As before, and the key with the row: an insert through the view is a duplicate if its key is taken
+   -- (the primary key's error, as the old table gave), a delete forgets it.
+   CREATE OR REPLACE FUNCTION deliveries_written() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+   BEGIN
+     IF TG_OP = 'INSERT' THEN
+       INSERT INTO delivery_keys (source, id, route, received_at) VALUES (NEW.source, NEW.id, NEW.route, NEW.received_at);
+       INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, lease_ms, error, conflicts, finished_at, replays, purged_at, order_key, event_time, arrival, newer_id, route, destination, headers, traceparent, origin)
+       VALUES (NEW.source, NEW.id, '\\x'::bytea, NEW.body_sha256, NEW.content_type, NEW.event_type, NEW.provider_time, NEW.received_at, NEW.status, NEW.attempts, NEW.available_at, NEW.leased_until, NEW.lease_token, NEW.lease_ms, NEW.error, NEW.conflicts, NEW.finished_at, NEW.replays, NEW.purged_at, NEW.order_key, NEW.event_time, NEW.arrival, NEW.newer_id, NEW.route, NEW.destination, NEW.headers, NEW.traceparent, NEW.origin);
+     ELSIF TG_OP = 'UPDATE' THEN
+       IF (NEW.source, NEW.id, NEW.route, NEW.received_at) IS DISTINCT FROM (OLD.source, OLD.id, OLD.route, OLD.received_at) THEN
+         UPDATE delivery_keys SET (source, id, route, received_at) = (NEW.source, NEW.id, NEW.route, NEW.received_at)
+          WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       END IF;
+       UPDATE delivery_rows SET (source, id, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, lease_ms, error, conflicts, finished_at, replays, purged_at, order_key, event_time, arrival, newer_id, route, destination, headers, traceparent, origin)
+         = (NEW.source, NEW.id, NEW.body_sha256, NEW.content_type, NEW.event_type, NEW.provider_time, NEW.received_at, NEW.status, NEW.attempts, NEW.available_at, NEW.leased_until, NEW.lease_token, NEW.lease_ms, NEW.error, NEW.conflicts, NEW.finished_at, NEW.replays, NEW.purged_at, NEW.order_key, NEW.event_time, NEW.arrival, NEW.newer_id, NEW.route, NEW.destination, NEW.headers, NEW.traceparent, NEW.origin)
+        WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       IF NEW.body IS NOT DISTINCT FROM OLD.body AND (NEW.source, NEW.id, NEW.route) = (OLD.source, OLD.id, OLD.route) THEN
+         RETURN NEW;
+       END IF;
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       UPDATE delivery_rows SET body = '\\x'::bytea WHERE source = NEW.source AND id = NEW.id AND route = NEW.route AND received_at = NEW.received_at;
+     ELSE
+       DELETE FROM delivery_bodies WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       DELETE FROM delivery_rows WHERE source = OLD.source AND id = OLD.id AND route = OLD.route AND received_at = OLD.received_at;
+       DELETE FROM delivery_keys WHERE source = OLD.source AND id = OLD.id AND route = OLD.route;
+       RETURN OLD;
+     END IF;
+     IF octet_length(NEW.body) > 0 THEN
+       INSERT INTO delivery_bodies (source, id, route, received_at, body) VALUES (NEW.source, NEW.id, NEW.route, NEW.received_at, NEW.body);
+     END IF;
+     RETURN NEW;
+   END $$;
+   CREATE TRIGGER deliveries_written INSTEAD OF INSERT OR UPDATE OR DELETE ON deliveries
+     FOR EACH ROW EXECUTE FUNCTION deliveries_written();
+   -- A row moved between partitions (a done mark, a replay, a retry) fires AFTER DELETE on the partition it
+   -- left: that is no delivery forgotten, and its search document stays. The row is found again in the
+   -- statement's own effects, which an AFTER trigger sees, by its key and day: two partitions probed at most.
+   CREATE OR REPLACE FUNCTION inbox_search_forget() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+   BEGIN
+     IF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM delivery_rows WHERE source = OLD.source AND id = OLD.id AND route = OLD.route
+                                        AND received_at = OLD.received_at) THEN
+       RETURN NULL;
+     END IF;
+     DELETE FROM deliveries_search WHERE source = OLD.source AND id = OLD.id;
+     IF TG_OP = 'UPDATE' AND NEW.purged_at IS NULL THEN
+       INSERT INTO search_pending (source, id) VALUES (NEW.source, NEW.id);
+     END IF;
+     RETURN NULL;
+   END $$;
+   DO $$ BEGIN
+     IF (SELECT enabled FROM search_state) THEN
+       CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+         REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue();
+       CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
+         FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_forget();
+       CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
+         FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_forget();
+     END IF;
+   END $$;`,
 ];
 
 /** migrate brings the schema up to date in one transaction, under an advisory lock. */
