@@ -13,7 +13,8 @@
 // the fill ends (searchInBulkSqlite(), searchAfterPgFill()), its time and size, then each search form timed warm and cold as the lists are,
 // beside issue 51's goals (JSON containment p99 ≤ 50 ms, words and substrings ≤ 200 ms), with its plan
 // (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out;
-// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it. BENCH_LISTING_KEEP=1
+// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it; BENCH_LISTING_COMPARE=1 checks
+// the SQLite bulk fill's index against `search enable`'s, on a copy (at a small BENCH_LISTING_ROWS). BENCH_LISTING_KEEP=1
 // keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run instead of filling.
 // On SQLite the index is filled in bulk with FTS5's merging off and measured in the segments the fill wrote, about
 // as many as the worker's leaves; BENCH_LISTING_FTS_OPTIMIZE=1 merges them into one ('optimize') first.
@@ -22,7 +23,8 @@
 //   BENCH_TEN_MILLION=1 BENCH_LISTING_SEARCH=1 BENCH_LISTING_LISTS=0 npm run bench -- listing
 
 import { execFileSync } from "node:child_process";
-import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { copyFileSync, existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
@@ -581,6 +583,75 @@ function ftsShape(db: DatabaseSync): { segments: number; text: string } {
   };
 }
 
+// BENCH_LISTING_COMPARE=1 (at a small BENCH_LISTING_ROWS) checks the SQLite bulk fill against the inbox's own
+// backfill: comparedWithEnable().
+const COMPARE = process.env.BENCH_LISTING_COMPARE === "1";
+
+// comparedWithEnable indexes a copy of the bulk-filled inbox again through `search enable` itself (disable, which
+// empties the index, then enable, whose backfill is the indexer at 1,000 rows a transaction), and compares the
+// two: every (term, row, offset) FTS5 holds, read through an fts5vocab table; search_state; and the answers of
+// the search forms' first variants. It says how each index lies, and removes the copy.
+async function comparedWithEnable(path: string, t0: number): Promise<string[]> {
+  const copy = `${path}.enable.db`;
+  copyFileSync(path, copy);
+  try {
+    const other = await connect(copy);
+    const started = performance.now();
+    try {
+      await other.disableSearch();
+      await other.enableSearch();
+    } finally {
+      await other.close();
+    }
+    const enableS = (performance.now() - started) / 1000;
+    const digest = (file: string) => {
+      const db = new DatabaseSync(file);
+      try {
+        db.exec("CREATE VIRTUAL TABLE temp.entries USING fts5vocab(main, deliveries_search, instance)");
+        const hash = createHash("sha256");
+        let n = 0;
+        for (const r of db.prepare("SELECT term, doc, offset FROM temp.entries ORDER BY term, doc, offset").iterate()) {
+          hash.update(`${r.term}\u0000${r.doc}\u0000${r.offset}\n`);
+          n++;
+        }
+        const state = db
+          .prepare("SELECT enabled, until_rowid, done_rowid, backfilled, to_backfill FROM search_state")
+          .get();
+        return { n, entries: hash.digest("hex"), state: JSON.stringify(state), shape: ftsShape(db).text };
+      } finally {
+        db.close();
+      }
+    };
+    const [a, b] = [digest(path), digest(copy)];
+    let same = 0;
+    let searches = 0;
+    const bulk = await connect(path);
+    const enabled = await connect(copy);
+    try {
+      for (const kind of SEARCH_KINDS.filter((k) => !k.name.startsWith("bodyContains")))
+        for (let k = 1; k <= 5; k++) {
+          const { filter } = kind.variant(k, t0);
+          const ids = async (inbox: Inbox) =>
+            JSON.stringify(
+              (await inbox.search(filter, { limit: 1000, bodies: false })).map((d) => `${d.source}/${d.id}`),
+            );
+          searches++;
+          if ((await ids(bulk)) === (await ids(enabled))) same++;
+        }
+    } finally {
+      await bulk.close();
+      await enabled.close();
+    }
+    return [
+      `  compared with \`search enable\` on a copy (its backfill ${f(enableS, 1)} s): ${a.entries === b.entries && a.n === b.n ? "the same" : "DIFFERENT"} ${f(a.n)} (term, row, offset) entries (enable's ${f(b.n)}), search_state ${a.state === b.state ? "the same" : `DIFFERENT: ${a.state} against ${b.state}`}, ${f(same)} of ${f(searches)} searches answered the same`,
+      `    the bulk fill's index: ${a.shape}`,
+      `    search enable's index: ${b.shape}`,
+    ];
+  } finally {
+    for (const end of ["", "-wal", "-shm"]) rmSync(`${copy}${end}`, { force: true });
+  }
+}
+
 // timeSearches times each search form cold and warm, as the lists are, and prints its plan; it returns the lines.
 async function timeSearches(target: string, db: string, inbox: Inbox, t0: number, cold: boolean): Promise<string[]> {
   const lines: string[] = [];
@@ -692,6 +763,7 @@ export async function listing(): Promise<string> {
               file.exec("PRAGMA wal_checkpoint(TRUNCATE)");
               file.close();
               flushFill(db);
+              if (COMPARE) console.log((await comparedWithEnable(db, t0)).join("\n"));
               inbox = await connect(db);
             }
           }
