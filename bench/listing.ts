@@ -13,9 +13,10 @@
 // the fill ends (searchInBulkSqlite(), searchAfterPgFill()), its time and size, then each search form timed warm and cold as the lists are,
 // beside issue 51's goals (JSON containment p99 ≤ 50 ms, words and substrings ≤ 200 ms), with its plan
 // (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out;
-// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it; BENCH_LISTING_COMPARE=1 checks
-// the SQLite bulk fill's index against `search enable`'s, on a copy (at a small BENCH_LISTING_ROWS). BENCH_LISTING_KEEP=1
-// keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run instead of filling.
+// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it; BENCH_LISTING_COMPARE=1
+// checks the SQLite bulk fill's index against `search enable`'s, on a copy (at a small BENCH_LISTING_ROWS).
+// BENCH_LISTING_KEEP=1 keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run
+// instead of filling.
 // On SQLite the index is filled in bulk with FTS5's merging off and measured in the segments the fill wrote, about
 // as many as the worker's leaves; BENCH_LISTING_FTS_OPTIMIZE=1 merges them into one ('optimize') first.
 //   npm run bench -- listing
@@ -455,8 +456,9 @@ async function searchAfterPgFill(inbox: Inbox, db: string, fill: SearchFill): Pr
 }
 
 // The SQLite bulk search fill (searchInBulkSqlite): the rows a transaction takes, and FTS5's in-memory buffer while
-// it fills ('hashsize', 1 MB by default, flushed as a segment of its own each time it fills): 512 MB makes a segment
-// of some 100,000 rows where the worker's makes one of a few thousand.
+// it fills ('hashsize', 1 MB by default, flushed as a segment of its own each time it fills, and at each commit):
+// 512 MB holds a million rows' entries, so each transaction writes one segment, where the worker's 1,000 rows
+// a transaction write a segment each.
 const BULK_ROWS = 1_000_000;
 const BULK_HASH_BYTES = 512 * 2 ** 20;
 // BENCH_LISTING_FTS_OPTIMIZE=1 merges SQLite's FTS5 index into one segment ('optimize') after the bulk fill, or on a
@@ -468,13 +470,14 @@ const OPTIMIZE = process.env.BENCH_LISTING_FTS_OPTIMIZE === "1";
 // until_rowid: every row), then indexes every body with the indexer's own statement (WORDS and INDEXABLE from
 // lib/sqlite/searching.ts: json_tree over each body into the FTS5 table), BULK_ROWS rows a transaction that moves
 // the place (done_rowid, backfilled) as indexSearch() moves it, so that it leaves search_state as the backfill
-// would, and an interrupted fill carries on from the place. What made the indexer slow at ten million (about
-// 450 µs a row by 7,000,000) is FTS5's upkeep: its 1 MB buffer flushed as a small segment every few thousand rows,
-// and automerge merging those into ever larger ones, each row's entries rewritten again and again. So while it
-// fills, automerge is off, crisismerge at its ceiling and the buffer 512 MB: each buffer becomes one segment,
-// none is merged. Then the three settings go back to FTS5's defaults (FTS5 keeps them in its config table, which
-// is read-only from SQL: they stay as rows holding the defaults), and with BENCH_LISTING_FTS_OPTIMIZE=1 the
-// segments are merged into one ('optimize'). The caller checkpoints and fsyncs the file after.
+// would, and an interrupted fill carries on from the place. The indexer itself slowed at ten million (about 450 µs
+// a row by 7,000,000, each batch slower than the last; not profiled), as FTS5's upkeep grows: its 1 MB buffer
+// written as a small segment every few thousand rows, and automerge merging those into ever larger ones, each
+// row's entries rewritten again and again. So while it fills, automerge is off, crisismerge at its ceiling and
+// the buffer 512 MB: each transaction writes one segment, and none is merged. Then the three settings go back to
+// FTS5's defaults (FTS5 keeps them in its config table, which is read-only from SQL: they stay as rows holding
+// the defaults), and with BENCH_LISTING_FTS_OPTIMIZE=1 the segments are merged into one ('optimize'). The caller
+// checkpoints and fsyncs the file after.
 function searchInBulkSqlite(path: string): string[] {
   const db = new DatabaseSync(path);
   try {
