@@ -13,14 +13,19 @@
 // the fill ends (searchInBulkSqlite(), searchAfterPgFill()), its time and size, then each search form timed warm and cold as the lists are,
 // beside issue 51's goals (JSON containment p99 ≤ 50 ms, words and substrings ≤ 200 ms), with its plan
 // (PostgreSQL: EXPLAIN (ANALYZE, BUFFERS)). BENCH_LISTING_LISTS=0 leaves the lists out;
-// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it. BENCH_LISTING_KEEP=1
-// keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run instead of filling.
+// BENCH_LISTING_SEARCH_ONLY=Words times only the search forms whose name holds it; BENCH_LISTING_COMPARE=1
+// checks the SQLite bulk fill's index against `search enable`'s, on a copy (at a small BENCH_LISTING_ROWS).
+// BENCH_LISTING_KEEP=1 keeps the filled inbox (KEPT_FILE, database KEPT_DB) and measures it again on the next run
+// instead of filling.
+// On SQLite the index is filled in bulk with FTS5's merging off and measured in the segments the fill wrote, about
+// as many as the worker's leaves; BENCH_LISTING_FTS_OPTIMIZE=1 merges them into one ('optimize') first.
 //   npm run bench -- listing
 //   BENCH_TEN_MILLION=1 npm run bench -- listing
 //   BENCH_TEN_MILLION=1 BENCH_LISTING_SEARCH=1 BENCH_LISTING_LISTS=0 npm run bench -- listing
 
 import { execFileSync } from "node:child_process";
-import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { copyFileSync, existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
@@ -31,6 +36,7 @@ import { toPg } from "../lib/postgres/commit.ts";
 import { sha256 } from "../lib/rows.ts";
 import { filterSql, searchSql } from "../lib/sql.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
+import { INDEXABLE, WORDS } from "../lib/sqlite/searching.ts";
 import type { Cursor, Filter, Inbox } from "../lib/store.ts";
 import { f, flushFill, knob, tempDir } from "./common.ts";
 import { makeDays, stripeLike } from "./stored.ts";
@@ -351,9 +357,6 @@ const SEARCH_KINDS: SearchKind[] = [
   },
 ];
 
-// The batch the SQLite indexer takes in the bulk fill: 250 of its usual transactions in one.
-const BULK_BATCH = 250_000;
-
 // pgSession is a connection of its own to a PostgreSQL inbox, for the bulk fill's settings and parallel steps.
 async function pgSession(db: string): Promise<pg.Client> {
   const url = new URL(db);
@@ -453,49 +456,204 @@ async function searchAfterPgFill(inbox: Inbox, db: string, fill: SearchFill): Pr
   }
 }
 
-// searchInBulkSqlite turns the index on as `search enable` does on an empty inbox (the switch, nothing to
-// backfill), so that every row filled is the indexer's, and runs the indexer itself (indexSearch(), the worker's
-// own statement) BULK_BATCH rows a transaction rather than its 1,000, on a connection of its own whose page cache
-// (pageCacheKb, an inbox option) holds a gigabyte rather than SQLite's default 2 MB: FTS5's merges read its
-// segments again and again, and each page missed is a read() from the OS. An interrupted fill carries on from the
-// index's place, as the indexer does; the caller checkpoints and fsyncs the file after.
-async function searchInBulkSqlite(db: string): Promise<string[]> {
-  const inbox = await connect(db, { pageCacheKb: 1_048_576 });
+// The SQLite bulk search fill (searchInBulkSqlite): the rows a transaction takes, and FTS5's in-memory buffer while
+// it fills ('hashsize', 1 MB by default, flushed as a segment of its own each time it fills, and at each commit):
+// 512 MB holds a million rows' entries, so each transaction writes one segment, where the worker's 1,000 rows
+// a transaction write a segment each.
+const BULK_ROWS = 1_000_000;
+const BULK_HASH_BYTES = 512 * 2 ** 20;
+// BENCH_LISTING_FTS_OPTIMIZE=1 merges SQLite's FTS5 index into one segment ('optimize') after the bulk fill, or on a
+// kept inbox before it is measured; by default it is measured in the segments the fill wrote, about as many as the
+// worker's. At ten million the merge was stopped after 7 minutes a fifth of the way through (docs/performance.md).
+const OPTIMIZE = process.env.BENCH_LISTING_FTS_OPTIMIZE === "1";
+
+// searchInBulkSqlite turns the index on as `search enable` does on a filled inbox (the switch, the backfill's goal
+// until_rowid: every row), then indexes every body with the indexer's own statement (WORDS and INDEXABLE from
+// lib/sqlite/searching.ts: json_tree over each body into the FTS5 table), BULK_ROWS rows a transaction that moves
+// the place (done_rowid, backfilled) as indexSearch() moves it, so that it leaves search_state as the backfill
+// would, and an interrupted fill carries on from the place. The indexer itself slowed at ten million (about 450 µs
+// a row by 7,000,000, each batch slower than the last; not profiled), as FTS5's upkeep grows: its 1 MB buffer
+// written as a small segment every few thousand rows, and automerge merging those into ever larger ones, each
+// row's entries rewritten again and again. So while it fills, automerge is off, crisismerge at its ceiling and
+// the buffer 512 MB: each transaction writes one segment, and none is merged. Then the three settings go back to
+// FTS5's defaults (FTS5 keeps them in its config table, which is read-only from SQL: they stay as rows holding
+// the defaults), and with BENCH_LISTING_FTS_OPTIMIZE=1 the segments are merged into one ('optimize'). The caller
+// checkpoints and fsyncs the file after.
+function searchInBulkSqlite(path: string): string[] {
+  const db = new DatabaseSync(path);
   try {
-    return await indexedInBulk(inbox);
+    db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
+    const started = performance.now();
+    db.prepare(
+      `UPDATE search_state SET enabled = 1, changed_at = ?, done_rowid = 0, backfilled = 0,
+         until_rowid = (SELECT coalesce(max(rowid), 0) FROM deliveries),
+         to_backfill = (SELECT count(*) FROM deliveries WHERE purged_at IS NULL)
+        WHERE enabled = 0`,
+    ).run(Date.now());
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('automerge', 0)`);
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('crisismerge', 1999)`);
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('hashsize', ${BULK_HASH_BYTES})`);
+    const place = db
+      .prepare("SELECT done_rowid AS done, (SELECT coalesce(max(rowid), 0) FROM deliveries) AS last FROM search_state")
+      .get() as { done: number; last: number };
+    if (place.done > 0) console.log(`  carrying on from rowid ${f(place.done)}, where an interrupted fill stopped`);
+    const index = db.prepare(
+      `INSERT INTO deliveries_search (rowid, words)
+         SELECT d.rowid, ${WORDS("d.body")} FROM deliveries d
+         WHERE d.rowid > ? AND d.rowid <= ? AND ${INDEXABLE("d.body")}`,
+    );
+    const move = db.prepare(
+      `UPDATE search_state SET done_rowid = ?, backfilled = backfilled + (SELECT count(*) FROM deliveries
+         WHERE rowid > ? AND rowid <= min(?, search_state.until_rowid) AND purged_at IS NULL)`,
+    );
+    let indexed = 0;
+    for (let from = place.done; from < place.last; from += BULK_ROWS) {
+      const to = Math.min(place.last, from + BULK_ROWS);
+      db.exec("BEGIN");
+      indexed += Number(index.run(from, to).changes);
+      move.run(to, from, to);
+      db.exec("COMMIT");
+      console.log(`  indexed to rowid ${f(to)}, ${f((performance.now() - started) / 1000, 0)} s`);
+    }
+    const filledS = (performance.now() - started) / 1000;
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('automerge', 4)`);
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('crisismerge', 16)`);
+    db.exec(`INSERT INTO deliveries_search (deliveries_search, rank) VALUES ('hashsize', 1048576)`);
+    const rows = place.last - place.done;
+    return [
+      `  search index filled in bulk: the indexer's own statement over ${f(rows)} rows (${f(indexed)} bodies indexed${place.done > 0 ? `, from rowid ${f(place.done)}` : ""}), ${f(BULK_ROWS)} a transaction, automerge off and a ${f(BULK_HASH_BYTES / 2 ** 20)} MB buffer, in ${f(filledS, 1)} s (${f((filledS * 1e6) / Math.max(1, rows), 1)} µs a row)`,
+      `    as filled: ${ftsShape(db).text}`,
+      ...(OPTIMIZE ? optimizedSqlite(db) : []),
+    ];
   } finally {
-    await inbox.close();
+    db.close();
   }
 }
 
-async function indexedInBulk(inbox: Inbox): Promise<string[]> {
-  await inbox.query(
-    `UPDATE search_state SET enabled = 1, changed_at = ?, until_rowid = 0, done_rowid = 0, backfilled = 0,
-       to_backfill = 0 WHERE enabled = 0`,
-    Date.now(),
-  );
-  const from = Number((await inbox.query("SELECT done_rowid AS n FROM search_state"))[0]!.n);
-  if (from > 0) console.log(`  carrying on from rowid ${f(from)}, where an interrupted fill stopped`);
-  let rows = 0;
-  const indexed = await seconds(async () => {
-    for (let got = BULK_BATCH; got === BULK_BATCH; rows += got) {
-      got = await inbox.indexSearch(BULK_BATCH);
-      if ((rows + got) % 2_000_000 < BULK_BATCH) console.log(`  indexed ${f(rows + got)} rows`);
-    }
-  });
-  const tables = (
-    await inbox.query("SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE 'deliveries_search_%'")
-  ).map((r) => String(r.name));
-  let bytes = 0;
-  for (const name of tables)
-    bytes += Number((await inbox.query("SELECT sum(pgsize) AS b FROM dbstat WHERE name = ?", name))[0]!.b ?? 0);
+// optimizedSqlite merges the FTS5 index into one segment ('optimize') unless it is one already, and says what that
+// took and left.
+function optimizedSqlite(db: DatabaseSync): string[] {
+  if (ftsShape(db).segments <= 1) return [];
+  // A 1 GB page cache: the merge reads its segments' pages through FTS5's own lookups, and at SQLite's default
+  // 2 MB each was a read() from the OS again and again (600,000 a second, 2.5 GB/s, a segment written in minutes).
+  db.exec("PRAGMA cache_size = -1048576");
+  const started = performance.now();
+  db.exec(`INSERT INTO deliveries_search (deliveries_search) VALUES ('optimize')`);
+  return [`    'optimize' in ${f((performance.now() - started) / 1000, 1)} s: ${ftsShape(db).text}`];
+}
+
+// ftsShape says how FTS5's index lies: its segments in each level (read from its structure record, the
+// %_data row 10, as fts5StructureDecode() reads it: a 4-byte cookie, the version 2 mark, then varints), and its size.
+function ftsShape(db: DatabaseSync): { segments: number; text: string } {
+  const row = db.prepare("SELECT block FROM deliveries_search_data WHERE rowid = 10").get() as
+    | { block: Uint8Array }
+    | undefined;
+  let levels = "no structure record";
+  let segments = 0;
+  if (row) {
+    const b = row.block;
+    let i = 4;
+    if (b[4] === 0xff && b[5] === 0 && b[6] === 0 && b[7] === 1) i += 4;
+    // SQLite's varint: seven bits a byte, the high bit set while more follow, the ninth byte whole.
+    const varint = () => {
+      let v = 0;
+      for (let k = 0; k < 9; k++) {
+        const byte = b[i++]!;
+        if (k === 8) return v * 256 + byte;
+        v = v * 128 + (byte & 0x7f);
+        if (byte < 0x80) return v;
+      }
+      return v;
+    };
+    const nLevel = varint();
+    segments = varint();
+    levels = `${f(segments)} segments in ${f(nLevel)} levels`;
+  }
+  const pages = (name: string) =>
+    Number(
+      (db.prepare("SELECT coalesce(sum(pgsize), 0) AS b FROM dbstat WHERE name = ?").get(name) as { b: number }).b,
+    );
+  const bytes = ["data", "idx", "config", "docsize"].reduce((a, t) => a + pages(`deliveries_search_${t}`), 0);
   const file = Number(
-    (await inbox.query("SELECT page_count * page_size AS b FROM pragma_page_count(), pragma_page_size()"))[0]!.b,
+    (
+      db.prepare("SELECT page_count * page_size AS b FROM pragma_page_count(), pragma_page_size()").get() as {
+        b: number;
+      }
+    ).b,
   );
-  return [
-    `  search index filled in bulk: the indexer over ${f(rows)} rows${from > 0 ? ` (from rowid ${f(from)})` : ""}, ${f(BULK_BATCH)} a transaction, a 1 GB page cache, in ${f(indexed.s, 1)} s (${f((indexed.s * 1e6) / rows, 0)} µs a row)`,
-    `    the FTS5 index ${f(bytes / 2 ** 20)} MiB of the file's ${f(file / 2 ** 20)} MiB`,
-  ];
+  return {
+    segments,
+    text: `${levels}, the FTS5 index ${f(bytes / 2 ** 20)} MiB of the file's ${f(file / 2 ** 20)} MiB`,
+  };
+}
+
+// BENCH_LISTING_COMPARE=1 (at a small BENCH_LISTING_ROWS) checks the SQLite bulk fill against the inbox's own
+// backfill: comparedWithEnable().
+const COMPARE = process.env.BENCH_LISTING_COMPARE === "1";
+
+// comparedWithEnable indexes a copy of the bulk-filled inbox again through `search enable` itself (disable, which
+// empties the index, then enable, whose backfill is the indexer at 1,000 rows a transaction), and compares the
+// two: every (term, row, offset) FTS5 holds, read through an fts5vocab table; search_state; and the answers of
+// the search forms' first variants. It says how each index lies, and removes the copy.
+async function comparedWithEnable(path: string, t0: number): Promise<string[]> {
+  const copy = `${path}.enable.db`;
+  copyFileSync(path, copy);
+  try {
+    const other = await connect(copy);
+    const started = performance.now();
+    try {
+      await other.disableSearch();
+      await other.enableSearch();
+    } finally {
+      await other.close();
+    }
+    const enableS = (performance.now() - started) / 1000;
+    const digest = (file: string) => {
+      const db = new DatabaseSync(file);
+      try {
+        db.exec("CREATE VIRTUAL TABLE temp.entries USING fts5vocab(main, deliveries_search, instance)");
+        const hash = createHash("sha256");
+        let n = 0;
+        for (const r of db.prepare("SELECT term, doc, offset FROM temp.entries ORDER BY term, doc, offset").iterate()) {
+          hash.update(`${r.term}\u0000${r.doc}\u0000${r.offset}\n`);
+          n++;
+        }
+        const state = db
+          .prepare("SELECT enabled, until_rowid, done_rowid, backfilled, to_backfill FROM search_state")
+          .get();
+        return { n, entries: hash.digest("hex"), state: JSON.stringify(state), shape: ftsShape(db).text };
+      } finally {
+        db.close();
+      }
+    };
+    const [a, b] = [digest(path), digest(copy)];
+    let same = 0;
+    let searches = 0;
+    const bulk = await connect(path);
+    const enabled = await connect(copy);
+    try {
+      for (const kind of SEARCH_KINDS.filter((k) => !k.name.startsWith("bodyContains")))
+        for (let k = 1; k <= 5; k++) {
+          const { filter } = kind.variant(k, t0);
+          const ids = async (inbox: Inbox) =>
+            JSON.stringify(
+              (await inbox.search(filter, { limit: 1000, bodies: false })).map((d) => `${d.source}/${d.id}`),
+            );
+          searches++;
+          if ((await ids(bulk)) === (await ids(enabled))) same++;
+        }
+    } finally {
+      await bulk.close();
+      await enabled.close();
+    }
+    return [
+      `  compared with \`search enable\` on a copy (its backfill ${f(enableS, 1)} s): ${a.entries === b.entries && a.n === b.n ? "the same" : "DIFFERENT"} ${f(a.n)} (term, row, offset) entries (enable's ${f(b.n)}), search_state ${a.state === b.state ? "the same" : `DIFFERENT: ${a.state} against ${b.state}`}, ${f(same)} of ${f(searches)} searches answered the same`,
+      `    the bulk fill's index: ${a.shape}`,
+      `    search enable's index: ${b.shape}`,
+    ];
+  } finally {
+    for (const end of ["", "-wal", "-shm"]) rmSync(`${copy}${end}`, { force: true });
+  }
 }
 
 // timeSearches times each search form cold and warm, as the lists are, and prints its plan; it returns the lines.
@@ -573,6 +731,17 @@ export async function listing(): Promise<string> {
           t0 = Number((await inbox.query("SELECT min(received_at) AS t FROM deliveries"))[0]!.t);
           console.log(`\nlisting on ${target.name}: the inbox an earlier run kept (${db}), as it reported:`);
           console.log(kept.filled.join("\n"));
+          if (SEARCH && target.name === "SQLite") {
+            // Its FTS5 index as it lies now, merged into one segment first with BENCH_LISTING_FTS_OPTIMIZE=1.
+            await inbox.close();
+            const file = new DatabaseSync(db);
+            const shape = [`    now: ${ftsShape(file).text}`, ...(OPTIMIZE ? optimizedSqlite(file) : [])];
+            file.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+            file.close();
+            flushFill(db);
+            console.log(shape.join("\n"));
+            inbox = await connect(db);
+          }
         } else {
           t0 = Date.now() - SPAN;
           const started = performance.now();
@@ -589,7 +758,7 @@ export async function listing(): Promise<string> {
           if (kept && target.name === "SQLite") writeFileSync(`${KEPT_FILE}.rows`, report.join("\n"));
           if (SEARCH) {
             if (target.name === "SQLite") await inbox.close();
-            const cost = searchFill ? await searchAfterPgFill(inbox, db, searchFill) : await searchInBulkSqlite(db);
+            const cost = searchFill ? await searchAfterPgFill(inbox, db, searchFill) : searchInBulkSqlite(db);
             console.log(cost.join("\n"));
             report.push(...cost);
             if (target.name === "SQLite") {
@@ -598,6 +767,7 @@ export async function listing(): Promise<string> {
               file.exec("PRAGMA wal_checkpoint(TRUNCATE)");
               file.close();
               flushFill(db);
+              if (COMPARE) console.log((await comparedWithEnable(db, t0)).join("\n"));
               inbox = await connect(db);
             }
           }

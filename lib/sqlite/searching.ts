@@ -17,12 +17,16 @@ import { whole } from "./commit.ts";
 import type { Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
 
-// The words of a body: its strings, numbers and booleans (true and false by name), space-separated; a body past
-// 65536 bytes (DEFAULTS.searchBodyBytes) or not JSON is left out. Spelled as the migration's update trigger spells them.
-const WORDS = (body: string) =>
+/**
+ * WORDS is the SQL for the words of a body: its strings, numbers and booleans (true and false by name),
+ * space-separated. Spelled as the migration's update trigger spells them; exported so that a bulk fill (the
+ * listing bench's) indexes with this very expression, not a copy that could drift.
+ */
+export const WORDS = (body: string) =>
   `(SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
     FROM json_tree(CAST(${body} AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))`;
-const INDEXABLE = (body: string) => `length(${body}) <= 65536 AND json_valid(CAST(${body} AS TEXT))`;
+/** INDEXABLE is the SQL condition a body meets to be indexed: at most 65536 bytes (DEFAULTS.searchBodyBytes), and JSON. */
+export const INDEXABLE = (body: string) => `length(${body}) <= 65536 AND json_valid(CAST(${body} AS TEXT))`;
 
 /** SearchQueue is what SqliteSearching needs of its inbox: its statements, its clock and its commit queue. */
 export interface SearchQueue {
