@@ -888,7 +888,9 @@ contract((suite) => {
       await inbox.purge();
       // A tombstone's document went with its body; one the indexer wrote meanwhile (it read the body just
       // before) would be taken out by the row's delete trigger, which a DROP does not fire.
-      await inbox.query(`INSERT INTO deliveries_search (source, id, doc) VALUES ('default', 's_old', '{"id": "s_old"}')`);
+      await inbox.query(
+        `INSERT INTO deliveries_search (source, id, doc) VALUES ('default', 's_old', '{"id": "s_old"}')`,
+      );
       suite.t += 30 * DAY;
       await handled(inbox, "s_young");
       await inbox.indexSearch();
@@ -910,10 +912,12 @@ contract((suite) => {
       await inbox.query(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
       assert.equal(await made(inbox, day), true, "(control) detached, the day's table is still there");
       // Cutoffs that reach no day: only the leftover goes.
-      assert.deepEqual(
-        await inbox.purge({ bodiesAfterMs: 50 * DAY, forgetAfterMs: 60 * DAY }),
-        { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 },
-      );
+      assert.deepEqual(await inbox.purge({ bodiesAfterMs: 50 * DAY, forgetAfterMs: 60 * DAY }), {
+        bodies: 0,
+        bytes: 0,
+        forgotten: 0,
+        vacuumedBytes: 0,
+      });
       assert.equal(await made(inbox, day), false);
     });
 

@@ -2,7 +2,8 @@
 // delivery_history beside them (docs/table.md#hot-and-cold): made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
 // released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
-// gives its bytes back to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
+// gives its bytes back to the file system, with no dead rows for vacuum; the history's days are listed
+// (historyBefore) for forget to release whole (PostgresBulk's forgetDay). PostgresInbox and PostgresBulk call them. Not run on its own.
 
 import type pg from "pg";
 import type { Pool } from "./pool.ts";
