@@ -582,6 +582,12 @@ export class PostgresBulk {
     const n = await inTransaction(async (client) => {
       await bounded(client, `LOCK TABLE ${day} IN SHARE MODE`);
       if ((await client.query(keep)).rows[0].keep) return undefined;
+      // Each of the day's rows finds its key, attempts and document by their own index: a hash join read the
+      // whole of delivery_keys, every day's keys, to delete one day's (no index on its received_at, which
+      // every store would write).
+      await client.query(
+        "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)",
+      );
       const { rows } = await client.query(
         `WITH docs AS (DELETE FROM deliveries_search s USING ${day} r WHERE r.route = 0 AND s.source = r.source AND s.id = r.id),
               tries AS (DELETE FROM attempts a USING ${day} r
