@@ -545,8 +545,18 @@ async function onPostgres(out: Out): Promise<void> {
     try {
       await inbox.query("VACUUM ANALYZE deliveries");
       await inbox.query("VACUUM ANALYZE deliveries_search");
+      // A partitioned table holds no bytes of its own (pg_total_relation_size gives it 0): its partitions' are summed.
       const size = async (name: string) =>
-        Number((await inbox.query("SELECT pg_total_relation_size(?) AS b", name))[0]!.b);
+        Number(
+          (
+            await inbox.query(
+              `SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree(?::regclass)),
+                               pg_total_relation_size(?::regclass)) AS b`,
+              name,
+              name,
+            )
+          )[0]!.b,
+        );
       const mib = async (name: string) => f((await size(name)) / 2 ** 20);
       // deliveries is a view over delivery_rows and delivery_bodies, whose partitions hold the bytes.
       const bodiesBytes = async () =>
@@ -559,7 +569,7 @@ async function onPostgres(out: Out): Promise<void> {
         );
       out.push(
         ...lines,
-        `  sizes: delivery_rows and delivery_bodies ${f((await size("delivery_rows")) / 2 ** 20 + (await bodiesBytes()) / 2 ** 20)} MiB with their indexes and TOAST; deliveries_search ${await mib("deliveries_search")} MiB, ` +
+        `  sizes: delivery_rows, delivery_keys and delivery_bodies ${f(((await size("delivery_rows")) + (await size("delivery_keys")) + (await bodiesBytes())) / 2 ** 20)} MiB with their indexes and TOAST; deliveries_search ${await mib("deliveries_search")} MiB, ` +
           `of which deliveries_search_json ${await mib("deliveries_search_json")} MiB and deliveries_search_words ${await mib("deliveries_search_words")} MiB`,
       );
       await measure(inbox, out);

@@ -754,6 +754,10 @@ contract((suite) => {
 
   describe("a hot queue and a history (docs/table.md#hot-and-cold)", () => {
     const DAY = 86_400_000;
+    const handled = async (inbox: Inbox, id: string) => {
+      await inbox.store({ id, body: body({ id }) });
+      assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true);
+    };
     // Which partition of delivery_rows holds a delivery's row (PostgreSQL).
     const partition = async (inbox: Inbox, id: string) =>
       (await inbox.query("SELECT tableoid::regclass::text AS part FROM delivery_rows WHERE id = ?", id))[0]?.part;
@@ -817,6 +821,104 @@ contract((suite) => {
           { id: "r_1", received_at: suite.t },
         ]);
       }
+    });
+
+    // Whether a day's history partition is there (attached or not), and the keys of some IDs.
+    const made = async (inbox: Inbox, day: string) =>
+      (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", day))[0]!.made as boolean;
+    const keys = async (inbox: Inbox, prefix: string) =>
+      (await inbox.query("SELECT id FROM delivery_keys WHERE id LIKE ? ORDER BY id", `${prefix}%`)).map((r) => r.id);
+
+    suite.onPostgres(
+      "forget drops a day of history whole: its partition and its keys go, the count is the rows', a resend is stored anew",
+      async () => {
+        const inbox = await open();
+        const day = historyOf(periodOf(suite.t));
+        await handled(inbox, "w_1");
+        await handled(inbox, "w_2");
+        suite.t += 8 * DAY;
+        assert.equal((await inbox.purge()).bodies, 2);
+        // The control: tombstones, not yet past the forget cutoff, keep their day and their keys.
+        assert.equal(await made(inbox, day), true);
+        assert.deepEqual(await keys(inbox, "w_"), ["w_1", "w_2"]);
+        suite.t += 30 * DAY;
+        assert.equal((await inbox.purge()).forgotten, 2);
+        assert.equal(await made(inbox, day), false, "the day's partition was dropped");
+        assert.deepEqual(await keys(inbox, "w_"), [], "and its keys deleted");
+        assert.equal((await inbox.find("w_1")).length, 0);
+        assert.equal(await inbox.store({ id: "w_1", body: body({ id: "w_1" }) }), "stored");
+        assert.equal(await inbox.store({ id: "w_1", body: body({ id: "w_1" }) }), "duplicate");
+        assert.equal((await inbox.claim(LEASE))!.id, "w_1");
+        assert.deepEqual(await inbox.purge(), { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 }, "nothing twice");
+      },
+    );
+
+    suite.onPostgres(
+      "a day holding a failed row keeps it and stays, its tombstones forgotten row by row; emptied, it is dropped",
+      async () => {
+        const inbox = await open();
+        const day = historyOf(periodOf(suite.t));
+        await handled(inbox, "k_1");
+        await inbox.store({ id: "k_bad", body: body({ id: "k_bad" }) });
+        await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+        suite.t += 8 * DAY;
+        await inbox.purge();
+        suite.t += 30 * DAY;
+        assert.equal((await inbox.purge()).forgotten, 1, "the tombstone, row by row");
+        assert.equal(await made(inbox, day), true, "the day stays");
+        assert.deepEqual(await keys(inbox, "k_"), ["k_bad"]);
+        const [bad] = await inbox.find("k_bad");
+        assert.deepEqual([bad!.status, bad!.body], ["failed", body({ id: "k_bad" })]);
+        // Retried, the failed row moves to the hot partition and leaves its day empty: the next purge drops
+        // the day, and the row, still of that day, keeps its key.
+        assert.equal(await inbox.retry({ id: "k_bad" }), 1);
+        assert.equal((await inbox.purge()).forgotten, 0);
+        assert.equal(await made(inbox, day), false, "emptied, the day was dropped");
+        assert.deepEqual(await keys(inbox, "k_"), ["k_bad"]);
+        assert.equal(await inbox.store({ id: "k_bad", body: body({ id: "k_bad" }) }), "duplicate");
+        assert.deepEqual((await inbox.claim(LEASE))!.body, body({ id: "k_bad" }));
+      },
+    );
+
+    suite.onPostgres("a day dropped whole takes its deliveries' search documents with it", async () => {
+      const inbox = await open();
+      await inbox.enableSearch();
+      await handled(inbox, "s_old");
+      suite.t += 8 * DAY;
+      await inbox.purge();
+      // A tombstone's document went with its body; one the indexer wrote meanwhile (it read the body just
+      // before) would be taken out by the row's delete trigger, which a DROP does not fire.
+      await inbox.query(
+        `INSERT INTO deliveries_search (source, id, doc) VALUES ('default', 's_old', '{"id": "s_old"}')`,
+      );
+      suite.t += 30 * DAY;
+      await handled(inbox, "s_young");
+      await inbox.indexSearch();
+      const docs = async () =>
+        (await inbox.query("SELECT id FROM deliveries_search WHERE id LIKE 's\\_%' ORDER BY id")).map((r) => r.id);
+      assert.deepEqual(await docs(), ["s_old", "s_young"], "(control) both are in the index");
+      assert.equal((await inbox.purge()).forgotten, 1);
+      assert.deepEqual(await docs(), ["s_young"]);
+      assert.equal(await made(inbox, historyOf(periodOf(T0))), false);
+    });
+
+    suite.onPostgres("drops a day of history a crash left detached between its release and its DROP", async () => {
+      const inbox = await open();
+      const day = historyOf(periodOf(suite.t));
+      await handled(inbox, "c_1");
+      suite.t += 40 * DAY;
+      // The day's keys were deleted and its DETACH committed, and then the process died.
+      await inbox.query("DELETE FROM delivery_keys WHERE id = 'c_1'");
+      await inbox.query(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
+      assert.equal(await made(inbox, day), true, "(control) detached, the day's table is still there");
+      // Cutoffs that reach no day: only the leftover goes.
+      assert.deepEqual(await inbox.purge({ bodiesAfterMs: 50 * DAY, forgetAfterMs: 60 * DAY }), {
+        bodies: 0,
+        bytes: 0,
+        forgotten: 0,
+        vacuumedBytes: 0,
+      });
+      assert.equal(await made(inbox, day), false);
     });
 
     suite.onPostgres("a claim that fails with 40001 is run again, and hands its lease over", async () => {

@@ -23,7 +23,17 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
-import { dropDetached, makePeriods, periodOf, periodsBefore, periodsMade, releasePeriod } from "./periods.ts";
+import {
+  dropDetached,
+  historyBefore,
+  historyOf,
+  makePeriods,
+  type Period,
+  periodOf,
+  periodsBefore,
+  periodsMade,
+  releasePeriod,
+} from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -488,6 +498,9 @@ export class PostgresBulk {
       if (picked < batch || options.signal?.aborted) break;
       from = last;
     }
+    // Whole days of history first (docs/operations.md#retention-by-period): a day past the forget cutoff that
+    // holds nothing forget keeps goes in one DROP; the rest, and the rows of a day that could not be had, row by row.
+    await this.forgetDays(forgetBefore, rest, purged, options);
     // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes;
     // each batch starts at the last one's time, past the index entries of the rows it deleted (dropBatch).
     for (let from = Number.MIN_SAFE_INTEGER; ; ) {
@@ -517,7 +530,89 @@ export class PostgresBulk {
       if (n < batch) break;
       from = last;
     }
+    // A day that row by row emptied, or that was made ahead and never used, goes now rather than pile up.
+    await this.forgetDays(forgetBefore, rest, purged, options);
     return purged;
+  }
+
+  // forgetDays releases each day of delivery_history that ends before the forget cutoff and holds no row
+  // that forget keeps (forgetDay), adding its rows to what was forgotten.
+  private async forgetDays(forgetBefore: number, rest: number, purged: Purged, options: PurgeOptions): Promise<void> {
+    for (const period of await historyBefore(this.pool, forgetBefore)) {
+      if (options.signal?.aborted) return;
+      purged.forgotten += (await paced(rest, () => this.forgetDay(period, options.audit))) ?? 0;
+    }
+  }
+
+  // forgetDay forgets a day of history whole, as forget would row by row, when every row of it is a tombstone
+  // (forget deletes those alone: a failed row, or a done one whose body is kept, stays with its day). It
+  // returns how many rows went, or undefined when the day stays: it holds a row to keep, or its locks were not
+  // had in time (its rows are then forgotten row by row). Three transactions:
+  // 1. Under a lock that stops writes to this day alone, the rows' keys in delivery_keys (one statement), their
+  //    attempts and their search documents are deleted: the row's delete trigger does that for a row, and a
+  //    DROP fires no trigger. A resend is then stored anew, as after forget.
+  // 2. The DETACH, which locks delivery_history (done marks wait) for a probe of the partial indexes: a row
+  //    moved into the day since (a route of `replay --to` done) keeps it attached, rolled back.
+  // 3. The DROP (dropDetached), which a crash after 2 leaves to the next purge.
+  // Each lock is waited for DEFAULTS.periodLockMs at most, as a release of bodies is (releasePeriod).
+  private async forgetDay(period: Period, audit: Audit | undefined): Promise<number | undefined> {
+    const day = historyOf(period); // DDL takes no bound parameters: a name periodOf() made from an integer
+    const keep = `SELECT EXISTS (SELECT 1 FROM ${day} WHERE status = 'done' AND purged_at IS NULL)
+                      OR EXISTS (SELECT 1 FROM ${day} WHERE status = 'failed' AND purged_at IS NULL) AS keep`;
+    const bounded = async (client: pg.PoolClient, sql: string) => {
+      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
+      await client.query(sql);
+      await client.query("SELECT set_config('lock_timeout', '0', true)");
+    };
+    const inTransaction = async <T>(run: (client: pg.PoolClient) => Promise<T | undefined>): Promise<T | undefined> => {
+      const client = await this.pool.transaction();
+      try {
+        const result = await run(client);
+        if (result === undefined || result === false) await client.query("ROLLBACK");
+        else await this.pool.commit(client);
+        return result;
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => {});
+        if ((error as { code?: string }).code === "55P03") return undefined;
+        throw error;
+      } finally {
+        client.release();
+      }
+    };
+    const n = await inTransaction(async (client) => {
+      await bounded(client, `LOCK TABLE ${day} IN SHARE MODE`);
+      if ((await client.query(keep)).rows[0].keep) return undefined;
+      // Each of the day's rows finds its key, attempts and document by their own index: a hash join read the
+      // whole of delivery_keys, every day's keys, to delete one day's (no index on its received_at, which
+      // every store would write).
+      await client.query(
+        "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)",
+      );
+      const { rows } = await client.query(
+        `WITH docs AS (DELETE FROM deliveries_search s USING ${day} r WHERE r.route = 0 AND s.source = r.source AND s.id = r.id),
+              tries AS (DELETE FROM attempts a USING ${day} r
+                         WHERE a.source = r.source AND a.id = r.id AND a.destination = r.destination),
+              keys AS (DELETE FROM delivery_keys k USING ${day} r
+                        WHERE k.source = r.source AND k.id = r.id AND k.route = r.route AND k.received_at = r.received_at)
+         SELECT count(*)::integer AS n FROM ${day}`,
+      );
+      return rows[0].n as number;
+    });
+    if (n === undefined) return undefined;
+    for (let tries = 1; ; tries++) {
+      const detached = await inTransaction(async (client) => {
+        await bounded(client, `ALTER TABLE delivery_history DETACH PARTITION ${day}`);
+        if ((await client.query(keep)).rows[0].keep) return false; // rolled back: the day stays attached
+        await writeAudit(client, audit, n, this.now());
+        return true;
+      });
+      if (detached === false) return undefined;
+      if (detached) break;
+      if (tries >= DEFAULTS.periodLockTries) return undefined;
+      await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
+    }
+    await dropDetached(this.pool);
+    return n;
   }
 
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {

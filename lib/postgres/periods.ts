@@ -2,7 +2,8 @@
 // delivery_history beside them (docs/table.md#hot-and-cold): made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
 // released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
-// gives its bytes back to the file system, with no dead rows for vacuum. PostgresInbox and PostgresBulk call them. Not run on its own.
+// gives its bytes back to the file system, with no dead rows for vacuum; the history's days are listed
+// (historyBefore) for forget to release whole (PostgresBulk's forgetDay). PostgresInbox and PostgresBulk call them. Not run on its own.
 
 import type pg from "pg";
 import type { Pool } from "./pool.ts";
@@ -143,23 +144,40 @@ export async function releasePeriod(
   return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
 }
 
+/** historyBefore lists the days of delivery_history (their bodies' Period) that end at or before the time before, oldest first. */
+export async function historyBefore(pool: Pool, before: number): Promise<Period[]> {
+  const { rows } = await pool.query(
+    `SELECT c.relname AS name FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+      WHERE i.inhparent = to_regclass('delivery_history') AND c.relname LIKE 'delivery\\_history\\_d%' ORDER BY c.relname`,
+  );
+  const periods: Period[] = [];
+  for (const { name } of rows as { name: string }[]) {
+    const day = /^delivery_history_d(\d{4})(\d{2})(\d{2})$/.exec(name);
+    if (!day) continue;
+    const period = periodOf(Date.UTC(Number(day[1]), Number(day[2]) - 1, Number(day[3])));
+    if (period.until <= before) periods.push(period);
+  }
+  return periods;
+}
+
 /**
- * dropDetached drops the days a release detached, each in a transaction of its own after the one that
- * detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of its locks, and a
- * DROP in the release's transaction held the lock on delivery_bodies that every store waits behind while a
- * day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the next purge.
- * It returns how many it dropped.
+ * dropDetached drops the days a release detached, of bodies or of history, each in a transaction of its own
+ * after the one that detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of
+ * its locks, and a DROP in the release's transaction held the lock on delivery_bodies that every store waits
+ * behind while a day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the
+ * next purge: a history day is detached only after its keys, attempts and search documents were deleted
+ * (PostgresBulk's forgetDay), so its table is all that is left of it. It returns how many it dropped.
  */
 export async function dropDetached(pool: Pool): Promise<number> {
   const { rows } = await pool.query(
     `SELECT relname AS name FROM pg_class
       WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r' AND NOT relispartition
-        AND relname LIKE 'delivery\\_bodies\\_d%'`,
+        AND (relname LIKE 'delivery\\_bodies\\_d%' OR relname LIKE 'delivery\\_history\\_d%')`,
   );
   let dropped = 0;
   for (const { name } of rows as { name: string }[]) {
-    // DDL takes no bound parameters: only a name of the shape periodOf() makes is ever put in it.
-    if (!/^delivery_bodies_d\d{8}$/.test(name)) continue;
+    // DDL takes no bound parameters: only a name of the shape periodOf() and historyOf() make is ever put in it.
+    if (!/^delivery_(bodies|history)_d\d{8}$/.test(name)) continue;
     await pool.query(`DROP TABLE IF EXISTS ${name}`);
     dropped++;
   }
