@@ -506,12 +506,16 @@ contract((suite) => {
               (error: { code?: string }) => error.code,
             );
           try {
+            const writerPid = (await writer.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
             await writer.query("BEGIN");
             await conflict(held);
             const purging = inbox.purge().catch((error: { code?: string }) => error.code ?? String(error));
             for (;;) {
+              // The purge's own batch, waiting on this writer: the same test run beside it on another runtime
+              // (test/runtimes.test.ts) has a purge of its own waiting, which a match on the query text alone saw.
               const [{ n }] = (await inbox.query(
-                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%'",
+                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%' AND ? = ANY(pg_blocking_pids(pid))",
+                writerPid,
               )) as [{ n: number }];
               if (n > 0) break;
               await new Promise((resolve) => setTimeout(resolve, 5));
