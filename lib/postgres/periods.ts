@@ -41,10 +41,20 @@ export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs
   for (let day = 0; day <= ahead; day++) {
     const period = periodOf(now + day * DAY);
     const history = historyOf(period);
+    // A day already made is not made again: CREATE TABLE IF NOT EXISTS … PARTITION OF takes its parent's lock
+    // before it finds the table there, so each open and purge queued two locks a day that every store or done
+    // mark in flight made wait, and that waited for them, for nothing.
+    const { rows } = await pool.query(
+      "SELECT to_regclass($1) IS NOT NULL AS bodies, to_regclass($2) IS NOT NULL AS history",
+      [period.name, history],
+    );
+    const made = rows[0] as { bodies: boolean; history: boolean };
     // DDL takes no bound parameters: the names and bounds are made here from a checked integer, never from input.
-    await makeOne(pool, lockMs, [
-      `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
-    ]);
+    if (!made.bodies)
+      await makeOne(pool, lockMs, [
+        `CREATE TABLE IF NOT EXISTS ${period.name} PARTITION OF delivery_bodies FOR VALUES FROM (${period.from}) TO (${period.until})`,
+      ]);
+    if (made.history) continue;
     await makeOne(pool, lockMs, [
       `CREATE TABLE IF NOT EXISTS ${history} PARTITION OF delivery_history FOR VALUES FROM (${period.from}) TO (${period.until})`,
       `CREATE UNIQUE INDEX IF NOT EXISTS ${history}_key ON ${history} (source, id, route)`,
