@@ -121,7 +121,7 @@ export function toPg(sql: string, offset = 0): string {
 /**
  * PostgresCommitter is the pool and its batches: enqueue() runs a write in the next transaction and
  * settles it after COMMIT; stores and finishes of one batch go through storeAll() and finishAll(), which
- * PostgresInbox implements. It also keeps the LISTEN connection that wakes workers (onWake()).
+ * PostgresInbox implements (its stores through postgres/store.ts). It also keeps the LISTEN connection that wakes workers (onWake()).
  */
 export abstract class PostgresCommitter {
   readonly target: string;
