@@ -6,7 +6,7 @@
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
-import { moved } from "../errors.ts";
+import { moved, whileMoved } from "../errors.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
 import type {
   Audit,
@@ -24,20 +24,24 @@ import { replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
 import {
+  type Bounded,
   dropDetached,
+  gaveWay,
+  givingWay,
   historyBefore,
   historyOf,
   makePeriods,
+  ownTransaction,
   type Period,
   periodOf,
   periodsBefore,
   periodsMade,
+  type Released,
   releasePeriod,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
-/** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
 /** Dropped is one batch of a purge: the bodies it dropped and their bytes, how many rows it picked, and the last one's time. */
 interface Dropped {
   n: number;
@@ -46,6 +50,14 @@ interface Dropped {
   last: number;
 }
 
+// leftWhole ends a give-way transaction's last try quietly: a day whose lock was not had in time is left
+// whole, for the next purge (its bodies' release) or for forget's rows one by one (its history).
+function leftWhole(error: unknown): undefined {
+  if (!gaveWay(error)) throw error;
+  return undefined;
+}
+
+/** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
 export interface CommitQueue {
   pool: Pool;
   pinned: (() => number) | undefined;
@@ -463,24 +475,25 @@ export class PostgresBulk {
         if (picked < batch) break;
         from = last;
       }
-      // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again; after
-      // DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
-      for (let tries = 1; ; tries++) {
-        const released = await paced(rest, () =>
-          this.other((client) => releasePeriod(client, period, DEFAULTS.periodLockMs)).then(
-            (released) => {
-              purged.bytes += (released as { bytes: number }).bytes;
-              return true;
-            },
-            (error: { code?: string }) => {
-              if (error.code !== "55P03") throw error;
-              return false;
+      // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again (releasePeriod);
+      // after DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
+      // Each try is a batch of the purge, rested after (paced) whether it released the day or gave way.
+      const released = await releasePeriod(async (run) => {
+        const tried = await paced(rest, () =>
+          this.other(run).then(
+            (value) => ({ value: value as Released }),
+            (error: unknown) => {
+              if (!gaveWay(error)) throw error;
+              return { error };
             },
           ),
         );
-        if (released) await dropDetached(this.pool);
-        if (released || tries >= DEFAULTS.periodLockTries) break;
-        await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
+        if ("error" in tried) throw tried.error;
+        return tried.value;
+      }, period).catch(leftWhole);
+      if (released) {
+        purged.bytes += released.bytes;
+        await dropDetached(this.pool);
       }
     }
     for (let from = Number.MIN_SAFE_INTEGER; ; ) {
@@ -559,58 +572,41 @@ export class PostgresBulk {
     const day = historyOf(period); // DDL takes no bound parameters: a name periodOf() made from an integer
     const keep = `SELECT EXISTS (SELECT 1 FROM ${day} WHERE status = 'done' AND purged_at IS NULL)
                       OR EXISTS (SELECT 1 FROM ${day} WHERE status = 'failed' AND purged_at IS NULL) AS keep`;
-    const bounded = async (client: pg.PoolClient, sql: string) => {
-      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
-      await client.query(sql);
-      await client.query("SELECT set_config('lock_timeout', '0', true)");
-    };
-    const inTransaction = async <T>(run: (client: pg.PoolClient) => Promise<T | undefined>): Promise<T | undefined> => {
-      const client = await this.pool.transaction();
-      try {
-        const result = await run(client);
-        if (result === undefined || result === false) await client.query("ROLLBACK");
-        else await this.pool.commit(client);
-        return result;
-      } catch (error) {
-        await client.query("ROLLBACK").catch(() => {});
-        if ((error as { code?: string }).code === "55P03") return undefined;
-        throw error;
-      } finally {
-        client.release();
-      }
-    };
-    const n = await inTransaction(async (client) => {
-      await bounded(client, `LOCK TABLE ${day} IN SHARE MODE`);
-      if ((await client.query(keep)).rows[0].keep) return undefined;
-      // Each of the day's rows finds its key, attempts and document by their own index: a hash join read the
-      // whole of delivery_keys, every day's keys, to delete one day's (no index on its received_at, which
-      // every store would write).
-      await client.query(
-        "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)",
-      );
-      const { rows } = await client.query(
-        `WITH docs AS (DELETE FROM deliveries_search s USING ${day} r WHERE r.route = 0 AND s.source = r.source AND s.id = r.id),
+    // Each in a transaction of its own, rolled back when it finds the day stays (undefined, or false).
+    const own = <T>(run: (client: pg.PoolClient) => Promise<T>): Promise<T> =>
+      ownTransaction(this.pool, run, (result) => result !== undefined && result !== false);
+    // The first gives way once: its rows are then forgotten row by row.
+    const n = await givingWay(
+      own<number | undefined>,
+      async (client, bounded) => {
+        await bounded(`LOCK TABLE ${day} IN SHARE MODE`);
+        if ((await client.query(keep)).rows[0].keep) return undefined;
+        // Each of the day's rows finds its key, attempts and document by their own index: a hash join read the
+        // whole of delivery_keys, every day's keys, to delete one day's (no index on its received_at, which
+        // every store would write).
+        await client.query(
+          "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)",
+        );
+        const { rows } = await client.query(
+          `WITH docs AS (DELETE FROM deliveries_search s USING ${day} r WHERE r.route = 0 AND s.source = r.source AND s.id = r.id),
               tries AS (DELETE FROM attempts a USING ${day} r
                          WHERE a.source = r.source AND a.id = r.id AND a.destination = r.destination),
               keys AS (DELETE FROM delivery_keys k USING ${day} r
                         WHERE k.source = r.source AND k.id = r.id AND k.route = r.route AND k.received_at = r.received_at)
          SELECT count(*)::integer AS n FROM ${day}`,
-      );
-      return rows[0].n as number;
-    });
+        );
+        return rows[0].n as number;
+      },
+      { tries: 1 },
+    ).catch(leftWhole);
     if (n === undefined) return undefined;
-    for (let tries = 1; ; tries++) {
-      const detached = await inTransaction(async (client) => {
-        await bounded(client, `ALTER TABLE delivery_history DETACH PARTITION ${day}`);
-        if ((await client.query(keep)).rows[0].keep) return false; // rolled back: the day stays attached
-        await writeAudit(client, audit, n, this.now());
-        return true;
-      });
-      if (detached === false) return undefined;
-      if (detached) break;
-      if (tries >= DEFAULTS.periodLockTries) return undefined;
-      await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
-    }
+    const detached = await givingWay(own<boolean>, async (client, bounded) => {
+      await bounded(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
+      if ((await client.query(keep)).rows[0].keep) return false; // rolled back: the day stays attached
+      await writeAudit(client, audit, n, this.now());
+      return true;
+    }).catch(leftWhole);
+    if (!detached) return undefined;
     await dropDetached(this.pool);
     return n;
   }
@@ -653,7 +649,7 @@ export class PostgresBulk {
   // A row another transaction holds is waited for DEFAULTS.periodLockMs
   // at most, so a purge never takes part in a deadlock (PostgreSQL looks for one only after a second): the
   // batch is rolled back and tried again after a rest, DEFAULTS.periodLockTries times before the purge fails.
-  private async dropBatch(
+  private dropBatch(
     where: string,
     params: SqlValue[],
     from: number,
@@ -661,19 +657,17 @@ export class PostgresBulk {
     audit: Audit | undefined,
     bodyRows = true,
   ): Promise<Dropped> {
-    for (let tries = 1; ; tries++) {
-      try {
-        return await this.dropBatchOnce(where, params, from, batch, audit, bodyRows);
-      } catch (error) {
-        // A row replayed meanwhile (moved out of its history partition: 40001) is passed over when run again.
-        if (moved(error) && tries < DEFAULTS.movedTries) continue;
-        if ((error as { code?: string }).code !== "55P03" || tries >= DEFAULTS.periodLockTries) throw error;
-        await new Promise((resolve) => setTimeout(resolve, DEFAULTS.periodLockMs));
-      }
-    }
+    return givingWay(
+      // A row replayed meanwhile (moved out of its history partition: 40001) is passed over when run again.
+      (run) => whileMoved(() => this.other(run) as Promise<Dropped>, DEFAULTS.movedTries),
+      (client, bounded) => this.dropBatchIn(client, bounded, where, params, from, batch, audit, bodyRows),
+    );
   }
 
-  private dropBatchOnce(
+  // dropBatchIn is one try of dropBatch, in the transaction of client.
+  private async dropBatchIn(
+    client: pg.PoolClient,
+    bounded: Bounded,
     where: string,
     params: SqlValue[],
     from: number,
@@ -681,30 +675,26 @@ export class PostgresBulk {
     audit: Audit | undefined,
     bodyRows: boolean,
   ): Promise<Dropped> {
-    return this.other(async (client) => {
-      await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
-      const { rows } = await client.query(
-        toPg(`WITH p AS (SELECT tableoid AS rel, ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
-                         WHERE ${where} AND status IN ('done', 'failed') AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
-                   -- A ctid names a row within its partition only, and the same one a row in each (docs/table.md#hot-and-cold).
-                   d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
-                         WHERE d.tableoid = p.rel AND d.ctid = p.at AND d.received_at = p.at_time AND ${where}
-                           AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
-                         -- A body is in its row or in delivery_bodies, never both: the row's old body is its bytes.
-                         RETURNING d.source, d.id, d.route, d.received_at, p.inline),
-                   -- The body's own row goes with it (docs/table.md#bodies-apart).
-                   b AS (DELETE FROM delivery_bodies b USING d
-                         WHERE ?::boolean AND b.source = d.source AND b.id = d.id AND b.route = d.route AND b.received_at = d.received_at
-                         RETURNING octet_length(b.body) AS bytes)
-              SELECT (SELECT count(*) FROM d)::integer AS n,
-                     ((SELECT coalesce(sum(inline), 0) FROM d) + (SELECT coalesce(sum(bytes), 0) FROM b))::bigint AS bytes,
-                     (SELECT count(*) FROM p)::integer AS picked, (SELECT max(at_time) FROM p) AS last`),
-        [...params, from, batch, this.pinned ? this.pinned() : Date.now(), ...params, bodyRows],
-      );
-      await client.query("SELECT set_config('lock_timeout', '0', true)");
-      const n = rows[0].n as number;
-      await writeAudit(client, audit, n, this.now());
-      return { n, bytes: Number(rows[0].bytes), picked: rows[0].picked as number, last: Number(rows[0].last) };
-    }) as Promise<Dropped>;
+    const { rows } = await bounded(
+      toPg(`WITH p AS (SELECT tableoid AS rel, ctid AS at, received_at AS at_time, octet_length(body) AS inline FROM delivery_rows
+                       WHERE ${where} AND status IN ('done', 'failed') AND received_at >= ?::bigint ORDER BY received_at LIMIT ?::integer),
+                 -- A ctid names a row within its partition only, and the same one a row in each (docs/table.md#hot-and-cold).
+                 d AS (UPDATE delivery_rows d SET body = '\\x'::bytea, purged_at = ?::bigint FROM p
+                       WHERE d.tableoid = p.rel AND d.ctid = p.at AND d.received_at = p.at_time AND ${where}
+                         AND d.status IN ('done', 'failed') AND d.purged_at IS NULL
+                       -- A body is in its row or in delivery_bodies, never both: the row's old body is its bytes.
+                       RETURNING d.source, d.id, d.route, d.received_at, p.inline),
+                 -- The body's own row goes with it (docs/table.md#bodies-apart).
+                 b AS (DELETE FROM delivery_bodies b USING d
+                       WHERE ?::boolean AND b.source = d.source AND b.id = d.id AND b.route = d.route AND b.received_at = d.received_at
+                       RETURNING octet_length(b.body) AS bytes)
+            SELECT (SELECT count(*) FROM d)::integer AS n,
+                   ((SELECT coalesce(sum(inline), 0) FROM d) + (SELECT coalesce(sum(bytes), 0) FROM b))::bigint AS bytes,
+                   (SELECT count(*) FROM p)::integer AS picked, (SELECT max(at_time) FROM p) AS last`),
+      [...params, from, batch, this.pinned ? this.pinned() : Date.now(), ...params, bodyRows],
+    );
+    const n = rows[0].n as number;
+    await writeAudit(client, audit, n, this.now());
+    return { n, bytes: Number(rows[0].bytes), picked: rows[0].picked as number, last: Number(rows[0].last) };
   }
 }

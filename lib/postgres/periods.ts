@@ -3,9 +3,11 @@
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
 // released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
 // gives its bytes back to the file system, with no dead rows for vacuum; the history's days are listed
-// (historyBefore) for forget to release whole (PostgresBulk's forgetDay). PostgresInbox and PostgresBulk call them. Not run on its own.
+// (historyBefore) for forget to release whole (PostgresBulk's forgetDay). Each of those waits for a lock on a
+// parent as givingWay() does, which a purge's batches share. PostgresInbox and PostgresBulk call them. Not run on its own.
 
 import type pg from "pg";
+import { DEFAULTS } from "../defaults.ts";
 import type { Pool } from "./pool.ts";
 
 const DAY = 86_400_000;
@@ -63,20 +65,99 @@ export async function makePeriods(pool: Pool, now: number, ahead: number, lockMs
   }
 }
 
-// makeOne runs one partition's DDL in a transaction of its own, bounded, as a release is: making a partition
+// makeOne runs one partition's DDL in a transaction that gives way, once, as a release does: making a partition
 // locks its parent whole, and a CREATE queued behind a transaction in flight would hold up every store (or done
 // mark) queued behind it. A day not made now is made by a later purge or open: it is made days ahead.
 async function makeOne(pool: Pool, lockMs: number, statements: string[]): Promise<void> {
-  const client = await pool.transaction();
   try {
-    await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
-    for (const sql of statements) await client.query(sql);
-    await pool.commit(client);
+    await givingWay(
+      (run) => ownTransaction(pool, run),
+      async (_client, bounded) => {
+        for (const sql of statements) await bounded(sql);
+      },
+      { lockMs, tries: 1 },
+    );
   } catch (error) {
-    await client.query("ROLLBACK").catch(() => {});
     // 55P03: the lock was not had in time; 23514: the default partition holds rows of that day; 42P07 or
     // 23505: another process made it first; 42P17: the day is the old table's, from before the upgrade.
     if (!["55P03", "23514", "42P07", "23505", "42P17"].includes((error as { code?: string }).code ?? "")) throw error;
+  }
+}
+
+/**
+ * Transaction runs run in a transaction, committed when run returns and rolled back when it throws: a
+ * connection of the pool's own (ownTransaction) or an op of the inbox's commit queue (PostgresCommitter's other()).
+ */
+export type Transaction<T> = (run: (client: pg.PoolClient) => Promise<T>) => Promise<T>;
+
+/** Bounded runs one statement of a give-way transaction, waiting for its locks lockMs at most (givingWay). */
+export type Bounded = (sql: string, values?: unknown[]) => Promise<pg.QueryResult>;
+
+/** GiveWay is how a give-way transaction waits for its locks and how often it tries again (givingWay). */
+export interface GiveWay {
+  /** How long a statement run through Bounded waits for a lock before its try gives way. @default DEFAULTS.periodLockMs */
+  lockMs?: number;
+  /** How many tries in all, the first one included, before the last one's lock timeout is thrown. @default DEFAULTS.periodLockTries */
+  tries?: number;
+  /** How long it rests between two tries. @default DEFAULTS.periodLockMs */
+  restMs?: number;
+}
+
+/**
+ * givingWay runs work in a transaction (one that transaction opens, commits when work returns and rolls back
+ * when it throws) whose Bounded statements wait lockMs at most for a lock: a lock queued behind a transaction
+ * in flight would hold up every store or done mark queued behind it, so a try that cannot have its lock in time
+ * (lock_timeout's error, 55P03) is rolled back, and tried again after a rest, tries times in all. It returns
+ * what work returned; the last try's 55P03, or any other error at once, is thrown (gaveWay() tells the first).
+ */
+export async function givingWay<T>(
+  transaction: Transaction<T>,
+  work: (client: pg.PoolClient, bounded: Bounded) => Promise<T>,
+  way: GiveWay = {},
+): Promise<T> {
+  // Read at each call, not at import: DEFAULTS are the one place for them, and a test may set them.
+  const { lockMs = DEFAULTS.periodLockMs, tries = DEFAULTS.periodLockTries, restMs = DEFAULTS.periodLockMs } = way;
+  for (let n = 1; ; n++) {
+    try {
+      return await transaction((client) =>
+        work(client, async (sql, values) => {
+          // Set for this statement alone: the rest of the transaction waits as long as any other.
+          await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
+          const result = await client.query(sql, values);
+          await client.query("SELECT set_config('lock_timeout', '0', true)");
+          return result;
+        }),
+      );
+    } catch (error) {
+      if (!gaveWay(error) || n >= tries) throw error;
+    }
+    await new Promise((resolve) => setTimeout(resolve, restMs));
+  }
+}
+
+/** gaveWay says an error is a give-way transaction's lock not had in time (55P03, lock_timeout's). */
+export function gaveWay(error: unknown): boolean {
+  return (error as { code?: unknown }).code === "55P03";
+}
+
+/**
+ * ownTransaction runs run in a transaction of its own on the pool: committed when keep says so of what run
+ * returned (by default always), rolled back when it says not or when run throws.
+ */
+export async function ownTransaction<T>(
+  pool: Pool,
+  run: (client: pg.PoolClient) => Promise<T>,
+  keep: (result: T) => boolean = () => true,
+): Promise<T> {
+  const client = await pool.transaction();
+  try {
+    const result = await run(client);
+    if (keep(result)) await pool.commit(client);
+    else await client.query("ROLLBACK");
+    return result;
+  } catch (error) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw error;
   } finally {
     client.release();
   }
@@ -104,24 +185,24 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
 }
 
 /**
- * releasePeriod detaches a day's partition in the transaction of client (dropDetached drops it after), after moving the bodies purge must
+ * releasePeriod detaches a day's partition in a transaction that transaction gives it (dropDetached drops it after), after moving the bodies purge must
  * keep (a row not made a tombstone: failed, still to do, or done since its day was marked) to the default
  * partition. It returns how many bodies it kept and the bytes of those it let go. The DETACH locks
  * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
- * row; it waits lockMs at most for that lock.
+ * row; it gives way (givingWay) to a transaction in flight, and throws 55P03 when every try did.
  */
-export async function releasePeriod(
-  client: pg.PoolClient,
-  period: Period,
-  lockMs: number,
-): Promise<{ kept: number; bytes: number }> {
-  // Bounded, so that a lock queued behind a long transaction never holds up the stores queued behind it:
-  // the caller tries again after a rest (lock_timeout's error, 55P03, rolls this transaction back).
-  const bounded = (sql: string) =>
-    client
-      .query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`])
-      .then(() => client.query(sql))
-      .then(() => client.query("SELECT set_config('lock_timeout', '0', true)"));
+export function releasePeriod(transaction: Transaction<Released>, period: Period, way?: GiveWay): Promise<Released> {
+  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period), way);
+}
+
+/** Released is what a day's release kept of its bodies, and the bytes of those it let go. */
+export interface Released {
+  kept: number;
+  bytes: number;
+}
+
+// releaseIn is one try of releasePeriod, in the transaction of client.
+async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period): Promise<Released> {
   // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
   // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
   // is held for a copy of those few bodies, not for a scan of the whole day: that scan under the
