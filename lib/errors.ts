@@ -9,7 +9,7 @@
  * (SQLITE_BUSY), else "other". It looks through the causes a batch's error wraps.
  */
 export function sqlstate(error: unknown): string {
-  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+  for (const e of causes(error)) {
     const code = (e as { code?: unknown }).code;
     // A socket's code first: EPIPE and EPERM are five characters too, and no SQLSTATE class starts with E.
     if (typeof code === "string" && /^E[A-Z]+$/.test(code)) return code;
@@ -19,6 +19,15 @@ export function sqlstate(error: unknown): string {
   }
   return "other";
 }
+
+// causes walks an error and the causes it wraps, five deep: a batch's error wraps the one its statement met.
+// sqlstate(), passing() and moved() each read them; moved() asks for 40001 itself, as sqlstate() names only
+// the class, 40, which a deadlock (40P01) shares.
+function* causes(error: unknown): Generator<object> {
+  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++)
+    yield e;
+}
+
 const SQLITE_CODES: Record<number, string> = {
   5: "SQLITE_BUSY",
   6: "SQLITE_LOCKED",
@@ -35,7 +44,7 @@ const SQLITE_CODES: Record<number, string> = {
  * fdatasync, say, sticks until a restart.
  */
 export function passing(error: unknown): boolean {
-  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++) {
+  for (const e of causes(error)) {
     // An error that knows it will come back as it is (a search past its bound) says so, whatever its cause.
     if ((e as { passing?: unknown }).passing === false) return false;
     const code = (e as { code?: unknown }).code;
@@ -62,8 +71,7 @@ export function passing(error: unknown): boolean {
  * through the causes a batch's error wraps; passing() says the same of it, with every class-40 error.
  */
 export function moved(error: unknown): boolean {
-  for (let e = error, depth = 0; e instanceof Object && depth < 5; e = (e as { cause?: unknown }).cause, depth++)
-    if ((e as { code?: unknown }).code === "40001") return true;
+  for (const e of causes(error)) if ((e as { code?: unknown }).code === "40001") return true;
   return false;
 }
 

@@ -6,7 +6,7 @@
 import { filterSqlChecked } from "./searching.ts";
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
-import { moved, whileMoved } from "../errors.ts";
+import { whileMoved } from "../errors.ts";
 import { NOW, toPg, type Locks } from "./commit.ts";
 import type {
   Audit,
@@ -393,42 +393,35 @@ export class PostgresBulk {
     const size = bulkBatchSize(options.batch);
     const { where, params } = await filterSqlChecked(this.pool, filter);
     let after: Cursor | undefined;
-    for (let tries = 1; ; ) {
+    for (;;) {
       // A batch that met a row another commit just moved between partitions (a worker's done mark, a retry:
       // 40001) is rolled back whole and run again from the same cursor (DEFAULTS.movedTries).
-      const batch = this.other(async (client) => {
-        const cursor =
-          after === undefined
-            ? ""
-            : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
-        const { rows } = await client.query(
-          toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${where} ${cursor}
+      const batch = () =>
+        this.other(async (client) => {
+          const cursor =
+            after === undefined
+              ? ""
+              : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
+          const { rows } = await client.query(
+            toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${where} ${cursor}
                 ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
-          [
-            ...params,
-            ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
-            size,
-          ],
-        );
-        const keys = rows.map((r) => ({
-          receivedAt: r.received_at as number,
-          source: r.source as string,
-          id: r.id as string,
-          route: r.route as number,
-        }));
-        const changed = keys.length > 0 ? await act(client, keys) : 0;
-        await writeAudit(client, options.audit, changed, this.now());
-        return keys;
-      }) as Promise<Cursor[]>;
-      let picked: Cursor[];
-      try {
-        picked = await batch;
-      } catch (error) {
-        if (!moved(error) || tries >= DEFAULTS.movedTries) throw error;
-        tries++;
-        continue;
-      }
-      tries = 1;
+            [
+              ...params,
+              ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
+              size,
+            ],
+          );
+          const keys = rows.map((r) => ({
+            receivedAt: r.received_at as number,
+            source: r.source as string,
+            id: r.id as string,
+            route: r.route as number,
+          }));
+          const changed = keys.length > 0 ? await act(client, keys) : 0;
+          await writeAudit(client, options.audit, changed, this.now());
+          return keys;
+        }) as Promise<Cursor[]>;
+      const picked = await whileMoved(batch, DEFAULTS.movedTries);
       if (picked.length < size) return;
       after = picked.at(-1);
     }
