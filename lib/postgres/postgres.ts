@@ -633,7 +633,10 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // (mergedInserts); one that fails fails the attempt, which is redone op by op, unmerged.
   // The status is checked as `(…) IS TRUE`, which no index's key or predicate matches, so each done mark
   // finds its row by the key: the generic plan of `status = 'processing'` (a 20k backlog, no statistics) went
-  // through deliveries_open instead, and read every leased row once for each done mark.
+  // through deliveries_open instead, and read every leased row once for each done mark. The plain
+  // `status IN ('received', 'processing')` after it matches no row fewer: it is there for partition pruning,
+  // which reads the partition key in a plain comparison and not inside `IS TRUE`, so the mark opens the hot
+  // partition alone (docs/table.md#hot-and-cold). Without it the plan probes every day of the history too.
   protected async finishAll(client: pg.PoolClient, ops: Extract<Op, { kind: "finish" }>[]): Promise<Map<Op, boolean>> {
     client.query(this.prepared(BY_INDEX, [])).catch(() => {}); // a failure shows in the done marks, which wait behind it
     const marked = client.query(
