@@ -12,7 +12,8 @@ import { join } from "node:path";
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { historyOf, periodOf } from "../lib/postgres/periods.ts";
+import { historyOf, makePeriods, periodOf } from "../lib/postgres/periods.ts";
+import { parseTarget, Pool } from "../lib/postgres/pool.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
 import { sha256 } from "../lib/rows.ts";
@@ -807,6 +808,63 @@ contract((suite) => {
         [true, true, false],
       );
     });
+
+    suite.onPostgres(
+      "a day already made is not made again: making the days waits for no store in flight on the parents",
+      async () => {
+        const inbox = await open(); // its days made, DEFAULTS.periodsAhead of them
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        // A store's transaction in flight on both parents, whose lock a CREATE … PARTITION OF waits behind.
+        const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+        await holder.connect();
+        const pool = new Pool(parseTarget(suite.target), {
+          size: 1,
+          connectTimeoutMs: DEFAULTS.connectTimeoutMs,
+          applicationName: "make-periods-test",
+          types: pg.types,
+        });
+        try {
+          const holderPid = (await holder.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+          await holder.query("BEGIN");
+          await holder.query(`LOCK TABLE ${schema}.delivery_bodies, ${schema}.delivery_history IN ROW EXCLUSIVE MODE`);
+          // Which comes first: the days made, or a session seen waiting for the holder's lock. The bound on
+          // that lock outlasts the test, so a call that waited for it cannot have come back while it was held.
+          const make = async (at: number, ahead: number) => {
+            let settled = false;
+            const made = makePeriods(pool, at, ahead, 600_000).then(() => "made" as const);
+            const waited = (async () => {
+              while (!settled) {
+                const [{ n }] = (await inbox.query(
+                  "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ? = ANY(pg_blocking_pids(pid))",
+                  holderPid,
+                )) as [{ n: number }];
+                if (n > 0) return "waited for the lock" as const;
+                await new Promise((resolve) => setTimeout(resolve, 5));
+              }
+              return "made" as const;
+            })();
+            const first = await Promise.race([made, waited]);
+            settled = true;
+            await waited; // its last look done before the test ends
+            return { first, made };
+          };
+          const again = await make(suite.t, DEFAULTS.periodsAhead);
+          assert.equal(again.first, "made", "the days the open made are left alone, the lock never asked for");
+          // (control) a day not made yet needs the lock, and waits for the store in flight.
+          const later = periodOf(suite.t + 30 * DAY);
+          const fresh = await make(later.from, 0);
+          assert.equal(fresh.first, "waited for the lock");
+          await holder.query("ROLLBACK");
+          await fresh.made;
+          const [day] = await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", historyOf(later));
+          assert.equal(day!.made, true, "and makes the day once the store is done");
+        } finally {
+          await holder.query("ROLLBACK").finally(() => holder.end());
+          await pool.end();
+        }
+      },
+    );
 
     it("a resend answers duplicate after its day's bodies were released, and is stored anew once forgotten", async () => {
       const inbox = await open();
