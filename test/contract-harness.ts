@@ -1,15 +1,16 @@
 // test/contract-harness.ts: what every file of the contract suite (test/contract-*.test.ts) shares, as
 // River's riverdrivertest shares one harness across its files: the loop over both backends (a real SQLite
-// file, and a fresh schema on a real PostgreSQL, skipped in one line without one), an inbox opened on the
+// file, and a fresh database on a real PostgreSQL, skipped in one line without one), an inbox opened on the
 // pinned clock, and the constants. Not a test file itself; each area file calls contract() once.
 
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import type { Inbox, InboxOptions } from "../lib/store.ts";
-import { backends, postgresSkip, type TestBackend } from "./helpers.ts";
+import { backends, postgresSkip, T0, type TestBackend } from "./helpers.ts";
 
-/** T0 is where the pinned clock starts each test, in ms since the epoch. */
-export const T0 = 1_700_000_000_000;
+// T0, where the pinned clock starts each test, is helpers.ts's: the PostgreSQL target each test gets is a copy
+// of an inbox opened at T0 (freshInbox()), its days already made.
+export { T0 };
 
 /** LEASE is the lease every claim in the suite asks for, in ms. */
 export const LEASE = 60_000;
