@@ -138,10 +138,12 @@ export class PostgresBulk {
            FROM u JOIN k ON k.source = u.s AND k.id = u.i AND k.route = u.ro
            ORDER BY s, i, ro
            RETURNING source, id, route, destination, order_key, received_at),
-         -- Each restored body in its own table, as store() keeps it (docs/table.md#bodies-apart).
+         -- Each restored body in its own table, as store() keeps it (docs/table.md#bodies-apart); from the new
+         -- keys, as r's rows are, not from r, which the planner takes for one row and joined in a nested loop
+         -- (postgres/store.ts).
          b AS (
            INSERT INTO delivery_bodies (source, id, route, received_at, body)
-           SELECT r.source, r.id, r.route, r.received_at, u.b FROM r JOIN u ON u.s = r.source AND u.i = r.id AND u.ro = r.route
+           SELECT u.s, u.i, u.ro, u.ra, u.b FROM u JOIN k ON k.source = u.s AND k.id = u.i AND k.route = u.ro
            WHERE octet_length(u.b) > $28)
          SELECT source, destination, order_key FROM r`,
         [
