@@ -184,6 +184,12 @@ export const DEFAULTS = {
    */
   movedTries: 5,
   /**
+   * PostgreSQL: the first claim in a process that takes at least this many deliveries has the hot partition
+   * analyzed, where it never was (docs/table.md#hot-and-cold): before autovacuum first analyzes it, the done
+   * marks' plan took a fresh backlog for a row and compared every mark with every backlog row. @default 100
+   */
+  analyzeHotAt: 100,
+  /**
    * Free pages SQLite's incremental vacuum gives back to the file system per transaction (400 KB at 4 KB): 100,
    * not 1000, as a step that moves live pages from the file's end into the holes holds the write lock about
    * 40 µs a page, and the 1000-page steps held it up to 170 ms, each one an ack's stall (bench/purge.ts).

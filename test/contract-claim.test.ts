@@ -86,6 +86,53 @@ contract((suite) => {
       }
     });
 
+    // PostgreSQL only: a partition with no statistics yet, and the planner's guess at it (docs/table.md#hot-and-cold).
+    onPostgres(
+      "has the hot partition analyzed at the first claim of DEFAULTS.analyzeHotAt, where nothing ever did (control: a smaller claim does not)",
+      async () => {
+        const { default: pg } = await import("pg");
+        const admin = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+        await admin.connect();
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        // What the planner takes the hot partition's backlog for, with the status the done marks name.
+        const guess = async () => {
+          const { rows } = await admin.query(
+            `EXPLAIN (FORMAT JSON) SELECT 1 FROM ${schema}.delivery_rows_hot WHERE status IN ('received', 'processing')`,
+          );
+          return Number(rows[0]["QUERY PLAN"][0].Plan["Plan Rows"]);
+        };
+        const analyzed = async () => {
+          const { rows } = await admin.query(
+            "SELECT last_analyze IS NOT NULL AS yes FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'delivery_rows_hot'",
+            [schema],
+          );
+          return rows[0].yes as boolean;
+        };
+        try {
+          // Autovacuum stays off it here, so that only the inbox's ANALYZE can be what the test sees.
+          await admin.query(`ALTER TABLE ${schema}.delivery_rows_hot SET (autovacuum_enabled = false)`);
+          const inbox = await open();
+          const n = DEFAULTS.analyzeHotAt * 3;
+          await Promise.all(Array.from({ length: n }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({ i }) })));
+          const control = await open();
+          assert.equal((await control.claimBatch(DEFAULTS.analyzeHotAt - 1, LEASE)).length, DEFAULTS.analyzeHotAt - 1);
+          await control.close();
+          assert.equal(await analyzed(), false, "control: a claim under DEFAULTS.analyzeHotAt leaves it as it was");
+          assert.ok(
+            (await guess()) < n / 10,
+            `control: unanalyzed, the backlog is guessed far below ${n} (${await guess()})`,
+          );
+          const worker = await open();
+          assert.equal((await worker.claimBatch(DEFAULTS.analyzeHotAt, LEASE)).length, DEFAULTS.analyzeHotAt);
+          await worker.close();
+          assert.equal(await analyzed(), true, "the first full claim had it analyzed, and close() waited for it");
+          assert.ok((await guess()) >= n / 2, `the backlog is known for about what it is (${await guess()} of ${n})`);
+        } finally {
+          await admin.end();
+        }
+      },
+    );
+
     it("does not let a delivery it sets aside at its last attempt take the place of one that is due", async () => {
       const inbox = await open({ maxAttempts: 2 });
       await inbox.store({ id: "evt_1", body: body({}) });

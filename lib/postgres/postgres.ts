@@ -100,6 +100,9 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   private readonly gates: PostgresGates;
   // The store path: a batch's new deliveries written, and its copies of stored ones told apart.
   private readonly stores: PostgresStores;
+  // Whether this process has looked at the hot partition's statistics yet, and that look (analyzeHot).
+  private hotLooked = false;
+  private analyzing: Promise<void> = Promise.resolve();
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -277,11 +280,48 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     // A takeover's walk may meet a row whose late done mark or failure just moved it out of the hot partition
     // (40001): the claim is run again, and reads the row where it went (DEFAULTS.movedTries).
     const claimAgain = () => whileMoved(claim, DEFAULTS.movedTries);
+    const claimed = limited ? this.gates.made(destination).then(claimAgain) : claimAgain();
     return tellSetAside(
-      limited ? this.gates.made(destination).then(claimAgain) : claimAgain(),
+      claimed.then((leases) => {
+        if (leases.length >= DEFAULTS.analyzeHotAt && !this.hotLooked) this.analyzeHot();
+        return leases;
+      }),
       options,
       () => setAside,
     );
+  }
+
+  /** close lets the hot partition's one ANALYZE (analyzeHot), if it is under way, end before the pool does. */
+  override async close(): Promise<void> {
+    await this.analyzing;
+    await super.close();
+  }
+
+  // analyzeHot has the hot partition analyzed, once a process, where neither it nor autovacuum ever did: the done
+  // mark names its status twice (finishAll), and on a partition with no statistics the planner multiplies the
+  // two clauses' default selectivities, takes a backlog of thousands for a row, and compares every done mark
+  // with every backlog row (docs/table.md#hot-and-cold). Off the claim's path: its batch is not held up, and a
+  // failure leaves the partition to autovacuum, as before. Bounded, as ANALYZE waits for a VACUUM in flight.
+  private analyzeHot(): void {
+    this.hotLooked = true;
+    this.analyzing = (async () => {
+      const { rows } = await this.pool.query(
+        `SELECT last_analyze IS NULL AND last_autoanalyze IS NULL AS never
+           FROM pg_stat_user_tables WHERE relid = to_regclass('delivery_rows_hot')`,
+      );
+      if (!rows[0]?.never) return;
+      const client = await this.pool.transaction();
+      try {
+        await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
+        await client.query("ANALYZE delivery_rows_hot");
+        await this.pool.commit(client);
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => {});
+        throw error;
+      } finally {
+        client.release();
+      }
+    })().catch(() => {});
   }
 
   // gatedClaim asks the destination's row how many may be claimed (gateClaim), claims them, and writes back
