@@ -174,8 +174,9 @@ for (const backend of await backends("consume_change")) {
     const TOTAL = 3_000;
     // setUp: a stream of TOTAL payments (half with a Nats-Msg-Id), its durable consumer made by someone
     // else with ack_policy none, and a sources file naming it.
-    const setUp = async (tag: string) => {
-      const store = await backend.make();
+    // A control runs the tree before, which migrates its own schema: it gets an empty one (make's empty).
+    const setUp = async (tag: string, empty = false) => {
+      const store = await backend.make({ empty });
       const s = await stream(`${tag}_${backend.name}`);
       await s.jsm.consumers.add(s.name, { durable_name: "inbox", ack_policy: AckPolicy.None, max_ack_pending: 100 });
       await s.publish(TOTAL, (i) => (i % 2 === 0 ? `pay-${i}` : undefined));
@@ -230,7 +231,7 @@ for (const backend of await backends("consume_change")) {
     it("control: the tree before consumes it, and under SIGKILLs loses messages while the broker shows nothing pending", {
       skip: before().skip,
     }, async () => {
-      const t = await setUp("nonectl");
+      const t = await setUp("nonectl", true);
       const tree = before().path;
       try {
         let midStream = 0;
@@ -341,7 +342,7 @@ for (const backend of await backends("consume_change")) {
     it("control: the tree before, started again after it, takes the new stream's messages without an ID for the old one's and drops them", {
       skip: before().skip,
     }, async () => {
-      const { target, cleanup } = await backend.make();
+      const { target, cleanup } = await backend.make({ empty: true });
       const s = await stream(`lifectl_${backend.name}`);
       const tree = before().path;
       const old = (await import(pathToFileURL(join(tree, "lib/consume.ts")).href)) as {
@@ -383,8 +384,9 @@ for (const backend of await backends("consume_change")) {
     skip: rabbitSkipped || backend.skip,
   }, () => {
     // setUp: a durable queue with 50 messages, a sources file, and a way to declare it again.
-    const setUp = async (tag: string) => {
-      const store = await backend.make();
+    // A control runs the tree before, which migrates its own schema: it gets an empty one (make's empty).
+    const setUp = async (tag: string, empty = false) => {
+      const store = await backend.make({ empty });
       const model = await amqp.connect(RABBITMQ);
       const ch = await model.createConfirmChannel();
       const queue = `i50.${tag}.${backend.name}.${run}`;
@@ -458,7 +460,7 @@ for (const backend of await backends("consume_change")) {
     it("control: the tree before says nothing and consumes nothing of the queue declared again", {
       skip: before().skip,
     }, async () => {
-      const t = await setUp("gonectl");
+      const t = await setUp("gonectl", true);
       const tree = before().path;
       const child = spawnScript(join(tree, "consumer.ts"), ["--db", t.target, "--sources", t.file]);
       const seen = watch(child);

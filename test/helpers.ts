@@ -703,8 +703,11 @@ export async function launchChromium(): Promise<Browser> {
 export interface TestBackend {
   name: "sqlite" | "postgres";
   skip: string | false;
-  /** make prepares an empty target (a file, or a database copied from an empty inbox: freshInbox()) and says how to remove it. */
-  make(): Promise<{ target: string; cleanup: () => Promise<void> }>;
+  /**
+   * make prepares an empty target (a file, or a database copied from an empty inbox: freshInbox()) and says how to
+   * remove it; with empty, a PostgreSQL schema with nothing in it (freshSchema()), for code of another tree to migrate.
+   */
+  make(options?: { empty?: boolean }): Promise<{ target: string; cleanup: () => Promise<void> }>;
 }
 
 /** backends lists both stores for a suite: a SQLite file in a temp folder, and a fresh database named after prefix. */
@@ -721,8 +724,8 @@ export async function backends(prefix: string): Promise<TestBackend[]> {
     {
       name: "postgres",
       skip: await postgresSkip(),
-      make: async () => {
-        const fresh = await freshInbox(prefix);
+      make: async (options = {}) => {
+        const fresh = options.empty ? await freshSchema(prefix) : await freshInbox(prefix);
         return { target: fresh.url, cleanup: fresh.drop };
       },
     },
