@@ -143,10 +143,12 @@ describe("database errors on PostgreSQL", { skip }, () => {
     let stderr = "";
     child.stdout!.resume();
     child.stderr!.on("data", (d) => (stderr += d));
+    // The bound is cleared once the lane has exited: a timer left pending holds the file's process open to its end.
+    let bound: NodeJS.Timeout | undefined;
     const [code] = (await Promise.race([
       once(child, "exit"),
-      new Promise((resolve) => setTimeout(() => resolve([undefined]), 30_000)),
-    ])) as [number | undefined];
+      new Promise((resolve) => (bound = setTimeout(() => resolve([undefined]), 30_000))),
+    ]).finally(() => clearTimeout(bound))) as [number | undefined];
     assert.ok(code !== undefined && code !== 0, `the bare lane exited (code ${code})`);
     assert.match(stderr, /deadlock detected/);
   });
