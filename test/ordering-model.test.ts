@@ -12,7 +12,7 @@ import { after, describe, it } from "node:test";
 import fc from "fast-check";
 import { connect } from "../inbox.ts";
 import type { Inbox, Lease, Status } from "../lib/store.ts";
-import { freshSchema, postgresSkip, tempDir } from "./helpers.ts";
+import { freshInbox, postgresSkip, tempDir } from "./helpers.ts";
 
 const MAX_ATTEMPTS = 3;
 const LEASE = 500;
@@ -322,8 +322,9 @@ const BACKENDS = [
     name: "postgres",
     skip: pgSkip,
     runs: Math.max(5, Math.round(RUNS / 15)),
+    // A copy of the template inbox (freshInbox()), as the SQLite half copies its file.
     make: async () => {
-      const fresh = await freshSchema("ordmodel");
+      const fresh = await freshInbox("ordmodel");
       return { target: fresh.url, drop: fresh.drop };
     },
   },
