@@ -26,7 +26,6 @@ import type { paths } from "./generated/api.ts";
 import {
   backends,
   PG_BIN,
-  POSTGRES,
   refuseAudit,
   ROOT,
   runScript,
@@ -519,11 +518,14 @@ for (const backend of await backends("security")) {
         ]);
         texts.push(["the backup", readFileSync(backup, "latin1")]);
       } else {
-        const schema = new URL(db).searchParams.get("schema")!;
+        const url = new URL(db);
+        const schema = url.searchParams.get("schema")!;
+        // The inbox's own database (each test has one, freshInbox()), without the inbox's ?schema=.
+        url.searchParams.delete("schema");
         const dump = join(PG_BIN ?? "/usr/bin", "pg_dump");
         const { stdout } = await promisify(execFile)(
           existsSync(dump) ? dump : "pg_dump",
-          ["--schema", schema, POSTGRES],
+          ["--schema", schema, url.toString()],
           { maxBuffer: 64 << 20 },
         );
         texts.push(["the pg_dump", stdout]);
