@@ -18,7 +18,7 @@ import { PostgresGates } from "./destinations.ts";
 import { settleKeys, settleRows } from "./order-keys.ts";
 import { PostgresReads } from "./reads.ts";
 import { PostgresRecords, writeAudit } from "./records.ts";
-import { makePeriods } from "./periods.ts";
+import { givingWay, makePeriods, ownTransaction } from "./periods.ts";
 import { PostgresSearching } from "./searching.ts";
 import { PostgresStores } from "./store.ts";
 import { migrate } from "./schema.ts";
@@ -301,7 +301,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // mark names its status twice (finishAll), and on a partition with no statistics the planner multiplies the
   // two clauses' default selectivities, takes a backlog of thousands for a row, and compares every done mark
   // with every backlog row (docs/table.md#hot-and-cold). Off the claim's path: its batch is not held up, and a
-  // failure leaves the partition to autovacuum, as before. Bounded, as ANALYZE waits for a VACUUM in flight.
+  // failure leaves the partition to autovacuum, as before. It gives way (givingWay), as ANALYZE waits for a VACUUM in flight.
   private analyzeHot(): void {
     this.hotLooked = true;
     this.analyzing = (async () => {
@@ -310,17 +310,11 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
            FROM pg_stat_user_tables WHERE relid = to_regclass('delivery_rows_hot')`,
       );
       if (!rows[0]?.never) return;
-      const client = await this.pool.transaction();
-      try {
-        await client.query("SELECT set_config('lock_timeout', $1, true)", [`${DEFAULTS.periodLockMs}ms`]);
-        await client.query("ANALYZE delivery_rows_hot");
-        await this.pool.commit(client);
-      } catch (error) {
-        await client.query("ROLLBACK").catch(() => {});
-        throw error;
-      } finally {
-        client.release();
-      }
+      await givingWay(
+        (run) => ownTransaction(this.pool, run),
+        (_client, bounded) => bounded("ANALYZE delivery_rows_hot"),
+        { tries: 1 },
+      );
     })().catch(() => {});
   }
 
