@@ -219,11 +219,14 @@ export function postgresSkip(): Promise<string | false> {
   return reachable;
 }
 
+/** uniqueName is a lower-case SQL name of prefix's letters, unique to this process and call. */
+function uniqueName(prefix: string): string {
+  return `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`.toLowerCase().replace(/[^a-z0-9_]/g, "_");
+}
+
 /** freshSchema names a new, empty schema on the test server and returns its URL and how to drop it. */
 export async function freshSchema(prefix: string): Promise<{ url: string; schema: string; drop: () => Promise<void> }> {
-  const schema = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`
-    .toLowerCase()
-    .replace(/[^a-z0-9_]/g, "_");
+  const schema = uniqueName(prefix);
   const url = new URL(POSTGRES);
   url.searchParams.set("schema", schema);
   return {
@@ -751,19 +754,19 @@ function on(url: string, database: string, schema?: string): string {
 }
 
 // adminRun runs one statement on the server, on a connection of its own (CREATE DATABASE takes no transaction),
-// trying again while the database it names is still in use by connections a closed inbox let go a moment ago.
-async function adminRun(sql: string): Promise<void> {
+// and returns its rows, trying again while the database it names is still in use by connections a closed
+// inbox let go a moment ago (tries: how often, at 50 ms apart).
+async function adminRun(sql: string, params: unknown[] = [], tries = 100): Promise<Record<string, unknown>[]> {
   const { default: pg } = await import("pg");
   const client = new pg.Client({ connectionString: POSTGRES_ADMIN });
   await client.connect();
   try {
-    for (let tries = 1; ; tries++) {
+    for (let tried = 1; ; tried++) {
       try {
-        await client.query(sql);
-        return;
+        return (await client.query(sql, params)).rows;
       } catch (error) {
         // 55006: object_in_use, a source or a renamed database some session still has open.
-        if ((error as { code?: string }).code !== "55006" || tries >= 100) throw error;
+        if ((error as { code?: string }).code !== "55006" || tried >= tries) throw error;
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
     }
@@ -777,28 +780,26 @@ let template: Promise<string> | undefined;
 /**
  * inboxTemplate is a database that holds an empty inbox, opened once on the pinned clock at T0 (migrated, its
  * days made), for backends() to copy per test: a copy takes about 50 ms where migrating a fresh schema took
- * 300–700 ms, most of a PostgreSQL test's time. It is named after the text of what an open makes (the
- * schema's migrations, the days' DDL, the defaults), so a change to them makes a new one, and one made by
- * a run of other code is never used. Processes that find it missing each build one under a name of their own,
- * and rename it; the one whose rename loses drops its own. None is ever connected to once built, as a copy needs.
+ * 300–700 ms, most of a PostgreSQL test's time. It is named after the text of what an open runs (every file
+ * of lib/postgres/, and the defaults), so a change to them makes a new one, one made by a run of other code is
+ * never used, and the templates of other code are dropped when a new one is built. Processes that find it
+ * missing each build one under a name of their own, and rename it; the one whose rename loses drops its own.
+ * None is ever connected to once built, as a copy needs.
  */
 export function inboxTemplate(): Promise<string> {
   template ??= (async () => {
     const { createHash } = await import("node:crypto");
     const hash = createHash("sha256");
-    for (const file of ["lib/postgres/schema.ts", "lib/postgres/periods.ts", "lib/defaults.ts"])
+    const postgres = readdirSync(join(ROOT, "lib", "postgres")).sort();
+    for (const file of [...postgres.map((f) => `lib/postgres/${f}`), "lib/defaults.ts"])
       hash.update(readFileSync(join(ROOT, file)));
     const name = `inbox_template_${hash.digest("hex").slice(0, 16)}`;
-    const { default: pg } = await import("pg");
-    const client = new pg.Client({ connectionString: POSTGRES_ADMIN });
-    await client.connect();
-    let found: boolean;
-    try {
-      found = (await client.query("SELECT 1 FROM pg_database WHERE datname = $1", [name])).rowCount === 1;
-    } finally {
-      await client.end();
-    }
-    if (found) return name;
+    const built = await adminRun("SELECT datname FROM pg_database WHERE datname ~ '^inbox_template_[0-9a-f]{16}$'");
+    if (built.some((d) => d.datname === name)) return name;
+    // Templates of other code (built ones only: one being built has a suffix) are dropped while nothing has
+    // them open: no FORCE, one try. A run of that code copying one at this moment keeps it, and one that
+    // finds it gone a moment later builds its own again (freshInbox()).
+    for (const { datname } of built) await adminRun(`DROP DATABASE IF EXISTS ${datname}`, [], 1).catch(() => {});
     const building = `${name}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`;
     await adminRun(`CREATE DATABASE ${building}`);
     try {
@@ -821,14 +822,21 @@ export function inboxTemplate(): Promise<string> {
  * its inbox (on POSTGRES's server, through PgBouncer where the run goes through it) and how to drop it.
  */
 export async function freshInbox(prefix: string): Promise<{ url: string; drop: () => Promise<void> }> {
-  const database = `${prefix}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`
-    .toLowerCase()
-    .replace(/[^a-z0-9_]/g, "_");
-  await adminRun(`CREATE DATABASE ${database} TEMPLATE ${await inboxTemplate()}`);
+  const database = uniqueName(prefix);
+  try {
+    await adminRun(`CREATE DATABASE ${database} TEMPLATE ${await inboxTemplate()}`);
+  } catch (error) {
+    // 3D000: the template was dropped by a run of other code after this process found it; build it again.
+    if ((error as { code?: string }).code !== "3D000") throw error;
+    template = undefined;
+    await adminRun(`CREATE DATABASE ${database} TEMPLATE ${await inboxTemplate()}`);
+  }
   return {
     url: on(POSTGRES, database, "inbox"),
     // FORCE: a pooler's idle server connections to it, or those of an inbox a test left open, end with it.
-    drop: () => adminRun(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`),
+    drop: async () => {
+      await adminRun(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
+    },
   };
 }
 
