@@ -4,11 +4,22 @@
 // gets BENCH_NARROW_ROWS (100,000) rows, then the claim's update (status, available_at) and the done mark's
 // (status, finished_at) of every row, in batches of 256 as the worker sends them, alternating between the two
 // tables for BENCH_ROUNDS (3) rounds. Prints the medians, their ratio and the WAL each wrote.
-//   npm run bench -- narrow
+// The same question on SQLite, which keeps the body in the row and so rewrites it at every state change: an
+// inbox file filled with BENCH_NARROW_ROWS due deliveries, each with that body (as JSON) or one of 2 bytes, drained by the
+// worker itself (its claims and done marks, a handler that does nothing), alternating, in a process of its own
+// per round so each round's bytes written (/proc's wchar: the WAL and its checkpoints) are its alone. The 2-byte
+// body is the most a split could give SQLite's drain: with bodies apart, a claim would still read them.
+//   npm run bench -- narrow          BENCH_SQLITE=0 (PostgreSQL only), BENCH_POSTGRES=0 (SQLite only)
 
-import { pathToFileURL } from "node:url";
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import pg from "pg";
-import { f, knob } from "./common.ts";
+import { sha256 } from "../lib/rows.ts";
+import { openDatabase } from "../lib/sqlite/schema.ts";
+import { f, flushFill, knob, ROOT, tempDir } from "./common.ts";
 import { freshDatabase, pgReachable } from "./peers/pgdb.ts";
 
 const ROWS = knob("BENCH_NARROW_ROWS", 100_000);
@@ -54,8 +65,95 @@ async function round(client: pg.Client, table: string, inline: boolean): Promise
   return { ms, wal: Number(rows[0].b) };
 }
 
-/** narrow runs the rounds and returns the summary line. */
+// The SQLite half's bodies: about 1 KB, as PostgreSQL's repeat() makes it but JSON (the worker parses what it
+// hands a handler), or the least a worker takes.
+const charge = (i: number) =>
+  Buffer.from(`{"data":[${Array(32).fill(`{"object":"charge","amount":${i}}`).join(",")}]}`);
+const least = Buffer.from("{}");
+
+// fillSqlite makes an inbox file of ROWS due deliveries, in big transactions, as common.ts's fillBacklog does.
+function fillSqlite(path: string, inline: boolean): void {
+  openDatabase(path).close();
+  const db = new DatabaseSync(path);
+  db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
+  const insert = db.prepare(
+    `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, available_at)
+     VALUES ('default', ?, ?, ?, 'application/json', ?, 'received', ?)`,
+  );
+  const now = Date.now();
+  db.exec("BEGIN");
+  for (let i = 1; i <= ROWS; i++) {
+    const body = inline ? charge(i) : least;
+    insert.run(`evt_${i}`, body, sha256(body), now, now - ROWS + i);
+  }
+  db.exec("COMMIT");
+  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
+  db.close();
+  flushFill(path);
+}
+
+// written is how many bytes this process has handed to write() so far, its threads' included.
+const written = () => Number(/^wchar: (\d+)$/m.exec(readFileSync("/proc/self/io", "utf8"))![1]);
+
+// drainHere is one SQLite round's drain, in the child process this file is run as with "drain PATH KIND". The
+// worker parses each body before its handler sees it; with 2-byte bodies the handler parses a 1 KB one itself,
+// so both rounds parse the same JSON and differ only in what the rows carry.
+async function drainHere(path: string, kind: string): Promise<void> {
+  const [{ SqliteInbox }, { run }] = await Promise.all([import("../lib/sqlite/sqlite.ts"), import("../worker.ts")]);
+  const inbox = new SqliteInbox(path);
+  const text = charge(1).toString();
+  const [from, started] = [written(), performance.now()];
+  const stats = await run(kind === "apart" ? () => JSON.parse(text) : () => {}, { inbox, once: true, log: () => {} });
+  await inbox.close();
+  console.log(JSON.stringify({ ms: performance.now() - started, written: written() - from, ...stats }));
+}
+
+// sqliteHalf runs the SQLite rounds, each a fill and a drain in a process of its own, and returns its line.
+function sqliteHalf(): string {
+  const results = { inline: [] as { ms: number; wal: number }[], apart: [] as { ms: number; wal: number }[] };
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const kind of r % 2 === 0 ? (["inline", "apart"] as const) : (["apart", "inline"] as const)) {
+      const { dir, cleanup } = tempDir();
+      try {
+        const path = join(dir, "inbox.db");
+        fillSqlite(path, kind === "inline");
+        const out = execFileSync(
+          process.execPath,
+          ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
+          {
+            cwd: ROOT,
+            encoding: "utf8",
+          },
+        );
+        const one = JSON.parse(out.trim().split("\n").at(-1)!) as { ms: number; written: number; done: number };
+        if (one.done !== ROWS) throw new Error(`narrow: the SQLite drain did ${one.done} of ${ROWS}`);
+        results[kind].push({ ms: one.ms, wal: one.written });
+        console.log(
+          `  SQLite round ${r + 1} body ${kind.padEnd(6)} ${f(one.ms)} ms, written ${f(one.written / ROWS)} B a delivery`,
+        );
+      } finally {
+        cleanup();
+      }
+    }
+  }
+  const [inline, apart] = [median(results.inline.map((x) => x.ms)), median(results.apart.map((x) => x.ms))];
+  const [wIn, wApart] = [median(results.inline.map((x) => x.wal)), median(results.apart.map((x) => x.wal))];
+  return (
+    `narrow (SQLite): the worker's drain of ${f(ROWS)}, body of about 1 KB in the row ${f(inline)} ms, of 2 bytes ${f(apart)} ms: ` +
+    `×${f(inline / apart, 2)} the time; written ${f(wIn / ROWS)} against ${f(wApart / ROWS)} B a delivery (medians of ${ROUNDS})`
+  );
+}
+
+/** narrow runs the rounds on each backend and returns the summary lines. */
 export async function narrow(): Promise<string> {
+  const lines: string[] = [];
+  if (process.env.BENCH_SQLITE !== "0") lines.push(sqliteHalf());
+  if (process.env.BENCH_POSTGRES !== "0") lines.push(await postgresHalf());
+  return lines.join("\n");
+}
+
+// postgresHalf runs the PostgreSQL rounds on two tables shaped as delivery_rows and returns its line.
+async function postgresHalf(): Promise<string> {
   if (!(await pgReachable())) return "narrow: skipped, PostgreSQL is not reachable at BENCH_PG_URL";
   const db = await freshDatabase("bench_narrow");
   const client = new pg.Client({ connectionString: db.url });
@@ -81,4 +179,7 @@ export async function narrow(): Promise<string> {
   }
 }
 
-if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) console.log(await narrow());
+if (import.meta.url === pathToFileURL(process.argv[1] ?? "").href) {
+  if (process.argv[2] === "drain") await drainHere(process.argv[3]!, process.argv[4]!);
+  else console.log(await narrow());
+}
