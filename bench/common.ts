@@ -277,8 +277,12 @@ export function flushFill(path: string): void {
   }
 }
 
+// payment is the body fillBacklog gives its i-th delivery unless told another: a small payment event.
+const payment = (i: number) =>
+  Buffer.from(JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }));
+
 /** fillBacklog inserts n due deliveries straight into the table, in big transactions: no HTTP, no fsync per row. */
-export function fillBacklog(path: string, n: number, prefix = "bk"): void {
+export function fillBacklog(path: string, n: number, prefix = "bk", bodyOf: (i: number) => Buffer = payment): void {
   openDatabase(path).close();
   const db = new DatabaseSync(path);
   db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
@@ -290,9 +294,7 @@ export function fillBacklog(path: string, n: number, prefix = "bk"): void {
   for (let start = 0; start < n; start += 50_000) {
     db.exec("BEGIN");
     for (let i = start; i < Math.min(n, start + 50_000); i++) {
-      const body = Buffer.from(
-        JSON.stringify({ type: "payment.succeeded", customer: `c${i % 1000}`, amount: (i % 100) + 1 }),
-      );
+      const body = bodyOf(i);
       insert.run(`${prefix}_${i}`, body, sha256(body), now, now - n + i);
     }
     db.exec("COMMIT");

@@ -14,12 +14,9 @@
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { DatabaseSync } from "node:sqlite";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import pg from "pg";
-import { sha256 } from "../lib/rows.ts";
-import { openDatabase } from "../lib/sqlite/schema.ts";
-import { f, flushFill, knob, ROOT, tempDir } from "./common.ts";
+import { f, fillBacklog, knob, ROOT, tempDir } from "./common.ts";
 import { freshDatabase, pgReachable } from "./peers/pgdb.ts";
 
 const ROWS = knob("BENCH_NARROW_ROWS", 100_000);
@@ -71,27 +68,6 @@ const charge = (i: number) =>
   Buffer.from(`{"data":[${Array(32).fill(`{"object":"charge","amount":${i}}`).join(",")}]}`);
 const least = Buffer.from("{}");
 
-// fillSqlite makes an inbox file of ROWS due deliveries, in big transactions, as common.ts's fillBacklog does.
-function fillSqlite(path: string, inline: boolean): void {
-  openDatabase(path).close();
-  const db = new DatabaseSync(path);
-  db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
-  const insert = db.prepare(
-    `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, available_at)
-     VALUES ('default', ?, ?, ?, 'application/json', ?, 'received', ?)`,
-  );
-  const now = Date.now();
-  db.exec("BEGIN");
-  for (let i = 1; i <= ROWS; i++) {
-    const body = inline ? charge(i) : least;
-    insert.run(`evt_${i}`, body, sha256(body), now, now - ROWS + i);
-  }
-  db.exec("COMMIT");
-  db.exec("PRAGMA wal_checkpoint(TRUNCATE)");
-  db.close();
-  flushFill(path);
-}
-
 // written is how many bytes this process has handed to write() so far, its threads' included.
 const written = () => Number(/^wchar: (\d+)$/m.exec(readFileSync("/proc/self/io", "utf8"))![1]);
 
@@ -116,7 +92,7 @@ function sqliteHalf(): string {
       const { dir, cleanup } = tempDir();
       try {
         const path = join(dir, "inbox.db");
-        fillSqlite(path, kind === "inline");
+        fillBacklog(path, ROWS, "evt", kind === "inline" ? charge : () => least);
         const out = execFileSync(
           process.execPath,
           ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
