@@ -62,10 +62,14 @@ export function searchSql(
   };
 }
 
-/** DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of the primary key per source. */
+/**
+ * DISTINCT_SOURCES lists the sources on PostgreSQL by a loose index scan: one probe of a primary key per source.
+ * It reads delivery_keys, which holds every delivery's key in one unpartitioned table (docs/table.md#hot-and-cold):
+ * on deliveries each probe was a Merge Append over every day's partition.
+ */
 export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
-    SELECT min(source) FROM deliveries
-    UNION ALL SELECT (SELECT min(source) FROM deliveries WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
+    SELECT min(source) FROM delivery_keys
+    UNION ALL SELECT (SELECT min(source) FROM delivery_keys WHERE source > s.source) FROM s WHERE s.source IS NOT NULL)
   SELECT source FROM s WHERE source IS NOT NULL`;
 
 /**
@@ -109,6 +113,16 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
   if (filter.id !== undefined && pg && filter.source === undefined)
     where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
   if (filter.id !== undefined) add("id = ?", filter.id);
+  // And when its rows were received, from delivery_keys: the view then opens only the partitions of the days
+  // between the first and the last, where it probed every day's (9.7–11.1 ms a page at ten million over 36
+  // days, against 0.76 before the split). A range, as PostgreSQL prunes partitions by a subquery's value
+  // compared with the key while the statement runs, but not by an array of them (= ANY).
+  if (filter.id !== undefined && pg) {
+    const source = filter.source === undefined ? `source = ANY (ARRAY(${DISTINCT_SOURCES}))` : "source = ?::text";
+    const keys = `FROM delivery_keys WHERE ${source} AND id = ?::text`;
+    where.push(`received_at BETWEEN (SELECT min(received_at) ${keys}) AND (SELECT max(received_at) ${keys})`);
+    for (let i = 0; i < 2; i++) params.push(...(filter.source === undefined ? [] : [filter.source]), filter.id);
+  }
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.destination !== undefined) add("destination = ?", filter.destination);
   if (filter.since !== undefined) add(pg ? "received_at >= ?::bigint" : "received_at >= ?", Math.floor(filter.since));

@@ -4,7 +4,8 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import type { Delivery, Inbox } from "../lib/store.ts";
+import { DISTINCT_SOURCES, filterSql } from "../lib/sql.ts";
+import type { Delivery, Inbox, SqlValue } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { body, contract, LEASE, T0 } from "./contract-harness.ts";
 import { bodyProbes } from "./helpers.ts";
@@ -91,6 +92,45 @@ contract((suite) => {
       );
       for (const id of ["small", "large"]) assert.equal((await inbox.replayMatching({ id })).replayed, 1);
       assert.deepEqual(bodies(await inbox.claimBatch(10, LEASE)), { large: expected.large, small: expected.small });
+    });
+
+    suite.onPostgres("finds an ID in the days delivery_keys names, opening no other day's partition", async () => {
+      const inbox = await open();
+      const DAY = 86_400_000;
+      for (const k of [0, 1, 2]) {
+        suite.t = T0 + k * DAY;
+        for (const source of ["stripe", "github"]) await inbox.store({ source, id: `evt_${k}`, body: body({ k }) });
+        for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
+      }
+      // The history's days whose scan ran, by EXPLAIN ANALYZE: a day pruned as the statement ran says "never executed".
+      const opened = async (where: string, params: SqlValue[]) => {
+        const plan = await inbox.query(
+          `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT source, id FROM deliveries WHERE ${where}`,
+          ...params,
+        );
+        const lines = plan.map((r) => String(r["QUERY PLAN"]));
+        const days = (pick: (line: string) => boolean) =>
+          new Set(lines.filter(pick).flatMap((line) => /delivery_history_d\d{8}/.exec(line) ?? [])).size;
+        return { ran: days((line) => !/never executed/.test(line)), all: days(() => true) };
+      };
+      const { where, params } = filterSql({ id: "evt_1" }, "postgres");
+      const now = await opened(where, params);
+      assert.equal(now.ran, 1, "one day's partition is read: evt_1's");
+      assert.ok(now.all >= 3, `the others are in the plan, pruned as it ran (${now.all})`);
+      // The control: the ID by its sources alone, as before delivery_keys was asked, reads every day's.
+      const before = await opened(`source = ANY (ARRAY(${DISTINCT_SOURCES})) AND id = ?`, ["evt_1"]);
+      assert.ok(before.ran >= 3, `without the days, each is read (${before.ran})`);
+      assert.deepEqual(
+        (await inbox.find("evt_1")).map((d) => [d.source, d.id, d.receivedAt]),
+        [
+          ["github", "evt_1", T0 + DAY],
+          ["stripe", "evt_1", T0 + DAY],
+        ],
+      );
+      assert.deepEqual(
+        (await inbox.search({ id: "evt_2", source: "stripe" })).map((d) => [d.source, d.id]),
+        [["stripe", "evt_2"]],
+      );
     });
 
     suite.onPostgres(

@@ -37,7 +37,7 @@ import {
   toGauges,
   toKeptAttempt,
 } from "../rows.ts";
-import { DISTINCT_SOURCES, ORDERING_SQL, searchSql } from "../sql.ts";
+import { DISTINCT_SOURCES, filterSql, ORDERING_SQL, searchSql } from "../sql.ts";
 import { readsBodies, SearchTooBroad } from "../search.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -72,11 +72,14 @@ export class PostgresReads {
     return rows.map(toAttempt);
   }
 
+  // find names the ID as a search does (filterSql()): a probe per source, in the days delivery_keys says its
+  // rows were received, rather than every day's partition read whole for an ID without its source.
   async find(id: string, source?: string): Promise<Delivery[]> {
-    const { rows } =
-      source === undefined
-        ? await this.pool.query("SELECT * FROM deliveries WHERE id = $1 ORDER BY source, route", [id])
-        : await this.pool.query("SELECT * FROM deliveries WHERE id = $1 AND source = $2 ORDER BY route", [id, source]);
+    const { where, params } = filterSql({ id, source }, "postgres");
+    const { rows } = await this.pool.query(
+      toPg(`SELECT * FROM deliveries WHERE ${where} ORDER BY source, route`),
+      params,
+    );
     return rows.map(toDelivery);
   }
 
