@@ -24,8 +24,39 @@ const ROUNDS = knob("BENCH_ROUNDS", 3);
 const BATCH = 256;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
+/** Kind is a round's body: about 1 KB in the row, or (nearly) none there. */
+type Kind = "inline" | "apart";
+/** Round is what one round measured: its time, and the bytes it wrote (PostgreSQL's WAL, or SQLite's writes). */
+interface Round {
+  ms: number;
+  bytes: number;
+}
+
+// rounds measures each kind ROUNDS times, the first of each round alternating, prints each, and returns the medians.
+async function rounds(
+  label: string,
+  bytes: string,
+  measure: (kind: Kind) => Promise<Round>,
+): Promise<Record<Kind, Round>> {
+  const results: Record<Kind, Round[]> = { inline: [], apart: [] };
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const kind of r % 2 === 0 ? (["inline", "apart"] as const) : (["apart", "inline"] as const)) {
+      const one = await measure(kind);
+      results[kind].push(one);
+      console.log(
+        `  ${label}round ${r + 1} body ${kind.padEnd(6)} ${f(one.ms)} ms, ${bytes} ${f(one.bytes / ROWS)} B a delivery`,
+      );
+    }
+  }
+  const mid = (kind: Kind) => ({
+    ms: median(results[kind].map((x) => x.ms)),
+    bytes: median(results[kind].map((x) => x.bytes)),
+  });
+  return { inline: mid("inline"), apart: mid("apart") };
+}
+
 // round fills the table afresh and times both updates of every row, batch by batch; it returns ms and WAL bytes.
-async function round(client: pg.Client, table: string, inline: boolean): Promise<{ ms: number; wal: number }> {
+async function round(client: pg.Client, table: string, inline: boolean): Promise<Round> {
   await client.query(`DROP TABLE IF EXISTS ${table}`);
   await client.query(`CREATE TABLE ${table} (
     source text NOT NULL, id text NOT NULL, route smallint NOT NULL DEFAULT 0, body bytea NOT NULL,
@@ -59,7 +90,7 @@ async function round(client: pg.Client, table: string, inline: boolean): Promise
   }
   const ms = performance.now() - started;
   const { rows } = await client.query("SELECT pg_wal_lsn_diff($1, $2)::bigint AS b", [await lsn(), from]);
-  return { ms, wal: Number(rows[0].b) };
+  return { ms, bytes: Number(rows[0].b) };
 }
 
 // The SQLite half's bodies: about 1 KB, as PostgreSQL's repeat() makes it but JSON (the worker parses what it
@@ -85,45 +116,37 @@ async function drainHere(path: string, kind: string): Promise<void> {
 }
 
 // sqliteHalf runs the SQLite rounds, each a fill and a drain in a process of its own, and returns its line.
-function sqliteHalf(): string {
-  const results = { inline: [] as { ms: number; wal: number }[], apart: [] as { ms: number; wal: number }[] };
-  for (let r = 0; r < ROUNDS; r++) {
-    for (const kind of r % 2 === 0 ? (["inline", "apart"] as const) : (["apart", "inline"] as const)) {
-      const { dir, cleanup } = tempDir();
-      try {
-        const path = join(dir, "inbox.db");
-        fillBacklog(path, ROWS, "evt", kind === "inline" ? charge : () => least);
-        const out = execFileSync(
-          process.execPath,
-          ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
-          {
-            cwd: ROOT,
-            encoding: "utf8",
-          },
-        );
-        const one = JSON.parse(out.trim().split("\n").at(-1)!) as { ms: number; written: number; done: number };
-        if (one.done !== ROWS) throw new Error(`narrow: the SQLite drain did ${one.done} of ${ROWS}`);
-        results[kind].push({ ms: one.ms, wal: one.written });
-        console.log(
-          `  SQLite round ${r + 1} body ${kind.padEnd(6)} ${f(one.ms)} ms, written ${f(one.written / ROWS)} B a delivery`,
-        );
-      } finally {
-        cleanup();
-      }
+async function sqliteHalf(): Promise<string> {
+  const { inline, apart } = await rounds("SQLite ", "written", async (kind) => {
+    const { dir, cleanup } = tempDir();
+    try {
+      const path = join(dir, "inbox.db");
+      fillBacklog(path, ROWS, "evt", kind === "inline" ? charge : () => least);
+      const out = execFileSync(
+        process.execPath,
+        ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
+        {
+          cwd: ROOT,
+          encoding: "utf8",
+        },
+      );
+      const one = JSON.parse(out.trim().split("\n").at(-1)!) as { ms: number; written: number; done: number };
+      if (one.done !== ROWS) throw new Error(`narrow: the SQLite drain did ${one.done} of ${ROWS}`);
+      return { ms: one.ms, bytes: one.written };
+    } finally {
+      cleanup();
     }
-  }
-  const [inline, apart] = [median(results.inline.map((x) => x.ms)), median(results.apart.map((x) => x.ms))];
-  const [wIn, wApart] = [median(results.inline.map((x) => x.wal)), median(results.apart.map((x) => x.wal))];
+  });
   return (
-    `narrow (SQLite): the worker's drain of ${f(ROWS)}, body of about 1 KB in the row ${f(inline)} ms, of 2 bytes ${f(apart)} ms: ` +
-    `×${f(inline / apart, 2)} the time; written ${f(wIn / ROWS)} against ${f(wApart / ROWS)} B a delivery (medians of ${ROUNDS})`
+    `narrow (SQLite): the worker's drain of ${f(ROWS)}, body of about 1 KB in the row ${f(inline.ms)} ms, of 2 bytes ${f(apart.ms)} ms: ` +
+    `×${f(inline.ms / apart.ms, 2)} the time; written ${f(inline.bytes / ROWS)} against ${f(apart.bytes / ROWS)} B a delivery (medians of ${ROUNDS})`
   );
 }
 
 /** narrow runs the rounds on each backend and returns the summary lines. */
 export async function narrow(): Promise<string> {
   const lines: string[] = [];
-  if (process.env.BENCH_SQLITE !== "0") lines.push(sqliteHalf());
+  if (process.env.BENCH_SQLITE !== "0") lines.push(await sqliteHalf());
   if (process.env.BENCH_POSTGRES !== "0") lines.push(await postgresHalf());
   return lines.join("\n");
 }
@@ -135,19 +158,10 @@ async function postgresHalf(): Promise<string> {
   const client = new pg.Client({ connectionString: db.url });
   await client.connect();
   try {
-    const results = { inline: [] as { ms: number; wal: number }[], apart: [] as { ms: number; wal: number }[] };
-    for (let r = 0; r < ROUNDS; r++) {
-      for (const kind of r % 2 === 0 ? (["inline", "apart"] as const) : (["apart", "inline"] as const)) {
-        const one = await round(client, `narrow_${kind}`, kind === "inline");
-        results[kind].push(one);
-        console.log(`  round ${r + 1} body ${kind.padEnd(6)} ${f(one.ms)} ms, WAL ${f(one.wal / ROWS)} B a delivery`);
-      }
-    }
-    const [inline, apart] = [median(results.inline.map((x) => x.ms)), median(results.apart.map((x) => x.ms))];
-    const [walIn, walApart] = [median(results.inline.map((x) => x.wal)), median(results.apart.map((x) => x.wal))];
+    const { inline, apart } = await rounds("", "WAL", (kind) => round(client, `narrow_${kind}`, kind === "inline"));
     return (
-      `narrow: a claim and a done mark of ${f(ROWS)} rows, body of about 1 KB inline ${f(inline)} ms, apart ${f(apart)} ms: ` +
-      `×${f(inline / apart, 2)} the time; WAL ${f(walIn / ROWS)} against ${f(walApart / ROWS)} B a delivery (medians of ${ROUNDS})`
+      `narrow: a claim and a done mark of ${f(ROWS)} rows, body of about 1 KB inline ${f(inline.ms)} ms, apart ${f(apart.ms)} ms: ` +
+      `×${f(inline.ms / apart.ms, 2)} the time; WAL ${f(inline.bytes / ROWS)} against ${f(apart.bytes / ROWS)} B a delivery (medians of ${ROUNDS})`
     );
   } finally {
     await client.end();
