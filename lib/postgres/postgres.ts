@@ -100,9 +100,8 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   private readonly gates: PostgresGates;
   // The store path: a batch's new deliveries written, and its copies of stored ones told apart.
   private readonly stores: PostgresStores;
-  // Whether this process has looked at the hot partition's statistics yet, and that look (analyzeHot).
-  private hotLooked = false;
-  private analyzing: Promise<void> = Promise.resolve();
+  // This process's one look at the hot partition's statistics (analyzeHot), once it has begun.
+  private analyzing: Promise<void> | undefined;
 
   private constructor(url: string, options: InboxOptions) {
     checkOptions(options);
@@ -283,7 +282,7 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
     const claimed = limited ? this.gates.made(destination).then(claimAgain) : claimAgain();
     return tellSetAside(
       claimed.then((leases) => {
-        if (leases.length >= DEFAULTS.analyzeHotAt && !this.hotLooked) this.analyzeHot();
+        if (leases.length >= DEFAULTS.analyzeHotAt && this.analyzing === undefined) this.analyzeHot();
         return leases;
       }),
       options,
@@ -303,7 +302,6 @@ export class PostgresInbox extends PostgresCommitter implements Inbox {
   // with every backlog row (docs/table.md#hot-and-cold). Off the claim's path: its batch is not held up, and a
   // failure leaves the partition to autovacuum, as before. It gives way (givingWay), as ANALYZE waits for a VACUUM in flight.
   private analyzeHot(): void {
-    this.hotLooked = true;
     this.analyzing = (async () => {
       const { rows } = await this.pool.query(
         `SELECT last_analyze IS NULL AND last_autoanalyze IS NULL AS never
