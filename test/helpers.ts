@@ -800,7 +800,7 @@ export function inboxTemplate(): Promise<string> {
     // them open: no FORCE, one try. A run of that code copying one at this moment keeps it, and one that
     // finds it gone a moment later builds its own again (freshInbox()).
     for (const { datname } of built) await adminRun(`DROP DATABASE IF EXISTS ${datname}`, [], 1).catch(() => {});
-    const building = `${name}_${process.pid}_${Math.random().toString(36).slice(2, 8)}`;
+    const building = uniqueName(name);
     await adminRun(`CREATE DATABASE ${building}`);
     try {
       const { connect } = await import("../inbox.ts");
