@@ -472,6 +472,102 @@ contract((suite) => {
       },
     );
 
+    suite.onPostgres(
+      "makes a day's done rows tombstones by writing its history's partition anew, and by batches when a writer holds one of its rows",
+      async () => {
+        const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        const day = historyOf(periodOf(T0));
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        // The day's partition: which table it is, its indexes (by definition, less their names and the table's)
+        // and those it shares with delivery_rows, its row triggers, and whether the one it replaced is gone.
+        const shape = async () =>
+          (
+            await inbox.query(
+              `SELECT to_regclass(?)::oid::bigint AS oid,
+                      (SELECT string_agg(d, ' | ' ORDER BY d) FROM (
+                         SELECT regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE (UNIQUE )?INDEX \\S+ ON \\S+', '\\1') AS d
+                           FROM pg_index i WHERE i.indrelid = to_regclass(?)) x) AS indexes,
+                      (SELECT count(*)::integer FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indexrelid
+                        WHERE i.indrelid = to_regclass(?)) AS shared,
+                      (SELECT count(*)::integer FROM pg_trigger WHERE tgrelid = to_regclass(?)) AS triggers,
+                      (SELECT count(*)::integer FROM pg_constraint WHERE conrelid = to_regclass(?) AND contype = 'c') AS checks,
+                      to_regclass(?) IS NOT NULL AS leftover`,
+              day,
+              day,
+              day,
+              day,
+              day,
+              `${day}_was`,
+            )
+          )[0] as { oid: number; indexes: string; shared: number; triggers: number; checks: number; leftover: boolean };
+        const days = async (prefix: string, writer?: string) => {
+          await handled(inbox, `${prefix}_1`);
+          await handled(inbox, `${prefix}_2`, big(`${prefix}_2`));
+          await inbox.store({ id: `${prefix}_bad`, body: body({}) });
+          await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
+          const before = await shape();
+          suite.t += 8 * DAY;
+          const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await holder.connect();
+          try {
+            if (writer) {
+              await holder.query("BEGIN");
+              await holder.query(`UPDATE ${schema}.delivery_rows SET conflicts = conflicts + 1 WHERE id = $1`, [
+                writer,
+              ]);
+            }
+            const purging = inbox.purge();
+            if (writer) {
+              // The batches reach the held row and wait for it: then the writer lets go.
+              for (;;) {
+                const [{ n }] = (await inbox.query(
+                  "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%' AND ? = ANY(pg_blocking_pids(pid))",
+                  (
+                    await holder.query("SELECT pg_backend_pid() AS pid")
+                  ).rows[0].pid,
+                )) as [{ n: number }];
+                if (n > 0) break;
+                await new Promise((resolve) => setTimeout(resolve, 5));
+              }
+              await holder.query("COMMIT");
+            }
+            const purged = await purging;
+            return { before, after: await shape(), purged };
+          } finally {
+            await holder.end();
+          }
+        };
+        const { before, after, purged } = await days("sw");
+        assert.equal(purged.bodies, 2);
+        assert.notEqual(after.oid, before.oid, "the day's partition is a new table");
+        assert.deepEqual(
+          [after.indexes, after.shared, after.triggers, after.checks, after.leftover],
+          [before.indexes, before.shared, before.triggers, before.checks, false],
+          "with the same indexes, shared as before, the same triggers and CHECKs (its bounds' gone), and the old one dropped",
+        );
+        for (const id of ["sw_1", "sw_2"]) {
+          const [gone] = await inbox.find(id);
+          assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t], id);
+        }
+        assert.deepEqual((await inbox.find("sw_bad"))[0]!.body, body({}), "a failed body of that day was kept");
+        assert.equal(await inbox.store({ id: "sw_1", body: body({ id: "sw_1" }) }), "duplicate");
+        assert.equal(await inbox.store({ id: "sw_2", body: body({ id: "forged" }) }), "conflict");
+        assert.equal(await inbox.retry({ id: "sw_bad" }), 1, "a failed row of the new partition moves out of it");
+        assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true, "and back into it, done");
+        // The control: with a writer in the day, the day is marked in batches, in the same table as before.
+        suite.t = T0 + 1_000;
+        const held = await days("hold", "hold_1");
+        // The held row, changed by the writer meanwhile, is passed over (dropBatch), as before this.
+        assert.equal(held.purged.bodies, 2, "hold_2, and the first's failed row, done since");
+        assert.equal(held.after.oid, held.before.oid, "the same table, its rows marked where they are");
+        assert.equal((await inbox.find("hold_2"))[0]!.purgedAt, suite.t);
+        assert.equal((await inbox.purge()).bodies, 1, "the next purge takes the held one");
+        assert.equal((await inbox.find("hold_1"))[0]!.purgedAt, suite.t);
+      },
+    );
+
     suite.onPostgres("drops a day a crash left detached between its release and its DROP", async () => {
       const inbox = await open();
       await handled(inbox, "left_1");

@@ -38,6 +38,7 @@ import {
   periodsMade,
   type Released,
   releasePeriod,
+  tombstonePeriod,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
@@ -453,6 +454,25 @@ export class PostgresBulk {
     );
     await dropDetached(this.pool); // what a crash left between a release and its DROP
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
+      // The day's done rows are made tombstones by writing its history's partition anew, in one transaction of
+      // its own, off the commit queue (acks do not wait for its copy); rested after, as long as it took. A day
+      // with no partition of its own, or whose locks were not had in time, is marked in the batches below, which
+      // also take the rows done since.
+      const now = this.pinned ? this.pinned() : Date.now();
+      const swapped = await paced(rest, () =>
+        tombstonePeriod(
+          (run) => ownTransaction(this.pool, run),
+          period,
+          now,
+          (client, n) => writeAudit(client, options.audit, n, this.now()),
+        ).catch(leftWhole),
+      );
+      if (swapped) {
+        purged.bodies += swapped.n;
+        purged.bytes += swapped.bytes;
+        await dropDetached(this.pool);
+      }
+      if (options.signal?.aborted) return purged;
       for (let from = period.from; ; ) {
         const { n, bytes, picked, last } = await paced(rest, () =>
           this.dropBatch(

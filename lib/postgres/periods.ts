@@ -235,6 +235,127 @@ async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period
   return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
 }
 
+/** Tombstoned is what a day's tombstoning did: the done rows it made tombstones, and the bytes of the bodies they held in their rows. */
+export interface Tombstoned {
+  n: number;
+  bytes: number;
+}
+
+/**
+ * tombstonePeriod makes every done row of a day's history a tombstone (purged_at set to at, its body in its row
+ * emptied), as purge's batches do a hundred at a time, by writing the day's partition of delivery_history anew
+ * and putting it in the old one's place, in a transaction that transaction gives it: a copy in one statement
+ * and its indexes built each in one sort, where the batches' updates wrote each row and four index entries
+ * again (30 µs of PostgreSQL's CPU a row, none of them HOT: docs/operations.md#retention-by-period). The rows
+ * of the day stay readable throughout, and only writes into the day wait (a late done mark of one of its rows):
+ * the day is locked against them for the copy, and delivery_history for the swap's few statements alone.
+ * written runs in the same transaction with the count (the audit). It returns undefined, with nothing done,
+ * when the day has no partition of its own in delivery_history (its rows went to the default partition, or
+ * are the old table's from before the upgrade), or when a writer holds one of its rows: those are made
+ * tombstones row by row. The swap's lock on delivery_history, not had in time, gives way (givingWay), and
+ * the last try's 55P03 is thrown.
+ */
+export function tombstonePeriod(
+  transaction: Transaction<Tombstoned | undefined>,
+  period: Period,
+  at: number,
+  written: (client: pg.PoolClient, n: number) => Promise<void>,
+  way?: GiveWay,
+): Promise<Tombstoned | undefined> {
+  return givingWay(transaction, (client, bounded) => tombstoneIn(client, bounded, period, at, written), way);
+}
+
+// A name of ours, quoted as is in DDL (which takes no bound parameters): a column or an index of the day's partition.
+const PLAIN = /^[a-z_][a-z0-9_]*$/;
+
+// tombstoneIn is one try of tombstonePeriod, in the transaction of client.
+async function tombstoneIn(
+  client: pg.PoolClient,
+  bounded: Bounded,
+  period: Period,
+  at: number,
+  written: (client: pg.PoolClient, n: number) => Promise<void>,
+): Promise<Tombstoned | undefined> {
+  const day = historyOf(period); // a name periodOf() made from an integer
+  const next = `${day}_next`;
+  const was = `${day}_was`;
+  const attached = await client.query(
+    `SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhparent = to_regclass('delivery_history')`,
+    [day],
+  );
+  if (attached.rowCount === 0) return undefined;
+  // Reads go on; a write into the day (a late done mark, a replay of one of its rows) waits for the commit. A
+  // writer already in the day (one that holds a row of it) leaves the day to the batches, which wait for its
+  // rows one at a time, rather than have this wait for it and every try's copy redone.
+  await client.query("SAVEPOINT day");
+  try {
+    await client.query(`LOCK TABLE ${day} IN EXCLUSIVE MODE NOWAIT`);
+  } catch (error) {
+    if (!gaveWay(error)) throw error;
+    await client.query("ROLLBACK TO SAVEPOINT day");
+    return undefined;
+  }
+  const counted = await client.query(
+    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM ${day}
+      WHERE status = 'done' AND purged_at IS NULL`,
+  );
+  const n = counted.rows[0].n as number;
+  if (n === 0) return { n: 0, bytes: 0 };
+  const { rows: columns } = await client.query(
+    `SELECT attname AS name FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
+    [day],
+  );
+  const names = (columns as { name: string }[]).map((c) => c.name);
+  if (!names.every((name) => PLAIN.test(name)))
+    throw new Error(`tombstonePeriod: a column of ${day} has an unexpected name`);
+  const tombstone = "status = 'done' AND purged_at IS NULL";
+  const values = names.map((name) =>
+    name === "body"
+      ? `CASE WHEN ${tombstone} THEN '\\x'::bytea ELSE body END`
+      : name === "purged_at"
+        ? `CASE WHEN ${tombstone} THEN $1::bigint ELSE purged_at END`
+        : name,
+  );
+  // The CHECK says what the partition's bounds and the default partition's exclusion of the hot statuses say,
+  // so that the ATTACH below takes the table without a scan of it; it is dropped once attached.
+  await client.query(`CREATE TABLE ${next} (LIKE ${day} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`);
+  await client.query(
+    `ALTER TABLE ${next} ADD CONSTRAINT ${next}_bounds
+       CHECK (status NOT IN ('received', 'processing') AND received_at >= ${period.from} AND received_at < ${period.until})`,
+  );
+  await client.query(`INSERT INTO ${next} (${names.join(", ")}) SELECT ${values.join(", ")} FROM ${day}`, [at]);
+  // The day's indexes, each built in one sort: those of delivery_rows, which the ATTACH takes for its own as they
+  // are, and the day's own key and index of what is not done (makePeriods).
+  const { rows: indexes } = await client.query(
+    `SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS def FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+      WHERE i.indrelid = to_regclass($1)`,
+    [day],
+  );
+  for (const [i, { name, def }] of (indexes as { name: string; def: string }[]).entries()) {
+    const made = /^CREATE (UNIQUE )?INDEX \S+ ON \S+ (USING .+)$/.exec(def);
+    if (!made || !PLAIN.test(name))
+      throw new Error(`tombstonePeriod: an index of ${day} has an unexpected form: ${def}`);
+    // The old index is renamed out of the way (it goes with its table), so that the new one keeps its name.
+    await client.query(`ALTER INDEX ${name} RENAME TO ${was}_${i}`);
+    await client.query(`CREATE ${made[1] ?? ""}INDEX ${name} ON ${next} ${made[2]}`);
+  }
+  // Searched bodies leave the index with their row's body, as the row's update trigger does for a batch.
+  await client.query(
+    `DELETE FROM deliveries_search s USING ${day} r
+      WHERE (SELECT enabled FROM search_state) AND r.route = 0 AND r.status = 'done' AND r.purged_at IS NULL
+        AND s.source = r.source AND s.id = r.id`,
+  );
+  await bounded(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
+  await client.query(`ALTER TABLE ${day} RENAME TO ${was}`);
+  await client.query(`ALTER TABLE ${next} RENAME TO ${day}`);
+  await bounded(
+    `ALTER TABLE delivery_history ATTACH PARTITION ${day} FOR VALUES FROM (${period.from}) TO (${period.until})`,
+  );
+  await client.query(`ALTER TABLE ${day} DROP CONSTRAINT ${next}_bounds`);
+  await written(client, n);
+  return { n, bytes: Number(counted.rows[0].bytes) };
+}
+
 /** historyBefore lists the days of delivery_history (their bodies' Period) that end at or before the time before, oldest first. */
 export async function historyBefore(pool: Pool, before: number): Promise<Period[]> {
   const { rows } = await pool.query(
@@ -252,7 +373,8 @@ export async function historyBefore(pool: Pool, before: number): Promise<Period[
 }
 
 /**
- * dropDetached drops the days a release detached, of bodies or of history, each in a transaction of its own
+ * dropDetached drops the days a release detached, of bodies or of history, and the days' partitions a
+ * tombstoning put another in the place of (tombstonePeriod's _was), each in a transaction of its own
  * after the one that detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of
  * its locks, and a DROP in the release's transaction held the lock on delivery_bodies that every store waits
  * behind while a day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the
@@ -268,7 +390,7 @@ export async function dropDetached(pool: Pool): Promise<number> {
   let dropped = 0;
   for (const { name } of rows as { name: string }[]) {
     // DDL takes no bound parameters: only a name of the shape periodOf() and historyOf() make is ever put in it.
-    if (!/^delivery_(bodies|history)_d\d{8}$/.test(name)) continue;
+    if (!/^delivery_(bodies|history)_d\d{8}(_was)?$/.test(name)) continue;
     await pool.query(`DROP TABLE IF EXISTS ${name}`);
     dropped++;
   }
