@@ -305,6 +305,8 @@ async function tombstoneIn(
     `SELECT attname AS name FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
     [day],
   );
+  // The index builds below on one core, not two: the other is the acks'.
+  await client.query("SELECT set_config('max_parallel_maintenance_workers', '0', true)");
   const names = (columns as { name: string }[]).map((c) => c.name);
   if (!names.every((name) => PLAIN.test(name)))
     throw new Error(`tombstonePeriod: a column of ${day} has an unexpected name`);
