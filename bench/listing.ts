@@ -34,7 +34,9 @@ import pg from "pg";
 import { connect } from "../inbox.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { sha256 } from "../lib/rows.ts";
-import { filterSql, searchSql } from "../lib/sql.ts";
+import { listWindows } from "../lib/postgres/reads.ts";
+import { readsBodies } from "../lib/search.ts";
+import { filterSql, idKeysSql, searchSql } from "../lib/sql.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import { INDEXABLE, WORDS } from "../lib/sqlite/searching.ts";
 import type { Cursor, Filter, Inbox } from "../lib/store.ts";
@@ -260,11 +262,24 @@ async function timeKind(
 }
 
 // plan is the backend's plan for a kind's variant k (its first unless said), one line per step, as search() words
-// its query; analyze makes PostgreSQL's EXPLAIN (ANALYZE, BUFFERS): what it read, and from where.
+// its query; analyze makes PostgreSQL's EXPLAIN (ANALYZE, BUFFERS): what it read, and from where. On PostgreSQL a
+// list's is its first statement's, its newest day's (listWindows()), and an ID's the one after its keys are read.
 async function plan(inbox: Inbox, kind: Kind, t0: number, k = 0, analyze = false): Promise<string> {
   const { filter, after } = kind.variant(k, t0);
+  let where = filterSql(filter, inbox.backend);
+  if (inbox.backend === "postgres" && filter.id !== undefined) {
+    const probe = idKeysSql(filter.id, filter.source);
+    const keys = (await inbox.query(probe.sql, ...probe.params))[0]!;
+    if (keys.sources !== null)
+      where = filterSql(filter, "postgres", {
+        sources: keys.sources as string[],
+        first: Number(keys.first),
+        last: Number(keys.last),
+      });
+  } else if (inbox.backend === "postgres" && !readsBodies(filter))
+    where = filterSql(listWindows(filter, after, Date.now())[0]!, "postgres");
   // search()'s own statement (lib/sql.ts), as it runs for this kind's first variant.
-  const { sql, params } = searchSql(inbox.backend, filterSql(filter, inbox.backend), {
+  const { sql, params } = searchSql(inbox.backend, where, {
     ...(after ? { after } : {}),
     limit: 50,
     bodies: false,

@@ -190,6 +190,13 @@ export const DEFAULTS = {
    */
   analyzeHotAt: 100,
   /**
+   * PostgreSQL: how many UTC days a list (search() of rows, no body read) reads one statement each, newest first,
+   * before it reads all that is older in one: a day's statement plans and opens that day's partition alone, where
+   * one over every day read each day's index for its newest row (docs/performance.md#lists-at-ten-million). Two,
+   * so that a list whose bound falls early in a day fills its page from the day before. @default 2
+   */
+  listDays: 2,
+  /**
    * Free pages SQLite's incremental vacuum gives back to the file system per transaction (400 KB at 4 KB): 100,
    * not 1000, as a step that moves live pages from the file's end into the holes holds the write lock about
    * 40 µs a page, and the 1000-page steps held it up to 170 ms, each one an ack's stall (bench/purge.ts).

@@ -73,10 +73,35 @@ export const DISTINCT_SOURCES = `WITH RECURSIVE s(source) AS (
   SELECT source FROM s WHERE source IS NOT NULL`;
 
 /**
+ * IdKeys is what delivery_keys holds for a filter's ID on PostgreSQL, read in a statement before the one that
+ * reads its rows (idKeysSql()): the sources it was stored under and its routes' first and last received_at.
+ */
+export interface IdKeys {
+  sources: string[];
+  first: number;
+  last: number;
+}
+
+/**
+ * idKeysSql is the statement that reads an ID's IdKeys from delivery_keys, one probe of its primary key per
+ * source (the filter's, or each found by DISTINCT_SOURCES); it answers one row, its sources NULL when the ID
+ * is not stored.
+ */
+export function idKeysSql(id: string, source: string | undefined): { sql: string; params: SqlValue[] } {
+  return {
+    sql: `SELECT array_agg(DISTINCT source) AS sources, min(received_at) AS first, max(received_at) AS last FROM delivery_keys
+          WHERE ${source === undefined ? `source = ANY (ARRAY(${DISTINCT_SOURCES}))` : "source = ?::text"} AND id = ?::text`,
+    params: source === undefined ? [id] : [source, id],
+  };
+}
+
+/**
  * filterSql turns a Filter into a WHERE condition with `?` parameters, in the backend's dialect. It throws
  * a TypeError for a field it does not know or a value of the wrong type, so a typo never matches everything.
+ * On PostgreSQL, keys (the filter's ID's, idKeysSql()) names its sources and days as values, which the planner
+ * prunes the days' partitions by; without them the statement reads them from delivery_keys itself.
  */
-export function filterSql(filter: Filter, backend: Backend): { where: string; params: SqlValue[] } {
+export function filterSql(filter: Filter, backend: Backend, keys?: IdKeys): { where: string; params: SqlValue[] } {
   if (filter === null || typeof filter !== "object")
     throw new TypeError(`filter: expected an object, got ${filter === null ? "null" : typeof filter}`);
   for (const [key, value] of Object.entries(filter)) {
@@ -109,7 +134,17 @@ export function filterSql(filter: Filter, backend: Backend): { where: string; pa
     add(!pg && filter.status !== "done" ? "status = ? AND status <> 'done'" : "status = ?", filter.status);
   if (filter.source !== undefined) add(!pg && filter.id === undefined ? "+source = ?" : "source = ?", filter.source);
   if (filter.id !== undefined && !pg) add("id = ?", filter.id);
-  if (filter.id !== undefined && pg) {
+  if (filter.id !== undefined && pg && keys !== undefined) {
+    // Its sources and days as values: the plan is made for the days between the first and the last alone (two
+    // partitions, where the form below plans every day's and prunes as it runs: 3.3–3.8 ms at ten million).
+    if (filter.source === undefined) {
+      where.push(keys.sources.length === 0 ? "FALSE" : `source IN (${keys.sources.map(() => "?::text").join(", ")})`);
+      params.push(...keys.sources);
+    }
+    add("id = ?", filter.id);
+    where.push("received_at BETWEEN ?::bigint AND ?::bigint");
+    params.push(keys.first, keys.last);
+  } else if (filter.id !== undefined && pg) {
     // PostgreSQL 15 has no skip scan, so an ID without its source would read the whole primary key (100 ms at a
     // million rows): it probes the key once per source instead, the sources found by a loose index scan.
     const source = filter.source === undefined ? `source = ANY (ARRAY(${DISTINCT_SOURCES}))` : "source = ?::text";

@@ -157,6 +157,13 @@ export function isConnectionLost(error: unknown): boolean {
   return /connection terminated|not queryable|ECONNRESET|EPIPE/i.test(message(error));
 }
 
+/**
+ * Isolation is how a transaction sees the others': READ COMMITTED, each statement a snapshot of its own, for
+ * everything that writes; REPEATABLE READ READ ONLY for a read of several statements that must all see one
+ * snapshot (a list read a day at a time, postgres/reads.ts).
+ */
+export type Isolation = "READ COMMITTED" | "REPEATABLE READ READ ONLY";
+
 /** PoolOptions are what postgres.ts decides for every connection. */
 export interface PoolOptions {
   size: number;
@@ -300,11 +307,11 @@ export class Pool {
    * sat in the pool (a restart, a failover, pg_terminate_backend, an idle timeout) fails at BEGIN, before
    * anything of the caller's ran: it is dropped and BEGIN tried on another, so no caller fails for it.
    */
-  async transaction(): Promise<pg.PoolClient> {
+  async transaction(isolation: Isolation = "READ COMMITTED"): Promise<pg.PoolClient> {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
       try {
-        await this.begin(client);
+        await this.begin(client, isolation);
         return client;
       } catch (error) {
         client.release(error instanceof Error ? error : new Error(message(error)));
@@ -313,9 +320,35 @@ export class Pool {
     }
   }
 
-  /** begin opens a READ COMMITTED transaction with the inbox's settings, set here when no session keeps them. */
-  async begin(client: pg.PoolClient): Promise<void> {
-    const begun = client.query("BEGIN ISOLATION LEVEL READ COMMITTED");
+  /**
+   * snapshot runs a read of several statements in one snapshot: a REPEATABLE READ READ ONLY transaction, its
+   * BEGIN sent with run's first statement (the connection pipelines them), rolled back when run is done (a read
+   * has nothing to keep). A connection lost on the way, which the server ended while it sat in the pool, is
+   * dropped and the read run again on another, as query() does; any other error is run's, thrown once the
+   * transaction is rolled back and the connection back in the pool (dropped if the rollback fails too).
+   */
+  async snapshot<T>(run: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+    for (let tries = 0; ; tries++) {
+      const client = await this.connect();
+      const [begun, ran] = await Promise.allSettled([this.begin(client, "REPEATABLE READ READ ONLY"), run(client)]);
+      const failed = begun.status === "rejected" ? begun.reason : ran.status === "rejected" ? ran.reason : undefined;
+      const rolledBack = await client.query("ROLLBACK").then(
+        () => true,
+        () => false,
+      );
+      if (failed === undefined && rolledBack) {
+        client.release();
+        return (ran as PromiseFulfilledResult<T>).value;
+      }
+      const error = failed ?? new Error("snapshot: the read's ROLLBACK failed");
+      client.release(rolledBack ? undefined : error instanceof Error ? error : new Error(message(error)));
+      if (!this.used.has(client) || !isConnectionLost(error) || tries >= this.size) throw error;
+    }
+  }
+
+  /** begin opens a transaction (READ COMMITTED unless said) with the inbox's settings, set here when no session keeps them. */
+  async begin(client: pg.PoolClient, isolation: Isolation = "READ COMMITTED"): Promise<void> {
+    const begun = client.query(`BEGIN ISOLATION LEVEL ${isolation}`);
     if (!this.pooled) return void (await begun);
     // SET LOCAL, in effect: gone at the end of the transaction, before the pooler lends the connection on.
     const set = client.query(

@@ -37,12 +37,54 @@ import {
   toGauges,
   toKeptAttempt,
 } from "../rows.ts";
-import { DISTINCT_SOURCES, filterSql, ORDERING_SQL, searchSql } from "../sql.ts";
+import { DISTINCT_SOURCES, filterSql, type IdKeys, idKeysSql, ORDERING_SQL, searchSql } from "../sql.ts";
+import { periodOf } from "./periods.ts";
 import { readsBodies, SearchTooBroad } from "../search.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
 // of counting it: counting takes about 20 ms per 100,000 rows here, and the overview is asked every 5 s.
 const ESTIMATE_ABOVE_ROWS = 200_000;
+
+/**
+ * listWindows are the ranges of received_at a list (search() with a filter that reads no body) reads in turn on
+ * PostgreSQL, newest first, each the filter narrowed to one: the UTC day of the list's upper bound (its until,
+ * its cursor's time, or else the day of now and all after it), then the days before it one at a time until
+ * `days` in all, then all that is older. A page is newest first, so every row of a range comes before the next
+ * range's, and a page the first range fills needs no other: each statement's plan names that day's partition
+ * alone (with the hot one), where one statement over every day planned them all and, cold, read each day's
+ * index and first rows for its newest match (docs/performance.md#lists-at-ten-million). The last range keeps
+ * the filter's since; a range that reaches it is the last.
+ */
+export function listWindows(
+  filter: Filter,
+  after: Cursor | undefined,
+  now: number,
+  days: number = DEFAULTS.listDays,
+): Filter[] {
+  const bounds = [
+    ...(filter.until === undefined ? [] : [Math.ceil(filter.until)]),
+    ...(after === undefined ? [] : [Math.floor(after.receivedAt) + 1]),
+  ];
+  let until: number | undefined = bounds.length === 0 ? undefined : Math.min(...bounds);
+  const since = filter.since === undefined ? undefined : Math.floor(filter.since);
+  const windows: Filter[] = [];
+  let from = periodOf(until === undefined ? now : until - 1).from;
+  for (let n = 0; n < days && (since === undefined || since < from); n++) {
+    windows.push({ ...filter, since: from, ...(until === undefined ? {} : { until }) });
+    until = from;
+    from = periodOf(from - 1).from;
+  }
+  windows.push({ ...filter, ...(until === undefined ? {} : { until }) });
+  return windows;
+}
+
+// idKeys reads what delivery_keys holds for an ID (idKeysSql()), or undefined when it is not stored.
+async function idKeys(client: pg.PoolClient, id: string, source: string | undefined): Promise<IdKeys | undefined> {
+  const { sql, params } = idKeysSql(id, source);
+  const { rows } = await client.query(toPg(sql), params);
+  const r = rows[0];
+  return r.sources === null ? undefined : { sources: r.sources, first: Number(r.first), last: Number(r.last) };
+}
 
 /**
  * PostgresReads is the operator's side of PostgresInbox, which holds one and hands it these reads: each
@@ -72,15 +114,20 @@ export class PostgresReads {
     return rows.map(toAttempt);
   }
 
-  // find names the ID as a search does (filterSql()): a probe per source, in the days delivery_keys says its
-  // rows were received, rather than every day's partition read whole for an ID without its source.
+  // find names the ID as a search does: its sources and days read from delivery_keys first, then a probe per
+  // source in those days' partitions alone, both in one snapshot; rather than every day's partition read whole
+  // for an ID without its source.
   async find(id: string, source?: string): Promise<Delivery[]> {
-    const { where, params } = filterSql({ id, source }, "postgres");
-    const { rows } = await this.pool.query(
-      toPg(`SELECT * FROM deliveries WHERE ${where} ORDER BY source, route`),
-      params,
-    );
-    return rows.map(toDelivery);
+    return this.pool.snapshot(async (client) => {
+      const keys = await idKeys(client, id, source);
+      if (keys === undefined) return [];
+      const { where, params } = filterSql({ id, source }, "postgres", keys);
+      const { rows } = await client.query(
+        toPg(`SELECT * FROM deliveries WHERE ${where} ORDER BY source, route`),
+        params,
+      );
+      return rows.map(toDelivery);
+    });
   }
 
   async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
@@ -262,13 +309,46 @@ export class PostgresReads {
     return rows.map(toKeptAttempt);
   }
 
+  /**
+   * search reads a page in one of three ways. An ID's sources and days are read from delivery_keys first, and
+   * its rows then by their values, so that the plan is made for its days' partitions alone (filterSql()). A
+   * list (no body read) reads its ranges of days newest first (listWindows()), until the page is full. Either
+   * runs its statements in one snapshot. A search of bodies or of the search index stays one statement, under
+   * its statement timeout (searchQuery()): each range would search its index again.
+   */
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
-    const { sql, params } = searchSql("postgres", await filterSqlChecked(this.pool, filter), {
-      ...page,
-      limit: searchPageLimit(page.limit),
+    const limit = searchPageLimit(page.limit);
+    const checked = await filterSqlChecked(this.pool, filter);
+    const { id } = filter;
+    const windows =
+      id === undefined && !readsBodies(filter) ? listWindows(filter, page.after, this.now() ?? Date.now()) : [];
+    // One statement needs no snapshot of its own.
+    if (id === undefined && windows.length <= 1) {
+      const { sql, params } = searchSql(
+        "postgres",
+        windows.length === 1 ? filterSql(windows[0]!, "postgres") : checked,
+        { ...page, limit },
+      );
+      return (await this.searchQuery(filter, toPg(sql), params)).rows.map(toDelivery);
+    }
+    return this.snapshot(filter, async (client) => {
+      if (id !== undefined) {
+        const keys = await idKeys(client, id, filter.source);
+        if (keys === undefined) return [];
+        const { sql, params } = searchSql("postgres", filterSql(filter, "postgres", keys), { ...page, limit });
+        return (await client.query(toPg(sql), params)).rows.map(toDelivery);
+      }
+      const found: Delivery[] = [];
+      for (const window of windows) {
+        const { sql, params } = searchSql("postgres", filterSql(window, "postgres"), {
+          ...page,
+          limit: limit - found.length,
+        });
+        found.push(...(await client.query(toPg(sql), params)).rows.map(toDelivery));
+        if (found.length === limit) break;
+      }
+      return found;
     });
-    const { rows } = await this.searchQuery(filter, toPg(sql), params);
-    return rows.map(toDelivery);
   }
 
   async count(filter: Filter): Promise<number> {
@@ -279,6 +359,33 @@ export class PostgresReads {
       params,
     );
     return Number(rows[0].n);
+  }
+
+  /**
+   * snapshot runs a search's statements in one snapshot (pool.snapshot()), under its statement timeout when it
+   * reads bodies or the search index, as searchQuery() does.
+   */
+  private async snapshot<T>(filter: Filter, run: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+    const bounded = readsBodies(filter) && this.searchTimeoutMs !== 0;
+    const since = performance.now();
+    try {
+      return await this.pool.snapshot(async (client) => {
+        if (bounded)
+          await client.query("SELECT set_config('statement_timeout', $1, true)", [String(this.searchTimeoutMs)]);
+        return run(client);
+      });
+    } catch (error) {
+      throw this.refused(error, since);
+    }
+  }
+
+  // refused is the error a search's statement met: SearchTooBroad when it was its statement timeout's.
+  private refused(error: unknown, since: number): unknown {
+    // 57014 is also pg_cancel_backend's: only a cancel that came once the bound had passed is the bound's.
+    const code = (error as { code?: unknown }).code;
+    if (code === "57014" && performance.now() - since >= this.searchTimeoutMs)
+      return new SearchTooBroad(this.searchTimeoutMs, { cause: error });
+    return error;
   }
 
   /**
@@ -306,11 +413,7 @@ export class PostgresReads {
         () => client.release(),
         () => client.release(error instanceof Error ? error : new Error(String(error))),
       );
-      // 57014 is also pg_cancel_backend's: only a cancel that came once the bound had passed is the bound's.
-      const code = (error as { code?: unknown }).code;
-      if (code === "57014" && performance.now() - since >= this.searchTimeoutMs)
-        throw new SearchTooBroad(this.searchTimeoutMs, { cause: error });
-      throw error;
+      throw this.refused(error, since);
     }
   }
 
