@@ -4,8 +4,9 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { DISTINCT_SOURCES, filterSql } from "../lib/sql.ts";
-import type { Delivery, Inbox, SqlValue } from "../lib/store.ts";
+import { listWindows } from "../lib/postgres/reads.ts";
+import { DISTINCT_SOURCES, filterSql, idKeysSql, searchSql } from "../lib/sql.ts";
+import type { Cursor, Delivery, Filter, Inbox, SqlValue } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { body, contract, LEASE, T0 } from "./contract-harness.ts";
 import { bodyProbes } from "./helpers.ts";
@@ -103,7 +104,7 @@ contract((suite) => {
         for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
       }
       // The history's days whose scan ran, by EXPLAIN ANALYZE: a day pruned as the statement ran says "never executed".
-      const opened = async (where: string, params: SqlValue[]) => {
+      const opened = async ({ where, params }: { where: string; params: SqlValue[] }) => {
         const plan = await inbox.query(
           `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT source, id FROM deliveries WHERE ${where}`,
           ...params,
@@ -113,13 +114,22 @@ contract((suite) => {
           new Set(lines.filter(pick).flatMap((line) => /delivery_history_d\d{8}/.exec(line) ?? [])).size;
         return { ran: days((line) => !/never executed/.test(line)), all: days(() => true) };
       };
-      const { where, params } = filterSql({ id: "evt_1" }, "postgres");
-      const now = await opened(where, params);
+      // As search() and find() run it: its sources and days read first, then planned for that day alone.
+      const probe = idKeysSql("evt_1", undefined);
+      const [keys] = await inbox.query(probe.sql, ...probe.params);
+      assert.deepEqual(keys, { sources: ["github", "stripe"], first: T0 + DAY, last: T0 + DAY });
+      const planned = await opened(
+        filterSql({ id: "evt_1" }, "postgres", { sources: ["github", "stripe"], first: T0 + DAY, last: T0 + DAY }),
+      );
+      assert.deepEqual(planned, { ran: 1, all: 1 }, "one day's partition is planned and read: evt_1's");
+      // The statement alone, its days read from delivery_keys as it runs, plans every day's and prunes as it runs.
+      const now = await opened(filterSql({ id: "evt_1" }, "postgres"));
       assert.equal(now.ran, 1, "one day's partition is read: evt_1's");
       assert.ok(now.all >= 3, `the others are in the plan, pruned as it ran (${now.all})`);
       // The control: the ID by its sources alone, as before delivery_keys was asked, reads every day's.
-      const before = await opened(`source = ANY (ARRAY(${DISTINCT_SOURCES})) AND id = ?`, ["evt_1"]);
+      const before = await opened({ where: `source = ANY (ARRAY(${DISTINCT_SOURCES})) AND id = ?`, params: ["evt_1"] });
       assert.ok(before.ran >= 3, `without the days, each is read (${before.ran})`);
+      assert.deepEqual(await inbox.search({ id: "evt_9" }), [], "an ID not stored: its keys say so");
       assert.deepEqual(
         (await inbox.find("evt_1")).map((d) => [d.source, d.id, d.receivedAt]),
         [
@@ -132,6 +142,95 @@ contract((suite) => {
         [["stripe", "evt_2"]],
       );
     });
+
+    it("pages newest first across days, its filters and cursor as one statement over them all would", async () => {
+      const inbox = await open();
+      const DAY = 86_400_000;
+      // Four days, five deliveries a day from two sources, three done and one failed of each day's five: rows in
+      // the history's days and in the hot partition.
+      const stored: { source: string; id: string; receivedAt: number; status: string }[] = [];
+      for (let day = 0; day < 4; day++)
+        for (let k = 0; k < 5; k++) {
+          suite.t = T0 + day * DAY + k * 3_600_000;
+          const source = k % 2 === 0 ? "stripe" : "github";
+          await inbox.store({ source, id: `d${day}_${k}`, body: body({ day, k }) });
+          stored.push({
+            source,
+            id: `d${day}_${k}`,
+            receivedAt: suite.t,
+            status: k === 1 ? "failed" : k === 4 ? "received" : "done",
+          });
+        }
+      suite.t = T0 + 4 * DAY;
+      for (const lease of await inbox.claimBatch(100, LEASE)) {
+        const status = stored.find((d) => d.id === lease.id)!.status;
+        if (status === "failed") await inbox.fail(lease, "nope", { permanent: true });
+        else if (status === "done") await inbox.finish(lease);
+        else await inbox.release(lease);
+      }
+      const newestFirst = [...stored].sort((a, b) => b.receivedAt - a.receivedAt);
+      const cases: { filter: Filter; matches: (d: (typeof stored)[number]) => boolean }[] = [
+        { filter: {}, matches: () => true },
+        { filter: { source: "stripe" }, matches: (d) => d.source === "stripe" },
+        { filter: { status: "failed" }, matches: (d) => d.status === "failed" },
+        { filter: { until: T0 + 2 * DAY + 1 }, matches: (d) => d.receivedAt < T0 + 2 * DAY + 1 },
+        {
+          filter: { source: "github", since: T0 + DAY + 3_600_000, until: T0 + 3 * DAY },
+          matches: (d) => d.source === "github" && d.receivedAt >= T0 + DAY + 3_600_000 && d.receivedAt < T0 + 3 * DAY,
+        },
+      ];
+      for (const { filter, matches } of cases) {
+        const expected = newestFirst.filter(matches).map((d) => d.id);
+        for (const limit of [1, 3, 50]) {
+          const seen: string[] = [];
+          let after: Cursor | undefined;
+          for (let pages = 0; pages < 30; pages++) {
+            const page = await inbox.search(filter, { ...(after ? { after } : {}), limit, bodies: false });
+            seen.push(...page.map((d) => d.id));
+            if (page.length < limit) break;
+            const last = page.at(-1)!;
+            after = { receivedAt: last.receivedAt, source: last.source, id: last.id, route: last.route };
+          }
+          assert.deepEqual(seen, expected, `${JSON.stringify(filter)}, ${limit} a page`);
+        }
+      }
+    });
+
+    suite.onPostgres(
+      "plans a list's newest day alone, the day of its bound, where one statement planned every day",
+      async () => {
+        const inbox = await open();
+        const DAY = 86_400_000;
+        for (let day = 0; day < 3; day++) {
+          suite.t = T0 + day * DAY;
+          await inbox.store({ id: `d${day}`, body: body({ day }) });
+          for (const lease of await inbox.claimBatch(1, LEASE)) await inbox.finish(lease);
+        }
+        const planned = async (filter: Filter) => {
+          const { sql, params } = searchSql("postgres", filterSql(filter, "postgres"), { limit: 50, bodies: false });
+          const plan = await inbox.query(`EXPLAIN (COSTS OFF) ${sql}`, ...params);
+          return new Set(plan.flatMap((r) => /delivery_history_d\d{8}/.exec(String(r["QUERY PLAN"])) ?? [])).size;
+        };
+        const filter: Filter = { source: "default", until: T0 + 2 * DAY + 1 };
+        const windows = listWindows(filter, undefined, T0 + 2 * DAY);
+        assert.deepEqual(
+          windows.map((w) => [w.since, w.until]),
+          [
+            [Math.floor((T0 + 2 * DAY) / DAY) * DAY, T0 + 2 * DAY + 1],
+            [Math.floor((T0 + 2 * DAY) / DAY) * DAY - DAY, Math.floor((T0 + 2 * DAY) / DAY) * DAY],
+            [undefined, Math.floor((T0 + 2 * DAY) / DAY) * DAY - DAY],
+          ],
+          "the day of the bound, the day before, then the rest",
+        );
+        assert.equal(await planned(windows[0]!), 1, "the first statement plans one day's partition");
+        // The control: the list as one statement plans each day up to its bound.
+        assert.ok((await planned(filter)) >= 3, "one statement plans every day");
+        assert.deepEqual(
+          (await inbox.search(filter, { bodies: false })).map((d) => d.id),
+          ["d2", "d1", "d0"],
+        );
+      },
+    );
 
     suite.onPostgres(
       "reads a body kept in its row without looking in delivery_bodies, through the view and delivery_body()",
