@@ -1,5 +1,6 @@
 // test/postgres-pool.test.ts: a PostgreSQL URL with several hosts (postgres/pool.ts): how it is read and
-// shown, and that new connections find the host that takes writes, past one that is down or a standby.
+// shown, and that new connections find the host that takes writes, past one that is down or a standby; and a read
+// of several statements in one snapshot (snapshot()).
 // The standby is a private cluster pair (skipped in one line without PostgreSQL's server binaries).
 //   npx node --import tsx --test test/postgres-pool.test.ts
 
@@ -113,6 +114,53 @@ describe("a URL with several hosts", () => {
     await assert.rejects(connect(`postgres://postgres@127.0.0.1:${a},127.0.0.1:${b}/test`), (e: Error) =>
       new RegExp(`127\\.0\\.0\\.1:${a}: .*ECONNREFUSED.*127\\.0\\.0\\.1:${b}: .*ECONNREFUSED`).test(e.message),
     );
+  });
+});
+
+describe("snapshot()", () => {
+  it("reads its statements in one snapshot, a commit between them unseen; a transaction as the writes take it sees it", {
+    skip: pgSkip,
+  }, async () => {
+    const up = new URL(POSTGRES);
+    const pool = new Pool(parseTarget(`postgres://${up.username}@${up.host}${up.pathname}`), {
+      size: 2,
+      connectTimeoutMs: 2_000,
+      applicationName: "pool-snapshot",
+      types: pg.types,
+    });
+    const table = `snapshot_${process.pid}`;
+    try {
+      await pool.query(`CREATE TABLE ${table} (n integer)`);
+      // Two counts in one read, a row committed by another connection between them.
+      const counts = (read: (run: (client: pg.PoolClient) => Promise<number[]>) => Promise<number[]>) =>
+        read(async (client) => {
+          const count = async () => Number((await client.query(`SELECT count(*) AS n FROM ${table}`)).rows[0].n);
+          const first = await count();
+          await pool.query(`INSERT INTO ${table} VALUES (1)`);
+          return [first, await count()];
+        });
+      assert.deepEqual(await counts((run) => pool.snapshot(run)), [0, 0], "the second count is the first's moment");
+      // The control: READ COMMITTED, each statement a snapshot of its own, sees the row.
+      const committed = await counts(async (run) => {
+        const client = await pool.transaction();
+        try {
+          return await run(client);
+        } finally {
+          await client.query("ROLLBACK");
+          client.release();
+        }
+      });
+      assert.deepEqual(committed, [1, 2]);
+      await assert.rejects(
+        pool.snapshot((client) => client.query(`INSERT INTO ${table} VALUES (2)`)),
+        /read-only transaction/,
+        "a snapshot only reads",
+      );
+      assert.equal(Number((await pool.query(`SELECT count(*) AS n FROM ${table}`)).rows[0].n), 2);
+    } finally {
+      await pool.query(`DROP TABLE IF EXISTS ${table}`);
+      await pool.end();
+    }
   });
 });
 
