@@ -493,15 +493,25 @@ contract((suite) => {
                         WHERE i.indrelid = to_regclass(?)) AS shared,
                       (SELECT count(*)::integer FROM pg_trigger WHERE tgrelid = to_regclass(?)) AS triggers,
                       (SELECT count(*)::integer FROM pg_constraint WHERE conrelid = to_regclass(?) AND contype = 'c') AS checks,
-                      to_regclass(?) IS NOT NULL AS leftover`,
+                      to_regclass(?) IS NOT NULL AS leftover,
+                      (SELECT count(*)::integer FROM pg_stats WHERE schemaname = current_schema() AND tablename = ?) AS stats`,
               day,
               day,
               day,
               day,
               day,
               `${day}_was`,
+              day,
             )
-          )[0] as { oid: number; indexes: string; shared: number; triggers: number; checks: number; leftover: boolean };
+          )[0] as {
+            oid: number;
+            indexes: string;
+            shared: number;
+            triggers: number;
+            checks: number;
+            leftover: boolean;
+            stats: number;
+          };
         const days = async (prefix: string, writer?: string) => {
           await handled(inbox, `${prefix}_1`);
           await handled(inbox, `${prefix}_2`, big(`${prefix}_2`));
@@ -547,6 +557,7 @@ contract((suite) => {
           [before.indexes, before.shared, before.triggers, before.checks, false],
           "with the same indexes, shared as before, the same triggers and CHECKs (its bounds' gone), and the old one dropped",
         );
+        assert.deepEqual([before.stats > 0, after.stats > 0], [false, true], "and analyzed, where nothing had");
         for (const id of ["sw_1", "sw_2"]) {
           const [gone] = await inbox.find(id);
           assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t], id);
