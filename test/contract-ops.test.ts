@@ -13,6 +13,7 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, makePeriods, periodOf } from "../lib/postgres/periods.ts";
+import { DAYS_HELD } from "../lib/postgres/reads.ts";
 import { parseTarget, Pool } from "../lib/postgres/pool.ts";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Delivery, Inbox, KeptAttempt, Lease } from "../lib/store.ts";
@@ -576,6 +577,57 @@ contract((suite) => {
         assert.equal((await inbox.find("hold_2"))[0]!.purgedAt, suite.t);
         assert.equal((await inbox.purge()).bodies, 1, "the next purge takes the held one");
         assert.equal((await inbox.find("hold_1"))[0]!.purgedAt, suite.t);
+      },
+    );
+
+    suite.onPostgres(
+      "a read of several statements in one snapshot sees a day whole while a purge releases it: the purge waits for it, and gives way",
+      async () => {
+        const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        const { default: pg } = await import("pg");
+        const pool = new Pool(parseTarget(suite.target), {
+          size: 1,
+          connectTimeoutMs: DEFAULTS.connectTimeoutMs,
+          applicationName: "snapshot-days-test",
+          types: pg.types,
+        });
+        const defaults = DEFAULTS as { periodLockTries: number };
+        const tries = defaults.periodLockTries;
+        defaults.periodLockTries = 2; // each give-way of the purge's, to the read, in 0.4 s rather than 2
+        // As find() reads: the ID's key first, then its rows, in one snapshot; a purge of its day between the two.
+        const read = (id: string, held: boolean) =>
+          pool.snapshot(async (client) => {
+            if (held) await client.query(DAYS_HELD);
+            await client.query("SELECT received_at FROM delivery_keys WHERE id = $1", [id]);
+            const purged = await inbox.purge();
+            const { rows } = await client.query(
+              "SELECT status, octet_length(body) AS inline FROM delivery_rows WHERE id = $1",
+              [id],
+            );
+            return { purged, rows };
+          });
+        try {
+          await handled(inbox, "snap_held", big("snap_held"));
+          await handled(inbox, "snap_open", big("snap_open"));
+          suite.t += 8 * DAY;
+          const held = await read("snap_held", true);
+          assert.equal(held.rows.length, 1, "the row is there, as it was when the snapshot was taken");
+          assert.equal(held.purged.bodies, 2, "both made tombstones, in batches");
+          // The control: a snapshot with no such lock, and a purge that swaps the day in while it is open.
+          suite.t += DAY;
+          // Its day made first, by an open, as a daily purge would have made it: the purge above could not, its
+          // CREATE … PARTITION OF giving way to the read's lock too.
+          await open();
+          await handled(inbox, "snap_late", big("snap_late"));
+          suite.t += 8 * DAY;
+          const open_ = await read("snap_late", false);
+          assert.equal(open_.purged.bodies, 1);
+          assert.deepEqual(open_.rows, [], "to a snapshot from before the swap, the day's copy is empty");
+        } finally {
+          defaults.periodLockTries = tries;
+          await pool.end();
+        }
       },
     );
 

@@ -350,11 +350,10 @@ export class Pool {
   async begin(client: pg.PoolClient, isolation: Isolation = "READ COMMITTED"): Promise<void> {
     const begun = client.query(`BEGIN ISOLATION LEVEL ${isolation}`);
     if (!this.pooled) return void (await begun);
-    // SET LOCAL, in effect: gone at the end of the transaction, before the pooler lends the connection on.
-    const set = client.query(
-      "SELECT set_config('search_path', $1, true), set_config('synchronous_commit', 'on', true)",
-      [this.target.schema],
-    );
+    // SET LOCAL: gone at the end of the transaction, before the pooler lends the connection on. A SET takes no
+    // snapshot, where a SELECT of set_config() did: a snapshot's first statement must be able to lock before its
+    // snapshot is taken (postgres/reads.ts). The schema is a plain lower-case name, checked by parseTarget.
+    const set = client.query(`SET LOCAL search_path TO ${this.target.schema}; SET LOCAL synchronous_commit TO on`);
     await Promise.all([begun, set]);
   }
 

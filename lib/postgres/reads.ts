@@ -78,6 +78,13 @@ export function listWindows(
   return windows;
 }
 
+// daysHeld is a snapshot's first statement: a lock on the parents of the days' partitions that a purge detaches,
+// taken before the snapshot is (LOCK takes none). A purge swaps a day's history for a copy written since
+// (periods.ts tombstonePeriod) and moves the bodies it keeps to another partition as it releases a day: to a
+// snapshot taken before, those rows are not there, as after a TRUNCATE. The lock makes the purge's DETACH wait
+// for the read (and give way, the day left to its batches), so what the snapshot reads was in place before it.
+export const DAYS_HELD = "LOCK TABLE ONLY delivery_history, delivery_bodies IN ACCESS SHARE MODE";
+
 // idKeys reads what delivery_keys holds for an ID (idKeysSql()), or undefined when it is not stored.
 async function idKeys(client: pg.PoolClient, id: string, source: string | undefined): Promise<IdKeys | undefined> {
   const { sql, params } = idKeysSql(id, source);
@@ -119,6 +126,7 @@ export class PostgresReads {
   // for an ID without its source.
   async find(id: string, source?: string): Promise<Delivery[]> {
     return this.pool.snapshot(async (client) => {
+      await client.query(DAYS_HELD);
       const keys = await idKeys(client, id, source);
       if (keys === undefined) return [];
       const { where, params } = filterSql({ id, source }, "postgres", keys);
@@ -370,6 +378,7 @@ export class PostgresReads {
     const since = performance.now();
     try {
       return await this.pool.snapshot(async (client) => {
+        await client.query(DAYS_HELD);
         if (bounded)
           await client.query("SELECT set_config('statement_timeout', $1, true)", [String(this.searchTimeoutMs)]);
         return run(client);
