@@ -494,7 +494,10 @@ async function plan(inbox: Inbox, filter: Filter): Promise<string> {
   const { where, params } = filterSql(filter, inbox.backend);
   const sql = `SELECT * FROM deliveries WHERE ${where} ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT 50`;
   if (pg) {
-    const rows = await inbox.query(toPg(`EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ${sql}`), ...params);
+    const rows = await inbox.query(
+      toPg(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) ${sql}`),
+      ...params,
+    );
     return rows.map((r) => `    ${r["QUERY PLAN"]}`).join("\n");
   }
   const rows = await inbox.query(`EXPLAIN QUERY PLAN ${sql}`, ...params);
@@ -527,12 +530,16 @@ async function onSqlite(dir: string, out: Out): Promise<void> {
 
 // BENCH_BODY_SEARCH_REUSE=1 measures again the PostgreSQL inbox an interrupted run left filled and upgraded
 // (its fill, migration and ingest lines are that run's), and leaves it: DROP DATABASE bench_bodysearch after.
+// BENCH_BODY_SEARCH_KEEP=1 leaves the database a run filled, for REUSE or EXPLAIN by hand, the same way.
 const REUSE = process.env.BENCH_BODY_SEARCH_REUSE === "1";
+const KEEP = REUSE || process.env.BENCH_BODY_SEARCH_KEEP === "1";
 
 async function onPostgres(out: Out): Promise<void> {
-  const db = REUSE
-    ? { url: new URL("/bench_bodysearch", PG_URL).toString(), drop: async () => {} }
-    : await freshDatabase("bench_bodysearch");
+  const fresh = REUSE ? undefined : await freshDatabase("bench_bodysearch");
+  const db = {
+    url: fresh?.url ?? new URL("/bench_bodysearch", PG_URL).toString(),
+    drop: KEEP ? async () => {} : fresh!.drop,
+  };
   try {
     const { inbox, lines } = REUSE
       ? { inbox: await connect(`${db.url}?schema=inbox`), lines: ["postgres, the inbox an interrupted run left:"] }

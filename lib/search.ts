@@ -223,12 +223,20 @@ export function bodySearchSql(
 // pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound three times).
 // Spelled as a plain IN, the planner walks deliveries newest first and probes the search table row by row,
 // hoping for 50 matches soon: seconds at a million for a needle with few. The two arrays are computed first,
-// once, through the GIN index, and the primary key is probed with them; the IN keeps each source with its
-// own IDs.
+// once, through the GIN index, and the IN keeps each source with its own IDs. They find the matches' keys in
+// delivery_keys, with each route's received_at, and the rows are joined to those by all four: a nested loop
+// into the partitioned delivery_rows whose every probe is pruned to its own day's partition (and the hot one)
+// as it runs (docs/table.md#hot-and-cold). Probed with the arrays themselves, every day's partition was read
+// for every match: 36 of them at ten million. OFFSET 0 keeps the keys a subquery of their own: flattened, the
+// planner paired the rows with the search table's source and ID, and left received_at to a filter that prunes
+// nothing.
 const pgMatching = (condition: string) =>
-  `source = ANY (ARRAY(SELECT DISTINCT source FROM deliveries_search WHERE ${condition}))
-   AND id = ANY (ARRAY(SELECT id FROM deliveries_search WHERE ${condition}))
-   AND (source, id) IN (SELECT source, id FROM deliveries_search WHERE ${condition})`;
+  `(source, id, route, received_at) IN (
+     SELECT k.source, k.id, k.route, k.received_at FROM delivery_keys k
+      WHERE k.source = ANY (ARRAY(SELECT DISTINCT source FROM deliveries_search WHERE ${condition}))
+        AND k.id = ANY (ARRAY(SELECT id FROM deliveries_search WHERE ${condition}))
+        AND (k.source, k.id) IN (SELECT source, id FROM deliveries_search WHERE ${condition})
+     OFFSET 0)`;
 
 // The expression of PostgreSQL's deliveries_search_words index, word for word.
 const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb)`;
