@@ -5,7 +5,7 @@
 
 import { afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
-import type { Inbox, InboxOptions } from "../lib/store.ts";
+import type { Inbox, InboxOptions, SqlValue } from "../lib/store.ts";
 import { backends, postgresSkip, T0, type TestBackend } from "./helpers.ts";
 
 // T0, where the pinned clock starts each test, is helpers.ts's: the PostgreSQL target each test gets is a copy
@@ -17,6 +17,24 @@ export const LEASE = 60_000;
 
 /** body is an event as the bytes of its JSON, as a provider sends it. */
 export const body = (event: unknown): Buffer => Buffer.from(JSON.stringify(event));
+
+/**
+ * daysOpened runs EXPLAIN ANALYZE of a read of deliveries (PostgreSQL) under where, and counts the history's days
+ * in its plan: those whose scan ran (a day pruned as the statement ran says "never executed"), and all of them.
+ */
+export async function daysOpened(
+  inbox: Inbox,
+  { where, params }: { where: string; params: SqlValue[] },
+): Promise<{ ran: number; all: number }> {
+  const plan = await inbox.query(
+    `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT source, id FROM deliveries WHERE ${where}`,
+    ...params,
+  );
+  const lines = plan.map((r) => String(r["QUERY PLAN"]));
+  const days = (pick: (line: string) => boolean) =>
+    new Set(lines.filter(pick).flatMap((line) => /delivery_history_d\d{8}/.exec(line) ?? [])).size;
+  return { ran: days((line) => !/never executed/.test(line)), all: days(() => true) };
+}
 
 /** pgSkip is false when the PostgreSQL server answers, else why the tests that need it are skipped. */
 export const pgSkip = await postgresSkip();

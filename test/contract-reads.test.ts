@@ -8,7 +8,7 @@ import { listWindows } from "../lib/postgres/reads.ts";
 import { DISTINCT_SOURCES, filterSql, idKeysSql, searchSql } from "../lib/sql.ts";
 import type { Cursor, Delivery, Filter, Inbox, SqlValue } from "../lib/store.ts";
 import { run } from "../worker.ts";
-import { body, contract, LEASE, T0 } from "./contract-harness.ts";
+import { body, contract, LEASE, T0, daysOpened } from "./contract-harness.ts";
 import { bodyProbes } from "./helpers.ts";
 
 contract((suite) => {
@@ -103,17 +103,7 @@ contract((suite) => {
         for (const source of ["stripe", "github"]) await inbox.store({ source, id: `evt_${k}`, body: body({ k }) });
         for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.finish(lease);
       }
-      // The history's days whose scan ran, by EXPLAIN ANALYZE: a day pruned as the statement ran says "never executed".
-      const opened = async ({ where, params }: { where: string; params: SqlValue[] }) => {
-        const plan = await inbox.query(
-          `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT source, id FROM deliveries WHERE ${where}`,
-          ...params,
-        );
-        const lines = plan.map((r) => String(r["QUERY PLAN"]));
-        const days = (pick: (line: string) => boolean) =>
-          new Set(lines.filter(pick).flatMap((line) => /delivery_history_d\d{8}/.exec(line) ?? [])).size;
-        return { ran: days((line) => !/never executed/.test(line)), all: days(() => true) };
-      };
+      const opened = (read: { where: string; params: SqlValue[] }) => daysOpened(inbox, read);
       // As search() and find() run it: its sources and days read first, then planned for that day alone.
       const probe = idKeysSql("evt_1", undefined);
       const [keys] = await inbox.query(probe.sql, ...probe.params);

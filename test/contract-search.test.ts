@@ -20,7 +20,7 @@ import { filterSql } from "../lib/sql.ts";
 import { connect } from "../inbox.ts";
 import type { Delivery, Filter, Inbox, InboxOptions, SqlValue } from "../lib/store.ts";
 import { run } from "../worker.ts";
-import { body, contract, LEASE, T0 } from "./contract-harness.ts";
+import { body, contract, LEASE, T0, daysOpened } from "./contract-harness.ts";
 
 // Shaped as Stripe and GitHub send them, cut down.
 const invoice = (id: string, customer: string, amount: number, paid: boolean) => ({
@@ -163,17 +163,7 @@ contract((suite) => {
       const words = { bodyWords: "cus_1" };
       await expect(inbox, json, ["evt_1", "evt_1"]);
       await expect(inbox, words, ["evt_1", "evt_1"]);
-      // The history's days whose scan ran, by EXPLAIN ANALYZE: a day pruned as the statement ran says "never executed".
-      const opened = async (where: string, params: SqlValue[]) => {
-        const plan = await inbox.query(
-          `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT source, id FROM deliveries WHERE ${where}`,
-          ...params,
-        );
-        const lines = plan.map((r) => String(r["QUERY PLAN"]));
-        const days = (pick: (line: string) => boolean) =>
-          new Set(lines.filter(pick).flatMap((line) => /delivery_history_d\d{8}/.exec(line) ?? [])).size;
-        return { ran: days((line) => !/never executed/.test(line)), all: days(() => true) };
-      };
+      const opened = (where: string, params: SqlValue[]) => daysOpened(inbox, { where, params });
       for (const filter of [json, words]) {
         const { where, params } = filterSql(filter, "postgres");
         const now = await opened(where, params);
