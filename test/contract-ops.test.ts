@@ -477,6 +477,7 @@ contract((suite) => {
       "makes a day's done rows tombstones by writing its history's partition anew, and by batches when a writer holds one of its rows",
       async () => {
         const inbox = await open();
+        await inbox.enableSearch(); // its row triggers are on each day's partition, and must be on the copy
         const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
         const day = historyOf(periodOf(T0));
         const { default: pg } = await import("pg");
@@ -553,6 +554,7 @@ contract((suite) => {
         const { before, after, purged } = await days("sw");
         assert.equal(purged.bodies, 2);
         assert.notEqual(after.oid, before.oid, "the day's partition is a new table");
+        assert.ok(before.triggers > 0, `the search's row triggers were on the day (${before.triggers})`);
         assert.deepEqual(
           [after.indexes, after.shared, after.triggers, after.checks, after.leftover],
           [before.indexes, before.shared, before.triggers, before.checks, false],
