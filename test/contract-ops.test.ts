@@ -647,6 +647,20 @@ contract((suite) => {
       assert.equal((await inbox.find("left_1"))[0]!.purgedAt, null, "and no row was touched");
     });
 
+    suite.onPostgres("drops a day's old history that a crash left behind its copy's swap", async () => {
+      const inbox = await open();
+      await handled(inbox, "left_1");
+      const was = `${historyOf(periodOf(suite.t))}_was`;
+      const exists = async () =>
+        (await inbox.query("SELECT to_regclass(?) IS NOT NULL AS made", was))[0]!.made as boolean;
+      // A swap's transaction committed (the copy attached, the old one detached and renamed), then the process died.
+      await inbox.query(`CREATE TABLE ${was} (LIKE ${historyOf(periodOf(suite.t))})`);
+      assert.equal(await exists(), true, "(control) the old day's table is there");
+      await inbox.purge(); // nothing of that day is past the cutoff: only the leftover goes
+      assert.equal(await exists(), false);
+      assert.equal((await inbox.find("left_1"))[0]!.purgedAt, null, "and no row was touched");
+    });
+
     suite.onPostgres(
       "a purge that meets a row a writer holds gives way and tries again, rather than deadlocking with it",
       async () => {
