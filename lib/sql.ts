@@ -88,11 +88,20 @@ export interface IdKeys {
  * is not stored.
  */
 export function idKeysSql(id: string, source: string | undefined): { sql: string; params: SqlValue[] } {
+  const key = idKeyWhere(id, source);
   return {
     sql: `SELECT array_agg(DISTINCT source) AS sources, min(received_at) AS first, max(received_at) AS last FROM delivery_keys
-          WHERE ${source === undefined ? `source = ANY (ARRAY(${DISTINCT_SOURCES}))` : "source = ?::text"} AND id = ?::text`,
-    params: source === undefined ? [id] : [source, id],
+          WHERE ${key.where}`,
+    params: key.params,
   };
+}
+
+// idKeyWhere finds an ID's keys in delivery_keys: a probe of its primary key per source, the filter's or each one
+// DISTINCT_SOURCES finds (PostgreSQL 15 has no skip scan, so an ID alone would read the whole key).
+function idKeyWhere(id: string, source: string | undefined): { where: string; params: SqlValue[] } {
+  return source === undefined
+    ? { where: `source = ANY (ARRAY(${DISTINCT_SOURCES})) AND id = ?::text`, params: [id] }
+    : { where: "source = ?::text AND id = ?::text", params: [source, id] };
 }
 
 /**
@@ -147,17 +156,17 @@ export function filterSql(filter: Filter, backend: Backend, keys?: IdKeys): { wh
   } else if (filter.id !== undefined && pg) {
     // PostgreSQL 15 has no skip scan, so an ID without its source would read the whole primary key (100 ms at a
     // million rows): it probes the key once per source instead, the sources found by a loose index scan.
-    const source = filter.source === undefined ? `source = ANY (ARRAY(${DISTINCT_SOURCES}))` : "source = ?::text";
-    const key = filter.source === undefined ? [filter.id] : [filter.source, filter.id];
-    if (filter.source === undefined) where.push(source);
+    if (filter.source === undefined) where.push(`source = ANY (ARRAY(${DISTINCT_SOURCES}))`);
     add("id = ?", filter.id);
     // And when its rows were received, from delivery_keys: the view then opens only the partitions of the days
     // between the first and the last, where it probed every day's (9.7–11.1 ms a page at ten million over 36
     // days, against 0.76 before the split). A range, as PostgreSQL prunes partitions by a subquery's value
     // compared with the key while the statement runs, but not by an array of them (= ANY).
-    const keys = `FROM delivery_keys WHERE ${source} AND id = ?::text`;
-    where.push(`received_at BETWEEN (SELECT min(received_at) ${keys}) AND (SELECT max(received_at) ${keys})`);
-    params.push(...key, ...key);
+    const key = idKeyWhere(filter.id, filter.source);
+    where.push(
+      `received_at BETWEEN (SELECT min(received_at) FROM delivery_keys WHERE ${key.where}) AND (SELECT max(received_at) FROM delivery_keys WHERE ${key.where})`,
+    );
+    params.push(...key.params, ...key.params);
   }
   if (filter.type !== undefined) add("event_type = ?", filter.type);
   if (filter.destination !== undefined) add("destination = ?", filter.destination);

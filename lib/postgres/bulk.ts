@@ -445,7 +445,8 @@ export class PostgresBulk {
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
     // Whole days first (docs/operations.md#retention-by-period): the day's done rows are made tombstones (its
     // history's partition written anew, else in batches of narrow rows), and then its partition of bodies is
-    // dropped in one statement, rather than each body deleted. The days ahead are made here too, for the retention schedule keeps them coming.
+    // dropped in one statement, rather than each body deleted. The days ahead are made here too, for the
+    // retention schedule keeps them coming.
     await makePeriods(
       this.pool,
       this.pinned ? this.pinned() : Date.now(),

@@ -260,9 +260,8 @@ export function tombstonePeriod(
   period: Period,
   at: number,
   written: (client: pg.PoolClient, n: number) => Promise<void>,
-  way?: GiveWay,
 ): Promise<Tombstoned | undefined> {
-  return givingWay(transaction, (client, bounded) => tombstoneIn(client, bounded, period, at, written), way);
+  return givingWay(transaction, (client, bounded) => tombstoneIn(client, bounded, period, at, written));
 }
 
 // A name of ours, quoted as is in DDL (which takes no bound parameters): a column or an index of the day's partition.

@@ -307,11 +307,11 @@ export class Pool {
    * sat in the pool (a restart, a failover, pg_terminate_backend, an idle timeout) fails at BEGIN, before
    * anything of the caller's ran: it is dropped and BEGIN tried on another, so no caller fails for it.
    */
-  async transaction(isolation: Isolation = "READ COMMITTED"): Promise<pg.PoolClient> {
+  async transaction(): Promise<pg.PoolClient> {
     for (let tries = 0; ; tries++) {
       const client = await this.connect();
       try {
-        await this.begin(client, isolation);
+        await this.begin(client);
         return client;
       } catch (error) {
         client.release(error instanceof Error ? error : new Error(message(error)));

@@ -85,12 +85,17 @@ export function listWindows(
 // for the read (and give way, the day left to its batches), so what the snapshot reads was in place before it.
 export const DAYS_HELD = "LOCK TABLE ONLY delivery_history, delivery_bodies IN ACCESS SHARE MODE";
 
-// idKeys reads what delivery_keys holds for an ID (idKeysSql()), or undefined when it is not stored.
-async function idKeys(client: pg.PoolClient, id: string, source: string | undefined): Promise<IdKeys | undefined> {
-  const { sql, params } = idKeysSql(id, source);
-  const { rows } = await client.query(toPg(sql), params);
-  const r = rows[0];
-  return r.sources === null ? undefined : { sources: r.sources, first: Number(r.first), last: Number(r.last) };
+// byId is a filter with an ID as the condition that names the ID's sources and days as values (filterSql() with
+// the IdKeys idKeysSql() reads, in client's snapshot), or undefined when the ID is not stored.
+async function byId(
+  client: pg.PoolClient,
+  filter: Filter & { id: string },
+): Promise<{ where: string; params: SqlValue[] } | undefined> {
+  const { sql, params } = idKeysSql(filter.id, filter.source);
+  const r = (await client.query(toPg(sql), params)).rows[0];
+  if (r.sources === null) return undefined;
+  const keys: IdKeys = { sources: r.sources, first: Number(r.first), last: Number(r.last) };
+  return filterSql(filter, "postgres", keys);
 }
 
 /**
@@ -125,14 +130,13 @@ export class PostgresReads {
   // source in those days' partitions alone, both in one snapshot; rather than every day's partition read whole
   // for an ID without its source.
   async find(id: string, source?: string): Promise<Delivery[]> {
-    return this.pool.snapshot(async (client) => {
-      await client.query(DAYS_HELD);
-      const keys = await idKeys(client, id, source);
-      if (keys === undefined) return [];
-      const { where, params } = filterSql({ id, source }, "postgres", keys);
+    const filter = { id, source };
+    return this.snapshot(filter, async (client) => {
+      const found = await byId(client, filter);
+      if (found === undefined) return [];
       const { rows } = await client.query(
-        toPg(`SELECT * FROM deliveries WHERE ${where} ORDER BY source, route`),
-        params,
+        toPg(`SELECT * FROM deliveries WHERE ${found.where} ORDER BY source, route`),
+        found.params,
       );
       return rows.map(toDelivery);
     });
@@ -341,9 +345,9 @@ export class PostgresReads {
     }
     return this.snapshot(filter, async (client) => {
       if (id !== undefined) {
-        const keys = await idKeys(client, id, filter.source);
-        if (keys === undefined) return [];
-        const { sql, params } = searchSql("postgres", filterSql(filter, "postgres", keys), { ...page, limit });
+        const found = await byId(client, { ...filter, id });
+        if (found === undefined) return [];
+        const { sql, params } = searchSql("postgres", found, { ...page, limit });
         return (await client.query(toPg(sql), params)).rows.map(toDelivery);
       }
       const found: Delivery[] = [];
