@@ -11,7 +11,7 @@ import { once } from "node:events";
 import { writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:http";
 import { join } from "node:path";
-import { afterEach, beforeEach, describe, it } from "node:test";
+import { after, afterEach, beforeEach, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import type { Inbox } from "../lib/store.ts";
 import { freshSchema, postgresSkip, spawnScript, tempDir } from "./helpers.ts";
@@ -54,6 +54,7 @@ describe("database errors on PostgreSQL", { skip }, () => {
   let app: Awaited<ReturnType<typeof destination>>;
   let child: ChildProcess | undefined;
   const dir = tempDir("inbox-db-errors-");
+  after(dir.cleanup);
   beforeEach(async () => {
     schema = await freshSchema("dberrors");
     inbox = await connect(schema.url);
