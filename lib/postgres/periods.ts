@@ -191,8 +191,8 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
  * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
  * row; it gives way (givingWay) to a transaction in flight, and throws 55P03 when every try did.
  */
-export function releasePeriod(transaction: Transaction<Released>, period: Period, way?: GiveWay): Promise<Released> {
-  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period), way);
+export function releasePeriod(transaction: Transaction<Released>, period: Period): Promise<Released> {
+  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period));
 }
 
 /** Released is what a day's release kept of its bodies, and the bytes of those it let go. */
