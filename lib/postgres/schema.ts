@@ -583,18 +583,28 @@ export interface KeysAhead {
  */
 export async function prepareKeys(session: pg.ClientBase, schema: string, ahead: KeysAhead = {}): Promise<number> {
   const { batch = DEFAULTS.keysCopyBatch, begin = () => session.query("BEGIN"), alone = true } = ahead;
+  // Whether there is a copy to make: the schema just before the split, and no whole copy made.
+  const due = async () => {
+    const [{ ready, copied }] = (
+      await session.query(
+        "SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready, to_regclass('delivery_keys_copied') IS NOT NULL AS copied",
+      )
+    ).rows;
+    if (!ready || copied) return false;
+    return (
+      Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === SPLIT
+    );
+  };
+  // Read once without a lock first: every open of an inbox past the split (nearly all of them) stops here.
+  await begin();
+  const now = await due().finally(() => session.query("ROLLBACK"));
+  if (!now) return 0;
   // A step runs only while the schema is still just before the split: another host may have split it meanwhile.
   const step = async <T>(run: () => Promise<T>): Promise<T | undefined> => {
     await begin();
     try {
       await session.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${schema}`]);
-      const [{ ready }] = (await session.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready")).rows;
-      const version = ready
-        ? Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v)
-        : -1;
-      const [{ copied }] = (await session.query("SELECT to_regclass('delivery_keys_copied') IS NOT NULL AS copied"))
-        .rows;
-      if (version !== SPLIT || copied) {
+      if (!(await due())) {
         await session.query("ROLLBACK");
         return undefined;
       }
