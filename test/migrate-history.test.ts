@@ -265,6 +265,13 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
        VALUES ('default', $1, $2, $3, $4, 'received', $4)`,
       [id, SMALL, sha256(SMALL), T0],
     );
+  // The same as main's store() wrote it: straight into the table, a key already there skipped.
+  const oldStoreDirect = (c: pg.Client, id: string) =>
+    c.query(
+      `INSERT INTO delivery_rows (source, id, body, body_sha256, received_at, status, available_at)
+       VALUES ('default', $1, $2, $3, $4, 'received', $4) ON CONFLICT (source, id, route) DO NOTHING`,
+      [id, SMALL, sha256(SMALL), T0],
+    );
   // delivery_keys is every row's key, and nothing else (no key left behind, no deleted row's mark).
   const exact = async (c: pg.Client) =>
     (
@@ -282,8 +289,11 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
         batch: 4,
         during: async (n) => {
           if (n !== 2) return;
-          // Batch 1 committed, batch 2 copied and not: a store of a new key and a delete of a copied one.
+          // Batch 1 committed, batch 2 copied and not: stores of new keys (through the view and straight into the
+          // table, as main wrote them), a store of a key already there, and a delete of a copied one.
           await oldStore(writer, "during");
+          await oldStoreDirect(writer, "direct");
+          await oldStoreDirect(writer, "old_03");
           await writer.query("DELETE FROM deliveries WHERE id = 'old_01'");
           const [{ state }] = (await writer.query("SELECT state FROM pg_stat_activity WHERE pid = $1", [pid])).rows;
           during.push(state);
@@ -307,6 +317,7 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
         assert.deepEqual([same, marks], [true, 0], "the split kept the copy made ahead, its marks taken out");
         assert.equal(await exact(writer), 0);
         assert.equal(await inbox.store({ id: "during", body: SMALL }), "duplicate");
+        assert.equal(await inbox.store({ id: "direct", body: SMALL }), "duplicate");
         assert.equal(await inbox.store({ id: "old_01", body: SMALL }), "stored", "the deleted row's key went with it");
         assert.equal(await inbox.store({ id: "old_10", body: SMALL }), "duplicate");
       } finally {
