@@ -624,7 +624,8 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
     // leaves a mark, its key with received_at -1 (no delivery is received before 1970), not nothing: a batch
     // whose snapshot still saw the row would otherwise copy its key back after the delete, a duplicate of a
     // delivery that is gone; the mark makes that copy a conflict, and a new store of the key overwrites it.
-    // CREATE TRIGGER waits for the table's writers in flight, and stores queue behind it: it gives way.
+    // CREATE TRIGGER waits for the table's writers in flight, and stores queue behind it: it gives way, and tries
+    // again.
     await givingWay(
       (work) => step(() => work(session as pg.PoolClient)),
       async (_client, bounded) => {
@@ -668,6 +669,9 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
             WHEN ((NEW.source, NEW.id, NEW.route, NEW.received_at) IS DISTINCT FROM (OLD.source, OLD.id, OLD.route, OLD.received_at))
             EXECUTE FUNCTION delivery_keys_ahead();`);
       },
+      // As long as it takes, a rest between tries: the split without the copy ahead would wait as long, and the
+      // stores with it.
+      { tries: Number.POSITIVE_INFINITY },
     );
     // The keys in the old table's key order, a batch a transaction, from the start again after a crash: a key
     // already there, copied or stored since, is left as it is, and so is a deleted row's mark.
@@ -736,6 +740,10 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
       throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
     }
     for (let next = version; next < MIGRATIONS.length; next++) {
+      // The view first, then its tables, in the order a write through the view takes them: the split renames the
+      // table and then drops the view, and a write through the view that came between held the one and waited for
+      // the other (a deadlock, which PostgreSQL may end by failing the split).
+      if (next === SPLIT) await client.query("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE");
       await client.query(MIGRATIONS[next]!);
       await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
     }
