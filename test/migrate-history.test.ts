@@ -417,6 +417,61 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
     }
   });
 
+  // A store through the view takes the view's lock, then its table's. Staged: a holder's SHARE lock on the table
+  // keeps the split waiting for it first, and a store through the view queued after it.
+  const staged = async (prefix: string, split: (c: pg.Client, url: string) => Promise<unknown>) => {
+    const { schema, client } = await filled(prefix);
+    const [session, writer, holder] = [await client(0), await client(0), await client(0)];
+    try {
+      await prepareKeys(session, schema.schema, { batch: 4 });
+      const waiting = async (n: number) => {
+        for (;;) {
+          const { rows } = await holder.query(
+            `SELECT count(*)::integer AS n FROM pg_locks
+              WHERE NOT granted AND relation IN (to_regclass('delivery_rows'), to_regclass('deliveries'))`,
+          );
+          if (rows[0].n >= n) return;
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+      };
+      await holder.query("BEGIN");
+      await holder.query("LOCK TABLE delivery_rows IN SHARE MODE");
+      const splitting = split(session, schema.url);
+      await waiting(1);
+      const storing = oldStore(writer, "queued");
+      await waiting(2);
+      await holder.query("COMMIT");
+      const results = await Promise.allSettled([splitting, storing]);
+      return { results, keys: (await writer.query("SELECT id FROM delivery_keys WHERE id = 'queued'")).rows };
+    } finally {
+      await Promise.all([session.end(), writer.end(), holder.end()]);
+      await schema.drop();
+    }
+  };
+
+  it("splits with a store through the view queued behind it, both done, the store's key kept", async () => {
+    const { results, keys } = await staged("keys_view", async (_c, url) =>
+      (await connect(url, { now: () => T0 })).close(),
+    );
+    assert.deepEqual(
+      results.map((r) => r.status),
+      ["fulfilled", "fulfilled"],
+    );
+    assert.equal(keys.length, 1);
+  });
+
+  it("control: the split without the view locked first deadlocks with that store", async () => {
+    const { results } = await staged("keys_deadlock", async (c) => {
+      await c.query("BEGIN");
+      await c.query(MIGRATIONS[SPLIT]!);
+      await c.query("COMMIT");
+    });
+    assert.deepEqual(
+      results.filter((r) => r.status === "rejected").map((r) => (r as PromiseRejectedResult).reason.code),
+      ["40P01"],
+    );
+  });
+
   it("ends the split with the same delivery_keys whether copied ahead, cut short, or not at all", async () => {
     const shape = `
       SELECT (SELECT json_agg(json_build_object('name', attname, 'type', format_type(atttypid, atttypmod), 'notnull', attnotnull,
