@@ -576,7 +576,8 @@ export interface KeysAhead {
 /**
  * prepareKeys copies the keys of delivery_rows into delivery_keys ahead of the split (docs/table.md#the-upgrade),
  * online, when the schema is at the version just before it and only then, so that the split's transaction, which
- * holds the table's lock, has no copy left to do. It returns the keys it copied (0 when there was nothing to do).
+ * holds the table's lock, has no copy left to do. It returns how many rows its batches read (0 when there was
+ * nothing to do).
  * Each step is a transaction of its own under the migrations' advisory lock (a migration never runs halfway
  * through one) that finds the schema still before the split; a step cut short leaves what the next open resumes,
  * and the split drops a copy it finds unfinished and copies as it always did.
