@@ -8,7 +8,7 @@
 // given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). Beside each
 // rate, the CPU a delivery (this process's and PostgreSQL's), which a shared machine's load moves less. On
 // PostgreSQL it then times the upgrades of an inbox that main's schema filled at the largest size (to bodies apart,
-// and to a hot queue and a history).
+// and to a hot queue and a history: the split alone, and with its keys copied ahead, an old host storing beside each).
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
 // BENCH_UPGRADE_ROWS (default the largest) the upgrade's.
 //   npm run bench -- stored
@@ -22,7 +22,7 @@ import { sha256 } from "../lib/rows.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
-import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import { MIGRATIONS, prepareKeys } from "../lib/postgres/schema.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
@@ -289,44 +289,179 @@ const UPGRADES = {
   history: { mark: "CREATE TABLE delivery_rows_hot", name: "a hot queue and a history" },
 } as const;
 
+/** filledBefore makes a database whose inbox schema main's migrations before mark made, filled with rows done deliveries. */
+async function filledBefore(rows: number, mark: string): Promise<{ url: string; drop: () => Promise<void> }> {
+  const db = await freshDatabase("bench_inbox_upgrade");
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    await client.query("CREATE SCHEMA inbox; SET search_path = inbox");
+    await client.query(
+      "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    );
+    const before = MIGRATIONS.findIndex((m) => m.includes(mark));
+    for (let i = 0; i < before; i++) {
+      await client.query(MIGRATIONS[i]!);
+      await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
+    }
+    await fillPostgres(
+      { query: async (sql, ...params) => (await client.query(toPg(sql), params)).rows },
+      rows,
+      Date.now(),
+    );
+  } catch (error) {
+    await db.drop();
+    throw error;
+  } finally {
+    await client.end();
+  }
+  return db;
+}
+
+/**
+ * oldHost stores one delivery at a time into an inbox at the schema before the split, as a host of the old code
+ * beside the upgrade would (main's INSERT through the view), each store its own transaction, and keeps each
+ * store's time under the phase the bench says it is in; stop() ends it and gives them back.
+ */
+async function oldHost(
+  url: string,
+): Promise<{ phase: (name: string) => void; stop: () => Promise<Map<string, number[]>> }> {
+  const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
+  await client.connect();
+  const times = new Map<string, number[]>();
+  const errors = new Map<string, number>();
+  let phase = "before";
+  let running = true;
+  const loop = (async () => {
+    for (let n = 0; running; n++) {
+      const body = stripeLike(n);
+      const at = Date.now();
+      const started = performance.now();
+      // The phase it began in: a store that waited for the split's lock is the split's.
+      const during = phase;
+      const failed = await client
+        .query(
+          `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, available_at)
+           VALUES ('default', $1, $2, $3, 'application/json', $4, 'received', $4)`,
+          [`beside_${n}`, body, sha256(body), at],
+        )
+        .then(
+          () => undefined,
+          (error: { code?: string }) => error.code ?? "?",
+        );
+      // A store that failed is counted under its error's code, not timed.
+      if (failed) {
+        errors.set(`${during} ${failed}`, (errors.get(`${during} ${failed}`) ?? 0) + 1);
+        continue;
+      }
+      const list = times.get(during) ?? [];
+      list.push(performance.now() - started);
+      times.set(during, list);
+    }
+  })();
+  return {
+    phase: (name) => void (phase = name),
+    stop: async () => {
+      running = false;
+      await loop;
+      await client.end();
+      for (const [what, n] of errors) console.log(`    stores failed, phase and code: ${what} ×${n}`);
+      return times;
+    },
+  };
+}
+
+// latencies sums up a phase's store times: how many, p50, p99 and the longest, in ms.
+function latencies(ms: number[] | undefined): string {
+  if (!ms || ms.length === 0) return "no store";
+  const sorted = [...ms].sort((a, b) => a - b);
+  const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
+  return `${f(sorted.length)} stores, p50 ${f(at(0.5), 1)} ms, p99 ${f(at(0.99), 1)} ms, longest ${f(sorted.at(-1)!, 1)} ms`;
+}
+
 /**
  * upgradeCost times the upgrade of a PostgreSQL inbox that main's schema filled with rows done deliveries to
  * bodies apart (docs/table.md#bodies-apart), or, from the schema before it, to a hot queue and a history
- * (docs/table.md#hot-and-cold): the first connect() runs the migrations after it.
+ * (docs/table.md#hot-and-cold): the first connect() runs the migrations after it. The split is timed twice, on
+ * two fills, with an old host storing beside it: run as the list of migrations alone (its keys copied in its
+ * transaction, the table locked), and as connect() runs it, its keys copied ahead (prepareKeys, timed apart).
  */
-async function upgradeCost(rows: number, to: keyof typeof UPGRADES): Promise<string> {
-  const db = await freshDatabase("bench_inbox_upgrade");
-  try {
-    const client = new pg.Client({ connectionString: db.url });
-    await client.connect();
+async function upgradeCost(rows: number, to: keyof typeof UPGRADES): Promise<string[]> {
+  const lines: string[] = [];
+  const say = (line: string) => void (console.log(line), lines.push(line));
+  const name = `PostgreSQL upgrade to ${UPGRADES[to].name} at ${f(rows)} stored`;
+  if (to === "bodies") {
+    const db = await filledBefore(rows, UPGRADES[to].mark);
     try {
-      await client.query("CREATE SCHEMA inbox; SET search_path = inbox");
-      await client.query(
-        "CREATE TABLE inbox_migrations (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-      );
-      const before = MIGRATIONS.findIndex((m) => m.includes(UPGRADES[to].mark));
-      for (let i = 0; i < before; i++) {
-        await client.query(MIGRATIONS[i]!);
-        await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [i + 1]);
-      }
-      await fillPostgres(
-        { query: async (sql, ...params) => (await client.query(toPg(sql), params)).rows },
-        rows,
-        Date.now(),
-      );
+      const started = performance.now();
+      const inbox = await connect(`${db.url}?schema=inbox`);
+      const ms = performance.now() - started;
+      await inbox.close();
+      say(`  ${name}: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`);
     } finally {
-      await client.end();
+      await db.drop();
     }
-    const started = performance.now();
+    return lines;
+  }
+  const split = MIGRATIONS.findIndex((m) => m.includes(UPGRADES[to].mark));
+  // The copy inline: the split alone, in one transaction, as it ran before the copy ahead.
+  {
+    const db = await filledBefore(rows, UPGRADES[to].mark);
+    try {
+      const host = await oldHost(db.url);
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+      await client.connect();
+      host.phase("split");
+      const started = performance.now();
+      await client.query("BEGIN");
+      // As migrate() runs it: the view locked first, as a write through it takes it.
+      await client.query("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE");
+      await client.query(MIGRATIONS[split]!);
+      await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [split + 1]);
+      await client.query("COMMIT");
+      const ms = performance.now() - started;
+      host.phase("after");
+      await client.end();
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      const times = await host.stop();
+      say(`  ${name}, its keys copied in its transaction: the split ${f(ms)} ms`);
+      say(`    an old host's stores before: ${latencies(times.get("before"))}`);
+      say(`    begun during the split: ${latencies(times.get("split"))}`);
+    } finally {
+      await db.drop();
+    }
+  }
+  // The copy ahead, then the split with no copy left, as connect() runs them.
+  const db = await filledBefore(rows, UPGRADES[to].mark);
+  try {
+    const host = await oldHost(db.url);
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    const session = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+    await session.connect();
+    host.phase("ahead");
+    let started = performance.now();
+    const copied = await prepareKeys(session, "inbox");
+    const aheadMs = performance.now() - started;
+    await session.end();
+    host.phase("split");
+    started = performance.now();
     const inbox = await connect(`${db.url}?schema=inbox`);
     const ms = performance.now() - started;
+    host.phase("after");
     await inbox.close();
-    const line = `  PostgreSQL upgrade to ${UPGRADES[to].name} at ${f(rows)} stored: ${f(ms)} ms (the first connect(), its migrations and the day partitions made)`;
-    console.log(line);
-    return line;
+    await new Promise((resolve) => setTimeout(resolve, 1_000));
+    const times = await host.stop();
+    say(
+      `  ${name}, its keys copied ahead: the copy ${f(aheadMs)} ms (${f(copied)} keys), then the first connect() ${f(ms)} ms (the split and the day partitions made)`,
+    );
+    say(`    an old host's stores before: ${latencies(times.get("before"))}`);
+    say(`    during the copy ahead: ${latencies(times.get("ahead"))}`);
+    say(`    begun during the connect(): ${latencies(times.get("split"))}`);
   } finally {
     await db.drop();
   }
+  return lines;
 }
 
 /** stored runs every size on every backend and returns the summary. */
@@ -362,7 +497,7 @@ export async function stored(): Promise<string> {
     // BENCH_UPGRADE_ROWS sets the upgrade's size apart from the largest S, as a fill of ten million twice is most of an hour.
     if ((await inboxTargets()).some((t) => t.name === "PostgreSQL"))
       for (const to of ["bodies", "history"] as const)
-        lines.push(await upgradeCost(knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES)), to));
+        lines.push(...(await upgradeCost(knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES)), to)));
   } finally {
     cleanup();
   }

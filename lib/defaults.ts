@@ -178,6 +178,12 @@ export const DEFAULTS = {
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
   /**
+   * PostgreSQL: keys copied into delivery_keys per transaction by the upgrade's copy ahead of the split
+   * (docs/table.md#the-upgrade). A delete of an old row waits for the batch that copied its key to commit, no
+   * more; a store never waits for it. @default 50_000
+   */
+  keysCopyBatch: 50_000,
+  /**
    * PostgreSQL: how many times a claim, a bulk retry or replay's batch, or a purge's batch is run again when it
    * met a row that another transaction's commit had just moved between delivery_rows' partitions (SQLSTATE 40001,
    * docs/table.md#hot-and-cold); each run reads afresh, so a second one finds the row where it went. @default 5

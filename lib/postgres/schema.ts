@@ -3,6 +3,9 @@
 // starting at once migrate once. A new column or index is a new entry at the end of MIGRATIONS, here and
 // in sqlite/schema.ts. Not run on its own.
 
+import type pg from "pg";
+import { DEFAULTS } from "../defaults.ts";
+import { givingWay } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
@@ -399,11 +402,20 @@ export const MIGRATIONS: readonly string[] = [
   // the rest are history received before the end of the UTC day of the newest of them, and the table is attached as the history's partition for everything before that, its scan skipped by the
   // CHECK; its indexes are the partitioned ones' twins, so they are attached, not built. The view, its trigger
   // and the search triggers named the old table by OID: they are made again on the new one.
+  // Its keys' copy was shipped inline and later made conditional on a copy ahead (prepareKeys), an edit rather
+  // than a new entry: an entry before this one cannot be added (its number is every later inbox's), and one after
+  // it comes too late. The edit changes no inbox's schema: one past this entry never runs it again, and one that
+  // runs it ends with the same delivery_keys whichever branch it takes (test/migrate-history.test.ts compares them).
   `ALTER TABLE delivery_rows RENAME TO delivery_rows_before;
    DROP VIEW deliveries;
    DROP TRIGGER IF EXISTS deliveries_search_insert ON delivery_rows_before;
    DROP TRIGGER IF EXISTS deliveries_search_update ON delivery_rows_before;
    DROP TRIGGER IF EXISTS deliveries_search_delete ON delivery_rows_before;
+   -- The copy ahead's mirror (prepareKeys), before the backlog's move below deletes from the old table.
+   DROP TRIGGER IF EXISTS delivery_keys_ahead_insert ON delivery_rows_before;
+   DROP TRIGGER IF EXISTS delivery_keys_ahead_delete ON delivery_rows_before;
+   DROP TRIGGER IF EXISTS delivery_keys_ahead_update ON delivery_rows_before;
+   DROP FUNCTION IF EXISTS delivery_keys_ahead();
    CREATE TABLE delivery_rows (LIKE delivery_rows_before INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY LIST (status);
    CREATE TABLE delivery_rows_hot PARTITION OF delivery_rows FOR VALUES IN ('received', 'processing')
      WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
@@ -430,15 +442,26 @@ export const MIGRATIONS: readonly string[] = [
    CREATE INDEX delivery_rows_conflicts ON delivery_rows (conflicts) WHERE conflicts > 0;
    CREATE INDEX delivery_rows_failed_error ON delivery_rows (error, received_at) WHERE status = 'failed';
    -- Every key ever stored and not yet forgotten: a store inserts here first, and only the new ones' rows.
-   -- Its primary key is built after the copy, in one sort, rather than entry by entry as it is filled.
-   CREATE TABLE delivery_keys (
-     source      text     NOT NULL,
-     id          text     NOT NULL,
-     route       smallint NOT NULL,
-     received_at bigint   NOT NULL
-   ) WITH (autovacuum_vacuum_scale_factor = 0.02);
-   INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM delivery_rows_before;
-   ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
+   -- Copied ahead, outside this transaction (prepareKeys, below), when delivery_keys_copied says it was: what is
+   -- left is its marks of keys deleted meanwhile. Otherwise (a new inbox, or a copy ahead cut short, whose part
+   -- is dropped) copied here, the primary key built after the copy, in one sort, rather than entry by entry.
+   DO $$ BEGIN
+     IF to_regclass('delivery_keys_copied') IS NOT NULL THEN
+       DELETE FROM delivery_keys WHERE received_at = -1;
+       DROP INDEX delivery_keys_gone;
+       DROP TABLE delivery_keys_copied;
+       RETURN;
+     END IF;
+     DROP TABLE IF EXISTS delivery_keys;
+     CREATE TABLE delivery_keys (
+       source      text     NOT NULL,
+       id          text     NOT NULL,
+       route       smallint NOT NULL,
+       received_at bigint   NOT NULL
+     ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+     INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM delivery_rows_before;
+     ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
+   END $$;
    -- The backlog, small, to the hot partition.
    INSERT INTO delivery_rows_hot SELECT * FROM delivery_rows_before WHERE status IN ('received', 'processing');
    DELETE FROM delivery_rows_before WHERE status IN ('received', 'processing');
@@ -533,8 +556,178 @@ export const MIGRATIONS: readonly string[] = [
    END $$;`,
 ];
 
-/** migrate brings the schema up to date in one transaction, under an advisory lock. */
+// The split of delivery_rows into a hot queue and a history, whose keys' copy prepareKeys runs ahead of it.
+const SPLIT = MIGRATIONS.findIndex((m) => m.startsWith("ALTER TABLE delivery_rows RENAME TO delivery_rows_before"));
+
+/** KeysAhead is how prepareKeys copies; a test's hooks besides the batch. */
+export interface KeysAhead {
+  /** Keys copied per transaction. @default DEFAULTS.keysCopyBatch */
+  batch?: number;
+  /** Runs inside each batch's transaction, after its copy and before its commit: a test's store or crash. */
+  during?: (batch: number) => Promise<void>;
+  /** Runs before each batch's transaction begins: a test's race with the copy's snapshot. */
+  before?: (batch: number) => Promise<void>;
+  /** Begins a transaction on the session: the pool's begin() behind a per-transaction pooler. @default BEGIN */
+  begin?: () => Promise<unknown>;
+  /** Takes a session-level advisory lock so that two hosts do not both copy; not behind a per-transaction pooler. @default true */
+  alone?: boolean;
+}
+
+/**
+ * prepareKeys copies the keys of delivery_rows into delivery_keys ahead of the split (docs/table.md#the-upgrade),
+ * online, when the schema is at the version just before it and only then, so that the split's transaction, which
+ * holds the table's lock, has no copy left to do. It returns how many rows its batches read (0 when there was
+ * nothing to do).
+ * Each step is a transaction of its own under the migrations' advisory lock (a migration never runs halfway
+ * through one) that finds the schema still before the split; a step cut short leaves what the next open resumes,
+ * and the split drops a copy it finds unfinished and copies as it always did.
+ */
+export async function prepareKeys(session: pg.ClientBase, schema: string, ahead: KeysAhead = {}): Promise<number> {
+  const { batch = DEFAULTS.keysCopyBatch, begin = () => session.query("BEGIN"), alone = true } = ahead;
+  // Whether there is a copy to make: the schema just before the split, and no whole copy made.
+  const due = async () => {
+    const [{ ready, copied }] = (
+      await session.query(
+        "SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready, to_regclass('delivery_keys_copied') IS NOT NULL AS copied",
+      )
+    ).rows;
+    if (!ready || copied) return false;
+    return (
+      Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === SPLIT
+    );
+  };
+  // Read once without a lock first: every open of an inbox past the split (nearly all of them) stops here.
+  await begin();
+  const now = await due().finally(() => session.query("ROLLBACK"));
+  if (!now) return 0;
+  // A step runs only while the schema is still just before the split: another host may have split it meanwhile.
+  const step = async <T>(run: () => Promise<T>): Promise<T | undefined> => {
+    await begin();
+    try {
+      await session.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${schema}`]);
+      if (!(await due())) {
+        await session.query("ROLLBACK");
+        return undefined;
+      }
+      const result = await run();
+      const { command } = await session.query("COMMIT");
+      if (command !== "COMMIT") throw new Error(`the server answered ${command} to COMMIT`);
+      return result;
+    } catch (error) {
+      await session.query("ROLLBACK").catch(() => {});
+      throw error;
+    }
+  };
+  if (alone) await session.query("SELECT pg_advisory_lock(hashtext($1))", [`webhook-inbox:keys:${schema}`]);
+  try {
+    // The table as the split makes it, its primary key made first (each key then checked as it comes), and
+    // the old table's writers mirrored into it from now on, old code's too (a rolling upgrade). A deleted row
+    // leaves a mark, its key with received_at -1 (no delivery is received before 1970), not nothing: a batch
+    // whose snapshot still saw the row would otherwise copy its key back after the delete, a duplicate of a
+    // delivery that is gone; the mark makes that copy a conflict, and a new store of the key overwrites it.
+    // CREATE TRIGGER waits for the table's writers in flight, and stores queue behind it: it gives way, and tries
+    // again.
+    await givingWay(
+      (work) => step(() => work(session as pg.PoolClient)),
+      async (_client, bounded) => {
+        if ((await session.query("SELECT to_regclass('delivery_keys') IS NOT NULL AS made")).rows[0].made) return;
+        await session.query(`
+          CREATE TABLE delivery_keys (
+            source      text     NOT NULL,
+            id          text     NOT NULL,
+            route       smallint NOT NULL,
+            received_at bigint   NOT NULL
+          ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+          ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
+          CREATE INDEX delivery_keys_gone ON delivery_keys (source) WHERE received_at = -1;
+          CREATE FUNCTION delivery_keys_ahead() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+          BEGIN
+            IF TG_OP = 'INSERT' THEN
+              INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM added
+                ON CONFLICT (source, id, route) DO UPDATE SET received_at = excluded.received_at;
+            ELSIF TG_OP = 'DELETE' THEN
+              INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, -1 FROM gone
+                ON CONFLICT (source, id, route) DO UPDATE SET received_at = -1;
+            ELSE
+              IF (NEW.source, NEW.id, NEW.route) IS DISTINCT FROM (OLD.source, OLD.id, OLD.route) THEN
+                INSERT INTO delivery_keys (source, id, route, received_at) VALUES (OLD.source, OLD.id, OLD.route, -1)
+                  ON CONFLICT (source, id, route) DO UPDATE SET received_at = -1;
+              END IF;
+              INSERT INTO delivery_keys (source, id, route, received_at) VALUES (NEW.source, NEW.id, NEW.route, NEW.received_at)
+                ON CONFLICT (source, id, route) DO UPDATE SET received_at = excluded.received_at;
+            END IF;
+            RETURN NULL;
+          END $$;`);
+        // A statement's triggers for stores and deletes (a group commit is one INSERT, a purge's batch one
+        // DELETE); a row's for the rare update of a key, which a claim or a done mark never is.
+        await bounded(`
+          CREATE TRIGGER delivery_keys_ahead_insert AFTER INSERT ON delivery_rows
+            REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION delivery_keys_ahead()`);
+        await session.query(`
+          CREATE TRIGGER delivery_keys_ahead_delete AFTER DELETE ON delivery_rows
+            REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION delivery_keys_ahead();
+          CREATE TRIGGER delivery_keys_ahead_update AFTER UPDATE ON delivery_rows FOR EACH ROW
+            WHEN ((NEW.source, NEW.id, NEW.route, NEW.received_at) IS DISTINCT FROM (OLD.source, OLD.id, OLD.route, OLD.received_at))
+            EXECUTE FUNCTION delivery_keys_ahead();`);
+      },
+      // As long as it takes, a rest between tries: the split without the copy ahead would wait as long, and the
+      // stores with it.
+      { tries: Number.POSITIVE_INFINITY },
+    );
+    // The keys in the old table's key order, a batch a transaction, from the start again after a crash: a key
+    // already there, copied or stored since, is left as it is, and so is a deleted row's mark.
+    let after: { source: string; id: string; route: number } | undefined;
+    let copied = 0;
+    for (let n = 1; ; n++) {
+      await ahead.before?.(n);
+      const seen = await step(async () => {
+        const { rows } = await session.query(
+          `WITH batch AS (
+             SELECT source, id, route, received_at FROM delivery_rows
+              ${after ? "WHERE (source, id, route) > ($2, $3, $4)" : ""}
+              ORDER BY source, id, route LIMIT $1),
+           copied AS (
+             INSERT INTO delivery_keys (source, id, route, received_at) SELECT * FROM batch
+               ON CONFLICT (source, id, route) DO NOTHING)
+           SELECT source, id, route, (SELECT count(*) FROM batch)::integer AS n
+             FROM batch ORDER BY source DESC, id DESC, route DESC LIMIT 1`,
+          after ? [batch, after.source, after.id, after.route] : [batch],
+        );
+        await ahead.during?.(n);
+        return rows[0] as { source: string; id: string; route: number; n: number } | undefined;
+      });
+      if (seen === undefined) break;
+      copied += seen.n;
+      after = seen;
+      if (seen.n < batch) break;
+    }
+    // Copied whole: the split may skip its copy. Its own transaction, as a step: a crash before it is a copy
+    // that the next open runs again.
+    await step(async () => {
+      await session.query("CREATE TABLE delivery_keys_copied (keys bigint NOT NULL)");
+      await session.query("INSERT INTO delivery_keys_copied (keys) VALUES ($1)", [copied]);
+    });
+    return copied;
+  } finally {
+    if (alone) await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:keys:${schema}`]);
+  }
+}
+
+/**
+ * migrate brings the schema up to date in one transaction, under an advisory lock, the split's keys copied
+ * ahead of it (prepareKeys) on a connection of its own.
+ */
 export async function migrate(pool: Pool, schema: string): Promise<void> {
+  const session = await pool.connect();
+  try {
+    await prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled });
+    session.release();
+  } catch (error) {
+    session.release(error instanceof Error ? error : new Error(String(error)));
+    throw new Error(`copy delivery_keys ahead: ${error instanceof Error ? error.message : String(error)}`, {
+      cause: error,
+    });
+  }
   const client = await pool.transaction();
   try {
     await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${schema}`]);
@@ -548,6 +741,10 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
       throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
     }
     for (let next = version; next < MIGRATIONS.length; next++) {
+      // The view first, then its tables, in the order a write through the view takes them: the split renames the
+      // table and then drops the view, and a write through the view that came between held the one and waited for
+      // the other (a deadlock, which PostgreSQL may end by failing the split).
+      if (next === SPLIT) await client.query("LOCK TABLE deliveries IN ACCESS EXCLUSIVE MODE");
       await client.query(MIGRATIONS[next]!);
       await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
     }
