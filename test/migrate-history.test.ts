@@ -545,4 +545,59 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
     assert.deepEqual(shapes[1], shapes[2]);
     assert.equal(shapes[2].ids.length, OLD);
   });
+
+  // An inbox further behind, from before bodies apart (the schema of the day issue 51 was filed), is brought to
+  // just before the split on its own first, so that its keys too are copied ahead. A key the copy ahead wrote has
+  // another transaction's xmin than the split's; one the split copied has the split's own (its inbox_migrations row).
+  const OLDER = SPLIT - 4;
+  const inSplit = `SELECT count(*)::integer AS n FROM delivery_keys
+                    WHERE xmin = (SELECT xmin FROM inbox_migrations WHERE version = ${SPLIT + 1})`;
+  const older = async (prefix: string) => {
+    const schema = await freshSchema(prefix);
+    const past = await pastSchema("postgres", schema.schema, MIGRATIONS.slice(0, OLDER));
+    await past.exec(`INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at, finished_at)
+                     SELECT 'default', 'old_' || i, ${hex(SMALL)}, '${sha256(SMALL)}', ${T0 - DAY}, 'done', ${T0 - DAY}, ${T0 - DAY}
+                       FROM generate_series(1, ${OLD}) AS i`);
+    await past.close();
+    return schema;
+  };
+
+  it("copies ahead the keys of an inbox several versions before the split too", async () => {
+    const schema = await older("keys_older");
+    const reader = new pg.Client({ connectionString: POSTGRES, options: `-c search_path=${schema.schema}` });
+    await reader.connect();
+    try {
+      const inbox = await connect(schema.url, { now: () => T0 });
+      await inbox.close();
+      assert.equal((await reader.query(inSplit)).rows[0].n, 0, "no key copied in the split's transaction");
+      assert.equal((await reader.query("SELECT count(*)::integer AS n FROM delivery_keys")).rows[0].n, OLD);
+      // The versions up to the split applied in a transaction of their own, before the split's.
+      const { rows } = await reader.query(
+        "SELECT count(DISTINCT applied_at)::integer AS n FROM inbox_migrations WHERE version > $1",
+        [OLDER],
+      );
+      assert.equal(rows[0].n, 2);
+    } finally {
+      await reader.end();
+      await schema.drop();
+    }
+  });
+
+  it("control: the same inbox migrated in one transaction copies every key in the split's", async () => {
+    const schema = await older("keys_older_one");
+    const reader = new pg.Client({ connectionString: POSTGRES, options: `-c search_path=${schema.schema}` });
+    await reader.connect();
+    try {
+      await reader.query("BEGIN");
+      for (let next = OLDER; next < MIGRATIONS.length; next++) {
+        await reader.query(MIGRATIONS[next]!);
+        await reader.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [next + 1]);
+      }
+      await reader.query("COMMIT");
+      assert.equal((await reader.query(inSplit)).rows[0].n, OLD);
+    } finally {
+      await reader.end();
+      await schema.drop();
+    }
+  });
 });

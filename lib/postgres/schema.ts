@@ -714,10 +714,14 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
 }
 
 /**
- * migrate brings the schema up to date in one transaction, under an advisory lock, the split's keys copied
- * ahead of it (prepareKeys) on a connection of its own.
+ * migrate brings the schema up to date under an advisory lock, the split's keys copied ahead of it (prepareKeys)
+ * on a connection of its own. An inbox from before the split is first brought to just before it in a
+ * transaction of its own, so that its keys are copied ahead whatever version it comes from; a new schema
+ * (version 0) has no keys to copy and is made in one transaction.
  */
 export async function migrate(pool: Pool, schema: string): Promise<void> {
+  const from = await versionOf(pool);
+  if (from > 0 && from < SPLIT) await migrateTo(pool, schema, SPLIT);
   const session = await pool.connect();
   try {
     await prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled });
@@ -728,6 +732,21 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
       cause: error,
     });
   }
+  await migrateTo(pool, schema, MIGRATIONS.length);
+}
+
+// versionOf reads the schema's version without a lock (0 where nothing was made yet): migrateTo reads it again
+// under its lock.
+async function versionOf(pool: Pool): Promise<number> {
+  // Two statements: a name that does not exist fails a statement as it is parsed, whatever CASE guards it.
+  const made = await pool.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS made");
+  if (!made.rows[0].made) return 0;
+  const { rows } = await pool.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
+  return Number(rows[0].version);
+}
+
+/** migrateTo applies the migrations due before the version until, in one transaction, under an advisory lock. */
+async function migrateTo(pool: Pool, schema: string, until: number): Promise<void> {
   const client = await pool.transaction();
   try {
     await client.query("SELECT pg_advisory_xact_lock(hashtext($1))", [`webhook-inbox:${schema}`]);
@@ -740,7 +759,7 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
     if (version > MIGRATIONS.length) {
       throw new Error(`schema version ${version} is newer than this code knows (${MIGRATIONS.length})`);
     }
-    for (let next = version; next < MIGRATIONS.length; next++) {
+    for (let next = version; next < until; next++) {
       // The view first, then its tables, in the order a write through the view takes them: the split renames the
       // table and then drops the view, and a write through the view that came between held the one and waited for
       // the other (a deadlock, which PostgreSQL may end by failing the split).
