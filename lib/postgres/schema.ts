@@ -8,6 +8,14 @@ import { DEFAULTS } from "../defaults.ts";
 import { givingWay } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 
+// delivery_keys as the split makes it, whether its keys are copied in the split or ahead of it (prepareKeys).
+const KEYS_TABLE = `CREATE TABLE delivery_keys (
+       source      text     NOT NULL,
+       id          text     NOT NULL,
+       route       smallint NOT NULL,
+       received_at bigint   NOT NULL
+     ) WITH (autovacuum_vacuum_scale_factor = 0.02)`;
+
 /** MIGRATIONS is the schema, in order: a shipped entry is never edited, only followed by a new one. */
 export const MIGRATIONS: readonly string[] = [
   `CREATE TABLE deliveries (
@@ -453,12 +461,7 @@ export const MIGRATIONS: readonly string[] = [
        RETURN;
      END IF;
      DROP TABLE IF EXISTS delivery_keys;
-     CREATE TABLE delivery_keys (
-       source      text     NOT NULL,
-       id          text     NOT NULL,
-       route       smallint NOT NULL,
-       received_at bigint   NOT NULL
-     ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+     ${KEYS_TABLE};
      INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM delivery_rows_before;
      ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
    END $$;
@@ -632,12 +635,7 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
       async (_client, bounded) => {
         if ((await session.query("SELECT to_regclass('delivery_keys') IS NOT NULL AS made")).rows[0].made) return;
         await session.query(`
-          CREATE TABLE delivery_keys (
-            source      text     NOT NULL,
-            id          text     NOT NULL,
-            route       smallint NOT NULL,
-            received_at bigint   NOT NULL
-          ) WITH (autovacuum_vacuum_scale_factor = 0.02);
+          ${KEYS_TABLE};
           ALTER TABLE delivery_keys ADD PRIMARY KEY (source, id, route);
           CREATE INDEX delivery_keys_gone ON delivery_keys (source) WHERE received_at = -1;
           CREATE FUNCTION delivery_keys_ahead() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
