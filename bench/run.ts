@@ -38,6 +38,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   ordered,
   purge: async () => (await import("./purge.ts")).purge(),
   listing: async () => (await import("./listing.ts")).listing(),
+  byid: async () => (await import("./byid.ts")).byid(),
   runtimes,
   forward: async () => (await import("./forward.ts")).forwardBench(),
   brokers: async () => (await import("./brokers.ts")).brokers(),

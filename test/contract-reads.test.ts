@@ -4,6 +4,9 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { DEFAULTS } from "../lib/defaults.ts";
+import { historyOf, periodOf } from "../lib/postgres/periods.ts";
+import { parseTarget, Pool } from "../lib/postgres/pool.ts";
 import { listWindows } from "../lib/postgres/reads.ts";
 import { DISTINCT_SOURCES, filterSql, idKeysSql, searchSql } from "../lib/sql.ts";
 import type { Cursor, Delivery, Filter, Inbox, SqlValue } from "../lib/store.ts";
@@ -382,6 +385,194 @@ contract((suite) => {
       );
       assert.deepEqual(await inbox.search({ id: "nope" }), []);
     });
+
+    // An ID stored under two sources a day apart, beside others over four days: what count(), list() and the bulk
+    // commands by ID answer, the same on both backends. On PostgreSQL they read the ID's days from delivery_keys
+    // first (byId()) and a list a day at a time (listWindows()), and must answer as one statement over every day.
+    it("counts, retries and replays an ID whose rows span days, and lists newest first across days", async () => {
+      const inbox = await open();
+      const DAY = 86_400_000;
+      const plan: [number, string, string, "done" | "failed" | "received"][] = [
+        [0, "stripe", "evt_0", "done"],
+        [1, "stripe", "evt_1", "failed"],
+        [1, "github", "evt_x", "done"],
+        [2, "github", "evt_1", "failed"],
+        [2, "stripe", "evt_2", "done"],
+        [3, "github", "evt_3", "received"],
+        [3, "stripe", "evt_4", "failed"],
+      ];
+      for (const [k, [day, source, id]] of plan.entries()) {
+        suite.t = T0 + day * DAY + k * 60_000;
+        await inbox.store({ source, id, body: body({ day, source }) });
+      }
+      suite.t = T0 + 3 * DAY + 7_200_000;
+      const fates = new Map(plan.map(([, source, id, fate]) => [`${source}/${id}`, fate]));
+      for (const lease of await inbox.claimBatch(100, LEASE)) {
+        const fate = fates.get(`${lease.source}/${lease.id}`);
+        if (fate === "done") await inbox.finish(lease);
+        else if (fate === "failed") await inbox.fail(lease, "nope", { permanent: true });
+        else await inbox.release(lease);
+      }
+      const counts: [Filter, number][] = [
+        [{ id: "evt_1" }, 2],
+        [{ id: "evt_1", source: "stripe" }, 1],
+        [{ id: "evt_1", status: "failed" }, 2],
+        [{ id: "evt_1", since: T0 + 2 * DAY }, 1],
+        [{ id: "evt_1", source: "shopify" }, 0],
+        [{ id: "evt_9" }, 0],
+      ];
+      for (const [filter, n] of counts) assert.equal(await inbox.count(filter), n, JSON.stringify(filter));
+      // Newest first, a page of each size, as list() is asked: its status, its source, or neither.
+      const newestFirst = [...plan].reverse();
+      for (const [filter, pick] of [
+        [{}, () => true],
+        [{ status: "failed" }, (p: (typeof plan)[number]) => p[3] === "failed"],
+        [{ source: "stripe" }, (p: (typeof plan)[number]) => p[1] === "stripe"],
+        [{ status: "done", source: "github" }, (p: (typeof plan)[number]) => p[3] === "done" && p[1] === "github"],
+      ] as const)
+        for (const limit of [1, 3, 20]) {
+          const expected = newestFirst.filter(pick).map(([, source, id]) => `${source}/${id}`);
+          assert.deepEqual(
+            (await inbox.list({ ...filter, limit })).map((d) => `${d.source}/${d.id}`),
+            expected.slice(0, limit),
+            `list(${JSON.stringify({ ...filter, limit })})`,
+          );
+        }
+      assert.equal(await inbox.retryMatching({ id: "evt_1" }, { dryRun: true }), 2);
+      assert.equal(await inbox.retryMatching({ id: "evt_9" }, { dryRun: true }), 0, "an ID not stored: none");
+      assert.equal(await inbox.retryMatching({ id: "evt_9" }), 0);
+      assert.equal(await inbox.retryMatching({ id: "evt_1", source: "github" }), 1);
+      assert.equal(await inbox.retryMatching({ id: "evt_1" }, { batch: 1 }), 1, "the other source's, a day before");
+      assert.equal(await inbox.count({ id: "evt_1", status: "received" }), 2);
+      assert.equal(await inbox.count({ status: "failed" }), 1, "evt_4 alone is left failed");
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_2" }, { dryRun: true }), { replayed: 1, tombstoned: 0 });
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_9" }), { replayed: 0, tombstoned: 0 });
+      assert.deepEqual(await inbox.replayMatching({ id: "evt_2" }), { replayed: 1, tombstoned: 0 });
+      assert.deepEqual(
+        (await inbox.search({ status: "received" })).map((d) => `${d.source}/${d.id}`),
+        ["github/evt_3", "stripe/evt_2", "github/evt_1", "stripe/evt_1"],
+      );
+    });
+
+    suite.onPostgres("lists the rows and the order list()'s one statement over every day did", async () => {
+      const inbox = await open();
+      const DAY = 86_400_000;
+      for (let k = 0; k < 12; k++) {
+        suite.t = T0 + Math.floor(k / 3) * DAY + (k % 3) * 3_600_000;
+        await inbox.store({ source: k % 2 ? "stripe" : "github", id: `e${k}`, body: body({ k }) });
+        // Two deliveries received in the same millisecond: the order goes on to the source and the ID.
+        if (k === 4) await inbox.store({ source: "github", id: `e${k}_tie`, body: body({ k }) });
+      }
+      for (const lease of await inbox.claimBatch(100, LEASE))
+        if (Number(lease.id.slice(1, 2)) % 2) await inbox.fail(lease, "nope", { permanent: true });
+        else await inbox.finish(lease);
+      const before = async (f: { status?: string; source?: string; limit: number }) =>
+        (
+          await inbox.query(
+            `SELECT source, id FROM deliveries
+              WHERE (?::text IS NULL OR status = ?::text) AND (?::text IS NULL OR source = ?::text)
+              ORDER BY received_at DESC, source DESC, id DESC LIMIT ?::integer`,
+            f.status ?? null,
+            f.status ?? null,
+            f.source ?? null,
+            f.source ?? null,
+            f.limit,
+          )
+        ).map((r) => `${r.source}/${r.id}`);
+      for (const f of [{ limit: 20 }, { limit: 5 }, { status: "failed", limit: 4 }, { source: "github", limit: 3 }]) {
+        const listed = (await inbox.list(f as never)).map((d) => `${d.source}/${d.id}`);
+        assert.ok(listed.length > 0, JSON.stringify(f));
+        assert.deepEqual(listed, await before(f), JSON.stringify(f));
+      }
+    });
+
+    suite.onPostgres(
+      "counts, counts a retry and lists without opening a day they read nothing of: a lock on it does not stop them",
+      async () => {
+        const inbox = await open();
+        const DAY = 86_400_000;
+        for (const [day, source, id] of [
+          [0, "stripe", "evt_0"],
+          [1, "stripe", "evt_1"],
+          [2, "github", "evt_1"],
+          [3, "github", "evt_3"],
+        ] as const) {
+          suite.t = T0 + day * DAY;
+          await inbox.store({ source, id, body: body({ day }) });
+          for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.fail(lease, "nope", { permanent: true });
+        }
+        const { default: pg } = await import("pg");
+        const holder = new Pool(parseTarget(suite.target), {
+          size: 1,
+          connectTimeoutMs: DEFAULTS.connectTimeoutMs,
+          applicationName: "day-locked-test",
+          types: pg.types,
+        });
+        // waited runs read while another transaction holds day 0's history partition in ACCESS EXCLUSIVE mode, and
+        // says whether read asked for it (a plan that named the day takes a lock on it) before it ended; the lock
+        // is then let go, so a read that waits still ends.
+        const day0 = historyOf(periodOf(T0));
+        const waited = async (read: () => Promise<unknown>): Promise<boolean> => {
+          const client = await holder.transaction();
+          await client.query(`LOCK TABLE ${day0} IN ACCESS EXCLUSIVE MODE`);
+          let ended = false;
+          const reading = read().finally(() => void (ended = true));
+          let waiting = false;
+          while (!ended && !waiting) {
+            const [r] = await inbox.query(
+              "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE relation = ?::regclass AND NOT granted) AS w",
+              day0,
+            );
+            waiting = r!.w === true;
+            if (!waiting) await new Promise((resolve) => setTimeout(resolve, 2));
+          }
+          await client.query("ROLLBACK");
+          client.release();
+          await reading;
+          return waiting;
+        };
+        try {
+          // The controls: one statement that reads the ID's days from delivery_keys as it runs, and list()'s old
+          // statement, each plan every day's partition, and wait for the lock.
+          const old = filterSql({ id: "evt_1" }, "postgres");
+          assert.equal(
+            await waited(() => inbox.query(`SELECT count(*) FROM deliveries WHERE ${old.where}`, ...old.params)),
+            true,
+          );
+          assert.equal(
+            await waited(() =>
+              inbox.query("SELECT * FROM deliveries ORDER BY received_at DESC, source DESC, id DESC LIMIT 1"),
+            ),
+            true,
+          );
+          let n: unknown;
+          assert.equal(await waited(async () => (n = await inbox.count({ id: "evt_1" }))), false, "count() of an ID");
+          assert.equal(n, 2);
+          assert.equal(
+            await waited(async () => (n = await inbox.count({ id: "evt_9" }))),
+            false,
+            "of an ID not stored",
+          );
+          assert.equal(n, 0);
+          assert.equal(await waited(async () => (n = await inbox.list({ limit: 1 }))), false, "list()");
+          assert.deepEqual(
+            (n as Delivery[]).map((d) => d.id),
+            ["evt_3"],
+          );
+          assert.equal(
+            await waited(async () => (n = await inbox.retryMatching({ id: "evt_1" }, { dryRun: true }))),
+            false,
+            "a retry by ID, counted",
+          );
+          assert.equal(n, 2);
+          // Not the retry itself: its batches' UPDATE joins the keys they picked, and plans every day's partition.
+          assert.equal(await inbox.retryMatching({ id: "evt_1" }), 2);
+          assert.equal(await inbox.count({ id: "evt_1", status: "received" }), 2);
+        } finally {
+          await holder.end();
+        }
+      },
+    );
 
     it("pages by cursor without gaps or repeats, ties on received_at included", async () => {
       const inbox = await open();

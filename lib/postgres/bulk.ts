@@ -41,6 +41,7 @@ import {
   tombstonePeriod,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
+import { byId, DAYS_HELD } from "./reads.ts";
 import { writeAudit } from "./records.ts";
 
 /** Dropped is one batch of a purge: the bodies it dropped and their bytes, how many rows it picked, and the last one's time. */
@@ -374,8 +375,22 @@ export class PostgresBulk {
     return { replayed, tombstoned: await tombstoned() };
   }
 
+  // countWhere counts what a bulk command would take; an ID's sources and days are read first and named as values
+  // (byId()), in one snapshot with the count, as count() does.
   private async countWhere(filter: Filter, also: string): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
+    const { id } = filter;
+    if (id !== undefined)
+      return this.pool.snapshot(async (client) => {
+        await client.query(DAYS_HELD);
+        const found = await byId(client, { ...filter, id });
+        if (found === undefined) return 0;
+        const { rows } = await client.query(
+          toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${found.where}`),
+          found.params,
+        );
+        return Number(rows[0].n);
+      });
     const { rows } = await this.pool.query(
       toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
       params,
@@ -394,26 +409,34 @@ export class PostgresBulk {
     act: (client: pg.PoolClient, keys: Cursor[]) => Promise<number>,
   ): Promise<void> {
     const size = bulkBatchSize(options.batch);
-    const { where, params } = await filterSqlChecked(this.pool, filter);
+    const checked = await filterSqlChecked(this.pool, filter);
+    const { id } = filter;
     let after: Cursor | undefined;
     for (;;) {
       // A batch that met a row another commit just moved between partitions (a worker's done mark, a retry:
       // 40001) is rolled back whole and run again from the same cursor (DEFAULTS.movedTries).
       const batch = () =>
         this.other(async (client) => {
+          // An ID's sources and days are read first, in the batch's transaction, and named as values (byId()), so
+          // the batch's plan holds its days' partitions alone rather than every day's, pruned as it ran. An ID
+          // not stored picks nothing.
+          const named = id === undefined ? checked : await byId(client, { ...filter, id });
           const cursor =
             after === undefined
               ? ""
               : "AND received_at >= ?::bigint AND (received_at, source, id, route) > (?::bigint, ?::text, ?::text, ?::smallint)";
-          const { rows } = await client.query(
-            toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${where} ${cursor}
-                ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
-            [
-              ...params,
-              ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
-              size,
-            ],
-          );
+          const { rows } =
+            named === undefined
+              ? { rows: [] }
+              : await client.query(
+                  toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${named.where} ${cursor}
+                      ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
+                  [
+                    ...named.params,
+                    ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
+                    size,
+                  ],
+                );
           const keys = rows.map((r) => ({
             receivedAt: r.received_at as number,
             source: r.source as string,

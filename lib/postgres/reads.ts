@@ -85,9 +85,12 @@ export function listWindows(
 // for the read (and give way, the day left to its batches), so what the snapshot reads was in place before it.
 export const DAYS_HELD = "LOCK TABLE ONLY delivery_history, delivery_bodies IN ACCESS SHARE MODE";
 
-// byId is a filter with an ID as the condition that names the ID's sources and days as values (filterSql() with
-// the IdKeys idKeysSql() reads, in client's snapshot), or undefined when the ID is not stored.
-async function byId(
+/**
+ * byId is a filter with an ID as the condition that names the ID's sources and days as values (filterSql() with
+ * the IdKeys idKeysSql() reads, on client, in its snapshot or transaction), or undefined when the ID is not
+ * stored: reads and the bulk commands by ID (postgres/bulk.ts) plan for the ID's days' partitions alone.
+ */
+export async function byId(
   client: pg.PoolClient,
   filter: Filter & { id: string },
 ): Promise<{ where: string; params: SqlValue[] } | undefined> {
@@ -142,14 +145,11 @@ export class PostgresReads {
     });
   }
 
+  // list is search() of a status and a source, bodies and all: the same rows newest first, read a day at a time
+  // (listWindows()), where one statement over the view planned every day's partition and read each one's newest
+  // rows (docs/performance.md#lists-at-ten-million). Its order names the route last, as search()'s does.
   async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
-    const { rows } = await this.pool.query(
-      `SELECT * FROM deliveries
-       WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR source = $2)
-       ORDER BY received_at DESC, source DESC, id DESC LIMIT $3`,
-      [filter.status ?? null, filter.source ?? null, filter.limit ?? 20],
-    );
-    return rows.map(toDelivery);
+    return this.search({ status: filter.status, source: filter.source }, { limit: filter.limit ?? 20 });
   }
 
   async status(): Promise<InboxStatus> {
@@ -363,8 +363,21 @@ export class PostgresReads {
     });
   }
 
+  // count of an ID reads its sources and days first, as search() does (byId()), so the count's plan holds its
+  // days' partitions alone; an ID not stored is nought without a statement over the rows.
   async count(filter: Filter): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
+    const { id } = filter;
+    if (id !== undefined)
+      return this.snapshot(filter, async (client) => {
+        const found = await byId(client, { ...filter, id });
+        if (found === undefined) return 0;
+        const { rows } = await client.query(
+          toPg(`SELECT count(*) AS n FROM deliveries WHERE ${found.where}`),
+          found.params,
+        );
+        return Number(rows[0].n);
+      });
     const { rows } = await this.searchQuery(
       filter,
       toPg(`SELECT count(*) AS n FROM deliveries WHERE ${where}`),
