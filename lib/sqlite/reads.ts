@@ -73,13 +73,10 @@ export class SqliteReads {
   }
 
   /** list returns deliveries newest first, optionally of one status or source. */
+  // list is search() of a status and a source, as on PostgreSQL: the same order (a delivery's routes last) and
+  // the same refusal of a limit below 1 on both backends.
   async list(filter: { status?: Status; source?: string; limit?: number } = {}): Promise<Delivery[]> {
-    const rows = this.sql(
-      `SELECT * FROM deliveries
-         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR source = ?2)
-         ORDER BY received_at DESC, rowid DESC LIMIT ?3`,
-    ).all(filter.status ?? null, filter.source ?? null, filter.limit ?? 20) as Row[];
-    return rows.map(toDelivery);
+    return this.search({ status: filter.status, source: filter.source }, { limit: filter.limit ?? 20 });
   }
 
   /** status summarises the queue: counts, failures, the oldest wait and conflicting duplicates. */
