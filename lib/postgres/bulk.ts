@@ -235,11 +235,15 @@ export class PostgresBulk {
     const failed = "status = 'failed' AND purged_at IS NULL";
     if (options.dryRun) return this.countWhere(filter, failed);
     let total = 0;
+    // The batch's days are named as values too (received_at = ANY), beside the join that matches each key: a join
+    // alone prunes nothing as the statement is planned, and the plan opened every day's partition (34 against 1,
+    // 3.3 against 0.2 ms of planning, a key of one day among 30).
     await this.inBatches(filter, failed, options, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE delivery_rows d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
          WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.status = 'failed'
+           AND d.received_at = ANY($5::bigint[])
          RETURNING d.source, d.id, d.order_key, d.destination`,
         [
           this.now(),
@@ -272,6 +276,7 @@ export class PostgresBulk {
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
          WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.status = 'done' AND d.purged_at IS NULL
+           AND d.received_at = ANY($5::bigint[])
          RETURNING d.source, d.id, d.order_key, d.destination`,
         [
           this.now(),
