@@ -812,6 +812,16 @@ export async function listing(): Promise<string> {
               : "") +
             "   (goal p99 ≤ 20 ms)";
           console.log(line);
+          // Where a cold p99 is a few variants' spikes: the slowest three, and their place in the run (the first
+          // is the first statement on a new connection).
+          if (coldMs)
+            console.log(
+              `    slowest cold: ${[...coldMs.entries()]
+                .sort((a, b) => b[1] - a[1])
+                .slice(0, 3)
+                .map(([n, ms]) => `${f(ms, 1)} ms (#${n})`)
+                .join(", ")}`,
+            );
           console.log(await plan(inbox, kind, t0));
           lines.push(line);
         }
