@@ -3,19 +3,39 @@
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { after, describe, it } from "node:test";
+import { after, before, describe, it } from "node:test";
 import { SqliteInbox } from "../lib/sqlite/sqlite.ts";
 import type { Tx } from "../lib/store.ts";
 import { pipelineCrash, prepareLedger, readLedger, receiverCrash, seeded, startWorker, workerCrash } from "./chaos.ts";
 import { tempDir } from "./helpers.ts";
 
 const seed = Number(process.env.CHAOS_SEED ?? Date.now() % 100_000);
-const { dir, cleanup } = tempDir("inbox-crash-");
-after(cleanup);
+// Each suite's own folder, made before its tests and removed after them: Deno's runner skips a top-level after()
+// when a filter leaves out the suite it falls to, and Bun's runs a filtered-out suite's body but not its hooks
+// (test/runtimes.test.ts runs this file filtered on both); a folder made at load was left in /tmp each run.
+function ownDir(): { readonly dir: string } {
+  let made: ReturnType<typeof tempDir> | undefined;
+  before(() => void (made = tempDir("inbox-crash-")));
+  after(() => made?.cleanup());
+  return {
+    get dir() {
+      if (!made) throw new Error("ownDir: read before its suite began");
+      return made.dir;
+    },
+  };
+}
 
 describe("a receiver killed with SIGKILL while senders send", () => {
+  const own = ownDir();
   it(`loses no acknowledged delivery and stores no partial body (seed ${seed})`, async () => {
-    const r = await receiverCrash({ dir, rounds: 6, senders: 8, minUpMs: 100, maxUpMs: 700, random: seeded(seed) });
+    const r = await receiverCrash({
+      dir: own.dir,
+      rounds: 6,
+      senders: 8,
+      minUpMs: 100,
+      maxUpMs: 700,
+      random: seeded(seed),
+    });
     assert.equal(r.kills, 6);
     assert.ok(r.acked > 0, "some deliveries were acknowledged");
     assert.deepEqual(r.lost, [], "every acknowledged ID is in the database");
@@ -27,9 +47,10 @@ describe("a receiver killed with SIGKILL while senders send", () => {
 });
 
 describe("workers killed with SIGKILL over a backlog", () => {
+  const own = ownDir();
   it(`apply each payment to the balance exactly once, and take over the crashed work (seed ${seed})`, async () => {
     const r = await workerCrash({
-      dir,
+      dir: own.dir,
       deliveries: 1000,
       workers: 3,
       concurrency: 4,
@@ -51,9 +72,10 @@ describe("workers killed with SIGKILL over a backlog", () => {
 });
 
 describe("the whole pipeline with the receiver or a worker killed about every 0.7 s", () => {
+  const own = ownDir();
   it(`applies every acknowledged payment exactly once (seed ${seed})`, async () => {
     const r = await pipelineCrash({
-      dir,
+      dir: own.dir,
       seconds: 4,
       senders: 2,
       workers: 2,
@@ -72,9 +94,10 @@ describe("the whole pipeline with the receiver or a worker killed about every 0.
 });
 
 describe("the whole pipeline with the workers purging every done body meanwhile", () => {
+  const own = ownDir();
   it(`loses no acknowledged delivery and no unprocessed one, and applies each payment once (seed ${seed})`, async () => {
     const r = await pipelineCrash({
-      dir,
+      dir: own.dir,
       seconds: 4,
       senders: 2,
       workers: 2,
@@ -96,8 +119,9 @@ describe("the whole pipeline with the workers purging every done body meanwhile"
 });
 
 describe("a handler that outlives its lease", () => {
+  const own = ownDir();
   it("is taken over by another worker, and its late finish and writes are fenced out", async () => {
-    const db = join(dir, "stall.db");
+    const db = join(own.dir, "stall.db");
     const inbox = new SqliteInbox(db);
     prepareLedger(inbox);
     await inbox.store({ id: "stall-me", body: Buffer.from(JSON.stringify({ amount: 7 })) });
@@ -128,7 +152,7 @@ describe("a handler that outlives its lease", () => {
 
   it("cannot finish or write with a lease taken over, even when it ignores the abort (pinned clock)", async () => {
     let now = 1_000_000;
-    const path = join(dir, "fenced.db");
+    const path = join(own.dir, "fenced.db");
     const first = new SqliteInbox(path, { now: () => now });
     const second = new SqliteInbox(path, { now: () => now });
     prepareLedger(first);
