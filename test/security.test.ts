@@ -151,15 +151,17 @@ for (const backend of await backends("security")) {
     };
     const rowOf = async (id: string, destination: string) =>
       (await inbox.find(id, "st")).find((r) => r.destination === destination);
-    // takenUp waits until every worker ran configuration version v (count of that line at least times).
-    const takenUp = (v: number, times = 1) =>
-      until(`workers on version ${v}`, () =>
-        workers.every(
-          (w) => (w.log().match(new RegExp(`running configuration version ${v}\\b`, "g")) ?? []).length >= times,
-        ),
-      ).catch((error: Error) => {
-        throw new Error(`${error.message}; the workers said: ${workers.map((w) => w.log().slice(-600)).join(" | ")}`);
-      });
+    // ran counts the times a worker said it runs configuration version v.
+    const ran = (w: WorkerProcess, v: number) =>
+      (w.log().match(new RegExp(`running configuration version ${v}\\b`, "g")) ?? []).length;
+    // takenUp waits until every worker ran configuration version v more times than it had in before (each its
+    // own count: two changes close together may reach one worker as one reload and the other as two).
+    const takenUp = (v: number, before: readonly number[] = workers.map(() => 0)) =>
+      until(`workers on version ${v}`, () => workers.every((w, i) => ran(w, v) > (before[i] ?? 0))).catch(
+        (error: Error) => {
+          throw new Error(`${error.message}; the workers said: ${workers.map((w) => w.log().slice(-600)).join(" | ")}`);
+        },
+      );
     // served waits until the receiver serves configuration version v.
     const served = (v: number) =>
       until(`the receiver on version ${v}`, () =>
@@ -476,9 +478,9 @@ for (const backend of await backends("security")) {
         });
       assert.doesNotThrow(() => verify(SIGNING_A, at(first.id)!));
       // Rotated: the next forward is signed with the new value, and the old one no longer verifies it.
-      const turns = (workers[0]!.log().match(new RegExp(`running configuration version ${v}\\b`, "g")) ?? []).length;
+      const turns = workers.map((w) => ran(w, v));
       await a.PUT("/api/v1/secrets/{name}", { params: { path: { name: "app_signing" } }, body: { value: SIGNING_B } });
-      await takenUp(v, turns + 1);
+      await takenUp(v, turns);
       const next = await post("signed.two", SOURCE_NEW);
       await until("the next signed forward", () => at(next.id) !== undefined);
       assert.doesNotThrow(() => verify(SIGNING_B, at(next.id)!));
