@@ -41,7 +41,7 @@ import {
   tombstonePeriod,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
-import { byId, DAYS_HELD } from "./reads.ts";
+import { byId, heldSnapshot } from "./reads.ts";
 import { writeAudit } from "./records.ts";
 
 /** Dropped is one batch of a purge: the bodies it dropped and their bytes, how many rows it picked, and the last one's time. */
@@ -386,8 +386,7 @@ export class PostgresBulk {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const { id } = filter;
     if (id !== undefined)
-      return this.pool.snapshot(async (client) => {
-        await client.query(DAYS_HELD);
+      return heldSnapshot(this.pool, async (client) => {
         const found = await byId(client, { ...filter, id });
         if (found === undefined) return 0;
         const { rows } = await client.query(

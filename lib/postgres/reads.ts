@@ -85,6 +85,14 @@ export function listWindows(
 // for the read (and give way, the day left to its batches), so what the snapshot reads was in place before it.
 export const DAYS_HELD = "LOCK TABLE ONLY delivery_history, delivery_bodies IN ACCESS SHARE MODE";
 
+/** heldSnapshot runs a read of several statements in one snapshot (pool.snapshot()) that holds the days first. */
+export function heldSnapshot<T>(pool: Pool, run: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  return pool.snapshot(async (client) => {
+    await client.query(DAYS_HELD);
+    return run(client);
+  });
+}
+
 /**
  * byId is a filter with an ID as the condition that names the ID's sources and days as values (filterSql() with
  * the IdKeys idKeysSql() reads, on client, in its snapshot or transaction), or undefined when the ID is not
@@ -394,8 +402,7 @@ export class PostgresReads {
     const bounded = readsBodies(filter) && this.searchTimeoutMs !== 0;
     const since = performance.now();
     try {
-      return await this.pool.snapshot(async (client) => {
-        await client.query(DAYS_HELD);
+      return await heldSnapshot(this.pool, async (client) => {
         if (bounded)
           await client.query("SELECT set_config('statement_timeout', $1, true)", [String(this.searchTimeoutMs)]);
         return run(client);
