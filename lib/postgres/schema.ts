@@ -608,7 +608,7 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
       Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === SPLIT
     );
   };
-  // Read once without a lock first: every open of an inbox past the split (nearly all of them) stops here.
+  // Read once without a lock first: a schema not just before the split (or already copied) stops here.
   await begin();
   const now = await due().finally(() => session.query("ROLLBACK"));
   if (!now) return 0;
@@ -728,16 +728,20 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
  */
 export async function migrate(pool: Pool, schema: string): Promise<void> {
   const from = await versionOf(pool);
-  if (from > 0 && from < SPLIT) await migrateTo(pool, schema, SPLIT);
-  const session = await pool.connect();
-  try {
-    await prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled });
-    session.release();
-  } catch (error) {
-    session.release(error instanceof Error ? error : new Error(String(error)));
-    throw new Error(`copy delivery_keys ahead: ${error instanceof Error ? error.message : String(error)}`, {
-      cause: error,
-    });
+  // Only an inbox from before the split has keys to copy ahead: every other open (nearly all) takes no
+  // connection for it. prepareKeys checks the version again under the migrations' lock.
+  if (from > 0 && from <= SPLIT) {
+    if (from < SPLIT) await migrateTo(pool, schema, SPLIT);
+    const session = await pool.connect();
+    try {
+      await prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled });
+      session.release();
+    } catch (error) {
+      session.release(error instanceof Error ? error : new Error(String(error)));
+      throw new Error(`copy delivery_keys ahead: ${error instanceof Error ? error.message : String(error)}`, {
+        cause: error,
+      });
+    }
   }
   await migrateTo(pool, schema, MIGRATIONS.length);
 }
