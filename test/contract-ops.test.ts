@@ -108,9 +108,11 @@ contract((suite) => {
 
   describe("onWake()", () => {
     // listening waits until the LISTEN is in place, as pg_stat_activity shows it: a NOTIFY sent before is lost.
+    // In this test's database alone: pg_stat_activity shows the whole server, where another run's inboxes
+    // (Deno's and Bun's suites run at once, each test in a database of its own) listen on the same channel name.
     const listening = async (inbox: Inbox) => {
       const listen = `LISTEN inbox_wake_${new URL(suite.target).searchParams.get("schema")}`;
-      const sql = "SELECT 1 FROM pg_stat_activity WHERE query = ? AND state = 'idle'";
+      const sql = "SELECT 1 FROM pg_stat_activity WHERE query = ? AND state = 'idle' AND datname = current_database()";
       while ((await inbox.query(sql, listen)).length === 0);
     };
 
@@ -1228,7 +1230,7 @@ contract((suite) => {
               // By the batch's opening words: pg_stat_activity keeps a statement's first 1 kB alone, and an ID's
               // filter (its sources and days from delivery_keys) puts FOR UPDATE past it.
               const [{ n }] = (await inbox.query(
-                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'SELECT received_at, source, id, route FROM delivery_rows %'",
+                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'SELECT received_at, source, id, route FROM delivery_rows %'",
               )) as [{ n: number }];
               if (n > 0) break;
               assert.ok(waited < 500, "the bulk retry came to wait for the row");

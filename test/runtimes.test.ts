@@ -133,8 +133,16 @@ describe("the portable subset, on each runtime at once", { concurrency: true }, 
           const { code } = run;
           // Deno colours its report whatever NO_COLOR says.
           const output = run.output.replace(/\x1b\[[0-9;]*m/g, "");
-          const tail = output.split("\n").slice(-60).join("\n");
-          assert.equal(code, 0, `${runtime.name} ${runtime.args(part).join(" ")} exited ${code}:\n${tail}`);
+          const lines = output.split("\n");
+          const tail = lines.slice(-60).join("\n");
+          // Bun prints a failure's error above its "(fail)" line, which a long run pushes out of the tail; its
+          // summary then lists the same line again, after passes alone.
+          const seen = new Set<string>();
+          const failures = lines.flatMap((line, i) =>
+            /^\(fail\)/.test(line) && !seen.has(line) && seen.add(line) ? lines.slice(Math.max(0, i - 25), i + 1) : [],
+          );
+          const why = failures.length > 0 ? `${failures.slice(0, 100).join("\n")}\n…\n` : "";
+          assert.equal(code, 0, `${runtime.name} ${runtime.args(part).join(" ")} exited ${code}:\n${why}${tail}`);
           // A runner that ran nothing also exits 0: a filter that matches no test must not pass for one that does.
           assert.match(output, runtime.passed, `${runtime.name} ran no test of ${part.file}:\n${tail}`);
         });
