@@ -113,7 +113,7 @@ contract((suite) => {
     const listening = async (inbox: Inbox) => {
       const listen = `LISTEN inbox_wake_${new URL(suite.target).searchParams.get("schema")}`;
       const sql = "SELECT 1 FROM pg_stat_activity WHERE query = ? AND state = 'idle' AND datname = current_database()";
-      while ((await inbox.query(sql, listen)).length === 0);
+      while ((await inbox.query(sql, listen)).length === 0) await new Promise((resolve) => setTimeout(resolve, 10));
     };
 
     // The wake-up is waited on, bounded by the test's timeout rather than by a sleep.
