@@ -214,14 +214,16 @@ export const ORDERING_SQL = { held: HELD_KEYS, counts: ORDERING_COUNTS } as cons
 
 /**
  * replayToCount is the statement that counts what replayMatching(filter, { to }) would send, word for word
- * on both backends (`?` the filter's where, then the destination): each delivery once, whichever of its rows
- * matched, whose row there is done (again) or missing (added). A dry run counting rows said 36 where the
- * replay then sent 19.
+ * on both backends (`?` the filter's where, then the destination, then days' own): each delivery once,
+ * whichever of its rows matched, whose row there is done (again) or missing (added). A dry run counting rows
+ * said 36 where the replay then sent 19. days, a condition on the row there (`t`), names when its rows were
+ * received: PostgreSQL's count of an ID names the ID's days (postgres/bulk.ts replayTo), where the row there,
+ * found by its key alone, was planned in every day's partition.
  */
-export function replayToCount(where: string): string {
+export function replayToCount(where: string, days?: string): string {
   return `SELECT count(*) AS n FROM (SELECT DISTINCT source, id FROM deliveries WHERE purged_at IS NULL AND ${where}) m
            WHERE NOT EXISTS (SELECT 1 FROM deliveries t WHERE t.source = m.source AND t.id = m.id AND t.destination = ?
-                                                         AND NOT (t.status = 'done' AND t.purged_at IS NULL))`;
+                                                         AND NOT (t.status = 'done' AND t.purged_at IS NULL)${days === undefined ? "" : ` AND ${days}`})`;
 }
 
 /**

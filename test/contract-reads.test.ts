@@ -8,7 +8,7 @@ import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import { parseTarget, Pool } from "../lib/postgres/pool.ts";
 import { listWindows } from "../lib/postgres/reads.ts";
-import { DISTINCT_SOURCES, filterSql, idKeysSql, searchSql } from "../lib/sql.ts";
+import { DISTINCT_SOURCES, filterSql, idKeysSql, replayToCount, searchSql } from "../lib/sql.ts";
 import type { Cursor, Delivery, Filter, Inbox, SqlValue } from "../lib/store.ts";
 import { run } from "../worker.ts";
 import { body, contract, LEASE, T0, daysOpened } from "./contract-harness.ts";
@@ -487,7 +487,7 @@ contract((suite) => {
     });
 
     suite.onPostgres(
-      "counts, retries and lists without opening a day they read nothing of: a lock on it does not stop them",
+      "counts, retries, replays to a destination and lists without opening a day they read nothing of: a lock on it does not stop them",
       async () => {
         const inbox = await open();
         const DAY = 86_400_000;
@@ -498,12 +498,13 @@ contract((suite) => {
           [3, "github", "evt_3"],
         ] as const) {
           suite.t = T0 + day * DAY;
-          await inbox.store({ source, id, body: body({ day }) });
+          // Past inlineBodyBytes, kept apart: replay --to copies it to the route it adds.
+          await inbox.store({ source, id, body: body({ day, pad: "x".repeat(DEFAULTS.inlineBodyBytes) }) });
           for (const lease of await inbox.claimBatch(10, LEASE)) await inbox.fail(lease, "nope", { permanent: true });
         }
         const { default: pg } = await import("pg");
         const holder = new Pool(parseTarget(suite.target), {
-          size: 1,
+          size: 2,
           connectTimeoutMs: DEFAULTS.connectTimeoutMs,
           applicationName: "day-locked-test",
           types: pg.types,
@@ -573,6 +574,69 @@ contract((suite) => {
           );
           assert.equal(n, 2);
           assert.equal(await inbox.count({ id: "evt_1", status: "received" }), 2);
+          // replay --to by ID: its count, and its batch, which finds the delivery's row there and its route numbers
+          // by their key, as the old statements did, but in the days it read from delivery_keys first.
+          const control = replayToCount(old.where);
+          assert.equal(
+            await waited(() => inbox.query(control, ...old.params, "audit")),
+            true,
+            "the old count, its row there found by its key alone",
+          );
+          assert.equal(
+            await waited(async () => (n = await inbox.replayMatching({ id: "evt_1" }, { to: "audit", dryRun: true }))),
+            false,
+            "replay --to by ID, counted",
+          );
+          assert.deepEqual(n, { replayed: 2, tombstoned: 0 });
+          assert.equal(
+            await waited(async () => (n = await inbox.replayMatching({ id: "evt_1" }, { to: "audit" }))),
+            false,
+            "replay --to by ID, a route added",
+          );
+          assert.deepEqual(n, { replayed: 2, tombstoned: 0 });
+          for (const lease of await inbox.claimBatch(10, LEASE, { destination: "audit" }))
+            assert.equal(await inbox.finish(lease), true);
+          assert.equal(await inbox.count({ id: "evt_1", destination: "audit", status: "done" }), 2);
+          // The control: the old UPDATE of a done row there (its key alone, no day) waits for day 0's lock, here
+          // until its lock_timeout (55P03), rather than until the lock is let go.
+          const locker = await holder.transaction();
+          await locker.query(`LOCK TABLE ${day0} IN ACCESS EXCLUSIVE MODE`);
+          const oldForm = await holder.transaction();
+          try {
+            await oldForm.query("SET LOCAL lock_timeout = '200ms'");
+            await assert.rejects(
+              oldForm.query(
+                `UPDATE delivery_rows d SET status = 'received', replays = d.replays + 1 FROM unnest($1::text[], $2::text[]) AS u(s, i)
+                  WHERE d.source = u.s AND d.id = u.i AND d.destination = $3 AND d.status = 'done' AND d.purged_at IS NULL`,
+                [["stripe", "github"], ["evt_1", "evt_1"], "audit"],
+              ),
+              { code: "55P03" },
+            );
+          } finally {
+            await oldForm.query("ROLLBACK");
+            oldForm.release();
+            await locker.query("ROLLBACK");
+            locker.release();
+          }
+          assert.equal(
+            await waited(async () => (n = await inbox.replayMatching({ id: "evt_1" }, { to: "audit" }))),
+            false,
+            "replay --to by ID, its done rows there again",
+          );
+          assert.deepEqual(n, { replayed: 2, tombstoned: 0 });
+          assert.equal(await inbox.count({ id: "evt_1", destination: "audit", status: "received" }), 2);
+          const routes = await inbox.find("evt_1");
+          assert.deepEqual(
+            routes.map((d) => [d.source, d.route, d.destination, d.replays, d.receivedAt]),
+            [
+              ["github", 0, "handler", 0, T0 + 2 * DAY],
+              ["github", 1, "audit", 2, T0 + 2 * DAY],
+              ["stripe", 0, "handler", 0, T0 + DAY],
+              ["stripe", 1, "audit", 2, T0 + DAY],
+            ],
+          );
+          for (const d of routes)
+            assert.deepEqual(JSON.parse(d.body.toString()).day, d.source === "github" ? 2 : 1, "its body, whole");
         } finally {
           await holder.end();
         }

@@ -305,56 +305,67 @@ export class PostgresBulk {
     replayDestination(to);
     const kept = "purged_at IS NULL";
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) {
-      const { where, params } = await filterSqlChecked(this.pool, filter);
-      const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
-      return { replayed: Number(rows[0].n), tombstoned: await tombstoned() };
-    }
+    if (options.dryRun) return { replayed: await this.countTo(filter, to), tombstoned: await tombstoned() };
     let replayed = 0;
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options, async (client, keys) => {
       const mine = keys.filter((k) => !seen.has(`${k.source}\u0000${k.id}`) && seen.add(`${k.source}\u0000${k.id}`));
       if (mine.length === 0) return 0;
-      const args = [
-        this.now(),
-        mine.map((k) => k.source),
-        mine.map((k) => k.id),
-        mine.map((k) => k.route!),
-        to,
-        DEFAULTS.inlineBodyBytes,
-      ];
+      // The statements below reach a delivery's other routes (its row there, its route numbers) by its key, which
+      // prunes nothing as a statement is planned: every day's partition was planned (and locked). So the days of
+      // all its routes are read from delivery_keys first and named as values, as a retry's batch names its rows'.
+      const days = (
+        await client.query(
+          `SELECT array_agg(DISTINCT k.received_at) AS days FROM unnest($1::text[], $2::text[]) AS u(s, i)
+             JOIN delivery_keys k ON k.source = u.s AND k.id = u.i`,
+          [mine.map((k) => k.source), mine.map((k) => k.id)],
+        )
+      ).rows[0].days;
       const again = await client.query(
         `UPDATE delivery_rows d SET status = 'received', attempts = 0, replays = d.replays + 1, error = NULL, available_at = ${NOW},
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i)
          WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
+           AND d.received_at = ANY($5::bigint[])
          RETURNING d.source, d.id, d.order_key, d.destination`,
-        [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to],
+        [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to, days],
       );
-      // Routing after the fact: a delivery with no row there gets one, as its next route.
+      // Routing after the fact: a delivery with no row there gets one, as its next route (its keys' next number).
       const added = await client.query(
         `WITH a AS (
          INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
                                  available_at, order_key, event_time, arrival, route, destination, headers, traceparent, replays, origin)
          SELECT d.source, d.id, CASE WHEN octet_length(d.body) <= $6 THEN d.body ELSE '\\x'::bytea END, d.body_sha256, d.content_type, d.event_type, d.provider_time, d.received_at, 'received', ${NOW},
                 d.order_key, d.event_time, CASE WHEN d.order_key IS NULL THEN NULL ELSE nextval('deliveries_arrival') * 1000000 END,
-                (SELECT max(m.route) + 1 FROM deliveries m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1, d.origin
-         FROM unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r)
-         JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.purged_at IS NULL
-         WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5)
+                (SELECT max(m.route) + 1 FROM delivery_keys m WHERE m.source = d.source AND m.id = d.id), $5, d.headers, d.traceparent, 1, d.origin
+         FROM unnest($2::text[], $3::text[], $4::smallint[], $7::bigint[]) AS u(s, i, r, at)
+         JOIN deliveries d ON d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.purged_at IS NULL
+                          AND d.received_at = ANY($8::bigint[])
+         WHERE NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.source = u.s AND o.id = u.i AND o.destination = $5
+                                                      AND o.received_at = ANY($8::bigint[]))
          ORDER BY d.source, d.id
          RETURNING source, id, route, received_at, order_key, event_time, arrival, available_at),
          -- The new row's body, copied from the row it was replayed from, in its own table.
          b AS (
          INSERT INTO delivery_bodies (source, id, route, received_at, body)
          SELECT a.source, a.id, a.route, a.received_at, s.body FROM a
-         JOIN unnest($2::text[], $3::text[], $4::smallint[]) AS u(s, i, r) ON u.s = a.source AND u.i = a.id
-         JOIN deliveries s ON s.source = u.s AND s.id = u.i AND s.route = u.r
+         JOIN unnest($2::text[], $3::text[], $4::smallint[], $7::bigint[]) AS u(s, i, r, at) ON u.s = a.source AND u.i = a.id
+         JOIN deliveries s ON s.source = u.s AND s.id = u.i AND s.route = u.r AND s.received_at = u.at
+                          AND s.received_at = ANY($8::bigint[])
          WHERE octet_length(s.body) > $6),
          -- Its key, as a store writes it (docs/table.md#hot-and-cold): no other statement adds a route to a delivery.
          k AS (INSERT INTO delivery_keys (source, id, route, received_at) SELECT source, id, route, received_at FROM a)
          SELECT source, id, order_key, event_time, arrival, available_at FROM a`,
-        args,
+        [
+          this.now(),
+          mine.map((k) => k.source),
+          mine.map((k) => k.id),
+          mine.map((k) => k.route!),
+          to,
+          DEFAULTS.inlineBodyBytes,
+          mine.map((k) => k.receivedAt),
+          days,
+        ],
       );
       replayed += again.rows.length + added.rows.length;
       await settleRows(client, again.rows, false);
@@ -399,6 +410,25 @@ export class PostgresBulk {
       toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
       params,
     );
+    return Number(rows[0].n);
+  }
+
+  // countTo counts what replayTo would send (replayToCount()); an ID's sources and days are read first and named as
+  // values (byId()), and its row there is looked for in those days alone, in one snapshot with the count.
+  private async countTo(filter: Filter, to: string): Promise<number> {
+    const { where, params } = await filterSqlChecked(this.pool, filter);
+    const { id } = filter;
+    if (id !== undefined)
+      return heldSnapshot(this.pool, async (client) => {
+        const found = await byId(client, { ...filter, id });
+        if (found === undefined) return 0;
+        const { rows } = await client.query(
+          toPg(replayToCount(found.where, "t.received_at BETWEEN ?::bigint AND ?::bigint")),
+          [...found.params, to, found.keys.first, found.keys.last],
+        );
+        return Number(rows[0].n);
+      });
+    const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
     return Number(rows[0].n);
   }
 

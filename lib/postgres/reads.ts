@@ -95,18 +95,18 @@ export function heldSnapshot<T>(pool: Pool, run: (client: pg.PoolClient) => Prom
 
 /**
  * byId is a filter with an ID as the condition that names the ID's sources and days as values (filterSql() with
- * the IdKeys idKeysSql() reads, on client, in its snapshot or transaction), or undefined when the ID is not
- * stored: reads and the bulk commands by ID (postgres/bulk.ts) plan for the ID's days' partitions alone.
+ * the IdKeys idKeysSql() reads, on client, in its snapshot or transaction), with those keys, or undefined when
+ * the ID is not stored: reads and the bulk commands by ID (postgres/bulk.ts) plan for the ID's days' partitions alone.
  */
 export async function byId(
   client: pg.PoolClient,
   filter: Filter & { id: string },
-): Promise<{ where: string; params: SqlValue[] } | undefined> {
+): Promise<{ where: string; params: SqlValue[]; keys: IdKeys } | undefined> {
   const { sql, params } = idKeysSql(filter.id, filter.source);
   const r = (await client.query(toPg(sql), params)).rows[0];
   if (r.sources === null) return undefined;
   const keys: IdKeys = { sources: r.sources, first: Number(r.first), last: Number(r.last) };
-  return filterSql(filter, "postgres", keys);
+  return { ...filterSql(filter, "postgres", keys), keys };
 }
 
 /**
