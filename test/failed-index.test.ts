@@ -270,6 +270,11 @@ describe("the failed rows' index built ahead of its migration, online", { skip: 
     try {
       assert.ok((await prepareFailedIndex(a, ahead.schema.schema)) >= 3);
       const before = await built(a);
+      // A day made between the build and the migration (as makePeriods makes one): the migration builds its index.
+      const between = periodOf(T0 - 2 * DAY);
+      await a.query(
+        `CREATE TABLE ${historyOf(between)} PARTITION OF delivery_history FOR VALUES FROM (${between.from}) TO (${between.until})`,
+      );
       const inbox = await connect(ahead.schema.url, { now: () => T0 });
       await inbox.close();
       const after = await built(a);
@@ -281,7 +286,9 @@ describe("the failed rows' index built ahead of its migration, online", { skip: 
           `${index.part}: the index built ahead, attached to the migration's, its file as it was`,
         );
       }
-      assert.equal(after.length, before.length + DEFAULTS.periodsAhead + 1, "and the days made after, one each");
+      assert.equal(after.find((x) => x.part === historyOf(between))?.attached, true, "the day made between has it");
+      assert.ok(after.every((x) => x.valid && x.attached));
+      assert.equal(after.length, before.length + 1 + DEFAULTS.periodsAhead + 1, "and the days made after, one each");
       assert.equal(await prepareFailedIndex(a, ahead.schema.schema), 0, "past the migration, nothing to build");
 
       // The control: the same inbox, a near miss (its columns in another order) built ahead on the day by hand, the
