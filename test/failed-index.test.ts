@@ -367,6 +367,63 @@ describe("the failed rows' index built ahead of its migration, online", { skip: 
     }
   });
 
+  it("is built once by two hosts opening at once, the second waiting for the first's lock", async () => {
+    const { schema, client } = await filled("failed_twice");
+    const [one, two] = [await client(), await client()];
+    try {
+      const counts = await Promise.all([
+        prepareFailedIndex(one, schema.schema),
+        prepareFailedIndex(two, schema.schema),
+      ]);
+      const leaves = (
+        await one.query("SELECT count(*)::integer AS n FROM pg_partition_tree('delivery_rows') WHERE isleaf")
+      ).rows[0].n as number;
+      assert.deepEqual(
+        counts.sort((x, y) => x - y),
+        [0, leaves],
+      );
+      const all = await built(one);
+      assert.equal(all.length, leaves, "one index on each leaf");
+      assert.ok(all.every((b) => b.valid));
+    } finally {
+      await Promise.all([one.end(), two.end()]);
+      await schema.drop();
+    }
+  });
+
+  it("control: a second host waiting in pg_advisory_lock() is a transaction the first's build waits for, a deadlock", async () => {
+    const { schema, client } = await filled("failed_deadlock");
+    const [one, two, watcher] = [await client(), await client(), await client()];
+    try {
+      const key = `webhook-inbox:failed:${schema.schema}`;
+      const pid = (await two.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+      let waiting: Promise<unknown> | undefined;
+      const build = prepareFailedIndex(one, schema.schema, {
+        before: async () => {
+          if (waiting) return;
+          waiting = two.query("SELECT pg_advisory_lock(hashtext($1))", [key]);
+          waiting.catch(() => {});
+          for (;;) {
+            const { rowCount } = await watcher.query(
+              "SELECT 1 FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted",
+              [pid],
+            );
+            if (rowCount) return;
+            await new Promise((resolve) => setTimeout(resolve, 5));
+          }
+        },
+      });
+      const settled = [...(await Promise.allSettled([build])), ...(await Promise.allSettled([waiting]))];
+      assert.ok(
+        settled.some((r) => r.status === "rejected" && (r.reason as { code?: string }).code === "40P01"),
+        JSON.stringify(settled.map((r) => r.status)),
+      );
+    } finally {
+      await Promise.all([one.end().catch(() => {}), two.end().catch(() => {}), watcher.end()]);
+      await schema.drop();
+    }
+  });
+
   it("ends with the indexes the migration alone made, on every partition and on the days made after", async () => {
     const ahead = await filled("failed_same_a");
     const alone = await filled("failed_same_b");

@@ -727,17 +727,15 @@ const FAILED = MIGRATIONS.findIndex((m) => m.startsWith("DROP INDEX delivery_row
 // is one the migration's CREATE INDEX on delivery_rows attaches as it is rather than builds again.
 const FAILED_FORM = "USING btree (received_at, source, id, route) WHERE (status = 'failed'::text)";
 
-/** IndexAhead is how prepareFailedIndex builds; a test's hook besides the lock. */
+/** IndexAhead is a test's hook into prepareFailedIndex. */
 export interface IndexAhead {
   /** Runs before each partition's build, with the partition's name: a test's race with it. */
   before?: (partition: string) => Promise<void>;
-  /** Takes a session-level advisory lock so that two hosts do not both build. @default true */
-  alone?: boolean;
 }
 
 /**
  * prepareFailedIndex builds the failed rows' index in the page's order on each partition of delivery_rows ahead
- * of the migration that declares it (docs/table.md#the-failed-rows-index), online, when the schema is at the
+ * of the migration that declares it (docs/table.md#built-ahead), online, when the schema is at the
  * version just before that migration and only then, so that the migration, which holds delivery_rows' lock,
  * finds it built and attaches it. It returns how many partitions it built it on (0 when there was nothing to do).
  * Each is a CREATE INDEX CONCURRENTLY, outside any transaction: it lets stores, claims and done marks through, and
@@ -750,9 +748,9 @@ export async function prepareFailedIndex(
   schema: string,
   ahead: IndexAhead = {},
 ): Promise<number> {
-  const { alone = true } = ahead;
-  // Whether there is an index to build: the schema just before the migration. A host that migrated it builds its
-  // step first, so under the lock below it stays so (a host behind a per-transaction pooler builds none ahead).
+  // Whether there is an index to build: the schema just before the migration. Every host that runs migrate() calls
+  // this first, so under the session's lock below it stays so, but for a host behind a per-transaction pooler, which
+  // builds nothing ahead and may migrate meanwhile: each partition asks again.
   const due = async () => {
     if (!(await session.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready")).rows[0].ready)
       return false;
@@ -761,7 +759,13 @@ export async function prepareFailedIndex(
     );
   };
   if (!(await due())) return 0;
-  if (alone) await session.query("SELECT pg_advisory_lock(hashtext($1))", [`webhook-inbox:failed:${schema}`]);
+  // A second host waits here for the first, then finds each partition built. It asks again after a rest rather than
+  // wait in pg_advisory_lock(): a statement waiting is a transaction that the first's build waits for in turn.
+  while (
+    !(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [`webhook-inbox:failed:${schema}`]))
+      .rows[0].had
+  )
+    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
   let ended = false;
   try {
     // No bound on a wait: a build waits for transactions, not for a lock that stores queue behind, and the migration
@@ -797,7 +801,7 @@ export async function prepareFailedIndex(
     // A session that failed is dropped by its caller: its settings and lock go with it.
     const undo = async () => {
       await session.query("RESET lock_timeout; RESET statement_timeout; RESET max_parallel_maintenance_workers");
-      if (alone) await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:failed:${schema}`]);
+      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:failed:${schema}`]);
     };
     await (ended ? undo() : undo().catch(() => {}));
   }
