@@ -8,9 +8,11 @@
 // given per million deliveries (SQLite: the file; PostgreSQL: the table with its indexes and TOAST). Beside each
 // rate, the CPU a delivery (this process's and PostgreSQL's), which a shared machine's load moves less. On
 // PostgreSQL it then times the upgrades of an inbox that main's schema filled at the largest size (to bodies apart,
-// and to a hot queue and a history: the split alone, and with its keys copied ahead, an old host storing beside each).
+// and to a hot queue and a history: the split alone, and with its keys copied ahead, an old host storing beside each;
+// and to the failed rows' index in the page's order: its migration alone, and with the index built ahead, a host
+// storing and marking done beside each).
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
-// BENCH_UPGRADE_ROWS (default the largest) the upgrade's.
+// BENCH_UPGRADE_ROWS (default the largest) the upgrade's; BENCH_UPGRADES (default bodies,history,failed) which.
 //   npm run bench -- stored
 //   BENCH_MILLION=1 BENCH_POSTGRES=0 npm run bench -- stored
 
@@ -22,7 +24,7 @@ import { sha256 } from "../lib/rows.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
-import { MIGRATIONS, prepareKeys } from "../lib/postgres/schema.ts";
+import { MIGRATIONS, prepareFailedIndex, prepareKeys } from "../lib/postgres/schema.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
@@ -287,6 +289,7 @@ async function once(db: string, stored: number): Promise<Round> {
 const UPGRADES = {
   bodies: { mark: "CREATE TABLE delivery_bodies", name: "bodies apart" },
   history: { mark: "CREATE TABLE delivery_rows_hot", name: "a hot queue and a history" },
+  failed: { mark: "DROP INDEX delivery_rows_failed;", name: "the failed rows' index in the page's order" },
 } as const;
 
 /** filledBefore makes a database whose inbox schema main's migrations before mark made, filled with rows done deliveries. */
@@ -321,10 +324,12 @@ async function filledBefore(rows: number, mark: string): Promise<{ url: string; 
 /**
  * oldHost stores one delivery at a time into an inbox at the schema before the split, as a host of the old code
  * beside the upgrade would (main's INSERT through the view), each store its own transaction, and keeps each
- * store's time under the phase the bench says it is in; stop() ends it and gives them back.
+ * store's time under the phase the bench says it is in; with marks, a worker beside it marks each one done, each
+ * mark timed the same way; stop() ends it and gives them back.
  */
 async function oldHost(
   url: string,
+  marks = false,
 ): Promise<{ phase: (name: string) => void; stop: () => Promise<Map<string, number[]>> }> {
   const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
   await client.connect();
@@ -332,31 +337,54 @@ async function oldHost(
   const errors = new Map<string, number>();
   let phase = "before";
   let running = true;
+  // Runs one statement and keeps its time under the phase it began in (a store that waited for the split's lock
+  // is the split's) and what it is; one that failed is counted under its error's code, not timed.
+  const timed = async (what: string, run: () => Promise<unknown>) => {
+    const during = `${phase}${what}`;
+    const started = performance.now();
+    const failed = await run().then(
+      () => undefined,
+      (error: { code?: string }) => error.code ?? "?",
+    );
+    if (failed) return void errors.set(`${during} ${failed}`, (errors.get(`${during} ${failed}`) ?? 0) + 1);
+    const list = times.get(during) ?? [];
+    list.push(performance.now() - started);
+    times.set(during, list);
+  };
+  const stored: string[] = [];
   const loop = (async () => {
     for (let n = 0; running; n++) {
       const body = stripeLike(n);
       const at = Date.now();
-      const started = performance.now();
-      // The phase it began in: a store that waited for the split's lock is the split's.
-      const during = phase;
-      const failed = await client
-        .query(
+      await timed("", () =>
+        client.query(
           `INSERT INTO deliveries (source, id, body, body_sha256, content_type, received_at, status, available_at)
            VALUES ('default', $1, $2, $3, 'application/json', $4, 'received', $4)`,
           [`beside_${n}`, body, sha256(body), at],
-        )
-        .then(
-          () => undefined,
-          (error: { code?: string }) => error.code ?? "?",
-        );
-      // A store that failed is counted under its error's code, not timed.
-      if (failed) {
-        errors.set(`${during} ${failed}`, (errors.get(`${during} ${failed}`) ?? 0) + 1);
+        ),
+      );
+      stored.push(`beside_${n}`);
+    }
+  })();
+  // With marks, a worker of its own beside it finishes each delivery stored (one in 50 failed), on a connection of
+  // its own, through the view as a done mark moves its row into the day's history, timed under the phase's ":mark".
+  const marker = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
+  if (marks) await marker.connect();
+  const marking = (async () => {
+    for (let n = 1; marks && (running || stored.length > 0); n++) {
+      const id = stored.shift();
+      if (id === undefined) {
+        await new Promise((resolve) => setTimeout(resolve, 1));
         continue;
       }
-      const list = times.get(during) ?? [];
-      list.push(performance.now() - started);
-      times.set(during, list);
+      await timed(":mark", () =>
+        marker.query(
+          n % 50 === 0
+            ? "UPDATE deliveries SET status = 'failed', error = 'HTTP 500', finished_at = $2 WHERE source = 'default' AND id = $1"
+            : "UPDATE deliveries SET status = 'done', finished_at = $2 WHERE source = 'default' AND id = $1",
+          [id, Date.now()],
+        ),
+      );
     }
   })();
   return {
@@ -364,7 +392,9 @@ async function oldHost(
     stop: async () => {
       running = false;
       await loop;
+      await marking;
       await client.end();
+      if (marks) await marker.end();
       for (const [what, n] of errors) console.log(`    stores failed, phase and code: ${what} ×${n}`);
       return times;
     },
@@ -372,11 +402,11 @@ async function oldHost(
 }
 
 // latencies sums up a phase's store times: how many, p50, p99 and the longest, in ms.
-function latencies(ms: number[] | undefined): string {
-  if (!ms || ms.length === 0) return "no store";
+function latencies(ms: number[] | undefined, what = "stores"): string {
+  if (!ms || ms.length === 0) return `no ${what}`;
   const sorted = [...ms].sort((a, b) => a - b);
   const at = (q: number) => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!;
-  return `${f(sorted.length)} stores, p50 ${f(at(0.5), 1)} ms, p99 ${f(at(0.99), 1)} ms, longest ${f(sorted.at(-1)!, 1)} ms`;
+  return `${f(sorted.length)} ${what}, p50 ${f(at(0.5), 1)} ms, p99 ${f(at(0.99), 1)} ms, longest ${f(sorted.at(-1)!, 1)} ms`;
 }
 
 /**
@@ -464,6 +494,109 @@ async function upgradeCost(rows: number, to: keyof typeof UPGRADES): Promise<str
   return lines;
 }
 
+/**
+ * failedIndexCost times the migration that makes the failed rows' index again in the page's order
+ * (docs/table.md#the-failed-rows-index) on an inbox at the version before it, filled with rows deliveries (one in 50
+ * failed), a host storing one delivery at a time and marking the one before it done beside it, twice, on two fills:
+ * the migration alone in its transaction, as migrateTo runs it (the index built with delivery_rows locked), and
+ * after prepareFailedIndex built the index ahead (timed apart), then the first connect().
+ */
+async function failedIndexCost(rows: number): Promise<string[]> {
+  const lines: string[] = [];
+  const say = (line: string) => void (console.log(line), lines.push(line));
+  const name = `PostgreSQL upgrade to ${UPGRADES.failed.name} at ${f(rows)} stored`;
+  const version = MIGRATIONS.findIndex((m) => m.startsWith(UPGRADES.failed.mark));
+  const filled = async () => {
+    const db = await filledBefore(rows, UPGRADES.failed.mark);
+    const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+    await client.connect();
+    try {
+      // One in 50 failed, as bench/listing.ts fills them: what the index holds.
+      await client.query(
+        "UPDATE delivery_rows SET status = 'failed', error = 'HTTP 500' WHERE substr(id, 5)::bigint % 50 = 0",
+      );
+      await client.query("VACUUM (ANALYZE) delivery_rows");
+      await client.query("CHECKPOINT");
+    } finally {
+      await client.end();
+    }
+    return db;
+  };
+  // The migration's transaction as migrateTo runs it: the migrations' lock, the migration, its version.
+  const migration = async (url: string) => {
+    const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
+    await client.connect();
+    try {
+      const started = performance.now();
+      await client.query("BEGIN");
+      await client.query("SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))");
+      await client.query(MIGRATIONS[version]!);
+      await client.query("INSERT INTO inbox_migrations (version) VALUES ($1)", [version + 1]);
+      await client.query("COMMIT");
+      return performance.now() - started;
+    } finally {
+      await client.end();
+    }
+  };
+  const report = (times: Map<string, number[]>, phases: [string, string][]) => {
+    for (const [phase, what] of phases) {
+      say(`    ${what}: ${latencies(times.get(phase))}`);
+      say(`    ${" ".repeat(what.length)}  ${latencies(times.get(`${phase}:mark`), "done marks")}`);
+    }
+  };
+  for (const ahead of [false, true]) {
+    const db = await filled();
+    try {
+      const host = await oldHost(db.url, true);
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      let aheadMs = 0;
+      let built = 0;
+      if (ahead) {
+        const session = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+        await session.connect();
+        host.phase("ahead");
+        const started = performance.now();
+        built = await prepareFailedIndex(session, "inbox");
+        aheadMs = performance.now() - started;
+        await session.end();
+        host.phase("between");
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+      }
+      host.phase("migration");
+      const ms = await migration(db.url);
+      host.phase("connect");
+      const started = performance.now();
+      const inbox = await connect(`${db.url}?schema=inbox`);
+      const connectMs = performance.now() - started;
+      host.phase("after");
+      await inbox.close();
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      const times = await host.stop();
+      if (ahead) {
+        say(
+          `  ${name}, built ahead: the build ${f(aheadMs)} ms (${built} partitions), then the migration's transaction ${f(ms)} ms, then the first connect() ${f(connectMs)} ms`,
+        );
+        report(times, [
+          ["before", "before"],
+          ["ahead", "during the build ahead"],
+          ["migration", "begun during the migration"],
+        ]);
+      } else {
+        say(
+          `  ${name}, built in its migration: the migration's transaction ${f(ms)} ms, then the first connect() ${f(connectMs)} ms`,
+        );
+        report(times, [
+          ["before", "before"],
+          ["migration", "begun during the migration"],
+        ]);
+      }
+    } finally {
+      await db.drop();
+    }
+  }
+  return lines;
+}
+
 /** stored runs every size on every backend and returns the summary. */
 export async function stored(): Promise<string> {
   const lines: string[] = [];
@@ -495,9 +628,15 @@ export async function stored(): Promise<string> {
       }
     }
     // BENCH_UPGRADE_ROWS sets the upgrade's size apart from the largest S, as a fill of ten million twice is most of an hour.
+    const upgrades = (process.env.BENCH_UPGRADES ?? "bodies,history,failed").split(",").map((u) => u.trim());
+    for (const u of upgrades)
+      if (!(u in UPGRADES)) throw new TypeError(`BENCH_UPGRADES: expected some of bodies,history,failed, got ${u}`);
+    const rows = knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES));
     if ((await inboxTargets()).some((t) => t.name === "PostgreSQL"))
       for (const to of ["bodies", "history"] as const)
-        lines.push(...(await upgradeCost(knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES)), to)));
+        if (upgrades.includes(to)) lines.push(...(await upgradeCost(rows, to)));
+    if (upgrades.includes("failed") && (await inboxTargets()).some((t) => t.name === "PostgreSQL"))
+      lines.push(...(await failedIndexCost(rows)));
   } finally {
     cleanup();
   }

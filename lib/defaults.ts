@@ -184,6 +184,12 @@ export const DEFAULTS = {
    */
   keysCopyBatch: 50_000,
   /**
+   * PostgreSQL: how long a host rests between two asks for the lock of the failed rows' index built ahead
+   * (docs/table.md#built-ahead) while another host builds it. It asks, not waits: a statement waiting for the lock
+   * is a transaction the other's CREATE INDEX CONCURRENTLY waits for, a deadlock. @default 100
+   */
+  indexAheadRestMs: 100,
+  /**
    * PostgreSQL: how many times a claim, a bulk retry or replay's batch, or a purge's batch is run again when it
    * met a row that another transaction's commit had just moved between delivery_rows' partitions (SQLSTATE 40001,
    * docs/table.md#hot-and-cold); each run reads afresh, so a second one finds the row where it went. @default 5

@@ -563,7 +563,8 @@ export const MIGRATIONS: readonly string[] = [
   // beside it, the planner took the old one still, as it prices a scan of an index of more than one column as
   // less in the heap's order. Declared on delivery_rows, it is made on every partition (the hot one holds no
   // failed row, and its writes never enter it), on each day makePeriods() makes later, and on a day's copy
-  // (tombstonePeriod() builds the day's indexes as they are).
+  // (tombstonePeriod() builds the day's indexes as they are). migrate() builds it on each partition ahead of this,
+  // online (prepareFailedIndex), and the CREATE INDEX below attaches what it finds built there.
   `DROP INDEX delivery_rows_failed;
    CREATE INDEX delivery_rows_failed ON delivery_rows (received_at, source, id, route) WHERE status = 'failed';`,
 ];
@@ -720,30 +721,130 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
   }
 }
 
+// The migration that makes delivery_rows_failed again in the page's order, whose build prepareFailedIndex runs ahead.
+const FAILED = MIGRATIONS.findIndex((m) => m.startsWith("DROP INDEX delivery_rows_failed;"));
+// Its index on a partition as pg_get_indexdef() gives it, after the name and the table: an index of this form, valid,
+// is one the migration's CREATE INDEX on delivery_rows attaches as it is rather than builds again.
+const FAILED_FORM = "USING btree (received_at, source, id, route) WHERE (status = 'failed'::text)";
+
+/** IndexAhead is a test's hook into prepareFailedIndex. */
+export interface IndexAhead {
+  /** Runs before each partition's build, with the partition's name: a test's race with it. */
+  before?: (partition: string) => Promise<void>;
+}
+
 /**
- * migrate brings the schema up to date under an advisory lock, the split's keys copied ahead of it (prepareKeys)
- * on a connection of its own. An inbox from before the split is first brought to just before it in a
- * transaction of its own, so that its keys are copied ahead whatever version it comes from; a new schema
- * (version 0) has no keys to copy and is made in one transaction.
+ * prepareFailedIndex builds the failed rows' index in the page's order on each partition of delivery_rows ahead
+ * of the migration that declares it (docs/table.md#built-ahead), online, when the schema is at the
+ * version just before that migration and only then, so that the migration, which holds delivery_rows' lock,
+ * finds it built and attaches it. It returns how many partitions it built it on (0 when there was nothing to do).
+ * Each is a CREATE INDEX CONCURRENTLY, outside any transaction: it lets stores, claims and done marks through, and
+ * waits for every transaction older than it in the database, as long as it takes. An index a build cut short left
+ * INVALID (the host died, or the build failed) is dropped and built again: attached as it is, it would leave the
+ * migration's index invalid.
+ */
+export async function prepareFailedIndex(
+  session: pg.ClientBase,
+  schema: string,
+  ahead: IndexAhead = {},
+): Promise<number> {
+  // Whether there is an index to build: the schema just before the migration. Every host that runs migrate() calls
+  // this first, so under the session's lock below it stays so, but for a host behind a per-transaction pooler, which
+  // builds nothing ahead and may migrate meanwhile: each partition asks again.
+  const due = async () => {
+    if (!(await session.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready")).rows[0].ready)
+      return false;
+    return (
+      Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === FAILED
+    );
+  };
+  if (!(await due())) return 0;
+  // A second host waits here for the first, then finds each partition built. It asks again after a rest rather than
+  // wait in pg_advisory_lock(): a statement waiting is a transaction that the first's build waits for in turn.
+  while (
+    !(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [`webhook-inbox:failed:${schema}`]))
+      .rows[0].had
+  )
+    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
+  let ended = false;
+  try {
+    // No bound on a wait: a build waits for transactions, not for a lock that stores queue behind, and the migration
+    // without it would wait for the same ones with delivery_rows locked. On one core: the other is the acks'.
+    await session.query("SET lock_timeout = 0; SET statement_timeout = 0; SET max_parallel_maintenance_workers = 0");
+    // The leaves as they are now; a day made later is small, and the migration builds its index.
+    const { rows: leaves } = await session.query(
+      "SELECT relid::regclass::text AS name FROM pg_partition_tree(to_regclass('delivery_rows')) WHERE isleaf ORDER BY relid",
+    );
+    let built = 0;
+    for (const { name } of leaves as { name: string }[]) {
+      await ahead.before?.(name);
+      if (!(await due())) break;
+      // The server quotes the names (regclass's text): DDL takes no bound parameters.
+      const { rows } = await session.query(
+        `SELECT i.indexrelid::regclass::text AS name, i.indisvalid AS valid FROM pg_index i
+          WHERE i.indrelid = to_regclass($1)
+            AND regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE INDEX \\S+ ON \\S+ ', '') = $2`,
+        [name, FAILED_FORM],
+      );
+      const found = rows as { name: string; valid: boolean }[];
+      if (found.some((index) => index.valid)) continue;
+      for (const left of found) await session.query(`DROP INDEX CONCURRENTLY ${left.name}`);
+      // Unnamed, as the migration's CREATE INDEX names what it builds on a partition: the same name either way.
+      await session.query(
+        `CREATE INDEX CONCURRENTLY ON ${name} (received_at, source, id, route) WHERE status = 'failed'`,
+      );
+      built++;
+    }
+    ended = true;
+    return built;
+  } finally {
+    // A session that failed is dropped by its caller: its settings and lock go with it.
+    const undo = async () => {
+      await session.query("RESET lock_timeout; RESET statement_timeout; RESET max_parallel_maintenance_workers");
+      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:failed:${schema}`]);
+    };
+    await (ended ? undo() : undo().catch(() => {}));
+  }
+}
+
+/**
+ * migrate brings the schema up to date under an advisory lock, with what can be done online first, each on a
+ * connection of its own: the split's keys copied ahead of it (prepareKeys), and the failed rows' index built
+ * ahead of the migration that declares it (prepareFailedIndex). An inbox before either is first brought to just
+ * before it in a transaction of its own; a new schema (version 0) has nothing to copy or build and is made in one
+ * transaction.
  */
 export async function migrate(pool: Pool, schema: string): Promise<void> {
-  const from = await versionOf(pool);
+  let at = await versionOf(pool);
   // Only an inbox from before the split has keys to copy ahead: every other open (nearly all) takes no
   // connection for it. prepareKeys checks the version again under the migrations' lock.
-  if (from > 0 && from <= SPLIT) {
-    if (from < SPLIT) await migrateTo(pool, schema, SPLIT);
-    const session = await pool.connect();
-    try {
-      await prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled });
-      session.release();
-    } catch (error) {
-      session.release(error instanceof Error ? error : new Error(String(error)));
-      throw new Error(`copy delivery_keys ahead: ${error instanceof Error ? error.message : String(error)}`, {
-        cause: error,
-      });
-    }
+  if (at > 0 && at <= SPLIT) {
+    if (at < SPLIT) await migrateTo(pool, schema, SPLIT);
+    await onSession(pool, "copy delivery_keys ahead", (session) =>
+      prepareKeys(session, schema, { begin: () => pool.begin(session), alone: !pool.pooled }),
+    );
+    at = SPLIT;
+  }
+  // Not behind a per-transaction pooler, which lends a session's lock to whoever comes next: there the
+  // migration builds the index under its lock, as it did.
+  if (at > 0 && at <= FAILED && !pool.pooled) {
+    if (at < FAILED) await migrateTo(pool, schema, FAILED);
+    await onSession(pool, "build delivery_rows_failed ahead", (session) => prepareFailedIndex(session, schema));
   }
   await migrateTo(pool, schema, MIGRATIONS.length);
+}
+
+// onSession runs run on a connection of the pool's own, released when it returns and dropped when it throws (with
+// whatever session state it left), the error saying what was being done.
+async function onSession(pool: Pool, what: string, run: (session: pg.PoolClient) => Promise<unknown>): Promise<void> {
+  const session = await pool.connect();
+  try {
+    await run(session);
+    session.release();
+  } catch (error) {
+    session.release(error instanceof Error ? error : new Error(String(error)));
+    throw new Error(`${what}: ${error instanceof Error ? error.message : String(error)}`, { cause: error });
+  }
 }
 
 // versionOf reads the schema's version without a lock (0 where nothing was made yet): migrateTo reads it again
