@@ -315,21 +315,25 @@ async function releaseDayIn(
   }
   const again = await client.query("SELECT 1 FROM released_days WHERE day = $1", [period.from]);
   if (again.rowCount !== 0) return undefined;
+  // What the release makes tombstones, as the view reads them: done before at (a clock ahead of the purge's may
+  // have finished a row after it).
+  const before = "status = 'done' AND purged_at IS NULL AND (finished_at IS NULL OR finished_at < $1)";
   const counted = await client.query(
-    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM ${day}
-      WHERE status = 'done' AND purged_at IS NULL`,
+    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM ${day} WHERE ${before}`,
+    [at],
   );
   const n = counted.rows[0].n as number;
   if (n === 0) return { n: 0, bytes: 0 };
   // Searched bodies leave the index with their row's body, as the row's update trigger does for a batch.
   await client.query(
     `DELETE FROM deliveries_search s USING ${day} r
-      WHERE (SELECT enabled FROM search_state) AND r.route = 0 AND r.status = 'done' AND r.purged_at IS NULL
+      WHERE (SELECT enabled FROM search_state) AND r.route = 0 AND ${before}
         AND s.source = r.source AND s.id = r.id`,
+    [at],
   );
   // A body kept in its row would outlive its retention there, readable by SQL and in every backup: it is emptied.
   await client.query(
-    `UPDATE ${day} SET body = '\\x'::bytea, purged_at = $1 WHERE status = 'done' AND purged_at IS NULL AND octet_length(body) > 0`,
+    `UPDATE ${day} SET body = '\\x'::bytea, purged_at = $1 WHERE ${before} AND octet_length(body) > 0`,
     [at],
   );
   await client.query("INSERT INTO released_days (day, released_at) VALUES ($1, $2)", [period.from, at]);
