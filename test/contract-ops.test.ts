@@ -827,6 +827,61 @@ contract((suite) => {
     );
 
     suite.onPostgres(
+      "a replay that waits behind a day's release reads the release once it goes on; one that went first keeps its body",
+      async () => {
+        const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        const day = periodOf(suite.t);
+        await handled(inbox, "race_1", big("race_1"));
+        suite.t += 8 * DAY;
+        // A release's first transaction, held open: the day's lock and its row in released_days (releaseDay).
+        const releasing = async (locked: boolean) => {
+          const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await holder.connect();
+          await holder.query("BEGIN");
+          if (locked) await holder.query(`LOCK TABLE ${schema}.${historyOf(day)} IN EXCLUSIVE MODE`);
+          await holder.query(`INSERT INTO ${schema}.released_days (day, released_at) VALUES ($1, $2)`, [
+            day.from,
+            suite.t,
+          ]);
+          const pid = (await holder.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+          return { holder, pid };
+        };
+        const { holder, pid } = await releasing(true);
+        try {
+          const replaying = inbox.replayMatching({ id: "race_1" });
+          for (;;) {
+            const [{ n }] = (await inbox.query(
+              "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ? = ANY(pg_blocking_pids(pid))",
+              pid,
+            )) as [{ n: number }];
+            if (n > 0) break;
+            await new Promise((resolve) => setTimeout(resolve, 5));
+          }
+          await holder.query("COMMIT");
+          assert.deepEqual(await replaying, { replayed: 0, tombstoned: 1 }, "the replay waited, and read the release");
+        } finally {
+          await holder.end();
+        }
+        // The control: with no lock on the day, a replay goes before the release commits, and the row it moved
+        // out of the day keeps its body through the release of the day's bodies.
+        await inbox.query("DELETE FROM released_days");
+        const first = await releasing(false);
+        try {
+          assert.deepEqual(await inbox.replayMatching({ id: "race_1" }), { replayed: 1, tombstoned: 0 });
+          await first.holder.query("COMMIT");
+        } finally {
+          await first.holder.end();
+        }
+        await inbox.purge();
+        const [again] = await inbox.find("race_1");
+        assert.deepEqual([again!.status, again!.purgedAt, again!.body], ["received", null, body(big("race_1"))]);
+      },
+    );
+
+    suite.onPostgres(
       "leaves a day whole when its release cannot have its lock in time, its tombstones' bodies none meanwhile, and drops it at the next purge",
       async () => {
         const inbox = await open();
