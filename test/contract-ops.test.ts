@@ -476,52 +476,38 @@ contract((suite) => {
     );
 
     suite.onPostgres(
-      "makes a day's done rows tombstones by writing its history's partition anew, and by batches when a writer holds one of its rows",
+      "releases a day's done rows as tombstones by one row, writing none of them, and marks them in batches when a writer holds one of its rows",
       async () => {
         const inbox = await open();
-        await inbox.enableSearch(); // its row triggers are on each day's partition, and must be on the copy
-        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
-        const day = historyOf(periodOf(T0));
+        await inbox.enableSearch(); // the day's search documents go with its bodies
+        const big = (id: string) => ({ id, pad: `x${id}`.repeat(200) }); // past inlineBodyBytes: kept apart
         const { default: pg } = await import("pg");
         const schema = new URL(suite.target).searchParams.get("schema")!;
-        // The day's partition: which table it is, its indexes (by definition, less their names and the table's)
-        // and those it shares with delivery_rows, its row triggers, and whether the one it replaced is gone.
-        const shape = async () =>
+        // The day's partition (which table, which file) and where a row of it is and which transaction wrote it.
+        const where = async (day: string, id: string) =>
           (
             await inbox.query(
-              `SELECT to_regclass(?)::oid::bigint AS oid,
-                      (SELECT string_agg(d, ' | ' ORDER BY d) FROM (
-                         SELECT regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE (UNIQUE )?INDEX \\S+ ON \\S+', '\\1') AS d
-                           FROM pg_index i WHERE i.indrelid = to_regclass(?)) x) AS indexes,
-                      (SELECT count(*)::integer FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indexrelid
-                        WHERE i.indrelid = to_regclass(?)) AS shared,
-                      (SELECT count(*)::integer FROM pg_trigger WHERE tgrelid = to_regclass(?)) AS triggers,
-                      (SELECT count(*)::integer FROM pg_constraint WHERE conrelid = to_regclass(?) AND contype = 'c') AS checks,
-                      to_regclass(?) IS NOT NULL AS leftover,
-                      (SELECT count(*)::integer FROM pg_stats WHERE schemaname = current_schema() AND tablename = ?) AS stats`,
+              `SELECT to_regclass(?)::oid::bigint AS oid, pg_relation_filenode(to_regclass(?))::bigint AS file,
+                      (SELECT ctid::text || ' ' || xmin::text FROM delivery_rows WHERE id = ?) AS row`,
               day,
               day,
-              day,
-              day,
-              day,
-              `${day}_was`,
-              day,
+              id,
             )
-          )[0] as {
-            oid: number;
-            indexes: string;
-            shared: number;
-            triggers: number;
-            checks: number;
-            leftover: boolean;
-            stats: number;
-          };
+          )[0] as { oid: number; file: number; row: string };
         const days = async (prefix: string, writer?: string) => {
+          const day = historyOf(periodOf(suite.t));
           await handled(inbox, `${prefix}_1`);
           await handled(inbox, `${prefix}_2`, big(`${prefix}_2`));
           await inbox.store({ id: `${prefix}_bad`, body: body({}) });
           await inbox.fail((await inbox.claim(LEASE))!, "nope", { permanent: true });
-          const before = await shape();
+          await inbox.indexSearch();
+          const [indexed] = await inbox.query(
+            "SELECT count(*)::integer AS n FROM deliveries_search WHERE id IN (?, ?)",
+            `${prefix}_1`,
+            `${prefix}_2`,
+          );
+          assert.equal(indexed!.n, 2, "(control) the day's done bodies were searchable");
+          const before = await where(day, `${prefix}_2`);
           suite.t += 8 * DAY;
           const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
           await holder.connect();
@@ -548,39 +534,84 @@ contract((suite) => {
               await holder.query("COMMIT");
             }
             const purged = await purging;
-            return { before, after: await shape(), purged };
+            return { before, after: await where(day, `${prefix}_2`), purged };
           } finally {
             await holder.end();
           }
         };
         const { before, after, purged } = await days("sw");
         assert.equal(purged.bodies, 2);
-        assert.notEqual(after.oid, before.oid, "the day's partition is a new table");
-        assert.ok(before.triggers > 0, `the search's row triggers were on the day (${before.triggers})`);
         assert.deepEqual(
-          [after.indexes, after.shared, after.triggers, after.checks, after.leftover],
-          [before.indexes, before.shared, before.triggers, before.checks, false],
-          "with the same indexes, shared as before, the same triggers and CHECKs (its bounds' gone), and the old one dropped",
+          [after.oid, after.file, after.row],
+          [before.oid, before.file, before.row],
+          "the day's partition is the same table and file, and the row of the body kept apart was not written",
         );
-        assert.deepEqual([before.stats > 0, after.stats > 0], [false, true], "and analyzed, where nothing had");
+        const [inline] = await inbox.query(
+          "SELECT octet_length(body) AS n, purged_at FROM delivery_rows WHERE id = 'sw_1'",
+        );
+        assert.deepEqual([inline!.n, Number(inline!.purged_at)], [0, suite.t], "a body kept in its row is emptied");
+        // Every read sees the day's done rows as tombstones: show, a list, a search, the export and the counts.
         for (const id of ["sw_1", "sw_2"]) {
           const [gone] = await inbox.find(id);
           assert.deepEqual([gone!.status, gone!.body.length, gone!.purgedAt], ["done", 0, suite.t], id);
         }
+        const listed = await inbox.list({ status: "done" });
+        assert.deepEqual(
+          listed.filter((d) => d.id.startsWith("sw_")).map((d) => [d.id, d.purgedAt, d.body.length]),
+          [
+            ["sw_2", suite.t, 0],
+            ["sw_1", suite.t, 0],
+          ],
+        );
+        const exported = (await inbox.page(undefined, 10)).find((d) => d.id === "sw_2");
+        assert.deepEqual([exported!.purgedAt, exported!.body.length], [suite.t, 0]);
+        assert.deepEqual(
+          (await inbox.search({ bodyContains: "xsw_2xsw_2" })).map((d) => d.id),
+          [],
+          "a released body is not found",
+        );
+        const documents = await inbox.query("SELECT id FROM deliveries_search WHERE id LIKE 'sw%' ORDER BY id");
+        assert.deepEqual(
+          documents.map((d) => d.id).filter((id) => id !== "sw_bad"),
+          [],
+          "and the day's done documents went with them",
+        );
+        const kept = await inbox.kept();
+        assert.deepEqual([kept.bodies.count, kept.tombstones.count], [1, 2], "counted as tombstones");
         assert.deepEqual((await inbox.find("sw_bad"))[0]!.body, body({}), "a failed body of that day was kept");
         assert.equal(await inbox.store({ id: "sw_1", body: body({ id: "sw_1" }) }), "duplicate");
         assert.equal(await inbox.store({ id: "sw_2", body: body({ id: "forged" }) }), "conflict");
-        assert.equal(await inbox.retry({ id: "sw_bad" }), 1, "a failed row of the new partition moves out of it");
-        assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true, "and back into it, done");
-        // The control: with a writer in the day, the day is marked in batches, in the same table as before.
-        suite.t = T0 + 1_000;
+        assert.deepEqual(await inbox.replayMatching({ id: "sw_2" }), { replayed: 0, tombstoned: 1 });
+        assert.deepEqual(await inbox.replayMatching({ id: "sw_2" }, { to: "elsewhere" }), {
+          replayed: 0,
+          tombstoned: 1,
+        });
+        assert.deepEqual(await inbox.dropBodies({ id: "sw_2" }), { bodies: 0, bytes: 0 }, "nothing left to drop");
+        assert.equal(await inbox.retry({ id: "sw_bad" }), 1, "a failed row of the day moves out of it");
+        assert.equal(await inbox.finish((await inbox.claim(LEASE))!), true, "and back into it, done since the release");
+        assert.deepEqual(
+          [(await inbox.find("sw_bad"))[0]!.purgedAt, (await inbox.find("sw_bad"))[0]!.body],
+          [null, body({})],
+        );
+        // The control: with a writer in the day, the day is marked in batches, its rows written where they are.
+        suite.t = T0 + DAY + 1_000;
         const held = await days("hold", "hold_1");
-        // The held row, changed by the writer meanwhile, is passed over (dropBatch), as before this.
-        assert.equal(held.purged.bodies, 2, "hold_2, and the first's failed row, done since");
-        assert.equal(held.after.oid, held.before.oid, "the same table, its rows marked where they are");
+        // The held row, changed by the writer meanwhile, is passed over by its batch (dropBatch) and marked by
+        // the purge's pass over what no released day covers, once the writer let go.
+        assert.equal(
+          held.purged.bodies,
+          3,
+          "hold_1 and hold_2, and the first day's failed row, done since its release",
+        );
+        assert.deepEqual([held.after.oid, held.after.file], [held.before.oid, held.before.file]);
+        assert.notEqual(held.after.row, held.before.row, "the row written anew, where the release wrote none");
         assert.equal((await inbox.find("hold_2"))[0]!.purgedAt, suite.t);
-        assert.equal((await inbox.purge()).bodies, 1, "the next purge takes the held one");
+        assert.deepEqual(
+          [(await inbox.find("sw_bad"))[0]!.purgedAt, (await inbox.find("sw_bad"))[0]!.body.length],
+          [suite.t, 0],
+        );
         assert.equal((await inbox.find("hold_1"))[0]!.purgedAt, suite.t);
+        assert.equal((await inbox.purge()).bodies, 0, "and the next purge finds nothing left");
       },
     );
 
@@ -606,7 +637,7 @@ contract((suite) => {
             await client.query("SELECT received_at FROM delivery_keys WHERE id = $1", [id]);
             const purged = await inbox.purge();
             const { rows } = await client.query(
-              "SELECT status, octet_length(body) AS inline FROM delivery_rows WHERE id = $1",
+              "SELECT status, purged_at, octet_length(body) AS bytes FROM deliveries WHERE id = $1",
               [id],
             );
             return { purged, rows };
@@ -616,9 +647,13 @@ contract((suite) => {
           await handled(inbox, "snap_open", big("snap_open"));
           suite.t += 8 * DAY;
           const held = await read("snap_held", true);
-          assert.equal(held.rows.length, 1, "the row is there, as it was when the snapshot was taken");
-          assert.equal(held.purged.bodies, 2, "both made tombstones, in batches");
-          // The control: a snapshot with no such lock, and a purge that swaps the day in while it is open.
+          assert.deepEqual(
+            held.rows,
+            [{ status: "done", purged_at: null, bytes: body(big("snap_held")).length }],
+            "the delivery is whole, as it was when the snapshot was taken",
+          );
+          assert.equal(held.purged.bodies, 2, "both made tombstones, their bodies' day left for the next purge");
+          // The control: a snapshot with no such lock, and a purge that drops the day's bodies while it is open.
           suite.t += DAY;
           // Its day made first, by an open, as a daily purge would have made it: the purge above could not, its
           // CREATE … PARTITION OF giving way to the read's lock too.
@@ -627,7 +662,11 @@ contract((suite) => {
           suite.t += 8 * DAY;
           const open_ = await read("snap_late", false);
           assert.equal(open_.purged.bodies, 1);
-          assert.deepEqual(open_.rows, [], "to a snapshot from before the swap, the day's copy is empty");
+          assert.deepEqual(
+            open_.rows,
+            [{ status: "done", purged_at: null, bytes: 0 }],
+            "to a snapshot from before the release, a delivery with a body is read with none",
+          );
         } finally {
           defaults.periodLockTries = tries;
           await pool.end();
@@ -779,10 +818,68 @@ contract((suite) => {
         assert.equal(await held("old_1"), undefined, "the day was released");
         assert.equal(await to.restore([second!]), 1);
         assert.equal(await held("old_2"), day.name, "made again, not left to the default partition");
+        // Done before the day's release, it is one of the day's tombstones at once (docs/table.md#hot-and-cold).
+        const [restored] = await to.find("old_2");
+        assert.deepEqual([restored!.purgedAt, restored!.body.length], [suite.t, 0]);
         const purged = await to.purge();
-        assert.equal(purged.bodies, 1);
+        assert.deepEqual([purged.bodies, purged.bytes], [0, body(big("old_2")).length]);
         const [gone] = await to.query("SELECT to_regclass(?) IS NOT NULL AS made", day.name);
         assert.equal(gone!.made, false, "and released whole again");
+      },
+    );
+
+    suite.onPostgres(
+      "a replay that waits behind a day's release reads the release once it goes on; one that went first keeps its body",
+      async () => {
+        const inbox = await open();
+        const big = (id: string) => ({ id, pad: "x".repeat(1_000) }); // past inlineBodyBytes: kept apart
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        const day = periodOf(suite.t);
+        await handled(inbox, "race_1", big("race_1"));
+        suite.t += 8 * DAY;
+        // A release's first transaction, held open: the day's lock and its row in released_days (releaseDay).
+        const releasing = async (locked: boolean) => {
+          const holder = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await holder.connect();
+          await holder.query("BEGIN");
+          if (locked) await holder.query(`LOCK TABLE ${schema}.${historyOf(day)} IN EXCLUSIVE MODE`);
+          await holder.query(`INSERT INTO ${schema}.released_days (day, released_at) VALUES ($1, $2)`, [
+            day.from,
+            suite.t,
+          ]);
+          const pid = (await holder.query("SELECT pg_backend_pid() AS pid")).rows[0].pid as number;
+          return { holder, pid };
+        };
+        const { holder, pid } = await releasing(true);
+        try {
+          const replaying = inbox.replayMatching({ id: "race_1" });
+          for (;;) {
+            const [{ n }] = (await inbox.query(
+              "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ? = ANY(pg_blocking_pids(pid))",
+              pid,
+            )) as [{ n: number }];
+            if (n > 0) break;
+            await new Promise((resolve) => setTimeout(resolve, 5));
+          }
+          await holder.query("COMMIT");
+          assert.deepEqual(await replaying, { replayed: 0, tombstoned: 1 }, "the replay waited, and read the release");
+        } finally {
+          await holder.end();
+        }
+        // The control: with no lock on the day, a replay goes before the release commits, and the row it moved
+        // out of the day keeps its body through the release of the day's bodies.
+        await inbox.query("DELETE FROM released_days");
+        const first = await releasing(false);
+        try {
+          assert.deepEqual(await inbox.replayMatching({ id: "race_1" }), { replayed: 1, tombstoned: 0 });
+          await first.holder.query("COMMIT");
+        } finally {
+          await first.holder.end();
+        }
+        await inbox.purge();
+        const [again] = await inbox.find("race_1");
+        assert.deepEqual([again!.status, again!.purgedAt, again!.body], ["received", null, body(big("race_1"))]);
       },
     );
 

@@ -36,9 +36,12 @@ import {
   periodOf,
   periodsBefore,
   periodsMade,
+  type Release,
   type Released,
+  releaseDay,
+  releasedBefore,
   releasePeriod,
-  tombstonePeriod,
+  unreleased,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { byId, heldSnapshot } from "./reads.ts";
@@ -57,6 +60,20 @@ interface Dropped {
 function leftWhole(error: unknown): undefined {
   if (!gaveWay(error)) throw error;
   return undefined;
+}
+
+const DAY = 86_400_000;
+
+// between gives the spans of time from start to end that no released day covers, each [from, until).
+function between(releases: Release[], start: number, end: number): [number, number][] {
+  const spans: [number, number][] = [];
+  let from = start;
+  for (const { day } of releases) {
+    if (day > from) spans.push([from, Math.min(day, end)]);
+    from = Math.max(from, day + DAY);
+  }
+  if (from < end) spans.push([from, end]);
+  return spans.filter(([a, b]) => a < b);
 }
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
@@ -266,7 +283,8 @@ export class PostgresBulk {
     options: BulkOptions & { to?: string } = {},
   ): Promise<{ replayed: number; tombstoned: number }> {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
-    const kept = "status = 'done' AND purged_at IS NULL";
+    // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay).
+    const kept = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
@@ -276,7 +294,7 @@ export class PostgresBulk {
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
          WHERE d.source = u.s AND d.id = u.i AND d.route = u.r AND d.received_at = u.at AND d.status = 'done' AND d.purged_at IS NULL
-           AND d.received_at = ANY($5::bigint[])
+           AND d.received_at = ANY($5::bigint[]) AND ${unreleased("d.")}
          RETURNING d.source, d.id, d.order_key, d.destination`,
         [
           this.now(),
@@ -303,7 +321,7 @@ export class PostgresBulk {
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
     replayDestination(to);
-    const kept = "purged_at IS NULL";
+    const kept = `purged_at IS NULL AND (status <> 'done' OR ${unreleased()})`;
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countTo(filter, to), tombstoned: await tombstoned() };
     let replayed = 0;
@@ -326,7 +344,7 @@ export class PostgresBulk {
                 finished_at = NULL, leased_until = NULL, lease_token = NULL
          FROM unnest($2::text[], $3::text[]) AS u(s, i)
          WHERE d.source = u.s AND d.id = u.i AND d.destination = $4 AND d.status = 'done' AND d.purged_at IS NULL
-           AND d.received_at = ANY($5::bigint[])
+           AND d.received_at = ANY($5::bigint[]) AND ${unreleased("d.")}
          RETURNING d.source, d.id, d.order_key, d.destination`,
         [this.now(), mine.map((k) => k.source), mine.map((k) => k.id), to, days],
       );
@@ -500,8 +518,8 @@ export class PostgresBulk {
       return { bodies: rows[0].bodies, bytes: Number(rows[0].bytes), forgotten: rows[0].forgotten, vacuumedBytes: 0 };
     }
     const purged: Purged = { bodies: 0, bytes: 0, forgotten: 0, vacuumedBytes: 0 };
-    // Whole days first (docs/operations.md#retention-by-period): the day's done rows are made tombstones (its
-    // history's partition written anew, else in batches of narrow rows), and then its partition of bodies is
+    // Whole days first (docs/operations.md#retention-by-period): the day's done rows are made tombstones (the day
+    // released by one row in released_days, else in batches of narrow rows), and then its partition of bodies is
     // dropped in one statement, rather than each body deleted. The days ahead are made here too, for the
     // retention schedule keeps them coming.
     await makePeriods(
@@ -511,36 +529,29 @@ export class PostgresBulk {
       DEFAULTS.periodLockMs,
     );
     await dropDetached(this.pool); // what a crash left between a release and its DROP
+    const kept = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
-      // The day's done rows are made tombstones by writing its history's partition anew, in one transaction of
-      // its own, off the commit queue (acks do not wait for its copy); rested after, as long as it took. A day
-      // with no partition of its own, or whose locks were not had in time, is marked in the batches below, which
-      // also take the rows done since.
+      // The day's done rows are made tombstones by one row that says so (releaseDay), in a transaction of its own,
+      // off the commit queue; rested after, as long as it took. A day with no partition of its own, one whose
+      // lock was not had at once, or one released before (a restore made its bodies' day again) is marked in
+      // the batches below.
       const now = this.pinned ? this.pinned() : Date.now();
-      const swapped = await paced(rest, () =>
-        tombstonePeriod(
+      const released = await paced(rest, () =>
+        releaseDay(
           (run) => ownTransaction(this.pool, run),
           period,
           now,
           (client, n) => writeAudit(client, options.audit, n, this.now()),
         ).catch(leftWhole),
       );
-      if (swapped) {
-        purged.bodies += swapped.n;
-        purged.bytes += swapped.bytes;
-        await dropDetached(this.pool);
+      if (released) {
+        purged.bodies += released.n;
+        purged.bytes += released.bytes;
       }
       if (options.signal?.aborted) return purged;
-      for (let from = period.from; ; ) {
+      for (let from = period.from; !released; ) {
         const { n, bytes, picked, last } = await paced(rest, () =>
-          this.dropBatch(
-            "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
-            [period.until],
-            from,
-            batch,
-            options.audit,
-            false,
-          ),
+          this.dropBatch(`${kept} AND received_at < ?::bigint`, [period.until], from, batch, options.audit, false),
         );
         purged.bodies += n;
         purged.bytes += bytes;
@@ -551,74 +562,124 @@ export class PostgresBulk {
       // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again (releasePeriod);
       // after DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
       // Each try is a batch of the purge, rested after (paced) whether it released the day or gave way.
-      const released = await releasePeriod(async (run) => {
-        const tried = await paced(rest, () =>
-          this.other(run).then(
-            (value) => ({ value: value as Released }),
-            (error: unknown) => {
-              if (!gaveWay(error)) throw error;
-              return { error };
-            },
-          ),
-        );
-        if ("error" in tried) throw tried.error;
-        return tried.value;
-      }, period).catch(leftWhole);
-      if (released) {
-        purged.bytes += released.bytes;
+      const bodies = await releasePeriod(
+        async (run) => {
+          const tried = await paced(rest, () =>
+            this.other(run).then(
+              (value) => ({ value: value as Released }),
+              (error: unknown) => {
+                if (!gaveWay(error)) throw error;
+                return { error };
+              },
+            ),
+          );
+          if ("error" in tried) throw tried.error;
+          return tried.value;
+        },
+        period,
+        released ? now : undefined,
+      ).catch(leftWhole);
+      if (bodies) {
+        purged.bytes += bodies.bytes;
         await dropDetached(this.pool);
       }
     }
-    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
-      const { n, bytes, picked, last } = await paced(rest, () =>
-        this.dropBatch(
-          "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint",
-          [bodiesBefore],
-          from,
-          batch,
-          options.audit,
-        ),
-      );
-      purged.bodies += n;
-      purged.bytes += bytes;
-      if (picked < batch || options.signal?.aborted) break;
-      from = last;
+    // The rows done since their day's release (replayed or retried, and done again) kept their bodies: each
+    // released day's are found by its index of finished rows, and marked as row by row marks them.
+    const releases = await releasedBefore(this.pool, bodiesBefore);
+    for (const { day, releasedAt } of releases) {
+      for (let from = day; ; ) {
+        const { n, bytes, picked, last } = await paced(rest, () =>
+          this.dropBatch(
+            "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint AND finished_at >= ?::bigint",
+            [Math.min(day + DAY, bodiesBefore), releasedAt],
+            from,
+            batch,
+            options.audit,
+          ),
+        );
+        purged.bodies += n;
+        purged.bytes += bytes;
+        if (options.signal?.aborted) return purged;
+        if (picked < batch) break;
+        from = last;
+      }
+    }
+    // Everything else before the cutoff, row by row, in the time between the released days: each of those holds
+    // its tombstones-to-be in deliveries_kept still, and a walk through them would find none.
+    for (const [start, end] of between(releases, Number.MIN_SAFE_INTEGER, bodiesBefore)) {
+      for (let from = start; ; ) {
+        const { n, bytes, picked, last } = await paced(rest, () =>
+          this.dropBatch(`${kept} AND received_at < ?::bigint`, [end], from, batch, options.audit),
+        );
+        purged.bodies += n;
+        purged.bytes += bytes;
+        if (picked < batch || options.signal?.aborted) break;
+        from = last;
+      }
+      if (options.signal?.aborted) return purged;
     }
     // Whole days of history first (docs/operations.md#retention-by-period): a day past the forget cutoff that
     // holds nothing forget keeps goes in one DROP; the rest, and the rows of a day that could not be had, row by row.
     await this.forgetDays(forgetBefore, rest, purged, options);
     // Deleted a batch per transaction, so autovacuum (tuned tight on this table) reclaims them as it goes;
-    // each batch starts at the last one's time, past the index entries of the rows it deleted (dropBatch).
-    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
-      if (options.signal?.aborted) return purged;
-      const { n, last } = (await paced(rest, () =>
-        this.other(async (client) => {
-          // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
-          const { rows } = await client.query(
-            `WITH gone AS (
-               DELETE FROM delivery_rows WHERE (source, id, route, received_at) IN (
-                 SELECT source, id, route, received_at FROM delivery_rows WHERE purged_at IS NOT NULL AND received_at < $1 AND received_at >= $3
-                 ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
-               RETURNING source, id, route, destination, received_at),
-             keys AS (
-               DELETE FROM delivery_keys k USING gone g WHERE k.source = g.source AND k.id = g.id AND k.route = g.route),
-             tries AS (
-               DELETE FROM attempts a USING gone g WHERE a.source = g.source AND a.id = g.id AND a.destination = g.destination)
-             SELECT count(*)::integer AS n, max(received_at) AS last FROM gone`,
-            [forgetBefore, batch, from],
-          );
-          const forgot = rows[0].n as number;
-          await writeAudit(client, options.audit, forgot, this.now());
-          return { n: forgot, last: Number(rows[0].last) };
-        }),
-      )) as { n: number; last: number };
-      purged.forgotten += n;
-      if (n < batch) break;
-      from = last;
+    // each batch starts at the last one's time, past the index entries of the rows it deleted (dropBatch). A
+    // released day that forget could not drop whole (it holds a failed delivery) has its tombstones forgotten
+    // here too: its done rows done before its release.
+    const forgettable: { which: string; start: number; before: number; releasedAt?: number }[] = [
+      { which: "purged_at IS NOT NULL AND received_at < $1", start: Number.MIN_SAFE_INTEGER, before: forgetBefore },
+    ];
+    for (const { day, releasedAt } of await releasedBefore(this.pool, forgetBefore))
+      forgettable.push({
+        which:
+          "status = 'done' AND purged_at IS NULL AND received_at < $1 AND (finished_at IS NULL OR finished_at < $4)",
+        start: day,
+        before: Math.min(day + DAY, forgetBefore),
+        releasedAt,
+      });
+    for (const { which, start, before, releasedAt } of forgettable) {
+      for (let from = start; ; ) {
+        if (options.signal?.aborted) return purged;
+        const { n, last } = await paced(rest, () => this.forgetBatch(which, before, releasedAt, from, batch, options));
+        purged.forgotten += n;
+        if (n < batch) break;
+        from = last;
+      }
     }
     // A day that row by row emptied, or that was made ahead and never used, goes now rather than pile up.
     await this.forgetDays(forgetBefore, rest, purged, options);
     return purged;
+  }
+
+  // forgetBatch forgets up to batch rows that which picks (before as $1, releasedAt as $4 where it names it),
+  // received at or after from, with their keys and attempt logs, in one transaction.
+  private forgetBatch(
+    which: string,
+    before: number,
+    releasedAt: number | undefined,
+    from: number,
+    batch: number,
+    options: PurgeOptions,
+  ): Promise<{ n: number; last: number }> {
+    return this.other(async (client) => {
+      // A forgotten delivery's attempt log goes with it: the answers it kept may be as private as the body.
+      const { rows } = await client.query(
+        `WITH gone AS (
+           DELETE FROM delivery_rows WHERE (source, id, route, received_at) IN (
+             SELECT source, id, route, received_at FROM delivery_rows WHERE ${which} AND received_at >= $3
+             ORDER BY received_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+           RETURNING source, id, route, destination, received_at),
+         keys AS (
+           DELETE FROM delivery_keys k USING gone g WHERE k.source = g.source AND k.id = g.id AND k.route = g.route),
+         tries AS (
+           DELETE FROM attempts a USING gone g WHERE a.source = g.source AND a.id = g.id AND a.destination = g.destination)
+         SELECT count(*)::integer AS n, max(received_at) AS last FROM gone`,
+        releasedAt === undefined ? [before, batch, from] : [before, batch, from, releasedAt],
+      );
+      const forgot = rows[0].n as number;
+      await writeAudit(client, options.audit, forgot, this.now());
+      return { n: forgot, last: Number(rows[0].last) };
+    }) as Promise<{ n: number; last: number }>;
   }
 
   // forgetDays releases each day of delivery_history that ends before the forget cutoff and holds no row
@@ -643,8 +704,14 @@ export class PostgresBulk {
   // Each lock is waited for DEFAULTS.periodLockMs at most, as a release of bodies is (releasePeriod).
   private async forgetDay(period: Period, audit: Audit | undefined): Promise<number | undefined> {
     const day = historyOf(period); // DDL takes no bound parameters: a name periodOf() made from an integer
-    const keep = `SELECT EXISTS (SELECT 1 FROM ${day} WHERE status = 'done' AND purged_at IS NULL)
+    // Of a released day, the done rows kept are those done since its release, which its index of finished
+    // rows finds in a probe (releaseDay analyzed the day); every other done row of it is in deliveries_kept still.
+    const [release] = (await releasedBefore(this.pool, period.until)).filter((r) => r.day === period.from);
+    const doneKept = release === undefined ? "" : "AND finished_at >= $1::bigint";
+    const keepSql = `SELECT EXISTS (SELECT 1 FROM ${day} WHERE status = 'done' AND purged_at IS NULL ${doneKept})
                       OR EXISTS (SELECT 1 FROM ${day} WHERE status = 'failed' AND purged_at IS NULL) AS keep`;
+    const keep = (client: pg.PoolClient) =>
+      client.query(keepSql, release === undefined ? [] : [release.releasedAt]).then((r) => r.rows[0].keep as boolean);
     // Each in a transaction of its own, rolled back when it finds the day stays (undefined, or false).
     const own = <T>(run: (client: pg.PoolClient) => Promise<T>): Promise<T> =>
       ownTransaction(this.pool, run, (result) => result !== undefined && result !== false);
@@ -653,7 +720,7 @@ export class PostgresBulk {
       own<number | undefined>,
       async (client, bounded) => {
         await bounded(`LOCK TABLE ${day} IN SHARE MODE`);
-        if ((await client.query(keep)).rows[0].keep) return undefined;
+        if (await keep(client)) return undefined;
         // Each of the day's rows finds its key, attempts and document by their own index: a hash join read the
         // whole of delivery_keys, every day's keys, to delete one day's (no index on its received_at, which
         // every store would write).
@@ -675,7 +742,9 @@ export class PostgresBulk {
     if (n === undefined) return undefined;
     const detached = await givingWay(own<boolean>, async (client, bounded) => {
       await bounded(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
-      if ((await client.query(keep)).rows[0].keep) return false; // rolled back: the day stays attached
+      if (await keep(client)) return false; // rolled back: the day stays attached
+      // Its release goes with it: a day made again later (a restore's) starts unreleased.
+      await client.query("DELETE FROM released_days WHERE day = $1", [period.from]);
       await writeAudit(client, audit, n, this.now());
       return true;
     }).catch(leftWhole);
@@ -687,7 +756,7 @@ export class PostgresBulk {
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const size = bulkBatchSize(options.batch);
-    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND ${where}`;
+    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND (status <> 'done' OR ${unreleased()}) AND ${where}`;
     if (options.dryRun) {
       const { rows } = await this.pool.query(
         toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),

@@ -1,5 +1,6 @@
 // postgres/periods.ts: the days of delivery_bodies (docs/table.md#bodies-apart), a partition each, and of
-// delivery_history beside them (docs/table.md#hot-and-cold): made ahead
+// delivery_history beside them (docs/table.md#hot-and-cold), whose done rows a purge makes tombstones by one row in
+// released_days (releaseDay, unreleased()): made ahead
 // (makePeriods, at open and at every purge) so that a day's bodies land in a table of their own, and
 // released whole (releasePeriod, then dropDetached) once a purge's cutoff has passed the day's end: one DROP
 // gives its bytes back to the file system, with no dead rows for vacuum; the history's days are listed
@@ -191,8 +192,12 @@ export async function periodsBefore(pool: Pool, before: number): Promise<Period[
  * delivery_bodies for the transaction's few statements: stores wait for it, not for a purge of the day row by
  * row; it gives way (givingWay) to a transaction in flight, and throws 55P03 when every try did.
  */
-export function releasePeriod(transaction: Transaction<Released>, period: Period): Promise<Released> {
-  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period));
+export function releasePeriod(
+  transaction: Transaction<Released>,
+  period: Period,
+  releasedAt?: number,
+): Promise<Released> {
+  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period, releasedAt));
 }
 
 /** Released is what a day's release kept of its bodies, and the bytes of those it let go. */
@@ -202,7 +207,12 @@ export interface Released {
 }
 
 // releaseIn is one try of releasePeriod, in the transaction of client.
-async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period): Promise<Released> {
+async function releaseIn(
+  client: pg.PoolClient,
+  bounded: Bounded,
+  period: Period,
+  releasedAt: number | undefined,
+): Promise<Released> {
   // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
   // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
   // is held for a copy of those few bodies, not for a scan of the whole day: that scan under the
@@ -210,7 +220,10 @@ async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period
   await bounded(`LOCK TABLE ${period.name} IN SHARE MODE`);
   // The rows that keep their bodies are found by the partial indexes of the rows with work left
   // (deliveries_open) and of the done ones not yet tombstones (deliveries_kept), each bounded by the day: a
-  // few rows, where a join from the partition probed delivery_rows once for each of the day's bodies.
+  // few rows, where a join from the partition probed delivery_rows once for each of the day's bodies. Of a day
+  // released (releaseDay), whose every done row is in deliveries_kept still, the done ones kept are those done
+  // since its release, which the day's index of finished rows finds (releasedAt: its complement, unreleased()).
+  const doneKept = releasedAt === undefined ? unreleased() : "finished_at >= $3::bigint";
   await client.query(
     `CREATE TEMP TABLE kept_bodies ON COMMIT DROP AS
      SELECT b.source, b.id, b.route, b.received_at, b.body FROM ${period.name} b
@@ -219,8 +232,8 @@ async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period
          WHERE status IN ('received', 'processing', 'failed') AND purged_at IS NULL AND received_at >= $1 AND received_at < $2
         UNION ALL
         SELECT source, id, route, received_at FROM delivery_rows
-         WHERE status = 'done' AND purged_at IS NULL AND received_at >= $1 AND received_at < $2)`,
-    [period.from, period.until],
+         WHERE status = 'done' AND purged_at IS NULL AND received_at >= $1 AND received_at < $2 AND ${doneKept})`,
+    releasedAt === undefined ? [period.from, period.until] : [period.from, period.until, releasedAt],
   );
   // The bytes a purge reports are the bodies' own, as when it deletes them one by one; the day's tombstones
   // were marked without reading them.
@@ -235,57 +248,63 @@ async function releaseIn(client: pg.PoolClient, bounded: Bounded, period: Period
   return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
 }
 
-/** Tombstoned is what a day's tombstoning did: the done rows it made tombstones, and the bytes of the bodies they held in their rows. */
+/**
+ * unreleased is the condition, in SQL, that a row (of delivery_rows, qualified by row as "d." or not at all) is
+ * not its day's tombstone by a release (releaseDay): its day was not released, or it was done since. Beside
+ * `status = 'done' AND purged_at IS NULL` it says what the view's purged_at says, for the statements that read
+ * delivery_rows itself; a partial index cannot say it (its predicate cannot read another table).
+ */
+export function unreleased(row = ""): string {
+  if (!/^([a-z]\.)?$/.test(row)) throw new TypeError(`unreleased: expected a table's alias and a dot, got ${row}`);
+  return `NOT EXISTS (SELECT 1 FROM released_days rd WHERE rd.day = ${row}received_at - ${row}received_at % ${DAY}
+                        AND (${row}finished_at IS NULL OR ${row}finished_at < rd.released_at))`;
+}
+
+/** Tombstoned is what a day's release made tombstones: its done rows, and the bytes of the bodies they held in their rows. */
 export interface Tombstoned {
   n: number;
   bytes: number;
 }
 
 /**
- * tombstonePeriod makes every done row of a day's history a tombstone (purged_at set to at, its body in its row
- * emptied), as purge's batches do a hundred at a time, by writing the day's partition of delivery_history anew
- * and putting it in the old one's place, in a transaction that transaction gives it: a copy in one statement
- * and its indexes built each in one sort, where the batches' updates wrote each row and four index entries
- * again (30 µs of PostgreSQL's CPU a row, none of them HOT: docs/operations.md#retention-by-period). The rows
- * of the day stay readable throughout, and only writes into the day wait (a late done mark of one of its rows):
- * the day is locked against them for the copy, and delivery_history for the swap's few statements alone.
- * written runs in the same transaction with the count (the audit). It returns undefined, with nothing done,
- * when the day has no partition of its own in delivery_history (its rows went to the default partition, or
- * are the old table's from before the upgrade), or when a writer holds one of its rows: those are made
- * tombstones row by row. The swap's lock on delivery_history, not had in time, gives way (givingWay), and
- * the last try's 55P03 is thrown.
+ * releaseDay makes every done row of a day's history a tombstone without writing it: one row in released_days
+ * (the day, and at as its release's time) says that each done row of the day finished before at is a tombstone,
+ * as the view and every statement that reads delivery_rows itself read it (unreleased()); the day's partition is
+ * neither copied nor updated, where writing it anew took 10 s of a core and its gigabytes of WAL at a million rows
+ * (docs/operations.md#retention-by-period). Only a row that holds its body in itself (at most
+ * DEFAULTS.inlineBodyBytes) is written, its body emptied and purged_at set, so that no body outlives its
+ * retention in a row; and the day's search documents are deleted. It runs in a transaction that transaction
+ * gives it, under a lock on the day's partition alone that a write into that day (a late done mark, a replay of
+ * one of its rows) waits for: a replay that waited reads the release once it goes on, as a statement's snapshot is
+ * taken after its locks. written runs in the same transaction with the count (the audit). It returns undefined,
+ * with nothing done, when the day has no partition of its own in delivery_history (its rows went to the default
+ * partition, or are the old table's from before the upgrade), when a writer holds one of its rows, or when the
+ * day was released before (the rows done since are made tombstones in batches): those are marked row by row.
  */
-export function tombstonePeriod(
+export function releaseDay(
   transaction: Transaction<Tombstoned | undefined>,
   period: Period,
   at: number,
   written: (client: pg.PoolClient, n: number) => Promise<void>,
 ): Promise<Tombstoned | undefined> {
-  return givingWay(transaction, (client, bounded) => tombstoneIn(client, bounded, period, at, written));
+  return givingWay(transaction, (client) => releaseDayIn(client, period, at, written));
 }
 
-// A name of ours, quoted as is in DDL (which takes no bound parameters): a column or an index of the day's partition.
-const PLAIN = /^[a-z_][a-z0-9_]*$/;
-
-// tombstoneIn is one try of tombstonePeriod, in the transaction of client.
-async function tombstoneIn(
+// releaseDayIn is one try of releaseDay, in the transaction of client.
+async function releaseDayIn(
   client: pg.PoolClient,
-  bounded: Bounded,
   period: Period,
   at: number,
   written: (client: pg.PoolClient, n: number) => Promise<void>,
 ): Promise<Tombstoned | undefined> {
   const day = historyOf(period); // a name periodOf() made from an integer
-  const next = `${day}_next`;
-  const was = `${day}_was`;
   const attached = await client.query(
     `SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass($1) AND inhparent = to_regclass('delivery_history')`,
     [day],
   );
   if (attached.rowCount === 0) return undefined;
-  // Reads go on; a write into the day (a late done mark, a replay of one of its rows) waits for the commit. A
-  // writer already in the day (one that holds a row of it) leaves the day to the batches, which wait for its
-  // rows one at a time, rather than have this wait for it and every try's copy redone.
+  // Reads go on; a write into the day waits for the commit. A writer already in the day leaves the day to the
+  // batches, which wait for its rows one at a time, rather than have every store queued behind this lock.
   await client.query("SAVEPOINT day");
   try {
     await client.query(`LOCK TABLE ${day} IN EXCLUSIVE MODE NOWAIT`);
@@ -294,70 +313,55 @@ async function tombstoneIn(
     await client.query("ROLLBACK TO SAVEPOINT day");
     return undefined;
   }
+  const again = await client.query("SELECT 1 FROM released_days WHERE day = $1", [period.from]);
+  if (again.rowCount !== 0) return undefined;
+  // What the release makes tombstones, as the view reads them: done before at (a clock ahead of the purge's may
+  // have finished a row after it).
+  const before = "status = 'done' AND purged_at IS NULL AND (finished_at IS NULL OR finished_at < $1)";
   const counted = await client.query(
-    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM ${day}
-      WHERE status = 'done' AND purged_at IS NULL`,
+    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes,
+            count(*) FILTER (WHERE octet_length(body) > 0)::integer AS inline FROM ${day} WHERE ${before}`,
+    [at],
   );
   const n = counted.rows[0].n as number;
   if (n === 0) return { n: 0, bytes: 0 };
-  const { rows: columns } = await client.query(
-    `SELECT attname AS name FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`,
-    [day],
-  );
-  // The index builds below on one core, not two: the other is the acks'.
-  await client.query("SELECT set_config('max_parallel_maintenance_workers', '0', true)");
-  const names = (columns as { name: string }[]).map((c) => c.name);
-  if (!names.every((name) => PLAIN.test(name)))
-    throw new Error(`tombstonePeriod: a column of ${day} has an unexpected name`);
-  const tombstone = "status = 'done' AND purged_at IS NULL";
-  const values = names.map((name) =>
-    name === "body"
-      ? `CASE WHEN ${tombstone} THEN '\\x'::bytea ELSE body END`
-      : name === "purged_at"
-        ? `CASE WHEN ${tombstone} THEN $1::bigint ELSE purged_at END`
-        : name,
-  );
-  // The CHECK says what the partition's bounds and the default partition's exclusion of the hot statuses say,
-  // so that the ATTACH below takes the table without a scan of it; it is dropped once attached.
-  await client.query(`CREATE TABLE ${next} (LIKE ${day} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`);
-  await client.query(
-    `ALTER TABLE ${next} ADD CONSTRAINT ${next}_bounds
-       CHECK (status NOT IN ('received', 'processing') AND received_at >= ${period.from} AND received_at < ${period.until})`,
-  );
-  await client.query(`INSERT INTO ${next} (${names.join(", ")}) SELECT ${values.join(", ")} FROM ${day}`, [at]);
-  // The day's indexes, each built in one sort: those of delivery_rows, which the ATTACH takes for its own as they
-  // are, and the day's own key and index of what is not done (makePeriods).
-  const { rows: indexes } = await client.query(
-    `SELECT c.relname AS name, pg_get_indexdef(i.indexrelid) AS def FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-      WHERE i.indrelid = to_regclass($1)`,
-    [day],
-  );
-  for (const [i, { name, def }] of (indexes as { name: string; def: string }[]).entries()) {
-    const made = /^CREATE (UNIQUE )?INDEX \S+ ON \S+ (USING .+)$/.exec(def);
-    if (!made || !PLAIN.test(name))
-      throw new Error(`tombstonePeriod: an index of ${day} has an unexpected form: ${def}`);
-    // The old index is renamed out of the way (it goes with its table), so that the new one keeps its name.
-    await client.query(`ALTER INDEX ${name} RENAME TO ${was}_${i}`);
-    await client.query(`CREATE ${made[1] ?? ""}INDEX ${name} ON ${next} ${made[2]}`);
-  }
-  // The copy's statistics now, in a sample: a new table has none, and the release's search for the bodies to keep
-  // planned on the old ones (made before the day's rows were tombstones) read the whole day.
-  await client.query(`ANALYZE ${next}`);
   // Searched bodies leave the index with their row's body, as the row's update trigger does for a batch.
   await client.query(
     `DELETE FROM deliveries_search s USING ${day} r
-      WHERE (SELECT enabled FROM search_state) AND r.route = 0 AND r.status = 'done' AND r.purged_at IS NULL
+      WHERE (SELECT enabled FROM search_state) AND r.route = 0 AND ${before}
         AND s.source = r.source AND s.id = r.id`,
+    [at],
   );
-  await bounded(`ALTER TABLE delivery_history DETACH PARTITION ${day}`);
-  await client.query(`ALTER TABLE ${day} RENAME TO ${was}`);
-  await client.query(`ALTER TABLE ${next} RENAME TO ${day}`);
-  await bounded(
-    `ALTER TABLE delivery_history ATTACH PARTITION ${day} FOR VALUES FROM (${period.from}) TO (${period.until})`,
-  );
-  await client.query(`ALTER TABLE ${day} DROP CONSTRAINT ${next}_bounds`);
+  // A body kept in its row would outlive its retention there, readable by SQL and in every backup: it is emptied
+  // (a second read of the day, only where the count found such a body).
+  if (counted.rows[0].inline > 0)
+    await client.query(
+      `UPDATE ${day} SET body = '\\x'::bytea, purged_at = $1 WHERE ${before} AND octet_length(body) > 0`,
+      [at],
+    );
+  await client.query("INSERT INTO released_days (day, released_at) VALUES ($1, $2)", [period.from, at]);
+  // Statistics of the day's finished times, in a sample: a later purge asks the day for the rows done since its
+  // release (finished_at at or after it), which its index of finished rows answers in a probe once the planner
+  // knows the day's finished times end long before; without them it guessed a third of the day and walked it
+  // whole. The one column: the whole row's took 187 ms at a million rows, on a core the acks share.
+  await client.query(`ANALYZE ${day} (finished_at)`);
   await written(client, n);
   return { n, bytes: Number(counted.rows[0].bytes) };
+}
+
+/** Release is one released day: its start (periodOf().from) and the time of its release. */
+export interface Release {
+  day: number;
+  releasedAt: number;
+}
+
+/** releasedBefore lists the released days (releaseDay) that begin before the time before, oldest first. */
+export async function releasedBefore(pool: Pool, before: number): Promise<Release[]> {
+  const { rows } = await pool.query("SELECT day, released_at FROM released_days WHERE day < $1 ORDER BY day", [before]);
+  return (rows as { day: string; released_at: string }[]).map((r) => ({
+    day: Number(r.day),
+    releasedAt: Number(r.released_at),
+  }));
 }
 
 /** historyBefore lists the days of delivery_history (their bodies' Period) that end at or before the time before, oldest first. */
@@ -377,8 +381,8 @@ export async function historyBefore(pool: Pool, before: number): Promise<Period[
 }
 
 /**
- * dropDetached drops the days a release detached, of bodies or of history, and the days' partitions a
- * tombstoning put another in the place of (tombstonePeriod's _was), each in a transaction of its own
+ * dropDetached drops the days a release detached, of bodies or of history, and the days' partitions that a
+ * version before the released days left behind a copy it swapped in (_was), each in a transaction of its own
  * after the one that detached it: PostgreSQL removes a dropped table's files at commit, before it lets go of
  * its locks, and a DROP in the release's transaction held the lock on delivery_bodies that every store waits
  * behind while a day's gigabyte was unlinked. A day a crash left detached between the two is dropped by the

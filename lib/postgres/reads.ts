@@ -79,10 +79,10 @@ export function listWindows(
 }
 
 // daysHeld is a snapshot's first statement: a lock on the parents of the days' partitions that a purge detaches,
-// taken before the snapshot is (LOCK takes none). A purge swaps a day's history for a copy written since
-// (periods.ts tombstonePeriod) and moves the bodies it keeps to another partition as it releases a day: to a
-// snapshot taken before, those rows are not there, as after a TRUNCATE. The lock makes the purge's DETACH wait
-// for the read (and give way, the day left to its batches), so what the snapshot reads was in place before it.
+// taken before the snapshot is (LOCK takes none). A purge detaches a day's bodies and moves those it keeps to
+// another partition as it releases a day (periods.ts releasePeriod): to a snapshot taken before, whose rows still
+// have their bodies, those bodies are not there, as after a TRUNCATE. The lock makes the purge's DETACH wait for
+// the read (and give way, the day left whole for the next purge), so what the snapshot reads was in place before it.
 export const DAYS_HELD = "LOCK TABLE ONLY delivery_history, delivery_bodies IN ACCESS SHARE MODE";
 
 /** heldSnapshot runs a read of several statements in one snapshot (pool.snapshot()) that holds the days first. */

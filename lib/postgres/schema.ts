@@ -567,6 +567,32 @@ export const MIGRATIONS: readonly string[] = [
   // online (prepareFailedIndex), and the CREATE INDEX below attaches what it finds built there.
   `DROP INDEX delivery_rows_failed;
    CREATE INDEX delivery_rows_failed ON delivery_rows (received_at, source, id, route) WHERE status = 'failed';`,
+  // A day released whole (docs/table.md#hot-and-cold): its done rows become tombstones by one row here, not by
+  // a rewrite of the day. A row is its day's tombstone when it was done before the release (finished_at before
+  // released_at, or unknown): one done since (replayed, or retried from failed, and done again) keeps its body,
+  // which the release kept, and is found by the index of finished rows (finished_at at or after released_at). day is the UTC day's start (periods.ts periodOf().from). The view reads such a row as a
+  // tombstone, its purged_at the release's time and its body empty; the statements that read delivery_rows
+  // itself ask released_days as the view does (periods.ts UNRELEASED). The view's join to released_days is left
+  // out of a plan that reads neither body nor purged_at (PostgreSQL removes a left join to a unique key).
+  `CREATE TABLE released_days (
+     day         bigint PRIMARY KEY,
+     released_at bigint NOT NULL
+   );
+   CREATE OR REPLACE VIEW deliveries AS
+     SELECT r.source, r.id,
+            CASE WHEN rd.released_at IS NOT NULL THEN '\\x'::bytea
+                 WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL THEN r.body ELSE
+              coalesce((SELECT b.body FROM delivery_bodies b
+                         WHERE b.source = r.source AND b.id = r.id AND b.route = r.route AND b.received_at = r.received_at),
+                       r.body) END AS body,
+            r.body_sha256, r.content_type, r.event_type,
+            r.provider_time, r.received_at, r.status, r.attempts, r.available_at, r.leased_until,
+            r.lease_token, r.lease_ms, r.error, r.conflicts, r.finished_at, r.replays,
+            coalesce(r.purged_at, rd.released_at) AS purged_at, r.order_key, r.event_time, r.arrival, r.newer_id, r.route,
+            r.destination, r.headers, r.traceparent, r.origin
+       FROM delivery_rows r LEFT JOIN released_days rd
+         ON rd.day = r.received_at - r.received_at % 86400000 AND r.status = 'done' AND r.purged_at IS NULL
+            AND (r.finished_at IS NULL OR r.finished_at < rd.released_at);`,
 ];
 
 // The split of delivery_rows into a hot queue and a history, whose keys' copy prepareKeys runs ahead of it.
