@@ -562,8 +562,7 @@ export const MIGRATIONS: readonly string[] = [
   // cold. With the source in the index it reads one a row. It takes the old one's place rather than joining it:
   // beside it, the planner took the old one still, as it prices a scan of an index of more than one column as
   // less in the heap's order. Declared on delivery_rows, it is made on every partition (the hot one holds no
-  // failed row, and its writes never enter it), on each day makePeriods() makes later, and on a day's copy
-  // (tombstonePeriod() builds the day's indexes as they are). migrate() builds it on each partition ahead of this,
+  // failed row, and its writes never enter it) and on each day makePeriods() makes later. migrate() builds it on each partition ahead of this,
   // online (prepareFailedIndex), and the CREATE INDEX below attaches what it finds built there.
   `DROP INDEX delivery_rows_failed;
    CREATE INDEX delivery_rows_failed ON delivery_rows (received_at, source, id, route) WHERE status = 'failed';`,
