@@ -154,7 +154,7 @@ export const DEFAULTS = {
    * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). On SQLite a day of a
    * million took 241–318 s at ×1, half of it resting, and the median window's ack p99 was still ×1.76 of
    * none with the machine quiet: one ack in nine meets a batch (its lock, then an fdatasync queued behind the
-   * checkpoints of its pages), still one in sixteen at ×4, and a p99 moves only once under 1% do, near ×30
+   * checkpoints of its pages), still one in twenty at ×4, and a p99 moves only once under 1% do, near ×30
    * (docs/operations.md#why-the-acks-slow-on-sqlite).
    * @default 1
    */
