@@ -153,7 +153,9 @@ export const DEFAULTS = {
    * After each batch, purge rests this many times as long as the batch took, leaving the write lock and
    * the disk to acks in between (bench/purge.ts measures the ack p99 with and without). On SQLite a day of a
    * million took 241–318 s at ×1, half of it resting, and the median window's ack p99 was still ×1.76 of
-   * none with the machine quiet: the purge's CPU and writes, not the lock (docs/operations.md#retention-by-period).
+   * none with the machine quiet: one ack in nine meets a batch (its lock, then an fdatasync queued behind the
+   * checkpoints of its pages), still one in twenty at ×4, and a p99 moves only once under 1% do, near ×30
+   * (docs/operations.md#why-the-acks-slow-on-sqlite).
    * @default 1
    */
   purgeRest: 1,
