@@ -20,7 +20,7 @@ import type {
   SqlValue,
 } from "../store.ts";
 import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
-import { replayToCount } from "../sql.ts";
+import { type IdKeys, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
 import {
@@ -409,45 +409,44 @@ export class PostgresBulk {
     return { replayed, tombstoned: await tombstoned() };
   }
 
-  // countWhere counts what a bulk command would take; an ID's sources and days are read first and named as values
-  // (byId()), in one snapshot with the count, as count() does.
-  private async countWhere(filter: Filter, also: string): Promise<number> {
-    const { where, params } = await filterSqlChecked(this.pool, filter);
-    const { id } = filter;
-    if (id !== undefined)
-      return heldSnapshot(this.pool, async (client) => {
-        const found = await byId(client, { ...filter, id });
-        if (found === undefined) return 0;
-        const { rows } = await client.query(
-          toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${found.where}`),
-          found.params,
-        );
-        return Number(rows[0].n);
-      });
-    const { rows } = await this.pool.query(
-      toPg(`SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`),
+  // countWhere counts what a bulk command would take (countOf()).
+  private countWhere(filter: Filter, also: string): Promise<number> {
+    return this.countOf(filter, (where, params) => ({
+      sql: `SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`,
       params,
-    );
-    return Number(rows[0].n);
+    }));
   }
 
-  // countTo counts what replayTo would send (replayToCount()); an ID's sources and days are read first and named as
-  // values (byId()), and its row there is looked for in those days alone, in one snapshot with the count.
-  private async countTo(filter: Filter, to: string): Promise<number> {
+  // countTo counts what replayTo would send (replayToCount()): for an ID, its row there is looked for in the ID's
+  // days alone, as the batch does.
+  private countTo(filter: Filter, to: string): Promise<number> {
+    return this.countOf(filter, (where, params, keys) =>
+      keys
+        ? {
+            sql: replayToCount(where, "t.received_at BETWEEN ?::bigint AND ?::bigint"),
+            params: [...params, to, keys.first, keys.last],
+          }
+        : { sql: replayToCount(where), params: [...params, to] },
+    );
+  }
+
+  // countOf runs a count built from the filter's where; an ID's sources and days are read first and named as values
+  // (byId(), handing the count its keys), in one snapshot with the count, as count() does.
+  private async countOf(
+    filter: Filter,
+    count: (where: string, params: SqlValue[], keys?: IdKeys) => { sql: string; params: SqlValue[] },
+  ): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const { id } = filter;
     if (id !== undefined)
       return heldSnapshot(this.pool, async (client) => {
         const found = await byId(client, { ...filter, id });
         if (found === undefined) return 0;
-        const { rows } = await client.query(
-          toPg(replayToCount(found.where, "t.received_at BETWEEN ?::bigint AND ?::bigint")),
-          [...found.params, to, found.keys.first, found.keys.last],
-        );
-        return Number(rows[0].n);
+        const { sql, params } = count(found.where, found.params, found.keys);
+        return Number((await client.query(toPg(sql), params)).rows[0].n);
       });
-    const { rows } = await this.pool.query(toPg(replayToCount(where)), [...params, to]);
-    return Number(rows[0].n);
+    const built = count(where, params);
+    return Number((await this.pool.query(toPg(built.sql), built.params)).rows[0].n);
   }
 
   // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
