@@ -16,7 +16,7 @@ import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import { MIGRATIONS, prepareFailedIndex } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { freshSchema, pastSchema, POSTGRES, postgresSkip } from "./helpers.ts";
+import { freshSchema, pastSchema, POSTGRES, postgresSkip, schemaClient } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -142,13 +142,7 @@ describe("the failed rows' index built ahead of its migration, online", { skip: 
           FROM generate_series(1, 3) AS i;`);
     await past.close();
     // A connection of its own for each part, on the inbox's schema: the build's, a writer's, a holder's, the test's.
-    const client = async (lockMs = 0) => {
-      const c = new pg.Client({ connectionString: POSTGRES, options: `-c search_path=${schema.schema}` });
-      c.on("error", () => {});
-      await c.connect();
-      await c.query(`SET lock_timeout = '${lockMs}ms'`);
-      return c;
-    };
+    const client = (lockMs = 0) => schemaClient(schema.schema, lockMs);
     return { schema, client };
   };
   // Each index of the failed rows' form on a leaf of delivery_rows: its leaf, OID, file, whether it is valid, and

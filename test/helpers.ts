@@ -850,6 +850,19 @@ export const CONTRACT_FILES: readonly string[] = readdirSync(join(ROOT, "test"))
   .sort()
   .map((f) => `test/${f}`);
 
+/**
+ * schemaClient is a plain pg client of its own on POSTGRES, with an inbox's schema as its search path and lockMs as
+ * its lock_timeout (0: wait): a part of a test that must hold, write or wait beside an inbox on its own connection.
+ */
+export async function schemaClient(schema: string, lockMs = 0): Promise<import("pg").Client> {
+  const { default: pg } = await import("pg");
+  const c = new pg.Client({ connectionString: POSTGRES, options: `-c search_path=${schema}` });
+  c.on("error", () => {});
+  await c.connect();
+  await c.query(`SET lock_timeout = '${lockMs}ms'`);
+  return c;
+}
+
 /** NATS is the JetStream server the broker tests use: INBOX_TEST_NATS, else the local one. */
 export const NATS = process.env.INBOX_TEST_NATS ?? "nats://127.0.0.1:4222";
 

@@ -15,7 +15,7 @@ import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import { MIGRATIONS, prepareKeys } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { freshSchema, POSTGRES, pastSchema, postgresSkip } from "./helpers.ts";
+import { freshSchema, POSTGRES, pastSchema, postgresSkip, schemaClient } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -250,13 +250,7 @@ describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => 
                        FROM generate_series(1, ${OLD}) AS i`);
     await past.close();
     // A connection of its own for each part: the copy's, an old host's writes, and the test's reads.
-    const client = async (lockMs: number) => {
-      const c = new pg.Client({ connectionString: POSTGRES, options: `-c search_path=${schema.schema}` });
-      c.on("error", () => {});
-      await c.connect();
-      await c.query(`SET lock_timeout = '${lockMs}ms'`);
-      return c;
-    };
+    const client = (lockMs = 0) => schemaClient(schema.schema, lockMs);
     return { schema, client };
   };
   // An old host's store: main's INSERT through the view, its row written into the old delivery_rows.
