@@ -24,13 +24,14 @@ import { periodOf } from "../lib/postgres/periods.ts";
 import { fillPostgres } from "./stored.ts";
 import { inboxTargets } from "./targets.ts";
 
-const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
-const RATE = knob("BENCH_PURGE_RATE", 1_000);
-const BATCH = knob("BENCH_PURGE_BATCH", DEFAULTS.purgeBatch);
-const REST = process.env.BENCH_PURGE_REST ? Number(process.env.BENCH_PURGE_REST) : DEFAULTS.purgeRest;
+// The knobs, shared with bench/purgetrace.ts, which takes the same run apart.
+export const ROWS = knob("BENCH_PURGE_ROWS", 200_000);
+export const RATE = knob("BENCH_PURGE_RATE", 1_000);
+export const BATCH = knob("BENCH_PURGE_BATCH", DEFAULTS.purgeBatch);
+export const REST = process.env.BENCH_PURGE_REST ? Number(process.env.BENCH_PURGE_REST) : DEFAULTS.purgeRest;
 
-// fillDone inserts n done deliveries of about 1 KB, received days ago, straight into the table.
-function fillDone(path: string, n: number, daysAgo: number): void {
+/** fillDone inserts n done deliveries of about 1 KB, received days ago, straight into the table. */
+export function fillDone(path: string, n: number, daysAgo: number): void {
   openDatabase(path).close();
   const db = new DatabaseSync(path);
   db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
@@ -53,8 +54,8 @@ function fillDone(path: string, n: number, daysAgo: number): void {
   flushFill(path);
 }
 
-// purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits.
-function purgeChild(path: string): { done: Promise<{ ms: number; out: string }> } {
+/** purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits. */
+export function purgeChild(path: string): { pid: number; done: Promise<{ ms: number; out: string }> } {
   const started = performance.now();
   const child = spawn(
     process.execPath,
@@ -79,6 +80,7 @@ function purgeChild(path: string): { done: Promise<{ ms: number; out: string }> 
   child.stdout.on("data", (d: Buffer) => (out += d));
   child.stderr.on("data", (d: Buffer) => (out += d));
   return {
+    pid: child.pid!,
     done: new Promise((resolve, reject) =>
       child.on("exit", (code) =>
         code === 0
