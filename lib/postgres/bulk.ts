@@ -24,6 +24,7 @@ import { type IdKeys, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 import { enterKeys, rebuildKeys, settleRows } from "./order-keys.ts";
 import {
+  bodyKept,
   type Bounded,
   dropDetached,
   gaveWay,
@@ -36,12 +37,12 @@ import {
   periodOf,
   periodsBefore,
   periodsMade,
-  type Release,
   type Released,
   releaseDay,
   releasedBefore,
   releasePeriod,
   unreleased,
+  unreleasedSpans,
 } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { byId, heldSnapshot } from "./reads.ts";
@@ -62,19 +63,9 @@ function leftWhole(error: unknown): undefined {
   return undefined;
 }
 
-const DAY = 86_400_000;
-
-// between gives the spans of time from start to end that no released day covers, each [from, until).
-function between(releases: Release[], start: number, end: number): [number, number][] {
-  const spans: [number, number][] = [];
-  let from = start;
-  for (const { day } of releases) {
-    if (day > from) spans.push([from, Math.min(day, end)]);
-    from = Math.max(from, day + DAY);
-  }
-  if (from < end) spans.push([from, end]);
-  return spans.filter(([a, b]) => a < b);
-}
+// The done rows that keep their bodies (no purged_at, and their day not released since): what purge marks.
+// Not bodyKept(): a plain conjunction, whose NOT EXISTS the planner can make an anti-join.
+const DONE_KEPT = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
 
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
 export interface CommitQueue {
@@ -284,7 +275,7 @@ export class PostgresBulk {
   ): Promise<{ replayed: number; tombstoned: number }> {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay).
-    const kept = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
+    const kept = DONE_KEPT;
     const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
@@ -321,7 +312,7 @@ export class PostgresBulk {
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
     replayDestination(to);
-    const kept = `purged_at IS NULL AND (status <> 'done' OR ${unreleased()})`;
+    const kept = bodyKept();
     const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
     if (options.dryRun) return { replayed: await this.countTo(filter, to), tombstoned: await tombstoned() };
     let replayed = 0;
@@ -528,7 +519,7 @@ export class PostgresBulk {
       DEFAULTS.periodLockMs,
     );
     await dropDetached(this.pool); // what a crash left between a release and its DROP
-    const kept = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
+    const kept = DONE_KEPT;
     for (const period of await periodsBefore(this.pool, bodiesBefore)) {
       // The day's done rows are made tombstones by one row that says so (releaseDay), in a transaction of its own,
       // off the commit queue; rested after, as long as it took. A day with no partition of its own, one whose
@@ -586,12 +577,12 @@ export class PostgresBulk {
     // The rows done since their day's release (replayed or retried, and done again) kept their bodies: each
     // released day's are found by its index of finished rows, and marked as row by row marks them.
     const releases = await releasedBefore(this.pool, bodiesBefore);
-    for (const { day, releasedAt } of releases) {
+    for (const { day, until, releasedAt } of releases) {
       for (let from = day; ; ) {
         const { n, bytes, picked, last } = await paced(rest, () =>
           this.dropBatch(
             "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint AND finished_at >= ?::bigint",
-            [Math.min(day + DAY, bodiesBefore), releasedAt],
+            [Math.min(until, bodiesBefore), releasedAt],
             from,
             batch,
             options.audit,
@@ -606,7 +597,7 @@ export class PostgresBulk {
     }
     // Everything else before the cutoff, row by row, in the time between the released days: each of those holds
     // its tombstones-to-be in deliveries_kept still, and a walk through them would find none.
-    for (const [start, end] of between(releases, Number.MIN_SAFE_INTEGER, bodiesBefore)) {
+    for (const [start, end] of unreleasedSpans(releases, Number.MIN_SAFE_INTEGER, bodiesBefore)) {
       for (let from = start; ; ) {
         const { n, bytes, picked, last } = await paced(rest, () =>
           this.dropBatch(`${kept} AND received_at < ?::bigint`, [end], from, batch, options.audit),
@@ -628,12 +619,12 @@ export class PostgresBulk {
     const forgettable: { which: string; start: number; before: number; releasedAt?: number }[] = [
       { which: "purged_at IS NOT NULL AND received_at < $1", start: Number.MIN_SAFE_INTEGER, before: forgetBefore },
     ];
-    for (const { day, releasedAt } of await releasedBefore(this.pool, forgetBefore))
+    for (const { day, until, releasedAt } of await releasedBefore(this.pool, forgetBefore))
       forgettable.push({
         which:
           "status = 'done' AND purged_at IS NULL AND received_at < $1 AND (finished_at IS NULL OR finished_at < $4)",
         start: day,
-        before: Math.min(day + DAY, forgetBefore),
+        before: Math.min(until, forgetBefore),
         releasedAt,
       });
     for (const { which, start, before, releasedAt } of forgettable) {
@@ -755,7 +746,7 @@ export class PostgresBulk {
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const size = bulkBatchSize(options.batch);
-    const also = `status IN ('done', 'failed') AND purged_at IS NULL AND (status <> 'done' OR ${unreleased()}) AND ${where}`;
+    const also = `status IN ('done', 'failed') AND ${bodyKept()} AND ${where}`;
     if (options.dryRun) {
       const { rows } = await this.pool.query(
         toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),

@@ -260,6 +260,14 @@ export function unreleased(row = ""): string {
                         AND (${row}finished_at IS NULL OR ${row}finished_at < rd.released_at))`;
 }
 
+/**
+ * bodyKept is the condition, in SQL, that a row (qualified by row as in unreleased()) still has its body as the
+ * view reads it: not a tombstone by its own purged_at, nor, when done, by its day's release.
+ */
+export function bodyKept(row = ""): string {
+  return `${row}purged_at IS NULL AND (${row}status <> 'done' OR ${unreleased(row)})`;
+}
+
 /** Tombstoned is what a day's release made tombstones: its done rows, and the bytes of the bodies they held in their rows. */
 export interface Tombstoned {
   n: number;
@@ -349,9 +357,10 @@ async function releaseDayIn(
   return { n, bytes: Number(counted.rows[0].bytes) };
 }
 
-/** Release is one released day: its start (periodOf().from) and the time of its release. */
+/** Release is one released day: its start (periodOf().from), its end, and the time of its release. */
 export interface Release {
   day: number;
+  until: number;
   releasedAt: number;
 }
 
@@ -360,8 +369,21 @@ export async function releasedBefore(pool: Pool, before: number): Promise<Releas
   const { rows } = await pool.query("SELECT day, released_at FROM released_days WHERE day < $1 ORDER BY day", [before]);
   return (rows as { day: string; released_at: string }[]).map((r) => ({
     day: Number(r.day),
+    until: Number(r.day) + DAY,
     releasedAt: Number(r.released_at),
   }));
+}
+
+/** unreleasedSpans gives the spans of time from start to end that none of the released days covers, each [from, until). */
+export function unreleasedSpans(releases: Release[], start: number, end: number): [number, number][] {
+  const spans: [number, number][] = [];
+  let from = start;
+  for (const { day, until } of releases) {
+    if (day > from) spans.push([from, Math.min(day, end)]);
+    from = Math.max(from, until);
+  }
+  if (from < end) spans.push([from, end]);
+  return spans.filter(([a, b]) => a < b);
 }
 
 /** historyBefore lists the days of delivery_history (their bodies' Period) that end at or before the time before, oldest first. */

@@ -562,16 +562,17 @@ export const MIGRATIONS: readonly string[] = [
   // cold. With the source in the index it reads one a row. It takes the old one's place rather than joining it:
   // beside it, the planner took the old one still, as it prices a scan of an index of more than one column as
   // less in the heap's order. Declared on delivery_rows, it is made on every partition (the hot one holds no
-  // failed row, and its writes never enter it) and on each day makePeriods() makes later. migrate() builds it on each partition ahead of this,
-  // online (prepareFailedIndex), and the CREATE INDEX below attaches what it finds built there.
+  // failed row, and its writes never enter it) and on each day makePeriods() makes later. migrate() builds it on
+  // each partition ahead of this, online (prepareFailedIndex), and the CREATE INDEX below attaches what it finds.
   `DROP INDEX delivery_rows_failed;
    CREATE INDEX delivery_rows_failed ON delivery_rows (received_at, source, id, route) WHERE status = 'failed';`,
   // A day released whole (docs/table.md#hot-and-cold): its done rows become tombstones by one row here, not by
   // a rewrite of the day. A row is its day's tombstone when it was done before the release (finished_at before
   // released_at, or unknown): one done since (replayed, or retried from failed, and done again) keeps its body,
-  // which the release kept, and is found by the index of finished rows (finished_at at or after released_at). day is the UTC day's start (periods.ts periodOf().from). The view reads such a row as a
-  // tombstone, its purged_at the release's time and its body empty; the statements that read delivery_rows
-  // itself ask released_days as the view does (periods.ts UNRELEASED). The view's join to released_days is left
+  // which the release kept, and is found by the index of finished rows (finished_at at or after released_at). day
+  // is the UTC day's start (periods.ts periodOf().from). The view reads such a row as a tombstone, its purged_at
+  // the release's time and its body empty; the statements that read delivery_rows itself ask released_days as the
+  // view does (periods.ts unreleased(), bodyKept()). The view's join to released_days is left
   // out of a plan that reads neither body nor purged_at (PostgreSQL removes a left join to a unique key).
   `CREATE TABLE released_days (
      day         bigint PRIMARY KEY,
@@ -624,15 +625,8 @@ export async function prepareKeys(session: pg.ClientBase, schema: string, ahead:
   const { batch = DEFAULTS.keysCopyBatch, begin = () => session.query("BEGIN"), alone = true } = ahead;
   // Whether there is a copy to make: the schema just before the split, and no whole copy made.
   const due = async () => {
-    const [{ ready, copied }] = (
-      await session.query(
-        "SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready, to_regclass('delivery_keys_copied') IS NOT NULL AS copied",
-      )
-    ).rows;
-    if (!ready || copied) return false;
-    return (
-      Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === SPLIT
-    );
+    const copied = await session.query("SELECT to_regclass('delivery_keys_copied') IS NOT NULL AS copied");
+    return !copied.rows[0].copied && (await versionOf(session)) === SPLIT;
   };
   // Read once without a lock first: a schema not just before the split (or already copied) stops here.
   await begin();
@@ -776,13 +770,7 @@ export async function prepareFailedIndex(
   // Whether there is an index to build: the schema just before the migration. Every host that runs migrate() calls
   // this first, so under the session's lock below it stays so, but for a host behind a per-transaction pooler, which
   // builds nothing ahead and may migrate meanwhile: each partition asks again.
-  const due = async () => {
-    if (!(await session.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS ready")).rows[0].ready)
-      return false;
-    return (
-      Number((await session.query("SELECT coalesce(max(version), 0) AS v FROM inbox_migrations")).rows[0].v) === FAILED
-    );
-  };
+  const due = async () => (await versionOf(session)) === FAILED;
   if (!(await due())) return 0;
   // A second host waits here for the first, then finds each partition built. It asks again after a rest rather than
   // wait in pg_advisory_lock(): a statement waiting is a transaction that the first's build waits for in turn.
@@ -872,13 +860,13 @@ async function onSession(pool: Pool, what: string, run: (session: pg.PoolClient)
   }
 }
 
-// versionOf reads the schema's version without a lock (0 where nothing was made yet): migrateTo reads it again
-// under its lock.
-async function versionOf(pool: Pool): Promise<number> {
+// versionOf reads the schema's version without a lock (0 where nothing was made yet), through the pool or on a
+// session: migrateTo reads it again under its lock, and the steps ahead under theirs.
+async function versionOf(db: Pick<Pool | pg.ClientBase, "query">): Promise<number> {
   // Two statements: a name that does not exist fails a statement as it is parsed, whatever CASE guards it.
-  const made = await pool.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS made");
+  const made = await db.query("SELECT to_regclass('inbox_migrations') IS NOT NULL AS made");
   if (!made.rows[0].made) return 0;
-  const { rows } = await pool.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
+  const { rows } = await db.query("SELECT coalesce(max(version), 0) AS version FROM inbox_migrations");
   return Number(rows[0].version);
 }
 

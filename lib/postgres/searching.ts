@@ -13,7 +13,7 @@ import { indexAll, SearchOff, searching } from "../search.ts";
 import { filterSql } from "../sql.ts";
 import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
 import { NOW } from "./commit.ts";
-import { unreleased } from "./periods.ts";
+import { bodyKept } from "./periods.ts";
 import type { Pool } from "./pool.ts";
 import { writeAudit } from "./records.ts";
 
@@ -49,8 +49,8 @@ const COPY = `
     SELECT r.source, r.id, delivery_body(r.source, r.id, 0::smallint, r.received_at, r.body) AS body
       FROM keys k JOIN delivery_keys dk ON dk.source = k.source AND dk.id = k.id AND dk.route = 0 CROSS JOIN LATERAL (
         SELECT source, id, received_at, body FROM delivery_rows
-         WHERE source = k.source AND id = k.id AND route = 0 AND received_at = dk.received_at AND purged_at IS NULL
-           AND (status <> 'done' OR ${unreleased()}) FOR SHARE) r),
+         WHERE source = k.source AND id = k.id AND route = 0 AND received_at = dk.received_at AND ${bodyKept()}
+           FOR SHARE) r),
   copied AS (
     INSERT INTO deliveries_search (source, id, doc)
       SELECT b.source, b.id, j FROM batch b CROSS JOIN LATERAL inbox_search_json(b.body) AS j WHERE j IS NOT NULL
@@ -60,7 +60,7 @@ const COPY = `
 const walkSql = (first: boolean) => `
   WITH keys AS MATERIALIZED (
     SELECT source, id FROM delivery_rows
-    WHERE route = 0 AND purged_at IS NULL AND (status <> 'done' OR ${unreleased()}) ${first ? "" : "AND (source, id) > ($1::text, $2::text)"}
+    WHERE route = 0 AND ${bodyKept()} ${first ? "" : "AND (source, id) > ($1::text, $2::text)"}
     ORDER BY source, id LIMIT ${first ? "$1" : "$3"}::integer),
   ${COPY},
   last AS (SELECT source, id FROM keys ORDER BY source DESC, id DESC LIMIT 1)
@@ -169,9 +169,7 @@ export class PostgresSearching {
     await this.queue.other(async (client) => {
       const { rows } = await client.query("SELECT enabled FROM search_state FOR UPDATE");
       if (rows[0].enabled !== true) {
-        const counted = await client.query(
-          `SELECT count(*) AS n FROM delivery_rows WHERE route = 0 AND purged_at IS NULL AND (status <> 'done' OR ${unreleased()})`,
-        );
+        const counted = await client.query(`SELECT count(*) AS n FROM delivery_rows WHERE route = 0 AND ${bodyKept()}`);
         await client.query(DROP_TRIGGERS + TRIGGERS);
         await client.query(
           `UPDATE search_state SET enabled = true, changed_at = ${NOW}, after_source = NULL, after_id = NULL,

@@ -9,7 +9,7 @@ import { conflicts } from "../rows.ts";
 import { NO_DESTINATION, type Stored } from "../store.ts";
 import { NOW, type Op } from "./commit.ts";
 import { enterKeys } from "./order-keys.ts";
-import { unreleased } from "./periods.ts";
+import { bodyKept } from "./periods.ts";
 
 // concatenated puts a batch's bodies in one buffer, with each body's 1-based offset and length for
 // substring(): pg sends a Buffer parameter as binary, where an array of them goes as a text literal with
@@ -206,7 +206,7 @@ export class PostgresStores {
     const kept = await client.query(
       `SELECT r.source, r.id, r.body_sha256 AS sha256, r.origin,
               CASE WHEN r.origin <> 'reconcile' THEN NULL
-                   WHEN octet_length(r.body) > 0 OR r.purged_at IS NOT NULL OR (r.status = 'done' AND NOT ${unreleased("r.")}) THEN r.body ELSE
+                   WHEN octet_length(r.body) > 0 OR NOT (${bodyKept("r.")}) THEN r.body ELSE
                 coalesce((SELECT b.body FROM delivery_bodies b
                            WHERE b.source = r.source AND b.id = r.id AND b.route = 0 AND b.received_at = r.received_at), r.body) END AS body
          FROM delivery_keys k JOIN delivery_rows r ON r.source = k.source AND r.id = k.id AND r.route = 0 AND r.received_at = k.received_at
