@@ -29,6 +29,20 @@ contract((suite) => {
   // PostgreSQL LISTENs for wake-ups unless told not to (?listen=false, as behind PgBouncer, which
   // test/pgbouncer.test.ts runs this suite through); SQLite is one machine, where polling is the wake-up.
   const listens = () => backend.name === "postgres" && !/[?&]listen=false/.test(suite.target);
+  // blocked says whether a statement (whose text is like like) waits for a lock that the session pid holds: by
+  // pid, not by text alone, as the same test run on another runtime beside this one (test/runtimes.test.ts) waits too.
+  const blocked = async (inbox: Inbox, pid: number, like = "%") => {
+    const [{ n }] = (await inbox.query(
+      "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE ? AND ? = ANY(pg_blocking_pids(pid))",
+      like,
+      pid,
+    )) as [{ n: number }];
+    return n > 0;
+  };
+  // untilBlocked waits until blocked() says so.
+  const untilBlocked = async (inbox: Inbox, pid: number, like = "%") => {
+    while (!(await blocked(inbox, pid, like))) await new Promise((resolve) => setTimeout(resolve, 5));
+  };
 
   describe("flush() and close()", () => {
     it("flush resolves once every write queued before it has committed, as another connection sees", async () => {
@@ -521,16 +535,8 @@ contract((suite) => {
             const purging = inbox.purge();
             if (writer) {
               // The batches reach the held row and wait for it: then the writer lets go.
-              for (;;) {
-                const [{ n }] = (await inbox.query(
-                  "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%' AND ? = ANY(pg_blocking_pids(pid))",
-                  (
-                    await holder.query("SELECT pg_backend_pid() AS pid")
-                  ).rows[0].pid,
-                )) as [{ n: number }];
-                if (n > 0) break;
-                await new Promise((resolve) => setTimeout(resolve, 5));
-              }
+              const { pid } = (await holder.query("SELECT pg_backend_pid() AS pid")).rows[0];
+              await untilBlocked(inbox, pid, "%UPDATE delivery_rows d SET body%");
               await holder.query("COMMIT");
             }
             const purged = await purging;
@@ -731,16 +737,8 @@ contract((suite) => {
             await writer.query("BEGIN");
             await conflict(held);
             const purging = inbox.purge().catch((error: { code?: string }) => error.code ?? String(error));
-            for (;;) {
-              // The purge's own batch, waiting on this writer: the same test run beside it on another runtime
-              // (test/runtimes.test.ts) has a purge of its own waiting, which a match on the query text alone saw.
-              const [{ n }] = (await inbox.query(
-                "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE delivery_rows d SET body%' AND ? = ANY(pg_blocking_pids(pid))",
-                writerPid,
-              )) as [{ n: number }];
-              if (n > 0) break;
-              await new Promise((resolve) => setTimeout(resolve, 5));
-            }
+            // The purge's own batch, waiting on this writer.
+            await untilBlocked(inbox, writerPid, "%UPDATE delivery_rows d SET body%");
             const wrote = await conflict(wanted);
             await writer.query(wrote === "wrote" ? "COMMIT" : "ROLLBACK");
             return { wrote, purged: await purging };
@@ -854,14 +852,7 @@ contract((suite) => {
         const { holder, pid } = await releasing(true);
         try {
           const replaying = inbox.replayMatching({ id: "race_1" });
-          for (;;) {
-            const [{ n }] = (await inbox.query(
-              "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ? = ANY(pg_blocking_pids(pid))",
-              pid,
-            )) as [{ n: number }];
-            if (n > 0) break;
-            await new Promise((resolve) => setTimeout(resolve, 5));
-          }
+          await untilBlocked(inbox, pid);
           await holder.query("COMMIT");
           assert.deepEqual(await replaying, { replayed: 0, tombstoned: 1 }, "the replay waited, and read the release");
         } finally {
@@ -1109,11 +1100,7 @@ contract((suite) => {
             const made = makePeriods(pool, at, ahead, 600_000).then(() => "made" as const);
             const waited = (async () => {
               while (!settled) {
-                const [{ n }] = (await inbox.query(
-                  "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ? = ANY(pg_blocking_pids(pid))",
-                  holderPid,
-                )) as [{ n: number }];
-                if (n > 0) return "waited for the lock" as const;
+                if (await blocked(inbox, holderPid)) return "waited for the lock" as const;
                 await new Promise((resolve) => setTimeout(resolve, 5));
               }
               return "made" as const;
