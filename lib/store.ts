@@ -152,6 +152,8 @@ export interface Purged {
   forgotten: number;
   /** SQLite: bytes the incremental vacuum gave back to the file system; 0 elsewhere. */
   vacuumedBytes: number;
+  /** SQLite: the file predates retention (auto_vacuum NONE): the space is reused inside it, the file keeps its size. */
+  fileKeepsSize?: boolean;
 }
 
 /** Kept is how much the inbox holds: deliveries with their body, tombstones, and the space they take. */

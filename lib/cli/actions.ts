@@ -377,8 +377,8 @@ Examples:
           );
           if (r.vacuumedBytes > 0) console.log(`Gave ${bytes(r.vacuumedBytes)} back to the file system.`);
           if (opts.dryRun) console.log("(dry run: nothing changed)");
-          const k = await inbox.kept();
-          if (k.autoVacuum === "none" && !opts.dryRun) {
+          // From the purge's own answer: kept() would read every delivery again to tell.
+          if (r.fileKeepsSize && !opts.dryRun) {
             console.log(
               `The file keeps its size (the space is reused for new deliveries): it predates retention; run \`purge --vacuum\` once to let purges shrink it.`,
             );

@@ -383,6 +383,8 @@ export class SqliteBulk {
       if (n < batch) break;
     }
     purged.vacuumedBytes = await this.vacuumFree(options.signal, rest);
+    const { auto_vacuum } = this.sql("PRAGMA auto_vacuum").get() as { auto_vacuum: number };
+    if (auto_vacuum === 0) purged.fileKeepsSize = true;
     return purged;
   }
 
