@@ -177,6 +177,12 @@ export const DEFAULTS = {
    * behind it, 772 ms at the worst in bench/purge.ts before this bound. @default 100
    */
   periodLockMs: 100,
+  /**
+   * PostgreSQL: pages of a day's table a release reads at a time for its counts (the day's done rows, its bodies'
+   * bytes), resting DEFAULTS.purgeRest times as long after each: 16 MB, a few milliseconds of a core, where the
+   * day read in one go held a core and the disk for a quarter of a second at a million rows. @default 2048
+   */
+  releaseReadPages: 2048,
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
   /**

@@ -532,6 +532,7 @@ export class PostgresBulk {
           period,
           now,
           (client, n) => writeAudit(client, options.audit, n, this.now()),
+          rest,
         ).catch(leftWhole),
       );
       if (released) {
@@ -568,6 +569,7 @@ export class PostgresBulk {
         },
         period,
         released ? now : undefined,
+        rest,
       ).catch(leftWhole);
       if (bodies) {
         purged.bytes += bodies.bytes;

@@ -9,6 +9,7 @@
 
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
+import { paced } from "../timing.ts";
 import type { Pool } from "./pool.ts";
 
 const DAY = 86_400_000;
@@ -120,15 +121,18 @@ export async function givingWay<T>(
   const { lockMs = DEFAULTS.periodLockMs, tries = DEFAULTS.periodLockTries, restMs = DEFAULTS.periodLockMs } = way;
   for (let n = 1; ; n++) {
     try {
-      return await transaction((client) =>
-        work(client, async (sql, values) => {
+      return await transaction(async (client) => {
+        // A purge is background work: one backend, never a gather's workers too, which took both of a small
+        // machine's cores from the acks while a day's bodies were summed (docs/operations.md#a-day-released-by-one-row).
+        await client.query("SELECT set_config('max_parallel_workers_per_gather', '0', true)");
+        return work(client, async (sql, values) => {
           // Set for this statement alone: the rest of the transaction waits as long as any other.
           await client.query("SELECT set_config('lock_timeout', $1, true)", [`${lockMs}ms`]);
           const result = await client.query(sql, values);
           await client.query("SELECT set_config('lock_timeout', '0', true)");
           return result;
-        }),
-      );
+        });
+      });
     } catch (error) {
       if (!gaveWay(error) || n >= tries) throw error;
     }
@@ -196,8 +200,9 @@ export function releasePeriod(
   transaction: Transaction<Released>,
   period: Period,
   releasedAt?: number,
+  rest: number = DEFAULTS.purgeRest,
 ): Promise<Released> {
-  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period, releasedAt));
+  return givingWay(transaction, (client, bounded) => releaseIn(client, bounded, period, releasedAt, rest));
 }
 
 /** Released is what a day's release kept of its bodies, and the bytes of those it let go. */
@@ -212,6 +217,7 @@ async function releaseIn(
   bounded: Bounded,
   period: Period,
   releasedAt: number | undefined,
+  rest: number,
 ): Promise<Released> {
   // The bodies to keep are found before the DETACH, under a lock that stops writes to this day alone (an
   // import or a restore of old deliveries), so the DETACH's lock on every day, which stores wait behind,
@@ -237,15 +243,19 @@ async function releaseIn(
   );
   // The bytes a purge reports are the bodies' own, as when it deletes them one by one; the day's tombstones
   // were marked without reading them.
-  const { rows } = await client.query(
-    `SELECT (SELECT coalesce(sum(octet_length(body)), 0) FROM ${period.name})
-          - (SELECT coalesce(sum(octet_length(body)), 0) FROM kept_bodies) AS bytes`,
+  const all = await inSteps(
+    client,
+    period.name,
+    (range) => `SELECT coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM ${period.name} WHERE ${range}`,
+    [],
+    rest,
   );
+  const { rows } = await client.query("SELECT coalesce(sum(octet_length(body)), 0)::bigint AS bytes FROM kept_bodies");
   await bounded(`ALTER TABLE delivery_bodies DETACH PARTITION ${period.name}`);
   const kept = await client.query(
     "INSERT INTO delivery_bodies (source, id, route, received_at, body) SELECT source, id, route, received_at, body FROM kept_bodies",
   );
-  return { kept: kept.rowCount ?? 0, bytes: Number(rows[0].bytes) };
+  return { kept: kept.rowCount ?? 0, bytes: all.bytes! - Number(rows[0].bytes) };
 }
 
 /**
@@ -294,8 +304,9 @@ export function releaseDay(
   period: Period,
   at: number,
   written: (client: pg.PoolClient, n: number) => Promise<void>,
+  rest: number = DEFAULTS.purgeRest,
 ): Promise<Tombstoned | undefined> {
-  return givingWay(transaction, (client) => releaseDayIn(client, period, at, written));
+  return givingWay(transaction, (client) => releaseDayIn(client, period, at, written, rest));
 }
 
 // releaseDayIn is one try of releaseDay, in the transaction of client.
@@ -304,6 +315,7 @@ async function releaseDayIn(
   period: Period,
   at: number,
   written: (client: pg.PoolClient, n: number) => Promise<void>,
+  rest: number,
 ): Promise<Tombstoned | undefined> {
   const day = historyOf(period); // a name periodOf() made from an integer
   const attached = await client.query(
@@ -326,12 +338,16 @@ async function releaseDayIn(
   // What the release makes tombstones, as the view reads them: done before at (a clock ahead of the purge's may
   // have finished a row after it).
   const before = "status = 'done' AND purged_at IS NULL AND (finished_at IS NULL OR finished_at < $1)";
-  const counted = await client.query(
-    `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes,
-            count(*) FILTER (WHERE octet_length(body) > 0)::integer AS inline FROM ${day} WHERE ${before}`,
+  const counted = await inSteps(
+    client,
+    day,
+    (range) =>
+      `SELECT count(*)::integer AS n, coalesce(sum(octet_length(body)), 0)::bigint AS bytes,
+              count(*) FILTER (WHERE octet_length(body) > 0)::integer AS inline FROM ${day} WHERE ${before} AND ${range}`,
     [at],
+    rest,
   );
-  const n = counted.rows[0].n as number;
+  const n = counted.n;
   if (n === 0) return { n: 0, bytes: 0 };
   // Searched bodies leave the index with their row's body, as the row's update trigger does for a batch.
   await client.query(
@@ -342,7 +358,7 @@ async function releaseDayIn(
   );
   // A body kept in its row would outlive its retention there, readable by SQL and in every backup: it is emptied
   // (a second read of the day, only where the count found such a body).
-  if (counted.rows[0].inline > 0)
+  if (counted.inline > 0)
     await client.query(
       `UPDATE ${day} SET body = '\\x'::bytea, purged_at = $1 WHERE ${before} AND octet_length(body) > 0`,
       [at],
@@ -352,9 +368,44 @@ async function releaseDayIn(
   // release (finished_at at or after it), which its index of finished rows answers in a probe once the planner
   // knows the day's finished times end long before; without them it guessed a third of the day and walked it
   // whole. The one column: the whole row's took 187 ms at a million rows, on a core the acks share.
+  // A sample of 3,000 rows, not 30,000: the question is only where the day's finished times end, and the
+  // default sample's random reads of the day were the release's slowest acks after its DROP.
+  await client.query("SELECT set_config('default_statistics_target', '10', true)");
   await client.query(`ANALYZE ${day} (finished_at)`);
   await written(client, n);
-  return { n, bytes: Number(counted.rows[0].bytes) };
+  return { n, bytes: counted.bytes };
+}
+
+/**
+ * inSteps reads a whole table for a sum, DEFAULTS.releaseReadPages of its pages at a time (a TID range scan each,
+ * range the condition sql puts in its WHERE, bound as the last two parameters), resting rest times as long as each
+ * step took, and adds up every numeric column of the steps' one-row answers. A day of a million rows read in
+ * one go took a core and the disk from the acks for a quarter of a second (docs/operations.md#a-day-released-by-one-row);
+ * under the caller's lock the table cannot change between steps.
+ */
+export async function inSteps(
+  client: pg.PoolClient,
+  table: string,
+  sql: (range: string) => string,
+  params: unknown[],
+  rest: number,
+): Promise<Record<string, number>> {
+  const { rows } = await client.query(
+    "SELECT (pg_relation_size($1::regclass) / current_setting('block_size')::bigint)::bigint AS pages",
+    [table],
+  );
+  const pages = Number(rows[0].pages);
+  const step = DEFAULTS.releaseReadPages;
+  const range = `ctid >= $${params.length + 1}::tid AND ctid < $${params.length + 2}::tid`;
+  const total: Record<string, number> = {};
+  // At least one step, so that an empty table still answers with its zeros.
+  for (let from = 0; from === 0 || from < pages; from += step) {
+    const last = from + step >= pages;
+    const read = () => client.query(sql(range), [...params, `(${from},0)`, `(${from + step},0)`]);
+    const { rows: got } = last ? await read() : await paced(rest, read);
+    for (const [k, v] of Object.entries(got[0] as Record<string, unknown>)) total[k] = (total[k] ?? 0) + Number(v);
+  }
+  return total;
 }
 
 /** Release is one released day: its start (periodOf().from), its end, and the time of its release. */
