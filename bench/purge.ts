@@ -7,6 +7,7 @@
 // the worse of before and after, three ways: the worst window's, the median window's, and every ack's. On PostgreSQL (when
 // bench/targets.ts has it) the same, twice, on a day of BENCH_PURGE_ROWS: released whole by dropping the
 // day's partition of bodies, and, as the baseline in the same run, row by row from the default partition.
+// The purge runs in a process started before the windows (BENCH_PURGE_WARM=0: `inbox.ts purge` started in them).
 //   npm run bench -- purge           BENCH_PURGE_ROWS=200000 BENCH_PURGE_RATE=1000 BENCH_SECONDS=8 BENCH_PURGE_ROW_BY_ROW=0
 
 import { spawn } from "node:child_process";
@@ -54,40 +55,56 @@ export function fillDone(path: string, n: number, daysAgo: number): void {
   flushFill(path);
 }
 
-/** purgeChild runs `inbox.ts purge` on the database and resolves with its wall time once it exits. */
-export function purgeChild(path: string): { pid: number; done: Promise<{ ms: number; out: string }> } {
-  const started = performance.now();
-  const child = spawn(
-    process.execPath,
-    [
-      "--import",
-      "tsx",
-      join(ROOT, "inbox.ts"),
-      "purge",
-      "--db",
-      path,
-      "--batch",
-      String(BATCH),
-      "--rest",
-      String(REST),
-    ],
-    {
-      cwd: ROOT,
-      stdio: ["ignore", "pipe", "pipe"],
-    },
-  );
+/**
+ * WARM (BENCH_PURGE_WARM, on by default) purges in a process started and connected before the acks' "during"
+ * windows begin (bench/purge-warm.ts), as `worker.ts --purge-every` does; 0 starts `inbox.ts purge` inside
+ * them, its start-up measured with the purge, as every figure before 2026-12-07 13:00 UTC was.
+ */
+export const WARM = process.env.BENCH_PURGE_WARM !== "0";
+
+/**
+ * purgeChild starts a purge of the database in a process of its own and resolves, once it has exited, with
+ * its wall time from go(); cold (`inbox.ts purge`) it goes at once, warm (bench/purge-warm.ts) ready resolves
+ * when the process has opened the inbox, and go() starts the purge.
+ */
+export function purgeChild(
+  path: string,
+  warm = false,
+): { pid: number; ready: Promise<void>; go: () => void; done: Promise<{ ms: number; out: string }> } {
+  let started = performance.now();
+  const args = warm
+    ? [join(ROOT, "bench", "purge-warm.ts"), path, String(BATCH), String(REST)]
+    : [join(ROOT, "inbox.ts"), "purge", "--db", path, "--batch", String(BATCH), "--rest", String(REST)];
+  const child = spawn(process.execPath, ["--import", "tsx", ...args], {
+    cwd: ROOT,
+    stdio: [warm ? "pipe" : "ignore", "pipe", "pipe"],
+  });
   let out = "";
-  child.stdout.on("data", (d: Buffer) => (out += d));
-  child.stderr.on("data", (d: Buffer) => (out += d));
+  let ready!: () => void;
+  const isReady = new Promise<void>((resolve) => (ready = resolve));
+  if (!warm) ready();
+  child.stdout!.on("data", (d: Buffer) => {
+    out += d;
+    if (warm && out.startsWith("ready\n")) ready();
+  });
+  child.stderr!.on("data", (d: Buffer) => (out += d));
+  const done = new Promise<{ ms: number; out: string }>((resolve, reject) =>
+    child.on("exit", (code) =>
+      code === 0
+        ? resolve({ ms: performance.now() - started, out })
+        : reject(new Error(`${warm ? "bench/purge-warm.ts" : "inbox.ts purge"} exited with ${code}: ${out}`)),
+    ),
+  );
+  // A child that dies before it is ready fails ready too, not only done.
+  void done.catch(() => {});
   return {
     pid: child.pid!,
-    done: new Promise((resolve, reject) =>
-      child.on("exit", (code) =>
-        code === 0
-          ? resolve({ ms: performance.now() - started, out })
-          : reject(new Error(`inbox.ts purge exited with ${code}: ${out}`)),
-      ),
-    ),
+    ready: Promise.race([isReady, done.then(() => {})]),
+    go: () => {
+      started = performance.now();
+      if (warm) child.stdin!.end("go\n");
+    },
+    done,
   };
 }
 
@@ -131,8 +148,10 @@ async function aroundPurge(
       const end = performance.now() + seconds * 1000;
       return () => performance.now() >= end;
     };
+    const running = purgeChild(db, WARM);
+    await running.ready;
     const before = await windows(receiver.url, timed(SECONDS));
-    const running = purgeChild(db);
+    running.go();
     let finished = false;
     void running.done.finally(() => (finished = true)).catch(() => {});
     const during = await windows(receiver.url, () => finished);
@@ -148,7 +167,7 @@ async function aroundPurge(
 // during it against those before and after, each as a ratio to the worse side.
 function around(r: { before: Windows; during: Windows; after: Windows; ms: number }): string {
   return (
-    `${f(ROWS)} bodies of one day in ${f(r.ms / 1000, 1)} s at ${f(RATE)} acks/s | worst ${WINDOW} s window's ack p99 ` +
+    `${f(ROWS)} bodies of one day in ${f(r.ms / 1000, 1)} s (${WARM ? "a process started before" : "inbox.ts purge started"}) at ${f(RATE)} acks/s | worst ${WINDOW} s window's ack p99 ` +
     `${f(r.during.worstP99, 2)} ms during (${r.during.count} windows, median p50 ${f(r.during.medianP50, 2)} ms), ` +
     `${f(r.before.worstP99, 2)}/${f(r.after.worstP99, 2)} before/after: ×${f(r.during.worstP99 / Math.max(r.before.worstP99, r.after.worstP99), 2)}; ` +
     `the median window's p99 ${f(r.during.medianP99, 2)} ms during, ${f(r.before.medianP99, 2)}/${f(r.after.medianP99, 2)} before/after: ` +
