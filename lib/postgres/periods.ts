@@ -391,12 +391,16 @@ export async function inSteps(
   rest: number,
 ): Promise<Record<string, number>> {
   const { rows } = await client.query(
-    "SELECT (pg_relation_size($1::regclass) / current_setting('block_size')::bigint)::bigint AS pages",
+    `SELECT (pg_relation_size($1::regclass) / current_setting('block_size')::bigint)::bigint AS pages,
+            current_setting('server_version_num')::integer >= 140000 AS ranges`,
     [table],
   );
-  const pages = Number(rows[0].pages);
+  // Before PostgreSQL 14 a range of ctid is a filter on a scan of the whole table, not a TID range scan: one read.
+  const pages = rows[0].ranges ? Number(rows[0].pages) : 0;
   const step = DEFAULTS.releaseReadPages;
-  const range = `ctid >= $${params.length + 1}::tid AND ctid < $${params.length + 2}::tid`;
+  const range = rows[0].ranges
+    ? `ctid >= $${params.length + 1}::tid AND ctid < $${params.length + 2}::tid`
+    : `$${params.length + 1}::tid IS NOT NULL AND $${params.length + 2}::tid IS NOT NULL`;
   const total: Record<string, number> = {};
   // At least one step, so that an empty table still answers with its zeros.
   for (let from = 0; from === 0 || from < pages; from += step) {
