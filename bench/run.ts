@@ -9,6 +9,7 @@
 //   npm run bench -- pgingest           # the PostgreSQL front door taken apart, not part of the default run
 //   npm run bench -- commits            # what one SQLite group commit costs, by batch size, without HTTP
 //   npm run bench -- purgetrace         # why SQLite's acks slow during a purge: each store's time taken apart
+//   npm run bench -- releasetrace       # why PostgreSQL's acks slow while a day is released: the purge's statements beside them
 //   npm run bench -- attempts           # what keeping each try in the attempt log costs a done mark, on both stores
 //   BENCH_TRANSFORM_BASELINE=/tmp/before npm run bench -- transforms   # a transform's process against another tree's
 
@@ -39,6 +40,7 @@ const BENCHES: Record<string, () => Promise<string>> = {
   ordered,
   purge: async () => (await import("./purge.ts")).purge(),
   purgetrace: async () => (await import("./purgetrace.ts")).purgetrace(),
+  releasetrace: async () => (await import("./releasetrace.ts")).releasetrace(),
   listing: async () => (await import("./listing.ts")).listing(),
   byid: async () => (await import("./byid.ts")).byid(),
   runtimes,

@@ -1,0 +1,171 @@
+// bench/releasetrace.ts: why PostgreSQL's acks slow while a day is released. bench/purge.ts's day of
+// BENCH_PURGE_ROWS (200,000) done deliveries of 1 KB, its bodies in a day's partition; acks paced at
+// BENCH_PURGE_RATE (1000/s) into a receiver for BENCH_SECONDS before, all through a purge in a process started
+// before (bench/purge-warm.ts), and BENCH_SECONDS after; meanwhile pg_stat_activity read every
+// BENCH_RELEASETRACE_EVERY ms (3) for what the purge's connections are doing. Prints the ack p99 before, during and
+// after, then each of the purge's statements (its first words) with how long it was seen and how many slow acks
+// (over twice the p99 before) were sent while it ran, and the mount options of the file system under the
+// server's data directory when it is on this machine (discard: docs/production.md#the-file-system).
+//   BENCH_PURGE_ROWS=1000000 npm run bench -- releasetrace
+
+import { readFileSync } from "node:fs";
+import http from "node:http";
+import pg from "pg";
+import { connect } from "../inbox.ts";
+import { periodOf } from "../lib/postgres/periods.ts";
+import { f, knob, SECONDS, startChild, tempDir } from "./common.ts";
+import { purgeChild, RATE, ROWS } from "./purge.ts";
+import { fillPostgres } from "./stored.ts";
+import { inboxTargets } from "./targets.ts";
+
+const EVERY = knob("BENCH_RELEASETRACE_EVERY", 3);
+// The purge's connections name themselves so, and only they are traced.
+const PURGE_APP = "bench_releasetrace_purge";
+
+interface Ack {
+  at: number;
+  ms: number;
+}
+
+// pace sends RATE acks a second until stop() and keeps each one's send time and latency.
+function pace(url: string): { acks: Ack[]; stop: () => Promise<void> } {
+  const { port, hostname } = new URL(url);
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
+  const body = JSON.stringify({ type: "payment.succeeded", customer: "Ann", amount: 5 });
+  const acks: Ack[] = [];
+  let n = 0;
+  let pending = 0;
+  const start = performance.now();
+  const send = () => {
+    const at = performance.now();
+    pending++;
+    const req = http.request(
+      {
+        host: hostname,
+        port,
+        method: "POST",
+        path: "/",
+        agent,
+        headers: { "content-type": "application/json", "x-delivery-id": `rt${process.pid}-${n++}` },
+      },
+      (res) => {
+        res.resume();
+        res.on("end", () => {
+          acks.push({ at, ms: performance.now() - at });
+          pending--;
+        });
+      },
+    );
+    req.on("error", () => pending--);
+    req.end(body);
+  };
+  let sent = 0;
+  const timer = setInterval(() => {
+    const due = Math.floor(((performance.now() - start) / 1000) * RATE);
+    for (; sent < due; sent++) send();
+  }, 1);
+  return {
+    acks,
+    stop: async () => {
+      clearInterval(timer);
+      while (pending > 0) await new Promise((resolve) => setTimeout(resolve, 10));
+      agent.destroy();
+    },
+  };
+}
+
+// mountOf names the options of the file system that holds path, from /proc/mounts (the longest mount point).
+function mountOf(path: string): string {
+  try {
+    const mounts = readFileSync("/proc/mounts", "utf8")
+      .split("\n")
+      .map((line) => line.split(" "))
+      .filter((m) => m.length > 3 && (path === m[1] || path.startsWith(m[1] === "/" ? "/" : `${m[1]}/`)))
+      .sort((a, b) => b[1]!.length - a[1]!.length);
+    return mounts[0] ? `${mounts[0][1]} ${mounts[0][2]} ${mounts[0][3]}` : "not found";
+  } catch {
+    return "not readable";
+  }
+}
+
+const p99 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(0.99 * (xs.length - 1))] ?? NaN;
+
+export async function releasetrace(): Promise<string> {
+  const target = (await inboxTargets()).find((t) => t.name === "PostgreSQL");
+  if (!target) return "releasetrace: PostgreSQL not reachable, skipped";
+  const { dir, cleanup } = tempDir();
+  const { db, drop } = await target.fresh(dir, "releasetrace");
+  try {
+    const inbox = await connect(db);
+    const day = periodOf(Date.now() - 8 * 86_400_000);
+    await inbox.query(
+      `CREATE TABLE ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
+    );
+    await fillPostgres(inbox, ROWS, day.until - 1, 1, true);
+    await inbox.close();
+    const monitor = new pg.Client({ connectionString: db.replace(/\?.*$/, "") });
+    await monitor.connect();
+    const dataDir = (await monitor.query("SELECT current_setting('data_directory') AS d")).rows[0].d as string;
+    const receiver = await startChild("receiver.ts", ["--port", "0", "--db", db, "--quiet"]);
+    const purgeUrl = new URL(db);
+    purgeUrl.searchParams.set("application_name", PURGE_APP);
+    const running = purgeChild(purgeUrl.toString(), true);
+    await running.ready;
+    const acks = pace(receiver.url);
+    await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
+    const from = performance.now();
+    running.go();
+    let finished = false;
+    void running.done.finally(() => (finished = true)).catch(() => {});
+    // Each statement of the purge's, by its first words: when it was first and last seen running.
+    const seen = new Map<string, { first: number; last: number; waits: Set<string> }>();
+    while (!finished) {
+      const { rows } = await monitor.query(
+        `SELECT coalesce(wait_event_type || ':' || wait_event, '') AS wait,
+                left(regexp_replace(query, '\\s+', ' ', 'g'), 60) AS query
+           FROM pg_stat_activity
+          WHERE datname = current_database() AND application_name = $1 AND state = 'active'`,
+        [PURGE_APP],
+      );
+      const now = performance.now();
+      for (const r of rows as { wait: string; query: string }[]) {
+        const s = seen.get(r.query) ?? { first: now, last: now, waits: new Set<string>() };
+        s.last = now;
+        if (r.wait) s.waits.add(r.wait);
+        seen.set(r.query, s);
+      }
+      await new Promise((resolve) => setTimeout(resolve, EVERY));
+    }
+    const until = performance.now();
+    const { ms } = await running.done;
+    await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
+    await acks.stop();
+    await receiver.stop();
+    await monitor.end();
+
+    const before = acks.acks.filter((a) => a.at < from).map((a) => a.ms);
+    const during = acks.acks.filter((a) => a.at >= from && a.at < until).map((a) => a.ms);
+    const after = acks.acks.filter((a) => a.at >= until).map((a) => a.ms);
+    const slowMs = 2 * p99(before);
+    const slow = acks.acks.filter((a) => a.at >= from && a.at < until && a.ms > slowMs);
+    const lines = [
+      `releasetrace: ${f(ROWS)} bodies of one day released in ${f(ms / 1000, 1)} s at ${f(RATE)} acks/s; data directory on ${mountOf(dataDir)}`,
+      `  ack p99 before ${f(p99(before), 2)} ms, during ${f(p99(during), 2)} ms (×${f(p99(during) / p99(before), 2)}), after ${f(p99(after), 2)} ms; ${slow.length} of ${during.length} acks during over ${f(slowMs, 1)} ms`,
+    ];
+    const steps = [...seen.entries()].sort((a, b) => a[1].first - b[1].first);
+    const placed = new Set<Ack>();
+    for (const [query, s] of steps) {
+      const within = slow.filter((a) => a.at >= s.first - EVERY && a.at <= s.last + EVERY);
+      for (const a of within) placed.add(a);
+      const inside = within.length;
+      lines.push(
+        `  +${f(s.first - from)} ms, seen ${f(s.last - s.first)} ms, ${inside} slow acks sent: ${query}${s.waits.size ? ` [${[...s.waits].join(", ")}]` : ""}`,
+      );
+    }
+    lines.push(`  ${slow.length - placed.size} slow acks sent while no statement of the purge's was seen running`);
+    return lines.join("\n");
+  } finally {
+    await drop();
+    cleanup();
+  }
+}
