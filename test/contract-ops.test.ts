@@ -652,6 +652,98 @@ contract((suite) => {
     );
 
     suite.onPostgres(
+      "a replay over a released day takes what was done since its release and walks none of its tombstones, and its dry run counts the same",
+      async () => {
+        const setup = await open();
+        const { default: pg } = await import("pg");
+        const schema = new URL(suite.target).searchParams.get("schema")!;
+        const day = historyOf(periodOf(T0));
+        // A day of many done deliveries, restored at once, and one failed, done again after the day's release.
+        await handled(setup, "many_0");
+        const [template] = await setup.page(undefined, 1);
+        const many = Array.from({ length: 2_000 }, (_, i) => ({
+          ...template!,
+          id: `many_${i}`,
+          receivedAt: T0 - i * 1_000,
+        }));
+        assert.equal(await setup.restore(many), 1_999);
+        await setup.store({ id: "late", body: body({ id: "late" }) });
+        await setup.fail((await setup.claim(LEASE))!, "nope", { permanent: true });
+        suite.t += 8 * DAY;
+        await setup.purge();
+        const [released] = await setup.query("SELECT count(*)::integer AS n FROM released_days");
+        assert.equal(released!.n, 1, "the day was released by one row");
+        assert.equal(await setup.retry({ id: "late" }), 1);
+        assert.equal(await setup.finish((await setup.claim(LEASE))!), true, "done since the release: its body kept");
+        // And a day not released, today's, with its done deliveries.
+        for (const id of ["new_1", "new_2", "new_3"]) await handled(setup, id);
+        // What the server counts of the released day's partition: rows read from its heap (by a scan, or fetched
+        // through an index), and entries read of its index of done rows with a body (delivery_rows_kept's).
+        // The inbox runs on one connection, whose counts pg_stat_force_next_flush() has sent before it answers.
+        const inbox = await open({ poolSize: 1 });
+        const reads = async () => {
+          await inbox.query("SELECT pg_stat_force_next_flush()");
+          const client = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+          await client.connect();
+          try {
+            const { rows } = await client.query(
+              `SELECT (t.seq_tup_read + t.idx_tup_fetch)::integer AS heap,
+                      (SELECT sum(i.idx_tup_read)::integer FROM pg_stat_user_indexes i JOIN pg_index x ON x.indexrelid = i.indexrelid
+                        WHERE i.relid = t.relid AND pg_get_expr(x.indpred, x.indrelid) LIKE '%status = ''done''%purged_at IS NULL%') AS kept
+                 FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = $2`,
+              [schema, day],
+            );
+            return rows[0] as { heap: number; kept: number };
+          } finally {
+            await client.end();
+          }
+        };
+        const read = async (run: () => Promise<unknown>) => {
+          const before = await reads();
+          const result = await run();
+          const after = await reads();
+          return { result, heap: after.heap - before.heap, kept: after.kept - before.kept };
+        };
+        const since = { since: T0 - DAY };
+        const both = { replayed: 4, tombstoned: 2_000 };
+        // The day is read once in each, whole, to count its tombstones (their number is part of the answer). The
+        // control: before, the dry run read it twice, and the replay walked all 2,000 of its index entries.
+        const once = 2 * 2_000;
+        const dry = await read(() => inbox.replayMatching(since, { dryRun: true }));
+        assert.deepEqual(dry.result, both);
+        assert.ok(dry.heap < once, `the dry run read ${dry.heap} rows of the released day`);
+        const replay = await read(() => inbox.replayMatching(since));
+        assert.deepEqual(replay.result, both, "the dry run counted what was replayed");
+        assert.ok(replay.kept <= 2, `the replay read ${replay.kept} index entries of the released day's done rows`);
+        assert.ok(replay.heap < once, `the replay read ${replay.heap} rows of the released day`);
+        const statuses = await inbox.query(
+          "SELECT id, status FROM deliveries WHERE id IN ('late', 'new_1', 'new_2', 'new_3', 'many_7') ORDER BY id",
+        );
+        assert.deepEqual(
+          statuses.map((r) => [r.id, r.status]),
+          [
+            ["late", "received"],
+            ["many_7", "done"],
+            ["new_1", "received"],
+            ["new_2", "received"],
+            ["new_3", "received"],
+          ],
+        );
+        // replay --to picks what keeps its body, done or not: of the released day, late, received again.
+        const dryTo = await read(() => inbox.replayMatching(since, { to: "elsewhere", dryRun: true }));
+        assert.deepEqual(dryTo.result, both);
+        assert.ok(dryTo.heap < once, `the dry run --to read ${dryTo.heap} rows of the released day`);
+        const to = await read(() => inbox.replayMatching(since, { to: "elsewhere" }));
+        assert.deepEqual(to.result, both, "the dry run --to counted what was sent");
+        assert.ok(to.heap < once, `the replay --to read ${to.heap} rows of the released day`);
+        const [sent] = await inbox.query(
+          "SELECT count(*)::integer AS n FROM deliveries WHERE destination = 'elsewhere'",
+        );
+        assert.equal(sent!.n, 4);
+      },
+    );
+
+    suite.onPostgres(
       "a read of several statements in one snapshot sees a day whole while a purge releases it: the purge waits for it, and gives way",
       async () => {
         const inbox = await open();
