@@ -678,8 +678,11 @@ contract((suite) => {
         // And a day not released, today's, with its done deliveries.
         for (const id of ["new_1", "new_2", "new_3"]) await handled(setup, id);
         // What the server counts of the released day's partition: rows read from its heap (by a scan, or fetched
-        // through an index), and entries read of its index of done rows with a body (delivery_rows_kept's).
-        // The inbox runs on one connection, whose counts pg_stat_force_next_flush() has sent before it answers.
+        // through an index), and entries read of its index of done rows with a body (delivery_rows_kept's). A
+        // backend sends its counts a second after its work at the latest, or as it exits: the setup's are closed
+        // first, and the inbox measured runs on one connection, whose counts pg_stat_force_next_flush() has sent
+        // before it answers.
+        await setup.close();
         const inbox = await open({ poolSize: 1 });
         const reads = async () => {
           await inbox.query("SELECT pg_stat_force_next_flush()");
@@ -698,24 +701,32 @@ contract((suite) => {
             await client.end();
           }
         };
-        const read = async (run: () => Promise<unknown>) => {
-          const before = await reads();
+        // Behind a pooler (test/pgbouncer.test.ts runs this suite so) each transaction's server backend is the
+        // pooler's choice, and a backend's counts cannot be had at once: the answers are checked, not the reads.
+        const direct = !/[?&]listen=false/.test(suite.target);
+        // The day is read once in each, whole, to count its tombstones (their number is part of the answer), and
+        // its index of done rows with a body only where late, taken, is written (two entries). The control: the
+        // code before read the day twice in the dry run, three times in the dry run --to and twice in the replay
+        // --to, and the replay walked all 2,000 entries of that index.
+        const once = 2 * 2_000;
+        const read = async (what: string, run: () => Promise<unknown>) => {
+          const before = direct ? await reads() : undefined;
           const result = await run();
+          if (!before) return result;
           const after = await reads();
-          return { result, heap: after.heap - before.heap, kept: after.kept - before.kept };
+          const [heap, kept] = [after.heap - before.heap, after.kept - before.kept];
+          assert.ok(heap < once, `${what} read ${heap} rows of the released day`);
+          assert.ok(kept <= 2, `${what} read ${kept} entries of the released day's index of done rows`);
+          return result;
         };
         const since = { since: T0 - DAY };
         const both = { replayed: 4, tombstoned: 2_000 };
-        // The day is read once in each, whole, to count its tombstones (their number is part of the answer). The
-        // control: before, the dry run read it twice, and the replay walked all 2,000 of its index entries.
-        const once = 2 * 2_000;
-        const dry = await read(() => inbox.replayMatching(since, { dryRun: true }));
-        assert.deepEqual(dry.result, both);
-        assert.ok(dry.heap < once, `the dry run read ${dry.heap} rows of the released day`);
-        const replay = await read(() => inbox.replayMatching(since));
-        assert.deepEqual(replay.result, both, "the dry run counted what was replayed");
-        assert.ok(replay.kept <= 2, `the replay read ${replay.kept} index entries of the released day's done rows`);
-        assert.ok(replay.heap < once, `the replay read ${replay.heap} rows of the released day`);
+        assert.deepEqual(await read("the dry run", () => inbox.replayMatching(since, { dryRun: true })), both);
+        assert.deepEqual(
+          await read("the replay", () => inbox.replayMatching(since)),
+          both,
+          "the dry run counted what was replayed",
+        );
         const statuses = await inbox.query(
           "SELECT id, status FROM deliveries WHERE id IN ('late', 'new_1', 'new_2', 'new_3', 'many_7') ORDER BY id",
         );
@@ -730,12 +741,16 @@ contract((suite) => {
           ],
         );
         // replay --to picks what keeps its body, done or not: of the released day, late, received again.
-        const dryTo = await read(() => inbox.replayMatching(since, { to: "elsewhere", dryRun: true }));
-        assert.deepEqual(dryTo.result, both);
-        assert.ok(dryTo.heap < once, `the dry run --to read ${dryTo.heap} rows of the released day`);
-        const to = await read(() => inbox.replayMatching(since, { to: "elsewhere" }));
-        assert.deepEqual(to.result, both, "the dry run --to counted what was sent");
-        assert.ok(to.heap < once, `the replay --to read ${to.heap} rows of the released day`);
+        const to = { to: "elsewhere" };
+        assert.deepEqual(
+          await read("the dry run --to", () => inbox.replayMatching(since, { ...to, dryRun: true })),
+          both,
+        );
+        assert.deepEqual(
+          await read("the replay --to", () => inbox.replayMatching(since, to)),
+          both,
+          "the dry run --to counted what was sent",
+        );
         const [sent] = await inbox.query(
           "SELECT count(*)::integer AS n FROM deliveries WHERE destination = 'elsewhere'",
         );

@@ -283,11 +283,9 @@ export class PostgresBulk {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay): of such a
     // day, only the rows done since its release are asked for (stretches()).
-    const kept = await this.stretches(
-      filter,
-      DONE_KEPT,
-      "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint",
-    );
+    const kept = await this.stretches(filter, DONE_KEPT, (at) => [
+      { sql: "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint", params: [at] },
+    ]);
     const tombstoned = () =>
       this.countWhere(filter, [{ sql: "status = 'done' AND purged_at IS NOT NULL", params: [] }]);
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -328,17 +326,22 @@ export class PostgresBulk {
     // Of a released day, what keeps its body is what is not done, or was done since the release (stretches()):
     // the statuses named, as the day's index of what is not done (status first) is probed for each, and the
     // planner, with no statistics of the day's statuses (a release analyzes its finished_at alone), took
-    // `<> 'done'` for nearly every row and walked the day in received_at's order.
-    const released =
-      "purged_at IS NULL AND (status IN ('received', 'processing', 'failed') OR status = 'done' AND finished_at >= ?::bigint)";
-    const kept = await this.stretches(filter, bodyKept(), released);
+    // `<> 'done'` for nearly every row and walked the day in received_at's order. The pick asks the two apart:
+    // as one condition, its plan read the day's every entry in delivery_rows_kept for the second (a delivery in
+    // both, one route failed and one done since, is taken once: seen). The count asks them as one, counting
+    // each delivery once.
+    const open = "status IN ('received', 'processing', 'failed') AND purged_at IS NULL";
+    const since = "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint";
+    const kept = await this.stretches(filter, bodyKept(), (at) => [
+      { sql: open, params: [] },
+      { sql: since, params: [at] },
+    ]);
     const tombstoned = () => this.countWhere(filter, [{ sql: "purged_at IS NOT NULL", params: [] }]);
-    if (options.dryRun)
-      return {
-        // The view's purged_at says the rest: each stretch only bounds the time, and a released day's rows.
-        replayed: await this.countTo(filter, to, await this.stretches(filter, "TRUE", released)),
-        tombstoned: await tombstoned(),
-      };
+    if (options.dryRun) {
+      // The view's purged_at says the rest: each stretch only bounds the time, and a released day's rows.
+      const counted = await this.stretches(filter, "TRUE", (at) => [{ sql: `(${open} OR ${since})`, params: [at] }]);
+      return { replayed: await this.countTo(filter, to, counted), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options, async (client, keys) => {
@@ -476,13 +479,17 @@ export class PostgresBulk {
   }
 
   // stretches splits the filter's time into the spans that no released day covers, where pick says what a bulk
-  // command takes, and the released days, oldest first, where released says it (its first ? the day's
-  // released_at): of such a day, a done row keeps its body only if done since the release, which the day's index
-  // of finished rows finds. Every done row of a released day stays in delivery_rows_kept, so a walk of that
-  // index over it read each row's heap to find it a tombstone, a million a day, before it found anything to take
+  // command takes, and the released days, oldest first, where released(its released_at) says it: of such a day,
+  // a done row keeps its body only if done since the release, which the day's index of finished rows finds.
+  // Every done row of a released day stays in delivery_rows_kept, so a walk of that index over the day read each
+  // row's heap to find it a tombstone, a million a day, before it found anything to take
   // (docs/operations.md#a-day-released-by-one-row); purge's batches walk the same way. The days are read once,
   // before the walk: a day released during it is passed over by pick's own unreleased().
-  private async stretches(filter: Filter, pick: string, released: string): Promise<Stretch[]> {
+  private async stretches(
+    filter: Filter,
+    pick: string,
+    released: (releasedAt: number) => Stretch[],
+  ): Promise<Stretch[]> {
     const start = filter.since === undefined ? Number.MIN_SAFE_INTEGER : Math.floor(filter.since);
     const end = filter.until === undefined ? Number.MAX_SAFE_INTEGER : Math.ceil(filter.until);
     const releases = (await releasedBefore(this.pool, end)).filter((r) => r.until > start);
@@ -490,16 +497,17 @@ export class PostgresBulk {
     const parts = [
       ...unreleasedSpans(releases, start, end).map(([from, until]) => ({
         from,
-        sql: `${pick} AND ${within}`,
-        params: [from, until],
+        stretches: [{ sql: `${pick} AND ${within}`, params: [from, until] }],
       })),
       ...releases.map(({ day, until, releasedAt }) => ({
         from: Math.max(day, start),
-        sql: `${released} AND ${within}`,
-        params: [releasedAt, Math.max(day, start), Math.min(until, end)],
+        stretches: released(releasedAt).map((s) => ({
+          sql: `${s.sql} AND ${within}`,
+          params: [...s.params, Math.max(day, start), Math.min(until, end)],
+        })),
       })),
     ];
-    return parts.sort((a, b) => a.from - b.from).map(({ sql, params }) => ({ sql, params }));
+    return parts.sort((a, b) => a.from - b.from).flatMap((p) => p.stretches);
   }
 
   // inBatches walks the deliveries that match, stretch by stretch, oldest first, a batch per transaction, locking
