@@ -67,6 +67,13 @@ function leftWhole(error: unknown): undefined {
 // Not bodyKept(): a plain conjunction, whose NOT EXISTS the planner can make an anti-join.
 const DONE_KEPT = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
 
+// Stretch is one part of what a bulk command walks, oldest first: a condition in SQL, with ? parameters, and
+// their values. The parts of one walk never hold the same row.
+interface Stretch {
+  sql: string;
+  params: SqlValue[];
+}
+
 /** CommitQueue is what the bulk writes need of the inbox: its pool, its clock, and its commit queue. */
 export interface CommitQueue {
   pool: Pool;
@@ -241,12 +248,12 @@ export class PostgresBulk {
 
   async retryMatching(filter: Filter, options: BulkOptions = {}): Promise<number> {
     const failed = "status = 'failed' AND purged_at IS NULL";
-    if (options.dryRun) return this.countWhere(filter, failed);
+    if (options.dryRun) return this.countWhere(filter, [{ sql: failed, params: [] }]);
     let total = 0;
     // The batch's days are named as values too (received_at = ANY), beside the join that matches each key: a join
     // alone prunes nothing as the statement is planned, and the plan opened every day's partition (34 against 1,
     // 3.3 against 0.2 ms of planning, a key of one day among 30).
-    await this.inBatches(filter, failed, options, async (client, keys) => {
+    await this.inBatches(filter, [{ sql: failed, params: [] }], options, async (client, keys) => {
       const { rows } = await client.query(
         `UPDATE delivery_rows d SET status = 'received', attempts = 0, error = NULL, available_at = ${NOW}, finished_at = NULL
          FROM unnest($2::text[], $3::text[], $4::smallint[], $5::bigint[]) AS u(s, i, r, at)
@@ -274,9 +281,13 @@ export class PostgresBulk {
     options: BulkOptions & { to?: string } = {},
   ): Promise<{ replayed: number; tombstoned: number }> {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
-    // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay).
-    const kept = DONE_KEPT;
-    const tombstoned = () => this.countWhere(filter, "status = 'done' AND purged_at IS NOT NULL");
+    // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay): of such a
+    // day, only the rows done since its release are asked for (stretches()).
+    const kept = await this.stretches(filter, DONE_KEPT, (at) => [
+      { sql: "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint", params: [at] },
+    ]);
+    const tombstoned = () =>
+      this.countWhere(filter, [{ sql: "status = 'done' AND purged_at IS NOT NULL", params: [] }]);
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
     let replayed = 0;
     await this.inBatches(filter, kept, options, async (client, keys) => {
@@ -312,9 +323,25 @@ export class PostgresBulk {
     options: BulkOptions,
   ): Promise<{ replayed: number; tombstoned: number }> {
     replayDestination(to);
-    const kept = bodyKept();
-    const tombstoned = () => this.countWhere(filter, "purged_at IS NOT NULL");
-    if (options.dryRun) return { replayed: await this.countTo(filter, to), tombstoned: await tombstoned() };
+    // Of a released day, what keeps its body is what is not done, or was done since the release (stretches()):
+    // the statuses named, as the day's index of what is not done (status first) is probed for each, and the
+    // planner, with no statistics of the day's statuses (a release analyzes its finished_at alone), took
+    // `<> 'done'` for nearly every row and walked the day in received_at's order. The pick asks the two apart:
+    // as one condition, its plan read the day's every entry in delivery_rows_kept for the second (a delivery in
+    // both, one route failed and one done since, is taken once: seen). The count asks them as one, counting
+    // each delivery once.
+    const open = "status IN ('received', 'processing', 'failed') AND purged_at IS NULL";
+    const since = "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint";
+    const kept = await this.stretches(filter, bodyKept(), (at) => [
+      { sql: open, params: [] },
+      { sql: since, params: [at] },
+    ]);
+    const tombstoned = () => this.countWhere(filter, [{ sql: "purged_at IS NOT NULL", params: [] }]);
+    if (options.dryRun) {
+      // The view's purged_at says the rest: each stretch only bounds the time, and a released day's rows.
+      const counted = await this.stretches(filter, "TRUE", (at) => [{ sql: `(${open} OR ${since})`, params: [at] }]);
+      return { replayed: await this.countTo(filter, to, counted), tombstoned: await tombstoned() };
+    }
     let replayed = 0;
     const seen = new Set<string>();
     await this.inBatches(filter, kept, options, async (client, keys) => {
@@ -400,58 +427,113 @@ export class PostgresBulk {
     return { replayed, tombstoned: await tombstoned() };
   }
 
-  // countWhere counts what a bulk command would take (countOf()).
-  private countWhere(filter: Filter, also: string): Promise<number> {
-    return this.countOf(filter, (where, params) => ({
-      sql: `SELECT count(*) AS n FROM deliveries WHERE ${also} AND ${where}`,
-      params,
-    }));
-  }
-
-  // countTo counts what replayTo would send (replayToCount()): for an ID, its row there is looked for in the ID's
-  // days alone, as the batch does.
-  private countTo(filter: Filter, to: string): Promise<number> {
-    return this.countOf(filter, (where, params, keys) =>
-      keys
-        ? {
-            sql: replayToCount(where, "t.received_at BETWEEN ?::bigint AND ?::bigint"),
-            params: [...params, to, keys.first, keys.last],
-          }
-        : { sql: replayToCount(where), params: [...params, to] },
+  // countWhere counts what a bulk command would take (countOf()), the sum over its stretches.
+  private countWhere(filter: Filter, stretches: Stretch[]): Promise<number> {
+    return this.countOf(filter, (where, params) =>
+      stretches.map((s) => ({
+        sql: `SELECT count(*) AS n FROM deliveries WHERE ${s.sql} AND ${where}`,
+        params: [...s.params, ...params],
+      })),
     );
   }
 
-  // countOf runs a count built from the filter's where; an ID's sources and days are read first and named as values
-  // (byId(), handing the count its keys), in one snapshot with the count, as count() does.
+  // countTo counts what replayTo would send (replayToCount()), the sum over its stretches: a delivery's routes
+  // are all received at its time, so no delivery is in two. For an ID, its row there is looked for in the ID's
+  // days alone, as the batch does.
+  private countTo(filter: Filter, to: string, stretches: Stretch[]): Promise<number> {
+    return this.countOf(filter, (where, params, keys) =>
+      stretches.map((s) =>
+        keys
+          ? {
+              sql: replayToCount(`${s.sql} AND ${where}`, "t.received_at BETWEEN ?::bigint AND ?::bigint"),
+              params: [...s.params, ...params, to, keys.first, keys.last],
+            }
+          : { sql: replayToCount(`${s.sql} AND ${where}`), params: [...s.params, ...params, to] },
+      ),
+    );
+  }
+
+  // countOf runs the counts built from the filter's where and adds them up; an ID's sources and days are read
+  // first and named as values (byId(), handing the counts its keys). Several statements, or an ID's, are read in
+  // one snapshot, as count() reads.
   private async countOf(
     filter: Filter,
-    count: (where: string, params: SqlValue[], keys?: IdKeys) => { sql: string; params: SqlValue[] },
+    count: (where: string, params: SqlValue[], keys?: IdKeys) => { sql: string; params: SqlValue[] }[],
   ): Promise<number> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const { id } = filter;
+    const sum = async (client: pg.PoolClient | Pool, built: { sql: string; params: SqlValue[] }[]) => {
+      let n = 0;
+      for (const one of built) n += Number((await client.query(toPg(one.sql), one.params)).rows[0].n);
+      return n;
+    };
     if (id !== undefined)
       return heldSnapshot(this.pool, async (client) => {
         const found = await byId(client, { ...filter, id });
         if (found === undefined) return 0;
-        const { sql, params } = count(found.where, found.params, found.keys);
-        return Number((await client.query(toPg(sql), params)).rows[0].n);
+        return sum(client, count(found.where, found.params, found.keys));
       });
     const built = count(where, params);
-    return Number((await this.pool.query(toPg(built.sql), built.params)).rows[0].n);
+    if (built.length === 1) return sum(this.pool, built);
+    return heldSnapshot(this.pool, (client) => sum(client, built));
   }
 
-  // inBatches walks the deliveries that match, oldest first, a batch per transaction, locking each batch's
-  // rows and handing their keys to act inside it; what act changed is added to the audit entry in the same
+  // stretches splits the filter's time into the spans that no released day covers, where pick says what a bulk
+  // command takes, and the released days, oldest first, where released(its released_at) says it: of such a day,
+  // a done row keeps its body only if done since the release, which the day's index of finished rows finds.
+  // Every done row of a released day stays in delivery_rows_kept, so a walk of that index over the day read each
+  // row's heap to find it a tombstone, a million a day, before it found anything to take
+  // (docs/operations.md#a-day-released-by-one-row); purge's batches walk the same way. The days are read once,
+  // before the walk: a day released during it is passed over by pick's own unreleased().
+  private async stretches(
+    filter: Filter,
+    pick: string,
+    released: (releasedAt: number) => Stretch[],
+  ): Promise<Stretch[]> {
+    const start = filter.since === undefined ? Number.MIN_SAFE_INTEGER : Math.floor(filter.since);
+    const end = filter.until === undefined ? Number.MAX_SAFE_INTEGER : Math.ceil(filter.until);
+    const releases = (await releasedBefore(this.pool, end)).filter((r) => r.until > start);
+    const within = "received_at >= ?::bigint AND received_at < ?::bigint";
+    const parts = [
+      ...unreleasedSpans(releases, start, end).map(([from, until]) => ({
+        from,
+        stretches: [{ sql: `${pick} AND ${within}`, params: [from, until] }],
+      })),
+      ...releases.map(({ day, until, releasedAt }) => ({
+        from: Math.max(day, start),
+        stretches: released(releasedAt).map((s) => ({
+          sql: `${s.sql} AND ${within}`,
+          params: [...s.params, Math.max(day, start), Math.min(until, end)],
+        })),
+      })),
+    ];
+    return parts.sort((a, b) => a.from - b.from).flatMap((p) => p.stretches);
+  }
+
+  // inBatches walks the deliveries that match, stretch by stretch, oldest first, a batch per transaction, locking
+  // each batch's rows and handing their keys to act inside it; what act changed is added to the audit entry in the same
   // transaction (the first batch writes it, even when it changes nothing). The cursor moves past every
   // batch, so a delivery a worker changes meanwhile (retried, then failed again) is never taken twice in one run.
   private async inBatches(
     filter: Filter,
-    also: string,
+    stretches: Stretch[],
     options: BulkOptions,
     act: (client: pg.PoolClient, keys: Cursor[]) => Promise<number>,
   ): Promise<void> {
     const size = bulkBatchSize(options.batch);
     const checked = await filterSqlChecked(this.pool, filter);
+    for (const stretch of stretches) await this.inStretch(filter, checked, stretch, size, options, act);
+  }
+
+  // inStretch is inBatches' walk of one stretch, from its beginning.
+  private async inStretch(
+    filter: Filter,
+    checked: { where: string; params: SqlValue[] },
+    also: Stretch,
+    size: number,
+    options: BulkOptions,
+    act: (client: pg.PoolClient, keys: Cursor[]) => Promise<number>,
+  ): Promise<void> {
     const { id } = filter;
     let after: Cursor | undefined;
     for (;;) {
@@ -471,9 +553,10 @@ export class PostgresBulk {
             named === undefined
               ? { rows: [] }
               : await client.query(
-                  toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also} AND ${named.where} ${cursor}
+                  toPg(`SELECT received_at, source, id, route FROM delivery_rows WHERE ${also.sql} AND ${named.where} ${cursor}
                       ORDER BY received_at, source, id, route LIMIT ?::integer FOR UPDATE`),
                   [
+                    ...also.params,
                     ...named.params,
                     ...(after ? [after.receivedAt, after.receivedAt, after.source, after.id, after.route!] : []),
                     size,
