@@ -831,24 +831,36 @@ export class PostgresBulk {
   async dropBodies(filter: Filter, options: BulkOptions = {}): Promise<{ bodies: number; bytes: number }> {
     const { where, params } = await filterSqlChecked(this.pool, filter);
     const size = bulkBatchSize(options.batch);
-    const also = `status IN ('done', 'failed') AND ${bodyKept()} AND ${where}`;
-    if (options.dryRun) {
-      const { rows } = await this.pool.query(
-        toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries WHERE ${also}`),
-        params,
-      );
-      return { bodies: rows[0].n, bytes: Number(rows[0].bytes) };
-    }
+    // Of a released day, what still has a body is failed, or done since the release (stretches()), each found by
+    // its own index rather than by a walk of the day's tombstones.
+    const stretches = await this.stretches(filter, `status IN ('done', 'failed') AND ${bodyKept()}`, (at) => [
+      { sql: "status = 'failed' AND purged_at IS NULL", params: [] },
+      { sql: "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint", params: [at] },
+    ]);
     const total = { bodies: 0, bytes: 0 };
-    for (let from = Number.MIN_SAFE_INTEGER; ; ) {
-      const { n, bytes, picked, last } = await paced(DEFAULTS.purgeRest, () =>
-        this.dropBatch(also, params, from, size, options.audit),
-      );
-      total.bodies += n;
-      total.bytes += bytes;
-      if (picked < size) break;
-      from = last;
-    }
+    if (options.dryRun)
+      return heldSnapshot(this.pool, async (client) => {
+        for (const s of stretches) {
+          const { rows } = await client.query(
+            toPg(`SELECT count(*) AS n, coalesce(sum(octet_length(body)), 0) AS bytes FROM deliveries
+                   WHERE ${s.sql} AND ${where}`),
+            [...s.params, ...params],
+          );
+          total.bodies += Number(rows[0].n);
+          total.bytes += Number(rows[0].bytes);
+        }
+        return total;
+      });
+    for (const s of stretches)
+      for (let from = Number.MIN_SAFE_INTEGER; ; ) {
+        const { n, bytes, picked, last } = await paced(DEFAULTS.purgeRest, () =>
+          this.dropBatch(`${s.sql} AND ${where}`, [...s.params, ...params], from, size, options.audit),
+        );
+        total.bodies += n;
+        total.bytes += bytes;
+        if (picked < size) break;
+        from = last;
+      }
     return total;
   }
 
