@@ -324,9 +324,9 @@ export class PostgresBulk {
   ): Promise<{ replayed: number; tombstoned: number }> {
     replayDestination(to);
     // Of a released day, what keeps its body is what is not done, or was done since the release (stretches()):
-    // the statuses named, as the day's index of what is not done (status first) is probed for each, and the
-    // planner, with no statistics of the day's statuses (a release analyzes its finished_at alone), took
-    // `<> 'done'` for nearly every row and walked the day in received_at's order. The pick asks the two apart:
+    // the statuses named, as the day's index of what is not done (status first) is probed for each: a planner with
+    // no statistics of the day's statuses (a release analyzed its finished_at alone, before it took the statuses
+    // too) took `<> 'done'` for nearly every row and walked the day in received_at's order. The pick asks the two apart:
     // as one condition, its plan read the day's every entry in delivery_rows_kept for the second (a delivery in
     // both, one route failed and one done since, is taken once: seen). The count asks them as one, counting
     // each delivery once.
