@@ -183,6 +183,12 @@ export const DEFAULTS = {
    * day read in one go held a core and the disk for a quarter of a second at a million rows. @default 2048
    */
   releaseReadPages: 2048,
+  /**
+   * PostgreSQL: the statistics target of the ANALYZE a day's release runs of its finished times and statuses, a
+   * sample of 300 rows a unit: 3,000 rows, where the default 100 read 30,000 at random, the release's slowest acks
+   * after its DROP (docs/operations.md#what-the-acks-still-waited-for). @default 10
+   */
+  releaseStatisticsTarget: 10,
   /** PostgreSQL: how many times purge tries a day's release before leaving it to the next purge. @default 10 */
   periodLockTries: 10,
   /**

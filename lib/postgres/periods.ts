@@ -372,7 +372,9 @@ async function releaseDayIn(
   // planned as a probe of the day's index of what is not done. A sample of 3,000 rows, not 30,000: the questions
   // are only where the finished times end and how few rows are not done, and the default sample's random reads
   // of the day were the release's slowest acks after its DROP.
-  await client.query("SELECT set_config('default_statistics_target', '10', true)");
+  await client.query("SELECT set_config('default_statistics_target', $1, true)", [
+    String(DEFAULTS.releaseStatisticsTarget),
+  ]);
   await client.query(`ANALYZE ${day} (finished_at, status)`);
   await written(client, n);
   return { n, bytes: counted.bytes };
