@@ -318,3 +318,17 @@ export function row(label: string, load: Load, extra = ""): void {
       `  wrk ${f(load.generatorUs)} µs/req`,
   );
 }
+
+// mountOf names the options of the file system that holds path, from /proc/mounts (the longest mount point).
+export function mountOf(path: string): string {
+  try {
+    const mounts = readFileSync("/proc/mounts", "utf8")
+      .split("\n")
+      .map((line) => line.split(" "))
+      .filter((m) => m.length > 3 && (path === m[1] || path.startsWith(m[1] === "/" ? "/" : `${m[1]}/`)))
+      .sort((a, b) => b[1]!.length - a[1]!.length);
+    return mounts[0] ? `${mounts[0][1]} ${mounts[0][2]} ${mounts[0][3]}` : "not found";
+  } catch {
+    return "not readable";
+  }
+}

@@ -18,7 +18,7 @@ import { pathToFileURL } from "node:url";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { openDatabase } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { f, flushFill, knob, ROOT, SECONDS, startChild, tempDir } from "./common.ts";
+import { f, flushFill, knob, mountOf, ROOT, SECONDS, startChild, tempDir } from "./common.ts";
 import { paced, type Paced } from "./latency.ts";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
@@ -197,9 +197,11 @@ async function purgePostgres(dir: string): Promise<string[]> {
           `CREATE TABLE ${day.name} PARTITION OF delivery_bodies FOR VALUES FROM (${day.from}) TO (${day.until})`,
         );
       await fillPostgres(inbox, ROWS, day.until - 1, 1, whole);
+      // A day's DROP waits for the file system's discard, when it is mounted so (docs/production.md#the-file-system).
+      const [data] = await inbox.query("SELECT current_setting('data_directory') AS d");
       await inbox.close();
       const r = await aroundPurge(db);
-      const line = `  ${whole ? "PostgreSQL, the day dropped" : "PostgreSQL, row by row"}: ${around(r)}`;
+      const line = `  ${whole ? "PostgreSQL, the day dropped" : "PostgreSQL, row by row"}: ${around(r)} | data directory on ${mountOf(String(data!.d))}`;
       console.log(line);
       lines.push(line);
     } finally {

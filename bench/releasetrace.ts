@@ -8,12 +8,11 @@
 // server's data directory when it is on this machine (discard: docs/production.md#the-file-system).
 //   BENCH_PURGE_ROWS=1000000 npm run bench -- releasetrace
 
-import { readFileSync } from "node:fs";
 import http from "node:http";
 import pg from "pg";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
-import { f, knob, SECONDS, startChild, tempDir } from "./common.ts";
+import { f, knob, mountOf, SECONDS, startChild, tempDir } from "./common.ts";
 import { purgeChild, RATE, ROWS } from "./purge.ts";
 import { fillPostgres } from "./stored.ts";
 import { inboxTargets } from "./targets.ts";
@@ -72,20 +71,6 @@ function pace(url: string): { acks: Ack[]; stop: () => Promise<void> } {
       agent.destroy();
     },
   };
-}
-
-// mountOf names the options of the file system that holds path, from /proc/mounts (the longest mount point).
-function mountOf(path: string): string {
-  try {
-    const mounts = readFileSync("/proc/mounts", "utf8")
-      .split("\n")
-      .map((line) => line.split(" "))
-      .filter((m) => m.length > 3 && (path === m[1] || path.startsWith(m[1] === "/" ? "/" : `${m[1]}/`)))
-      .sort((a, b) => b[1]!.length - a[1]!.length);
-    return mounts[0] ? `${mounts[0][1]} ${mounts[0][2]} ${mounts[0][3]}` : "not found";
-  } catch {
-    return "not readable";
-  }
 }
 
 const p99 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(0.99 * (xs.length - 1))] ?? NaN;
