@@ -4,7 +4,7 @@
 // outside the commit queue of postgres/commit.ts: they lock nothing and wait for no batch.
 
 import type pg from "pg";
-import { filterSqlChecked } from "./searching.ts";
+import { filterSqlChecked, searchSettings } from "./searching.ts";
 import { DEFAULTS } from "../defaults.ts";
 import { NOW, toPg } from "./commit.ts";
 import type { Pool } from "./pool.ts";
@@ -416,23 +416,24 @@ export class PostgresReads {
   private refused(error: unknown, since: number): unknown {
     // 57014 is also pg_cancel_backend's: only a cancel that came once the bound had passed is the bound's.
     const code = (error as { code?: unknown }).code;
-    if (code === "57014" && performance.now() - since >= this.searchTimeoutMs)
+    if (code === "57014" && this.searchTimeoutMs > 0 && performance.now() - since >= this.searchTimeoutMs)
       return new SearchTooBroad(this.searchTimeoutMs, { cause: error });
     return error;
   }
 
   /**
    * searchQuery runs a search's statement; one that reads bodies or the search index runs in a transaction of
-   * its own under SET LOCAL statement_timeout, so that a search whose words are all common, or whose range is
-   * wide, is stopped by the server rather than scanning for minutes. SET LOCAL ends with the transaction: the
-   * session's own setting, and the next borrower's behind PgBouncer in transaction mode, are never touched.
+   * its own under searchSettings(): a statement timeout, so that a search whose words are all common, or whose
+   * range is wide, is stopped by the server rather than scanning for minutes, and no JIT nor, but for a scan of
+   * bodies, parallel workers. They end with the transaction: the session's own settings, and the next
+   * borrower's behind PgBouncer in transaction mode, are never touched.
    */
   private async searchQuery(filter: Filter, sql: string, params: SqlValue[]): Promise<pg.QueryResult> {
-    if (!readsBodies(filter) || this.searchTimeoutMs === 0) return this.pool.query(sql, params);
+    if (!readsBodies(filter)) return this.pool.query(sql, params);
     const client = await this.pool.transaction();
     const since = performance.now();
     try {
-      await client.query("SELECT set_config('statement_timeout', $1, true)", [String(this.searchTimeoutMs)]);
+      await searchSettings(client, filter, this.searchTimeoutMs);
       const result = await client.query(sql, params);
       // A read: nothing to keep, and a ROLLBACK cannot meet a standby's wait as a COMMIT can.
       await client.query("ROLLBACK");
