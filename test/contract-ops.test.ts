@@ -651,66 +651,70 @@ contract((suite) => {
       },
     );
 
+    // releaseMany fills T0's day with 2,000 done deliveries (restored at once) and one failed, late, and releases
+    // the day by one row: a released day whose tombstones a walk must not read.
+    const releaseMany = async (setup: Inbox) => {
+      await handled(setup, "many_0");
+      const [template] = await setup.page(undefined, 1);
+      const many = Array.from({ length: 2_000 }, (_, i) => ({
+        ...template!,
+        id: `many_${i}`,
+        receivedAt: T0 - i * 1_000,
+      }));
+      assert.equal(await setup.restore(many), 1_999);
+      await setup.store({ id: "late", body: body({ id: "late" }) });
+      await setup.fail((await setup.claim(LEASE))!, "nope", { permanent: true });
+      suite.t += 8 * DAY;
+      await setup.purge();
+    };
+    // dayReads is what the server counts of T0's history partition: rows read from its heap (by a scan, or fetched
+    // through an index), and entries read of its index of done rows with a body (delivery_rows_kept's). A backend
+    // sends its counts a second after its work at the latest, or as it exits: a test closes its setup's inbox
+    // first, and measures one of one connection, whose counts pg_stat_force_next_flush() has sent before it answers.
+    const dayReads = async (inbox: Inbox): Promise<{ heap: number; kept: number }> => {
+      await inbox.query("SELECT pg_stat_force_next_flush()");
+      const { default: pg } = await import("pg");
+      const client = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
+      await client.connect();
+      try {
+        const { rows } = await client.query(
+          `SELECT (t.seq_tup_read + t.idx_tup_fetch)::integer AS heap,
+                  (SELECT sum(i.idx_tup_read)::integer FROM pg_stat_user_indexes i JOIN pg_index x ON x.indexrelid = i.indexrelid
+                    WHERE i.relid = t.relid AND pg_get_expr(x.indpred, x.indrelid) LIKE '%status = ''done''%purged_at IS NULL%') AS kept
+             FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = $2`,
+          [new URL(suite.target).searchParams.get("schema")!, historyOf(periodOf(T0))],
+        );
+        return rows[0] as { heap: number; kept: number };
+      } finally {
+        await client.end();
+      }
+    };
+    // Behind a pooler (test/pgbouncer.test.ts runs this suite so) each transaction's server backend is the
+    // pooler's choice, and a backend's counts cannot be had at once: there the answers are checked, not the reads.
+    const direct = () => !/[?&]listen=false/.test(suite.target);
+
     suite.onPostgres(
       "a replay over a released day takes what was done since its release and walks none of its tombstones, and its dry run counts the same",
       async () => {
         const setup = await open();
-        const { default: pg } = await import("pg");
-        const schema = new URL(suite.target).searchParams.get("schema")!;
-        const day = historyOf(periodOf(T0));
-        // A day of many done deliveries, restored at once, and one failed, done again after the day's release.
-        await handled(setup, "many_0");
-        const [template] = await setup.page(undefined, 1);
-        const many = Array.from({ length: 2_000 }, (_, i) => ({
-          ...template!,
-          id: `many_${i}`,
-          receivedAt: T0 - i * 1_000,
-        }));
-        assert.equal(await setup.restore(many), 1_999);
-        await setup.store({ id: "late", body: body({ id: "late" }) });
-        await setup.fail((await setup.claim(LEASE))!, "nope", { permanent: true });
-        suite.t += 8 * DAY;
-        await setup.purge();
+        // A day of many done deliveries, and one failed, done again after the day's release.
+        await releaseMany(setup);
         const [released] = await setup.query("SELECT count(*)::integer AS n FROM released_days");
         assert.equal(released!.n, 1, "the day was released by one row");
         assert.equal(await setup.retry({ id: "late" }), 1);
         assert.equal(await setup.finish((await setup.claim(LEASE))!), true, "done since the release: its body kept");
         // And a day not released, today's, with its done deliveries.
         for (const id of ["new_1", "new_2", "new_3"]) await handled(setup, id);
-        // What the server counts of the released day's partition: rows read from its heap (by a scan, or fetched
-        // through an index), and entries read of its index of done rows with a body (delivery_rows_kept's). A
-        // backend sends its counts a second after its work at the latest, or as it exits: the setup's are closed
-        // first, and the inbox measured runs on one connection, whose counts pg_stat_force_next_flush() has sent
-        // before it answers.
         await setup.close();
         const inbox = await open({ poolSize: 1 });
-        const reads = async () => {
-          await inbox.query("SELECT pg_stat_force_next_flush()");
-          const client = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
-          await client.connect();
-          try {
-            const { rows } = await client.query(
-              `SELECT (t.seq_tup_read + t.idx_tup_fetch)::integer AS heap,
-                      (SELECT sum(i.idx_tup_read)::integer FROM pg_stat_user_indexes i JOIN pg_index x ON x.indexrelid = i.indexrelid
-                        WHERE i.relid = t.relid AND pg_get_expr(x.indpred, x.indrelid) LIKE '%status = ''done''%purged_at IS NULL%') AS kept
-                 FROM pg_stat_user_tables t WHERE t.schemaname = $1 AND t.relname = $2`,
-              [schema, day],
-            );
-            return rows[0] as { heap: number; kept: number };
-          } finally {
-            await client.end();
-          }
-        };
-        // Behind a pooler (test/pgbouncer.test.ts runs this suite so) each transaction's server backend is the
-        // pooler's choice, and a backend's counts cannot be had at once: the answers are checked, not the reads.
-        const direct = !/[?&]listen=false/.test(suite.target);
+        const reads = () => dayReads(inbox);
         // The day is read once in each, whole, to count its tombstones (their number is part of the answer), and
         // its index of done rows with a body only where late, taken, is written (two entries). The control: the
         // code before read the day twice in the dry run, three times in the dry run --to and twice in the replay
         // --to, and the replay walked all 2,000 entries of that index.
         const once = 2 * 2_000;
         const read = async (what: string, run: () => Promise<unknown>) => {
-          const before = direct ? await reads() : undefined;
+          const before = direct() ? await reads() : undefined;
           const result = await run();
           if (!before) return result;
           const after = await reads();
@@ -762,52 +766,22 @@ contract((suite) => {
       "a purge by filter over a released day drops what still has a body there and walks none of its tombstones",
       async () => {
         const setup = await open();
-        const { default: pg } = await import("pg");
-        const schema = new URL(suite.target).searchParams.get("schema")!;
-        const day = historyOf(periodOf(T0));
-        await handled(setup, "many_0");
-        const [template] = await setup.page(undefined, 1);
-        const many = Array.from({ length: 2_000 }, (_, i) => ({
-          ...template!,
-          id: `many_${i}`,
-          receivedAt: T0 - i * 1_000,
-        }));
-        assert.equal(await setup.restore(many), 1_999);
-        await setup.store({ id: "late", body: body({ id: "late" }) });
-        await setup.fail((await setup.claim(LEASE))!, "nope", { permanent: true });
-        suite.t += 8 * DAY;
-        await setup.purge();
+        await releaseMany(setup);
         // Today's: done and failed, each with its body.
         await handled(setup, "new_1");
         await setup.store({ id: "new_2", body: body({ id: "new_2" }) });
         await setup.fail((await setup.claim(LEASE))!, "nope", { permanent: true });
         await setup.close();
         const inbox = await open({ poolSize: 1 });
-        const direct = !/[?&]listen=false/.test(suite.target);
-        // Rows read of the released day's partition, as in the replay's test above.
-        const reads = async () => {
-          await inbox.query("SELECT pg_stat_force_next_flush()");
-          const client = new pg.Client({ connectionString: suite.target.replace(/[?&]schema=([^&]+)/, "") });
-          await client.connect();
-          try {
-            const { rows } = await client.query(
-              `SELECT (seq_tup_read + idx_tup_fetch)::integer AS heap FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
-              [schema, day],
-            );
-            return rows[0].heap as number;
-          } finally {
-            await client.end();
-          }
-        };
         const bytes = ["late", "new_1", "new_2"].reduce((n, id) => n + body({ id }).length, 0);
         const since = { since: T0 - DAY };
         for (const dryRun of [true, false]) {
-          const before = direct ? await reads() : 0;
+          const before = direct() ? (await dayReads(inbox)).heap : 0;
           assert.deepEqual(await inbox.dropBodies(since, { dryRun }), { bodies: 3, bytes });
           // The control: the walk before read each of the day's 2,000 tombstones, twice in the dry run.
-          if (direct)
+          if (direct())
             assert.ok(
-              (await reads()) - before < 100,
+              (await dayReads(inbox)).heap - before < 100,
               `${dryRun ? "the dry run" : "the purge"} read the day's tombstones`,
             );
         }
