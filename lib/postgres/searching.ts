@@ -109,14 +109,16 @@ async function pendingOf(db: Pool | pg.PoolClient): Promise<number> {
  * searchSettings sets, for the rest of client's transaction alone (set_config's is_local, so neither the session
  * nor the next borrower behind a per-transaction pooler keeps them), how a search that reads bodies or the search
  * index runs: stopped after timeoutMs (0: not at all), so that one whose words are all common is stopped by the
- * server rather than scanning for minutes; never compiled by JIT, whose cost a words search's estimate (thousands
- * of rows for a phrase that matches one) took past jit_above_cost: 412 functions compiled in 343 ms of a search
- * that reads 45 pages; and, unless it scans bodies (bodyContains), with no parallel workers, whose start cost
- * another 50 ms of a page of 50 (docs/performance.md#at-ten-million-after-the-split).
+ * server rather than scanning for minutes; and, unless it scans bodies (bodyContains, whose day of bodies is the
+ * long query JIT and workers are for: p50 8.0 s with them at ten million, 10.0 s without JIT), never compiled by
+ * JIT nor run by parallel workers. A words search's estimate (thousands of rows for a phrase that matches one) took
+ * its cost past jit_above_cost: 412 functions compiled in 343 ms, and 50 ms starting workers, for a page that
+ * reads 45 pages (docs/performance.md#at-ten-million-after-the-split).
  */
 export async function searchSettings(client: pg.ClientBase, filter: Filter, timeoutMs: number): Promise<void> {
   await client.query(
-    `SELECT set_config('statement_timeout', $1, true), set_config('jit', 'off', true),
+    `SELECT set_config('statement_timeout', $1, true),
+            set_config('jit', CASE WHEN $2::boolean THEN current_setting('jit') ELSE 'off' END, true),
             set_config('max_parallel_workers_per_gather',
                        CASE WHEN $2::boolean THEN current_setting('max_parallel_workers_per_gather') ELSE '0' END, true)`,
     [String(timeoutMs), filter.bodyContains !== undefined],
