@@ -66,6 +66,8 @@ function leftWhole(error: unknown): undefined {
 // The done rows that keep their bodies (no purged_at, and their day not released since): what purge marks.
 // Not bodyKept(): a plain conjunction, whose NOT EXISTS the planner can make an anti-join.
 const DONE_KEPT = `status = 'done' AND purged_at IS NULL AND ${unreleased()}`;
+// Of a released day, the done rows that keep their bodies: done since its release (? its released_at).
+const DONE_SINCE = "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint";
 
 // Stretch is one part of what a bulk command walks, oldest first: a condition in SQL, with ? parameters, and
 // their values. The parts of one walk never hold the same row.
@@ -283,9 +285,7 @@ export class PostgresBulk {
     if (options.to !== undefined) return this.replayTo(filter, options.to, options);
     // A row of a released day is a tombstone though its own purged_at is unset (periods.ts releaseDay): of such a
     // day, only the rows done since its release are asked for (stretches()).
-    const kept = await this.stretches(filter, DONE_KEPT, (at) => [
-      { sql: "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint", params: [at] },
-    ]);
+    const kept = await this.stretches(filter, DONE_KEPT, (at) => [{ sql: DONE_SINCE, params: [at] }]);
     const tombstoned = () =>
       this.countWhere(filter, [{ sql: "status = 'done' AND purged_at IS NOT NULL", params: [] }]);
     if (options.dryRun) return { replayed: await this.countWhere(filter, kept), tombstoned: await tombstoned() };
@@ -331,15 +331,16 @@ export class PostgresBulk {
     // both, one route failed and one done since, is taken once: seen). The count asks them as one, counting
     // each delivery once.
     const open = "status IN ('received', 'processing', 'failed') AND purged_at IS NULL";
-    const since = "status = 'done' AND purged_at IS NULL AND finished_at >= ?::bigint";
     const kept = await this.stretches(filter, bodyKept(), (at) => [
       { sql: open, params: [] },
-      { sql: since, params: [at] },
+      { sql: DONE_SINCE, params: [at] },
     ]);
     const tombstoned = () => this.countWhere(filter, [{ sql: "purged_at IS NOT NULL", params: [] }]);
     if (options.dryRun) {
       // The view's purged_at says the rest: each stretch only bounds the time, and a released day's rows.
-      const counted = await this.stretches(filter, "TRUE", (at) => [{ sql: `(${open} OR ${since})`, params: [at] }]);
+      const counted = await this.stretches(filter, "TRUE", (at) => [
+        { sql: `(${open} OR ${DONE_SINCE})`, params: [at] },
+      ]);
       return { replayed: await this.countTo(filter, to, counted), tombstoned: await tombstoned() };
     }
     let replayed = 0;
@@ -623,15 +624,10 @@ export class PostgresBulk {
         purged.bytes += released.bytes;
       }
       if (options.signal?.aborted) return purged;
-      for (let from = period.from; !released; ) {
-        const { n, bytes, picked, last } = await paced(rest, () =>
-          this.dropBatch(`${kept} AND received_at < ?::bigint`, [period.until], from, batch, options.audit, false),
-        );
-        purged.bodies += n;
-        purged.bytes += bytes;
+      if (!released) {
+        const where = `${kept} AND received_at < ?::bigint`;
+        await this.dropAll(where, [period.until], period.from, batch, rest, options, purged, false);
         if (options.signal?.aborted) return purged;
-        if (picked < batch) break;
-        from = last;
       }
       // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again (releasePeriod);
       // after DEFAULTS.periodLockTries the day is left whole for the next purge, its rows already tombstones.
@@ -659,39 +655,12 @@ export class PostgresBulk {
         await dropDetached(this.pool);
       }
     }
-    // The rows done since their day's release (replayed or retried, and done again) kept their bodies: each
-    // released day's are found by its index of finished rows, and marked as row by row marks them.
-    const releases = await releasedBefore(this.pool, bodiesBefore);
-    for (const { day, until, releasedAt } of releases) {
-      for (let from = day; ; ) {
-        const { n, bytes, picked, last } = await paced(rest, () =>
-          this.dropBatch(
-            "status = 'done' AND purged_at IS NULL AND received_at < ?::bigint AND finished_at >= ?::bigint",
-            [Math.min(until, bodiesBefore), releasedAt],
-            from,
-            batch,
-            options.audit,
-          ),
-        );
-        purged.bodies += n;
-        purged.bytes += bytes;
-        if (options.signal?.aborted) return purged;
-        if (picked < batch) break;
-        from = last;
-      }
-    }
-    // Everything else before the cutoff, row by row, in the time between the released days: each of those holds
-    // its tombstones-to-be in deliveries_kept still, and a walk through them would find none.
-    for (const [start, end] of unreleasedSpans(releases, Number.MIN_SAFE_INTEGER, bodiesBefore)) {
-      for (let from = start; ; ) {
-        const { n, bytes, picked, last } = await paced(rest, () =>
-          this.dropBatch(`${kept} AND received_at < ?::bigint`, [end], from, batch, options.audit),
-        );
-        purged.bodies += n;
-        purged.bytes += bytes;
-        if (picked < batch || options.signal?.aborted) break;
-        from = last;
-      }
+    // Everything else before the cutoff, row by row (stretches()): between the released days, what still has a
+    // body, each of them holding its tombstones-to-be in deliveries_kept still, which a walk through the released
+    // days would read to find none; and of each released day, the rows done since its release (replayed or
+    // retried, and done again), which kept their bodies, found by its index of finished rows.
+    for (const s of await this.stretches({ until: bodiesBefore }, kept, (at) => [{ sql: DONE_SINCE, params: [at] }])) {
+      await this.dropAll(s.sql, s.params, Number.MIN_SAFE_INTEGER, batch, rest, options, purged);
       if (options.signal?.aborted) return purged;
     }
     // Whole days of history first (docs/operations.md#retention-by-period): a day past the forget cutoff that
@@ -852,16 +821,39 @@ export class PostgresBulk {
         return total;
       });
     for (const s of stretches)
-      for (let from = Number.MIN_SAFE_INTEGER; ; ) {
-        const { n, bytes, picked, last } = await paced(DEFAULTS.purgeRest, () =>
-          this.dropBatch(`${s.sql} AND ${where}`, [...s.params, ...params], from, size, options.audit),
-        );
-        total.bodies += n;
-        total.bytes += bytes;
-        if (picked < size) break;
-        from = last;
-      }
+      await this.dropAll(
+        `${s.sql} AND ${where}`,
+        [...s.params, ...params],
+        Number.MIN_SAFE_INTEGER,
+        size,
+        DEFAULTS.purgeRest,
+        options,
+        total,
+      );
     return total;
+  }
+
+  // dropAll runs dropBatch from the time from until a batch picks fewer than batch rows or signal aborts, resting
+  // rest times as long as each batch took, and adds what it dropped to total.
+  private async dropAll(
+    where: string,
+    params: SqlValue[],
+    from: number,
+    batch: number,
+    rest: number,
+    options: { audit?: Audit; signal?: AbortSignal },
+    total: { bodies: number; bytes: number },
+    bodyRows = true,
+  ): Promise<void> {
+    for (let at = from; ; ) {
+      const { n, bytes, picked, last } = await paced(rest, () =>
+        this.dropBatch(where, params, at, batch, options.audit, bodyRows),
+      );
+      total.bodies += n;
+      total.bytes += bytes;
+      if (picked < batch || options.signal?.aborted) return;
+      at = last;
+    }
   }
 
   // dropBatch empties the bodies of up to batch rows matching where, in one transaction. The row stays with

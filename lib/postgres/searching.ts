@@ -104,7 +104,6 @@ async function pendingOf(db: Pool | pg.PoolClient): Promise<number> {
   return Number(rows[0].n);
 }
 
-/** filterSqlChecked is filterSql() in PostgreSQL's dialect, refusing (SearchOff) a search form the index cannot answer yet. */
 /**
  * searchSettings sets, for the rest of client's transaction alone (set_config's is_local, so neither the session
  * nor the next borrower behind a per-transaction pooler keeps them), how a search that reads bodies or the search
@@ -125,6 +124,7 @@ export async function searchSettings(client: pg.ClientBase, filter: Filter, time
   );
 }
 
+/** filterSqlChecked is filterSql() in PostgreSQL's dialect, refusing (SearchOff) a search form the index cannot answer yet. */
 export async function filterSqlChecked(pool: Pool, filter: Filter): Promise<{ where: string; params: SqlValue[] }> {
   // A form that cannot narrow is refused first (a TypeError, the caller's mistake), whatever the index's state.
   const sql = filterSql(filter, "postgres");
