@@ -140,13 +140,13 @@ describe("a full disk", () => {
   });
 });
 
-describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => {
+describe("a real full disk: an 8 MB tmpfs (when the tests may mount one)", () => {
   const mnt = join(dir, "tmpfs");
   let mounted = false;
   before(() => {
     mkdirSync(mnt);
     try {
-      execFileSync("mount", ["-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt], { stdio: "ignore" });
+      execFileSync("mount", ["-t", "tmpfs", "-o", "size=8m", "tmpfs", mnt], { stdio: "ignore" });
       mounted = true;
     } catch {
       // Not root, or no mount in this sandbox: the max_page_count tests above still run.
@@ -185,17 +185,24 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
     try {
       for (let i = 0; i < 5; i++) assert.equal((await send(`before-${i}`)).status, 200);
       fill();
-      const whileFull = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
+      // The disk is full, but the WAL is not always out of room: once the checkpointer has copied it back,
+      // SQLite rewrites it from its start, over the ~700 KB it already holds (the schema and the bodies so
+      // far), and a 200 for a delivery stored there is honest. Eighty 30 KB bodies are three times that room,
+      // so some of them must be refused, whenever the checkpoint ran.
+      const ids = Array.from({ length: 80 }, (_, i) => `full-${i}`);
+      const whileFull = await Promise.all(ids.map(send));
       assert.deepEqual(
-        whileFull.map((r) => r.status),
-        Array(20).fill(503),
+        [...new Set(whileFull.map((r) => r.status))].filter((s) => s !== 200 && s !== 503),
+        [],
       );
-      assert.ok(whileFull.every((r) => Number(r.retryAfter) > 0));
+      const refused = ids.filter((_, i) => whileFull[i]!.status === 503);
+      assert.ok(refused.length > 0, "more than the disk holds was sent, so some of it was refused");
+      assert.ok(whileFull.every((r) => r.status === 200 || Number(r.retryAfter) > 0));
       rmSync(join(mnt, "ballast"));
-      const retried = await Promise.all(Array.from({ length: 20 }, (_, i) => send(`full-${i}`)));
+      const retried = await Promise.all(refused.map(send));
       assert.deepEqual(
         retried.map((r) => r.text),
-        Array(20).fill("stored"),
+        Array(refused.length).fill("stored"),
         "no restart needed",
       );
       // And it stays up: a few hundred small commits would grow the WAL past the space freed if it were
@@ -215,7 +222,7 @@ describe("a real full disk: a 2 MB tmpfs (when the tests may mount one)", () => 
     const rows = conn.prepare("SELECT id, body FROM deliveries").all() as { id: string; body: Uint8Array }[];
     assert.equal((conn.prepare("PRAGMA integrity_check").get() as { integrity_check: string }).integrity_check, "ok");
     conn.close();
-    assert.equal(rows.length, 325);
+    assert.equal(rows.length, 385);
     assert.ok(rows.filter((r) => !r.id.startsWith("small-")).every((r) => bodyIsWhole(r.id, r.body)));
   });
 
