@@ -12,6 +12,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { ATTEMPT_SQL, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
+import { insertRow } from "./bodies.ts";
 import { whole } from "./commit.ts";
 import { enterKey, rebuildKey, settleKey, type Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
@@ -28,6 +29,13 @@ export interface CommitQueue {
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void>;
 }
+
+// The columns restore() writes, in the order of its values.
+const RESTORE_COLUMNS = [
+  "source", "id", "body", "body_sha256", "content_type", "event_type", "provider_time", "received_at", "status",
+  "attempts", "available_at", "leased_until", "lease_ms", "error", "conflicts", "finished_at", "replays", "purged_at",
+  "order_key", "event_time", "newer_id", "route", "destination", "headers", "traceparent", "origin",
+] as const;
 
 /** SqliteBulk is the operator's bulk writes of a SqliteInbox, each batch queued through its CommitQueue. */
 export class SqliteBulk {
@@ -64,13 +72,7 @@ export class SqliteBulk {
       // In arrival order, so that the rowids that break event-time ties keep it.
       for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
         const changed = Number(
-          this.sql(
-            `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at,
-                                     status, attempts, available_at, leased_until, lease_ms, error, conflicts, finished_at,
-                                     replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent, origin)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON CONFLICT (source, id, route) DO NOTHING`,
-          ).run(
+          insertRow(this.sql, RESTORE_COLUMNS, [
             d.source,
             d.id,
             d.body,
@@ -97,7 +99,7 @@ export class SqliteBulk {
             d.headers ? JSON.stringify(d.headers) : null,
             d.traceparent ?? null,
             d.origin ?? "webhook",
-          ).changes,
+          ]).changes,
         );
         added += changed;
         const destination = d.destination ?? DEFAULTS.destination;
@@ -161,7 +163,7 @@ export class SqliteBulk {
       const before = total;
       for (const k of keys) {
         const row =
-          this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+          this.sql(`UPDATE delivery_rows SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
                 WHERE source = ? AND id = ? AND route = ? AND status = 'failed' RETURNING order_key, destination`).get(
             now,
             k.source,
@@ -193,7 +195,7 @@ export class SqliteBulk {
       const before = replayed;
       for (const k of keys) {
         const row =
-          this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+          this.sql(`UPDATE delivery_rows SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
                        finished_at = NULL, leased_until = NULL, lease_token = NULL
                 WHERE source = ? AND id = ? AND route = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key, destination`).get(
             now,
@@ -242,7 +244,7 @@ export class SqliteBulk {
         if (there !== undefined) {
           if (there.status !== "done") continue;
           const row =
-            this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
+            this.sql(`UPDATE delivery_rows SET status = 'received', attempts = 0, replays = replays + 1, error = NULL, available_at = ?,
                          finished_at = NULL, leased_until = NULL, lease_token = NULL
                   WHERE rowid = ? AND status = 'done' AND purged_at IS NULL RETURNING order_key`).get(
               now,
@@ -253,14 +255,27 @@ export class SqliteBulk {
           if (row.order_key !== null) settleKey(this.sql, k.source, to, row.order_key as string, k.id, false);
           continue;
         }
-        // Routing after the fact: the delivery gets a row for this destination, as its next route.
+        // Routing after the fact: the delivery gets a row for this destination, as its next route, and a copy of
+        // its body where the body was kept apart.
+        const from = this.sql(
+          "SELECT body_seq FROM delivery_rows WHERE source = ? AND id = ? AND route = ? AND purged_at IS NULL",
+        ).get(k.source, k.id, k.route!) as Row | undefined;
+        if (!from) continue;
+        const seq =
+          from.body_seq === null
+            ? null
+            : Number(
+                this.sql("INSERT INTO delivery_bodies (body) SELECT body FROM delivery_bodies WHERE seq = ?").run(
+                  from.body_seq,
+                ).lastInsertRowid,
+              );
         const added =
-          this.sql(`INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
-                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays, origin)
+          this.sql(`INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status,
+                                        available_at, order_key, event_time, route, destination, headers, traceparent, replays, origin, body_seq)
                 SELECT source, id, body, body_sha256, content_type, event_type, provider_time, received_at, 'received', ?,
-                       order_key, event_time, (SELECT max(route) + 1 FROM deliveries WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1, origin
-                FROM deliveries WHERE source = ?2 AND id = ?3 AND route = ?5 AND purged_at IS NULL
-                RETURNING rowid, order_key, event_time`).get(now, k.source, k.id, to, k.route!) as Row | undefined;
+                       order_key, event_time, (SELECT max(route) + 1 FROM delivery_rows WHERE source = ?2 AND id = ?3), ?4, headers, traceparent, 1, origin, ?6
+                FROM delivery_rows WHERE source = ?2 AND id = ?3 AND route = ?5 AND purged_at IS NULL
+                RETURNING rowid, order_key, event_time`).get(now, k.source, k.id, to, k.route!, seq) as Row | undefined;
         if (!added) continue;
         replayed++;
         if (added.order_key !== null) {
@@ -364,7 +379,7 @@ export class SqliteBulk {
       if (options.signal?.aborted) return purged;
       const n = await paced(rest, () =>
         this.atomic(() => {
-          const gone = this.sql(`DELETE FROM deliveries WHERE rowid IN (
+          const gone = this.sql(`DELETE FROM delivery_rows WHERE rowid IN (
                 SELECT rowid FROM deliveries WHERE purged_at IS NOT NULL AND received_at < ? ORDER BY received_at LIMIT ?)
                 RETURNING source, id, destination`).all(forgetBefore, batch) as {
             source: string;
@@ -417,25 +432,46 @@ export class SqliteBulk {
 
   // dropBatch makes tombstones of the rows a query picks, inside the current transaction. The row stays,
   // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a
-  // conflict. It is moved rather than updated in place: SQLite never merges the half-empty pages an
-  // UPDATE leaves (a 1 KB body lives in its leaf page), so the file would not shrink; a DELETE rebalances
-  // them into free pages, and the re-inserted tombstones pack densely at the end of the table.
+  // conflict. A row whose body is apart, or small, is marked in place and its body's row deleted: the row
+  // keeps its size, and a body's pages freed whole are never written to the WAL. A row that carries a large
+  // body (stored before bodies apart) is moved rather than updated in place: SQLite never merges the
+  // half-empty pages an UPDATE leaves, so the file would not shrink; a DELETE rebalances them into free
+  // pages, and the re-inserted tombstones pack densely at the end of the table.
   private dropBatch(pick: string, params: SQLInputValue[], audit: Audit | undefined): { n: number; bytes: number } {
     const rows = this.sql(pick).all(...params) as { rowid: number; bytes: number }[];
     if (rows.length === 0) {
       writeAudit(this.sql, audit, 0, this.now());
       return { n: 0, bytes: 0 };
     }
-    // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
-    this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.deliveries WHERE 0");
-    const ids = JSON.stringify(rows.map((r) => r.rowid));
     const settled = "rowid IN (SELECT value FROM json_each(?)) AND purged_at IS NULL AND status IN ('done', 'failed')";
-    this.sql(`INSERT INTO temp.purging SELECT * FROM main.deliveries WHERE ${settled}`).run(ids);
-    const n = Number(this.sql(`DELETE FROM main.deliveries WHERE ${settled}`).run(ids).changes);
-    this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(this.now());
-    this.sql("INSERT INTO main.deliveries SELECT * FROM temp.purging ORDER BY received_at").run();
-    this.sql("DELETE FROM temp.purging").run();
-    writeAudit(this.sql, audit, n, this.now());
+    const picked = JSON.stringify(rows.map((r) => r.rowid));
+    const moved = (
+      this.sql(`SELECT rowid FROM delivery_rows WHERE ${settled} AND body_seq IS NULL AND length(body) > ?`).all(
+        picked,
+        DEFAULTS.inlineBodyBytes,
+      ) as { rowid: number }[]
+    ).map((r) => r.rowid);
+    const now = this.now();
+    this.sql(`DELETE FROM delivery_bodies WHERE seq IN (SELECT body_seq FROM delivery_rows WHERE ${settled})`).run(picked);
+    let n = Number(
+      this.sql(`UPDATE delivery_rows SET body = X'', body_seq = NULL, purged_at = ?
+                 WHERE ${settled} AND NOT (body_seq IS NULL AND length(body) > ?)`).run(
+        now,
+        picked,
+        DEFAULTS.inlineBodyBytes,
+      ).changes,
+    );
+    if (moved.length > 0) {
+      // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.
+      this.db.exec("CREATE TEMP TABLE IF NOT EXISTS purging AS SELECT * FROM main.delivery_rows WHERE 0");
+      const ids = JSON.stringify(moved);
+      this.sql(`INSERT INTO temp.purging SELECT * FROM main.delivery_rows WHERE ${settled}`).run(ids);
+      n += Number(this.sql(`DELETE FROM main.delivery_rows WHERE ${settled}`).run(ids).changes);
+      this.sql("UPDATE temp.purging SET body = X'', purged_at = ?").run(now);
+      this.sql("INSERT INTO main.delivery_rows SELECT * FROM temp.purging ORDER BY received_at").run();
+      this.sql("DELETE FROM temp.purging").run();
+    }
+    writeAudit(this.sql, audit, n, now);
     return { n, bytes: rows.reduce((sum, r) => sum + r.bytes, 0) };
   }
 

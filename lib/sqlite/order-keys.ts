@@ -51,7 +51,7 @@ export function occupyKey(sql: Statements, lease: Lease, rowid: number): void {
     | { last_event_time: number | null; last_id: string | null }
     | undefined;
   if (key?.last_event_time != null && key.last_event_time > lease.eventTime!) {
-    sql("UPDATE deliveries SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
+    sql("UPDATE delivery_rows SET newer_id = ? WHERE rowid = ?").run(key.last_id, rowid);
     lease.newerId = key.last_id;
   }
 }

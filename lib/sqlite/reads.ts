@@ -128,7 +128,7 @@ export class SqliteReads {
     const open = this
       // Named, as without statistics SQLite would rather walk the primary key for its order by source.
       .sql(
-        "SELECT source, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY source, status",
+        "SELECT source, status, count(*) AS n FROM delivery_rows INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY source, status",
       )
       .all() as Row[];
     const totals = (this.sql("SELECT DISTINCT source FROM deliveries").all() as Row[]).map((r) => ({
@@ -262,7 +262,7 @@ export class SqliteReads {
       counts.get(name) ?? (counts.set(name, { waiting: 0, processing: 0, failed: 0 }), counts.get(name)!);
     // Only what is not done, through its partial index, so a large inbox is not walked.
     for (const r of this.sql(
-      "SELECT destination, status, count(*) AS n FROM deliveries INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY destination, status",
+      "SELECT destination, status, count(*) AS n FROM delivery_rows INDEXED BY deliveries_open WHERE status <> 'done' GROUP BY destination, status",
     ).all() as Row[]) {
       const c = at(r.destination as string);
       if (r.status === "received") c.waiting = r.n as number;

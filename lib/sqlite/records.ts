@@ -247,7 +247,7 @@ export class SqliteRecords {
         if (options.cancelWaiting)
           cancelled += Number(
             this.sql(
-              "UPDATE deliveries SET status = 'failed', error = ?, finished_at = ? WHERE destination = ? AND status = 'received'",
+              "UPDATE delivery_rows SET status = 'failed', error = ?, finished_at = ? WHERE destination = ? AND status = 'received'",
             ).run(`cancelled: destination ${destination} removed by configuration version ${version}`, now, destination)
               .changes,
           );

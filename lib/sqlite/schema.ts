@@ -332,6 +332,71 @@ export const MIGRATIONS: readonly string[] = [
                              until_rowid = min(until_rowid, (SELECT coalesce(max(rowid), 0) FROM deliveries))
       WHERE max(done_rowid, until_rowid) > (SELECT coalesce(max(rowid), 0) FROM deliveries);
    END;`,
+  // Bodies apart (docs/table.md#bodies-apart): a body larger than inlineBodyBytes lives in delivery_bodies,
+  // in the order stored, and its row in delivery_rows keeps an empty one and the body's seq. A claim, an
+  // extend and a finish then rewrite a row of a few hundred bytes, not one that carries its body; purge
+  // marks the row in place and deletes the body's row, whose freed pages SQLite does not write to the WAL,
+  // rather than rewriting every row and its index entries (about 3 KB of WAL a purged row). deliveries is
+  // a view of the two with every column it had, and writable through INSTEAD OF triggers, so SQL written
+  // against the table reads and writes as before; the inbox itself writes delivery_rows. Rows stored before
+  // keep their bodies inline: the upgrade is a rename and a view, instant at any size. A later column of
+  // delivery_rows must be added to the view and its triggers too.
+  `ALTER TABLE deliveries RENAME TO delivery_rows;
+   ALTER TABLE delivery_rows ADD COLUMN body_seq INTEGER;
+   CREATE TABLE delivery_bodies (seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+   CREATE VIEW deliveries AS
+     SELECT r.rowid AS rowid,
+            r.source,
+            r.id,
+            CASE WHEN r.body_seq IS NULL THEN r.body ELSE coalesce((SELECT b.body FROM delivery_bodies b WHERE b.seq = r.body_seq), X'') END AS body,
+            r.body_sha256,
+            r.content_type,
+            r.event_type,
+            r.provider_time,
+            r.received_at,
+            r.status,
+            r.attempts,
+            r.available_at,
+            r.leased_until,
+            r.lease_token,
+            r.error,
+            r.conflicts,
+            r.finished_at,
+            r.lease_ms,
+            r.replays,
+            r.purged_at,
+            r.order_key,
+            r.event_time,
+            r.newer_id,
+            r.route,
+            r.destination,
+            r.headers,
+            r.traceparent,
+            r.origin
+       FROM delivery_rows r;
+   -- A row goes with its body, whoever deletes it.
+   CREATE TRIGGER delivery_rows_body AFTER DELETE ON delivery_rows WHEN old.body_seq IS NOT NULL
+   BEGIN
+     DELETE FROM delivery_bodies WHERE seq = old.body_seq;
+   END;
+   CREATE TRIGGER deliveries_insert INSTEAD OF INSERT ON deliveries
+   BEGIN
+     INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent, origin)
+     VALUES (new.source, new.id, new.body, new.body_sha256, new.content_type, new.event_type, new.provider_time, new.received_at, new.status, coalesce(new.attempts, 0), new.available_at, new.leased_until, new.lease_token, new.error, coalesce(new.conflicts, 0), new.finished_at, new.lease_ms, coalesce(new.replays, 0), new.purged_at, new.order_key, new.event_time, new.newer_id, coalesce(new.route, 0), coalesce(new.destination, 'handler'), new.headers, new.traceparent, coalesce(new.origin, 'webhook'));
+   END;
+   -- A body set through the view is kept in its row, and the one it replaces is let go.
+   CREATE TRIGGER deliveries_update INSTEAD OF UPDATE ON deliveries
+   BEGIN
+     UPDATE delivery_rows SET source = new.source, id = new.id, body_sha256 = new.body_sha256, content_type = new.content_type, event_type = new.event_type, provider_time = new.provider_time, received_at = new.received_at, status = new.status, attempts = new.attempts, available_at = new.available_at, leased_until = new.leased_until, lease_token = new.lease_token, error = new.error, conflicts = new.conflicts, finished_at = new.finished_at, lease_ms = new.lease_ms, replays = new.replays, purged_at = new.purged_at, order_key = new.order_key, event_time = new.event_time, newer_id = new.newer_id, route = new.route, destination = new.destination, headers = new.headers, traceparent = new.traceparent, origin = new.origin
+      WHERE rowid = old.rowid;
+     DELETE FROM delivery_bodies
+      WHERE new.body IS NOT old.body AND seq = (SELECT body_seq FROM delivery_rows WHERE rowid = old.rowid);
+     UPDATE delivery_rows SET body = new.body, body_seq = NULL WHERE rowid = old.rowid AND new.body IS NOT old.body;
+   END;
+   CREATE TRIGGER deliveries_delete INSTEAD OF DELETE ON deliveries
+   BEGIN
+     DELETE FROM delivery_rows WHERE rowid = old.rowid;
+   END;`,
 ];
 
 /** openDatabase opens (creating if needed) an inbox database and brings its schema up to date. */
@@ -501,7 +566,7 @@ export function isInbox(path: string): boolean {
   }
   try {
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
-    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
+    return tables.length === 0 || tables.some((t) => t.name === "deliveries" || t.name === "delivery_rows");
   } catch {
     return true;
   } finally {

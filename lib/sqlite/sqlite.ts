@@ -9,6 +9,7 @@ import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
+import { insertRow } from "./bodies.ts";
 import { SqliteBulk } from "./bulk.ts";
 import { SqliteCommitter, whole } from "./commit.ts";
 import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./order-keys.ts";
@@ -69,6 +70,12 @@ import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
 import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
+// The columns store() writes, in the order of its values.
+const STORE_COLUMNS = [
+  "source", "id", "body", "body_sha256", "content_type", "event_type", "provider_time", "received_at", "status",
+  "available_at", "order_key", "event_time", "route", "destination", "headers", "traceparent", "finished_at", "origin",
+] as const;
+
 declare module "../store.ts" {
   interface Tx {
     /** The SQLite connection, for writes that need more than run (SQLite only). */
@@ -84,16 +91,16 @@ const { parentPort, workerData } = require("node:worker_threads");
 const db = new DatabaseSync(workerData.path, { timeout: workerData.busyTimeoutMs });
 // INDEXED BY, because for GROUP BY source the planner would rather walk the whole primary key (1 s at 1M rows).
 const live = db.prepare(\`
-  SELECT source, 'received' AS status, count(*) AS n, min(received_at) AS oldest FROM deliveries INDEXED BY deliveries_due
+  SELECT source, 'received' AS status, count(*) AS n, min(received_at) AS oldest FROM delivery_rows INDEXED BY deliveries_due
   WHERE status = 'received' AND order_key IS NULL GROUP BY source
   UNION ALL
-  SELECT source, 'received', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_ordered
+  SELECT source, 'received', count(*), min(received_at) FROM delivery_rows INDEXED BY deliveries_ordered
   WHERE status = 'received' AND order_key IS NOT NULL GROUP BY source
   UNION ALL
-  SELECT source, 'processing', count(*), min(received_at) FROM deliveries INDEXED BY deliveries_leased
+  SELECT source, 'processing', count(*), min(received_at) FROM delivery_rows INDEXED BY deliveries_leased
   WHERE status = 'processing' GROUP BY source
   UNION ALL
-  SELECT source, 'failed', count(*), NULL FROM deliveries INDEXED BY deliveries_failed WHERE status = 'failed' GROUP BY source\`);
+  SELECT source, 'failed', count(*), NULL FROM delivery_rows INDEXED BY deliveries_failed WHERE status = 'failed' GROUP BY source\`);
 const totals = db.prepare("SELECT source, 'total' AS status, count(*) AS n, NULL AS oldest FROM deliveries GROUP BY source");
 parentPort.on("message", () => {
   try {
@@ -263,18 +270,11 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     const routes = routesOf(delivery);
     const headers = delivery.headers ? JSON.stringify(delivery.headers) : null;
     return this.enqueue((db) => {
-      const insert = this.sql(
-        `INSERT INTO deliveries (source, id, body, body_sha256, content_type, event_type, provider_time,
-                                 received_at, status, available_at, order_key, event_time, route, destination, headers, traceparent,
-                                 finished_at, origin)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (source, id, route) DO NOTHING`,
-      );
       // No route chose it: kept, done, so that a copy is still a duplicate, and nothing runs it.
       const none = routes.length === 0;
       const add = (route: number) => {
         const destination = none ? NO_DESTINATION : routes[route]!;
-        const inserted = insert.run(
+        const inserted = insertRow(this.statement, STORE_COLUMNS, [
           source,
           delivery.id,
           delivery.body,
@@ -293,8 +293,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
           delivery.traceparent ?? null,
           none ? receivedAt : null,
           delivery.origin ?? "webhook",
-        );
-        if (inserted.changes === 1 && ordered.key !== null && !none) {
+        ]);
+        if (Number(inserted.changes) === 1 && ordered.key !== null && !none) {
           enterKey(
             this.statement,
             source,
@@ -307,7 +307,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
             ordered.strict,
           );
         }
-        return inserted.changes === 1;
+        return Number(inserted.changes) === 1;
       };
       if (add(0)) {
         for (let route = 1; route < routes.length; route++) add(route);
@@ -319,7 +319,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
            FROM deliveries WHERE source = ? AND id = ? AND route = 0`,
       ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
       if (!conflicts(kept, digest, delivery.body)) return "duplicate";
-      this.sql("UPDATE deliveries SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
+      this.sql("UPDATE delivery_rows SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
         source,
         delivery.id,
       );
@@ -351,17 +351,17 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       // further off than its own lease length, or the retry cap, from now.
       // Each claim looks after its own destination's rows, through the indexes that lead with it.
       this.sql(
-        `UPDATE deliveries SET leased_until = ? + lease_ms
+        `UPDATE delivery_rows SET leased_until = ? + lease_ms
          WHERE destination = ? AND status = 'processing' AND leased_until > ? AND leased_until - lease_ms > ?`,
       ).run(now, destination, now, now);
       const latest = now + this.backoffOptions.retryCapMs;
       this.sql(
-        "UPDATE deliveries SET available_at = ? WHERE destination = ? AND status = 'received' AND order_key IS NULL AND available_at > ?",
+        "UPDATE delivery_rows SET available_at = ? WHERE destination = ? AND status = 'received' AND order_key IS NULL AND available_at > ?",
       ).run(latest, destination, latest);
       this.sql("UPDATE order_keys SET due = ? WHERE destination = ? AND due > ?").run(latest, destination, latest);
       // A worker that crashed on its last try would otherwise be retried forever: set it aside.
       const gaveUp = this.sql(
-        `UPDATE deliveries SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
+        `UPDATE delivery_rows SET status = 'failed', leased_until = NULL, lease_token = NULL, finished_at = ?,
                 error = 'gave up: the lease expired on the last attempt (the worker crashed or hung)'
          WHERE destination = ? AND status = 'processing' AND leased_until <= ? AND attempts >= ?
          RETURNING source, id, order_key, destination, attempts, error`,
@@ -391,7 +391,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       // Three kinds are due: unordered deliveries, the heads of idle keys, and leases that expired. An
       // ordered delivery is reached only as its key's head, so two of one key never run at once.
       const rows = this.sql(
-        `UPDATE deliveries
+        `UPDATE delivery_rows
            SET status = 'processing', attempts = attempts + 1, leased_until = ?, lease_ms = ?,
                lease_token = lower(hex(randomblob(12)))
            WHERE rowid IN (
@@ -408,7 +408,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
                                                         AND d.status = 'received'
                                        WHERE k.destination = ? AND k.due <= ? ORDER BY k.due LIMIT ?)
              ) ORDER BY due, rowid LIMIT ?)
-           RETURNING rowid, *`,
+           RETURNING rowid, *, (SELECT b.body FROM delivery_bodies b WHERE b.seq = body_seq) AS apart`,
       ).all(
         now + leaseMs,
         leaseMs,
@@ -423,6 +423,8 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
         gate.n,
         gate.n,
       ) as Row[];
+      // A body kept apart comes back beside its row's empty one.
+      for (const r of rows) if (r.apart != null) r.body = r.apart;
       const leases = rows.map(toLease);
       for (const lease of expired.length > 0 ? leases : [])
         if (expired.some((r) => r.rowid === rowids.get(lease))) lease.takeover = true;
@@ -457,7 +459,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return this.enqueue((db) => {
       const until = this.now() + leaseMs;
       const changed = this.sql(
-        `UPDATE deliveries SET leased_until = ?, lease_ms = ?
+        `UPDATE delivery_rows SET leased_until = ?, lease_ms = ?
            WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
       ).run(until, leaseMs, lease.source, lease.id, lease.route, lease.token).changes;
       if (changed === 1) lease.leasedUntil = until;
@@ -505,12 +507,12 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       rowid === undefined
         ? 0
         : this.sql(
-            `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+            `UPDATE delivery_rows SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
          WHERE rowid = ? AND lease_token = ? AND status = 'processing'`,
           ).run(now, rowid, lease.token).changes;
     if (changed === 0) {
       changed = this.sql(
-        `UPDATE deliveries SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
+        `UPDATE delivery_rows SET status = 'done', leased_until = NULL, lease_token = NULL, error = NULL, finished_at = ?
            WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
       ).run(now, lease.source, lease.id, lease.route, lease.token).changes;
     }
@@ -555,7 +557,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       this.keepTry(lease, row.attempts, error, options.attempt, now);
       if (options.permanent || row.attempts >= this.maxAttempts) {
         this.sql(
-          `UPDATE deliveries SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
+          `UPDATE delivery_rows SET status = 'failed', error = ?, leased_until = NULL, lease_token = NULL, finished_at = ?
            WHERE source = ? AND id = ? AND route = ?`,
         ).run(error, now, lease.source, lease.id, lease.route);
         if (lease.orderKey !== null)
@@ -564,7 +566,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       }
       const retryAt = now + retryDelay(row.attempts, options, { ...this.backoffOptions, random: this.random });
       this.sql(
-        `UPDATE deliveries SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
+        `UPDATE delivery_rows SET status = 'received', error = ?, leased_until = NULL, lease_token = NULL, available_at = ?
          WHERE source = ? AND id = ? AND route = ?`,
       ).run(error, retryAt, lease.source, lease.id, lease.route);
       if (lease.orderKey !== null)
@@ -578,7 +580,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     return this.enqueue((db) => {
       const released =
         this.sql(
-          `UPDATE deliveries SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
+          `UPDATE delivery_rows SET status = 'received', attempts = max(attempts - 1, 0), leased_until = NULL,
                   lease_token = NULL, available_at = ?
            WHERE source = ? AND id = ? AND route = ? AND lease_token = ? AND status = 'processing'`,
         ).run(this.now(), lease.source, lease.id, lease.route, lease.token).changes === 1;
@@ -594,11 +596,11 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
       const now = this.now();
       const rows = (
         "allFailed" in target
-          ? this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+          ? this.sql(`UPDATE delivery_rows SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
                     WHERE status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`).all(
               now,
             )
-          : this.sql(`UPDATE deliveries SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
+          : this.sql(`UPDATE delivery_rows SET status = 'received', attempts = 0, error = NULL, available_at = ?, finished_at = NULL
                     WHERE source = ? AND id = ? AND status = 'failed' AND purged_at IS NULL RETURNING source, id, order_key, destination`).all(
               now,
               target.source ?? DEFAULTS.source,
