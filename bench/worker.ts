@@ -5,9 +5,10 @@
 // on every inbox target (bench/targets.ts), beside each peer (bench/peers) draining the same BENCH_LARGE
 // backlog with the same record-payment handler; BENCH_DRAIN_ROUNDS rounds, systems alternating, medians.
 // BENCH_COMPARE=/path/to/another/checkout runs only the loop's drain of BENCH_SMALL, this tree's bench/drain.ts
-// and that checkout's taking turns on the same backlog for BENCH_ROUNDS (3) rounds, the first of each round
-// alternating, and prints each one's CPU per delivery (the worker process's, steadier than its rate on a
-// shared machine), its rate, and the ratios within each round: an A/B in one run.
+// and that checkout's taking turns, each on the same backlog filled by its own bench/common.ts (its schema and
+// where it keeps bodies), for BENCH_ROUNDS (3) rounds, the first of each round alternating, and prints each
+// one's CPU per delivery (the worker process's, steadier than its rate on a shared machine), its rate, and the
+// ratios within each round: an A/B in one run.
 //   npm run bench -- worker          BENCH_SMALL=20000 BENCH_LARGE=200000 BENCH_DRAIN_ROUNDS=1 BENCH_PEERS=0
 //   BENCH_COMPARE=/tmp/before BENCH_ROUNDS=5 npm run bench -- worker
 
@@ -203,6 +204,16 @@ async function versus(): Promise<string> {
   return `drain of ${LARGE} (median of ${ROUNDS}; CLI start-up ${[...startup.values()].map((ms) => f(ms)).join("/")} ms subtracted):\n  ${parts.join("\n  ")}`;
 }
 
+// fillIn fills a backlog with a tree's own bench/common.ts, in a child of its own: the other tree's schema may be
+// older than this one's (its inbox would not open a file this tree made) and its layout is part of what is compared.
+function fillIn(root: string, path: string, n: number): void {
+  if (root === ROOT) return fillBacklog(path, n);
+  const script = `const { fillBacklog } = await import(${JSON.stringify(pathToFileURL(join(root, "bench/common.ts")).href)});
+                  fillBacklog(${JSON.stringify(path)}, ${n});`;
+  const child = spawnSync(process.execPath, ["--input-type=module", "-e", script], { cwd: root, encoding: "utf8" });
+  if (child.status !== 0) throw new Error(`fill with ${root}: ${child.stderr}`);
+}
+
 /** compared drains BENCH_SMALL with this tree's loop and BENCH_COMPARE's, round by round, and returns the summary. */
 async function compared(other: string): Promise<string> {
   const { dir, cleanup } = tempDir();
@@ -220,7 +231,7 @@ async function compared(other: string): Promise<string> {
       const order = round % 2 === 1 ? trees : [...trees].reverse();
       for (const tree of order) {
         const path = join(dir, `r${round}-${tree === trees[0] ? "this" : "other"}.db`);
-        fillBacklog(path, SMALL);
+        fillIn(tree.root, path, SMALL);
         const d = await drainChild(path, CONCURRENCY, tree.root);
         if (d.done !== SMALL)
           throw new Error(`${tree.name}: expected ${SMALL} done, got ${d.done} (failed ${d.failed})`);

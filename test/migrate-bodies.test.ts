@@ -1,15 +1,18 @@
-// test/migrate-bodies.test.ts: a PostgreSQL inbox that today's main filled (bodies inline in deliveries)
-// upgrades in place to bodies in a table of their own (docs/table.md#bodies-apart): its rows keep their
-// bodies where they are and read as before, new ones keep theirs apart, and retention, replay, duplicates
-// and SQL written against the old table all carry on. SQLite keeps one table, so it has nothing to upgrade.
+// test/migrate-bodies.test.ts: an inbox that an earlier main filled (bodies inline in deliveries) upgrades
+// in place to bodies in a table of their own (docs/table.md#bodies-apart), on PostgreSQL and on SQLite: its
+// rows keep their bodies where they are and read as before, new ones keep theirs apart, and retention,
+// replay, duplicates and SQL written against the old table all carry on.
 
 import assert from "node:assert/strict";
-import { describe, it } from "node:test";
+import { statSync } from "node:fs";
+import { join } from "node:path";
+import { after, describe, it } from "node:test";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { MIGRATIONS } from "../lib/postgres/schema.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS } from "../lib/sqlite/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { bodyProbes, freshSchema, pastSchema, postgresSkip } from "./helpers.ts";
+import { bodyProbes, freshSchema, pastSchema, postgresSkip, tempDir } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -180,5 +183,173 @@ describe("upgrading a PostgreSQL inbox to bodies apart", { skip: pgSkip }, () =>
     } finally {
       await schema.drop();
     }
+  });
+});
+
+describe("upgrading a SQLite inbox to bodies apart", () => {
+  const { dir, cleanup } = tempDir("inbox-bodies-");
+  after(cleanup);
+  // The schema as the main before it left it: every migration before the one that moves bodies.
+  const before = SQLITE_MIGRATIONS.slice(
+    0,
+    SQLITE_MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies")),
+  );
+  const hex = (b: Buffer) => `X'${b.toString("hex")}'`;
+  const LARGE = Buffer.from(JSON.stringify({ customer: "Ann", amount: 5, note: "x".repeat(DEFAULTS.inlineBodyBytes) }));
+
+  it("reads, claims, replays and purges the rows main stored, and keeps new bodies in delivery_bodies", async () => {
+    const file = join(dir, "upgrade.db");
+    const past = await pastSchema("sqlite", file, before);
+    await past.exec(`
+      INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, attempts, available_at, finished_at)
+      VALUES ('default', 'done_old', ${hex(LARGE)}, '${sha256(LARGE)}', ${T0 - 10 * DAY}, 'done', 1, ${T0 - 10 * DAY}, ${T0 - 10 * DAY}),
+             ('default', 'kept_old', ${hex(OLD)}, '${sha256(OLD)}', ${T0 - DAY}, 'done', 1, ${T0 - DAY}, ${T0 - DAY}),
+             ('default', 'wait_old', ${hex(LARGE)}, '${sha256(LARGE)}', ${T0 - DAY}, 'received', 0, ${T0 - DAY}, NULL);`);
+    await past.close();
+
+    let t = T0;
+    const inbox = await connect(file, { now: () => t, random: () => 0 });
+    try {
+      assert.deepEqual((await inbox.find("done_old"))[0]!.body, LARGE);
+      const [{ n }] = (await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }];
+      assert.equal(n, 0, "the upgrade moved no body: it is a rename and a view");
+
+      // A large body goes apart, its row's own empty (the control: the old row's is inline); a small one stays.
+      const NEW = Buffer.from(
+        JSON.stringify({ customer: "Bo", amount: 7, note: "y".repeat(DEFAULTS.inlineBodyBytes) }),
+      );
+      const SMALL = Buffer.from('{"customer":"Cy","amount":1}');
+      assert.equal(await inbox.store({ id: "new_1", body: NEW }), "stored");
+      assert.equal(await inbox.store({ id: "small_1", body: SMALL }), "stored");
+      const raw = async (id: string) => {
+        const [r] = await inbox.query(
+          "SELECT length(r.body) AS inline, b.body AS apart FROM delivery_rows r LEFT JOIN delivery_bodies b ON b.seq = r.body_seq WHERE id = ?",
+          id,
+        );
+        return [r!.inline, r!.apart === null ? null : Buffer.from(r!.apart as Uint8Array)];
+      };
+      assert.deepEqual(await raw("new_1"), [0, NEW]);
+      assert.deepEqual(await raw("small_1"), [SMALL.length, null]);
+      assert.deepEqual(await raw("wait_old"), [LARGE.length, null]);
+      // A duplicate leaves no body behind.
+      assert.equal(await inbox.store({ id: "new_1", body: NEW }), "duplicate");
+      assert.equal(await inbox.store({ id: "new_1", body: LARGE }), "conflict");
+      const [{ n: bodies }] = (await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }];
+      assert.equal(bodies, 1);
+
+      const leases = await inbox.claimBatch(10, 60_000);
+      assert.deepEqual(
+        new Map(leases.map((l) => [l.id, Buffer.from(l.body).toString()])),
+        new Map([
+          ["wait_old", LARGE.toString()],
+          ["new_1", NEW.toString()],
+          ["small_1", SMALL.toString()],
+        ]),
+      );
+      for (const lease of leases) assert.equal(await inbox.finish(lease), true);
+
+      // A replay of a new row to another destination copies its body apart, as its own.
+      assert.equal((await inbox.replayMatching({ id: "new_1" }, { to: "audit" })).replayed, 1);
+      const copy = (await inbox.claimBatch(10, 60_000, { destination: "audit" }))[0]!;
+      assert.deepEqual([copy.id, Buffer.from(copy.body)], ["new_1", NEW]);
+      assert.equal(await inbox.finish(copy), true);
+      const [{ n: two }] = (await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }];
+      assert.equal(two, 2);
+
+      // Retention drops every kind: old inline bodies (moved), new ones apart and small ones (marked in place).
+      t = T0 + 1_000;
+      const purged = await inbox.purge({ bodiesAfterMs: 1, forgetAfterMs: 100 * DAY });
+      assert.equal(purged.bodies, 6);
+      assert.equal(purged.bytes, 2 * LARGE.length + OLD.length + 2 * NEW.length + SMALL.length);
+      const [{ n: left }] = (await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }];
+      assert.equal(left, 0);
+      for (const id of ["done_old", "kept_old", "wait_old", "new_1", "small_1"]) {
+        const rows = await inbox.find(id);
+        for (const row of rows) assert.deepEqual([row.body.length, row.purgedAt], [0, t], id);
+        assert.equal(
+          await inbox.store({ id, body: LARGE }),
+          ["done_old", "wait_old"].includes(id) ? "duplicate" : "conflict",
+        );
+      }
+      assert.equal((await inbox.query("PRAGMA integrity_check"))[0]!.integrity_check, "ok");
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("keeps the view writable for SQL written against the table: an insert, an update of the body, a delete", async () => {
+    const inbox = await connect(join(dir, "sql.db"), { now: () => T0 });
+    try {
+      const count = async () =>
+        ((await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }])[0].n;
+      await inbox.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at)
+         VALUES ('default', 'sql_1', ?, ?, ?, 'received', ?)`,
+        OLD,
+        sha256(OLD),
+        T0,
+        T0,
+      );
+      const [row] = await inbox.find("sql_1");
+      assert.deepEqual([Buffer.from(row!.body), row!.attempts, row!.destination], [OLD, 0, "handler"]);
+      assert.equal(await count(), 0, "a small body stays in its row");
+      // A large one goes apart, as store() would put it.
+      await inbox.query(
+        `INSERT INTO deliveries (source, id, body, body_sha256, received_at, status, available_at)
+         VALUES ('default', 'big', ?, ?, ?, 'received', ?)`,
+        LARGE,
+        sha256(LARGE),
+        T0,
+        T0,
+      );
+      const [apart] = await inbox.query("SELECT length(body) AS n, body_seq FROM delivery_rows WHERE id = 'big'");
+      assert.deepEqual([apart!.n, await count(), Buffer.from((await inbox.find("big"))[0]!.body)], [0, 1, LARGE]);
+      assert.ok(apart!.body_seq !== null);
+      // An update of other columns keeps the body where it is; one of the body lets the old one go.
+      await inbox.query("UPDATE deliveries SET status = 'done' WHERE id = 'big'");
+      assert.deepEqual([Buffer.from((await inbox.find("big"))[0]!.body), await count()], [LARGE, 1]);
+      await inbox.query("UPDATE deliveries SET body = ? WHERE id = 'big'", Buffer.from("xyz"));
+      assert.deepEqual([Buffer.from((await inbox.find("big"))[0]!.body).toString(), await count()], ["xyz", 0]);
+      assert.equal(await inbox.store({ id: "big2", body: LARGE }), "stored");
+      await inbox.query("DELETE FROM deliveries WHERE id IN ('sql_1', 'big2')");
+      assert.deepEqual([await inbox.find("sql_1"), await inbox.find("big2"), await count()], [[], [], 0]);
+    } finally {
+      await inbox.close();
+    }
+  });
+
+  it("writes less WAL to purge bodies apart than to move rows that keep theirs", async () => {
+    // The control is the same rows stored as the main before stored them, bodies inline: the purge moves them.
+    const walOf = async (inline: boolean) => {
+      const file = join(dir, `wal-${inline}.db`);
+      let t = T0;
+      const inbox = await connect(file, { now: () => t });
+      const body = Buffer.from(JSON.stringify({ pad: "z".repeat(1_000) }));
+      if (inline)
+        await inbox.query(
+          `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+           INSERT INTO delivery_rows (source, id, body, body_sha256, received_at, status, available_at, finished_at)
+           SELECT 'default', 'd' || i, ?, ?, ?, 'done', ?, ? FROM n`,
+          body,
+          sha256(body),
+          T0 - DAY,
+          T0 - DAY,
+          T0 - DAY,
+        );
+      else {
+        for (let i = 0; i < 2000; i++) await inbox.store({ id: `d${i}`, body });
+        await inbox.query("UPDATE delivery_rows SET status = 'done', finished_at = ?", T0);
+      }
+      await inbox.query("PRAGMA wal_checkpoint(TRUNCATE)");
+      t = T0 + DAY;
+      const purged = await inbox.purge({ bodiesAfterMs: 1, forgetAfterMs: 100 * DAY, rest: 0 });
+      const wal = statSync(`${file}-wal`).size;
+      await inbox.close();
+      assert.equal(purged.bodies, 2000);
+      return wal;
+    };
+    const [inline, apart] = [await walOf(true), await walOf(false)];
+    // Measured: 3.1 MB against 4.4 (×0.70); without the space given back, 2.4 against 3.8.
+    assert.ok(apart < inline * 0.8, `WAL after the purge: ${apart} bytes apart, ${inline} inline`);
   });
 });

@@ -215,7 +215,9 @@ export function check(file: string): Snapshot {
     }
     if (rows[0]?.integrity_check !== "ok")
       throw new Error(`integrity_check failed: ${oneLine(rows.map((r) => r.integrity_check))}`);
-    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name = 'deliveries'").all();
+    const tables = db
+      .prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') AND name = 'deliveries'")
+      .all();
     if (tables.length === 0) throw new Error("not an inbox database: it has no deliveries table");
     const counts = Object.fromEntries(STATUSES.map((s) => [s, 0])) as Record<Status, number>;
     for (const r of db.prepare("SELECT status, count(*) AS n FROM deliveries GROUP BY status").all() as {

@@ -32,9 +32,32 @@ export interface CommitQueue {
 
 // The columns restore() writes, in the order of its values.
 const RESTORE_COLUMNS = [
-  "source", "id", "body", "body_sha256", "content_type", "event_type", "provider_time", "received_at", "status",
-  "attempts", "available_at", "leased_until", "lease_ms", "error", "conflicts", "finished_at", "replays", "purged_at",
-  "order_key", "event_time", "newer_id", "route", "destination", "headers", "traceparent", "origin",
+  "source",
+  "id",
+  "body",
+  "body_sha256",
+  "content_type",
+  "event_type",
+  "provider_time",
+  "received_at",
+  "status",
+  "attempts",
+  "available_at",
+  "leased_until",
+  "lease_ms",
+  "error",
+  "conflicts",
+  "finished_at",
+  "replays",
+  "purged_at",
+  "order_key",
+  "event_time",
+  "newer_id",
+  "route",
+  "destination",
+  "headers",
+  "traceparent",
+  "origin",
 ] as const;
 
 /** SqliteBulk is the operator's bulk writes of a SqliteInbox, each batch queued through its CommitQueue. */
@@ -452,7 +475,9 @@ export class SqliteBulk {
       ) as { rowid: number }[]
     ).map((r) => r.rowid);
     const now = this.now();
-    this.sql(`DELETE FROM delivery_bodies WHERE seq IN (SELECT body_seq FROM delivery_rows WHERE ${settled})`).run(picked);
+    this.sql(`DELETE FROM delivery_bodies WHERE seq IN (SELECT body_seq FROM delivery_rows WHERE ${settled})`).run(
+      picked,
+    );
     let n = Number(
       this.sql(`UPDATE delivery_rows SET body = X'', body_seq = NULL, purged_at = ?
                  WHERE ${settled} AND NOT (body_seq IS NULL AND length(body) > ?)`).run(

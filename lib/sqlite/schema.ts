@@ -348,7 +348,8 @@ export const MIGRATIONS: readonly string[] = [
      SELECT r.rowid AS rowid,
             r.source,
             r.id,
-            CASE WHEN r.body_seq IS NULL THEN r.body ELSE coalesce((SELECT b.body FROM delivery_bodies b WHERE b.seq = r.body_seq), X'') END AS body,
+            CASE WHEN r.body_seq IS NULL THEN r.body
+                 ELSE coalesce((SELECT b.body FROM delivery_bodies b WHERE b.seq = r.body_seq), X'') END AS body,
             r.body_sha256,
             r.content_type,
             r.event_type,
@@ -379,15 +380,31 @@ export const MIGRATIONS: readonly string[] = [
    BEGIN
      DELETE FROM delivery_bodies WHERE seq = old.body_seq;
    END;
+   -- SQL written against the table keeps its bodies where store() would: one over 256 bytes (inlineBodyBytes)
+   -- apart, the rest in its row. Inside a trigger, last_insert_rowid() is the body's seq just inserted.
    CREATE TRIGGER deliveries_insert INSTEAD OF INSERT ON deliveries
    BEGIN
-     INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts, available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays, purged_at, order_key, event_time, newer_id, route, destination, headers, traceparent, origin)
-     VALUES (new.source, new.id, new.body, new.body_sha256, new.content_type, new.event_type, new.provider_time, new.received_at, new.status, coalesce(new.attempts, 0), new.available_at, new.leased_until, new.lease_token, new.error, coalesce(new.conflicts, 0), new.finished_at, new.lease_ms, coalesce(new.replays, 0), new.purged_at, new.order_key, new.event_time, new.newer_id, coalesce(new.route, 0), coalesce(new.destination, 'handler'), new.headers, new.traceparent, coalesce(new.origin, 'webhook'));
+     INSERT INTO delivery_bodies (body) SELECT new.body WHERE length(new.body) > 256;
+     INSERT INTO delivery_rows (source, id, body, body_sha256, content_type, event_type, provider_time, received_at, status, attempts,
+                                available_at, leased_until, lease_token, error, conflicts, finished_at, lease_ms, replays, purged_at,
+                                order_key, event_time, newer_id, route, destination, headers, traceparent, origin, body_seq)
+     VALUES (new.source, new.id, CASE WHEN length(new.body) > 256 THEN X'' ELSE new.body END, new.body_sha256,
+             new.content_type, new.event_type, new.provider_time, new.received_at, new.status, coalesce(new.attempts, 0),
+             new.available_at, new.leased_until, new.lease_token, new.error, coalesce(new.conflicts, 0), new.finished_at,
+             new.lease_ms, coalesce(new.replays, 0), new.purged_at, new.order_key, new.event_time, new.newer_id,
+             coalesce(new.route, 0), coalesce(new.destination, 'handler'), new.headers, new.traceparent,
+             coalesce(new.origin, 'webhook'), CASE WHEN length(new.body) > 256 THEN last_insert_rowid() END);
    END;
    -- A body set through the view is kept in its row, and the one it replaces is let go.
    CREATE TRIGGER deliveries_update INSTEAD OF UPDATE ON deliveries
    BEGIN
-     UPDATE delivery_rows SET source = new.source, id = new.id, body_sha256 = new.body_sha256, content_type = new.content_type, event_type = new.event_type, provider_time = new.provider_time, received_at = new.received_at, status = new.status, attempts = new.attempts, available_at = new.available_at, leased_until = new.leased_until, lease_token = new.lease_token, error = new.error, conflicts = new.conflicts, finished_at = new.finished_at, lease_ms = new.lease_ms, replays = new.replays, purged_at = new.purged_at, order_key = new.order_key, event_time = new.event_time, newer_id = new.newer_id, route = new.route, destination = new.destination, headers = new.headers, traceparent = new.traceparent, origin = new.origin
+     UPDATE delivery_rows SET source = new.source, id = new.id, body_sha256 = new.body_sha256, content_type = new.content_type,
+                              event_type = new.event_type, provider_time = new.provider_time, received_at = new.received_at,
+                              status = new.status, attempts = new.attempts, available_at = new.available_at,
+                              leased_until = new.leased_until, lease_token = new.lease_token, error = new.error, conflicts = new.conflicts,
+                              finished_at = new.finished_at, lease_ms = new.lease_ms, replays = new.replays, purged_at = new.purged_at,
+                              order_key = new.order_key, event_time = new.event_time, newer_id = new.newer_id, route = new.route,
+                              destination = new.destination, headers = new.headers, traceparent = new.traceparent, origin = new.origin
       WHERE rowid = old.rowid;
      DELETE FROM delivery_bodies
       WHERE new.body IS NOT old.body AND seq = (SELECT body_seq FROM delivery_rows WHERE rowid = old.rowid);

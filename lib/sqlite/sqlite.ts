@@ -72,8 +72,24 @@ import { retryDelay } from "../timing.ts";
 
 // The columns store() writes, in the order of its values.
 const STORE_COLUMNS = [
-  "source", "id", "body", "body_sha256", "content_type", "event_type", "provider_time", "received_at", "status",
-  "available_at", "order_key", "event_time", "route", "destination", "headers", "traceparent", "finished_at", "origin",
+  "source",
+  "id",
+  "body",
+  "body_sha256",
+  "content_type",
+  "event_type",
+  "provider_time",
+  "received_at",
+  "status",
+  "available_at",
+  "order_key",
+  "event_time",
+  "route",
+  "destination",
+  "headers",
+  "traceparent",
+  "finished_at",
+  "origin",
 ] as const;
 
 declare module "../store.ts" {
