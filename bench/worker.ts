@@ -207,7 +207,10 @@ async function versus(): Promise<string> {
 // fillIn fills a backlog with a tree's own bench/common.ts, in a child of its own: the other tree's schema may be
 // older than this one's (its inbox would not open a file this tree made) and its layout is part of what is compared.
 function fillIn(root: string, path: string, n: number): void {
-  if (root === ROOT) return fillBacklog(path, n);
+  if (root === ROOT) {
+    fillBacklog(path, n);
+    return;
+  }
   const script = `const { fillBacklog } = await import(${JSON.stringify(pathToFileURL(join(root, "bench/common.ts")).href)});
                   fillBacklog(${JSON.stringify(path)}, ${n});`;
   const child = spawnSync(process.execPath, ["--input-type=module", "-e", script], { cwd: root, encoding: "utf8" });
