@@ -217,12 +217,14 @@ const UNMIGRATE = {
 // SQLite's indexed every row it stored: the index's place is moved past them after (AFTER_IN_THE_ACK).
 const IN_THE_ACK = {
   sqlite: [
-    `CREATE TRIGGER bench_search_in_the_ack AFTER INSERT ON deliveries
-       WHEN length(new.body) <= 65536 AND json_valid(CAST(new.body AS TEXT))
+    `CREATE TRIGGER bench_search_in_the_ack AFTER INSERT ON delivery_rows
      BEGIN
        INSERT INTO deliveries_search (rowid, words) SELECT new.rowid,
          (SELECT group_concat(CASE type WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE value END, ' ')
-            FROM json_tree(CAST(new.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'));
+            FROM json_tree(CAST(b.body AS TEXT)) WHERE type IN ('text', 'integer', 'real', 'true', 'false'))
+         FROM (SELECT CASE WHEN new.body_seq IS NULL THEN new.body
+                           ELSE (SELECT body FROM delivery_bodies WHERE seq = new.body_seq) END AS body) b
+        WHERE length(b.body) <= 65536 AND json_valid(CAST(b.body AS TEXT));
      END`,
   ],
   postgres: [

@@ -236,7 +236,7 @@ for (const mount of MOUNTS) {
     it("503 with Retry-After when the store fails, then stored on the retry", async () => {
       const admin = new DatabaseSync(path);
       admin.exec(
-        "CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
+        "CREATE TRIGGER refuse BEFORE INSERT ON delivery_rows BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
       );
       try {
         const refused = await post("/open", { headers: { "x-delivery-id": "o503" }, body: "{}" });

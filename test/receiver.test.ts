@@ -313,7 +313,7 @@ describe("receiver.ts", { timeout: 30_000 }, () => {
     // A trigger, added on a second connection, makes every insert fail the way a full disk would.
     const admin = new DatabaseSync(path);
     admin.exec(
-      "CREATE TRIGGER refuse BEFORE INSERT ON deliveries BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
+      "CREATE TRIGGER refuse BEFORE INSERT ON delivery_rows BEGIN SELECT RAISE(ABORT, 'simulated: database or disk is full'); END",
     );
     try {
       const response = (await refused(503, () => post("evt_503", '{"amount":1}'))) as Response;

@@ -49,7 +49,7 @@ const ids = () => {
 // poison makes one ID impossible to store, through a second connection, as a bad row would be.
 const poison = (id: string) => {
   const db = new DatabaseSync(path);
-  db.exec(`CREATE TRIGGER poison BEFORE INSERT ON deliveries WHEN NEW.id = '${id}'
+  db.exec(`CREATE TRIGGER poison BEFORE INSERT ON delivery_rows WHEN NEW.id = '${id}'
            BEGIN SELECT RAISE(ABORT, 'this row cannot be stored'); END`);
   db.close();
 };
