@@ -61,7 +61,9 @@ describe("send.ts", () => {
     const path = join(dir.dir, "inbox.db");
     const receiver = await startReceiver(path);
     const admin = new DatabaseSync(path);
-    admin.exec("CREATE TRIGGER refuse BEFORE INSERT ON delivery_rows BEGIN SELECT RAISE(ABORT, 'simulated failure'); END");
+    admin.exec(
+      "CREATE TRIGGER refuse BEFORE INSERT ON delivery_rows BEGIN SELECT RAISE(ABORT, 'simulated failure'); END",
+    );
     try {
       const { code, stdout } = await runScript("send.ts", ["--url", receiver.url]);
       assert.equal(code, 1);
