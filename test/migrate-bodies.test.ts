@@ -318,6 +318,26 @@ describe("upgrading a SQLite inbox to bodies apart", () => {
     }
   });
 
+  it("takes a body back with its row when the row is refused, the rest of its batch stored", async () => {
+    const inbox = await connect(join(dir, "refused.db"), { now: () => T0 });
+    try {
+      await inbox.query(`CREATE TRIGGER refuse BEFORE INSERT ON delivery_rows WHEN new.id = 'refused'
+                         BEGIN SELECT RAISE(ABORT, 'this row cannot be stored'); END`);
+      // Both in one group commit: the refused row's body was inserted before it, in the same transaction.
+      const [refused, kept] = await Promise.allSettled([
+        inbox.store({ id: "refused", body: LARGE }),
+        inbox.store({ id: "kept", body: LARGE }),
+      ]);
+      assert.equal(refused.status, "rejected");
+      assert.deepEqual(kept, { status: "fulfilled", value: "stored" });
+      const [{ n }] = (await inbox.query("SELECT count(*) AS n FROM delivery_bodies")) as [{ n: number }];
+      assert.equal(n, 1, "no body without its row");
+      assert.deepEqual(Buffer.from((await inbox.find("kept"))[0]!.body), LARGE);
+    } finally {
+      await inbox.close();
+    }
+  });
+
   it("writes less WAL to purge bodies apart than to move rows that keep theirs", async () => {
     // The control is the same rows stored as the main before stored them, bodies inline: the purge moves them.
     const walOf = async (inline: boolean) => {

@@ -285,62 +285,67 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
     const ordered = orderOf(delivery, receivedAt);
     const routes = routesOf(delivery);
     const headers = delivery.headers ? JSON.stringify(delivery.headers) : null;
-    return this.enqueue((db) => {
-      // No route chose it: kept, done, so that a copy is still a duplicate, and nothing runs it.
-      const none = routes.length === 0;
-      const add = (route: number) => {
-        const destination = none ? NO_DESTINATION : routes[route]!;
-        const inserted = insertRow(this.statement, STORE_COLUMNS, [
-          source,
-          delivery.id,
-          delivery.body,
-          digest,
-          delivery.contentType ?? null,
-          delivery.eventType ?? null,
-          delivery.providerTime ?? null,
-          receivedAt,
-          none ? "done" : "received",
-          receivedAt,
-          none ? null : ordered.key,
-          ordered.eventTime,
-          route,
-          destination,
-          headers,
-          delivery.traceparent ?? null,
-          none ? receivedAt : null,
-          delivery.origin ?? "webhook",
-        ]);
-        if (Number(inserted.changes) === 1 && ordered.key !== null && !none) {
-          enterKey(
-            this.statement,
-            source,
-            destination,
-            ordered.key,
-            delivery.id,
-            ordered.eventTime!,
-            Number(inserted.lastInsertRowid),
-            receivedAt,
-            ordered.strict,
-          );
-        }
-        return Number(inserted.changes) === 1;
-      };
-      if (add(0)) {
-        for (let route = 1; route < routes.length; route++) add(route);
-        return "stored";
-      }
-      // A copy: its body is read only where the kept one came from reconcile (rows.ts conflicts()).
-      const kept = this.sql(
-        `SELECT body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
+    // Partial: a body apart is inserted before its row, so a row that fails must take its body back with it.
+    return this.enqueue(
+      (db, guarded) =>
+        whole(db, guarded, () => {
+          // No route chose it: kept, done, so that a copy is still a duplicate, and nothing runs it.
+          const none = routes.length === 0;
+          const add = (route: number) => {
+            const destination = none ? NO_DESTINATION : routes[route]!;
+            const inserted = insertRow(this.statement, STORE_COLUMNS, [
+              source,
+              delivery.id,
+              delivery.body,
+              digest,
+              delivery.contentType ?? null,
+              delivery.eventType ?? null,
+              delivery.providerTime ?? null,
+              receivedAt,
+              none ? "done" : "received",
+              receivedAt,
+              none ? null : ordered.key,
+              ordered.eventTime,
+              route,
+              destination,
+              headers,
+              delivery.traceparent ?? null,
+              none ? receivedAt : null,
+              delivery.origin ?? "webhook",
+            ]);
+            if (Number(inserted.changes) === 1 && ordered.key !== null && !none) {
+              enterKey(
+                this.statement,
+                source,
+                destination,
+                ordered.key,
+                delivery.id,
+                ordered.eventTime!,
+                Number(inserted.lastInsertRowid),
+                receivedAt,
+                ordered.strict,
+              );
+            }
+            return Number(inserted.changes) === 1;
+          };
+          if (add(0)) {
+            for (let route = 1; route < routes.length; route++) add(route);
+            return "stored";
+          }
+          // A copy: its body is read only where the kept one came from reconcile (rows.ts conflicts()).
+          const kept = this.sql(
+            `SELECT body_sha256 AS sha256, origin, CASE WHEN origin = 'reconcile' THEN body END AS body
            FROM deliveries WHERE source = ? AND id = ? AND route = 0`,
-      ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
-      if (!conflicts(kept, digest, delivery.body)) return "duplicate";
-      this.sql("UPDATE delivery_rows SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
-        source,
-        delivery.id,
-      );
-      return "conflict";
-    }) as Promise<Stored>;
+          ).get(source, delivery.id) as { sha256: string; origin: string; body: Uint8Array | null } | undefined;
+          if (!conflicts(kept, digest, delivery.body)) return "duplicate";
+          this.sql("UPDATE delivery_rows SET conflicts = conflicts + 1 WHERE source = ? AND id = ? AND route = 0").run(
+            source,
+            delivery.id,
+          );
+          return "conflict";
+        }),
+      true,
+    ) as Promise<Stored>;
   }
 
   /** claim leases the oldest due delivery of a destination, or returns undefined when there is nothing to do. */
