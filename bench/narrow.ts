@@ -4,11 +4,12 @@
 // gets BENCH_NARROW_ROWS (100,000) rows, then the claim's update (status, available_at) and the done mark's
 // (status, finished_at) of every row, in batches of 256 as the worker sends them, alternating between the two
 // tables for BENCH_ROUNDS (3) rounds. Prints the medians, their ratio and the WAL each wrote.
-// The same question on SQLite, which keeps the body in the row and so rewrites it at every state change: an
-// inbox file filled with BENCH_NARROW_ROWS due deliveries, each with that body (as JSON) or one of 2 bytes, drained by the
-// worker itself (its claims and done marks, a handler that does nothing), alternating, in a process of its own
+// The same question on SQLite: an inbox file filled with BENCH_NARROW_ROWS due deliveries, each with that body
+// (as JSON; kept apart since SQLite's bodies apart, as store() keeps it) or one of 2 bytes (in its row), drained by
+// the worker itself (its claims and done marks, a handler that does nothing), alternating, in a process of its own
 // per round so each round's bytes written (/proc's wchar: the WAL and its checkpoints) are its alone. The 2-byte
-// body is the most a split could give SQLite's drain: with bodies apart, a claim would still read them.
+// body is the floor: apart, a claim still reads each body. Run in a checkout from before bodies apart, the same
+// bench measures the body in the row.
 //   npm run bench -- narrow          BENCH_SQLITE=0 (PostgreSQL only), BENCH_POSTGRES=0 (SQLite only)
 
 import { execFileSync } from "node:child_process";
