@@ -336,7 +336,7 @@ function readSqlite(path: string): Contents {
       .map((r) => r.integrity_check)
       .join("; ");
     const tables = new Set(
-      (conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[]).map(
+      (conn.prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").all() as { name: string }[]).map(
         (r) => r.name,
       ),
     );
