@@ -8,27 +8,25 @@ import { DEFAULTS } from "../defaults.ts";
 import type { Statements } from "./order-keys.ts";
 
 /**
- * insertRow inserts one delivery_rows row, `ON CONFLICT (source, id, route) DO NOTHING`, its body placed by its
- * size: columns names the row's columns, body among them, and values gives theirs in that order. It answers
- * the statement's result; a row that was not inserted leaves no body behind.
+ * insertRow inserts one delivery_rows row, `ON CONFLICT (source, id, route) DO NOTHING`, from its columns by name
+ * (body among them), the body placed by its size. It answers the statement's result; a row that was not
+ * inserted leaves no body behind.
  */
 export function insertRow(
   sql: Statements,
-  columns: readonly string[],
-  values: SQLInputValue[],
+  row: Record<string, SQLInputValue>,
 ): { changes: number | bigint; lastInsertRowid: number | bigint } {
-  const at = columns.indexOf("body");
-  const body = values[at] as Uint8Array;
-  const apart = body.byteLength > DEFAULTS.inlineBodyBytes;
+  const body = row.body as Uint8Array;
   let seq: number | null = null;
-  if (apart) {
+  if (body.byteLength > DEFAULTS.inlineBodyBytes) {
     seq = Number(sql("INSERT INTO delivery_bodies (body) VALUES (?)").run(body).lastInsertRowid);
-    values = values.map((v, i) => (i === at ? EMPTY : v));
+    row = { ...row, body: EMPTY };
   }
+  const columns = Object.keys(row);
   const inserted = sql(
     `INSERT INTO delivery_rows (${columns.join(", ")}, body_seq) VALUES (${columns.map(() => "?").join(", ")}, ?)
      ON CONFLICT (source, id, route) DO NOTHING`,
-  ).run(...values, seq);
+  ).run(...Object.values(row), seq);
   // A duplicate: its body was the newest row of delivery_bodies, so taking it back leaves the table as it was.
   if (seq !== null && Number(inserted.changes) === 0) sql("DELETE FROM delivery_bodies WHERE seq = ?").run(seq);
   return inserted;

@@ -30,36 +30,6 @@ export interface CommitQueue {
   flush(): Promise<void>;
 }
 
-// The columns restore() writes, in the order of its values.
-const RESTORE_COLUMNS = [
-  "source",
-  "id",
-  "body",
-  "body_sha256",
-  "content_type",
-  "event_type",
-  "provider_time",
-  "received_at",
-  "status",
-  "attempts",
-  "available_at",
-  "leased_until",
-  "lease_ms",
-  "error",
-  "conflicts",
-  "finished_at",
-  "replays",
-  "purged_at",
-  "order_key",
-  "event_time",
-  "newer_id",
-  "route",
-  "destination",
-  "headers",
-  "traceparent",
-  "origin",
-] as const;
-
 /** SqliteBulk is the operator's bulk writes of a SqliteInbox, each batch queued through its CommitQueue. */
 export class SqliteBulk {
   private readonly db: DatabaseSync;
@@ -95,34 +65,34 @@ export class SqliteBulk {
       // In arrival order, so that the rowids that break event-time ties keep it.
       for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
         const changed = Number(
-          insertRow(this.sql, RESTORE_COLUMNS, [
-            d.source,
-            d.id,
-            d.body,
-            d.bodySha256,
-            d.contentType,
-            d.eventType,
-            d.providerTime,
-            d.receivedAt,
-            d.status,
-            d.attempts,
-            d.availableAt,
-            d.leasedUntil,
-            d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
-            d.error,
-            d.conflicts,
-            d.finishedAt,
-            d.replays ?? 0,
-            d.purgedAt ?? null,
-            d.orderKey ?? null,
-            d.eventTime ?? null,
-            d.newerId ?? null,
-            d.route ?? 0,
-            d.destination ?? DEFAULTS.destination,
-            d.headers ? JSON.stringify(d.headers) : null,
-            d.traceparent ?? null,
-            d.origin ?? "webhook",
-          ]).changes,
+          insertRow(this.sql, {
+            source: d.source,
+            id: d.id,
+            body: d.body,
+            body_sha256: d.bodySha256,
+            content_type: d.contentType,
+            event_type: d.eventType,
+            provider_time: d.providerTime,
+            received_at: d.receivedAt,
+            status: d.status,
+            attempts: d.attempts,
+            available_at: d.availableAt,
+            leased_until: d.leasedUntil,
+            lease_ms: d.leasedUntil === null ? null : Math.max(1, d.leasedUntil - this.now()),
+            error: d.error,
+            conflicts: d.conflicts,
+            finished_at: d.finishedAt,
+            replays: d.replays ?? 0,
+            purged_at: d.purgedAt ?? null,
+            order_key: d.orderKey ?? null,
+            event_time: d.eventTime ?? null,
+            newer_id: d.newerId ?? null,
+            route: d.route ?? 0,
+            destination: d.destination ?? DEFAULTS.destination,
+            headers: d.headers ? JSON.stringify(d.headers) : null,
+            traceparent: d.traceparent ?? null,
+            origin: d.origin ?? "webhook",
+          }).changes,
         );
         added += changed;
         const destination = d.destination ?? DEFAULTS.destination;

@@ -70,28 +70,6 @@ import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
 import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
 
-// The columns store() writes, in the order of its values.
-const STORE_COLUMNS = [
-  "source",
-  "id",
-  "body",
-  "body_sha256",
-  "content_type",
-  "event_type",
-  "provider_time",
-  "received_at",
-  "status",
-  "available_at",
-  "order_key",
-  "event_time",
-  "route",
-  "destination",
-  "headers",
-  "traceparent",
-  "finished_at",
-  "origin",
-] as const;
-
 declare module "../store.ts" {
   interface Tx {
     /** The SQLite connection, for writes that need more than run (SQLite only). */
@@ -293,26 +271,26 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
           const none = routes.length === 0;
           const add = (route: number) => {
             const destination = none ? NO_DESTINATION : routes[route]!;
-            const inserted = insertRow(this.statement, STORE_COLUMNS, [
+            const inserted = insertRow(this.statement, {
               source,
-              delivery.id,
-              delivery.body,
-              digest,
-              delivery.contentType ?? null,
-              delivery.eventType ?? null,
-              delivery.providerTime ?? null,
-              receivedAt,
-              none ? "done" : "received",
-              receivedAt,
-              none ? null : ordered.key,
-              ordered.eventTime,
+              id: delivery.id,
+              body: delivery.body,
+              body_sha256: digest,
+              content_type: delivery.contentType ?? null,
+              event_type: delivery.eventType ?? null,
+              provider_time: delivery.providerTime ?? null,
+              received_at: receivedAt,
+              status: none ? "done" : "received",
+              available_at: receivedAt,
+              order_key: none ? null : ordered.key,
+              event_time: ordered.eventTime,
               route,
               destination,
               headers,
-              delivery.traceparent ?? null,
-              none ? receivedAt : null,
-              delivery.origin ?? "webhook",
-            ]);
+              traceparent: delivery.traceparent ?? null,
+              finished_at: none ? receivedAt : null,
+              origin: delivery.origin ?? "webhook",
+            });
             if (Number(inserted.changes) === 1 && ordered.key !== null && !none) {
               enterKey(
                 this.statement,
