@@ -12,16 +12,18 @@
 // and to the failed rows' index in the page's order: its migration alone, and with the index built ahead, a host
 // storing and marking done beside each).
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
-// BENCH_UPGRADE_ROWS (default the largest) the upgrade's; BENCH_UPGRADES (default bodies,history,failed) which.
+// BENCH_UPGRADE_ROWS (default the largest) the upgrade's; BENCH_UPGRADES (default bodies,history,failed,sqlite) which:
+// sqlite times a SQLite inbox's upgrade to bodies apart, filled by the schema before it.
 //   npm run bench -- stored
 //   BENCH_MILLION=1 BENCH_POSTGRES=0 npm run bench -- stored
 
 import { statSync } from "node:fs";
+import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { pathToFileURL } from "node:url";
 import { connect } from "../inbox.ts";
 import { sha256 } from "../lib/rows.ts";
-import { openDatabase } from "../lib/sqlite/schema.ts";
+import { MIGRATIONS as SQLITE_MIGRATIONS, openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
 import { MIGRATIONS, prepareFailedIndex, prepareKeys } from "../lib/postgres/schema.ts";
@@ -80,9 +82,10 @@ export function stripeLike(i: number): Buffer {
   );
 }
 
-// fillSqlite writes n done deliveries straight into the file, as SQLite's bulk path.
-function fillSqlite(path: string, n: number, now: number): void {
-  openDatabase(path).close();
+// fillSqlite writes n done deliveries straight into the file, as SQLite's bulk path, into the schema make leaves
+// (by default this tree's whole schema).
+function fillSqlite(path: string, n: number, now: number, make = (p: string) => openDatabase(p).close()): void {
+  make(path);
   const db = new DatabaseSync(path);
   db.exec("PRAGMA synchronous = OFF"); // only while filling a throwaway bench database
   const insert = db.prepare(
@@ -291,6 +294,39 @@ const UPGRADES = {
   history: { mark: "CREATE TABLE delivery_rows_hot", name: "a hot queue and a history" },
   failed: { mark: "DROP INDEX delivery_rows_failed;", name: "the failed rows' index in the page's order" },
 } as const;
+
+/**
+ * sqliteUpgradeCost times the upgrade of a SQLite inbox that the schema before bodies apart filled with rows done
+ * deliveries (their bodies in their rows): the first open of this tree runs the migration in its own write
+ * transaction, which a receiver storing beside it would wait for; the second open, with nothing to migrate, is
+ * the baseline.
+ */
+function sqliteUpgradeCost(rows: number, dir: string): string {
+  const path = join(dir, "upgrade.db");
+  const before = SQLITE_MIGRATIONS.slice(
+    0,
+    SQLITE_MIGRATIONS.findIndex((m) => m.includes("CREATE TABLE delivery_bodies")),
+  );
+  fillSqlite(path, rows, Date.now(), (p) => {
+    const db = new DatabaseSync(p);
+    db.exec("PRAGMA auto_vacuum = INCREMENTAL");
+    db.exec("PRAGMA journal_mode = WAL");
+    for (const m of before) db.exec(m);
+    db.exec(`PRAGMA user_version = ${before.length}`);
+    db.close();
+  });
+  const timed = () => {
+    const started = performance.now();
+    openDatabase(path).close();
+    return performance.now() - started;
+  };
+  const [upgrade, again] = [timed(), timed()];
+  const db = new DatabaseSync(path, { readOnly: true });
+  const { n } = db.prepare("SELECT count(*) AS n FROM deliveries WHERE length(body) > 0").get() as { n: number };
+  db.close();
+  if (n !== rows) throw new Error(`SQLite upgrade: ${n} of ${rows} bodies read back through the view`);
+  return `  SQLite upgrade to bodies apart at ${f(rows)} stored: its open ${f(upgrade, 1)} ms, the next open ${f(again, 1)} ms; every body read back`;
+}
 
 /** filledBefore makes a database whose inbox schema main's migrations before mark made, filled with rows done deliveries. */
 async function filledBefore(rows: number, mark: string): Promise<{ url: string; drop: () => Promise<void> }> {
@@ -628,10 +664,13 @@ export async function stored(): Promise<string> {
       }
     }
     // BENCH_UPGRADE_ROWS sets the upgrade's size apart from the largest S, as a fill of ten million twice is most of an hour.
-    const upgrades = (process.env.BENCH_UPGRADES ?? "bodies,history,failed").split(",").map((u) => u.trim());
+    const upgrades = (process.env.BENCH_UPGRADES ?? "bodies,history,failed,sqlite").split(",").map((u) => u.trim());
     for (const u of upgrades)
-      if (!(u in UPGRADES)) throw new TypeError(`BENCH_UPGRADES: expected some of bodies,history,failed, got ${u}`);
+      if (!(u in UPGRADES) && u !== "sqlite")
+        throw new TypeError(`BENCH_UPGRADES: expected some of bodies,history,failed,sqlite, got ${u}`);
     const rows = knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES));
+    if (upgrades.includes("sqlite") && (await inboxTargets()).some((t) => t.name === "SQLite"))
+      lines.push(sqliteUpgradeCost(rows, dir));
     if ((await inboxTargets()).some((t) => t.name === "PostgreSQL"))
       for (const to of ["bodies", "history"] as const)
         if (upgrades.includes(to)) lines.push(...(await upgradeCost(rows, to)));
