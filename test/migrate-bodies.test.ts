@@ -338,6 +338,23 @@ describe("upgrading a SQLite inbox to bodies apart", () => {
     }
   });
 
+  it("writes nothing for a copy of a delivery whose body is apart: the row is looked for before the body is kept", async () => {
+    const file = join(dir, "copies.db");
+    const inbox = await connect(file, { now: () => T0 });
+    try {
+      assert.equal(await inbox.store({ id: "big", body: LARGE }), "stored");
+      await inbox.query("PRAGMA wal_checkpoint(TRUNCATE)");
+      // The control: a new delivery's body and row do reach the WAL.
+      assert.equal(await inbox.store({ id: "big2", body: LARGE }), "stored");
+      assert.ok(statSync(`${file}-wal`).size > 0, "a store writes the WAL");
+      await inbox.query("PRAGMA wal_checkpoint(TRUNCATE)");
+      for (let i = 0; i < 20; i++) assert.equal(await inbox.store({ id: "big", body: LARGE }), "duplicate");
+      assert.equal(statSync(`${file}-wal`).size, 0, "twenty copies wrote nothing");
+    } finally {
+      await inbox.close();
+    }
+  });
+
   it("writes less WAL to purge bodies apart than to move rows that keep theirs", async () => {
     // The control is the same rows stored as the main before stored them, bodies inline: the purge moves them.
     const walOf = async (inline: boolean) => {

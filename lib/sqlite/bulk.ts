@@ -12,7 +12,7 @@ import { bulkBatchSize, purgeCutoffs, replayDestination } from "../checks.ts";
 import { ATTEMPT_SQL, replayToCount } from "../sql.ts";
 import { paced } from "../timing.ts";
 
-import { insertRow } from "./bodies.ts";
+import { rowInserter } from "./bodies.ts";
 import { whole } from "./commit.ts";
 import { enterKey, rebuildKey, settleKey, type Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
@@ -29,6 +29,9 @@ export interface CommitQueue {
   /** flush resolves once every write queued so far is committed. */
   flush(): Promise<void>;
 }
+
+// A delivery's row as restore() writes it, every column given: its SQL made once.
+const insertRestored = rowInserter();
 
 /** SqliteBulk is the operator's bulk writes of a SqliteInbox, each batch queued through its CommitQueue. */
 export class SqliteBulk {
@@ -65,7 +68,7 @@ export class SqliteBulk {
       // In arrival order, so that the rowids that break event-time ties keep it.
       for (const d of [...deliveries].sort((a, b) => a.receivedAt - b.receivedAt)) {
         const changed = Number(
-          insertRow(this.sql, {
+          insertRestored(this.sql, {
             source: d.source,
             id: d.id,
             body: d.body,
@@ -426,7 +429,8 @@ export class SqliteBulk {
   // dropBatch makes tombstones of the rows a query picks, inside the current transaction. The row stays,
   // with its hash: store()'s ON CONFLICT still finds the ID, and a different body still counts as a
   // conflict. A row whose body is apart, or small, is marked in place and its body's row deleted: the row
-  // keeps its size, and a body's pages freed whole are never written to the WAL. A row that carries a large
+  // keeps its size, and no index entry of it moves (SQLite still rewrites about half the pages of bodies such
+  // deletes empty, docs/table.md#on-sqlite). A row that carries a large
   // body (stored before bodies apart) is moved rather than updated in place: SQLite never merges the
   // half-empty pages an UPDATE leaves, so the file would not shrink; a DELETE rebalances them into free
   // pages, and the re-inserted tombstones pack densely at the end of the table.
@@ -437,24 +441,20 @@ export class SqliteBulk {
       return { n: 0, bytes: 0 };
     }
     const settled = "rowid IN (SELECT value FROM json_each(?)) AND purged_at IS NULL AND status IN ('done', 'failed')";
-    const picked = JSON.stringify(rows.map((r) => r.rowid));
-    const moved = (
-      this.sql(`SELECT rowid FROM delivery_rows WHERE ${settled} AND body_seq IS NULL AND length(body) > ?`).all(
-        picked,
-        DEFAULTS.inlineBodyBytes,
-      ) as { rowid: number }[]
-    ).map((r) => r.rowid);
+    // Each picked row still settled, told apart by where its body is: apart or small, marked in place; large in
+    // its row, moved.
+    const kinds = this.sql(
+      `SELECT rowid, body_seq IS NULL AND length(body) > ? AS moves FROM delivery_rows WHERE ${settled}`,
+    ).all(DEFAULTS.inlineBodyBytes, JSON.stringify(rows.map((r) => r.rowid))) as { rowid: number; moves: number }[];
+    const inPlace = JSON.stringify(kinds.filter((k) => k.moves === 0).map((k) => k.rowid));
+    const moved = kinds.filter((k) => k.moves === 1).map((k) => k.rowid);
     const now = this.now();
     this.sql(`DELETE FROM delivery_bodies WHERE seq IN (SELECT body_seq FROM delivery_rows WHERE ${settled})`).run(
-      picked,
+      inPlace,
     );
     let n = Number(
-      this.sql(`UPDATE delivery_rows SET body = X'', body_seq = NULL, purged_at = ?
-                 WHERE ${settled} AND NOT (body_seq IS NULL AND length(body) > ?)`).run(
-        now,
-        picked,
-        DEFAULTS.inlineBodyBytes,
-      ).changes,
+      this.sql(`UPDATE delivery_rows SET body = X'', body_seq = NULL, purged_at = ? WHERE ${settled}`).run(now, inPlace)
+        .changes,
     );
     if (moved.length > 0) {
       // SELECT *: every column, those of later migrations too; a mismatch fails loudly, never drops one.

@@ -335,8 +335,8 @@ export const MIGRATIONS: readonly string[] = [
   // Bodies apart (docs/table.md#bodies-apart): a body larger than inlineBodyBytes lives in delivery_bodies,
   // in the order stored, and its row in delivery_rows keeps an empty one and the body's seq. A claim, an
   // extend and a finish then rewrite a row of a few hundred bytes, not one that carries its body; purge
-  // marks the row in place and deletes the body's row, whose freed pages SQLite does not write to the WAL,
-  // rather than rewriting every row and its index entries (about 3 KB of WAL a purged row). deliveries is
+  // marks the row in place and deletes the body's row, rather than moving every row and its index entries
+  // (about 3 KB of WAL a purged row; the two take about 0.7 KB, docs/table.md#on-sqlite). deliveries is
   // a view of the two with every column it had, and writable through INSTEAD OF triggers, so SQL written
   // against the table reads and writes as before; the inbox itself writes delivery_rows. Rows stored before
   // keep their bodies inline: the upgrade is a rename and a view, instant at any size. A later column of
@@ -582,8 +582,11 @@ export function isInbox(path: string): boolean {
     return true;
   }
   try {
-    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all() as { name: string }[];
-    return tables.length === 0 || tables.some((t) => t.name === "deliveries" || t.name === "delivery_rows");
+    // deliveries: a table before bodies apart, a view since.
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").all() as {
+      name: string;
+    }[];
+    return tables.length === 0 || tables.some((t) => t.name === "deliveries");
   } catch {
     return true;
   } finally {

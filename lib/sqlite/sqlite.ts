@@ -9,7 +9,7 @@ import type { DatabaseSync, SQLInputValue } from "node:sqlite";
 import { Worker } from "node:worker_threads";
 import { DEFAULTS } from "../defaults.ts";
 import { message } from "../log.ts";
-import { insertRow } from "./bodies.ts";
+import { rowInserter } from "./bodies.ts";
 import { SqliteBulk } from "./bulk.ts";
 import { SqliteCommitter, whole } from "./commit.ts";
 import { enterKey, occupyKey, settleKey, settleRows, type Statements } from "./order-keys.ts";
@@ -69,6 +69,9 @@ import { checkOptions, routesOf, orderOf } from "../checks.ts";
 import { conflicts, sha256, toDelivery, toGauges } from "../rows.ts";
 import { ATTEMPT_SQL, mayOverflow, trimParams, tryParams } from "../sql.ts";
 import { retryDelay } from "../timing.ts";
+
+// A new delivery's row, one a route: the insert store() makes of it, its SQL made once.
+const insertStored = rowInserter();
 
 declare module "../store.ts" {
   interface Tx {
@@ -271,7 +274,7 @@ export class SqliteInbox extends SqliteCommitter implements Inbox {
           const none = routes.length === 0;
           const add = (route: number) => {
             const destination = none ? NO_DESTINATION : routes[route]!;
-            const inserted = insertRow(this.statement, {
+            const inserted = insertStored(this.statement, {
               source,
               id: delivery.id,
               body: delivery.body,
