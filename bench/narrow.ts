@@ -26,8 +26,6 @@ const BATCH = 256;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 /** Kind is a round's body: about 1 KB in the row, or (nearly) none there. */
-// On SQLite the rounds are a body of about 1 KB, wherever store() keeps it, and one of 2 bytes.
-const SQLITE_KIND = { inline: "1 KB", apart: "2 B" } as const;
 type Kind = "inline" | "apart";
 /** Round is what one round measured: its time, and the bytes it wrote (PostgreSQL's WAL, or SQLite's writes). */
 interface Round {
@@ -40,6 +38,7 @@ async function rounds(
   label: string,
   bytes: string,
   measure: (kind: Kind) => Promise<Round>,
+  names: Record<Kind, string> = { inline: "inline", apart: "apart" },
 ): Promise<Record<Kind, Round>> {
   const results: Record<Kind, Round[]> = { inline: [], apart: [] };
   for (let r = 0; r < ROUNDS; r++) {
@@ -47,7 +46,7 @@ async function rounds(
       const one = await measure(kind);
       results[kind].push(one);
       console.log(
-        `  ${label}round ${r + 1} body ${(label.startsWith("SQLite") ? SQLITE_KIND[kind] : kind).padEnd(6)} ${f(one.ms)} ms, ${bytes} ${f(one.bytes / ROWS)} B a delivery`,
+        `  ${label}round ${r + 1} body ${names[kind].padEnd(6)} ${f(one.ms)} ms, ${bytes} ${f(one.bytes / ROWS)} B a delivery`,
       );
     }
   }
@@ -120,26 +119,32 @@ async function drainHere(path: string, kind: string): Promise<void> {
 
 // sqliteHalf runs the SQLite rounds, each a fill and a drain in a process of its own, and returns its line.
 async function sqliteHalf(): Promise<string> {
-  const { inline, apart } = await rounds("SQLite ", "written", async (kind) => {
-    const { dir, cleanup } = tempDir();
-    try {
-      const path = join(dir, "inbox.db");
-      fillBacklog(path, ROWS, "evt", kind === "inline" ? charge : () => least);
-      const out = execFileSync(
-        process.execPath,
-        ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
-        {
-          cwd: ROOT,
-          encoding: "utf8",
-        },
-      );
-      const one = JSON.parse(out.trim().split("\n").at(-1)!) as { ms: number; written: number; done: number };
-      if (one.done !== ROWS) throw new Error(`narrow: the SQLite drain did ${one.done} of ${ROWS}`);
-      return { ms: one.ms, bytes: one.written };
-    } finally {
-      cleanup();
-    }
-  });
+  const { inline, apart } = await rounds(
+    "SQLite ",
+    "written",
+    async (kind) => {
+      const { dir, cleanup } = tempDir();
+      try {
+        const path = join(dir, "inbox.db");
+        fillBacklog(path, ROWS, "evt", kind === "inline" ? charge : () => least);
+        const out = execFileSync(
+          process.execPath,
+          ["--import", "tsx", fileURLToPath(import.meta.url), "drain", path, kind],
+          {
+            cwd: ROOT,
+            encoding: "utf8",
+          },
+        );
+        const one = JSON.parse(out.trim().split("\n").at(-1)!) as { ms: number; written: number; done: number };
+        if (one.done !== ROWS) throw new Error(`narrow: the SQLite drain did ${one.done} of ${ROWS}`);
+        return { ms: one.ms, bytes: one.written };
+      } finally {
+        cleanup();
+      }
+    },
+    // A body of about 1 KB, wherever store() keeps it, and one of 2 bytes.
+    { inline: "1 KB", apart: "2 B" },
+  );
   return (
     `narrow (SQLite): the worker's drain of ${f(ROWS)}, body of about 1 KB (where store() keeps it) ${f(inline.ms)} ms, of 2 bytes ${f(apart.ms)} ms: ` +
     `×${f(inline.ms / apart.ms, 2)} the time; written ${f(inline.bytes / ROWS)} against ${f(apart.bytes / ROWS)} B a delivery (medians of ${ROUNDS})`
