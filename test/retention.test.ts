@@ -118,6 +118,46 @@ describe("the SQLite file after a purge", () => {
     assert.equal((await reopened.kept()).tombstones.count, 300, "the tombstones survive the rewrite");
     await reopened.close();
   });
+
+  // SQLite's documentation says VACUUM "may change the ROWIDs" of a table without an INTEGER PRIMARY KEY, which
+  // delivery_rows is. The search index holds each row's words by its rowid, and an order key's head its rowid
+  // (head_seq): renumbered, a search would answer with other deliveries. What SQLite does today is keep them
+  // (its copy of each table carries the rowids over); this pins it, so that an SQLite that stops doing so fails here.
+  it("keeps every delivery's rowid through purge --vacuum, which the search index and an order key's head go by", async () => {
+    const old = new SqliteInbox(path);
+    old.db.exec("PRAGMA auto_vacuum = NONE");
+    old.db.exec("VACUUM");
+    await old.enableSearch();
+    for (let i = 0; i < 300; i++) {
+      const pad = "x".repeat(i % 2 === 0 ? 20 : DEFAULTS.inlineBodyBytes + 100); // in its row, and apart
+      await old.store({ id: `evt_${i}`, body: Buffer.from(JSON.stringify({ word: `w${i}x`, pad })) });
+    }
+    // Gaps in the rowids, as forgotten tombstones leave them: a renumbering copy would close them.
+    old.db.exec("DELETE FROM delivery_rows WHERE rowid % 3 = 0");
+    const kept = Array.from({ length: 300 }, (_, i) => `evt_${i}`).filter((_, i) => (i + 1) % 3 !== 0);
+    assert.deepEqual((await old.search({ bodyWords: "w1x" })).map((d) => d.id), ["evt_1"]); // the index caught up
+    const rowids = (db: DatabaseSync, table = "delivery_rows") =>
+      db.prepare(`SELECT rowid, id FROM ${table} ORDER BY id`).all().map((r) => `${r.id}@${r.rowid}`);
+    const before = rowids(old.db);
+    // The control: a copy that does not carry the rowids over numbers them anew, and the comparison sees it.
+    old.db.exec("CREATE TEMP TABLE copied AS SELECT * FROM delivery_rows");
+    assert.notDeepEqual(rowids(old.db, "temp.copied"), before);
+    await old.close();
+
+    const vacuum = await cli("purge", "--vacuum", "--db", path);
+    assert.equal(vacuum.code, 0, vacuum.stderr);
+    const reopened = new SqliteInbox(path);
+    try {
+      assert.equal((await reopened.kept()).autoVacuum, "incremental", "the file was rewritten");
+      assert.deepEqual(rowids(reopened.db), before);
+      for (const id of kept) {
+        const word = `w${id.slice(4)}x`;
+        assert.deepEqual((await reopened.search({ bodyWords: word })).map((d) => d.id), [id], word);
+      }
+    } finally {
+      await reopened.close();
+    }
+  });
 });
 
 describe("inbox.ts purge, retry --failed, replay", () => {
