@@ -135,9 +135,15 @@ describe("the SQLite file after a purge", () => {
     // Gaps in the rowids, as forgotten tombstones leave them: a renumbering copy would close them.
     old.db.exec("DELETE FROM delivery_rows WHERE rowid % 3 = 0");
     const kept = Array.from({ length: 300 }, (_, i) => `evt_${i}`).filter((_, i) => (i + 1) % 3 !== 0);
-    assert.deepEqual((await old.search({ bodyWords: "w1x" })).map((d) => d.id), ["evt_1"]); // the index caught up
+    assert.deepEqual(
+      (await old.search({ bodyWords: "w1x" })).map((d) => d.id),
+      ["evt_1"],
+    ); // the index caught up
     const rowids = (db: DatabaseSync, table = "delivery_rows") =>
-      db.prepare(`SELECT rowid, id FROM ${table} ORDER BY id`).all().map((r) => `${r.id}@${r.rowid}`);
+      db
+        .prepare(`SELECT rowid, id FROM ${table} ORDER BY id`)
+        .all()
+        .map((r) => `${r.id}@${r.rowid}`);
     const before = rowids(old.db);
     // The control: a copy that does not carry the rowids over numbers them anew, and the comparison sees it.
     old.db.exec("CREATE TEMP TABLE copied AS SELECT * FROM delivery_rows");
@@ -152,7 +158,11 @@ describe("the SQLite file after a purge", () => {
       assert.deepEqual(rowids(reopened.db), before);
       for (const id of kept) {
         const word = `w${id.slice(4)}x`;
-        assert.deepEqual((await reopened.search({ bodyWords: word })).map((d) => d.id), [id], word);
+        assert.deepEqual(
+          (await reopened.search({ bodyWords: word })).map((d) => d.id),
+          [id],
+          word,
+        );
       }
     } finally {
       await reopened.close();

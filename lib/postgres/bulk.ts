@@ -56,6 +56,17 @@ interface Dropped {
   last: number;
 }
 
+/**
+ * Marked is what a purge's batches make tombstones of: the rows where picks (with its params), walked from the
+ * time from (the earliest when unset); with bodyRows false their bodies' rows are left to the DROP of their day.
+ */
+interface Marked {
+  where: string;
+  params: SqlValue[];
+  from?: number;
+  bodyRows?: boolean;
+}
+
 // leftWhole ends a give-way transaction's last try quietly: a day whose lock was not had in time is left
 // whole, for the next purge (its bodies' release) or for forget's rows one by one (its history).
 function leftWhole(error: unknown): undefined {
@@ -626,7 +637,12 @@ export class PostgresBulk {
       if (options.signal?.aborted) return purged;
       if (!released) {
         const where = `${kept} AND received_at < ?::bigint`;
-        await this.dropAll(where, [period.until], period.from, batch, rest, options, purged, false);
+        await this.dropAll(
+          { where, params: [period.until], from: period.from, bodyRows: false },
+          { batch, rest },
+          options,
+          purged,
+        );
         if (options.signal?.aborted) return purged;
       }
       // A release that cannot have its lock within DEFAULTS.periodLockMs rests and tries again (releasePeriod);
@@ -660,7 +676,7 @@ export class PostgresBulk {
     // days would read to find none; and of each released day, the rows done since its release (replayed or
     // retried, and done again), which kept their bodies, found by its index of finished rows.
     for (const s of await this.stretches({ until: bodiesBefore }, kept, (at) => [{ sql: DONE_SINCE, params: [at] }])) {
-      await this.dropAll(s.sql, s.params, Number.MIN_SAFE_INTEGER, batch, rest, options, purged);
+      await this.dropAll({ where: s.sql, params: s.params }, { batch, rest }, options, purged);
       if (options.signal?.aborted) return purged;
     }
     // Whole days of history first (docs/operations.md#retention-by-period): a day past the forget cutoff that
@@ -822,29 +838,25 @@ export class PostgresBulk {
       });
     for (const s of stretches)
       await this.dropAll(
-        `${s.sql} AND ${where}`,
-        [...s.params, ...params],
-        Number.MIN_SAFE_INTEGER,
-        size,
-        DEFAULTS.purgeRest,
+        { where: `${s.sql} AND ${where}`, params: [...s.params, ...params] },
+        { batch: size, rest: DEFAULTS.purgeRest },
         options,
         total,
       );
     return total;
   }
 
-  // dropAll runs dropBatch from the time from until a batch picks fewer than batch rows or signal aborts, resting
-  // rest times as long as each batch took, and adds what it dropped to total.
+  // dropAll runs dropBatch over the rows `what` names, from its time (the earliest when unset), until a batch
+  // picks fewer than pace.batch rows or signal aborts, resting pace.rest times as long as each batch took, and adds
+  // what it dropped to total.
   private async dropAll(
-    where: string,
-    params: SqlValue[],
-    from: number,
-    batch: number,
-    rest: number,
+    what: Marked,
+    pace: { batch: number; rest: number },
     options: { audit?: Audit; signal?: AbortSignal },
     total: { bodies: number; bytes: number },
-    bodyRows = true,
   ): Promise<void> {
+    const { where, params, from = Number.MIN_SAFE_INTEGER, bodyRows = true } = what;
+    const { batch, rest } = pace;
     for (let at = from; ; ) {
       const { n, bytes, picked, last } = await paced(rest, () =>
         this.dropBatch(where, params, at, batch, options.audit, bodyRows),
