@@ -385,8 +385,8 @@ describe("group commit", () => {
     };
     other.exec("BEGIN IMMEDIATE");
     try {
-      // Every attempt waits out the whole busy timeout (5 s by default) with the event loop blocked, so
-      // retrying 8 stores in halves would block it for 15 timeouts.
+      // Every attempt waits out the whole busy timeout (5 s by default), so retrying 8 stores in halves
+      // would wait 15 timeouts.
       const results = await Promise.allSettled(
         Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })),
       );
@@ -400,6 +400,40 @@ describe("group commit", () => {
     begins = 0;
     await Promise.all(Array.from({ length: 8 }, (_, i) => inbox.store({ id: `evt_${i}`, body: body({}) })));
     assert.equal(begins, 1);
+  });
+
+  // The receiver's stores wait for a worker's or a purge's commit in another process. The lock's holder here is
+  // a connection of this same thread, let go by a timer: a wait that stopped the event loop would never let
+  // it fire, and the stores would fail at the busy timeout (the control: the old wait in begin(), which is
+  // still what a batch retried in halves uses).
+  it("waits for another writer's lock without stopping the event loop, and what is queued meanwhile joins the batch", async () => {
+    const commits: number[] = [];
+    const inbox = open({ busyTimeoutMs: 2_000, onCommit: (size) => commits.push(size) });
+    const other = new DatabaseSync(path);
+    other.exec("BEGIN IMMEDIATE");
+    let ticks = 0;
+    const ticking = setInterval(() => ticks++, 5);
+    try {
+      const first = inbox.store({ id: "evt_first", body: body({}) });
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      assert.ok(ticks >= 3, `the event loop ran ${ticks} ticks of 5 ms in 50 ms`);
+      const later = Array.from({ length: 5 }, (_, i) => inbox.store({ id: `evt_later_${i}`, body: body({}) }));
+      other.exec("COMMIT");
+      await Promise.all([first, ...later]);
+      assert.deepEqual(commits, [6], "one commit for the store that waited and the five queued behind it");
+      // The control: the synchronous wait, as every batch had it, blocks this thread until the busy timeout.
+      other.exec("BEGIN IMMEDIATE");
+      const begin = (inbox as unknown as { begin(ms: number): void }).begin.bind(inbox);
+      const started = performance.now();
+      const letGo = setTimeout(() => other.exec("COMMIT"), 10);
+      assert.throws(() => begin(300), /locked/);
+      assert.ok(performance.now() - started >= 300, "the timer that lets the lock go could not fire");
+      clearTimeout(letGo);
+    } finally {
+      clearInterval(ticking);
+      if (other.isTransaction) other.exec("ROLLBACK");
+      other.close();
+    }
   });
 });
 

@@ -87,6 +87,8 @@ export abstract class SqliteCommitter {
   // The error of the last group commit, until one succeeds: a full disk or a read-only file shows here first.
   protected commitError: unknown;
   protected flushing = false;
+  // Since when the batch at the queue's head has found the write lock another process's, if it has.
+  private lockedSince: number | undefined;
   protected closed = false;
   // With syncOffLoop: the WAL file, opened once per fdatasync that may run at once (walFds, those not in
   // use in idleFds); the commits not yet covered by a finished fdatasync, numbered; how many run, the last
@@ -157,20 +159,63 @@ export abstract class SqliteCommitter {
   private drain(): void {
     if (this.syncFailure) for (const op of this.queue.splice(0)) op.reject(this.syncFailure);
     while (this.queue.length > 0) {
+      if (!this.lock()) {
+        // Another process has held the write lock past LOCK_SPIN_MS (a backup's step, a vacuum, a long bulk
+        // batch): waiting on here would stop this thread's event loop, its health answers and timers with it,
+        // for as long as the lock is held. Between tries the loop runs, and what it reads joins the batch.
+        Atomics.wait(NAP, 0, 0, LOCK_TRY_MS);
+        setImmediate(() => this.drain());
+        return;
+      }
       const batch = this.queue.splice(0, this.batchSize);
-      this.commit(batch);
+      this.commit(batch, false, true);
     }
     this.flushing = false;
+  }
+
+  // lock takes the write lock for the batch at the queue's head: true once held. A short hold (a worker's
+  // claim, a purge's batch: 1-2 ms) is waited out here, trying every LOCK_TRY_MS as begin() does: handing the
+  // wait to the event loop between tries made such waits longer (the other writer took the lock again first)
+  // and the acks no faster (bench/purgetrace.ts). Past LOCK_SPIN_MS it answers false, and drain() tries again
+  // from the event loop. After busyTimeoutMs of tries that batch fails, as a begin() that timed out fails its
+  // batch, and the next one's wait begins.
+  protected lock(): boolean {
+    this.sql("PRAGMA busy_timeout = 0").run();
+    try {
+      for (;;) {
+        try {
+          this.db.exec("BEGIN IMMEDIATE");
+          this.lockedSince = undefined;
+          return true;
+        } catch (error) {
+          const now = performance.now();
+          this.lockedSince ??= now;
+          const waited = now - this.lockedSince;
+          if (sqliteCode(error) === SQLITE_BUSY && waited < this.busyTimeoutMs) {
+            if (waited >= LOCK_SPIN_MS) return false;
+            Atomics.wait(NAP, 0, 0, LOCK_TRY_MS);
+            continue;
+          }
+          this.lockedSince = undefined;
+          const failure = new Error(`inbox ${this.path}: ${message(error)}`, { cause: error });
+          for (const op of this.queue.splice(0, this.batchSize)) op.reject(failure);
+          return false;
+        }
+      }
+    } finally {
+      // A PRAGMA takes no bound parameters; the number is this Inbox's own, checked in the constructor.
+      this.sql(`PRAGMA busy_timeout = ${this.busyTimeoutMs}`).run();
+    }
   }
 
   // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
   // whole fails (disk full, I/O error), it retries in halves, so only the ops that truly fail are rejected.
   // Ops run unguarded first: a savepoint per op costs more than the rare redo when one fails halfway.
-  private commit(batch: Op[], guarded = false): void {
+  private commit(batch: Op[], guarded = false, locked = false): void {
     const started = performance.now();
     const results: { ok: boolean; value: unknown }[] = [];
     try {
-      this.begin();
+      if (!locked) this.begin();
     } catch (error) {
       // No op has run: the lock is another writer's. Retrying in halves would wait out the busy timeout
       // again for each half, blocking the thread for 2n-1 timeouts, so the whole batch fails once.
@@ -301,7 +346,7 @@ export abstract class SqliteCommitter {
           return;
         } catch (error) {
           if (sqliteCode(error) !== SQLITE_BUSY || performance.now() >= deadline) throw error;
-          Atomics.wait(NAP, 0, 0, 0.2);
+          Atomics.wait(NAP, 0, 0, LOCK_TRY_MS);
         }
       }
     } finally {
@@ -313,6 +358,10 @@ export abstract class SqliteCommitter {
 
 // NAP is a cell that nothing ever changes: Atomics.wait on it sleeps this thread for a fraction of a ms.
 const NAP = new Int32Array(new SharedArrayBuffer(4));
+// How long the group committer naps between two tries for a write lock another process holds, and how long
+// it waits so before it waits from the event loop instead, in ms.
+const LOCK_TRY_MS = 0.2;
+const LOCK_SPIN_MS = 5;
 
 // SQLite's primary result codes that the committer acts on; node:sqlite reports the extended code.
 const SQLITE_BUSY = 5;
