@@ -25,6 +25,10 @@ export interface Paced {
   generatorUs: number;
   /** Every request's latency, sorted, for a percentile over several runs together. */
   latencies: Float64Array;
+  /** Every request's latency in the order they were due: request i was due at start + i * 1000 / rate. */
+  inOrder: Float64Array;
+  /** When the first request was due, on performance.now()'s clock. */
+  start: number;
 }
 
 const BODY_BYTES = Buffer.byteLength(BODY);
@@ -37,11 +41,12 @@ function percentile(sorted: Float64Array, p: number): number {
  * paced sends `rate` POSTs a second for `seconds` on a fixed schedule (open loop), unique IDs. It speaks
  * HTTP/1.1 on raw keep-alive sockets: a general client (undici) costs several times the CPU per request,
  * and on 2 cores that CPU is taken from the server being measured. A request due while every connection
- * is busy waits its turn, and that wait counts in its latency.
+ * is busy waits its turn, and that wait counts in its latency. With `stop`, it sends until that settles (or
+ * `seconds` have passed), and ends once every request sent is answered.
  */
-export async function paced(url: string, rate: number, seconds: number): Promise<Paced> {
+export async function paced(url: string, rate: number, seconds: number, stop?: Promise<unknown>): Promise<Paced> {
   const { hostname, port } = new URL(url);
-  const total = Math.round(rate * seconds);
+  let total = Math.round(rate * seconds);
   const latencies = new Float64Array(total);
   const prefix = `lat${process.pid}-${Date.now()}-`;
   const waiting: number[] = [];
@@ -122,21 +127,28 @@ export async function paced(url: string, rate: number, seconds: number): Promise
     if (sent < total) setTimeout(tick, 1);
   };
   tick();
+  void stop?.finally(() => {
+    total = sent;
+    if (answered === total) finished();
+  });
   await done;
   const cpu = process.cpuUsage(cpu0);
   for (const conn of idle) conn.socket.destroy();
   for (const conn of conns) conn.socket.destroy();
-  latencies.sort();
+  const inOrder = latencies.slice(0, total);
+  const sorted = inOrder.slice().sort();
   return {
     rate,
     sent,
     ok,
-    p50: percentile(latencies, 0.5),
-    p99: percentile(latencies, 0.99),
-    p999: percentile(latencies, 0.999),
-    max: latencies[latencies.length - 1] ?? NaN,
+    p50: percentile(sorted, 0.5),
+    p99: percentile(sorted, 0.99),
+    p999: percentile(sorted, 0.999),
+    max: sorted[sorted.length - 1] ?? NaN,
     generatorUs: (cpu.user + cpu.system) / Math.max(1, total),
-    latencies,
+    latencies: sorted,
+    inOrder,
+    start,
   };
 }
 

@@ -8,69 +8,23 @@
 // server's data directory when it is on this machine (discard: docs/production.md#the-file-system).
 //   BENCH_PURGE_ROWS=1000000 npm run bench -- releasetrace
 
-import http from "node:http";
 import pg from "pg";
 import { connect } from "../inbox.ts";
 import { periodOf } from "../lib/postgres/periods.ts";
 import { f, knob, mountOf, SECONDS, startChild, tempDir } from "./common.ts";
 import { purgeChild, RATE, ROWS } from "./purge.ts";
 import { fillPostgres } from "./stored.ts";
+import { paced } from "./latency.ts";
 import { inboxTargets } from "./targets.ts";
 
 const EVERY = knob("BENCH_RELEASETRACE_EVERY", 3);
 // The purge's connections name themselves so, and only they are traced.
 const PURGE_APP = "bench_releasetrace_purge";
 
+// Ack is one paced ack: when it was due, and how long it took from then.
 interface Ack {
   at: number;
   ms: number;
-}
-
-// pace sends RATE acks a second until stop() and keeps each one's send time and latency.
-function pace(url: string): { acks: Ack[]; stop: () => Promise<void> } {
-  const { port, hostname } = new URL(url);
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
-  const body = JSON.stringify({ type: "payment.succeeded", customer: "Ann", amount: 5 });
-  const acks: Ack[] = [];
-  let n = 0;
-  let pending = 0;
-  const start = performance.now();
-  const send = () => {
-    const at = performance.now();
-    pending++;
-    const req = http.request(
-      {
-        host: hostname,
-        port,
-        method: "POST",
-        path: "/",
-        agent,
-        headers: { "content-type": "application/json", "x-delivery-id": `rt${process.pid}-${n++}` },
-      },
-      (res) => {
-        res.resume();
-        res.on("end", () => {
-          acks.push({ at, ms: performance.now() - at });
-          pending--;
-        });
-      },
-    );
-    req.on("error", () => pending--);
-    req.end(body);
-  };
-  let sent = 0;
-  const timer = setInterval(() => {
-    const due = Math.floor(((performance.now() - start) / 1000) * RATE);
-    for (; sent < due; sent++) send();
-  }, 1);
-  return {
-    acks,
-    stop: async () => {
-      clearInterval(timer);
-      while (pending > 0) await new Promise((resolve) => setTimeout(resolve, 10));
-      agent.destroy();
-    },
-  };
 }
 
 const p99 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(0.99 * (xs.length - 1))] ?? NaN;
@@ -96,7 +50,10 @@ export async function releasetrace(): Promise<string> {
     purgeUrl.searchParams.set("application_name", PURGE_APP);
     const running = purgeChild(purgeUrl.toString(), true);
     await running.ready;
-    const acks = pace(receiver.url);
+    // Paced until stopped: BENCH_SECONDS before, the purge, BENCH_SECONDS after (an hour at most).
+    let stop!: () => void;
+    const stopped = new Promise<void>((resolve) => (stop = resolve));
+    const pacing = paced(receiver.url, RATE, 3600, stopped);
     await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
     const from = performance.now();
     running.go();
@@ -124,15 +81,17 @@ export async function releasetrace(): Promise<string> {
     const until = performance.now();
     const { ms } = await running.done;
     await new Promise((resolve) => setTimeout(resolve, SECONDS * 1000));
-    await acks.stop();
+    stop();
+    const answered = await pacing;
     await receiver.stop();
     await monitor.end();
+    const acks: Ack[] = Array.from(answered.inOrder, (ms, i) => ({ at: answered.start + (i * 1000) / RATE, ms }));
 
-    const before = acks.acks.filter((a) => a.at < from).map((a) => a.ms);
-    const during = acks.acks.filter((a) => a.at >= from && a.at < until).map((a) => a.ms);
-    const after = acks.acks.filter((a) => a.at >= until).map((a) => a.ms);
+    const before = acks.filter((a) => a.at < from).map((a) => a.ms);
+    const during = acks.filter((a) => a.at >= from && a.at < until).map((a) => a.ms);
+    const after = acks.filter((a) => a.at >= until).map((a) => a.ms);
     const slowMs = 2 * p99(before);
-    const slow = acks.acks.filter((a) => a.at >= from && a.at < until && a.ms > slowMs);
+    const slow = acks.filter((a) => a.at >= from && a.at < until && a.ms > slowMs);
     const lines = [
       `releasetrace: ${f(ROWS)} bodies of one day released in ${f(ms / 1000, 1)} s at ${f(RATE)} acks/s; data directory on ${mountOf(dataDir)}`,
       `  ack p99 before ${f(p99(before), 2)} ms, during ${f(p99(during), 2)} ms (×${f(p99(during) / p99(before), 2)}), after ${f(p99(after), 2)} ms; ${slow.length} of ${during.length} acks during over ${f(slowMs, 1)} ms`,
