@@ -198,7 +198,7 @@ export function bodySearchSql(
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
       where.push(pgMatching("doc @> ?::jsonb"));
-      params.push(text, text, text);
+      params.push(text);
     } else {
       where.push(
         `rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?) AND ${SQLITE_CONTAINS}(body, ?)`,
@@ -211,7 +211,7 @@ export function bodySearchSql(
     if (backend === "postgres") {
       const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
       where.push(pgMatching(`${PG_WORDS} @@ (${query})`));
-      params.push(...words, ...words, ...words);
+      params.push(...words);
     } else {
       where.push("rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)");
       params.push(words.map(phrase).join(" "));
@@ -220,10 +220,12 @@ export function bodySearchSql(
   return { where, params };
 }
 
-// pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound three times).
+// pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound once).
 // Spelled as a plain IN, the planner walks deliveries newest first and probes the search table row by row,
-// hoping for 50 matches soon: seconds at a million for a needle with few. The two arrays are computed first,
-// once, through the GIN index, and the IN keeps each source with its own IDs. They find the matches' keys in
+// hoping for 50 matches soon: seconds at a million for a needle with few. The matches are found once, through
+// the GIN index, each rechecked (m, materialized); the two arrays are made of them, and the IN keeps each
+// source with its own IDs. (The condition was spelled three times, once for each, and each was a scan of the
+// index with a recheck of every match: three times the work for a needle with many.) They find the matches' keys in
 // delivery_keys, with each route's received_at, and the rows are joined to those by all four: a nested loop
 // into the partitioned delivery_rows whose every probe is pruned to its own day's partition (and the hot one)
 // as it runs (docs/table.md#hot-and-cold). Probed with the arrays themselves, every day's partition was read
@@ -232,10 +234,11 @@ export function bodySearchSql(
 // nothing.
 const pgMatching = (condition: string) =>
   `(source, id, route, received_at) IN (
+     WITH m AS MATERIALIZED (SELECT source, id FROM deliveries_search WHERE ${condition})
      SELECT k.source, k.id, k.route, k.received_at FROM delivery_keys k
-      WHERE k.source = ANY (ARRAY(SELECT DISTINCT source FROM deliveries_search WHERE ${condition}))
-        AND k.id = ANY (ARRAY(SELECT id FROM deliveries_search WHERE ${condition}))
-        AND (k.source, k.id) IN (SELECT source, id FROM deliveries_search WHERE ${condition})
+      WHERE k.source = ANY (ARRAY(SELECT DISTINCT source FROM m))
+        AND k.id = ANY (ARRAY(SELECT id FROM m))
+        AND (k.source, k.id) IN (SELECT source, id FROM m)
      OFFSET 0)`;
 
 // The expression of PostgreSQL's deliveries_search_words index, word for word.

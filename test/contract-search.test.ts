@@ -188,8 +188,8 @@ contract((suite) => {
     // A words search's estimate (thousands of rows for a phrase that matches one) took its cost past the server's
     // jit_above_cost and its parallel thresholds at ten million: 343 ms compiling, 50 ms starting workers, for a
     // page that reads 45 pages (docs/performance.md#at-ten-million-after-the-split). Here every threshold is
-    // set to 0 in the transaction, so that the plain statement is compiled and run in parallel (the control),
-    // and searchSettings(), which searchQuery() runs first, must leave it neither.
+    // set to 0 in the transaction, so that the plain statement is compiled (the control), and searchSettings(),
+    // which searchQuery() runs first, must leave it neither compiled nor with workers to run in parallel.
     suite.onPostgres(
       "compiles no index search with JIT nor runs it in parallel; a scan of bodies keeps both",
       async () => {
@@ -234,16 +234,22 @@ contract((suite) => {
               await client.query("ROLLBACK");
             }
           };
+          let parallel = 0;
           for (const filter of [{ bodyWords: "cus_123" }, { bodyJson: '{"data":{"object":{"customer":"cus_123"}}}' }]) {
             const control = await plan(filter, false);
             const what = `${JSON.stringify(filter)}: the control, every threshold 0`;
-            assert.deepEqual(control, { jit, parallel: true, workers: 2 }, what);
+            // Compiled, and in parallel where the plan allows it: the matches are a materialized CTE (lib/search.ts
+            // pgMatching), which PostgreSQL runs in the leader alone, so whether any other part of it takes workers
+            // depends on the form (here the containment's does, the words' not).
+            assert.deepEqual({ ...control, parallel: undefined }, { jit, parallel: undefined, workers: 2 }, what);
+            if (control.parallel) parallel++;
             assert.deepEqual(
               await plan(filter, true),
               { jit: false, parallel: false, workers: 0 },
               JSON.stringify(filter),
             );
           }
+          assert.ok(parallel > 0, "the control: a plan that would run in parallel, which the settings stop");
           // A scan of bodies keeps the server's JIT and workers: it reads a day of bodies (which a few rows here do not
           // need workers for).
           const contains = { bodyContains: "cus_123", since: T0 - 86_400_000 };
