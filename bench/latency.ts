@@ -127,10 +127,11 @@ export async function paced(url: string, rate: number, seconds: number, stop?: P
     if (sent < total) setTimeout(tick, 1);
   };
   tick();
-  void stop?.finally(() => {
+  const end = () => {
     total = sent;
     if (answered === total) finished();
-  });
+  };
+  stop?.then(end, end);
   await done;
   const cpu = process.cpuUsage(cpu0);
   for (const conn of idle) conn.socket.destroy();

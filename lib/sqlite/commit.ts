@@ -174,38 +174,28 @@ export abstract class SqliteCommitter {
   }
 
   // lock takes the write lock for the batch at the queue's head: true once held. A short hold (a worker's
-  // claim, a purge's batch: 1-2 ms) is waited out here, trying every LOCK_TRY_MS as begin() does: handing the
-  // wait to the event loop between tries made such waits longer (the other writer took the lock again first)
-  // and the acks no faster (bench/purgetrace.ts). Past LOCK_SPIN_MS it answers false, and drain() tries again
-  // from the event loop. After busyTimeoutMs of tries that batch fails, as a begin() that timed out fails its
-  // batch, and the next one's wait begins.
+  // claim, a purge's batch: 1-2 ms) is waited out here, as begin() waits: handing the wait to the event loop
+  // between tries made such waits longer (the other writer took the lock again first) and the acks no faster
+  // (bench/purgetrace.ts). Past LOCK_SPIN_MS it answers false, and drain() tries again from the event loop.
+  // After busyTimeoutMs of tries that batch fails, as a begin() that timed out fails its batch, and the next
+  // one's wait begins.
   protected lock(): boolean {
-    this.sql("PRAGMA busy_timeout = 0").run();
+    const since = (this.lockedSince ??= performance.now());
+    let failure: unknown;
     try {
-      for (;;) {
-        try {
-          this.db.exec("BEGIN IMMEDIATE");
-          this.lockedSince = undefined;
-          return true;
-        } catch (error) {
-          const now = performance.now();
-          this.lockedSince ??= now;
-          const waited = now - this.lockedSince;
-          if (sqliteCode(error) === SQLITE_BUSY && waited < this.busyTimeoutMs) {
-            if (waited >= LOCK_SPIN_MS) return false;
-            Atomics.wait(NAP, 0, 0, LOCK_TRY_MS);
-            continue;
-          }
-          this.lockedSince = undefined;
-          const failure = new Error(`inbox ${this.path}: ${message(error)}`, { cause: error });
-          for (const op of this.queue.splice(0, this.batchSize)) op.reject(failure);
-          return false;
-        }
+      failure = this.tryLock(since + Math.min(LOCK_SPIN_MS, this.busyTimeoutMs));
+      if (failure === undefined) {
+        this.lockedSince = undefined;
+        return true;
       }
-    } finally {
-      // A PRAGMA takes no bound parameters; the number is this Inbox's own, checked in the constructor.
-      this.sql(`PRAGMA busy_timeout = ${this.busyTimeoutMs}`).run();
+      if (performance.now() - since < this.busyTimeoutMs) return false;
+    } catch (error) {
+      failure = error;
     }
+    this.lockedSince = undefined;
+    const error = new Error(`inbox ${this.path}: ${message(failure)}`, { cause: failure });
+    for (const op of this.queue.splice(0, this.batchSize)) op.reject(error);
+    return false;
   }
 
   // commit runs a batch in one transaction and settles each op after COMMIT. When the transaction as a
@@ -337,15 +327,22 @@ export abstract class SqliteCommitter {
   // against a process that commits back to back (a busy worker) it seldom finds the lock free, and a
   // receiver's acks wait for seconds. Trying every 0.2 ms, up to the same busy timeout, takes the first gap.
   protected begin(timeoutMs: number = this.busyTimeoutMs): void {
-    const deadline = performance.now() + timeoutMs;
+    const busy = this.tryLock(performance.now() + timeoutMs);
+    if (busy !== undefined) throw busy;
+  }
+
+  // tryLock tries for the write lock (BEGIN IMMEDIATE) every LOCK_TRY_MS, once at least, until it holds it
+  // (undefined) or the time until has passed (SQLite's busy error, answered); any other error is thrown.
+  private tryLock(until: number): unknown {
     this.sql("PRAGMA busy_timeout = 0").run();
     try {
       for (;;) {
         try {
           this.db.exec("BEGIN IMMEDIATE");
-          return;
+          return undefined;
         } catch (error) {
-          if (sqliteCode(error) !== SQLITE_BUSY || performance.now() >= deadline) throw error;
+          if (sqliteCode(error) !== SQLITE_BUSY) throw error;
+          if (performance.now() >= until) return error;
           Atomics.wait(NAP, 0, 0, LOCK_TRY_MS);
         }
       }
