@@ -190,13 +190,15 @@ const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
 export function bodySearchSql(
   filter: { bodyJson?: string | undefined; bodyWords?: string | undefined },
   backend: Backend,
-): { where: string[]; params: SqlValue[] } {
+): { where: string[]; params: SqlValue[]; keys?: MatchingKeys } {
   const where: string[] = [];
   const params: SqlValue[] = [];
+  let keys: MatchingKeys | undefined;
   if (filter.bodyJson !== undefined) {
     const needle = parseBodyJson(filter.bodyJson);
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
+      keys = { sql: pgMatchingKeys("doc @> ?::jsonb"), params: [text] };
       where.push(pgMatching("doc @> ?::jsonb"));
       params.push(text);
     } else {
@@ -210,6 +212,7 @@ export function bodySearchSql(
     const words = bodyWordsOf(filter.bodyWords);
     if (backend === "postgres") {
       const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
+      keys ??= { sql: pgMatchingKeys(`${PG_WORDS} @@ (${query})`), params: words };
       where.push(pgMatching(`${PG_WORDS} @@ (${query})`));
       params.push(...words);
     } else {
@@ -217,7 +220,17 @@ export function bodySearchSql(
       params.push(words.map(phrase).join(" "));
     }
   }
-  return { where, params };
+  return keys === undefined ? { where, params } : { where, params, keys };
+}
+
+/**
+ * MatchingKeys is, on PostgreSQL, the keys in delivery_keys (source, id, route, received_at) of the deliveries
+ * that a filter's first body search form matches, as a SELECT with its `?` parameters: what a page of a body
+ * search walks newest first (searchSql()), the form's condition being the first of bodySearchSql()'s where.
+ */
+export interface MatchingKeys {
+  sql: string;
+  params: SqlValue[];
 }
 
 // pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound once).
@@ -232,14 +245,14 @@ export function bodySearchSql(
 // for every match: 36 of them at ten million. OFFSET 0 keeps the keys a subquery of their own: flattened, the
 // planner paired the rows with the search table's source and ID, and left received_at to a filter that prunes
 // nothing.
-const pgMatching = (condition: string) =>
-  `(source, id, route, received_at) IN (
-     WITH m AS MATERIALIZED (SELECT source, id FROM deliveries_search WHERE ${condition})
+const pgMatching = (condition: string) => `(source, id, route, received_at) IN (${pgMatchingKeys(condition)} OFFSET 0)`;
+
+const pgMatchingKeys = (condition: string) =>
+  `WITH m AS MATERIALIZED (SELECT source, id FROM deliveries_search WHERE ${condition})
      SELECT k.source, k.id, k.route, k.received_at FROM delivery_keys k
       WHERE k.source = ANY (ARRAY(SELECT DISTINCT source FROM m))
         AND k.id = ANY (ARRAY(SELECT id FROM m))
-        AND (k.source, k.id) IN (SELECT source, id FROM m)
-     OFFSET 0)`;
+        AND (k.source, k.id) IN (SELECT source, id FROM m)`;
 
 // The expression of PostgreSQL's deliveries_search_words index, word for word.
 const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb)`;

@@ -122,6 +122,49 @@ contract((suite) => {
     });
   });
 
+  describe("a page at a time", () => {
+    // On PostgreSQL a page of a body search walks its matches' keys newest first and reads each one's row with
+    // the rest of the filter until the page is full (searchSql()); pages of two must add up to the whole search.
+    it("pages through the matches newest first, each once, with the rest of the filter and both forms", async () => {
+      const inbox = await open();
+      for (let i = 0; i < 9; i++) {
+        await inbox.store({
+          source: i % 3 === 0 ? "shop" : "stripe",
+          id: `evt_${i}`,
+          body: body(invoice(`evt_${i}`, i % 2 === 0 ? "cus_123" : "cus_456", 100 * i, true)),
+        });
+        // Two of them at the same time: the cursor's source and ID then tell them apart.
+        if (i !== 4) suite.t += 1_000;
+      }
+      const pages = async (filter: Filter) => {
+        const all: string[] = [];
+        for (let after: Delivery | undefined, n = 0; n < 10; n++) {
+          const page = await inbox.search(filter, {
+            limit: 2,
+            ...(after && {
+              after: { receivedAt: after.receivedAt, source: after.source, id: after.id, route: after.route },
+            }),
+          });
+          all.push(...ids(page));
+          if (page.length < 2) break;
+          after = page.at(-1);
+        }
+        return all;
+      };
+      const customer = '{"data":{"object":{"customer":"cus_123"}}}';
+      for (const [filter, expected] of [
+        [{ bodyJson: customer }, ["evt_8", "evt_6", "evt_4", "evt_2", "evt_0"]],
+        [{ bodyJson: customer, source: "stripe" }, ["evt_8", "evt_4", "evt_2"]],
+        [{ bodyWords: "cus_456" }, ["evt_7", "evt_5", "evt_3", "evt_1"]],
+        [{ bodyJson: customer, bodyWords: "invoice.paid 400" }, ["evt_4"]],
+        [{ bodyJson: customer, since: T0 + 4_000 }, ["evt_8", "evt_6", "evt_4"]],
+      ] as [Filter, string[]][]) {
+        assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
+        assert.deepEqual(await pages(filter), expected, `by pages of two: ${JSON.stringify(filter)}`);
+      }
+    });
+  });
+
   describe("bodyWords", () => {
     it("finds the bodies whose values hold every word, in any case, a word of parts as a phrase", async () => {
       const inbox = await open();

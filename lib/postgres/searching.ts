@@ -10,7 +10,7 @@ import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
 import { whileMoved } from "../errors.ts";
 import { indexAll, SearchOff, searching } from "../search.ts";
-import { filterSql } from "../sql.ts";
+import { type FilterSql, filterSql } from "../sql.ts";
 import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
 import { NOW } from "./commit.ts";
 import { bodyKept } from "./periods.ts";
@@ -125,7 +125,7 @@ export async function searchSettings(client: pg.ClientBase, filter: Filter, time
 }
 
 /** filterSqlChecked is filterSql() in PostgreSQL's dialect, refusing (SearchOff) a search form the index cannot answer yet. */
-export async function filterSqlChecked(pool: Pool, filter: Filter): Promise<{ where: string; params: SqlValue[] }> {
+export async function filterSqlChecked(pool: Pool, filter: Filter): Promise<FilterSql> {
   // A form that cannot narrow is refused first (a TypeError, the caller's mistake), whatever the index's state.
   const sql = filterSql(filter, "postgres");
   if (filter.bodyJson !== undefined || filter.bodyWords !== undefined) {
