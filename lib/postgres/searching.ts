@@ -11,7 +11,7 @@ import { DEFAULTS } from "../defaults.ts";
 import { whileMoved } from "../errors.ts";
 import { indexAll, SearchOff, searching } from "../search.ts";
 import { type FilterSql, filterSql } from "../sql.ts";
-import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
+import type { Audit, EnableSearchOptions, Filter, SearchStatus } from "../store.ts";
 import { NOW } from "./commit.ts";
 import { bodyKept } from "./periods.ts";
 import type { Pool } from "./pool.ts";
