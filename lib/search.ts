@@ -190,22 +190,23 @@ const phrase = (text: string) => `"${text.replaceAll('"', '""')}"`;
 export function bodySearchSql(
   filter: { bodyJson?: string | undefined; bodyWords?: string | undefined },
   backend: Backend,
-): { where: string[]; params: SqlValue[]; keys?: MatchingKeys } {
-  const where: string[] = [];
-  const params: SqlValue[] = [];
+): { parts: BodySearchPart[]; keys?: MatchingKeys } {
+  const parts: BodySearchPart[] = [];
   let keys: MatchingKeys | undefined;
   if (filter.bodyJson !== undefined) {
     const needle = parseBodyJson(filter.bodyJson);
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
       keys = { sql: pgMatchingKeys("doc @> ?::jsonb"), params: [text] };
-      where.push(pgMatching("doc @> ?::jsonb"));
-      params.push(text);
+      parts.push({ sql: pgMatching("doc @> ?::jsonb"), params: [text] });
     } else {
-      where.push(
-        `rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?) AND ${SQLITE_CONTAINS}(body, ?)`,
+      parts.push(
+        {
+          sql: "rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)",
+          params: [lookups(needle).map(phrase).join(" ")],
+        },
+        { sql: `${SQLITE_CONTAINS}(body, ?)`, params: [text], recheck: true },
       );
-      params.push(lookups(needle).map(phrase).join(" "), text);
     }
   }
   if (filter.bodyWords !== undefined) {
@@ -213,14 +214,26 @@ export function bodySearchSql(
     if (backend === "postgres") {
       const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
       keys ??= { sql: pgMatchingKeys(`${PG_WORDS} @@ (${query})`), params: words };
-      where.push(pgMatching(`${PG_WORDS} @@ (${query})`));
-      params.push(...words);
+      parts.push({ sql: pgMatching(`${PG_WORDS} @@ (${query})`), params: words });
     } else {
-      where.push("rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)");
-      params.push(words.map(phrase).join(" "));
+      parts.push({
+        sql: "rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)",
+        params: [words.map(phrase).join(" ")],
+      });
     }
   }
-  return keys === undefined ? { where, params } : { where, params, keys };
+  return keys === undefined ? { parts } : { parts, keys };
+}
+
+/**
+ * BodySearchPart is one condition of a body search with its `?` parameters. recheck marks SQLite's check of a
+ * containment against each body its words found, which reads and parses the body: a page applies it to the rows
+ * in page order, until the page is full (searchSql()).
+ */
+export interface BodySearchPart {
+  sql: string;
+  params: SqlValue[];
+  recheck?: true;
 }
 
 /**

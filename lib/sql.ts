@@ -4,7 +4,7 @@
 // (searchSql(), with a list's columns, listColumns()). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
-import { bodySearchSql, type MatchingKeys } from "./search.ts";
+import { type BodySearchPart, bodySearchSql, type MatchingKeys } from "./search.ts";
 import { STATUSES, type Backend, type Cursor, type Filter, type SqlValue, type Try } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
@@ -66,6 +66,28 @@ export function searchSql(
         ...keys.params,
         ...(after === undefined ? [] : [after.receivedAt, after.receivedAt, after.source, after.id, after.route ?? -1]),
         ...params,
+        page.limit,
+      ],
+    };
+  }
+  if (!pg && filter.rechecked !== undefined) {
+    // A containment: the rows its words found and the rest of the filter keeps, sorted newest first from their
+    // rows alone, and each one's body then checked until the page is full. In one WHERE, every body found was read
+    // and parsed before the sort. OFFSET keeps SQLite from folding the sorted rows into the outer query, which
+    // would check each body first again; it runs them as a coroutine, read in their order (docs/performance.md#).
+    const { where, params, check } = filter.rechecked;
+    return {
+      sql: `SELECT ${columns === "*" ? "deliveries.*" : columns} FROM (SELECT rowid AS found, received_at AS found_at, source AS found_source, id AS found_id,
+                                       route AS found_route
+                                  FROM deliveries WHERE ${where} ${after === undefined ? "" : "AND (received_at, source, id, route) < (?, ?, ?, ?)"}
+                                 ORDER BY received_at DESC, source DESC, id DESC, route DESC LIMIT -1 OFFSET 0)
+            CROSS JOIN deliveries ON deliveries.rowid = found
+            WHERE ${check.where}
+            ORDER BY found_at DESC, found_source DESC, found_id DESC, found_route DESC LIMIT ?`,
+      params: [
+        ...params,
+        ...(after === undefined ? [] : [after.receivedAt, after.source, after.id, after.route ?? -1]),
+        ...check.params,
         page.limit,
       ],
     };
@@ -132,12 +154,14 @@ function idKeyWhere(id: string, source: string | undefined): { where: string; pa
 /**
  * FilterSql is a filter's WHERE condition with its `?` parameters. keyed, on PostgreSQL with a body search, is
  * the same filter split in two: the keys its first search form matches (MatchingKeys), and the condition on the
- * rest (the other forms' included), which a page of the search walks newest first (searchSql()).
+ * rest (the other forms' included), which a page of the search walks newest first (searchSql()). rechecked, on
+ * SQLite with a containment, is split as well: the check of each body (BodySearchPart.recheck), and the rest.
  */
 export interface FilterSql {
   where: string;
   params: SqlValue[];
   keyed?: { keys: MatchingKeys; where: string; params: SqlValue[] };
+  rechecked?: { where: string; params: SqlValue[]; check: { where: string; params: SqlValue[] } };
 }
 
 /**
@@ -222,21 +246,31 @@ export function filterSql(filter: Filter, backend: Backend, keys?: IdKeys): Filt
       Buffer.from(filter.bodyContains, "utf8"),
     );
   const body = bodySearchSql(filter, backend);
-  const matching = body.keys;
-  const rest =
-    matching === undefined
-      ? undefined
-      : {
-          where: [...where, ...body.where.slice(1)],
-          params: [...params, ...body.params.slice(matching.params.length)],
-        };
-  where.push(...body.where);
-  params.push(...body.params);
   const joined = (all: string[]) => (all.length === 0 ? "TRUE" : all.join(" AND "));
+  // The filter with some of its body search's parts left out: the rest of it, for a page (searchSql()).
+  const without = (left: (part: BodySearchPart, i: number) => boolean) => {
+    const kept = body.parts.filter((part, i) => !left(part, i));
+    return {
+      where: joined([...where, ...kept.map((p) => p.sql)]),
+      params: [...params, ...kept.flatMap((p) => p.params)],
+    };
+  };
+  const matching = body.keys;
+  const keyed = matching && { keys: matching, ...without((_, i) => i === 0) };
+  const checks = body.parts.filter((part) => part.recheck);
+  const rechecked = checks.length > 0 && {
+    ...without((part) => part.recheck === true),
+    check: { where: joined(checks.map((p) => p.sql)), params: checks.flatMap((p) => p.params) },
+  };
+  for (const part of body.parts) {
+    where.push(part.sql);
+    params.push(...part.params);
+  }
   return {
     where: joined(where),
     params,
-    ...(matching && rest && { keyed: { keys: matching, where: joined(rest.where), params: rest.params } }),
+    ...(keyed && { keyed }),
+    ...(rechecked && { rechecked }),
   };
 }
 
