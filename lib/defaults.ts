@@ -254,6 +254,12 @@ export const DEFAULTS = {
    */
   searchTimeoutMs: 10_000,
   /**
+   * PostgreSQL: a containment search (bodyJson) with more matches than this walks back from its newest hour, a
+   * window of hours or days a statement, until its page is full (lib/postgres/searchwalk.ts); one with fewer
+   * reads its matches at once. @default 200
+   */
+  searchWalkAbove: 200,
+  /**
    * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
    * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
    */

@@ -267,5 +267,38 @@ const pgMatchingKeys = (condition: string) =>
         AND k.id = ANY (ARRAY(SELECT id FROM m))
         AND (k.source, k.id) IN (SELECT source, id FROM m)`;
 
+/**
+ * pgDatedKeys is MatchingKeys for a containment on PostgreSQL within a window of time: its matches received
+ * before `to` and from `from` on, found among the rows indexed under one of `periods` (searchPeriods()) when it
+ * is given, where PostgreSQL intersects the needle's entries with the periods' in deliveries_search_json and
+ * rechecks only what both hold; without periods, among every row, those indexed without any included.
+ */
+export function pgDatedKeys(needle: string, window: { periods?: string[]; from?: number; to: number }): MatchingKeys {
+  const { periods, from, to } = window;
+  const condition = periods === undefined ? "doc @> ?::jsonb" : "doc @> ?::jsonb AND periods && ?::text[]";
+  return {
+    sql: `SELECT * FROM (${pgMatchingKeys(condition)}) w
+           WHERE received_at < ?::bigint${from === undefined ? "" : " AND received_at >= ?::bigint"}`,
+    params: [
+      needle,
+      ...(periods === undefined ? [] : [`{${periods.join(",")}}`]),
+      to,
+      ...(from === undefined ? [] : [from]),
+    ],
+  };
+}
+
+/**
+ * searchPeriods is the periods a row received in [from, to) may be indexed under on PostgreSQL: its hours (`h`
+ * and the hours since the epoch) or, by = "day", its days (`d`), as the migration's inbox_search_periods() spells
+ * them for each row it indexes (lib/postgres/schema.ts).
+ */
+export function searchPeriods(from: number, to: number, by: "hour" | "day"): string[] {
+  const [prefix, ms] = by === "hour" ? ["h", 3_600_000] : ["d", 86_400_000];
+  const periods: string[] = [];
+  for (let n = Math.floor(from / ms); n <= Math.floor((to - 1) / ms); n++) periods.push(`${prefix}${n}`);
+  return periods;
+}
+
 // The expression of PostgreSQL's deliveries_search_words index, word for word.
 const PG_WORDS = `jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb)`;

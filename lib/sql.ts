@@ -74,7 +74,7 @@ export function searchSql(
     // A containment: the rows its words found and the rest of the filter keeps, sorted newest first from their
     // rows alone, and each one's body then checked until the page is full. In one WHERE, every body found was read
     // and parsed before the sort. OFFSET keeps SQLite from folding the sorted rows into the outer query, which
-    // would check each body first again; it runs them as a coroutine, read in their order (docs/performance.md#).
+    // would check each body first again; it runs them as a coroutine, read in their order (docs/performance.md#a-page-of-a-body-search-newest-first).
     const { where, params, check } = filter.rechecked;
     return {
       sql: `SELECT ${columns === "*" ? "deliveries.*" : columns} FROM (SELECT rowid AS found, received_at AS found_at, source AS found_source, id AS found_id,

@@ -24,6 +24,8 @@ import type { Delivery, Filter, Inbox, InboxOptions, SqlValue } from "../lib/sto
 import { run } from "../worker.ts";
 import { body, contract, LEASE, T0, daysOpened } from "./contract-harness.ts";
 
+const DAY = 86_400_000;
+
 // Shaped as Stripe and GitHub send them, cut down.
 const invoice = (id: string, customer: string, amount: number, paid: boolean) => ({
   id,
@@ -162,6 +164,52 @@ contract((suite) => {
         assert.deepEqual(ids(await inbox.search(filter)), expected, JSON.stringify(filter));
         assert.deepEqual(await pages(filter), expected, `by pages of two: ${JSON.stringify(filter)}`);
       }
+    });
+  });
+
+  describe("a containment with many matches", () => {
+    // Past DEFAULTS.searchWalkAbove matches, PostgreSQL walks a containment's page back from its newest hour, a
+    // window of hours or days a statement, then asks for the rest (lib/postgres/searchwalk.ts); SQLite reads them
+    // as it reads a few. Received over two months, closer together towards the newest, so that every window holds
+    // some and some are older than all of them; every third delivery matches nothing.
+    it("pages from the newest back past every window, each once, alone and with the rest of the filter", async () => {
+      const inbox = await open();
+      const n = Math.ceil(DEFAULTS.searchWalkAbove * 1.5) + 60;
+      const start = suite.t;
+      const matching: Delivery["id"][] = [];
+      const stripe: Delivery["id"][] = [];
+      for (let i = 0; i < n; i++) {
+        suite.t = start + 60 * DAY - Math.round(60 * DAY * ((n - 1 - i) / (n - 1)) ** 3);
+        const source = i % 2 === 0 ? "stripe" : "shop";
+        const customer = i % 3 === 2 ? "cus_other" : "cus_many";
+        await inbox.store({ source, id: `evt_${i}`, body: body(invoice(`evt_${i}`, customer, i, true)) });
+        if (customer === "cus_many") {
+          matching.unshift(`evt_${i}`);
+          if (source === "stripe") stripe.unshift(`evt_${i}`);
+        }
+      }
+      assert.ok(matching.length > DEFAULTS.searchWalkAbove);
+      const pages = async (filter: Filter, limit: number) => {
+        const all: string[] = [];
+        for (let after: Delivery | undefined, k = 0; k < 100; k++) {
+          const page = await inbox.search(filter, {
+            limit,
+            ...(after && {
+              after: { receivedAt: after.receivedAt, source: after.source, id: after.id, route: after.route },
+            }),
+          });
+          all.push(...ids(page));
+          if (page.length < limit) break;
+          after = page.at(-1);
+        }
+        return all;
+      };
+      const customer = '{"data":{"object":{"customer":"cus_many"}}}';
+      assert.deepEqual(await pages({ bodyJson: customer }, 50), matching);
+      assert.deepEqual(await pages({ bodyJson: customer }, 7), matching);
+      assert.deepEqual(await pages({ bodyJson: customer, source: "stripe" }, 20), stripe);
+      assert.deepEqual(await pages({ bodyJson: customer, bodyWords: "invoice.paid" }, 50), matching);
+      assert.equal(await inbox.count({ bodyJson: customer }), matching.length);
     });
   });
 

@@ -245,6 +245,16 @@ export async function freshSchema(prefix: string): Promise<{ url: string; schema
   };
 }
 
+/** PG_SEARCH_ON turns a past PostgreSQL schema's search index on, as `inbox.ts search enable` left it (lib/postgres/searching.ts). */
+export const PG_SEARCH_ON = `
+  UPDATE search_state SET enabled = true, done = true;
+  CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue();
+  CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
+    FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_forget();
+  CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
+    FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_forget();`;
+
 /**
  * pastSchema makes an inbox as an older version of the code left it, for a test of the migrations after: a
  * SQLite file at path, or a PostgreSQL schema (its name: made here, in POSTGRES; freshSchema() names one and

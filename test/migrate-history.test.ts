@@ -15,7 +15,7 @@ import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import { MIGRATIONS, prepareKeys } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { freshSchema, POSTGRES, pastSchema, postgresSkip, schemaClient } from "./helpers.ts";
+import { freshSchema, PG_SEARCH_ON, POSTGRES, pastSchema, postgresSkip, schemaClient } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -54,22 +54,12 @@ const rows = (() => {
     UPDATE deliveries SET error = 'HTTP 500' WHERE id = 'failed_old';`;
 })();
 
-// The search index on, as inbox.ts search enable leaves it (lib/postgres/searching.ts).
-const SEARCH_ON = `
-  UPDATE search_state SET enabled = true, done = true;
-  CREATE TRIGGER deliveries_search_insert AFTER INSERT ON delivery_rows
-    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION inbox_search_queue();
-  CREATE TRIGGER deliveries_search_update AFTER UPDATE OF body ON delivery_rows
-    FOR EACH ROW WHEN (NEW.route = 0) EXECUTE FUNCTION inbox_search_forget();
-  CREATE TRIGGER deliveries_search_delete AFTER DELETE ON delivery_rows
-    FOR EACH ROW WHEN (OLD.route = 0) EXECUTE FUNCTION inbox_search_forget();`;
-
 describe("upgrading a PostgreSQL inbox to a hot queue and a history", { skip: pgSkip }, () => {
   it("moves the backlog to the hot partition, attaches the rest as history unscanned, and carries on", async () => {
     const schema = await freshSchema("history");
     try {
       const past = await pastSchema("postgres", schema.schema, BEFORE);
-      await past.exec(SEARCH_ON);
+      await past.exec(PG_SEARCH_ON);
       await past.exec(rows);
       await past.exec(`INSERT INTO deliveries_search (source, id, doc) VALUES ('default', 'done_old', '${SMALL}'::jsonb);
                        DELETE FROM search_pending;`);

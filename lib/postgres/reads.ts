@@ -39,6 +39,7 @@ import {
 } from "../rows.ts";
 import { DISTINCT_SOURCES, filterSql, type IdKeys, idKeysSql, ORDERING_SQL, searchSql } from "../sql.ts";
 import { periodOf } from "./periods.ts";
+import { containmentPage } from "./searchwalk.ts";
 import { readsBodies, SearchTooBroad } from "../search.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -342,6 +343,13 @@ export class PostgresReads {
     const { id } = filter;
     const windows =
       id === undefined && !readsBodies(filter) ? listWindows(filter, page.after, this.now() ?? Date.now()) : [];
+    // A containment with many matches is walked back from its newest hour (searchwalk.ts), in one transaction.
+    const { keyed } = checked;
+    const { bodyJson } = filter;
+    if (id === undefined && bodyJson !== undefined && keyed !== undefined)
+      return this.searchRun(filter, (client) =>
+        containmentPage(client, bodyJson, { ...checked, keyed }, { ...page, limit }),
+      );
     // One statement needs no snapshot of its own.
     if (id === undefined && windows.length <= 1) {
       const { sql, params } = searchSql(
@@ -430,11 +438,16 @@ export class PostgresReads {
    */
   private async searchQuery(filter: Filter, sql: string, params: SqlValue[]): Promise<pg.QueryResult> {
     if (!readsBodies(filter)) return this.pool.query(sql, params);
+    return this.searchRun(filter, (client) => client.query(sql, params));
+  }
+
+  // searchRun runs a search's statements in a transaction of their own, under searchSettings().
+  private async searchRun<T>(filter: Filter, run: (client: pg.PoolClient) => Promise<T>): Promise<T> {
     const client = await this.pool.transaction();
     const since = performance.now();
     try {
       await searchSettings(client, filter, this.searchTimeoutMs);
-      const result = await client.query(sql, params);
+      const result = await run(client);
       // A read: nothing to keep, and a ROLLBACK cannot meet a standby's wait as a COMMIT can.
       await client.query("ROLLBACK");
       client.release();

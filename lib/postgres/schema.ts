@@ -593,6 +593,31 @@ export const MIGRATIONS: readonly string[] = [
        FROM delivery_rows r LEFT JOIN released_days rd
          ON rd.day = r.received_at - r.received_at % 86400000 AND r.status = 'done' AND r.purged_at IS NULL
             AND (r.finished_at IS NULL OR r.finished_at < rd.released_at);`,
+  // A body search's matches by when they were received (docs/performance.md#the-newest-matches-first): each
+  // search row holds its delivery's hour and day (inbox_search_periods(), whose spelling lib/search.ts's
+  // searchPeriods() follows), beside its JSON in one GIN index, so a containment with many matches asks for those
+  // of its newest hours or days and PostgreSQL intersects the two in the index, rechecking only those rows. The
+  // trigger fills them from delivery_keys for every row indexed from now on, whichever host's indexer copies it.
+  // The rows indexed before stay without (NULL, in no hour), and search_state.dated_since is the time from which
+  // every row has them: a search walks hours and days back to it, then asks for the rest as before. The index is
+  // made anew over the rows already there (an inbox with search off has none); meanwhile the indexer and a purge's
+  // deletes from the search table wait, and a store and a drain, which do not touch it, do not.
+  `ALTER TABLE deliveries_search ADD COLUMN periods text[];
+   CREATE FUNCTION inbox_search_periods(at bigint) RETURNS text[] LANGUAGE sql IMMUTABLE AS
+     $$ SELECT ARRAY['h' || (at / 3600000)::text, 'd' || (at / 86400000)::text] $$;
+   CREATE FUNCTION inbox_search_dated() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+   BEGIN
+     NEW.periods := (SELECT inbox_search_periods(received_at) FROM delivery_keys
+                      WHERE source = NEW.source AND id = NEW.id AND route = 0);
+     RETURN NEW;
+   END $$;
+   CREATE TRIGGER deliveries_search_dated BEFORE INSERT ON deliveries_search
+     FOR EACH ROW EXECUTE FUNCTION inbox_search_dated();
+   ALTER TABLE search_state ADD COLUMN dated_since bigint NOT NULL DEFAULT 0;
+   UPDATE search_state SET dated_since = coalesce((SELECT max(received_at) + 1 FROM delivery_rows), 0)
+    WHERE EXISTS (SELECT 1 FROM deliveries_search);
+   DROP INDEX deliveries_search_json;
+   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops, periods);`,
 ];
 
 // The split of delivery_rows into a hot queue and a history, whose keys' copy prepareKeys runs ahead of it.

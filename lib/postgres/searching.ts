@@ -236,7 +236,7 @@ export class PostgresSearching {
         await client.query("TRUNCATE deliveries_search, search_pending");
         await client.query(
           `UPDATE search_state SET enabled = false, changed_at = ${NOW}, after_source = NULL, after_id = NULL,
-             done = false, backfilled = 0, to_backfill = 0`,
+             done = false, backfilled = 0, to_backfill = 0, dated_since = 0`,
           [this.now()],
         );
       }
