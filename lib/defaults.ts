@@ -256,9 +256,9 @@ export const DEFAULTS = {
   /**
    * PostgreSQL: a containment search (bodyJson) with more matches than this walks back from its newest hour, a
    * window of hours or days a statement, until its page is full (lib/postgres/searchwalk.ts); one with fewer
-   * reads its matches at once. @default 200
+   * reads its matches at once. Counting them rechecks up to one more than this, so it is about a page. @default 50
    */
-  searchWalkAbove: 200,
+  searchWalkAbove: 50,
   /**
    * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
    * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000

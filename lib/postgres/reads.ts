@@ -348,7 +348,7 @@ export class PostgresReads {
     const { bodyJson } = filter;
     if (id === undefined && bodyJson !== undefined && keyed !== undefined)
       return this.searchRun(filter, (client) =>
-        containmentPage(client, bodyJson, { ...checked, keyed }, { ...page, limit }),
+        containmentPage(client, bodyJson, { ...checked, keyed }, { ...page, limit }, this.now() ?? Date.now()),
       );
     // One statement needs no snapshot of its own.
     if (id === undefined && windows.length <= 1) {
