@@ -377,6 +377,13 @@ const SEARCH_KINDS: SearchKind[] = [
     variant: (k) => ({ filter: { bodyWords: `cus_${Math.floor(pick(k) * CUSTOMERS)}` } }),
   },
   {
+    // A repository's name as words: as many matches as its JSON (a phrase of its parts, acme/service-N).
+    name: "bodyWords a repository",
+    goal: 200,
+    n: Math.max(10, Math.floor(QUERIES / 10)),
+    variant: (k) => ({ filter: { bodyWords: `acme/service-${Math.floor(pick(k) * REPOS)}` } }),
+  },
+  {
     name: "bodyWords an order's words",
     goal: 200,
     n: QUERIES,

@@ -254,7 +254,7 @@ export const DEFAULTS = {
    */
   searchTimeoutMs: 10_000,
   /**
-   * PostgreSQL: a containment search (bodyJson) with more matches than this walks back from its newest hour, a
+   * PostgreSQL: a body search (bodyJson, bodyWords) with more matches than this walks back from its newest hour, a
    * window of hours or days a statement, until its page is full (lib/postgres/searchwalk.ts); one with fewer
    * reads its matches at once. Counting them rechecks up to one more than this, so it is about a page. @default 50
    */

@@ -197,7 +197,7 @@ export function bodySearchSql(
     const needle = parseBodyJson(filter.bodyJson);
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
-      keys = { sql: pgMatchingKeys("doc @> ?::jsonb"), params: [text] };
+      keys = pgKeys("doc @> ?::jsonb", [text]);
       parts.push({ sql: pgMatching("doc @> ?::jsonb"), params: [text] });
     } else {
       parts.push(
@@ -213,7 +213,7 @@ export function bodySearchSql(
     const words = bodyWordsOf(filter.bodyWords);
     if (backend === "postgres") {
       const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
-      keys ??= { sql: pgMatchingKeys(`${PG_WORDS} @@ (${query})`), params: words };
+      keys ??= pgKeys(`${PG_WORDS} @@ (${query})`, words);
       parts.push({ sql: pgMatching(`${PG_WORDS} @@ (${query})`), params: words });
     } else {
       parts.push({
@@ -244,7 +244,16 @@ export interface BodySearchPart {
 export interface MatchingKeys {
   sql: string;
   params: SqlValue[];
+  /** The form's own condition on deliveries_search, with its `?` parameters (pgDatedKeys() narrows it). */
+  matches: { where: string; params: SqlValue[] };
 }
+
+// pgKeys is MatchingKeys for a form's condition on deliveries_search.
+const pgKeys = (where: string, params: SqlValue[]): MatchingKeys => ({
+  sql: pgMatchingKeys(where),
+  params,
+  matches: { where, params },
+});
 
 // pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound once).
 // Spelled as a plain IN, the planner walks deliveries newest first and probes the search table row by row,
@@ -268,23 +277,29 @@ const pgMatchingKeys = (condition: string) =>
         AND (k.source, k.id) IN (SELECT source, id FROM m)`;
 
 /**
- * pgDatedKeys is MatchingKeys for a containment on PostgreSQL within a window of time: its matches received
- * before `to` and from `from` on, found among the rows indexed under one of `periods` (searchPeriods()) when it
- * is given, where PostgreSQL intersects the needle's entries with the periods' in deliveries_search_json and
- * rechecks only what both hold; without periods, among every row, those indexed without any included.
+ * pgDatedKeys narrows a form's MatchingKeys on PostgreSQL to a window of time: its matches received before `to`
+ * and from `from` on, found among the rows indexed under one of `periods` (searchPeriods()) when it is given,
+ * where PostgreSQL intersects the form's entries with the periods' in its GIN index (each holds periods beside
+ * the JSON or its words) and rechecks only what both hold; without periods, among every row, those indexed
+ * without any included.
  */
-export function pgDatedKeys(needle: string, window: { periods?: string[]; from?: number; to: number }): MatchingKeys {
+export function pgDatedKeys(
+  keys: MatchingKeys,
+  window: { periods?: string[]; from?: number; to: number },
+): MatchingKeys {
   const { periods, from, to } = window;
-  const condition = periods === undefined ? "doc @> ?::jsonb" : "doc @> ?::jsonb AND periods && ?::text[]";
+  const { where, params } = keys.matches;
+  const narrowed = periods === undefined ? where : `${where} AND periods && ?::text[]`;
   return {
-    sql: `SELECT * FROM (${pgMatchingKeys(condition)}) w
+    sql: `SELECT * FROM (${pgMatchingKeys(narrowed)}) w
            WHERE received_at < ?::bigint${from === undefined ? "" : " AND received_at >= ?::bigint"}`,
     params: [
-      needle,
+      ...params,
       ...(periods === undefined ? [] : [`{${periods.join(",")}}`]),
       to,
       ...(from === undefined ? [] : [from]),
     ],
+    matches: keys.matches,
   };
 }
 

@@ -168,11 +168,11 @@ contract((suite) => {
   });
 
   describe("a containment with many matches", () => {
-    // Past DEFAULTS.searchWalkAbove matches, PostgreSQL walks a containment's page back from its newest hour, a
+    // Past DEFAULTS.searchWalkAbove matches, PostgreSQL walks a body search's page back from its newest hour, a
     // window of hours or days a statement, then asks for the rest (lib/postgres/searchwalk.ts); SQLite reads them
     // as it reads a few. Received over two months, closer together towards the newest, so that every window holds
     // some and some are older than all of them; every third delivery matches nothing.
-    it("pages from the newest back past every window, each once, alone and with the rest of the filter", async () => {
+    it("pages from the newest back past every window, each once, by JSON and by words, alone and with the rest of the filter", async () => {
       const inbox = await open();
       const n = Math.ceil(DEFAULTS.searchWalkAbove * 1.5) + 60;
       const start = suite.t;
@@ -210,6 +210,9 @@ contract((suite) => {
       assert.deepEqual(await pages({ bodyJson: customer, source: "stripe" }, 20), stripe);
       assert.deepEqual(await pages({ bodyJson: customer, bodyWords: "invoice.paid" }, 50), matching);
       assert.equal(await inbox.count({ bodyJson: customer }), matching.length);
+      assert.deepEqual(await pages({ bodyWords: "cus_many" }, 50), matching);
+      assert.deepEqual(await pages({ bodyWords: "cus_many", source: "stripe" }, 20), stripe);
+      assert.equal(await inbox.count({ bodyWords: "cus_many" }), matching.length);
     });
   });
 

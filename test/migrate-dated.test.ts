@@ -1,8 +1,8 @@
 // test/migrate-dated.test.ts: a PostgreSQL inbox whose search index today's main filled upgrades in place to one
-// that holds each indexed row's hour and day beside its JSON (docs/performance.md#the-newest-matches-first). The
-// rows it had indexed keep none, search_state.dated_since says from when every row has them, and a containment with
-// many matches walks the new rows by their periods back to that time, then finds the old ones, newest first, each
-// once. SQLite's search keeps no periods, so it has nothing to upgrade.
+// that holds each indexed row's hour and day beside its JSON and its words (docs/performance.md#the-newest-matches-first). The
+// rows it had indexed keep none, search_state.dated_since says from when every row has them, and a search with
+// many matches, by JSON or by words, walks the new rows by their periods back to that time, then finds the old
+// ones, newest first, each once. SQLite's search keeps no periods, so it has nothing to upgrade.
 //   node --test test/migrate-dated.test.ts
 
 import assert from "node:assert/strict";
@@ -88,13 +88,16 @@ describe("upgrading a PostgreSQL search index to rows dated by hour and day", { 
         const filter = { bodyJson: '{"data":{"object":{"customer":"cus_many"}}}' };
         assert.deepEqual(await pages(inbox, filter, 50), expected);
         assert.equal(await inbox.count(filter), NEW + OLD);
+        assert.deepEqual(await pages(inbox, { bodyWords: "cus_many" }, 50), expected);
         assert.deepEqual(await state(), { since: T0 - 4 * HOUR + 1, undated: OLD, dated: NEW });
         // The control: with dated_since forgotten, the walk's windows of days would pass over the old rows in them,
         // which hold no period, and the last statement asks only for what is older than the windows.
         await inbox.query("UPDATE search_state SET dated_since = 0");
-        const missed = await pages(inbox, filter, 50);
-        assert.ok(missed.length < expected.length, `found ${missed.length} of ${expected.length}`);
-        assert.deepEqual(missed.slice(0, NEW), expected.slice(0, NEW));
+        for (const form of [filter, { bodyWords: "cus_many" }]) {
+          const missed = await pages(inbox, form, 50);
+          assert.ok(missed.length < expected.length, `found ${missed.length} of ${expected.length}`);
+          assert.deepEqual(missed.slice(0, NEW), expected.slice(0, NEW));
+        }
       } finally {
         await inbox.close();
       }

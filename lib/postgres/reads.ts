@@ -39,7 +39,7 @@ import {
 } from "../rows.ts";
 import { DISTINCT_SOURCES, filterSql, type IdKeys, idKeysSql, ORDERING_SQL, searchSql } from "../sql.ts";
 import { periodOf } from "./periods.ts";
-import { containmentPage } from "./searchwalk.ts";
+import { walkedPage } from "./searchwalk.ts";
 import { readsBodies, SearchTooBroad } from "../search.ts";
 
 // Past this many rows (by the planner's statistics), summary() estimates a common source's total instead
@@ -343,12 +343,11 @@ export class PostgresReads {
     const { id } = filter;
     const windows =
       id === undefined && !readsBodies(filter) ? listWindows(filter, page.after, this.now() ?? Date.now()) : [];
-    // A containment with many matches is walked back from its newest hour (searchwalk.ts), in one transaction.
+    // A body search with many matches is walked back from its newest hour (searchwalk.ts), in one transaction.
     const { keyed } = checked;
-    const { bodyJson } = filter;
-    if (id === undefined && bodyJson !== undefined && keyed !== undefined)
+    if (id === undefined && keyed !== undefined)
       return this.searchRun(filter, (client) =>
-        containmentPage(client, bodyJson, { ...checked, keyed }, { ...page, limit }, this.now() ?? Date.now()),
+        walkedPage(client, { ...checked, keyed }, { ...page, limit }, this.now() ?? Date.now()),
       );
     // One statement needs no snapshot of its own.
     if (id === undefined && windows.length <= 1) {

@@ -595,12 +595,13 @@ export const MIGRATIONS: readonly string[] = [
             AND (r.finished_at IS NULL OR r.finished_at < rd.released_at);`,
   // A body search's matches by when they were received (docs/performance.md#the-newest-matches-first): each
   // search row holds its delivery's hour and day (inbox_search_periods(), whose spelling lib/search.ts's
-  // searchPeriods() follows), beside its JSON in one GIN index, so a containment with many matches asks for those
-  // of its newest hours or days and PostgreSQL intersects the two in the index, rechecking only those rows. The
+  // searchPeriods() follows), beside its JSON and beside its words in their GIN indexes, so a search with many
+  // matches asks for those of its newest hours or days and PostgreSQL intersects the two in the index, rechecking
+  // only those rows. The
   // trigger fills them from delivery_keys for every row indexed from now on, whichever host's indexer copies it.
   // The rows indexed before stay without (NULL, in no hour), and search_state.dated_since is the time from which
-  // every row has them: a search walks hours and days back to it, then asks for the rest as before. The index is
-  // made anew over the rows already there (an inbox with search off has none); meanwhile the indexer and a purge's
+  // every row has them: a search walks hours and days back to it, then asks for the rest as before. Both indexes
+  // are made anew over the rows already there (an inbox with search off has none); meanwhile the indexer and a purge's
   // deletes from the search table wait, and a store and a drain, which do not touch it, do not.
   `ALTER TABLE deliveries_search ADD COLUMN periods text[];
    CREATE FUNCTION inbox_search_periods(at bigint) RETURNS text[] LANGUAGE sql IMMUTABLE AS
@@ -617,7 +618,10 @@ export const MIGRATIONS: readonly string[] = [
    UPDATE search_state SET dated_since = coalesce((SELECT max(received_at) + 1 FROM delivery_rows), 0)
     WHERE EXISTS (SELECT 1 FROM deliveries_search);
    DROP INDEX deliveries_search_json;
-   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops, periods);`,
+   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops, periods);
+   DROP INDEX deliveries_search_words;
+   CREATE INDEX deliveries_search_words ON deliveries_search USING gin
+     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods);`,
 ];
 
 // The split of delivery_rows into a hot queue and a history, whose keys' copy prepareKeys runs ahead of it.

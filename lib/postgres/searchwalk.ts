@@ -1,16 +1,18 @@
-// postgres/searchwalk.ts: a page of a containment search (bodyJson) with many matches, walked back from its newest
-// hour. One statement that reads every match before it sorts them rechecked each one's JSON and read its key: a
-// repository's 33,334 pushes at ten million, for a page of 50. deliveries_search_json holds each row's hour and day
-// beside its JSON (the migration after released_days), so a window of time is asked for by its periods, and
-// PostgreSQL intersects the needle's entries with theirs in the index and rechecks only what both hold. A needle
-// with few matches (at most DEFAULTS.searchWalkAbove, counted first) is read at once, as before: walking windows
-// would cost it a statement each. The rows indexed before that migration hold no period; they were all received
-// before search_state.dated_since, which the walk stops at, and the last statement asks for every match older
-// than the windows, theirs included. The SQL is this backend's alone (docs/performance.md#the-newest-matches-first).
+// postgres/searchwalk.ts: a page of a body search (bodyJson or bodyWords) with many matches, walked back from its
+// newest hour. One statement that reads every match before it sorts them rechecked each one's JSON and read its
+// key: a repository's 33,334 pushes at ten million, for a page of 50. Each search row holds its hour and day beside
+// its JSON and beside its words, in their GIN indexes (the migration after released_days), so a window of time is
+// asked for by its periods, and PostgreSQL intersects the form's entries with theirs in the index and rechecks
+// only what both hold. A needle with few matches (at most DEFAULTS.searchWalkAbove, counted first) is read at once,
+// as before: walking windows would cost it a statement each. The rows indexed before that migration hold no
+// period; they were all received before search_state.dated_since, which the walk stops at, and the last statement
+// asks for every match older than the windows, theirs included. The form that walks is the filter's first (JSON
+// when both are given); the other is a condition on each row. The SQL is this backend's alone
+// (docs/performance.md#the-newest-matches-first).
 
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
-import { parseBodyJson, pgDatedKeys, searchPeriods } from "../search.ts";
+import { pgDatedKeys, searchPeriods } from "../search.ts";
 import { type FilterSql, searchSql } from "../sql.ts";
 import type { Cursor, Delivery } from "../store.ts";
 import { toPg } from "./commit.ts";
@@ -27,25 +29,23 @@ const MOST = 10;
 const LONGEST = 32 * DAY;
 
 /**
- * containmentPage is search()'s page of a filter whose first body search form is a containment (filter.keyed from
- * filterSql()): walked, or in one statement when the needle has few matches. It runs on client, in the caller's
- * transaction.
+ * walkedPage is search()'s page of a filter with a body search (filter.keyed from filterSql()): walked, or in one
+ * statement when the needle has few matches. It runs on client, in the caller's transaction.
  */
-export async function containmentPage(
+export async function walkedPage(
   client: pg.ClientBase,
-  bodyJson: string,
   filter: FilterSql & { keyed: NonNullable<FilterSql["keyed"]> },
   page: { after?: Cursor; limit: number; bodies?: boolean },
   now: number,
 ): Promise<Delivery[]> {
-  const needle = JSON.stringify(parseBodyJson(bodyJson));
+  const { matches } = filter.keyed.keys;
   // The walk starts at the newest row, looked for in the last day's partitions first: cold, every day's index
   // read to find it was 135 pages at ten million, 20 this way.
   const { rows } = await client.query(
-    `SELECT (SELECT dated_since FROM search_state) AS dated_since,
-            (SELECT count(*) FROM (SELECT 1 FROM deliveries_search WHERE doc @> $1::jsonb LIMIT $2::integer) m) AS n,
-            (SELECT max(received_at) FROM delivery_rows WHERE received_at >= $3::bigint) AS newest`,
-    [needle, DEFAULTS.searchWalkAbove + 1, now - DAY],
+    toPg(`SELECT (SELECT dated_since FROM search_state) AS dated_since,
+            (SELECT count(*) FROM (SELECT 1 FROM deliveries_search WHERE ${matches.where} LIMIT ?::integer) m) AS n,
+            (SELECT max(received_at) FROM delivery_rows WHERE received_at >= ?::bigint) AS newest`),
+    [...matches.params, DEFAULTS.searchWalkAbove + 1, now - DAY],
   );
   const probe = rows[0];
   const found: Delivery[] = [];
@@ -61,7 +61,7 @@ export async function containmentPage(
   }
   const datedSince = Number(probe.dated_since);
   const within = (window: Parameters<typeof pgDatedKeys>[1]) =>
-    read({ ...filter.keyed, keys: pgDatedKeys(needle, window) });
+    read({ ...filter.keyed, keys: pgDatedKeys(filter.keyed.keys, window) });
   // Every route of a delivery has route 0's received_at (a replay to a new destination copies it), by which
   // its row is indexed: a window's bounds hold all of them or none.
   let to = (page.after?.receivedAt ?? Number(newest)) + 1;
