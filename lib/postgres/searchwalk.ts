@@ -53,18 +53,20 @@ export async function walkedPage(
     const { sql, params } = searchSql("postgres", { ...filter, keyed }, { ...page, limit: page.limit - found.length });
     found.push(...(await client.query(toPg(sql), params)).rows.map(toDelivery));
   };
-  const newest =
-    probe.newest ?? (await client.query("SELECT max(received_at) AS newest FROM delivery_rows")).rows[0].newest;
-  if (Number(probe.n) <= DEFAULTS.searchWalkAbove || newest === null) {
+  if (Number(probe.n) <= DEFAULTS.searchWalkAbove) {
     await read(filter.keyed);
     return found;
   }
+  // Nothing received in the last day: the newest row, wherever it is.
+  const newest = Number(
+    probe.newest ?? (await client.query("SELECT max(received_at) AS newest FROM delivery_rows")).rows[0].newest,
+  );
   const datedSince = Number(probe.dated_since);
   const within = (window: Parameters<typeof pgDatedKeys>[1]) =>
     read({ ...filter.keyed, keys: pgDatedKeys(filter.keyed.keys, window) });
   // Every route of a delivery has route 0's received_at (a replay to a new destination copies it), by which
   // its row is indexed: a window's bounds hold all of them or none.
-  let to = (page.after?.receivedAt ?? Number(newest)) + 1;
+  let to = (page.after?.receivedAt ?? newest) + 1;
   let span = FIRST;
   for (let n = 0; n < MOST; n++) {
     const from = to - span;
