@@ -302,7 +302,9 @@ async function plan(inbox: Inbox, kind: Kind, t0: number, k = 0, analyze = false
       });
   } else if (inbox.backend === "postgres" && !readsBodies(filter))
     where = filterSql(listWindows(filter, after, Date.now())[0]!, "postgres");
-  // search()'s own statement (lib/sql.ts), as it runs for this kind's first variant.
+  // search()'s own statement (lib/sql.ts), as it runs for this kind's first variant. A body search with many
+  // matches is walked a window a statement instead (lib/postgres/searchwalk.ts): this is the one statement a
+  // needle with few runs, and the one the walk's windows narrow.
   const { sql, params } = searchSql(inbox.backend, where, {
     ...(after ? { after } : {}),
     limit: 50,

@@ -197,7 +197,7 @@ export function bodySearchSql(
     const needle = parseBodyJson(filter.bodyJson);
     const text = JSON.stringify(needle);
     if (backend === "postgres") {
-      keys = pgKeys("doc @> ?::jsonb", [text]);
+      keys = { where: "doc @> ?::jsonb", params: [text] };
       parts.push({ sql: pgMatching("doc @> ?::jsonb"), params: [text] });
     } else {
       parts.push(
@@ -213,7 +213,7 @@ export function bodySearchSql(
     const words = bodyWordsOf(filter.bodyWords);
     if (backend === "postgres") {
       const query = words.map(() => "phraseto_tsquery('simple'::regconfig, ?::text)").join(" && ");
-      keys ??= pgKeys(`${PG_WORDS} @@ (${query})`, words);
+      keys ??= { where: `${PG_WORDS} @@ (${query})`, params: words };
       parts.push({ sql: pgMatching(`${PG_WORDS} @@ (${query})`), params: words });
     } else {
       parts.push({
@@ -237,23 +237,27 @@ export interface BodySearchPart {
 }
 
 /**
- * MatchingKeys is, on PostgreSQL, the keys in delivery_keys (source, id, route, received_at) of the deliveries
- * that a filter's first body search form matches, as a SELECT with its `?` parameters: what a page of a body
- * search walks newest first (searchSql()), the form's condition being the first of bodySearchSql()'s where.
+ * MatchingKeys is, on PostgreSQL, a filter's first body search form as a condition on deliveries_search with its
+ * `?` parameters, and the window of time a walk narrows it to: what a page of a body search reads newest first
+ * (searchSql(), through pgKeysSql()).
  */
 export interface MatchingKeys {
-  sql: string;
+  where: string;
   params: SqlValue[];
-  /** The form's own condition on deliveries_search, with its `?` parameters (pgDatedKeys() narrows it). */
-  matches: { where: string; params: SqlValue[] };
+  window?: KeysWindow;
 }
 
-// pgKeys is MatchingKeys for a form's condition on deliveries_search.
-const pgKeys = (where: string, params: SqlValue[]): MatchingKeys => ({
-  sql: pgMatchingKeys(where),
-  params,
-  matches: { where, params },
-});
+/**
+ * KeysWindow is a window of time: the matches received before `to` and from `from` on, found among the rows
+ * indexed under one of `periods` (searchPeriods()) when it is given, where PostgreSQL intersects the form's entries
+ * with the periods' in its GIN index (each holds periods beside the JSON or its words) and rechecks only what both
+ * hold; without periods, among every row, those indexed without any included.
+ */
+export interface KeysWindow {
+  periods?: string[];
+  from?: number;
+  to: number;
+}
 
 // pgMatching is the deliveries whose row in deliveries_search meets the condition (its `?` bound once).
 // Spelled as a plain IN, the planner walks deliveries newest first and probes the search table row by row,
@@ -277,21 +281,15 @@ const pgMatchingKeys = (condition: string) =>
         AND (k.source, k.id) IN (SELECT source, id FROM m)`;
 
 /**
- * pgDatedKeys narrows a form's MatchingKeys on PostgreSQL to a window of time: its matches received before `to`
- * and from `from` on, found among the rows indexed under one of `periods` (searchPeriods()) when it is given,
- * where PostgreSQL intersects the form's entries with the periods' in its GIN index (each holds periods beside
- * the JSON or its words) and rechecks only what both hold; without periods, among every row, those indexed
- * without any included.
+ * pgKeysSql is the SELECT of the keys in delivery_keys (source, id, route, received_at) that a form matches,
+ * within its window when it has one, with its `?` parameters.
  */
-export function pgDatedKeys(
-  keys: MatchingKeys,
-  window: { periods?: string[]; from?: number; to: number },
-): MatchingKeys {
+export function pgKeysSql(keys: MatchingKeys): { sql: string; params: SqlValue[] } {
+  const { where, params, window } = keys;
+  if (window === undefined) return { sql: pgMatchingKeys(where), params };
   const { periods, from, to } = window;
-  const { where, params } = keys.matches;
-  const narrowed = periods === undefined ? where : `${where} AND periods && ?::text[]`;
   return {
-    sql: `SELECT * FROM (${pgMatchingKeys(narrowed)}) w
+    sql: `SELECT * FROM (${pgMatchingKeys(periods === undefined ? where : `${where} AND periods && ?::text[]`)}) w
            WHERE received_at < ?::bigint${from === undefined ? "" : " AND received_at >= ?::bigint"}`,
     params: [
       ...params,
@@ -299,7 +297,6 @@ export function pgDatedKeys(
       to,
       ...(from === undefined ? [] : [from]),
     ],
-    matches: keys.matches,
   };
 }
 

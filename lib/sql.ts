@@ -4,7 +4,7 @@
 // (searchSql(), with a list's columns, listColumns()). DISTINCT_SOURCES is PostgreSQL's alone, but filterSql's PostgreSQL dialect
 // is built from it; SQL that one backend alone runs stays inline in that backend's function.
 
-import { type BodySearchPart, bodySearchSql, type MatchingKeys } from "./search.ts";
+import { type BodySearchPart, bodySearchSql, type MatchingKeys, pgKeysSql } from "./search.ts";
 import { STATUSES, type Backend, type Cursor, type Filter, type SqlValue, type Try } from "./store.ts";
 
 const FILTER_FIELDS: Record<keyof Filter, "string" | "number"> = {
@@ -50,7 +50,8 @@ export function searchSql(
     // A body search: its matches' keys sorted newest first, and each one's row read, with the rest of the
     // filter, until the page is full (a nested loop under the LIMIT). Joined to the rows as a whole, every
     // match's row was read before the sort: 3,334 probes into the days' partitions for a page of 50.
-    const { keys, where, params } = filter.keyed;
+    const { where, params } = filter.keyed;
+    const keys = pgKeysSql(filter.keyed.keys);
     const cursor =
       after === undefined
         ? ""

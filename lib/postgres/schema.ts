@@ -597,12 +597,12 @@ export const MIGRATIONS: readonly string[] = [
   // search row holds its delivery's hour and day (inbox_search_periods(), whose spelling lib/search.ts's
   // searchPeriods() follows), beside its JSON and beside its words in their GIN indexes, so a search with many
   // matches asks for those of its newest hours or days and PostgreSQL intersects the two in the index, rechecking
-  // only those rows. The
-  // trigger fills them from delivery_keys for every row indexed from now on, whichever host's indexer copies it.
-  // The rows indexed before stay without (NULL, in no hour), and search_state.dated_since is the time from which
-  // every row has them: a search walks hours and days back to it, then asks for the rest as before. Both indexes
-  // are made anew over the rows already there (an inbox with search off has none); meanwhile the indexer and a purge's
-  // deletes from the search table wait, and a store and a drain, which do not touch it, do not.
+  // only those rows. The trigger fills them from delivery_keys for every row indexed from now on, whichever
+  // host's indexer copies it. The rows indexed before stay without (NULL, in no hour), and
+  // search_state.dated_since is the time from which every row has them: a search walks hours and days back to it,
+  // then asks for the rest as before. Both indexes are made anew over the rows already there (an inbox with search
+  // off has none); meanwhile body searches, the indexer and a purge's deletes from the search table wait, and a
+  // store and a drain, which do not touch it, do not.
   `ALTER TABLE deliveries_search ADD COLUMN periods text[];
    CREATE FUNCTION inbox_search_periods(at bigint) RETURNS text[] LANGUAGE sql IMMUTABLE AS
      $$ SELECT ARRAY['h' || (at / 3600000)::text, 'd' || (at / 86400000)::text] $$;

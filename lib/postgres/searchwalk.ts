@@ -12,7 +12,7 @@
 
 import type pg from "pg";
 import { DEFAULTS } from "../defaults.ts";
-import { pgDatedKeys, searchPeriods } from "../search.ts";
+import { type KeysWindow, searchPeriods } from "../search.ts";
 import { type FilterSql, searchSql } from "../sql.ts";
 import type { Cursor, Delivery } from "../store.ts";
 import { toPg } from "./commit.ts";
@@ -38,14 +38,14 @@ export async function walkedPage(
   page: { after?: Cursor; limit: number; bodies?: boolean },
   now: number,
 ): Promise<Delivery[]> {
-  const { matches } = filter.keyed.keys;
+  const { keys } = filter.keyed;
   // The walk starts at the newest row, looked for in the last day's partitions first: cold, every day's index
   // read to find it was 135 pages at ten million, 20 this way.
   const { rows } = await client.query(
     toPg(`SELECT (SELECT dated_since FROM search_state) AS dated_since,
-            (SELECT count(*) FROM (SELECT 1 FROM deliveries_search WHERE ${matches.where} LIMIT ?::integer) m) AS n,
+            (SELECT count(*) FROM (SELECT 1 FROM deliveries_search WHERE ${keys.where} LIMIT ?::integer) m) AS n,
             (SELECT max(received_at) FROM delivery_rows WHERE received_at >= ?::bigint) AS newest`),
-    [...matches.params, DEFAULTS.searchWalkAbove + 1, now - DAY],
+    [...keys.params, DEFAULTS.searchWalkAbove + 1, now - DAY],
   );
   const probe = rows[0];
   const found: Delivery[] = [];
@@ -62,8 +62,7 @@ export async function walkedPage(
     probe.newest ?? (await client.query("SELECT max(received_at) AS newest FROM delivery_rows")).rows[0].newest,
   );
   const datedSince = Number(probe.dated_since);
-  const within = (window: Parameters<typeof pgDatedKeys>[1]) =>
-    read({ ...filter.keyed, keys: pgDatedKeys(filter.keyed.keys, window) });
+  const within = (window: KeysWindow) => read({ ...filter.keyed, keys: { ...keys, window } });
   // Every route of a delivery has route 0's received_at (a replay to a new destination copies it), by which
   // its row is indexed: a window's bounds hold all of them or none.
   let to = (page.after?.receivedAt ?? newest) + 1;
