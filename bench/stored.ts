@@ -10,9 +10,10 @@
 // PostgreSQL it then times the upgrades of an inbox that main's schema filled at the largest size (to bodies apart,
 // and to a hot queue and a history: the split alone, and with its keys copied ahead, an old host storing beside each;
 // and to the failed rows' index in the page's order: its migration alone, and with the index built ahead, a host
-// storing and marking done beside each).
+// storing and marking done beside each; and to the search indexes with periods, every row indexed: the same two
+// ways, a searcher and a host storing beside each).
 // Sizes: BENCH_STORED (default 0,200000); BENCH_MILLION=1 adds 1,000,000; BENCH_TEN_MILLION=1 adds 10,000,000;
-// BENCH_UPGRADE_ROWS (default the largest) the upgrade's; BENCH_UPGRADES (default bodies,history,failed,sqlite) which:
+// BENCH_UPGRADE_ROWS (default the largest) the upgrade's; BENCH_UPGRADES (default bodies,history,failed,dated,sqlite) which:
 // sqlite times a SQLite inbox's upgrade to bodies apart, filled by the schema before it.
 //   npm run bench -- stored
 //   BENCH_MILLION=1 BENCH_POSTGRES=0 npm run bench -- stored
@@ -26,7 +27,7 @@ import { sha256 } from "../lib/rows.ts";
 import { MIGRATIONS as SQLITE_MIGRATIONS, openDatabase } from "../lib/sqlite/schema.ts";
 import type { Inbox } from "../lib/store.ts";
 import { toPg } from "../lib/postgres/commit.ts";
-import { MIGRATIONS, prepareFailedIndex, prepareKeys } from "../lib/postgres/schema.ts";
+import { MIGRATIONS, prepareDatedSearch, prepareFailedIndex, prepareKeys } from "../lib/postgres/schema.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import pg from "pg";
 import { freshDatabase } from "./peers/pgdb.ts";
@@ -293,6 +294,7 @@ const UPGRADES = {
   bodies: { mark: "CREATE TABLE delivery_bodies", name: "bodies apart" },
   history: { mark: "CREATE TABLE delivery_rows_hot", name: "a hot queue and a history" },
   failed: { mark: "DROP INDEX delivery_rows_failed;", name: "the failed rows' index in the page's order" },
+  dated: { mark: "deliveries_search_json_dated", name: "the search indexes with periods" },
 } as const;
 
 /**
@@ -633,6 +635,123 @@ async function failedIndexCost(rows: number): Promise<string[]> {
   return lines;
 }
 
+/**
+ * datedSearchCost times the migration that gives both body search indexes the periods
+ * (docs/performance.md#the-newest-matches-first) on an inbox at the version before it, its rows all indexed (the
+ * search table filled, both indexes without the periods built over it), twice, on two fills: the migration alone in
+ * its transaction, as migrateTo runs it (both built with the search table locked), and after prepareDatedSearch
+ * built them ahead (timed apart), then the first connect(). Beside it a searcher asks for one delivery by its JSON,
+ * one search at a time, each timed under the phase it began in, and an old host stores one delivery at a time.
+ */
+async function datedSearchCost(rows: number): Promise<string[]> {
+  const lines: string[] = [];
+  const say = (line: string) => void (console.log(line), lines.push(line));
+  const name = `PostgreSQL upgrade to ${UPGRADES.dated.name} at ${f(rows)} indexed`;
+  const version = MIGRATIONS.findIndex((m) => m.includes(UPGRADES.dated.mark));
+  const filled = async () => {
+    const db = await filledBefore(rows, UPGRADES.dated.mark);
+    const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+    await client.connect();
+    try {
+      // Every row indexed, as a backfill leaves them; the indexes built once over them rather than row by row.
+      await client.query("DROP INDEX deliveries_search_json; DROP INDEX deliveries_search_words");
+      await client.query(
+        "INSERT INTO deliveries_search (source, id, doc) SELECT source, id, convert_from(body, 'UTF8')::jsonb FROM deliveries WHERE route = 0",
+      );
+      await client.query(`UPDATE search_state SET enabled = true, done = true;
+        CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops);
+        CREATE INDEX deliveries_search_words ON deliveries_search USING gin
+          (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb))`);
+      await client.query("VACUUM (ANALYZE) deliveries_search");
+      await client.query("CHECKPOINT");
+    } finally {
+      await client.end();
+    }
+    return db;
+  };
+  // One search at a time by a delivery's ID in its JSON, through the JSON index, timed under the phase it began in.
+  const searcher = async (url: string) => {
+    const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
+    await client.connect();
+    const times = new Map<string, number[]>();
+    let phase = "before";
+    let running = true;
+    const loop = (async () => {
+      for (let k = 0; running; k++) {
+        const during = phase;
+        const started = performance.now();
+        const needle = JSON.stringify({ id: `evt_${(k * 7919) % rows}` });
+        await client.query("SELECT source, id FROM deliveries_search WHERE doc @> $1::jsonb LIMIT 20", [needle]);
+        const list = times.get(during) ?? [];
+        list.push(performance.now() - started);
+        times.set(during, list);
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+    })();
+    return {
+      phase: (name: string) => void (phase = name),
+      stop: async () => {
+        running = false;
+        await loop;
+        await client.end();
+        return times;
+      },
+    };
+  };
+  for (const ahead of [false, true]) {
+    const db = await filled();
+    try {
+      const host = await oldHost(db.url);
+      const search = await searcher(db.url);
+      const phase = (name: string) => (host.phase(name), search.phase(name));
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      let aheadMs = 0;
+      let built = 0;
+      if (ahead) {
+        const session = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+        await session.connect();
+        phase("ahead");
+        const started = performance.now();
+        built = await prepareDatedSearch(session, "inbox");
+        aheadMs = performance.now() - started;
+        await session.end();
+        phase("between");
+        await new Promise((resolve) => setTimeout(resolve, 1_000));
+      }
+      phase("migration");
+      const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
+      await client.connect();
+      const ms = await migrationAlone(client, version, "SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))");
+      await client.end();
+      phase("after");
+      await new Promise((resolve) => setTimeout(resolve, 1_000));
+      const [stores, searches] = [await host.stop(), await search.stop()];
+      say(
+        ahead
+          ? `  ${name}, built ahead: the builds ${f(aheadMs)} ms (${built} indexes), then the migration's transaction ${f(ms)} ms`
+          : `  ${name}, built in its migration: the migration's transaction ${f(ms)} ms`,
+      );
+      const phases: [string, string][] = ahead
+        ? [
+            ["before", "before"],
+            ["ahead", "during the builds ahead"],
+            ["migration", "begun during the migration"],
+          ]
+        : [
+            ["before", "before"],
+            ["migration", "begun during the migration"],
+          ];
+      for (const [p, what] of phases) {
+        say(`    ${what}: ${latencies(searches.get(p), "searches")}`);
+        say(`    ${" ".repeat(what.length)}  ${latencies(stores.get(p))}`);
+      }
+    } finally {
+      await db.drop();
+    }
+  }
+  return lines;
+}
+
 /** stored runs every size on every backend and returns the summary. */
 export async function stored(): Promise<string> {
   const lines: string[] = [];
@@ -664,10 +783,12 @@ export async function stored(): Promise<string> {
       }
     }
     // BENCH_UPGRADE_ROWS sets the upgrade's size apart from the largest S, as a fill of ten million twice is most of an hour.
-    const upgrades = (process.env.BENCH_UPGRADES ?? "bodies,history,failed,sqlite").split(",").map((u) => u.trim());
+    const upgrades = (process.env.BENCH_UPGRADES ?? "bodies,history,failed,dated,sqlite")
+      .split(",")
+      .map((u) => u.trim());
     for (const u of upgrades)
       if (!(u in UPGRADES) && u !== "sqlite")
-        throw new TypeError(`BENCH_UPGRADES: expected some of bodies,history,failed,sqlite, got ${u}`);
+        throw new TypeError(`BENCH_UPGRADES: expected some of bodies,history,failed,dated,sqlite, got ${u}`);
     const rows = knob("BENCH_UPGRADE_ROWS", Math.max(...SIZES));
     if (upgrades.includes("sqlite") && (await inboxTargets()).some((t) => t.name === "SQLite"))
       lines.push(sqliteUpgradeCost(rows, dir));
@@ -676,6 +797,8 @@ export async function stored(): Promise<string> {
         if (upgrades.includes(to)) lines.push(...(await upgradeCost(rows, to)));
     if (upgrades.includes("failed") && (await inboxTargets()).some((t) => t.name === "PostgreSQL"))
       lines.push(...(await failedIndexCost(rows)));
+    if (upgrades.includes("dated") && (await inboxTargets()).some((t) => t.name === "PostgreSQL"))
+      lines.push(...(await datedSearchCost(rows)));
   } finally {
     cleanup();
   }

@@ -600,9 +600,8 @@ export const MIGRATIONS: readonly string[] = [
   // only those rows. The trigger fills them from delivery_keys for every row indexed from now on, whichever
   // host's indexer copies it. The rows indexed before stay without (NULL, in no hour), and
   // search_state.dated_since is the time from which every row has them: a search walks hours and days back to it,
-  // then asks for the rest as before. Both indexes are made anew over the rows already there (an inbox with search
-  // off has none); meanwhile body searches, the indexer and a purge's deletes from the search table wait, and a
-  // store and a drain, which do not touch it, do not.
+  // then asks for the rest as before. This one only adds the column: a moment's lock on deliveries_search. The
+  // indexes that hold the periods are the next migration's, built ahead of it online (prepareDatedSearch).
   `ALTER TABLE deliveries_search ADD COLUMN periods text[];
    CREATE FUNCTION inbox_search_periods(at bigint) RETURNS text[] LANGUAGE sql IMMUTABLE AS
      $$ SELECT ARRAY['h' || (at / 3600000)::text, 'd' || (at / 86400000)::text] $$;
@@ -616,12 +615,37 @@ export const MIGRATIONS: readonly string[] = [
      FOR EACH ROW EXECUTE FUNCTION inbox_search_dated();
    ALTER TABLE search_state ADD COLUMN dated_since bigint NOT NULL DEFAULT 0;
    UPDATE search_state SET dated_since = coalesce((SELECT max(received_at) + 1 FROM delivery_rows), 0)
-    WHERE EXISTS (SELECT 1 FROM deliveries_search);
-   DROP INDEX deliveries_search_json;
-   CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops, periods);
-   DROP INDEX deliveries_search_words;
-   CREATE INDEX deliveries_search_words ON deliveries_search USING gin
-     (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods);`,
+    WHERE EXISTS (SELECT 1 FROM deliveries_search);`,
+  // Both search indexes with the periods as their second column, in the place of those without. migrate() builds
+  // each ahead, online, as deliveries_search_json_dated and deliveries_search_words_dated (prepareDatedSearch):
+  // one of those, valid and of the form, takes the old one's name here, under a lock held for that rename alone.
+  // Without it (behind a per-transaction pooler, or a near miss, which is dropped) the index is built here, as it
+  // was, body searches and the indexer waiting meanwhile. An inbox that took the periods in one migration with
+  // the column, as a session's main did, has them already and is left as it is.
+  `DO $$ BEGIN
+     IF pg_get_indexdef('deliveries_search_json'::regclass) NOT LIKE '%periods)' THEN
+       DROP INDEX deliveries_search_json;
+       IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('deliveries_search_json_dated') AND indisvalid
+                     AND pg_get_indexdef(indexrelid) LIKE '% USING gin (doc jsonb_path_ops, periods)') THEN
+         ALTER INDEX deliveries_search_json_dated RENAME TO deliveries_search_json;
+       ELSE
+         DROP INDEX IF EXISTS deliveries_search_json_dated;
+         CREATE INDEX deliveries_search_json ON deliveries_search USING gin (doc jsonb_path_ops, periods);
+       END IF;
+     END IF;
+     IF pg_get_indexdef('deliveries_search_words'::regclass) NOT LIKE '%periods)' THEN
+       DROP INDEX deliveries_search_words;
+       IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('deliveries_search_words_dated') AND indisvalid
+                     AND pg_get_indexdef(indexrelid) LIKE
+                       '% USING gin (jsonb_to_tsvector(''simple''::regconfig, doc, ''["string", "numeric", "boolean"]''::jsonb), periods)') THEN
+         ALTER INDEX deliveries_search_words_dated RENAME TO deliveries_search_words;
+       ELSE
+         DROP INDEX IF EXISTS deliveries_search_words_dated;
+         CREATE INDEX deliveries_search_words ON deliveries_search USING gin
+           (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods);
+       END IF;
+     END IF;
+   END $$;`,
 ];
 
 // The split of delivery_rows into a hot queue and a history, whose keys' copy prepareKeys runs ahead of it.
@@ -777,7 +801,7 @@ const FAILED_FORM = "USING btree (received_at, source, id, route) WHERE (status 
 
 /** IndexAhead is a test's hook into prepareFailedIndex. */
 export interface IndexAhead {
-  /** Runs before each partition's build, with the partition's name: a test's race with it. */
+  /** Runs before each build, with its partition's name (or its index's, for the search's): a test's race with it. */
   before?: (partition: string) => Promise<void>;
 }
 
@@ -849,6 +873,72 @@ export async function prepareFailedIndex(
   }
 }
 
+// The migration that gives both search indexes the periods, whose builds prepareDatedSearch runs ahead.
+const DATED = MIGRATIONS.findIndex((m) => m.includes("deliveries_search_json_dated"));
+// Each search index with the periods, as pg_get_indexdef() gives it after the name and the table; the migration
+// checks the same forms. Built ahead under its name with _dated after it.
+const DATED_FORMS = [
+  ["deliveries_search_json", "USING gin (doc jsonb_path_ops, periods)"],
+  [
+    "deliveries_search_words",
+    `USING gin (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods)`,
+  ],
+] as const;
+const INDEX_FORM = "regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE INDEX \\S+ ON \\S+ ', '')";
+
+/**
+ * prepareDatedSearch builds both body search indexes with the periods (docs/table.md#built-ahead) ahead of the
+ * migration that takes them, online, when the schema is at the version just before it and only then: each a
+ * CREATE INDEX CONCURRENTLY deliveries_search_json_dated (and _words_dated) outside any transaction, which body
+ * searches, the indexer and a purge's deletes go through, waiting for every transaction older than it as
+ * prepareFailedIndex's builds do; the migration then renames each in the old one's place. It returns how many it
+ * built. One left INVALID by a build cut short is dropped and built again, and an index that has the periods
+ * already (an inbox that took them in one migration) is not built beside.
+ */
+export async function prepareDatedSearch(
+  session: pg.ClientBase,
+  schema: string,
+  ahead: IndexAhead = {},
+): Promise<number> {
+  const due = async () => (await versionOf(session)) === DATED;
+  if (!(await due())) return 0;
+  // A second host rests and asks again rather than wait in pg_advisory_lock(), as for the failed rows' index.
+  while (
+    !(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [`webhook-inbox:dated:${schema}`]))
+      .rows[0].had
+  )
+    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
+  let ended = false;
+  try {
+    await session.query("SET lock_timeout = 0; SET statement_timeout = 0; SET max_parallel_maintenance_workers = 0");
+    let built = 0;
+    for (const [name, form] of DATED_FORMS) {
+      await ahead.before?.(name);
+      if (!(await due())) break;
+      const { rows } = await session.query(
+        `SELECT i.indexrelid::regclass::text AS name, i.indisvalid AS valid, ${INDEX_FORM} = $3 AS formed,
+                c.relname = $1 AS old FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+          WHERE i.indrelid = to_regclass('deliveries_search') AND c.relname IN ($1, $2)`,
+        [name, `${name}_dated`, form],
+      );
+      const found = rows as { name: string; valid: boolean; formed: boolean; old: boolean }[];
+      if (found.some((index) => index.formed && index.valid)) continue;
+      for (const left of found.filter((index) => !index.old))
+        await session.query(`DROP INDEX CONCURRENTLY ${left.name}`);
+      await session.query(`CREATE INDEX CONCURRENTLY ${name}_dated ON deliveries_search ${form}`);
+      built++;
+    }
+    ended = true;
+    return built;
+  } finally {
+    const undo = async () => {
+      await session.query("RESET lock_timeout; RESET statement_timeout; RESET max_parallel_maintenance_workers");
+      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:dated:${schema}`]);
+    };
+    await (ended ? undo() : undo().catch(() => {}));
+  }
+}
+
 /**
  * migrate brings the schema up to date under an advisory lock, with what can be done online first, each on a
  * connection of its own: the split's keys copied ahead of it (prepareKeys), and the failed rows' index built
@@ -872,6 +962,14 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
   if (at > 0 && at <= FAILED && !pool.pooled) {
     if (at < FAILED) await migrateTo(pool, schema, FAILED);
     await onSession(pool, "build delivery_rows_failed ahead", (session) => prepareFailedIndex(session, schema));
+    at = FAILED;
+  }
+  // The same for the search indexes with the periods.
+  if (at > 0 && at <= DATED && !pool.pooled) {
+    if (at < DATED) await migrateTo(pool, schema, DATED);
+    await onSession(pool, "build the search indexes with periods ahead", (session) =>
+      prepareDatedSearch(session, schema),
+    );
   }
   await migrateTo(pool, schema, MIGRATIONS.length);
 }
