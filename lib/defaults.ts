@@ -260,6 +260,12 @@ export const DEFAULTS = {
    */
   searchWalkAbove: 50,
   /**
+   * On SQLite, a body search walks when its matches² pass the rows stored over this, and it has more than
+   * searchWalkAbove (lib/sqlite/searchwalk.ts searchWalkAt()): a sort reads each match's row anywhere in the file,
+   * a walk about rows / matches entries of the time index for each row it keeps. @default 4
+   */
+  searchWalkEntries: 4,
+  /**
    * Rows per transaction when `inbox.ts search enable` indexes the rows already stored: writers wait for one
    * batch at most (tens of milliseconds on SQLite, docs/performance.md). @default 1_000
    */

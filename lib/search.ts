@@ -200,10 +200,12 @@ export function bodySearchSql(
       keys = { where: "doc @> ?::jsonb", params: [text] };
       parts.push({ sql: pgMatching("doc @> ?::jsonb"), params: [text] });
     } else {
+      const match = lookups(needle).map(phrase).join(" ");
       parts.push(
         {
           sql: "rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)",
-          params: [lookups(needle).map(phrase).join(" ")],
+          params: [match],
+          match,
         },
         { sql: `${SQLITE_CONTAINS}(body, ?)`, params: [text], recheck: true },
       );
@@ -216,9 +218,11 @@ export function bodySearchSql(
       keys ??= { where: `${PG_WORDS} @@ (${query})`, params: words };
       parts.push({ sql: pgMatching(`${PG_WORDS} @@ (${query})`), params: words });
     } else {
+      const match = words.map(phrase).join(" ");
       parts.push({
         sql: "rowid IN (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ?)",
-        params: [words.map(phrase).join(" ")],
+        params: [match],
+        match,
       });
     }
   }
@@ -228,12 +232,14 @@ export function bodySearchSql(
 /**
  * BodySearchPart is one condition of a body search with its `?` parameters. recheck marks SQLite's check of a
  * containment against each body its words found, which reads and parses the body: a page applies it to the rows
- * in page order, until the page is full (searchSql()).
+ * in page order, until the page is full (searchSql()). match is, on SQLite, the FTS5 expression a part looks up,
+ * which a walked page asks for as a set (lib/sqlite/searchwalk.ts).
  */
 export interface BodySearchPart {
   sql: string;
   params: SqlValue[];
   recheck?: true;
+  match?: string;
 }
 
 /**

@@ -169,8 +169,9 @@ contract((suite) => {
 
   describe("a containment with many matches", () => {
     // Past DEFAULTS.searchWalkAbove matches, PostgreSQL walks a body search's page back from its newest hour, a
-    // window of hours or days a statement, then asks for the rest (lib/postgres/searchwalk.ts); SQLite reads them
-    // as it reads a few. Received over two months, closer together towards the newest, so that every window holds
+    // window of hours or days a statement, then asks for the rest (lib/postgres/searchwalk.ts); SQLite walks its
+    // time index against every match, its windows being larger than this inbox (test/search-walk.test.ts walks
+    // windows of a few rows). Received over two months, closer together towards the newest, so that every window holds
     // some and some are older than all of them; every third delivery matches nothing.
     it("pages from the newest back past every window, each once, by JSON and by words, alone and with the rest of the filter", async () => {
       const inbox = await open();

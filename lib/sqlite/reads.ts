@@ -4,6 +4,7 @@
 // or a few, outside the commit queue of sqlite/commit.ts, which it never waits for.
 
 import { filterSqlChecked } from "./searching.ts";
+import { walkedPage } from "./searchwalk.ts";
 import type { SQLInputValue } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import {
@@ -214,10 +215,12 @@ export class SqliteReads {
 
   /** search returns the deliveries that match, newest first, a page after the cursor (keyset, never OFFSET). */
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
-    const { sql, params } = searchSql("sqlite", filterSqlChecked(this.sql, filter), {
-      ...page,
-      limit: searchPageLimit(page.limit),
-    });
+    const checked = filterSqlChecked(this.sql, filter);
+    const limit = searchPageLimit(page.limit);
+    // A body search's page: walked newest first when it has many matches (lib/sqlite/searchwalk.ts).
+    const { walked } = checked;
+    if (walked !== undefined) return walkedPage(this.sql, { ...checked, walked }, filter, { ...page, limit });
+    const { sql, params } = searchSql("sqlite", checked, { ...page, limit });
     return (this.sql(sql).all(...params) as Row[]).map(toDelivery);
   }
 

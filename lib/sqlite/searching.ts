@@ -11,8 +11,8 @@
 import type { DatabaseSync } from "node:sqlite";
 import { DEFAULTS } from "../defaults.ts";
 import { indexAll, SearchOff, searching } from "../search.ts";
-import { filterSql } from "../sql.ts";
-import type { Audit, EnableSearchOptions, Filter, SearchStatus, SqlValue } from "../store.ts";
+import { type FilterSql, filterSql } from "../sql.ts";
+import type { Audit, EnableSearchOptions, Filter, SearchStatus } from "../store.ts";
 import { whole } from "./commit.ts";
 import type { Statements } from "./order-keys.ts";
 import { writeAudit } from "./records.ts";
@@ -164,7 +164,7 @@ export class SqliteSearching {
 }
 
 /** filterSqlChecked is filterSql() in SQLite's dialect, refusing (SearchOff) a search form the index cannot answer yet. */
-export function filterSqlChecked(sql: Statements, filter: Filter): { where: string; params: SqlValue[] } {
+export function filterSqlChecked(sql: Statements, filter: Filter): FilterSql {
   // A form that cannot narrow is refused first (a TypeError, the caller's mistake), whatever the index's state.
   const where = filterSql(filter, "sqlite");
   checkSearchable(sql, filter);
