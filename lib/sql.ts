@@ -158,14 +158,14 @@ function idKeyWhere(id: string, source: string | undefined): { where: string; pa
  * rest (the other forms' included), which a page of the search walks newest first (searchSql()). rechecked, on
  * SQLite with a containment, is split as well: the check of each body (BodySearchPart.recheck), and the rest.
  * walked, on SQLite with a body search, is the FTS5 expression of its forms together (FTS5 ANDs terms side by
- * side), and the condition on the rest, each body's check included (lib/sqlite/searchwalk.ts).
+ * side), the condition on the rest, and a containment's check of each body apart (lib/sqlite/searchwalk.ts).
  */
 export interface FilterSql {
   where: string;
   params: SqlValue[];
   keyed?: { keys: MatchingKeys; where: string; params: SqlValue[] };
   rechecked?: { where: string; params: SqlValue[]; check: { where: string; params: SqlValue[] } };
-  walked?: { match: string; where: string; params: SqlValue[] };
+  walked?: { match: string; where: string; params: SqlValue[]; check?: { where: string; params: SqlValue[] } };
 }
 
 /**
@@ -267,7 +267,11 @@ export function filterSql(filter: Filter, backend: Backend, keys?: IdKeys): Filt
     check: { where: joined(checks.map((p) => p.sql)), params: checks.flatMap((p) => p.params) },
   };
   const matches = body.parts.flatMap((part) => (part.match === undefined ? [] : [part.match]));
-  const walked = matches.length > 0 && { match: matches.join(" "), ...without((part) => part.match !== undefined) };
+  const walked = matches.length > 0 && {
+    match: matches.join(" "),
+    ...without((part) => part.match !== undefined || part.recheck === true),
+    ...(rechecked && { check: rechecked.check }),
+  };
   for (const part of body.parts) {
     where.push(part.sql);
     params.push(...part.params);

@@ -52,15 +52,37 @@ export function walkedPage(
   windows: Windows = {},
 ): Delivery[] {
   const first = windows.first ?? FIRST;
-  const { match, where, params } = filter.walked;
+  const { match, check } = filter.walked;
+  // The rest of the filter and each body's check, the latter last: a row's body is read only if the rest keeps it.
+  const where = check === undefined ? filter.walked.where : `${filter.walked.where} AND ${check.where}`;
+  const params = [...filter.walked.params, ...(check?.params ?? [])];
   const { rows } = sql("SELECT coalesce(max(rowid), 0) AS rows FROM delivery_rows").get() as { rows: number };
   const at = searchWalkAt(rows);
-  const { n } = sql(
-    "SELECT count(*) AS n FROM (SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ? LIMIT ?)",
-  ).get(match, at) as { n: number };
+  // Up to as many matches as make a walk: when there are fewer, these are all of them, and the sorted page reads
+  // those rows rather than ask FTS5 again (a phrase of common words costs tens of milliseconds to look up, none
+  // found or not).
+  const matched = (
+    sql("SELECT rowid FROM deliveries_search WHERE deliveries_search MATCH ? LIMIT ?").all(match, at) as {
+      rowid: number;
+    }[]
+  ).map((r) => r.rowid);
   const { after } = page;
-  if (n < at) {
-    const sorted = searchSql("sqlite", filter, page);
+  if (matched.length === 0) return [];
+  if (matched.length < at) {
+    const found = "rowid IN (SELECT value FROM json_each(?))";
+    const rest = {
+      where: `${found} AND ${filter.walked.where}`,
+      params: [JSON.stringify(matched), ...filter.walked.params],
+    };
+    const sorted = searchSql(
+      "sqlite",
+      {
+        where: `${rest.where}${check === undefined ? "" : ` AND ${check.where}`}`,
+        params: [...rest.params, ...(check?.params ?? [])],
+        ...(check !== undefined && { rechecked: { ...rest, check } }),
+      },
+      page,
+    );
     return (sql(sorted.sql).all(...(sorted.params as never[])) as Row[]).map(toDelivery);
   }
   const columns = page.bodies === false ? listColumns("sqlite") : "deliveries.*";
