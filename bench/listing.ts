@@ -304,7 +304,10 @@ async function plan(inbox: Inbox, kind: Kind, t0: number, k = 0, analyze = false
     where = filterSql(listWindows(filter, after, Date.now())[0]!, "postgres");
   // search()'s own statement (lib/sql.ts), as it runs for this kind's first variant. A body search with many
   // matches is walked a window a statement instead (lib/postgres/searchwalk.ts): this is the one statement a
-  // needle with few runs, and the one the walk's windows narrow.
+  // needle with few runs, and the one the walk's windows narrow. On SQLite every body search's page is
+  // walkedPage()'s (lib/sqlite/searchwalk.ts): a needle with few matches sorts the rowids its count found, as
+  // this statement sorts those FTS5 finds, and one with many walks the time index (its plan in
+  // docs/performance.md#on-sqlite-a-window-of-the-time-index-at-a-time).
   const { sql, params } = searchSql(inbox.backend, where, {
     ...(after ? { after } : {}),
     limit: 50,
