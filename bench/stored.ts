@@ -538,6 +538,17 @@ async function migrationAlone(client: pg.Client, version: number, first: string)
   return performance.now() - started;
 }
 
+// onInbox runs run on a connection of its own to the inbox schema of the database at url, and ends it.
+async function onInbox<T>(url: string, run: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
+  await client.connect();
+  try {
+    return await run(client);
+  } finally {
+    await client.end();
+  }
+}
+
 /**
  * failedIndexCost times the migration that makes the failed rows' index again in the page's order
  * (docs/table.md#the-failed-rows-index) on an inbox at the version before it, filled with rows deliveries (one in 50
@@ -552,30 +563,21 @@ async function failedIndexCost(rows: number): Promise<string[]> {
   const version = MIGRATIONS.findIndex((m) => m.startsWith(UPGRADES.failed.mark));
   const filled = async () => {
     const db = await filledBefore(rows, UPGRADES.failed.mark);
-    const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
-    await client.connect();
-    try {
+    await onInbox(db.url, async (client) => {
       // One in 50 failed, as bench/listing.ts fills them: what the index holds.
       await client.query(
         "UPDATE delivery_rows SET status = 'failed', error = 'HTTP 500' WHERE substr(id, 5)::bigint % 50 = 0",
       );
       await client.query("VACUUM (ANALYZE) delivery_rows");
       await client.query("CHECKPOINT");
-    } finally {
-      await client.end();
-    }
+    });
     return db;
   };
   // The migration's transaction as migrateTo runs it: the migrations' lock, the migration, its version.
-  const migration = async (url: string) => {
-    const client = new pg.Client({ connectionString: url, options: "-c search_path=inbox" });
-    await client.connect();
-    try {
-      return await migrationAlone(client, version, "SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))");
-    } finally {
-      await client.end();
-    }
-  };
+  const migration = (url: string) =>
+    onInbox(url, (client) =>
+      migrationAlone(client, version, "SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))"),
+    );
   const report = (times: Map<string, number[]>, phases: [string, string][]) => {
     for (const [phase, what] of phases) {
       say(`    ${what}: ${latencies(times.get(phase))}`);
@@ -590,13 +592,10 @@ async function failedIndexCost(rows: number): Promise<string[]> {
       let aheadMs = 0;
       let built = 0;
       if (ahead) {
-        const session = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
-        await session.connect();
         host.phase("ahead");
         const started = performance.now();
-        built = await prepareFailedIndex(session, "inbox");
+        built = await onInbox(db.url, (session) => prepareFailedIndex(session, "inbox"));
         aheadMs = performance.now() - started;
-        await session.end();
         host.phase("between");
         await new Promise((resolve) => setTimeout(resolve, 1_000));
       }
@@ -650,9 +649,7 @@ async function datedSearchCost(rows: number): Promise<string[]> {
   const version = MIGRATIONS.findIndex((m) => m.includes(UPGRADES.dated.mark));
   const filled = async () => {
     const db = await filledBefore(rows, UPGRADES.dated.mark);
-    const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
-    await client.connect();
-    try {
+    await onInbox(db.url, async (client) => {
       // Every row indexed, as a backfill leaves them; the indexes built once over them rather than row by row.
       await client.query("DROP INDEX deliveries_search_json; DROP INDEX deliveries_search_words");
       await client.query(
@@ -664,9 +661,7 @@ async function datedSearchCost(rows: number): Promise<string[]> {
           (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb))`);
       await client.query("VACUUM (ANALYZE) deliveries_search");
       await client.query("CHECKPOINT");
-    } finally {
-      await client.end();
-    }
+    });
     return db;
   };
   // One search at a time by a delivery's ID in its JSON, through the JSON index, timed under the phase it began in.
@@ -708,21 +703,17 @@ async function datedSearchCost(rows: number): Promise<string[]> {
       let aheadMs = 0;
       let built = 0;
       if (ahead) {
-        const session = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
-        await session.connect();
         phase("ahead");
         const started = performance.now();
-        built = await prepareDatedSearch(session, "inbox");
+        built = await onInbox(db.url, (session) => prepareDatedSearch(session, "inbox"));
         aheadMs = performance.now() - started;
-        await session.end();
         phase("between");
         await new Promise((resolve) => setTimeout(resolve, 1_000));
       }
       phase("migration");
-      const client = new pg.Client({ connectionString: db.url, options: "-c search_path=inbox" });
-      await client.connect();
-      const ms = await migrationAlone(client, version, "SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))");
-      await client.end();
+      const ms = await onInbox(db.url, (client) =>
+        migrationAlone(client, version, "SELECT pg_advisory_xact_lock(hashtext('webhook-inbox:inbox'))"),
+      );
       phase("after");
       await new Promise((resolve) => setTimeout(resolve, 1_000));
       const [stores, searches] = [await host.stop(), await search.stop()];

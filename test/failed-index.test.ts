@@ -16,7 +16,7 @@ import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
 import { MIGRATIONS, prepareFailedIndex } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
-import { freshSchema, pastSchema, POSTGRES, postgresSkip, schemaClient } from "./helpers.ts";
+import { freshSchema, holding, pastSchema, POSTGRES, postgresSkip, schemaClient, waitingOn } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const DAY = 86_400_000;
@@ -168,22 +168,6 @@ describe("the failed rows' index built ahead of its migration, online", { skip: 
   };
   // A holder's snapshot, taken before a build of the day's partition, that the build's last phase waits for; the
   // build's session waiting on it, with its index there and not yet valid.
-  const holding = async (holder: pg.Client) => {
-    await holder.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
-    await holder.query("SELECT 1");
-    return (await holder.query("SELECT virtualtransaction AS vxid FROM pg_locks WHERE pid = pg_backend_pid() LIMIT 1"))
-      .rows[0].vxid as string;
-  };
-  const waitingOn = async (watcher: pg.Client, pid: number, vxid: string) => {
-    for (;;) {
-      const { rowCount } = await watcher.query(
-        "SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted AND locktype = 'virtualxid' AND virtualxid = $2",
-        [pid, vxid],
-      );
-      if (rowCount) return;
-      await new Promise((resolve) => setTimeout(resolve, 5));
-    }
-  };
   // What an inbox of that version writes: a store, and a done mark and a failure, each moving a row of the
   // backlog into the day's history (its partition the one being built on).
   const writes = async (writer: pg.Client) => {

@@ -873,6 +873,29 @@ export async function schemaClient(schema: string, lockMs = 0): Promise<import("
   return c;
 }
 
+/**
+ * holding opens a REPEATABLE READ transaction on holder, its snapshot taken, and returns its virtual transaction
+ * ID: a transaction older than a concurrent index build, which the build's last phase waits for until it ends.
+ */
+export async function holding(holder: import("pg").Client): Promise<string> {
+  await holder.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
+  await holder.query("SELECT 1");
+  return (await holder.query("SELECT virtualtransaction AS vxid FROM pg_locks WHERE pid = pg_backend_pid() LIMIT 1"))
+    .rows[0].vxid as string;
+}
+
+/** waitingOn returns once the backend pid waits for the transaction vxid (holding()'s), as watcher sees it. */
+export async function waitingOn(watcher: import("pg").Client, pid: number, vxid: string): Promise<void> {
+  for (;;) {
+    const { rowCount } = await watcher.query(
+      "SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted AND locktype = 'virtualxid' AND virtualxid = $2",
+      [pid, vxid],
+    );
+    if (rowCount) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
 /** NATS is the JetStream server the broker tests use: INBOX_TEST_NATS, else the local one. */
 export const NATS = process.env.INBOX_TEST_NATS ?? "nats://127.0.0.1:4222";
 

@@ -12,7 +12,7 @@ import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { MIGRATIONS, prepareDatedSearch } from "../lib/postgres/schema.ts";
 import type { Delivery, Filter, Inbox } from "../lib/store.ts";
-import { freshSchema, PG_SEARCH_ON, pastSchema, postgresSkip, schemaClient } from "./helpers.ts";
+import { freshSchema, holding, PG_SEARCH_ON, pastSchema, postgresSkip, schemaClient, waitingOn } from "./helpers.ts";
 
 const T0 = 1_700_000_000_000;
 const HOUR = 3_600_000;
@@ -165,22 +165,6 @@ describe("the search indexes with periods built ahead of their migration, online
     );
     return rows.length;
   };
-  const holding = async (holder: pg.Client) => {
-    await holder.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
-    await holder.query("SELECT 1");
-    return (await holder.query("SELECT virtualtransaction AS vxid FROM pg_locks WHERE pid = pg_backend_pid() LIMIT 1"))
-      .rows[0].vxid as string;
-  };
-  const waitingOn = async (watcher: pg.Client, pid: number, vxid: string) => {
-    for (;;) {
-      const { rowCount } = await watcher.query(
-        "SELECT 1 FROM pg_locks WHERE pid = $1 AND NOT granted AND locktype = 'virtualxid' AND virtualxid = $2",
-        [pid, vxid],
-      );
-      if (rowCount) return;
-      await new Promise((resolve) => setTimeout(resolve, 5));
-    }
-  };
 
   it("lets a body search, the indexer and a purge's delete through while each is built, then takes each as built", async () => {
     const { schema, client } = await filled("dated_ahead");
@@ -257,18 +241,22 @@ describe("the search indexes with periods built ahead of their migration, online
     }
   });
 
+  // leftInvalid leaves the index of index (its name, table and form) INVALID, as a build cut short does: built
+  // concurrently on c, stopped by its statement_timeout while it waits for holder's older snapshot.
+  const leftInvalid = async (c: pg.Client, holder: pg.Client, index: string) => {
+    await holding(holder);
+    await c.query("SET statement_timeout = '300ms'");
+    await assert.rejects(c.query(`CREATE INDEX CONCURRENTLY ${index}`), { code: "57014" });
+    await c.query("RESET statement_timeout");
+    await holder.query("ROLLBACK");
+  };
+
   it("builds again what a build cut short left INVALID, and the migration renames no index not of the form", async () => {
     // An index left INVALID: a build stopped by its statement_timeout while it waited for an older snapshot.
     const { schema, client } = await filled("dated_invalid");
     const [session, holder] = [await client(), await client()];
     try {
-      await holding(holder);
-      await session.query("SET statement_timeout = '300ms'");
-      await assert.rejects(
-        session.query(`CREATE INDEX CONCURRENTLY deliveries_search_json_dated ON deliveries_search ${JSON_FORM}`),
-      );
-      await session.query("RESET statement_timeout");
-      await holder.query("ROLLBACK");
+      await leftInvalid(session, holder, `deliveries_search_json_dated ON deliveries_search ${JSON_FORM}`);
       const left = (await indexes(session)).find((x) => x.name === "deliveries_search_json_dated");
       assert.equal(left?.valid, false, "left INVALID");
       assert.equal(await prepareDatedSearch(session, schema.schema), 2);
@@ -286,16 +274,12 @@ describe("the search indexes with periods built ahead of their migration, online
     const h = await near.client();
     try {
       await c.query("CREATE INDEX deliveries_search_json_dated ON deliveries_search USING gin (doc jsonb_path_ops)");
-      await holding(h);
-      await c.query("SET statement_timeout = '300ms'");
-      await assert.rejects(
-        c.query(
-          `CREATE INDEX CONCURRENTLY deliveries_search_words_dated ON deliveries_search USING gin
-             (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods)`,
-        ),
+      await leftInvalid(
+        c,
+        h,
+        `deliveries_search_words_dated ON deliveries_search USING gin
+           (jsonb_to_tsvector('simple'::regconfig, doc, '["string", "numeric", "boolean"]'::jsonb), periods)`,
       );
-      await c.query("RESET statement_timeout");
-      await h.query("ROLLBACK");
       const before = await indexes(c);
       assert.deepEqual(
         before.map((x) => [x.name, x.valid, x.dated]),

@@ -825,18 +825,8 @@ export async function prepareFailedIndex(
   // builds nothing ahead and may migrate meanwhile: each partition asks again.
   const due = async () => (await versionOf(session)) === FAILED;
   if (!(await due())) return 0;
-  // A second host waits here for the first, then finds each partition built. It asks again after a rest rather than
-  // wait in pg_advisory_lock(): a statement waiting is a transaction that the first's build waits for in turn.
-  while (
-    !(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [`webhook-inbox:failed:${schema}`]))
-      .rows[0].had
-  )
-    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
-  let ended = false;
-  try {
-    // No bound on a wait: a build waits for transactions, not for a lock that stores queue behind, and the migration
-    // without it would wait for the same ones with delivery_rows locked. On one core: the other is the acks'.
-    await session.query("SET lock_timeout = 0; SET statement_timeout = 0; SET max_parallel_maintenance_workers = 0");
+  // A second host waits here for the first, then finds each partition built.
+  return builtAhead(session, `webhook-inbox:failed:${schema}`, async () => {
     // The leaves as they are now; a day made later is small, and the migration builds its index.
     const { rows: leaves } = await session.query(
       "SELECT relid::regclass::text AS name FROM pg_partition_tree(to_regclass('delivery_rows')) WHERE isleaf ORDER BY relid",
@@ -848,8 +838,8 @@ export async function prepareFailedIndex(
       // The server quotes the names (regclass's text): DDL takes no bound parameters.
       const { rows } = await session.query(
         `SELECT i.indexrelid::regclass::text AS name, i.indisvalid AS valid FROM pg_index i
-          WHERE i.indrelid = to_regclass($1)
-            AND regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE INDEX \\S+ ON \\S+ ', '') = $2`,
+            WHERE i.indrelid = to_regclass($1)
+              AND regexp_replace(pg_get_indexdef(i.indexrelid), '^CREATE INDEX \\S+ ON \\S+ ', '') = $2`,
         [name, FAILED_FORM],
       );
       const found = rows as { name: string; valid: boolean }[];
@@ -861,16 +851,8 @@ export async function prepareFailedIndex(
       );
       built++;
     }
-    ended = true;
     return built;
-  } finally {
-    // A session that failed is dropped by its caller: its settings and lock go with it.
-    const undo = async () => {
-      await session.query("RESET lock_timeout; RESET statement_timeout; RESET max_parallel_maintenance_workers");
-      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:failed:${schema}`]);
-    };
-    await (ended ? undo() : undo().catch(() => {}));
-  }
+  });
 }
 
 // The migration that gives both search indexes the periods, whose builds prepareDatedSearch runs ahead.
@@ -902,15 +884,8 @@ export async function prepareDatedSearch(
 ): Promise<number> {
   const due = async () => (await versionOf(session)) === DATED;
   if (!(await due())) return 0;
-  // A second host rests and asks again rather than wait in pg_advisory_lock(), as for the failed rows' index.
-  while (
-    !(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [`webhook-inbox:dated:${schema}`]))
-      .rows[0].had
-  )
-    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
-  let ended = false;
-  try {
-    await session.query("SET lock_timeout = 0; SET statement_timeout = 0; SET max_parallel_maintenance_workers = 0");
+  // A second host waits here for the first, then finds both built.
+  return builtAhead(session, `webhook-inbox:dated:${schema}`, async () => {
     let built = 0;
     for (const [name, form] of DATED_FORMS) {
       await ahead.before?.(name);
@@ -928,12 +903,31 @@ export async function prepareDatedSearch(
       await session.query(`CREATE INDEX CONCURRENTLY ${name}_dated ON deliveries_search ${form}`);
       built++;
     }
+    return built;
+  });
+}
+
+/**
+ * builtAhead runs build on session under the session-level advisory lock named lock, with no bound on a statement
+ * or a lock wait and on one core, and undoes both after. A second host rests DEFAULTS.indexAheadRestMs and asks for
+ * the lock again rather than wait in pg_advisory_lock(): a statement waiting there is a transaction that the first's
+ * build waits for in turn. No bound on a wait, as a build waits for transactions, not for a lock that stores queue
+ * behind, and the migration without it would wait for the same ones with the table locked. On one core: the other
+ * is the acks'. A session that failed is dropped by its caller: its settings and lock go with it.
+ */
+async function builtAhead(session: pg.ClientBase, lock: string, build: () => Promise<number>): Promise<number> {
+  while (!(await session.query("SELECT pg_try_advisory_lock(hashtext($1)) AS had", [lock])).rows[0].had)
+    await new Promise((resolve) => setTimeout(resolve, DEFAULTS.indexAheadRestMs));
+  let ended = false;
+  try {
+    await session.query("SET lock_timeout = 0; SET statement_timeout = 0; SET max_parallel_maintenance_workers = 0");
+    const built = await build();
     ended = true;
     return built;
   } finally {
     const undo = async () => {
       await session.query("RESET lock_timeout; RESET statement_timeout; RESET max_parallel_maintenance_workers");
-      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [`webhook-inbox:dated:${schema}`]);
+      await session.query("SELECT pg_advisory_unlock(hashtext($1))", [lock]);
     };
     await (ended ? undo() : undo().catch(() => {}));
   }
