@@ -254,10 +254,9 @@ export const DEFAULTS = {
    */
   searchTimeoutMs: 10_000,
   /**
-   * PostgreSQL: a body search (bodyJson, bodyWords) whose newest hour leaves its page short and that has more
-   * matches than this walks back on, a window of hours or days a statement, until its page is full
-   * (lib/postgres/searchwalk.ts); one with fewer reads its matches at once. Counting them rechecks up to one more
-   * than this, so it is about a page. SQLite: the least searchWalkAt() is. @default 50
+   * PostgreSQL: a body search (bodyJson, bodyWords) with more matches than this walks back from its newest hour, a
+   * window of hours or days a statement, until its page is full (lib/postgres/searchwalk.ts); one with fewer
+   * reads its matches at once. Counting them rechecks up to one more than this, so it is about a page. @default 50
    */
   searchWalkAbove: 50,
   /**

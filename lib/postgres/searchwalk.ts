@@ -3,9 +3,8 @@
 // key: a repository's 33,334 pushes at ten million, for a page of 50. Each search row holds its hour and day beside
 // its JSON and beside its words, in their GIN indexes (the migration after released_days), so a window of time is
 // asked for by its periods, and PostgreSQL intersects the form's entries with theirs in the index and rechecks
-// only what both hold. The first window is asked before the matches are counted, and a needle with many fills its
-// page there; one with few (at most DEFAULTS.searchWalkAbove, counted after it) is read at once, as before:
-// walking windows would cost it a statement each. The rows indexed before that migration hold no
+// only what both hold. A needle with few matches (at most DEFAULTS.searchWalkAbove, counted first) is read at once,
+// as before: walking windows would cost it a statement each. The rows indexed before that migration hold no
 // period; they were all received before search_state.dated_since, which the walk stops at, and the last statement
 // asks for every match older than the windows, theirs included. The form that walks is the filter's first (JSON
 // when both are given); the other is a condition on each row. The SQL is this backend's alone
@@ -44,8 +43,9 @@ export async function walkedPage(
   // read to find it was 135 pages at ten million, 20 this way.
   const { rows } = await client.query(
     toPg(`SELECT (SELECT dated_since FROM search_state) AS dated_since,
+            (SELECT count(*) FROM (SELECT 1 FROM deliveries_search WHERE ${keys.where} LIMIT ?::integer) m) AS n,
             (SELECT max(received_at) FROM delivery_rows WHERE received_at >= ?::bigint) AS newest`),
-    [now - DAY],
+    [...keys.params, DEFAULTS.searchWalkAbove + 1, now - DAY],
   );
   const probe = rows[0];
   const found: Delivery[] = [];
@@ -53,6 +53,10 @@ export async function walkedPage(
     const { sql, params } = searchSql("postgres", { ...filter, keyed }, { ...page, limit: page.limit - found.length });
     found.push(...(await client.query(toPg(sql), params)).rows.map(toDelivery));
   };
+  if (Number(probe.n) <= DEFAULTS.searchWalkAbove) {
+    await read(filter.keyed);
+    return found;
+  }
   // Nothing received in the last day: the newest row, wherever it is.
   const newest = Number(
     probe.newest ?? (await client.query("SELECT max(received_at) AS newest FROM delivery_rows")).rows[0].newest,
@@ -63,35 +67,16 @@ export async function walkedPage(
   // its row is indexed: a window's bounds hold all of them or none.
   let to = (page.after?.receivedAt ?? newest) + 1;
   let span = FIRST;
-  // One window back from to: false when none is left before dated_since.
-  const window = async (): Promise<boolean> => {
+  for (let n = 0; n < MOST; n++) {
     const from = to - span;
-    if (from < datedSince) return false;
+    if (from < datedSince) break;
     const before = found.length;
     await within({ periods: searchPeriods(from, to, span < DAY ? "hour" : "day"), from, to });
+    if (found.length === page.limit) return found;
     const got = found.length - before;
     const need = page.limit - found.length;
     span = Math.min(LONGEST, got === 0 ? span * 4 : Math.max(HOUR, Math.ceil((span * need * 1.5) / got)));
     to = from;
-    return true;
-  };
-  // The first window before the count: a needle with many matches fills its page there and is never counted (the
-  // count rechecks up to DEFAULTS.searchWalkAbove + 1 of its rows, a heap page each, cold); one with few pays for
-  // an hour's intersection in the index, its rows in that hour alone rechecked.
-  let more = await window();
-  if (found.length === page.limit) return found;
-  const { rows: counted } = await client.query(
-    toPg(`SELECT count(*) AS n FROM (SELECT 1 FROM deliveries_search WHERE ${keys.where} LIMIT ?::integer) m`),
-    [...keys.params, DEFAULTS.searchWalkAbove + 1],
-  );
-  if (Number(counted[0].n) <= DEFAULTS.searchWalkAbove) {
-    found.length = 0;
-    await read(filter.keyed);
-    return found;
-  }
-  for (let n = 1; more && n < MOST; n++) {
-    more = await window();
-    if (found.length === page.limit) return found;
   }
   await within({ to });
   return found;
