@@ -217,9 +217,11 @@ export class SqliteReads {
   async search(filter: Filter, page: { after?: Cursor; limit?: number; bodies?: boolean } = {}): Promise<Delivery[]> {
     const checked = filterSqlChecked(this.sql, filter);
     const limit = searchPageLimit(page.limit);
-    // A body search's page: walked newest first when it has many matches (lib/sqlite/searchwalk.ts).
+    // A body search's page: walked newest first when it has many matches (lib/sqlite/searchwalk.ts). Not with an
+    // ID, whose rows the primary key finds at once, where a walk would pass every match received since.
     const { walked } = checked;
-    if (walked !== undefined) return walkedPage(this.sql, { ...checked, walked }, filter, { ...page, limit });
+    if (walked !== undefined && filter.id === undefined)
+      return walkedPage(this.sql, { ...checked, walked }, filter, { ...page, limit });
     const { sql, params } = searchSql("sqlite", checked, { ...page, limit });
     return (this.sql(sql).all(...params) as Row[]).map(toDelivery);
   }
