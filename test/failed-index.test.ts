@@ -14,7 +14,8 @@ import pg from "pg";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
-import { MIGRATIONS, prepareFailedIndex } from "../lib/postgres/schema.ts";
+import { prepareFailedIndex } from "../lib/postgres/migrate.ts";
+import { MIGRATIONS } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
 import { freshSchema, holding, pastSchema, POSTGRES, postgresSkip, schemaClient, waitingOn } from "./helpers.ts";
 
@@ -117,7 +118,7 @@ describe("the failed rows' index by time, source and key (PostgreSQL)", { skip: 
   });
 });
 
-// The failed rows' index built ahead (lib/postgres/schema.ts prepareFailedIndex, docs/table.md#built-ahead):
+// The failed rows' index built ahead (lib/postgres/migrate.ts prepareFailedIndex, docs/table.md#built-ahead):
 // an inbox at the version just before the migration, written meanwhile as an inbox of that version writes it.
 describe("the failed rows' index built ahead of its migration, online", { skip: pgSkip }, () => {
   const old = periodOf(T0 - 3 * DAY);

@@ -10,7 +10,8 @@ import { describe, it } from "node:test";
 import type pg from "pg";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
-import { MIGRATIONS, prepareDatedSearch } from "../lib/postgres/schema.ts";
+import { prepareDatedSearch } from "../lib/postgres/migrate.ts";
+import { MIGRATIONS } from "../lib/postgres/schema.ts";
 import type { Delivery, Filter, Inbox } from "../lib/store.ts";
 import { freshSchema, holding, PG_SEARCH_ON, pastSchema, postgresSkip, schemaClient, waitingOn } from "./helpers.ts";
 
@@ -110,7 +111,7 @@ describe("upgrading a PostgreSQL search index to rows dated by hour and day", { 
   });
 });
 
-// Both search indexes with the periods built ahead of their migration, online (lib/postgres/schema.ts
+// Both search indexes with the periods built ahead of their migration, online (lib/postgres/migrate.ts
 // prepareDatedSearch, docs/table.md#built-ahead): an inbox at the version just before that migration, its column
 // added, with OLD rows indexed as main indexed them.
 describe("the search indexes with periods built ahead of their migration, online", { skip: pgSkip }, () => {

@@ -13,7 +13,8 @@ import pg from "pg";
 import { connect } from "../inbox.ts";
 import { DEFAULTS } from "../lib/defaults.ts";
 import { historyOf, periodOf } from "../lib/postgres/periods.ts";
-import { MIGRATIONS, prepareKeys } from "../lib/postgres/schema.ts";
+import { prepareKeys } from "../lib/postgres/migrate.ts";
+import { MIGRATIONS } from "../lib/postgres/schema.ts";
 import { sha256 } from "../lib/rows.ts";
 import { freshSchema, PG_SEARCH_ON, POSTGRES, pastSchema, postgresSkip, schemaClient } from "./helpers.ts";
 
@@ -226,7 +227,7 @@ describe("upgrading a PostgreSQL inbox to a hot queue and a history", { skip: pg
   });
 });
 
-// The copy ahead (lib/postgres/schema.ts prepareKeys, docs/table.md#the-upgrade): an inbox at the version just
+// The copy ahead (lib/postgres/migrate.ts prepareKeys, docs/table.md#the-upgrade): an inbox at the version just
 // before the split, with old code still writing it through the view, as main's store wrote it.
 describe("copying the keys ahead of the split, online", { skip: pgSkip }, () => {
   const SPLIT = BEFORE.length;

@@ -21,7 +21,7 @@ import { PostgresRecords, writeAudit } from "./records.ts";
 import { givingWay, makePeriods, ownTransaction } from "./periods.ts";
 import { PostgresSearching } from "./searching.ts";
 import { PostgresStores } from "./store.ts";
-import { migrate } from "./schema.ts";
+import { migrate } from "./migrate.ts";
 import type {
   Permit,
   Rate,

@@ -12,7 +12,7 @@
 import { DEFAULTS } from "../defaults.ts";
 import { toDelivery } from "../rows.ts";
 import { type FilterSql, listColumns, searchSql } from "../sql.ts";
-import type { Cursor, Delivery, Filter } from "../store.ts";
+import type { Cursor, Delivery, Filter, SqlValue } from "../store.ts";
 import type { Statements } from "./order-keys.ts";
 
 type Row = Record<string, unknown>;
@@ -53,9 +53,11 @@ export function walkedPage(
 ): Delivery[] {
   const first = windows.first ?? FIRST;
   const { match, check } = filter.walked;
-  // The rest of the filter and each body's check, the latter last: a row's body is read only if the rest keeps it.
-  const where = check === undefined ? filter.walked.where : `${filter.walked.where} AND ${check.where}`;
-  const params = [...filter.walked.params, ...(check?.params ?? [])];
+  // A condition and each body's check after it, the latter last: a row's body is read only if the rest keeps it.
+  const checked = (rest: { where: string; params: SqlValue[] }) =>
+    check === undefined
+      ? rest
+      : { where: `${rest.where} AND ${check.where}`, params: [...rest.params, ...check.params] };
   const { rows } = sql("SELECT coalesce(max(rowid), 0) AS rows FROM delivery_rows").get() as { rows: number };
   const at = searchWalkAt(rows);
   // Up to as many matches as make a walk: when there are fewer, these are all of them, and the sorted page reads
@@ -69,22 +71,18 @@ export function walkedPage(
   const { after } = page;
   if (matched.length === 0) return [];
   if (matched.length < at) {
-    const found = "rowid IN (SELECT value FROM json_each(?))";
-    const rest = {
-      where: `${found} AND ${filter.walked.where}`,
+    const listed = {
+      where: `rowid IN (SELECT value FROM json_each(?)) AND ${filter.walked.where}`,
       params: [JSON.stringify(matched), ...filter.walked.params],
     };
     const sorted = searchSql(
       "sqlite",
-      {
-        where: `${rest.where}${check === undefined ? "" : ` AND ${check.where}`}`,
-        params: [...rest.params, ...(check?.params ?? [])],
-        ...(check !== undefined && { rechecked: { ...rest, check } }),
-      },
+      { ...checked(listed), ...(check !== undefined && { rechecked: { ...listed, check } }) },
       page,
     );
     return (sql(sorted.sql).all(...(sorted.params as never[])) as Row[]).map(toDelivery);
   }
+  const { where, params } = checked(filter.walked);
   const columns = page.bodies === false ? listColumns("sqlite") : "deliveries.*";
   const since = bounds.since === undefined ? undefined : Math.floor(bounds.since);
   const found: Delivery[] = [];
